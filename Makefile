@@ -1,0 +1,33 @@
+# Quick start: `make run` (default experiment) and `make test` (the test suite).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+CONFIG ?= configs/quickstart.yaml
+
+.PHONY: run test venv dev clean bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip uv
+	$(UV) pip install -q -p $(PY) -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed
+	$(UV) pip install -q -p $(PY) -e ".[dev,plot,flax]"
+	touch $@
+
+venv: $(VENV)/.installed
+dev: $(VENV)/.dev-installed
+
+run: $(VENV)/.installed
+	$(PY) -m dpsco_jax run $(CONFIG)
+
+test: $(VENV)/.dev-installed
+	$(PY) -m pytest -n 2 -q --durations=15 tests
+
+bench: $(VENV)/.dev-installed
+	$(PY) experiments/bench_core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

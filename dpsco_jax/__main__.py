@@ -1,0 +1,35 @@
+"""Command line: ``python -m dpsco_jax run CONFIG.yaml [--out FILE.json] [--plot FIELD]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="dpsco", description=__doc__)
+  sub = parser.add_subparsers(dest="command", required=True)
+  run = sub.add_parser("run", help="run a YAML config (lists are swept) and print a table")
+  run.add_argument("config")
+  run.add_argument("--out", help="write {'results': [...]} JSON here")
+  run.add_argument("--plot", metavar="FIELD",
+                   help="plot excess risk against a swept FIELD (needs matplotlib)")
+  run.add_argument("--quiet", action="store_true", help="no progress bar")
+  sub.add_parser("list", help="list the registered algorithms and problems")
+  args = parser.parse_args(argv)
+
+  from dpsco_jax import runner
+  if args.command == "list":
+    algorithms, problems = runner.registry()
+    print("algorithms:", ", ".join(sorted(algorithms)))
+    print("problems:  ", ", ".join(sorted(problems)))
+    return 0
+  if args.out and os.path.dirname(args.out):
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  runner.main_run(args.config, out=args.out, plot_field=args.plot, progress=not args.quiet)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

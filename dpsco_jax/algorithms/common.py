@@ -1,0 +1,99 @@
+"""Pieces shared by the algorithm drivers: config access, user sampling, the scan loop."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dpsco_jax._checks import check_choice, check_int, check_probability
+from dpsco_jax.grads import per_user_grads
+from dpsco_jax.transforms.steps import released_params
+
+SAMPLINGS = ("poisson", "fixed", "full")
+
+
+def poisson_capacity(n: int, q: float) -> int:
+  """Static slot count for Poisson sampling: mean + 8 standard deviations + 16."""
+  return int(min(n, math.ceil(q * n + 8.0 * math.sqrt(q * n * (1 - q)) + 16)))
+
+
+def poisson_truncation_probability(n: int, q: float, capacity: int, steps: int) -> float:
+  """Union bound on the chance that some step samples more than ``capacity`` users.
+
+  Truncated Poisson sampling differs from the accounted mechanism only on that event, so it is
+  added to delta (a total-variation argument)."""
+  if capacity >= n:
+    return 0.0
+  from scipy.stats import binom
+  return float(min(1.0, steps * binom.sf(capacity, n, q)))
+
+
+def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
+                 capacity: int) -> tuple[jax.Array, jax.Array]:
+  """Indices ``[capacity]`` of the users of one step and the mask of real slots.
+
+  * ``poisson``: each user independently with probability ``batch / n``;
+  * ``fixed``: a uniformly random ``batch``-subset (without replacement);
+  * ``full``: every user.
+  """
+  if sampling == "full":
+    return jnp.arange(n), jnp.ones((n,), bool)
+  if sampling == "fixed":
+    idx = jax.random.choice(key, n, (batch,), replace=False)
+    return idx, jnp.ones((batch,), bool)
+  chosen = jax.random.bernoulli(key, batch / n, (n,))
+  (idx,) = jnp.nonzero(chosen, size=capacity, fill_value=0)
+  mask = jnp.arange(capacity) < jnp.sum(chosen)
+  return idx, mask
+
+
+def gather_users(data: Any, idx: jax.Array) -> Any:
+  return jax.tree.map(lambda x: x[idx], data)
+
+
+def run_chain(loss_fn: Callable, data: Any, params0: Any, tx: optax.GradientTransformation,
+              *, steps: int, key: jax.Array, sampling: str, batch: int,
+              capacity: int) -> tuple[Any, Any]:
+  """``steps`` iterations of: sample users -> per-user gradients -> ``tx`` -> apply.
+
+  The whole loop is one jitted ``lax.scan``. Returns ``(released params, final state)``.
+  """
+  n = jax.tree.leaves(data)[0].shape[0]
+
+  @jax.jit
+  def loop(params, key):
+    state = tx.init(params)
+
+    def body(carry, t):
+      params, state = carry
+      idx, mask = sample_users(jax.random.fold_in(key, t), n, sampling=sampling, batch=batch,
+                               capacity=capacity)
+      grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
+      updates, state = tx.update(grads, state, params, user_mask=mask)
+      return (optax.apply_updates(params, updates), state), None
+
+    (params, state), _ = jax.lax.scan(body, (params, state), jnp.arange(steps))
+    return released_params(state, params), state
+
+  return loop(params0, key)
+
+
+def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
+  value = cfg.get(name, default)
+  return default if value is None else value
+
+
+def sampling_setup(cfg: dict, n: int) -> tuple[str, int, int, float]:
+  """Reads ``sampling`` and ``batch_users`` from a config: (sampling, batch, capacity, q)."""
+  sampling = check_choice(cfg_get(cfg, "sampling", "poisson"), "sampling", SAMPLINGS)
+  batch = n if sampling == "full" else check_int(
+      cfg_get(cfg, "batch_users", max(1, min(n, int(round(math.sqrt(n)))))), "batch_users")
+  if batch > n:
+    raise ValueError(f"batch_users ({batch}) must be <= n_users ({n})")
+  q = check_probability(batch / n, "batch_users / n_users")
+  capacity = {"poisson": poisson_capacity(n, q), "fixed": batch, "full": n}[sampling]
+  return sampling, batch, capacity, q

@@ -1,0 +1,154 @@
+"""Per-example and per-user gradients: the engine that feeds every chain.
+
+A user-level batch is a pytree whose leaves are shaped ``[U, m, ...]``: ``U`` users (slots,
+possibly padded) with ``m`` items each. The per-user gradient is the gradient of the user's
+*mean* loss over its items,
+
+    g_u(x) = (1/m) sum_j grad_x loss(x, z_{u,j}),
+
+computed as ``grad`` of the mean (one backward pass per user, no per-item gradients are
+materialized) and vmapped over users. Item-level training is the case ``m = 1`` (or
+:func:`per_example_grads` on a ``[B, ...]`` batch).
+
+Options needed by the papers:
+  * ``user_mask`` (bool ``[U]``): padded slots give exactly zero, so shapes stay static as the
+    number of real users varies (no recompilation).
+  * ``offsets``: per-item perturbed evaluation points ``x + xi_{u,j}`` (randomized smoothing,
+    paper 000 §4; ReSQue, paper 002 §2). Leaves ``[U, m, *param_shape]``.
+  * ``chunk_size``: ``lax.map`` over user chunks to bound memory.
+  * two evaluation points on the same batch (SRG differences, paper 003 §7.1).
+  * :func:`shard_users` places the user axis across a ``jax.sharding.Mesh``; the result equals
+    the single-device one.
+
+Non-finite gradients are passed through unchanged: the clip stage drops such users, which
+keeps the decision (and its accounting) in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+PyTree = Any
+LossFn = Callable[[PyTree, PyTree], jax.Array]
+
+
+def _add(params: PyTree, offset: PyTree) -> PyTree:
+  return jax.tree.map(jnp.add, params, offset)
+
+
+def per_example_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
+                      offsets: PyTree | None = None) -> PyTree:
+  """Gradients of ``loss_fn`` for every example of ``batch`` (leaves ``[B, ...]``).
+
+  With ``offsets`` (params-shaped leaves ``[B, *p.shape]``) example ``b`` is differentiated
+  at ``params + offsets[b]``. Returns a params-shaped pytree with a leading ``B`` axis.
+  """
+  grad_fn = jax.grad(loss_fn)
+  if offsets is None:
+    return jax.vmap(grad_fn, in_axes=(None, 0))(params, batch)
+  return jax.vmap(lambda off, ex: grad_fn(_add(params, off), ex))(offsets, batch)
+
+
+def _one_user(loss_fn: LossFn, params: PyTree, items: PyTree, offsets: PyTree | None,
+              reduce_items: bool) -> PyTree:
+  if offsets is None and reduce_items:
+    def user_loss(p):
+      return jnp.mean(jax.vmap(loss_fn, in_axes=(None, 0))(p, items))
+    return jax.grad(user_loss)(params)
+  per_item = per_example_grads(loss_fn, params, items, offsets=offsets)
+  if reduce_items:
+    return jax.tree.map(lambda g: jnp.mean(g, axis=0), per_item)
+  return per_item
+
+
+def _mask_users(grads: PyTree, user_mask: jax.Array | None) -> PyTree:
+  if user_mask is None:
+    return grads
+  def mask_leaf(g):
+    m = user_mask.reshape((-1,) + (1,) * (g.ndim - 1))
+    return jnp.where(m, g, jnp.zeros_like(g))  # where, not *, so NaN in a pad slot vanishes
+  return jax.tree.map(mask_leaf, grads)
+
+
+def per_user_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
+                   user_mask: jax.Array | None = None, offsets: PyTree | None = None,
+                   chunk_size: int | None = None, reduce_items: bool = True) -> PyTree:
+  """Per-user mean gradients for a batch with leaves ``[U, m, ...]``.
+
+  Args:
+    loss_fn: ``loss_fn(params, example) -> scalar`` for one item.
+    params: the evaluation point (query point of the optimizer).
+    batch: pytree with leaves ``[U, m, ...]``.
+    user_mask: optional bool ``[U]``; False slots return exactly zero.
+    offsets: optional params-shaped pytree with leaves ``[U, m, *p.shape]``; item ``(u, j)``
+      is differentiated at ``params + offsets[u, j]``.
+    chunk_size: if set, users are processed ``chunk_size`` at a time with ``lax.map``.
+    reduce_items: False returns per-item gradients ``[U, m, ...]`` instead of the mean.
+
+  Returns:
+    A params-shaped pytree whose leaves carry a leading ``U`` axis (and ``m`` when
+    ``reduce_items=False``).
+  """
+  leaves = jax.tree.leaves(batch)
+  if not leaves:
+    raise ValueError("batch must contain at least one array")
+  if any(leaf.ndim < 2 for leaf in leaves):
+    raise ValueError("batch leaves must be shaped [users, m, ...]; use per_example_grads "
+                     "for a flat [B, ...] batch")
+  n_users = leaves[0].shape[0]
+  if any(leaf.shape[0] != n_users for leaf in leaves):
+    raise ValueError("batch leaves disagree on the number of users (leading axis)")
+  if user_mask is not None and user_mask.shape != (n_users,):
+    raise ValueError(f"user_mask must have shape ({n_users},), got {user_mask.shape}")
+
+  def one(args):
+    items, offs = args
+    return _one_user(loss_fn, params, items, offs, reduce_items)
+
+  xs = (batch, offsets)
+  if chunk_size is None:
+    grads = jax.vmap(one)(xs)
+  else:
+    grads = jax.lax.map(one, xs, batch_size=int(chunk_size))
+  return _mask_users(grads, user_mask)
+
+
+def per_user_grads_two_points(loss_fn: LossFn, params_a: PyTree, params_b: PyTree,
+                              batch: PyTree, **kwargs) -> tuple[PyTree, PyTree]:
+  """Per-user gradients at two points on the same batch, in one fused computation.
+
+  Used for stochastic recursive gradient differences ``g(x_t) - g(x_{t-1})`` (paper 003).
+  Keyword arguments are those of :func:`per_user_grads`.
+  """
+  stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params_a, params_b)
+  both = jax.vmap(lambda p: per_user_grads(loss_fn, p, batch, **kwargs))(stacked)
+  return (jax.tree.map(lambda g: g[0], both), jax.tree.map(lambda g: g[1], both))
+
+
+def user_mesh(axis_name: str = "users", devices: list | None = None) -> Mesh:
+  """A one-dimensional mesh over all (or the given) devices, for the user axis."""
+  devs = np.array(devices if devices is not None else jax.devices())
+  return Mesh(devs, (axis_name,))
+
+
+def shard_users(tree: PyTree, mesh: Mesh | None = None, axis_name: str = "users") -> PyTree:
+  """Places the leading (user) axis of every leaf across ``mesh``.
+
+  Jitted code consuming the result runs data-parallel over users; XLA inserts the reduction
+  of the aggregating stage, so the numbers equal the single-device computation (up to float
+  summation order).
+  """
+  mesh = mesh if mesh is not None else user_mesh(axis_name)
+  n_dev = mesh.shape[axis_name]
+  def put(x):
+    if x.shape[0] % n_dev:
+      raise ValueError(f"the user axis ({x.shape[0]}) must be divisible by the number of "
+                       f"devices on mesh axis {axis_name!r} ({n_dev}); pad with a user_mask")
+    spec = PartitionSpec(axis_name, *([None] * (x.ndim - 1)))
+    return jax.device_put(x, NamedSharding(mesh, spec))
+  return jax.tree.map(put, tree)

@@ -1,0 +1,278 @@
+"""Config -> sweep -> runs -> records, tables, plots.
+
+A config is a YAML mapping. Any field whose value is a list is swept (Cartesian product,
+seeds included). Optionally, ``experiments:`` holds a list of mappings, each merged over the
+top-level fields (so one file can compare algorithms with different hyper-parameters):
+
+    problem: logistic
+    n_users: 1000
+    m: 8
+    d: 10
+    epsilon: [1.0, 4.0]
+    delta: 1.0e-6
+    seed: [0, 1, 2]
+    experiments:
+      - {algorithm: nonprivate_sgd}
+      - {algorithm: dp_sgd_user, clip: 1.0}
+
+Each run produces one record with at least ``algorithm, problem, n_users, m, d, epsilon,
+delta, provenance, excess_risk, gradient_evaluations, wall_time_s, seed`` (``epsilon`` and
+``delta`` are the *guaranteed* values from the result's privacy report; the requested target
+is kept as ``target_epsilon``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterable
+
+import jax
+import numpy as np
+
+ALGORITHM_MODULES = (
+    "dpsco_jax.algorithms.baselines",
+    "dpsco_jax.algorithms.user_level_filter",
+    "dpsco_jax.algorithms.output_perturbation",
+    "dpsco_jax.algorithms.resque",
+    "dpsco_jax.algorithms.srgd",
+    "dpsco_jax.algorithms.bilevel",
+)
+RESERVED = ("experiments", "name", "description")
+
+
+def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
+  """Merges ``ALGORITHMS`` and ``PROBLEMS`` of every algorithm module."""
+  from dpsco_jax import problems as core_problems
+  algorithms: dict[str, Callable] = {}
+  problems: dict[str, Callable] = {
+      name: (lambda cfg, key, _n=name: core_problems.make_problem({**cfg, "problem": _n}, key))
+      for name in core_problems.PROBLEM_NAMES}
+  for mod_name in ALGORITHM_MODULES:
+    try:
+      mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as err:
+      if err.name == mod_name:
+        continue
+      raise
+    algorithms.update(getattr(mod, "ALGORITHMS", {}))
+    problems.update(getattr(mod, "PROBLEMS", {}))
+  return algorithms, problems
+
+
+def expand(config: dict) -> list[dict]:
+  """All run configs of a config file: experiments merged over defaults, lists swept."""
+  base = {k: v for k, v in config.items() if k not in RESERVED}
+  variants = config.get("experiments") or [{}]
+  runs = []
+  for variant in variants:
+    merged = {**base, **variant}
+    keys = list(merged)
+    values = [v if isinstance(v, list) else [v] for v in (merged[k] for k in keys)]
+    for combo in itertools.product(*values):
+      runs.append(dict(zip(keys, combo)))
+  return runs
+
+
+def swept_fields(config: dict) -> list[str]:
+  fields = {k for k, v in config.items() if isinstance(v, list) and k not in RESERVED}
+  for variant in config.get("experiments") or []:
+    fields |= {k for k, v in variant.items() if isinstance(v, list)}
+  return sorted(fields - {"seed"})
+
+
+def _problem_cache_key(cfg: dict) -> tuple:
+  return tuple(sorted((k, repr(v)) for k, v in cfg.items()
+                      if k not in ("algorithm", "epsilon", "delta", "preset", "lr", "clip",
+                                   "steps", "epochs", "batch_users", "sampling", "debug")))
+
+
+def _jsonable(x: Any) -> Any:
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, (np.generic, jax.Array)) and np.ndim(x) == 0:
+    x = x.item()
+  if isinstance(x, float) and not math.isfinite(x):
+    return str(x)
+  if isinstance(x, (str, int, float, bool)) or x is None:
+    return x
+  return repr(x)
+
+
+def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None) -> dict:
+  """Runs one config and returns its record."""
+  for field in ("algorithm", "problem"):
+    if field not in cfg:
+      raise ValueError(f"config is missing the field {field!r}")
+  if cfg["algorithm"] not in algorithms:
+    raise ValueError(f"unknown algorithm {cfg['algorithm']!r}; known: {sorted(algorithms)}")
+  if cfg["problem"] not in problems:
+    raise ValueError(f"unknown problem {cfg['problem']!r}; known: {sorted(problems)}")
+  seed = int(cfg.get("seed", 0))
+  key = jax.random.key(seed)
+  cache_key = _problem_cache_key(cfg)
+  if cache is not None and cache_key in cache:
+    problem = cache[cache_key]
+  else:
+    problem = problems[cfg["problem"]](cfg, jax.random.fold_in(key, 0))
+    if cache is not None:
+      cache[cache_key] = problem
+  start = time.perf_counter()
+  result = algorithms[cfg["algorithm"]](problem, cfg, jax.random.fold_in(key, 1))
+  params = jax.block_until_ready(result.params)
+  wall = time.perf_counter() - start
+  record = {
+      "algorithm": cfg["algorithm"], "problem": cfg["problem"],
+      "n_users": int(problem.n_users), "m": int(problem.m), "d": int(problem.d),
+      "epsilon": result.privacy.epsilon, "delta": result.privacy.delta,
+      "target_epsilon": cfg.get("epsilon"), "provenance": result.privacy.provenance,
+      "privacy_level": result.privacy.level, "relation": result.privacy.relation,
+      "paper_epsilon": result.privacy.paper_epsilon,
+      "excess_risk": float(problem.excess_risk(params)),
+      "gradient_evaluations": int(result.gradient_evaluations),
+      "wall_time_s": wall, "seed": seed,
+  }
+  record.update({k: v for k, v in result.record.items() if k not in record})
+  if result.privacy.notes:
+    record["privacy_notes"] = result.privacy.notes
+  if cfg.get("debug") and result.debug is not None:
+    record["debug"] = result.debug
+  extras = {k: v for k, v in cfg.items() if k not in record}
+  record["config"] = extras
+  return _jsonable(record)
+
+
+def _progress(i: int, total: int, cfg: dict, t0: float) -> None:
+  width = 24
+  done = int(width * i / total)
+  elapsed = time.perf_counter() - t0
+  desc = f"{cfg.get('algorithm')} seed={cfg.get('seed', 0)}"
+  sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{total} {elapsed:6.1f}s {desc:40.40s}")
+  sys.stderr.flush()
+
+
+def run_config(config: dict, *, progress: bool = True) -> list[dict]:
+  algorithms, problems = registry()
+  runs = expand(config)
+  cache: dict = {}
+  records = []
+  t0 = time.perf_counter()
+  for i, cfg in enumerate(runs):
+    if progress:
+      _progress(i, len(runs), cfg, t0)
+    records.append(run_one(cfg, algorithms=algorithms, problems=problems, cache=cache))
+  if progress:
+    _progress(len(runs), len(runs), {}, t0)
+    sys.stderr.write("\n")
+  return records
+
+
+def _group_key(record: dict, fields: Iterable[str]) -> tuple:
+  out = []
+  for f in fields:
+    v = record.get(f, record.get("config", {}).get(f))
+    out.append(v)
+  return tuple(out)
+
+
+def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
+  """Mean and spread over seeds of every group of records sharing ``fields``."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in records:
+    groups.setdefault(_group_key(r, fields), []).append(r)
+  rows = []
+  for key, rs in groups.items():
+    risks = [float(r["excess_risk"]) for r in rs]
+    rows.append({
+        **dict(zip(fields, key)),
+        "excess_risk_mean": statistics.fmean(risks),
+        "excess_risk_std": statistics.stdev(risks) if len(risks) > 1 else 0.0,
+        "epsilon": max(float(r["epsilon"]) for r in rs),
+        "provenance": ",".join(sorted({r["provenance"] for r in rs})),
+        "gradient_evaluations": statistics.fmean(r["gradient_evaluations"] for r in rs),
+        "wall_time_s": statistics.fmean(r["wall_time_s"] for r in rs),
+        "seeds": len(rs),
+    })
+  return rows
+
+
+def format_table(rows: list[dict], fields: list[str]) -> str:
+  cols = fields + ["excess_risk_mean", "excess_risk_std", "epsilon", "provenance",
+                   "gradient_evaluations", "wall_time_s", "seeds"]
+  def fmt(v):
+    if isinstance(v, float):
+      return f"{v:.4g}"
+    return str(v)
+  table = [[c for c in cols]] + [[fmt(r.get(c)) for c in cols] for r in rows]
+  widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+  lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str:
+  """Excess risk (mean +- std over seeds) against ``x_field``, one line per other group."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError as err:  # optional extra
+    raise RuntimeError("plotting needs matplotlib: pip install 'dpsco_jax[plot]'") from err
+  others = [f for f in fields if f != x_field]
+  rows = aggregate(records, fields)
+  lines: dict[tuple, list[dict]] = {}
+  for r in rows:
+    lines.setdefault(tuple(r[f] for f in others), []).append(r)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for key, rs in sorted(lines.items(), key=lambda kv: str(kv[0])):
+    rs = sorted(rs, key=lambda r: r[x_field])
+    xs = [r[x_field] for r in rs]
+    ax.errorbar(xs, [r["excess_risk_mean"] for r in rs], yerr=[r["excess_risk_std"] for r in rs],
+                label=", ".join(f"{f}={v}" for f, v in zip(others, key)), marker="o",
+                capsize=3)
+  ax.set_xlabel(x_field)
+  ax.set_ylabel("excess risk")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  return path
+
+
+def load_config(path: str) -> dict:
+  import yaml
+  with open(path) as f:
+    config = yaml.safe_load(f)
+  if not isinstance(config, dict):
+    raise ValueError(f"{path}: a config must be a YAML mapping")
+  return config
+
+
+def main_run(path: str, out: str | None = None, plot_field: str | None = None,
+             progress: bool = True) -> list[dict]:
+  config = load_config(path)
+  records = run_config(config, progress=progress)
+  # group by the *requested* epsilon; the table's epsilon column is the guaranteed one
+  fields = ["algorithm"] + [("target_epsilon" if f == "epsilon" else f)
+                            for f in swept_fields(config) if f != "algorithm"]
+  rows = aggregate(records, fields)
+  title = config.get("name", path)
+  print(f"\n== {title}: {len(records)} runs ==")
+  print(format_table(rows, fields))
+  if out:
+    with open(out, "w") as f:
+      json.dump({"config": _jsonable(config), "results": records,
+                 "summary": _jsonable(rows)}, f, indent=1)
+    print(f"wrote {out}")
+  if plot_field:
+    png = (out or "results").rsplit(".", 1)[0] + f"_{plot_field}.png"
+    print(f"plot: {plot(records, plot_field, fields, png)}")
+  return records

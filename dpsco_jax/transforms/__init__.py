@@ -1,0 +1,10 @@
+"""Optax ``GradientTransformation`` stages: clip -> filter/aggregate -> noise -> step."""
+
+from dpsco_jax.transforms.clipping import (ClipState, aggregate, aggregation_sensitivity,
+                                           clip_and_aggregate, clip_per_user, clip_rows,
+                                           tree_global_norms)
+from dpsco_jax.transforms.noise import (GaussianNoiseState, add_gaussian_noise,
+                                        tree_gaussian_like)
+from dpsco_jax.transforms.steps import (AcsaState, ProjectedSGDState, ProxToAnchorState, acsa,
+                                        add_prox_to_anchor, project_l2_ball, projected_sgd,
+                                        projection, released_params, tree_l2_norm)

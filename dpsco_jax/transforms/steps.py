@@ -1,0 +1,236 @@
+"""Projection and optimizer steps whose query point may differ from the released iterate.
+
+Interface (paper 000 §2.4, paper 003 §7.2). ``update(g, state, params)`` receives the gradient
+taken at ``params`` — the *query point* — and returns the displacement to the next query point
+(projections make steps non-additive, so updates are always ``x_next - params``). Steps whose
+released iterate differs from the query point (iterate averaging, AC-SA's ``x_ag``, SRGD's
+``y``) keep it in a state field named ``released``; :func:`released_params` returns it. This
+follows ``optax.contrib.schedule_free_eval_params``.
+
+Everything here post-processes already-privatized gradients, so it consumes no privacy budget;
+the only data-independent term, the prox-to-anchor of localization, must be added *after* the
+noise stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dpsco_jax._checks import check_int, check_nonnegative, check_positive
+
+PyTree = Any
+Schedule = Callable[[jax.Array], jax.Array]
+
+
+def tree_l2_norm(tree: PyTree) -> jax.Array:
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def project_l2_ball(tree: PyTree, radius: float | jax.Array | None,
+                    center: PyTree | None = None) -> PyTree:
+  """Euclidean projection onto ``{x : ||x - center||_2 <= radius}`` (global norm over leaves).
+
+  ``Pi(v) = c + (v - c) * min(1, R / ||v - c||)``. ``radius=None`` is the identity.
+  """
+  if radius is None:
+    return tree
+  diff = tree if center is None else jax.tree.map(jnp.subtract, tree, center)
+  norm = tree_l2_norm(diff)
+  scale = jnp.minimum(1.0, radius / jnp.maximum(norm, 1e-30))
+  if center is None:
+    return jax.tree.map(lambda d: d * scale.astype(d.dtype), diff)
+  return jax.tree.map(lambda c, d: c + d * scale.astype(d.dtype), center, diff)
+
+
+def _sub(a: PyTree, b: PyTree) -> PyTree:
+  return jax.tree.map(jnp.subtract, a, b)
+
+
+def _lerp(a: PyTree, b: PyTree, w: jax.Array) -> PyTree:
+  """``(1 - w) a + w b``."""
+  return jax.tree.map(lambda x, y: x + w.astype(x.dtype) * (y - x), a, b)
+
+
+def projection(radius: float, center: PyTree | None = None
+               ) -> optax.GradientTransformationExtraArgs:
+  """Turns an additive update into ``Pi(params + u) - params`` (projected step)."""
+  check_positive(radius, "radius")
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra
+    if params is None:
+      raise ValueError("projection needs params")
+    new = project_l2_ball(optax.apply_updates(params, updates), radius, center)
+    return _sub(new, params), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class ProjectedSGDState(NamedTuple):
+  count: jax.Array
+  released: PyTree
+
+
+def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = None,
+                  center: PyTree | None = None, averaging: str = "none"
+                  ) -> optax.GradientTransformationExtraArgs:
+  """Projected SGD ``x_{t+1} = Pi(x_t - eta_t g_t)`` with optional uniform iterate averaging.
+
+  ``released`` is the last iterate (``averaging="none"``) or the running mean of
+  ``x_1..x_t`` (``"uniform"``), the output of the convex SGD guarantees (e.g. paper 000 Alg. 1
+  subroutine SGD, paper 004 DP-Loc-GD).
+  """
+  if not callable(learning_rate):
+    check_positive(learning_rate, "learning_rate")
+  if radius is not None:
+    check_positive(radius, "radius")
+  if averaging not in ("none", "uniform"):
+    raise ValueError(f"averaging must be 'none' or 'uniform', got {averaging!r}")
+
+  def init_fn(params):
+    return ProjectedSGDState(count=jnp.zeros((), jnp.int32), released=params)
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra
+    if params is None:
+      raise ValueError("projected_sgd needs params")
+    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+    new = project_l2_ball(jax.tree.map(lambda x, g: x - lr * g, params, updates),
+                          radius, center)
+    count = state.count + 1
+    if averaging == "uniform":
+      released = _lerp(state.released, new, 1.0 / count.astype(jnp.float32))
+    else:
+      released = new
+    return _sub(new, params), ProjectedSGDState(count=count, released=released)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class AcsaState(NamedTuple):
+  count: jax.Array      # iterations done in the current stage (t - 1)
+  stage: jax.Array      # completed restarts
+  x: PyTree             # x_{t-1}: the prox sequence
+  released: PyTree      # x_ag_{t-1}: the output sequence
+
+
+def _acsa_coeffs(t: jax.Array, smoothness: float, mu: float, gamma: float):
+  t = t.astype(jnp.float32)
+  alpha = 2.0 / (t + 1.0)
+  gam = 4.0 * gamma / (t * (t + 1.0))
+  return alpha, gam
+
+
+def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | None = None,
+         center: PyTree | None = None, stage_length: int | None = None,
+         gamma: float | None = None) -> optax.GradientTransformationExtraArgs:
+  """AC-SA (Ghadimi & Lan 2012), Euclidean, with optional projection and multi-stage restarts.
+
+  ``params`` is the query point ``x_md_t``; the state holds ``x_{t-1}`` and the released
+  ``x_ag``. With ``alpha_t = 2/(t+1)``, ``gamma_t = 4 gamma/(t(t+1))`` (``gamma`` defaults to
+  the smoothness ``L``; step policy EXT A.3(a)) and ``mu`` = ``strong_convexity``:
+
+      s_t    = a mu/(mu+g) x_md + (1 - a mu/(mu+g)) x_{t-1}
+      x_t    = Pi_X(s_t - a/(mu+g) G_t)
+      x_ag_t = a x_t + (1 - a) x_ag_{t-1}
+      c      = (1-a')(mu+g') / (g' + (1-a'^2) mu)        (next-step a', g')
+      x_md   = c x_ag_t + (1 - c) x_t
+
+  (EXT spec A.2; the weights sum to one — the printed ReSQue Alg. 2 gets this wrong.)
+  Bound (A.3a): ``E[Psi(x_ag_N) - Psi*] <= 4 L V0 / (N(N+1)) + 4 sigma^2 / (mu (N+1))``.
+  With ``stage_length`` the method restarts from ``x_ag`` every ``stage_length`` iterations
+  (multi-stage AC-SA, GL13; EXT A.4 recommends ``ceil(4 sqrt(2 L / mu))``).
+  """
+  check_positive(smoothness, "smoothness")
+  mu = check_nonnegative(strong_convexity, "strong_convexity")
+  gam0 = smoothness if gamma is None else check_positive(gamma, "gamma")
+  if radius is not None:
+    check_positive(radius, "radius")
+  if stage_length is not None:
+    check_int(stage_length, "stage_length", minimum=1)
+
+  def init_fn(params):
+    return AcsaState(count=jnp.zeros((), jnp.int32), stage=jnp.zeros((), jnp.int32),
+                     x=params, released=params)
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra
+    if params is None:
+      raise ValueError("acsa needs params (the query point x_md)")
+    t = state.count + 1
+    a, g = _acsa_coeffs(t, smoothness, mu, gam0)
+    w = a * mu / (mu + g)
+    s = _lerp(state.x, params, w)
+    step = a / (mu + g)
+    x_new = project_l2_ball(jax.tree.map(lambda si, gi: si - step * gi, s, updates),
+                            radius, center)
+    x_ag = _lerp(state.released, x_new, a)
+    if stage_length is None:
+      restart = jnp.zeros((), bool)
+    else:
+      restart = t >= stage_length
+    count = jnp.where(restart, 0, t)
+    x_prev = jax.tree.map(lambda ag, xn: jnp.where(restart, ag, xn), x_ag, x_new)
+    a2, g2 = _acsa_coeffs(count + 1, smoothness, mu, gam0)
+    c = (1.0 - a2) * (mu + g2) / (g2 + (1.0 - a2 * a2) * mu)
+    x_md = _lerp(x_prev, x_ag, c)
+    new_state = AcsaState(count=count, stage=state.stage + restart.astype(jnp.int32),
+                          x=x_prev, released=x_ag)
+    return _sub(x_md, params), new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class ProxToAnchorState(NamedTuple):
+  anchor: PyTree
+
+
+def add_prox_to_anchor(lam: float, anchor: PyTree | None = None
+                       ) -> optax.GradientTransformationExtraArgs:
+  """Adds ``lam * (params - anchor)``: the gradient of the localization term
+  ``lam/2 ||x - anchor||^2`` (paper 000 Alg. 3, paper 001 Alg. 3). ``anchor=None`` anchors at
+  the params given to ``init``. Data independent: place it after the noise stage."""
+  check_nonnegative(lam, "lam")
+
+  def init_fn(params):
+    return ProxToAnchorState(anchor=params if anchor is None else anchor)
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra
+    if params is None:
+      raise ValueError("add_prox_to_anchor needs params")
+    out = jax.tree.map(lambda u, p, a: u + lam * (p - a), updates, params, state.anchor)
+    return out, state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _find_released(state: Any) -> Any:
+  if hasattr(state, "_fields"):
+    if "released" in state._fields:
+      return state.released
+    children = [getattr(state, f) for f in state._fields]
+  elif isinstance(state, (tuple, list)):
+    children = list(state)
+  else:
+    return None
+  for child in reversed(children):  # the step stage is last in a chain
+    found = _find_released(child)
+    if found is not None:
+      return found
+  return None
+
+
+def released_params(opt_state: Any, params: PyTree) -> PyTree:
+  """The released iterate of a chain: the last stage state with a ``released`` field, or
+  ``params`` itself when no stage keeps a separate output sequence."""
+  found = _find_released(opt_state)
+  return params if found is None else found
