@@ -29,15 +29,20 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import check_delta, check_epsilon, check_int, check_positive
+from dpsco_jax._checks import (check_delta, check_epsilon, check_int, check_nonnegative,
+                               check_positive)
 from dpsco_jax.algorithms.common import (cfg_get, poisson_truncation_probability, run_chain,
                                          sampling_setup)
-from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance, calibrate_noise_multiplier
+from dpsco_jax.privacy.ledger import (PrivacyLedger, PrivacyReport, Provenance,
+                                      calibrate_noise_multiplier)
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.steps import projected_sgd
+
+_NONPRIVATE = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
+                            level="none", notes="non-private (reference or noise switched off)")
 
 
 def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, batch: int,
@@ -78,7 +83,10 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, *, rows: dict, m_per
   relation = _relation(cfg, sampling)
   make_event = lambda z: dp_sgd_event(z, sampling=sampling, q=q, n=n, batch=batch,
                                       steps=steps)
-  z = calibrate_noise_multiplier(make_event, epsilon=epsilon, delta=delta, relation=relation)
+  if cfg.get("noise_multiplier") is not None:  # explicit z: account it instead of calibrating
+    z = check_nonnegative(cfg["noise_multiplier"], "noise_multiplier")
+  else:
+    z = calibrate_noise_multiplier(make_event, epsilon=epsilon, delta=delta, relation=relation)
   lr = check_positive(cfg_get(cfg, "lr", problem.radius / (clip * math.sqrt(steps))), "lr")
   tx = optax.chain(
       clip_per_user(clip),
@@ -86,10 +94,17 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, *, rows: dict, m_per
       add_gaussian_noise(z * clip / batch, jax.random.fold_in(key, 1)),
       projected_sgd(lr, radius=problem.radius, averaging=cfg_get(cfg, "averaging", "uniform")))
   ledger = PrivacyLedger(delta=delta, relation=relation)
-  ledger.spend(make_event(z), label=f"{level}-level DP-SGD ({sampling}, z={z:.4g})")
+  if z > 0:
+    ledger.spend(make_event(z), label=f"{level}-level DP-SGD ({sampling}, z={z:.4g})")
   params, _ = run_chain(problem.loss_fn, rows, problem.init_params(), tx, steps=steps,
                         key=jax.random.fold_in(key, 2), sampling=sampling, batch=batch,
                         capacity=capacity)
+  record = {"noise_multiplier": z, "steps": steps, "batch_users": batch, "clip": clip,
+            "lr": lr, "sampling": sampling}
+  grad_evals = int(steps * batch * m_per_row)
+  if z == 0:
+    return Result(params=params, privacy=_NONPRIVATE, gradient_evaluations=grad_evals,
+                  record=record)
   trunc = poisson_truncation_probability(n, q, capacity, steps) if sampling == "poisson" else 0
   report = ledger.report(provenance=Provenance.ACCOUNTANT, level="item" if level == "item" else "user",
                          notes=notes, extra_delta=trunc)
@@ -97,10 +112,7 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, *, rows: dict, m_per
     report = type(report)(epsilon=report_eps, delta=report_delta + trunc * m_per_row,
                           provenance=report.provenance, level="user", relation=relation,
                           mechanisms=report.mechanisms, notes=notes)
-  return Result(params=params, privacy=report,
-                gradient_evaluations=int(steps * batch * m_per_row),
-                record={"noise_multiplier": z, "steps": steps, "batch_users": batch,
-                        "clip": clip, "lr": lr, "sampling": sampling})
+  return Result(params=params, privacy=report, gradient_evaluations=grad_evals, record=record)
 
 
 def _item_rows(problem: SCOProblem) -> dict:
@@ -143,7 +155,6 @@ def dp_sgd_group(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
 
 def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Projected minibatch SGD over users with iterate averaging; no privacy."""
-  from dpsco_jax.privacy.ledger import PrivacyReport
   n = problem.n_users
   sampling, batch, capacity, _ = sampling_setup({**cfg, "sampling": cfg_get(
       cfg, "sampling", "fixed")}, n)
@@ -155,9 +166,7 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
                                  averaging=cfg_get(cfg, "averaging", "uniform")))
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), tx, steps=steps,
                         key=key, sampling=sampling, batch=batch, capacity=capacity)
-  report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
-                         level="none", notes="non-private reference")
-  return Result(params=params, privacy=report,
+  return Result(params=params, privacy=_NONPRIVATE,
                 gradient_evaluations=int(steps * batch * problem.m),
                 record={"steps": steps, "batch_users": batch, "lr": lr})
 

@@ -1,0 +1,90 @@
+"""Baselines over the engine: noise-off convergence to the known optimum, risk vs epsilon,
+group-privacy targets, Poisson truncation accounting."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from dpsco_jax import problems
+from dpsco_jax.algorithms import baselines
+from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
+                                         sample_users)
+
+
+@pytest.fixture(scope="module")
+def lsq():
+  return problems.make("least_squares", n_users=200, m=4, d=5, radius=2.0, noise=0.3,
+                       key=jax.random.key(0))
+
+
+BASE = dict(epsilon=1.0, delta=1e-5, epochs=30, batch_users=20, lr=2.0, averaging="none")
+
+
+@pytest.mark.parametrize("name", ["nonprivate_sgd", "dp_sgd_user", "dp_sgd_item"])
+def test_noise_off_reaches_known_optimum(lsq, name):
+  """Full-batch, noise off: every baseline converges to the exact ERM minimizer (lstsq)."""
+  x = np.asarray(lsq.data["x"]).reshape(-1, 5)
+  y = np.asarray(lsq.data["y"]).reshape(-1)
+  w_erm = np.linalg.lstsq(x, y, rcond=None)[0]
+  cfg = dict(BASE, noise_multiplier=0.0, clip=100.0, sampling="full", steps=400, lr=4.0)
+  res = baselines.ALGORITHMS[name](lsq, cfg, jax.random.key(1))
+  np.testing.assert_allclose(np.asarray(res.params), w_erm, atol=2e-3)
+  # and the ERM minimizer is within the statistical error of the population optimum
+  assert lsq.excess_risk(res.params) < 1e-2 * lsq.excess_risk(lsq.init_params())
+  assert res.privacy.provenance == "none" and math.isinf(res.privacy.epsilon)
+
+
+@pytest.mark.slow
+def test_excess_risk_falls_as_epsilon_grows(lsq):
+  risks = []
+  for eps in (0.1, 1.0, 10.0):
+    cfg = dict(BASE, epsilon=eps, clip=1.0, epochs=10, averaging="uniform", lr=1.0)
+    runs = [lsq.excess_risk(baselines.dp_sgd_user(lsq, cfg, jax.random.key(s)).params)
+            for s in range(2)]
+    risks.append(float(np.mean(runs)))
+  assert risks[0] > risks[1] > risks[2], risks
+
+
+def test_reports_guarantee_and_group_privacy(lsq):
+  cfg = dict(BASE, epsilon=2.0, clip=1.0, epochs=2)
+  res = baselines.dp_sgd_user(lsq, cfg, jax.random.key(0))
+  assert res.privacy.provenance == "accountant" and res.privacy.level == "user"
+  assert res.privacy.epsilon == pytest.approx(2.0, rel=1e-3)
+  assert res.privacy.delta >= 1e-5 and res.privacy.delta < 1.1e-5
+  assert res.debug is None
+  grp = baselines.dp_sgd_group(lsq, cfg, jax.random.key(0))
+  assert grp.privacy.level == "user" and grp.privacy.epsilon == 2.0
+  assert "group privacy" in grp.privacy.notes
+  # the item-level run behind it is noisier: eps/m per item
+  assert grp.record["noise_multiplier"] > res.record["noise_multiplier"]
+  eps_i, delta_i = baselines.group_privacy_targets(2.0, 1e-5, 4)
+  assert eps_i == 0.5
+  # group privacy: (k eps', k e^{(k-1) eps'} delta') = (eps, delta)
+  assert 4 * math.exp(3 * eps_i) * delta_i == pytest.approx(1e-5)
+
+
+def test_poisson_sampling_capacity_and_truncation():
+  n, q = 1000, 0.05
+  cap = poisson_capacity(n, q)
+  assert poisson_truncation_probability(n, q, cap, steps=1000) < 1e-9
+  idx, mask = jax.jit(lambda k: sample_users(k, n, sampling="poisson", batch=50,
+                                             capacity=cap))(jax.random.key(3))
+  assert idx.shape == (cap,) and mask.shape == (cap,)
+  chosen = np.asarray(idx)[np.asarray(mask)]
+  assert len(set(chosen.tolist())) == len(chosen)  # no user twice in one step
+  sizes = [int(sample_users(jax.random.key(s), n, sampling="poisson", batch=50,
+                            capacity=cap)[1].sum()) for s in range(30)]
+  assert abs(np.mean(sizes) - 50) < 5
+
+
+@pytest.mark.parametrize("cfg,name", [
+    (dict(epsilon=0.0, delta=1e-5), "epsilon"), (dict(epsilon=1.0, delta=1.5), "delta"),
+    (dict(epsilon=1.0, delta=1e-5, clip=-1.0), "clip"),
+    (dict(epsilon=1.0, delta=1e-5, batch_users=10_000), "batch_users"),
+    (dict(epsilon=1.0, delta=1e-5, sampling="fixed", relation="add_remove"), "relation"),
+    (dict(epsilon=1.0, delta=1e-5, sampling="bootstrap"), "sampling")])
+def test_invalid_configs_raise(lsq, cfg, name):
+  with pytest.raises(ValueError, match=name):
+    baselines.dp_sgd_user(lsq, cfg, jax.random.key(0))
