@@ -10,6 +10,13 @@ import math
 from typing import Any
 
 
+def _traced(x: Any) -> bool:
+  """Hyper-parameters passed as traced values (to share one compilation across a sweep) were
+  validated by the caller while still concrete; they cannot be inspected here."""
+  import jax
+  return isinstance(x, jax.core.Tracer)
+
+
 def _is_real(x: Any) -> bool:
   try:
     return math.isfinite(float(x))
@@ -18,12 +25,16 @@ def _is_real(x: Any) -> bool:
 
 
 def check_positive(x: Any, name: str) -> float:
+  if _traced(x):
+    return x
   if not _is_real(x) or float(x) <= 0:
     raise ValueError(f"{name} must be a finite number > 0, got {x!r}")
   return float(x)
 
 
 def check_nonnegative(x: Any, name: str) -> float:
+  if _traced(x):
+    return x
   if not _is_real(x) or float(x) < 0:
     raise ValueError(f"{name} must be a finite number >= 0, got {x!r}")
   return float(x)
@@ -34,12 +45,16 @@ def check_epsilon(x: Any, name: str = "epsilon") -> float:
 
 
 def check_delta(x: Any, name: str = "delta") -> float:
+  if _traced(x):
+    return x
   if not _is_real(x) or not 0.0 < float(x) < 1.0:
     raise ValueError(f"{name} must lie in the open interval (0, 1), got {x!r}")
   return float(x)
 
 
 def check_probability(x: Any, name: str) -> float:
+  if _traced(x):
+    return x
   if not _is_real(x) or not 0.0 < float(x) <= 1.0:
     raise ValueError(f"{name} must lie in (0, 1], got {x!r}")
   return float(x)

@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import (check_delta, check_epsilon, check_int, check_nonnegative,
-                               check_positive)
+from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
+                               check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import (cfg_get, poisson_truncation_probability, run_chain,
                                          sampling_setup)
 from dpsco_jax.privacy.ledger import (PrivacyLedger, PrivacyReport, Provenance,
@@ -56,6 +56,21 @@ def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, ba
   else:
     one = gauss
   return dp_accounting.SelfComposedDpEvent(one, steps)
+
+
+def dp_sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTransformation:
+  """clip -> fixed-denominator mean -> Gaussian noise -> projected SGD (the DP-SGD chain)."""
+  return optax.chain(
+      clip_per_user(h["clip"]),
+      aggregate("mean", denominator=denominator),
+      add_gaussian_noise(h["stddev"], h["noise_key"]),
+      projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
+
+
+def sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTransformation:
+  """Non-private: mean -> projected SGD."""
+  return optax.chain(aggregate("mean", denominator=denominator),
+                     projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
 
 
 def _steps(cfg: dict, n: int, batch: int) -> int:
@@ -88,15 +103,15 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, *, rows: dict, m_per
   else:
     z = calibrate_noise_multiplier(make_event, epsilon=epsilon, delta=delta, relation=relation)
   lr = check_positive(cfg_get(cfg, "lr", problem.radius / (clip * math.sqrt(steps))), "lr")
-  tx = optax.chain(
-      clip_per_user(clip),
-      aggregate("mean", denominator=float(batch)),
-      add_gaussian_noise(z * clip / batch, jax.random.fold_in(key, 1)),
-      projected_sgd(lr, radius=problem.radius, averaging=cfg_get(cfg, "averaging", "uniform")))
+  averaging = cfg_get(cfg, "averaging", "uniform")
+  check_choice(averaging, "averaging", ("none", "uniform"))
+  hparams = {"clip": clip, "stddev": z * clip / batch, "lr": lr, "radius": problem.radius,
+             "noise_key": jax.random.fold_in(key, 1)}
   ledger = PrivacyLedger(delta=delta, relation=relation)
   if z > 0:
     ledger.spend(make_event(z), label=f"{level}-level DP-SGD ({sampling}, z={z:.4g})")
-  params, _ = run_chain(problem.loss_fn, rows, problem.init_params(), tx, steps=steps,
+  params, _ = run_chain(problem.loss_fn, rows, problem.init_params(), dp_sgd_chain, hparams,
+                        static=(float(batch), averaging), steps=steps,
                         key=jax.random.fold_in(key, 2), sampling=sampling, batch=batch,
                         capacity=capacity)
   record = {"noise_multiplier": z, "steps": steps, "batch_users": batch, "clip": clip,
@@ -161,11 +176,10 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   steps = _steps(cfg, n, batch)
   lr = check_positive(cfg_get(cfg, "lr", problem.radius / (problem.lipschitz
                                                            * math.sqrt(steps))), "lr")
-  tx = optax.chain(aggregate("mean", denominator=float(batch)),
-                   projected_sgd(lr, radius=problem.radius,
-                                 averaging=cfg_get(cfg, "averaging", "uniform")))
-  params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), tx, steps=steps,
-                        key=key, sampling=sampling, batch=batch, capacity=capacity)
+  averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging", ("none", "uniform"))
+  params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
+                        {"lr": lr, "radius": problem.radius}, static=(float(batch), averaging),
+                        steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity)
   return Result(params=params, privacy=_NONPRIVATE,
                 gradient_evaluations=int(steps * batch * problem.m),
                 record={"steps": steps, "batch_users": batch, "lr": lr})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -55,17 +56,16 @@ def gather_users(data: Any, idx: jax.Array) -> Any:
   return jax.tree.map(lambda x: x[idx], data)
 
 
-def run_chain(loss_fn: Callable, data: Any, params0: Any, tx: optax.GradientTransformation,
-              *, steps: int, key: jax.Array, sampling: str, batch: int,
-              capacity: int) -> tuple[Any, Any]:
-  """``steps`` iterations of: sample users -> per-user gradients -> ``tx`` -> apply.
-
-  The whole loop is one jitted ``lax.scan``. Returns ``(released params, final state)``.
-  """
-  n = jax.tree.leaves(data)[0].shape[0]
+@functools.lru_cache(maxsize=64)
+def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
+                   sampling: str, batch: int, capacity: int):
+  """One jitted scan per (loss, chain shape, schedule): hyper-parameters and data are
+  arguments, so a sweep over seeds / epsilons / learning rates compiles once."""
 
   @jax.jit
-  def loop(params, key):
+  def loop(params, key, hparams, data):
+    n = jax.tree.leaves(data)[0].shape[0]
+    tx = tx_factory(hparams, *static)
     state = tx.init(params)
 
     def body(carry, t):
@@ -79,7 +79,21 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx: optax.GradientTran
     (params, state), _ = jax.lax.scan(body, (params, state), jnp.arange(steps))
     return released_params(state, params), state
 
-  return loop(params0, key)
+  return loop
+
+
+def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, hparams: dict,
+              *, static: tuple = (), steps: int, key: jax.Array, sampling: str, batch: int,
+              capacity: int) -> tuple[Any, Any]:
+  """``steps`` iterations of: sample users -> per-user gradients -> chain -> apply.
+
+  The chain is ``tx_factory(hparams, *static)``: ``hparams`` (a dict of scalars and keys,
+  validated by the caller) are traced, ``static`` (hashable) fixes the chain's structure. The
+  whole loop is one jitted ``lax.scan``. Returns ``(released params, final state)``.
+  """
+  loop = _compiled_loop(loss_fn, tx_factory, tuple(static), int(steps), sampling, int(batch),
+                        int(capacity))
+  return loop(params0, key, hparams, data)
 
 
 def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
