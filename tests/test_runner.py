@@ -50,3 +50,19 @@ def test_unknown_names_raise():
                    problems=problems)
   with pytest.raises(ValueError, match="problem"):
     runner.run_one({"algorithm": "dp_sgd_user"}, algorithms=algorithms, problems=problems)
+
+
+def test_aggregate_and_plot(tmp_path):
+  records = [{"algorithm": "a", "target_epsilon": e, "excess_risk": e * (1 + 0.1 * s),
+              "epsilon": e, "provenance": "accountant", "gradient_evaluations": 10,
+              "wall_time_s": 0.1, "seed": s} for e in (1.0, 2.0) for s in range(3)]
+  rows = runner.aggregate(records, ["algorithm", "target_epsilon"])
+  assert len(rows) == 2 and all(r["seeds"] == 3 for r in rows)
+  row = [r for r in rows if r["target_epsilon"] == 2.0][0]
+  assert abs(row["excess_risk_mean"] - 2.2) < 1e-9 and row["excess_risk_std"] > 0
+  table = runner.format_table(rows, ["algorithm", "target_epsilon"])
+  assert "excess_risk_mean" in table.splitlines()[0]
+  pytest.importorskip("matplotlib")
+  png = runner.plot(records, "target_epsilon", ["algorithm", "target_epsilon"],
+                    str(tmp_path / "p.png"))
+  assert (tmp_path / "p.png").stat().st_size > 1000 and png.endswith(".png")
