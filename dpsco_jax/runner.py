@@ -139,6 +139,9 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
       "gradient_evaluations": int(result.gradient_evaluations),
       "wall_time_s": wall, "seed": seed,
   }
+  for name in ("radius", "lipschitz", "smoothness"):  # R, L, beta of the problem
+    if hasattr(problem, name):
+      record[name] = getattr(problem, name)
   record.update({k: v for k, v in result.record.items() if k not in record})
   if result.privacy.notes:
     record["privacy_notes"] = result.privacy.notes

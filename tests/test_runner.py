@@ -37,6 +37,7 @@ def test_cli_runs_config_and_writes_records(tmp_path):
   for r in records:
     for field in REQUIRED:
       assert field in r, field
+  assert all(r["lipschitz"] > 0 and r["smoothness"] == 1.0 and r["radius"] > 0 for r in records)
   dp = [r for r in records if r["algorithm"] == "dp_sgd_user"]
   assert all(r["provenance"] == "accountant" and abs(r["epsilon"] - 2.0) < 1e-2 for r in dp)
   assert {r["seed"] for r in dp} == {0, 1}
