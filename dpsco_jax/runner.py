@@ -80,16 +80,23 @@ def expand(config: dict) -> list[dict]:
 
 
 def swept_fields(config: dict) -> list[str]:
-  fields = {k for k, v in config.items() if isinstance(v, list) and k not in RESERVED}
-  for variant in config.get("experiments") or []:
-    fields |= {k for k, v in variant.items() if isinstance(v, list)}
-  return sorted(fields - {"seed"})
+  """Fields that take more than one value across the expanded runs (seed excluded), e.g. a
+  list-valued field, or a field that differs between ``experiments`` entries."""
+  values: dict[str, set] = {}
+  for run in expand(config):
+    for k, v in run.items():
+      values.setdefault(k, set()).add(repr(v))
+  return sorted(k for k, vs in values.items() if len(vs) > 1 and k != "seed")
 
 
 def _problem_cache_key(cfg: dict) -> tuple:
-  return tuple(sorted((k, repr(v)) for k, v in cfg.items()
-                      if k not in ("algorithm", "epsilon", "delta", "preset", "lr", "clip",
-                                   "steps", "epochs", "batch_users", "sampling", "debug")))
+  """Runs that share this key share one problem instance (and its data)."""
+  from dpsco_jax.problems import PROBLEM_KEYS, PROBLEM_NAMES
+  if cfg["problem"] in PROBLEM_NAMES:
+    fields = ("problem", "seed") + PROBLEM_KEYS
+    return tuple((k, repr(cfg.get(k))) for k in fields)
+  # a module's own problem may read any key: only the algorithm's identity is excluded
+  return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k != "algorithm"))
 
 
 def _jsonable(x: Any) -> Any:

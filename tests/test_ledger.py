@@ -62,6 +62,11 @@ def test_calibration_round_trips():
   assert epsilon_of(poisson_sgd(0.97 * z), delta=DELTA) > 2.0
   z_rdp = calibrate_noise_multiplier(poisson_sgd, epsilon=2.0, delta=DELTA, accountant="rdp")
   assert z <= z_rdp  # PLD is the tighter accountant
+  # a plain Gaussian under replace-one (PLD only): sensitivity doubles, so z doubles
+  gauss = lambda z: dp_accounting.GaussianDpEvent(z)
+  z_ar = calibrate_noise_multiplier(gauss, epsilon=1.0, delta=DELTA)
+  z_ro = calibrate_noise_multiplier(gauss, epsilon=1.0, delta=DELTA, relation="replace_one")
+  assert z_ro == pytest.approx(2 * z_ar, rel=1e-2)
 
 
 def test_budget_raises_before_release():

@@ -18,7 +18,10 @@ def test_expand_sweeps_cartesian_product_and_experiments():
   runs = runner.expand(cfg)
   assert len(runs) == 2 * 3 + 2 * 3 * 2
   assert {r["algorithm"] for r in runs} == {"a", "b"}
-  assert runner.swept_fields(cfg) == ["epsilon", "lr"]
+  assert runner.swept_fields(cfg) == ["algorithm", "epsilon", "lr"]
+  # a single value that differs between experiments entries is swept too
+  cfg2 = {"seed": [0, 1], "experiments": [{"problem": "a"}, {"problem": "b"}]}
+  assert runner.swept_fields(cfg2) == ["problem"]
 
 
 def test_cli_runs_config_and_writes_records(tmp_path):

@@ -105,7 +105,10 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
         lambda: _make_accountant(k, relation), make_event, epsilon, delta,
         bracket_interval=bracket))
 
-  z_rdp = solve("rdp", mechanism_calibration.LowerEndpointAndGuess(lower, max(2 * lower, 1.0)))
+  wide = mechanism_calibration.LowerEndpointAndGuess(lower, max(2 * lower, 1.0))
+  if not _make_accountant("rdp", relation).supports(probe):
+    return solve(kind, wide)  # e.g. a plain Gaussian under replace-one: PLD only
+  z_rdp = solve("rdp", wide)
   if kind == "rdp":
     return z_rdp
   # PLD is tighter than RDP, so its answer lies below z_rdp: bracket there (cheap PLDs only).
