@@ -1,0 +1,243 @@
+"""Noisy prefix sums of a stream: binary-tree continual counting and independent noise.
+
+A chain stage that receives one increment ``Delta_t`` per step (an aggregated, clipped batch
+quantity, params-shaped) and emits the noisy prefix sum
+
+    g_hat_t = sum_{i <= t} Delta_i + N_t,
+
+where ``N_t`` is the prefix noise of one of two mechanisms, chosen by one argument
+(``mechanism=``):
+
+``"tree"`` — the binary tree mechanism of Dwork–Naor–Pitassi–Rothblum 2010 and
+  Chan–Shi–Song 2011, as used by paper 003 (Choquette-Choo, Ganesh, Thakurta 2024, Lemma 5.6;
+  index ranges repaired as in spec 003 §3.3 / AMBIG-6). With leaves numbered ``1..T``
+  (leaf ``t+1`` holds ``Delta_t``), node ``(k, j)`` (level ``k``, odd ``j``, ``j 2^k <= T``)
+  is the noisy block sum ``s_{j,k} = sum_{i in ((j-1)2^k, j 2^k]} Delta_i + xi_{j,k}``
+  with ``xi_{j,k} ~ N(0, sigma^2 I)`` i.i.d., and the prefix ending at leaf ``t1`` is
+  ``sum_{k : bit k of t1 is 1} s_{t1 >> k, k}`` (``popcount(t1)`` complete nodes), e.g.
+  ``sum_{1..7} = s_{1,2} + s_{3,1} + s_{7,0}``. Hence ``Var(N_t) = popcount(t+1) sigma^2``
+  per coordinate, ``Cov(N_s, N_t) = sigma^2 * #shared nodes``, and one leaf lies in at most
+  ``T.bit_length()`` nodes (one per level).
+
+``"independent"`` — the DP-SGD comparison: each increment gets fresh ``N(0, sigma^2 I)``
+  (the core :func:`~dpsco_jax.transforms.noise.add_gaussian_noise` stage) and the noisy
+  increments are summed, so ``Var(N_t) = (t+1) sigma^2`` (linear in ``t`` instead of
+  ``O(log t)``).
+
+Memory is ``O(params)``: the tree never stores node noise; ``xi_{j,k}`` is regenerated from
+``fold_in(fold_in(key, k), j)`` whenever a prefix needs it (at most ``T.bit_length()`` draws
+per step, vectorized over levels). The noiseless running sum ``sum Delta_i`` and the key are
+kept in the state and are **secret**: neither is ever emitted. Only complete nodes are used,
+so every emitted prefix is post-processing of node releases.
+
+Privacy (spec 003 §3.3, §4.4). Let each increment have L2 sensitivity ``s`` (``C/B`` for a
+fixed-denominator batch mean under zero-out / add-remove; ``2C/B`` replace-one) and change in
+only one step (single epoch). With ``noise_std = z * s``:
+  * tree: the encoder has sensitivity ``s * sqrt(levels)``, so the whole run — including
+    adaptively chosen increments, each node being a Gaussian mechanism given the past — is
+    ``mu``-GDP with ``mu = sqrt(levels) / z``, i.e. exactly one Gaussian mechanism with noise
+    multiplier ``z / sqrt(levels)`` (:func:`prefix_noise_event`).
+  * independent: one increment changes, so the run is one Gaussian mechanism with noise
+    multiplier ``z`` (``mu = 1/z``).
+``levels = T.bit_length()`` is exact; the paper's ``1 + ceil(log2 T)`` (>= it) is available
+with ``levels="paper"``.
+
+Stepping past ``max_steps`` would put the leaf into a node the accounting did not count, so
+the stage then emits NaN (a loud, jit-compatible flag); drivers also guard it host-side.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dpsco_jax._checks import check_choice, check_int, check_nonnegative
+from dpsco_jax.transforms.noise import add_gaussian_noise, tree_gaussian_like
+
+PyTree = Any
+MECHANISMS = ("tree", "independent")
+LEVEL_RULES = ("exact", "paper")
+
+
+# ----------------------------------------------------------------------------- tree geometry
+def tree_levels(max_steps: int, rule: str = "exact") -> int:
+  """Number of tree levels a leaf can touch: ``T.bit_length()`` (exact) or the paper's
+  ``1 + ceil(log2 T)`` (Lemma 5.6; always >= exact)."""
+  max_steps = check_int(max_steps, "max_steps", minimum=1)
+  check_choice(rule, "levels", LEVEL_RULES)
+  if rule == "exact":
+    return max_steps.bit_length()
+  return 1 + math.ceil(math.log2(max_steps))
+
+
+def tree_nodes(max_steps: int) -> list[tuple[int, int, int, int]]:
+  """All nodes ``(level k, index j, first leaf, last leaf)`` of the tree over leaves
+  ``1..T``: odd ``j`` with ``j 2^k <= T``, covering leaves ``(j-1)2^k+1 .. j 2^k``.
+
+  There is exactly one node ending at each leaf (at level ``ctz(leaf)``), so ``T`` nodes.
+  """
+  max_steps = check_int(max_steps, "max_steps", minimum=1)
+  nodes = []
+  for k in range(max_steps.bit_length()):
+    for j in range(1, max_steps // (1 << k) + 1, 2):
+      nodes.append((k, j, (j - 1) * (1 << k) + 1, j * (1 << k)))
+  return nodes
+
+
+def prefix_nodes(leaf: int) -> list[tuple[int, int]]:
+  """Nodes ``(k, j)`` whose sum is the prefix ending at ``leaf`` (1-indexed)."""
+  leaf = check_int(leaf, "leaf", minimum=1)
+  return [(k, leaf >> k) for k in range(leaf.bit_length()) if (leaf >> k) & 1]
+
+
+def tree_encode(increments: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+  """The explicit (noiseless) encoder: node sums ``{(k, j): sum of its leaves}`` of a stream
+  ``increments[t]`` (leaf ``t+1``). The streaming stage never builds this; it exists to state
+  and test the mechanism (sensitivity = how many nodes one leaf changes)."""
+  increments = np.asarray(increments)
+  csum = np.concatenate([np.zeros_like(increments[:1]), np.cumsum(increments, axis=0)])
+  return {(k, j): csum[hi] - csum[lo - 1] for k, j, lo, hi in tree_nodes(len(increments))}
+
+
+def prefix_noise_variance(step: int, mechanism: str = "tree") -> int:
+  """Per-coordinate variance of ``N_step`` in units of ``noise_std^2``: ``popcount(step+1)``
+  for the tree, ``step+1`` for independent noise."""
+  check_choice(mechanism, "mechanism", MECHANISMS)
+  step = check_int(step, "step", minimum=0)
+  return bin(step + 1).count("1") if mechanism == "tree" else step + 1
+
+
+def node_noise(key: jax.Array, level: int | jax.Array, index: int | jax.Array, like: PyTree,
+               stddev: float | jax.Array) -> PyTree:
+  """``xi_{index, level}``: the noise of node ``(level, index)``, regenerated from the key."""
+  node_key = jax.random.fold_in(jax.random.fold_in(key, level), index)
+  return tree_gaussian_like(node_key, like, stddev)
+
+
+def tree_prefix_noise(key: jax.Array, leaf: jax.Array, like: PyTree,
+                      stddev: float | jax.Array, levels: int) -> PyTree:
+  """``N`` for the prefix ending at ``leaf`` (1-indexed, traced): ``sum_{k: bit k of leaf}
+  xi_{leaf >> k, k}``, levels vectorized, absent bits masked (static shapes, no branches)."""
+  ks = jnp.arange(levels, dtype=jnp.uint32)
+  leaf = jnp.asarray(leaf, jnp.uint32)
+  idx = leaf >> ks
+  bits = (idx & 1).astype(jnp.float32)
+  per_level = jax.vmap(lambda k, j: node_noise(key, k, j, like, stddev))(ks, idx)
+  return jax.tree.map(
+      lambda n: jnp.tensordot(bits.astype(n.dtype), n, axes=(0, 0)), per_level)
+
+
+# ----------------------------------------------------------------------------- the stages
+class TreePrefixNoiseState(NamedTuple):
+  """``count``: increments consumed; ``prefix``: the noiseless running sum (SECRET);
+  ``key``: node-noise key (SECRET)."""
+  count: jax.Array
+  prefix: PyTree
+  key: jax.Array
+
+
+class IndependentPrefixNoiseState(NamedTuple):
+  """``noise``: the core Gaussian stage's state; ``noisy_prefix``: running sum of noisy
+  increments (post-processing of released quantities, not secret)."""
+  count: jax.Array
+  noisy_prefix: PyTree
+  noise: Any
+
+
+def _poison_after(count: jax.Array, max_steps: int, tree: PyTree) -> PyTree:
+  over = count >= max_steps
+  return jax.tree.map(lambda x: jnp.where(over, jnp.full_like(x, jnp.nan), x), tree)
+
+
+def _as_key(key: jax.Array | int) -> jax.Array:
+  return jax.random.key(key) if isinstance(key, int) else key
+
+
+def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
+                          ) -> optax.GradientTransformationExtraArgs:
+  """Binary-tree noisy prefix sums (paper 003, Lemma 5.6; spec 003 §3.3).
+
+  Input: the increment ``Delta_t`` (params-shaped). Output: ``sum_{i<=t} Delta_i + N_t`` with
+  ``N_t`` the tree noise of leaf ``t+1``, node std ``noise_std``. ``O(params)`` state.
+  """
+  check_nonnegative(noise_std, "noise_std")
+  max_steps = check_int(max_steps, "max_steps", minimum=1)
+  levels = tree_levels(max_steps)
+  key = _as_key(key)
+
+  def init_fn(params):
+    return TreePrefixNoiseState(count=jnp.zeros((), jnp.int32),
+                                prefix=jax.tree.map(jnp.zeros_like, params), key=key)
+
+  def update_fn(updates, state, params=None, **extra):
+    del params, extra
+    prefix = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.prefix, updates)
+    noise = tree_prefix_noise(state.key, state.count + 1, prefix, noise_std, levels)
+    out = jax.tree.map(lambda g, n: g + n.astype(g.dtype), prefix, noise)
+    out = _poison_after(state.count, max_steps, out)
+    return out, TreePrefixNoiseState(count=state.count + 1, prefix=prefix, key=state.key)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
+                                 ) -> optax.GradientTransformationExtraArgs:
+  """Noisy prefix sums with independent per-step noise (the DP-SGD comparison; same
+  interface as :func:`tree_prefix_sum_noise`). The noise is the core Gaussian stage applied
+  to each increment; the stage then sums: ``N_t = sum_{i<=t} w_i``, ``Var = (t+1) sigma^2``.
+  """
+  check_nonnegative(noise_std, "noise_std")
+  max_steps = check_int(max_steps, "max_steps", minimum=1)
+  gaussian = add_gaussian_noise(noise_std, _as_key(key))
+
+  def init_fn(params):
+    return IndependentPrefixNoiseState(
+        count=jnp.zeros((), jnp.int32),
+        noisy_prefix=jax.tree.map(jnp.zeros_like, params), noise=gaussian.init(params))
+
+  def update_fn(updates, state, params=None, **extra):
+    noisy, noise_state = gaussian.update(updates, state.noise, params, **extra)
+    total = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.noisy_prefix, noisy)
+    out = _poison_after(state.count, max_steps, total)
+    return out, IndependentPrefixNoiseState(count=state.count + 1, noisy_prefix=total,
+                                            noise=noise_state)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
+                     mechanism: str = "tree") -> optax.GradientTransformationExtraArgs:
+  """Noisy prefix sums of the increment stream; ``mechanism`` in ``("tree",
+  "independent")`` switches the noise (see the module docstring for both guarantees)."""
+  check_choice(mechanism, "mechanism", MECHANISMS)
+  if mechanism == "tree":
+    return tree_prefix_sum_noise(noise_std, max_steps, key)
+  return independent_prefix_sum_noise(noise_std, max_steps, key)
+
+
+# ----------------------------------------------------------------------------- accounting
+def prefix_noise_mu(noise_multiplier: float, max_steps: int, *, mechanism: str = "tree",
+                    levels: str = "exact") -> float:
+  """GDP parameter of a single-epoch run: ``sqrt(levels)/z`` (tree) or ``1/z``
+  (independent), with ``noise_std = z * sensitivity`` of one increment."""
+  check_choice(mechanism, "mechanism", MECHANISMS)
+  z = float(noise_multiplier)
+  if not z > 0:
+    raise ValueError(f"noise_multiplier must be > 0 for a finite mu, got {noise_multiplier!r}")
+  lv = tree_levels(max_steps, levels) if mechanism == "tree" else 1
+  return math.sqrt(lv) / z
+
+
+def prefix_noise_event(noise_multiplier: float, max_steps: int, *, mechanism: str = "tree",
+                       levels: str = "exact") -> dp_accounting.DpEvent:
+  """The whole single-epoch run as one dp_accounting event: a mu-GDP mechanism is exactly
+  ``GaussianDpEvent(1/mu)`` (sensitivity normalized to 1; use the ledger's relation for
+  replace-one adjacency)."""
+  return dp_accounting.GaussianDpEvent(
+      1.0 / prefix_noise_mu(noise_multiplier, max_steps, mechanism=mechanism, levels=levels))
