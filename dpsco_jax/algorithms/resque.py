@@ -69,6 +69,7 @@ from dpsco_jax.result import Result
 from dpsco_jax.transforms.noise import tree_gaussian_like
 from dpsco_jax.transforms.resque import reweight, sample_queries
 from dpsco_jax.transforms.steps import project_l2_ball, projected_sgd
+from dpsco_jax.privacy.approx_rdp import ApproxRdpLedger
 
 PyTree = Any
 
@@ -120,48 +121,6 @@ def alg4_rdp(*, T: int, n: int, beta: float, delta: float, alpha: float, rho_ove
   else:
     raise ValueError(f"constants must be 'explicit' or 'c_priv', got {constants!r}")
   return alpha * tau, cond
-
-
-class ApproxRdpLedger:
-  """Additive approximate-RDP ledger at one order ``alpha`` (Lemma 3, Corollary 1).
-
-  ``spend(eps_rdp, delta, label, conditions)`` raises ``PrivacyBudgetExceeded`` BEFORE
-  recording when the converted ``(eps, delta)`` would exceed the budget; call it before the
-  mechanism runs. ``delta_prime`` is Corollary 1's conversion slack.
-  """
-
-  def __init__(self, *, alpha: float, epsilon_budget: float, delta_budget: float,
-               delta_prime: float):
-    self.alpha = check_positive(alpha, "alpha")
-    if alpha <= 1:
-      raise ValueError(f"alpha must be > 1, got {alpha}")
-    self.epsilon_budget = check_epsilon(epsilon_budget, "epsilon_budget")
-    self.delta_budget = check_delta(delta_budget, "delta_budget")
-    self.delta_prime = check_delta(delta_prime, "delta_prime")
-    self.eps_rdp = 0.0
-    self.delta_tv = 0.0
-    self.calls = 0
-    self.violations: dict[str, int] = {}
-
-  def converted(self, eps_rdp: float, delta_tv: float) -> tuple[float, float]:
-    eps = eps_rdp + math.log(1.0 / self.delta_prime) / (self.alpha - 1.0)
-    return eps, self.delta_prime + (1.0 + math.exp(min(eps, 700.0))) * delta_tv
-
-  def spend(self, eps_rdp: float, delta: float, label: str, conditions: dict) -> None:
-    eps, dlt = self.converted(self.eps_rdp + eps_rdp, self.delta_tv + delta)
-    if eps > self.epsilon_budget * (1 + 1e-9) or dlt > self.delta_budget * (1 + 1e-9):
-      raise PrivacyBudgetExceeded(
-          f"{label}: (eps={eps:.4g}, delta={dlt:.3g}) would exceed the budget "
-          f"(eps={self.epsilon_budget:.4g}, delta={self.delta_budget:.3g})")
-    self.eps_rdp += eps_rdp
-    self.delta_tv += delta
-    self.calls += 1
-    for name, ok in conditions.items():
-      if not ok:
-        self.violations[name] = self.violations.get(name, 0) + 1
-
-  def epsilon_delta(self) -> tuple[float, float]:
-    return self.converted(self.eps_rdp, self.delta_tv)
 
 
 # ============================================================ Alg. 3 / 4 (localized SGD) ==
