@@ -1,0 +1,169 @@
+"""DPTrainer: bit-identical checkpoint/resume, a ledger that is never reset, budget enforcement
+before release, the noise scale of the shared chain, and fast == vmap through the trainer."""
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from dpsco_jax.flax import DPTrainer, ledger_from_json, ledger_to_json
+from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger
+
+pytest.importorskip("orbax.checkpoint")
+
+
+class Tiny(nnx.Module):
+  def __init__(self, din, dout, rngs):
+    self.l1 = nnx.Linear(din, 4, rngs=rngs)
+    self.l2 = nnx.Linear(4, dout, rngs=rngs)
+
+  def __call__(self, x):
+    return self.l2(jnp.tanh(self.l1(x)))
+
+
+def _ce(model, ex):
+  x, y = ex
+  return optax.softmax_cross_entropy_with_integer_labels(model(x), y)
+
+
+def _user_data(n=16, m=3, d=3, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((n, m, d)).astype(np.float32)
+  return jnp.asarray(x), jnp.asarray((x[..., 0] > 0).astype(np.int32))
+
+
+_init_tiny = nnx.jit(lambda: Tiny(3, 2, rngs=nnx.Rngs(0)))  # compiled once, fresh models
+
+
+def _trainer(**kw):
+  args = dict(data=_user_data(), clip_norm=1.0, sampling_rate=0.4, delta=1e-5,
+              noise_multiplier=1.2, key=7, accountant="rdp")
+  args.update(kw)
+  return DPTrainer(_init_tiny(), _ce, optax.sgd(0.5), **args)
+
+
+def _leaves(state):
+  return [np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+                     else x) for x in jax.tree.leaves(state)]
+
+
+@pytest.mark.slow
+def test_resume_is_bit_identical_and_never_resets_the_ledger(tmp_path):
+  full = _trainer()
+  full.train(6, report_every=2, checkpoint_dir=tmp_path, checkpoint_every=4)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004", "step_00000006"]
+
+  resumed = _trainer()
+  resumed.restore(tmp_path / "step_00000004")
+  assert resumed.step_count == 4
+  eps_at_ckpt = full.history[1]["epsilon"]
+  assert eps_at_ckpt > 0
+  assert resumed.epsilon() == pytest.approx(eps_at_ckpt, rel=1e-12)  # not reset
+  assert resumed.history == full.history[:2]
+  resumed.train(2, report_every=2)
+
+  for a, b in zip(_leaves(full.state), _leaves(resumed.state), strict=True):
+    assert a.dtype == b.dtype and np.array_equal(a, b)  # params, noise key+count, sample key
+  assert resumed.epsilon() == pytest.approx(full.epsilon(), rel=1e-12)
+  assert [h["epsilon"] for h in resumed.history] == pytest.approx(
+      [h["epsilon"] for h in full.history], rel=1e-12)
+
+  # a trainer that already spent refuses to restore (it would roll the ledger back)
+  with pytest.raises(ValueError, match="fresh trainer"):
+    resumed.restore(tmp_path)
+  # a checkpoint of another privacy configuration is refused
+  with pytest.raises(ValueError, match="configuration"):
+    _trainer(noise_multiplier=2.0).restore(tmp_path)
+
+
+@pytest.mark.slow
+def test_budget_is_enforced_before_release_also_after_resume(tmp_path):
+  probe = PrivacyLedger(delta=1e-5, accountant="rdp")
+  ev = dp_accounting.PoissonSampledDpEvent(0.4, dp_accounting.GaussianDpEvent(1.2))
+  probe.compose(ev, label="x", count=2)
+  budget = probe.epsilon() * 1.01  # room for exactly 2 steps
+
+  tr = _trainer(epsilon_budget=budget)
+  tr.train(2, report_every=2, checkpoint_dir=tmp_path)
+  before = _leaves(tr.state)
+  with pytest.raises(PrivacyBudgetExceeded):
+    tr.train(1, report_every=1)
+  for a, b in zip(before, _leaves(tr.state)):  # nothing ran, nothing was released
+    assert np.array_equal(a, b)
+  assert tr.step_count == 2
+
+  resumed = _trainer(epsilon_budget=budget).restore(tmp_path)
+  with pytest.raises(PrivacyBudgetExceeded):
+    resumed.train(1, report_every=1)
+
+
+@pytest.mark.slow
+def test_calibrated_noise_scale_of_the_shared_chain():
+  # Zero-gradient loss: one SGD(lr=1) step moves the params by exactly -noise, whose stddev
+  # must be z*C/(q n) with z calibrated to the target. Accept 1x, reject 0.5x and 1.5x.
+  class Wide(nnx.Module):
+    def __init__(self, rngs):
+      self.l = nnx.Linear(20, 20, rngs=rngs)
+
+    def __call__(self, x):
+      return self.l(x)
+
+  n, q, clip = 10, 0.5, 2.0
+  data = (jnp.zeros((n, 1, 20)),)
+  model = nnx.jit(lambda: Wide(nnx.Rngs(0)))()
+  tr = DPTrainer(model, lambda mdl, ex: 0.0 * jnp.sum(mdl(ex[0])), optax.sgd(1.0), data=data,
+                 clip_norm=clip, sampling_rate=q, delta=1e-5, target_epsilon=2.0, num_steps=1,
+                 key=1, accountant="rdp")
+  z = tr.noise_multiplier
+  expected = z * clip / (q * n)
+  assert tr.noise_stddev == pytest.approx(expected)
+  before = _leaves(tr.params)
+  eps = tr.train(1, report_every=1)[-1]["epsilon"]
+  assert 1.8 < eps <= 2.0 * (1 + 1e-6)  # calibrated: meets the target, and tightly
+  moved = np.concatenate([(b - a).ravel() for a, b in zip(before, _leaves(tr.params))])
+  sd = float(np.std(moved))  # 420 coordinates: relative error ~3.5%
+  assert abs(sd / expected - 1) < 0.15
+  assert abs(sd / (0.5 * expected) - 1) > 0.5 and abs(sd / (1.5 * expected) - 1) > 0.2
+  rep = tr.privacy_report()
+  assert rep.provenance == "accountant" and rep.level == "user"
+  assert rep.epsilon == pytest.approx(eps)
+
+
+@pytest.mark.slow
+def test_fast_and_vmap_trainers_agree():
+  x, y = _user_data(m=1)
+  data = (x[:, 0], y[:, 0])
+  fast = _trainer(method="fast", level="item", data=data, sampling_rate=0.5)
+  slow = _trainer(method="vmap", level="item", data=data, sampling_rate=0.5)
+  fast.train(3, report_every=3)
+  slow.train(3, report_every=3)
+  for a, b in zip(_leaves(fast.params), _leaves(slow.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  assert fast.epsilon() == slow.epsilon()
+
+
+def test_ledger_json_round_trip():
+  led = PrivacyLedger(delta=1e-6, epsilon_budget=10.0, accountant="rdp")
+  led.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)),
+              label="a", count=20)
+  led.compose(dp_accounting.GaussianDpEvent(3.0), label="b", group="g1")
+  back = ledger_from_json(ledger_to_json(led))
+  assert back.events == led.events
+  assert back.epsilon() == led.epsilon() and back.epsilon_budget == 10.0
+
+
+def test_bad_arguments_raise():
+  with pytest.raises(ValueError, match="sampling_rate"):
+    _trainer(sampling_rate=0.0)
+  with pytest.raises(ValueError, match="noise_multiplier"):
+    _trainer(noise_multiplier=0.0)
+  with pytest.raises(ValueError, match="target_epsilon"):
+    _trainer(noise_multiplier=None)
+  with pytest.raises(ValueError, match="clip_norm"):
+    _trainer(clip_norm=-1.0)
+  tr = _trainer()
+  with pytest.raises(ValueError, match="checkpoint_every"):
+    tr.train(2, report_every=2, checkpoint_dir="/tmp/x", checkpoint_every=3)
