@@ -106,3 +106,20 @@ def test_sensitivity_formulas_and_validation():
     aggregate("median", 3.0)
   with pytest.raises(ValueError, match="relation"):
     aggregation_sensitivity(1.0, mode="sum", relation="swap")
+
+
+@pytest.mark.parametrize("mode,denominator", [("sum", None), ("mean", 5.0)])
+def test_fused_clip_and_aggregate_equals_the_chain(mode, denominator):
+  g = stacked(jax.random.key(7))
+  g = jax.tree.map(lambda x: x.at[1].set(jnp.nan).at[3].set(jnp.inf).at[4].multiply(1e-3), g)
+  mask = jnp.array([True, True, True, True, True, False, True, False])
+  g = jax.tree.map(lambda x: x.at[7].set(jnp.nan), g)  # NaN in a padded slot
+  fused = clip_and_aggregate(1.0, mode, denominator, debug=True)
+  chain = optax.chain(clip_per_user(1.0, debug=True), aggregate(mode, denominator))
+  out_f, st_f = jax.jit(lambda u, s: fused.update(u, s, None, user_mask=mask))(g, fused.init(None))
+  out_c, st_c = chain.update(g, chain.init(None), None, user_mask=mask)
+  chex.assert_trees_all_close(out_f, out_c, rtol=1e-5, atol=1e-6)
+  assert int(st_f.dropped) == int(st_c[0].dropped) == 2
+  wrong = clip_and_aggregate(2.0, mode, denominator)
+  out_w, _ = wrong.update(g, wrong.init(None), None, user_mask=mask)
+  assert not np.allclose(np.asarray(out_w["b"]), np.asarray(out_c["b"]))

@@ -37,7 +37,7 @@ from dpsco_jax.privacy.ledger import (PrivacyLedger, PrivacyReport, Provenance,
                                       calibrate_noise_multiplier)
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
-from dpsco_jax.transforms.clipping import aggregate, clip_per_user
+from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.steps import projected_sgd
 
@@ -59,10 +59,9 @@ def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, ba
 
 
 def dp_sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTransformation:
-  """clip -> fixed-denominator mean -> Gaussian noise -> projected SGD (the DP-SGD chain)."""
+  """clip -> fixed-denominator mean (fused) -> Gaussian noise -> projected SGD."""
   return optax.chain(
-      clip_per_user(h["clip"]),
-      aggregate("mean", denominator=denominator),
+      clip_and_aggregate(h["clip"], "mean", denominator),
       add_gaussian_noise(h["stddev"], h["noise_key"]),
       projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
 
