@@ -1,0 +1,361 @@
+"""Local deletion sensitivity: the stability test of DelOutputPert and its certificate.
+
+Paper 001 (Ghazi et al., ICML 2023), Def. 3.2, Alg. 1, Obs. 3.5, App. C / Lemma C.1; spec
+``shared/specs/001_ghazi_user_level.md`` §2.2, §2.4, §3.2–3.3.
+
+A deletion set ``S ⊆ [n]`` is encoded as the bits of an integer ``s`` (bit ``i`` set = user ``i``
+deleted); ``x_{-S}`` is the dataset with keep-mask ``~bits(s)``, so every sub-dataset has the
+static shape of ``x`` (masked users contribute exactly zero) and all of them are solved at once
+with ``vmap``/``lax.map``.
+
+Definitions (spec §1, Def. 3.2):
+
+    Δf(y)    = max_{i in y} ||f(y) - f(y_{-i})||                (one-step deletion change)
+    Δ_r f(y) = max_{|S''| <= r} Δf(y_{-S''})
+    x_{-S} is *stable*  <=>  Δ_{4 kappa - |S|} f(x_{-S}) <= Δ
+                        <=>  no S' ⊇ S with |S'| <= 4 kappa has Δf(x_{-S'}) > Δ.
+
+DelOutputPert (Alg. 1) draws ``R1 ~ TDLap(eps', delta')`` and releases ``f(x_{-S}) + N(0, σ² I)``
+for the smallest stable ``S`` with ``|S| <= R1`` (ties: the smallest bit pattern — any choice is
+allowed by the proof, spec §2.2), or ⊥. Since the smallest stable set does not depend on
+``R1``, ``Pr[⊥ | x] = Pr[R1 < s_min(x)]`` exactly, which the tests use.
+
+Two ways to run the test:
+  * **exact** — all ``2^n`` deletion sets (``n <= max_exact_users``); the deletion depth
+    ``4 kappa + 1 >= 17`` (spec §3.3(a)) so for ``n <= 16`` this is the full power set. The
+    one-step changes are a gather per user, the "some bad superset" predicate a superset-OR
+    (zeta) transform: ``O(n 2^n)`` vectorized work after the ``2^n`` solves.
+  * **certificate** (App. C, Lemma C.1 with the inexact-solver and constrained-K extensions of
+    spec §3.3(b)/§3.4): if at the computed ``θ̃ = f(x)`` the centred per-user gradients are
+    ``<= γ`` and the optimality residual is ``<= e_max``, then ``Δ_{4 kappa} f(x) <= Δ_cert``,
+    so ``S = ∅`` is stable and Alg. 1 outputs ``f(x) + N(0, σ²I)`` for every ``R1``. When the
+    certificate fails the exact test runs (REQUIRED: returning ⊥ on failure is not DP).
+
+f must be a deterministic function of the sub-dataset alone (the proof of Thm 3.3 evaluates
+the same sub-dataset from two neighbouring datasets). Solves used *inside* the test therefore
+start from a public point; :func:`leave_users_out` (warm-started from the full solution) is for
+diagnostics and tests only, never for the released decision.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from dpsco_jax._checks import check_int, check_nonnegative, check_positive
+from dpsco_jax.privacy import discrete_laplace as tdl
+
+PyTree = Any
+MaskedFn = Callable[[jax.Array], PyTree]   # keep-mask bool[n] -> params
+
+# ------------------------------------------------------------------------------------------
+# Subset encoding.
+
+
+def subset_keep_masks(n_users: int) -> jax.Array:
+  """``keep[s, i] = (bit i of s) == 0``: the keep-masks of all ``2^n`` deletion sets."""
+  n = check_int(n_users, "n_users", minimum=1)
+  idx = jnp.arange(2 ** n, dtype=jnp.int32)
+  return ((idx[:, None] >> jnp.arange(n, dtype=jnp.int32)[None, :]) & 1) == 0
+
+
+def subset_sizes(n_users: int) -> jax.Array:
+  """``|S|`` for every subset index ``s``."""
+  return jnp.sum(~subset_keep_masks(n_users), axis=1).astype(jnp.int32)
+
+
+def deletion_index(deleted_users, n_users: int) -> int:
+  """The subset index of the deletion set ``deleted_users``."""
+  s = 0
+  for i in deleted_users:
+    if not 0 <= int(i) < n_users:
+      raise ValueError(f"deleted user {i} outside [0, {n_users})")
+    s |= 1 << int(i)
+  return s
+
+
+def evaluate_all_subsets(f_masked: MaskedFn, n_users: int, *, batch_size: int = 1024
+                         ) -> jax.Array:
+  """``F[s] = ravel(f(x_{-S_s}))`` for all ``2^n`` deletion sets, shape ``[2^n, d]``.
+
+  ``f_masked`` is vmapped in chunks of ``batch_size`` masks (``lax.map``) to bound memory.
+  """
+  masks = subset_keep_masks(n_users)
+
+  def flat(mask):
+    return ravel_pytree(f_masked(mask))[0]
+
+  return jax.lax.map(flat, masks, batch_size=min(int(batch_size), masks.shape[0]))
+
+
+class StabilityTable(NamedTuple):
+  """Exact stability test over all deletion sets (indexed by subset bits)."""
+  one_step: jax.Array   # [2^n] Δf(x_{-S}) = max_{i not in S} ||F[S] - F[S ∪ {i}]||
+  bad: jax.Array        # [2^n] Δf(x_{-S}) > Δ and |S| <= depth
+  stable: jax.Array     # [2^n] no bad superset: Δ_{depth - |S|} f(x_{-S}) <= Δ
+  sizes: jax.Array      # [2^n] |S|
+
+
+@functools.partial(jax.jit, static_argnames=("n_users", "depth"))
+def stability_table(F: jax.Array, n_users: int, Delta: float | jax.Array, depth: int
+                    ) -> StabilityTable:
+  """The exact test of Alg. 1 line 4 from the table ``F`` of all sub-dataset values.
+
+  ``depth`` is ``4 kappa``: a bad set ``S'`` counts only if ``|S'| <= 4 kappa`` (the deepest
+  one-step change examined deletes ``4 kappa + 1`` users, spec §2.2).
+  """
+  n = int(n_users)
+  size = 2 ** n
+  if F.shape[0] != size:
+    raise ValueError(f"F must have 2^n_users = {size} rows, got {F.shape[0]}")
+  idx = jnp.arange(size, dtype=jnp.int32)
+  sizes = subset_sizes(n)
+  one_step = jnp.zeros((size,), F.dtype)
+  for i in range(n):  # static: n gathers of the child table
+    child = idx | (1 << i)
+    valid = ((idx >> i) & 1) == 0
+    diff = jnp.linalg.norm(F[child] - F, axis=-1)
+    one_step = jnp.maximum(one_step, jnp.where(valid, diff, 0.0))
+  bad = (one_step > Delta) & (sizes <= depth)
+  any_bad_superset = bad
+  for i in range(n):  # superset-OR (zeta) transform
+    any_bad_superset = any_bad_superset | any_bad_superset[idx | (1 << i)]
+  return StabilityTable(one_step, bad, ~any_bad_superset, sizes)
+
+
+class Selection(NamedTuple):
+  s_min: jax.Array    # smallest |S| among stable sets with |S| <= max_r1 (max_r1 + 1 if none)
+  index: jax.Array    # subset index of the chosen S (smallest bit pattern of that size)
+
+
+@functools.partial(jax.jit, static_argnames=("max_r1",))
+def smallest_stable(table: StabilityTable, max_r1: int) -> Selection:
+  """Alg. 1 line 6: a stable set of smallest size (independent of ``R1``)."""
+  big = jnp.int32(max_r1 + 1)
+  cand = table.stable & (table.sizes <= max_r1)
+  sz = jnp.where(cand, table.sizes, big)
+  s_min = jnp.min(sz)
+  index = jnp.argmax(cand & (table.sizes == s_min)).astype(jnp.int32)
+  return Selection(s_min, index)
+
+
+def bottom_probability(s_min: int, epsilon: float, delta: float) -> float:
+  """``Pr[A(x) = ⊥] = Pr[R1 < s_min]`` (exact, host side; spec §6.2 item 6(c))."""
+  p = tdl.del_output_pert_params(epsilon, delta)
+  pmf = tdl.tdlap_pmf_from_kappa(p.epsilon_prime, p.kappa)
+  return float(np.sum(pmf[: int(s_min)]))
+
+
+# ------------------------------------------------------------------------------------------
+# Lemma C.1 certificate (App. C), with solver inexactness and a ball constraint.
+
+
+class Certificate(NamedTuple):
+  certified: jax.Array     # bool[]
+  gamma_hat: jax.Array     # max_i ||g_i - g_bar||   (data dependent: debug only)
+  residual: jax.Array      # e0 >= ||θ̃ - θ*(x)||      (data dependent: debug only)
+
+
+def certified_sensitivity(*, n_users: int, depth: int, gamma: float, e_max: float,
+                          mu: float, tau: float) -> float:
+  """``Δ_cert = 2 (e_max + r γ / (μ (n - r))) + 2 τ`` with ``r = depth + 1 = 4 kappa + 1``.
+
+  For every ``|S| = s <= r`` and ``y = x_{-S}``:
+  ``∇F_y(θ̃) = ∇F_x(θ̃) + Σ_{i∈S}(ḡ - g_i)/(n - s)`` (the regulariser does not change under
+  deletion), so with ``v`` the normal-cone vector of the ball at ``θ̃`` and strong monotonicity
+  ``||θ̃ - θ*(y)|| <= e0 + s γ/(μ (n - s))`` (Lemma C.1's proof, centred per spec §3.4). A
+  one-step change ``||f(y) - f(y_{-i})||`` is then ``<= 2 (e_max + r γ/(μ(n-r))) + 2 τ``, where
+  ``τ`` is the solver's a-priori accuracy on every sub-dataset (spec §3.3(b)). The paper's
+  cruder form is ``2(4κ+1)γ/(μ(n-4κ-1))`` (spec §2.4, [R]).
+  """
+  n = check_int(n_users, "n_users", minimum=1)
+  r = int(depth) + 1
+  if n - r <= 0:
+    return float("inf")
+  check_positive(mu, "mu")
+  return 2.0 * (check_nonnegative(e_max, "e_max")
+                + r * check_nonnegative(gamma, "gamma") / (mu * (n - r))) \
+      + 2.0 * check_nonnegative(tau, "tau")
+
+
+def lemma_c1_certificate(user_grads: jax.Array, reg_grad: jax.Array, theta: jax.Array, *,
+                         mu: float, gamma: float, e_max: float,
+                         radius: float | None, center: jax.Array | None = None
+                         ) -> Certificate:
+  """Checks the certificate at the computed solution ``theta`` (flat ``[d]``).
+
+  Args:
+    user_grads: ``[n, d]`` per-user mean loss gradients at ``theta`` (non-finite rows must be
+      already zeroed).
+    reg_grad: ``[d]`` gradient of the data-independent regulariser at ``theta``.
+    mu: strong convexity of every sub-dataset objective.
+    gamma, e_max: the data-independent thresholds.
+    radius, center: the ball ``K`` (``None``: unconstrained).
+
+  ``e0 = ||∇F(θ̃) + v||/μ + sqrt(t ρ / μ)``, with ``v = t u`` the normal-cone vector at ``θ̃``
+  (``u`` the outward unit normal, ``t = max(0, -<∇F, u>)``) and ``ρ = R - ||θ̃ - c||`` the slack
+  of ``θ̃`` inside the ball: from ``μ||e||² <= ||∇F + v|| ||e|| + t ρ`` (strong monotonicity and
+  ``<v, θ̃ - θ*> >= -t ρ``). Interior points take ``t = 0``.
+  """
+  g_bar = jnp.mean(user_grads, axis=0)
+  grad_f = g_bar + reg_grad
+  gamma_hat = jnp.max(jnp.linalg.norm(user_grads - g_bar, axis=-1))
+  if radius is None:
+    e0 = jnp.linalg.norm(grad_f) / mu
+  else:
+    off = theta if center is None else theta - center
+    norm = jnp.linalg.norm(off)
+    u = off / jnp.maximum(norm, 1e-30)
+    t = jnp.maximum(0.0, -jnp.dot(grad_f, u))
+    rho = jnp.maximum(radius - norm, 0.0)
+    e0 = jnp.linalg.norm(grad_f + t * u) / mu + jnp.sqrt(t * rho / mu)
+  ok = (gamma_hat <= gamma) & (e0 <= e_max) & jnp.all(jnp.isfinite(user_grads))
+  return Certificate(ok, gamma_hat, e0)
+
+
+# ------------------------------------------------------------------------------------------
+# The release of Alg. 1.
+
+
+class Release(NamedTuple):
+  params: jax.Array       # flat [d]; the public point when ⊥
+  is_bottom: jax.Array    # bool[]: ⊥ is a legitimate DP output
+
+
+class StabilityDebug(NamedTuple):
+  """Data-dependent diagnostics: NOT covered by the DP guarantee, never released."""
+  r1: jax.Array           # the TDLap draw
+  s_size: jax.Array       # |S| of the chosen deletion set (-1 when ⊥)
+  s_min: jax.Array        # smallest stable size (max_r1 + 1 if none)
+  certified: jax.Array    # the Lemma C.1 certificate held
+  exact_path: jax.Array   # the exact test ran
+
+
+def _keys(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  k_r1, k_noise = jax.random.split(key)
+  return k_r1, k_noise
+
+
+def exact_release(F: jax.Array, key: jax.Array, *, n_users: int, Delta: float | jax.Array,
+                  epsilon: float, delta: float, sigma: float | jax.Array,
+                  public_point: jax.Array) -> tuple[Release, StabilityDebug]:
+  """Alg. 1 lines 3–7 from the table ``F`` of all sub-dataset values (jittable in ``F``,
+  ``key``, ``Delta``, ``sigma``)."""
+  p = tdl.del_output_pert_params(epsilon, delta)
+  table = stability_table(F, n_users, Delta, p.depth)
+  sel = smallest_stable(table, p.max_r1)
+  k_r1, k_noise = _keys(key)
+  r1 = tdl.tdlap_sample_from_kappa(k_r1, p.epsilon_prime, p.kappa)
+  is_bottom = sel.s_min > r1
+  z = jax.random.normal(k_noise, F.shape[1:], F.dtype)
+  out = jnp.where(is_bottom, public_point, F[sel.index] + sigma * z)
+  dbg = StabilityDebug(r1, jnp.where(is_bottom, -1, sel.s_min), sel.s_min,
+                       jnp.zeros((), bool), jnp.ones((), bool))
+  return Release(out, is_bottom), dbg
+
+
+def certified_release(f_full: jax.Array, key: jax.Array, *, epsilon: float, delta: float,
+                      sigma: float | jax.Array) -> tuple[Release, StabilityDebug]:
+  """The output of Alg. 1 when ``S = ∅`` is stable: ``f(x) + N(0, σ²I)`` with the same key
+  derivation as :func:`exact_release` (so both paths agree draw for draw)."""
+  p = tdl.del_output_pert_params(epsilon, delta)
+  k_r1, k_noise = _keys(key)
+  r1 = tdl.tdlap_sample_from_kappa(k_r1, p.epsilon_prime, p.kappa)
+  z = jax.random.normal(k_noise, f_full.shape, f_full.dtype)
+  dbg = StabilityDebug(r1, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+                       jnp.ones((), bool), jnp.zeros((), bool))
+  return Release(f_full + sigma * z, jnp.zeros((), bool)), dbg
+
+
+_exact_release_jit = jax.jit(exact_release, static_argnames=("n_users", "epsilon", "delta"))
+_certified_release_jit = jax.jit(certified_release, static_argnames=("epsilon", "delta"))
+
+
+def del_output_pert(key: jax.Array, f_masked: MaskedFn, *, n_users: int, Delta: float,
+                    epsilon: float, delta: float, sigma: float, public_point: jax.Array,
+                    certify: Callable[[jax.Array], Certificate] | None = None,
+                    on_certificate_failure: str = "exact", max_exact_users: int = 20,
+                    evaluate_all: Callable[[], jax.Array] | None = None,
+                    batch_size: int = 1024
+                    ) -> tuple[Release, StabilityDebug, Certificate | None]:
+  """DelOutputPert (Alg. 1) for a deterministic masked function ``f`` (flat outputs).
+
+  ``certify(f_full) -> Certificate`` (optional) is the fast path: when it holds the output is
+  ``f(x) + N(0, σ²I)``; when it fails the exact test runs (``"exact"``, requires
+  ``n_users <= max_exact_users``) or, with ``"raise"``, a :class:`CertificateFailure` is
+  raised (research use: the abort is a data-dependent event outside the DP guarantee).
+  ``certify=None`` always runs the exact test. ``evaluate_all()`` may supply the ``[2^n, d]``
+  table of ``f`` over all deletion sets (default :func:`evaluate_all_subsets`), e.g. as a cached
+  jitted function. Every device computation is jitted with static shapes; the choice between
+  the fast and the exact path is made on the host from the computed certificate (the exact
+  path is exponential and only compiled when needed). Returns ``(Release, StabilityDebug,
+  Certificate | None)``; only the Release is covered by the DP guarantee.
+  """
+  if on_certificate_failure not in ("exact", "raise"):
+    raise ValueError("on_certificate_failure must be 'exact' or 'raise', got "
+                     f"{on_certificate_failure!r}")
+  n = check_int(n_users, "n_users", minimum=1)
+  exact_ok = n <= int(max_exact_users)
+  if (certify is None or on_certificate_failure == "exact") and not exact_ok:
+    raise ValueError(
+        f"n_users={n} > max_exact_users={max_exact_users}: the exact stability test would "
+        f"enumerate 2^{n} deletion sets; use the certificate with "
+        "on_certificate_failure='raise' (heuristic provenance) or fewer users")
+
+  def exact():
+    F = (evaluate_all() if evaluate_all is not None
+         else evaluate_all_subsets(f_masked, n, batch_size=batch_size))
+    return _exact_release_jit(F, key, n_users=n, Delta=Delta, epsilon=float(epsilon),
+                              delta=float(delta), sigma=sigma, public_point=public_point)
+
+  if certify is None:
+    rel, dbg = exact()
+    return rel, dbg, None
+  f_full = ravel_pytree(f_masked(jnp.ones((n,), bool)))[0]
+  cert = certify(f_full)
+  if bool(cert.certified):
+    rel, dbg = _certified_release_jit(f_full, key, epsilon=float(epsilon),
+                                      delta=float(delta), sigma=sigma)
+    return rel, dbg, cert
+  if on_certificate_failure == "raise":
+    raise CertificateFailure(
+        "the Lemma C.1 certificate failed and the exact test is not used; nothing was "
+        "released (this abort is data dependent and outside the DP guarantee)")
+  rel, dbg = exact()
+  return rel, dbg, cert
+
+
+class CertificateFailure(RuntimeError):
+  """The certificate failed under ``on_certificate_failure='raise'``; nothing released."""
+
+
+# ------------------------------------------------------------------------------------------
+# Diagnostics (not private): leave-k-users-out solves warm-started from the full solution.
+
+
+def leave_users_out(solve: Callable[[jax.Array, PyTree], PyTree], keep_masks: jax.Array,
+                    init: PyTree) -> PyTree:
+  """``solve(mask, init)`` for every row of ``keep_masks`` (``[B, n]``), vmapped.
+
+  ``init`` is typically the full-data solution (warm start: each sub-dataset optimum is within
+  ``O(k γ/(μ n))`` of it, Lemma C.1). Because a warm start makes the result depend on the
+  deleted users, use this for sensitivity measurements and tests only, never inside the
+  released decision (which must evaluate a function of the sub-dataset alone).
+  """
+  return jax.vmap(solve, in_axes=(0, None))(keep_masks, init)
+
+
+def random_deletion_masks(key: jax.Array, n_users: int, k: int, num: int) -> jax.Array:
+  """``num`` keep-masks each deleting ``k`` distinct uniformly random users."""
+  n = check_int(n_users, "n_users", minimum=1)
+  check_int(k, "k", minimum=0)
+  if k > n:
+    raise ValueError(f"k={k} > n_users={n}")
+  keys = jax.random.split(key, num)
+  perm = jax.vmap(lambda kk: jax.random.permutation(kk, n))(keys)
+  return jnp.argsort(perm, axis=1) >= k  # ranks < k are deleted

@@ -1,0 +1,196 @@
+"""Shifted truncated discrete Laplace and the calculators of DelOutputPert (paper 001).
+
+Paper: Ghazi, Kamath, Kumar, Manurangsi, Meka, Zhang, "On User-Level Private Convex
+Optimization", ICML 2023 (arXiv 2305.04912). Spec: ``shared/specs/001_ghazi_user_level.md``.
+
+**TDLap(eps, delta)** (Definition 3.4, spec §2.1). With ``kappa = ceil(1 + ln(1/delta)/eps)``
+(the paper does not round; ceil keeps ``e^{-eps kappa} <= e^{-eps} delta``, spec §7 item 1):
+
+    support {0, 1, ..., 2 kappa},   Pr[R = r]  ∝  exp(-eps |r - kappa|).
+
+Properties used by the privacy proof of Thm 3.3:
+  (P1) ``Pr[R = 0] = Pr[R = 2 kappa] <= delta`` (the unnormalised mass at ``kappa`` is 1);
+  (P2) ``Pr[R = r] <= e^eps Pr[R = r +- 1]`` for adjacent support points.
+
+**Exact sampling.** ``jax.random.categorical`` draws ``2 kappa + 1`` Gumbels per sample and a
+float32 inverse CDF cannot represent atoms below ``2^-24``, which for small ``delta'`` breaks
+(P1). Instead the CDF is computed on the host in 60-digit decimal arithmetic and rounded to
+64-bit fixed point: ``thr_r = floor(2^64 CDF(r))`` for ``r < kappa`` and ``ceil`` for
+``r >= kappa`` (rounding the two end atoms *inward*, so (P1) holds exactly for the realized
+law). A draw compares 64 uniform bits (two ``uint32`` words, lexicographically) with the
+thresholds, so every atom's realized mass equals the exact pmf up to ``2^-64``; no x64 mode is
+needed and the sampler is jittable and vectorized (``O(2 kappa)`` compares per draw).
+
+**Calculators** (Alg. 1 line 1–2, spec §2.2, [R]): ``eps' = eps/2``,
+``delta' = delta/(e^eps + 2)``, ``kappa = kappa(eps', delta')``, the deletion depth ``4 kappa + 1``,
+the minimum number of users ``2 (4 kappa + 1)`` (spec §2.3) and the Gaussian scale
+``sigma = sqrt(2 ln(2/delta')) * 8 kappa Delta / eps'`` (the chain distance ``8 kappa Delta``).
+"""
+
+from __future__ import annotations
+
+import decimal
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
+
+_TWO64 = 1 << 64
+_MASK32 = (1 << 32) - 1
+
+
+def kappa(epsilon: float, delta: float) -> int:
+  """``kappa(eps, delta) = ceil(1 + ln(1/delta)/eps)`` (Def. 3.4; ceil per spec §7 item 1)."""
+  eps = check_epsilon(epsilon)
+  dl = check_delta(delta)
+  return int(math.ceil(1.0 + math.log(1.0 / dl) / eps))
+
+
+class DelOutputPertParams(NamedTuple):
+  """The internal split of one DelOutputPert call (Alg. 1 line 1)."""
+  epsilon_prime: float   # eps' = eps / 2
+  delta_prime: float     # delta' = delta / (e^eps + 2)
+  kappa: int             # kappa(eps', delta')
+  depth: int             # 4 kappa: deletion budget of the stability test
+  max_r1: int            # 2 kappa: largest R1
+
+
+def delta_prime(epsilon: float, delta: float) -> float:
+  """``delta' = delta / (e^eps + 2)`` (Alg. 1 line 1, [R])."""
+  return check_delta(delta) / (math.exp(check_epsilon(epsilon)) + 2.0)
+
+
+def del_output_pert_params(epsilon: float, delta: float) -> DelOutputPertParams:
+  """``(eps', delta', kappa, 4 kappa, 2 kappa)`` of DelOutputPert at target ``(eps, delta)``."""
+  eps = check_epsilon(epsilon)
+  dp = delta_prime(eps, delta)
+  k = kappa(eps / 2.0, dp)
+  return DelOutputPertParams(eps / 2.0, dp, k, 4 * k, 2 * k)
+
+
+def deletion_depth(epsilon: float, delta: float) -> int:
+  """Users deleted in the deepest sub-dataset the test touches: ``4 kappa + 1`` (spec §2.2)."""
+  return del_output_pert_params(epsilon, delta).depth + 1
+
+
+def min_users(epsilon: float, delta: float) -> int:
+  """``2 (4 kappa + 1)``: the users Alg. 2 / the certificate need (``n >= C log(1/delta)/eps``,
+  made explicit by the constant of spec §2.3: ``n - 4 kappa - 1 >= n/2``)."""
+  return 2 * deletion_depth(epsilon, delta)
+
+
+def chain_distance(Delta: float, epsilon: float, delta: float) -> float:
+  """``8 kappa Delta``: the l2 distance between the two means paired in the proof of
+  Thm 3.3 (eq. (3)-(4), spec §2.2 step 3)."""
+  return 8.0 * del_output_pert_params(epsilon, delta).kappa * check_positive(Delta, "Delta")
+
+
+def sigma(Delta: float, epsilon: float, delta: float, calibration: str = "paper") -> float:
+  """Gaussian scale of DelOutputPert (Alg. 1 line 2).
+
+  ``calibration="paper"``: ``sqrt(2 ln(2/delta')) * 8 kappa Delta / eps'`` — Dwork–Roth's
+  Gaussian mechanism, valid for ``eps' < 1`` (i.e. ``epsilon < 2``); raises otherwise.
+  ``calibration="analytic"``: the smallest sigma for which the Gaussian mechanism with l2
+  distance ``8 kappa Delta`` is ``(eps', delta')``-DP (Balle & Wang 2018). Both make step 3 of
+  the proof of Thm 3.3 hold; the analytic one is smaller and valid for every epsilon.
+  """
+  check_choice(calibration, "calibration", ("paper", "analytic"))
+  p = del_output_pert_params(epsilon, delta)
+  dist = chain_distance(Delta, epsilon, delta)
+  if calibration == "paper":
+    if p.epsilon_prime >= 1.0:
+      raise ValueError(
+          f"epsilon={epsilon} gives eps'={p.epsilon_prime} >= 1, outside the classic Gaussian "
+          "mechanism (paper assumes epsilon <= 1); use calibration='analytic'")
+    return math.sqrt(2.0 * math.log(2.0 / p.delta_prime)) * dist / p.epsilon_prime
+  from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic
+  return gaussian_sigma_analytic(dist, p.epsilon_prime, p.delta_prime)
+
+
+# ------------------------------------------------------------------------------------------
+# TDLap pmf and sampler.
+
+def _check_tdlap(epsilon: float, kappa_: int) -> tuple[float, int]:
+  eps = check_epsilon(epsilon)
+  if isinstance(kappa_, bool) or int(kappa_) != kappa_ or int(kappa_) < 1:
+    raise ValueError(f"kappa must be an integer >= 1, got {kappa_!r}")
+  return eps, int(kappa_)
+
+
+@functools.lru_cache(maxsize=256)
+def _exact_cdf(epsilon: float, kappa_: int) -> tuple[decimal.Decimal, ...]:
+  ctx = decimal.Context(prec=60)
+  eps = ctx.create_decimal(repr(float(epsilon)))
+  w = [ctx.exp(-eps * abs(r - kappa_)) for r in range(2 * kappa_ + 1)]
+  z = ctx.add(decimal.Decimal(0), sum(w, decimal.Decimal(0)))
+  out, acc = [], decimal.Decimal(0)
+  for wi in w:
+    acc = ctx.add(acc, wi)
+    out.append(ctx.divide(acc, z))
+  return tuple(out)
+
+
+def tdlap_pmf_from_kappa(epsilon: float, kappa_: int) -> np.ndarray:
+  """Exact pmf of TDLap with scale ``epsilon`` and centre ``kappa_`` (float64, host)."""
+  eps, k = _check_tdlap(epsilon, kappa_)
+  cdf = _exact_cdf(eps, k)
+  prev = decimal.Decimal(0)
+  out = []
+  for c in cdf:
+    out.append(float(c - prev))
+    prev = c
+  return np.asarray(out, dtype=np.float64)
+
+
+def tdlap_pmf(epsilon: float, delta: float) -> np.ndarray:
+  """Exact pmf of ``TDLap(epsilon, delta)`` on ``{0, ..., 2 kappa(epsilon, delta)}``."""
+  return tdlap_pmf_from_kappa(epsilon, kappa(epsilon, delta))
+
+
+@functools.lru_cache(maxsize=256)
+def _thresholds(epsilon: float, kappa_: int) -> tuple[int, ...]:
+  cdf = _exact_cdf(epsilon, kappa_)
+  thr = []
+  for r in range(2 * kappa_):  # R >= r+1  <=>  U >= thr_r, with U uniform on [0, 2^64)
+    scaled = cdf[r] * _TWO64
+    t = int(scaled.to_integral_value(
+        rounding=decimal.ROUND_FLOOR if r < kappa_ else decimal.ROUND_CEILING))
+    thr.append(min(max(t, 0), _TWO64 - 1))
+  return tuple(thr)
+
+
+def tdlap_realized_pmf(epsilon: float, kappa_: int) -> np.ndarray:
+  """The law the sampler realizes exactly (64-bit fixed point), as float64 masses."""
+  eps, k = _check_tdlap(epsilon, kappa_)
+  edges = [0, *_thresholds(eps, k), _TWO64]
+  return np.asarray([(b - a) / _TWO64 for a, b in zip(edges[:-1], edges[1:])], np.float64)
+
+
+def tdlap_sample_from_kappa(key: jax.Array, epsilon: float, kappa_: int,
+                            shape: tuple[int, ...] = ()) -> jax.Array:
+  """Draws of TDLap(epsilon; centre kappa_) as int32 in ``{0..2 kappa_}`` (jittable in
+  ``key``; ``epsilon``, ``kappa_`` and ``shape`` are static)."""
+  eps, k = _check_tdlap(epsilon, kappa_)
+  thr = _thresholds(eps, k)
+  thr_hi = np.asarray([t >> 32 for t in thr], np.uint32)
+  thr_lo = np.asarray([t & _MASK32 for t in thr], np.uint32)
+  bits = jax.random.bits(key, tuple(shape) + (2,), jnp.uint32)
+  hi, lo = bits[..., 0], bits[..., 1]
+  count = jnp.zeros(tuple(shape), jnp.int32)
+  for th, tl in zip(thr_hi.tolist(), thr_lo.tolist()):  # 2 kappa static compares, fused
+    th = jnp.uint32(th)
+    tl = jnp.uint32(tl)
+    ge = (hi > th) | ((hi == th) & (lo >= tl))
+    count = count + ge.astype(jnp.int32)
+  return count
+
+
+def tdlap_sample(key: jax.Array, epsilon: float, delta: float,
+                 shape: tuple[int, ...] = ()) -> jax.Array:
+  """``R ~ TDLap(epsilon, delta)`` (Def. 3.4): int32 draws in ``{0..2 kappa}``."""
+  return tdlap_sample_from_kappa(key, epsilon, kappa(epsilon, delta), shape)
