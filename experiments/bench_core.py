@@ -3,7 +3,7 @@
 Measures, in one run, the wall time of ONE jitted training step (gradients + transformation
 chain + apply) and prints a table and, on the last line, one JSON object with the ratios:
 
-(a) user-level DP step ``per_user_grads -> clip_per_user -> aggregate("mean") ->
+(a) user-level DP step ``per_user_grads -> clip_and_aggregate("mean") (fused) ->
     add_gaussian_noise -> projected_sgd -> apply`` versus the non-private step (``jax.grad`` of
     the batch-mean loss + the same ``projected_sgd``) on the same data, for
       (i)  logistic regression, d = 1000, 256 users x 64 items   (target: ratio <= 1.5);
@@ -19,10 +19,11 @@ are only indicative; the ratios are the result.
 
 JSON keys: ``logistic_user_vs_nonprivate``, ``mlp_user_vs_nonprivate`` (DP step / non-private
 step), ``item_ours_vs_optax_dpsgd`` (ours / optax); ``diag_*`` keys (not in ``--quick``) time
-variants that explain the numbers: the non-private gradient in the per-user layout, and
-:func:`proposed_clip_aggregate`, a fused clip + mean via ``tensordot`` (a proposed core change,
-NOT used by the library). XLA:CPU's YNNPACK reduce fusion dominates the core chain's time on
-CPU; compare with ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=`` (disables it).
+variants that explain the numbers: the non-private gradient in the per-user layout, and the
+unfused ``clip_per_user -> aggregate`` pair (a clipped copy of the gradients, then the sum).
+The fused stage exists because XLA:CPU turned ``sum(axis=0)`` over a large ``[U, ...]`` array
+into a YNNPACK fusion ~50x slower than the equivalent ``tensordot`` (compare with
+``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=``, which disables it).
 
 Usage: ``python experiments/bench_core.py [--quick] [--only SECTION..] [--reps N] [--window S]
 [--hlo] [--no-diagnostics]``.
@@ -50,7 +51,8 @@ import optax  # noqa: E402
 from _timing import Candidate, compare, format_comparison  # noqa: E402
 from dpsco_jax.grads import per_user_grads  # noqa: E402
 from dpsco_jax.problems import logistic_loss  # noqa: E402
-from dpsco_jax.transforms.clipping import aggregate, clip_per_user  # noqa: E402
+from dpsco_jax.transforms.clipping import (aggregate, clip_and_aggregate,  # noqa: E402
+                                           clip_per_user)
 from dpsco_jax.transforms.noise import add_gaussian_noise  # noqa: E402
 from dpsco_jax.transforms.steps import projected_sgd  # noqa: E402
 
@@ -114,8 +116,7 @@ def dp_chain(denominator: int, key: jax.Array, radius: float | None
   """The core DP-SGD chain as ``algorithms.baselines`` builds it (last iterate, no averaging,
   like the non-private step it is compared with; ``radius=None`` for the MLP)."""
   return optax.chain(
-      clip_per_user(CLIP),
-      aggregate("mean", denominator=float(denominator)),
+      clip_and_aggregate(CLIP, "mean", float(denominator)),
       add_gaussian_noise(NOISE_MULTIPLIER * CLIP / denominator, key),
       projected_sgd(LR, radius=radius))
 
@@ -159,55 +160,13 @@ def optax_dpsgd_step_fn(loss_fn: Callable) -> tuple[Callable, Any]:
 
 
 # ----------------------------------------------------------------------------- diagnostics
-def proposed_clip_aggregate(max_norm: float, denominator: float, *, barrier: bool = True
-                            ) -> optax.GradientTransformationExtraArgs:
-  """DIAGNOSTIC ONLY (not used by the library): the fused clip + mean the report proposes.
-
-  Same output as ``chain(clip_per_user(C), aggregate("mean", D))`` (up to float rounding):
-  row weights ``w_u = keep_u * min(1, C / max(||g_u||, 1e-30)) / D`` from one row-wise norm
-  pass (a row with NaN/Inf has a non-finite norm, so ``keep_u = isfinite(||g_u||) & mask_u``),
-  then ONE ``tensordot(w, g)`` per leaf instead of a scaled copy followed by
-  ``jnp.sum(axis=0)``. XLA:CPU (jaxlib 0.10) turns a ``reduce`` over the leading (major)
-  axis of a big ``[U, ...]`` array into a YNNPACK fusion (``__ynn_fusion``) that is ~50x
-  slower than the equivalent dot (1.6 s vs 30 ms for ``[64, 784, 512]``; with
-  ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=`` the reduce is fast again);
-  ``tensordot`` lowers to a GEMV on every backend. Dropped rows are zeroed with ``where``
-  first (``0 * NaN = NaN``); the optimization barrier keeps XLA:CPU from fusing that
-  ``where`` into the dot operand (MLP user-level step: 829 ms with, 909 ms without).
-  Caveat vs the core: a finite row whose squared norm overflows float32 is dropped (weight 0)
-  instead of clipped, which is still a change of norm <= C, so the sensitivity is unchanged.
-  """
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
-
-  def update_fn(updates, state, params=None, *, user_mask=None, **extra):
-    del params, extra
-    leaves, treedef = jax.tree.flatten(updates)
-    sq = sum(jnp.sum(jnp.square(g.reshape(g.shape[0], -1)), axis=1) for g in leaves)
-    norms = jnp.sqrt(sq)
-    keep = jnp.isfinite(norms)
-    if user_mask is not None:
-      keep = keep & user_mask
-    w = jnp.where(keep, jnp.minimum(1.0, max_norm / jnp.maximum(norms, 1e-30)), 0.0)
-    w = w / denominator
-
-    def red(g):
-      k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
-      safe = jnp.where(k, g, jnp.zeros_like(g))
-      if barrier:
-        safe = jax.lax.optimization_barrier(safe)
-      return jnp.tensordot(w.astype(g.dtype), safe, axes=1)
-    return jax.tree.unflatten(treedef, [red(g) for g in leaves]), state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def proposed_chain(denominator: int, key: jax.Array, radius: float | None,
-                   barrier: bool = True) -> optax.GradientTransformationExtraArgs:
-  """``dp_chain`` with the clip + aggregate pair replaced by :func:`proposed_clip_aggregate`."""
+def unfused_chain(denominator: int, key: jax.Array, radius: float | None,
+                  ) -> optax.GradientTransformationExtraArgs:
+  """DIAGNOSTIC: ``dp_chain`` with the unfused pair ``clip_per_user -> aggregate`` (writes a
+  clipped copy of the ``[U, ...]`` gradients before summing)."""
   return optax.chain(
-      proposed_clip_aggregate(CLIP, float(denominator), barrier=barrier),
+      clip_per_user(CLIP),
+      aggregate("mean", denominator=float(denominator)),
       add_gaussian_noise(NOISE_MULTIPLIER * CLIP / denominator, key),
       projected_sgd(LR, radius=radius))
 
@@ -287,15 +246,15 @@ def bench_mlp_user(sizes: dict, key: jax.Array, reps: int, window: float, budget
            Candidate("user-level DP (per_user_grads + chain)",
                      private_step_fn(loss_fn, tx_p), (p0, tx_p.init(p0)), (data, mask))]
   if diagnostics:
-    tx_v = proposed_chain(U, k_noise, radius=None)
-    cands.append(Candidate("diag: proposed fused clip+mean (tensordot)",
+    tx_v = unfused_chain(U, k_noise, radius=None)
+    cands.append(Candidate("diag: unfused clip_per_user -> aggregate",
                            private_step_fn(loss_fn, tx_v), (p0, tx_v.init(p0)), (data, mask)))
   comp = compare(cands, reps=reps, window_s=window, budget_s=budget)
   title = (f"(a)(ii) MLP {sizes['mlp_in']}-{sizes['mlp_hidden']}-{sizes['mlp_out']}, "
            f"{U} users x {m} items")
   ratios = {"mlp_user_vs_nonprivate": comp.ratio[comp.names[1]]}
   if diagnostics:
-    ratios["diag_mlp_user_proposed_vs_nonprivate"] = comp.ratio[comp.names[2]]
+    ratios["diag_mlp_user_unfused_vs_nonprivate"] = comp.ratio[comp.names[2]]
   return ratios, [format_comparison(title, comp)]
 
 
@@ -315,15 +274,15 @@ def bench_item(sizes: dict, key: jax.Array, reps: int, window: float, budget: fl
            Candidate("ours: per_user_grads (m=1 rows) + chain",
                      private_step_fn(loss_fn, tx_p), (p0, tx_p.init(p0)), (rows, mask))]
   if diagnostics:
-    tx_v = proposed_chain(B, k_noise, radius=None)
-    cands.append(Candidate("diag: proposed fused clip+mean (tensordot)",
+    tx_v = unfused_chain(B, k_noise, radius=None)
+    cands.append(Candidate("diag: unfused clip_per_user -> aggregate",
                            private_step_fn(loss_fn, tx_v), (p0, tx_v.init(p0)), (rows, mask)))
   comp = compare(cands, reps=reps, window_s=window, budget_s=budget)
   title = (f"(b) item-level DP-SGD, MLP {sizes['mlp_in']}-{sizes['mlp_hidden']}-"
            f"{sizes['mlp_out']}, batch {B}")
   ratios = {"item_ours_vs_optax_dpsgd": comp.ratio[comp.names[1]]}
   if diagnostics:
-    ratios["diag_item_proposed_vs_optax_dpsgd"] = comp.ratio[comp.names[2]]
+    ratios["diag_item_unfused_vs_optax_dpsgd"] = comp.ratio[comp.names[2]]
   return ratios, [format_comparison(title, comp)]
 
 
