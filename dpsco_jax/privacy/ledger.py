@@ -6,6 +6,9 @@ converts to (epsilon, delta) with the PLD accountant (tight) or the RDP accounta
 PLD does not support, e.g. sampling without replacement or tree aggregation), calibrates noise
 for a target epsilon, and enforces a budget *before* a release.
 
+Pure-DP pieces (AboveThreshold, Laplace tests) enter as :class:`PureDpEvent` and are added by
+basic composition on top of the accountant's epsilon (sound for any eps-DP mechanism).
+
 Parallel composition. Events tagged with different ``group`` names act on disjoint sets of
 users (e.g. the disjoint phases of paper 000); a user is touched by the ungrouped events and by
 at most one group, so ``epsilon = max_g epsilon(ungrouped + group_g)``.
@@ -71,6 +74,8 @@ def epsilon_of(event: dp_accounting.DpEvent, *, delta: float, relation: str = "a
   check_delta(delta)
   check_choice(relation, "relation", tuple(RELATIONS))
   check_choice(accountant, "accountant", ACCOUNTANTS)
+  if isinstance(event, PureDpEvent):
+    return event.epsilon
   acc = _make_accountant(accountant, relation, event)
   if not acc.supports(event):
     raise ValueError(f"accountant {type(acc).__name__} does not support {event} under "
@@ -79,10 +84,24 @@ def epsilon_of(event: dp_accounting.DpEvent, *, delta: float, relation: str = "a
   return float(acc.get_epsilon(delta))
 
 
-def pure_dp_event(epsilon: float) -> dp_accounting.DpEvent:
-  """An epsilon-DP event: the Laplace mechanism with scale 1/epsilon on a sensitivity-1
-  query (PLD converts it exactly)."""
-  return dp_accounting.LaplaceDpEvent(1.0 / check_epsilon(epsilon))
+@dataclasses.dataclass(frozen=True)
+class PureDpEvent:
+  """An arbitrary epsilon-DP mechanism (AboveThreshold, a one-shot Laplace test, a truncated
+  discrete Laplace release, ...).
+
+  It is deliberately *not* a ``dp_accounting`` event: a Laplace event of scale ``1/eps`` has a
+  privacy-loss distribution that does not dominate every eps-DP mechanism (it would
+  under-count AboveThreshold), and dp_accounting 0.6.0's randomized-response event — the
+  dominating pair — is only supported under replace-one and ignores composition counts. The
+  ledger therefore adds pure-DP epsilons by basic composition on top of the accountant's
+  epsilon, which is sound for any mix: ``(eps_a, delta) + (eps_1, 0) + ... = (eps_a + sum
+  eps_i, delta)``."""
+  epsilon: float
+
+
+def pure_dp_event(epsilon: float) -> PureDpEvent:
+  """An epsilon-DP event (composed by basic composition; see :class:`PureDpEvent`)."""
+  return PureDpEvent(check_epsilon(epsilon))
 
 
 def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEvent], *,
@@ -197,9 +216,11 @@ class PrivacyLedger:
     return eps
 
   def composed_event(self, group: str | None = None) -> dp_accounting.DpEvent:
-    """The ungrouped events plus those of ``group`` as one ``ComposedDpEvent``."""
+    """The ungrouped accountant events plus those of ``group`` as one ``ComposedDpEvent``
+    (pure-DP entries are not dp_accounting events and are left out)."""
     parts = [dp_accounting.SelfComposedDpEvent(e.event, e.count) if e.count > 1 else e.event
-             for e in self._entries if e.group is None or e.group == group]
+             for e in self._entries if (e.group is None or e.group == group)
+             and not isinstance(e.event, PureDpEvent)]
     return dp_accounting.ComposedDpEvent(parts)
 
   def _epsilon(self, entries: list[_Entry], delta: float) -> float:
@@ -208,8 +229,12 @@ class PrivacyLedger:
     groups = sorted({e.group for e in entries if e.group is not None}) or [None]
     best = 0.0
     for g in groups:
-      acc = None
-      selected = [e for e in entries if e.group is None or e.group == g]
+      chosen = [e for e in entries if e.group is None or e.group == g]
+      pure = sum(e.event.epsilon * e.count for e in chosen if isinstance(e.event, PureDpEvent))
+      selected = [e for e in chosen if not isinstance(e.event, PureDpEvent)]
+      if not selected:
+        best = max(best, pure)
+        continue
       kind = self.accountant
       if kind == "auto":
         pld = _make_accountant("pld", self.relation)
@@ -220,7 +245,7 @@ class PrivacyLedger:
           raise ValueError(f"{type(acc).__name__} cannot account for {e.label!r} "
                            f"({e.event}) under relation={self.relation!r}")
         acc.compose(e.event, e.count)
-      best = max(best, float(acc.get_epsilon(delta)))
+      best = max(best, float(acc.get_epsilon(delta)) + pure)
     return best
 
   def epsilon(self, delta: float | None = None) -> float:
