@@ -1,0 +1,285 @@
+"""FILTER: private outlier removal of per-user vectors (paper 000, after [AL24] / FriendlyCore).
+
+THE one kernel (:func:`filter_points`) used by Algorithm 1 (on SGD iterates, phase level) and by
+the :func:`outlier_filter` chain stage of Algorithms 2-3 (on per-user gradients, every step).
+
+Given ``K`` real points ``y_1..y_K`` (rows of a pytree with a leading user axis, padding slots
+marked False in ``user_mask``):
+
+  score    s   = (1/K) sum_{j,j'} 1(||y_j - y_j'|| <= r_s)          diagonal included: 1 <= s <= K
+  degree   h_j = sum_{j'} 1(||y_j - y_j'|| <= r_h)                   includes j' = j
+  p_j          = clip((h_j - K/2) / (K/6), 0, 1)                    0 below K/2, 1 from 2K/3
+  keep_j       = U_j < p_j,  U_j ~ Unif[0, 1) i.i.d.                 randomized inclusion
+  mean         = sum_{kept} y_j / max(|S|, 1)                         (0 when nothing is kept)
+
+(paper 000 Alg. 1 lines 12-24, Alg. 2 lines 6-13; spec 000 §2.0). Distances are squared and
+compared with ``r^2``: ``||a-b||^2 = ||a||^2 + ||b||^2 - 2<a,b>`` summed over all leaves (one
+Gram matrix per leaf, ``Precision.HIGHEST`` so accelerators do not drop to TF32), symmetrized,
+clamped at 0, exact 0 on the diagonal; no square root is ever taken.
+
+Why it is private (proofs of Lemmas B.2 / C.2, spec 000 §3). Replacing one point changes every
+other degree by at most 1, the score by at most 2 (``2K-1`` indicators over ``K``), and every
+``p_j`` by at most ``6/K``. Every kept point has ``h_j > K/2``, so two kept points share an
+``r_h``-neighbour: the kept set has diameter ``<= 2 r_h``. With common ``U_j`` the kept sets of
+neighbouring inputs differ in the replaced point plus ``Binomial``-like ``<= 6``-mean others, so
+the filtered mean moves by ``O(r_h log(1/zeta)/K)`` w.p. ``1 - zeta`` once ``|S| = Omega(K)``
+(guaranteed by a passed score test). The inclusion is randomized on purpose: a hard threshold
+at ``K/2`` would let one point flip many memberships at once.
+
+A user whose vector contains NaN/Inf is replaced by the zero vector before anything is computed:
+a function of that user's data alone, so every sensitivity bound above still holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dpsco_jax._checks import check_int, check_positive, check_probability
+from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_scales,
+                                             above_threshold_step)
+
+PyTree = Any
+
+__all__ = [
+    "FilterResult",
+    "pairwise_sq_distances",
+    "inclusion_probability",
+    "filter_points",
+    "OutlierFilterState",
+    "FilterDebug",
+    "outlier_filter",
+    "find_filter_state",
+    "filter_halted",
+]
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+def _rows(x: jax.Array) -> jax.Array:
+  return jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+
+
+def _num_rows(stacked: PyTree) -> int:
+  leaves = jax.tree.leaves(stacked)
+  if not leaves:
+    raise ValueError("stacked must have at least one leaf")
+  u = leaves[0].shape[0] if leaves[0].ndim else None
+  for leaf in leaves:
+    if leaf.ndim == 0 or leaf.shape[0] != u:
+      raise ValueError("every leaf of the stacked per-user pytree needs the same leading "
+                       f"user axis; got shapes {[l.shape for l in leaves]}")
+  return u
+
+
+def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax.Array]:
+  """Zero non-finite rows and padding rows; returns (clean rows, real-user mask)."""
+  u = _num_rows(stacked)
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(_rows(x)), axis=1)
+                              for x in jax.tree.leaves(stacked)]), axis=0)
+  mask = jnp.ones((u,), bool) if user_mask is None else jnp.asarray(user_mask, bool)
+  if mask.shape != (u,):
+    raise ValueError(f"user_mask must have shape ({u},), got {mask.shape}")
+  keep = jnp.logical_and(finite, mask)
+
+  def clean(x):
+    k = keep.reshape((-1,) + (1,) * (x.ndim - 1))
+    return jnp.where(k, x, jnp.zeros_like(x))
+  return jax.tree.map(clean, stacked), mask
+
+
+def pairwise_sq_distances(stacked: PyTree) -> jax.Array:
+  """``[U, U]`` squared Euclidean distances between rows, over all leaves jointly.
+
+  Gram form per leaf, summed; symmetrized so entry ``(i, j)`` depends on rows ``i, j`` only,
+  clamped at 0 against cancellation, exactly 0 on the diagonal.
+  """
+  u = _num_rows(stacked)
+  total = jnp.zeros((u, u), jnp.float32)
+  for leaf in jax.tree.leaves(stacked):
+    x = _rows(leaf)
+    sq = jnp.sum(x * x, axis=1)
+    gram = jnp.matmul(x, x.T, precision=_HI)
+    total = total + (sq[:, None] + sq[None, :] - 2.0 * gram)
+  total = 0.5 * (total + total.T)
+  total = jnp.maximum(total, 0.0)
+  return jnp.where(jnp.eye(u, dtype=bool), 0.0, total)
+
+
+def inclusion_probability(degrees: jax.Array, num_users: jax.Array | float,
+                          lo: float = 0.5, hi: float = 2.0 / 3.0) -> jax.Array:
+  """``p = clip((h - lo K) / ((hi - lo) K), 0, 1)``: 0 up to ``K/2``, 1 from ``2K/3``.
+
+  Continuous and ``6/K``-Lipschitz in ``h`` for the paper's ``lo, hi`` (Alg. 1 line 17,
+  Alg. 2 line 11); never a hard threshold.
+  """
+  k = jnp.asarray(num_users, jnp.float32)
+  return jnp.clip((degrees - lo * k) / ((hi - lo) * k), 0.0, 1.0)
+
+
+class FilterResult(NamedTuple):
+  """Output of :func:`filter_points`. Only ``mean`` may be released (after noise); the rest is
+  data-dependent and non-private."""
+  mean: PyTree          # params-shaped masked mean of the kept rows (zeros if none kept)
+  score: jax.Array      # s (scalar, in [1, K] for K >= 1)
+  degrees: jax.Array    # h_j [U] (0 for padding)
+  p_incl: jax.Array     # p_j [U] (0 for padding)
+  keep: jax.Array       # bool [U]
+  num_kept: jax.Array   # |S|
+  num_users: jax.Array  # K (real users)
+
+
+def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.Array,
+                  degree_radius: float | jax.Array | None = None,
+                  user_mask: jax.Array | None = None, lo: float = 0.5,
+                  hi: float = 2.0 / 3.0) -> FilterResult:
+  """The FILTER kernel (pure function; see module docstring for the math).
+
+  Args:
+    stacked: pytree whose leaves have a leading user axis ``U``.
+    key: PRNG key of the inclusion coins ``U_j`` (common random numbers: the same key gives
+      the same coins, which is how the coupling of Lemma B.2 is tested).
+    score_radius: ``r_s`` (``tau_i`` in Alg. 1, ``2 tau`` in Alg. 2).
+    degree_radius: ``r_h`` (``2 tau_i`` in Alg. 1, ``2 tau`` in Alg. 2); default ``r_s``.
+    user_mask: bool ``[U]``, False for padding slots (excluded from ``s``, ``h``, ``K`` and the
+      mean).
+    lo, hi: inclusion ramp bounds as fractions of ``K`` (paper: 1/2, 2/3).
+  """
+  clean, mask = _sanitize(stacked, user_mask)
+  r_s = jnp.asarray(score_radius, jnp.float32)
+  r_h = r_s if degree_radius is None else jnp.asarray(degree_radius, jnp.float32)
+  sq = pairwise_sq_distances(clean)
+  pair = jnp.logical_and(mask[:, None], mask[None, :])
+  k = jnp.sum(mask).astype(jnp.float32)
+  close_s = jnp.logical_and(pair, sq <= r_s * r_s)
+  score = jnp.sum(close_s) / jnp.maximum(k, 1.0)
+  degrees = jnp.sum(jnp.logical_and(pair, sq <= r_h * r_h), axis=1).astype(jnp.float32)
+  p = jnp.where(mask, inclusion_probability(degrees, jnp.maximum(k, 1.0), lo, hi), 0.0)
+  coins = jax.random.uniform(key, mask.shape)
+  keep = jnp.logical_and(mask, coins < p)
+  num_kept = jnp.sum(keep)
+  denom = jnp.maximum(num_kept, 1).astype(jnp.float32)
+
+  def masked_mean(x):
+    w = keep.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
+    return jnp.sum(x * w, axis=0) / denom.astype(x.dtype)
+  mean = jax.tree.map(masked_mean, clean)
+  return FilterResult(mean=mean, score=score, degrees=degrees, p_incl=p, keep=keep,
+                      num_kept=num_kept, num_users=k)
+
+
+class FilterDebug(NamedTuple):
+  """Raw, NON-PRIVATE diagnostics, kept only with ``debug=True``."""
+  last_score: jax.Array
+  min_score: jax.Array
+  last_num_kept: jax.Array
+  steps_all_kept: jax.Array   # steps (before halting) where every real user was kept
+  steps_run: jax.Array        # steps evaluated before halting
+
+
+class OutlierFilterState(NamedTuple):
+  key: jax.Array              # secret: per-step keys are fold_in(key, count)
+  noisy_threshold: jax.Array  # Delta^ = thr_frac K + Lap(b_thr), drawn once at init
+  halted: jax.Array           # bool, permanent once True
+  count: jax.Array            # steps taken
+  debug: FilterDebug | None
+
+
+def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
+                   epsilon: float | None = None, degree_radius: float | None = None,
+                   threshold_fraction: float = 0.8, threshold_scale: float | None = None,
+                   query_scale: float | None = None, lo: float = 0.5, hi: float = 2.0 / 3.0,
+                   debug: bool = False) -> optax.GradientTransformationExtraArgs:
+  """FILTER with AboveThreshold halting, as a chain stage (paper 000 Alg. 2 lines 4-13).
+
+  Consumes stacked per-user gradients (leading axis ``U >= num_users``, padding marked by the
+  ``user_mask`` extra argument) and outputs the filtered mean ``g_i^t`` (params-shaped).
+
+  * ``init`` draws the noisy threshold ``Delta^ = threshold_fraction * K + Lap(b_thr)`` ONCE
+    (spec 000 §7 item 1: printed inside the loop, indexed by the phase only). Re-``init`` per
+    phase.
+  * ``update``: score ``s`` (radius ``radius``), test ``s + Lap(b_q) >= Delta^``; the first
+    failure sets ``halted`` permanently (``jnp.logical_or``; no Python branch). Halted steps
+    output exact zeros; the driver freezes params (see :func:`filter_halted`).
+  * Defaults ``b_thr = 8/eps, b_q = 16/eps``: AboveThreshold at budget ``eps/2`` on a
+    sensitivity-2 score (Lemma A.9). Give either ``epsilon`` or both scales.
+  * Raw scores / kept counts are stored (in ``state.debug``) only when ``debug=True``.
+
+  Args:
+    num_users: ``K_i``, the number of real users per step (the threshold is ``4 K_i/5``).
+    radius: score radius (``2 tau`` in Alg. 2); ``degree_radius`` defaults to it.
+    key: PRNG key (or int seed) for threshold, query noise and inclusion coins.
+  """
+  k_users = check_int(num_users, "num_users")
+  check_positive(radius, "radius")
+  if degree_radius is not None:
+    check_positive(degree_radius, "degree_radius")
+  frac = check_probability(threshold_fraction, "threshold_fraction")
+  if not 0.0 <= lo < hi <= 1.0:
+    raise ValueError(f"need 0 <= lo < hi <= 1 for the inclusion ramp, got lo={lo}, hi={hi}")
+  if threshold_scale is None or query_scale is None:
+    if epsilon is None:
+      raise ValueError("outlier_filter needs epsilon or both threshold_scale and query_scale")
+    b_thr, b_q = above_threshold_scales(0.5 * check_positive(epsilon, "epsilon"),
+                                        sensitivity=2.0)
+    threshold_scale = b_thr if threshold_scale is None else threshold_scale
+    query_scale = b_q if query_scale is None else query_scale
+  b_thr = check_positive(threshold_scale, "threshold_scale")
+  b_q = check_positive(query_scale, "query_scale")
+  if isinstance(key, int):
+    key = jax.random.key(key)
+
+  def init_fn(params):
+    del params
+    k_thr, k_run = jax.random.split(key)
+    dbg = None
+    if debug:
+      z = jnp.zeros((), jnp.int32)
+      dbg = FilterDebug(last_score=jnp.zeros(()), min_score=jnp.asarray(jnp.inf),
+                        last_num_kept=z, steps_all_kept=z, steps_run=z)
+    return OutlierFilterState(key=k_run,
+                              noisy_threshold=above_threshold_init(k_thr, frac * k_users, b_thr),
+                              halted=jnp.zeros((), bool), count=jnp.zeros((), jnp.int32),
+                              debug=dbg)
+
+  def update_fn(updates, state, params=None, *, user_mask=None, **extra):
+    del params, extra
+    k_q, k_coin = jax.random.split(jax.random.fold_in(state.key, state.count))
+    res = filter_points(updates, k_coin, score_radius=radius, degree_radius=degree_radius,
+                        user_mask=user_mask, lo=lo, hi=hi)
+    halted = above_threshold_step(k_q, res.score, state.noisy_threshold, b_q, state.halted)
+    out = jax.tree.map(lambda m: jnp.where(halted, jnp.zeros_like(m), m), res.mean)
+    dbg = state.debug
+    if debug:
+      live = jnp.logical_not(halted).astype(jnp.int32)
+      dbg = FilterDebug(
+          last_score=res.score, min_score=jnp.minimum(dbg.min_score, res.score),
+          last_num_kept=res.num_kept,
+          steps_all_kept=dbg.steps_all_kept
+          + live * (res.num_kept == res.num_users).astype(jnp.int32),
+          steps_run=dbg.steps_run + live)
+    return out, OutlierFilterState(key=state.key, noisy_threshold=state.noisy_threshold,
+                                   halted=halted, count=state.count + 1, debug=dbg)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def find_filter_state(opt_state: Any) -> OutlierFilterState | None:
+  """The first :class:`OutlierFilterState` inside a (chained) optimizer state, or None."""
+  if isinstance(opt_state, OutlierFilterState):
+    return opt_state
+  if isinstance(opt_state, (tuple, list)):
+    for child in opt_state:
+      found = find_filter_state(child)
+      if found is not None:
+        return found
+  return None
+
+
+def filter_halted(opt_state: Any) -> jax.Array:
+  """Whether the chain's outlier filter has halted (False when the chain has none)."""
+  st = find_filter_state(opt_state)
+  return jnp.zeros((), bool) if st is None else st.halted
