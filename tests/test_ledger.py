@@ -52,10 +52,32 @@ def test_replace_one_and_rdp_fallback():
   ledger.compose(ev, label="swor", count=20)
   acc = rdp_privacy_accountant.RdpAccountant(
       neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-  acc.compose(ev, 20)
+  # dp_accounting's RDP reads the multiplier relative to the replace-one sensitivity 2C
+  acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(
+      1000, 50, dp_accounting.GaussianDpEvent(0.5)), 20)
   assert ledger.epsilon() == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9)
   with pytest.raises(ValueError, match="cannot account"):
     PrivacyLedger(delta=DELTA, accountant="pld").compose(ev, label="x").epsilon()
+
+
+def test_replace_one_gaussian_reads_the_same_in_pld_and_rdp():
+  """dp_accounting's PLD doubles a Gaussian's sensitivity under replace-one, its RDP does not;
+  the ledger rewrites events for RDP so both read z = sigma / C (RDP slightly looser)."""
+  for z in (0.5, 2.0):
+    e_pld = epsilon_of(dp_accounting.GaussianDpEvent(z), delta=DELTA, relation="replace_one",
+                       accountant="pld")
+    e_rdp = epsilon_of(dp_accounting.GaussianDpEvent(z), delta=DELTA, relation="replace_one",
+                       accountant="rdp")
+    assert e_pld <= e_rdp <= 1.3 * e_pld, (z, e_pld, e_rdp)
+    e_ar = epsilon_of(dp_accounting.GaussianDpEvent(z), delta=DELTA, accountant="pld")
+    assert e_pld > 1.5 * e_ar  # replace-one is the stronger adjacency
+  swor = lambda z: dp_accounting.SampledWithoutReplacementDpEvent(
+      50, 50, dp_accounting.GaussianDpEvent(z))  # no subsampling: a plain Gaussian
+  ledger = PrivacyLedger(delta=DELTA, relation="replace_one")
+  ledger.compose(swor(2.0), label="swor")
+  assert ledger.epsilon() == pytest.approx(
+      epsilon_of(dp_accounting.GaussianDpEvent(2.0), delta=DELTA, relation="replace_one",
+                 accountant="rdp"), rel=1e-6)
 
 
 def test_calibration_round_trips():

@@ -58,6 +58,40 @@ class PrivacyBudgetExceeded(RuntimeError):
   """Raised before a release that would take the ledger past its epsilon budget."""
 
 
+def for_accountant(event: dp_accounting.DpEvent, kind: str, relation: str
+                   ) -> dp_accounting.DpEvent:
+  """Rewrites ``event`` so that ``kind``'s accountant reads the library's convention.
+
+  Convention: a Gaussian noise multiplier is ``z = sigma / C`` with ``C`` the add/remove
+  sensitivity (the clip norm), whatever the neighbouring relation. dp_accounting 0.6.0's PLD
+  accountant follows it (under replace-one it doubles the sensitivity itself); its RDP
+  accountant ignores the relation for Gaussians (also inside sampling-without-replacement,
+  whose Wang et al. bound is stated for the replace-one sensitivity ``2C``), so under
+  replace-one every Gaussian (and Laplace) multiplier is halved before RDP sees it — else RDP
+  would under-report epsilon (e.g. ~2x at z = 2)."""
+  if kind != "rdp" or relation != "replace_one":
+    return event
+  def rewrite(ev):
+    if isinstance(ev, dp_accounting.GaussianDpEvent):
+      return dp_accounting.GaussianDpEvent(ev.noise_multiplier / 2.0)
+    if isinstance(ev, dp_accounting.LaplaceDpEvent):
+      return dp_accounting.LaplaceDpEvent(ev.noise_multiplier / 2.0)
+    if isinstance(ev, dp_accounting.SelfComposedDpEvent):
+      return dp_accounting.SelfComposedDpEvent(rewrite(ev.event), ev.count)
+    if isinstance(ev, dp_accounting.ComposedDpEvent):
+      return dp_accounting.ComposedDpEvent([rewrite(e) for e in ev.events])
+    if isinstance(ev, dp_accounting.PoissonSampledDpEvent):
+      return dp_accounting.PoissonSampledDpEvent(ev.sampling_probability, rewrite(ev.event))
+    if isinstance(ev, dp_accounting.SampledWithoutReplacementDpEvent):
+      return dp_accounting.SampledWithoutReplacementDpEvent(
+          ev.source_dataset_size, ev.sample_size, rewrite(ev.event))
+    if isinstance(ev, dp_accounting.SampledWithReplacementDpEvent):
+      return dp_accounting.SampledWithReplacementDpEvent(
+          ev.source_dataset_size, ev.sample_size, rewrite(ev.event))
+    return ev
+  return rewrite(event)
+
+
 def _make_accountant(kind: str, relation: str, event: dp_accounting.DpEvent | None = None):
   rel = RELATIONS[relation]
   if kind == "auto":
@@ -77,6 +111,8 @@ def epsilon_of(event: dp_accounting.DpEvent, *, delta: float, relation: str = "a
   if isinstance(event, PureDpEvent):
     return event.epsilon
   acc = _make_accountant(accountant, relation, event)
+  kind = "pld" if isinstance(acc, pld_privacy_accountant.PLDAccountant) else "rdp"
+  event = for_accountant(event, kind, relation)
   if not acc.supports(event):
     raise ValueError(f"accountant {type(acc).__name__} does not support {event} under "
                      f"relation={relation!r}")
@@ -121,7 +157,8 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
 
   def solve(k: str, bracket) -> float:
     return float(mechanism_calibration.calibrate_dp_mechanism(
-        lambda: _make_accountant(k, relation), make_event, epsilon, delta,
+        lambda: _make_accountant(k, relation),
+        lambda z: for_accountant(make_event(z), k, relation), epsilon, delta,
         bracket_interval=bracket))
 
   wide = mechanism_calibration.LowerEndpointAndGuess(lower, max(2 * lower, 1.0))
@@ -241,10 +278,11 @@ class PrivacyLedger:
         kind = "pld" if all(pld.supports(e.event) for e in selected) else "rdp"
       acc = _make_accountant(kind, self.relation)
       for e in selected:
-        if not acc.supports(e.event):
+        event = for_accountant(e.event, kind, self.relation)
+        if not acc.supports(event):
           raise ValueError(f"{type(acc).__name__} cannot account for {e.label!r} "
                            f"({e.event}) under relation={self.relation!r}")
-        acc.compose(e.event, e.count)
+        acc.compose(event, e.count)
       best = max(best, float(acc.get_epsilon(delta)) + pure)
     return best
 
