@@ -8,3 +8,9 @@ from dpsco_jax.transforms.noise import (GaussianNoiseState, add_gaussian_noise,
 from dpsco_jax.transforms.steps import (AcsaState, ProjectedSGDState, ProxToAnchorState, acsa,
                                         add_prox_to_anchor, project_l2_ball, projected_sgd,
                                         projection, released_params, tree_l2_norm)
+from dpsco_jax.transforms.filtering import filter_points, outlier_filter
+from dpsco_jax.transforms.resque import resque, reweight, sample_queries
+from dpsco_jax.transforms.srg import (accelerated_projected_step, scale_by_srg_weight,
+                                      srg_differences)
+from dpsco_jax.transforms.tree_noise import (independent_prefix_sum_noise, prefix_sum_noise,
+                                             tree_prefix_sum_noise)
