@@ -19,6 +19,7 @@ from dpsco_jax.privacy import (ApproxRdpLedger, PrivacyBudgetExceeded, PrivacyLe
 from dpsco_jax.problems import SCOProblem, make_problem
 from dpsco_jax.result import Result
 from dpsco_jax.smoothing import sample_uniform_ball, smoothing_offsets
+from dpsco_jax.transforms.resque import resque
 from dpsco_jax.transforms import (AcsaState, ClipState, GaussianNoiseState, ProjectedSGDState,
                                   acsa, add_gaussian_noise, add_prox_to_anchor, aggregate,
                                   aggregation_sensitivity, clip_and_aggregate, clip_per_user,
@@ -26,7 +27,7 @@ from dpsco_jax.transforms import (AcsaState, ClipState, GaussianNoiseState, Proj
                                   tree_global_norms, tree_gaussian_like)
 from dpsco_jax.transforms import (accelerated_projected_step, filter_points,
                                   independent_prefix_sum_noise, outlier_filter, prefix_sum_noise,
-                                  resque, reweight, sample_queries, scale_by_srg_weight,
+                                  reweight, sample_queries, scale_by_srg_weight,
                                   srg_differences, tree_prefix_sum_noise)
 
 __version__ = "0.1.0"

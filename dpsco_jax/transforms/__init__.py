@@ -9,7 +9,9 @@ from dpsco_jax.transforms.steps import (AcsaState, ProjectedSGDState, ProxToAnch
                                         add_prox_to_anchor, project_l2_ball, projected_sgd,
                                         projection, released_params, tree_l2_norm)
 from dpsco_jax.transforms.filtering import filter_points, outlier_filter
-from dpsco_jax.transforms.resque import resque, reweight, sample_queries
+# ``resque`` (the transformation) is re-exported at the package root only: here the name is
+# the submodule ``dpsco_jax.transforms.resque``.
+from dpsco_jax.transforms.resque import reweight, sample_queries
 from dpsco_jax.transforms.srg import (accelerated_projected_step, scale_by_srg_weight,
                                       srg_differences)
 from dpsco_jax.transforms.tree_noise import (independent_prefix_sum_noise, prefix_sum_noise,
