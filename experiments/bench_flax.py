@@ -57,7 +57,7 @@ def make_steps(model, batch_shape):
   level = "item" if len(batch_shape) == 1 else "user"
   n_rows = batch_shape[0]
   fast = FastClippedGrad(model, loss_fn, clip_norm=CLIP, level=level)
-  graphdef, params, rest = fast.graphdef, fast.params, fast.rest
+  params = fast.params
   model_loss = fast.model_loss
   sgd = optax.sgd(LR)
   dp_chain = optax.chain(add_gaussian_noise(Z * CLIP / n_rows, jax.random.key(0)), sgd)

@@ -26,7 +26,6 @@ import math
 
 import dp_accounting
 import jax
-import jax.numpy as jnp
 import optax
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,

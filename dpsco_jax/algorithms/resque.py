@@ -64,7 +64,7 @@ from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_i
                                check_positive)
 from dpsco_jax.algorithms import ball_acceleration as ba
 from dpsco_jax.grads import per_example_grads
-from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyReport
+from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.noise import tree_gaussian_like
 from dpsco_jax.transforms.resque import reweight, sample_queries

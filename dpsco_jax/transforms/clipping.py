@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import check_choice, check_int, check_positive
+from dpsco_jax._checks import check_choice, check_positive
 
 PyTree = Any
 RELATIONS = ("add_remove", "replace_one")

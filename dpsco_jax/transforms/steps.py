@@ -122,7 +122,8 @@ class AcsaState(NamedTuple):
   released: PyTree      # x_ag_{t-1}: the output sequence
 
 
-def _acsa_coeffs(t: jax.Array, smoothness: float, mu: float, gamma: float):
+def _acsa_coeffs(t: jax.Array, gamma: float):
+  """``alpha_t = 2/(t+1)`` and ``gamma_t = 4 gamma/(t(t+1))`` (EXT A.3a)."""
   t = t.astype(jnp.float32)
   alpha = 2.0 / (t + 1.0)
   gam = 4.0 * gamma / (t * (t + 1.0))
@@ -166,7 +167,7 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
     if params is None:
       raise ValueError("acsa needs params (the query point x_md)")
     t = state.count + 1
-    a, g = _acsa_coeffs(t, smoothness, mu, gam0)
+    a, g = _acsa_coeffs(t, gam0)
     w = a * mu / (mu + g)
     s = _lerp(state.x, params, w)
     step = a / (mu + g)
@@ -179,7 +180,7 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
       restart = t >= stage_length
     count = jnp.where(restart, 0, t)
     x_prev = jax.tree.map(lambda ag, xn: jnp.where(restart, ag, xn), x_ag, x_new)
-    a2, g2 = _acsa_coeffs(count + 1, smoothness, mu, gam0)
+    a2, g2 = _acsa_coeffs(count + 1, gam0)
     c = (1.0 - a2) * (mu + g2) / (g2 + (1.0 - a2 * a2) * mu)
     x_md = _lerp(x_prev, x_ag, c)
     new_state = AcsaState(count=count, stage=state.stage + restart.astype(jnp.int32),
