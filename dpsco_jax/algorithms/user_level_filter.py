@@ -279,32 +279,39 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
     x = project_l2_ball(x_new, radius) if project else x_new
   out = _fallback(problem, cfg) if halted_phase is not None else x
 
-  if not noise_on:
-    report = _nonprivate_report()
-  else:
-    acc_eps = eps_test + ledger.epsilon()
-    if preset == "theory":
-      prov, note = Provenance.THEOREM.value, ("Theorem B.1 (paper constants, preconditions "
-                                              f"checked); accountant with explicit Delta: "
-                                              f"eps={acc_eps:.4g}")
-      rep_eps = eps
-    elif sens_mode == "typical":
-      prov, note = Provenance.HEURISTIC.value, ("typical sensitivity 2 r_h / C (no membership"
-                                                " flips) is not a worst-case bound")
-      rep_eps = acc_eps
-    else:
-      prov, note = _provenance_note(worst_bad, delta / 2)
-      rep_eps = acc_eps
-    report = PrivacyReport(epsilon=rep_eps, delta=delta, provenance=prov, level="user",
-                           relation=RELATION,
-                           mechanisms=("laplace_test", "filter", "gaussian_output_perturbation"),
-                           paper_epsilon=eps, notes=note)
+  report = _report(
+      noise_on, preset=preset, sens_mode=sens_mode, eps=eps, delta=delta,
+      acc_eps=eps_test + ledger.epsilon() if noise_on else 0.0, worst_bad=worst_bad,
+      theorem="Theorem B.1 (paper constants, preconditions checked); accountant with "
+              "explicit Delta",
+      typical="typical sensitivity 2 r_h / C (no membership flips) is not a worst-case bound",
+      mechanisms=("laplace_test", "filter", "gaussian_output_perturbation"))
   record = {"preset": preset, "sensitivity": sens_mode, "num_groups": c,
             "phases": [ph.__dict__ for ph in sched.phases], "sigma": sigmas,
             "sensitivity_values": deltas, "laplace_scale": sched.laplace_scale,
             "halted_phase": halted_phase, "eta": sched.eta}
   return Result(params=out, privacy=report, gradient_evaluations=int(grads), record=record,
                 debug=dbg)
+
+
+def _report(noise_on: bool, *, preset: str, sens_mode: str, eps: float, delta: float,
+            acc_eps: float, worst_bad: float, theorem: str, typical: str,
+            mechanisms: tuple[str, ...]) -> PrivacyReport:
+  """The provenance rule shared by Algorithms 1 and 3: ``theory`` -> theorem (the paper's
+  epsilon, the accountant's beside it); ``typical`` sensitivity -> heuristic; ``certified`` ->
+  accountant only when the coupling's bad events fit in delta/2 (``_provenance_note``)."""
+  if not noise_on:
+    return _nonprivate_report()
+  if preset == "theory":
+    prov, note, rep_eps = (Provenance.THEOREM.value,
+                           f"{theorem} gives eps={acc_eps:.4g}", eps)
+  elif sens_mode == "typical":
+    prov, note, rep_eps = Provenance.HEURISTIC.value, typical, acc_eps
+  else:
+    (prov, note), rep_eps = _provenance_note(worst_bad, delta / 2), acc_eps
+  return PrivacyReport(epsilon=rep_eps, delta=delta, provenance=prov, level="user",
+                       relation=RELATION, mechanisms=mechanisms, paper_epsilon=eps,
+                       notes=note)
 
 
 # ---------------------------------------------------------------------- Algorithms 2-3
@@ -461,27 +468,13 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
     x = x_new
   out = _fallback(problem, cfg) if halted_phase is not None else x
 
-  if not noise_on:
-    report = _nonprivate_report()
-  else:
-    acc_eps = eps_at + ledger.epsilon()
-    if preset == "theory":
-      prov = Provenance.THEOREM.value
-      note = ("Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
-              f"explicit coupled Delta gives eps={acc_eps:.4g}")
-      rep_eps = eps
-    elif sens_mode == "typical":
-      prov = Provenance.HEURISTIC.value
-      note = "typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound"
-      rep_eps = acc_eps
-    else:
-      prov, note = _provenance_note(worst_bad, delta / 2)
-      rep_eps = acc_eps
-    report = PrivacyReport(epsilon=rep_eps, delta=delta, provenance=prov, level="user",
-                           relation=RELATION,
-                           mechanisms=("above_threshold", "filter",
-                                       "subsampled_gaussian_wor"),
-                           paper_epsilon=eps, notes=note)
+  report = _report(
+      noise_on, preset=preset, sens_mode=sens_mode, eps=eps, delta=delta,
+      acc_eps=eps_at + ledger.epsilon() if noise_on else 0.0, worst_bad=worst_bad,
+      theorem="Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
+              "explicit coupled Delta",
+      typical="typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound",
+      mechanisms=("above_threshold", "filter", "subsampled_gaussian_wor"))
   record = {"preset": preset, "sensitivity": sens_mode, "tau": sched.tau,
             "smoothness": sched.smoothness, "smoothing_radius": sched.smoothing_radius,
             "lambda": sched.lam, "threshold_scale": sched.threshold_scale,
