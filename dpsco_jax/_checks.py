@@ -1,13 +1,29 @@
 """Argument validation shared by every public constructor.
 
-Each check raises ``ValueError`` whose message names the offending parameter, so a bad
-configuration fails at construction, before any data is touched or any noise is drawn.
+A value of the wrong *type* (a bool, a string, ``None`` or any non-number where a number is
+expected) raises :class:`ArgumentTypeError`; a number outside its range raises ``ValueError``.
+Both messages name the offending parameter, so a bad configuration fails at construction,
+before any data is touched or any noise is drawn.
+
+Why strict types: ``True`` is an ``int`` to Python and ``float("1.0")`` parses, so a config
+value like ``epsilon: true`` or ``clip_norm: "1.0"`` (YAML, a CLI) would otherwise be taken as
+a number silently. Numbers are python ints/floats, numpy scalars and 0-d numeric arrays.
+Traced values (a hyper-parameter shared across a sweep inside ``jit``) pass through: the caller
+validated them while still concrete.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
+
+import numpy as np
+
+
+class ArgumentTypeError(TypeError, ValueError):
+  """A parameter of the wrong type. A ``TypeError``; also a ``ValueError`` so that callers
+  which catch configuration errors as ``ValueError`` (the runner, older code) still do."""
 
 
 def _traced(x: Any) -> bool:
@@ -17,27 +33,44 @@ def _traced(x: Any) -> bool:
   return isinstance(x, jax.core.Tracer)
 
 
-def _is_real(x: Any) -> bool:
-  try:
-    return math.isfinite(float(x))
-  except (TypeError, ValueError):
+def _is_number(x: Any) -> bool:
+  """True for real numbers that are not bools: python/numpy scalars, 0-d numeric arrays."""
+  if isinstance(x, (bool, np.bool_, str, bytes)) or x is None:
     return False
+  if isinstance(x, numbers.Real):
+    return True
+  dtype, shape = getattr(x, "dtype", None), getattr(x, "shape", None)
+  if dtype is None or shape != ():
+    return False
+  try:
+    kind = np.dtype(dtype).kind
+  except TypeError:  # e.g. a PRNG key dtype
+    return False
+  return kind in "iuf"
+
+
+def _number(x: Any, name: str, what: str) -> float:
+  if not _is_number(x):
+    raise ArgumentTypeError(f"{name} must be {what}, got {type(x).__name__} {x!r}")
+  return float(x)
 
 
 def check_positive(x: Any, name: str) -> float:
   if _traced(x):
     return x
-  if not _is_real(x) or float(x) <= 0:
+  v = _number(x, name, "a finite number > 0")
+  if not math.isfinite(v) or v <= 0:
     raise ValueError(f"{name} must be a finite number > 0, got {x!r}")
-  return float(x)
+  return v
 
 
 def check_nonnegative(x: Any, name: str) -> float:
   if _traced(x):
     return x
-  if not _is_real(x) or float(x) < 0:
+  v = _number(x, name, "a finite number >= 0")
+  if not math.isfinite(v) or v < 0:
     raise ValueError(f"{name} must be a finite number >= 0, got {x!r}")
-  return float(x)
+  return v
 
 
 def check_epsilon(x: Any, name: str = "epsilon") -> float:
@@ -47,29 +80,97 @@ def check_epsilon(x: Any, name: str = "epsilon") -> float:
 def check_delta(x: Any, name: str = "delta") -> float:
   if _traced(x):
     return x
-  if not _is_real(x) or not 0.0 < float(x) < 1.0:
+  v = _number(x, name, "a number in (0, 1)")
+  if not 0.0 < v < 1.0:
     raise ValueError(f"{name} must lie in the open interval (0, 1), got {x!r}")
-  return float(x)
+  return v
 
 
 def check_probability(x: Any, name: str) -> float:
   if _traced(x):
     return x
-  if not _is_real(x) or not 0.0 < float(x) <= 1.0:
+  v = _number(x, name, "a number in (0, 1]")
+  if not 0.0 < v <= 1.0:
     raise ValueError(f"{name} must lie in (0, 1], got {x!r}")
-  return float(x)
+  return v
 
 
 def check_int(x: Any, name: str, minimum: int = 1) -> int:
-  if isinstance(x, bool) or not isinstance(x, (int,)) and not (
-      _is_real(x) and float(x).is_integer()):
+  """An integer ``>= minimum``; an integral float (``3.0``, as YAML may give) is accepted."""
+  v = _number(x, name, f"an integer >= {minimum}")
+  if not (math.isfinite(v) and v.is_integer()):
     raise ValueError(f"{name} must be an integer >= {minimum}, got {x!r}")
-  if int(x) < minimum:
+  if int(v) < minimum:
     raise ValueError(f"{name} must be an integer >= {minimum}, got {x!r}")
-  return int(x)
+  return int(v)
 
 
 def check_choice(x: Any, name: str, choices: tuple[str, ...]) -> str:
+  if not isinstance(x, str):
+    raise ArgumentTypeError(f"{name} must be one of {choices}, got {type(x).__name__} {x!r}")
   if x not in choices:
     raise ValueError(f"{name} must be one of {choices}, got {x!r}")
   return x
+
+
+def check_bool(x: Any, name: str) -> bool:
+  """Only a real bool (python or numpy) switches a flag: ``"false"`` would be truthy, and a
+  debug flag that is accidentally on releases data-dependent diagnostics."""
+  if not isinstance(x, (bool, np.bool_)):
+    raise ArgumentTypeError(f"{name} must be a bool (True or False), got "
+                            f"{type(x).__name__} {x!r}")
+  return bool(x)
+
+
+def check_key(key: Any, name: str = "key") -> Any:
+  """A PRNG key: a typed key array (``jax.random.key``) of shape ``()`` or a raw
+  ``uint32[2]`` key (``jax.random.PRNGKey``). Returns it unchanged. Shapes and dtypes are
+  static, so traced keys are checked too."""
+  import jax
+  dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+  if dtype is None or isinstance(key, (bool, np.bool_)):
+    raise ArgumentTypeError(f"{name} must be a jax PRNG key (jax.random.key(seed)), got "
+                            f"{type(key).__name__} {key!r}")
+  if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if shape != ():
+      raise ValueError(f"{name} must be a single PRNG key (shape ()), got shape {shape}")
+    return key
+  if np.dtype(dtype) == np.uint32 and tuple(shape) == (2,):
+    return key
+  raise ArgumentTypeError(f"{name} must be a jax PRNG key (typed key array or uint32[2]), "
+                          f"got dtype {dtype} shape {shape}")
+
+
+def check_seed_or_key(key: Any, name: str = "key") -> Any:
+  """An int seed (turned into ``jax.random.key(seed)``) or a PRNG key (checked)."""
+  import jax
+  if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+    return jax.random.key(int(key))
+  return check_key(key, name)
+
+
+def check_user_mask(mask: Any, n_users: int, name: str = "user_mask") -> Any:
+  """A padding mask must be bool of shape exactly ``[n_users]``.
+
+  A ``(1,)`` or ``()`` mask would broadcast over every slot (padded duplicates counted, the
+  sensitivity bound broken) and an int/float mask has no single meaning (is 2 a weight?), so
+  both raise instead of being cast. ``None`` passes through: the caller's documented rule is
+  then that every slot is a real user. Shapes and dtypes are static, so this works on traced
+  masks too.
+  """
+  if mask is None:
+    return None
+  import jax.numpy as jnp
+  if not hasattr(mask, "dtype"):
+    if isinstance(mask, (list, tuple)) and all(isinstance(v, (bool, np.bool_)) for v in mask):
+      mask = jnp.asarray(mask, bool)
+    else:
+      raise ArgumentTypeError(f"{name} must be a bool array of shape ({n_users},), got "
+                              f"{type(mask).__name__}")
+  if mask.dtype != jnp.bool_:
+    raise ArgumentTypeError(f"{name} must have dtype bool, got {mask.dtype} (an int/float "
+                            "mask is not cast: use mask.astype(bool) if that is what you mean)")
+  if tuple(mask.shape) != (n_users,):
+    raise ValueError(f"{name} must have shape ({n_users},) (one entry per user slot; a "
+                     f"broadcasting mask is refused), got {tuple(mask.shape)}")
+  return mask
