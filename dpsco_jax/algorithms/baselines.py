@@ -32,7 +32,7 @@ from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_i
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import (cfg_get, poisson_truncation_probability, run_chain,
                                          sampling_setup)
-from dpsco_jax.privacy.ledger import (PrivacyLedger, PrivacyReport, Provenance,
+from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                       calibrate_noise_multiplier)
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result

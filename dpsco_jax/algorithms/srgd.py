@@ -60,7 +60,7 @@ import optax
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.grads import per_user_grads
-from dpsco_jax.privacy.ledger import (PrivacyLedger, PrivacyReport, Provenance,
+from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                       calibrate_noise_multiplier)
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic
 from dpsco_jax.result import Result

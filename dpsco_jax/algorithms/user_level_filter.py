@@ -80,7 +80,7 @@ from dpsco_jax.algorithms.user_level_schedules import (Alg1Schedule, Alg3Schedul
                                                        good_event_failure,
                                                        typical_sensitivity)
 from dpsco_jax.grads import per_user_grads
-from dpsco_jax.privacy.ledger import (PrivacyLedger, PrivacyReport, Provenance,
+from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                       calibrate_noise_multiplier, pure_dp_event)
 from dpsco_jax.privacy.sparse_vector import (above_threshold_epsilon, laplace_test,
                                              laplace_test_epsilon)

@@ -46,7 +46,7 @@ from flax import nnx
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive, check_probability)
 from dpsco_jax.flax.fast_clip import FastClippedGrad, LossFn
-from dpsco_jax.privacy.ledger import (PrivacyLedger, PrivacyReport, Provenance,
+from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                       calibrate_noise_multiplier)
 from dpsco_jax.transforms.noise import add_gaussian_noise
 

@@ -1,13 +1,20 @@
-"""Privacy pillar: noise samplers, closed-form calibrations, and the accountant ledger."""
+"""Privacy pillar: relations, events, the one ledger, the one calibrator, noise samplers.
 
-from dpsco_jax.privacy.ledger import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
-                                      PureDpEvent,
-                                      Provenance, calibrate_noise_multiplier, epsilon_of,
-                                      pure_dp_event)
+Everything that composes, converts or calibrates privacy lives here; drivers build events and
+spend them.
+"""
+
+from dpsco_jax.privacy.relations import (PUBLIC, RELATIONS, check_relation,
+                                         gaussian_sensitivity_factor)
+from dpsco_jax.privacy.events import (ApproxDpEvent, ApproxRdpEvent, PureDpEvent,
+                                      event_from_json, event_to_json, for_accountant,
+                                      pure_dp_event, validate_event)
+from dpsco_jax.privacy.ledger import (LedgerIntegrityError, PrivacyBudgetExceeded,
+                                      PrivacyLedger, PrivacyReport, Provenance, epsilon_of)
+from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier, ledger_epsilon
 from dpsco_jax.privacy.mechanisms import (gaussian_sigma_analytic, gaussian_sigma_classic,
                                           laplace)
 from dpsco_jax.privacy.approx_rdp import ApproxRdpLedger
 from dpsco_jax.privacy.discrete_laplace import tdlap_pmf, tdlap_sample
-from dpsco_jax.privacy.ledger import for_accountant
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_step,
                                              laplace_test)

@@ -1,0 +1,252 @@
+"""Privacy events: the vocabulary a mechanism describes itself in, validated and serializable.
+
+A mechanism's privacy is a tree of ``dp_accounting`` events built from its static
+configuration (never from data), plus three kinds the accountant cannot express:
+
+* :class:`PureDpEvent` — an arbitrary eps-DP piece (AboveThreshold, a one-shot Laplace test, a
+  truncated discrete Laplace release), added by basic composition;
+* :class:`ApproxDpEvent` — an (eps, delta)-DP block (e.g. paper 001's deletion-stability test +
+  Gaussian output perturbation, whose guarantee is a theorem), added by basic composition;
+* :class:`ApproxRdpEvent` — approximate RDP at one order (paper 002's ReSQue solver, Lemma 3),
+  summed per order and converted once (Corollary 1).
+
+Every event entering the ledger is checked by :func:`validate_event`: unknown node types are
+refused (a wrapper the relation conversion does not know would be passed through unconverted
+and under-count under replace-one), and so are NaN / negative / infinite parameters and counts
+that are not positive integers. :func:`for_accountant` is the one place where the library's
+Gaussian convention (``z = sigma / C``, ``C`` the add/remove sensitivity) is adapted to each
+dp_accounting accountant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import dp_accounting
+
+from dpsco_jax.privacy.relations import accountant_relation
+
+
+def _finite(x: Any, name: str, *, positive: bool = True, allow_zero: bool = False) -> float:
+  if isinstance(x, bool) or not isinstance(x, (int, float)) and not hasattr(x, "__float__"):
+    raise TypeError(f"{name} must be a number, got {x!r}")
+  v = float(x)
+  if not math.isfinite(v) or v < 0 or (positive and not allow_zero and v == 0):
+    raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
+                     f"got {x!r}")
+  return v
+
+
+@dataclasses.dataclass(frozen=True)
+class PureDpEvent:
+  """An arbitrary epsilon-DP mechanism (AboveThreshold, a one-shot Laplace test, ...).
+
+  Deliberately *not* a ``dp_accounting`` event: a Laplace event of scale ``1/eps`` has a
+  privacy-loss distribution that does not dominate every eps-DP mechanism (it would
+  under-count AboveThreshold), and dp_accounting 0.6.0's randomized-response event ignores
+  composition counts. The ledger adds pure-DP epsilons by basic composition."""
+  epsilon: float
+
+  def __post_init__(self):
+    _finite(self.epsilon, "PureDpEvent.epsilon")
+
+
+@dataclasses.dataclass(frozen=True)
+class ApproxDpEvent:
+  """An (epsilon, delta)-DP block whose guarantee comes from a theorem (basic composition:
+  epsilons and deltas add; the deltas are added to the reported delta)."""
+  epsilon: float
+  delta: float
+
+  def __post_init__(self):
+    _finite(self.epsilon, "ApproxDpEvent.epsilon")
+    d = _finite(self.delta, "ApproxDpEvent.delta", allow_zero=True)
+    if d >= 1:
+      raise ValueError(f"ApproxDpEvent.delta must be < 1, got {self.delta!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ApproxRdpEvent:
+  """``(alpha, epsilon_rdp, delta_tv)``-approximate RDP (paper 002, Definition 2 / Lemma 3).
+
+  Entries with the same ``alpha`` and ``delta_prime`` add up (Lemma 3) and are converted once
+  by Corollary 1: ``(eps_rdp + log(1/delta')/(alpha-1), delta' + (1 + e^eps) delta_tv)``."""
+  alpha: float
+  epsilon_rdp: float
+  delta_tv: float
+  delta_prime: float
+
+  def __post_init__(self):
+    if _finite(self.alpha, "ApproxRdpEvent.alpha") <= 1:
+      raise ValueError(f"ApproxRdpEvent.alpha must be > 1, got {self.alpha!r}")
+    _finite(self.epsilon_rdp, "ApproxRdpEvent.epsilon_rdp", allow_zero=True)
+    _finite(self.delta_tv, "ApproxRdpEvent.delta_tv", allow_zero=True)
+    if not 0 < _finite(self.delta_prime, "ApproxRdpEvent.delta_prime") < 1:
+      raise ValueError(f"ApproxRdpEvent.delta_prime must be in (0, 1), got "
+                       f"{self.delta_prime!r}")
+
+
+OUTSIDE_ACCOUNTANT = (PureDpEvent, ApproxDpEvent, ApproxRdpEvent)
+
+
+def pure_dp_event(epsilon: float) -> PureDpEvent:
+  """An epsilon-DP event (composed by basic composition; see :class:`PureDpEvent`)."""
+  return PureDpEvent(epsilon)
+
+
+def _count(c: Any, name: str) -> int:
+  if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+    raise ValueError(f"{name} must be a positive int, got {c!r}")
+  return c
+
+
+def validate_event(event: Any) -> Any:
+  """Returns ``event`` if every node is a known type with valid parameters; raises otherwise.
+
+  Known: Gaussian, Laplace, SelfComposed, Composed, PoissonSampled, SampledWithoutReplacement,
+  SampledWithReplacement, SingleEpochTreeAggregation, NoOp, and the three events above."""
+  d = dp_accounting
+  if isinstance(event, OUTSIDE_ACCOUNTANT):
+    return event  # checked in __post_init__
+  if isinstance(event, (d.GaussianDpEvent, d.LaplaceDpEvent)):
+    _finite(event.noise_multiplier, f"{type(event).__name__}.noise_multiplier")
+  elif isinstance(event, d.SelfComposedDpEvent):
+    _count(event.count, "SelfComposedDpEvent.count")
+    validate_event(event.event)
+  elif isinstance(event, d.ComposedDpEvent):
+    if not isinstance(event.events, (list, tuple)):
+      raise ValueError("ComposedDpEvent.events must be a list")
+    for e in event.events:
+      validate_event(e)
+  elif isinstance(event, d.PoissonSampledDpEvent):
+    q = _finite(event.sampling_probability, "PoissonSampledDpEvent.sampling_probability")
+    if q > 1:
+      raise ValueError(f"PoissonSampledDpEvent.sampling_probability must be <= 1, got {q}")
+    validate_event(event.event)
+  elif isinstance(event, (d.SampledWithoutReplacementDpEvent, d.SampledWithReplacementDpEvent)):
+    n = _count(event.source_dataset_size, f"{type(event).__name__}.source_dataset_size")
+    if _count(event.sample_size, f"{type(event).__name__}.sample_size") > n:
+      raise ValueError(f"{type(event).__name__}.sample_size must be <= source_dataset_size")
+    validate_event(event.event)
+  elif isinstance(event, d.SingleEpochTreeAggregationDpEvent):
+    _finite(event.noise_multiplier, "SingleEpochTreeAggregationDpEvent.noise_multiplier")
+    steps = event.step_counts if isinstance(event.step_counts, (list, tuple)) else [
+        event.step_counts]
+    for s in steps:
+      _count(s, "SingleEpochTreeAggregationDpEvent.step_counts")
+  elif isinstance(event, d.NoOpDpEvent):
+    pass
+  else:
+    raise ValueError(f"unsupported privacy event {type(event).__name__}: the ledger accounts "
+                     "only events whose relation conversion it knows (see "
+                     "dpsco_jax.privacy.events.validate_event)")
+  return event
+
+
+def for_accountant(event: Any, kind: str, relation: str) -> Any:
+  """Rewrites a validated dp_accounting ``event`` so that accountant ``kind`` reads the
+  library's convention under ``relation`` — the one relation conversion of the library.
+
+  Convention: a Gaussian (or Laplace) multiplier is ``z = sigma / C`` with ``C`` the
+  add/remove sensitivity. dp_accounting 0.6.0's PLD accountant follows it (under replace-one
+  it doubles the sensitivity itself); its RDP accountant ignores the relation for Gaussians
+  and Laplaces (also inside sampling without replacement, whose Wang et al. bound is stated
+  for the replace-one sensitivity ``2C``), so when RDP accounts under replace-one every
+  multiplier is halved — else RDP would under-report epsilon (~2x at z = 2). Unknown node
+  types are refused (:func:`validate_event`), never passed through."""
+  validate_event(event)
+  rel = accountant_relation(relation, event)
+  if kind != "rdp" or rel != dp_accounting.NeighboringRelation.REPLACE_ONE:
+    return event
+  d = dp_accounting
+
+  def rewrite(ev):
+    if isinstance(ev, d.GaussianDpEvent):
+      return d.GaussianDpEvent(ev.noise_multiplier / 2.0)
+    if isinstance(ev, d.LaplaceDpEvent):
+      return d.LaplaceDpEvent(ev.noise_multiplier / 2.0)
+    if isinstance(ev, d.SelfComposedDpEvent):
+      return d.SelfComposedDpEvent(rewrite(ev.event), ev.count)
+    if isinstance(ev, d.ComposedDpEvent):
+      return d.ComposedDpEvent([rewrite(e) for e in ev.events])
+    if isinstance(ev, d.PoissonSampledDpEvent):
+      return d.PoissonSampledDpEvent(ev.sampling_probability, rewrite(ev.event))
+    if isinstance(ev, d.SampledWithoutReplacementDpEvent):
+      return d.SampledWithoutReplacementDpEvent(ev.source_dataset_size, ev.sample_size,
+                                                rewrite(ev.event))
+    if isinstance(ev, d.SampledWithReplacementDpEvent):
+      return d.SampledWithReplacementDpEvent(ev.source_dataset_size, ev.sample_size,
+                                             rewrite(ev.event))
+    if isinstance(ev, d.NoOpDpEvent):
+      return ev
+    # SingleEpochTreeAggregation: dp_accounting supports it only under REPLACE_SPECIAL, and
+    # nothing else reaches here after validate_event.
+    raise ValueError(f"no replace-one conversion for {type(ev).__name__} under RDP")
+
+  return rewrite(event)
+
+
+# --- serialization (checkpoints, the ledger digest) -------------------------------------------
+
+def event_to_json(event: Any) -> dict:
+  """A canonical JSON-able dict of a validated event (round-trips with :func:`event_from_json`)."""
+  validate_event(event)
+  d = dp_accounting
+  if isinstance(event, OUTSIDE_ACCOUNTANT):
+    return {"type": type(event).__name__, **dataclasses.asdict(event)}
+  if isinstance(event, (d.GaussianDpEvent, d.LaplaceDpEvent)):
+    return {"type": type(event).__name__, "noise_multiplier": float(event.noise_multiplier)}
+  if isinstance(event, d.SelfComposedDpEvent):
+    return {"type": "SelfComposedDpEvent", "count": int(event.count),
+            "event": event_to_json(event.event)}
+  if isinstance(event, d.ComposedDpEvent):
+    return {"type": "ComposedDpEvent", "events": [event_to_json(e) for e in event.events]}
+  if isinstance(event, d.PoissonSampledDpEvent):
+    return {"type": "PoissonSampledDpEvent", "sampling_probability":
+            float(event.sampling_probability), "event": event_to_json(event.event)}
+  if isinstance(event, (d.SampledWithoutReplacementDpEvent, d.SampledWithReplacementDpEvent)):
+    return {"type": type(event).__name__, "source_dataset_size": int(event.source_dataset_size),
+            "sample_size": int(event.sample_size), "event": event_to_json(event.event)}
+  if isinstance(event, d.SingleEpochTreeAggregationDpEvent):
+    steps = event.step_counts
+    return {"type": "SingleEpochTreeAggregationDpEvent",
+            "noise_multiplier": float(event.noise_multiplier),
+            "step_counts": list(steps) if isinstance(steps, (list, tuple)) else int(steps)}
+  return {"type": "NoOpDpEvent"}
+
+
+def event_from_json(obj: dict) -> Any:
+  """Inverse of :func:`event_to_json`; the result is validated."""
+  d = dp_accounting
+  t = obj.get("type")
+  simple = {"PureDpEvent": PureDpEvent, "ApproxDpEvent": ApproxDpEvent,
+            "ApproxRdpEvent": ApproxRdpEvent}
+  if t in simple:
+    fields = {f.name for f in dataclasses.fields(simple[t])}
+    ev = simple[t](**{k: v for k, v in obj.items() if k in fields})
+  elif t in ("GaussianDpEvent", "LaplaceDpEvent"):
+    ev = getattr(d, t)(obj["noise_multiplier"])
+  elif t == "SelfComposedDpEvent":
+    ev = d.SelfComposedDpEvent(event_from_json(obj["event"]), obj["count"])
+  elif t == "ComposedDpEvent":
+    ev = d.ComposedDpEvent([event_from_json(e) for e in obj["events"]])
+  elif t == "PoissonSampledDpEvent":
+    ev = d.PoissonSampledDpEvent(obj["sampling_probability"], event_from_json(obj["event"]))
+  elif t in ("SampledWithoutReplacementDpEvent", "SampledWithReplacementDpEvent"):
+    ev = getattr(d, t)(obj["source_dataset_size"], obj["sample_size"],
+                       event_from_json(obj["event"]))
+  elif t == "SingleEpochTreeAggregationDpEvent":
+    ev = d.SingleEpochTreeAggregationDpEvent(obj["noise_multiplier"], obj["step_counts"])
+  elif t == "NoOpDpEvent":
+    ev = d.NoOpDpEvent()
+  else:
+    raise ValueError(f"unknown privacy event type {t!r}")
+  return validate_event(ev)
+
+
+def event_key(event: Any) -> str:
+  """A canonical string identifying an event (equal events, equal keys)."""
+  return json.dumps(event_to_json(event), sort_keys=True)

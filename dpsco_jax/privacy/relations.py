@@ -1,0 +1,80 @@
+"""Neighbouring relations: the contract every mechanism states and the accountant reads.
+
+Three relations, each a statement about what differs between neighbouring datasets and what is
+therefore public:
+
+* ``add_remove`` — one user (item, at item level) is added or removed. The number of users
+  ``n`` is **private**: nothing may divide by the realized count or size a batch from it. A
+  mechanism normalizes by a declared, data-independent denominator (e.g. the expected batch
+  size ``q * n_declared`` of Poisson sampling, Abadi et al. 2016 / Opacus / jax_privacy), and
+  its sampling rate ``q`` is a declared public constant. Sensitivity of a clipped sum: ``C``.
+* ``replace_one`` — one user's data is replaced by arbitrary data; ``n`` is **public**.
+  Sensitivity of a clipped sum: ``2C`` (the user's contribution can flip sign). The papers of
+  000 and 001 state their guarantees under this relation.
+* ``zero_out`` — one user's data is replaced by a special "zero" record that contributes
+  nothing (a zero gradient, Kairouz et al. 2021, "Practical and private (deep) learning
+  without sampling or shuffling"); ``n`` is **public**, so a full-batch mean over the ``n``
+  users is allowed. Sensitivity of a clipped sum: ``C``. For dp_accounting it is read as
+  add/remove (the Gaussian privacy-loss pair is the same), except inside sampling without
+  replacement, whose only bound is the replace-one one (zero-out is a special replacement).
+
+Convention across the library (one conversion, in :func:`gaussian_sensitivity_factor` and
+:func:`dpsco_jax.privacy.events.for_accountant`): a Gaussian noise multiplier is
+``z = sigma / C`` with ``C`` the *add/remove* (zero-out) sensitivity of the released sum;
+under replace-one the accountant itself accounts for the doubled sensitivity ``2C``. A stage
+never multiplies its noise by 2 for replace-one: the accountant does (issue 11, point 4).
+"""
+
+from __future__ import annotations
+
+import dp_accounting
+
+RELATIONS = ("add_remove", "replace_one", "zero_out")
+
+#: What each relation treats as public (stated in reports and the README).
+PUBLIC = {
+    "add_remove": "the declared sampling rate and denominators; not the number of users",
+    "replace_one": "the number of users n (and m items per user)",
+    "zero_out": "the number of users n (and m items per user); a zeroed user contributes 0",
+}
+
+
+def check_relation(relation: object, *, supported: tuple[str, ...] = RELATIONS,
+                   mechanism: str = "this mechanism") -> str:
+  """Returns ``relation`` if it is one of ``supported``; else a clear ``ValueError``."""
+  if not isinstance(relation, str) or relation not in RELATIONS:
+    raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
+  if relation not in supported:
+    raise ValueError(f"{mechanism} cannot honour relation={relation!r}; supported: "
+                     f"{supported}")
+  return relation
+
+
+def gaussian_sensitivity_factor(relation: str) -> float:
+  """Sensitivity of a sum of contributions clipped at ``C``, in units of ``C``.
+
+  Used only where a closed form needs the raw sensitivity (output perturbation, tests);
+  accountant-calibrated noise uses ``z * C`` and lets the accountant apply the relation."""
+  return 2.0 if check_relation(relation) == "replace_one" else 1.0
+
+
+def contains(event: object, kind: type) -> bool:
+  """Whether ``event`` (a dp_accounting event tree) contains a ``kind`` node."""
+  if isinstance(event, kind):
+    return True
+  inner = getattr(event, "event", None)
+  if inner is not None and contains(inner, kind):
+    return True
+  return any(contains(e, kind) for e in getattr(event, "events", ()) or ())
+
+
+def accountant_relation(relation: str, event: object = None
+                        ) -> dp_accounting.NeighboringRelation:
+  """The dp_accounting relation that soundly accounts ``event`` under ``relation``."""
+  relation = check_relation(relation)
+  if relation == "replace_one":
+    return dp_accounting.NeighboringRelation.REPLACE_ONE
+  if relation == "zero_out" and event is not None and contains(
+      event, dp_accounting.SampledWithoutReplacementDpEvent):
+    return dp_accounting.NeighboringRelation.REPLACE_ONE
+  return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
