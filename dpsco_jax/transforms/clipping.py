@@ -5,7 +5,8 @@ DP chain are **stacked per-user gradients**, a pytree whose leaves have a leadin
 ``U`` (one row per user, or per example at item level). :func:`clip_per_user` keeps the axis;
 an aggregating stage (:func:`aggregate` here, or the FILTER stage of paper 000) reduces it, so
 later stages (noise, prox, step) see ordinary params-shaped pytrees. Padded slots are
-identified by the extra argument ``user_mask`` (bool ``[U]``) that ``optax.chain`` forwards.
+identified by the extra argument ``user_mask`` (bool ``[U]``, checked: exactly that shape and
+dtype) that ``optax.chain`` forwards; without it every slot counts as a real user.
 
 Sensitivity. After clipping every row to L2 norm ``<= C`` (global norm over the pytree), the
 masked sum over users changes by at most ``C`` when one user is added or removed and by at most
@@ -20,30 +21,77 @@ Reference: Abadi et al. 2016 (DP-SGD); the user-level variant clips the user's m
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import check_choice, check_positive
+from dpsco_jax._checks import (_traced, check_bool, check_choice, check_positive,
+                               check_user_mask)
 
 PyTree = Any
 RELATIONS = ("add_remove", "replace_one")
 
 
+# Precision contract. A clip factor is part of the privacy guarantee, so norms and factors are
+# computed in float32 or wider whatever the gradient dtype: a float16 row of 300 entries of
+# size ~20 overflows its squared norm in float16 (the row would be dropped), and bfloat16 norms
+# are off by ~0.4%. Squares are elementwise (never a matmul, so TF32/bf16-pass matmul defaults
+# cannot touch them). Integer gradients are promoted to float32 (they used to clip to 0).
+#
+# A clipped row is handed back in its input dtype when that is a low-precision float. Rounding
+# to nearest could push its norm above C by up to one unit roundoff (2^-8 for bfloat16), so the
+# cast rounds toward zero (``|out_i| <= |exact_i|`` entrywise, subnormals included). Every clip
+# factor also carries a relative margin of 2^-20 (``C`` is replaced by ``C (1 - 2^-20)`` when a
+# row is clipped): it absorbs the float32 rounding of the norm, the division and the product
+# (a few ulps of 2^-24 each for the summation orders XLA uses on rows of up to ~1e6 entries),
+# so the realized norm measured in float64 stays <= C. Aggregates (sums over users) are
+# returned in float32 or wider: rounding a sum to bfloat16 before the noise is added would
+# change its sensitivity.
+_CLIP_MARGIN = 2.0 ** -20
+_TINY = 1e-30  # floor on the norm in C / ||g|| (the factor is 1 for such rows anyway)
+
+
+def _wide_dtype(dtype) -> jnp.dtype:
+  """float32 or wider: the dtype norms, factors and aggregates are computed in."""
+  if jnp.issubdtype(dtype, jnp.floating):
+    return jnp.promote_types(dtype, jnp.float32)
+  return jnp.dtype(jnp.float32)
+
+
+def _is_low_precision(dtype) -> bool:
+  return jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32
+
+
+def _out_dtype(dtype) -> jnp.dtype:
+  """Dtype of a clipped row: the input's if it is a float, else float32 (ints promoted)."""
+  return jnp.dtype(dtype) if jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(jnp.float32)
+
+
+def _round_toward_zero(y: jax.Array, dtype) -> jax.Array:
+  """``y`` cast to ``dtype`` with ``|result| <= |y|`` entrywise (never rounds a magnitude up)."""
+  r = y.astype(dtype)
+  up = jnp.abs(r.astype(y.dtype)) > jnp.abs(y)
+  return jnp.where(up, jnp.nextafter(r, jnp.zeros_like(r)), r)
+
+
 def _row_sqnorm(g: jax.Array) -> jax.Array:
-  return jnp.sum(jnp.reshape(jnp.square(g), (g.shape[0], -1)), axis=1)
+  x = g.astype(_wide_dtype(g.dtype))
+  return jnp.sum(jnp.reshape(x * x, (g.shape[0], -1)), axis=1)
 
 
 def tree_global_norms(stacked: PyTree) -> jax.Array:
-  """L2 norm of each row (leading axis) over all leaves of ``stacked``: shape ``[U]``."""
+  """L2 norm of each row (leading axis) over all leaves of ``stacked``: shape ``[U]``,
+  computed in float32 or wider whatever the leaves' dtype."""
   return jnp.sqrt(sum(_row_sqnorm(g) for g in jax.tree.leaves(stacked)))
 
 
 def _weighted_row_sum(stacked: PyTree, weights: jax.Array, keep: jax.Array) -> PyTree:
-  """``sum_u weights_u * g_u`` over the leading axis, rows with ``keep_u = False`` excluded.
+  """``sum_u weights_u * g_u`` over the leading axis, rows with ``keep_u = False`` excluded,
+  in float32 or wider at ``Precision.HIGHEST`` (the sum's sensitivity rests on it: a TF32 or
+  bf16-pass dot would round every clipped row by ~2^-11..2^-8).
 
   Written as one ``tensordot`` per leaf rather than a scaled copy plus ``sum(axis=0)``: XLA:CPU
   (jaxlib 0.10) lowers a reduce over the major axis of a large ``[U, ...]`` array to a fusion
@@ -52,18 +100,33 @@ def _weighted_row_sum(stacked: PyTree, weights: jax.Array, keep: jax.Array) -> P
   ``0 * NaN = NaN``; the optimization barrier stops XLA from fusing that ``where`` into the
   dot operand (measured faster)."""
   def f(g):
+    wide = _wide_dtype(g.dtype)
     k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
     safe = jax.lax.optimization_barrier(jnp.where(k, g, jnp.zeros_like(g)))
-    return jnp.tensordot(weights.astype(g.dtype), safe, axes=1)
+    return jnp.tensordot(weights.astype(wide), safe.astype(wide), axes=1,
+                         precision=jax.lax.Precision.HIGHEST)
   return jax.tree.map(f, stacked)
 
 
 def _scale_rows(stacked: PyTree, scale: jax.Array, keep: jax.Array) -> PyTree:
+  """``g_u * scale_u`` (rows with ``keep_u = False`` zeroed), multiplied in float32 or wider
+  and returned in :func:`_out_dtype`, rounding toward zero when that is a low precision."""
   def f(g):
-    s = scale.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype)
+    wide = _wide_dtype(g.dtype)
+    s = scale.reshape((-1,) + (1,) * (g.ndim - 1)).astype(wide)
     k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
-    return jnp.where(k, g * s, jnp.zeros_like(g))
+    y = jnp.where(k, g.astype(wide) * s, jnp.zeros((), wide))
+    out = _out_dtype(g.dtype)
+    return _round_toward_zero(y, out) if _is_low_precision(out) else y.astype(out)
   return jax.tree.map(f, stacked)
+
+
+def _clip_factors(norms: jax.Array, max_norm) -> jax.Array:
+  """``min(1, C (1 - 2^-20) / ||g||)`` in the norms' (float32+) dtype; non-finite norms give
+  1 (those rows are dropped separately). The margin is the documented one above."""
+  c = max_norm * (1.0 - _CLIP_MARGIN)
+  safe = jnp.maximum(jnp.where(jnp.isfinite(norms), norms, 1.0), _TINY)
+  return jnp.minimum(1.0, c / safe)
 
 
 def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
@@ -71,12 +134,14 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
   """Clips every row to L2 norm ``<= max_norm``; non-finite rows become zero.
 
   ``per_layer=True`` clips each leaf separately at ``max_norm / sqrt(num_leaves)`` so the
-  global norm stays ``<= max_norm`` (same sensitivity, different bias).
+  global norm stays ``<= max_norm`` (same sensitivity, different bias). Norms and factors are
+  float32 or wider; see the precision contract above for low-precision and integer rows.
 
   Returns ``(clipped, finite)`` where ``finite`` is the bool ``[U]`` mask of kept rows.
   """
-  # a row with NaN/Inf entries has a non-finite norm (so does a finite row whose squared norm
-  # overflows: dropping it is still a change of norm <= C, the sensitivity is unchanged)
+  _num_rows(stacked)
+  # a row with NaN/Inf entries has a non-finite norm (a finite float32 row whose squared norm
+  # overflows too: dropping it is still a change of norm <= C, the sensitivity is unchanged)
   norms = tree_global_norms(stacked)
   finite = jnp.isfinite(norms)
   leaves, treedef = jax.tree.flatten(stacked)
@@ -84,16 +149,11 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
     c = max_norm / jnp.sqrt(float(len(leaves)))
     out = []
     for g in leaves:
-      norm = jnp.sqrt(_row_sqnorm(g))
-      scale = jnp.minimum(1.0, c / jnp.maximum(norm, 1e-30))
-      out.append(_scale_rows(g, scale, finite))
+      factor = _clip_factors(jnp.sqrt(_row_sqnorm(g)), c)
+      out.append(_scale_rows(g, factor, finite))
     return jax.tree.unflatten(treedef, out), finite
-  return _scale_rows(stacked, _clip_factors(norms, max_norm), finite), finite
-
-
-def _clip_factors(norms: jax.Array, max_norm) -> jax.Array:
-  return jnp.minimum(1.0, max_norm / jnp.maximum(jnp.where(jnp.isfinite(norms), norms, 1.0),
-                                                 1e-30))
+  factors = _clip_factors(norms, max_norm)
+  return _scale_rows(stacked, factors, finite), finite
 
 
 class ClipState(NamedTuple):
@@ -102,14 +162,25 @@ class ClipState(NamedTuple):
   dropped: jax.Array
 
 
+def _real_users(user_mask, n: int) -> jax.Array:
+  """The checked mask, or all-True: without a ``user_mask`` every slot is a real user."""
+  mask = check_user_mask(user_mask, n)
+  return jnp.ones((n,), bool) if mask is None else mask
+
+
 def clip_per_user(max_norm: float, *, per_layer: bool = False,
                   debug: bool = False) -> optax.GradientTransformationExtraArgs:
   """Clips each user's (row's) gradient to global L2 norm ``<= max_norm``.
 
   ``g_u <- g_u * min(1, C / ||g_u||_2)``; rows with NaN/Inf become 0 (dropped). Keeps the
-  leading user axis. Masked (padded) users are zeroed as well.
+  leading user axis. ``user_mask`` (bool ``[U]``, checked) zeroes padded slots; without it
+  every slot counts as a real user (a padded duplicate would be counted). Float rows keep
+  their dtype (low precision: rounded toward zero, norm ``<= C``); integer rows come back as
+  float32. ``debug`` must be a real bool.
   """
   check_positive(max_norm, "max_norm")
+  check_bool(per_layer, "per_layer")
+  debug = check_bool(debug, "debug")
 
   def init_fn(params):
     del params
@@ -117,15 +188,31 @@ def clip_per_user(max_norm: float, *, per_layer: bool = False,
 
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
+    real = _real_users(user_mask, _num_rows(updates))
     clipped, finite = clip_rows(updates, max_norm, per_layer=per_layer)
     if user_mask is not None:
-      chex.assert_shape(user_mask, finite.shape)
-      clipped = _scale_rows(clipped, jnp.ones_like(finite, jnp.float32), user_mask)
-      finite = finite | ~user_mask  # padded slots are not "dropped" users
-    dropped = state.dropped + (jnp.sum(~finite).astype(jnp.int32) if debug else 0)
+      clipped = _scale_rows(clipped, jnp.ones_like(finite, jnp.float32), real)
+    dropped = state.dropped
+    if debug:  # padded slots are not "dropped" users
+      dropped = dropped + jnp.sum(real & ~finite).astype(jnp.int32)
     return clipped, ClipState(dropped=dropped)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_mean(mode: str, denominator) -> float:
+  check_choice(mode, "mode", ("mean", "sum"))
+  if mode == "sum":
+    return 1.0
+  if denominator is None:
+    raise ValueError("denominator is required for mode='mean' (use the fixed, nominal "
+                     "batch size; never the realized count)")
+  scale = 1.0 / check_positive(denominator, "denominator")
+  # a subnormal denominator makes 1/D overflow: refuse it here rather than emit Inf
+  if not _traced(scale) and not math.isfinite(scale):
+    raise ValueError(f"denominator={denominator!r} is so small that 1/denominator overflows; "
+                     "use the nominal batch size")
+  return scale
 
 
 def aggregate(mode: str = "mean", denominator: float | None = None
@@ -134,14 +221,11 @@ def aggregate(mode: str = "mean", denominator: float | None = None
 
   ``mode="mean"`` requires ``denominator`` (the nominal batch size, e.g. ``q*n`` under Poisson
   sampling or ``K`` for fixed-size batches): dividing by the realized count would make the
-  denominator itself data-dependent and break the sensitivity bound.
+  denominator itself data-dependent and break the sensitivity bound. ``user_mask`` (bool
+  ``[U]``, checked) excludes padded slots; without it every slot is summed as a real user.
+  The result is float32 or wider (a low-precision sum is not rounded before the noise).
   """
-  check_choice(mode, "mode", ("mean", "sum"))
-  if mode == "mean":
-    if denominator is None:
-      raise ValueError("denominator is required for mode='mean' (use the fixed, nominal "
-                       "batch size; never the realized count)")
-    check_positive(denominator, "denominator")
+  scale = _check_mean(mode, denominator)
 
   def init_fn(params):
     del params
@@ -150,8 +234,7 @@ def aggregate(mode: str = "mean", denominator: float | None = None
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
     n = _num_rows(updates)
-    keep = jnp.ones((n,), bool) if user_mask is None else user_mask
-    scale = 1.0 / denominator if mode == "mean" else 1.0
+    keep = _real_users(user_mask, n)
     return _weighted_row_sum(updates, jnp.full((n,), scale, jnp.float32), keep), state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -170,6 +253,8 @@ def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
   sens = float(clip_norm)
   if mode == "mean":
     sens /= check_positive(denominator, "denominator")
+  if not math.isfinite(sens):
+    raise ValueError(f"clip_norm / denominator overflows ({clip_norm!r} / {denominator!r})")
   return 2.0 * sens if relation == "replace_one" else sens
 
 
@@ -180,15 +265,16 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
   :func:`aggregation_sensitivity` with the same arguments.
 
   One norm pass gives row weights ``w_u = keep_u min(1, C/||g_u||) / D`` and one weighted sum
-  per leaf produces the aggregate: no clipped copy of the ``[U, ...]`` gradients is written.
-  Equal (to float rounding) to ``optax.chain(clip_per_user(C), aggregate(mode, D))``; the
-  state is :class:`ClipState`."""
-  if per_layer:
+  per leaf (float32 or wider, ``Precision.HIGHEST``) produces the aggregate: no clipped copy
+  of the ``[U, ...]`` gradients is written. Equal (to float rounding) to
+  ``optax.chain(clip_per_user(C), aggregate(mode, D))``; the state is :class:`ClipState`.
+  ``user_mask`` as in :func:`aggregate` (without it every slot is a real user)."""
+  if check_bool(per_layer, "per_layer"):
     return optax.chain(clip_per_user(clip_norm, per_layer=True, debug=debug),
                        aggregate(mode, denominator))
   check_positive(clip_norm, "clip_norm")
-  aggregate(mode, denominator)  # validates mode / denominator
-  scale = 1.0 / denominator if mode == "mean" else 1.0
+  debug = check_bool(debug, "debug")
+  scale = _check_mean(mode, denominator)
 
   def init_fn(params):
     del params
@@ -196,13 +282,13 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
 
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
+    real = _real_users(user_mask, _num_rows(updates))
     norms = tree_global_norms(updates)
     finite = jnp.isfinite(norms)
-    keep = finite if user_mask is None else finite & user_mask
-    weights = jnp.where(keep, _clip_factors(norms, clip_norm) * scale, 0.0)
-    out = _weighted_row_sum(updates, weights, keep)
+    keep = finite & real
+    factors = _clip_factors(norms, clip_norm)
+    out = _weighted_row_sum(updates, jnp.where(keep, factors * scale, 0.0), keep)
     if debug:
-      real = jnp.ones_like(finite) if user_mask is None else user_mask
       state = ClipState(dropped=state.dropped + jnp.sum(real & ~finite).astype(jnp.int32))
     return out, state
 
@@ -210,7 +296,18 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
 
 
 def _num_rows(stacked: PyTree) -> int:
-  sizes = {g.shape[0] for g in jax.tree.leaves(stacked)}
+  """The user axis shared by every leaf; an empty pytree or an empty batch is refused."""
+  leaves = jax.tree.leaves(stacked)
+  if not leaves:
+    raise ValueError("the stacked per-user updates have no leaves (empty pytree)")
+  if any(jnp.ndim(g) == 0 for g in leaves):
+    raise ValueError("every leaf of the stacked per-user updates needs a leading user axis; "
+                     f"got shapes {[jnp.shape(g) for g in leaves]}")
+  sizes = {g.shape[0] for g in leaves}
   if len(sizes) != 1:
     raise ValueError(f"stacked leaves disagree on the user axis: {sorted(sizes)}")
-  return sizes.pop()
+  n = sizes.pop()
+  if n == 0:
+    raise ValueError("empty batch: the stacked per-user updates have 0 user slots (pad with "
+                     "a user_mask instead of passing an empty batch)")
+  return n
