@@ -5,8 +5,14 @@ sensitivity ``Delta`` and ``stddev = z * Delta`` one step is the Gaussian mechan
 multiplier ``z`` (``dp_accounting.GaussianDpEvent(z)``); composition over steps and subsampling
 are the ledger's business (``dpsco_jax.privacy.ledger``).
 
+Precision. The noise is drawn in float32 or wider (a bfloat16 draw has ~2e3 distinct values
+and is not the Gaussian the accountant assumes) and added to the update in that precision;
+only the noisy result is cast to the params' dtype (or, without params, the update's dtype),
+which is post-processing.
+
 The key lives in the state; step ``t`` uses ``fold_in(key, t)``, so every step draws fresh
-noise, a given key reproduces the same stream, and no key is ever used twice.
+noise, a given key reproduces the same stream, and no key is ever used twice. The state's repr
+redacts the key.
 """
 
 from __future__ import annotations
@@ -17,23 +23,69 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import check_nonnegative
+from dpsco_jax._checks import _traced, check_nonnegative, check_seed_or_key
 
 PyTree = Any
+_REDACTED = "<redacted>"
+# draws reach ~6 sigma; keep them and a sum of a few of them finite in float32
+_MAX_STDDEV = float(jnp.finfo(jnp.float32).max) / 1e3
+
+
+def noise_dtype(dtype) -> jnp.dtype:
+  """The dtype noise is drawn and added in: float32, or the input's if wider."""
+  if jnp.issubdtype(dtype, jnp.floating):
+    return jnp.promote_types(dtype, jnp.float32)
+  return jnp.dtype(jnp.float32)
 
 
 def tree_gaussian_like(key: jax.Array, tree: PyTree, stddev: float | jax.Array = 1.0) -> PyTree:
-  """``N(0, stddev^2)`` noise shaped like ``tree``, one independent subkey per leaf."""
+  """``N(0, stddev^2)`` noise shaped like ``tree`` (float32 or wider, whatever the leaves'
+  dtype), one independent subkey per leaf."""
   leaves, treedef = jax.tree.flatten(tree)
   keys = jax.random.split(key, max(len(leaves), 1))
-  noise = [stddev * jax.random.normal(k, jnp.shape(x), jnp.result_type(x, jnp.float32))
-           for k, x in zip(keys, leaves)]
+  noise = []
+  for k, x in zip(keys, leaves):
+    dt = noise_dtype(jnp.result_type(x))
+    noise.append(jnp.asarray(stddev, dt) * jax.random.normal(k, jnp.shape(x), dt))
   return jax.tree.unflatten(treedef, noise)
 
 
+def add_noise_tree(updates: PyTree, noise: PyTree, like: PyTree | None = None) -> PyTree:
+  """``updates + noise`` computed in the noise's (float32+) dtype, then cast to the dtype of
+  ``like`` (the params) when given, else of ``updates`` (post-processing)."""
+  same = like is not None and jax.tree.structure(like) == jax.tree.structure(updates)
+  ref = like if same else updates
+  return jax.tree.map(
+      lambda u, n, r: (u.astype(n.dtype) + n).astype(jnp.result_type(r)), updates, noise, ref)
+
+
+def redacted_repr(state: tuple, secret: tuple[str, ...]) -> str:
+  """``Name(field=..., secret=<redacted>)``: the repr of a state NamedTuple with its secret
+  fields (keys, noiseless sums, noisy thresholds) hidden. The fields stay attributes."""
+  parts = [f"{f}={_REDACTED if f in secret else repr(v)}"
+           for f, v in zip(state._fields, state)]
+  return f"{type(state).__name__}({', '.join(parts)})"
+
+
 class GaussianNoiseState(NamedTuple):
+  """``key`` is SECRET (redacted in repr/str); ``count`` is the number of steps taken."""
   key: jax.Array
   count: jax.Array
+
+  def __repr__(self) -> str:
+    return redacted_repr(self, ("key",))
+
+  __str__ = __repr__
+
+
+def _check_stddev(stddev: Any, name: str) -> Any:
+  """A finite stddev whose draws stay finite in float32: 1e300 would silently make every
+  coordinate Inf (or NaN after the first subtraction), so it raises instead."""
+  v = check_nonnegative(stddev, name)
+  if not _traced(v) and v > _MAX_STDDEV:
+    raise ValueError(f"{name}={stddev!r} is too large for float32 noise (max {_MAX_STDDEV:.3g}):"
+                     " the noisy update would be Inf/NaN; check the noise calibration")
+  return v
 
 
 def add_gaussian_noise(stddev: float, key: jax.Array | int
@@ -41,22 +93,23 @@ def add_gaussian_noise(stddev: float, key: jax.Array | int
   """Adds i.i.d. ``N(0, stddev^2)`` to every coordinate, fresh noise each step.
 
   Args:
-    stddev: the per-coordinate standard deviation, ``noise_multiplier * sensitivity``.
-    key: a ``jax.random`` key (or an int seed). The state is secret: never log it.
+    stddev: the per-coordinate standard deviation, ``noise_multiplier * sensitivity``
+      (finite, ``>= 0``; a stddev beyond float32 range is refused, not turned into Inf).
+    key: a ``jax.random`` key (or an int seed), checked. The state is secret: its repr
+      redacts the key.
   """
-  check_nonnegative(stddev, "stddev")
-  if isinstance(key, int):
-    key = jax.random.key(key)
+  stddev = _check_stddev(stddev, "stddev")
+  key = check_seed_or_key(key, "key")
 
   def init_fn(params):
     del params
     return GaussianNoiseState(key=key, count=jnp.zeros((), jnp.int32))
 
   def update_fn(updates, state, params=None, **extra):
-    del params, extra
+    del extra
     step_key = jax.random.fold_in(state.key, state.count)
     noise = tree_gaussian_like(step_key, updates, stddev)
-    noisy = jax.tree.map(lambda u, n: u + n.astype(u.dtype), updates, noise)
+    noisy = add_noise_tree(updates, noise, params)
     return noisy, GaussianNoiseState(key=state.key, count=state.count + 1)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
