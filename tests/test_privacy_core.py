@@ -152,7 +152,7 @@ def test_calibrator_meets_target_with_fixed_pure_part():
   assert epsilon_of(make(z), delta=DELTA) + 0.5 <= 2.0 + 1e-9
   assert epsilon_of(make(0.99 * z), delta=DELTA) + 0.5 > 2.0
   z_r1 = calibrate_noise_multiplier(make, epsilon=2.0, delta=DELTA, relation="replace_one")
-  assert z_r1 > 1.5 * calibrate_noise_multiplier(make, epsilon=2.0, delta=DELTA)
+  assert z_r1 > 1.3 * calibrate_noise_multiplier(make, epsilon=2.0, delta=DELTA)
   with pytest.raises(ValueError, match="no noise multiplier"):
     calibrate_noise_multiplier(make, epsilon=1.0, delta=DELTA, fixed=[pure_dp_event(1.5)])
 
