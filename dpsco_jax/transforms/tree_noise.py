@@ -57,8 +57,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax._checks import check_choice, check_int, check_nonnegative
-from dpsco_jax.transforms.noise import add_gaussian_noise, tree_gaussian_like
+from dpsco_jax._checks import check_choice, check_int, check_seed_or_key
+from dpsco_jax.transforms.noise import (_check_stddev, add_gaussian_noise, add_noise_tree,
+                                        noise_dtype, redacted_repr, tree_gaussian_like)
 
 PyTree = Any
 MECHANISMS = ("tree", "independent")
@@ -129,22 +130,30 @@ def tree_prefix_noise(key: jax.Array, leaf: jax.Array, like: PyTree,
   idx = leaf >> ks
   bits = (idx & 1).astype(jnp.float32)
   per_level = jax.vmap(lambda k, j: node_noise(key, k, j, like, stddev))(ks, idx)
+  # HIGHEST: a TF32 / bf16-pass dot would round the noise itself to ~10 bits
   return jax.tree.map(
-      lambda n: jnp.tensordot(bits.astype(n.dtype), n, axes=(0, 0)), per_level)
+      lambda n: jnp.tensordot(bits.astype(n.dtype), n, axes=(0, 0),
+                              precision=jax.lax.Precision.HIGHEST), per_level)
 
 
 # ----------------------------------------------------------------------------- the stages
 class TreePrefixNoiseState(NamedTuple):
-  """``count``: increments consumed; ``prefix``: the noiseless running sum (SECRET);
-  ``key``: node-noise key (SECRET)."""
+  """``count``: increments consumed; ``prefix``: the noiseless running sum (SECRET, float32
+  or wider); ``key``: node-noise key (SECRET). Both secrets are redacted in repr/str."""
   count: jax.Array
   prefix: PyTree
   key: jax.Array
 
+  def __repr__(self) -> str:
+    return redacted_repr(self, ("prefix", "key"))
+
+  __str__ = __repr__
+
 
 class IndependentPrefixNoiseState(NamedTuple):
   """``noise``: the core Gaussian stage's state; ``noisy_prefix``: running sum of noisy
-  increments (post-processing of released quantities, not secret)."""
+  increments (post-processing of released quantities, not secret). ``noise`` redacts its
+  own key."""
   count: jax.Array
   noisy_prefix: PyTree
   noise: Any
@@ -155,8 +164,11 @@ def _poison_after(count: jax.Array, max_steps: int, tree: PyTree) -> PyTree:
   return jax.tree.map(lambda x: jnp.where(over, jnp.full_like(x, jnp.nan), x), tree)
 
 
-def _as_key(key: jax.Array | int) -> jax.Array:
-  return jax.random.key(key) if isinstance(key, int) else key
+def _wide_zeros(params: PyTree) -> PyTree:
+  """Running sums are kept in float32 or wider: a bfloat16 sum would drift by ~2^-8 per step
+  and its rounding would change the increments' sensitivity."""
+  return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), noise_dtype(jnp.result_type(p))),
+                      params)
 
 
 def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
@@ -164,22 +176,24 @@ def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
   """Binary-tree noisy prefix sums (paper 003, Lemma 5.6; spec 003 §3.3).
 
   Input: the increment ``Delta_t`` (params-shaped). Output: ``sum_{i<=t} Delta_i + N_t`` with
-  ``N_t`` the tree noise of leaf ``t+1``, node std ``noise_std``. ``O(params)`` state.
+  ``N_t`` the tree noise of leaf ``t+1``, node std ``noise_std``. ``O(params)`` state. The
+  running sum and the noise are float32 or wider; the output is cast to the params' dtype
+  (without params: the increments' dtype), which is post-processing.
   """
-  check_nonnegative(noise_std, "noise_std")
+  _check_stddev(noise_std, "noise_std")
   max_steps = check_int(max_steps, "max_steps", minimum=1)
   levels = tree_levels(max_steps)
-  key = _as_key(key)
+  key = check_seed_or_key(key, "key")
 
   def init_fn(params):
-    return TreePrefixNoiseState(count=jnp.zeros((), jnp.int32),
-                                prefix=jax.tree.map(jnp.zeros_like, params), key=key)
+    return TreePrefixNoiseState(count=jnp.zeros((), jnp.int32), prefix=_wide_zeros(params),
+                                key=key)
 
   def update_fn(updates, state, params=None, **extra):
-    del params, extra
+    del extra
     prefix = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.prefix, updates)
     noise = tree_prefix_noise(state.key, state.count + 1, prefix, noise_std, levels)
-    out = jax.tree.map(lambda g, n: g + n.astype(g.dtype), prefix, noise)
+    out = add_noise_tree(prefix, noise, updates if params is None else params)
     out = _poison_after(state.count, max_steps, out)
     return out, TreePrefixNoiseState(count=state.count + 1, prefix=prefix, key=state.key)
 
@@ -192,19 +206,23 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
   interface as :func:`tree_prefix_sum_noise`). The noise is the core Gaussian stage applied
   to each increment; the stage then sums: ``N_t = sum_{i<=t} w_i``, ``Var = (t+1) sigma^2``.
   """
-  check_nonnegative(noise_std, "noise_std")
+  _check_stddev(noise_std, "noise_std")
   max_steps = check_int(max_steps, "max_steps", minimum=1)
-  gaussian = add_gaussian_noise(noise_std, _as_key(key))
+  gaussian = add_gaussian_noise(noise_std, check_seed_or_key(key, "key"))
 
   def init_fn(params):
     return IndependentPrefixNoiseState(
-        count=jnp.zeros((), jnp.int32),
-        noisy_prefix=jax.tree.map(jnp.zeros_like, params), noise=gaussian.init(params))
+        count=jnp.zeros((), jnp.int32), noisy_prefix=_wide_zeros(params),
+        noise=gaussian.init(params))
 
   def update_fn(updates, state, params=None, **extra):
-    noisy, noise_state = gaussian.update(updates, state.noise, params, **extra)
+    # the noise is added in float32+ before any cast: the increment goes in un-rounded
+    wide = jax.tree.map(lambda u: u.astype(noise_dtype(u.dtype)), updates)
+    noisy, noise_state = gaussian.update(wide, state.noise, None, **extra)
     total = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.noisy_prefix, noisy)
-    out = _poison_after(state.count, max_steps, total)
+    ref = updates if params is None else params
+    out = jax.tree.map(lambda t, r: t.astype(jnp.result_type(r)), total, ref)
+    out = _poison_after(state.count, max_steps, out)
     return out, IndependentPrefixNoiseState(count=state.count + 1, noisy_prefix=total,
                                             noise=noise_state)
 
