@@ -1,0 +1,72 @@
+"""Canary users and the neighbouring datasets an audit compares.
+
+A stage-level dataset is ``UserBatch(grads, mask)``: stacked per-user gradients ``[U, d]``
+(the chain input convention of ``dpsco_jax.transforms``) and the bool user mask ``[U]``. Slot 0
+holds the canary. The neighbour of ``D`` (canary present) under each relation:
+
+* ``add_remove`` — the canary is removed: its slot is masked out (static shapes; what is
+  public is the padded size ``U``, never the realized count);
+* ``replace_one`` — the canary is replaced by the opposite canary ``-g`` (the worst case for a
+  linear score: the aggregate moves by twice the clipped norm);
+* ``zero_out`` — the canary stays counted but its gradient is zero (Kairouz et al. 2021).
+
+The canary gradient is a Dirac vector ``B e_j`` with ``B >> C`` so that clipping, not the
+data, decides how far it moves the release; the audit scores each release by its inner product
+with ``e_j``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["RELATIONS", "UserBatch", "dirac_canary", "neighbouring_pair", "check_relation"]
+
+RELATIONS = ("add_remove", "replace_one", "zero_out")
+
+
+def check_relation(relation) -> str:
+  if not isinstance(relation, str):
+    raise TypeError(f"relation must be a string, got {type(relation).__name__}")
+  if relation not in RELATIONS:
+    raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
+  return relation
+
+
+class UserBatch(NamedTuple):
+  """Per-user gradients ``grads [U, ...]`` and the real-user mask ``mask`` (bool ``[U]``)."""
+  grads: jax.Array
+  mask: jax.Array
+
+
+def dirac_canary(dim: int, norm: float, index: int = 0) -> jax.Array:
+  """``norm * e_index`` in ``R^dim`` (float32)."""
+  if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+    raise ValueError(f"dim must be an int >= 1, got {dim!r}")
+  if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < dim:
+    raise ValueError(f"index must be an int in [0, {dim}), got {index!r}")
+  return jnp.zeros((dim,), jnp.float32).at[index].set(float(norm))
+
+
+def neighbouring_pair(background: jax.Array, canary: jax.Array, relation: str
+                      ) -> tuple[UserBatch, UserBatch]:
+  """``(D, D')``: ``D`` = canary in slot 0 followed by the ``background`` users; ``D'`` its
+  neighbour under ``relation`` (module docstring). ``background`` is ``[n, ...]``."""
+  check_relation(relation)
+  background = jnp.asarray(background, jnp.float32)
+  canary = jnp.asarray(canary, jnp.float32)
+  if background.shape[1:] != canary.shape:
+    raise ValueError(f"canary shape {canary.shape} does not match the background users' "
+                     f"{background.shape[1:]}")
+  n = background.shape[0] + 1
+  grads_in = jnp.concatenate([canary[None], background], axis=0)
+  mask_in = jnp.ones((n,), bool)
+  if relation == "add_remove":
+    out = UserBatch(grads_in, mask_in.at[0].set(False))
+  elif relation == "replace_one":
+    out = UserBatch(grads_in.at[0].set(-canary), mask_in)
+  else:
+    out = UserBatch(grads_in.at[0].set(jnp.zeros_like(canary)), mask_in)
+  return UserBatch(grads_in, mask_in), out

@@ -1,0 +1,145 @@
+"""Black-box harness: run a release function many times on ``D`` and ``D'``, score, bound.
+
+The one interface a mechanism (a chain stage here, a driver later) has to offer is
+
+    release(key, dataset) -> array (or pytree) of per-step releases
+
+with ``dataset`` any pytree of arrays (static shapes) and ``key`` a ``jax.random`` key that is
+the mechanism's only randomness. The harness vmaps it over independent keys, jits it once per
+dataset shape, scores every run with ``score(releases) -> scalar`` and turns the two score
+samples into :class:`AuditResult`. Keys: trial ``i`` on side ``s`` uses
+``fold_in(fold_in(key, s), i)``, so the two sides and all trials draw independent noise and no
+key is used twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsco_jax.audit import bounds
+from dpsco_jax.audit.canary import check_relation
+
+__all__ = ["AuditResult", "AuditSpec", "sample_scores", "audit_mechanism", "run_audit"]
+
+Release = Callable[[jax.Array, Any], Any]
+Score = Callable[[Any], jax.Array]
+
+
+class AuditResult(NamedTuple):
+  """Outcome of one audit. ``lower_bound`` is the distribution-free epsilon lower bound at
+  ``delta`` (holds with probability ``confidence``); ``gdp_lower_bound`` is the epsilon of the
+  mu-GDP lower bound (meaningful against Gaussian claims only). ``violated`` is True when the
+  distribution-free bound exceeds the claim."""
+  claimed_epsilon: float
+  lower_bound: float
+  confidence: float
+  trials: int
+  relation: str
+  delta: float
+  name: str = ""
+  mu_lower_bound: float = 0.0
+  gdp_lower_bound: float = 0.0
+  threshold: float = 0.0
+
+  @property
+  def violated(self) -> bool:
+    return self.lower_bound > self.claimed_epsilon
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditSpec:
+  """Everything one audit needs: the mechanism as ``release``, the neighbouring datasets,
+  the score, and the claim (with where it comes from: ``claim_source``)."""
+  name: str
+  relation: str
+  release: Release
+  dataset_in: Any
+  dataset_out: Any
+  score: Score
+  claimed_epsilon: float
+  delta: float
+  claim_source: str = ""
+
+
+def _check_count(x, name: str) -> int:
+  if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+    raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+  if x < 2:
+    raise ValueError(f"{name} must be >= 2, got {x!r}")
+  return int(x)
+
+
+def _scorer(release: Release, score: Score) -> Callable:
+  """One jitted ``(keys, dataset) -> scores`` for both sides of an audit (one compile)."""
+  @jax.jit
+  def run(keys, data):
+    return jax.vmap(lambda k: jnp.asarray(score(release(k, data)), jnp.float32))(keys)
+  return run
+
+
+def _sample(run: Callable, dataset: Any, key: jax.Array, trials: int, batch: int
+            ) -> np.ndarray:
+  chunk = min(batch, trials)
+  out = []
+  for start in range(0, trials, chunk):
+    # fixed chunk shape (the tail is computed in full and truncated): no recompiles
+    idx = jnp.arange(start, start + chunk, dtype=jnp.uint32)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(idx)
+    out.append(np.asarray(run(keys, dataset), np.float64))
+  return np.concatenate(out)[:trials]
+
+
+def sample_scores(release: Release, dataset: Any, score: Score, key: jax.Array, trials: int,
+                  *, batch: int = 20_000) -> np.ndarray:
+  """``trials`` i.i.d. scores ``score(release(k_i, dataset))`` as float64 numpy, computed in
+  vmapped, jitted chunks of at most ``batch`` trials (bounded memory)."""
+  trials = _check_count(trials, "trials")
+  batch = _check_count(batch, "batch")
+  return _sample(_scorer(release, score), dataset, key, trials, batch)
+
+
+def audit_mechanism(release: Release, dataset_in: Any, dataset_out: Any, *, score: Score,
+                    claimed_epsilon: float, delta: float, relation: str, trials: int,
+                    key: jax.Array | int = 0, confidence: float = 0.95,
+                    name: str = "", batch: int = 20_000) -> AuditResult:
+  """Audits ``release`` on the neighbouring pair ``(dataset_in, dataset_out)``.
+
+  ``trials`` runs per side; the threshold is chosen on a quarter of each side and the bounds
+  are evaluated on the rest (:func:`dpsco_jax.audit.bounds.epsilon_lower_bound`).
+  """
+  check_relation(relation)
+  if isinstance(claimed_epsilon, bool) or not isinstance(claimed_epsilon, (int, float)):
+    raise TypeError(f"claimed_epsilon must be a number, got {type(claimed_epsilon).__name__}")
+  if not math.isfinite(claimed_epsilon) or claimed_epsilon < 0:
+    raise ValueError(f"claimed_epsilon must be finite and >= 0, got {claimed_epsilon!r}")
+  if isinstance(key, bool):
+    raise TypeError("key must be a jax.random key or an int seed, got bool")
+  if isinstance(key, int):
+    key = jax.random.key(key)
+  trials = _check_count(trials, "trials")
+  batch = _check_count(batch, "batch")
+  run = _scorer(release, score)
+  s_in = _sample(run, dataset_in, jax.random.fold_in(key, 0), trials, batch)
+  s_out = _sample(run, dataset_out, jax.random.fold_in(key, 1), trials, batch)
+  eps = bounds.epsilon_lower_bound(s_in, s_out, delta=delta, confidence=confidence)
+  mu = bounds.gdp_mu_lower_bound(s_in, s_out, confidence=confidence)
+  return AuditResult(claimed_epsilon=float(claimed_epsilon), lower_bound=eps.value,
+                     confidence=eps.confidence, trials=int(trials), relation=relation,
+                     delta=float(delta), name=name, mu_lower_bound=mu.value,
+                     gdp_lower_bound=bounds.gdp_epsilon(mu.value, delta),
+                     threshold=eps.threshold)
+
+
+def run_audit(spec: AuditSpec, *, trials: int, key: jax.Array | int = 0,
+              confidence: float = 0.95) -> AuditResult:
+  """:func:`audit_mechanism` on an :class:`AuditSpec`."""
+  return audit_mechanism(spec.release, spec.dataset_in, spec.dataset_out, score=spec.score,
+                         claimed_epsilon=spec.claimed_epsilon, delta=spec.delta,
+                         relation=spec.relation, trials=trials, key=key,
+                         confidence=confidence, name=spec.name)

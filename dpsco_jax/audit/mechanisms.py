@@ -1,0 +1,325 @@
+"""Audit specs around the library's own stages, each with deliberately broken twins.
+
+Every builder returns an :class:`~dpsco_jax.audit.harness.AuditSpec`: a ``release(key, data)``
+made of the real stages (``clip_and_aggregate``, ``add_gaussian_noise``,
+``tree_prefix_sum_noise``, ``filter_points`` + ``laplace_test``, ``outlier_filter``,
+``tdlap_sample_from_kappa``), the neighbouring datasets of :mod:`dpsco_jax.audit.canary`, a score
+and the claim computed by the library's own accounting (``epsilon_of``, ``prefix_noise_event``,
+``above_threshold_epsilon``, ...). ``broken=`` swaps in one known bug while the claim stays what
+the honest mechanism states, so an audit with power must flag it:
+
+================  ==============================================================================
+``noise_halved``  the noise scale is half the calibrated one (e.g. sensitivity of the wrong
+                  relation, Laplace scale for sensitivity 1 instead of 2)
+``no_clipping``   aggregation without per-user clipping (canary norm ``10 C`` enters as is)
+``realized_count`` the sum divided by the realized number of users, noise ``z C / count``
+``independent_accounting`` tree noise accounted as one Gaussian of multiplier ``z``
+``threshold_redrawn`` AboveThreshold's noisy threshold drawn afresh every step
+``eps_not_split`` TDLap drawn at ``eps`` instead of ``eps' = eps/2``
+================  ==============================================================================
+
+All claims are at ``delta = 1e-5``; parameters are chosen so that claims are 1-4 and the
+twins' violations are detectable with ~1e5 trials per side on a CPU in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dpsco_jax.audit.canary import UserBatch, dirac_canary, neighbouring_pair, check_relation
+from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.privacy.discrete_laplace import del_output_pert_params as _dop_params
+from dpsco_jax.privacy.discrete_laplace import tdlap_sample_from_kappa
+from dpsco_jax.privacy.ledger import epsilon_of
+from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic
+from dpsco_jax.privacy.sparse_vector import (above_threshold_epsilon, above_threshold_init,
+                                             above_threshold_scales, above_threshold_step,
+                                             laplace_test, laplace_test_epsilon)
+from dpsco_jax.transforms.clipping import aggregate, aggregation_sensitivity, clip_and_aggregate
+from dpsco_jax.transforms.filtering import filter_halted, filter_points, outlier_filter
+from dpsco_jax.transforms.noise import add_gaussian_noise
+from dpsco_jax.transforms.tree_noise import (prefix_nodes, prefix_noise_event,
+                                             tree_prefix_sum_noise)
+
+__all__ = ["MECHANISMS", "build", "gaussian_chain", "tree_noise", "laplace_test_audit",
+           "above_threshold_audit", "output_perturbation", "tdlap_bottom", "gaussian_lr_weights"]
+
+DELTA = 1e-5
+_CLIP = 1.0
+_CANARY_NORM = 10.0  # >> C: clipping, not the data, decides how far the canary moves things
+
+
+def _check_broken(broken, allowed: tuple[str, ...], name: str):
+  if broken is not None and broken not in allowed:
+    raise ValueError(f"broken must be None or one of {allowed} for {name}, got {broken!r}")
+  return broken
+
+
+def _dot_e0(releases: jax.Array) -> jax.Array:
+  """Sum over steps of the inner product with the canary direction ``e_0``."""
+  return jnp.sum(releases[..., 0])
+
+
+# ----------------------------------------------------------------------------- Gaussian chain
+def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
+                   steps: int = 4, users: int = 8, dim: int = 2,
+                   mu_target: float = 0.5) -> AuditSpec:
+  """``clip_and_aggregate(C, "mean", D) -> add_gaussian_noise`` for ``steps`` steps.
+
+  Noise ``sigma = z * aggregation_sensitivity(C, mean, D, relation)`` with ``z`` chosen so the
+  composed mechanism is ``mu_target``-GDP; the claim is ``epsilon_of`` of
+  ``GaussianDpEvent(sigma / (C/D))`` composed ``steps`` times under the relation (zero-out is
+  accounted as add/remove: same sensitivity ``C/D``, same count). Background users have
+  gradient ``-10 C e_0``: irrelevant for an honest fixed denominator, worst case for a
+  realized-count denominator."""
+  check_relation(relation)
+  twins = ("noise_halved", "no_clipping") + (("realized_count",)
+                                             if relation == "add_remove" else ())
+  _check_broken(broken, twins, f"gaussian_chain({relation})")
+  denom = float(users + 1)  # declared (public) batch size
+  acc_rel = "replace_one" if relation == "replace_one" else "add_remove"
+  sens = aggregation_sensitivity(_CLIP, mode="mean", denominator=denom, relation=acc_rel)
+  z_eff = math.sqrt(steps) / mu_target
+  sigma = z_eff * sens
+  claim = epsilon_of(dp_accounting.SelfComposedDpEvent(
+      dp_accounting.GaussianDpEvent(sigma / (_CLIP / denom)), steps), delta=DELTA,
+      relation=acc_rel)
+  background = -jnp.tile(dirac_canary(dim, _CANARY_NORM)[None], (users, 1))
+  d_in, d_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
+  z_count = z_eff * (2.0 if relation == "replace_one" else 1.0)
+
+  def release(key, data: UserBatch):
+    std, scale = (sigma / 2.0 if broken == "noise_halved" else sigma), 1.0
+    if broken == "no_clipping":
+      agg = aggregate("mean", denom)
+    elif broken == "realized_count":
+      count = jnp.sum(data.mask).astype(jnp.float32)
+      agg, scale, std = clip_and_aggregate(_CLIP, "sum"), 1.0 / count, z_count * _CLIP / count
+    else:
+      agg = clip_and_aggregate(_CLIP, "mean", denom)
+    tx = optax.chain(agg, optax.scale(scale), add_gaussian_noise(std, key))
+    params = jnp.zeros((dim,), jnp.float32)
+
+    def body(state, _):
+      out, state = tx.update(data.grads, state, params, user_mask=data.mask)
+      return state, out
+    return jax.lax.scan(body, tx.init(params), None, length=steps)[1]
+
+  return AuditSpec(f"gaussian_chain[{broken or 'honest'}]", relation, release, d_in, d_out,
+                   _dot_e0, claim, DELTA,
+                   f"epsilon_of(SelfComposed(Gaussian(z={sigma / (_CLIP / denom):.3g}), "
+                   f"{steps}), {acc_rel})")
+
+
+# ----------------------------------------------------------------------------- tree noise
+def gaussian_lr_weights(cov: np.ndarray, shift: np.ndarray) -> np.ndarray:
+  """Weights ``w = cov^{-1} shift`` of the optimal (Neyman-Pearson) linear score for a mean
+  shift ``shift`` of correlated Gaussian noise with covariance ``cov`` (float64, host)."""
+  return np.linalg.solve(np.asarray(cov, np.float64), np.asarray(shift, np.float64))
+
+
+def _tree_cov(steps: int) -> np.ndarray:
+  """Per-coordinate covariance of the tree's prefix noises ``N_0..N_{T-1}`` in units of the
+  node variance: the number of nodes the two prefixes share."""
+  nodes = [set(prefix_nodes(t + 1)) for t in range(steps)]
+  return np.asarray([[len(a & b) for b in nodes] for a in nodes], np.float64)
+
+
+def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps: int = 8,
+               users: int = 4, dim: int = 2, noise_multiplier: float = 2.0) -> AuditSpec:
+  """``clip_and_aggregate -> tree_prefix_sum_noise`` over one epoch of ``steps`` batches; the
+  canary is in batch 0, so it enters every released prefix. Score: the likelihood-ratio
+  weights of the tree's noise covariance applied to ``<y_t, e_0>``. Claim:
+  ``prefix_noise_event(z, T, "tree")`` (mu = sqrt(levels)/z). Twin
+  ``independent_accounting``: the same releases, claimed with ``mechanism="independent"``
+  (mu = 1/z)."""
+  check_relation(relation)
+  if relation == "replace_one":
+    raise ValueError("relation: the tree audit uses add_remove or zero_out (spec 003)")
+  _check_broken(broken, ("independent_accounting",), "tree_noise")
+  denom = float(users)
+  std = noise_multiplier * _CLIP / denom
+  mech = "independent" if broken == "independent_accounting" else "tree"
+  claim = epsilon_of(prefix_noise_event(noise_multiplier, steps, mechanism=mech),
+                     delta=DELTA, relation="add_remove")
+  background = -jnp.tile(dirac_canary(dim, _CANARY_NORM)[None], (users - 1, 1))
+  b_in, b_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
+  rest = UserBatch(jnp.tile(b_in.grads[None], (steps - 1, 1, 1)),
+                   jnp.ones((steps - 1, users), bool).at[:, 0].set(False))
+
+  def stream(first: UserBatch) -> UserBatch:
+    return UserBatch(jnp.concatenate([first.grads[None], rest.grads]),
+                     jnp.concatenate([first.mask[None], rest.mask]))
+  weights = jnp.asarray(gaussian_lr_weights(_tree_cov(steps), np.ones(steps)), jnp.float32)
+
+  def release(key, data: UserBatch):
+    tx = optax.chain(clip_and_aggregate(_CLIP, "mean", denom),
+                     tree_prefix_sum_noise(std, steps, key))
+    params = jnp.zeros((dim,), jnp.float32)
+
+    def body(state, batch):
+      out, state = tx.update(batch[0], state, params, user_mask=batch[1])
+      return state, out
+    return jax.lax.scan(body, tx.init(params), (data.grads, data.mask))[1]
+
+  return AuditSpec(f"tree_noise[{broken or 'honest'}]", relation, release, stream(b_in),
+                   stream(b_out), lambda r: jnp.dot(weights, r[:, 0]), claim, DELTA,
+                   f"epsilon_of(prefix_noise_event(z={noise_multiplier}, T={steps}, {mech}))")
+
+
+# ----------------------------------------------------------------------------- FILTER score tests
+def _cluster_pair(users: int, dim: int, radius: float) -> tuple[UserBatch, UserBatch]:
+  """``D``: ``users`` points at the origin (score ``K``); ``D'`` (replace-one): the canary
+  moved far away (score ``K - 2 + 2/K``: the FILTER score's sensitivity, ~2)."""
+  background = jnp.zeros((users - 1, dim), jnp.float32)
+  d_in, _ = neighbouring_pair(background, jnp.zeros((dim,), jnp.float32), "replace_one")
+  far = dirac_canary(dim, 100.0 * radius)
+  return d_in, UserBatch(d_in.grads.at[0].set(far), d_in.mask)
+
+
+def _score(data: UserBatch, radius: float) -> jax.Array:
+  # the coins key is irrelevant for the score
+  return filter_points(data.grads, jax.random.key(0), score_radius=radius,
+                       user_mask=data.mask).score
+
+
+def laplace_test_audit(relation: str = "replace_one", broken: str | None = None, *,
+                       users: int = 10, dim: int = 2, epsilon: float = 1.0,
+                       radius: float = 1.0) -> AuditSpec:
+  """Algorithm 1's one-shot test ``s + Lap(b) >= threshold`` on the real FILTER score.
+
+  ``b = 2 / epsilon`` (score sensitivity 2); the claim is ``laplace_test_epsilon(b, 2)``. The
+  public threshold is the worst case for privacy: the midpoint of the two scores. Twin
+  ``noise_halved``: ``b`` calibrated for sensitivity 1."""
+  if check_relation(relation) != "replace_one":
+    raise ValueError("relation: the FILTER score is audited under replace_one (paper 000)")
+  _check_broken(broken, ("noise_halved",), "laplace_test")
+  d_in, d_out = _cluster_pair(users, dim, radius)
+  threshold = 0.5 * float(_score(d_in, radius) + _score(d_out, radius))
+  scale = 2.0 / epsilon
+  claim = laplace_test_epsilon(scale, 2.0)
+  used = scale / 2.0 if broken == "noise_halved" else scale
+
+  def release(key, data):
+    return laplace_test(key, _score(data, radius), threshold, used).astype(jnp.float32)
+
+  return AuditSpec(f"laplace_test[{broken or 'honest'}]", relation, release, d_in, d_out,
+                   lambda r: r, claim, DELTA, f"laplace_test_epsilon(b={scale:g}, s=2)")
+
+
+def above_threshold_audit(relation: str = "replace_one", broken: str | None = None, *,
+                          users: int = 10, dim: int = 2, epsilon: float = 4.0,
+                          steps: int = 30, radius: float = 1.0) -> AuditSpec:
+  """The ``outlier_filter`` stage (FILTER + AboveThreshold halting) run ``steps`` times on
+  the same users; release: the halting flags; score: steps survived. The threshold fraction
+  puts ``D'``'s score exactly at ``thr * K`` (so ``D``'s is ~2 above). Claim: the stage's
+  AboveThreshold budget ``above_threshold_epsilon(8/eps, 16/eps, 2) = eps/2``. Twin
+  ``threshold_redrawn``: the same scales, a fresh noisy threshold every step (the bug spec
+  000 §7 item 1 warns about)."""
+  if check_relation(relation) != "replace_one":
+    raise ValueError("relation: the FILTER stage is audited under replace_one (paper 000)")
+  _check_broken(broken, ("threshold_redrawn",), "above_threshold")
+  d_in, d_out = _cluster_pair(users, dim, radius)
+  frac = float(_score(d_out, radius)) / users
+  b_thr, b_q = above_threshold_scales(0.5 * epsilon, sensitivity=2.0)
+  claim = above_threshold_epsilon(b_thr, b_q, 2.0)
+
+  def honest(key, data):
+    tx = outlier_filter(users, radius, key=key, epsilon=epsilon, threshold_fraction=frac)
+    params = jnp.zeros((dim,), jnp.float32)
+
+    def body(state, _):
+      _, state = tx.update(data.grads, state, params, user_mask=data.mask)
+      return state, filter_halted(state)
+    return jax.lax.scan(body, tx.init(params), None, length=steps)[1]
+
+  def redrawn(key, data):
+    def body(halted, t):
+      k_thr, k_q = jax.random.split(jax.random.fold_in(key, t))
+      thr = above_threshold_init(k_thr, frac * users, b_thr)
+      halted = above_threshold_step(k_q, _score(data, radius), thr, b_q, halted)
+      return halted, halted
+    return jax.lax.scan(body, jnp.zeros((), bool), jnp.arange(steps))[1]
+
+  release = redrawn if broken == "threshold_redrawn" else honest
+  return AuditSpec(f"above_threshold[{broken or 'honest'}]", relation, release, d_in, d_out,
+                   lambda h: jnp.sum(~h).astype(jnp.float32), claim, DELTA,
+                   f"above_threshold_epsilon({b_thr:g}, {b_q:g}, s=2)")
+
+
+# ----------------------------------------------------------------------------- output perturbation
+def output_perturbation(relation: str = "replace_one", broken: str | None = None, *,
+                        users: int = 8, dim: int = 2, epsilon: float = 2.0) -> AuditSpec:
+  """Naive output perturbation of a strongly convex ERM with a closed-form minimizer:
+  ``theta*(D) = (1/n) sum_u clip_G(x_u)`` (loss ``0.5 ||theta - x_u||^2`` restricted to
+  ``||x_u|| <= G``: ``mu = 1``, sensitivity ``2G/(mu n)`` under replace-one), released as
+  ``theta* + N(0, sigma^2 I)`` with ``sigma = gaussian_sigma_analytic(2G/n, eps, delta)``
+  (``naive_sigma``, practical preset). Claim: ``epsilon_of(Gaussian(sigma / (G/n)))`` under
+  replace-one. Twin ``noise_halved``: sensitivity taken as ``G/n`` (the add/remove value)."""
+  if check_relation(relation) != "replace_one":
+    raise ValueError("relation: output perturbation (paper 001) is audited under replace_one")
+  _check_broken(broken, ("noise_halved",), "output_perturbation")
+  sens = 2.0 * _CLIP / users
+  sigma = gaussian_sigma_analytic(sens, epsilon, DELTA)
+  claim = epsilon_of(dp_accounting.GaussianDpEvent(sigma / (sens / 2.0)), delta=DELTA,
+                     relation="replace_one")
+  used = sigma / 2.0 if broken == "noise_halved" else sigma
+  background = jnp.tile(dirac_canary(dim, 0.5)[None], (users - 1, 1))
+  d_in, d_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
+
+  def release(key, data: UserBatch):
+    theta = clip_and_aggregate(_CLIP, "mean", float(users)).update(
+        data.grads, None, user_mask=data.mask)[0]  # stateless use: the minimizer
+    return theta + used * jax.random.normal(key, theta.shape, theta.dtype)
+
+  return AuditSpec(f"output_perturbation[{broken or 'honest'}]", relation, release, d_in,
+                   d_out, _dot_e0, claim, DELTA,
+                   f"epsilon_of(Gaussian(sigma/(G/n)), replace_one), sigma={sigma:.3g}")
+
+
+def tdlap_bottom(relation: str = "replace_one", broken: str | None = None, *,
+                 epsilon: float = 2.0) -> AuditSpec:
+  """DelOutputPert's abstention bit ``bottom = s_min > R1`` with ``R1 ~ TDLap(eps', delta')``
+  (``tdlap_sample_from_kappa``); neighbours move ``s_min`` by one (``kappa`` vs
+  ``kappa + 1``, where the test is tight). Claim: ``eps'`` (property (P2), the step of
+  Thm 3.3's proof this bit uses). Twin ``eps_not_split``: ``R1`` drawn at ``eps``."""
+  if check_relation(relation) != "replace_one":
+    raise ValueError("relation: DelOutputPert (paper 001) is audited under replace_one")
+  _check_broken(broken, ("eps_not_split",), "tdlap_bottom")
+  p = _dop_params(epsilon, DELTA)
+  used = epsilon if broken == "eps_not_split" else p.epsilon_prime
+
+  def release(key, s_min):
+    return (s_min > tdlap_sample_from_kappa(key, used, p.kappa)).astype(jnp.float32)
+
+  return AuditSpec(f"tdlap_bottom[{broken or 'honest'}]", relation, release,
+                   jnp.int32(p.kappa + 1), jnp.int32(p.kappa), lambda r: r,
+                   float(p.epsilon_prime), DELTA,
+                   f"eps' = eps/2 of del_output_pert_params({epsilon}, {DELTA})")
+
+
+# ----------------------------------------------------------------------------- registry
+MECHANISMS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, ...]]] = {
+    # name: (builder, relations, broken twins)
+    "gaussian_chain": (gaussian_chain, ("add_remove", "replace_one", "zero_out"),
+                       ("noise_halved", "no_clipping", "realized_count")),
+    "tree_noise": (tree_noise, ("add_remove", "zero_out"), ("independent_accounting",)),
+    "laplace_test": (laplace_test_audit, ("replace_one",), ("noise_halved",)),
+    "above_threshold": (above_threshold_audit, ("replace_one",), ("threshold_redrawn",)),
+    "output_perturbation": (output_perturbation, ("replace_one",), ("noise_halved",)),
+    "tdlap_bottom": (tdlap_bottom, ("replace_one",), ("eps_not_split",)),
+}
+
+
+def build(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
+  """The :class:`AuditSpec` of a registered mechanism (``MECHANISMS``)."""
+  if name not in MECHANISMS:
+    raise ValueError(f"name must be one of {tuple(MECHANISMS)}, got {name!r}")
+  return MECHANISMS[name][0](relation, broken, **kwargs)
