@@ -38,7 +38,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import check_int, check_positive, check_probability
+from dpsco_jax._checks import (check_bool, check_int, check_key, check_positive,
+                               check_probability, check_seed_or_key, check_user_mask)
+from dpsco_jax.transforms.noise import noise_dtype, redacted_repr
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_scales,
                                              above_threshold_step)
 
@@ -60,7 +62,8 @@ _HI = jax.lax.Precision.HIGHEST
 
 
 def _rows(x: jax.Array) -> jax.Array:
-  return jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+  """Flattened rows in float32 or wider (distances decide membership: never in bf16)."""
+  return jnp.reshape(x, (x.shape[0], -1)).astype(noise_dtype(x.dtype))
 
 
 def _num_rows(stacked: PyTree) -> int:
@@ -72,17 +75,20 @@ def _num_rows(stacked: PyTree) -> int:
     if leaf.ndim == 0 or leaf.shape[0] != u:
       raise ValueError("every leaf of the stacked per-user pytree needs the same leading "
                        f"user axis; got shapes {[l.shape for l in leaves]}")
+  if u == 0:
+    raise ValueError("empty batch: the stacked per-user pytree has 0 user slots (pad with "
+                     "a user_mask instead)")
   return u
 
 
 def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax.Array]:
-  """Zero non-finite rows and padding rows; returns (clean rows, real-user mask)."""
+  """Zero non-finite rows and padding rows; returns (clean rows, real-user mask). The mask
+  is checked (bool, shape ``[U]``); without one every slot is a real user."""
   u = _num_rows(stacked)
   finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(_rows(x)), axis=1)
                               for x in jax.tree.leaves(stacked)]), axis=0)
-  mask = jnp.ones((u,), bool) if user_mask is None else jnp.asarray(user_mask, bool)
-  if mask.shape != (u,):
-    raise ValueError(f"user_mask must have shape ({u},), got {mask.shape}")
+  mask = check_user_mask(user_mask, u)
+  mask = jnp.ones((u,), bool) if mask is None else mask
   keep = jnp.logical_and(finite, mask)
 
   def clean(x):
@@ -144,10 +150,11 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
       the same coins, which is how the coupling of Lemma B.2 is tested).
     score_radius: ``r_s`` (``tau_i`` in Alg. 1, ``2 tau`` in Alg. 2).
     degree_radius: ``r_h`` (``2 tau_i`` in Alg. 1, ``2 tau`` in Alg. 2); default ``r_s``.
-    user_mask: bool ``[U]``, False for padding slots (excluded from ``s``, ``h``, ``K`` and the
-      mean).
+    user_mask: bool ``[U]`` (checked), False for padding slots (excluded from ``s``, ``h``,
+      ``K`` and the mean). Without it every slot counts as a real user.
     lo, hi: inclusion ramp bounds as fractions of ``K`` (paper: 1/2, 2/3).
   """
+  check_key(key, "key")
   clean, mask = _sanitize(stacked, user_mask)
   r_s = jnp.asarray(score_radius, jnp.float32)
   r_h = r_s if degree_radius is None else jnp.asarray(degree_radius, jnp.float32)
@@ -163,7 +170,8 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
   num_kept = jnp.sum(keep)
   denom = jnp.maximum(num_kept, 1).astype(jnp.float32)
 
-  def masked_mean(x):
+  def masked_mean(x):  # float32 or wider, not rounded before the noise stage
+    x = x.astype(noise_dtype(x.dtype))
     w = keep.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
     return jnp.sum(x * w, axis=0) / denom.astype(x.dtype)
   mean = jax.tree.map(masked_mean, clean)
@@ -181,11 +189,17 @@ class FilterDebug(NamedTuple):
 
 
 class OutlierFilterState(NamedTuple):
+  """``key`` and ``noisy_threshold`` are SECRET (redacted in repr/str; still attributes)."""
   key: jax.Array              # secret: per-step keys are fold_in(key, count)
-  noisy_threshold: jax.Array  # Delta^ = thr_frac K + Lap(b_thr), drawn once at init
+  noisy_threshold: jax.Array  # secret: Delta^ = thr_frac K + Lap(b_thr), drawn once at init
   halted: jax.Array           # bool, permanent once True
   count: jax.Array            # steps taken
   debug: FilterDebug | None
+
+  def __repr__(self) -> str:
+    return redacted_repr(self, ("key", "noisy_threshold"))
+
+  __str__ = __repr__
 
 
 def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
@@ -206,7 +220,9 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
     output exact zeros; the driver freezes params (see :func:`filter_halted`).
   * Defaults ``b_thr = 8/eps, b_q = 16/eps``: AboveThreshold at budget ``eps/2`` on a
     sensitivity-2 score (Lemma A.9). Give either ``epsilon`` or both scales.
-  * Raw scores / kept counts are stored (in ``state.debug``) only when ``debug=True``.
+  * Raw scores / kept counts are stored (in ``state.debug``) only when ``debug=True`` (a real
+    bool; ``"false"`` raises).
+  * ``user_mask`` (bool ``[U]``, checked) marks padding; without it every slot is a user.
 
   Args:
     num_users: ``K_i``, the number of real users per step (the threshold is ``4 K_i/5``).
@@ -229,8 +245,8 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
     query_scale = b_q if query_scale is None else query_scale
   b_thr = check_positive(threshold_scale, "threshold_scale")
   b_q = check_positive(query_scale, "query_scale")
-  if isinstance(key, int):
-    key = jax.random.key(key)
+  key = check_seed_or_key(key, "key")
+  debug = check_bool(debug, "debug")
 
   def init_fn(params):
     del params

@@ -220,8 +220,9 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
     wide = jax.tree.map(lambda u: u.astype(noise_dtype(u.dtype)), updates)
     noisy, noise_state = gaussian.update(wide, state.noise, None, **extra)
     total = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.noisy_prefix, noisy)
-    ref = updates if params is None else params
-    out = jax.tree.map(lambda t, r: t.astype(jnp.result_type(r)), total, ref)
+    same = params is not None and jax.tree.structure(params) == jax.tree.structure(updates)
+    out = jax.tree.map(lambda t, r: t.astype(jnp.result_type(r)), total,
+                       params if same else updates)
     out = _poison_after(state.count, max_steps, out)
     return out, IndependentPrefixNoiseState(count=state.count + 1, noisy_prefix=total,
                                             noise=noise_state)
