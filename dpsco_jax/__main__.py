@@ -27,7 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   if args.out and os.path.dirname(args.out):
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  runner.main_run(args.config, out=args.out, plot_field=args.plot, progress=not args.quiet)
+  try:
+    records = runner.main_run(args.config, out=args.out, plot_field=args.plot,
+                              progress=not args.quiet)
+  except runner.ConfigError as err:  # a user error: one line, no traceback
+    print(f"dpsco: error: {err}", file=sys.stderr)
+    return 2
+  failed = sum(r.get("status") == "failed" for r in records)
+  if failed:
+    print(f"dpsco: {failed} of {len(records)} runs failed", file=sys.stderr)
+    return 1
   return 0
 
 

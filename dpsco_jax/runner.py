@@ -23,7 +23,9 @@ is kept as ``target_epsilon``).
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import traceback
 import itertools
 import json
 import math
@@ -42,8 +44,32 @@ ALGORITHM_MODULES = (
     "dpsco_jax.algorithms.resque",
     "dpsco_jax.algorithms.srgd",
     "dpsco_jax.algorithms.bilevel",
+    "dpsco_jax.algorithms.localized_gd",
 )
 RESERVED = ("experiments", "name", "description")
+# Fields whose type the runner checks for every algorithm (strictly: YAML's `yes`, '1.0' and
+# 1.7 are not numbers / integers here). None means "not given" (e.g. epsilon: null).
+NUMBER_FIELDS = ("epsilon", "delta", "clip", "clip_norm", "lr", "learning_rate",
+                 "noise_multiplier", "radius", "epochs", "noise", "sampling_rate")
+INT_FIELDS = ("seed", "n_users", "m", "d", "steps", "num_steps", "batch_users", "batch_size")
+BOOL_FIELDS = ("debug",)
+
+
+class ConfigError(ValueError):
+  """A user error in a config: reported by the CLI as one line, exit code 2."""
+
+
+def check_types(cfg: dict) -> None:
+  """Raises :class:`ConfigError` naming the field for a value of the wrong type."""
+  for k, v in cfg.items():
+    if v is None:
+      continue
+    if k in NUMBER_FIELDS and (isinstance(v, bool) or not isinstance(v, (int, float))):
+      raise ConfigError(f"{k} must be a number, got {v!r} ({type(v).__name__})")
+    if k in INT_FIELDS and (isinstance(v, bool) or not isinstance(v, int)):
+      raise ConfigError(f"{k} must be an integer, got {v!r} ({type(v).__name__})")
+    if k in BOOL_FIELDS and not isinstance(v, bool):
+      raise ConfigError(f"{k} must be true or false, got {v!r} ({type(v).__name__})")
 
 
 def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
@@ -54,12 +80,7 @@ def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
       name: (lambda cfg, key, _n=name: core_problems.make_problem({**cfg, "problem": _n}, key))
       for name in core_problems.PROBLEM_NAMES}
   for mod_name in ALGORITHM_MODULES:
-    try:
-      mod = importlib.import_module(mod_name)
-    except ModuleNotFoundError as err:
-      if err.name == mod_name:
-        continue
-      raise
+    mod = importlib.import_module(mod_name)  # a module that fails to import is a bug: raise
     algorithms.update(getattr(mod, "ALGORITHMS", {}))
     problems.update(getattr(mod, "PROBLEMS", {}))
   return algorithms, problems
@@ -71,7 +92,12 @@ def expand(config: dict) -> list[dict]:
   variants = config.get("experiments") or [{}]
   runs = []
   for variant in variants:
+    if not isinstance(variant, dict):
+      raise ConfigError(f"experiments: every entry must be a mapping, got {variant!r}")
     merged = {**base, **variant}
+    for k, v in merged.items():
+      if isinstance(v, list) and not v:
+        raise ConfigError(f"{k}: an empty list sweeps nothing; give at least one value")
     keys = list(merged)
     values = [v if isinstance(v, list) else [v] for v in (merged[k] for k in keys)]
     for combo in itertools.product(*values):
@@ -117,11 +143,14 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
   """Runs one config and returns its record."""
   for field in ("algorithm", "problem"):
     if field not in cfg:
-      raise ValueError(f"config is missing the field {field!r}")
-  if cfg["algorithm"] not in algorithms:
-    raise ValueError(f"unknown algorithm {cfg['algorithm']!r}; known: {sorted(algorithms)}")
-  if cfg["problem"] not in problems:
-    raise ValueError(f"unknown problem {cfg['problem']!r}; known: {sorted(problems)}")
+      raise ConfigError(f"config is missing the field {field!r}")
+  for field, known in (("algorithm", algorithms), ("problem", problems)):
+    if cfg[field] not in known:
+      hint = difflib.get_close_matches(str(cfg[field]), list(known), n=1)
+      raise ConfigError(f"unknown {field} {cfg[field]!r}"
+                        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                        + f"; known: {', '.join(sorted(known))}")
+  check_types(cfg)
   seed = int(cfg.get("seed", 0))
   key = jax.random.key(seed)
   cache_key = _problem_cache_key(cfg)
@@ -152,7 +181,7 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
   record.update({k: v for k, v in result.record.items() if k not in record})
   if result.privacy.notes:
     record["privacy_notes"] = result.privacy.notes
-  if cfg.get("debug") and result.debug is not None:
+  if cfg.get("debug") is True and result.debug is not None:
     record["debug"] = result.debug
   extras = {k: v for k, v in cfg.items() if k not in record}
   record["config"] = extras
@@ -168,16 +197,35 @@ def _progress(i: int, total: int, cfg: dict, t0: float) -> None:
   sys.stderr.flush()
 
 
-def run_config(config: dict, *, progress: bool = True) -> list[dict]:
+def run_config(config: dict, *, progress: bool = True, on_record: Callable | None = None
+               ) -> list[dict]:
+  """Runs every expanded config. A run that raises becomes a record with ``status: failed``
+  and its error (the sweep goes on); ``on_record(records)`` is called after every run so a
+  caller can write results as they finish."""
   algorithms, problems = registry()
   runs = expand(config)
+  for cfg in runs:  # user errors in any run are reported before anything runs
+    check_types(cfg)
   cache: dict = {}
   records = []
   t0 = time.perf_counter()
   for i, cfg in enumerate(runs):
     if progress:
       _progress(i, len(runs), cfg, t0)
-    records.append(run_one(cfg, algorithms=algorithms, problems=problems, cache=cache))
+    try:
+      record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache)
+      record["status"] = "ok"
+    except Exception as err:  # noqa: BLE001 - one bad run must not lose the others
+      record = _jsonable({"algorithm": cfg.get("algorithm"), "problem": cfg.get("problem"),
+                          "seed": cfg.get("seed", 0), "status": "failed",
+                          "error": f"{type(err).__name__}: {err}",
+                          "config": {k: v for k, v in cfg.items()
+                                     if k not in ("algorithm", "problem", "seed")}})
+      if not isinstance(err, ConfigError) and progress:
+        sys.stderr.write("\n" + traceback.format_exc(limit=3))
+    records.append(record)
+    if on_record is not None:
+      on_record(records)
   if progress:
     _progress(len(runs), len(runs), {}, t0)
     sys.stderr.write("\n")
@@ -192,35 +240,60 @@ def _group_key(record: dict, fields: Iterable[str]) -> tuple:
   return tuple(out)
 
 
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+  """Student-t confidence interval for the mean (NaN bounds with fewer than 2 values)."""
+  if len(values) < 2:
+    return math.nan, math.nan
+  from scipy.stats import t
+  mean, sem = statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+  half = float(t.ppf(0.5 + level / 2, len(values) - 1)) * sem
+  return mean - half, mean + half
+
+
 def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
-  """Mean and spread over seeds of every group of records sharing ``fields``."""
+  """Mean, std and 95% t-interval over seeds of every group of records sharing ``fields``
+  (failed runs are counted in ``failed`` and left out of the statistics)."""
   groups: dict[tuple, list[dict]] = {}
   for r in records:
     groups.setdefault(_group_key(r, fields), []).append(r)
   rows = []
-  for key, rs in groups.items():
-    risks = [float(r["excess_risk"]) for r in rs]
-    rows.append({
-        **dict(zip(fields, key)),
-        "excess_risk_mean": statistics.fmean(risks),
-        "excess_risk_std": statistics.stdev(risks) if len(risks) > 1 else 0.0,
-        "epsilon": max(float(r["epsilon"]) for r in rs),
-        "provenance": ",".join(sorted({r["provenance"] for r in rs})),
-        "gradient_evaluations": statistics.fmean(r["gradient_evaluations"] for r in rs),
-        "wall_time_s": statistics.fmean(r["wall_time_s"] for r in rs),
-        "seeds": len(rs),
-    })
+  for key, group in groups.items():
+    rs = [r for r in group if r.get("status", "ok") == "ok"]
+    row = {**dict(zip(fields, key)), "seeds": len(rs), "failed": len(group) - len(rs)}
+    if rs:
+      risks = [float(r["excess_risk"]) for r in rs]
+      lo, hi = t_interval(risks)
+      row.update({
+          "excess_risk_mean": statistics.fmean(risks),
+          "excess_risk_std": statistics.stdev(risks) if len(risks) > 1 else 0.0,
+          "excess_risk_ci95_lo": lo, "excess_risk_ci95_hi": hi,
+          "epsilon": max(float(r["epsilon"]) for r in rs),
+          "provenance": ",".join(sorted({r["provenance"] for r in rs})),
+          "gradient_evaluations": statistics.fmean(r["gradient_evaluations"] for r in rs),
+          "wall_time_s": statistics.fmean(r["wall_time_s"] for r in rs)})
+    else:
+      row["error"] = group[0].get("error", "")
+    rows.append(row)
   return rows
 
 
 def format_table(rows: list[dict], fields: list[str]) -> str:
-  cols = fields + ["excess_risk_mean", "excess_risk_std", "epsilon", "provenance",
+  cols = fields + ["excess_risk_mean", "excess_risk_std", "ci95", "epsilon", "provenance",
                    "gradient_evaluations", "wall_time_s", "seeds"]
+  if any(r.get("failed") for r in rows):
+    cols.append("failed")
   def fmt(v):
     if isinstance(v, float):
       return f"{v:.4g}"
-    return str(v)
-  table = [[c for c in cols]] + [[fmt(r.get(c)) for c in cols] for r in rows]
+    return "" if v is None else str(v)
+  def cell(r, c):
+    if c == "ci95":
+      lo, hi = r.get("excess_risk_ci95_lo"), r.get("excess_risk_ci95_hi")
+      return "" if lo is None or math.isnan(lo) else f"[{lo:.3g}, {hi:.3g}]"
+    if c == "excess_risk_mean" and "error" in r:
+      return "FAILED"
+    return fmt(r.get(c))
+  table = [[c for c in cols]] + [[cell(r, c) for c in cols] for r in rows]
   widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
   lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
   lines.insert(1, "  ".join("-" * w for w in widths))
@@ -228,7 +301,8 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
 
 
 def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str:
-  """Excess risk (mean +- std over seeds) against ``x_field``, one line per other group."""
+  """Excess risk (mean and 95% t-interval over seeds) against ``x_field``, one line per other
+  group."""
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -236,7 +310,7 @@ def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str
   except ImportError as err:  # optional extra
     raise RuntimeError("plotting needs matplotlib: pip install 'dpsco_jax[plot]'") from err
   others = [f for f in fields if f != x_field]
-  rows = aggregate(records, fields)
+  rows = [r for r in aggregate(records, fields) if r["seeds"]]
   lines: dict[tuple, list[dict]] = {}
   for r in rows:
     lines.setdefault(tuple(r[f] for f in others), []).append(r)
@@ -244,7 +318,13 @@ def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str
   for key, rs in sorted(lines.items(), key=lambda kv: str(kv[0])):
     rs = sorted(rs, key=lambda r: r[x_field])
     xs = [r[x_field] for r in rs]
-    ax.errorbar(xs, [r["excess_risk_mean"] for r in rs], yerr=[r["excess_risk_std"] for r in rs],
+    means = [r["excess_risk_mean"] for r in rs]
+    # 95% t-interval of the mean where there are >= 2 seeds, else no bar
+    lo = [m - r["excess_risk_ci95_lo"] if math.isfinite(r["excess_risk_ci95_lo"]) else 0.0
+          for m, r in zip(means, rs)]
+    hi = [r["excess_risk_ci95_hi"] - m if math.isfinite(r["excess_risk_ci95_hi"]) else 0.0
+          for m, r in zip(means, rs)]
+    ax.errorbar(xs, means, yerr=[lo, hi],
                 label=", ".join(f"{f}={v}" for f, v in zip(others, key)), marker="o",
                 capsize=3)
   ax.set_xlabel(x_field)
@@ -259,17 +339,28 @@ def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str
 
 def load_config(path: str) -> dict:
   import yaml
-  with open(path) as f:
-    config = yaml.safe_load(f)
+  try:
+    with open(path) as f:
+      config = yaml.safe_load(f)
+  except OSError as err:
+    raise ConfigError(f"{path}: {err.strerror}") from None
+  except yaml.YAMLError as err:
+    raise ConfigError(f"{path}: not valid YAML ({err})") from None
   if not isinstance(config, dict):
-    raise ValueError(f"{path}: a config must be a YAML mapping")
+    raise ConfigError(f"{path}: a config must be a YAML mapping")
   return config
 
 
 def main_run(path: str, out: str | None = None, plot_field: str | None = None,
              progress: bool = True) -> list[dict]:
+  """Runs a config file, prints its table, writes ``out`` as runs finish. Returns the records
+  (failed runs included, with ``status: failed`` and their error)."""
   config = load_config(path)
-  records = run_config(config, progress=progress)
+  def write(records):
+    if out:
+      with open(out, "w") as f:
+        json.dump({"config": _jsonable(config), "results": records}, f, indent=1)
+  records = run_config(config, progress=progress, on_record=write)
   # group by the *requested* epsilon; the table's epsilon column is the guaranteed one
   fields = ["algorithm"] + [("target_epsilon" if f == "epsilon" else f)
                             for f in swept_fields(config) if f != "algorithm"]
@@ -277,12 +368,17 @@ def main_run(path: str, out: str | None = None, plot_field: str | None = None,
   title = config.get("name", path)
   print(f"\n== {title}: {len(records)} runs ==")
   print(format_table(rows, fields))
+  print("(ci95: Student-t 95% interval of the mean over seeds)")
+  for r in records:
+    if r.get("status") == "failed":
+      print(f"FAILED {r['algorithm']} seed={r['seed']}: {r['error']}")
   if out:
     with open(out, "w") as f:
       json.dump({"config": _jsonable(config), "results": records,
                  "summary": _jsonable(rows)}, f, indent=1)
     print(f"wrote {out}")
-  if plot_field:
+  ok = [r for r in records if r.get("status") == "ok"]
+  if plot_field and ok:
     png = (out or "results").rsplit(".", 1)[0] + f"_{plot_field}.png"
-    print(f"plot: {plot(records, plot_field, fields, png)}")
+    print(f"plot: {plot(ok, plot_field, fields, png)}")
   return records

@@ -70,3 +70,54 @@ def test_aggregate_and_plot(tmp_path):
   png = runner.plot(records, "target_epsilon", ["algorithm", "target_epsilon"],
                     str(tmp_path / "p.png"))
   assert (tmp_path / "p.png").stat().st_size > 1000 and png.endswith(".png")
+
+
+def test_registry_lists_every_module_including_localized_gd():
+  algorithms, _ = runner.registry()
+  assert {"dp_loc_gd", "dp_loc_sgd", "accelerated_dp_srgd", "dp_bilevel"} <= set(algorithms)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("epsilon", "1.0", "epsilon must be a number"), ("epsilon", True, "epsilon must be a number"),
+    ("steps", "3", "steps must be an integer"), ("seed", 1.7, "seed must be an integer"),
+    ("debug", "false", "debug must be true or false")])
+def test_strict_types_name_the_field(field, value, match):
+  algorithms, problems = runner.registry()
+  cfg = {"algorithm": "nonprivate_sgd", "problem": "logistic", field: value}
+  with pytest.raises(runner.ConfigError, match=match):
+    runner.run_one(cfg, algorithms=algorithms, problems=problems)
+
+
+def test_empty_sweep_and_typo_suggestion():
+  with pytest.raises(runner.ConfigError, match="empty list"):
+    runner.expand({"algorithm": "nonprivate_sgd", "epsilon": []})
+  algorithms, problems = runner.registry()
+  with pytest.raises(runner.ConfigError, match="did you mean 'dp_sgd_user'"):
+    runner.run_one({"algorithm": "dp_sgd_usr", "problem": "logistic"}, algorithms=algorithms,
+                   problems=problems)
+
+
+def test_sweep_survives_a_failed_run_and_cli_exits_nonzero(tmp_path):
+  cfg = tmp_path / "bad.yaml"
+  # the second experiment fails inside its driver (batch larger than n); the first completes
+  cfg.write_text(
+      "problem: least_squares\nn_users: 20\nm: 2\nd: 3\ndelta: 1.0e-5\nseed: 0\nsteps: 3\n"
+      "experiments:\n  - {algorithm: nonprivate_sgd, batch_users: 5}\n"
+      "  - {algorithm: nonprivate_sgd, batch_users: 50}\n")
+  out = tmp_path / "res.json"
+  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
+                         "--quiet"], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  records = json.loads(out.read_text())["results"]
+  assert [r["status"] for r in records] == ["ok", "failed"]
+  assert "batch_users" in records[1]["error"] and "FAILED" in proc.stdout
+
+
+def test_cli_user_error_is_one_line(tmp_path):
+  cfg = tmp_path / "typo.yaml"
+  cfg.write_text("problem: logistic\nalgorithm: nonprivate_sgd\nseed: 1.5\n")
+  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--quiet"],
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == ["dpsco: error: seed must be an integer, got 1.5 "
+                                              "(float)"]

@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
+from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int, check_key,
+                               check_positive)
 
 _TWO64 = 1 << 64
 _MASK32 = (1 << 32) - 1
@@ -117,9 +118,7 @@ def sigma(Delta: float, epsilon: float, delta: float, calibration: str = "paper"
 
 def _check_tdlap(epsilon: float, kappa_: int) -> tuple[float, int]:
   eps = check_epsilon(epsilon)
-  if isinstance(kappa_, bool) or int(kappa_) != kappa_ or int(kappa_) < 1:
-    raise ValueError(f"kappa must be an integer >= 1, got {kappa_!r}")
-  return eps, int(kappa_)
+  return eps, check_int(kappa_, "kappa", minimum=1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -176,6 +175,7 @@ def tdlap_sample_from_kappa(key: jax.Array, epsilon: float, kappa_: int,
   """Draws of TDLap(epsilon; centre kappa_) as int32 in ``{0..2 kappa_}`` (jittable in
   ``key``; ``epsilon``, ``kappa_`` and ``shape`` are static)."""
   eps, k = _check_tdlap(epsilon, kappa_)
+  check_key(key, "key")
   thr = _thresholds(eps, k)
   thr_hi = np.asarray([t >> 32 for t in thr], np.uint32)
   thr_lo = np.asarray([t & _MASK32 for t in thr], np.uint32)

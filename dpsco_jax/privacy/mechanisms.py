@@ -11,13 +11,19 @@ import math
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax._checks import check_delta, check_epsilon, check_positive
+from dpsco_jax._checks import check_delta, check_epsilon, check_key, check_positive
 
 
 def laplace(key: jax.Array, shape: tuple[int, ...] = (), scale: float | jax.Array = 1.0,
             dtype=jnp.float32) -> jax.Array:
-  """``Lap(scale)`` draws: density ``exp(-|x|/b)/(2b)``; ``scale/sensitivity`` = 1/epsilon."""
-  return scale * jax.random.laplace(key, shape, dtype)
+  """``Lap(scale)`` draws: density ``exp(-|x|/b)/(2b)``; ``scale/sensitivity`` = 1/epsilon.
+
+  Drawn in float32 or wider whatever ``dtype`` asks (a bfloat16 Laplace has a few thousand
+  distinct values, not the law the privacy proof assumes); cast the result afterwards if a
+  lower precision is wanted (post-processing)."""
+  check_key(key, "key")
+  wide = jnp.promote_types(dtype, jnp.float32)
+  return jnp.asarray(scale, wide) * jax.random.laplace(key, shape, wide)
 
 
 def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> float:
@@ -37,19 +43,27 @@ def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) ->
   check_positive(sensitivity, "sensitivity")
   check_epsilon(epsilon)
   check_delta(delta)
-  from scipy.stats import norm
+  from scipy.special import log_ndtr
+  log_delta = math.log(delta)
 
-  def profile(sigma: float) -> float:
+  def above(sigma: float) -> bool:
+    """``delta(sigma) > delta``, compared in log space: for delta ~1e-300 both Phi terms
+    underflow in linear space and the difference would read 0 (a too-small sigma)."""
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
-    return norm.cdf(a - b) - math.exp(epsilon) * norm.cdf(-a - b)
+    l1, l2 = float(log_ndtr(a - b)), epsilon + float(log_ndtr(-a - b))
+    if l2 >= l1:
+      return False
+    return l1 + math.log1p(-math.exp(l2 - l1)) > log_delta
 
   lo, hi = 1e-6 * sensitivity, sensitivity
-  while profile(hi) > delta:
+  while above(hi):
     hi *= 2.0
+    if not math.isfinite(hi):
+      raise ValueError(f"no finite sigma reaches delta={delta!r} at epsilon={epsilon!r}")
   for _ in range(200):
     mid = 0.5 * (lo + hi)
-    if profile(mid) > delta:
+    if above(mid):
       lo = mid
     else:
       hi = mid
