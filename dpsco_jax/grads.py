@@ -33,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from dpsco_jax._checks import check_int, check_user_mask
+
 PyTree = Any
 LossFn = Callable[[PyTree, PyTree], jax.Array]
 
@@ -48,6 +50,11 @@ def per_example_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
   With ``offsets`` (params-shaped leaves ``[B, *p.shape]``) example ``b`` is differentiated
   at ``params + offsets[b]``. Returns a params-shaped pytree with a leading ``B`` axis.
   """
+  leaves = jax.tree.leaves(batch)
+  if not leaves or any(jnp.ndim(x) == 0 for x in leaves):
+    raise ValueError("batch must be a pytree of arrays shaped [B, ...]")
+  if any(x.shape[0] == 0 for x in leaves):
+    raise ValueError("empty batch: B = 0 examples")
   grad_fn = jax.grad(loss_fn)
   if offsets is None:
     return jax.vmap(grad_fn, in_axes=(None, 0))(params, batch)
@@ -84,10 +91,12 @@ def per_user_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
     loss_fn: ``loss_fn(params, example) -> scalar`` for one item.
     params: the evaluation point (query point of the optimizer).
     batch: pytree with leaves ``[U, m, ...]``.
-    user_mask: optional bool ``[U]``; False slots return exactly zero.
+    user_mask: optional bool ``[U]`` (checked: that exact shape and dtype); False slots return
+      exactly zero. Without it every slot is treated as a real user.
     offsets: optional params-shaped pytree with leaves ``[U, m, *p.shape]``; item ``(u, j)``
       is differentiated at ``params + offsets[u, j]``.
-    chunk_size: if set, users are processed ``chunk_size`` at a time with ``lax.map``.
+    chunk_size: if set (a positive int), users are processed ``chunk_size`` at a time with
+      ``lax.map``.
     reduce_items: False returns per-item gradients ``[U, m, ...]`` instead of the mean.
 
   Returns:
@@ -103,8 +112,14 @@ def per_user_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
   n_users = leaves[0].shape[0]
   if any(leaf.shape[0] != n_users for leaf in leaves):
     raise ValueError("batch leaves disagree on the number of users (leading axis)")
-  if user_mask is not None and user_mask.shape != (n_users,):
-    raise ValueError(f"user_mask must have shape ({n_users},), got {user_mask.shape}")
+  if n_users == 0:
+    raise ValueError("empty batch: 0 users (pad with a user_mask instead)")
+  if any(leaf.shape[1] == 0 for leaf in leaves):
+    raise ValueError("every user needs m >= 1 items; got a batch with m = 0 (the mean "
+                     "gradient over zero items is undefined)")
+  user_mask = check_user_mask(user_mask, n_users)
+  if chunk_size is not None:
+    chunk_size = check_int(chunk_size, "chunk_size", minimum=1)
 
   def one(args):
     items, offs = args
@@ -114,7 +129,7 @@ def per_user_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
   if chunk_size is None:
     grads = jax.vmap(one)(xs)
   else:
-    grads = jax.lax.map(one, xs, batch_size=int(chunk_size))
+    grads = jax.lax.map(one, xs, batch_size=chunk_size)
   return _mask_users(grads, user_mask)
 
 
