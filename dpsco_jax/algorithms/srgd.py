@@ -19,36 +19,33 @@ and the released model is ``y_T``. Variants from the same parts (:func:`srgd_cha
   * ``noise="independent"``: the SRG with independent per-step noise (the spec §2.2 warning:
     prefix variance grows like ``t`` instead of ``O(log t)``).
 
-Privacy (spec §3.2, §4.4): a zero-out (or add/remove) neighbour changes exactly one increment
-``Delta_i`` by at most ``C/B`` for *any* loss (the clip acts on the difference); the tree
-release is then ``mu``-GDP with ``mu = sqrt(T.bit_length())/z``, converted exactly to
-(epsilon, delta) by dp_accounting (``GaussianDpEvent(1/mu)``, PLD); independent noise gives
-``mu = 1/z``. Replace-one adjacency doubles the sensitivity (``adjacency="replace_one"``, the
-ledger's ``replace_one`` relation). The paper's own conversion ``mu = eps/sqrt(2 ln(1.25/delta))``
-(Cor. 5.7, classical Gaussian bound, valid for eps <= 1) is reported beside it
-(``paper_epsilon``). Provenance: ``accountant``.
+Privacy: see :mod:`dpsco_jax.algorithms.srgd_plan`. In short, relations ``zero_out`` (default,
+the paper's) and ``replace_one`` (``n`` public: the batches and the denominator ``B`` are the
+same on neighbours, one increment changes by ``C/B`` resp. ``2C/B``); ``add_remove`` is refused
+(removing an example re-batches the rest of the stream). The run is ``mu``-GDP with
+``mu = sqrt(T.bit_length())/z`` (tree; Lemma 5.6) or ``1/z`` (independent), accounted as one
+``GaussianDpEvent`` by PLD; provenance ``accountant``. A driver plans (no data), spends
+``plan.event`` on a ledger whose budget is ``epsilon``, then runs.
 
-Presets:
-  * ``theory`` reproduces Eq. (19)/Thm 5.8 (``variant="interior"``, x-dagger in C) or Thm 5.12
-    (``variant="constrained"``) — T, B, beta, clip, and the paper's sigma (Cor. 5.7 / 5.11) —
-    and refuses with a ValueError naming the violated condition when they are vacuous (e.g.
-    ``T = c_DP n^{1/4} > n`` for every practical n; spec §2.3 table).
-  * ``practical``: ``B = floor(sqrt n)``, ``T = floor(n/B)``, ``beta = M max(1, beta_scale T)``
-    (variant-B style, spec §7.4, floored at Thm 5.1's ``beta >= M``), clip and beta tunable,
-    ``z`` calibrated to (epsilon, delta).
+Audit hook: :func:`srgd_releases` returns the per-step privatized releases (noisy prefix sums,
+or noisy increments without the SRG) of a plan on a dataset and key, optionally with a
+zero-out ``user_mask``, the noise switched off, or replayed at given query points.
 
-Config keys of the ``ALGORITHMS`` entries (runner contract): ``epsilon`` (``null``: non-private,
-provenance ``none``), ``delta`` (default ``1/n^2``), ``preset``, ``variant``, ``adjacency``
-(``zero_out`` | ``replace_one``), ``noise_mechanism`` (``tree`` | ``independent``; ``noise`` is
-the problem's label noise), ``batch_size``, ``num_steps``, ``beta`` or ``beta_scale``,
-``clip_norm`` (default L), ``noise_multiplier`` (skip calibration; the ledger still refuses a
-run above ``epsilon``), ``z_scale``, ``learning_rate`` / ``averaging`` (projected-SGD variants;
-default step ``1/beta``), ``debug``. Records carry ``batch_gradient_steps``.
+Presets (:mod:`dpsco_jax.algorithms.srgd_presets`): ``theory`` reproduces Eq. (19)/Thm 5.8
+(``variant="interior"``) or Thm 5.12 (``variant="constrained"``) and refuses vacuous settings;
+``practical``: ``B = floor(sqrt n)``, ``T = floor(n/B)``, ``beta = M max(1, beta_scale T)``.
+
+Config keys of the ``ALGORITHMS`` entries (runner contract): ``epsilon`` (a budget; ``null``:
+non-private, provenance ``none``), ``delta`` (default ``1/n^2``), ``relation`` (``zero_out`` |
+``replace_one``; ``adjacency`` is a deprecated alias), ``preset``, ``variant``,
+``noise_mechanism`` (``tree`` | ``independent``), ``batch_size``, ``num_steps``, ``beta`` or
+``beta_scale``, ``clip_norm`` (default L), ``noise_multiplier`` (skip calibration; refused if
+above the ``epsilon`` budget), ``z_scale``, ``learning_rate`` / ``averaging`` (projected-SGD
+variants; default step ``1/beta``), ``debug``. Records carry ``batch_gradient_steps``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Callable
 
@@ -57,12 +54,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
-                               check_nonnegative, check_positive)
+from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
+                               check_positive, check_user_mask)
+from dpsco_jax.algorithms.srgd_plan import (ACCOUNTANT, SUPPORTED_RELATIONS, VARIANTS,
+                                            SRGDPlan, paper_epsilon, plan_srgd,
+                                            resolve_relation)
+from dpsco_jax.algorithms.srgd_presets import (PRESETS, SRGDParams, interior_c_dp,
+                                               practical_params, theory_params)
 from dpsco_jax.grads import per_user_grads
-from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
-                                      calibrate_noise_multiplier)
-from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic
+from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import (aggregate, aggregation_sensitivity, clip_per_user,
                                            tree_global_norms)
@@ -70,193 +70,13 @@ from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.srg import (accelerated_projected_step, check_z_scale,
                                       scale_by_srg_weight, srg_differences)
 from dpsco_jax.transforms.steps import projected_sgd, released_params
-from dpsco_jax.transforms.tree_noise import (MECHANISMS, TreePrefixNoiseState,
-                                             prefix_noise_event, prefix_noise_mu,
-                                             prefix_sum_noise, tree_levels)
+from dpsco_jax.transforms.tree_noise import MECHANISMS, TreePrefixNoiseState, prefix_sum_noise
 
 PyTree = Any
-VARIANTS = ("interior", "constrained")
-PRESETS = ("practical", "theory")
-ADJACENCY_TO_RELATION = {"zero_out": "add_remove", "add_remove": "add_remove",
-                         "replace_one": "replace_one"}
-
-
-# ----------------------------------------------------------------------------- accounting
-def paper_epsilon(mu: float, delta: float) -> float:
-  """The paper's GDP -> DP step (Cor. 5.7): ``mu = eps / sqrt(2 ln(1.25/delta'))`` gives
-  (eps, delta')-DP (classical Gaussian bound; only guaranteed for eps <= 1). Here ``delta' =
-  delta`` because the library always clips (no TV term, spec §3.4)."""
-  return float(mu) * math.sqrt(2.0 * math.log(1.25 / check_delta(delta)))
-
-
-def calibrate_srgd_noise(epsilon: float, delta: float, num_steps: int, *,
-                         mechanism: str = "tree", adjacency: str = "zero_out",
-                         levels: str = "exact") -> float:
-  """Smallest noise multiplier ``z`` (node std ``= z C/B``) whose single-epoch run is
-  (epsilon, delta)-DP by the exact PLD conversion of ``GaussianDpEvent(1/mu)``."""
-  check_epsilon(epsilon)
-  check_delta(delta)
-  relation = ADJACENCY_TO_RELATION[check_choice(adjacency, "adjacency",
-                                                tuple(ADJACENCY_TO_RELATION))]
-  check_choice(mechanism, "mechanism", MECHANISMS)
-  lv = tree_levels(num_steps, levels) if mechanism == "tree" else 1
-  # The run is one Gaussian mechanism of multiplier z/sqrt(levels) (on sensitivity-1 units):
-  # calibrate that, then scale. Replace-one doubles the sensitivity, which for a Gaussian is
-  # exactly the add/remove curve at half the multiplier (the ledger cross-checks it under its
-  # replace_one relation). The analytic Gaussian (Balle-Wang) sigma seeds the search bracket:
-  # PLD at tiny multipliers is very slow.
-  factor = 2.0 if relation == "replace_one" else 1.0
-  seed = gaussian_sigma_analytic(1.0, epsilon, delta)
-  g = calibrate_noise_multiplier(lambda s: prefix_noise_event(s, 1, mechanism="independent"),
-                                 epsilon=epsilon, delta=delta, relation="add_remove",
-                                 accountant="pld", lower=0.8 * seed)
-  return factor * g * math.sqrt(lv)
-
-
-# ----------------------------------------------------------------------------- presets
-@dataclasses.dataclass(frozen=True)
-class SRGDParams:
-  """Every number a run needs, and where it came from.
-
-  ``noise_multiplier`` is ``z``: node (or per-step) std ``= z * clip_norm / batch_size``.
-  ``paper`` holds the paper's own formulas (theory preset) for comparison.
-  """
-  num_steps: int
-  batch_size: int
-  beta: float
-  clip_norm: float
-  noise_multiplier: float
-  preset: str
-  variant: str | None = None
-  paper: dict | None = None
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-
-def interior_c_dp(n: int, delta: float) -> float:
-  """``c_DP = 4 sqrt2 log2^{3/2}(n) sqrt(ln(2n/delta)) ln(2.5/delta)`` (Eq. 19; log2 for the
-  paper's ``log``, ln where it writes ``ln``, AMBIG-6). Eq. (19) then sets
-  ``T = c_DP n^{1/4}``, which exceeds n for every practical n (spec §2.3 table)."""
-  n = check_int(n, "n", minimum=2)
-  delta = check_delta(delta)
-  return (4 * math.sqrt(2) * math.log2(n) ** 1.5 * math.sqrt(math.log(2 * n / delta))
-          * math.log(2.5 / delta))
-
-
-def theory_params(n: int, p: int, *, lipschitz: float, smoothness: float, radius: float,
-                  epsilon: float, delta: float, variant: str = "constrained",
-                  batch_size: int | None = None) -> SRGDParams:
-  """The paper's parameters, exactly, with its preconditions checked.
-
-  ``variant="interior"``: Eq. (19) / Cor. 5.7 / Thm 5.8 (needs x-dagger in C, delta <= 1/n,
-  p <= eps^2 n^2), with ``c_DP = 4 sqrt2 log2^{3/2}(n) sqrt(ln(2n/delta)) ln(2.5/delta)``,
-  ``T = ceil(c_DP n^{1/4})``, ``B = floor(n/T)``, ``beta = c_DP^2 L max(1, sqrt p/(eps sqrt n))/R``,
-  clip ``c_DP L``, node std (Delta units) ``c_DP L sqrt(log2 T ln(2.5/delta))/(eps B)``.
-
-  ``variant="constrained"``: Thm 5.12 / Cor. 5.10–5.11 with ``c_M = M R / L``: ``B <= sqrt n``
-  (default ``floor(sqrt n)``), ``T = floor(n/B)``, ``beta = (16 c_M + 8) L n^{3/2}/(R B^2)``,
-  clip ``(8 c_M + 4) L``, node std ``(16 sqrt2 c_M + 8 sqrt2) L sqrt(log2 T ln(2.5/delta))/(eps
-  B)``, dimension condition ``p <= B^2 beta^2 eps^2/(32 M^2 log2^3 T ln(2T/delta) ln(2.5/
-  delta))``.
-
-  Raises:
-    ValueError: naming the violated condition when the setting is vacuous or outside the
-      theorem (the paper's constants make variant "interior" vacuous for every practical n).
-  """
-  n = check_int(n, "n", minimum=2)
-  p = check_int(p, "p", minimum=1)
-  L = check_positive(lipschitz, "lipschitz")
-  M = check_positive(smoothness, "smoothness")
-  R = check_positive(radius, "radius")
-  eps = check_epsilon(epsilon)
-  delta = check_delta(delta)
-  check_choice(variant, "variant", VARIANTS)
-  c_m = M * R / L
-  ln25 = math.log(2.5 / delta)
-  where = "theory preset, variant " + repr(variant)
-  if variant == "interior":
-    if batch_size is not None:
-      raise ValueError(f"{where}: batch_size is fixed by Eq. (19) (B = n/T); leave it unset")
-    if delta > 1.0 / n:
-      raise ValueError(f"{where} (Thm 5.8): needs delta <= 1/n = {1 / n:.3g}, got "
-                       f"delta={delta:g}")
-    if p > eps ** 2 * n ** 2:
-      raise ValueError(f"{where} (Thm 5.8): needs p <= eps^2 n^2 = {eps ** 2 * n ** 2:.3g}, "
-                       f"got p={p}")
-    c_dp = interior_c_dp(n, delta)
-    T = math.ceil(c_dp * n ** 0.25)
-    if T > n:
-      raise ValueError(
-          f"{where} (Eq. 19): T = c_DP n^(1/4) = {T:.3g} exceeds n = {n} (c_DP = {c_dp:.3g}), "
-          f"so the batch size n/T < 1 and the single-epoch schedule does not exist — the "
-          f"paper's constants are vacuous at this n (spec 003 §2.3); use preset='practical'")
-    B = n // T
-    beta = c_dp ** 2 * L * max(1.0, math.sqrt(p) / (eps * math.sqrt(n))) / R
-    clip = c_dp * L
-    node_std = c_dp * L * math.sqrt(max(math.log2(T), 1.0) * ln25) / (eps * B)
-    paper = dict(c_DP=c_dp, c_M=c_m, sigma_b_units=node_std / beta,
-                 b_max=c_dp ** 2 * L * math.sqrt(p) / (eps * B * beta),
-                 mu_paper=eps / math.sqrt(2 * ln25), reference="Eq. (19), Cor. 5.7, Thm 5.8")
-  else:
-    B = math.isqrt(n) if batch_size is None else check_int(batch_size, "batch_size")
-    if B > math.sqrt(n):
-      raise ValueError(f"{where} (Thm 5.12): needs batch_size <= sqrt(n) = "
-                       f"{math.sqrt(n):.4g}, got {B}")
-    T = n // B
-    if T < 2:
-      raise ValueError(f"{where} (Lemma 5.6): needs T = n/B >= 2, got T={T}")
-    beta = (16 * c_m + 8) * L * n ** 1.5 / (R * B ** 2)
-    clip = (8 * c_m + 4) * L
-    log_t = math.log2(T)
-    node_std = (16 * math.sqrt(2) * c_m + 8 * math.sqrt(2)) * L * math.sqrt(
-        log_t * ln25) / (eps * B)
-    p_max = (B ** 2 * beta ** 2 * eps ** 2
-             / (32 * M ** 2 * log_t ** 3 * math.log(2 * T / delta) * ln25))
-    if p > p_max:
-      raise ValueError(
-          f"{where} (Cor. 5.10/5.11): needs p <= B^2 beta^2 eps^2/(32 M^2 log^3 T ln(2T/delta) "
-          f"ln(2.5/delta)) = {p_max:.3g}, got p={p}; the guarantee is vacuous here")
-    paper = dict(c_M=c_m, sigma_b_units=node_std / beta, p_max=p_max,
-                 mu_paper=eps / math.sqrt(2 * ln25), reference="Thm 5.12, Cor. 5.10-5.11")
-  z = node_std * B / clip
-  paper.update(T=T, B=B, beta=beta, clip=clip, sigma_node=node_std, noise_multiplier=z)
-  return SRGDParams(num_steps=T, batch_size=B, beta=beta, clip_norm=clip, noise_multiplier=z,
-                    preset="theory", variant=variant, paper=paper)
-
-
-def practical_params(n: int, *, smoothness: float, clip_norm: float,
-                     epsilon: float | None, delta: float, batch_size: int | None = None,
-                     num_steps: int | None = None, beta: float | None = None,
-                     beta_scale: float = 1.0, mechanism: str = "tree",
-                     adjacency: str = "zero_out", noise_multiplier: float | None = None
-                     ) -> SRGDParams:
-  """``B = floor(sqrt n)``, ``T = floor(n/B)``, ``beta = M max(1, beta_scale T)`` unless given
-  (spec §7.4; Thm 5.1 needs ``beta >= M``), ``z`` calibrated to (epsilon, delta) unless
-  ``noise_multiplier`` is given;
-  ``epsilon=None`` is the non-private run (``z = 0``)."""
-  n = check_int(n, "n", minimum=1)
-  B = math.isqrt(n) if batch_size is None else check_int(batch_size, "batch_size")
-  T = n // B if num_steps is None else check_int(num_steps, "num_steps")
-  if T * B > n:
-    raise ValueError(f"num_steps * batch_size = {T * B} exceeds n = {n}: a single epoch "
-                     f"uses every example at most once")
-  if T < 1:
-    raise ValueError(f"batch_size={B} leaves no full batch of n={n} examples")
-  if beta is None:
-    # Thm 5.1 needs beta >= M whatever the scale: floor it there (matters for small T).
-    M = check_positive(smoothness, "smoothness")
-    beta = M * max(1.0, check_positive(beta_scale, "beta_scale") * T)
-  beta = check_positive(beta, "beta")
-  clip = check_positive(clip_norm, "clip_norm")
-  if noise_multiplier is not None:
-    z = check_nonnegative(noise_multiplier, "noise_multiplier")
-  elif epsilon is None:
-    z = 0.0
-  else:
-    z = calibrate_srgd_noise(epsilon, delta, T, mechanism=mechanism, adjacency=adjacency)
-  return SRGDParams(num_steps=T, batch_size=B, beta=beta, clip_norm=clip, noise_multiplier=z,
-                    preset="practical")
+__all__ = ["ALGORITHMS", "PROBLEMS", "PRESETS", "SUPPORTED_RELATIONS", "SRGDParams",
+           "SRGDPlan", "interior_c_dp", "paper_epsilon", "plan_for_problem", "plan_srgd",
+           "practical_params", "resolve_relation", "run_plan", "run_srgd", "single_epoch_batches",
+           "srgd_chain", "srgd_privatizer", "srgd_releases", "srgd_stepper", "theory_params"]
 
 
 # ----------------------------------------------------------------------------- the chain
@@ -267,6 +87,8 @@ def srgd_privatizer(*, clip_norm: float, batch_size: int, noise_multiplier: floa
   stage emits noisy prefix sums (tree or independent); without, noisy increments (the core
   Gaussian stage: DP-SGD). Node/step std ``= z * C / B`` (zero-out sensitivity)."""
   check_choice(noise, "noise", MECHANISMS)
+  # The zero-out sensitivity of the fixed-B mean is the add/remove one, C/B (clipping's
+  # aggregation_sensitivity names it "add_remove"); replace-one is the accountant's business.
   std = check_nonnegative(noise_multiplier, "noise_multiplier") * aggregation_sensitivity(
       clip_norm, mode="mean", denominator=batch_size, relation="add_remove")
   stages = [clip_per_user(clip_norm), aggregate("mean", batch_size)]
@@ -314,7 +136,8 @@ def srgd_chain(*, clip_norm: float, batch_size: int, noise_multiplier: float, nu
 # ----------------------------------------------------------------------------- the driver
 def single_epoch_batches(data: PyTree, num_steps: int, batch_size: int) -> PyTree:
   """``[n, ...] -> [T, B, ...]``: consecutive disjoint batches, remainder dropped, so every
-  example is used at most once (the premise of the one-changed-increment accounting)."""
+  example is used at most once. Positions are fixed by the public ``n`` (zero-out /
+  replace-one): a neighbour's example keeps its batch, so only one increment changes."""
   def split(x):
     if x.shape[0] < num_steps * batch_size:
       raise ValueError(f"data has {x.shape[0]} examples < num_steps * batch_size = "
@@ -326,6 +149,26 @@ def single_epoch_batches(data: PyTree, num_steps: int, batch_size: int) -> PyTre
 _RUNNERS: dict = {}
 
 
+def _step_rows(loss_fn: Callable, s: dict, params, prev, batch, mask, t):
+  """Per-example rows of step ``t``: SRG differences or plain gradients; a zeroed
+  (``mask=False``) example gives an exactly-zero row (zero-out)."""
+  if s["srg"]:
+    return srg_differences(loss_fn, params, prev, batch, t, user_mask=mask)
+  return per_user_grads(loss_fn, params, batch, user_mask=mask)
+
+
+def _diagnostics(rows, released, p_state, clip_norm: float) -> dict:
+  """Data-dependent diagnostics; only ever returned under ``debug=True``."""
+  norms = tree_global_norms(rows)
+  diag = {"max_row_norm": jnp.max(norms), "clipped_fraction": jnp.mean(norms > clip_norm)}
+  noise_state = p_state[-1]
+  if isinstance(noise_state, TreePrefixNoiseState):
+    diag["noise_norm"] = jnp.sqrt(sum(
+        jnp.sum(jnp.square(a - b)) for a, b in zip(
+            jax.tree.leaves(released), jax.tree.leaves(noise_state.prefix))))
+  return diag
+
+
 def _make_runner(loss_fn: Callable, settings: tuple) -> Callable:
   cache_key = (loss_fn, settings)
   if cache_key in _RUNNERS:
@@ -333,8 +176,9 @@ def _make_runner(loss_fn: Callable, settings: tuple) -> Callable:
   s = dict(settings)
   T, B = s["num_steps"], s["batch_size"]
 
-  def run(data, params0, key):
+  def run(data, params0, key, user_mask, points):
     batches = single_epoch_batches(data, T, B)
+    masks = user_mask[:T * B].reshape(T, B)
     privatizer = srgd_privatizer(clip_norm=s["clip_norm"], batch_size=B,
                                  noise_multiplier=s["noise_multiplier"], num_steps=T, key=key,
                                  srg=s["srg"], noise=s["noise"])
@@ -342,35 +186,56 @@ def _make_runner(loss_fn: Callable, settings: tuple) -> Callable:
                            accelerated=s["accelerated"], z_scale=s["z_scale"],
                            learning_rate=s["learning_rate"], averaging=s["averaging"])
     state0 = (privatizer.init(params0), stepper.init(params0))
+    replay = None
+    if points is not None:  # replay: query points given (x_{-1} = x_0), not the run's own
+      prev_points = jax.tree.map(lambda a: jnp.concatenate([a[:1], a[:-1]]), points)
+      replay = (points, prev_points)
 
     def body(carry, xs):
       params, prev, (p_state, s_state) = carry
-      batch, t = xs
-      if s["srg"]:
-        rows = srg_differences(loss_fn, params, prev, batch, t)
-      else:
-        rows = per_user_grads(loss_fn, params, batch)
-      released, p_state = privatizer.update(rows, p_state, params)
+      batch, mask, t, given = xs
+      if given is not None:
+        params, prev = given
+      rows = _step_rows(loss_fn, s, params, prev, batch, mask, t)
+      released, p_state = privatizer.update(rows, p_state, params, user_mask=mask)
       updates, s_state = stepper.update(released, s_state, params)
-      diag = {}
-      if s["debug"]:  # data-dependent: only ever returned under debug=True
-        diag["max_row_norm"] = jnp.max(tree_global_norms(rows))
-        diag["clipped_fraction"] = jnp.mean(tree_global_norms(rows) > s["clip_norm"])
-        noise_state = p_state[-1]
-        if isinstance(noise_state, TreePrefixNoiseState):
-          diag["noise_norm"] = jnp.sqrt(sum(
-              jnp.sum(jnp.square(a - b)) for a, b in zip(
-                  jax.tree.leaves(released), jax.tree.leaves(noise_state.prefix))))
-      new_params = optax.apply_updates(params, updates)
-      return (new_params, params, (p_state, s_state)), diag
+      out = {"release": released, "query": params} if s["releases"] else {}
+      if s["debug"]:
+        out.update(_diagnostics(rows, released, p_state, s["clip_norm"]))
+      return (optax.apply_updates(params, updates), params, (p_state, s_state)), out
 
-    (params, _, (p_state, s_state)), diags = jax.lax.scan(
-        body, (params0, params0, state0), (batches, jnp.arange(T)))
-    return released_params(s_state, params), params, diags
+    (params, _, (_, s_state)), outs = jax.lax.scan(
+        body, (params0, params0, state0), (batches, masks, jnp.arange(T), replay))
+    return released_params(s_state, params), params, outs
 
   runner = jax.jit(run)
   _RUNNERS[cache_key] = runner
   return runner
+
+
+def _settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radius, srg, noise,
+              accelerated, z_scale, learning_rate, averaging, debug, releases=False) -> tuple:
+  check_int(num_steps, "num_steps")
+  check_int(batch_size, "batch_size")
+  check_positive(beta, "beta")
+  check_positive(clip_norm, "clip_norm")
+  check_nonnegative(noise_multiplier, "noise_multiplier")
+  check_z_scale(z_scale)
+  check_choice(noise, "noise", MECHANISMS)
+  return tuple(sorted(dict(
+      num_steps=int(num_steps), batch_size=int(batch_size), beta=float(beta),
+      clip_norm=float(clip_norm), noise_multiplier=float(noise_multiplier),
+      radius=None if radius is None else float(radius), srg=check_bool(srg, "srg"),
+      noise=noise, accelerated=check_bool(accelerated, "accelerated"), z_scale=float(z_scale),
+      learning_rate=None if learning_rate is None else float(learning_rate),
+      averaging=averaging, debug=check_bool(debug, "debug"), releases=releases).items()))
+
+
+def _mask_for(data: PyTree, user_mask: Any) -> jax.Array:
+  n = jax.tree.leaves(data)[0].shape[0]
+  if user_mask is None:
+    return jnp.ones((n,), bool)
+  return check_user_mask(user_mask, n)
 
 
 def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *,
@@ -378,154 +243,129 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
              noise_multiplier: float, radius: float | None, srg: bool = True,
              noise: str = "tree", accelerated: bool = True, z_scale: float = 1.0,
              learning_rate: float | None = None, averaging: str = "none",
-             debug: bool = False) -> tuple[PyTree, PyTree, dict]:
-  """Runs one single-epoch pass in one jitted ``lax.scan``.
+             user_mask: jax.Array | None = None, debug: bool = False
+             ) -> tuple[PyTree, PyTree, dict]:
+  """Runs one single-epoch pass in one jitted ``lax.scan`` (no accounting: use a plan).
 
-  ``data`` leaves ``[n, m, ...]`` (users x items; ``m = 1`` item level). Returns
+  ``data`` leaves ``[n, m, ...]`` (users x items; ``m = 1`` item level); ``user_mask`` (bool
+  ``[n]``) zeroes examples (zero-out: their rows are 0, the denominator stays ``B``). Returns
   ``(released, last_query_point, diagnostics)``; ``released`` is ``y_T`` (accelerated) or the
-  projected-SGD output. ``diagnostics`` is empty unless ``debug``. Compiled runners are cached
+  projected-SGD output; ``diagnostics`` is empty unless ``debug``. Compiled runners are cached
   per (loss_fn, settings); ``key`` and the data are traced (vmap-able over keys).
   """
-  check_int(num_steps, "num_steps")
-  check_int(batch_size, "batch_size")
-  check_z_scale(z_scale)
-  check_choice(noise, "noise", MECHANISMS)
-  settings = tuple(sorted(dict(
-      num_steps=int(num_steps), batch_size=int(batch_size), beta=float(beta),
-      clip_norm=float(clip_norm), noise_multiplier=float(noise_multiplier),
-      radius=None if radius is None else float(radius), srg=bool(srg), noise=noise,
-      accelerated=bool(accelerated), z_scale=float(z_scale),
-      learning_rate=None if learning_rate is None else float(learning_rate),
-      averaging=averaging, debug=bool(debug)).items()))
-  released, last, diags = _make_runner(loss_fn, settings)(data, params0, key)
-  return released, last, diags
+  settings = _settings(num_steps=num_steps, batch_size=batch_size, beta=beta,
+                       clip_norm=clip_norm, noise_multiplier=noise_multiplier, radius=radius,
+                       srg=srg, noise=noise, accelerated=accelerated, z_scale=z_scale,
+                       learning_rate=learning_rate, averaging=averaging, debug=debug)
+  return _make_runner(loss_fn, settings)(data, params0, key, _mask_for(data, user_mask), None)
 
 
-# ----------------------------------------------------------------------------- ALGORITHMS
-_DEFAULTS = {
-    # name: (srg, noise, accelerated)
-    "accelerated_dp_srgd": (True, "tree", True),
-    "dp_srgd_unaccelerated": (True, "tree", False),
-    "accelerated_dp_srgd_independent_noise": (True, "independent", True),
-    "accelerated_dp_sgd": (False, "independent", True),
-    "single_epoch_dp_sgd": (False, "independent", False),
-}
+def _plan_settings(plan: SRGDPlan, *, noise_multiplier: float, debug: bool,
+                   releases: bool) -> tuple:
+  prm = plan.params
+  return _settings(num_steps=prm.num_steps, batch_size=prm.batch_size, beta=prm.beta,
+                   clip_norm=prm.clip_norm, noise_multiplier=noise_multiplier,
+                   radius=plan.radius, srg=plan.srg, noise=plan.noise,
+                   accelerated=plan.accelerated, z_scale=plan.z_scale,
+                   learning_rate=plan.learning_rate, averaging=plan.averaging, debug=debug,
+                   releases=releases)
 
 
-def _problem_constants(problem) -> tuple[float, float, float]:
-  return float(problem.lipschitz), float(problem.smoothness), float(problem.radius)
+def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
+             key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False
+             ) -> tuple[PyTree, PyTree, dict]:
+  """Executes ``plan`` (see :func:`run_srgd`); the caller spends ``plan.event`` first."""
+  settings = _plan_settings(plan, noise_multiplier=plan.params.noise_multiplier, debug=debug,
+                            releases=False)
+  return _make_runner(loss_fn, settings)(data, params0, key, _mask_for(data, user_mask), None)
 
 
-def _resolve_params(problem, cfg: dict, name: str) -> SRGDParams:
-  srg, noise, accelerated = _DEFAULTS[name]
-  noise = cfg.get("noise_mechanism", noise)
-  preset = check_choice(cfg.get("preset", "practical"), "preset", PRESETS)
-  L, M, R = _problem_constants(problem)
-  n = int(problem.n_users)
-  delta = check_delta(cfg.get("delta", 1.0 / n ** 2))
-  epsilon = cfg.get("epsilon")
-  if preset == "theory":
-    if name != "accelerated_dp_srgd":
-      raise ValueError(f"preset='theory' exists only for accelerated_dp_srgd (Algorithm 1); "
-                       f"{name} has no theorem in the paper")
-    if epsilon is None:
-      raise ValueError("preset='theory' needs a finite epsilon")
-    if noise != "tree":
-      raise ValueError("preset='theory' uses the binary tree mechanism (Lemma 5.6); "
-                       f"noise={noise!r} is outside the theorem")
-    return theory_params(n, int(problem.d), lipschitz=L, smoothness=M, radius=R,
-                         epsilon=epsilon, delta=delta,
-                         variant=cfg.get("variant", "constrained"),
-                         batch_size=cfg.get("batch_size"))
-  clip = cfg.get("clip_norm")
-  if clip is None:
-    # Data-independent default: the Lipschitz constant. Lemma 5.9's worst case 2(2MR + L)
-    # (beta >= 2MT, no noise) is ~10x the norms seen in practice (spec T12), and an inactive
-    # clip only adds noise; tune clip_norm per problem (public data / a held-out seed).
-    clip = L
-  return practical_params(
-      n, smoothness=M, clip_norm=clip, epsilon=epsilon, delta=delta,
-      batch_size=cfg.get("batch_size"), num_steps=cfg.get("num_steps"),
-      beta=cfg.get("beta"), beta_scale=cfg.get("beta_scale", 1.0), mechanism=noise,
-      adjacency=cfg.get("adjacency", "zero_out"),
-      noise_multiplier=cfg.get("noise_multiplier"))
+def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
+                  key: jax.Array, *, user_mask: jax.Array | None = None,
+                  points: PyTree | None = None, add_noise: bool = True) -> dict:
+  """Audit hook: the per-step privatized releases of ``plan`` on ``data`` with ``key``.
+
+  Returns ``{"release": [T, ...], "query": [T, ...]}``: ``release[t]`` is what step ``t``
+  releases — the noisy prefix sum ``sum_{i<=t} Delta_i + N_t`` (SRG variants) or the noisy
+  increment ``Delta_t + xi_t`` (DP-SGD variants) — and ``query[t]`` the point ``x_t`` its
+  gradients were taken at (post-processing of ``release[:t]``). Everything after the releases
+  is post-processing, so these are what an auditor's ``release(key, dataset)`` should score.
+
+  ``user_mask`` (bool ``[n]``) builds a zero-out neighbour (``False``: the example
+  contributes 0); ``add_noise=False`` is the test hook that switches the noise off (same
+  plan otherwise); ``points`` (leaves ``[T, ...]``) replays the run at given query points
+  (``x_{-1} = x_0``), so two neighbours can be compared at the same, non-adaptive points
+  (adaptivity is covered by the GDP argument). Nothing is charged to any ledger here.
+  """
+  z = plan.params.noise_multiplier if check_bool(add_noise, "add_noise") else 0.0
+  settings = _plan_settings(plan, noise_multiplier=z, debug=False, releases=True)
+  _, _, outs = _make_runner(loss_fn, settings)(data, params0, key, _mask_for(data, user_mask),
+                                               points)
+  return outs
+
+
+def plan_for_problem(name: str, problem, cfg: dict) -> SRGDPlan:
+  """:func:`plan_srgd` from a problem's public facts only: ``n_users`` (public under the
+  supported relations), ``d``, ``lipschitz``, ``smoothness``, ``radius`` — never its data."""
+  return plan_srgd(name, cfg, n=int(problem.n_users), p=int(problem.d),
+                   lipschitz=float(problem.lipschitz), smoothness=float(problem.smoothness),
+                   radius=float(problem.radius))
+
+
+def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> PrivacyReport:
+  prm = plan.params
+  notes = (f"{plan.name}: single epoch, {prm.num_steps} batches of {prm.batch_size}; preset "
+           f"{prm.preset}; relation {plan.relation} (public: {plan.public}; n fixes the "
+           f"batches); per-step release sensitivity {plan.sensitivity:.4g}")
+  if ledger is None:
+    return PrivacyReport(epsilon=float("inf"), delta=0.0, provenance=Provenance.NONE.value,
+                         level="none", relation=plan.relation, mechanisms=(),
+                         notes=notes + "; NOT private (noise_multiplier=0)")
+  mu = math.sqrt(plan.levels) / prm.noise_multiplier
+  return ledger.report(provenance=Provenance.ACCOUNTANT, level=level,
+                       mechanisms=(plan.label,), paper_epsilon=paper_epsilon(plan),
+                       notes=notes + f"; mu-GDP with mu={mu:.4g} (in units of the zero-out "
+                       "sensitivity C/B) converted exactly by PLD")
 
 
 def _run_named(name: str, problem, cfg: dict, key: jax.Array) -> Result:
-  srg, noise, accelerated = _DEFAULTS[name]
-  # validate everything cheap before calibrating or touching data
-  noise = check_choice(cfg.get("noise_mechanism", noise), "noise_mechanism", MECHANISMS)
-  n = int(problem.n_users)
-  delta = check_delta(cfg.get("delta", 1.0 / n ** 2))
-  adjacency = check_choice(cfg.get("adjacency", "zero_out"), "adjacency",
-                           tuple(ADJACENCY_TO_RELATION))
-  z_scale = check_z_scale(cfg.get("z_scale", 1.0))
-  check_choice(cfg.get("preset", "practical"), "preset", PRESETS)
-  if cfg.get("epsilon") is not None:
-    check_epsilon(cfg["epsilon"])
-  prm = _resolve_params(problem, cfg, name)
-  relation = ADJACENCY_TO_RELATION[adjacency]
-  z = prm.noise_multiplier
-  debug = bool(cfg.get("debug", False))
-  levels = tree_levels(prm.num_steps) if (srg and noise == "tree") else 1
-  mechanism = "tree" if (srg and noise == "tree") else "independent"
-  mech_label = (f"{'binary-tree' if mechanism == 'tree' else 'independent'} Gaussian "
-                f"prefix noise, z={z:.4g}, T={prm.num_steps}, levels={levels}, "
-                f"sensitivity C/B={prm.clip_norm / prm.batch_size:.4g}")
-
-  private = z > 0
-  if private:
-    budget = cfg.get("epsilon")
-    ledger = PrivacyLedger(delta=delta, epsilon_budget=budget, relation=relation,
-                           accountant="pld")
-    event = prefix_noise_event(z, prm.num_steps, mechanism=mechanism)
-    ledger.spend(event, label=mech_label)  # raises before anything is computed or released
-  lr = cfg.get("learning_rate")
-  released, _, diags = run_srgd(
-      problem.loss_fn, problem.data, problem.init_params(), key,
-      num_steps=prm.num_steps, batch_size=prm.batch_size, beta=prm.beta,
-      clip_norm=prm.clip_norm, noise_multiplier=z, radius=float(problem.radius), srg=srg,
-      noise=noise, accelerated=accelerated, z_scale=z_scale, learning_rate=lr,
-      averaging=cfg.get("averaging", "none"), debug=debug)
-  notes = (f"{name}: single epoch, {prm.num_steps} batches of {prm.batch_size} "
-           f"(adjacency {adjacency}); preset {prm.preset}")
-  if private:
-    mu = prefix_noise_mu(z, prm.num_steps, mechanism=mechanism)
-    mu_eff = 2 * mu if relation == "replace_one" else mu
-    report = ledger.report(provenance=Provenance.ACCOUNTANT,
-                           level="user" if int(problem.m) > 1 else "item",
-                           mechanisms=(mech_label,), paper_epsilon=paper_epsilon(mu_eff, delta),
-                           notes=notes + f"; mu-GDP with mu={mu_eff:.4g} converted by PLD")
-  else:
-    report = PrivacyReport(epsilon=float("inf"), delta=0.0,
-                           provenance=Provenance.NONE.value, level="none",
-                           mechanisms=(), notes=notes + "; NOT private (noise_multiplier=0)")
-  per_example = 2 if srg else 1
+  debug = check_bool(cfg.get("debug", False), "debug")
+  plan = plan_for_problem(name, problem, cfg)      # no data touched; budget checked
+  ledger = None
+  if plan.private:
+    ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
+                           relation=plan.relation, accountant=ACCOUNTANT)
+    ledger.spend(plan.event, label=plan.label)     # before anything is released
+  released, _, diags = run_plan(plan, problem.loss_fn, problem.data, problem.init_params(),
+                                key, debug=debug)
+  prm = plan.params
   record = dict(batch_gradient_steps=prm.num_steps, batch_size=prm.batch_size,
                 examples_used=prm.num_steps * prm.batch_size, beta=prm.beta,
-                clip_norm=prm.clip_norm, noise_multiplier=z, tree_levels=levels,
-                srg=srg, noise=noise, accelerated=accelerated, z_scale=z_scale,
-                preset=prm.preset, variant=prm.variant)
+                clip_norm=prm.clip_norm, noise_multiplier=prm.noise_multiplier,
+                tree_levels=plan.levels, srg=plan.srg, noise=plan.noise,
+                accelerated=plan.accelerated, z_scale=plan.z_scale, preset=prm.preset,
+                variant=prm.variant, relation=plan.relation)
   if prm.paper is not None:
     record["paper_params"] = prm.paper
-  debug_out = None
-  if debug:
-    debug_out = {k: np.asarray(v).tolist() for k, v in diags.items()}
-  return Result(params=released, privacy=report,
-                gradient_evaluations=per_example * prm.num_steps * prm.batch_size
-                * int(problem.m),
-                record=record, debug=debug_out)
+  debug_out = {k: np.asarray(v).tolist() for k, v in diags.items()} if debug else None
+  return Result(params=released,
+                privacy=_report(plan, ledger, "user" if int(problem.m) > 1 else "item"),
+                gradient_evaluations=(2 if plan.srg else 1) * prm.num_steps * prm.batch_size
+                * int(problem.m), record=record, debug=debug_out)
 
 
+# ----------------------------------------------------------------------------- ALGORITHMS
 def _algorithm(name: str) -> Callable:
   def fn(problem, cfg: dict, key: jax.Array) -> Result:
     return _run_named(name, problem, cfg, key)
   fn.__name__ = name
-  fn.__doc__ = f"{name}: see dpsco_jax.algorithms.srgd ({_DEFAULTS[name]})."
+  srg, noise, acc = VARIANTS[name]
+  fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): "
+                "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.")
   return fn
 
 
-ALGORITHMS = {name: _algorithm(name) for name in _DEFAULTS}
+ALGORITHMS = {name: _algorithm(name) for name in VARIANTS}
 
 
 # ----------------------------------------------------------------------------- PROBLEMS

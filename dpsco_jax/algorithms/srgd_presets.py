@@ -1,0 +1,179 @@
+"""Paper 003 presets: the paper's own parameters (``theory``) and a laptop-scale schedule.
+
+Choquette-Choo, Ganesh, Thakurta (2024), decoded in spec 003 §2.3 and §7.4. Nothing here
+touches data or calibrates noise: a preset maps the public facts of a problem (``n``, ``p``,
+``L``, ``M``, ``R``) to the schedule ``(T, B)``, the scaling ``beta`` and the clip ``C``. The
+``theory`` preset also carries the paper's own node noise (Cor. 5.7 / Cor. 5.11), whose
+privacy is then *accounted* (not assumed) by :mod:`dpsco_jax.algorithms.srgd_plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
+                               check_positive)
+
+VARIANTS = ("interior", "constrained")
+PRESETS = ("practical", "theory")
+
+
+@dataclasses.dataclass(frozen=True)
+class SRGDParams:
+  """Every number a run needs, and where it came from (all public: config + declared facts).
+
+  ``noise_multiplier`` is ``z``: node (or per-step) std ``= z * clip_norm / batch_size``;
+  ``None`` until the plan calibrates it (the ``theory`` preset sets the paper's value).
+  ``paper`` holds the paper's own formulas (theory preset) for comparison.
+  """
+  num_steps: int
+  batch_size: int
+  beta: float
+  clip_norm: float
+  noise_multiplier: float | None
+  preset: str
+  variant: str | None = None
+  paper: dict | None = None
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def interior_c_dp(n: int, delta: float) -> float:
+  """``c_DP = 4 sqrt2 log2^{3/2}(n) sqrt(ln(2n/delta)) ln(2.5/delta)`` (Eq. 19; log2 for the
+  paper's ``log``, ln where it writes ``ln``, AMBIG-6). Eq. (19) then sets
+  ``T = c_DP n^{1/4}``, which exceeds n for every practical n (spec §2.3 table)."""
+  n = check_int(n, "n", minimum=2)
+  delta = check_delta(delta)
+  return (4 * math.sqrt(2) * math.log2(n) ** 1.5 * math.sqrt(math.log(2 * n / delta))
+          * math.log(2.5 / delta))
+
+
+def _interior(n: int, p: int, L: float, R: float, eps: float, delta: float,
+              batch_size: int | None, where: str) -> tuple[int, int, float, float, float, dict]:
+  """Eq. (19) / Cor. 5.7 / Thm 5.8 (x-dagger in C)."""
+  if batch_size is not None:
+    raise ValueError(f"{where}: batch_size is fixed by Eq. (19) (B = n/T); leave it unset")
+  if delta > 1.0 / n:
+    raise ValueError(f"{where} (Thm 5.8): needs delta <= 1/n = {1 / n:.3g}, got "
+                     f"delta={delta:g}")
+  if p > eps ** 2 * n ** 2:
+    raise ValueError(f"{where} (Thm 5.8): needs p <= eps^2 n^2 = {eps ** 2 * n ** 2:.3g}, "
+                     f"got p={p}")
+  c_dp = interior_c_dp(n, delta)
+  T = math.ceil(c_dp * n ** 0.25)
+  if T > n:
+    raise ValueError(
+        f"{where} (Eq. 19): T = c_DP n^(1/4) = {T:.3g} exceeds n = {n} (c_DP = {c_dp:.3g}), "
+        f"so the batch size n/T < 1 and the single-epoch schedule does not exist — the "
+        f"paper's constants are vacuous at this n (spec 003 §2.3); use preset='practical'")
+  B = n // T
+  ln25 = math.log(2.5 / delta)
+  beta = c_dp ** 2 * L * max(1.0, math.sqrt(p) / (eps * math.sqrt(n))) / R   # Eq. (19)
+  clip = c_dp * L                                                             # Cor. 5.7 proof
+  node_std = c_dp * L * math.sqrt(max(math.log2(T), 1.0) * ln25) / (eps * B)  # Cor. 5.7 x beta
+  paper = dict(c_DP=c_dp, sigma_b_units=node_std / beta,
+               b_max=c_dp ** 2 * L * math.sqrt(p) / (eps * B * beta),       # Lemma 5.4
+               mu_paper=eps / math.sqrt(2 * ln25), reference="Eq. (19), Cor. 5.7, Thm 5.8")
+  return T, B, beta, clip, node_std, paper
+
+
+def _constrained(n: int, p: int, L: float, M: float, R: float, eps: float, delta: float,
+                 batch_size: int | None, where: str
+                 ) -> tuple[int, int, float, float, float, dict]:
+  """Thm 5.12 / Cor. 5.10-5.11 (no assumption on x-dagger), ``c_M = M R / L``."""
+  c_m = M * R / L
+  B = math.isqrt(n) if batch_size is None else check_int(batch_size, "batch_size")
+  if B > math.sqrt(n):
+    raise ValueError(f"{where} (Thm 5.12): needs batch_size <= sqrt(n) = "
+                     f"{math.sqrt(n):.4g}, got {B}")
+  T = n // B
+  if T < 2:
+    raise ValueError(f"{where} (Lemma 5.6): needs T = n/B >= 2, got T={T}")
+  ln25 = math.log(2.5 / delta)
+  beta = (16 * c_m + 8) * L * n ** 1.5 / (R * B ** 2)                       # Thm 5.12
+  clip = (8 * c_m + 4) * L                                                  # Cor. 5.10
+  log_t = math.log2(T)
+  node_std = (16 * math.sqrt(2) * c_m + 8 * math.sqrt(2)) * L * math.sqrt(  # Cor. 5.11 x beta
+      log_t * ln25) / (eps * B)
+  p_max = (B ** 2 * beta ** 2 * eps ** 2
+           / (32 * M ** 2 * log_t ** 3 * math.log(2 * T / delta) * ln25))   # Cor. 5.10
+  if p > p_max:
+    raise ValueError(
+        f"{where} (Cor. 5.10/5.11): needs p <= B^2 beta^2 eps^2/(32 M^2 log^3 T ln(2T/delta) "
+        f"ln(2.5/delta)) = {p_max:.3g}, got p={p}; the guarantee is vacuous here")
+  paper = dict(c_M=c_m, sigma_b_units=node_std / beta, p_max=p_max,
+               mu_paper=eps / math.sqrt(2 * ln25), reference="Thm 5.12, Cor. 5.10-5.11")
+  return T, B, beta, clip, node_std, paper
+
+
+def theory_params(n: int, p: int, *, lipschitz: float, smoothness: float, radius: float,
+                  epsilon: float, delta: float, variant: str = "constrained",
+                  batch_size: int | None = None) -> SRGDParams:
+  """The paper's parameters, exactly, with its preconditions checked.
+
+  ``variant="interior"``: Eq. (19) / Cor. 5.7 / Thm 5.8 (needs x-dagger in C, delta <= 1/n,
+  p <= eps^2 n^2), with ``c_DP = 4 sqrt2 log2^{3/2}(n) sqrt(ln(2n/delta)) ln(2.5/delta)``,
+  ``T = ceil(c_DP n^{1/4})``, ``B = floor(n/T)``, ``beta = c_DP^2 L max(1, sqrt p/(eps sqrt n))/R``,
+  clip ``c_DP L`` (Lemma 5.5), node std (Delta units) ``c_DP L sqrt(log2 T ln(2.5/delta))/(eps B)``
+  (Cor. 5.7's sigma times beta).
+
+  ``variant="constrained"``: Thm 5.12 / Cor. 5.10–5.11 with ``c_M = M R / L``: ``B <= sqrt n``
+  (default ``floor(sqrt n)``), ``T = floor(n/B)``, ``beta = (16 c_M + 8) L n^{3/2}/(R B^2)``,
+  clip ``(8 c_M + 4) L`` (Lemma 5.9 via Eq. (26)-(28) and Cor. 5.10), node std
+  ``(16 sqrt2 c_M + 8 sqrt2) L sqrt(log2 T ln(2.5/delta))/(eps B)``, dimension condition
+  ``p <= B^2 beta^2 eps^2/(32 M^2 log2^3 T ln(2T/delta) ln(2.5/delta))``.
+
+  The node std is converted to the library's multiplier ``z = node_std * B / clip`` (node std
+  ``= z C/B``); its (epsilon, delta) is then computed by the accountant, not taken from the
+  paper's classical conversion (which needs eps <= 1; AMBIG-7).
+
+  Raises:
+    ValueError: naming the violated condition when the setting is vacuous or outside the
+      theorem (the paper's constants make variant "interior" vacuous for every practical n).
+  """
+  n = check_int(n, "n", minimum=2)
+  p = check_int(p, "p", minimum=1)
+  L = check_positive(lipschitz, "lipschitz")
+  M = check_positive(smoothness, "smoothness")
+  R = check_positive(radius, "radius")
+  eps = check_epsilon(epsilon)
+  delta = check_delta(delta)
+  check_choice(variant, "variant", VARIANTS)
+  where = "theory preset, variant " + repr(variant)
+  if variant == "interior":
+    T, B, beta, clip, node_std, paper = _interior(n, p, L, R, eps, delta, batch_size, where)
+    paper["c_M"] = M * R / L
+  else:
+    T, B, beta, clip, node_std, paper = _constrained(n, p, L, M, R, eps, delta, batch_size,
+                                                     where)
+  z = node_std * B / clip
+  paper.update(T=T, B=B, beta=beta, clip=clip, sigma_node=node_std, noise_multiplier=z)
+  return SRGDParams(num_steps=T, batch_size=B, beta=beta, clip_norm=clip, noise_multiplier=z,
+                    preset="theory", variant=variant, paper=paper)
+
+
+def practical_params(n: int, *, smoothness: float, clip_norm: float,
+                     batch_size: int | None = None, num_steps: int | None = None,
+                     beta: float | None = None, beta_scale: float = 1.0) -> SRGDParams:
+  """The laptop-scale schedule (spec §7.4): ``B = floor(sqrt n)``, ``T = floor(n/B)``,
+  ``beta = M max(1, beta_scale T)`` unless given (Thm 5.1 needs ``beta >= M``; variant-B
+  style ``beta ~ M T``, Lemma 5.9). ``n`` is the public number of examples (zero-out /
+  replace-one). The noise multiplier is left to the plan (``None``)."""
+  n = check_int(n, "n", minimum=1)
+  B = math.isqrt(n) if batch_size is None else check_int(batch_size, "batch_size")
+  T = n // B if num_steps is None else check_int(num_steps, "num_steps")
+  if T * B > n:
+    raise ValueError(f"num_steps * batch_size = {T * B} exceeds n = {n}: a single epoch "
+                     f"uses every example at most once")
+  if T < 1:
+    raise ValueError(f"batch_size={B} leaves no full batch of n={n} examples")
+  if beta is None:
+    # Thm 5.1 needs beta >= M whatever the scale: floor it there (matters for small T).
+    M = check_positive(smoothness, "smoothness")
+    beta = M * max(1.0, check_positive(beta_scale, "beta_scale") * T)
+  beta = check_positive(beta, "beta")
+  clip = check_positive(clip_norm, "clip_norm")
+  return SRGDParams(num_steps=T, batch_size=B, beta=beta, clip_norm=clip,
+                    noise_multiplier=None, preset="practical")
