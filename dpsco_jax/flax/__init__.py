@@ -3,7 +3,7 @@
 from dpsco_jax.flax.fast_clip import ClipInfo, FastClippedGrad, FastClipPlan
 
 __all__ = ["ClipInfo", "FastClippedGrad", "FastClipPlan"]
-from dpsco_jax.flax.trainer import (DPTrainer, TrainState, ledger_from_json,  # noqa: E402
-                                    ledger_to_json)
+from dpsco_jax.flax.checkpoint import latest_checkpoint  # noqa: E402
+from dpsco_jax.flax.trainer import DPTrainer, TrainState  # noqa: E402
 
-__all__ += ["DPTrainer", "TrainState", "ledger_from_json", "ledger_to_json"]
+__all__ += ["DPTrainer", "TrainState", "latest_checkpoint"]

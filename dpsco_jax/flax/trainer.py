@@ -1,41 +1,61 @@
-"""DP training of Flax nnx models with our chains: Poisson-sampled DP-SGD, accounted as it goes,
-checkpointed and resumed bit-identically.
+"""DP training of Flax nnx models with our chains: Poisson-sampled DP-SGD, planned before it
+touches data, accounted as it goes, checkpointed and resumed bit-identically.
 
-One step (user level: ``n`` users with ``m`` items each; item level: ``m = 1``):
+**Neighbouring relation and what is public** (see :mod:`dpsco_jax.privacy.relations`):
 
-1. Poisson sampling: user ``u`` joins the step with probability ``q``
-   (``bernoulli(fold_in(sample_key, t), q)``, so step ``t``'s batch is a function of the key and
-   the counter only). The realized batch is processed in padded chunks of static size
-   ``batch_capacity`` (with ``user_mask``), so any realized size is handled exactly and never
-   truncated.
-2. Clipping: per-user gradients (mean over the user's items) clipped to ``C`` and summed —
-   :class:`~dpsco_jax.flax.fast_clip.FastClippedGrad` (``method="fast"``, no per-example
-   gradients) or the core's ``per_user_grads`` + ``clip_and_aggregate`` (``method="vmap"``);
-   both give the same aggregate.
-3. The shared chain: divide by the fixed ``D = q n`` (core ``aggregate`` semantics; sensitivity
-   ``C/D`` under add/remove), core ``add_gaussian_noise(z C / D)``, then the caller's
-   ``optimizer`` (any optax transformation, e.g. ``projected_sgd``), which sees only the
-   privatized gradient (post-processing).
+* ``relation="add_remove"`` (default): one user (item, at item level) is added or removed; the
+  number of users ``n`` is private. The sampling rate ``q`` (``sampling_rate``) and the
+  denominator ``D`` (``expected_batch_size``) are **declared public constants** and must both
+  be given; nothing is derived from ``len(data)`` (the ``D = q n`` of earlier versions made the
+  noise scale depend on the private ``n``, issue 11.2). Pick ``D = q * N`` with ``N`` a public
+  estimate of the number of users; any positive ``D`` is sound, a good one gives an unbiased
+  gradient.
+* ``relation="zero_out"`` / ``"replace_one"``: ``n`` is public; ``D`` defaults to ``q n``.
 
-Accounting: each step is ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (Abadi et al. 2016;
-Mironov et al. 2019), composed by the core :class:`~dpsco_jax.privacy.ledger.PrivacyLedger`
-(PLD). A block of steps is paid for with ``ledger.spend`` *before* it runs, so an exhausted
-budget raises before anything is released; provenance ``accountant``.
+Plan (data-free, at construction): ``q``, ``D``, the noise multiplier ``z`` (given, or
+calibrated by :func:`~dpsco_jax.privacy.calibrate_noise_multiplier` to ``target_epsilon`` over
+``num_steps``), the per-step event ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` and the
+noise stddev ``z C / D``. A ``target_epsilon`` is a budget: an explicit ``noise_multiplier``
+whose ``num_steps`` exceed it raises before anything is released, and the ledger is created
+with ``epsilon_budget = min(target_epsilon, epsilon_budget)``.
 
-Checkpoints (orbax, optional extra ``dpsco_jax[flax]``) hold the params, the whole chain state
-(noise key and counter, optimizer state), the sampling key, the step, the ledger's events and a
-fingerprint of the privacy configuration. A resumed run is bit-identical to an uninterrupted
-one; restoring never rolls the ledger back (a trainer that already spent refuses to restore).
+One step (user level: leaves ``[n, m, ...]``, a user's gradient is the mean over its ``m``
+items; item level: leaves ``[n, ...]``):
+
+1. Poisson sampling: user ``u`` joins step ``t`` iff ``bernoulli(fold_in(sample_key, t), q)[u]``.
+   The trainer itself gathers the sampled users into padded micro-batches of static size and
+   builds their ``user_mask``, so a padded slot is never counted (a padded batch without mask
+   cannot reach the clipper through the trainer). Every realized batch is processed exactly.
+2. Clipping: per-user (mean) gradients clipped to ``C`` and summed, by
+   :class:`~dpsco_jax.flax.fast_clip.FastClippedGrad` (``method="fast"`` or ``"vmap"``). The
+   clipped sums of the micro-batches are accumulated (``accumulation_steps=k``: micro-batches
+   of ``ceil(batch_capacity / k)`` users), then
+3. noise is added once per logical batch: ``sum / D + N(0, (z C / D)^2)`` (core
+   ``add_gaussian_noise``), and the caller's ``optimizer`` sees only the privatized gradient
+   (post-processing). ``optax.MultiSteps`` as ``optimizer`` is refused: it would average noisy
+   gradients, not accumulate clipped sums; use ``accumulation_steps``.
+
+Sensitivity: removing (zeroing) one user moves the clipped sum by at most ``C``, the released
+mean by ``C / D``; under replace-one by ``2C`` (the accountant doubles it).
+
+Accounting: each step is one event (Abadi et al. 2016; Mironov et al. 2019), composed by the
+core :class:`~dpsco_jax.privacy.PrivacyLedger` (PLD by default); provenance ``accountant``.
+:meth:`DPTrainer.train` checks the whole planned run against the budget once, before its first
+step, then charges each block of ``report_every`` steps before running it; the epsilon it
+reports per block is the ledger's cached upper bound (exact: :meth:`DPTrainer.epsilon`).
+
+Audit hook: :meth:`DPTrainer.release_fn` returns a pure ``release(key, dataset)`` giving the
+per-step privatized gradients (issue 12's harness interface). Checkpoints:
+:mod:`dpsco_jax.flax.checkpoint`. Timing is not protected (the number of micro-batches of a
+step depends on its realized batch size).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any, Callable, NamedTuple
 
-import attr
 import dp_accounting
 import jax
 import jax.numpy as jnp
@@ -43,99 +63,42 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
-                               check_nonnegative, check_positive, check_probability)
+from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon, check_int,
+                               check_positive, check_probability, check_seed_or_key)
+from dpsco_jax.flax import checkpoint as ckpt
 from dpsco_jax.flax.fast_clip import FastClippedGrad, LossFn
-from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
-                                      calibrate_noise_multiplier)
+from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
+                               calibrate_noise_multiplier, check_relation, epsilon_of)
 from dpsco_jax.transforms.noise import add_gaussian_noise
 
 PyTree = Any
+_REDACTED = "<redacted>"
+_LABEL = "dp-sgd step (poisson gaussian)"
 
 
 class TrainState(NamedTuple):
-  """Everything a step depends on. Secret: ``opt_state`` holds the noise key, ``sample_key``
-  the sampling key; neither is ever logged."""
+  """Everything a step depends on. SECRET: ``opt_state`` (holds the noise key) and
+  ``sample_key``; both are redacted in repr/str (the arrays stay accessible)."""
   params: PyTree
   opt_state: PyTree
   sample_key: jax.Array
   step: jax.Array
 
+  def __repr__(self) -> str:
+    shapes = jax.tree.map(lambda x: f"{jnp.result_type(x)}{list(jnp.shape(x))}", self.params)
+    return (f"TrainState(params={shapes}, opt_state={_REDACTED}, sample_key={_REDACTED}, "
+            f"step={int(self.step)})")
 
-# ---- orbax and ledger serialization --------------------------------------------------------
-
-
-def _require_orbax():
-  try:
-    import orbax.checkpoint as ocp
-  except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("checkpointing needs orbax-checkpoint: pip install 'dpsco_jax[flax]'"
-                      ) from e
-  return ocp
+  __str__ = __repr__
 
 
-def _is_key(x) -> bool:
-  return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+def _optional(x: Any, check: Callable, name: str) -> Any:
+  return None if x is None else check(x, name)
 
 
-def _keys_to_data(tree):
-  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
-
-
-def _data_to_keys(tree, like):
-  return jax.tree.map(lambda x, t: jax.random.wrap_key_data(x, impl=jax.random.key_impl(t))
-                      if _is_key(t) else x, tree, like)
-
-
-def _flat_arrays(tree) -> dict:
-  """Leaves by position: orbax never sees nnx/optax node types, only a flat dict."""
-  return {f"leaf_{i:05d}": x for i, x in enumerate(jax.tree.leaves(_keys_to_data(tree)))}
-
-
-def _unflat_arrays(flat: dict, like):
-  leaves = [flat[f"leaf_{i:05d}"] for i in range(len(flat))]
-  return _data_to_keys(jax.tree.unflatten(jax.tree.structure(like), leaves), like)
-
-
-def _encode_event(x):
-  if isinstance(x, dp_accounting.DpEvent):
-    return {"__dp_event__": type(x).__name__,
-            "fields": {f.name: _encode_event(getattr(x, f.name)) for f in attr.fields(type(x))}}
-  if isinstance(x, (list, tuple)):
-    return [_encode_event(v) for v in x]
-  if isinstance(x, (np.floating, np.integer)):
-    return x.item()
-  return x
-
-
-def _decode_event(x):
-  if isinstance(x, dict) and "__dp_event__" in x:
-    cls = getattr(dp_accounting, x["__dp_event__"])
-    return cls(**{k: _decode_event(v) for k, v in x["fields"].items()})
-  if isinstance(x, list):
-    return [_decode_event(v) for v in x]
-  return x
-
-
-def ledger_to_json(ledger: PrivacyLedger) -> dict:
-  """The ledger's configuration and every recorded event, as JSON-able data."""
-  return {"delta": ledger.delta, "epsilon_budget": ledger.epsilon_budget,
-          "relation": ledger.relation, "accountant": ledger.accountant,
-          "events": [{"label": l, "event": _encode_event(e), "group": g, "count": c}
-                     for l, e, g, c in ledger.events]}
-
-
-def ledger_from_json(data: dict) -> PrivacyLedger:
-  """Rebuilds a ledger with every event of :func:`ledger_to_json` composed (already spent)."""
-  ledger = PrivacyLedger(delta=data["delta"], epsilon_budget=data["epsilon_budget"],
-                         relation=data["relation"], accountant=data["accountant"])
-  for e in data["events"]:
-    ledger.compose(_decode_event(e["event"]), label=e["label"], group=e["group"],
-                   count=e["count"])
-  return ledger
-
-
-# ---- the trainer ---------------------------------------------------------------------------
+def _contains_multisteps(tree: Any) -> bool:
+  return any(isinstance(x, optax.MultiStepsState)
+             for x in jax.tree.leaves(tree, is_leaf=lambda y: isinstance(y, optax.MultiStepsState)))
 
 
 class DPTrainer:
@@ -143,82 +106,169 @@ class DPTrainer:
 
   Args:
     model: the ``nnx.Module`` to train (its ``nnx.Param`` leaves; other state is fixed).
-    loss_fn: ``loss_fn(model, example) -> scalar`` for one item.
-    optimizer: the data-independent step stage(s) applied to the privatized gradient, e.g.
-      ``dpsco_jax.transforms.steps.projected_sgd(lr, radius=R)`` or ``optax.sgd(lr)``.
-    data: pytree with leaves ``[n_users, m, ...]`` (``level="user"``) or ``[n, ...]``.
-    clip_norm: ``C``, per-user (per-example) L2 clip of the (mean) gradient.
-    sampling_rate: Poisson rate ``q`` in (0, 1].
+    loss_fn: ``loss_fn(model, example) -> scalar`` for ONE item (checked before any step).
+    optimizer: the data-independent step applied to the privatized gradient, e.g.
+      ``optax.sgd(lr)`` (not ``optax.MultiSteps``: see ``accumulation_steps``).
+    data: pytree with leaves ``[n_users, m, ...]`` (``level="user"``) or ``[n, ...]``
+      (``level="item"``); the declared level and the layout must agree (checked).
+    clip_norm: ``C``, per-user (per-item) L2 clip of the (mean) gradient.
+    sampling_rate: Poisson rate ``q`` in (0, 1], a declared public constant.
     delta: the delta of the reported guarantee.
+    expected_batch_size: the fixed denominator ``D`` (public). Required under ``add_remove``;
+      defaults to ``q n`` under ``zero_out`` / ``replace_one`` (``n`` public there).
+    relation: ``"add_remove"`` (default), ``"zero_out"`` or ``"replace_one"``.
     noise_multiplier: ``z`` (noise stddev ``z C / D``). Give it, or ``target_epsilon`` and
-      ``num_steps`` to calibrate it with the ledger's accountant.
-    epsilon_budget: optional hard cap; a block of steps that would exceed it raises
-      ``PrivacyBudgetExceeded`` before running.
-    level: ``"user"`` or ``"item"``.
-    method: ``"fast"`` (taps) or ``"vmap"`` (core per-user gradients).
-    batch_capacity: static chunk size for the sampled users (default: ``q n`` + 4 sd).
-    key: PRNG key; split once into the sampling and noise keys.
-    debug: keep data-dependent diagnostics (realized batch sizes) in ``self.debug``.
+      ``num_steps`` to calibrate it.
+    target_epsilon: the epsilon of ``num_steps`` steps; also a budget of the ledger.
+    epsilon_budget: optional hard cap; a run that would exceed it raises
+      ``PrivacyBudgetExceeded`` before its first step.
+    level: ``"user"`` or ``"item"``. method: ``"fast"`` (taps) or ``"vmap"``.
+    batch_capacity: static size of the users processed at once (default ``D`` + 4 sd).
+    accumulation_steps: ``k``: micro-batches of ``ceil(batch_capacity / k)`` users whose
+      clipped sums are accumulated before the one noise draw of the logical batch.
+    key: PRNG key or int seed; split once into the sampling and noise keys.
+    accountant: ``"pld"`` (default), ``"rdp"`` or ``"auto"``.
+    debug: a real bool; keeps realized batch sizes (data-dependent) in ``self.debug``.
   """
 
   def __init__(self, model: nnx.Module, loss_fn: LossFn, optimizer: optax.GradientTransformation,
                *, data: PyTree, clip_norm: float, sampling_rate: float, delta: float,
+               expected_batch_size: float | None = None, relation: str = "add_remove",
                noise_multiplier: float | None = None, target_epsilon: float | None = None,
                num_steps: int | None = None, epsilon_budget: float | None = None,
                level: str = "user", method: str = "fast", batch_capacity: int | None = None,
-               key: jax.Array | int = 0, accountant: str = "pld", debug: bool = False):
+               accumulation_steps: int = 1, key: jax.Array | int = 0, accountant: str = "pld",
+               debug: bool = False):
+    self.relation = check_relation(relation, mechanism="DPTrainer (Poisson DP-SGD)")
     self.level = check_choice(level, "level", ("user", "item"))
     self.clip_norm = check_positive(clip_norm, "clip_norm")
     self.q = check_probability(sampling_rate, "sampling_rate")
     self.delta = check_delta(delta)
-    leaves = jax.tree.leaves(data)
-    if not leaves:
-      raise ValueError("data must contain at least one array")
-    self.n = int(leaves[0].shape[0])
-    if any(int(x.shape[0]) != self.n for x in leaves):
-      raise ValueError("data leaves disagree on the leading (user) axis")
-    if level == "user" and any(x.ndim < 2 for x in leaves):
-      raise ValueError("data leaves must be [n_users, m, ...] for level='user'")
-    self.denominator = self.q * self.n
-    if noise_multiplier is None:
-      if target_epsilon is None or num_steps is None:
-        raise ValueError("give noise_multiplier, or target_epsilon and num_steps to calibrate it")
-      check_epsilon(target_epsilon, "target_epsilon")
-      steps = check_int(num_steps, "num_steps")
-      noise_multiplier = calibrate_noise_multiplier(
-          lambda z: dp_accounting.SelfComposedDpEvent(self._step_event(z), steps),
-          epsilon=target_epsilon, delta=delta, accountant=accountant)
-    self.noise_multiplier = check_nonnegative(noise_multiplier, "noise_multiplier")
-    if self.noise_multiplier == 0:
-      raise ValueError("noise_multiplier must be > 0 for a DP guarantee")
-    self.event = self._step_event(self.noise_multiplier)
-    self.ledger = PrivacyLedger(delta=delta, epsilon_budget=epsilon_budget,
-                                relation="add_remove", accountant=accountant)
+    self.accountant = check_choice(accountant, "accountant", ("pld", "rdp", "auto"))
+    self.accumulation_steps = check_int(accumulation_steps, "accumulation_steps")
+    debug = check_bool(debug, "debug")
+    key = check_seed_or_key(key, "key")
     self.clipper = FastClippedGrad(model, loss_fn, clip_norm=clip_norm, level=level,
                                    method=method)
-    self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
-    self.noise_stddev = self.noise_multiplier * self.sensitivity
-    if batch_capacity is None:
-      mean = self.q * self.n
-      batch_capacity = int(min(self.n, math.ceil(mean + 4 * math.sqrt(mean * (1 - self.q)) + 1)))
-    self.batch_capacity = check_int(batch_capacity, "batch_capacity")
-    self.debug: dict | None = {"batch_sizes": []} if debug else None
-    self.history: list[dict] = []
+    self.n = self._check_data(data)  # public only under zero_out / replace_one
+    self._plan(expected_batch_size, noise_multiplier, target_epsilon, num_steps,
+               epsilon_budget)
+    cap = batch_capacity if batch_capacity is not None else math.ceil(
+        self.denominator + 4 * math.sqrt(self.denominator) + 1)
+    self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
+    self.micro_batch = math.ceil(self.batch_capacity / self.accumulation_steps)
 
-    key = jax.random.key(key) if isinstance(key, int) else key
-    sample_key, noise_key = jax.random.split(key)
-    self.chain = optax.chain(add_gaussian_noise(self.noise_stddev, noise_key), optimizer)
+    self.optimizer = optimizer
     params = self.clipper.params
-    self.state = TrainState(params=params, opt_state=self.chain.init(params),
+    if _contains_multisteps(optimizer.init(params)):
+      raise ValueError("optimizer must not be optax.MultiSteps: it would average noisy "
+                       "gradients instead of accumulating clipped sums under one noise draw; "
+                       "use DPTrainer(accumulation_steps=k)")
+    sample_key, noise_key = jax.random.split(key)
+    self._noise = add_gaussian_noise(self.noise_stddev, noise_key)
+    self._initial_params = params
+    self.state = TrainState(params=params,
+                            opt_state=(self._noise.init(params), optimizer.init(params)),
                             sample_key=sample_key, step=jnp.zeros((), jnp.int32))
     self.data = data
+    self.debug: dict | None = {"batch_sizes": []} if debug else None
+    self.history: list[dict] = []
     self._build()
+
+  # ---- the data-free plan --------------------------------------------------------------------
+
+  def _plan(self, expected_batch_size, noise_multiplier, target_epsilon, num_steps,
+            epsilon_budget) -> None:
+    if expected_batch_size is None:
+      if self.relation == "add_remove":
+        raise ValueError(
+            "expected_batch_size is required under relation='add_remove': the number of users "
+            "is private there, so the denominator D must be a declared public constant (e.g. "
+            "sampling_rate * a public estimate of n); or use relation='zero_out' if n is "
+            "public")
+      expected_batch_size = self.q * self.n
+    self.denominator = check_positive(expected_batch_size, "expected_batch_size")
+    target = _optional(target_epsilon, check_epsilon, "target_epsilon")
+    budget = _optional(epsilon_budget, check_epsilon, "epsilon_budget")
+    steps = _optional(num_steps, check_int, "num_steps")
+    if noise_multiplier is None:
+      if target is None or steps is None:
+        raise ValueError("give noise_multiplier, or target_epsilon and num_steps to "
+                         "calibrate it")
+      noise_multiplier = calibrate_noise_multiplier(
+          lambda z: dp_accounting.SelfComposedDpEvent(self._step_event(z), steps),
+          epsilon=target, delta=self.delta, relation=self.relation, accountant=self.accountant)
+    self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
+    self.event = self._step_event(self.noise_multiplier)
+    if target is not None:
+      if steps is None:
+        raise ValueError("target_epsilon needs num_steps (the planned run it budgets)")
+      planned = epsilon_of(dp_accounting.SelfComposedDpEvent(self.event, steps),
+                           delta=self.delta, relation=self.relation, accountant=self.accountant)
+      if planned > target * (1 + 1e-9):
+        raise ValueError(f"noise_multiplier={self.noise_multiplier:g} over num_steps={steps} "
+                         f"gives epsilon {planned:.4g} > target_epsilon={target:g}: a target "
+                         "epsilon is a budget")
+    caps = [b for b in (target, budget) if b is not None]
+    self.ledger = PrivacyLedger(delta=self.delta, epsilon_budget=min(caps) if caps else None,
+                                relation=self.relation, accountant=self.accountant)
+    self.ledger.check(self.event, label=_LABEL)  # the accountant can honour it; one step fits
+    self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
+    self.noise_stddev = self.noise_multiplier * self.sensitivity  # z C / D, any relation
 
   def _step_event(self, z: float) -> dp_accounting.DpEvent:
     return dp_accounting.PoissonSampledDpEvent(self.q, dp_accounting.GaussianDpEvent(z))
 
+  # ---- contracts on the user's data and loss --------------------------------------------------
+
+  def _check_data(self, data: PyTree) -> int:
+    """Leading axis ``n`` of ``data`` after checking the layout and that ``loss_fn`` gives one
+    scalar per item (before any step)."""
+    leaves = jax.tree.leaves(data)
+    if not leaves or any(not hasattr(x, "shape") for x in leaves):
+      raise ValueError("data must be a pytree of arrays with a leading user/item axis")
+    n = int(leaves[0].shape[0]) if leaves[0].ndim else 0
+    if n < 1 or any(x.ndim < 1 or int(x.shape[0]) != n for x in leaves):
+      raise ValueError(f"data leaves must share a non-empty leading axis, got shapes "
+                       f"{[tuple(x.shape) for x in leaves]}")
+    shapes = [tuple(x.shape) for x in leaves]
+    if self.level == "user":
+      if any(x.ndim < 2 for x in leaves) or len({int(x.shape[1]) for x in leaves}) != 1:
+        raise ValueError(f"level='user' reads data leaves as [n_users, m, ...] with one m; got "
+                         f"shapes {shapes} (item-shaped data [n, ...] needs level='item')")
+      example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), data)
+      layout = "[n_users, m, ...]"
+    else:
+      example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)
+      layout = "[n_items, ...]"
+    try:
+      out = jax.eval_shape(self.clipper.model_loss, self.clipper.params, example)
+    except Exception as err:  # the user's code failed on the shape we would give it
+      raise ValueError(f"loss_fn failed on one item {jax.tree.map(lambda s: s.shape, example)} "
+                       f"with level={self.level!r} (data {shapes} read as {layout}): {err}"
+                       ) from err
+    if not hasattr(out, "shape") or out.shape != () or not jnp.issubdtype(out.dtype,
+                                                                          jnp.floating):
+      other = "level='user'" if self.level == "item" else "level='item'"
+      raise ValueError(f"loss_fn must return one float scalar per item, got "
+                       f"{getattr(out, 'shape', out)} {getattr(out, 'dtype', '')} with "
+                       f"level={self.level!r} (data {shapes} read as {layout}; if the data is "
+                       f"laid out otherwise use {other})")
+    return n
+
+  # ---- jitted pieces ----------------------------------------------------------------------------
+
+  def _privatize(self, summed: PyTree, opt_state: tuple, params: PyTree, noise_tx=None):
+    """``sum / D`` -> noise -> optimizer: (privatized gradient, updates, new opt_state)."""
+    noise_tx = self._noise if noise_tx is None else noise_tx
+    noise_state, inner = opt_state
+    grad = jax.tree.map(lambda s: s / self.denominator, summed)
+    noisy, noise_state = noise_tx.update(grad, noise_state, params)
+    updates, inner = self.optimizer.update(noisy, inner, params)
+    return noisy, updates, (noise_state, inner)
+
   def _build(self):
-    clipper, chain, denom, q, n = self.clipper, self.chain, self.denominator, self.q, self.n
+    clipper, q, n = self.clipper, self.q, self.n
 
     @jax.jit
     def sample(sample_key, step):
@@ -228,18 +278,24 @@ class DPTrainer:
     def clipped_chunk(params, data, idx, mask, total):
       batch = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), data)
       summed, _ = clipper.clipped_sum(params, batch, mask)
-      return summed if total is None else jax.tree.map(jnp.add, total, summed)
+      return jax.tree.map(lambda t, s: t + s.astype(t.dtype), total, summed)
 
     @jax.jit
     def apply(state: TrainState, summed):
-      grad = jax.tree.map(lambda s: s / denom, summed)  # fixed denominator: aggregate("mean")
-      updates, opt_state = chain.update(grad, state.opt_state, state.params)
+      _, updates, opt_state = self._privatize(summed, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
       return TrainState(params, opt_state, state.sample_key, state.step + 1)
 
     self._sample, self._clipped_chunk, self._apply = sample, clipped_chunk, apply
 
-  # ---- stepping ----------------------------------------------------------------------------
+  @staticmethod
+  def _zeros(params: PyTree) -> PyTree:
+    # The clipped sum is accumulated in float32 or wider, whatever the params' dtype.
+    return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(p.dtype,
+                                                                             jnp.float32)),
+                        params)
+
+  # ---- stepping -----------------------------------------------------------------------------
 
   @property
   def step_count(self) -> int:
@@ -260,13 +316,16 @@ class DPTrainer:
     chosen = np.flatnonzero(np.asarray(self._sample(st.sample_key, st.step)))
     if self.debug is not None:
       self.debug["batch_sizes"].append(int(chosen.size))
-    cap = self.batch_capacity
-    total = None
-    for start in range(0, max(chosen.size, 1), cap):
-      part = chosen[start:start + cap]
-      idx = np.zeros((cap,), np.int32)
+    size = self.micro_batch
+    total = self._zeros(st.params)
+    # At least one micro-batch and at least accumulation_steps of them: the same compiled
+    # shapes every step; empty ones are fully masked (contribute exactly zero).
+    n_micro = max(self.accumulation_steps, -(-chosen.size // size))
+    for b in range(n_micro):
+      part = chosen[b * size:(b + 1) * size]
+      idx = np.zeros((size,), np.int32)
       idx[:part.size] = part
-      mask = np.arange(cap) < part.size
+      mask = np.arange(size) < part.size
       total = self._clipped_chunk(st.params, self.data, jnp.asarray(idx), jnp.asarray(mask),
                                   total)
     self.state = self._apply(st, total)
@@ -276,22 +335,29 @@ class DPTrainer:
             log_fn: Callable[[dict], None] | None = None) -> list[dict]:
     """Runs ``num_steps`` DP steps in blocks of ``report_every``.
 
-    Each block is paid for (``ledger.spend(event, count=block)``) before it runs, then
-    ``{"step", "epsilon", "delta"}`` is appended to ``self.history`` (and passed to
-    ``log_fn``). With ``checkpoint_dir``, a checkpoint is written every ``checkpoint_every``
-    steps (a multiple of ``report_every``) and at the end.
+    The whole run is checked against the budget once, before the first step
+    (``PrivacyBudgetExceeded``: nothing runs). Each block is then charged to the ledger before
+    it runs, and ``{"step", "epsilon", "delta"}`` is appended to ``self.history`` (and passed
+    to ``log_fn``), ``epsilon`` being an upper bound (the ledger's cached grid bound, capped by
+    the checked epsilon of the whole run; exact: :meth:`epsilon`). Charging a prefix of an
+    already-checked run cannot exceed the budget, so blocks are recorded with
+    ``ledger.compose`` (a per-block ``spend`` would recompute the exact epsilon every block
+    once the grid bound nears the budget). With ``checkpoint_dir``, a checkpoint is written
+    every ``checkpoint_every`` steps (a multiple of ``report_every``) and at the end.
     """
-    check_int(num_steps, "num_steps")
-    check_int(report_every, "report_every")
+    num_steps = check_int(num_steps, "num_steps")
+    report_every = check_int(report_every, "report_every")
     if checkpoint_every is not None:
       check_int(checkpoint_every, "checkpoint_every")
       if checkpoint_every % report_every:
         raise ValueError("checkpoint_every must be a multiple of report_every (checkpoints "
                          "are written at accounting-block boundaries)")
+    planned = self.ledger.check(self.event, label=_LABEL, count=num_steps)
     done = 0
     while done < num_steps:
       block = min(report_every, num_steps - done)
-      eps = self.ledger.spend(self.event, label="dp-sgd step (poisson gaussian)", count=block)
+      self.ledger.compose(self.event, label=_LABEL, count=block)
+      eps = min(self.ledger.epsilon(exact=False), planned)
       for _ in range(block):
         self._one_step()
       done += block
@@ -305,72 +371,100 @@ class DPTrainer:
     return self.history
 
   def epsilon(self) -> float:
+    """Exact epsilon of every step taken (charged) so far."""
     return self.ledger.epsilon()
 
   def privacy_report(self) -> PrivacyReport:
-    """``accountant`` provenance: PLD composition of the Poisson-sampled Gaussian steps."""
+    """``accountant`` provenance: composition of the Poisson-sampled Gaussian steps."""
     return self.ledger.report(
         provenance=Provenance.ACCOUNTANT, level=self.level,
         mechanisms=(f"poisson(q={self.q:g}) gaussian(z={self.noise_multiplier:.4g}) x "
-                    f"{self.step_count} steps, clip C={self.clip_norm:g} ({self.level})",),
-        notes="DP-SGD with fixed denominator q*n; fast per-user clipping"
-        if self.clipper.method == "fast" else "DP-SGD with fixed denominator q*n")
+                    f"{self.step_count} steps, clip C={self.clip_norm:g} ({self.level}), "
+                    f"denominator D={self.denominator:g}",),
+        notes=f"DP-SGD, relation {self.relation}; public: {PUBLIC[self.relation]} "
+              f"(q={self.q:g}, D={self.denominator:g} declared); clipping: "
+              f"{self.clipper.method}")
 
-  # ---- checkpointing -----------------------------------------------------------------------
+  def __repr__(self) -> str:
+    return (f"DPTrainer(level={self.level!r}, relation={self.relation!r}, q={self.q:g}, "
+            f"D={self.denominator:g}, z={self.noise_multiplier:.4g}, C={self.clip_norm:g}, "
+            f"steps={self.step_count}, state={self.state!r})")
+
+  # ---- audit hook -------------------------------------------------------------------------------
+
+  def release_fn(self, num_steps: int, *, noise: bool = True
+                 ) -> Callable[[jax.Array, PyTree], PyTree]:
+    """``release(key, dataset) -> per-step privatized gradients`` (leaves ``[T, ...]``).
+
+    The same mechanism as :meth:`train` from this trainer's *initial* params and plan (``q``,
+    ``D``, ``z C / D``, the optimizer): ``key`` is split like the trainer's key into the
+    sampling and noise keys, step ``t`` samples ``bernoulli(fold_in(sample_key, t), q)`` over
+    ``dataset``'s users (all of them in one masked batch instead of micro-batches; equal up to
+    float rounding) and releases ``clipped_sum / D + noise``. Pure and static-shaped, so the
+    audit harness can ``vmap`` it over keys. ``noise=False`` is a TEST HOOK returning the
+    noiseless ``clipped_sum / D``. It neither touches ``self.state`` nor charges
+    ``self.ledger``: its outputs carry the plan's guarantee (``T`` steps of :attr:`event`)
+    and are meant for audits on canary datasets.
+    """
+    steps = check_int(num_steps, "num_steps")
+    noise = check_bool(noise, "noise")
+    stddev = self.noise_stddev if noise else 0.0
+    params0 = self._initial_params
+
+    def release(key: jax.Array, dataset: PyTree) -> PyTree:
+      sample_key, noise_key = jax.random.split(key)
+      noise_tx = add_gaussian_noise(stddev, noise_key)
+      n = jax.tree.leaves(dataset)[0].shape[0]
+      opt0 = (noise_tx.init(params0), self.optimizer.init(params0))
+
+      def step(carry, t):
+        params, opt_state = carry
+        mask = jax.random.bernoulli(jax.random.fold_in(sample_key, t), self.q, (n,))
+        summed, _ = self.clipper.clipped_sum(params, dataset, mask)
+        summed = jax.tree.map(lambda s, z: s.astype(z.dtype), summed, self._zeros(params))
+        noisy, updates, opt_state = self._privatize(summed, opt_state, params, noise_tx)
+        return (optax.apply_updates(params, updates), opt_state), noisy
+
+      _, out = jax.lax.scan(step, (params0, opt0), jnp.arange(steps))
+      return out
+
+    return release
+
+  # ---- checkpointing ----------------------------------------------------------------------------
 
   def _fingerprint(self) -> dict:
-    return {"n": self.n, "q": self.q, "noise_multiplier": self.noise_multiplier,
-            "clip_norm": self.clip_norm, "denominator": self.denominator, "level": self.level,
-            "delta": self.delta}
+    fp = {"q": self.q, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
+          "denominator": self.denominator, "level": self.level, "relation": self.relation,
+          "delta": self.delta}
+    if self.relation != "add_remove":
+      fp["n"] = self.n  # public under zero_out / replace_one only
+    return fp
 
   def save(self, directory: str | os.PathLike) -> str:
-    """Writes ``directory/step_<t>`` (orbax) and returns its path."""
-    ocp = _require_orbax()
-    path = os.path.join(os.path.abspath(os.fspath(directory)), f"step_{self.step_count:08d}")
-    meta = {"fingerprint": self._fingerprint(), "ledger": ledger_to_json(self.ledger),
+    """Writes ``directory/step_<t>`` (see :mod:`dpsco_jax.flax.checkpoint`); returns it."""
+    meta = {"fingerprint": self._fingerprint(), "ledger": self.ledger.state_dict(),
             "history": self.history}
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-      ckpt.save(path, ocp.args.Composite(
-          state=ocp.args.StandardSave(_flat_arrays(self.state)),
-          meta=ocp.args.JsonSave(meta)), force=True)
-    return path
+    return ckpt.save_checkpoint(directory, self.state, self.step_count, meta)
 
   @staticmethod
   def latest_checkpoint(directory: str | os.PathLike) -> str | None:
-    d = os.path.abspath(os.fspath(directory))
-    if not os.path.isdir(d):
-      return None
-    steps = sorted(p for p in os.listdir(d) if p.startswith("step_"))
-    return os.path.join(d, steps[-1]) if steps else None
+    return ckpt.latest_checkpoint(directory)
 
   def restore(self, path: str | os.PathLike) -> "DPTrainer":
-    """Loads a checkpoint (a ``step_*`` folder, or a directory: its latest) into this
-    trainer, which must be fresh (nothing spent): the ledger is never rolled back."""
-    ocp = _require_orbax()
+    """Loads a checkpoint (a ``step_*`` folder, or a directory: its latest complete one) into
+    this trainer, which must be fresh (nothing spent: the ledger is never rolled back). Refuses
+    an edited ledger, another budget / accountant / privacy configuration, or a ledger that
+    is not what the checkpoint's step count implies (:mod:`dpsco_jax.flax.checkpoint`)."""
     if self.ledger.events or self.step_count:
       raise ValueError("restore into a fresh trainer: this one already spent privacy budget, "
                        "and a restore must never roll the ledger back")
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.basename(path).startswith("step_"):
-      latest = self.latest_checkpoint(path)
-      if latest is None:
-        raise ValueError(f"no checkpoint under {path!r}")
-      path = latest
-    template = _flat_arrays(self.state)
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-      got = ckpt.restore(path, ocp.args.Composite(
-          state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
-    meta = got["meta"]
-    mine = json.loads(json.dumps(self._fingerprint()))
-    if meta["fingerprint"] != mine:
-      raise ValueError(f"checkpoint privacy configuration {meta['fingerprint']} does not match "
-                       f"this trainer's {mine}")
-    restored = _unflat_arrays(got["state"], self.state)
-    ledger = ledger_from_json(meta["ledger"])
-    if self.ledger.epsilon_budget is not None:  # this trainer's cap, if it sets one
-      ledger.epsilon_budget = self.ledger.epsilon_budget
-    self.state = jax.tree.map(lambda r, t: jnp.asarray(r, dtype=t.dtype)
-                              if not _is_key(t) else r, restored, self.state)
-    self.ledger = ledger
+    path, state, meta = ckpt.load_checkpoint(path, self.state)
+    mine = self._fingerprint()
+    if meta.get("fingerprint") != mine:
+      raise ValueError(f"checkpoint privacy configuration {meta.get('fingerprint')} does not "
+                       f"match this trainer's {mine}")
+    ledger = PrivacyLedger.from_state_dict(meta["ledger"], expect_config=self.ledger.config())
+    ckpt.check_ledger_matches(ledger, self.event, int(state.step))
+    self.state, self.ledger = state, ledger
     self.history = list(meta["history"])
     return self
