@@ -26,8 +26,20 @@ PyTree = Any
 Schedule = Callable[[jax.Array], jax.Array]
 
 
+def _wide(x: jax.Array) -> jax.Array:
+  dt = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+  return x.astype(jnp.promote_types(dt, jnp.float32))
+
+
 def tree_l2_norm(tree: PyTree) -> jax.Array:
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+  """Global L2 norm over all leaves, in float32 or wider (a float16 norm overflows at ~256)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(_wide(x))) for x in jax.tree.leaves(tree)))
+
+
+def cast_like(tree: PyTree, ref: PyTree) -> PyTree:
+  """``tree`` with the dtypes of ``ref``: iterates stay in the params' dtype when the update
+  arrives in float32 (noise is added in float32+), so ``lax.scan`` carries keep their types."""
+  return jax.tree.map(lambda x, r: x.astype(jnp.result_type(r)), tree, ref)
 
 
 def project_l2_ball(tree: PyTree, radius: float | jax.Array | None,
@@ -68,7 +80,8 @@ def projection(radius: float, center: PyTree | None = None
     del extra
     if params is None:
       raise ValueError("projection needs params")
-    new = project_l2_ball(optax.apply_updates(params, updates), radius, center)
+    new = cast_like(project_l2_ball(optax.apply_updates(params, updates), radius, center),
+                    params)
     return _sub(new, params), state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -103,8 +116,8 @@ def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = Non
     if params is None:
       raise ValueError("projected_sgd needs params")
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-    new = project_l2_ball(jax.tree.map(lambda x, g: x - lr * g, params, updates),
-                          radius, center)
+    new = cast_like(project_l2_ball(jax.tree.map(lambda x, g: x - lr * g, params, updates),
+                                    radius, center), params)
     count = state.count + 1
     if averaging == "uniform":
       released = _lerp(state.released, new, 1.0 / count.astype(jnp.float32))
@@ -171,8 +184,8 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
     w = a * mu / (mu + g)
     s = _lerp(state.x, params, w)
     step = a / (mu + g)
-    x_new = project_l2_ball(jax.tree.map(lambda si, gi: si - step * gi, s, updates),
-                            radius, center)
+    x_new = cast_like(project_l2_ball(jax.tree.map(lambda si, gi: si - step * gi, s, updates),
+                                      radius, center), params)
     x_ag = _lerp(state.released, x_new, a)
     if stage_length is None:
       restart = jnp.zeros((), bool)
@@ -182,7 +195,7 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
     x_prev = jax.tree.map(lambda ag, xn: jnp.where(restart, ag, xn), x_ag, x_new)
     a2, g2 = _acsa_coeffs(count + 1, gam0)
     c = (1.0 - a2) * (mu + g2) / (g2 + (1.0 - a2 * a2) * mu)
-    x_md = _lerp(x_prev, x_ag, c)
+    x_md = cast_like(_lerp(x_prev, x_ag, c), params)
     new_state = AcsaState(count=count, stage=state.stage + restart.astype(jnp.int32),
                           x=x_prev, released=x_ag)
     return _sub(x_md, params), new_state
