@@ -1,0 +1,172 @@
+"""Certified per-user norm bounds and the matching releases for tapped layers.
+
+Private kernels of :mod:`dpsco_jax.flax.fast_clip`. For a tapped kernel the per-user gradient
+is ``G = sum_t a_t g_t^T`` (``t`` over the user's items and positions). Float32 cannot
+evaluate ``||G||`` exactly, and a crafted input makes the naive Gram form
+``sum_{s,t} (a_s.a_t)(g_s.g_t)`` cancel catastrophically (``x1 = x0 + u`` with ``|x0| = 1e4``
+gives 0). So each kernel returns a **certified upper bound** ``B >= max(||G||, ||R||/w)``
+where ``R`` is what the release below actually adds for this user with weight ``w``.
+
+Error model (standard, Higham ch. 3): every product and addition at
+``Precision.HIGHEST`` rounds with relative error at most ``UNIT`` (``2^-23``: twice the IEEE
+float32 unit roundoff, headroom for the bf16x6 emulation TPUs use for HIGHEST), whatever the
+summation order XLA picks, so a length-``k`` dot or sum of products ``sum_i x_i y_i`` errs
+by at most ``gamma(k) sum_i |x_i y_i|`` with ``gamma(k) = k UNIT / (1 - k UNIT)``, and a sum
+of ``k`` non-negative terms by ``gamma(k)`` relative. With ``S = sum_t ||a_t|| ||g_t||``:
+
+* direct form ``M = fl(sum_t a_t g_t^T)``: ``||M - G||_F <= gamma(n) S``; ``||M||^2`` is a dot
+  over the output axis then a sum over the input axis (``gamma(p + q + 1)`` relative);
+* Gram form: ``|fl(Gram) - ||G||^2| <= gamma(p + q + 2n + 2) S^2`` (inner dots over ``p``
+  and ``q``, one dot over ``t``, one sum over ``s``);
+* release ``R = fl(sum_t a_t fl(w g_t)^T)``: ``||R - w G|| <= w gamma(n + 1) S``.
+
+Hence ``B = ||G||_upper + gamma(n + 1) S`` bounds both. The relative slack is about
+``n UNIT S / ||G||``: ~1e-6 for ordinary inputs, and large exactly when cancellation is
+(adversarial users are then over-clipped, never under-clipped). Underflow is covered by an
+absolute ``n * 2^-120`` term. The Gram form is used only where its ``gamma`` stays below
+``1e-3``, else the direct form is taken whatever ``ghost`` asks for.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn.linear import _conv_dimension_numbers, canonicalize_padding
+from jax import lax
+
+_HI = lax.Precision.HIGHEST
+UNIT = 2.0 ** -23
+_ABS = 2.0 ** -120  # per-term absolute slack for gradual underflow
+_GRAM_MAX_GAMMA = 1e-3
+
+
+def gamma(k: int) -> float:
+  ku = float(k) * UNIT
+  return ku / (1.0 - ku) if ku < 0.5 else float("inf")
+
+
+def sqsum_upper(x: jax.Array) -> jax.Array:
+  """Certified upper bound on ``sum x^2`` over all but the leading (user) axis: a dot over the
+  last axis, then a sum over the rest."""
+  u = x.shape[0]
+  x = jnp.reshape(x.astype(jnp.float32), (u, -1, x.shape[-1] if x.ndim > 1 else 1))
+  rows = jnp.einsum("urk,urk->ur", x, x, precision=_HI)
+  k = x.shape[1] + x.shape[2] + 1
+  return jnp.sum(rows, axis=1) / (1.0 - gamma(k))
+
+
+def _row_norms(x: jax.Array) -> jax.Array:
+  return jnp.sqrt(jnp.einsum("unk,unk->un", x, x, precision=_HI))
+
+
+def _s_upper(a_norms: jax.Array, g_norms: jax.Array, p: int, q: int) -> jax.Array:
+  """Upper bound on ``S = sum_t ||a_t|| ||g_t||`` from float32 row norms."""
+  n = a_norms.shape[1]
+  s = jnp.sum(a_norms * g_norms, axis=1)
+  return s * (1.0 + gamma(p + q + n + 4)) + n * _ABS
+
+
+def use_gram(n: int, p: int, q: int, ghost: str) -> bool:
+  """Gram when asked (or cheaper for ``auto``) and its certified error stays small."""
+  if gamma(p + q + 2 * n + 2) > _GRAM_MAX_GAMMA:
+    return False
+  return ghost == "gram" or (ghost == "auto" and n * (p + q) <= p * q)
+
+
+def kernel_bound(a: jax.Array, g: jax.Array, ghost: str) -> jax.Array:
+  """``B_u >= max(||sum_t a_t g_t^T||, ||release_u|| / w_u)`` for ``a [U, N, p]``,
+  ``g [U, N, q]`` (one group of a grouped conv: call per group and add the squares)."""
+  n, p, q = a.shape[1], a.shape[2], g.shape[2]
+  s = _s_upper(_row_norms(a), _row_norms(g), p, q)
+  if use_gram(n, p, q, ghost):
+    aa = jnp.einsum("unk,uvk->unv", a, a, precision=_HI)
+    gg = jnp.einsum("unk,uvk->unv", g, g, precision=_HI)
+    sq = jnp.sum(jnp.einsum("unv,unv->un", aa, gg, precision=_HI), axis=1)
+    g_up = jnp.sqrt(jnp.maximum(sq, 0.0) + gamma(p + q + 2 * n + 2) * jnp.square(s))
+  else:
+    m = jnp.einsum("unp,unq->upq", a, g, precision=_HI)
+    g_up = jnp.sqrt(sqsum_upper(m)) + gamma(n) * s
+  return g_up + gamma(n + 1) * s
+
+
+def kernel_release(a: jax.Array, wg: jax.Array) -> jax.Array:
+  """``sum_{u,t} a_{ut} (w_u g_{ut})^T`` at HIGHEST precision: ``[p, q]``."""
+  return jnp.einsum("unp,unq->pq", a, wg, precision=_HI)
+
+
+def embed_bound(idx: jax.Array, g: jax.Array) -> jax.Array:
+  """Same bound for an embedding table: ``a_s . a_t = [idx_s == idx_t]``."""
+  n, q = g.shape[1], g.shape[2]
+  gn = _row_norms(g)
+  s = jnp.sum(gn, axis=1) * (1.0 + gamma(q + n + 2)) + n * _ABS
+  # Always the Gram form (a one-hot direct form would cost n * vocab per user); for very long
+  # sequences its certified slack grows (over-clipping), never its error.
+  gg = jnp.einsum("unk,uvk->unv", g, g, precision=_HI)
+  same = (idx[:, :, None] == idx[:, None, :]).astype(jnp.float32)
+  sq = jnp.sum(jnp.einsum("unv,unv->un", gg, same, precision=_HI), axis=1)
+  g_up = jnp.sqrt(jnp.maximum(sq, 0.0) + gamma(q + 2 * n + 2) * jnp.square(s))
+  return g_up + gamma(n + 1) * s
+
+
+def embed_release(idx: jax.Array, wg: jax.Array, num_embeddings: int) -> jax.Array:
+  flat_idx = jnp.reshape(idx, (-1,))
+  flat_g = jnp.reshape(wg, (-1, wg.shape[-1]))
+  return jnp.zeros((num_embeddings, wg.shape[-1]), wg.dtype).at[flat_idx].add(flat_g)
+
+
+def _bc(v, nd):
+  v = 1 if v is None else v
+  return (v,) * nd if isinstance(v, int) else tuple(v)
+
+
+def conv_patches(conv: nnx.Conv, x: jax.Array) -> jax.Array:
+  """Receptive-field patches of ``x`` (leading dims flattened) exactly as ``nnx.Conv`` pads,
+  strides and dilates: ``[N, *spatial_out, in_features * kernel_volume]``, channel-major
+  (``lax.conv_general_dilated_patches``' layout). HIGHEST precision: the patches are exact
+  copies of the inputs (a default-precision one-hot conv would round them to TF32/bf16)."""
+  ks = tuple(conv.kernel_size)
+  nd = len(ks)
+  x = jnp.reshape(x, (-1,) + x.shape[x.ndim - nd - 1:])
+  strides, in_dil, k_dil = _bc(conv.strides, nd), _bc(conv.input_dilation, nd), _bc(
+      conv.kernel_dilation, nd)
+  padding = canonicalize_padding(conv.padding, nd)
+  if padding in ("CIRCULAR", "REFLECT"):
+    kd = [(k - 1) * d + 1 for k, d in zip(ks, k_dil)]
+    pads = [(0, 0)] + [((k - 1) // 2, k // 2) for k in kd] + [(0, 0)]
+    x = jnp.pad(x, pads, mode={"CIRCULAR": "wrap", "REFLECT": "reflect"}[padding])
+    padding = "VALID"
+  elif padding == "CAUSAL":
+    x = jnp.pad(x, [(0, 0), (k_dil[0] * (ks[0] - 1), 0), (0, 0)])
+    padding = "VALID"
+  return lax.conv_general_dilated_patches(
+      x, ks, strides, padding, lhs_dilation=in_dil, rhs_dilation=k_dil,
+      dimension_numbers=_conv_dimension_numbers(x.shape), precision=_HI)
+
+
+def conv_grouped(conv: nnx.Conv, x: jax.Array, g: jax.Array, n_users: int):
+  """Patches ``[U, N, G, (in/G) * kvol]`` and output gradients ``[U, N, G, out/G]``."""
+  groups = conv.feature_group_count
+  p = conv_patches(conv, x)
+  a = jnp.reshape(p.astype(jnp.float32), (n_users, -1, groups, p.shape[-1] // groups))
+  gg = jnp.reshape(g.astype(jnp.float32), (n_users, -1, groups, g.shape[-1] // groups))
+  return a, gg
+
+
+def conv_release(conv: nnx.Conv, a: jax.Array, wg: jax.Array) -> jax.Array:
+  """Kernel gradient ``[*kernel_size, in/G, out]`` from grouped patches and weighted
+  gradients, in the kernel's layout."""
+  ks = tuple(conv.kernel_size)
+  groups, cg = a.shape[2], a.shape[3] // max(1, _prod(ks))
+  flat = jnp.einsum("ungk,ungo->gko", a, wg, precision=_HI)   # [G, cg * kvol, og]
+  og = flat.shape[-1]
+  w = jnp.reshape(flat, (groups, cg) + ks + (og,))            # channel-major patches
+  w = jnp.moveaxis(w, (0, 1), (len(ks) + 1, len(ks)))          # [*ks, cg, G, og]
+  return jnp.reshape(w, ks + (cg, groups * og))
+
+
+def _prod(xs) -> int:
+  out = 1
+  for x in xs:
+    out *= int(x)
+  return out

@@ -1,0 +1,334 @@
+"""Taps on nnx layer calls and the soundness rule that decides which layers may be tapped.
+
+Private helpers of :mod:`dpsco_jax.flax.fast_clip`. A *tap* replaces a layer's per-example
+weight gradient by a formula in what the layer saw (its input ``a``) and the gradient at its
+output (``g``), e.g. ``a^T g`` for ``nnx.Linear``. That formula is only right when the layer
+computes ``y = f(a, raw parameter values)`` with exactly the ``f`` the formula assumes, so a
+layer is tapped only when all of the following hold (everything else takes the exact
+per-example fallback):
+
+1. its class is *exactly* one of ``nnx.Linear``, ``nnx.Conv``, ``nnx.Embed``,
+   ``nnx.LayerNorm`` (a subclass may change anything), with the default ``promote_dtype`` and
+   ``dot_general`` / ``conv_general_dilated``, no ``preferred_element_type``, no conv ``mask``,
+   no negative explicit conv padding, and (for the bilinear kinds) a compute ``dtype`` of
+   ``None``/float32 with float32 parameters, so no rounding happens between the raw values
+   and the product;
+2. each of its ``Param``s is a plain variable: the class does not override any value
+   accessor of ``nnx.Variable`` (``get_value``, ``__getitem__``, ``create_value``...), has
+   no ``on_get_value``/``on_set_value``/``on_create_value`` hooks in its metadata and is not a
+   ``hijax``/``ref`` variable;
+3. none of its ``Param``s is held by any other graph node (shared parameters across modules,
+   e.g. a tied embedding, two LayerNorms sharing a scale) - a module reused as a whole is fine;
+4. at every call, the raw value of each of its ``Param``s is the very array the parameters
+   were merged with (an identity check, at trace time): wrappers that rewrite parameters
+   in place before calling the layer (``nnx.WeightNorm``, ``nnx.SpectralNorm``) fail it;
+5. its parameters reach the loss only through its calls (checked on the JVP jaxpr: with the
+   layer's parameters behind ``stop_gradient`` inside its calls, no tangent may reach the
+   loss), and it is not called inside an inner transform (scan, remat, cond, vmap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import threading
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx.nn import dtypes as nnx_dtypes
+from flax.nnx.nn.linear import canonicalize_padding
+from jax import lax
+
+Path = tuple
+
+_TAPE: contextvars.ContextVar["_Tape | None"] = contextvars.ContextVar("dpsco_fast_clip_tape",
+                                                                       default=None)
+KINDS = {nnx.Linear: "linear", nnx.Conv: "conv", nnx.Embed: "embed", nnx.LayerNorm: "local"}
+ORIG_CALL = {cls: cls.__call__ for cls in KINDS}
+_PATCH_LOCK = threading.Lock()
+_PATCH_DEPTH = [0]
+# Value accessors of nnx.Variable a Param subclass must not override (rule 2).
+_ACCESSORS = ("get_value", "set_value", "__getitem__", "__setitem__", "create_value",
+              "get_raw_value", "set_raw_value", "__jax_array__", "value", "__call__",
+              "update_from_state", "copy_from")
+_HOOKS = ("on_get_value", "on_set_value", "on_create_value")
+
+
+def _make_wrapper(cls):
+  orig = ORIG_CALL[cls]
+
+  def __call__(self, *args, **kwargs):
+    tape = _TAPE.get()
+    if tape is None or id(self) not in tape.modules:
+      return orig(self, *args, **kwargs)
+    return tape.call(self, orig, args, kwargs)
+
+  __call__.__wrapped__ = orig
+  __call__.__doc__ = orig.__doc__
+  return __call__
+
+
+_WRAPPERS = {cls: _make_wrapper(cls) for cls in KINDS}
+
+
+@contextlib.contextmanager
+def patched():
+  """Installs the tap wrappers on the supported classes (reference counted, thread safe);
+  the wrappers are inert unless a tape is active and tracks the called module."""
+  with _PATCH_LOCK:
+    if _PATCH_DEPTH[0] == 0:
+      for cls, w in _WRAPPERS.items():
+        cls.__call__ = w
+    _PATCH_DEPTH[0] += 1
+  try:
+    yield
+  finally:
+    with _PATCH_LOCK:
+      _PATCH_DEPTH[0] -= 1
+      if _PATCH_DEPTH[0] == 0:
+        for cls, orig in ORIG_CALL.items():
+          cls.__call__ = orig
+
+
+@contextlib.contextmanager
+def active(tape: "_Tape"):
+  token = _TAPE.set(tape)
+  try:
+    yield tape
+  finally:
+    _TAPE.reset(token)
+
+
+def _current_trace():
+  """The innermost active JAX trace (private API, pinned jax<0.11); None if unavailable, which
+  disables the inner-transform detection (such models then fail loudly instead)."""
+  try:
+    from jax._src import core
+    return core.trace_ctx.trace
+  except (ImportError, AttributeError):  # pragma: no cover
+    return None
+
+
+def is_array(x) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpec:
+  """One call of a tapped layer, as seen by the per-example trace."""
+  path: Path
+  kind: str
+  treedef: Any                      # of (args, kwargs)
+  array_pos: tuple[int, ...]        # positions of array leaves in the flattened (args, kwargs)
+  statics: tuple                    # the non-array leaves, in order
+  out: jax.ShapeDtypeStruct         # per-example output shape (the tap)
+
+
+def module_params(module) -> dict[str, nnx.Variable]:
+  """The module's own ``Param`` attributes (tapped modules have no submodules)."""
+  return {k: v for k, v in vars(module).items() if isinstance(v, nnx.Param)}
+
+
+class Tape:
+  """Per-trace recorder. ``mode='plan'``: layer params behind stop_gradient, record call specs
+  and rule-4 violations. ``mode='run'``: add tap ``zs[k]`` to the k-th call's output, record
+  its array inputs (a rule-4 violation raises: the plan was made on another model)."""
+
+  def __init__(self, mode: str, modules: dict[int, tuple[Path, str]], zs=None):
+    self.mode, self.modules, self.zs = mode, modules, zs
+    self.specs: list[CallSpec] = []
+    self.arrays: list[list[jax.Array]] = []
+    self.outputs: list[tuple[Path, Any]] = []  # (path, trace the call ran under)
+    self.inner: set[Path] = set()
+    self.rewritten: set[Path] = set()
+    self.trace = _current_trace()
+    self.raw: dict[int, Any] = {}
+
+  def remember_raw(self, model) -> None:
+    """Records the raw value of every tracked module's Params right after the merge."""
+    for _, node in nnx.iter_graph(model):
+      if isinstance(node, nnx.Module) and id(node) in self.modules:
+        for var in module_params(node).values():
+          self.raw[id(var)] = var.get_raw_value()
+
+  def _raw_intact(self, module) -> bool:
+    return all(self.raw.get(id(v), None) is v.get_raw_value()
+               for v in module_params(module).values())
+
+  def call(self, module, orig, args, kwargs):
+    path, kind = self.modules[id(module)]
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    pos = tuple(i for i, x in enumerate(leaves) if is_array(x))
+    statics = tuple(x for i, x in enumerate(leaves) if i not in pos)
+    if self.mode == "plan":
+      if not self._raw_intact(module):
+        self.rewritten.add(path)
+      gd, st = nnx.split(module)
+      y = orig(nnx.merge(gd, jax.tree.map(lax.stop_gradient, st)), *args, **kwargs)
+      if not is_array(y):
+        raise ValueError(f"tapped layer {path} must return one array")
+      self.specs.append(CallSpec(path, kind, treedef, pos, statics,
+                                 jax.ShapeDtypeStruct(y.shape, y.dtype)))
+      self.outputs.append((path, _current_trace()))
+      return y
+    if not self._raw_intact(module):
+      raise ValueError(f"the parameters of layer {path} were rewritten before its call, "
+                       "unlike when planned; the model must be deterministic")
+    k = len(self.arrays)
+    y = orig(module, *args, **kwargs)
+    self.arrays.append([jnp.asarray(leaves[i]) for i in pos])
+    return y + self.zs[k].astype(y.dtype)
+
+
+_Tape = Tape
+
+
+def rebuild(spec: CallSpec, arrays: Sequence[jax.Array]):
+  arrays, statics = iter(arrays), iter(spec.statics)
+  n = len(spec.array_pos) + len(spec.statics)
+  leaves = [next(arrays) if i in spec.array_pos else next(statics) for i in range(n)]
+  return jax.tree.unflatten(spec.treedef, leaves)
+
+
+# --------------------------------------------------------------------------------------------
+# The static part of the rule (1-3), decided once per model.
+# --------------------------------------------------------------------------------------------
+
+
+def plain_variable(var) -> bool:
+  """Rule 2: ``var`` stores and returns its raw value unchanged."""
+  cls = type(var)
+  if any(getattr(cls, name, None) is not getattr(nnx.Variable, name, None)
+         for name in _ACCESSORS):
+    return False
+  meta = var.get_metadata() if hasattr(var, "get_metadata") else {}
+  if any(meta.get(h) for h in _HOOKS):
+    return False
+  return not (meta.get("hijax") or meta.get("ref"))
+
+
+def _negative_padding(conv) -> bool:
+  padding = canonicalize_padding(conv.padding, len(tuple(conv.kernel_size)))
+  if isinstance(padding, str):
+    return False
+  return any(int(lo) < 0 or int(hi) < 0 for lo, hi in padding)
+
+
+def _float32_compute(module) -> bool:
+  params_f32 = all(jnp.result_type(v.get_raw_value()) == jnp.float32
+                   for v in module_params(module).values())
+  dt = getattr(module, "dtype", None)
+  return params_f32 and (dt is None or jnp.dtype(dt) == jnp.float32)
+
+
+def candidate_kind(module) -> str | None:
+  """Rules 1-2: the tap kind of a module, or None when it must take the fallback."""
+  kind = KINDS.get(type(module))
+  if kind is None:
+    return None
+  if getattr(module, "promote_dtype", nnx_dtypes.promote_dtype) is not nnx_dtypes.promote_dtype:
+    return None
+  if not all(plain_variable(v) for v in module_params(module).values()):
+    return None
+  if kind in ("linear", "conv", "embed") and not _float32_compute(module):
+    return None
+  if getattr(module, "preferred_element_type", None) is not None:
+    return None
+  if kind == "linear" and (module.dot_general is not lax.dot_general
+                           or getattr(module, "dot_general_cls", None) is not None):
+    return None
+  if kind == "conv" and (module.mask is not None
+                         or module.conv_general_dilated is not lax.conv_general_dilated
+                         or _negative_padding(module)):
+    return None
+  return kind
+
+
+def _direct_variables(node):
+  """Variables held by a graph node directly (descending plain python containers only)."""
+  stack = list(vars(node).values())
+  while stack:
+    v = stack.pop()
+    if isinstance(v, nnx.Variable):
+      yield v
+    elif isinstance(v, (list, tuple)):
+      stack.extend(v)
+    elif isinstance(v, dict):
+      stack.extend(v.values())
+
+
+def shared_variable_ids(model) -> set[int]:
+  """Rule 3: ids of Variables held by more than one graph node."""
+  holders: dict[int, set[int]] = {}
+  for _, node in nnx.iter_graph(model):
+    if not isinstance(node, nnx.Pytree):  # modules and nnx containers hold Variables
+      continue
+    for var in _direct_variables(node):
+      holders.setdefault(id(var), set()).add(id(node))
+  return {i for i, h in holders.items() if len(h) > 1}
+
+
+def candidates(model) -> dict[Path, str]:
+  """Module path -> tap kind for every module passing rules 1-3."""
+  shared = shared_variable_ids(model)
+  out = {}
+  for path, node in nnx.iter_graph(model):
+    if not isinstance(node, nnx.Module):
+      continue
+    kind = candidate_kind(node)
+    if kind is None or any(id(v) in shared for v in module_params(node).values()):
+      continue
+    out[tuple(path)] = kind
+  return out
+
+
+def modules_by_id(model, wanted: dict[Path, str]) -> dict[int, tuple[Path, str]]:
+  return {id(node): (tuple(path), wanted[tuple(path)])
+          for path, node in nnx.iter_graph(model)
+          if isinstance(node, nnx.Module) and tuple(path) in wanted}
+
+
+# --------------------------------------------------------------------------------------------
+# Rule 5: which parameter tangents reach the loss around the layers' calls.
+# --------------------------------------------------------------------------------------------
+
+
+def _key_to_py(k):
+  for attr in ("key", "idx", "name"):
+    if hasattr(k, attr):
+      return getattr(k, attr)
+  return k
+
+
+def leaf_paths(params) -> list[Path]:
+  """Param path (module path + attribute) of every leaf of an nnx State, in flatten order."""
+  out = []
+  for kp, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [_key_to_py(k) for k in kp]
+    if keys and keys[-1] == "value":
+      keys = keys[:-1]
+    out.append(tuple(keys))
+  return out
+
+
+def output_deps(jaxpr) -> int:
+  """Bitmask of the jaxpr's invars that its outputs may depend on (conservative: every output
+  of an equation depends on all of its inputs)."""
+  from jax.extend.core import Literal
+  src = {v: 1 << i for i, v in enumerate(jaxpr.invars)}
+  for eqn in jaxpr.eqns:
+    m = 0
+    for v in eqn.invars:
+      if not isinstance(v, Literal):
+        m |= src.get(v, 0)
+    for o in eqn.outvars:
+      src[o] = m
+  out = 0
+  for v in jaxpr.outvars:
+    if not isinstance(v, Literal):
+      out |= src.get(v, 0)
+  return out
