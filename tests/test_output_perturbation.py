@@ -584,20 +584,23 @@ def test_phased_schedules():
                            epsilon=1.0, delta=1e-5)
 
 
-def test_composition_tally():
-  t = op._ApproxDPTally(budget=None)
-  for i in range(5):
-    t.add(f"phase {i}", 0.2, 1e-6)
-  assert np.allclose(t.total(), (1.0, 5e-6))
-  p = op._ApproxDPTally(budget=1.5)
+def test_composition_of_theorem_blocks_on_the_ledger():
+  """(eps, delta) blocks: basic composition, max over disjoint blocks, budget before release."""
+  from dpsco_jax.privacy import ApproxDpEvent
+  settings = op.settings_from_cfg({})
+  t = op.block_ledger(settings, 10.0, 1e-3)
+  t.spend(ApproxDpEvent(0.2, 1e-6), label="phases", count=5)
+  rep = op.block_report(t, "theorem", paper_epsilon=1.0, notes="")
+  assert np.allclose((rep.epsilon, rep.delta), (1.0, 5e-6))
+  p = op.block_ledger(op.settings_from_cfg({"epsilon_budget": 1.5}), 4.0, 1e-3)
   for i in range(3):
-    p.add(f"block {i}", 1.0, 1e-5, group=f"b{i}")  # disjoint users: max
-  p.add("warm start", 0.5, 1e-5)
-  assert np.allclose(p.total(), (1.5, 2e-5))
-  p.check()
-  p.add("one more", 0.1, 0.0)
+    p.spend(ApproxDpEvent(1.0, 1e-5), label=f"block {i}", group=f"b{i}")  # disjoint: max
+  p.spend(ApproxDpEvent(0.5, 1e-5), label="warm start")
+  rep = op.block_report(p, "theorem", paper_epsilon=1.5, notes="")
+  assert np.allclose((rep.epsilon, rep.delta), (1.5, 2e-5))
   with pytest.raises(PrivacyBudgetExceeded):
-    p.check()
+    p.spend(ApproxDpEvent(0.1, 0.0), label="one more")
+  assert len(p.events) == 4                                # nothing recorded by the refusal
 
 
 @pytest.mark.slow

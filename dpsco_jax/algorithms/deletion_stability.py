@@ -49,6 +49,7 @@ from jax.flatten_util import ravel_pytree
 
 from dpsco_jax._checks import check_int, check_nonnegative, check_positive
 from dpsco_jax.privacy import discrete_laplace as tdl
+from dpsco_jax.transforms.noise import tree_gaussian_like
 
 PyTree = Any
 MaskedFn = Callable[[jax.Array], PyTree]   # keep-mask bool[n] -> params
@@ -252,8 +253,9 @@ def exact_release(F: jax.Array, key: jax.Array, *, n_users: int, Delta: float | 
   k_r1, k_noise = _keys(key)
   r1 = tdl.tdlap_sample_from_kappa(k_r1, p.epsilon_prime, p.kappa)
   is_bottom = sel.s_min > r1
-  z = jax.random.normal(k_noise, F.shape[1:], F.dtype)
-  out = jnp.where(is_bottom, public_point, F[sel.index] + sigma * z)
+  # the library's Gaussian sampler (float32+ draws); same derivation as certified_release
+  noise = tree_gaussian_like(k_noise, F[sel.index], sigma)
+  out = jnp.where(is_bottom, public_point, F[sel.index] + noise)
   dbg = StabilityDebug(r1, jnp.where(is_bottom, -1, sel.s_min), sel.s_min,
                        jnp.zeros((), bool), jnp.ones((), bool))
   return Release(out, is_bottom), dbg
@@ -266,10 +268,10 @@ def certified_release(f_full: jax.Array, key: jax.Array, *, epsilon: float, delt
   p = tdl.del_output_pert_params(epsilon, delta)
   k_r1, k_noise = _keys(key)
   r1 = tdl.tdlap_sample_from_kappa(k_r1, p.epsilon_prime, p.kappa)
-  z = jax.random.normal(k_noise, f_full.shape, f_full.dtype)
+  noise = tree_gaussian_like(k_noise, f_full, sigma)
   dbg = StabilityDebug(r1, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
                        jnp.ones((), bool), jnp.zeros((), bool))
-  return Release(f_full + sigma * z, jnp.zeros((), bool)), dbg
+  return Release(f_full + noise, jnp.zeros((), bool)), dbg
 
 
 _exact_release_jit = jax.jit(exact_release, static_argnames=("n_users", "epsilon", "delta"))

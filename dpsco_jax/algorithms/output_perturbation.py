@@ -69,25 +69,28 @@ import functools
 import math
 from typing import Any, Callable, NamedTuple
 
-import dp_accounting
 import jax
 import jax.numpy as jnp
-import optax
 
-from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
-                               check_positive, check_probability)
+from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon,
+                               check_int, check_positive, check_probability)
 from dpsco_jax.algorithms import deletion_stability as ds
-from dpsco_jax.grads import per_user_grads
+from dpsco_jax.algorithms.output_perturbation_problems import l2_logistic
+from dpsco_jax.algorithms.output_perturbation_solver import (SolverPlan, _certify, _solve,
+                                                             _solve_all_subsets, solver_plan)
+from dpsco_jax.privacy import (ApproxDpEvent, PrivacyLedger, PrivacyReport, Provenance,
+                               check_relation)
 from dpsco_jax.privacy import discrete_laplace as tdl
-from dpsco_jax.privacy.ledger import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
-                                      Provenance)
-from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
-from dpsco_jax.transforms.steps import (acsa, add_prox_to_anchor, project_l2_ball,
-                                        released_params)
+from dpsco_jax.transforms.steps import project_l2_ball
 
 PRESETS = ("theory", "practical")
+#: Paper 001's adjacency: replace one user's data, n and m public. The sensitivities divide by
+#: the public n (Alg. 2's Delta, the certificate, the naive 2G/(mu n)) and the stability test
+#: deletes users from a dataset of known size, so add/remove (private n) is refused; zero-out
+#: is not analysed by the paper and is refused as well.
+RELATION = "replace_one"
 
 # ------------------------------------------------------------------------------------------
 # Settings.
@@ -105,6 +108,7 @@ class OutputPertSettings:
   Delta: float | None = None                 # exact mode: explicit Δ (practical preset only)
   epsilon_budget: float | None = None
   debug: bool = False
+  relation: str = RELATION
 
   @property
   def calibration(self) -> str:
@@ -139,98 +143,11 @@ def settings_from_cfg(cfg: dict) -> OutputPertSettings:
   budget = cfg.get("epsilon_budget")
   if budget is not None:
     budget = check_epsilon(budget, "epsilon_budget")
+  relation = check_relation(get("relation", RELATION), supported=(RELATION,),
+                            mechanism="paper 001's output perturbation (sensitivities divide "
+                                      "by the public number of users n)")
   return OutputPertSettings(preset, test, fail, mx, tol, beta, Delta, budget,
-                            bool(get("debug", False)))
-
-
-# ------------------------------------------------------------------------------------------
-# The certified solver: an optax chain in displacement coordinates.
-
-
-class SolverPlan(NamedTuple):
-  """Static solver schedule with its a-priori accuracy ``tau`` on every sub-dataset."""
-  smoothness: float        # L_F
-  strong_convexity: float  # mu_F
-  stage_length: int        # N0 >= sqrt(8 L_F / mu_F)
-  stages: int              # k: ||x - x*|| <= D 2^{-k/2}
-  distance: float          # D >= ||u0 - u*(y)|| for every sub-dataset y
-  tau: float               # D 2^{-stages/2}
-
-  @property
-  def iterations(self) -> int:
-    return self.stage_length * self.stages
-
-
-def solver_plan(*, smoothness: float, strong_convexity: float, distance: float,
-                tau: float) -> SolverPlan:
-  """Multi-stage AC-SA (EXT A.3(a), policy ``alpha_t = 2/(t+1)``, ``gamma_t = 4L/(t(t+1))``).
-
-  One stage of ``N0`` iterations from ``x_s``: ``F - F* <= 2 L ||x_s - x*||²/(N0(N0+1))
-  <= (4L/(μ N0²)) (F(x_s) - F*)``, a halving when ``N0(N0+1) >= 8 L/μ``; the first stage gives
-  ``F - F* <= μ D²/4``, so after ``k`` stages ``||x - x*||² <= 2(F-F*)/μ <= D² 2^{-k}``.
-  ``N0`` is rounded up to a power of two and ``k`` to a multiple of 4 (shared compilations).
-  """
-  L = check_positive(smoothness, "smoothness")
-  mu = check_positive(strong_convexity, "strong_convexity")
-  D = check_positive(distance, "distance")
-  t = check_positive(tau, "tau")
-  n0 = max(2, math.ceil(math.sqrt(8.0 * L / mu)))
-  n0 = 1 << (n0 - 1).bit_length()
-  k = max(1, math.ceil(2.0 * math.log2(D / t))) if D > t else 1
-  k = 4 * math.ceil(k / 4)
-  return SolverPlan(L, mu, n0, k, D, D * 2.0 ** (-k / 2.0))
-
-
-def _finite_rows(g: jax.Array) -> jax.Array:
-  """NaN/Inf users contribute zero (non-negotiable 4)."""
-  ok = jnp.all(jnp.isfinite(g), axis=-1, keepdims=True)
-  return jnp.where(ok, g, 0.0)
-
-
-def _user_grads(loss_fn, anchor, u, data, mask):
-  shifted = lambda uu, ex: loss_fn(anchor + uu, ex)
-  return _finite_rows(per_user_grads(shifted, u, data, user_mask=mask))
-
-
-@functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "plan", "radius"))
-def _solve(data, mask, anchor, center_u, *, loss_fn, lam: float, plan: SolverPlan,
-           radius: float):
-  """``u(y) = argmin_{anchor+u in K} L(anchor+u; y) + lam/2 ||u||²`` from ``u0 = 0``.
-
-  Chain: ``add_prox_to_anchor(lam, 0) -> acsa(L_F, mu_F, ball(center_u, R), restarts)``; the
-  masked mean divides by the number of kept users (``f`` of the sub-dataset ``y``)."""
-  tx = optax.chain(add_prox_to_anchor(lam, jnp.zeros_like(anchor)),
-                   acsa(plan.smoothness, strong_convexity=plan.strong_convexity,
-                        radius=radius, center=center_u, stage_length=plan.stage_length))
-  u0 = jnp.zeros_like(anchor)
-  count = jnp.maximum(jnp.sum(mask), 1).astype(anchor.dtype)
-
-  def body(carry, _):
-    u, state = carry
-    g = jnp.sum(_user_grads(loss_fn, anchor, u, data, mask), axis=0) / count
-    upd, state = tx.update(g, state, u)
-    return (optax.apply_updates(u, upd), state), None
-
-  (u, state), _ = jax.lax.scan(body, (u0, tx.init(u0)), None, length=plan.iterations)
-  return released_params(state, u)
-
-
-@functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "plan", "radius", "n_users"))
-def _solve_all_subsets(data, anchor, center_u, *, loss_fn, lam, plan, radius, n_users):
-  """``[2^n, d]`` table of ``f(x_{-S})`` for every deletion set (exact test), chunked."""
-  masks = ds.subset_keep_masks(n_users)
-  one = lambda mk: _solve(data, mk, anchor, center_u, loss_fn=loss_fn, lam=lam,
-                          plan=plan, radius=radius)
-  return jax.lax.map(one, masks, batch_size=min(1024, masks.shape[0]))
-
-
-@functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "mu", "gamma", "e_max",
-                                             "radius"))
-def _certify(data, u, anchor, center_u, *, loss_fn, lam, mu, gamma, e_max, radius):
-  n = jax.tree.leaves(data)[0].shape[0]
-  g = _user_grads(loss_fn, anchor, u, data, jnp.ones((n,), bool))
-  return ds.lemma_c1_certificate(g, lam * u, u, mu=mu, gamma=gamma, e_max=e_max,
-                                 radius=radius, center=center_u)
+                            check_bool(get("debug", False), "debug"), relation)
 
 
 # ------------------------------------------------------------------------------------------
@@ -339,10 +256,12 @@ def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: f
 
 def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info: SCInfo,
                            lam: float, anchor: jax.Array, radius: float,
-                           center: jax.Array | None, settings: OutputPertSettings
+                           center: jax.Array | None, settings: OutputPertSettings,
+                           hook: "_Hook | None" = None
                            ) -> tuple[jax.Array, jax.Array, ds.StabilityDebug, Any]:
   """One SCOutputPert call. Returns ``(params, is_bottom, debug, certificate)``; params is the
-  anchor when ⊥ (a public point), else ``anchor + u + N(0, σ²I)``."""
+  anchor when ⊥ (a public point), else ``anchor + u + N(0, σ²I)``. ``hook`` (audit / tests)
+  records the release and may switch the Gaussian off."""
   n = jax.tree.leaves(data)[0].shape[0]
   anchor = jnp.asarray(anchor, jnp.float32)
   center_u = (jnp.zeros_like(anchor) if center is None else center) - anchor
@@ -360,54 +279,48 @@ def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info
   use_cert = settings.stability_test == "certificate"
   rel, dbg, cert = ds.del_output_pert(
       key, f_masked, n_users=n, Delta=info.Delta, epsilon=info.epsilon, delta=info.delta,
-      sigma=info.sigma, public_point=jnp.zeros_like(anchor),
+      sigma=info.sigma if hook is None or hook.add_noise else 0.0,
+      public_point=jnp.zeros_like(anchor),
       certify=certify if use_cert and n > 4 * info.kappa + 1 else None,
       on_certificate_failure=settings.on_certificate_failure,
       max_exact_users=settings.max_exact_users, evaluate_all=evaluate_all)
+  if hook is not None:
+    hook.releases.append({"release": anchor + rel.params, "bottom": bool(rel.is_bottom),
+                          "anchor": anchor, "sigma": info.sigma, "Delta": info.Delta})
   return anchor + rel.params, rel.is_bottom, dbg, cert
 
 
 # ------------------------------------------------------------------------------------------
-# Host-side (eps, delta) bookkeeping for theorem-level blocks.
+# Accounting: theorem-level (eps, delta) blocks on the one ledger.
 
 
-class _ApproxDPTally:
-  """Basic / parallel composition of theorem-level ``(eps, delta)`` blocks.
+class _Hook(NamedTuple):
+  """Audit / test hook: collects every privatized release; ``add_noise=False`` sets σ = 0."""
+  releases: list
+  add_noise: bool = True
 
-  The core ledger composes ``dp_accounting`` events; DelOutputPert is an (eps, delta) black
-  box (Thm 3.3) that no DpEvent describes, so its calls are tallied here (basic composition
-  for sequential calls, max over disjoint user groups) and checked against the budget BEFORE
-  anything runs."""
 
-  def __init__(self, budget: float | None):
-    self.budget = budget
-    self.entries: list[tuple[str, float, float, str | None]] = []
+def block_ledger(settings: OutputPertSettings, epsilon: float, delta: float
+                 ) -> PrivacyLedger:
+  """The ledger of a run. DelOutputPert is an (eps, delta) black box (Thm 3.3) that no
+  dp_accounting event describes: each call is an ``ApproxDpEvent`` (basic composition;
+  disjoint user blocks in parallel via ``group=``). Budget: the configured epsilon (or a
+  smaller ``epsilon_budget``); every block is spent before the first release."""
+  budget = epsilon if settings.epsilon_budget is None else min(epsilon,
+                                                               settings.epsilon_budget)
+  return PrivacyLedger(delta=delta, epsilon_budget=budget, relation=settings.relation)
 
-  def add(self, label: str, eps: float, delta: float, group: str | None = None):
-    self.entries.append((label, eps, delta, group))
 
-  def total(self) -> tuple[float, float]:
-    seq = [(e, d) for _, e, d, g in self.entries if g is None]
-    groups = sorted({g for *_, g in self.entries if g is not None})
-    base_e, base_d = sum(e for e, _ in seq), sum(d for _, d in seq)
-    if not groups:
-      return base_e, base_d
-    per = [(sum(e for _, e, _, gg in self.entries if gg == g),
-            sum(d for _, _, d, gg in self.entries if gg == g)) for g in groups]
-    return base_e + max(e for e, _ in per), base_d + max(d for _, d in per)
-
-  def check(self):
-    eps, _ = self.total()
-    if self.budget is not None and eps > self.budget * (1 + 1e-9):
-      raise PrivacyBudgetExceeded(f"the planned releases need epsilon={eps:.4g} > budget "
-                                  f"{self.budget:.4g}; nothing was released")
-
-  def report(self, provenance: str, *, paper_epsilon: float, notes: str) -> PrivacyReport:
-    eps, delta = self.total()
-    return PrivacyReport(epsilon=float(eps), delta=float(delta), provenance=provenance,
-                         level="user", relation="replace_one",
-                         mechanisms=tuple(e[0] for e in self.entries),
-                         paper_epsilon=paper_epsilon, notes=notes)
+def block_report(ledger: PrivacyLedger, provenance: str, *, paper_epsilon: float,
+                 notes: str) -> PrivacyReport:
+  """The ledger's report of a run made only of (eps, delta) blocks. With no dp_accounting
+  event the accountant part is (0, 0)-DP, so the delta is the blocks' delta alone (the
+  ledger's own delta, at which accountant events would be evaluated, is not spent)."""
+  if any(not isinstance(ev, ApproxDpEvent) for _, ev, _, _ in ledger.events):
+    raise ValueError("block_report: the ledger holds events other than (eps, delta) blocks")
+  rep = ledger.report(provenance=provenance, level="user", paper_epsilon=paper_epsilon,
+                      notes=notes)
+  return dataclasses.replace(rep, delta=ledger.extra_delta())
 
 
 # ------------------------------------------------------------------------------------------
@@ -480,7 +393,8 @@ def _project(theta, radius):
 # Runner entry points.
 
 
-def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
+def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+                   _hook: _Hook | None = None) -> Result:
   """SCOutputPert (Alg. 2, Thm 3.1) on a mu-strongly convex problem (``meta['strong_convexity']``
   or ``cfg['l2']`` via the ``l2_logistic`` problem). Config: ``epsilon, delta, beta (1e-3),
   preset, stability_test, on_certificate_failure, max_exact_users, solver_tol, debug``."""
@@ -499,71 +413,21 @@ def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
                              smoothness=problem.smoothness, mu0=mu, lam=0.0,
                              radius=problem.radius, epsilon=eps, delta=delta, beta=beta,
                              settings=settings)
-  tally = _ApproxDPTally(settings.epsilon_budget)
-  tally.add("SCOutputPert", eps, delta)
-  tally.check()
+  ledger = block_ledger(settings, eps, delta)
+  ledger.spend(ApproxDpEvent(eps, delta), label="SCOutputPert (Thm 3.3)")
   anchor = jnp.zeros((problem.d,), jnp.float32)
   theta, bottom, dbg, cert = sc_output_pert_release(
       problem.loss_fn, problem.data, key, info=info, lam=0.0, anchor=anchor,
-      radius=problem.radius, center=None, settings=settings)
+      radius=problem.radius, center=None, settings=settings, hook=_hook)
   prov, notes = _provenance(settings, [info])
   return Result(params=_project(theta, problem.radius),
-                privacy=tally.report(prov, paper_epsilon=eps, notes=notes),
+                privacy=block_report(ledger, prov, paper_epsilon=eps, notes=notes),
                 gradient_evaluations=info.gradient_evaluations,
                 record={"is_bottom": bool(bottom), "sigma": info.sigma, "Delta": info.Delta,
                         "kappa": info.kappa, "gamma": info.gamma,
                         "solver_iterations": info.plan.iterations, "preset": settings.preset,
                         "sigma_naive": naive_sigma(problem, eps, delta, settings)},
                 debug=_debug_dict([dbg], [cert]) if settings.debug else None)
-
-
-def naive_sigma(problem: SCOProblem, eps: float, delta: float,
-                settings: OutputPertSettings, tau: float = 0.0) -> float:
-  """σ of the baseline: replace-one sensitivity ``2G/(μ n) + 2τ`` (Chaudhuri et al. 2011;
-  spec §5) calibrated by the analytic (practical) or classic (theory) Gaussian mechanism."""
-  mu = _problem_mu(problem)
-  sens = 2.0 * problem.lipschitz / (mu * problem.n_users) + 2.0 * tau
-  if settings.preset == "theory":
-    return gaussian_sigma_classic(sens, eps, delta)
-  return gaussian_sigma_analytic(sens, eps, delta)
-
-
-def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
-  """Baseline: ``Π_K(θ̃(x) + N(0, σ²I))`` with replace-one sensitivity ``2G/(μn) + 2τ``.
-
-  ``θ̃`` is the certified solver (accuracy ``τ = tol · 2G/(μn)/4`` a priori), so the exact
-  minimizer's sensitivity bound applies up to ``2τ``. Accounted as a Gaussian event under the
-  replace-one relation (``z = σ / (sens/2)``): provenance ``accountant``."""
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  mu = _problem_mu(problem)
-  if mu <= 0:
-    raise ValueError("strong_convexity: naive_output_pert needs a strongly convex problem")
-  n, m = problem.n_users, problem.m
-  base = 2.0 * problem.lipschitz / (mu * n)
-  tau = settings.solver_tol * base / 4.0
-  plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
-                     distance=min(2 * problem.radius, 2 * problem.lipschitz / mu),
-                     tau=tau)
-  sigma_ = naive_sigma(problem, eps, delta, settings, tau)
-  sens = base + 2.0 * tau
-  ledger = PrivacyLedger(delta=delta, epsilon_budget=settings.epsilon_budget,
-                         relation="replace_one")
-  ledger.spend(dp_accounting.GaussianDpEvent(sigma_ / (sens / 2.0)),
-               label="output perturbation (Gaussian, sens 2G/(mu n))")
-  anchor = jnp.zeros((problem.d,), jnp.float32)
-  u = _solve(problem.data, jnp.ones((n,), bool), anchor, -anchor, loss_fn=problem.loss_fn,
-             lam=0.0, plan=plan, radius=float(problem.radius))
-  z = jax.random.normal(key, u.shape, u.dtype)
-  theta = _project(anchor + u + sigma_ * z, problem.radius)
-  report = ledger.report(provenance=Provenance.ACCOUNTANT, level="user",
-                         mechanisms=("gaussian output perturbation",), paper_epsilon=eps,
-                         notes="naive user-level output perturbation; sensitivity "
-                               "2G/(mu n) does not improve with m")
-  return Result(params=theta, privacy=report,
-                gradient_evaluations=int(plan.iterations * n * m),
-                record={"sigma": sigma_, "sensitivity": sens,
-                        "solver_iterations": plan.iterations, "preset": settings.preset})
 
 
 # ---- phased algorithms ------------------------------------------------------------------
@@ -580,8 +444,9 @@ class _PhaseOut(NamedTuple):
 def _phased(loss_fn, data, key, *, phases: list[tuple[float, slice]], epsilon: float,
             delta: float, beta: float, lipschitz: float, smoothness: float, mu0: float,
             radius: float, d: int, m: int, theta0: jax.Array, settings: OutputPertSettings,
-            tally: _ApproxDPTally, parallel: bool, label: str) -> tuple[list, _PhaseOut]:
-  """Runs the phases ``(lambda_i, user slice)``; planning (and budget check) first."""
+            label: str, hook: _Hook | None = None) -> tuple[list, _PhaseOut]:
+  """Runs the phases ``(lambda_i, user slice)``; every phase is planned first (the caller
+  has charged the ledger with :func:`_spend_phases`)."""
   infos = []
   for i, (lam_i, users) in enumerate(phases):
     n_i = users.stop - users.start
@@ -589,9 +454,6 @@ def _phased(loss_fn, data, key, *, phases: list[tuple[float, slice]], epsilon: f
     infos.append(plan_sc_output_pert(
         n_users=n_i, m=m, lipschitz=lipschitz, smoothness=smoothness, mu0=mu0, lam=lam_i,
         radius=radius, epsilon=epsilon, delta=delta, beta=beta, settings=settings))
-    tally.add(f"{label} phase {i + 1} SCOutputPert", epsilon, delta,
-              group=f"{label} block {i + 1}" if parallel else None)
-  tally.check()
   theta = project_l2_ball(jnp.asarray(theta0, jnp.float32), radius)
   bottoms, dbgs, certs = [], [], []
   keys = jax.random.split(key, len(phases))
@@ -599,7 +461,7 @@ def _phased(loss_fn, data, key, *, phases: list[tuple[float, slice]], epsilon: f
     block = jax.tree.map(lambda x: x[users], data)
     out, bottom, dbg, cert = sc_output_pert_release(
         loss_fn, block, k, info=info, lam=lam_i, anchor=theta, radius=radius, center=None,
-        settings=settings)
+        settings=settings, hook=hook)
     # spec §7 items 4, 9: project the new anchor into K (post-processing); ⊥ keeps the anchor
     theta = project_l2_ball(out, radius)
     bottoms.append(bool(bottom))
@@ -643,8 +505,27 @@ def phased_sco_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diame
           "lams": [lam * 4.0 ** i for i in range(1, T + 1)], "blocks": blocks}
 
 
-def _phased_erm_run(problem, key, *, eps, delta, settings, tally, theta0, lam=None,
-                    beta=None, label="Phased-ERM"):
+def _spend_phases(ledger: PrivacyLedger, *, sco: bool, n_users: int, m: int, epsilon: float,
+                  delta: float, label: str) -> None:
+  """Charges the ledger with the phases' (eps, delta) blocks before any release: Phased-ERM
+  ``T = ceil(log2 nm)`` sequential calls at ``(eps/T, delta/T)`` (basic composition);
+  Phased-SCO one call at ``(eps, delta)`` per disjoint user block (``group=``: parallel)."""
+  if sco:
+    n0 = tdl.min_users(epsilon, delta)
+    if n_users < 2 * n0:
+      raise ValueError(f"n_users: Phased-SCO needs n >= 2 N0 = {2 * n0} users at "
+                       f"(eps={epsilon}, delta={delta}); got {n_users}")
+    for i in range(int(math.floor(math.log2(n_users / n0)))):
+      ledger.spend(ApproxDpEvent(epsilon, delta), label=f"{label} block {i + 1} SCOutputPert",
+                   group=f"{label} block {i + 1}")
+    return
+  T = max(1, math.ceil(math.log2(n_users * m)))
+  ledger.spend(ApproxDpEvent(epsilon / T, delta / T), label=f"{label} SCOutputPert phases",
+               count=T)
+
+
+def _phased_erm_run(problem, key, *, eps, delta, settings, theta0, lam=None,
+                    beta=None, label="Phased-ERM", hook=None):
   n, m = problem.n_users, problem.m
   sch = phased_erm_schedule(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
                             diameter=2 * problem.radius, epsilon=eps, delta=delta, beta=beta,
@@ -654,13 +535,12 @@ def _phased_erm_run(problem, key, *, eps, delta, settings, tally, theta0, lam=No
                        epsilon=sch["epsilon"], delta=sch["delta"], beta=sch["beta"],
                        lipschitz=problem.lipschitz, smoothness=problem.smoothness,
                        mu0=_problem_mu(problem), radius=problem.radius, d=problem.d, m=m,
-                       theta0=theta0, settings=settings, tally=tally, parallel=False,
-                       label=label)
+                       theta0=theta0, settings=settings, label=label, hook=hook)
   return sch, out
 
 
-def _phased_sco_run(problem, key, *, eps, delta, settings, tally, theta0, lam=None,
-                    beta=None, label="Phased-SCO"):
+def _phased_sco_run(problem, key, *, eps, delta, settings, theta0, lam=None,
+                    beta=None, label="Phased-SCO", hook=None):
   n, m = problem.n_users, problem.m
   sch = phased_sco_schedule(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
                             diameter=2 * problem.radius, epsilon=eps, delta=delta, beta=beta,
@@ -670,7 +550,7 @@ def _phased_sco_run(problem, key, *, eps, delta, settings, tally, theta0, lam=No
                        delta=delta, beta=sch["beta"], lipschitz=problem.lipschitz,
                        smoothness=problem.smoothness, mu0=_problem_mu(problem),
                        radius=problem.radius, d=problem.d, m=m, theta0=theta0,
-                       settings=settings, tally=tally, parallel=True, label=label)
+                       settings=settings, label=label, hook=hook)
   return sch, out
 
 
@@ -685,31 +565,37 @@ def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> di
   return rec
 
 
-def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
+def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+                           _hook: _Hook | None = None) -> Result:
   """Phased-ERM (Alg. 3, Thm 4.1): convex G-Lipschitz loss, excess empirical risk
   ``Õ(RG sqrt(d)/(n sqrt(m)))``; (eps, delta) by basic composition of T calls."""
   settings = _settings_for(cfg)
   eps, delta = _check_common(cfg, settings)
-  tally = _ApproxDPTally(settings.epsilon_budget)
+  ledger = block_ledger(settings, eps, delta)
+  _spend_phases(ledger, sco=False, n_users=problem.n_users, m=problem.m, epsilon=eps,
+                delta=delta, label="Phased-ERM")
   sch, out = _phased_erm_run(problem, key, eps=eps, delta=delta, settings=settings,
-                             tally=tally, theta0=problem.init_params(), beta=settings.beta)
+                             theta0=problem.init_params(), beta=settings.beta, hook=_hook)
   prov, notes = _provenance(settings, out.infos)
-  return Result(params=out.theta, privacy=tally.report(
+  return Result(params=out.theta, privacy=block_report(ledger, 
       prov, paper_epsilon=eps, notes=notes + "; basic composition over T phases"),
       gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
       record=_phase_record(sch, out, settings),
       debug=_debug_dict(out.dbgs, out.certs) if settings.debug else None)
 
 
-def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
+def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+                           _hook: _Hook | None = None) -> Result:
   """Phased-SCO (Alg. 4, Thm 5.1): disjoint user blocks, parallel composition."""
   settings = _settings_for(cfg)
   eps, delta = _check_common(cfg, settings)
-  tally = _ApproxDPTally(settings.epsilon_budget)
+  ledger = block_ledger(settings, eps, delta)
+  _spend_phases(ledger, sco=True, n_users=problem.n_users, m=problem.m, epsilon=eps,
+                delta=delta, label="Phased-SCO")
   sch, out = _phased_sco_run(problem, key, eps=eps, delta=delta, settings=settings,
-                             tally=tally, theta0=problem.init_params(), beta=settings.beta)
+                             theta0=problem.init_params(), beta=settings.beta, hook=_hook)
   prov, notes = _provenance(settings, out.infos)
-  return Result(params=out.theta, privacy=tally.report(
+  return Result(params=out.theta, privacy=block_report(ledger, 
       prov, paper_epsilon=eps, notes=notes + "; parallel composition over disjoint blocks"),
       gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
       record=_phase_record(sch, out, settings),
@@ -722,7 +608,7 @@ def localization_radius(sigma0: float, d: int, beta: float, tau: float) -> float
   return sigma0 * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / beta))) + tau
 
 
-def _sc_reduction(problem, cfg, key, *, sco: bool) -> Result:
+def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) -> Result:
   settings = _settings_for(cfg)
   eps, delta = _check_common(cfg, settings)
   mu = _problem_mu(problem)
@@ -730,31 +616,30 @@ def _sc_reduction(problem, cfg, key, *, sco: bool) -> Result:
     raise ValueError("strong_convexity: Algs 5-6 need a strongly convex problem")
   n, m, d = problem.n_users, problem.m, problem.d
   beta = settings.beta if settings.beta is not None else 1.0 / (2.0 * n * n * m)
-  tally = _ApproxDPTally(settings.epsilon_budget)
+  ledger = block_ledger(settings, eps, delta)
   _check_min_users(n, eps / 2, delta / 2, settings, "SCOutputPert warm start")
   info0 = plan_sc_output_pert(n_users=n, m=m, lipschitz=problem.lipschitz,
                               smoothness=problem.smoothness, mu0=mu, lam=0.0,
                               radius=problem.radius, epsilon=eps / 2, delta=delta / 2,
                               beta=beta, settings=settings)
-  tally.add("SCOutputPert warm start", eps / 2, delta / 2)
+  # every block of both halves is charged before the warm start is released
+  ledger.spend(ApproxDpEvent(eps / 2, delta / 2), label="SCOutputPert warm start")
+  _spend_phases(ledger, sco=sco, n_users=n, m=m, epsilon=eps / 2, delta=delta / 2,
+                label="Phased-SCO" if sco else "Phased-ERM")
   r_prime = localization_radius(info0.sigma, d, beta, info0.plan.tau)
   if sco:  # Alg. 6 line 4, second term with the constant 30 of Prop. B.1
     r_prime += 30.0 * problem.lipschitz * math.sqrt(math.log(2.0 / beta)) / (mu * math.sqrt(
         n * m))
   k0, k1 = jax.random.split(key)
-  # plan the second half (budget check) before releasing anything
   G = problem.lipschitz
   if sco:
     lam = (G / r_prime) * max(math.sqrt(d) / (n * math.sqrt(m)), 1.0 / math.sqrt(n * m))
   else:
     lam = G * math.sqrt(d) / (r_prime * n * math.sqrt(m))
-  tally_probe = _ApproxDPTally(settings.epsilon_budget)
-  tally_probe.entries = list(tally.entries) + [("second half", eps / 2, delta / 2, None)]
-  tally_probe.check()
   theta0, bottom0, dbg0, cert0 = sc_output_pert_release(
       problem.loss_fn, problem.data, k0, info=info0, lam=0.0,
       anchor=jnp.zeros((d,), jnp.float32), radius=problem.radius, center=None,
-      settings=settings)
+      settings=settings, hook=hook)
   if bool(bottom0):  # spec §2.7 [A]: fixed point of K and R' = diam K (post-processing)
     theta0 = jnp.zeros((d,), jnp.float32)
     lam = G * math.sqrt(d) / (2 * problem.radius * n * math.sqrt(m)) if not sco else (
@@ -763,114 +648,50 @@ def _sc_reduction(problem, cfg, key, *, sco: bool) -> Result:
   # K' = K ∩ B(θ0, R') is used only through ||θ0 - θ*|| <= R' and λ; phases solve over K,
   # where Lemma 4.2 holds as well (spec §2.7 deviation note in the module docstring).
   run = _phased_sco_run if sco else _phased_erm_run
-  sch, out = run(problem, k1, eps=eps / 2, delta=delta / 2, settings=settings, tally=tally,
+  sch, out = run(problem, k1, eps=eps / 2, delta=delta / 2, settings=settings,
                  theta0=theta0, lam=lam, beta=beta,
-                 label="Phased-SCO" if sco else "Phased-ERM")
+                 label="Phased-SCO" if sco else "Phased-ERM", hook=hook)
   prov, notes = _provenance(settings, [info0] + list(out.infos))
   rec = _phase_record(sch, out, settings)
   rec.update({"R_prime": r_prime, "sigma0": info0.sigma, "bottom0": bool(bottom0)})
-  return Result(params=out.theta, privacy=tally.report(
-      prov, paper_epsilon=eps, notes=notes + "; two halves at (eps/2, delta/2)"),
+  return Result(params=out.theta, privacy=block_report(
+      ledger, prov, paper_epsilon=eps, notes=notes + "; two halves at (eps/2, delta/2)"),
       gradient_evaluations=info0.gradient_evaluations + sum(
           i.gradient_evaluations for i in out.infos),
       record=rec,
       debug=_debug_dict([dbg0] + out.dbgs, [cert0] + out.certs) if settings.debug else None)
 
 
-def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
+def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+                       _hook: _Hook | None = None) -> Result:
   """Strongly-Convex-ERM (Alg. 5, Thm 4.3): excess ``Õ(G² d/(μ n² m))``."""
-  return _sc_reduction(problem, cfg, key, sco=False)
+  return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
 
 
-def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
+def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+                       _hook: _Hook | None = None) -> Result:
   """Strongly-Convex-SCO (Alg. 6, Thm 5.3): excess ``Õ((G²/μ)(d/(n² m) + 1/(nm)))``."""
-  return _sc_reduction(problem, cfg, key, sco=True)
+  return _sc_reduction(problem, cfg, key, sco=True, hook=_hook)
 
 
-# ------------------------------------------------------------------------------------------
-# Where does the paper beat the naive baseline? (spec §5)
+def output_perturbation_releases(algorithm: str, problem: SCOProblem, cfg: dict,
+                                 key: jax.Array, *, add_noise: bool = True) -> list[dict]:
+  """Audit hook: every privatized release of a paper-001 driver, in order.
+
+  One dict per DelOutputPert call (``{"release": anchor + f + N(0, σ²I)`` or the anchor when
+  ⊥, ``"bottom"``, ``"anchor"``, ``"sigma"``, ``"Delta"}``), or for ``naive_output_pert`` the
+  one noisy minimizer (``"sigma"``, ``"sensitivity"``). Releases are before the
+  post-processing projection; same keys as the driver, whose output is unchanged.
+  ``add_noise=False`` (tests) sets σ = 0 and keeps everything else."""
+  fn = ALGORITHMS[check_choice(algorithm, "algorithm", tuple(ALGORITHMS))]
+  hook = _Hook([], check_bool(add_noise, "add_noise"))
+  fn(problem, cfg, key, _hook=hook)
+  return hook.releases
 
 
-def noise_ratio(*, n_users: int, m: int, epsilon: float, delta: float, beta: float = 1e-3,
-                preset: str = "practical", lipschitz: float = 1.0, mu: float = 1.0,
-                mode: str = "certificate") -> float:
-  """``σ_paper / σ_naive`` for SCOutputPert vs the baseline (both ∝ 1/(μ n)); < 1 means the
-  paper's mechanism adds less noise."""
-  settings = OutputPertSettings(preset=preset, stability_test="certificate",
-                                max_exact_users=1)
-  p = tdl.del_output_pert_params(epsilon, delta)
-  r = p.depth + 1
-  gamma = gamma_threshold(lipschitz=lipschitz, n_users=n_users, m=m, beta=beta, preset=preset)
-  if mode == "certificate":
-    Delta = 2.0 * r * gamma / (mu * (n_users - r))
-  else:
-    Delta = alg2_delta(lipschitz=lipschitz, mu=mu, n_users=n_users, m=m, beta=beta,
-                       kappa=p.kappa)
-  s_paper = tdl.sigma(Delta, epsilon, delta, settings.calibration)
-  sens = 2.0 * lipschitz / (mu * n_users)
-  s_naive = (gaussian_sigma_classic if preset == "theory" else gaussian_sigma_analytic)(
-      sens, epsilon, delta)
-  return s_paper / s_naive
-
-
-def crossover_m(*, n_users: int, epsilon: float, delta: float, beta: float = 1e-3,
-                preset: str = "practical", mode: str = "certificate") -> float:
-  """Smallest ``m`` (bisection over log m) where the paper's σ drops below the baseline's."""
-  lo, hi = 0.0, 80.0  # log10 m
-  f = lambda lm: noise_ratio(n_users=n_users, m=10 ** lm, epsilon=epsilon, delta=delta,
-                             beta=beta, preset=preset, mode=mode) - 1.0
-  if f(hi) > 0:
-    return math.inf
-  for _ in range(60):
-    mid = 0.5 * (lo + hi)
-    if f(mid) > 0:
-      lo = mid
-    else:
-      hi = mid
-  return 10 ** hi
-
-
-# ------------------------------------------------------------------------------------------
-# Problem: L2-regularized logistic regression with bounded features.
-
-
-def l2_logistic(cfg: dict, key: jax.Array) -> SCOProblem:
-  """The core logistic problem (features on the unit sphere) plus ``(l2/2)||θ||²`` per item.
-
-  Lipschitz on the ball of radius R: ``1 + l2 R``; smoothness ``1/4 + l2``; strong convexity
-  ``l2`` (``meta['strong_convexity']``). Excess risk is measured on the *regularised*
-  population risk against its minimizer (Newton's method on the evaluation set)."""
-  from dpsco_jax.problems import make_problem
-  l2 = check_positive(cfg.get("l2", 0.1), "l2")
-  base = make_problem({**cfg, "problem": "logistic"}, key)
-  R = base.radius
-  loss = _l2_loss(base.loss_fn, l2)
-  risk0 = base.risk_fn
-  risk = jax.jit(lambda w: risk0(w) + 0.5 * l2 * jnp.sum(jnp.square(w)))
-  w = _regularized_optimum(risk, jnp.asarray(base.x_opt, jnp.float32), R, 0.25 + l2)
-  return dataclasses.replace(base, name="l2_logistic", loss_fn=loss,
-                             lipschitz=float(base.lipschitz + l2 * R),
-                             smoothness=float(base.smoothness + l2), x_opt=w, risk_fn=risk,
-                             opt_risk=float(risk(w)),
-                             meta={**(base.meta or {}), "strong_convexity": l2, "l2": l2})
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def _regularized_optimum(risk, w0, radius, smoothness):
-  """Newton's method (interior optimum) then projected gradient (active ball), jitted."""
-  grad, hess = jax.grad(risk), jax.hessian(risk)
-  w = jax.lax.fori_loop(0, 30, lambda _, w: w - jnp.linalg.solve(hess(w), grad(w)), w0)
-  w = project_l2_ball(w, radius)
-  return jax.lax.fori_loop(
-      0, 300, lambda _, w: project_l2_ball(w - grad(w) / smoothness, radius), w)
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_loss(loss_fn, l2):
-  def loss(w, ex):
-    return loss_fn(w, ex) + 0.5 * l2 * jnp.sum(jnp.square(w))
-  return loss
-
+# the naive baseline and the crossover calculator build on the settings above (import last)
+from dpsco_jax.algorithms.output_perturbation_naive import (  # noqa: E402
+    crossover_m, naive_output_pert, naive_sigma, noise_ratio)
 
 ALGORITHMS = {
     "sc_output_pert": sc_output_pert,

@@ -34,11 +34,25 @@ on the good event (``f = 2/3`` Alg. 1, ``1/10`` Alg. 2; explicit constants deriv
 * Alg. 2: AboveThreshold (pure ``eps_AT``) + ``T_i`` subsampled (without replacement,
   ``K_i`` of ``n_i``) Gaussian mechanisms of shift ``Delta_i``.
 
-Phases use disjoint users, so they compose in parallel (ledger ``group=phase``). Pure-DP parts
-are added by basic composition (a pure-DP mechanism is not a Laplace mechanism, so it is not
-folded into the RDP curve). The Gaussian parts use the RDP accountant under replace-one
-(``SampledWithoutReplacementDpEvent`` exists only there), at ``delta/2``; the other ``delta/2``
-covers the coupling failures ``zeta`` and the bad noise events.
+Neighbouring relation: replace-one user (Definition 1.3), ``n`` and ``m`` public; ``relation``
+other than ``replace_one`` is refused (FILTER averages over a public number of users; see
+:mod:`~dpsco_jax.algorithms.user_level_plan`). Noise: ``sigma = z * Delta / 2`` — ``Delta``
+is the replace-one shift and the ledger, under replace-one, doubles ``C = Delta/2`` itself
+(issue 11 point 4: the noise used to be ``z * Delta``, twice the needed amount).
+
+Accounting. Everything is planned from public numbers before any data is touched
+(:func:`~dpsco_jax.algorithms.user_level_plan.plan_alg1` / ``plan_alg3``) and charged to one
+:class:`~dpsco_jax.privacy.PrivacyLedger` before the first release: per phase (disjoint users,
+``group=phase``: parallel composition) the pure-DP test (``pure_dp_event``, basic
+composition) and the Gaussian release(s) (PLD, or RDP for sampling without replacement), at
+``delta/2``; the other ``delta/2`` covers the coupling failures ``zeta`` and the bad noise
+events (``extra_delta`` of the report). Noise is calibrated by the one calibrator with the
+test as a ``fixed`` event; an explicit ``noise_multiplier`` above the budget raises
+``PrivacyBudgetExceeded`` before anything is released.
+
+Audit hooks: :func:`user_level_phased_sgd_releases` and
+:func:`user_level_accelerated_erm_releases` return the per-phase / per-step privatized
+releases for a dataset and key (the drivers' outputs are unchanged).
 
 Presets and provenance:
 
@@ -51,40 +65,42 @@ Presets and provenance:
   ``K/20`` are comparable to the noise ``16/eps`` — ``heuristic``, with the reason in the notes.
   ``sensitivity: typical`` uses ``2 r_h / K`` (no membership flips): always ``heuristic``; it
   shows the rate the method would reach at scale.
-* ``noise: false`` — the non-private ablation (filter on, sigma = 0): ``heuristic``, eps = inf.
+* ``noise: false`` — the non-private ablation (filter on, sigma = 0): provenance ``none``,
+  eps = inf.
 
 Config keys (besides the common ones): ``preset``, ``sensitivity``, ``num_phases``,
 ``num_groups`` (Alg. 1), ``batch_users`` (``K_i``), ``q_exp``, ``p_exp``, ``eta``, ``lam``,
 ``lam_scale`` (practical: multiplies Thm C.3's lambda),
 ``tau``, ``smoothing_radius``, ``max_steps`` (cap on ``T_i``, practical only), ``clip``,
-``project_output``, ``fallback`` (``"zero"``), ``noise``, ``debug``.
+``project_output``, ``fallback`` (``"zero"``), ``noise`` (bool), ``debug`` (bool),
+``relation`` (``replace_one`` only), ``noise_multiplier`` (practical; else calibrated).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable
 
-import dp_accounting
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
+from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.common import cfg_get
+from dpsco_jax.algorithms.user_level_plan import (RELATION, FilterPlan, Options, PublicSpec,
+                                                  gauss_event, make_ledger, plan_alg1,
+                                                  plan_alg3, read_options)
+from dpsco_jax.algorithms.user_level_problems import (PROBLEMS, corrupt_users, hinge_loss,
+                                                      hinge_problem)
 from dpsco_jax.algorithms.user_level_schedules import (Alg1Schedule, Alg3Schedule,
-                                                       alg1_schedule, alg3_schedule,
-                                                       certified_sensitivity,
-                                                       good_event_failure,
-                                                       typical_sensitivity)
+                                                       alg1_schedule, alg3_schedule)
 from dpsco_jax.grads import per_user_grads
-from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
-                                      calibrate_noise_multiplier, pure_dp_event)
-from dpsco_jax.privacy.sparse_vector import (above_threshold_epsilon, laplace_test,
-                                             laplace_test_epsilon)
-from dpsco_jax.problems import SCOProblem, make as make_core_problem
+from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
+from dpsco_jax.privacy.sparse_vector import laplace_test
+from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.smoothing import smoothing_offsets
 from dpsco_jax.transforms.clipping import clip_per_user
@@ -95,25 +111,15 @@ from dpsco_jax.transforms.steps import (acsa, add_prox_to_anchor, project_l2_bal
                                         projected_sgd, released_params)
 
 PyTree = Any
-RELATION = "replace_one"   # Definition 1.3: neighbouring datasets replace one user
-SENSITIVITIES = ("certified", "typical")
+_gauss_event = gauss_event   # kept for callers of the old private name
 
 __all__ = ["user_level_phased_sgd", "user_level_accelerated_erm",
-           "user_level_accelerated_erm_smoothed", "corrupt_users", "hinge_problem",
-           "ALGORITHMS", "PROBLEMS"]
+           "user_level_accelerated_erm_smoothed", "user_level_phased_sgd_releases",
+           "user_level_accelerated_erm_releases", "plan_phased_sgd", "plan_accelerated_erm",
+           "corrupt_users", "hinge_problem", "hinge_loss", "ALGORITHMS", "PROBLEMS"]
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def _common(problem: SCOProblem, cfg: dict) -> tuple[float, float, str, str, bool, bool]:
-  eps = check_epsilon(cfg["epsilon"])
-  delta = check_delta(cfg["delta"])
-  preset = check_choice(cfg_get(cfg, "preset", "practical"), "preset", ("theory", "practical"))
-  sens = check_choice(cfg_get(cfg, "sensitivity", "certified"), "sensitivity", SENSITIVITIES)
-  noise = bool(cfg_get(cfg, "noise", True))
-  debug = bool(cfg_get(cfg, "debug", False))
-  return eps, delta, preset, sens, noise, debug
-
 
 def _fallback(problem: SCOProblem, cfg: dict) -> PyTree:
   """The data-independent point released on a halt ("output 0", Alg. 1 line 22 / Alg. 2
@@ -131,15 +137,6 @@ def _take(data: PyTree, idx: np.ndarray) -> PyTree:
   return jax.tree.map(lambda x: x[idx], data)
 
 
-def _pure_ledger(delta: float, budget: float) -> PrivacyLedger:
-  """Ledger of the pure-DP tests (one per phase, parallel across phases). A single pure
-  ``eps``-DP event has the same ``eps`` under every neighbouring relation; PLD converts the
-  Laplace event exactly but only under add/remove, hence that label here. The score's
-  sensitivity 2 already is the replace-one bound."""
-  return PrivacyLedger(delta=delta, epsilon_budget=budget, relation="add_remove",
-                       accountant="pld")
-
-
 def _nonprivate_report() -> PrivacyReport:
   """``noise: false`` ablation: not private at all (filter on, sigma = 0)."""
   return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
@@ -149,12 +146,34 @@ def _nonprivate_report() -> PrivacyReport:
 def _provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
   if bad <= delta_slack:
     return (Provenance.ACCOUNTANT.value,
-            f"good events hold except w.p. {bad:.3g} <= delta/2; Gaussian parts by the RDP "
+            f"good events hold except w.p. {bad:.3g} <= delta/2; Gaussian parts by the "
             "accountant (replace-one), pure parts by basic composition")
   return (Provenance.HEURISTIC.value,
           f"the coupling's bad events (Laplace noise beyond the K/20 margins, flip tails) "
           f"have probability {bad:.3g} > delta/2 = {delta_slack:.3g} at this scale, so the "
           "accountant's number is not a proven (eps, delta); needs larger K_i (spec 000 §3.2)")
+
+
+def _report(plan: FilterPlan, ledger: PrivacyLedger, *, theorem: str, typical: str,
+            mechanisms: tuple[str, ...]) -> PrivacyReport:
+  """The provenance rule shared by Algorithms 1 and 3: ``theory`` -> theorem (the paper's
+  epsilon, the accountant's beside it); ``typical`` sensitivity -> heuristic; ``certified`` ->
+  accountant only when the coupling's bad events fit in delta/2 (``_provenance_note``)."""
+  opt = plan.options
+  if not opt.noise:
+    return _nonprivate_report()
+  acc_eps = ledger.epsilon()
+  if opt.preset == "theory":
+    prov, note = Provenance.THEOREM.value, f"{theorem} gives eps={acc_eps:.4g}"
+  elif opt.sensitivity == "typical":
+    prov, note = Provenance.HEURISTIC.value, typical
+  else:
+    prov, note = _provenance_note(plan.worst_bad, opt.delta / 2)
+  rep = ledger.report(provenance=prov, level="user", mechanisms=mechanisms,
+                      paper_epsilon=opt.epsilon, notes=note,
+                      extra_delta=opt.delta - ledger.delta)
+  # theory: the guarantee is the paper's theorem at the configured epsilon
+  return dataclasses.replace(rep, epsilon=opt.epsilon) if opt.preset == "theory" else rep
 
 
 # ------------------------------------------------------------------------- Algorithm 1
@@ -199,149 +218,152 @@ def _filter_release(points: PyTree, key: jax.Array, *, tau: float, lap_scale: fl
   return passed, x, res
 
 
-def _alg1_schedule(problem: SCOProblem, cfg: dict, eps: float, delta: float,
-                   preset: str) -> Alg1Schedule:
-  return alg1_schedule(n=problem.n_users, m=problem.m, d=problem.d, epsilon=eps, delta=delta,
-                       lipschitz=problem.lipschitz, radius=problem.radius,
-                       smoothness=problem.smoothness, preset=preset,
+def _alg1_schedule(spec: PublicSpec, cfg: dict, opt: Options) -> Alg1Schedule:
+  return alg1_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
+                       delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
+                       smoothness=spec.smoothness, preset=opt.preset,
                        q_exp=cfg.get("q_exp"), p_exp=cfg.get("p_exp"), eta=cfg.get("eta"),
                        num_groups=cfg.get("num_groups"), num_phases=cfg.get("num_phases"))
 
 
+def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
+  """Algorithm 1's data-free plan (schedule, Delta_i, z, sigma_i, events) from public facts."""
+  opt = read_options(cfg, "user_level_phased_sgd")
+  return plan_alg1(spec, opt, _alg1_schedule(spec, cfg, opt))
+
+
+def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray, x: PyTree,
+                k_run: jax.Array, sigma: float):
+  """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release."""
+  sched, ph = plan.schedule, plan.schedule.phases[i]
+  c = sched.num_groups
+  used = users[:c * ph.users_per_group]          # floor(n_i / C) users per group
+  items = jax.tree.map(
+      lambda a: a[used].reshape((c, ph.users_per_group * problem.m) + a.shape[2:]),
+      problem.data)
+  k_sgd, k_rel = jax.random.split(jax.random.fold_in(k_run, ph.index))
+  pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius)
+  return _filter_release(pts, k_rel, tau=ph.tau, lap_scale=sched.laplace_scale,
+                         threshold=sched.threshold, sigma=sigma)
+
+
+def _phase_users(plan: FilterPlan, key: jax.Array, n: int) -> list[np.ndarray]:
+  perm = _user_permutation(key, n)
+  out, start = [], 0
+  for ph in plan.schedule.phases:
+    out.append(perm[start:start + ph.n_users])
+    start += ph.n_users
+  return out
+
+
+def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+                                   anchors: list | None = None, add_noise: bool = True
+                                   ) -> list[dict]:
+  """Audit hook: Algorithm 1's privatized releases, one dict per phase.
+
+  ``{"passed": bool, "release": x_i, "anchor": x_{i-1}}`` with ``x_i = FILTER mean +
+  N(0, sigma_i^2 I)`` before the post-processing projection; every phase runs (no stop at a
+  failed test). ``anchors[i]`` (optional) replaces the phase's starting point (default: the
+  previous phase's projected release, as in the driver), so a neighbouring dataset can be
+  evaluated conditionally on the same earlier releases. ``add_noise=False`` is a test hook:
+  sigma = 0 with the plan (and every key) unchanged. Same keys as the driver."""
+  plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
+  project = bool(cfg_get(cfg, "project_output", plan.options.preset == "practical"))
+  k_perm, k_run = jax.random.split(key)
+  x, out = problem.init_params(), []
+  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
+    x = x if anchors is None else anchors[i]
+    sigma = plan.phases[i].sigma if add_noise else 0.0
+    passed, x_new, _ = _alg1_phase(problem, plan, i, users, x, k_run, sigma)
+    out.append({"passed": bool(passed), "release": x_new, "anchor": x})
+    x = project_l2_ball(x_new, problem.radius) if project else x_new
+  return out
+
+
 def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 1 of paper 000 (see module docstring)."""
-  eps, delta, preset, sens_mode, noise_on, debug = _common(problem, cfg)
-  sched = _alg1_schedule(problem, cfg, eps, delta, preset)
-  c = sched.num_groups
-  eps_test = laplace_test_epsilon(sched.laplace_scale, 2.0)       # score sensitivity 2
-  if eps_test >= eps:
-    raise ValueError(f"the Laplace test alone spends {eps_test:.3g} >= epsilon={eps}")
-  eps_gauss, delta_gauss = eps - eps_test, delta / 2
-  project = bool(cfg_get(cfg, "project_output", preset == "practical"))
-  radius = problem.radius
-  ledger = PrivacyLedger(delta=delta_gauss, epsilon_budget=eps_gauss if noise_on else None,
-                         relation=RELATION, accountant="rdp")
-  pure = _pure_ledger(delta, eps_test)
+  plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
+  ledger = make_ledger(plan)                      # charged before anything is released
+  opt, sched = plan.options, plan.schedule
+  project = bool(cfg_get(cfg, "project_output", opt.preset == "practical"))
   k_perm, k_run = jax.random.split(key)
-  perm = _user_permutation(k_perm, problem.n_users)
-  x = problem.init_params()
-  start, halted_phase, worst_bad = 0, None, 0.0
-  sigmas, deltas = [], []
-  dbg: dict = {"scores": [], "num_kept": []} if debug else None
+  x, halted_phase = problem.init_params(), None
+  dbg: dict = {"scores": [], "num_kept": []} if opt.debug else None
   grads = 0
-  for ph in sched.phases:
-    zeta = delta / (4.0 * len(sched.phases))
-    r_h = 2.0 * ph.tau
-    if not noise_on:
-      sens = math.nan
-    elif sens_mode == "certified":
-      sens = certified_sensitivity(r_h, c, zeta, min_kept_fraction=2.0 / 3.0)
-    else:
-      sens = typical_sensitivity(r_h, c)
-    bad = good_event_failure(c, math.inf, sched.laplace_scale, 1, 2.0 / 15.0) + zeta
-    worst_bad = max(worst_bad, bad)
-    if not noise_on:
-      sigma = 0.0
-    elif preset == "theory":
-      sigma = ph.sigma_paper
-      ledger.compose(dp_accounting.GaussianDpEvent(sigma / sens), label=f"phase{ph.index}",
-                     group=f"phase{ph.index}")
-    else:
-      z = calibrate_noise_multiplier(lambda z: dp_accounting.GaussianDpEvent(z),
-                                     epsilon=eps_gauss, delta=delta_gauss, relation=RELATION,
-                                     accountant="rdp")
-      sigma = z * sens
-      ledger.spend(dp_accounting.GaussianDpEvent(z), label=f"phase{ph.index} output "
-                   f"perturbation (z={z:.4g}, Delta={sens:.4g})", group=f"phase{ph.index}")
-    if noise_on:
-      pure.spend(pure_dp_event(eps_test), label=f"phase{ph.index} Laplace test",
-                 group=f"phase{ph.index}")
-    sigmas.append(sigma)
-    deltas.append(sens)
-    users = perm[start:start + ph.n_users]
-    start += ph.n_users
-    used = users[:c * ph.users_per_group]          # floor(n_i / C) users per group
-    items = jax.tree.map(
-        lambda a: a[used].reshape((c, ph.users_per_group * problem.m) + a.shape[2:]),
-        problem.data)
-    k_sgd, k_rel = jax.random.split(jax.random.fold_in(k_run, ph.index))
-    pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=radius)
-    grads += c * ph.steps
-    passed, x_new, res = _filter_release(pts, k_rel, tau=ph.tau,
-                                         lap_scale=sched.laplace_scale,
-                                         threshold=sched.threshold, sigma=sigma)
-    if debug:
+  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
+    passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run, plan.phases[i].sigma)
+    grads += sched.num_groups * sched.phases[i].steps
+    if opt.debug:
       dbg["scores"].append(float(res.score))
       dbg["num_kept"].append(int(res.num_kept))
     if not bool(passed):           # the released test bit: host branching is post-processing
-      halted_phase = ph.index
+      halted_phase = sched.phases[i].index
       break
-    x = project_l2_ball(x_new, radius) if project else x_new
+    x = project_l2_ball(x_new, problem.radius) if project else x_new
   out = _fallback(problem, cfg) if halted_phase is not None else x
-
   report = _report(
-      noise_on, preset=preset, sens_mode=sens_mode, eps=eps, delta=delta,
-      acc_eps=eps_test + ledger.epsilon() if noise_on else 0.0, worst_bad=worst_bad,
+      plan, ledger,
       theorem="Theorem B.1 (paper constants, preconditions checked); accountant with "
               "explicit Delta",
       typical="typical sensitivity 2 r_h / C (no membership flips) is not a worst-case bound",
       mechanisms=("laplace_test", "filter", "gaussian_output_perturbation"))
-  record = {"preset": preset, "sensitivity": sens_mode, "num_groups": c,
-            "phases": [ph.__dict__ for ph in sched.phases], "sigma": sigmas,
-            "sensitivity_values": deltas, "laplace_scale": sched.laplace_scale,
+  record = {"preset": opt.preset, "sensitivity": opt.sensitivity, "relation": opt.relation,
+            "num_groups": sched.num_groups,
+            "phases": [ph.__dict__ for ph in sched.phases],
+            "sigma": [p.sigma for p in plan.phases],
+            "noise_multiplier": [p.noise_multiplier for p in plan.phases],
+            "sensitivity_values": [p.sensitivity for p in plan.phases],
+            "laplace_scale": sched.laplace_scale, "epsilon_test": plan.epsilon_test,
             "halted_phase": halted_phase, "eta": sched.eta}
   return Result(params=out, privacy=report, gradient_evaluations=int(grads), record=record,
                 debug=dbg)
 
 
-def _report(noise_on: bool, *, preset: str, sens_mode: str, eps: float, delta: float,
-            acc_eps: float, worst_bad: float, theorem: str, typical: str,
-            mechanisms: tuple[str, ...]) -> PrivacyReport:
-  """The provenance rule shared by Algorithms 1 and 3: ``theory`` -> theorem (the paper's
-  epsilon, the accountant's beside it); ``typical`` sensitivity -> heuristic; ``certified`` ->
-  accountant only when the coupling's bad events fit in delta/2 (``_provenance_note``)."""
-  if not noise_on:
-    return _nonprivate_report()
-  if preset == "theory":
-    prov, note, rep_eps = (Provenance.THEOREM.value,
-                           f"{theorem} gives eps={acc_eps:.4g}", eps)
-  elif sens_mode == "typical":
-    prov, note, rep_eps = Provenance.HEURISTIC.value, typical, acc_eps
-  else:
-    (prov, note), rep_eps = _provenance_note(worst_bad, delta / 2), acc_eps
-  return PrivacyReport(epsilon=rep_eps, delta=delta, provenance=prov, level="user",
-                       relation=RELATION, mechanisms=mechanisms, paper_epsilon=eps,
-                       notes=note)
-
-
 # ---------------------------------------------------------------------- Algorithms 2-3
+
+def _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale, query_scale,
+                 sigma, lam, smoothness, radius, stage_length, clip, debug, x_prev, key):
+  """(private part, post-processing part) of Algorithm 2's chain: ``[clip] -> outlier_filter
+  -> add_gaussian_noise`` releases the noisy filtered mean; ``add_prox_to_anchor -> acsa``
+  only reads releases and public numbers."""
+  k_filter, k_noise = jax.random.split(key)
+  stages = [] if clip is None else [clip_per_user(clip)]
+  private = optax.chain(
+      *stages,
+      outlier_filter(batch, filter_radius, key=k_filter, threshold_fraction=threshold_fraction,
+                     threshold_scale=threshold_scale, query_scale=query_scale, debug=debug),
+      add_gaussian_noise(sigma, k_noise))
+  post = optax.chain(
+      add_prox_to_anchor(lam, anchor=x_prev),
+      acsa(smoothness + lam, strong_convexity=lam, radius=radius, stage_length=stage_length))
+  return private, post
+
 
 @functools.partial(jax.jit, static_argnames=(
     "loss_fn", "batch", "steps", "lam", "smoothness", "sigma", "filter_radius",
     "threshold_fraction", "threshold_scale", "query_scale", "radius", "stage_length",
-    "smoothing_radius", "clip", "debug"))
-def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array, *,
-                batch: int, steps: int, lam: float, smoothness: float, sigma: float,
-                filter_radius: float, threshold_fraction: float, threshold_scale: float,
-                query_scale: float, radius: float | None, stage_length: int,
-                smoothing_radius: float | None, clip: float | None, debug: bool):
+    "smoothing_radius", "clip", "debug", "collect"))
+def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
+                given: PyTree | None = None, *, batch: int, steps: int, lam: float,
+                smoothness: float, sigma: float, filter_radius: float,
+                threshold_fraction: float, threshold_scale: float, query_scale: float,
+                radius: float | None, stage_length: int, smoothing_radius: float | None,
+                clip: float | None, debug: bool, collect: bool = False):
   """Algorithm 2 on one phase's users ``data`` (leaves ``[n_i, m, ...]``), jitted; one compile
   per distinct static configuration, reused across seeds. Returns ``(x_ag, halted, filter
-  state)``."""
+  state, releases)``; ``releases`` (with ``collect``) are the per-step noisy filtered means
+  ``[T, ...]`` and halting flags. ``given`` (audit replay, leaves ``[T, ...]``) feeds those
+  releases, instead of this run's, to the post-processing steps, so the query points are
+  those of another dataset's run."""
   n_i = jax.tree.leaves(data)[0].shape[0]
   m = jax.tree.leaves(data)[0].shape[1]
-  k_filter, k_noise, k_sample, k_smooth = jax.random.split(key, 4)
-  stages = [] if clip is None else [clip_per_user(clip)]
-  tx = optax.chain(
-      *stages,
-      outlier_filter(batch, filter_radius, key=k_filter, threshold_fraction=threshold_fraction,
-                     threshold_scale=threshold_scale, query_scale=query_scale, debug=debug),
-      add_gaussian_noise(sigma, k_noise),
-      add_prox_to_anchor(lam, anchor=x_prev),
-      acsa(smoothness + lam, strong_convexity=lam, radius=radius, stage_length=stage_length))
+  k_chain, k_sample, k_smooth = jax.random.split(key, 3)
+  private, post = _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale,
+                               query_scale, sigma, lam, smoothness, radius, stage_length,
+                               clip, debug, x_prev, k_chain)
 
   def body(carry, t):
-    params, state = carry
+    params, (s_priv, s_post) = carry
     if batch < n_i:   # uniformly random K_i-subset, fresh each step (spec §7 item 2)
       idx = jax.random.choice(jax.random.fold_in(k_sample, t), n_i, (batch,), replace=False)
       users = jax.tree.map(lambda a: a[idx], data)
@@ -352,112 +374,116 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
       offsets = smoothing_offsets(jax.random.fold_in(k_smooth, t), params, smoothing_radius,
                                   batch, m)
     g = per_user_grads(loss_fn, params, users, offsets=offsets)
-    upd, new_state = tx.update(g, state, params)
+    noisy, new_priv = private.update(g, s_priv, params)
+    fed = noisy if given is None else jax.tree.map(lambda a: a[t], given)
+    upd, new_post = post.update(fed, s_post, params)
     new_params = optax.apply_updates(params, upd)
-    was_halted, now_halted = filter_halted(state), filter_halted(new_state)
+    was_halted, now_halted = filter_halted(s_priv), filter_halted(new_priv)
+    new_state = (new_priv, new_post)
     # Once halted: params frozen from the halting step on, the whole state from the next.
     params = jax.tree.map(lambda a, b: jnp.where(now_halted, a, b), params, new_params)
-    state = jax.tree.map(lambda a, b: jnp.where(was_halted, a, b), state, new_state)
-    return (params, state), None
+    state = jax.tree.map(lambda a, b: jnp.where(was_halted, a, b), (s_priv, s_post),
+                         new_state)
+    return (params, state), ((noisy, now_halted) if collect else None)
 
-  (params, state), _ = jax.lax.scan(body, (x_prev, tx.init(x_prev)), jnp.arange(steps))
-  return released_params(state, params), filter_halted(state), find_filter_state(state)
+  init = (private.init(x_prev), post.init(x_prev))
+  (params, (s_priv, s_post)), rel = jax.lax.scan(body, (x_prev, init), jnp.arange(steps))
+  return (released_params(s_post, params), filter_halted(s_priv), find_filter_state(s_priv),
+          rel)
 
 
-def _alg3_schedule(problem: SCOProblem, cfg: dict, eps: float, delta: float, preset: str,
-                   smoothed: bool) -> Alg3Schedule:
-  beta = math.inf if smoothed else problem.smoothness
+def _alg3_schedule(spec: PublicSpec, cfg: dict, opt: Options, smoothed: bool
+                   ) -> Alg3Schedule:
+  beta = math.inf if smoothed else spec.smoothness
   r = cfg.get("smoothing_radius") if smoothed else None
   lam = cfg.get("lam")
   scale = cfg.get("lam_scale")
   if scale is not None:     # practical: multiply the Thm C.3 lambda (more localization)
-    if preset == "theory":
+    if opt.preset == "theory":
       raise ValueError("lam_scale is a practical-preset option")
-    n, m, d, L, R = problem.n_users, problem.m, problem.d, problem.lipschitz, problem.radius
+    n, m, d, L, R, eps = spec.n_users, spec.m, spec.d, spec.lipschitz, spec.radius, opt.epsilon
     lam = check_positive(scale, "lam_scale") * (L / R) * (
         1 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m))) if lam is None else lam
-  return alg3_schedule(n=problem.n_users, m=problem.m, d=problem.d, epsilon=eps, delta=delta,
-                       lipschitz=problem.lipschitz, radius=problem.radius, smoothness=beta,
-                       preset=preset, q_exp=cfg.get("q_exp"), p_exp=cfg.get("p_exp"),
-                       lam=lam, batch_users=cfg.get("batch_users"),
+  return alg3_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
+                       delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
+                       smoothness=beta, preset=opt.preset, q_exp=cfg.get("q_exp"),
+                       p_exp=cfg.get("p_exp"), lam=lam, batch_users=cfg.get("batch_users"),
                        num_phases=cfg.get("num_phases"), tau=cfg.get("tau"),
                        smoothing_radius=r)
 
 
-def _gauss_event(z: float, n_i: int, k_i: int, steps: int) -> dp_accounting.DpEvent:
-  g = dp_accounting.GaussianDpEvent(z)
-  one = g if k_i >= n_i else dp_accounting.SampledWithoutReplacementDpEvent(n_i, k_i, g)
-  return dp_accounting.SelfComposedDpEvent(one, steps)
+def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
+                         ) -> FilterPlan:
+  """Algorithm 3's data-free plan (schedule, Delta_i, z_i, sigma_i, events)."""
+  name = "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
+  opt = read_options(cfg, name)
+  max_steps = cfg.get("max_steps")
+  if max_steps is not None and opt.preset == "theory":
+    raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
+  return plan_alg3(spec, opt, _alg3_schedule(spec, cfg, opt, smoothed), max_steps)
+
+
+def _clip(problem: SCOProblem, cfg: dict) -> float | None:
+  clip = cfg.get("clip")
+  return None if clip in (None, False) else check_positive(
+      problem.lipschitz if clip is True else clip, "clip")
+
+
+def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, collect=False):
+  sched, ph, pn = plan.schedule, plan.schedule.phases[i], plan.phases[i]
+  return _alg2_phase(
+      problem.loss_fn, _take(problem.data, users), x, jax.random.fold_in(k_run, ph.index),
+      given, batch=ph.batch, steps=pn.steps, lam=ph.lam, smoothness=sched.smoothness,
+      sigma=sigma, filter_radius=2.0 * sched.tau,
+      threshold_fraction=sched.threshold_fraction, threshold_scale=sched.threshold_scale,
+      query_scale=sched.query_scale, radius=problem.radius,
+      stage_length=min(ph.stage_length, pn.steps), smoothing_radius=sched.smoothing_radius,
+      clip=_clip(problem, cfg), debug=plan.options.debug, collect=collect)
+
+
+def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+                                        smoothed: bool = False, given: list | None = None,
+                                        anchors: list | None = None, add_noise: bool = True
+                                        ) -> list[dict]:
+  """Audit hook: Algorithm 3's privatized releases, one dict per phase.
+
+  ``{"updates": [T_i, ...] noisy filtered means (unused once halted), "halted": [T_i] bool
+  AboveThreshold answers, "anchor": x_{i-1}}``; every phase runs. ``given[i]`` (optional, the
+  ``updates`` of another run) drives the AC-SA steps instead of this run's releases, and
+  ``anchors[i]`` replaces the phase's anchor: a neighbouring dataset is then evaluated at the
+  same query points, i.e. conditionally on the same earlier releases. ``add_noise=False`` is
+  a test hook (sigma = 0, plan and keys unchanged). Same keys as the driver."""
+  plan = plan_accelerated_erm(PublicSpec.of(problem), cfg, smoothed=smoothed)
+  k_perm, k_run = jax.random.split(key)
+  x, out = problem.init_params(), []
+  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
+    x = x if anchors is None else anchors[i]
+    sigma = plan.phases[i].sigma if add_noise else 0.0
+    x_new, _, _, (upd, halted) = _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma,
+                                             given=None if given is None else given[i],
+                                             collect=True)
+    out.append({"updates": upd, "halted": np.asarray(halted), "anchor": x})
+    x = x_new
+  return out
 
 
 def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool) -> Result:
-  eps, delta, preset, sens_mode, noise_on, debug = _common(problem, cfg)
-  sched = _alg3_schedule(problem, cfg, eps, delta, preset, smoothed)
-  max_steps = cfg.get("max_steps")
-  if max_steps is not None and preset == "theory":
-    raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
-  clip = cfg.get("clip")
-  clip = None if clip in (None, False) else check_positive(
-      problem.lipschitz if clip is True else clip, "clip")
-  radius = problem.radius
-  eps_at = above_threshold_epsilon(sched.threshold_scale, sched.query_scale, 2.0)
-  if eps_at >= eps:
-    raise ValueError(f"AboveThreshold alone spends {eps_at:.3g} >= epsilon={eps}")
-  eps_gauss, delta_gauss = eps - eps_at, delta / 2
-  ledger = PrivacyLedger(delta=delta_gauss,
-                         epsilon_budget=eps_gauss if (noise_on and preset != "theory") else None,
-                         relation=RELATION, accountant="rdp")
-  pure = _pure_ledger(delta, eps_at)
+  plan = plan_accelerated_erm(PublicSpec.of(problem), cfg, smoothed=smoothed)
+  ledger = make_ledger(plan)                      # charged before anything is released
+  opt, sched = plan.options, plan.schedule
   k_perm, k_run = jax.random.split(key)
-  perm = _user_permutation(k_perm, problem.n_users)
-  x = problem.init_params()
-  start, halted_phase, worst_bad, grads = 0, None, 0.0, 0
-  rec_phases, dbg = [], ({"phases": []} if debug else None)
-  for ph in sched.phases:
-    steps = ph.steps if max_steps is None else min(ph.steps, int(max_steps))
-    stage = min(ph.stage_length, steps)
-    zeta = delta / (4.0 * steps * len(sched.phases))
-    r_h = 2.0 * sched.tau
-    if not noise_on:
-      sens = math.nan
-    elif sens_mode == "certified":
-      sens = certified_sensitivity(r_h, ph.batch, zeta, min_kept_fraction=0.1)
-    else:
-      sens = typical_sensitivity(r_h, ph.batch)
-    bad = good_event_failure(ph.batch, sched.threshold_scale, sched.query_scale, steps,
-                             1.0 / 20.0) + steps * zeta
-    worst_bad = max(worst_bad, bad)
-    z = math.nan
-    if not noise_on:
-      sigma = 0.0
-    elif preset == "theory":
-      sigma = ph.sigma_paper
-      ledger.compose(_gauss_event(sigma / sens, ph.n_users, ph.batch, steps),
-                     label=f"phase{ph.index}", group=f"phase{ph.index}")
-    else:
-      make = functools.partial(_gauss_event, n_i=ph.n_users, k_i=ph.batch, steps=steps)
-      z = calibrate_noise_multiplier(make, epsilon=eps_gauss, delta=delta_gauss,
-                                     relation=RELATION, accountant="rdp")
-      sigma = z * sens
-      ledger.spend(make(z), label=f"phase{ph.index}: {steps} x Gaussian (z={z:.4g}, "
-                   f"Delta={sens:.4g}, K={ph.batch} of {ph.n_users})", group=f"phase{ph.index}")
-    if noise_on:
-      pure.spend(pure_dp_event(eps_at), label=f"phase{ph.index} AboveThreshold",
-                 group=f"phase{ph.index}")
-    users = perm[start:start + ph.n_users]
-    start += ph.n_users
-    x_new, halted, fstate = _alg2_phase(
-        problem.loss_fn, _take(problem.data, users), x, jax.random.fold_in(k_run, ph.index),
-        batch=ph.batch, steps=steps, lam=ph.lam, smoothness=sched.smoothness, sigma=sigma,
-        filter_radius=r_h, threshold_fraction=sched.threshold_fraction,
-        threshold_scale=sched.threshold_scale, query_scale=sched.query_scale, radius=radius,
-        stage_length=stage, smoothing_radius=sched.smoothing_radius, clip=clip, debug=debug)
-    grads += steps * ph.batch * problem.m
+  x, halted_phase, grads = problem.init_params(), None, 0
+  rec_phases, dbg = [], ({"phases": []} if opt.debug else None)
+  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
+    ph, pn = sched.phases[i], plan.phases[i]
+    x_new, halted, fstate, _ = _run_phase3(problem, cfg, plan, i, users, x, k_run, pn.sigma)
+    grads += pn.steps * ph.batch * problem.m
     rec_phases.append({"index": ph.index, "n_users": ph.n_users, "batch": ph.batch,
-                       "steps": steps, "lam": ph.lam, "stage_length": stage, "sigma": sigma,
-                       "noise_multiplier": z, "sensitivity": sens,
-                       "sigma_paper": ph.sigma_paper})
-    if debug:
+                       "steps": pn.steps, "lam": ph.lam,
+                       "stage_length": min(ph.stage_length, pn.steps), "sigma": pn.sigma,
+                       "noise_multiplier": pn.noise_multiplier,
+                       "sensitivity": pn.sensitivity, "sigma_paper": ph.sigma_paper})
+    if opt.debug:
       d = fstate.debug
       dbg["phases"].append({"halted": bool(halted), "min_score": float(d.min_score),
                             "steps_run": int(d.steps_run),
@@ -467,19 +493,18 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
       break
     x = x_new
   out = _fallback(problem, cfg) if halted_phase is not None else x
-
   report = _report(
-      noise_on, preset=preset, sens_mode=sens_mode, eps=eps, delta=delta,
-      acc_eps=eps_at + ledger.epsilon() if noise_on else 0.0, worst_bad=worst_bad,
+      plan, ledger,
       theorem="Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
               "explicit coupled Delta",
       typical="typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound",
       mechanisms=("above_threshold", "filter", "subsampled_gaussian_wor"))
-  record = {"preset": preset, "sensitivity": sens_mode, "tau": sched.tau,
-            "smoothness": sched.smoothness, "smoothing_radius": sched.smoothing_radius,
-            "lambda": sched.lam, "threshold_scale": sched.threshold_scale,
-            "query_scale": sched.query_scale, "phases": rec_phases,
-            "halted_phase": halted_phase, "epsilon_above_threshold": eps_at}
+  record = {"preset": opt.preset, "sensitivity": opt.sensitivity, "relation": opt.relation,
+            "tau": sched.tau, "smoothness": sched.smoothness,
+            "smoothing_radius": sched.smoothing_radius, "lambda": sched.lam,
+            "threshold_scale": sched.threshold_scale, "query_scale": sched.query_scale,
+            "phases": rec_phases, "halted_phase": halted_phase,
+            "epsilon_above_threshold": plan.epsilon_test}
   return Result(params=out, privacy=report, gradient_evaluations=int(grads), record=record,
                 debug=dbg)
 
@@ -495,122 +520,8 @@ def user_level_accelerated_erm_smoothed(problem: SCOProblem, cfg: dict,
   return _run_alg3(problem, cfg, key, smoothed=True)
 
 
-# ---------------------------------------------------------------------- problems of ours
-
-def corrupt_users(problem: SCOProblem, fraction: float, *, mode: str = "flip",
-                  key: jax.Array, scale: float = 100.0) -> SCOProblem:
-  """A copy of ``problem`` whose random ``floor(fraction n)`` users are adversarial.
-
-  Modes: ``flip`` (labels ``y -> 1 - y`` / ``-y``: gradients pointing the opposite way),
-  ``huge`` (features times ``scale``: huge gradients), ``random`` (features replaced by random
-  ``scale``-norm directions, random labels: spread outliers). Risk and optimum stay those of the
-  clean population, so ``excess_risk`` measures the damage.
-  """
-  if not 0.0 <= fraction < 1.0:
-    raise ValueError(f"fraction must lie in [0, 1), got {fraction}")
-  check_choice(mode, "mode", ("flip", "huge", "random"))
-  n = problem.n_users
-  k = int(math.floor(fraction * n))
-  bad = np.zeros(n, bool)
-  bad[np.asarray(jax.random.permutation(key, n))[:k]] = True
-  badj = jnp.asarray(bad)
-  x, y = problem.data["x"], problem.data["y"]
-  sel = lambda a, b: jnp.where(badj.reshape((-1,) + (1,) * (a.ndim - 1)), b, a)
-  binary = bool(jnp.all((y == 0) | (y == 1)))
-  if mode == "flip":
-    y2 = sel(y, 1.0 - y if binary else -y)
-    x2 = x
-  elif mode == "huge":
-    x2, y2 = sel(x, scale * x), y
-  else:
-    kx, ky = jax.random.split(jax.random.fold_in(key, 1))
-    g = jax.random.normal(kx, x.shape)
-    x2 = sel(x, scale * g / jnp.linalg.norm(g, axis=-1, keepdims=True))
-    y2 = sel(y, jax.random.bernoulli(ky, 0.5, y.shape).astype(y.dtype) if binary
-             else jax.random.normal(ky, y.shape))
-  import dataclasses
-  meta = dict(problem.meta, corrupted_fraction=k / n, corruption_mode=mode)
-  return dataclasses.replace(problem, name=f"{problem.name}_corrupted", data={"x": x2, "y": y2},
-                             meta=meta)
-
-
-def hinge_loss(w: jax.Array, ex: dict) -> jax.Array:
-  return jax.nn.relu(1.0 - ex["y"] * jnp.dot(ex["x"], w))
-
-
-def hinge_problem(*, n_users: int, m: int, d: int, key: jax.Array, radius: float = 2.0,
-                  n_eval: int = 3000) -> SCOProblem:
-  """Non-smooth linear SVM (hinge loss, ``L = 1``) on the core logistic data model.
-
-  Features uniform on the sphere, ``y in {-1, 1}`` with ``P(y = 1 | x) = sigmoid(<w*, x>)``.
-  The evaluation risk integrates the label noise: ``mean_x p relu(1 - t) + (1-p) relu(1 + t)``
-  with ``t = <w, x>``; its minimizer over the ``R``-ball is found by linear programming
-  (HiGHS) — exact for this piecewise-linear objective; if the LP optimum leaves the ball the
-  problem raises (pick a larger radius).
-  """
-  from scipy.optimize import linprog
-  base = make_core_problem("logistic", n_users=n_users, m=m, d=d, key=key, radius=radius,
-                           n_eval=n_eval)
-  k_eval = jax.random.fold_in(key, 7)
-  xe = jax.random.normal(k_eval, (n_eval, d))
-  xe = xe / jnp.linalg.norm(xe, axis=1, keepdims=True)
-  w_star = base.meta["w_star"]
-  p = jax.nn.sigmoid(xe @ w_star)
-  xn, pn = np.asarray(xe, np.float64), np.asarray(p, np.float64)
-  # variables [w (d), u (n), v (n)]: u >= 1 - t, v >= 1 + t, u, v >= 0
-  from scipy import sparse
-  ne = n_eval
-  cost = np.concatenate([np.zeros(d), pn / ne, (1 - pn) / ne])
-  eye, zero = sparse.identity(ne, format="csr"), sparse.csr_matrix((ne, ne))
-  a_ub = sparse.vstack([sparse.hstack([sparse.csr_matrix(-xn), -eye, zero]),
-                        sparse.hstack([sparse.csr_matrix(xn), zero, -eye])], format="csr")
-  sol = linprog(cost, A_ub=a_ub, b_ub=-np.ones(2 * ne),
-                bounds=[(None, None)] * d + [(0, None)] * (2 * ne), method="highs")
-  if not sol.success:
-    raise RuntimeError(f"hinge optimum LP failed: {sol.message}")
-  w_opt = jnp.asarray(sol.x[:d], jnp.float32)
-  if float(jnp.linalg.norm(w_opt)) > radius:
-    raise ValueError(f"radius={radius} is smaller than the hinge optimum's norm "
-                     f"{float(jnp.linalg.norm(w_opt)):.3g}")
-
-  def risk(w):
-    t = xe @ w
-    return jnp.mean(p * jax.nn.relu(1 - t) + (1 - p) * jax.nn.relu(1 + t))
-  risk = jax.jit(risk)
-  y_pm = 2.0 * base.data["y"] - 1.0
-  import dataclasses
-  return dataclasses.replace(base, name="hinge", loss_fn=hinge_loss,
-                             data={"x": base.data["x"], "y": y_pm}, lipschitz=1.0,
-                             smoothness=math.inf, x_opt=w_opt, risk_fn=risk,
-                             opt_risk=float(risk(w_opt)), meta={"w_star": w_star})
-
-
-def _problem_kwargs(cfg: dict) -> dict:
-  out = {k: cfg[k] for k in ("n_users", "m", "d", "radius") if k in cfg}
-  return out
-
-
-def _logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
-  k_prob, k_bad = jax.random.split(key)
-  base = make_core_problem("logistic", key=k_prob, **_problem_kwargs(cfg),
-                           **{k: cfg[k] for k in ("heterogeneity", "n_eval") if k in cfg})
-  return corrupt_users(base, float(cfg_get(cfg, "corruption", 0.05)),
-                       mode=cfg_get(cfg, "corruption_mode", "flip"), key=k_bad,
-                       scale=float(cfg_get(cfg, "corruption_scale", 100.0)))
-
-
-def _hinge(cfg: dict, key: jax.Array) -> SCOProblem:
-  return hinge_problem(key=key, **_problem_kwargs(cfg),
-                       **({"n_eval": cfg["n_eval"]} if "n_eval" in cfg else {}))
-
-
 ALGORITHMS = {
     "user_level_phased_sgd": user_level_phased_sgd,
     "user_level_accelerated_erm": user_level_accelerated_erm,
     "user_level_accelerated_erm_smoothed": user_level_accelerated_erm_smoothed,
-}
-
-PROBLEMS = {
-    "logistic_corrupted": _logistic_corrupted,
-    "hinge": _hinge,
 }

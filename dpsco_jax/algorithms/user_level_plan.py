@@ -1,0 +1,235 @@
+"""Data-free privacy plans of paper 000's drivers (Algorithm 1; Algorithms 2-3).
+
+A plan is computed from the config and the *public* facts about the data (:class:`PublicSpec`:
+``n`` users, ``m`` items each, ``d``, ``L``, ``R``, ``beta``) before any data is touched: the
+schedule, every phase's release sensitivity, noise multiplier and standard deviation, and the
+privacy events the ledger is charged with before the first release.
+
+Neighbouring relation: **replace-one user** (paper 000, Definition 1.3), ``n`` and ``m`` public.
+It is the only relation these drivers honour: FILTER averages over a public number of users
+(``C`` groups, ``K_i`` sampled users, phase sizes ``n_i`` from ``n``) and its sensitivity
+analysis (Lemmas B.2/C.2) couples the kept sets of two inputs of the same size. Under
+``add_remove`` every one of those sizes would depend on the private ``n``; ``zero_out`` is
+refused too (it would be sound, as a special replacement, but only with a different noise
+convention than the one below, and nobody needs it).
+
+Noise convention (one convention, the library's): the sensitivities of
+:mod:`~dpsco_jax.algorithms.user_level_schedules` are *replace-one* shifts ``Delta`` of the
+filtered mean (the replaced user plus coupled membership flips). The Gaussian noise multiplier
+is ``z = sigma / C`` with ``C = Delta / 2`` the add/remove-equivalent sensitivity: the ledger,
+under ``replace_one``, accounts for the shift ``2 C = Delta`` itself. (Before issue 11 the
+drivers used ``sigma = z * Delta`` under the same accountant: twice the needed noise.)
+
+Accounting (one ledger, :func:`make_ledger`): per phase (disjoint users: ``group=phase``,
+parallel composition) a pure-DP test (the one-shot Laplace test of Alg. 1 or AboveThreshold of
+Alg. 2, ``pure_dp_event``) and the Gaussian release(s), composed at ``delta/2``; the other
+``delta/2`` covers the coupling's bad events (reported as ``extra_delta``). The noise is
+calibrated by :func:`~dpsco_jax.privacy.calibrate_noise_multiplier` with the test as a
+``fixed`` event, so the calibrated phase spends exactly the target epsilon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import dp_accounting
+
+from dpsco_jax._checks import check_bool, check_choice, check_delta, check_epsilon, \
+    check_positive
+from dpsco_jax.algorithms.common import cfg_get
+from dpsco_jax.algorithms.user_level_schedules import (Alg1Schedule, Alg3Schedule,
+                                                       certified_sensitivity,
+                                                       good_event_failure,
+                                                       typical_sensitivity)
+from dpsco_jax.privacy import (PrivacyLedger, calibrate_noise_multiplier, check_relation,
+                               pure_dp_event)
+from dpsco_jax.privacy.sparse_vector import above_threshold_epsilon, laplace_test_epsilon
+
+RELATION = "replace_one"           # Definition 1.3: neighbouring datasets replace one user
+SUPPORTED_RELATIONS = (RELATION,)
+SENSITIVITIES = ("certified", "typical")
+PUBLIC = ("the number of users n, the items per user m, d, L, R, beta (replace-one "
+          "adjacency: n is public); the phase sizes, group sizes and K_i follow from them")
+
+__all__ = ["RELATION", "SUPPORTED_RELATIONS", "PublicSpec", "Options", "PhaseNoise",
+           "FilterPlan", "read_options", "plan_alg1", "plan_alg3", "make_ledger",
+           "gauss_event"]
+
+
+class PublicSpec(NamedTuple):
+  """The public facts a plan may read (never the data)."""
+  n_users: int
+  m: int
+  d: int
+  lipschitz: float
+  radius: float
+  smoothness: float
+
+  @classmethod
+  def of(cls, problem: Any) -> "PublicSpec":
+    return cls(problem.n_users, problem.m, problem.d, problem.lipschitz, problem.radius,
+               problem.smoothness)
+
+
+class Options(NamedTuple):
+  epsilon: float
+  delta: float
+  preset: str
+  sensitivity: str
+  noise: bool
+  debug: bool
+  relation: str
+  noise_multiplier: float | None
+
+
+def read_options(cfg: dict, mechanism: str) -> Options:
+  """The privacy-relevant config keys, validated (errors name the key)."""
+  eps = check_epsilon(cfg.get("epsilon"))
+  delta = check_delta(cfg.get("delta"))
+  preset = check_choice(cfg_get(cfg, "preset", "practical"), "preset", ("theory", "practical"))
+  sens = check_choice(cfg_get(cfg, "sensitivity", "certified"), "sensitivity", SENSITIVITIES)
+  noise = check_bool(cfg_get(cfg, "noise", True), "noise")
+  debug = check_bool(cfg_get(cfg, "debug", False), "debug")
+  relation = check_relation(cfg_get(cfg, "relation", RELATION), supported=SUPPORTED_RELATIONS,
+                            mechanism=f"{mechanism} (FILTER averages over a public number of "
+                                      "users; paper 000 is replace-one)")
+  z = cfg.get("noise_multiplier")
+  if z is not None:
+    z = check_positive(z, "noise_multiplier")
+    if preset == "theory":
+      raise ValueError("noise_multiplier: the theory preset uses the paper's sigma_i")
+  return Options(eps, delta, preset, sens, noise, debug, relation, z)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseNoise:
+  """One phase's public privacy parameters."""
+  index: int
+  sensitivity: float          # replace-one l2 shift Delta of the phase's Gaussian release
+  noise_multiplier: float     # z = sigma / (Delta / 2)  (nan when noise is off)
+  sigma: float                # std of the Gaussian added to the release
+  steps: int                  # Gaussian releases in the phase (1 for Alg. 1)
+  test_event: Any             # pure-DP test (Laplace test / AboveThreshold), None if noise off
+  gaussian_event: Any         # dp_accounting event of the phase's releases, None if noise off
+  bad_event_probability: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterPlan:
+  """Everything the run needs that does not depend on the data."""
+  algorithm: str
+  options: Options
+  schedule: Alg1Schedule | Alg3Schedule
+  epsilon_test: float
+  phases: tuple[PhaseNoise, ...]
+
+  @property
+  def accountant_delta(self) -> float:
+    return self.options.delta / 2.0
+
+  @property
+  def worst_bad(self) -> float:
+    return max((p.bad_event_probability for p in self.phases), default=0.0)
+
+
+def gauss_event(z: float, n_i: int, k_i: int, steps: int) -> dp_accounting.DpEvent:
+  """``steps`` Gaussian releases of a uniformly random ``K_i``-subset of ``n_i`` users."""
+  g = dp_accounting.GaussianDpEvent(z)
+  one = g if k_i >= n_i else dp_accounting.SampledWithoutReplacementDpEvent(n_i, k_i, g)
+  return dp_accounting.SelfComposedDpEvent(one, steps) if steps > 1 else one
+
+
+def _sensitivity(opt: Options, r_h: float, k: int, zeta: float, kept: float) -> float:
+  if opt.sensitivity == "certified":
+    return certified_sensitivity(r_h, k, zeta, min_kept_fraction=kept)
+  return typical_sensitivity(r_h, k)
+
+
+def _noise(opt: Options, make, test_event, sens: float, sigma_paper: float
+           ) -> tuple[float, float]:
+  """``(z, sigma)``: paper sigma (theory), explicit z, or the calibrated z; ``sigma = z C``
+  with ``C = Delta/2`` (the ledger doubles it under replace-one)."""
+  c = sens / 2.0
+  if opt.preset == "theory":
+    return sigma_paper / c, sigma_paper
+  z = opt.noise_multiplier
+  if z is None:
+    z = calibrate_noise_multiplier(make, epsilon=opt.epsilon, delta=opt.delta / 2.0,
+                                   relation=opt.relation, fixed=[test_event])
+  return z, z * c
+
+
+def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule) -> FilterPlan:
+  """Algorithm 1: per phase a Laplace test (score sensitivity 2) and one Gaussian release."""
+  eps_test = laplace_test_epsilon(sched.laplace_scale, 2.0)
+  if opt.noise and eps_test >= opt.epsilon:
+    raise ValueError(f"epsilon: the Laplace test alone spends {eps_test:.3g} >= "
+                     f"epsilon={opt.epsilon}")
+  test = pure_dp_event(eps_test)
+  make = lambda z: dp_accounting.GaussianDpEvent(z)
+  zeta = opt.delta / (4.0 * len(sched.phases))
+  phases, calibrated = [], None
+  for ph in sched.phases:
+    bad = good_event_failure(sched.num_groups, math.inf, sched.laplace_scale, 1,
+                             2.0 / 15.0) + zeta
+    if not opt.noise:
+      phases.append(PhaseNoise(ph.index, math.nan, math.nan, 0.0, 1, None, None, bad))
+      continue
+    sens = _sensitivity(opt, 2.0 * ph.tau, sched.num_groups, zeta, 2.0 / 3.0)
+    if opt.preset == "practical" and opt.noise_multiplier is None:
+      # the same event in every phase: calibrate once
+      calibrated = calibrated or _noise(opt, make, test, 2.0, math.nan)[0]
+      z, sigma = calibrated, calibrated * sens / 2.0
+    else:
+      z, sigma = _noise(opt, make, test, sens, ph.sigma_paper)
+    phases.append(PhaseNoise(ph.index, sens, z, sigma, 1, test, make(z), bad))
+  return FilterPlan("user_level_phased_sgd", opt, sched, eps_test, tuple(phases))
+
+
+def plan_alg3(spec: PublicSpec, opt: Options, sched: Alg3Schedule,
+              max_steps: int | None) -> FilterPlan:
+  """Algorithms 2-3: per phase AboveThreshold (query sensitivity 2) and ``T_i`` Gaussian
+  releases of a ``K_i``-of-``n_i`` sample without replacement."""
+  eps_at = above_threshold_epsilon(sched.threshold_scale, sched.query_scale, 2.0)
+  if opt.noise and eps_at >= opt.epsilon:
+    raise ValueError(f"epsilon: AboveThreshold alone spends {eps_at:.3g} >= "
+                     f"epsilon={opt.epsilon}")
+  test = pure_dp_event(eps_at)
+  phases = []
+  for ph in sched.phases:
+    steps = ph.steps if max_steps is None else min(ph.steps, int(max_steps))
+    zeta = opt.delta / (4.0 * steps * len(sched.phases))
+    bad = good_event_failure(ph.batch, sched.threshold_scale, sched.query_scale, steps,
+                             1.0 / 20.0) + steps * zeta
+    if not opt.noise:
+      phases.append(PhaseNoise(ph.index, math.nan, math.nan, 0.0, steps, None, None, bad))
+      continue
+    sens = _sensitivity(opt, 2.0 * sched.tau, ph.batch, zeta, 0.1)
+    make = lambda z, n_i=ph.n_users, k_i=ph.batch, t=steps: gauss_event(z, n_i, k_i, t)
+    z, sigma = _noise(opt, make, test, sens, ph.sigma_paper)
+    phases.append(PhaseNoise(ph.index, sens, z, sigma, steps, test, make(z), bad))
+  return FilterPlan("user_level_accelerated_erm", opt, sched, eps_at, tuple(phases))
+
+
+def make_ledger(plan: FilterPlan) -> PrivacyLedger:
+  """A ledger charged with every phase's events, BEFORE anything is released.
+
+  practical: budget = the configured epsilon (an explicit ``noise_multiplier`` whose epsilon
+  exceeds it raises :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` here). theory: the
+  guarantee is the paper's theorem; the events are recorded (no budget) so the accountant's
+  epsilon for the paper's sigma can be reported beside it."""
+  opt = plan.options
+  budget = opt.epsilon if (opt.noise and opt.preset == "practical") else None
+  ledger = PrivacyLedger(delta=plan.accountant_delta, epsilon_budget=budget,
+                         relation=opt.relation)
+  if not opt.noise:
+    return ledger
+  record = ledger.spend if budget is not None else ledger.compose
+  for ph in plan.phases:
+    g = f"phase{ph.index}"
+    record(ph.test_event, label=f"{g} pure-DP test", group=g)
+    record(ph.gaussian_event, label=f"{g}: {ph.steps} x Gaussian (z={ph.noise_multiplier:.4g},"
+           f" Delta={ph.sensitivity:.4g})", group=g)
+  return ledger

@@ -1,0 +1,131 @@
+"""Problems of ours for paper 000's experiments: corrupted users and a non-smooth hinge SVM.
+
+Moved out of :mod:`dpsco_jax.algorithms.user_level_filter` (re-exported there); they build
+data, they release nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsco_jax._checks import check_choice
+from dpsco_jax.algorithms.common import cfg_get
+from dpsco_jax.problems import SCOProblem, make as make_core_problem
+
+__all__ = ["corrupt_users", "hinge_loss", "hinge_problem", "PROBLEMS"]
+
+
+def corrupt_users(problem: SCOProblem, fraction: float, *, mode: str = "flip",
+                  key: jax.Array, scale: float = 100.0) -> SCOProblem:
+  """A copy of ``problem`` whose random ``floor(fraction n)`` users are adversarial.
+
+  Modes: ``flip`` (labels ``y -> 1 - y`` / ``-y``: gradients pointing the opposite way),
+  ``huge`` (features times ``scale``: huge gradients), ``random`` (features replaced by random
+  ``scale``-norm directions, random labels: spread outliers). Risk and optimum stay those of the
+  clean population, so ``excess_risk`` measures the damage.
+  """
+  if not 0.0 <= fraction < 1.0:
+    raise ValueError(f"fraction must lie in [0, 1), got {fraction}")
+  check_choice(mode, "mode", ("flip", "huge", "random"))
+  n = problem.n_users
+  k = int(math.floor(fraction * n))
+  bad = np.zeros(n, bool)
+  bad[np.asarray(jax.random.permutation(key, n))[:k]] = True
+  badj = jnp.asarray(bad)
+  x, y = problem.data["x"], problem.data["y"]
+  sel = lambda a, b: jnp.where(badj.reshape((-1,) + (1,) * (a.ndim - 1)), b, a)
+  binary = bool(jnp.all((y == 0) | (y == 1)))
+  if mode == "flip":
+    y2 = sel(y, 1.0 - y if binary else -y)
+    x2 = x
+  elif mode == "huge":
+    x2, y2 = sel(x, scale * x), y
+  else:
+    kx, ky = jax.random.split(jax.random.fold_in(key, 1))
+    g = jax.random.normal(kx, x.shape)
+    x2 = sel(x, scale * g / jnp.linalg.norm(g, axis=-1, keepdims=True))
+    y2 = sel(y, jax.random.bernoulli(ky, 0.5, y.shape).astype(y.dtype) if binary
+             else jax.random.normal(ky, y.shape))
+  meta = dict(problem.meta, corrupted_fraction=k / n, corruption_mode=mode)
+  return dataclasses.replace(problem, name=f"{problem.name}_corrupted", data={"x": x2, "y": y2},
+                             meta=meta)
+
+
+def hinge_loss(w: jax.Array, ex: dict) -> jax.Array:
+  return jax.nn.relu(1.0 - ex["y"] * jnp.dot(ex["x"], w))
+
+
+def hinge_problem(*, n_users: int, m: int, d: int, key: jax.Array, radius: float = 2.0,
+                  n_eval: int = 3000) -> SCOProblem:
+  """Non-smooth linear SVM (hinge loss, ``L = 1``) on the core logistic data model.
+
+  Features uniform on the sphere, ``y in {-1, 1}`` with ``P(y = 1 | x) = sigmoid(<w*, x>)``.
+  The evaluation risk integrates the label noise: ``mean_x p relu(1 - t) + (1-p) relu(1 + t)``
+  with ``t = <w, x>``; its minimizer over the ``R``-ball is found by linear programming
+  (HiGHS) — exact for this piecewise-linear objective; if the LP optimum leaves the ball the
+  problem raises (pick a larger radius).
+  """
+  from scipy.optimize import linprog
+  base = make_core_problem("logistic", n_users=n_users, m=m, d=d, key=key, radius=radius,
+                           n_eval=n_eval)
+  k_eval = jax.random.fold_in(key, 7)
+  xe = jax.random.normal(k_eval, (n_eval, d))
+  xe = xe / jnp.linalg.norm(xe, axis=1, keepdims=True)
+  w_star = base.meta["w_star"]
+  p = jax.nn.sigmoid(xe @ w_star)
+  xn, pn = np.asarray(xe, np.float64), np.asarray(p, np.float64)
+  # variables [w (d), u (n), v (n)]: u >= 1 - t, v >= 1 + t, u, v >= 0
+  from scipy import sparse
+  ne = n_eval
+  cost = np.concatenate([np.zeros(d), pn / ne, (1 - pn) / ne])
+  eye, zero = sparse.identity(ne, format="csr"), sparse.csr_matrix((ne, ne))
+  a_ub = sparse.vstack([sparse.hstack([sparse.csr_matrix(-xn), -eye, zero]),
+                        sparse.hstack([sparse.csr_matrix(xn), zero, -eye])], format="csr")
+  sol = linprog(cost, A_ub=a_ub, b_ub=-np.ones(2 * ne),
+                bounds=[(None, None)] * d + [(0, None)] * (2 * ne), method="highs")
+  if not sol.success:
+    raise RuntimeError(f"hinge optimum LP failed: {sol.message}")
+  w_opt = jnp.asarray(sol.x[:d], jnp.float32)
+  if float(jnp.linalg.norm(w_opt)) > radius:
+    raise ValueError(f"radius={radius} is smaller than the hinge optimum's norm "
+                     f"{float(jnp.linalg.norm(w_opt)):.3g}")
+
+  def risk(w):
+    t = xe @ w
+    return jnp.mean(p * jax.nn.relu(1 - t) + (1 - p) * jax.nn.relu(1 + t))
+  risk = jax.jit(risk)
+  y_pm = 2.0 * base.data["y"] - 1.0
+  return dataclasses.replace(base, name="hinge", loss_fn=hinge_loss,
+                             data={"x": base.data["x"], "y": y_pm}, lipschitz=1.0,
+                             smoothness=math.inf, x_opt=w_opt, risk_fn=risk,
+                             opt_risk=float(risk(w_opt)), meta={"w_star": w_star})
+
+
+def _problem_kwargs(cfg: dict) -> dict:
+  out = {k: cfg[k] for k in ("n_users", "m", "d", "radius") if k in cfg}
+  return out
+
+
+def _logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
+  k_prob, k_bad = jax.random.split(key)
+  base = make_core_problem("logistic", key=k_prob, **_problem_kwargs(cfg),
+                           **{k: cfg[k] for k in ("heterogeneity", "n_eval") if k in cfg})
+  return corrupt_users(base, float(cfg_get(cfg, "corruption", 0.05)),
+                       mode=cfg_get(cfg, "corruption_mode", "flip"), key=k_bad,
+                       scale=float(cfg_get(cfg, "corruption_scale", 100.0)))
+
+
+def _hinge(cfg: dict, key: jax.Array) -> SCOProblem:
+  return hinge_problem(key=key, **_problem_kwargs(cfg),
+                       **({"n_eval": cfg["n_eval"]} if "n_eval" in cfg else {}))
+
+
+PROBLEMS = {
+    "logistic_corrupted": _logistic_corrupted,
+    "hinge": _hinge,
+}
