@@ -41,3 +41,25 @@ def test_bench_core_quick_prints_json_summary():
   # The human-readable table precedes the JSON line: one header per section.
   for header in ("(a)(i) logistic", "(a)(ii) MLP", "(b) item-level DP-SGD"):
     assert header in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_gpu_quick_prints_json_summary():
+  """``experiments/bench_gpu.py --quick``: the five workloads of issue 14 at tiny sizes; every
+  row has a finite positive ratio to its own non-private step."""
+  bench = BENCH.parent / "bench_gpu.py"
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  proc = subprocess.run([sys.executable, str(bench), "--quick", "--reps", "2"],
+                        capture_output=True, text=True, timeout=600, env=env,
+                        cwd=str(BENCH.parents[1]))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert summary["mode"] == "quick"
+  assert set(summary["workloads"]) == {"cnn_item", "transformer", "transformer_mha",
+                                       "logistic_user", "cnn_user"}
+  for rows in summary["workloads"].values():
+    assert set(rows) >= {"nonprivate", "dpsco_fast", "dpsco_vmap", "optax_dpsgd"}
+    assert rows["nonprivate"]["ratio"] == 1.0
+    assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows.values())

@@ -1,0 +1,224 @@
+"""One DP-SGD step (gradient + clip C=1 + Gaussian noise + SGD) against the same library's
+non-private step, on the five workloads of issue 14, side by side in one run.
+
+Rows per workload (each ratio is to its own library's non-private step):
+  * ``dpsco_fast``  — :class:`dpsco_jax.flax.fast_clip.FastClippedGrad` (taps, no per-example
+    gradients where a layer is supported; exact fallback elsewhere);
+  * ``dpsco_vmap``  — the core's vmapped per-user gradients + fused ``clip_and_aggregate``;
+  * ``optax_dpsgd`` — ``optax.contrib.dpsgd`` on vmapped per-example (per-user) gradients;
+  * ``jax_privacy`` — jax-privacy's ``clipped_grad`` + noise, when the package is installed
+    (skipped with a note otherwise);
+  * Opacus rows are not implemented in this script yet (noted in the output).
+Times: medians of interleaved repetitions (experiments/_timing.py), matmuls at full f32
+precision (``jax_default_matmul_precision=highest``: the DP norms need it, and it keeps the
+non-private reference comparable). Peak memory: XLA's compiled memory analysis.
+
+    python experiments/bench_gpu.py            # the issue's sizes (meant for a GPU)
+    python experiments/bench_gpu.py --quick    # tiny sizes, CPU, under a minute
+
+The last printed line is one JSON object: per workload, each row's ratio, ms and MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optax.contrib
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import Candidate, compare, format_comparison  # noqa: E402
+
+from dpsco_jax.flax.fast_clip import FastClippedGrad  # noqa: E402
+from dpsco_jax.grads import per_user_grads  # noqa: E402
+from dpsco_jax.transforms.clipping import clip_and_aggregate  # noqa: E402
+from dpsco_jax.transforms.noise import add_gaussian_noise  # noqa: E402
+
+CLIP, Z, LR = 1.0, 1.0, 0.05
+
+
+class CNN(nnx.Module):
+  def __init__(self, ch: int, classes: int, rngs: nnx.Rngs):
+    self.convs = nnx.List([nnx.Conv(c_in, c_out, (3, 3), strides=s, rngs=rngs) for c_in, c_out, s
+                           in ((3, ch, 1), (ch, ch, 2), (ch, 2 * ch, 1), (2 * ch, 2 * ch, 2))])
+    self.head = nnx.Linear(2 * ch, classes, rngs=rngs)
+
+  def __call__(self, x):
+    for conv in self.convs:
+      x = jax.nn.relu(conv(x))
+    return self.head(jnp.mean(x, axis=(-3, -2)))
+
+
+class Block(nnx.Module):
+  def __init__(self, d: int, heads: int, mha: bool, rngs: nnx.Rngs):
+    self.ln1, self.ln2 = nnx.LayerNorm(d, rngs=rngs), nnx.LayerNorm(d, rngs=rngs)
+    self.mha, self.heads = mha, heads
+    if mha:
+      self.attn = nnx.MultiHeadAttention(heads, d, decode=False, rngs=rngs)
+    else:
+      self.qkv, self.out = nnx.Linear(d, 3 * d, rngs=rngs), nnx.Linear(d, d, rngs=rngs)
+    self.up, self.down = nnx.Linear(d, 4 * d, rngs=rngs), nnx.Linear(4 * d, d, rngs=rngs)
+
+  def __call__(self, x):  # x: [T, d] (one example; vmapped by the engines)
+    t, d = x.shape[-2:]
+    h = self.ln1(x)
+    mask = jnp.tril(jnp.ones((t, t), bool))
+    if self.mha:
+      a = self.attn(h, mask=mask[None])
+    else:
+      q, k, v = jnp.split(self.qkv(h), 3, axis=-1)
+      split = lambda u: u.reshape(u.shape[:-1] + (self.heads, d // self.heads))
+      a = nnx.dot_product_attention(split(q), split(k), split(v), mask=mask[None])
+      a = self.out(a.reshape(a.shape[:-2] + (d,)))
+    x = x + a
+    return x + self.down(jax.nn.gelu(self.up(self.ln2(x))))
+
+
+class LM(nnx.Module):
+  def __init__(self, vocab: int, d: int, layers: int, mha: bool, rngs: nnx.Rngs):
+    self.embed = nnx.Embed(vocab, d, rngs=rngs)
+    self.blocks = nnx.List([Block(d, 4, mha, rngs) for _ in range(layers)])
+    self.ln = nnx.LayerNorm(d, rngs=rngs)
+    self.head = nnx.Linear(d, vocab, rngs=rngs)
+
+  def __call__(self, tokens):
+    x = self.embed(tokens)
+    for b in self.blocks:
+      x = b(x)
+    return self.head(self.ln(x))
+
+
+def ce_loss(model, ex):
+  x, y = ex
+  return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
+def lm_loss(model, ex):
+  tokens = ex[0]
+  logits = model(tokens[..., :-1])
+  return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[..., 1:]).mean()
+
+
+def logistic_loss(model, ex):
+  x, y = ex
+  return optax.sigmoid_binary_cross_entropy(model(x)[..., 0], y)
+
+
+def workloads(quick: bool, rng: np.random.Generator):
+  """(name, model, loss, batch, batch_shape) — batch_shape (B,) item level, (U, m) user level."""
+  s = (lambda full, small: small if quick else full)
+  img = s(32, 8)
+  def images(shape):
+    return (jnp.asarray(rng.standard_normal(shape + (img, img, 3)), jnp.float32),
+            jnp.asarray(rng.integers(0, 10, shape), jnp.int32))
+  vocab, d, layers, t = s(8192, 64), s(256, 16), s(4, 1), s(128, 8)
+  tokens = (jnp.asarray(rng.integers(0, vocab, (s(64, 4), t + 1)), jnp.int32),)
+  dl = s(4096, 16)
+  logit = (jnp.asarray(rng.standard_normal((s(4096, 16), s(64, 4), dl)) / np.sqrt(dl),
+                       jnp.float32),
+           jnp.asarray(rng.integers(0, 2, (s(4096, 16), s(64, 4))), jnp.float32))
+  ch = s(32, 4)
+  yield ("cnn_item", CNN(ch, 10, nnx.Rngs(0)), ce_loss, images((s(1024, 8),)), (s(1024, 8),))
+  yield ("transformer", LM(vocab, d, layers, False, nnx.Rngs(0)), lm_loss, tokens,
+         tokens[0].shape[:1])
+  yield ("transformer_mha", LM(vocab, d, layers, True, nnx.Rngs(0)), lm_loss, tokens,
+         tokens[0].shape[:1])
+  yield ("logistic_user", nnx.Linear(dl, 1, rngs=nnx.Rngs(0)), logistic_loss, logit,
+         logit[1].shape)
+  yield ("cnn_user", CNN(ch, 10, nnx.Rngs(0)), ce_loss, images((s(256, 4), s(8, 2))),
+         (s(256, 4), s(8, 2)))
+
+
+def candidates(model, loss, batch, batch_shape) -> tuple[list[Candidate], dict]:
+  level = "item" if len(batch_shape) == 1 else "user"
+  rows = batch_shape[0]
+  fast = FastClippedGrad(model, loss, clip_norm=CLIP, level=level)
+  params, model_loss = fast.params, fast.model_loss
+  sgd = optax.sgd(LR)
+  noisy = optax.chain(add_gaussian_noise(Z * CLIP / rows, jax.random.key(0)), sgd)
+  as_users = (lambda b: jax.tree.map(lambda x: x[:, None], b)) if level == "item" else (
+      lambda b: b)
+  flat = lambda b: jax.tree.map(lambda x: x.reshape((-1,) + x.shape[len(batch_shape):]), b)
+
+  def nonprivate(p, st, b):
+    g = jax.grad(lambda q: jnp.mean(jax.vmap(model_loss, (None, 0))(q, flat(b))))(p)
+    u, st = sgd.update(g, st, p)
+    return optax.apply_updates(p, u), st
+
+  def dp_fast(p, st, b):
+    u, st = noisy.update(fast.aggregate(p, b, mode="mean", denominator=rows), st, p)
+    return optax.apply_updates(p, u), st
+
+  clip_agg = clip_and_aggregate(CLIP, "mean", rows)
+
+  def dp_vmap(p, st, b):
+    agg, _ = clip_agg.update(per_user_grads(model_loss, p, as_users(b)), clip_agg.init(p), p)
+    u, st = noisy.update(agg, st, p)
+    return optax.apply_updates(p, u), st
+
+  dpsgd = optax.contrib.dpsgd(LR, CLIP, Z, seed=0)
+
+  def dp_optax(p, st, b):
+    u, st = dpsgd.update(per_user_grads(model_loss, p, as_users(b)), st, p)
+    return optax.apply_updates(p, u), st
+
+  steps = {"nonprivate": (nonprivate, sgd.init(params)),
+           "dpsco_fast": (dp_fast, noisy.init(params)),
+           "dpsco_vmap": (dp_vmap, noisy.init(params)),
+           "optax_dpsgd": (dp_optax, dpsgd.init(params))}
+  cands, mem = [], {}
+  for name, (fn, st) in steps.items():
+    jitted = jax.jit(fn)
+    ma = jitted.lower(params, st, batch).compile().memory_analysis()
+    mem[name] = ((ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes)
+                 / 2 ** 20) if ma is not None else float("nan")
+    cands.append(Candidate(name, lambda p, st, b, _f=jitted: _f(p, st, b), (params, st),
+                           (batch,)))
+  return cands, mem
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
+  ap.add_argument("--reps", type=int, default=7)
+  ap.add_argument("--only", nargs="*", help="workload names to run")
+  args = ap.parse_args()
+  jax.config.update("jax_default_matmul_precision", "highest")
+  rng = np.random.default_rng(0)
+  dev = jax.devices()[0]
+  print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}); C={CLIP}, z={Z}; "
+        "matmul precision highest")
+  try:
+    import jax_privacy  # noqa: F401
+    note = "jax_privacy rows: not wired in this script yet"
+  except ImportError:
+    note = "jax_privacy not installed: its rows are skipped"
+  print(note + "; Opacus rows: not implemented in this script (pending)")
+  out = {"mode": "quick" if args.quick else "full", "device": dev.device_kind,
+         "jax": jax.__version__, "notes": note, "workloads": {}}
+  for name, model, loss, batch, shape in workloads(args.quick, rng):
+    if args.only and name not in args.only:
+      continue
+    t0 = time.perf_counter()
+    cands, mem = candidates(model, loss, batch, shape)
+    comp = compare(cands, reps=3 if args.quick else args.reps,
+                   window_s=0.05 if args.quick else 0.5, budget_s=5 if args.quick else 60)
+    print(format_comparison(f"\n{name} {tuple(shape)}", comp))
+    print("  peak MiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
+          + f"   ({time.perf_counter() - t0:.1f} s)")
+    out["workloads"][name] = {k: {"ratio": round(comp.ratio[k], 3),
+                                  "ms": round(1e3 * comp.median_s[k], 3),
+                                  "peak_mib": round(mem[k], 1)} for k in comp.names}
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()
