@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +65,7 @@ class AuditSpec:
   claimed_epsilon: float
   delta: float
   claim_source: str = ""
+  thresholds: tuple[float, ...] | None = None  # data-independent grid (discrete scores)
 
 
 def _check_count(x, name: str) -> int:
@@ -107,11 +108,15 @@ def sample_scores(release: Release, dataset: Any, score: Score, key: jax.Array, 
 def audit_mechanism(release: Release, dataset_in: Any, dataset_out: Any, *, score: Score,
                     claimed_epsilon: float, delta: float, relation: str, trials: int,
                     key: jax.Array | int = 0, confidence: float = 0.95,
-                    name: str = "", batch: int = 20_000) -> AuditResult:
+                    name: str = "", batch: int = 20_000,
+                    thresholds: Sequence[float] | None = None) -> AuditResult:
   """Audits ``release`` on the neighbouring pair ``(dataset_in, dataset_out)``.
 
-  ``trials`` runs per side; the threshold is chosen on a quarter of each side and the bounds
-  are evaluated on the rest (:func:`dpsco_jax.audit.bounds.epsilon_lower_bound`).
+  ``trials`` runs per side. Without ``thresholds`` the threshold is chosen on a quarter of
+  each side and the bounds are evaluated on the rest; with a data-independent grid
+  ``thresholds`` (natural for discrete scores: a bit, a count of steps) every trial is used
+  and the intervals are Bonferroni-corrected over the grid
+  (:func:`dpsco_jax.audit.bounds.epsilon_lower_bound`).
   """
   check_relation(relation)
   if isinstance(claimed_epsilon, bool) or not isinstance(claimed_epsilon, (int, float)):
@@ -127,8 +132,10 @@ def audit_mechanism(release: Release, dataset_in: Any, dataset_out: Any, *, scor
   run = _scorer(release, score)
   s_in = _sample(run, dataset_in, jax.random.fold_in(key, 0), trials, batch)
   s_out = _sample(run, dataset_out, jax.random.fold_in(key, 1), trials, batch)
-  eps = bounds.epsilon_lower_bound(s_in, s_out, delta=delta, confidence=confidence)
-  mu = bounds.gdp_mu_lower_bound(s_in, s_out, confidence=confidence)
+  how = {"method": "split"} if thresholds is None else {"method": "bonferroni",
+                                                         "thresholds": thresholds}
+  eps = bounds.epsilon_lower_bound(s_in, s_out, delta=delta, confidence=confidence, **how)
+  mu = bounds.gdp_mu_lower_bound(s_in, s_out, confidence=confidence, **how)
   return AuditResult(claimed_epsilon=float(claimed_epsilon), lower_bound=eps.value,
                      confidence=eps.confidence, trials=int(trials), relation=relation,
                      delta=float(delta), name=name, mu_lower_bound=mu.value,
@@ -142,4 +149,4 @@ def run_audit(spec: AuditSpec, *, trials: int, key: jax.Array | int = 0,
   return audit_mechanism(spec.release, spec.dataset_in, spec.dataset_out, score=spec.score,
                          claimed_epsilon=spec.claimed_epsilon, delta=spec.delta,
                          relation=spec.relation, trials=trials, key=key,
-                         confidence=confidence, name=spec.name)
+                         confidence=confidence, name=spec.name, thresholds=spec.thresholds)

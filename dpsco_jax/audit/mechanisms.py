@@ -211,11 +211,12 @@ def laplace_test_audit(relation: str = "replace_one", broken: str | None = None,
     return laplace_test(key, _score(data, radius), threshold, used).astype(jnp.float32)
 
   return AuditSpec(f"laplace_test[{broken or 'honest'}]", relation, release, d_in, d_out,
-                   lambda r: r, claim, DELTA, f"laplace_test_epsilon(b={scale:g}, s=2)")
+                   lambda r: r, claim, DELTA, f"laplace_test_epsilon(b={scale:g}, s=2)",
+                   thresholds=(0.5,))
 
 
 def above_threshold_audit(relation: str = "replace_one", broken: str | None = None, *,
-                          users: int = 10, dim: int = 2, epsilon: float = 4.0,
+                          users: int = 10, dim: int = 2, epsilon: float = 8.0,
                           steps: int = 30, radius: float = 1.0) -> AuditSpec:
   """The ``outlier_filter`` stage (FILTER + AboveThreshold halting) run ``steps`` times on
   the same users; release: the halting flags; score: steps survived. The threshold fraction
@@ -251,7 +252,8 @@ def above_threshold_audit(relation: str = "replace_one", broken: str | None = No
   release = redrawn if broken == "threshold_redrawn" else honest
   return AuditSpec(f"above_threshold[{broken or 'honest'}]", relation, release, d_in, d_out,
                    lambda h: jnp.sum(~h).astype(jnp.float32), claim, DELTA,
-                   f"above_threshold_epsilon({b_thr:g}, {b_q:g}, s=2)")
+                   f"above_threshold_epsilon({b_thr:g}, {b_q:g}, s=2)",
+                   thresholds=tuple(float(k) for k in range(1, steps + 1)))
 
 
 # ----------------------------------------------------------------------------- output perturbation
@@ -302,7 +304,8 @@ def tdlap_bottom(relation: str = "replace_one", broken: str | None = None, *,
   return AuditSpec(f"tdlap_bottom[{broken or 'honest'}]", relation, release,
                    jnp.int32(p.kappa + 1), jnp.int32(p.kappa), lambda r: r,
                    float(p.epsilon_prime), DELTA,
-                   f"eps' = eps/2 of del_output_pert_params({epsilon}, {DELTA})")
+                   f"eps' = eps/2 of del_output_pert_params({epsilon}, {DELTA})",
+                   thresholds=(0.5,))
 
 
 # ----------------------------------------------------------------------------- registry
