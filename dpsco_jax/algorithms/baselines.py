@@ -5,35 +5,46 @@
 * ``dp_sgd_user`` — user-level DP-SGD: each sampled user's *mean* gradient is clipped at
   ``clip`` (Levy et al. 2021; paper 000's main baseline). Poisson (default), fixed-size
   without replacement, or full-batch user sampling.
-* ``dp_sgd_group`` — item-level DP-SGD made user-level by group privacy: run at
-  ``(eps/m, delta / (m e^{(m-1) eps/m}))`` item-level so that a group of ``m`` items gets
-  ``(eps, delta)`` (Dwork & Roth 2014, Thm 2.2 extended to (eps, delta)).
+* ``dp_sgd_group`` — item-level DP-SGD made user-level by group privacy over the ``m`` items
+  of a user (:mod:`dpsco_jax.privacy.group`): calibrated at
+  ``(eps/m, delta / (m e^{(m-1) eps/m}))`` item-level; with an explicit ``noise_multiplier``
+  the lift of its item-level curve is reported (``inf`` when the lift gives no finite
+  epsilon).
 
-Chain: ``clip_per_user(C) -> aggregate("mean", D) -> add_gaussian_noise(z C / D) ->
-projected_sgd(lr, R, averaging="uniform")``. The aggregate's add/remove sensitivity is
-``C/D`` (replace-one ``2C/D``, which the accountant's neighbouring relation accounts for);
-``D`` is the nominal batch size. The noise multiplier ``z`` is calibrated with the ledger to the
-target (epsilon, delta): provenance ``accountant``. Poisson sampling uses a static capacity of
-slots; the probability that it truncates is added to delta.
+Chain: ``clip_and_aggregate(C, "mean", D) -> add_gaussian_noise(z C / D) ->
+projected_sgd(lr, R, averaging)``. Relations, what is public, the fixed denominator ``D`` and
+the sampling rate are the data-free plan's (:mod:`dpsco_jax.algorithms.dpsgd_plan`): Poisson
+defaults to ``add_remove`` (``q`` and ``D = q * n_users`` from the declared ``n_users``),
+``full`` to ``zero_out`` (``D = n``, public), ``fixed`` to ``replace_one``. Provenance
+``accountant``. A configured ``epsilon`` is a budget: the ledger is charged before the first
+step, and an explicit ``noise_multiplier`` whose epsilon exceeds it raises
+:class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before anything is released
+(``epsilon: null`` with a ``noise_multiplier`` reports the accountant's epsilon). Poisson
+sampling uses a static slot capacity; its truncation probability ``p`` enters delta as
+``(1 + e^eps) p`` (total-variation argument).
 
-Config keys: ``epsilon, delta, clip, lr, steps | epochs, batch_users, sampling, relation,
-averaging``.
+Config keys: ``epsilon, delta, noise_multiplier, clip, lr, steps | epochs, batch_users,
+sampling_rate, n_users, sampling, relation, averaging``.
+
+Audit hook: :func:`dp_sgd_releases` returns the per-step noisy aggregates of a run.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
-import dp_accounting
 import jax
+import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
-                               check_nonnegative, check_positive)
-from dpsco_jax.algorithms.common import (cfg_get, poisson_truncation_probability, run_chain,
-                                         sampling_setup)
-from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
-                                      calibrate_noise_multiplier)
+from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
+from dpsco_jax.algorithms.common import cfg_get, run_chain, sampling_setup
+from dpsco_jax.algorithms.dpsgd_plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
+                                             group_privacy_targets, plan_dp_sgd)
+from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
+                               Provenance)
+from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
@@ -42,27 +53,33 @@ from dpsco_jax.transforms.steps import projected_sgd
 
 _NONPRIVATE = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
                             level="none", notes="non-private (reference or noise switched off)")
+_KEEP = 2  # index of the keep_release stage in dp_sgd_chain
 
 
-def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, batch: int,
-                 steps: int) -> dp_accounting.DpEvent:
-  """The DpEvent of ``steps`` DP-SGD steps with the given user sampling."""
-  gauss = dp_accounting.GaussianDpEvent(noise_multiplier)
-  if sampling == "poisson":
-    one = dp_accounting.PoissonSampledDpEvent(q, gauss)
-  elif sampling == "fixed":
-    one = dp_accounting.SampledWithoutReplacementDpEvent(n, batch, gauss)
-  else:
-    one = gauss
-  return dp_accounting.SelfComposedDpEvent(one, steps)
+class ReleaseState(NamedTuple):
+  """The last privatized aggregate (a released value, not a secret)."""
+  release: Any
 
 
-def dp_sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTransformation:
-  """clip -> fixed-denominator mean (fused) -> Gaussian noise -> projected SGD."""
-  return optax.chain(
-      clip_and_aggregate(h["clip"], "mean", denominator),
-      add_gaussian_noise(h["stddev"], h["noise_key"]),
-      projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
+def keep_release() -> optax.GradientTransformationExtraArgs:
+  """Identity stage that keeps its input in the state (the audit hook's per-step record)."""
+  return optax.GradientTransformationExtraArgs(
+      lambda params: ReleaseState(jax.tree.map(jnp.zeros_like, params)),
+      lambda updates, state, params=None, **extra: (updates, ReleaseState(updates)))
+
+
+def _release_of(state: tuple) -> Any:
+  return state[_KEEP].release
+
+
+def dp_sgd_chain(h: dict, denominator: float, averaging: str,
+                 keep: bool = False) -> optax.GradientTransformation:
+  """clip -> fixed-denominator mean (fused) -> Gaussian noise [-> keep] -> projected SGD."""
+  stages = [clip_and_aggregate(h["clip"], "mean", denominator),
+            add_gaussian_noise(h["stddev"], h["noise_key"])]
+  if keep:
+    stages.append(keep_release())
+  return optax.chain(*stages, projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
 
 
 def sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTransformation:
@@ -71,107 +88,135 @@ def sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTran
                      projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
 
 
-def _steps(cfg: dict, n: int, batch: int) -> int:
-  if cfg.get("steps") is not None:
-    return check_int(cfg["steps"], "steps")
-  epochs = check_positive(cfg_get(cfg, "epochs", 1.0), "epochs")
-  return max(1, int(round(epochs * n / batch)))
+def _item_rows(data: dict) -> dict:
+  """Every item becomes its own row (a 'user' with one item)."""
+  return jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), data)
 
 
-def _relation(cfg: dict, sampling: str) -> str:
-  relation = cfg_get(cfg, "relation", "replace_one" if sampling == "fixed" else "add_remove")
-  if sampling == "fixed" and relation != "replace_one":
-    raise ValueError("relation must be 'replace_one' with sampling='fixed' (dp_accounting "
-                     "supports sampling without replacement only under replace-one)")
-  return relation
+def _rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
+  data = problem.data if data is None else data
+  return data if level == "user" else _item_rows(data)
 
 
-def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, *, rows: dict, m_per_row: int,
-            epsilon: float, delta: float, level: str, notes: str = "",
-            report_eps: float | None = None, report_delta: float | None = None) -> Result:
+def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
+                data: dict | None = None) -> DpSgdPlan:
+  """The data-free plan of ``dp_sgd_{level}`` on ``data`` (default ``problem.data``): the
+  realized row count enters only under a relation that makes it public."""
+  check_choice(level, "level", ("user", "item", "group"))
+  rows = _rows(problem, level, data)
+  return plan_dp_sgd(cfg, level=level, realized_rows=jax.tree.leaves(rows)[0].shape[0],
+                     rows_per_user=1 if level == "user" else problem.m,
+                     default_clip=problem.lipschitz, radius=problem.radius)
+
+
+def _charge(plan: DpSgdPlan) -> PrivacyReport:
+  """Checks the budget and charges the ledger BEFORE any release; returns the report."""
+  if plan.event is None:
+    if plan.epsilon_target is not None:
+      raise PrivacyBudgetExceeded("noise_multiplier=0 releases without noise (epsilon = inf) "
+                                  f"> budget {plan.epsilon_target}; nothing was released")
+    return _NONPRIVATE
+  label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
+           f"D={plan.denominator:.6g}, steps={plan.steps})")
+  notes = f"{plan.public()}; denominator D={plan.denominator:.6g}, q={plan.sampling_rate:.6g}"
+  trunc = plan.truncation_probability
+  if plan.level == "group":
+    gp = group_privacy_epsilon(
+        plan.event, group_size=plan.group_size, delta=plan.delta, relation=plan.relation,
+        tv_distance=trunc, epsilon_budget=plan.epsilon_target,
+        candidates=() if plan.item_delta_target is None else (plan.item_delta_target,))
+    item = PrivacyLedger(delta=gp.item_delta if gp.item_delta > 0 else plan.delta,
+                         relation=plan.relation, accountant=gp.accountant)
+    item.spend(plan.event, label=label)
+    notes += (f"; item-level (eps={gp.item_epsilon:.4g}, delta={gp.item_delta:.3g}) lifted to "
+              f"user level by group privacy over m={plan.group_size} items")
+    if not math.isfinite(gp.epsilon):
+      notes += "; group privacy gives no finite epsilon for this noise multiplier"
+    return PrivacyReport(epsilon=gp.epsilon, delta=plan.delta, provenance="accountant",
+                         level="user", relation=plan.relation, mechanisms=(label,),
+                         notes=notes)
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon_target,
+                         relation=plan.relation)
+  ledger.spend(plan.event, label=label)
+  eps = ledger.epsilon()
+  return ledger.report(provenance=Provenance.ACCOUNTANT, level=plan.level, notes=notes,
+                       extra_delta=(1.0 + math.exp(min(eps, 700.0))) * trunc)
+
+
+def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *,
+             noise: bool = True, keep: bool = False) -> tuple[Any, ...]:
+  """Runs the plan on ``rows`` (call :func:`_charge` first)."""
   n = jax.tree.leaves(rows)[0].shape[0]
-  sampling, batch, capacity, q = sampling_setup(cfg, n)
-  steps = _steps(cfg, n, batch)
-  clip = check_positive(cfg_get(cfg, "clip", problem.lipschitz), "clip")
-  relation = _relation(cfg, sampling)
-  make_event = lambda z: dp_sgd_event(z, sampling=sampling, q=q, n=n, batch=batch,
-                                      steps=steps)
-  if cfg.get("noise_multiplier") is not None:  # explicit z: account it instead of calibrating
-    z = check_nonnegative(cfg["noise_multiplier"], "noise_multiplier")
-  else:
-    z = calibrate_noise_multiplier(make_event, epsilon=epsilon, delta=delta, relation=relation)
-  lr = check_positive(cfg_get(cfg, "lr", problem.radius / (clip * math.sqrt(steps))), "lr")
-  averaging = cfg_get(cfg, "averaging", "uniform")
-  check_choice(averaging, "averaging", ("none", "uniform"))
-  hparams = {"clip": clip, "stddev": z * clip / batch, "lr": lr, "radius": problem.radius,
-             "noise_key": jax.random.fold_in(key, 1)}
-  ledger = PrivacyLedger(delta=delta, relation=relation)
-  if z > 0:
-    ledger.spend(make_event(z), label=f"{level}-level DP-SGD ({sampling}, z={z:.4g})")
-  params, _ = run_chain(problem.loss_fn, rows, problem.init_params(), dp_sgd_chain, hparams,
-                        static=(float(batch), averaging), steps=steps,
-                        key=jax.random.fold_in(key, 2), sampling=sampling, batch=batch,
-                        capacity=capacity)
-  record = {"noise_multiplier": z, "steps": steps, "batch_users": batch, "clip": clip,
-            "lr": lr, "sampling": sampling}
-  grad_evals = int(steps * batch * m_per_row)
-  if z == 0:
-    return Result(params=params, privacy=_NONPRIVATE, gradient_evaluations=grad_evals,
-                  record=record)
-  trunc = poisson_truncation_probability(n, q, capacity, steps) if sampling == "poisson" else 0
-  report = ledger.report(provenance=Provenance.ACCOUNTANT, level="item" if level == "item" else "user",
-                         notes=notes, extra_delta=trunc)
-  if report_eps is not None:  # group privacy lifts the item-level report to user level
-    report = type(report)(epsilon=report_eps, delta=report_delta + trunc * m_per_row,
-                          provenance=report.provenance, level="user", relation=relation,
-                          mechanisms=report.mechanisms, notes=notes)
+  if plan.relation == "add_remove" and n > plan.n_public:
+    raise ValueError(f"the data has {n} rows, more than the declared n_users allows "
+                     f"({plan.n_public} rows): under add_remove the declared count is the "
+                     "public bound the sampling capacity is sized for")
+  capacity = n if plan.capacity is None else plan.capacity
+  hparams = {"clip": plan.clip, "stddev": plan.noise_std if noise else 0.0, "lr": plan.lr,
+             "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
+  return run_chain(problem.loss_fn, rows, problem.init_params(), dp_sgd_chain, hparams,
+                   static=(plan.denominator, plan.averaging, keep), steps=plan.steps,
+                   key=jax.random.fold_in(key, 2), sampling=plan.sampling,
+                   batch=n if plan.sampling == "full" else plan.batch, capacity=capacity,
+                   rate=plan.sampling_rate if plan.sampling == "poisson" else None,
+                   record=_release_of if keep else None)
+
+
+def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Result:
+  plan = dp_sgd_plan(problem, cfg, level=level)
+  report = _charge(plan)
+  params, _ = _execute(problem, plan, key, _rows(problem, level, None))
+  record = {"noise_multiplier": plan.noise_multiplier, "steps": plan.steps,
+            "batch_users": plan.batch, "denominator": plan.denominator,
+            "sampling_rate": plan.sampling_rate, "noise_std": plan.noise_std,
+            "clip": plan.clip, "lr": plan.lr, "sampling": plan.sampling,
+            "relation": plan.relation}
+  grad_evals = int(plan.steps * plan.batch * (problem.m if level == "user" else 1))
   return Result(params=params, privacy=report, gradient_evaluations=grad_evals, record=record)
 
 
-def _item_rows(problem: SCOProblem) -> dict:
-  """Every item becomes its own row (a 'user' with one item)."""
-  return jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), problem.data)
+def dp_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *, level: str = "user",
+                    data: dict | None = None, noise: bool = True) -> Any:
+  """Audit hook: the per-step privatized releases of ``dp_sgd_{level}`` on ``data``.
+
+  Returns the noisy aggregates ``sum_i clip(g_i) / D + N(0, (z C / D)^2)``, stacked along a
+  leading ``[steps]`` axis (params-shaped otherwise), exactly as the driver with the same
+  ``problem``, ``cfg`` and ``key`` draws them (same sampling and noise keys). ``data``
+  (default ``problem.data``, leaves ``[users, m, ...]``) is the dataset under test; the plan
+  is computed as the driver computes it (identical for neighbours under ``add_remove``) and
+  the budget is checked first. ``noise=False`` is a TEST HOOK that returns the noiseless
+  aggregates (sensitivity tests); it is never a release."""
+  check_bool(noise, "noise")
+  plan = dp_sgd_plan(problem, cfg, level=level, data=data)
+  _charge(plan)
+  return _execute(problem, plan, key, _rows(problem, level, data), noise=noise, keep=True)[2]
 
 
 def dp_sgd_user(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
-  """User-level DP-SGD with per-user clipping of the mean gradient."""
-  eps, delta = check_epsilon(cfg["epsilon"]), check_delta(cfg["delta"])
-  return _dp_sgd(problem, cfg, key, rows=problem.data, m_per_row=problem.m, epsilon=eps,
-                 delta=delta, level="user")
+  """User-level DP-SGD with per-user clipping of the mean gradient (relations: see the plan)."""
+  return _dp_sgd(problem, cfg, key, "user")
 
 
 def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD (per-example clipping); its guarantee is item-level only."""
-  eps, delta = check_epsilon(cfg["epsilon"]), check_delta(cfg["delta"])
-  return _dp_sgd(problem, cfg, key, rows=_item_rows(problem), m_per_row=1, epsilon=eps,
-                 delta=delta, level="item")
-
-
-def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
-  """Item-level (eps', delta') whose group-of-``k`` lift is (epsilon, delta):
-  ``eps' = eps/k``, ``delta' = delta / (k e^{(k-1) eps'})``."""
-  k = check_int(group_size, "group_size")
-  eps_item = epsilon / k
-  return eps_item, delta / (k * math.exp((k - 1) * eps_item))
+  return _dp_sgd(problem, cfg, key, "item")
 
 
 def dp_sgd_group(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD lifted to user level (groups of ``m`` items) by group privacy."""
-  eps, delta = check_epsilon(cfg["epsilon"]), check_delta(cfg["delta"])
-  eps_item, delta_item = group_privacy_targets(eps, delta, problem.m)
-  notes = (f"item-level accountant at (eps={eps_item:.4g}, delta={delta_item:.3g}) lifted to "
-           f"user level by group privacy over m={problem.m} items")
-  return _dp_sgd(problem, cfg, key, rows=_item_rows(problem), m_per_row=1, epsilon=eps_item,
-                 delta=delta_item, level="group", notes=notes, report_eps=eps,
-                 report_delta=delta)
+  return _dp_sgd(problem, cfg, key, "group")
 
 
 def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
-  """Projected minibatch SGD over users with iterate averaging; no privacy."""
+  """Projected minibatch SGD over users with iterate averaging; no privacy (it may read the
+  realized number of users)."""
   n = problem.n_users
   sampling, batch, capacity, _ = sampling_setup({**cfg, "sampling": cfg_get(
       cfg, "sampling", "fixed")}, n)
-  steps = _steps(cfg, n, batch)
+  if cfg.get("steps") is not None:
+    steps = check_int(cfg["steps"], "steps")
+  else:
+    steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs") * n / batch))
   lr = check_positive(cfg_get(cfg, "lr", problem.radius / (problem.lipschitz
                                                            * math.sqrt(steps))), "lr")
   averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging", ("none", "uniform"))

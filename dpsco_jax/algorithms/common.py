@@ -34,10 +34,13 @@ def poisson_truncation_probability(n: int, q: float, capacity: int, steps: int) 
 
 
 def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
-                 capacity: int) -> tuple[jax.Array, jax.Array]:
+                 capacity: int, rate: float | None = None) -> tuple[jax.Array, jax.Array]:
   """Indices ``[capacity]`` of the users of one step and the mask of real slots.
 
-  * ``poisson``: each user independently with probability ``batch / n``;
+  * ``poisson``: each user independently with probability ``rate`` (a declared public number;
+    default ``batch / n``, which is public only when ``n`` is). User ``i``'s coin is the
+    ``i``-th uniform of one draw of shape ``[n]``, so with JAX's partitionable threefry
+    (the default) removing the last user leaves every other user's coin unchanged;
   * ``fixed``: a uniformly random ``batch``-subset (without replacement);
   * ``full``: every user.
   """
@@ -46,7 +49,7 @@ def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
   if sampling == "fixed":
     idx = jax.random.choice(key, n, (batch,), replace=False)
     return idx, jnp.ones((batch,), bool)
-  chosen = jax.random.bernoulli(key, batch / n, (n,))
+  chosen = jax.random.bernoulli(key, batch / n if rate is None else rate, (n,))
   (idx,) = jnp.nonzero(chosen, size=capacity, fill_value=0)
   mask = jnp.arange(capacity) < jnp.sum(chosen)
   return idx, mask
@@ -58,7 +61,8 @@ def gather_users(data: Any, idx: jax.Array) -> Any:
 
 @functools.lru_cache(maxsize=64)
 def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
-                   sampling: str, batch: int, capacity: int):
+                   sampling: str, batch: int, capacity: int, rate: float | None,
+                   record: Callable | None):
   """One jitted scan per (loss, chain shape, schedule): hyper-parameters and data are
   arguments, so a sweep over seeds / epsilons / learning rates compiles once."""
 
@@ -71,28 +75,35 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
     def body(carry, t):
       params, state = carry
       idx, mask = sample_users(jax.random.fold_in(key, t), n, sampling=sampling, batch=batch,
-                               capacity=capacity)
+                               capacity=capacity, rate=rate)
       grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
       updates, state = tx.update(grads, state, params, user_mask=mask)
-      return (optax.apply_updates(params, updates), state), None
+      out = None if record is None else record(state)
+      return (optax.apply_updates(params, updates), state), out
 
-    (params, state), _ = jax.lax.scan(body, (params, state), jnp.arange(steps))
-    return released_params(state, params), state
+    (params, state), records = jax.lax.scan(body, (params, state), jnp.arange(steps))
+    if record is None:
+      return released_params(state, params), state
+    return released_params(state, params), state, records
 
   return loop
 
 
 def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, hparams: dict,
               *, static: tuple = (), steps: int, key: jax.Array, sampling: str, batch: int,
-              capacity: int) -> tuple[Any, Any]:
+              capacity: int, rate: float | None = None,
+              record: Callable | None = None) -> tuple[Any, ...]:
   """``steps`` iterations of: sample users -> per-user gradients -> chain -> apply.
 
   The chain is ``tx_factory(hparams, *static)``: ``hparams`` (a dict of scalars and keys,
   validated by the caller) are traced, ``static`` (hashable) fixes the chain's structure. The
-  whole loop is one jitted ``lax.scan``. Returns ``(released params, final state)``.
+  whole loop is one jitted ``lax.scan``. ``rate`` is the Poisson sampling rate (default
+  ``batch / n``). Returns ``(released params, final state)``; with ``record`` (a hashable
+  ``state -> pytree``, e.g. the release a stage keeps in its state) also the per-step
+  records stacked along a leading ``[steps]`` axis.
   """
   loop = _compiled_loop(loss_fn, tx_factory, tuple(static), int(steps), sampling, int(batch),
-                        int(capacity))
+                        int(capacity), None if rate is None else float(rate), record)
   return loop(params0, key, hparams, data)
 
 

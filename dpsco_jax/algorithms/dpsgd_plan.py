@@ -1,0 +1,216 @@
+"""The data-free plan of the DP-SGD baselines: relation, public numbers, schedule, noise, events.
+
+:func:`plan_dp_sgd` turns a config and the *public* number of rows into everything a DP-SGD run
+releases under: sampling rate ``q``, the fixed denominator ``D`` of the mean, the noise std
+``z C / D``, the step count, and the dp_accounting event, all before any data is read. Rows are
+users (``dp_sgd_user``) or items (``dp_sgd_item``, ``dp_sgd_group``).
+
+Neighbouring relations and what is public (see :mod:`dpsco_jax.privacy.relations`):
+
+========  ===========================  ==============================================
+sampling  relations (default first)    public numbers the plan uses
+========  ===========================  ==============================================
+poisson   add_remove, zero_out,        ``q`` (``sampling_rate``, else ``batch_users /
+          replace_one                  n_users``), ``D = q * n_users`` (the expected
+                                       batch; Abadi et al. 2016, Opacus, jax_privacy)
+full      zero_out, replace_one,       ``D = n_users`` (every row, each step)
+          add_remove
+fixed     replace_one, zero_out        ``n``, ``batch_users = D`` (dp_accounting's
+                                       sampling-without-replacement bound is replace-one)
+========  ===========================  ==============================================
+
+Under ``add_remove`` the number of rows is private: the plan reads ``n_users`` only from the
+config (declared, data-independent; the runner passes the problem's ``n_users``), and a run
+refuses a dataset with more rows than declared, because the declared count is the public upper
+bound at which the Poisson slot capacity and its truncation probability are computed (the
+binomial tail grows with ``n``). Under ``replace_one`` / ``zero_out`` the realized ``n`` is
+public (and must match a declared ``n_users``). ``full`` defaults to ``zero_out``: a full-batch
+mean over the public ``n`` (Kairouz et al. 2021); under ``add_remove`` it divides by the
+declared ``n_users`` instead.
+
+Sensitivity of one step's aggregate ``sum_i clip(g_i) / D``: ``C / D`` (add/remove, zero-out);
+the accountant doubles it under replace-one (library convention, ``z = sigma / (C / D)``).
+Provenance ``accountant``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import dp_accounting
+
+from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
+                               check_nonnegative, check_positive, check_probability)
+from dpsco_jax.algorithms.common import (cfg_get, poisson_capacity,
+                                         poisson_truncation_probability)
+from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
+
+SAMPLING_RELATIONS = {
+    "poisson": ("add_remove", "zero_out", "replace_one"),
+    "full": ("zero_out", "replace_one", "add_remove"),
+    "fixed": ("replace_one", "zero_out"),
+}
+LEVELS = ("user", "item", "group")
+
+
+class DpSgdPlan(NamedTuple):
+  """Everything a DP-SGD run releases under, computed from the config and public numbers.
+
+  ``capacity`` is the static number of row slots per step (``None``: every row, full batch);
+  ``event`` is ``None`` when the noise is off (``noise_multiplier == 0``)."""
+  level: str
+  relation: str
+  sampling: str
+  n_public: int
+  sampling_rate: float
+  batch: int
+  denominator: float
+  capacity: int | None
+  steps: int
+  clip: float
+  noise_multiplier: float
+  noise_std: float
+  lr: float
+  averaging: str
+  epsilon_target: float | None
+  delta: float
+  event: Any
+  truncation_probability: float
+  group_size: int
+  item_delta_target: float | None  # group level, calibrated runs: the item delta aimed at
+
+  def public(self) -> str:
+    return f"relation={self.relation}: public are {PUBLIC[self.relation]}"
+
+
+def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, batch: int,
+                 steps: int) -> dp_accounting.DpEvent:
+  """The DpEvent of ``steps`` DP-SGD steps with the given row sampling.
+
+  Full batch: ``steps`` Gaussian mechanisms of multiplier ``z`` compose exactly to one of
+  multiplier ``z / sqrt(steps)`` (the privacy-loss pair of a Gaussian; Dong, Roth & Su 2019,
+  Cor. 2), which PLD accounts without the discretization error of a ``steps``-fold
+  composition."""
+  gauss = dp_accounting.GaussianDpEvent(noise_multiplier)
+  if sampling == "full":
+    return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(steps))
+  if sampling == "poisson":
+    one = dp_accounting.PoissonSampledDpEvent(q, gauss)
+  else:
+    one = dp_accounting.SampledWithoutReplacementDpEvent(n, batch, gauss)
+  return dp_accounting.SelfComposedDpEvent(one, steps)
+
+
+def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
+  """Item-level (eps', delta') whose group-of-``k`` lift is (epsilon, delta):
+  ``eps' = eps/k``, ``delta' = delta / (k e^{(k-1) eps'})`` (the form of
+  :mod:`dpsco_jax.privacy.group`)."""
+  k = check_int(group_size, "group_size")
+  eps_item = epsilon / k
+  return eps_item, delta / (k * math.exp((k - 1) * eps_item))
+
+
+def public_rows(cfg: dict, relation: str, *, realized_rows: int, rows_per_user: int) -> int:
+  """The number of rows the plan may read under ``relation``.
+
+  ``add_remove``: the declared ``n_users`` (times ``rows_per_user``), never the realized count.
+  ``replace_one`` / ``zero_out``: the realized count (public), checked against a declared one.
+  """
+  declared = cfg.get("n_users")
+  if declared is not None:
+    declared = check_int(declared, "n_users") * rows_per_user
+  if relation == "add_remove":
+    if declared is None:
+      raise ValueError("relation='add_remove' treats the number of users as private: declare "
+                       "n_users in the config (a public, data-independent number; the denominator"
+                       " and sampling rate are derived from it), or use relation='zero_out'")
+    return declared
+  if declared is not None and declared != realized_rows:
+    raise ValueError(f"n_users declares {declared} rows but the data has {realized_rows}; under"
+                     f" relation={relation!r} n is public and must match")
+  return realized_rows
+
+
+def _sampling(cfg: dict, sampling: str, n: int) -> tuple[float, int, float, int | None]:
+  """(q, batch, denominator D, capacity) from the public row count ``n``."""
+  if sampling == "full":
+    return 1.0, n, float(n), None
+  if sampling == "poisson" and cfg.get("sampling_rate") is not None:
+    q = check_probability(cfg["sampling_rate"], "sampling_rate")
+    if q <= 0:
+      raise ValueError(f"sampling_rate must be > 0, got {cfg['sampling_rate']!r}")
+  else:
+    batch = check_int(cfg_get(cfg, "batch_users", max(1, min(n, round(math.sqrt(n))))),
+                      "batch_users")
+    if batch > n:
+      raise ValueError(f"batch_users ({batch}) must be <= n_users ({n})")
+    q = batch / n
+  if sampling == "fixed":
+    return q, batch, float(batch), batch
+  return q, max(1, round(q * n)), q * n, poisson_capacity(n, q)
+
+
+def _noise_multiplier(cfg: dict, make_event, *, level: str, relation: str, delta: float,
+                      group_size: int, tv: float) -> tuple[float, float | None, float | None]:
+  """(z, epsilon target or None, item delta target or None). An explicit
+  ``noise_multiplier`` is used as is (the driver checks the budget before any release); else
+  ``z`` is calibrated to the target through the one calibrator. At group level the item target
+  is the one whose group lift is the target, with room left for the truncation term
+  ``(1 + e^{eps_i}) tv`` that :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds."""
+  target = cfg.get("epsilon")
+  target = None if target is None else check_epsilon(target)
+  if cfg.get("noise_multiplier") is not None:
+    return check_nonnegative(cfg["noise_multiplier"], "noise_multiplier"), target, None
+  if target is None:
+    raise ValueError("epsilon is required unless noise_multiplier is given")
+  if level != "group":
+    return calibrate_noise_multiplier(make_event, epsilon=target, delta=delta,
+                                      relation=relation), target, None
+  eps_i, delta_i = group_privacy_targets(target, delta, group_size)
+  delta_i = (delta_i - (1.0 + math.exp(eps_i)) * tv) * (1.0 - 1e-9)
+  if delta_i <= 0:
+    raise ValueError("the Poisson truncation probability leaves no item delta for group "
+                     "privacy: raise delta or the slot capacity")
+  z = calibrate_noise_multiplier(make_event, epsilon=eps_i, delta=delta_i, relation=relation)
+  return z, target, delta_i
+
+
+def plan_dp_sgd(cfg: dict, *, level: str, realized_rows: int, rows_per_user: int,
+                default_clip: float, radius: float) -> DpSgdPlan:
+  """The plan of one DP-SGD run from the config and public numbers.
+
+  ``realized_rows`` (the data's row count) is read only where the relation makes it public
+  (:func:`public_rows`); under ``add_remove`` the plan is the same for every dataset.
+  ``rows_per_user`` is 1 for user rows, the public ``m`` for item rows (it converts the
+  declared ``n_users`` to rows and is the group size of ``dp_sgd_group``)."""
+  check_choice(level, "level", LEVELS)
+  sampling = check_choice(cfg_get(cfg, "sampling", "poisson"), "sampling",
+                          tuple(SAMPLING_RELATIONS))
+  relation = check_relation(cfg_get(cfg, "relation", SAMPLING_RELATIONS[sampling][0]),
+                            supported=SAMPLING_RELATIONS[sampling],
+                            mechanism=f"DP-SGD with sampling={sampling!r}")
+  rows_per_user = check_int(rows_per_user, "rows_per_user")
+  n = public_rows(cfg, relation, realized_rows=realized_rows, rows_per_user=rows_per_user)
+  group_size = rows_per_user if level == "group" else 1
+  delta = check_delta(cfg["delta"] if "delta" in cfg else None)
+  q, batch, denominator, capacity = _sampling(cfg, sampling, n)
+  if cfg.get("steps") is not None:
+    steps = check_int(cfg["steps"], "steps")
+  else:
+    steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs") / q))
+  clip = check_positive(cfg_get(cfg, "clip", default_clip), "clip")
+  trunc = (poisson_truncation_probability(n, q, capacity, steps)
+           if sampling == "poisson" else 0.0)
+  make_event = lambda z: dp_sgd_event(z, sampling=sampling, q=q, n=n, batch=batch, steps=steps)
+  z, target, item_delta = _noise_multiplier(cfg, make_event, level=level, relation=relation,
+                                            delta=delta, group_size=group_size, tv=trunc)
+  lr = check_positive(cfg_get(cfg, "lr", radius / (clip * math.sqrt(steps))), "lr")
+  averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging",
+                           ("none", "uniform"))
+  return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,
+                   sampling_rate=q, batch=batch, denominator=denominator, capacity=capacity,
+                   steps=steps, clip=clip, noise_multiplier=z, noise_std=z * clip / denominator,
+                   lr=lr, averaging=averaging, epsilon_target=target, delta=delta,
+                   event=make_event(z) if z > 0 else None, truncation_probability=trunc,
+                   group_size=group_size, item_delta_target=item_delta)
