@@ -87,7 +87,8 @@ def test_mask_through_chain_and_fixed_denominator():
   tx = clip_and_aggregate(1.0, "mean", 10.0)
   out, _ = tx.update(g, tx.init(None), None, user_mask=mask)
   want = jax.tree.map(lambda x: x[:5].sum(0) / 10.0, g)
-  chex.assert_trees_all_close(out, want, rtol=1e-6)
+  # float32 sums in a backend-dependent order (GPU: tree reduction): rtol ~ a few ulps x U
+  chex.assert_trees_all_close(out, want, rtol=1e-5, atol=1e-7)
   tx = clip_per_user(1.0, debug=True)
   _, state = tx.update(jax.tree.map(lambda x: x.at[6].set(jnp.nan), g), tx.init(None), None,
                        user_mask=mask)

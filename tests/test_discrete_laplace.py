@@ -97,7 +97,8 @@ def _chi2_pvalue(counts, probs):
       acc_c = acc_e = 0.0
   c_m[-1] += acc_c
   e_m[-1] += acc_e
-  return stats.chisquare(np.asarray(c_m), np.asarray(e_m)).pvalue
+  return stats.chisquare(np.asarray(c_m, dtype=np.float64),
+                         np.asarray(e_m, dtype=np.float64)).pvalue
 
 
 @pytest.mark.statistical

@@ -25,7 +25,7 @@ def samples():
     return jax.lax.scan(body, state, None, length=10)
 
   _, draws = run(tx.init(zeros))
-  return np.asarray(draws)
+  return np.asarray(draws, dtype=np.float64)  # numpy float64: scipy must not see jax arrays
 
 
 @pytest.mark.statistical

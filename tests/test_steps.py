@@ -107,7 +107,8 @@ def test_projection_and_projected_sgd_averaging():
     x = optax.apply_updates(x, u)
     xs.append(x)
     assert float(jnp.linalg.norm(x)) <= 1.0 + 1e-6
-  np.testing.assert_allclose(released_params(s, x), np.mean(xs, axis=0), rtol=1e-6)
+  # float32 running mean vs numpy mean: summation orders differ (GPU), so a few ulps x steps
+  np.testing.assert_allclose(released_params(s, x), np.mean(xs, axis=0), rtol=1e-5)
   tx = optax.chain(optax.sgd(1.0), projection(1.0))
   u, _ = tx.update(jnp.array([-5.0, 0.0]), tx.init(x), jnp.zeros(2))
   np.testing.assert_allclose(u, [1.0, 0.0])
