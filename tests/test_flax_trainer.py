@@ -1,5 +1,10 @@
-"""DPTrainer: bit-identical checkpoint/resume, a ledger that is never reset, budget enforcement
-before release, the noise scale of the shared chain, and fast == vmap through the trainer."""
+"""DPTrainer: bit-identical checkpoint/resume, a ledger that is never reset and cannot be edited,
+partial checkpoints never chosen, budget enforcement before release, the noise scale of the
+shared chain, fast == vmap, accumulation == one-shot, contracts on loss and data, redacted
+reprs, strict argument types."""
+
+import json
+import os
 
 import dp_accounting
 import jax
@@ -9,8 +14,9 @@ import optax
 import pytest
 from flax import nnx
 
-from dpsco_jax.flax import DPTrainer, ledger_from_json, ledger_to_json
-from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger
+from dpsco_jax.flax import DPTrainer
+from dpsco_jax.privacy import LedgerIntegrityError
+from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger, _digest
 
 pytest.importorskip("orbax.checkpoint")
 
@@ -38,11 +44,11 @@ def _user_data(n=16, m=3, d=3, seed=0):
 _init_tiny = nnx.jit(lambda: Tiny(3, 2, rngs=nnx.Rngs(0)))  # compiled once, fresh models
 
 
-def _trainer(**kw):
+def _trainer(loss=_ce, **kw):
   args = dict(data=_user_data(), clip_norm=1.0, sampling_rate=0.4, delta=1e-5,
-              noise_multiplier=1.2, key=7, accountant="rdp")
+              expected_batch_size=6.4, noise_multiplier=1.2, key=7, accountant="rdp")
   args.update(kw)
-  return DPTrainer(_init_tiny(), _ce, optax.sgd(0.5), **args)
+  return DPTrainer(_init_tiny(), loss, optax.sgd(0.5), **args)
 
 
 def _leaves(state):
@@ -115,8 +121,8 @@ def test_calibrated_noise_scale_of_the_shared_chain():
   data = (jnp.zeros((n, 1, 20)),)
   model = nnx.jit(lambda: Wide(nnx.Rngs(0)))()
   tr = DPTrainer(model, lambda mdl, ex: 0.0 * jnp.sum(mdl(ex[0])), optax.sgd(1.0), data=data,
-                 clip_norm=clip, sampling_rate=q, delta=1e-5, target_epsilon=2.0, num_steps=1,
-                 key=1, accountant="rdp")
+                 clip_norm=clip, sampling_rate=q, delta=1e-5, expected_batch_size=q * n,
+                 target_epsilon=2.0, num_steps=1, key=1, accountant="rdp")
   z = tr.noise_multiplier
   expected = z * clip / (q * n)
   assert tr.noise_stddev == pytest.approx(expected)
@@ -145,16 +151,6 @@ def test_fast_and_vmap_trainers_agree():
   assert fast.epsilon() == slow.epsilon()
 
 
-def test_ledger_json_round_trip():
-  led = PrivacyLedger(delta=1e-6, epsilon_budget=10.0, accountant="rdp")
-  led.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)),
-              label="a", count=20)
-  led.compose(dp_accounting.GaussianDpEvent(3.0), label="b", group="g1")
-  back = ledger_from_json(ledger_to_json(led))
-  assert back.events == led.events
-  assert back.epsilon() == led.epsilon() and back.epsilon_budget == 10.0
-
-
 def test_bad_arguments_raise():
   with pytest.raises(ValueError, match="sampling_rate"):
     _trainer(sampling_rate=0.0)
@@ -167,3 +163,120 @@ def test_bad_arguments_raise():
   tr = _trainer()
   with pytest.raises(ValueError, match="checkpoint_every"):
     tr.train(2, report_every=2, checkpoint_dir="/tmp/x", checkpoint_every=3)
+
+
+@pytest.mark.parametrize("method", ["fast", "vmap"])
+def test_accumulated_step_equals_the_one_shot_step(method):
+  # Same key, same sampled users: k micro-batches of clipped sums + one noise draw must give
+  # the one-shot step (float tolerance). Capacity 16 = all users, so k=1 is one chunk.
+  one = _trainer(method=method, batch_capacity=16)
+  acc = _trainer(method=method, batch_capacity=16, accumulation_steps=4)
+  assert (one.micro_batch, acc.micro_batch) == (16, 4)
+  one.train(3, report_every=3)
+  acc.train(3, report_every=3)
+  for a, b in zip(_leaves(one.params), _leaves(acc.params), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert one.epsilon() == acc.epsilon()  # accumulation changes nothing in the accounting
+  moved = max(float(np.abs(a - b).max())
+              for a, b in zip(_leaves(_trainer().params), _leaves(one.params)))
+  assert moved > 1e-3  # the steps did something
+
+
+def test_multisteps_is_refused_with_the_supported_way():
+  for opt in (optax.MultiSteps(optax.sgd(0.1), 2),
+              optax.MultiSteps(optax.sgd(0.1), 2).gradient_transformation(),
+              optax.chain(optax.clip(1.0), optax.MultiSteps(optax.sgd(0.1), 2))):
+    with pytest.raises(ValueError, match="accumulation_steps"):
+      DPTrainer(_init_tiny(), _ce, opt, data=_user_data(), clip_norm=1.0, sampling_rate=0.4,
+                delta=1e-5, expected_batch_size=6.4, noise_multiplier=1.2)
+
+
+def test_loss_and_layout_contracts_raise_before_any_step():
+  x, y = _user_data()
+  vec = lambda model, ex: jnp.repeat(jnp.sum(model(ex[0])), 3)  # shape (3,) per item
+  for level, data in (("user", (x, y)), ("item", (x[:, 0], y[:, 0]))):
+    with pytest.raises(ValueError, match=r"loss_fn.*\(3,\)"):
+      _trainer(data=data, level=level, loss=vec)
+  # item level given user-shaped [n, m, d] data: the loss of one "item" is not a scalar
+  with pytest.raises(ValueError, match="level='user'"):
+    _trainer(data=(x, y), level="item")
+  # user level given item-shaped [n, d] data
+  with pytest.raises(ValueError, match="level='item'"):
+    _trainer(data=(x[:, 0], y[:, 0]), level="user")
+  with pytest.raises(ValueError, match="level='item'"):  # labels-free item data
+    _trainer(data=(x[:, 0],), level="user", loss=lambda model, ex: jnp.sum(model(ex[0])))
+
+
+def test_state_and_trainer_reprs_redact_keys():
+  tr = _trainer()
+  tr.train(1, report_every=1)
+  secrets = [jax.random.key_data(tr.state.sample_key),
+             jax.random.key_data(tr.state.opt_state[0].key)]
+  words = {str(int(v)) for k in secrets for v in np.asarray(k).ravel()}
+  for text in (repr(tr.state), str(tr.state), repr(tr)):
+    assert "redacted" in text
+    assert not any(w in text for w in words if len(w) > 3), text
+    assert "key_data" not in text and "uint32" not in text
+
+
+@pytest.mark.parametrize("name,value", [
+    ("clip_norm", "1.0"), ("sampling_rate", True), ("target_epsilon", True),
+    ("epsilon_budget", True), ("noise_multiplier", "1.2"), ("expected_batch_size", True),
+    ("debug", "false"), ("key", "7"), ("batch_capacity", True), ("accumulation_steps", 2.5)])
+def test_bad_types_raise_naming_the_parameter(name, value):
+  kw = {name: value}
+  if name == "target_epsilon":
+    kw["num_steps"] = 3
+  err = ValueError if name == "accumulation_steps" else TypeError
+  with pytest.raises(err, match=name):
+    _trainer(**kw)
+
+
+def _tamper(path, edit):
+  meta_file = os.path.join(path, "meta", "metadata")
+  with open(meta_file) as f:
+    meta = json.load(f)
+  edit(meta)
+  with open(meta_file, "w") as f:
+    json.dump(meta, f)
+
+
+def _redigest(meta):
+  led = meta["ledger"]
+  led["digest"] = _digest({"config": led["config"], "entries": led["entries"]})
+
+
+@pytest.mark.slow
+def test_restore_refuses_tampered_checkpoints_and_skips_partial_ones(tmp_path):
+  src = _trainer(epsilon_budget=50.0)
+  src.train(4, report_every=2, checkpoint_dir=tmp_path / "a", checkpoint_every=2)
+  good = str(tmp_path / "a" / "step_00000004")
+  cases = [  # (edit, what catches it)
+      (lambda m: m["ledger"].update(entries=[]), "digest"),  # events removed
+      (lambda m: m["ledger"]["entries"][0].update(count=1), "digest"),  # a count lowered
+      (lambda m: (m["ledger"]["entries"][0].update(count=1), _redigest(m)), "step count"),
+      (lambda m: (m["ledger"].update(entries=[]), _redigest(m)), "step count"),
+      (lambda m: m["ledger"]["config"].update(epsilon_budget=1e9), "digest"),  # budget raised
+      (lambda m: (m["ledger"]["config"].update(epsilon_budget=1e9), _redigest(m)),
+       "configuration"),
+      (lambda m: (m["ledger"]["config"].update(accountant="pld"), _redigest(m)),
+       "configuration"),  # another accountant
+  ]
+  import shutil
+  for i, (edit, match) in enumerate(cases):
+    path = str(tmp_path / f"t{i}" / "step_00000004")
+    shutil.copytree(good, path)
+    _tamper(path, edit)
+    with pytest.raises(LedgerIntegrityError, match=match):
+      _trainer(epsilon_budget=50.0).restore(path)
+  # the restoring trainer's own configuration must match the checkpoint's ledger
+  with pytest.raises(LedgerIntegrityError, match="configuration"):
+    _trainer(epsilon_budget=80.0).restore(good)  # budget raised after training
+  with pytest.raises(LedgerIntegrityError, match="configuration"):
+    _trainer(epsilon_budget=50.0, accountant="pld").restore(good)
+  # a crash mid-save leaves a partial temporary folder: never chosen as the latest
+  partial = tmp_path / "a" / "step_00000006.orbax-checkpoint-tmp-1234"
+  (partial / "state").mkdir(parents=True)
+  assert DPTrainer.latest_checkpoint(tmp_path / "a") == good
+  back = _trainer(epsilon_budget=50.0).restore(tmp_path / "a")
+  assert back.step_count == 4 and back.epsilon() == pytest.approx(src.epsilon(), rel=1e-12)

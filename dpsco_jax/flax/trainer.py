@@ -241,15 +241,15 @@ class DPTrainer:
     else:
       example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)
       layout = "[n_items, ...]"
+    other = "level='user'" if self.level == "item" else "level='item'"
     try:
       out = jax.eval_shape(self.clipper.model_loss, self.clipper.params, example)
     except Exception as err:  # the user's code failed on the shape we would give it
       raise ValueError(f"loss_fn failed on one item {jax.tree.map(lambda s: s.shape, example)} "
-                       f"with level={self.level!r} (data {shapes} read as {layout}): {err}"
-                       ) from err
+                       f"with level={self.level!r} (data {shapes} read as {layout}; if the "
+                       f"data is laid out otherwise use {other}): {err}") from err
     if not hasattr(out, "shape") or out.shape != () or not jnp.issubdtype(out.dtype,
                                                                           jnp.floating):
-      other = "level='user'" if self.level == "item" else "level='item'"
       raise ValueError(f"loss_fn must return one float scalar per item, got "
                        f"{getattr(out, 'shape', out)} {getattr(out, 'dtype', '')} with "
                        f"level={self.level!r} (data {shapes} read as {layout}; if the data is "
