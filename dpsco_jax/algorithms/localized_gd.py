@@ -10,27 +10,48 @@ Algorithm (round ``m = 0..M-1``, step ``t = 0..T-1`` restarting every round)::
     y^m_{t+1} = Pi_{B(y^m_0, R_m)}[ y^m_t - eta_t (clipmean_i grad h(y^m_t; xi_i) + nu^m_t) ]
     y^{m+1}_0 = (1/T) sum_{t=0}^{T-1} y^m_t          (Alg 2 line 7: includes y^m_0)
 
-as the core chain ``clip_per_user(C) -> aggregate("mean", n) -> add_gaussian_noise(s)
--> add_public_gradient(grad r) -> projected_sgd(eta_t, radius=R_m, center=y^m_0,
-averaging="uniform")``, one example = one row (item-level privacy).
+as two core chains: the privatizer ``clip_per_user(C) -> aggregate("mean", denominator)
+-> add_gaussian_noise(z C / denominator)`` (its output is the per-step release) and the public
+step ``add_public_gradient(grad r) -> projected_sgd(eta_t, radius=R_m, center=y^m_0,
+averaging="uniform")``; one example = one row (item-level privacy).
 
-Privacy (replace-one adjacency, as in the paper). Each per-example gradient is clipped to
-``C`` (spec §3.4/E7: the paper assumes L-Lipschitz losses *on Y* but queries gradients
-anywhere in the ball, so clipping is what makes the sensitivity unconditional). The clipped
-mean over a fixed denominator ``n`` has replace-one sensitivity ``2C/n``; the noise is
-``N(0, (z C/n)^2 I)``: a solve is ``M*T`` such Gaussian steps (see :func:`gaussian_step_event` for
-how each accountant is told the replace-one sensitivity). DP-Loc-SGD samples a uniformly random subset
-of fixed size ``b`` per step (deviation: the paper samples ``b`` points with replacement, which is
-not a standard accountant event, spec E4; the paper notes that sampling without replacement gives
-the same rates), divides by ``b`` and is ``SampledWithoutReplacementDpEvent(n, b, Gaussian(z))``
-per step, accounted by the RDP accountant (dp_accounting 0.6.0 supports subsampled events under
-replace-one only there; Poisson sampling under replace-one is not supported by its PLD). A
-data-independent term ``r(y)`` (e.g. a ridge penalty) is added *after* the noise: it carries no
-sensitivity. Radii, steps and rounds are functions of public constants only, so a wrong radius
-costs utility, never privacy.
+Privacy contract.
+  * Relation: ``replace_one`` only (the paper's adjacency: one example replaced by an arbitrary
+    one). Public: ``n`` (the number of examples; it sets the full-batch denominator and the
+    sampling rate), every field of :class:`LocGDConfig` and ``r(y)``. Other relations are
+    refused by :func:`check_loc_gd_relation` (``add_remove`` would make ``n`` private and the
+    denominator ``n`` data dependent).
+  * Sensitivity: each per-example gradient is clipped to ``C`` (spec §3.4/E7: the paper assumes
+    L-Lipschitz losses *on Y* but queries gradients anywhere in the ball, so clipping is what
+    makes the sensitivity unconditional); the clipped sum has replace-one sensitivity ``2C``. In
+    the library's convention the noise multiplier is ``z = sigma / C`` and the ledger's
+    accountant applies the replace-one doubling (``dpsco_jax.privacy.relations``).
+  * Events: full batch, one step is ``GaussianDpEvent(z)``; DP-Loc-SGD samples each example
+    independently with probability ``q = b / n`` (Poisson; ``b`` the declared expected batch,
+    the fixed denominator) and one step is ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``. A
+    solve is ``SelfComposedDpEvent(step, M T)`` (:func:`loc_gd_event`), composed by the PLD
+    accountant, which supports the Poisson-subsampled Gaussian under replace-one. Why Poisson
+    and not a fixed-size subset: dp_accounting 0.6.0 accounts sampling without replacement only
+    with RDP (Wang et al.'s bound), which at ``n=400, b=40, 600`` steps, delta = 1e-6 gives
+    epsilon 16.5 / 44.2 at z = 4 / 2 where PLD on the Poisson event gives 6.1 / 14.0 (2.7x /
+    3.2x tighter; issue 11 measured the RDP path ~2.3x above a realizable lower bound). The
+    price: static shapes mean the Poisson mask is applied to all ``n`` per-example gradients
+    (``n`` gradient evaluations per step instead of ``b``). The paper samples ``b`` points with
+    replacement (spec E4); it notes the rates are the same for other samplers.
+  * Noise is drawn only by the core ``add_gaussian_noise`` stage (fresh ``fold_in`` key per step,
+    never reused). A data-independent term ``r(y)`` is added *after* the noise: no sensitivity.
+    Radii, steps and rounds are functions of public constants only: a wrong radius costs
+    utility, never privacy.
+  * Calibration: the presets build the solve's event and call the one calibrator
+    ``dpsco_jax.privacy.calibrate_noise_multiplier``; an explicit ``noise_multiplier`` whose
+    epsilon exceeds the configured epsilon is refused before anything is released
+    (:func:`run_dp_loc_gd`).
+  * Audit hook: :func:`dp_loc_gd_releases` returns the per-step noisy clipped means; with
+    ``forced=`` it replays a given release history (the adaptive-composition view: the query
+    points are post-processing of earlier releases).
 
 Deviations from the paper (each documented where it is implemented):
-  * exact accounting (PLD via ``dp_accounting``; RDP for subsampled steps) instead of Lemma 2.1/2.2 constants (spec E2);
+  * exact accounting (PLD via ``dp_accounting``) instead of Lemma 2.1/2.2 constants (spec E2);
     the paper's own per-step sigma is reported by :func:`paper_loc_gd_stddev`;
   * the radii ``R_m = Theta~(sqrt(R_{m-1} L/(mu eps' n)) + L sqrt(d)/(mu eps' n))`` have no
     stated constants: we use ``A = max(s, C) sqrt(1 + ln T)/(mu sqrt(T))`` (``s`` = noise std of
@@ -45,7 +66,6 @@ Deviations from the paper (each documented where it is implemented):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -58,8 +78,9 @@ import optax
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.grads import per_example_grads
-from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance, for_accountant
-from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic
+from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
+from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
+from dpsco_jax.privacy.relations import PUBLIC, check_relation
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.steps import projected_sgd, released_params, tree_l2_norm
@@ -67,13 +88,20 @@ from dpsco_jax.transforms.steps import projected_sgd, released_params, tree_l2_n
 PyTree = Any
 ExampleLoss = Callable[[PyTree, PyTree], jax.Array]
 RELATION = "replace_one"  # the paper's adjacency (spec §1)
+SUPPORTED_RELATIONS = (RELATION,)
 
 __all__ = [
-    "LocGDConfig", "LocGDAux", "dp_loc_gd", "dp_loc_sgd", "loc_gd_stddev", "loc_gd_radii",
-    "loc_gd_event", "gaussian_step_event", "loc_gd_rounds", "loc_gd_theory_config", "loc_gd_practical_config",
-    "calibrate_loc_gd", "calibrate_gaussian", "calibrate_rdp", "solve_accountant", "paper_loc_gd_stddev", "advanced_composition_step",
+    "LocGDConfig", "LocGDAux", "dp_loc_gd", "dp_loc_sgd", "dp_loc_gd_releases",
+    "loc_gd_stddev", "loc_gd_radii", "loc_gd_event", "loc_gd_step_event", "loc_gd_rounds",
+    "loc_gd_theory_config", "loc_gd_practical_config", "with_calibrated_noise",
+    "check_loc_gd_relation", "plan_dp_loc_gd", "paper_loc_gd_stddev", "advanced_composition_step",
     "add_public_gradient", "run_dp_loc_gd", "ALGORITHMS",
 ]
+
+
+def check_loc_gd_relation(relation: object) -> str:
+  """The relation DP-Loc-(S)GD honours: ``replace_one`` (``n`` public); others raise."""
+  return check_relation(relation, supported=SUPPORTED_RELATIONS, mechanism="DP-Loc-(S)GD")
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,8 +121,8 @@ class LocGDConfig:
     steps: steps per round ``T_GD`` (``T_SGD``).
     radius0: ``R_0`` with ``y* in B(y_0, R_0)`` (public assumption).
     radius_const: the absolute constant of the radius schedule (spec §3.4).
-    batch_size: ``None`` = full batch (Alg 2); ``b`` = a uniformly random ``b``-subset per step
-      (without replacement), denominator ``b`` (Alg 4; see the module docstring).
+    batch_size: ``None`` = full batch (Alg 2); ``b`` = the expected batch of Poisson sampling
+      at rate ``b / n`` and the fixed denominator (Alg 4; see the module docstring).
     step_rule: ``"paper"`` ``eta_t = 1/(mu (t+1))`` or ``"smooth"`` ``1/(smoothness + mu t)``.
     smoothness: the smoothness of ``h`` (required by ``step_rule="smooth"``).
     localize: ``False`` keeps one ball ``B(y_0, R_0)`` for every round (spec §3.4).
@@ -177,105 +205,40 @@ def loc_gd_rounds(mu: float, lipschitz: float, n: int, epsilon: float) -> int:
   return max(1, math.ceil(math.log2(math.log(ratio))))
 
 
-ACCOUNTANTS = ("pld", "rdp")
-
-
-def gaussian_step_event(z: float, accountant: str, *, n: int | None = None,
-                        batch: int | None = None) -> dp_accounting.DpEvent:
-  """One replace-one Gaussian step on a clipped sum (per-row clip ``C``, std ``z C``; the
-  replace-one sensitivity is ``2C``), in the library's convention ``z = sigma / C``; the ledger
-  rewrites it for the RDP accountant, which reads multipliers relative to the replace-one
-  sensitivity (:func:`dpsco_jax.privacy.ledger.for_accountant`). Subsampled steps are RDP-only
-  under replace-one.
-  """
-  check_choice(accountant, "accountant", ACCOUNTANTS)
-  if z == 0:
-    return dp_accounting.NonPrivateDpEvent()
-  base = dp_accounting.GaussianDpEvent(z)  # the ledger adapts it to RDP (for_accountant)
+def loc_gd_step_event(z: float, *, n: int | None = None, batch: int | None = None
+                      ) -> dp_accounting.DpEvent:
+  """One step on a clipped sum with noise std ``z C``, in the library's convention
+  ``z = sigma / C`` (``C`` the per-example clip; the ledger applies replace-one's ``2C``):
+  ``GaussianDpEvent(z)`` for full batch, ``PoissonSampledDpEvent(batch / n, ...)`` for
+  DP-Loc-SGD (``n`` public under replace-one)."""
+  check_positive(z, "noise_multiplier")
+  base = dp_accounting.GaussianDpEvent(z)
   if batch is None:
     return base
-  if accountant != "rdp":
-    raise ValueError("subsampled steps under replace-one need accountant='rdp' "
-                     "(dp_accounting's PLD does not support them)")
-  return dp_accounting.SampledWithoutReplacementDpEvent(n, batch, base)
+  n = check_int(n, "n")
+  if not 1 <= check_int(batch, "batch_size") <= n:
+    raise ValueError(f"batch_size must lie in [1, n={n}], got {batch}")
+  return dp_accounting.PoissonSampledDpEvent(batch / n, base)
 
 
-def loc_gd_event(cfg: LocGDConfig, n: int, *, accountant: str) -> dp_accounting.DpEvent:
-  """The ``DpEvent`` of one solve under ``REPLACE_ONE``: ``M T`` Gaussian steps on a clipped
-  mean with sensitivity ``2C/denominator`` (see :func:`gaussian_step_event`)."""
+def loc_gd_event(cfg: LocGDConfig, n: int) -> dp_accounting.DpEvent:
+  """The event of one solve: ``M T`` steps (:func:`loc_gd_step_event`). Data free: ``n`` is
+  the public number of examples. A zero noise multiplier has no event (raises)."""
   if cfg.noise_multiplier == 0:
-    return dp_accounting.NonPrivateDpEvent()
-  step = gaussian_step_event(cfg.noise_multiplier, accountant, n=n,
-                             batch=None if cfg.batch_size is None else _denominator(cfg, n))
+    raise ValueError("noise_multiplier=0 is not private: no privacy event exists for it")
+  step = loc_gd_step_event(cfg.noise_multiplier, n=n,
+                           batch=None if cfg.batch_size is None else _denominator(cfg, n))
   return dp_accounting.SelfComposedDpEvent(step, cfg.rounds * cfg.steps)
 
 
-@functools.lru_cache(maxsize=256)
-def calibrate_gaussian(epsilon: float, delta: float) -> tuple[float, str]:
-  """Noise multiplier ``z`` of ONE Gaussian step (replace-one: sensitivity ``2`` in units of the
-  clip) that is exactly ``(epsilon, delta)``-DP, and the accountant that certifies it.
-
-  ``z`` is the analytic Gaussian mechanism's (Balle & Wang 2018; exact privacy profile), which the
-  PLD accountant reproduces to ~1e-11 for a Gaussian; the ledger re-checks it. For large
-  epsilon (``z < 0.3``, roughly epsilon > 30 at delta = 1e-6, where the PLD grid becomes huge)
-  the RDP accountant (valid, looser) is used for both calibration and ledger, so the two agree.
-  """
-  check_epsilon(epsilon)
-  check_delta(delta)
-  if epsilon < 300:
-    z = gaussian_sigma_analytic(2.0, epsilon, delta)  # sigma / C for sensitivity 2C
-    if z >= 0.3:
-      return z * (1.0 + 1e-9), "pld"
-  z = calibrate_rdp(lambda z: gaussian_step_event(z, "rdp"), epsilon=epsilon, delta=delta,
-                    lower=1e-4, orders=None)
-  return z, "rdp"
-
-
-_COARSE_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0,
-                  24.0, 32.0, 48.0, 64.0)
-
-
-def calibrate_rdp(make_event: Callable[[float], dp_accounting.DpEvent], *, epsilon: float,
-                  delta: float, lower: float = 0.1,
-                  orders: tuple[float, ...] | None = _COARSE_ORDERS) -> float:
-  """Smallest ``z`` with RDP-epsilon ``<= epsilon`` on a coarse order grid (replace-one).
-
-  The RDP of subsampled-without-replacement Gaussians is expensive at the accountant's default
-  ~100 orders; bisection runs on a coarse subset instead. An RDP bound minimized over fewer
-  orders is larger, so the ledger's full-grid RDP epsilon of the result is ``<= epsilon``."""
-  from dp_accounting import mechanism_calibration
-  from dp_accounting.rdp import rdp_privacy_accountant
-  rel = dp_accounting.NeighboringRelation.REPLACE_ONE
-  return float(mechanism_calibration.calibrate_dp_mechanism(
-      (lambda: rdp_privacy_accountant.RdpAccountant(list(orders), rel)) if orders is not None
-      else (lambda: rdp_privacy_accountant.RdpAccountant(neighboring_relation=rel)),
-      lambda z: for_accountant(make_event(z), "rdp", "replace_one"),
-      epsilon, delta,
-      bracket_interval=mechanism_calibration.LowerEndpointAndGuess(lower, max(2 * lower, 1.0)),
-      tol=1e-3 * lower))
-
-
-def calibrate_loc_gd(cfg: LocGDConfig, n: int, *, epsilon: float, delta: float) -> float:
-  """The smallest ``z`` for which one solve with ``cfg``'s rounds/steps/batch is
-  ``(epsilon, delta)``-DP (replace-one; see :func:`calibrate_gaussian` for the accountant)."""
-  check_epsilon(epsilon)
-  check_delta(delta)
-  k = cfg.rounds * cfg.steps
-  if cfg.batch_size is None:
-    # k Gaussian steps with multiplier z compose exactly to one with z/sqrt(k).
-    z1, _ = calibrate_gaussian(epsilon, delta)
-    return z1 * math.sqrt(k)
-  b = _denominator(cfg, n)
-  return calibrate_rdp(
-      lambda z: dp_accounting.SelfComposedDpEvent(gaussian_step_event(z, "rdp", n=n, batch=b), k),
-      epsilon=epsilon, delta=delta, lower=0.3)
-
-
-def solve_accountant(cfg: LocGDConfig, epsilon: float, delta: float) -> str:
-  """The accountant that certifies a solve calibrated by :func:`calibrate_loc_gd`."""
-  if cfg.batch_size is not None:
-    return "rdp"
-  return calibrate_gaussian(epsilon, delta)[1]
+def with_calibrated_noise(cfg: LocGDConfig, n: int, *, epsilon: float, delta: float
+                          ) -> LocGDConfig:
+  """``cfg`` with the smallest noise multiplier for which one solve is ``(epsilon, delta)``-DP
+  under replace-one, found by the library's one calibrator on :func:`loc_gd_event`."""
+  z = calibrate_noise_multiplier(
+      lambda z: loc_gd_event(dataclasses.replace(cfg, noise_multiplier=z), n),
+      epsilon=epsilon, delta=delta, relation=RELATION)
+  return dataclasses.replace(cfg, noise_multiplier=z)
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,8 +287,7 @@ def loc_gd_theory_config(*, mu: float, lipschitz: float, n: int, epsilon: float,
   cfg = LocGDConfig(mu=mu, clip_norm=lipschitz, noise_multiplier=0.0, rounds=rounds,
                     steps=n * n, radius0=radius0, radius_const=radius_const,
                     batch_size=batch_size, step_rule="paper")
-  z = calibrate_loc_gd(cfg, n, epsilon=epsilon, delta=delta)
-  return dataclasses.replace(cfg, noise_multiplier=z)
+  return with_calibrated_noise(cfg, n, epsilon=epsilon, delta=delta)
 
 
 def check_loc_gd_precondition(cfg: LocGDConfig, n: int, dim: int, epsilon: float) -> bool:
@@ -356,8 +318,7 @@ def loc_gd_practical_config(*, mu: float, clip_norm: float, n: int, dim: int, ep
                     batch_size=batch_size,
                     step_rule="smooth" if smoothness is not None else "paper",
                     smoothness=smoothness)
-  z = calibrate_loc_gd(cfg, n, epsilon=epsilon, delta=delta)
-  return dataclasses.replace(cfg, noise_multiplier=z)
+  return with_calibrated_noise(cfg, n, epsilon=epsilon, delta=delta)
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,10 +367,74 @@ def _num_examples(data: PyTree) -> int:
   return sizes.pop()
 
 
+def _round_chains(cfg: LocGDConfig, n: int, key: jax.Array, radius: float, center: PyTree,
+                  reg_grad: Callable | None):
+  """The privatizer (clip -> fixed-denominator mean -> Gaussian; its output is the release) and
+  the public step of one round."""
+  denom = _denominator(cfg, n)
+  privatizer = optax.chain(clip_per_user(cfg.clip_norm), aggregate("mean", denominator=denom),
+                           add_gaussian_noise(loc_gd_stddev(cfg, n), key))
+  stepper = optax.chain(add_public_gradient(reg_grad),
+                        projected_sgd(_schedule(cfg), radius=radius, center=center,
+                                      averaging="uniform"))
+  return privatizer, stepper
+
+
+def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: LocGDConfig,
+           reg_fn: Callable | None, forced: PyTree | None):
+  """The solver; returns ``(y_out, aux, releases)`` with ``releases`` leaves ``[M, T, ...]``.
+  ``forced`` (same shape as ``releases``): advance with these releases instead of this run's
+  own (replay of a release history; the audit / sensitivity view)."""
+  n = _num_examples(data)
+  q = None if cfg.batch_size is None else _denominator(cfg, n) / n
+  dim = sum(int(np.prod(jnp.shape(x))) for x in jax.tree.leaves(y0))
+  radii = loc_gd_radii(cfg, n, dim)
+  reg_grad = None if reg_fn is None else jax.grad(reg_fn)
+  center, max_dists, centers, releases = y0, [], [], []
+  for m in range(cfg.rounds):  # M is a small static number (log log n): unrolled
+    k_noise, k_sample = jax.random.split(jax.random.fold_in(key, m))
+    privatizer, stepper = _round_chains(cfg, n, k_noise, radii[m], center, reg_grad)
+    forced_m = None if forced is None else jax.tree.map(lambda r, m=m: r[m], forced)
+
+    def step(carry, xs, privatizer=privatizer, stepper=stepper, center=center,
+             k_sample=k_sample):
+      y, pst, sst, md = carry
+      t, forced_t = xs
+      mask = None
+      if q is not None:  # Alg 4's B^m_t: Poisson sample at the public rate b/n (static shape)
+        mask = jax.random.bernoulli(jax.random.fold_in(k_sample, t), q, (n,))
+      grads = per_example_grads(loss_ex, y, data)
+      release, pst = privatizer.update(grads, pst, y, user_mask=mask)
+      used = release if forced_t is None else forced_t
+      upd, sst = stepper.update(used, sst, y)
+      y_new = optax.apply_updates(y, upd)
+      dist = tree_l2_norm(jax.tree.map(jnp.subtract, y_new, center))
+      return (y_new, pst, sst, jnp.maximum(md, dist)), release
+
+    init = (center, privatizer.init(center), stepper.init(center),
+            jnp.zeros((), jnp.result_type(float)))
+    (y_last, _, sst, max_dist), rel = jax.lax.scan(step, init,
+                                                   (jnp.arange(cfg.steps), forced_m))
+    max_dists.append(max_dist)
+    releases.append(rel)
+    avg = released_params(sst, y_last)  # uniform mean of y_1..y_T (core convention)
+    if cfg.average == "paper":
+      # Alg 2 line 7 averages y_0..y_{T-1}: the same sum with y_T swapped for y_0.
+      avg = jax.tree.map(lambda a, c, l: a + (c - l) / cfg.steps, avg, center, y_last)
+    centers.append(avg)
+    center = avg
+  aux = LocGDAux(radii=jnp.asarray(radii), stddev=jnp.asarray(loc_gd_stddev(cfg, n)),
+                 max_dist=jnp.stack(max_dists),
+                 centers=jax.tree.map(lambda *c: jnp.stack(c), *centers))
+  return center, aux, jax.tree.map(lambda *r: jnp.stack(r), *releases)
+
+
 def dp_loc_gd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
               cfg: LocGDConfig, *, reg_fn: Callable[[PyTree], jax.Array] | None = None
               ) -> tuple[PyTree, LocGDAux]:
   """One DP-Loc-GD (``cfg.batch_size is None``) or DP-Loc-SGD solve. Jittable (``cfg`` static).
+
+  Accounting is the caller's (:func:`loc_gd_event` on a replace-one ledger, charged before).
 
   Args:
     loss_ex: ``loss_ex(y, example) -> scalar``, the per-example part of ``h``.
@@ -424,61 +449,30 @@ def dp_loc_gd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
   Returns:
     ``(y_out, aux)`` with ``y_out = y^M_0``.
   """
-  n = _num_examples(data)
-  denom = _denominator(cfg, n)
-  stddev = loc_gd_stddev(cfg, n)
-  dim = sum(int(np.prod(jnp.shape(x))) for x in jax.tree.leaves(y0))
-  radii = loc_gd_radii(cfg, n, dim)
-  reg_grad = None if reg_fn is None else jax.grad(reg_fn)
-  schedule = _schedule(cfg)
+  y, aux, _ = _solve(loss_ex, y0, data, key, cfg, reg_fn, None)
+  return y, aux
 
-  center = y0
-  max_dists = []
-  centers = []
-  for m in range(cfg.rounds):  # M is a small static number (log log n): unrolled
-    k_round = jax.random.fold_in(key, m)
-    k_noise, k_sample = jax.random.split(k_round)
-    chain = optax.chain(
-        clip_per_user(cfg.clip_norm),
-        aggregate("mean", denominator=denom),
-        add_gaussian_noise(stddev, k_noise),
-        add_public_gradient(reg_grad),
-        projected_sgd(schedule, radius=radii[m], center=center, averaging="uniform"),
-    )
-    state = chain.init(center)
 
-    def step(carry, t, chain=chain, center=center, k_sample=k_sample):
-      y, st, md = carry
-      batch = data
-      if cfg.batch_size is not None:  # a fresh uniformly random b-subset (Alg 4, B^m_t)
-        idx = jax.random.choice(jax.random.fold_in(k_sample, t), n, (denom,), replace=False)
-        batch = jax.tree.map(lambda v: v[idx], data)
-      grads = per_example_grads(loss_ex, y, batch)
-      upd, st = chain.update(grads, st, y)
-      y_new = optax.apply_updates(y, upd)
-      dist = tree_l2_norm(jax.tree.map(jnp.subtract, y_new, center))
-      return (y_new, st, jnp.maximum(md, dist)), None
+def dp_loc_gd_releases(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
+                       cfg: LocGDConfig, *, reg_fn: Callable[[PyTree], jax.Array] | None = None,
+                       forced: PyTree | None = None) -> PyTree:
+  """Audit hook: the per-step privatized releases of a solve, the noisy clipped means
+  ``clipmean(grad h(y_t)) + nu_t`` (leaves ``[M, T, *y.shape]``), for ``data`` and ``key``.
 
-    (y_last, state, max_dist), _ = jax.lax.scan(
-        step, (center, state, jnp.zeros((), jnp.result_type(float))), jnp.arange(cfg.steps))
-    max_dists.append(max_dist)
-    avg = released_params(state, y_last)  # uniform mean of y_1..y_T (core convention)
-    if cfg.average == "paper":
-      # Alg 2 line 7 averages y_0..y_{T-1}: the same sum with y_T swapped for y_0.
-      avg = jax.tree.map(lambda a, c, l: a + (c - l) / cfg.steps, avg, center, y_last)
-    centers.append(avg)
-    center = avg
-  aux = LocGDAux(radii=jnp.asarray(radii), stddev=jnp.asarray(stddev),
-                 max_dist=jnp.stack(max_dists),
-                 centers=jax.tree.map(lambda *c: jnp.stack(c), *centers))
-  return center, aux
+  Each release is the Gaussian mechanism at the query point ``y_t``, itself post-processing of
+  the earlier releases. ``forced`` (a release history of the same shape, e.g. from a
+  neighbouring dataset) makes the solver advance with those releases, so both datasets are
+  queried at the same points: with the same ``key`` the noise and Poisson masks coincide, and
+  ``cfg.noise_multiplier = 0`` exposes the noiseless aggregates (per-step difference at most
+  ``2 C / denominator`` under replace-one). Same keys as :func:`dp_loc_gd`."""
+  return _solve(loss_ex, y0, data, key, cfg, reg_fn, forced)[2]
 
 
 def dp_loc_sgd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
                cfg: LocGDConfig, *, reg_fn: Callable[[PyTree], jax.Array] | None = None
                ) -> tuple[PyTree, LocGDAux]:
-  """DP-Loc-SGD (Alg 4): :func:`dp_loc_gd` with random ``b``-subsets; ``cfg.batch_size`` must
-  be set."""
+  """DP-Loc-SGD (Alg 4): :func:`dp_loc_gd` with Poisson samples of expected size
+  ``cfg.batch_size`` (must be set)."""
   if cfg.batch_size is None:
     raise ValueError("dp_loc_sgd needs cfg.batch_size (use dp_loc_gd for full batch)")
   return dp_loc_gd(loss_ex, y0, data, key, cfg, reg_fn=reg_fn)
@@ -493,27 +487,16 @@ def _item_level_data(problem) -> PyTree:
   return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), problem.data)
 
 
-def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
-  """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level privacy).
-
-  Config keys: ``epsilon, delta`` (required), ``mu`` (public strong convexity, required),
-  ``clip_norm`` (default ``problem.lipschitz``), ``preset`` (``practical`` | ``theory``),
-  ``steps, rounds, batch_size, radius0`` (default ``2 problem.radius``), ``radius_const``,
-  ``l2`` (a data-independent ridge term ``l2/2 ||y||^2`` added to ``h``), ``debug``.
-  """
-  from dpsco_jax.result import Result
-
+def plan_dp_loc_gd(cfg: dict, *, n: int, dim: int, clip: float, radius0: float
+                   ) -> tuple[LocGDConfig, dp_accounting.DpEvent]:
+  """Data-free plan of a runner solve: the config (schedule, noise multiplier) and its event,
+  from the config dict and public numbers only (``n`` public under replace-one). An explicit
+  ``noise_multiplier`` is kept as given (the caller checks it against the budget)."""
+  check_loc_gd_relation(cfg.get("relation", RELATION))
   eps = check_epsilon(cfg.get("epsilon"), "epsilon")
   delta = check_delta(cfg.get("delta", 1e-6), "delta")
   mu = check_positive(cfg.get("mu"), "mu")
-  data = _item_level_data(problem)
-  n = _num_examples(data)
-  y0 = problem.init_params()
-  dim = sum(int(np.prod(jnp.shape(x))) for x in jax.tree.leaves(y0))
-  clip = check_positive(cfg.get("clip_norm", getattr(problem, "lipschitz", 1.0)), "clip_norm")
-  radius0 = check_positive(cfg.get("radius0", 2.0 * float(problem.radius)), "radius0")
   preset = check_choice(cfg.get("preset", "practical"), "preset", ("practical", "theory"))
-  l2 = check_nonnegative(cfg.get("l2", 0.0), "l2")
   batch = cfg.get("batch_size")
   if preset == "theory":
     lcfg = loc_gd_theory_config(mu=mu, lipschitz=clip, n=n, epsilon=eps, delta=delta,
@@ -524,28 +507,56 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
                                    smoothness=cfg.get("smoothness"), steps=cfg.get("steps"),
                                    rounds=cfg.get("rounds"), batch_size=batch,
                                    radius_const=cfg.get("radius_const", 4.0))
+  if cfg.get("noise_multiplier") is not None:
+    lcfg = dataclasses.replace(
+        lcfg, noise_multiplier=check_positive(cfg["noise_multiplier"], "noise_multiplier"))
+  return lcfg, loc_gd_event(lcfg, n)
+
+
+def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
+  """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
+
+  Config keys: ``epsilon`` (the budget), ``delta`` (required), ``mu`` (public strong convexity,
+  required), ``relation`` (only ``replace_one``), ``noise_multiplier`` (explicit; refused if
+  its epsilon exceeds ``epsilon``), ``clip_norm`` (default ``problem.lipschitz``), ``preset``
+  (``practical`` | ``theory``), ``steps, rounds, batch_size, radius0`` (default
+  ``2 problem.radius``), ``radius_const``, ``l2`` (a data-independent ridge term
+  ``l2/2 ||y||^2`` added to ``h``), ``debug``. The plan (:func:`plan_dp_loc_gd`) uses only the
+  public ``n`` and the config; the ledger is charged before the solve runs.
+  """
+  from dpsco_jax.result import Result
+
+  data = _item_level_data(problem)
+  n = _num_examples(data)
+  y0 = problem.init_params()
+  dim = sum(int(np.prod(jnp.shape(x))) for x in jax.tree.leaves(y0))
+  clip = check_positive(cfg.get("clip_norm", getattr(problem, "lipschitz", 1.0)), "clip_norm")
+  radius0 = check_positive(cfg.get("radius0", 2.0 * float(problem.radius)), "radius0")
+  l2 = check_nonnegative(cfg.get("l2", 0.0), "l2")
+  lcfg, event = plan_dp_loc_gd(cfg, n=n, dim=dim, clip=clip, radius0=radius0)
+  eps, delta = float(cfg["epsilon"]), float(cfg.get("delta", 1e-6))
+  ledger = PrivacyLedger(delta=delta, epsilon_budget=eps, relation=RELATION)
+  ledger.spend(event, label="dp_loc_gd solve")  # raises before anything is computed
   reg = None
   if l2 > 0:
     reg = lambda y: 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(y))
-  ledger = PrivacyLedger(delta=delta, epsilon_budget=eps, relation=RELATION,
-                         accountant=solve_accountant(lcfg, eps, delta))
-  event = loc_gd_event(lcfg, n, accountant=solve_accountant(lcfg, eps, delta))
-  ledger.spend(event, label="dp_loc_gd solve")  # raises before anything is computed
   solve = jax.jit(lambda y, k: dp_loc_gd(problem.loss_fn, y, data, k, lcfg, reg_fn=reg))
   y_out, aux = solve(y0, key)
   paper_sigma = paper_loc_gd_stddev(lcfg, n, epsilon=eps, delta=delta)
+  sampling = "full batch" if lcfg.batch_size is None else f"Poisson rate {lcfg.batch_size}/{n}"
   report = ledger.report(
       provenance=Provenance.ACCOUNTANT, level="item", mechanisms=("dp_loc_gd solve",),
-      notes=(f"{lcfg.rounds}x{lcfg.steps} clipped-mean Gaussian steps, z={lcfg.noise_multiplier:.4g},"
-             f" sensitivity 2C/denominator (replace-one); paper-formula sigma "
-             f"{paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
+      notes=(f"{lcfg.rounds}x{lcfg.steps} clipped-mean Gaussian steps ({sampling}), "
+             f"z={lcfg.noise_multiplier:.4g}, replace-one (public: {PUBLIC[RELATION]}); "
+             f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
   debug = None
   if cfg.get("debug", False):
     debug = {"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
   record = {"noise_std": loc_gd_stddev(lcfg, n), "paper_noise_std": paper_sigma,
             "rounds": lcfg.rounds, "steps": lcfg.steps, "radii": list(map(float, aux.radii)),
-            "preset": preset}
-  evals = lcfg.rounds * lcfg.steps * (n if batch is None else batch)
+            "preset": cfg.get("preset", "practical")}
+  # Poisson masks keep shapes static: every step evaluates all n per-example gradients.
+  evals = lcfg.rounds * lcfg.steps * n
   return Result(params=y_out, privacy=report, gradient_evaluations=int(evals), record=record,
                 debug=debug)
 

@@ -1,0 +1,370 @@
+"""Paper 004's plan: the bilevel configuration, presets (Thm 4.1 / 5.1 / 6.1), privacy events
+and the paper's own noise/composition formulas (reported beside the accountant, never used as
+the guarantee).
+
+Everything here is computed from the config and public numbers before any data is touched:
+``n`` (public under the paper's replace-one relation), the parameter shapes and the problem's
+public constants. Calibration goes through the library's one calibrator,
+:func:`dpsco_jax.privacy.calibrate_noise_multiplier`, on the run's own events
+(:func:`bilevel_events`): ``2T`` DP-Loc-(S)GD solves (``M T_in`` Gaussian steps each, Poisson
+subsampled at rate ``b_in / n`` for Alg 3) and ``T`` outer Gaussian steps (Poisson at
+``b_out / n`` for Alg 3), composed by PLD under replace-one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import dp_accounting
+from jax.extend.core import Literal as _Literal
+import jax
+
+from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
+                               check_nonnegative, check_positive)
+from dpsco_jax.algorithms.bilevel_problem import BilevelProblem, ProblemConstants
+from dpsco_jax.algorithms.localized_gd import (LocGDConfig, loc_gd_event, loc_gd_rounds,
+                                               loc_gd_stddev, loc_gd_step_event,
+                                               paper_loc_gd_stddev)
+from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
+from dpsco_jax.privacy.relations import check_relation
+
+RELATION = "replace_one"  # paper §2: neighbouring datasets differ in one replaced point
+
+
+@dataclasses.dataclass(frozen=True)
+class BilevelConfig:
+  """Static configuration of Alg 1 (``batch_out=None`` and inner ``batch_size=None``) or Alg 3.
+
+  ``outer_data_terms=False`` (no per-example outer estimator, hence no outer mechanism) is set
+  by :func:`bilevel_config` only for problems whose data-dependent terms provably do not depend
+  on ``x`` (§7 observation; checked structurally). ``outer_noise_multiplier = 0`` with data terms
+  is a NON-private outer step (accounted as a non-private event: epsilon = inf)."""
+  lam: float
+  eta: float
+  steps: int                       # T
+  clip_out: float                  # C_out
+  outer_noise_multiplier: float    # z_out: std = z_out * C_out / denominator
+  inner_y: LocGDConfig             # solve of g(x, .)
+  inner_lam: LocGDConfig           # solve of f/lam + g
+  batch_out: int | None = None     # fixed batch of Alg 3 (None: full batch)
+  warm_start: bool = True
+  outer_data_terms: bool = True    # False only when f_ex, g_ex are provably x-free (§7)
+
+  def __post_init__(self):
+    check_positive(self.lam, "lam")
+    check_positive(self.eta, "eta")
+    check_int(self.steps, "steps", minimum=1)
+    check_positive(self.clip_out, "clip_out")
+    check_nonnegative(self.outer_noise_multiplier, "outer_noise_multiplier")
+    if self.batch_out is not None:
+      check_int(self.batch_out, "batch_out", minimum=1)
+
+
+def theory_params(consts: ProblemConstants, *, epsilon: float, delta: float, n: int,
+                  d_x: int, d_y: int, population: bool = False, batch_out: int | None = None,
+                  c_alpha: float = 1.0, c_smooth: float = 1.0) -> dict:
+  """Thm 4.1 (and 5.1 / 6.1) parameter assignment with absolute constants exposed (``c = 1``).
+
+  ``alpha = c_alpha [K1 (sqrt(d_x)/(eps n))^{1/2} + K2 (sqrt(d_y)/(eps n))^{1/3}]`` with
+  ``K1 = Delta^{1/4} l^{3/4} kappa^{5/4}``, ``K2 = Delta^{1/6} l^{1/2} kappa^{11/6}`` (as printed in
+  Thm 4.1; E5 notes ``l^{5/6}``), ``+ K3 sqrt(d_x/n)`` for the population bound (Thm 6.1) and
+  ``+ K3 / b_out`` for Alg 3 (Thm 5.1; E3 notes ``1/sqrt(b_out)``), ``K3 = l kappa``.
+  ``lam = 2 l kappa^3 / alpha`` (penalty bias ``l kappa^3/lam = alpha/2``), ``eta = 1/(2L)`` with
+  ``L = c_smooth l kappa^3`` (Lemma 4.3(iii)), ``T = ceil(64 L Delta_F / (3 alpha^2))`` (proof of
+  Prop 4.6), ``C_out = 5 l kappa`` (Lemma 4.5's proof), the paper's
+  ``sigma^2 = l^2 kappa^2 T log(T/delta) / (eps n)^2`` (reported only), inner budget
+  ``eps' = eps/sqrt(18T)`` for the rounds ``M``.
+
+  Raises:
+    ValueError: when the precondition
+      ``alpha <= l kappa^3 min{1/(2 kappa), L0g/L0f, L1g/L1f, Delta_F/(l kappa)}`` fails.
+  """
+  check_epsilon(epsilon)
+  check_delta(delta)
+  n = check_int(n, "n")
+  c = consts
+  ell, kap = c.ell, c.kappa
+  k1 = c.delta_f ** 0.25 * ell ** 0.75 * kap ** 1.25
+  k2 = c.delta_f ** (1 / 6) * ell ** 0.5 * kap ** (11 / 6)
+  k3 = ell * kap
+  alpha = k1 * math.sqrt(math.sqrt(d_x) / (epsilon * n)) + k2 * (
+      math.sqrt(d_y) / (epsilon * n)) ** (1 / 3)
+  if population:
+    alpha += k3 * math.sqrt(d_x / n)
+  if batch_out is not None:
+    alpha += k3 / batch_out
+  alpha *= c_alpha
+  cap = ell * kap ** 3 * min(1 / (2 * kap), c.l0g / c.l0f, c.l1g / c.l1f,
+                             c.delta_f / (ell * kap))
+  if alpha > cap:
+    raise ValueError(
+        f"precondition of Thm 4.1 violated: alpha={alpha:.4g} > l kappa^3 min{{1/(2kappa), "
+        f"L0g/L0f, L1g/L1f, Delta_F/(l kappa)}} = {cap:.4g}; increase n or epsilon")
+  lam = 2.0 * ell * kap ** 3 / alpha
+  smooth = c_smooth * ell * kap ** 3
+  eta = 1.0 / (2.0 * smooth)
+  steps = int(math.ceil(64.0 * smooth * c.delta_f / (3.0 * alpha ** 2)))
+  eps_inner = epsilon / math.sqrt(18.0 * steps)
+  return {
+      "alpha": alpha, "lam": lam, "eta": eta, "steps": steps, "smoothness": smooth,
+      "clip_out": 5.0 * ell * kap,
+      "paper_sigma": ell * kap * math.sqrt(steps * math.log(steps / delta)) / (epsilon * n),
+      "eps_inner": eps_inner, "delta_inner": delta / (3 * (steps + 1)),
+      "rounds_y": loc_gd_rounds(c.mu_g, c.l0g, n, eps_inner),
+      "rounds_lam": loc_gd_rounds(c.mu_g / 2, c.l0f / lam + c.l0g, n, eps_inner),
+      "lam_min": max(2 * kap, c.l0f / c.l0g, c.l1f / c.l1g),
+  }
+
+
+def bilevel_events(bcfg: BilevelConfig, n: int) -> list[tuple[str, dp_accounting.DpEvent, int]]:
+  """``(label, event, count)`` of every mechanism of a run (count = ``T``), replace-one, in the
+  library's convention (:func:`~dpsco_jax.algorithms.localized_gd.loc_gd_step_event`): data
+  free, ``n`` is public. A zero multiplier on a data-dependent mechanism has no event: raises."""
+  out = [("lower-level y* solves (DP-Loc-(S)GD on g)", loc_gd_event(bcfg.inner_y, n),
+          bcfg.steps),
+         ("penalized y^lam solves (DP-Loc-(S)GD on f/lam+g)", loc_gd_event(bcfg.inner_lam, n),
+          bcfg.steps)]
+  if bcfg.outer_data_terms:
+    if bcfg.outer_noise_multiplier == 0:
+      raise ValueError("outer_noise_multiplier=0 with x-dependent data terms is not private")
+    out.append(("outer penalty hypergradient (Gaussian)",
+                loc_gd_step_event(bcfg.outer_noise_multiplier, n=n, batch=bcfg.batch_out),
+                bcfg.steps))
+  return out
+
+
+def composed_events(bcfg: BilevelConfig, n: int) -> list[dp_accounting.DpEvent]:
+  """:func:`bilevel_events` as a list of self-composed events (one per mechanism)."""
+  return [dp_accounting.SelfComposedDpEvent(e, c) for _, e, c in bilevel_events(bcfg, n)]
+
+
+def noise_ratios(bcfg: BilevelConfig, shares: tuple[float, float, float]
+                 ) -> tuple[float, float, float]:
+  """Relative multipliers ``(r_y, r_lam, r_out)``, the smallest positive one ``1``.
+
+  The paper splits the budget equally per iteration; in zCDP form (spec §3.4) mechanism ``k``
+  with ``c_k`` Gaussian steps and share ``s_k`` gets ``z_k = z sqrt(c_k / s_k)``. ``shares[2] =
+  0`` means no outer noise (``r_out = 0``)."""
+  if len(shares) != 3 or any(s < 0 for s in shares) or abs(sum(shares) - 1) > 1e-9:
+    raise ValueError(f"shares must be three non-negative numbers summing to 1, got {shares}")
+  if shares[0] == 0 or shares[1] == 0:
+    raise ValueError("shares of the two inner solves must be > 0")
+  counts = (bcfg.inner_y.rounds * bcfg.inner_y.steps, bcfg.inner_lam.rounds
+            * bcfg.inner_lam.steps, 1)
+  ratios = [math.sqrt(c / s) if s > 0 else 0.0 for c, s in zip(counts, shares)]
+  r_min = min(r for r in ratios if r > 0)
+  return tuple(r / r_min for r in ratios)
+
+
+def with_noise(bcfg: BilevelConfig, z: float, ratios: tuple[float, float, float]
+               ) -> BilevelConfig:
+  """``bcfg`` with multipliers ``z * ratios`` (the outer one only if it has data terms)."""
+  return dataclasses.replace(
+      bcfg, inner_y=dataclasses.replace(bcfg.inner_y, noise_multiplier=z * ratios[0]),
+      inner_lam=dataclasses.replace(bcfg.inner_lam, noise_multiplier=z * ratios[1]),
+      outer_noise_multiplier=z * ratios[2] if bcfg.outer_data_terms else 0.0)
+
+
+def paper_bilevel_noise(bcfg: BilevelConfig, n: int, *, epsilon: float, delta: float) -> dict:
+  """The paper's own per-mechanism noise for target ``(epsilon, delta)``: every mechanism gets
+  ``(eps/sqrt(18T), delta/(3(T+1)))`` (Alg 1 line 3, §8.4); outer std from Lemma 2.2 with
+  sensitivity ``2 C_out / n`` (for Alg 3 the amplified ``2C/b`` at ``eps_0 n/b`` gives the same
+  std, §5); inner std from :func:`paper_loc_gd_stddev`."""
+  t = bcfg.steps
+  e0, d0 = epsilon / math.sqrt(18 * t), delta / (3 * (t + 1))
+  out_sigma = math.sqrt(2 * math.log(5 / (4 * d0))) * 2 * bcfg.clip_out / n / e0
+  return {"outer_std": out_sigma,
+          "inner_y_std": paper_loc_gd_stddev(bcfg.inner_y, n, epsilon=e0, delta=d0),
+          "inner_lam_std": paper_loc_gd_stddev(bcfg.inner_lam, n, epsilon=e0, delta=d0),
+          "eps_per_mechanism": e0, "delta_per_mechanism": d0}
+
+
+def _lemma22_eps(sens: float, sigma: float, delta: float) -> float:
+  return sens * math.sqrt(2 * math.log(5 / (4 * delta))) / sigma
+
+
+def _lemma21(eps0: float, delta0: float, k: int) -> float:
+  return math.sqrt(2 * k * math.log(1 / delta0)) * eps0 + 2 * k * eps0 ** 2
+
+
+def _amplify(eps0: float, b: int, n: int) -> float:
+  """Lemma 2.3's amplification for the Poisson rate ``q = b/n`` the driver samples at."""
+  q = b / n
+  return math.log1p(q * math.expm1(min(eps0, 700.0)))
+
+
+def paper_composition_epsilon(bcfg: BilevelConfig, n: int, *, delta: float) -> float:
+  """The epsilon the paper's own analysis certifies for OUR noise: Lemma 2.2 per step, Lemma 2.3
+  for minibatches, Lemma 2.1 over each solve's ``M T_in`` steps and over ``T`` iterations, basic
+  composition of the 3 mechanisms per iteration, with the paper's delta split. Reported beside
+  the accountant's epsilon to show the slack of the loose composition (E2)."""
+  t = bcfg.steps
+  d0 = delta / (3 * (t + 1))
+  eps_it = 0.0
+  for icfg in (bcfg.inner_y, bcfg.inner_lam):
+    if icfg.noise_multiplier == 0:
+      return math.inf
+    k = icfg.rounds * icfg.steps
+    ds = d0 / (k + 1)
+    denom = n if icfg.batch_size is None else icfg.batch_size
+    e_step = _lemma22_eps(2 * icfg.clip_norm / denom, loc_gd_stddev(icfg, n), ds)
+    if icfg.batch_size is not None:
+      e_step = _amplify(e_step, icfg.batch_size, n)
+    eps_it += _lemma21(e_step, ds, k)
+  if bcfg.outer_data_terms:
+    if bcfg.outer_noise_multiplier == 0:
+      return math.inf
+    denom = n if bcfg.batch_out is None else bcfg.batch_out
+    sens = 2 * bcfg.clip_out / denom
+    e_out = _lemma22_eps(sens, bcfg.outer_noise_multiplier * bcfg.clip_out / denom, d0)
+    if bcfg.batch_out is not None:
+      e_out = _amplify(e_out, bcfg.batch_out, n)
+    eps_it += e_out
+  return _lemma21(eps_it, delta / (t + 1), t)
+
+
+def _x_grad_is_data_free(problem: BilevelProblem) -> bool:
+  """True when ``f_ex`` and ``g_ex`` provably do not depend on ``x`` (a jaxpr dependency walk;
+  any primitive with an ``x``-dependent input is treated as ``x``-dependent, so the check is
+  sound). Then the outer estimator is post-processing of the private ``y``'s (§7 observation)."""
+  ex = jax.tree.map(lambda v: v[0], problem.data)
+  for fn in (problem.f_ex, problem.g_ex):
+    jaxpr = jax.make_jaxpr(lambda x: fn(x, problem.y0, ex))(problem.x0).jaxpr
+    dep = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+      if any(not isinstance(v, _Literal) and v in dep for v in eqn.invars):
+        dep.update(eqn.outvars)
+    if any(not isinstance(v, _Literal) and v in dep for v in jaxpr.outvars):
+      return False
+  return True
+
+
+def _default_consts_inner(problem: BilevelProblem, lam: float) -> dict:
+  c = problem.consts
+  r0 = problem.y_radius if problem.y_radius is not None else 2 * c.l0g / c.mu_g
+  return {
+      "y": dict(mu=c.mu_g, clip=c.l0g, smooth=c.l1g, radius0=r0),
+      # Spec §2.2 [ours]: solve f/lam + g: same argmin, mu_g/2, Lipschitz L0f/lam + L0g.
+      "lam": dict(mu=c.mu_g / 2, clip=c.l0f / lam + c.l0g, smooth=c.l1f / lam + c.l1g,
+                  radius0=r0 + c.l0f / (lam * c.mu_g)),
+  }
+
+
+def _schedule(problem: BilevelProblem, cfg: dict, *, preset: str, eps: float, delta: float,
+              batch_in: int | None, batch_out: int | None, info: dict) -> dict:
+  """The preset's public schedule: ``lam, eta, steps, clip_out`` and the inner solves'
+  ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read)."""
+  n = problem.n
+  if preset == "theory":
+    tp = theory_params(problem.consts, epsilon=eps, delta=delta, n=n, d_x=problem.d,
+                       d_y=problem.d_y, population=bool(cfg.get("population", False)),
+                       batch_out=batch_out)
+    info.update(tp)
+    lam, eta, steps, clip_out = tp["lam"], tp["eta"], tp["steps"], tp["clip_out"]
+    inner_steps = n * n                       # Thm 8.2: T_GD = n^2
+    rounds = (tp["rounds_y"], tp["rounds_lam"])
+    work = steps * (rounds[0] + rounds[1]) * inner_steps * (n if batch_in is None else batch_in)
+    limit = float(cfg.get("max_theory_work", 1e10))
+    if work > limit:
+      raise ValueError(
+          f"preset='theory' needs T={steps} outer steps of 2 DP-Loc-GD solves with T_GD=n^2="
+          f"{inner_steps} steps: {work:.3g} example-gradients > max_theory_work={limit:.3g}; "
+          f"use preset='practical' or raise max_theory_work")
+    step_rule = "paper"
+    inner = _default_consts_inner(problem, lam)
+    clips = (inner["y"]["clip"], inner["lam"]["clip"])
+    radius_const = 4.0
+  else:
+    lam = check_positive(cfg.get("lam", 30.0), "lam")
+    eta = check_positive(cfg.get("eta", 0.5), "eta")
+    steps = check_int(cfg.get("T", 30), "T")
+    inner = _default_consts_inner(problem, lam)
+    clip_out = check_positive(cfg.get("clip_out", 5 * problem.consts.ell * problem.consts.kappa),
+                              "clip_out")
+    inner_steps = check_int(cfg.get("inner_steps", 300), "inner_steps")
+    r = cfg.get("inner_rounds", 2)
+    rounds = (check_int(r, "inner_rounds"), check_int(r, "inner_rounds"))
+    step_rule = check_choice(cfg.get("inner_step_rule", "smooth"), "inner_step_rule",
+                             ("smooth", "paper"))
+    c_in = cfg.get("clip_in")
+    clips = (check_positive(c_in if c_in is not None else inner["y"]["clip"], "clip_in"),
+             check_positive(cfg.get("clip_in_lam", c_in if c_in is not None
+                                    else inner["lam"]["clip"]), "clip_in_lam"))
+    radius_const = check_positive(cfg.get("radius_const", 4.0), "radius_const")
+    if "inner_radius0" in cfg:
+      r0 = check_positive(cfg["inner_radius0"], "inner_radius0")
+      inner["y"]["radius0"] = r0
+      inner["lam"]["radius0"] = r0
+  return dict(lam=lam, eta=eta, steps=steps, clip_out=clip_out, inner_steps=inner_steps,
+              rounds=rounds, step_rule=step_rule, inner=inner, clips=clips,
+              radius_const=radius_const)
+
+
+def bilevel_config(problem: BilevelProblem, cfg: dict) -> tuple[BilevelConfig, dict]:
+  """Builds a calibrated :class:`BilevelConfig` from a config dict (``preset`` = ``practical``
+  (default) | ``theory``). Returns ``(bcfg, info)``; ``info`` holds the preset's derived values.
+
+  Keys: ``epsilon, delta`` (required); ``lam, eta, T`` (practical: required-with-defaults
+  ``30, 0.5, 30``); ``inner_steps, inner_rounds, inner_step_rule`` (``smooth`` | ``paper``),
+  ``clip_in`` (both inner solves), ``clip_in_lam``, ``clip_out``, ``radius_const``,
+  ``inner_radius0``, ``batch_in, batch_out`` (Alg 3), ``warm_start`` (True), ``shares``
+  (``[1/3, 1/3, 1/3]``), ``outer_noise`` (``auto``: off only when the data terms provably do not
+  depend on ``x``; ``true``; ``false``: requires that structure), ``population`` (theory preset:
+  Thm 6.1 alpha), ``relation`` (only ``replace_one``), ``noise_multiplier`` (explicit base
+  multiplier ``z``: mechanism ``k`` gets ``z r_k``, :func:`noise_ratios`; default: calibrated).
+  The plan reads only public numbers (``n``, shapes, the config), never the data's values.
+  """
+  check_relation(cfg.get("relation", RELATION), supported=(RELATION,),
+                 mechanism="DP bilevel (Alg 1/3)")
+  eps = check_epsilon(cfg.get("epsilon"), "epsilon")
+  delta = check_delta(cfg.get("delta", 1e-6), "delta")
+  preset = check_choice(cfg.get("preset", "practical"), "preset", ("practical", "theory"))
+  n = problem.n
+  batch_in = cfg.get("batch_in")
+  batch_out = cfg.get("batch_out")
+  for name, b in (("batch_in", batch_in), ("batch_out", batch_out)):
+    if b is not None and not 1 <= check_int(b, name) <= n:
+      raise ValueError(f"{name} must lie in [1, n={n}], got {b}")
+  outer_noise = cfg.get("outer_noise", "auto")
+  if outer_noise not in ("auto", True, False):
+    raise ValueError(f"outer_noise must be 'auto', true or false, got {outer_noise!r}")
+  data_free = _x_grad_is_data_free(problem)
+  if outer_noise is False and not data_free:
+    raise ValueError("outer_noise=false is private only when f_ex and g_ex do not depend on x "
+                     "(§7 observation); this problem's data terms depend on x")
+  use_outer = (outer_noise is True) or (outer_noise == "auto" and not data_free)
+  info: dict = {"preset": preset, "outer_noise": use_outer}
+
+  s = _schedule(problem, cfg, preset=preset, eps=eps, delta=delta, batch_in=batch_in,
+                batch_out=batch_out, info=info)
+  shares = tuple(cfg.get("shares", (1 / 3, 1 / 3, 1 / 3) if use_outer else (0.5, 0.5, 0.0)))
+  if not use_outer:
+    shares = (shares[0] / (shares[0] + shares[1]), shares[1] / (shares[0] + shares[1]), 0.0)
+  elif len(shares) == 3 and shares[2] == 0:
+    raise ValueError("shares[2] (outer) must be > 0 when the outer estimator is noised")
+
+  def mk(which, k):
+    c = s["inner"][which]
+    return LocGDConfig(mu=c["mu"], clip_norm=s["clips"][k], noise_multiplier=0.0,
+                       rounds=s["rounds"][k], steps=s["inner_steps"], radius0=c["radius0"],
+                       radius_const=s["radius_const"], batch_size=batch_in,
+                       step_rule=s["step_rule"],
+                       smoothness=c["smooth"] if s["step_rule"] == "smooth" else None)
+  base = BilevelConfig(lam=s["lam"], eta=s["eta"], steps=s["steps"], clip_out=s["clip_out"],
+                       outer_noise_multiplier=0.0, inner_y=mk("y", 0), inner_lam=mk("lam", 1),
+                       batch_out=batch_out, warm_start=bool(cfg.get("warm_start", True)),
+                       outer_data_terms=use_outer)
+  ratios = noise_ratios(base, shares)
+  if cfg.get("noise_multiplier") is not None:  # explicit: the driver checks it against eps
+    z = check_positive(cfg["noise_multiplier"], "noise_multiplier")
+  else:  # the library's one calibrator on the run's own events
+    z = calibrate_noise_multiplier(lambda z: composed_events(with_noise(base, z, ratios), n),
+                                   epsilon=eps, delta=delta, relation=RELATION)
+  info["noise_multiplier"] = z
+  bcfg = with_noise(base, z, ratios)
+  # Spec §6.4 invariants (warnings, recorded): lam and eta within the analysis' range.
+  c = problem.consts
+  info["lam_below_theory_min"] = s["lam"] < max(2 * c.kappa, c.l0f / c.l0g, c.l1f / c.l1g)
+  info["eta_above_theory_max"] = s["eta"] > 1.0 / (2.0 * c.ell * c.kappa ** 3)
+  return bcfg, info
