@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from dpsco_jax.audit import (AuditResult, audit_mechanism, clopper_pearson_upper, dirac_canary,
                              epsilon_lower_bound, gdp_epsilon, gdp_mu_lower_bound,
@@ -171,3 +170,12 @@ def test_honest_below_claim_and_broken_twin_flagged(name, relation, twin, trials
   assert not honest.violated
   assert broken.lower_bound > broken.claimed_epsilon, broken
   assert broken.violated
+
+
+def test_cli_prints_the_table(capsys):
+  from dpsco_jax.audit.__main__ import main
+  rows = main(["--trials", "4000", "--mechanism", "tdlap_bottom"])
+  out = capsys.readouterr().out
+  assert "tdlap_bottom" in out and "eps_not_split" in out and "claim" in out
+  assert rows[0]["twins"]["eps_not_split"]["flagged"]
+  assert rows[0]["lower_bound"] <= rows[0]["claimed_epsilon"]

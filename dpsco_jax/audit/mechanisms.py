@@ -8,15 +8,13 @@ and the claim computed by the library's own accounting (``epsilon_of``, ``prefix
 ``above_threshold_epsilon``, ...). ``broken=`` swaps in one known bug while the claim stays what
 the honest mechanism states, so an audit with power must flag it:
 
-================  ==============================================================================
-``noise_halved``  the noise scale is half the calibrated one (e.g. sensitivity of the wrong
-                  relation, Laplace scale for sensitivity 1 instead of 2)
-``no_clipping``   aggregation without per-user clipping (canary norm ``10 C`` enters as is)
-``realized_count`` the sum divided by the realized number of users, noise ``z C / count``
-``independent_accounting`` tree noise accounted as one Gaussian of multiplier ``z``
-``threshold_redrawn`` AboveThreshold's noisy threshold drawn afresh every step
-``eps_not_split`` TDLap drawn at ``eps`` instead of ``eps' = eps/2``
-================  ==============================================================================
+* ``noise_halved``: half the calibrated noise scale (e.g. the sensitivity of the wrong
+  relation, a Laplace scale for sensitivity 1 instead of 2);
+* ``no_clipping``: aggregation without per-user clipping (the ``10 C`` canary enters as is);
+* ``realized_count``: the sum divided by the realized number of users, noise ``z C / count``;
+* ``independent_accounting``: tree noise accounted as one Gaussian of multiplier ``z``;
+* ``threshold_redrawn``: AboveThreshold's noisy threshold drawn afresh every step;
+* ``eps_not_split``: TDLap drawn at ``eps`` instead of ``eps' = eps/2``.
 
 All claims are at ``delta = 1e-5``; parameters are chosen so that claims are 1-4 and the
 twins' violations are detectable with ~1e5 trials per side on a CPU in seconds.
