@@ -350,17 +350,17 @@ def test_approx_rdp_accounting():
   assert not bad["rho/r >= 1728 log^2(log2 T/delta) (Lemma 5)"]
   _, bad = alg.alg4_rdp(T=400, n=n, beta=beta, delta=delta, alpha=alpha, rho_over_r=1e9)
   assert not bad["T/n <= 1/60 (Lemma 6)"]
-  led = alg.ApproxRdpLedger(alpha=alpha, epsilon_budget=1.0, delta_budget=1e-5,
-                            delta_prime=1e-6)
-  led.spend(0.1, 1e-8, "a", cond)
-  led.spend(0.2, 2e-8, "b", cond)
-  eps, dl = led.epsilon_delta()
-  assert math.isclose(led.eps_rdp, 0.3, rel_tol=1e-12)
-  assert math.isclose(eps, 0.3 + math.log(1e6) / 39.0, rel_tol=1e-12)
-  assert math.isclose(dl, 1e-6 + (1 + math.exp(eps)) * 3e-8, rel_tol=1e-12)
+  # Lemma 3 + Corollary 1 now live in the one PrivacyLedger (ApproxRdpEvent entries).
+  from dpsco_jax.privacy import ApproxRdpEvent, PrivacyLedger
+  led = PrivacyLedger(delta=1e-9, epsilon_budget=3.0, relation="replace_one")
+  led.spend(ApproxRdpEvent(alpha, 0.1, 1e-8, 1e-6), label="a")
+  led.spend(ApproxRdpEvent(alpha, 0.2, 2e-8, 1e-6), label="b")
+  eps = 0.3 + math.log(1e6) / 39.0
+  assert math.isclose(led.epsilon(), eps, rel_tol=1e-12)
+  assert math.isclose(led.extra_delta(), 1e-6 + (1 + math.exp(eps)) * 3e-8, rel_tol=1e-12)
   with pytest.raises(PrivacyBudgetExceeded):
-    led.spend(0.5, 0.0, "too much", cond)
-  assert math.isclose(led.eps_rdp, 0.3, rel_tol=1e-12)  # nothing recorded
+    led.spend(ApproxRdpEvent(alpha, 5.0, 0.0, 1e-6), label="too much")
+  assert math.isclose(led.epsilon(), eps, rel_tol=1e-12)  # nothing recorded
   with pytest.raises(ValueError, match="constants"):
     alg.alg4_rdp(T=T, n=n, beta=beta, delta=delta, alpha=alpha, rho_over_r=1.0,
                  constants="bogus")

@@ -22,22 +22,25 @@ Private SCO (Section 4), item level, replace-one neighbours:
   * Prop. 11 / Theorem 4: phased localization over disjoint batches ``n_i = n / 2^i`` with
     regularization ``lam_i = 1/(eta_i n_i)``, ``eta_i = 4^-i eta`` (reconstruction of [FKT20]).
 
-Accounting (Section 4, spec 002 §4). The sensitivity of Alg. 3/4 holds only with high
-probability (Lemma 5 drift bound), so the standard subsampled-Gaussian accountant does NOT
-apply and the core ``PrivacyLedger`` (dp_accounting events) cannot hold it. Each Alg. 4 call
-is charged as approximate RDP ``(alpha, alpha tau, delta_call)`` (Lemma 7), charges add
-(Lemma 3), and Corollary 1 converts: ``eps_dp = sum(alpha tau) + log(1/delta')/(alpha - 1)``,
-``delta_dp = delta' + (1 + e^eps_dp) sum(delta_call)``, with ``delta' = delta/3`` (spec §8
-item 12). :class:`ApproxRdpLedger` holds this and raises ``PrivacyBudgetExceeded`` BEFORE a
-call that would exceed the budget. Two constant sets:
+Accounting (Section 4, spec 002 §4). Relation: replace-one, item level (``n`` public; other
+relations are refused). The sensitivity of Alg. 3/4 holds only with high probability (Lemma 5
+drift bound), so the standard subsampled-Gaussian accountant does NOT apply. Each Alg. 4 call
+is an :class:`~dpsco_jax.privacy.ApproxRdpEvent` ``(alpha, alpha tau, delta_call, delta')``
+(Lemma 7) on the library's one :class:`~dpsco_jax.privacy.PrivacyLedger`, which sums the
+charges per ``(alpha, delta')`` (Lemma 3) and converts once (Corollary 1): ``eps_dp =
+sum(alpha tau) + log(1/delta')/(alpha - 1)``, ``delta_dp = delta' + (1 + e^eps_dp)
+sum(delta_call)``, with ``delta' = delta/3`` (spec §8 item 12). The planned calls of a phase
+are spent BEFORE the phase runs (budget ``epsilon``); a per-phase guard ledger also spends each
+realized call before it runs and refuses one beyond the phase budget. Two constant sets:
   * ``"explicit"`` (Lemma 7's proof constants): ``tau = 13 (1.2 T/n)^2 6000 beta^2
     log^2(2/delta)``, preconditions ``T/n <= 1/60``, ``6000 beta^2 log^2(2/delta) <= 1/3``,
     ``alpha < 3 / (6000 beta^2 log^2(2/delta))``, ``delta < 1/6``,
     ``rho/r >= 1728 log^2(log2 T / delta)``.
   * ``"c_priv"``: ``tau = C_priv (beta log(1/delta) T/n)^2`` with a user ``C_priv`` (the
     paper's unspecified universal constant).
-``beta`` is calibrated so that the WORST-CASE plan of calls (iteration cap, bisection cap,
-deepest MLMC level) meets the target; the reported ``(eps, delta)`` and
+``beta = 1/z`` is calibrated by the library's one calibrator (``calibrate_noise_multiplier``)
+so that the WORST-CASE plan of calls (iteration cap, bisection cap, deepest MLMC level) meets
+the target; the reported ``(eps, delta)`` and
 ``gradient_evaluations`` are those of the plan (data independent); realized counts, which
 depend on the data through the bisection, go to ``Result.debug`` only.
 Provenance: ``theorem`` only with the explicit constants AND every precondition holding for
@@ -50,6 +53,7 @@ labelled ``heuristic`` unless the preconditions hold.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from functools import lru_cache
@@ -64,14 +68,18 @@ from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_i
                                check_positive)
 from dpsco_jax.algorithms import ball_acceleration as ba
 from dpsco_jax.grads import per_example_grads
-from dpsco_jax.privacy.ledger import PrivacyReport
+from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
+from dpsco_jax.privacy.events import ApproxRdpEvent
+from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport
+from dpsco_jax.privacy.relations import check_relation
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.noise import tree_gaussian_like
 from dpsco_jax.transforms.resque import reweight, sample_queries
 from dpsco_jax.transforms.steps import project_l2_ball, projected_sgd
-from dpsco_jax.privacy.approx_rdp import ApproxRdpLedger
 
 PyTree = Any
+RELATION = "replace_one"  # item level: one example replaced (n public)
+DELTA_PRIME_FRAC = 1.0 / 3.0  # Corollary 1's delta' = delta/3 (spec §8 item 12)
 
 
 class PrivacyPreconditionError(ValueError):
@@ -486,14 +494,106 @@ def _cfg(cfg: dict, name: str, default: Any) -> Any:
   return default if v is None else v
 
 
+ACCOUNTANT_DELTA_SHARE = 1e-3  # the ledger's own delta (no accountant events here)
+
+
+def _approx_rdp_events(plan, *, n: int, beta: float, delta_call: float, alpha: float,
+                       delta_prime: float, ratio: float, constants: str, c_priv: float) -> list:
+  """The planned Alg. 4 calls as :class:`ApproxRdpEvent` s (Lemma 7) at noise level ``beta``."""
+  return [ApproxRdpEvent(alpha, alg4_rdp(T=t, n=n, beta=b * beta, delta=delta_call,
+                                         alpha=alpha, rho_over_r=ratio, constants=constants,
+                                         c_priv=c_priv)[0], delta_call, delta_prime)
+          for t, b in plan]
+
+
+def _phase_plan(cfg: dict, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
+                R: float, eta_loc: float, ratio: float, constants: str, c_priv: float) -> dict:
+  """Data-free plan of localization phase ``i``: the ERM schedule, the worst-case list of
+  Alg. 4 calls, ``alpha``, the per-call slack and ``beta`` calibrated by the library's one
+  calibrator so that the plan's approximate-RDP events meet ``eps_i`` (``beta = 1 / z``)."""
+  lam_i = 1.0 / ((eta_loc / 4 ** i) * n_i)
+  eps_opt = check_positive(_cfg(cfg, "eps_opt_scale", 1.0), "eps_opt_scale") * L * R * (
+      1 / math.sqrt(n_i) + math.sqrt(d) / (n_i * eps_i))
+  eps_opt = min(eps_opt, 0.5 * L * R)
+  if cfg.get("rho") is not None:  # practical override of eq. (30)'s rho = eps_opt/(L sqrt d)
+    eps_opt = check_positive(cfg["rho"], "rho") * L * math.sqrt(d)
+  rho = eps_opt / (L * math.sqrt(d))
+  r = rho / ratio
+  t_cap = _pow2_floor(_cfg(cfg, "T_frac", 0.25) * n_i)
+  erm = _PrivateERMConfig(
+      T_ls=t_cap, T_bo=t_cap, T_sp=max(4, t_cap // 4),
+      runs_ls=check_int(_cfg(cfg, "runs_ls", 1), "runs_ls"),
+      mlmc_copies=check_int(_cfg(cfg, "mlmc_copies", 1), "mlmc_copies"),
+      j_max=2, max_iter=check_int(_cfg(cfg, "max_iter", 20), "max_iter"),
+      max_bisection=check_int(_cfg(cfg, "max_bisection", 2), "max_bisection"),
+      rho=rho, r=r, eps_opt=eps_opt, c_ba=1.0)
+  alpha = 4 * math.log(2 / delta_i) / eps_i
+  delta_prime = delta_i * DELTA_PRIME_FRAC
+  if eps_i - math.log(1 / delta_prime) / (alpha - 1) <= 0:
+    raise ValueError(f"epsilon too small for the Corollary 1 conversion at alpha={alpha:.3g} "
+                     f"in phase {i}")
+  plan = _plan_charges(erm, beta=1.0, lam_dummy=1.0, d=d, radius=r, lipschitz=L)
+  # (1 - 1e-9): keep the float sum of the per-call slacks at or below the target delta
+  delta_call = delta_i * (1 - DELTA_PRIME_FRAC) / (1 + math.exp(eps_i)) / len(plan) * (1 - 1e-9)
+  kw = dict(n=n_i, delta_call=delta_call, alpha=alpha, delta_prime=delta_prime, ratio=ratio,
+            constants=constants, c_priv=c_priv)
+  z = calibrate_noise_multiplier(lambda z: _approx_rdp_events(plan, beta=1.0 / z, **kw),
+                                 epsilon=eps_i, delta=delta_i, relation=RELATION, lower=1e-3)
+  return {"erm": erm, "plan": plan, "beta": 1.0 / z, "lam": lam_i, "alpha": alpha,
+          "delta_prime": delta_prime, "delta_call": delta_call, "t_cap": t_cap, "kw": kw}
+
+
+def _run_phase(problem, batch, x, key, p: dict, *, i: int, eps_i: float, delta_i: float,
+               L: float, R: float, ratio: float, constants: str, c_priv: float):
+  """Runs phase ``i``; a per-phase guard ledger spends every REALIZED call before it runs and
+  refuses one beyond ``(eps_i, delta_i)`` (the plan already covers the worst case)."""
+  guard = PrivacyLedger(delta=delta_i, epsilon_budget=eps_i, relation=RELATION)
+  counter = {"grads": 0, "calls": 0}
+  violations: dict[str, int] = {}
+
+  def charge(T, b, label):
+    e, cond = alg4_rdp(T=T, n=p["kw"]["n"], beta=b, delta=p["delta_call"], alpha=p["alpha"],
+                       rho_over_r=ratio, constants=constants, c_priv=c_priv)
+    event = ApproxRdpEvent(p["alpha"], e, p["delta_call"], p["delta_prime"])
+    trial = copy.deepcopy(guard).compose(event, label=label)
+    if trial.extra_delta() > delta_i * (1 + 1e-9):
+      raise PrivacyBudgetExceeded(f"{label}: delta would exceed {delta_i:.3g}; not run")
+    guard.spend(event, label=label)  # raises before the call runs
+    counter["grads"] += 2 ** int(math.floor(math.log2(T))) - 1
+    counter["calls"] += 1
+    for name, ok in cond.items():
+      if not ok:
+        violations[name] = violations.get(name, 0) + 1
+
+  x, info = private_erm(problem.loss_fn, batch, x, key, cfg=p["erm"], beta=p["beta"],
+                        lipschitz=L, R=R, reg_lam=p["lam"], reg_center=x,
+                        ball_center=problem.init_params(), charge=charge)
+  debug = {"alg4_calls": counter["calls"], "gradients": counter["grads"],
+           "realized_epsilon": guard.epsilon(), "violations": violations, **info}
+  return x, debug
+
+
+def _phase_sizes(n: int, phases: int) -> list[int]:
+  """Prop. 11 [EXT] reconstruction: disjoint batches ``n_i = n/2^i`` (the last takes the rest;
+  ``n`` is public under replace-one)."""
+  sizes = [n // 2 ** i for i in range(1, phases + 1)]
+  sizes[-1] = n - sum(sizes[:-1])
+  return sizes
+
+
 def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
 
-  Item level, replace-one. Config keys: ``epsilon, delta, preset ("practical"|"theory"),
-  constants ("explicit"|"c_priv"), c_priv, phases, phase_budget ("paper"|"parallel"),
-  rho_over_r, eps_opt_scale, rho, max_iter, max_bisection, runs_ls, mlmc_copies, T_frac,
-  debug``.
+  Item level, replace-one only (``relation``; public: ``n``, the config). Config keys:
+  ``epsilon, delta, preset ("practical"|"theory"), constants ("explicit"|"c_priv"), c_priv,
+  phases, phase_budget ("paper"|"parallel"), rho_over_r, eps_opt_scale, rho, max_iter,
+  max_bisection, runs_ls, mlmc_copies, T_frac, debug``. Accounting: every planned Alg. 4 call
+  is an :class:`ApproxRdpEvent` on one :class:`PrivacyLedger` (``epsilon_budget=epsilon``),
+  spent phase by phase BEFORE the phase runs; the ledger sums them (Lemma 3) and converts
+  once per phase (Corollary 1); ``parallel`` phases are ledger groups (disjoint data).
   """
+  check_relation(cfg.get("relation", RELATION), supported=(RELATION,),
+                 mechanism="ReSQue private SCO")
   eps = check_epsilon(cfg["epsilon"])
   delta = check_delta(cfg["delta"])
   preset = check_choice(_cfg(cfg, "preset", "practical"), "preset", ("practical", "theory"))
@@ -503,7 +603,6 @@ def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
   constants = check_choice(_cfg(cfg, "constants", "explicit"), "constants",
                            ("explicit", "c_priv"))
   c_priv = check_positive(_cfg(cfg, "c_priv", 60.0 if preset == "theory" else 1.0), "c_priv")
-
   if preset == "theory":
     p = theorem3_params(n=n, d=d, epsilon=eps, delta=delta, lipschitz=L, radius=R,
                         C=check_positive(_cfg(cfg, "C", 1.0), "C"),
@@ -512,108 +611,53 @@ def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
     # Unreachable at CPU scale; a run would need n far beyond memory.
     raise PrivacyPreconditionError("theory preset: parameters valid but the run would need "
                                    f"{p['iterations']} accelerated iterations; not run here")
-
   phases = check_int(_cfg(cfg, "phases", 2), "phases")
-  phase_budget = check_choice(_cfg(cfg, "phase_budget", "paper"), "phase_budget",
-                              ("paper", "parallel"))
+  parallel = check_choice(_cfg(cfg, "phase_budget", "paper"), "phase_budget",
+                          ("paper", "parallel")) == "parallel"
   ratio = check_positive(_cfg(cfg, "rho_over_r", 4.0), "rho_over_r")
-  eps_scale = check_positive(_cfg(cfg, "eps_opt_scale", 1.0), "eps_opt_scale")
-  delta_prime_frac = 1.0 / 3.0
-
-  # Prop. 11 [EXT] reconstruction: disjoint batches n_i = n/2^i (the last phase takes the rest)
-  sizes = [n // 2 ** i for i in range(1, phases + 1)]
-  sizes[-1] = n - sum(sizes[:-1])
+  delta_blocks = delta * (1 - ACCOUNTANT_DELTA_SHARE)
+  ledger = PrivacyLedger(delta=delta * ACCOUNTANT_DELTA_SHARE, epsilon_budget=eps,
+                         relation=RELATION)
   eta_loc = (R / L) * min(1 / math.sqrt(n), eps / math.sqrt(d * math.log(1 / delta)))
-  x = problem.init_params()
-  off = 0
-  grads_total = grads_planned = 0
-  debug_phases = []
-  eps_used = delta_used = 0.0
-  violations: dict[str, int] = {}  # realized per-call counts (data dependent: debug only)
+  common = dict(ratio=ratio, constants=constants, c_priv=c_priv)
+  x, off, grads_planned = problem.init_params(), 0, 0
   plan_violations: set[str] = set()
-  phase_records = []
-  for i, n_i in enumerate(sizes, start=1):
+  phase_records, debug_phases = [], []
+  for i, n_i in enumerate(_phase_sizes(n, phases), start=1):
     batch = jax.tree.map(lambda a: a[off:off + n_i], items)
     off += n_i
     # paper: eps/2^i, delta/2^i (the last phase takes the remainder, so the sum is eps)
     share = 2.0 ** -min(i, phases - 1) if i == phases else 2.0 ** -i
-    eps_i = eps * share if phase_budget == "paper" else eps
-    delta_i = delta * share if phase_budget == "paper" else delta
-    lam_i = 1.0 / ((eta_loc / 4 ** i) * n_i)
-    eps_opt = eps_scale * L * R * (1 / math.sqrt(n_i) + math.sqrt(d) / (n_i * eps_i))
-    eps_opt = min(eps_opt, 0.5 * L * R)
-    if cfg.get("rho") is not None:  # practical override of eq. (30)'s rho = eps_opt/(L sqrt d)
-      eps_opt = check_positive(cfg["rho"], "rho") * L * math.sqrt(d)
-    rho = eps_opt / (L * math.sqrt(d))
-    r = rho / ratio
-    t_cap = _pow2_floor(_cfg(cfg, "T_frac", 0.25) * n_i)
-    erm = _PrivateERMConfig(
-        T_ls=t_cap, T_bo=t_cap, T_sp=max(4, t_cap // 4),
-        runs_ls=check_int(_cfg(cfg, "runs_ls", 1), "runs_ls"),
-        mlmc_copies=check_int(_cfg(cfg, "mlmc_copies", 1), "mlmc_copies"),
-        j_max=2, max_iter=check_int(_cfg(cfg, "max_iter", 20), "max_iter"),
-        max_bisection=check_int(_cfg(cfg, "max_bisection", 2), "max_bisection"),
-        rho=rho, r=r, eps_opt=eps_opt, c_ba=1.0)
-    alpha = 4 * math.log(2 / delta_i) / eps_i
-    # calibrate beta: every charge scales as beta^2; plan the worst case, then solve
-    plan = _plan_charges(erm, beta=1.0, lam_dummy=1.0, d=d, radius=r, lipschitz=L)
-    n_calls = len(plan)
-    # (1 - 1e-9): keep the float sum of the per-call slacks at or below the target delta
-    delta_call = (delta_i * (1 - delta_prime_frac)) / (1 + math.exp(eps_i)) / n_calls * (1 - 1e-9)
-    unit = sum(alg4_rdp(T=t, n=n_i, beta=b, delta=delta_call, alpha=alpha, rho_over_r=ratio,
-                        constants=constants, c_priv=c_priv)[0] for t, b in plan)
-    room = eps_i - math.log(1 / (delta_i * delta_prime_frac)) / (alpha - 1)
-    if room <= 0:
-      raise ValueError(f"epsilon={eps} too small for the Corollary 1 conversion at "
-                       f"alpha={alpha:.3g} in phase {i}")
-    beta = math.sqrt(room / unit)
-    for t, b in plan:  # preconditions of the planned (data-independent) calls
-      _, cond = alg4_rdp(T=t, n=n_i, beta=b * beta, delta=delta_call, alpha=alpha,
-                         rho_over_r=ratio, constants=constants, c_priv=c_priv)
+    eps_i, delta_i = (eps, delta_blocks) if parallel else (eps * share, delta_blocks * share)
+    p = _phase_plan(cfg, n_i=n_i, i=i, eps_i=eps_i, delta_i=delta_i, d=d, L=L, R=R,
+                    eta_loc=eta_loc, **common)
+    for t, b in p["plan"]:  # preconditions of the planned (data-independent) calls
+      _, cond = alg4_rdp(T=t, n=n_i, beta=b * p["beta"], delta=p["delta_call"],
+                         alpha=p["alpha"], rho_over_r=ratio, constants=constants, c_priv=c_priv)
       plan_violations.update(name for name, ok in cond.items() if not ok)
-    ledger = ApproxRdpLedger(alpha=alpha, epsilon_budget=eps_i, delta_budget=delta_i,
-                             delta_prime=delta_i * delta_prime_frac)
-    counter = {"grads": 0}
-
-    def charge(T, b, label, _ledger=ledger, _n=n_i, _counter=counter):
-      e, cond = alg4_rdp(T=T, n=_n, beta=b, delta=delta_call, alpha=alpha, rho_over_r=ratio,
-                         constants=constants, c_priv=c_priv)
-      _ledger.spend(e, delta_call, label, cond)  # raises before the call runs
-      _counter["grads"] += 2 ** int(math.floor(math.log2(T))) - 1
-
-    x, info = private_erm(problem.loss_fn, batch, x, jax.random.fold_in(key, i), cfg=erm,
-                          beta=beta, lipschitz=L, R=R, reg_lam=lam_i, reg_center=x,
-                          ball_center=problem.init_params(), charge=charge)
-    # report the PLANNED (data-independent) guarantee: the realized number of calls depends
-    # on the data through the bisection, so the realized ledger total is debug-only
-    e_i, d_i = ledger.converted(beta ** 2 * unit, n_calls * delta_call)
-    eps_used = eps_used + e_i if phase_budget == "paper" else max(eps_used, e_i)
-    delta_used = delta_used + d_i if phase_budget == "paper" else max(delta_used, d_i)
-    for k_, v in ledger.violations.items():
-      violations[k_] = violations.get(k_, 0) + v
-    planned = sum(2 ** int(math.floor(math.log2(t))) - 1 for t, _ in plan)
+    for ev in _approx_rdp_events(p["plan"], beta=p["beta"], **p["kw"]):  # before the phase
+      ledger.spend(ev, label=f"phase {i}: Alg. 4 call", group=f"phase {i}" if parallel else None)
+    x, dbg = _run_phase(problem, batch, x, jax.random.fold_in(key, i), p, i=i, eps_i=eps_i,
+                        delta_i=delta_i, L=L, R=R, **common)
+    planned = sum(2 ** int(math.floor(math.log2(t))) - 1 for t, _ in p["plan"])
     grads_planned += planned
-    grads_total += counter["grads"]
-    # data-independent plan only; realized counts depend on the bisection (data) -> debug
-    phase_records.append({"n": n_i, "eps": eps_i, "beta": beta, "lam": lam_i, "r": r,
-                          "rho": rho, "alpha": alpha, "T": t_cap, "planned_alg4_calls": n_calls,
-                          "planned_gradients": planned, "max_iter": erm.max_iter})
-    debug_phases.append({"alg4_calls": ledger.calls, "gradients": counter["grads"],
-                         "realized_eps_delta": ledger.epsilon_delta(), **info})
-
+    phase_records.append({"n": n_i, "eps": eps_i, "beta": p["beta"], "lam": p["lam"],
+                          "r": p["erm"].r, "rho": p["erm"].rho, "alpha": p["alpha"],
+                          "T": p["t_cap"], "planned_alg4_calls": len(p["plan"]),
+                          "planned_gradients": planned, "max_iter": p["erm"].max_iter})
+    debug_phases.append(dbg)
   theorem = constants == "explicit" and not plan_violations
   notes = ("approximate RDP (Lemma 3) of Alg. 3/4 output perturbation with high-probability "
-           f"sensitivity (Lemma 5/7, constants={constants}); Corollary 1 conversion; "
-           f"localization phases composed per '{phase_budget}'. ")
+           f"sensitivity (Lemma 5/7, constants={constants}); Corollary 1 conversion in the "
+           f"ledger; localization phases composed per '{'parallel' if parallel else 'paper'}'; "
+           "replace-one, n public. ")
   if not theorem:
     notes += "HEURISTIC: violated " + "; ".join(sorted(plan_violations))
-  report = PrivacyReport(epsilon=float(eps_used), delta=float(delta_used),
-                         provenance="theorem" if theorem else "heuristic", level="item",
-                         relation="replace_one",
+  report = ledger.report(provenance="theorem" if theorem else "heuristic", level="item",
                          mechanisms=("gaussian_output_perturbation",
                                      "subsampling_with_replacement"),
                          paper_epsilon=eps, notes=notes)
-  debug = ({"violations": violations, "phases": debug_phases, "gradients": grads_total}
+  debug = ({"phases": debug_phases, "gradients": sum(p["gradients"] for p in debug_phases)}
            if cfg.get("debug") else None)
   # gradient_evaluations: the data-independent worst-case plan (the realized count depends on
   # the data through the bisection and is only in debug)
