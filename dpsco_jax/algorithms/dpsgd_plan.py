@@ -19,7 +19,9 @@ fixed     replace_one, zero_out        ``n``, ``batch_users = D`` (dp_accounting
                                        sampling-without-replacement bound is replace-one)
 ========  ===========================  ==============================================
 
-Under ``add_remove`` the number of rows is private: the plan reads ``n_users`` only from the
+``sampling_rate`` (Poisson only) takes precedence over ``batch_users``; the reported
+``batch_users`` is then the expected batch ``round(q * n)``. Steps: ``steps``, else
+``round(epochs / q)``; both public. Under ``add_remove`` the number of rows is private: the plan reads ``n_users`` only from the
 config (declared, data-independent; the runner passes the problem's ``n_users``), and a run
 refuses a dataset with more rows than declared, because the declared count is the public upper
 bound at which the Poisson slot capacity and its truncation probability are computed (the
