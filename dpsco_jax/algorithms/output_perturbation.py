@@ -58,6 +58,17 @@ data-independent Δ is DP, Thm 3.3); it trades certificate failures against nois
 With ``on_certificate_failure="raise"`` (needed beyond ~20 users) a failed certificate aborts
 the run, a data-dependent event outside any proof: provenance ``heuristic``.
 
+**Neighbouring relation and accounting.** Replace-one user (the paper's Def. 1.1), ``n`` and
+``m`` public: every sensitivity divides by the public ``n`` and the stability test deletes
+users from a dataset of known size, so ``relation`` other than ``replace_one`` is refused.
+Each DelOutputPert call is an ``ApproxDpEvent(eps_i, delta_i)`` block on the one
+:class:`~dpsco_jax.privacy.PrivacyLedger` (basic composition; disjoint blocks of Phased-SCO in
+parallel with ``group=``), every block spent before the first release against the budget
+``min(epsilon, epsilon_budget)``. The naive baseline is one Gaussian event calibrated by
+:func:`~dpsco_jax.privacy.calibrate_noise_multiplier` (``sigma = z * Delta/2``: the ledger
+doubles the add/remove-equivalent ``Delta/2`` under replace-one). Audit hook:
+:func:`output_perturbation_releases` returns every privatized release of a driver.
+
 **Privacy diagnostics.** R1, |S|, the certificate flag and norms live only in ``Result.debug``
 (``cfg["debug"] = True``); ⊥ flags and σ, Δ, κ are part of the released output / public.
 """
@@ -65,7 +76,6 @@ the run, a data-dependent event outside any proof: provenance ``heuristic``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -75,7 +85,7 @@ import jax.numpy as jnp
 from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms import deletion_stability as ds
-from dpsco_jax.algorithms.output_perturbation_problems import l2_logistic
+from dpsco_jax.algorithms.output_perturbation_problems import _l2_loss, l2_logistic
 from dpsco_jax.algorithms.output_perturbation_solver import (SolverPlan, _certify, _solve,
                                                              _solve_all_subsets, solver_plan)
 from dpsco_jax.privacy import (ApproxDpEvent, PrivacyLedger, PrivacyReport, Provenance,
@@ -430,250 +440,6 @@ def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                 debug=_debug_dict([dbg], [cert]) if settings.debug else None)
 
 
-# ---- phased algorithms ------------------------------------------------------------------
-
-
-class _PhaseOut(NamedTuple):
-  theta: jax.Array
-  infos: list
-  bottoms: list
-  dbgs: list
-  certs: list
-
-
-def _phased(loss_fn, data, key, *, phases: list[tuple[float, slice]], epsilon: float,
-            delta: float, beta: float, lipschitz: float, smoothness: float, mu0: float,
-            radius: float, d: int, m: int, theta0: jax.Array, settings: OutputPertSettings,
-            label: str, hook: _Hook | None = None) -> tuple[list, _PhaseOut]:
-  """Runs the phases ``(lambda_i, user slice)``; every phase is planned first (the caller
-  has charged the ledger with :func:`_spend_phases`)."""
-  infos = []
-  for i, (lam_i, users) in enumerate(phases):
-    n_i = users.stop - users.start
-    _check_min_users(n_i, epsilon, delta, settings, f"{label} phase {i + 1}")
-    infos.append(plan_sc_output_pert(
-        n_users=n_i, m=m, lipschitz=lipschitz, smoothness=smoothness, mu0=mu0, lam=lam_i,
-        radius=radius, epsilon=epsilon, delta=delta, beta=beta, settings=settings))
-  theta = project_l2_ball(jnp.asarray(theta0, jnp.float32), radius)
-  bottoms, dbgs, certs = [], [], []
-  keys = jax.random.split(key, len(phases))
-  for (lam_i, users), info, k in zip(phases, infos, keys):
-    block = jax.tree.map(lambda x: x[users], data)
-    out, bottom, dbg, cert = sc_output_pert_release(
-        loss_fn, block, k, info=info, lam=lam_i, anchor=theta, radius=radius, center=None,
-        settings=settings, hook=hook)
-    # spec §7 items 4, 9: project the new anchor into K (post-processing); ⊥ keeps the anchor
-    theta = project_l2_ball(out, radius)
-    bottoms.append(bool(bottom))
-    dbgs.append(dbg)
-    certs.append(cert)
-  return infos, _PhaseOut(theta, infos, bottoms, dbgs, certs)
-
-
-def phased_erm_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diameter: float,
-                        epsilon: float, delta: float, beta: float | None = None,
-                        lam: float | None = None) -> dict:
-  """Alg. 3 parameters: ``T = ceil(log2(nm))`` (§7.3), ``(eps/T, delta/T, beta/T)``,
-  ``lambda = G sqrt(d)/(R n sqrt(m))`` and ``beta = 1/(nm)`` (proof of Thm 4.1),
-  ``lambda_i = lambda 4^i``, ``R_i = G/lambda_i`` (the Lipschitz constant passed is 2G)."""
-  T = max(1, math.ceil(math.log2(n_users * m)))
-  beta = 1.0 / (n_users * m) if beta is None else beta
-  lam = lipschitz * math.sqrt(d) / (diameter * n_users * math.sqrt(m)) if lam is None else lam
-  return {"T": T, "epsilon": epsilon / T, "delta": delta / T, "beta": beta / T,
-          "lam": lam, "lams": [lam * 4.0 ** i for i in range(1, T + 1)],
-          "radii": [lipschitz / (lam * 4.0 ** i) for i in range(1, T + 1)],
-          "phase_lipschitz": 2.0 * lipschitz}
-
-
-def phased_sco_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diameter: float,
-                        epsilon: float, delta: float, beta: float | None = None,
-                        lam: float | None = None) -> dict:
-  """Alg. 4 parameters: ``N0 = 2(4κ+1)`` (our explicit constant C), ``T = floor(log2(n/N0))``,
-  blocks ``(n/2^i, n/2^{i-1}]``, ``lambda = (G/R) max{sqrt(d)/(n sqrt(m)), 1/sqrt(nm)}``
-  (spec §7 item 6 fix), ``beta = 1/(nm)``, ``beta' = beta/T``."""
-  n0 = tdl.min_users(epsilon, delta)
-  if n_users < 2 * n0:
-    raise ValueError(f"n_users: Phased-SCO needs n >= 2 N0 = {2 * n0} users at "
-                     f"(eps={epsilon}, delta={delta}); got {n_users}")
-  T = int(math.floor(math.log2(n_users / n0)))
-  beta = 1.0 / (n_users * m) if beta is None else beta
-  if lam is None:
-    lam = (lipschitz / diameter) * max(math.sqrt(d) / (n_users * math.sqrt(m)),
-                                       1.0 / math.sqrt(n_users * m))
-  blocks = [slice(n_users // 2 ** i, n_users // 2 ** (i - 1)) for i in range(1, T + 1)]
-  return {"T": T, "N0": n0, "beta": beta / T, "lam": lam,
-          "lams": [lam * 4.0 ** i for i in range(1, T + 1)], "blocks": blocks}
-
-
-def _spend_phases(ledger: PrivacyLedger, *, sco: bool, n_users: int, m: int, epsilon: float,
-                  delta: float, label: str) -> None:
-  """Charges the ledger with the phases' (eps, delta) blocks before any release: Phased-ERM
-  ``T = ceil(log2 nm)`` sequential calls at ``(eps/T, delta/T)`` (basic composition);
-  Phased-SCO one call at ``(eps, delta)`` per disjoint user block (``group=``: parallel)."""
-  if sco:
-    n0 = tdl.min_users(epsilon, delta)
-    if n_users < 2 * n0:
-      raise ValueError(f"n_users: Phased-SCO needs n >= 2 N0 = {2 * n0} users at "
-                       f"(eps={epsilon}, delta={delta}); got {n_users}")
-    for i in range(int(math.floor(math.log2(n_users / n0)))):
-      ledger.spend(ApproxDpEvent(epsilon, delta), label=f"{label} block {i + 1} SCOutputPert",
-                   group=f"{label} block {i + 1}")
-    return
-  T = max(1, math.ceil(math.log2(n_users * m)))
-  ledger.spend(ApproxDpEvent(epsilon / T, delta / T), label=f"{label} SCOutputPert phases",
-               count=T)
-
-
-def _phased_erm_run(problem, key, *, eps, delta, settings, theta0, lam=None,
-                    beta=None, label="Phased-ERM", hook=None):
-  n, m = problem.n_users, problem.m
-  sch = phased_erm_schedule(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
-                            diameter=2 * problem.radius, epsilon=eps, delta=delta, beta=beta,
-                            lam=lam)
-  phases = [(lam_i, slice(0, n)) for lam_i in sch["lams"]]
-  infos, out = _phased(problem.loss_fn, problem.data, key, phases=phases,
-                       epsilon=sch["epsilon"], delta=sch["delta"], beta=sch["beta"],
-                       lipschitz=problem.lipschitz, smoothness=problem.smoothness,
-                       mu0=_problem_mu(problem), radius=problem.radius, d=problem.d, m=m,
-                       theta0=theta0, settings=settings, label=label, hook=hook)
-  return sch, out
-
-
-def _phased_sco_run(problem, key, *, eps, delta, settings, theta0, lam=None,
-                    beta=None, label="Phased-SCO", hook=None):
-  n, m = problem.n_users, problem.m
-  sch = phased_sco_schedule(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
-                            diameter=2 * problem.radius, epsilon=eps, delta=delta, beta=beta,
-                            lam=lam)
-  phases = list(zip(sch["lams"], sch["blocks"]))
-  infos, out = _phased(problem.loss_fn, problem.data, key, phases=phases, epsilon=eps,
-                       delta=delta, beta=sch["beta"], lipschitz=problem.lipschitz,
-                       smoothness=problem.smoothness, mu0=_problem_mu(problem),
-                       radius=problem.radius, d=problem.d, m=m, theta0=theta0,
-                       settings=settings, label=label, hook=hook)
-  return sch, out
-
-
-def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> dict:
-  rec = {k: v for k, v in sch.items() if k in ("T", "epsilon", "delta", "beta", "lam", "N0")}
-  rec.update({"sigmas": [i.sigma for i in out.infos], "Deltas": [i.Delta for i in out.infos],
-              "kappa": out.infos[0].kappa if out.infos else None,
-              "bottoms": out.bottoms, "preset": settings.preset,
-              "solver_iterations": [i.plan.iterations for i in out.infos]})
-  if "blocks" in sch:
-    rec["blocks"] = [(b.start, b.stop) for b in sch["blocks"]]
-  return rec
-
-
-def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                           _hook: _Hook | None = None) -> Result:
-  """Phased-ERM (Alg. 3, Thm 4.1): convex G-Lipschitz loss, excess empirical risk
-  ``Õ(RG sqrt(d)/(n sqrt(m)))``; (eps, delta) by basic composition of T calls."""
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  ledger = block_ledger(settings, eps, delta)
-  _spend_phases(ledger, sco=False, n_users=problem.n_users, m=problem.m, epsilon=eps,
-                delta=delta, label="Phased-ERM")
-  sch, out = _phased_erm_run(problem, key, eps=eps, delta=delta, settings=settings,
-                             theta0=problem.init_params(), beta=settings.beta, hook=_hook)
-  prov, notes = _provenance(settings, out.infos)
-  return Result(params=out.theta, privacy=block_report(ledger, 
-      prov, paper_epsilon=eps, notes=notes + "; basic composition over T phases"),
-      gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
-      record=_phase_record(sch, out, settings),
-      debug=_debug_dict(out.dbgs, out.certs) if settings.debug else None)
-
-
-def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                           _hook: _Hook | None = None) -> Result:
-  """Phased-SCO (Alg. 4, Thm 5.1): disjoint user blocks, parallel composition."""
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  ledger = block_ledger(settings, eps, delta)
-  _spend_phases(ledger, sco=True, n_users=problem.n_users, m=problem.m, epsilon=eps,
-                delta=delta, label="Phased-SCO")
-  sch, out = _phased_sco_run(problem, key, eps=eps, delta=delta, settings=settings,
-                             theta0=problem.init_params(), beta=settings.beta, hook=_hook)
-  prov, notes = _provenance(settings, out.infos)
-  return Result(params=out.theta, privacy=block_report(ledger, 
-      prov, paper_epsilon=eps, notes=notes + "; parallel composition over disjoint blocks"),
-      gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
-      record=_phase_record(sch, out, settings),
-      debug=_debug_dict(out.dbgs, out.certs) if settings.debug else None)
-
-
-def localization_radius(sigma0: float, d: int, beta: float, tau: float) -> float:
-  """``R' = σ0 (sqrt(d) + sqrt(2 ln(1/β))) + τ`` — Gaussian norm concentration (explicit form of
-  Alg. 5 line 4's ``C σ sqrt(d log(1/β))``) plus the solver error."""
-  return sigma0 * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / beta))) + tau
-
-
-def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) -> Result:
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  mu = _problem_mu(problem)
-  if mu <= 0:
-    raise ValueError("strong_convexity: Algs 5-6 need a strongly convex problem")
-  n, m, d = problem.n_users, problem.m, problem.d
-  beta = settings.beta if settings.beta is not None else 1.0 / (2.0 * n * n * m)
-  ledger = block_ledger(settings, eps, delta)
-  _check_min_users(n, eps / 2, delta / 2, settings, "SCOutputPert warm start")
-  info0 = plan_sc_output_pert(n_users=n, m=m, lipschitz=problem.lipschitz,
-                              smoothness=problem.smoothness, mu0=mu, lam=0.0,
-                              radius=problem.radius, epsilon=eps / 2, delta=delta / 2,
-                              beta=beta, settings=settings)
-  # every block of both halves is charged before the warm start is released
-  ledger.spend(ApproxDpEvent(eps / 2, delta / 2), label="SCOutputPert warm start")
-  _spend_phases(ledger, sco=sco, n_users=n, m=m, epsilon=eps / 2, delta=delta / 2,
-                label="Phased-SCO" if sco else "Phased-ERM")
-  r_prime = localization_radius(info0.sigma, d, beta, info0.plan.tau)
-  if sco:  # Alg. 6 line 4, second term with the constant 30 of Prop. B.1
-    r_prime += 30.0 * problem.lipschitz * math.sqrt(math.log(2.0 / beta)) / (mu * math.sqrt(
-        n * m))
-  k0, k1 = jax.random.split(key)
-  G = problem.lipschitz
-  if sco:
-    lam = (G / r_prime) * max(math.sqrt(d) / (n * math.sqrt(m)), 1.0 / math.sqrt(n * m))
-  else:
-    lam = G * math.sqrt(d) / (r_prime * n * math.sqrt(m))
-  theta0, bottom0, dbg0, cert0 = sc_output_pert_release(
-      problem.loss_fn, problem.data, k0, info=info0, lam=0.0,
-      anchor=jnp.zeros((d,), jnp.float32), radius=problem.radius, center=None,
-      settings=settings, hook=hook)
-  if bool(bottom0):  # spec §2.7 [A]: fixed point of K and R' = diam K (post-processing)
-    theta0 = jnp.zeros((d,), jnp.float32)
-    lam = G * math.sqrt(d) / (2 * problem.radius * n * math.sqrt(m)) if not sco else (
-        G / (2 * problem.radius)) * max(math.sqrt(d) / (n * math.sqrt(m)),
-                                        1.0 / math.sqrt(n * m))
-  # K' = K ∩ B(θ0, R') is used only through ||θ0 - θ*|| <= R' and λ; phases solve over K,
-  # where Lemma 4.2 holds as well (spec §2.7 deviation note in the module docstring).
-  run = _phased_sco_run if sco else _phased_erm_run
-  sch, out = run(problem, k1, eps=eps / 2, delta=delta / 2, settings=settings,
-                 theta0=theta0, lam=lam, beta=beta,
-                 label="Phased-SCO" if sco else "Phased-ERM", hook=hook)
-  prov, notes = _provenance(settings, [info0] + list(out.infos))
-  rec = _phase_record(sch, out, settings)
-  rec.update({"R_prime": r_prime, "sigma0": info0.sigma, "bottom0": bool(bottom0)})
-  return Result(params=out.theta, privacy=block_report(
-      ledger, prov, paper_epsilon=eps, notes=notes + "; two halves at (eps/2, delta/2)"),
-      gradient_evaluations=info0.gradient_evaluations + sum(
-          i.gradient_evaluations for i in out.infos),
-      record=rec,
-      debug=_debug_dict([dbg0] + out.dbgs, [cert0] + out.certs) if settings.debug else None)
-
-
-def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                       _hook: _Hook | None = None) -> Result:
-  """Strongly-Convex-ERM (Alg. 5, Thm 4.3): excess ``Õ(G² d/(μ n² m))``."""
-  return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
-
-
-def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                       _hook: _Hook | None = None) -> Result:
-  """Strongly-Convex-SCO (Alg. 6, Thm 5.3): excess ``Õ((G²/μ)(d/(n² m) + 1/(nm)))``."""
-  return _sc_reduction(problem, cfg, key, sco=True, hook=_hook)
-
-
 def output_perturbation_releases(algorithm: str, problem: SCOProblem, cfg: dict,
                                  key: jax.Array, *, add_noise: bool = True) -> list[dict]:
   """Audit hook: every privatized release of a paper-001 driver, in order.
@@ -689,9 +455,13 @@ def output_perturbation_releases(algorithm: str, problem: SCOProblem, cfg: dict,
   return hook.releases
 
 
-# the naive baseline and the crossover calculator build on the settings above (import last)
+# the naive baseline, the crossover calculator and the phased algorithms build on the
+# settings and SCOutputPert above (imported last)
 from dpsco_jax.algorithms.output_perturbation_naive import (  # noqa: E402
     crossover_m, naive_output_pert, naive_sigma, noise_ratio)
+from dpsco_jax.algorithms.output_perturbation_phased import (  # noqa: E402
+    localization_radius, phased_erm_output_pert, phased_erm_schedule, phased_sco_output_pert,
+    phased_sco_schedule, sc_erm_output_pert, sc_sco_output_pert)
 
 ALGORITHMS = {
     "sc_output_pert": sc_output_pert,

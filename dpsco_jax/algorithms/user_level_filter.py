@@ -344,7 +344,7 @@ def _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale, quer
     "threshold_fraction", "threshold_scale", "query_scale", "radius", "stage_length",
     "smoothing_radius", "clip", "debug", "collect"))
 def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
-                given: PyTree | None = None, *, batch: int, steps: int, lam: float,
+                given: PyTree, use_given: jax.Array, *, batch: int, steps: int, lam: float,
                 smoothness: float, sigma: float, filter_radius: float,
                 threshold_fraction: float, threshold_scale: float, query_scale: float,
                 radius: float | None, stage_length: int, smoothing_radius: float | None,
@@ -352,9 +352,10 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
   """Algorithm 2 on one phase's users ``data`` (leaves ``[n_i, m, ...]``), jitted; one compile
   per distinct static configuration, reused across seeds. Returns ``(x_ag, halted, filter
   state, releases)``; ``releases`` (with ``collect``) are the per-step noisy filtered means
-  ``[T, ...]`` and halting flags. ``given`` (audit replay, leaves ``[T, ...]``) feeds those
-  releases, instead of this run's, to the post-processing steps, so the query points are
-  those of another dataset's run."""
+  ``[T, ...]`` and halting flags. With ``use_given`` (a traced bool: one compilation for
+  both), ``given`` (audit replay, leaves ``[T, ...]``) feeds those releases, instead of this
+  run's, to the post-processing steps, so the query points are those of another dataset's
+  run."""
   n_i = jax.tree.leaves(data)[0].shape[0]
   m = jax.tree.leaves(data)[0].shape[1]
   k_chain, k_sample, k_smooth = jax.random.split(key, 3)
@@ -375,7 +376,7 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
                                   batch, m)
     g = per_user_grads(loss_fn, params, users, offsets=offsets)
     noisy, new_priv = private.update(g, s_priv, params)
-    fed = noisy if given is None else jax.tree.map(lambda a: a[t], given)
+    fed = jax.tree.map(lambda a, b: jnp.where(use_given, a[t], b), given, noisy)
     upd, new_post = post.update(fed, s_post, params)
     new_params = optax.apply_updates(params, upd)
     was_halted, now_halted = filter_halted(s_priv), filter_halted(new_priv)
@@ -431,10 +432,13 @@ def _clip(problem: SCOProblem, cfg: dict) -> float | None:
 
 def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, collect=False):
   sched, ph, pn = plan.schedule, plan.schedule.phases[i], plan.phases[i]
+  use_given = jnp.asarray(given is not None)
+  if given is None:
+    given = jax.tree.map(lambda a: jnp.zeros((pn.steps,) + jnp.shape(a), a.dtype), x)
   return _alg2_phase(
       problem.loss_fn, _take(problem.data, users), x, jax.random.fold_in(k_run, ph.index),
-      given, batch=ph.batch, steps=pn.steps, lam=ph.lam, smoothness=sched.smoothness,
-      sigma=sigma, filter_radius=2.0 * sched.tau,
+      given, use_given, batch=ph.batch, steps=pn.steps, lam=ph.lam,
+      smoothness=sched.smoothness, sigma=sigma, filter_radius=2.0 * sched.tau,
       threshold_fraction=sched.threshold_fraction, threshold_scale=sched.threshold_scale,
       query_scale=sched.query_scale, radius=problem.radius,
       stage_length=min(ph.stage_length, pn.steps), smoothing_radius=sched.smoothing_radius,
