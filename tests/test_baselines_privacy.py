@@ -43,6 +43,10 @@ def lin():
 def neighbour(data, how):
   if how == "remove":
     return jax.tree.map(lambda a: a[:-1], data)
+  if how == "remove_item":  # item level: one item (row) less, as [items, 1, ...] rows
+    return jax.tree.map(lambda a: a.reshape((-1, 1) + a.shape[2:])[:-1], data)
+  if how == "replace_item":  # item level: only the last item is replaced adversarially
+    return {**data, "x": data["x"].at[-1, -1].set(0.0).at[-1, -1, 0].set(-100.0)}
   if how == "zero":  # the zero record: contributes a zero gradient
     return {**data, "x": data["x"].at[-1].set(0.0)}
   # replace: a huge vector opposite to the others (clipped to C, flips the contribution)
@@ -57,6 +61,8 @@ CASES = [
     ("user", dict(sampling="full", relation="add_remove"), "remove", 1.0),
     ("user", dict(sampling="full", relation="replace_one"), "replace", 2.0),
     ("user", dict(sampling="fixed", batch_users=4), "replace", 2.0),
+    ("item", dict(sampling="poisson", batch_users=8), "remove_item", 1.0),
+    ("item", dict(sampling="full", relation="replace_one"), "replace_item", 2.0),
     ("group", dict(sampling="poisson", batch_users=8), "remove", float(M)),
     ("group", dict(sampling="full"), "zero", float(M)),
 ]
