@@ -17,6 +17,7 @@ from dpsco_jax._checks import (check_bool, check_epsilon, check_int, check_key, 
                                check_user_mask)
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, laplace
 from dpsco_jax.transforms import tree_noise as tn
+from dpsco_jax.transforms.clipping import _round_toward_zero
 from dpsco_jax.transforms.filtering import filter_points, outlier_filter
 from dpsco_jax.transforms.noise import tree_gaussian_like
 
@@ -144,28 +145,40 @@ def test_broadcast_mask_no_longer_breaks_replace_one_sensitivity():
 
 # ------------------------------------------------------------------- dtypes and precision
 
-def _low_precision_grads(dtype, scale=20.0):
+def _low_precision_grads(dtype, scale=20.0, users=U):
   # |g| ~ 20 over 300 entries: a float16 squared norm overflows (~1.2e5 > 65504)
-  return (scale * jax.random.normal(jax.random.key(3), (U, D))).astype(dtype)
+  return (scale * jax.random.normal(jax.random.key(3), (users, D))).astype(dtype)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 @pytest.mark.parametrize("clip", [1.0, 0.37, 3e-3])
 def test_low_precision_rows_clip_to_at_most_c_in_float64(dtype, clip):
-  g = _low_precision_grads(dtype)
+  g = _low_precision_grads(dtype, users=256)
   for per_layer in (False, True):
     tx = clip_per_user(clip, per_layer=per_layer)
-    out, _ = tx.update({"a": g, "b": g[:, :7]}, tx.init(None))
+    # jitted: XLA:GPU folds f32->bf16->f32 round trips, which broke a compare-based rounding
+    out, _ = jax.jit(tx.update)({"a": g, "b": g[:, :7]}, tx.init(None))
     assert out["a"].dtype == dtype
     norms = _f64_norms(out)
     assert np.all(norms <= clip), (norms.max() / clip - 1)
     assert np.all(norms >= 0.98 * clip)  # clipped, not dropped (float16 overflow)
   # fused: one user's contribution (sum over a single real user) has norm <= C
+  g = g[:U]
   fused = clip_and_aggregate(clip, "sum")
   for u in range(U):
     out, _ = fused.update(g, fused.init(None), None, user_mask=jnp.arange(U) == u)
     assert out.dtype == jnp.promote_types(dtype, jnp.float32)
     assert 0.98 * clip <= np.linalg.norm(np.asarray(out, np.float64)) <= clip
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_round_toward_zero_never_increases_a_magnitude(dtype):
+  y = jax.random.normal(jax.random.key(0), (50_000,)) * jnp.logspace(-9, 4, 50_000)
+  r = jax.jit(lambda v: _round_toward_zero(v, dtype))(y)
+  a, b = np.abs(np.asarray(r, np.float64)), np.abs(np.asarray(y, np.float64))
+  assert r.dtype == dtype and np.all(a <= b)
+  normal = b > 1e-4
+  assert np.all(a[normal] >= b[normal] * (1 - 2.0 ** -(jnp.finfo(dtype).nmant - 1)))
 
 
 def test_integer_gradients_are_promoted_not_zeroed():
@@ -226,8 +239,8 @@ def test_noise_for_bfloat16_is_drawn_and_added_in_float32():
   assert out.dtype == jnp.float32
   flat = np.asarray(out, np.float64)
   assert len(np.unique(flat)) > 19_900  # a bfloat16 draw had ~2e3 distinct values
-  assert stats.kstest(flat, "norm", args=(0.0, 0.7)).pvalue > 1e-3
-  assert stats.kstest(flat, "norm", args=(0.0, 0.8)).pvalue < 1e-6
+  assert stats.kstest(flat, stats.norm(0.0, 0.7).cdf).pvalue > 1e-3
+  assert stats.kstest(flat, stats.norm(0.0, 0.8).cdf).pvalue < 1e-6
   # with bf16 params the noisy sum is rounded once, after the addition (post-processing)
   params = jnp.zeros((20_000,), jnp.bfloat16)
   agg = jnp.full((20_000,), 1.0 + 2.0 ** -9, jnp.float32)  # between two bf16 values

@@ -71,10 +71,26 @@ def _out_dtype(dtype) -> jnp.dtype:
 
 
 def _round_toward_zero(y: jax.Array, dtype) -> jax.Array:
-  """``y`` cast to ``dtype`` with ``|result| <= |y|`` entrywise (never rounds a magnitude up)."""
-  r = y.astype(dtype)
-  up = jnp.abs(r.astype(y.dtype)) > jnp.abs(y)
-  return jnp.where(up, jnp.nextafter(r, jnp.zeros_like(r)), r)
+  """float32 ``y`` cast to the low-precision ``dtype`` with ``|result| <= |y|`` entrywise.
+
+  Done on the bits, not by comparing ``|cast(y)|`` with ``|y|``: XLA:GPU removes f32 -> bf16
+  -> f32 round trips (``SimplifyFPConversions``), so such a comparison is optimized away there
+  (measured on an H100: clipped bf16 norms up to 1.0004 C). Clearing the low ``23 - nmant``
+  mantissa bits of a float32 truncates toward zero onto the target's grid for its normal
+  range (and, for bfloat16, its subnormals too: same exponent range as float32); the
+  subnormals of a narrower-exponent type (float16) are floored onto their fixed spacing.
+  The final cast is then exact."""
+  fi = jnp.finfo(dtype)
+  y = y.astype(jnp.float32)
+  drop = 23 - int(fi.nmant)
+  bits = jax.lax.bitcast_convert_type(y, jnp.uint32)
+  keep = jnp.uint32((0xFFFFFFFF << drop) & 0xFFFFFFFF)
+  t = jax.lax.bitcast_convert_type(bits & keep, jnp.float32)
+  if float(fi.smallest_normal) > float(jnp.finfo(jnp.float32).smallest_normal):
+    inv_sub = float(1.0 / float(fi.smallest_subnormal))  # 2^24 for float16: a normal float32
+    sub_grid = jnp.sign(t) * (jnp.floor(jnp.abs(t) * inv_sub) / inv_sub)
+    t = jnp.where(jnp.abs(t) < float(fi.smallest_normal), sub_grid, t)
+  return t.astype(dtype)
 
 
 def _row_sqnorm(g: jax.Array) -> jax.Array:
