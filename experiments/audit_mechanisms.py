@@ -30,7 +30,8 @@ def main() -> None:
   print(f"trials per side: {args.trials}; confidence 0.95; delta 1e-5")
   print(format_table(rows))
   print("GDP-fit bounds (valid against Gaussian claims only): " + ", ".join(
-      f"{r['mechanism']}/{r['relation']}={r['gdp_lower_bound']:.2f}" for r in rows))
+      f"{r['mechanism']}/{r['relation']}={r['gdp_lower_bound']:.2f}" for r in rows
+      if r["gdp_lower_bound"] is not None))
   print(json.dumps({"trials": args.trials, "seed": args.seed,
                     "seconds": round(time.perf_counter() - t0, 1), "rows": rows}))
 

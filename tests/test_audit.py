@@ -104,7 +104,7 @@ def test_bad_inputs_name_the_parameter():
     epsilon_lower_bound([np.nan, 1.0], b, delta=DELTA)
   with pytest.raises(TypeError, match="mu"):
     gdp_epsilon(True, DELTA)
-  spec = M.build("laplace_test", "replace_one")
+  spec = M.build("tdlap_bottom", "replace_one")
   with pytest.raises(TypeError, match="trials"):
     run_audit(spec, trials=1e4)
   with pytest.raises(ValueError, match="relation"):

@@ -50,6 +50,7 @@ __all__ = ["MECHANISMS", "build", "gaussian_chain", "tree_noise", "laplace_test_
            "above_threshold_audit", "output_perturbation", "tdlap_bottom", "gaussian_lr_weights"]
 
 DELTA = 1e-5
+_HI = jax.lax.Precision.HIGHEST  # scores are sums of many terms: no TF32/bf16 passes
 _CLIP = 1.0
 _CANARY_NORM = 10.0  # >> C: clipping, not the data, decides how far the canary moves things
 
@@ -168,7 +169,8 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
     return jax.lax.scan(body, tx.init(params), (data.grads, data.mask))[1]
 
   return AuditSpec(f"tree_noise[{broken or 'honest'}]", relation, release, stream(b_in),
-                   stream(b_out), lambda r: jnp.dot(weights, r[:, 0]), claim, DELTA,
+                   stream(b_out), lambda r: jnp.dot(weights, r[:, 0], precision=_HI),
+                   claim, DELTA,
                    f"epsilon_of(prefix_noise_event(z={noise_multiplier}, T={steps}, {mech}))")
 
 
@@ -275,8 +277,8 @@ def output_perturbation(relation: str = "replace_one", broken: str | None = None
   d_in, d_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
 
   def release(key, data: UserBatch):
-    theta = clip_and_aggregate(_CLIP, "mean", float(users)).update(
-        data.grads, None, user_mask=data.mask)[0]  # stateless use: the minimizer
+    agg = clip_and_aggregate(_CLIP, "mean", float(users))
+    theta, _ = agg.update(data.grads, agg.init(None), user_mask=data.mask)  # the minimizer
     return theta + used * jax.random.normal(key, theta.shape, theta.dtype)
 
   return AuditSpec(f"output_perturbation[{broken or 'honest'}]", relation, release, d_in,
@@ -317,6 +319,10 @@ MECHANISMS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str
     "output_perturbation": (output_perturbation, ("replace_one",), ("noise_halved",)),
     "tdlap_bottom": (tdlap_bottom, ("replace_one",), ("eps_not_split",)),
 }
+
+
+# mechanisms whose claim is a Gaussian (mu-GDP) one: only there is the GDP-fit bound a test
+GAUSSIAN = ("gaussian_chain", "tree_noise", "output_perturbation")
 
 
 def build(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
