@@ -302,6 +302,8 @@ def test_extreme_values_work_or_raise_never_silent_inf():
   for make in (lambda: aggregate("mean", 1e-310), lambda: clip_and_aggregate(1.0, "mean", 1e-310)):
     with pytest.raises(ValueError, match="denominator"):
       make()
+  with pytest.raises(ValueError, match="denominator"):
+    aggregation_sensitivity(1.0, mode="mean", denominator=1e-310)
   with pytest.raises(ValueError, match="stddev"):
     add_gaussian_noise(1e300, 0)
   with pytest.raises(ValueError, match="noise_std"):
