@@ -29,6 +29,7 @@ import pytest
 from scipy import stats
 
 from dpsco_jax.algorithms import bilevel as bl
+from dpsco_jax.algorithms import bilevel_plan
 from dpsco_jax.algorithms.localized_gd import LocGDConfig
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger, epsilon_of
 from dpsco_jax.transforms.steps import project_l2_ball, projected_sgd
@@ -249,18 +250,26 @@ def test_replace_one_moves_the_outer_gradient_by_at_most_2c_over_n():
   assert np.all(np.isfinite(released(nan_data)))          # NaN example contributes zero
 
 
+def _calibrated(base, n, eps, shares=(1 / 3, 1 / 3, 1 / 3)):
+  from dpsco_jax.privacy import calibrate_noise_multiplier
+  r = bl.noise_ratios(base, shares)
+  z = calibrate_noise_multiplier(
+      lambda z: bilevel_plan.composed_events(bl.with_noise(base, z, r), n), epsilon=eps,
+      delta=1e-6, relation="replace_one")
+  return bl.with_noise(base, z, r)
+
+
 def test_exact_accounting_full_batch_and_minibatch():
   inner = LocGDConfig(mu=1.0, clip_norm=1.0, noise_multiplier=0.0, rounds=2, steps=100)
   n, t = 500, 20
+  base = bl.BilevelConfig(lam=10.0, eta=0.1, steps=t, clip_out=1.0, outer_noise_multiplier=0.0,
+                          inner_y=inner, inner_lam=inner)
   for eps in (1.0, 4.0):
-    zs = bl.calibrate_bilevel(steps=t, inner_y=inner, inner_lam=inner, batch_out=None, n=n,
-                              epsilon=eps, delta=1e-6)
-    bcfg = bl.BilevelConfig(lam=10.0, eta=0.1, steps=t, clip_out=1.0,
-                            outer_noise_multiplier=zs[2],
-                            inner_y=dataclasses.replace(inner, noise_multiplier=zs[0]),
-                            inner_lam=dataclasses.replace(inner, noise_multiplier=zs[1]))
+    bcfg = _calibrated(base, n, eps)
+    zs = (bcfg.inner_y.noise_multiplier, bcfg.inner_lam.noise_multiplier,
+          bcfg.outer_noise_multiplier)
     ledger = PrivacyLedger(delta=1e-6, relation="replace_one", accountant="pld")
-    for label, ev, c in bl.bilevel_events(bcfg, n, accountant="pld"):
+    for label, ev, c in bl.bilevel_events(bcfg, n):
       ledger.compose(ev, label=label, count=c)
     assert eps * 0.999 <= ledger.epsilon() <= eps * (1 + 1e-6)
     # equal zCDP split: every mechanism gets the same total c_k / z_k^2
@@ -269,22 +278,16 @@ def test_exact_accounting_full_batch_and_minibatch():
     paper = bl.paper_bilevel_noise(bcfg, n, epsilon=eps, delta=1e-6)
     assert paper["outer_std"] > zs[2] * 1.0 / n          # the paper's formula is looser
     assert bl.paper_composition_epsilon(bcfg, n, delta=1e-6) > eps
-  # Alg 3: subsampled without replacement, RDP-calibrated on the whole composition.
+  # Alg 3: Poisson-subsampled at b/n, PLD-calibrated on the whole composition.
   mb = dataclasses.replace(inner, batch_size=50, steps=30)
-  zs = bl.calibrate_bilevel(steps=5, inner_y=mb, inner_lam=mb, batch_out=50, n=n, epsilon=1.0,
-                            delta=1e-6)
-  bcfg = bl.BilevelConfig(lam=10.0, eta=0.1, steps=5, clip_out=1.0, outer_noise_multiplier=zs[2],
-                          inner_y=dataclasses.replace(mb, noise_multiplier=zs[0]),
-                          inner_lam=dataclasses.replace(mb, noise_multiplier=zs[1]),
-                          batch_out=50)
+  bcfg = _calibrated(dataclasses.replace(base, steps=5, inner_y=mb, inner_lam=mb,
+                                         batch_out=50), n, 1.0)
   event = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(e, c)
-                                         for _, e, c in bl.bilevel_events(bcfg, n,
-                                                                          accountant="rdp")])
-  got = epsilon_of(event, delta=1e-6, relation="replace_one", accountant="rdp")
-  assert 0.98 <= got <= 1.0 + 1e-6
+                                         for _, e, c in bl.bilevel_events(bcfg, n)])
+  got = epsilon_of(event, delta=1e-6, relation="replace_one", accountant="pld")
+  assert 0.99 <= got <= 1.0 + 1e-6
   with pytest.raises(ValueError, match="shares"):
-    bl.calibrate_bilevel(steps=5, inner_y=inner, inner_lam=inner, batch_out=None, n=n,
-                         epsilon=1.0, delta=1e-6, shares=(0.5, 0.5, 0.5))
+    bl.noise_ratios(base, (0.5, 0.5, 0.5))
 
 
 def test_theory_preset_parameters_and_precondition():
@@ -384,7 +387,7 @@ def test_private_ridge_tuning_at_large_eps_n_finds_the_optimum():
   assert prob.meta["omega_star_interior"]
   bcfg, info = bl.bilevel_config(prob, {"epsilon": 1e4, "delta": 1e-6, "lam": 10.0, "eta": 2.0,
                                         "T": 20, "inner_steps": 150, "inner_rounds": 2})
-  assert info["accountant"] == "rdp" and not info["outer_noise"]
+  assert not info["outer_noise"]
   outs = jax.jit(jax.vmap(lambda k: bl.dp_bilevel_run(prob, bcfg, k)))(
       jax.random.split(jax.random.key(3), 3))
   f0 = prob.excess_risk(np.array([2.0]))

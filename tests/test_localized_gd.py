@@ -111,7 +111,8 @@ def test_error_grows_as_epsilon_shrinks_like_one_over_n_eps():
   base = lg.LocGDConfig(mu=1.0, clip_norm=3.0, noise_multiplier=1.0, rounds=1, steps=150,
                         radius0=50.0, step_rule="smooth", smoothness=3.0, localize=False)
   errs = []
-  zs = [lg.calibrate_loc_gd(base, n, epsilon=e, delta=1e-5) for e in (1.0, 2.0)]
+  zs = [lg.with_calibrated_noise(base, n, epsilon=e, delta=1e-5).noise_multiplier
+        for e in (1.0, 2.0)]
   for z in zs:
     cfg = dataclasses.replace(base, noise_multiplier=z)
     solve = jax.jit(jax.vmap(lambda k: lg.dp_loc_gd(_loss, jnp.zeros(d), data, k, cfg)[0]))
@@ -124,9 +125,9 @@ def test_injected_noise_has_the_calibrated_std():
   """One noisy step on a constant loss: y_1 = y_0 - eta_0 nu. KS against N(0, s^2)."""
   n, d = 50, 2
   data = _quadratic_data(jax.random.key(6), n, d)
-  z = lg.calibrate_loc_gd(lg.LocGDConfig(mu=1.0, clip_norm=1.0, noise_multiplier=1.0,
-                                           rounds=1, steps=1, radius0=1e6), n,
-                            epsilon=1.0, delta=1e-5)
+  z = lg.with_calibrated_noise(lg.LocGDConfig(mu=1.0, clip_norm=1.0, noise_multiplier=1.0,
+                                              rounds=1, steps=1, radius0=1e6), n,
+                               epsilon=1.0, delta=1e-5).noise_multiplier
   cfg = lg.LocGDConfig(mu=1.0, clip_norm=1.0, noise_multiplier=z, rounds=1, steps=1,
                        radius0=1e6, average="core")
   s = lg.loc_gd_stddev(cfg, n)
@@ -171,47 +172,25 @@ def test_replace_one_moves_the_mean_gradient_by_at_most_2c_over_n():
 def test_exact_accounting_is_tight_and_beats_the_paper():
   n = 100
   cfg = lg.LocGDConfig(mu=1.0, clip_norm=1.0, noise_multiplier=1.0, rounds=2, steps=200)
+  cal = lambda c, e, d: lg.with_calibrated_noise(c, n, epsilon=e, delta=d).noise_multiplier
   for eps in (0.5, 2.0):
-    z = lg.calibrate_loc_gd(cfg, n, epsilon=eps, delta=1e-6)
-    c = dataclasses.replace(cfg, noise_multiplier=z)
-    got = epsilon_of(lg.loc_gd_event(c, n, accountant="pld"), delta=1e-6, relation="replace_one",
-                     accountant="pld")
+    c = dataclasses.replace(cfg, noise_multiplier=cal(cfg, eps, 1e-6))
+    got = epsilon_of(lg.loc_gd_event(c, n), delta=1e-6, relation="replace_one")
     assert eps * 0.999 <= got <= eps * (1 + 1e-6)
     # Lemma 2.1 + 2.2 (paper) needs more noise for the same (eps, delta).
     assert lg.paper_loc_gd_stddev(c, n, epsilon=eps, delta=1e-6) > 2 * lg.loc_gd_stddev(c, n)
-  z1 = lg.calibrate_loc_gd(cfg, n, epsilon=1.0, delta=1e-6)
-  z2 = lg.calibrate_loc_gd(cfg, n, epsilon=2.0, delta=1e-6)
-  z3 = lg.calibrate_loc_gd(cfg, n, epsilon=1.0, delta=1e-3)
+  z1, z2, z3 = cal(cfg, 1.0, 1e-6), cal(cfg, 2.0, 1e-6), cal(cfg, 1.0, 1e-3)
   assert z1 > z2 and z1 > z3  # monotone in epsilon and delta
   e0, d0 = lg.advanced_composition_step(1.0, 1e-6, 400)
   assert math.sqrt(2 * 400 * math.log(1 / d0)) * e0 + 2 * 400 * e0 ** 2 == pytest.approx(1.0)
-  # DP-Loc-SGD: subsampled (without replacement) Gaussian, RDP-calibrated on the composition.
+  # DP-Loc-SGD: Poisson-subsampled Gaussian at rate b/n, PLD under replace-one.
   sgd = dataclasses.replace(cfg, batch_size=10, steps=50)
-  zs = lg.calibrate_loc_gd(sgd, n, epsilon=1.0, delta=1e-6)
-  got = epsilon_of(lg.loc_gd_event(dataclasses.replace(sgd, noise_multiplier=zs), n,
-                                   accountant="rdp"),
-                   delta=1e-6, relation="replace_one", accountant="rdp")
-  assert got >= 0.99
-  assert got <= 1.0 * (1 + 1e-6)
-  assert isinstance(lg.loc_gd_event(dataclasses.replace(sgd, noise_multiplier=zs), n,
-                                    accountant="rdp"), dp_accounting.SelfComposedDpEvent)
-  with pytest.raises(ValueError, match="rdp"):
-    lg.loc_gd_event(dataclasses.replace(sgd, noise_multiplier=zs), n, accountant="pld")
-
-
-def test_both_accountants_read_the_replace_one_sensitivity():
-  """dp_accounting's PLD doubles a Gaussian's sensitivity under REPLACE_ONE, its RDP does not:
-  the events must encode 2C for RDP, else RDP under-reports epsilon (~2.7x at z = 0.15)."""
-  for z in (0.4, 1.0, 3.0):
-    e_pld = epsilon_of(lg.gaussian_step_event(z, "pld"), delta=1e-6, relation="replace_one",
-                       accountant="pld")
-    e_rdp = epsilon_of(lg.gaussian_step_event(z, "rdp"), delta=1e-6, relation="replace_one",
-                       accountant="rdp")
-    assert e_pld <= e_rdp <= 1.6 * e_pld, (z, e_pld, e_rdp)
-  z, acc = lg.calibrate_gaussian(100.0, 1e-6)     # large epsilon: RDP-calibrated
-  assert acc == "rdp"
-  assert epsilon_of(lg.gaussian_step_event(z, "pld"), delta=1e-6, relation="replace_one",
-                    accountant="pld") <= 100.0
+  ev = lg.loc_gd_event(dataclasses.replace(sgd, noise_multiplier=cal(sgd, 1.0, 1e-6)), n)
+  assert isinstance(ev.event, dp_accounting.PoissonSampledDpEvent)
+  assert ev.event.sampling_probability == pytest.approx(0.1) and ev.count == 100
+  assert 0.99 <= epsilon_of(ev, delta=1e-6, relation="replace_one") <= 1.0 * (1 + 1e-6)
+  with pytest.raises(ValueError, match="not private"):
+    lg.loc_gd_event(dataclasses.replace(sgd, noise_multiplier=0.0), n)
 
 
 def test_theory_preset_parameters():
@@ -220,8 +199,7 @@ def test_theory_preset_parameters():
   assert cfg.steps == 400 and cfg.step_rule == "paper" and cfg.clip_norm == 2.0
   assert cfg.rounds == max(1, math.ceil(math.log2(math.log(1.0 * 50.0 * 20 / 2.0))))
   assert lg.loc_gd_rounds(1.0, 2.0, 20, 0.1) == 1
-  got = epsilon_of(lg.loc_gd_event(cfg, 20, accountant="pld"), delta=1e-5,
-                   relation="replace_one", accountant="pld")
+  got = epsilon_of(lg.loc_gd_event(cfg, 20), delta=1e-5, relation="replace_one")
   assert got <= 50.0 * (1 + 1e-6)
   assert lg.check_loc_gd_precondition(cfg, 20, 3, 50.0)
 

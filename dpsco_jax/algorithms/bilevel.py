@@ -62,6 +62,7 @@ from dpsco_jax.algorithms.bilevel_plan import (RELATION, BilevelConfig, bilevel_
 from dpsco_jax.algorithms.bilevel_problem import (BilevelProblem, ProblemConstants,
                                                   _project_x, diabetes_ridge_problem,
                                                   exact_lower_solve, exact_penalty_hypergrad,
+                                                  full_f, full_g,
                                                   gradient_mapping, hyperobjective,
                                                   implicit_hypergrad,
                                                   penalty_hypergrad_per_example,
@@ -247,11 +248,13 @@ def dp_bilevel_releases(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.A
 
 
 def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array):
-  """One jitted executable per (problem, config), cached on the problem (seeds reuse it)."""
+  """One jitted executable per (problem, config), cached on the problem (seeds reuse it). Keyed
+  by the problem's identity too: ``dataclasses.replace`` copies share ``meta`` (a neighbouring
+  dataset must never reuse the executable closed over the original data)."""
   cache = problem.meta.setdefault("_jit_cache", {})
-  if bcfg not in cache:
-    cache[bcfg] = jax.jit(lambda k: dp_bilevel_run(problem, bcfg, k))
-  return cache[bcfg](key)
+  if (id(problem), bcfg) not in cache:  # the closure keeps problem alive: ids are not reused
+    cache[(id(problem), bcfg)] = jax.jit(lambda k: dp_bilevel_run(problem, bcfg, k))
+  return cache[(id(problem), bcfg)](key)
 
 
 def _charge(ledger: PrivacyLedger, events: list) -> None:

@@ -552,7 +552,8 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   debug = None
   if cfg.get("debug", False):
     debug = {"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
-  record = {"noise_std": loc_gd_stddev(lcfg, n), "paper_noise_std": paper_sigma,
+  record = {"noise_multiplier": lcfg.noise_multiplier, "batch_size": lcfg.batch_size,
+            "noise_std": loc_gd_stddev(lcfg, n), "paper_noise_std": paper_sigma,
             "rounds": lcfg.rounds, "steps": lcfg.steps, "radii": list(map(float, aux.radii)),
             "preset": cfg.get("preset", "practical")}
   # Poisson masks keep shapes static: every step evaluates all n per-example gradients.
