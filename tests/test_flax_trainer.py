@@ -280,3 +280,27 @@ def test_restore_refuses_tampered_checkpoints_and_skips_partial_ones(tmp_path):
   assert DPTrainer.latest_checkpoint(tmp_path / "a") == good
   back = _trainer(epsilon_budget=50.0).restore(tmp_path / "a")
   assert back.step_count == 4 and back.epsilon() == pytest.approx(src.epsilon(), rel=1e-12)
+
+
+def test_drives_an_nnx_optimizer_and_updates_the_model_in_place():
+  model = _init_tiny()
+  opt = nnx.Optimizer(model, optax.adam(0.1), wrt=nnx.Param)
+  tr = DPTrainer(model, _ce, opt, data=_user_data(), clip_norm=1.0, sampling_rate=0.4,
+                 delta=1e-5, expected_batch_size=6.4, noise_multiplier=1.2, key=7,
+                 accountant="rdp")
+  ref = DPTrainer(_init_tiny(), _ce, optax.adam(0.1), data=_user_data(), clip_norm=1.0,
+                  sampling_rate=0.4, delta=1e-5, expected_batch_size=6.4,
+                  noise_multiplier=1.2, key=7, accountant="rdp")
+  before = _leaves(nnx.state(model, nnx.Param))
+  tr.train(2, report_every=1)
+  ref.train(2, report_every=2)
+  now = _leaves(nnx.state(model, nnx.Param))
+  assert any(not np.array_equal(a, b) for a, b in zip(before, now))  # updated in place
+  for a, b, c in zip(now, _leaves(tr.params), _leaves(ref.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, c, rtol=1e-6, atol=1e-7)  # same as the plain optax tx
+  assert int(opt.step.value) == 2
+  opt_vals = [np.asarray(v.value) for v in jax.tree.leaves(
+      opt.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))]
+  for a, b in zip(opt_vals, _leaves(tr.state.opt_state[1]), strict=True):
+    np.testing.assert_array_equal(a, b)

@@ -107,8 +107,11 @@ class DPTrainer:
   Args:
     model: the ``nnx.Module`` to train (its ``nnx.Param`` leaves; other state is fixed).
     loss_fn: ``loss_fn(model, example) -> scalar`` for ONE item (checked before any step).
-    optimizer: the data-independent step applied to the privatized gradient, e.g.
-      ``optax.sgd(lr)`` (not ``optax.MultiSteps``: see ``accumulation_steps``).
+    optimizer: the data-independent step applied to the privatized gradient: an optax
+      transformation, e.g. ``optax.sgd(lr)`` (not ``optax.MultiSteps``: see
+      ``accumulation_steps``), or an ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, which is
+      then driven: training continues from its state and writes its state and step back.
+      Either way ``model`` is updated in place at the end of :meth:`train` / :meth:`restore`.
     data: pytree with leaves ``[n_users, m, ...]`` (``level="user"``) or ``[n, ...]``
       (``level="item"``); the declared level and the layout must agree (checked).
     clip_norm: ``C``, per-user (per-item) L2 clip of the (mean) gradient.
@@ -158,8 +161,11 @@ class DPTrainer:
     self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
     self.micro_batch = math.ceil(self.batch_capacity / self.accumulation_steps)
 
-    self.optimizer = optimizer
     params = self.clipper.params
+    self._user_model, self._nnx_opt = model, None
+    if isinstance(optimizer, nnx.Optimizer):  # drive it: its tx, its state, written back
+      self._nnx_opt, optimizer = optimizer, optimizer.tx
+    self.optimizer = optimizer
     if _contains_multisteps(optimizer.init(params)):
       raise ValueError("optimizer must not be optax.MultiSteps: it would average noisy "
                        "gradients instead of accumulating clipped sums under one noise draw; "
@@ -167,13 +173,33 @@ class DPTrainer:
     sample_key, noise_key = jax.random.split(key)
     self._noise = add_gaussian_noise(self.noise_stddev, noise_key)
     self._initial_params = params
-    self.state = TrainState(params=params,
-                            opt_state=(self._noise.init(params), optimizer.init(params)),
+    inner = optimizer.init(params)
+    if self._nnx_opt is not None:  # continue from the nnx.Optimizer's current state
+      inner = jax.tree.unflatten(jax.tree.structure(inner),
+                                 [v.value for v in self._opt_vars()])
+    self.state = TrainState(params=params, opt_state=(self._noise.init(params), inner),
                             sample_key=sample_key, step=jnp.zeros((), jnp.int32))
     self.data = data
     self.debug: dict | None = {"batch_sizes": []} if debug else None
     self.history: list[dict] = []
     self._build()
+
+  def _opt_vars(self) -> list:
+    vs = jax.tree.leaves(self._nnx_opt.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    if len(vs) != len(jax.tree.leaves(self.optimizer.init(self.clipper.params))):
+      raise ValueError("optimizer: this nnx.Optimizer's state does not match its tx on the "
+                       "model's nnx.Param leaves (build it with wrt=nnx.Param)")
+    return vs
+
+  def _sync_model(self, steps_taken: int) -> None:
+    """Writes the current params into the user's model (in place, as nnx users expect) and,
+    when an ``nnx.Optimizer`` was given, its state and step counter."""
+    nnx.update(self._user_model, self.state.params)
+    if self._nnx_opt is not None:
+      for var, value in zip(self._opt_vars(), jax.tree.leaves(self.state.opt_state[1]),
+                            strict=True):
+        var.value = value
+      self._nnx_opt.step.value = self._nnx_opt.step.value + steps_taken
 
   # ---- the data-free plan --------------------------------------------------------------------
 
@@ -353,6 +379,16 @@ class DPTrainer:
         raise ValueError("checkpoint_every must be a multiple of report_every (checkpoints "
                          "are written at accounting-block boundaries)")
     planned = self.ledger.check(self.event, label=_LABEL, count=num_steps)
+    start = self.step_count
+    try:
+      self._train_blocks(num_steps, report_every, planned, checkpoint_dir, checkpoint_every,
+                         log_fn)
+    finally:  # the user's model reflects every step taken, also after an interruption
+      self._sync_model(self.step_count - start)
+    return self.history
+
+  def _train_blocks(self, num_steps, report_every, planned, checkpoint_dir, checkpoint_every,
+                    log_fn) -> None:
     done = 0
     while done < num_steps:
       block = min(report_every, num_steps - done)
@@ -368,7 +404,6 @@ class DPTrainer:
       if checkpoint_dir is not None and (
           done == num_steps or (checkpoint_every and self.step_count % checkpoint_every == 0)):
         self.save(checkpoint_dir)
-    return self.history
 
   def epsilon(self) -> float:
     """Exact epsilon of every step taken (charged) so far."""
@@ -467,4 +502,5 @@ class DPTrainer:
     ckpt.check_ledger_matches(ledger, self.event, int(state.step))
     self.state, self.ledger = state, ledger
     self.history = list(meta["history"])
+    self._sync_model(int(state.step))
     return self
