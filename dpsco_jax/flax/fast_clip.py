@@ -87,8 +87,9 @@ class ClipInfo(NamedTuple):
 
 @dataclasses.dataclass
 class _Part:
-  """One parameter leaf's per-user contribution: ``dense`` (materialised per-user gradients
-  ``[U, ...]``) or ``bilinear`` (bound ``[U]`` and ``release(wg, safe) -> grad``)."""
+  """One parameter leaf's per-user contribution, released as ``sum_u w_u dense_u`` when the
+  per-user gradients ``dense [U, ...]`` are materialised (exact per user by construction),
+  else as ``release(w g, safe)``; ``sq`` bounds the squared norm of either."""
   leaf: int
   sq: jax.Array
   dense: jax.Array | None = None
@@ -267,16 +268,19 @@ class FastClippedGrad:
       if kind == "linear":
         a = jnp.concatenate([jnp.reshape(arrays[k][0].astype(_F32),
                                          (n_users, -1, arrays[k][0].shape[-1])) for k in ks], 1)
-        parts.append(_Part(leaf("kernel"), jnp.square(fn.kernel_bound(a, g, self.ghost)), g=g,
+        bound, m = fn.kernel_bound(a, g, self.ghost)
+        parts.append(_Part(leaf("kernel"), jnp.square(bound), dense=m, g=g,
                            release=lambda wg, safe, a=a: fn.kernel_release(safe(a), wg)))
       elif kind == "conv":
         ag = [fn.conv_grouped(module, arrays[k][0], gs[k], n_users) for k in ks]
         a = jnp.concatenate([x for x, _ in ag], 1)
         g4 = jnp.concatenate([y for _, y in ag], 1)
-        sq = sum(jnp.square(fn.kernel_bound(a[:, :, j], g4[:, :, j], self.ghost))
-                 for j in range(a.shape[2]))
-        parts.append(_Part(leaf("kernel"), sq, g=g4, release=lambda wg, safe, a=a, m=module:
-                           fn.conv_release(m, safe(a), wg)))
+        bm = [fn.kernel_bound(a[:, :, j], g4[:, :, j], self.ghost) for j in range(a.shape[2])]
+        sq = sum(jnp.square(b) for b, _ in bm)
+        m = (None if bm[0][1] is None
+             else fn.conv_layout(module, jnp.stack([mj for _, mj in bm], axis=1)))
+        parts.append(_Part(leaf("kernel"), sq, dense=m, g=g4, release=lambda wg, safe, a=a,
+                           c=module: fn.conv_release(c, safe(a), wg)))
       else:  # embed
         idx = jnp.concatenate([jnp.reshape(arrays[k][0], (n_users, -1)) for k in ks], 1)
         v = module.num_embeddings

@@ -20,7 +20,9 @@ of ``k`` non-negative terms by ``gamma(k)`` relative. With ``S = sum_t ||a_t|| |
   and ``q``, one dot over ``t``, one sum over ``s``);
 * release ``R = fl(sum_t a_t fl(w g_t)^T)``: ``||R - w G|| <= w gamma(n + 1) S``.
 
-Hence ``B = ||G||_upper + gamma(n + 1) S`` bounds both. The relative slack is about
+Hence ``B = ||G||_upper + gamma(n + 1) S`` bounds both. The direct form releases ``M``
+itself (``sum_u w_u M_u``: cheaper than a second contraction over positions and exact per
+user), so there ``B = ||M||_upper + gamma(n) S`` bounds ``||G||`` and ``||M||``. The relative slack is about
 ``n UNIT S / ||G||``: ~1e-6 for ordinary inputs, and large exactly when cancellation is
 (adversarial users are then over-clipped, never under-clipped). Underflow is covered by an
 absolute ``n * 2^-120`` term. The Gram form is used only where its ``gamma`` stays below
@@ -74,9 +76,12 @@ def use_gram(n: int, p: int, q: int, ghost: str) -> bool:
   return ghost == "gram" or (ghost == "auto" and n * (p + q) <= p * q)
 
 
-def kernel_bound(a: jax.Array, g: jax.Array, ghost: str) -> jax.Array:
-  """``B_u >= max(||sum_t a_t g_t^T||, ||release_u|| / w_u)`` for ``a [U, N, p]``,
-  ``g [U, N, q]`` (one group of a grouped conv: call per group and add the squares)."""
+def kernel_bound(a: jax.Array, g: jax.Array, ghost: str):
+  """``(B, M)`` for ``a [U, N, p]``, ``g [U, N, q]`` (one group of a grouped conv: call per
+  group and add the squares). Gram form: ``M`` is None and
+  ``B_u >= max(||G_u||, ||release_u|| / w_u)`` for :func:`kernel_release`. Direct form: ``M``
+  ``[U, p, q]`` is the per-user gradient that is *released as is* (``sum_u w_u M_u``, exact
+  per user by construction) and ``B_u >= max(||G_u||, ||M_u||)``."""
   n, p, q = a.shape[1], a.shape[2], g.shape[2]
   s = _s_upper(_row_norms(a), _row_norms(g), p, q)
   if use_gram(n, p, q, ghost):
@@ -84,10 +89,9 @@ def kernel_bound(a: jax.Array, g: jax.Array, ghost: str) -> jax.Array:
     gg = jnp.einsum("unk,uvk->unv", g, g, precision=_HI)
     sq = jnp.sum(jnp.einsum("unv,unv->un", aa, gg, precision=_HI), axis=1)
     g_up = jnp.sqrt(jnp.maximum(sq, 0.0) + gamma(p + q + 2 * n + 2) * jnp.square(s))
-  else:
-    m = jnp.einsum("unp,unq->upq", a, g, precision=_HI)
-    g_up = jnp.sqrt(sqsum_upper(m)) + gamma(n) * s
-  return g_up + gamma(n + 1) * s
+    return g_up + gamma(n + 1) * s, None
+  m = jnp.einsum("unp,unq->upq", a, g, precision=_HI)
+  return jnp.sqrt(sqsum_upper(m)) + gamma(n) * s, m
 
 
 def kernel_release(a: jax.Array, wg: jax.Array) -> jax.Array:
@@ -155,14 +159,20 @@ def conv_grouped(conv: nnx.Conv, x: jax.Array, g: jax.Array, n_users: int):
 
 def conv_release(conv: nnx.Conv, a: jax.Array, wg: jax.Array) -> jax.Array:
   """Kernel gradient ``[*kernel_size, in/G, out]`` from grouped patches and weighted
-  gradients, in the kernel's layout."""
+  gradients (the Gram-form release)."""
+  return conv_layout(conv, jnp.einsum("ungk,ungo->gko", a, wg, precision=_HI))
+
+
+def conv_layout(conv: nnx.Conv, flat: jax.Array) -> jax.Array:
+  """``[..., G, (in/G) * kvol, out/G]`` (channel-major patches) to the kernel's layout
+  ``[..., *kernel_size, in/G, out]``."""
   ks = tuple(conv.kernel_size)
-  groups, cg = a.shape[2], a.shape[3] // max(1, _prod(ks))
-  flat = jnp.einsum("ungk,ungo->gko", a, wg, precision=_HI)   # [G, cg * kvol, og]
-  og = flat.shape[-1]
-  w = jnp.reshape(flat, (groups, cg) + ks + (og,))            # channel-major patches
-  w = jnp.moveaxis(w, (0, 1), (len(ks) + 1, len(ks)))          # [*ks, cg, G, og]
-  return jnp.reshape(w, ks + (cg, groups * og))
+  lead, (groups, k, og) = flat.shape[:-3], flat.shape[-3:]
+  cg = k // max(1, _prod(ks))
+  w = jnp.reshape(flat, lead + (groups, cg) + ks + (og,))
+  nl, nd = len(lead), len(ks)
+  w = jnp.moveaxis(w, (nl, nl + 1), (nl + nd + 1, nl + nd))   # [..., *ks, cg, G, og]
+  return jnp.reshape(w, lead + ks + (cg, groups * og))
 
 
 def _prod(xs) -> int:

@@ -45,7 +45,7 @@ from jax import lax
 
 Path = tuple
 
-_TAPE: contextvars.ContextVar["_Tape | None"] = contextvars.ContextVar("dpsco_fast_clip_tape",
+_TAPE: contextvars.ContextVar["Tape | None"] = contextvars.ContextVar("dpsco_fast_clip_tape",
                                                                        default=None)
 KINDS = {nnx.Linear: "linear", nnx.Conv: "conv", nnx.Embed: "embed", nnx.LayerNorm: "local"}
 ORIG_CALL = {cls: cls.__call__ for cls in KINDS}
@@ -95,7 +95,7 @@ def patched():
 
 
 @contextlib.contextmanager
-def active(tape: "_Tape"):
+def active(tape: "Tape"):
   token = _TAPE.set(tape)
   try:
     yield tape
@@ -183,8 +183,6 @@ class Tape:
     self.arrays.append([jnp.asarray(leaves[i]) for i in pos])
     return y + self.zs[k].astype(y.dtype)
 
-
-_Tape = Tape
 
 
 def rebuild(spec: CallSpec, arrays: Sequence[jax.Array]):
