@@ -11,7 +11,7 @@ models with fast per-user clipping.
 from dpsco_jax import algorithms, grads, privacy, problems, transforms
 from dpsco_jax.grads import (per_example_grads, per_user_grads, per_user_grads_two_points,
                              shard_users, user_mesh)
-from dpsco_jax.privacy import (ApproxRdpLedger, PrivacyBudgetExceeded, PrivacyLedger,
+from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger,
                                PrivacyReport, Provenance, PureDpEvent, above_threshold_init,
                                above_threshold_step, calibrate_noise_multiplier, epsilon_of,
                                for_accountant, laplace_test, pure_dp_event, tdlap_pmf,

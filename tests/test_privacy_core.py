@@ -138,7 +138,11 @@ def test_approx_dp_and_approx_rdp_blocks_compose_in_the_ledger():
   ledger.spend(ApproxDpEvent(0.7, 2e-7), label="test+release", group="b")
   ledger.spend(pure_dp_event(0.1), label="laplace")
   rep = ledger.report(provenance="theorem")
-  assert rep.epsilon == pytest.approx(0.8) and rep.delta == pytest.approx(1e-6 + 2e-7)
+  # only blocks: the ledger's own delta (for accountant events) is not spent
+  assert rep.epsilon == pytest.approx(0.8) and rep.delta == pytest.approx(2e-7)
+  ledger.spend(gauss(5.0), label="gaussian")
+  rep = ledger.report(provenance="accountant", tv_distance=1e-9)
+  assert rep.delta == pytest.approx(1e-6 + 2e-7 + (1 + math.exp(rep.epsilon)) * 1e-9)
   led = PrivacyLedger(delta=1e-6)
   led.spend(ApproxRdpEvent(8.0, 0.1, 1e-9, 1e-7), label="phase", count=3)
   e = 0.3 + math.log(1e7) / 7.0

@@ -138,9 +138,8 @@ def _charge(plan: DpSgdPlan) -> PrivacyReport:
   ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon_target,
                          relation=plan.relation)
   ledger.spend(plan.event, label=label)
-  eps = ledger.epsilon()
   return ledger.report(provenance=Provenance.ACCOUNTANT, level=plan.level, notes=notes,
-                       extra_delta=(1.0 + math.exp(min(eps, 700.0))) * trunc)
+                       tv_distance=trunc)
 
 
 def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *,

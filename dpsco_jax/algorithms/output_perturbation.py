@@ -323,14 +323,13 @@ def block_ledger(settings: OutputPertSettings, epsilon: float, delta: float
 
 def block_report(ledger: PrivacyLedger, provenance: str, *, paper_epsilon: float,
                  notes: str) -> PrivacyReport:
-  """The ledger's report of a run made only of (eps, delta) blocks. With no dp_accounting
-  event the accountant part is (0, 0)-DP, so the delta is the blocks' delta alone (the
-  ledger's own delta, at which accountant events would be evaluated, is not spent)."""
+  """The ledger's report of a run made only of (eps, delta) blocks (the ledger then reports
+  the blocks' delta alone: its own delta, at which accountant events would be evaluated, is
+  not spent)."""
   if any(not isinstance(ev, ApproxDpEvent) for _, ev, _, _ in ledger.events):
     raise ValueError("block_report: the ledger holds events other than (eps, delta) blocks")
-  rep = ledger.report(provenance=provenance, level="user", paper_epsilon=paper_epsilon,
-                      notes=notes)
-  return dataclasses.replace(rep, delta=ledger.extra_delta())
+  return ledger.report(provenance=provenance, level="user", paper_epsilon=paper_epsilon,
+                       notes=notes)
 
 
 # ------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from dpsco_jax.privacy.ledger import (LedgerIntegrityError, PrivacyBudgetExceede
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier, ledger_epsilon
 from dpsco_jax.privacy.mechanisms import (gaussian_sigma_analytic, gaussian_sigma_classic,
                                           laplace)
-from dpsco_jax.privacy.approx_rdp import ApproxRdpLedger
 from dpsco_jax.privacy.discrete_laplace import tdlap_pmf, tdlap_sample
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_step,
                                              laplace_test)

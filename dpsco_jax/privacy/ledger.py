@@ -288,11 +288,23 @@ class PrivacyLedger:
 
   def report(self, *, provenance: Provenance | str, level: str = "user",
              mechanisms: tuple[str, ...] = (), paper_epsilon: float | None = None,
-             notes: str = "", extra_delta: float = 0.0) -> PrivacyReport:
-    """A :class:`PrivacyReport` for the recorded events (exact epsilon). ``extra_delta`` adds
-    e.g. a truncation probability that sits outside the accountant."""
+             notes: str = "", extra_delta: float = 0.0,
+             tv_distance: float = 0.0) -> PrivacyReport:
+    """A :class:`PrivacyReport` for the recorded events (exact epsilon).
+
+    Delta: the ledger's ``delta`` (only when accountant events were recorded: a run made only
+    of pure-DP / (eps, delta) blocks does not spend it) + the blocks' deltas + ``extra_delta``
+    + ``(1 + e^eps) * tv_distance``. The last term covers a run whose output distribution is
+    within total variation ``tv_distance`` of the accounted mechanism's on every dataset
+    (e.g. truncated Poisson sampling): ``P[M(D) in S] <= P[M'(D) in S] + tv <= e^eps
+    P[M'(D') in S] + delta + tv <= e^eps P[M(D') in S] + delta + (1 + e^eps) tv``."""
+    if tv_distance < 0 or extra_delta < 0:
+      raise ValueError("tv_distance and extra_delta must be >= 0")
     eps, blocks_delta = self._epsilon(self._entries, self.delta, rounded=False)
-    return PrivacyReport(epsilon=eps, delta=self.delta + blocks_delta + extra_delta,
+    spent = any(not isinstance(e.event, OUTSIDE_ACCOUNTANT) for e in self._entries)
+    delta = ((self.delta if spent else 0.0) + blocks_delta + extra_delta
+             + (1.0 + math.exp(min(eps, 700.0))) * tv_distance)
+    return PrivacyReport(epsilon=eps, delta=delta,
                          provenance=Provenance(provenance).value, level=level,
                          relation=self.relation,
                          mechanisms=tuple(mechanisms) or tuple(e.label for e in self._entries),

@@ -32,7 +32,7 @@ from dpsco_jax._checks import (_traced, check_bool, check_choice, check_positive
                                check_user_mask)
 
 PyTree = Any
-RELATIONS = ("add_remove", "replace_one")
+from dpsco_jax.privacy.relations import RELATIONS  # noqa: E402  (one vocabulary)
 
 
 # Precision contract. A clip factor is part of the privacy guarantee, so norms and factors are
@@ -261,7 +261,8 @@ def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
                             relation: str = "add_remove") -> float:
   """L2 sensitivity of ``aggregate`` after clipping at ``clip_norm``.
 
-  add/remove one user: ``C`` (sum) or ``C/D`` (mean); replace one user: twice that.
+  add/remove or zero out one user: ``C`` (sum) or ``C/D`` (mean); replace one user: twice
+  that (see :mod:`dpsco_jax.privacy.relations`).
   """
   check_positive(clip_norm, "clip_norm")
   check_choice(mode, "mode", ("mean", "sum"))
