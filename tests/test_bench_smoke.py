@@ -63,3 +63,16 @@ def test_bench_gpu_quick_prints_json_summary():
     assert set(rows) >= {"nonprivate", "dpsco_fast", "dpsco_vmap", "optax_dpsgd"}
     assert rows["nonprivate"]["ratio"] == 1.0
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows.values())
+
+
+@pytest.mark.slow
+def test_bench_ledger_quick_prints_json_summary():
+  """``experiments/bench_ledger.py --quick`` (issue 16.1) runs end to end; JSON last line."""
+  bench = BENCH.parent / "bench_ledger.py"
+  env = dict(os.environ)
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  proc = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True,
+                        text=True, timeout=600, env=env, cwd=str(BENCH.parents[1]))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert isinstance(summary, dict) and summary
