@@ -524,7 +524,7 @@ def _hint(spec: KeySpec, v: Any) -> str:
   if v is None:
     return "; omit the key to use its default"
   if isinstance(v, float) and spec.type is int:
-    return f"; {spec.name} is a count: write a whole number"
+    return f"; write a whole number, e.g. {spec.name}: {int(v) if math.isfinite(v) else 1}"
   if isinstance(v, (list, tuple)) or typing.get_origin(spec.type) is tuple:
     return ("; the runner sweeps list values: write one sequence as a list inside a list, "
             f"e.g. {spec.name}: [[...]]")
@@ -584,7 +584,7 @@ def validate(cfg: dict) -> dict:
       s = _suggest(str(key), allowed)
       raise ConfigError(f"unknown key {key!r} for {where}"
                         + (f" (did you mean {s!r}?)" if s else "")
-                        + "; `dpsco keys ALGORITHM PROBLEM` lists the keys")
+                        + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
   for key, spec in allowed.items():
     if spec.owner == "ambiguous" and key in cfg:
       raise ConfigError(f"{key} is ambiguous for {where}: the algorithm reads it as "

@@ -37,6 +37,8 @@ from typing import Any, Callable, Iterable
 import jax
 import numpy as np
 
+from dpsco_jax.config_schema import ConfigError, validate  # noqa: F401 (re-exported)
+
 ALGORITHM_MODULES = (
     "dpsco_jax.algorithms.baselines",
     "dpsco_jax.algorithms.user_level_filter",
@@ -47,29 +49,12 @@ ALGORITHM_MODULES = (
     "dpsco_jax.algorithms.localized_gd",
 )
 RESERVED = ("experiments", "name", "description")
-# Fields whose type the runner checks for every algorithm (strictly: YAML's `yes`, '1.0' and
-# 1.7 are not numbers / integers here). None means "not given" (e.g. epsilon: null).
-NUMBER_FIELDS = ("epsilon", "delta", "clip", "clip_norm", "lr", "learning_rate",
-                 "noise_multiplier", "radius", "epochs", "noise", "sampling_rate")
-INT_FIELDS = ("seed", "n_users", "m", "d", "steps", "num_steps", "batch_users", "batch_size")
-BOOL_FIELDS = ("debug",)
-
-
-class ConfigError(ValueError):
-  """A user error in a config: reported by the CLI as one line, exit code 2."""
 
 
 def check_types(cfg: dict) -> None:
-  """Raises :class:`ConfigError` naming the field for a value of the wrong type."""
-  for k, v in cfg.items():
-    if v is None:
-      continue
-    if k in NUMBER_FIELDS and (isinstance(v, bool) or not isinstance(v, (int, float))):
-      raise ConfigError(f"{k} must be a number, got {v!r} ({type(v).__name__})")
-    if k in INT_FIELDS and (isinstance(v, bool) or not isinstance(v, int)):
-      raise ConfigError(f"{k} must be an integer, got {v!r} ({type(v).__name__})")
-    if k in BOOL_FIELDS and not isinstance(v, bool):
-      raise ConfigError(f"{k} must be true or false, got {v!r} ({type(v).__name__})")
+  """Raises :class:`ConfigError` for a run config that its schema refuses (kept for callers
+  of the old name; :func:`dpsco_jax.config_schema.validate` is the check)."""
+  validate(cfg)
 
 
 def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
@@ -139,18 +124,31 @@ def _jsonable(x: Any) -> Any:
   return repr(x)
 
 
-def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None) -> dict:
-  """Runs one config and returns its record."""
+def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
+  """The run config validated against the registry and the schemas (normalized copy)."""
+  if not isinstance(cfg, dict):
+    raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
   for field in ("algorithm", "problem"):
     if field not in cfg:
       raise ConfigError(f"config is missing the field {field!r}")
   for field, known in (("algorithm", algorithms), ("problem", problems)):
-    if cfg[field] not in known:
+    if not isinstance(cfg[field], str) or cfg[field] not in known:
       hint = difflib.get_close_matches(str(cfg[field]), list(known), n=1)
       raise ConfigError(f"unknown {field} {cfg[field]!r}"
                         + (f" (did you mean {hint[0]!r}?)" if hint else "")
                         + f"; known: {', '.join(sorted(known))}")
-  check_types(cfg)
+  from dpsco_jax.config_schema import ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS
+  for field, schemas in (("algorithm", ALGORITHM_SCHEMAS), ("problem", PROBLEM_SCHEMAS)):
+    if cfg[field] not in schemas:  # a bug of the library, not of the config
+      raise ConfigError(f"{field} {cfg[field]!r} is registered but has no config schema; add "
+                        "one to dpsco_jax/config_schema.py")
+  return validate(cfg)
+
+
+def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None) -> dict:
+  """Validates one run config (:func:`dpsco_jax.config_schema.validate`), runs it and returns
+  its record."""
+  cfg = _checked(cfg, algorithms, problems)
   seed = int(cfg.get("seed", 0))
   key = jax.random.key(seed)
   cache_key = _problem_cache_key(cfg)
@@ -203,9 +201,8 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
   and its error (the sweep goes on); ``on_record(records)`` is called after every run so a
   caller can write results as they finish."""
   algorithms, problems = registry()
-  runs = expand(config)
-  for cfg in runs:  # user errors in any run are reported before anything runs
-    check_types(cfg)
+  # user errors in any run are reported before anything runs
+  runs = [_checked(cfg, algorithms, problems) for cfg in expand(config)]
   cache: dict = {}
   records = []
   t0 = time.perf_counter()
@@ -337,11 +334,28 @@ def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str
   return path
 
 
+def _yaml_loader():
+  """A SafeLoader that also reads scientific notation without a dot (``1e-5``, ``2E+3``) as a
+  float: PyYAML follows YAML 1.1, where such a scalar is a string, so ``delta: 1e-5`` would be
+  refused as "not a number" (or, in a driver that parses strings, read loosely)."""
+  import re
+  import yaml
+
+  class Loader(yaml.SafeLoader):
+    pass
+
+  Loader.add_implicit_resolver(
+      "tag:yaml.org,2002:float",
+      re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+      list("-+0123456789"))
+  return Loader
+
+
 def load_config(path: str) -> dict:
   import yaml
   try:
     with open(path) as f:
-      config = yaml.safe_load(f)
+      config = yaml.load(f, Loader=_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
   except OSError as err:
     raise ConfigError(f"{path}: {err.strerror}") from None
   except yaml.YAMLError as err:

@@ -27,9 +27,9 @@ def test_expand_sweeps_cartesian_product_and_experiments():
 def test_cli_runs_config_and_writes_records(tmp_path):
   cfg = tmp_path / "tiny.yaml"
   cfg.write_text(
-      "problem: least_squares\nn_users: 40\nm: 2\nd: 3\ndelta: 1.0e-5\nseed: [0, 1]\n"
+      "problem: least_squares\nn_users: 40\nm: 2\nd: 3\nseed: [0, 1]\n"
       "steps: 5\nbatch_users: 10\nexperiments:\n  - {algorithm: nonprivate_sgd}\n"
-      "  - {algorithm: dp_sgd_user, epsilon: 2.0, clip: 1.0}\n")
+      "  - {algorithm: dp_sgd_user, epsilon: 2.0, delta: 1e-5, clip: 1.0}\n")
   out = tmp_path / "res.json"
   proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
                          "--quiet"], capture_output=True, text=True, timeout=600)
@@ -83,7 +83,7 @@ def test_registry_lists_every_module_including_localized_gd():
     ("debug", "false", "debug must be true or false")])
 def test_strict_types_name_the_field(field, value, match):
   algorithms, problems = runner.registry()
-  cfg = {"algorithm": "nonprivate_sgd", "problem": "logistic", field: value}
+  cfg = {"algorithm": "dp_sgd_user", "problem": "logistic", field: value}
   with pytest.raises(runner.ConfigError, match=match):
     runner.run_one(cfg, algorithms=algorithms, problems=problems)
 
@@ -101,7 +101,7 @@ def test_sweep_survives_a_failed_run_and_cli_exits_nonzero(tmp_path):
   cfg = tmp_path / "bad.yaml"
   # the second experiment fails inside its driver (batch larger than n); the first completes
   cfg.write_text(
-      "problem: least_squares\nn_users: 20\nm: 2\nd: 3\ndelta: 1.0e-5\nseed: 0\nsteps: 3\n"
+      "problem: least_squares\nn_users: 20\nm: 2\nd: 3\nseed: 0\nsteps: 3\n"
       "experiments:\n  - {algorithm: nonprivate_sgd, batch_users: 5}\n"
       "  - {algorithm: nonprivate_sgd, batch_users: 50}\n")
   out = tmp_path / "res.json"
@@ -120,4 +120,4 @@ def test_cli_user_error_is_one_line(tmp_path):
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == ["dpsco: error: seed must be an integer, got 1.5 "
-                                              "(float)"]
+                                              "(float); write a whole number, e.g. seed: 1"]
