@@ -1,0 +1,197 @@
+"""The runner's config vocabulary: every algorithm has a schema, configs validate, typos and
+wrong types are refused with a suggestion naming the key (issue 13, item 1)."""
+
+import dataclasses
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dpsco_jax import config_schema as cs
+from dpsco_jax import runner
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def registry():
+  return runner.registry()
+
+
+def test_every_registered_algorithm_and_problem_has_a_schema(registry):
+  algorithms, problems = registry
+  assert set(algorithms) == set(cs.ALGORITHM_SCHEMAS), (
+      "registered without schema: "
+      f"{sorted(set(algorithms) - set(cs.ALGORITHM_SCHEMAS))}; schema without driver: "
+      f"{sorted(set(cs.ALGORITHM_SCHEMAS) - set(algorithms))}")
+  assert set(problems) == set(cs.PROBLEM_SCHEMAS)
+
+
+def test_schemas_are_frozen_documented_and_describable():
+  for schema in {*cs.ALGORITHM_SCHEMAS.values(), *cs.PROBLEM_SCHEMAS.values()}:
+    assert dataclasses.is_dataclass(schema) and schema.__dataclass_params__.frozen, schema
+    for f in dataclasses.fields(schema):
+      assert f.metadata.get("doc"), f"{schema.__name__}.{f.name} has no doc"
+  for alg in cs.ALGORITHM_SCHEMAS:
+    text = cs.describe(alg, "logistic")  # every annotation is one the validator reads
+    assert "epsilon" in text or alg in ("nonprivate_sgd", "minibatch_sgd", "resque_parallel_sco",
+                                        "nonprivate_penalty")
+
+
+def test_every_key_a_driver_reads_is_in_a_schema():
+  """Static check: a key added to a driver (cfg.get / cfg[...] / cfg_get / _cfg / "k" in cfg)
+  without a schema entry fails here."""
+  patterns = [r'\bcfg\.get\(\s*"(\w+)"', r'\bcfg\[\s*"(\w+)"\s*\]',
+              r'\b(?:cfg_get|_cfg)\(\s*cfg,\s*"(\w+)"', r'"(\w+)"\s+in\s+cfg\b']
+  read = set()
+  for path in [*(ROOT / "dpsco_jax" / "algorithms").rglob("*.py"), ROOT / "dpsco_jax" /
+               "problems.py"]:
+    src = path.read_text()
+    for p in patterns:
+      read.update(re.findall(p, src))
+    read.update(re.findall(r'(?<![.\w])get\("(\w+)"', src))  # a local get(name, default)
+  from dpsco_jax.problems import PROBLEM_KEYS
+  read.update(PROBLEM_KEYS)
+  known = {f.name for s in {*cs.ALGORITHM_SCHEMAS.values(), *cs.PROBLEM_SCHEMAS.values(),
+                            cs.RunnerKeys} for f in dataclasses.fields(s)}
+  assert len(read) > 60
+  assert read <= known, f"read by a driver but in no schema: {sorted(read - known)}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_file_validates(path, registry):
+  algorithms, problems = registry
+  runs = runner.expand(runner.load_config(str(path)))
+  assert runs
+  for cfg in runs:
+    runner._checked(cfg, algorithms, problems)
+
+
+DPSGD = {"algorithm": "dp_sgd_user", "problem": "logistic", "n_users": 100, "m": 2, "d": 3,
+         "epsilon": 1.0, "delta": 1e-5}
+SRGD = {"algorithm": "accelerated_dp_srgd", "problem": "least_squares", "n_users": 100, "m": 1,
+        "d": 3, "epsilon": 1.0}
+FILTER = {"algorithm": "user_level_accelerated_erm", "problem": "logistic", "n_users": 100,
+          "m": 4, "d": 3, "epsilon": 1.0, "delta": 1e-6}
+
+
+@pytest.mark.parametrize("base,extra,match", [
+    (DPSGD, {"epsilonn": 1.0}, r"unknown key 'epsilonn'.*did you mean 'epsilon'\?"),
+    (DPSGD, {"deltaa": 1e-6}, r"unknown key 'deltaa'.*did you mean 'delta'\?"),
+    (DPSGD, {"clip_norm": 1e-3}, r"unknown key 'clip_norm'.*did you mean 'clip'\?"),
+    (DPSGD, {"learning_rate": 0.1}, r"unknown key 'learning_rate'.*did you mean 'lr'\?"),
+    (DPSGD, {"num_steps": 3}, r"unknown key 'num_steps'.*did you mean 'steps'\?"),
+    (SRGD, {"clip": 1e-3}, r"unknown key 'clip'.*did you mean 'clip_norm'\?"),
+    (SRGD, {"steps": 3}, r"unknown key 'steps'.*did you mean 'num_steps'\?"),
+    (SRGD, {"batch_users": 3}, r"unknown key 'batch_users'.*did you mean 'batch_size'\?"),
+    (SRGD, {"relation": "zero_out", "adjacency": "replace_one"},
+     r"relation and adjacency name one idea but differ"),
+    (DPSGD, {"epsilon": "1.0"}, r"epsilon must be a number, got '1.0' \(str\); write it "
+                                r"without quotes: epsilon: 1.0"),
+    (DPSGD, {"epsilon": True}, r"epsilon must be a number, got True \(bool\); YAML reads yes"),
+    (DPSGD, {"steps": "3"}, r"steps must be an integer, got '3' \(str\); write it without"),
+    (DPSGD, {"seed": 1.7}, r"seed must be an integer, got 1.7 \(float\); write a whole number"),
+    (DPSGD, {"debug": "false"}, r"debug must be true or false"),
+    (DPSGD, {"sampling": "poison"}, r"sampling must be one of 'poisson', 'fixed', 'full'"),
+    (DPSGD, {"epsilon": None}, r"needs one of epsilon, noise_multiplier"),
+    (FILTER, {"epsilon": None}, r"epsilon must be a number, got None.*omit the key"),
+    (FILTER, {"noise": 0.0}, r"noise must be true or false, got 0.0"),
+    (dict(FILTER, problem="least_squares"), {"noise": 0.5},
+     r"noise is ambiguous for algorithm 'user_level_accelerated_erm' on problem "
+     r"'least_squares'"),
+    (dict(FILTER, algorithm="user_level_phased_sgd"), {"lam": 1.0}, r"unknown key 'lam'"),
+    ({"algorithm": "dp_bilevel", "problem": "ridge_tuning", "epsilon": 1.0}, {"shares": 0.5},
+     r"shares must be a list of 3 numbers, got 0.5.*list inside a list"),
+    ({"algorithm": "resque_private_sco", "problem": "absolute", "n_users": 10, "m": 1, "d": 2,
+      "delta": 1e-5}, {}, r"needs epsilon"),
+    ({"algorithm": "dp_loc_sgd", "problem": "logistic", "n_users": 10, "m": 1, "d": 2,
+      "epsilon": 1.0, "mu": 0.1}, {}, r"needs batch_size"),
+    ({"algorithm": "nonprivate_sgd", "problem": "logistic", "n_users": 10, "m": 1, "d": 2},
+     {"epsilon": 1.0}, r"unknown key 'epsilon' for algorithm 'nonprivate_sgd'"),
+    (DPSGD, {"zzz_unrelated": 1}, r"unknown key 'zzz_unrelated'[^(]*; it reads: "),
+    (dict(DPSGD, problem="logistc"), {}, r"unknown problem 'logistc' \(did you mean 'logistic'"),
+])
+def test_bad_configs_raise_naming_the_key(base, extra, match):
+  with pytest.raises(cs.ConfigError, match=match):
+    cs.validate({**base, **extra})
+
+
+@pytest.mark.parametrize("cfg", [
+    DPSGD, dict(DPSGD, epsilon=None, noise_multiplier=1.0), dict(SRGD, epsilon=None),
+    dict(SRGD, relation="replace_one", adjacency="replace_one"), dict(FILTER, noise=False),
+    dict(FILTER, clip=True), dict(FILTER, clip=2.0),
+    {"algorithm": "dp_bilevel", "problem": "ridge_tuning", "epsilon": 1.0,
+     "shares": [0.5, 0.3, 0.2], "outer_noise": "auto", "omega_bounds": [0.1, 2.0]},
+])
+def test_good_configs_pass(cfg):
+  assert cs.validate(cfg)["algorithm"] == cfg["algorithm"]
+
+
+def test_integral_floats_become_ints_and_typed_view_is_frozen():
+  out = cs.validate(dict(DPSGD, n_users=1e3, steps=20.0, seed=3.0))
+  assert out["n_users"] == 1000 and type(out["n_users"]) is int and type(out["steps"]) is int
+  alg, prob = cs.typed(dict(DPSGD, clip=0.5))
+  assert (alg.clip, alg.epsilon, prob.n_users) == (0.5, 1.0, 100)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    alg.clip = 2.0
+
+
+def test_a_bad_run_anywhere_in_a_sweep_stops_it_before_any_run(monkeypatch):
+  ran = []
+  monkeypatch.setattr(runner, "run_one", lambda *a, **k: ran.append(1))
+  config = {"problem": "logistic", "n_users": 50, "m": 2, "d": 2, "seed": [0, 1],
+            "experiments": [{"algorithm": "nonprivate_sgd"},
+                            {"algorithm": "dp_sgd_user", "epsilon": 1.0, "deltaa": 1e-5}]}
+  with pytest.raises(cs.ConfigError, match="did you mean 'delta'"):
+    runner.run_config(config, progress=False)
+  assert ran == []
+
+
+def test_load_config_reads_scientific_notation_without_a_dot_as_float(tmp_path):
+  p = tmp_path / "c.yaml"
+  p.write_text("a: 1e-5\nb: 2E+3\nc: -1e5\nd: 1.0e-5\ne: '1e-5'\nf: 1_000\ng: 1e\nh: yes\n"
+               "i: 7\n")
+  c = runner.load_config(str(p))
+  assert c["a"] == 1e-5 and isinstance(c["a"], float)
+  assert c["b"] == 2000.0 and c["c"] == -1e5 and c["d"] == 1e-5
+  assert c["e"] == "1e-5" and c["f"] == 1000 and c["g"] == "1e" and c["h"] is True
+  assert c["i"] == 7 and type(c["i"]) is int
+  import yaml
+  assert yaml.safe_load("a: 1e-5")["a"] == "1e-5"  # the global loader is left alone
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+  cfg = tmp_path / "typo.yaml"
+  cfg.write_text("problem: logistic\nn_users: 50\nm: 2\nd: 2\nalgorithm: dp_sgd_user\n"
+                 "epsilonn: 1\ndelta: 1e-5\n")
+  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--quiet"],
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("dpsco: error: unknown key 'epsilonn'")
+  assert "did you mean 'epsilon'" in lines[0] and proc.stdout == ""
+
+
+def _readme_algorithms() -> set[str]:
+  text = (ROOT / "README.md").read_text()
+  section = text.split("## Algorithms", 1)[1].split("\n## ", 1)[0]
+  names = set()
+  for line in section.splitlines():
+    if line.startswith("| `"):
+      first_cell = line.split("|")[1]
+      names.update(n for n in re.findall(r"`([^`]+)`", first_cell) if "." not in n)
+  return names
+
+
+def test_every_algorithm_in_readme_and_configs_is_registered(registry):
+  algorithms, problems = registry
+  readme = _readme_algorithms()
+  assert len(readme) >= 20, readme
+  assert readme <= set(algorithms), f"in README, not registered: {sorted(readme - set(algorithms))}"
+  for path in CONFIGS:
+    for cfg in runner.expand(runner.load_config(str(path))):
+      assert cfg["algorithm"] in algorithms, (path.name, cfg["algorithm"])
+      assert cfg["problem"] in problems, (path.name, cfg["problem"])
