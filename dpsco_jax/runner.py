@@ -8,12 +8,18 @@ top-level fields (so one file can compare algorithms with different hyper-parame
     n_users: 1000
     m: 8
     d: 10
-    epsilon: [1.0, 4.0]
-    delta: 1.0e-6
     seed: [0, 1, 2]
     experiments:
       - {algorithm: nonprivate_sgd}
-      - {algorithm: dp_sgd_user, clip: 1.0}
+      - {algorithm: dp_sgd_user, clip: 1.0, epsilon: [1.0, 4.0], delta: 1.0e-6}
+
+Every expanded run is validated before any run starts
+(:func:`dpsco_jax.config_schema.validate`): a key its algorithm and problem do not read
+(``epsilonn``, ``clip_norm`` where the driver reads ``clip``), a value of the wrong type
+(``epsilon: '1.0'``, ``epsilon: yes``, ``seed: 1.7``) or a missing required key is a
+:class:`ConfigError` naming the key, with a suggestion. So a key shared by rows whose algorithms
+differ belongs in the rows that read it (``delta`` in the private rows, not at the top level
+when a ``nonprivate_sgd`` row reads none).
 
 Each run produces one record with at least ``algorithm, problem, n_users, m, d, epsilon,
 delta, provenance, excess_risk, gradient_evaluations, wall_time_s, seed`` (``epsilon`` and
