@@ -1,4 +1,5 @@
-"""Command line: ``python -m dpsco_jax run CONFIG.yaml [--out FILE.json] [--plot FIELD]``."""
+"""Command line: ``python -m dpsco_jax run CONFIG.yaml [--out FILE.json] [--plot FIELD]``,
+``python -m dpsco_jax list``, ``python -m dpsco_jax audit [--mechanism NAME] [--trials N]``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="plot excess risk against a swept FIELD (needs matplotlib)")
   run.add_argument("--quiet", action="store_true", help="no progress bar")
   sub.add_parser("list", help="list the registered algorithms and problems")
+  audit = sub.add_parser("audit", help="empirical privacy audit: claimed epsilon vs lower "
+                                       "bound of stage mechanisms and drivers (with broken "
+                                       "twins)")
+  from dpsco_jax.audit import __main__ as audit_cli
+  audit_cli.add_arguments(audit)
   args = parser.parse_args(argv)
+
+  if args.command == "audit":
+    audit_cli.run(args, audit)
+    return 0
 
   from dpsco_jax import runner
   if args.command == "list":

@@ -1,38 +1,56 @@
-"""The audit table: every registered mechanism and relation, honest and broken twins."""
+"""The audit table: every registered mechanism and relation, honest and broken twins.
+
+Two registries share one format ``name -> (builder, relations, broken twins)``: the stage
+mechanisms (:data:`dpsco_jax.audit.mechanisms.MECHANISMS`) and the driver audits
+(:data:`dpsco_jax.audit.drivers.DRIVERS`)."""
 
 from __future__ import annotations
 
 import time
 
-from dpsco_jax.audit import mechanisms
+from dpsco_jax.audit import drivers, mechanisms
 from dpsco_jax.audit.harness import run_audit
 
-__all__ = ["audit_table", "format_table"]
+__all__ = ["audit_table", "format_table", "registry", "STAGE_TRIALS"]
+
+STAGE_TRIALS = 20_000
 
 
-def audit_table(trials: int = 20_000, seed: int = 0, names: tuple[str, ...] | None = None
-                ) -> list[dict]:
-  """One row per (mechanism, relation): claim and lower bound of the honest stage, and for
-  every broken twin its claim, its lower bound and whether the audit flagged it."""
+def registry() -> dict:
+  """``name -> (builder, relations, twins, default trials, gaussian claim?)`` of every stage
+  mechanism and driver audit."""
+  out = {name: (b, rels, twins, STAGE_TRIALS, name in mechanisms.GAUSSIAN)
+         for name, (b, rels, twins) in mechanisms.MECHANISMS.items()}
+  out.update({name: (b, rels, twins, drivers.TRIALS[name], name in drivers.GAUSSIAN)
+              for name, (b, rels, twins) in drivers.DRIVERS.items()})
+  return out
+
+
+def audit_table(trials: int | None = None, seed: int = 0,
+                names: tuple[str, ...] | None = None) -> list[dict]:
+  """One row per (mechanism, relation): claim and lower bound of the honest mechanism, and for
+  every broken twin its claim, its lower bound and whether the audit flagged it. ``trials``
+  (per side) defaults to each mechanism's own (``drivers.TRIALS``, ``STAGE_TRIALS``);
+  ``names`` defaults to every stage mechanism and driver."""
   rows = []
-  for name, (_, relations, twins) in mechanisms.MECHANISMS.items():
+  for name, (build, relations, twins, default, gaussian) in registry().items():
     if names is not None and name not in names:
       continue
+    n_trials = default if trials is None else trials
     for relation in relations:
       t0 = time.perf_counter()
-      honest = run_audit(mechanisms.build(name, relation), trials=trials, key=seed)
+      honest = run_audit(build(relation), trials=n_trials, key=seed)
       row = {"mechanism": name, "relation": relation, "claimed_epsilon": honest.claimed_epsilon,
              "lower_bound": honest.lower_bound,
-             "gdp_lower_bound": (honest.gdp_lower_bound if name in mechanisms.GAUSSIAN
-                                 else None),
-             "trials": trials, "confidence": honest.confidence, "delta": honest.delta,
+             "gdp_lower_bound": honest.gdp_lower_bound if gaussian else None,
+             "trials": n_trials, "confidence": honest.confidence, "delta": honest.delta,
              "twins": {}}
       for i, twin in enumerate(twins):
         try:
-          spec = mechanisms.build(name, relation, twin)
+          spec = build(relation, twin)
         except ValueError:  # the bug does not exist under this relation
           continue
-        res = run_audit(spec, trials=trials, key=seed + 1 + i)
+        res = run_audit(spec, trials=n_trials, key=seed + 1 + i)
         row["twins"][twin] = {"claimed_epsilon": res.claimed_epsilon,
                               "lower_bound": res.lower_bound, "flagged": res.violated}
       row["seconds"] = time.perf_counter() - t0
@@ -41,14 +59,14 @@ def audit_table(trials: int = 20_000, seed: int = 0, names: tuple[str, ...] | No
 
 
 def format_table(rows: list[dict]) -> str:
-  head = (f"{'mechanism':20s} {'relation':12s} {'claim':>6s} {'lower':>6s}  "
+  head = (f"{'mechanism':22s} {'relation':12s} {'claim':>6s} {'lower':>6s}  "
           f"{'broken twin':24s} {'claim':>6s} {'lower':>6s} flagged")
   lines = [head, "-" * len(head)]
   for r in rows:
     first = True
     for twin, t in (r["twins"].items() or [("-", None)]):
-      left = (f"{r['mechanism']:20s} {r['relation']:12s} {r['claimed_epsilon']:6.2f} "
-              f"{r['lower_bound']:6.2f}  ") if first else " " * 49
+      left = (f"{r['mechanism']:22s} {r['relation']:12s} {r['claimed_epsilon']:6.2f} "
+              f"{r['lower_bound']:6.2f}  ") if first else " " * 51
       right = (f"{twin:24s} {t['claimed_epsilon']:6.2f} {t['lower_bound']:6.2f} "
                f"{'yes' if t['flagged'] else 'NO'}") if t else ""
       lines.append(left + right)

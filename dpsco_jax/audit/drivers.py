@@ -1,0 +1,328 @@
+"""Driver-level audit specs: the library's algorithms end to end through their audit hooks.
+
+Each builder returns an :class:`~dpsco_jax.audit.harness.AuditSpec` whose ``release(key, data)``
+is a driver's own audit hook (``dp_sgd_releases``, ``DPTrainer.release_fn``,
+``srgd_releases``, ``output_perturbation_releases``, ``dp_loc_gd_releases``): the same plan,
+sampling, clipping and noise as the driver, on a small problem with a *Dirac-like canary
+user*. The loss is linear in the parameters, ``f(w; x) = <x, w>`` (output perturbation: plus a
+public ``mu/2 ||w||^2``), so a user's gradient is its data ``x`` wherever the driver queries it:
+the canary ``x = 10 C e_0`` has clipped gradient exactly ``C e_0`` at every step, and the
+per-step releases can be scored by their ``e_0`` coordinate summed over steps (tree noise: the
+likelihood-ratio weights of the tree's covariance). The neighbour follows the driver's
+relation: ``add_remove`` deletes the canary's row (the hook sees fewer rows), ``zero_out``
+zeroes its data (gradient 0, row kept), ``replace_one`` replaces ``x`` by ``-x``.
+
+The claim is the driver's *own* reported epsilon (its ``Result.privacy.epsilon``, or the
+ledger computation the driver reports, named in ``claim_source``). Broken twins keep that
+claim and run a buggy variant through the same hook:
+
+* ``noise_halved``: the hook with half the noise multiplier (a config bug, or the sensitivity
+  of the wrong relation);
+* ``realized_count``: full-batch DP-SGD under ``add_remove`` whose declared ``n_users`` is read
+  from the dataset (the old realized-count denominator: ``sum / n`` and noise ``z C / n`` with
+  ``n`` private). Background users push ``-C e_0``, so the mean moves by ``2C/n``, not ``C/n``;
+* ``independent_accounting``: SRGD's tree releases claimed with the independent-noise
+  accounting (``mu = 1/z`` instead of ``sqrt(levels)/z``).
+
+All claims are at ``delta = 1e-5`` and lie in about [1, 4].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsco_jax.audit.canary import check_relation
+from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.audit.mechanisms import DELTA, _check_broken, _tree_cov, gaussian_lr_weights
+
+__all__ = ["DRIVERS", "GAUSSIAN", "TRIALS", "build_driver", "dp_sgd_driver", "trainer_driver", "srgd_driver",
+           "output_perturbation_driver", "loc_gd_driver", "linear_problem"]
+
+_HI = jax.lax.Precision.HIGHEST
+_CLIP = 1.0
+_CANARY = 10.0  # >> C: the driver's clipping, not the data, decides the canary's move
+_SUPPORTED = {"poisson": ("add_remove",), "full": ("zero_out", "add_remove"),
+              "fixed": ("replace_one",)}
+
+
+def _linear_loss(w, ex):
+  """``<x, w>``: the gradient is ``x`` at every point (no adaptivity in the canary's move)."""
+  return jnp.dot(ex["x"], w, precision=_HI)
+
+
+def linear_problem(x: np.ndarray, *, mu: float = 0.0, radius: float = 1.0):
+  """An :class:`~dpsco_jax.problems.SCOProblem` over users ``x [n, m, d]`` with the linear
+  loss (``mu > 0``: plus ``mu/2 ||w||^2``, declared as ``meta['strong_convexity']``).
+  ``lipschitz`` is ``max ||x||`` (the data-dependent part's constant)."""
+  from dpsco_jax.problems import SCOProblem
+  x = jnp.asarray(x, jnp.float32)
+  n, m, d = x.shape
+  if mu > 0:
+    loss = lambda w, ex: 0.5 * mu * jnp.dot(w, w, precision=_HI) - _linear_loss(w, ex)
+  else:
+    loss = _linear_loss
+  return SCOProblem(name="audit_linear", loss_fn=loss, data={"x": x}, d=d, n_users=n, m=m,
+                    radius=radius, lipschitz=float(np.max(np.linalg.norm(np.asarray(x),
+                                                                         axis=-1))) or 1.0,
+                    smoothness=max(mu, 1e-6), x_opt=jnp.zeros((d,), jnp.float32),
+                    risk_fn=lambda w: jnp.float32(0.0), opt_risk=0.0,
+                    meta={"strong_convexity": mu} if mu > 0 else {})
+
+
+def _users(n: int, m: int, dim: int, background: float) -> np.ndarray:
+  """``[n, m, dim]``: user 0 is the canary ``10 C e_0``; the others ``background * e_0``."""
+  x = np.zeros((n, m, dim), np.float32)
+  x[0, :, 0] = _CANARY * _CLIP
+  x[1:, :, 0] = background
+  return x
+
+
+def _neighbour(x: np.ndarray, relation: str) -> np.ndarray:
+  """The canary (row 0) removed / zeroed / negated."""
+  if relation == "add_remove":
+    return x[1:]
+  y = x.copy()
+  y[0] = 0.0 if relation == "zero_out" else -x[0]
+  return y
+
+
+def _e0_sum(releases) -> jax.Array:
+  """Sum over every step of the release's ``e_0`` coordinate (one params leaf)."""
+  (leaf,) = jax.tree.leaves(releases)
+  return jnp.sum(leaf[..., 0])
+
+
+# ----------------------------------------------------------------------------- DP-SGD (user)
+def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
+                  sampling: str | None = None, users: int = 8, m: int = 2, dim: int = 2,
+                  steps: int | None = None, noise_multiplier: float | None = None,
+                  sampling_rate: float = 0.5, batch_users: int = 15) -> AuditSpec:
+  """``dp_sgd_user`` through ``baselines.dp_sgd_releases``. ``sampling`` defaults by relation
+  (``add_remove``: poisson, ``zero_out``: full, ``replace_one``: fixed); full-batch
+  ``add_remove`` declares ``n_users`` (``sampling="full"`` explicitly). Claim: the driver's
+  ``Result.privacy.epsilon`` on ``D``. Twins: ``noise_halved`` (every sampling),
+  ``realized_count`` (full, add_remove)."""
+  from dpsco_jax.algorithms import baselines
+  check_relation(relation)
+  sampling = sampling or {"add_remove": "poisson", "zero_out": "full",
+                          "replace_one": "fixed"}[relation]
+  if sampling not in _SUPPORTED or relation not in _SUPPORTED[sampling]:
+    raise ValueError(f"relation: dp_sgd_driver audits {_SUPPORTED} (sampling -> relations), "
+                     f"got sampling={sampling!r}, relation={relation!r}")
+  twins = ("noise_halved",) + (("realized_count",) if (sampling, relation) == (
+      "full", "add_remove") else ())
+  _check_broken(broken, twins, f"dp_sgd_driver({sampling}, {relation})")
+  # claims ~2-2.5: the Gaussian ones at mu ~0.55, where a 2x twin is caught at 1e5 trials
+  z = noise_multiplier or {"poisson": 1.5, "full": 2.5, "fixed": 4.0}[sampling]
+  steps = steps or {"poisson": 1, "full": 2, "fixed": 1}[sampling]
+  if sampling == "fixed":  # 15 of 16 users: real sampling, the canary in almost every batch
+    users = max(users, batch_users + 1)
+  # background users: zero gradients, except the realized-count twin's worst case -C e_0
+  bg = -_CANARY * _CLIP if sampling == "full" and relation == "add_remove" else 0.0
+  x_in = _users(users, m, dim, bg)
+  problem = linear_problem(x_in, radius=1.0)
+  cfg = {"sampling": sampling, "relation": relation, "steps": steps, "delta": DELTA,
+         "noise_multiplier": z, "clip": _CLIP, "lr": 0.1}
+  if sampling == "poisson":
+    cfg.update(sampling_rate=sampling_rate, n_users=users)
+  elif sampling == "fixed":
+    cfg["batch_users"] = batch_users
+  elif relation == "add_remove":
+    cfg["n_users"] = users
+  claim = baselines.dp_sgd_user(problem, cfg, jax.random.key(0)).privacy.epsilon
+  run_cfg = dict(cfg, noise_multiplier=z / 2.0) if broken == "noise_halved" else cfg
+
+  def release(key, data):
+    c = run_cfg
+    if broken == "realized_count":  # the bug: "declared" n read off the (private) dataset
+      c = dict(cfg, n_users=jax.tree.leaves(data)[0].shape[0])
+    return baselines.dp_sgd_releases(problem, c, key, level="user", data=data)
+
+  return AuditSpec(f"dp_sgd_user/{sampling}[{broken or 'honest'}]", relation, release,
+                   {"x": jnp.asarray(x_in)}, {"x": jnp.asarray(_neighbour(x_in, relation))},
+                   _e0_sum, float(claim), DELTA,
+                   f"dp_sgd_user(...).privacy.epsilon (z={z:g}, {sampling}, T={steps})")
+
+
+# ----------------------------------------------------------------------------- DPTrainer
+def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
+                   users: int = 8, m: int = 2, dim: int = 2, steps: int = 1,
+                   noise_multiplier: float = 1.5, sampling_rate: float = 0.5) -> AuditSpec:
+  """``flax.DPTrainer`` (nnx linear model, no bias) through ``DPTrainer.release_fn``; the
+  declared ``expected_batch_size`` is ``q * users``. Claim: the epsilon the trainer plans
+  for ``steps`` steps (``ledger.check(event, count=steps)``, what ``train`` reports). Twin
+  ``noise_halved``: a trainer with half the noise multiplier."""
+  import optax
+  from flax import nnx
+
+  from dpsco_jax.flax import DPTrainer
+  if check_relation(relation) != "add_remove":
+    raise ValueError("relation: the trainer audit uses add_remove (its default relation)")
+  _check_broken(broken, ("noise_halved",), "trainer_driver")
+
+  class _Lin(nnx.Module):
+    def __init__(self, rngs):
+      self.l = nnx.Linear(dim, 1, use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+      return self.l(x)
+
+  x_in = _users(users, m, dim, 0.0)
+  data = (jnp.asarray(x_in),)
+
+  def make(z):
+    return DPTrainer(_Lin(nnx.Rngs(0)), lambda model, ex: jnp.sum(model(ex[0])),
+                     optax.sgd(0.1), data=data, clip_norm=_CLIP, sampling_rate=sampling_rate,
+                     delta=DELTA, expected_batch_size=sampling_rate * users,
+                     relation=relation, noise_multiplier=z, key=0)
+
+  honest = make(noise_multiplier)
+  claim = honest.ledger.check(honest.event, count=steps)
+  tr = make(noise_multiplier / 2.0) if broken == "noise_halved" else honest
+  return AuditSpec(f"DPTrainer[{broken or 'honest'}]", relation, tr.release_fn(steps), data,
+                   (jnp.asarray(_neighbour(x_in, relation)),),
+                   lambda r: jnp.sum(jax.tree.leaves(r)[0][:, 0, 0]), float(claim), DELTA,
+                   f"DPTrainer.ledger.check(event, count={steps}) (z={noise_multiplier:g})")
+
+
+# ----------------------------------------------------------------------------- SRGD (tree)
+def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch: int = 2,
+                steps: int = 16, dim: int = 2, noise_multiplier: float = 2.5) -> AuditSpec:
+  """``accelerated_dp_srgd`` through ``srgd.srgd_releases``: the canary is example 0 (batch
+  0), so its clipped SRG difference ``C e_0`` (linear loss: ``(t+1)g - tg = g``) enters every
+  released noisy prefix sum. Zero-out neighbour via ``user_mask``. Score: the
+  likelihood-ratio weights ``Sigma^{-1} 1`` of the tree's prefix covariance. Claim: the
+  driver's ledger epsilon of ``plan.event`` (tree, ``mu = sqrt(levels)/z``). Twin
+  ``independent_accounting``: the same releases claimed as by
+  ``accelerated_dp_srgd_independent_noise`` at the same ``z`` (``mu = 1/z``)."""
+  from dpsco_jax.algorithms import srgd
+  from dpsco_jax.privacy.ledger import epsilon_of
+  if check_relation(relation) != "zero_out":
+    raise ValueError("relation: the SRGD audit uses zero_out (the paper's relation)")
+  _check_broken(broken, ("independent_accounting",), "srgd_driver")
+  n = batch * steps
+  cfg = {"relation": relation, "batch_size": batch, "num_steps": steps, "clip_norm": _CLIP,
+         "beta": 5.0, "noise_multiplier": noise_multiplier, "delta": DELTA}
+  public = dict(n=n, p=dim, lipschitz=_CLIP, smoothness=1.0, radius=1.0)
+  plan = srgd.plan_srgd("accelerated_dp_srgd", cfg, **public)
+  claimed = plan if broken is None else srgd.plan_srgd(
+      "accelerated_dp_srgd_independent_noise", cfg, **public)
+  claim = epsilon_of(claimed.event, delta=claimed.delta, relation=claimed.relation,
+                     accountant=srgd.ACCOUNTANT)
+  x = _users(n, 1, dim, 0.0)
+  data = {"x": jnp.asarray(x)}
+  params0 = jnp.zeros((dim,), jnp.float32)
+  weights = jnp.asarray(gaussian_lr_weights(_tree_cov(steps), np.ones(steps)), jnp.float32)
+
+  def release(key, d):
+    return srgd.srgd_releases(plan, _linear_loss, data, params0, key,
+                              user_mask=d)["release"]
+
+  mask_in = jnp.ones((n,), bool)
+  return AuditSpec(f"accelerated_dp_srgd[{broken or 'honest'}]", relation, release, mask_in,
+                   mask_in.at[0].set(False),
+                   lambda r: jnp.dot(weights, r[:, 0], precision=_HI), float(claim), DELTA,
+                   f"epsilon_of({claimed.name} plan.event, z={noise_multiplier:g}, T={steps})")
+
+
+# ----------------------------------------------------------------------------- output pert.
+def output_perturbation_driver(relation: str = "replace_one", broken: str | None = None, *,
+                               users: int = 8, dim: int = 2, epsilon: float = 2.5,
+                               mu: float = 1.0) -> AuditSpec:
+  """``naive_output_pert`` through ``output_perturbation_releases``: loss
+  ``mu/2 ||w||^2 - <x, w>`` (minimizer ``mean(x)/mu``; the data part is ``G = 1``-Lipschitz),
+  canary ``x = e_0`` replaced by ``-e_0``: the minimizer moves by ``2G/(mu n)``, the bound
+  the driver calibrates for. Claim: the driver's ``Result.privacy.epsilon``. Twin
+  ``noise_halved``: the driver with half its calibrated noise multiplier."""
+  from dpsco_jax.algorithms import output_perturbation as op
+  if check_relation(relation) != "replace_one":
+    raise ValueError("relation: naive output perturbation (paper 001) is replace_one")
+  _check_broken(broken, ("noise_halved",), "output_perturbation_driver")
+  x = np.zeros((users, 1, dim), np.float32)
+  x[0, :, 0] = 1.0
+  problem = linear_problem(x, mu=mu, radius=1.0)
+  cfg = {"epsilon": epsilon, "delta": DELTA}
+  res = op.naive_output_pert(problem, cfg, jax.random.key(0))
+  z = res.record["noise_multiplier"]
+  run_cfg = cfg if broken is None else {"epsilon": 100.0, "delta": DELTA,
+                                        "noise_multiplier": z / 2.0}
+
+  def release(key, d):
+    prob = dataclasses.replace(problem, data=d)
+    return op.output_perturbation_releases("naive_output_pert", prob, run_cfg,
+                                           key)[0]["release"]
+
+  return AuditSpec(f"naive_output_pert[{broken or 'honest'}]", relation, release,
+                   {"x": jnp.asarray(x)}, {"x": jnp.asarray(_neighbour(x, relation))},
+                   lambda r: r[0], float(res.privacy.epsilon), DELTA,
+                   f"naive_output_pert(...).privacy.epsilon (target {epsilon:g}, z={z:.3g})")
+
+
+# ----------------------------------------------------------------------------- DP-Loc-GD
+def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
+                  examples: int = 8, dim: int = 2, steps: int = 4,
+                  noise_multiplier: float = 7.0) -> AuditSpec:
+  """``dp_loc_gd`` (full batch, one round) through ``localized_gd.dp_loc_gd_releases`` with
+  the runner's plan (``plan_dp_loc_gd``); the canary example ``10 C e_0`` is replaced by its
+  negation. Claim: ``run_dp_loc_gd(...).privacy.epsilon``. Twin ``noise_halved``."""
+  from dpsco_jax.algorithms import localized_gd as lg
+  if check_relation(relation) != "replace_one":
+    raise ValueError("relation: DP-Loc-GD (paper 004) is replace_one")
+  _check_broken(broken, ("noise_halved",), "loc_gd_driver")
+  x = _users(examples, 1, dim, 0.0)
+  problem = linear_problem(x, radius=1.0)
+  cfg = {"epsilon": 4.0, "delta": DELTA, "mu": 1.0, "noise_multiplier": noise_multiplier,
+         "steps": steps, "rounds": 1, "clip_norm": _CLIP, "radius0": 1.0}
+  claim = lg.run_dp_loc_gd(problem, cfg, jax.random.key(0)).privacy.epsilon
+  z = noise_multiplier / 2.0 if broken == "noise_halved" else noise_multiplier
+  lcfg, _ = lg.plan_dp_loc_gd(cfg, n=examples, dim=dim, clip=_CLIP, radius0=1.0)  # the driver's
+  lcfg = dataclasses.replace(lcfg, noise_multiplier=z)
+  y0 = jnp.zeros((dim,), jnp.float32)
+
+  def release(key, d):
+    return lg.dp_loc_gd_releases(_linear_loss, y0, d, key, lcfg)
+
+  flat = lambda a: {"x": jnp.asarray(a[:, 0])}  # one item per row: examples [n, d]
+  return AuditSpec(f"dp_loc_gd[{broken or 'honest'}]", relation, release, flat(x),
+                   flat(_neighbour(x, relation)), _e0_sum, float(claim), DELTA,
+                   f"run_dp_loc_gd(...).privacy.epsilon (z={noise_multiplier:g}, T={steps})")
+
+
+# ----------------------------------------------------------------------------- registry
+def _dp_sgd(sampling: str) -> Callable[..., AuditSpec]:
+  return lambda relation, broken=None, **kw: dp_sgd_driver(relation, broken,
+                                                           sampling=sampling, **kw)
+
+
+DRIVERS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, ...]]] = {
+    # name: (builder, relations, broken twins) — the format of mechanisms.MECHANISMS
+    "dp_sgd_user_poisson": (_dp_sgd("poisson"), ("add_remove",), ("noise_halved",)),
+    "dp_sgd_user_full": (_dp_sgd("full"), ("zero_out", "add_remove"),
+                         ("noise_halved", "realized_count")),
+    "dp_sgd_user_fixed": (_dp_sgd("fixed"), ("replace_one",), ("noise_halved",)),
+    "dp_trainer": (trainer_driver, ("add_remove",), ("noise_halved",)),
+    "accelerated_dp_srgd": (srgd_driver, ("zero_out",), ("independent_accounting",)),
+    "naive_output_pert": (output_perturbation_driver, ("replace_one",), ("noise_halved",)),
+    "dp_loc_gd": (loc_gd_driver, ("replace_one",), ("noise_halved",)),
+}
+
+
+#: trials per side at which every twin above is flagged (1e5 is cheap: compiling dominates;
+#: the fixed-size sampling claim is RDP, ~12% loose, so its twin needs more)
+TRIALS = {name: 100_000 for name in DRIVERS} | {"dp_sgd_user_fixed": 400_000}
+
+#: drivers whose claim is a Gaussian (mu-GDP) one: only there is the GDP-fit bound a test
+GAUSSIAN = ("dp_sgd_user_full", "accelerated_dp_srgd", "naive_output_pert", "dp_loc_gd")
+
+
+def build_driver(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
+  """The :class:`AuditSpec` of a registered driver audit (``DRIVERS``)."""
+  if name not in DRIVERS:
+    raise ValueError(f"name must be one of {tuple(DRIVERS)}, got {name!r}")
+  return DRIVERS[name][0](relation, broken, **kwargs)
