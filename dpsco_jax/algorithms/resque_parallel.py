@@ -1,0 +1,124 @@
+"""ReSQue parallel SCO (paper 002, Theorem 1) and its minibatch-SGD baseline; non-private.
+
+Ball acceleration (:mod:`.ball_acceleration`) over ``F = f^_rho`` with
+``r = rho = eps_opt / (sqrt(d) L)`` and EpochSGD (Alg. 1) ball oracles, each one batched round
+of ReSQue queries. :func:`resque_parallel_sco` reports the query depth and total queries needed
+to reach a target accuracy; :func:`minibatch_sgd` is the baseline whose query depth is its
+number of steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dpsco_jax._checks import check_choice, check_int, check_positive
+from dpsco_jax.algorithms import ball_acceleration as ba
+from dpsco_jax.algorithms.common import cfg_get as _cfg
+from dpsco_jax.algorithms.resque_solvers import problem_items
+from dpsco_jax.grads import per_example_grads
+from dpsco_jax.privacy.ledger import PrivacyReport
+from dpsco_jax.result import Result
+from dpsco_jax.transforms.steps import projected_sgd
+
+
+def _target(problem, cfg: dict) -> float:
+  """``target`` if given, else ``target_frac`` (default 0.1) x the excess risk of the initial
+  point (the population excess of the planted problems shrinks like sqrt(2/(pi d)))."""
+  if cfg.get("target") is not None:
+    return check_positive(cfg["target"], "target")
+  frac = check_positive(_cfg(cfg, "target_frac", 0.1), "target_frac")
+  return frac * problem.excess_risk(problem.init_params())
+
+
+def resque_parallel_sco(problem, cfg: dict, key: jax.Array) -> Result:
+  """Theorem 1 (non-private): ball acceleration + EpochSGD/ReSQue ball oracles on
+  ``f^_rho``, ``r = rho = eps_opt/(sqrt(d) L)``. Records the query depth (batched rounds) and
+  total queries when the (population) excess risk first reaches ``target`` (evaluated off-line
+  on the trajectory: an experiment diagnostic, not something the algorithm uses).
+
+  Config keys: ``target`` / ``target_frac`` (see :func:`_target`), ``eps_opt`` (default
+  ``target``), ``c_ba``,
+  ``lam_min_scale``, ``max_iter``, ``oracle ("epoch_sgd"|"acsa")``, ``ls_runs``, ``c_phi``.
+  """
+  items = problem_items(problem)
+  d, L, R = problem.d, float(problem.lipschitz), float(problem.radius)
+  target = _target(problem, cfg)
+  eps_opt = check_positive(_cfg(cfg, "eps_opt", target), "eps_opt")
+  c_ba = check_positive(_cfg(cfg, "c_ba", 1.0), "c_ba")
+  r = rho = eps_opt / (math.sqrt(d) * L)
+  gorc = ba.dataset_oracle(problem.loss_fn, items)
+  kind = check_choice(_cfg(cfg, "oracle", "epoch_sgd"), "oracle", ("epoch_sgd", "acsa"))
+  if kind == "epoch_sgd":
+    oracle = ba.make_epoch_sgd_oracle(gorc, radius=r, rho=rho, lipschitz=L,
+                                      runs=check_int(_cfg(cfg, "ls_runs", 1), "ls_runs"))
+  else:
+    oracle = ba.make_acsa_oracle(gorc, radius=r, rho=rho, lipschitz=L)
+  p = ba.resque_accel_params(L, r, R, eps_opt)
+  lam_min = p["lam_star"] * check_positive(_cfg(cfg, "lam_min_scale", 1.0), "lam_min_scale")
+  c_phi = check_positive(_cfg(cfg, "c_phi", 1.0), "c_phi")
+  logk3 = math.log(max(p["kappa"], math.e)) ** 3
+  max_iter = _cfg(cfg, "max_iter", None)
+  risks = []
+  res = ba.ball_acceleration(oracle, problem.init_params(), key, R=R, r=r, eps=eps_opt,
+                             lipschitz=L, lam_min=lam_min, c_ba=c_ba, max_iter=max_iter,
+                             bo_phi=lambda lam: lam * r * r / (c_phi * logk3),
+                             callback=lambda t, x: risks.append(problem.excess_risk(x)))
+  hit = next((i for i, v in enumerate(risks) if v <= target), None)
+  rec = {"d": d, "r": r, "rho": rho, "K": p["K"], "kappa": p["kappa"], "lam_star": p["lam_star"],
+         "iterations": res.iterations, "query_depth": res.rounds, "total_queries": res.queries,
+         "exit": res.exit, "target": target, "final_excess": risks[-1] if risks else None,
+         "depth_to_target": res.history[hit]["rounds"] if hit is not None else None,
+         "queries_to_target": res.history[hit]["queries"] if hit is not None else None,
+         "iterations_to_target": hit + 1 if hit is not None else None}
+  report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
+                         level="none", notes="non-private (parallel SCO, Theorem 1)")
+  return Result(params=res.x, privacy=report, gradient_evaluations=int(res.queries), record=rec)
+
+
+def minibatch_sgd(problem, cfg: dict, key: jax.Array) -> Result:
+  """Parallel baseline: projected minibatch SGD (core ``projected_sgd`` with uniform
+  averaging), ``lr = R/(L sqrt(steps))``, batch ``batch`` drawn with replacement. Query depth =
+  steps; records the first step whose averaged iterate has excess risk ``<= target``
+  (evaluated every ``eval_every`` steps). Non-private."""
+  items = problem_items(problem)
+  n = int(jax.tree.leaves(items)[0].shape[0])
+  L, R = float(problem.lipschitz), float(problem.radius)
+  steps = check_int(_cfg(cfg, "steps", 20000), "steps")
+  batch = check_int(_cfg(cfg, "batch", 64), "batch")
+  every = check_int(_cfg(cfg, "eval_every", 100), "eval_every")
+  target = _target(problem, cfg)
+  lr = check_positive(_cfg(cfg, "lr", R / (L * math.sqrt(steps))), "lr")
+  tx = projected_sgd(lr, radius=R, averaging="uniform")
+  loss_fn = problem.loss_fn
+
+  @jax.jit
+  def chunk(params, state, k):
+    def body(carry, kk):
+      p, s = carry
+      z = jax.random.randint(kk, (batch,), 0, n)
+      g = per_example_grads(loss_fn, p, jax.tree.map(lambda a: a[z], items))
+      g = jax.tree.map(lambda a: jnp.mean(a, axis=0), g)
+      u, s = tx.update(g, s, p)
+      return (optax.apply_updates(p, u), s), None
+    (params, state), _ = jax.lax.scan(body, (params, state), jax.random.split(k, every))
+    return params, state
+
+  params = problem.init_params()
+  state = tx.init(params)
+  hit = None
+  for c in range(steps // every):
+    params, state = chunk(params, state, jax.random.fold_in(key, c))
+    if hit is None and problem.excess_risk(state.released) <= target:
+      hit = (c + 1) * every
+  out = state.released
+  rec = {"steps": steps, "batch": batch, "lr": lr, "target": target,
+         "final_excess": problem.excess_risk(out), "query_depth": steps,
+         "total_queries": steps * batch, "depth_to_target": hit,
+         "queries_to_target": hit * batch if hit is not None else None}
+  report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
+                         level="none", notes="non-private minibatch SGD (parallel baseline)")
+  return Result(params=out, privacy=report, gradient_evaluations=steps * batch, record=rec)

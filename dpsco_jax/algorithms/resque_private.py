@@ -1,0 +1,492 @@
+"""ReSQue private SCO driver (paper 002, Section 4, Theorems 3-4), item level, replace-one.
+
+  * Theorem 3 private ERM (:func:`private_erm`): ball acceleration with O_ls = Alg. 7,
+    O_bo = Alg. 5, O_sp = Alg. 6 (the ``v``-update uses Alg. 6's estimate); the solvers are in
+    :mod:`.resque_solvers`.
+  * Prop. 11 / Theorem 4 (:func:`resque_private_sco`): phased localization over disjoint
+    batches ``n_i = n / 2^i`` with regularization ``lam_i = 1/(eta_i n_i)``,
+    ``eta_i = 4^-i eta`` (reconstruction of [FKT20]).
+
+Plan, then run (DESIGN rule 1). :func:`resque_private_plan` computes, from the config and the
+public ``n`` and ``d`` only, every phase's ERM schedule, the WORST-CASE list of Alg. 4 calls
+(iteration cap, bisection cap, deepest MLMC level), ``beta = 1/z`` from the library's one
+calibrator (``calibrate_noise_multiplier``) and the :class:`~dpsco_jax.privacy.ApproxRdpEvent`
+of every planned call (Lemma 7, :mod:`.resque_accounting`). The driver spends all of them on
+one :class:`~dpsco_jax.privacy.PrivacyLedger` (``epsilon_budget=epsilon``; ``parallel`` phases
+are ledger groups, disjoint data) BEFORE anything runs; the ledger sums them (Lemma 3) and
+converts once per group (Corollary 1). A per-phase guard ledger also spends each REALIZED call
+before it runs and refuses one beyond the phase budget. The reported ``(eps, delta)`` and
+``gradient_evaluations`` are the plan's (data independent); realized counts, which depend on
+the data through the bisection, go to ``Result.debug`` only.
+
+Constant sets (``constants``): ``"explicit"`` (Lemma 7's proof constants) or ``"c_priv"``
+(``tau = C_priv (beta log(1/delta) T/n)^2`` with the paper's unspecified universal constant).
+Provenance: ``theorem`` only with the explicit constants AND every precondition holding for
+every planned call; otherwise ``heuristic`` (the notes list the violated conditions). The
+``theory`` preset computes eq. (30)-(34) and raises :class:`PrivacyPreconditionError` naming
+the violated condition; at CPU-scale ``n`` it always raises (``rho/r >= 1728 log^2`` alone forces
+``r`` tiny) — that is the paper, not a bug. The ``practical`` preset runs and is labelled
+``heuristic`` unless the preconditions hold.
+
+Audit hook: :func:`resque_private_releases` returns every realized Alg. 4 call with its
+per-phase noisy releases (and replays a reference run's calls on a neighbouring dataset).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+
+from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon,
+                               check_int, check_positive)
+from dpsco_jax.algorithms import ball_acceleration as ba
+from dpsco_jax.algorithms.common import cfg_get as _cfg
+from dpsco_jax.algorithms.resque_accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
+                                                    RELATION, PrivacyPreconditionError,
+                                                    alg4_rdp, approx_rdp_events,
+                                                    check_theorem3_preconditions,
+                                                    theorem3_params)
+from dpsco_jax.algorithms.resque_solvers import (Alg4, Alg4Plan, alg4_phase_releases,
+                                                 alg5_schedule, flat_items,
+                                                 high_probability_solver, mlmc_prox_estimator,
+                                                 problem_items, strongly_convex_resque)
+from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
+from dpsco_jax.privacy.events import ApproxRdpEvent
+from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger
+from dpsco_jax.privacy.relations import check_relation
+from dpsco_jax.result import Result
+
+PyTree = Any
+
+
+# ============================================================ private ERM (Theorem 3) ==
+
+def _pow2_floor(x: float) -> int:
+  return 2 ** max(2, int(math.floor(math.log2(max(x, 4)))))
+
+
+@dataclasses.dataclass
+class _PrivateERMConfig:
+  T_ls: int
+  T_bo: int
+  T_sp: int
+  runs_ls: int
+  mlmc_copies: int
+  j_max: int
+  max_iter: int
+  max_bisection: int
+  rho: float
+  r: float
+  eps_opt: float
+  c_ba: float
+
+
+def private_erm(loss_fn: Callable, items: PyTree, x_init: PyTree, key: jax.Array, *,
+                cfg: _PrivateERMConfig, beta: float, lipschitz: float, R: float,
+                reg_lam: float = 0.0, reg_center: PyTree | None = None,
+                ball_center: PyTree | None = None,
+                charge: Callable[[int, float, str], None] | None = None,
+                alg4: Alg4 | None = None) -> tuple[PyTree, dict]:
+  """Theorem 3 / Corollary 3: ball acceleration on ``F = f^erm_rho + reg_lam/2 |x - c|^2`` over
+  ``B_R(ball_center)`` with O_ls = Alg. 7, O_bo = Alg. 5, O_sp = Alg. 6.
+
+  Each oracle solves ``min_{B_y(r)} F(x) + lam/2 |x - y|^2``: the two quadratics merge into
+  ``(lam + reg_lam)/2 |x - c'|^2 + const`` with ``c' = (lam y + reg_lam c)/(lam + reg_lam)``
+  (Alg. 4's composite step with its regularization center at ``c'``). ``charge`` and
+  ``alg4``: see :mod:`.resque_solvers`.
+  """
+  r, rho = cfg.r, cfg.rho
+  reg_center = x_init if reg_center is None else reg_center
+  ball_center = x_init if ball_center is None else ball_center
+
+  def merged(y, lam):
+    lt = lam + reg_lam
+    c = jax.tree.map(lambda yi, ci: (lam * yi + reg_lam * ci) / lt, y, reg_center)
+    return lt, c
+
+  def ls_oracle(k, y, lam, phi):
+    lt, c = merged(y, lam)
+    x = high_probability_solver(loss_fn, items, y, k, runs=cfg.runs_ls, T=cfg.T_ls, radius=r,
+                                rho=rho, beta=beta, lam=lt, lipschitz=lipschitz, reg_center=c,
+                                charge=charge, alg4=alg4)
+    return x, ba.OracleCost(1, 0)
+
+  def bo_oracle(k, y, lam, phi):
+    lt, c = merged(y, lam)
+    x = strongly_convex_resque(loss_fn, items, y, k, T=cfg.T_bo, radius=r, rho=rho, beta=beta,
+                               lam=lt, lipschitz=lipschitz, reg_center=c, charge=charge,
+                               alg4=alg4)
+    return x, ba.OracleCost(1, 0)
+
+  def sp_oracle(k, y, lam):
+    lt, c = merged(y, lam)
+    return mlmc_prox_estimator(loss_fn, items, y, k, T=cfg.T_sp, j_max=cfg.j_max,
+                               copies=cfg.mlmc_copies, radius=r, rho=rho, beta=beta, lam=lt,
+                               lipschitz=lipschitz, reg_center=c, charge=charge, alg4=alg4)
+
+  # ReSQue Prop. 1's lam_star/C_ba exceeds CJJS21's lam_max = 2L/r when kappa is small (the
+  # log^2 kappa factor); practical deviation: cap lam_min at lam_max/8.
+  lam_star = ba.resque_accel_params(lipschitz, r, R, cfg.eps_opt)["lam_star"] / cfg.c_ba
+  lam_min = min(lam_star, 2.0 * lipschitz / r / 8.0)
+  res = ba.ball_acceleration(bo_oracle, x_init, key, R=R, r=r, eps=cfg.eps_opt,
+                             lipschitz=lipschitz, c_ba=cfg.c_ba, lam_min=lam_min,
+                             max_iter=cfg.max_iter,
+                             max_bisection=cfg.max_bisection, ls_oracle=ls_oracle,
+                             prox_oracle=sp_oracle, center=ball_center)
+  return res.x, {"iterations": res.iterations, "oracle_calls": res.oracle_calls,
+                 "exit": res.exit}
+
+
+def _plan_charges(cfg: _PrivateERMConfig, *, beta: float, lam_dummy: float, d: int,
+                  radius: float, lipschitz: float) -> list[tuple[int, float]]:
+  """All ``(T, beta)`` Alg. 4 calls one private ERM may make (worst case: every iteration
+  uses ``max_bisection + 3`` line searches — the bisection's bound on distinct ``lam`` — and
+  the MLMC draws its deepest level). The ledger still refuses any call beyond the budget."""
+  def alg5_calls(T, b):
+    return [(c["T"], c["beta"]) for c in alg5_schedule(T, beta=b, lam=lam_dummy,
+                                                         lipschitz=lipschitz, radius=radius, d=d)]
+  per_iter = []
+  per_iter += alg5_calls(cfg.T_ls, beta) * cfg.runs_ls * (cfg.max_bisection + 3)
+  per_iter += alg5_calls(cfg.T_bo, beta)
+  for _ in range(cfg.mlmc_copies):
+    per_iter += alg5_calls(cfg.T_sp, beta)
+    j = cfg.j_max  # worst level: 2^j T at 2^{-j/2} beta has the largest beta^2 T^2
+    per_iter += alg5_calls(2 ** j * cfg.T_sp, 2 ** (-j / 2) * beta)
+    per_iter += alg5_calls(2 ** (j - 1) * cfg.T_sp, 2 ** (-(j - 1) / 2) * beta)
+  return per_iter * cfg.max_iter
+
+
+# ===================================================== private SCO (Prop. 11 / Theorem 4) ==
+
+def _phase_plan(cfg: dict, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
+                R: float, eta_loc: float, ratio: float, constants: str, c_priv: float) -> dict:
+  """Data-free plan of localization phase ``i``: the ERM schedule, the worst-case list of
+  Alg. 4 calls, ``alpha``, the per-call slack and ``beta`` calibrated by the library's one
+  calibrator so that the plan's approximate-RDP events meet ``eps_i`` (``beta = 1 / z``)."""
+  lam_i = 1.0 / ((eta_loc / 4 ** i) * n_i)
+  eps_opt = check_positive(_cfg(cfg, "eps_opt_scale", 1.0), "eps_opt_scale") * L * R * (
+      1 / math.sqrt(n_i) + math.sqrt(d) / (n_i * eps_i))
+  eps_opt = min(eps_opt, 0.5 * L * R)
+  if cfg.get("rho") is not None:  # practical override of eq. (30)'s rho = eps_opt/(L sqrt d)
+    eps_opt = check_positive(cfg["rho"], "rho") * L * math.sqrt(d)
+  rho = eps_opt / (L * math.sqrt(d))
+  r = rho / ratio
+  t_cap = _pow2_floor(_cfg(cfg, "T_frac", 0.25) * n_i)
+  erm = _PrivateERMConfig(
+      T_ls=t_cap, T_bo=t_cap, T_sp=max(4, t_cap // 4),
+      runs_ls=check_int(_cfg(cfg, "runs_ls", 1), "runs_ls"),
+      mlmc_copies=check_int(_cfg(cfg, "mlmc_copies", 1), "mlmc_copies"),
+      j_max=2, max_iter=check_int(_cfg(cfg, "max_iter", 20), "max_iter"),
+      max_bisection=check_int(_cfg(cfg, "max_bisection", 2), "max_bisection"),
+      rho=rho, r=r, eps_opt=eps_opt, c_ba=1.0)
+  alpha = 4 * math.log(2 / delta_i) / eps_i
+  delta_prime = delta_i * DELTA_PRIME_FRAC
+  if eps_i - math.log(1 / delta_prime) / (alpha - 1) <= 0:
+    raise ValueError(f"epsilon too small for the Corollary 1 conversion at alpha={alpha:.3g} "
+                     f"in phase {i}")
+  plan = _plan_charges(erm, beta=1.0, lam_dummy=1.0, d=d, radius=r, lipschitz=L)
+  # (1 - 1e-9): keep the float sum of the per-call slacks at or below the target delta
+  delta_call = delta_i * (1 - DELTA_PRIME_FRAC) / (1 + math.exp(eps_i)) / len(plan) * (1 - 1e-9)
+  kw = dict(n=n_i, delta_call=delta_call, alpha=alpha, delta_prime=delta_prime, ratio=ratio,
+            constants=constants, c_priv=c_priv)
+  z = calibrate_noise_multiplier(lambda z: approx_rdp_events(plan, beta=1.0 / z, **kw),
+                                 epsilon=eps_i, delta=delta_i, relation=RELATION, lower=1e-3)
+  return {"erm": erm, "plan": plan, "beta": 1.0 / z, "lam": lam_i, "alpha": alpha,
+          "delta_prime": delta_prime, "delta_call": delta_call, "t_cap": t_cap, "kw": kw}
+
+
+def _run_phase(problem, batch, x, key, p: dict, *, eps_i: float, delta_i: float, L: float,
+               R: float, ratio: float, constants: str, c_priv: float,
+               alg4: Alg4 | None = None) -> tuple[PyTree, dict]:
+  """Runs phase ``i``; a per-phase guard ledger spends every REALIZED call before it runs and
+  refuses one beyond ``(eps_i, delta_i)`` (the plan already covers the worst case)."""
+  guard = PrivacyLedger(delta=delta_i, epsilon_budget=eps_i, relation=RELATION)
+  counter = {"grads": 0, "calls": 0}
+  violations: dict[str, int] = {}
+
+  def charge(T, b, label):
+    e, cond = alg4_rdp(T=T, n=p["kw"]["n"], beta=b, delta=p["delta_call"], alpha=p["alpha"],
+                       rho_over_r=ratio, constants=constants, c_priv=c_priv)
+    event = ApproxRdpEvent(p["alpha"], e, p["delta_call"], p["delta_prime"])
+    trial = copy.deepcopy(guard).compose(event, label=label)
+    if trial.extra_delta() > delta_i * (1 + 1e-9):
+      raise PrivacyBudgetExceeded(f"{label}: delta would exceed {delta_i:.3g}; not run")
+    guard.spend(event, label=label)  # raises before the call runs
+    counter["grads"] += 2 ** int(math.floor(math.log2(T))) - 1
+    counter["calls"] += 1
+    for name, ok in cond.items():
+      if not ok:
+        violations[name] = violations.get(name, 0) + 1
+
+  x, info = private_erm(problem.loss_fn, batch, x, key, cfg=p["erm"], beta=p["beta"],
+                        lipschitz=L, R=R, reg_lam=p["lam"], reg_center=x,
+                        ball_center=problem.init_params(), charge=charge, alg4=alg4)
+  debug = {"alg4_calls": counter["calls"], "gradients": counter["grads"],
+           "realized_epsilon": guard.epsilon(), "violations": violations, **info}
+  return x, debug
+
+
+def _phase_sizes(n: int, phases: int) -> list[int]:
+  """Prop. 11 [EXT] reconstruction: disjoint batches ``n_i = n/2^i`` (the last takes the rest;
+  ``n`` is public under replace-one)."""
+  sizes = [n // 2 ** i for i in range(1, phases + 1)]
+  sizes[-1] = n - sum(sizes[:-1])
+  return sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class PhasePlan:
+  """Data-free plan of localization phase ``index`` (1-based) over ``n`` items: budget
+  ``(eps, delta)``, ``p`` (see :func:`_phase_plan`: ERM schedule, worst-case ``(T, beta
+  factor)`` calls, ``beta``, ``alpha``, slacks) and the calls' approximate-RDP ``events``."""
+  index: int
+  n: int
+  eps: float
+  delta: float
+  p: dict
+  events: tuple[ApproxRdpEvent, ...]
+
+  @property
+  def gradients(self) -> int:
+    """Worst-case gradient count: ``T^ - 1`` per planned Alg. 4 call."""
+    return sum(2 ** int(math.floor(math.log2(t))) - 1 for t, _ in self.p["plan"])
+
+
+@dataclasses.dataclass(frozen=True)
+class ResquePrivatePlan:
+  """Everything :func:`resque_private_sco` will do and spend, computed from the config and
+  the public ``n``, ``d``, ``L``, ``R`` only (identical for replace-one neighbours)."""
+  epsilon: float
+  delta: float
+  n: int
+  lipschitz: float
+  radius: float
+  preset: str
+  constants: str
+  c_priv: float
+  ratio: float
+  parallel: bool
+  phases: tuple[PhasePlan, ...]
+  violations: tuple[str, ...]  # preconditions some planned call violates (sorted)
+
+  @property
+  def provenance(self) -> str:
+    return "theorem" if self.constants == "explicit" and not self.violations else "heuristic"
+
+
+def _theory_refusal(cfg: dict, *, n: int, d: int, eps: float, delta: float, L: float,
+                    R: float, c_priv: float) -> PrivacyPreconditionError:
+  """The ``theory`` preset: eq. (30)-(34) and Theorem 3's preconditions (raises naming the
+  first violated one); valid parameters are still refused (unreachable at CPU scale)."""
+  p = theorem3_params(n=n, d=d, epsilon=eps, delta=delta, lipschitz=L, radius=R,
+                      C=check_positive(_cfg(cfg, "C", 1.0), "C"),
+                      c_ba=check_positive(_cfg(cfg, "c_ba", 1.0), "c_ba"))
+  check_theorem3_preconditions(p, n=n, epsilon=eps, delta=delta, c_priv=c_priv)
+  return PrivacyPreconditionError("theory preset: parameters valid but the run would need "
+                                  f"{p['iterations']} accelerated iterations; not run here")
+
+
+def resque_private_plan(problem, cfg: dict, *, data: dict | None = None) -> ResquePrivatePlan:
+  """The data-free plan of :func:`resque_private_sco` (see the module docstring). ``data``
+  (default ``problem.data``, leaves ``[users, m, ...]``) only supplies the public ``n``."""
+  check_relation(cfg.get("relation", RELATION), supported=(RELATION,),
+                 mechanism="ReSQue private SCO")
+  eps, delta = check_epsilon(cfg["epsilon"]), check_delta(cfg["delta"])
+  preset = check_choice(_cfg(cfg, "preset", "practical"), "preset", ("practical", "theory"))
+  leaves = jax.tree.leaves(problem.data if data is None else data)
+  n = int(leaves[0].shape[0] * leaves[0].shape[1])
+  d, L, R = problem.d, float(problem.lipschitz), float(problem.radius)
+  constants = check_choice(_cfg(cfg, "constants", "explicit"), "constants",
+                           ("explicit", "c_priv"))
+  c_priv = check_positive(_cfg(cfg, "c_priv", 60.0 if preset == "theory" else 1.0), "c_priv")
+  if preset == "theory":
+    raise _theory_refusal(cfg, n=n, d=d, eps=eps, delta=delta, L=L, R=R, c_priv=c_priv)
+  phases = check_int(_cfg(cfg, "phases", 2), "phases")
+  parallel = check_choice(_cfg(cfg, "phase_budget", "paper"), "phase_budget",
+                          ("paper", "parallel")) == "parallel"
+  ratio = check_positive(_cfg(cfg, "rho_over_r", 4.0), "rho_over_r")
+  delta_blocks = delta * (1 - ACCOUNTANT_DELTA_SHARE)
+  eta_loc = (R / L) * min(1 / math.sqrt(n), eps / math.sqrt(d * math.log(1 / delta)))
+  common = dict(ratio=ratio, constants=constants, c_priv=c_priv)
+  out, violations = [], set()
+  for i, n_i in enumerate(_phase_sizes(n, phases), start=1):
+    # paper: eps/2^i, delta/2^i (the last phase takes the remainder, so the sum is eps)
+    share = 2.0 ** -min(i, phases - 1) if i == phases else 2.0 ** -i
+    eps_i, delta_i = (eps, delta_blocks) if parallel else (eps * share, delta_blocks * share)
+    p = _phase_plan(cfg, n_i=n_i, i=i, eps_i=eps_i, delta_i=delta_i, d=d, L=L, R=R,
+                    eta_loc=eta_loc, **common)
+    for t, b in p["plan"]:  # preconditions of the planned (data-independent) calls
+      _, cond = alg4_rdp(T=t, n=n_i, beta=b * p["beta"], delta=p["delta_call"],
+                         alpha=p["alpha"], rho_over_r=ratio, constants=constants, c_priv=c_priv)
+      violations.update(name for name, ok in cond.items() if not ok)
+    events = tuple(approx_rdp_events(p["plan"], beta=p["beta"], **p["kw"]))
+    out.append(PhasePlan(i, n_i, eps_i, delta_i, p, events))
+  return ResquePrivatePlan(eps, delta, n, L, R, preset, constants, c_priv, ratio, parallel,
+                           tuple(out), tuple(sorted(violations)))
+
+
+def _spend(plan: ResquePrivatePlan) -> PrivacyLedger:
+  """Charges every planned Alg. 4 call before anything runs (raises
+  :class:`PrivacyBudgetExceeded` first if the plan would exceed ``epsilon``)."""
+  ledger = PrivacyLedger(delta=plan.delta * ACCOUNTANT_DELTA_SHARE,
+                         epsilon_budget=plan.epsilon, relation=RELATION)
+  for ph in plan.phases:
+    for ev in ph.events:
+      ledger.spend(ev, label=f"phase {ph.index}: Alg. 4 call",
+                   group=f"phase {ph.index}" if plan.parallel else None)
+  return ledger
+
+
+def _phase_batches(plan: ResquePrivatePlan, items: dict) -> list[dict]:
+  """The disjoint item batches of the localization phases (in order)."""
+  out, off = [], 0
+  for ph in plan.phases:
+    out.append(jax.tree.map(lambda a: a[off:off + ph.n], items))
+    off += ph.n
+  return out
+
+
+def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
+             alg4_for_phase: Callable[[int], Alg4 | None] = lambda i: None
+             ) -> tuple[PyTree, list[dict]]:
+  """Runs the planned phases (the ledger has been charged); phase ``i`` uses key
+  ``fold_in(key, i)`` and warm-starts from the previous phase's output."""
+  x, debug = problem.init_params(), []
+  for ph, batch in zip(plan.phases, _phase_batches(plan, items)):
+    x, dbg = _run_phase(problem, batch, x, jax.random.fold_in(key, ph.index), ph.p,
+                        eps_i=ph.eps, delta_i=ph.delta, L=plan.lipschitz, R=plan.radius,
+                        ratio=plan.ratio, constants=plan.constants, c_priv=plan.c_priv,
+                        alg4=alg4_for_phase(ph.index))
+    debug.append(dbg)
+  return x, debug
+
+
+def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
+  """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
+
+  Item level, replace-one only (``relation``; public: ``n``, the config). Config keys:
+  ``epsilon, delta, preset ("practical"|"theory"), constants ("explicit"|"c_priv"), c_priv,
+  phases, phase_budget ("paper"|"parallel"), rho_over_r, eps_opt_scale, rho, max_iter,
+  max_bisection, runs_ls, mlmc_copies, T_frac, debug``. Accounting: every planned Alg. 4 call
+  is an :class:`ApproxRdpEvent` on one :class:`PrivacyLedger` (``epsilon_budget=epsilon``),
+  all spent BEFORE the first phase runs (:func:`resque_private_plan`); the ledger sums them
+  (Lemma 3) and converts once (Corollary 1); ``parallel`` phases are ledger groups.
+  """
+  plan = resque_private_plan(problem, cfg)
+  ledger = _spend(plan)
+  x, debug_phases = _execute(problem, plan, key, problem_items(problem))
+  notes = ("approximate RDP (Lemma 3) of Alg. 3/4 output perturbation with high-probability "
+           f"sensitivity (Lemma 5/7, constants={plan.constants}); Corollary 1 conversion in "
+           "the ledger; localization phases composed per "
+           f"'{'parallel' if plan.parallel else 'paper'}'; replace-one, n public. ")
+  if plan.provenance != "theorem":
+    notes += "HEURISTIC: violated " + "; ".join(plan.violations)
+  report = ledger.report(provenance=plan.provenance, level="item",
+                         mechanisms=("gaussian_output_perturbation",
+                                     "subsampling_with_replacement"),
+                         paper_epsilon=plan.epsilon, notes=notes)
+  records = [{"n": ph.n, "eps": ph.eps, "beta": ph.p["beta"], "lam": ph.p["lam"],
+              "r": ph.p["erm"].r, "rho": ph.p["erm"].rho, "alpha": ph.p["alpha"],
+              "T": ph.p["t_cap"], "planned_alg4_calls": len(ph.p["plan"]),
+              "planned_gradients": ph.gradients, "max_iter": ph.p["erm"].max_iter}
+             for ph in plan.phases]
+  debug = ({"phases": debug_phases, "gradients": sum(p["gradients"] for p in debug_phases)}
+           if cfg.get("debug") is True else None)  # only a real bool
+  # gradient_evaluations: the data-independent worst-case plan (the realized count depends on
+  # the data through the bisection and is only in debug)
+  return Result(params=x, privacy=report,
+                gradient_evaluations=int(sum(ph.gradients for ph in plan.phases)),
+                record={"phases": records, "preset": plan.preset, "constants": plan.constants},
+                debug=debug)
+
+
+# ================================================================================ audit hook ==
+
+@dataclasses.dataclass(frozen=True)
+class Alg4Call:
+  """One realized Alg. 3/4 call of the private driver, as the audit hook sees it.
+
+  ``releases`` (leaves ``[k, ...]``) are the phases' noisy outputs ``ybar_i + zeta_i`` — the
+  mechanism's releases, whose per-call cost is one planned :class:`ApproxRdpEvent`;
+  ``output`` is the projected last release (what the driver continues from). ``inputs`` are
+  the call's arguments (center, regularization center, start, ``lam``, radii, key): in the
+  adaptive-composition view they are chosen from earlier releases. ``indices`` are the items
+  queried (phase ``i`` takes the next ``plan.lengths[i]``). Keys and indices stay out of the
+  repr."""
+  phase: int                 # localization phase (its disjoint batch of items)
+  T: int
+  beta: float
+  plan: Alg4Plan
+  releases: PyTree
+  output: PyTree
+  indices: jax.Array = dataclasses.field(repr=False)
+  inputs: dict = dataclasses.field(repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResqueReleases:
+  """What :func:`resque_private_releases` returns: the data-free plan and every realized
+  Alg. 4 call in order."""
+  plan: ResquePrivatePlan
+  calls: tuple[Alg4Call, ...]
+
+
+def _call_record(loss_fn, items, center, key, *, phase, add_noise, forced=None, **kw):
+  out, releases, z, a4 = alg4_phase_releases(loss_fn, items, center, key, add_noise=add_noise,
+                                             forced=forced, **kw)
+  return Alg4Call(phase, kw["T"], kw["beta"], a4, releases, out, z,
+                  {"center": center, "key": key, **kw})
+
+
+def resque_private_releases(problem, cfg: dict, key: jax.Array, *, add_noise: bool = True,
+                            data: dict | None = None,
+                            forced: ResqueReleases | None = None) -> ResqueReleases:
+  """Audit hook: every Alg. 3/4 call :func:`resque_private_sco` makes on ``data``, with its
+  per-phase noisy releases (:class:`Alg4Call`).
+
+  Same ``problem``, ``cfg`` and ``key`` as the driver: same plan, same keys, same calls (the
+  released model is post-processing of these). ``data`` (default ``problem.data``, leaves
+  ``[users, m, ...]``; item level) is the dataset under test; the plan is computed from its
+  public size exactly as the driver does and the budget is charged first (raises before
+  anything runs). Each call's computation is :func:`~.resque_solvers.alg4_phase_releases`
+  (jitted; vmappable over keys). The driver around the calls (ball acceleration's bisection)
+  is adaptive host-side control flow, so the list of calls is built in Python.
+
+  ``forced`` (a reference run's result, e.g. on the neighbouring dataset ``D``) REPLAYS its
+  calls on ``data`` instead of running the driver: same inputs, same keys (hence the same
+  items queried and the same ReSQue offsets), and phase ``i > 0`` of each call starts from the
+  reference's release ``i-1``. That is the coupling of Lemma 5 under adaptive composition,
+  where each release ``i`` may move by at most ``sqrt(1500) b_i eta_i L``
+  (:data:`~.resque_accounting.LEMMA5_DRIFT`) when one item is replaced. ``add_noise=False`` is a
+  TEST HOOK (noiseless releases for sensitivity tests); neither option is ever a release.
+  """
+  check_bool(add_noise, "add_noise")
+  plan = resque_private_plan(problem, cfg, data=data)
+  _spend(plan)
+  items = flat_items(problem.data if data is None else data)
+  if forced is not None:
+    if not isinstance(forced, ResqueReleases):
+      raise TypeError(f"forced must be a ResqueReleases, got {type(forced).__name__}")
+    if forced.plan != plan:
+      raise ValueError("forced: the reference run has a different plan (not a neighbour "
+                       "under replace_one with the same config)")
+    batches = _phase_batches(plan, items)
+    return ResqueReleases(plan, tuple(
+        _call_record(problem.loss_fn, batches[c.phase - 1], phase=c.phase,
+                     add_noise=add_noise, forced=c.releases, **c.inputs)
+        for c in forced.calls))
+  calls: list[Alg4Call] = []
+
+  def recorder(phase: int) -> Alg4:
+    def alg4(loss_fn, batch, center, key, **kw):
+      calls.append(_call_record(loss_fn, batch, center, key, phase=phase,
+                                add_noise=add_noise, **kw))
+      return calls[-1].output, calls[-1].plan
+    return alg4
+
+  _execute(problem, plan, key, items, alg4_for_phase=recorder)
+  return ResqueReleases(plan, tuple(calls))
