@@ -1,0 +1,105 @@
+"""Driver-level privacy audits (issue 12.1): each driver, run end to end through its audit hook
+with a Dirac-like canary user, stays below the epsilon it reports; each broken twin (noise
+halved, realized-count denominator, tree accounted as independent noise) is flagged: its
+empirical lower bound exceeds the claim. Plus the ``dpsco audit`` CLI verb."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from dpsco_jax.audit import drivers as DR
+from dpsco_jax.audit.harness import AuditResult, run_audit
+
+# (driver, relation, twin); trials: drivers.TRIALS (1e5 per side; compiling dominates the cost)
+CASES = [
+    ("dp_sgd_user_poisson", "add_remove", "noise_halved"),
+    ("dp_sgd_user_full", "zero_out", "noise_halved"),
+    ("dp_sgd_user_full", "add_remove", "realized_count"),
+    ("dp_sgd_user_fixed", "replace_one", "noise_halved"),
+    ("dp_trainer", "add_remove", "noise_halved"),
+    ("naive_output_pert", "replace_one", "noise_halved"),
+    ("dp_loc_gd", "replace_one", "noise_halved"),
+]
+
+
+def _check(honest: AuditResult, broken: AuditResult, relation: str):
+  assert honest.relation == relation and honest.delta == DR.DELTA
+  assert 1.0 <= honest.claimed_epsilon <= 4.0, honest  # claims in the intended range
+  assert 0.5 <= honest.lower_bound <= honest.claimed_epsilon, honest  # power, and no violation
+  assert not honest.violated
+  assert broken.lower_bound > broken.claimed_epsilon, broken
+  assert broken.violated
+
+
+@pytest.mark.parametrize("name,relation,twin", CASES)
+def test_driver_below_its_claim_and_broken_twin_flagged(name, relation, twin):
+  trials = DR.TRIALS[name]
+  honest_spec = DR.build_driver(name, relation)
+  broken_spec = DR.build_driver(name, relation, twin)
+  # the twin keeps the honest driver's claim: only the mechanism is broken
+  assert broken_spec.claimed_epsilon == honest_spec.claimed_epsilon
+  _check(run_audit(honest_spec, trials=trials, key=21),
+         run_audit(broken_spec, trials=trials, key=22), relation)
+
+
+def test_srgd_tree_below_its_claim_and_flagged_under_independent_accounting():
+  # the twin is the same releases with the independent-noise claim: one run of scores serves
+  honest_spec = DR.build_driver("accelerated_dp_srgd", "zero_out")
+  twin_spec = DR.build_driver("accelerated_dp_srgd", "zero_out", "independent_accounting")
+  assert twin_spec.claimed_epsilon < honest_spec.claimed_epsilon / 2  # sqrt(levels) = sqrt 5
+  res = run_audit(honest_spec, trials=DR.TRIALS["accelerated_dp_srgd"], key=23)
+  _check(res, res._replace(claimed_epsilon=twin_spec.claimed_epsilon), "zero_out")
+  assert res.gdp_lower_bound > twin_spec.claimed_epsilon  # the Gaussian fit sees it too
+
+
+def test_claims_are_the_drivers_reports():
+  from dpsco_jax.algorithms import baselines
+  spec = DR.build_driver("dp_sgd_user_full", "zero_out")
+  problem = DR.linear_problem(np.asarray(spec.dataset_in["x"]))
+  res = baselines.dp_sgd_user(problem, {"sampling": "full", "relation": "zero_out",
+                                        "steps": 2, "delta": DR.DELTA,
+                                        "noise_multiplier": 2.5}, jax.random.key(5))
+  assert spec.claimed_epsilon == pytest.approx(res.privacy.epsilon)
+  assert res.privacy.relation == "zero_out" and res.privacy.provenance == "accountant"
+
+
+def test_bad_inputs_name_the_parameter():
+  with pytest.raises(ValueError, match="name"):
+    DR.build_driver("dp_sgd_nope", "add_remove")
+  with pytest.raises(ValueError, match="broken"):
+    DR.build_driver("dp_sgd_user_poisson", "add_remove", "realized_count")
+  with pytest.raises(ValueError, match="relation"):
+    DR.build_driver("dp_sgd_user_fixed", "add_remove")
+  with pytest.raises(ValueError, match="relation"):
+    DR.build_driver("accelerated_dp_srgd", "add_remove")
+  with pytest.raises(TypeError, match="relation"):
+    DR.build_driver("dp_loc_gd", 1)
+
+
+def test_cli_audit_verb_prints_claim_and_bound():
+  env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false")
+  out = subprocess.run([sys.executable, "-m", "dpsco_jax", "audit", "--mechanism",
+                        "dp_sgd_user_poisson", "--trials", "3000"], capture_output=True,
+                       text=True, env=env, timeout=240)
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert "3000 trials per side" in lines[0] and "claim" in lines[1] and "lower" in lines[1]
+  (row,) = [ln for ln in lines if ln.startswith("dp_sgd_user_poisson")]
+  cells = row.split()
+  assert cells[1] == "add_remove" and cells[4] == "noise_halved"
+  claim, lower, twin_claim = float(cells[2]), float(cells[3]), float(cells[5])
+  assert 0.0 <= lower <= claim and twin_claim == claim  # the twin keeps the honest claim
+
+
+def test_cli_audit_verb_rejects_bad_arguments(capsys):
+  from dpsco_jax.__main__ import main
+  for argv in (["audit", "--trials", "1"], ["audit", "--mechanism", "nope"],
+               ["audit", "--trials", "1e4"]):
+    with pytest.raises(SystemExit) as err:
+      main(argv)
+    assert err.value.code == 2
+    assert ("--trials" in capsys.readouterr().err) or argv[1] == "--mechanism"
