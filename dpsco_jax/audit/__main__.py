@@ -25,7 +25,7 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> list[dict]:
   if args.trials is not None and args.trials < 2:
     ap.error("--trials must be >= 2")
   rows = audit_table(args.trials, args.seed,
-                     tuple(args.mechanism) if args.mechanism else None)
+                     tuple(args.mechanism) if args.mechanism else None, include="all")
   trials = "each mechanism's default" if args.trials is None else f"{args.trials}"
   print(f"empirical epsilon lower bounds, {trials} trials per side, 95% confidence, "
         f"delta = {mechanisms.DELTA:g}")

@@ -11,29 +11,39 @@ import time
 from dpsco_jax.audit import drivers, mechanisms
 from dpsco_jax.audit.harness import run_audit
 
-__all__ = ["audit_table", "format_table", "registry", "STAGE_TRIALS"]
+__all__ = ["INCLUDE", "STAGE_TRIALS", "audit_table", "format_table", "registry"]
 
 STAGE_TRIALS = 20_000
 
 
-def registry() -> dict:
-  """``name -> (builder, relations, twins, default trials, gaussian claim?)`` of every stage
-  mechanism and driver audit."""
-  out = {name: (b, rels, twins, STAGE_TRIALS, name in mechanisms.GAUSSIAN)
-         for name, (b, rels, twins) in mechanisms.MECHANISMS.items()}
-  out.update({name: (b, rels, twins, drivers.TRIALS[name], name in drivers.GAUSSIAN)
-              for name, (b, rels, twins) in drivers.DRIVERS.items()})
+INCLUDE = ("stages", "drivers", "all")
+
+
+def registry(include: str = "all") -> dict:
+  """``name -> (builder, relations, twins, default trials, gaussian claim?)`` of the stage
+  mechanisms and / or the driver audits (``include``: one of ``INCLUDE``)."""
+  if include not in INCLUDE:
+    raise ValueError(f"include must be one of {INCLUDE}, got {include!r}")
+  out = {}
+  if include in ("stages", "all"):
+    out.update({name: (b, rels, twins, STAGE_TRIALS, name in mechanisms.GAUSSIAN)
+                for name, (b, rels, twins) in mechanisms.MECHANISMS.items()})
+  if include in ("drivers", "all"):
+    out.update({name: (b, rels, twins, drivers.TRIALS[name], name in drivers.GAUSSIAN)
+                for name, (b, rels, twins) in drivers.DRIVERS.items()})
   return out
 
 
 def audit_table(trials: int | None = None, seed: int = 0,
-                names: tuple[str, ...] | None = None) -> list[dict]:
+                names: tuple[str, ...] | None = None, include: str = "stages"
+                ) -> list[dict]:
   """One row per (mechanism, relation): claim and lower bound of the honest mechanism, and for
   every broken twin its claim, its lower bound and whether the audit flagged it. ``trials``
   (per side) defaults to each mechanism's own (``drivers.TRIALS``, ``STAGE_TRIALS``);
-  ``names`` defaults to every stage mechanism and driver."""
+  ``include`` picks the registries (default: the stage mechanisms), ``names`` restricts
+  further."""
   rows = []
-  for name, (build, relations, twins, default, gaussian) in registry().items():
+  for name, (build, relations, twins, default, gaussian) in registry(include).items():
     if names is not None and name not in names:
       continue
     n_trials = default if trials is None else trials
