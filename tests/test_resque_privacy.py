@@ -176,3 +176,18 @@ def test_hook_refuses_bad_arguments(runs):
     rq.resque_private_releases(prob, {**CFG, "relation": "add_remove"}, key)
   text = repr(ref.calls[0])
   assert "inputs" not in text and "indices" not in text and "key" not in text.lower()
+
+
+@pytest.mark.parametrize("phases,budget", [(2, "paper"), (3, "paper"), (2, "parallel")])
+def test_multi_phase_plan_stays_within_epsilon_and_delta(phases, budget):
+  """Phases with equal (alpha, delta') merge into one Lemma 3 block converted at the summed
+  epsilon; the per-call slack must be sized for that (it once gave delta = 1.018e-5 > 1e-5)."""
+  from dpsco_jax.algorithms.resque_private import _spend
+  prob = problems.absolute(n_users=512, m=1, d=3, key=jax.random.key(0), radius=1.0,
+                           noise=0.0, n_eval=100)
+  cfg = {**CFG, "phases": phases, "phase_budget": budget, "T_frac": 1 / 64}
+  plan = rq.resque_private_plan(prob, cfg)
+  report = _spend(plan).report(provenance=plan.provenance, level="item")
+  assert report.epsilon <= 1.0 * (1 + 1e-9)
+  assert report.delta <= 1e-5 * (1 + 1e-9)
+  assert len(plan.phases) == phases and all(ph.events for ph in plan.phases)

@@ -163,10 +163,16 @@ def _plan_charges(cfg: _PrivateERMConfig, *, beta: float, lam_dummy: float, d: i
 # ===================================================== private SCO (Prop. 11 / Theorem 4) ==
 
 def _phase_plan(cfg: dict, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
-                R: float, eta_loc: float, ratio: float, constants: str, c_priv: float) -> dict:
+                R: float, eta_loc: float, ratio: float, constants: str, c_priv: float,
+                eps_total: float | None = None) -> dict:
   """Data-free plan of localization phase ``i``: the ERM schedule, the worst-case list of
   Alg. 4 calls, ``alpha``, the per-call slack and ``beta`` calibrated by the library's one
-  calibrator so that the plan's approximate-RDP events meet ``eps_i`` (``beta = 1 / z``)."""
+  calibrator so that the plan's approximate-RDP events meet ``eps_i`` (``beta = 1 / z``).
+
+  ``eps_total`` (default ``eps_i``) is the largest epsilon at which the ledger may convert
+  these events: phases with equal ``(alpha, delta')`` merge into one Lemma 3 block, converted
+  at the SUM of their epsilons, so the per-call slack ``delta_call`` is sized with
+  ``e^eps_total`` to keep ``delta' + (1 + e^eps) sum(delta_call)`` within the budget."""
   lam_i = 1.0 / ((eta_loc / 4 ** i) * n_i)
   eps_opt = check_positive(_cfg(cfg, "eps_opt_scale", 1.0), "eps_opt_scale") * L * R * (
       1 / math.sqrt(n_i) + math.sqrt(d) / (n_i * eps_i))
@@ -190,7 +196,9 @@ def _phase_plan(cfg: dict, *, n_i: int, i: int, eps_i: float, delta_i: float, d:
                      f"in phase {i}")
   plan = _plan_charges(erm, beta=1.0, lam_dummy=1.0, d=d, radius=r, lipschitz=L)
   # (1 - 1e-9): keep the float sum of the per-call slacks at or below the target delta
-  delta_call = delta_i * (1 - DELTA_PRIME_FRAC) / (1 + math.exp(eps_i)) / len(plan) * (1 - 1e-9)
+  eps_conv = eps_i if eps_total is None else max(eps_i, eps_total)
+  delta_call = (delta_i * (1 - DELTA_PRIME_FRAC) / (1 + math.exp(eps_conv)) / len(plan)
+                * (1 - 1e-9))
   kw = dict(n=n_i, delta_call=delta_call, alpha=alpha, delta_prime=delta_prime, ratio=ratio,
             constants=constants, c_priv=c_priv)
   z = calibrate_noise_multiplier(lambda z: approx_rdp_events(plan, beta=1.0 / z, **kw),
@@ -318,7 +326,7 @@ def resque_private_plan(problem, cfg: dict, *, data: dict | None = None) -> Resq
     share = 2.0 ** -min(i, phases - 1) if i == phases else 2.0 ** -i
     eps_i, delta_i = (eps, delta_blocks) if parallel else (eps * share, delta_blocks * share)
     p = _phase_plan(cfg, n_i=n_i, i=i, eps_i=eps_i, delta_i=delta_i, d=d, L=L, R=R,
-                    eta_loc=eta_loc, **common)
+                    eta_loc=eta_loc, eps_total=eps, **common)
     for t, b in p["plan"]:  # preconditions of the planned (data-independent) calls
       _, cond = alg4_rdp(T=t, n=n_i, beta=b * p["beta"], delta=p["delta_call"],
                          alpha=p["alpha"], rho_over_r=ratio, constants=constants, c_priv=c_priv)
