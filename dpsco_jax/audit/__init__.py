@@ -4,17 +4,21 @@
 trials=...)`` audits any ``release(key, dataset) -> per-step releases`` (a chain stage here, a
 driver once it exposes its per-step releases) and returns an :class:`AuditResult`;
 ``mechanisms.build(name, relation, broken)`` gives ready specs around the library's stages and
-their broken twins; ``python -m dpsco_jax.audit`` prints the table.
+their broken twins; ``drivers.build_driver(name, relation, broken)`` the same for whole drivers
+through their audit hooks; ``python -m dpsco_jax audit`` (or ``python -m dpsco_jax.audit``)
+prints the table.
 """
 
 from dpsco_jax.audit.bounds import (clopper_pearson_upper, epsilon_lower_bound, gdp_epsilon,
                                     gdp_mu_lower_bound)
 from dpsco_jax.audit.canary import RELATIONS, UserBatch, dirac_canary, neighbouring_pair
+from dpsco_jax.audit.drivers import DRIVERS, build_driver
 from dpsco_jax.audit.harness import (AuditResult, AuditSpec, audit_mechanism, run_audit,
                                      sample_scores)
 
 __all__ = [
-    "AuditResult", "AuditSpec", "RELATIONS", "UserBatch", "audit_mechanism",
+    "AuditResult", "AuditSpec", "DRIVERS", "RELATIONS", "UserBatch", "audit_mechanism",
+    "build_driver",
     "clopper_pearson_upper", "dirac_canary", "epsilon_lower_bound", "gdp_epsilon",
     "gdp_mu_lower_bound", "neighbouring_pair", "run_audit", "sample_scores",
 ]

@@ -11,13 +11,14 @@ samples into :class:`AuditResult`. Keys: trial ``i`` on side ``s`` uses
 ``fold_in(fold_in(key, s), i)``, so the two sides and all trials draw independent noise and no
 key is used twice.
 
-A driver is audited the same way once it exposes its per-step releases, e.g.::
+A driver is audited the same way through its audit hook (:mod:`dpsco_jax.audit.drivers`),
+e.g.::
 
-    def release(key, data):            # data: a UserData-like pytree with the canary user
-      return dp_sgd_user_releases(loss, params0, data, key, cfg)   # [T, d] noisy updates
+    def release(key, data):            # data: {"x": [n, m, d]} with the canary user
+      return baselines.dp_sgd_releases(problem, cfg, key, data=data)   # [T, d] noisy means
     audit_mechanism(release, with_canary, without_canary, score=lambda r: r[:, 0].sum(),
                     claimed_epsilon=result.privacy.epsilon, delta=result.privacy.delta,
-                    relation=result.privacy.relation, trials=20_000)
+                    relation=result.privacy.relation, trials=100_000)
 
 (the release function must be jittable and vmappable in ``key``; the hook that returns the
 per-step releases belongs to the driver).
