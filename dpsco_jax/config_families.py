@@ -156,7 +156,8 @@ class FilterCommon:
   preset: Optional[Preset] = _key("paper constants (theory) or laptop scale", "practical")
   sensitivity: Optional[Literal["certified", "typical"]] = _key(
       "coupled sensitivity bound (certified) or the heuristic typical one", "certified")
-  noise: Optional[bool] = _key("PRIVACY noise switch (false: non-private ablation)", True)
+  privacy_noise: Optional[bool] = _key("privacy noise switch (false: non-private ablation)",
+                                      True)
   relation: Optional[Relation] = _key("neighbouring relation (only replace_one)",
                                       "replace_one")
   noise_multiplier: Optional[float] = _key("explicit z (practical only)")

@@ -98,10 +98,8 @@ FILTER = {"algorithm": "user_level_accelerated_erm", "problem": "logistic", "n_u
     (DPSGD, {"sampling": "poison"}, r"sampling must be one of 'poisson', 'fixed', 'full'"),
     (DPSGD, {"epsilon": None}, r"needs one of epsilon, noise_multiplier"),
     (FILTER, {"epsilon": None}, r"epsilon must be a number, got None.*omit the key"),
-    (FILTER, {"noise": 0.0}, r"noise must be true or false, got 0.0"),
-    (dict(FILTER, problem="least_squares"), {"noise": 0.5},
-     r"noise is ambiguous for algorithm 'user_level_accelerated_erm' on problem "
-     r"'least_squares'"),
+    (FILTER, {"privacy_noise": 0.0}, r"privacy_noise must be true or false, got 0.0"),
+    (FILTER, {"noise": False}, r"unknown key 'noise'"),  # logistic has no label noise
     (dict(FILTER, algorithm="user_level_phased_sgd"), {"lam": 1.0}, r"unknown key 'lam'"),
     ({"algorithm": "dp_bilevel", "problem": "ridge_tuning", "epsilon": 1.0}, {"shares": 0.5},
      r"shares must be a list of 3 numbers, got 0.5.*list inside a list"),
@@ -121,7 +119,8 @@ def test_bad_configs_raise_naming_the_key(base, extra, match):
 
 @pytest.mark.parametrize("cfg", [
     DPSGD, dict(DPSGD, epsilon=None, noise_multiplier=1.0), dict(SRGD, epsilon=None),
-    dict(SRGD, relation="replace_one", adjacency="replace_one"), dict(FILTER, noise=False),
+    dict(SRGD, relation="replace_one", adjacency="replace_one"), dict(FILTER, privacy_noise=False),
+    dict(FILTER, problem="least_squares", noise=0.0),
     dict(FILTER, clip=True), dict(FILTER, clip=2.0),
     {"algorithm": "dp_bilevel", "problem": "ridge_tuning", "epsilon": 1.0,
      "shares": [0.5, 0.3, 0.2], "outer_noise": "auto", "omega_bounds": [0.1, 2.0]},

@@ -186,7 +186,7 @@ def test_thirty_percent_adversarial_users_halt_to_fallback(alg3_runs):
 
 @pytest.mark.slow
 def test_noise_free_alg3_reaches_optimum(clean):
-  res = user_level_accelerated_erm(clean, {**BASE, "noise": False}, jax.random.key(1))
+  res = user_level_accelerated_erm(clean, {**BASE, "privacy_noise": False}, jax.random.key(1))
   gap = clean.excess_risk(res.params)
   assert 0 <= gap + 1e-6 and gap <= 1.0 / math.sqrt(N * M), gap
   assert float(jnp.linalg.norm(res.params)) <= clean.radius + 1e-5
@@ -197,7 +197,7 @@ def test_noise_free_alg3_reaches_optimum(clean):
 @pytest.mark.slow
 def test_smoothed_alg3_on_hinge_noise_free():
   prob = hinge_problem(n_users=200, m=4, d=3, key=jax.random.key(2), n_eval=800)
-  cfg = {**BASE, "noise": False, "smoothing_radius": 0.05, "max_steps": 80}
+  cfg = {**BASE, "privacy_noise": False, "smoothing_radius": 0.05, "max_steps": 80}
   res = user_level_accelerated_erm_smoothed(prob, cfg, jax.random.key(3))
   assert res.record["smoothness"] == pytest.approx(math.sqrt(3) / 0.05)   # L sqrt(d) / r
   assert res.record["phases"][0]["steps"] == 80

@@ -90,7 +90,9 @@ def read_options(cfg: dict, mechanism: str) -> Options:
   delta = check_delta(cfg.get("delta"))
   preset = check_choice(cfg_get(cfg, "preset", "practical"), "preset", ("theory", "practical"))
   sens = check_choice(cfg_get(cfg, "sensitivity", "certified"), "sensitivity", SENSITIVITIES)
-  noise = check_bool(cfg_get(cfg, "noise", True), "noise")
+  # "privacy_noise", not "noise": the problems' label-noise key is "noise" (issue 13: a label
+  # noise of 0.0 used to switch the privacy noise off)
+  noise = check_bool(cfg_get(cfg, "privacy_noise", True), "privacy_noise")
   debug = check_bool(cfg_get(cfg, "debug", False), "debug")
   relation = check_relation(cfg_get(cfg, "relation", RELATION), supported=SUPPORTED_RELATIONS,
                             mechanism=f"{mechanism} (FILTER averages over a public number of "

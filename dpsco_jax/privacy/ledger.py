@@ -93,12 +93,57 @@ def make_accountant(kind: str, relation: str, event: Any = None):
   return rdp_privacy_accountant.RdpAccountant(neighboring_relation=rel)
 
 
+def _gaussian_mu2(event: Any) -> float | None:
+  """``sum 1/z_i^2`` if ``event`` is a composition of plain Gaussians (else None): such a
+  composition is exactly one Gaussian mechanism with ``mu = sqrt(sum 1/z_i^2)`` (times the
+  relation's sensitivity factor), whatever the order or grouping."""
+  if isinstance(event, dp_accounting.GaussianDpEvent):
+    return 1.0 / float(event.noise_multiplier) ** 2
+  if isinstance(event, dp_accounting.SelfComposedDpEvent):
+    inner = _gaussian_mu2(event.event)
+    return None if inner is None else inner * event.count
+  if isinstance(event, dp_accounting.ComposedDpEvent):
+    parts = [_gaussian_mu2(e) for e in event.events]
+    return None if any(p is None for p in parts) else float(sum(parts))
+  return None
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+  """Exact epsilon of a mu-GDP (Gaussian) mechanism at ``delta`` (Balle & Wang 2018, Thm 8):
+  the smallest eps with ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) <= delta``,
+  evaluated in log space so that large epsilons do not overflow."""
+  from scipy import optimize, special
+  if mu <= 0:
+    return 0.0
+  def gap(eps: float) -> float:
+    a = special.log_ndtr(mu / 2 - eps / mu)
+    b = eps + special.log_ndtr(-mu / 2 - eps / mu)
+    return (math.exp(a) * -math.expm1(b - a) if b < a else 0.0) - delta
+  if gap(0.0) <= 0:
+    return 0.0
+  hi = mu * mu / 2 + mu * math.sqrt(2 * math.log(1 / delta)) + 1.0
+  while gap(hi) > 0:
+    hi *= 2
+  return float(optimize.brentq(gap, 0.0, hi, xtol=1e-12, rtol=1e-12))
+
+
 def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: str,
                        accountant: str = "auto") -> float:
-  """Epsilon of the composition of dp_accounting ``(event, count)`` parts at ``delta``."""
+  """Epsilon of the composition of dp_accounting ``(event, count)`` parts at ``delta``.
+
+  Compositions of plain Gaussians are converted exactly (:func:`gaussian_epsilon`, with
+  sensitivity factor 2 under replace-one) instead of through a discretized PLD, which is both
+  tighter and ~1e5x faster at large epsilon (a PLD of a mu ~ 100 Gaussian takes tens of
+  seconds); everything else goes to dp_accounting's PLD or RDP accountant."""
   if not parts:
     return 0.0
   whole = dp_accounting.ComposedDpEvent([e for e, _ in parts])
+  mu2 = _gaussian_mu2(dp_accounting.ComposedDpEvent(
+      [dp_accounting.SelfComposedDpEvent(e, c) for e, c in parts]))
+  if mu2 is not None and accountant in ("auto", "pld"):
+    factor = 2.0 if accountant_relation(relation, whole) == (
+        dp_accounting.NeighboringRelation.REPLACE_ONE) else 1.0
+    return gaussian_epsilon(factor * math.sqrt(mu2), delta)
   kind = accountant
   if kind == "auto":
     kind = "pld" if make_accountant("pld", relation, whole).supports(
