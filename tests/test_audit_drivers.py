@@ -23,6 +23,7 @@ CASES = [
     ("dp_trainer", "add_remove", "noise_halved"),
     ("naive_output_pert", "replace_one", "noise_halved"),
     ("dp_loc_gd", "replace_one", "noise_halved"),
+    ("dp_bilevel", "replace_one", "noise_halved"),
 ]
 
 
@@ -56,6 +57,24 @@ def test_srgd_tree_below_its_claim_and_flagged_under_independent_accounting():
   assert res.gdp_lower_bound > twin_spec.claimed_epsilon  # the Gaussian fit sees it too
 
 
+def test_bilevel_canary_moves_only_the_outer_release_by_the_sensitivity():
+  # Why no forced= replay is needed: with one key, D and D' give identical inner releases
+  # (the canary's b is unchanged) and outer releases that differ by exactly the replace-one
+  # sensitivity 2 C_out / n along e_0 at every step (v_i = a_i wherever x, y are).
+  spec = DR.build_driver("dp_bilevel", "replace_one")
+  rel = jax.jit(spec.release)
+  key = jax.random.key(3)
+  r_in, r_out = rel(key, spec.dataset_in), rel(key, spec.dataset_out)
+  np.testing.assert_array_equal(np.asarray(r_in.y_star), np.asarray(r_out.y_star))
+  np.testing.assert_array_equal(np.asarray(r_in.y_lam), np.asarray(r_out.y_lam))
+  n = spec.dataset_in["a"].shape[0]
+  diff = np.asarray(r_in.outer - r_out.outer)
+  assert diff.shape == (4, 2)
+  np.testing.assert_allclose(diff[:, 0], 2 * 1.0 / n, rtol=1e-4)
+  np.testing.assert_allclose(diff[:, 1], 0.0, atol=1e-6)
+  assert float(np.std(np.asarray(r_in.outer[:, 1]))) > 0  # the releases are noised
+
+
 def test_claims_are_the_drivers_reports():
   from dpsco_jax.algorithms import baselines
   spec = DR.build_driver("dp_sgd_user_full", "zero_out")
@@ -78,6 +97,10 @@ def test_bad_inputs_name_the_parameter():
     DR.build_driver("accelerated_dp_srgd", "add_remove")
   with pytest.raises(TypeError, match="relation"):
     DR.build_driver("dp_loc_gd", 1)
+  with pytest.raises(ValueError, match="relation"):
+    DR.build_driver("dp_bilevel", "zero_out")
+  with pytest.raises(ValueError, match="broken"):
+    DR.build_driver("dp_bilevel", "replace_one", "realized_count")
 
 
 def test_cli_audit_verb_prints_claim_and_bound():

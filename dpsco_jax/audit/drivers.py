@@ -2,9 +2,9 @@
 
 Each builder returns an :class:`~dpsco_jax.audit.harness.AuditSpec` whose ``release(key, data)``
 is a driver's own audit hook (``dp_sgd_releases``, ``DPTrainer.release_fn``,
-``srgd_releases``, ``output_perturbation_releases``, ``dp_loc_gd_releases``): the same plan,
-sampling, clipping and noise as the driver, on a small problem with a *Dirac-like canary
-user*. The loss is linear in the parameters, ``f(w; x) = <x, w>`` (output perturbation: plus a
+``srgd_releases``, ``output_perturbation_releases``, ``dp_loc_gd_releases``,
+``dp_bilevel_releases``): the same plan, sampling, clipping and noise as the driver, on a small
+problem with a *Dirac-like canary user*. The loss is linear in the parameters, ``f(w; x) = <x, w>`` (output perturbation: plus a
 public ``mu/2 ||w||^2``), so a user's gradient is its data ``x`` wherever the driver queries it:
 the canary ``x = 10 C e_0`` has clipped gradient exactly ``C e_0`` at every step, and the
 per-step releases can be scored by their ``e_0`` coordinate summed over steps (tree noise: the
@@ -42,7 +42,7 @@ from dpsco_jax.audit.harness import AuditSpec
 from dpsco_jax.audit.mechanisms import DELTA, _check_broken, _tree_cov, gaussian_lr_weights
 
 __all__ = ["DRIVERS", "GAUSSIAN", "TRIALS", "build_driver", "dp_sgd_driver", "trainer_driver", "srgd_driver",
-           "output_perturbation_driver", "loc_gd_driver", "linear_problem"]
+           "output_perturbation_driver", "loc_gd_driver", "bilevel_driver", "linear_problem"]
 
 _HI = jax.lax.Precision.HIGHEST
 _CLIP = 1.0
@@ -294,6 +294,61 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
                    f"run_dp_loc_gd(...).privacy.epsilon (z={noise_multiplier:g}, T={steps})")
 
 
+# ----------------------------------------------------------------------------- DP bilevel
+def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
+                   examples: int = 8, dim: int = 2, steps: int = 4, epsilon: float = 2.5,
+                   inner_share: float = 0.01) -> AuditSpec:
+  """``dp_bilevel`` (Alg 1, full batch) through ``bilevel.dp_bilevel_releases`` with the
+  driver's own plan (``bilevel_config``). Example ``i`` is ``(a_i, b_i)``; upper level
+  ``f_i(x, y) = <a_i, x>``, lower level ``g_i(x, y) = ||y - b_i||^2 / 2`` (per-level membership
+  inside each example, paper 004's footnote 1). The penalty hypergradient is then
+  ``v_i = a_i`` at every ``(x, y^lam, y*)``, so the canary ``a_0 = 10 C_out e_0`` (replaced by
+  ``-a_0``, ``b_0`` unchanged) moves every outer release by exactly ``2 C_out / n`` along
+  ``e_0`` and the inner solves (identical data in D and D') not at all: the releases on D and
+  D' are the driver's own release distributions, no ``forced=`` replay is needed. The inner
+  solves still run (noise, projections, warm starts) but carry no canary signal, so the
+  config gives them ``inner_share`` of the budget each (``shares``) and the outer Gaussian the
+  rest. Score: the ``e_0`` coordinate of the outer releases summed over the ``T`` steps (the
+  likelihood-ratio statistic: equal shifts, i.i.d. noise). Claim: ``dp_bilevel(...)``'s
+  ``privacy.epsilon`` (PLD composition of all ``3T`` mechanisms). Twin ``noise_halved``: every
+  multiplier of the plan halved."""
+  from dpsco_jax.algorithms import bilevel as bl
+  if check_relation(relation) != "replace_one":
+    raise ValueError("relation: DP bilevel (paper 004) is replace_one")
+  _check_broken(broken, ("noise_halved",), "bilevel_driver")
+  a = np.zeros((examples, dim), np.float32)
+  a[0, 0] = _CANARY * _CLIP
+  b = np.full((examples, dim), 0.5, np.float32)
+  a_out = a.copy()
+  a_out[0] = -a[0]
+  consts = bl.ProblemConstants(l0f=1.0, l1f=1.0, l0g=1.0, l1g=1.0, l2g=1.0, mu_g=1.0)
+  problem = bl.BilevelProblem(
+      name="audit_bilevel", f_ex=lambda x, y, ex: jnp.dot(ex["a"], x, precision=_HI),
+      g_ex=lambda x, y, ex: 0.5 * jnp.sum(jnp.square(y - ex["b"])),
+      data={"a": jnp.asarray(a), "b": jnp.asarray(b)}, x0=jnp.zeros((dim,), jnp.float32),
+      y0=jnp.zeros((dim,), jnp.float32), consts=consts, x_radius=1.0,
+      x_center=jnp.zeros((dim,), jnp.float32), y_radius=2.0)
+  cfg = {"epsilon": epsilon, "delta": DELTA, "T": steps, "inner_steps": 2, "inner_rounds": 1,
+         "clip_out": _CLIP, "clip_in": _CLIP, "outer_noise": True,
+         "shares": (inner_share, inner_share, 1.0 - 2 * inner_share)}
+  bcfg, _ = bl.bilevel_config(problem, cfg)  # the driver's plan (data free, calibrated)
+  claim = bl.dp_bilevel(problem, cfg, jax.random.key(0)).privacy.epsilon
+  if broken == "noise_halved":
+    half = lambda c: dataclasses.replace(c, noise_multiplier=c.noise_multiplier / 2.0)
+    bcfg = dataclasses.replace(bcfg, outer_noise_multiplier=bcfg.outer_noise_multiplier / 2.0,
+                               inner_y=half(bcfg.inner_y), inner_lam=half(bcfg.inner_lam))
+
+  def release(key, d):
+    return bl.dp_bilevel_releases(dataclasses.replace(problem, data=d), bcfg, key)
+
+  b_j = jnp.asarray(b)
+  return AuditSpec(f"dp_bilevel[{broken or 'honest'}]", relation, release,
+                   {"a": jnp.asarray(a), "b": b_j}, {"a": jnp.asarray(a_out), "b": b_j},
+                   lambda r: jnp.sum(r.outer[:, 0]), float(claim), DELTA,
+                   f"dp_bilevel(...).privacy.epsilon (target {epsilon:g}, T={steps}, "
+                   f"z_out={bcfg.outer_noise_multiplier:.3g})")
+
+
 # ----------------------------------------------------------------------------- registry
 def _dp_sgd(sampling: str) -> Callable[..., AuditSpec]:
   return lambda relation, broken=None, **kw: dp_sgd_driver(relation, broken,
@@ -310,6 +365,7 @@ DRIVERS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, .
     "accelerated_dp_srgd": (srgd_driver, ("zero_out",), ("independent_accounting",)),
     "naive_output_pert": (output_perturbation_driver, ("replace_one",), ("noise_halved",)),
     "dp_loc_gd": (loc_gd_driver, ("replace_one",), ("noise_halved",)),
+    "dp_bilevel": (bilevel_driver, ("replace_one",), ("noise_halved",)),
 }
 
 
@@ -318,7 +374,8 @@ DRIVERS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, .
 TRIALS = {name: 100_000 for name in DRIVERS} | {"dp_sgd_user_fixed": 400_000}
 
 #: drivers whose claim is a Gaussian (mu-GDP) one: only there is the GDP-fit bound a test
-GAUSSIAN = ("dp_sgd_user_full", "accelerated_dp_srgd", "naive_output_pert", "dp_loc_gd")
+GAUSSIAN = ("dp_sgd_user_full", "accelerated_dp_srgd", "naive_output_pert", "dp_loc_gd",
+            "dp_bilevel")
 
 
 def build_driver(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
