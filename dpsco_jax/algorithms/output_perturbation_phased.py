@@ -165,41 +165,38 @@ def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> di
   return rec
 
 
+def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook | None, *,
+            sco: bool) -> Result:
+  """Algorithms 3 / 4: every phase is charged (one (eps, delta) block each) before any runs."""
+  settings = _settings_for(cfg)
+  eps, delta = _check_common(cfg, settings)
+  ledger = block_ledger(settings, eps, delta)
+  _spend_phases(ledger, sco=sco, n_users=problem.n_users, m=problem.m, epsilon=eps,
+                delta=delta, label="Phased-SCO" if sco else "Phased-ERM")
+  run = _phased_sco_run if sco else _phased_erm_run
+  sch, out = run(problem, key, eps=eps, delta=delta, settings=settings,
+                 theta0=problem.init_params(), beta=settings.beta, hook=hook)
+  prov, notes = _provenance(settings, out.infos)
+  how = ("parallel composition over disjoint blocks" if sco
+         else "basic composition over T phases")
+  return Result(params=out.theta,
+                privacy=block_report(ledger, prov, paper_epsilon=eps, notes=f"{notes}; {how}"),
+                gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
+                record=_phase_record(sch, out, settings),
+                debug=_debug_dict(out.dbgs, out.certs) if settings.debug else None)
+
+
 def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
   """Phased-ERM (Alg. 3, Thm 4.1): convex G-Lipschitz loss, excess empirical risk
   ``Õ(RG sqrt(d)/(n sqrt(m)))``; (eps, delta) by basic composition of T calls."""
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  ledger = block_ledger(settings, eps, delta)
-  _spend_phases(ledger, sco=False, n_users=problem.n_users, m=problem.m, epsilon=eps,
-                delta=delta, label="Phased-ERM")
-  sch, out = _phased_erm_run(problem, key, eps=eps, delta=delta, settings=settings,
-                             theta0=problem.init_params(), beta=settings.beta, hook=_hook)
-  prov, notes = _provenance(settings, out.infos)
-  return Result(params=out.theta, privacy=block_report(ledger, 
-      prov, paper_epsilon=eps, notes=notes + "; basic composition over T phases"),
-      gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
-      record=_phase_record(sch, out, settings),
-      debug=_debug_dict(out.dbgs, out.certs) if settings.debug else None)
+  return _phased_driver(problem, cfg, key, _hook, sco=False)
 
 
 def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
   """Phased-SCO (Alg. 4, Thm 5.1): disjoint user blocks, parallel composition."""
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  ledger = block_ledger(settings, eps, delta)
-  _spend_phases(ledger, sco=True, n_users=problem.n_users, m=problem.m, epsilon=eps,
-                delta=delta, label="Phased-SCO")
-  sch, out = _phased_sco_run(problem, key, eps=eps, delta=delta, settings=settings,
-                             theta0=problem.init_params(), beta=settings.beta, hook=_hook)
-  prov, notes = _provenance(settings, out.infos)
-  return Result(params=out.theta, privacy=block_report(ledger, 
-      prov, paper_epsilon=eps, notes=notes + "; parallel composition over disjoint blocks"),
-      gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
-      record=_phase_record(sch, out, settings),
-      debug=_debug_dict(out.dbgs, out.certs) if settings.debug else None)
+  return _phased_driver(problem, cfg, key, _hook, sco=True)
 
 
 def localization_radius(sigma0: float, d: int, beta: float, tau: float) -> float:
