@@ -196,7 +196,7 @@ def _progress(i: int, total: int, cfg: dict, t0: float) -> None:
   width = 24
   done = int(width * i / total)
   elapsed = time.perf_counter() - t0
-  desc = f"{cfg.get('algorithm')} seed={cfg.get('seed', 0)}"
+  desc = f"{cfg['algorithm']} seed={cfg.get('seed', 0)}" if cfg else "done"
   sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{total} {elapsed:6.1f}s {desc:40.40s}")
   sys.stderr.flush()
 
