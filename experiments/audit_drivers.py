@@ -11,7 +11,6 @@ for Gaussian claims) and, as the last line, one JSON object with every number.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from dpsco_jax.audit import drivers  # noqa: E402
-from dpsco_jax.audit.table import audit_table, format_table  # noqa: E402
+from dpsco_jax.audit.table import audit_table, print_report  # noqa: E402
 
 
 def main() -> None:
@@ -36,15 +35,10 @@ def main() -> None:
   for name in args.driver or drivers.DRIVERS:
     rows += audit_table(args.scale * drivers.TRIALS[name], args.seed, (name,),
                         include="drivers")
-  print(f"driver audits: trials per side = {args.scale} x drivers.TRIALS; confidence 0.95; "
-        f"delta {drivers.DELTA:g}")
-  print(format_table(rows))
-  print("GDP-fit bounds (valid against Gaussian claims only): " + ", ".join(
-      f"{r['mechanism']}/{r['relation']}={r['gdp_lower_bound']:.2f}" for r in rows
-      if r["gdp_lower_bound"] is not None))
-  print(json.dumps({"scale": args.scale, "seed": args.seed,
-                    "seconds": round(time.perf_counter() - t0, 1), "rows": rows}))
-
+  print_report(f"driver audits: trials per side = {args.scale} x drivers.TRIALS; confidence "
+               f"0.95; delta {drivers.DELTA:g}", rows,
+               {"scale": args.scale, "seed": args.seed,
+                "seconds": round(time.perf_counter() - t0, 1)})
 
 if __name__ == "__main__":
   main()

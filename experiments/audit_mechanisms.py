@@ -9,7 +9,6 @@ object with every number.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -17,7 +16,7 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from dpsco_jax.audit.table import audit_table, format_table  # noqa: E402
+from dpsco_jax.audit.table import audit_table, print_report  # noqa: E402
 
 
 def main() -> None:
@@ -27,14 +26,9 @@ def main() -> None:
   args = ap.parse_args()
   t0 = time.perf_counter()
   rows = audit_table(args.trials, args.seed)
-  print(f"trials per side: {args.trials}; confidence 0.95; delta 1e-5")
-  print(format_table(rows))
-  print("GDP-fit bounds (valid against Gaussian claims only): " + ", ".join(
-      f"{r['mechanism']}/{r['relation']}={r['gdp_lower_bound']:.2f}" for r in rows
-      if r["gdp_lower_bound"] is not None))
-  print(json.dumps({"trials": args.trials, "seed": args.seed,
-                    "seconds": round(time.perf_counter() - t0, 1), "rows": rows}))
-
+  print_report(f"trials per side: {args.trials}; confidence 0.95; delta 1e-5", rows,
+               {"trials": args.trials, "seed": args.seed,
+                "seconds": round(time.perf_counter() - t0, 1)})
 
 if __name__ == "__main__":
   main()

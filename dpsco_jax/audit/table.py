@@ -82,3 +82,14 @@ def format_table(rows: list[dict]) -> str:
       lines.append(left + right)
       first = False
   return "\n".join(lines)
+
+
+def print_report(header: str, rows: list[dict], summary: dict) -> None:
+  """The experiments' output: a header, the table, the GDP-fit line, then one JSON line."""
+  import json
+  print(header)
+  print(format_table(rows))
+  print("GDP-fit bounds (valid against Gaussian claims only): " + ", ".join(
+      f"{r['mechanism']}/{r['relation']}={r['gdp_lower_bound']:.2f}" for r in rows
+      if r["gdp_lower_bound"] is not None))
+  print(json.dumps({**summary, "rows": rows}))
