@@ -12,6 +12,7 @@ from dpsco_jax.privacy.events import (ApproxDpEvent, ApproxRdpEvent, PureDpEvent
 from dpsco_jax.privacy.ledger import (LedgerIntegrityError, PrivacyBudgetExceeded,
                                       PrivacyLedger, PrivacyReport, Provenance, epsilon_of)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier, ledger_epsilon
+from dpsco_jax.privacy.group import GroupPrivacy, group_privacy_epsilon
 from dpsco_jax.privacy.mechanisms import (gaussian_sigma_analytic, gaussian_sigma_classic,
                                           laplace)
 from dpsco_jax.privacy.discrete_laplace import tdlap_pmf, tdlap_sample
