@@ -57,12 +57,6 @@ ALGORITHM_MODULES = (
 RESERVED = ("experiments", "name", "description")
 
 
-def check_types(cfg: dict) -> None:
-  """Raises :class:`ConfigError` for a run config that its schema refuses (kept for callers
-  of the old name; :func:`dpsco_jax.config_schema.validate` is the check)."""
-  validate(cfg)
-
-
 def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
   """Merges ``ALGORITHMS`` and ``PROBLEMS`` of every algorithm module."""
   from dpsco_jax import problems as core_problems

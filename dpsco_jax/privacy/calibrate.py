@@ -20,9 +20,8 @@ from typing import Any, Callable, Sequence
 from scipy import optimize
 
 from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
-from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT
+from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT, for_accountant
 from dpsco_jax.privacy.ledger import ACCOUNTANTS, PrivacyLedger, make_accountant
-from dpsco_jax.privacy.events import for_accountant
 from dpsco_jax.privacy.relations import check_relation
 
 __all__ = ["calibrate_noise_multiplier", "ledger_epsilon"]
@@ -85,8 +84,8 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
       for_accountant(e, "rdp", relation)) for e in probe)
   pld_ok = plain and all(make_accountant("pld", relation, e).supports(
       for_accountant(e, "pld", relation)) for e in probe)
-  kind = accountant if accountant != "auto" else ("pld" if pld_ok or not plain else "rdp")
-  if kind == "pld" and rdp_ok:
+  # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
+  if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
     z_rdp = _solve(lambda z: eps_at(z, "rdp"), epsilon, lower, None)
     if z_rdp == lower:
       return _solve(lambda z: eps_at(z, "pld"), epsilon, lower, None)

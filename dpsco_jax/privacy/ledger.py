@@ -247,7 +247,10 @@ class PrivacyLedger:
     """The epsilon that spending ``event`` ``count`` times would reach; raises
     :class:`PrivacyBudgetExceeded` if over budget. Records nothing (a planned run is checked
     once, before its first step)."""
-    candidate = self._with(event, label, group, count)
+    return self._checked(self._with(event, label, group, count), label)
+
+  def _checked(self, candidate: list[_Entry], label: str) -> float:
+    """Grid upper bound of ``candidate``'s epsilon; the exact value decides the budget."""
     eps = self._epsilon(candidate, self.delta, rounded=True)[0]
     if self.epsilon_budget is not None and eps > self.epsilon_budget * (1 + 1e-9):
       eps = self._epsilon(candidate, self.delta, rounded=False)[0]
@@ -267,8 +270,9 @@ class PrivacyLedger:
     Raises:
       PrivacyBudgetExceeded: when the composed epsilon would exceed ``epsilon_budget``.
     """
-    eps = self.check(event, label=label, group=group, count=count)
-    self._entries = self._with(event, label, group, count)
+    candidate = self._with(event, label, group, count)  # validated once
+    eps = self._checked(candidate, label)
+    self._entries = candidate
     return eps
 
   # --- epsilon ------------------------------------------------------------------------------
