@@ -29,6 +29,7 @@ import pytest
 from scipy import stats
 
 from dpsco_jax.algorithms import bilevel as bl
+from dpsco_jax.transforms.post_processing import MinStepState, track_min_step
 from dpsco_jax.algorithms import bilevel_plan
 from dpsco_jax.algorithms.localized_gd import LocGDConfig
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger, epsilon_of
@@ -330,7 +331,7 @@ def test_min_step_output_rule_and_prop_4_6_bound():
   smooth, t_steps = 5.5, 60
   eta = 1 / (2 * smooth)
   for radius in (None, 0.4):
-    tx = optax.chain(projected_sgd(eta, radius=radius), bl.track_min_step())
+    tx = optax.chain(projected_sgd(eta, radius=radius), track_min_step())
     x = jnp.asarray([1.7, -0.3]) if radius is None else jnp.asarray([0.3, -0.2])
     state = tx.init(x)
     traj, norms = [], []
@@ -433,9 +434,9 @@ def test_runner_entry_budget_and_hygiene():
   for prim in ("lu", "cholesky", "triangular_solve", "custom_linear_solve"):
     assert f" {prim}[" not in jaxpr and f"{prim}(" not in jaxpr
   # Pytree state round-trips.
-  st = bl.track_min_step().init(jnp.zeros(2))
+  st = track_min_step().init(jnp.zeros(2))
   leaves, tdef = jax.tree_util.tree_flatten(st)
-  assert isinstance(jax.tree_util.tree_unflatten(tdef, leaves), bl.MinStepState)
+  assert isinstance(jax.tree_util.tree_unflatten(tdef, leaves), MinStepState)
   # Bad configuration -> ValueError naming the parameter.
   for bad, name in (({"lam": -1.0}, "lam"), ({"T": 0}, "T"), ({"batch_out": 10 ** 6},
                                                                 "batch_out"),

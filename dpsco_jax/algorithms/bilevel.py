@@ -74,6 +74,7 @@ from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.relations import PUBLIC
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
+from dpsco_jax.transforms.post_processing import track_min_step
 from dpsco_jax.transforms.steps import projected_sgd, tree_l2_norm
 
 PyTree = Any
@@ -93,38 +94,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Min-step output rule (Alg 1 lines 7-8)
 # --------------------------------------------------------------------------------------------
-
-class MinStepState(NamedTuple):
-  count: jax.Array
-  best_norm: jax.Array
-  best_t: jax.Array
-  released: PyTree   # x_{t_out}: the PRE-step iterate of the smallest step
-
-
-def track_min_step() -> optax.GradientTransformationExtraArgs:
-  """Output rule ``t_out = argmin_t ||x_{t+1} - x_t||``, release ``x_{t_out}`` (not
-  ``x_{t_out+1}``; Alg 1 line 8). Place it after the step stage: it sees the update
-  ``x_{t+1} - x_t`` and ``params = x_t``, passes the update through, and keeps the best ``x_t``
-  in ``released``. Uses only privatized iterates: post-processing."""
-  def init_fn(params):
-    return MinStepState(count=jnp.zeros((), jnp.int32),
-                        best_norm=jnp.asarray(jnp.inf, jnp.result_type(float)),
-                        best_t=-jnp.ones((), jnp.int32), released=params)
-
-  def update_fn(updates, state, params=None, **extra):
-    del extra
-    if params is None:
-      raise ValueError("track_min_step needs params")
-    norm = tree_l2_norm(updates).astype(state.best_norm.dtype)
-    better = norm < state.best_norm
-    released = jax.tree.map(lambda p, r: jnp.where(better, p, r), params, state.released)
-    return updates, MinStepState(count=state.count + 1,
-                                 best_norm=jnp.where(better, norm, state.best_norm),
-                                 best_t=jnp.where(better, state.count, state.best_t),
-                                 released=released)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
 
 # --------------------------------------------------------------------------------------------
 # The driver (Alg 1 / Alg 3): one jitted lax.scan over T

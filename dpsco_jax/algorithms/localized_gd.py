@@ -83,6 +83,7 @@ from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
 from dpsco_jax.privacy.relations import PUBLIC, check_relation
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
+from dpsco_jax.transforms.post_processing import add_public_gradient
 from dpsco_jax.transforms.steps import projected_sgd, released_params, tree_l2_norm
 
 PyTree = Any
@@ -324,33 +325,6 @@ def loc_gd_practical_config(*, mu: float, clip_norm: float, n: int, dim: int, ep
 # --------------------------------------------------------------------------------------------
 # The solver
 # --------------------------------------------------------------------------------------------
-
-class PublicGradientState(NamedTuple):
-  pass
-
-
-def add_public_gradient(grad_fn: Callable[[PyTree], PyTree] | None
-                        ) -> optax.GradientTransformationExtraArgs:
-  """Adds ``grad_fn(params)``, the gradient of a data-independent term (a regularizer), to the
-  update. No sensitivity: place it AFTER the noise stage. ``None`` is the identity.
-
-  (A generalization of the core ``add_prox_to_anchor``; candidate for ``transforms/steps.py``.)
-  """
-  def init_fn(params):
-    del params
-    return PublicGradientState()
-
-  def update_fn(updates, state, params=None, **extra):
-    del extra
-    if grad_fn is None:
-      return updates, state
-    if params is None:
-      raise ValueError("add_public_gradient needs params")
-    g = grad_fn(params)
-    return jax.tree.map(lambda u, gi: u + gi.astype(u.dtype), updates, g), state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
 
 def _schedule(cfg: LocGDConfig) -> Callable[[jax.Array], jax.Array]:
   mu = cfg.mu

@@ -9,6 +9,7 @@ from dpsco_jax.transforms.steps import (AcsaState, ProjectedSGDState, ProxToAnch
                                         add_prox_to_anchor, project_l2_ball, projected_sgd,
                                         projection, released_params, tree_l2_norm)
 from dpsco_jax.transforms.filtering import filter_points, outlier_filter
+from dpsco_jax.transforms.post_processing import add_public_gradient, track_min_step
 # ``resque`` (the transformation) is re-exported at the package root only: here the name is
 # the submodule ``dpsco_jax.transforms.resque``.
 from dpsco_jax.transforms.resque import reweight, sample_queries

@@ -1,0 +1,78 @@
+"""Stages that sit after the noise stage and touch no private data: post-processing.
+
+* :func:`add_public_gradient` adds the gradient of a data-independent term (a regularizer such
+  as paper 004's ``l2/2 ||y||^2`` in DP-Loc-GD); it has no sensitivity, so it goes after the
+  noise (a generalization of :func:`dpsco_jax.transforms.add_prox_to_anchor`).
+* :func:`track_min_step` is paper 004's output rule ``t_out = argmin_t ||x_{t+1} - x_t||``
+  (Alg 1 line 8): it only reads privatized iterates.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dpsco_jax.transforms.steps import tree_l2_norm
+
+__all__ = ["PublicGradientState", "add_public_gradient", "MinStepState", "track_min_step"]
+
+PyTree = Any
+
+
+class PublicGradientState(NamedTuple):
+  pass
+
+
+def add_public_gradient(grad_fn: Callable[[PyTree], PyTree] | None
+                        ) -> optax.GradientTransformationExtraArgs:
+  """Adds ``grad_fn(params)``, the gradient of a data-independent term (a regularizer), to the
+  update. No sensitivity: place it AFTER the noise stage. ``None`` is the identity."""
+  def init_fn(params):
+    del params
+    return PublicGradientState()
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra
+    if grad_fn is None:
+      return updates, state
+    if params is None:
+      raise ValueError("add_public_gradient needs params")
+    g = grad_fn(params)
+    return jax.tree.map(lambda u, gi: u + gi.astype(u.dtype), updates, g), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class MinStepState(NamedTuple):
+  count: jax.Array
+  best_norm: jax.Array
+  best_t: jax.Array
+  released: PyTree   # x_{t_out}: the PRE-step iterate of the smallest step
+
+
+def track_min_step() -> optax.GradientTransformationExtraArgs:
+  """Output rule ``t_out = argmin_t ||x_{t+1} - x_t||``, release ``x_{t_out}`` (not
+  ``x_{t_out+1}``; paper 004 Alg 1 line 8). Place it after the step stage: it sees the update
+  ``x_{t+1} - x_t`` and ``params = x_t``, passes the update through, and keeps the best ``x_t``
+  in ``released``. Uses only privatized iterates: post-processing."""
+  def init_fn(params):
+    return MinStepState(count=jnp.zeros((), jnp.int32),
+                        best_norm=jnp.asarray(jnp.inf, jnp.result_type(float)),
+                        best_t=-jnp.ones((), jnp.int32), released=params)
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra
+    if params is None:
+      raise ValueError("track_min_step needs params")
+    norm = tree_l2_norm(updates).astype(state.best_norm.dtype)
+    better = norm < state.best_norm
+    released = jax.tree.map(lambda p, r: jnp.where(better, p, r), params, state.released)
+    return updates, MinStepState(count=state.count + 1,
+                                 best_norm=jnp.where(better, norm, state.best_norm),
+                                 best_t=jnp.where(better, state.count, state.best_t),
+                                 released=released)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
