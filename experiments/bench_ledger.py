@@ -6,7 +6,9 @@ declared denominator D = 30) for r in {1, 10, 100, T (one block)}, side by side:
 fresh trainer (fresh ledger, cold accountant caches), compiled by a 1-step warm-up that is not
 timed. Target: r = 1 at most 1.5x one block at T = 1e4.
 (b) A ledger with 1e5 ``spend`` calls of that step's event: time of the spends, of
-``epsilon()`` (exact; cold, then cached) and of ``epsilon(exact=False)``. Target: < 50 ms.
+``epsilon()`` (the default: the cached grid upper bound, never below the exact value) and of
+``epsilon(exact=True)`` (cold, then cached) with its ratio to the bound. Target: ``epsilon()``
+under 50 ms.
 
     python experiments/bench_ledger.py            # T = 1e3 only
     python experiments/bench_ledger.py --full     # T = 1e3 and 1e4
@@ -64,13 +66,15 @@ def time_ledger(spends: int) -> dict:
   t_spend = time.perf_counter() - t0
   out = {"spends": spends, "spend_total_s": round(t_spend, 3),
          "spend_us_each": round(1e6 * t_spend / spends, 1)}
-  for name, fn in (("epsilon_bound_ms", lambda: led.epsilon(exact=False)),
-                   ("epsilon_exact_cold_ms", led.epsilon),
-                   ("epsilon_exact_cached_ms", led.epsilon)):
+  exact = lambda: led.epsilon(exact=True)  # noqa: E731
+  for name, fn in (("epsilon_default_ms", led.epsilon), ("epsilon_exact_cold_ms", exact),
+                   ("epsilon_exact_cached_ms", exact)):
     t0 = time.perf_counter()
     fn()
     out[name] = round(1e3 * (time.perf_counter() - t0), 3)
-  out["epsilon"] = round(led.epsilon(), 3)
+  out["epsilon_default"] = round(led.epsilon(), 3)
+  out["epsilon_exact"] = round(exact(), 3)
+  out["default_over_exact"] = round(led.epsilon() / exact(), 4)
   return out
 
 
@@ -99,15 +103,15 @@ def main():
   spends = 1000 if args.quick else 100_000
   led = time_ledger(spends)
   print(f"(b) ledger with {spends} spends: spends {led['spend_total_s']} s "
-        f"({led['spend_us_each']} us each); epsilon(exact=False) {led['epsilon_bound_ms']} ms; "
-        f"epsilon() cold {led['epsilon_exact_cold_ms']} ms, cached "
-        f"{led['epsilon_exact_cached_ms']} ms")
+        f"({led['spend_us_each']} us each); epsilon() {led['epsilon_default_ms']} ms "
+        f"(= {led['epsilon_default']}, {led['default_over_exact']}x exact); epsilon(exact=True) "
+        f"cold {led['epsilon_exact_cold_ms']} ms, cached {led['epsilon_exact_cached_ms']} ms")
   summary.update(train=rows, ledger=led)
   big = max(horizons)
   summary["meets_targets"] = {
       f"report1_le_1.5x_block_T{big}": summary[f"ratio_report1_vs_block_T{big}"] <= 1.5,
-      "epsilon_exact_cold_lt_50ms": led["epsilon_exact_cold_ms"] < 50,
-      "epsilon_bound_lt_50ms": led["epsilon_bound_ms"] < 50}
+      "epsilon_default_lt_50ms": led["epsilon_default_ms"] < 50,
+      "epsilon_exact_cold_lt_50ms": led["epsilon_exact_cold_ms"] < 50}
   print(json.dumps(summary))
 
 

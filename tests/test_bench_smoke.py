@@ -75,4 +75,7 @@ def test_bench_ledger_quick_prints_json_summary():
                         text=True, timeout=600, env=env, cwd=str(BENCH.parents[1]))
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert isinstance(summary, dict) and summary
+  led = summary["ledger"]
+  assert 1.0 <= led["default_over_exact"] <= 1.1  # the default answer is a valid, close bound
+  assert summary["meets_targets"]["epsilon_default_lt_50ms"]
+  assert all(r["epsilon"] > 0 for r in summary["train"])

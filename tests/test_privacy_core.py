@@ -16,6 +16,7 @@ from dpsco_jax.privacy import (ApproxDpEvent, ApproxRdpEvent, LedgerIntegrityErr
                                calibrate_noise_multiplier, check_relation, epsilon_of,
                                event_from_json, event_to_json, pure_dp_event)
 from dpsco_jax.privacy.ledger import PLD_DISCRETIZATION, grid_count
+from dpsco_jax.privacy import ledger as ledger_mod
 
 DELTA = 1e-5
 AR = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -63,7 +64,7 @@ def test_ledger_rejects_malformed_events_and_counts(event, count):
   ledger = PrivacyLedger(delta=DELTA, epsilon_budget=1.0)
   with pytest.raises((ValueError, TypeError)):
     ledger.spend(event, label="bad", count=count)
-  assert ledger.events == [] and ledger.epsilon() == 0.0
+  assert ledger.events == [] and ledger.epsilon(exact=True) == 0.0
 
 
 @pytest.mark.parametrize("relation,acc_rel,factor", [
@@ -92,25 +93,32 @@ def test_check_relation():
     check_relation("add_remove", supported=("replace_one",), mechanism="FILTER")
 
 
-def test_repeated_spends_merge_and_report_a_grid_upper_bound():
+def test_repeated_spends_merge_and_report_a_grid_upper_bound(monkeypatch):
   """Issue 16.1: T one-step spends are one entry; spend() returns the epsilon at the next
-  grid count (an upper bound), epsilon() the exact value; both cheap on long runs."""
+  grid count (an upper bound) and so does epsilon() by default; epsilon(exact=True) is the
+  exact value; all cheap on long runs."""
   ledger = PrivacyLedger(delta=1e-4)
   t0 = time.perf_counter()
   bounds = [ledger.spend(poisson(3.44), label="step") for _ in range(300)]
   spend_time = time.perf_counter() - t0
   assert len(ledger.events) == 1 and ledger.events[0][3] == 300
-  exact = ledger.epsilon()
+  exact = ledger.epsilon(exact=True)
   acc = pld_privacy_accountant.PLDAccountant(AR, PLD_DISCRETIZATION)
   acc.compose(poisson(3.44), 300)
   assert exact == pytest.approx(acc.get_epsilon(1e-4), rel=1e-9)
   assert bounds[-1] >= exact and bounds[-1] <= 1.1 * exact
   assert all(b2 >= b1 for b1, b2 in zip(bounds, bounds[1:]))  # monotone
   assert spend_time < 10.0  # ~30 distinct grid points, not 300 compositions
+  assert ledger.epsilon() == bounds[-1]  # the default answer is the spend's cached bound
   ledger.spend(poisson(3.44), label="step", count=10**5 - 300)
+  calls = []
+  real = ledger_mod.accountant_epsilon
+  monkeypatch.setattr(ledger_mod, "accountant_epsilon",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
   t0 = time.perf_counter()
-  ledger.epsilon(exact=False)
-  assert time.perf_counter() - t0 < 0.05  # cached by the spend
+  bound = ledger.epsilon()
+  assert time.perf_counter() - t0 < 0.05 and calls == []  # cached by the spend: no accountant
+  assert bound >= ledger.epsilon(exact=True) and len(calls) == 1  # exact: one evaluation
 
 
 def test_grid_count_is_an_upper_grid():
@@ -146,7 +154,7 @@ def test_approx_dp_and_approx_rdp_blocks_compose_in_the_ledger():
   led = PrivacyLedger(delta=1e-6)
   led.spend(ApproxRdpEvent(8.0, 0.1, 1e-9, 1e-7), label="phase", count=3)
   e = 0.3 + math.log(1e7) / 7.0
-  assert led.epsilon() == pytest.approx(e)
+  assert led.epsilon(exact=True) == pytest.approx(e)
   assert led.extra_delta() == pytest.approx(1e-7 + (1 + math.exp(e)) * 3e-9)
 
 
@@ -167,7 +175,7 @@ def test_state_dict_round_trip_and_tamper_detection():
   ledger.spend(pure_dp_event(0.2), label="test", group="g")
   state = json.loads(json.dumps(ledger.state_dict()))
   back = PrivacyLedger.from_state_dict(state, expect_config=ledger.config())
-  assert back.epsilon() == ledger.epsilon() and back.events == ledger.events
+  assert back.epsilon(exact=True) == ledger.epsilon(exact=True) and back.events == ledger.events
   edited = json.loads(json.dumps(state))
   edited["entries"][0]["count"] = 1
   with pytest.raises(LedgerIntegrityError, match="digest"):

@@ -234,7 +234,7 @@ def _run_phase(problem, batch, x, key, p: dict, *, eps_i: float, delta_i: float,
                         lipschitz=L, R=R, reg_lam=p["lam"], reg_center=x,
                         ball_center=problem.init_params(), charge=charge, alg4=alg4)
   debug = {"alg4_calls": counter["calls"], "gradients": counter["grads"],
-           "realized_epsilon": guard.epsilon(), "violations": violations, **info}
+           "realized_epsilon": guard.epsilon(exact=True), "violations": violations, **info}
   return x, debug
 
 

@@ -162,7 +162,7 @@ def _report(plan: FilterPlan, ledger: PrivacyLedger, *, theorem: str, typical: s
   opt = plan.options
   if not opt.noise:
     return _nonprivate_report()
-  acc_eps = ledger.epsilon()
+  acc_eps = ledger.epsilon(exact=True)
   if opt.preset == "theory":
     prov, note = Provenance.THEOREM.value, f"{theorem} gives eps={acc_eps:.4g}"
   elif opt.sensitivity == "typical":

@@ -405,9 +405,10 @@ class DPTrainer:
           done == num_steps or (checkpoint_every and self.step_count % checkpoint_every == 0)):
         self.save(checkpoint_dir)
 
-  def epsilon(self) -> float:
-    """Exact epsilon of every step taken (charged) so far."""
-    return self.ledger.epsilon()
+  def epsilon(self, *, exact: bool = True) -> float:
+    """Epsilon of every step taken (charged) so far: exact by default (one accountant
+    evaluation, cached); ``exact=False`` is the ledger's cheap grid upper bound."""
+    return self.ledger.epsilon(exact=exact)
 
   def privacy_report(self) -> PrivacyReport:
     """``accountant`` provenance: composition of the Poisson-sampled Gaussian steps."""

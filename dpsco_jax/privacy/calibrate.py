@@ -37,7 +37,7 @@ def ledger_epsilon(events: Sequence[Any], *, delta: float, relation: str,
   ledger = PrivacyLedger(delta=delta, relation=relation, accountant=accountant)
   for i, e in enumerate(events):
     ledger.compose(e, label=f"event {i}")
-  return ledger.epsilon()
+  return ledger.epsilon(exact=True)
 
 
 def _solve(eps_fn: Callable[[float], float], target: float, lo: float, hi: float | None

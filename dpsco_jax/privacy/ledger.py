@@ -17,7 +17,10 @@ the epsilon with every count rounded up to a geometric grid (``1, 2, 3, 4, ceil(
 ``r = 2^(1/4)``), so a run of ``T`` one-step spends costs ``O(log T)`` accountant evaluations
 instead of ``O(T)`` (the bound is at most ~9% above the exact epsilon of DP-SGD, whose epsilon
 grows like ``sqrt(T)``). A budget is never refused on the bound alone: when the bound exceeds
-the budget the exact epsilon decides. :meth:`epsilon` and :meth:`report` are exact.
+the budget the exact epsilon decides. :meth:`epsilon` answers with the same cached grid bound by
+default (a valid guarantee, ~0.02 ms after 1e5 spends, where an exact PLD of a 1e5-fold
+composition takes ~0.2-0.4 s on a CPU); ``epsilon(exact=True)``, :meth:`report` (every
+``Result.privacy``) and the calibrator are exact.
 
 Integrity. :meth:`state_dict` serializes the configuration and entries with a SHA-256 digest;
 :meth:`from_state_dict` refuses a state whose digest, configuration or events do not match.
@@ -162,7 +165,7 @@ def epsilon_of(event: Any, *, delta: float, relation: str = "add_remove",
                accountant: str = "auto") -> float:
   """Epsilon of one (possibly composed) event at ``delta`` (a fresh ledger's answer)."""
   ledger = PrivacyLedger(delta=delta, relation=relation, accountant=accountant)
-  return ledger.compose(event, label="event").epsilon()
+  return ledger.compose(event, label="event").epsilon(exact=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,9 +320,13 @@ class PrivacyLedger:
       best = (max(best[0], eps), max(best[1], extra))
     return best
 
-  def epsilon(self, delta: float | None = None, *, exact: bool = True) -> float:
-    """Epsilon of everything recorded so far at ``delta`` (default: the ledger's); with
-    ``exact=False`` the cached grid upper bound (see the module docstring)."""
+  def epsilon(self, delta: float | None = None, *, exact: bool = False) -> float:
+    """Epsilon of everything recorded so far at ``delta`` (default: the ledger's).
+
+    By default the cached grid upper bound (every count rounded up to the geometric grid; at
+    most ~9% above the exact value on DP-SGD workloads, and never below it): cheap enough to
+    call every step. ``exact=True`` composes the exact counts (tight; one accountant
+    evaluation per new ledger state, cached). Reports and calibration use the exact value."""
     d = self.delta if delta is None else check_delta(delta)
     return self._epsilon(self._entries, d, rounded=not exact)[0]
 
