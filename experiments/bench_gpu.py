@@ -9,6 +9,9 @@ Rows per workload (each ratio is to its own library's non-private step):
   * ``jax_privacy`` — jax-privacy's ``clipped_grad`` + noise, when the package is installed
     (skipped with a note otherwise);
   * Opacus rows are not implemented in this script yet (noted in the output).
+Per workload, ``auto`` is the path ``FastClippedGrad(method="auto")`` picks (it times the fast
+and vmap clipped sums once on a zero batch of the step's shapes): its ratio is the one of the
+row it picks, so the library's default ``auto`` is never slower than its vmap path.
 Times: medians of interleaved repetitions (experiments/_timing.py), matmuls at full f32
 precision (``jax_default_matmul_precision=highest``: the DP norms need it, and it keeps the
 non-private reference comparable). Peak memory: XLA's compiled memory analysis.
@@ -182,7 +185,9 @@ def candidates(model, loss, batch, batch_shape) -> tuple[list[Candidate], dict]:
                  / 2 ** 20) if ma is not None else float("nan")
     cands.append(Candidate(name, lambda p, st, b, _f=jitted: _f(p, st, b), (params, st),
                            (batch,)))
-  return cands, mem
+  auto = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, method="auto")
+  choice = auto.autotune(params, jax.tree.map(jnp.zeros_like, batch), repeats=3)
+  return cands, mem, choice
 
 
 def main() -> None:
@@ -208,15 +213,17 @@ def main() -> None:
     if args.only and name not in args.only:
       continue
     t0 = time.perf_counter()
-    cands, mem = candidates(model, loss, batch, shape)
+    cands, mem, choice = candidates(model, loss, batch, shape)
     comp = compare(cands, reps=3 if args.quick else args.reps,
                    window_s=0.05 if args.quick else 0.5, budget_s=5 if args.quick else 60)
     print(format_comparison(f"\n{name} {tuple(shape)}", comp))
     print("  peak MiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
           + f"   ({time.perf_counter() - t0:.1f} s)")
+    print(f"  auto picks: {choice} (ratio {comp.ratio['dpsco_' + choice]:.3f})")
     out["workloads"][name] = {k: {"ratio": round(comp.ratio[k], 3),
                                   "ms": round(1e3 * comp.median_s[k], 3),
                                   "peak_mib": round(mem[k], 1)} for k in comp.names}
+    out["workloads"][name]["auto_choice"] = choice
   print(json.dumps(out))
 
 

@@ -62,6 +62,7 @@ def test_bench_gpu_quick_prints_json_summary():
   for rows in summary["workloads"].values():
     assert set(rows) >= {"nonprivate", "dpsco_fast", "dpsco_vmap", "optax_dpsgd"}
     assert rows["nonprivate"]["ratio"] == 1.0
+    assert rows.pop("auto_choice") in ("fast", "vmap")
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows.values())
 
 

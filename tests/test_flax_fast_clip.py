@@ -293,3 +293,26 @@ def test_bad_arguments_raise():
   fast = FastClippedGrad(model, _sq_loss, clip_norm=1.0)
   with pytest.raises(ValueError, match="denominator"):
     fast.aggregate(fast.params, (jnp.ones((2, 1, 2)), jnp.ones((2, 1, 1))), mode="mean")
+
+
+def test_auto_method_times_both_paths_and_picks_the_faster():
+  """``method="auto"`` (issue 14: never slower than the vmap path): unresolved it refuses to
+  run; autotune() times both exact paths and keeps the faster; the result equals both."""
+  model = _build(MLP, 5, 6, 3)
+  batch = _data(3, (6, 4, 5), (6, 4, 3))
+  mask = jnp.ones((6,), bool).at[2].set(False)
+  auto = FastClippedGrad(model, _sq_loss, clip_norm=0.5, method="auto")
+  with pytest.raises(ValueError, match="autotune"):
+    auto.clipped_sum(auto.params, batch, mask)
+  zeros = jax.tree.map(jnp.zeros_like, batch)  # a public stand-in of the training shapes
+  chosen = auto.autotune(auto.params, zeros, mask, repeats=3)
+  rep = auto.autotune_report
+  assert chosen in ("fast", "vmap") and rep["chosen"] == chosen
+  assert rep["median_s"][chosen] == min(rep["median_s"].values())
+  got, _ = jax.jit(auto.clipped_sum)(auto.params, batch, mask)
+  for method in ("fast", "vmap"):
+    ref = FastClippedGrad(model, _sq_loss, clip_norm=0.5, method=method)
+    want, _ = jax.jit(ref.clipped_sum)(ref.params, batch, mask)
+    chex.assert_trees_all_close(got, want, rtol=RTOL, atol=ATOL)
+  fixed = FastClippedGrad(model, _sq_loss, clip_norm=0.5, method="vmap")
+  assert fixed.autotune(fixed.params, zeros) == "vmap" and fixed.autotune_report is None

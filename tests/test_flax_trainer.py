@@ -149,6 +149,12 @@ def test_fast_and_vmap_trainers_agree():
   for a, b in zip(_leaves(fast.params), _leaves(slow.params)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   assert fast.epsilon() == slow.epsilon()
+  auto = _trainer(method="auto", level="item", data=data, sampling_rate=0.5)
+  assert auto.clipper.method in ("fast", "vmap")  # resolved at construction, data-free
+  auto.train(3, report_every=3)
+  for a, b in zip(_leaves(auto.params), _leaves(slow.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  assert auto.epsilon() == slow.epsilon()
 
 
 def test_bad_arguments_raise():

@@ -112,8 +112,10 @@ class FastClippedGrad:
     clip_norm: ``C``; every user's (or example's) gradient is scaled by ``min(1, C/N_u)``.
     level: ``"user"`` (batches ``[U, m, ...]``, a user's gradient is the mean over its
       ``m`` items) or ``"item"`` (batches ``[B, ...]``).
-    method: ``"fast"`` (taps + fallback) or ``"vmap"`` (core ``per_user_grads`` then
-      ``clip_and_aggregate``; the reference).
+    method: ``"fast"`` (taps + fallback), ``"vmap"`` (core ``per_user_grads`` then
+      ``clip_and_aggregate``; the reference) or ``"auto"``: the faster of the two on this
+      machine, measured once by :meth:`autotune` (both are exact: the choice changes the
+      speed, never the released value's distribution or its sensitivity).
     ghost: ``"auto"`` | ``"gram"`` | ``"direct"`` for Linear/Conv kernels; ``"gram"`` is
       honoured only where its certified error is small (see module doc).
 
@@ -128,7 +130,10 @@ class FastClippedGrad:
       raise ValueError("loss_fn must be callable: loss_fn(model, example) -> scalar")
     self.clip_norm = check_positive(clip_norm, "clip_norm")
     self.level = check_choice(level, "level", ("user", "item"))
-    self.method = check_choice(method, "method", ("fast", "vmap"))
+    self.requested_method = check_choice(method, "method", ("fast", "vmap", "auto"))
+    # "auto" is resolved by autotune() (timings are shape-dependent, never data-dependent).
+    self.method: str | None = None if method == "auto" else method
+    self.autotune_report: dict | None = None
     self.ghost = check_choice(ghost, "ghost", ("auto", "gram", "direct"))
     self.loss_fn = loss_fn
     self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
@@ -334,11 +339,53 @@ class FastClippedGrad:
     w = jnp.where(kept, jnp.minimum(1.0, self.clip_norm / jnp.maximum(norms, _TINY)), 0.0)
     return norms, w, kept
 
+  # ---- method selection ---------------------------------------------------------------------
+
+  def autotune(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None, *,
+               repeats: int = 5) -> str:
+    """Chooses ``fast`` or ``vmap`` for ``method="auto"`` by timing both jitted clipped sums
+    on ``batch``'s shapes (interleaved, median of ``repeats``) and returns the choice.
+
+    Call it with a batch of the shapes training will use; a public stand-in (e.g. zeros) is
+    enough and keeps the choice independent of the private data. Cost: two compilations.
+    The timings and the compiled temporary memory (where the backend reports it) are kept in
+    :attr:`autotune_report`. A fixed ``method`` is left unchanged."""
+    import time  # noqa: PLC0415 (only the autotuner times anything)
+    if self.requested_method != "auto":
+      return self.method
+    fns = {m: jax.jit(lambda p, b, w, _m=m: self._clipped_sum_with(_m, p, b, w)[0])
+           for m in ("fast", "vmap")}
+    times: dict[str, list[float]] = {m: [] for m in fns}
+    memory: dict[str, int | None] = {}
+    for m, f in fns.items():
+      try:
+        stats = f.lower(params, batch, user_mask).compile().memory_analysis()
+        memory[m] = int(stats.temp_size_in_bytes) if stats is not None else None
+      except Exception:  # noqa: BLE001 (memory stats are optional per backend)
+        memory[m] = None
+      jax.block_until_ready(f(params, batch, user_mask))  # compile + warm up
+    for _ in range(repeats):
+      for m, f in fns.items():
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(params, batch, user_mask))
+        times[m].append(time.perf_counter() - t0)
+    med = {m: sorted(ts)[len(ts) // 2] for m, ts in times.items()}
+    self.method = min(med, key=med.get)
+    self.autotune_report = {"chosen": self.method, "median_s": med, "temp_bytes": memory,
+                            "shapes": jax.tree.map(lambda x: tuple(jnp.shape(x)), batch)}
+    return self.method
+
+  def _method(self) -> str:
+    if self.method is None:
+      raise ValueError("method='auto' is not resolved yet: call autotune(params, batch) once "
+                       "with a batch of the training shapes (outside jit) before using it")
+    return self.method
+
   def norms(self, params: PyTree, batch: PyTree) -> jax.Array:
     """Per-user (per-example at item level) gradient norms ``[U]``: exact for ``vmap``,
     certified upper bounds (equal to ~1e-6 on ordinary inputs) for ``fast``."""
     users = self._as_users(batch)
-    if self.method == "vmap":
+    if self._method() == "vmap":
       return tree_global_norms(per_user_grads(self.model_loss, params, users))
     return self._parts_and_bounds(params, batch)[1]
 
@@ -346,11 +393,15 @@ class FastClippedGrad:
                   ) -> tuple[PyTree, ClipInfo]:
     """``sum_u w_u g_u`` with ``w_u = min(1, C/N_u)`` (0 for masked or non-finite users),
     shaped like ``params``, and the (secret) :class:`ClipInfo`."""
+    return self._clipped_sum_with(self._method(), params, batch, user_mask)
+
+  def _clipped_sum_with(self, method: str, params: PyTree, batch: PyTree,
+                        user_mask: jax.Array | None) -> tuple[PyTree, ClipInfo]:
     users = self._as_users(batch)
     n_users = jax.tree.leaves(users)[0].shape[0]
     if user_mask is not None and jnp.shape(user_mask) != (n_users,):
       raise ValueError(f"user_mask must have shape ({n_users},), got {jnp.shape(user_mask)}")
-    if self.method == "vmap":
+    if method == "vmap":
       grads = per_user_grads(self.model_loss, params, users)
       norms, w, kept = self._weights(tree_global_norms(grads), user_mask)
       chain = clip_and_aggregate(self.clip_norm, "sum")

@@ -125,7 +125,9 @@ class DPTrainer:
     target_epsilon: the epsilon of ``num_steps`` steps; also a budget of the ledger.
     epsilon_budget: optional hard cap; a run that would exceed it raises
       ``PrivacyBudgetExceeded`` before its first step.
-    level: ``"user"`` or ``"item"``. method: ``"fast"`` (taps) or ``"vmap"``.
+    level: ``"user"`` or ``"item"``. method: ``"fast"`` (taps), ``"vmap"``, or ``"auto"``:
+      the faster of the two, timed once at construction on a zero batch of the micro-batch
+      shape (public: the choice never depends on the data; see ``clipper.autotune_report``).
     batch_capacity: static size of the users processed at once (default ``D`` + 4 sd).
     accumulation_steps: ``k``: micro-batches of ``ceil(batch_capacity / k)`` users whose
       clipped sums are accumulated before the one noise draw of the logical batch.
@@ -160,6 +162,11 @@ class DPTrainer:
         self.denominator + 4 * math.sqrt(self.denominator) + 1)
     self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
     self.micro_batch = math.ceil(self.batch_capacity / self.accumulation_steps)
+    if method == "auto":  # a zero stand-in of the micro-batch shape: the choice is public
+      stand_in = jax.tree.map(lambda x: jnp.zeros((self.micro_batch, *x.shape[1:]), x.dtype),
+                              data)
+      self.clipper.autotune(self.clipper.params, stand_in,
+                            jnp.ones((self.micro_batch,), bool))
 
     params = self.clipper.params
     self._user_model, self._nnx_opt = model, None
