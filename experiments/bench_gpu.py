@@ -11,7 +11,7 @@ Rows per workload (each ratio is to its own library's non-private step):
   * Opacus rows are not implemented in this script yet (noted in the output).
 Per workload, ``auto`` is the path ``FastClippedGrad(method="auto")`` picks (it times the fast
 and vmap clipped sums once on a zero batch of the step's shapes): its ratio is the one of the
-row it picks, so the library's default ``auto`` is never slower than its vmap path.
+row it picks, so ``method="auto"`` is never slower than the vmap path (up to timing noise).
 Times: medians of interleaved repetitions (experiments/_timing.py), matmuls at full f32
 precision (``jax_default_matmul_precision=highest``: the DP norms need it, and it keeps the
 non-private reference comparable). Peak memory: XLA's compiled memory analysis.
