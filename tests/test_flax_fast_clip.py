@@ -316,3 +316,58 @@ def test_auto_method_times_both_paths_and_picks_the_faster():
     chex.assert_trees_all_close(got, want, rtol=RTOL, atol=ATOL)
   fixed = FastClippedGrad(model, _sq_loss, clip_norm=0.5, method="vmap")
   assert fixed.autotune(fixed.params, zeros) == "vmap" and fixed.autotune_report is None
+
+
+class GeneralNet(nnx.Module):
+  """LinearGeneral both ways (split into heads; contract two non-trailing-safe axes), RMSNorm
+  and GroupNorm: all tapped (issue 14), none on the fallback."""
+  def __init__(self, rngs):
+    self.split = nnx.LinearGeneral(5, (2, 3), rngs=rngs)
+    self.rms = nnx.RMSNorm(3, rngs=rngs)
+    self.merge = nnx.LinearGeneral((2, 3), 4, axis=(-2, -1), rngs=rngs)
+    self.gn = nnx.GroupNorm(4, num_groups=2, rngs=rngs)
+    self.head = nnx.LinearGeneral((4, 2), 2, axis=(0, 1), use_bias=False, rngs=rngs)
+
+  def __call__(self, x):  # x: [T=2, 5] for one example
+    h = self.merge(self.rms(self.split(x)))  # [2, 4]
+    h = self.gn(jnp.tanh(h)[None])[0]  # GroupNorm over a batch of one
+    return self.head(jnp.swapaxes(h, 0, 1))  # contracts [4, 2] -> [2]
+
+
+def test_linear_general_rmsnorm_groupnorm_are_tapped():
+  model = _build(GeneralNet)
+  batch = _data(4, (6, 3, 2, 5), (6, 3, 2))
+  _check(model, _sq_loss, batch,
+         expect_fast={("split",), ("rms",), ("merge",), ("gn",), ("head",)})
+  _check(model, _sq_loss, batch, ghost="direct")
+
+
+class Attention(nnx.Module):
+  def __init__(self, rngs):
+    self.mha = nnx.MultiHeadAttention(2, 4, qkv_features=4, decode=False, rngs=rngs)
+    self.out = nnx.Linear(4, 1, rngs=rngs)
+
+  def __call__(self, x):  # x: [T, 4]
+    return self.out(self.mha(x))[:, 0]
+
+
+def test_multi_head_attention_projections_are_tapped():
+  model = _build(Attention)
+  batch = _data(5, (5, 2, 3, 4), (5, 2, 3))
+  _check(model, _sq_loss, batch, expect_fast={("mha", "query"), ("mha", "key"),
+                                              ("mha", "value"), ("mha", "out"), ("out",)})
+
+
+def test_linear_general_variants_outside_the_formula_are_not_tapped():
+  from dpsco_jax.flax import fast_clip_taps as ft
+  rngs = nnx.Rngs(0)
+  assert ft.candidate_kind(nnx.LinearGeneral(3, 2, rngs=rngs)) == "linear_general"
+  # a batch axis makes the kernel per-batch-index; a custom dot_general changes the product
+  assert ft.candidate_kind(nnx.LinearGeneral(3, 2, batch_axis={0: 2}, rngs=rngs)) is None
+  assert ft.candidate_kind(nnx.LinearGeneral(3, 2, dot_general=jax.lax.dot_general,
+                                             rngs=rngs)) is None
+  assert ft.candidate_kind(nnx.LinearGeneral(3, 2, dtype=jnp.bfloat16, rngs=rngs)) is None
+
+  class Sub(nnx.LinearGeneral):  # a subclass may change anything
+    pass
+  assert ft.candidate_kind(Sub(3, 2, rngs=rngs)) is None

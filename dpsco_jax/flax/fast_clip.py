@@ -6,14 +6,17 @@ call, the per-user gradient is bilinear in what the layer saw (inputs ``a``) and
 at its output (``g``): ``G_u = sum_t a_t g_t^T`` for ``nnx.Linear``/``nnx.Conv`` kernels
 (``a_t`` the receptive-field patch, per feature group), a scatter of ``g_t`` for
 ``nnx.Embed``, ``sum_t g_t`` for biases (Goodfellow 2015; Li et al. 2022 "ghost clipping";
-Bu et al. 2023 "book-keeping"). ``g`` comes from one backward pass to zero *taps* added to the
-layer outputs, vmapped over users; LayerNorm parameters use the layer's own VJP per user.
+Bu et al. 2023 "book-keeping"); ``nnx.LinearGeneral`` (so ``nnx.MultiHeadAttention``'s four
+projections) is the same formula on its inputs with the contracted axes flattened. ``g`` comes
+from one backward pass to zero *taps* added to the layer outputs, vmapped over users;
+LayerNorm / RMSNorm / GroupNorm parameters use the layer's own VJP per user.
 Every other parameter takes the **fallback**: its exact per-user gradient from the same
 backward pass (the core's vmap path restricted to those parameters).
 
 Soundness rule (enforced when planning, see :mod:`dpsco_jax.flax.fast_clip_taps`): a layer is
 tapped only when it provably computes its output from the raw ``Param`` values with the tapped
-formula - an exact class among Linear/Conv/Embed/LayerNorm with default ``promote_dtype``,
+formula - an exact class among Linear/LinearGeneral/Conv/Embed/LayerNorm/RMSNorm/GroupNorm
+with default ``promote_dtype``,
 ``dot_general``/``conv_general_dilated``, float32 compute, no conv mask and no negative
 padding; plain ``Param`` variables (no overridden value accessors, no value hooks); no
 ``Param`` held by another module; raw values untouched between merge and call (so
@@ -95,6 +98,29 @@ class _Part:
   dense: jax.Array | None = None
   g: jax.Array | None = None
   release: Callable | None = None
+
+
+def _prod(xs) -> int:
+  out = 1
+  for x in xs:
+    out *= int(x)
+  return out
+
+
+def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
+  """A Linear's or LinearGeneral's recorded inputs ``[U, m, ...]`` as rows ``[U, N, p]`` whose
+  outer products with the output gradients' rows ``[U, N, q]`` sum to the kernel gradient
+  (flattened ``[p, q]``): LinearGeneral contracts ``axis`` (in that order, against the kernel's
+  leading dims) and keeps the other dims in order, exactly as ``dot_general`` lays them out."""
+  if kind == "linear_general":
+    nd = x.ndim - 2  # per-example rank
+    axes = [2 + (int(a) % nd) for a in module.axis]
+    k = len(axes)
+    x = jnp.moveaxis(x, axes, list(range(x.ndim - k, x.ndim)))
+    p = _prod(module.in_features)
+  else:
+    p = x.shape[-1]
+  return jnp.reshape(x.astype(_F32), (n_users, -1, p))
 
 
 def _bcast(v, x):
@@ -262,7 +288,8 @@ class FastClippedGrad:
     for path, kind in plan.fast:
       ks, module = by_path[path], self._module(params, path)
       leaf = lambda attr, path=path: self._leaf_index[path + (attr,)]
-      flat_g = lambda k: jnp.reshape(gs[k].astype(_F32), (n_users, -1, gs[k].shape[-1]))
+      q = (_prod(module.out_features) if kind == "linear_general" else gs[ks[0]].shape[-1])
+      flat_g = lambda k, q=q: jnp.reshape(gs[k].astype(_F32), (n_users, -1, q))
       if kind == "local":
         per_user = self._local_grads(module, [plan.calls[k] for k in ks],
                                      [arrays[k] for k in ks], [gs[k] for k in ks])
@@ -270,9 +297,8 @@ class FastClippedGrad:
           parts.append(_Part(leaf(lp[0]), fn.sqsum_upper(v), dense=v))
         continue
       g = jnp.concatenate([flat_g(k) for k in ks], 1)
-      if kind == "linear":
-        a = jnp.concatenate([jnp.reshape(arrays[k][0].astype(_F32),
-                                         (n_users, -1, arrays[k][0].shape[-1])) for k in ks], 1)
+      if kind in ("linear", "linear_general"):
+        a = jnp.concatenate([_flat_inputs(module, kind, arrays[k][0], n_users) for k in ks], 1)
         bound, m = fn.kernel_bound(a, g, self.ghost)
         parts.append(_Part(leaf("kernel"), jnp.square(bound), dense=m, g=g,
                            release=lambda wg, safe, a=a: fn.kernel_release(safe(a), wg)))
@@ -293,7 +319,7 @@ class FastClippedGrad:
         parts.append(_Part(leaf("embedding"), jnp.square(fn.embed_bound(idx, g)), g=g,
                            release=lambda wg, safe, idx=idx, v=v:
                            fn.embed_release(safe(idx), wg, v)))
-      if kind in ("linear", "conv") and module.bias is not None:
+      if kind in ("linear", "linear_general", "conv") and module.bias is not None:
         b = jnp.sum(g, axis=1)  # [U, out]: materialised, released as is
         parts.append(_Part(leaf("bias"), fn.sqsum_upper(b), dense=b))
     return parts
@@ -422,8 +448,8 @@ class FastClippedGrad:
     for part in parts:  # a contribution is w_u times exactly what N_u bounds
       x = part.dense if part.dense is not None else part.g
       wx = jnp.where(_bcast(kept, x), x * _bcast(w, x).astype(x.dtype), 0.0)
-      out[part.leaf] = (jnp.sum(wx, axis=0) if part.dense is not None
-                        else part.release(wx, safe))
+      out[part.leaf] = jnp.reshape(jnp.sum(wx, axis=0) if part.dense is not None
+                                   else part.release(wx, safe), leaves[part.leaf].shape)
     summed = jax.tree.unflatten(treedef, [o.astype(x.dtype) for o, x in zip(out, leaves)])
     any_kept = jnp.any(kept)
     summed = jax.tree.map(lambda x: jnp.where(any_kept, x, jnp.zeros_like(x)), summed)

@@ -7,8 +7,10 @@ computes ``y = f(a, raw parameter values)`` with exactly the ``f`` the formula a
 layer is tapped only when all of the following hold (everything else takes the exact
 per-example fallback):
 
-1. its class is *exactly* one of ``nnx.Linear``, ``nnx.Conv``, ``nnx.Embed``,
-   ``nnx.LayerNorm`` (a subclass may change anything), with the default ``promote_dtype`` and
+1. its class is *exactly* one of ``nnx.Linear``, ``nnx.LinearGeneral`` (without
+   ``batch_axis``; so ``nnx.MultiHeadAttention``'s projections), ``nnx.Conv``, ``nnx.Embed``,
+   ``nnx.LayerNorm``, ``nnx.RMSNorm``, ``nnx.GroupNorm`` (a subclass may change anything),
+   with the default ``promote_dtype`` and
    ``dot_general`` / ``conv_general_dilated``, no ``preferred_element_type``, no conv ``mask``,
    no negative explicit conv padding, and (for the bilinear kinds) a compute ``dtype`` of
    ``None``/float32 with float32 parameters, so no rounding happens between the raw values
@@ -47,7 +49,11 @@ Path = tuple
 
 _TAPE: contextvars.ContextVar["Tape | None"] = contextvars.ContextVar("dpsco_fast_clip_tape",
                                                                        default=None)
-KINDS = {nnx.Linear: "linear", nnx.Conv: "conv", nnx.Embed: "embed", nnx.LayerNorm: "local"}
+# "local" layers (normalizations: a few scale/bias parameters) get their exact per-user
+# gradients from their own VJP at the recorded inputs; the others from a bilinear formula.
+KINDS = {nnx.Linear: "linear", nnx.LinearGeneral: "linear_general", nnx.Conv: "conv",
+         nnx.Embed: "embed", nnx.LayerNorm: "local", nnx.RMSNorm: "local",
+         nnx.GroupNorm: "local"}
 ORIG_CALL = {cls: cls.__call__ for cls in KINDS}
 _PATCH_LOCK = threading.Lock()
 _PATCH_DEPTH = [0]
@@ -232,12 +238,15 @@ def candidate_kind(module) -> str | None:
     return None
   if not all(plain_variable(v) for v in module_params(module).values()):
     return None
-  if kind in ("linear", "conv", "embed") and not _float32_compute(module):
+  if kind in ("linear", "linear_general", "conv", "embed") and not _float32_compute(module):
     return None
   if getattr(module, "preferred_element_type", None) is not None:
     return None
   if kind == "linear" and (module.dot_general is not lax.dot_general
                            or getattr(module, "dot_general_cls", None) is not None):
+    return None
+  if kind == "linear_general" and (module.dot_general is not None or module.batch_axis
+                                   or getattr(module, "dot_general_cls", None) is not None):
     return None
   if kind == "conv" and (module.mask is not None
                          or module.conv_general_dilated is not lax.conv_general_dilated
