@@ -319,26 +319,28 @@ def test_auto_method_times_both_paths_and_picks_the_faster():
 
 
 class GeneralNet(nnx.Module):
-  """LinearGeneral both ways (split into heads; contract two non-trailing-safe axes), RMSNorm
-  and GroupNorm: all tapped (issue 14), none on the fallback."""
+  """LinearGeneral both ways (split into heads; contract leading axes), RMSNorm, GroupNorm and
+  Einsum: all tapped (issue 14), none on the fallback."""
   def __init__(self, rngs):
     self.split = nnx.LinearGeneral(5, (2, 3), rngs=rngs)
     self.rms = nnx.RMSNorm(3, rngs=rngs)
     self.merge = nnx.LinearGeneral((2, 3), 4, axis=(-2, -1), rngs=rngs)
     self.gn = nnx.GroupNorm(4, num_groups=2, rngs=rngs)
     self.head = nnx.LinearGeneral((4, 2), 2, axis=(0, 1), use_bias=False, rngs=rngs)
+    self.ein = nnx.Einsum("tk,kj->tj", (2, 1), (1,), rngs=rngs)
 
   def __call__(self, x):  # x: [T=2, 5] for one example
     h = self.merge(self.rms(self.split(x)))  # [2, 4]
     h = self.gn(jnp.tanh(h)[None])[0]  # GroupNorm over a batch of one
-    return self.head(jnp.swapaxes(h, 0, 1))  # contracts [4, 2] -> [2]
+    y = self.head(jnp.swapaxes(h, 0, 1))  # contracts [4, 2] -> [2]
+    return self.ein(jnp.stack([y, jnp.sin(y)], axis=-1))[:, 0]  # Einsum [2, 2] -> [2]
 
 
 def test_linear_general_rmsnorm_groupnorm_are_tapped():
   model = _build(GeneralNet)
   batch = _data(4, (6, 3, 2, 5), (6, 3, 2))
   _check(model, _sq_loss, batch,
-         expect_fast={("split",), ("rms",), ("merge",), ("gn",), ("head",)})
+         expect_fast={("split",), ("rms",), ("merge",), ("gn",), ("head",), ("ein",)})
   _check(model, _sq_loss, batch, ghost="direct")
 
 

@@ -9,7 +9,8 @@ per-example fallback):
 
 1. its class is *exactly* one of ``nnx.Linear``, ``nnx.LinearGeneral`` (without
    ``batch_axis``; so ``nnx.MultiHeadAttention``'s projections), ``nnx.Conv``, ``nnx.Embed``,
-   ``nnx.LayerNorm``, ``nnx.RMSNorm``, ``nnx.GroupNorm`` (a subclass may change anything),
+   ``nnx.LayerNorm``, ``nnx.RMSNorm``, ``nnx.GroupNorm``, ``nnx.Einsum`` (its exact per-user
+   gradient from its own VJP: any equation) (a subclass may change anything),
    with the default ``promote_dtype`` and
    ``dot_general`` / ``conv_general_dilated``, no ``preferred_element_type``, no conv ``mask``,
    no negative explicit conv padding, and (for the bilinear kinds) a compute ``dtype`` of
@@ -53,7 +54,7 @@ _TAPE: contextvars.ContextVar["Tape | None"] = contextvars.ContextVar("dpsco_fas
 # gradients from their own VJP at the recorded inputs; the others from a bilinear formula.
 KINDS = {nnx.Linear: "linear", nnx.LinearGeneral: "linear_general", nnx.Conv: "conv",
          nnx.Embed: "embed", nnx.LayerNorm: "local", nnx.RMSNorm: "local",
-         nnx.GroupNorm: "local"}
+         nnx.GroupNorm: "local", nnx.Einsum: "local"}
 ORIG_CALL = {cls: cls.__call__ for cls in KINDS}
 _PATCH_LOCK = threading.Lock()
 _PATCH_DEPTH = [0]
@@ -244,6 +245,8 @@ def candidate_kind(module) -> str | None:
     return None
   if kind == "linear" and (module.dot_general is not lax.dot_general
                            or getattr(module, "dot_general_cls", None) is not None):
+    return None
+  if isinstance(module, nnx.Einsum) and module.einsum_op is not jnp.einsum:
     return None
   if kind == "linear_general" and (module.dot_general is not None or module.batch_axis
                                    or getattr(module, "dot_general_cls", None) is not None):
