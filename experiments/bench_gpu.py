@@ -6,8 +6,8 @@ Rows per workload (each ratio is to its own library's non-private step):
     gradients where a layer is supported; exact fallback elsewhere);
   * ``dpsco_vmap``  — the core's vmapped per-user gradients + fused ``clip_and_aggregate``;
   * ``optax_dpsgd`` — ``optax.contrib.dpsgd`` on vmapped per-example (per-user) gradients;
-  * ``jax_privacy`` — jax-privacy's ``clipped_grad`` + noise, when the package is installed
-    (skipped with a note otherwise);
+  * ``jax_privacy`` — jax-privacy's ``clipped_grad`` + ``gaussian_privatizer``, when the
+    package is installed (skipped with a note otherwise);
   * Opacus rows are not implemented in this script yet (noted in the output).
 Per workload, ``auto`` is the path ``FastClippedGrad(method="auto")`` picks (it times the fast
 and vmap clipped sums once on a zero batch of the step's shapes): its ratio is the one of the
@@ -140,6 +140,31 @@ def workloads(quick: bool, rng: np.random.Generator):
          (s(256, 4), s(8, 2)))
 
 
+def _jax_privacy_step(model_loss, level: str, rows: int, sgd):
+  """jax-privacy's DP-SGD step: ``clipped_grad`` (its per-example / per-user clipping, sum)
+  + ``gaussian_privatizer`` (stddev z C) + mean over the rows + the same SGD; None when the
+  package is missing."""
+  try:
+    import jax_privacy  # noqa: PLC0415
+    from jax_privacy.noise_addition import gaussian_privatizer  # noqa: PLC0415
+  except ImportError:
+    return None
+  # A user's loss is the mean over its items (keep_batch_dim=False hands fun one user's
+  # [m, ...] slice); at item level each example arrives as a batch of one.
+  def fun(p, b):
+    return jnp.mean(jax.vmap(model_loss, (None, 0))(p, b))
+  grad_fn = jax_privacy.clipped_grad(fun, l2_clip_norm=CLIP, batch_argnums=1,
+                                     keep_batch_dim=(level == "item"))
+  tx = optax.chain(gaussian_privatizer(stddev=Z * CLIP, prng_key=0),
+                   optax.scale(1.0 / rows), sgd)
+
+  def step(p, st, b):
+    u, st = tx.update(grad_fn(p, b), st, p)
+    return optax.apply_updates(p, u), st
+
+  return step, tx
+
+
 def candidates(model, loss, batch, batch_shape) -> tuple[list[Candidate], dict]:
   level = "item" if len(batch_shape) == 1 else "user"
   rows = batch_shape[0]
@@ -177,6 +202,9 @@ def candidates(model, loss, batch, batch_shape) -> tuple[list[Candidate], dict]:
            "dpsco_fast": (dp_fast, noisy.init(params)),
            "dpsco_vmap": (dp_vmap, noisy.init(params)),
            "optax_dpsgd": (dp_optax, dpsgd.init(params))}
+  jp = _jax_privacy_step(model_loss, level, rows, sgd)
+  if jp is not None:
+    steps["jax_privacy"] = (jp[0], jp[1].init(params))
   cands, mem = [], {}
   for name, (fn, st) in steps.items():
     jitted = jax.jit(fn)
@@ -203,7 +231,7 @@ def main() -> None:
         "matmul precision highest")
   try:
     import jax_privacy  # noqa: F401
-    note = "jax_privacy rows: not wired in this script yet"
+    note = f"jax_privacy {jax_privacy.__version__}: clipped_grad + gaussian_privatizer"
   except ImportError:
     note = "jax_privacy not installed: its rows are skipped"
   print(note + "; Opacus rows: not implemented in this script (pending)")
