@@ -11,11 +11,14 @@ import sys
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="dpsco", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
-  run = sub.add_parser("run", help="run a YAML config (lists are swept) and print a table")
+  run = sub.add_parser("run", help="run a YAML config (lists are swept; problem:/algorithm: "
+                                   "sections, compare:, tuning_seeds/eval_seeds + select: see "
+                                   "dpsco_jax/runner.py) and print a table")
   run.add_argument("config")
   run.add_argument("--out", help="write {'results': [...]} JSON here")
   run.add_argument("--plot", metavar="FIELD",
-                   help="plot excess risk against a swept FIELD (needs matplotlib)")
+                   help="plot excess risk against a swept FIELD (needs matplotlib); with "
+                        "compare:, also the ratio to the baseline with bootstrap error bars")
   run.add_argument("--quiet", action="store_true", help="no progress bar")
   sub.add_parser("list", help="list the registered algorithms and problems")
   audit = sub.add_parser("audit", help="empirical privacy audit: claimed epsilon vs lower "

@@ -2,29 +2,75 @@
 
 A config is a YAML mapping. Any field whose value is a list is swept (Cartesian product,
 seeds included). Optionally, ``experiments:`` holds a list of mappings, each merged over the
-top-level fields (so one file can compare algorithms with different hyper-parameters):
+top-level fields key by key (so one file can compare algorithms with different
+hyper-parameters).
 
-    problem: logistic
-    n_users: 1000
-    m: 8
-    d: 10
+**Sections.** The problem's keys may be grouped in a ``problem:`` (or ``data:``) section and
+the algorithm's in an ``algorithm:`` section, at the top level and in each ``experiments``
+entry; ``name`` in a section is the registered name (``dpsco list``):
+
+    name: quickstart
     seed: [0, 1, 2]
+    problem: {name: logistic, n_users: 1000, m: 8, d: 10}
     experiments:
-      - {algorithm: nonprivate_sgd}
-      - {algorithm: dp_sgd_user, clip: 1.0, epsilon: [1.0, 4.0], delta: 1.0e-6}
+      - algorithm: {name: nonprivate_sgd}
+      - algorithm: {name: dp_sgd_user, epsilon: [0.5, 2.0], delta: 1.0e-6, clip_norm: 1.0}
+        label: dp
+
+Sections are flattened to the flat form (``problem: logistic, n_users: 1000, ...``), which
+keeps working and may be mixed with them; lists inside sections are swept. A key inside a
+section must be one of that section's schema (a problem key in ``algorithm:`` is a
+:class:`ConfigError` naming the section it belongs to); runner keys (``seed``, ``debug``) and
+``label`` stay outside the sections. ``label: TEXT`` names a row (kept in its records as
+``label``; a table column when labels differ).
 
 Every expanded run is validated before any run starts
 (:func:`dpsco_jax.config_schema.validate`): a key its algorithm and problem do not read
-(``epsilonn``, ``clip_norm`` where the driver reads ``clip``), a value of the wrong type
-(``epsilon: '1.0'``, ``epsilon: yes``, ``seed: 1.7``) or a missing required key is a
-:class:`ConfigError` naming the key, with a suggestion. So a key shared by rows whose algorithms
-differ belongs in the rows that read it (``delta`` in the private rows, not at the top level
-when a ``nonprivate_sgd`` row reads none).
+(``epsilonn``), a value of the wrong type (``epsilon: '1.0'``, ``epsilon: yes``,
+``seed: 1.7``) or a missing required key is a :class:`ConfigError` naming the key, with a
+suggestion. So a key shared by rows whose algorithms differ belongs in the rows that read it
+(``delta`` in the private rows, not at the top level when a ``nonprivate_sgd`` row reads none).
 
 Each run produces one record with at least ``algorithm, problem, n_users, m, d, epsilon,
 delta, provenance, excess_risk, gradient_evaluations, wall_time_s, seed`` (``epsilon`` and
 ``delta`` are the *guaranteed* values from the result's privacy report; the requested target
-is kept as ``target_epsilon``).
+is kept as ``target_epsilon``). The table (and the JSON ``summary``) has one row per value of
+the swept fields: seeds, mean, std and Student-t 95% interval of ``excess_risk``.
+
+**Paired comparison** (:mod:`dpsco_jax.runner_stats`)::
+
+    compare: {baseline: nonprivate_sgd, metric: excess_risk, resamples: 2000, seed: 0}
+
+``baseline`` is a row label, else an algorithm name, or a mapping of row fields
+(``{algorithm: dp_sgd_user, epsilon: 1.0}``, ``epsilon`` being the requested one); ``metric``
+(default ``excess_risk``; lower is better) is any numeric record field. Each other row is
+paired with the baseline row (the only one, else the one that agrees with it on the swept
+fields both set, e.g. the same epsilon; ``select``'s fields excepted) and gets, over the
+seeds both ran successfully (``paired_seeds``): ``ratio`` = mean(row) / mean(baseline),
+``ratio_ci95_lo`` / ``ratio_ci95_hi`` = percentile bootstrap 95% interval (``resamples``
+resamples of the paired seeds drawn jointly, generator seeded by ``seed``: deterministic),
+``wins`` / ``win_rate`` = seeds where the row's metric is strictly lower; also
+``compare_role`` (``baseline`` / ``compared``), ``compare_baseline``, ``compare_metric``,
+``ratio_ci_method`` (or ``compare_note`` saying why a row has no baseline). The table shows
+``ratio[boot95]`` and ``wins`` (= wins/paired seeds); ``--plot`` also draws the ratio with its
+bootstrap interval as error bars.
+
+**Tuning and evaluation seeds** (:mod:`dpsco_jax.runner_tuning`), instead of ``seed``::
+
+    tuning_seeds: [0, 1, 2]
+    eval_seeds: [100, 101, 102, 103, 104]
+    select: {metric: excess_risk, over: [learning_rate], rule: min_mean}
+
+The swept grid runs on ``tuning_seeds`` only; per group of the other swept fields (e.g. per
+algorithm and epsilon), the value(s) of the ``over`` fields (swept fields) with the best mean
+``metric`` (``rule``: ``min_mean`` or ``max_mean``; a candidate with a failed tuning run is not
+eligible) are selected, and only the selected configs run on ``eval_seeds`` (disjoint from
+``tuning_seeds``, else a ConfigError). Records carry ``phase: tuning|eval``; the table shows
+the eval rows (with the selected values), the JSON keeps every record plus ``selection`` (the
+per-group candidates and choice, number of tuning runs) and ``tuning_summary``. The selection
+is **not** covered by the privacy guarantee (hyper-parameter search on private data costs
+privacy unless accounted for); the output says so. Without ``select``, ``eval_seeds`` alone
+means ``seed: eval_seeds``.
 """
 
 from __future__ import annotations
@@ -38,12 +84,17 @@ import math
 import statistics
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
 from dpsco_jax.config_schema import ConfigError, validate  # noqa: F401 (re-exported)
+from dpsco_jax.runner_config import RUNNER_ONLY, flatten_sections, parse_compare, check_baseline
+from dpsco_jax.runner_plot import plot_ratio, plot_rows
+from dpsco_jax.runner_stats import (  # noqa: F401 (t_interval re-exported)
+    add_comparisons, compare_cells, compare_footnote, group_records, t_interval)
+from dpsco_jax import runner_tuning as tuning
 
 ALGORITHM_MODULES = (
     "dpsco_jax.algorithms.baselines",
@@ -54,7 +105,7 @@ ALGORITHM_MODULES = (
     "dpsco_jax.algorithms.bilevel",
     "dpsco_jax.algorithms.localized_gd",
 )
-RESERVED = ("experiments", "name", "description")
+RESERVED = RUNNER_ONLY
 
 
 def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
@@ -72,7 +123,9 @@ def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
 
 
 def expand(config: dict) -> list[dict]:
-  """All run configs of a config file: experiments merged over defaults, lists swept."""
+  """All run configs of a config file: sections flattened, experiments merged over defaults,
+  lists swept."""
+  config = flatten_sections(config)
   base = {k: v for k, v in config.items() if k not in RESERVED}
   variants = config.get("experiments") or [{}]
   runs = []
@@ -142,13 +195,18 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
     if cfg[field] not in schemas:  # a bug of the library, not of the config
       raise ConfigError(f"{field} {cfg[field]!r} is registered but has no config schema; add "
                         "one to dpsco_jax/config_schema.py")
-  return validate(cfg)
+  label = cfg.get("label")
+  if label is not None and not isinstance(label, str):
+    raise ConfigError(f"label must be a string (one row label), got {label!r}")
+  out = validate({k: v for k, v in cfg.items() if k != "label"})
+  return out if label is None else {**out, "label": label}
 
 
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None) -> dict:
   """Validates one run config (:func:`dpsco_jax.config_schema.validate`), runs it and returns
   its record."""
   cfg = _checked(cfg, algorithms, problems)
+  label = cfg.pop("label", None)
   seed = int(cfg.get("seed", 0))
   key = jax.random.key(seed)
   cache_key = _problem_cache_key(cfg)
@@ -181,6 +239,8 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
     record["privacy_notes"] = result.privacy.notes
   if cfg.get("debug") is True and result.debug is not None:
     record["debug"] = result.debug
+  if label is not None:
+    record["label"] = label
   extras = {k: v for k, v in cfg.items() if k not in record}
   record["config"] = extras
   return _jsonable(record)
@@ -195,14 +255,23 @@ def _progress(i: int, total: int, cfg: dict, t0: float) -> None:
   sys.stderr.flush()
 
 
-def run_config(config: dict, *, progress: bool = True, on_record: Callable | None = None
-               ) -> list[dict]:
-  """Runs every expanded config. A run that raises becomes a record with ``status: failed``
-  and its error (the sweep goes on); ``on_record(records)`` is called after every run so a
-  caller can write results as they finish."""
-  algorithms, problems = registry()
-  # user errors in any run are reported before anything runs
-  runs = [_checked(cfg, algorithms, problems) for cfg in expand(config)]
+def _failed_record(cfg: dict, err: Exception) -> dict:
+  # target_epsilon as in an ok record, so a failed run is counted in its own row
+  record = {"algorithm": cfg.get("algorithm"), "problem": cfg.get("problem"),
+            "target_epsilon": cfg.get("epsilon"), "seed": cfg.get("seed", 0), "status": "failed",
+            "error": f"{type(err).__name__}: {err}",
+            "config": {k: v for k, v in cfg.items()
+                       if k not in ("algorithm", "problem", "seed", "label")}}
+  if cfg.get("label") is not None:
+    record["label"] = cfg["label"]
+  return _jsonable(record)
+
+
+def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: bool = True,
+            on_record: Callable | None = None, phase: str | None = None) -> list[dict]:
+  """Runs validated run configs in order. A run that raises becomes a record with ``status:
+  failed`` and its error (the sweep goes on); ``on_record(records)`` is called after every
+  run; ``phase`` (if given) tags every record."""
   cache: dict = {}
   records = []
   t0 = time.perf_counter()
@@ -213,13 +282,11 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
       record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache)
       record["status"] = "ok"
     except Exception as err:  # noqa: BLE001 - one bad run must not lose the others
-      record = _jsonable({"algorithm": cfg.get("algorithm"), "problem": cfg.get("problem"),
-                          "seed": cfg.get("seed", 0), "status": "failed",
-                          "error": f"{type(err).__name__}: {err}",
-                          "config": {k: v for k, v in cfg.items()
-                                     if k not in ("algorithm", "problem", "seed")}})
+      record = _failed_record(cfg, err)
       if not isinstance(err, ConfigError) and progress:
         sys.stderr.write("\n" + traceback.format_exc(limit=3))
+    if phase is not None:
+      record["phase"] = phase
     records.append(record)
     if on_record is not None:
       on_record(records)
@@ -229,32 +296,51 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
   return records
 
 
-def _group_key(record: dict, fields: Iterable[str]) -> tuple:
-  out = []
-  for f in fields:
-    v = record.get(f, record.get("config", {}).get(f))
-    out.append(v)
-  return tuple(out)
+def run_config(config: dict, *, progress: bool = True, on_record: Callable | None = None
+               ) -> list[dict]:
+  """Runs every expanded config; every run is validated before any runs. With
+  ``tuning_seeds`` / ``eval_seeds`` / ``select``, both phases (:func:`run_phases`)."""
+  return run_phases(tuning.parse_phases(config), progress=progress, on_record=on_record)[0]
 
 
-def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
-  """Student-t confidence interval for the mean (NaN bounds with fewer than 2 values)."""
-  if len(values) < 2:
-    return math.nan, math.nan
-  from scipy.stats import t
-  mean, sem = statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
-  half = float(t.ppf(0.5 + level / 2, len(values) - 1)) * sem
-  return mean - half, mean + half
+def _validated(config: dict, algorithms: dict, problems: dict) -> list[dict]:
+  return [_checked(cfg, algorithms, problems) for cfg in expand(config)]
+
+
+def run_phases(phases: tuning.Phases, *, progress: bool = True,
+               on_record: Callable | None = None) -> tuple[list[dict], dict | None]:
+  """``(records, selection)``: one phase (selection None), or the grid on the tuning seeds,
+  the selection (:func:`dpsco_jax.runner_tuning.choose`), and the selected configs on the
+  evaluation seeds. Every run of both phases is validated before any runs."""
+  algorithms, problems = registry()
+  kw = dict(algorithms=algorithms, problems=problems, progress=progress)
+  if phases.select is None:  # user errors in any run are reported before anything runs
+    return execute(_validated(phases.config, algorithms, problems), on_record=on_record,
+                   **kw), None
+  spec = phases.select
+  swept = swept_fields(phases.config)
+  tuning.check_over(spec, swept)
+  fields = tuning.group_fields(spec, swept)
+  tune = _validated(phases.with_seeds(phases.tuning_seeds), algorithms, problems)
+  evals = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
+  tuned = execute(tune, on_record=on_record, phase="tuning", **kw)
+  chosen, report = tuning.choose(tune, tuned, spec, fields)
+  selected = [c for c in evals if tuning.is_selected(c, chosen, spec, fields)]
+  evaluated = execute(selected, phase="eval", **kw,
+                      on_record=None if on_record is None else (
+                          lambda recs: on_record(tuned + recs)))
+  info = {"tuning_seeds": list(phases.tuning_seeds), "eval_seeds": list(phases.eval_seeds),
+          "tuning_runs": len(tune), "eval_runs": len(selected), "metric": spec.metric,
+          "over": list(spec.over), "rule": spec.rule, "group_fields": fields,
+          "groups": report, "privacy_note": tuning.PRIVACY_NOTE}
+  return tuned + evaluated, _jsonable(info)
 
 
 def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
   """Mean, std and 95% t-interval over seeds of every group of records sharing ``fields``
   (failed runs are counted in ``failed`` and left out of the statistics)."""
-  groups: dict[tuple, list[dict]] = {}
-  for r in records:
-    groups.setdefault(_group_key(r, fields), []).append(r)
   rows = []
-  for key, group in groups.items():
+  for key, group in group_records(records, fields).items():
     rs = [r for r in group if r.get("status", "ok") == "ok"]
     row = {**dict(zip(fields, key)), "seeds": len(rs), "failed": len(group) - len(rs)}
     if rs:
@@ -275,10 +361,15 @@ def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
 
 
 def format_table(rows: list[dict], fields: list[str]) -> str:
+  """The printed table; with a ``compare:`` block, two compact columns: ``ratio[boot95]``
+  (ratio to the baseline [percentile bootstrap 95%]) and ``wins`` (wins/paired seeds)."""
   cols = fields + ["excess_risk_mean", "excess_risk_std", "ci95", "epsilon", "provenance",
                    "gradient_evaluations", "wall_time_s", "seeds"]
   if any(r.get("failed") for r in rows):
     cols.append("failed")
+  compared = any("compare_metric" in r for r in rows)
+  if compared:
+    cols += ["ratio[boot95]", "wins"]
   def fmt(v):
     if isinstance(v, float):
       return f"{v:.4g}"
@@ -289,6 +380,8 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
       return "" if lo is None or math.isnan(lo) else f"[{lo:.3g}, {hi:.3g}]"
     if c == "excess_risk_mean" and "error" in r:
       return "FAILED"
+    if c in ("ratio[boot95]", "wins"):
+      return compare_cells(r)[c]
     return fmt(r.get(c))
   table = [[c for c in cols]] + [[cell(r, c) for c in cols] for r in rows]
   widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
@@ -299,39 +392,8 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
 
 def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str:
   """Excess risk (mean and 95% t-interval over seeds) against ``x_field``, one line per other
-  group."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError as err:  # optional extra
-    raise RuntimeError("plotting needs matplotlib: pip install 'dpsco_jax[plot]'") from err
-  others = [f for f in fields if f != x_field]
-  rows = [r for r in aggregate(records, fields) if r["seeds"]]
-  lines: dict[tuple, list[dict]] = {}
-  for r in rows:
-    lines.setdefault(tuple(r[f] for f in others), []).append(r)
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for key, rs in sorted(lines.items(), key=lambda kv: str(kv[0])):
-    rs = sorted(rs, key=lambda r: r[x_field])
-    xs = [r[x_field] for r in rs]
-    means = [r["excess_risk_mean"] for r in rs]
-    # 95% t-interval of the mean where there are >= 2 seeds, else no bar
-    lo = [m - r["excess_risk_ci95_lo"] if math.isfinite(r["excess_risk_ci95_lo"]) else 0.0
-          for m, r in zip(means, rs)]
-    hi = [r["excess_risk_ci95_hi"] - m if math.isfinite(r["excess_risk_ci95_hi"]) else 0.0
-          for m, r in zip(means, rs)]
-    ax.errorbar(xs, means, yerr=[lo, hi],
-                label=", ".join(f"{f}={v}" for f, v in zip(others, key)), marker="o",
-                capsize=3)
-  ax.set_xlabel(x_field)
-  ax.set_ylabel("excess risk")
-  ax.set_xscale("log")
-  ax.set_yscale("log")
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  return path
+  group (:func:`dpsco_jax.runner_plot.plot_rows`)."""
+  return plot_rows(aggregate(records, fields), x_field, fields, path)
 
 
 def _yaml_loader():
@@ -365,34 +427,84 @@ def load_config(path: str) -> dict:
   return config
 
 
+def _table_fields(config: dict) -> list[str]:
+  # group by the *requested* epsilon; the table's epsilon column is the guaranteed one
+  return ["algorithm"] + [("target_epsilon" if f == "epsilon" else f)
+                          for f in swept_fields(config) if f != "algorithm"]
+
+
+def summarize(records: list[dict], fields: list[str], compare=None,
+              ignore: tuple[str, ...] = ()) -> list[dict]:
+  """The table's rows (:func:`aggregate`), with the paired comparison of a ``compare:`` block
+  (a :class:`dpsco_jax.runner_config.CompareSpec`) when given; a row's baseline need not
+  share its ``ignore`` fields (the selected ones)."""
+  rows = aggregate(records, fields)
+  if compare is not None:
+    add_comparisons(rows, records, fields, compare, ignore)
+  return rows
+
+
+def _print_report(title: str, records: list[dict], rows: list[dict], fields: list[str],
+                  compare, selection: dict | None) -> None:
+  shown = [r for r in records if r.get("phase") != "tuning"]
+  runs = f"{len(shown)} runs" + (f" on eval seeds (+{selection['tuning_runs']} tuning runs)"
+                                 if selection else "")
+  print(f"\n== {title}: {runs} ==")
+  if selection:
+    print("\n".join(tuning.selection_lines(selection)))
+  print(format_table(rows, fields))
+  print("(ci95: Student-t 95% interval of the mean over seeds)")
+  if compare is not None:
+    print(compare_footnote(rows, compare))
+  for r in records:
+    if r.get("status") == "failed":
+      phase = f" ({r['phase']})" if "phase" in r else ""
+      print(f"FAILED {r['algorithm']} seed={r['seed']}{phase}: {r['error']}")
+
+
+def _plots(rows: list[dict], fields: list[str], plot_field: str, out: str | None,
+           compare, selected: tuple[str, ...] = ()) -> None:
+  """The excess-risk plot (and the ratio plot with ``compare``); one line per value of the
+  fields other than ``plot_field`` and the ``selected`` ones."""
+  x = "target_epsilon" if plot_field == "epsilon" and plot_field not in fields else plot_field
+  if x not in fields:
+    print(f"plot: {plot_field!r} is not a swept field ({', '.join(fields)}); no plot")
+    return
+  stem = (out or "results").rsplit(".", 1)[0]
+  fields = [f for f in fields if f not in selected or f == x]
+  print(f"plot: {plot_rows(rows, x, fields, stem + f'_{plot_field}.png')}")
+  if compare is not None:
+    print(f"plot: {plot_ratio(rows, x, fields, stem + f'_{plot_field}_ratio.png')}")
+
+
 def main_run(path: str, out: str | None = None, plot_field: str | None = None,
              progress: bool = True) -> list[dict]:
   """Runs a config file, prints its table, writes ``out`` as runs finish. Returns the records
-  (failed runs included, with ``status: failed`` and their error)."""
+  (failed runs included, with ``status: failed`` and their error; with ``select``, the tuning
+  records too, ``phase: tuning``)."""
   config = load_config(path)
-  def write(records):
+  phases = tuning.parse_phases(config)
+  compare = parse_compare(config)
+  if compare is not None:  # a baseline that matches no run is refused before anything runs
+    check_baseline(compare, expand(phases.with_seeds(phases.eval_seeds) if phases.select
+                                   else phases.config))
+  def write(records, **extra):
     if out:
       with open(out, "w") as f:
-        json.dump({"config": _jsonable(config), "results": records}, f, indent=1)
-  records = run_config(config, progress=progress, on_record=write)
-  # group by the *requested* epsilon; the table's epsilon column is the guaranteed one
-  fields = ["algorithm"] + [("target_epsilon" if f == "epsilon" else f)
-                            for f in swept_fields(config) if f != "algorithm"]
-  rows = aggregate(records, fields)
-  title = config.get("name", path)
-  print(f"\n== {title}: {len(records)} runs ==")
-  print(format_table(rows, fields))
-  print("(ci95: Student-t 95% interval of the mean over seeds)")
-  for r in records:
-    if r.get("status") == "failed":
-      print(f"FAILED {r['algorithm']} seed={r['seed']}: {r['error']}")
+        json.dump({"config": _jsonable(config), "results": records, **extra}, f, indent=1)
+  records, selection = run_phases(phases, progress=progress, on_record=write)
+  fields = _table_fields(phases.config)
+  shown = [r for r in records if r.get("phase") != "tuning"]
+  selected = phases.select.over if phases.select else ()
+  rows = summarize(shown, fields, compare, selected)
+  _print_report(config.get("name", path), records, rows, fields, compare, selection)
+  extra = {"summary": _jsonable(rows)}
+  if selection is not None:
+    tuned = [r for r in records if r.get("phase") == "tuning"]
+    extra.update(selection=selection, tuning_summary=_jsonable(aggregate(tuned, fields)))
   if out:
-    with open(out, "w") as f:
-      json.dump({"config": _jsonable(config), "results": records,
-                 "summary": _jsonable(rows)}, f, indent=1)
+    write(records, **extra)
     print(f"wrote {out}")
-  ok = [r for r in records if r.get("status") == "ok"]
-  if plot_field and ok:
-    png = (out or "results").rsplit(".", 1)[0] + f"_{plot_field}.png"
-    print(f"plot: {plot(ok, plot_field, fields, png)}")
+  if plot_field and any(r.get("status") == "ok" for r in shown):
+    _plots(rows, fields, plot_field, out, compare, selected)
   return records

@@ -7,6 +7,17 @@ import sys
 import pytest
 
 from dpsco_jax import runner
+from dpsco_jax.config_schema import keys_of
+
+
+def _key(*names: str) -> str:
+  """The spelling of one idea that dp_sgd_user reads (config keys are being renamed)."""
+  allowed = keys_of("dp_sgd_user", "least_squares")
+  return next(n for n in names if n in allowed)
+
+
+STEPS, BATCH = _key("num_steps", "steps"), _key("batch_size", "batch_users")
+CLIP = _key("clip_norm", "clip")
 
 REQUIRED = ("algorithm", "problem", "n_users", "m", "d", "epsilon", "delta", "provenance",
             "excess_risk", "gradient_evaluations", "wall_time_s", "seed")
@@ -28,8 +39,8 @@ def test_cli_runs_config_and_writes_records(tmp_path):
   cfg = tmp_path / "tiny.yaml"
   cfg.write_text(
       "problem: least_squares\nn_users: 40\nm: 2\nd: 3\nseed: [0, 1]\n"
-      "steps: 5\nbatch_users: 10\nexperiments:\n  - {algorithm: nonprivate_sgd}\n"
-      "  - {algorithm: dp_sgd_user, epsilon: 2.0, delta: 1e-5, clip: 1.0}\n")
+      f"{STEPS}: 5\n{BATCH}: 10\nexperiments:\n  - {{algorithm: nonprivate_sgd}}\n"
+      f"  - {{algorithm: dp_sgd_user, epsilon: 2.0, delta: 1e-5, {CLIP}: 1.0}}\n")
   out = tmp_path / "res.json"
   proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
                          "--quiet"], capture_output=True, text=True, timeout=600)
@@ -79,7 +90,7 @@ def test_registry_lists_every_module_including_localized_gd():
 
 @pytest.mark.parametrize("field,value,match", [
     ("epsilon", "1.0", "epsilon must be a number"), ("epsilon", True, "epsilon must be a number"),
-    ("steps", "3", "steps must be an integer"), ("seed", 1.7, "seed must be an integer"),
+    (STEPS, "3", f"{STEPS} must be an integer"), ("seed", 1.7, "seed must be an integer"),
     ("debug", "false", "debug must be true or false")])
 def test_strict_types_name_the_field(field, value, match):
   algorithms, problems = runner.registry()
@@ -101,16 +112,16 @@ def test_sweep_survives_a_failed_run_and_cli_exits_nonzero(tmp_path):
   cfg = tmp_path / "bad.yaml"
   # the second experiment fails inside its driver (batch larger than n); the first completes
   cfg.write_text(
-      "problem: least_squares\nn_users: 20\nm: 2\nd: 3\nseed: 0\nsteps: 3\n"
-      "experiments:\n  - {algorithm: nonprivate_sgd, batch_users: 5}\n"
-      "  - {algorithm: nonprivate_sgd, batch_users: 50}\n")
+      f"problem: least_squares\nn_users: 20\nm: 2\nd: 3\nseed: 0\n{STEPS}: 3\n"
+      f"experiments:\n  - {{algorithm: nonprivate_sgd, {BATCH}: 5}}\n"
+      f"  - {{algorithm: nonprivate_sgd, {BATCH}: 50}}\n")
   out = tmp_path / "res.json"
   proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
                          "--quiet"], capture_output=True, text=True, timeout=600)
   assert proc.returncode == 1, proc.stderr[-2000:]
   records = json.loads(out.read_text())["results"]
   assert [r["status"] for r in records] == ["ok", "failed"]
-  assert "batch_users" in records[1]["error"] and "FAILED" in proc.stdout
+  assert BATCH in records[1]["error"] and "FAILED" in proc.stdout
 
 
 def test_cli_user_error_is_one_line(tmp_path):
@@ -121,3 +132,12 @@ def test_cli_user_error_is_one_line(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == ["dpsco: error: seed must be an integer, got 1.5 "
                                               "(float); write a whole number, e.g. seed: 1"]
+
+
+def test_a_failed_record_groups_with_its_requested_epsilon_and_label():
+  cfg = {"algorithm": "dp_sgd_user", "problem": "logistic", "epsilon": 2.0, "seed": 1,
+         "label": "dp", "delta": 1e-5}
+  record = runner._failed_record(cfg, ValueError("bad"))
+  assert record["target_epsilon"] == 2.0 and record["label"] == "dp"
+  assert record["config"] == {"epsilon": 2.0, "delta": 1e-5}
+  assert record["status"] == "failed" and record["error"] == "ValueError: bad"

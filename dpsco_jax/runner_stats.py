@@ -1,0 +1,161 @@
+"""Statistics of the runner's tables: Student-t intervals over seeds and paired comparisons
+between rows on the seeds they share (ratio of means with a seeded percentile bootstrap
+interval, win rate)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Iterable
+
+import numpy as np
+
+from dpsco_jax.runner_config import CompareSpec, baseline_indices
+
+#: the fields a row's baseline need not share with it (they say which row is the baseline)
+_IDENTITY_FIELDS = ("algorithm", "label")
+
+
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+  """Student-t confidence interval for the mean (NaN bounds with fewer than 2 values)."""
+  if len(values) < 2:
+    return math.nan, math.nan
+  from scipy.stats import t
+  mean, sem = statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+  half = float(t.ppf(0.5 + level / 2, len(values) - 1)) * sem
+  return mean - half, mean + half
+
+
+def group_key(record: dict, fields: Iterable[str]) -> tuple:
+  """The values of ``fields`` in a record (top level first, then its ``config``)."""
+  return tuple(record.get(f, record.get("config", {}).get(f)) for f in fields)
+
+
+def group_records(records: list[dict], fields: list[str]) -> dict[tuple, list[dict]]:
+  """Records grouped by their values of ``fields`` (first-seen order)."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in records:
+    groups.setdefault(group_key(r, fields), []).append(r)
+  return groups
+
+
+def per_seed(records: list[dict], metric: str) -> dict[int, float]:
+  """``{seed: metric}`` over the successful records that have the metric (the mean where a
+  seed has several)."""
+  values: dict[int, list[float]] = {}
+  for r in records:
+    if r.get("status", "ok") == "ok" and isinstance(r.get(metric), (int, float)):
+      values.setdefault(int(r["seed"]), []).append(float(r[metric]))
+  return {s: statistics.fmean(v) for s, v in values.items()}
+
+
+def paired_comparison(values: dict[int, float], baseline: dict[int, float], *,
+                      resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+  """Row vs baseline on the seeds both have: ``ratio`` = mean(row) / mean(baseline), its
+  percentile bootstrap interval (seeds resampled jointly, so each resample keeps the pairs;
+  NaN with fewer than 2 paired seeds), ``wins`` = seeds where the row is strictly lower."""
+  seeds = sorted(set(values) & set(baseline))
+  n = len(seeds)
+  out: dict[str, Any] = {"paired_seeds": n, "ratio": math.nan, "ratio_ci95_lo": math.nan,
+                         "ratio_ci95_hi": math.nan, "wins": 0, "win_rate": math.nan}
+  if n == 0:
+    return out
+  x = np.array([values[s] for s in seeds])
+  y = np.array([baseline[s] for s in seeds])
+  with np.errstate(divide="ignore", invalid="ignore"):
+    out["ratio"] = float(x.mean() / y.mean())
+    if n >= 2:
+      idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+      ratios = x[idx].mean(axis=1) / y[idx].mean(axis=1)
+      lo, hi = np.percentile(ratios, [50 * (1 - level), 50 * (1 + level)])
+      out["ratio_ci95_lo"], out["ratio_ci95_hi"] = float(lo), float(hi)
+  out["wins"] = int((x < y).sum())
+  out["win_rate"] = out["wins"] / n
+  return out
+
+
+def _row_values(group: list[dict]) -> dict:
+  """A row's fields for baseline matching: its first record with its config, ``epsilon``
+  being the requested one (as in a run config)."""
+  rec = group[0]
+  values = {**rec.get("config", {}), **{k: v for k, v in rec.items() if k != "config"}}
+  values["epsilon"] = rec.get("target_epsilon", rec.get("config", {}).get("epsilon"))
+  return values
+
+
+def row_label(row: dict, fields: list[str]) -> str:
+  if row.get("label"):
+    return str(row["label"])
+  return ", ".join(f"{f}={row[f]}" for f in fields if row.get(f) is not None)
+
+
+def _baseline_for(i: int, rows: list[dict], bases: list[int], fields: list[str],
+                  fixed: set[str]) -> int | str:
+  """The baseline row of row ``i``: the only one, else the one baseline row that agrees with
+  it on every field both set (identity fields and ``fixed`` ones excepted); else why not."""
+  if len(bases) == 1:
+    return bases[0]
+  free = [f for f in fields if f not in _IDENTITY_FIELDS and f not in fixed]
+  hits = [b for b in bases if all(rows[b].get(f) is None or rows[i].get(f) is None
+                                  or rows[b].get(f) == rows[i].get(f) for f in free)]
+  if len(hits) == 1:
+    return hits[0]
+  if not hits:
+    return "no baseline row with the same values of " + ", ".join(free)
+  return (f"ambiguous: {len(hits)} baseline rows match; give compare.baseline as a mapping of "
+          "row fields")
+
+
+def add_comparisons(rows: list[dict], records: list[dict], fields: list[str],
+                    spec: CompareSpec, ignore: Iterable[str] = ()) -> list[dict]:
+  """Adds the paired comparison with the baseline to every row of
+  ``aggregate(records, fields)`` (in place; returns rows). A row's baseline need not share
+  its values of the ``ignore`` fields (e.g. the selected hyper-parameters)."""
+  groups = list(group_records(records, fields).values())
+  assert len(groups) == len(rows), "rows must be aggregate(records, fields)"
+  items = [_row_values(g) for g in groups]
+  bases = baseline_indices(spec.baseline, items)
+  fixed = set(ignore)
+  if isinstance(spec.baseline, dict):
+    fixed |= {"target_epsilon" if k == "epsilon" else k for k in spec.baseline}
+  method = (f"percentile bootstrap over the paired seeds ({spec.resamples} joint resamples, "
+            f"seed {spec.seed})")
+  for i, row in enumerate(rows):
+    row["compare_metric"] = spec.metric
+    if i in bases:
+      row["compare_role"] = "baseline"
+      continue
+    b = _baseline_for(i, rows, bases, fields, fixed)
+    if isinstance(b, str):
+      row["compare_note"] = b
+      continue
+    row.update({"compare_role": "compared", "compare_baseline": row_label(rows[b], fields),
+                "ratio_ci_method": method})
+    row.update(paired_comparison(per_seed(groups[i], spec.metric),
+                                 per_seed(groups[b], spec.metric),
+                                 resamples=spec.resamples, seed=spec.seed))
+  return rows
+
+
+def compare_cells(row: dict) -> dict[str, str]:
+  """The table's compact comparison cells: ``ratio [boot 95%]`` and ``wins/paired``."""
+  if row.get("compare_role") == "baseline":
+    return {"ratio[boot95]": "baseline", "wins": ""}
+  if row.get("compare_role") != "compared":
+    return {"ratio[boot95]": "n/a" if "compare_note" in row else "", "wins": ""}
+  ratio, lo, hi = row["ratio"], row["ratio_ci95_lo"], row["ratio_ci95_hi"]
+  text = f"{ratio:.3g}" + ("" if math.isnan(lo) else f" [{lo:.3g}, {hi:.3g}]")
+  return {"ratio[boot95]": text, "wins": f"{row['wins']}/{row['paired_seeds']}"}
+
+
+def compare_footnote(rows: list[dict], spec: CompareSpec) -> str:
+  """What the comparison columns mean (printed under the table)."""
+  lines = [f"(ratio: mean {spec.metric} of the row / of its baseline over the seeds both ran "
+           f"(wins: of those paired seeds, how many had a lower {spec.metric}); [lo, hi]: "
+           f"percentile bootstrap 95% interval, {spec.resamples} joint resamples of the paired "
+           f"seeds, seed {spec.seed})"]
+  for r in rows:
+    if "compare_note" in r:
+      lines.append(f"  no comparison for {r.get('label') or r.get('algorithm')}: "
+                   f"{r['compare_note']}")
+  return "\n".join(lines)
