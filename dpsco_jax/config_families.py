@@ -11,6 +11,7 @@ marks keys that must be given. Built by reading each driver (``cfg.get`` / ``cfg
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Optional, Union
 
 __all__ = ["ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys"]
@@ -365,23 +366,28 @@ class LocSgdConfig(LocGdConfig):
   batch_size: int = _key("Poisson batch size", required=True)
 
 
-ALGORITHM_SCHEMAS: dict[str, type] = {
-    "nonprivate_sgd": SgdSchedule,
-    "dp_sgd_item": DpSgdConfig, "dp_sgd_user": DpSgdConfig, "dp_sgd_group": DpSgdConfig,
-    "user_level_phased_sgd": PhasedSgdConfig,
-    "user_level_accelerated_erm": AcceleratedErmConfig,
-    "user_level_accelerated_erm_smoothed": AcceleratedErmSmoothedConfig,
-    **{name: OutputPertConfig for name in ("sc_output_pert", "phased_erm_output_pert",
-                                           "phased_sco_output_pert", "sc_erm_output_pert",
-                                           "sc_sco_output_pert")},
-    "naive_output_pert": NaiveOutputPertConfig,
-    "resque_parallel_sco": ResqueParallelConfig,
-    "resque_private_sco": ResquePrivateConfig,
-    "minibatch_sgd": MinibatchSgdConfig,
-    **{name: SrgdConfig for name in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
-                                     "accelerated_dp_sgd", "single_epoch_dp_sgd",
-                                     "accelerated_dp_srgd_independent_noise")},
-    "dp_bilevel": BilevelConfig, "dp_bilevel_minibatch": BilevelConfig,
-    "dp_bilevel_population": BilevelConfig, "nonprivate_penalty": NonPrivatePenaltyConfig,
-    "dp_loc_gd": LocGdConfig, "dp_loc_sgd": LocSgdConfig,
-}
+class _RegisteredConfigs(Mapping):
+  """``ALGORITHM_SCHEMAS``: every registered algorithm's config class, read from the registry
+  (:func:`dpsco_jax.algorithms.registry.algorithms`) on access. The ``@register(name,
+  config=...)`` decorator at each driver is the one place an algorithm's schema is named; the
+  algorithm modules are imported on first access, never when this module is imported (they
+  import the schemas above)."""
+
+  def _table(self) -> dict[str, type]:
+    from dpsco_jax.algorithms.registry import algorithms
+    return {name: entry.config for name, entry in algorithms().items()}
+
+  def __getitem__(self, name: str) -> type:
+    return self._table()[name]
+
+  def __iter__(self):
+    return iter(self._table())
+
+  def __len__(self) -> int:
+    return len(self._table())
+
+  def __repr__(self) -> str:
+    return f"ALGORITHM_SCHEMAS({self._table()!r})"
+
+
+ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs()

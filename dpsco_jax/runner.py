@@ -76,7 +76,6 @@ means ``seed: eval_seeds``.
 from __future__ import annotations
 
 import difflib
-import importlib
 import traceback
 import itertools
 import json
@@ -96,30 +95,17 @@ from dpsco_jax.runner_stats import (  # noqa: F401 (t_interval re-exported)
     add_comparisons, compare_cells, compare_footnote, group_records, t_interval)
 from dpsco_jax import runner_tuning as tuning
 
-ALGORITHM_MODULES = (
-    "dpsco_jax.algorithms.baselines",
-    "dpsco_jax.algorithms.user_level_filter",
-    "dpsco_jax.algorithms.output_perturbation",
-    "dpsco_jax.algorithms.resque",
-    "dpsco_jax.algorithms.srgd",
-    "dpsco_jax.algorithms.bilevel",
-    "dpsco_jax.algorithms.localized_gd",
-)
 RESERVED = RUNNER_ONLY
 
 
 def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
-  """Merges ``ALGORITHMS`` and ``PROBLEMS`` of every algorithm module."""
-  from dpsco_jax import problems as core_problems
-  algorithms: dict[str, Callable] = {}
-  problems: dict[str, Callable] = {
-      name: (lambda cfg, key, _n=name: core_problems.make_problem({**cfg, "problem": _n}, key))
-      for name in core_problems.PROBLEM_NAMES}
-  for mod_name in ALGORITHM_MODULES:
-    mod = importlib.import_module(mod_name)  # a module that fails to import is a bug: raise
-    algorithms.update(getattr(mod, "ALGORITHMS", {}))
-    problems.update(getattr(mod, "PROBLEMS", {}))
-  return algorithms, problems
+  """``(algorithms, problems)``: every registered driver by name
+  (:func:`dpsco_jax.algorithms.registry.algorithms`, which imports
+  ``registry.ALGORITHM_MODULES``) and every problem factory
+  (:func:`dpsco_jax.problems.problems`)."""
+  from dpsco_jax.algorithms.registry import algorithms
+  from dpsco_jax.problems import problems
+  return {name: entry.driver for name, entry in algorithms().items()}, problems()
 
 
 def expand(config: dict) -> list[dict]:

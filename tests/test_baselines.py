@@ -32,7 +32,7 @@ def test_noise_off_reaches_known_optimum(lsq, name):
   # noise off is only allowed without an epsilon budget (an epsilon is a budget, never exceeded)
   cfg = dict(BASE, epsilon=None, noise_multiplier=0.0, clip=100.0, sampling="full", steps=400,
              lr=4.0)
-  res = baselines.ALGORITHMS[name](lsq, cfg, jax.random.key(1))
+  res = getattr(baselines, name)(lsq, cfg, jax.random.key(1))
   np.testing.assert_allclose(np.asarray(res.params), w_erm, atol=2e-3)
   # and the ERM minimizer is within the statistical error of the population optimum
   assert lsq.excess_risk(res.params) < 1e-2 * lsq.excess_risk(lsq.init_params())

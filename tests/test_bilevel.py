@@ -447,16 +447,18 @@ def test_runner_entry_budget_and_hygiene():
   q, _ = _quadratic_problem(jnp.float32)
   with pytest.raises(ValueError, match="outer_noise"):
     bl.bilevel_config(q, dict(cfg, outer_noise=False))   # x-dependent data terms need noise
-  assert set(bl.ALGORITHMS) >= {"dp_bilevel", "dp_bilevel_minibatch", "dp_bilevel_population",
-                                "nonprivate_penalty"}
+  from dpsco_jax.algorithms.registry import algorithms
+  assert {n for n, e in algorithms().items() if e.paper == "004"} >= {
+      "dp_bilevel", "dp_bilevel_minibatch", "dp_bilevel_population", "nonprivate_penalty"}
 
 
 def test_problem_factories():
-  p = bl.PROBLEMS["ridge_tuning"]({"dataset": "diabetes"}, jax.random.key(0))
+  from dpsco_jax.problems import problems
+  p = problems()["ridge_tuning"]({"dataset": "diabetes"}, jax.random.key(0))
   assert p.n == 442 and p.d == 1 and p.d_y == 10
   assert p.meta["omega_bounds"][0] <= p.meta["omega_star"] <= p.meta["omega_bounds"][1]
   assert p.excess_risk(p.x_opt) == pytest.approx(0.0, abs=1e-9)
-  s = bl.PROBLEMS["ridge_tuning"]({"n_train": 50, "n_val": 50, "d": 3}, jax.random.key(0))
+  s = problems()["ridge_tuning"]({"n_train": 50, "n_val": 50, "d": 3}, jax.random.key(0))
   m = s.metrics(np.array([1.0]), eta=0.5)
   assert m["excess_risk"] >= -1e-9 and m["population_excess_risk"] >= -1e-9
   assert m["gradient_mapping_norm"] >= 0

@@ -229,4 +229,6 @@ def test_runner_entry_on_a_core_problem():
   chex.assert_shape(res.params, (3,))
   with pytest.raises(ValueError, match="mu"):
     lg.run_dp_loc_gd(prob, {"epsilon": 1.0}, jax.random.key(1))
-  assert set(lg.ALGORITHMS) == {"dp_loc_gd", "dp_loc_sgd"}
+  from dpsco_jax.algorithms.registry import algorithms
+  assert algorithms()["dp_loc_gd"].driver is lg.run_dp_loc_gd
+  assert algorithms()["dp_loc_sgd"].config.__name__ == "LocSgdConfig"

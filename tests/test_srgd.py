@@ -173,7 +173,7 @@ def test_single_epoch_noise_free_converges_to_the_optimum_faster_than_unaccelera
 def test_algorithms_release_records_and_privacy():
   prob = problems.make("least_squares", n_users=400, m=1, d=3, key=jax.random.key(7))
   for name in ("accelerated_dp_srgd", "single_epoch_dp_sgd"):
-    res = srgd.ALGORITHMS[name](prob, {"epsilon": 1.0, "delta": 1e-6}, jax.random.key(1))
+    res = getattr(srgd, name)(prob, {"epsilon": 1.0, "delta": 1e-6}, jax.random.key(1))
     assert res.record["batch_gradient_steps"] == 20 and res.record["batch_size"] == 20
     assert res.gradient_evaluations == (2 if name == "accelerated_dp_srgd" else 1) * 400
     assert res.privacy.provenance == "accountant"
@@ -181,7 +181,7 @@ def test_algorithms_release_records_and_privacy():
     assert res.privacy.paper_epsilon is not None and res.debug is None
     assert float(tree_l2_norm(res.params)) <= prob.radius * (1 + 1e-5)
   with pytest.raises(PrivacyBudgetExceeded):   # explicit too-small noise: refused up front
-    srgd.ALGORITHMS["accelerated_dp_srgd"](prob, {"epsilon": 1.0, "delta": 1e-6,
+    srgd.accelerated_dp_srgd(prob, {"epsilon": 1.0, "delta": 1e-6,
                                                   "noise_multiplier": 0.5}, jax.random.key(1))
 
 
@@ -300,14 +300,14 @@ def test_theory_constrained_reproduces_thm_5_12():
 @pytest.mark.slow
 def test_theory_preset_runs_with_accountant_epsilon_below_target():
   prob = problems.make("least_squares", n_users=2500, m=1, d=3, key=jax.random.key(10))
-  res = srgd.ALGORITHMS["accelerated_dp_srgd"](
+  res = srgd.accelerated_dp_srgd(
       prob, {"epsilon": 1.0, "delta": 1e-7, "preset": "theory", "variant": "constrained"},
       jax.random.key(0))
   assert res.record["preset"] == "theory" and res.record["batch_gradient_steps"] == 50
   assert res.privacy.provenance == "accountant" and res.privacy.epsilon < 1.0
   assert res.record["paper_params"]["reference"].startswith("Thm 5.12")
   with pytest.raises(ValueError, match="vacuous"):
-    srgd.ALGORITHMS["accelerated_dp_srgd"](
+    srgd.accelerated_dp_srgd(
         prob, {"epsilon": 1.0, "delta": 1e-7, "preset": "theory", "variant": "interior"},
         jax.random.key(0))
 
@@ -323,7 +323,7 @@ def test_theory_preset_runs_with_accountant_epsilon_below_target():
 def test_bad_configuration_raises_naming_the_parameter(cfg, name):
   prob = problems.make("least_squares", n_users=100, m=1, d=2, key=jax.random.key(0))
   with pytest.raises(ValueError, match=name):
-    srgd.ALGORITHMS["accelerated_dp_srgd"](prob, {"epsilon": 1.0, "delta": 1e-6, **cfg},
+    srgd.accelerated_dp_srgd(prob, {"epsilon": 1.0, "delta": 1e-6, **cfg},
                                            jax.random.key(0))
   with pytest.raises(ValueError, match="noise='independent'"):
     srgd.srgd_privatizer(clip_norm=1.0, batch_size=2, noise_multiplier=1.0, num_steps=2,

@@ -23,7 +23,7 @@ from dpsco_jax import problems
 from dpsco_jax.algorithms import srgd
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 
-NAMES = tuple(srgd.ALGORITHMS)
+NAMES = tuple(srgd.VARIANTS)
 N, D, B, T, C = 20, 3, 4, 5, 1e-3     # C tiny: every row is clipped, so bounds are attained
 VICTIM = 2 * B + 1                    # lives in batch t = 2
 PUBLIC = dict(n=N, p=D, lipschitz=1.0, smoothness=1.0, radius=1.0)
@@ -127,7 +127,7 @@ def test_removal_rebatches_the_stream_so_add_remove_is_refused():
       with pytest.raises(ValueError, match="zero_out"):
         srgd.plan_srgd(name, {key_name: "add_remove", "epsilon": 1.0}, **PUBLIC)
       with pytest.raises(ValueError, match="add_remove"):
-        srgd.ALGORITHMS[name](prob, {key_name: "add_remove", "epsilon": 1.0},
+        getattr(srgd, name)(prob, {key_name: "add_remove", "epsilon": 1.0},
                               jax.random.key(0))
 
 
@@ -155,7 +155,7 @@ def test_reported_epsilon_matches_an_independent_accountant(relation, dp_relatio
   prob = _problem(100, 2)
   delta = 1e-6
   for name in ("accelerated_dp_srgd", "single_epoch_dp_sgd"):
-    res = srgd.ALGORITHMS[name](prob, {"epsilon": 1.0, "delta": delta, "relation": relation},
+    res = getattr(srgd, name)(prob, {"epsilon": 1.0, "delta": delta, "relation": relation},
                                 jax.random.key(1))
     rec = res.record
     z, T = rec["noise_multiplier"], rec["batch_gradient_steps"]
@@ -195,7 +195,7 @@ def test_explicit_noise_above_budget_or_zero_raises_before_release(name):
 
 def test_driver_refuses_zero_noise_with_a_budget_and_reports_explicit_noise():
   prob = _problem(16, 2)
-  run = lambda cfg: srgd.ALGORITHMS["accelerated_dp_srgd"](prob, cfg, jax.random.key(0))
+  run = lambda cfg: srgd.accelerated_dp_srgd(prob, cfg, jax.random.key(0))
   with pytest.raises(PrivacyBudgetExceeded):
     run({"epsilon": 1.0, "delta": 1e-6, "noise_multiplier": 0.0})
   res = run({"delta": 1e-6, "noise_multiplier": 3.0})                # no budget: reported

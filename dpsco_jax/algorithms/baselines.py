@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import cfg_get, run_chain, sampling_setup
 from dpsco_jax.algorithms.dpsgd_plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
@@ -51,7 +53,7 @@ from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.steps import projected_sgd
 
-_NONPRIVATE = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
+NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
                             level="none", notes="non-private (reference or noise switched off)")
 _KEEP = 2  # index of the keep_release stage in dp_sgd_chain
 
@@ -109,13 +111,13 @@ def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
                      default_clip=problem.lipschitz, radius=problem.radius)
 
 
-def _charge(plan: DpSgdPlan) -> PrivacyReport:
+def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
   """Checks the budget and charges the ledger BEFORE any release; returns the report."""
   if plan.event is None:
     if plan.epsilon_target is not None:
       raise PrivacyBudgetExceeded("noise_multiplier=0 releases without noise (epsilon = inf) "
                                   f"> budget {plan.epsilon_target}; nothing was released")
-    return _NONPRIVATE
+    return NONPRIVATE_REPORT
   label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
            f"D={plan.denominator:.6g}, steps={plan.steps})")
   notes = f"{plan.public()}; denominator D={plan.denominator:.6g}, q={plan.sampling_rate:.6g}"
@@ -163,7 +165,7 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
 
 def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Result:
   plan = dp_sgd_plan(problem, cfg, level=level)
-  report = _charge(plan)
+  report = charge_dp_sgd(plan)
   params, _ = _execute(problem, plan, key, _rows(problem, level, None))
   record = {"noise_multiplier": plan.noise_multiplier, "steps": plan.steps,
             "batch_users": plan.batch, "denominator": plan.denominator,
@@ -187,25 +189,29 @@ def dp_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *, level: st
   aggregates (sensitivity tests); it is never a release."""
   check_bool(noise, "noise")
   plan = dp_sgd_plan(problem, cfg, level=level, data=data)
-  _charge(plan)
+  charge_dp_sgd(plan)
   return _execute(problem, plan, key, _rows(problem, level, data), noise=noise, keep=True)[2]
 
 
+@register("dp_sgd_user", config=cf.DpSgdConfig, paper="baseline")
 def dp_sgd_user(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """User-level DP-SGD with per-user clipping of the mean gradient (relations: see the plan)."""
   return _dp_sgd(problem, cfg, key, "user")
 
 
+@register("dp_sgd_item", config=cf.DpSgdConfig, paper="baseline")
 def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD (per-example clipping); its guarantee is item-level only."""
   return _dp_sgd(problem, cfg, key, "item")
 
 
+@register("dp_sgd_group", config=cf.DpSgdConfig, paper="baseline")
 def dp_sgd_group(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD lifted to user level (groups of ``m`` items) by group privacy."""
   return _dp_sgd(problem, cfg, key, "group")
 
 
+@register("nonprivate_sgd", config=cf.SgdSchedule, paper="baseline")
 def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Projected minibatch SGD over users with iterate averaging; no privacy (it may read the
   realized number of users)."""
@@ -222,14 +228,6 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
                         {"lr": lr, "radius": problem.radius}, static=(float(batch), averaging),
                         steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity)
-  return Result(params=params, privacy=_NONPRIVATE,
+  return Result(params=params, privacy=NONPRIVATE_REPORT,
                 gradient_evaluations=int(steps * batch * problem.m),
                 record={"steps": steps, "batch_users": batch, "lr": lr})
-
-
-ALGORITHMS = {
-    "nonprivate_sgd": nonprivate_sgd,
-    "dp_sgd_item": dp_sgd_item,
-    "dp_sgd_user": dp_sgd_user,
-    "dp_sgd_group": dp_sgd_group,
-}

@@ -11,7 +11,7 @@ Pieces (spec §6.1):
     PRIVATE lower-level estimates only (§3: evaluating it at the exact ``y*(x)`` leaks, see
     :func:`implicit_hypergrad` on Example 3.1);
   * the private lower-level solver DP-Loc-GD / DP-Loc-SGD (``localized_gd.py``);
-  * layout: problem, hypergradients and ridge instances in :mod:`.bilevel_problem`; config,
+  * layout: problem, hypergradients and ridge instances in :mod:`dpsco_jax.problems.bilevel`; config,
     presets, events and the paper's formulas in :mod:`.bilevel_plan` (data free); the
     driver, the output rule and the audit hook :func:`dp_bilevel_releases` here;
   * Algorithm 1 (full batch) and Algorithm 3 (mini-batch) as the chain
@@ -54,23 +54,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax._checks import check_choice
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax.algorithms.bilevel_plan import (RELATION, BilevelConfig, bilevel_config,
                                                bilevel_events, noise_ratios, paper_bilevel_noise,
                                                paper_composition_epsilon, theory_params,
                                                with_noise)
-from dpsco_jax.algorithms.bilevel_problem import (BilevelProblem, ProblemConstants,
-                                                  _project_x, diabetes_ridge_problem,
-                                                  exact_lower_solve, exact_penalty_hypergrad,
-                                                  full_f, full_g,
-                                                  gradient_mapping, hyperobjective,
-                                                  implicit_hypergrad,
-                                                  penalty_hypergrad_per_example,
-                                                  penalty_hypergrad_public,
-                                                  ridge_tuning_problem,
-                                                  synthetic_ridge_problem)
 from dpsco_jax.algorithms.localized_gd import dp_loc_gd, loc_gd_stddev
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
+from dpsco_jax.problems.bilevel import (BilevelProblem, ProblemConstants,  # noqa: F401
+                                       _project_x, diabetes_ridge_problem, exact_lower_solve,
+                                       exact_penalty_hypergrad, full_f, full_g,
+                                       gradient_mapping, hyperobjective, implicit_hypergrad,
+                                       penalty_hypergrad_per_example, penalty_hypergrad_public,
+                                       ridge_tuning_problem, synthetic_ridge_problem)
 from dpsco_jax.privacy.relations import PUBLIC
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
@@ -87,7 +84,6 @@ __all__ = [
     "with_noise", "paper_bilevel_noise", "paper_composition_epsilon", "dp_bilevel_run",
     "dp_bilevel_releases", "dp_bilevel", "dp_ridge_tuning", "ridge_tuning_problem",
     "synthetic_ridge_problem", "diabetes_ridge_problem", "nonprivate_penalty_method",
-    "ALGORITHMS", "PROBLEMS",
 ]
 
 
@@ -258,6 +254,7 @@ def _record(bcfg: BilevelConfig, out: BilevelOutput, info: dict, n: int, *, eps:
   }
 
 
+@register("dp_bilevel", config=cf.BilevelConfig, paper="004")
 def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                ledger: PrivacyLedger | None = None):
   """Runner entry for Alg 1 / Alg 3 (``batch_in``/``batch_out`` set) with exact accounting.
@@ -313,6 +310,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                 debug=debug)
 
 
+@register("dp_bilevel_minibatch", config=cf.BilevelConfig, paper="004")
 def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   cfg = dict(cfg)
   n = problem.n
@@ -321,6 +319,7 @@ def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   return dp_bilevel(problem, cfg, key)
 
 
+@register("dp_bilevel_population", config=cf.BilevelConfig, paper="004")
 def _dp_bilevel_population(problem: BilevelProblem, cfg: dict, key: jax.Array):
   """§6 / Thm 6.1: the same algorithm; the theory preset adds ``K3 sqrt(d_x/n)`` to alpha and
   the record reports the population metrics the theorem bounds."""
@@ -345,6 +344,7 @@ def nonprivate_penalty_method(problem: BilevelProblem, *, lam: float, eta: float
   return x
 
 
+@register("nonprivate_penalty", config=cf.NonPrivatePenaltyConfig, paper="004")
 def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
   from dpsco_jax.result import Result
   del key
@@ -373,26 +373,3 @@ def dp_ridge_tuning(a_tr, b_tr, a_val, b_val, *, epsilon: float, delta: float, k
   return dp_bilevel(prob, {"epsilon": epsilon, "delta": delta, "lam": lam, "eta": eta,
                            "T": steps, "inner_steps": inner_steps,
                            "inner_rounds": inner_rounds, "debug": debug}, key)
-
-
-def _ridge_factory(cfg: dict, key: jax.Array) -> BilevelProblem:
-  dataset = check_choice(cfg.get("dataset", "synthetic"), "dataset", ("synthetic", "diabetes"))
-  bounds = tuple(cfg.get("omega_bounds", (1e-3, 5.0) if dataset == "synthetic" else (1e-2, 5.0)))
-  if dataset == "diabetes":
-    return diabetes_ridge_problem(key, omega_bounds=bounds, omega0=cfg.get("omega0", 1.0),
-                                  clip=cfg.get("clip"))
-  return synthetic_ridge_problem(key, d=int(cfg.get("d", 10)),
-                                 n_train=int(cfg.get("n_train", 2000)),
-                                 n_val=int(cfg.get("n_val", 2000)),
-                                 label_noise=float(cfg.get("label_noise", 3.0)),
-                                 omega_bounds=bounds, omega0=float(cfg.get("omega0", 1.0)),
-                                 clip=cfg.get("clip"))
-
-
-ALGORITHMS = {
-    "dp_bilevel": dp_bilevel,
-    "dp_bilevel_minibatch": _dp_bilevel_minibatch,
-    "dp_bilevel_population": _dp_bilevel_population,
-    "nonprivate_penalty": _nonprivate_runner,
-}
-PROBLEMS = {"ridge_tuning": _ridge_factory}

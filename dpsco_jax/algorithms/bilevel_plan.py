@@ -22,7 +22,7 @@ import jax
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
-from dpsco_jax.algorithms.bilevel_problem import BilevelProblem, ProblemConstants
+from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.localized_gd import (LocGDConfig, loc_gd_event, loc_gd_rounds,
                                                loc_gd_stddev, loc_gd_step_event,
                                                paper_loc_gd_stddev)

@@ -75,6 +75,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.grads import per_example_grads
@@ -96,7 +98,7 @@ __all__ = [
     "loc_gd_stddev", "loc_gd_radii", "loc_gd_event", "loc_gd_step_event", "loc_gd_rounds",
     "loc_gd_theory_config", "loc_gd_practical_config", "with_calibrated_noise",
     "check_loc_gd_relation", "plan_dp_loc_gd", "paper_loc_gd_stddev", "advanced_composition_step",
-    "add_public_gradient", "run_dp_loc_gd", "ALGORITHMS",
+    "add_public_gradient", "run_dp_loc_gd",
 ]
 
 
@@ -487,6 +489,7 @@ def plan_dp_loc_gd(cfg: dict, *, n: int, dim: int, clip: float, radius0: float
   return lcfg, loc_gd_event(lcfg, n)
 
 
+@register("dp_loc_gd", config=cf.LocGdConfig, paper="004")
 def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
 
@@ -536,10 +539,8 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
                 debug=debug)
 
 
+@register("dp_loc_sgd", config=cf.LocSgdConfig, paper="004")
 def _run_dp_loc_sgd(problem, cfg: dict, key: jax.Array):
   if cfg.get("batch_size") is None:
     raise ValueError("batch_size is required for dp_loc_sgd")
   return run_dp_loc_gd(problem, cfg, key)
-
-
-ALGORITHMS = {"dp_loc_gd": run_dp_loc_gd, "dp_loc_sgd": _run_dp_loc_sgd}

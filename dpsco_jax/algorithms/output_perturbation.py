@@ -82,10 +82,12 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms import deletion_stability as ds
-from dpsco_jax.algorithms.output_perturbation_problems import _l2_loss, l2_logistic
+from dpsco_jax.problems.output_perturbation import _l2_loss, l2_logistic
 from dpsco_jax.algorithms.output_perturbation_solver import (SolverPlan, _certify, _solve,
                                                              _solve_all_subsets, solver_plan)
 from dpsco_jax.privacy import (ApproxDpEvent, PrivacyLedger, PrivacyReport, Provenance,
@@ -402,6 +404,7 @@ def _project(theta, radius):
 # Runner entry points.
 
 
+@register("sc_output_pert", config=cf.OutputPertConfig, paper="001")
 def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                    _hook: _Hook | None = None) -> Result:
   """SCOutputPert (Alg. 2, Thm 3.1) on a mu-strongly convex problem (``meta['strong_convexity']``
@@ -448,7 +451,9 @@ def output_perturbation_releases(algorithm: str, problem: SCOProblem, cfg: dict,
   one noisy minimizer (``"sigma"``, ``"sensitivity"``). Releases are before the
   post-processing projection; same keys as the driver, whose output is unchanged.
   ``add_noise=False`` (tests) sets σ = 0 and keeps everything else."""
-  fn = ALGORITHMS[check_choice(algorithm, "algorithm", tuple(ALGORITHMS))]
+  from dpsco_jax.algorithms.registry import algorithms
+  drivers = {name: e.driver for name, e in algorithms().items() if e.paper == "001"}
+  fn = drivers[check_choice(algorithm, "algorithm", tuple(drivers))]
   hook = _Hook([], check_bool(add_noise, "add_noise"))
   fn(problem, cfg, key, _hook=hook)
   return hook.releases
@@ -461,14 +466,3 @@ from dpsco_jax.algorithms.output_perturbation_naive import (  # noqa: E402
 from dpsco_jax.algorithms.output_perturbation_phased import (  # noqa: E402
     localization_radius, phased_erm_output_pert, phased_erm_schedule, phased_sco_output_pert,
     phased_sco_schedule, sc_erm_output_pert, sc_sco_output_pert)
-
-ALGORITHMS = {
-    "sc_output_pert": sc_output_pert,
-    "naive_output_pert": naive_output_pert,
-    "phased_erm_output_pert": phased_erm_output_pert,
-    "phased_sco_output_pert": phased_sco_output_pert,
-    "sc_erm_output_pert": sc_erm_output_pert,
-    "sc_sco_output_pert": sc_sco_output_pert,
-}
-
-PROBLEMS = {"l2_logistic": l2_logistic}

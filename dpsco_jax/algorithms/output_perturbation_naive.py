@@ -17,6 +17,8 @@ import dp_accounting
 import jax
 import jax.numpy as jnp
 
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.output_perturbation import (OutputPertSettings, _check_common,
                                                       _Hook, _problem_mu, _project,
@@ -45,6 +47,7 @@ def naive_sigma(problem: SCOProblem, eps: float, delta: float,
   return gaussian_sigma_analytic(sens, eps, delta)
 
 
+@register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001")
 def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                       _hook: _Hook | None = None) -> Result:
   """Baseline: ``Π_K(θ̃(x) + N(0, σ²I))`` with replace-one sensitivity ``Δ = 2G/(μn) + 2τ``.

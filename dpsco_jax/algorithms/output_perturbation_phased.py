@@ -16,6 +16,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax.algorithms.output_perturbation import (OutputPertSettings, _check_common,
                                                       _check_min_users, _debug_dict, _Hook,
                                                       _problem_mu, _provenance, _settings_for,
@@ -186,6 +188,7 @@ def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook |
                 debug=_debug_dict(out.dbgs, out.certs) if settings.debug else None)
 
 
+@register("phased_erm_output_pert", config=cf.OutputPertConfig, paper="001")
 def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
   """Phased-ERM (Alg. 3, Thm 4.1): convex G-Lipschitz loss, excess empirical risk
@@ -193,6 +196,7 @@ def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   return _phased_driver(problem, cfg, key, _hook, sco=False)
 
 
+@register("phased_sco_output_pert", config=cf.OutputPertConfig, paper="001")
 def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
   """Phased-SCO (Alg. 4, Thm 5.1): disjoint user blocks, parallel composition."""
@@ -259,12 +263,14 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) ->
       debug=_debug_dict([dbg0] + out.dbgs, [cert0] + out.certs) if settings.debug else None)
 
 
+@register("sc_erm_output_pert", config=cf.OutputPertConfig, paper="001")
 def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: _Hook | None = None) -> Result:
   """Strongly-Convex-ERM (Alg. 5, Thm 4.3): excess ``Õ(G² d/(μ n² m))``."""
   return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
 
 
+@register("sc_sco_output_pert", config=cf.OutputPertConfig, paper="001")
 def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: _Hook | None = None) -> Result:
   """Strongly-Convex-SCO (Alg. 6, Thm 5.3): excess ``Õ((G²/μ)(d/(n² m) + 1/(nm)))``."""

@@ -1,8 +1,9 @@
 """ReSQue parallel and private SCO (paper 002: Carmon, Jambulapati, Jin, Lee, Liu, Sidford,
 Tian, "ReSQueing Parallel and Private Stochastic Convex Optimization", 2023).
 
-This module is the paper's entry point: it registers the drivers (``ALGORITHMS``) and
-re-exports every public name of the modules that implement them:
+This module is the paper's entry point: importing it registers the drivers
+(``resque_parallel_sco``, ``minibatch_sgd``, ``resque_private_sco``, each decorated where it is
+defined) and it re-exports every public name of the modules that implement them:
 
   * :mod:`.resque_parallel` — parallel SCO (Theorem 1, non-private): ``resque_parallel_sco``
     and the ``minibatch_sgd`` baseline (query depth = steps).
@@ -37,7 +38,7 @@ from dpsco_jax.algorithms.resque_solvers import (  # noqa: F401
 _approx_rdp_events = approx_rdp_events
 
 __all__ = [
-    "ACCOUNTANT_DELTA_SHARE", "DELTA_PRIME_FRAC", "LEMMA5_DRIFT", "RELATION", "ALGORITHMS",
+    "ACCOUNTANT_DELTA_SHARE", "DELTA_PRIME_FRAC", "LEMMA5_DRIFT", "RELATION",
     "Alg4Call", "Alg4Plan", "PhasePlan", "PrivacyPreconditionError", "ResquePrivatePlan",
     "ResqueReleases", "alg4_phase_releases", "alg4_plan", "alg4_rdp", "alg5_schedule",
     "approx_rdp_events", "check_theorem3_preconditions", "draw_queries", "flat_items",
@@ -46,9 +47,3 @@ __all__ = [
     "resque_private_plan", "resque_private_releases", "resque_private_sco",
     "strongly_convex_resque", "theorem3_params",
 ]
-
-ALGORITHMS = {
-    "resque_parallel_sco": resque_parallel_sco,
-    "resque_private_sco": resque_private_sco,
-    "minibatch_sgd": minibatch_sgd,
-}

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_choice, check_int, check_positive
 from dpsco_jax.algorithms import ball_acceleration as ba
 from dpsco_jax.algorithms.common import cfg_get as _cfg
@@ -34,6 +36,7 @@ def _target(problem, cfg: dict) -> float:
   return frac * problem.excess_risk(problem.init_params())
 
 
+@register("resque_parallel_sco", config=cf.ResqueParallelConfig, paper="002")
 def resque_parallel_sco(problem, cfg: dict, key: jax.Array) -> Result:
   """Theorem 1 (non-private): ball acceleration + EpochSGD/ReSQue ball oracles on
   ``f^_rho``, ``r = rho = eps_opt/(sqrt(d) L)``. Records the query depth (batched rounds) and
@@ -79,6 +82,7 @@ def resque_parallel_sco(problem, cfg: dict, key: jax.Array) -> Result:
   return Result(params=res.x, privacy=report, gradient_evaluations=int(res.queries), record=rec)
 
 
+@register("minibatch_sgd", config=cf.MinibatchSgdConfig, paper="002")
 def minibatch_sgd(problem, cfg: dict, key: jax.Array) -> Result:
   """Parallel baseline: projected minibatch SGD (core ``projected_sgd`` with uniform
   averaging), ``lr = R/(L sqrt(steps))``, batch ``batch`` drawn with replacement. Query depth =

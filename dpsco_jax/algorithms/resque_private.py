@@ -41,6 +41,8 @@ from typing import Any, Callable
 
 import jax
 
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms import ball_acceleration as ba
@@ -373,6 +375,7 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
   return x, debug
 
 
+@register("resque_private_sco", config=cf.ResquePrivateConfig, paper="002")
 def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
 

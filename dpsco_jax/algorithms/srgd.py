@@ -35,7 +35,7 @@ Presets (:mod:`dpsco_jax.algorithms.srgd_presets`): ``theory`` reproduces Eq. (1
 (``variant="interior"``) or Thm 5.12 (``variant="constrained"``) and refuses vacuous settings;
 ``practical``: ``B = floor(sqrt n)``, ``T = floor(n/B)``, ``beta = M max(1, beta_scale T)``.
 
-Config keys of the ``ALGORITHMS`` entries (runner contract): ``epsilon`` (a budget; ``null``:
+Config keys of the registered drivers (runner contract): ``epsilon`` (a budget; ``null``:
 non-private, provenance ``none``), ``delta`` (default ``1/n^2``), ``relation`` (``zero_out`` |
 ``replace_one``; ``adjacency`` is a deprecated alias), ``preset``, ``variant``,
 ``noise_mechanism`` (``tree`` | ``independent``), ``batch_size``, ``num_steps``, ``beta`` or
@@ -54,8 +54,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dpsco_jax import config_families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax.algorithms.srgd_plan import (ACCOUNTANT, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, paper_epsilon, plan_srgd,
                                             resolve_relation)
@@ -73,7 +75,8 @@ from dpsco_jax.transforms.steps import projected_sgd, released_params
 from dpsco_jax.transforms.tree_noise import MECHANISMS, TreePrefixNoiseState, prefix_sum_noise
 
 PyTree = Any
-__all__ = ["ALGORITHMS", "PROBLEMS", "PRESETS", "SUPPORTED_RELATIONS", "SRGDParams",
+__all__ = ["accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
+           "accelerated_dp_sgd", "single_epoch_dp_sgd", "PRESETS", "SUPPORTED_RELATIONS", "SRGDParams",
            "SRGDPlan", "interior_c_dp", "paper_epsilon", "plan_for_problem", "plan_srgd",
            "practical_params", "resolve_relation", "run_plan", "run_srgd", "single_epoch_batches",
            "srgd_chain", "srgd_privatizer", "srgd_releases", "srgd_stepper", "theory_params"]
@@ -312,6 +315,22 @@ def plan_for_problem(name: str, problem, cfg: dict) -> SRGDPlan:
                    radius=float(problem.radius))
 
 
+def charge(plan: SRGDPlan) -> PrivacyLedger | None:
+  """A fresh ledger charged with the plan's event (``None`` for a non-private plan); raises
+  before any release if the plan exceeds its budget."""
+  if not plan.private:
+    return None
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
+                         relation=plan.relation, accountant=ACCOUNTANT)
+  ledger.spend(plan.event, label=plan.label)
+  return ledger
+
+
+def privacy_report(plan: SRGDPlan, ledger: PrivacyLedger | None, m: int) -> PrivacyReport:
+  """The run's guarantee: user level when a row holds ``m > 1`` items."""
+  return _report(plan, ledger, "user" if int(m) > 1 else "item")
+
+
 def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> PrivacyReport:
   prm = plan.params
   notes = (f"{plan.name}: single epoch, {prm.num_steps} batches of {prm.batch_size}; preset "
@@ -331,11 +350,7 @@ def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> Privacy
 def _run_named(name: str, problem, cfg: dict, key: jax.Array) -> Result:
   debug = check_bool(cfg.get("debug", False), "debug")
   plan = plan_for_problem(name, problem, cfg)      # no data touched; budget checked
-  ledger = None
-  if plan.private:
-    ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
-                           relation=plan.relation, accountant=ACCOUNTANT)
-    ledger.spend(plan.event, label=plan.label)     # before anything is released
+  ledger = charge(plan)                            # before anything is released
   released, _, diags = run_plan(plan, problem.loss_fn, problem.data, problem.init_params(),
                                 key, debug=debug)
   prm = plan.params
@@ -349,55 +364,24 @@ def _run_named(name: str, problem, cfg: dict, key: jax.Array) -> Result:
     record["paper_params"] = prm.paper
   debug_out = {k: np.asarray(v).tolist() for k, v in diags.items()} if debug else None
   return Result(params=released,
-                privacy=_report(plan, ledger, "user" if int(problem.m) > 1 else "item"),
+                privacy=privacy_report(plan, ledger, problem.m),
                 gradient_evaluations=(2 if plan.srg else 1) * prm.num_steps * prm.batch_size
                 * int(problem.m), record=record, debug=debug_out)
 
 
-# ----------------------------------------------------------------------------- ALGORITHMS
+# ----------------------------------------------------------------------------- the drivers
 def _algorithm(name: str) -> Callable:
   def fn(problem, cfg: dict, key: jax.Array) -> Result:
     return _run_named(name, problem, cfg, key)
-  fn.__name__ = name
+  fn.__name__ = fn.__qualname__ = name
   srg, noise, acc = VARIANTS[name]
   fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): "
                 "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.")
-  return fn
+  return register(name, config=cf.SrgdConfig, paper="003")(fn)
 
 
-ALGORITHMS = {name: _algorithm(name) for name in VARIANTS}
-
-
-# ----------------------------------------------------------------------------- PROBLEMS
-def ill_conditioned_least_squares(cfg: dict, key: jax.Array):
-  """Least squares whose feature covariance has spectrum ``logspace(-log10 cond, 0, d)``:
-  the regime where acceleration pays (the core problem is isotropic, Hessian ``I/d``).
-
-  ``x = r * sqrt(lambda)`` with Rademacher ``r`` (so ``E xx^T = diag(lambda)`` and
-  ``||x||^2 = sum lambda`` exactly), ``y = <w*, x> + U[-s, s]``, ``||w*|| = R/2``. Population
-  risk ``0.5 sum_i lambda_i (w - w*)_i^2 + s^2/6`` exactly; per-example smoothness
-  ``M = sum lambda``; Lipschitz over the ball ``sqrt(M)(1.5 R sqrt(M) + s)``.
-  Config keys: ``n_users, m (1), d (8), radius (2), noise (0.5), condition (1e3)``.
-  """
-  from dpsco_jax.problems import SCOProblem, least_squares_loss
-  n = check_int(cfg["n_users"], "n_users")
-  m = check_int(cfg.get("m", 1), "m")
-  d = check_int(cfg.get("d", 8), "d")
-  R = check_positive(cfg.get("radius", 2.0), "radius")
-  s = check_nonnegative(cfg.get("noise", 0.5), "noise")
-  cond = check_positive(cfg.get("condition", 1e3), "condition")
-  lam = jnp.logspace(-math.log10(cond), 0.0, d)
-  k_w, k_x, k_y = jax.random.split(key, 3)
-  w_star = jax.random.normal(k_w, (d,))
-  w_star = 0.5 * R * w_star / jnp.linalg.norm(w_star)
-  x = jax.random.rademacher(k_x, (n, m, d), jnp.float32) * jnp.sqrt(lam)
-  y = jnp.einsum("umd,d->um", x, w_star) + s * jax.random.uniform(k_y, (n, m), minval=-1.0,
-                                                                   maxval=1.0)
-  smooth = float(jnp.sum(lam))
-  risk = jax.jit(lambda w: 0.5 * jnp.sum(lam * jnp.square(w - w_star)) + s * s / 6.0)
-  return SCOProblem("ill_conditioned_least_squares", least_squares_loss, {"x": x, "y": y}, d,
-                    n, m, R, math.sqrt(smooth) * (1.5 * R * math.sqrt(smooth) + s), smooth,
-                    w_star, risk, float(risk(w_star)), meta={"spectrum": np.asarray(lam)})
-
-
-PROBLEMS = {"ill_conditioned_least_squares": ill_conditioned_least_squares}
+accelerated_dp_srgd = _algorithm("accelerated_dp_srgd")
+dp_srgd_unaccelerated = _algorithm("dp_srgd_unaccelerated")
+accelerated_dp_srgd_independent_noise = _algorithm("accelerated_dp_srgd_independent_noise")
+accelerated_dp_sgd = _algorithm("accelerated_dp_sgd")
+single_epoch_dp_sgd = _algorithm("single_epoch_dp_sgd")

@@ -88,19 +88,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.common import cfg_get
 from dpsco_jax.algorithms.user_level_plan import (RELATION, FilterPlan, Options, PublicSpec,
                                                   gauss_event, make_ledger, plan_alg1,
                                                   plan_alg3, read_options)
-from dpsco_jax.algorithms.user_level_problems import (PROBLEMS, corrupt_users, hinge_loss,
-                                                      hinge_problem)
 from dpsco_jax.algorithms.user_level_schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule)
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem
+from dpsco_jax.problems.user_level import (corrupt_users, hinge_loss,  # noqa: F401 (re-export)
+                                           hinge_problem)
 from dpsco_jax.result import Result
 from dpsco_jax.smoothing import smoothing_offsets
 from dpsco_jax.transforms.clipping import clip_per_user
@@ -116,7 +118,7 @@ _gauss_event = gauss_event   # kept for callers of the old private name
 __all__ = ["user_level_phased_sgd", "user_level_accelerated_erm",
            "user_level_accelerated_erm_smoothed", "user_level_phased_sgd_releases",
            "user_level_accelerated_erm_releases", "plan_phased_sgd", "plan_accelerated_erm",
-           "corrupt_users", "hinge_problem", "hinge_loss", "ALGORITHMS", "PROBLEMS"]
+           "corrupt_users", "hinge_problem", "hinge_loss"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -174,6 +176,27 @@ def _report(plan: FilterPlan, ledger: PrivacyLedger, *, theorem: str, typical: s
                       extra_delta=opt.delta - ledger.delta)
   # theory: the guarantee is the paper's theorem at the configured epsilon
   return dataclasses.replace(rep, epsilon=opt.epsilon) if opt.preset == "theory" else rep
+
+
+def alg1_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
+  """Algorithm 1's guarantee from its plan and charged ledger (data-free: also the report of
+  :func:`dpsco_jax.plan`)."""
+  return _report(
+      plan, ledger,
+      theorem="Theorem B.1 (paper constants, preconditions checked); accountant with "
+              "explicit Delta",
+      typical="typical sensitivity 2 r_h / C (no membership flips) is not a worst-case bound",
+      mechanisms=("laplace_test", "filter", "gaussian_output_perturbation"))
+
+
+def alg3_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
+  """Algorithm 3's guarantee from its plan and charged ledger (data-free)."""
+  return _report(
+      plan, ledger,
+      theorem="Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
+              "explicit coupled Delta",
+      typical="typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound",
+      mechanisms=("above_threshold", "filter", "subsampled_gaussian_wor"))
 
 
 # ------------------------------------------------------------------------- Algorithm 1
@@ -280,6 +303,7 @@ def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Arra
   return out
 
 
+@register("user_level_phased_sgd", config=cf.PhasedSgdConfig, paper="000")
 def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 1 of paper 000 (see module docstring)."""
   plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
@@ -301,12 +325,7 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
       break
     x = project_l2_ball(x_new, problem.radius) if project else x_new
   out = _fallback(problem, cfg) if halted_phase is not None else x
-  report = _report(
-      plan, ledger,
-      theorem="Theorem B.1 (paper constants, preconditions checked); accountant with "
-              "explicit Delta",
-      typical="typical sensitivity 2 r_h / C (no membership flips) is not a worst-case bound",
-      mechanisms=("laplace_test", "filter", "gaussian_output_perturbation"))
+  report = alg1_report(plan, ledger)
   record = {"preset": opt.preset, "sensitivity": opt.sensitivity, "relation": opt.relation,
             "num_groups": sched.num_groups,
             "phases": [ph.__dict__ for ph in sched.phases],
@@ -497,12 +516,7 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
       break
     x = x_new
   out = _fallback(problem, cfg) if halted_phase is not None else x
-  report = _report(
-      plan, ledger,
-      theorem="Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
-              "explicit coupled Delta",
-      typical="typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound",
-      mechanisms=("above_threshold", "filter", "subsampled_gaussian_wor"))
+  report = alg3_report(plan, ledger)
   record = {"preset": opt.preset, "sensitivity": opt.sensitivity, "relation": opt.relation,
             "tau": sched.tau, "smoothness": sched.smoothness,
             "smoothing_radius": sched.smoothing_radius, "lambda": sched.lam,
@@ -513,19 +527,15 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
                 debug=dbg)
 
 
+@register("user_level_accelerated_erm", config=cf.AcceleratedErmConfig, paper="000")
 def user_level_accelerated_erm(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
   return _run_alg3(problem, cfg, key, smoothed=False)
 
 
+@register("user_level_accelerated_erm_smoothed", config=cf.AcceleratedErmSmoothedConfig,
+          paper="000")
 def user_level_accelerated_erm_smoothed(problem: SCOProblem, cfg: dict,
                                         key: jax.Array) -> Result:
   """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3)."""
   return _run_alg3(problem, cfg, key, smoothed=True)
-
-
-ALGORITHMS = {
-    "user_level_phased_sgd": user_level_phased_sgd,
-    "user_level_accelerated_erm": user_level_accelerated_erm,
-    "user_level_accelerated_erm_smoothed": user_level_accelerated_erm_smoothed,
-}

@@ -9,7 +9,8 @@ per-example penalty hypergradient (Eq. 3) is what the driver (:mod:`.bilevel`) c
 noises; the exact solvers are NON-PRIVATE evaluation oracles (Example 3.1 shows that releasing
 anything computed at the exact ``y*(x)`` leaks).
 
-Vectors: ``x`` (upper level) and ``y`` (lower level) are flat ``jnp`` vectors.
+Vectors: ``x`` (upper level) and ``y`` (lower level) are flat ``jnp`` vectors. The runner's
+factory is :func:`ridge_tuning` (registered in :func:`dpsco_jax.problems.problems`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsco_jax._checks import check_positive
+from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.transforms.steps import project_l2_ball
 
@@ -437,3 +438,19 @@ def diabetes_ridge_problem(key: jax.Array, *, omega_bounds=(1e-2, 5.0), omega0: 
                               b[iv].astype(dt), omega_bounds=omega_bounds, omega0=omega0,
                               clip=clip, curvature_bounds=(0.0, 4.0 * d), theta_radius=2.0,
                               name="ridge_diabetes", meta={"d": d})
+
+
+def ridge_tuning(cfg: dict, key: jax.Array) -> BilevelProblem:
+  """Factory of the ``ridge_tuning`` problem: :func:`synthetic_ridge_problem` or
+  :func:`diabetes_ridge_problem` (``dataset``) from the config's problem keys."""
+  dataset = check_choice(cfg.get("dataset", "synthetic"), "dataset", ("synthetic", "diabetes"))
+  bounds = tuple(cfg.get("omega_bounds", (1e-3, 5.0) if dataset == "synthetic" else (1e-2, 5.0)))
+  if dataset == "diabetes":
+    return diabetes_ridge_problem(key, omega_bounds=bounds, omega0=cfg.get("omega0", 1.0),
+                                  clip=cfg.get("clip"))
+  return synthetic_ridge_problem(key, d=int(cfg.get("d", 10)),
+                                 n_train=int(cfg.get("n_train", 2000)),
+                                 n_val=int(cfg.get("n_val", 2000)),
+                                 label_noise=float(cfg.get("label_noise", 3.0)),
+                                 omega_bounds=bounds, omega0=float(cfg.get("omega0", 1.0)),
+                                 clip=cfg.get("clip"))

@@ -1,5 +1,5 @@
 """L2-regularized logistic regression with bounded features (paper 001's strongly convex
-problem). Split out of :mod:`dpsco_jax.algorithms.output_perturbation` (re-exported there)."""
+problem, ``l2_logistic``). Re-exported by :mod:`dpsco_jax.algorithms.output_perturbation`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import jax
 import jax.numpy as jnp
 
 from dpsco_jax._checks import check_positive
-from dpsco_jax.problems import SCOProblem
+from dpsco_jax.problems.synthetic import SCOProblem, make_problem
 from dpsco_jax.transforms.steps import project_l2_ball
 
 __all__ = ["l2_logistic"]
-
 
 
 def l2_logistic(cfg: dict, key: jax.Array) -> SCOProblem:
@@ -23,7 +22,6 @@ def l2_logistic(cfg: dict, key: jax.Array) -> SCOProblem:
   Lipschitz on the ball of radius R: ``1 + l2 R``; smoothness ``1/4 + l2``; strong convexity
   ``l2`` (``meta['strong_convexity']``). Excess risk is measured on the *regularised*
   population risk against its minimizer (Newton's method on the evaluation set)."""
-  from dpsco_jax.problems import make_problem
   l2 = check_positive(cfg.get("l2", 0.1), "l2")
   base = make_problem({**cfg, "problem": "logistic"}, key)
   R = base.radius

@@ -1,7 +1,8 @@
 """Problems of ours for paper 000's experiments: corrupted users and a non-smooth hinge SVM.
 
-Moved out of :mod:`dpsco_jax.algorithms.user_level_filter` (re-exported there); they build
-data, they release nothing.
+Re-exported by :mod:`dpsco_jax.algorithms.user_level_filter`; they build data, they release
+nothing. Factories ``logistic_corrupted`` and ``hinge`` are registered in
+:func:`dpsco_jax.problems.problems`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsco_jax._checks import check_choice
-from dpsco_jax.algorithms.common import cfg_get
-from dpsco_jax.problems import SCOProblem, make as make_core_problem
+from dpsco_jax.problems.synthetic import SCOProblem, make as make_core_problem
 
-__all__ = ["corrupt_users", "hinge_loss", "hinge_problem", "PROBLEMS"]
+__all__ = ["corrupt_users", "hinge_loss", "hinge_problem", "logistic_corrupted", "hinge"]
+
+
+def cfg_get(cfg: dict, name: str, default):
+  value = cfg.get(name)
+  return default if value is None else value
 
 
 def corrupt_users(problem: SCOProblem, fraction: float, *, mode: str = "flip",
@@ -111,7 +116,9 @@ def _problem_kwargs(cfg: dict) -> dict:
   return out
 
 
-def _logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
+def logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
+  """Factory of ``logistic_corrupted``: the core logistic problem with a ``corruption``
+  fraction of adversarial users (:func:`corrupt_users`)."""
   k_prob, k_bad = jax.random.split(key)
   base = make_core_problem("logistic", key=k_prob, **_problem_kwargs(cfg),
                            **{k: cfg[k] for k in ("heterogeneity", "n_eval") if k in cfg})
@@ -120,12 +127,8 @@ def _logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
                        scale=float(cfg_get(cfg, "corruption_scale", 100.0)))
 
 
-def _hinge(cfg: dict, key: jax.Array) -> SCOProblem:
+def hinge(cfg: dict, key: jax.Array) -> SCOProblem:
+  """Factory of ``hinge`` (:func:`hinge_problem`)."""
   return hinge_problem(key=key, **_problem_kwargs(cfg),
                        **({"n_eval": cfg["n_eval"]} if "n_eval" in cfg else {}))
 
-
-PROBLEMS = {
-    "logistic_corrupted": _logistic_corrupted,
-    "hinge": _hinge,
-}
