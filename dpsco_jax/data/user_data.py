@@ -1,0 +1,241 @@
+"""User-partitioned data: arrays plus a user-id column -> padded, static-shape user batches.
+
+Real data is grouped by user with different numbers of items per user. :class:`UserData`
+holds it as leaves ``[U, m, ...]``: ``U`` users (every slot is a real user, in order of first
+appearance of its id) and ``m = max_items_per_user`` item slots, with an item mask.
+
+* **Contribution bound.** ``max_items_per_user`` bounds what one user contributes. A user with
+  more items keeps ``m`` of them: a uniformly random subset drawn from a numpy generator
+  seeded with ``seed`` and the user's position (``selection="random"``, the default, so the
+  kept items are not biased towards the start of the table), or the first ``m`` in table
+  order (``selection="first"``). The choice for one user depends only on that user's own
+  rows, so it is part of that user's contribution (user-level neighbours stay neighbours).
+  Default ``m``: the largest user's item count (nothing dropped).
+* **Padding.** A user with ``k < m`` items fills its empty slots with copies of its own items
+  (cycled), masked out. Copies, not zeros, so a loss that is undefined at an all-zero example
+  (``log 0``) stays finite on padded slots; their weight is exactly 0.
+* **Weights instead of a forgettable mask.** The algorithms see ``{"example": ..., "weight":
+  [U, m]}`` (:meth:`UserData.user_view` / :meth:`UserData.item_view`) and the loss is wrapped
+  by :func:`weighted_loss` as ``weight * loss(params, example)``; so padding is carried inside
+  the data and cannot be forgotten by a caller. User view: ``weight = m / k`` on the ``k``
+  real items and 0 on padding, so the mean over the ``m`` slots is the mean over the user's
+  real items (the per-user gradient every user-level algorithm clips). Item view: weight 1 on
+  real items and 0 on padding (each item counted once; item-level algorithms).
+
+Only :class:`DataSpec` (shapes, ``U``, ``m``) is read by a plan; under ``add_remove`` the
+number of users is private and a plan reads the *declared* ``n_users`` from the config instead
+(see :mod:`dpsco_jax.privacy.relations`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["DataSpec", "UserData", "weighted_loss"]
+
+SELECTIONS = ("random", "first")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """The public facts about a dataset that a data-free plan may read.
+
+  Attributes:
+    n_users: users in the data (public under ``replace_one`` / ``zero_out``; under
+      ``add_remove`` plans use the config's declared ``n_users`` instead).
+    max_items_per_user: item slots per user ``m``, the per-user contribution bound.
+    item_shapes: ``(path, shape, dtype)`` of one item's leaves.
+  """
+  n_users: int
+  max_items_per_user: int
+  item_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+
+
+def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dict[str, Any]:
+  """Columns of a pandas DataFrame, a Hugging Face ``datasets.Dataset`` or a mapping."""
+  if hasattr(table, "column_names"):          # datasets.Dataset
+    names = list(table.column_names)
+  elif hasattr(table, "columns"):             # pandas.DataFrame
+    names = [str(c) for c in table.columns]
+  elif isinstance(table, Mapping):
+    names = list(table)
+  else:
+    raise TypeError("table must be a pandas DataFrame, a datasets.Dataset or a mapping of "
+                    f"column name -> array, got {type(table).__name__}")
+  if user_column not in names:
+    raise ValueError(f"user_column {user_column!r} is not a column; columns: {names}")
+  wanted = [c for c in names if c != user_column] if columns is None else list(columns)
+  for c in wanted:
+    if c not in names:
+      raise ValueError(f"column {c!r} is not in the table; columns: {names}")
+  def col(c):
+    v = table[c]
+    v = v.to_numpy() if hasattr(v, "to_numpy") else v
+    return np.asarray(v)
+  return {"__user__": col(user_column), **{c: col(c) for c in wanted}}
+
+
+@functools.lru_cache(maxsize=None)
+def weighted_loss(loss_fn: Callable) -> Callable:
+  """``loss_fn(params, example)`` -> ``weight * loss_fn(params, ex["example"])`` for the
+  ``{"example", "weight"}`` views of :class:`UserData` (cached: one function object per
+  ``loss_fn``, so compiled loops are reused)."""
+  def loss(params, ex):
+    value = loss_fn(params, ex["example"])
+    if jnp.ndim(value) != 0:
+      raise ValueError(f"loss_fn must return a scalar per item, got shape {jnp.shape(value)}")
+    return ex["weight"] * value
+  loss.__name__ = f"weighted_{getattr(loss_fn, '__name__', 'loss')}"
+  return loss
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class UserData:
+  """Padded user-partitioned data (build with :meth:`from_arrays` or :meth:`from_table`).
+
+  Attributes:
+    examples: pytree whose leaves are ``[U, m, ...]`` numpy arrays.
+    item_mask: bool ``[U, m]``, True on real items.
+    user_ids: ``[U]`` the users' ids, in order of first appearance.
+    n_items: ``[U]`` real items kept per user (``<= m``).
+  """
+  examples: Any
+  item_mask: np.ndarray
+  user_ids: np.ndarray
+  n_items: np.ndarray
+
+  def __post_init__(self):
+    leaves = jax.tree.leaves(self.examples)
+    if not leaves:
+      raise ValueError("examples must hold at least one array")
+    u, m = self.item_mask.shape
+    for leaf in leaves:
+      if leaf.shape[:2] != (u, m):
+        raise ValueError(f"every examples leaf must be shaped [U={u}, m={m}, ...], got "
+                         f"{leaf.shape}")
+    if self.item_mask.dtype != bool:
+      raise ValueError(f"item_mask must be bool, got {self.item_mask.dtype}")
+    if np.any(self.n_items < 1) or np.any(self.item_mask.sum(1) != self.n_items):
+      raise ValueError("every user needs >= 1 item and item_mask must agree with n_items")
+
+  # ----------------------------------------------------------------------------- building
+  @classmethod
+  def from_arrays(cls, examples: Any, user_ids: Any, *, max_items_per_user: int | None = None,
+                  selection: str = "random", seed: int = 0) -> "UserData":
+    """Groups rows by user id.
+
+    Args:
+      examples: a pytree (dict, tuple, array) whose leaves are ``[N, ...]`` arrays, one row
+        per item.
+      user_ids: ``[N]`` the user of each row (any hashable dtype: ints, strings).
+      max_items_per_user: the contribution bound ``m`` (default: the largest user's count).
+      selection: ``"random"`` (seeded uniform subset) or ``"first"``: which items a user with
+        more than ``m`` keeps.
+      seed: seed of the ``"random"`` selection.
+    """
+    if selection not in SELECTIONS:
+      raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    leaves, treedef = jax.tree.flatten(examples)
+    if not leaves:
+      raise ValueError("examples must hold at least one array")
+    leaves = [np.asarray(x) for x in leaves]
+    ids = np.asarray(user_ids)
+    if ids.ndim != 1:
+      raise ValueError(f"user_ids must be one-dimensional [N], got shape {ids.shape}")
+    n = ids.shape[0]
+    if n == 0:
+      raise ValueError("no rows: user_ids is empty")
+    for leaf in leaves:
+      if leaf.ndim < 1 or leaf.shape[0] != n:
+        raise ValueError(f"every examples leaf needs a leading row axis of length {n} "
+                         f"(= len(user_ids)), got shape {leaf.shape}")
+    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")          # users in order of first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    user_of_row = rank[inverse.reshape(-1)]
+    rows_of = [np.flatnonzero(user_of_row == u) for u in range(order.size)]
+    counts = np.array([r.size for r in rows_of])
+    if max_items_per_user is None:
+      m = int(counts.max())
+    else:
+      if isinstance(max_items_per_user, bool) or not isinstance(max_items_per_user,
+                                                                (int, np.integer)):
+        raise TypeError("max_items_per_user must be an int, got "
+                        f"{type(max_items_per_user).__name__}")
+      m = int(max_items_per_user)
+      if m < 1:
+        raise ValueError(f"max_items_per_user must be >= 1, got {m}")
+    slots = np.empty((order.size, m), np.int64)
+    kept = np.minimum(counts, m)
+    for u, rows in enumerate(rows_of):
+      if rows.size > m:
+        rows = (np.sort(np.random.default_rng([seed, u]).choice(rows, m, replace=False))
+                if selection == "random" else rows[:m])
+      slots[u] = rows[np.arange(m) % rows.size]   # pad by cycling the user's own items
+    mask = np.arange(m)[None, :] < kept[:, None]
+    padded = [leaf[slots] for leaf in leaves]
+    return cls(jax.tree.unflatten(treedef, padded), mask, uniq[order], kept)
+
+  @classmethod
+  def from_table(cls, table: Any, *, user_column: str, columns: Sequence[str] | None = None,
+                 max_items_per_user: int | None = None, selection: str = "random",
+                 seed: int = 0) -> "UserData":
+    """From a pandas ``DataFrame``, a ``datasets.Dataset`` or a mapping of columns: examples
+    are ``{column: array}`` of ``columns`` (default: every column but ``user_column``)."""
+    cols = _columns(table, columns, user_column)
+    users = cols.pop("__user__")
+    return cls.from_arrays(cols, users, max_items_per_user=max_items_per_user,
+                           selection=selection, seed=seed)
+
+  # ----------------------------------------------------------------------------- views
+  @property
+  def n_users(self) -> int:
+    return int(self.item_mask.shape[0])
+
+  @property
+  def max_items_per_user(self) -> int:
+    return int(self.item_mask.shape[1])
+
+  def __len__(self) -> int:
+    return self.n_users
+
+  @property
+  def spec(self) -> DataSpec:
+    shapes = tuple((jax.tree_util.keystr(path), tuple(leaf.shape[2:]), str(leaf.dtype))
+                   for path, leaf in jax.tree_util.tree_flatten_with_path(self.examples)[0])
+    return DataSpec(self.n_users, self.max_items_per_user, shapes)
+
+  def user_view(self) -> dict:
+    """``{"example", "weight"}`` with ``weight = m / k_u`` on real items: the mean over the
+    ``m`` slots equals the mean over the user's ``k_u`` real items."""
+    w = self.item_mask * (self.max_items_per_user / self.n_items[:, None])
+    return {"example": jax.tree.map(jnp.asarray, self.examples),
+            "weight": jnp.asarray(w, jnp.float32)}
+
+  def item_view(self) -> dict:
+    """``{"example", "weight"}`` with weight 1 on real items, 0 on padding."""
+    return {"example": jax.tree.map(jnp.asarray, self.examples),
+            "weight": jnp.asarray(self.item_mask, jnp.float32)}
+
+  def select(self, users: Any) -> "UserData":
+    """The users at positions ``users`` (an index array or bool mask ``[U]``), e.g. a split
+    of users into train and test."""
+    idx = np.arange(self.n_users)[np.asarray(users)]
+    return UserData(jax.tree.map(lambda x: np.asarray(x)[idx], self.examples),
+                    self.item_mask[idx], self.user_ids[idx], self.n_items[idx])
+
+  def items(self) -> Any:
+    """Every real item, flattened: leaves ``[sum k_u, ...]`` (e.g. for evaluation)."""
+    return jax.tree.map(lambda x: np.asarray(x)[self.item_mask], self.examples)
+
+  def __repr__(self) -> str:  # sizes only: never the data
+    return (f"UserData(n_users={self.n_users}, max_items_per_user={self.max_items_per_user}, "
+            f"items={int(self.n_items.sum())})")
