@@ -101,6 +101,25 @@ def _contains_multisteps(tree: Any) -> bool:
              for x in jax.tree.leaves(tree, is_leaf=lambda y: isinstance(y, optax.MultiStepsState)))
 
 
+def _weighted_model_loss(loss_fn: LossFn) -> LossFn:
+  def loss(model, ex):
+    return ex["weight"] * loss_fn(model, ex["example"])
+  return loss
+
+
+def _from_user_data(loss_fn: LossFn, data: Any, level: str) -> tuple[LossFn, PyTree]:
+  """A :class:`~dpsco_jax.data.UserData` as the arrays a step reads. User level: its user
+  view (weight ``m / k_u`` on a user's ``k_u`` real items, 0 on padding, so a user's gradient
+  is the mean over its real items and padding cannot be counted); item level: its real items.
+  Other data is returned unchanged."""
+  from dpsco_jax.data.user_data import UserData
+  if not isinstance(data, UserData):
+    return loss_fn, data
+  if level == "user":
+    return _weighted_model_loss(loss_fn), data.user_view()
+  return loss_fn, jax.tree.map(jnp.asarray, data.items())
+
+
 class DPTrainer:
   """Differentially private training of an nnx model (user- or item-level DP-SGD).
 
@@ -112,8 +131,10 @@ class DPTrainer:
       ``accumulation_steps``), or an ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, which is
       then driven: training continues from its state and writes its state and step back.
       Either way ``model`` is updated in place at the end of :meth:`train` / :meth:`restore`.
-    data: pytree with leaves ``[n_users, m, ...]`` (``level="user"``) or ``[n, ...]``
-      (``level="item"``); the declared level and the layout must agree (checked).
+    data: a :class:`~dpsco_jax.data.UserData` (users with uneven item counts; its padding
+      is weighted out), or a pytree with leaves ``[n_users, m, ...]`` (``level="user"``,
+      every user exactly ``m`` real items) or ``[n, ...]`` (``level="item"``); the declared
+      level and the layout must agree (checked).
     clip_norm: ``C``, per-user (per-item) L2 clip of the (mean) gradient.
     sampling_rate: Poisson rate ``q`` in (0, 1], a declared public constant.
     delta: the delta of the reported guarantee.
@@ -153,6 +174,7 @@ class DPTrainer:
     self.accumulation_steps = check_int(accumulation_steps, "accumulation_steps")
     debug = check_bool(debug, "debug")
     key = check_seed_or_key(key, "key")
+    loss_fn, data = _from_user_data(loss_fn, data, self.level)
     self.clipper = FastClippedGrad(model, loss_fn, clip_norm=clip_norm, level=level,
                                    method=method)
     self.n = self._check_data(data)  # public only under zero_out / replace_one
