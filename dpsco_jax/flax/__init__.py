@@ -7,3 +7,6 @@ from dpsco_jax.flax.checkpoint import latest_checkpoint  # noqa: E402
 from dpsco_jax.flax.trainer import DPTrainer, TrainState  # noqa: E402
 
 __all__ += ["DPTrainer", "TrainState", "latest_checkpoint"]
+from dpsco_jax.flax.bridge import fit_model, params_loss  # noqa: E402
+
+__all__ += ["fit_model", "params_loss"]

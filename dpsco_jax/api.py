@@ -1,0 +1,199 @@
+"""One shape for every algorithm on your own model and data: ``plan`` then ``run`` (or ``fit``).
+
+::
+
+    data = UserData.from_arrays({"x": X, "y": y}, user_ids, max_items_per_user=32)
+    config = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
+              "num_steps": 200, "batch_size": 64}
+    p = dpsco_jax.plan("dp_sgd_user", config, data.spec)      # no data read: epsilon, noise,
+    print(p.privacy.epsilon, p.noise_multiplier)              # schedule, events
+    result = dpsco_jax.run(p, loss_fn, params, data, key)     # Result: params (your pytree),
+                                                              # privacy, record
+
+* ``config`` is a mapping (from Python or a YAML ``algorithm:`` section) or the algorithm's
+  frozen config dataclass. It is validated against the algorithm's typed schema
+  (:func:`algorithm_config`): unknown keys are refused with a suggestion, numbers must be
+  numbers, required keys must be present. ``epsilon: None`` is non-private where the
+  algorithm allows it (the report says so).
+* :func:`plan` reads only ``spec`` (a :class:`~dpsco_jax.data.DataSpec`: number of users,
+  items per user, shapes), the declared constants and the config, and returns a
+  :class:`Plan` whose ``privacy`` is the guarantee the run will spend, computed by a fresh
+  ledger *before any data is read*. :func:`run` executes it on the data through the
+  algorithm's registered driver (which re-derives the same plan from the same public facts;
+  a mismatch is a bug and raises before the result is returned).
+* The theory constants (L, beta, R, mu) come from ``constants``
+  (:class:`~dpsco_jax.data.ProblemConstants`): an algorithm that needs an undeclared one
+  raises :class:`~dpsco_jax.data.MissingConstant` naming it.
+
+Algorithms that cannot run on arbitrary data are refused with the reason: the bilevel
+methods need an outer and an inner loss (a ``BilevelProblem``), and ``resque_parallel_sco`` /
+``minibatch_sgd`` stop at a target *excess risk*, which needs a known optimum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import jax
+
+from dpsco_jax.algorithms.registry import algorithms
+from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.data.problem import ProblemConstants, PublicFacts, UserDataProblem
+from dpsco_jax.data.user_data import DataSpec, UserData
+from dpsco_jax.privacy.ledger import PrivacyReport
+from dpsco_jax.result import Result
+
+__all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "UNSUPPORTED"]
+
+#: Algorithms whose rows are items (the item view of the data: weight 1 per real item).
+ITEM_LEVEL = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp_loc_gd",
+                        "dp_loc_sgd"})
+#: Algorithms that need more than ``loss_fn`` + data, with the reason.
+UNSUPPORTED = {
+    **{name: "it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
+             "see dpsco_jax.problems.bilevel), not one loss_fn"
+       for name in ("dp_bilevel", "dp_bilevel_minibatch", "dp_bilevel_population",
+                    "nonprivate_penalty")},
+    **{name: "it stops at a target excess risk, which needs a known optimum (a synthetic "
+             "problem)" for name in ("resque_parallel_sco", "minibatch_sgd")},
+}
+#: Keys a run reads besides the algorithm's schema.
+_EXTRA_KEYS = {
+    "n_users": (int, "declared (public) number of users; required under add_remove"),
+    "debug": (bool, "put data-dependent diagnostics (never released) in Result.debug"),
+}
+
+
+def _entry(algorithm: str):
+  table = algorithms()
+  if not isinstance(algorithm, str) or algorithm not in table:
+    import difflib
+    hint = difflib.get_close_matches(str(algorithm), list(table), n=1)
+    raise ConfigError(f"unknown algorithm {algorithm!r}"
+                      + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                      + f"; known: {', '.join(sorted(table))}")
+  if algorithm in UNSUPPORTED:
+    raise ConfigError(f"{algorithm} cannot run on a loss_fn and UserData: "
+                      f"{UNSUPPORTED[algorithm]}")
+  return table[algorithm]
+
+
+def algorithm_config(algorithm: str, config: Mapping | Any) -> dict:
+  """The validated config of ``algorithm`` as a flat dict (what its driver reads).
+
+  ``config``: a mapping or an instance of the algorithm's config dataclass. Errors are
+  :class:`~dpsco_jax.config_schema.ConfigError` naming the key."""
+  from dpsco_jax.config_schema import KeySpec, _check_type, _specs, _suggest
+  entry = _entry(algorithm)
+  if dataclasses.is_dataclass(config) and not isinstance(config, type):
+    config = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
+  if not isinstance(config, Mapping):
+    raise ConfigError(f"config must be a mapping or {entry.config.__name__}, got "
+                      f"{type(config).__name__}")
+  allowed = _specs(entry.config, "algorithm")
+  for name, (tp, doc) in _EXTRA_KEYS.items():
+    allowed.setdefault(name, KeySpec(name, tp, None, doc, False, "runner"))
+  out = {}
+  for key, value in config.items():
+    if key in ("algorithm", "problem", "seed"):
+      continue
+    if key not in allowed:
+      s = _suggest(str(key), allowed)
+      raise ConfigError(f"unknown key {key!r} for algorithm {algorithm!r}"
+                        + (f" (did you mean {s!r}?)" if s else "")
+                        + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
+    out[key] = _check_type(allowed[key], value)
+  for key, spec in allowed.items():
+    if spec.required and out.get(key) is None:
+      raise ConfigError(f"algorithm {algorithm!r} needs {key} ({spec.doc})")
+  for group in getattr(entry.config, "requires_one_of", ()):
+    if all(out.get(k) is None for k in group):
+      raise ConfigError(f"algorithm {algorithm!r} needs one of {', '.join(group)}")
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Everything a run will release under, computed before any data is read.
+
+  Attributes:
+    algorithm: the registered name.
+    config: the validated config (flat dict).
+    spec: the public facts about the data the plan was made for.
+    constants: the declared constants of the loss class.
+    privacy: the guarantee the run spends (epsilon, delta, relation, provenance).
+    noise_multiplier: the (first) calibrated noise multiplier, if the family has one.
+    schedule: public schedule numbers (steps, batch sizes, phases...).
+    num_params: the number of parameters the plan was made for.
+    detail: the algorithm family's own plan object (e.g. ``DpSgdPlan``, ``SRGDPlan``,
+      ``FilterPlan``), for inspection.
+  """
+  algorithm: str
+  config: dict
+  spec: DataSpec
+  constants: ProblemConstants
+  privacy: PrivacyReport
+  noise_multiplier: float | None
+  schedule: dict
+  num_params: int
+  detail: Any = None
+
+
+def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: int,
+         constants: ProblemConstants | dict | None = None) -> Plan:
+  """The data-free plan of ``algorithm`` for data described by ``spec`` and a model with
+  ``num_params`` parameters (see the module docstring)."""
+  from dpsco_jax.planners import planner_for
+  entry = _entry(algorithm)
+  cfg = algorithm_config(algorithm, config)
+  if not isinstance(spec, DataSpec):
+    raise TypeError(f"spec must be a DataSpec (UserData.spec), got {type(spec).__name__}")
+  level = "item" if algorithm in ITEM_LEVEL else "user"
+  facts = PublicFacts(spec, constants, int(num_params), level)
+  consts = facts.constants
+  privacy, z, schedule, detail = planner_for(entry.name)(facts, cfg)
+  return Plan(entry.name, cfg, spec, consts, privacy, z, schedule, int(num_params), detail)
+
+
+def _num_params(params: Any) -> int:
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array) -> Result:
+  """Executes plan ``p`` on ``data``: ``Result.params`` has the structure of ``params``."""
+  if not isinstance(p, Plan):
+    raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
+  if not isinstance(data, UserData):
+    raise TypeError(f"data must be a UserData, got {type(data).__name__}")
+  if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
+                                                           p.spec.max_items_per_user):
+    raise ValueError(f"the plan was made for {p.spec.n_users} users x "
+                     f"{p.spec.max_items_per_user} items, the data has {data.n_users} x "
+                     f"{data.max_items_per_user}: plan again with data.spec")
+  level = "item" if p.algorithm in ITEM_LEVEL else "user"
+  problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
+  if problem.d != p.num_params:
+    raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
+                     f"{problem.d}")
+  result = _entry(p.algorithm).driver(problem, dict(p.config), key)
+  if not _same_guarantee(result.privacy, p.privacy):
+    raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
+                       f"from its plan's {p.privacy.epsilon!r} (a library bug)")
+  return dataclasses.replace(result, params=problem.unflatten(result.params))
+
+
+def _same_guarantee(a: PrivacyReport, b: PrivacyReport) -> bool:
+  ea, eb = float(a.epsilon), float(b.epsilon)
+  same_eps = (ea == eb) or (math.isfinite(ea) and math.isfinite(eb)
+                            and abs(ea - eb) <= 1e-9 * max(1.0, abs(eb)))
+  return same_eps and a.relation == b.relation and a.provenance == b.provenance
+
+
+def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, data: UserData,
+        key: jax.Array, *, constants: ProblemConstants | dict | None = None) -> Result:
+  """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key)``."""
+  p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
+  return run(p, loss_fn, params, data, key)

@@ -1,0 +1,71 @@
+"""Any registered algorithm on a Flax nnx model, updating the model in place.
+
+::
+
+    model = MLP(nnx.Rngs(0))
+    def loss_fn(model, example):                      # one item -> scalar
+      logits = model(example["x"])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
+    result = fit_model("user_level_accelerated_erm", config, model, loss_fn, data, key,
+                       constants={"lipschitz": 1.0, "smoothness": 4.0, "radius": 10.0})
+    # model now holds the released parameters; result.privacy is the guarantee
+
+The model's ``nnx.Param`` variables are what the algorithm trains (split with
+``nnx.split(model, nnx.Param, ...)``); other state (batch statistics, RNG counters) is held
+fixed during the run and closed over by the loss: updates the forward pass makes to it are
+discarded (so no user's data leaks through a running statistic; train batch-norm models in
+eval mode or use a normalization without batch statistics).
+For step-by-step DP-SGD training with an ``nnx.Optimizer`` see
+:class:`dpsco_jax.flax.DPTrainer`; this bridge runs the papers' drivers (FILTER, SRGD, output
+perturbation, ...) through :func:`dpsco_jax.fit`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+
+from dpsco_jax.api import fit
+from dpsco_jax.data.problem import ProblemConstants
+from dpsco_jax.data.user_data import UserData
+from dpsco_jax.result import Result
+
+__all__ = ["fit_model", "params_loss"]
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_params_loss(loss_fn: Callable, graphdef: Any) -> Callable:
+  def loss(params, example):
+    return loss_fn(nnx.merge(graphdef, params), example)
+  return loss
+
+
+def params_loss(model: nnx.Module, loss_fn: Callable) -> tuple[Callable, Any]:
+  """``(loss(params, example), params)`` for ``loss_fn(model, example)``: the pure function of
+  the model's ``nnx.Param`` state that the algorithms differentiate. Cached per (loss_fn,
+  model structure) when the model has no other state, so repeated runs compile once."""
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  if not jax.tree.leaves(rest):
+    return _cached_params_loss(loss_fn, graphdef), params
+
+  def loss(p, example):
+    return loss_fn(nnx.merge(graphdef, p, rest), example)
+  return loss, params
+
+
+def fit_model(algorithm: str, config: Mapping | Any, model: nnx.Module, loss_fn: Callable,
+              data: UserData, key: jax.Array, *,
+              constants: ProblemConstants | dict | None = None) -> Result:
+  """Runs ``algorithm`` (see :func:`dpsco_jax.fit`) on the model's ``nnx.Param`` state and
+  writes the released parameters into ``model`` (``nnx.update``); returns the Result (its
+  ``params`` is the released ``nnx.State``)."""
+  if not isinstance(model, nnx.Module):
+    raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
+  loss, params = params_loss(model, loss_fn)
+  result = fit(algorithm, config, loss, params, data, key, constants=constants)
+  nnx.update(model, result.params)
+  return result

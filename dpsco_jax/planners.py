@@ -1,0 +1,93 @@
+"""Data-free planners behind :func:`dpsco_jax.plan`: one per algorithm family.
+
+A planner reads a :class:`~dpsco_jax.data.PublicFacts` (sizes and declared constants, never
+data) and the validated config, and returns ``(privacy, noise_multiplier, schedule,
+detail)``. It calls the same plan and charge functions the family's driver calls, so the plan's
+guarantee is the run's (``dpsco_jax.run`` checks that they agree). The privacy report comes
+from a fresh ledger charged with the plan's events: a plan over budget raises here, before any
+data is read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.data.problem import MissingConstant, PublicFacts
+from dpsco_jax.privacy.ledger import PrivacyReport
+
+__all__ = ["planner_for", "PLANNED"]
+
+Planned = tuple[PrivacyReport, "float | None", dict, Any]
+
+
+def _dp_sgd(level: str) -> Callable[[PublicFacts, dict], Planned]:
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    from dpsco_jax.algorithms.baselines import charge_dp_sgd, dp_sgd_plan
+    p = dp_sgd_plan(facts, cfg, level=level)
+    schedule = {"num_steps": p.steps, "batch_size": p.batch, "sampling": p.sampling,
+                "sampling_rate": p.sampling_rate, "denominator": p.denominator,
+                "clip_norm": p.clip, "learning_rate": p.lr, "noise_std": p.noise_std}
+    return charge_dp_sgd(p), p.noise_multiplier, schedule, p
+  return planner
+
+
+def _srgd(name: str) -> Callable[[PublicFacts, dict], Planned]:
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    from dpsco_jax.algorithms import srgd
+    p = srgd.plan_for_problem(name, facts, cfg)
+    report = srgd.privacy_report(p, srgd.charge(p), facts.m)
+    prm = p.params
+    schedule = {"num_steps": prm.num_steps, "batch_size": prm.batch_size, "beta": prm.beta,
+                "clip_norm": prm.clip_norm, "tree_levels": p.levels, "noise_std": p.noise_std}
+    return report, prm.noise_multiplier, schedule, p
+  return planner
+
+
+def _filter(name: str) -> Callable[[PublicFacts, dict], Planned]:
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    from dpsco_jax.algorithms import user_level_filter as ulf
+    from dpsco_jax.algorithms.user_level_plan import PublicSpec, make_ledger
+    if not math.isfinite(facts.radius):
+      raise MissingConstant(f"{name} needs a finite radius R (its phases localize in balls "
+                            "around the previous phase): declare constants={'radius': ...}")
+    spec = PublicSpec.of(facts)
+    if name == "user_level_phased_sgd":
+      p = ulf.plan_phased_sgd(spec, cfg)
+      report = ulf.alg1_report(p, make_ledger(p))
+    else:
+      p = ulf.plan_accelerated_erm(spec, cfg,
+                                   smoothed=name == "user_level_accelerated_erm_smoothed")
+      report = ulf.alg3_report(p, make_ledger(p))
+    phases = [{"sigma": ph.sigma, "noise_multiplier": ph.noise_multiplier,
+               "sensitivity": ph.sensitivity} for ph in p.phases]
+    z = p.phases[0].noise_multiplier if p.phases else None
+    return report, z, {"phases": phases, "epsilon_test": p.epsilon_test}, p
+  return planner
+
+
+def _nonprivate(facts: PublicFacts, cfg: dict) -> Planned:
+  from dpsco_jax.algorithms.baselines import NONPRIVATE_REPORT
+  return NONPRIVATE_REPORT, None, {}, None
+
+
+PLANNED: dict[str, Callable[[PublicFacts, dict], Planned]] = {
+    "nonprivate_sgd": _nonprivate,
+    "dp_sgd_user": _dp_sgd("user"), "dp_sgd_item": _dp_sgd("item"),
+    "dp_sgd_group": _dp_sgd("group"),
+    **{n: _srgd(n) for n in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
+                             "accelerated_dp_srgd_independent_noise", "accelerated_dp_sgd",
+                             "single_epoch_dp_sgd")},
+    **{n: _filter(n) for n in ("user_level_phased_sgd", "user_level_accelerated_erm",
+                               "user_level_accelerated_erm_smoothed")},
+}
+
+
+def planner_for(algorithm: str) -> Callable[[PublicFacts, dict], Planned]:
+  """The planner of ``algorithm`` (a ConfigError names the algorithms that have one)."""
+  if algorithm not in PLANNED:
+    raise ConfigError(f"{algorithm} has no data-free planner in dpsco_jax.plan yet; it runs "
+                      "through the runner on synthetic problems. Planned: "
+                      + ", ".join(sorted(PLANNED)))
+  return PLANNED[algorithm]
