@@ -104,7 +104,8 @@ class RidgeTuningProblem:
   omega_bounds: tuple[float, float] = _key(
       "interval X of the penalty (default [1e-3, 5], diabetes [1e-2, 5]); write [[lo, hi]]")
   omega0: float = _key("initial penalty", 1.0)
-  clip: Optional[float] = _key("clip of the per-example data terms (null: the problem's bound)")
+  clip_norm: Optional[float] = _key(
+      "clip norm of the per-example data terms (null: the problem's bound)")
   d: int = _key("features (synthetic only)", 10)
   n_train: int = _key("training examples (synthetic only)", 2000)
   n_val: int = _key("validation examples (synthetic only)", 2000)
@@ -126,10 +127,10 @@ class SgdSchedule:
   """The schedule keys shared by DP-SGD and non-private SGD (``nonprivate_sgd``)."""
   sampling: Optional[Literal["poisson", "fixed", "full"]] = _key(
       "user sampling (default: poisson for DP-SGD, fixed for nonprivate_sgd)")
-  batch_users: Optional[int] = _key("users (rows) per step (default round(sqrt n))")
-  steps: Optional[int] = _key("number of steps (default from epochs)")
-  epochs: Optional[float] = _key("passes over the data when steps is not given", 1.0)
-  lr: Optional[float] = _key("step size (default R / (C sqrt(steps)))")
+  batch_size: Optional[int] = _key("users (rows) per step (default round(sqrt n))")
+  num_steps: Optional[int] = _key("number of steps (default from epochs)")
+  epochs: Optional[float] = _key("passes over the data when num_steps is not given", 1.0)
+  learning_rate: Optional[float] = _key("step size (default R / (C sqrt(num_steps)))")
   averaging: Optional[Averaging] = _key("released point: last iterate or uniform average",
                                         "uniform")
 
@@ -141,8 +142,8 @@ class DpSgdConfig(SgdSchedule):
   epsilon: Optional[float] = _key("budget; null with noise_multiplier: report its epsilon")
   delta: float = _key("target delta", required=True)
   noise_multiplier: Optional[float] = _key("explicit z (skips calibration; checked vs budget)")
-  clip: Optional[float] = _key("clip norm C of each user's mean gradient (default L)")
-  sampling_rate: Optional[float] = _key("Poisson rate q (overrides batch_users / n_users)")
+  clip_norm: Optional[float] = _key("clip norm C of each user's mean gradient (default L)")
+  sampling_rate: Optional[float] = _key("Poisson rate q (overrides batch_size / n_users)")
   relation: Optional[Relation] = _key("neighbouring relation (default from sampling)")
 
 
@@ -171,7 +172,7 @@ class FilterCommon:
 @dataclasses.dataclass(frozen=True)
 class PhasedSgdConfig(FilterCommon):
   """``user_level_phased_sgd`` (Algorithm 1)."""
-  eta: Optional[float] = _key("base step size (default R/(L sqrt(d m n eps)))")
+  learning_rate: Optional[float] = _key("base step size eta (default R/(L sqrt(d m n eps)))")
   num_groups: Optional[int] = _key("groups C per phase (practical)")
   project_output: Optional[bool] = _key("project the output (default: practical preset)")
 
@@ -181,10 +182,11 @@ class AcceleratedErmConfig(FilterCommon):
   """``user_level_accelerated_erm`` (Algorithms 2-3)."""
   lam: Optional[float] = _key("localization weight lambda (default Thm C.3)")
   lam_scale: Optional[float] = _key("practical: multiplies Thm C.3's lambda")
-  batch_users: Optional[int] = _key("users K_i per phase batch (practical)")
+  batch_size: Optional[int] = _key("users K_i per phase batch (practical)")
   tau: Optional[float] = _key("concentration radius tau (default per preset)")
   max_steps: Optional[int] = _key("practical cap on AC-SA steps per phase")
-  clip: Optional[Union[bool, float]] = _key("clip norm (true: L; null/false: no clipping)")
+  clip_norm: Optional[Union[bool, float]] = _key(
+      "clip norm (true: L; null/false: no clipping)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,10 +273,10 @@ class ResquePrivateConfig:
 @dataclasses.dataclass(frozen=True)
 class MinibatchSgdConfig(TargetKeys):
   """``minibatch_sgd`` (paper 002's non-private query-depth baseline)."""
-  steps: Optional[int] = _key("steps (= query depth)", 20000)
-  batch: Optional[int] = _key("examples per step (with replacement)", 64)
+  num_steps: Optional[int] = _key("steps (= query depth)", 20000)
+  batch_size: Optional[int] = _key("examples per step (with replacement)", 64)
   eval_every: Optional[int] = _key("steps between risk evaluations", 100)
-  lr: Optional[float] = _key("step size (default R/(L sqrt(steps)))")
+  learning_rate: Optional[float] = _key("step size (default R/(L sqrt(num_steps)))")
 
 
 # ------------------------------------------------------------------------------- paper 003
@@ -284,9 +286,8 @@ class MinibatchSgdConfig(TargetKeys):
 class SrgdConfig:
   """Paper 003's drivers (accelerated_dp_srgd and its ablations)."""
   epsilon: Optional[float] = _key("budget; null: non-private unless noise_multiplier")
-  delta: float = _key("target delta (default 1/n^2)")
+  delta: float = _key("target delta", required=True)
   relation: Optional[Relation] = _key("zero_out (default) or replace_one")
-  adjacency: Optional[Relation] = _key("deprecated alias of relation")
   preset: Preset = _key("theory (accelerated_dp_srgd only) or practical", "practical")
   variant: Literal["interior", "constrained"] = _key("theory preset's theorem", "constrained")
   noise_mechanism: Literal["tree", "independent"] = _key("default per algorithm")
@@ -308,21 +309,22 @@ class SrgdConfig:
 class BilevelConfig:
   """``dp_bilevel`` / ``dp_bilevel_minibatch`` / ``dp_bilevel_population`` (replace-one)."""
   epsilon: float = _key("privacy budget", required=True)
-  delta: float = _key("target delta", 1e-6)
+  delta: float = _key("target delta", required=True)
   relation: Optional[Relation] = _key("only replace_one", "replace_one")
   preset: Preset = _key("Thm 4.1/5.1/6.1 constants or practical", "practical")
-  batch_in: Optional[int] = _key("inner Poisson batch (Alg 3)")
-  batch_out: Optional[int] = _key("outer Poisson batch (Alg 3)")
+  inner_batch_size: Optional[int] = _key("inner Poisson batch (Alg 3)")
+  outer_batch_size: Optional[int] = _key("outer Poisson batch (Alg 3)")
   outer_noise: Union[Literal["auto"], bool] = _key("noise the outer estimator", "auto")
   lam: float = _key("penalty lambda", 30.0)
-  eta: float = _key("outer step size", 0.5)
-  T: int = _key("outer steps", 30)
-  clip_out: float = _key("outer clip (default 5 ell kappa)")
-  inner_steps: int = _key("steps per inner solve", 300)
+  learning_rate: float = _key("outer step size eta", 0.5)
+  num_steps: int = _key("outer steps T", 30)
+  outer_clip_norm: float = _key("outer clip norm (default 5 ell kappa)")
+  inner_num_steps: int = _key("steps per inner solve", 300)
   inner_rounds: int = _key("localization rounds per inner solve", 2)
   inner_step_rule: Literal["smooth", "paper"] = _key("inner step-size rule", "smooth")
-  clip_in: Optional[float] = _key("inner clip of both solves (default per solve)")
-  clip_in_lam: float = _key("inner clip of the penalized solve (default clip_in)")
+  inner_clip_norm: Optional[float] = _key("inner clip norm of both solves (default per solve)")
+  inner_clip_norm_lam: float = _key(
+      "inner clip norm of the penalized solve (default inner_clip_norm)")
   radius_const: float = _key("localization radius constant", 4.0)
   inner_radius0: float = _key("initial inner radius (default per solve)")
   shares: tuple[float, float, float] = _key("budget shares (y, y^lam, outer); write [[a,b,c]]")
@@ -336,8 +338,8 @@ class BilevelConfig:
 class NonPrivatePenaltyConfig:
   """``nonprivate_penalty``: exact inner solves, non-private reference."""
   lam: float = _key("penalty lambda", 1e3)
-  eta: float = _key("outer step size", 0.5)
-  T: int = _key("outer steps", 300)
+  learning_rate: float = _key("outer step size eta", 0.5)
+  num_steps: int = _key("outer steps T", 300)
   newton_steps: int = _key("Newton steps per exact solve", 30)
 
 
@@ -345,7 +347,7 @@ class NonPrivatePenaltyConfig:
 class LocGdConfig:
   """``dp_loc_gd`` (Alg 2), item level, replace-one."""
   epsilon: float = _key("privacy budget", required=True)
-  delta: float = _key("target delta", 1e-6)
+  delta: float = _key("target delta", required=True)
   mu: float = _key("public strong-convexity constant", required=True)
   relation: Optional[Relation] = _key("only replace_one", "replace_one")
   preset: Preset = _key("Thm 8.2 constants or practical", "practical")
@@ -355,7 +357,7 @@ class LocGdConfig:
   radius0: float = _key("initial radius (default 2R)")
   l2: float = _key("data-independent ridge term l2/2 ||y||^2", 0.0)
   smoothness: Optional[float] = _key("smooth step rule's beta (null: paper rule)")
-  steps: Optional[int] = _key("steps per round (default from rho n^2/d)")
+  num_steps: Optional[int] = _key("steps per round (default from rho n^2/d)")
   rounds: Optional[int] = _key("localization rounds (default Thm 8.2)")
   radius_const: float = _key("localization radius constant", 4.0)
 

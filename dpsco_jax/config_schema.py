@@ -3,7 +3,17 @@
 Every registered algorithm and problem reads a flat config dict today; this module states, for
 each of them, the keys it reads (type, default, one-line doc), so that the runner can refuse a
 config *before* anything runs instead of silently ignoring a misspelled privacy key
-(``epsilonn``, ``deltaa``, ``clip_norm`` where the driver reads ``clip``, ...).
+(``epsilonn``, ``deltaa``, a retired name such as ``lr`` for ``learning_rate``, ...).
+
+One vocabulary (issue 13, item 1): every algorithm spells one idea the same way —
+``clip_norm``, ``learning_rate``, ``batch_size`` (users or rows per step), ``num_steps``,
+``relation``, and for paper 004's two levels ``inner_``/``outer_`` + those names
+(``inner_clip_norm``, ``outer_clip_norm``, ``inner_clip_norm_lam``, ``inner_batch_size``,
+``outer_batch_size``, ``inner_num_steps``). The retired names (``clip``, ``lr``, ``eta``,
+``batch_users``, ``batch``, ``steps``, ``T``, ``adjacency``, ``clip_in``, ``clip_out``,
+``batch_in``, ``batch_out``, ``inner_steps``, ``clip_in_lam``) are refused as unknown keys with
+a "did you mean" naming the new one (:data:`ALIASES`). ``delta`` is required by every private
+algorithm (no silent ``1/n^2`` or ``1e-6`` default).
 
 A schema is a frozen dataclass whose fields are the keys (they live in
 :mod:`dpsco_jax.config_families`). Field annotations are the accepted
@@ -24,10 +34,9 @@ A field's default is documentation: ``None`` with a non-Optional type means "der
 driver" (the doc gives the formula). ``required`` fields must be given.
 
 :func:`validate` checks one run's config (after the runner's sweep expansion): unknown keys
-(with a "did you mean" over the keys of that algorithm and problem, aliases first), strict
-types, required keys, keys that mean different things to the algorithm and to the problem
-(paper 000's privacy ``noise`` switch vs the problem's label ``noise``), and aliases of one
-idea given twice with different values. Errors are :class:`ConfigError` naming the key.
+(with a "did you mean" over the keys of that algorithm and problem, retired names first),
+strict types, required keys, and keys that mean different things to the algorithm and to the
+problem. Errors are :class:`ConfigError` naming the key.
 
 This is the first step of issue 13 (one typed config per algorithm): the drivers still read the
 dict; the schemas are the contract they are checked against.
@@ -46,23 +55,33 @@ from dpsco_jax.config_families import (  # noqa: F401 (the schemas, re-exported)
     ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, RunnerKeys)
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys", "ALIASES",
-           "validate", "keys_of", "describe", "typed"]
+           "RETIRED", "validate", "keys_of", "describe", "typed"]
 
 
 class ConfigError(ValueError):
   """A user error in a config: reported by the CLI as one line, exit code 2."""
 
 
-#: Names of one idea. A key that an algorithm does not read is suggested as the member of its
-#: group that it does read; two members given with different values are refused.
+#: One idea per group: the vocabulary's name first, then the retired names. No schema has a
+#: retired name, so a config that gives one is refused as an unknown key and told the member of
+#: the group that its algorithm reads (``lr: 0.1`` -> did you mean 'learning_rate'?).
 ALIASES: tuple[tuple[str, ...], ...] = (
-    ("clip", "clip_norm", "clip_in"),
-    ("lr", "learning_rate", "eta"),
-    ("batch_users", "batch_size", "batch", "batch_in"),
-    ("steps", "num_steps", "T"),
+    ("clip_norm", "clip"),
+    ("learning_rate", "lr", "eta"),
+    ("batch_size", "batch_users", "batch"),
+    ("num_steps", "steps", "T"),
     ("relation", "adjacency"),
+    ("inner_clip_norm", "clip_in"),
+    ("outer_clip_norm", "clip_out"),
+    ("inner_clip_norm_lam", "clip_in_lam"),
+    ("inner_batch_size", "batch_in"),
+    ("outer_batch_size", "batch_out"),
+    ("inner_num_steps", "inner_steps"),
     ("epsilon", "eps"),
 )
+
+#: The retired names (refused everywhere).
+RETIRED: frozenset[str] = frozenset(name for group in ALIASES for name in group[1:])
 
 
 # ------------------------------------------------------------------------------- validation
@@ -205,9 +224,9 @@ def validate(cfg: dict) -> dict:
   """Checks one run's config against its algorithm's and problem's schemas.
 
   Returns a copy with integral floats of integer keys made ints. Raises :class:`ConfigError`
-  naming the key: unknown key (with a suggestion), wrong type, a key that means different
-  things to the algorithm and the problem, aliases with different values, a missing required
-  key."""
+  naming the key: unknown key (a retired name gets the vocabulary's name as its suggestion),
+  wrong type, a key that means different things to the algorithm and the problem, a missing
+  required key."""
   if not isinstance(cfg, dict):
     raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
   algorithm = _check_name(cfg, "algorithm", ALGORITHM_SCHEMAS)
@@ -225,11 +244,6 @@ def validate(cfg: dict) -> dict:
       raise ConfigError(f"{key} is ambiguous for {where}: the algorithm reads it as "
                         f"{_type_name(spec.type)} ({spec.doc}); rename the problem's key or "
                         "leave it out")
-  for group in ALIASES:
-    given = [k for k in group if k in cfg and cfg[k] is not None]
-    if len({repr(cfg[k]) for k in given}) > 1:
-      raise ConfigError(f"{given[0]} and {given[1]} name one idea but differ "
-                        f"({cfg[given[0]]!r} vs {cfg[given[1]]!r}); give only {given[0]}")
   out = {key: _check_type(allowed[key], value) for key, value in cfg.items()}
   for key, spec in allowed.items():
     if spec.required and out.get(key) is None:

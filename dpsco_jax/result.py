@@ -17,7 +17,7 @@ class Result:
     privacy: the (epsilon, delta) guarantee and its provenance.
     gradient_evaluations: per-item gradient evaluations spent (a compute measure).
     record: extra JSON-serializable, data-independent fields for the runner's records
-      (e.g. ``batch_gradient_steps``, calibrated noise multipliers).
+      (e.g. ``num_steps``, calibrated noise multipliers).
     debug: data-dependent diagnostics (kept counts, scores, norms, certificate flags). They are
       NOT covered by the privacy guarantee, so drivers fill this only when the config sets
       ``debug: true``; otherwise it is None.

@@ -80,7 +80,7 @@ def test_claims_are_the_drivers_reports():
   spec = DR.build_driver("dp_sgd_user_full", "zero_out")
   problem = DR.linear_problem(np.asarray(spec.dataset_in["x"]))
   res = baselines.dp_sgd_user(problem, {"sampling": "full", "relation": "zero_out",
-                                        "steps": 2, "delta": DR.DELTA,
+                                        "num_steps": 2, "delta": DR.DELTA,
                                         "noise_multiplier": 2.5}, jax.random.key(5))
   assert spec.claimed_epsilon == pytest.approx(res.privacy.epsilon)
   assert res.privacy.relation == "zero_out" and res.privacy.provenance == "accountant"

@@ -19,8 +19,9 @@ def lsq():
                        key=jax.random.key(0))
 
 
-BASE = dict(epsilon=1.0, delta=1e-5, epochs=30, batch_users=20, lr=2.0, averaging="none",
-            n_users=200)  # declared public (the runner passes the problem's n_users)
+# n_users: declared public (the runner passes the problem's n_users)
+BASE = dict(epsilon=1.0, delta=1e-5, epochs=30, batch_size=20, learning_rate=2.0,
+            averaging="none", n_users=200)
 
 
 @pytest.mark.parametrize("name", ["nonprivate_sgd", "dp_sgd_user", "dp_sgd_item"])
@@ -30,8 +31,8 @@ def test_noise_off_reaches_known_optimum(lsq, name):
   y = np.asarray(lsq.data["y"]).reshape(-1)
   w_erm = np.linalg.lstsq(x, y, rcond=None)[0]
   # noise off is only allowed without an epsilon budget (an epsilon is a budget, never exceeded)
-  cfg = dict(BASE, epsilon=None, noise_multiplier=0.0, clip=100.0, sampling="full", steps=400,
-             lr=4.0)
+  cfg = dict(BASE, epsilon=None, noise_multiplier=0.0, clip_norm=100.0, sampling="full",
+             num_steps=400, learning_rate=4.0)
   res = getattr(baselines, name)(lsq, cfg, jax.random.key(1))
   np.testing.assert_allclose(np.asarray(res.params), w_erm, atol=2e-3)
   # and the ERM minimizer is within the statistical error of the population optimum
@@ -43,7 +44,8 @@ def test_noise_off_reaches_known_optimum(lsq, name):
 def test_excess_risk_falls_as_epsilon_grows(lsq):
   risks = []
   for eps in (0.1, 1.0, 10.0):
-    cfg = dict(BASE, epsilon=eps, clip=1.0, epochs=10, averaging="uniform", lr=1.0)
+    cfg = dict(BASE, epsilon=eps, clip_norm=1.0, epochs=10, averaging="uniform",
+               learning_rate=1.0)
     runs = [lsq.excess_risk(baselines.dp_sgd_user(lsq, cfg, jax.random.key(s)).params)
             for s in range(2)]
     risks.append(float(np.mean(runs)))
@@ -51,7 +53,7 @@ def test_excess_risk_falls_as_epsilon_grows(lsq):
 
 
 def test_reports_guarantee_and_group_privacy(lsq):
-  cfg = dict(BASE, epsilon=2.0, clip=1.0, epochs=2)
+  cfg = dict(BASE, epsilon=2.0, clip_norm=1.0, epochs=2)
   res = baselines.dp_sgd_user(lsq, cfg, jax.random.key(0))
   assert res.privacy.provenance == "accountant" and res.privacy.level == "user"
   assert res.privacy.epsilon == pytest.approx(2.0, rel=1e-3)
@@ -86,8 +88,9 @@ def test_poisson_sampling_capacity_and_truncation():
 @pytest.mark.parametrize("cfg,name", [
     (dict(epsilon=0.0, delta=1e-5, n_users=200), "epsilon"),
     (dict(epsilon=1.0, delta=1.5, n_users=200), "delta"),
-    (dict(epsilon=1.0, delta=1e-5, clip=-1.0, n_users=200), "clip"),
-    (dict(epsilon=1.0, delta=1e-5, batch_users=10_000, n_users=200), "batch_users"),
+    (dict(epsilon=1.0, delta=1e-5, clip_norm=-1.0, n_users=200), "clip_norm"),
+    (dict(epsilon=1.0, delta=1e-5, batch_size=10_000, n_users=200), "batch_size"),
+    (dict(epsilon=1.0, n_users=200), "delta is required"),  # no silent default delta
     (dict(epsilon=1.0, delta=1e-5, sampling="fixed", relation="add_remove"), "relation"),
     (dict(epsilon=1.0, delta=1e-5, sampling="bootstrap"), "sampling"),
     (dict(epsilon=True, delta=1e-5, n_users=200), "epsilon"),  # a bool is not a number

@@ -56,21 +56,21 @@ def neighbour(data, how):
 # (driver level, cfg, neighbour, claimed per-step sensitivity in units of C / D)
 CASES = [
     ("user", dict(sampling="poisson", sampling_rate=0.5), "remove", 1.0),
-    ("user", dict(sampling="poisson", relation="zero_out", batch_users=4), "zero", 1.0),
+    ("user", dict(sampling="poisson", relation="zero_out", batch_size=4), "zero", 1.0),
     ("user", dict(sampling="full"), "zero", 1.0),  # default relation for full: zero_out
     ("user", dict(sampling="full", relation="add_remove"), "remove", 1.0),
     ("user", dict(sampling="full", relation="replace_one"), "replace", 2.0),
-    ("user", dict(sampling="fixed", batch_users=4), "replace", 2.0),
-    ("item", dict(sampling="poisson", batch_users=8), "remove_item", 1.0),
+    ("user", dict(sampling="fixed", batch_size=4), "replace", 2.0),
+    ("item", dict(sampling="poisson", batch_size=8), "remove_item", 1.0),
     ("item", dict(sampling="full", relation="replace_one"), "replace_item", 2.0),
-    ("group", dict(sampling="poisson", batch_users=8), "remove", float(M)),
+    ("group", dict(sampling="poisson", batch_size=8), "remove", float(M)),
     ("group", dict(sampling="full"), "zero", float(M)),
 ]
 
 
 @pytest.mark.parametrize("level,extra,how,units", CASES)
 def test_per_step_release_moves_at_most_the_sensitivity(lin, level, extra, how, units):
-  cfg = dict(delta=1e-5, noise_multiplier=1.0, clip=C, steps=12, lr=0.1, n_users=N, **extra)
+  cfg = dict(delta=1e-5, noise_multiplier=1.0, clip_norm=C, num_steps=12, learning_rate=0.1, n_users=N, **extra)
   d2 = neighbour(lin.data, how)
   plan1 = baselines.dp_sgd_plan(lin, cfg, level=level)
   plan2 = baselines.dp_sgd_plan(lin, cfg, level=level, data=d2)
@@ -93,7 +93,7 @@ def test_per_step_release_moves_at_most_the_sensitivity(lin, level, extra, how, 
 def test_noise_scale_is_the_planned_one(lin):
   """Chi-square test of the release noise: accepts z C / D, rejects z C / (D - 1) (what a
   denominator shrinking by one removed user would give at n = 8)."""
-  cfg = dict(delta=1e-5, noise_multiplier=1.0, clip=C, steps=400, lr=0.1, n_users=N,
+  cfg = dict(delta=1e-5, noise_multiplier=1.0, clip_norm=C, num_steps=400, learning_rate=0.1, n_users=N,
              sampling="full", relation="add_remove")
   key = jax.random.key(3)
   noisy = np.asarray(baselines.dp_sgd_releases(lin, cfg, key))
@@ -114,12 +114,12 @@ def test_driver_plan_is_identical_for_d_and_d_minus_one_user(lin):
   declared numbers, so removing a user changes none of them (at HEAD q = batch / n, steps =
   epochs * n / batch and the full-batch denominator n moved with the data)."""
   small = dataclasses.replace(lin, data=neighbour(lin.data, "remove"), n_users=N - 1)
-  for extra in (dict(sampling="poisson", batch_users=4, epochs=2),
+  for extra in (dict(sampling="poisson", batch_size=4, epochs=2),
                 dict(sampling="full", relation="add_remove", epochs=3)):
-    cfg = dict(epsilon=4.0, delta=1e-5, clip=C, lr=0.1, n_users=N, **extra)
+    cfg = dict(epsilon=4.0, delta=1e-5, clip_norm=C, learning_rate=0.1, n_users=N, **extra)
     r1 = baselines.dp_sgd_user(lin, cfg, jax.random.key(0)).record
     r2 = baselines.dp_sgd_user(small, cfg, jax.random.key(0)).record
-    for field in ("steps", "batch_users", "noise_multiplier", "denominator", "noise_std",
+    for field in ("num_steps", "batch_size", "noise_multiplier", "denominator", "noise_std",
                   "sampling_rate"):
       assert r1[field] == r2[field], (extra, field, r1[field], r2[field])
 
@@ -138,8 +138,8 @@ def gaussian_epsilon(mu, delta):
     ("replace_one", "full"), ("add_remove", "full"), ("replace_one", "fixed")])
 def test_reported_epsilon_matches_independent_accounting(lin, relation, sampling):
   z, steps, delta, batch = 1.5, 10, 1e-5, 4
-  cfg = dict(delta=delta, noise_multiplier=z, clip=C, steps=steps, lr=0.1, n_users=N,
-             sampling=sampling, relation=relation, batch_users=batch)
+  cfg = dict(delta=delta, noise_multiplier=z, clip_norm=C, num_steps=steps, learning_rate=0.1, n_users=N,
+             sampling=sampling, relation=relation, batch_size=batch)
   res = baselines.dp_sgd_user(lin, cfg, jax.random.key(0))
   assert res.privacy.relation == relation and res.privacy.provenance == "accountant"
   if sampling == "full":  # T Gaussians compose to one with mu = sqrt(T) * (1 or 2) / z
@@ -161,7 +161,7 @@ def test_group_epsilon_is_the_group_privacy_lift(lin):
   """Point 5: an explicit z is reported as the group lift of its item-level curve (HEAD
   reported the configured epsilon whatever z was): sound, and tight to 3%."""
   z, steps, delta = 2.0, 10, 1e-5
-  cfg = dict(delta=delta, noise_multiplier=z, clip=C, steps=steps, lr=0.1, n_users=N,
+  cfg = dict(delta=delta, noise_multiplier=z, clip_norm=C, num_steps=steps, learning_rate=0.1, n_users=N,
              sampling="full", epsilon=100.0)
   res = baselines.dp_sgd_group(lin, cfg, jax.random.key(0))
   eps = res.privacy.epsilon
@@ -179,7 +179,7 @@ def test_group_epsilon_is_the_group_privacy_lift(lin):
 def test_group_without_finite_lift_reports_inf_or_refuses(lin):
   big = dataclasses.replace(lin, data=jax.tree.map(lambda a: jnp.repeat(a, 16, axis=1),
                                                    lin.data), m=M * 16)
-  cfg = dict(delta=1e-5, noise_multiplier=0.6, clip=C, steps=50, lr=0.1, n_users=N,
+  cfg = dict(delta=1e-5, noise_multiplier=0.6, clip_norm=C, num_steps=50, learning_rate=0.1, n_users=N,
              sampling="full")
   res = baselines.dp_sgd_group(big, cfg, jax.random.key(0))
   assert math.isinf(res.privacy.epsilon) and res.privacy.provenance == "accountant"
@@ -197,8 +197,8 @@ def test_explicit_noise_over_budget_raises_before_release(lin, monkeypatch, name
     raise AssertionError("released before the budget check")
 
   monkeypatch.setattr(baselines, "run_chain", no_release)
-  cfg = dict(epsilon=1.0, delta=1e-5, noise_multiplier=0.3, clip=C, steps=20, n_users=N,
-             batch_users=4)
+  cfg = dict(epsilon=1.0, delta=1e-5, noise_multiplier=0.3, clip_norm=C, num_steps=20, n_users=N,
+             batch_size=4)
   with pytest.raises(PrivacyBudgetExceeded):
     getattr(baselines, name)(lin, cfg, jax.random.key(0))
   with pytest.raises(PrivacyBudgetExceeded):  # noise off under a budget
@@ -208,7 +208,7 @@ def test_explicit_noise_over_budget_raises_before_release(lin, monkeypatch, name
 
 
 def test_explicit_noise_without_budget_reports_accountant_epsilon(lin):
-  cfg = dict(epsilon=None, delta=1e-5, noise_multiplier=0.8, clip=C, steps=5, lr=0.1,
+  cfg = dict(epsilon=None, delta=1e-5, noise_multiplier=0.8, clip_norm=C, num_steps=5, learning_rate=0.1,
              n_users=N, sampling="full")
   res = baselines.dp_sgd_user(lin, cfg, jax.random.key(0))
   assert res.privacy.epsilon == pytest.approx(gaussian_epsilon(math.sqrt(5) / 0.8, 1e-5),
@@ -219,6 +219,6 @@ def test_explicit_noise_without_budget_reports_accountant_epsilon(lin):
 @pytest.mark.parametrize("extra", [dict(sampling="fixed", relation="add_remove"),
                                    dict(sampling="full", relation="add-remove")])
 def test_unsupported_relation_raises(lin, extra):
-  cfg = dict(epsilon=1.0, delta=1e-5, clip=C, steps=5, n_users=N, batch_users=4, **extra)
+  cfg = dict(epsilon=1.0, delta=1e-5, clip_norm=C, num_steps=5, n_users=N, batch_size=4, **extra)
   with pytest.raises(ValueError, match="relation"):
     baselines.dp_sgd_user(lin, cfg, jax.random.key(0))

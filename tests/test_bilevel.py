@@ -114,9 +114,10 @@ def test_exact_lower_level_leaks_and_ours_does_not():
 
   p = _example_3_1(xi.astype(np.float32))
   eps, delta = 1.0, 1e-5
-  bcfg, info = bl.bilevel_config(p, {"epsilon": eps, "delta": delta, "lam": 10.0, "eta": 0.5,
-                                     "T": 1, "inner_steps": 100, "inner_rounds": 1,
-                                     "clip_in": 1.0, "inner_step_rule": "paper"})
+  bcfg, info = bl.bilevel_config(p, {"epsilon": eps, "delta": delta, "lam": 10.0,
+                                     "learning_rate": 0.5, "num_steps": 1,
+                                     "inner_num_steps": 100, "inner_rounds": 1,
+                                     "inner_clip_norm": 1.0, "inner_step_rule": "paper"})
   assert not info["outer_noise"]      # data terms are x-free: all privacy from the inner solves
   # One compiled run for both datasets (the data enters as an argument).
   run = jax.jit(jax.vmap(lambda d, k: bl.dp_bilevel_run(_example_3_1(d), bcfg, k).x_last,
@@ -386,8 +387,9 @@ def test_private_ridge_tuning_at_large_eps_n_finds_the_optimum():
   prob = bl.synthetic_ridge_problem(jax.random.key(0), d=5, n_train=400, n_val=400,
                                     label_noise=3.0, omega0=2.0)
   assert prob.meta["omega_star_interior"]
-  bcfg, info = bl.bilevel_config(prob, {"epsilon": 1e4, "delta": 1e-6, "lam": 10.0, "eta": 2.0,
-                                        "T": 20, "inner_steps": 150, "inner_rounds": 2})
+  bcfg, info = bl.bilevel_config(prob, {"epsilon": 1e4, "delta": 1e-6, "lam": 10.0,
+                                        "learning_rate": 2.0, "num_steps": 20,
+                                        "inner_num_steps": 150, "inner_rounds": 2})
   assert not info["outer_noise"]
   outs = jax.jit(jax.vmap(lambda k: bl.dp_bilevel_run(prob, bcfg, k)))(
       jax.random.split(jax.random.key(3), 3))
@@ -405,8 +407,8 @@ def test_private_ridge_tuning_at_large_eps_n_finds_the_optimum():
 
 def test_runner_entry_budget_and_hygiene():
   prob = bl.synthetic_ridge_problem(jax.random.key(0), d=3, n_train=60, n_val=60)
-  cfg = {"epsilon": 2.0, "delta": 1e-6, "lam": 10.0, "eta": 0.5, "T": 4, "inner_steps": 40,
-         "inner_rounds": 1}
+  cfg = {"epsilon": 2.0, "delta": 1e-6, "lam": 10.0, "learning_rate": 0.5, "num_steps": 4,
+         "inner_num_steps": 40, "inner_rounds": 1}
   res = bl.dp_bilevel(prob, cfg, jax.random.key(1))
   assert res.privacy.epsilon <= 2.0 * (1 + 1e-6)
   assert res.privacy.provenance == "accountant" and res.privacy.level == "item"
@@ -438,8 +440,9 @@ def test_runner_entry_budget_and_hygiene():
   leaves, tdef = jax.tree_util.tree_flatten(st)
   assert isinstance(jax.tree_util.tree_unflatten(tdef, leaves), MinStepState)
   # Bad configuration -> ValueError naming the parameter.
-  for bad, name in (({"lam": -1.0}, "lam"), ({"T": 0}, "T"), ({"batch_out": 10 ** 6},
-                                                                "batch_out"),
+  for bad, name in (({"lam": -1.0}, "lam"), ({"num_steps": 0}, "num_steps"),
+                    ({"outer_batch_size": 10 ** 6}, "outer_batch_size"),
+                    ({"delta": None}, "delta is required"),
                     ({"epsilon": 0.0}, "epsilon"), ({"preset": "fast"}, "preset"),
                     ({"outer_noise": "maybe"}, "outer_noise")):
     with pytest.raises(ValueError, match=name):

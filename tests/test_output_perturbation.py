@@ -611,7 +611,7 @@ def test_phased_sco_end_to_end_structure():
                         jax.random.key(8))
   cfg = {"epsilon": 8.0, "delta": 0.05, "on_certificate_failure": "raise", "debug": True}
   res = op.phased_sco_output_pert(prob, cfg, jax.random.key(9))
-  T = res.record["T"]
+  T = res.record["num_phases"]
   assert T >= 2 and len(res.record["bottoms"]) == T == len(res.debug["certified"])
   assert res.privacy.epsilon == 8.0 and abs(res.privacy.delta - 0.05) < 1e-15  # parallel
   assert float(jnp.linalg.norm(res.params)) <= prob.radius + 1e-5

@@ -125,7 +125,7 @@ def test_bilevel_outer_per_step_replace_one_sensitivity(batch_out):
 def test_loc_gd_reported_epsilon_matches_independent_pld(batch):
   from dpsco_jax.problems import least_squares
   prob = least_squares(n_users=50, m=2, d=3, key=jax.random.key(0), radius=2.0, n_eval=100)
-  cfg = {"epsilon": 2.0, "delta": 1e-6, "mu": 0.5, "clip_norm": 2.0, "steps": 40, "rounds": 2,
+  cfg = {"epsilon": 2.0, "delta": 1e-6, "mu": 0.5, "clip_norm": 2.0, "num_steps": 40, "rounds": 2,
          "batch_size": batch}
   res = lg.run_dp_loc_gd(prob, cfg, jax.random.key(1))
   z, n = res.record["noise_multiplier"], 100
@@ -139,8 +139,8 @@ def test_loc_gd_reported_epsilon_matches_independent_pld(batch):
 
 def test_bilevel_reported_epsilon_matches_independent_pld():
   prob = bl.synthetic_ridge_problem(jax.random.key(0), d=3, n_train=40, n_val=40)
-  cfg = {"epsilon": 2.0, "delta": 1e-6, "T": 3, "inner_steps": 20, "inner_rounds": 1,
-         "outer_noise": True, "batch_in": 16, "batch_out": 16}
+  cfg = {"epsilon": 2.0, "delta": 1e-6, "num_steps": 3, "inner_num_steps": 20,
+         "inner_rounds": 1, "outer_noise": True, "inner_batch_size": 16, "outer_batch_size": 16}
   bcfg, _ = bl.bilevel_config(prob, cfg)
   res = bl.dp_bilevel(prob, cfg, jax.random.key(1))
   n, rec = 80, res.record
@@ -173,7 +173,7 @@ def test_resque_plan_epsilon_is_lemma3_plus_corollary1():
 def test_budget_and_relation_are_enforced_before_release():
   from dpsco_jax.problems import least_squares
   prob = least_squares(n_users=20, m=2, d=3, key=jax.random.key(0), radius=2.0, n_eval=10)
-  base = {"epsilon": 1.0, "delta": 1e-6, "mu": 0.5, "steps": 20, "rounds": 1}
+  base = {"epsilon": 1.0, "delta": 1e-6, "mu": 0.5, "num_steps": 20, "rounds": 1}
   with pytest.raises(PrivacyBudgetExceeded):
     lg.run_dp_loc_gd(prob, dict(base, noise_multiplier=0.5), jax.random.key(1))
   ok = lg.run_dp_loc_gd(prob, dict(base, noise_multiplier=500.0), jax.random.key(1))
@@ -182,7 +182,8 @@ def test_budget_and_relation_are_enforced_before_release():
     with pytest.raises(ValueError, match="relation"):
       lg.run_dp_loc_gd(prob, dict(base, relation=rel), jax.random.key(1))
   ridge = bl.synthetic_ridge_problem(jax.random.key(0), d=2, n_train=20, n_val=20)
-  bcfg = {"epsilon": 1.0, "delta": 1e-6, "T": 2, "inner_steps": 10, "inner_rounds": 1}
+  bcfg = {"epsilon": 1.0, "delta": 1e-6, "num_steps": 2, "inner_num_steps": 10,
+          "inner_rounds": 1}
   with pytest.raises(PrivacyBudgetExceeded):
     bl.dp_bilevel(ridge, dict(bcfg, noise_multiplier=0.3), jax.random.key(1))
   with pytest.raises(ValueError, match="relation"):

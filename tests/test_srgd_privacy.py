@@ -31,7 +31,7 @@ PUBLIC = dict(n=N, p=D, lipschitz=1.0, smoothness=1.0, radius=1.0)
 
 def _plan(name, relation, **extra):
   cfg = {"relation": relation, "batch_size": B, "num_steps": T, "clip_norm": C, "beta": 5.0,
-         "noise_multiplier": 2.0, **extra}
+         "noise_multiplier": 2.0, "delta": 1.0 / N ** 2, **extra}
   return srgd.plan_srgd(name, cfg, **PUBLIC)
 
 
@@ -123,12 +123,10 @@ def test_removal_rebatches_the_stream_so_add_remove_is_refused():
   assert np.sum(diff > 0) >= 2 and diff.sum() > 2 * C / B   # several increments move
   prob = _problem(16, 2)
   for name in NAMES:
-    for key_name in ("relation", "adjacency"):
-      with pytest.raises(ValueError, match="zero_out"):
-        srgd.plan_srgd(name, {key_name: "add_remove", "epsilon": 1.0}, **PUBLIC)
-      with pytest.raises(ValueError, match="add_remove"):
-        getattr(srgd, name)(prob, {key_name: "add_remove", "epsilon": 1.0},
-                              jax.random.key(0))
+    with pytest.raises(ValueError, match="zero_out"):
+      srgd.plan_srgd(name, {"relation": "add_remove", "epsilon": 1.0}, **PUBLIC)
+    with pytest.raises(ValueError, match="add_remove"):
+      getattr(srgd, name)(prob, {"relation": "add_remove", "epsilon": 1.0}, jax.random.key(0))
 
 
 def test_the_plan_is_data_free_and_identical_on_neighbours():
@@ -158,7 +156,7 @@ def test_reported_epsilon_matches_an_independent_accountant(relation, dp_relatio
     res = getattr(srgd, name)(prob, {"epsilon": 1.0, "delta": delta, "relation": relation},
                                 jax.random.key(1))
     rec = res.record
-    z, T = rec["noise_multiplier"], rec["batch_gradient_steps"]
+    z, T = rec["noise_multiplier"], rec["num_steps"]
     levels = T.bit_length() if name == "accelerated_dp_srgd" else 1
     assert rec["tree_levels"] == levels and (T, rec["batch_size"]) == (10, 10)
     assert res.privacy.relation == relation and res.privacy.provenance == "accountant"
@@ -208,8 +206,6 @@ def test_driver_refuses_zero_noise_with_a_budget_and_reports_explicit_noise():
 @pytest.mark.parametrize("cfg, match", [
     ({"relation": "swap"}, "relation"),
     ({"relation": 1}, "relation"),
-    ({"adjacency": "swap"}, "adjacency"),
-    ({"relation": "zero_out", "adjacency": "replace_one"}, "disagree"),
     ({"preset": "theory", "relation": "replace_one"}, "zero-out"),
     ({"noise_mechanism": "tree", "name": "single_epoch_dp_sgd"}, "independent"),
 ])
@@ -220,8 +216,19 @@ def test_bad_relation_configuration_raises_naming_the_parameter(cfg, match):
     srgd.plan_srgd(name, cfg, **dict(PUBLIC, n=10 ** 4))
 
 
-def test_deprecated_adjacency_alias_is_honoured():
-  with pytest.warns(DeprecationWarning, match="relation"):
-    plan = srgd.plan_srgd("single_epoch_dp_sgd", {"adjacency": "replace_one",
-                                                   "noise_multiplier": 2.0}, **PUBLIC)
+def test_a_private_run_needs_delta_and_adjacency_is_retired():
+  """No silent delta = 1/n^2 any more; a non-private run (no epsilon, no noise_multiplier)
+  reads none. The former alias ``adjacency`` is refused by validation, pointing at
+  ``relation``."""
+  for name, cfg in (("accelerated_dp_srgd", {"epsilon": 1.0}),
+                    ("single_epoch_dp_sgd", {"noise_multiplier": 2.0})):
+    with pytest.raises(ValueError, match="delta is required"):
+      srgd.plan_srgd(name, cfg, **PUBLIC)
+  assert not srgd.plan_srgd("accelerated_dp_srgd", {}, **PUBLIC).private
+  plan = srgd.plan_srgd("single_epoch_dp_sgd", {"relation": "replace_one", "delta": 1e-6,
+                                                 "noise_multiplier": 2.0}, **PUBLIC)
   assert plan.relation == "replace_one" and plan.sensitivity == pytest.approx(2 * 1.0 / 4)
+  from dpsco_jax.config_schema import ConfigError, validate
+  with pytest.raises(ConfigError, match="unknown key 'adjacency'.*did you mean 'relation'"):
+    validate({"algorithm": "single_epoch_dp_sgd", "problem": "least_squares", "n_users": 16,
+              "m": 1, "d": 2, "delta": 1e-6, "adjacency": "replace_one"})

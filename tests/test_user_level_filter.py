@@ -96,7 +96,7 @@ def test_practical_schedules_and_helpers():
   assert phase_sizes(1000, 3, 1.0, use_all=True) == [571, 285, 142]
   assert phase_sizes(1000, 2, 1.0, use_all=False) == [250, 125]   # paper: n_i, q = 1
   s = alg3_schedule(n=2000, m=64, d=10, epsilon=1.0, delta=1e-6, lipschitz=1.0, radius=2.0,
-                    smoothness=0.25, batch_users=300)
+                    smoothness=0.25, batch_size=300)
   lam = 0.5 * (1 / math.sqrt(2000 * 64) + math.sqrt(10) / (2000 * 8))
   assert s.lam == pytest.approx(lam)
   for ph in s.phases:
@@ -154,7 +154,7 @@ def test_iid_users_keep_everyone_and_never_halt(alg3_runs):
   prob, res = alg3_runs["clean"]
   d = res.debug["phases"][0]
   assert res.record["halted_phase"] is None and not d["halted"]
-  assert d["steps_run"] == res.record["phases"][0]["steps"]
+  assert d["steps_run"] == res.record["phases"][0]["num_steps"]
   assert d["steps_all_kept"] / d["steps_run"] > 0.99
   assert float(jnp.linalg.norm(res.params)) <= prob.radius + 1e-5
   assert res.privacy.provenance == "heuristic"           # typical sensitivity: never a proof
@@ -191,7 +191,7 @@ def test_noise_free_alg3_reaches_optimum(clean):
   assert 0 <= gap + 1e-6 and gap <= 1.0 / math.sqrt(N * M), gap
   assert float(jnp.linalg.norm(res.params)) <= clean.radius + 1e-5
   assert res.privacy.epsilon == math.inf and res.privacy.provenance == "none"
-  assert res.gradient_evaluations == res.record["phases"][0]["steps"] * N * M
+  assert res.gradient_evaluations == res.record["phases"][0]["num_steps"] * N * M
 
 
 @pytest.mark.slow
@@ -200,7 +200,7 @@ def test_smoothed_alg3_on_hinge_noise_free():
   cfg = {**BASE, "privacy_noise": False, "smoothing_radius": 0.05, "max_steps": 80}
   res = user_level_accelerated_erm_smoothed(prob, cfg, jax.random.key(3))
   assert res.record["smoothness"] == pytest.approx(math.sqrt(3) / 0.05)   # L sqrt(d) / r
-  assert res.record["phases"][0]["steps"] == 80
+  assert res.record["phases"][0]["num_steps"] == 80
   gap = prob.excess_risk(res.params)
   assert gap <= 1.0 / math.sqrt(200 * 4) + 0.05, gap                    # + L r bias
   assert gap < 0.25 * prob.excess_risk(jnp.zeros(3))
@@ -212,7 +212,7 @@ def test_smoothed_alg3_on_hinge_noise_free():
 def test_alg1_iid_keeps_all_groups_and_30_percent_halts(clean):
   """Lemma 2.3 empirically (independent group iterates within tau_i); with 30% huge users
   ~88% of the groups are corrupted and the one-shot Laplace test halts to the fallback."""
-  cfg = {**BASE, "num_groups": 100, "eta": 0.05}          # 6 users per group
+  cfg = {**BASE, "num_groups": 100, "learning_rate": 0.05}          # 6 users per group
   res = user_level_phased_sgd(clean, cfg, jax.random.key(4))
   assert res.record["halted_phase"] is None
   assert res.debug["scores"] == [100.0]                   # every pair of iterates within tau
@@ -258,7 +258,7 @@ def test_bad_inputs_raise_named_errors(clean):
     user_level_phased_sgd(clean, {**BASE, "num_groups": 1000}, jax.random.key(0))
   with pytest.raises(ValueError, match="num_points"):       # certified Delta needs K >> flips
     user_level_accelerated_erm(clean, {**BASE, "sensitivity": "certified",
-                                       "batch_users": 100}, jax.random.key(0))
+                                       "batch_size": 100}, jax.random.key(0))
   with pytest.raises(ValueError, match="fraction"):
     corrupt_users(clean, 1.2, key=jax.random.key(0))
   from dpsco_jax.algorithms.registry import algorithms

@@ -32,9 +32,9 @@ from dpsco_jax.problems import make
 
 AR = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 N, M, D = 300, 4, 3
-ALG1 = {"epsilon": 2.0, "delta": 1e-6, "num_phases": 1, "num_groups": 30, "eta": 0.05,
+ALG1 = {"epsilon": 2.0, "delta": 1e-6, "num_phases": 1, "num_groups": 30, "learning_rate": 0.05,
         "sensitivity": "typical"}
-ALG3 = {"epsilon": 2.0, "delta": 1e-6, "num_phases": 1, "batch_users": 100, "max_steps": 3,
+ALG3 = {"epsilon": 2.0, "delta": 1e-6, "num_phases": 1, "batch_size": 100, "max_steps": 3,
         "sensitivity": "typical"}
 
 

@@ -1,9 +1,9 @@
 """Baselines every paper algorithm is compared against, as chains over the same engine.
 
 * ``nonprivate_sgd`` — projected minibatch SGD with iterate averaging (no privacy).
-* ``dp_sgd_item`` — item-level DP-SGD: every item is a row, clipped at ``clip``.
+* ``dp_sgd_item`` — item-level DP-SGD: every item is a row, clipped at ``clip_norm``.
 * ``dp_sgd_user`` — user-level DP-SGD: each sampled user's *mean* gradient is clipped at
-  ``clip`` (Levy et al. 2021; paper 000's main baseline). Poisson (default), fixed-size
+  ``clip_norm`` (Levy et al. 2021; paper 000's main baseline). Poisson (default), fixed-size
   without replacement, or full-batch user sampling.
 * ``dp_sgd_group`` — item-level DP-SGD made user-level by group privacy over the ``m`` items
   of a user (:mod:`dpsco_jax.privacy.group`): calibrated at
@@ -12,8 +12,8 @@
   epsilon).
 
 Chain: ``clip_and_aggregate(C, "mean", D) -> add_gaussian_noise(z C / D) ->
-projected_sgd(lr, R, averaging)``. Relations, what is public, the fixed denominator ``D`` and
-the sampling rate are the data-free plan's (:mod:`dpsco_jax.algorithms.dpsgd_plan`): Poisson
+projected_sgd(learning_rate, R, averaging)``. Relations, what is public, the fixed denominator
+``D`` and the sampling rate are the data-free plan's (:mod:`dpsco_jax.algorithms.dpsgd_plan`): Poisson
 defaults to ``add_remove`` (``q`` and ``D = q * n_users`` from the declared ``n_users``),
 ``full`` to ``zero_out`` (``D = n``, public), ``fixed`` to ``replace_one``. Provenance
 ``accountant``. A configured ``epsilon`` is a budget: the ledger is charged before the first
@@ -23,8 +23,9 @@ step, and an explicit ``noise_multiplier`` whose epsilon exceeds it raises
 sampling uses a static slot capacity; its truncation probability ``p`` enters delta as
 ``(1 + e^eps) p`` (total-variation argument).
 
-Config keys: ``epsilon, delta, noise_multiplier, clip, lr, steps | epochs, batch_users,
-sampling_rate, n_users, sampling, relation, averaging``.
+Config keys (:class:`dpsco_jax.config_families.DpSgdConfig`): ``epsilon, delta`` (required),
+``noise_multiplier, clip_norm, learning_rate, num_steps | epochs, batch_size, sampling_rate,
+n_users, sampling, relation, averaging``. Records use the same names.
 
 Audit hook: :func:`dp_sgd_releases` returns the per-step noisy aggregates of a run.
 """
@@ -167,10 +168,10 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Resul
   plan = dp_sgd_plan(problem, cfg, level=level)
   report = charge_dp_sgd(plan)
   params, _ = _execute(problem, plan, key, _rows(problem, level, None))
-  record = {"noise_multiplier": plan.noise_multiplier, "steps": plan.steps,
-            "batch_users": plan.batch, "denominator": plan.denominator,
+  record = {"noise_multiplier": plan.noise_multiplier, "num_steps": plan.steps,
+            "batch_size": plan.batch, "denominator": plan.denominator,
             "sampling_rate": plan.sampling_rate, "noise_std": plan.noise_std,
-            "clip": plan.clip, "lr": plan.lr, "sampling": plan.sampling,
+            "clip_norm": plan.clip, "learning_rate": plan.lr, "sampling": plan.sampling,
             "relation": plan.relation}
   grad_evals = int(plan.steps * plan.batch * (problem.m if level == "user" else 1))
   return Result(params=params, privacy=report, gradient_evaluations=grad_evals, record=record)
@@ -218,16 +219,16 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   n = problem.n_users
   sampling, batch, capacity, _ = sampling_setup({**cfg, "sampling": cfg_get(
       cfg, "sampling", "fixed")}, n)
-  if cfg.get("steps") is not None:
-    steps = check_int(cfg["steps"], "steps")
+  if cfg.get("num_steps") is not None:
+    steps = check_int(cfg["num_steps"], "num_steps")
   else:
     steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs") * n / batch))
-  lr = check_positive(cfg_get(cfg, "lr", problem.radius / (problem.lipschitz
-                                                           * math.sqrt(steps))), "lr")
+  lr = check_positive(cfg_get(cfg, "learning_rate", problem.radius / (
+      problem.lipschitz * math.sqrt(steps))), "learning_rate")
   averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging", ("none", "uniform"))
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
                         {"lr": lr, "radius": problem.radius}, static=(float(batch), averaging),
                         steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity)
   return Result(params=params, privacy=NONPRIVATE_REPORT,
                 gradient_evaluations=int(steps * batch * problem.m),
-                record={"steps": steps, "batch_users": batch, "lr": lr})
+                record={"num_steps": steps, "batch_size": batch, "learning_rate": lr})

@@ -239,9 +239,9 @@ def _record(bcfg: BilevelConfig, out: BilevelOutput, info: dict, n: int, *, eps:
   return {
       "x_out": np.asarray(out.x_out).tolist(), "t_out": int(out.t_out),
       "min_step_norm_over_eta": float(np.min(np.asarray(out.step_norms))) / bcfg.eta,
-      "lam": bcfg.lam, "eta": bcfg.eta, "T": bcfg.steps,
-      "inner_steps": bcfg.inner_y.steps, "inner_rounds": [bcfg.inner_y.rounds,
-                                                          bcfg.inner_lam.rounds],
+      "lam": bcfg.lam, "learning_rate": bcfg.eta, "num_steps": bcfg.steps,
+      "outer_clip_norm": bcfg.clip_out, "inner_num_steps": bcfg.inner_y.steps,
+      "inner_rounds": [bcfg.inner_y.rounds, bcfg.inner_lam.rounds],
       "outer_noise_std": bcfg.outer_noise_multiplier * bcfg.clip_out / (
           n if bcfg.batch_out is None else bcfg.batch_out),
       "inner_y_noise_std": loc_gd_stddev(bcfg.inner_y, n),
@@ -250,14 +250,18 @@ def _record(bcfg: BilevelConfig, out: BilevelOutput, info: dict, n: int, *, eps:
       "paper_inner_y_noise_std": paper["inner_y_std"],
       "paper_inner_lam_noise_std": paper["inner_lam_std"],
       "paper_epsilon_for_our_noise": paper_eps,
-      **{k: v for k, v in info.items() if isinstance(v, (int, float, bool, str))},
+      # the preset's derived values (the theory preset's eta, steps, clip_out are above as
+      # learning_rate, num_steps, outer_clip_norm)
+      **{k: v for k, v in info.items() if isinstance(v, (int, float, bool, str))
+         and k not in ("eta", "steps", "clip_out")},
   }
 
 
 @register("dp_bilevel", config=cf.BilevelConfig, paper="004")
 def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                ledger: PrivacyLedger | None = None):
-  """Runner entry for Alg 1 / Alg 3 (``batch_in``/``batch_out`` set) with exact accounting.
+  """Runner entry for Alg 1 / Alg 3 (``inner_batch_size`` / ``outer_batch_size`` set) with
+  exact accounting.
 
   Item level, replace-one (public: the number of examples ``n``, shapes, the config). The plan
   (:func:`~.bilevel_plan.bilevel_config`) is data free; every mechanism is spent on a
@@ -273,7 +277,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
 
   bcfg, info = bilevel_config(problem, cfg)
   eps = float(cfg["epsilon"])
-  delta = float(cfg.get("delta", 1e-6))
+  delta = float(cfg["delta"])  # required: bilevel_config checked it
   n = problem.n
   if ledger is not None and ledger.relation != RELATION:
     raise ValueError(f"ledger.relation must be {RELATION!r} (the paper's adjacency)")
@@ -314,8 +318,8 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
 def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   cfg = dict(cfg)
   n = problem.n
-  cfg.setdefault("batch_out", max(1, n // 10))
-  cfg.setdefault("batch_in", max(1, n // 10))
+  cfg.setdefault("outer_batch_size", max(1, n // 10))
+  cfg.setdefault("inner_batch_size", max(1, n // 10))
   return dp_bilevel(problem, cfg, key)
 
 
@@ -349,7 +353,8 @@ def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
   from dpsco_jax.result import Result
   del key
   x = nonprivate_penalty_method(problem, lam=float(cfg.get("lam", 1e3)),
-                                eta=float(cfg.get("eta", 0.5)), steps=int(cfg.get("T", 300)),
+                                eta=float(cfg.get("learning_rate", 0.5)),
+                                steps=int(cfg.get("num_steps", 300)),
                                 newton_steps=int(cfg.get("newton_steps", 30)))
   report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
                          relation=RELATION, notes="NON-PRIVATE reference: exact inner solves")
@@ -359,17 +364,20 @@ def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
 
 def dp_ridge_tuning(a_tr, b_tr, a_val, b_val, *, epsilon: float, delta: float, key: jax.Array,
                     omega_bounds=(1e-3, 5.0), omega0: float = 1.0, lam: float = 30.0,
-                    eta: float = 0.5, steps: int = 30, inner_steps: int = 300,
-                    inner_rounds: int = 2, clip: float | None = None,
+                    learning_rate: float = 0.5, num_steps: int = 30,
+                    inner_num_steps: int = 300, inner_rounds: int = 2,
+                    clip_norm: float | None = None,
                     curvature_bounds: tuple[float, float] = (0.0, 4.0),
                     theta_radius: float = 5.0, debug: bool = False):
   """Tunes a ridge penalty privately (§7, corrected sign E1): the update is
-  ``omega <- Pi_X(omega - eta lam (R(theta^lam) - R(theta)))`` with ``R = ||.||^2/2`` and
+  ``omega <- Pi_X(omega - eta lam (R(theta^lam) - R(theta)))`` (``eta = learning_rate``,
+  ``num_steps`` outer steps) with ``R = ||.||^2/2`` and
   ``theta, theta^lam`` from DP-Loc-GD. The whole budget goes to the two inner solves (the outer
   step is post-processing). Returns a ``Result`` whose ``params`` is ``[omega]``."""
   prob = ridge_tuning_problem(a_tr, b_tr, a_val, b_val, omega_bounds=omega_bounds,
-                              omega0=omega0, clip=clip, curvature_bounds=curvature_bounds,
+                              omega0=omega0, clip=clip_norm, curvature_bounds=curvature_bounds,
                               theta_radius=theta_radius)
-  return dp_bilevel(prob, {"epsilon": epsilon, "delta": delta, "lam": lam, "eta": eta,
-                           "T": steps, "inner_steps": inner_steps,
-                           "inner_rounds": inner_rounds, "debug": debug}, key)
+  return dp_bilevel(prob, {"epsilon": epsilon, "delta": delta, "lam": lam,
+                           "learning_rate": learning_rate, "num_steps": num_steps,
+                           "inner_num_steps": inner_num_steps, "inner_rounds": inner_rounds,
+                           "debug": debug}, key)

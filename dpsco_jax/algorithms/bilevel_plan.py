@@ -23,6 +23,7 @@ import jax
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
+from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.localized_gd import (LocGDConfig, loc_gd_event, loc_gd_rounds,
                                                loc_gd_stddev, loc_gd_step_event,
                                                paper_loc_gd_stddev)
@@ -254,7 +255,9 @@ def _default_consts_inner(problem: BilevelProblem, lam: float) -> dict:
 def _schedule(problem: BilevelProblem, cfg: dict, *, preset: str, eps: float, delta: float,
               batch_in: int | None, batch_out: int | None, info: dict) -> dict:
   """The preset's public schedule: ``lam, eta, steps, clip_out`` and the inner solves'
-  ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read)."""
+  ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read). Config
+  keys: ``lam, learning_rate, num_steps, outer_clip_norm, inner_num_steps, inner_rounds,
+  inner_step_rule, inner_clip_norm, inner_clip_norm_lam, radius_const, inner_radius0``."""
   n = problem.n
   if preset == "theory":
     tp = theory_params(problem.consts, epsilon=eps, delta=delta, n=n, d_x=problem.d,
@@ -277,20 +280,21 @@ def _schedule(problem: BilevelProblem, cfg: dict, *, preset: str, eps: float, de
     radius_const = 4.0
   else:
     lam = check_positive(cfg.get("lam", 30.0), "lam")
-    eta = check_positive(cfg.get("eta", 0.5), "eta")
-    steps = check_int(cfg.get("T", 30), "T")
+    eta = check_positive(cfg.get("learning_rate", 0.5), "learning_rate")
+    steps = check_int(cfg.get("num_steps", 30), "num_steps")
     inner = _default_consts_inner(problem, lam)
-    clip_out = check_positive(cfg.get("clip_out", 5 * problem.consts.ell * problem.consts.kappa),
-                              "clip_out")
-    inner_steps = check_int(cfg.get("inner_steps", 300), "inner_steps")
+    clip_out = check_positive(
+        cfg.get("outer_clip_norm", 5 * problem.consts.ell * problem.consts.kappa),
+        "outer_clip_norm")
+    inner_steps = check_int(cfg.get("inner_num_steps", 300), "inner_num_steps")
     r = cfg.get("inner_rounds", 2)
     rounds = (check_int(r, "inner_rounds"), check_int(r, "inner_rounds"))
     step_rule = check_choice(cfg.get("inner_step_rule", "smooth"), "inner_step_rule",
                              ("smooth", "paper"))
-    c_in = cfg.get("clip_in")
-    clips = (check_positive(c_in if c_in is not None else inner["y"]["clip"], "clip_in"),
-             check_positive(cfg.get("clip_in_lam", c_in if c_in is not None
-                                    else inner["lam"]["clip"]), "clip_in_lam"))
+    c_in = cfg.get("inner_clip_norm")
+    clips = (check_positive(c_in if c_in is not None else inner["y"]["clip"], "inner_clip_norm"),
+             check_positive(cfg.get("inner_clip_norm_lam", c_in if c_in is not None
+                                    else inner["lam"]["clip"]), "inner_clip_norm_lam"))
     radius_const = check_positive(cfg.get("radius_const", 4.0), "radius_const")
     if "inner_radius0" in cfg:
       r0 = check_positive(cfg["inner_radius0"], "inner_radius0")
@@ -305,10 +309,11 @@ def bilevel_config(problem: BilevelProblem, cfg: dict) -> tuple[BilevelConfig, d
   """Builds a calibrated :class:`BilevelConfig` from a config dict (``preset`` = ``practical``
   (default) | ``theory``). Returns ``(bcfg, info)``; ``info`` holds the preset's derived values.
 
-  Keys: ``epsilon, delta`` (required); ``lam, eta, T`` (practical: required-with-defaults
-  ``30, 0.5, 30``); ``inner_steps, inner_rounds, inner_step_rule`` (``smooth`` | ``paper``),
-  ``clip_in`` (both inner solves), ``clip_in_lam``, ``clip_out``, ``radius_const``,
-  ``inner_radius0``, ``batch_in, batch_out`` (Alg 3), ``warm_start`` (True), ``shares``
+  Keys: ``epsilon, delta`` (required); ``lam, learning_rate, num_steps`` (the outer ``lam,
+  eta, T``; practical defaults ``30, 0.5, 30``); ``inner_num_steps, inner_rounds,
+  inner_step_rule`` (``smooth`` | ``paper``), ``inner_clip_norm`` (both inner solves),
+  ``inner_clip_norm_lam``, ``outer_clip_norm``, ``radius_const``, ``inner_radius0``,
+  ``inner_batch_size, outer_batch_size`` (Alg 3), ``warm_start`` (True), ``shares``
   (``[1/3, 1/3, 1/3]``), ``outer_noise`` (``auto``: off only when the data terms provably do not
   depend on ``x``; ``true``; ``false``: requires that structure), ``population`` (theory preset:
   Thm 6.1 alpha), ``relation`` (only ``replace_one``), ``noise_multiplier`` (explicit base
@@ -318,12 +323,12 @@ def bilevel_config(problem: BilevelProblem, cfg: dict) -> tuple[BilevelConfig, d
   check_relation(cfg.get("relation", RELATION), supported=(RELATION,),
                  mechanism="DP bilevel (Alg 1/3)")
   eps = check_epsilon(cfg.get("epsilon"), "epsilon")
-  delta = check_delta(cfg.get("delta", 1e-6), "delta")
+  delta = required_delta(cfg)
   preset = check_choice(cfg.get("preset", "practical"), "preset", ("practical", "theory"))
   n = problem.n
-  batch_in = cfg.get("batch_in")
-  batch_out = cfg.get("batch_out")
-  for name, b in (("batch_in", batch_in), ("batch_out", batch_out)):
+  batch_in = cfg.get("inner_batch_size")
+  batch_out = cfg.get("outer_batch_size")
+  for name, b in (("inner_batch_size", batch_in), ("outer_batch_size", batch_out)):
     if b is not None and not 1 <= check_int(b, name) <= n:
       raise ValueError(f"{name} must lie in [1, n={n}], got {b}")
   outer_noise = cfg.get("outer_noise", "auto")

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import check_choice, check_int, check_probability
+from dpsco_jax._checks import check_choice, check_delta, check_int, check_probability
+from dpsco_jax.config_schema import ConfigError
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.steps import released_params
 
@@ -112,13 +113,22 @@ def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
   return default if value is None else value
 
 
+def required_delta(cfg: dict) -> float:
+  """The run's target ``delta``: every private driver requires it (no silent default such as
+  ``1/n^2``); a missing one is a :class:`~dpsco_jax.config_schema.ConfigError` naming it."""
+  if cfg.get("delta") is None:
+    raise ConfigError("delta is required: the target delta of the (epsilon, delta) guarantee "
+                      "(e.g. delta: 1.0e-6); no default is assumed")
+  return check_delta(cfg["delta"])
+
+
 def sampling_setup(cfg: dict, n: int) -> tuple[str, int, int, float]:
-  """Reads ``sampling`` and ``batch_users`` from a config: (sampling, batch, capacity, q)."""
+  """Reads ``sampling`` and ``batch_size`` from a config: (sampling, batch, capacity, q)."""
   sampling = check_choice(cfg_get(cfg, "sampling", "poisson"), "sampling", SAMPLINGS)
   batch = n if sampling == "full" else check_int(
-      cfg_get(cfg, "batch_users", max(1, min(n, int(round(math.sqrt(n)))))), "batch_users")
+      cfg_get(cfg, "batch_size", max(1, min(n, int(round(math.sqrt(n)))))), "batch_size")
   if batch > n:
-    raise ValueError(f"batch_users ({batch}) must be <= n_users ({n})")
-  q = check_probability(batch / n, "batch_users / n_users")
+    raise ValueError(f"batch_size ({batch}) must be <= n_users ({n})")
+  q = check_probability(batch / n, "batch_size / n_users")
   capacity = {"poisson": poisson_capacity(n, q), "fixed": batch, "full": n}[sampling]
   return sampling, batch, capacity, q

@@ -10,18 +10,19 @@ Neighbouring relations and what is public (see :mod:`dpsco_jax.privacy.relations
 ========  ===========================  ==============================================
 sampling  relations (default first)    public numbers the plan uses
 ========  ===========================  ==============================================
-poisson   add_remove, zero_out,        ``q`` (``sampling_rate``, else ``batch_users /
+poisson   add_remove, zero_out,        ``q`` (``sampling_rate``, else ``batch_size /
           replace_one                  n_users``), ``D = q * n_users`` (the expected
                                        batch; Abadi et al. 2016, Opacus, jax_privacy)
 full      zero_out, replace_one,       ``D = n_users`` (every row, each step)
           add_remove
-fixed     replace_one, zero_out        ``n``, ``batch_users = D`` (dp_accounting's
+fixed     replace_one, zero_out        ``n``, ``batch_size = D`` (dp_accounting's
                                        sampling-without-replacement bound is replace-one)
 ========  ===========================  ==============================================
 
-``sampling_rate`` (Poisson only) takes precedence over ``batch_users``; the reported
-``batch_users`` is then the expected batch ``round(q * n)``. Steps: ``steps``, else
-``round(epochs / q)``; both public. Under ``add_remove`` the number of rows is private: the plan reads ``n_users`` only from the
+``sampling_rate`` (Poisson only) takes precedence over ``batch_size``; the reported
+``batch_size`` is then the expected batch ``round(q * n)``. Steps: ``num_steps``, else
+``round(epochs / q)``; both public. ``delta`` is required (no default). Under ``add_remove``
+the number of rows is private: the plan reads ``n_users`` only from the
 config (declared, data-independent; the runner passes the problem's ``n_users``), and a run
 refuses a dataset with more rows than declared, because the declared count is the public upper
 bound at which the Poisson slot capacity and its truncation probability are computed (the
@@ -42,10 +43,10 @@ from typing import Any, NamedTuple
 
 import dp_accounting
 
-from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
+from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive, check_probability)
 from dpsco_jax.algorithms.common import (cfg_get, poisson_capacity,
-                                         poisson_truncation_probability)
+                                         poisson_truncation_probability, required_delta)
 from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
 
 SAMPLING_RELATIONS = {
@@ -143,10 +144,10 @@ def _sampling(cfg: dict, sampling: str, n: int) -> tuple[float, int, float, int 
     if q <= 0:
       raise ValueError(f"sampling_rate must be > 0, got {cfg['sampling_rate']!r}")
   else:
-    batch = check_int(cfg_get(cfg, "batch_users", max(1, min(n, round(math.sqrt(n))))),
-                      "batch_users")
+    batch = check_int(cfg_get(cfg, "batch_size", max(1, min(n, round(math.sqrt(n))))),
+                      "batch_size")
     if batch > n:
-      raise ValueError(f"batch_users ({batch}) must be <= n_users ({n})")
+      raise ValueError(f"batch_size ({batch}) must be <= n_users ({n})")
     q = batch / n
   if sampling == "fixed":
     return q, batch, float(batch), batch
@@ -195,19 +196,20 @@ def plan_dp_sgd(cfg: dict, *, level: str, realized_rows: int, rows_per_user: int
   rows_per_user = check_int(rows_per_user, "rows_per_user")
   n = public_rows(cfg, relation, realized_rows=realized_rows, rows_per_user=rows_per_user)
   group_size = rows_per_user if level == "group" else 1
-  delta = check_delta(cfg["delta"] if "delta" in cfg else None)
+  delta = required_delta(cfg)
   q, batch, denominator, capacity = _sampling(cfg, sampling, n)
-  if cfg.get("steps") is not None:
-    steps = check_int(cfg["steps"], "steps")
+  if cfg.get("num_steps") is not None:
+    steps = check_int(cfg["num_steps"], "num_steps")
   else:
     steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs") / q))
-  clip = check_positive(cfg_get(cfg, "clip", default_clip), "clip")
+  clip = check_positive(cfg_get(cfg, "clip_norm", default_clip), "clip_norm")
   trunc = (poisson_truncation_probability(n, q, capacity, steps)
            if sampling == "poisson" else 0.0)
   make_event = lambda z: dp_sgd_event(z, sampling=sampling, q=q, n=n, batch=batch, steps=steps)
   z, target, item_delta = _noise_multiplier(cfg, make_event, level=level, relation=relation,
                                             delta=delta, group_size=group_size, tv=trunc)
-  lr = check_positive(cfg_get(cfg, "lr", radius / (clip * math.sqrt(steps))), "lr")
+  lr = check_positive(cfg_get(cfg, "learning_rate", radius / (clip * math.sqrt(steps))),
+                      "learning_rate")
   averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging",
                            ("none", "uniform"))
   return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,

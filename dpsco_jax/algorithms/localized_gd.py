@@ -79,6 +79,7 @@ from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
+from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
@@ -470,7 +471,7 @@ def plan_dp_loc_gd(cfg: dict, *, n: int, dim: int, clip: float, radius0: float
   ``noise_multiplier`` is kept as given (the caller checks it against the budget)."""
   check_loc_gd_relation(cfg.get("relation", RELATION))
   eps = check_epsilon(cfg.get("epsilon"), "epsilon")
-  delta = check_delta(cfg.get("delta", 1e-6), "delta")
+  delta = required_delta(cfg)
   mu = check_positive(cfg.get("mu"), "mu")
   preset = check_choice(cfg.get("preset", "practical"), "preset", ("practical", "theory"))
   batch = cfg.get("batch_size")
@@ -480,7 +481,7 @@ def plan_dp_loc_gd(cfg: dict, *, n: int, dim: int, clip: float, radius0: float
   else:
     lcfg = loc_gd_practical_config(mu=mu, clip_norm=clip, n=n, dim=dim, epsilon=eps,
                                    delta=delta, radius0=radius0,
-                                   smoothness=cfg.get("smoothness"), steps=cfg.get("steps"),
+                                   smoothness=cfg.get("smoothness"), steps=cfg.get("num_steps"),
                                    rounds=cfg.get("rounds"), batch_size=batch,
                                    radius_const=cfg.get("radius_const", 4.0))
   if cfg.get("noise_multiplier") is not None:
@@ -496,7 +497,7 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   Config keys: ``epsilon`` (the budget), ``delta`` (required), ``mu`` (public strong convexity,
   required), ``relation`` (only ``replace_one``), ``noise_multiplier`` (explicit; refused if
   its epsilon exceeds ``epsilon``), ``clip_norm`` (default ``problem.lipschitz``), ``preset``
-  (``practical`` | ``theory``), ``steps, rounds, batch_size, radius0`` (default
+  (``practical`` | ``theory``), ``num_steps`` (per round), ``rounds, batch_size, radius0`` (default
   ``2 problem.radius``), ``radius_const``, ``l2`` (a data-independent ridge term
   ``l2/2 ||y||^2`` added to ``h``), ``debug``. The plan (:func:`plan_dp_loc_gd`) uses only the
   public ``n`` and the config; the ledger is charged before the solve runs.
@@ -511,7 +512,7 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   radius0 = check_positive(cfg.get("radius0", 2.0 * float(problem.radius)), "radius0")
   l2 = check_nonnegative(cfg.get("l2", 0.0), "l2")
   lcfg, event = plan_dp_loc_gd(cfg, n=n, dim=dim, clip=clip, radius0=radius0)
-  eps, delta = float(cfg["epsilon"]), float(cfg.get("delta", 1e-6))
+  eps, delta = float(cfg["epsilon"]), float(cfg["delta"])  # checked by the plan
   ledger = PrivacyLedger(delta=delta, epsilon_budget=eps, relation=RELATION)
   ledger.spend(event, label="dp_loc_gd solve")  # raises before anything is computed
   reg = None
@@ -531,7 +532,8 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
     debug = {"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
   record = {"noise_multiplier": lcfg.noise_multiplier, "batch_size": lcfg.batch_size,
             "noise_std": loc_gd_stddev(lcfg, n), "paper_noise_std": paper_sigma,
-            "rounds": lcfg.rounds, "steps": lcfg.steps, "radii": list(map(float, aux.radii)),
+            "rounds": lcfg.rounds, "num_steps": lcfg.steps,
+            "radii": list(map(float, aux.radii)),
             "preset": cfg.get("preset", "practical")}
   # Poisson masks keep shapes static: every step evaluates all n per-example gradients.
   evals = lcfg.rounds * lcfg.steps * n

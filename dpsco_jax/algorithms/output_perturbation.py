@@ -84,9 +84,10 @@ import jax.numpy as jnp
 
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
-from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon,
+from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms import deletion_stability as ds
+from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.problems.output_perturbation import _l2_loss, l2_logistic
 from dpsco_jax.algorithms.output_perturbation_solver import (SolverPlan, _certify, _solve,
                                                              _solve_all_subsets, solver_plan)
@@ -344,7 +345,7 @@ def _problem_mu(problem: SCOProblem) -> float:
 
 def _check_common(cfg: dict, settings: OutputPertSettings) -> tuple[float, float]:
   eps = check_epsilon(cfg.get("epsilon"), "epsilon")
-  delta = check_delta(cfg.get("delta"), "delta")
+  delta = required_delta(cfg)
   if settings.preset == "theory":
     if eps > 1.0:
       raise ValueError(f"epsilon={eps}: the theory preset needs epsilon in (0, 1] (paper "

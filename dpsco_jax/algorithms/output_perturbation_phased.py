@@ -157,7 +157,8 @@ def _phased_sco_run(problem, key, *, eps, delta, settings, theta0, lam=None,
 
 
 def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> dict:
-  rec = {k: v for k, v in sch.items() if k in ("T", "epsilon", "delta", "beta", "lam", "N0")}
+  rec = {k: v for k, v in sch.items() if k in ("epsilon", "delta", "beta", "lam", "N0")}
+  rec["num_phases"] = sch["T"]   # the schedule's T (calls of DelOutputPert)
   rec.update({"sigmas": [i.sigma for i in out.infos], "Deltas": [i.Delta for i in out.infos],
               "kappa": out.infos[0].kappa if out.infos else None,
               "bottoms": out.bottoms, "preset": settings.preset,

@@ -85,17 +85,17 @@ def resque_parallel_sco(problem, cfg: dict, key: jax.Array) -> Result:
 @register("minibatch_sgd", config=cf.MinibatchSgdConfig, paper="002")
 def minibatch_sgd(problem, cfg: dict, key: jax.Array) -> Result:
   """Parallel baseline: projected minibatch SGD (core ``projected_sgd`` with uniform
-  averaging), ``lr = R/(L sqrt(steps))``, batch ``batch`` drawn with replacement. Query depth =
-  steps; records the first step whose averaged iterate has excess risk ``<= target``
+  averaging) for ``num_steps`` steps, ``learning_rate = R/(L sqrt(num_steps))`` by default,
+  ``batch_size`` examples per step drawn with replacement. Query depth = steps; records the first step whose averaged iterate has excess risk ``<= target``
   (evaluated every ``eval_every`` steps). Non-private."""
   items = problem_items(problem)
   n = int(jax.tree.leaves(items)[0].shape[0])
   L, R = float(problem.lipschitz), float(problem.radius)
-  steps = check_int(_cfg(cfg, "steps", 20000), "steps")
-  batch = check_int(_cfg(cfg, "batch", 64), "batch")
+  steps = check_int(_cfg(cfg, "num_steps", 20000), "num_steps")
+  batch = check_int(_cfg(cfg, "batch_size", 64), "batch_size")
   every = check_int(_cfg(cfg, "eval_every", 100), "eval_every")
   target = _target(problem, cfg)
-  lr = check_positive(_cfg(cfg, "lr", R / (L * math.sqrt(steps))), "lr")
+  lr = check_positive(_cfg(cfg, "learning_rate", R / (L * math.sqrt(steps))), "learning_rate")
   tx = projected_sgd(lr, radius=R, averaging="uniform")
   loss_fn = problem.loss_fn
 
@@ -119,7 +119,7 @@ def minibatch_sgd(problem, cfg: dict, key: jax.Array) -> Result:
     if hit is None and problem.excess_risk(state.released) <= target:
       hit = (c + 1) * every
   out = state.released
-  rec = {"steps": steps, "batch": batch, "lr": lr, "target": target,
+  rec = {"num_steps": steps, "batch_size": batch, "learning_rate": lr, "target": target,
          "final_excess": problem.excess_risk(out), "query_depth": steps,
          "total_queries": steps * batch, "depth_to_target": hit,
          "queries_to_target": hit * batch if hit is not None else None}

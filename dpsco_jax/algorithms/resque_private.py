@@ -43,10 +43,10 @@ import jax
 
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
-from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon,
+from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms import ball_acceleration as ba
-from dpsco_jax.algorithms.common import cfg_get as _cfg
+from dpsco_jax.algorithms.common import cfg_get as _cfg, required_delta
 from dpsco_jax.algorithms.resque_accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
                                                     RELATION, PrivacyPreconditionError,
                                                     alg4_rdp, approx_rdp_events,
@@ -305,7 +305,7 @@ def resque_private_plan(problem, cfg: dict, *, data: dict | None = None) -> Resq
   (default ``problem.data``, leaves ``[users, m, ...]``) only supplies the public ``n``."""
   check_relation(cfg.get("relation", RELATION), supported=(RELATION,),
                  mechanism="ReSQue private SCO")
-  eps, delta = check_epsilon(cfg["epsilon"]), check_delta(cfg["delta"])
+  eps, delta = check_epsilon(cfg.get("epsilon")), required_delta(cfg)
   preset = check_choice(_cfg(cfg, "preset", "practical"), "preset", ("practical", "theory"))
   leaves = jax.tree.leaves(problem.data if data is None else data)
   n = int(leaves[0].shape[0] * leaves[0].shape[1])
@@ -402,7 +402,7 @@ def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
                          paper_epsilon=plan.epsilon, notes=notes)
   records = [{"n": ph.n, "eps": ph.eps, "beta": ph.p["beta"], "lam": ph.p["lam"],
               "r": ph.p["erm"].r, "rho": ph.p["erm"].rho, "alpha": ph.p["alpha"],
-              "T": ph.p["t_cap"], "planned_alg4_calls": len(ph.p["plan"]),
+              "num_steps": ph.p["t_cap"], "planned_alg4_calls": len(ph.p["plan"]),
               "planned_gradients": ph.gradients, "max_iter": ph.p["erm"].max_iter}
              for ph in plan.phases]
   debug = ({"phases": debug_phases, "gradients": sum(p["gradients"] for p in debug_phases)}

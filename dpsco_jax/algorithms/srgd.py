@@ -36,12 +36,13 @@ Presets (:mod:`dpsco_jax.algorithms.srgd_presets`): ``theory`` reproduces Eq. (1
 ``practical``: ``B = floor(sqrt n)``, ``T = floor(n/B)``, ``beta = M max(1, beta_scale T)``.
 
 Config keys of the registered drivers (runner contract): ``epsilon`` (a budget; ``null``:
-non-private, provenance ``none``), ``delta`` (default ``1/n^2``), ``relation`` (``zero_out`` |
-``replace_one``; ``adjacency`` is a deprecated alias), ``preset``, ``variant``,
+non-private, provenance ``none``), ``delta`` (required for a private run; no default),
+``relation`` (``zero_out`` | ``replace_one``), ``preset``, ``variant``,
 ``noise_mechanism`` (``tree`` | ``independent``), ``batch_size``, ``num_steps``, ``beta`` or
 ``beta_scale``, ``clip_norm`` (default L), ``noise_multiplier`` (skip calibration; refused if
 above the ``epsilon`` budget), ``z_scale``, ``learning_rate`` / ``averaging`` (projected-SGD
-variants; default step ``1/beta``), ``debug``. Records carry ``batch_gradient_steps``.
+variants; default step ``1/beta``), ``debug``. Records carry ``num_steps`` (the batch gradient
+steps ``T``), ``batch_size``, ``clip_norm``.
 """
 
 from __future__ import annotations
@@ -354,7 +355,7 @@ def _run_named(name: str, problem, cfg: dict, key: jax.Array) -> Result:
   released, _, diags = run_plan(plan, problem.loss_fn, problem.data, problem.init_params(),
                                 key, debug=debug)
   prm = plan.params
-  record = dict(batch_gradient_steps=prm.num_steps, batch_size=prm.batch_size,
+  record = dict(num_steps=prm.num_steps, batch_size=prm.batch_size,
                 examples_used=prm.num_steps * prm.batch_size, beta=prm.beta,
                 clip_norm=prm.clip_norm, noise_multiplier=prm.noise_multiplier,
                 tree_levels=plan.levels, srg=plan.srg, noise=plan.noise,

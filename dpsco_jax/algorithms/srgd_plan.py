@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any
 
 import dp_accounting
 
-from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
+from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive)
+from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.srgd_presets import (PRESETS, SRGDParams, practical_params,
                                                theory_params)
 from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, PrivacyLedger,
@@ -99,17 +99,9 @@ class SRGDPlan:
 
 
 def resolve_relation(cfg: dict, name: str = "accelerated_dp_srgd") -> str:
-  """``relation`` (default ``zero_out``), or the deprecated alias ``adjacency`` (must agree
-  when both are given). ``add_remove`` is refused with the reason and the alternative."""
-  rel, adj = cfg.get("relation"), cfg.get("adjacency")
-  if adj is not None:
-    warnings.warn("config key 'adjacency' is deprecated; use 'relation'", DeprecationWarning,
-                  stacklevel=3)
-    check_choice(adj, "adjacency", RELATIONS)
-    if rel is not None and rel != adj:
-      raise ValueError(f"relation={rel!r} and the deprecated alias adjacency={adj!r} "
-                       "disagree; give only 'relation'")
-    rel = adj
+  """``relation`` (default ``zero_out``). ``add_remove`` is refused with the reason and the
+  alternative."""
+  rel = cfg.get("relation")
   rel = "zero_out" if rel is None else check_choice(rel, "relation", RELATIONS)
   if rel == "add_remove":
     raise ValueError(
@@ -165,8 +157,8 @@ def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothn
   """The plan of driver ``name`` from ``cfg`` and public facts only (no data).
 
   Config keys: ``epsilon`` (a budget; ``None``: non-private unless ``noise_multiplier``),
-  ``delta`` (default ``1/n^2``), ``relation`` (``zero_out`` | ``replace_one``; alias
-  ``adjacency``), ``preset``, ``variant``, ``noise_mechanism``, ``batch_size``,
+  ``delta`` (required for a private run; no default), ``relation`` (``zero_out`` |
+  ``replace_one``), ``preset``, ``variant``, ``noise_mechanism``, ``batch_size``,
   ``num_steps``, ``beta`` / ``beta_scale``, ``clip_norm``, ``noise_multiplier``, and the
   post-processing ``z_scale``, ``learning_rate``, ``averaging``. ``radius`` is the public
   constraint set (``None``: unconstrained; the theory preset needs it).
@@ -184,9 +176,11 @@ def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothn
     raise ValueError(f"{name} feeds plain gradients, whose noise is independent per step "
                      "(DP-SGD / Thm 5.13); noise_mechanism must be 'independent'")
   relation = resolve_relation(cfg, name)
-  delta = check_delta(cfg.get("delta", 1.0 / n ** 2))
   epsilon = cfg.get("epsilon")
   epsilon = None if epsilon is None else check_epsilon(epsilon)
+  private = epsilon is not None or cfg.get("noise_multiplier") is not None
+  # a non-private run (no epsilon, no noise_multiplier) has no delta to read
+  delta = required_delta(cfg) if private or cfg.get("delta") is not None else 0.0
   prm = _schedule(name, cfg, noise, n=n, p=p, lipschitz=lipschitz, smoothness=smoothness,
                   radius=radius, epsilon=epsilon, delta=delta, relation=relation)
   T, B, C = prm.num_steps, prm.batch_size, prm.clip_norm

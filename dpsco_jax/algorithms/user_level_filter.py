@@ -65,14 +65,14 @@ Presets and provenance:
   ``K/20`` are comparable to the noise ``16/eps`` — ``heuristic``, with the reason in the notes.
   ``sensitivity: typical`` uses ``2 r_h / K`` (no membership flips): always ``heuristic``; it
   shows the rate the method would reach at scale.
-* ``noise: false`` — the non-private ablation (filter on, sigma = 0): provenance ``none``,
+* ``privacy_noise: false`` — the non-private ablation (filter on, sigma = 0): provenance ``none``,
   eps = inf.
 
 Config keys (besides the common ones): ``preset``, ``sensitivity``, ``num_phases``,
-``num_groups`` (Alg. 1), ``batch_users`` (``K_i``), ``q_exp``, ``p_exp``, ``eta``, ``lam``,
-``lam_scale`` (practical: multiplies Thm C.3's lambda),
-``tau``, ``smoothing_radius``, ``max_steps`` (cap on ``T_i``, practical only), ``clip``,
-``project_output``, ``fallback`` (``"zero"``), ``noise`` (bool), ``debug`` (bool),
+``num_groups`` (Alg. 1), ``batch_size`` (``K_i``), ``q_exp``, ``p_exp``, ``learning_rate``
+(Alg. 1's base step ``eta``), ``lam``, ``lam_scale`` (practical: multiplies Thm C.3's lambda),
+``tau``, ``smoothing_radius``, ``max_steps`` (cap on ``T_i``, practical only), ``clip_norm``,
+``project_output``, ``fallback`` (``"zero"``), ``privacy_noise`` (bool), ``debug`` (bool),
 ``relation`` (``replace_one`` only), ``noise_multiplier`` (practical; else calibrated).
 """
 
@@ -245,7 +245,8 @@ def _alg1_schedule(spec: PublicSpec, cfg: dict, opt: Options) -> Alg1Schedule:
   return alg1_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
                        delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
                        smoothness=spec.smoothness, preset=opt.preset,
-                       q_exp=cfg.get("q_exp"), p_exp=cfg.get("p_exp"), eta=cfg.get("eta"),
+                       q_exp=cfg.get("q_exp"), p_exp=cfg.get("p_exp"),
+                       eta=cfg.get("learning_rate"),
                        num_groups=cfg.get("num_groups"), num_phases=cfg.get("num_phases"))
 
 
@@ -333,7 +334,7 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
             "noise_multiplier": [p.noise_multiplier for p in plan.phases],
             "sensitivity_values": [p.sensitivity for p in plan.phases],
             "laplace_scale": sched.laplace_scale, "epsilon_test": plan.epsilon_test,
-            "halted_phase": halted_phase, "eta": sched.eta}
+            "halted_phase": halted_phase, "learning_rate": sched.eta}
   return Result(params=out, privacy=report, gradient_evaluations=int(grads), record=record,
                 debug=dbg)
 
@@ -427,7 +428,7 @@ def _alg3_schedule(spec: PublicSpec, cfg: dict, opt: Options, smoothed: bool
   return alg3_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
                        delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
                        smoothness=beta, preset=opt.preset, q_exp=cfg.get("q_exp"),
-                       p_exp=cfg.get("p_exp"), lam=lam, batch_users=cfg.get("batch_users"),
+                       p_exp=cfg.get("p_exp"), lam=lam, batch_size=cfg.get("batch_size"),
                        num_phases=cfg.get("num_phases"), tau=cfg.get("tau"),
                        smoothing_radius=r)
 
@@ -444,9 +445,9 @@ def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
 
 
 def _clip(problem: SCOProblem, cfg: dict) -> float | None:
-  clip = cfg.get("clip")
+  clip = cfg.get("clip_norm")
   return None if clip in (None, False) else check_positive(
-      problem.lipschitz if clip is True else clip, "clip")
+      problem.lipschitz if clip is True else clip, "clip_norm")
 
 
 def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, collect=False):
@@ -501,8 +502,8 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
     ph, pn = sched.phases[i], plan.phases[i]
     x_new, halted, fstate, _ = _run_phase3(problem, cfg, plan, i, users, x, k_run, pn.sigma)
     grads += pn.steps * ph.batch * problem.m
-    rec_phases.append({"index": ph.index, "n_users": ph.n_users, "batch": ph.batch,
-                       "steps": pn.steps, "lam": ph.lam,
+    rec_phases.append({"index": ph.index, "n_users": ph.n_users, "batch_size": ph.batch,
+                       "num_steps": pn.steps, "lam": ph.lam,
                        "stage_length": min(ph.stage_length, pn.steps), "sigma": pn.sigma,
                        "noise_multiplier": pn.noise_multiplier,
                        "sensitivity": pn.sensitivity, "sigma_paper": ph.sigma_paper})

@@ -36,9 +36,8 @@ from typing import Any, NamedTuple
 
 import dp_accounting
 
-from dpsco_jax._checks import check_bool, check_choice, check_delta, check_epsilon, \
-    check_positive
-from dpsco_jax.algorithms.common import cfg_get
+from dpsco_jax._checks import check_bool, check_choice, check_epsilon, check_positive
+from dpsco_jax.algorithms.common import cfg_get, required_delta
 from dpsco_jax.algorithms.user_level_schedules import (Alg1Schedule, Alg3Schedule,
                                                        certified_sensitivity,
                                                        good_event_failure,
@@ -87,7 +86,7 @@ class Options(NamedTuple):
 def read_options(cfg: dict, mechanism: str) -> Options:
   """The privacy-relevant config keys, validated (errors name the key)."""
   eps = check_epsilon(cfg.get("epsilon"))
-  delta = check_delta(cfg.get("delta"))
+  delta = required_delta(cfg)
   preset = check_choice(cfg_get(cfg, "preset", "practical"), "preset", ("theory", "practical"))
   sens = check_choice(cfg_get(cfg, "sensitivity", "certified"), "sensitivity", SENSITIVITIES)
   # "privacy_noise", not "noise": the problems' label-noise key is "noise" (issue 13: a label

@@ -198,7 +198,7 @@ def alg1_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
   L, R = check_positive(lipschitz, "lipschitz"), check_positive(radius, "radius")
   if preset not in PRESETS:
     raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
-  eta0 = R / (L * math.sqrt(d * m * n * eps)) if eta is None else check_positive(eta, "eta")
+  eta0 = R / (L * math.sqrt(d * m * n * eps)) if eta is None else check_positive(eta, "learning_rate")
   if preset == "theory":
     c = constants or PaperConstants()
     if eps > 10:
@@ -285,7 +285,7 @@ class Alg3Schedule:
 def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipschitz: float,
                   radius: float, smoothness: float, preset: str = "practical",
                   q_exp: float | None = None, p_exp: float | None = None,
-                  lam: float | None = None, batch_users: int | None = None,
+                  lam: float | None = None, batch_size: int | None = None,
                   num_phases: int | None = None, tau: float | None = None,
                   smoothing_radius: float | None = None,
                   constants: PaperConstants | ScaledConstants | None = None) -> Alg3Schedule:
@@ -301,7 +301,7 @@ def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
   ``beta = L sqrt(d)/r``. Raises on ``eps > 10``, the ``n^{1-q}`` condition, ``K_i > n_i``.
 
   practical: ``num_phases`` phases covering all users, ``p = 1``, ``K_i = min(n_i,
-  batch_users)`` (default ``n_i``), ``T_i`` as in theory times ``steps3``,
+  batch_size)`` (default ``n_i``), ``T_i`` as in theory times ``steps3``,
   ``tau = hoeffding_tau`` scaled by ``tau3``; noise is calibrated by the driver.
   """
   n, m, d = check_int(n, "n"), check_int(m, "m"), check_int(d, "d")
@@ -322,16 +322,16 @@ def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
 
   build = _alg3_theory if preset == "theory" else _alg3_practical
   return build(n=n, m=m, d=d, eps=eps, delta=delta, L=L, beta=beta, r_s=r_s, lam0=lam0,
-               log_ndm=log_ndm, q_exp=q_exp, p_exp=p_exp, batch_users=batch_users,
+               log_ndm=log_ndm, q_exp=q_exp, p_exp=p_exp, batch_size=batch_size,
                num_phases=num_phases, tau=tau, constants=constants)
 
 
 def _alg3_theory(*, n: int, m: int, d: int, eps: float, delta: float, L: float, beta: float,
                  r_s: float | None, lam0: float, log_ndm: float, q_exp: float | None,
-                 p_exp: float | None, batch_users: int | None, num_phases: int | None,
+                 p_exp: float | None, batch_size: int | None, num_phases: int | None,
                  tau: float | None, constants: PaperConstants | None) -> Alg3Schedule:
   """The ``theory`` branch of :func:`alg3_schedule` (Thm C.3 constants and preconditions;
-  ``batch_users`` is not used: ``K_i`` is the paper's)."""
+  ``batch_size`` is not used: ``K_i`` is the paper's)."""
   c = constants or PaperConstants()
   if eps > 10:
     raise ValueError(f"epsilon <= 10 is required by Theorems 3.1/C.1, got epsilon={eps}")
@@ -369,7 +369,7 @@ def _alg3_theory(*, n: int, m: int, d: int, eps: float, delta: float, L: float, 
 
 def _alg3_practical(*, n: int, m: int, d: int, eps: float, delta: float, L: float,
                     beta: float, r_s: float | None, lam0: float, log_ndm: float,
-                    q_exp: float | None, p_exp: float | None, batch_users: int | None,
+                    q_exp: float | None, p_exp: float | None, batch_size: int | None,
                     num_phases: int | None, tau: float | None,
                     constants: ScaledConstants | None) -> Alg3Schedule:
   """The ``practical`` branch of :func:`alg3_schedule` (scaled constants; the noise is
@@ -385,7 +385,7 @@ def _alg3_practical(*, n: int, m: int, d: int, eps: float, delta: float, L: floa
       raise ValueError(f"phase {i} has n_i={n_i} < 2 users; lower num_phases")
     lam_i = lam0 * 2 ** (p * i)
     t_i = max(1, int(math.ceil(c.steps3 * (1 + math.sqrt(beta / lam_i)) * log_ndm)))
-    k_i = n_i if batch_users is None else min(n_i, check_int(batch_users, "batch_users", 2))
+    k_i = n_i if batch_size is None else min(n_i, check_int(batch_size, "batch_size", 2))
     stage = int(math.ceil(4 * math.sqrt(2 * (beta + lam_i) / lam_i)))
     phases.append(Alg3Phase(i, n_i, k_i, t_i, lam_i, min(stage, t_i), math.nan))
   b_thr, b_q = 2 * 2.0 / (c.at_budget * eps), 4 * 2.0 / (c.at_budget * eps)

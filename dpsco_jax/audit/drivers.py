@@ -102,7 +102,7 @@ def _e0_sum(releases) -> jax.Array:
 def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
                   sampling: str | None = None, users: int = 8, m: int = 2, dim: int = 2,
                   steps: int | None = None, noise_multiplier: float | None = None,
-                  sampling_rate: float = 0.5, batch_users: int = 15) -> AuditSpec:
+                  sampling_rate: float = 0.5, batch_size: int = 15) -> AuditSpec:
   """``dp_sgd_user`` through ``baselines.dp_sgd_releases``. ``sampling`` defaults by relation
   (``add_remove``: poisson, ``zero_out``: full, ``replace_one``: fixed); full-batch
   ``add_remove`` declares ``n_users`` (``sampling="full"`` explicitly). Claim: the driver's
@@ -122,17 +122,17 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
   z = noise_multiplier or {"poisson": 1.5, "full": 2.5, "fixed": 4.0}[sampling]
   steps = steps or {"poisson": 1, "full": 2, "fixed": 1}[sampling]
   if sampling == "fixed":  # 15 of 16 users: real sampling, the canary in almost every batch
-    users = max(users, batch_users + 1)
+    users = max(users, batch_size + 1)
   # background users: zero gradients, except the realized-count twin's worst case -C e_0
   bg = -_CANARY * _CLIP if sampling == "full" and relation == "add_remove" else 0.0
   x_in = _users(users, m, dim, bg)
   problem = linear_problem(x_in, radius=1.0)
-  cfg = {"sampling": sampling, "relation": relation, "steps": steps, "delta": DELTA,
-         "noise_multiplier": z, "clip": _CLIP, "lr": 0.1}
+  cfg = {"sampling": sampling, "relation": relation, "num_steps": steps, "delta": DELTA,
+         "noise_multiplier": z, "clip_norm": _CLIP, "learning_rate": 0.1}
   if sampling == "poisson":
     cfg.update(sampling_rate=sampling_rate, n_users=users)
   elif sampling == "fixed":
-    cfg["batch_users"] = batch_users
+    cfg["batch_size"] = batch_size
   elif relation == "add_remove":
     cfg["n_users"] = users
   claim = baselines.dp_sgd_user(problem, cfg, jax.random.key(0)).privacy.epsilon
@@ -278,7 +278,7 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
   x = _users(examples, 1, dim, 0.0)
   problem = linear_problem(x, radius=1.0)
   cfg = {"epsilon": 4.0, "delta": DELTA, "mu": 1.0, "noise_multiplier": noise_multiplier,
-         "steps": steps, "rounds": 1, "clip_norm": _CLIP, "radius0": 1.0}
+         "num_steps": steps, "rounds": 1, "clip_norm": _CLIP, "radius0": 1.0}
   claim = lg.run_dp_loc_gd(problem, cfg, jax.random.key(0)).privacy.epsilon
   z = noise_multiplier / 2.0 if broken == "noise_halved" else noise_multiplier
   lcfg, _ = lg.plan_dp_loc_gd(cfg, n=examples, dim=dim, clip=_CLIP, radius0=1.0)  # the driver's
@@ -328,8 +328,9 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
       data={"a": jnp.asarray(a), "b": jnp.asarray(b)}, x0=jnp.zeros((dim,), jnp.float32),
       y0=jnp.zeros((dim,), jnp.float32), consts=consts, x_radius=1.0,
       x_center=jnp.zeros((dim,), jnp.float32), y_radius=2.0)
-  cfg = {"epsilon": epsilon, "delta": DELTA, "T": steps, "inner_steps": 2, "inner_rounds": 1,
-         "clip_out": _CLIP, "clip_in": _CLIP, "outer_noise": True,
+  cfg = {"epsilon": epsilon, "delta": DELTA, "num_steps": steps, "inner_num_steps": 2,
+         "inner_rounds": 1, "outer_clip_norm": _CLIP, "inner_clip_norm": _CLIP,
+         "outer_noise": True,
          "shares": (inner_share, inner_share, 1.0 - 2 * inner_share)}
   bcfg, _ = bl.bilevel_config(problem, cfg)  # the driver's plan (data free, calibrated)
   claim = bl.dp_bilevel(problem, cfg, jax.random.key(0)).privacy.epsilon

@@ -442,15 +442,16 @@ def diabetes_ridge_problem(key: jax.Array, *, omega_bounds=(1e-2, 5.0), omega0: 
 
 def ridge_tuning(cfg: dict, key: jax.Array) -> BilevelProblem:
   """Factory of the ``ridge_tuning`` problem: :func:`synthetic_ridge_problem` or
-  :func:`diabetes_ridge_problem` (``dataset``) from the config's problem keys."""
+  :func:`diabetes_ridge_problem` (``dataset``) from the config's problem keys (``clip_norm``:
+  the per-example clip of the data terms, default the problem's bound)."""
   dataset = check_choice(cfg.get("dataset", "synthetic"), "dataset", ("synthetic", "diabetes"))
   bounds = tuple(cfg.get("omega_bounds", (1e-3, 5.0) if dataset == "synthetic" else (1e-2, 5.0)))
   if dataset == "diabetes":
     return diabetes_ridge_problem(key, omega_bounds=bounds, omega0=cfg.get("omega0", 1.0),
-                                  clip=cfg.get("clip"))
+                                  clip=cfg.get("clip_norm"))
   return synthetic_ridge_problem(key, d=int(cfg.get("d", 10)),
                                  n_train=int(cfg.get("n_train", 2000)),
                                  n_val=int(cfg.get("n_val", 2000)),
                                  label_noise=float(cfg.get("label_noise", 3.0)),
                                  omega_bounds=bounds, omega0=float(cfg.get("omega0", 1.0)),
-                                 clip=cfg.get("clip"))
+                                 clip=cfg.get("clip_norm"))
