@@ -103,13 +103,18 @@ def _rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
 
 def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
                 data: dict | None = None) -> DpSgdPlan:
-  """The data-free plan of ``dp_sgd_{level}`` on ``data`` (default ``problem.data``): the
-  realized row count enters only under a relation that makes it public."""
+  """The data-free plan of ``dp_sgd_{level}`` from the problem's public facts (``n_users``,
+  ``m``, ``lipschitz``, ``radius``; a :class:`~dpsco_jax.data.PublicFacts` suffices) or, for
+  the audit hooks, the rows of ``data``: the realized row count enters only under a relation
+  that makes it public. ``problem.lipschitz`` is read only when ``clip_norm`` is not given."""
   check_choice(level, "level", ("user", "item", "group"))
-  rows = _rows(problem, level, data)
-  return plan_dp_sgd(cfg, level=level, realized_rows=jax.tree.leaves(rows)[0].shape[0],
-                     rows_per_user=1 if level == "user" else problem.m,
-                     default_clip=problem.lipschitz, radius=problem.radius)
+  per_user = 1 if level == "user" else problem.m
+  realized = (problem.n_users * per_user if data is None
+              else jax.tree.leaves(_rows(problem, level, data))[0].shape[0])
+  clip = cfg.get("clip_norm")
+  return plan_dp_sgd(cfg, level=level, realized_rows=realized, rows_per_user=per_user,
+                     default_clip=problem.lipschitz if clip is None else clip,
+                     radius=problem.radius)
 
 
 def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:

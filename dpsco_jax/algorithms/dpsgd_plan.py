@@ -208,6 +208,9 @@ def plan_dp_sgd(cfg: dict, *, level: str, realized_rows: int, rows_per_user: int
   make_event = lambda z: dp_sgd_event(z, sampling=sampling, q=q, n=n, batch=batch, steps=steps)
   z, target, item_delta = _noise_multiplier(cfg, make_event, level=level, relation=relation,
                                             delta=delta, group_size=group_size, tv=trunc)
+  if cfg.get("learning_rate") is None and not math.isfinite(radius):
+    raise ValueError("learning_rate: its default R / (C sqrt(num_steps)) needs a finite "
+                     "radius R (the problem is unconstrained): give learning_rate")
   lr = check_positive(cfg_get(cfg, "learning_rate", radius / (clip * math.sqrt(steps))),
                       "learning_rate")
   averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging",

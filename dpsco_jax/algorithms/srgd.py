@@ -310,10 +310,25 @@ def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTr
 
 def plan_for_problem(name: str, problem, cfg: dict) -> SRGDPlan:
   """:func:`plan_srgd` from a problem's public facts only: ``n_users`` (public under the
-  supported relations), ``d``, ``lipschitz``, ``smoothness``, ``radius`` — never its data."""
+  supported relations), ``d``, ``lipschitz``, ``smoothness``, ``radius`` — never its data.
+
+  The practical preset reads ``lipschitz`` only as the default ``clip_norm`` and
+  ``smoothness`` only for the default ``beta``, so a problem that does not declare them (a
+  :class:`~dpsco_jax.data.UserDataProblem`) runs when those keys are given. An infinite radius
+  is the unconstrained step (``radius=None``); the theory preset needs a finite one."""
+  theory = cfg.get("preset", "practical") == "theory"
+  lipschitz = (cfg["clip_norm"] if not theory and cfg.get("clip_norm") is not None
+               else problem.lipschitz)
+  smoothness = (cfg["beta"] if not theory and cfg.get("beta") is not None  # then unused
+                else problem.smoothness)
+  radius = float(problem.radius)
+  if not math.isfinite(radius):
+    if theory:
+      raise ValueError("radius: preset='theory' needs the finite radius R of the constraint "
+                       "set (Thm 5.1/5.12)")
+    radius = None
   return plan_srgd(name, cfg, n=int(problem.n_users), p=int(problem.d),
-                   lipschitz=float(problem.lipschitz), smoothness=float(problem.smoothness),
-                   radius=float(problem.radius))
+                   lipschitz=float(lipschitz), smoothness=float(smoothness), radius=radius)
 
 
 def charge(plan: SRGDPlan) -> PrivacyLedger | None:
