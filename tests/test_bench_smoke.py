@@ -80,3 +80,17 @@ def test_bench_ledger_quick_prints_json_summary():
   assert 1.0 <= led["default_over_exact"] <= 1.1  # the default answer is a valid, close bound
   assert summary["meets_targets"]["epsilon_default_lt_50ms"]
   assert all(r["epsilon"] > 0 for r in summary["train"])
+
+
+@pytest.mark.slow
+def test_digits_example_quick_runs_every_algorithm_through_fit_model():
+  out = subprocess.run([sys.executable, "experiments/digits_user_level.py", "--quick"],
+                       capture_output=True, text=True, timeout=600,
+                       cwd=str(BENCH.parents[1]))
+  assert out.returncode == 0, out.stderr[-2000:]
+  summary = json.loads(out.stdout.strip().splitlines()[-1])
+  names = [r["algorithm"] for r in summary["rows"]]
+  assert names == ["nonprivate_sgd", "dp_sgd_user", "user_level_accelerated_erm",
+                   "accelerated_dp_srgd"]
+  for r in summary["rows"][1:]:
+    assert r["epsilon"] <= 4.0 + 1e-6 and r["provenance"] in ("accountant", "heuristic")
