@@ -14,11 +14,22 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Optional, Union
 
-__all__ = ["ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys"]
+__all__ = ["ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys", "Schema"]
 
 
 def _key(doc: str, default: Any = None, *, required: bool = False) -> Any:
   return dataclasses.field(default=default, metadata={"doc": doc, "required": required})
+
+
+class Schema:
+  """Base of every schema: building one from Python (``DpSgdConfig(epsilon=1.0, ...)``)
+  validates it as the runner validates YAML: strict types (a bool or a string is not a
+  number; an integral float of an integer key becomes an int), required keys, one of each
+  ``requires_one_of`` group. Errors are ``ConfigError`` naming the key."""
+
+  def __post_init__(self) -> None:
+    from dpsco_jax.config_schema import check_instance  # the schema module imports this one
+    check_instance(self)
 
 
 Relation = Literal["add_remove", "replace_one", "zero_out"]
@@ -29,7 +40,7 @@ Averaging = Literal["none", "uniform"]
 
 
 @dataclasses.dataclass(frozen=True)
-class RunnerKeys:
+class RunnerKeys(Schema):
   """Keys the runner itself reads (every run)."""
   algorithm: str = _key("registered algorithm (`dpsco list`)", required=True)
   problem: str = _key("registered problem (`dpsco list`)", required=True)
@@ -44,7 +55,7 @@ class RunnerKeys:
 
 
 @dataclasses.dataclass(frozen=True)
-class SizedProblem:
+class SizedProblem(Schema):
   """Planted problems: n users x m items in R^d, optimum inside the ball of radius R."""
   n_users: int = _key("number of users n", required=True)
   m: int = _key("items per user m", required=True)
@@ -86,7 +97,7 @@ class CorruptedLogisticProblem(LogisticProblem):
 
 
 @dataclasses.dataclass(frozen=True)
-class IllConditionedProblem:
+class IllConditionedProblem(Schema):
   """``ill_conditioned_least_squares`` (paper 003): spectrum logspace(-log10 cond, 0, d)."""
   n_users: int = _key("number of users n", required=True)
   m: int = _key("items per user", 1)
@@ -97,7 +108,7 @@ class IllConditionedProblem:
 
 
 @dataclasses.dataclass(frozen=True)
-class RidgeTuningProblem:
+class RidgeTuningProblem(Schema):
   """``ridge_tuning`` (paper 004): tune a ridge penalty on a validation split."""
   dataset: Literal["synthetic", "diabetes"] = _key("synthetic data or scikit-learn diabetes",
                                                    "synthetic")
@@ -123,7 +134,7 @@ PROBLEM_SCHEMAS: dict[str, type] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class SgdSchedule:
+class SgdSchedule(Schema):
   """The schedule keys shared by DP-SGD and non-private SGD (``nonprivate_sgd``)."""
   sampling: Optional[Literal["poisson", "fixed", "full"]] = _key(
       "user sampling (default: poisson for DP-SGD, fixed for nonprivate_sgd)")
@@ -151,7 +162,7 @@ class DpSgdConfig(SgdSchedule):
 
 
 @dataclasses.dataclass(frozen=True)
-class FilterCommon:
+class FilterCommon(Schema):
   """Keys of paper 000's drivers (replace-one; FILTER + private tests)."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)
@@ -199,7 +210,7 @@ class AcceleratedErmSmoothedConfig(AcceleratedErmConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class OutputPertConfig:
+class OutputPertConfig(Schema):
   """Paper 001's output perturbation drivers (replace-one, n public)."""
   epsilon: float = _key("privacy budget (theory preset: in (0, 1])", required=True)
   delta: float = _key("target delta", required=True)
@@ -227,7 +238,7 @@ class NaiveOutputPertConfig(OutputPertConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetKeys:
+class TargetKeys(Schema):
   target: Optional[float] = _key("excess-risk target (default target_frac x initial excess)")
   target_frac: Optional[float] = _key("target as a fraction of the initial excess risk", 0.1)
 
@@ -245,7 +256,7 @@ class ResqueParallelConfig(TargetKeys):
 
 
 @dataclasses.dataclass(frozen=True)
-class ResquePrivateConfig:
+class ResquePrivateConfig(Schema):
   """``resque_private_sco`` (Theorems 3-4, item level, replace-one)."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)
@@ -283,7 +294,7 @@ class MinibatchSgdConfig(TargetKeys):
 
 
 @dataclasses.dataclass(frozen=True)
-class SrgdConfig:
+class SrgdConfig(Schema):
   """Paper 003's drivers (accelerated_dp_srgd and its ablations)."""
   epsilon: Optional[float] = _key("budget; null: non-private unless noise_multiplier")
   delta: float = _key("target delta", required=True)
@@ -306,7 +317,7 @@ class SrgdConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class BilevelConfig:
+class BilevelConfig(Schema):
   """``dp_bilevel`` / ``dp_bilevel_minibatch`` / ``dp_bilevel_population`` (replace-one)."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)
@@ -335,7 +346,7 @@ class BilevelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class NonPrivatePenaltyConfig:
+class NonPrivatePenaltyConfig(Schema):
   """``nonprivate_penalty``: exact inner solves, non-private reference."""
   lam: float = _key("penalty lambda", 1e3)
   learning_rate: float = _key("outer step size eta", 0.5)
@@ -344,7 +355,7 @@ class NonPrivatePenaltyConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class LocGdConfig:
+class LocGdConfig(Schema):
   """``dp_loc_gd`` (Alg 2), item level, replace-one."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)

@@ -255,6 +255,27 @@ def validate(cfg: dict) -> dict:
   return out
 
 
+def check_instance(obj: Any) -> None:
+  """Validates a schema instance built from Python (called by ``Schema.__post_init__``).
+
+  An unset field (``None``) is the documented default (or ``null``) and is skipped unless the
+  key is required; every other value is type-checked and normalized in place."""
+  schema = type(obj)
+  name = schema.__name__
+  for key, spec in _specs(schema, "config").items():
+    value = getattr(obj, key)
+    if value is None:
+      if spec.required:
+        raise ConfigError(f"{name} needs {key} ({spec.doc})")
+      continue
+    out = _check_type(spec, value)
+    if out is not value:
+      object.__setattr__(obj, key, out)
+  for group in getattr(schema, "requires_one_of", ()):
+    if all(getattr(obj, k) is None for k in group):
+      raise ConfigError(f"{name} needs one of {', '.join(group)}")
+
+
 def typed(cfg: dict) -> tuple[Any, Any]:
   """The validated config as frozen instances ``(algorithm_config, problem_config)``."""
   cfg = validate(cfg)
