@@ -1,0 +1,282 @@
+"""FILTER robustness curve at n = 1e4 (issue 17 item 3): run and analyse.
+
+    python experiments/filter_curve.py run [--config C] [--records R] [--deadline UNIX_TIME]
+    python experiments/filter_curve.py analyze [--records R] [--json J] [--png P]
+
+``run`` (several processes may share one run: give each its own ``--records`` file
+named ``filter_curve_records*.jsonl``; a cell any of them has finished is skipped) splits ``experiments/configs_eval/filter_curve.yaml`` into cells (one experiments row,
+one m, one corruption fraction, all of that row's seeds), runs them with
+``dpsco_jax.runner.run_config`` in the order below (cheap and most informative cells first) and
+appends each cell's records to a JSONL file; cells already there are skipped, so the run can be
+resumed, and a ``--deadline`` stops it between cells. ``analyze`` writes the per-cell table
+(halting rate with its Clopper-Pearson 95% interval, excess risk with its Student-t 95%
+interval, paired differences with DP-SGD) as JSON and the plot as PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIG = os.path.join(HERE, "configs_eval", "filter_curve.yaml")
+RECORDS = os.path.join(HERE, "results", "filter_curve_records.jsonl")
+SUMMARY = os.path.join(HERE, "results", "filter_curve.json")
+PNG = os.path.join(HERE, "results", "filter_curve.png")
+ALG3, ALG1 = "user_level_accelerated_erm", "user_level_phased_sgd"
+DPSGD, NONPRIV = "dp_sgd_user", "nonprivate_sgd"
+FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
+
+
+def cells(config: dict) -> list[tuple[tuple, dict]]:
+  """(key, single-cell config) in run order: Algorithm 1 (cheap) everywhere; Algorithm 3 at
+  m = 64 in the config's fraction order; DP-SGD; Algorithm 3 at m = 16; non-private SGD."""
+  rows = {r["algorithm"]: r for r in config["experiments"]}
+  base = {k: v for k, v in config.items() if k not in ("experiments", "m", "corruption")}
+  order = ([(ALG1, m) for m in config["m"]] + [(ALG3, 64)] + [(DPSGD, m) for m in config["m"]]
+           + [(ALG3, 16)] + [(NONPRIV, m) for m in config["m"]])
+  out = []
+  for alg, m in order:
+    for f in config["corruption"]:
+      cell = copy.deepcopy(base)
+      cell.update(m=m, corruption=f, experiments=[rows[alg]])
+      out.append(((alg, m, f), cell))
+  return out
+
+
+def predict_alg3(n: int, f: float, *, steps: int = 40, eps: float = 1.0, samples: int = 200_000,
+                 seed: int = 0) -> float:
+  """filter_halting.md's model of Algorithm 3's halting probability (practical preset, two
+  phases of n_i = floor(2n/3), floor(n/3) users, K_i = n_i): the h_i huge users of phase i
+  (hypergeometric split of floor(f n) over a random permutation) are isolated and the clean
+  users all within 2 tau of each other, so the pair score is s_i = (K_i - h_i)^2/K_i + h_i/K_i;
+  phase i passes iff s_i + nu_t >= 0.8 K_i + xi_i for all T steps, xi_i ~ Lap(8/eps) drawn once
+  per phase, nu_t ~ Lap(16/eps). P(halt) = 1 - E[pass_1 pass_2]."""
+  rng = np.random.default_rng(seed)
+  sizes = [int(math.floor(2 * n / 3)), int(math.floor(n / 3))]
+  huge = int(math.floor(f * n))
+  h1 = rng.hypergeometric(huge, n - huge, sizes[0], size=samples)
+  h2 = rng.hypergeometric(huge - h1, (n - huge) - (sizes[0] - h1), sizes[1])
+  passed = np.ones(samples)
+  for k, h in zip(sizes, (h1, h2)):
+    s = (k - h) ** 2 / k + h / k
+    gap = 0.8 * k + rng.laplace(0.0, 8.0 / eps, samples) - s   # a query fails iff nu < gap
+    b = 16.0 / eps
+    fail = np.where(gap < 0, 0.5 * np.exp(np.minimum(gap, 0) / b),
+                    1 - 0.5 * np.exp(-np.maximum(gap, 0) / b))
+    passed *= (1 - fail) ** steps
+  return float(1 - passed.mean())
+
+
+def predict_alg1_clean(groups: int = 50, eps: float = 1.0, phases: int = 2) -> float:
+  """Algorithm 1 on clean data (score exactly C): each phase's one-shot test fails with
+  probability P(Lap(8/eps) < -C/5) = exp(-C eps/40)/2."""
+  return 1 - (1 - 0.5 * math.exp(-groups * eps / 40)) ** phases
+
+
+def cell_key(record: dict) -> tuple:
+  return (record["algorithm"], record["m"], record["config"]["corruption"])
+
+
+def record_files(records: str) -> list[str]:
+  """The records file and its siblings from parallel workers (``<stem>*.jsonl``)."""
+  import glob
+  stem = records[:-len(".jsonl")] if records.endswith(".jsonl") else records
+  return sorted(set(glob.glob(stem + "*.jsonl")) | ({records} if os.path.exists(records) else set()))
+
+
+def load_records(records: str) -> list[dict]:
+  """Every record of every worker's file, one per (cell, seed) (the first one kept)."""
+  out, seen = [], set()
+  for path in record_files(records):
+    with open(path) as fh:
+      for line in fh:
+        if line.strip():
+          r = json.loads(line)
+          key = cell_key(r) + (r["seed"],)
+          if key not in seen:
+            seen.add(key)
+            out.append(r)
+  return out
+
+
+def done_cells(records: str) -> set:
+  return {cell_key(r) for r in load_records(records)}
+
+
+def run(args) -> None:
+  from dpsco_jax.runner import run_config
+  with open(args.config) as fh:
+    config = yaml.safe_load(fh)
+  wanted = [tuple(json.loads(c)) for c in args.cells] if args.cells else None
+  todo = cells(config)
+  if wanted is not None:  # an explicit order of (algorithm, m, corruption) cells
+    index = dict(todo)
+    todo = [(tuple(k), index[tuple(k)]) for k in wanted]
+  for key, cell in todo:
+    if key in done_cells(args.records):  # re-read: another process may share the work
+      continue
+    if args.deadline and time.time() > args.deadline:
+      print(f"deadline reached before cell {key}", flush=True)
+      break
+    t0 = time.time()
+    records = run_config(cell, progress=False)
+    with open(args.records, "a") as fh:
+      for r in records:
+        fh.write(json.dumps(r, default=float) + "\n")
+    print(f"{key}: {len(records)} runs, {time.time() - t0:.0f} s, halted "
+          f"{sum(r.get('halted_phase') is not None for r in records)}", flush=True)
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+  from scipy.stats import beta
+  a = (1 - level) / 2
+  lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+  hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+  return lo, hi
+
+
+def t_ci(x) -> tuple[float, float, float]:
+  from scipy.stats import t
+  x = np.asarray(x, float)
+  m = float(x.mean())
+  if len(x) < 2:
+    return m, math.nan, math.nan
+  h = float(t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+  return m, m - h, m + h
+
+
+def analyze(args) -> dict:
+  records = [r for r in load_records(args.records) if r.get("status", "ok") == "ok"]
+  by_cell: dict = {}
+  for r in records:
+    by_cell.setdefault(cell_key(r), []).append(r)
+  table = []
+  for (alg, m, f), rs in sorted(by_cell.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+    rs = sorted(rs, key=lambda r: r["seed"])
+    risk = [r["excess_risk"] for r in rs]
+    mean, lo, hi = t_ci(risk)
+    row = {"algorithm": alg, "m": m, "corruption": f, "seeds": len(rs),
+           "seed_range": [rs[0]["seed"], rs[-1]["seed"]],
+           "excess_risk_mean": mean, "excess_risk_ci95_t": [lo, hi],
+           "wall_time_s_mean": float(np.mean([r["wall_time_s"] for r in rs]))}
+    if alg == ALG3:
+      row["predicted_halting_rate"] = round(predict_alg3(rs[0]["n_users"], f), 4)
+    if alg == ALG1 and f == 0.0:
+      row["predicted_halting_rate"] = round(predict_alg1_clean(), 4)
+    if alg in (ALG1, ALG3):
+      k = sum(r.get("halted_phase") is not None for r in rs)
+      row.update(halted=k, halting_rate=k / len(rs),
+                 halting_ci95_clopper_pearson=list(clopper_pearson(k, len(rs))),
+                 halted_in_phase={str(p): sum(r.get("halted_phase") == p for r in rs)
+                                  for p in (1, 2)})
+      kept = [r["excess_risk"] for r in rs if r.get("halted_phase") is None]
+      if kept:
+        km, klo, khi = t_ci(kept)
+        row.update(excess_risk_not_halted_mean=km, excess_risk_not_halted_ci95_t=[klo, khi])
+    # paired difference with DP-SGD on the seeds both ran
+    base = {r["seed"]: r["excess_risk"] for r in by_cell.get((DPSGD, m, f), [])}
+    if alg != DPSGD and base:
+      seeds = sorted(set(base) & {r["seed"] for r in rs})
+      own = {r["seed"]: r["excess_risk"] for r in rs}
+      diff = [own[s] - base[s] for s in seeds]
+      dm, dlo, dhi = t_ci(diff)
+      row.update(vs_dp_sgd_paired_seeds=len(seeds), vs_dp_sgd_diff_mean=dm,
+                 vs_dp_sgd_diff_ci95_t=[dlo, dhi],
+                 vs_dp_sgd_ratio=float(np.mean([own[s] for s in seeds])
+                                       / np.mean([base[s] for s in seeds])),
+                 vs_dp_sgd_wins=int(sum(own[s] < base[s] for s in seeds)))
+    table.append(row)
+  out = {"config": os.path.relpath(CONFIG, os.path.dirname(HERE)),
+         "records": os.path.relpath(args.records, os.path.dirname(HERE)),
+         "intervals": "halting: Clopper-Pearson 95%; excess risk and paired differences: "
+                      "Student-t 95% over seeds",
+         "table": table}
+  with open(args.json, "w") as fh:
+    json.dump(out, fh, indent=1)
+  plot(table, args.png)
+  for row in table:
+    h = ""
+    if "halted" in row:
+      lo, hi = row["halting_ci95_clopper_pearson"]
+      h = f"halt {row['halted']}/{row['seeds']} [{lo:.3f}, {hi:.3f}] pred {row.get('predicted_halting_rate')}"
+    lo, hi = row["excess_risk_ci95_t"]
+    d = ""
+    if "vs_dp_sgd_diff_mean" in row:
+      dlo, dhi = row["vs_dp_sgd_diff_ci95_t"]
+      d = (f"  vs DP-SGD {row['vs_dp_sgd_diff_mean']:+.4f} [{dlo:+.4f}, {dhi:+.4f}] "
+           f"ratio {row['vs_dp_sgd_ratio']:.2f} wins {row['vs_dp_sgd_wins']}/"
+           f"{row['vs_dp_sgd_paired_seeds']}")
+    print(f"{row['algorithm']:27s} m={row['m']:3d} f={row['corruption']:.2f} n={row['seeds']:2d} "
+          f"risk {row['excess_risk_mean']:.4f} [{lo:.4f}, {hi:.4f}] {h}{d}")
+  return out
+
+
+def plot(table: list[dict], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  ms = sorted({r["m"] for r in table}, reverse=True)
+  fig, axes = plt.subplots(2, len(ms), figsize=(5.5 * len(ms), 8), squeeze=False)
+  style = {ALG3: ("C0", "o", "Alg 3 (accelerated ERM + FILTER)"),
+           ALG1: ("C1", "s", "Alg 1 (phased SGD + FILTER)"),
+           DPSGD: ("C2", "^", "user-level DP-SGD"), NONPRIV: ("C3", "v", "non-private SGD")}
+  for j, m in enumerate(ms):
+    top, bot = axes[0, j], axes[1, j]
+    for alg, (c, mk, lab) in style.items():
+      rows = sorted((r for r in table if r["algorithm"] == alg and r["m"] == m),
+                    key=lambda r: r["corruption"])
+      if not rows:
+        continue
+      x = np.array([100 * r["corruption"] for r in rows])
+      if "halted" in rows[0]:
+        y = np.array([r["halting_rate"] for r in rows])
+        lo = np.array([r["halting_ci95_clopper_pearson"][0] for r in rows])
+        hi = np.array([r["halting_ci95_clopper_pearson"][1] for r in rows])
+        top.errorbar(x, y, yerr=[y - lo, hi - y], color=c, marker=mk, capsize=3,
+                     label=f"{lab} ({rows[0]['seeds']} seeds)")
+      y = np.array([r["excess_risk_mean"] for r in rows])
+      lo = np.array([r["excess_risk_ci95_t"][0] for r in rows])
+      hi = np.array([r["excess_risk_ci95_t"][1] for r in rows])
+      bot.errorbar(x, y, yerr=[y - lo, hi - y], color=c, marker=mk, capsize=3, label=lab)
+    bot.axhline(0.0827, color="gray", ls=":", lw=1, label="fallback point 0 (0.0827)")
+    top.set_title(f"n = 1e4, m = {m}, eps = 1: halting rate (Clopper-Pearson 95%)")
+    top.set_ylim(-0.03, 1.03)
+    top.set_xlabel("huge-gradient users (%)")
+    top.legend(fontsize=8)
+    bot.set_title(f"excess risk on the clean population (t 95%), m = {m}")
+    bot.set_yscale("log")
+    bot.set_xlabel("huge-gradient users (%)")
+    bot.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  sub = p.add_subparsers(dest="cmd", required=True)
+  r = sub.add_parser("run")
+  r.add_argument("--config", default=CONFIG)
+  r.add_argument("--records", default=RECORDS)
+  r.add_argument("--deadline", type=float, default=None)
+  r.add_argument("--cells", nargs="*", default=None,
+                 help='explicit cells in order, each a JSON list ["algorithm", m, fraction]')
+  a = sub.add_parser("analyze")
+  a.add_argument("--records", default=RECORDS)
+  a.add_argument("--json", default=SUMMARY)
+  a.add_argument("--png", default=PNG)
+  args = p.parse_args(argv)
+  run(args) if args.cmd == "run" else analyze(args)
+
+
+if __name__ == "__main__":
+  sys.path.insert(0, os.path.dirname(HERE))
+  main()
