@@ -50,9 +50,9 @@ PyTree = Any
 
 
 def tree_vdot(a: PyTree, b: PyTree) -> jax.Array:
-  """``sum_leaves <a_leaf, b_leaf>`` (global inner product of two same-shaped pytrees)."""
-  parts = jax.tree.leaves(jax.tree.map(lambda x, y: jnp.vdot(x, y), a, b))
-  return sum(parts[1:], parts[0]) if parts else jnp.zeros(())
+  """``sum_leaves <a_leaf, b_leaf>`` (``optax.tree.vdot``: HIGHEST matmul precision, so the
+  inner product does not depend on a backend's TF32 / bf16 default)."""
+  return jnp.asarray(optax.tree.vdot(a, b))
 
 
 def _batched_vdot(batched: PyTree, single: PyTree) -> jax.Array:

@@ -32,8 +32,9 @@ def _wide(x: jax.Array) -> jax.Array:
 
 
 def tree_l2_norm(tree: PyTree) -> jax.Array:
-  """Global L2 norm over all leaves, in float32 or wider (a float16 norm overflows at ~256)."""
-  return jnp.sqrt(sum(jnp.sum(jnp.square(_wide(x))) for x in jax.tree.leaves(tree)))
+  """Global L2 norm over all leaves (``optax.tree.norm``), computed in float32 or wider: the
+  leaves are widened first, since a float16 sum of squares overflows at a norm of ~256."""
+  return optax.tree.norm(jax.tree.map(_wide, tree))
 
 
 def cast_like(tree: PyTree, ref: PyTree) -> PyTree:
