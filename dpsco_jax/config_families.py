@@ -359,7 +359,8 @@ class LocGdConfig(Schema):
   """``dp_loc_gd`` (Alg 2), item level, replace-one."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)
-  mu: float = _key("public strong-convexity constant", required=True)
+  mu: Optional[float] = _key("public strong-convexity constant (default: the declared "
+                             "strong_convexity)")
   relation: Optional[Relation] = _key("only replace_one", "replace_one")
   preset: Preset = _key("Thm 8.2 constants or practical", "practical")
   batch_size: Optional[int] = _key("Poisson batch (dp_loc_sgd); null: full batch")

@@ -80,6 +80,7 @@ from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
@@ -99,7 +100,8 @@ __all__ = [
     "loc_gd_stddev", "loc_gd_radii", "loc_gd_event", "loc_gd_step_event", "loc_gd_rounds",
     "loc_gd_theory_config", "loc_gd_practical_config", "with_calibrated_noise",
     "check_loc_gd_relation", "plan_dp_loc_gd", "paper_loc_gd_stddev", "advanced_composition_step",
-    "add_public_gradient", "run_dp_loc_gd",
+    "add_public_gradient", "run_dp_loc_gd", "LocGDRunPlan", "loc_gd_plan_for_problem",
+    "charge_loc_gd", "loc_gd_report",
 ]
 
 
@@ -490,55 +492,104 @@ def plan_dp_loc_gd(cfg: dict, *, n: int, dim: int, clip: float, radius0: float
   return lcfg, loc_gd_event(lcfg, n)
 
 
-@register("dp_loc_gd", config=cf.LocGdConfig, paper="004")
-def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
-  """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
+@dataclasses.dataclass(frozen=True)
+class LocGDRunPlan:
+  """Data-free plan of a run: the solve's config and event for ``n = n_users * m`` items."""
+  n: int
+  epsilon: float
+  delta: float
+  l2: float
+  preset: str
+  config: LocGDConfig
+  event: dp_accounting.DpEvent
 
-  Config keys: ``epsilon`` (the budget), ``delta`` (required), ``mu`` (public strong convexity,
-  required), ``relation`` (only ``replace_one``), ``noise_multiplier`` (explicit; refused if
-  its epsilon exceeds ``epsilon``), ``clip_norm`` (default ``problem.lipschitz``), ``preset``
-  (``practical`` | ``theory``), ``num_steps`` (per round), ``rounds, batch_size, radius0`` (default
-  ``2 problem.radius``), ``radius_const``, ``l2`` (a data-independent ridge term
-  ``l2/2 ||y||^2`` added to ``h``), ``debug``. The plan (:func:`plan_dp_loc_gd`) uses only the
-  public ``n`` and the config; the ledger is charged before the solve runs.
-  """
-  from dpsco_jax.result import Result
 
-  data = _item_level_data(problem)
-  n = _num_examples(data)
-  y0 = problem.init_params()
-  dim = sum(int(np.prod(jnp.shape(x))) for x in jax.tree.leaves(y0))
-  clip = check_positive(cfg.get("clip_norm", getattr(problem, "lipschitz", 1.0)), "clip_norm")
-  radius0 = check_positive(cfg.get("radius0", 2.0 * float(problem.radius)), "radius0")
-  l2 = check_nonnegative(cfg.get("l2", 0.0), "l2")
-  lcfg, event = plan_dp_loc_gd(cfg, n=n, dim=dim, clip=clip, radius0=radius0)
-  eps, delta = float(cfg["epsilon"]), float(cfg["delta"])  # checked by the plan
-  ledger = PrivacyLedger(delta=delta, epsilon_budget=eps, relation=RELATION)
-  ledger.spend(event, label="dp_loc_gd solve")  # raises before anything is computed
-  reg = None
-  if l2 > 0:
-    reg = lambda y: 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(y))
-  solve = jax.jit(lambda y, k: dp_loc_gd(problem.loss_fn, y, data, k, lcfg, reg_fn=reg))
-  y_out, aux = solve(y0, key)
-  paper_sigma = paper_loc_gd_stddev(lcfg, n, epsilon=eps, delta=delta)
+def _public_mu(problem, cfg: dict) -> float:
+  """``mu``: the config's, else the declared ``meta['strong_convexity']`` (MissingConstant)."""
+  mu = cfg.get("mu")
+  if mu is None:
+    mu = (getattr(problem, "meta", None) or {}).get("strong_convexity")
+  if mu is None:
+    raise MissingConstant("mu: dp_loc_gd needs the strong convexity mu of the loss: give the "
+                          "config key mu or declare constants={'strong_convexity': ...}")
+  return check_positive(mu, "mu")
+
+
+def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
+  """:func:`plan_dp_loc_gd` from public facts only (``n_users * m`` items, ``d``; where the
+  config does not give them: L for ``clip_norm``, a finite R for ``radius0 = 2R``, the declared
+  strong convexity for ``mu``): a :class:`~dpsco_jax.data.PublicFacts` suffices."""
+  required_delta(cfg)  # a missing delta is named before any constant is read
+  n, dim = int(problem.n_users) * int(problem.m), int(problem.d)
+  clip = cfg.get("clip_norm")
+  clip = check_positive(problem.lipschitz if clip is None else clip, "clip_norm")
+  radius0 = cfg.get("radius0")
+  if radius0 is None:
+    if not math.isfinite(float(problem.radius)):
+      raise MissingConstant("radius0: dp_loc_gd needs the initial localization radius: give "
+                            "radius0 or declare a finite constants={'radius': ...} (2R)")
+    radius0 = 2.0 * float(problem.radius)
+  radius0 = check_positive(radius0, "radius0")
+  l2 = check_nonnegative(cfg.get("l2") or 0.0, "l2")
+  lcfg, event = plan_dp_loc_gd({**cfg, "mu": _public_mu(problem, cfg)}, n=n, dim=dim,
+                               clip=clip, radius0=radius0)
+  return LocGDRunPlan(n, float(cfg["epsilon"]), float(cfg["delta"]), l2,  # checked
+                      cfg.get("preset") or "practical", lcfg, event)
+
+
+def charge_loc_gd(plan: LocGDRunPlan) -> PrivacyLedger:
+  """A fresh ledger charged with the solve (raises first when ``noise_multiplier`` is over)."""
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon, relation=RELATION)
+  ledger.spend(plan.event, label="dp_loc_gd solve")
+  return ledger
+
+
+def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
+  """The run's guarantee (item level, accountant) with the paper-formula sigma in the notes."""
+  lcfg, n = plan.config, plan.n
+  paper_sigma = paper_loc_gd_stddev(lcfg, n, epsilon=plan.epsilon, delta=plan.delta)
   sampling = "full batch" if lcfg.batch_size is None else f"Poisson rate {lcfg.batch_size}/{n}"
-  report = ledger.report(
+  return ledger.report(
       provenance=Provenance.ACCOUNTANT, level="item", mechanisms=("dp_loc_gd solve",),
       notes=(f"{lcfg.rounds}x{lcfg.steps} clipped-mean Gaussian steps ({sampling}), "
              f"z={lcfg.noise_multiplier:.4g}, replace-one (public: {PUBLIC[RELATION]}); "
              f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
-  debug = None
-  if cfg.get("debug", False):
-    debug = {"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
+
+
+@register("dp_loc_gd", config=cf.LocGdConfig, paper="004")
+def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
+  """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
+
+  Config keys: ``epsilon`` (the budget), ``delta`` (required), ``mu`` (public strong convexity;
+  default the problem's declared ``strong_convexity``), ``relation`` (only ``replace_one``),
+  ``noise_multiplier`` (explicit; refused if its epsilon exceeds ``epsilon``), ``clip_norm``
+  (default ``problem.lipschitz``), ``preset`` (``practical`` | ``theory``), ``num_steps`` (per
+  round), ``rounds, batch_size, radius0`` (default ``2 problem.radius``), ``radius_const``,
+  ``l2`` (a data-independent ridge term ``l2/2 ||y||^2`` added to ``h``), ``debug``. The plan
+  (:func:`loc_gd_plan_for_problem`) uses only the public ``n`` and the config; the ledger is
+  charged before the solve runs.
+  """
+  from dpsco_jax.result import Result
+
+  plan = loc_gd_plan_for_problem(problem, cfg)
+  ledger = charge_loc_gd(plan)  # raises before anything is computed
+  data, lcfg, n, l2 = _item_level_data(problem), plan.config, plan.n, plan.l2
+  reg = (None if l2 <= 0 else
+         lambda y: 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(y)))
+  solve = jax.jit(lambda y, k: dp_loc_gd(problem.loss_fn, y, data, k, lcfg, reg_fn=reg))
+  y_out, aux = solve(problem.init_params(), key)
+  debug = ({"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
+           if cfg.get("debug", False) else None)
   record = {"noise_multiplier": lcfg.noise_multiplier, "batch_size": lcfg.batch_size,
-            "noise_std": loc_gd_stddev(lcfg, n), "paper_noise_std": paper_sigma,
+            "noise_std": loc_gd_stddev(lcfg, n),
+            "paper_noise_std": paper_loc_gd_stddev(lcfg, n, epsilon=plan.epsilon,
+                                                   delta=plan.delta),
             "rounds": lcfg.rounds, "num_steps": lcfg.steps,
-            "radii": list(map(float, aux.radii)),
-            "preset": cfg.get("preset", "practical")}
+            "radii": list(map(float, aux.radii)), "preset": plan.preset}
   # Poisson masks keep shapes static: every step evaluates all n per-example gradients.
   evals = lcfg.rounds * lcfg.steps * n
-  return Result(params=y_out, privacy=report, gradient_evaluations=int(evals), record=record,
-                debug=debug)
+  return Result(params=y_out, privacy=loc_gd_report(plan, ledger),
+                gradient_evaluations=int(evals), record=record, debug=debug)
 
 
 @register("dp_loc_sgd", config=cf.LocSgdConfig, paper="004")

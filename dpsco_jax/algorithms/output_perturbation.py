@@ -88,6 +88,7 @@ from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms import deletion_stability as ds
 from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.problems.output_perturbation import _l2_loss, l2_logistic
 from dpsco_jax.algorithms.output_perturbation_solver import (SolverPlan, _certify, _solve,
                                                              _solve_all_subsets, solver_plan)
@@ -335,12 +336,68 @@ def block_report(ledger: PrivacyLedger, provenance: str, *, paper_epsilon: float
                        notes=notes)
 
 
+@dataclasses.dataclass(frozen=True)
+class OutputPertPlan:
+  """Data-free plan of a paper-001 block driver, from the public facts and the config only.
+
+  ``infos``: every planned DelOutputPert call, in order (their provenance is the run's);
+  ``blocks``: the ledger's ``(label, eps, delta, count, group)`` charges; ``schedule``: the
+  driver's public schedule (phase lambdas and user slices, ``R'``...)."""
+  name: str
+  settings: OutputPertSettings
+  epsilon: float
+  delta: float
+  mu: float
+  beta: float | None
+  infos: tuple[SCInfo, ...]
+  blocks: tuple[tuple[str, float, float, int, str | None], ...]
+  schedule: dict
+  how: str = ""
+
+
+def charge_output_pert(plan: OutputPertPlan) -> PrivacyLedger:
+  """A fresh ledger charged with every block of ``plan`` (raises
+  :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before any release when over budget)."""
+  ledger = block_ledger(plan.settings, plan.epsilon, plan.delta)
+  for label, eps, delta, count, group in plan.blocks:
+    ledger.spend(ApproxDpEvent(eps, delta), label=label, count=count, group=group)
+  return ledger
+
+
+def output_pert_report(plan: OutputPertPlan, ledger: PrivacyLedger) -> PrivacyReport:
+  """The run's guarantee: the ledger's blocks with the provenance of the planned calls."""
+  prov, notes = _provenance(plan.settings, list(plan.infos))
+  return block_report(ledger, prov, paper_epsilon=plan.epsilon, notes=notes + plan.how)
+
+
 # ------------------------------------------------------------------------------------------
 # Problem plumbing.
 
 
 def _problem_mu(problem: SCOProblem) -> float:
   return float(problem.meta.get("strong_convexity", 0.0)) if problem.meta else 0.0
+
+
+def _require_mu(problem, what: str) -> float:
+  """The declared strong convexity mu (``meta['strong_convexity']``): a strongly convex
+  algorithm raises :class:`MissingConstant` naming it when absent or zero."""
+  mu = _problem_mu(problem)
+  if not mu > 0:
+    raise MissingConstant(
+        f"strong_convexity: {what} needs a strongly convex loss: declare mu with "
+        "constants={'strong_convexity': ...} (a synthetic problem: e.g. 'l2_logistic' with "
+        "l2 > 0)")
+  return mu
+
+
+def _require_radius(problem, what: str) -> float:
+  """The finite radius R of the constraint set K (the phased algorithms' prox schedule and
+  anchors live in K): :class:`MissingConstant` when it is infinite (undeclared)."""
+  radius = float(problem.radius)
+  if not math.isfinite(radius):
+    raise MissingConstant(f"radius: {what} needs the finite radius R of the constraint set "
+                          "(its phases are localized in K): declare constants={'radius': ...}")
+  return radius
 
 
 def _check_common(cfg: dict, settings: OutputPertSettings) -> tuple[float, float]:
@@ -405,18 +462,12 @@ def _project(theta, radius):
 # Runner entry points.
 
 
-@register("sc_output_pert", config=cf.OutputPertConfig, paper="001")
-def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                   _hook: _Hook | None = None) -> Result:
-  """SCOutputPert (Alg. 2, Thm 3.1) on a mu-strongly convex problem (``meta['strong_convexity']``
-  or ``cfg['l2']`` via the ``l2_logistic`` problem). Config: ``epsilon, delta, beta (1e-3),
-  preset, stability_test, on_certificate_failure, max_exact_users, solver_tol, debug``."""
+def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
+  """The data-free plan of :func:`sc_output_pert` (public ``n_users``, ``m``, ``d``, L, beta,
+  R and mu; a :class:`~dpsco_jax.data.PublicFacts` suffices): one DelOutputPert call."""
   settings = _settings_for(cfg)
   eps, delta = _check_common(cfg, settings)
-  mu = _problem_mu(problem)
-  if mu <= 0:
-    raise ValueError("strong_convexity: sc_output_pert needs a strongly convex problem "
-                     "(e.g. problem 'l2_logistic' with l2 > 0)")
+  mu = _require_mu(problem, "sc_output_pert")
   n, m = problem.n_users, problem.m
   beta = settings.beta if settings.beta is not None else 1e-3
   if settings.preset == "theory" and beta * 1.0 >= 1 / math.e:
@@ -426,20 +477,31 @@ def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                              smoothness=problem.smoothness, mu0=mu, lam=0.0,
                              radius=problem.radius, epsilon=eps, delta=delta, beta=beta,
                              settings=settings)
-  ledger = block_ledger(settings, eps, delta)
-  ledger.spend(ApproxDpEvent(eps, delta), label="SCOutputPert (Thm 3.3)")
+  return OutputPertPlan("sc_output_pert", settings, eps, delta, mu, beta, (info,),
+                        (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),), {})
+
+
+@register("sc_output_pert", config=cf.OutputPertConfig, paper="001")
+def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+                   _hook: _Hook | None = None) -> Result:
+  """SCOutputPert (Alg. 2, Thm 3.1) on a mu-strongly convex problem (``meta['strong_convexity']``
+  or ``cfg['l2']`` via the ``l2_logistic`` problem). Config: ``epsilon, delta, beta (1e-3),
+  preset, stability_test, on_certificate_failure, max_exact_users, solver_tol, debug``."""
+  plan = sc_output_pert_plan(problem, cfg)
+  ledger = charge_output_pert(plan)
+  settings, (info,) = plan.settings, plan.infos
   anchor = jnp.zeros((problem.d,), jnp.float32)
   theta, bottom, dbg, cert = sc_output_pert_release(
       problem.loss_fn, problem.data, key, info=info, lam=0.0, anchor=anchor,
       radius=problem.radius, center=None, settings=settings, hook=_hook)
-  prov, notes = _provenance(settings, [info])
   return Result(params=_project(theta, problem.radius),
-                privacy=block_report(ledger, prov, paper_epsilon=eps, notes=notes),
+                privacy=output_pert_report(plan, ledger),
                 gradient_evaluations=info.gradient_evaluations,
                 record={"is_bottom": bool(bottom), "sigma": info.sigma, "Delta": info.Delta,
                         "kappa": info.kappa, "gamma": info.gamma,
                         "solver_iterations": info.plan.iterations, "preset": settings.preset,
-                        "sigma_naive": naive_sigma(problem, eps, delta, settings)},
+                        "sigma_naive": naive_sigma(problem, plan.epsilon, plan.delta,
+                                                   settings)},
                 debug=_debug_dict([dbg], [cert]) if settings.debug else None)
 
 

@@ -13,6 +13,9 @@ shift; the ledger doubles it under replace-one), calibrated by the one calibrato
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import dp_accounting
 import jax
 import jax.numpy as jnp
@@ -22,17 +25,19 @@ from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.output_perturbation import (OutputPertSettings, _check_common,
                                                       _Hook, _problem_mu, _project,
-                                                      _settings_for, alg2_delta,
+                                                      _require_mu, _settings_for, alg2_delta,
                                                       gamma_threshold)
-from dpsco_jax.algorithms.output_perturbation_solver import _solve, solver_plan
-from dpsco_jax.privacy import PrivacyLedger, Provenance, calibrate_noise_multiplier
+from dpsco_jax.algorithms.output_perturbation_solver import SolverPlan, _solve, solver_plan
+from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
+                               calibrate_noise_multiplier)
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.noise import tree_gaussian_like
 
-__all__ = ["naive_sigma", "naive_output_pert", "noise_ratio", "crossover_m"]
+__all__ = ["naive_sigma", "naive_output_pert", "noise_ratio", "crossover_m", "NaivePlan",
+           "naive_plan", "charge_naive", "naive_report"]
 
 
 def naive_sigma(problem: SCOProblem, eps: float, delta: float,
@@ -47,6 +52,61 @@ def naive_sigma(problem: SCOProblem, eps: float, delta: float,
   return gaussian_sigma_analytic(sens, eps, delta)
 
 
+@dataclasses.dataclass(frozen=True)
+class NaivePlan:
+  """Data-free plan of :func:`naive_output_pert`: the solver, the replace-one sensitivity
+  ``2G/(mu n) + 2 tau``, the noise multiplier ``z`` (calibrated, or the config's) and
+  ``sigma = z sens / 2``."""
+  settings: OutputPertSettings
+  epsilon: float
+  delta: float
+  mu: float
+  sensitivity: float
+  solver: SolverPlan
+  noise_multiplier: float
+  sigma: float
+  label: str = "output perturbation (Gaussian, sens 2G/(mu n))"
+
+  @property
+  def event(self) -> dp_accounting.DpEvent:
+    return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+
+
+def naive_plan(problem, cfg: dict) -> NaivePlan:
+  """The plan from the public facts (``n_users``, L, beta, R, mu) and the config only."""
+  settings = _settings_for(cfg)
+  eps, delta = _check_common(cfg, settings)
+  mu = _require_mu(problem, "naive_output_pert")
+  base = 2.0 * problem.lipschitz / (mu * problem.n_users)
+  tau = settings.solver_tol * base / 4.0
+  plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
+                     distance=min(2 * problem.radius, 2 * problem.lipschitz / mu), tau=tau)
+  sens = base + 2.0 * tau
+  z = cfg.get("noise_multiplier")
+  z = (calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=eps, delta=delta,
+                                  relation=settings.relation)
+       if z is None else check_positive(z, "noise_multiplier"))
+  return NaivePlan(settings, eps, delta, mu, sens, plan, z, z * sens / 2.0)
+
+
+def charge_naive(plan: NaivePlan) -> PrivacyLedger:
+  """A fresh ledger charged with the one Gaussian event (raises before any release when an
+  explicit ``noise_multiplier`` is over the budget)."""
+  s = plan.settings
+  budget = plan.epsilon if s.epsilon_budget is None else min(plan.epsilon, s.epsilon_budget)
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=budget, relation=s.relation)
+  ledger.spend(plan.event, label=plan.label)
+  return ledger
+
+
+def naive_report(plan: NaivePlan, ledger: PrivacyLedger) -> PrivacyReport:
+  return ledger.report(provenance=Provenance.ACCOUNTANT, level="user",
+                       mechanisms=("gaussian output perturbation",),
+                       paper_epsilon=plan.epsilon,
+                       notes="naive user-level output perturbation (replace-one, n public); "
+                             "sensitivity 2G/(mu n) does not improve with m")
+
+
 @register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001")
 def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                       _hook: _Hook | None = None) -> Result:
@@ -56,41 +116,23 @@ def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   minimizer's sensitivity bound applies up to ``2τ``. One Gaussian event under replace-one,
   ``z`` calibrated to the target (or ``noise_multiplier`` from the config, refused before any
   release when over budget), ``σ = z Δ/2``: provenance ``accountant``."""
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  mu = _problem_mu(problem)
-  if mu <= 0:
-    raise ValueError("strong_convexity: naive_output_pert needs a strongly convex problem")
-  n, m = problem.n_users, problem.m
-  base = 2.0 * problem.lipschitz / (mu * n)
-  tau = settings.solver_tol * base / 4.0
-  plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
-                     distance=min(2 * problem.radius, 2 * problem.lipschitz / mu),
-                     tau=tau)
-  sens = base + 2.0 * tau
-  z = cfg.get("noise_multiplier")
-  make = lambda z: dp_accounting.GaussianDpEvent(z)
-  z = (calibrate_noise_multiplier(make, epsilon=eps, delta=delta, relation=settings.relation)
-       if z is None else check_positive(z, "noise_multiplier"))
-  sigma_ = z * sens / 2.0
-  budget = eps if settings.epsilon_budget is None else min(eps, settings.epsilon_budget)
-  ledger = PrivacyLedger(delta=delta, epsilon_budget=budget, relation=settings.relation)
-  ledger.spend(make(z), label="output perturbation (Gaussian, sens 2G/(mu n))")
+  plan = naive_plan(problem, cfg)
+  ledger = charge_naive(plan)
+  n, sigma_ = problem.n_users, plan.sigma
   anchor = jnp.zeros((problem.d,), jnp.float32)
   u = _solve(problem.data, jnp.ones((n,), bool), anchor, -anchor, loss_fn=problem.loss_fn,
-             lam=0.0, plan=plan, radius=float(problem.radius))
+             lam=0.0, plan=plan.solver, radius=float(problem.radius))
   noise_std = sigma_ if _hook is None or _hook.add_noise else 0.0
   released = anchor + u + tree_gaussian_like(key, u, noise_std)
   if _hook is not None:
-    _hook.releases.append({"release": released, "sigma": sigma_, "sensitivity": sens})
-  report = ledger.report(provenance=Provenance.ACCOUNTANT, level="user",
-                         mechanisms=("gaussian output perturbation",), paper_epsilon=eps,
-                         notes="naive user-level output perturbation (replace-one, n "
-                               "public); sensitivity 2G/(mu n) does not improve with m")
-  return Result(params=_project(released, problem.radius), privacy=report,
-                gradient_evaluations=int(plan.iterations * n * m),
-                record={"sigma": sigma_, "sensitivity": sens, "noise_multiplier": z,
-                        "solver_iterations": plan.iterations, "preset": settings.preset})
+    _hook.releases.append({"release": released, "sigma": sigma_,
+                           "sensitivity": plan.sensitivity})
+  return Result(params=_project(released, problem.radius), privacy=naive_report(plan, ledger),
+                gradient_evaluations=int(plan.solver.iterations * n * problem.m),
+                record={"sigma": sigma_, "sensitivity": plan.sensitivity,
+                        "noise_multiplier": plan.noise_multiplier,
+                        "solver_iterations": plan.solver.iterations,
+                        "preset": plan.settings.preset})
 
 
 def noise_ratio(*, n_users: int, m: int, epsilon: float, delta: float, beta: float = 1e-3,

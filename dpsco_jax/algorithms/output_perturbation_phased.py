@@ -3,7 +3,8 @@ convex reductions (Algs 5-6), each a sequence of SCOutputPert calls.
 
 Split out of :mod:`dpsco_jax.algorithms.output_perturbation` (re-exported there; see its
 docstring for the deviations). Accounting: every call is an ``ApproxDpEvent`` block (Thm 3.3)
-on the one ledger, all charged before the first release (:func:`_spend_phases`); Phased-ERM
+on the one ledger, all charged before the first release (:func:`_phase_blocks`, charged by
+:func:`~dpsco_jax.algorithms.output_perturbation.charge_output_pert`); Phased-ERM
 composes ``T`` calls at ``(eps/T, delta/T)`` (basic composition), Phased-SCO one call at the
 full ``(eps, delta)`` per disjoint user block (``group=``: parallel composition).
 """
@@ -18,13 +19,13 @@ import jax.numpy as jnp
 
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
-from dpsco_jax.algorithms.output_perturbation import (OutputPertSettings, _check_common,
-                                                      _check_min_users, _debug_dict, _Hook,
-                                                      _problem_mu, _provenance, _settings_for,
-                                                      block_ledger, block_report,
-                                                      plan_sc_output_pert,
+from dpsco_jax.algorithms.output_perturbation import (OutputPertPlan, OutputPertSettings,
+                                                      SCInfo, _check_common, _check_min_users,
+                                                      _debug_dict, _Hook, _problem_mu,
+                                                      _require_mu, _require_radius,
+                                                      _settings_for, charge_output_pert,
+                                                      output_pert_report, plan_sc_output_pert,
                                                       sc_output_pert_release)
-from dpsco_jax.privacy import ApproxDpEvent, PrivacyLedger
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
@@ -32,7 +33,7 @@ from dpsco_jax.transforms.steps import project_l2_ball
 
 __all__ = ["phased_erm_schedule", "phased_sco_schedule", "phased_erm_output_pert",
            "phased_sco_output_pert", "localization_radius", "sc_erm_output_pert",
-           "sc_sco_output_pert"]
+           "sc_sco_output_pert", "phased_plan", "sc_reduction_plan"]
 
 
 class _PhaseOut(NamedTuple):
@@ -43,19 +44,25 @@ class _PhaseOut(NamedTuple):
   certs: list
 
 
-def _phased(loss_fn, data, key, *, phases: list[tuple[float, slice]], epsilon: float,
-            delta: float, beta: float, lipschitz: float, smoothness: float, mu0: float,
-            radius: float, d: int, m: int, theta0: jax.Array, settings: OutputPertSettings,
-            label: str, hook: _Hook | None = None) -> tuple[list, _PhaseOut]:
-  """Runs the phases ``(lambda_i, user slice)``; every phase is planned first (the caller
-  has charged the ledger with :func:`_spend_phases`)."""
+def _phase_infos(problem, phases: list[tuple[float, slice]], *, epsilon: float, delta: float,
+                 beta: float, mu0: float, settings: OutputPertSettings, label: str
+                 ) -> tuple[SCInfo, ...]:
+  """Plans every phase ``(lambda_i, user slice)`` (data free: sizes and constants only)."""
   infos = []
   for i, (lam_i, users) in enumerate(phases):
     n_i = users.stop - users.start
     _check_min_users(n_i, epsilon, delta, settings, f"{label} phase {i + 1}")
     infos.append(plan_sc_output_pert(
-        n_users=n_i, m=m, lipschitz=lipschitz, smoothness=smoothness, mu0=mu0, lam=lam_i,
-        radius=radius, epsilon=epsilon, delta=delta, beta=beta, settings=settings))
+        n_users=n_i, m=problem.m, lipschitz=problem.lipschitz, smoothness=problem.smoothness,
+        mu0=mu0, lam=lam_i, radius=problem.radius, epsilon=epsilon, delta=delta, beta=beta,
+        settings=settings))
+  return tuple(infos)
+
+
+def _run_phases(loss_fn, data, key, *, phases: list[tuple[float, slice]], infos, radius: float,
+                theta0: jax.Array, settings: OutputPertSettings, hook: _Hook | None = None
+                ) -> _PhaseOut:
+  """Runs the planned phases (the caller has charged the ledger with every block)."""
   theta = project_l2_ball(jnp.asarray(theta0, jnp.float32), radius)
   bottoms, dbgs, certs = [], [], []
   keys = jax.random.split(key, len(phases))
@@ -69,7 +76,7 @@ def _phased(loss_fn, data, key, *, phases: list[tuple[float, slice]], epsilon: f
     bottoms.append(bool(bottom))
     dbgs.append(dbg)
     certs.append(cert)
-  return infos, _PhaseOut(theta, infos, bottoms, dbgs, certs)
+  return _PhaseOut(theta, list(infos), bottoms, dbgs, certs)
 
 
 def phased_erm_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diameter: float,
@@ -107,53 +114,30 @@ def phased_sco_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diame
           "lams": [lam * 4.0 ** i for i in range(1, T + 1)], "blocks": blocks}
 
 
-def _spend_phases(ledger: PrivacyLedger, *, sco: bool, n_users: int, m: int, epsilon: float,
-                  delta: float, label: str) -> None:
-  """Charges the ledger with the phases' (eps, delta) blocks before any release: Phased-ERM
-  ``T = ceil(log2 nm)`` sequential calls at ``(eps/T, delta/T)`` (basic composition);
-  Phased-SCO one call at ``(eps, delta)`` per disjoint user block (``group=``: parallel)."""
+def _phase_schedule(problem, *, sco: bool, epsilon: float, delta: float,
+                    beta: float | None, lam: float | None) -> tuple[dict, list, float, float]:
+  """Alg. 3 / Alg. 4's schedule on the public facts: ``(schedule, phases, eps_phase,
+  delta_phase)`` with ``phases`` the ``(lambda_i, user slice)`` of every DelOutputPert call."""
+  n, m = problem.n_users, problem.m
+  kw = dict(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
+            diameter=2 * problem.radius, epsilon=epsilon, delta=delta, beta=beta, lam=lam)
   if sco:
-    n0 = tdl.min_users(epsilon, delta)
-    if n_users < 2 * n0:
-      raise ValueError(f"n_users: Phased-SCO needs n >= 2 N0 = {2 * n0} users at "
-                       f"(eps={epsilon}, delta={delta}); got {n_users}")
-    for i in range(int(math.floor(math.log2(n_users / n0)))):
-      ledger.spend(ApproxDpEvent(epsilon, delta), label=f"{label} block {i + 1} SCOutputPert",
-                   group=f"{label} block {i + 1}")
-    return
-  T = max(1, math.ceil(math.log2(n_users * m)))
-  ledger.spend(ApproxDpEvent(epsilon / T, delta / T), label=f"{label} SCOutputPert phases",
-               count=T)
+    sch = phased_sco_schedule(**kw)
+    return sch, list(zip(sch["lams"], sch["blocks"])), epsilon, delta
+  sch = phased_erm_schedule(**kw)
+  return sch, [(lam_i, slice(0, n)) for lam_i in sch["lams"]], sch["epsilon"], sch["delta"]
 
 
-def _phased_erm_run(problem, key, *, eps, delta, settings, theta0, lam=None,
-                    beta=None, label="Phased-ERM", hook=None):
-  n, m = problem.n_users, problem.m
-  sch = phased_erm_schedule(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
-                            diameter=2 * problem.radius, epsilon=eps, delta=delta, beta=beta,
-                            lam=lam)
-  phases = [(lam_i, slice(0, n)) for lam_i in sch["lams"]]
-  infos, out = _phased(problem.loss_fn, problem.data, key, phases=phases,
-                       epsilon=sch["epsilon"], delta=sch["delta"], beta=sch["beta"],
-                       lipschitz=problem.lipschitz, smoothness=problem.smoothness,
-                       mu0=_problem_mu(problem), radius=problem.radius, d=problem.d, m=m,
-                       theta0=theta0, settings=settings, label=label, hook=hook)
-  return sch, out
-
-
-def _phased_sco_run(problem, key, *, eps, delta, settings, theta0, lam=None,
-                    beta=None, label="Phased-SCO", hook=None):
-  n, m = problem.n_users, problem.m
-  sch = phased_sco_schedule(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
-                            diameter=2 * problem.radius, epsilon=eps, delta=delta, beta=beta,
-                            lam=lam)
-  phases = list(zip(sch["lams"], sch["blocks"]))
-  infos, out = _phased(problem.loss_fn, problem.data, key, phases=phases, epsilon=eps,
-                       delta=delta, beta=sch["beta"], lipschitz=problem.lipschitz,
-                       smoothness=problem.smoothness, mu0=_problem_mu(problem),
-                       radius=problem.radius, d=problem.d, m=m, theta0=theta0,
-                       settings=settings, label=label, hook=hook)
-  return sch, out
+def _phase_blocks(sch: dict, *, sco: bool, epsilon: float, delta: float, label: str
+                  ) -> list[tuple[str, float, float, int, str | None]]:
+  """The ledger blocks of the phases at their per-call ``(epsilon, delta)``, charged before any
+  release: Phased-ERM ``T = ceil(log2 nm)`` sequential calls at ``(eps/T, delta/T)`` (basic
+  composition); Phased-SCO one call at ``(eps, delta)`` per disjoint user block (``group=``:
+  parallel composition)."""
+  if sco:
+    return [(f"{label} block {i + 1} SCOutputPert", epsilon, delta, 1, f"{label} block {i + 1}")
+            for i in range(sch["T"])]
+  return [(f"{label} SCOutputPert phases", epsilon, delta, sch["T"], None)]
 
 
 def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> dict:
@@ -168,25 +152,39 @@ def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> di
   return rec
 
 
-def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook | None, *,
-            sco: bool) -> Result:
-  """Algorithms 3 / 4: every phase is charged (one (eps, delta) block each) before any runs."""
+def phased_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
+  """The data-free plan of Phased-ERM (Alg. 3) / Phased-SCO (Alg. 4): the schedule, every
+  phase's DelOutputPert call and the ledger blocks (public facts and config only)."""
+  name = "phased_sco_output_pert" if sco else "phased_erm_output_pert"
+  label = "Phased-SCO" if sco else "Phased-ERM"
   settings = _settings_for(cfg)
   eps, delta = _check_common(cfg, settings)
-  ledger = block_ledger(settings, eps, delta)
-  _spend_phases(ledger, sco=sco, n_users=problem.n_users, m=problem.m, epsilon=eps,
-                delta=delta, label="Phased-SCO" if sco else "Phased-ERM")
-  run = _phased_sco_run if sco else _phased_erm_run
-  sch, out = run(problem, key, eps=eps, delta=delta, settings=settings,
-                 theta0=problem.init_params(), beta=settings.beta, hook=hook)
-  prov, notes = _provenance(settings, out.infos)
+  _require_radius(problem, name)
+  sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=eps, delta=delta,
+                                                beta=settings.beta, lam=None)
+  mu0 = _problem_mu(problem)
+  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
+                       mu0=mu0, settings=settings, label=label)
   how = ("parallel composition over disjoint blocks" if sco
          else "basic composition over T phases")
-  return Result(params=out.theta,
-                privacy=block_report(ledger, prov, paper_epsilon=eps, notes=f"{notes}; {how}"),
+  return OutputPertPlan(name, settings, eps, delta, mu0, settings.beta, infos,
+                        tuple(_phase_blocks(sch, sco=sco, epsilon=eps_p, delta=delta_p,
+                                            label=label)),
+                        {"schedule": sch, "phases": phases}, f"; {how}")
+
+
+def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook | None, *,
+                   sco: bool) -> Result:
+  """Algorithms 3 / 4: every phase is charged (one (eps, delta) block each) before any runs."""
+  plan = phased_plan(problem, cfg, sco=sco)
+  ledger = charge_output_pert(plan)
+  out = _run_phases(problem.loss_fn, problem.data, key, phases=plan.schedule["phases"],
+                    infos=plan.infos, radius=problem.radius, theta0=problem.init_params(),
+                    settings=plan.settings, hook=hook)
+  return Result(params=out.theta, privacy=output_pert_report(plan, ledger),
                 gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
-                record=_phase_record(sch, out, settings),
-                debug=_debug_dict(out.dbgs, out.certs) if settings.debug else None)
+                record=_phase_record(plan.schedule["schedule"], out, plan.settings),
+                debug=_debug_dict(out.dbgs, out.certs) if plan.settings.debug else None)
 
 
 @register("phased_erm_output_pert", config=cf.OutputPertConfig, paper="001")
@@ -210,58 +208,81 @@ def localization_radius(sigma0: float, d: int, beta: float, tau: float) -> float
   return sigma0 * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / beta))) + tau
 
 
-def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) -> Result:
+def _reduction_lam(problem, r: float, *, sco: bool) -> float:
+  """Alg. 5 / Alg. 6's lambda for localization radius ``r`` (``R'``, or ``diam K`` after ⊥)."""
+  G, n, m, d = problem.lipschitz, problem.n_users, problem.m, problem.d
+  if sco:
+    return (G / r) * max(math.sqrt(d) / (n * math.sqrt(m)), 1.0 / math.sqrt(n * m))
+  return G * math.sqrt(d) / (r * n * math.sqrt(m))
+
+
+def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
+  """The data-free plan of Strongly-Convex-ERM / -SCO (Algs 5-6): the warm start's
+  SCOutputPert at (eps/2, delta/2), ``R'``, lambda and every phase of the second half at
+  (eps/2, delta/2), with all their ledger blocks (public facts and config only)."""
+  name = "sc_sco_output_pert" if sco else "sc_erm_output_pert"
+  label = "Phased-SCO" if sco else "Phased-ERM"
   settings = _settings_for(cfg)
   eps, delta = _check_common(cfg, settings)
-  mu = _problem_mu(problem)
-  if mu <= 0:
-    raise ValueError("strong_convexity: Algs 5-6 need a strongly convex problem")
+  mu = _require_mu(problem, f"{name} (Algs 5-6)")
+  _require_radius(problem, name)
   n, m, d = problem.n_users, problem.m, problem.d
   beta = settings.beta if settings.beta is not None else 1.0 / (2.0 * n * n * m)
-  ledger = block_ledger(settings, eps, delta)
   _check_min_users(n, eps / 2, delta / 2, settings, "SCOutputPert warm start")
   info0 = plan_sc_output_pert(n_users=n, m=m, lipschitz=problem.lipschitz,
                               smoothness=problem.smoothness, mu0=mu, lam=0.0,
                               radius=problem.radius, epsilon=eps / 2, delta=delta / 2,
                               beta=beta, settings=settings)
-  # every block of both halves is charged before the warm start is released
-  ledger.spend(ApproxDpEvent(eps / 2, delta / 2), label="SCOutputPert warm start")
-  _spend_phases(ledger, sco=sco, n_users=n, m=m, epsilon=eps / 2, delta=delta / 2,
-                label="Phased-SCO" if sco else "Phased-ERM")
   r_prime = localization_radius(info0.sigma, d, beta, info0.plan.tau)
   if sco:  # Alg. 6 line 4, second term with the constant 30 of Prop. B.1
     r_prime += 30.0 * problem.lipschitz * math.sqrt(math.log(2.0 / beta)) / (mu * math.sqrt(
         n * m))
+  lam = _reduction_lam(problem, r_prime, sco=sco)
+  sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=eps / 2,
+                                                delta=delta / 2, beta=beta, lam=lam)
+  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
+                       mu0=mu, settings=settings, label=label)
+  # every block of both halves is charged before the warm start is released
+  blocks = [("SCOutputPert warm start", eps / 2, delta / 2, 1, None)] + _phase_blocks(
+      sch, sco=sco, epsilon=eps_p, delta=delta_p, label=label)
+  return OutputPertPlan(name, settings, eps, delta, mu, beta, (info0,) + infos, tuple(blocks),
+                        {"schedule": sch, "phases": phases, "R_prime": r_prime, "lam": lam},
+                        "; two halves at (eps/2, delta/2)")
+
+
+def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) -> Result:
+  plan = sc_reduction_plan(problem, cfg, sco=sco)
+  ledger = charge_output_pert(plan)
+  settings, info0, d = plan.settings, plan.infos[0], problem.d
+  sch, phases, infos = plan.schedule["schedule"], plan.schedule["phases"], plan.infos[1:]
   k0, k1 = jax.random.split(key)
-  G = problem.lipschitz
-  if sco:
-    lam = (G / r_prime) * max(math.sqrt(d) / (n * math.sqrt(m)), 1.0 / math.sqrt(n * m))
-  else:
-    lam = G * math.sqrt(d) / (r_prime * n * math.sqrt(m))
   theta0, bottom0, dbg0, cert0 = sc_output_pert_release(
       problem.loss_fn, problem.data, k0, info=info0, lam=0.0,
       anchor=jnp.zeros((d,), jnp.float32), radius=problem.radius, center=None,
       settings=settings, hook=hook)
   if bool(bottom0):  # spec §2.7 [A]: fixed point of K and R' = diam K (post-processing)
     theta0 = jnp.zeros((d,), jnp.float32)
-    lam = G * math.sqrt(d) / (2 * problem.radius * n * math.sqrt(m)) if not sco else (
-        G / (2 * problem.radius)) * max(math.sqrt(d) / (n * math.sqrt(m)),
-                                        1.0 / math.sqrt(n * m))
+    lam = _reduction_lam(problem, 2 * problem.radius, sco=sco)
+    sch, phases, eps_p, delta_p = _phase_schedule(
+        problem, sco=sco, epsilon=plan.epsilon / 2, delta=plan.delta / 2, beta=plan.beta,
+        lam=lam)
+    # the same calls (sizes, budgets: the same blocks and provenance) at another lambda
+    infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
+                         mu0=plan.mu, settings=settings,
+                         label="Phased-SCO" if sco else "Phased-ERM")
   # K' = K ∩ B(θ0, R') is used only through ||θ0 - θ*|| <= R' and λ; phases solve over K,
   # where Lemma 4.2 holds as well (spec §2.7 deviation note in the module docstring).
-  run = _phased_sco_run if sco else _phased_erm_run
-  sch, out = run(problem, k1, eps=eps / 2, delta=delta / 2, settings=settings,
-                 theta0=theta0, lam=lam, beta=beta,
-                 label="Phased-SCO" if sco else "Phased-ERM", hook=hook)
-  prov, notes = _provenance(settings, [info0] + list(out.infos))
+  out = _run_phases(problem.loss_fn, problem.data, k1, phases=phases, infos=infos,
+                    radius=problem.radius, theta0=theta0, settings=settings, hook=hook)
   rec = _phase_record(sch, out, settings)
-  rec.update({"R_prime": r_prime, "sigma0": info0.sigma, "bottom0": bool(bottom0)})
-  return Result(params=out.theta, privacy=block_report(
-      ledger, prov, paper_epsilon=eps, notes=notes + "; two halves at (eps/2, delta/2)"),
-      gradient_evaluations=info0.gradient_evaluations + sum(
-          i.gradient_evaluations for i in out.infos),
-      record=rec,
-      debug=_debug_dict([dbg0] + out.dbgs, [cert0] + out.certs) if settings.debug else None)
+  rec.update({"R_prime": plan.schedule["R_prime"], "sigma0": info0.sigma,
+              "bottom0": bool(bottom0)})
+  return Result(params=out.theta, privacy=output_pert_report(plan, ledger),
+                gradient_evaluations=info0.gradient_evaluations + sum(
+                    i.gradient_evaluations for i in out.infos),
+                record=rec,
+                debug=_debug_dict([dbg0] + out.dbgs, [cert0] + out.certs)
+                if settings.debug else None)
 
 
 @register("sc_erm_output_pert", config=cf.OutputPertConfig, paper="001")

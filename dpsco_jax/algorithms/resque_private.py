@@ -58,7 +58,8 @@ from dpsco_jax.algorithms.resque_solvers import (Alg4, Alg4Plan, alg4_phase_rele
                                                  problem_items, strongly_convex_resque)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.events import ApproxRdpEvent
-from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger
+from dpsco_jax.data.problem import MissingConstant
+from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport
 from dpsco_jax.privacy.relations import check_relation
 from dpsco_jax.result import Result
 
@@ -301,15 +302,24 @@ def _theory_refusal(cfg: dict, *, n: int, d: int, eps: float, delta: float, L: f
 
 
 def resque_private_plan(problem, cfg: dict, *, data: dict | None = None) -> ResquePrivatePlan:
-  """The data-free plan of :func:`resque_private_sco` (see the module docstring). ``data``
-  (default ``problem.data``, leaves ``[users, m, ...]``) only supplies the public ``n``."""
+  """The data-free plan of :func:`resque_private_sco` (see the module docstring) from the
+  public facts ``n_users * m`` (the item count, public under replace-one), ``d``, ``L`` and a
+  finite ``R`` (a :class:`~dpsco_jax.data.PublicFacts` suffices). ``data`` (the audit hook's
+  dataset under test, leaves ``[users, m, ...]``) only supplies its public size."""
   check_relation(cfg.get("relation", RELATION), supported=(RELATION,),
                  mechanism="ReSQue private SCO")
   eps, delta = check_epsilon(cfg.get("epsilon")), required_delta(cfg)
   preset = check_choice(_cfg(cfg, "preset", "practical"), "preset", ("practical", "theory"))
-  leaves = jax.tree.leaves(problem.data if data is None else data)
-  n = int(leaves[0].shape[0] * leaves[0].shape[1])
+  if data is None:
+    n = int(problem.n_users) * int(problem.m)
+  else:
+    leaves = jax.tree.leaves(data)
+    n = int(leaves[0].shape[0] * leaves[0].shape[1])
   d, L, R = problem.d, float(problem.lipschitz), float(problem.radius)
+  if not math.isfinite(R):
+    raise MissingConstant("radius: resque_private_sco needs the finite radius R of the "
+                          "domain (its step sizes and balls scale with R): declare "
+                          "constants={'radius': ...}")
   constants = check_choice(_cfg(cfg, "constants", "explicit"), "constants",
                            ("explicit", "c_priv"))
   c_priv = check_positive(_cfg(cfg, "c_priv", 60.0 if preset == "theory" else 1.0), "c_priv")
@@ -339,8 +349,8 @@ def resque_private_plan(problem, cfg: dict, *, data: dict | None = None) -> Resq
                            tuple(out), tuple(sorted(violations)))
 
 
-def _spend(plan: ResquePrivatePlan) -> PrivacyLedger:
-  """Charges every planned Alg. 4 call before anything runs (raises
+def charge_resque_private(plan: ResquePrivatePlan) -> PrivacyLedger:
+  """A fresh ledger charged with every planned Alg. 4 call before anything runs (raises
   :class:`PrivacyBudgetExceeded` first if the plan would exceed ``epsilon``)."""
   ledger = PrivacyLedger(delta=plan.delta * ACCOUNTANT_DELTA_SHARE,
                          epsilon_budget=plan.epsilon, relation=RELATION)
@@ -349,6 +359,23 @@ def _spend(plan: ResquePrivatePlan) -> PrivacyLedger:
       ledger.spend(ev, label=f"phase {ph.index}: Alg. 4 call",
                    group=f"phase {ph.index}" if plan.parallel else None)
   return ledger
+
+
+_spend = charge_resque_private
+
+
+def resque_private_report(plan: ResquePrivatePlan, ledger: PrivacyLedger) -> PrivacyReport:
+  """The run's guarantee (item level): the charged ledger with the plan's provenance."""
+  notes = ("approximate RDP (Lemma 3) of Alg. 3/4 output perturbation with high-probability "
+           f"sensitivity (Lemma 5/7, constants={plan.constants}); Corollary 1 conversion in "
+           "the ledger; localization phases composed per "
+           f"'{'parallel' if plan.parallel else 'paper'}'; replace-one, n public. ")
+  if plan.provenance != "theorem":
+    notes += "HEURISTIC: violated " + "; ".join(plan.violations)
+  return ledger.report(provenance=plan.provenance, level="item",
+                       mechanisms=("gaussian_output_perturbation",
+                                   "subsampling_with_replacement"),
+                       paper_epsilon=plan.epsilon, notes=notes)
 
 
 def _phase_batches(plan: ResquePrivatePlan, items: dict) -> list[dict]:
@@ -388,18 +415,9 @@ def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
   (Lemma 3) and converts once (Corollary 1); ``parallel`` phases are ledger groups.
   """
   plan = resque_private_plan(problem, cfg)
-  ledger = _spend(plan)
+  ledger = charge_resque_private(plan)
   x, debug_phases = _execute(problem, plan, key, problem_items(problem))
-  notes = ("approximate RDP (Lemma 3) of Alg. 3/4 output perturbation with high-probability "
-           f"sensitivity (Lemma 5/7, constants={plan.constants}); Corollary 1 conversion in "
-           "the ledger; localization phases composed per "
-           f"'{'parallel' if plan.parallel else 'paper'}'; replace-one, n public. ")
-  if plan.provenance != "theorem":
-    notes += "HEURISTIC: violated " + "; ".join(plan.violations)
-  report = ledger.report(provenance=plan.provenance, level="item",
-                         mechanisms=("gaussian_output_perturbation",
-                                     "subsampling_with_replacement"),
-                         paper_epsilon=plan.epsilon, notes=notes)
+  report = resque_private_report(plan, ledger)
   records = [{"n": ph.n, "eps": ph.eps, "beta": ph.p["beta"], "lam": ph.p["lam"],
               "r": ph.p["erm"].r, "rho": ph.p["erm"].rho, "alpha": ph.p["alpha"],
               "num_steps": ph.p["t_cap"], "planned_alg4_calls": len(ph.p["plan"]),
@@ -477,7 +495,7 @@ def resque_private_releases(problem, cfg: dict, key: jax.Array, *, add_noise: bo
   """
   check_bool(add_noise, "add_noise")
   plan = resque_private_plan(problem, cfg, data=data)
-  _spend(plan)
+  charge_resque_private(plan)
   items = flat_items(problem.data if data is None else data)
   if forced is not None:
     if not isinstance(forced, ResqueReleases):
