@@ -67,6 +67,53 @@ def _filter(name: str) -> Callable[[PublicFacts, dict], Planned]:
   return planner
 
 
+def _output_pert(name: str) -> Callable[[PublicFacts, dict], Planned]:
+  """Paper 001: the (eps, delta) blocks of every planned DelOutputPert call (user level,
+  replace-one); ``naive_output_pert``: one calibrated Gaussian event."""
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    from dpsco_jax.algorithms import output_perturbation as op
+    from dpsco_jax.algorithms import output_perturbation_naive as naive
+    from dpsco_jax.algorithms import output_perturbation_phased as phased
+    if name == "naive_output_pert":
+      p = naive.naive_plan(facts, cfg)
+      schedule = {"sensitivity": p.sensitivity, "sigma": p.sigma,
+                  "solver_iterations": p.solver.iterations}
+      return naive.naive_report(p, naive.charge_naive(p)), p.noise_multiplier, schedule, p
+    sco = name in ("phased_sco_output_pert", "sc_sco_output_pert")
+    p = (op.sc_output_pert_plan(facts, cfg) if name == "sc_output_pert"
+         else phased.phased_plan(facts, cfg, sco=sco) if name.startswith("phased")
+         else phased.sc_reduction_plan(facts, cfg, sco=sco))
+    calls = [{"epsilon": i.epsilon, "delta": i.delta, "sigma": i.sigma, "Delta": i.Delta,
+              "kappa": i.kappa, "solver_iterations": i.plan.iterations} for i in p.infos]
+    schedule = {"calls": calls, **{k: v for k, v in p.schedule.items()
+                                   if k in ("R_prime", "lam")}}
+    return op.output_pert_report(p, op.charge_output_pert(p)), None, schedule, p
+  return planner
+
+
+def _resque(facts: PublicFacts, cfg: dict) -> Planned:
+  """Paper 002: every worst-case Alg. 4 call's approximate-RDP event (item level)."""
+  from dpsco_jax.algorithms import resque_private as rq
+  p = rq.resque_private_plan(facts, cfg)
+  report = rq.resque_private_report(p, rq.charge_resque_private(p))
+  phases = [{"n": ph.n, "epsilon": ph.eps, "delta": ph.delta, "beta": ph.p["beta"],
+             "noise_multiplier": 1.0 / ph.p["beta"], "planned_alg4_calls": len(ph.p["plan"]),
+             "planned_gradients": ph.gradients} for ph in p.phases]
+  return report, phases[0]["noise_multiplier"], {"phases": phases}, p
+
+
+def _loc_gd(facts: PublicFacts, cfg: dict) -> Planned:
+  """Paper 004: DP-Loc-(S)GD's solve event (item level, replace-one)."""
+  from dpsco_jax.algorithms import localized_gd as lg
+  p = lg.loc_gd_plan_for_problem(facts, cfg)
+  report = lg.loc_gd_report(p, lg.charge_loc_gd(p))
+  c = p.config
+  schedule = {"rounds": c.rounds, "num_steps": c.steps, "batch_size": c.batch_size,
+              "clip_norm": c.clip_norm, "mu": c.mu, "radius0": c.radius0,
+              "noise_std": lg.loc_gd_stddev(c, p.n)}
+  return report, c.noise_multiplier, schedule, p
+
+
 def _nonprivate(facts: PublicFacts, cfg: dict) -> Planned:
   from dpsco_jax.algorithms.baselines import NONPRIVATE_REPORT
   return NONPRIVATE_REPORT, None, {}, None
@@ -81,6 +128,11 @@ PLANNED: dict[str, Callable[[PublicFacts, dict], Planned]] = {
                              "single_epoch_dp_sgd")},
     **{n: _filter(n) for n in ("user_level_phased_sgd", "user_level_accelerated_erm",
                                "user_level_accelerated_erm_smoothed")},
+    **{n: _output_pert(n) for n in ("sc_output_pert", "phased_erm_output_pert",
+                                    "phased_sco_output_pert", "sc_erm_output_pert",
+                                    "sc_sco_output_pert", "naive_output_pert")},
+    "resque_private_sco": _resque,
+    "dp_loc_gd": _loc_gd, "dp_loc_sgd": _loc_gd,
 }
 
 
