@@ -24,7 +24,7 @@ Planned = tuple[PrivacyReport, "float | None", dict, Any]
 
 def _dp_sgd(level: str) -> Callable[[PublicFacts, dict], Planned]:
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
-    from dpsco_jax.algorithms.baselines import charge_dp_sgd, dp_sgd_plan
+    from dpsco_jax.algorithms.dpsgd.driver import charge_dp_sgd, dp_sgd_plan
     p = dp_sgd_plan(facts, cfg, level=level)
     schedule = {"num_steps": p.steps, "batch_size": p.batch, "sampling": p.sampling,
                 "sampling_rate": p.sampling_rate, "denominator": p.denominator,
@@ -35,7 +35,7 @@ def _dp_sgd(level: str) -> Callable[[PublicFacts, dict], Planned]:
 
 def _srgd(name: str) -> Callable[[PublicFacts, dict], Planned]:
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
-    from dpsco_jax.algorithms import srgd
+    from dpsco_jax.algorithms.srgd import driver as srgd
     p = srgd.plan_for_problem(name, facts, cfg)
     report = srgd.privacy_report(p, srgd.charge(p), facts.m)
     prm = p.params
@@ -47,8 +47,8 @@ def _srgd(name: str) -> Callable[[PublicFacts, dict], Planned]:
 
 def _filter(name: str) -> Callable[[PublicFacts, dict], Planned]:
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
-    from dpsco_jax.algorithms import user_level_filter as ulf
-    from dpsco_jax.algorithms.user_level_plan import PublicSpec, make_ledger
+    from dpsco_jax.algorithms.user_level_filter import driver as ulf
+    from dpsco_jax.algorithms.user_level_filter.plan import PublicSpec, make_ledger
     if not math.isfinite(facts.radius):
       raise MissingConstant(f"{name} needs a finite radius R (its phases localize in balls "
                             "around the previous phase): declare constants={'radius': ...}")
@@ -71,9 +71,9 @@ def _output_pert(name: str) -> Callable[[PublicFacts, dict], Planned]:
   """Paper 001: the (eps, delta) blocks of every planned DelOutputPert call (user level,
   replace-one); ``naive_output_pert``: one calibrated Gaussian event."""
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
-    from dpsco_jax.algorithms import output_perturbation as op
-    from dpsco_jax.algorithms import output_perturbation_naive as naive
-    from dpsco_jax.algorithms import output_perturbation_phased as phased
+    from dpsco_jax.algorithms.output_perturbation import driver as op
+    from dpsco_jax.algorithms.output_perturbation import naive as naive
+    from dpsco_jax.algorithms.output_perturbation import phased as phased
     if name == "naive_output_pert":
       p = naive.naive_plan(facts, cfg)
       schedule = {"sensitivity": p.sensitivity, "sigma": p.sigma,
@@ -93,7 +93,7 @@ def _output_pert(name: str) -> Callable[[PublicFacts, dict], Planned]:
 
 def _resque(facts: PublicFacts, cfg: dict) -> Planned:
   """Paper 002: every worst-case Alg. 4 call's approximate-RDP event (item level)."""
-  from dpsco_jax.algorithms import resque_private as rq
+  from dpsco_jax.algorithms.resque import private as rq
   p = rq.resque_private_plan(facts, cfg)
   report = rq.resque_private_report(p, rq.charge_resque_private(p))
   phases = [{"n": ph.n, "epsilon": ph.eps, "delta": ph.delta, "beta": ph.p["beta"],
@@ -104,7 +104,7 @@ def _resque(facts: PublicFacts, cfg: dict) -> Planned:
 
 def _loc_gd(facts: PublicFacts, cfg: dict) -> Planned:
   """Paper 004: DP-Loc-(S)GD's solve event (item level, replace-one)."""
-  from dpsco_jax.algorithms import localized_gd as lg
+  from dpsco_jax.algorithms.bilevel import localized_gd as lg
   p = lg.loc_gd_plan_for_problem(facts, cfg)
   report = lg.loc_gd_report(p, lg.charge_loc_gd(p))
   c = p.config
@@ -115,7 +115,7 @@ def _loc_gd(facts: PublicFacts, cfg: dict) -> Planned:
 
 
 def _nonprivate(facts: PublicFacts, cfg: dict) -> Planned:
-  from dpsco_jax.algorithms.baselines import NONPRIVATE_REPORT
+  from dpsco_jax.algorithms.dpsgd.driver import NONPRIVATE_REPORT
   return NONPRIVATE_REPORT, None, {}, None
 
 

@@ -113,7 +113,7 @@ def mlp_data(key: jax.Array, shape: tuple[int, ...], d_in: int, d_out: int) -> d
 # ----------------------------------------------------------------------------- steps
 def dp_chain(denominator: int, key: jax.Array, radius: float | None
              ) -> optax.GradientTransformationExtraArgs:
-  """The core DP-SGD chain as ``algorithms.baselines`` builds it (last iterate, no averaging,
+  """The core DP-SGD chain as ``algorithms.dpsgd.driver`` builds it (last iterate, no averaging,
   like the non-private step it is compared with; ``radius=None`` for the MLP)."""
   return optax.chain(
       clip_and_aggregate(CLIP, "mean", float(denominator)),

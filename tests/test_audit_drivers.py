@@ -76,7 +76,7 @@ def test_bilevel_canary_moves_only_the_outer_release_by_the_sensitivity():
 
 
 def test_claims_are_the_drivers_reports():
-  from dpsco_jax.algorithms import baselines
+  from dpsco_jax.algorithms.dpsgd import driver as baselines
   spec = DR.build_driver("dp_sgd_user_full", "zero_out")
   problem = DR.linear_problem(np.asarray(spec.dataset_in["x"]))
   res = baselines.dp_sgd_user(problem, {"sampling": "full", "relation": "zero_out",

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpsco_jax.algorithms import ball_acceleration as ba
+from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.transforms.resque import reweight, sample_queries, smoothed_abs
 from dpsco_jax.transforms.steps import project_l2_ball
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dpsco_jax import problems
-from dpsco_jax.algorithms import baselines
+from dpsco_jax.algorithms.dpsgd import driver as baselines
 from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
                                          sample_users)
 

@@ -23,7 +23,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, stats
 
 from dpsco_jax import problems
-from dpsco_jax.algorithms import baselines
+from dpsco_jax.algorithms.dpsgd import driver as baselines
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 
 N, M, D_PARAM, C = 8, 2, 3, 1.0

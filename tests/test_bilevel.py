@@ -28,10 +28,10 @@ import optax
 import pytest
 from scipy import stats
 
-from dpsco_jax.algorithms import bilevel as bl
+from dpsco_jax.algorithms.bilevel import driver as bl
 from dpsco_jax.transforms.post_processing import MinStepState, track_min_step
-from dpsco_jax.algorithms import bilevel_plan
-from dpsco_jax.algorithms.localized_gd import LocGDConfig
+from dpsco_jax.algorithms.bilevel import plan as bilevel_plan
+from dpsco_jax.algorithms.bilevel.localized_gd import LocGDConfig
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger, epsilon_of
 from dpsco_jax.transforms.steps import project_l2_ball, projected_sgd
 

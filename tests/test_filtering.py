@@ -172,7 +172,7 @@ def test_coupled_filtered_mean_sensitivity_shrinks_like_one_over_k():
   """Lemma B.2 / C.2 shape: with common inclusion coins, ||mean(D) - mean(D')|| is
   O(r_h log(1/zeta) / K); also checks the explicit deterministic bound
   ||mean - mean'|| <= 4 r_h N / min(|S|, |S'|) (N = #differing memberships) used by the
-  accounting in algorithms/user_level_filter.py."""
+  accounting in algorithms/user_level_filter/driver.py."""
   rng = np.random.default_rng(3)
   r = 1.0
   trials = 2000

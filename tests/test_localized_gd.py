@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsco_jax.algorithms import localized_gd as lg
+from dpsco_jax.algorithms.bilevel import localized_gd as lg
 from dpsco_jax.privacy.ledger import epsilon_of
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsco_jax.algorithms import deletion_stability as ds
-from dpsco_jax.algorithms import output_perturbation as op
+from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
+from dpsco_jax.algorithms.output_perturbation import driver as op
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded
 from dpsco_jax.transforms.noise import tree_gaussian_like

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
-from dpsco_jax.algorithms import bilevel as bl
-from dpsco_jax.algorithms import localized_gd as lg
-from dpsco_jax.algorithms import resque as rq
+from dpsco_jax.algorithms.bilevel import driver as bl
+from dpsco_jax.algorithms.bilevel import localized_gd as lg
+from dpsco_jax.algorithms.resque import driver as rq
 from dpsco_jax.privacy import PrivacyBudgetExceeded, PrivacyLedger
 
 REPLACE = dp_accounting.NeighboringRelation.REPLACE_ONE

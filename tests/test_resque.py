@@ -214,8 +214,8 @@ def test_transformation_pytree_and_jit():
 
 # ------------------------------------------------------------------ private pieces (§4) --
 
-from dpsco_jax.algorithms import ball_acceleration as ba  # noqa: E402
-from dpsco_jax.algorithms import resque as alg  # noqa: E402
+from dpsco_jax.algorithms.resque import ball_acceleration as ba  # noqa: E402
+from dpsco_jax.algorithms.resque import driver as alg  # noqa: E402
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded  # noqa: E402
 
 N_ITEMS = 200
@@ -392,7 +392,7 @@ def test_mlmc_telescopes_to_deepest_level(monkeypatch):
     return center + 1.0 / T
 
   # Alg. 6 looks Alg. 5 up in the module that defines both (the facade only re-exports)
-  from dpsco_jax.algorithms import resque_solvers
+  from dpsco_jax.algorithms.resque import solvers as resque_solvers
   monkeypatch.setattr(resque_solvers, "strongly_convex_resque", mock)
   T, j_max, beta = 8, 3, 0.5
   copies = 400

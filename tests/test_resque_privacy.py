@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from dpsco_jax import problems
-from dpsco_jax.algorithms import resque as rq
+from dpsco_jax.algorithms.resque import driver as rq
 
 CFG = {"epsilon": 1.0, "delta": 1e-5, "constants": "c_priv", "rho": 0.05, "rho_over_r": 2.0,
        "max_iter": 1, "max_bisection": 1, "phases": 1, "T_frac": 1 / 4}
@@ -182,7 +182,7 @@ def test_hook_refuses_bad_arguments(runs):
 def test_multi_phase_plan_stays_within_epsilon_and_delta(phases, budget):
   """Phases with equal (alpha, delta') merge into one Lemma 3 block converted at the summed
   epsilon; the per-call slack must be sized for that (it once gave delta = 1.018e-5 > 1e-5)."""
-  from dpsco_jax.algorithms.resque_private import _spend
+  from dpsco_jax.algorithms.resque.private import _spend
   prob = problems.absolute(n_users=512, m=1, d=3, key=jax.random.key(0), radius=1.0,
                            noise=0.0, n_eval=100)
   cfg = {**CFG, "phases": phases, "phase_budget": budget, "T_frac": 1 / 64}

@@ -17,7 +17,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy.stats import norm
 
 from dpsco_jax import problems
-from dpsco_jax.algorithms import srgd
+from dpsco_jax.algorithms.srgd import driver as srgd
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded
 from dpsco_jax.transforms import srg
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user

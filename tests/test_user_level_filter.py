@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsco_jax.algorithms.user_level_filter import (_filter_release,
+from dpsco_jax.algorithms.user_level_filter.driver import (_filter_release,
                                                     corrupt_users, hinge_problem,
                                                     user_level_accelerated_erm,
                                                     user_level_accelerated_erm_smoothed,
                                                     user_level_phased_sgd)
-from dpsco_jax.algorithms.user_level_schedules import (alg1_schedule, alg3_schedule,
+from dpsco_jax.algorithms.user_level_filter.schedules import (alg1_schedule, alg3_schedule,
                                                        certified_sensitivity,
                                                        flip_count_bound, hoeffding_tau,
                                                        phase_sizes)
@@ -230,8 +230,8 @@ def test_alg1_iid_keeps_all_groups_and_30_percent_halts(clean):
 def test_accounting_events_and_provenance_rules():
   """Subsampling without replacement (K of n_i) amplifies; the provenance rule says
   'accountant' only when the bad events fit in delta/2, with the reason otherwise."""
-  from dpsco_jax.algorithms.user_level_filter import _gauss_event, _provenance_note
-  from dpsco_jax.algorithms.user_level_schedules import good_event_failure
+  from dpsco_jax.algorithms.user_level_filter.driver import _gauss_event, _provenance_note
+  from dpsco_jax.algorithms.user_level_filter.schedules import good_event_failure
   from dpsco_jax.privacy.ledger import epsilon_of
   kw = dict(delta=5e-7, relation="replace_one", accountant="rdp")
   full = epsilon_of(_gauss_event(10.0, 600, 600, 60), **kw)

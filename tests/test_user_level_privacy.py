@@ -24,9 +24,9 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
-from dpsco_jax.algorithms import output_perturbation as op
-from dpsco_jax.algorithms import user_level_filter as ulf
-from dpsco_jax.algorithms.user_level_plan import PublicSpec, make_ledger
+from dpsco_jax.algorithms.output_perturbation import driver as op
+from dpsco_jax.algorithms.user_level_filter import driver as ulf
+from dpsco_jax.algorithms.user_level_filter.plan import PublicSpec, make_ledger
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 from dpsco_jax.problems import make
 

@@ -22,13 +22,13 @@ __all__ = ["AlgorithmEntry", "register", "algorithms", "ALGORITHM_MODULES"]
 
 #: Modules that define algorithms (imported by :func:`algorithms`).
 ALGORITHM_MODULES: tuple[str, ...] = (
-    "dpsco_jax.algorithms.baselines",
-    "dpsco_jax.algorithms.user_level_filter",
-    "dpsco_jax.algorithms.output_perturbation",
-    "dpsco_jax.algorithms.resque",
-    "dpsco_jax.algorithms.srgd",
-    "dpsco_jax.algorithms.bilevel",
-    "dpsco_jax.algorithms.localized_gd",
+    "dpsco_jax.algorithms.dpsgd.driver",
+    "dpsco_jax.algorithms.user_level_filter.driver",
+    "dpsco_jax.algorithms.output_perturbation.driver",
+    "dpsco_jax.algorithms.resque.driver",
+    "dpsco_jax.algorithms.srgd.driver",
+    "dpsco_jax.algorithms.bilevel.driver",
+    "dpsco_jax.algorithms.bilevel.localized_gd",
 )
 
 

@@ -108,7 +108,7 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
   ``add_remove`` declares ``n_users`` (``sampling="full"`` explicitly). Claim: the driver's
   ``Result.privacy.epsilon`` on ``D``. Twins: ``noise_halved`` (every sampling),
   ``realized_count`` (full, add_remove)."""
-  from dpsco_jax.algorithms import baselines
+  from dpsco_jax.algorithms.dpsgd import driver as baselines
   check_relation(relation)
   sampling = sampling or {"add_remove": "poisson", "zero_out": "full",
                           "replace_one": "fixed"}[relation]
@@ -201,7 +201,7 @@ def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch:
   driver's ledger epsilon of ``plan.event`` (tree, ``mu = sqrt(levels)/z``). Twin
   ``independent_accounting``: the same releases claimed as by
   ``accelerated_dp_srgd_independent_noise`` at the same ``z`` (``mu = 1/z``)."""
-  from dpsco_jax.algorithms import srgd
+  from dpsco_jax.algorithms.srgd import driver as srgd
   from dpsco_jax.privacy.ledger import epsilon_of
   if check_relation(relation) != "zero_out":
     raise ValueError("relation: the SRGD audit uses zero_out (the paper's relation)")
@@ -240,7 +240,7 @@ def output_perturbation_driver(relation: str = "replace_one", broken: str | None
   canary ``x = e_0`` replaced by ``-e_0``: the minimizer moves by ``2G/(mu n)``, the bound
   the driver calibrates for. Claim: the driver's ``Result.privacy.epsilon``. Twin
   ``noise_halved``: the driver with half its calibrated noise multiplier."""
-  from dpsco_jax.algorithms import output_perturbation as op
+  from dpsco_jax.algorithms.output_perturbation import driver as op
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: naive output perturbation (paper 001) is replace_one")
   _check_broken(broken, ("noise_halved",), "output_perturbation_driver")
@@ -271,7 +271,7 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
   """``dp_loc_gd`` (full batch, one round) through ``localized_gd.dp_loc_gd_releases`` with
   the runner's plan (``plan_dp_loc_gd``); the canary example ``10 C e_0`` is replaced by its
   negation. Claim: ``run_dp_loc_gd(...).privacy.epsilon``. Twin ``noise_halved``."""
-  from dpsco_jax.algorithms import localized_gd as lg
+  from dpsco_jax.algorithms.bilevel import localized_gd as lg
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: DP-Loc-GD (paper 004) is replace_one")
   _check_broken(broken, ("noise_halved",), "loc_gd_driver")
@@ -312,7 +312,7 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
   likelihood-ratio statistic: equal shifts, i.i.d. noise). Claim: ``dp_bilevel(...)``'s
   ``privacy.epsilon`` (PLD composition of all ``3T`` mechanisms). Twin ``noise_halved``: every
   multiplier of the plan halved."""
-  from dpsco_jax.algorithms import bilevel as bl
+  from dpsco_jax.algorithms.bilevel import driver as bl
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: DP bilevel (paper 004) is replace_one")
   _check_broken(broken, ("noise_halved",), "bilevel_driver")

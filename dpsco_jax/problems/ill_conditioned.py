@@ -1,4 +1,4 @@
-"""Paper 003's ill-conditioned least squares (moved out of :mod:`dpsco_jax.algorithms.srgd`):
+"""Paper 003's ill-conditioned least squares (moved out of :mod:`dpsco_jax.algorithms.srgd.driver`):
 the regime where acceleration pays (the core problem is isotropic, Hessian ``I/d``)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """L2-regularized logistic regression with bounded features (paper 001's strongly convex
-problem, ``l2_logistic``). Re-exported by :mod:`dpsco_jax.algorithms.output_perturbation`."""
+problem, ``l2_logistic``). Re-exported by :mod:`dpsco_jax.algorithms.output_perturbation.driver`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Problems of ours for paper 000's experiments: corrupted users and a non-smooth hinge SVM.
 
-Re-exported by :mod:`dpsco_jax.algorithms.user_level_filter`; they build data, they release
+Re-exported by :mod:`dpsco_jax.algorithms.user_level_filter.driver`; they build data, they release
 nothing. Factories ``logistic_corrupted`` and ``hinge`` are registered in
 :func:`dpsco_jax.problems.problems`.
 """

@@ -1,6 +1,6 @@
 """The certified solver of paper 001 (f of DelOutputPert): an optax chain in displacement
 coordinates, with a data-independent iteration count that certifies accuracy ``tau`` on every
-sub-dataset. Split out of :mod:`dpsco_jax.algorithms.output_perturbation` (re-exported there).
+sub-dataset. Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from dpsco_jax._checks import check_positive
-from dpsco_jax.algorithms import deletion_stability as ds
+from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.steps import acsa, add_prox_to_anchor, released_params
 

@@ -18,9 +18,9 @@ import optax
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_choice, check_int, check_positive
-from dpsco_jax.algorithms import ball_acceleration as ba
+from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import cfg_get as _cfg
-from dpsco_jax.algorithms.resque_solvers import problem_items
+from dpsco_jax.algorithms.resque.solvers import problem_items
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result

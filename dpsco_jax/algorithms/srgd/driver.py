@@ -19,7 +19,7 @@ and the released model is ``y_T``. Variants from the same parts (:func:`srgd_cha
   * ``noise="independent"``: the SRG with independent per-step noise (the spec §2.2 warning:
     prefix variance grows like ``t`` instead of ``O(log t)``).
 
-Privacy: see :mod:`dpsco_jax.algorithms.srgd_plan`. In short, relations ``zero_out`` (default,
+Privacy: see :mod:`dpsco_jax.algorithms.srgd.plan`. In short, relations ``zero_out`` (default,
 the paper's) and ``replace_one`` (``n`` public: the batches and the denominator ``B`` are the
 same on neighbours, one increment changes by ``C/B`` resp. ``2C/B``); ``add_remove`` is refused
 (removing an example re-batches the rest of the stream). The run is ``mu``-GDP with
@@ -31,7 +31,7 @@ Audit hook: :func:`srgd_releases` returns the per-step privatized releases (nois
 or noisy increments without the SRG) of a plan on a dataset and key, optionally with a
 zero-out ``user_mask``, the noise switched off, or replayed at given query points.
 
-Presets (:mod:`dpsco_jax.algorithms.srgd_presets`): ``theory`` reproduces Eq. (19)/Thm 5.8
+Presets (:mod:`dpsco_jax.algorithms.srgd.presets`): ``theory`` reproduces Eq. (19)/Thm 5.8
 (``variant="interior"``) or Thm 5.12 (``variant="constrained"``) and refuses vacuous settings;
 ``practical``: ``B = floor(sqrt n)``, ``T = floor(n/B)``, ``beta = M max(1, beta_scale T)``.
 
@@ -59,10 +59,10 @@ from dpsco_jax import config_families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
 from dpsco_jax.algorithms.registry import register
-from dpsco_jax.algorithms.srgd_plan import (ACCOUNTANT, SUPPORTED_RELATIONS, VARIANTS,
+from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, paper_epsilon, plan_srgd,
                                             resolve_relation)
-from dpsco_jax.algorithms.srgd_presets import (PRESETS, SRGDParams, interior_c_dp,
+from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, interior_c_dp,
                                                practical_params, theory_params)
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
@@ -392,7 +392,7 @@ def _algorithm(name: str) -> Callable:
   fn.__name__ = fn.__qualname__ = name
   srg, noise, acc = VARIANTS[name]
   fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): "
-                "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.")
+                "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.driver.")
   return register(name, config=cf.SrgdConfig, paper="003")(fn)
 
 

@@ -10,7 +10,7 @@
     eq. (28) schedule (``beta_i T_i`` doubling, distance bounds ``r_i``).
   * Alg. 6 :func:`mlmc_prox_estimator` — MLMC bias reduction, ``J ~ Geom(1/2)``.
   * Alg. 7 :func:`high_probability_solver` — ``ceil(20 log(1/zeta))`` runs of Alg. 5 +
-    :func:`~dpsco_jax.algorithms.ball_oracles.majority_aggregate` (Lemma 11).
+    :func:`~dpsco_jax.algorithms.resque.ball_oracles.majority_aggregate` (Lemma 11).
 
 Algs 5-7 only compose and post-process Alg. 4 calls. Each takes ``charge(T, beta, label)``,
 called before every Alg. 4 call (the ledger), and ``alg4`` (default
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsco_jax._checks import check_int
-from dpsco_jax.algorithms.ball_oracles import majority_aggregate
+from dpsco_jax.algorithms.resque.ball_oracles import majority_aggregate
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.transforms.noise import tree_gaussian_like
 from dpsco_jax.transforms.resque import reweight, sample_queries

@@ -4,7 +4,7 @@ Choquette-Choo, Ganesh, Thakurta (2024), decoded in spec 003 §2.3 and §7.4. No
 touches data or calibrates noise: a preset maps the public facts of a problem (``n``, ``p``,
 ``L``, ``M``, ``R``) to the schedule ``(T, B)``, the scaling ``beta`` and the clip ``C``. The
 ``theory`` preset also carries the paper's own node noise (Cor. 5.7 / Cor. 5.11), whose
-privacy is then *accounted* (not assumed) by :mod:`dpsco_jax.algorithms.srgd_plan`.
+privacy is then *accounted* (not assumed) by :mod:`dpsco_jax.algorithms.srgd.plan`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Privacy (spec §3). FILTER, not clipping, is what bounds the sensitivity: kept s
 ``<= 2 r_h`` and, with common coins, neighbouring kept sets differ in ``<= 1 + k(zeta)`` points,
 so the filtered mean moves by at most ``Delta = 4 r_h (1 + k(zeta)) / (f K)`` w.p. ``1 - zeta``
 on the good event (``f = 2/3`` Alg. 1, ``1/10`` Alg. 2; explicit constants derived in
-:func:`~dpsco_jax.algorithms.user_level_schedules.certified_sensitivity`; the paper only gives
+:func:`~dpsco_jax.algorithms.user_level_filter.schedules.certified_sensitivity`; the paper only gives
 ``O(tau log(1/zeta)/K)``, Lemmas B.2/C.2). Per phase:
 
 * Alg. 1: Laplace test (pure ``2/b``-DP) + one Gaussian mechanism of shift ``Delta_i``.
@@ -36,12 +36,12 @@ on the good event (``f = 2/3`` Alg. 1, ``1/10`` Alg. 2; explicit constants deriv
 
 Neighbouring relation: replace-one user (Definition 1.3), ``n`` and ``m`` public; ``relation``
 other than ``replace_one`` is refused (FILTER averages over a public number of users; see
-:mod:`~dpsco_jax.algorithms.user_level_plan`). Noise: ``sigma = z * Delta / 2`` — ``Delta``
+:mod:`~dpsco_jax.algorithms.user_level_filter.plan`). Noise: ``sigma = z * Delta / 2`` — ``Delta``
 is the replace-one shift and the ledger, under replace-one, doubles ``C = Delta/2`` itself
 (issue 11 point 4: the noise used to be ``z * Delta``, twice the needed amount).
 
 Accounting. Everything is planned from public numbers before any data is touched
-(:func:`~dpsco_jax.algorithms.user_level_plan.plan_alg1` / ``plan_alg3``) and charged to one
+(:func:`~dpsco_jax.algorithms.user_level_filter.plan.plan_alg1` / ``plan_alg3``) and charged to one
 :class:`~dpsco_jax.privacy.PrivacyLedger` before the first release: per phase (disjoint users,
 ``group=phase``: parallel composition) the pure-DP test (``pure_dp_event``, basic
 composition) and the Gaussian release(s) (PLD, or RDP for sampling without replacement), at
@@ -92,10 +92,10 @@ from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.common import cfg_get
-from dpsco_jax.algorithms.user_level_plan import (RELATION, FilterPlan, Options, PublicSpec,
+from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, Options, PublicSpec,
                                                   gauss_event, make_ledger, plan_alg1,
                                                   plan_alg3, read_options)
-from dpsco_jax.algorithms.user_level_schedules import (Alg1Schedule, Alg3Schedule,
+from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule)
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance

@@ -1,10 +1,10 @@
 """Paper 001's phased algorithms: Phased-ERM (Alg. 3), Phased-SCO (Alg. 4) and the strongly
 convex reductions (Algs 5-6), each a sequence of SCOutputPert calls.
 
-Split out of :mod:`dpsco_jax.algorithms.output_perturbation` (re-exported there; see its
+Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there; see its
 docstring for the deviations). Accounting: every call is an ``ApproxDpEvent`` block (Thm 3.3)
 on the one ledger, all charged before the first release (:func:`_phase_blocks`, charged by
-:func:`~dpsco_jax.algorithms.output_perturbation.charge_output_pert`); Phased-ERM
+:func:`~dpsco_jax.algorithms.output_perturbation.driver.charge_output_pert`); Phased-ERM
 composes ``T`` calls at ``(eps/T, delta/T)`` (basic composition), Phased-SCO one call at the
 full ``(eps, delta)`` per disjoint user block (``group=``: parallel composition).
 """
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
-from dpsco_jax.algorithms.output_perturbation import (OutputPertPlan, OutputPertSettings,
+from dpsco_jax.algorithms.output_perturbation.driver import (OutputPertPlan, OutputPertSettings,
                                                       SCInfo, _check_common, _check_min_users,
                                                       _debug_dict, _Hook, _problem_mu,
                                                       _require_mu, _require_radius,

@@ -45,14 +45,14 @@ from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
-from dpsco_jax.algorithms import ball_acceleration as ba
+from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import cfg_get as _cfg, required_delta
-from dpsco_jax.algorithms.resque_accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
+from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
                                                     RELATION, PrivacyPreconditionError,
                                                     alg4_rdp, approx_rdp_events,
                                                     check_theorem3_preconditions,
                                                     theorem3_params)
-from dpsco_jax.algorithms.resque_solvers import (Alg4, Alg4Plan, alg4_phase_releases,
+from dpsco_jax.algorithms.resque.solvers import (Alg4, Alg4Plan, alg4_phase_releases,
                                                  alg5_schedule, flat_items,
                                                  high_probability_solver, mlmc_prox_estimator,
                                                  problem_items, strongly_convex_resque)

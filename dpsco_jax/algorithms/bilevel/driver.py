@@ -56,11 +56,11 @@ import optax
 
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
-from dpsco_jax.algorithms.bilevel_plan import (RELATION, BilevelConfig, bilevel_config,
+from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
                                                bilevel_events, noise_ratios, paper_bilevel_noise,
                                                paper_composition_epsilon, theory_params,
                                                with_noise)
-from dpsco_jax.algorithms.localized_gd import dp_loc_gd, loc_gd_stddev
+from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd, loc_gd_stddev
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.problems.bilevel import (BilevelProblem, ProblemConstants,  # noqa: F401
                                        _project_x, diabetes_ridge_problem, exact_lower_solve,

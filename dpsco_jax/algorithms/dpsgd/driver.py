@@ -13,7 +13,7 @@
 
 Chain: ``clip_and_aggregate(C, "mean", D) -> add_gaussian_noise(z C / D) ->
 projected_sgd(learning_rate, R, averaging)``. Relations, what is public, the fixed denominator
-``D`` and the sampling rate are the data-free plan's (:mod:`dpsco_jax.algorithms.dpsgd_plan`): Poisson
+``D`` and the sampling rate are the data-free plan's (:mod:`dpsco_jax.algorithms.dpsgd.plan`): Poisson
 defaults to ``add_remove`` (``q`` and ``D = q * n_users`` from the declared ``n_users``),
 ``full`` to ``zero_out`` (``D = n``, public), ``fixed`` to ``replace_one``. Provenance
 ``accountant``. A configured ``epsilon`` is a budget: the ledger is charged before the first
@@ -43,7 +43,7 @@ from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import cfg_get, run_chain, sampling_setup
-from dpsco_jax.algorithms.dpsgd_plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
+from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
                                              group_privacy_targets, plan_dp_sgd)
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance)

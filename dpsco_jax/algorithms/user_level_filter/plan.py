@@ -14,7 +14,7 @@ refused too (it would be sound, as a special replacement, but only with a differ
 convention than the one below, and nobody needs it).
 
 Noise convention (one convention, the library's): the sensitivities of
-:mod:`~dpsco_jax.algorithms.user_level_schedules` are *replace-one* shifts ``Delta`` of the
+:mod:`~dpsco_jax.algorithms.user_level_filter.schedules` are *replace-one* shifts ``Delta`` of the
 filtered mean (the replaced user plus coupled membership flips). The Gaussian noise multiplier
 is ``z = sigma / C`` with ``C = Delta / 2`` the add/remove-equivalent sensitivity: the ledger,
 under ``replace_one``, accounts for the shift ``2 C = Delta`` itself. (Before issue 11 the
@@ -38,7 +38,7 @@ import dp_accounting
 
 from dpsco_jax._checks import check_bool, check_choice, check_epsilon, check_positive
 from dpsco_jax.algorithms.common import cfg_get, required_delta
-from dpsco_jax.algorithms.user_level_schedules import (Alg1Schedule, Alg3Schedule,
+from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        certified_sensitivity,
                                                        good_event_failure,
                                                        typical_sensitivity)

@@ -8,7 +8,7 @@ Algorithms (all user-level, replace-one neighbours):
 
 * ``sc_output_pert`` — SCOutputPert (Alg. 2) = DelOutputPert (Alg. 1) around the minimizer of a
   mu-strongly convex ERM, with the App. C certificate as fast path and the exact stability test
-  as fallback (:mod:`dpsco_jax.algorithms.deletion_stability`). (eps, delta) by Thm 3.3.
+  as fallback (:mod:`dpsco_jax.algorithms.output_perturbation.deletion_stability`). (eps, delta) by Thm 3.3.
 * ``phased_erm_output_pert`` — Phased-ERM (Alg. 3), convex loss, ``T = ceil(log2(nm))`` calls of
   SCOutputPert at ``(eps/T, delta/T)`` on prox-regularised objectives, projected anchors.
 * ``phased_sco_output_pert`` — Phased-SCO (Alg. 4), disjoint user blocks ``(n/2^i, n/2^{i-1}]``,
@@ -86,11 +86,11 @@ from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
-from dpsco_jax.algorithms import deletion_stability as ds
+from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.problems.output_perturbation import _l2_loss, l2_logistic
-from dpsco_jax.algorithms.output_perturbation_solver import (SolverPlan, _certify, _solve,
+from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, _certify, _solve,
                                                              _solve_all_subsets, solver_plan)
 from dpsco_jax.privacy import (ApproxDpEvent, PrivacyLedger, PrivacyReport, Provenance,
                                check_relation)
@@ -524,8 +524,8 @@ def output_perturbation_releases(algorithm: str, problem: SCOProblem, cfg: dict,
 
 # the naive baseline, the crossover calculator and the phased algorithms build on the
 # settings and SCOutputPert above (imported last)
-from dpsco_jax.algorithms.output_perturbation_naive import (  # noqa: E402
+from dpsco_jax.algorithms.output_perturbation.naive import (  # noqa: E402
     crossover_m, naive_output_pert, naive_sigma, noise_ratio)
-from dpsco_jax.algorithms.output_perturbation_phased import (  # noqa: E402
+from dpsco_jax.algorithms.output_perturbation.phased import (  # noqa: E402
     localization_radius, phased_erm_output_pert, phased_erm_schedule, phased_sco_output_pert,
     phased_sco_schedule, sc_erm_output_pert, sc_sco_output_pert)

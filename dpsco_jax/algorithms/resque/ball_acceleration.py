@@ -47,7 +47,7 @@ import jax.numpy as jnp
 
 from dpsco_jax._checks import check_int, check_positive
 # The oracles are part of this module's public surface (re-exported).
-from dpsco_jax.algorithms.ball_oracles import (BallOracle, GradOracle, OracleCost,  # noqa: F401
+from dpsco_jax.algorithms.resque.ball_oracles import (BallOracle, GradOracle, OracleCost,  # noqa: F401
                                                acsa_ball, acsa_plan, ball_composite_step,
                                                dataset_oracle, epoch_sgd_ball, epoch_sgd_plan,
                                                make_acsa_oracle, make_epoch_sgd_oracle,

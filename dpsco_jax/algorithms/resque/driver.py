@@ -22,14 +22,14 @@ defined) and it re-exports every public name of the modules that implement them:
 
 from __future__ import annotations
 
-from dpsco_jax.algorithms.resque_accounting import (  # noqa: F401
+from dpsco_jax.algorithms.resque.accounting import (  # noqa: F401
     ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC, LEMMA5_DRIFT, RELATION, PrivacyPreconditionError,
     alg4_rdp, approx_rdp_events, check_theorem3_preconditions, theorem3_params)
-from dpsco_jax.algorithms.resque_parallel import minibatch_sgd, resque_parallel_sco
-from dpsco_jax.algorithms.resque_private import (  # noqa: F401
+from dpsco_jax.algorithms.resque.parallel import minibatch_sgd, resque_parallel_sco
+from dpsco_jax.algorithms.resque.private import (  # noqa: F401
     Alg4Call, PhasePlan, ResquePrivatePlan, ResqueReleases, _phase_plan, private_erm,
     resque_private_plan, resque_private_releases, resque_private_sco)
-from dpsco_jax.algorithms.resque_solvers import (  # noqa: F401
+from dpsco_jax.algorithms.resque.solvers import (  # noqa: F401
     Alg4Plan, alg4_phase_releases, alg4_plan, alg5_schedule, draw_queries, flat_items,
     high_probability_solver, localized_resque_sgd, mlmc_prox_estimator, phase_average,
     problem_items, strongly_convex_resque)

@@ -24,7 +24,7 @@ from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_i
                                check_nonnegative, check_positive)
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
-from dpsco_jax.algorithms.localized_gd import (LocGDConfig, loc_gd_event, loc_gd_rounds,
+from dpsco_jax.algorithms.bilevel.localized_gd import (LocGDConfig, loc_gd_event, loc_gd_rounds,
                                                loc_gd_stddev, loc_gd_step_event,
                                                paper_loc_gd_stddev)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
@@ -120,7 +120,7 @@ def theory_params(consts: ProblemConstants, *, epsilon: float, delta: float, n: 
 
 def bilevel_events(bcfg: BilevelConfig, n: int) -> list[tuple[str, dp_accounting.DpEvent, int]]:
   """``(label, event, count)`` of every mechanism of a run (count = ``T``), replace-one, in the
-  library's convention (:func:`~dpsco_jax.algorithms.localized_gd.loc_gd_step_event`): data
+  library's convention (:func:`~dpsco_jax.algorithms.bilevel.localized_gd.loc_gd_step_event`): data
   free, ``n`` is public. A zero multiplier on a data-dependent mechanism has no event: raises."""
   out = [("lower-level y* solves (DP-Loc-(S)GD on g)", loc_gd_event(bcfg.inner_y, n),
           bcfg.steps),

@@ -47,7 +47,7 @@ import dp_accounting
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import required_delta
-from dpsco_jax.algorithms.srgd_presets import (PRESETS, SRGDParams, practical_params,
+from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, practical_params,
                                                theory_params)
 from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, PrivacyLedger,
                                calibrate_noise_multiplier, check_relation,

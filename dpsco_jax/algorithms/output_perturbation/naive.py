@@ -1,6 +1,6 @@
 """Paper 001's naive baseline and the crossover calculator (spec §5).
 
-Split out of :mod:`dpsco_jax.algorithms.output_perturbation` (re-exported there).
+Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there).
 
 ``naive_output_pert`` releases ``θ̃(x) + N(0, σ² I)`` under replace-one user adjacency (``n``
 public): the minimizer of a ``μ``-strongly convex ERM over ``n`` users moves by at most
@@ -23,11 +23,11 @@ import jax.numpy as jnp
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_positive
-from dpsco_jax.algorithms.output_perturbation import (OutputPertSettings, _check_common,
+from dpsco_jax.algorithms.output_perturbation.driver import (OutputPertSettings, _check_common,
                                                       _Hook, _problem_mu, _project,
                                                       _require_mu, _settings_for, alg2_delta,
                                                       gamma_threshold)
-from dpsco_jax.algorithms.output_perturbation_solver import SolverPlan, _solve, solver_plan
+from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, _solve, solver_plan
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                calibrate_noise_multiplier)
 from dpsco_jax.privacy import discrete_laplace as tdl

@@ -1,0 +1,1 @@
+"""Paper 003 (Choquette-Choo, Ganesh, Thakurta): Accelerated DP-SRGD. ``presets`` (theory / practical schedules), ``plan`` (data-free plan and events), ``driver`` (the scan and the registered drivers)."""
