@@ -25,9 +25,10 @@
   (:class:`~dpsco_jax.data.ProblemConstants`): an algorithm that needs an undeclared one
   raises :class:`~dpsco_jax.data.MissingConstant` naming it.
 
-Algorithms that cannot run on arbitrary data are refused with the reason: the bilevel
-methods need an outer and an inner loss (a ``BilevelProblem``), and ``resque_parallel_sco`` /
-``minibatch_sgd`` stop at a target *excess risk*, which needs a known optimum.
+Every registered algorithm has a planner in :mod:`dpsco_jax.planners` or is refused with the
+reason (``UNSUPPORTED``): the bilevel methods need an outer and an inner loss (a
+``BilevelProblem``), and ``resque_parallel_sco`` / ``minibatch_sgd`` stop at a target *excess
+risk*, which needs a known optimum.
 """
 
 from __future__ import annotations

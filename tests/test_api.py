@@ -170,3 +170,13 @@ def test_fit_model_updates_the_nnx_model_in_place():
                                                   if hasattr(res.params["l"]["kernel"],
                                                              "value")
                                                   else res.params["l"]["kernel"]))
+
+
+def test_every_registered_algorithm_is_planned_or_refused_with_its_reason():
+  from dpsco_jax.planners import PLANNED
+  names = set(dpsco_jax.algorithms.registry.algorithms())
+  assert names == set(PLANNED) | set(api.UNSUPPORTED)
+  assert not set(PLANNED) & set(api.UNSUPPORTED)
+  for name, reason in api.UNSUPPORTED.items():
+    with pytest.raises(ConfigError, match="cannot run on a loss_fn"):
+      api.plan(name, {}, DataSpec(10, 2), num_params=3)
