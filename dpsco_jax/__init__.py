@@ -27,7 +27,8 @@ from dpsco_jax.transforms import (AcsaState, ClipState, GaussianNoiseState, Proj
                                   add_prox_to_anchor, aggregate, aggregation_sensitivity,
                                   clip_and_aggregate, clip_per_user, filter_points,
                                   independent_prefix_sum_noise, outlier_filter,
-                                  prefix_sum_noise, project_l2_ball, projected_sgd, projection,
+                                  prefix_noise_event, prefix_noise_mu, prefix_sum_noise,
+                                  project_l2_ball, projected_sgd, projection,
                                   released_params, reweight, sample_queries,
                                   scale_by_srg_weight, srg_differences, tree_gaussian_like,
                                   tree_global_norms, tree_prefix_sum_noise)
@@ -42,12 +43,13 @@ __all__ = [
     # per-user gradients
     "per_user_grads", "per_example_grads", "per_user_grads_two_points", "shard_users",
     "user_mesh", "sample_uniform_ball", "smoothing_offsets",
-    # transformations (each a GradientTransformation; noise stages carry their sensitivity via
-    # aggregation_sensitivity / their event builders in privacy)
+    # transformations (each a GradientTransformation). Each noise stage comes with its
+    # accounting: add_gaussian_noise(z * aggregation_sensitivity(...)) is a GaussianDpEvent(z)
+    # per release; the prefix-sum (tree) stages' whole run is prefix_noise_event(z, T)
     "clip_per_user", "aggregate", "clip_and_aggregate", "aggregation_sensitivity",
     "tree_global_norms", "outlier_filter", "filter_points", "reweight", "add_gaussian_noise",
     "tree_gaussian_like", "prefix_sum_noise", "tree_prefix_sum_noise",
-    "independent_prefix_sum_noise", "srg_differences", "scale_by_srg_weight",
+    "independent_prefix_sum_noise", "prefix_noise_event", "prefix_noise_mu", "srg_differences", "scale_by_srg_weight",
     "sample_queries", "resque", "projected_sgd", "project_l2_ball", "projection", "acsa",
     "accelerated_projected_step", "add_prox_to_anchor", "released_params",
     "ClipState", "GaussianNoiseState", "ProjectedSGDState", "AcsaState",

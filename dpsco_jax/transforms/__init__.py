@@ -15,5 +15,6 @@ from dpsco_jax.transforms.post_processing import add_public_gradient, track_min_
 from dpsco_jax.transforms.resque import reweight, sample_queries
 from dpsco_jax.transforms.srg import (accelerated_projected_step, scale_by_srg_weight,
                                       srg_differences)
-from dpsco_jax.transforms.tree_noise import (independent_prefix_sum_noise, prefix_sum_noise,
+from dpsco_jax.transforms.tree_noise import (independent_prefix_sum_noise, prefix_noise_event,
+                                             prefix_noise_mu, prefix_sum_noise,
                                              tree_prefix_sum_noise)
