@@ -180,3 +180,11 @@ def test_every_registered_algorithm_is_planned_or_refused_with_its_reason():
   for name, reason in api.UNSUPPORTED.items():
     with pytest.raises(ConfigError, match="cannot run on a loss_fn"):
       api.plan(name, {}, DataSpec(10, 2), num_params=3)
+
+
+def test_curated_all_is_importable_and_names_the_user_api():
+  missing = [n for n in dpsco_jax.__all__ if not hasattr(dpsco_jax, n)]
+  assert not missing, missing
+  for name in ("UserData", "DataSpec", "plan", "run", "fit", "ProblemConstants",
+               "PrivacyReport", "clip_per_user", "prefix_noise_event"):
+    assert name in dpsco_jax.__all__
