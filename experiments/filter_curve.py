@@ -31,6 +31,7 @@ CONFIG = os.path.join(HERE, "configs_eval", "filter_curve.yaml")
 RECORDS = os.path.join(HERE, "results", "filter_curve_records.jsonl")
 SUMMARY = os.path.join(HERE, "results", "filter_curve.json")
 PNG = os.path.join(HERE, "results", "filter_curve.png")
+N2000 = os.path.join(HERE, "results", "filter_halting.json")
 ALG3, ALG1 = "user_level_accelerated_erm", "user_level_phased_sgd"
 DPSGD, NONPRIV = "dp_sgd_user", "nonprivate_sgd"
 FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
@@ -217,7 +218,38 @@ def analyze(args) -> dict:
            f"{row['vs_dp_sgd_paired_seeds']}")
     print(f"{row['algorithm']:27s} m={row['m']:3d} f={row['corruption']:.2f} n={row['seeds']:2d} "
           f"risk {row['excess_risk_mean']:.4f} [{lo:.4f}, {hi:.4f}] {h}{d}")
+  print(markdown(table))
   return out
+
+
+def markdown(table: list[dict]) -> str:
+  """One line per (m, fraction): the four algorithms side by side."""
+  cell = {(r["algorithm"], r["m"], r["corruption"]): r for r in table}
+  risk = lambda r: (f"{r['excess_risk_mean']:.4f} [{r['excess_risk_ci95_t'][0]:.4f}, "  # noqa
+                    f"{r['excess_risk_ci95_t'][1]:.4f}]" if r else "not run")
+  def halt(r):
+    if not r:
+      return "not run"
+    lo, hi = r["halting_ci95_clopper_pearson"]
+    pred = r.get("predicted_halting_rate")
+    return (f"{r['halted']}/{r['seeds']} [{lo:.2f}, {hi:.2f}]"
+            + (f" (model {pred:.3g})" if pred is not None else ""))
+  def vs(r):
+    if not r or "vs_dp_sgd_diff_mean" not in r:
+      return "—"
+    lo, hi = r["vs_dp_sgd_diff_ci95_t"]
+    return (f"{r['vs_dp_sgd_diff_mean']:+.4f} [{lo:+.4f}, {hi:+.4f}], ratio "
+            f"{r['vs_dp_sgd_ratio']:.2f}, {r['vs_dp_sgd_wins']}/{r['vs_dp_sgd_paired_seeds']}")
+  lines = ["| m | f | Alg 3 halted [CP 95%] | Alg 3 excess risk [t 95%] | Alg 3 − DP-SGD, paired "
+           "[t 95%], ratio, wins | Alg 1 halted [CP 95%] | Alg 1 excess risk | DP-SGD excess risk "
+           "| non-private SGD |", "|" + "---|" * 9]
+  for m in sorted({r["m"] for r in table}, reverse=True):
+    for f in FRACTIONS:
+      a3, a1 = cell.get((ALG3, m, f)), cell.get((ALG1, m, f))
+      dp, npv = cell.get((DPSGD, m, f)), cell.get((NONPRIV, m, f))
+      lines.append(f"| {m} | {f:.2f} | {halt(a3)} | {risk(a3)} | {vs(a3)} | {halt(a1)} | "
+                   f"{risk(a1)} | {risk(dp)} | {risk(npv)} |")
+  return "\n".join(lines)
 
 
 def plot(table: list[dict], path: str) -> None:
@@ -247,6 +279,16 @@ def plot(table: list[dict], path: str) -> None:
       lo = np.array([r["excess_risk_ci95_t"][0] for r in rows])
       hi = np.array([r["excess_risk_ci95_t"][1] for r in rows])
       bot.errorbar(x, y, yerr=[y - lo, hi - y], color=c, marker=mk, capsize=3, label=lab)
+    grid = np.linspace(0, 0.2, 41)
+    top.plot(100 * grid, [predict_alg3(10_000, f, samples=20_000) for f in grid], color="C0",
+             ls="--", lw=1, label="Alg 3, model (filter_halting.md), n = 1e4")
+    if m == 64 and os.path.exists(N2000):  # last session's n = 2000 curve, same m
+      with open(N2000) as fh:
+        old = [h for h in json.load(fh)["halting"] if h["algorithm"] == ALG3]
+      top.plot([100 * h["corruption"] for h in old], [h["halting_rate"] for h in old],
+               color="gray", marker=".", ls="-", lw=1, label="Alg 3, n = 2000 (30 seeds)")
+      top.plot(100 * grid, [predict_alg3(2000, f, samples=20_000) for f in grid], color="gray",
+               ls="--", lw=1, label="Alg 3, model, n = 2000")
     bot.axhline(0.0827, color="gray", ls=":", lw=1, label="fallback point 0 (0.0827)")
     top.set_title(f"n = 1e4, m = {m}, eps = 1: halting rate (Clopper-Pearson 95%)")
     top.set_ylim(-0.03, 1.03)
