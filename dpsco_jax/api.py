@@ -47,11 +47,16 @@ from dpsco_jax.data.user_data import DataSpec, UserData
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
-__all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "UNSUPPORTED"]
+__all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
+           "UNSUPPORTED"]
 
 #: Algorithms whose rows are items (the item view of the data: weight 1 per real item).
 ITEM_LEVEL = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp_loc_gd",
                         "dp_loc_sgd"})
+#: Item-level guarantees (``dp_sgd_group`` lifts its item-level curve to users, so it is not
+#: here): they hold only if every item is kept, since adding or removing one item of a user
+#: truncated to ``max_items_per_user`` can change several of its kept items.
+ITEM_GUARANTEE = ITEM_LEVEL - {"dp_sgd_group"}
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
 UNSUPPORTED = {
     **{name: "it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
@@ -174,6 +179,11 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array)
     raise ValueError(f"the plan was made for {p.spec.n_users} users x "
                      f"{p.spec.max_items_per_user} items, the data has {data.n_users} x "
                      f"{data.max_items_per_user}: plan again with data.spec")
+  if p.algorithm in ITEM_GUARANTEE and data.n_dropped is not None and data.n_dropped.any():
+    raise ValueError(f"{p.algorithm} gives an item-level guarantee, which does not cover items "
+                     "dropped by max_items_per_user (one added or removed item can change "
+                     "several kept ones): build the UserData without a smaller "
+                     "max_items_per_user, or use a user-level algorithm")
   level = "item" if p.algorithm in ITEM_LEVEL else "user"
   problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
   if problem.d != p.num_params:

@@ -14,13 +14,13 @@ from dpsco_jax.data import DataSpec, MissingConstant, UserData
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 
 
-def _logistic_users(n_rows=900, users=120, d=4, seed=0):
+def _logistic_users(n_rows=900, users=120, d=4, seed=0, max_items=12):
   rng = np.random.default_rng(seed)
   ids = rng.integers(0, users, n_rows)
   x = rng.normal(size=(n_rows, d)).astype(np.float32) / np.sqrt(d)
   w = np.linspace(-1.0, 1.0, d).astype(np.float32)
   y = (rng.random(n_rows) < 1 / (1 + np.exp(-(x @ w) * 3))).astype(np.float32)
-  return UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=12)
+  return UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=max_items)
 
 
 def loss(p, ex):
@@ -136,7 +136,8 @@ def test_dp_sgd_on_uneven_users_approaches_the_known_optimum():
     ("dp_sgd_item", {**DPSGD, "relation": "zero_out", "sampling": "full"}, {}),
 ])
 def test_paper_algorithms_run_on_a_pytree_and_uneven_users(name, cfg, consts):
-  data = _logistic_users()
+  # item-level guarantees need every item kept (no contribution bound below the largest user)
+  data = _logistic_users(max_items=None if name in api.ITEM_GUARANTEE else 12)
   p = api.plan(name, cfg, data.spec, num_params=5, constants=consts)
   res = api.run(p, loss, PARAMS, data, jax.random.key(2))
   assert jax.tree.structure(res.params) == jax.tree.structure(PARAMS)
@@ -188,3 +189,24 @@ def test_curated_all_is_importable_and_names_the_user_api():
   for name in ("UserData", "DataSpec", "plan", "run", "fit", "ProblemConstants",
                "PrivacyReport", "clip_per_user", "prefix_noise_event"):
     assert name in dpsco_jax.__all__
+
+
+def test_item_level_guarantees_refuse_items_dropped_by_the_contribution_bound():
+  rng = np.random.default_rng(5)
+  ids = np.repeat(np.arange(20), 6)
+  x = rng.normal(size=(ids.size, 4)).astype(np.float32)
+  y = (rng.random(ids.size) < 0.5).astype(np.float32)
+  cut = UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=4)
+  assert int(cut.n_dropped.sum()) == 40 and int(cut.select(np.arange(3)).n_dropped.sum()) == 6
+  cfg = {**DPSGD, "relation": "zero_out", "sampling": "full", "batch_size": None}
+  cfg = {k: v for k, v in cfg.items() if v is not None}
+  p = api.plan("dp_sgd_item", cfg, cut.spec, num_params=5)
+  with pytest.raises(ValueError, match="item-level guarantee"):
+    api.run(p, loss, PARAMS, cut, jax.random.key(0))
+  # user level (and group privacy over the kept m items) are fine with a contribution bound
+  api.run(api.plan("dp_sgd_user", cfg, cut.spec, num_params=5), loss, PARAMS, cut,
+          jax.random.key(0))
+  full = UserData.from_arrays({"x": x, "y": y}, ids)
+  assert not full.n_dropped.any()
+  api.run(api.plan("dp_sgd_item", cfg, full.spec, num_params=5), loss, PARAMS, full,
+          jax.random.key(0))

@@ -24,11 +24,13 @@ def loss(p, ex):
           + 0.5 * L2 * (jnp.sum(p["w"] ** 2) + p["b"] ** 2))
 
 
-def _users(n_users: int, m: int, seed: int = 0) -> UserData:
-  """``n_users * m`` rows, every user has one, the rest drawn at random (uneven users)."""
+def _users(n_users: int, m: int, seed: int = 0, even: bool = False) -> UserData:
+  """``n_users * m`` rows, every user has one, the rest drawn at random (uneven users, cut at
+  ``m``); ``even``: exactly ``m`` each (item-level guarantees refuse items dropped by a cut)."""
   rng = np.random.default_rng(seed)
   rows = n_users * m
-  ids = np.concatenate([np.arange(n_users), rng.integers(0, n_users, rows - n_users)])
+  ids = (np.repeat(np.arange(n_users), m) if even else
+         np.concatenate([np.arange(n_users), rng.integers(0, n_users, rows - n_users)]))
   x = rng.normal(size=(rows, 4)).astype(np.float32)
   x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
   y = (rng.random(rows) < 1 / (1 + np.exp(-3 * x @ np.linspace(-1, 1, 4)))).astype(np.float32)
@@ -77,7 +79,7 @@ def test_plan_from_the_spec_is_the_guarantee_of_the_run(name):
   assert p.privacy.epsilon <= cfg["epsilon"] * (1 + 1e-6)
   if name in BLOCKS:
     assert p.privacy.epsilon == pytest.approx(cfg["epsilon"], rel=1e-12)
-  data = _users(n, m)
+  data = _users(n, m, even=name in api.ITEM_GUARANTEE)
   res = api.run(p, loss, PARAMS, data, jax.random.key(0))
   got, want = res.privacy, p.privacy
   assert (got.epsilon, got.delta, got.relation, got.provenance, got.level) == (

@@ -57,7 +57,11 @@ def test_trainer_trains_on_user_data_and_item_level_reads_real_items():
   tr.train(40)
   after = float(np.mean([loss_fn(model, {"x": x[i], "y": y[i]}) for i in range(20)]))
   assert after < 0.5 * before
-  item = DPTrainer(Lin(nnx.Rngs(0)), loss_fn, optax.sgd(0.05), data=data, clip_norm=5.0,
-                   sampling_rate=0.1, delta=1e-5, relation="zero_out", noise_multiplier=0.5,
-                   level="item")
-  assert item.n == int(data.n_items.sum())   # real items only, no padding rows
+  item_args = dict(clip_norm=5.0, sampling_rate=0.1, delta=1e-5, relation="zero_out",
+                   noise_multiplier=0.5, level="item")
+  assert data.n_dropped.any()   # the bound of 6 dropped items: no item-level guarantee
+  with pytest.raises(ValueError, match="item-level guarantee"):
+    DPTrainer(Lin(nnx.Rngs(0)), loss_fn, optax.sgd(0.05), data=data, **item_args)
+  full = UserData.from_arrays({"x": x, "y": y}, ids)
+  item = DPTrainer(Lin(nnx.Rngs(0)), loss_fn, optax.sgd(0.05), data=full, **item_args)
+  assert item.n == 200 == int(full.n_items.sum())   # real items only, no padding rows

@@ -10,7 +10,9 @@ appearance of its id) and ``m = max_items_per_user`` item slots, with an item ma
   kept items are not biased towards the start of the table), or the first ``m`` in table
   order (``selection="first"``). The choice for one user depends only on that user's own
   rows, so it is part of that user's contribution (user-level neighbours stay neighbours).
-  Default ``m``: the largest user's item count (nothing dropped).
+  Default ``m``: the largest user's item count (nothing dropped). Item-level guarantees do
+  not survive a selection (adding or removing one item of a truncated user can change
+  several kept items), so item-level algorithms refuse data with dropped items.
 * **Padding.** A user with ``k < m`` items fills its empty slots with copies of its own items
   (cycled), masked out. Copies, not zeros, so a loss that is undefined at an all-zero example
   (``log 0``) stays finite on padded slots; their weight is exactly 0.
@@ -105,11 +107,15 @@ class UserData:
     item_mask: bool ``[U, m]``, True on real items.
     user_ids: ``[U]`` the users' ids, in order of first appearance.
     n_items: ``[U]`` real items kept per user (``<= m``).
+    n_dropped: ``[U]`` items beyond the contribution bound that were not kept. Data-dependent
+      and never released; item-level algorithms refuse data with dropped items (see
+      :data:`dpsco_jax.api.ITEM_GUARANTEE`).
   """
   examples: Any
   item_mask: np.ndarray
   user_ids: np.ndarray
   n_items: np.ndarray
+  n_dropped: np.ndarray | None = None
 
   def __post_init__(self):
     leaves = jax.tree.leaves(self.examples)
@@ -182,7 +188,7 @@ class UserData:
       slots[u] = rows[np.arange(m) % rows.size]   # pad by cycling the user's own items
     mask = np.arange(m)[None, :] < kept[:, None]
     padded = [leaf[slots] for leaf in leaves]
-    return cls(jax.tree.unflatten(treedef, padded), mask, uniq[order], kept)
+    return cls(jax.tree.unflatten(treedef, padded), mask, uniq[order], kept, counts - kept)
 
   @classmethod
   def from_table(cls, table: Any, *, user_column: str, columns: Sequence[str] | None = None,
@@ -230,7 +236,8 @@ class UserData:
     of users into train and test."""
     idx = np.arange(self.n_users)[np.asarray(users)]
     return UserData(jax.tree.map(lambda x: np.asarray(x)[idx], self.examples),
-                    self.item_mask[idx], self.user_ids[idx], self.n_items[idx])
+                    self.item_mask[idx], self.user_ids[idx], self.n_items[idx],
+                    None if self.n_dropped is None else self.n_dropped[idx])
 
   def items(self) -> Any:
     """Every real item, flattened: leaves ``[sum k_u, ...]`` (e.g. for evaluation)."""

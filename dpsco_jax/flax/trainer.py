@@ -117,6 +117,11 @@ def _from_user_data(loss_fn: LossFn, data: Any, level: str) -> tuple[LossFn, PyT
     return loss_fn, data
   if level == "user":
     return _weighted_model_loss(loss_fn), data.user_view()
+  if data.n_dropped is not None and data.n_dropped.any():
+    raise ValueError("level='item' gives an item-level guarantee, which does not cover items "
+                     "dropped by max_items_per_user (one added or removed item can change "
+                     "several kept ones): build the UserData without a smaller "
+                     "max_items_per_user, or train at level='user'")
   return loss_fn, jax.tree.map(jnp.asarray, data.items())
 
 
