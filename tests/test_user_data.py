@@ -128,3 +128,18 @@ def test_problem_contracts_vector_loss_missing_constant_and_pytree_roundtrip():
     UserDataProblem(lambda p, e: 0.0, params, data, constants={"lipschitz": -1.0})
   with pytest.raises(TypeError, match="must be a number"):
     UserDataProblem(lambda p, e: 0.0, params, data, constants={"lipschitz": "1"})
+
+
+def test_a_users_kept_items_do_not_depend_on_the_other_users():
+  """User-level neighbours stay neighbours: removing (or adding) another user, which shifts
+  every later user's position, leaves each remaining user's random selection unchanged."""
+  rng = np.random.default_rng(7)
+  ids = rng.integers(0, 12, 300)
+  ex = {"v": np.arange(300, dtype=np.float32)}
+  full = UserData.from_arrays(ex, ids, max_items_per_user=5, seed=1)
+  gone = full.user_ids[0]                      # the first user: every position shifts
+  keep = ids != gone
+  less = UserData.from_arrays({"v": ex["v"][keep]}, ids[keep], max_items_per_user=5, seed=1)
+  for u, uid in enumerate(less.user_ids):
+    v = int(np.flatnonzero(full.user_ids == uid)[0])
+    np.testing.assert_array_equal(less.examples["v"][u], full.examples["v"][v])

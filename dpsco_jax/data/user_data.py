@@ -6,10 +6,12 @@ appearance of its id) and ``m = max_items_per_user`` item slots, with an item ma
 
 * **Contribution bound.** ``max_items_per_user`` bounds what one user contributes. A user with
   more items keeps ``m`` of them: a uniformly random subset drawn from a numpy generator
-  seeded with ``seed`` and the user's position (``selection="random"``, the default, so the
-  kept items are not biased towards the start of the table), or the first ``m`` in table
+  seeded with ``seed`` and a hash of the user's id (``selection="random"``, the default, so
+  the kept items are not biased towards the start of the table), or the first ``m`` in table
   order (``selection="first"``). The choice for one user depends only on that user's own
-  rows, so it is part of that user's contribution (user-level neighbours stay neighbours).
+  rows and id, never on the other users (not on its position either, which an added or
+  removed user would shift), so it is part of that user's contribution: user-level
+  neighbours stay neighbours.
   Default ``m``: the largest user's item count (nothing dropped). Item-level guarantees do
   not survive a selection (adding or removing one item of a truncated user can change
   several kept items), so item-level algorithms refuse data with dropped items.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
@@ -82,6 +85,12 @@ def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dic
     v = v.to_numpy() if hasattr(v, "to_numpy") else v
     return np.asarray(v)
   return {"__user__": col(user_column), **{c: col(c) for c in wanted}}
+
+
+def _id_seed(user_id: Any) -> int:
+  """A stable 64-bit seed from a user id (the same across runs, processes and tables)."""
+  value = user_id.item() if hasattr(user_id, "item") else user_id
+  return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little")
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,7 +192,8 @@ class UserData:
     kept = np.minimum(counts, m)
     for u, rows in enumerate(rows_of):
       if rows.size > m:
-        rows = (np.sort(np.random.default_rng([seed, u]).choice(rows, m, replace=False))
+        rng = np.random.default_rng([seed, _id_seed(uniq[order[u]])])
+        rows = (np.sort(rng.choice(rows, m, replace=False))
                 if selection == "random" else rows[:m])
       slots[u] = rows[np.arange(m) % rows.size]   # pad by cycling the user's own items
     mask = np.arange(m)[None, :] < kept[:, None]
