@@ -179,11 +179,8 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array)
     raise ValueError(f"the plan was made for {p.spec.n_users} users x "
                      f"{p.spec.max_items_per_user} items, the data has {data.n_users} x "
                      f"{data.max_items_per_user}: plan again with data.spec")
-  if p.algorithm in ITEM_GUARANTEE and data.n_dropped is not None and data.n_dropped.any():
-    raise ValueError(f"{p.algorithm} gives an item-level guarantee, which does not cover items "
-                     "dropped by max_items_per_user (one added or removed item can change "
-                     "several kept ones): build the UserData without a smaller "
-                     "max_items_per_user, or use a user-level algorithm")
+  if p.algorithm in ITEM_GUARANTEE:
+    data.require_all_items(p.algorithm)
   level = "item" if p.algorithm in ITEM_LEVEL else "user"
   problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
   if problem.d != p.num_params:

@@ -249,6 +249,16 @@ class UserData:
                     self.item_mask[idx], self.user_ids[idx], self.n_items[idx],
                     None if self.n_dropped is None else self.n_dropped[idx])
 
+  def require_all_items(self, who: str) -> None:
+    """Raises unless every item was kept: an item-level guarantee (``who``) does not cover
+    items dropped by ``max_items_per_user``, since one added or removed item of a truncated
+    user can change several of its kept items."""
+    if self.n_dropped is not None and self.n_dropped.any():
+      raise ValueError(f"{who} gives an item-level guarantee, which does not cover items "
+                       "dropped by max_items_per_user (one added or removed item can change "
+                       "several kept ones): build the UserData without a smaller "
+                       "max_items_per_user, or use a user-level algorithm")
+
   def items(self) -> Any:
     """Every real item, flattened: leaves ``[sum k_u, ...]`` (e.g. for evaluation)."""
     return jax.tree.map(lambda x: np.asarray(x)[self.item_mask], self.examples)

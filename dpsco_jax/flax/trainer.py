@@ -101,27 +101,17 @@ def _contains_multisteps(tree: Any) -> bool:
              for x in jax.tree.leaves(tree, is_leaf=lambda y: isinstance(y, optax.MultiStepsState)))
 
 
-def _weighted_model_loss(loss_fn: LossFn) -> LossFn:
-  def loss(model, ex):
-    return ex["weight"] * loss_fn(model, ex["example"])
-  return loss
-
-
 def _from_user_data(loss_fn: LossFn, data: Any, level: str) -> tuple[LossFn, PyTree]:
   """A :class:`~dpsco_jax.data.UserData` as the arrays a step reads. User level: its user
   view (weight ``m / k_u`` on a user's ``k_u`` real items, 0 on padding, so a user's gradient
   is the mean over its real items and padding cannot be counted); item level: its real items.
   Other data is returned unchanged."""
-  from dpsco_jax.data.user_data import UserData
+  from dpsco_jax.data.user_data import UserData, weighted_loss
   if not isinstance(data, UserData):
     return loss_fn, data
   if level == "user":
-    return _weighted_model_loss(loss_fn), data.user_view()
-  if data.n_dropped is not None and data.n_dropped.any():
-    raise ValueError("level='item' gives an item-level guarantee, which does not cover items "
-                     "dropped by max_items_per_user (one added or removed item can change "
-                     "several kept ones): build the UserData without a smaller "
-                     "max_items_per_user, or train at level='user'")
+    return weighted_loss(loss_fn), data.user_view()
+  data.require_all_items("DPTrainer(level='item')")
   return loss_fn, jax.tree.map(jnp.asarray, data.items())
 
 
