@@ -102,23 +102,18 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> dict:
   allowed = _specs(entry.config, "algorithm")
   for name, (tp, doc) in _EXTRA_KEYS.items():
     allowed.setdefault(name, KeySpec(name, tp, None, doc, False, "runner"))
-  out = {}
-  for key, value in config.items():
-    if key in ("algorithm", "problem", "seed"):
-      continue
+  given = {k: v for k, v in config.items() if k not in ("algorithm", "problem", "seed")}
+  for key in given:
     if key not in allowed:
       s = _suggest(str(key), allowed)
       raise ConfigError(f"unknown key {key!r} for algorithm {algorithm!r}"
                         + (f" (did you mean {s!r}?)" if s else "")
                         + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
-    out[key] = _check_type(allowed[key], value)
-  for key, spec in allowed.items():
-    if spec.required and out.get(key) is None:
-      raise ConfigError(f"algorithm {algorithm!r} needs {key} ({spec.doc})")
-  for group in getattr(entry.config, "requires_one_of", ()):
-    if all(out.get(k) is None for k in group):
-      raise ConfigError(f"algorithm {algorithm!r} needs one of {', '.join(group)}")
-  return out
+  fields = {f.name for f in dataclasses.fields(entry.config)}
+  # the schema's own construction checks types, required keys and requires_one_of
+  typed = entry.config(**{k: v for k, v in given.items() if k in fields})
+  return {k: getattr(typed, k) if k in fields else _check_type(allowed[k], v)
+          for k, v in given.items()}
 
 
 @dataclasses.dataclass(frozen=True)
