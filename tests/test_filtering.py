@@ -51,6 +51,28 @@ def test_pairwise_distances_match_numpy_on_multi_leaf_pytree():
   assert (d2b >= 0).all() and np.all(np.diag(d2b) == 0) and np.allclose(d2b, d2b.T)
 
 
+def test_blocked_pair_counts_equal_the_full_matrix_counts():
+  """filter_points counts close pairs a block of rows at a time (never the [U, U] matrix at
+  large U); with a block that does not divide U the counts must equal those of the full
+  symmetrized matrix, padding rows and masked users excluded."""
+  from dpsco_jax.transforms.filtering import _close_pair_counts, _distance_rows, _leaf_rows
+  k1, k2 = jax.random.split(jax.random.key(3))
+  x = {"w": jax.random.normal(k1, (37, 2, 2)), "b": 0.5 * jax.random.normal(k2, (37, 3))}
+  mask = jnp.arange(37) % 5 != 0
+  full = np.asarray(pairwise_sq_distances(x))
+  rows, sq = _leaf_rows(x)
+  np.testing.assert_allclose(np.asarray(_distance_rows(rows, sq, 8, 8)), full[8:16], rtol=1e-6,
+                             atol=1e-6)   # a slab's matmul tiles differently: rounding only
+  vals = np.unique(full)   # radii midway between distinct distances: rounding cannot flip them
+  r_s2, r_h2 = [float(0.5 * (vals[i] + vals[i + 1])) for i in (len(vals) // 2, len(vals) // 4)]
+  c_s, c_h = jax.jit(_close_pair_counts, static_argnames="block")(x, mask, r_s2, r_h2, block=8)
+  m = np.asarray(mask)
+  pair = m[:, None] & m[None, :]
+  np.testing.assert_array_equal(np.asarray(c_s), (pair & (full <= r_s2)).sum(1))
+  np.testing.assert_array_equal(np.asarray(c_h), (pair & (full <= r_h2)).sum(1))
+  assert np.array_equal(full, full.T)
+
+
 def test_score_includes_diagonal():
   k = 9
   same = _filter(jnp.ones((k, 3)), jax.random.key(0), score_radius=0.1)

@@ -97,22 +97,79 @@ def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax
   return jax.tree.map(clean, stacked), mask
 
 
+def _distance_rows(rows: list[jax.Array], sq: list[jax.Array], start: jax.Array | int,
+                   size: int) -> jax.Array:
+  """Rows ``start .. start+size`` of the symmetrized ``[U, U]`` squared-distance matrix.
+
+  ``t_ij = |x_i|^2 + |x_j|^2 - 2<x_i, x_j>`` (per leaf, summed) and the entry is
+  ``(t_ij + t_ji)/2``, ``t_ji`` from its own matmul in the orientation row ``j`` uses: the
+  whole matrix (one block) is exactly symmetric whatever the matmul's reduction order; across
+  blocks the entries agree with it up to the matmul's rounding (its tiling differs with the
+  slab). Either way entry ``(i, j)`` is computed from rows ``i`` and ``j`` alone, which is all
+  the sensitivity bounds use. Clamped at 0 against cancellation; exactly 0 on the diagonal.
+  """
+  u = rows[0].shape[0]
+  total = jnp.zeros((size, u), jnp.float32)
+  for x, s in zip(rows, sq):
+    xb = jax.lax.dynamic_slice_in_dim(x, start, size)
+    sb = jax.lax.dynamic_slice_in_dim(s, start, size)
+    g_ij = jnp.matmul(xb, x.T, precision=_HI)            # <x_i, x_j>, i in the block
+    g_ji = jnp.matmul(x, xb.T, precision=_HI).T          # <x_j, x_i>, as row j computes it
+    t_ij = sb[:, None] + s[None, :] - 2.0 * g_ij
+    t_ji = s[None, :] + sb[:, None] - 2.0 * g_ji
+    total = total + 0.5 * (t_ij + t_ji)
+  total = jnp.maximum(total, 0.0)
+  diag = (start + jnp.arange(size))[:, None] == jnp.arange(u)[None, :]
+  return jnp.where(diag, 0.0, total)
+
+
+def _leaf_rows(stacked: PyTree) -> tuple[list[jax.Array], list[jax.Array]]:
+  rows = [_rows(leaf) for leaf in jax.tree.leaves(stacked)]
+  return rows, [jnp.sum(x * x, axis=1) for x in rows]
+
+
 def pairwise_sq_distances(stacked: PyTree) -> jax.Array:
   """``[U, U]`` squared Euclidean distances between rows, over all leaves jointly.
 
   Gram form per leaf, summed; symmetrized so entry ``(i, j)`` depends on rows ``i, j`` only,
-  clamped at 0 against cancellation, exactly 0 on the diagonal.
+  clamped at 0 against cancellation, exactly 0 on the diagonal. (:func:`filter_points`
+  computes the same entries a block of rows at a time and never holds this matrix.)
   """
   u = _num_rows(stacked)
-  total = jnp.zeros((u, u), jnp.float32)
-  for leaf in jax.tree.leaves(stacked):
-    x = _rows(leaf)
-    sq = jnp.sum(x * x, axis=1)
-    gram = jnp.matmul(x, x.T, precision=_HI)
-    total = total + (sq[:, None] + sq[None, :] - 2.0 * gram)
-  total = 0.5 * (total + total.T)
-  total = jnp.maximum(total, 0.0)
-  return jnp.where(jnp.eye(u, dtype=bool), 0.0, total)
+  rows, sq = _leaf_rows(stacked)
+  return _distance_rows(rows, sq, 0, u)
+
+
+# Rows per block of the pair counts: above this many users the [U, U] matrix (4.4 GB at
+# U = 33,333) is never formed; a [block, U] slab at a time keeps memory O(block * U).
+_PAIR_BLOCK = 1024
+
+
+def _close_pair_counts(clean: PyTree, mask: jax.Array, r_s2: jax.Array, r_h2: jax.Array,
+                       block: int = _PAIR_BLOCK) -> tuple[jax.Array, jax.Array]:
+  """Per real user ``i``: ``#{j real: d_ij <= r_s^2}`` and ``#{j real: d_ij <= r_h^2}``.
+
+  Row blocks under ``lax.map`` (static shapes: ``U`` padded to a multiple of the block with
+  zero rows that the mask excludes); one block when ``U <= block``.
+  """
+  u = _num_rows(clean)
+  b = u if u <= block else block
+  nb = -(-u // b)
+  pad = nb * b - u
+  rows, sq = _leaf_rows(clean)
+  if pad:
+    rows = [jnp.pad(x, ((0, pad), (0, 0))) for x in rows]
+    sq = [jnp.pad(s, (0, pad)) for s in sq]
+    mask = jnp.pad(mask, (0, pad))
+
+  def counts(start):
+    d = _distance_rows(rows, sq, start, b)
+    pair = jnp.logical_and(jax.lax.dynamic_slice_in_dim(mask, start, b)[:, None],
+                           mask[None, :])
+    return (jnp.sum(jnp.logical_and(pair, d <= r_s2), axis=1),
+            jnp.sum(jnp.logical_and(pair, d <= r_h2), axis=1))
+  c_s, c_h = jax.lax.map(counts, jnp.arange(nb) * b)
+  return c_s.reshape(-1)[:u], c_h.reshape(-1)[:u]
 
 
 def inclusion_probability(degrees: jax.Array, num_users: jax.Array | float,
@@ -158,12 +215,10 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
   clean, mask = _sanitize(stacked, user_mask)
   r_s = jnp.asarray(score_radius, jnp.float32)
   r_h = r_s if degree_radius is None else jnp.asarray(degree_radius, jnp.float32)
-  sq = pairwise_sq_distances(clean)
-  pair = jnp.logical_and(mask[:, None], mask[None, :])
+  close_s, close_h = _close_pair_counts(clean, mask, r_s * r_s, r_h * r_h)
   k = jnp.sum(mask).astype(jnp.float32)
-  close_s = jnp.logical_and(pair, sq <= r_s * r_s)
-  score = jnp.sum(close_s) / jnp.maximum(k, 1.0)
-  degrees = jnp.sum(jnp.logical_and(pair, sq <= r_h * r_h), axis=1).astype(jnp.float32)
+  score = jnp.sum(close_s).astype(jnp.float32) / jnp.maximum(k, 1.0)
+  degrees = close_h.astype(jnp.float32)
   p = jnp.where(mask, inclusion_probability(degrees, jnp.maximum(k, 1.0), lo, hi), 0.0)
   coins = jax.random.uniform(key, mask.shape)
   keep = jnp.logical_and(mask, coins < p)
