@@ -49,7 +49,7 @@ def cells(config: dict) -> list[tuple[tuple, dict]]:
     for f in config["corruption"]:
       cell = copy.deepcopy(base)
       cell.update(m=m, corruption=f, experiments=[rows[alg]])
-      out.append(((alg, m, f), cell))
+      out.append(((alg, base["n_users"], base.get("corruption_mode", "huge"), m, f), cell))
   return out
 
 
@@ -84,7 +84,10 @@ def predict_alg1_clean(groups: int = 50, eps: float = 1.0, phases: int = 2) -> f
 
 
 def cell_key(record: dict) -> tuple:
-  return (record["algorithm"], record["m"], record["config"]["corruption"])
+  """(algorithm, n, corruption mode, m, fraction): one cell of the curve."""
+  return (record["algorithm"], record["n_users"],
+          record["config"].get("corruption_mode", "huge"), record["m"],
+          record["config"]["corruption"])
 
 
 def record_files(records: str) -> list[str]:
@@ -119,7 +122,7 @@ def run(args) -> None:
     config = yaml.safe_load(fh)
   wanted = [tuple(json.loads(c)) for c in args.cells] if args.cells else None
   todo = cells(config)
-  if wanted is not None:  # an explicit order of (algorithm, m, corruption) cells
+  if wanted is not None:  # an explicit order of (algorithm, n, mode, m, corruption) cells
     index = dict(todo)
     todo = [(tuple(k), index[tuple(k)]) for k in wanted]
   for key, cell in todo:
@@ -161,16 +164,17 @@ def analyze(args) -> dict:
   for r in records:
     by_cell.setdefault(cell_key(r), []).append(r)
   table = []
-  for (alg, m, f), rs in sorted(by_cell.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+  for (alg, n, mode, m, f), rs in sorted(by_cell.items()):
     rs = sorted(rs, key=lambda r: r["seed"])
     risk = [r["excess_risk"] for r in rs]
     mean, lo, hi = t_ci(risk)
-    row = {"algorithm": alg, "m": m, "corruption": f, "seeds": len(rs),
+    row = {"algorithm": alg, "n_users": n, "corruption_mode": mode, "m": m, "corruption": f,
+           "seeds": len(rs),
            "seed_range": [rs[0]["seed"], rs[-1]["seed"]],
            "excess_risk_mean": mean, "excess_risk_ci95_t": [lo, hi],
            "wall_time_s_mean": float(np.mean([r["wall_time_s"] for r in rs]))}
-    if alg == ALG3:
-      row["predicted_halting_rate"] = round(predict_alg3(rs[0]["n_users"], f), 4)
+    if alg == ALG3 and (mode == "huge" or f == 0.0):  # the model is of isolated outliers
+      row["predicted_halting_rate"] = round(predict_alg3(n, f), 4)
     if alg == ALG1 and f == 0.0:
       row["predicted_halting_rate"] = round(predict_alg1_clean(), 4)
     if alg in (ALG1, ALG3):
@@ -184,7 +188,7 @@ def analyze(args) -> dict:
         km, klo, khi = t_ci(kept)
         row.update(excess_risk_not_halted_mean=km, excess_risk_not_halted_ci95_t=[klo, khi])
     # paired difference with DP-SGD on the seeds both ran
-    base = {r["seed"]: r["excess_risk"] for r in by_cell.get((DPSGD, m, f), [])}
+    base = {r["seed"]: r["excess_risk"] for r in by_cell.get((DPSGD, n, mode, m, f), [])}
     if alg != DPSGD and base:
       seeds = sorted(set(base) & {r["seed"] for r in rs})
       own = {r["seed"]: r["excess_risk"] for r in rs}
@@ -216,15 +220,18 @@ def analyze(args) -> dict:
       d = (f"  vs DP-SGD {row['vs_dp_sgd_diff_mean']:+.4f} [{dlo:+.4f}, {dhi:+.4f}] "
            f"ratio {row['vs_dp_sgd_ratio']:.2f} wins {row['vs_dp_sgd_wins']}/"
            f"{row['vs_dp_sgd_paired_seeds']}")
-    print(f"{row['algorithm']:27s} m={row['m']:3d} f={row['corruption']:.2f} n={row['seeds']:2d} "
+    print(f"{row['algorithm']:27s} n={row['n_users']} {row['corruption_mode']:4s} "
+          f"m={row['m']:3d} f={row['corruption']:.2f} seeds={row['seeds']:2d} "
           f"risk {row['excess_risk_mean']:.4f} [{lo:.4f}, {hi:.4f}] {h}{d}")
   print(markdown(table))
   return out
 
 
 def markdown(table: list[dict]) -> str:
-  """One line per (m, fraction): the four algorithms side by side."""
-  cell = {(r["algorithm"], r["m"], r["corruption"]): r for r in table}
+  """One table per (n, corruption mode), one line per (m, fraction): the four algorithms side
+  by side."""
+  cell = {(r["algorithm"], r["n_users"], r["corruption_mode"], r["m"], r["corruption"]): r
+          for r in table}
   risk = lambda r: (f"{r['excess_risk_mean']:.4f} [{r['excess_risk_ci95_t'][0]:.4f}, "  # noqa
                     f"{r['excess_risk_ci95_t'][1]:.4f}]" if r else "not run")
   def halt(r):
@@ -240,64 +247,88 @@ def markdown(table: list[dict]) -> str:
     lo, hi = r["vs_dp_sgd_diff_ci95_t"]
     return (f"{r['vs_dp_sgd_diff_mean']:+.4f} [{lo:+.4f}, {hi:+.4f}], ratio "
             f"{r['vs_dp_sgd_ratio']:.2f}, {r['vs_dp_sgd_wins']}/{r['vs_dp_sgd_paired_seeds']}")
-  lines = ["| m | f | Alg 3 halted [CP 95%] | Alg 3 excess risk [t 95%] | Alg 3 − DP-SGD, paired "
-           "[t 95%], ratio, wins | Alg 1 halted [CP 95%] | Alg 1 excess risk | DP-SGD excess risk "
-           "| non-private SGD |", "|" + "---|" * 9]
-  for m in sorted({r["m"] for r in table}, reverse=True):
-    for f in FRACTIONS:
-      a3, a1 = cell.get((ALG3, m, f)), cell.get((ALG1, m, f))
-      dp, npv = cell.get((DPSGD, m, f)), cell.get((NONPRIV, m, f))
-      lines.append(f"| {m} | {f:.2f} | {halt(a3)} | {risk(a3)} | {vs(a3)} | {halt(a1)} | "
-                   f"{risk(a1)} | {risk(dp)} | {risk(npv)} |")
+  lines = []
+  for n, mode in sorted({(r["n_users"], r["corruption_mode"]) for r in table}):
+    lines += [f"\n**n = {n:g}, corruption `{mode}`**\n",
+              "| m | f | Alg 3 halted [CP 95%] | Alg 3 excess risk [t 95%] | Alg 3 − DP-SGD, "
+              "paired [t 95%], ratio, wins | Alg 1 halted [CP 95%] | Alg 1 excess risk | DP-SGD "
+              "excess risk | non-private SGD |", "|" + "---|" * 9]
+    ms = sorted({r["m"] for r in table if (r["n_users"], r["corruption_mode"]) == (n, mode)},
+                reverse=True)
+    for m in ms:
+      for f in FRACTIONS:
+        a3, a1, dp, npv = (cell.get((a, n, mode, m, f)) for a in (ALG3, ALG1, DPSGD, NONPRIV))
+        if not any((a3, a1, dp, npv)):
+          continue
+        lines.append(f"| {m} | {f:.2f} | {halt(a3)} | {risk(a3)} | {vs(a3)} | {halt(a1)} | "
+                     f"{risk(a1)} | {risk(dp)} | {risk(npv)} |")
   return "\n".join(lines)
 
 
+def _curve(ax, rows: list[dict], key: str, lo_hi: str, color: str, marker: str, label: str,
+           ls: str = "-") -> None:
+  rows = sorted(rows, key=lambda r: r["corruption"])
+  if not rows:
+    return
+  x = np.array([100 * r["corruption"] for r in rows])
+  y = np.array([r[key] for r in rows])
+  lo = np.array([r[lo_hi][0] for r in rows])
+  hi = np.array([r[lo_hi][1] for r in rows])
+  ax.errorbar(x, y, yerr=[y - lo, hi - y], color=color, marker=marker, capsize=3, ls=ls,
+              label=label)
+
+
 def plot(table: list[dict], path: str) -> None:
+  """Columns: n = 1e4 huge at m = 64 (with n = 2000 and n = 5e4 halting beside it), n = 1e4
+  huge at m = 16, n = 1e4 label flips at m = 64. Top: halting rate; bottom: excess risk."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  ms = sorted({r["m"] for r in table}, reverse=True)
-  fig, axes = plt.subplots(2, len(ms), figsize=(5.5 * len(ms), 8), squeeze=False)
+  panels = [(10_000, "huge", 64), (10_000, "huge", 16), (10_000, "flip", 64)]
+  panels = [p for p in panels if any((r["n_users"], r["corruption_mode"], r["m"]) == p
+                                     for r in table)]
+  fig, axes = plt.subplots(2, len(panels), figsize=(5.5 * len(panels), 8), squeeze=False)
   style = {ALG3: ("C0", "o", "Alg 3 (accelerated ERM + FILTER)"),
            ALG1: ("C1", "s", "Alg 1 (phased SGD + FILTER)"),
            DPSGD: ("C2", "^", "user-level DP-SGD"), NONPRIV: ("C3", "v", "non-private SGD")}
-  for j, m in enumerate(ms):
+  grid = np.linspace(0, 0.2, 41)
+  for j, (n, mode, m) in enumerate(panels):
     top, bot = axes[0, j], axes[1, j]
     for alg, (c, mk, lab) in style.items():
-      rows = sorted((r for r in table if r["algorithm"] == alg and r["m"] == m),
-                    key=lambda r: r["corruption"])
-      if not rows:
-        continue
-      x = np.array([100 * r["corruption"] for r in rows])
-      if "halted" in rows[0]:
-        y = np.array([r["halting_rate"] for r in rows])
-        lo = np.array([r["halting_ci95_clopper_pearson"][0] for r in rows])
-        hi = np.array([r["halting_ci95_clopper_pearson"][1] for r in rows])
-        top.errorbar(x, y, yerr=[y - lo, hi - y], color=c, marker=mk, capsize=3,
-                     label=f"{lab} ({rows[0]['seeds']} seeds)")
-      y = np.array([r["excess_risk_mean"] for r in rows])
-      lo = np.array([r["excess_risk_ci95_t"][0] for r in rows])
-      hi = np.array([r["excess_risk_ci95_t"][1] for r in rows])
-      bot.errorbar(x, y, yerr=[y - lo, hi - y], color=c, marker=mk, capsize=3, label=lab)
-    grid = np.linspace(0, 0.2, 41)
-    top.plot(100 * grid, [predict_alg3(10_000, f, samples=20_000) for f in grid], color="C0",
-             ls="--", lw=1, label="Alg 3, model (filter_halting.md), n = 1e4")
-    if m == 64 and os.path.exists(N2000):  # last session's n = 2000 curve, same m
-      with open(N2000) as fh:
-        old = [h for h in json.load(fh)["halting"] if h["algorithm"] == ALG3]
-      top.plot([100 * h["corruption"] for h in old], [h["halting_rate"] for h in old],
-               color="gray", marker=".", ls="-", lw=1, label="Alg 3, n = 2000 (30 seeds)")
-      top.plot(100 * grid, [predict_alg3(2000, f, samples=20_000) for f in grid], color="gray",
-               ls="--", lw=1, label="Alg 3, model, n = 2000")
+      rows = [r for r in table if (r["algorithm"], r["n_users"], r["corruption_mode"],
+                                   r["m"]) == (alg, n, mode, m)]
+      if rows and "halted" in rows[0]:
+        _curve(top, rows, "halting_rate", "halting_ci95_clopper_pearson", c, mk,
+               f"{lab} ({rows[0]['seeds']} seeds)")
+      _curve(bot, rows, "excess_risk_mean", "excess_risk_ci95_t", c, mk, lab)
+    if mode == "huge":
+      top.plot(100 * grid, [predict_alg3(n, f, samples=20_000) for f in grid], color="C0",
+               ls="--", lw=1, label="Alg 3, model (filter_halting.md), n = 1e4")
+    if (mode, m) == ("huge", 64):
+      big = [r for r in table if (r["algorithm"], r["n_users"], r["corruption_mode"],
+                                  r["m"]) == (ALG3, 50_000, "huge", 64)]
+      if big:
+        _curve(top, big, "halting_rate", "halting_ci95_clopper_pearson", "C4", "D",
+               f"Alg 3, n = 5e4 ({big[0]['seeds']} seeds)")
+        top.plot(100 * grid, [predict_alg3(50_000, f, samples=20_000) for f in grid],
+                 color="C4", ls="--", lw=1, label="Alg 3, model, n = 5e4")
+      if os.path.exists(N2000):  # the n = 2000 curve, same m
+        with open(N2000) as fh:
+          old = [h for h in json.load(fh)["halting"] if h["algorithm"] == ALG3]
+        top.plot([100 * h["corruption"] for h in old], [h["halting_rate"] for h in old],
+                 color="gray", marker=".", ls="-", lw=1, label="Alg 3, n = 2000 (30 seeds)")
+        top.plot(100 * grid, [predict_alg3(2000, f, samples=20_000) for f in grid],
+                 color="gray", ls="--", lw=1, label="Alg 3, model, n = 2000")
+    what = "huge-gradient users (%)" if mode == "huge" else "label-flipped users (%)"
     bot.axhline(0.0827, color="gray", ls=":", lw=1, label="fallback point 0 (0.0827)")
-    top.set_title(f"n = 1e4, m = {m}, eps = 1: halting rate (Clopper-Pearson 95%)")
+    top.set_title(f"n = {n:g}, m = {m}, {mode}, eps = 1: halting rate (CP 95%)")
     top.set_ylim(-0.03, 1.03)
-    top.set_xlabel("huge-gradient users (%)")
-    top.legend(fontsize=8)
-    bot.set_title(f"excess risk on the clean population (t 95%), m = {m}")
+    top.set_xlabel(what)
+    top.legend(fontsize=7)
+    bot.set_title(f"excess risk on the clean population (t 95%), m = {m}, {mode}")
     bot.set_yscale("log")
-    bot.set_xlabel("huge-gradient users (%)")
-    bot.legend(fontsize=8)
+    bot.set_xlabel(what)
+    bot.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
@@ -310,7 +341,8 @@ def main(argv=None) -> None:
   r.add_argument("--records", default=RECORDS)
   r.add_argument("--deadline", type=float, default=None)
   r.add_argument("--cells", nargs="*", default=None,
-                 help='explicit cells in order, each a JSON list ["algorithm", m, fraction]')
+                 help='explicit cells in order, each a JSON list '
+                      '["algorithm", n_users, "huge"|"flip", m, fraction]')
   a = sub.add_parser("analyze")
   a.add_argument("--records", default=RECORDS)
   a.add_argument("--json", default=SUMMARY)
