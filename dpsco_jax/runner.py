@@ -75,6 +75,7 @@ means ``seed: eval_seeds``.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import traceback
 import itertools
@@ -188,6 +189,29 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
   return out if label is None else {**out, "label": label}
 
 
+class ProblemCache(collections.OrderedDict):
+  """The problems of the most recent ``maxsize`` distinct (problem config, seed) keys, least
+  recently used evicted first. Rows of a sweep that share a problem and seed reuse its data;
+  the bound matters because a problem keeps its executables alive (drivers cache their jitted
+  closures over the problem's data on it): an unbounded cache held one set per seed for the
+  whole sweep, and a 200-run bilevel sweep died at the kernel's 65,530 memory maps ("LLVM
+  compilation error: Cannot allocate memory")."""
+
+  def __init__(self, maxsize: int = 16):
+    super().__init__()
+    self.maxsize = maxsize
+
+  def __getitem__(self, key):
+    self.move_to_end(key)
+    return super().__getitem__(key)
+
+  def __setitem__(self, key, value):
+    super().__setitem__(key, value)
+    self.move_to_end(key)
+    while len(self) > self.maxsize:
+      self.popitem(last=False)
+
+
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None) -> dict:
   """Validates one run config (:func:`dpsco_jax.config_schema.validate`), runs it and returns
   its record."""
@@ -258,7 +282,7 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
   """Runs validated run configs in order. A run that raises becomes a record with ``status:
   failed`` and its error (the sweep goes on); ``on_record(records)`` is called after every
   run; ``phase`` (if given) tags every record."""
-  cache: dict = {}
+  cache = ProblemCache()
   records = []
   t0 = time.perf_counter()
   for i, cfg in enumerate(runs):

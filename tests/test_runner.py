@@ -141,3 +141,38 @@ def test_a_failed_record_groups_with_its_requested_epsilon_and_label():
   assert record["target_epsilon"] == 2.0 and record["label"] == "dp"
   assert record["config"] == {"epsilon": 2.0, "delta": 1e-5}
   assert record["status"] == "failed" and record["error"] == "ValueError: bad"
+
+
+def test_problem_cache_is_bounded_and_shared_across_rows():
+  """Rows with the same problem and seed share one problem instance, but the sweep keeps at
+  most ``ProblemCache.maxsize`` problems alive: a problem holds its drivers' executables, and an
+  unbounded cache (one problem per seed for the whole sweep) ran a 200-run bilevel sweep out of
+  memory maps."""
+  import gc
+  import weakref
+  algorithms, problems = runner.registry()
+  built = []
+
+  def counting(cfg, key):
+    p = problems["least_squares"](cfg, key)
+    built.append(weakref.ref(p))
+    return p
+  probs = dict(problems, least_squares=counting)
+  seeds = list(range(20))
+  runs = runner.expand({"problem": "least_squares", "n_users": 8, "m": 1, "d": 2,
+                        "seed": [0, 1], STEPS: 2, BATCH: 4,
+                        "experiments": [{"algorithm": "nonprivate_sgd"},
+                                        {"algorithm": "nonprivate_sgd", "learning_rate": 0.1}]})
+  runs = [runner._checked(r, algorithms, probs) for r in runs]
+  records = runner.execute(runs, algorithms=algorithms, problems=probs, progress=False)
+  assert all(r["status"] == "ok" for r in records) and len(built) == 2   # shared by both rows
+  built.clear()
+  runs = [runner._checked(dict(r, seed=s), algorithms, probs) for s in seeds for r in runs[:1]]
+  alive = []
+
+  def count(_records):  # during the sweep, not after execute() has dropped its cache
+    gc.collect()
+    alive.append(sum(ref() is not None for ref in built))
+  runner.execute(runs, algorithms=algorithms, problems=probs, progress=False, on_record=count)
+  assert len(built) == len(seeds)
+  assert max(alive) <= runner.ProblemCache().maxsize < len(seeds)
