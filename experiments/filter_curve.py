@@ -1,6 +1,7 @@
 """FILTER robustness curve at n = 1e4 (issue 17 item 3): run and analyse.
 
     python experiments/filter_curve.py run [--config C] [--records R] [--deadline UNIX_TIME]
+        [--max-seeds N] [--cells '["algorithm", n, "huge"|"flip", m, f]' ...]
     python experiments/filter_curve.py analyze [--records R] [--json J] [--png P]
 
 ``run`` (several processes may share one run: give each its own ``--records`` file
@@ -131,6 +132,9 @@ def run(args) -> None:
     if args.deadline and time.time() > args.deadline:
       print(f"deadline reached before cell {key}", flush=True)
       break
+    if args.max_seeds:  # a cheaper cell: the first N of the row's seeds
+      row = cell["experiments"][0]
+      row["seed"] = list(row["seed"])[:args.max_seeds]
     t0 = time.time()
     records = run_config(cell, progress=False)
     with open(args.records, "a") as fh:
@@ -309,7 +313,8 @@ def plot(table: list[dict], path: str) -> None:
                                   r["m"]) == (ALG3, 50_000, "huge", 64)]
       if big:
         _curve(top, big, "halting_rate", "halting_ci95_clopper_pearson", "C4", "D",
-               f"Alg 3, n = 5e4 ({big[0]['seeds']} seeds)")
+               f"Alg 3, n = 5e4 ({min(r['seeds'] for r in big)}-"
+               f"{max(r['seeds'] for r in big)} seeds)")
         top.plot(100 * grid, [predict_alg3(50_000, f, samples=20_000) for f in grid],
                  color="C4", ls="--", lw=1, label="Alg 3, model, n = 5e4")
       if os.path.exists(N2000):  # the n = 2000 curve, same m
@@ -340,6 +345,8 @@ def main(argv=None) -> None:
   r.add_argument("--config", default=CONFIG)
   r.add_argument("--records", default=RECORDS)
   r.add_argument("--deadline", type=float, default=None)
+  r.add_argument("--max-seeds", type=int, default=None,
+                 help="run only the first N seeds of each cell's row")
   r.add_argument("--cells", nargs="*", default=None,
                  help='explicit cells in order, each a JSON list '
                       '["algorithm", n_users, "huge"|"flip", m, fraction]')
