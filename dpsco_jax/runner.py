@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import collections
 import difflib
+import gc
 import traceback
 import itertools
 import json
@@ -208,8 +209,12 @@ class ProblemCache(collections.OrderedDict):
   def __setitem__(self, key, value):
     super().__setitem__(key, value)
     self.move_to_end(key)
+    evicted = False
     while len(self) > self.maxsize:
       self.popitem(last=False)
+      evicted = True
+    if evicted:  # a problem and its cached executables form a reference cycle: free them now,
+      gc.collect()  # not at the next full collection
 
 
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None) -> dict:
