@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import collections
 import difflib
-import gc
 import traceback
 import itertools
 import json
@@ -196,7 +195,9 @@ class ProblemCache(collections.OrderedDict):
   the bound matters because a problem keeps its executables alive (drivers cache their jitted
   closures over the problem's data on it): an unbounded cache held one set per seed for the
   whole sweep, and a 200-run bilevel sweep died at the kernel's 65,530 memory maps ("LLVM
-  compilation error: Cannot allocate memory")."""
+  compilation error: Cannot allocate memory"). An evicted problem is freed by reference
+  counting (no driver's cache may hold its problem strongly: see the bilevel driver's
+  ``_run_compiled``), not by a full ``gc.collect()``, which costs ~80 ms per call here."""
 
   def __init__(self, maxsize: int = 16):
     super().__init__()
@@ -209,12 +210,8 @@ class ProblemCache(collections.OrderedDict):
   def __setitem__(self, key, value):
     super().__setitem__(key, value)
     self.move_to_end(key)
-    evicted = False
     while len(self) > self.maxsize:
       self.popitem(last=False)
-      evicted = True
-    if evicted:  # a problem and its cached executables form a reference cycle: free them now,
-      gc.collect()  # not at the next full collection
 
 
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None) -> dict:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from typing import Any, NamedTuple
 
 import jax
@@ -215,11 +216,20 @@ def dp_bilevel_releases(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.A
 def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array):
   """One jitted executable per (problem, config), cached on the problem (seeds reuse it). Keyed
   by the problem's identity too: ``dataclasses.replace`` copies share ``meta`` (a neighbouring
-  dataset must never reuse the executable closed over the original data)."""
+  dataset must never reuse the executable closed over the original data).
+
+  The closure holds the problem by weak reference: a strong one would make a cycle (problem ->
+  meta -> executable -> problem) that only a full garbage collection frees, so a sweep that
+  drops its problems would keep every executable until then. Tracing happens inside this call,
+  while the caller holds the problem. Entries of ``replace`` copies that share ``meta`` die
+  with the copy (their ids may then be reused, so such an entry is dropped on a miss)."""
   cache = problem.meta.setdefault("_jit_cache", {})
-  if (id(problem), bcfg) not in cache:  # the closure keeps problem alive: ids are not reused
-    cache[(id(problem), bcfg)] = jax.jit(lambda k: dp_bilevel_run(problem, bcfg, k))
-  return cache[(id(problem), bcfg)](key)
+  entry = cache.get((id(problem), bcfg))
+  if entry is None or entry[0]() is not problem:
+    ref = weakref.ref(problem)
+    entry = (ref, jax.jit(lambda k: dp_bilevel_run(ref(), bcfg, k)))
+    cache[(id(problem), bcfg)] = entry
+  return entry[1](key)
 
 
 def _charge(ledger: PrivacyLedger, events: list) -> None:
