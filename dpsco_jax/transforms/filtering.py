@@ -99,25 +99,23 @@ def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax
 
 def _distance_rows(rows: list[jax.Array], sq: list[jax.Array], start: jax.Array | int,
                    size: int) -> jax.Array:
-  """Rows ``start .. start+size`` of the symmetrized ``[U, U]`` squared-distance matrix.
+  """Rows ``start .. start+size`` of the ``[U, U]`` squared-distance matrix.
 
-  ``t_ij = |x_i|^2 + |x_j|^2 - 2<x_i, x_j>`` (per leaf, summed) and the entry is
-  ``(t_ij + t_ji)/2``, ``t_ji`` from its own matmul in the orientation row ``j`` uses: the
-  whole matrix (one block) is exactly symmetric whatever the matmul's reduction order; across
-  blocks the entries agree with it up to the matmul's rounding (its tiling differs with the
-  slab). Either way entry ``(i, j)`` is computed from rows ``i`` and ``j`` alone, which is all
-  the sensitivity bounds use. Clamped at 0 against cancellation; exactly 0 on the diagonal.
+  ``|x_i|^2 + |x_j|^2 - 2<x_i, x_j>`` per leaf, summed: one matmul per leaf and slab. The whole
+  matrix (``size == U``) is symmetrized, so it is exactly symmetric whatever the matmul's
+  reduction order; a slab's entries agree with it up to the matmul's rounding (its tiling
+  differs with the slab). Either way entry ``(i, j)`` is computed from rows ``i`` and ``j``
+  alone, which is all the sensitivity bounds use. Clamped at 0 against cancellation; exactly 0
+  on the diagonal.
   """
   u = rows[0].shape[0]
   total = jnp.zeros((size, u), jnp.float32)
   for x, s in zip(rows, sq):
     xb = jax.lax.dynamic_slice_in_dim(x, start, size)
     sb = jax.lax.dynamic_slice_in_dim(s, start, size)
-    g_ij = jnp.matmul(xb, x.T, precision=_HI)            # <x_i, x_j>, i in the block
-    g_ji = jnp.matmul(x, xb.T, precision=_HI).T          # <x_j, x_i>, as row j computes it
-    t_ij = sb[:, None] + s[None, :] - 2.0 * g_ij
-    t_ji = s[None, :] + sb[:, None] - 2.0 * g_ji
-    total = total + 0.5 * (t_ij + t_ji)
+    total = total + (sb[:, None] + s[None, :] - 2.0 * jnp.matmul(xb, x.T, precision=_HI))
+  if size == u:  # the whole matrix (then start == 0)
+    total = 0.5 * (total + total.T)
   total = jnp.maximum(total, 0.0)
   diag = (start + jnp.arange(size))[:, None] == jnp.arange(u)[None, :]
   return jnp.where(diag, 0.0, total)
