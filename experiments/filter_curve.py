@@ -153,13 +153,10 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def t_ci(x) -> tuple[float, float, float]:
-  from scipy.stats import t
-  x = np.asarray(x, float)
-  m = float(x.mean())
-  if len(x) < 2:
-    return m, math.nan, math.nan
-  h = float(t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-  return m, m - h, m + h
+  """Mean and Student-t 95% interval (the runner's :func:`~dpsco_jax.runner_stats.t_interval`)."""
+  from dpsco_jax.runner_stats import t_interval
+  x = [float(v) for v in x]
+  return (float(np.mean(x)), *t_interval(x))
 
 
 def analyze(args) -> dict:

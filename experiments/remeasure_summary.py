@@ -27,16 +27,12 @@ RESULTS = os.path.join(HERE, "results")
 
 
 def t_ci(values) -> tuple[float, float, float]:
-  """Mean and Student-t 95% interval (nan for fewer than 2 values)."""
-  from scipy.stats import t
-  x = np.asarray([v for v in values if v is not None and np.isfinite(v)], float)
-  if len(x) == 0:
+  """Mean and Student-t 95% interval (the runner's) of the finite values."""
+  from dpsco_jax.runner_stats import t_interval
+  x = [float(v) for v in values if v is not None and np.isfinite(v)]
+  if not x:
     return math.nan, math.nan, math.nan
-  m = float(x.mean())
-  if len(x) < 2:
-    return m, math.nan, math.nan
-  h = float(t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-  return m, m - h, m + h
+  return (float(np.mean(x)), *t_interval(x))
 
 
 def fmt(stat: tuple[float, float, float], digits: int = 3) -> str:
@@ -160,4 +156,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+  import sys
+  sys.path.insert(0, os.path.dirname(HERE))
   main()
