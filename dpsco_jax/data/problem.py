@@ -91,7 +91,14 @@ class PublicFacts:
 
   ``n_users`` and ``m`` come from a :class:`~dpsco_jax.data.DataSpec`, ``d`` is the number of
   parameters; ``lipschitz`` / ``smoothness`` raise :class:`MissingConstant` when an algorithm
-  reads one that was not declared."""
+  reads one that was not declared.
+
+  ``constants_declared`` is True: these constants are the user's declaration about their own
+  loss, which the library cannot verify. An algorithm whose sensitivity rests on one it does
+  not enforce reports provenance ``declared`` (the synthetic problems of
+  :mod:`dpsco_jax.problems` hold their constants by construction and have no such flag)."""
+
+  constants_declared = True
 
   def __init__(self, spec: DataSpec, constants: ProblemConstants | dict | None, d: int,
                level: str = "user"):

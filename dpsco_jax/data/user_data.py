@@ -43,9 +43,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DataSpec", "UserData", "weighted_loss"]
+__all__ = ["DataSpec", "FACTS", "UserData", "weighted_loss"]
 
 SELECTIONS = ("random", "first")
+
+
+#: The facts a :class:`DataSpec` holds that a plan may read (see :attr:`DataSpec.measured`).
+FACTS = ("n_users", "max_items_per_user")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +61,38 @@ class DataSpec:
       ``add_remove`` plans use the config's declared ``n_users`` instead).
     max_items_per_user: item slots per user ``m``, the per-user contribution bound.
     item_shapes: ``(path, shape, dtype)`` of one item's leaves.
+    measured: which of :data:`FACTS` were *measured on the data* rather than declared by
+      the user. A measured fact is a function of the private data: adding one item to the
+      largest user changes a measured ``m``. A plan whose privacy reads a fact that its
+      relation does not make public refuses a measured one, naming what to declare
+      (:func:`dpsco_jax.plan`). A hand-built ``DataSpec`` is a declaration (nothing
+      measured); :attr:`UserData.spec` marks ``n_users`` measured, and ``max_items_per_user``
+      too unless it was given to :meth:`UserData.from_arrays`.
   """
   n_users: int
   max_items_per_user: int
   item_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+  measured: frozenset = frozenset()
+
+  def __post_init__(self):
+    for name in FACTS:
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"DataSpec.{name} must be an int, got {v!r}")
+      if v < 1:
+        raise ValueError(f"DataSpec.{name} must be >= 1, got {v}")
+    measured = frozenset(self.measured)
+    unknown = measured - set(FACTS)
+    if unknown:
+      raise ValueError(f"DataSpec.measured names unknown facts {sorted(unknown)}; facts: "
+                       f"{FACTS}")
+    object.__setattr__(self, "measured", measured)
+
+  def declared(self, fact: str) -> bool:
+    """Whether ``fact`` (one of :data:`FACTS`) was declared rather than measured."""
+    if fact not in FACTS:
+      raise ValueError(f"unknown fact {fact!r}; facts: {FACTS}")
+    return fact not in self.measured
 
 
 def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dict[str, Any]:
@@ -119,12 +151,16 @@ class UserData:
     n_dropped: ``[U]`` items beyond the contribution bound that were not kept. Data-dependent
       and never released; item-level algorithms refuse data with dropped items (see
       :data:`dpsco_jax.api.ITEM_GUARANTEE`).
+    m_declared: whether ``m`` (the slot count) is a declared contribution bound (``True``
+      when ``max_items_per_user`` was given) or the largest user's measured count (a
+      function of the private data, which plans that read ``m`` refuse).
   """
   examples: Any
   item_mask: np.ndarray
   user_ids: np.ndarray
   n_items: np.ndarray
   n_dropped: np.ndarray | None = None
+  m_declared: bool = False
 
   def __post_init__(self):
     leaves = jax.tree.leaves(self.examples)
@@ -198,7 +234,8 @@ class UserData:
       slots[u] = rows[np.arange(m) % rows.size]   # pad by cycling the user's own items
     mask = np.arange(m)[None, :] < kept[:, None]
     padded = [leaf[slots] for leaf in leaves]
-    return cls(jax.tree.unflatten(treedef, padded), mask, uniq[order], kept, counts - kept)
+    return cls(jax.tree.unflatten(treedef, padded), mask, uniq[order], kept, counts - kept,
+               m_declared=max_items_per_user is not None)
 
   @classmethod
   def from_table(cls, table: Any, *, user_column: str, columns: Sequence[str] | None = None,
@@ -227,7 +264,8 @@ class UserData:
   def spec(self) -> DataSpec:
     shapes = tuple((jax.tree_util.keystr(path), tuple(leaf.shape[2:]), str(leaf.dtype))
                    for path, leaf in jax.tree_util.tree_flatten_with_path(self.examples)[0])
-    return DataSpec(self.n_users, self.max_items_per_user, shapes)
+    measured = {"n_users"} | (set() if self.m_declared else {"max_items_per_user"})
+    return DataSpec(self.n_users, self.max_items_per_user, shapes, frozenset(measured))
 
   def user_view(self) -> dict:
     """``{"example", "weight"}`` with ``weight = m / k_u`` on real items: the mean over the
@@ -247,7 +285,8 @@ class UserData:
     idx = np.arange(self.n_users)[np.asarray(users)]
     return UserData(jax.tree.map(lambda x: np.asarray(x)[idx], self.examples),
                     self.item_mask[idx], self.user_ids[idx], self.n_items[idx],
-                    None if self.n_dropped is None else self.n_dropped[idx])
+                    None if self.n_dropped is None else self.n_dropped[idx],
+                    m_declared=self.m_declared)
 
   def require_all_items(self, who: str) -> None:
     """Raises unless every item was kept: an item-level guarantee (``who``) does not cover

@@ -69,6 +69,9 @@ class Provenance(str, enum.Enum):
   THEOREM = "theorem"
   ACCOUNTANT = "accountant"
   HEURISTIC = "heuristic"
+  # the accountant's or theorem's guarantee holds only if the declared constants of the loss
+  # (named in the report's notes) are true: the library neither verified nor enforced them
+  DECLARED = "declared"
   NONE = "none"  # non-private reference runs only (level "none"): no guarantee at all
 
 
