@@ -11,7 +11,7 @@ trains Flax nnx models.
 """
 
 from dpsco_jax import algorithms, data, grads, privacy, problems, transforms
-from dpsco_jax.api import Plan, algorithm_config, fit, plan, run
+from dpsco_jax.api import Plan, UndeclaredFact, algorithm_config, fit, plan, run
 from dpsco_jax.data import DataSpec, MissingConstant, ProblemConstants, UserData
 from dpsco_jax.grads import (per_example_grads, per_user_grads, per_user_grads_two_points,
                              shard_users, user_mesh)
@@ -38,7 +38,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # your model and data: plan -> run
-    "UserData", "DataSpec", "ProblemConstants", "MissingConstant", "Plan", "plan", "run", "fit",
+    "UserData", "DataSpec", "ProblemConstants", "MissingConstant", "UndeclaredFact", "Plan",
+    "plan", "run", "fit",
     "algorithm_config", "Result",
     # per-user gradients
     "per_user_grads", "per_example_grads", "per_user_grads_two_points", "shard_users",

@@ -48,7 +48,11 @@ from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
 __all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
-           "UNSUPPORTED"]
+           "READS_M", "UNSUPPORTED", "UndeclaredFact"]
+
+
+class UndeclaredFact(ConfigError):
+  """A plan needs a public fact that was measured on the (private) data, not declared."""
 
 #: Algorithms whose rows are items (the item view of the data: weight 1 per real item).
 ITEM_LEVEL = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp_loc_gd",
@@ -57,6 +61,16 @@ ITEM_LEVEL = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp
 #: here): they hold only if every item is kept, since adding or removing one item of a user
 #: truncated to ``max_items_per_user`` can change several of its kept items.
 ITEM_GUARANTEE = ITEM_LEVEL - {"dp_sgd_group"}
+#: Algorithms whose guarantee reads ``m``, the items per user: the item-row count and the
+#: denominator ``q * n_users * m`` (item level), the group size (``dp_sgd_group``), per-item
+#: sensitivities and certificates (papers 000, 001, 002, 004). A *measured* ``m`` (the largest
+#: user's item count) is a function of the private data: one added item can double it and halve
+#: the noise. These refuse a measured ``m``; every other planner's plan is the same for ``m``
+#: and ``m + 1`` (``tests/test_plan_invariance.py`` checks both directions for every planner).
+READS_M = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp_loc_gd",
+                     "dp_loc_sgd", "phased_erm_output_pert", "phased_sco_output_pert",
+                     "sc_erm_output_pert", "sc_sco_output_pert", "user_level_phased_sgd",
+                     "user_level_accelerated_erm", "user_level_accelerated_erm_smoothed"})
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
 UNSUPPORTED = {
     **{name: "it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
@@ -152,11 +166,27 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
   cfg = algorithm_config(algorithm, config)
   if not isinstance(spec, DataSpec):
     raise TypeError(f"spec must be a DataSpec (UserData.spec), got {type(spec).__name__}")
+  _require_declared(entry.name, spec)
   level = "item" if algorithm in ITEM_LEVEL else "user"
   facts = PublicFacts(spec, constants, int(num_params), level)
   consts = facts.constants
   privacy, z, schedule, detail = planner_for(entry.name)(facts, cfg)
   return Plan(entry.name, cfg, spec, consts, privacy, z, schedule, int(num_params), detail)
+
+
+def _require_declared(algorithm: str, spec: DataSpec) -> None:
+  """Refuses a measured ``m`` for an algorithm whose guarantee reads it (``READS_M``).
+
+  ``n_users`` needs no check here: under ``add_remove`` (the one relation that keeps it
+  private) every planner reads the config's declared ``n_users``, and under ``replace_one`` /
+  ``zero_out`` the realized count is public by the relation itself."""
+  if algorithm in READS_M and not spec.declared("max_items_per_user"):
+    raise UndeclaredFact(
+        f"{algorithm}'s guarantee reads m, the items per user, and this data's m = "
+        f"{spec.max_items_per_user} was measured (the largest user's item count: one added item"
+        " can change it, and with it the noise). Declare the contribution bound: "
+        "UserData.from_arrays(..., max_items_per_user=m), or plan with a DataSpec you "
+        "build (a declaration)")
 
 
 def _num_params(params: Any) -> int:

@@ -1,0 +1,123 @@
+"""Issue 23.1: no plan rests on a fact measured on the private data.
+
+For every planner and every relation it supports: the plan of D and of D with one item more
+(``m`` -> ``m + 1``, a measured ``m``) is identical, or the plan refuses a measured ``m``
+(``api.READS_M``); under ``add_remove`` the plan of D and of D with one user more is identical
+(``n_users`` is read from the config's declaration). And the converse, so ``READS_M`` stays
+minimal and complete: every algorithm in it does move with a declared ``m``."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from dpsco_jax import api
+from dpsco_jax.data import DataSpec, UserData
+from dpsco_jax.planners import PLANNED
+
+from test_api_planners import CASES as PAPER_CASES
+from test_api_planners import CONSTANTS as PAPER_CONSTANTS
+
+CONSTANTS = {"lipschitz": 1.0, "smoothness": 1.0, "radius": 4.0, "strong_convexity": 0.5}
+DPSGD = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
+         "num_steps": 20, "batch_size": 30}
+SRGD = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0}
+FILTER = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "sensitivity": "typical"}
+CASES = {  # name: (n_users, m, config)
+    "nonprivate_sgd": (120, 8, {"learning_rate": 0.5, "num_steps": 10}),
+    "dp_sgd_user": (120, 8, DPSGD), "dp_sgd_item": (120, 8, DPSGD),
+    "dp_sgd_group": (120, 8, {**DPSGD, "epsilon": 8.0}),
+    **{k: (120, 8, SRGD) for k in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
+                                   "accelerated_dp_srgd_independent_noise",
+                                   "accelerated_dp_sgd", "single_epoch_dp_sgd")},
+    "user_level_phased_sgd": (1200, 8, {"epsilon": 2.0, "delta": 1e-5,
+                                        "sensitivity": "typical", "num_groups": 10}),
+    **{k: (120, 8, FILTER) for k in ("user_level_accelerated_erm",
+                                     "user_level_accelerated_erm_smoothed")},
+    **PAPER_CASES,
+}
+RELATIONS = ("add_remove", "replace_one", "zero_out")
+
+
+def _signature(p: api.Plan):
+  return (p.privacy.epsilon, p.privacy.relation, p.privacy.provenance, p.noise_multiplier,
+          repr(p.schedule))
+
+
+def _plan(name, cfg, n, m, measured=()):
+  consts = PAPER_CONSTANTS if name in PAPER_CASES else CONSTANTS
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    return api.plan(name, cfg, DataSpec(n, m, measured=frozenset(measured)), num_params=5,
+                    constants=consts)
+
+
+def _supported(name, cfg, n, m):
+  """The relations ``name`` honours (the others are refused by its plan, as they should)."""
+  out = []
+  for rel in RELATIONS:
+    c = {**cfg, "relation": rel, **({"n_users": n} if rel == "add_remove" else {})}
+    if name == "nonprivate_sgd":
+      return [(None, cfg)]
+    try:
+      _plan(name, c, n, m)
+    except ValueError as err:
+      if "cannot honour" in str(err) or "relation" in str(err):
+        continue
+      raise
+    out.append((rel, c))
+  assert out, f"{name} honours no relation"
+  return out
+
+
+def test_every_planner_has_a_case():
+  assert set(CASES) == set(PLANNED)
+  assert api.READS_M <= set(PLANNED)
+
+
+@pytest.mark.parametrize("name", sorted(PLANNED))
+def test_plan_is_the_same_for_one_item_or_user_more_or_refuses_a_measured_fact(name):
+  n, m, cfg = CASES[name]
+  for rel, c in _supported(name, cfg, n, m):
+    base = _signature(_plan(name, c, n, m))
+    if rel == "add_remove":      # one user more: the declared n_users decides, not the data
+      assert _signature(_plan(name, c, n + 1, m, measured={"n_users"})) == base, rel
+    if name in api.READS_M:      # one item more moves the plan: a measured m is refused
+      with pytest.raises(api.UndeclaredFact, match="max_items_per_user"):
+        _plan(name, c, n, m, measured={"max_items_per_user"})
+      assert _signature(_plan(name, c, n, m + 1)) != base, (name, rel)
+    else:                        # ... or does not move it at all
+      assert _signature(_plan(name, c, n, m + 1, measured={"max_items_per_user"})) == base, \
+          (name, rel)
+
+
+def test_the_reported_attack_is_refused():
+  # issue 23: 20 users of one item, then user 0 gets a second item: the measured m doubled the
+  # denominator q * n_users * m and halved the noise std (0.3435 -> 0.1718)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(21, 3)).astype(np.float32)
+  ids = np.concatenate([np.arange(20), [0]])
+  cfg = {**DPSGD, "n_users": 20, "batch_size": 10}
+  for k in (20, 21):
+    spec = UserData.from_arrays({"x": x[:k]}, ids[:k]).spec
+    assert not spec.declared("max_items_per_user") and not spec.declared("n_users")
+    with pytest.raises(api.UndeclaredFact, match="max_items_per_user"):
+      api.plan("dp_sgd_item", cfg, spec, num_params=3)
+  declared = [api.plan("dp_sgd_item", cfg,
+                       UserData.from_arrays({"x": x[:k]}, ids[:k], max_items_per_user=2).spec,
+                       num_params=3) for k in (20, 21)]
+  assert _signature(declared[0]) == _signature(declared[1])
+
+
+def test_dataspec_checks_its_facts():
+  with pytest.raises(ValueError, match="n_users"):
+    DataSpec(-5, 2)
+  with pytest.raises(TypeError, match="n_users"):
+    DataSpec(1.5, 2)
+  with pytest.raises(TypeError, match="max_items_per_user"):
+    DataSpec(3, True)
+  with pytest.raises(ValueError, match="n_users"):
+    DataSpec(0, 2)
+  with pytest.raises(ValueError, match="unknown facts"):
+    DataSpec(3, 2, measured={"m"})
+  assert DataSpec(3, 2).declared("max_items_per_user")
