@@ -20,7 +20,7 @@ from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyRepo
                                calibrate_noise_multiplier, epsilon_of, for_accountant,
                                laplace_test, pure_dp_event, tdlap_pmf, tdlap_sample)
 from dpsco_jax.problems import SCOProblem, make_problem
-from dpsco_jax.result import Result
+from dpsco_jax.result import FallbackRelease, Result
 from dpsco_jax.smoothing import sample_uniform_ball, smoothing_offsets
 from dpsco_jax.transforms import (AcsaState, ClipState, GaussianNoiseState, ProjectedSGDState,
                                   accelerated_projected_step, acsa, add_gaussian_noise,
@@ -40,7 +40,7 @@ __all__ = [
     # your model and data: plan -> run
     "UserData", "DataSpec", "ProblemConstants", "MissingConstant", "UndeclaredFact", "Plan",
     "plan", "run", "fit",
-    "algorithm_config", "Result",
+    "algorithm_config", "Result", "FallbackRelease",
     # per-user gradients
     "per_user_grads", "per_example_grads", "per_user_grads_two_points", "shard_users",
     "user_mesh", "sample_uniform_ball", "smoothing_offsets",

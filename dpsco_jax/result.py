@@ -3,9 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 from dpsco_jax.privacy.ledger import PrivacyReport
+
+__all__ = ["Result", "FallbackRelease"]
+
+
+class FallbackRelease(UserWarning):
+  """The released params are not the trained model: a private test halted the run (paper
+  000's AboveThreshold) or a stability test released ⊥ (paper 001), and the public fallback
+  point stands in. The guarantee still holds; the model is not what a user trained."""
+
+
+def _fallback_of(record: dict) -> str | None:
+  """Why the release is a fallback, from the driver's (released, data-independent-shaped)
+  record; ``None`` when the trained model was released."""
+  phase = record.get("halted_phase")
+  if phase is not None:
+    return (f"AboveThreshold halted in phase {phase}: the released params are the public "
+            "fallback point, not a trained model")
+  if record.get("is_bottom") or record.get("bottom0"):
+    return "the stability test released ⊥: the released params are the public point"
+  bottoms = record.get("bottoms")
+  if isinstance(bottoms, int) and not isinstance(bottoms, bool) and bottoms > 0:
+    return f"{bottoms} phase(s) released ⊥ and kept their anchor"
+  return None
 
 
 @dataclasses.dataclass
@@ -21,9 +45,23 @@ class Result:
     debug: data-dependent diagnostics (kept counts, scores, norms, certificate flags). They are
       NOT covered by the privacy guarantee, so drivers fill this only when the config sets
       ``debug: true``; otherwise it is None.
+    fallback: ``None`` when the trained model was released; otherwise why the released params
+      are a public fallback point (Algorithms 1 and 3 halting, paper 001's ⊥). Derived from the
+      record when the driver does not set it, and announced with a :class:`FallbackRelease`
+      warning, so a user reading ``Result`` cannot mistake the fallback for a model.
   """
   params: Any
   privacy: PrivacyReport
   gradient_evaluations: int
   record: dict = dataclasses.field(default_factory=dict)
   debug: dict | None = None
+  fallback: str | None = None
+  # once per release: dataclasses.replace (e.g. dpsco_jax.run unflattening params) copies it
+  announced: bool = dataclasses.field(default=False, repr=False, compare=False)
+
+  def __post_init__(self):
+    if self.fallback is None:
+      self.fallback = _fallback_of(self.record or {})
+    if self.fallback is not None and not self.announced:
+      warnings.warn(self.fallback, FallbackRelease, stacklevel=3)
+      self.announced = True

@@ -228,8 +228,9 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
     steps = check_int(cfg["num_steps"], "num_steps")
   else:
     steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs") * n / batch))
-  lr = check_positive(cfg_get(cfg, "learning_rate", problem.radius / (
-      problem.lipschitz * math.sqrt(steps))), "learning_rate")
+  lr = cfg.get("learning_rate")   # the default reads L: only when no rate is given
+  lr = check_positive(problem.radius / (problem.lipschitz * math.sqrt(steps)) if lr is None
+                      else lr, "learning_rate")
   averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging", ("none", "uniform"))
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
                         {"lr": lr, "radius": problem.radius}, static=(float(batch), averaging),
