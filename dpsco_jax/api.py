@@ -71,6 +71,15 @@ READS_M = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp_lo
                      "dp_loc_sgd", "phased_erm_output_pert", "phased_sco_output_pert",
                      "sc_erm_output_pert", "sc_sco_output_pert", "user_level_phased_sgd",
                      "user_level_accelerated_erm", "user_level_accelerated_erm_smoothed"})
+#: Algorithms whose driver, given the plan's calibrated ``noise_multiplier``, makes exactly the
+#: plan again (same events, epsilon and schedule; ``tests/test_plan_invariance.py`` checks it):
+#: :func:`run` hands it over, so a fit calibrates once (the driver's own calibration was most
+#: of a warm ``fit_model`` epoch). ``dp_sgd_group`` and Algorithm 3 calibrate more than one
+#: number, so their drivers still re-derive the plan (and ``run`` checks that it agrees).
+REUSES_NOISE_MULTIPLIER = frozenset({
+    "dp_sgd_user", "dp_sgd_item", "accelerated_dp_sgd", "accelerated_dp_srgd",
+    "accelerated_dp_srgd_independent_noise", "dp_srgd_unaccelerated", "single_epoch_dp_sgd",
+    "dp_loc_gd", "dp_loc_sgd"})
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
 UNSUPPORTED = {
     **{name: "it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
@@ -211,11 +220,21 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array)
   if problem.d != p.num_params:
     raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
                      f"{problem.d}")
-  result = _entry(p.algorithm).driver(problem, dict(p.config), key)
+  result = _entry(p.algorithm).driver(problem, _driver_config(p), key)
   if not _same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")
   return dataclasses.replace(result, params=problem.unflatten(result.params))
+
+
+def _driver_config(p: Plan) -> dict:
+  """The config the driver runs: the plan's, with the plan's calibrated noise multiplier where
+  the driver would only calibrate the same number again (``REUSES_NOISE_MULTIPLIER``)."""
+  cfg = dict(p.config)
+  if (p.algorithm in REUSES_NOISE_MULTIPLIER and p.noise_multiplier is not None
+      and cfg.get("noise_multiplier") is None):
+    cfg["noise_multiplier"] = p.noise_multiplier
+  return cfg
 
 
 def _same_guarantee(a: PrivacyReport, b: PrivacyReport) -> bool:

@@ -121,3 +121,31 @@ def test_dataspec_checks_its_facts():
   with pytest.raises(ValueError, match="unknown facts"):
     DataSpec(3, 2, measured={"m"})
   assert DataSpec(3, 2).declared("max_items_per_user")
+
+
+@pytest.mark.parametrize("name", sorted(api.REUSES_NOISE_MULTIPLIER))
+def test_the_plans_noise_multiplier_handed_to_the_driver_gives_the_same_plan(name):
+  n, m, cfg = CASES[name]
+  for rel, c in _supported(name, cfg, n, m):
+    p = _plan(name, c, n, m)
+    assert p.noise_multiplier is not None and p.noise_multiplier > 0
+    again = _plan(name, api._driver_config(p), n, m)
+    assert _signature(again) == _signature(p), (name, rel)
+
+
+def test_a_fit_calibrates_once(monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
+  calls = []
+  real = dpsgd_plan.calibrate_noise_multiplier
+  monkeypatch.setattr(dpsgd_plan, "calibrate_noise_multiplier",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  rng = np.random.default_rng(0)
+  ids = np.repeat(np.arange(40), 2)
+  data = UserData.from_arrays({"x": rng.normal(size=(80, 3)).astype(np.float32)}, ids,
+                              max_items_per_user=2)
+  cfg = {**DPSGD, "n_users": 40, "num_steps": 3, "batch_size": 10}
+  res = api.fit("dp_sgd_user", cfg, lambda p, ex: jnp.sum(ex["x"] * p), jnp.zeros(3), data,
+                jax.random.key(0))
+  assert len(calls) == 1 and res.privacy.epsilon <= 2.0 + 1e-9
