@@ -48,7 +48,7 @@ from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
 __all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
-           "READS_M", "UNSUPPORTED", "UndeclaredFact"]
+           "READS_M", "MESH_READY", "UNSUPPORTED", "UndeclaredFact"]
 
 
 class UndeclaredFact(ConfigError):
@@ -80,6 +80,9 @@ REUSES_NOISE_MULTIPLIER = frozenset({
     "dp_sgd_user", "dp_sgd_item", "accelerated_dp_sgd", "accelerated_dp_srgd",
     "accelerated_dp_srgd_independent_noise", "dp_srgd_unaccelerated", "single_epoch_dp_sgd",
     "dp_loc_gd", "dp_loc_sgd"})
+#: Algorithms whose per-user gradient step runs with users sharded over a mesh (``run(...,
+#: mesh=)``); the others refuse a mesh rather than ignore it.
+MESH_READY = frozenset({"nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group"})
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
 UNSUPPORTED = {
     **{name: "it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
@@ -202,8 +205,32 @@ def _num_params(params: Any) -> int:
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array) -> Result:
-  """Executes plan ``p`` on ``data``: ``Result.params`` has the structure of ``params``."""
+def _mesh(algorithm: str, mesh: Any) -> Any:
+  """The mesh a run shards users over: ``mesh``, else the one set with
+  ``jax.set_mesh`` (if any); refused for an algorithm that
+  cannot use it."""
+  from dpsco_jax.algorithms.common import mesh_users_axis
+  if mesh is None:
+    current = jax.sharding.get_mesh()
+    mesh = current if isinstance(current, jax.sharding.Mesh) and not current.empty else None
+  if mesh is None:
+    return None
+  mesh_users_axis(mesh)
+  if algorithm not in MESH_READY:
+    raise ValueError(f"{algorithm} does not shard users over a mesh yet; mesh-ready: "
+                     f"{', '.join(sorted(MESH_READY))}")
+  return mesh
+
+
+def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
+        mesh: jax.sharding.Mesh | None = None) -> Result:
+  """Executes plan ``p`` on ``data``: ``Result.params`` has the structure of ``params``.
+
+  ``mesh``: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the mesh set with
+  ``jax.set_mesh``, if any). Each device differentiates and clips
+  its own users; the clipped sums are reduced across the axis and the noise is drawn once
+  from the one key. The plan and ledger do not depend on it, and the released params equal
+  the one-device run's to float tolerance (``MESH_READY`` algorithms)."""
   if not isinstance(p, Plan):
     raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
   if not isinstance(data, UserData):
@@ -217,6 +244,7 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array)
     data.require_all_items(p.algorithm)
   level = "item" if p.algorithm in ITEM_LEVEL else "user"
   problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
+  problem.mesh = _mesh(p.algorithm, mesh)
   if problem.d != p.num_params:
     raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
                      f"{problem.d}")
@@ -245,7 +273,8 @@ def _same_guarantee(a: PrivacyReport, b: PrivacyReport) -> bool:
 
 
 def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, data: UserData,
-        key: jax.Array, *, constants: ProblemConstants | dict | None = None) -> Result:
-  """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key)``."""
+        key: jax.Array, *, constants: ProblemConstants | dict | None = None,
+        mesh: jax.sharding.Mesh | None = None) -> Result:
+  """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=)``."""
   p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
-  return run(p, loss_fn, params, data, key)
+  return run(p, loss_fn, params, data, key, mesh=mesh)

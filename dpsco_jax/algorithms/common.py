@@ -9,6 +9,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax._checks import check_choice, check_delta, check_int, check_probability
 from dpsco_jax.config_schema import ConfigError
@@ -35,7 +36,8 @@ def poisson_truncation_probability(n: int, q: float, capacity: int, steps: int) 
 
 
 def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
-                 capacity: int, rate: float | None = None) -> tuple[jax.Array, jax.Array]:
+                 capacity: int, rate: float | None = None,
+                 n_real: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Indices ``[capacity]`` of the users of one step and the mask of real slots.
 
   * ``poisson``: each user independently with probability ``rate`` (a declared public number;
@@ -44,13 +46,22 @@ def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
     (the default) removing the last user leaves every other user's coin unchanged;
   * ``fixed``: a uniformly random ``batch``-subset (without replacement);
   * ``full``: every user.
+
+  ``n_real`` (default ``n``): rows from ``n_real`` on are padding (a mesh pads the user axis to
+  a multiple of its devices); they are never sampled and the real users' draws are the ones of
+  an unpadded run (the same partitionable-threefry property, and ``fixed`` draws over
+  ``n_real``). Slots past ``batch`` (``fixed``) or past the users (``full``) are masked.
   """
+  n_real = n if n_real is None else n_real
   if sampling == "full":
-    return jnp.arange(n), jnp.ones((n,), bool)
+    return jnp.arange(capacity) % n, jnp.arange(capacity) < n_real
   if sampling == "fixed":
-    idx = jax.random.choice(key, n, (batch,), replace=False)
-    return idx, jnp.ones((batch,), bool)
-  chosen = jax.random.bernoulli(key, batch / n if rate is None else rate, (n,))
+    idx = jax.random.choice(key, n_real, (batch,), replace=False)
+    pad = capacity - batch
+    return (jnp.concatenate([idx, jnp.zeros((pad,), idx.dtype)]),
+            jnp.arange(capacity) < batch)
+  chosen = jax.random.bernoulli(key, batch / n_real if rate is None else rate, (n,))
+  chosen = chosen & (jnp.arange(n) < n_real)
   (idx,) = jnp.nonzero(chosen, size=capacity, fill_value=0)
   mask = jnp.arange(capacity) < jnp.sum(chosen)
   return idx, mask
@@ -63,9 +74,16 @@ def gather_users(data: Any, idx: jax.Array) -> Any:
 @functools.lru_cache(maxsize=64)
 def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
                    sampling: str, batch: int, capacity: int, rate: float | None,
-                   record: Callable | None):
+                   record: Callable | None, n_real: int | None = None,
+                   users: NamedSharding | None = None):
   """One jitted scan per (loss, chain shape, schedule): hyper-parameters and data are
-  arguments, so a sweep over seeds / epsilons / learning rates compiles once."""
+  arguments, so a sweep over seeds / epsilons / learning rates compiles once. ``users``: the
+  sharding of a step's sampled users over a mesh (each device differentiates and clips its
+  own users; XLA reduces the clipped sums across the axis; the key, the sampling and the
+  noise are replicated, so they are drawn once)."""
+
+  def spread(tree):
+    return tree if users is None else jax.lax.with_sharding_constraint(tree, users)
 
   @jax.jit
   def loop(params, key, hparams, data):
@@ -76,8 +94,9 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
     def body(carry, t):
       params, state = carry
       idx, mask = sample_users(jax.random.fold_in(key, t), n, sampling=sampling, batch=batch,
-                               capacity=capacity, rate=rate)
-      grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
+                               capacity=capacity, rate=rate, n_real=n_real)
+      batch_data, mask = spread((gather_users(data, idx), mask))
+      grads = per_user_grads(loss_fn, params, batch_data, user_mask=mask)
       updates, state = tx.update(grads, state, params, user_mask=mask)
       out = None if record is None else record(state)
       return (optax.apply_updates(params, updates), state), out
@@ -90,10 +109,35 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
   return loop
 
 
+def mesh_users_axis(mesh: Mesh, axis: str = "users") -> int:
+  """The number of devices on ``mesh``'s ``axis`` (a clear error if the mesh lacks it)."""
+  if not isinstance(mesh, Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+  if axis not in mesh.axis_names:
+    raise ValueError(f"mesh has no {axis!r} axis (its axes: {tuple(mesh.axis_names)}): users "
+                     f"are sharded over an axis named {axis!r}, e.g. "
+                     f"jax.sharding.Mesh(jax.devices(), ('{axis}',))")
+  return int(mesh.shape[axis])
+
+
+def _on_mesh(data: Any, mesh: Mesh, axis: str) -> tuple[Any, int]:
+  """``data`` padded to a multiple of the axis' devices (copies of user 0, never sampled) and
+  placed with its user axis sharded; returns it and the number of real users."""
+  n_dev = mesh_users_axis(mesh, axis)
+  n = jax.tree.leaves(data)[0].shape[0]
+  pad = -n % n_dev
+  if pad:
+    data = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, 0)]), data)
+  def put(x):
+    return jax.device_put(x, NamedSharding(mesh, PartitionSpec(axis, *([None] * (x.ndim - 1)))))
+  return jax.tree.map(put, data), n
+
+
 def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, hparams: dict,
               *, static: tuple = (), steps: int, key: jax.Array, sampling: str, batch: int,
               capacity: int, rate: float | None = None,
-              record: Callable | None = None) -> tuple[Any, ...]:
+              record: Callable | None = None, mesh: Mesh | None = None,
+              axis: str = "users") -> tuple[Any, ...]:
   """``steps`` iterations of: sample users -> per-user gradients -> chain -> apply.
 
   The chain is ``tx_factory(hparams, *static)``: ``hparams`` (a dict of scalars and keys,
@@ -102,9 +146,22 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
   ``batch / n``). Returns ``(released params, final state)``; with ``record`` (a hashable
   ``state -> pytree``, e.g. the release a stage keeps in its state) also the per-step
   records stacked along a leading ``[steps]`` axis.
+
+  ``mesh``: users (the data's rows and each step's sampled slots) are sharded over its
+  ``axis``; a user count that the devices do not divide is padded with masked users, and the
+  slot capacity is rounded up to a multiple of the devices (extra slots are masked unless the
+  Poisson draw fills them: a larger capacity only lowers the truncation the plan accounted).
+  The draws are those of the one-device run, so the released params agree to float tolerance.
   """
+  n_real, users = None, None
+  if mesh is not None:
+    data, n_real = _on_mesh(data, mesh, axis)
+    n_dev = mesh_users_axis(mesh, axis)
+    capacity = -(-int(capacity) // n_dev) * n_dev
+    users = NamedSharding(mesh, PartitionSpec(axis))
   loop = _compiled_loop(loss_fn, tx_factory, tuple(static), int(steps), sampling, int(batch),
-                        int(capacity), None if rate is None else float(rate), record)
+                        int(capacity), None if rate is None else float(rate), record,
+                        n_real, users)
   return loop(params0, key, hparams, data)
 
 

@@ -27,6 +27,12 @@ Config keys (:class:`dpsco_jax.config_families.DpSgdConfig`): ``epsilon, delta``
 ``noise_multiplier, clip_norm, learning_rate, num_steps | epochs, batch_size, sampling_rate,
 n_users, sampling, relation, averaging``. Records use the same names.
 
+Declared constants (issue 23.3): **enforced**. ``clip_norm`` defaults to the declared L, but
+the chain clips every per-row gradient (per-user mean for ``dp_sgd_user``, per-item
+otherwise) to ``C`` before aggregating, so the step's sensitivity ``C / D`` holds whatever the
+loss's true gradient norms are; L (and R) otherwise only set the default step size. Provenance
+stays ``accountant`` on a user's loss (``tests/test_declared_constants.py``).
+
 Audit hook: :func:`dp_sgd_releases` returns the per-step noisy aggregates of a run.
 """
 
@@ -166,7 +172,7 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
                    key=jax.random.fold_in(key, 2), sampling=plan.sampling,
                    batch=n if plan.sampling == "full" else plan.batch, capacity=capacity,
                    rate=plan.sampling_rate if plan.sampling == "poisson" else None,
-                   record=_release_of if keep else None)
+                   record=_release_of if keep else None, mesh=getattr(problem, "mesh", None))
 
 
 def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Result:
@@ -234,7 +240,8 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging", ("none", "uniform"))
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
                         {"lr": lr, "radius": problem.radius}, static=(float(batch), averaging),
-                        steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity)
+                        steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity,
+                        mesh=getattr(problem, "mesh", None))
   return Result(params=params, privacy=NONPRIVATE_REPORT,
                 gradient_evaluations=int(steps * batch * problem.m),
                 record={"num_steps": steps, "batch_size": batch, "learning_rate": lr})

@@ -1,0 +1,89 @@
+"""Issue 24.2: drivers take a mesh. Users are sharded over a ``"users"`` axis of 4 forced host
+devices (in a subprocess: the device count is fixed when JAX starts); the released params equal
+the one-device run's to float tolerance, the plan/ledger is the same, a user count the devices
+do not divide is padded and masked, and a mesh without the users axis is refused."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import json, warnings
+    warnings.filterwarnings("ignore")
+    import jax, jax.numpy as jnp, numpy as np
+    import dpsco_jax
+    from dpsco_jax.data import UserData
+    assert len(jax.devices()) == 4, jax.devices()
+    rng = np.random.default_rng(0)
+    n = 103                                     # not divisible by 4: padded and masked
+    ids = rng.integers(0, n, 600); ids[:n] = np.arange(n)
+    x = rng.normal(size=(600, 5)).astype(np.float32)
+    y = (rng.random(600) < 0.5).astype(np.float32)
+    data = UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=8)
+    def loss(p, ex):
+      z = ex["x"] @ p["w"] + p["b"]
+      return jax.nn.softplus(z) - ex["y"] * z
+    params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
+    base = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
+            "num_steps": 25}
+    cfgs = {"poisson": dict(base, n_users=n, batch_size=20),
+            "full": dict(base, sampling="full", relation="zero_out"),
+            "fixed": dict(base, sampling="fixed", batch_size=18)}
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("users",))
+    out = {}
+    for name, cfg in cfgs.items():
+      one = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data, jax.random.key(7))
+      four = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data, jax.random.key(7), mesh=mesh)
+      with jax.set_mesh(mesh):
+        ctx = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data, jax.random.key(7))
+      diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                 zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)))
+      diff_ctx = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                     zip(jax.tree.leaves(one.params), jax.tree.leaves(ctx.params)))
+      scale = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(one.params))
+      out[name] = {"diff": diff, "diff_ctx": diff_ctx, "scale": scale,
+                   "same_report": one.privacy == four.privacy}
+    # a different key moves the params by far more than the tolerance (the check has power)
+    other = dpsco_jax.fit("dp_sgd_user", cfgs["poisson"], loss, params, data, jax.random.key(8),
+                          mesh=mesh)
+    one = dpsco_jax.fit("dp_sgd_user", cfgs["poisson"], loss, params, data, jax.random.key(7))
+    out["other_key_diff"] = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                                zip(jax.tree.leaves(one.params), jax.tree.leaves(other.params)))
+    bad = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    try:
+      dpsco_jax.fit("dp_sgd_user", cfgs["poisson"], loss, params, data, jax.random.key(7),
+                    mesh=bad)
+      out["bad_mesh"] = "accepted"
+    except ValueError as err:
+      out["bad_mesh"] = str(err)
+    try:
+      dpsco_jax.fit("accelerated_dp_srgd", {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0},
+                    loss, params, data, jax.random.key(7), mesh=mesh,
+                    constants={"lipschitz": 1.0, "smoothness": 1.0})
+      out["not_ready"] = "accepted"
+    except ValueError as err:
+      out["not_ready"] = str(err)
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_four_devices_release_the_one_device_params_and_refuse_a_mesh_without_users():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  for name in ("poisson", "full", "fixed"):
+    r = out[name]
+    assert r["same_report"], name
+    assert r["diff"] <= 1e-5 * max(1.0, r["scale"]), (name, r)
+    assert r["diff_ctx"] <= 1e-5 * max(1.0, r["scale"]), (name, r)
+  assert out["other_key_diff"] > 1e-2
+  assert "no 'users' axis" in out["bad_mesh"]
+  assert "mesh-ready" in out["not_ready"]
