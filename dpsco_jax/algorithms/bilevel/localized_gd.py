@@ -38,6 +38,11 @@ Privacy contract.
     price: static shapes mean the Poisson mask is applied to all ``n`` per-example gradients
     (``n`` gradient evaluations per step instead of ``b``). The paper samples ``b`` points with
     replacement (spec E4); it notes the rates are the same for other samplers.
+  * Declared constants (issue 23.3): **enforced**. The declared L is only the default clip
+    ``C`` (clipping bounds the per-step sensitivity ``2C/denominator`` for any loss), the
+    declared mu only the steps ``eta_t`` and the radii, the declared R only ``radius0``: none
+    enters the accounting, so the provenance stays ``accountant`` on a user's loss
+    (``tests/test_declared_constants.py``).
   * Noise is drawn only by the core ``add_gaussian_noise`` stage (fresh ``fold_in`` key per step,
     never reused). A data-independent term ``r(y)`` is added *after* the noise: no sensitivity.
     Radii, steps and rounds are functions of public constants only: a wrong radius costs

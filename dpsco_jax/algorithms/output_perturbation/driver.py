@@ -58,6 +58,26 @@ data-independent Δ is DP, Thm 3.3); it trades certificate failures against nois
 With ``on_certificate_failure="raise"`` (needed beyond ~20 users) a failed certificate aborts
 the run, a data-dependent event outside any proof: provenance ``heuristic``.
 
+**Declared constants (issue 23.3).** Thm 3.3 makes DelOutputPert (eps, delta)-DP for *any*
+deterministic f and any data-independent Delta: the exact stability test measures the local
+deletion sensitivity of f itself, so with ``stability_test="exact"`` (or whenever a call has
+``n <= 4 kappa + 1`` users, where no certificate is tried) the guarantee rests on no constant
+of the loss: L, beta, R and mu only shape f, Delta and the solver's budget (utility).
+The App. C certificate is different: it concludes ``Delta_{4 kappa} f(x) <= Delta_cert``
+(Lemma C.1 with spec §3.3(b)/§3.4: ``||theta~ - theta*(x_{-S})|| <= e0 + s gamma/(mu (n - s))``,
+plus ``2 tau`` for the solver on sub-datasets) from the *strong convexity* mu of every
+sub-dataset objective (the declared mu0 plus the prox lambda, which needs a convex loss) and
+the solver's a-priori accuracy tau (multi-stage AC-SA: beta-smoothness, mu, and the distance
+``D = min(2R, 2G/(2 lambda + mu0))``, which reads L when the second term is the smaller).
+If those are false the certificate can pass on an unstable dataset and the release is not
+Alg. 1's output. They cannot be enforced cheaply (strong convexity and smoothness are not
+checkable from samples; clipping would change f into a non-gradient field with no minimizer),
+so on a user's loss (``constants_declared``) a run that may take the certificate path reports
+provenance ``declared`` (``theorem`` otherwise), conditional on the constants named in its
+notes; ``stability_test="exact"`` gives the unconditional ``theorem``. ``heuristic`` runs stay
+``heuristic`` with the same note. The naive baseline: see
+:mod:`dpsco_jax.algorithms.output_perturbation.naive`.
+
 **Neighbouring relation and accounting.** Replace-one user (the paper's Def. 1.1), ``n`` and
 ``m`` public: every sensitivity divides by the public ``n`` and the stability test deletes
 users from a dataset of known size, so ``relation`` other than ``replace_one`` is refused.
@@ -88,6 +108,8 @@ from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
+                                           declared_provenance)
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.problems.output_perturbation import _l2_loss, l2_logistic
 from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, _certify, _solve,
@@ -180,6 +202,11 @@ class SCInfo(NamedTuple):
   plan: SolverPlan
   exact_feasible: bool
   gradient_evaluations: int
+  # the App. C certificate may decide this call (its soundness reads mu, beta and the solver
+  # distance; see the module docstring) ...
+  certificate: bool = False
+  # ... and that distance is 2G/(2 lambda + mu0), i.e. reads L (else 2R: projection)
+  distance_reads_lipschitz: bool = False
 
 
 def gamma_threshold(*, lipschitz: float, n_users: int, m: int, beta: float, preset: str
@@ -258,14 +285,17 @@ def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: f
   # ||u*|| <= 2G/(2 lam + mu0) (strong convexity of the prox objective, spec §2.5), and <= 2R.
   dist = 2.0 * radius if lam + mu0 <= 0 else min(2.0 * radius,
                                                   2.0 * lipschitz / (2.0 * lam + mu0))
+  reads_l = lam + mu0 > 0 and 2.0 * lipschitz / (2.0 * lam + mu0) < 2.0 * radius
   plan = solver_plan(smoothness=smoothness + lam, strong_convexity=mu, distance=dist,
                      tau=tau * mu / (smoothness + lam))  # residual <= L τ_s/μ = τ
   sig = tdl.sigma(Delta, epsilon, delta, settings.calibration)
   evals = plan.iterations * n_users * m
   if settings.stability_test == "exact":
     evals *= 2 ** n_users
+  # sc_output_pert_release tries the certificate only in certificate mode and n > 4 kappa + 1
+  cert = settings.stability_test == "certificate" and n_users > r
   return SCInfo(epsilon, delta, p.kappa, float(Delta), float(sig), float(gamma), float(tau),
-                plan, exact_feasible, int(evals))
+                plan, exact_feasible, int(evals), cert, bool(reads_l))
 
 
 def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info: SCInfo,
@@ -353,6 +383,8 @@ class OutputPertPlan:
   blocks: tuple[tuple[str, float, float, int, str | None], ...]
   schedule: dict
   how: str = ""
+  #: the declared constants the guarantee rests on (``()``: none, or held by construction)
+  declared: tuple[tuple[str, float], ...] = ()
 
 
 def charge_output_pert(plan: OutputPertPlan) -> PrivacyLedger:
@@ -365,9 +397,32 @@ def charge_output_pert(plan: OutputPertPlan) -> PrivacyLedger:
 
 
 def output_pert_report(plan: OutputPertPlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """The run's guarantee: the ledger's blocks with the provenance of the planned calls."""
+  """The run's guarantee: the ledger's blocks with the provenance of the planned calls
+  (``declared`` in place of ``theorem`` when a certificate on a user's loss may decide a
+  call: see the module docstring)."""
   prov, notes = _provenance(plan.settings, list(plan.infos))
-  return block_report(ledger, prov, paper_epsilon=plan.epsilon, notes=notes + plan.how)
+  notes += plan.how
+  if plan.declared:
+    notes += "; " + conditional_note(
+        plan.declared, "the App. C certificate (Lemma C.1) and the solver accuracy tau need "
+        "them; stability_test='exact' needs none (Thm 3.3 holds for any f)")
+  return block_report(ledger, declared_provenance(prov, plan.declared),
+                      paper_epsilon=plan.epsilon, notes=notes)
+
+
+def certificate_constants(problem, infos, *, lipschitz: bool = False
+                          ) -> tuple[tuple[str, float], ...]:
+  """The declared constants a run's guarantee rests on: none unless some planned call may be
+  decided by the App. C certificate; then mu0 (when declared), beta, L when the solver
+  distance reads it (or ``lipschitz=True``: a run that may re-plan its calls), and a convex
+  loss (the prox lambda is strong convexity only for a convex loss). ``()`` for problems that
+  hold their constants by construction."""
+  if not any(i.certificate for i in infos):
+    return ()
+  names = ["strong_convexity", "smoothness"]
+  if lipschitz or any(i.certificate and i.distance_reads_lipschitz for i in infos):
+    names.append("lipschitz")
+  return declared_constants(problem, names, convex=True)
 
 
 # ------------------------------------------------------------------------------------------
@@ -478,7 +533,8 @@ def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
                              radius=problem.radius, epsilon=eps, delta=delta, beta=beta,
                              settings=settings)
   return OutputPertPlan("sc_output_pert", settings, eps, delta, mu, beta, (info,),
-                        (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),), {})
+                        (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),), {},
+                        declared=certificate_constants(problem, (info,)))
 
 
 @register("sc_output_pert", config=cf.OutputPertConfig, paper="001")

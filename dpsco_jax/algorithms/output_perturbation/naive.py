@@ -9,6 +9,19 @@ convention the noise multiplier is ``z = σ / C`` with ``C = Δ/2`` (the add/rem
 shift; the ledger doubles it under replace-one), calibrated by the one calibrator, so
 ``σ = z Δ / 2``. :func:`naive_sigma` keeps the closed forms (analytic / classic Gaussian of
 ``Δ``) for the noise-ratio calculator only.
+
+**Declared constants (issue 23.3): declared, not enforced.** The sensitivity ``2G/(μn)`` is
+Chaudhuri et al. (2011)'s bound on the *exact ERM minimizer* of a ``μ``-strongly convex loss
+whose per-user gradients are ``G``-bounded (spec 001 §5); the ``2τ`` term needs the certified
+solver's a-priori accuracy (AC-SA, EXT A.3(a)), i.e. ``β``-smoothness, ``μ``-strong convexity
+and the distance ``D = min(2R, 2G/μ)``. Nothing cheap enforces them for a general loss:
+clipping gradients inside the solver does not make the minimizer's sensitivity ``2G/(μn)``
+(the clipped field is in general not the gradient of a ``μ``-strongly convex function, so
+there is no minimizer to speak of), and strong convexity and smoothness cannot be checked from
+samples. The radius is enforced (the solver projects onto ``K``, and the bound holds for the
+constrained minimizer). So on a user's loss (``constants_declared``) the report's provenance
+is ``declared``, conditional on the declared L, mu, beta and a convex loss
+(:mod:`dpsco_jax.algorithms.declared`); synthetic problems keep ``accountant``.
 """
 
 from __future__ import annotations
@@ -23,6 +36,8 @@ import jax.numpy as jnp
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_positive
+from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
+                                           declared_provenance)
 from dpsco_jax.algorithms.output_perturbation.driver import (OutputPertSettings, _check_common,
                                                       _Hook, _problem_mu, _project,
                                                       _require_mu, _settings_for, alg2_delta,
@@ -66,6 +81,8 @@ class NaivePlan:
   noise_multiplier: float
   sigma: float
   label: str = "output perturbation (Gaussian, sens 2G/(mu n))"
+  #: the declared constants the sensitivity rests on (``()``: held by construction)
+  declared: tuple[tuple[str, float], ...] = ()
 
   @property
   def event(self) -> dp_accounting.DpEvent:
@@ -86,7 +103,11 @@ def naive_plan(problem, cfg: dict) -> NaivePlan:
   z = (calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=eps, delta=delta,
                                   relation=settings.relation)
        if z is None else check_positive(z, "noise_multiplier"))
-  return NaivePlan(settings, eps, delta, mu, sens, plan, z, z * sens / 2.0)
+  # 2G/(mu n) + 2 tau: L, mu, beta (solver accuracy) and convexity, none enforced (docstring)
+  declared = declared_constants(problem, ("lipschitz", "strong_convexity", "smoothness"),
+                                convex=True)
+  return NaivePlan(settings, eps, delta, mu, sens, plan, z, z * sens / 2.0,
+                   declared=declared)
 
 
 def charge_naive(plan: NaivePlan) -> PrivacyLedger:
@@ -100,11 +121,16 @@ def charge_naive(plan: NaivePlan) -> PrivacyLedger:
 
 
 def naive_report(plan: NaivePlan, ledger: PrivacyLedger) -> PrivacyReport:
-  return ledger.report(provenance=Provenance.ACCOUNTANT, level="user",
-                       mechanisms=("gaussian output perturbation",),
-                       paper_epsilon=plan.epsilon,
-                       notes="naive user-level output perturbation (replace-one, n public); "
-                             "sensitivity 2G/(mu n) does not improve with m")
+  """``accountant``; ``declared`` when the sensitivity rests on a user's declared constants."""
+  notes = ("naive user-level output perturbation (replace-one, n public); sensitivity "
+           "2G/(mu n) does not improve with m")
+  if plan.declared:
+    notes += "; " + conditional_note(
+        plan.declared, "the sensitivity 2G/(mu n) + 2 tau bounds the minimizer of a "
+        "mu-strongly convex, beta-smooth loss with G-bounded per-user gradients")
+  return ledger.report(provenance=declared_provenance(Provenance.ACCOUNTANT, plan.declared),
+                       level="user", mechanisms=("gaussian output perturbation",),
+                       paper_epsilon=plan.epsilon, notes=notes)
 
 
 @register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001")

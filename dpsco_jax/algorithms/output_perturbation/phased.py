@@ -23,7 +23,8 @@ from dpsco_jax.algorithms.output_perturbation.driver import (OutputPertPlan, Out
                                                       SCInfo, _check_common, _check_min_users,
                                                       _debug_dict, _Hook, _problem_mu,
                                                       _require_mu, _require_radius,
-                                                      _settings_for, charge_output_pert,
+                                                      _settings_for, certificate_constants,
+                                                      charge_output_pert,
                                                       output_pert_report, plan_sc_output_pert,
                                                       sc_output_pert_release)
 from dpsco_jax.privacy import discrete_laplace as tdl
@@ -170,7 +171,8 @@ def phased_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
   return OutputPertPlan(name, settings, eps, delta, mu0, settings.beta, infos,
                         tuple(_phase_blocks(sch, sco=sco, epsilon=eps_p, delta=delta_p,
                                             label=label)),
-                        {"schedule": sch, "phases": phases}, f"; {how}")
+                        {"schedule": sch, "phases": phases}, f"; {how}",
+                        declared=certificate_constants(problem, infos))
 
 
 def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook | None, *,
@@ -247,7 +249,11 @@ def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
       sch, sco=sco, epsilon=eps_p, delta=delta_p, label=label)
   return OutputPertPlan(name, settings, eps, delta, mu, beta, (info0,) + infos, tuple(blocks),
                         {"schedule": sch, "phases": phases, "R_prime": r_prime, "lam": lam},
-                        "; two halves at (eps/2, delta/2)")
+                        "; two halves at (eps/2, delta/2)",
+                        # after a ⊥ warm start the phases are re-planned at another lambda
+                        # (same blocks): their solver distance may read L
+                        declared=certificate_constants(problem, (info0,) + infos,
+                                                       lipschitz=True))
 
 
 def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) -> Result:

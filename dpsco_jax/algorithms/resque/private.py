@@ -28,6 +28,18 @@ the violated condition; at CPU-scale ``n`` it always raises (``rho/r >= 1728 log
 ``r`` tiny) — that is the paper, not a bug. The ``practical`` preset runs and is labelled
 ``heuristic`` unless the preconditions hold.
 
+Declared constants (issue 23.3): **declared**, not enforced. The privacy of Alg. 3/4 rests on
+Lemma 5's drift bound ``||y_{T_i} - y'_{T_i}||^2 <= 1500 b_i^2 (eta_i L)^2`` (eq. (25)) with
+noise ``sigma_i = L eta_i / beta``: it needs every queried gradient (at ``xbar + xi``, anywhere
+around the ball) to have norm ``<= L`` and, for the steps on unchanged items, the monotonicity
+of the smoothed gradient (eq. (18)), i.e. a *convex* loss. Clipping per-item gradients to L
+would bound the first but break the second (a clipped gradient field is in general not the
+gradient of a convex function; spec 002 §7.1 "clip: nothing"), so nothing cheap enforces them.
+The radius R is enforced (every step and output is projected onto its ball) and only scales
+steps. On a user's loss (``constants_declared``) a ``theorem`` report becomes ``declared``,
+conditional on the declared L and a convex loss; ``heuristic`` stays ``heuristic`` with the
+same note (:mod:`dpsco_jax.algorithms.declared`).
+
 Audit hook: :func:`resque_private_releases` returns every realized Alg. 4 call with its
 per-phase noisy releases (and replays a reference run's calls on a neighbouring dataset).
 """
@@ -47,6 +59,8 @@ from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import cfg_get as _cfg, required_delta
+from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
+                                           declared_provenance)
 from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
                                                     RELATION, PrivacyPreconditionError,
                                                     alg4_rdp, approx_rdp_events,
@@ -283,10 +297,13 @@ class ResquePrivatePlan:
   parallel: bool
   phases: tuple[PhasePlan, ...]
   violations: tuple[str, ...]  # preconditions some planned call violates (sorted)
+  #: the declared constants Lemma 5's drift bound rests on (``()``: held by construction)
+  declared: tuple[tuple[str, float], ...] = ()
 
   @property
   def provenance(self) -> str:
-    return "theorem" if self.constants == "explicit" and not self.violations else "heuristic"
+    base = "theorem" if self.constants == "explicit" and not self.violations else "heuristic"
+    return declared_provenance(base, self.declared)
 
 
 def _theory_refusal(cfg: dict, *, n: int, d: int, eps: float, delta: float, L: float,
@@ -346,7 +363,8 @@ def resque_private_plan(problem, cfg: dict, *, data: dict | None = None) -> Resq
     events = tuple(approx_rdp_events(p["plan"], beta=p["beta"], **p["kw"]))
     out.append(PhasePlan(i, n_i, eps_i, delta_i, p, events))
   return ResquePrivatePlan(eps, delta, n, L, R, preset, constants, c_priv, ratio, parallel,
-                           tuple(out), tuple(sorted(violations)))
+                           tuple(out), tuple(sorted(violations)),
+                           declared_constants(problem, ("lipschitz",), convex=True))
 
 
 def charge_resque_private(plan: ResquePrivatePlan) -> PrivacyLedger:
@@ -370,8 +388,12 @@ def resque_private_report(plan: ResquePrivatePlan, ledger: PrivacyLedger) -> Pri
            f"sensitivity (Lemma 5/7, constants={plan.constants}); Corollary 1 conversion in "
            "the ledger; localization phases composed per "
            f"'{'parallel' if plan.parallel else 'paper'}'; replace-one, n public. ")
-  if plan.provenance != "theorem":
+  if plan.provenance == "heuristic":
     notes += "HEURISTIC: violated " + "; ".join(plan.violations)
+  if plan.declared:
+    notes += ("; " if plan.provenance == "heuristic" else "") + conditional_note(
+        plan.declared, "Lemma 5's drift bound and sigma_i = L eta_i / beta need every "
+        "gradient norm <= L and a convex loss (eq. (18))")
   return ledger.report(provenance=plan.provenance, level="item",
                        mechanisms=("gaussian_output_perturbation",
                                    "subsampling_with_replacement"),

@@ -34,6 +34,12 @@ Independent per-step noise (and DP-SGD without the SRG) changes one Gaussian rel
 ``GaussianDpEvent(z)``. ``z`` is calibrated by :func:`calibrate_noise_multiplier` (the one
 calibrator) under the run's relation; an explicit ``noise_multiplier`` above the ``epsilon``
 budget is refused by the ledger before anything is released. Provenance: ``accountant``.
+
+Declared constants (issue 23.3): **enforced**. L enters only as the default clip ``C`` (and
+through ``c_DP L`` / ``(8 c_M + 4) L`` in the theory preset), beta and R only the step and the
+projection: the clip acts on every SRG difference before aggregation, so the per-increment
+sensitivity ``C/B`` (``2C/B``) holds for any loss, whatever its true constants. Provenance
+stays ``accountant`` on a user's loss (``tests/test_declared_constants.py``).
 """
 
 from __future__ import annotations

@@ -34,6 +34,14 @@ on the good event (``f = 2/3`` Alg. 1, ``1/10`` Alg. 2; explicit constants deriv
 * Alg. 2: AboveThreshold (pure ``eps_AT``) + ``T_i`` subsampled (without replacement,
   ``K_i`` of ``n_i``) Gaussian mechanisms of shift ``Delta_i``.
 
+Declared constants (issue 23.3): **enforced, by the filter**. L enters only through the
+data-independent radius ``tau`` (``hoeffding_tau``), beta and R only steps, lambda and the
+projection. The sensitivity ``Delta = 4 r_h (1 + k(zeta))/(f K)`` comes from the kept sets'
+diameter ``<= 2 r_h``, which FILTER guarantees for *any* points (Lemmas B.2/C.2): a user whose
+gradients or iterates break the declared L is filtered out (or the pure-DP test fails and the
+public fallback is released), never averaged in at a larger shift. So the provenance is the
+same on a user's loss as on a synthetic one (``tests/test_declared_constants.py``).
+
 Neighbouring relation: replace-one user (Definition 1.3), ``n`` and ``m`` public; ``relation``
 other than ``replace_one`` is refused (FILTER averages over a public number of users; see
 :mod:`~dpsco_jax.algorithms.user_level_filter.plan`). Noise: ``sigma = z * Delta / 2`` — ``Delta``

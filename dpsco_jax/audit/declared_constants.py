@@ -1,0 +1,113 @@
+"""Canary audit of a declared constant the guarantee rests on: ``naive_output_pert``'s L (23.3).
+
+``naive_output_pert`` (paper 001's baseline) releases the ERM minimizer plus Gaussian noise
+calibrated to the replace-one sensitivity ``2L/(mu n)`` (+ the solver's ``2 tau``): Chaudhuri
+et al.'s bound, true only when every user's gradient is L-bounded (and the loss mu-strongly
+convex, beta-smooth). On a user's loss L is a *declaration* the library neither checks nor
+enforces (clipping inside the solver would not make the minimizer's sensitivity ``2L/(mu n)``;
+see :mod:`dpsco_jax.algorithms.output_perturbation.naive`). Before issue 23 the report said
+``accountant`` anyway; the outside audit of a digits MLP declared with ``L = 1`` had per-item
+gradient norms 4.77. The report now says ``declared`` and names L in its notes.
+
+The audit runs the public API's problem (:class:`~dpsco_jax.data.UserDataProblem`, built by
+``dpsco_jax.fit`` from ``loss_fn``, params, a :class:`~dpsco_jax.data.UserData` and the
+declared constants) through the driver's audit hook ``output_perturbation_releases``:
+
+* ``n`` users of one item each, loss ``mu/2 ||w||^2 - <x, w>`` (minimizer ``mean(x)/mu``: its
+  data part has gradient ``-x``), declared ``lipschitz = 1``, ``strong_convexity =
+  smoothness = mu``, ``radius = 1``; everyone's ``x = 0`` except the canary user 0.
+* honest: the canary ``x = e_0`` (gradient norm 1: the declaration is true), replaced by
+  ``-e_0`` (replace-one): the minimizer moves by exactly ``2/(mu n)``, the sensitivity the
+  noise is calibrated for. The audit stays below the claim.
+* ``lipschitz_violated`` (twin): the same declaration and the same claim, but the canary is
+  ``4 e_0`` (gradient norm 4 > the declared 1), replaced by ``-4 e_0``: the minimizer moves
+  4x the claimed sensitivity and the audit's lower bound exceeds the claim. The claim was
+  conditional on a false declaration, and the run's report says so: provenance ``declared``,
+  L named in the notes (:func:`run_report`).
+
+Score: the release's ``e_0`` coordinate (the likelihood-ratio statistic of the two Gaussians).
+Claim: ``dpsco_jax.fit(...).privacy.epsilon`` on the audited data (the same on both datasets:
+the plan reads only sizes and the declaration).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.audit.mechanisms import DELTA, _check_broken
+
+__all__ = ["TWINS", "TRIALS", "declared_lipschitz_driver", "run_report"]
+
+TWINS = ("lipschitz_violated",)
+TRIALS = 100_000
+_HI = jax.lax.Precision.HIGHEST
+_DECLARED_L = 1.0
+_BROKEN_NORM = 4.0   # the canary's true gradient norm in the twin (> the declared L)
+
+
+def _loss(mu: float):
+  def loss(p, ex):
+    w = p["w"]
+    return 0.5 * mu * jnp.dot(w, w, precision=_HI) - jnp.dot(ex["x"], w, precision=_HI)
+  return loss
+
+
+def _data(users: int, dim: int, canary: float):
+  from dpsco_jax.data import UserData
+  x = np.zeros((users, dim), np.float32)
+  x[0, 0] = canary
+  return UserData.from_arrays({"x": x}, np.arange(users), max_items_per_user=1)
+
+
+def _setup(broken: str | None, users: int, dim: int, epsilon: float, mu: float):
+  norm = _BROKEN_NORM if broken == "lipschitz_violated" else _DECLARED_L
+  constants = {"lipschitz": _DECLARED_L, "smoothness": mu, "strong_convexity": mu,
+               "radius": 1.0}
+  cfg = {"epsilon": epsilon, "delta": DELTA}
+  params = {"w": jnp.zeros((dim,), jnp.float32)}
+  return (_loss(mu), params, _data(users, dim, norm), _data(users, dim, -norm), constants,
+          cfg)
+
+
+def run_report(broken: str | None = None, *, users: int = 8, dim: int = 2,
+               epsilon: float = 2.5, mu: float = 1.0):
+  """The :class:`~dpsco_jax.privacy.PrivacyReport` of ``dpsco_jax.fit("naive_output_pert",
+  ...)`` on the audit's dataset with the canary (honest or twin): what the user is told."""
+  import dpsco_jax
+  loss, params, d_in, _, constants, cfg = _setup(broken, users, dim, epsilon, mu)
+  return dpsco_jax.fit("naive_output_pert", cfg, loss, params, d_in, jax.random.key(0),
+                       constants=constants).privacy
+
+
+def declared_lipschitz_driver(relation: str = "replace_one", broken: str | None = None, *,
+                              users: int = 8, dim: int = 2, epsilon: float = 2.5,
+                              mu: float = 1.0) -> AuditSpec:
+  """``naive_output_pert`` on a user's loss with a declared L, through
+  ``output_perturbation_releases`` (see the module docstring). ``broken="lipschitz_violated"``:
+  the canary's gradient norm is 4x the declared L."""
+  from dpsco_jax.algorithms.output_perturbation import driver as op
+  from dpsco_jax.data import UserDataProblem
+  if relation != "replace_one":
+    raise ValueError("relation: naive output perturbation (paper 001) is replace_one")
+  _check_broken(broken, TWINS, "declared_lipschitz_driver")
+  loss, params, d_in, d_out, constants, cfg = _setup(broken, users, dim, epsilon, mu)
+  problem = UserDataProblem(loss, params, d_in, level="user", constants=constants)
+  out = UserDataProblem(loss, params, d_out, level="user", constants=constants)
+  report = run_report(broken, users=users, dim=dim, epsilon=epsilon, mu=mu)
+
+  def release(key, data):
+    prob = copy.copy(problem)   # the same problem (plan, loss) on the dataset under test
+    prob.data = data
+    return op.output_perturbation_releases("naive_output_pert", prob, cfg, key)[0]["release"]
+
+  canary = _BROKEN_NORM if broken else _DECLARED_L
+  return AuditSpec(f"naive_output_pert/declared_L[{broken or 'honest'}]", relation, release,
+                   problem.data, out.data, lambda r: r[0], float(report.epsilon), DELTA,
+                   f"dpsco_jax.fit('naive_output_pert', ...).privacy.epsilon (target "
+                   f"{epsilon:g}; provenance {report.provenance}; declared L={_DECLARED_L:g}, "
+                   f"canary gradient norm {canary:g})")
