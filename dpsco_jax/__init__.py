@@ -11,7 +11,8 @@ trains Flax nnx models.
 """
 
 from dpsco_jax import algorithms, data, grads, privacy, problems, transforms
-from dpsco_jax.api import Plan, UndeclaredFact, algorithm_config, fit, plan, run
+from dpsco_jax.api import (Plan, Progress, UndeclaredFact, algorithm_config, fit, plan,
+                           print_progress, run)
 from dpsco_jax.data import DataSpec, MissingConstant, ProblemConstants, UserData
 from dpsco_jax.grads import (per_example_grads, per_user_grads, per_user_grads_two_points,
                              shard_users, user_mesh)
@@ -40,7 +41,7 @@ __all__ = [
     # your model and data: plan -> run
     "UserData", "DataSpec", "ProblemConstants", "MissingConstant", "UndeclaredFact", "Plan",
     "plan", "run", "fit",
-    "algorithm_config", "Result", "FallbackRelease",
+    "algorithm_config", "Result", "FallbackRelease", "Progress", "print_progress",
     # per-user gradients
     "per_user_grads", "per_example_grads", "per_user_grads_two_points", "shard_users",
     "user_mesh", "sample_uniform_ball", "smoothing_offsets",

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 
@@ -48,7 +48,7 @@ from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
 __all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
-           "READS_M", "MESH_READY", "UNSUPPORTED", "UndeclaredFact"]
+           "READS_M", "MESH_READY", "UNSUPPORTED", "UndeclaredFact", "Progress", "print_progress"]
 
 
 class UndeclaredFact(ConfigError):
@@ -222,15 +222,64 @@ def _mesh(algorithm: str, mesh: Any) -> Any:
   return mesh
 
 
+class Progress(NamedTuple):
+  """What a run's ``callback`` receives, about 20 times per run: ``step`` of ``num_steps``
+  done and ``epsilon``, the exact epsilon (at the plan's delta) of the steps done so far
+  (``None`` where the family has no per-step event). Data-independent: the step count and
+  the plan are all it is computed from."""
+  step: int
+  num_steps: int
+  epsilon: float | None
+
+
+def _epsilon_after(p: Plan, steps: int) -> float | None:
+  """The accountant's epsilon of the first ``steps`` steps of a DP-SGD plan (else None)."""
+  from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan, dp_sgd_event
+  from dpsco_jax.privacy.ledger import epsilon_of
+  d = p.detail
+  if not isinstance(d, DpSgdPlan) or d.event is None or d.level == "group":
+    return None
+  event = dp_sgd_event(d.noise_multiplier, sampling=d.sampling, q=d.sampling_rate,
+                       n=d.n_public, batch=d.batch, steps=steps)
+  return epsilon_of(event, delta=d.delta, relation=d.relation)
+
+
+def _progress(p: Plan, callback: Callable[[Progress], None] | None):
+  """The host function a driver calls with the steps done, wrapping the user's callback."""
+  if callback is None:
+    return None
+  if not callable(callback):
+    raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+  total = int(p.schedule.get("num_steps") or 0)
+  seen = []
+
+  def on_step(step: int) -> None:
+    seen.append(step)
+    callback(Progress(step, total, _epsilon_after(p, step)))
+  on_step.seen = seen
+  return on_step
+
+
+def print_progress(progress: Progress) -> None:
+  """A ready callback: one line per report (steps, epsilon so far)."""
+  eps = "" if progress.epsilon is None else f", epsilon so far {progress.epsilon:.4g}"
+  print(f"step {progress.step}/{progress.num_steps}{eps}", flush=True)
+
+
 def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
-        mesh: jax.sharding.Mesh | None = None) -> Result:
+        mesh: jax.sharding.Mesh | None = None,
+        callback: Callable[[Progress], None] | None = None) -> Result:
   """Executes plan ``p`` on ``data``: ``Result.params`` has the structure of ``params``.
 
   ``mesh``: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the mesh set with
   ``jax.set_mesh``, if any). Each device differentiates and clips
   its own users; the clipped sums are reduced across the axis and the noise is drawn once
   from the one key. The plan and ledger do not depend on it, and the released params equal
-  the one-device run's to float tolerance (``MESH_READY`` algorithms)."""
+  the one-device run's to float tolerance (``MESH_READY`` algorithms).
+
+  ``callback``: called with a :class:`Progress` about 20 times during the run by the
+  DP-SGD family and ``nonprivate_sgd`` (steps done, epsilon so far), and once at the end by
+  the other algorithms; :func:`print_progress` prints one line each time."""
   if not isinstance(p, Plan):
     raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
   if not isinstance(data, UserData):
@@ -245,6 +294,7 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   level = "item" if p.algorithm in ITEM_LEVEL else "user"
   problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
   problem.mesh = _mesh(p.algorithm, mesh)
+  problem.progress = _progress(p, callback)
   if problem.d != p.num_params:
     raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
                      f"{problem.d}")
@@ -252,6 +302,9 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   if not _same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")
+  if problem.progress is not None and not problem.progress.seen:   # no per-step reports
+    callback(Progress(int(p.schedule.get("num_steps") or 0),
+                      int(p.schedule.get("num_steps") or 0), float(result.privacy.epsilon)))
   return dataclasses.replace(result, params=problem.unflatten(result.params))
 
 
@@ -274,7 +327,9 @@ def _same_guarantee(a: PrivacyReport, b: PrivacyReport) -> bool:
 
 def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, data: UserData,
         key: jax.Array, *, constants: ProblemConstants | dict | None = None,
-        mesh: jax.sharding.Mesh | None = None) -> Result:
-  """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=)``."""
+        mesh: jax.sharding.Mesh | None = None,
+        callback: Callable[[Progress], None] | None = None) -> Result:
+  """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=,
+  callback=)``."""
   p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
-  return run(p, loss_fn, params, data, key, mesh=mesh)
+  return run(p, loss_fn, params, data, key, mesh=mesh, callback=callback)

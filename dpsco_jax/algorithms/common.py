@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any, Callable
 
@@ -71,11 +72,28 @@ def gather_users(data: Any, idx: jax.Array) -> Any:
   return jax.tree.map(lambda x: x[idx], data)
 
 
+#: host callbacks of the runs in flight, by id: the compiled loop carries only the id, so one
+#: executable serves every run (a closure in the cache key would compile once per fit)
+_PROGRESS: dict[int, Callable[[int], None]] = {}
+_PROGRESS_IDS = itertools.count(1)
+
+
+def _report_progress(run_id, step) -> None:
+  fn = _PROGRESS.get(int(run_id))
+  if fn is not None:
+    fn(int(step))
+
+
+def progress_points(steps: int, reports: int = 20) -> int:
+  """Every how many steps a run reports progress (about ``reports`` times per run)."""
+  return max(1, -(-int(steps) // reports))
+
+
 @functools.lru_cache(maxsize=64)
 def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
                    sampling: str, batch: int, capacity: int, rate: float | None,
                    record: Callable | None, n_real: int | None = None,
-                   users: NamedSharding | None = None):
+                   users: NamedSharding | None = None, report: bool = False):
   """One jitted scan per (loss, chain shape, schedule): hyper-parameters and data are
   arguments, so a sweep over seeds / epsilons / learning rates compiles once. ``users``: the
   sharding of a step's sampled users over a mesh (each device differentiates and clips its
@@ -85,8 +103,10 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
   def spread(tree):
     return tree if users is None else jax.lax.with_sharding_constraint(tree, users)
 
+  every = progress_points(steps)
+
   @jax.jit
-  def loop(params, key, hparams, data):
+  def loop(params, key, hparams, data, run_id):
     n = jax.tree.leaves(data)[0].shape[0]
     tx = tx_factory(hparams, *static)
     state = tx.init(params)
@@ -99,6 +119,9 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
       grads = per_user_grads(loss_fn, params, batch_data, user_mask=mask)
       updates, state = tx.update(grads, state, params, user_mask=mask)
       out = None if record is None else record(state)
+      if report:  # the step count only: nothing data-dependent reaches the host
+        jax.lax.cond((t + 1) % every == 0, lambda: jax.debug.callback(
+            _report_progress, run_id, t + 1), lambda: None)
       return (optax.apply_updates(params, updates), state), out
 
     (params, state), records = jax.lax.scan(body, (params, state), jnp.arange(steps))
@@ -137,7 +160,8 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
               *, static: tuple = (), steps: int, key: jax.Array, sampling: str, batch: int,
               capacity: int, rate: float | None = None,
               record: Callable | None = None, mesh: Mesh | None = None,
-              axis: str = "users") -> tuple[Any, ...]:
+              axis: str = "users",
+              progress: Callable[[int], None] | None = None) -> tuple[Any, ...]:
   """``steps`` iterations of: sample users -> per-user gradients -> chain -> apply.
 
   The chain is ``tx_factory(hparams, *static)``: ``hparams`` (a dict of scalars and keys,
@@ -152,6 +176,9 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
   slot capacity is rounded up to a multiple of the devices (extra slots are masked unless the
   Poisson draw fills them: a larger capacity only lowers the truncation the plan accounted).
   The draws are those of the one-device run, so the released params agree to float tolerance.
+
+  ``progress``: a host function called with the number of steps done, about 20 times per run
+  (``jax.debug.callback``; it receives the step count only).
   """
   n_real, users = None, None
   if mesh is not None:
@@ -161,8 +188,17 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
     users = NamedSharding(mesh, PartitionSpec(axis))
   loop = _compiled_loop(loss_fn, tx_factory, tuple(static), int(steps), sampling, int(batch),
                         int(capacity), None if rate is None else float(rate), record,
-                        n_real, users)
-  return loop(params0, key, hparams, data)
+                        n_real, users, progress is not None)
+  run_id = next(_PROGRESS_IDS) if progress is not None else 0
+  if progress is not None:
+    _PROGRESS[run_id] = progress
+  try:
+    out = loop(params0, key, hparams, data, jnp.int32(run_id))
+    if progress is not None:
+      jax.effects_barrier()   # every callback has run before the run returns
+    return out
+  finally:
+    _PROGRESS.pop(run_id, None)
 
 
 def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:

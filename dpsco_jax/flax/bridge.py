@@ -60,14 +60,17 @@ def params_loss(model: nnx.Module, loss_fn: Callable) -> tuple[Callable, Any]:
 def fit_model(algorithm: str, config: Mapping | Any, model: nnx.Module, loss_fn: Callable,
               data: UserData, key: jax.Array, *,
               constants: ProblemConstants | dict | None = None,
-              mesh: jax.sharding.Mesh | None = None) -> Result:
+              mesh: jax.sharding.Mesh | None = None,
+              callback: Callable | None = None) -> Result:
   """Runs ``algorithm`` (see :func:`dpsco_jax.fit`; ``mesh`` shards users over its
-  ``"users"`` axis) on the model's ``nnx.Param`` state and writes the released parameters
+  ``"users"`` axis; ``callback`` gets a :class:`dpsco_jax.api.Progress` during the run) on the
+  model's ``nnx.Param`` state and writes the released parameters
   into ``model`` (``nnx.update``); returns the Result (its ``params`` is the released
   ``nnx.State``)."""
   if not isinstance(model, nnx.Module):
     raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
   loss, params = params_loss(model, loss_fn)
-  result = fit(algorithm, config, loss, params, data, key, constants=constants, mesh=mesh)
+  result = fit(algorithm, config, loss, params, data, key, constants=constants, mesh=mesh,
+               callback=callback)
   nnx.update(model, result.params)
   return result

@@ -172,7 +172,8 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
                    key=jax.random.fold_in(key, 2), sampling=plan.sampling,
                    batch=n if plan.sampling == "full" else plan.batch, capacity=capacity,
                    rate=plan.sampling_rate if plan.sampling == "poisson" else None,
-                   record=_release_of if keep else None, mesh=getattr(problem, "mesh", None))
+                   record=_release_of if keep else None, mesh=getattr(problem, "mesh", None),
+                   progress=None if keep else getattr(problem, "progress", None))
 
 
 def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Result:
@@ -241,7 +242,8 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
                         {"lr": lr, "radius": problem.radius}, static=(float(batch), averaging),
                         steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity,
-                        mesh=getattr(problem, "mesh", None))
+                        mesh=getattr(problem, "mesh", None),
+                        progress=getattr(problem, "progress", None))
   return Result(params=params, privacy=NONPRIVATE_REPORT,
                 gradient_evaluations=int(steps * batch * problem.m),
                 record={"num_steps": steps, "batch_size": batch, "learning_rate": lr})
