@@ -31,7 +31,21 @@ def registry(include: str = "all") -> dict:
   if include in ("drivers", "all"):
     out.update({name: (b, rels, twins, drivers.TRIALS[name], name in drivers.GAUSSIAN)
                 for name, (b, rels, twins) in drivers.DRIVERS.items()})
+    out.update(_trusted_numbers())
   return out
+
+
+def _trusted_numbers() -> dict:
+  """Issue 23's audits of numbers a guarantee rests on: a plan fact measured on the data
+  (item-level DP-SGD's ``m``) and a declared constant (naive output perturbation's ``L``)."""
+  from dpsco_jax.audit import declared_constants, declared_facts
+  return {
+      "dp_sgd_item_declared_m": (declared_facts.item_count_driver, ("add_remove",),
+                                 declared_facts.TWINS, 100_000, False),
+      "naive_output_pert_declared_L": (declared_constants.declared_lipschitz_driver,
+                                       ("replace_one",), declared_constants.TWINS,
+                                       declared_constants.TRIALS, True),
+  }
 
 
 def audit_table(trials: int | None = None, seed: int = 0,
