@@ -26,7 +26,8 @@ def test_groups_rows_by_user_in_order_of_first_appearance():
   np.testing.assert_array_equal(data.item_mask, [[1, 1, 1], [1, 1, 0], [1, 0, 0]])
   # real items in table order; padding repeats the user's own items
   np.testing.assert_array_equal(data.examples["y"], [[0, 2, 5], [1, 4, 1], [3, 3, 3]])
-  assert data.spec == DataSpec(3, 3, (("['x']", (1,), "float32"), ("['y']", (), "float32")))
+  assert data.spec == DataSpec(3, 3, (("['x']", (1,), "float32"), ("['y']", (), "float32")),
+                               frozenset({"n_users", "max_items_per_user"}))
 
 
 def test_contribution_bound_random_and_first_selection():
@@ -143,3 +144,78 @@ def test_a_users_kept_items_do_not_depend_on_the_other_users():
   for u, uid in enumerate(less.user_ids):
     v = int(np.flatnonzero(full.user_ids == uid)[0])
     np.testing.assert_array_equal(less.examples["v"][u], full.examples["v"][v])
+
+
+# ------------------------------------------------------------------ ids (issue 23)
+
+@pytest.mark.parametrize("ids, error, match", [
+    (np.array([1.0, np.nan, 2.0, np.nan]), ValueError, "NaN"),
+    ([1, None, 2, 3], ValueError, "None"),
+    (np.array([1, None, 2, 3], dtype=object), ValueError, "None"),
+    ([1, "1", 2, 3], TypeError, "mix kinds"),             # np.asarray would make both "1"
+    (np.array([1, 1.0, 2, 3], dtype=object), TypeError, "mix kinds"),
+    ([True, 1, 2, 3], TypeError, "bools"),
+    (np.array([True, False, True, True]), TypeError, "bools"),
+    ([b"a", "a", "b", "c"], TypeError, "mix kinds"),
+    (np.array([0.5, 1.0, 2.0, 3.0]), ValueError, "whole numbers"),
+    (np.array([np.inf, 1.0, 2.0, 3.0]), ValueError, "whole numbers"),
+    (np.array([1 + 0j, 2, 3, 4]), TypeError, "dtype complex"),
+    ([(1,), (2,), (3,), (4,)], ValueError, "one-dimensional"),
+    ([object(), 1, 2, 3], TypeError, "object"),
+])
+def test_ids_that_would_merge_or_split_users_are_refused(ids, error, match):
+  ex = {"x": np.arange(4, dtype=np.float32)}
+  with pytest.raises(error, match=match):
+    UserData.from_arrays(ex, ids)
+
+
+def test_accepted_id_kinds_keep_their_values():
+  ex = {"x": np.arange(4, dtype=np.float32)}
+  for ids, want in [([3, 1, 3, 2], [3, 1, 2]), (["b", "a", "b", "c"], ["b", "a", "c"]),
+                    (np.array([2.0, 1.0, 2.0, -4.0]), [2.0, 1.0, -4.0]),
+                    (np.array([2**40, 5, 2**40, 7], dtype=object), [2**40, 5, 7]),
+                    ([2**70, 5, 2**70, 7], [2**70, 5, 7])]:       # beyond int64: exact
+    data = UserData.from_arrays(ex, ids)
+    assert data.user_ids.tolist() == want
+  # HF-style list columns go through the same checks
+  with pytest.raises(TypeError, match="mix kinds"):
+    UserData.from_table({"u": [1, "1", 2, 3], "x": ex["x"]}, user_column="u")
+
+
+def _hand_built(**over):
+  base = dict(examples={"x": np.zeros((3, 2, 1), np.float32)},
+              item_mask=np.array([[1, 1], [1, 0], [1, 0]], bool),
+              user_ids=np.array([10, 11, 12]), n_items=np.array([2, 1, 1]),
+              n_dropped=np.array([0, 0, 3]))
+  base.update(over)
+  return UserData(**base)
+
+
+@pytest.mark.parametrize("over, error, match", [
+    ({"user_ids": np.array([10, 11, 10])}, ValueError, "unique"),
+    ({"user_ids": np.array([10, 11])}, ValueError, "2 ids for 3 users"),
+    ({"user_ids": np.array([10.0, np.nan, 12.0])}, ValueError, "NaN"),
+    ({"n_dropped": np.array([0, -1, 0])}, ValueError, "n_dropped must be >= 0"),
+    ({"n_dropped": np.array([0, 0])}, ValueError, "shape"),
+    ({"n_dropped": np.array([0.0, 0.0, 1.0])}, TypeError, "integer"),
+    ({"n_items": np.array([2.0, 1.0, 1.0])}, TypeError, "integer"),
+    ({"n_items": np.array([2, 1])}, ValueError, "shape"),
+    ({"n_items": np.array([2, 2, 1])}, ValueError, "agree"),
+    ({"item_mask": np.ones((3, 2), np.int8)}, ValueError, "bool"),
+    ({"examples": {"x": np.zeros((0, 2, 1))}, "item_mask": np.zeros((0, 2), bool),
+      "user_ids": np.array([], int), "n_items": np.array([], int), "n_dropped": None},
+     ValueError, "no users"),
+])
+def test_hand_built_user_data_is_checked(over, error, match):
+  _hand_built()                                   # the base is valid
+  with pytest.raises(error, match=match):
+    _hand_built(**over)
+
+
+def test_empty_or_duplicate_selection_is_refused():
+  data = _hand_built()
+  assert data.select([2, 0]).user_ids.tolist() == [12, 10]
+  with pytest.raises(ValueError, match="no users"):
+    data.select(np.zeros(3, bool))
+  with pytest.raises(ValueError, match="unique"):
+    data.select([0, 0])                           # one user twice: two contributions

@@ -26,6 +26,16 @@ appearance of its id) and ``m = max_items_per_user`` item slots, with an item ma
   real items (the per-user gradient every user-level algorithm clips). Item view: weight 1 on
   real items and 0 on padding (each item counted once; item-level algorithms).
 
+* **Ids.** All ints, all strings (or bytes), or all finite whole-number floats; ``NaN`` and
+  ``None`` ids, bools and mixed kinds are refused (they would merge or split users silently);
+  see :func:`dpsco_jax.data.grouping.canonical_ids`. A hand-built ``UserData`` is checked
+  too: unique ids, one per user, integer counts, ``n_dropped >= 0``, at least one user.
+* **Scale.** Building is one sort of the ids (``O(N log N)`` for ``N`` rows) plus one gather
+  per block of users (:mod:`dpsco_jax.data.grouping`). ``store=`` writes the padded leaves to
+  disk instead of memory and reads them back as memory maps (:meth:`UserData.open`), so a
+  table in memory is never copied whole; :mod:`dpsco_jax.data.sampling` then gathers only
+  each step's Poisson-sampled users from it.
+
 Only :class:`DataSpec` (shapes, ``U``, ``m``) is read by a plan; under ``add_remove`` the
 number of users is private and a plan reads the *declared* ``n_users`` from the config instead
 (see :mod:`dpsco_jax.privacy.relations`).
@@ -35,13 +45,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
+import os
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from dpsco_jax.data import grouping
+from dpsco_jax.data.grouping import canonical_ids, id_seed
 
 __all__ = ["DataSpec", "FACTS", "UserData", "weighted_loss"]
 
@@ -116,13 +129,14 @@ def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dic
     v = table[c]
     v = v.to_numpy() if hasattr(v, "to_numpy") else v
     return np.asarray(v)
-  return {"__user__": col(user_column), **{c: col(c) for c in wanted}}
+  # The id column is read by canonical_ids, element by element for lists: np.asarray would
+  # turn [1, "1"] into ["1", "1"] (one user) before any check could see it.
+  users = table[user_column]
+  users = users.to_numpy() if hasattr(users, "to_numpy") else users
+  return {"__user__": users, **{c: col(c) for c in wanted}}
 
 
-def _id_seed(user_id: Any) -> int:
-  """A stable 64-bit seed from a user id (the same across runs, processes and tables)."""
-  value = user_id.item() if hasattr(user_id, "item") else user_id
-  return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little")
+_id_seed = id_seed   # the old private name
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,6 +151,37 @@ def weighted_loss(loss_fn: Callable) -> Callable:
     return ex["weight"] * value
   loss.__name__ = f"weighted_{getattr(loss_fn, '__name__', 'loss')}"
   return loss
+
+
+def _int_vector(value: Any, name: str, u: int) -> np.ndarray:
+  """``value`` as an integer array ``[u]`` (bools and floats refused: counts are integers)."""
+  arr = np.asarray(value)
+  if arr.dtype == bool or arr.dtype.kind not in "iu":
+    raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
+  if arr.shape != (u,):
+    raise ValueError(f"{name} must have shape [U={u}], got {arr.shape}")
+  return arr
+
+
+def _check_bound(m: Any) -> int:
+  if isinstance(m, bool) or not isinstance(m, (int, np.integer)):
+    raise TypeError(f"max_items_per_user must be an int, got {type(m).__name__}")
+  if m < 1:
+    raise ValueError(f"max_items_per_user must be >= 1, got {m}")
+  return int(m)
+
+
+def _examples_layout(examples: Any) -> tuple[str, list[str]]:
+  """``("array", ["examples"])`` or ``("dict", keys)``: the layouts a store can rebuild
+  (keys in the order of ``jax.tree.leaves``, which sorts a dict's keys)."""
+  if isinstance(examples, Mapping):
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(examples)[0]]
+    names = [getattr(p[0], "key", None) for p in paths]
+    if all(len(p) == 1 for p in paths) and all(isinstance(k, str) for k in names):
+      return "dict", names
+  elif not isinstance(examples, (list, tuple)):
+    return "array", ["examples"]
+  return type(examples).__name__ + " (nested)", []
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -163,33 +208,69 @@ class UserData:
   m_declared: bool = False
 
   def __post_init__(self):
+    # A hand-built UserData gets the checks from_arrays guarantees: one slot row per user,
+    # unique valid ids, counts that agree with the mask. Anything else would let one user
+    # appear twice in a batch (two contributions) or make a plan divide by zero users.
+    mask = self.item_mask
+    if not isinstance(mask, np.ndarray) or mask.ndim != 2 or mask.dtype != bool:
+      raise ValueError("item_mask must be a bool array [U, m], got "
+                       f"{getattr(mask, 'dtype', type(mask).__name__)} "
+                       f"{getattr(mask, 'shape', '')}")
+    u, m = mask.shape
+    if u == 0:
+      raise ValueError("no users: a UserData needs at least one user (empty table or "
+                       "empty selection?)")
+    if m == 0:
+      raise ValueError("max_items_per_user is 0: a UserData needs at least one item slot")
     leaves = jax.tree.leaves(self.examples)
     if not leaves:
       raise ValueError("examples must hold at least one array")
-    u, m = self.item_mask.shape
     for leaf in leaves:
       if leaf.shape[:2] != (u, m):
         raise ValueError(f"every examples leaf must be shaped [U={u}, m={m}, ...], got "
                          f"{leaf.shape}")
-    if self.item_mask.dtype != bool:
-      raise ValueError(f"item_mask must be bool, got {self.item_mask.dtype}")
-    if np.any(self.n_items < 1) or np.any(self.item_mask.sum(1) != self.n_items):
+    self._check_ids(u)
+    n_items = _int_vector(self.n_items, "n_items", u)
+    object.__setattr__(self, "n_items", n_items)
+    if np.any(n_items < 1) or np.any(mask.sum(1) != n_items):
       raise ValueError("every user needs >= 1 item and item_mask must agree with n_items")
+    if self.n_dropped is not None:
+      n_dropped = _int_vector(self.n_dropped, "n_dropped", u)
+      if np.any(n_dropped < 0):
+        raise ValueError("n_dropped must be >= 0 (items beyond the bound that were not kept)")
+      object.__setattr__(self, "n_dropped", n_dropped)
+
+  def _check_ids(self, u: int) -> None:
+    ids = canonical_ids(self.user_ids)
+    if ids.shape[0] != u:
+      raise ValueError(f"user_ids has {ids.shape[0]} ids for {u} users")
+    srt = np.sort(ids)
+    dup = srt[1:][srt[1:] == srt[:-1]]
+    if dup.size:
+      raise ValueError(f"user_ids must be unique: {dup[:3].tolist()} appear more than once "
+                       "(one user in two rows would contribute twice)")
+    object.__setattr__(self, "user_ids", ids)
 
   # ----------------------------------------------------------------------------- building
   @classmethod
   def from_arrays(cls, examples: Any, user_ids: Any, *, max_items_per_user: int | None = None,
-                  selection: str = "random", seed: int = 0) -> "UserData":
-    """Groups rows by user id.
+                  selection: str = "random", seed: int = 0,
+                  store: str | os.PathLike | None = None) -> "UserData":
+    """Groups rows by user id: one sort, ``O(N log N)`` for ``N`` rows.
 
     Args:
       examples: a pytree (dict, tuple, array) whose leaves are ``[N, ...]`` arrays, one row
-        per item.
-      user_ids: ``[N]`` the user of each row (any hashable dtype: ints, strings).
+        per item (numpy arrays or memory maps; they are read, never copied whole).
+      user_ids: ``[N]`` the user of each row: all ints, all strings (or bytes), or all
+        finite whole-number floats. ``NaN``/``None`` ids, bools and mixed kinds (``1`` with
+        ``"1"`` or ``1.0``) are refused rather than silently merged.
       max_items_per_user: the contribution bound ``m`` (default: the largest user's count).
       selection: ``"random"`` (seeded uniform subset) or ``"first"``: which items a user with
         more than ``m`` keeps.
       seed: seed of the ``"random"`` selection.
+      store: a new (or empty) directory: the padded leaves are written there and the result
+        reads them as memory maps (:meth:`open` reopens it), so the padded copy never sits
+        in memory; examples must be one array or a flat dict of arrays.
     """
     if selection not in SELECTIONS:
       raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
@@ -197,9 +278,7 @@ class UserData:
     if not leaves:
       raise ValueError("examples must hold at least one array")
     leaves = [np.asarray(x) for x in leaves]
-    ids = np.asarray(user_ids)
-    if ids.ndim != 1:
-      raise ValueError(f"user_ids must be one-dimensional [N], got shape {ids.shape}")
+    ids = canonical_ids(user_ids)
     n = ids.shape[0]
     if n == 0:
       raise ValueError("no rows: user_ids is empty")
@@ -207,46 +286,46 @@ class UserData:
       if leaf.ndim < 1 or leaf.shape[0] != n:
         raise ValueError(f"every examples leaf needs a leading row axis of length {n} "
                          f"(= len(user_ids)), got shape {leaf.shape}")
-    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")          # users in order of first appearance
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    user_of_row = rank[inverse.reshape(-1)]
-    rows_of = [np.flatnonzero(user_of_row == u) for u in range(order.size)]
-    counts = np.array([r.size for r in rows_of])
-    if max_items_per_user is None:
-      m = int(counts.max())
-    else:
-      if isinstance(max_items_per_user, bool) or not isinstance(max_items_per_user,
-                                                                (int, np.integer)):
-        raise TypeError("max_items_per_user must be an int, got "
-                        f"{type(max_items_per_user).__name__}")
-      m = int(max_items_per_user)
-      if m < 1:
-        raise ValueError(f"max_items_per_user must be >= 1, got {m}")
-    slots = np.empty((order.size, m), np.int64)
+    m = None if max_items_per_user is None else _check_bound(max_items_per_user)
+    kind, names = _examples_layout(examples) if store is not None else ("", [])
+    if store is not None:
+      grouping.prepare_store(store, kind, names)
+    groups = grouping.group_rows(ids)
+    counts = groups.count
+    m = int(counts.max()) if m is None else m
+    padded = grouping.write_padded(
+        leaves, lambda lo, hi: grouping.slot_rows(groups, m, selection=selection, seed=seed,
+                                                  lo=lo, hi=hi),
+        groups.n_users, m, store)
     kept = np.minimum(counts, m)
-    for u, rows in enumerate(rows_of):
-      if rows.size > m:
-        rng = np.random.default_rng([seed, _id_seed(uniq[order[u]])])
-        rows = (np.sort(rng.choice(rows, m, replace=False))
-                if selection == "random" else rows[:m])
-      slots[u] = rows[np.arange(m) % rows.size]   # pad by cycling the user's own items
     mask = np.arange(m)[None, :] < kept[:, None]
-    padded = [leaf[slots] for leaf in leaves]
-    return cls(jax.tree.unflatten(treedef, padded), mask, uniq[order], kept, counts - kept,
+    data = cls(jax.tree.unflatten(treedef, padded), mask, groups.ids, kept, counts - kept,
                m_declared=max_items_per_user is not None)
+    if store is not None:
+      grouping.save_store_meta(store, examples_kind=kind, names=names, arrays={
+          "item_mask": mask, "user_ids": groups.ids, "n_items": kept,
+          "n_dropped": counts - kept}, m_declared=data.m_declared)
+    return data
+
+  @classmethod
+  def open(cls, store: str | os.PathLike) -> "UserData":
+    """A UserData written by ``from_arrays(..., store=store)``: its leaves are read-only
+    memory maps, so a batch reads only its sampled users' pages
+    (:mod:`dpsco_jax.data.sampling`)."""
+    examples, arrays, m_declared = grouping.open_store(store)
+    return cls(examples, arrays["item_mask"], arrays["user_ids"], arrays["n_items"],
+               arrays["n_dropped"], m_declared=m_declared)
 
   @classmethod
   def from_table(cls, table: Any, *, user_column: str, columns: Sequence[str] | None = None,
                  max_items_per_user: int | None = None, selection: str = "random",
-                 seed: int = 0) -> "UserData":
+                 seed: int = 0, store: str | os.PathLike | None = None) -> "UserData":
     """From a pandas ``DataFrame``, a ``datasets.Dataset`` or a mapping of columns: examples
     are ``{column: array}`` of ``columns`` (default: every column but ``user_column``)."""
     cols = _columns(table, columns, user_column)
     users = cols.pop("__user__")
     return cls.from_arrays(cols, users, max_items_per_user=max_items_per_user,
-                           selection=selection, seed=seed)
+                           selection=selection, seed=seed, store=store)
 
   # ----------------------------------------------------------------------------- views
   @property

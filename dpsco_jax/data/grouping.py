@@ -1,0 +1,312 @@
+"""Grouping rows by user: id validation, one sort, padded slots, and an on-disk store.
+
+The machinery behind :meth:`dpsco_jax.data.UserData.from_arrays`:
+
+* :func:`canonical_ids` refuses ids that would silently merge or split users: ``NaN`` (every
+  missing id would become one user), ``None``, bools, and mixtures of kinds (``1``, ``1.0``,
+  ``True`` and ``"1"`` in one column). **Rule:** a column of ids is all integers, all strings
+  (or all bytes), or all floats that are finite whole numbers (an integer column that became
+  float, e.g. through pandas missing values). Object columns are reduced to the native numpy
+  dtype of their one kind; their values (hence each user's seed, :func:`id_seed`) are unchanged.
+* :func:`group_rows` groups ``N`` rows in ``O(N log N)``: one stable argsort of the ids plus
+  offsets; users come out in order of first appearance.
+* :func:`slot_rows` gives the table rows behind each user's ``m`` item slots, for a block of
+  users: slot ``j`` of a user with ``k <= m`` rows is its row ``j % k`` (padding cycles the
+  user's own items); a user with ``k > m`` rows keeps its first ``m`` (``"first"``) or a subset
+  drawn by a generator seeded with ``[seed, id_seed(id)]`` (``"random"``): the only per-user
+  Python work, and only for truncated users.
+* :func:`write_padded` fills the padded ``[U, m, ...]`` leaves block by block, either into
+  arrays in memory or into ``.npy`` files (a store, :func:`open_store`) written with plain file
+  writes, so that the padded copy never sits in memory: building from a table in memory then
+  peaks at about the table plus the index arrays (``~12 N`` bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["canonical_ids", "id_seed", "group_rows", "Groups", "slot_rows", "write_padded",
+           "prepare_store", "save_store_meta", "open_store", "STORE_FORMAT"]
+
+STORE_FORMAT = "dpsco_jax.UserData/1"
+_BLOCK_BYTES = 1 << 26   # ~64 MB of padded rows per block: bounded temporaries
+
+# --------------------------------------------------------------------------- ids
+
+
+def id_seed(user_id: Any) -> int:
+  """A stable 64-bit seed from a user id (the same across runs, processes and tables)."""
+  value = user_id.item() if hasattr(user_id, "item") else user_id
+  return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little")
+
+
+def _kind_of(value: Any) -> str:
+  """The id kind of one element of an object column (bool before int: bool is an int)."""
+  if value is None:
+    return "None"
+  if isinstance(value, (bool, np.bool_)):
+    return "bool"
+  if isinstance(value, (int, np.integer)):
+    return "int"
+  if isinstance(value, (float, np.floating)):
+    return "float"
+  if isinstance(value, (str, np.str_)):
+    return "str"
+  if isinstance(value, (bytes, np.bytes_)):
+    return "bytes"
+  return type(value).__name__
+
+
+def _from_objects(ids: np.ndarray, what: str) -> np.ndarray:
+  """An object column of one id kind as a native numpy array (values unchanged)."""
+  kinds = {_kind_of(v) for v in ids}
+  if "None" in kinds:
+    raise ValueError(f"{what} contain None (missing ids): every row needs a user; drop or "
+                     "fill those rows first")
+  if "bool" in kinds:
+    raise TypeError(f"{what} contain bools: pass ints or strings (True would equal the id 1)")
+  bad = kinds - {"int", "float", "str", "bytes"}
+  if bad:
+    raise TypeError(f"{what} must be ints, strings or whole-number floats, got "
+                    f"{sorted(bad)} values")
+  if len(kinds) > 1:
+    raise TypeError(f"{what} mix kinds {sorted(kinds)}: ids of different kinds that look "
+                    "alike (1, 1.0, '1') would be merged or split arbitrarily; convert the "
+                    "column to one kind")
+  kind = kinds.pop()
+  if kind == "int":
+    try:
+      return np.array(ids.tolist(), dtype=np.int64)
+    except OverflowError:       # beyond int64: keep exact Python ints (sortable)
+      return ids
+  return np.array(ids.tolist(), dtype={"float": np.float64, "str": np.str_,
+                                       "bytes": np.bytes_}[kind])
+
+
+def canonical_ids(user_ids: Any, what: str = "user_ids") -> np.ndarray:
+  """``user_ids`` as a 1-D numpy array of one id kind, or a clear error (see the module doc).
+
+  Lists are read element by element (``np.asarray([1, "1"])`` would turn both into ``"1"``).
+  """
+  if hasattr(user_ids, "to_numpy"):
+    user_ids = user_ids.to_numpy()
+  ids = user_ids if isinstance(user_ids, np.ndarray) else np.array(user_ids, dtype=object)
+  if ids.ndim != 1:
+    raise ValueError(f"{what} must be one-dimensional [N], got shape {ids.shape}")
+  if ids.dtype == object:
+    ids = _from_objects(ids, what)
+  if ids.dtype == bool:
+    raise TypeError(f"{what} are bools: pass ints or strings (True would equal the id 1)")
+  if ids.dtype.kind == "f":
+    if np.isnan(ids).any():
+      raise ValueError(f"{what} contain NaN (missing ids): NaN ids would be merged into one "
+                       "user; drop or fill those rows first")
+    if not np.isfinite(ids).all() or np.any(ids != np.floor(ids)):
+      raise ValueError(f"float {what} must be finite whole numbers (an integer column that "
+                       "became float); other floats are not reliable ids")
+  elif ids.dtype.kind not in "iuUSO":
+    raise TypeError(f"{what} must be ints, strings or whole-number floats, got dtype "
+                    f"{ids.dtype}")
+  return ids
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+@dataclasses.dataclass(frozen=True)
+class Groups:
+  """Rows grouped by user; users in order of first appearance.
+
+  Attributes:
+    rows: ``[N]`` row indices sorted by user, in table order within a user.
+    start: ``[U]`` offset of each user's rows in ``rows``.
+    count: ``[U]`` rows per user.
+    ids: ``[U]`` the users' ids.
+  """
+  rows: np.ndarray
+  start: np.ndarray
+  count: np.ndarray
+  ids: np.ndarray
+
+  @property
+  def n_users(self) -> int:
+    return int(self.count.size)
+
+
+def _index_dtype(n: int) -> type:
+  return np.int32 if n < 2**31 else np.int64   # half the memory of the largest index array
+
+
+def _sort_int_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+  """``(rows, sorted ids)`` of integer ids by one sort of *values* ``(id - min) * N + row``:
+  the composite keys are distinct, so any sort is stable, and numpy sorts plain values
+  several times faster than it argsorts. ``None`` when the keys would overflow int64."""
+  n = ids.shape[0]
+  lo, hi = int(ids.min()), int(ids.max())
+  if hi >= 2**63 or (hi - lo + 1) * n >= 2**63:
+    return None
+  key = ids.astype(np.int64)          # a copy: the caller's ids are never written
+  key -= lo
+  key *= n
+  step = 1 << 22                      # add the row numbers without an [N] arange
+  for a in range(0, n, step):
+    key[a:a + step] += np.arange(a, min(n, a + step), dtype=np.int64)
+  key.sort()
+  rows = np.empty(n, _index_dtype(n))
+  np.remainder(key, n, out=rows, casting="unsafe")    # no [N] int64 temporary
+  key //= n                           # in place: now the sorted ids, minus lo
+  key += lo
+  return rows, key.astype(ids.dtype, copy=False)
+
+
+def group_rows(ids: np.ndarray) -> Groups:
+  """Groups the rows of canonical ``ids`` (:func:`canonical_ids`) with one stable sort."""
+  n = ids.shape[0]
+  if n == 0:
+    raise ValueError("no rows: user_ids is empty")
+  fast = _sort_int_ids(ids) if ids.dtype.kind in "iu" else None
+  if fast is None:
+    perm = np.argsort(ids, kind="stable").astype(_index_dtype(n), copy=False)
+    sorted_ids = ids[perm]
+  else:
+    perm, sorted_ids = fast
+  new_user = np.empty(n, bool)
+  new_user[0] = True
+  np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=new_user[1:])
+  start = np.flatnonzero(new_user)
+  del new_user
+  uniq = sorted_ids[start]
+  del sorted_ids
+  count = np.diff(np.append(start, n))
+  # The sort is stable, so each group's first row is the user's first appearance.
+  order = np.argsort(perm[start], kind="stable")
+  return Groups(perm, start[order], count[order], uniq[order])
+
+
+def slot_rows(groups: Groups, m: int, *, selection: str, seed: int, lo: int = 0,
+              hi: int | None = None) -> np.ndarray:
+  """``[hi - lo, m]`` table rows behind the item slots of users ``lo..hi``.
+
+  Slot ``j`` of a user with ``k`` rows is its row ``j % k``: padding cycles its own items,
+  and a user with ``k > m`` rows keeps its first ``m`` under ``"first"``. Under ``"random"``
+  such a user keeps ``sort(choice(rows, m, replace=False))`` from
+  ``default_rng([seed, id_seed(id)])``: the same draw, call for call, as the per-user
+  builder this replaces, so the kept items do not change.
+  """
+  hi = groups.n_users if hi is None else hi
+  start = groups.start[lo:hi, None].astype(np.int64)
+  count = groups.count[lo:hi, None]
+  offset = np.broadcast_to(np.arange(m), (hi - lo, m)).copy()
+  short = count[:, 0] < m               # only these users wrap around (integer % is slow)
+  offset[short] %= count[short]
+  rows = groups.rows[start + offset]
+  if selection == "random":
+    for u in np.flatnonzero(count[:, 0] > m):
+      mine = groups.rows[start[u, 0]:start[u, 0] + count[u, 0]].astype(np.int64)
+      rng = np.random.default_rng([seed, id_seed(groups.ids[lo + u])])
+      rows[u] = np.sort(rng.choice(mine, m, replace=False))
+  return rows
+
+
+# --------------------------------------------------------------------------- padded leaves
+
+
+def _blocks(n_users: int, m: int, leaves: list[np.ndarray]):
+  """``(lo, hi)`` user blocks of about ``_BLOCK_BYTES`` padded bytes over all leaves."""
+  per_user = m * sum(leaf.dtype.itemsize * int(np.prod(leaf.shape[1:])) for leaf in leaves)
+  step = max(1, _BLOCK_BYTES // max(1, per_user))
+  for lo in range(0, n_users, step):
+    yield lo, min(n_users, lo + step)
+
+
+def _npy_header(f, shape: tuple[int, ...], dtype: np.dtype) -> None:
+  np.lib.format.write_array_header_2_0(
+      f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+          "shape": shape})
+
+
+def write_padded(leaves: list[np.ndarray], rows_of: Callable[[int, int], np.ndarray],
+                 n_users: int, m: int, store: str | os.PathLike | None = None
+                 ) -> list[np.ndarray]:
+  """The padded leaves ``leaf[rows]`` (``[U, m, ...]``), block by block.
+
+  ``rows_of(lo, hi)`` gives the ``[hi - lo, m]`` slot rows of a block of users. Without
+  ``store`` the result is one array per leaf in memory (no temporary beyond one block); with
+  it, the leaves are written to ``store/leaf_<i>.npy`` with plain writes (the padded copy is
+  never in this process's memory) and returned as read-only memory maps.
+  """
+  shapes = [(n_users, m) + leaf.shape[1:] for leaf in leaves]
+  if store is None:
+    outs = [np.empty(s, leaf.dtype) for s, leaf in zip(shapes, leaves)]
+    for lo, hi in _blocks(n_users, m, leaves):
+      rows = rows_of(lo, hi)
+      for leaf, out in zip(leaves, outs):
+        # mode="clip" writes straight into ``out`` ("raise" buffers a copy); rows are valid.
+        np.take(leaf, rows, axis=0, out=out[lo:hi], mode="clip")
+    return outs
+  paths = [os.path.join(store, f"leaf_{i}.npy") for i in range(len(leaves))]
+  files = [open(p, "wb") for p in paths]
+  try:
+    for f, s, leaf in zip(files, shapes, leaves):
+      _npy_header(f, s, leaf.dtype)
+    for lo, hi in _blocks(n_users, m, leaves):
+      rows = rows_of(lo, hi)
+      for leaf, f in zip(leaves, files):
+        f.write(np.take(leaf, rows, axis=0, mode="clip").data)
+  finally:
+    for f in files:
+      f.close()
+  return [np.load(p, mmap_mode="r") for p in paths]
+
+
+# --------------------------------------------------------------------------- store
+
+
+def prepare_store(store: str | os.PathLike, examples_kind: str, names: list[str]) -> None:
+  """Creates ``store`` (a new or empty directory) for :func:`save_store_meta`."""
+  if examples_kind not in ("dict", "array"):
+    raise TypeError("a store holds examples that are one array or a flat dict of arrays, "
+                    f"got {examples_kind}")
+  os.makedirs(store, exist_ok=True)
+  if os.listdir(store):
+    raise FileExistsError(f"store {os.fspath(store)!r} is not empty: give a new directory")
+
+
+def save_store_meta(store: str | os.PathLike, *, examples_kind: str, names: list[str],
+                    arrays: dict[str, np.ndarray], m_declared: bool) -> None:
+  """The small arrays (mask, ids, counts) and ``meta.json``; written last, so a store with
+  ``meta.json`` is complete."""
+  for name, arr in arrays.items():
+    if arr.dtype == object:
+      raise TypeError(f"a store cannot hold object-dtype {name} (ids beyond int64?)")
+    np.save(os.path.join(store, f"{name}.npy"), arr, allow_pickle=False)
+  meta = {"format": STORE_FORMAT, "examples": examples_kind, "names": names,
+          "arrays": sorted(arrays), "m_declared": bool(m_declared)}
+  with open(os.path.join(store, "meta.json"), "w") as f:
+    json.dump(meta, f)
+
+
+def open_store(store: str | os.PathLike) -> tuple[Any, dict[str, np.ndarray], bool]:
+  """``(examples, small arrays, m_declared)`` of a store: leaves as read-only memory maps
+  (pages are read when a batch touches them), the small arrays in memory."""
+  meta_path = os.path.join(store, "meta.json")
+  if not os.path.exists(meta_path):
+    raise FileNotFoundError(f"{os.fspath(store)!r} is not a complete UserData store (no "
+                            "meta.json): build it with UserData.from_arrays(..., store=...)")
+  with open(meta_path) as f:
+    meta = json.load(f)
+  if meta.get("format") != STORE_FORMAT:
+    raise ValueError(f"unknown store format {meta.get('format')!r}; expected {STORE_FORMAT}")
+  leaves = [np.load(os.path.join(store, f"leaf_{i}.npy"), mmap_mode="r")
+            for i in range(len(meta["names"]))]
+  examples = (leaves[0] if meta["examples"] == "array"
+              else dict(zip(meta["names"], leaves)))
+  arrays = {name: np.load(os.path.join(store, f"{name}.npy"), allow_pickle=False)
+            for name in meta["arrays"]}
+  return examples, arrays, bool(meta["m_declared"])

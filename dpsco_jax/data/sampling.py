@@ -1,0 +1,183 @@
+"""Host-side Poisson sampling of users and gathering of their padded batch.
+
+For data that should not (or cannot) sit on the device whole: each step samples users on the
+host in ``O(q n)`` expected work and gathers only those users' rows from host memory or a
+memory map (:meth:`dpsco_jax.data.UserData.open`), so a step's cost does not grow with ``n``
+and only the sampled users reach the device.
+
+* :class:`PoissonSampler` — user ``i`` is in step ``t``'s sample with probability ``q``,
+  independently of the other users and of the other steps: the law the accountant assumes
+  for Poisson subsampling. It walks the users with Geometric(``q``) gaps (the gaps of a
+  Bernoulli(``q``) process) instead of drawing ``n`` coins; the gaps are drawn from a
+  generator seeded by ``(seed, step)`` and do not depend on ``n``, so removing the last user
+  leaves every other user's inclusion unchanged (as with the device sampler's per-user coins).
+  The law is exact up to numpy's double-precision geometric sampler.
+* Truncation is the device sampler's: a step that samples more users than ``capacity`` (the
+  plan's static slot count) keeps the ``capacity`` lowest indices; its probability is what the
+  plan adds to delta (``poisson_truncation_probability``).
+* :func:`gather_batch` — the ``{"example", "weight"}`` batch of the sampled users (leaves
+  ``[capacity, m, ...]``) in the layout of :meth:`UserData.user_view` /
+  :meth:`UserData.item_view` rows, plus the bool user mask; padded slots repeat user 0's rows
+  with weight 0 and mask False.
+* :func:`iter_batches` — the per-step batches moved to the device, gathered one step ahead in
+  a background thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsco_jax.data.user_data import UserData
+
+__all__ = ["PoissonSampler", "poisson_indices", "gather_batch", "take_users", "iter_batches"]
+
+_TAG = 0x5D5C0A11   # separates these generators' seeds from any other use of the same seed
+VIEWS = ("user", "item")
+
+
+def poisson_indices(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
+  """Sorted indices of a Bernoulli(``q``) subset of ``range(n)``, ``O(q n)`` expected work.
+
+  Position ``g_1 - 1``, then ``+ g_2``, ... with i.i.d. Geometric(``q``) gaps on ``{1, 2, ..}``:
+  a Bernoulli(``q``) process, so each index is included independently with probability
+  ``q``. Gaps are drawn in blocks of about the expected count; numpy draws geometric
+  variates one after another, so the sequence (hence the subset of the first ``n - 1``
+  indices) does not depend on ``n``.
+  """
+  if q >= 1.0:
+    return np.arange(n, dtype=np.int64)
+  if q <= 0.0 or n == 0:
+    return np.empty(0, np.int64)
+  mean = q * n
+  block = int(mean + 4.0 * math.sqrt(mean) + 16)
+  parts, last = [], -1
+  while True:
+    pos = last + np.cumsum(rng.geometric(q, block))
+    if pos[-1] >= n:
+      parts.append(pos[:np.searchsorted(pos, n)])
+      return np.concatenate(parts) if len(parts) > 1 else parts[0]
+    parts.append(pos)
+    last = int(pos[-1])
+
+
+def _seed_words(seed: int | jax.Array) -> tuple[int, ...]:
+  """A fixed-length tuple of 32-bit words for an int seed or a JAX key (distinct seeds give
+  distinct tuples; the leading word tells the two kinds apart)."""
+  if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
+    seed = int(seed)
+    if not 0 <= seed < 2**64:
+      raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return (0, seed & 0xFFFFFFFF, seed >> 32)
+  if isinstance(seed, jax.Array) and jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
+    seed = jax.random.key_data(seed)
+  words = np.asarray(seed)
+  if words.dtype != np.uint32 or words.ndim != 1:
+    raise TypeError("seed must be a non-negative int or a single JAX PRNG key, got "
+                    f"{type(seed).__name__} {getattr(seed, 'shape', '')}")
+  return (1, words.size, *(int(w) for w in words))
+
+
+class PoissonSampler:
+  """Poisson sampling of ``n_users`` users at rate ``rate``, one independent draw per step.
+
+  Args:
+    n_users: users in the data (the sampled indices are ``< n_users``).
+    rate: the sampling rate ``q`` in ``(0, 1]`` (the plan's public ``sampling_rate``).
+    capacity: the static slot count of a batch (the plan's ``capacity``).
+    seed: an int or a JAX PRNG key; step ``t`` uses a generator seeded by ``(seed, t)``, so
+      every step's draw is fresh and the same seed replays the same samples.
+  """
+
+  def __init__(self, n_users: int, rate: float, *, capacity: int,
+               seed: int | jax.Array = 0):
+    if isinstance(n_users, bool) or not isinstance(n_users, (int, np.integer)) or n_users < 1:
+      raise ValueError(f"n_users must be an int >= 1, got {n_users!r}")
+    if not (isinstance(rate, (int, float, np.floating)) and 0.0 < float(rate) <= 1.0):
+      raise ValueError(f"rate must be a probability in (0, 1], got {rate!r}")
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
+        or capacity < 1:
+      raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+    self.n_users, self.rate, self.capacity = int(n_users), float(rate), int(capacity)
+    self._words = _seed_words(seed)
+
+  def generator(self, step: int) -> np.random.Generator:
+    """The generator of step ``step`` (``0 <= step < 2**64``)."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+        or not 0 <= step < 2**64:
+      raise ValueError(f"step must be an int in [0, 2**64), got {step!r}")
+    step = int(step)
+    entropy = [_TAG, *self._words, step & 0xFFFFFFFF, step >> 32]
+    return np.random.default_rng(np.random.SeedSequence(entropy))
+
+  def sample(self, step: int) -> np.ndarray:
+    """Sorted indices of step ``step``'s sampled users (untruncated)."""
+    return poisson_indices(self.generator(step), self.n_users, self.rate)
+
+  def __call__(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(idx, mask)`` of step ``step``, both ``[capacity]``: the sampled users (truncated to
+    the ``capacity`` lowest indices), padded with index 0 and mask False."""
+    chosen = self.sample(step)[:self.capacity]
+    idx = np.zeros(self.capacity, np.int64)
+    idx[:chosen.size] = chosen
+    return idx, np.arange(self.capacity) < chosen.size
+
+
+def take_users(tree: Any, idx: np.ndarray) -> Any:
+  """``leaf[idx]`` for every leaf (numpy arrays or memory maps, leading user axis): reads only
+  the rows of ``idx``."""
+  return jax.tree.map(lambda x: np.asarray(np.take(x, idx, axis=0)), tree)
+
+
+def gather_batch(data: UserData, idx: np.ndarray, mask: np.ndarray, *,
+                 view: str = "user") -> dict:
+  """The host batch of users ``idx`` (a ``[capacity]`` sampler output with its ``mask``).
+
+  Returns ``{"example": leaves [capacity, m, ...], "weight": float32 [capacity, m]}``: row
+  ``i`` equals row ``idx[i]`` of ``data.user_view()`` (``view="user"``, weights ``m / k``) or
+  ``data.item_view()`` (``"item"``, weights 1) where ``mask[i]``, and has weight 0 elsewhere.
+  """
+  if view not in VIEWS:
+    raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+  idx, mask = np.asarray(idx), np.asarray(mask, bool)
+  if idx.shape != mask.shape or idx.ndim != 1:
+    raise ValueError(f"idx and mask must both be [capacity], got {idx.shape}, {mask.shape}")
+  if idx.size and (idx.min() < 0 or idx.max() >= data.n_users):
+    raise IndexError(f"user indices must be in [0, {data.n_users})")
+  items = data.item_mask[idx]
+  if view == "user":
+    # The same float64 expression as user_view, so the weights agree bit for bit.
+    weight = (items * (data.max_items_per_user / data.n_items[idx][:, None])).astype(np.float32)
+  else:
+    weight = items.astype(np.float32)
+  weight[~mask] = 0.0
+  return {"example": take_users(data.examples, idx), "weight": weight}
+
+
+def iter_batches(data: UserData, sampler: PoissonSampler, steps: int, *, view: str = "user",
+                 start: int = 0, put: Callable[[Any], Any] = jax.device_put
+                 ) -> Iterator[tuple[int, Any, Any]]:
+  """``(t, batch, mask)`` for ``t = start .. start + steps - 1``, moved to the device by
+  ``put``; step ``t + 1`` is sampled and gathered in a background thread while the caller
+  works on step ``t``."""
+  if sampler.n_users != data.n_users:
+    raise ValueError(f"the sampler is for {sampler.n_users} users, the data has "
+                     f"{data.n_users}")
+
+  def host(t):
+    idx, mask = sampler(t)
+    return gather_batch(data, idx, mask, view=view), mask
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    pending = pool.submit(host, start) if steps > 0 else None
+    for t in range(start, start + steps):
+      batch, mask = pending.result()
+      if t + 1 < start + steps:
+        pending = pool.submit(host, t + 1)
+      yield t, put(batch), put(mask)

@@ -1,0 +1,246 @@
+"""One machine, many users (issue 24): UserData build time, per-step sampling cost and peak
+memory as the number of users grows.
+
+Workload (the issue's): ``n`` users with 8 items of 20 float32 features each (rows in random
+order of users, int64 ids), Poisson sampling with ``q n = 1000`` users per step.
+
+For each ``n`` a fresh subprocess (so peaks are per ``n``) measures:
+
+* ``build_s``: ``UserData.from_arrays`` (one sort); in memory up to ``--store-from`` users,
+  above that into an on-disk store (``store=``: the padded copy is written with plain file
+  writes and read back as memory maps, so it never sits in memory);
+* ``old_build_s``: the builder before issue 24 (a per-user scan of the table, ``O(U N)``), up
+  to ``--old-build-max`` users (it took 201 s at 1e5);
+* ``step_ms``: one step of the host path: :class:`~dpsco_jax.data.PoissonSampler` (``O(q n)``
+  work) + :func:`~dpsco_jax.data.gather_batch` + ``jax.device_put`` of the ``[capacity, 8,
+  20]`` batch (split into ``sample_ms``, ``gather_ms``, ``put_ms``);
+* ``old_step_ms``: the device path it replaces, where the whole table sits on the device and
+  a jitted step draws ``n`` coins and gathers the sampled rows, up to ``--old-step-max`` users;
+* ``peak_build_gb`` / ``peak_run_gb``: VmHWM (peak resident memory) of the build and of the
+  steps, each reset before it starts (``/proc/self/clear_refs``); ``run_rss_anon_gb`` /
+  ``run_rss_file_gb`` split the resident memory after the steps into the process's own and
+  the store's mapped page cache (clean, reclaimable); ``raw_gb`` is the features
+  (``n * 8 * 20 * 4`` bytes; ids add ``n * 8 * 8``); ratios are to ``raw_gb``. ``base_gb``
+  is the process before any data (Python + JAX), included in the peaks.
+
+Usage: ``python experiments/bench_scale.py [--quick] [--min-n 1e4] [--max-n 1e7] [--steps
+200] [--old-build-max 1e4]``. The last line of output is the JSON summary. ``BENCH_SCALE_TMP``
+names the directory of the stores (default: the system's temporary directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ITEMS, FEATURES, PER_STEP = 8, 20, 1000
+
+
+def _status_kb(field: str) -> int:
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1])
+  raise KeyError(field)
+
+
+def _reset_peak() -> None:
+  """Sets VmHWM back to the current resident size, so the next peak is one phase's."""
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+
+
+def _gb(kb: int) -> float:
+  return kb / 2**20
+
+
+def _old_build(leaves, user_ids, m):
+  """The pre-issue-24 grouping (commit 3c6c15c): one full-table scan per user."""
+  import numpy as np
+  uniq, first, inverse = np.unique(user_ids, return_index=True, return_inverse=True)
+  order = np.argsort(first, kind="stable")
+  rank = np.empty_like(order)
+  rank[order] = np.arange(order.size)
+  user_of_row = rank[inverse.reshape(-1)]
+  rows_of = [np.flatnonzero(user_of_row == u) for u in range(order.size)]
+  slots = np.stack([rows[np.arange(m) % rows.size] for rows in rows_of])
+  return [leaf[slots] for leaf in leaves]
+
+
+def _table(n: int, seed: int = 0):
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  x = np.empty((n * ITEMS, FEATURES), np.float32)
+  rng.standard_normal(out=x, dtype=np.float32)
+  ids = np.repeat(np.arange(n, dtype=np.int64), ITEMS)
+  rng.shuffle(ids)            # in place: rows in random order of users
+  return x, ids
+
+
+def _host_steps(data, n: int, steps: int) -> dict:
+  import jax
+  import numpy as np
+  from dpsco_jax.algorithms.common import poisson_capacity
+  from dpsco_jax.data import PoissonSampler, gather_batch
+  q = min(1.0, PER_STEP / n)
+  sampler = PoissonSampler(n, q, capacity=poisson_capacity(n, q), seed=0)
+  parts = np.zeros(3)
+  sizes = []
+  for t in range(steps + 2):
+    t0 = time.perf_counter()
+    idx, mask = sampler(t)
+    t1 = time.perf_counter()
+    batch = gather_batch(data, idx, mask)
+    t2 = time.perf_counter()
+    jax.block_until_ready(jax.device_put((batch, mask)))
+    t3 = time.perf_counter()
+    if t >= 2:                # two warm-up steps (first device_put allocates)
+      parts += (t1 - t0, t2 - t1, t3 - t2)
+      sizes.append(int(mask.sum()))
+  ms = parts / steps * 1e3
+  return {"sample_ms": ms[0], "gather_ms": ms[1], "put_ms": ms[2], "step_ms": ms.sum(),
+          "capacity": sampler.capacity, "mean_sampled": float(np.mean(sizes))}
+
+
+def _old_steps(data, n: int, steps: int) -> float:
+  """ms per step of the device path: n coins + nonzero + gather, jitted, data on device."""
+  import jax
+  from dpsco_jax.algorithms.common import gather_users, poisson_capacity, sample_users
+  q = min(1.0, PER_STEP / n)
+  cap = poisson_capacity(n, q)
+  full = data.user_view()
+
+  @jax.jit
+  def step(key, t, full):
+    idx, mask = sample_users(jax.random.fold_in(key, t), n, sampling="poisson",
+                             batch=PER_STEP, capacity=cap, rate=q)
+    return gather_users(full, idx), mask
+
+  key = jax.random.key(0)
+  jax.block_until_ready(step(key, 0, full))
+  t0 = time.perf_counter()
+  for t in range(steps):
+    out = step(key, t, full)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) / steps * 1e3
+
+
+def worker(n: int, steps: int, store: bool, old_build: bool, old_step: bool) -> dict:
+  import jax
+  import numpy as np
+  from dpsco_jax.data import UserData
+  jax.block_until_ready(jax.numpy.zeros(1))          # backend up: part of the baseline
+  out = {"n": n, "mode": "store" if store else "memory",
+         "raw_gb": n * ITEMS * FEATURES * 4 / 2**30, "ids_gb": n * ITEMS * 8 / 2**30,
+         "base_gb": _gb(_status_kb("VmRSS"))}
+  x, ids = _table(n)
+  if old_build:
+    t0 = time.perf_counter()
+    old = _old_build([x], ids, ITEMS)
+    out["old_build_s"] = time.perf_counter() - t0
+    del old
+  with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_SCALE_TMP")) as tmp:
+    _reset_peak()
+    t0 = time.perf_counter()
+    data = UserData.from_arrays({"x": x}, ids, store=os.path.join(tmp, "s") if store else None)
+    out["build_s"] = time.perf_counter() - t0
+    out["peak_build_gb"] = _gb(_status_kb("VmHWM"))
+    assert data.n_users == n and data.max_items_per_user == ITEMS
+    del x, ids                 # the run needs only the UserData
+    _reset_peak()
+    out.update(_host_steps(data, n, steps))
+    out["peak_run_gb"] = _gb(_status_kb("VmHWM"))
+    # Split of the resident memory after the run: a store's pages that batches touched are
+    # file-backed page cache (clean, reclaimable; the kernel maps whole folios, so they grow
+    # faster than the rows read), the rest is this process's own memory.
+    out["run_rss_anon_gb"] = _gb(_status_kb("RssAnon"))
+    out["run_rss_file_gb"] = _gb(_status_kb("RssFile"))
+    if old_step and not store:
+      out["old_step_ms"] = _old_steps(data, n, steps)
+  for key in ("peak_build_gb", "peak_run_gb"):
+    out[key.replace("_gb", "_ratio")] = out[key] / out["raw_gb"]
+    out[key.replace("_gb", "_data_ratio")] = (out[key] - out["base_gb"]) / out["raw_gb"]
+  return out
+
+
+def _run_worker(n: int, args, store: bool) -> dict:
+  cmd = [sys.executable, __file__, "--worker", str(n), "--steps", str(args.steps)]
+  cmd += ["--store"] if store else []
+  cmd += ["--old-build"] if n <= args.old_build_max else []
+  cmd += ["--old-step"] if n <= args.old_step_max else []
+  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+  if proc.returncode != 0:
+    return {"n": n, "mode": "store" if store else "memory",
+            "error": proc.stderr.strip().splitlines()[-1:] or [f"rc {proc.returncode}"]}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _fmt(v, spec):
+  return "-" if v is None else format(v, spec)
+
+
+def _table_lines(rows: list[dict]) -> list[str]:
+  head = (f"{'n':>9} {'mode':>6} {'build s':>8} {'old s':>7} {'raw GB':>7} {'peak GB':>8} "
+          f"{'peak/raw':>8} {'(-base)':>7} {'run GB':>7} {'step ms':>8} {'old ms':>7}")
+  lines = [head]
+  for r in rows:
+    if "error" in r:
+      lines.append(f"{r['n']:>9} {r['mode']:>6} error: {r['error']}")
+      continue
+    lines.append(
+        f"{r['n']:>9.0e} {r['mode']:>6} {r['build_s']:>8.2f} "
+        f"{_fmt(r.get('old_build_s'), '>7.2f')} {r['raw_gb']:>7.3f} "
+        f"{r['peak_build_gb']:>8.3f} {r['peak_build_ratio']:>8.2f} "
+        f"{r['peak_build_data_ratio']:>7.2f} {r['peak_run_gb']:>7.3f} {r['step_ms']:>8.3f} "
+        f"{_fmt(r.get('old_step_ms'), '>7.3f')}")
+  return lines
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--quick", action="store_true", help="n <= 1e4, a few seconds")
+  ap.add_argument("--max-n", type=float, default=1e6, help="largest n (1e7: ~10 GB of RAM)")
+  ap.add_argument("--min-n", type=float, default=1e4, help="smallest n")
+  ap.add_argument("--steps", type=int, default=200)
+  ap.add_argument("--store-from", type=float, default=1e6,
+                  help="n from which the build also runs into an on-disk store")
+  ap.add_argument("--memory-max", type=float, default=1e6,
+                  help="largest n built in memory (the padded copy doubles the table)")
+  ap.add_argument("--old-build-max", type=float, default=1e4)
+  ap.add_argument("--old-step-max", type=float, default=1e6)
+  ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+  ap.add_argument("--store", action="store_true", help=argparse.SUPPRESS)
+  ap.add_argument("--old-build", action="store_true", help=argparse.SUPPRESS)
+  ap.add_argument("--old-step", action="store_true", help=argparse.SUPPRESS)
+  args = ap.parse_args()
+  if args.worker is not None:
+    print(json.dumps(worker(args.worker, args.steps, args.store, args.old_build,
+                            args.old_step)))
+    return
+  if args.quick:
+    sizes, args.steps, args.store_from = [1000, 10_000], 20, 10_000
+    args.old_build_max = 1000
+  else:
+    sizes = [n for n in (10_000, 100_000, 1_000_000, 10_000_000)
+             if args.min_n <= n <= args.max_n]
+  rows = []
+  print(_table_lines([])[0], flush=True)
+  for n in sizes:
+    for store in (False, True):
+      if (n <= args.memory_max, n >= args.store_from)[store]:
+        rows.append(_run_worker(n, args, store=store))
+        print(_table_lines(rows[-1:])[-1], flush=True)   # progress: one row per run
+  ok = [r for r in rows if "error" not in r]
+  print(json.dumps({"mode": "quick" if args.quick else "full", "items_per_user": ITEMS,
+                    "features": FEATURES, "users_per_step": PER_STEP, "steps": args.steps,
+                    "largest_n": max((r["n"] for r in ok), default=0), "rows": rows}))
+
+
+if __name__ == "__main__":
+  main()
