@@ -141,11 +141,29 @@ def check_key(key: Any, name: str = "key") -> Any:
                           f"got dtype {dtype} shape {shape}")
 
 
+#: Seeds ``jax.random.key`` tells apart: it keeps only the low 32 bits of an int seed (with
+#: x64 off), so 0 and 2**32 (or -1 and 2**32 - 1) give the same key and the same noise.
+MAX_SEED = 2 ** 32 - 1
+
+
+def check_seed(x: Any, name: str = "seed") -> int:
+  """An int seed in ``[0, MAX_SEED]``, the range in which distinct seeds give distinct keys
+  (so two disjoint lists of seeds never share noise). Bools and floats are refused."""
+  if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+    raise ArgumentTypeError(f"{name} must be an integer seed in [0, {MAX_SEED}], got "
+                            f"{type(x).__name__} {x!r}")
+  if not 0 <= int(x) <= MAX_SEED:
+    raise ValueError(f"{name} must lie in [0, 2**32 - 1], got {x!r}: the key derivation keeps "
+                     "only 32 bits of a seed, so this one would give the key of another seed")
+  return int(x)
+
+
 def check_seed_or_key(key: Any, name: str = "key") -> Any:
-  """An int seed (turned into ``jax.random.key(seed)``) or a PRNG key (checked)."""
+  """An int seed (checked by :func:`check_seed`, turned into ``jax.random.key(seed)``) or a
+  PRNG key (checked)."""
   import jax
   if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
-    return jax.random.key(int(key))
+    return jax.random.key(check_seed(key, name))
   return check_key(key, name)
 
 

@@ -20,13 +20,19 @@ A schema is a frozen dataclass whose fields are the keys (they live in
 YAML types:
 
 * ``float``: a number (an int is a number; a bool or a string is not);
-* ``int``: an integer (an integral float such as ``1e4`` is accepted and normalized to int);
+* ``int``: an integer (an integral float such as ``1e4`` is accepted and normalized to int).
+  Every integer key but ``seed`` is a count (users, steps, rounds, batch sizes ...) and must
+  lie in ``[0, MAX_COUNT]`` (2**31 - 1: JAX counts steps in int32, and a wrapped step counter
+  would reuse noise keys; ``num_steps: 1e20`` is refused instead of running for ever);
+  ``seed`` must lie in ``[0, 2**32 - 1]``, the seeds the key derivation tells apart;
 * ``bool``: only ``true`` / ``false``;
 * ``Literal[...]``: one of the named strings (or a bool where the union allows it);
 * ``Optional[...]``: ``null`` allowed; ``null`` then means what the field's doc says (for most
   keys "use the default", for ``epsilon`` of the SRGD and DP-SGD families "non-private" /
   "report the accountant's epsilon of an explicit noise_multiplier"). A key without
-  ``Optional`` refuses ``null``.
+  ``Optional`` refuses ``null``. Non-private is never a default: a private algorithm whose
+  ``epsilon`` is optional still needs the key (``epsilon: null`` says "non-private" out
+  loud) unless a ``noise_multiplier`` is given.
 * ``tuple[float, ...]``: a sequence. The runner sweeps list values, so a sequence-valued key
   is written as a list inside a list (``shares: [[0.5, 0.3, 0.2]]``).
 
@@ -51,8 +57,12 @@ import numbers
 import typing
 from typing import Any, Literal, Union
 
+from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config_families import (  # noqa: F401 (the schemas, re-exported)
     ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, RunnerKeys)
+
+#: Largest value of a count key: JAX's default integers (int32) count steps and index users.
+MAX_COUNT = 2 ** 31 - 1
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys", "ALIASES",
            "RETIRED", "validate", "keys_of", "describe", "typed"]
@@ -185,10 +195,23 @@ def _hint(spec: KeySpec, v: Any) -> str:
   return ""
 
 
+def _check_range(spec: KeySpec, v: Any) -> Any:
+  """Integer keys are counts in ``[0, MAX_COUNT]``, except ``seed`` (``[0, MAX_SEED]``)."""
+  if isinstance(v, bool) or not isinstance(v, int):
+    return v
+  top, what = (MAX_SEED, "a seed") if spec.name == "seed" else (MAX_COUNT, "a count")
+  if not 0 <= v <= top:
+    why = ("the key derivation keeps 32 bits of a seed, so a seed outside it gives the key "
+           "(and the noise) of another seed" if spec.name == "seed" else
+           "JAX counts in int32; a larger count would wrap (and would not finish anyway)")
+    raise ConfigError(f"{spec.name} is {what} and must lie in [0, {top}], got {v!r}: {why}")
+  return v
+
+
 def _check_type(spec: KeySpec, v: Any) -> Any:
   ok, out = _coerce(spec.type, v)
   if ok:
-    return out
+    return _check_range(spec, out)
   tp = spec.type
   base = [a for a in typing.get_args(tp) if a is not type(None)] if (
       typing.get_origin(tp) is Union) else [tp]
@@ -252,7 +275,22 @@ def validate(cfg: dict) -> dict:
   for group in getattr(schema, "requires_one_of", ()):
     if all(out.get(k) is None for k in group):
       raise ConfigError(f"{where} needs one of {', '.join(group)}")
+  _check_epsilon_given(schema, cfg, where)
   return out
+
+
+def _check_epsilon_given(schema: type, cfg: dict, where: str) -> None:
+  """A private algorithm (its schema reads ``epsilon`` and ``delta``) never runs non-private
+  by omission: without ``epsilon`` (and without a ``noise_multiplier`` to account) a config
+  that names ``delta`` would run with no noise; ``epsilon: null`` says so explicitly."""
+  names = {f.name for f in dataclasses.fields(schema)}
+  if not {"epsilon", "delta"} <= names or "epsilon" in cfg:
+    return
+  if cfg.get("noise_multiplier") is not None:
+    return  # private: the accountant's epsilon of the explicit multiplier is reported
+  raise ConfigError(f"{where} needs epsilon (a privacy budget): a private algorithm does not "
+                    "run non-private by omission; write epsilon: null for a non-private "
+                    "reference run (where the algorithm allows one), or give noise_multiplier")
 
 
 def check_instance(obj: Any) -> None:

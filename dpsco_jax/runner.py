@@ -32,10 +32,12 @@ suggestion. So a key shared by rows whose algorithms differ belongs in the rows 
 (``delta`` in the private rows, not at the top level when a ``nonprivate_sgd`` row reads none).
 
 Each run produces one record with at least ``algorithm, problem, n_users, m, d, epsilon,
-delta, provenance, excess_risk, gradient_evaluations, wall_time_s, seed`` (``epsilon`` and
-``delta`` are the *guaranteed* values from the result's privacy report; the requested target
-is kept as ``target_epsilon``). The table (and the JSON ``summary``) has one row per value of
-the swept fields: seeds, mean, std and Student-t 95% interval of ``excess_risk``.
+epsilon_kind, delta, provenance, excess_risk, gradient_evaluations, wall_time_s, seed``
+(``epsilon`` and ``delta`` are the *guaranteed* values from the result's privacy report, and
+``epsilon_kind`` says whether that epsilon is ``exact`` or an ``upper_bound``; the requested
+target is kept as ``target_epsilon``). The table (and the JSON ``summary``) has one row per
+value of the swept fields: seeds, mean, std and Student-t 95% interval of ``excess_risk``, the
+largest epsilon over the seeds and its ``epsilon_kind``.
 
 **Paired comparison** (:mod:`dpsco_jax.runner_stats`)::
 
@@ -43,8 +45,9 @@ the swept fields: seeds, mean, std and Student-t 95% interval of ``excess_risk``
 
 ``baseline`` is a row label, else an algorithm name, or a mapping of row fields
 (``{algorithm: dp_sgd_user, epsilon: 1.0}``, ``epsilon`` being the requested one); ``metric``
-(default ``excess_risk``; lower is better) is any numeric record field. Each other row is
-paired with the baseline row (the only one, else the one that agrees with it on the swept
+(default ``excess_risk``; lower is better) is any numeric record field (checked: a name
+that is not one stops the run at the first record without it, listing the fields). Each other
+row is paired with the baseline row (the only one, else the one that agrees with it on the swept
 fields both set, e.g. the same epsilon; ``select``'s fields excepted) and gets, over the
 seeds both ran successfully (``paired_seeds``): ``ratio`` = mean(row) / mean(baseline),
 ``ratio_ci95_lo`` / ``ratio_ci95_hi`` = percentile bootstrap 95% interval (``resamples``
@@ -90,7 +93,8 @@ import jax
 import numpy as np
 
 from dpsco_jax.config_schema import ConfigError, validate  # noqa: F401 (re-exported)
-from dpsco_jax.runner_config import RUNNER_ONLY, flatten_sections, parse_compare, check_baseline
+from dpsco_jax.runner_config import (RUNNER_ONLY, check_baseline, check_record_metric,
+                                     flatten_sections, parse_compare, yaml_loader)
 from dpsco_jax.runner_plot import plot_ratio, plot_rows
 from dpsco_jax.runner_stats import (  # noqa: F401 (t_interval re-exported)
     add_comparisons, compare_cells, compare_footnote, group_records, t_interval)
@@ -235,7 +239,9 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
   record = {
       "algorithm": cfg["algorithm"], "problem": cfg["problem"],
       "n_users": int(problem.n_users), "m": int(problem.m), "d": int(problem.d),
-      "epsilon": result.privacy.epsilon, "delta": result.privacy.delta,
+      "epsilon": result.privacy.epsilon,
+      "epsilon_kind": getattr(result.privacy, "epsilon_kind", "exact"),
+      "delta": result.privacy.delta,
       "target_epsilon": cfg.get("epsilon"), "provenance": result.privacy.provenance,
       "privacy_level": result.privacy.level, "relation": result.privacy.relation,
       "paper_epsilon": result.privacy.paper_epsilon,
@@ -280,10 +286,13 @@ def _failed_record(cfg: dict, err: Exception) -> dict:
 
 
 def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: bool = True,
-            on_record: Callable | None = None, phase: str | None = None) -> list[dict]:
+            on_record: Callable | None = None, phase: str | None = None,
+            metrics: tuple[tuple[str, str], ...] = ()) -> list[dict]:
   """Runs validated run configs in order. A run that raises becomes a record with ``status:
   failed`` and its error (the sweep goes on); ``on_record(records)`` is called after every
-  run; ``phase`` (if given) tags every record."""
+  run; ``phase`` (if given) tags every record. ``metrics``: ``(where, field)`` pairs (the
+  ``select.metric`` / ``compare.metric`` of the config) every successful record must have as
+  a number, else a :class:`ConfigError` stops the sweep at the first record without it."""
   cache = ProblemCache()
   records = []
   t0 = time.perf_counter()
@@ -302,6 +311,9 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
     records.append(record)
     if on_record is not None:
       on_record(records)
+    if record["status"] == "ok":
+      for where, metric in metrics:
+        check_record_metric(record, metric, where)
   if progress:
     _progress(len(runs), len(runs), {}, t0)
     sys.stderr.write("\n")
@@ -320,12 +332,17 @@ def _validated(config: dict, algorithms: dict, problems: dict) -> list[dict]:
 
 
 def run_phases(phases: tuning.Phases, *, progress: bool = True,
-               on_record: Callable | None = None) -> tuple[list[dict], dict | None]:
+               on_record: Callable | None = None, compare=None
+               ) -> tuple[list[dict], dict | None]:
   """``(records, selection)``: one phase (selection None), or the grid on the tuning seeds,
   the selection (:func:`dpsco_jax.runner_tuning.choose`), and the selected configs on the
-  evaluation seeds. Every run of both phases is validated before any runs."""
+  evaluation seeds. Every run of both phases is validated before any runs; the metrics of
+  ``select`` and of ``compare`` (a :class:`~dpsco_jax.runner_config.CompareSpec`) are checked
+  against the first record that would lack them."""
   algorithms, problems = registry()
-  kw = dict(algorithms=algorithms, problems=problems, progress=progress)
+  metrics = tuple((where, spec.metric) for where, spec in (
+      ("select.metric", phases.select), ("compare.metric", compare)) if spec is not None)
+  kw = dict(algorithms=algorithms, problems=problems, progress=progress, metrics=metrics)
   if phases.select is None:  # user errors in any run are reported before anything runs
     return execute(_validated(phases.config, algorithms, problems), on_record=on_record,
                    **kw), None
@@ -363,6 +380,7 @@ def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
           "excess_risk_std": statistics.stdev(risks) if len(risks) > 1 else 0.0,
           "excess_risk_ci95_lo": lo, "excess_risk_ci95_hi": hi,
           "epsilon": max(float(r["epsilon"]) for r in rs),
+          "epsilon_kind": ",".join(sorted({r.get("epsilon_kind", "exact") for r in rs})),
           "provenance": ",".join(sorted({r["provenance"] for r in rs})),
           "gradient_evaluations": statistics.fmean(r["gradient_evaluations"] for r in rs),
           "wall_time_s": statistics.fmean(r["wall_time_s"] for r in rs)})
@@ -375,8 +393,8 @@ def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
 def format_table(rows: list[dict], fields: list[str]) -> str:
   """The printed table; with a ``compare:`` block, two compact columns: ``ratio[boot95]``
   (ratio to the baseline [percentile bootstrap 95%]) and ``wins`` (wins/paired seeds)."""
-  cols = fields + ["excess_risk_mean", "excess_risk_std", "ci95", "epsilon", "provenance",
-                   "gradient_evaluations", "wall_time_s", "seeds"]
+  cols = fields + ["excess_risk_mean", "excess_risk_std", "ci95", "epsilon", "epsilon_kind",
+                   "provenance", "gradient_evaluations", "wall_time_s", "seeds"]
   if any(r.get("failed") for r in rows):
     cols.append("failed")
   compared = any("compare_metric" in r for r in rows)
@@ -408,28 +426,11 @@ def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str
   return plot_rows(aggregate(records, fields), x_field, fields, path)
 
 
-def _yaml_loader():
-  """A SafeLoader that also reads scientific notation without a dot (``1e-5``, ``2E+3``) as a
-  float: PyYAML follows YAML 1.1, where such a scalar is a string, so ``delta: 1e-5`` would be
-  refused as "not a number" (or, in a driver that parses strings, read loosely)."""
-  import re
-  import yaml
-
-  class Loader(yaml.SafeLoader):
-    pass
-
-  Loader.add_implicit_resolver(
-      "tag:yaml.org,2002:float",
-      re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-      list("-+0123456789"))
-  return Loader
-
-
 def load_config(path: str) -> dict:
   import yaml
   try:
     with open(path) as f:
-      config = yaml.load(f, Loader=_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
+      config = yaml.load(f, Loader=yaml_loader())  # noqa: S506 (a SafeLoader subclass)
   except OSError as err:
     raise ConfigError(f"{path}: {err.strerror}") from None
   except yaml.YAMLError as err:
@@ -465,7 +466,9 @@ def _print_report(title: str, records: list[dict], rows: list[dict], fields: lis
   if selection:
     print("\n".join(tuning.selection_lines(selection)))
   print(format_table(rows, fields))
-  print("(ci95: Student-t 95% interval of the mean over seeds)")
+  print("(ci95: Student-t 95% interval of the mean over seeds; epsilon: the guaranteed "
+        "epsilon, max over seeds; epsilon_kind: exact = the accountant's or theorem's value "
+        "for what ran, upper_bound = a cheaper bound at or above it)")
   if compare is not None:
     print(compare_footnote(rows, compare))
   for r in records:
@@ -504,7 +507,7 @@ def main_run(path: str, out: str | None = None, plot_field: str | None = None,
     if out:
       with open(out, "w") as f:
         json.dump({"config": _jsonable(config), "results": records, **extra}, f, indent=1)
-  records, selection = run_phases(phases, progress=progress, on_record=write)
+  records, selection = run_phases(phases, progress=progress, on_record=write, compare=compare)
   fields = _table_fields(phases.config)
   shown = [r for r in records if r.get("phase") != "tuning"]
   selected = phases.select.over if phases.select else ()

@@ -7,6 +7,10 @@ and the drivers read: ``algorithm: {name: dp_sgd_user, epsilon: 1.0}`` is the fl
 section's schema (``keys_of(algorithm, problem)`` says whose it is); a key in the wrong section
 is a :class:`ConfigError` naming it and the section it belongs to. Keys that neither schema
 reads are left for ``validate`` (which suggests a spelling).
+
+Also here: the strict YAML reader of config files (:func:`yaml_loader`: duplicated keys and
+YAML 1.1 number spellings refused) and the checks of a ``select`` / ``compare`` metric against
+the fields of the records (:func:`check_metric_name`, :func:`check_record_metric`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import dataclasses
 import itertools
 from typing import Any
 
+from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config_schema import ConfigError
 
 #: section key -> the flat field its ``name`` sets (``data`` is another word for ``problem``)
@@ -112,6 +117,116 @@ def flatten_sections(config: dict) -> dict:
   return out
 
 
+# ------------------------------------------------------------------------------- YAML
+
+#: The only integer spelling read as a number: YAML 1.1 also reads ``010`` as 8 (octal),
+#: ``0x10`` as 16, ``0b11`` as 3, ``1_000`` as 1000 and ``1:30`` as 90 (base 60), where YAML
+#: 1.2 and every other reader disagree (``010`` is 10 there), so those spellings are refused.
+_PLAIN_INT = r"^[-+]?(?:0|[1-9][0-9]*)$"
+_PLAIN_FLOAT = (r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$"
+                r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$")
+
+
+def yaml_loader():
+  """A strict SafeLoader for config files.
+
+  * Scientific notation without a dot (``1e-5``, ``2E+3``) is a float: PyYAML follows YAML
+    1.1, where such a scalar is a string, so ``delta: 1e-5`` would be refused as "not a
+    number" (or, in a driver that parses strings, read loosely).
+  * A key given twice in one mapping is an error (YAML 1.1 readers silently keep the last
+    value: a second ``epsilon: 100.0`` would run at epsilon 100).
+  * Integers and floats must be spelled plainly (:data:`_PLAIN_INT`): octal ``010``, hex
+    ``0x10``, binary ``0b11``, ``1_000`` and base-60 ``1:30`` are errors, not 8, 16, 3, 1000,
+    90."""
+  import re
+  import yaml
+  from yaml.constructor import ConstructorError
+
+  class Loader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+      seen: dict = {}
+      for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+          continue  # keys merged in by `<<: *anchor` may be overridden: that is their point
+        key = self.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+          if key in seen:
+            raise ConstructorError(
+                "while reading a mapping", node.start_mark,
+                f"key {key!r} is given twice (lines {seen[key]} and {line}); give it once",
+                key_node.start_mark)
+          seen[key] = line
+        except TypeError:  # an unhashable key: SafeLoader reports it below
+          continue
+      return super().construct_mapping(node, deep=deep)
+
+    def _plain(self, node, pattern: str, what: str) -> str:
+      value = self.construct_scalar(node)
+      if not re.match(pattern, str(value)):
+        raise ConstructorError(
+            None, None, f"{what} {value!r} is spelled in a YAML 1.1 form that readers disagree "
+            "on (octal 010, hex 0x10, binary 0b11, 1_000, base-60 1:30); write it in plain "
+            "decimal", node.start_mark)
+      return value
+
+    def construct_yaml_int(self, node):
+      return int(self._plain(node, _PLAIN_INT, "integer"))
+
+    def construct_yaml_float(self, node):
+      self._plain(node, _PLAIN_FLOAT, "number")
+      return super().construct_yaml_float(node)
+
+  Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+  Loader.add_constructor("tag:yaml.org,2002:float", Loader.construct_yaml_float)
+  Loader.add_implicit_resolver(
+      "tag:yaml.org,2002:float",
+      re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+      list("-+0123456789"))
+  return Loader
+
+
+# ------------------------------------------------------------------------------- metrics
+
+#: Record fields that are never a number (a metric must be one).
+NON_METRIC_FIELDS = ("algorithm", "problem", "provenance", "privacy_level", "relation",
+                     "epsilon_kind", "status", "error", "label", "config", "phase",
+                     "privacy_notes", "debug", "seed")
+
+
+def check_metric_name(metric: Any, where: str) -> str:
+  """A metric names a numeric record field: a string, and not one of the fields that never
+  hold a number (checked before anything runs; the record itself is checked by
+  :func:`check_record_metric` as soon as the first run finishes)."""
+  if not isinstance(metric, str) or not metric:
+    raise ConfigError(f"{where} must be a record field name, got {metric!r}")
+  if metric in NON_METRIC_FIELDS:
+    raise ConfigError(f"{where}: {metric!r} is not a numeric record field; use e.g. "
+                      "excess_risk, epsilon, gradient_evaluations, wall_time_s")
+  return metric
+
+
+def _is_metric_value(v: Any) -> bool:
+  # a non-finite float is written as a string ("nan", "inf") by the runner's JSON view
+  return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in ("nan", "inf",
+                                                                           "-inf")
+
+
+def check_record_metric(record: dict, metric: str, where: str) -> None:
+  """Raises unless a successful ``record`` has ``metric`` as a numeric field; the error lists
+  the numeric fields it has (a misspelt metric would otherwise select nothing or compare
+  nothing, silently)."""
+  value = record.get(metric)
+  if _is_metric_value(value):
+    return
+  numeric = sorted(k for k, v in record.items()
+                   if _is_metric_value(v) and k not in NON_METRIC_FIELDS)
+  got = "no such field" if metric not in record else f"{metric} = {value!r}, not a number"
+  raise ConfigError(f"{where} {metric!r}: the record of algorithm "
+                    f"{record.get('algorithm')!r} has {got}; its numeric fields: "
+                    + ", ".join(numeric))
+
+
 # ------------------------------------------------------------------------------- compare
 
 
@@ -146,12 +261,12 @@ def parse_compare(config: dict) -> CompareSpec | None:
                       "of row fields such as {algorithm: dp_sgd_user, epsilon: 1.0})")
   if not isinstance(spec["baseline"], (str, dict)) or not spec["baseline"]:
     raise ConfigError(f"compare.baseline must be a name or a mapping, got {spec['baseline']!r}")
-  if not isinstance(spec.get("metric", "excess_risk"), str):
-    raise ConfigError(f"compare.metric must be a record field name, got {spec['metric']!r}")
+  check_metric_name(spec.get("metric", "excess_risk"), "compare.metric")
   if not _is_int(spec.get("resamples", 2000)) or spec.get("resamples", 2000) < 100:
     raise ConfigError(f"compare.resamples must be an integer >= 100, got {spec['resamples']!r}")
-  if not _is_int(spec.get("seed", 0)):
-    raise ConfigError(f"compare.seed must be an integer, got {spec['seed']!r}")
+  if not _is_int(spec.get("seed", 0)) or not 0 <= spec.get("seed", 0) <= MAX_SEED:
+    raise ConfigError(f"compare.seed must be an integer in [0, {MAX_SEED}], got "
+                      f"{spec['seed']!r}")
   return CompareSpec(**spec)
 
 

@@ -14,7 +14,9 @@ import dataclasses
 import statistics
 from typing import Any
 
+from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.runner_config import check_metric_name
 
 PHASE_KEYS = ("tuning_seeds", "eval_seeds", "select")
 RULES = ("min_mean", "max_mean")
@@ -52,6 +54,10 @@ def _seeds(config: dict, key: str) -> tuple[int, ...] | None:
   seeds = v if isinstance(v, list) else [v]
   if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
     raise ConfigError(f"{key} must be a non-empty list of integers, got {v!r}")
+  bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
+  if bad:  # outside it, two seeds give one key: "disjoint" lists could share noise
+    raise ConfigError(f"{key}: seeds must lie in [0, {MAX_SEED}] (the key derivation keeps 32 "
+                      f"bits of a seed, so {bad[0]!r} would give the key of another seed)")
   if len(set(seeds)) != len(seeds):
     raise ConfigError(f"{key} lists a seed twice: {v!r}")
   return tuple(seeds)
@@ -74,9 +80,7 @@ def _parse_select(spec: Any) -> SelectSpec:
   rule = spec.get("rule", "min_mean")
   if rule not in RULES:
     raise ConfigError(f"select.rule must be one of {', '.join(RULES)}, got {rule!r}")
-  metric = spec.get("metric", "excess_risk")
-  if not isinstance(metric, str):
-    raise ConfigError(f"select.metric must be a record field name, got {metric!r}")
+  metric = check_metric_name(spec.get("metric", "excess_risk"), "select.metric")
   return SelectSpec(tuple(over), metric, rule)
 
 

@@ -228,7 +228,8 @@ def test_a_bad_run_anywhere_in_a_sweep_stops_it_before_any_run(monkeypatch):
 
 def test_load_config_reads_scientific_notation_without_a_dot_as_float(tmp_path):
   p = tmp_path / "c.yaml"
-  p.write_text("a: 1e-5\nb: 2E+3\nc: -1e5\nd: 1.0e-5\ne: '1e-5'\nf: 1_000\ng: 1e\nh: yes\n"
+  # (1_000 is refused since issue 23: tests/test_bad_input_fuzz.py)
+  p.write_text("a: 1e-5\nb: 2E+3\nc: -1e5\nd: 1.0e-5\ne: '1e-5'\nf: 1000\ng: 1e\nh: yes\n"
                "i: 7\n")
   c = runner.load_config(str(p))
   assert c["a"] == 1e-5 and isinstance(c["a"], float)

@@ -3,17 +3,29 @@
 A checkpoint ``directory/step_<t>`` (orbax) holds the params, the whole chain state (noise key
 and counter, optimizer state), the sampling key and the step as a flat dict of arrays, and as
 JSON the privacy fingerprint, the ledger's :meth:`~dpsco_jax.privacy.PrivacyLedger.state_dict`
-(configuration + entries + SHA-256 digest) and the reported history.
+(configuration + entries + SHA-256 digest), the step and the reported history, sealed by an
+``integrity`` block: the SHA-256 of every array and a digest of all the JSON and that array
+digest together.
+
+**Keyed or not.** By default the seal is a plain SHA-256 (``scheme: sha256``): it detects
+accidents (a truncated copy, a hand edit of one field) but *not forgery*: anyone can recompute
+it after a consistent edit of the ledger, step and arrays (e.g. a run trained to epsilon 7.41
+relabelled as one at 5.38). With ``hmac_key`` (bytes the user holds, at least 16; e.g.
+``secrets.token_bytes(32)``, kept out of the checkpoint directory) the seal is an
+HMAC-SHA256 (``scheme: hmac-sha256``) that cannot be recomputed without the key: restoring
+with the key refuses an unkeyed or wrongly keyed checkpoint, and restoring a keyed one without
+the key is refused too (say which you trust).
 
 Restoring refuses (``LedgerIntegrityError``, a ``ValueError``) a checkpoint
 
+* whose seal does not match its JSON (ledger, step, history, fingerprint) and arrays;
 * whose ledger does not match its digest (events removed, a count lowered, by hand);
 * whose ledger configuration differs from the restoring trainer's (a raised budget, another
   accountant, relation or delta);
 * whose ledger is not exactly what its step count implies (``t`` steps of the trainer's one
-  event): the digest is not keyed, so an edit that also recomputes it is still caught unless
-  the step counter is edited consistently (which then also changes the noise-key counter the
-  resumed run would continue from);
+  event), or whose JSON step differs from its arrays': without ``hmac_key`` the digests are
+  not keyed, so an edit that recomputes them is caught here unless the step counter is edited
+  consistently too (only the HMAC stops that);
 * whose privacy fingerprint (sampling rate, denominator, noise multiplier, clip norm, level,
   relation) differs.
 
@@ -24,17 +36,24 @@ folders, so an intact earlier checkpoint is restored.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
 import re
 from typing import Any
 
+import numpy as np
+
 import jax
 import jax.numpy as jnp
 
+from dpsco_jax._checks import ArgumentTypeError
 from dpsco_jax.privacy import LedgerIntegrityError, PrivacyLedger
 from dpsco_jax.privacy.events import event_key
 
-__all__ = ["latest_checkpoint", "save_checkpoint", "load_checkpoint", "check_ledger_matches"]
+__all__ = ["latest_checkpoint", "save_checkpoint", "load_checkpoint", "check_ledger_matches",
+           "seal", "verify_seal"]
 
 PyTree = Any
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -72,6 +91,79 @@ def _unflat_arrays(flat: dict, like):
   return _data_to_keys(jax.tree.unflatten(jax.tree.structure(like), leaves), like)
 
 
+# --- the seal ----------------------------------------------------------------------------------
+
+MIN_HMAC_KEY_BYTES = 16
+
+
+def check_hmac_key(key: Any) -> bytes | None:
+  """``None`` (unkeyed) or bytes of at least :data:`MIN_HMAC_KEY_BYTES` (a short key can be
+  guessed, and a ``str`` has no single byte encoding: encode it yourself)."""
+  if key is None:
+    return None
+  if not isinstance(key, (bytes, bytearray)):
+    raise ArgumentTypeError(f"hmac_key must be bytes (e.g. secrets.token_bytes(32)), got "
+                            f"{type(key).__name__}")
+  if len(key) < MIN_HMAC_KEY_BYTES:
+    raise ValueError(f"hmac_key must be at least {MIN_HMAC_KEY_BYTES} bytes, got {len(key)}")
+  return bytes(key)
+
+
+def arrays_digest(flat: dict) -> str:
+  """SHA-256 over the flat arrays (name, dtype, shape and bytes of each, in name order)."""
+  h = hashlib.sha256()
+  for name in sorted(flat):
+    a = np.ascontiguousarray(np.asarray(flat[name]))
+    h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+    h.update(a.tobytes())
+  return h.hexdigest()
+
+
+def _message(meta: dict, scheme: str, arrays: str) -> bytes:
+  body = {k: v for k, v in meta.items() if k != "integrity"}
+  return json.dumps({"meta": body, "scheme": scheme, "arrays_sha256": arrays},
+                    sort_keys=True).encode()
+
+
+def _mac(message: bytes, key: bytes | None) -> str:
+  if key is None:
+    return hashlib.sha256(message).hexdigest()
+  return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def seal(meta: dict, arrays: str, hmac_key: bytes | None = None) -> dict:
+  """``meta`` (made JSON-canonical) with its ``integrity`` block over itself and the array
+  digest ``arrays``: HMAC-SHA256 with ``hmac_key``, else plain SHA-256 (accidents only)."""
+  key = check_hmac_key(hmac_key)
+  meta = json.loads(json.dumps({k: v for k, v in meta.items() if k != "integrity"}))
+  scheme = "sha256" if key is None else "hmac-sha256"
+  return {**meta, "integrity": {"scheme": scheme, "arrays_sha256": arrays,
+                                "digest": _mac(_message(meta, scheme, arrays), key)}}
+
+
+def verify_seal(meta: dict, arrays: str, hmac_key: bytes | None = None) -> None:
+  """Raises :class:`LedgerIntegrityError` unless ``meta``'s seal matches it and ``arrays``
+  under the scheme ``hmac_key`` asks for (keyed with a key, plain SHA-256 without)."""
+  key = check_hmac_key(hmac_key)
+  block = meta.get("integrity") if isinstance(meta, dict) else None
+  if not isinstance(block, dict) or not {"scheme", "arrays_sha256", "digest"} <= set(block):
+    raise LedgerIntegrityError("checkpoint has no integrity seal (written by an older version, "
+                               "or removed): refusing to restore it")
+  want = "sha256" if key is None else "hmac-sha256"
+  if block["scheme"] != want:
+    raise LedgerIntegrityError(
+        "checkpoint is sealed with an HMAC key: pass hmac_key to restore it" if key is None
+        else "checkpoint is not keyed (plain SHA-256, which anyone can recompute): refusing to "
+             "restore it with hmac_key")
+  if block["arrays_sha256"] != arrays:
+    raise LedgerIntegrityError("checkpoint arrays do not match their digest: they were edited "
+                               "or the restoring trainer's model differs")
+  if not hmac.compare_digest(str(block["digest"]), _mac(_message(meta, want, arrays), key)):
+    raise LedgerIntegrityError(
+        f"checkpoint does not match its {'HMAC (wrong key, or forged)' if key else 'digest'}: "
+        "its ledger, step, history or fingerprint was edited")
+
+
 def latest_checkpoint(directory: str | os.PathLike) -> str | None:
   """The complete ``step_<8 digits>`` folder with the largest step, or None. Orbax's partial
   ``*.orbax-checkpoint-tmp*`` folders (a crash mid-save) are never chosen."""
@@ -83,19 +175,26 @@ def latest_checkpoint(directory: str | os.PathLike) -> str | None:
   return os.path.join(d, steps[-1]) if steps else None
 
 
-def save_checkpoint(directory: str | os.PathLike, state: PyTree, step: int, meta: dict) -> str:
-  """Writes ``directory/step_<step>`` (arrays of ``state`` + JSON ``meta``); returns its path."""
+def save_checkpoint(directory: str | os.PathLike, state: PyTree, step: int, meta: dict, *,
+                    hmac_key: bytes | None = None) -> str:
+  """Writes ``directory/step_<step>`` (arrays of ``state`` + JSON ``meta`` with ``step``,
+  sealed: :func:`seal`, keyed with ``hmac_key``); returns its path."""
   ocp = require_orbax()
   path = os.path.join(os.path.abspath(os.fspath(directory)), f"step_{step:08d}")
+  flat = _flat_arrays(state)
+  sealed = seal({**meta, "step": int(step)}, arrays_digest(jax.device_get(flat)), hmac_key)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-    ckpt.save(path, ocp.args.Composite(state=ocp.args.StandardSave(_flat_arrays(state)),
-                                       meta=ocp.args.JsonSave(meta)), force=True)
+    ckpt.save(path, ocp.args.Composite(state=ocp.args.StandardSave(flat),
+                                       meta=ocp.args.JsonSave(sealed)), force=True)
   return path
 
 
-def load_checkpoint(path: str | os.PathLike, like: PyTree) -> tuple[str, PyTree, dict]:
+def load_checkpoint(path: str | os.PathLike, like: PyTree, *, hmac_key: bytes | None = None
+                    ) -> tuple[str, PyTree, dict]:
   """Reads a ``step_*`` folder (or a directory's latest) into the structure of ``like``;
-  returns ``(path, state, meta)`` with the state cast to ``like``'s dtypes."""
+  returns ``(path, state, meta)`` with the state cast to ``like``'s dtypes, after checking the
+  seal (:func:`verify_seal`; with ``hmac_key``, the HMAC)."""
+  check_hmac_key(hmac_key)
   ocp = require_orbax()
   path = os.path.abspath(os.fspath(path))
   if not _STEP_DIR.match(os.path.basename(path)):
@@ -109,6 +208,7 @@ def load_checkpoint(path: str | os.PathLike, like: PyTree) -> tuple[str, PyTree,
   restored = _unflat_arrays(got["state"], like)
   state = jax.tree.map(lambda r, t: r if is_key(t) else jnp.asarray(r, dtype=t.dtype),
                        restored, like)
+  verify_seal(got["meta"], arrays_digest(jax.device_get(_flat_arrays(state))), hmac_key)
   return path, state, got["meta"]
 
 

@@ -42,7 +42,8 @@ Accounting: each step is one event (Abadi et al. 2016; Mironov et al. 2019), com
 core :class:`~dpsco_jax.privacy.PrivacyLedger` (PLD by default); provenance ``accountant``.
 :meth:`DPTrainer.train` checks the whole planned run against the budget once, before its first
 step, then charges each block of ``report_every`` steps before running it; the epsilon it
-reports per block is the ledger's cached upper bound (exact: :meth:`DPTrainer.epsilon`).
+reports per block is the ledger's cached upper bound, labelled ``epsilon_kind:
+"upper_bound"`` in the history (exact: :meth:`DPTrainer.epsilon`).
 
 Audit hook: :meth:`DPTrainer.release_fn` returns a pure ``release(key, dataset)`` giving the
 per-step privatized gradients (issue 12's harness interface). Checkpoints:
@@ -69,6 +70,7 @@ from dpsco_jax.flax import checkpoint as ckpt
 from dpsco_jax.flax.fast_clip import FastClippedGrad, LossFn
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
                                calibrate_noise_multiplier, check_relation, epsilon_of)
+from dpsco_jax.privacy.ledger import Epsilon, epsilon_lower_bound
 from dpsco_jax.transforms.noise import add_gaussian_noise
 
 PyTree = Any
@@ -253,8 +255,13 @@ class DPTrainer:
     if target is not None:
       if steps is None:
         raise ValueError("target_epsilon needs num_steps (the planned run it budgets)")
-      planned = epsilon_of(dp_accounting.SelfComposedDpEvent(self.event, steps),
-                           delta=self.delta, relation=self.relation, accountant=self.accountant)
+      # a tiny explicit z: refuse on a closed-form lower bound before a minutes-long PLD
+      planned = epsilon_lower_bound(self.event, delta=self.delta, relation=self.relation,
+                                    count=steps)
+      if planned <= target * (1 + 1e-9):
+        planned = epsilon_of(dp_accounting.SelfComposedDpEvent(self.event, steps),
+                             delta=self.delta, relation=self.relation,
+                             accountant=self.accountant)
       if planned > target * (1 + 1e-9):
         raise ValueError(f"noise_multiplier={self.noise_multiplier:g} over num_steps={steps} "
                          f"gives epsilon {planned:.4g} > target_epsilon={target:g}: a target "
@@ -382,14 +389,18 @@ class DPTrainer:
 
   def train(self, num_steps: int, *, report_every: int = 10,
             checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-            log_fn: Callable[[dict], None] | None = None) -> list[dict]:
+            log_fn: Callable[[dict], None] | None = None,
+            hmac_key: bytes | None = None) -> list[dict]:
     """Runs ``num_steps`` DP steps in blocks of ``report_every``.
 
     The whole run is checked against the budget once, before the first step
     (``PrivacyBudgetExceeded``: nothing runs). Each block is then charged to the ledger before
-    it runs, and ``{"step", "epsilon", "delta"}`` is appended to ``self.history`` (and passed
-    to ``log_fn``), ``epsilon`` being an upper bound (the ledger's cached grid bound, capped by
-    the checked epsilon of the whole run; exact: :meth:`epsilon`). Charging a prefix of an
+    it runs, and ``{"step", "epsilon", "epsilon_kind", "delta"}`` is appended to
+    ``self.history`` (and passed to ``log_fn``), ``epsilon`` being in general an upper bound
+    (the ledger's cached grid bound, capped by the checked epsilon of the whole run; exact:
+    :meth:`epsilon`), and ``epsilon_kind`` saying which (``"upper_bound"``, or ``"exact"``
+    when no rounding was involved). Checkpoints are sealed with ``hmac_key`` when given
+    (:meth:`save`). Charging a prefix of an
     already-checked run cannot exceed the budget, so blocks are recorded with
     ``ledger.compose`` (a per-block ``spend`` would recompute the exact epsilon every block
     once the grid bound nears the budget). With ``checkpoint_dir``, a checkpoint is written
@@ -406,28 +417,32 @@ class DPTrainer:
     start = self.step_count
     try:
       self._train_blocks(num_steps, report_every, planned, checkpoint_dir, checkpoint_every,
-                         log_fn)
+                         log_fn, hmac_key)
     finally:  # the user's model reflects every step taken, also after an interruption
       self._sync_model(self.step_count - start)
     return self.history
 
   def _train_blocks(self, num_steps, report_every, planned, checkpoint_dir, checkpoint_every,
-                    log_fn) -> None:
+                    log_fn, hmac_key) -> None:
     done = 0
     while done < num_steps:
       block = min(report_every, num_steps - done)
       self.ledger.compose(self.event, label=_LABEL, count=block)
-      eps = min(self.ledger.epsilon(exact=False), planned)
+      eps = self.ledger.epsilon(exact=False)
+      if eps > planned:  # the whole run's checked epsilon bounds every prefix of it
+        last = done + block == num_steps  # then the ledger holds exactly the checked run
+        eps = planned if last else Epsilon(planned, "upper_bound")
       for _ in range(block):
         self._one_step()
       done += block
-      rec = {"step": self.step_count, "epsilon": eps, "delta": self.delta}
+      rec = {"step": self.step_count, "epsilon": float(eps), "epsilon_kind": eps.kind,
+             "delta": self.delta}
       self.history.append(rec)
       if log_fn is not None:
         log_fn(rec)
       if checkpoint_dir is not None and (
           done == num_steps or (checkpoint_every and self.step_count % checkpoint_every == 0)):
-        self.save(checkpoint_dir)
+        self.save(checkpoint_dir, hmac_key=hmac_key)
 
   def epsilon(self, *, exact: bool = True) -> float:
     """Epsilon of every step taken (charged) so far: exact by default (one accountant
@@ -500,25 +515,33 @@ class DPTrainer:
       fp["n"] = self.n  # public under zero_out / replace_one only
     return fp
 
-  def save(self, directory: str | os.PathLike) -> str:
-    """Writes ``directory/step_<t>`` (see :mod:`dpsco_jax.flax.checkpoint`); returns it."""
+  def save(self, directory: str | os.PathLike, *, hmac_key: bytes | None = None) -> str:
+    """Writes ``directory/step_<t>`` (see :mod:`dpsco_jax.flax.checkpoint`); returns it. The
+    seal covers ledger, step, history, fingerprint and arrays; it is an HMAC with
+    ``hmac_key`` (bytes you hold: detects forgery), else a plain SHA-256 (accidents only)."""
     meta = {"fingerprint": self._fingerprint(), "ledger": self.ledger.state_dict(),
             "history": self.history}
-    return ckpt.save_checkpoint(directory, self.state, self.step_count, meta)
+    return ckpt.save_checkpoint(directory, self.state, self.step_count, meta,
+                                hmac_key=hmac_key)
 
   @staticmethod
   def latest_checkpoint(directory: str | os.PathLike) -> str | None:
     return ckpt.latest_checkpoint(directory)
 
-  def restore(self, path: str | os.PathLike) -> "DPTrainer":
+  def restore(self, path: str | os.PathLike, *, hmac_key: bytes | None = None
+              ) -> "DPTrainer":
     """Loads a checkpoint (a ``step_*`` folder, or a directory: its latest complete one) into
     this trainer, which must be fresh (nothing spent: the ledger is never rolled back). Refuses
-    an edited ledger, another budget / accountant / privacy configuration, or a ledger that
-    is not what the checkpoint's step count implies (:mod:`dpsco_jax.flax.checkpoint`)."""
+    a broken seal (with ``hmac_key``: a missing or wrong HMAC, i.e. a forgery), an edited
+    ledger, another budget / accountant / privacy configuration, or a ledger that is not what
+    the checkpoint's step count implies (:mod:`dpsco_jax.flax.checkpoint`)."""
     if self.ledger.events or self.step_count:
       raise ValueError("restore into a fresh trainer: this one already spent privacy budget, "
                        "and a restore must never roll the ledger back")
-    path, state, meta = ckpt.load_checkpoint(path, self.state)
+    path, state, meta = ckpt.load_checkpoint(path, self.state, hmac_key=hmac_key)
+    if meta.get("step") != int(state.step):
+      raise ckpt.LedgerIntegrityError(f"checkpoint step {meta.get('step')} differs from its "
+                                      f"arrays' step {int(state.step)}: it was edited")
     mine = self._fingerprint()
     if meta.get("fingerprint") != mine:
       raise ValueError(f"checkpoint privacy configuration {meta.get('fingerprint')} does not "

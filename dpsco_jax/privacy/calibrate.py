@@ -87,7 +87,10 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
   # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
   if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
     z_rdp = _solve(lambda z: eps_at(z, "rdp"), epsilon, lower, None)
+    # "auto" refines as the ledger will account: PLD, or RDP where PLD's truncated tails
+    # give no finite epsilon (delta below ~1e-15)
+    fine = "pld" if accountant == "pld" else "auto"
     if z_rdp == lower:
-      return _solve(lambda z: eps_at(z, "pld"), epsilon, lower, None)
-    return _solve(lambda z: eps_at(z, "pld"), epsilon, max(lower, 0.5 * z_rdp), 1.01 * z_rdp)
+      return _solve(lambda z: eps_at(z, fine), epsilon, lower, None)
+    return _solve(lambda z: eps_at(z, fine), epsilon, max(lower, 0.5 * z_rdp), 1.01 * z_rdp)
   return _solve(lambda z: eps_at(z, accountant), epsilon, lower, None)

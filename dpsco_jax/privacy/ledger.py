@@ -22,6 +22,18 @@ default (a valid guarantee, ~0.02 ms after 1e5 spends, where an exact PLD of a 1
 composition takes ~0.2-0.4 s on a CPU); ``epsilon(exact=True)``, :meth:`report` (every
 ``Result.privacy``) and the calibrator are exact.
 
+What a number is. Every epsilon the ledger hands out says which of the two it is:
+:meth:`epsilon`, :meth:`spend` and :meth:`check` return an :class:`Epsilon` (a ``float`` with a
+``kind``), and a :class:`PrivacyReport` has ``epsilon_kind``. ``exact``: the accountant's
+epsilon of exactly the recorded counts (itself the accountant's guarantee: PLD is pessimistic
+up to its discretization, RDP a looser bound); ``upper_bound``: a cheaper number at or above
+the exact one (the grid bound, when some count was rounded up).
+
+Refusing quickly. A budget check first bounds epsilon cheaply from *below*
+(:func:`epsilon_lower_bound`: a threshold test on Poisson-sampled Gaussian steps, closed form);
+when that already exceeds the budget, the release is refused without an accountant evaluation
+(an explicit noise multiplier of 0.01 would otherwise take minutes of PLD before refusal).
+
 Integrity. :meth:`state_dict` serializes the configuration and entries with a SHA-256 digest;
 :meth:`from_state_dict` refuses a state whose digest, configuration or events do not match.
 
@@ -54,15 +66,17 @@ from dpsco_jax.privacy.relations import RELATIONS, accountant_relation, check_re
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 ACCOUNTANTS = ("pld", "rdp", "auto")
+EPSILON_KINDS = ("exact", "upper_bound")
 # PLD discretization of the privacy-loss values. dp_accounting's PLD is pessimistic (rounds
 # losses up), so a coarser grid still yields a valid upper bound on epsilon; 1e-3 changes
 # epsilon in the 5th digit on DP-SGD workloads and is ~10x faster than the 1e-4 default.
 PLD_DISCRETIZATION = 1e-3
 GRID_RATIO = 2.0 ** 0.25
 
-__all__ = ["ACCOUNTANTS", "PLD_DISCRETIZATION", "ApproxDpEvent", "ApproxRdpEvent",
-           "PrivacyBudgetExceeded", "PrivacyLedger", "PrivacyReport", "Provenance",
-           "PureDpEvent", "epsilon_of", "for_accountant", "pure_dp_event"]
+__all__ = ["ACCOUNTANTS", "EPSILON_KINDS", "PLD_DISCRETIZATION", "ApproxDpEvent",
+           "ApproxRdpEvent", "Epsilon", "PrivacyBudgetExceeded", "PrivacyLedger",
+           "PrivacyReport", "Provenance", "PureDpEvent", "epsilon_lower_bound", "epsilon_of",
+           "for_accountant", "pure_dp_event"]
 
 
 class Provenance(str, enum.Enum):
@@ -73,6 +87,31 @@ class Provenance(str, enum.Enum):
   # (named in the report's notes) are true: the library neither verified nor enforced them
   DECLARED = "declared"
   NONE = "none"  # non-private reference runs only (level "none"): no guarantee at all
+
+
+class Epsilon(float):
+  """An epsilon that says what it is: ``kind`` is ``"exact"`` (the accountant's epsilon of the
+  recorded counts) or ``"upper_bound"`` (a cheaper number at or above it). A ``float`` in
+  every other respect (arithmetic gives plain floats; JSON writes the number); ``repr`` and
+  ``str`` name the kind, a format spec (``f"{eps:.3g}"``) gives the number alone."""
+
+  def __new__(cls, value: float, kind: str) -> "Epsilon":
+    obj = super().__new__(cls, value)
+    obj.kind = check_choice(kind, "kind", EPSILON_KINDS)
+    return obj
+
+  @property
+  def is_exact(self) -> bool:
+    return self.kind == "exact"
+
+  def __reduce__(self):
+    return (Epsilon, (float(self), self.kind))
+
+  def __repr__(self) -> str:
+    return f"Epsilon({float(self)!r}, kind={self.kind!r})"
+
+  def __str__(self) -> str:
+    return f"{float(self)!r} ({self.kind.replace('_', ' ')})"
 
 
 class PrivacyBudgetExceeded(RuntimeError):
@@ -99,6 +138,17 @@ def make_accountant(kind: str, relation: str, event: Any = None):
   return rdp_privacy_accountant.RdpAccountant(neighboring_relation=rel)
 
 
+def grid_floor(count: int) -> int:
+  """Largest point of the geometric grid that is <= ``count`` (lower bounds are cached at
+  these counts: fewer steps can only lower epsilon, and a long run meets O(log T) of them)."""
+  if count <= 4:
+    return count
+  k = math.floor(math.log(count / 4.0) / math.log(GRID_RATIO) + 1e-9)
+  while k > 0 and math.ceil(4.0 * GRID_RATIO ** k - 1e-9) > count:
+    k -= 1
+  return min(count, math.ceil(4.0 * GRID_RATIO ** k - 1e-9))
+
+
 def _gaussian_mu2(event: Any) -> float | None:
   """``sum 1/z_i^2`` if ``event`` is a composition of plain Gaussians (else None): such a
   composition is exactly one Gaussian mechanism with ``mu = sqrt(sum 1/z_i^2)`` (times the
@@ -116,18 +166,20 @@ def _gaussian_mu2(event: Any) -> float | None:
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
   """Exact epsilon of a mu-GDP (Gaussian) mechanism at ``delta`` (Balle & Wang 2018, Thm 8):
-  the smallest eps with ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) <= delta``,
-  evaluated in log space so that large epsilons do not overflow."""
+  the smallest eps with ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) <= delta``.
+  Both sides are compared in log space, so that large epsilons do not overflow and a tiny
+  delta (down to the smallest subnormal, 5e-324) does not underflow to a flat gap."""
   from scipy import optimize, special
   if mu <= 0:
     return 0.0
-  def gap(eps: float) -> float:
-    a = special.log_ndtr(mu / 2 - eps / mu)
-    b = eps + special.log_ndtr(-mu / 2 - eps / mu)
-    return (math.exp(a) * -math.expm1(b - a) if b < a else 0.0) - delta
+  log_delta = math.log(delta)
+  def gap(eps: float) -> float:  # log delta(eps) - log delta, decreasing in eps
+    a = float(special.log_ndtr(mu / 2 - eps / mu))
+    b = eps + float(special.log_ndtr(-mu / 2 - eps / mu))
+    return (a + math.log(-math.expm1(b - a)) if b < a else -1e300) - log_delta
   if gap(0.0) <= 0:
     return 0.0
-  hi = mu * mu / 2 + mu * math.sqrt(2 * math.log(1 / delta)) + 1.0
+  hi = mu * mu / 2 + mu * math.sqrt(-2 * log_delta) + 1.0  # 1/delta overflows at 5e-324
   while gap(hi) > 0:
     hi *= 2
   return float(optimize.brentq(gap, 0.0, hi, xtol=1e-12, rtol=1e-12))
@@ -154,6 +206,16 @@ def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: 
   if kind == "auto":
     kind = "pld" if make_accountant("pld", relation, whole).supports(
         for_accountant(whole, "pld", relation)) else "rdp"
+  eps = _composed_epsilon(parts, delta, kind, relation, whole)
+  if accountant == "auto" and kind == "pld" and math.isinf(eps) and make_accountant(
+      "rdp", relation, whole).supports(for_accountant(whole, "rdp", relation)):
+    # PLD truncates its tails (epsilon = inf below delta ~1e-15); RDP is a valid bound there
+    eps = _composed_epsilon(parts, delta, "rdp", relation, whole)
+  return eps
+
+
+def _composed_epsilon(parts: list[tuple[Any, int]], delta: float, kind: str, relation: str,
+                      whole: Any) -> float:
   acc = make_accountant(kind, relation, whole)
   for event, count in parts:
     converted = for_accountant(event, kind, relation)
@@ -162,6 +224,81 @@ def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: 
                        f"relation={relation!r}")
     acc.compose(converted, count)
   return float(acc.get_epsilon(delta))
+
+
+def _sampled_gaussians(event: Any, count: int):
+  """``(q, z, count)`` of every Poisson-sampled (or plain, q = 1) Gaussian inside ``event``
+  composed ``count`` times; other kinds of node are skipped (they only add epsilon)."""
+  d = dp_accounting
+  if isinstance(event, d.GaussianDpEvent):
+    yield 1.0, float(event.noise_multiplier), count
+  elif isinstance(event, d.PoissonSampledDpEvent) and isinstance(event.event, d.GaussianDpEvent):
+    yield float(event.sampling_probability), float(event.event.noise_multiplier), count
+  elif isinstance(event, d.SelfComposedDpEvent):
+    yield from _sampled_gaussians(event.event, count * int(event.count))
+  elif isinstance(event, d.ComposedDpEvent):
+    for e in event.events:
+      yield from _sampled_gaussians(e, count)
+
+
+def _log_tail_upper(k, steps: int, log_p):
+  """Upper bound on ``log P[Binomial(steps, p) >= k]`` from ``log p`` (p may underflow):
+  the smaller of the union bound ``C(steps, k) p^k`` and Chernoff's ``exp(-steps KL(k/steps
+  || p))`` (the latter only where ``k/steps > p``)."""
+  import numpy as np
+  from scipy import special
+  union = (special.gammaln(steps + 1.0) - special.gammaln(k + 1.0)
+           - special.gammaln(steps - k + 1.0) + k * log_p)
+  a = k / steps
+  with np.errstate(divide="ignore", invalid="ignore"):
+    tail = np.where(a < 1, (1 - a) * (np.log1p(-np.minimum(a, 1 - 1e-16))
+                                      - np.log1p(-np.exp(log_p))), 0.0)
+    kl = a * (np.log(a) - log_p) + tail
+    chernoff = np.where(a > np.exp(log_p), -steps * kl, 0.0)
+  return np.minimum(np.minimum(union, chernoff), 0.0)
+
+
+def _sampled_gaussian_lower_bound(q: float, z: float, steps: int, delta: float) -> float:
+  """A lower bound on the epsilon of ``steps`` Poisson-sampled Gaussian steps (rate ``q``,
+  multiplier ``z``, add/remove) at ``delta``: for the test "at least ``k`` of the ``steps``
+  outputs exceed ``t``" (an event of the composed output), ``eps >= log((P[S] - delta) /
+  Q[S])`` with ``P`` the user-present law ``(1-q) N(0,1) + q N(1/z, 1)`` per step and ``Q =
+  N(0,1)``. ``P[S]`` is a binomial tail (computed), ``Q[S]`` bounded from above; maximized
+  over a small grid of ``(t, k)``. Closed form: a few ms at any ``z``."""
+  import numpy as np
+  from scipy import special, stats
+  mu = 1.0 / z
+  t = np.linspace(-3.0, mu + 8.0, 96)[:, None]
+  log_p0 = special.log_ndtr(-t)
+  log_hit = special.log_ndtr(mu - t)
+  log_p1 = log_hit if q >= 1 else np.logaddexp(math.log1p(-q) + log_p0, math.log(q) + log_hit)
+  p1 = np.exp(log_p1)
+  spread = np.sqrt(steps * p1 * (1 - p1))
+  ks = np.concatenate([np.ones_like(p1)] + [steps * p1 - c * spread for c in (0, 1, 2, 3)],
+                      axis=1)
+  ks = np.clip(np.floor(ks), 1, steps)
+  log_present = stats.binom.logsf(ks - 1, steps, p1) + math.log1p(-1e-9)  # a hair low
+  log_absent = _log_tail_upper(ks, steps, log_p0)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    margin = np.log(-np.expm1(math.log(delta) - log_present))  # log(1 - delta / P[S])
+    eps = np.where(log_present > math.log(delta), log_present + margin - log_absent, 0.0)
+  eps = eps[np.isfinite(eps)]
+  return float(max(0.0, eps.max())) if eps.size else 0.0
+
+
+def epsilon_lower_bound(event: Any, *, delta: float, relation: str = "add_remove",
+                        count: int = 1) -> float:
+  """A cheap lower bound on the epsilon of ``count`` compositions of ``event`` at ``delta``
+  (0 when nothing in it can be bounded): the largest bound of its Poisson-sampled Gaussian
+  parts (:func:`_sampled_gaussian_lower_bound`; composing more mechanisms never lowers
+  epsilon). The accountant's epsilon is an upper bound on the true one, hence at least this
+  bound, so a budget below it can be refused without an accountant evaluation. Only relations
+  the accountant reads as add/remove (``add_remove``, ``zero_out`` without sampling without
+  replacement) are bounded; other relations give 0."""
+  if accountant_relation(relation, event) != dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE:
+    return 0.0
+  return max([_sampled_gaussian_lower_bound(q, z, c, delta)
+              for q, z, c in _sampled_gaussians(event, count)], default=0.0)
 
 
 def epsilon_of(event: Any, *, delta: float, relation: str = "add_remove",
@@ -173,7 +310,11 @@ def epsilon_of(event: Any, *, delta: float, relation: str = "add_remove",
 
 @dataclasses.dataclass(frozen=True)
 class PrivacyReport:
-  """What a result's privacy guarantee is and where it comes from."""
+  """What a result's privacy guarantee is and where it comes from.
+
+  ``epsilon_kind``: ``"exact"`` (the default: the accountant's or theorem's epsilon of exactly
+  what ran; every :meth:`PrivacyLedger.report` is exact) or ``"upper_bound"`` (a cheaper
+  number at or above it). ``str(report)`` names it beside the number."""
   epsilon: float
   delta: float
   provenance: str
@@ -182,16 +323,24 @@ class PrivacyReport:
   mechanisms: tuple[str, ...] = ()
   paper_epsilon: float | None = None
   notes: str = ""
+  epsilon_kind: str = "exact"
 
   def __post_init__(self):
     check_choice(self.provenance, "provenance", tuple(p.value for p in Provenance))
     check_choice(self.level, "level", ("user", "item", "none"))
     check_choice(self.relation, "relation", RELATIONS)
+    check_choice(self.epsilon_kind, "epsilon_kind", EPSILON_KINDS)
     if (self.provenance == "none") != (self.level == "none"):
       raise ValueError("provenance 'none' is reserved for non-private results (level 'none')")
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
+
+  def __str__(self) -> str:
+    kind = self.epsilon_kind.replace("_", " ")
+    paper = "" if self.paper_epsilon is None else f", paper epsilon {self.paper_epsilon:.4g}"
+    return (f"({self.epsilon:.6g}, {self.delta:.3g})-DP, epsilon {kind}{paper} "
+            f"[{self.provenance}; {self.level} level, {self.relation}]")
 
 
 @dataclasses.dataclass
@@ -223,6 +372,7 @@ class PrivacyLedger:
     self.accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
     self._entries: list[_Entry] = []
     self._cache: dict[tuple, float] = {}
+    self._lower_cache: dict[tuple, float] = {}
 
   # --- recording --------------------------------------------------------------------------
   @property
@@ -249,29 +399,62 @@ class PrivacyLedger:
     return self
 
   def check(self, event: Any, *, label: str = "planned", group: str | None = None,
-            count: int = 1) -> float:
-    """The epsilon that spending ``event`` ``count`` times would reach; raises
-    :class:`PrivacyBudgetExceeded` if over budget. Records nothing (a planned run is checked
-    once, before its first step)."""
+            count: int = 1) -> Epsilon:
+    """The epsilon that spending ``event`` ``count`` times would reach (an :class:`Epsilon`:
+    the grid bound, or exact where no count was rounded or the budget needed the exact
+    value); raises :class:`PrivacyBudgetExceeded` if over budget. Records nothing (a planned
+    run is checked once, before its first step)."""
     return self._checked(self._with(event, label, group, count), label)
 
-  def _checked(self, candidate: list[_Entry], label: str) -> float:
-    """Grid upper bound of ``candidate``'s epsilon; the exact value decides the budget."""
-    eps = self._epsilon(candidate, self.delta, rounded=True)[0]
-    if self.epsilon_budget is not None and eps > self.epsilon_budget * (1 + 1e-9):
-      eps = self._epsilon(candidate, self.delta, rounded=False)[0]
-      if eps > self.epsilon_budget * (1 + 1e-9):
-        raise PrivacyBudgetExceeded(
-            f"releasing {label!r} would bring epsilon to {eps:.4g} > budget "
-            f"{self.epsilon_budget:.4g} at delta={self.delta:g}; nothing was released")
+  def _lower_bound(self, entries: list[_Entry]) -> float:
+    """:func:`epsilon_lower_bound` of the largest entry, counts rounded *down* to the grid
+    (a valid bound, cached: O(log T) evaluations over a run of T one-step spends)."""
+    best = 0.0
+    for e in entries:
+      if isinstance(e.event, OUTSIDE_ACCOUNTANT):
+        continue
+      key = (e.key, grid_floor(e.count), self.delta)
+      if key not in self._lower_cache:
+        self._lower_cache[key] = epsilon_lower_bound(e.event, delta=self.delta,
+                                                     relation=self.relation, count=key[1])
+      best = max(best, self._lower_cache[key])
+    return best
+
+  def _refuse(self, label: str, eps: float, what: str) -> None:
+    raise PrivacyBudgetExceeded(
+        f"releasing {label!r} would bring epsilon to {what}{eps:.4g} > budget "
+        f"{self.epsilon_budget:.4g} at delta={self.delta:g}; nothing was released")
+
+  def _checked(self, candidate: list[_Entry], label: str) -> Epsilon:
+    """Grid upper bound of ``candidate``'s epsilon; the exact value decides the budget, after
+    a cheap lower bound had its chance to refuse without any accountant evaluation."""
+    over = lambda x: self.epsilon_budget is not None and x > self.epsilon_budget * (1 + 1e-9)
+    if self.epsilon_budget is not None:
+      low = self._lower_bound(candidate)
+      if over(low):
+        self._refuse(label, low, "at least ")
+    eps = self._grid_epsilon(candidate, self.delta)
+    if over(eps):
+      eps = Epsilon(self._epsilon(candidate, self.delta, rounded=False)[0], "exact")
+      if over(eps):
+        self._refuse(label, eps, "")
     return eps
 
+  def _grid_epsilon(self, entries: list[_Entry], delta: float) -> Epsilon:
+    """The grid bound, labelled exact when rounding changed no count (then it is the exact
+    value: the same accountant evaluation)."""
+    rounded = any(grid_count(e.count) != e.count for e in entries
+                  if not isinstance(e.event, OUTSIDE_ACCOUNTANT))
+    return Epsilon(self._epsilon(entries, delta, rounded=True)[0],
+                   "upper_bound" if rounded else "exact")
+
   def spend(self, event: Any, *, label: str, group: str | None = None,
-            count: int = 1) -> float:
+            count: int = 1) -> Epsilon:
     """Checks the budget, then records. Call it *before* releasing.
 
-    Returns an upper bound on the new epsilon (counts rounded up to the ledger's geometric
-    grid; see the module docstring); :meth:`epsilon` gives the exact value.
+    Returns the new epsilon as an :class:`Epsilon`: in general an upper bound (counts rounded
+    up to the ledger's geometric grid; see the module docstring), labelled so;
+    :meth:`epsilon` with ``exact=True`` gives the exact value.
 
     Raises:
       PrivacyBudgetExceeded: when the composed epsilon would exceed ``epsilon_budget``.
@@ -323,15 +506,19 @@ class PrivacyLedger:
       best = (max(best[0], eps), max(best[1], extra))
     return best
 
-  def epsilon(self, delta: float | None = None, *, exact: bool = False) -> float:
-    """Epsilon of everything recorded so far at ``delta`` (default: the ledger's).
+  def epsilon(self, delta: float | None = None, *, exact: bool = False) -> Epsilon:
+    """Epsilon of everything recorded so far at ``delta`` (default: the ledger's), as an
+    :class:`Epsilon` whose ``kind`` says what it is.
 
     By default the cached grid upper bound (every count rounded up to the geometric grid; at
-    most ~9% above the exact value on DP-SGD workloads, and never below it): cheap enough to
-    call every step. ``exact=True`` composes the exact counts (tight; one accountant
-    evaluation per new ledger state, cached). Reports and calibration use the exact value."""
+    most ~9% above the exact value on DP-SGD workloads, and never below it; kind
+    ``upper_bound``, or ``exact`` when no count needed rounding): cheap enough to call every
+    step. ``exact=True`` composes the exact counts (kind ``exact``; one accountant evaluation
+    per new ledger state, cached). Reports and calibration use the exact value."""
     d = self.delta if delta is None else check_delta(delta)
-    return self._epsilon(self._entries, d, rounded=not exact)[0]
+    if exact:
+      return Epsilon(self._epsilon(self._entries, d, rounded=False)[0], "exact")
+    return self._grid_epsilon(self._entries, d)
 
   def extra_delta(self) -> float:
     """Delta contributed by (epsilon, delta) and approximate-RDP blocks (added to reports)."""

@@ -7,11 +7,14 @@ are what the papers state and are reported beside the accountant's numbers.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from dpsco_jax._checks import check_delta, check_epsilon, check_key, check_positive
+from dpsco_jax._checks import (ArgumentTypeError, _traced, check_delta, check_epsilon,
+                               check_key, check_positive)
 
 
 def laplace(key: jax.Array, shape: tuple[int, ...] = (), scale: float | jax.Array = 1.0,
@@ -22,8 +25,26 @@ def laplace(key: jax.Array, shape: tuple[int, ...] = (), scale: float | jax.Arra
   distinct values, not the law the privacy proof assumes); cast the result afterwards if a
   lower precision is wanted (post-processing)."""
   check_key(key, "key")
+  scale = _check_scale(scale)
   wide = jnp.promote_types(dtype, jnp.float32)
   return jnp.asarray(scale, wide) * jax.random.laplace(key, shape, wide)
+
+
+def _check_scale(scale: Any) -> Any:
+  """A Laplace scale is a finite real > 0 (or an array of them): a scale of 0 releases the
+  value itself, a negative one is the same law as its absolute value but says a wrong epsilon,
+  and NaN or a string is a bug. Traced scales were checked by the caller while concrete."""
+  if _traced(scale):
+    return scale
+  if getattr(scale, "ndim", 0) == 0:
+    return check_positive(scale, "scale")
+  arr = np.asarray(scale)
+  if arr.dtype.kind not in "iuf":
+    raise ArgumentTypeError(f"scale must be an array of finite numbers > 0, got dtype "
+                            f"{arr.dtype}")
+  if not (np.all(np.isfinite(arr)) and np.all(arr > 0)):
+    raise ValueError("scale must be an array of finite numbers > 0, got one that is not")
+  return scale
 
 
 def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> float:

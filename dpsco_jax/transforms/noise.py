@@ -95,8 +95,9 @@ def add_gaussian_noise(stddev: float, key: jax.Array | int
   Args:
     stddev: the per-coordinate standard deviation, ``noise_multiplier * sensitivity``
       (finite, ``>= 0``; a stddev beyond float32 range is refused, not turned into Inf).
-    key: a ``jax.random`` key (or an int seed), checked. The state is secret: its repr
-      redacts the key.
+    key: a ``jax.random`` key, or an int seed in ``[0, 2**32 - 1]`` (the seeds that give
+      distinct keys; a negative or larger one is refused), checked. The state is secret:
+      its repr redacts the key.
   """
   stddev = _check_stddev(stddev, "stddev")
   key = check_seed_or_key(key, "key")

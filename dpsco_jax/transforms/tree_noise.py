@@ -64,6 +64,16 @@ from dpsco_jax.transforms.noise import (_check_stddev, add_gaussian_noise, add_n
 PyTree = Any
 MECHANISMS = ("tree", "independent")
 LEVEL_RULES = ("exact", "paper")
+#: The stages count steps in int32: past this the counter would wrap and replay noise.
+MAX_STEPS = 2 ** 31 - 1
+
+
+def _check_max_steps(max_steps: Any) -> int:
+  v = check_int(max_steps, "max_steps", minimum=1)
+  if v > MAX_STEPS:
+    raise ValueError(f"max_steps must be <= {MAX_STEPS} (the step counter is int32; a "
+                     f"wrapped counter would reuse noise), got {max_steps!r}")
+  return v
 
 
 # ----------------------------------------------------------------------------- tree geometry
@@ -181,7 +191,7 @@ def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
   (without params: the increments' dtype), which is post-processing.
   """
   _check_stddev(noise_std, "noise_std")
-  max_steps = check_int(max_steps, "max_steps", minimum=1)
+  max_steps = _check_max_steps(max_steps)
   levels = tree_levels(max_steps)
   key = check_seed_or_key(key, "key")
 
@@ -207,7 +217,7 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
   to each increment; the stage then sums: ``N_t = sum_{i<=t} w_i``, ``Var = (t+1) sigma^2``.
   """
   _check_stddev(noise_std, "noise_std")
-  max_steps = check_int(max_steps, "max_steps", minimum=1)
+  max_steps = _check_max_steps(max_steps)
   gaussian = add_gaussian_noise(noise_std, check_seed_or_key(key, "key"))
 
   def init_fn(params):
