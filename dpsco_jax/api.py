@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple
 
 import jax
+import numpy as np
 
 from dpsco_jax.algorithms.registry import algorithms
 from dpsco_jax.config_schema import ConfigError
@@ -266,9 +267,33 @@ def print_progress(progress: Progress) -> None:
   print(f"step {progress.step}/{progress.num_steps}{eps}", flush=True)
 
 
+#: where a run keeps the table: on the device (one jitted scan) or on the host / in a memory
+#: map, sampling users there and moving only theirs to the device each step
+PLACEMENTS = ("auto", "device", "host")
+
+
+def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
+  """``auto``: host when the table is memory-mapped (``UserData.open``), else device."""
+  if placement not in PLACEMENTS:
+    raise ValueError(f"data_placement must be one of {PLACEMENTS}, got {placement!r}")
+  if placement == "auto":
+    mapped = any(isinstance(x, np.memmap) for x in jax.tree.leaves(data.examples))
+    placement = "host" if mapped and p.algorithm == "dp_sgd_user" else "device"
+  if placement == "host":
+    if p.algorithm != "dp_sgd_user" or (p.schedule or {}).get("sampling") != "poisson":
+      raise ValueError("data_placement='host' streams Poisson-sampled users: dp_sgd_user with "
+                       f"sampling='poisson' (got {p.algorithm}, sampling="
+                       f"{(p.schedule or {}).get('sampling')!r})")
+    if mesh is not None:
+      raise ValueError("data_placement='host' does not shard over a mesh yet: give one or the "
+                       "other")
+  return placement
+
+
 def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
         mesh: jax.sharding.Mesh | None = None,
-        callback: Callable[[Progress], None] | None = None) -> Result:
+        callback: Callable[[Progress], None] | None = None,
+        data_placement: str = "auto") -> Result:
   """Executes plan ``p`` on ``data``: ``Result.params`` has the structure of ``params``.
 
   ``mesh``: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the mesh set with
@@ -276,6 +301,13 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   its own users; the clipped sums are reduced across the axis and the noise is drawn once
   from the one key. The plan and ledger do not depend on it, and the released params equal
   the one-device run's to float tolerance (``MESH_READY`` algorithms).
+
+  ``data_placement``: ``"device"`` (the whole table on the device, one jitted scan),
+  ``"host"`` (``dp_sgd_user`` with Poisson sampling: users are sampled on the host in
+  ``O(q n)`` per step and only their rows reach the device, so the table may be a memory map
+  from ``UserData.from_arrays(..., store=dir)`` / ``UserData.open(dir)``), or ``"auto"``
+  (host for a memory-mapped table, else device). Same sampling law and guarantee; other
+  users are drawn than on the device with the same key.
 
   ``callback``: called with a :class:`Progress` about 20 times during the run by the
   DP-SGD family and ``nonprivate_sgd`` (steps done, epsilon so far), and once at the end by
@@ -294,6 +326,7 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   level = "item" if p.algorithm in ITEM_LEVEL else "user"
   problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
   problem.mesh = _mesh(p.algorithm, mesh)
+  problem.placement = _placement(p, data, data_placement, problem.mesh)
   problem.progress = _progress(p, callback)
   if problem.d != p.num_params:
     raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
@@ -328,8 +361,10 @@ def _same_guarantee(a: PrivacyReport, b: PrivacyReport) -> bool:
 def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, data: UserData,
         key: jax.Array, *, constants: ProblemConstants | dict | None = None,
         mesh: jax.sharding.Mesh | None = None,
-        callback: Callable[[Progress], None] | None = None) -> Result:
+        callback: Callable[[Progress], None] | None = None,
+        data_placement: str = "auto") -> Result:
   """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=,
-  callback=)``."""
+  callback=, data_placement=)``."""
   p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
-  return run(p, loss_fn, params, data, key, mesh=mesh, callback=callback)
+  return run(p, loss_fn, params, data, key, mesh=mesh, callback=callback,
+             data_placement=data_placement)

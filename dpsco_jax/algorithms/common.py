@@ -201,6 +201,50 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
     _PROGRESS.pop(run_id, None)
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled_step(loss_fn: Callable, tx_factory: Callable, static: tuple,
+                   record: Callable | None):
+  """One jitted step of the host-driven loop (the body of :func:`_compiled_loop`'s scan)."""
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(params, state, hparams, batch, mask):
+    tx = tx_factory(hparams, *static)
+    grads = per_user_grads(loss_fn, params, batch, user_mask=mask)
+    updates, state = tx.update(grads, state, params, user_mask=mask)
+    return (optax.apply_updates(params, updates), state,
+            None if record is None else record(state))
+  return step
+
+
+def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: Callable,
+                   hparams: dict, *, static: tuple = (), steps: int, key: jax.Array,
+                   rate: float, capacity: int, view: str = "user",
+                   record: Callable | None = None,
+                   progress: Callable[[int], None] | None = None) -> tuple[Any, ...]:
+  """:func:`run_chain` with Poisson sampling done on the host: each step samples users in
+  ``O(q n)`` expected work (:class:`~dpsco_jax.data.PoissonSampler`, seeded by ``key``) and
+  moves only their rows to the device (:func:`~dpsco_jax.data.iter_batches`, one step
+  ahead), so the table stays in host memory or a memory map (``UserData.open``) and a step's
+  cost does not grow with ``n``. Same law (each user with probability ``rate``, truncated at
+  ``capacity``), same chain and noise keys as the scan; other users are drawn than by the
+  device sampler with the same key."""
+  from dpsco_jax.data.sampling import PoissonSampler, iter_batches
+  sampler = PoissonSampler(user_data.n_users, rate, capacity=capacity, seed=key)
+  state = jax.jit(lambda p, h: tx_factory(h, *static).init(p))(params0, hparams)
+  step = _compiled_step(loss_fn, tx_factory, tuple(static), record)
+  params = jax.tree.map(jnp.array, params0)   # donated below: never the caller's buffers
+  records, every = [], progress_points(steps)
+  for t, batch, mask in iter_batches(user_data, sampler, steps, view=view):
+    params, state, rec = step(params, state, hparams, batch, mask)
+    if record is not None:
+      records.append(rec)
+    if progress is not None and (t + 1) % every == 0:
+      progress(t + 1)
+  out = (released_params(state, params), state)
+  if record is None:
+    return out
+  return out + (jax.tree.map(lambda *r: jnp.stack(r), *records),)
+
+
 def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
   value = cfg.get(name, default)
   return default if value is None else value

@@ -172,7 +172,7 @@ class UserDataProblem(PublicFacts):
     super().__init__(data.spec, constants, int(self._w0.size), level)
     self.loss_fn = _flat_loss(loss_fn, treedef, shapes)
     self.user_data = data
-    self.data = data.user_view() if level == "user" else data.item_view()
+    self._data = None   # the device copy, built on first read: a streamed run never reads it
     self._check_loss(loss_fn, params)
 
   def _check_loss(self, loss_fn: Callable, params: Any) -> None:
@@ -182,6 +182,18 @@ class UserDataProblem(PublicFacts):
     if getattr(out, "shape", None) != ():
       raise ValueError(f"loss_fn must return a scalar per item, got shape {out.shape}: "
                        "reduce it (e.g. jnp.sum or jnp.mean over its outputs)")
+
+  @property
+  def data(self) -> dict:
+    """The whole table on the device (the user or item view), built on first read."""
+    if self._data is None:
+      self._data = (self.user_data.user_view() if self.level == "user"
+                    else self.user_data.item_view())
+    return self._data
+
+  @data.setter
+  def data(self, value: dict) -> None:
+    self._data = value
 
   def init_params(self) -> jax.Array:
     return self._w0

@@ -176,10 +176,35 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
                    progress=None if keep else getattr(problem, "progress", None))
 
 
+def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple[Any, ...]:
+  """The plan with users sampled on the host and only their rows sent to the device
+  (``problem.user_data`` stays in host memory or a memory map): user level, Poisson."""
+  from dpsco_jax.algorithms.common import run_chain_host
+  if plan.level != "user" or plan.sampling != "poisson":
+    raise ValueError("data_placement='host' streams Poisson-sampled users (dp_sgd_user with "
+                     f"sampling='poisson'); got level={plan.level!r}, "
+                     f"sampling={plan.sampling!r}")
+  n = problem.user_data.n_users
+  if plan.relation == "add_remove" and n > plan.n_public:
+    raise ValueError(f"the data has {n} users, more than the declared n_users "
+                     f"({plan.n_public}): under add_remove the declared count is the public "
+                     "bound the sampling capacity is sized for")
+  hparams = {"clip": plan.clip, "stddev": plan.noise_std, "lr": plan.lr,
+             "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
+  return run_chain_host(problem.loss_fn, problem.user_data, problem.init_params(),
+                        dp_sgd_chain, hparams, static=(plan.denominator, plan.averaging, False),
+                        steps=plan.steps, key=jax.random.fold_in(key, 2),
+                        rate=plan.sampling_rate, capacity=plan.capacity,
+                        progress=getattr(problem, "progress", None))
+
+
 def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Result:
   plan = dp_sgd_plan(problem, cfg, level=level)
   report = charge_dp_sgd(plan)
-  params, _ = _execute(problem, plan, key, _rows(problem, level, None))
+  if getattr(problem, "placement", "device") == "host":
+    params, _ = _execute_host(problem, plan, key)
+  else:
+    params, _ = _execute(problem, plan, key, _rows(problem, level, None))
   record = {"noise_multiplier": plan.noise_multiplier, "num_steps": plan.steps,
             "batch_size": plan.batch, "denominator": plan.denominator,
             "sampling_rate": plan.sampling_rate, "noise_std": plan.noise_std,

@@ -1,0 +1,69 @@
+"""Issue 24.1: a run's cost per step does not grow with n: users are Poisson-sampled on the host
+(O(q n) per step) and only their rows reach the device; the table may be a memory map."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dpsco_jax
+from dpsco_jax.data import UserData
+
+CFG = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5, "num_steps": 30}
+
+
+def _arrays(n=80, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = np.repeat(np.arange(n), 3)
+  x = rng.normal(size=(ids.size, 4)).astype(np.float32)
+  y = (rng.random(ids.size) < 0.5).astype(np.float32)
+  return {"x": x, "y": y}, ids
+
+
+def loss(p, ex):
+  z = ex["x"] @ p
+  return jax.nn.softplus(z) - ex["y"] * z
+
+
+def test_host_and_device_agree_when_every_user_is_sampled():
+  # q = 1: both samplers take every user, so the two paths run the same steps and noise
+  data = UserData.from_arrays(*_arrays(), max_items_per_user=3)
+  cfg = {**CFG, "sampling_rate": 1.0, "n_users": 80}
+  dev = dpsco_jax.fit("dp_sgd_user", cfg, loss, jnp.zeros(4), data, jax.random.key(3),
+                      data_placement="device")
+  host = dpsco_jax.fit("dp_sgd_user", cfg, loss, jnp.zeros(4), data, jax.random.key(3),
+                       data_placement="host")
+  np.testing.assert_allclose(np.asarray(host.params), np.asarray(dev.params), atol=1e-5)
+  assert host.privacy == dev.privacy
+  other = dpsco_jax.fit("dp_sgd_user", cfg, loss, jnp.zeros(4), data, jax.random.key(4),
+                        data_placement="host")
+  assert np.max(np.abs(np.asarray(other.params) - np.asarray(host.params))) > 1e-3
+
+
+def test_a_memory_mapped_table_streams_without_the_whole_table_on_the_device(tmp_path,
+                                                                           monkeypatch):
+  ex, ids = _arrays(200)
+  UserData.from_arrays(ex, ids, max_items_per_user=3, store=tmp_path / "table")
+  data = UserData.open(tmp_path / "table")
+  assert any(isinstance(x, np.memmap) for x in jax.tree.leaves(data.examples))
+  def no_device_copy(self):
+    raise AssertionError("the whole table was moved to the device")
+  monkeypatch.setattr(UserData, "user_view", no_device_copy)
+  seen = []
+  res = dpsco_jax.fit("dp_sgd_user", {**CFG, "sampling_rate": 0.1, "n_users": 200}, loss,
+                      jnp.zeros(4), data, jax.random.key(0), callback=seen.append)  # auto
+  assert np.all(np.isfinite(np.asarray(res.params))) and res.privacy.epsilon <= 2.0 + 1e-9
+  assert [p.step for p in seen][-1] == 30
+
+
+def test_host_placement_is_refused_where_it_does_not_apply():
+  data = UserData.from_arrays(*_arrays(), max_items_per_user=3)
+  with pytest.raises(ValueError, match="Poisson-sampled users"):
+    dpsco_jax.fit("dp_sgd_user", {**CFG, "sampling": "full", "relation": "zero_out"}, loss,
+                  jnp.zeros(4), data, jax.random.key(0), data_placement="host")
+  with pytest.raises(ValueError, match="Poisson-sampled users"):
+    dpsco_jax.fit("dp_sgd_item", {**CFG, "sampling_rate": 0.1, "n_users": 80}, loss,
+                  jnp.zeros(4), data, jax.random.key(0), data_placement="host")
+  with pytest.raises(ValueError, match="data_placement"):
+    dpsco_jax.fit("dp_sgd_user", {**CFG, "sampling_rate": 0.1, "n_users": 80}, loss,
+                  jnp.zeros(4), data, jax.random.key(0), data_placement="gpu")
