@@ -130,6 +130,27 @@ def _old_steps(data, n: int, steps: int) -> float:
   return (time.perf_counter() - t0) / steps * 1e3
 
 
+def _fit(data, n: int, steps: int, placement: str) -> dict:
+  """``dpsco_jax.plan`` then ``run`` of ``dp_sgd_user`` end to end (the issue's new-user
+  path: q n = 1000 users per step, delta 1e-7): plan seconds, run seconds, ms per step."""
+  import jax
+  import jax.numpy as jnp
+  import dpsco_jax
+  q = min(1.0, PER_STEP / n)
+  cfg = {"epsilon": 2.0, "delta": 1e-7, "clip_norm": 1.0, "learning_rate": 0.1,
+         "num_steps": steps, "sampling_rate": q, "n_users": n}
+  loss = lambda w, ex: 0.5 * jnp.square(jnp.dot(ex["x"], w) - 1.0)
+  t0 = time.perf_counter()
+  plan = dpsco_jax.plan("dp_sgd_user", cfg, data.spec, num_params=FEATURES)
+  t1 = time.perf_counter()
+  res = dpsco_jax.run(plan, loss, jnp.zeros(FEATURES), data, jax.random.key(0),
+                      data_placement=placement)
+  jax.block_until_ready(res.params)
+  t2 = time.perf_counter()
+  return {f"{placement}_plan_s": t1 - t0, f"{placement}_run_s": t2 - t1,
+          f"{placement}_run_ms_per_step": (t2 - t1) / steps * 1e3}
+
+
 def worker(n: int, steps: int, store: bool, old_build: bool, old_step: bool) -> dict:
   import jax
   import numpy as np
@@ -160,8 +181,14 @@ def worker(n: int, steps: int, store: bool, old_build: bool, old_step: bool) -> 
     # faster than the rows read), the rest is this process's own memory.
     out["run_rss_anon_gb"] = _gb(_status_kb("RssAnon"))
     out["run_rss_file_gb"] = _gb(_status_kb("RssFile"))
+    _reset_peak()
+    out.update(_fit(data, n, steps, "host"))
+    out["peak_fit_host_gb"] = _gb(_status_kb("VmHWM"))
     if old_step and not store:
       out["old_step_ms"] = _old_steps(data, n, steps)
+      _reset_peak()
+      out.update(_fit(data, n, steps, "device"))
+      out["peak_fit_device_gb"] = _gb(_status_kb("VmHWM"))
   for key in ("peak_build_gb", "peak_run_gb"):
     out[key.replace("_gb", "_ratio")] = out[key] / out["raw_gb"]
     out[key.replace("_gb", "_data_ratio")] = (out[key] - out["base_gb"]) / out["raw_gb"]
@@ -199,6 +226,15 @@ def _table_lines(rows: list[dict]) -> list[str]:
         f"{r['peak_build_gb']:>8.3f} {r['peak_build_ratio']:>8.2f} "
         f"{r['peak_build_data_ratio']:>7.2f} {r['peak_run_gb']:>7.3f} {r['step_ms']:>8.3f} "
         f"{_fmt(r.get('old_step_ms'), '>7.3f')}")
+  lines.append("")
+  lines.append(f"{'n':>9} {'mode':>6} {'plan s':>7} {'fit host s':>10} {'peak GB':>8} "
+               f"{'fit device s':>12} {'peak GB':>8}   (dp_sgd_user end to end)")
+  for r in rows:
+    if "error" not in r:
+      lines.append(f"{r['n']:>9.0e} {r['mode']:>6} {r['host_plan_s']:>7.2f} "
+                   f"{r['host_run_s']:>10.2f} {r['peak_fit_host_gb']:>8.3f} "
+                   f"{_fmt(r.get('device_run_s'), '>12.2f')} "
+                   f"{_fmt(r.get('peak_fit_device_gb'), '>8.3f')}")
   return lines
 
 
