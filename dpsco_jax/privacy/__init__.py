@@ -18,3 +18,4 @@ from dpsco_jax.privacy.mechanisms import (gaussian_sigma_analytic, gaussian_sigm
 from dpsco_jax.privacy.discrete_laplace import tdlap_pmf, tdlap_sample
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_step,
                                              laplace_test)
+from dpsco_jax.privacy.matrix_factorization import mf_event, participation_sensitivity

@@ -18,3 +18,4 @@ from dpsco_jax.transforms.srg import (accelerated_projected_step, scale_by_srg_w
 from dpsco_jax.transforms.tree_noise import (independent_prefix_sum_noise, prefix_noise_event,
                                              prefix_noise_mu, prefix_sum_noise,
                                              tree_prefix_sum_noise)
+from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise

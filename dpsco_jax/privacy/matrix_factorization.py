@@ -1,0 +1,303 @@
+"""Matrix-factorization (MF) noise: strategies, sensitivity under participation, events.
+
+The mechanism (Denisov et al. 2022; Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
+Factorization"; McKenna et al. 2024, "Scaling up the Banded Matrix Factorization Mechanism";
+Dvijotham et al. 2024, "Efficient and Near-Optimal Noise Generation for Streaming DP"). The
+stream of increments ``x`` (``T`` rows, params-shaped; each row an aggregated, clipped batch
+quantity of L2 sensitivity ``s`` per participation) is released as
+
+    C x + Z,     Z_t ~ N(0, sigma^2 I) i.i.d.,
+
+with ``C`` a lower-triangular Toeplitz *strategy* of coefficients ``c_0, c_1, ...``. Training
+never looks at ``C x + Z`` directly: it uses the increments ``C^{-1}(C x + Z) = x + C^{-1} Z``
+or the prefix sums ``A x + B Z`` with ``A`` the prefix-sum matrix and ``B = A C^{-1}``, both
+post-processing. ``C`` lower-triangular means row ``t`` of ``C x`` reads ``x_{<=t}`` only, so
+adaptively chosen increments (the gradient at the current iterate) keep the guarantee of the
+non-adaptive Gaussian mechanism (Denisov et al. 2022, Thm 2.1).
+
+Strategies (all Toeplitz, ``c_0 > 0``):
+
+* banded, ``bands = b`` nonzero coefficients. ``"sqrt"`` (built in, no optimizer): the
+  coefficients of ``(1 - x)^{-1/2}``, ``c_k = binom(2k, k) / 4^k``, truncated to ``b`` bands
+  and scaled to unit L2 norm (Fichtenberger et al. 2023, optimal for max error without
+  truncation; McKenna et al. 2024 §4 use it truncated). ``"optimized"``: jax_privacy's
+  ``toeplitz.optimize_banded_toeplitz`` (L-BFGS on the mean or max squared prefix error; the
+  optional ``jax-privacy>=2.0`` dependency, tested with 2.0.0). ``"auto"``: optimized when
+  jax_privacy imports, else sqrt; the source used is returned with the coefficients.
+* BLT, ``d`` buffers: ``c_0 = 1``, ``c_k = sum_i w_i theta_i^{k-1}`` (``k >= 1``), from
+  jax_privacy's ``buffered_toeplitz.optimize`` or, without it, fitted to the sqrt
+  coefficients (:func:`blt_strategy`, with how).
+
+Sensitivity (per unit ``s``; zero-out / add-remove of one participant's increment). A
+participant who contributes at steps ``P = {p_1 < ... < p_k}`` changes ``C x`` by
+``sum_j C[:, p_j] g_j^T`` with ``||g_j|| <= s``; its Frobenius norm squared is
+``sum_{j,l} <C[:, p_j], C[:, p_l]> <g_j, g_l>``.
+
+* single participation: ``max_p ||C[:, p]|| = ||c_{0..T-1}||`` (column 0 is the longest; a
+  later column is a truncation of it);
+* ``k`` participations with min-separation ``>= b`` (banded): the columns have disjoint
+  supports, the cross terms vanish, and ``sens^2 = sum_j ||C[:, p_j]||^2``, maximized by the
+  earliest admissible steps ``0, sep, 2 sep, ...`` (column norms do not increase with ``p``),
+  whatever the signs of ``c``. Cyclic (fixed-order) epochs with period ``P >= b`` are such a
+  pattern, ``k = epochs``;
+* overlap (separation ``< b``, or a BLT, which has ``T`` bands): valid only when every
+  ``<C[:, p], C[:, q]> >= 0`` (then equal ``g_j`` are the worst case and ``sens =
+  max_P ||C 1_P||``), and for nonnegative, nonincreasing coefficients the maximum over
+  patterns with separation ``>= sep`` and at most ``k`` participations is attained at
+  ``P = {0, sep, ..., (k-1) sep}`` (McKenna et al. 2024, "Scaling up", Thm 2; jax_privacy's
+  ``toeplitz.minsep_sensitivity_squared``). Other coefficients are refused there.
+
+Event: the whole run is one Gaussian mechanism with noise multiplier ``z / sens``
+(``noise_std = z * s``; :func:`mf_event`), as ``tree_noise.prefix_noise_event`` is for the
+binary tree. Relations: zero_out and add_remove (removing a participant removes its
+increments; a *cyclic* driver must keep the other participants' steps in place, i.e. the
+schedule is by slot, which is zero_out); replace_one doubles ``s`` (the ledger's convention).
+Amplification by sampling (Choquette-Choo et al. 2023's b-min-sep Poisson) is NOT
+implemented here: drivers refuse Poisson sampling with MF noise.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import dp_accounting
+import numpy as np
+
+from dpsco_jax._checks import check_choice, check_int, check_positive
+
+__all__ = ["STRATEGIES", "ERRORS", "MfStrategy", "BltStrategy", "jax_privacy_version",
+           "sqrt_coefs", "banded_strategy", "blt_strategy", "blt_coefs", "toeplitz_matrix",
+           "toeplitz_inverse_coefs", "blt_inverse_coefs", "participation_sensitivity",
+           "participations_of", "mf_event", "gaussian_mu", "prefix_errors"]
+
+STRATEGIES = ("auto", "sqrt", "optimized")
+ERRORS = ("mean", "max")
+
+
+class MfStrategy(NamedTuple):
+  """Banded Toeplitz strategy: ``coefs`` (float64, ``c_0 > 0``, unit L2 norm) and where it
+  came from (``"sqrt"`` or ``"jax_privacy <version> optimize_banded_toeplitz(...)"``)."""
+  coefs: np.ndarray
+  source: str
+
+
+class BltStrategy(NamedTuple):
+  """BLT strategy ``C``: ``c_0 = 1``, ``c_k = sum_i output_scale_i buf_decay_i^{k-1}``."""
+  buf_decay: np.ndarray
+  output_scale: np.ndarray
+  source: str
+
+
+def jax_privacy_version() -> str | None:
+  """The installed jax_privacy's version, or ``None`` (it is an optional dependency)."""
+  try:
+    import importlib.metadata as md
+    import jax_privacy.matrix_factorization  # noqa: F401
+    return md.version("jax-privacy")
+  except Exception:  # noqa: BLE001 - absent or broken: fall back to the built-in strategy
+    return None
+
+
+# ----------------------------------------------------------------------------- Toeplitz algebra
+def sqrt_coefs(n: int) -> np.ndarray:
+  """First ``n`` coefficients of ``(1 - x)^{-1/2}``: ``binom(2k, k) / 4^k`` (float64)."""
+  n = check_int(n, "n")
+  k = np.arange(1, n, dtype=np.float64)
+  return np.concatenate([[1.0], np.cumprod((2 * k - 1) / (2 * k))])
+
+
+def toeplitz_matrix(coefs: np.ndarray, n: int) -> np.ndarray:
+  """The dense ``n x n`` lower-triangular Toeplitz matrix of ``coefs`` (tests, small n)."""
+  c = np.zeros(n)
+  m = min(n, len(coefs))
+  c[:m] = np.asarray(coefs, np.float64)[:m]
+  i, j = np.indices((n, n))
+  return np.where(i >= j, c[np.clip(i - j, 0, n - 1)], 0.0)
+
+
+def toeplitz_inverse_coefs(coefs: np.ndarray, n: int) -> np.ndarray:
+  """Coefficients of ``C^{-1}`` (also lower-triangular Toeplitz) for ``n`` steps: the
+  recurrence ``u_t = (e0_t - sum_{j>=1} c_j u_{t-j}) / c_0`` the streaming stage runs,
+  in float64, ``O(n * len(coefs))``."""
+  c = np.asarray(coefs, np.float64)
+  n = check_int(n, "n")
+  b = min(len(c), n)
+  u = np.zeros(n)
+  for t in range(n):
+    lo = max(0, t - b + 1)
+    acc = float(np.dot(c[1:t - lo + 1], u[lo:t][::-1])) if t > lo else 0.0
+    u[t] = ((1.0 if t == 0 else 0.0) - acc) / c[0]
+  return u
+
+
+def blt_coefs(buf_decay: np.ndarray, output_scale: np.ndarray, n: int) -> np.ndarray:
+  """Toeplitz coefficients ``[1, sum w theta^0, sum w theta^1, ...]`` of a BLT, length n."""
+  th, om = np.asarray(buf_decay, np.float64), np.asarray(output_scale, np.float64)
+  powers = th[None, :] ** np.arange(n - 1, dtype=np.float64)[:, None]
+  return np.concatenate([[1.0], powers @ om])
+
+
+def blt_inverse_coefs(buf_decay: np.ndarray, output_scale: np.ndarray, n: int) -> np.ndarray:
+  """Coefficients of ``C^{-1}`` for a BLT ``C``, by the stage's own recurrence on ``e_0``:
+  ``u_t = e0_t - <w, S>``, ``S <- theta * S + u_t`` (float64, ``O(n d)``)."""
+  th, om = np.asarray(buf_decay, np.float64), np.asarray(output_scale, np.float64)
+  s = np.zeros_like(th)
+  u = np.zeros(n)
+  for t in range(n):
+    u[t] = (1.0 if t == 0 else 0.0) - float(om @ s)
+    s = th * s + u[t]
+  return u
+
+
+def prefix_errors(inverse_coefs: np.ndarray) -> np.ndarray:
+  """Per-step variance of the prefix-sum noise ``(B Z)_t`` per unit ``sigma^2``, with
+  ``B = A C^{-1}``: ``B`` is Toeplitz with coefficients ``cumsum(C^{-1} coefs)``, so row
+  ``t``'s squared norm is ``sum_{j<=t} b_j^2``. (jax_privacy's
+  ``toeplitz.per_query_error(noising_coef=...)`` computes the same.)"""
+  b = np.cumsum(np.asarray(inverse_coefs, np.float64))
+  return np.cumsum(b * b)
+
+
+# ----------------------------------------------------------------------------- strategies
+@functools.lru_cache(maxsize=32)
+def _optimized_banded(steps: int, bands: int, error: str) -> tuple[tuple[float, ...], str]:
+  import jax
+  import jax.numpy as jnp
+  from jax_privacy.matrix_factorization import toeplitz
+  with jax.enable_x64():
+    init = jnp.asarray(sqrt_coefs(bands), jnp.float64)
+    red = jnp.mean if error == "mean" else jnp.max
+    c = toeplitz.optimize_banded_toeplitz(steps, bands, strategy_coef=init, reduction_fn=red)
+    c = np.asarray(c, np.float64)
+  return tuple(c / np.linalg.norm(c)), (f"jax_privacy {jax_privacy_version()} toeplitz."
+                                        f"optimize_banded_toeplitz(n={steps}, bands={bands}, "
+                                        f"{error} error)")
+
+
+def banded_strategy(steps: int, bands: int, *, strategy: str = "auto",
+                    error: str = "mean") -> MfStrategy:
+  """The ``bands``-banded Toeplitz strategy for ``steps`` steps, unit L2 norm (module
+  docstring). ``strategy="optimized"`` needs jax_privacy (ImportError otherwise)."""
+  steps = check_int(steps, "steps")
+  bands = check_int(bands, "bands")
+  check_choice(strategy, "strategy", STRATEGIES)
+  check_choice(error, "error", ERRORS)
+  bands = min(bands, steps)  # bands past T are never used
+  use_jp = strategy == "optimized" or (strategy == "auto" and jax_privacy_version())
+  if use_jp and bands > 1:
+    if jax_privacy_version() is None:
+      raise ImportError("strategy='optimized' needs jax-privacy>=2.0 (pip install "
+                        "'dpsco_jax[bench]' or 'jax-privacy'); strategy='sqrt' needs nothing")
+    coefs, source = _optimized_banded(steps, bands, error)
+    return MfStrategy(np.asarray(coefs), source)
+  c = sqrt_coefs(bands)
+  return MfStrategy(c / np.linalg.norm(c), "sqrt" if bands > 1 else "identity (bands=1)")
+
+
+def _fit_blt_to_sqrt(steps: int, buffers: int) -> tuple[np.ndarray, np.ndarray]:
+  """Built-in BLT (no jax_privacy): decays on a fixed grid ``theta_i = 1 - 1/r_i`` with
+  ``r_i`` log-spaced in ``[1.5, 2 steps]`` (one time scale per buffer), and nonnegative
+  least squares for ``w`` on the *relative* error of ``c_k = sum_i w_i theta_i^{k-1}`` against
+  the sqrt coefficients ``binom(2k,k)/4^k`` for ``k = 1..steps-1``. Positive ``w`` and
+  ``theta in (0, 1)`` make every ``c_k`` positive and nonincreasing, which the multi-
+  participation sensitivity needs; ``c_1 <= 1`` is enforced by scaling. Not optimal (the
+  paper optimizes theta too); the bench says how far it is from jax_privacy's."""
+  from scipy.optimize import nnls
+  r = np.geomspace(1.5, 2.0 * max(steps, 2), buffers)
+  theta = 1.0 - 1.0 / r
+  target = sqrt_coefs(steps)[1:]
+  k = np.arange(len(target), dtype=np.float64)
+  basis = theta[None, :] ** k[:, None]
+  omega, _ = nnls(basis / target[:, None], np.ones_like(target))
+  if omega.sum() > 1.0:
+    omega /= omega.sum()
+  keep = omega > 0
+  if not keep.any():
+    keep[0], omega[0] = True, 0.5
+  return theta[keep], omega[keep]
+
+
+@functools.lru_cache(maxsize=32)
+def _optimized_blt(steps: int, buffers: int, participations: int, min_sep: int,
+                   error: str) -> tuple[tuple, tuple, str]:
+  import jax
+  from jax_privacy.matrix_factorization import buffered_toeplitz as bt
+  with jax.enable_x64():
+    blt = bt.optimize(n=steps, min_sep=min_sep, max_participations=participations,
+                      error=error, min_buffers=1, max_buffers=buffers)
+    th, om = np.asarray(blt.buf_decay, np.float64), np.asarray(blt.output_scale, np.float64)
+  return tuple(th), tuple(om), (f"jax_privacy {jax_privacy_version()} buffered_toeplitz."
+                                f"optimize(n={steps}, buffers<={buffers}, k={participations}, "
+                                f"min_sep={min_sep}, {error} error)")
+
+
+def blt_strategy(steps: int, buffers: int, *, participations: int = 1, min_sep: int = 1,
+                 strategy: str = "auto", error: str = "max") -> BltStrategy:
+  """A BLT strategy with at most ``buffers`` buffers for ``steps`` steps and the given
+  participation (jax_privacy's optimizer accounts for it; the built-in fit does not need to:
+  its coefficients are nonnegative and nonincreasing, so :func:`participation_sensitivity`
+  prices any min-separation pattern exactly)."""
+  steps = check_int(steps, "steps")
+  buffers = check_int(buffers, "buffers")
+  participations = check_int(participations, "participations")
+  min_sep = check_int(min_sep, "min_sep")
+  check_choice(strategy, "strategy", STRATEGIES)
+  check_choice(error, "error", ERRORS)
+  use_jp = strategy == "optimized" or (strategy == "auto" and jax_privacy_version())
+  if use_jp:
+    if jax_privacy_version() is None:
+      raise ImportError("strategy='optimized' needs jax-privacy>=2.0; strategy='sqrt' fits "
+                        "a BLT to the sqrt coefficients without it")
+    th, om, source = _optimized_blt(steps, min(buffers, 15), participations, min_sep, error)
+    return BltStrategy(np.asarray(th), np.asarray(om), source)
+  th, om = _fit_blt_to_sqrt(steps, buffers)
+  return BltStrategy(th, om, f"built-in NNLS fit of {len(th)} buffers to the sqrt coefficients")
+
+
+# ----------------------------------------------------------------------------- sensitivity
+def participations_of(steps: int, min_sep: int, participations: int | None = None) -> int:
+  """The most participations a ``min_sep`` schedule allows in ``steps`` steps (capped by
+  ``participations`` when given): ``ceil(steps / min_sep)``."""
+  k = -(-check_int(steps, "steps") // check_int(min_sep, "min_sep"))
+  return k if participations is None else min(k, check_int(participations, "participations"))
+
+
+def participation_sensitivity(coefs: np.ndarray, steps: int, *, participations: int = 1,
+                              min_sep: int = 1) -> float:
+  """L2 sensitivity of ``C x`` (per unit increment sensitivity ``s``) for a participant with
+  at most ``participations`` contributions, any two at least ``min_sep`` steps apart, over
+  ``steps`` steps (module docstring). ``coefs``: the strategy's Toeplitz coefficients (a
+  BLT's :func:`blt_coefs` of length ``steps``). Raises where overlapping columns would need
+  coefficients this bound does not cover (negative or increasing)."""
+  c = np.asarray(coefs, np.float64)
+  steps = check_int(steps, "steps")
+  c = c[:steps]
+  k = participations_of(steps, min_sep, participations)
+  if k == 1:
+    return float(np.linalg.norm(c))
+  support = int(np.max(np.nonzero(c)[0])) + 1 if np.any(c) else 1
+  if min_sep < support and not (np.all(c >= 0) and np.all(np.diff(c) <= 0)):
+    raise ValueError(f"participations {min_sep} steps apart overlap within the strategy's "
+                     f"{support} bands, and its coefficients are not nonnegative and "
+                     "nonincreasing: no exact sensitivity here; use bands <= min-separation")
+  u = np.zeros(steps)
+  u[np.arange(k) * min_sep] = 1.0
+  col_sum = np.convolve(u, c)[:steps]   # C @ 1_{0, sep, ..., (k-1) sep}
+  return float(np.linalg.norm(col_sum))
+
+
+def mf_event(noise_multiplier: float, sensitivity: float) -> dp_accounting.DpEvent:
+  """The whole MF run as one Gaussian event: noise ``z * s`` per coordinate of ``Z``,
+  ``C x`` of sensitivity ``sensitivity * s``: multiplier ``z / sensitivity``."""
+  z = float(noise_multiplier)
+  if not z > 0:
+    raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")
+  return dp_accounting.GaussianDpEvent(z / check_positive(sensitivity, "sensitivity"))
+
+
+def gaussian_mu(noise_multiplier: float, sensitivity: float) -> float:
+  """GDP parameter of the run: ``sensitivity / z``."""
+  return check_positive(sensitivity, "sensitivity") / check_positive(noise_multiplier,
+                                                                     "noise_multiplier")
+

@@ -1,0 +1,233 @@
+"""Correlated (matrix-factorization) noise stages: banded Toeplitz and BLT.
+
+Chain stages with the contract of :func:`~dpsco_jax.transforms.tree_noise.tree_prefix_sum_noise`:
+one increment ``x_t`` (an aggregated, clipped batch quantity, params-shaped) in per step; out
+comes either the noisy prefix sum (``output="prefix"``)
+
+    y_t = sum_{i<=t} x_i + sum_{i<=t} w_i            (A x + B Z, B = A C^{-1})
+
+or the noisy increment (``output="increment"``, what an SGD step consumes)
+
+    y_t = x_t + w_t                                   (x + C^{-1} Z),
+
+with ``w = C^{-1} Z``, ``Z_t ~ N(0, noise_std^2 I)`` i.i.d. and ``C`` the strategy (see
+:mod:`dpsco_jax.privacy.matrix_factorization` for the strategies, the sensitivity under each
+participation schema and the event). Both outputs are post-processing of the release
+``C x + Z``.
+
+Streaming. ``w`` is generated on the fly by the recurrence that ``C w = Z`` defines, so the
+state never holds ``O(T * params)``:
+
+* banded (``b`` coefficients ``c``): ``w_t = (Z_t - sum_{j=1}^{b-1} c_j w_{t-j}) / c_0``, a ring
+  buffer of the last ``b - 1`` draws of ``w``: state ``O(b * params)`` (McKenna et al. 2024,
+  Alg. 9 of Choquette-Choo et al. 2023);
+* BLT (``d`` buffers, ``C = 1 + sum_i w_i theta_i^{k-1}`` off the diagonal): ``w_t = Z_t -
+  sum_i omega_i S_i``, ``S_i <- theta_i S_i + w_t``: state ``O(d * params)``. This inverts ``C``
+  directly (no inverse-BLT parameters are needed; Dvijotham et al. 2024 stream ``C^{-1}``
+  through its own BLT parameters, which is the same linear map).
+
+``Z_t`` is drawn from ``fold_in(key, t)`` exactly as :func:`~dpsco_jax.transforms.noise.
+add_gaussian_noise` draws step ``t``, so ``bands=1`` (``C = I``) reproduces the independent
+stage bit for bit. Noise is drawn and combined in float32 (or wider); the output is cast to
+the params' dtype (post-processing). The ring/buffers hold noise only, yet knowing them would
+strip the noise from later releases: they are SECRET and redacted in the state's repr, like
+the key. The running noisy prefix is released data and is not secret.
+
+Stepping past ``max_steps`` (the horizon the strategy and its accounting were built for)
+emits NaN, like the tree stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dpsco_jax._checks import check_choice, check_int, check_seed_or_key
+from dpsco_jax.transforms.noise import (_check_stddev, noise_dtype, redacted_repr,
+                                        tree_gaussian_like)
+
+PyTree = Any
+OUTPUTS = ("prefix", "increment")
+_HI = jax.lax.Precision.HIGHEST  # a TF32 / bf16-pass dot would round the noise to ~10 bits
+_MAX_STEPS = 2 ** 31 - 1  # int32 step counter
+
+
+class BandedNoiseState(NamedTuple):
+  """``count``: increments consumed; ``noisy_prefix``: running ``sum (x + w)`` (released,
+  ``()`` with ``output="increment"``); ``ring``: the last ``b - 1`` noise vectors ``w``, one
+  ``[b-1, *leaf]`` array per leaf (SECRET); ``key``: noise key (SECRET)."""
+  count: jax.Array
+  noisy_prefix: PyTree
+  ring: PyTree
+  key: jax.Array
+
+  def __repr__(self) -> str:
+    return redacted_repr(self, ("ring", "key"))
+
+  __str__ = __repr__
+
+
+class BltNoiseState(NamedTuple):
+  """As :class:`BandedNoiseState` with ``buffers``: ``d`` decayed sums of past ``w`` per leaf
+  (``[d, *leaf]``, SECRET)."""
+  count: jax.Array
+  noisy_prefix: PyTree
+  buffers: PyTree
+  key: jax.Array
+
+  def __repr__(self) -> str:
+    return redacted_repr(self, ("buffers", "key"))
+
+  __str__ = __repr__
+
+
+def _check_steps(max_steps: Any) -> int:
+  v = check_int(max_steps, "max_steps", minimum=1)
+  if v > _MAX_STEPS:
+    raise ValueError(f"max_steps must be <= {_MAX_STEPS} (int32 step counter), got {v}")
+  return v
+
+
+def _check_vector(x: Any, name: str) -> np.ndarray:
+  v = np.asarray(x, np.float64).reshape(-1)
+  if v.size == 0 or not np.all(np.isfinite(v)):
+    raise ValueError(f"{name} must be a nonempty vector of finite numbers, got {x!r}")
+  return v
+
+
+def _wide(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda u: u.astype(noise_dtype(jnp.result_type(u))), tree)
+
+
+def _stack_zeros(params: PyTree, depth: int) -> PyTree:
+  return jax.tree.map(
+      lambda p: jnp.zeros((depth,) + jnp.shape(p), noise_dtype(jnp.result_type(p))), params)
+
+
+def _emit(out: PyTree, updates: PyTree, params: PyTree | None, count: jax.Array,
+          max_steps: int) -> PyTree:
+  """Cast to the params' dtype (post-processing) and poison steps past the horizon."""
+  same = params is not None and jax.tree.structure(params) == jax.tree.structure(updates)
+  ref = params if same else updates
+  over = count >= max_steps
+  return jax.tree.map(lambda o, r: jnp.where(over, jnp.nan, o).astype(jnp.result_type(r)),
+                      out, ref)
+
+
+def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: int,
+                init_carry, next_noise, state_cls) -> optax.GradientTransformationExtraArgs:
+  """Shared driver of both stages: ``next_noise(xi, carry, count) -> (w, carry)``."""
+  _check_stddev(noise_std, "noise_std")
+  max_steps = _check_steps(max_steps)
+  check_choice(output, "output", OUTPUTS)
+  key = check_seed_or_key(key, "key")
+
+  def init_fn(params):
+    prefix = (jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), noise_dtype(jnp.result_type(p))),
+                           params) if output == "prefix" else ())
+    return state_cls(jnp.zeros((), jnp.int32), prefix, init_carry(params, depth), key)
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra  # user_mask etc. are the aggregation's business; noise is data-independent
+    wide = _wide(updates)
+    xi = tree_gaussian_like(jax.random.fold_in(state[3], state.count), wide, noise_std)
+    w, carry = next_noise(xi, state[2], state.count)
+    noisy = jax.tree.map(lambda u, n: u + n.astype(u.dtype), wide, w)
+    if output == "prefix":
+      prefix = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.noisy_prefix, noisy)
+      out = prefix
+    else:
+      prefix, out = (), noisy
+    out = _emit(out, updates, params, state.count, max_steps)
+    return out, state_cls(state.count + 1, prefix, carry, state[3])
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
+                 coefs: Any, output: str = "prefix") -> optax.GradientTransformationExtraArgs:
+  """Banded Toeplitz MF noise (module docstring); ``coefs`` = ``c_0..c_{b-1}`` of ``C``
+  (e.g. :func:`dpsco_jax.privacy.matrix_factorization.banded_strategy`), ``c_0 > 0``.
+
+  ``noise_std`` is the std of ``Z``: ``z * s`` for increments of sensitivity ``s``; the event
+  is :func:`~dpsco_jax.privacy.matrix_factorization.mf_event` with the sensitivity of the
+  participation schema. State ``O(b * params)``."""
+  c = _check_vector(coefs, "coefs")
+  if not c[0] > 0:
+    raise ValueError(f"coefs[0] must be > 0 (C must be invertible), got {c[0]!r}")
+  b = min(c.size, _check_steps(max_steps))
+  c0 = float(c[0])
+  tail = jnp.asarray(np.concatenate([[0.0], c[1:b]]), jnp.float32)  # tail[j] = c_j, j >= 1
+  depth = max(b - 1, 1)
+
+  def init_carry(params, depth):
+    return _stack_zeros(params, depth)
+
+  def next_noise(xi, ring, count):
+    if b == 1:
+      return jax.tree.map(lambda x: x / jnp.asarray(c0, x.dtype), xi), ring
+    slots = jnp.arange(depth, dtype=jnp.int32)
+    # slot i holds w_s with s = i (mod b-1), s in [t-b+1, t-1]; its lag t - s in [1, b-1]
+    lag = (count - slots - 1) % depth + 1
+    weights = tail[lag]
+
+    def one(x, r):
+      inner = jnp.tensordot(weights.astype(r.dtype), r, axes=(0, 0), precision=_HI)
+      return (x - inner) / jnp.asarray(c0, x.dtype)
+    w = jax.tree.map(one, xi, ring)
+    ring = jax.tree.map(lambda r, v: r.at[count % depth].set(v.astype(r.dtype)), ring, w)
+    return w, ring
+
+  return _make_stage(noise_std, max_steps, key, output, depth, init_carry, next_noise,
+                     BandedNoiseState)
+
+
+def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_decay: Any,
+              output_scale: Any, output: str = "prefix"
+              ) -> optax.GradientTransformationExtraArgs:
+  """BLT MF noise with ``d = len(buf_decay)`` buffers: ``C`` has unit diagonal and
+  ``C[t, t-k] = sum_i output_scale_i buf_decay_i^{k-1}`` (jax_privacy's ``BufferedToeplitz``
+  convention; :func:`dpsco_jax.privacy.matrix_factorization.blt_strategy`). ``w = C^{-1} Z``
+  by the direct recurrence (module docstring). State ``O(d * params)``.
+
+  The recurrence is stable when ``C^{-1}``'s coefficients decay (poles of ``1 / (1 + sum_i
+  omega_i x / (1 - theta_i x))`` outside the unit disk); every strategy built here has that,
+  and the tests compare the streamed noise with the dense ``C^{-1}``."""
+  th = _check_vector(buf_decay, "buf_decay")
+  om = _check_vector(output_scale, "output_scale")
+  if th.shape != om.shape:
+    raise ValueError(f"buf_decay and output_scale must have the same length, got {th.size} "
+                     f"and {om.size}")
+  if np.any(np.abs(th) >= 1):
+    raise ValueError(f"buf_decay must lie in (-1, 1) (decaying buffers), got {th}")
+  theta = jnp.asarray(th, jnp.float32)
+  omega = jnp.asarray(om, jnp.float32)
+  depth = th.size
+
+  def init_carry(params, depth):
+    return _stack_zeros(params, depth)
+
+  def next_noise(xi, bufs, count):
+    del count
+
+    w = jax.tree.map(lambda x, s: x - jnp.tensordot(omega.astype(s.dtype), s, axes=(0, 0),
+                                                    precision=_HI), xi, bufs)
+    bufs = jax.tree.map(
+        lambda s, v: theta.astype(s.dtype).reshape((-1,) + (1,) * v.ndim) * s + v[None],
+        bufs, w)
+    return w, bufs
+
+  return _make_stage(noise_std, max_steps, key, output, depth, init_carry, next_noise,
+                     BltNoiseState)
+
+
+def state_floats(state: PyTree) -> int:
+  """Number of array elements held in a stage state (keys count as one): the memory the
+  tests and the bench compare against ``b * params``."""
+  return int(sum(np.size(x) if not jax.dtypes.issubdtype(getattr(x, "dtype", np.float32),
+                                                         jax.dtypes.prng_key) else 1
+                 for x in jax.tree.leaves(state)))
