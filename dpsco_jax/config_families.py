@@ -156,6 +156,16 @@ class DpSgdConfig(SgdSchedule):
   clip_norm: Optional[float] = _key("clip norm C of each user's mean gradient (default L)")
   sampling_rate: Optional[float] = _key("Poisson rate q (overrides batch_size / n_users)")
   relation: Optional[Relation] = _key("neighbouring relation (default from sampling)")
+  # issue #27: correlated (matrix-factorization) noise and the cyclic multi-epoch schedule
+  sampling: Optional[Literal["poisson", "fixed", "full", "cyclic"]] = _key(
+      "user sampling (default poisson; cyclic: fixed-order epochs, each user once per epoch)")
+  noise_mechanism: Optional[Literal["independent", "banded", "blt"]] = _key(
+      "noise: independent Gaussian, banded or BLT matrix factorization", "independent")
+  bands: Optional[int] = _key("bands b of the banded strategy (default min(32, steps per "
+                              "epoch))")
+  buffers: Optional[int] = _key("buffers of the BLT strategy (at most)", 4)
+  mf_strategy: Optional[Literal["auto", "sqrt", "optimized"]] = _key(
+      "MF strategy: jax_privacy's optimizer (optimized), the built-in sqrt one, or auto", "auto")
 
 
 # ------------------------------------------------------------------------------- paper 000

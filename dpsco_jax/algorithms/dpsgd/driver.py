@@ -25,7 +25,8 @@ sampling uses a static slot capacity; its truncation probability ``p`` enters de
 
 Config keys (:class:`dpsco_jax.config_families.DpSgdConfig`): ``epsilon, delta`` (required),
 ``noise_multiplier, clip_norm, learning_rate, num_steps | epochs, batch_size, sampling_rate,
-n_users, sampling, relation, averaging``. Records use the same names.
+n_users, sampling (poisson | fixed | full | cyclic), relation, averaging, noise_mechanism,
+bands, buffers, mf_strategy``. Records use the same names.
 
 Declared constants (issue 23.3): **enforced**. ``clip_norm`` defaults to the declared L, but
 the chain clips every per-row gradient (per-user mean for ``dp_sgd_user``, per-item
@@ -34,10 +35,20 @@ loss's true gradient norms are; L (and R) otherwise only set the default step si
 stays ``accountant`` on a user's loss (``tests/test_declared_constants.py``).
 
 Audit hook: :func:`dp_sgd_releases` returns the per-step noisy aggregates of a run.
+
+Correlated noise and multi-epoch schedules (issue #27): ``noise_mechanism: independent |
+banded | blt`` and ``sampling: cyclic`` (fixed-order epochs; see the plan). With MF noise the chain is
+``clip_and_aggregate -> banded_noise | blt_noise (output="increment") -> projected_sgd``: the
+step consumes ``x_t + (C^{-1} Z)_t``, so the iterate is ``theta_0 - lr * (A x + A C^{-1} Z)``
+before projection, the prefix workload the strategies are optimized for (projection and
+averaging are post-processing). Cyclic batches are drawn by :func:`_cyclic_loop` (this module:
+``run_chain``'s samplers draw a fresh batch each step); a mesh is refused there. The audit
+hook returns the noisy increments ``x_t + w_t``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -48,7 +59,7 @@ import optax
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registry import register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
-from dpsco_jax.algorithms.common import cfg_get, run_chain, sampling_setup
+from dpsco_jax.algorithms.common import cfg_get, gather_users, run_chain, sampling_setup
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
                                              group_privacy_targets, plan_dp_sgd)
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
@@ -56,9 +67,11 @@ from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyRepo
 from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
+from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
+from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 from dpsco_jax.transforms.noise import add_gaussian_noise
-from dpsco_jax.transforms.steps import projected_sgd
+from dpsco_jax.transforms.steps import projected_sgd, released_params
 
 NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
                             level="none", notes="non-private (reference or noise switched off)")
@@ -81,11 +94,22 @@ def _release_of(state: tuple) -> Any:
   return state[_KEEP].release
 
 
-def dp_sgd_chain(h: dict, denominator: float, averaging: str,
-                 keep: bool = False) -> optax.GradientTransformation:
-  """clip -> fixed-denominator mean (fused) -> Gaussian noise [-> keep] -> projected SGD."""
-  stages = [clip_and_aggregate(h["clip"], "mean", denominator),
-            add_gaussian_noise(h["stddev"], h["noise_key"])]
+def _noise_stage(h: dict, noise: tuple, steps: int) -> optax.GradientTransformation:
+  """``noise``: ``("independent",)``, ``("banded", coefs)`` or ``("blt", decay, scale)``."""
+  if noise[0] == "banded":
+    return banded_noise(h["stddev"], steps, h["noise_key"], coefs=noise[1], output="increment")
+  if noise[0] == "blt":
+    return blt_noise(h["stddev"], steps, h["noise_key"], buf_decay=noise[1],
+                     output_scale=noise[2], output="increment")
+  return add_gaussian_noise(h["stddev"], h["noise_key"])
+
+
+def dp_sgd_chain(h: dict, denominator: float, averaging: str, keep: bool = False,
+                 noise: tuple = ("independent",), steps: int = 1
+                 ) -> optax.GradientTransformation:
+  """clip -> fixed-denominator mean (fused) -> Gaussian / MF noise [-> keep] -> projected
+  SGD. ``noise`` and ``steps`` (the MF horizon) are static."""
+  stages = [clip_and_aggregate(h["clip"], "mean", denominator), _noise_stage(h, noise, steps)]
   if keep:
     stages.append(keep_release())
   return optax.chain(*stages, projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
@@ -131,8 +155,15 @@ def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
                                   f"> budget {plan.epsilon_target}; nothing was released")
     return NONPRIVATE_REPORT
   label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
-           f"D={plan.denominator:.6g}, steps={plan.steps})")
+           f"D={plan.denominator:.6g}, steps={plan.steps}"
+           + ("" if plan.mf is None else f", {plan.noise} noise") + ")")
   notes = f"{plan.public()}; denominator D={plan.denominator:.6g}, q={plan.sampling_rate:.6g}"
+  if plan.participations is not None:
+    notes += (f"; participation: at most {plan.participations} per user, >= {plan.min_sep} "
+              "steps apart")
+  if plan.mf is not None:
+    notes += (f"; {plan.noise} MF noise ({plan.mf.source}), sensitivity factor "
+              f"{plan.mf.sensitivity:.4g}: one Gaussian of multiplier z/sens")
   trunc = plan.truncation_probability
   if plan.level == "group":
     gp = group_privacy_epsilon(
@@ -156,6 +187,47 @@ def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
                        tv_distance=trunc)
 
 
+def cyclic_slots(order_key: jax.Array, n: int, batch: int) -> tuple[jax.Array, jax.Array]:
+  """The cyclic schedule: ``(slots [P B], real [P B])`` with ``P = ceil(n / B)``; step ``t``
+  uses ``slots[(t mod P) B : (t mod P + 1) B]`` (masked where not ``real``). The order is a
+  permutation drawn from ``order_key`` alone: public and data-independent."""
+  periods = -(-n // batch)
+  order = jax.random.permutation(order_key, n)
+  slots = jnp.concatenate([order, jnp.zeros((periods * batch - n,), order.dtype)])
+  return slots, jnp.arange(periods * batch) < n
+
+
+@functools.lru_cache(maxsize=32)
+def _cyclic_loop(loss_fn, tx_factory, static: tuple, steps: int, batch: int, periods: int,
+                 record):
+  """The scan of :func:`~dpsco_jax.algorithms.common.run_chain` with cyclic batches: slot
+  order ``permutation(order_key, n)`` (public, data-independent), step ``t`` takes slots
+  ``[(t mod P) B, (t mod P + 1) B)``; slots past ``n`` are masked."""
+
+  @jax.jit
+  def loop(params, order_key, hparams, data):
+    slots, real = cyclic_slots(order_key, jax.tree.leaves(data)[0].shape[0], batch)
+    tx = tx_factory(hparams, *static)
+
+    def body(carry, t):
+      params, state = carry
+      start = (t % periods) * batch
+      idx = jax.lax.dynamic_slice(slots, (start,), (batch,))
+      mask = jax.lax.dynamic_slice(real, (start,), (batch,))
+      grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
+      updates, state = tx.update(grads, state, params, user_mask=mask)
+      out = None if record is None else record(state)
+      return (optax.apply_updates(params, updates), state), out
+
+    (params, state), records = jax.lax.scan(body, (params, tx.init(params)),
+                                            jnp.arange(steps))
+    if record is None:
+      return released_params(state, params), state
+    return released_params(state, params), state, records
+
+  return loop
+
+
 def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *,
              noise: bool = True, keep: bool = False) -> tuple[Any, ...]:
   """Runs the plan on ``rows`` (call :func:`_charge` first)."""
@@ -167,8 +239,16 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
   capacity = n if plan.capacity is None else plan.capacity
   hparams = {"clip": plan.clip, "stddev": plan.noise_std if noise else 0.0, "lr": plan.lr,
              "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
+  static = (plan.denominator, plan.averaging, keep,
+            ("independent",) if plan.mf is None else plan.mf.stage_spec(), plan.steps)
+  if plan.sampling == "cyclic":
+    if getattr(problem, "mesh", None) is not None:
+      raise ValueError("sampling='cyclic' does not run on a mesh yet: use one device")
+    loop = _cyclic_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps, plan.batch,
+                        -(-n // plan.batch), _release_of if keep else None)
+    return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows)
   return run_chain(problem.loss_fn, rows, problem.init_params(), dp_sgd_chain, hparams,
-                   static=(plan.denominator, plan.averaging, keep), steps=plan.steps,
+                   static=static, steps=plan.steps,
                    key=jax.random.fold_in(key, 2), sampling=plan.sampling,
                    batch=n if plan.sampling == "full" else plan.batch, capacity=capacity,
                    rate=plan.sampling_rate if plan.sampling == "poisson" else None,
@@ -209,7 +289,13 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Resul
             "batch_size": plan.batch, "denominator": plan.denominator,
             "sampling_rate": plan.sampling_rate, "noise_std": plan.noise_std,
             "clip_norm": plan.clip, "learning_rate": plan.lr, "sampling": plan.sampling,
-            "relation": plan.relation}
+            "relation": plan.relation, "noise_mechanism": plan.noise}
+  if plan.participations is not None:
+    record.update(participations=plan.participations, min_separation=plan.min_sep)
+  if plan.mf is not None:
+    record.update(mf_strategy=plan.mf.source, mf_sensitivity=plan.mf.sensitivity,
+                  **({"bands": len(plan.mf.coefs)} if plan.noise == "banded"
+                     else {"buffers": len(plan.mf.buf_decay)}))
   grad_evals = int(plan.steps * plan.batch * (problem.m if level == "user" else 1))
   return Result(params=params, privacy=report, gradient_evaluations=grad_evals, record=record)
 

@@ -34,6 +34,22 @@ declared ``n_users`` instead.
 Sensitivity of one step's aggregate ``sum_i clip(g_i) / D``: ``C / D`` (add/remove, zero-out);
 the accountant doubles it under replace-one (library convention, ``z = sigma / (C / D)``).
 Provenance ``accountant``.
+
+Cyclic schedule and correlated noise (issue #27). ``sampling="cyclic"``: a public,
+data-independent permutation of the user slots (drawn from the run's key) is cut into
+``P = ceil(n / B)`` batches of ``B = batch_size`` slots; step ``t`` uses batch ``t mod P`` (the
+last batch may be short; the denominator stays ``D = B``). Participation schema: every user
+at most ``k = ceil(T / P)`` times, any two ``P`` steps apart (``(k, P)``-min-separation, fixed
+epoch order). Relations: zero_out (default) and replace_one — the schedule is by slot, so
+removing a user (add_remove) would shift every later batch. ``noise_mechanism`` picks the noise
+of the increments: ``independent`` (Gaussian per step), ``banded`` (``bands`` bands) or ``blt``
+(``buffers`` buffers), the MF noise of :mod:`dpsco_jax.transforms.matrix_factorization`.
+MF noise needs a schema with bounded participation: ``cyclic`` or ``full`` (every user every
+step, ``k = T``, separation 1); Poisson / fixed sampling with MF noise is refused (banded
+amplification by sampling, Choquette-Choo et al. 2023, is not implemented). The event is one
+Gaussian of multiplier ``z / sens`` with ``sens`` the strategy's participation sensitivity
+(:func:`dpsco_jax.privacy.matrix_factorization.participation_sensitivity`); with independent
+noise under ``cyclic`` that is ``z / sqrt(k)``.
 """
 
 from __future__ import annotations
@@ -42,19 +58,45 @@ import math
 from typing import Any, NamedTuple
 
 import dp_accounting
+import numpy as np
 
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive, check_probability)
 from dpsco_jax.algorithms.common import (cfg_get, poisson_capacity,
                                          poisson_truncation_probability, required_delta)
 from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
+from dpsco_jax.privacy import matrix_factorization as mf
 
 SAMPLING_RELATIONS = {
     "poisson": ("add_remove", "zero_out", "replace_one"),
     "full": ("zero_out", "replace_one", "add_remove"),
     "fixed": ("replace_one", "zero_out"),
+    "cyclic": ("zero_out", "replace_one"),
 }
 LEVELS = ("user", "item", "group")
+NOISES = ("independent", "banded", "blt")
+MF_SAMPLINGS = ("cyclic", "full")   # bounded participation: what MF noise is priced for
+DEFAULT_BANDS = 32
+
+
+class MfNoise(NamedTuple):
+  """The correlated-noise part of a plan: ``kind`` (``banded`` | ``blt``), the strategy's
+  Toeplitz ``coefs`` (length ``steps`` for a BLT), BLT parameters, where they come from, and
+  the participation schema they are priced for."""
+  kind: str
+  coefs: tuple
+  buf_decay: tuple
+  output_scale: tuple
+  source: str
+  participations: int
+  min_sep: int
+  sensitivity: float
+
+  def stage_spec(self) -> tuple:
+    """Hashable static description of the noise stage (the chain's compile key)."""
+    if self.kind == "banded":
+      return ("banded", self.coefs)
+    return ("blt", self.buf_decay, self.output_scale)
 
 
 class DpSgdPlan(NamedTuple):
@@ -82,9 +124,22 @@ class DpSgdPlan(NamedTuple):
   truncation_probability: float
   group_size: int
   item_delta_target: float | None  # group level, calibrated runs: the item delta aimed at
+  noise: str = "independent"
+  mf: MfNoise | None = None        # banded / blt: strategy and participation schema
+  participations: int | None = None  # cyclic / full: most contributions of one user
+  min_sep: int | None = None
 
   def public(self) -> str:
     return f"relation={self.relation}: public are {PUBLIC[self.relation]}"
+
+  def event_after(self, steps: int) -> Any:
+    """The event of the first ``steps`` steps (progress reports): the plan's own event
+    rebuilt for the shorter run (MF: the strategy's sensitivity over ``steps`` steps)."""
+    k = None if self.participations is None else min(
+        self.participations, mf.participations_of(steps, self.min_sep))
+    return schedule_event(self.noise_multiplier, sampling=self.sampling, q=self.sampling_rate,
+                          n=self.n_public, batch=self.batch, steps=steps, mf_noise=self.mf,
+                          participations=k, min_sep=self.min_sep)
 
 
 def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, batch: int,
@@ -98,11 +153,64 @@ def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, ba
   gauss = dp_accounting.GaussianDpEvent(noise_multiplier)
   if sampling == "full":
     return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(steps))
+  if sampling == "cyclic":   # independent noise, each user once per epoch of ceil(n/B) steps
+    k = mf.participations_of(steps, -(-n // batch))
+    return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(k))
   if sampling == "poisson":
     one = dp_accounting.PoissonSampledDpEvent(q, gauss)
   else:
     one = dp_accounting.SampledWithoutReplacementDpEvent(n, batch, gauss)
   return dp_accounting.SelfComposedDpEvent(one, steps)
+
+
+def schedule_event(noise_multiplier: float, *, sampling: str, q: float, n: int, batch: int,
+                   steps: int, mf_noise: MfNoise | None = None,
+                   participations: int | None = None,
+                   min_sep: int | None = None) -> dp_accounting.DpEvent:
+  """The event of ``steps`` steps: :func:`dp_sgd_event` for independent noise; with MF noise
+  one Gaussian of multiplier ``z / sens``, ``sens`` the strategy's sensitivity for at most
+  ``participations`` contributions ``min_sep`` apart within ``steps`` (module docstring)."""
+  if mf_noise is None:
+    return dp_sgd_event(noise_multiplier, sampling=sampling, q=q, n=n, batch=batch,
+                        steps=steps)
+  coefs = np.asarray(mf_noise.coefs)
+  if mf_noise.kind == "blt" and coefs.size < steps:   # a longer run: extend the BLT's column
+    coefs = mf.blt_coefs(np.asarray(mf_noise.buf_decay), np.asarray(mf_noise.output_scale),
+                         steps)
+  sens = mf.participation_sensitivity(coefs, steps, participations=participations,
+                                      min_sep=min_sep)
+  return mf.mf_event(noise_multiplier, sens)
+
+
+def _participation(sampling: str, n: int, batch: int, steps: int
+                   ) -> tuple[int | None, int | None]:
+  """(most participations, min-separation) of the bounded schemas; (None, None) otherwise."""
+  if sampling == "cyclic":
+    period = -(-n // batch)
+    return mf.participations_of(steps, period), period
+  if sampling == "full":
+    return steps, 1
+  return None, None
+
+
+def _mf_noise(cfg: dict, kind: str, steps: int, participations: int, min_sep: int) -> MfNoise:
+  """The MF strategy for the schedule. Default bands: ``min(32, steps)`` for one
+  participation, else ``min(32, min_sep)`` (bands within the separation keep the columns
+  disjoint: no overlap penalty; under ``full`` that is 1, i.e. independent noise)."""
+  strategy = check_choice(cfg_get(cfg, "mf_strategy", "auto"), "mf_strategy", mf.STRATEGIES)
+  if kind == "banded":
+    default = min(DEFAULT_BANDS, steps if participations == 1 else min_sep)
+    s = mf.banded_strategy(steps, check_int(cfg_get(cfg, "bands", default), "bands"),
+                           strategy=strategy)
+    coefs, th, om, source = tuple(float(c) for c in s.coefs), (), (), s.source
+  else:
+    b = mf.blt_strategy(steps, check_int(cfg_get(cfg, "buffers", 4), "buffers"),
+                        participations=participations, min_sep=min_sep, strategy=strategy)
+    coefs = tuple(float(c) for c in mf.blt_coefs(b.buf_decay, b.output_scale, steps))
+    th, om, source = tuple(map(float, b.buf_decay)), tuple(map(float, b.output_scale)), b.source
+  sens = mf.participation_sensitivity(np.asarray(coefs), steps, participations=participations,
+                                      min_sep=min_sep)
+  return MfNoise(kind, coefs, th, om, source, participations, min_sep, sens)
 
 
 def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
@@ -149,7 +257,7 @@ def _sampling(cfg: dict, sampling: str, n: int) -> tuple[float, int, float, int 
     if batch > n:
       raise ValueError(f"batch_size ({batch}) must be <= n_users ({n})")
     q = batch / n
-  if sampling == "fixed":
+  if sampling in ("fixed", "cyclic"):
     return q, batch, float(batch), batch
   return q, max(1, round(q * n)), q * n, poisson_capacity(n, q)
 
@@ -200,12 +308,27 @@ def plan_dp_sgd(cfg: dict, *, level: str, realized_rows: int, rows_per_user: int
   q, batch, denominator, capacity = _sampling(cfg, sampling, n)
   if cfg.get("num_steps") is not None:
     steps = check_int(cfg["num_steps"], "num_steps")
+  elif sampling == "cyclic":   # an epoch is ceil(n / B) steps
+    steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs")
+                         * -(-n // batch)))
   else:
     steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs") / q))
   clip = check_positive(cfg_get(cfg, "clip_norm", default_clip), "clip_norm")
   trunc = (poisson_truncation_probability(n, q, capacity, steps)
            if sampling == "poisson" else 0.0)
-  make_event = lambda z: dp_sgd_event(z, sampling=sampling, q=q, n=n, batch=batch, steps=steps)
+  noise = check_choice(cfg_get(cfg, "noise_mechanism", "independent"), "noise_mechanism",
+                       NOISES)
+  if noise != "independent" and sampling not in MF_SAMPLINGS:
+    raise ValueError(f"noise_mechanism={noise!r} is priced for a bounded-participation "
+                     f"schedule: use sampling='cyclic' (fixed-order epochs) or 'full', not {sampling!r}. "
+                     "Poisson sampling with banded amplification (Choquette-Choo et al. 2023) "
+                     "is not implemented; noise_mechanism='independent' works with any sampling")
+  participations, min_sep = _participation(sampling, n, batch, steps)
+  mf_noise = (None if noise == "independent"
+              else _mf_noise(cfg, noise, steps, participations, min_sep))
+  make_event = lambda z: schedule_event(z, sampling=sampling, q=q, n=n, batch=batch,
+                                        steps=steps, mf_noise=mf_noise,
+                                        participations=participations, min_sep=min_sep)
   z, target, item_delta = _noise_multiplier(cfg, make_event, level=level, relation=relation,
                                             delta=delta, group_size=group_size, tv=trunc)
   if cfg.get("learning_rate") is None and not math.isfinite(radius):
@@ -220,4 +343,5 @@ def plan_dp_sgd(cfg: dict, *, level: str, realized_rows: int, rows_per_user: int
                    steps=steps, clip=clip, noise_multiplier=z, noise_std=z * clip / denominator,
                    lr=lr, averaging=averaging, epsilon_target=target, delta=delta,
                    event=make_event(z) if z > 0 else None, truncation_probability=trunc,
-                   group_size=group_size, item_delta_target=item_delta)
+                   group_size=group_size, item_delta_target=item_delta, noise=noise,
+                   mf=mf_noise, participations=participations, min_sep=min_sep)
