@@ -71,6 +71,7 @@ Deviations from the paper (each documented where it is implemented):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -561,6 +562,15 @@ def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
              f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
 
 
+@functools.lru_cache(maxsize=32)
+def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float) -> Callable:
+  """One jitted solve per (loss, config, ridge): the data and the key are arguments, so a
+  sweep over seeds compiles once (a per-call ``jax.jit(lambda ...)`` compiled every call)."""
+  reg = (None if l2 <= 0 else
+         lambda y: 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(y)))
+  return jax.jit(lambda y, data, k: dp_loc_gd(loss_fn, y, data, k, lcfg, reg_fn=reg))
+
+
 @register("dp_loc_gd", config=cf.LocGdConfig, paper="004")
 def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
@@ -579,10 +589,8 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   plan = loc_gd_plan_for_problem(problem, cfg)
   ledger = charge_loc_gd(plan)  # raises before anything is computed
   data, lcfg, n, l2 = _item_level_data(problem), plan.config, plan.n, plan.l2
-  reg = (None if l2 <= 0 else
-         lambda y: 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(y)))
-  solve = jax.jit(lambda y, k: dp_loc_gd(problem.loss_fn, y, data, k, lcfg, reg_fn=reg))
-  y_out, aux = solve(problem.init_params(), key)
+  y_out, aux = _compiled_solve(problem.loss_fn, lcfg, float(l2))(problem.init_params(), data,
+                                                                 key)
   debug = ({"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
            if cfg.get("debug", False) else None)
   record = {"noise_multiplier": lcfg.noise_multiplier, "batch_size": lcfg.batch_size,
