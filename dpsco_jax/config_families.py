@@ -311,7 +311,12 @@ class SrgdConfig(Schema):
   relation: Optional[Relation] = _key("zero_out (default) or replace_one")
   preset: Preset = _key("theory (accelerated_dp_srgd only) or practical", "practical")
   variant: Literal["interior", "constrained"] = _key("theory preset's theorem", "constrained")
-  noise_mechanism: Literal["tree", "independent"] = _key("default per algorithm")
+  noise_mechanism: Literal["tree", "independent", "banded", "blt"] = _key(
+      "default per algorithm; banded / blt: matrix-factorization prefix noise (issue #27)")
+  bands: Optional[int] = _key("bands of the banded strategy (default min(32, T))")
+  buffers: Optional[int] = _key("buffers of the BLT strategy (at most)", 4)
+  mf_strategy: Optional[Literal["auto", "sqrt", "optimized"]] = _key(
+      "MF strategy: jax_privacy's optimizer (optimized), the built-in sqrt one, or auto", "auto")
   batch_size: Optional[int] = _key("B (default floor(sqrt n))")
   num_steps: Optional[int] = _key("T (default floor(n / B))")
   beta: Optional[float] = _key("smoothness parameter of the step (default M max(1, scale T))")

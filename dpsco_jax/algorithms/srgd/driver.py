@@ -18,6 +18,10 @@ and the released model is ``y_T``. Variants from the same parts (:func:`srgd_cha
     (§5.5, Thm 5.13 "accelerated DP-SGD"), or with projected SGD: single-epoch DP-SGD.
   * ``noise="independent"``: the SRG with independent per-step noise (the spec §2.2 warning:
     prefix variance grows like ``t`` instead of ``O(log t)``).
+  * ``noise="banded"`` / ``"blt"`` (issue #27; not in the paper): the tree replaced by
+    matrix-factorization prefix noise ``A C^{-1} Z`` (:func:`~dpsco_jax.transforms.
+    matrix_factorization.banded_noise` / ``blt_noise``, ``output="prefix"``), same single
+    epoch, one Gaussian event ``z / ||c||``.
 
 Privacy: see :mod:`dpsco_jax.algorithms.srgd.plan`. In short, relations ``zero_out`` (default,
 the paper's) and ``replace_one`` (``n`` public: the batches and the denominator ``B`` are the
@@ -59,7 +63,7 @@ from dpsco_jax import config_families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
 from dpsco_jax.algorithms.registry import register
-from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, SUPPORTED_RELATIONS, VARIANTS,
+from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, paper_epsilon, plan_srgd,
                                             resolve_relation)
 from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, interior_c_dp,
@@ -73,7 +77,8 @@ from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.srg import (accelerated_projected_step, check_z_scale,
                                       scale_by_srg_weight, srg_differences)
 from dpsco_jax.transforms.steps import projected_sgd, released_params
-from dpsco_jax.transforms.tree_noise import MECHANISMS, TreePrefixNoiseState, prefix_sum_noise
+from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
+from dpsco_jax.transforms.tree_noise import TreePrefixNoiseState, prefix_sum_noise
 
 PyTree = Any
 __all__ = ["accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
@@ -85,18 +90,26 @@ __all__ = ["accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_
 
 # ----------------------------------------------------------------------------- the chain
 def srgd_privatizer(*, clip_norm: float, batch_size: int, noise_multiplier: float,
-                    num_steps: int, key: jax.Array, srg: bool = True, noise: str = "tree"
-                    ) -> optax.GradientTransformationExtraArgs:
+                    num_steps: int, key: jax.Array, srg: bool = True, noise: str = "tree",
+                    mf: tuple = ()) -> optax.GradientTransformationExtraArgs:
   """The release half: per-example clip -> fixed-``B`` mean -> noise. With ``srg`` the noise
-  stage emits noisy prefix sums (tree or independent); without, noisy increments (the core
-  Gaussian stage: DP-SGD). Node/step std ``= z * C / B`` (zero-out sensitivity)."""
-  check_choice(noise, "noise", MECHANISMS)
+  stage emits noisy prefix sums (tree, independent, or MF with the strategy ``mf`` =
+  ``("banded", coefs)`` / ``("blt", decay, scale)``); without, noisy increments (the core
+  Gaussian stage: DP-SGD). Node/step/``Z`` std ``= z * C / B`` (zero-out sensitivity)."""
+  check_choice(noise, "noise", NOISES)
+  if noise in ("banded", "blt") and (not mf or mf[0] != noise):
+    raise ValueError(f"noise={noise!r} needs its strategy: mf=('{noise}', ...) (the plan's)")
   # The zero-out sensitivity of the fixed-B mean is the add/remove one, C/B (clipping's
   # aggregation_sensitivity names it "add_remove"); replace-one is the accountant's business.
   std = check_nonnegative(noise_multiplier, "noise_multiplier") * aggregation_sensitivity(
       clip_norm, mode="mean", denominator=batch_size, relation="add_remove")
   stages = [clip_per_user(clip_norm), aggregate("mean", batch_size)]
-  if srg:
+  if srg and noise == "banded":
+    stages.append(banded_noise(std, num_steps, key, coefs=mf[1], output="prefix"))
+  elif srg and noise == "blt":
+    stages.append(blt_noise(std, num_steps, key, buf_decay=mf[1], output_scale=mf[2],
+                            output="prefix"))
+  elif srg:
     stages.append(prefix_sum_noise(std, num_steps, key, mechanism=noise))
   else:
     if noise != "independent":
@@ -185,7 +198,7 @@ def _make_runner(loss_fn: Callable, settings: tuple) -> Callable:
     masks = user_mask[:T * B].reshape(T, B)
     privatizer = srgd_privatizer(clip_norm=s["clip_norm"], batch_size=B,
                                  noise_multiplier=s["noise_multiplier"], num_steps=T, key=key,
-                                 srg=s["srg"], noise=s["noise"])
+                                 srg=s["srg"], noise=s["noise"], mf=s.get("mf", ()))
     stepper = srgd_stepper(beta=s["beta"], radius=s["radius"], srg=s["srg"],
                            accelerated=s["accelerated"], z_scale=s["z_scale"],
                            learning_rate=s["learning_rate"], averaging=s["averaging"])
@@ -218,15 +231,16 @@ def _make_runner(loss_fn: Callable, settings: tuple) -> Callable:
 
 
 def _settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radius, srg, noise,
-              accelerated, z_scale, learning_rate, averaging, debug, releases=False) -> tuple:
+              accelerated, z_scale, learning_rate, averaging, debug, releases=False,
+              mf: tuple = ()) -> tuple:
   check_int(num_steps, "num_steps")
   check_int(batch_size, "batch_size")
   check_positive(beta, "beta")
   check_positive(clip_norm, "clip_norm")
   check_nonnegative(noise_multiplier, "noise_multiplier")
   check_z_scale(z_scale)
-  check_choice(noise, "noise", MECHANISMS)
-  return tuple(sorted(dict(
+  check_choice(noise, "noise", NOISES)
+  return tuple(sorted(dict(mf=tuple(mf),
       num_steps=int(num_steps), batch_size=int(batch_size), beta=float(beta),
       clip_norm=float(clip_norm), noise_multiplier=float(noise_multiplier),
       radius=None if radius is None else float(radius), srg=check_bool(srg, "srg"),
@@ -247,7 +261,7 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
              noise_multiplier: float, radius: float | None, srg: bool = True,
              noise: str = "tree", accelerated: bool = True, z_scale: float = 1.0,
              learning_rate: float | None = None, averaging: str = "none",
-             user_mask: jax.Array | None = None, debug: bool = False
+             user_mask: jax.Array | None = None, debug: bool = False, mf: tuple = ()
              ) -> tuple[PyTree, PyTree, dict]:
   """Runs one single-epoch pass in one jitted ``lax.scan`` (no accounting: use a plan).
 
@@ -260,7 +274,7 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
   settings = _settings(num_steps=num_steps, batch_size=batch_size, beta=beta,
                        clip_norm=clip_norm, noise_multiplier=noise_multiplier, radius=radius,
                        srg=srg, noise=noise, accelerated=accelerated, z_scale=z_scale,
-                       learning_rate=learning_rate, averaging=averaging, debug=debug)
+                       learning_rate=learning_rate, averaging=averaging, debug=debug, mf=mf)
   return _make_runner(loss_fn, settings)(data, params0, key, _mask_for(data, user_mask), None)
 
 
@@ -272,7 +286,7 @@ def _plan_settings(plan: SRGDPlan, *, noise_multiplier: float, debug: bool,
                    radius=plan.radius, srg=plan.srg, noise=plan.noise,
                    accelerated=plan.accelerated, z_scale=plan.z_scale,
                    learning_rate=plan.learning_rate, averaging=plan.averaging, debug=debug,
-                   releases=releases)
+                   releases=releases, mf=plan.mf)
 
 
 def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
@@ -356,7 +370,7 @@ def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> Privacy
     return PrivacyReport(epsilon=float("inf"), delta=0.0, provenance=Provenance.NONE.value,
                          level="none", relation=plan.relation, mechanisms=(),
                          notes=notes + "; NOT private (noise_multiplier=0)")
-  mu = math.sqrt(plan.levels) / prm.noise_multiplier
+  mu = plan.gdp_factor / prm.noise_multiplier
   return ledger.report(provenance=Provenance.ACCOUNTANT, level=level,
                        mechanisms=(plan.label,), paper_epsilon=paper_epsilon(plan),
                        notes=notes + f"; mu-GDP with mu={mu:.4g} (in units of the zero-out "
@@ -376,6 +390,8 @@ def _run_named(name: str, problem, cfg: dict, key: jax.Array) -> Result:
                 tree_levels=plan.levels, srg=plan.srg, noise=plan.noise,
                 accelerated=plan.accelerated, z_scale=plan.z_scale, preset=prm.preset,
                 variant=prm.variant, relation=plan.relation)
+  if plan.mf:
+    record.update(mf_strategy=plan.mf_source, mf_sensitivity=plan.mf_sensitivity)
   if prm.paper is not None:
     record["paper_params"] = prm.paper
   debug_out = {k: np.asarray(v).tolist() for k, v in diags.items()} if debug else None

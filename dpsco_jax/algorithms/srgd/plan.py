@@ -35,6 +35,13 @@ Independent per-step noise (and DP-SGD without the SRG) changes one Gaussian rel
 calibrator) under the run's relation; an explicit ``noise_multiplier`` above the ``epsilon``
 budget is refused by the ledger before anything is released. Provenance: ``accountant``.
 
+Matrix-factorization prefix noise (issue #27; ``noise_mechanism: banded | blt``, SRG variants,
+practical preset): the noisy prefix sums are ``A x + A C^{-1} Z`` with a banded / BLT Toeplitz
+strategy ``C`` (:mod:`dpsco_jax.privacy.matrix_factorization`). One epoch, each example in one
+increment: sensitivity ``||c||`` (1 for the unit-norm banded strategies), so the run is one
+``GaussianDpEvent(z / ||c||)``. Still single epoch: the SRG needs the example's gradient at
+two consecutive iterates of its own step, and multi-epoch SRGD is not in paper 003.
+
 Declared constants (issue 23.3): **enforced**. L enters only as the default clip ``C`` (and
 through ``c_DP L`` / ``(8 c_M + 4) L`` in the theory preset), beta and R only the step and the
 projection: the clip acts on every SRG difference before aggregation, so the per-increment
@@ -49,6 +56,7 @@ import math
 from typing import Any
 
 import dp_accounting
+import numpy as np
 
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive)
@@ -59,7 +67,10 @@ from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, Privacy
                                calibrate_noise_multiplier, check_relation,
                                gaussian_sensitivity_factor)
 from dpsco_jax.transforms.srg import check_z_scale
+from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.transforms.tree_noise import MECHANISMS, prefix_noise_event, tree_levels
+
+NOISES = MECHANISMS + ("banded", "blt")
 
 SUPPORTED_RELATIONS = ("zero_out", "replace_one")
 AVERAGING = ("none", "uniform")
@@ -98,10 +109,18 @@ class SRGDPlan:
   z_scale: float = 1.0
   learning_rate: float | None = None
   averaging: str = "none"
+  mf: tuple = ()            # banded: ("banded", coefs); blt: ("blt", decay, scale); else ()
+  mf_sensitivity: float = 1.0
+  mf_source: str = ""
 
   @property
   def private(self) -> bool:
     return self.event is not None
+
+  @property
+  def gdp_factor(self) -> float:
+    """``mu * z`` of the run: ``sqrt(levels)`` (tree), ``||c||`` (MF), 1 (independent)."""
+    return self.mf_sensitivity if self.mf else math.sqrt(self.levels)
 
 
 def resolve_relation(cfg: dict, name: str = "accelerated_dp_srgd") -> str:
@@ -119,15 +138,35 @@ def resolve_relation(cfg: dict, name: str = "accelerated_dp_srgd") -> str:
   return check_relation(rel, supported=SUPPORTED_RELATIONS, mechanism=name)
 
 
-def run_event(noise_multiplier: float, num_steps: int, mechanism: str) -> Any:
+def run_event(noise_multiplier: float, num_steps: int, mechanism: str,
+              mf_sensitivity: float = 1.0) -> Any:
   """The whole single-epoch run as one event: ``GaussianDpEvent(z/sqrt(levels))`` (tree;
-  Lemma 5.6) or ``GaussianDpEvent(z)`` (independent), on sensitivity-1 units."""
+  Lemma 5.6), ``GaussianDpEvent(z)`` (independent) or ``GaussianDpEvent(z / ||c||)`` (banded /
+  BLT, single participation), on sensitivity-1 units."""
+  if mechanism in ("banded", "blt"):
+    return mf.mf_event(noise_multiplier, mf_sensitivity)
   return prefix_noise_event(noise_multiplier, num_steps, mechanism=mechanism)
 
 
-def _calibrate(epsilon: float, delta: float, T: int, mechanism: str, relation: str) -> float:
-  return calibrate_noise_multiplier(lambda z: run_event(z, T, mechanism), epsilon=epsilon,
-                                    delta=delta, relation=relation, accountant=ACCOUNTANT)
+def _calibrate(epsilon: float, delta: float, T: int, mechanism: str, relation: str,
+               mf_sensitivity: float = 1.0) -> float:
+  return calibrate_noise_multiplier(lambda z: run_event(z, T, mechanism, mf_sensitivity),
+                                    epsilon=epsilon, delta=delta, relation=relation,
+                                    accountant=ACCOUNTANT)
+
+
+def _mf_strategy(cfg: dict, noise: str, T: int) -> tuple[tuple, float, str]:
+  """(stage spec, sensitivity ||c|| over T steps, source) of the single-epoch MF noise."""
+  strategy = check_choice(cfg.get("mf_strategy", "auto"), "mf_strategy", mf.STRATEGIES)
+  if noise == "banded":
+    s = mf.banded_strategy(T, check_int(cfg.get("bands", min(32, T)), "bands"),
+                           strategy=strategy)
+    spec, coefs, source = ("banded", tuple(map(float, s.coefs))), s.coefs, s.source
+  else:
+    b = mf.blt_strategy(T, check_int(cfg.get("buffers", 4), "buffers"), strategy=strategy)
+    spec = ("blt", tuple(map(float, b.buf_decay)), tuple(map(float, b.output_scale)))
+    coefs, source = mf.blt_coefs(b.buf_decay, b.output_scale, T), b.source
+  return spec, mf.participation_sensitivity(np.asarray(coefs), T), source
 
 
 def _schedule(name: str, cfg: dict, noise: str, *, n: int, p: int, lipschitz: float,
@@ -177,7 +216,7 @@ def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothn
   check_choice(name, "name", tuple(VARIANTS))
   n, p = check_int(n, "n"), check_int(p, "p")
   srg, noise, accelerated = VARIANTS[name]
-  noise = check_choice(cfg.get("noise_mechanism", noise), "noise_mechanism", MECHANISMS)
+  noise = check_choice(cfg.get("noise_mechanism", noise), "noise_mechanism", NOISES)
   if not srg and noise != "independent":
     raise ValueError(f"{name} feeds plain gradients, whose noise is independent per step "
                      "(DP-SGD / Thm 5.13); noise_mechanism must be 'independent'")
@@ -191,25 +230,29 @@ def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothn
                   radius=radius, epsilon=epsilon, delta=delta, relation=relation)
   T, B, C = prm.num_steps, prm.batch_size, prm.clip_norm
   lr = cfg.get("learning_rate")
-  mechanism = "tree" if (srg and noise == "tree") else "independent"
+  mechanism = noise if (srg and noise != "independent") else "independent"
+  spec, sens, source = ((), 1.0, "") if mechanism in MECHANISMS else _mf_strategy(cfg, noise,
+                                                                                   T)
   explicit = cfg.get("noise_multiplier")
   if explicit is not None:
     z = check_nonnegative(explicit, "noise_multiplier")
   elif prm.noise_multiplier is not None:
     z = prm.noise_multiplier                       # theory preset: the paper's sigma
   else:
-    z = 0.0 if epsilon is None else _calibrate(epsilon, delta, T, mechanism, relation)
+    z = 0.0 if epsilon is None else _calibrate(epsilon, delta, T, mechanism, relation, sens)
   if z == 0.0 and epsilon is not None:
     raise PrivacyBudgetExceeded(f"noise_multiplier=0 releases the data without noise "
                                 f"(epsilon = inf > budget {epsilon:g}); nothing was released")
   levels = tree_levels(T) if mechanism == "tree" else 1
-  event = run_event(z, T, mechanism) if z > 0 else None
+  event = run_event(z, T, mechanism, sens) if z > 0 else None
   if event is not None and epsilon is not None:   # the budget check of the planned run
     PrivacyLedger(delta=delta, epsilon_budget=epsilon, relation=relation,
                   accountant=ACCOUNTANT).check(event, label=name)
-  label = (f"{'binary-tree' if mechanism == 'tree' else 'independent'} Gaussian "
-           f"{'prefix ' if srg else ''}noise, z={z:.4g}, T={T}, levels={levels}, "
-           f"increment sensitivity C/B={C / B:.4g} (zero-out)")
+  kind = {"tree": "binary-tree", "independent": "independent", "banded": "banded MF",
+          "blt": "BLT MF"}[mechanism]
+  label = (f"{kind} Gaussian {'prefix ' if srg else ''}noise, z={z:.4g}, T={T}, "
+           + (f"levels={levels}, " if not spec else f"||c||={sens:.4g} ({source}), ")
+           + f"increment sensitivity C/B={C / B:.4g} (zero-out)")
   return SRGDPlan(name=name, relation=relation, epsilon=epsilon, delta=delta,
                   params=dataclasses.replace(prm, noise_multiplier=z), srg=srg, noise=noise,
                   accelerated=accelerated, levels=levels, noise_std=z * C / B,
@@ -217,7 +260,8 @@ def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothn
                   label=label, public=PUBLIC[relation], radius=radius,
                   z_scale=check_z_scale(cfg.get("z_scale", 1.0)),
                   learning_rate=None if lr is None else check_positive(lr, "learning_rate"),
-                  averaging=check_choice(cfg.get("averaging", "none"), "averaging", AVERAGING))
+                  averaging=check_choice(cfg.get("averaging", "none"), "averaging", AVERAGING),
+                  mf=spec, mf_sensitivity=sens, mf_source=source)
 
 
 def paper_epsilon(plan: SRGDPlan) -> float | None:
@@ -228,5 +272,5 @@ def paper_epsilon(plan: SRGDPlan) -> float | None:
   if not plan.private:
     return None
   z = plan.params.noise_multiplier
-  mu = math.sqrt(plan.levels) / z * gaussian_sensitivity_factor(plan.relation)
+  mu = plan.gdp_factor / z * gaussian_sensitivity_factor(plan.relation)
   return mu * math.sqrt(2.0 * math.log(1.25 / plan.delta))
