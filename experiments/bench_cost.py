@@ -1,0 +1,413 @@
+"""What one DP-SGD step costs against its non-private step, as XLA counts it: a cost table any
+machine can produce (issue 26, part 1).
+
+XLA reports, for any compiled step on any backend, its FLOPs and bytes accessed
+(``compiled.cost_analysis()``) and its memory (``compiled.memory_analysis()``); these need a
+compilation only, so the full sizes of ``experiments/bench_gpu.py`` are costed here on a CPU
+without running them. At a medium size that runs on a CPU the steps are also timed.
+
+Workloads and steps are those of ``bench_gpu.py`` (same models, losses, C, z, learning rate,
+same step functions): the five workloads at bench_gpu's full sizes (compiled only, the batch
+is abstract so even the 4 GiB GLM batch is never allocated) and at a medium size (compiled
+and run). Paths, each as a ratio to the non-private step
+(``jax.grad`` of the batch-mean loss + SGD):
+
+  * ``fast``        — :class:`dpsco_jax.flax.fast_clip.FastClippedGrad` (taps / ghost norms);
+  * ``vmap``        — the core's vmapped per-user gradients + fused ``clip_and_aggregate``;
+  * ``auto``        — the path ``FastClippedGrad(method="auto")`` picks: its ``autotune``
+                      times fast vs vmap on a zero batch of the *executed* (medium / quick)
+                      size on this machine; the row is a copy of the row it picks (at full
+                      size too: the full sizes are never run, so the pick made at the executed
+                      size is reported; ``--compile-only`` runs nothing, so ``auto`` is null);
+  * ``optax``       — ``optax.contrib.dpsgd`` on vmapped per-example (per-user) gradients;
+  * ``jax_privacy`` — jax-privacy's ``clipped_grad`` + ``gaussian_privatizer`` (skipped with a
+                      note when the package is not installed).
+
+Columns: ``flops_ratio`` and ``bytes_ratio`` (``cost_analysis``' "flops" / "bytes accessed"),
+``temp_ratio`` (``temp_size_in_bytes``), ``peak_ratio`` (arguments + outputs + temporaries:
+a GLM whose data dwarfs its temporaries is judged on its whole footprint) — all at full size
+— and ``cpu_time_ratio`` (median of paired, interleaved timings, experiments/_timing.py) at
+the medium size. Matmuls at ``jax_default_matmul_precision=highest`` as in bench_gpu.
+
+    python experiments/bench_cost.py                  # full-size costs + medium-size costs, times
+    python experiments/bench_cost.py --compile-only   # full-size costs only (no execution)
+    python experiments/bench_cost.py --quick          # bench_gpu's tiny sizes (CI smoke)
+
+``--quick`` compiles and runs bench_gpu's tiny sizes with an unoptimising XLA:CPU
+(``--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false``, ~10x faster to
+compile): a check of the plumbing and of the JSON's shape, not a measurement.
+
+The last printed line is one JSON object
+``{workload: {path: {"flops_ratio", "bytes_ratio", "temp_ratio", "peak_ratio",
+"cpu_time_ratio"}}}`` plus one ``"_meta"`` key (not a workload): mode, device, sizes, the auto
+picks, the non-private reference in absolute numbers, every path's absolute numbers, the
+medium-size cost ratios, the fast path's per-layer plan on the transformers, and notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optax.contrib
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import Candidate, compare, format_comparison  # noqa: E402
+from bench_gpu import (CLIP, CNN, LM, LR, Z, _jax_privacy_step, ce_loss,  # noqa: E402
+                       lm_loss, logistic_loss)
+
+from dpsco_jax.flax.fast_clip import FastClippedGrad  # noqa: E402
+from dpsco_jax.grads import per_user_grads  # noqa: E402
+from dpsco_jax.transforms.clipping import clip_and_aggregate  # noqa: E402
+from dpsco_jax.transforms.noise import add_gaussian_noise  # noqa: E402
+
+WORKLOADS = ("cnn_item", "transformer", "transformer_mha", "logistic_user", "cnn_user")
+PATHS = ("fast", "auto", "vmap", "optax", "jax_privacy")
+KEYS = ("flops_ratio", "bytes_ratio", "temp_ratio", "peak_ratio", "cpu_time_ratio")
+
+# Sizes: "full" and "quick" are bench_gpu.workloads' full / quick sizes (tests/test_bench_cost.py
+# checks that they build the same shapes); "medium" runs on a 2-core CPU.
+SIZES = {
+    "full": dict(img=32, ch=32, b_item=1024, vocab=8192, d=256, layers=4, t=128, b_lm=64,
+                 users=4096, m_glm=64, dim=4096, u_cnn=256, m_cnn=8),
+    "medium": dict(img=32, ch=16, b_item=64, vocab=2048, d=128, layers=2, t=64, b_lm=8,
+                   users=1024, m_glm=16, dim=1024, u_cnn=32, m_cnn=4),
+    "quick": dict(img=8, ch=4, b_item=8, vocab=64, d=16, layers=1, t=8, b_lm=4,
+                  users=16, m_glm=4, dim=16, u_cnn=4, m_cnn=2),
+}
+
+
+def workloads(size: str, rng: np.random.Generator | None, only=None):
+  """(name, model, loss, batch, batch_shape) exactly as ``bench_gpu.workloads`` builds them, at
+  ``SIZES[size]``; ``rng=None`` gives abstract batches (``jax.ShapeDtypeStruct``) to compile.
+  ``only``: the names to build (default all)."""
+  s = SIZES[size]
+  want = lambda name: not only or name in only
+
+  def arr(make, shape, dtype):
+    if rng is None:
+      return jax.ShapeDtypeStruct(shape, dtype)
+    return jnp.asarray(make(shape), dtype)
+
+  normal = lambda scale: (lambda shape: rng.standard_normal(shape) / scale)
+  ints = lambda hi: (lambda shape: rng.integers(0, hi, shape))
+
+  def images(shape):
+    return (arr(normal(1.0), shape + (s["img"], s["img"], 3), jnp.float32),
+            arr(ints(10), shape, jnp.int32))
+
+  tokens = (arr(ints(s["vocab"]), (s["b_lm"], s["t"] + 1), jnp.int32),)
+  glm = (arr(normal(np.sqrt(s["dim"])), (s["users"], s["m_glm"], s["dim"]), jnp.float32),
+         arr(ints(2), (s["users"], s["m_glm"]), jnp.float32))
+  ch = s["ch"]
+  if want("cnn_item"):
+    yield ("cnn_item", CNN(ch, 10, nnx.Rngs(0)), ce_loss, images((s["b_item"],)),
+           (s["b_item"],))
+  for name, mha in (("transformer", False), ("transformer_mha", True)):
+    if want(name):
+      yield (name, LM(s["vocab"], s["d"], s["layers"], mha, nnx.Rngs(0)), lm_loss, tokens,
+             (s["b_lm"],))
+  if want("logistic_user"):
+    yield ("logistic_user", nnx.Linear(s["dim"], 1, rngs=nnx.Rngs(0)), logistic_loss, glm,
+           (s["users"], s["m_glm"]))
+  if want("cnn_user"):
+    yield ("cnn_user", CNN(ch, 10, nnx.Rngs(0)), ce_loss, images((s["u_cnn"], s["m_cnn"])),
+           (s["u_cnn"], s["m_cnn"]))
+
+
+def steps(model, loss, batch_shape):
+  """The step functions of ``bench_gpu.candidates`` (same code), keyed by this bench's path
+  names, with their initial optimizer states; plus the ``FastClippedGrad`` of the fast path."""
+  level = "item" if len(batch_shape) == 1 else "user"
+  rows = batch_shape[0]
+  fast = FastClippedGrad(model, loss, clip_norm=CLIP, level=level)
+  params, model_loss = fast.params, fast.model_loss
+  sgd = optax.sgd(LR)
+  noisy = optax.chain(add_gaussian_noise(Z * CLIP / rows, jax.random.key(0)), sgd)
+  as_users = (lambda b: jax.tree.map(lambda x: x[:, None], b)) if level == "item" else (
+      lambda b: b)
+  flat = lambda b: jax.tree.map(lambda x: x.reshape((-1,) + x.shape[len(batch_shape):]), b)
+
+  def nonprivate(p, st, b):
+    g = jax.grad(lambda q: jnp.mean(jax.vmap(model_loss, (None, 0))(q, flat(b))))(p)
+    u, st = sgd.update(g, st, p)
+    return optax.apply_updates(p, u), st
+
+  def dp_fast(p, st, b):
+    u, st = noisy.update(fast.aggregate(p, b, mode="mean", denominator=rows), st, p)
+    return optax.apply_updates(p, u), st
+
+  clip_agg = clip_and_aggregate(CLIP, "mean", rows)
+
+  def dp_vmap(p, st, b):
+    agg, _ = clip_agg.update(per_user_grads(model_loss, p, as_users(b)), clip_agg.init(p), p)
+    u, st = noisy.update(agg, st, p)
+    return optax.apply_updates(p, u), st
+
+  dpsgd = optax.contrib.dpsgd(LR, CLIP, Z, seed=0)
+
+  def dp_optax(p, st, b):
+    u, st = dpsgd.update(per_user_grads(model_loss, p, as_users(b)), st, p)
+    return optax.apply_updates(p, u), st
+
+  out = {"nonprivate": (nonprivate, sgd.init(params)), "fast": (dp_fast, noisy.init(params)),
+         "vmap": (dp_vmap, noisy.init(params)), "optax": (dp_optax, dpsgd.init(params))}
+  jp = _jax_privacy_step(model_loss, level, rows, sgd)
+  if jp is not None:
+    out["jax_privacy"] = (jp[0], jp[1].init(params))
+  return out, params, fast, level
+
+
+def cost_of(compiled) -> dict:
+  """Absolute XLA numbers of one compiled step (None where the backend reports nothing)."""
+  ca = compiled.cost_analysis()
+  if isinstance(ca, (list, tuple)):  # older jax: one dict per computation
+    ca = ca[0] if ca else None
+  ma = compiled.memory_analysis()
+  out = {"flops": None, "bytes": None, "temp": None, "peak": None}
+  if ca:
+    out["flops"] = float(ca.get("flops", float("nan")))
+    out["bytes"] = float(ca.get("bytes accessed", float("nan")))
+  if ma is not None:
+    out["temp"] = float(ma.temp_size_in_bytes)
+    out["peak"] = float(ma.temp_size_in_bytes + ma.argument_size_in_bytes
+                        + ma.output_size_in_bytes)
+  return out
+
+
+def _ratio(x, ref):
+  if x is None or ref is None or not ref > 0:
+    return None
+  return round(x / ref, 4)
+
+
+def ratios(costs: dict) -> dict:
+  ref = costs["nonprivate"]
+  return {path: {"flops_ratio": _ratio(c["flops"], ref["flops"]),
+                 "bytes_ratio": _ratio(c["bytes"], ref["bytes"]),
+                 "temp_ratio": _ratio(c["temp"], ref["temp"]),
+                 "peak_ratio": _ratio(c["peak"], ref["peak"])}
+          for path, c in costs.items() if path != "nonprivate"}
+
+
+def _node(model, path):
+  for k in path:
+    model = getattr(model, k) if isinstance(k, str) and hasattr(model, k) else model[k]
+  return model
+
+
+def _prod(xs) -> int:
+  out = 1
+  for x in xs:
+    out *= int(x)
+  return out
+
+
+def layer_plan(fast: FastClippedGrad, model, params, batch, level: str) -> dict:
+  """``FastClippedGrad.plan`` on one example of the batch's shapes (the plan depends on the
+  per-example shapes only): which layers are tapped (with the kernel form — Gram "ghost norm"
+  or direct per-user gradient — that ``fast_clip_norms.use_gram`` takes for the tapped call
+  shapes under ``ghost="auto"``) and which parameters take the exact vmap fallback."""
+  one = jax.tree.map(lambda x: jnp.zeros((1,) + tuple(x.shape[1:]), x.dtype), batch)
+  plan = fast.plan(params, one)
+  m = 1 if level == "item" else int(jax.tree.leaves(batch)[0].shape[1])
+  try:
+    from dpsco_jax.flax.fast_clip_norms import use_gram  # noqa: PLC0415
+  except ImportError:  # the module is being edited elsewhere: report the plan alone
+    use_gram = None
+  rows = []
+  for path, kind in plan.fast:
+    mod, calls = _node(model, path), [c for c in plan.calls if c.path == path]
+    row = {"layer": "/".join(map(str, path)), "kind": kind, "calls": len(calls)}
+    if kind in ("linear", "linear_general", "conv") and use_gram is not None:
+      if kind == "linear":
+        p, q = int(mod.in_features), int(mod.out_features)
+      elif kind == "linear_general":
+        p, q = _prod(np.atleast_1d(mod.in_features)), _prod(np.atleast_1d(mod.out_features))
+      else:
+        groups = int(mod.feature_group_count)
+        p = _prod(mod.kernel_size) * int(mod.in_features) // groups
+        q = int(mod.out_features) // groups
+      n = m * sum(_prod(c.out.shape) // (q * (int(mod.feature_group_count)
+                                               if kind == "conv" else 1)) for c in calls)
+      gram = use_gram(n, p, q, fast.ghost)
+      # the rule of fast_clip_norms.use_gram: Gram when n (p + q) <= p q, unless its
+      # certified float32 error bound is too large (then the direct per-user gradient)
+      why = ("n(p+q) <= pq" if gram else "n(p+q) > pq" if n * (p + q) > p * q
+             else "Gram's certified error bound too large")
+      row.update(n=n, p=p, q=q, form=("gram" if gram else "direct") + f" ({why})")
+    elif kind == "embed":
+      row["form"] = "gram (embeddings always)"
+    elif kind == "local":
+      row["form"] = "per-user VJP of the layer (dense)"
+    rows.append(row)
+  return {"tapped": rows, "fallback": ["/".join(map(str, lp)) for lp in plan.fallback]}
+
+
+def _fmt(v, spec=".3f"):
+  return "-" if v is None else format(v, spec)
+
+
+def print_table(title: str, table: dict, reference: dict) -> None:
+  print(f"\n{title}")
+  print(f"  {'workload':<16} {'path':<12} {'FLOPs':>7} {'bytes':>7} {'temp':>7} {'peak':>7} "
+        f"{'CPU time':>9}")
+  for w, rows in table.items():
+    ref = reference[w]
+    print(f"  {w:<16} {'nonprivate':<12} " + " ".join(
+        f"{x:>7}" for x in (f"{ref['flops'] / 1e9:.3g}G" if ref['flops'] else "-",
+                            f"{ref['bytes'] / 2**20:.4g}M" if ref['bytes'] else "-",
+                            f"{ref['temp'] / 2**20:.4g}M" if ref['temp'] is not None else "-",
+                            f"{ref['peak'] / 2**20:.4g}M" if ref['peak'] else "-"))
+          + (f" {ref['cpu_ms']:>7.2f}ms" if ref.get("cpu_ms") is not None else ""))
+    for path, r in rows.items():
+      if r is None:
+        print(f"  {'':<16} {path:<12}   (not resolved: see notes)")
+        continue
+      print(f"  {'':<16} {path:<12} {_fmt(r['flops_ratio']):>7} {_fmt(r['bytes_ratio']):>7} "
+            f"{_fmt(r['temp_ratio']):>7} {_fmt(r['peak_ratio']):>7} "
+            f"{_fmt(r.get('cpu_time_ratio')):>9}")
+
+
+def measure(size: str, execute: bool, only, reps: int, budget_s: float, window_s: float,
+            plans: bool):
+  """Compiles every path of every workload at ``size``; with ``execute`` also times them and
+  runs the autotuner. Returns (ratios, absolute, auto picks, plans)."""
+  rng = np.random.default_rng(0) if execute else None
+  table, absolute, picks, layer_plans = {}, {}, {}, {}
+  for name, model, loss, batch, shape in workloads(size, rng, only):
+    t0 = time.perf_counter()
+    fns, params, fast, level = steps(model, loss, shape)
+    compiled, costs = {}, {}
+    for path, (fn, st) in fns.items():
+      compiled[path] = jax.jit(fn).lower(params, st, batch).compile()
+      costs[path] = cost_of(compiled[path])
+    rows = ratios(costs)
+    if plans and name.startswith("transformer"):
+      layer_plans[name] = layer_plan(fast, model, params, batch, level)
+    if execute:
+      cands = [Candidate(path, compiled[path], (params, fns[path][1]), (batch,))
+               for path in fns]
+      comp = compare(cands, reps=reps, window_s=window_s, budget_s=budget_s)
+      print(format_comparison(f"\n{name} {tuple(shape)} [{size}]", comp))
+      for path in rows:
+        rows[path]["cpu_time_ratio"] = round(comp.ratio[path], 4)
+      for path in costs:
+        costs[path]["cpu_ms"] = round(1e3 * comp.median_s[path], 4)
+      auto = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, method="auto")
+      picks[name] = auto.autotune(params, jax.tree.map(jnp.zeros_like, batch), repeats=3)
+      rows["auto"] = dict(rows[picks[name]])
+      print(f"  auto picks: {picks[name]} (autotune medians, s: "
+            + ", ".join(f"{k} {v:.4g}" for k, v in auto.autotune_report["median_s"].items())
+            + ")")
+    table[name] = {p: rows.get(p) for p in PATHS if p in rows or p == "auto"}
+    absolute[name] = costs
+    print(f"  [{name} @ {size}: {time.perf_counter() - t0:.1f} s]", flush=True)
+  return table, absolute, picks, layer_plans
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  mode = ap.add_mutually_exclusive_group()
+  mode.add_argument("--quick", action="store_true",
+                    help="bench_gpu's tiny sizes, compiled and run (CPU smoke run)")
+  mode.add_argument("--compile-only", action="store_true",
+                    help="full-size FLOPs / bytes / memory only (no execution)")
+  ap.add_argument("--reps", type=int, default=7)
+  ap.add_argument("--only", nargs="*", help="workload names to run")
+  args = ap.parse_args()
+  if args.quick:
+    # A smoke run: XLA:CPU compiles ~10x faster unoptimised and without its fusion emitters
+    # (set before the backend starts); its costs and times are then those of unoptimised code,
+    # meaningful as a shape / plumbing check only.
+    flags = os.environ.get("XLA_FLAGS", "")
+    for flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+      if flag.split("=")[0] not in flags:
+        flags += " " + flag
+    os.environ["XLA_FLAGS"] = flags.strip()
+  jax.config.update("jax_default_matmul_precision", "highest")
+  dev = jax.devices()[0]
+  print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}); C={CLIP}, z={Z}; "
+        "matmul precision highest")
+  notes = []
+  try:
+    import jax_privacy  # noqa: PLC0415
+    notes.append(f"jax_privacy {jax_privacy.__version__}: clipped_grad + gaussian_privatizer")
+  except ImportError:
+    notes.append("jax_privacy not installed: its column is skipped (pip install "
+                 "'dpsco_jax[bench]')")
+  mode_name = "quick" if args.quick else ("compile_only" if args.compile_only else "full")
+  t_start = time.perf_counter()
+  if args.quick:
+    costs_size, time_size = "quick", "quick"
+  else:
+    costs_size, time_size = "full", None if args.compile_only else "medium"
+  meta = {"mode": mode_name, "device": dev.device_kind, "platform": dev.platform,
+          "jax": jax.__version__, "cost_size": costs_size, "time_size": time_size,
+          "sizes": {k: SIZES[k] for k in {costs_size, time_size} - {None}}}
+  if args.quick:  # one size: its compiled costs and its times come from the same executables
+    notes.append("quick: tiny sizes compiled with " + os.environ["XLA_FLAGS"] + "; a smoke run "
+                 "(shapes and plumbing), not a measurement")
+    table, absolute, picks, plans = measure("quick", True, args.only, 3, 5.0, 0.05, True)
+    meta["absolute"] = {"quick": absolute}
+  else:
+    table, absolute, picks, plans = measure("full", False, args.only, 0, 0, 0, True)
+    meta["absolute"] = {"full": absolute}
+    if args.compile_only:
+      notes.append("compile-only: nothing is executed, so cpu_time_ratio is null and 'auto' "
+                   "(resolved by FastClippedGrad.autotune, which times) is null")
+      for rows in table.values():
+        for r in rows.values():
+          if r is not None:
+            r["cpu_time_ratio"] = None
+    else:
+      med, med_abs, picks, _ = measure("medium", True, args.only, args.reps, 60.0, 0.5, False)
+      meta["absolute"]["medium"] = med_abs
+      meta["medium_ratios"] = med
+      for w, rows in table.items():
+        for path, r in rows.items():
+          if path != "auto":
+            r["cpu_time_ratio"] = med[w][path]["cpu_time_ratio"]
+        rows["auto"] = dict(rows[picks[w]])
+      notes.append("full-size rows: FLOPs / bytes / temp / peak of the full-size compiled "
+                   "step; cpu_time_ratio and the auto pick measured at the medium size")
+  meta["auto_choice"] = picks
+  meta["reference"] = {size: {w: dict(costs["nonprivate"]) for w, costs in absolute.items()}
+                       for size, absolute in meta["absolute"].items()}
+  meta["transformer_plans"] = plans
+  meta["notes"] = notes
+  ref_full = {w: c["nonprivate"] for w, c in meta["absolute"][costs_size].items()}
+  if time_size and time_size != costs_size:
+    print_table(f"medium size (compiled and run on {dev.platform}); ratios to the non-private "
+                "step", meta["medium_ratios"], {w: c["nonprivate"] for w, c in
+                                                 meta["absolute"]["medium"].items()})
+    for w, rc in meta["reference"]["full"].items():
+      rc["cpu_ms_at_medium"] = meta["absolute"]["medium"][w]["nonprivate"]["cpu_ms"]
+  print_table(f"{costs_size} size, XLA:{dev.platform} cost analysis; ratios to the non-private "
+              "step" + (f" (CPU time at the {time_size} size)" if time_size else ""),
+              table, ref_full)
+  for w, plan in plans.items():
+    print(f"\nper-layer plan of FastClippedGrad on {w} ({costs_size} size):")
+    for row in plan["tapped"]:
+      extra = (f"  n={row['n']} p={row['p']} q={row['q']}" if "n" in row else "")
+      print(f"  {row['layer']:<22} {row['kind']:<15} {row.get('form', '')}{extra}")
+    print(f"  fallback (exact per-user grads): {plan['fallback'] or 'none'}")
+  for n in notes:
+    print("note: " + n)
+  meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+  print(f"total {meta['wall_s']} s")
+  out = dict(table)
+  out["_meta"] = meta
+  print(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+  main()
