@@ -235,14 +235,14 @@ class Progress(NamedTuple):
 
 def _epsilon_after(p: Plan, steps: int) -> float | None:
   """The accountant's epsilon of the first ``steps`` steps of a DP-SGD plan (else None)."""
-  from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan, dp_sgd_event
+  from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan
   from dpsco_jax.privacy.ledger import epsilon_of
   d = p.detail
   if not isinstance(d, DpSgdPlan) or d.event is None or d.level == "group":
     return None
-  event = dp_sgd_event(d.noise_multiplier, sampling=d.sampling, q=d.sampling_rate,
-                       n=d.n_public, batch=d.batch, steps=steps)
-  return epsilon_of(event, delta=d.delta, relation=d.relation)
+  # the plan's own event for the shorter run (matrix-factorization noise: the strategy's
+  # sensitivity over the steps done, not an independent-noise count)
+  return epsilon_of(d.event_after(steps), delta=d.delta, relation=d.relation)
 
 
 def _progress(p: Plan, callback: Callable[[Progress], None] | None):

@@ -66,3 +66,20 @@ def test_print_progress_prints_a_line(capsys):
   with pytest.raises(TypeError, match="callback"):
     dpsco_jax.fit("dp_sgd_user", CFG, loss, jnp.zeros(3), _data(), jax.random.key(0),
                   callback=3)
+
+
+def test_matrix_factorization_noise_reports_its_own_epsilon_so_far():
+  # the progress epsilon is the plan's event for the steps done (banded: the strategy's
+  # sensitivity over them), and ends at the run's epsilon
+  seen = []
+  cfg = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
+         "num_steps": 24, "batch_size": 20, "sampling": "cyclic", "relation": "zero_out",
+         "noise_mechanism": "banded", "bands": 3, "mf_strategy": "sqrt"}
+  res = dpsco_jax.fit("dp_sgd_user", cfg, loss, jnp.zeros(3), _data(), jax.random.key(0),
+                      callback=seen.append)
+  assert seen and seen[-1].step == 24
+  assert seen[-1].epsilon == pytest.approx(res.privacy.epsilon, rel=1e-6)
+  p = api.plan("dp_sgd_user", cfg, _data().spec, num_params=3)
+  half = api._epsilon_after(p, 12)
+  assert 0 < half < api._epsilon_after(p, 24)
+  assert api._epsilon_after(p, 24) == pytest.approx(res.privacy.epsilon, rel=1e-6)

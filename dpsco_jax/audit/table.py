@@ -26,8 +26,12 @@ def registry(include: str = "all") -> dict:
     raise ValueError(f"include must be one of {INCLUDE}, got {include!r}")
   out = {}
   if include in ("stages", "all"):
+    from dpsco_jax.audit import matrix_factorization as mf_audit
     out.update({name: (b, rels, twins, STAGE_TRIALS, name in mechanisms.GAUSSIAN)
                 for name, (b, rels, twins) in mechanisms.MECHANISMS.items()})
+    # the correlated-noise stages (issue 27): 5e4 trials catch their twins (CI's setting)
+    out.update({name: (b, rels, twins, 50_000, True)
+                for name, (b, rels, twins) in mf_audit.MECHANISMS.items()})
   if include in ("drivers", "all"):
     out.update({name: (b, rels, twins, drivers.TRIALS[name], name in drivers.GAUSSIAN)
                 for name, (b, rels, twins) in drivers.DRIVERS.items()})

@@ -23,7 +23,8 @@ Strategies (all Toeplitz, ``c_0 > 0``):
   truncation; McKenna et al. 2024 §4 use it truncated). ``"optimized"``: jax_privacy's
   ``toeplitz.optimize_banded_toeplitz`` (L-BFGS on the mean or max squared prefix error; the
   optional ``jax-privacy>=2.0`` dependency, tested with 2.0.0). ``"auto"``: optimized when
-  jax_privacy imports, else sqrt; the source used is returned with the coefficients.
+  jax_privacy imports, else sqrt; the source used is returned with the coefficients (BLT's
+  ``"auto"`` is always the built-in fit: the optimizer is too slow for a default).
 * BLT, ``d`` buffers: ``c_0 = 1``, ``c_k = sum_i w_i theta_i^{k-1}`` (``k >= 1``), from
   jax_privacy's ``buffered_toeplitz.optimize`` or, without it, fitted to the sqrt
   coefficients (:func:`blt_strategy`, with how).
@@ -244,7 +245,9 @@ def blt_strategy(steps: int, buffers: int, *, participations: int = 1, min_sep: 
   min_sep = check_int(min_sep, "min_sep")
   check_choice(strategy, "strategy", STRATEGIES)
   check_choice(error, "error", ERRORS)
-  use_jp = strategy == "optimized" or (strategy == "auto" and jax_privacy_version())
+  # BLT's "auto" is the built-in fit: jax_privacy's optimizer takes ~70 s on a 2-core CPU,
+  # too slow for a default (and a plan should not change with what else is installed)
+  use_jp = strategy == "optimized"
   if use_jp:
     if jax_privacy_version() is None:
       raise ImportError("strategy='optimized' needs jax-privacy>=2.0; strategy='sqrt' fits "
