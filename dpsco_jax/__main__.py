@@ -13,13 +13,16 @@ def main(argv: list[str] | None = None) -> int:
   sub = parser.add_subparsers(dest="command", required=True)
   run = sub.add_parser("run", help="run a YAML config (lists are swept; problem:/algorithm: "
                                    "sections, compare:, tuning_seeds/eval_seeds + select: see "
-                                   "dpsco_jax/runner.py) and print a table")
+                                   "dpsco_jax/runner.py; your own model, loss and data: "
+                                   "dpsco_jax/runner_user.py) and print a table")
   run.add_argument("config")
   run.add_argument("--out", help="write {'results': [...]} JSON here")
   run.add_argument("--plot", metavar="FIELD",
                    help="plot excess risk against a swept FIELD (needs matplotlib); with "
                         "compare:, also the ratio to the baseline with bootstrap error bars")
-  run.add_argument("--quiet", action="store_true", help="no progress bar")
+  run.add_argument("--quiet", action="store_true",
+                   help="no progress line (runs done; in a run on your model: steps and "
+                        "epsilon so far)")
   sub.add_parser("list", help="list the registered algorithms and problems")
   audit = sub.add_parser("audit", help="empirical privacy audit: claimed epsilon vs lower "
                                        "bound of stage mechanisms and drivers (with broken "
@@ -35,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
   from dpsco_jax import runner
   if args.command == "list":
     algorithms, problems = runner.registry()
-    print("algorithms:", ", ".join(sorted(algorithms)))
-    print("problems:  ", ", ".join(sorted(problems)))
+    print("algorithms:", ", ".join(sorted([*algorithms, *runner.CONFIG_ONLY_ALGORITHMS])))
+    print("problems:  ", ", ".join(sorted(problems)),
+          f"({runner.USER_PROBLEM}: your factory, or model + loss + data file)")
     return 0
   if args.out and os.path.dirname(args.out):
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -14,7 +14,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Optional, Union
 
-__all__ = ["ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys", "Schema"]
+__all__ = ["ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys", "Schema", "USER_PROBLEM",
+           "UserProblemKeys", "DataFileKeys", "DPTrainerConfig", "CONFIG_ONLY_ALGORITHMS",
+           "CONFIG_ALGORITHM_SCHEMAS"]
 
 
 def _key(doc: str, default: Any = None, *, required: bool = False) -> Any:
@@ -123,11 +125,65 @@ class RidgeTuningProblem(Schema):
   label_noise: float = _key("label-noise std (synthetic only)", 3.0)
 
 
+#: The problem name of your own model, loss and data (a config's ``problem:`` section with
+#: ``factory:`` or ``model:`` / ``loss:`` / ``data:`` and no ``name``; see
+#: :mod:`dpsco_jax.runner_user`).
+USER_PROBLEM = "user"
+
+
+@dataclasses.dataclass(frozen=True)
+class UserProblemKeys(Schema):
+  """``user``: your own problem, named by import path (``module:function``) and data file."""
+  factory: Optional[str] = _key(
+      "'module:function' building the problem (called with args, and seed / key / rngs if it "
+      "takes them): a mapping {loss, model, data, eval_data, metrics, constants, n_users}, a "
+      "(loss, model_or_params, data[, metric]) tuple, or a problem object with excess_risk")
+  args: Optional[dict] = _key("keyword arguments of the factory (without one: of model)")
+  model: Optional[str] = _key(
+      "'module:callable' returning an nnx.Module (run through fit_model / flax.DPTrainer) or "
+      "a params pytree (run through dpsco_jax.fit); called with args, and seed / key / rngs if "
+      "it takes them")
+  loss: Optional[str] = _key("'module:function' loss(model_or_params, example) -> scalar, one "
+                             "item")
+  data: Optional[Union[str, dict]] = _key(
+      "training data file: PATH or {path, user_column, columns, max_items_per_user, selection, "
+      "seed} (.npz, .csv, .parquet)")
+  eval_data: Optional[Union[str, dict]] = _key(
+      "data file the metrics read (same form as data; default: the training data)")
+  metric: Optional[Union[str, dict]] = _key(
+      "'module:function' metric(model_or_params, data) -> float (record field: its name), or "
+      "{field: 'module:function', ...}")
+  n_users: Optional[int] = _key("declared public number of users (algorithms read it under "
+                                "add_remove)")
+  lipschitz: Optional[float] = _key("declared constant L of your loss")
+  smoothness: Optional[float] = _key("declared constant beta of your loss")
+  radius: Optional[float] = _key("declared radius R of the constraint ball (default: none)")
+  strong_convexity: Optional[float] = _key("declared constant mu of your loss")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFileKeys(Schema):
+  """A user problem's ``data:`` / ``eval_data:`` mapping (a PATH alone is ``{path: PATH}``)."""
+  path: str = _key("the file: .npz (arrays of N rows), .csv or .parquet (one row per item)",
+                   required=True)
+  user_column: Optional[str] = _key("the array / column of user ids (.npz default: user_ids; "
+                                    "required for a table)")
+  columns: Optional[Union[list, dict]] = _key(
+      "the example's leaves: a list of arrays / columns, or {leaf: column or [columns]} "
+      "(stacked into one vector); default: every one but user_column")
+  max_items_per_user: Optional[int] = _key(
+      "declared contribution bound m (default: measured, which algorithms that read m refuse)")
+  selection: Optional[Literal["random", "first"]] = _key("which items a user beyond m keeps",
+                                                         "random")
+  seed: Optional[int] = _key("seed of the random selection", 0)
+
+
 PROBLEM_SCHEMAS: dict[str, type] = {
     "least_squares": NoisyProblem, "absolute": NoisyProblem, "logistic": LogisticProblem,
     "logistic_corrupted": CorruptedLogisticProblem, "hinge": HingeProblem,
     "l2_logistic": L2LogisticProblem, "ill_conditioned_least_squares": IllConditionedProblem,
     "ridge_tuning": RidgeTuningProblem,
+    USER_PROBLEM: UserProblemKeys,
 }
 
 # ------------------------------------------------------------------------------- baselines
@@ -395,6 +451,43 @@ class LocSgdConfig(LocGdConfig):
   batch_size: int = _key("Poisson batch size", required=True)
 
 
+# ------------------------------------------------------------------------------- flax trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class DPTrainerConfig(Schema):
+  """``flax.DPTrainer`` from a config (user problems with an nnx model only): Poisson DP-SGD
+  step by step, fast clipping, accounted as it goes (:class:`dpsco_jax.flax.DPTrainer`)."""
+  requires_one_of: ClassVar[tuple] = (("epsilon", "noise_multiplier"),)
+  epsilon: Optional[float] = _key("target epsilon of num_steps steps (calibrates z; also a "
+                                  "budget); null with noise_multiplier: report its epsilon")
+  delta: float = _key("target delta", required=True)
+  clip_norm: float = _key("clip norm C of each user's (item's) mean gradient", required=True)
+  sampling_rate: float = _key("declared Poisson rate q", required=True)
+  num_steps: int = _key("number of steps", required=True)
+  learning_rate: float = _key("step size of the optimizer", required=True)
+  optimizer: Literal["sgd", "momentum", "adam"] = _key(
+      "optax optimizer on the privatized gradient (momentum: 0.9)", "sgd")
+  expected_batch_size: Optional[float] = _key(
+      "declared denominator D (default sampling_rate x the declared n_users; under zero_out / "
+      "replace_one: q n)")
+  relation: Optional[Relation] = _key("neighbouring relation", "add_remove")
+  noise_multiplier: Optional[float] = _key("explicit z (skips calibration; checked vs budget)")
+  epsilon_budget: Optional[float] = _key("hard cap of the ledger")
+  level: Literal["user", "item"] = _key("user- or item-level DP", "user")
+  method: Literal["fast", "vmap", "auto"] = _key("per-user clipping: taps, vmap, or timed", "fast")
+  batch_capacity: Optional[int] = _key("users processed at once (default D + 4 sqrt(D) + 1)")
+  accumulation_steps: int = _key("micro-batches accumulated under one noise draw", 1)
+  accountant: Literal["pld", "rdp", "auto"] = _key("privacy accountant", "pld")
+  report_every: Optional[int] = _key("steps per accounting block / progress report (default "
+                                     "num_steps / 20)")
+
+
+#: Algorithms a config may name that are not registered drivers: they run only on a user
+#: problem (``problem: user``) with an nnx model.
+CONFIG_ONLY_ALGORITHMS: dict[str, type] = {"flax.DPTrainer": DPTrainerConfig}
+
+
 class _RegisteredConfigs(Mapping):
   """``ALGORITHM_SCHEMAS``: every registered algorithm's config class, read from the registry
   (:func:`dpsco_jax.algorithms.registry.algorithms`) on access. The ``@register(name,
@@ -402,9 +495,12 @@ class _RegisteredConfigs(Mapping):
   algorithm modules are imported on first access, never when this module is imported (they
   import the schemas above)."""
 
+  def __init__(self, extra: Mapping[str, type] | None = None):
+    self._extra = dict(extra or {})
+
   def _table(self) -> dict[str, type]:
     from dpsco_jax.algorithms.registry import algorithms
-    return {name: entry.config for name, entry in algorithms().items()}
+    return {**{name: entry.config for name, entry in algorithms().items()}, **self._extra}
 
   def __getitem__(self, name: str) -> type:
     return self._table()[name]
@@ -420,3 +516,6 @@ class _RegisteredConfigs(Mapping):
 
 
 ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs()
+#: What a config's ``algorithm`` may name: the registered algorithms and
+#: :data:`CONFIG_ONLY_ALGORITHMS`.
+CONFIG_ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs(CONFIG_ONLY_ALGORITHMS)

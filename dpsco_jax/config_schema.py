@@ -35,6 +35,14 @@ YAML types:
   loud) unless a ``noise_multiplier`` is given.
 * ``tuple[float, ...]``: a sequence. The runner sweeps list values, so a sequence-valued key
   is written as a list inside a list (``shares: [[0.5, 0.3, 0.2]]``).
+* ``dict``: a mapping with string keys (``args:`` of a user problem's factory, a ``data:``
+  file's options); the runner does not sweep inside it. ``list``: a list (inside such a
+  mapping).
+
+Besides the registered algorithms, a config may name the config-only ones
+(:data:`~dpsco_jax.config_families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``), which run on
+the ``user`` problem (your model, loss and data: :mod:`dpsco_jax.runner_user`);
+:data:`CONFIG_ALGORITHM_SCHEMAS` holds both.
 
 A field's default is documentation: ``None`` with a non-Optional type means "derived by the
 driver" (the doc gives the formula). ``required`` fields must be given.
@@ -59,12 +67,13 @@ from typing import Any, Literal, Union
 
 from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config_families import (  # noqa: F401 (the schemas, re-exported)
-    ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, RunnerKeys)
+    ALGORITHM_SCHEMAS, CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, RunnerKeys)
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
 MAX_COUNT = 2 ** 31 - 1
 
-__all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys", "ALIASES",
+__all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
+           "RunnerKeys", "ALIASES",
            "RETIRED", "validate", "keys_of", "describe", "typed"]
 
 
@@ -116,10 +125,11 @@ def _specs(schema: type, owner: str) -> dict[str, KeySpec]:
 
 
 def keys_of(algorithm: str, problem: str) -> dict[str, KeySpec]:
-  """Every key a run of ``algorithm`` on ``problem`` reads (runner, algorithm, problem)."""
+  """Every key a run of ``algorithm`` on ``problem`` reads (runner, algorithm, problem).
+  ``algorithm`` may also be a config-only one (``flax.DPTrainer``)."""
   out = _specs(RunnerKeys, "runner")
   out.update(_specs(PROBLEM_SCHEMAS[problem], "problem"))
-  for name, spec in _specs(ALGORITHM_SCHEMAS[algorithm], "algorithm").items():
+  for name, spec in _specs(CONFIG_ALGORITHM_SCHEMAS[algorithm], "algorithm").items():
     if name in out and out[name].owner == "problem" and out[name].type != spec.type:
       # one key, two meanings (paper 000's privacy `noise` switch vs the label noise)
       spec = dataclasses.replace(spec, owner="ambiguous",
@@ -137,7 +147,8 @@ def _type_name(tp: Any) -> str:
     return "one of " + ", ".join(repr(a) for a in args)
   if origin is tuple:
     return f"a list of {len(args)} numbers" if args[-1] is not Ellipsis else "a list of numbers"
-  return {float: "a number", int: "an integer", bool: "true or false", str: "a string"}[tp]
+  return {float: "a number", int: "an integer", bool: "true or false", str: "a string",
+          dict: "a mapping", list: "a list"}[tp]
 
 
 def _is_number(v: Any) -> bool:
@@ -171,6 +182,10 @@ def _coerce(tp: Any, v: Any) -> tuple[bool, Any]:
     return isinstance(v, bool), v
   if tp is str:
     return isinstance(v, str), v
+  if tp is dict:  # a mapping with string keys (not swept: the runner sweeps top-level lists)
+    return isinstance(v, dict) and all(isinstance(k, str) for k in v), v
+  if tp is list:
+    return isinstance(v, list), v
   raise TypeError(f"unsupported schema annotation {tp!r}")
 
 
@@ -252,7 +267,7 @@ def validate(cfg: dict) -> dict:
   required key."""
   if not isinstance(cfg, dict):
     raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
-  algorithm = _check_name(cfg, "algorithm", ALGORITHM_SCHEMAS)
+  algorithm = _check_name(cfg, "algorithm", CONFIG_ALGORITHM_SCHEMAS)
   problem = _check_name(cfg, "problem", PROBLEM_SCHEMAS)
   allowed = keys_of(algorithm, problem)
   where = f"algorithm {algorithm!r} on problem {problem!r}"
@@ -271,7 +286,7 @@ def validate(cfg: dict) -> dict:
   for key, spec in allowed.items():
     if spec.required and out.get(key) is None:
       raise ConfigError(f"{where} needs {key} ({spec.doc})")
-  schema = ALGORITHM_SCHEMAS[algorithm]
+  schema = CONFIG_ALGORITHM_SCHEMAS[algorithm]
   for group in getattr(schema, "requires_one_of", ()):
     if all(out.get(k) is None for k in group):
       raise ConfigError(f"{where} needs one of {', '.join(group)}")
@@ -320,7 +335,8 @@ def typed(cfg: dict) -> tuple[Any, Any]:
   def build(schema):
     names = {f.name for f in dataclasses.fields(schema)}
     return schema(**{k: v for k, v in cfg.items() if k in names})
-  return (build(ALGORITHM_SCHEMAS[cfg["algorithm"]]), build(PROBLEM_SCHEMAS[cfg["problem"]]))
+  return (build(CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]]),
+          build(PROBLEM_SCHEMAS[cfg["problem"]]))
 
 
 def describe(algorithm: str, problem: str) -> str:

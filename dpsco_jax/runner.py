@@ -24,6 +24,15 @@ section must be one of that section's schema (a problem key in ``algorithm:`` is
 ``label`` stay outside the sections. ``label: TEXT`` names a row (kept in its records as
 ``label``; a table column when labels differ).
 
+**Your model, loss and data** (:mod:`dpsco_jax.runner_user`): a ``problem:`` section may name
+a factory or a model + loss + data file by import path; such runs have no known optimum and
+report your metrics (``metric:``) instead of ``excess_risk``; ``algorithm: flax.DPTrainer``
+trains an nnx model of such a problem step by step::
+
+    problem: {factory: "experiments.digits_problem:make_digits", args: {n_users: 180}}
+    select: {metric: test_accuracy, over: [learning_rate], rule: max_mean}
+    compare: {baseline: nonprivate_sgd, metric: test_accuracy, better: higher}
+
 Every expanded run is validated before any run starts
 (:func:`dpsco_jax.config_schema.validate`): a key its algorithm and problem do not read
 (``epsilonn``), a value of the wrong type (``epsilon: '1.0'``, ``epsilon: yes``,
@@ -36,8 +45,8 @@ epsilon_kind, delta, provenance, excess_risk, gradient_evaluations, wall_time_s,
 (``epsilon`` and ``delta`` are the *guaranteed* values from the result's privacy report, and
 ``epsilon_kind`` says whether that epsilon is ``exact`` or an ``upper_bound``; the requested
 target is kept as ``target_epsilon``). The table (and the JSON ``summary``) has one row per
-value of the swept fields: seeds, mean, std and Student-t 95% interval of ``excess_risk``, the
-largest epsilon over the seeds and its ``epsilon_kind``.
+value of the swept fields: seeds, mean, std and Student-t 95% interval of ``excess_risk`` (and
+of each user metric), the largest epsilon over the seeds and its ``epsilon_kind``.
 
 **Paired comparison** (:mod:`dpsco_jax.runner_stats`)::
 
@@ -45,14 +54,14 @@ largest epsilon over the seeds and its ``epsilon_kind``.
 
 ``baseline`` is a row label, else an algorithm name, or a mapping of row fields
 (``{algorithm: dp_sgd_user, epsilon: 1.0}``, ``epsilon`` being the requested one); ``metric``
-(default ``excess_risk``; lower is better) is any numeric record field (checked: a name
-that is not one stops the run at the first record without it, listing the fields). Each other
-row is paired with the baseline row (the only one, else the one that agrees with it on the swept
-fields both set, e.g. the same epsilon; ``select``'s fields excepted) and gets, over the
-seeds both ran successfully (``paired_seeds``): ``ratio`` = mean(row) / mean(baseline),
+(default ``excess_risk``; lower is better unless ``better: higher``) is any numeric record
+field (checked: a name that is not one stops the run at the first record without it, listing
+the fields). Each other row is paired with the baseline row (the only one, else the one that
+agrees with it on the swept fields both set, e.g. the same epsilon; ``select``'s fields
+excepted) and gets, over the seeds both ran successfully (``paired_seeds``): ``ratio`` = mean(row) / mean(baseline),
 ``ratio_ci95_lo`` / ``ratio_ci95_hi`` = percentile bootstrap 95% interval (``resamples``
 resamples of the paired seeds drawn jointly, generator seeded by ``seed``: deterministic),
-``wins`` / ``win_rate`` = seeds where the row's metric is strictly lower; also
+``wins`` / ``win_rate`` = seeds where the row's metric is strictly better; also
 ``compare_role`` (``baseline`` / ``compared``), ``compare_baseline``, ``compare_metric``,
 ``ratio_ci_method`` (or ``compare_note`` saying why a row has no baseline). The table shows
 ``ratio[boot95]`` and ``wins`` (= wins/paired seeds); ``--plot`` also draws the ratio with its
@@ -92,12 +101,15 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from dpsco_jax.config_families import CONFIG_ONLY_ALGORITHMS, USER_PROBLEM
 from dpsco_jax.config_schema import ConfigError, validate  # noqa: F401 (re-exported)
 from dpsco_jax.runner_config import (RUNNER_ONLY, check_baseline, check_record_metric,
                                      flatten_sections, parse_compare, yaml_loader)
-from dpsco_jax.runner_plot import plot_ratio, plot_rows
+from dpsco_jax.runner_plot import _draw, plot_ratio, plot_rows
+from dpsco_jax import runner_user
 from dpsco_jax.runner_stats import (  # noqa: F401 (t_interval re-exported)
-    add_comparisons, compare_cells, compare_footnote, group_records, t_interval)
+    add_comparisons, compare_cells, compare_footnote, group_records, metric_stats,
+    record_metrics, row_metrics, t_interval)
 from dpsco_jax import runner_tuning as tuning
 
 RESERVED = RUNNER_ONLY
@@ -107,10 +119,14 @@ def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
   """``(algorithms, problems)``: every registered driver by name
   (:func:`dpsco_jax.algorithms.registry.algorithms`, which imports
   ``registry.ALGORITHM_MODULES``) and every problem factory
-  (:func:`dpsco_jax.problems.problems`)."""
+  (:func:`dpsco_jax.problems.problems`, plus ``user``: your code,
+  :func:`dpsco_jax.runner_user.make_problem`). A config may also name the config-only
+  algorithms (:data:`~dpsco_jax.config_families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``),
+  which run on a user problem."""
   from dpsco_jax.algorithms.registry import algorithms
   from dpsco_jax.problems import problems
-  return {name: entry.driver for name, entry in algorithms().items()}, problems()
+  return ({name: entry.driver for name, entry in algorithms().items()},
+          {**problems(), USER_PROBLEM: runner_user.make_problem})
 
 
 def expand(config: dict) -> list[dict]:
@@ -147,6 +163,8 @@ def swept_fields(config: dict) -> list[str]:
 def _problem_cache_key(cfg: dict) -> tuple:
   """Runs that share this key share one problem instance (and its data)."""
   from dpsco_jax.problems import PROBLEM_KEYS, PROBLEM_NAMES
+  if cfg["problem"] == USER_PROBLEM:
+    return runner_user.cache_key(cfg)
   if cfg["problem"] in PROBLEM_NAMES:
     fields = ("problem", "seed") + PROBLEM_KEYS
     return tuple((k, repr(cfg.get(k))) for k in fields)
@@ -175,14 +193,15 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
   for field in ("algorithm", "problem"):
     if field not in cfg:
       raise ConfigError(f"config is missing the field {field!r}")
-  for field, known in (("algorithm", algorithms), ("problem", problems)):
+  for field, known in (("algorithm", {**algorithms, **CONFIG_ONLY_ALGORITHMS}),
+                       ("problem", problems)):
     if not isinstance(cfg[field], str) or cfg[field] not in known:
       hint = difflib.get_close_matches(str(cfg[field]), list(known), n=1)
       raise ConfigError(f"unknown {field} {cfg[field]!r}"
                         + (f" (did you mean {hint[0]!r}?)" if hint else "")
                         + f"; known: {', '.join(sorted(known))}")
-  from dpsco_jax.config_schema import ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS
-  for field, schemas in (("algorithm", ALGORITHM_SCHEMAS), ("problem", PROBLEM_SCHEMAS)):
+  from dpsco_jax.config_schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS
+  for field, schemas in (("algorithm", CONFIG_ALGORITHM_SCHEMAS), ("problem", PROBLEM_SCHEMAS)):
     if cfg[field] not in schemas:  # a bug of the library, not of the config
       raise ConfigError(f"{field} {cfg[field]!r} is registered but has no config schema; add "
                         "one to dpsco_jax/config_schema.py")
@@ -190,6 +209,12 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
   if label is not None and not isinstance(label, str):
     raise ConfigError(f"label must be a string (one row label), got {label!r}")
   out = validate({k: v for k, v in cfg.items() if k != "label"})
+  if out["problem"] == USER_PROBLEM:
+    runner_user.check(out)  # imports, arguments, data files and columns
+  elif out["algorithm"] in CONFIG_ONLY_ALGORITHMS:
+    raise ConfigError(f"{out['algorithm']} trains your nnx model: it runs on a user problem "
+                      "(problem: {factory: ...} or model, loss and data), not on "
+                      f"{out['problem']!r}")
   return out if label is None else {**out, "label": label}
 
 
@@ -218,9 +243,11 @@ class ProblemCache(collections.OrderedDict):
       self.popitem(last=False)
 
 
-def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None) -> dict:
+def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None,
+            on_progress: Callable | None = None) -> dict:
   """Validates one run config (:func:`dpsco_jax.config_schema.validate`), runs it and returns
-  its record."""
+  its record. ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem
+  run (steps done, epsilon so far)."""
   cfg = _checked(cfg, algorithms, problems)
   label = cfg.pop("label", None)
   seed = int(cfg.get("seed", 0))
@@ -232,6 +259,23 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
     problem = problems[cfg["problem"]](cfg, jax.random.fold_in(key, 0))
     if cache is not None:
       cache[cache_key] = problem
+  if isinstance(problem, runner_user.UserProblem):
+    record = runner_user.run(problem, cfg, jax.random.fold_in(key, 1), on_progress)
+  else:
+    if cfg["algorithm"] not in algorithms:
+      raise ConfigError(f"{cfg['algorithm']} trains an nnx model of a user problem; this "
+                        f"problem ({type(problem).__name__}) has none")
+    record = _registered_record(problem, cfg, key, algorithms)
+  if label is not None:
+    record["label"] = label
+  extras = {k: v for k, v in cfg.items() if k not in record}
+  record["config"] = extras
+  return _jsonable(record)
+
+
+def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict) -> dict:
+  """A registered driver on a problem object with a known optimum: its record."""
+  seed = int(cfg.get("seed", 0))
   start = time.perf_counter()
   result = algorithms[cfg["algorithm"]](problem, cfg, jax.random.fold_in(key, 1))
   params = jax.block_until_ready(result.params)
@@ -257,19 +301,21 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
     record["privacy_notes"] = result.privacy.notes
   if cfg.get("debug") is True and result.debug is not None:
     record["debug"] = result.debug
-  if label is not None:
-    record["label"] = label
-  extras = {k: v for k, v in cfg.items() if k not in record}
-  record["config"] = extras
-  return _jsonable(record)
+  return record
 
 
-def _progress(i: int, total: int, cfg: dict, t0: float) -> None:
+def _progress(i: int, total: int, cfg: dict, t0: float, step=None) -> None:
+  """The progress line: runs done, elapsed time, the current run, and (``step``, a
+  :class:`dpsco_jax.api.Progress` of a user-problem run) its steps and epsilon so far."""
   width = 24
   done = int(width * i / total)
   elapsed = time.perf_counter() - t0
   desc = f"{cfg['algorithm']} seed={cfg.get('seed', 0)}" if cfg else "done"
-  sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{total} {elapsed:6.1f}s {desc:40.40s}")
+  if step is not None:
+    desc += f" step {step.step}" + (f"/{step.num_steps}" if step.num_steps else "") + (
+        "" if step.epsilon is None else f" eps {step.epsilon:.3g}")
+  sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{total} {elapsed:6.1f}s "
+                   f"{desc:60.60s}")
   sys.stderr.flush()
 
 
@@ -299,8 +345,10 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
   for i, cfg in enumerate(runs):
     if progress:
       _progress(i, len(runs), cfg, t0)
+    on_step = (lambda p, i=i, cfg=cfg: _progress(i, len(runs), cfg, t0, p)) if progress else None
     try:
-      record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache)
+      record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
+                       on_progress=on_step)
       record["status"] = "ok"
     except Exception as err:  # noqa: BLE001 - one bad run must not lose the others
       record = _failed_record(cfg, err)
@@ -344,14 +392,16 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
       ("select.metric", phases.select), ("compare.metric", compare)) if spec is not None)
   kw = dict(algorithms=algorithms, problems=problems, progress=progress, metrics=metrics)
   if phases.select is None:  # user errors in any run are reported before anything runs
-    return execute(_validated(phases.config, algorithms, problems), on_record=on_record,
-                   **kw), None
+    runs = _validated(phases.config, algorithms, problems)
+    runner_user.check_metrics(runs, metrics)
+    return execute(runs, on_record=on_record, **kw), None
   spec = phases.select
   swept = swept_fields(phases.config)
   tuning.check_over(spec, swept)
   fields = tuning.group_fields(spec, swept)
   tune = _validated(phases.with_seeds(phases.tuning_seeds), algorithms, problems)
   evals = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
+  runner_user.check_metrics(tune + evals, metrics)
   tuned = execute(tune, on_record=on_record, phase="tuning", **kw)
   chosen, report = tuning.choose(tune, tuned, spec, fields)
   selected = [c for c in evals if tuning.is_selected(c, chosen, spec, fields)]
@@ -367,22 +417,23 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
 
 def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
   """Mean, std and 95% t-interval over seeds of every group of records sharing ``fields``
-  (failed runs are counted in ``failed`` and left out of the statistics)."""
+  (failed runs are counted in ``failed`` and left out of the statistics), for
+  ``excess_risk`` and every user metric (:func:`dpsco_jax.runner_stats.record_metrics`):
+  ``<metric>_mean``, ``_std``, ``_ci95_lo``, ``_ci95_hi``."""
   rows = []
+  metrics = record_metrics(records)
   for key, group in group_records(records, fields).items():
     rs = [r for r in group if r.get("status", "ok") == "ok"]
     row = {**dict(zip(fields, key)), "seeds": len(rs), "failed": len(group) - len(rs)}
     if rs:
-      risks = [float(r["excess_risk"]) for r in rs]
-      lo, hi = t_interval(risks)
+      for metric in metrics:
+        row.update(metric_stats(rs, metric))
+      work = [r["gradient_evaluations"] for r in rs if r.get("gradient_evaluations") is not None]
       row.update({
-          "excess_risk_mean": statistics.fmean(risks),
-          "excess_risk_std": statistics.stdev(risks) if len(risks) > 1 else 0.0,
-          "excess_risk_ci95_lo": lo, "excess_risk_ci95_hi": hi,
           "epsilon": max(float(r["epsilon"]) for r in rs),
           "epsilon_kind": ",".join(sorted({r.get("epsilon_kind", "exact") for r in rs})),
           "provenance": ",".join(sorted({r["provenance"] for r in rs})),
-          "gradient_evaluations": statistics.fmean(r["gradient_evaluations"] for r in rs),
+          "gradient_evaluations": statistics.fmean(work) if work else None,
           "wall_time_s": statistics.fmean(r["wall_time_s"] for r in rs)})
     else:
       row["error"] = group[0].get("error", "")
@@ -391,10 +442,17 @@ def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
 
 
 def format_table(rows: list[dict], fields: list[str]) -> str:
-  """The printed table; with a ``compare:`` block, two compact columns: ``ratio[boot95]``
-  (ratio to the baseline [percentile bootstrap 95%]) and ``wins`` (wins/paired seeds)."""
-  cols = fields + ["excess_risk_mean", "excess_risk_std", "ci95", "epsilon", "epsilon_kind",
-                   "provenance", "gradient_evaluations", "wall_time_s", "seeds"]
+  """The printed table: per metric (``excess_risk``, your metrics) its mean, std and
+  Student-t interval (``ci95``; ``<metric>_ci95`` with several metrics); with a ``compare:``
+  block, two compact columns: ``ratio[boot95]`` (ratio to the baseline [percentile bootstrap
+  95%]) and ``wins`` (wins/paired seeds)."""
+  metrics = row_metrics(rows)
+  ci = {m: "ci95" if len(metrics) == 1 else f"{m}_ci95" for m in metrics}
+  cols = fields + [c for m in metrics for c in (f"{m}_mean", f"{m}_std", ci[m])]
+  first = f"{metrics[0]}_mean" if metrics else "result"
+  cols += ["result"] if not metrics else []
+  cols += ["epsilon", "epsilon_kind", "provenance", "gradient_evaluations", "wall_time_s",
+           "seeds"]
   if any(r.get("failed") for r in rows):
     cols.append("failed")
   compared = any("compare_metric" in r for r in rows)
@@ -405,10 +463,11 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
       return f"{v:.4g}"
     return "" if v is None else str(v)
   def cell(r, c):
-    if c == "ci95":
-      lo, hi = r.get("excess_risk_ci95_lo"), r.get("excess_risk_ci95_hi")
+    metric = next((m for m in metrics if ci[m] == c), None)
+    if metric is not None:
+      lo, hi = r.get(f"{metric}_ci95_lo"), r.get(f"{metric}_ci95_hi")
       return "" if lo is None or math.isnan(lo) else f"[{lo:.3g}, {hi:.3g}]"
-    if c == "excess_risk_mean" and "error" in r:
+    if c == first and "error" in r:
       return "FAILED"
     if c in ("ratio[boot95]", "wins"):
       return compare_cells(r)[c]
@@ -422,8 +481,18 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
 
 def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str:
   """Excess risk (mean and 95% t-interval over seeds) against ``x_field``, one line per other
-  group (:func:`dpsco_jax.runner_plot.plot_rows`)."""
-  return plot_rows(aggregate(records, fields), x_field, fields, path)
+  group (:func:`dpsco_jax.runner_plot.plot_rows`); without excess risk (a user problem), the
+  first metric."""
+  return _plot_metric(aggregate(records, fields), x_field, fields, path)
+
+
+def _plot_metric(rows: list[dict], x: str, fields: list[str], path: str) -> str:
+  metrics = row_metrics(rows)
+  if not metrics or metrics[0] == "excess_risk":
+    return plot_rows(rows, x, fields, path)
+  m = metrics[0]
+  rows = [r for r in rows if r.get("seeds") and r.get(x) is not None]
+  return _draw(rows, x, fields, path, f"{m}_mean", f"{m}_ci95_lo", f"{m}_ci95_hi", m)
 
 
 def load_config(path: str) -> dict:
@@ -487,7 +556,7 @@ def _plots(rows: list[dict], fields: list[str], plot_field: str, out: str | None
     return
   stem = (out or "results").rsplit(".", 1)[0]
   fields = [f for f in fields if f not in selected or f == x]
-  print(f"plot: {plot_rows(rows, x, fields, stem + f'_{plot_field}.png')}")
+  print(f"plot: {_plot_metric(rows, x, fields, stem + f'_{plot_field}.png')}")
   if compare is not None:
     print(f"plot: {plot_ratio(rows, x, fields, stem + f'_{plot_field}_ratio.png')}")
 

@@ -1,6 +1,11 @@
 """The runner's config file syntax before validation: ``problem:`` / ``data:`` / ``algorithm:``
 sections, row labels and the ``compare:`` block (see :mod:`dpsco_jax.runner`'s docstring).
 
+A ``problem:`` section without ``name`` that names your code (``factory:``, or ``model:`` /
+``loss:`` / ``data:``) is the ``user`` problem (:mod:`dpsco_jax.runner_user`); ``data:`` is
+then a data file (a path ending in :data:`DATA_SUFFIXES`, or a mapping with ``path``), also
+at the top level, where a ``data:`` mapping without ``path`` stays the problem's section.
+
 Sections are flattened to the flat run mapping that :func:`dpsco_jax.config_schema.validate`
 and the drivers read: ``algorithm: {name: dp_sgd_user, epsilon: 1.0}`` is the flat
 ``algorithm: dp_sgd_user, epsilon: 1.0``. A key inside a section must be a key of that
@@ -20,6 +25,7 @@ import itertools
 from typing import Any
 
 from dpsco_jax._checks import MAX_SEED
+from dpsco_jax.config_families import USER_PROBLEM
 from dpsco_jax.config_schema import ConfigError
 
 #: section key -> the flat field its ``name`` sets (``data`` is another word for ``problem``)
@@ -27,27 +33,43 @@ SECTIONS = {"problem": "problem", "data": "problem", "algorithm": "algorithm"}
 #: top-level keys that are not run keys (handled by the runner itself)
 RUNNER_ONLY = ("experiments", "name", "description", "compare", "select", "tuning_seeds",
                "eval_seeds")
+#: the file kinds a ``data:`` key reads (:mod:`dpsco_jax.runner_user`)
+DATA_SUFFIXES = (".npz", ".csv", ".parquet")
+#: keys that make a problem without ``name`` the user problem
+USER_KEYS = ("factory", "model", "loss", "data")
 
 
 def _as_list(v: Any) -> list:
   return v if isinstance(v, list) else [v]
 
 
+def _is_data_file(value: Any) -> bool:
+  """A ``data:`` value that names a file (a path, or a mapping with ``path``), not a section."""
+  if isinstance(value, dict):
+    return "path" in value
+  return isinstance(value, str) and value.lower().endswith(DATA_SUFFIXES)
+
+
+def _is_section(sec: str, body: Any) -> bool:
+  return isinstance(body, dict) and not (sec == "data" and _is_data_file(body))
+
+
 def _flatten_entry(entry: dict, where: str) -> tuple[dict, dict[str, str]]:
   """(flat mapping, {key: the section it came from}) of one mapping of a config."""
-  flat = {k: v for k, v in entry.items() if not (k in SECTIONS and isinstance(v, dict))}
+  flat = {k: v for k, v in entry.items() if not (k in SECTIONS and _is_section(k, v))}
   origins: dict[str, str] = {}
-  if "data" in flat:
-    raise ConfigError(f"{where}data: must be a mapping (the problem's section, with its name), "
-                      f"got {flat['data']!r}")
-  if isinstance(entry.get("problem"), dict) and isinstance(entry.get("data"), dict):
+  if "data" in flat and not all(_is_data_file(v) for v in _as_list(flat["data"])):
+    raise ConfigError(f"{where}data: must be a mapping (the problem's section, with its name) "
+                      f"or a data file (a path ending in {', '.join(DATA_SUFFIXES)}, or "
+                      f"{{path: ..., user_column: ...}}), got {flat['data']!r}")
+  if _is_section("problem", entry.get("problem")) and _is_section("data", entry.get("data")):
     raise ConfigError(f"{where}problem and data are the same section; give one of them")
   for sec, field in SECTIONS.items():
     body = entry.get(sec)
-    if isinstance(body, list) and any(isinstance(x, dict) for x in body):
+    if isinstance(body, list) and any(_is_section(sec, x) for x in body):
       raise ConfigError(f"{where}{sec}: a list of sections; write one experiments entry per "
                         "section (a list of names is swept: name: [a, b])")
-    if not isinstance(body, dict):
+    if not _is_section(sec, body):
       continue
     for key, value in body.items():
       target = field if key == "name" else key
@@ -59,6 +81,8 @@ def _flatten_entry(entry: dict, where: str) -> tuple[dict, dict[str, str]]:
         origins[key] = sec
   if "label" in flat and not isinstance(flat["label"], str):
     raise ConfigError(f"{where}label must be a string (one row label), got {flat['label']!r}")
+  if "problem" not in flat and any(k in flat for k in USER_KEYS):
+    flat["problem"] = USER_PROBLEM  # your factory, or your model + loss + data
   return flat, origins
 
 
@@ -69,14 +93,15 @@ def _schema_fields(schemas: dict, name: str) -> set[str]:
 def _check_sections(merged: dict, origins: dict[str, str], where: str) -> None:
   """Every key given inside a section is a key of that section's schema, for every algorithm x
   problem the (possibly swept) names take."""
-  from dpsco_jax.config_schema import ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, keys_of
+  from dpsco_jax.config_schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, keys_of
   if not origins:
     return
   for algorithm, problem in itertools.product(_as_list(merged.get("algorithm")),
                                               _as_list(merged.get("problem"))):
-    if algorithm not in ALGORITHM_SCHEMAS or problem not in PROBLEM_SCHEMAS:
+    if not isinstance(algorithm, str) or not isinstance(problem, str) or (
+        algorithm not in CONFIG_ALGORITHM_SCHEMAS or problem not in PROBLEM_SCHEMAS):
       continue  # an unknown or missing name: validate reports it, with a suggestion
-    own = {"algorithm": _schema_fields(ALGORITHM_SCHEMAS, algorithm),
+    own = {"algorithm": _schema_fields(CONFIG_ALGORITHM_SCHEMAS, algorithm),
            "problem": _schema_fields(PROBLEM_SCHEMAS, problem)}
     allowed = keys_of(algorithm, problem)
     for key, sec in origins.items():
@@ -191,7 +216,7 @@ def yaml_loader():
 #: Record fields that are never a number (a metric must be one).
 NON_METRIC_FIELDS = ("algorithm", "problem", "provenance", "privacy_level", "relation",
                      "epsilon_kind", "status", "error", "label", "config", "phase",
-                     "privacy_notes", "debug", "seed")
+                     "privacy_notes", "debug", "seed", "source", "user_metrics")
 
 
 def check_metric_name(metric: Any, where: str) -> str:
@@ -202,7 +227,8 @@ def check_metric_name(metric: Any, where: str) -> str:
     raise ConfigError(f"{where} must be a record field name, got {metric!r}")
   if metric in NON_METRIC_FIELDS:
     raise ConfigError(f"{where}: {metric!r} is not a numeric record field; use e.g. "
-                      "excess_risk, epsilon, gradient_evaluations, wall_time_s")
+                      "excess_risk, epsilon, gradient_evaluations, wall_time_s, or a user "
+                      "problem's metric")
   return metric
 
 
@@ -232,11 +258,14 @@ def check_record_metric(record: dict, metric: str, where: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CompareSpec:
-  """``compare: {baseline: ..., metric: excess_risk, resamples: 2000, seed: 0}``."""
+  """``compare: {baseline: ..., metric: excess_risk, better: lower, resamples: 2000, seed: 0}``
+  (``better: higher`` for a metric such as an accuracy: a win is then a strictly higher
+  value)."""
   baseline: Any  # a row label, an algorithm name, or a mapping of row fields
   metric: str = "excess_risk"
   resamples: int = 2000
   seed: int = 0
+  better: str = "lower"
 
 
 def _is_int(v: Any) -> bool:
@@ -255,13 +284,16 @@ def parse_compare(config: dict) -> CompareSpec | None:
   unknown = set(spec) - {f.name for f in dataclasses.fields(CompareSpec)}
   if unknown:
     raise ConfigError(f"compare: unknown key(s) {', '.join(sorted(map(str, unknown)))}; it "
-                      "reads baseline, metric, resamples, seed")
+                      "reads baseline, metric, better, resamples, seed")
   if "baseline" not in spec:
     raise ConfigError("compare: needs baseline (a row label, an algorithm name, or a mapping "
                       "of row fields such as {algorithm: dp_sgd_user, epsilon: 1.0})")
   if not isinstance(spec["baseline"], (str, dict)) or not spec["baseline"]:
     raise ConfigError(f"compare.baseline must be a name or a mapping, got {spec['baseline']!r}")
   check_metric_name(spec.get("metric", "excess_risk"), "compare.metric")
+  if spec.get("better", "lower") not in ("lower", "higher"):
+    raise ConfigError(f"compare.better must be lower or higher (which values of the metric "
+                      f"win), got {spec['better']!r}")
   if not _is_int(spec.get("resamples", 2000)) or spec.get("resamples", 2000) < 100:
     raise ConfigError(f"compare.resamples must be an integer >= 100, got {spec['resamples']!r}")
   if not _is_int(spec.get("seed", 0)) or not 0 <= spec.get("seed", 0) <= MAX_SEED:

@@ -26,6 +26,48 @@ def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
   return mean - half, mean + half
 
 
+def _is_number(v: Any) -> bool:
+  # a non-finite float is written as a string ("nan", "inf") by the runner's JSON view
+  return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in ("nan", "inf",
+                                                                           "-inf")
+
+
+def record_metrics(records: list[dict]) -> list[str]:
+  """The metrics a table summarizes: ``excess_risk`` where a successful record has it (the
+  registered problems; also when nothing succeeded and no record is a user problem's), then
+  every user metric (a record's ``user_metrics``) in order of appearance."""
+  ok = [r for r in records if r.get("status", "ok") == "ok"]
+  out = []
+  if any(_is_number(r.get("excess_risk")) for r in ok) or (
+      not ok and not all(r.get("problem") == "user" for r in records)):
+    out.append("excess_risk")
+  for r in ok:
+    out += [m for m in r.get("user_metrics") or () if m not in out]
+  return out
+
+
+def metric_stats(records: list[dict], metric: str) -> dict:
+  """``<metric>_mean``, ``_std``, ``_ci95_lo``, ``_ci95_hi`` over the records that have it
+  (nothing when none has)."""
+  values = [float(r[metric]) for r in records if _is_number(r.get(metric))]
+  if not values:
+    return {}
+  lo, hi = t_interval(values)
+  return {f"{metric}_mean": statistics.fmean(values),
+          f"{metric}_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+          f"{metric}_ci95_lo": lo, f"{metric}_ci95_hi": hi}
+
+
+def row_metrics(rows: list[dict]) -> list[str]:
+  """The metrics summarized in rows of :func:`dpsco_jax.runner.aggregate` (first-seen
+  order)."""
+  out: list[str] = []
+  for row in rows:
+    out += [k[:-len("_ci95_lo")] for k in row if k.endswith("_ci95_lo")
+            and f"{k[:-len('_ci95_lo')]}_mean" in row and k[:-len("_ci95_lo")] not in out]
+  return out
+
+
 def group_key(record: dict, fields: Iterable[str]) -> tuple:
   """The values of ``fields`` in a record (top level first, then its ``config``)."""
   return tuple(record.get(f, record.get("config", {}).get(f)) for f in fields)
@@ -50,10 +92,14 @@ def per_seed(records: list[dict], metric: str) -> dict[int, float]:
 
 
 def paired_comparison(values: dict[int, float], baseline: dict[int, float], *,
-                      resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+                      resamples: int = 2000, seed: int = 0, level: float = 0.95,
+                      better: str = "lower") -> dict:
   """Row vs baseline on the seeds both have: ``ratio`` = mean(row) / mean(baseline), its
   percentile bootstrap interval (seeds resampled jointly, so each resample keeps the pairs;
-  NaN with fewer than 2 paired seeds), ``wins`` = seeds where the row is strictly lower."""
+  NaN with fewer than 2 paired seeds), ``wins`` = seeds where the row is strictly lower
+  (``better="higher"``: strictly higher, e.g. an accuracy)."""
+  if better not in ("lower", "higher"):
+    raise ValueError(f"better must be 'lower' or 'higher', got {better!r}")
   seeds = sorted(set(values) & set(baseline))
   n = len(seeds)
   out: dict[str, Any] = {"paired_seeds": n, "ratio": math.nan, "ratio_ci95_lo": math.nan,
@@ -69,7 +115,7 @@ def paired_comparison(values: dict[int, float], baseline: dict[int, float], *,
       ratios = x[idx].mean(axis=1) / y[idx].mean(axis=1)
       lo, hi = np.percentile(ratios, [50 * (1 - level), 50 * (1 + level)])
       out["ratio_ci95_lo"], out["ratio_ci95_hi"] = float(lo), float(hi)
-  out["wins"] = int((x < y).sum())
+  out["wins"] = int((x < y).sum() if better == "lower" else (x > y).sum())
   out["win_rate"] = out["wins"] / n
   return out
 
@@ -133,7 +179,8 @@ def add_comparisons(rows: list[dict], records: list[dict], fields: list[str],
                 "ratio_ci_method": method})
     row.update(paired_comparison(per_seed(groups[i], spec.metric),
                                  per_seed(groups[b], spec.metric),
-                                 resamples=spec.resamples, seed=spec.seed))
+                                 resamples=spec.resamples, seed=spec.seed,
+                                 better=spec.better))
   return rows
 
 
@@ -151,7 +198,7 @@ def compare_cells(row: dict) -> dict[str, str]:
 def compare_footnote(rows: list[dict], spec: CompareSpec) -> str:
   """What the comparison columns mean (printed under the table)."""
   lines = [f"(ratio: mean {spec.metric} of the row / of its baseline over the seeds both ran "
-           f"(wins: of those paired seeds, how many had a lower {spec.metric}); [lo, hi]: "
+           f"(wins: of those paired seeds, how many had a {spec.better} {spec.metric}); [lo, hi]: "
            f"percentile bootstrap 95% interval, {spec.resamples} joint resamples of the paired "
            f"seeds, seed {spec.seed})"]
   for r in rows:

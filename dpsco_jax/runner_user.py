@@ -1,0 +1,674 @@
+"""Your model, loss and data in a YAML sweep: the runner's ``user`` problem.
+
+A config names your code by import path (``module:function``; the current directory is on
+the import path) and your data by file, in the ``problem:`` section::
+
+    problem:                                   # a factory that builds the whole problem
+      factory: experiments.digits_problem:make_digits
+      args: {n_users: 180, max_items_per_user: 16}
+
+    problem:                                   # or a model, a loss and a data file
+      model: my_pkg.models:MLP                 # an nnx.Module class / function, or a function
+      loss: my_pkg.models:loss_fn              #   returning a params pytree
+      data: {path: users.csv, user_column: user, columns: {x: [f0, f1, f2], y: label},
+             max_items_per_user: 16}
+      eval_data: {path: held_out.csv, user_column: user, columns: {x: [f0, f1, f2], y: label}}
+      metric: {test_accuracy: my_pkg.models:accuracy}
+      lipschitz: 1.0                           # declared constants (as ``constants=``)
+
+* ``factory`` / ``model`` are called with ``args`` and, if their signature names them, the
+  run's ``seed`` (int), ``key`` (a JAX key) and ``rngs`` (``nnx.Rngs(seed)``), once per seed.
+  A factory returns a :class:`UserProblem`, a mapping of its fields, a ``(loss,
+  model_or_params, data[, metric])`` tuple, or a problem object with ``excess_risk`` (run like
+  the registered problems).
+* ``model`` is an ``nnx.Module`` (run through :func:`dpsco_jax.flax.fit_model`, or
+  ``algorithm: flax.DPTrainer``) or a params pytree (run through :func:`dpsco_jax.fit`);
+  ``loss(model_or_params, example) -> scalar`` for one item.
+* ``data`` / ``eval_data``: ``PATH`` or ``{path, user_column, columns, max_items_per_user,
+  selection, seed}``; ``.npz`` (arrays of ``N`` rows, ids in ``user_column``, default
+  ``user_ids``), ``.csv`` / ``.parquet`` (one row per item, read through
+  :meth:`UserData.from_table`; ``user_column`` required). ``columns``: a list of leaves, or
+  ``{leaf: column or [columns]}`` (a list is stacked into one vector). Relative paths are
+  relative to the current directory. ``max_items_per_user`` is the declared bound ``m``;
+  without it ``m`` is measured, and algorithms whose guarantee reads ``m`` refuse the config.
+* ``metric``: ``module:function`` (record field: the function's name) or ``{field:
+  module:function}``; ``metric(trained_model_or_params, eval_data or data) -> float``. There is
+  no known optimum, so records carry these metrics instead of ``excess_risk``; ``select`` and
+  ``compare`` read them (``select: {metric: test_accuracy, rule: max_mean}``, ``compare:
+  {metric: test_accuracy, better: higher}``).
+
+Everything is checked before any run (:func:`check`): the imports, the argument names, the
+files, their columns; each error is one :class:`ConfigError` line (the CLI exits 2).
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import difflib
+import importlib
+import inspect
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from dpsco_jax.config_families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DataFileKeys,
+                                       UserProblemKeys)
+from dpsco_jax.config_schema import ConfigError, _check_type, _specs
+from dpsco_jax.runner_config import DATA_SUFFIXES
+
+__all__ = ["UserProblem", "USER_PROBLEM", "check", "check_metrics", "make_problem", "run",
+           "cache_key", "static_metrics", "load_data_file"]
+
+CONSTANT_KEYS = ("lipschitz", "smoothness", "radius", "strong_convexity")
+#: record fields a metric may not be named after
+_RECORD_FIELDS = frozenset({
+    "algorithm", "problem", "source", "n_users", "m", "d", "epsilon", "epsilon_kind", "delta",
+    "target_epsilon", "provenance", "privacy_level", "relation", "paper_epsilon",
+    "excess_risk", "gradient_evaluations", "wall_time_s", "seed", "status", "error", "label",
+    "config", "phase", "user_metrics", "debug", "privacy_notes", "fallback", *CONSTANT_KEYS})
+_RUN_ARGS = ("seed", "key", "rngs")  # passed by the runner, never in args
+
+
+@dataclasses.dataclass
+class UserProblem:
+  """What a factory returns (or a mapping of these fields).
+
+  Attributes:
+    loss: ``loss(model_or_params, example) -> scalar``, one item.
+    model: an ``nnx.Module`` or a params pytree (the initial point; never modified: each
+      run trains a copy).
+    data: the training :class:`~dpsco_jax.data.UserData`.
+    eval_data: what the metrics read (default: ``data``).
+    metrics: ``{field: metric(trained, eval_data) -> float}``.
+    constants: declared constants of the loss class (``lipschitz``, ``smoothness``,
+      ``radius``, ``strong_convexity``).
+    n_users: the declared public number of users (read under ``add_remove``).
+  """
+  loss: Callable
+  model: Any
+  data: Any
+  eval_data: Any = None
+  metrics: dict = dataclasses.field(default_factory=dict)
+  constants: dict = dataclasses.field(default_factory=dict)
+  n_users: int | None = None
+  source: str = ""
+
+  @property
+  def is_module(self) -> bool:
+    from flax import nnx
+    return isinstance(self.model, nnx.Module)
+
+
+def _one_line(err: BaseException) -> str:
+  return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+# ------------------------------------------------------------------------------- imports
+
+
+def _ensure_cwd_on_path() -> None:
+  # `python -m dpsco_jax` has the current directory on sys.path; the `dpsco` script does not
+  cwd = os.getcwd()
+  if cwd not in sys.path and "" not in sys.path:
+    sys.path.insert(0, cwd)
+
+
+def import_object(path: Any, where: str) -> Callable:
+  """The callable at ``module:attribute`` (one line on any failure)."""
+  if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+    raise ConfigError(f"{where} must be 'module:function' (e.g. my_pkg.models:make_model), "
+                      f"got {path!r}")
+  mod_name, attr = path.split(":")
+  _ensure_cwd_on_path()
+  try:
+    module = importlib.import_module(mod_name)
+  except Exception as err:  # noqa: BLE001 - any failure of the user's module is a config error
+    raise ConfigError(f"{where}: cannot import module {mod_name!r} ({_one_line(err)})") from None
+  obj: Any = module
+  for part in attr.split("."):
+    if not hasattr(obj, part):
+      names = [n for n in dir(obj) if not n.startswith("_")]
+      hint = difflib.get_close_matches(part, names, n=1)
+      raise ConfigError(f"{where}: module {mod_name!r} has no {attr!r}"
+                        + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    obj = getattr(obj, part)
+  if not callable(obj):
+    raise ConfigError(f"{where}: {path!r} is a {type(obj).__name__}, not a callable")
+  return obj
+
+
+def _parameters(fn: Callable) -> dict[str, inspect.Parameter] | None:
+  """``fn``'s parameters; a class's are its ``__init__``'s without ``self`` (an nnx.Module's
+  metaclass hides them behind ``*args, **kwargs``)."""
+  try:
+    if isinstance(fn, type) and fn.__init__ is not object.__init__:
+      return dict(list(inspect.signature(fn.__init__).parameters.items())[1:])
+    return dict(inspect.signature(fn).parameters)
+  except (TypeError, ValueError):  # a builtin without a signature
+    return None
+
+
+def _check_args(fn: Callable, args: dict, where: str) -> None:
+  """``args`` names parameters of ``fn``, and none that the runner passes itself."""
+  for name in args:
+    if name in _RUN_ARGS:
+      raise ConfigError(f"{where}.args.{name}: the runner passes {name} itself (from the run's "
+                        "seed); remove it from args")
+  params = _parameters(fn)
+  if params is None or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    return
+  for name in args:
+    if name not in params:
+      hint = difflib.get_close_matches(name, list(params), n=1)
+      raise ConfigError(f"{where}.args: {getattr(fn, '__name__', fn)!s} takes no argument "
+                        f"{name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                        + f"; it takes: {', '.join(params) or '(none)'}")
+  missing = [n for n, p in params.items() if p.default is p.empty and n not in args
+             and n not in _RUN_ARGS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+  if missing:
+    raise ConfigError(f"{where}.args: {getattr(fn, '__name__', fn)!s} needs {', '.join(missing)}"
+                      " (give them in args)")
+
+
+def _call(fn: Callable, args: dict, seed: int, key: jax.Array) -> Any:
+  """``fn(**args)`` plus the run's ``seed`` / ``key`` / ``rngs`` where ``fn`` names them."""
+  params = _parameters(fn) or {}
+  extra: dict[str, Any] = {}
+  if "seed" in params:
+    extra["seed"] = seed
+  if "key" in params:
+    extra["key"] = key
+  if "rngs" in params:
+    from flax import nnx
+    extra["rngs"] = nnx.Rngs(seed)
+  return fn(**args, **extra)
+
+
+# ------------------------------------------------------------------------------- data files
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+  """A parsed ``data:`` / ``eval_data:`` value (see :class:`DataFileKeys`)."""
+  path: str
+  user_column: str | None = None
+  columns: Any = None  # None, a tuple of names, or a tuple of (leaf, tuple of names | name)
+  max_items_per_user: int | None = None
+  selection: str = "random"
+  seed: int = 0
+
+  @property
+  def suffix(self) -> str:
+    return os.path.splitext(self.path)[1].lower()
+
+
+def _file_columns(path: str, suffix: str, where: str) -> list[str]:
+  """The array / column names of a data file (its header only)."""
+  try:
+    if suffix == ".npz":
+      with np.load(path, allow_pickle=False) as z:
+        return list(z.files)
+    if suffix == ".csv":
+      with open(path, newline="") as f:
+        header = next(csv.reader(f), None)
+      if not header:
+        raise ConfigError(f"{where}: {path} is empty (a .csv needs a header row)")
+      return [h.strip() for h in header]
+    try:
+      import pyarrow.parquet as pq
+    except ImportError:
+      raise ConfigError(f"{where}: reading {path} (.parquet) needs pyarrow: pip install "
+                        "pyarrow") from None
+    return list(pq.read_schema(path).names)
+  except ConfigError:
+    raise
+  except Exception as err:  # noqa: BLE001 - a broken file is a config error
+    raise ConfigError(f"{where}: cannot read {path} ({_one_line(err)})") from None
+
+
+def _parse_columns(value: Any, where: str) -> Any:
+  if value is None:
+    return None
+  if isinstance(value, list):
+    if not value or not all(isinstance(c, str) for c in value):
+      raise ConfigError(f"{where}.columns must be a non-empty list of names, got {value!r}")
+    return tuple(value)
+  if isinstance(value, dict):
+    out = []
+    for leaf, cols in value.items():
+      if isinstance(cols, str):
+        out.append((leaf, cols))
+      elif isinstance(cols, list) and cols and all(isinstance(c, str) for c in cols):
+        out.append((leaf, tuple(cols)))
+      else:
+        raise ConfigError(f"{where}.columns.{leaf} must be a column name or a list of names, "
+                          f"got {cols!r}")
+    if not out:
+      raise ConfigError(f"{where}.columns must name at least one leaf")
+    return tuple(out)
+  raise ConfigError(f"{where}.columns must be a list of names or {{leaf: columns}}, got "
+                    f"{value!r}")
+
+
+def _column_names(columns: Any) -> list[str]:
+  if columns is None:
+    return []
+  if columns and isinstance(columns[0], tuple):
+    return [c for _, cols in columns for c in ((cols,) if isinstance(cols, str) else cols)]
+  return list(columns)
+
+
+def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataFile:
+  """A ``data:`` value checked like every config key (unknown keys with a suggestion, strict
+  types), its file found and its columns present."""
+  if isinstance(value, str):
+    value = {"path": value}
+  if not isinstance(value, dict):
+    raise ConfigError(f"{where} must be a file path or {{path: ..., user_column: ...}}, got "
+                      f"{value!r}")
+  specs = _specs(DataFileKeys, "data")
+  for key in value:
+    if key not in specs:
+      hint = difflib.get_close_matches(str(key), list(specs), n=1)
+      raise ConfigError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)"
+                                                           if hint else "")
+                        + f"; it reads: {', '.join(specs)}")
+  if value.get("path") is None:
+    raise ConfigError(f"{where} needs path (the data file)")
+  try:
+    out = {k: _check_type(specs[k], v) for k, v in value.items() if v is not None}
+  except ConfigError as err:
+    raise ConfigError(f"{where}.{err}") from None
+  if out.get("max_items_per_user") == 0:
+    raise ConfigError(f"{where}.max_items_per_user must be >= 1")
+  path = os.path.abspath(os.path.expanduser(out["path"]))
+  spec = DataFile(path, out.get("user_column"), _parse_columns(out.get("columns"), where),
+                  out.get("max_items_per_user"), out.get("selection", "random"),
+                  out.get("seed", 0))
+  if spec.suffix not in DATA_SUFFIXES:
+    raise ConfigError(f"{where}: {out['path']!r} is not a data file this runner reads "
+                      f"({', '.join(DATA_SUFFIXES)})")
+  if spec.user_column is None:
+    if spec.suffix != ".npz":
+      raise ConfigError(f"{where}: a {spec.suffix} table needs user_column (the column of user "
+                        "ids)")
+    spec = dataclasses.replace(spec, user_column="user_ids")
+  if not check_file:
+    return spec
+  if not os.path.isfile(path):
+    raise ConfigError(f"{where}: no such file {path}")
+  names = _file_columns(path, spec.suffix, where)
+  what = "array" if spec.suffix == ".npz" else "column"
+  for name in [spec.user_column, *_column_names(spec.columns)]:
+    if name not in names:
+      hint = difflib.get_close_matches(name, names, n=1)
+      role = "user_column" if name == spec.user_column else "columns"
+      raise ConfigError(f"{where}.{role}: {path} has no {what} {name!r}"
+                        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                        + f"; its {what}s: {', '.join(names)}")
+  if len(names) < 2:
+    raise ConfigError(f"{where}: {path} has only the user ids ({spec.user_column}); no example "
+                      f"{what}s")
+  return spec
+
+
+def _csv_column(values: list[str]) -> np.ndarray:
+  for kind in (np.int64, np.float64):
+    try:
+      return np.asarray(values, dtype=kind)
+    except ValueError:
+      continue
+  return np.asarray(values)
+
+
+def _read_table(spec: DataFile) -> dict[str, np.ndarray]:
+  if spec.suffix == ".npz":
+    with np.load(spec.path, allow_pickle=False) as z:
+      return {name: z[name] for name in z.files}
+  if spec.suffix == ".csv":
+    with open(spec.path, newline="") as f:
+      rows = list(csv.reader(f))
+    header = [h.strip() for h in rows[0]]
+    body = [r for r in rows[1:] if r]
+    bad = next((i for i, r in enumerate(body) if len(r) != len(header)), None)
+    if bad is not None:
+      raise ValueError(f"{spec.path}: row {bad + 2} has {len(body[bad])} fields, the header "
+                       f"{len(header)}")
+    return {h: _csv_column([r[i].strip() for r in body]) for i, h in enumerate(header)}
+  import pyarrow.parquet as pq
+  return {k: np.asarray(v) for k, v in pq.read_table(spec.path).to_pydict().items()}
+
+
+def _narrow(x: np.ndarray) -> np.ndarray:
+  """float64 / int64 columns as the float32 / int32 JAX computes in."""
+  if x.dtype == np.float64:
+    return x.astype(np.float32)
+  if x.dtype == np.int64 and (x.size == 0 or (x.min() >= -2**31 and x.max() < 2**31)):
+    return x.astype(np.int32)
+  return x
+
+
+_FILES: collections.OrderedDict = collections.OrderedDict()
+
+
+def load_data_file(spec: DataFile):
+  """The :class:`~dpsco_jax.data.UserData` of a data file, through
+  :meth:`UserData.from_table` (the last few are cached by path, modification time and
+  reading options)."""
+  from dpsco_jax.data import UserData
+  st = os.stat(spec.path)
+  key = (spec, st.st_mtime_ns, st.st_size)
+  if key in _FILES:
+    _FILES.move_to_end(key)
+    return _FILES[key]
+  raw = _read_table(spec)
+  ids = raw.pop(spec.user_column)
+  if spec.columns is None:
+    table = {k: _narrow(v) for k, v in raw.items()}
+  elif isinstance(spec.columns[0], tuple):
+    table = {}
+    for leaf, cols in spec.columns:
+      table[leaf] = _narrow(raw[cols] if isinstance(cols, str)
+                            else np.stack([raw[c] for c in cols], axis=-1))
+  else:
+    table = {c: _narrow(raw[c]) for c in spec.columns}
+  data = UserData.from_table({spec.user_column: ids, **table}, user_column=spec.user_column,
+                             columns=list(table), max_items_per_user=spec.max_items_per_user,
+                             selection=spec.selection, seed=spec.seed)
+  _FILES[key] = data
+  while len(_FILES) > 8:
+    _FILES.popitem(last=False)
+  return data
+
+
+# ------------------------------------------------------------------------------- metrics
+
+
+def _metric_table(value: Any, where: str, resolve: Callable[[Any, str], Callable]
+                  ) -> dict[str, Callable]:
+  """``{field: metric}`` of a metric given as one callable / path or a mapping of them."""
+  if value is None:
+    return {}
+  if isinstance(value, Mapping):
+    items = list(value.items())
+  else:
+    fn = resolve(value, where)
+    items = [(getattr(fn, "__name__", None), fn)]
+  out = {}
+  for name, v in items:
+    if not isinstance(name, str) or not name.isidentifier():
+      raise ConfigError(f"{where}: a metric needs a field name (an identifier), got {name!r}; "
+                        "write {field: module:function}")
+    if name in _RECORD_FIELDS:
+      raise ConfigError(f"{where}: {name!r} is a field every record has; name the metric "
+                        "otherwise ({field: module:function})")
+    out[name] = resolve(v, f"{where}.{name}")
+  return out
+
+
+def _as_callable(v: Any, where: str) -> Callable:
+  if isinstance(v, str):
+    return import_object(v, where)
+  if not callable(v):
+    raise ConfigError(f"{where}: a metric must be callable, got {type(v).__name__}")
+  return v
+
+
+def static_metrics(cfg: dict) -> set[str] | None:
+  """The metric fields a user run's records will have, when the config alone says (no
+  factory); None when a factory may add some."""
+  if cfg.get("factory") is not None:
+    return None
+  return set(_metric_table(cfg.get("metric"), "problem.metric", _as_callable))
+
+
+# ------------------------------------------------------------------------------- checks
+
+
+def check(cfg: dict) -> None:
+  """Checks a validated ``user`` run config before anything runs: the imports, the
+  arguments, the data files and their columns, and that the algorithm can run on your code.
+  Raises :class:`ConfigError` (one line)."""
+  from dpsco_jax.api import READS_M, UNSUPPORTED
+  algorithm = cfg["algorithm"]
+  if algorithm in UNSUPPORTED:
+    raise ConfigError(f"{algorithm} cannot run on your model and data: "
+                      f"{UNSUPPORTED[algorithm]}")
+  args = cfg.get("args") or {}
+  if cfg.get("factory") is not None:
+    given = [k for k in ("model", "loss", "data", "eval_data") if cfg.get(k) is not None]
+    if given:
+      raise ConfigError(f"problem.{given[0]}: a factory builds the whole problem; give "
+                        "factory (with args), or model, loss and data, not both")
+    _check_args(import_object(cfg["factory"], "problem.factory"), args, "problem.factory")
+  else:
+    missing = [k for k in ("model", "loss", "data") if cfg.get(k) is None]
+    if missing:
+      raise ConfigError("the user problem needs factory, or model, loss and data (missing: "
+                        f"{', '.join(missing)})")
+    _check_args(import_object(cfg["model"], "problem.model"), args, "problem.model")
+    import_object(cfg["loss"], "problem.loss")
+    data = parse_data_file(cfg["data"], "problem.data")
+    if cfg.get("eval_data") is not None:
+      parse_data_file(cfg["eval_data"], "problem.eval_data")
+    if algorithm in READS_M and data.max_items_per_user is None:
+      raise ConfigError(f"{algorithm}'s guarantee reads m, the items per user: declare it in "
+                        "the data file's mapping (data: {path: ..., max_items_per_user: m}); a "
+                        "measured m is a function of the private data")
+    if (algorithm in CONFIG_ONLY_ALGORITHMS and cfg.get("expected_batch_size") is None
+        and (cfg.get("relation") or "add_remove") == "add_remove"
+        and cfg.get("n_users") is None):
+      raise ConfigError(f"{algorithm} under relation add_remove needs expected_batch_size or a "
+                        "declared n_users (problem section): the number of users is private")
+  _metric_table(cfg.get("metric"), "problem.metric", _as_callable)
+
+
+def check_metrics(runs: list[dict], metrics: tuple[tuple[str, str], ...]) -> None:
+  """A user problem has no known optimum: ``excess_risk`` (the default metric of ``select``
+  and ``compare``, given as ``(where, metric)`` pairs) is refused before any run where the
+  config says which metrics a user run has (no factory)."""
+  for cfg in runs:
+    known = static_metrics(cfg) if cfg["problem"] == USER_PROBLEM else None
+    for where, metric in metrics:
+      if known is not None and metric == "excess_risk":
+        raise ConfigError(f"{where} is excess_risk (the default), but your problem has no "
+                          "known optimum: name one of its metrics ("
+                          + (", ".join(sorted(known)) or "none yet: add metric: "
+                             "module:function to the problem") + ")")
+
+
+def cache_key(cfg: dict) -> tuple:
+  """Runs with this key share one built problem (the algorithm's keys excluded)."""
+  fields = [f.name for f in dataclasses.fields(UserProblemKeys)]
+  return (USER_PROBLEM, repr(cfg.get("seed", 0))) + tuple(repr(cfg.get(k)) for k in fields)
+
+
+# ------------------------------------------------------------------------------- building
+
+
+def _normalize(out: Any, source: str) -> Any:
+  """A factory's return value as a :class:`UserProblem` (or a problem object with
+  ``excess_risk``, returned as is)."""
+  if isinstance(out, UserProblem):
+    return out
+  if hasattr(out, "excess_risk") and hasattr(out, "loss_fn"):
+    return out
+  if isinstance(out, (tuple, list)) and len(out) in (3, 4):
+    loss, model, data = out[:3]
+    return UserProblem(loss, model, data, metrics=_metric_table(
+        out[3] if len(out) == 4 else None, f"{source} metric", _as_callable))
+  if isinstance(out, Mapping):
+    fields = {f.name for f in dataclasses.fields(UserProblem)} - {"source"} | {"metric"}
+    unknown = [k for k in out if k not in fields]
+    if unknown:
+      hint = difflib.get_close_matches(str(unknown[0]), sorted(fields), n=1)
+      raise ConfigError(f"{source} returned the key {unknown[0]!r}"
+                        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                        + f"; a problem mapping has: {', '.join(sorted(fields))}")
+    missing = [k for k in ("loss", "model", "data") if k not in out]
+    if missing:
+      raise ConfigError(f"{source} returned a mapping without {', '.join(missing)}")
+    metrics = {**_metric_table(out.get("metric"), f"{source} metric", _as_callable),
+               **_metric_table(out.get("metrics"), f"{source} metrics", _as_callable)}
+    return UserProblem(out["loss"], out["model"], out["data"], out.get("eval_data"), metrics,
+                       dict(out.get("constants") or {}), out.get("n_users"))
+  raise ConfigError(f"{source} returned a {type(out).__name__}; expected a mapping {{loss, "
+                    "model, data, ...}}, a (loss, model_or_params, data[, metric]) tuple, a "
+                    "UserProblem, or a problem object with excess_risk")
+
+
+def make_problem(cfg: dict, key: jax.Array) -> Any:
+  """The runner's factory of the ``user`` problem: calls your factory (or model) for the
+  run's seed, reads the data files, applies the config's metric / constants / n_users."""
+  from dpsco_jax.data import UserData
+  seed = int(cfg.get("seed", 0))
+  args = dict(cfg.get("args") or {})
+  if cfg.get("factory") is not None:
+    source = cfg["factory"]
+    problem = _normalize(_call(import_object(source, "problem.factory"), args, seed, key),
+                         f"factory {source}")
+    if not isinstance(problem, UserProblem):
+      return problem  # a problem object of its own: runs like the registered problems
+  else:
+    source = cfg["model"]
+    model = _call(import_object(source, "problem.model"), args, seed, key)
+    data = load_data_file(parse_data_file(cfg["data"], "problem.data"))
+    eval_data = (None if cfg.get("eval_data") is None else
+                 load_data_file(parse_data_file(cfg["eval_data"], "problem.eval_data")))
+    problem = UserProblem(import_object(cfg["loss"], "problem.loss"), model, data, eval_data)
+  problem = dataclasses.replace(problem, source=source)
+  problem.metrics = {**problem.metrics,
+                     **_metric_table(cfg.get("metric"), "problem.metric", _as_callable)}
+  problem.constants = {**problem.constants,
+                       **{k: cfg[k] for k in CONSTANT_KEYS if cfg.get(k) is not None}}
+  if cfg.get("n_users") is not None:
+    problem.n_users = cfg["n_users"]
+  for name, value in (("data", problem.data), ("eval_data", problem.eval_data)):
+    if name == "data" or value is not None:
+      if not isinstance(value, UserData):
+        raise ConfigError(f"{source}: {name} must be a dpsco_jax.data.UserData, got "
+                          f"{type(value).__name__}")
+  if not callable(problem.loss):
+    raise ConfigError(f"{source}: loss must be callable, got {type(problem.loss).__name__}")
+  return problem
+
+
+# ------------------------------------------------------------------------------- running
+
+
+def _algorithm_config(cfg: dict, problem: UserProblem) -> dict:
+  from dpsco_jax.config_schema import CONFIG_ALGORITHM_SCHEMAS
+  names = {f.name for f in dataclasses.fields(CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]])}
+  out = {k: v for k, v in cfg.items() if k in names}
+  if problem.n_users is not None:
+    out["n_users"] = int(problem.n_users)
+  if cfg.get("debug") is True:
+    out["debug"] = True
+  return out
+
+
+def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
+           progress: Callable | None) -> tuple[Any, dict, Any]:
+  """``flax.DPTrainer`` from a config: (privacy report, record extras, debug)."""
+  import optax
+  from dpsco_jax.api import Progress
+  from dpsco_jax.flax import DPTrainer
+  if not problem.is_module:
+    raise ConfigError("flax.DPTrainer trains an nnx.Module; this problem's model is a "
+                      f"{type(problem.model).__name__} (params): run dp_sgd_user on it")
+  lr, steps, q = cfg["learning_rate"], cfg["num_steps"], cfg["sampling_rate"]
+  optimizer = {"sgd": lambda: optax.sgd(lr), "momentum": lambda: optax.sgd(lr, momentum=0.9),
+               "adam": lambda: optax.adam(lr)}[cfg.get("optimizer") or "sgd"]()
+  relation = cfg.get("relation") or "add_remove"
+  denominator = cfg.get("expected_batch_size")
+  if denominator is None and relation == "add_remove":
+    if problem.n_users is None:
+      raise ConfigError("flax.DPTrainer under relation add_remove needs expected_batch_size or "
+                        "a declared n_users: the number of users is private")
+    denominator = q * problem.n_users
+  trainer = DPTrainer(
+      model, problem.loss, optimizer, data=problem.data, clip_norm=cfg["clip_norm"],
+      sampling_rate=q, delta=cfg["delta"], expected_batch_size=denominator, relation=relation,
+      noise_multiplier=cfg.get("noise_multiplier"), target_epsilon=cfg.get("epsilon"),
+      num_steps=steps, epsilon_budget=cfg.get("epsilon_budget"),
+      level=cfg.get("level") or "user", method=cfg.get("method") or "fast",
+      batch_capacity=cfg.get("batch_capacity"),
+      accumulation_steps=cfg.get("accumulation_steps") or 1, key=key,
+      accountant=cfg.get("accountant") or "pld", debug=cfg.get("debug") is True)
+  log_fn = None if progress is None else (
+      lambda rec: progress(Progress(int(rec["step"]), steps, float(rec["epsilon"]))))
+  trainer.train(steps, report_every=cfg.get("report_every") or max(1, steps // 20),
+                log_fn=log_fn)
+  extras = {"num_steps": steps, "noise_multiplier": float(trainer.noise_multiplier),
+            "sampling_rate": q, "expected_batch_size": float(trainer.denominator),
+            "clip_method": trainer.clipper.method}
+  return trainer.privacy_report(), extras, trainer.debug
+
+
+def _num_params(tree: Any) -> int:
+  return int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(tree)))
+
+
+def run(problem: UserProblem, cfg: dict, key: jax.Array,
+        progress: Callable | None = None) -> dict:
+  """Runs one validated config on a :class:`UserProblem` (a copy of its model) and returns
+  its record: the privacy report, your metrics on the trained model, the work and time.
+  ``progress``: a :class:`dpsco_jax.api.Progress` callback."""
+  from dpsco_jax.api import fit
+  algorithm = cfg["algorithm"]
+  if problem.is_module:
+    from flax import nnx
+    model = nnx.clone(problem.model)  # rows sharing the problem each train their own copy
+    num_params = _num_params(nnx.state(model, nnx.Param))
+  else:
+    model, num_params = problem.model, _num_params(problem.model)
+  start = time.perf_counter()
+  gradient_evaluations, debug, fallback = None, None, None
+  if algorithm in CONFIG_ONLY_ALGORITHMS:
+    privacy, extras, debug = _train(problem, model, cfg, key, progress)
+    trained = model
+  else:
+    acfg = _algorithm_config(cfg, problem)
+    constants = problem.constants or None
+    if problem.is_module:
+      from dpsco_jax.flax import fit_model
+      result = fit_model(algorithm, acfg, model, problem.loss, problem.data, key,
+                         constants=constants, callback=progress)
+      trained = model
+    else:
+      result = fit(algorithm, acfg, problem.loss, model, problem.data, key,
+                   constants=constants, callback=progress)
+      trained = result.params
+    jax.block_until_ready(jax.tree.leaves(result.params))
+    privacy, extras, debug = result.privacy, dict(result.record), result.debug
+    gradient_evaluations, fallback = int(result.gradient_evaluations), result.fallback
+  wall = time.perf_counter() - start
+  eval_data = problem.eval_data if problem.eval_data is not None else problem.data
+  metrics = {name: float(fn(trained, eval_data)) for name, fn in problem.metrics.items()}
+  record = {
+      "algorithm": algorithm, "problem": USER_PROBLEM, "source": problem.source,
+      "n_users": int(problem.data.n_users), "m": int(problem.data.max_items_per_user),
+      "d": num_params, "epsilon": privacy.epsilon,
+      "epsilon_kind": getattr(privacy, "epsilon_kind", "exact"), "delta": privacy.delta,
+      "target_epsilon": cfg.get("epsilon"), "provenance": privacy.provenance,
+      "privacy_level": privacy.level, "relation": privacy.relation,
+      "paper_epsilon": privacy.paper_epsilon, **metrics, "user_metrics": list(metrics),
+      "gradient_evaluations": gradient_evaluations, "wall_time_s": wall,
+      "seed": int(cfg.get("seed", 0))}
+  record.update({k: v for k, v in problem.constants.items() if k in CONSTANT_KEYS})
+  record.update({k: v for k, v in extras.items() if k not in record})
+  if fallback is not None:
+    record["fallback"] = fallback
+  if privacy.notes:
+    record["privacy_notes"] = privacy.notes
+  if cfg.get("debug") is True and debug is not None:
+    record["debug"] = debug
+  return record
