@@ -55,19 +55,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import optax.contrib
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import Candidate, compare, format_comparison  # noqa: E402
-from bench_gpu import (CLIP, CNN, LM, LR, Z, _jax_privacy_step, ce_loss,  # noqa: E402
-                       lm_loss, logistic_loss)
+import bench_gpu  # noqa: E402
+from bench_gpu import CLIP, CNN, LM, Z, ce_loss, lm_loss, logistic_loss  # noqa: E402
 
 from dpsco_jax.flax.fast_clip import FastClippedGrad  # noqa: E402
-from dpsco_jax.grads import per_user_grads  # noqa: E402
-from dpsco_jax.transforms.clipping import clip_and_aggregate  # noqa: E402
-from dpsco_jax.transforms.noise import add_gaussian_noise  # noqa: E402
 
 WORKLOADS = ("cnn_item", "transformer", "transformer_mha", "logistic_user", "cnn_user")
 PATHS = ("fast", "auto", "vmap", "optax", "jax_privacy")
@@ -124,46 +119,11 @@ def workloads(size: str, rng: np.random.Generator | None, only=None):
 
 
 def steps(model, loss, batch_shape):
-  """The step functions of ``bench_gpu.candidates`` (same code), keyed by this bench's path
-  names, with their initial optimizer states; plus the ``FastClippedGrad`` of the fast path."""
-  level = "item" if len(batch_shape) == 1 else "user"
-  rows = batch_shape[0]
-  fast = FastClippedGrad(model, loss, clip_norm=CLIP, level=level)
-  params, model_loss = fast.params, fast.model_loss
-  sgd = optax.sgd(LR)
-  noisy = optax.chain(add_gaussian_noise(Z * CLIP / rows, jax.random.key(0)), sgd)
-  as_users = (lambda b: jax.tree.map(lambda x: x[:, None], b)) if level == "item" else (
-      lambda b: b)
-  flat = lambda b: jax.tree.map(lambda x: x.reshape((-1,) + x.shape[len(batch_shape):]), b)
-
-  def nonprivate(p, st, b):
-    g = jax.grad(lambda q: jnp.mean(jax.vmap(model_loss, (None, 0))(q, flat(b))))(p)
-    u, st = sgd.update(g, st, p)
-    return optax.apply_updates(p, u), st
-
-  def dp_fast(p, st, b):
-    u, st = noisy.update(fast.aggregate(p, b, mode="mean", denominator=rows), st, p)
-    return optax.apply_updates(p, u), st
-
-  clip_agg = clip_and_aggregate(CLIP, "mean", rows)
-
-  def dp_vmap(p, st, b):
-    agg, _ = clip_agg.update(per_user_grads(model_loss, p, as_users(b)), clip_agg.init(p), p)
-    u, st = noisy.update(agg, st, p)
-    return optax.apply_updates(p, u), st
-
-  dpsgd = optax.contrib.dpsgd(LR, CLIP, Z, seed=0)
-
-  def dp_optax(p, st, b):
-    u, st = dpsgd.update(per_user_grads(model_loss, p, as_users(b)), st, p)
-    return optax.apply_updates(p, u), st
-
-  out = {"nonprivate": (nonprivate, sgd.init(params)), "fast": (dp_fast, noisy.init(params)),
-         "vmap": (dp_vmap, noisy.init(params)), "optax": (dp_optax, dpsgd.init(params))}
-  jp = _jax_privacy_step(model_loss, level, rows, sgd)
-  if jp is not None:
-    out["jax_privacy"] = (jp[0], jp[1].init(params))
-  return out, params, fast, level
+  """bench_gpu's step functions (one copy of the step code), keyed by this bench's path
+  names, with their initial optimizer states; plus the params, the fast path's
+  ``FastClippedGrad`` and the level."""
+  fns, params, fast, level = bench_gpu.step_functions(model, loss, batch_shape)
+  return {bench_gpu.PATHS[k]: v for k, v in fns.items()}, params, fast, level
 
 
 def cost_of(compiled) -> dict:

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -165,7 +166,15 @@ def _jax_privacy_step(model_loss, level: str, rows: int, sgd):
   return step, tx
 
 
-def candidates(model, loss, batch, batch_shape) -> tuple[list[Candidate], dict]:
+#: bench_gpu's row names -> bench_cost's path names
+PATHS = {"nonprivate": "nonprivate", "dpsco_fast": "fast", "dpsco_vmap": "vmap",
+         "optax_dpsgd": "optax", "jax_privacy": "jax_privacy"}
+
+
+def step_functions(model, loss, batch_shape) -> tuple[dict, Any, FastClippedGrad, str]:
+  """One step of every path (``name -> (step(p, st, b), initial state)``, names of ``PATHS``),
+  the params, the fast path's ``FastClippedGrad`` and the level: what this bench times and
+  ``bench_cost.py`` compiles (one copy of the step code)."""
   level = "item" if len(batch_shape) == 1 else "user"
   rows = batch_shape[0]
   fast = FastClippedGrad(model, loss, clip_norm=CLIP, level=level)
@@ -205,6 +214,11 @@ def candidates(model, loss, batch, batch_shape) -> tuple[list[Candidate], dict]:
   jp = _jax_privacy_step(model_loss, level, rows, sgd)
   if jp is not None:
     steps["jax_privacy"] = (jp[0], jp[1].init(params))
+  return steps, params, fast, level
+
+
+def candidates(model, loss, batch, batch_shape) -> tuple[list[Candidate], dict]:
+  steps, params, _, level = step_functions(model, loss, batch_shape)
   cands, mem = [], {}
   for name, (fn, st) in steps.items():
     jitted = jax.jit(fn)
