@@ -54,23 +54,27 @@ def test_pairwise_distances_match_numpy_on_multi_leaf_pytree():
 def test_blocked_pair_counts_equal_the_full_matrix_counts():
   """filter_points counts close pairs a block of rows at a time (never the [U, U] matrix at
   large U); with a block that does not divide U the counts must equal those of the full
-  symmetrized matrix, padding rows and masked users excluded."""
-  from dpsco_jax.transforms.filtering import _close_pair_counts, _distance_rows, _leaf_rows
+  canonical matrix, padding rows and masked users excluded. The canonical distances of a few
+  rows computed on their own are bitwise those of the full matrix (entry (i, j) depends on
+  rows i and j only, not on the chunk it is computed in)."""
+  from dpsco_jax.transforms.filtering import _canonical_sq, _close_pair_counts
   k1, k2 = jax.random.split(jax.random.key(3))
   x = {"w": jax.random.normal(k1, (37, 2, 2)), "b": 0.5 * jax.random.normal(k2, (37, 3))}
   mask = jnp.arange(37) % 5 != 0
   full = np.asarray(pairwise_sq_distances(x))
-  rows, sq = _leaf_rows(x)
-  np.testing.assert_allclose(np.asarray(_distance_rows(rows, sq, 8, 8)), full[8:16], rtol=1e-6,
-                             atol=1e-6)   # a slab's matmul tiles differently: rounding only
+  rows = [jnp.reshape(l, (37, -1)) for l in jax.tree.leaves(x)]
+  some = jnp.asarray([30, 2, 17])
+  np.testing.assert_array_equal(np.asarray(_canonical_sq([r[some] for r in rows],
+                                                         [r.T for r in rows])), full[[30, 2, 17]])
   vals = np.unique(full)   # radii midway between distinct distances: rounding cannot flip them
   r_s2, r_h2 = [float(0.5 * (vals[i] + vals[i + 1])) for i in (len(vals) // 2, len(vals) // 4)]
-  c_s, c_h = jax.jit(_close_pair_counts, static_argnames="block")(x, mask, r_s2, r_h2, block=8)
+  c_s, c_h = jax.jit(_close_pair_counts, static_argnames="block")(
+      x, mask, (math.sqrt(r_s2), math.sqrt(r_h2)), block=8)
   m = np.asarray(mask)
   pair = m[:, None] & m[None, :]
-  np.testing.assert_array_equal(np.asarray(c_s), (pair & (full <= r_s2)).sum(1))
-  np.testing.assert_array_equal(np.asarray(c_h), (pair & (full <= r_h2)).sum(1))
-  assert np.array_equal(full, full.T)
+  np.testing.assert_array_equal(np.asarray(c_s).reshape(-1)[:37], (pair & (full <= r_s2)).sum(1))
+  np.testing.assert_array_equal(np.asarray(c_h).reshape(-1)[:37], (pair & (full <= r_h2)).sum(1))
+  assert np.array_equal(full, full.T) and np.all(np.diag(full) == 0)
 
 
 def test_score_includes_diagonal():

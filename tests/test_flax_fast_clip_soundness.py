@@ -8,7 +8,8 @@ fast norms are also tight (``<= exact (1 + 1e-4)``) and the clipped sum equals t
 reference. Failure classes: parameter transforms inside a layer's call (Param subclass,
 value hook, promote_dtype hook, WeightNorm / SpectralNorm), adversarial Gram inputs
 (``x1 = x0 + u``, ``|x0|`` 1e2..1e6, float64 reference), parameters shared across modules,
-negative conv padding. Run with ``-s`` to print the grid (path chosen, worst ratios).
+negative conv padding, bfloat16 parameters and kernels held in non-Param variables (issue
+#23). Run with ``-s`` to print the grid (path chosen, worst ratios).
 """
 
 import contextlib
@@ -368,3 +369,79 @@ def test_contribution_bound_at_the_backend_default_precision():
   x = np.concatenate([x0, x0 + 1.0], 1).astype(np.float32)
   _audit("adversarial, default prec", lin, _pair_loss, jnp.asarray(x), level="item",
          precision=None)
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Low-precision parameters and kernels held in non-Param variables (issue #23).
+# --------------------------------------------------------------------------------------------
+
+
+class MixedPrecision(nnx.Module):
+  """A bfloat16 Linear (fallback: per-user grads are bfloat16) feeding a float32 one."""
+
+  def __init__(self, rngs):
+    self.low = nnx.Linear(6, 5, param_dtype=jnp.bfloat16, rngs=rngs)
+    self.out = nnx.Linear(5, 3, rngs=rngs)
+
+  def __call__(self, x):
+    return self.out(jnp.tanh(self.low(x)).astype(jnp.float32))
+
+
+@pytest.mark.parametrize("level", ["item", "user"])
+def test_bfloat16_params_never_release_more_than_c(level):
+  # w_u g_u used to be formed (and the sum returned) in bfloat16: a single example's
+  # clipped contribution measured 1.0018 C. Now weighted and summed in float32.
+  for name, build in (("bf16 linear", lambda r: nnx.Linear(16, 8, param_dtype=jnp.bfloat16,
+                                                           rngs=r)),
+                      ("bf16 + f32", MixedPrecision)):
+    model = _build(build, seed=51)
+    x_dim = 16 if name == "bf16 linear" else 6
+    y_dim = 8 if name == "bf16 linear" else 3
+    shape = (8,) if level == "item" else (4, 3)
+    batch = _data(52, shape + (x_dim,), shape + (y_dim,))
+    plan, _, contrib = _audit(name, model, _sq_loss, batch, level=level)
+    assert contrib.max() <= 1.0
+    fast = FastClippedGrad(model, _sq_loss, clip_norm=1.0, level=level)
+    summed, _ = fast.clipped_sum(nnx.split(model, nnx.Param, ...)[1], batch)
+    assert all(l.dtype == jnp.float32 for l in jax.tree.leaves(summed))
+  assert _fast_paths(plan) == {"out"}
+
+
+class FrozenKernel(nnx.Variable):
+  """A kernel held fixed: not a Param, so not trained and given no gradient."""
+
+
+class Frozen(nnx.Module):
+  def __init__(self, rngs):
+    self.a = nnx.Linear(4, 4, rngs=rngs)
+    self.a.kernel = FrozenKernel(self.a.kernel.get_value())       # bias stays a Param
+    self.b = nnx.Linear(4, 4, use_bias=False, rngs=rngs)
+    self.b.kernel = nnx.BatchStat(self.b.kernel.get_value())      # no Param at all
+    self.c = nnx.Conv(4, 4, (2,), rngs=rngs)
+    self.c.kernel = FrozenKernel(self.c.kernel.get_value())
+    self.e = nnx.Embed(5, 4, rngs=rngs)
+    self.e.embedding = FrozenKernel(self.e.embedding.get_value())
+    self.ok = nnx.Linear(4, 2, rngs=rngs)
+
+  def __call__(self, ex):
+    tokens, x = ex
+    h = jnp.tanh(self.a(x)) + self.e(tokens)
+    h = jnp.tanh(self.c(jnp.tanh(self.b(h))))
+    return self.ok(h).sum(0)
+
+
+@pytest.mark.parametrize("level", ["item", "user"])
+def test_kernels_in_non_param_variables_are_constants(level):
+  # used to crash with KeyError('kernel'): the layer was tapped although its kernel is no
+  # Param. Such layers now take the fallback (their Param bias gets its exact gradient).
+  model = _build(Frozen, seed=53)
+  rng = np.random.default_rng(54)
+  lead = (5,) if level == "item" else (3, 2)
+  tokens = jnp.asarray(rng.integers(0, 5, lead + (3,)))
+  x = jnp.asarray(rng.standard_normal(lead + (3, 4)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal(lead + (2,)), jnp.float32)
+  plan, _, _ = _audit("frozen kernels", model, _sq_loss, ((tokens, x), y), level=level)
+  assert _fast_paths(plan) == {"ok"}
+  fb = {lp for lp in plan.fallback}
+  assert ("a", "bias") in fb and ("c", "bias") in fb
+  assert not any(lp[-1] in ("kernel", "embedding") and lp[0] != "ok" for lp in fb)

@@ -32,15 +32,17 @@ arrays whose norms are taken, with the sum of squares inflated by its own worst-
 Hence the **final guard is by construction**: the realised contribution of every user is at
 most ``w_u N_u <= C`` up to the final division's rounding, which a ``(1 + 4 UNIT)`` factor on
 ``N_u`` absorbs. Rounding across users in the final sum (any float32 sum of many users has it)
-is not attributed to one user. :meth:`FastClippedGrad.norms` returns these bounds: equal to the
-exact norms within ~1e-6 relative on ordinary inputs, larger (over-clipping, never
-under-clipping) on inputs that cancel.
+is not attributed to one user. Contributions are weighted and summed in float32 or wider and
+returned so (a bfloat16 model's clipped sum is float32, as on the vmap path: ``w_u g_u``
+rounded to bfloat16 exceeded ``C``). :meth:`FastClippedGrad.norms` returns these bounds:
+equal to the exact norms within ~1e-6 relative on ordinary inputs, larger (over-clipping,
+never under-clipping) on inputs that cancel.
 
 The result equals the core's ``clip_per_user(C)`` + ``aggregate`` on ``per_user_grads`` to
 float rounding: masked users and users with non-finite gradients contribute exactly zero, and
 the sensitivity is :func:`~dpsco_jax.transforms.clipping.aggregation_sensitivity`. Limit: the
 loss must be a deterministic function of (params, example); non-``Param`` state (batch
-statistics, RNG counters) is held fixed.
+statistics, RNG counters, a kernel frozen in a non-``Param`` variable) is held fixed.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.flax import fast_clip_norms as fn
 from dpsco_jax.flax import fast_clip_taps as ft
 from dpsco_jax.grads import per_user_grads
-from dpsco_jax.transforms.clipping import (aggregation_sensitivity, clip_and_aggregate,
+from dpsco_jax.transforms.clipping import (_check_bounded, _check_mean,
+                                           aggregation_sensitivity, clip_and_aggregate,
                                            tree_global_norms)
 
 PyTree = Any
@@ -121,6 +124,11 @@ def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
   else:
     p = x.shape[-1]
   return jnp.reshape(x.astype(_F32), (n_users, -1, p))
+
+
+def _wide(dtype) -> jnp.dtype:
+  """float32 or wider: the dtype contributions are weighted, summed and returned in."""
+  return jnp.promote_types(dtype, _F32) if jnp.issubdtype(dtype, jnp.floating) else _F32
 
 
 def _bcast(v, x):
@@ -444,13 +452,19 @@ class FastClippedGrad:
       return jnp.where(_bcast(kept, x), x, x[donor][None])
 
     leaves, treedef = jax.tree.flatten(params)
-    out = [jnp.zeros_like(x) for x in leaves]
+    out = [jnp.zeros(x.shape, _wide(x.dtype)) for x in leaves]
     for part in parts:  # a contribution is w_u times exactly what N_u bounds
       x = part.dense if part.dense is not None else part.g
+      # weighted and summed in float32 or wider: w_u g_u rounded to bfloat16 (the dtype of a
+      # bfloat16 model's per-user gradients) exceeded C by up to 2^-9 relative, and so did
+      # the sum cast back to it. The result is float32+ like the vmap path's (the core's
+      # aggregates are never rounded below float32 before the noise).
+      x = x.astype(_wide(x.dtype))
       wx = jnp.where(_bcast(kept, x), x * _bcast(w, x).astype(x.dtype), 0.0)
       out[part.leaf] = jnp.reshape(jnp.sum(wx, axis=0) if part.dense is not None
                                    else part.release(wx, safe), leaves[part.leaf].shape)
-    summed = jax.tree.unflatten(treedef, [o.astype(x.dtype) for o, x in zip(out, leaves)])
+    summed = jax.tree.unflatten(treedef, [o.astype(_wide(x.dtype))
+                                          for o, x in zip(out, leaves)])
     any_kept = jnp.any(kept)
     summed = jax.tree.map(lambda x: jnp.where(any_kept, x, jnp.zeros_like(x)), summed)
     return summed, ClipInfo(norms, w, kept)
@@ -459,9 +473,9 @@ class FastClippedGrad:
                 mode: str = "mean", denominator: float | None = None) -> PyTree:
     """The core's ``clip_per_user(C)`` + ``aggregate(mode, denominator)`` output: the clipped
     sum, divided by the fixed ``denominator`` for ``mode="mean"``."""
-    check_choice(mode, "mode", ("mean", "sum"))
-    if mode == "mean":
-      check_positive(denominator, "denominator")
+    # the core's checks: a denominator so small that the mean overflows float32 is refused
+    scale = _check_mean(mode, denominator)
+    _check_bounded(self.clip_norm, scale, jax.tree.leaves(self._as_users(batch))[0].shape[0])
     summed, _ = self.clipped_sum(params, batch, user_mask)
     return summed if mode == "sum" else jax.tree.map(lambda x: x / denominator, summed)
 

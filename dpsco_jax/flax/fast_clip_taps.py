@@ -19,7 +19,8 @@ per-example fallback):
 2. each of its ``Param``s is a plain variable: the class does not override any value
    accessor of ``nnx.Variable`` (``get_value``, ``__getitem__``, ``create_value``...), has
    no ``on_get_value``/``on_set_value``/``on_create_value`` hooks in its metadata and is not a
-   ``hijax``/``ref`` variable;
+   ``hijax``/``ref`` variable; and the weights the tap differentiates (kernel / bias /
+   embedding) are ``Param``s (a kernel frozen in another variable type is a constant);
 3. none of its ``Param``s is held by any other graph node (shared parameters across modules,
    e.g. a tied embedding, two LayerNorms sharing a scale) - a module reused as a whole is fine;
 4. at every call, the raw value of each of its ``Param``s is the very array the parameters
@@ -230,10 +231,28 @@ def _float32_compute(module) -> bool:
   return params_f32 and (dt is None or jnp.dtype(dt) == jnp.float32)
 
 
+# The attributes a bilinear tap computes gradients for (rule 2b): each must be a Param (or
+# None for an absent bias). A kernel held in a non-Param variable (frozen, a BatchStat, a
+# custom Variable) is a constant of the loss: the layer then takes the fallback, where it
+# gets no gradient and its Param bias an exact one.
+_TAPPED_ATTRS = {"linear": ("kernel", "bias"), "linear_general": ("kernel", "bias"),
+                 "conv": ("kernel", "bias"), "embed": ("embedding",)}
+
+
+def _tapped_attrs_are_params(module, kind: str) -> bool:
+  for attr in _TAPPED_ATTRS.get(kind, ()):
+    v = getattr(module, attr, None)
+    if not (isinstance(v, nnx.Param) or (v is None and attr == "bias")):
+      return False
+  return True
+
+
 def candidate_kind(module) -> str | None:
   """Rules 1-2: the tap kind of a module, or None when it must take the fallback."""
   kind = KINDS.get(type(module))
   if kind is None:
+    return None
+  if not _tapped_attrs_are_params(module, kind):
     return None
   if getattr(module, "promote_dtype", nnx_dtypes.promote_dtype) is not nnx_dtypes.promote_dtype:
     return None

@@ -19,6 +19,16 @@ also holds).
 The pure functions here hold the whole mechanism; ``outlier_filter`` (transforms/filtering.py)
 calls :func:`above_threshold_init` / :func:`above_threshold_step` from its state so the
 randomness and the halting logic exist once.
+
+Numerics. The comparisons ``fl(q + nu) >= Delta^`` are taken in float32 (or wider). Rounding
+is monotone, so ``{x : fl(x) >= Delta^}`` is a half-line whose end depends on ``Delta^``
+alone: the test is exactly ``q + nu >= t(Delta^)`` and a query's rounding cannot widen the
+gap between neighbouring inputs beyond the gap of the queries themselves. What the privacy
+statement needs is therefore a query whose *computed* value has sensitivity ``<= s``: the
+FILTER score is computed exactly on a dyadic grid (``filtering._exact_score``: an integer
+count over ``K`` in float32 would round by ``ulp(K) > 1/K`` once ``K > ~2900``) from
+distance decisions that no common offset of the data can move (``filtering`` module notes).
+Queries are promoted to float32 here (a bfloat16 query would round on a grid of ``K/128``).
 """
 
 from __future__ import annotations
@@ -45,6 +55,13 @@ __all__ = [
     "laplace_test_dp_event",
     "laplace_tail",
 ]
+
+
+def _wide(q) -> jax.Array:
+  """The query in float32 or wider (module notes: never compared in a narrower float)."""
+  q = jnp.asarray(q)
+  return q.astype(jnp.promote_types(q.dtype, jnp.float32)) if jnp.issubdtype(
+      q.dtype, jnp.floating) else q.astype(jnp.float32)
 
 
 def above_threshold_scales(epsilon: float, sensitivity: float = 1.0
@@ -93,7 +110,7 @@ def above_threshold_step(key: jax.Array, query: jax.Array, noisy_threshold: jax.
   Continues iff ``query + Lap(b_q) >= Delta^``. ``halted`` is sticky: once True it stays True
   whatever the later queries are (``jnp.logical_or``, no Python branch on traced values).
   """
-  passed = query + laplace(key, (), query_scale) >= noisy_threshold
+  passed = _wide(query) + laplace(key, (), query_scale) >= noisy_threshold
   return jnp.logical_or(halted, jnp.logical_not(passed))
 
 
@@ -139,7 +156,7 @@ def above_threshold_accuracy(num_queries: int, gamma: float, query_scale: float,
 def laplace_test(key: jax.Array, score: jax.Array, threshold: float | jax.Array,
                  scale: float | jax.Array) -> jax.Array:
   """One-shot noisy test ``score + Lap(scale) >= threshold`` (Algorithm 1, line 13)."""
-  return score + laplace(key, (), scale) >= threshold
+  return _wide(score) + laplace(key, (), scale) >= threshold
 
 
 def laplace_test_epsilon(scale: float, sensitivity: float) -> float:

@@ -52,6 +52,7 @@ from dpsco_jax.privacy.relations import RELATIONS  # noqa: E402  (one vocabulary
 # change its sensitivity.
 _CLIP_MARGIN = 2.0 ** -20
 _TINY = 1e-30  # floor on the norm in C / ||g|| (the factor is 1 for such rows anyway)
+_F32_MAX = float(jnp.finfo(jnp.float32).max)
 
 
 def _wide_dtype(dtype) -> jnp.dtype:
@@ -224,11 +225,23 @@ def _check_mean(mode: str, denominator) -> float:
     raise ValueError("denominator is required for mode='mean' (use the fixed, nominal "
                      "batch size; never the realized count)")
   scale = 1.0 / check_positive(denominator, "denominator")
-  # a subnormal denominator makes 1/D overflow: refuse it here rather than emit Inf
-  if not _traced(scale) and not math.isfinite(scale):
-    raise ValueError(f"denominator={denominator!r} is so small that 1/denominator overflows; "
-                     "use the nominal batch size")
+  # the weights 1/D are float32: a denominator below ~3e-39 (1e-300 is a finite Python
+  # float) makes them Inf and the aggregate Inf / NaN. Refuse it here rather than emit Inf.
+  if not _traced(scale) and not (math.isfinite(scale) and scale <= _F32_MAX):
+    raise ValueError(f"denominator={denominator!r} is so small that 1/denominator overflows "
+                     "float32; use the nominal batch size")
   return scale
+
+
+def _check_bounded(clip_norm, scale, n: int) -> None:
+  """The clipped aggregate is at most ``n C / D`` in norm; refuse a denominator that lets it
+  overflow float32 (an Inf release has no sensitivity). Static values only."""
+  if _traced(clip_norm) or _traced(scale):
+    return
+  if not float(clip_norm) * float(scale) * n <= _F32_MAX:
+    raise ValueError(f"denominator=1/{scale!r} is too small: the aggregate of {n} rows "
+                     f"clipped at {clip_norm!r} would overflow float32 (n C / D > 3.4e38); use "
+                     "the nominal batch size")
 
 
 def aggregate(mode: str = "mean", denominator: float | None = None
@@ -299,7 +312,9 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
 
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
-    real = _real_users(user_mask, _num_rows(updates))
+    n = _num_rows(updates)
+    _check_bounded(clip_norm, scale, n)
+    real = _real_users(user_mask, n)
     norms = tree_global_norms(updates)
     finite = jnp.isfinite(norms)
     keep = finite & real

@@ -55,6 +55,105 @@ PyTree = Any
 MaskedFn = Callable[[jax.Array], PyTree]   # keep-mask bool[n] -> params
 
 # ------------------------------------------------------------------------------------------
+# Certified norms. Both decisions here gate a release whose noise is calibrated to Δ, so a
+# norm compared with a threshold is replaced by a certified bound on the exact norm of the
+# float arrays it is taken of, on the side that can only refuse: a one-step change that
+# rounds just below Δ is still bad, a certificate that holds only by rounding fails (and the
+# exact test runs). Each float op errs by at most _UNIT relative (2^-23: twice the float32
+# unit roundoff, as in flax/fast_clip_norms.py), so a sum of k terms of one sign errs by at
+# most gamma(k) relative whatever the order XLA picks.
+
+_UNIT = 2.0 ** -23
+_ABS = 2.0 ** -120  # absolute slack per operation (gradual underflow / flush to zero)
+
+
+def _gamma(k: int) -> float:
+  ku = float(k) * _UNIT
+  return ku / (1.0 - ku) if ku < 0.5 else float("inf")
+
+
+def _norm_upper(x: jax.Array, rounded_terms: bool = False) -> jax.Array:
+  """Upper bound on the exact L2 norm over the last axis of ``x``; with ``rounded_terms`` the
+  entries are themselves one rounding away from the exact ones (a difference, a sum), which
+  the bound then covers too. NaN stays NaN (every comparison with it refuses)."""
+  d = x.shape[-1]
+  k = d + 4 if rounded_terms else d + 2
+  sq = jnp.sum(x * x, axis=-1)
+  return jnp.sqrt((sq + d * _ABS) / (1.0 - _gamma(k))) * (1.0 + 2.0 * _UNIT)
+
+
+# Error-free transformations (Knuth's TwoSum, Dekker's split / TwoProduct) for the one place
+# where a relative error of ~d ulp is too much: the slack rho = R - ||θ̃ - c|| of a point on the
+# sphere enters the residual as sqrt(t rho / mu), so an ulp-sized error of ||θ̃ - c|| costs
+# ~sqrt(ulp R) ~ 1e-3 there. rho is computed instead as (R^2 - ||θ̃ - c||^2) / (R + ||θ̃ - c||)
+# with the numerator's cancellation done without rounding (error ~ (log d ulp)^2 R^2).
+
+
+def _two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+  s = a + b
+  bb = s - a
+  return s, (a - (s - bb)) + (b - bb)
+
+
+def _two_prod(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def split(x):
+    c = 4097.0 * x   # 2^12 + 1: halves of 12 bits for float32's 24
+    hi = c - (c - x)
+    return hi, x - hi
+  p = a * b
+  ah, al = split(a)
+  bh, bl = split(b)
+  return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def _cascade_sum(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``(hi, lo, err)``: ``|hi + lo - sum(x)| <= err`` (pairwise TwoSum; only the final plain
+  sum of the ~len(x) exact error terms rounds)."""
+  errs, levels, total = [], 0, jnp.sum(jnp.abs(x))
+  while x.shape[0] > 1:
+    if x.shape[0] % 2:
+      x = jnp.concatenate([x, jnp.zeros((1,), x.dtype)])
+    x, e = _two_sum(x[0::2], x[1::2])
+    errs.append(e)
+    levels += 1
+  e = jnp.concatenate(errs) if errs else jnp.zeros((1,), x.dtype)
+  bound = 2.0 * _gamma(e.shape[0] + x.shape[0] + 2) * levels * _UNIT * total + 8 * _ABS
+  return x[0], jnp.sum(e), bound
+
+
+def _round_up(x, dtype) -> jax.Array:
+  """``x`` in ``dtype`` rounded up (a Python radius is a float64; a traced one is inflated)."""
+  if isinstance(x, jax.core.Tracer):
+    return jnp.asarray(x, dtype) * (1.0 + 2.0 * _UNIT)
+  v = np.asarray(x, dtype)
+  if float(v) < float(x):
+    v = np.nextafter(v, np.asarray(np.inf, dtype))
+  return jnp.asarray(v, dtype)
+
+
+def _ball_slack_upper(theta: jax.Array, center: jax.Array | None, radius: float
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``(rho_up, off, norm)``: ``rho_up >= max(R - ||θ̃ - c||, 0)`` (exact norm), the float
+  ``off = fl(θ̃ - c)`` and its norm within a few ulp."""
+  if center is None:
+    off, off_lo = theta, jnp.zeros_like(theta)
+  else:
+    off, off_lo = _two_sum(theta, -center)          # θ̃ - c = off + off_lo exactly
+  p, pe = _two_prod(off, off)
+  r = _round_up(radius, off.dtype)   # the ball's R, never rounded down
+  r2, r2e = _two_prod(r, r)
+  # ||θ̃ - c||^2 = sum(p + pe + 2 off off_lo + off_lo^2); dropping off_lo^2 >= 0 can only
+  # raise rho_up
+  cross = 2.0 * off * off_lo                         # rounded: <= ~2 ulp of itself
+  hi, lo, err = _cascade_sum(jnp.concatenate([p, pe, cross, -r2[None], -r2e[None]]))
+  err = err + 4.0 * _UNIT * jnp.sum(jnp.abs(cross))
+  deficit = -(hi + lo)                               # R^2 - ||θ̃ - c||^2
+  num = jnp.maximum(deficit * (1.0 + 2.0 * _UNIT) + err, 0.0)
+  norm = jnp.sqrt(jnp.maximum((hi + r2) + (lo + r2e), 0.0))
+  return num / ((r + norm) * (1.0 - 4.0 * _UNIT)), off, norm
+
+
+# ------------------------------------------------------------------------------------------
 # Subset encoding.
 
 
@@ -96,7 +195,7 @@ def evaluate_all_subsets(f_masked: MaskedFn, n_users: int, *, batch_size: int = 
 
 class StabilityTable(NamedTuple):
   """Exact stability test over all deletion sets (indexed by subset bits)."""
-  one_step: jax.Array   # [2^n] Δf(x_{-S}) = max_{i not in S} ||F[S] - F[S ∪ {i}]||
+  one_step: jax.Array   # [2^n] certified >= Δf(x_{-S}) = max_{i∉S} ||F[S] - F[S ∪ {i}]||
   bad: jax.Array        # [2^n] Δf(x_{-S}) > Δ and |S| <= depth
   stable: jax.Array     # [2^n] no bad superset: Δ_{depth - |S|} f(x_{-S}) <= Δ
   sizes: jax.Array      # [2^n] |S|
@@ -120,9 +219,12 @@ def stability_table(F: jax.Array, n_users: int, Delta: float | jax.Array, depth:
   for i in range(n):  # static: n gathers of the child table
     child = idx | (1 << i)
     valid = ((idx >> i) & 1) == 0
-    diff = jnp.linalg.norm(F[child] - F, axis=-1)
+    # difference first (no cancellation whatever F's common offset), then a certified upper
+    # bound on the exact norm of the difference; NaN propagates through jnp.maximum
+    diff = _norm_upper(F[child] - F, rounded_terms=True)
     one_step = jnp.maximum(one_step, jnp.where(valid, diff, 0.0))
-  bad = (one_step > Delta) & (sizes <= depth)
+  # "not certainly <= Δ" is bad: rounding (or a NaN) can only make a set unstable
+  bad = ~(one_step <= Delta) & (sizes <= depth)
   any_bad_superset = bad
   for i in range(n):  # superset-OR (zeta) transform
     any_bad_superset = any_bad_superset | any_bad_superset[idx | (1 << i)]
@@ -202,19 +304,32 @@ def lemma_c1_certificate(user_grads: jax.Array, reg_grad: jax.Array, theta: jax.
   (``u`` the outward unit normal, ``t = max(0, -<∇F, u>)``) and ``ρ = R - ||θ̃ - c||`` the slack
   of ``θ̃`` inside the ball: from ``μ||e||² <= ||∇F + v|| ||e|| + t ρ`` (strong monotonicity and
   ``<v, θ̃ - θ*> >= -t ρ``). Interior points take ``t = 0``.
+
+  Both ``γ̂`` and ``e0`` are certified upper bounds on the exact values for the given float
+  arrays (difference first, the mean's rounding added, norms bounded above, ``ρ`` from an
+  error-free evaluation of ``R² - ||θ̃ - c||²``, ``R`` never rounded down): a common component
+  of the gradients cannot make the certificate hold by rounding (``gamma_hat`` / ``residual``
+  are these bounds). The per-user gradients themselves are taken as given.
   """
+  n, d = user_grads.shape
   g_bar = jnp.mean(user_grads, axis=0)
+  # |fl(mean) - mean| <= gamma(n + 1) mean_i |g_i| entrywise: with a large common component
+  # this is ~ulp of the component, far above the centred norms it is subtracted from
+  mean_err = _gamma(n + 2) * _norm_upper(jnp.mean(jnp.abs(user_grads), axis=0))
   grad_f = g_bar + reg_grad
-  gamma_hat = jnp.max(jnp.linalg.norm(user_grads - g_bar, axis=-1))
+  gamma_hat = jnp.max(_norm_upper(user_grads - g_bar, rounded_terms=True)) + mean_err
   if radius is None:
-    e0 = jnp.linalg.norm(grad_f) / mu
+    e0 = (_norm_upper(grad_f, rounded_terms=True) + mean_err) / mu
   else:
-    off = theta if center is None else theta - center
-    norm = jnp.linalg.norm(off)
+    rho, off, norm = _ball_slack_upper(theta, center, radius)
     u = off / jnp.maximum(norm, 1e-30)
-    t = jnp.maximum(0.0, -jnp.dot(grad_f, u))
-    rho = jnp.maximum(radius - norm, 0.0)
-    e0 = jnp.linalg.norm(grad_f + t * u) / mu + jnp.sqrt(t * rho / mu)
+    t = jnp.maximum(0.0, -jnp.dot(grad_f, u))   # any t >= 0 is valid in the inequality
+    # the true unit normal u* is within a few ulp of u (off's rounding, norm, division); the
+    # rounding of t u inside grad_f + t u errs by ulp(t) too: t * u_err covers both
+    u_err = 16.0 * _UNIT
+    e0 = ((_norm_upper(grad_f + t * u, rounded_terms=True) + mean_err + t * u_err) / mu
+          + jnp.sqrt(t * rho / mu) * (1.0 + 4.0 * _UNIT))
+  e0 = e0 * (1.0 + 2.0 * _UNIT)   # the divisions by mu
   ok = (gamma_hat <= gamma) & (e0 <= e_max) & jnp.all(jnp.isfinite(user_grads))
   return Certificate(ok, gamma_hat, e0)
 
