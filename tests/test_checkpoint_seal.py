@@ -1,8 +1,6 @@
 """Issue 23 part 5, checkpoints: the seal covers ledger, step, history and arrays; an HMAC with
 a key the user holds stops a consistent forgery that the plain SHA-256 cannot."""
 
-import json
-import os
 import shutil
 
 import jax.numpy as jnp
@@ -16,6 +14,7 @@ from flax import nnx  # noqa: E402
 from dpsco_jax.flax import DPTrainer  # noqa: E402
 from dpsco_jax.flax import checkpoint as ckpt  # noqa: E402
 from dpsco_jax.privacy import LedgerIntegrityError  # noqa: E402
+from test_flax_trainer import _tamper as _edit_meta  # noqa: E402  (edits a saved metadata file)
 
 KEY = b"k" * 32
 
@@ -27,15 +26,6 @@ def _trainer() -> DPTrainer:
   return DPTrainer(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), loss, optax.sgd(0.5), data=data,
                    clip_norm=1.0, sampling_rate=0.4, delta=1e-5, expected_batch_size=6.4,
                    noise_multiplier=1.2, key=7, accountant="rdp")
-
-
-def _edit_meta(path, edit) -> None:
-  meta_file = os.path.join(path, "meta", "metadata")
-  with open(meta_file) as f:
-    meta = json.load(f)
-  edit(meta)
-  with open(meta_file, "w") as f:
-    json.dump(meta, f)
 
 
 @pytest.fixture(scope="module")

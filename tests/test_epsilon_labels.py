@@ -82,18 +82,10 @@ def test_runner_records_and_table_carry_the_kind():
 
 
 def _tiny_trainer():
-  """A 16-user, 3-item DP-SGD trainer of a linear model (RDP: cheap accounting)."""
-  import jax.numpy as jnp
-  import numpy as np
-  import optax
-  from flax import nnx
-  from dpsco_jax.flax import DPTrainer
-  x = np.random.default_rng(0).standard_normal((16, 3, 3)).astype(np.float32)
-  data = (jnp.asarray(x), jnp.asarray((x[..., 0] > 0).astype(np.int32)))
-  loss = lambda model, ex: optax.softmax_cross_entropy_with_integer_labels(model(ex[0]), ex[1])
-  return DPTrainer(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), loss, optax.sgd(0.5), data=data,
-                   clip_norm=1.0, sampling_rate=0.4, delta=1e-5, expected_batch_size=6.4,
-                   noise_multiplier=1.2, key=7, accountant="rdp")
+  """A 16-user, 3-item DP-SGD trainer of a linear model (RDP: cheap accounting): the
+  checkpoint-seal tests' trainer."""
+  from test_checkpoint_seal import _trainer
+  return _trainer()
 
 
 def test_trainer_history_labels_grid_bounds_as_upper_bounds():
