@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -49,7 +49,7 @@ from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
 __all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
-           "READS_M", "MESH_READY", "UNSUPPORTED", "UndeclaredFact", "Progress", "print_progress"]
+           "READS_M", "MESH_READY", "BATCHED", "UNSUPPORTED", "run_seeds", "UndeclaredFact", "Progress", "print_progress"]
 
 
 class UndeclaredFact(ConfigError):
@@ -84,6 +84,14 @@ REUSES_NOISE_MULTIPLIER = frozenset({
 #: Algorithms whose per-user gradient step runs with users sharded over a mesh (``run(...,
 #: mesh=)``); the others refuse a mesh rather than ignore it.
 MESH_READY = frozenset({"nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group"})
+#: Algorithms whose driver runs for a group of seeds as one ``vmap``-ed program
+#: (:func:`run_seeds`, the runner's ``batch_seeds``; :mod:`dpsco_jax.sweep`): a plan computed
+#: once, one jitted ``lax.scan`` with a leading seed axis, nothing read of the data outside it.
+#: The others run one seed at a time (their records say ``batched: false``).
+BATCHED = frozenset({
+    "nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group",
+    "accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
+    "accelerated_dp_sgd", "single_epoch_dp_sgd"})
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
 UNSUPPORTED = {
     **{name: "it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
@@ -368,3 +376,48 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
   p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
   return run(p, loss_fn, params, data, key, mesh=mesh, callback=callback,
              data_placement=data_placement)
+
+
+def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData],
+              keys: Sequence[jax.Array]) -> list[Result]:
+  """``[run(p, loss_fn, params, data, key) for data, key in zip(datas, keys)]`` as one
+  compiled program (a seed sweep, or one model on several same-shape data sets).
+
+  The plan is executed once under ``jax.vmap`` over the stacked data and keys
+  (:func:`dpsco_jax.sweep.run_stacked`): one compile and one launch for the whole group, the
+  noise calibrated once (it is ``p``'s). Each result has its own params (equal to the
+  one-by-one run's to float tolerance), its own copy of the privacy report (the plan's) and
+  ``record['batched'] = True``; keys are the caller's, one per run, never shared. Every data
+  set must have ``p.spec``'s users and items and the same shapes. Algorithms not in
+  :data:`BATCHED` (or a driver that cannot trace) run one by one with ``batched: False``."""
+  from dpsco_jax.sweep import run_stacked
+  if not isinstance(p, Plan):
+    raise TypeError(f"run_seeds needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
+  datas, keys = list(datas), list(keys)
+  if not datas or len(datas) != len(keys):
+    raise ValueError(f"run_seeds needs one key per data set, got {len(datas)} data sets and "
+                     f"{len(keys)} keys")
+  if p.algorithm not in BATCHED:
+    return [dataclasses.replace(r, record={**r.record, "batched": False})
+            for r in (run(p, loss_fn, params, d, k) for d, k in zip(datas, keys))]
+  for d in datas:
+    if not isinstance(d, UserData):
+      raise TypeError(f"datas must be UserData, got {type(d).__name__}")
+    if (d.spec.n_users, d.spec.max_items_per_user) != (p.spec.n_users,
+                                                       p.spec.max_items_per_user):
+      raise ValueError(f"the plan was made for {p.spec.n_users} users x "
+                       f"{p.spec.max_items_per_user} items, a data set has {d.n_users} x "
+                       f"{d.max_items_per_user}: plan again with its spec")
+    if p.algorithm in ITEM_GUARANTEE:
+      d.require_all_items(p.algorithm)
+  level = "item" if p.algorithm in ITEM_LEVEL else "user"
+  template = UserDataProblem(loss_fn, params, datas[0], level=level, constants=p.constants)
+  if template.d != p.num_params:
+    raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
+                     f"{template.d}")
+  views = [d.user_view() if level == "user" else d.item_view() for d in datas]
+  results = run_stacked(_entry(p.algorithm).driver, template, views, _driver_config(p), keys)
+  if not _same_guarantee(results[0].privacy, p.privacy):
+    raise RuntimeError(f"{p.algorithm}: the run's guarantee {results[0].privacy.epsilon!r} "
+                       f"differs from its plan's {p.privacy.epsilon!r} (a library bug)")
+  return [dataclasses.replace(r, params=template.unflatten(r.params)) for r in results]

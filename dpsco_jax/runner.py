@@ -67,6 +67,14 @@ resamples of the paired seeds drawn jointly, generator seeded by ``seed``: deter
 ``ratio[boot95]`` and ``wins`` (= wins/paired seeds); ``--plot`` also draws the ratio with its
 bootstrap interval as error bars.
 
+**Seeds in one program** (:mod:`dpsco_jax.sweep`): runs that differ only in ``seed`` (also
+across ``tuning_seeds`` / ``eval_seeds``) run as one ``vmap``-ed program when their algorithm
+is in :data:`dpsco_jax.api.BATCHED` (DP-SGD family, ``nonprivate_sgd``, paper 003's drivers):
+the plan and noise calibration once, one compile and one launch, each run with its own key
+and privacy report; records equal the one-by-one runs' (params to float tolerance) and say
+``batched: true`` (``wall_time_s`` is the group's time over its runs, ``batch_wall_time_s``
+the group's). ``batch_seeds: false`` (a top-level key) runs every seed alone.
+
 **Tuning and evaluation seeds** (:mod:`dpsco_jax.runner_tuning`), instead of ``seed``::
 
     tuning_seeds: [0, 1, 2]
@@ -111,6 +119,7 @@ from dpsco_jax.runner_stats import (  # noqa: F401 (t_interval re-exported)
     add_comparisons, compare_cells, compare_footnote, group_records, metric_stats,
     record_metrics, row_metrics, t_interval)
 from dpsco_jax import runner_tuning as tuning
+from dpsco_jax.sweep import batch_seeds_option, seed_groups
 
 RESERVED = RUNNER_ONLY
 
@@ -266,6 +275,11 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
       raise ConfigError(f"{cfg['algorithm']} trains an nnx model of a user problem; this "
                         f"problem ({type(problem).__name__}) has none")
     record = _registered_record(problem, cfg, key, algorithms)
+  return _finish(record, cfg, label)
+
+
+def _finish(record: dict, cfg: dict, label: str | None) -> dict:
+  """The record with its row label and the config keys it does not already hold."""
   if label is not None:
     record["label"] = label
   extras = {k: v for k, v in cfg.items() if k not in record}
@@ -275,11 +289,16 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
 
 def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict) -> dict:
   """A registered driver on a problem object with a known optimum: its record."""
-  seed = int(cfg.get("seed", 0))
   start = time.perf_counter()
   result = algorithms[cfg["algorithm"]](problem, cfg, jax.random.fold_in(key, 1))
-  params = jax.block_until_ready(result.params)
-  wall = time.perf_counter() - start
+  jax.block_until_ready(result.params)
+  return _result_record(problem, cfg, result, time.perf_counter() - start)
+
+
+def _result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
+  """The record of a registered driver's ``result`` on ``problem`` (``wall``: its seconds)."""
+  seed = int(cfg.get("seed", 0))
+  params = result.params
   record = {
       "algorithm": cfg["algorithm"], "problem": cfg["problem"],
       "n_users": int(problem.n_users), "m": int(problem.m), "d": int(problem.d),
@@ -304,13 +323,15 @@ def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict
   return record
 
 
-def _progress(i: int, total: int, cfg: dict, t0: float, step=None) -> None:
+def _progress(i: int, total: int, cfg: dict, t0: float, step=None, batch: int = 0) -> None:
   """The progress line: runs done, elapsed time, the current run, and (``step``, a
   :class:`dpsco_jax.api.Progress` of a user-problem run) its steps and epsilon so far."""
   width = 24
   done = int(width * i / total)
   elapsed = time.perf_counter() - t0
   desc = f"{cfg['algorithm']} seed={cfg.get('seed', 0)}" if cfg else "done"
+  if batch:
+    desc = f"{cfg['algorithm']} {batch} seeds in one program"
   if step is not None:
     desc += f" step {step.step}" + (f"/{step.num_steps}" if step.num_steps else "") + (
         "" if step.epsilon is None else f" eps {step.epsilon:.3g}")
@@ -331,37 +352,110 @@ def _failed_record(cfg: dict, err: Exception) -> dict:
   return _jsonable(record)
 
 
+def _batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict
+                   ) -> tuple[list[dict] | None, str | None]:
+  """The records of runs that differ only in seed, run as one vmapped program
+  (:func:`dpsco_jax.sweep.run_stacked`), or ``(None, why)`` when they run one by one: an
+  algorithm outside :data:`dpsco_jax.api.BATCHED`, a user problem, ``debug``, problems whose
+  public facts or shapes differ across seeds, or a driver that does not trace (then nothing of
+  the attempt is released and each seed runs, and fails, exactly as alone)."""
+  from dpsco_jax.api import BATCHED
+  from dpsco_jax.sweep import refusal, run_stacked
+  first = cfgs[0]
+  if first.get("algorithm") not in BATCHED:
+    return None, f"{first.get('algorithm')} does not batch seeds yet"
+  if first.get("problem") == USER_PROBLEM or first.get("debug") is True:
+    return None, "user problems and debug runs go one by one"
+  try:
+    checked = [_checked(cfg, algorithms, problems) for cfg in cfgs]
+    keys = [jax.random.key(int(cfg.get("seed", 0))) for cfg in checked]
+    insts = []
+    for cfg, key in zip(checked, keys):   # per seed, as run_one builds (and caches) it
+      ck = _problem_cache_key(cfg)
+      if ck not in cache:
+        cache[ck] = problems[cfg["problem"]](cfg, jax.random.fold_in(key, 0))
+      insts.append(cache[ck])
+    why = refusal(insts)
+    if why is not None:
+      return None, why
+    algo = {k: v for k, v in checked[0].items() if k not in ("seed", "label")}
+    start = time.perf_counter()
+    results = run_stacked(algorithms[algo["algorithm"]], insts[0], [p.data for p in insts],
+                          algo, [jax.random.fold_in(k, 1) for k in keys])
+    wall = time.perf_counter() - start
+  except Exception as err:  # noqa: BLE001 - the one-by-one runs report any real error
+    return None, f"batching failed ({type(err).__name__}); ran one by one"
+  records = []
+  for cfg, problem, result in zip(checked, insts, results):
+    cfg = dict(cfg)
+    label = cfg.pop("label", None)
+    record = _result_record(problem, cfg, result, wall / len(cfgs))
+    record.update(batched=True, batch_runs=len(cfgs), batch_wall_time_s=wall)
+    records.append(_finish(record, cfg, label))
+  return records, None
+
+
 def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: bool = True,
             on_record: Callable | None = None, phase: str | None = None,
-            metrics: tuple[tuple[str, str], ...] = ()) -> list[dict]:
-  """Runs validated run configs in order. A run that raises becomes a record with ``status:
-  failed`` and its error (the sweep goes on); ``on_record(records)`` is called after every
-  run; ``phase`` (if given) tags every record. ``metrics``: ``(where, field)`` pairs (the
+            metrics: tuple[tuple[str, str], ...] = (), batch_seeds: bool = True
+            ) -> list[dict]:
+  """Runs validated run configs; returns their records in the order of ``runs``. A run that
+  raises becomes a record with ``status: failed`` and its error (the sweep goes on);
+  ``on_record(records)`` is called after every run (or batch) with the records done so far;
+  ``phase`` (if given) tags every record. ``metrics``: ``(where, field)`` pairs (the
   ``select.metric`` / ``compare.metric`` of the config) every successful record must have as
-  a number, else a :class:`ConfigError` stops the sweep at the first record without it."""
+  a number, else a :class:`ConfigError` stops the sweep at the first record without it.
+
+  ``batch_seeds``: runs that differ only in seed run as one vmapped program when their
+  algorithm batches (:func:`_batch_records`); every record says ``batched: true|false`` (with
+  ``batch_note`` saying why a group of seeds ran one by one)."""
   cache = ProblemCache()
-  records = []
+  records: list[dict | None] = [None] * len(runs)
   t0 = time.perf_counter()
-  for i, cfg in enumerate(runs):
-    if progress:
-      _progress(i, len(runs), cfg, t0)
-    on_step = (lambda p, i=i, cfg=cfg: _progress(i, len(runs), cfg, t0, p)) if progress else None
-    try:
-      record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
-                       on_progress=on_step)
-      record["status"] = "ok"
-    except Exception as err:  # noqa: BLE001 - one bad run must not lose the others
-      record = _failed_record(cfg, err)
-      if not isinstance(err, ConfigError) and progress:
-        sys.stderr.write("\n" + traceback.format_exc(limit=3))
+  count = 0
+
+  def finish(i: int, record: dict) -> None:
+    nonlocal count
     if phase is not None:
       record["phase"] = phase
-    records.append(record)
+    records[i] = record
+    count += 1
     if on_record is not None:
-      on_record(records)
+      on_record([r for r in records if r is not None])
     if record["status"] == "ok":
       for where, metric in metrics:
         check_record_metric(record, metric, where)
+
+  groups = seed_groups(runs) if batch_seeds else [[i] for i in range(len(runs))]
+  for group in groups:
+    batch, note = None, None
+    if len(group) > 1:
+      if progress:
+        _progress(count, len(runs), runs[group[0]], t0, batch=len(group))
+      batch, note = _batch_records([runs[i] for i in group], algorithms, problems, cache)
+    if batch is not None:
+      for i, record in zip(group, batch):
+        record["status"] = "ok"
+        finish(i, record)
+      continue
+    for i in group:
+      cfg = runs[i]
+      if progress:
+        _progress(count, len(runs), cfg, t0)
+      on_step = ((lambda p, c=count, cfg=cfg: _progress(c, len(runs), cfg, t0, p))
+                 if progress else None)
+      try:
+        record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
+                         on_progress=on_step)
+        record["status"] = "ok"
+      except Exception as err:  # noqa: BLE001 - one bad run must not lose the others
+        record = _failed_record(cfg, err)
+        if not isinstance(err, ConfigError) and progress:
+          sys.stderr.write("\n" + traceback.format_exc(limit=3))
+      record["batched"] = False
+      if note is not None:
+        record["batch_note"] = note
+      finish(i, record)
   if progress:
     _progress(len(runs), len(runs), {}, t0)
     sys.stderr.write("\n")
@@ -390,7 +484,8 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
   algorithms, problems = registry()
   metrics = tuple((where, spec.metric) for where, spec in (
       ("select.metric", phases.select), ("compare.metric", compare)) if spec is not None)
-  kw = dict(algorithms=algorithms, problems=problems, progress=progress, metrics=metrics)
+  kw = dict(algorithms=algorithms, problems=problems, progress=progress, metrics=metrics,
+            batch_seeds=batch_seeds_option(phases.config))
   if phases.select is None:  # user errors in any run are reported before anything runs
     runs = _validated(phases.config, algorithms, problems)
     runner_user.check_metrics(runs, metrics)
