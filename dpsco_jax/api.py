@@ -301,7 +301,7 @@ def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
 def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
         mesh: jax.sharding.Mesh | None = None,
         callback: Callable[[Progress], None] | None = None,
-        data_placement: str = "auto") -> Result:
+        data_placement: str = "auto", distributed: bool | None = None) -> Result:
   """Executes plan ``p`` on ``data``: ``Result.params`` has the structure of ``params``.
 
   ``mesh``: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the mesh set with
@@ -319,11 +319,22 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
 
   ``callback``: called with a :class:`Progress` about 20 times during the run by the
   DP-SGD family and ``nonprivate_sgd`` (steps done, epsilon so far), and once at the end by
-  the other algorithms; :func:`print_progress` prints one line each time."""
+  the other algorithms; :func:`print_progress` prints one line each time.
+
+  ``distributed``: run with the other processes of ``jax.distributed`` on this process's
+  ``data.shard(...)`` (:mod:`dpsco_jax.distributed`: a handshake compares config, plan, key
+  and declared ``n_users`` before the first step). Default: when ``jax.process_count() > 1``
+  or ``data`` is a shard."""
   if not isinstance(p, Plan):
     raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
   if not isinstance(data, UserData):
     raise TypeError(f"data must be a UserData, got {type(data).__name__}")
+  if distributed is None:
+    distributed = data.shard_info is not None or jax.process_count() > 1
+  if distributed:
+    from dpsco_jax import distributed as _distributed
+    return _distributed.run(p, loss_fn, params, data, key, callback=callback, mesh=mesh,
+                            data_placement=data_placement)
   if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
                                                            p.spec.max_items_per_user):
     raise ValueError(f"the plan was made for {p.spec.n_users} users x "
@@ -370,12 +381,12 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
         key: jax.Array, *, constants: ProblemConstants | dict | None = None,
         mesh: jax.sharding.Mesh | None = None,
         callback: Callable[[Progress], None] | None = None,
-        data_placement: str = "auto") -> Result:
+        data_placement: str = "auto", distributed: bool | None = None) -> Result:
   """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=,
-  callback=, data_placement=)``."""
+  callback=, data_placement=, distributed=)``."""
   p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
   return run(p, loss_fn, params, data, key, mesh=mesh, callback=callback,
-             data_placement=data_placement)
+             data_placement=data_placement, distributed=distributed)
 
 
 def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData],

@@ -35,6 +35,11 @@ appearance of its id) and ``m = max_items_per_user`` item slots, with an item ma
   disk instead of memory and reads them back as memory maps (:meth:`UserData.open`), so a
   table in memory is never copied whole; :mod:`dpsco_jax.data.sampling` then gathers only
   each step's Poisson-sampled users from it.
+* **Many processes.** :meth:`UserData.shard` keeps one process's users of a ``jax.distributed``
+  run (a contiguous block in user order, or every ``count``-th user): its arrays hold only
+  those users (slices of a memory map stay memory maps), while :attr:`UserData.spec` still
+  states the whole dataset's facts, so every process makes the plan of the one-process run
+  (:mod:`dpsco_jax.distributed`).
 
 Only :class:`DataSpec` (shapes, ``U``, ``m``) is read by a plan; under ``add_remove`` the
 number of users is private and a plan reads the *declared* ``n_users`` from the config instead
@@ -56,7 +61,7 @@ import numpy as np
 from dpsco_jax.data import grouping
 from dpsco_jax.data.grouping import canonical_ids, id_seed
 
-__all__ = ["DataSpec", "FACTS", "UserData", "weighted_loss"]
+__all__ = ["DataSpec", "FACTS", "ShardInfo", "UserData", "weighted_loss"]
 
 SELECTIONS = ("random", "first")
 
@@ -106,6 +111,75 @@ class DataSpec:
     if fact not in FACTS:
       raise ValueError(f"unknown fact {fact!r}; facts: {FACTS}")
     return fact not in self.measured
+
+
+#: How :meth:`UserData.shard` splits users over processes.
+SHARD_LAYOUTS = ("contiguous", "strided")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+  """Which users of a ``n_users_total``-user dataset one process holds.
+
+  ``contiguous``: process ``p`` holds users ``[bounds[p], bounds[p + 1])`` with
+  ``bounds[p] = floor(p * n / count)`` (a memory map's slice stays a memory map: the process
+  reads only its own pages). ``strided``: users ``p, p + count, p + 2 count, ...``. Either
+  way the shards are disjoint, their union is every user, and the global position of a
+  process's ``j``-th user is a function of ``(layout, n_users_total, count)`` alone, so every
+  process maps a globally drawn sample to its own users without communicating.
+  """
+  index: int
+  count: int
+  n_users_total: int
+  layout: str = "contiguous"
+
+  def __post_init__(self):
+    for name in ("index", "count", "n_users_total"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"ShardInfo.{name} must be an int, got {v!r}")
+      object.__setattr__(self, name, int(v))
+    if self.count < 1 or not 0 <= self.index < self.count:
+      raise ValueError(f"shard index must be in [0, count={self.count}), got {self.index}")
+    if self.n_users_total < self.count:
+      raise ValueError(f"{self.n_users_total} users cannot be split over {self.count} "
+                       "processes: every process needs at least one user")
+    if self.layout not in SHARD_LAYOUTS:
+      raise ValueError(f"layout must be one of {SHARD_LAYOUTS}, got {self.layout!r}")
+
+  def bounds(self) -> np.ndarray:
+    """``[count + 1]`` start positions of the contiguous shards (``bounds[-1] = n``)."""
+    return np.arange(self.count + 1, dtype=np.int64) * self.n_users_total // self.count
+
+  def positions(self, process: int | None = None) -> np.ndarray:
+    """Global positions of process ``process``'s users (default: this shard's), in order."""
+    p = self.index if process is None else int(process)
+    if self.layout == "strided":
+      return np.arange(p, self.n_users_total, self.count, dtype=np.int64)
+    b = self.bounds()
+    return np.arange(b[p], b[p + 1], dtype=np.int64)
+
+  def size(self, process: int | None = None) -> int:
+    """Users held by process ``process`` (default: this shard)."""
+    p = self.index if process is None else int(process)
+    if self.layout == "strided":
+      return len(range(p, self.n_users_total, self.count))
+    b = self.bounds()
+    return int(b[p + 1] - b[p])
+
+  def owner(self, positions: np.ndarray) -> np.ndarray:
+    """The process holding each global position."""
+    positions = np.asarray(positions, np.int64)
+    if self.layout == "strided":
+      return positions % self.count
+    return np.searchsorted(self.bounds(), positions, side="right") - 1
+
+  def local(self, positions: np.ndarray) -> np.ndarray:
+    """Local row of each global position (all held by its owner: see :meth:`owner`)."""
+    positions = np.asarray(positions, np.int64)
+    if self.layout == "strided":
+      return positions // self.count
+    return positions - self.bounds()[self.owner(positions)]
 
 
 def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dict[str, Any]:
@@ -199,6 +273,8 @@ class UserData:
     m_declared: whether ``m`` (the slot count) is a declared contribution bound (``True``
       when ``max_items_per_user`` was given) or the largest user's measured count (a
       function of the private data, which plans that read ``m`` refuse).
+    shard_info: set by :meth:`shard`: this object holds one process's users of a larger
+      dataset (``None``: it holds every user).
   """
   examples: Any
   item_mask: np.ndarray
@@ -206,6 +282,7 @@ class UserData:
   n_items: np.ndarray
   n_dropped: np.ndarray | None = None
   m_declared: bool = False
+  shard_info: ShardInfo | None = None
 
   def __post_init__(self):
     # A hand-built UserData gets the checks from_arrays guarantees: one slot row per user,
@@ -239,6 +316,12 @@ class UserData:
       if np.any(n_dropped < 0):
         raise ValueError("n_dropped must be >= 0 (items beyond the bound that were not kept)")
       object.__setattr__(self, "n_dropped", n_dropped)
+    if self.shard_info is not None:
+      if not isinstance(self.shard_info, ShardInfo):
+        raise TypeError(f"shard_info must be a ShardInfo, got {type(self.shard_info).__name__}")
+      if self.shard_info.size() != u:
+        raise ValueError(f"shard {self.shard_info.index} of {self.shard_info.count} should hold "
+                         f"{self.shard_info.size()} users, it holds {u}")
 
   def _check_ids(self, u: int) -> None:
     ids = canonical_ids(self.user_ids)
@@ -344,7 +427,10 @@ class UserData:
     shapes = tuple((jax.tree_util.keystr(path), tuple(leaf.shape[2:]), str(leaf.dtype))
                    for path, leaf in jax.tree_util.tree_flatten_with_path(self.examples)[0])
     measured = {"n_users"} | (set() if self.m_declared else {"max_items_per_user"})
-    return DataSpec(self.n_users, self.max_items_per_user, shapes, frozenset(measured))
+    # A shard states the whole dataset's facts: a plan must never depend on which process
+    # (or how many users of it) it was made on.
+    n = self.n_users if self.shard_info is None else self.shard_info.n_users_total
+    return DataSpec(n, self.max_items_per_user, shapes, frozenset(measured))
 
   def user_view(self) -> dict:
     """``{"example", "weight"}`` with ``weight = m / k_u`` on real items: the mean over the
@@ -367,6 +453,33 @@ class UserData:
                     None if self.n_dropped is None else self.n_dropped[idx],
                     m_declared=self.m_declared)
 
+  def shard(self, process_index: int, process_count: int, *,
+            layout: str = "contiguous") -> "UserData":
+    """The users process ``process_index`` of ``process_count`` holds in a ``jax.distributed``
+    run (see :class:`ShardInfo`; ``"contiguous"`` by default, so a memory map from
+    :meth:`open` is sliced, never read: each process touches only its own pages).
+
+    The result's arrays (``n_users``, ``len``) are the shard's; its :attr:`spec` is the whole
+    dataset's (same ``n_users``, ``m``, measured/declared flags), so a plan made on any process
+    is the one-process plan. Sharding a shard is refused (shard the whole data)."""
+    if self.shard_info is not None:
+      raise ValueError("this UserData is already shard "
+                       f"{self.shard_info.index} of {self.shard_info.count}: shard the whole "
+                       "data instead")
+    for name, v in (("process_index", process_index), ("process_count", process_count)):
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {v!r}")
+    info = ShardInfo(int(process_index), int(process_count), self.n_users, layout)
+    if layout == "contiguous":
+      lo, hi = (int(b) for b in info.bounds()[info.index:info.index + 2])
+      take = slice(lo, hi)          # basic slicing: views (memory maps stay memory maps)
+    else:
+      take = info.positions()
+    return UserData(jax.tree.map(lambda x: x[take], self.examples),
+                    self.item_mask[take], self.user_ids[take], self.n_items[take],
+                    None if self.n_dropped is None else self.n_dropped[take],
+                    m_declared=self.m_declared, shard_info=info)
+
   def require_all_items(self, who: str) -> None:
     """Raises unless every item was kept: an item-level guarantee (``who``) does not cover
     items dropped by ``max_items_per_user``, since one added or removed item of a truncated
@@ -382,5 +495,8 @@ class UserData:
     return jax.tree.map(lambda x: np.asarray(x)[self.item_mask], self.examples)
 
   def __repr__(self) -> str:  # sizes only: never the data
+    shard = ("" if self.shard_info is None else
+             f", shard={self.shard_info.index}/{self.shard_info.count} of "
+             f"{self.shard_info.n_users_total} users")
     return (f"UserData(n_users={self.n_users}, max_items_per_user={self.max_items_per_user}, "
-            f"items={int(self.n_items.sum())})")
+            f"items={int(self.n_items.sum())}{shard})")

@@ -1,0 +1,366 @@
+"""Many processes: user-level DP-SGD under ``jax.distributed`` (issue 24, part 3).
+
+The same program runs on every process (JAX's multi-controller model; no home-made layer)::
+
+    dpsco_jax.distributed.initialize("10.0.0.1:1234", num_processes=2, process_id=i)
+    data = UserData.open(store).shard(jax.process_index(), jax.process_count())
+    result = dpsco_jax.fit("dp_sgd_user", config, loss_fn, params, data, key)
+
+``dpsco_jax.run`` / ``fit`` take this path when ``jax.process_count() > 1`` or the data is a
+shard (``distributed=`` forces it on or off). What holds, and why:
+
+* **One plan.** A shard's :attr:`~dpsco_jax.data.UserData.spec` is the whole dataset's, and
+  ``dp_sgd_user`` with Poisson sampling reads the *declared* ``n_users`` (``add_remove``), so
+  every process makes the one-process plan whatever its local count.
+* **Handshake before the first step.** Every process publishes digests of its algorithm and
+  config, plan and guarantee, PRNG key, initial params, data facts (``m``, item shapes) and
+  shard, plus its declared ``n_users``; these are all-gathered and compared. Any difference
+  (or a process that could not plan) raises :class:`DistributedMismatch` on *every* process,
+  naming what differs, before the ledger is charged or anything is released; the gather has
+  a fixed shape, so a mismatch cannot leave one process waiting in a collective.
+* **The accountant's sampling law, drawn once.** Every process draws the *global* Poisson
+  sample from the shared key (:class:`~dpsco_jax.data.PoissonSampler` over all ``n`` users,
+  truncated at the plan's capacity: the one-process host run's draw) and keeps its own users'
+  part (:meth:`~dpsco_jax.data.ShardInfo.owner`). No process communicates to sample.
+* **Static slots without a second truncation.** Every process also knows how many sampled
+  users each process holds, so all agree on the step's per-process slot count: a small bound
+  (``poisson_capacity`` of a shard) or, on the rare step that exceeds it, the global capacity.
+  Two shapes, two compiles, and no user dropped beyond the plan's own truncation.
+* **One reduction, one noise.** The step's batch is one global array
+  (``jax.make_array_from_process_local_data``) sharded over a ``"users"`` mesh of every
+  process's devices; each device differentiates and clips its users, XLA all-reduces the
+  clipped sums, and the Gaussian noise is drawn from the replicated noise key: the same noise
+  on every process, added once to the replicated sum. Params stay replicated.
+* **One ledger.** Each process charges an identical ledger with the plan's events (checked
+  by the handshake); ``Result.record["ledger_digest"]`` is :func:`privacy_digest` of the
+  guarantee, equal to the one-process run's.
+
+Result: the released params equal the one-process ``data_placement="host"`` run with the same
+key to float tolerance (only the order of the clipped sum differs). Ready: ``dp_sgd_user`` with
+Poisson sampling and independent noise (``DISTRIBUTED_READY``); anything else is refused.
+CPU processes use gloo collectives (``jax_cpu_collectives_implementation``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dpsco_jax.data.user_data import ShardInfo, UserData
+
+__all__ = ["DISTRIBUTED_READY", "DistributedMismatch", "initialize", "users_mesh",
+           "privacy_digest", "handshake", "run"]
+
+#: Algorithms that run under ``jax.distributed`` (the others are refused, never run on one
+#: process's users alone).
+DISTRIBUTED_READY = frozenset({"dp_sgd_user"})
+_WORDS = 4   # int64 words kept of a SHA-256 digest (the whole digest)
+
+
+class DistributedMismatch(ValueError):
+  """The processes of a ``jax.distributed`` run disagree (raised on every process, before the
+  first step)."""
+
+
+def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
+               timeout_s: int = 60) -> None:
+  """``jax.distributed.initialize`` with CPU collectives (gloo) switched on, so processes
+  without accelerators can all-reduce. Call it first, before any other JAX work."""
+  if jax.config.values.get("jax_cpu_collectives_implementation") in (None, "", "none"):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=int(num_processes), process_id=int(process_id),
+                             initialization_timeout=int(timeout_s))
+
+
+def users_mesh(axis: str = "users") -> Mesh:
+  """A 1-D mesh over every process's devices (each process's devices are adjacent)."""
+  return Mesh(np.array(jax.devices()), (axis,))
+
+
+# ----------------------------------------------------------------------------- digests
+def _canonical(obj: Any) -> bytes:
+  return json.dumps(obj, sort_keys=True, default=repr).encode()
+
+
+def _words(data: bytes) -> np.ndarray:
+  return np.frombuffer(hashlib.sha256(data).digest(), np.int64).copy()
+
+
+def privacy_digest(report: Any) -> str:
+  """SHA-256 of a :class:`~dpsco_jax.privacy.PrivacyReport` (epsilon, delta, relation,
+  provenance, mechanism labels, notes): equal guarantees, equal digests."""
+  return hashlib.sha256(_canonical(dataclasses.asdict(report))).hexdigest()
+
+
+def _key_bytes(key: jax.Array) -> bytes:
+  """The key's words, hashed before they leave the process (never shown or sent in clear)."""
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return np.asarray(key).tobytes()
+
+
+# ----------------------------------------------------------------------------- handshake
+#: (name, words, what a mismatch means); the digests are compared, the ints shown
+_FIELDS = (("ok", 1, "could plan the run"),
+           ("config", _WORDS, "algorithm and config"),
+           ("config_len", 1, ""),
+           ("n_users", 1, "declared n_users"),
+           ("plan", _WORDS, "plan (schedule, noise, capacity)"),
+           ("privacy", _WORDS, "privacy guarantee (ledger)"),
+           ("key", _WORDS, "PRNG key (not shown)"),
+           ("params", _WORDS, "initial params (values, shapes, dtypes)"),
+           ("data", _WORDS, "data facts (m, item shapes, layout, total users)"),
+           ("process", 2, "shard index / count"))
+
+
+def _allgather(x: np.ndarray) -> np.ndarray:
+  from jax.experimental import multihost_utils
+  out = np.asarray(multihost_utils.process_allgather(x))
+  return out.reshape((jax.process_count(),) + x.shape)
+
+
+def handshake(facts: dict[str, Any], config: dict | None) -> None:
+  """All-gathers ``facts`` (the :data:`_FIELDS`, as ints or digest words) and raises
+  :class:`DistributedMismatch` on every process if any process differs or could not plan.
+  Every process takes the same branches (they read the same gathered table), so the number
+  of collectives is the same everywhere."""
+  row = np.concatenate([np.asarray(facts[name], np.int64).reshape(k) for name, k, _ in _FIELDS])
+  table = _allgather(row)
+  cols, at = {}, 0
+  for name, k, _ in _FIELDS:
+    cols[name], at = table[:, at:at + k], at + k
+  bad = [p for p in range(table.shape[0]) if cols["ok"][p, 0] != 1]
+  if bad:
+    raise DistributedMismatch(f"process(es) {bad} refused the run before the first step (their "
+                              "own error names why); nothing was released")
+  problems = []
+  for name, _, what in _FIELDS:
+    if name in ("ok", "config_len"):
+      continue
+    if name == "process":   # shard p on process p, one count everywhere
+      expect = np.stack([np.arange(table.shape[0]), np.full(table.shape[0], table.shape[0])], 1)
+      if (cols[name] == expect).all():
+        continue
+    elif (cols[name] == cols[name][0]).all():
+      continue
+    if name == "n_users":
+      problems.append(f"{what}: " + ", ".join(
+          f"process {p}: {'undeclared' if v < 0 else v}" for p, v in enumerate(cols[name][:, 0])))
+    elif name == "process":
+      problems.append(f"{what}: " + ", ".join(f"process {p}: {i}/{c}"
+                                               for p, (i, c) in enumerate(cols[name])))
+    elif name == "config":
+      problems.append(f"{what}: {_config_diff(config, int(cols['config_len'].max()))}")
+    else:
+      problems.append(what)
+  if problems:
+    raise DistributedMismatch("the processes disagree before the first step (nothing was "
+                              "released): " + "; ".join(problems))
+
+
+def _config_diff(config: dict | None, length: int) -> str:
+  """Names the config keys (and their values, public hyper-parameters) that differ: a second,
+  fixed-shape gather of every process's canonical config."""
+  mine = _canonical(config or {})
+  buf = np.zeros(length, np.uint8)
+  buf[:len(mine)] = np.frombuffer(mine, np.uint8)
+  rows = _allgather(buf)
+  configs = [json.loads(bytes(r).rstrip(b"\0") or b"{}") for r in rows]
+  keys = sorted({k for c in configs for k in c if any(c.get(k) != o.get(k) for o in configs)})
+  return ", ".join(f"{k} (" + ", ".join(f"process {p}: {c.get(k, '<unset>')!r}"
+                                        for p, c in enumerate(configs)) + ")" for k in keys)
+
+
+# ----------------------------------------------------------------------------- sampling
+class _ShardSampler:
+  """The global Poisson draw of one step, cut down to this process's users.
+
+  ``__call__(t)`` -> ``(local idx, mask)`` of length ``slots(t)``, which every process computes
+  identically from the global draw (it knows every process's share without asking)."""
+
+  def __init__(self, sampler: Any, info: ShardInfo, small: int, large: int):
+    self.sampler, self.info = sampler, info
+    self.n_users = info.size()   # iter_batches checks it against the shard
+    self.small, self.large = small, large
+
+  def __call__(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+    idx, mask = self.sampler(t)            # global, truncated at the plan's capacity
+    chosen = idx[mask]
+    owner = self.info.owner(chosen)
+    counts = np.bincount(owner, minlength=self.info.count)
+    slots = self.small if counts.max() <= self.small else self.large
+    mine = self.info.local(chosen[owner == self.info.index])
+    out = np.zeros(slots, np.int64)
+    out[:mine.size] = mine
+    return out, np.arange(slots) < mine.size
+
+
+def _round_up(x: int, k: int) -> int:
+  return -(-int(x) // k) * k
+
+
+def _global_put(mesh: Mesh, axis: str) -> Callable[[Any], Any]:
+  """Process-local rows -> one global array sharded over ``axis`` (every process calls it
+  with the same row count)."""
+  count = jax.process_count()
+
+  def put_leaf(x):
+    x = np.asarray(x)
+    spec = PartitionSpec(axis, *([None] * (x.ndim - 1)))
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x,
+                                                  (count * x.shape[0],) + x.shape[1:])
+  return lambda tree: jax.tree.map(put_leaf, tree)
+
+
+def _replicate(tree: Any, mesh: Mesh) -> Any:
+  """Equal host values on every process -> fully replicated global arrays."""
+  rep = NamedSharding(mesh, PartitionSpec())
+
+  def leaf(x):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, rep, lambda index: x[index])
+  return jax.tree.map(leaf, tree)
+
+
+def _to_local(x: jax.Array) -> np.ndarray:
+  """A replicated global array's value on this process."""
+  if x.is_fully_addressable or x.sharding.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+# ----------------------------------------------------------------------------- the run
+def _refusal(p: Any, data: UserData, mesh: Any, placement: str) -> None:
+  """Why this process cannot take part (raised after the handshake, on every process)."""
+  if p.algorithm not in DISTRIBUTED_READY:
+    raise ValueError(f"{p.algorithm} does not run under jax.distributed yet; ready: "
+                     f"{', '.join(sorted(DISTRIBUTED_READY))}")
+  sched = p.schedule or {}
+  if sched.get("sampling") != "poisson" or (p.config.get("noise_mechanism") or
+                                            "independent") != "independent":
+    raise ValueError("a jax.distributed run samples users by Poisson sampling with "
+                     "independent noise (got sampling="
+                     f"{sched.get('sampling')!r}, noise_mechanism="
+                     f"{p.config.get('noise_mechanism')!r})")
+  if mesh is not None:
+    raise ValueError("a jax.distributed run builds its own mesh over every process's devices: "
+                     "leave mesh unset")
+  if placement not in ("auto", "host"):
+    raise ValueError("a jax.distributed run keeps each process's users on its host and moves "
+                     f"only the sampled ones (data_placement='host'), got {placement!r}")
+  info, count = data.shard_info, jax.process_count()
+  if info is None and count > 1:
+    raise ValueError("each process must hold only its own users: pass "
+                     "data.shard(jax.process_index(), jax.process_count())")
+  if info is not None and (info.count, info.index) != (count, jax.process_index()):
+    raise ValueError(f"this data is shard {info.index} of {info.count}, but this is process "
+                     f"{jax.process_index()} of {count}")
+
+
+def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
+        callback: Callable | None = None, mesh: Any = None,
+        data_placement: str = "auto") -> Any:
+  """Executes plan ``p`` (made from ``data.spec``: the whole dataset's facts) on this
+  process's shard ``data``, together with the other processes (see the module docstring).
+  Every process returns the same :class:`~dpsco_jax.result.Result`; ``params`` are local
+  arrays with the structure of ``params``."""
+  from dpsco_jax import api
+  from dpsco_jax.algorithms.common import _compiled_step, poisson_capacity, progress_points
+  from dpsco_jax.algorithms.dpsgd.driver import charge_dp_sgd, dp_sgd_chain, dp_sgd_plan
+  from dpsco_jax.data.problem import UserDataProblem
+  from dpsco_jax.data.sampling import PoissonSampler, iter_batches
+  from dpsco_jax.result import Result
+  from dpsco_jax.transforms.steps import released_params
+
+  facts: dict[str, Any] = {name: np.zeros(k, np.int64) for name, k, _ in _FIELDS}
+  cfg, error, plan, problem = None, None, None, None
+  try:
+    if not isinstance(p, api.Plan):
+      raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
+    if not isinstance(data, UserData):
+      raise TypeError(f"data must be a UserData, got {type(data).__name__}")
+    _refusal(p, data, mesh, data_placement)
+    problem = UserDataProblem(loss_fn, params, data, level="user", constants=p.constants)
+    if problem.d != p.num_params:
+      raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
+                       f"{problem.d}")
+    if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
+                                                             p.spec.max_items_per_user):
+      raise ValueError(f"the plan was made for {p.spec.n_users} users x "
+                       f"{p.spec.max_items_per_user} items, the data states "
+                       f"{data.spec.n_users} x {data.spec.max_items_per_user}")
+    cfg = api._driver_config(p)
+    plan = dp_sgd_plan(problem, cfg)       # the spec's (global) facts, never the local count
+    if plan.relation == "add_remove" and data.spec.n_users > plan.n_public:
+      raise ValueError(f"the data has {data.spec.n_users} users, more than the declared "
+                       f"n_users ({plan.n_public})")
+    info = data.shard_info or ShardInfo(0, 1, data.n_users)
+    w0 = np.asarray(problem.init_params())
+    config = {"algorithm": p.algorithm, **p.config}
+    facts.update(
+        ok=1, config=_words(_canonical(config)), config_len=len(_canonical(config)),
+        n_users=-1 if p.config.get("n_users") is None else int(p.config["n_users"]),
+        plan=_words(_canonical([repr(plan), p.noise_multiplier, p.schedule])),
+        privacy=_words(privacy_digest(p.privacy).encode()), key=_words(_key_bytes(key)),
+        params=_words(w0.tobytes() + _canonical([w0.shape, str(w0.dtype)])),
+        data=_words(_canonical([data.spec.max_items_per_user,
+                                [list(s) for s in data.spec.item_shapes],
+                                info.layout, info.n_users_total])),
+        process=np.array([info.index, info.count]))
+  except Exception as err:   # noqa: BLE001 - re-raised below, after the others learn of it
+    error, config = err, None
+  try:
+    handshake(facts, None if error else config)
+  except DistributedMismatch:
+    if error is not None:
+      raise error from None  # this process's own reason first
+    raise
+  if error is not None:      # unreachable: the handshake refuses a process that is not ok
+    raise error
+
+  report = charge_dp_sgd(plan)             # the ledger, before anything is released
+  mesh_ = users_mesh()
+  local = len(jax.local_devices())
+  n, q, cap = info.n_users_total, plan.sampling_rate, plan.capacity
+  large = _round_up(cap, local)
+  small = min(large, _round_up(poisson_capacity(-(-n // info.count), q), local))
+  sampler = _ShardSampler(PoissonSampler(n, q, capacity=cap, seed=jax.random.fold_in(key, 2)),
+                          info, small, large)
+  hparams = {"clip": plan.clip, "stddev": plan.noise_std, "lr": plan.lr,
+             "radius": problem.radius,
+             "noise_key": jax.random.wrap_key_data(_replicate(
+                 jax.random.key_data(jax.random.fold_in(key, 1)), mesh_))}
+  static = (plan.denominator, plan.averaging, False)
+  step = _compiled_step(problem.loss_fn, dp_sgd_chain, static, None)
+  params_g = _replicate(w0, mesh_)
+  state = jax.jit(lambda w, h: dp_sgd_chain(h, *static).init(w))(params_g, hparams)
+  progress = api._progress(p, callback)
+  every = progress_points(plan.steps)
+  for t, batch, mask in iter_batches(data, sampler, plan.steps, view="user",
+                                     put=_global_put(mesh_, "users")):
+    params_g, state, _ = step(params_g, state, hparams, batch, mask)
+    if progress is not None and (t + 1) % every == 0:
+      progress(t + 1)
+  released = jax.numpy.asarray(_to_local(released_params(state, params_g)))
+  record = {"noise_multiplier": plan.noise_multiplier, "num_steps": plan.steps,
+            "batch_size": plan.batch, "denominator": plan.denominator,
+            "sampling_rate": plan.sampling_rate, "noise_std": plan.noise_std,
+            "clip_norm": plan.clip, "learning_rate": plan.lr, "sampling": plan.sampling,
+            "relation": plan.relation, "noise_mechanism": plan.noise,
+            "processes": info.count, "ledger_digest": privacy_digest(report)}
+  result = Result(params=released, privacy=report,
+                  gradient_evaluations=int(plan.steps * plan.batch * problem.m), record=record)
+  if not api._same_guarantee(result.privacy, p.privacy):
+    raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
+                       f"from its plan's {p.privacy.epsilon!r} (a library bug)")
+  return dataclasses.replace(result, params=problem.unflatten(result.params))
+
