@@ -365,7 +365,10 @@ def test_ball_slack_is_an_upper_bound_and_tight(offset):
 def test_fast_clipping_at_common_offsets_never_exceeds_c(ghost):
   """Each example holds two rows ``x0`` and ``x0 + u`` (``|x0|`` = offset) whose output
   gradients cancel (the loss sees only their difference): the Gram norm cancels
-  catastrophically. Contributions stay <= C and the norms >= the float64 ones."""
+  catastrophically. Contributions stay <= C and the norms >= the float64 ones. No precision
+  context here on purpose: ``FastClippedGrad`` pins its clipped sum (the model's own passes
+  included) to float32 matmuls; before it did, the model's forward ran at TF32 on an H200 and
+  ``direct`` (whose certified slack is smallest) saw norms below the float64 ones."""
   from flax import nnx
   from dpsco_jax.flax.fast_clip import FastClippedGrad
 

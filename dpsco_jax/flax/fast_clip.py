@@ -48,11 +48,13 @@ statistics, RNG counters, a kernel frozen in a non-``Param`` variable) is held f
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.flax import fast_clip_norms as fn
@@ -103,6 +105,29 @@ class _Part:
   release: Callable | None = None
 
 
+def _at_highest(method):
+  """Traces ``method`` (the model's per-user passes and every norm and release built on them)
+  with float32 matmuls, whatever the backend's or the caller's default.
+
+  Why: the backend default is TF32 on GPUs and bf16 passes on TPUs (1e-3 relative; XLA:CPU
+  ignores it, so CPU never shows the difference). The certified bounds of
+  :mod:`dpsco_jax.flax.fast_clip_norms` assume ``Precision.HIGHEST`` in their own products
+  (which they pin explicitly), and the per-user gradients, output gradients and layer inputs
+  they are taken of come from the user's model: at TF32 those are a shape-dependent rounding
+  of the model's gradient (a micro-batch of 4 and one of 16 users were rounded differently,
+  the fast norms fell below the float64 norms of the model they clip). Pinning the whole
+  clipped sum makes every number the guarantee and the tests rely on the float32 one on every
+  backend; the cost is full float32 matmuls in the private step (what ``bench_gpu`` measures
+  anyway). ``tests/test_flax_fast_clip_precision.py`` checks every traced matmul/conv."""
+
+  @functools.wraps(method)
+  def wrapper(*args, **kwargs):
+    with jax.default_matmul_precision("highest"):
+      return method(*args, **kwargs)
+
+  return wrapper
+
+
 def _prod(xs) -> int:
   out = 1
   for x in xs:
@@ -129,6 +154,22 @@ def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
 def _wide(dtype) -> jnp.dtype:
   """float32 or wider: the dtype contributions are weighted, summed and returned in."""
   return jnp.promote_types(dtype, _F32) if jnp.issubdtype(dtype, jnp.floating) else _F32
+
+
+def _as_rounded(x: jax.Array) -> jax.Array:
+  """A per-user gradient leaf in float32 or wider, *as rounded to its own dtype*.
+
+  A bfloat16 parameter's gradient is the bfloat16 value (what ``jax.grad`` returns), but
+  XLA:GPU's excess-precision passes (``xla_allow_excess_precision``, on by default) delete a
+  ``f32 -> bf16 -> f32`` convert pair inside one program, so the norm and the release could
+  otherwise see the unrounded float32 value on one backend and the rounded one on another
+  (the bf16 soundness test failed on an H200, not on CPU). ``reduce_precision`` is never
+  removed: it pins the value to the rounded one on every backend, for the norm and the
+  release alike."""
+  if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits >= 32:
+    return x
+  fi = jnp.finfo(x.dtype)
+  return lax.reduce_precision(x.astype(_F32), exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
 
 
 def _bcast(v, x):
@@ -302,6 +343,7 @@ class FastClippedGrad:
         per_user = self._local_grads(module, [plan.calls[k] for k in ks],
                                      [arrays[k] for k in ks], [gs[k] for k in ks])
         for lp, v in zip(ft.leaf_paths(per_user), jax.tree.leaves(per_user)):
+          v = _as_rounded(v)
           parts.append(_Part(leaf(lp[0]), fn.sqsum_upper(v), dense=v))
         continue
       g = jnp.concatenate([flat_g(k) for k in ks], 1)
@@ -359,6 +401,7 @@ class FastClippedGrad:
     plan = self.plan(params, batch)
     fb_idx, fb_grads, gs, arrays = self._fast_pass(params, users, plan)
     parts = self._parts(params, plan, gs, arrays, n_users)
+    fb_grads = [_as_rounded(g) for g in fb_grads]
     parts += [_Part(i, fn.sqsum_upper(g), dense=g) for i, g in zip(fb_idx, fb_grads)]
     total = sum((p.sq for p in parts), jnp.zeros((n_users,), _F32))
     bound = jnp.sqrt(total / (1.0 - fn.gamma(len(parts) + 2))) * (1.0 + 4 * fn.UNIT)
@@ -415,6 +458,7 @@ class FastClippedGrad:
                        "with a batch of the training shapes (outside jit) before using it")
     return self.method
 
+  @_at_highest
   def norms(self, params: PyTree, batch: PyTree) -> jax.Array:
     """Per-user (per-example at item level) gradient norms ``[U]``: exact for ``vmap``,
     certified upper bounds (equal to ~1e-6 on ordinary inputs) for ``fast``."""
@@ -429,6 +473,7 @@ class FastClippedGrad:
     shaped like ``params``, and the (secret) :class:`ClipInfo`."""
     return self._clipped_sum_with(self._method(), params, batch, user_mask)
 
+  @_at_highest
   def _clipped_sum_with(self, method: str, params: PyTree, batch: PyTree,
                         user_mask: jax.Array | None) -> tuple[PyTree, ClipInfo]:
     users = self._as_users(batch)

@@ -143,9 +143,23 @@ def conv_patches(conv: nnx.Conv, x: jax.Array) -> jax.Array:
   elif padding == "CAUSAL":
     x = jnp.pad(x, [(0, 0), (k_dil[0] * (ks[0] - 1), 0), (0, 0)])
     padding = "VALID"
-  return lax.conv_general_dilated_patches(
-      x, ks, strides, padding, lhs_dilation=in_dil, rhs_dilation=k_dil,
-      dimension_numbers=_conv_dimension_numbers(x.shape), precision=_HI)
+  return _patches(x, ks, strides, padding, in_dil, k_dil, _conv_dimension_numbers(x.shape))
+
+
+def _patches(x, ks, strides, padding, in_dil, k_dil, dn) -> jax.Array:
+  """``lax.conv_general_dilated_patches`` with *both* operands at ``HIGHEST``: jax's own passes
+  ``(precision, DEFAULT)``, and a backend that reads DEFAULT on the one-hot filter as "TF32
+  allowed" for the whole convolution would round the copied inputs to 10-bit mantissas (the
+  precision lint in ``tests/test_flax_fast_clip_precision.py`` asks HIGHEST of every conv)."""
+  dn = lax.conv_dimension_numbers(x.shape, (1, 1) + tuple(ks), dn)
+  lhs_spec, rhs_spec, _ = dn
+  vol, channels = _prod(ks), x.shape[lhs_spec[1]]
+  rhs = jnp.broadcast_to(jnp.eye(vol, dtype=x.dtype), (channels, vol, vol))
+  rhs = jnp.reshape(rhs, (channels * vol, 1) + tuple(ks))
+  rhs = jnp.moveaxis(rhs, (0, 1), (rhs_spec[0], rhs_spec[1]))
+  return lax.conv_general_dilated(x, rhs, strides, padding, lhs_dilation=in_dil,
+                                  rhs_dilation=k_dil, dimension_numbers=dn,
+                                  feature_group_count=channels, precision=(_HI, _HI))
 
 
 def conv_grouped(conv: nnx.Conv, x: jax.Array, g: jax.Array, n_users: int):
