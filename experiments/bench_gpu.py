@@ -237,6 +237,8 @@ def main() -> None:
   ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
   ap.add_argument("--reps", type=int, default=7)
   ap.add_argument("--only", nargs="*", help="workload names to run")
+  ap.add_argument("--budget", type=float, default=60.0,
+                  help="seconds of timing per workload at full sizes (device time is scarce)")
   args = ap.parse_args()
   jax.config.update("jax_default_matmul_precision", "highest")
   rng = np.random.default_rng(0)
@@ -257,7 +259,7 @@ def main() -> None:
     t0 = time.perf_counter()
     cands, mem, choice = candidates(model, loss, batch, shape)
     comp = compare(cands, reps=3 if args.quick else args.reps,
-                   window_s=0.05 if args.quick else 0.5, budget_s=5 if args.quick else 60)
+                   window_s=0.05 if args.quick else 0.5, budget_s=5 if args.quick else args.budget)
     print(format_comparison(f"\n{name} {tuple(shape)}", comp))
     print("  peak MiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
           + f"   ({time.perf_counter() - t0:.1f} s)")

@@ -28,7 +28,10 @@ def mean_f(user_means):
   def f(mask):
     w = mask.astype(jnp.float32)
     c = jnp.sum(w)
-    return jnp.where(c > 0, (w @ U) / jnp.maximum(c, 1.0), jnp.zeros(U.shape[1]))
+    # explicit precision: on GPU the default (TF32) would make this f and all_F below differ
+    # by ~1e-3, so the fast and exact paths would not be comparable at 1e-5
+    return jnp.where(c > 0, jnp.matmul(w, U, precision="highest") / jnp.maximum(c, 1.0),
+                     jnp.zeros(U.shape[1]))
   return f
 
 
@@ -37,7 +40,7 @@ def all_F(user_means):
   U = jnp.asarray(user_means, jnp.float32)
   keep = ds.subset_keep_masks(U.shape[0]).astype(jnp.float32)
   c = jnp.sum(keep, axis=1, keepdims=True)
-  return jnp.where(c > 0, (keep @ U) / jnp.maximum(c, 1.0), 0.0)
+  return jnp.where(c > 0, jnp.matmul(keep, U, precision="highest") / jnp.maximum(c, 1.0), 0.0)
 
 
 def brute_force_stable(F, n, Delta, depth):
@@ -627,3 +630,38 @@ def test_random_deletion_masks_delete_exactly_k_users():
   assert len({tuple(np.asarray(r)) for r in masks}) > 10
   with pytest.raises(ValueError, match="k="):
     ds.random_deletion_masks(jax.random.key(0), 4, 5, 2)
+
+
+def test_the_numbers_the_release_is_decided_on_are_computed_at_highest_precision():
+  """The deletion-set table, the solver and the certificate ask for Precision.HIGHEST whatever
+  the backend default (GPU: TF32, ~1e-3 relative, ran these tests off by that much on an H200):
+  a lint of their jaxprs, which a CPU can check. The lint has power: the same user function
+  traced outside the library's wrapper shows its default-precision dot."""
+  import sys, os  # noqa: E401
+  sys.path.insert(0, os.path.dirname(__file__))
+  from precision_lint import default_precision_dots
+  U = jnp.asarray(np.random.default_rng(0).normal(size=(5, 2)), jnp.float32)
+
+  def f_default(mask):                      # a user's f, written without any precision
+    w = mask.astype(jnp.float32)
+    return (w @ U) / jnp.maximum(jnp.sum(w), 1.0)
+  bare = jax.make_jaxpr(lambda: jax.lax.map(f_default, ds.subset_keep_masks(5)))()
+  assert default_precision_dots(bare)                       # the lint sees it ...
+  wrapped = jax.make_jaxpr(lambda: ds.evaluate_all_subsets(f_default, 5))()
+  assert default_precision_dots(wrapped) == []              # ... and the library pins it
+  prob = op.l2_logistic({"n_users": 5, "m": 3, "d": 2, "l2": 0.5, "n_eval": 10},
+                        jax.random.key(4))
+  cfg = {"epsilon": 1.0, "delta": 1e-3, "stability_test": "exact", "Delta": 0.05,
+         "max_exact_users": 5}
+  info = op.plan_sc_output_pert(n_users=5, m=3, lipschitz=prob.lipschitz,
+                                smoothness=prob.smoothness, mu0=0.5, lam=0.0,
+                                radius=prob.radius, epsilon=1.0, delta=1e-3, beta=1e-3,
+                                settings=op.settings_from_cfg(cfg))
+  zero = jnp.zeros(2)
+  table = jax.make_jaxpr(lambda d: op._solve_all_subsets(
+      d, zero, zero, loss_fn=prob.loss_fn, lam=0.0, plan=info.plan,
+      radius=float(prob.radius), n_users=5))(prob.data)
+  cert = jax.make_jaxpr(lambda d: op._certify(
+      d, zero, zero, zero, loss_fn=prob.loss_fn, lam=0.0, mu=0.5, gamma=1.0, e_max=1.0,
+      radius=float(prob.radius)))(prob.data)
+  assert default_precision_dots(table) == [] and default_precision_dots(cert) == []

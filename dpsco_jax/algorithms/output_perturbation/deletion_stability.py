@@ -48,6 +48,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from dpsco_jax._checks import check_int, check_nonnegative, check_positive
+from dpsco_jax.precision import at_guarantee_precision
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.transforms.noise import tree_gaussian_like
 
@@ -179,6 +180,7 @@ def deletion_index(deleted_users, n_users: int) -> int:
   return s
 
 
+@at_guarantee_precision
 def evaluate_all_subsets(f_masked: MaskedFn, n_users: int, *, batch_size: int = 1024
                          ) -> jax.Array:
   """``F[s] = ravel(f(x_{-S_s}))`` for all ``2^n`` deletion sets, shape ``[2^n, d]``.
@@ -393,6 +395,7 @@ _exact_release_jit = jax.jit(exact_release, static_argnames=("n_users", "epsilon
 _certified_release_jit = jax.jit(certified_release, static_argnames=("epsilon", "delta"))
 
 
+@at_guarantee_precision
 def del_output_pert(key: jax.Array, f_masked: MaskedFn, *, n_users: int, Delta: float,
                     epsilon: float, delta: float, sigma: float, public_point: jax.Array,
                     certify: Callable[[jax.Array], Certificate] | None = None,

@@ -16,6 +16,7 @@ import optax
 from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.grads import per_user_grads
+from dpsco_jax.precision import at_guarantee_precision
 from dpsco_jax.transforms.steps import acsa, add_prox_to_anchor, released_params
 
 __all__ = ["SolverPlan", "solver_plan"]
@@ -68,6 +69,7 @@ def _user_grads(loss_fn, anchor, u, data, mask):
   return _finite_rows(per_user_grads(shifted, u, data, user_mask=mask))
 
 
+@at_guarantee_precision
 @functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "plan", "radius"))
 def _solve(data, mask, anchor, center_u, *, loss_fn, lam: float, plan: SolverPlan,
            radius: float):
@@ -91,6 +93,7 @@ def _solve(data, mask, anchor, center_u, *, loss_fn, lam: float, plan: SolverPla
   return released_params(state, u)
 
 
+@at_guarantee_precision
 @functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "plan", "radius", "n_users"))
 def _solve_all_subsets(data, anchor, center_u, *, loss_fn, lam, plan, radius, n_users):
   """``[2^n, d]`` table of ``f(x_{-S})`` for every deletion set (exact test), chunked."""
@@ -100,6 +103,7 @@ def _solve_all_subsets(data, anchor, center_u, *, loss_fn, lam, plan, radius, n_
   return jax.lax.map(one, masks, batch_size=min(1024, masks.shape[0]))
 
 
+@at_guarantee_precision
 @functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "mu", "gamma", "e_max",
                                              "radius"))
 def _certify(data, u, anchor, center_u, *, loss_fn, lam, mu, gamma, e_max, radius):

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One prepared device check (issue 26 part 3): bench_gpu at full sizes with the jax_privacy
+# rows, then the test suite at the GPU's default precision. Run from the repo root on the
+# device machine with the wheels of .whl carried (dp-accounting, dm-tree, jax-privacy, pydantic).
+# Each stage has its own time limit so a slow stage cannot eat the next one's time.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 3
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import jax, jaxlib, flax, optax, chex, dp_accounting, jax_privacy; print('jax', jax.__version__, jax.devices(), 'flax', flax.__version__, 'optax', optax.__version__, 'chex', chex.__version__, 'jax_privacy', jax_privacy.__version__)" 2>&1 | tee -a "$OUT/gpu.txt"
+timeout ${BENCH_S:-270} python3 experiments/bench_gpu.py --budget ${BUDGET:-20} --reps 5 \
+  2>&1 | tee "$OUT/bench_gpu_h200.log"
+echo "bench rc=${PIPESTATUS[0]}"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+timeout ${TEST_S:-230} python3 -m pytest -n ${WORKERS:-12} -p no:cacheprovider \
+  --timeout 200 -v --durations=25 tests 2>&1 | tee "$OUT/pytest_h200.log" | grep -v PASSED | tail -80
+echo "pytest rc=${PIPESTATUS[0]}"
