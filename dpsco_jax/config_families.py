@@ -11,12 +11,12 @@ marks keys that must be given. Built by reading each driver (``cfg.get`` / ``cfg
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Optional, Union
 
-__all__ = ["ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS", "RunnerKeys", "Schema", "USER_PROBLEM",
-           "UserProblemKeys", "DataFileKeys", "DPTrainerConfig", "CONFIG_ONLY_ALGORITHMS",
-           "CONFIG_ALGORITHM_SCHEMAS"]
+from dpsco_jax.config_types import check_instance
+
+__all__ = ["PROBLEM_SCHEMAS", "RunnerKeys", "Schema", "USER_PROBLEM",
+           "UserProblemKeys", "DataFileKeys", "DPTrainerConfig", "CONFIG_ONLY_ALGORITHMS"]
 
 
 def _key(doc: str, default: Any = None, *, required: bool = False) -> Any:
@@ -30,7 +30,6 @@ class Schema:
   ``requires_one_of`` group. Errors are ``ConfigError`` naming the key."""
 
   def __post_init__(self) -> None:
-    from dpsco_jax.config_schema import check_instance  # the schema module imports this one
     check_instance(self)
 
 
@@ -486,36 +485,3 @@ class DPTrainerConfig(Schema):
 #: Algorithms a config may name that are not registered drivers: they run only on a user
 #: problem (``problem: user``) with an nnx model.
 CONFIG_ONLY_ALGORITHMS: dict[str, type] = {"flax.DPTrainer": DPTrainerConfig}
-
-
-class _RegisteredConfigs(Mapping):
-  """``ALGORITHM_SCHEMAS``: every registered algorithm's config class, read from the registry
-  (:func:`dpsco_jax.algorithms.registry.algorithms`) on access. The ``@register(name,
-  config=...)`` decorator at each driver is the one place an algorithm's schema is named; the
-  algorithm modules are imported on first access, never when this module is imported (they
-  import the schemas above)."""
-
-  def __init__(self, extra: Mapping[str, type] | None = None):
-    self._extra = dict(extra or {})
-
-  def _table(self) -> dict[str, type]:
-    from dpsco_jax.algorithms.registry import algorithms
-    return {**{name: entry.config for name, entry in algorithms().items()}, **self._extra}
-
-  def __getitem__(self, name: str) -> type:
-    return self._table()[name]
-
-  def __iter__(self):
-    return iter(self._table())
-
-  def __len__(self) -> int:
-    return len(self._table())
-
-  def __repr__(self) -> str:
-    return f"ALGORITHM_SCHEMAS({self._table()!r})"
-
-
-ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs()
-#: What a config's ``algorithm`` may name: the registered algorithms and
-#: :data:`CONFIG_ONLY_ALGORITHMS`.
-CONFIG_ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs(CONFIG_ONLY_ALGORITHMS)

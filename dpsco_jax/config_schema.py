@@ -60,25 +60,55 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import numbers
-import typing
-from typing import Any, Literal, Union
+from collections.abc import Mapping
+from typing import Any
 
-from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config_families import (  # noqa: F401 (the schemas, re-exported)
-    ALGORITHM_SCHEMAS, CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, RunnerKeys)
-
-#: Largest value of a count key: JAX's default integers (int32) count steps and index users.
-MAX_COUNT = 2 ** 31 - 1
+    CONFIG_ONLY_ALGORITHMS, PROBLEM_SCHEMAS, RunnerKeys)
+# the validation core lives one layer down (the schemas call it from __post_init__);
+# re-exported here, where the runner and the tests have always found it
+from dpsco_jax.config_types import (  # noqa: F401
+    MAX_COUNT, ConfigError, KeySpec, _check_range, _check_type, _coerce, _hint, _is_number,
+    _specs, _type_name, check_instance)
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES",
            "RETIRED", "validate", "keys_of", "describe", "typed"]
 
 
-class ConfigError(ValueError):
-  """A user error in a config: reported by the CLI as one line, exit code 2."""
+class _RegisteredConfigs(Mapping):
+  """``ALGORITHM_SCHEMAS``: every registered algorithm's config class, read from the registry
+  (:func:`dpsco_jax.algorithms.registry.algorithms`) on access. The ``@register(name,
+  config=...)`` decorator at each driver is the one place an algorithm's schema is named.
+
+  This module sits above the algorithms (it validates a run against the registry), so reading
+  the registry is a downward import; it is made on first access only so that importing the
+  schemas stays cheap (no JAX compilation units are imported to validate a YAML key)."""
+
+  def __init__(self, extra: Mapping[str, type] | None = None):
+    self._extra = dict(extra or {})
+
+  def _table(self) -> dict[str, type]:
+    from dpsco_jax.algorithms.registry import algorithms
+    return {**{name: entry.config for name, entry in algorithms().items()}, **self._extra}
+
+  def __getitem__(self, name: str) -> type:
+    return self._table()[name]
+
+  def __iter__(self):
+    return iter(self._table())
+
+  def __len__(self) -> int:
+    return len(self._table())
+
+  def __repr__(self) -> str:
+    return f"ALGORITHM_SCHEMAS({self._table()!r})"
+
+
+ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs()
+#: What a config's ``algorithm`` may name: the registered algorithms and
+#: :data:`~dpsco_jax.config_families.CONFIG_ONLY_ALGORITHMS`.
+CONFIG_ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs(CONFIG_ONLY_ALGORITHMS)
 
 
 #: One idea per group: the vocabulary's name first, then the retired names. No schema has a
@@ -106,24 +136,6 @@ RETIRED: frozenset[str] = frozenset(name for group in ALIASES for name in group[
 # ------------------------------------------------------------------------------- validation
 
 
-@dataclasses.dataclass(frozen=True)
-class KeySpec:
-  """One key of a schema: its accepted type, default (documentation), doc, requiredness."""
-  name: str
-  type: Any
-  default: Any
-  doc: str
-  required: bool
-  owner: str  # "runner", "algorithm" or "problem"
-
-
-def _specs(schema: type, owner: str) -> dict[str, KeySpec]:
-  hints = typing.get_type_hints(schema)
-  return {f.name: KeySpec(f.name, hints[f.name], f.default, f.metadata.get("doc", ""),
-                          bool(f.metadata.get("required", False)), owner)
-          for f in dataclasses.fields(schema)}
-
-
 def keys_of(algorithm: str, problem: str) -> dict[str, KeySpec]:
   """Every key a run of ``algorithm`` on ``problem`` reads (runner, algorithm, problem).
   ``algorithm`` may also be a config-only one (``flax.DPTrainer``)."""
@@ -136,104 +148,6 @@ def keys_of(algorithm: str, problem: str) -> dict[str, KeySpec]:
                                  doc=f"{spec.doc} / problem: {out[name].doc}")
     out[name] = spec
   return out
-
-
-def _type_name(tp: Any) -> str:
-  origin, args = typing.get_origin(tp), typing.get_args(tp)
-  if origin is Union:
-    names = [_type_name(a) for a in args if a is not type(None)]
-    return " or ".join(names) + (" or null" if type(None) in args else "")
-  if origin is Literal:
-    return "one of " + ", ".join(repr(a) for a in args)
-  if origin is tuple:
-    return f"a list of {len(args)} numbers" if args[-1] is not Ellipsis else "a list of numbers"
-  return {float: "a number", int: "an integer", bool: "true or false", str: "a string",
-          dict: "a mapping", list: "a list"}[tp]
-
-
-def _is_number(v: Any) -> bool:
-  return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-def _coerce(tp: Any, v: Any) -> tuple[bool, Any]:
-  """(accepted, normalized value) of ``v`` under the annotation ``tp``."""
-  origin, args = typing.get_origin(tp), typing.get_args(tp)
-  if origin is Union:
-    for a in args:
-      ok, out = (v is None, None) if a is type(None) else _coerce(a, v)
-      if ok:
-        return True, out
-    return False, v
-  if origin is Literal:
-    return any(v is a or (type(v) is type(a) and v == a) for a in args), v
-  if origin is tuple:
-    if not isinstance(v, (list, tuple)) or not all(_is_number(x) for x in v):
-      return False, v
-    return (len(v) == len(args) or args[-1] is Ellipsis), tuple(v)
-  if tp is float:
-    return _is_number(v), v
-  if tp is int:
-    if isinstance(v, bool) or not _is_number(v):
-      return False, v
-    if isinstance(v, numbers.Integral):
-      return True, int(v)
-    return math.isfinite(v) and float(v).is_integer(), int(v) if math.isfinite(v) else v
-  if tp is bool:
-    return isinstance(v, bool), v
-  if tp is str:
-    return isinstance(v, str), v
-  if tp is dict:  # a mapping with string keys (not swept: the runner sweeps top-level lists)
-    return isinstance(v, dict) and all(isinstance(k, str) for k in v), v
-  if tp is list:
-    return isinstance(v, list), v
-  raise TypeError(f"unsupported schema annotation {tp!r}")
-
-
-def _hint(spec: KeySpec, v: Any) -> str:
-  """A suggestion for a value of the wrong type."""
-  if isinstance(v, str):
-    try:
-      float(v)
-      return f"; write it without quotes: {spec.name}: {v}"
-    except ValueError:
-      pass
-  if isinstance(v, bool):
-    return ("; YAML reads yes/no/on/off/true/false as booleans: write the value "
-            f"({_type_name(spec.type)})")
-  if v is None:
-    return "; omit the key to use its default"
-  if isinstance(v, float) and spec.type is int:
-    return f"; write a whole number, e.g. {spec.name}: {int(v) if math.isfinite(v) else 1}"
-  if isinstance(v, (list, tuple)) or typing.get_origin(spec.type) is tuple:
-    return ("; the runner sweeps list values: write one sequence as a list inside a list, "
-            f"e.g. {spec.name}: [[...]]")
-  return ""
-
-
-def _check_range(spec: KeySpec, v: Any) -> Any:
-  """Integer keys are counts in ``[0, MAX_COUNT]``, except ``seed`` (``[0, MAX_SEED]``)."""
-  if isinstance(v, bool) or not isinstance(v, int):
-    return v
-  top, what = (MAX_SEED, "a seed") if spec.name == "seed" else (MAX_COUNT, "a count")
-  if not 0 <= v <= top:
-    why = ("the key derivation keeps 32 bits of a seed, so a seed outside it gives the key "
-           "(and the noise) of another seed" if spec.name == "seed" else
-           "JAX counts in int32; a larger count would wrap (and would not finish anyway)")
-    raise ConfigError(f"{spec.name} is {what} and must lie in [0, {top}], got {v!r}: {why}")
-  return v
-
-
-def _check_type(spec: KeySpec, v: Any) -> Any:
-  ok, out = _coerce(spec.type, v)
-  if ok:
-    return _check_range(spec, out)
-  tp = spec.type
-  base = [a for a in typing.get_args(tp) if a is not type(None)] if (
-      typing.get_origin(tp) is Union) else [tp]
-  what = ("a number" if base == [float] else "an integer" if base == [int]
-          else "true or false" if base == [bool] else _type_name(tp))
-  raise ConfigError(f"{spec.name} must be {what}, got {v!r} ({type(v).__name__})"
-                    + _hint(spec, v))
 
 
 def _suggest(key: str, allowed: dict[str, KeySpec]) -> str | None:
@@ -306,27 +220,6 @@ def _check_epsilon_given(schema: type, cfg: dict, where: str) -> None:
   raise ConfigError(f"{where} needs epsilon (a privacy budget): a private algorithm does not "
                     "run non-private by omission; write epsilon: null for a non-private "
                     "reference run (where the algorithm allows one), or give noise_multiplier")
-
-
-def check_instance(obj: Any) -> None:
-  """Validates a schema instance built from Python (called by ``Schema.__post_init__``).
-
-  An unset field (``None``) is the documented default (or ``null``) and is skipped unless the
-  key is required; every other value is type-checked and normalized in place."""
-  schema = type(obj)
-  name = schema.__name__
-  for key, spec in _specs(schema, "config").items():
-    value = getattr(obj, key)
-    if value is None:
-      if spec.required:
-        raise ConfigError(f"{name} needs {key} ({spec.doc})")
-      continue
-    out = _check_type(spec, value)
-    if out is not value:
-      object.__setattr__(obj, key, out)
-  for group in getattr(schema, "requires_one_of", ()):
-    if all(getattr(obj, k) is None for k in group):
-      raise ConfigError(f"{name} needs one of {', '.join(group)}")
 
 
 def typed(cfg: dict) -> tuple[Any, Any]:

@@ -13,7 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax._checks import check_choice, check_delta, check_int, check_probability
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config_types import ConfigError
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.steps import released_params
 

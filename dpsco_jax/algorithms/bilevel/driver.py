@@ -56,7 +56,7 @@ import numpy as np
 import optax
 
 from dpsco_jax import config_families as cf
-from dpsco_jax.algorithms.registry import register
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
                                                bilevel_events, noise_ratios, paper_bilevel_noise,
                                                paper_composition_epsilon, theory_params,

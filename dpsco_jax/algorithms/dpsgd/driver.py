@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import optax
 
 from dpsco_jax import config_families as cf
-from dpsco_jax.algorithms.registry import register
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import cfg_get, gather_users, run_chain, sampling_setup
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)

@@ -34,11 +34,11 @@ import jax
 import jax.numpy as jnp
 
 from dpsco_jax import config_families as cf
-from dpsco_jax.algorithms.registry import register
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
-from dpsco_jax.algorithms.output_perturbation.driver import (OutputPertSettings, _check_common,
+from dpsco_jax.algorithms.output_perturbation.base import (OutputPertSettings, _check_common,
                                                       _Hook, _problem_mu, _project,
                                                       _require_mu, _settings_for, alg2_delta,
                                                       gamma_threshold)

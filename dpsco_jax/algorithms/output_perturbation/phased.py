@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from dpsco_jax import config_families as cf
-from dpsco_jax.algorithms.registry import register
-from dpsco_jax.algorithms.output_perturbation.driver import (OutputPertPlan, OutputPertSettings,
+from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.output_perturbation.base import (OutputPertPlan, OutputPertSettings,
                                                       SCInfo, _check_common, _check_min_users,
                                                       _debug_dict, _Hook, _problem_mu,
                                                       _require_mu, _require_radius,

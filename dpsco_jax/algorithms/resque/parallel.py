@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from dpsco_jax import config_families as cf
-from dpsco_jax.algorithms.registry import register
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_int, check_positive
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import cfg_get as _cfg

@@ -54,7 +54,7 @@ from typing import Any, Callable
 import jax
 
 from dpsco_jax import config_families as cf
-from dpsco_jax.algorithms.registry import register
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms.resque import ball_acceleration as ba

@@ -62,7 +62,7 @@ import optax
 from dpsco_jax import config_families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
-from dpsco_jax.algorithms.registry import register
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, paper_epsilon, plan_srgd,
                                             resolve_relation)

@@ -97,7 +97,7 @@ import numpy as np
 import optax
 
 from dpsco_jax import config_families as cf
-from dpsco_jax.algorithms.registry import register
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.common import cfg_get
 from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, Options, PublicSpec,

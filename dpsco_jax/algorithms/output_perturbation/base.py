@@ -1,0 +1,425 @@
+"""What every paper-001 driver shares: the settings, SCOutputPert (Alg. 2) planned and
+released, the (eps, delta) block ledger and the problem plumbing.
+
+The drivers (:mod:`~dpsco_jax.algorithms.output_perturbation.driver` for SCOutputPert,
+:mod:`~dpsco_jax.algorithms.output_perturbation.phased` for Algs 3-6,
+:mod:`~dpsco_jax.algorithms.output_perturbation.naive` for the baseline) import this module and
+it imports none of them (the package graph has no cycle). The paper, the deviations, the
+presets and the provenance are described in the driver module's docstring; its names are
+re-exported there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
+                               check_int, check_positive, check_probability)
+from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
+from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
+                                           declared_provenance)
+from dpsco_jax.data.problem import MissingConstant
+from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, _certify, _solve,
+                                                             _solve_all_subsets, solver_plan)
+from dpsco_jax.privacy import (ApproxDpEvent, PrivacyLedger, PrivacyReport, Provenance,
+                               check_relation)
+from dpsco_jax.privacy import discrete_laplace as tdl
+from dpsco_jax.problems import SCOProblem
+from dpsco_jax.transforms.steps import project_l2_ball
+
+PRESETS = ("theory", "practical")
+#: Paper 001's adjacency: replace one user's data, n and m public. The sensitivities divide by
+#: the public n (Alg. 2's Delta, the certificate, the naive 2G/(mu n)) and the stability test
+#: deletes users from a dataset of known size, so add/remove (private n) is refused; zero-out
+#: is not analysed by the paper and is refused as well.
+RELATION = "replace_one"
+
+# ------------------------------------------------------------------------------------------
+# Settings.
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputPertSettings:
+  """Validated options shared by every algorithm of this module (see module docstring)."""
+  preset: str = "practical"
+  stability_test: str = "certificate"        # "certificate" (App. C) | "exact" (Alg. 1 as is)
+  on_certificate_failure: str = "exact"      # "exact" | "raise" (heuristic provenance)
+  max_exact_users: int = 16
+  solver_tol: float = 0.05                   # solver error as a fraction of Δ
+  beta: float | None = None                  # failure probability (default per algorithm)
+  Delta: float | None = None                 # exact mode: explicit Δ (practical preset only)
+  epsilon_budget: float | None = None
+  debug: bool = False
+  relation: str = RELATION
+
+  @property
+  def calibration(self) -> str:
+    return "paper" if self.preset == "theory" else "analytic"
+
+
+def settings_from_cfg(cfg: dict) -> OutputPertSettings:
+  """Reads and validates the module's config keys (ValueError names the key)."""
+  def get(name, default):
+    v = cfg.get(name, default)
+    return default if v is None else v
+  preset = check_choice(get("preset", "practical"), "preset", PRESETS)
+  test = check_choice(get("stability_test", "certificate"), "stability_test",
+                      ("certificate", "exact"))
+  fail = check_choice(get("on_certificate_failure", "exact"), "on_certificate_failure",
+                      ("exact", "raise"))
+  mx = check_int(get("max_exact_users", 16), "max_exact_users", minimum=1)
+  if mx > 22:
+    raise ValueError(f"max_exact_users must be <= 22 (2^n solves), got {mx}")
+  tol = check_positive(get("solver_tol", 0.05), "solver_tol")
+  if tol > 1:
+    raise ValueError(f"solver_tol must be <= 1, got {tol}")
+  beta = cfg.get("beta")
+  if beta is not None:
+    beta = check_probability(beta, "beta")
+  Delta = cfg.get("Delta")
+  if Delta is not None:
+    Delta = check_positive(Delta, "Delta")
+    if preset == "theory":
+      raise ValueError("Delta: the theory preset uses Alg. 2's Δ; an explicit Delta needs "
+                       "preset='practical'")
+  budget = cfg.get("epsilon_budget")
+  if budget is not None:
+    budget = check_epsilon(budget, "epsilon_budget")
+  relation = check_relation(get("relation", RELATION), supported=(RELATION,),
+                            mechanism="paper 001's output perturbation (sensitivities divide "
+                                      "by the public number of users n)")
+  return OutputPertSettings(preset, test, fail, mx, tol, beta, Delta, budget,
+                            check_bool(get("debug", False), "debug"), relation)
+
+
+# ------------------------------------------------------------------------------------------
+# SCOutputPert (Alg. 2) for one strongly convex objective.
+
+
+class SCInfo(NamedTuple):
+  """Public description of one SCOutputPert call (data independent)."""
+  epsilon: float
+  delta: float
+  kappa: int
+  Delta: float
+  sigma: float
+  gamma: float
+  e_max: float            # certificate threshold on the full-data residual bound
+  plan: SolverPlan
+  exact_feasible: bool
+  gradient_evaluations: int
+  # the App. C certificate may decide this call (its soundness reads mu, beta and the solver
+  # distance; see the module docstring) ...
+  certificate: bool = False
+  # ... and that distance is 2G/(2 lambda + mu0), i.e. reads L (else 2R: projection)
+  distance_reads_lipschitz: bool = False
+
+
+def gamma_threshold(*, lipschitz: float, n_users: int, m: int, beta: float, preset: str
+                    ) -> float:
+  """Data-independent bound on centred per-user mean gradients ``||g_i - ḡ||``.
+
+  theory: Lemma 3.8 on centred vectors (norm <= 2G) with a union bound over ``n`` users:
+  ``5 (2G) sqrt(m ln(n/β)) / m`` [R]. practical: ``2G (1 + sqrt(2 ln(n/β))) / sqrt(m)``
+  (vector Hoeffding for i.i.d. items). Privacy does not depend on this choice."""
+  G, n = lipschitz, n_users
+  if preset == "theory":
+    return 10.0 * G * math.sqrt(math.log(n / beta) / m)
+  return 2.0 * G * (1.0 + math.sqrt(2.0 * math.log(n / beta))) / math.sqrt(m)
+
+
+def alg2_delta(*, lipschitz: float, mu: float, n_users: int, m: int, beta: float, kappa: int
+               ) -> float:
+  """Alg. 2 line 2 with the explicit constant of spec §2.3 [R]:
+  ``5 G_eff sqrt((4κ+1) ln n + ln(1/β)) / (μ (n - 4κ - 1) sqrt(m))``, ``G_eff = 2G``."""
+  r = 4 * kappa + 1
+  if n_users - r <= 0:
+    raise ValueError(f"n_users={n_users} must exceed 4*kappa+1={r} for Alg. 2's Δ")
+  return (5.0 * 2.0 * lipschitz * math.sqrt(r * math.log(n_users) + math.log(1.0 / beta))
+          / (mu * (n_users - r) * math.sqrt(m)))
+
+
+def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: float,
+                        mu0: float, lam: float, radius: float, epsilon: float, delta: float,
+                        beta: float, settings: OutputPertSettings) -> SCInfo:
+  """Everything SCOutputPert needs that does not depend on the data: Δ, σ, the solver.
+
+  certificate mode: ``Δ = Δ_stat (1 + tol)`` with ``Δ_stat = 2 r γ/(μ (n - r))`` and the solver
+  accuracy and residual threshold ``τ = e_max = tol Δ_stat / 4``
+  (:func:`deletion_stability.certified_sensitivity`). exact mode: Alg. 2's Δ plus ``2τ``
+  (or ``settings.Delta``)."""
+  p = tdl.del_output_pert_params(epsilon, delta)
+  mu = mu0 + lam
+  if not math.isfinite(smoothness):
+    raise ValueError("smoothness: the certified solver needs a smooth loss (finite beta); "
+                     "smooth the loss first")
+  r = p.depth + 1
+  gamma = gamma_threshold(lipschitz=lipschitz, n_users=n_users, m=m, beta=beta,
+                          preset=settings.preset)
+  exact_feasible = n_users <= settings.max_exact_users
+  if (settings.stability_test == "certificate" and settings.on_certificate_failure == "exact"
+      and not exact_feasible):
+    raise ValueError(
+        f"on_certificate_failure='exact' needs n_users <= max_exact_users="
+        f"{settings.max_exact_users} (the exact test enumerates 2^n deletion sets), got "
+        f"{n_users}; set on_certificate_failure='raise' (heuristic provenance)")
+  if settings.stability_test == "certificate":
+    if n_users - r <= 0 and not exact_feasible:
+      raise ValueError(f"n_users={n_users} <= 4*kappa+1={r}: the certificate can never hold "
+                       f"and the exact test is infeasible (min users {2 * r})")
+    if n_users - r > 0:
+      stat = 2.0 * r * gamma / (mu * (n_users - r))
+      tau = settings.solver_tol * stat / 4.0
+      Delta = ds.certified_sensitivity(n_users=n_users, depth=p.depth, gamma=gamma,
+                                       e_max=tau, mu=mu, tau=tau)
+    else:  # the certificate can never hold: every run takes the exact test
+      if settings.Delta is None:
+        raise ValueError(f"Delta: n_users={n_users} <= 4*kappa+1={r}, so neither the "
+                         "certificate nor Alg. 2's Δ is defined; give an explicit Delta "
+                         "(preset='practical')")
+      Delta = settings.Delta
+      tau = settings.solver_tol * Delta / 4.0
+  else:
+    if not exact_feasible:
+      raise ValueError(f"stability_test='exact' needs n_users <= max_exact_users="
+                       f"{settings.max_exact_users}, got {n_users}")
+    base = settings.Delta if settings.Delta is not None else alg2_delta(
+        lipschitz=lipschitz, mu=mu, n_users=n_users, m=m, beta=beta, kappa=p.kappa)
+    tau = settings.solver_tol * base / 2.0
+    Delta = base + 2.0 * tau if settings.Delta is None else base
+  # a-priori distance from u0 = 0 to every sub-dataset optimum: the anchor lies in K, so
+  # ||u*|| <= 2G/(2 lam + mu0) (strong convexity of the prox objective, spec §2.5), and <= 2R.
+  dist = 2.0 * radius if lam + mu0 <= 0 else min(2.0 * radius,
+                                                  2.0 * lipschitz / (2.0 * lam + mu0))
+  reads_l = lam + mu0 > 0 and 2.0 * lipschitz / (2.0 * lam + mu0) < 2.0 * radius
+  plan = solver_plan(smoothness=smoothness + lam, strong_convexity=mu, distance=dist,
+                     tau=tau * mu / (smoothness + lam))  # residual <= L τ_s/μ = τ
+  sig = tdl.sigma(Delta, epsilon, delta, settings.calibration)
+  evals = plan.iterations * n_users * m
+  if settings.stability_test == "exact":
+    evals *= 2 ** n_users
+  # sc_output_pert_release tries the certificate only in certificate mode and n > 4 kappa + 1
+  cert = settings.stability_test == "certificate" and n_users > r
+  return SCInfo(epsilon, delta, p.kappa, float(Delta), float(sig), float(gamma), float(tau),
+                plan, exact_feasible, int(evals), cert, bool(reads_l))
+
+
+def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info: SCInfo,
+                           lam: float, anchor: jax.Array, radius: float,
+                           center: jax.Array | None, settings: OutputPertSettings,
+                           hook: "_Hook | None" = None
+                           ) -> tuple[jax.Array, jax.Array, ds.StabilityDebug, Any]:
+  """One SCOutputPert call. Returns ``(params, is_bottom, debug, certificate)``; params is the
+  anchor when ⊥ (a public point), else ``anchor + u + N(0, σ²I)``. ``hook`` (audit / tests)
+  records the release and may switch the Gaussian off."""
+  n = jax.tree.leaves(data)[0].shape[0]
+  anchor = jnp.asarray(anchor, jnp.float32)
+  center_u = (jnp.zeros_like(anchor) if center is None else center) - anchor
+  plan, mu = info.plan, info.plan.strong_convexity
+  f_masked = lambda mask: _solve(data, mask, anchor, center_u, loss_fn=loss_fn, lam=float(lam),
+                                 plan=plan, radius=float(radius))
+  def certify(u_full):
+    return _certify(data, u_full, anchor, center_u, loss_fn=loss_fn, lam=float(lam), mu=mu,
+                    gamma=info.gamma, e_max=info.e_max, radius=float(radius))
+
+  def evaluate_all():
+    return _solve_all_subsets(data, anchor, center_u, loss_fn=loss_fn, lam=float(lam),
+                              plan=plan, radius=float(radius), n_users=n)
+
+  use_cert = settings.stability_test == "certificate"
+  rel, dbg, cert = ds.del_output_pert(
+      key, f_masked, n_users=n, Delta=info.Delta, epsilon=info.epsilon, delta=info.delta,
+      sigma=info.sigma if hook is None or hook.add_noise else 0.0,
+      public_point=jnp.zeros_like(anchor),
+      certify=certify if use_cert and n > 4 * info.kappa + 1 else None,
+      on_certificate_failure=settings.on_certificate_failure,
+      max_exact_users=settings.max_exact_users, evaluate_all=evaluate_all)
+  if hook is not None:
+    hook.releases.append({"release": anchor + rel.params, "bottom": bool(rel.is_bottom),
+                          "anchor": anchor, "sigma": info.sigma, "Delta": info.Delta})
+  return anchor + rel.params, rel.is_bottom, dbg, cert
+
+
+# ------------------------------------------------------------------------------------------
+# Accounting: theorem-level (eps, delta) blocks on the one ledger.
+
+
+class _Hook(NamedTuple):
+  """Audit / test hook: collects every privatized release; ``add_noise=False`` sets σ = 0."""
+  releases: list
+  add_noise: bool = True
+
+
+def block_ledger(settings: OutputPertSettings, epsilon: float, delta: float
+                 ) -> PrivacyLedger:
+  """The ledger of a run. DelOutputPert is an (eps, delta) black box (Thm 3.3) that no
+  dp_accounting event describes: each call is an ``ApproxDpEvent`` (basic composition;
+  disjoint user blocks in parallel via ``group=``). Budget: the configured epsilon (or a
+  smaller ``epsilon_budget``); every block is spent before the first release."""
+  budget = epsilon if settings.epsilon_budget is None else min(epsilon,
+                                                               settings.epsilon_budget)
+  return PrivacyLedger(delta=delta, epsilon_budget=budget, relation=settings.relation)
+
+
+def block_report(ledger: PrivacyLedger, provenance: str, *, paper_epsilon: float,
+                 notes: str) -> PrivacyReport:
+  """The ledger's report of a run made only of (eps, delta) blocks (the ledger then reports
+  the blocks' delta alone: its own delta, at which accountant events would be evaluated, is
+  not spent)."""
+  if any(not isinstance(ev, ApproxDpEvent) for _, ev, _, _ in ledger.events):
+    raise ValueError("block_report: the ledger holds events other than (eps, delta) blocks")
+  return ledger.report(provenance=provenance, level="user", paper_epsilon=paper_epsilon,
+                       notes=notes)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputPertPlan:
+  """Data-free plan of a paper-001 block driver, from the public facts and the config only.
+
+  ``infos``: every planned DelOutputPert call, in order (their provenance is the run's);
+  ``blocks``: the ledger's ``(label, eps, delta, count, group)`` charges; ``schedule``: the
+  driver's public schedule (phase lambdas and user slices, ``R'``...)."""
+  name: str
+  settings: OutputPertSettings
+  epsilon: float
+  delta: float
+  mu: float
+  beta: float | None
+  infos: tuple[SCInfo, ...]
+  blocks: tuple[tuple[str, float, float, int, str | None], ...]
+  schedule: dict
+  how: str = ""
+  #: the declared constants the guarantee rests on (``()``: none, or held by construction)
+  declared: tuple[tuple[str, float], ...] = ()
+
+
+def charge_output_pert(plan: OutputPertPlan) -> PrivacyLedger:
+  """A fresh ledger charged with every block of ``plan`` (raises
+  :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before any release when over budget)."""
+  ledger = block_ledger(plan.settings, plan.epsilon, plan.delta)
+  for label, eps, delta, count, group in plan.blocks:
+    ledger.spend(ApproxDpEvent(eps, delta), label=label, count=count, group=group)
+  return ledger
+
+
+def output_pert_report(plan: OutputPertPlan, ledger: PrivacyLedger) -> PrivacyReport:
+  """The run's guarantee: the ledger's blocks with the provenance of the planned calls
+  (``declared`` in place of ``theorem`` when a certificate on a user's loss may decide a
+  call: see the module docstring)."""
+  prov, notes = _provenance(plan.settings, list(plan.infos))
+  notes += plan.how
+  if plan.declared:
+    notes += "; " + conditional_note(
+        plan.declared, "the App. C certificate (Lemma C.1) and the solver accuracy tau need "
+        "them; stability_test='exact' needs none (Thm 3.3 holds for any f)")
+  return block_report(ledger, declared_provenance(prov, plan.declared),
+                      paper_epsilon=plan.epsilon, notes=notes)
+
+
+def certificate_constants(problem, infos, *, lipschitz: bool = False
+                          ) -> tuple[tuple[str, float], ...]:
+  """The declared constants a run's guarantee rests on: none unless some planned call may be
+  decided by the App. C certificate; then mu0 (when declared), beta, L when the solver
+  distance reads it (or ``lipschitz=True``: a run that may re-plan its calls), and a convex
+  loss (the prox lambda is strong convexity only for a convex loss). ``()`` for problems that
+  hold their constants by construction."""
+  if not any(i.certificate for i in infos):
+    return ()
+  names = ["strong_convexity", "smoothness"]
+  if lipschitz or any(i.certificate and i.distance_reads_lipschitz for i in infos):
+    names.append("lipschitz")
+  return declared_constants(problem, names, convex=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Problem plumbing.
+
+
+def _problem_mu(problem: SCOProblem) -> float:
+  return float(problem.meta.get("strong_convexity", 0.0)) if problem.meta else 0.0
+
+
+def _require_mu(problem, what: str) -> float:
+  """The declared strong convexity mu (``meta['strong_convexity']``): a strongly convex
+  algorithm raises :class:`MissingConstant` naming it when absent or zero."""
+  mu = _problem_mu(problem)
+  if not mu > 0:
+    raise MissingConstant(
+        f"strong_convexity: {what} needs a strongly convex loss: declare mu with "
+        "constants={'strong_convexity': ...} (a synthetic problem: e.g. 'l2_logistic' with "
+        "l2 > 0)")
+  return mu
+
+
+def _require_radius(problem, what: str) -> float:
+  """The finite radius R of the constraint set K (the phased algorithms' prox schedule and
+  anchors live in K): :class:`MissingConstant` when it is infinite (undeclared)."""
+  radius = float(problem.radius)
+  if not math.isfinite(radius):
+    raise MissingConstant(f"radius: {what} needs the finite radius R of the constraint set "
+                          "(its phases are localized in K): declare constants={'radius': ...}")
+  return radius
+
+
+def _check_common(cfg: dict, settings: OutputPertSettings) -> tuple[float, float]:
+  eps = check_epsilon(cfg.get("epsilon"), "epsilon")
+  delta = required_delta(cfg)
+  if settings.preset == "theory":
+    if eps > 1.0:
+      raise ValueError(f"epsilon={eps}: the theory preset needs epsilon in (0, 1] (paper "
+                       "Def. 1.1 assumptions); use preset='practical'")
+    if delta > 0.5:
+      raise ValueError(f"delta={delta}: the theory preset needs delta in (0, 1/2]")
+  return eps, delta
+
+
+def _check_min_users(n: int, eps: float, delta: float, settings: OutputPertSettings,
+                     what: str):
+  need = tdl.min_users(eps, delta)
+  if n < need and not (settings.stability_test == "exact" or n <= settings.max_exact_users):
+    raise ValueError(f"n_users: {what} needs at least 2(4 kappa + 1) = {need} users at "
+                     f"(eps={eps:.4g}, delta={delta:.3g}); got {n}")
+  if settings.preset == "theory" and n < need:
+    raise ValueError(f"n_users: theory preset requires n >= 2(4 kappa+1) = {need} "
+                     f"(Thm 3.1, n >= C log(1/delta)/eps) for {what}; got {n}")
+
+
+def _provenance(settings: OutputPertSettings, infos: list[SCInfo]) -> tuple[str, str]:
+  if settings.on_certificate_failure == "raise" or not all(i.exact_feasible for i in infos):
+    return (Provenance.HEURISTIC.value,
+            "released values are distributed exactly as DelOutputPert (Thm 3.3), but a failed "
+            "certificate would have aborted the run (on_certificate_failure='raise'); that "
+            "data-dependent abort is outside the guarantee")
+  cal = "Dwork-Roth Gaussian" if settings.calibration == "paper" else "analytic Gaussian"
+  return (Provenance.THEOREM.value,
+          f"Thm 3.3 (DelOutputPert is (eps,delta)-DP for any f and data-independent Delta) "
+          f"with {cal} calibration of the 8*kappa*Delta chain distance; exact fallback "
+          "available for every call")
+
+
+def _settings_for(cfg: dict) -> OutputPertSettings:
+  s = settings_from_cfg(cfg)
+  return s
+
+
+def _debug_dict(dbgs: list, certs: list) -> dict:
+  out = {"r1": [], "s_size": [], "certified": [], "exact_path": [], "gamma_hat": [],
+         "residual": []}
+  for d, c in zip(dbgs, certs):
+    out["r1"].append(int(d.r1))
+    out["s_size"].append(int(d.s_size))
+    out["certified"].append(bool(d.certified))
+    out["exact_path"].append(bool(d.exact_path))
+    out["gamma_hat"].append(None if c is None else float(c.gamma_hat))
+    out["residual"].append(None if c is None else float(c.residual))
+  return out
+
+
+def _project(theta, radius):
+  return project_l2_ball(theta, radius)

@@ -1,0 +1,173 @@
+"""The lowest layer of the config vocabulary: the error type, one key's spec and the type check.
+
+:mod:`dpsco_jax.config_families` (the schemas: one frozen dataclass per algorithm family and
+problem) validates every instance built from Python with :func:`check_instance`, and
+:mod:`dpsco_jax.config_schema` (a run's whole config against the registered algorithms) reads
+the same :class:`KeySpec` / :func:`check_type`. Both sit above this module and import it; it
+imports nothing of the package but ``_checks``, so the data layer and the algorithms can raise
+:class:`ConfigError` without importing the registry (see ``tests/test_package_graph.py``). The
+accepted YAML types are described in :mod:`dpsco_jax.config_schema`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import typing
+from typing import Any, Literal, Union
+
+from dpsco_jax._checks import MAX_SEED
+
+__all__ = ["ConfigError", "KeySpec", "MAX_COUNT", "check_instance", "check_type", "specs",
+           "type_name"]
+
+#: Largest value of a count key: JAX's default integers (int32) count steps and index users.
+MAX_COUNT = 2 ** 31 - 1
+
+
+class ConfigError(ValueError):
+  """A user error in a config: reported by the CLI as one line, exit code 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySpec:
+  """One key of a schema: its accepted type, default (documentation), doc, requiredness."""
+  name: str
+  type: Any
+  default: Any
+  doc: str
+  required: bool
+  owner: str  # "runner", "algorithm" or "problem"
+
+
+def _specs(schema: type, owner: str) -> dict[str, KeySpec]:
+  hints = typing.get_type_hints(schema)
+  return {f.name: KeySpec(f.name, hints[f.name], f.default, f.metadata.get("doc", ""),
+                          bool(f.metadata.get("required", False)), owner)
+          for f in dataclasses.fields(schema)}
+
+
+def _type_name(tp: Any) -> str:
+  origin, args = typing.get_origin(tp), typing.get_args(tp)
+  if origin is Union:
+    names = [_type_name(a) for a in args if a is not type(None)]
+    return " or ".join(names) + (" or null" if type(None) in args else "")
+  if origin is Literal:
+    return "one of " + ", ".join(repr(a) for a in args)
+  if origin is tuple:
+    return f"a list of {len(args)} numbers" if args[-1] is not Ellipsis else "a list of numbers"
+  return {float: "a number", int: "an integer", bool: "true or false", str: "a string",
+          dict: "a mapping", list: "a list"}[tp]
+
+
+def _is_number(v: Any) -> bool:
+  return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _coerce(tp: Any, v: Any) -> tuple[bool, Any]:
+  """(accepted, normalized value) of ``v`` under the annotation ``tp``."""
+  origin, args = typing.get_origin(tp), typing.get_args(tp)
+  if origin is Union:
+    for a in args:
+      ok, out = (v is None, None) if a is type(None) else _coerce(a, v)
+      if ok:
+        return True, out
+    return False, v
+  if origin is Literal:
+    return any(v is a or (type(v) is type(a) and v == a) for a in args), v
+  if origin is tuple:
+    if not isinstance(v, (list, tuple)) or not all(_is_number(x) for x in v):
+      return False, v
+    return (len(v) == len(args) or args[-1] is Ellipsis), tuple(v)
+  if tp is float:
+    return _is_number(v), v
+  if tp is int:
+    if isinstance(v, bool) or not _is_number(v):
+      return False, v
+    if isinstance(v, numbers.Integral):
+      return True, int(v)
+    return math.isfinite(v) and float(v).is_integer(), int(v) if math.isfinite(v) else v
+  if tp is bool:
+    return isinstance(v, bool), v
+  if tp is str:
+    return isinstance(v, str), v
+  if tp is dict:  # a mapping with string keys (not swept: the runner sweeps top-level lists)
+    return isinstance(v, dict) and all(isinstance(k, str) for k in v), v
+  if tp is list:
+    return isinstance(v, list), v
+  raise TypeError(f"unsupported schema annotation {tp!r}")
+
+
+def _hint(spec: KeySpec, v: Any) -> str:
+  """A suggestion for a value of the wrong type."""
+  if isinstance(v, str):
+    try:
+      float(v)
+      return f"; write it without quotes: {spec.name}: {v}"
+    except ValueError:
+      pass
+  if isinstance(v, bool):
+    return ("; YAML reads yes/no/on/off/true/false as booleans: write the value "
+            f"({_type_name(spec.type)})")
+  if v is None:
+    return "; omit the key to use its default"
+  if isinstance(v, float) and spec.type is int:
+    return f"; write a whole number, e.g. {spec.name}: {int(v) if math.isfinite(v) else 1}"
+  if isinstance(v, (list, tuple)) or typing.get_origin(spec.type) is tuple:
+    return ("; the runner sweeps list values: write one sequence as a list inside a list, "
+            f"e.g. {spec.name}: [[...]]")
+  return ""
+
+
+def _check_range(spec: KeySpec, v: Any) -> Any:
+  """Integer keys are counts in ``[0, MAX_COUNT]``, except ``seed`` (``[0, MAX_SEED]``)."""
+  if isinstance(v, bool) or not isinstance(v, int):
+    return v
+  top, what = (MAX_SEED, "a seed") if spec.name == "seed" else (MAX_COUNT, "a count")
+  if not 0 <= v <= top:
+    why = ("the key derivation keeps 32 bits of a seed, so a seed outside it gives the key "
+           "(and the noise) of another seed" if spec.name == "seed" else
+           "JAX counts in int32; a larger count would wrap (and would not finish anyway)")
+    raise ConfigError(f"{spec.name} is {what} and must lie in [0, {top}], got {v!r}: {why}")
+  return v
+
+
+def _check_type(spec: KeySpec, v: Any) -> Any:
+  ok, out = _coerce(spec.type, v)
+  if ok:
+    return _check_range(spec, out)
+  tp = spec.type
+  base = [a for a in typing.get_args(tp) if a is not type(None)] if (
+      typing.get_origin(tp) is Union) else [tp]
+  what = ("a number" if base == [float] else "an integer" if base == [int]
+          else "true or false" if base == [bool] else _type_name(tp))
+  raise ConfigError(f"{spec.name} must be {what}, got {v!r} ({type(v).__name__})"
+                    + _hint(spec, v))
+
+
+def check_instance(obj: Any) -> None:
+  """Validates a schema instance built from Python (called by ``Schema.__post_init__``).
+
+  An unset field (``None``) is the documented default (or ``null``) and is skipped unless the
+  key is required; every other value is type-checked and normalized in place."""
+  schema = type(obj)
+  name = schema.__name__
+  for key, spec in _specs(schema, "config").items():
+    value = getattr(obj, key)
+    if value is None:
+      if spec.required:
+        raise ConfigError(f"{name} needs {key} ({spec.doc})")
+      continue
+    out = _check_type(spec, value)
+    if out is not value:
+      object.__setattr__(obj, key, out)
+  for group in getattr(schema, "requires_one_of", ()):
+    if all(getattr(obj, k) is None for k in group):
+      raise ConfigError(f"{name} needs one of {', '.join(group)}")
+
+
+#: Public names of the helpers the schema module and the user-code loader share.
+specs = _specs
+check_type = _check_type
+type_name = _type_name
