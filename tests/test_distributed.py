@@ -34,8 +34,9 @@ DATA = textwrap.dedent("""
       z = ex["x"] @ p["w"] + p["b"]
       return jax.nn.softplus(z) - ex["y"] * z
     params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
-    cfg = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
-           "num_steps": 25, "n_users": 110, "batch_size": 20}
+    # an explicit noise multiplier (its epsilon reported): no calibration in each fit
+    cfg = {"epsilon": None, "noise_multiplier": 2.0, "delta": 1e-5, "clip_norm": 1.0,
+           "learning_rate": 0.5, "num_steps": 25, "n_users": 110, "batch_size": 20}
 """)
 exec(DATA)   # the same data, loss and config in this process (data, loss, params, cfg)
 
@@ -179,6 +180,11 @@ def test_two_processes_release_the_one_process_params_and_refuse_mismatches():
            for i in range(2)]
   outs = []
   try:
+    # the one-process references, computed while the workers start
+    one = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data, jax.random.key(7),
+                        data_placement="host")
+    other = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data, jax.random.key(8),
+                          data_placement="host")
     for proc in procs:
       stdout, stderr = proc.communicate(timeout=150)
       outs.append((proc.returncode, stdout, stderr))
@@ -194,8 +200,6 @@ def test_two_processes_release_the_one_process_params_and_refuse_mismatches():
   r0, r1 = lines[0][-1], lines[1][-1]
   assert r0["processes"] == r1["processes"] == 2
   # both processes hold the same params, equal to the one-process run's; one ledger
-  one = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data, jax.random.key(7),
-                      data_placement="host")
   ref = _flat(one.params)
   for r in (r0, r1):
     np.testing.assert_allclose(r["params"], ref, atol=1e-5)
@@ -203,8 +207,6 @@ def test_two_processes_release_the_one_process_params_and_refuse_mismatches():
     assert r["digest"] == privacy_digest(one.privacy)
   np.testing.assert_array_equal(r0["params"], r1["params"])
   # the tolerance has power: another key moves the params by far more
-  other = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data, jax.random.key(8),
-                        data_placement="host")
   assert np.max(np.abs(_flat(other.params) - ref)) > 1e-2
   # refusals on both processes, before any step
   for r in (r0, r1):
