@@ -296,20 +296,21 @@ def test_bad_arguments_raise():
     fast.aggregate(fast.params, (jnp.ones((2, 1, 2)), jnp.ones((2, 1, 1))), mode="mean")
 
 
-def test_auto_method_times_both_paths_and_picks_the_faster():
-  """``method="auto"`` (issue 14: never slower than the vmap path): unresolved it refuses to
-  run; autotune() times both exact paths and keeps the faster; the result equals both."""
+def test_auto_method_follows_the_cost_model_and_equals_both_paths():
+  """``method="auto"`` (issue 26): resolved from the batch's shapes by the per-layer cost
+  model (no timing, no data), reported by ``plan()``; the result equals both exact paths."""
   model = _build(MLP, 5, 6, 3)
   batch = _data(3, (6, 4, 5), (6, 4, 3))
   mask = jnp.ones((6,), bool).at[2].set(False)
   auto = FastClippedGrad(model, _sq_loss, clip_norm=0.5, method="auto")
-  with pytest.raises(ValueError, match="autotune"):
-    auto.clipped_sum(auto.params, batch, mask)
   zeros = jax.tree.map(jnp.zeros_like, batch)  # a public stand-in of the training shapes
-  chosen = auto.autotune(auto.params, zeros, mask, repeats=3)
+  chosen = auto.autotune(auto.params, zeros, mask)
   rep = auto.autotune_report
-  assert chosen in ("fast", "vmap") and rep["chosen"] == chosen
-  assert rep["median_s"][chosen] == min(rep["median_s"].values())
+  plan = auto.plan(auto.params, batch)
+  assert chosen == rep["chosen"] == ("fast" if plan.predicted["fast"] < plan.predicted["vmap"]
+                                     else "vmap")
+  assert plan.layers and all(r.method in ("ghost", "instantiate", "layer_vjp", "fallback")
+                             and r.cost > 0 for r in plan.layers)
   got, _ = jax.jit(auto.clipped_sum)(auto.params, batch, mask)
   for method in ("fast", "vmap"):
     ref = FastClippedGrad(model, _sq_loss, clip_norm=0.5, method=method)
@@ -317,6 +318,72 @@ def test_auto_method_times_both_paths_and_picks_the_faster():
     chex.assert_trees_all_close(got, want, rtol=RTOL, atol=ATOL)
   fixed = FastClippedGrad(model, _sq_loss, clip_norm=0.5, method="vmap")
   assert fixed.autotune(fixed.params, zeros) == "vmap" and fixed.autotune_report is None
+
+
+def test_auto_takes_vmap_for_a_glm_and_fast_for_an_embedding_model():
+  """The cost model's two ends: one wide Linear with one output (per-user gradient as small as
+  the data row: instantiating it is the vmap path) and a large embedding table with short
+  sequences (the vmap path would hold a dense table per user)."""
+  glm = nnx.Linear(64, 1, rngs=nnx.Rngs(0))
+  x = (jnp.zeros((8, 4, 64)), jnp.zeros((8, 4, 1)))
+  f = FastClippedGrad(glm, _sq_loss, clip_norm=1.0, method="auto")
+  assert f.autotune(f.params, x) == "vmap"
+  assert [r.method for r in f.plan(f.params, x).layers] == ["instantiate"]
+
+  class Emb(nnx.Module):
+    def __init__(self, rngs):
+      self.e = nnx.Embed(512, 16, rngs=rngs)
+      self.h = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, t):
+      return self.h(jnp.mean(self.e(t), axis=0))
+
+  emb = Emb(nnx.Rngs(0))
+  t = (jnp.zeros((8, 6), jnp.int32), jnp.zeros((8, 1)))
+  f = FastClippedGrad(emb, _sq_loss, clip_norm=1.0, level="item", method="auto")
+  assert f.autotune(f.params, t) == "fast"
+  assert {r.layer: r.method for r in f.plan(f.params, t).layers}["e"] == "ghost"
+
+
+def test_taps_touch_no_class_no_other_model_and_no_other_thread():
+  """Issue 26: no class-level patching. While a clipped sum is traced, ``nnx.Linear`` keeps
+  its own ``__call__``, a second model called inside the loss and a model run by another
+  thread are untouched (and not tapped), and the clipped model itself is left as it was."""
+  import threading  # noqa: PLC0415
+  orig = nnx.Linear.__call__
+  model = _build(MLP, 5, 6, 3)
+  other = nnx.Linear(5, 3, rngs=nnx.Rngs(1))
+  x1 = jnp.ones((2, 5))
+  seen = []
+
+  def loss(m, ex):
+    seen.append((nnx.Linear.__call__ is orig, type(other) is nnx.Linear))
+    return _sq_loss(m, ex) + 0.0 * jnp.sum(other(ex[0]))
+
+  want = other(x1)
+  outs = []
+  stop = threading.Event()
+
+  def worker():
+    while not stop.is_set():
+      outs.append(type(other) is nnx.Linear and nnx.Linear.__call__ is orig
+                  and bool(jnp.all(other(x1) == want)))
+
+  th = threading.Thread(target=worker)
+  th.start()
+  try:
+    fast = FastClippedGrad(model, loss, clip_norm=0.5)
+    jax.jit(fast.clipped_sum)(fast.params, _data(3, (4, 2, 5), (4, 2, 3)))
+  finally:
+    stop.set()
+    th.join()
+  assert seen and all(a and b for a, b in seen)
+  assert outs and all(outs)
+  from dpsco_jax.flax import fast_clip_taps as ft  # noqa: PLC0415
+  tapped = set(ft._TAPPED.values())
+  assert tapped  # the taps were installed (on the fresh merges of the trace)...
+  assert not any(type(n) in tapped for _, n in nnx.iter_graph(model))  # ...not on the model
+  assert {p for p, _ in fast.plan(fast.params, _data(3, (4, 2, 5), (4, 2, 3))).fast}
 
 
 class GeneralNet(nnx.Module):

@@ -57,6 +57,7 @@ from flax import nnx
 from jax import lax
 
 from dpsco_jax._checks import check_choice, check_positive
+from dpsco_jax.flax import fast_clip_cost as fc
 from dpsco_jax.flax import fast_clip_norms as fn
 from dpsco_jax.flax import fast_clip_taps as ft
 from dpsco_jax.grads import per_user_grads
@@ -80,10 +81,17 @@ class FastClipPlan:
     fast: module paths whose norms come from taps, with their kind.
     fallback: parameter paths handled by per-user (vmap) gradients.
     calls: the tapped calls of one example, in call order.
+    layers: per tapped layer (and the fallback parameters), the kernel form taken and its
+      predicted cost at this batch's number of users and items
+      (:class:`~dpsco_jax.flax.fast_clip_cost.LayerCost`; shapes only).
+    predicted: the predicted cost of each path, ``{"fast": ..., "vmap": ...}``; what
+      ``method="auto"`` decides on.
   """
   fast: tuple[tuple[Path, str], ...]
   fallback: tuple[Path, ...]
   calls: tuple[ft.CallSpec, ...]
+  layers: tuple[fc.LayerCost, ...] = ()
+  predicted: dict | None = None
 
 
 class ClipInfo(NamedTuple):
@@ -188,9 +196,10 @@ class FastClippedGrad:
     level: ``"user"`` (batches ``[U, m, ...]``, a user's gradient is the mean over its
       ``m`` items) or ``"item"`` (batches ``[B, ...]``).
     method: ``"fast"`` (taps + fallback), ``"vmap"`` (core ``per_user_grads`` then
-      ``clip_and_aggregate``; the reference) or ``"auto"``: the faster of the two on this
-      machine, measured once by :meth:`autotune` (both are exact: the choice changes the
-      speed, never the released value's distribution or its sensitivity).
+      ``clip_and_aggregate``; the reference) or ``"auto"``: the path with the lower
+      predicted cost at the batch's shapes (:mod:`~dpsco_jax.flax.fast_clip_cost`, reported
+      by :meth:`plan`; shapes only, never timings or data). Both are exact: the choice
+      changes the speed, never the released value's distribution or its sensitivity.
     ghost: ``"auto"`` | ``"gram"`` | ``"direct"`` for Linear/Conv kernels; ``"gram"`` is
       honoured only where its certified error is small (see module doc).
 
@@ -206,7 +215,7 @@ class FastClippedGrad:
     self.clip_norm = check_positive(clip_norm, "clip_norm")
     self.level = check_choice(level, "level", ("user", "item"))
     self.requested_method = check_choice(method, "method", ("fast", "vmap", "auto"))
-    # "auto" is resolved by autotune() (timings are shape-dependent, never data-dependent).
+    # "auto" is resolved per batch shape by the cost model (the last choice is kept here).
     self.method: str | None = None if method == "auto" else method
     self.autotune_report: dict | None = None
     self.ghost = check_choice(ghost, "ghost", ("auto", "gram", "direct"))
@@ -234,8 +243,19 @@ class FastClippedGrad:
   # ---- planning ----------------------------------------------------------------------------
 
   def plan(self, params: PyTree, batch: PyTree) -> FastClipPlan:
-    """The (cached) tap plan for this batch's per-example shapes."""
+    """The tap plan for this batch's shapes: which layers are tapped (cached per example
+    shape) and, per layer, the kernel form and its predicted cost at this batch's number of
+    users and items (``layers``, ``predicted``)."""
     users = self._as_users(batch)
+    n_users, m = jax.tree.leaves(users)[0].shape[:2]
+    base = self._base_plan(params, users)
+    sizes = {lp: int(jnp.size(x)) for lp, x in zip(self._leaf_paths,
+                                                   jax.tree.leaves(self.params))}
+    rows = fc.layer_costs(lambda path: self._module(self.params, path), base, sizes,
+                          int(n_users), int(m), self.ghost)
+    return dataclasses.replace(base, layers=rows, predicted=fc.totals(rows))
+
+  def _base_plan(self, params: PyTree, users: PyTree) -> FastClipPlan:
     example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), users)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
                             params)
@@ -251,6 +271,7 @@ class FastClippedGrad:
     def sg_loss(p, ex):
       model = nnx.merge(self.graphdef, p, self.rest)
       tape = ft.Tape("plan", ft.modules_by_id(model, self._candidates))
+      ft.install(model, tape.modules)
       tape.remember_raw(model)
       tapes.append(tape)
       with ft.active(tape):
@@ -263,8 +284,7 @@ class FastClippedGrad:
     def tangent_out(p, t, ex):
       return jax.jvp(lambda q: sg_loss(q, ex), (p,), (t,))[1]
 
-    with ft.patched():
-      closed = jax.make_jaxpr(tangent_out)(abstract_params, abstract_params, example)
+    closed = jax.make_jaxpr(tangent_out)(abstract_params, abstract_params, example)
     n = len(self._leaf_paths)
     deps = ft.output_deps(closed.jaxpr)
     leaks = {self._leaf_paths[i] for i in range(n) if (deps >> (n + i)) & 1}
@@ -296,6 +316,7 @@ class FastClippedGrad:
         new[i] = fb_leaves[j]
       model = nnx.merge(self.graphdef, jax.tree.unflatten(treedef, new), self.rest)
       tape = ft.Tape("run", ft.modules_by_id(model, fast), zs)
+      ft.install(model, tape.modules)
       tape.remember_raw(model)
       with ft.active(tape):
         loss = self.loss_fn(model, ex)
@@ -315,8 +336,7 @@ class FastClippedGrad:
 
     zs0 = [jnp.zeros((n_users, m) + c.out.shape, c.out.dtype) for c in plan.calls]
     try:
-      with ft.patched():
-        fb_grads, gs, arrays = jax.vmap(one_user)(zs0, users)
+      fb_grads, gs, arrays = jax.vmap(one_user)(zs0, users)
     except jax.errors.UnexpectedTracerError as e:  # tapped layer inside an inner transform
       raise ValueError("fast clipping cannot tap layers called inside jax/nnx transforms "
                        "(scan, remat, vmap) of the model; use method='vmap'") from e
@@ -398,7 +418,7 @@ class FastClippedGrad:
     """All parts (tapped and fallback) and the certified per-user norm bounds ``[U]``."""
     users = self._as_users(batch)
     n_users = jax.tree.leaves(users)[0].shape[0]
-    plan = self.plan(params, batch)
+    plan = self._base_plan(params, users)
     fb_idx, fb_grads, gs, arrays = self._fast_pass(params, users, plan)
     parts = self._parts(params, plan, gs, arrays, n_users)
     fb_grads = [_as_rounded(g) for g in fb_grads]
@@ -419,43 +439,25 @@ class FastClippedGrad:
   # ---- method selection ---------------------------------------------------------------------
 
   def autotune(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None, *,
-               repeats: int = 5) -> str:
-    """Chooses ``fast`` or ``vmap`` for ``method="auto"`` by timing both jitted clipped sums
-    on ``batch``'s shapes (interleaved, median of ``repeats``) and returns the choice.
-
-    Call it with a batch of the shapes training will use; a public stand-in (e.g. zeros) is
-    enough and keeps the choice independent of the private data. Cost: two compilations.
-    The timings and the compiled temporary memory (where the backend reports it) are kept in
-    :attr:`autotune_report`. A fixed ``method`` is left unchanged."""
-    import time  # noqa: PLC0415 (only the autotuner times anything)
+               repeats: int | None = None) -> str:
+    """Resolves ``method="auto"`` for ``batch``'s shapes by the cost model (no timing, no
+    data: a zero stand-in gives the same choice) and returns it; the per-path predictions
+    are kept in :attr:`autotune_report`. ``auto`` also resolves by itself at each call, so
+    this is only needed to know the choice in advance. A fixed ``method`` is returned as is.
+    ``user_mask`` and ``repeats`` are accepted for compatibility and unused."""
+    del user_mask, repeats
     if self.requested_method != "auto":
       return self.method
-    fns = {m: jax.jit(lambda p, b, w, _m=m: self._clipped_sum_with(_m, p, b, w)[0])
-           for m in ("fast", "vmap")}
-    times: dict[str, list[float]] = {m: [] for m in fns}
-    memory: dict[str, int | None] = {}
-    for m, f in fns.items():
-      try:
-        stats = f.lower(params, batch, user_mask).compile().memory_analysis()
-        memory[m] = int(stats.temp_size_in_bytes) if stats is not None else None
-      except Exception:  # noqa: BLE001 (memory stats are optional per backend)
-        memory[m] = None
-      jax.block_until_ready(f(params, batch, user_mask))  # compile + warm up
-    for _ in range(repeats):
-      for m, f in fns.items():
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(params, batch, user_mask))
-        times[m].append(time.perf_counter() - t0)
-    med = {m: sorted(ts)[len(ts) // 2] for m, ts in times.items()}
-    self.method = min(med, key=med.get)
-    self.autotune_report = {"chosen": self.method, "median_s": med, "temp_bytes": memory,
+    plan = self.plan(params, batch)
+    self.method = fc.choose(plan.layers)
+    self.autotune_report = {"chosen": self.method, "predicted": plan.predicted,
+                            "layers": [dataclasses.asdict(r) for r in plan.layers],
                             "shapes": jax.tree.map(lambda x: tuple(jnp.shape(x)), batch)}
     return self.method
 
-  def _method(self) -> str:
-    if self.method is None:
-      raise ValueError("method='auto' is not resolved yet: call autotune(params, batch) once "
-                       "with a batch of the training shapes (outside jit) before using it")
+  def _method(self, params: PyTree, batch: PyTree) -> str:
+    if self.requested_method == "auto":
+      return self.autotune(params, batch)
     return self.method
 
   @_at_highest
@@ -463,7 +465,7 @@ class FastClippedGrad:
     """Per-user (per-example at item level) gradient norms ``[U]``: exact for ``vmap``,
     certified upper bounds (equal to ~1e-6 on ordinary inputs) for ``fast``."""
     users = self._as_users(batch)
-    if self._method() == "vmap":
+    if self._method(params, batch) == "vmap":
       return tree_global_norms(per_user_grads(self.model_loss, params, users))
     return self._parts_and_bounds(params, batch)[1]
 
@@ -471,7 +473,7 @@ class FastClippedGrad:
                   ) -> tuple[PyTree, ClipInfo]:
     """``sum_u w_u g_u`` with ``w_u = min(1, C/N_u)`` (0 for masked or non-finite users),
     shaped like ``params``, and the (secret) :class:`ClipInfo`."""
-    return self._clipped_sum_with(self._method(), params, batch, user_mask)
+    return self._clipped_sum_with(self._method(params, batch), params, batch, user_mask)
 
   @_at_highest
   def _clipped_sum_with(self, method: str, params: PyTree, batch: PyTree,

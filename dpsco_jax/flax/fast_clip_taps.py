@@ -57,8 +57,6 @@ KINDS = {nnx.Linear: "linear", nnx.LinearGeneral: "linear_general", nnx.Conv: "c
          nnx.Embed: "embed", nnx.LayerNorm: "local", nnx.RMSNorm: "local",
          nnx.GroupNorm: "local", nnx.Einsum: "local"}
 ORIG_CALL = {cls: cls.__call__ for cls in KINDS}
-_PATCH_LOCK = threading.Lock()
-_PATCH_DEPTH = [0]
 # Value accessors of nnx.Variable a Param subclass must not override (rule 2).
 _ACCESSORS = ("get_value", "set_value", "__getitem__", "__setitem__", "create_value",
               "get_raw_value", "set_raw_value", "__jax_array__", "value", "__call__",
@@ -81,25 +79,31 @@ def _make_wrapper(cls):
 
 
 _WRAPPERS = {cls: _make_wrapper(cls) for cls in KINDS}
+_TAPPED: dict[type, type] = {}
+_TAPPED_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def patched():
-  """Installs the tap wrappers on the supported classes (reference counted, thread safe);
-  the wrappers are inert unless a tape is active and tracks the called module."""
-  with _PATCH_LOCK:
-    if _PATCH_DEPTH[0] == 0:
-      for cls, w in _WRAPPERS.items():
-        cls.__call__ = w
-    _PATCH_DEPTH[0] += 1
-  try:
-    yield
-  finally:
-    with _PATCH_LOCK:
-      _PATCH_DEPTH[0] -= 1
-      if _PATCH_DEPTH[0] == 0:
-        for cls, orig in ORIG_CALL.items():
-          cls.__call__ = orig
+def _tapped_class(cls: type) -> type:
+  """``cls`` with the tapping ``__call__``: a subclass made once per class (thread safe)."""
+  with _TAPPED_LOCK:
+    sub = _TAPPED.get(cls)
+    if sub is None:
+      sub = type(cls.__name__, (cls,), {"__call__": _WRAPPERS[cls],
+                                        "__module__": cls.__module__,
+                                        "__qualname__": cls.__qualname__})
+      _TAPPED[cls] = sub
+    return sub
+
+
+def install(model, modules: dict[int, tuple[Path, str]]) -> None:
+  """Installs the taps on the listed modules (by id) of ``model``, and only there: each gets
+  the tapping subclass of its class as its ``__class__``. ``model`` is a fresh
+  ``nnx.merge`` made for one trace of the clipped sum, so no class is patched and no other
+  model, thread or unclipped copy of the same model sees a tap (the wrapper is moreover inert
+  unless a tape is active in this context and tracks the module)."""
+  for _, node in nnx.iter_graph(model):
+    if isinstance(node, nnx.Module) and id(node) in modules and type(node) in _WRAPPERS:
+      node.__class__ = _tapped_class(type(node))
 
 
 @contextlib.contextmanager

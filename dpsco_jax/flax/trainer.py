@@ -144,8 +144,8 @@ class DPTrainer:
     epsilon_budget: optional hard cap; a run that would exceed it raises
       ``PrivacyBudgetExceeded`` before its first step.
     level: ``"user"`` or ``"item"``. method: ``"fast"`` (taps), ``"vmap"``, or ``"auto"``:
-      the faster of the two, timed once at construction on a zero batch of the micro-batch
-      shape (public: the choice never depends on the data; see ``clipper.autotune_report``).
+      the one with the lower predicted cost at the micro-batch shape (per-layer cost model,
+      shapes only: the choice never depends on the data; see ``clipper.autotune_report``).
     batch_capacity: static size of the users processed at once (default ``D`` + 4 sd).
     accumulation_steps: ``k``: micro-batches of ``ceil(batch_capacity / k)`` users whose
       clipped sums are accumulated before the one noise draw of the logical batch.

@@ -1,0 +1,133 @@
+"""Predicted cost of the fast path, per layer, and of the vmap path: what ``method="auto"``
+and the per-layer kernel form are decided on (shapes only: never timings, never data).
+
+Private helper of :mod:`dpsco_jax.flax.fast_clip`. Counts are *extra* work over the
+non-private step (``jax.grad`` of the batch loss), in float32 elements, for ``U`` users whose
+tapped call sees ``n`` rows per user (items x positions), ``p`` inputs and ``q`` outputs:
+
+* **ghost norm** (Gram form, Li et al. 2022): ``U n^2 (p + q)`` multiply-adds for the two Gram
+  matrices, ``2 U n^2`` elements held; the release is the layer's own weight gradient;
+* **instantiation** (direct form, the per-user gradient ``M_u = A_u^T G_u``, as in mixed
+  ghost clipping, Bu et al. 2022): its ``U n p q`` multiply-adds replace the weight gradient,
+  plus ``U n (p + q)`` for the row norms of the certified slack; ``U p q`` elements held
+  (a convolution also holds its patches, ``U n p``);
+* embeddings always take the Gram form (``U n^2 q``; instantiating is ``U V q``);
+* normalization layers, biases and fallback parameters hold their per-user gradients
+  (``U size``), as the vmap path holds every parameter's.
+
+Per layer the form is the issue's rule: ghost norm when ``n (p + q) <= p q`` (its FLOPs
+``U n^2 (p+q)`` against instantiation's ``U n p q``) and its certified float32 error stays
+small (:func:`~dpsco_jax.flax.fast_clip_norms.use_gram`). A path's predicted cost is
+``FLOPs + MEMORY_WEIGHT * elements held``: a float32 written and read back costs about as much
+time as ``MEMORY_WEIGHT`` multiply-adds (memory-bound elementwise work against matmuls on the
+CPUs and GPUs of ``experiments/bench_cost.md``). ``auto`` takes the fast path only when its
+prediction is strictly lower (ties go to vmap, which has no tap overhead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dpsco_jax.flax import fast_clip_norms as fn
+
+MEMORY_WEIGHT = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+  """One tapped layer (or the fallback parameters) in :meth:`FastClippedGrad.plan`.
+
+  ``method``: ``"ghost"`` (Gram norm), ``"instantiate"`` (direct per-user gradient),
+  ``"layer_vjp"`` (per-user VJP of a normalization layer) or ``"fallback"``; ``flops`` and
+  ``memory`` the predicted extra multiply-adds and elements of that method, ``cost`` their
+  weighted sum, ``vmap_cost`` what the vmap path spends on the same parameters."""
+  layer: str
+  kind: str
+  method: str
+  n: int
+  p: int
+  q: int
+  flops: float
+  memory: float
+  cost: float
+  vmap_cost: float
+
+
+def _prod(xs) -> int:
+  out = 1
+  for x in xs:
+    out *= int(x)
+  return out
+
+
+def _cost(flops: float, memory: float) -> float:
+  return float(flops) + MEMORY_WEIGHT * float(memory)
+
+
+def _held(size: int, n_users: int) -> float:
+  """The vmap path's (and a dense part's) per-user gradient: held and normed once."""
+  return _cost(n_users * size, n_users * size)
+
+
+def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: str
+                ) -> tuple[LayerCost, ...]:
+  """Per-layer predicted costs for ``plan`` (``module_of(path)`` gives the layer,
+  ``leaf_sizes`` maps parameter paths to their sizes)."""
+  rows = []
+  u = n_users
+  for path, kind in plan.fast:
+    mod = module_of(path)
+    calls = [c for c in plan.calls if c.path == path]
+    own = sum(s for lp, s in leaf_sizes.items() if lp[:-1] == path)
+    name = "/".join(map(str, path))
+    if kind == "local":
+      rows.append(LayerCost(name, kind, "layer_vjp", 0, 0, own, u * own, u * own,
+                            _held(own, u), _held(own, u)))
+      continue
+    groups = 1
+    if kind == "linear":
+      p, q = int(mod.in_features), int(mod.out_features)
+    elif kind == "linear_general":
+      p, q = _prod(_tuple(mod.in_features)), _prod(_tuple(mod.out_features))
+    elif kind == "conv":
+      groups = int(mod.feature_group_count)
+      p = _prod(mod.kernel_size) * int(mod.in_features) // groups
+      q = int(mod.out_features) // groups
+    else:  # embed
+      p, q = int(mod.num_embeddings), int(mod.features)
+    n = m * sum(_prod(c.out.shape) // (q * groups) for c in calls)
+    bias = (u * q * groups) if getattr(mod, "bias", None) is not None else 0
+    if kind == "embed":
+      method, flops, memory = "ghost", u * n * n * q, 2 * u * n * n
+    elif fn.use_gram(n, p, q, ghost):
+      method = "ghost"
+      flops, memory = groups * u * n * n * (p + q), groups * 2 * u * n * n
+    else:
+      method = "instantiate"
+      flops = groups * u * (n * (p + q) + p * q)
+      memory = groups * u * p * q
+    if kind == "conv":  # the patches, materialised in both forms
+      memory += groups * u * n * p
+    flops, memory = flops + bias, memory + bias
+    rows.append(LayerCost(name, kind, method, n, p, q, float(flops), float(memory),
+                          _cost(flops, memory), _held(own, u)))
+  fb = sum(leaf_sizes[lp] for lp in plan.fallback)
+  if fb:
+    rows.append(LayerCost("(fallback)", "fallback", "fallback", 0, 0, fb, u * fb, u * fb,
+                          _held(fb, u), _held(fb, u)))
+  return tuple(rows)
+
+
+def _tuple(x):
+  return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def totals(rows) -> dict[str, float]:
+  """Predicted cost of each path: the sum over layers."""
+  return {"fast": float(sum(r.cost for r in rows)),
+          "vmap": float(sum(r.vmap_cost for r in rows))}
+
+
+def choose(rows) -> str:
+  t = totals(rows)
+  return "fast" if t["fast"] < t["vmap"] else "vmap"
