@@ -14,11 +14,10 @@ and run). Paths, each as a ratio to the non-private step
 
   * ``fast``        — :class:`dpsco_jax.flax.fast_clip.FastClippedGrad` (taps / ghost norms);
   * ``vmap``        — the core's vmapped per-user gradients + fused ``clip_and_aggregate``;
-  * ``auto``        — the path ``FastClippedGrad(method="auto")`` picks: its ``autotune``
-                      times fast vs vmap on a zero batch of the *executed* (medium / quick)
-                      size on this machine; the row is a copy of the row it picks (at full
-                      size too: the full sizes are never run, so the pick made at the executed
-                      size is reported; ``--compile-only`` runs nothing, so ``auto`` is null);
+  * ``auto``        — the path ``FastClippedGrad(method="auto")`` picks at that size: the one
+                      with the lower predicted cost (per-layer cost model of
+                      ``dpsco_jax/flax/fast_clip_cost.py``, shapes only, no timing); the row
+                      is a copy of the row it picks;
   * ``optax``       — ``optax.contrib.dpsgd`` on vmapped per-example (per-user) gradients;
   * ``jax_privacy`` — jax-privacy's ``clipped_grad`` + ``gaussian_privatizer`` (skipped with a
                       note when the package is not installed).
@@ -171,45 +170,23 @@ def _prod(xs) -> int:
   return out
 
 
-def layer_plan(fast: FastClippedGrad, model, params, batch, level: str) -> dict:
-  """``FastClippedGrad.plan`` on one example of the batch's shapes (the plan depends on the
-  per-example shapes only): which layers are tapped (with the kernel form — Gram "ghost norm"
-  or direct per-user gradient — that ``fast_clip_norms.use_gram`` takes for the tapped call
-  shapes under ``ghost="auto"``) and which parameters take the exact vmap fallback."""
-  one = jax.tree.map(lambda x: jnp.zeros((1,) + tuple(x.shape[1:]), x.dtype), batch)
-  plan = fast.plan(params, one)
-  m = 1 if level == "item" else int(jax.tree.leaves(batch)[0].shape[1])
-  try:
-    from dpsco_jax.flax.fast_clip_norms import use_gram  # noqa: PLC0415
-  except ImportError:  # the module is being edited elsewhere: report the plan alone
-    use_gram = None
-  rows = []
-  for path, kind in plan.fast:
-    mod, calls = _node(model, path), [c for c in plan.calls if c.path == path]
-    row = {"layer": "/".join(map(str, path)), "kind": kind, "calls": len(calls)}
-    if kind in ("linear", "linear_general", "conv") and use_gram is not None:
-      if kind == "linear":
-        p, q = int(mod.in_features), int(mod.out_features)
-      elif kind == "linear_general":
-        p, q = _prod(np.atleast_1d(mod.in_features)), _prod(np.atleast_1d(mod.out_features))
-      else:
-        groups = int(mod.feature_group_count)
-        p = _prod(mod.kernel_size) * int(mod.in_features) // groups
-        q = int(mod.out_features) // groups
-      n = m * sum(_prod(c.out.shape) // (q * (int(mod.feature_group_count)
-                                               if kind == "conv" else 1)) for c in calls)
-      gram = use_gram(n, p, q, fast.ghost)
-      # the rule of fast_clip_norms.use_gram: Gram when n (p + q) <= p q, unless its
-      # certified float32 error bound is too large (then the direct per-user gradient)
-      why = ("n(p+q) <= pq" if gram else "n(p+q) > pq" if n * (p + q) > p * q
-             else "Gram's certified error bound too large")
-      row.update(n=n, p=p, q=q, form=("gram" if gram else "direct") + f" ({why})")
-    elif kind == "embed":
-      row["form"] = "gram (embeddings always)"
-    elif kind == "local":
-      row["form"] = "per-user VJP of the layer (dense)"
+def layer_plan(fast: FastClippedGrad, params, batch) -> dict:
+  """``FastClippedGrad.plan`` at the batch's shapes: per tapped layer the kernel form the
+  cost model takes (ghost norm / instantiation / layer VJP) with its predicted cost, the
+  parameters on the exact vmap fallback, and the predicted cost of each path."""
+  got = []  # traced abstractly: a full-size batch is never allocated
+  jax.eval_shape(lambda b: (got.append(fast.plan(params, b)), 0)[1], batch)
+  plan, rows = got[0], []
+  for r in plan.layers:
+    if r.kind == "fallback":
+      continue
+    row = {"layer": r.layer, "kind": r.kind, "form": r.method, "predicted_cost": r.cost,
+           "vmap_cost": r.vmap_cost}
+    if r.n:
+      row.update(n=r.n, p=r.p, q=r.q)
     rows.append(row)
-  return {"tapped": rows, "fallback": ["/".join(map(str, lp)) for lp in plan.fallback]}
+  return {"tapped": rows, "fallback": ["/".join(map(str, lp)) for lp in plan.fallback],
+          "predicted": plan.predicted}
 
 
 def _fmt(v, spec=".3f"):
@@ -239,8 +216,8 @@ def print_table(title: str, table: dict, reference: dict) -> None:
 
 def measure(size: str, execute: bool, only, reps: int, budget_s: float, window_s: float,
             plans: bool):
-  """Compiles every path of every workload at ``size``; with ``execute`` also times them and
-  runs the autotuner. Returns (ratios, absolute, auto picks, plans)."""
+  """Compiles every path of every workload at ``size``; with ``execute`` also times them.
+  Returns (ratios, absolute, auto picks, plans)."""
   rng = np.random.default_rng(0) if execute else None
   table, absolute, picks, layer_plans = {}, {}, {}, {}
   for name, model, loss, batch, shape in workloads(size, rng, only):
@@ -251,8 +228,15 @@ def measure(size: str, execute: bool, only, reps: int, budget_s: float, window_s
       compiled[path] = jax.jit(fn).lower(params, st, batch).compile()
       costs[path] = cost_of(compiled[path])
     rows = ratios(costs)
-    if plans and name.startswith("transformer"):
-      layer_plans[name] = layer_plan(fast, model, params, batch, level)
+    if plans:
+      layer_plans[name] = layer_plan(fast, params, batch)
+    auto = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, method="auto")
+    # shapes only: traced abstractly, so the full-size batches are never allocated
+    jax.eval_shape(lambda b, _a=auto: (_a.autotune(params, b), 0)[1], batch)
+    picks[name] = auto.method
+    print(f"  auto picks: {picks[name]} (predicted cost: "
+          + ", ".join(f"{k} {v:.4g}" for k, v in auto.autotune_report["predicted"].items())
+          + ")")
     if execute:
       cands = [Candidate(path, compiled[path], (params, fns[path][1]), (batch,))
                for path in fns]
@@ -262,12 +246,7 @@ def measure(size: str, execute: bool, only, reps: int, budget_s: float, window_s
         rows[path]["cpu_time_ratio"] = round(comp.ratio[path], 4)
       for path in costs:
         costs[path]["cpu_ms"] = round(1e3 * comp.median_s[path], 4)
-      auto = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, method="auto")
-      picks[name] = auto.autotune(params, jax.tree.map(jnp.zeros_like, batch), repeats=3)
-      rows["auto"] = dict(rows[picks[name]])
-      print(f"  auto picks: {picks[name]} (autotune medians, s: "
-            + ", ".join(f"{k} {v:.4g}" for k, v in auto.autotune_report["median_s"].items())
-            + ")")
+    rows["auto"] = dict(rows[picks[name]])
     table[name] = {p: rows.get(p) for p in PATHS if p in rows or p == "auto"}
     absolute[name] = costs
     print(f"  [{name} @ {size}: {time.perf_counter() - t0:.1f} s]", flush=True)
@@ -322,27 +301,30 @@ def main() -> None:
     table, absolute, picks, plans = measure("full", False, args.only, 0, 0, 0, True)
     meta["absolute"] = {"full": absolute}
     if args.compile_only:
-      notes.append("compile-only: nothing is executed, so cpu_time_ratio is null and 'auto' "
-                   "(resolved by FastClippedGrad.autotune, which times) is null")
+      notes.append("compile-only: nothing is executed, so cpu_time_ratio is null")
       for rows in table.values():
         for r in rows.values():
           if r is not None:
             r["cpu_time_ratio"] = None
     else:
-      med, med_abs, picks, _ = measure("medium", True, args.only, args.reps, 60.0, 0.5, False)
+      med, med_abs, med_picks, _ = measure("medium", True, args.only, args.reps, 60.0, 0.5,
+                                           False)
+      meta["auto_choice_medium"] = med_picks
       meta["absolute"]["medium"] = med_abs
       meta["medium_ratios"] = med
       for w, rows in table.items():
         for path, r in rows.items():
           if path != "auto":
             r["cpu_time_ratio"] = med[w][path]["cpu_time_ratio"]
-        rows["auto"] = dict(rows[picks[w]])
+        rows["auto"]["cpu_time_ratio"] = med[w][med_picks[w]]["cpu_time_ratio"]
       notes.append("full-size rows: FLOPs / bytes / temp / peak of the full-size compiled "
-                   "step; cpu_time_ratio and the auto pick measured at the medium size")
+                   "step; cpu_time_ratio at the medium size (auto: of the path it picks at "
+                   "the medium size)")
   meta["auto_choice"] = picks
   meta["reference"] = {size: {w: dict(costs["nonprivate"]) for w, costs in absolute.items()}
                        for size, absolute in meta["absolute"].items()}
-  meta["transformer_plans"] = plans
+  meta["transformer_plans"] = {w: p for w, p in plans.items() if w.startswith("transformer")}
+  meta["plans"] = plans
   meta["notes"] = notes
   ref_full = {w: c["nonprivate"] for w, c in meta["absolute"][costs_size].items()}
   if time_size and time_size != costs_size:
@@ -355,10 +337,12 @@ def main() -> None:
               "step" + (f" (CPU time at the {time_size} size)" if time_size else ""),
               table, ref_full)
   for w, plan in plans.items():
-    print(f"\nper-layer plan of FastClippedGrad on {w} ({costs_size} size):")
+    print(f"\nper-layer plan of FastClippedGrad on {w} ({costs_size} size; predicted cost "
+          f"fast {plan['predicted']['fast']:.4g} vs vmap {plan['predicted']['vmap']:.4g}):")
     for row in plan["tapped"]:
       extra = (f"  n={row['n']} p={row['p']} q={row['q']}" if "n" in row else "")
-      print(f"  {row['layer']:<22} {row['kind']:<15} {row.get('form', '')}{extra}")
+      print(f"  {row['layer']:<22} {row['kind']:<15} {row['form']:<12} "
+            f"cost {row['predicted_cost']:.4g} (vmap {row['vmap_cost']:.4g}){extra}")
     print(f"  fallback (exact per-user grads): {plan['fallback'] or 'none'}")
   for n in notes:
     print("note: " + n)
