@@ -24,9 +24,9 @@ from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_i
                                check_nonnegative, check_positive)
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
-from dpsco_jax.algorithms.bilevel.localized_gd import (LocGDConfig, loc_gd_event, loc_gd_rounds,
-                                               loc_gd_stddev, loc_gd_step_event,
-                                               paper_loc_gd_stddev)
+from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
+    LocGDConfig, loc_gd_event, loc_gd_rounds, loc_gd_stddev, loc_gd_step_event,
+    paper_loc_gd_stddev)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.relations import check_relation
 

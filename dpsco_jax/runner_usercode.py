@@ -1,0 +1,163 @@
+"""Your code named in a config: ``module:function`` resolved, called with the run's seed, and
+your metrics (split out of :mod:`dpsco_jax.runner_user`, which re-exports these names).
+
+Every failure is one :class:`~dpsco_jax.config_types.ConfigError` line (the CLI exits 2): a
+module that does not import, a missing attribute (with a "did you mean"), an argument the
+function does not take, a metric named after a record field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import jax
+
+from dpsco_jax.config_types import ConfigError
+
+__all__ = ["CONSTANT_KEYS", "import_object", "metric_table", "as_callable", "static_metrics"]
+
+CONSTANT_KEYS = ("lipschitz", "smoothness", "radius", "strong_convexity")
+#: record fields a metric may not be named after
+_RECORD_FIELDS = frozenset({
+    "algorithm", "problem", "source", "n_users", "m", "d", "epsilon", "epsilon_kind", "delta",
+    "target_epsilon", "provenance", "privacy_level", "relation", "paper_epsilon",
+    "excess_risk", "gradient_evaluations", "wall_time_s", "seed", "status", "error", "label",
+    "config", "phase", "user_metrics", "debug", "privacy_notes", "fallback", *CONSTANT_KEYS})
+_RUN_ARGS = ("seed", "key", "rngs")  # passed by the runner, never in args
+
+
+def _one_line(err: BaseException) -> str:
+  return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+# ------------------------------------------------------------------------------- imports
+
+
+def _ensure_cwd_on_path() -> None:
+  # `python -m dpsco_jax` has the current directory on sys.path; the `dpsco` script does not
+  cwd = os.getcwd()
+  if cwd not in sys.path and "" not in sys.path:
+    sys.path.insert(0, cwd)
+
+
+def import_object(path: Any, where: str) -> Callable:
+  """The callable at ``module:attribute`` (one line on any failure)."""
+  if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+    raise ConfigError(f"{where} must be 'module:function' (e.g. my_pkg.models:make_model), "
+                      f"got {path!r}")
+  mod_name, attr = path.split(":")
+  _ensure_cwd_on_path()
+  try:
+    module = importlib.import_module(mod_name)
+  except Exception as err:  # noqa: BLE001 - any failure of the user's module is a config error
+    raise ConfigError(f"{where}: cannot import module {mod_name!r} ({_one_line(err)})") from None
+  obj: Any = module
+  for part in attr.split("."):
+    if not hasattr(obj, part):
+      names = [n for n in dir(obj) if not n.startswith("_")]
+      hint = difflib.get_close_matches(part, names, n=1)
+      raise ConfigError(f"{where}: module {mod_name!r} has no {attr!r}"
+                        + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    obj = getattr(obj, part)
+  if not callable(obj):
+    raise ConfigError(f"{where}: {path!r} is a {type(obj).__name__}, not a callable")
+  return obj
+
+
+def _parameters(fn: Callable) -> dict[str, inspect.Parameter] | None:
+  """``fn``'s parameters; a class's are its ``__init__``'s without ``self`` (an nnx.Module's
+  metaclass hides them behind ``*args, **kwargs``)."""
+  try:
+    if isinstance(fn, type) and fn.__init__ is not object.__init__:
+      return dict(list(inspect.signature(fn.__init__).parameters.items())[1:])
+    return dict(inspect.signature(fn).parameters)
+  except (TypeError, ValueError):  # a builtin without a signature
+    return None
+
+
+def _check_args(fn: Callable, args: dict, where: str) -> None:
+  """``args`` names parameters of ``fn``, and none that the runner passes itself."""
+  for name in args:
+    if name in _RUN_ARGS:
+      raise ConfigError(f"{where}.args.{name}: the runner passes {name} itself (from the run's "
+                        "seed); remove it from args")
+  params = _parameters(fn)
+  if params is None or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    return
+  for name in args:
+    if name not in params:
+      hint = difflib.get_close_matches(name, list(params), n=1)
+      raise ConfigError(f"{where}.args: {getattr(fn, '__name__', fn)!s} takes no argument "
+                        f"{name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                        + f"; it takes: {', '.join(params) or '(none)'}")
+  missing = [n for n, p in params.items() if p.default is p.empty and n not in args
+             and n not in _RUN_ARGS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+  if missing:
+    raise ConfigError(f"{where}.args: {getattr(fn, '__name__', fn)!s} needs {', '.join(missing)}"
+                      " (give them in args)")
+
+
+def _call(fn: Callable, args: dict, seed: int, key: jax.Array) -> Any:
+  """``fn(**args)`` plus the run's ``seed`` / ``key`` / ``rngs`` where ``fn`` names them."""
+  params = _parameters(fn) or {}
+  extra: dict[str, Any] = {}
+  if "seed" in params:
+    extra["seed"] = seed
+  if "key" in params:
+    extra["key"] = key
+  if "rngs" in params:
+    from flax import nnx
+    extra["rngs"] = nnx.Rngs(seed)
+  return fn(**args, **extra)
+
+
+# ------------------------------------------------------------------------------- metrics
+
+
+def _metric_table(value: Any, where: str, resolve: Callable[[Any, str], Callable]
+                  ) -> dict[str, Callable]:
+  """``{field: metric}`` of a metric given as one callable / path or a mapping of them."""
+  if value is None:
+    return {}
+  if isinstance(value, Mapping):
+    items = list(value.items())
+  else:
+    fn = resolve(value, where)
+    items = [(getattr(fn, "__name__", None), fn)]
+  out = {}
+  for name, v in items:
+    if not isinstance(name, str) or not name.isidentifier():
+      raise ConfigError(f"{where}: a metric needs a field name (an identifier), got {name!r}; "
+                        "write {field: module:function}")
+    if name in _RECORD_FIELDS:
+      raise ConfigError(f"{where}: {name!r} is a field every record has; name the metric "
+                        "otherwise ({field: module:function})")
+    out[name] = resolve(v, f"{where}.{name}")
+  return out
+
+
+def _as_callable(v: Any, where: str) -> Callable:
+  if isinstance(v, str):
+    return import_object(v, where)
+  if not callable(v):
+    raise ConfigError(f"{where}: a metric must be callable, got {type(v).__name__}")
+  return v
+
+
+def static_metrics(cfg: dict) -> set[str] | None:
+  """The metric fields a user run's records will have, when the config alone says (no
+  factory); None when a factory may add some."""
+  if cfg.get("factory") is not None:
+    return None
+  return set(_metric_table(cfg.get("metric"), "problem.metric", _as_callable))
+
+
+# the names runner_user has always used
+metric_table = _metric_table
+as_callable = _as_callable
