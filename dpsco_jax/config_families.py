@@ -23,6 +23,13 @@ def _key(doc: str, default: Any = None, *, required: bool = False) -> Any:
   return dataclasses.field(default=default, metadata={"doc": doc, "required": required})
 
 
+def _refused(why: str) -> Any:
+  """A key of the shared vocabulary this family cannot honour: listed (``dpsco keys``), and a
+  value raises ``why`` (which key to use instead) rather than an "unknown key"."""
+  return dataclasses.field(default=None, metadata={"doc": f"not accepted: {why}",
+                                                   "required": False, "refused": why})
+
+
 class Schema:
   """Base of every schema: building one from Python (``DpSgdConfig(epsilon=1.0, ...)``)
   validates it as the runner validates YAML: strict types (a bool or a string is not a
@@ -250,6 +257,10 @@ class PhasedSgdConfig(FilterCommon):
   """``user_level_phased_sgd`` (Algorithm 1)."""
   learning_rate: Optional[float] = _key("base step size eta (default R/(L sqrt(d m n eps)))")
   num_groups: Optional[int] = _key("groups C per phase (practical)")
+  clip_norm: Optional[Union[bool, float]] = _key(
+      "clip norm C of each item's gradient in the groups' SGD (true: L; null/false: no "
+      "clipping). FILTER, not the clip, bounds the sensitivity: the clip only keeps an item "
+      "that breaks the declared L from moving its group's iterate")
   project_output: Optional[bool] = _key("project the output (default: practical preset)")
 
 
@@ -291,6 +302,12 @@ class OutputPertConfig(Schema):
   epsilon_budget: Optional[float] = _key("ledger budget if different from epsilon")
   relation: Optional[Relation] = _key("neighbouring relation (only replace_one)",
                                       "replace_one")
+  clip_norm: Optional[float] = _refused(
+      "paper 001's algorithms release a noisy minimizer of a strongly convex ERM, and their "
+      "sensitivity (naive: 2G/(mu n); DelOutputPert: the stability test's Delta) rests on the "
+      "loss's Lipschitz constant G, which no clip can enforce (clipped gradients are not the "
+      "gradient of any loss, so there is no minimizer to perturb). Declare G as the problem's "
+      "lipschitz (constants={'lipschitz': G}); for a clipped mechanism use dp_sgd_user")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,7 +69,7 @@ from dpsco_jax.config_families import (  # noqa: F401 (the schemas, re-exported)
 # re-exported here, where the runner and the tests have always found it
 from dpsco_jax.config_types import (  # noqa: F401
     MAX_COUNT, ConfigError, KeySpec, _check_range, _check_type, _coerce, _hint, _is_number,
-    _specs, _type_name, check_instance)
+    _specs, _type_name, check_instance, check_refused)
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES",
@@ -196,6 +196,8 @@ def validate(cfg: dict) -> dict:
       raise ConfigError(f"{key} is ambiguous for {where}: the algorithm reads it as "
                         f"{_type_name(spec.type)} ({spec.doc}); rename the problem's key or "
                         "leave it out")
+  for key, value in cfg.items():
+    check_refused(allowed[key], value, where)
   out = {key: _check_type(allowed[key], value) for key, value in cfg.items()}
   for key, spec in allowed.items():
     if spec.required and out.get(key) is None:

@@ -19,8 +19,8 @@ from typing import Any, Literal, Union
 
 from dpsco_jax._checks import MAX_SEED
 
-__all__ = ["ConfigError", "KeySpec", "MAX_COUNT", "check_instance", "check_type", "specs",
-           "type_name"]
+__all__ = ["ConfigError", "KeySpec", "MAX_COUNT", "check_instance", "check_refused",
+           "check_type", "specs", "type_name"]
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
 MAX_COUNT = 2 ** 31 - 1
@@ -39,13 +39,24 @@ class KeySpec:
   doc: str
   required: bool
   owner: str  # "runner", "algorithm" or "problem"
+  #: a key of the shared vocabulary that this schema cannot honour: why, and what to give
+  #: instead (a value other than null raises this message rather than being ignored)
+  refused: str | None = None
 
 
 def _specs(schema: type, owner: str) -> dict[str, KeySpec]:
   hints = typing.get_type_hints(schema)
   return {f.name: KeySpec(f.name, hints[f.name], f.default, f.metadata.get("doc", ""),
-                          bool(f.metadata.get("required", False)), owner)
+                          bool(f.metadata.get("required", False)), owner,
+                          f.metadata.get("refused"))
           for f in dataclasses.fields(schema)}
+
+
+def check_refused(spec: KeySpec, value: Any, where: str) -> None:
+  """A refused key (one name of the vocabulary, another meaning here) given a value raises
+  its reason, naming the key to use instead."""
+  if spec.refused is not None and value is not None:
+    raise ConfigError(f"{spec.name} is not accepted by {where}: {spec.refused}")
 
 
 def _type_name(tp: Any) -> str:
@@ -155,6 +166,7 @@ def check_instance(obj: Any) -> None:
   name = schema.__name__
   for key, spec in _specs(schema, "config").items():
     value = getattr(obj, key)
+    check_refused(spec, value, name)
     if value is None:
       if spec.required:
         raise ConfigError(f"{name} needs {key} ({spec.doc})")

@@ -289,7 +289,9 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Resul
             "batch_size": plan.batch, "denominator": plan.denominator,
             "sampling_rate": plan.sampling_rate, "noise_std": plan.noise_std,
             "clip_norm": plan.clip, "learning_rate": plan.lr, "sampling": plan.sampling,
-            "relation": plan.relation, "noise_mechanism": plan.noise}
+            "relation": plan.relation, "noise_mechanism": plan.noise,
+            # the released point: the uniform average of the iterates (default) or the last
+            "averaging": plan.averaging}
   if plan.participations is not None:
     record.update(participations=plan.participations, min_separation=plan.min_sep)
   if plan.mf is not None:
@@ -357,4 +359,5 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
                         progress=getattr(problem, "progress", None))
   return Result(params=params, privacy=NONPRIVATE_REPORT,
                 gradient_evaluations=int(steps * batch * problem.m),
-                record={"num_steps": steps, "batch_size": batch, "learning_rate": lr})
+                record={"num_steps": steps, "batch_size": batch, "learning_rate": lr,
+                        "averaging": averaging})

@@ -79,7 +79,9 @@ Presets and provenance:
 Config keys (besides the common ones): ``preset``, ``sensitivity``, ``num_phases``,
 ``num_groups`` (Alg. 1), ``batch_size`` (``K_i``), ``q_exp``, ``p_exp``, ``learning_rate``
 (Alg. 1's base step ``eta``), ``lam``, ``lam_scale`` (practical: multiplies Thm C.3's lambda),
-``tau``, ``smoothing_radius``, ``max_steps`` (cap on ``T_i``, practical only), ``clip_norm``,
+``tau``, ``smoothing_radius``, ``max_steps`` (cap on ``T_i``, practical only), ``clip_norm``
+(Alg. 1: each item's gradient in the groups' SGD; Algs 2-3: each user's gradient before
+FILTER; ``true``: L; not part of the sensitivity, which FILTER bounds),
 ``project_output``, ``fallback`` (``"zero"``), ``privacy_noise`` (bool), ``debug`` (bool),
 ``relation`` (``replace_one`` only), ``noise_multiplier`` (practical; else calibrated).
 """
@@ -113,7 +115,7 @@ from dpsco_jax.problems.user_level import (corrupt_users, hinge_loss,  # noqa: F
                                            hinge_problem)
 from dpsco_jax.result import Result
 from dpsco_jax.smoothing import smoothing_offsets
-from dpsco_jax.transforms.clipping import clip_per_user
+from dpsco_jax.transforms.clipping import clip_per_user, clip_rows
 from dpsco_jax.transforms.filtering import (filter_halted, filter_points, find_filter_state,
                                             outlier_filter)
 from dpsco_jax.transforms.noise import add_gaussian_noise, tree_gaussian_like
@@ -209,16 +211,26 @@ def alg3_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
 
 # ------------------------------------------------------------------------- Algorithm 1
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "eta", "radius"))
+@functools.partial(jax.jit, static_argnames=("loss_fn", "eta", "radius", "clip"))
 def _sgd_groups(loss_fn: Callable, items: PyTree, x0: PyTree, key: jax.Array, *, eta: float,
-                radius: float) -> PyTree:
+                radius: float, clip: float | None = None) -> PyTree:
   """One-pass projected SGD in every group, vmapped: ``items`` leaves ``[C, T, ...]``.
 
   Items are visited in a fresh uniformly random order (sampling without replacement, proof
   of Lemma B.4); the output is the uniform average of ``x_1..x_T`` (core ``projected_sgd``
-  with ``averaging="uniform"``)."""
+  with ``averaging="uniform"``). ``clip``: each item's gradient is clipped to that norm (the
+  library's one clipping rule, ``clip_rows``; a non-finite gradient becomes zero). FILTER
+  bounds the sensitivity whatever the clip; the clip keeps one item that breaks the declared
+  L from dragging its group's iterate (and so the whole group) out of the filter's ball."""
   tx = projected_sgd(eta, radius=radius, averaging="uniform")
-  grad = jax.grad(loss_fn)
+  raw_grad = jax.grad(loss_fn)
+
+  def grad(params, item):
+    g = raw_grad(params, item)
+    if clip is None:
+      return g
+    clipped, _ = clip_rows(jax.tree.map(lambda x: x[None], g), clip)
+    return jax.tree.map(lambda x: x[0], clipped)
 
   def one_group(group_items, k):
     t = jax.tree.leaves(group_items)[0].shape[0]
@@ -265,7 +277,7 @@ def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
 
 
 def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray, x: PyTree,
-                k_run: jax.Array, sigma: float):
+                k_run: jax.Array, sigma: float, clip: float | None = None):
   """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release."""
   sched, ph = plan.schedule, plan.schedule.phases[i]
   c = sched.num_groups
@@ -274,7 +286,8 @@ def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray
       lambda a: a[used].reshape((c, ph.users_per_group * problem.m) + a.shape[2:]),
       problem.data)
   k_sgd, k_rel = jax.random.split(jax.random.fold_in(k_run, ph.index))
-  pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius)
+  pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius,
+                    clip=clip)
   return _filter_release(pts, k_rel, tau=ph.tau, lap_scale=sched.laplace_scale,
                          threshold=sched.threshold, sigma=sigma)
 
@@ -306,7 +319,8 @@ def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Arra
   for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
     x = x if anchors is None else anchors[i]
     sigma = plan.phases[i].sigma if add_noise else 0.0
-    passed, x_new, _ = _alg1_phase(problem, plan, i, users, x, k_run, sigma)
+    passed, x_new, _ = _alg1_phase(problem, plan, i, users, x, k_run, sigma,
+                                   _clip(problem, cfg))
     out.append({"passed": bool(passed), "release": x_new, "anchor": x})
     x = project_l2_ball(x_new, problem.radius) if project else x_new
   return out
@@ -322,9 +336,10 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
   k_perm, k_run = jax.random.split(key)
   x, halted_phase = problem.init_params(), None
   dbg: dict = {"scores": [], "num_kept": []} if opt.debug else None
-  grads = 0
+  grads, clip = 0, _clip(problem, cfg)
   for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
-    passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run, plan.phases[i].sigma)
+    passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run, plan.phases[i].sigma,
+                                     clip)
     grads += sched.num_groups * sched.phases[i].steps
     if opt.debug:
       dbg["scores"].append(float(res.score))
@@ -342,7 +357,7 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
             "noise_multiplier": [p.noise_multiplier for p in plan.phases],
             "sensitivity_values": [p.sensitivity for p in plan.phases],
             "laplace_scale": sched.laplace_scale, "epsilon_test": plan.epsilon_test,
-            "halted_phase": halted_phase, "learning_rate": sched.eta}
+            "halted_phase": halted_phase, "learning_rate": sched.eta, "clip_norm": clip}
   return Result(params=out, privacy=report, gradient_evaluations=int(grads), record=record,
                 debug=dbg)
 
@@ -453,6 +468,8 @@ def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
 
 
 def _clip(problem: SCOProblem, cfg: dict) -> float | None:
+  """``clip_norm`` of paper 000's drivers: a number, ``true`` (the declared L), or
+  ``null`` / ``false`` (no clip; FILTER bounds the sensitivity either way)."""
   clip = cfg.get("clip_norm")
   return None if clip in (None, False) else check_positive(
       problem.lipschitz if clip is True else clip, "clip_norm")
