@@ -384,6 +384,12 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
         data_placement: str = "auto", distributed: bool | None = None) -> Result:
   """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=,
   callback=, data_placement=, distributed=)``."""
+  if distributed is None:
+    distributed = getattr(data, "shard_info", None) is not None or jax.process_count() > 1
+  if distributed:   # a process whose plan fails still joins the handshake (no one waits)
+    from dpsco_jax import distributed as _distributed
+    return _distributed.fit(algorithm, config, loss_fn, params, data, key, constants=constants,
+                            mesh=mesh, callback=callback, data_placement=data_placement)
   p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
   return run(p, loss_fn, params, data, key, mesh=mesh, callback=callback,
              data_placement=data_placement, distributed=distributed)

@@ -56,7 +56,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dpsco_jax.data.user_data import ShardInfo, UserData
 
 __all__ = ["DISTRIBUTED_READY", "DistributedMismatch", "initialize", "users_mesh",
-           "privacy_digest", "handshake", "run"]
+           "privacy_digest", "handshake", "run", "fit"]
 
 #: Algorithms that run under ``jax.distributed`` (the others are refused, never run on one
 #: process's users alone).
@@ -266,13 +266,27 @@ def _refusal(p: Any, data: UserData, mesh: Any, placement: str) -> None:
                      f"{jax.process_index()} of {count}")
 
 
+def fit(algorithm: str, config: Any, loss_fn: Callable, params: Any, data: UserData,
+        key: jax.Array, *, constants: Any = None, **kwargs: Any) -> Any:
+  """``run(plan(...), ...)`` where a process that cannot even plan (an invalid config) still
+  takes part in the handshake, so the others raise too instead of waiting for it."""
+  from dpsco_jax import api
+  try:
+    p = api.plan(algorithm, config, data.spec, num_params=api._num_params(params),
+                 constants=constants)
+  except Exception as err:   # noqa: BLE001 - raised after the handshake, on this process
+    return run(None, loss_fn, params, data, key, _error=err, **kwargs)
+  return run(p, loss_fn, params, data, key, **kwargs)
+
+
 def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
         callback: Callable | None = None, mesh: Any = None,
-        data_placement: str = "auto") -> Any:
+        data_placement: str = "auto", _error: Exception | None = None) -> Any:
   """Executes plan ``p`` (made from ``data.spec``: the whole dataset's facts) on this
   process's shard ``data``, together with the other processes (see the module docstring).
   Every process returns the same :class:`~dpsco_jax.result.Result`; ``params`` are local
-  arrays with the structure of ``params``."""
+  arrays with the structure of ``params``. ``_error``: this process failed before the run
+  (:func:`fit`); it is raised after the handshake, which refuses the run everywhere."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.common import _compiled_step, poisson_capacity, progress_points
   from dpsco_jax.algorithms.dpsgd.driver import charge_dp_sgd, dp_sgd_chain, dp_sgd_plan
@@ -284,6 +298,8 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
   facts: dict[str, Any] = {name: np.zeros(k, np.int64) for name, k, _ in _FIELDS}
   cfg, error, plan, problem = None, None, None, None
   try:
+    if _error is not None:
+      raise _error
     if not isinstance(p, api.Plan):
       raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
     if not isinstance(data, UserData):

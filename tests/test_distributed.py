@@ -49,7 +49,7 @@ WORKER = textwrap.dedent("""
     import dpsco_jax
     from dpsco_jax import distributed as dist
     try:
-      dist.initialize(f"127.0.0.1:{port}", 2, pid, timeout_s=40)
+      dist.initialize(f"127.0.0.1:{port}", 2, pid, timeout_s=60)
       multihost_utils.sync_global_devices("up")
     except Exception as err:    # no CPU collectives on this platform: the test skips
       print(json.dumps({"skip": f"{type(err).__name__}: {err}"[:400]}), flush=True)
@@ -68,7 +68,9 @@ WORKER = textwrap.dedent("""
     seen = []
     for case, (c, d) in {
         "config": (dict(cfg, learning_rate=0.5 if pid == 0 else 0.25), data.shard(pid, 2)),
-        "unsharded": (cfg, data.shard(pid, 2) if pid == 0 else data)}.items():
+        "unsharded": (cfg, data.shard(pid, 2) if pid == 0 else data),
+        "invalid": (dict(cfg, learning_rate=-1.0) if pid == 1 else cfg,
+                    data.shard(pid, 2))}.items():
       try:
         dpsco_jax.fit("dp_sgd_user", c, loss, params, d, jax.random.key(7),
                       callback=lambda pr: seen.append(pr.step))
@@ -195,8 +197,8 @@ def test_two_processes_release_the_one_process_params_and_refuse_mismatches():
   lines = [[json.loads(s) for s in out.splitlines() if s.startswith("{")] for _, out, _ in outs]
   if all(ls and "skip" in ls[-1] for ls in lines):
     pytest.skip(f"2-process CPU collectives unavailable: {lines[0][-1]['skip']}")
-  for (rc, out, err), ls in zip(outs, lines):
-    assert ls, err[-3000:]
+  for i, ((rc, out, err), ls) in enumerate(zip(outs, lines)):
+    assert ls and "skip" not in ls[-1], (i, rc, out[-1000:], err[-3000:])
   r0, r1 = lines[0][-1], lines[1][-1]
   assert r0["processes"] == r1["processes"] == 2
   # both processes hold the same params, equal to the one-process run's; one ledger
@@ -214,6 +216,9 @@ def test_two_processes_release_the_one_process_params_and_refuse_mismatches():
     assert r["steps_seen"] == []
   assert "each process must hold only its own users" in r1["unsharded"]
   assert "process(es) [1] refused" in r0["unsharded"]
+  # a process that cannot even plan still joins the handshake: the other raises, no hang
+  assert "learning_rate must be" in r1["invalid"]
+  assert "process(es) [1] refused" in r0["invalid"]
   for rc, out, err in outs:   # another declared n_users: both exit with the error
     assert rc != 0 and "RAN" not in out
     assert "declared n_users: process 0: 110, process 1: 111" in err, err[-2000:]
