@@ -2,7 +2,8 @@
 
 The same program runs on every process (JAX's multi-controller model; no home-made layer)::
 
-    dpsco_jax.distributed.initialize("10.0.0.1:1234", num_processes=2, process_id=i)
+    from dpsco_jax import distributed
+    distributed.initialize("10.0.0.1:1234", num_processes=2, process_id=i)   # first
     data = UserData.open(store).shard(jax.process_index(), jax.process_count())
     result = dpsco_jax.fit("dp_sgd_user", config, loss_fn, params, data, key)
 
