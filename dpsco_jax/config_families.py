@@ -199,7 +199,7 @@ PROBLEM_SCHEMAS: dict[str, type] = {
 class SgdSchedule(Schema):
   """The schedule keys shared by DP-SGD and non-private SGD (``nonprivate_sgd``)."""
   sampling: Optional[Literal["poisson", "fixed", "full"]] = _key(
-      "user sampling (default: poisson for DP-SGD, fixed for nonprivate_sgd)")
+      "user sampling (DP-SGD's default: poisson)", "fixed")
   batch_size: Optional[int] = _key("users (rows) per step (default round(sqrt n))")
   num_steps: Optional[int] = _key("number of steps (default from epochs)")
   epochs: Optional[float] = _key("passes over the data when num_steps is not given", 1.0)
@@ -220,7 +220,7 @@ class DpSgdConfig(SgdSchedule):
   relation: Optional[Relation] = _key("neighbouring relation (default from sampling)")
   # issue #27: correlated (matrix-factorization) noise and the cyclic multi-epoch schedule
   sampling: Optional[Literal["poisson", "fixed", "full", "cyclic"]] = _key(
-      "user sampling (default poisson; cyclic: fixed-order epochs, each user once per epoch)")
+      "user sampling (cyclic: fixed-order epochs, each user once per epoch)", "poisson")
   noise_mechanism: Optional[Literal["independent", "banded", "blt"]] = _key(
       "noise: independent Gaussian, banded or BLT matrix factorization", "independent")
   bands: Optional[int] = _key("bands b of the banded strategy (default min(32, steps per "

@@ -52,8 +52,12 @@ driver" (the doc gives the formula). ``required`` fields must be given.
 strict types, required keys, and keys that mean different things to the algorithm and to the
 problem. Errors are :class:`ConfigError` naming the key.
 
-This is the first step of issue 13 (one typed config per algorithm): the drivers still read the
-dict; the schemas are the contract they are checked against.
+A schema's literal defaults are the ones that run: the drivers read their config through
+:class:`~dpsco_jax.config_types.ConfigView` (the schema's fields with their defaults; reading
+an undeclared key raises), so a default is written once, here. Done for the DP-SGD family
+(``dp_sgd_*``, ``nonprivate_sgd``: :func:`dpsco_jax.algorithms.dpsgd.plan.config_view`) and
+paper 001 (:func:`dpsco_jax.algorithms.output_perturbation.base.settings_from_cfg`); the other
+drivers still read the dict with their defaults at the call site (issue 25).
 """
 
 from __future__ import annotations

@@ -15,11 +15,12 @@ import dataclasses
 import math
 import numbers
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 from dpsco_jax._checks import MAX_SEED
 
-__all__ = ["ConfigError", "KeySpec", "MAX_COUNT", "check_instance", "check_refused",
+__all__ = ["ConfigError", "ConfigView", "KeySpec", "MAX_COUNT", "check_instance", "check_refused",
            "check_type", "specs", "type_name"]
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
@@ -183,3 +184,75 @@ def check_instance(obj: Any) -> None:
 specs = _specs
 check_type = _check_type
 type_name = _type_name
+
+
+class ConfigView(Mapping):
+  """What a planner or driver reads: a run's config seen through its typed schema.
+
+  ``view.name`` / ``view[name]`` / ``view.get(name)`` give the config's value of a field of
+  ``schema`` or, when the config leaves it out or gives ``null``, the field's default: the
+  schema is the one place a literal default is written (a ``None`` default is a derived one:
+  the call site computes it from public facts and the field's doc gives the formula). Reading a
+  name that is neither a field nor one of ``extra`` (keys the runner adds, such as the declared
+  ``n_users``) raises ``KeyError`` — ``get`` included: a driver that reads a key its schema does
+  not declare is a bug, not a default. Keys of the config that the schema does not know (the
+  runner's and the problem's) are not visible. Read-only; ``dict(view)`` is the given fields.
+  """
+
+  __slots__ = ("_schema", "_values", "_defaults")
+
+  def __init__(self, schema: type, config: Any, extra: tuple[str, ...] = ()):
+    if isinstance(config, ConfigView):
+      config = dict(config._values)
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
+      config = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    defaults = {f.name: (None if f.default is dataclasses.MISSING else f.default)
+                for f in dataclasses.fields(schema)}
+    defaults.update({name: None for name in extra if name not in defaults})
+    object.__setattr__(self, "_schema", schema)
+    object.__setattr__(self, "_defaults", defaults)
+    object.__setattr__(self, "_values", {k: v for k, v in config.items()
+                                         if k in defaults and v is not None})
+
+  def _read(self, name: str) -> Any:
+    if name not in self._defaults:
+      raise KeyError(f"{name!r} is not a key of {self._schema.__name__} (a driver reads only "
+                     "its schema's keys: add the field, with its default and doc)")
+    return self._values.get(name, self._defaults[name])
+
+  def __getitem__(self, name: str) -> Any:
+    return self._read(name)
+
+  def __getattr__(self, name: str) -> Any:
+    if name.startswith("_"):
+      raise AttributeError(name)
+    try:
+      return self._read(name)
+    except KeyError as err:
+      raise AttributeError(err.args[0]) from None
+
+  def get(self, name: str, default: Any = None) -> Any:
+    """The value or the schema's default; ``default`` is returned only when both are None
+    (an unknown ``name`` raises)."""
+    value = self._read(name)
+    return default if value is None else value
+
+  def given(self, name: str) -> bool:
+    """Whether the config sets ``name`` (not null)."""
+    self._read(name)
+    return name in self._values
+
+  def __contains__(self, name: object) -> bool:
+    return name in self._values
+
+  def __iter__(self):
+    return iter(self._values)
+
+  def __len__(self) -> int:
+    return len(self._values)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    raise AttributeError("a ConfigView is read-only")
+
+  def __repr__(self) -> str:
+    return f"ConfigView({self._schema.__name__}, {self._values!r})"

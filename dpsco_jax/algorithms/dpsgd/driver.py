@@ -59,11 +59,12 @@ import optax
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
-from dpsco_jax.algorithms.common import cfg_get, gather_users, run_chain, sampling_setup
+from dpsco_jax.algorithms.common import gather_users, run_chain, sampling_setup
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
-                                             group_privacy_targets, plan_dp_sgd)
+                                             config_view, group_privacy_targets, plan_dp_sgd)
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance)
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
@@ -141,9 +142,10 @@ def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
   per_user = 1 if level == "user" else problem.m
   realized = (problem.n_users * per_user if data is None
               else jax.tree.leaves(_rows(problem, level, data))[0].shape[0])
-  clip = cfg.get("clip_norm")
+  cfg = config_view(cfg)
   return plan_dp_sgd(cfg, level=level, realized_rows=realized, rows_per_user=per_user,
-                     default_clip=problem.lipschitz if clip is None else clip,
+                     # the derived default clip reads L only when no clip_norm is given
+                     default_clip=problem.lipschitz if cfg.clip_norm is None else cfg.clip_norm,
                      radius=problem.radius)
 
 
@@ -342,16 +344,16 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Projected minibatch SGD over users with iterate averaging; no privacy (it may read the
   realized number of users)."""
   n = problem.n_users
-  sampling, batch, capacity, _ = sampling_setup({**cfg, "sampling": cfg_get(
-      cfg, "sampling", "fixed")}, n)
-  if cfg.get("num_steps") is not None:
-    steps = check_int(cfg["num_steps"], "num_steps")
+  cfg = ConfigView(cf.SgdSchedule, cfg)        # the schema's defaults (sampling: fixed)
+  sampling, batch, capacity, _ = sampling_setup(dict(cfg, sampling=cfg.sampling), n)
+  if cfg.num_steps is not None:
+    steps = check_int(cfg.num_steps, "num_steps")
   else:
-    steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs") * n / batch))
-  lr = cfg.get("learning_rate")   # the default reads L: only when no rate is given
+    steps = max(1, round(check_positive(cfg.epochs, "epochs") * n / batch))
+  lr = cfg.learning_rate   # the derived default reads L: only when no rate is given
   lr = check_positive(problem.radius / (problem.lipschitz * math.sqrt(steps)) if lr is None
                       else lr, "learning_rate")
-  averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging", ("none", "uniform"))
+  averaging = check_choice(cfg.averaging, "averaging", ("none", "uniform"))
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
                         {"lr": lr, "radius": problem.radius}, static=(float(batch), averaging),
                         steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity,

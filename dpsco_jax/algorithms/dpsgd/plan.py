@@ -55,6 +55,7 @@ noise under ``cyclic`` that is ``z / sqrt(k)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import dp_accounting
@@ -62,8 +63,10 @@ import numpy as np
 
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive, check_probability)
-from dpsco_jax.algorithms.common import (cfg_get, poisson_capacity,
-                                         poisson_truncation_probability, required_delta)
+from dpsco_jax import config_families as cf
+from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
+                                         required_delta)
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
 from dpsco_jax.privacy import matrix_factorization as mf
 
@@ -193,18 +196,19 @@ def _participation(sampling: str, n: int, batch: int, steps: int
   return None, None
 
 
-def _mf_noise(cfg: dict, kind: str, steps: int, participations: int, min_sep: int) -> MfNoise:
+def _mf_noise(cfg: ConfigView, kind: str, steps: int, participations: int, min_sep: int
+              ) -> MfNoise:
   """The MF strategy for the schedule. Default bands: ``min(32, steps)`` for one
   participation, else ``min(32, min_sep)`` (bands within the separation keep the columns
   disjoint: no overlap penalty; under ``full`` that is 1, i.e. independent noise)."""
-  strategy = check_choice(cfg_get(cfg, "mf_strategy", "auto"), "mf_strategy", mf.STRATEGIES)
+  strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
   if kind == "banded":
     default = min(DEFAULT_BANDS, steps if participations == 1 else min_sep)
-    s = mf.banded_strategy(steps, check_int(cfg_get(cfg, "bands", default), "bands"),
+    s = mf.banded_strategy(steps, check_int(cfg.get("bands", default), "bands"),
                            strategy=strategy)
     coefs, th, om, source = tuple(float(c) for c in s.coefs), (), (), s.source
   else:
-    b = mf.blt_strategy(steps, check_int(cfg_get(cfg, "buffers", 4), "buffers"),
+    b = mf.blt_strategy(steps, check_int(cfg.buffers, "buffers"),
                         participations=participations, min_sep=min_sep, strategy=strategy)
     coefs = tuple(float(c) for c in mf.blt_coefs(b.buf_decay, b.output_scale, steps))
     th, om, source = tuple(map(float, b.buf_decay)), tuple(map(float, b.output_scale)), b.source
@@ -222,13 +226,22 @@ def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tupl
   return eps_item, delta / (k * math.exp((k - 1) * eps_item))
 
 
-def public_rows(cfg: dict, relation: str, *, realized_rows: int, rows_per_user: int) -> int:
+def config_view(cfg: Mapping | Any) -> ConfigView:
+  """The DP-SGD family's config as its planner and driver read it: the fields of
+  :class:`~dpsco_jax.config_families.DpSgdConfig` with the schema's defaults (the one place
+  they are written), plus the declared ``n_users`` the runner and ``dp.fit`` add. Reading any
+  other key raises."""
+  return ConfigView(cf.DpSgdConfig, cfg, extra=("n_users",))
+
+
+def public_rows(cfg: ConfigView, relation: str, *, realized_rows: int, rows_per_user: int
+                ) -> int:
   """The number of rows the plan may read under ``relation``.
 
   ``add_remove``: the declared ``n_users`` (times ``rows_per_user``), never the realized count.
   ``replace_one`` / ``zero_out``: the realized count (public), checked against a declared one.
   """
-  declared = cfg.get("n_users")
+  declared = cfg.n_users
   if declared is not None:
     declared = check_int(declared, "n_users") * rows_per_user
   if relation == "add_remove":
@@ -243,16 +256,16 @@ def public_rows(cfg: dict, relation: str, *, realized_rows: int, rows_per_user: 
   return realized_rows
 
 
-def _sampling(cfg: dict, sampling: str, n: int) -> tuple[float, int, float, int | None]:
+def _sampling(cfg: ConfigView, sampling: str, n: int) -> tuple[float, int, float, int | None]:
   """(q, batch, denominator D, capacity) from the public row count ``n``."""
   if sampling == "full":
     return 1.0, n, float(n), None
-  if sampling == "poisson" and cfg.get("sampling_rate") is not None:
-    q = check_probability(cfg["sampling_rate"], "sampling_rate")
+  if sampling == "poisson" and cfg.sampling_rate is not None:
+    q = check_probability(cfg.sampling_rate, "sampling_rate")
     if q <= 0:
-      raise ValueError(f"sampling_rate must be > 0, got {cfg['sampling_rate']!r}")
+      raise ValueError(f"sampling_rate must be > 0, got {cfg.sampling_rate!r}")
   else:
-    batch = check_int(cfg_get(cfg, "batch_size", max(1, min(n, round(math.sqrt(n))))),
+    batch = check_int(cfg.get("batch_size", max(1, min(n, round(math.sqrt(n))))),
                       "batch_size")
     if batch > n:
       raise ValueError(f"batch_size ({batch}) must be <= n_users ({n})")
@@ -262,17 +275,16 @@ def _sampling(cfg: dict, sampling: str, n: int) -> tuple[float, int, float, int 
   return q, max(1, round(q * n)), q * n, poisson_capacity(n, q)
 
 
-def _noise_multiplier(cfg: dict, make_event, *, level: str, relation: str, delta: float,
+def _noise_multiplier(cfg: ConfigView, make_event, *, level: str, relation: str, delta: float,
                       group_size: int, tv: float) -> tuple[float, float | None, float | None]:
   """(z, epsilon target or None, item delta target or None). An explicit
   ``noise_multiplier`` is used as is (the driver checks the budget before any release); else
   ``z`` is calibrated to the target through the one calibrator. At group level the item target
   is the one whose group lift is the target, with room left for the truncation term
   ``(1 + e^{eps_i}) tv`` that :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds."""
-  target = cfg.get("epsilon")
-  target = None if target is None else check_epsilon(target)
-  if cfg.get("noise_multiplier") is not None:
-    return check_nonnegative(cfg["noise_multiplier"], "noise_multiplier"), target, None
+  target = None if cfg.epsilon is None else check_epsilon(cfg.epsilon)
+  if cfg.noise_multiplier is not None:
+    return check_nonnegative(cfg.noise_multiplier, "noise_multiplier"), target, None
   if target is None:
     raise ValueError("epsilon is required unless noise_multiplier is given")
   if level != "group":
@@ -287,18 +299,20 @@ def _noise_multiplier(cfg: dict, make_event, *, level: str, relation: str, delta
   return z, target, delta_i
 
 
-def plan_dp_sgd(cfg: dict, *, level: str, realized_rows: int, rows_per_user: int,
-                default_clip: float, radius: float) -> DpSgdPlan:
+def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
+                rows_per_user: int, default_clip: float, radius: float) -> DpSgdPlan:
   """The plan of one DP-SGD run from the config and public numbers.
 
   ``realized_rows`` (the data's row count) is read only where the relation makes it public
   (:func:`public_rows`); under ``add_remove`` the plan is the same for every dataset.
   ``rows_per_user`` is 1 for user rows, the public ``m`` for item rows (it converts the
-  declared ``n_users`` to rows and is the group size of ``dp_sgd_group``)."""
+  declared ``n_users`` to rows and is the group size of ``dp_sgd_group``). The config is
+  read through :func:`config_view` (the schema's defaults; an undeclared key raises)."""
   check_choice(level, "level", LEVELS)
-  sampling = check_choice(cfg_get(cfg, "sampling", "poisson"), "sampling",
-                          tuple(SAMPLING_RELATIONS))
-  relation = check_relation(cfg_get(cfg, "relation", SAMPLING_RELATIONS[sampling][0]),
+  cfg = config_view(cfg)
+  sampling = check_choice(cfg.sampling, "sampling", tuple(SAMPLING_RELATIONS))
+  # derived default: the relation the sampling scheme is analysed under
+  relation = check_relation(cfg.get("relation", SAMPLING_RELATIONS[sampling][0]),
                             supported=SAMPLING_RELATIONS[sampling],
                             mechanism=f"DP-SGD with sampling={sampling!r}")
   rows_per_user = check_int(rows_per_user, "rows_per_user")
@@ -306,18 +320,16 @@ def plan_dp_sgd(cfg: dict, *, level: str, realized_rows: int, rows_per_user: int
   group_size = rows_per_user if level == "group" else 1
   delta = required_delta(cfg)
   q, batch, denominator, capacity = _sampling(cfg, sampling, n)
-  if cfg.get("num_steps") is not None:
-    steps = check_int(cfg["num_steps"], "num_steps")
+  if cfg.num_steps is not None:
+    steps = check_int(cfg.num_steps, "num_steps")
   elif sampling == "cyclic":   # an epoch is ceil(n / B) steps
-    steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs")
-                         * -(-n // batch)))
+    steps = max(1, round(check_positive(cfg.epochs, "epochs") * -(-n // batch)))
   else:
-    steps = max(1, round(check_positive(cfg_get(cfg, "epochs", 1.0), "epochs") / q))
-  clip = check_positive(cfg_get(cfg, "clip_norm", default_clip), "clip_norm")
+    steps = max(1, round(check_positive(cfg.epochs, "epochs") / q))
+  clip = check_positive(cfg.get("clip_norm", default_clip), "clip_norm")   # derived: L
   trunc = (poisson_truncation_probability(n, q, capacity, steps)
            if sampling == "poisson" else 0.0)
-  noise = check_choice(cfg_get(cfg, "noise_mechanism", "independent"), "noise_mechanism",
-                       NOISES)
+  noise = check_choice(cfg.noise_mechanism, "noise_mechanism", NOISES)
   if noise != "independent" and sampling not in MF_SAMPLINGS:
     raise ValueError(f"noise_mechanism={noise!r} is priced for a bounded-participation "
                      f"schedule: use sampling='cyclic' (fixed-order epochs) or 'full', not {sampling!r}. "
@@ -331,13 +343,13 @@ def plan_dp_sgd(cfg: dict, *, level: str, realized_rows: int, rows_per_user: int
                                         participations=participations, min_sep=min_sep)
   z, target, item_delta = _noise_multiplier(cfg, make_event, level=level, relation=relation,
                                             delta=delta, group_size=group_size, tv=trunc)
-  if cfg.get("learning_rate") is None and not math.isfinite(radius):
+  if cfg.learning_rate is None and not math.isfinite(radius):
     raise ValueError("learning_rate: its default R / (C sqrt(num_steps)) needs a finite "
                      "radius R (the problem is unconstrained): give learning_rate")
-  lr = check_positive(cfg_get(cfg, "learning_rate", radius / (clip * math.sqrt(steps))),
-                      "learning_rate")
-  averaging = check_choice(cfg_get(cfg, "averaging", "uniform"), "averaging",
-                           ("none", "uniform"))
+  # derived default R / (C sqrt(T)), computed only when no rate is given
+  lr = check_positive(cfg.learning_rate if cfg.learning_rate is not None
+                      else radius / (clip * math.sqrt(steps)), "learning_rate")
+  averaging = check_choice(cfg.averaging, "averaging", ("none", "uniform"))
   return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,
                    sampling_rate=q, batch=batch, denominator=denominator, capacity=capacity,
                    steps=steps, clip=clip, noise_multiplier=z, noise_std=z * clip / denominator,

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from dpsco_jax import config_families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, _certify, _solve,
                                                              _solve_all_subsets, solver_plan)
@@ -44,14 +47,26 @@ RELATION = "replace_one"
 # Settings.
 
 
+#: The schema's defaults (the one place they are written: ``config_families.OutputPertConfig``).
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(cf.OutputPertConfig)}
+
+
+def config_view(cfg: Mapping | Any, schema: type = cf.OutputPertConfig) -> ConfigView:
+  """Paper 001's config as its drivers read it: the schema's fields with their defaults, and
+  the runner's ``debug``; any other key raises."""
+  return ConfigView(schema, cfg, extra=("debug",))
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputPertSettings:
   """Validated options shared by every algorithm of this module (see module docstring)."""
-  preset: str = "practical"
-  stability_test: str = "certificate"        # "certificate" (App. C) | "exact" (Alg. 1 as is)
-  on_certificate_failure: str = "exact"      # "exact" | "raise" (heuristic provenance)
-  max_exact_users: int = 16
-  solver_tol: float = 0.05                   # solver error as a fraction of Δ
+  preset: str = _DEFAULTS["preset"]
+  # "certificate" (App. C) | "exact" (Alg. 1 as is)
+  stability_test: str = _DEFAULTS["stability_test"]
+  # "exact" | "raise" (heuristic provenance)
+  on_certificate_failure: str = _DEFAULTS["on_certificate_failure"]
+  max_exact_users: int = _DEFAULTS["max_exact_users"]
+  solver_tol: float = _DEFAULTS["solver_tol"]  # solver error as a fraction of Δ
   beta: float | None = None                  # failure probability (default per algorithm)
   Delta: float | None = None                 # exact mode: explicit Δ (practical preset only)
   epsilon_budget: float | None = None
@@ -63,39 +78,36 @@ class OutputPertSettings:
     return "paper" if self.preset == "theory" else "analytic"
 
 
-def settings_from_cfg(cfg: dict) -> OutputPertSettings:
-  """Reads and validates the module's config keys (ValueError names the key)."""
-  def get(name, default):
-    v = cfg.get(name, default)
-    return default if v is None else v
-  preset = check_choice(get("preset", "practical"), "preset", PRESETS)
-  test = check_choice(get("stability_test", "certificate"), "stability_test",
-                      ("certificate", "exact"))
-  fail = check_choice(get("on_certificate_failure", "exact"), "on_certificate_failure",
-                      ("exact", "raise"))
-  mx = check_int(get("max_exact_users", 16), "max_exact_users", minimum=1)
+def settings_from_cfg(cfg: Mapping | Any) -> OutputPertSettings:
+  """Reads and validates the module's config keys through :func:`config_view` (the schema's
+  defaults; ValueError names the key)."""
+  cfg = config_view(cfg)
+  preset = check_choice(cfg.preset, "preset", PRESETS)
+  test = check_choice(cfg.stability_test, "stability_test", ("certificate", "exact"))
+  fail = check_choice(cfg.on_certificate_failure, "on_certificate_failure", ("exact", "raise"))
+  mx = check_int(cfg.max_exact_users, "max_exact_users", minimum=1)
   if mx > 22:
     raise ValueError(f"max_exact_users must be <= 22 (2^n solves), got {mx}")
-  tol = check_positive(get("solver_tol", 0.05), "solver_tol")
+  tol = check_positive(cfg.solver_tol, "solver_tol")
   if tol > 1:
     raise ValueError(f"solver_tol must be <= 1, got {tol}")
-  beta = cfg.get("beta")
+  beta = cfg.beta
   if beta is not None:
     beta = check_probability(beta, "beta")
-  Delta = cfg.get("Delta")
+  Delta = cfg.Delta
   if Delta is not None:
     Delta = check_positive(Delta, "Delta")
     if preset == "theory":
       raise ValueError("Delta: the theory preset uses Alg. 2's Δ; an explicit Delta needs "
                        "preset='practical'")
-  budget = cfg.get("epsilon_budget")
+  budget = cfg.epsilon_budget
   if budget is not None:
     budget = check_epsilon(budget, "epsilon_budget")
-  relation = check_relation(get("relation", RELATION), supported=(RELATION,),
+  relation = check_relation(cfg.relation, supported=(RELATION,),
                             mechanism="paper 001's output perturbation (sensitivities divide "
                                       "by the public number of users n)")
   return OutputPertSettings(preset, test, fail, mx, tol, beta, Delta, budget,
-                            check_bool(get("debug", False), "debug"), relation)
+                            check_bool(cfg.get("debug", False), "debug"), relation)
 
 
 # ------------------------------------------------------------------------------------------
@@ -367,8 +379,9 @@ def _require_radius(problem, what: str) -> float:
   return radius
 
 
-def _check_common(cfg: dict, settings: OutputPertSettings) -> tuple[float, float]:
-  eps = check_epsilon(cfg.get("epsilon"), "epsilon")
+def _check_common(cfg: Mapping | Any, settings: OutputPertSettings) -> tuple[float, float]:
+  cfg = config_view(cfg)
+  eps = check_epsilon(cfg.epsilon, "epsilon")
   delta = required_delta(cfg)
   if settings.preset == "theory":
     if eps > 1.0:

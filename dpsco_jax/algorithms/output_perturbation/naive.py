@@ -38,10 +38,9 @@ from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
-from dpsco_jax.algorithms.output_perturbation.base import (OutputPertSettings, _check_common,
-                                                      _Hook, _problem_mu, _project,
-                                                      _require_mu, _settings_for, alg2_delta,
-                                                      gamma_threshold)
+from dpsco_jax.algorithms.output_perturbation.base import (
+    OutputPertSettings, _check_common, _Hook, _problem_mu, _project, _require_mu, _settings_for,
+    alg2_delta, config_view, gamma_threshold)
 from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, _solve, solver_plan
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                calibrate_noise_multiplier)
@@ -99,7 +98,7 @@ def naive_plan(problem, cfg: dict) -> NaivePlan:
   plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
                      distance=min(2 * problem.radius, 2 * problem.lipschitz / mu), tau=tau)
   sens = base + 2.0 * tau
-  z = cfg.get("noise_multiplier")
+  z = config_view(cfg, cf.NaiveOutputPertConfig).noise_multiplier
   z = (calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=eps, delta=delta,
                                   relation=settings.relation)
        if z is None else check_positive(z, "noise_multiplier"))
