@@ -101,12 +101,13 @@ import optax
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_positive
-from dpsco_jax.algorithms.common import cfg_get
 from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, Options, PublicSpec,
+                                                  config_view,
                                                   gauss_event, make_ledger, plan_alg1,
                                                   plan_alg3, read_options)
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule)
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.sparse_vector import laplace_test
@@ -136,9 +137,15 @@ __all__ = ["user_level_phased_sgd", "user_level_accelerated_erm",
 def _fallback(problem: SCOProblem, cfg: dict) -> PyTree:
   """The data-independent point released on a halt ("output 0", Alg. 1 line 22 / Alg. 2
   line 18). ``0`` is inside every centred ball; ``fallback: init`` uses ``init_params()``."""
-  choice = check_choice(cfg_get(cfg, "fallback", "zero"), "fallback", ("zero", "init"))
+  choice = check_choice(ConfigView(cf.FilterCommon, cfg).fallback, "fallback", ("zero", "init"))
   p = problem.init_params()
   return jax.tree.map(jnp.zeros_like, p) if choice == "zero" else p
+
+
+def _project_output(cfg: dict, opt: Options) -> bool:
+  """Alg. 1's ``project_output`` (derived default: on under the practical preset)."""
+  return bool(config_view(cfg, "user_level_phased_sgd").get("project_output",
+                                                            opt.preset == "practical"))
 
 
 def _user_permutation(key: jax.Array, n: int) -> np.ndarray:
@@ -262,12 +269,12 @@ def _filter_release(points: PyTree, key: jax.Array, *, tau: float, lap_scale: fl
 
 
 def _alg1_schedule(spec: PublicSpec, cfg: dict, opt: Options) -> Alg1Schedule:
+  c = config_view(cfg, "user_level_phased_sgd")    # derived defaults: alg1_schedule's
   return alg1_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
                        delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
                        smoothness=spec.smoothness, preset=opt.preset,
-                       q_exp=cfg.get("q_exp"), p_exp=cfg.get("p_exp"),
-                       eta=cfg.get("learning_rate"),
-                       num_groups=cfg.get("num_groups"), num_phases=cfg.get("num_phases"))
+                       q_exp=c.q_exp, p_exp=c.p_exp, eta=c.learning_rate,
+                       num_groups=c.num_groups, num_phases=c.num_phases)
 
 
 def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
@@ -313,14 +320,14 @@ def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Arra
   evaluated conditionally on the same earlier releases. ``add_noise=False`` is a test hook:
   sigma = 0 with the plan (and every key) unchanged. Same keys as the driver."""
   plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
-  project = bool(cfg_get(cfg, "project_output", plan.options.preset == "practical"))
+  project = _project_output(cfg, plan.options)
   k_perm, k_run = jax.random.split(key)
   x, out = problem.init_params(), []
   for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
     x = x if anchors is None else anchors[i]
     sigma = plan.phases[i].sigma if add_noise else 0.0
     passed, x_new, _ = _alg1_phase(problem, plan, i, users, x, k_run, sigma,
-                                   _clip(problem, cfg))
+                                   _clip(problem, cfg, "user_level_phased_sgd"))
     out.append({"passed": bool(passed), "release": x_new, "anchor": x})
     x = project_l2_ball(x_new, problem.radius) if project else x_new
   return out
@@ -332,11 +339,11 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
   plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
   ledger = make_ledger(plan)                      # charged before anything is released
   opt, sched = plan.options, plan.schedule
-  project = bool(cfg_get(cfg, "project_output", opt.preset == "practical"))
+  project = _project_output(cfg, opt)
   k_perm, k_run = jax.random.split(key)
   x, halted_phase = problem.init_params(), None
   dbg: dict = {"scores": [], "num_kept": []} if opt.debug else None
-  grads, clip = 0, _clip(problem, cfg)
+  grads, clip = 0, _clip(problem, cfg, "user_level_phased_sgd")
   for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
     passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run, plan.phases[i].sigma,
                                      clip)
@@ -439,9 +446,10 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
 def _alg3_schedule(spec: PublicSpec, cfg: dict, opt: Options, smoothed: bool
                    ) -> Alg3Schedule:
   beta = math.inf if smoothed else spec.smoothness
-  r = cfg.get("smoothing_radius") if smoothed else None
-  lam = cfg.get("lam")
-  scale = cfg.get("lam_scale")
+  cfg = config_view(cfg, _alg3_name(smoothed))    # derived defaults: alg3_schedule's
+  r = cfg.smoothing_radius if smoothed else None
+  lam = cfg.lam
+  scale = cfg.lam_scale
   if scale is not None:     # practical: multiply the Thm C.3 lambda (more localization)
     if opt.preset == "theory":
       raise ValueError("lam_scale is a practical-preset option")
@@ -450,27 +458,31 @@ def _alg3_schedule(spec: PublicSpec, cfg: dict, opt: Options, smoothed: bool
         1 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m))) if lam is None else lam
   return alg3_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
                        delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
-                       smoothness=beta, preset=opt.preset, q_exp=cfg.get("q_exp"),
-                       p_exp=cfg.get("p_exp"), lam=lam, batch_size=cfg.get("batch_size"),
-                       num_phases=cfg.get("num_phases"), tau=cfg.get("tau"),
+                       smoothness=beta, preset=opt.preset, q_exp=cfg.q_exp,
+                       p_exp=cfg.p_exp, lam=lam, batch_size=cfg.batch_size,
+                       num_phases=cfg.num_phases, tau=cfg.tau,
                        smoothing_radius=r)
 
 
 def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
                          ) -> FilterPlan:
   """Algorithm 3's data-free plan (schedule, Delta_i, z_i, sigma_i, events)."""
-  name = "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
+  name = _alg3_name(smoothed)
   opt = read_options(cfg, name)
-  max_steps = cfg.get("max_steps")
+  max_steps = config_view(cfg, name).max_steps
   if max_steps is not None and opt.preset == "theory":
     raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
   return plan_alg3(spec, opt, _alg3_schedule(spec, cfg, opt, smoothed), max_steps)
 
 
-def _clip(problem: SCOProblem, cfg: dict) -> float | None:
+def _alg3_name(smoothed: bool) -> str:
+  return "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
+
+
+def _clip(problem: SCOProblem, cfg: dict, algorithm: str) -> float | None:
   """``clip_norm`` of paper 000's drivers: a number, ``true`` (the declared L), or
   ``null`` / ``false`` (no clip; FILTER bounds the sensitivity either way)."""
-  clip = cfg.get("clip_norm")
+  clip = config_view(cfg, algorithm).clip_norm
   return None if clip in (None, False) else check_positive(
       problem.lipschitz if clip is True else clip, "clip_norm")
 
@@ -487,7 +499,8 @@ def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, co
       threshold_fraction=sched.threshold_fraction, threshold_scale=sched.threshold_scale,
       query_scale=sched.query_scale, radius=problem.radius,
       stage_length=min(ph.stage_length, pn.steps), smoothing_radius=sched.smoothing_radius,
-      clip=_clip(problem, cfg), debug=plan.options.debug, collect=collect)
+      clip=_clip(problem, cfg, "user_level_accelerated_erm"), debug=plan.options.debug,
+      collect=collect)
 
 
 def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *,

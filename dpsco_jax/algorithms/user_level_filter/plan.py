@@ -32,18 +32,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import dp_accounting
 
+from dpsco_jax import config_families as cf
 from dpsco_jax._checks import check_bool, check_choice, check_epsilon, check_positive
-from dpsco_jax.algorithms.common import cfg_get, required_delta
+from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        certified_sensitivity,
                                                        good_event_failure,
                                                        typical_sensitivity)
 from dpsco_jax.privacy import (PrivacyLedger, calibrate_noise_multiplier, check_relation,
                                pure_dp_event)
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.privacy.sparse_vector import above_threshold_epsilon, laplace_test_epsilon
 
 RELATION = "replace_one"           # Definition 1.3: neighbouring datasets replace one user
@@ -83,20 +86,37 @@ class Options(NamedTuple):
   noise_multiplier: float | None
 
 
-def read_options(cfg: dict, mechanism: str) -> Options:
-  """The privacy-relevant config keys, validated (errors name the key)."""
-  eps = check_epsilon(cfg.get("epsilon"))
+#: Each paper-000 algorithm's schema: what :func:`config_view` reads for it.
+SCHEMAS: dict[str, type] = {
+    "user_level_phased_sgd": cf.PhasedSgdConfig,
+    "user_level_accelerated_erm": cf.AcceleratedErmConfig,
+    "user_level_accelerated_erm_smoothed": cf.AcceleratedErmSmoothedConfig,
+}
+
+
+def config_view(cfg: Mapping | Any, algorithm: str) -> ConfigView:
+  """``algorithm``'s config as its planner and driver read it: its schema's fields with their
+  defaults (the one place they are written) and the runner's ``debug``; any other key
+  raises."""
+  return ConfigView(SCHEMAS[algorithm], cfg, extra=("debug",))
+
+
+def read_options(cfg: Mapping | Any, mechanism: str) -> Options:
+  """The privacy-relevant config keys of ``mechanism`` (a key of :data:`SCHEMAS`), validated
+  (errors name the key)."""
+  cfg = config_view(cfg, mechanism)
+  eps = check_epsilon(cfg.epsilon)
   delta = required_delta(cfg)
-  preset = check_choice(cfg_get(cfg, "preset", "practical"), "preset", ("theory", "practical"))
-  sens = check_choice(cfg_get(cfg, "sensitivity", "certified"), "sensitivity", SENSITIVITIES)
+  preset = check_choice(cfg.preset, "preset", ("theory", "practical"))
+  sens = check_choice(cfg.sensitivity, "sensitivity", SENSITIVITIES)
   # "privacy_noise", not "noise": the problems' label-noise key is "noise" (issue 13: a label
   # noise of 0.0 used to switch the privacy noise off)
-  noise = check_bool(cfg_get(cfg, "privacy_noise", True), "privacy_noise")
-  debug = check_bool(cfg_get(cfg, "debug", False), "debug")
-  relation = check_relation(cfg_get(cfg, "relation", RELATION), supported=SUPPORTED_RELATIONS,
+  noise = check_bool(cfg.privacy_noise, "privacy_noise")
+  debug = check_bool(cfg.get("debug", False), "debug")
+  relation = check_relation(cfg.relation, supported=SUPPORTED_RELATIONS,
                             mechanism=f"{mechanism} (FILTER averages over a public number of "
                                       "users; paper 000 is replace-one)")
-  z = cfg.get("noise_multiplier")
+  z = cfg.noise_multiplier
   if z is not None:
     z = check_positive(z, "noise_multiplier")
     if preset == "theory":
