@@ -73,6 +73,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import dp_accounting
@@ -92,6 +93,7 @@ from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
     advanced_composition_step, check_loc_gd_precondition, check_loc_gd_relation, loc_gd_event,
     loc_gd_practical_config, loc_gd_radii, loc_gd_rounds, loc_gd_stddev, loc_gd_step_event,
     loc_gd_theory_config, paper_loc_gd_stddev, with_calibrated_noise)
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
@@ -252,29 +254,38 @@ def _item_level_data(problem) -> PyTree:
   return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), problem.data)
 
 
-def plan_dp_loc_gd(cfg: dict, *, n: int, dim: int, clip: float, radius0: float
+def config_view(cfg: Mapping | Any) -> ConfigView:
+  """``dp_loc_gd`` / ``dp_loc_sgd``'s config as the planner and driver read it: the fields of
+  :class:`~dpsco_jax.config_families.LocGdConfig` with their defaults (the one place they are
+  written; ``dp_loc_sgd`` adds only that ``batch_size`` is required) and the runner's
+  ``debug``; any other key raises."""
+  return ConfigView(cf.LocGdConfig, cfg, extra=("debug",))
+
+
+def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float
                    ) -> tuple[LocGDConfig, dp_accounting.DpEvent]:
   """Data-free plan of a runner solve: the config (schedule, noise multiplier) and its event,
-  from the config dict and public numbers only (``n`` public under replace-one). An explicit
+  from the config and public numbers only (``n`` public under replace-one). An explicit
   ``noise_multiplier`` is kept as given (the caller checks it against the budget)."""
-  check_loc_gd_relation(cfg.get("relation", RELATION))
-  eps = check_epsilon(cfg.get("epsilon"), "epsilon")
+  cfg = config_view(cfg)
+  check_loc_gd_relation(cfg.relation)
+  eps = check_epsilon(cfg.epsilon, "epsilon")
   delta = required_delta(cfg)
-  mu = check_positive(cfg.get("mu"), "mu")
-  preset = check_choice(cfg.get("preset", "practical"), "preset", ("practical", "theory"))
-  batch = cfg.get("batch_size")
+  mu = check_positive(cfg.mu, "mu")
+  preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
+  batch = cfg.batch_size
   if preset == "theory":
     lcfg = loc_gd_theory_config(mu=mu, lipschitz=clip, n=n, epsilon=eps, delta=delta,
                                 radius0=radius0, batch_size=batch)
   else:
     lcfg = loc_gd_practical_config(mu=mu, clip_norm=clip, n=n, dim=dim, epsilon=eps,
                                    delta=delta, radius0=radius0,
-                                   smoothness=cfg.get("smoothness"), steps=cfg.get("num_steps"),
-                                   rounds=cfg.get("rounds"), batch_size=batch,
-                                   radius_const=cfg.get("radius_const", 4.0))
-  if cfg.get("noise_multiplier") is not None:
+                                   smoothness=cfg.smoothness, steps=cfg.num_steps,
+                                   rounds=cfg.rounds, batch_size=batch,
+                                   radius_const=cfg.radius_const)
+  if cfg.noise_multiplier is not None:
     lcfg = dataclasses.replace(
-        lcfg, noise_multiplier=check_positive(cfg["noise_multiplier"], "noise_multiplier"))
+        lcfg, noise_multiplier=check_positive(cfg.noise_multiplier, "noise_multiplier"))
   return lcfg, loc_gd_event(lcfg, n)
 
 
@@ -290,9 +301,9 @@ class LocGDRunPlan:
   event: dp_accounting.DpEvent
 
 
-def _public_mu(problem, cfg: dict) -> float:
+def _public_mu(problem, cfg: ConfigView) -> float:
   """``mu``: the config's, else the declared ``meta['strong_convexity']`` (MissingConstant)."""
-  mu = cfg.get("mu")
+  mu = cfg.mu
   if mu is None:
     mu = (getattr(problem, "meta", None) or {}).get("strong_convexity")
   if mu is None:
@@ -305,22 +316,24 @@ def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
   """:func:`plan_dp_loc_gd` from public facts only (``n_users * m`` items, ``d``; where the
   config does not give them: L for ``clip_norm``, a finite R for ``radius0 = 2R``, the declared
   strong convexity for ``mu``): a :class:`~dpsco_jax.data.PublicFacts` suffices."""
+  cfg = config_view(cfg)
   required_delta(cfg)  # a missing delta is named before any constant is read
   n, dim = int(problem.n_users) * int(problem.m), int(problem.d)
-  clip = cfg.get("clip_norm")
+  # derived defaults (the schema's docs give them): L, 2R -- read only when not given
+  clip = cfg.clip_norm
   clip = check_positive(problem.lipschitz if clip is None else clip, "clip_norm")
-  radius0 = cfg.get("radius0")
+  radius0 = cfg.radius0
   if radius0 is None:
     if not math.isfinite(float(problem.radius)):
       raise MissingConstant("radius0: dp_loc_gd needs the initial localization radius: give "
                             "radius0 or declare a finite constants={'radius': ...} (2R)")
     radius0 = 2.0 * float(problem.radius)
   radius0 = check_positive(radius0, "radius0")
-  l2 = check_nonnegative(cfg.get("l2") or 0.0, "l2")
+  l2 = check_nonnegative(cfg.l2, "l2")
   lcfg, event = plan_dp_loc_gd({**cfg, "mu": _public_mu(problem, cfg)}, n=n, dim=dim,
                                clip=clip, radius0=radius0)
-  return LocGDRunPlan(n, float(cfg["epsilon"]), float(cfg["delta"]), l2,  # checked
-                      cfg.get("preset") or "practical", lcfg, event)
+  return LocGDRunPlan(n, float(cfg.epsilon), float(cfg.delta), l2,  # checked
+                      cfg.preset, lcfg, event)
 
 
 def charge_loc_gd(plan: LocGDRunPlan) -> PrivacyLedger:
@@ -372,7 +385,7 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   y_out, aux = _compiled_solve(problem.loss_fn, lcfg, float(l2))(problem.init_params(), data,
                                                                  key)
   debug = ({"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
-           if cfg.get("debug", False) else None)
+           if config_view(cfg).get("debug", False) else None)
   record = {"noise_multiplier": lcfg.noise_multiplier, "batch_size": lcfg.batch_size,
             "noise_std": loc_gd_stddev(lcfg, n),
             "paper_noise_std": paper_loc_gd_stddev(lcfg, n, epsilon=plan.epsilon,
@@ -387,6 +400,6 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
 
 @register("dp_loc_sgd", config=cf.LocSgdConfig, paper="004")
 def _run_dp_loc_sgd(problem, cfg: dict, key: jax.Array):
-  if cfg.get("batch_size") is None:
+  if config_view(cfg).batch_size is None:
     raise ValueError("batch_size is required for dp_loc_sgd")
   return run_dp_loc_gd(problem, cfg, key)
