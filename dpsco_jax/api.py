@@ -83,7 +83,10 @@ REUSES_NOISE_MULTIPLIER = frozenset({
     "dp_loc_gd", "dp_loc_sgd"})
 #: Algorithms whose per-user gradient step runs with users sharded over a mesh (``run(...,
 #: mesh=)``); the others refuse a mesh rather than ignore it.
-MESH_READY = frozenset({"nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group"})
+MESH_READY = frozenset({
+    "nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group",
+    "accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
+    "accelerated_dp_sgd", "single_epoch_dp_sgd"})
 #: Algorithms whose driver runs for a group of seeds as one ``vmap``-ed program
 #: (:func:`run_seeds`, the runner's ``batch_seeds``; :mod:`dpsco_jax.sweep`): a plan computed
 #: once, one jitted ``lax.scan`` with a leading seed axis, nothing read of the data outside it.

@@ -1,7 +1,9 @@
 """Issue 24.2: drivers take a mesh. Users are sharded over a ``"users"`` axis of 4 forced host
 devices (in a subprocess: the device count is fixed when JAX starts); the released params equal
 the one-device run's to float tolerance, the plan/ledger is the same, a user count the devices
-do not divide is padded and masked, and a mesh without the users axis is refused."""
+do not divide is padded and masked, and a mesh without the users axis is refused. The DP-SGD
+family runs in one subprocess, paper 003's single-epoch drivers in another (each batch of
+``B = 10`` examples is padded to 12 slots over the 4 devices)."""
 
 import json
 import os
@@ -61,9 +63,9 @@ SCRIPT = textwrap.dedent("""
     except ValueError as err:
       out["bad_mesh"] = str(err)
     try:
-      dpsco_jax.fit("accelerated_dp_srgd", {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0},
-                    loss, params, data, jax.random.key(7), mesh=mesh,
-                    constants={"lipschitz": 1.0, "smoothness": 1.0})
+      dpsco_jax.fit("naive_output_pert", {"epsilon": 2.0, "delta": 1e-5}, loss, params, data,
+                    jax.random.key(7), mesh=mesh,
+                    constants={"lipschitz": 1.0, "smoothness": 1.0, "strong_convexity": 0.1})
       out["not_ready"] = "accepted"
     except ValueError as err:
       out["not_ready"] = str(err)
@@ -87,3 +89,74 @@ def test_four_devices_release_the_one_device_params_and_refuse_a_mesh_without_us
   assert out["other_key_diff"] > 1e-2
   assert "no 'users' axis" in out["bad_mesh"]
   assert "mesh-ready" in out["not_ready"]
+
+
+SRGD_SCRIPT = textwrap.dedent("""
+    import json, warnings
+    warnings.filterwarnings("ignore")
+    import jax, jax.numpy as jnp, numpy as np
+    import dpsco_jax
+    from dpsco_jax.data import UserData
+    assert len(jax.devices()) == 4, jax.devices()
+    rng = np.random.default_rng(0)
+    n = 103                      # practical preset: B = 10, T = 10; 10 slots padded to 12
+    ids = rng.integers(0, n, 600); ids[:n] = np.arange(n)
+    x = rng.normal(size=(600, 5)).astype(np.float32)
+    y = (rng.random(600) < 0.5).astype(np.float32)
+    data = UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=8)
+    def loss(p, ex):
+      z = ex["x"] @ p["w"] + p["b"]
+      return jax.nn.softplus(z) - ex["y"] * z
+    params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
+    consts = {"lipschitz": 1.0, "smoothness": 1.0}
+    cfg = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0}
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("users",))
+    def dist(a, b):
+      return max(float(jnp.max(jnp.abs(u - v))) for u, v in
+                 zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
+    out = {}
+    for name in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
+                 "accelerated_dp_srgd_independent_noise", "accelerated_dp_sgd",
+                 "single_epoch_dp_sgd"):
+      one = dpsco_jax.fit(name, cfg, loss, params, data, jax.random.key(7), constants=consts)
+      four = dpsco_jax.fit(name, cfg, loss, params, data, jax.random.key(7), constants=consts,
+                           mesh=mesh)
+      scale = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(one.params))
+      out[name] = {"diff": dist(one, four), "scale": scale, "same_report": one.privacy ==
+                   four.privacy, "same_record": one.record == four.record}
+      if name == "accelerated_dp_srgd":
+        with jax.set_mesh(mesh):
+          ctx = dpsco_jax.fit(name, cfg, loss, params, data, jax.random.key(7), constants=consts)
+        out[name]["diff_ctx"] = dist(one, ctx)
+        other = dpsco_jax.fit(name, cfg, loss, params, data, jax.random.key(8), constants=consts,
+                              mesh=mesh)
+        out["other_key_diff"] = dist(one, other)
+    bad = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    try:
+      dpsco_jax.fit("accelerated_dp_srgd", cfg, loss, params, data, jax.random.key(7),
+                    constants=consts, mesh=bad)
+      out["bad_mesh"] = "accepted"
+    except ValueError as err:
+      out["bad_mesh"] = str(err)
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_four_devices_release_the_one_device_params_for_paper_003_drivers():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", SRGD_SCRIPT], env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  for name in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
+               "accelerated_dp_srgd_independent_noise", "accelerated_dp_sgd",
+               "single_epoch_dp_sgd"):
+    r = out[name]
+    assert r["same_report"] and r["same_record"], name
+    assert r["diff"] <= 1e-5 * max(1.0, r["scale"]), (name, r)
+  r = out["accelerated_dp_srgd"]
+  assert r["diff_ctx"] <= 1e-5 * max(1.0, r["scale"]), r
+  assert out["other_key_diff"] > 1e-2
+  assert "no 'users' axis" in out["bad_mesh"]

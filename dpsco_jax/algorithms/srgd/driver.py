@@ -58,10 +58,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax import config_families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
+from dpsco_jax.algorithms.common import mesh_users_axis
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, paper_epsilon, plan_srgd,
@@ -174,10 +176,12 @@ def _step_rows(loss_fn: Callable, s: dict, params, prev, batch, mask, t):
   return per_user_grads(loss_fn, params, batch, user_mask=mask)
 
 
-def _diagnostics(rows, released, p_state, clip_norm: float) -> dict:
-  """Data-dependent diagnostics; only ever returned under ``debug=True``."""
+def _diagnostics(rows, released, p_state, clip_norm: float, batch_size: int) -> dict:
+  """Data-dependent diagnostics; only ever returned under ``debug=True``. The fraction is
+  over the ``B`` slots of the batch (a mesh's pad slots are zero rows, never clipped)."""
   norms = tree_global_norms(rows)
-  diag = {"max_row_norm": jnp.max(norms), "clipped_fraction": jnp.mean(norms > clip_norm)}
+  diag = {"max_row_norm": jnp.max(norms),
+          "clipped_fraction": jnp.sum(norms > clip_norm) / batch_size}
   noise_state = p_state[-1]
   if isinstance(noise_state, TreePrefixNoiseState):
     diag["noise_norm"] = jnp.sqrt(sum(
@@ -186,16 +190,48 @@ def _diagnostics(rows, released, p_state, clip_norm: float) -> dict:
   return diag
 
 
-def _make_runner(loss_fn: Callable, settings: tuple) -> Callable:
-  cache_key = (loss_fn, settings)
+def _batches_on_mesh(data: PyTree, mask: jax.Array, num_steps: int, batch_size: int,
+                     mesh: Mesh, axis: str = "users") -> tuple[PyTree, jax.Array, NamedSharding]:
+  """The single-epoch batches ``[T, B', ...]`` and masks ``[T, B']`` placed with each batch's
+  examples sharded over ``mesh``'s ``axis`` (so each device differentiates and clips its own
+  examples and XLA all-reduces the clipped sums). ``B'`` is ``B`` rounded up to a multiple of
+  the axis' devices; the pad slots copy the batch's first example (finite gradients) and are
+  masked, so they give exact zero rows and the mean's denominator stays ``B``: the release is
+  the one-device run's up to the summation order. Returns the sharding of one step's batch."""
+  n_dev = mesh_users_axis(mesh, axis)
+  pad = -int(batch_size) % n_dev
+
+  def put(x):
+    return jax.device_put(x, NamedSharding(mesh, PartitionSpec(None, axis,
+                                                               *([None] * (x.ndim - 2)))))
+
+  def place(x):
+    xp = jnp if isinstance(x, jax.Array) else np   # a host table is never copied to one device
+    if pad:
+      x = xp.concatenate([x, xp.repeat(x[:, :1], pad, axis=1)], axis=1)
+    return put(x)
+  batches = jax.tree.map(place, single_epoch_batches(data, num_steps, batch_size))
+  masks = jnp.asarray(mask)[:num_steps * batch_size].reshape(num_steps, batch_size)
+  masks = put(jnp.pad(masks, ((0, 0), (0, pad))))   # pad slots: False
+  return batches, masks, NamedSharding(mesh, PartitionSpec(axis))
+
+
+def _make_runner(loss_fn: Callable, settings: tuple,
+                 users: NamedSharding | None = None) -> Callable:
+  """The jitted single-epoch scan. ``users``: the batches come placed by
+  :func:`_batches_on_mesh` and each step's examples stay sharded that way."""
+  cache_key = (loss_fn, settings, users)
   if cache_key in _RUNNERS:
     return _RUNNERS[cache_key]
   s = dict(settings)
   T, B = s["num_steps"], s["batch_size"]
 
   def run(data, params0, key, user_mask, points):
-    batches = single_epoch_batches(data, T, B)
-    masks = user_mask[:T * B].reshape(T, B)
+    if users is None:
+      batches = single_epoch_batches(data, T, B)
+      masks = user_mask[:T * B].reshape(T, B)
+    else:
+      batches, masks = data, user_mask
     privatizer = srgd_privatizer(clip_norm=s["clip_norm"], batch_size=B,
                                  noise_multiplier=s["noise_multiplier"], num_steps=T, key=key,
                                  srg=s["srg"], noise=s["noise"], mf=s.get("mf", ()))
@@ -211,6 +247,8 @@ def _make_runner(loss_fn: Callable, settings: tuple) -> Callable:
     def body(carry, xs):
       params, prev, (p_state, s_state) = carry
       batch, mask, t, given = xs
+      if users is not None:   # keep the step's examples on their devices
+        batch, mask = jax.lax.with_sharding_constraint((batch, mask), users)
       if given is not None:
         params, prev = given
       rows = _step_rows(loss_fn, s, params, prev, batch, mask, t)
@@ -218,7 +256,7 @@ def _make_runner(loss_fn: Callable, settings: tuple) -> Callable:
       updates, s_state = stepper.update(released, s_state, params)
       out = {"release": released, "query": params} if s["releases"] else {}
       if s["debug"]:
-        out.update(_diagnostics(rows, released, p_state, s["clip_norm"]))
+        out.update(_diagnostics(rows, released, p_state, s["clip_norm"], B))
       return (optax.apply_updates(params, updates), params, (p_state, s_state)), out
 
     (params, _, (_, s_state)), outs = jax.lax.scan(
@@ -290,12 +328,19 @@ def _plan_settings(plan: SRGDPlan, *, noise_multiplier: float, debug: bool,
 
 
 def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
-             key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False
-             ) -> tuple[PyTree, PyTree, dict]:
-  """Executes ``plan`` (see :func:`run_srgd`); the caller spends ``plan.event`` first."""
+             key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False,
+             mesh: Mesh | None = None) -> tuple[PyTree, PyTree, dict]:
+  """Executes ``plan`` (see :func:`run_srgd`); the caller spends ``plan.event`` first.
+  ``mesh``: each batch's examples are sharded over its ``"users"`` axis
+  (:func:`_batches_on_mesh`); the key, hence the noise, is the one-device run's."""
   settings = _plan_settings(plan, noise_multiplier=plan.params.noise_multiplier, debug=debug,
                             releases=False)
-  return _make_runner(loss_fn, settings)(data, params0, key, _mask_for(data, user_mask), None)
+  mask = _mask_for(data, user_mask)
+  if mesh is None:
+    return _make_runner(loss_fn, settings)(data, params0, key, mask, None)
+  batches, masks, users = _batches_on_mesh(data, mask, plan.params.num_steps,
+                                           plan.params.batch_size, mesh)
+  return _make_runner(loss_fn, settings, users)(batches, params0, key, masks, None)
 
 
 def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
@@ -382,7 +427,7 @@ def _run_named(name: str, problem, cfg: dict, key: jax.Array) -> Result:
   plan = plan_for_problem(name, problem, cfg)      # no data touched; budget checked
   ledger = charge(plan)                            # before anything is released
   released, _, diags = run_plan(plan, problem.loss_fn, problem.data, problem.init_params(),
-                                key, debug=debug)
+                                key, debug=debug, mesh=getattr(problem, "mesh", None))
   prm = plan.params
   record = dict(num_steps=prm.num_steps, batch_size=prm.batch_size,
                 examples_used=prm.num_steps * prm.batch_size, beta=prm.beta,
