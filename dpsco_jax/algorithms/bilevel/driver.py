@@ -58,9 +58,10 @@ import optax
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
-                                               bilevel_events, noise_ratios, paper_bilevel_noise,
-                                               paper_composition_epsilon, theory_params,
-                                               with_noise)
+                                               bilevel_events, config_view, noise_ratios,
+                                               paper_bilevel_noise, paper_composition_epsilon,
+                                               theory_params, with_noise)
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd, loc_gd_stddev
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.problems.bilevel import (BilevelProblem, ProblemConstants,  # noqa: F401
@@ -285,9 +286,10 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
   """
   from dpsco_jax.result import Result
 
+  cfg = config_view(cfg)
   bcfg, info = bilevel_config(problem, cfg)
-  eps = float(cfg["epsilon"])
-  delta = float(cfg["delta"])  # required: bilevel_config checked it
+  eps = float(cfg.epsilon)
+  delta = float(cfg.delta)  # required: bilevel_config checked it
   n = problem.n
   if ledger is not None and ledger.relation != RELATION:
     raise ValueError(f"ledger.relation must be {RELATION!r} (the paper's adjacency)")
@@ -312,7 +314,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
   evals = bcfg.steps * n * (bcfg.inner_y.rounds * bcfg.inner_y.steps
                             + bcfg.inner_lam.rounds * bcfg.inner_lam.steps + 1)
   debug = None
-  if cfg.get("debug", False):
+  if cfg.get("debug", False):      # a runner key, not the schema's
     x_last_in = out.xs[-1]
     debug = {"inner_y_error_last": float(jnp.linalg.norm(
         out.y_star - exact_lower_solve(problem, x_last_in))),
@@ -380,10 +382,9 @@ def nonprivate_penalty_method(problem: BilevelProblem, *, lam: float, eta: float
 def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
   from dpsco_jax.result import Result
   del key
-  x = nonprivate_penalty_method(problem, lam=float(cfg.get("lam", 1e3)),
-                                eta=float(cfg.get("learning_rate", 0.5)),
-                                steps=int(cfg.get("num_steps", 300)),
-                                newton_steps=int(cfg.get("newton_steps", 30)))
+  cfg = ConfigView(cf.NonPrivatePenaltyConfig, cfg)   # the schema's defaults
+  x = nonprivate_penalty_method(problem, lam=float(cfg.lam), eta=float(cfg.learning_rate),
+                                steps=int(cfg.num_steps), newton_steps=int(cfg.newton_steps))
   report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
                          relation=RELATION, notes="NON-PRIVATE reference: exact inner solves")
   return Result(params=x, privacy=report, gradient_evaluations=0, record={"non_private": True})

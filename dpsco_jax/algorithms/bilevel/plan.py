@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import dp_accounting
 from jax.extend.core import Literal as _Literal
@@ -22,6 +24,8 @@ import jax
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
+from dpsco_jax import config_families as cf
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
@@ -252,7 +256,7 @@ def _default_consts_inner(problem: BilevelProblem, lam: float) -> dict:
   }
 
 
-def _schedule(problem: BilevelProblem, cfg: dict, *, preset: str, eps: float, delta: float,
+def _schedule(problem: BilevelProblem, cfg: ConfigView, *, preset: str, eps: float, delta: float,
               batch_in: int | None, batch_out: int | None, info: dict) -> dict:
   """The preset's public schedule: ``lam, eta, steps, clip_out`` and the inner solves'
   ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read). Config
@@ -261,14 +265,14 @@ def _schedule(problem: BilevelProblem, cfg: dict, *, preset: str, eps: float, de
   n = problem.n
   if preset == "theory":
     tp = theory_params(problem.consts, epsilon=eps, delta=delta, n=n, d_x=problem.d,
-                       d_y=problem.d_y, population=bool(cfg.get("population", False)),
+                       d_y=problem.d_y, population=bool(cfg.population),
                        batch_out=batch_out)
     info.update(tp)
     lam, eta, steps, clip_out = tp["lam"], tp["eta"], tp["steps"], tp["clip_out"]
     inner_steps = n * n                       # Thm 8.2: T_GD = n^2
     rounds = (tp["rounds_y"], tp["rounds_lam"])
     work = steps * (rounds[0] + rounds[1]) * inner_steps * (n if batch_in is None else batch_in)
-    limit = float(cfg.get("max_theory_work", 1e10))
+    limit = float(cfg.max_theory_work)
     if work > limit:
       raise ValueError(
           f"preset='theory' needs T={steps} outer steps of 2 DP-Loc-GD solves with T_GD=n^2="
@@ -279,25 +283,25 @@ def _schedule(problem: BilevelProblem, cfg: dict, *, preset: str, eps: float, de
     clips = (inner["y"]["clip"], inner["lam"]["clip"])
     radius_const = 4.0
   else:
-    lam = check_positive(cfg.get("lam", 30.0), "lam")
-    eta = check_positive(cfg.get("learning_rate", 0.5), "learning_rate")
-    steps = check_int(cfg.get("num_steps", 30), "num_steps")
+    lam = check_positive(cfg.lam, "lam")
+    eta = check_positive(cfg.learning_rate, "learning_rate")
+    steps = check_int(cfg.num_steps, "num_steps")
     inner = _default_consts_inner(problem, lam)
     clip_out = check_positive(
-        cfg.get("outer_clip_norm", 5 * problem.consts.ell * problem.consts.kappa),
+        cfg.get("outer_clip_norm", 5 * problem.consts.ell * problem.consts.kappa),  # derived
         "outer_clip_norm")
-    inner_steps = check_int(cfg.get("inner_num_steps", 300), "inner_num_steps")
-    r = cfg.get("inner_rounds", 2)
+    inner_steps = check_int(cfg.inner_num_steps, "inner_num_steps")
+    r = cfg.inner_rounds
     rounds = (check_int(r, "inner_rounds"), check_int(r, "inner_rounds"))
-    step_rule = check_choice(cfg.get("inner_step_rule", "smooth"), "inner_step_rule",
+    step_rule = check_choice(cfg.inner_step_rule, "inner_step_rule",
                              ("smooth", "paper"))
-    c_in = cfg.get("inner_clip_norm")
+    c_in = cfg.inner_clip_norm           # derived defaults: per solve
     clips = (check_positive(c_in if c_in is not None else inner["y"]["clip"], "inner_clip_norm"),
              check_positive(cfg.get("inner_clip_norm_lam", c_in if c_in is not None
                                     else inner["lam"]["clip"]), "inner_clip_norm_lam"))
-    radius_const = check_positive(cfg.get("radius_const", 4.0), "radius_const")
-    if "inner_radius0" in cfg:
-      r0 = check_positive(cfg["inner_radius0"], "inner_radius0")
+    radius_const = check_positive(cfg.radius_const, "radius_const")
+    if cfg.inner_radius0 is not None:
+      r0 = check_positive(cfg.inner_radius0, "inner_radius0")
       inner["y"]["radius0"] = r0
       inner["lam"]["radius0"] = r0
   return dict(lam=lam, eta=eta, steps=steps, clip_out=clip_out, inner_steps=inner_steps,
@@ -305,7 +309,14 @@ def _schedule(problem: BilevelProblem, cfg: dict, *, preset: str, eps: float, de
               radius_const=radius_const)
 
 
-def bilevel_config(problem: BilevelProblem, cfg: dict) -> tuple[BilevelConfig, dict]:
+def config_view(cfg: Mapping | Any) -> ConfigView:
+  """The bilevel drivers' config as they read it: the fields of
+  :class:`~dpsco_jax.config_families.BilevelConfig` with their defaults (the one place they
+  are written) and the runner's ``debug``; any other key raises."""
+  return ConfigView(cf.BilevelConfig, cfg, extra=("debug",))
+
+
+def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[BilevelConfig, dict]:
   """Builds a calibrated :class:`BilevelConfig` from a config dict (``preset`` = ``practical``
   (default) | ``theory``). Returns ``(bcfg, info)``; ``info`` holds the preset's derived values.
 
@@ -320,18 +331,18 @@ def bilevel_config(problem: BilevelProblem, cfg: dict) -> tuple[BilevelConfig, d
   multiplier ``z``: mechanism ``k`` gets ``z r_k``, :func:`noise_ratios`; default: calibrated).
   The plan reads only public numbers (``n``, shapes, the config), never the data's values.
   """
-  check_relation(cfg.get("relation", RELATION), supported=(RELATION,),
-                 mechanism="DP bilevel (Alg 1/3)")
-  eps = check_epsilon(cfg.get("epsilon"), "epsilon")
+  cfg = config_view(cfg)
+  check_relation(cfg.relation, supported=(RELATION,), mechanism="DP bilevel (Alg 1/3)")
+  eps = check_epsilon(cfg.epsilon, "epsilon")
   delta = required_delta(cfg)
-  preset = check_choice(cfg.get("preset", "practical"), "preset", ("practical", "theory"))
+  preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
   n = problem.n
-  batch_in = cfg.get("inner_batch_size")
-  batch_out = cfg.get("outer_batch_size")
+  batch_in = cfg.inner_batch_size
+  batch_out = cfg.outer_batch_size
   for name, b in (("inner_batch_size", batch_in), ("outer_batch_size", batch_out)):
     if b is not None and not 1 <= check_int(b, name) <= n:
       raise ValueError(f"{name} must lie in [1, n={n}], got {b}")
-  outer_noise = cfg.get("outer_noise", "auto")
+  outer_noise = cfg.outer_noise
   if outer_noise not in ("auto", True, False):
     raise ValueError(f"outer_noise must be 'auto', true or false, got {outer_noise!r}")
   data_free = _x_grad_is_data_free(problem)
@@ -343,6 +354,7 @@ def bilevel_config(problem: BilevelProblem, cfg: dict) -> tuple[BilevelConfig, d
 
   s = _schedule(problem, cfg, preset=preset, eps=eps, delta=delta, batch_in=batch_in,
                 batch_out=batch_out, info=info)
+  # derived default: equal shares of the mechanisms that run
   shares = tuple(cfg.get("shares", (1 / 3, 1 / 3, 1 / 3) if use_outer else (0.5, 0.5, 0.0)))
   if not use_outer:
     shares = (shares[0] / (shares[0] + shares[1]), shares[1] / (shares[0] + shares[1]), 0.0)
@@ -358,11 +370,11 @@ def bilevel_config(problem: BilevelProblem, cfg: dict) -> tuple[BilevelConfig, d
                        smoothness=c["smooth"] if s["step_rule"] == "smooth" else None)
   base = BilevelConfig(lam=s["lam"], eta=s["eta"], steps=s["steps"], clip_out=s["clip_out"],
                        outer_noise_multiplier=0.0, inner_y=mk("y", 0), inner_lam=mk("lam", 1),
-                       batch_out=batch_out, warm_start=bool(cfg.get("warm_start", True)),
+                       batch_out=batch_out, warm_start=bool(cfg.warm_start),
                        outer_data_terms=use_outer)
   ratios = noise_ratios(base, shares)
-  if cfg.get("noise_multiplier") is not None:  # explicit: the driver checks it against eps
-    z = check_positive(cfg["noise_multiplier"], "noise_multiplier")
+  if cfg.noise_multiplier is not None:  # explicit: the driver checks it against eps
+    z = check_positive(cfg.noise_multiplier, "noise_multiplier")
   else:  # the library's one calibrator on the run's own events
     z = calibrate_noise_multiplier(lambda z: composed_events(with_noise(base, z, ratios), n),
                                    epsilon=eps, delta=delta, relation=RELATION)
