@@ -49,7 +49,7 @@ from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
 __all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
-           "READS_M", "MESH_READY", "BATCHED", "UNSUPPORTED", "run_seeds", "UndeclaredFact", "Progress", "print_progress"]
+           "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED", "run_seeds", "UndeclaredFact", "Progress", "print_progress"]
 
 
 class UndeclaredFact(ConfigError):
@@ -86,7 +86,31 @@ REUSES_NOISE_MULTIPLIER = frozenset({
 MESH_READY = frozenset({
     "nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group",
     "accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
-    "accelerated_dp_sgd", "single_epoch_dp_sgd"})
+    "accelerated_dp_sgd", "single_epoch_dp_sgd", "dp_loc_gd", "dp_loc_sgd"})
+_OUTPUT_PERT = ("output perturbation: a non-private ERM solve, then one noise draw on its "
+                "output; no per-user clipped gradient step to shard (the solver runs on one "
+                "device)")
+_NOT_ON_USER_DATA = "it does not run on a loss_fn and UserData (see UNSUPPORTED)"
+#: Algorithms that refuse a mesh, with the reason (every registry name is in exactly one of
+#: ``MESH_READY`` and this; ``tests/test_mesh.py`` checks it).
+MESH_UNSUPPORTED = {
+    "user_level_phased_sgd": "Algorithm 1 runs non-private SGD through each group's items and "
+                             "releases a FILTER of the group outputs: no batched per-user "
+                             "gradient step to shard",
+    **{name: "Algorithm 2's FILTER scores each user's gradient against every other user's of "
+             "the step (not a sum of clipped gradients), and its static batch has no masked "
+             "slots for a mesh's padding: not sharded yet"
+       for name in ("user_level_accelerated_erm", "user_level_accelerated_erm_smoothed")},
+    "resque_private_sco": "ReSQue's oracles query items at Gaussian-perturbed points inside a "
+                          "host-driven bisection / MLMC loop (no clipped per-user step): not "
+                          "sharded yet",
+    **{name: _OUTPUT_PERT for name in (
+        "naive_output_pert", "sc_output_pert", "phased_erm_output_pert",
+        "phased_sco_output_pert", "sc_erm_output_pert", "sc_sco_output_pert")},
+    **{name: _NOT_ON_USER_DATA for name in (
+        "dp_bilevel", "dp_bilevel_minibatch", "dp_bilevel_population", "nonprivate_penalty",
+        "resque_parallel_sco", "minibatch_sgd")},
+}
 #: Algorithms whose driver runs for a group of seeds as one ``vmap``-ed program
 #: (:func:`run_seeds`, the runner's ``batch_seeds``; :mod:`dpsco_jax.sweep`): a plan computed
 #: once, one jitted ``lax.scan`` with a leading seed axis, nothing read of the data outside it.
@@ -228,9 +252,10 @@ def _mesh(algorithm: str, mesh: Any) -> Any:
   if mesh is None:
     return None
   mesh_users_axis(mesh)
-  if algorithm not in MESH_READY:
-    raise ValueError(f"{algorithm} does not shard users over a mesh yet; mesh-ready: "
-                     f"{', '.join(sorted(MESH_READY))}")
+  if algorithm not in MESH_READY:   # refused, never ignored (a set_mesh context included)
+    reason = MESH_UNSUPPORTED.get(algorithm, "not sharded yet")
+    raise ValueError(f"{algorithm} does not take a mesh: {reason} (mesh-ready: "
+                     f"{', '.join(sorted(MESH_READY))})")
   return mesh
 
 

@@ -1,9 +1,10 @@
-"""Issue 24.2: drivers take a mesh. Users are sharded over a ``"users"`` axis of 4 forced host
-devices (in a subprocess: the device count is fixed when JAX starts); the released params equal
-the one-device run's to float tolerance, the plan/ledger is the same, a user count the devices
-do not divide is padded and masked, and a mesh without the users axis is refused. The DP-SGD
-family runs in one subprocess, paper 003's single-epoch drivers in another (each batch of
-``B = 10`` examples is padded to 12 slots over the 4 devices)."""
+"""Issue 24.2: drivers take a mesh (``api.MESH_READY``; the others refuse one with the reason
+in ``api.MESH_UNSUPPORTED``). Users are sharded over a ``"users"`` axis of 4 forced host devices
+(in a subprocess: the device count is fixed when JAX starts); the released params equal the
+one-device run's to float tolerance, the plan/ledger is the same, a user count the devices do
+not divide is padded and masked, and a mesh without the users axis is refused. The DP-SGD
+family runs in one subprocess; paper 003's single-epoch drivers (each batch of ``B = 10``
+examples padded to 12 slots) and DP-Loc-SGD (309 items padded to 312) in another."""
 
 import json
 import os
@@ -88,7 +89,7 @@ def test_four_devices_release_the_one_device_params_and_refuse_a_mesh_without_us
     assert r["diff_ctx"] <= 1e-5 * max(1.0, r["scale"]), (name, r)
   assert out["other_key_diff"] > 1e-2
   assert "no 'users' axis" in out["bad_mesh"]
-  assert "mesh-ready" in out["not_ready"]
+  assert "mesh-ready" in out["not_ready"] and "output perturbation" in out["not_ready"]
 
 
 SRGD_SCRIPT = textwrap.dedent("""
@@ -131,6 +132,23 @@ SRGD_SCRIPT = textwrap.dedent("""
         other = dpsco_jax.fit(name, cfg, loss, params, data, jax.random.key(8), constants=consts,
                               mesh=mesh)
         out["other_key_diff"] = dist(one, other)
+    # paper 004's DP-Loc-SGD (item level: 309 items padded to 312, Poisson masks padded)
+    ids_i = np.repeat(np.arange(n), 3)
+    items = UserData.from_arrays({"x": rng.normal(size=(3 * n, 5)).astype(np.float32),
+                                  "y": (rng.random(3 * n) < 0.5).astype(np.float32)}, ids_i,
+                                 max_items_per_user=3)
+    def ridge(p, ex):
+      return loss(p, ex) + 0.05 * (p["w"] @ p["w"] + p["b"] ** 2)
+    loc_cfg = {"epsilon": 2.0, "delta": 1e-5, "batch_size": 50, "num_steps": 30, "rounds": 2}
+    loc_c = dict(consts, strong_convexity=0.1, radius=5.0)
+    one = dpsco_jax.fit("dp_loc_sgd", loc_cfg, ridge, params, items, jax.random.key(7),
+                        constants=loc_c)
+    four = dpsco_jax.fit("dp_loc_sgd", loc_cfg, ridge, params, items, jax.random.key(7),
+                         constants=loc_c, mesh=mesh)
+    out["dp_loc_sgd"] = {"diff": dist(one, four), "same_report": one.privacy == four.privacy,
+                         "same_record": one.record == four.record,
+                         "scale": max(float(jnp.max(jnp.abs(a)))
+                                      for a in jax.tree.leaves(one.params))}
     bad = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     try:
       dpsco_jax.fit("accelerated_dp_srgd", cfg, loss, params, data, jax.random.key(7),
@@ -143,7 +161,7 @@ SRGD_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_four_devices_release_the_one_device_params_for_paper_003_drivers():
+def test_four_devices_release_the_one_device_params_for_paper_003_and_loc_sgd():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-c", SRGD_SCRIPT], env=env, capture_output=True,
@@ -152,7 +170,7 @@ def test_four_devices_release_the_one_device_params_for_paper_003_drivers():
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   for name in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
                "accelerated_dp_srgd_independent_noise", "accelerated_dp_sgd",
-               "single_epoch_dp_sgd"):
+               "single_epoch_dp_sgd", "dp_loc_sgd"):
     r = out[name]
     assert r["same_report"] and r["same_record"], name
     assert r["diff"] <= 1e-5 * max(1.0, r["scale"]), (name, r)
@@ -160,3 +178,23 @@ def test_four_devices_release_the_one_device_params_for_paper_003_drivers():
   assert r["diff_ctx"] <= 1e-5 * max(1.0, r["scale"]), r
   assert out["other_key_diff"] > 1e-2
   assert "no 'users' axis" in out["bad_mesh"]
+
+
+def test_every_algorithm_takes_a_mesh_or_refuses_it_with_its_reason():
+  """In-process, on a one-device mesh: the refusal names the algorithm's reason."""
+  import jax
+  import numpy as np
+
+  from dpsco_jax import api
+  from dpsco_jax.algorithms.registry import algorithms
+  names = set(algorithms())
+  assert api.MESH_READY | set(api.MESH_UNSUPPORTED) == names
+  assert not api.MESH_READY & set(api.MESH_UNSUPPORTED)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("users",))
+  for name, reason in api.MESH_UNSUPPORTED.items():
+    with pytest.raises(ValueError, match="does not take a mesh") as err:
+      api._mesh(name, mesh)
+    assert name in str(err.value) and reason in str(err.value)
+  with jax.set_mesh(mesh), pytest.raises(ValueError, match="FILTER"):   # a context is not ignored
+    api._mesh("user_level_accelerated_erm", None)
+  assert api._mesh("dp_loc_gd", mesh) is mesh

@@ -148,11 +148,17 @@ def _round_chains(cfg: LocGDConfig, n: int, key: jax.Array, radius: float, cente
 
 
 def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: LocGDConfig,
-           reg_fn: Callable | None, forced: PyTree | None):
+           reg_fn: Callable | None, forced: PyTree | None, n_real: int | None = None,
+           users: Any = None):
   """The solver; returns ``(y_out, aux, releases)`` with ``releases`` leaves ``[M, T, ...]``.
   ``forced`` (same shape as ``releases``): advance with these releases instead of this run's
-  own (replay of a release history; the audit / sensitivity view)."""
-  n = _num_examples(data)
+  own (replay of a release history; the audit / sensitivity view). ``n_real``: rows from it
+  on are a mesh's padding (masked; ``n`` of the plan is ``n_real``); ``users``: the sharding
+  that keeps the examples on their devices (each differentiates and clips its own)."""
+  n_rows = _num_examples(data)
+  n = n_rows if n_real is None else int(n_real)
+  if users is not None:
+    data = jax.lax.with_sharding_constraint(data, users)
   q = None if cfg.batch_size is None else _denominator(cfg, n) / n
   dim = sum(int(np.prod(jnp.shape(x))) for x in jax.tree.leaves(y0))
   radii = loc_gd_radii(cfg, n, dim)
@@ -170,6 +176,8 @@ def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: 
       mask = None
       if q is not None:  # Alg 4's B^m_t: Poisson sample at the public rate b/n (static shape)
         mask = jax.random.bernoulli(jax.random.fold_in(k_sample, t), q, (n,))
+      if n_rows != n:    # a mesh's pad rows: never sampled; the real rows' draws unchanged
+        mask = jnp.pad(jnp.ones((n,), bool) if mask is None else mask, (0, n_rows - n))
       grads = per_example_grads(loss_ex, y, data)
       release, pst = privatizer.update(grads, pst, y, user_mask=mask)
       used = release if forced_t is None else forced_t
@@ -356,12 +364,17 @@ def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float) -> Callable:
+def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
+                    n_real: int | None = None, users: Any = None) -> Callable:
   """One jitted solve per (loss, config, ridge): the data and the key are arguments, so a
-  sweep over seeds compiles once (a per-call ``jax.jit(lambda ...)`` compiled every call)."""
+  sweep over seeds compiles once (a per-call ``jax.jit(lambda ...)`` compiled every call).
+  ``n_real`` / ``users``: the data is a mesh's padded, sharded copy (:func:`_solve`)."""
   reg = (None if l2 <= 0 else
          lambda y: 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(y)))
-  return jax.jit(lambda y, data, k: dp_loc_gd(loss_fn, y, data, k, lcfg, reg_fn=reg))
+  if n_real is None and users is None:
+    return jax.jit(lambda y, data, k: dp_loc_gd(loss_fn, y, data, k, lcfg, reg_fn=reg))
+  return jax.jit(lambda y, data, k: _solve(loss_fn, y, data, k, lcfg, reg, None, n_real,
+                                           users)[:2])
 
 
 @register("dp_loc_gd", config=cf.LocGdConfig, paper="004")
@@ -382,8 +395,15 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   plan = loc_gd_plan_for_problem(problem, cfg)
   ledger = charge_loc_gd(plan)  # raises before anything is computed
   data, lcfg, n, l2 = _item_level_data(problem), plan.config, plan.n, plan.l2
-  y_out, aux = _compiled_solve(problem.loss_fn, lcfg, float(l2))(problem.init_params(), data,
-                                                                 key)
+  solve_args: tuple = ()
+  mesh = getattr(problem, "mesh", None)
+  if mesh is not None:   # items sharded over the users axis, padded with masked copies
+    from jax.sharding import NamedSharding, PartitionSpec
+    from dpsco_jax.algorithms.common import _on_mesh
+    data, n_real = _on_mesh(data, mesh, "users")
+    solve_args = (n_real, NamedSharding(mesh, PartitionSpec("users")))
+  y_out, aux = _compiled_solve(problem.loss_fn, lcfg, float(l2), *solve_args)(
+      problem.init_params(), data, key)
   debug = ({"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
            if config_view(cfg).get("debug", False) else None)
   record = {"noise_multiplier": lcfg.noise_multiplier, "batch_size": lcfg.batch_size,
