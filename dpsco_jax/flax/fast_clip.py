@@ -242,17 +242,20 @@ class FastClippedGrad:
 
   # ---- planning ----------------------------------------------------------------------------
 
-  def plan(self, params: PyTree, batch: PyTree) -> FastClipPlan:
+  def plan(self, params: PyTree, batch: PyTree, *, backend: str | None = None
+           ) -> FastClipPlan:
     """The tap plan for this batch's shapes: which layers are tapped (cached per example
     shape) and, per layer, the kernel form and its predicted cost at this batch's number of
-    users and items (``layers``, ``predicted``)."""
+    users and items (``layers``, ``predicted``) on ``backend`` (default: JAX's default
+    backend; see :data:`~dpsco_jax.flax.fast_clip_cost.GROUPED_CONV_WEIGHT`)."""
     users = self._as_users(batch)
     n_users, m = jax.tree.leaves(users)[0].shape[:2]
     base = self._base_plan(params, users)
     sizes = {lp: int(jnp.size(x)) for lp, x in zip(self._leaf_paths,
                                                    jax.tree.leaves(self.params))}
     rows = fc.layer_costs(lambda path: self._module(self.params, path), base, sizes,
-                          int(n_users), int(m), self.ghost)
+                          int(n_users), int(m), self.ghost,
+                          backend or jax.default_backend())
     return dataclasses.replace(base, layers=rows, predicted=fc.totals(rows))
 
   def _base_plan(self, params: PyTree, users: PyTree) -> FastClipPlan:

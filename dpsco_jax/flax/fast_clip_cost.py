@@ -22,11 +22,13 @@ small (:func:`~dpsco_jax.flax.fast_clip_norms.use_gram`). A path's predicted cos
 matrices, per-user gradients), run at matmul throughput; an element held per user is
 written, read for its norm and read again for the weighted sum by memory-bound kernels. Per
 element and pass that is ~20 multiply-adds on this CPU and ~50 on an H100/H200 (50 TFLOP/s
-float32 against ~1 T float32/s of HBM), so ``MEMORY_WEIGHT = 64`` (3 passes). With it the
-model reproduces every ordering measured in ``experiments/bench_cost.md`` and on the H200:
-vmap for the GLM and the CNNs, fast for the transformers (a narrow predicted margin at
-bench_gpu's full size, as measured: 1.25 against 1.33 on the H200). ``auto`` takes the fast
-path only when its prediction is strictly lower (ties go to vmap: no tap overhead).
+float32 against ~1 T float32/s of HBM), so ``MEMORY_WEIGHT = 64`` (3 passes). With it and
+:data:`GROUPED_CONV_WEIGHT` the model reproduces the orderings measured in
+``experiments/bench_cost.md`` (CPU: vmap for the GLM and the CNNs, fast for the custom
+transformer) and on the H200 (fast for both CNNs and the custom transformer, a tie on the GLM)
+except one: the ``nnx.MultiHeadAttention`` transformer at full size, where it predicts vmap
+(3.18e10 against 3.06e10) and the H200 measured fast ahead (1.26 against 1.34). ``auto`` takes
+the fast path only when its prediction is strictly lower (ties go to vmap: no tap overhead).
 """
 
 from __future__ import annotations
@@ -36,6 +38,18 @@ import dataclasses
 from dpsco_jax.flax import fast_clip_norms as fn
 
 MEMORY_WEIGHT = 64
+
+#: Extra cost per multiply-add of a per-user *convolution* weight gradient on the vmap path,
+#: by backend. ``vmap`` turns it into a convolution grouped by user, which XLA:GPU runs far
+#: below matmul throughput, while the fast path forms the same gradients as im2col matmuls.
+#: Measured on an H200 (jax 0.11.2, fp32 highest, ``experiments/results/gpu/``): bench_gpu's
+#: item-level CNN spends 1.06e10 such multiply-adds and its vmap step took 30 ms more than the
+#: non-private step (~0.7 TFLOP/s, against ~50 for a float32 matmul: ~70x); fast 2.13x, vmap
+#: 7.69x the non-private step; user-level CNN fast 2.19x, vmap 3.35x. 32 is a conservative
+#: round figure (any weight above ~1.4 orders both CNNs as measured). XLA:CPU runs both forms
+#: at about the same rate (bench_cost.md: vmap is the faster path there), so 0. TPU: not
+#: measured, so 0 (the model then predicts as on CPU).
+GROUPED_CONV_WEIGHT = {"gpu": 32.0, "cuda": 32.0, "rocm": 32.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +88,12 @@ def _held(size: int, n_users: int) -> float:
   return _cost(n_users * size, n_users * size)
 
 
-def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: str
-                ) -> tuple[LayerCost, ...]:
+def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: str,
+                backend: str = "cpu") -> tuple[LayerCost, ...]:
   """Per-layer predicted costs for ``plan`` (``module_of(path)`` gives the layer,
-  ``leaf_sizes`` maps parameter paths to their sizes)."""
+  ``leaf_sizes`` maps parameter paths to their sizes) on ``backend``
+  (``jax.default_backend()`` names; only convolutions' vmap cost depends on it)."""
+  grouped = GROUPED_CONV_WEIGHT.get(backend, 0.0)
   rows = []
   u = n_users
   for path, kind in plan.fast:
@@ -114,8 +130,11 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
     if kind == "conv":  # the patches, materialised in both forms
       memory += groups * u * n * p
     flops, memory = flops + bias, memory + bias
+    vmap_cost = _held(own, u)
+    if kind == "conv":  # the per-user weight gradient as a user-grouped convolution
+      vmap_cost += grouped * groups * u * n * p * q
     rows.append(LayerCost(name, kind, method, n, p, q, float(flops), float(memory),
-                          _cost(flops, memory), _held(own, u)))
+                          _cost(flops, memory), vmap_cost))
   fb = sum(leaf_sizes[lp] for lp in plan.fallback)
   if fb:
     rows.append(LayerCost("(fallback)", "fallback", "fallback", 0, 0, fb, u * fb, u * fb,
