@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple
 
@@ -361,8 +362,8 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
     distributed = data.shard_info is not None or jax.process_count() > 1
   if distributed:
     from dpsco_jax import distributed as _distributed
-    return _distributed.run(p, loss_fn, params, data, key, callback=callback, mesh=mesh,
-                            data_placement=data_placement)
+    return _distributed.run(p, loss_fn, params, data, key, api=sys.modules[__name__],
+                            callback=callback, mesh=mesh, data_placement=data_placement)
   if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
                                                            p.spec.max_items_per_user):
     raise ValueError(f"the plan was made for {p.spec.n_users} users x "
@@ -416,8 +417,9 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
     distributed = getattr(data, "shard_info", None) is not None or jax.process_count() > 1
   if distributed:   # a process whose plan fails still joins the handshake (no one waits)
     from dpsco_jax import distributed as _distributed
-    return _distributed.fit(algorithm, config, loss_fn, params, data, key, constants=constants,
-                            mesh=mesh, callback=callback, data_placement=data_placement)
+    return _distributed.fit(algorithm, config, loss_fn, params, data, key,
+                            api=sys.modules[__name__], constants=constants, mesh=mesh,
+                            callback=callback, data_placement=data_placement)
   p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
   return run(p, loss_fn, params, data, key, mesh=mesh, callback=callback,
              data_placement=data_placement, distributed=distributed)

@@ -48,6 +48,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from types import ModuleType
 from typing import Any, Callable
 
 import jax
@@ -268,27 +269,30 @@ def _refusal(p: Any, data: UserData, mesh: Any, placement: str) -> None:
 
 
 def fit(algorithm: str, config: Any, loss_fn: Callable, params: Any, data: UserData,
-        key: jax.Array, *, constants: Any = None, **kwargs: Any) -> Any:
+        key: jax.Array, *, api: ModuleType, constants: Any = None, **kwargs: Any) -> Any:
   """``run(plan(...), ...)`` where a process that cannot even plan (an invalid config) still
-  takes part in the handshake, so the others raise too instead of waiting for it."""
-  from dpsco_jax import api
+  takes part in the handshake, so the others raise too instead of waiting for it. ``api`` is
+  :mod:`dpsco_jax.api`, handed in by its ``fit`` (see :func:`run`)."""
   try:
     p = api.plan(algorithm, config, data.spec, num_params=api._num_params(params),
                  constants=constants)
   except Exception as err:   # noqa: BLE001 - raised after the handshake, on this process
-    return run(None, loss_fn, params, data, key, _error=err, **kwargs)
-  return run(p, loss_fn, params, data, key, **kwargs)
+    return run(None, loss_fn, params, data, key, api=api, _error=err, **kwargs)
+  return run(p, loss_fn, params, data, key, api=api, **kwargs)
 
 
 def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
-        callback: Callable | None = None, mesh: Any = None,
+        api: ModuleType, callback: Callable | None = None, mesh: Any = None,
         data_placement: str = "auto", _error: Exception | None = None) -> Any:
   """Executes plan ``p`` (made from ``data.spec``: the whole dataset's facts) on this
   process's shard ``data``, together with the other processes (see the module docstring).
   Every process returns the same :class:`~dpsco_jax.result.Result`; ``params`` are local
   arrays with the structure of ``params``. ``_error``: this process failed before the run
-  (:func:`fit`); it is raised after the handshake, which refuses the run everywhere."""
-  from dpsco_jax import api
+  (:func:`fit`); it is raised after the handshake, which refuses the run everywhere.
+
+  ``api`` is :mod:`dpsco_jax.api` (its planner, ``Plan``, progress and guarantee check),
+  handed in by ``api.run`` / ``api.fit``, which dispatch here: importing it would make the two
+  modules import each other (tests/test_package_graph.py)."""
   from dpsco_jax.algorithms.common import _compiled_step, poisson_capacity, progress_points
   from dpsco_jax.algorithms.dpsgd.driver import charge_dp_sgd, dp_sgd_chain, dp_sgd_plan
   from dpsco_jax.data.problem import UserDataProblem
