@@ -1,0 +1,124 @@
+"""The runner's seed batching (:mod:`dpsco_jax.runner`, "Seeds in one program"): runs that
+differ only in seed run as one ``vmap``-ed program (:func:`batch_records`), and the record
+helpers it shares with the one-by-one path (the problem cache key, a registered driver's
+record, JSON-safe values). Moved out of ``runner.py`` unchanged (module size)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from dpsco_jax import runner_user
+from dpsco_jax.config_families import USER_PROBLEM
+
+
+def _problem_cache_key(cfg: dict) -> tuple:
+  """Runs that share this key share one problem instance (and its data)."""
+  from dpsco_jax.problems import PROBLEM_KEYS, PROBLEM_NAMES
+  if cfg["problem"] == USER_PROBLEM:
+    return runner_user.cache_key(cfg)
+  if cfg["problem"] in PROBLEM_NAMES:
+    fields = ("problem", "seed") + PROBLEM_KEYS
+    return tuple((k, repr(cfg.get(k))) for k in fields)
+  # a module's own problem may read any key: only the algorithm's identity is excluded
+  return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k != "algorithm"))
+
+
+def _jsonable(x: Any) -> Any:
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, (np.generic, jax.Array)) and np.ndim(x) == 0:
+    x = x.item()
+  if isinstance(x, float) and not math.isfinite(x):
+    return str(x)
+  if isinstance(x, (str, int, float, bool)) or x is None:
+    return x
+  return repr(x)
+
+
+def _finish(record: dict, cfg: dict, label: str | None) -> dict:
+  """The record with its row label and the config keys it does not already hold."""
+  if label is not None:
+    record["label"] = label
+  extras = {k: v for k, v in cfg.items() if k not in record}
+  record["config"] = extras
+  return _jsonable(record)
+
+
+def _result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
+  """The record of a registered driver's ``result`` on ``problem`` (``wall``: its seconds)."""
+  seed = int(cfg.get("seed", 0))
+  params = result.params
+  record = {
+      "algorithm": cfg["algorithm"], "problem": cfg["problem"],
+      "n_users": int(problem.n_users), "m": int(problem.m), "d": int(problem.d),
+      "epsilon": result.privacy.epsilon,
+      "epsilon_kind": getattr(result.privacy, "epsilon_kind", "exact"),
+      "delta": result.privacy.delta,
+      "target_epsilon": cfg.get("epsilon"), "provenance": result.privacy.provenance,
+      "privacy_level": result.privacy.level, "relation": result.privacy.relation,
+      "paper_epsilon": result.privacy.paper_epsilon,
+      "excess_risk": float(problem.excess_risk(params)),
+      "gradient_evaluations": int(result.gradient_evaluations),
+      "wall_time_s": wall, "seed": seed,
+  }
+  for name in ("radius", "lipschitz", "smoothness"):  # R, L, beta of the problem
+    if hasattr(problem, name):
+      record[name] = getattr(problem, name)
+  record.update({k: v for k, v in result.record.items() if k not in record})
+  if result.privacy.notes:
+    record["privacy_notes"] = result.privacy.notes
+  if cfg.get("debug") is True and result.debug is not None:
+    record["debug"] = result.debug
+  return record
+
+
+def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict, *,
+                  checked: Callable[[dict, dict, dict], dict]
+                  ) -> tuple[list[dict] | None, str | None]:
+  """The records of runs that differ only in seed, run as one vmapped program
+  (:func:`dpsco_jax.sweep.run_stacked`), or ``(None, why)`` when they run one by one: an
+  algorithm outside :data:`dpsco_jax.api.BATCHED`, a user problem, ``debug``, problems whose
+  public facts or shapes differ across seeds, or a driver that does not trace (then nothing of
+  the attempt is released and each seed runs, and fails, exactly as alone). ``checked``: the
+  runner's validator of one run config."""
+  from dpsco_jax.api import BATCHED
+  from dpsco_jax.sweep import refusal, run_stacked
+  first = cfgs[0]
+  if first.get("algorithm") not in BATCHED:
+    return None, f"{first.get('algorithm')} does not batch seeds yet"
+  if first.get("problem") == USER_PROBLEM or first.get("debug") is True:
+    return None, "user problems and debug runs go one by one"
+  try:
+    checked = [checked(cfg, algorithms, problems) for cfg in cfgs]
+    keys = [jax.random.key(int(cfg.get("seed", 0))) for cfg in checked]
+    insts = []
+    for cfg, key in zip(checked, keys):   # per seed, as run_one builds (and caches) it
+      ck = _problem_cache_key(cfg)
+      if ck not in cache:
+        cache[ck] = problems[cfg["problem"]](cfg, jax.random.fold_in(key, 0))
+      insts.append(cache[ck])
+    why = refusal(insts)
+    if why is not None:
+      return None, why
+    algo = {k: v for k, v in checked[0].items() if k not in ("seed", "label")}
+    start = time.perf_counter()
+    results = run_stacked(algorithms[algo["algorithm"]], insts[0], [p.data for p in insts],
+                          algo, [jax.random.fold_in(k, 1) for k in keys])
+    wall = time.perf_counter() - start
+  except Exception as err:  # noqa: BLE001 - the one-by-one runs report any real error
+    return None, f"batching failed ({type(err).__name__}); ran one by one"
+  records = []
+  for cfg, problem, result in zip(checked, insts, results):
+    cfg = dict(cfg)
+    label = cfg.pop("label", None)
+    record = _result_record(problem, cfg, result, wall / len(cfgs))
+    record.update(batched=True, batch_runs=len(cfgs), batch_wall_time_s=wall)
+    records.append(_finish(record, cfg, label))
+  return records, None
