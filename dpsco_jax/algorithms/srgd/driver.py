@@ -206,7 +206,7 @@ def _batches_on_mesh(data: PyTree, mask: jax.Array, num_steps: int, batch_size: 
                                                                *([None] * (x.ndim - 2)))))
 
   def place(x):
-    xp = jnp if isinstance(x, jax.Array) else np   # a host table is never copied to one device
+    xp = jnp if isinstance(x, jax.Array) else np   # numpy leaves: padded on the host, then placed
     if pad:
       x = xp.concatenate([x, xp.repeat(x[:, :1], pad, axis=1)], axis=1)
     return put(x)
