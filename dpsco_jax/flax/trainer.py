@@ -45,6 +45,11 @@ step, then charges each block of ``report_every`` steps before running it; the e
 reports per block is the ledger's cached upper bound, labelled ``epsilon_kind:
 "upper_bound"`` in the history (exact: :meth:`DPTrainer.epsilon`).
 
+Cyclic schedule and correlated noise (issue #27): ``sampling="cyclic"`` with
+``noise_mechanism="independent" | "banded" | "blt"`` runs ``dp_sgd_user``'s cyclic plan (same
+keys, batches, noise stage and events; :mod:`dpsco_jax.flax.trainer_noise`). Poisson sampling
+with MF noise is refused (no banded amplification is implemented).
+
 Audit hook: :meth:`DPTrainer.release_fn` returns a pure ``release(key, dataset)`` giving the
 per-step privatized gradients (issue 12's harness interface). Checkpoints:
 :mod:`dpsco_jax.flax.checkpoint`. Timing is not protected (the number of micro-batches of a
@@ -68,6 +73,9 @@ from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsi
                                check_positive, check_probability, check_seed_or_key)
 from dpsco_jax.flax import checkpoint as ckpt
 from dpsco_jax.flax.fast_clip import FastClippedGrad, LossFn
+from dpsco_jax.flax import trainer_noise as tn
+from dpsco_jax.flax.trainer_data import check_data, from_user_data
+from dpsco_jax.algorithms.dpsgd.plan import NOISES, check_mf_sampling
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
                                calibrate_noise_multiplier, check_relation, epsilon_of)
 from dpsco_jax.privacy.ledger import Epsilon, epsilon_lower_bound
@@ -103,20 +111,6 @@ def _contains_multisteps(tree: Any) -> bool:
              for x in jax.tree.leaves(tree, is_leaf=lambda y: isinstance(y, optax.MultiStepsState)))
 
 
-def _from_user_data(loss_fn: LossFn, data: Any, level: str) -> tuple[LossFn, PyTree]:
-  """A :class:`~dpsco_jax.data.UserData` as the arrays a step reads. User level: its user
-  view (weight ``m / k_u`` on a user's ``k_u`` real items, 0 on padding, so a user's gradient
-  is the mean over its real items and padding cannot be counted); item level: its real items.
-  Other data is returned unchanged."""
-  from dpsco_jax.data.user_data import UserData, weighted_loss
-  if not isinstance(data, UserData):
-    return loss_fn, data
-  if level == "user":
-    return weighted_loss(loss_fn), data.user_view()
-  data.require_all_items("DPTrainer(level='item')")
-  return loss_fn, jax.tree.map(jnp.asarray, data.items())
-
-
 class DPTrainer:
   """Differentially private training of an nnx model (user- or item-level DP-SGD).
 
@@ -133,11 +127,12 @@ class DPTrainer:
       every user exactly ``m`` real items) or ``[n, ...]`` (``level="item"``); the declared
       level and the layout must agree (checked).
     clip_norm: ``C``, per-user (per-item) L2 clip of the (mean) gradient.
-    sampling_rate: Poisson rate ``q`` in (0, 1], a declared public constant.
+    sampling_rate: Poisson rate ``q`` in (0, 1], a declared public constant (Poisson only).
     delta: the delta of the reported guarantee.
     expected_batch_size: the fixed denominator ``D`` (public). Required under ``add_remove``;
       defaults to ``q n`` under ``zero_out`` / ``replace_one`` (``n`` public there).
-    relation: ``"add_remove"`` (default), ``"zero_out"`` or ``"replace_one"``.
+    relation: ``"add_remove"`` (Poisson's default), ``"zero_out"`` (cyclic's default) or
+      ``"replace_one"``.
     noise_multiplier: ``z`` (noise stddev ``z C / D``). Give it, or ``target_epsilon`` and
       ``num_steps`` to calibrate it.
     target_epsilon: the epsilon of ``num_steps`` steps; also a budget of the ledger.
@@ -152,33 +147,59 @@ class DPTrainer:
     key: PRNG key or int seed; split once into the sampling and noise keys.
     accountant: ``"pld"`` (default), ``"rdp"`` or ``"auto"``.
     debug: a real bool; keeps realized batch sizes (data-dependent) in ``self.debug``.
+    sampling: ``"poisson"`` (default) or ``"cyclic"`` (``batch_size`` users a step in a public
+      fixed order, each once per epoch of ``ceil(n / B)`` steps; needs ``num_steps``).
+    noise_mechanism: ``"independent"``, or with ``sampling="cyclic"`` ``"banded"`` (``bands``)
+      or ``"blt"`` (``buffers``), strategy ``mf_strategy`` (``dp_sgd_user``'s keys).
   """
 
   def __init__(self, model: nnx.Module, loss_fn: LossFn, optimizer: optax.GradientTransformation,
-               *, data: PyTree, clip_norm: float, sampling_rate: float, delta: float,
-               expected_batch_size: float | None = None, relation: str = "add_remove",
+               *, data: PyTree, clip_norm: float, sampling_rate: float | None = None,
+               delta: float, expected_batch_size: float | None = None,
+               relation: str | None = None,
                noise_multiplier: float | None = None, target_epsilon: float | None = None,
                num_steps: int | None = None, epsilon_budget: float | None = None,
                level: str = "user", method: str = "fast", batch_capacity: int | None = None,
                accumulation_steps: int = 1, key: jax.Array | int = 0, accountant: str = "pld",
-               debug: bool = False):
-    self.relation = check_relation(relation, mechanism="DPTrainer (Poisson DP-SGD)")
+               debug: bool = False, sampling: str = "poisson", batch_size: int | None = None,
+               noise_mechanism: str = "independent", bands: int | None = None,
+               buffers: int | None = None, mf_strategy: str = "auto"):
+    self.sampling, self.noise_mechanism = tn.check_sampling(sampling), noise_mechanism
+    check_mf_sampling(check_choice(noise_mechanism, "noise_mechanism", NOISES), self.sampling,
+                      allowed=("cyclic",))  # the DP-SGD plan's refusal and reason
+    if self.sampling == "poisson":
+      self.relation = check_relation("add_remove" if relation is None else relation,
+                                     mechanism="DPTrainer (Poisson DP-SGD)")
+      self.q = check_probability(sampling_rate, "sampling_rate")
+      if batch_size is not None:
+        raise ValueError("batch_size is the cyclic schedule's (sampling='cyclic'); Poisson "
+                         "sampling takes sampling_rate and expected_batch_size")
+    else:
+      tn.check_cyclic_args(sampling_rate, expected_batch_size)
     self.level = check_choice(level, "level", ("user", "item"))
     self.clip_norm = check_positive(clip_norm, "clip_norm")
-    self.q = check_probability(sampling_rate, "sampling_rate")
     self.delta = check_delta(delta)
     self.accountant = check_choice(accountant, "accountant", ("pld", "rdp", "auto"))
     self.accumulation_steps = check_int(accumulation_steps, "accumulation_steps")
     debug = check_bool(debug, "debug")
     key = check_seed_or_key(key, "key")
-    loss_fn, data = _from_user_data(loss_fn, data, self.level)
+    loss_fn, data = from_user_data(loss_fn, data, self.level)
     self.clipper = FastClippedGrad(model, loss_fn, clip_norm=clip_norm, level=level,
                                    method=method)
-    self.n = self._check_data(data)  # public only under zero_out / replace_one
+    self.n = check_data(self.clipper, data, self.level)  # public: zero_out / replace_one only
+    self.cyclic: tn.CyclicSchedule | None = None
+    if self.sampling == "cyclic":
+      self.cyclic = tn.CyclicSchedule(
+          n=self.n, level=self.level, clip_norm=self.clip_norm, delta=self.delta,
+          relation=relation, batch_size=batch_size, num_steps=num_steps,
+          noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
+          noise_mechanism=noise_mechanism, bands=bands, buffers=buffers,
+          mf_strategy=mf_strategy, accountant=self.accountant)
     self._plan(expected_batch_size, noise_multiplier, target_epsilon, num_steps,
                epsilon_budget)
-    cap = batch_capacity if batch_capacity is not None else math.ceil(
-        self.denominator + 4 * math.sqrt(self.denominator) + 1)
+    cap = batch_capacity if batch_capacity is not None else (
+        self.denominator if self.cyclic else
+        math.ceil(self.denominator + 4 * math.sqrt(self.denominator) + 1))
     self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
     self.micro_batch = math.ceil(self.batch_capacity / self.accumulation_steps)
     if method == "auto":  # a zero stand-in of the micro-batch shape: the choice is public
@@ -196,8 +217,11 @@ class DPTrainer:
       raise ValueError("optimizer must not be optax.MultiSteps: it would average noisy "
                        "gradients instead of accumulating clipped sums under one noise draw; "
                        "use DPTrainer(accumulation_steps=k)")
-    sample_key, noise_key = jax.random.split(key)
-    self._noise = add_gaussian_noise(self.noise_stddev, noise_key)
+    if self.cyclic is None:
+      sample_key, noise_key = jax.random.split(key)
+      self._noise = add_gaussian_noise(self.noise_stddev, noise_key)
+    else:  # the DP-SGD driver's order / noise keys and noise stage (on the raveled gradient)
+      sample_key, self._noise = self.cyclic.keys_and_noise(key, self.noise_stddev)
     self._initial_params = params
     inner = optimizer.init(params)
     if self._nnx_opt is not None:  # continue from the nnx.Optimizer's current state
@@ -231,6 +255,8 @@ class DPTrainer:
 
   def _plan(self, expected_batch_size, noise_multiplier, target_epsilon, num_steps,
             epsilon_budget) -> None:
+    if self.cyclic is not None:
+      return self._plan_cyclic(target_epsilon, epsilon_budget)
     if expected_batch_size is None:
       if self.relation == "add_remove":
         raise ValueError(
@@ -273,45 +299,21 @@ class DPTrainer:
     self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
     self.noise_stddev = self.noise_multiplier * self.sensitivity  # z C / D, any relation
 
+  def _plan_cyclic(self, target_epsilon, epsilon_budget) -> None:
+    """The DP-SGD driver's cyclic plan (calibrated there); the whole run checked here."""
+    p = self.cyclic.plan
+    self.relation, self.q, self.denominator = p.relation, p.sampling_rate, p.denominator
+    self.noise_multiplier, self.event = p.noise_multiplier, p.event
+    caps = [_optional(b, check_epsilon, "epsilon") for b in (target_epsilon, epsilon_budget)
+            if b is not None]
+    self.ledger = PrivacyLedger(delta=self.delta, epsilon_budget=min(caps) if caps else None,
+                                relation=self.relation, accountant=self.accountant)
+    self.cyclic.check_run(self.ledger, p.steps)  # an explicit z over budget: refused now
+    self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
+    self.noise_stddev = self.noise_multiplier * self.sensitivity  # z C / B = plan.noise_std
+
   def _step_event(self, z: float) -> dp_accounting.DpEvent:
     return dp_accounting.PoissonSampledDpEvent(self.q, dp_accounting.GaussianDpEvent(z))
-
-  # ---- contracts on the user's data and loss --------------------------------------------------
-
-  def _check_data(self, data: PyTree) -> int:
-    """Leading axis ``n`` of ``data`` after checking the layout and that ``loss_fn`` gives one
-    scalar per item (before any step)."""
-    leaves = jax.tree.leaves(data)
-    if not leaves or any(not hasattr(x, "shape") for x in leaves):
-      raise ValueError("data must be a pytree of arrays with a leading user/item axis")
-    n = int(leaves[0].shape[0]) if leaves[0].ndim else 0
-    if n < 1 or any(x.ndim < 1 or int(x.shape[0]) != n for x in leaves):
-      raise ValueError(f"data leaves must share a non-empty leading axis, got shapes "
-                       f"{[tuple(x.shape) for x in leaves]}")
-    shapes = [tuple(x.shape) for x in leaves]
-    if self.level == "user":
-      if any(x.ndim < 2 for x in leaves) or len({int(x.shape[1]) for x in leaves}) != 1:
-        raise ValueError(f"level='user' reads data leaves as [n_users, m, ...] with one m; got "
-                         f"shapes {shapes} (item-shaped data [n, ...] needs level='item')")
-      example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), data)
-      layout = "[n_users, m, ...]"
-    else:
-      example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)
-      layout = "[n_items, ...]"
-    other = "level='user'" if self.level == "item" else "level='item'"
-    try:
-      out = jax.eval_shape(self.clipper.model_loss, self.clipper.params, example)
-    except Exception as err:  # the user's code failed on the shape we would give it
-      raise ValueError(f"loss_fn failed on one item {jax.tree.map(lambda s: s.shape, example)} "
-                       f"with level={self.level!r} (data {shapes} read as {layout}; if the "
-                       f"data is laid out otherwise use {other}): {err}") from err
-    if not hasattr(out, "shape") or out.shape != () or not jnp.issubdtype(out.dtype,
-                                                                          jnp.floating):
-      raise ValueError(f"loss_fn must return one float scalar per item, got "
-                       f"{getattr(out, 'shape', out)} {getattr(out, 'dtype', '')} with "
-                       f"level={self.level!r} (data {shapes} read as {layout}; if the data is "
-                       f"laid out otherwise use {other})")
-    return n
 
   # ---- jitted pieces ----------------------------------------------------------------------------
 
@@ -370,7 +372,8 @@ class DPTrainer:
 
   def _one_step(self):
     st = self.state
-    chosen = np.flatnonzero(np.asarray(self._sample(st.sample_key, st.step)))
+    chosen = (self.cyclic.chosen(st.sample_key, int(st.step)) if self.cyclic else
+              np.flatnonzero(np.asarray(self._sample(st.sample_key, st.step))))
     if self.debug is not None:
       self.debug["batch_sizes"].append(int(chosen.size))
     size = self.micro_batch
@@ -413,8 +416,9 @@ class DPTrainer:
       if checkpoint_every % report_every:
         raise ValueError("checkpoint_every must be a multiple of report_every (checkpoints "
                          "are written at accounting-block boundaries)")
-    planned = self.ledger.check(self.event, label=_LABEL, count=num_steps)
     start = self.step_count
+    planned = (self.cyclic.check_run(self.ledger, start + num_steps) if self.cyclic else
+               self.ledger.check(self.event, label=_LABEL, count=num_steps))
     try:
       self._train_blocks(num_steps, report_every, planned, checkpoint_dir, checkpoint_every,
                          log_fn, hmac_key)
@@ -427,9 +431,13 @@ class DPTrainer:
     done = 0
     while done < num_steps:
       block = min(report_every, num_steps - done)
-      self.ledger.compose(self.event, label=_LABEL, count=block)
-      eps = self.ledger.epsilon(exact=False)
-      if eps > planned:  # the whole run's checked epsilon bounds every prefix of it
+      if self.cyclic is not None:  # exact: the prefix's Gaussian (trainer_noise)
+        eps = self.cyclic.charge(self.ledger, self.step_count + block)
+      else:
+        self.ledger.compose(self.event, label=_LABEL, count=block)
+        eps = self.ledger.epsilon(exact=False)
+      # the whole run's checked epsilon bounds every prefix of it
+      if self.cyclic is None and eps > planned:
         last = done + block == num_steps  # then the ledger holds exactly the checked run
         eps = planned if last else Epsilon(planned, "upper_bound")
       for _ in range(block):
@@ -450,7 +458,13 @@ class DPTrainer:
     return self.ledger.epsilon(exact=exact)
 
   def privacy_report(self) -> PrivacyReport:
-    """``accountant`` provenance: composition of the Poisson-sampled Gaussian steps."""
+    """``accountant`` provenance: composition of the Poisson-sampled Gaussian steps (cyclic:
+    the Gaussian of the run's prefix)."""
+    if self.cyclic is not None:
+      return self.ledger.report(
+          provenance=Provenance.ACCOUNTANT, level=self.level,
+          mechanisms=(self.cyclic.mechanism(self.step_count, self.clip_norm, self.level),),
+          notes=self.cyclic.notes(self.clipper.method))
     return self.ledger.report(
         provenance=Provenance.ACCOUNTANT, level=self.level,
         mechanisms=(f"poisson(q={self.q:g}) gaussian(z={self.noise_multiplier:.4g}) x "
@@ -461,7 +475,8 @@ class DPTrainer:
               f"{self.clipper.method}")
 
   def __repr__(self) -> str:
-    return (f"DPTrainer(level={self.level!r}, relation={self.relation!r}, q={self.q:g}, "
+    return (f"DPTrainer(level={self.level!r}, relation={self.relation!r}, "
+            f"sampling={self.sampling!r}, noise={self.noise_mechanism!r}, q={self.q:g}, "
             f"D={self.denominator:g}, z={self.noise_multiplier:.4g}, C={self.clip_norm:g}, "
             f"steps={self.step_count}, state={self.state!r})")
 
@@ -483,6 +498,8 @@ class DPTrainer:
     """
     steps = check_int(num_steps, "num_steps")
     noise = check_bool(noise, "noise")
+    if self.cyclic is not None:
+      return tn.cyclic_release_fn(self, steps, noise)
     stddev = self.noise_stddev if noise else 0.0
     params0 = self._initial_params
 
@@ -513,6 +530,8 @@ class DPTrainer:
           "delta": self.delta}
     if self.relation != "add_remove":
       fp["n"] = self.n  # public under zero_out / replace_one only
+    if self.cyclic is not None:
+      fp.update(self.cyclic.fingerprint())
     return fp
 
   def save(self, directory: str | os.PathLike, *, hmac_key: bytes | None = None) -> str:
@@ -547,7 +566,10 @@ class DPTrainer:
       raise ValueError(f"checkpoint privacy configuration {meta.get('fingerprint')} does not "
                        f"match this trainer's {mine}")
     ledger = PrivacyLedger.from_state_dict(meta["ledger"], expect_config=self.ledger.config())
-    ckpt.check_ledger_matches(ledger, self.event, int(state.step))
+    if self.cyclic is not None:
+      self.cyclic.check_ledger(ledger, int(state.step))
+    else:
+      ckpt.check_ledger_matches(ledger, self.event, int(state.step))
     self.state, self.ledger = state, ledger
     self.history = list(meta["history"])
     self._sync_model(int(state.step))

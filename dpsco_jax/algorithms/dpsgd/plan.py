@@ -185,6 +185,17 @@ def schedule_event(noise_multiplier: float, *, sampling: str, q: float, n: int, 
   return mf.mf_event(noise_multiplier, sens)
 
 
+def check_mf_sampling(noise: str, sampling: str, *, allowed: tuple = MF_SAMPLINGS) -> None:
+  """Refuses MF noise on a schedule it is not priced for (also DPTrainer's refusal: one
+  reason, one place)."""
+  if noise != "independent" and sampling not in allowed:
+    use = " or ".join(repr(s) for s in allowed)
+    raise ValueError(f"noise_mechanism={noise!r} is priced for a bounded-participation "
+                     f"schedule: use sampling={use} (fixed-order epochs), not {sampling!r}. "
+                     "Poisson sampling with banded amplification (Choquette-Choo et al. 2023) "
+                     "is not implemented; noise_mechanism='independent' works with any sampling")
+
+
 def _participation(sampling: str, n: int, batch: int, steps: int
                    ) -> tuple[int | None, int | None]:
   """(most participations, min-separation) of the bounded schemas; (None, None) otherwise."""
@@ -330,11 +341,7 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
   trunc = (poisson_truncation_probability(n, q, capacity, steps)
            if sampling == "poisson" else 0.0)
   noise = check_choice(cfg.noise_mechanism, "noise_mechanism", NOISES)
-  if noise != "independent" and sampling not in MF_SAMPLINGS:
-    raise ValueError(f"noise_mechanism={noise!r} is priced for a bounded-participation "
-                     f"schedule: use sampling='cyclic' (fixed-order epochs) or 'full', not {sampling!r}. "
-                     "Poisson sampling with banded amplification (Choquette-Choo et al. 2023) "
-                     "is not implemented; noise_mechanism='independent' works with any sampling")
+  check_mf_sampling(noise, sampling)
   participations, min_sep = _participation(sampling, n, batch, steps)
   mf_noise = (None if noise == "independent"
               else _mf_noise(cfg, noise, steps, participations, min_sep))

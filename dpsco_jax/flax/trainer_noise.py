@@ -1,0 +1,254 @@
+"""DPTrainer's cyclic schedule and its noise: independent, banded or BLT (issue #27).
+
+``DPTrainer(sampling="cyclic", batch_size=B, num_steps=T, noise_mechanism=...)`` runs the
+schedule of ``dp_sgd_user`` with ``sampling: cyclic`` and takes *its* plan: the config is
+handed to :func:`~dpsco_jax.algorithms.dpsgd.plan.plan_dp_sgd` (relation, ``P = ceil(n / B)``
+steps per epoch, participation schema ``k = ceil(T / P)`` at min-separation ``P``, the MF
+strategy, its sensitivity, the calibrated ``z``), so the trainer and the driver cannot price
+the same run differently. Nothing here re-derives a sensitivity.
+
+Schedule: a public permutation of the ``n`` user slots drawn from ``fold_in(key, 2)`` alone
+(:func:`~dpsco_jax.algorithms.dpsgd.driver.cyclic_slots`), cut into ``P`` batches of ``B``
+slots; step ``t`` processes batch ``t mod P`` (the last one may be short; the denominator stays
+``D = B``). Noise key: ``fold_in(key, 1)``. These are the driver's keys, so the same key gives
+the same batches and the same noise.
+
+Noise: the driver's own stage (``banded_noise`` / ``blt_noise`` with ``output="increment"``, or
+``add_gaussian_noise``) applied to the *raveled* gradient: ``dp.fit`` runs its drivers on the
+raveled parameter vector (:class:`~dpsco_jax.data.problem.UserDataProblem`), and a noise
+stage draws one subkey per leaf, so drawing on the nnx pytree would give other (equally
+distributed) noise than ``dp.fit`` for the same key. The stage's state (step count, SECRET
+ring / buffers and key) lives in ``TrainState.opt_state[0]``: checkpointed and sealed with the
+rest, redacted in every repr.
+
+Accounting per block. The first ``t`` steps of the run are one Gaussian mechanism of
+multiplier ``z / sens_t`` (``plan.event_after(t)``: the strategy's sensitivity over ``t``
+steps), i.e. ``mu_t``-GDP with ``mu_t = sens_t / z``, nondecreasing in ``t``. Before a block
+ending at step ``t`` runs, the ledger is charged one Gaussian of ``mu^2 = mu_t^2 - (mu^2
+already charged)``. Gaussians compose exactly (``mu^2`` adds; Dong, Roth & Su 2019), and the
+ledger converts a composition of plain Gaussians exactly (``gaussian_epsilon``), so after
+every block the ledger's epsilon *is* the exact epsilon of the prefix, and after ``T`` steps
+that of the driver's single event (equal to rounding). A block that adds no sensitivity
+(banded noise between participations, once the bands are covered) charges nothing. The
+accountant must be ``pld`` / ``auto`` (the exact Gaussian conversion); ``rdp`` is refused.
+Stepping past the planned ``T`` is refused (the strategy and its price are for ``T``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+
+from dpsco_jax._checks import check_choice, check_int
+from dpsco_jax.algorithms.dpsgd.driver import _noise_stage, cyclic_slots
+from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan, plan_dp_sgd
+from dpsco_jax.privacy import PUBLIC, LedgerIntegrityError, PrivacyLedger
+from dpsco_jax.privacy.ledger import Epsilon
+
+PyTree = Any
+LABEL = "dp-sgd block (cyclic, gaussian mu^2 increment)"
+
+
+def raveled(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """``inner`` applied to the raveled update vector (``dp.fit``'s layout), unraveled after."""
+
+  def init_fn(params):
+    return inner.init(ravel_pytree(params)[0])
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra  # the mask is the clipper's business; noise is data-independent
+    flat, unravel = ravel_pytree(updates)
+    out, state = inner.update(flat, state, None if params is None else ravel_pytree(params)[0])
+    return unravel(out), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _mu2(event: Any) -> float:
+  if not isinstance(event, dp_accounting.GaussianDpEvent):  # every cyclic event is one
+    raise TypeError(f"expected a GaussianDpEvent, got {event}")
+  return 1.0 / float(event.noise_multiplier) ** 2
+
+
+def ledger_mu2(ledger: PrivacyLedger) -> float:
+  """``sum count / z^2`` of a ledger of plain, ungrouped Gaussians (else LedgerIntegrityError)."""
+  total = 0.0
+  for _, event, group, count in ledger.events:
+    if group is not None or not isinstance(event, dp_accounting.GaussianDpEvent):
+      raise LedgerIntegrityError(f"a cyclic trainer's ledger holds ungrouped Gaussians only; "
+                                 f"found {event} (group {group!r}): it was edited")
+    total += count * _mu2(event)
+  return total
+
+
+class CyclicSchedule:
+  """The cyclic plan of one trainer (module docstring): batches, noise stage, accounting."""
+
+  def __init__(self, *, n: int, level: str, clip_norm: float, delta: float,
+               relation: str | None, batch_size: Any, num_steps: Any,
+               noise_multiplier: float | None, target_epsilon: float | None,
+               noise_mechanism: str, bands: Any, buffers: Any, mf_strategy: str,
+               accountant: str):
+    if accountant == "rdp":
+      raise ValueError("accountant='rdp' with sampling='cyclic': its events are plain "
+                       "Gaussians, which the ledger converts exactly (pld / auto); RDP would "
+                       "only loosen the epsilon the plan calibrated for")
+    if num_steps is None:
+      raise ValueError("sampling='cyclic' needs num_steps: the planned horizon T that the "
+                       "participation schema and the MF strategy are priced for")
+    cfg = {"sampling": "cyclic", "delta": delta, "clip_norm": clip_norm,
+           "batch_size": check_int(batch_size, "batch_size") if batch_size is not None
+           else None, "num_steps": check_int(num_steps, "num_steps"),
+           "noise_mechanism": noise_mechanism, "mf_strategy": mf_strategy,
+           "epsilon": target_epsilon, "noise_multiplier": noise_multiplier,
+           "relation": relation, "bands": bands, "buffers": buffers,
+           # the plan's SGD step is never used: the trainer's optimizer steps
+           "learning_rate": 1.0, "averaging": "none"}
+    if cfg["batch_size"] is None:
+      raise ValueError("sampling='cyclic' needs batch_size B (users per step)")
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    self.plan: DpSgdPlan = plan_dp_sgd(cfg, level=level, realized_rows=n, rows_per_user=1,
+                                       default_clip=clip_norm, radius=math.inf)
+    if self.plan.event is None:
+      raise ValueError("noise_multiplier must be > 0")
+    self.n, self.period = n, -(-n // self.plan.batch)
+    self._slots: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+  # ---- keys, batches, noise -------------------------------------------------------------------
+
+  def keys_and_noise(self, key: jax.Array, stddev: float
+                     ) -> tuple[jax.Array, optax.GradientTransformation]:
+    """(order key, noise stage): the driver's ``fold_in(key, 2)`` / ``fold_in(key, 1)``."""
+    spec = ("independent",) if self.plan.mf is None else self.plan.mf.stage_spec()
+    stage = _noise_stage({"stddev": stddev, "noise_key": jax.random.fold_in(key, 1)}, spec,
+                         self.plan.steps)
+    return jax.random.fold_in(key, 2), raveled(stage)
+
+  def chosen(self, order_key: jax.Array, step: int) -> np.ndarray:
+    """Row indices of step ``step`` (public: a function of the order key and ``step``)."""
+    tag = np.asarray(jax.random.key_data(order_key)).tobytes()
+    if tag not in self._slots:
+      self._slots[tag] = tuple(map(np.asarray, cyclic_slots(order_key, self.n,
+                                                            self.plan.batch)))
+    slots, real = self._slots[tag]
+    lo = (step % self.period) * self.plan.batch
+    return slots[lo:lo + self.plan.batch][real[lo:lo + self.plan.batch]]
+
+  # ---- accounting ------------------------------------------------------------------------------
+
+  def prefix_mu2(self, steps: int) -> float:
+    """``mu_t^2`` of the first ``steps`` steps (the plan's event for that prefix)."""
+    return 0.0 if steps == 0 else _mu2(self.plan.event_after(steps))
+
+  def _increment(self, ledger: PrivacyLedger, steps: int) -> Any:
+    if steps > self.plan.steps:
+      raise ValueError(f"the cyclic plan covers num_steps={self.plan.steps} steps (its MF "
+                       f"strategy and participation schema); step {steps} is past it: build "
+                       "a trainer with a longer horizon")
+    extra = self.prefix_mu2(steps) - ledger_mu2(ledger)
+    if extra <= 1e-12 * self.prefix_mu2(steps):
+      return None  # this block adds no sensitivity (or only rounding)
+    return dp_accounting.GaussianDpEvent(1.0 / math.sqrt(extra))
+
+  def check_run(self, ledger: PrivacyLedger, end: int) -> Epsilon:
+    """Budget check of the run up to step ``end``; records nothing."""
+    event = self._increment(ledger, end)
+    return (ledger.epsilon(exact=True) if event is None
+            else ledger.check(event, label=LABEL))
+
+  def charge(self, ledger: PrivacyLedger, end: int) -> Epsilon:
+    """Charges the block ending at ``end`` (before it runs); the exact epsilon after it."""
+    event = self._increment(ledger, end)
+    if event is not None:
+      ledger.compose(event, label=LABEL)
+    return ledger.epsilon(exact=True)
+
+  def check_ledger(self, ledger: PrivacyLedger, steps: int) -> None:
+    """A restored ledger must hold exactly the prefix's ``mu^2`` (else it was edited)."""
+    got, want = ledger_mu2(ledger), self.prefix_mu2(steps)
+    if abs(got - want) > 1e-9 * max(want, 1e-300):
+      raise LedgerIntegrityError(f"checkpoint ledger records mu^2 = {got:.6g}, but its step "
+                                 f"count {steps} implies {want:.6g}: the ledger was edited")
+
+  # ---- description ---------------------------------------------------------------------------
+
+  def fingerprint(self) -> dict:
+    p = self.plan
+    fp = {"sampling": "cyclic", "batch_size": p.batch, "num_steps": p.steps,
+          "noise_mechanism": p.noise, "n": self.n}
+    if p.mf is not None:
+      fp.update(mf_source=p.mf.source, mf_sensitivity=p.mf.sensitivity,
+                mf_coefs=[float(c) for c in p.mf.coefs[:64]])
+    return fp
+
+  def mechanism(self, steps: int, clip: float, level: str) -> str:
+    p = self.plan
+    noise = "independent" if p.mf is None else (
+        f"{p.noise} MF ({p.mf.source}, sensitivity factor {p.mf.sensitivity:.4g} over "
+        f"{p.steps} steps)")
+    return (f"cyclic(B={p.batch}, P={self.period}) gaussian(z={p.noise_multiplier:.4g}) "
+            f"{noise} x {steps} of {p.steps} steps, clip C={clip:g} ({level}), "
+            f"denominator D={p.denominator:g}")
+
+  def notes(self, method: str) -> str:
+    p = self.plan
+    return (f"DP-SGD, relation {p.relation}; public: {PUBLIC[p.relation]} (B={p.batch}, "
+            f"permutation from the key); participation: at most {p.participations} per user, "
+            f">= {p.min_sep} steps apart; the run's prefix is one Gaussian (plan.event_after),"
+            f" charged per block as mu^2 increments; clipping: {method}")
+
+
+def cyclic_release_fn(trainer: Any, steps: int, noise: bool
+                      ) -> Any:
+  """:meth:`DPTrainer.release_fn` of a cyclic trainer: per-step privatized gradients from
+  its initial params, keys split as the trainer's (order ``fold_in(key, 2)``, noise
+  ``fold_in(key, 1)``), one masked batch of ``B`` slots per step."""
+  sched: CyclicSchedule = trainer.cyclic
+  if steps > sched.plan.steps:
+    raise ValueError(f"release_fn: {steps} steps > the plan's {sched.plan.steps}")
+  stddev = trainer.noise_stddev if noise else 0.0
+  params0, batch, period = trainer._initial_params, sched.plan.batch, sched.period
+
+  def release(key: jax.Array, dataset: PyTree) -> PyTree:
+    order_key, noise_tx = sched.keys_and_noise(key, stddev)
+    slots, real = cyclic_slots(order_key, jax.tree.leaves(dataset)[0].shape[0], batch)
+    opt0 = (noise_tx.init(params0), trainer.optimizer.init(params0))
+
+    def step(carry, t):
+      params, opt_state = carry
+      lo = (t % period) * batch
+      idx = jax.lax.dynamic_slice(slots, (lo,), (batch,))
+      mask = jax.lax.dynamic_slice(real, (lo,), (batch,))
+      rows = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), dataset)
+      summed, _ = trainer.clipper.clipped_sum(params, rows, mask)
+      summed = jax.tree.map(lambda s, z: s.astype(z.dtype), summed, trainer._zeros(params))
+      noisy, updates, opt_state = trainer._privatize(summed, opt_state, params, noise_tx)
+      return (optax.apply_updates(params, updates), opt_state), noisy
+
+    _, out = jax.lax.scan(step, (params0, opt0), jnp.arange(steps))
+    return out
+
+  return release
+
+
+def check_cyclic_args(sampling_rate: Any, expected_batch_size: Any) -> None:
+  """Poisson-only arguments are refused under the cyclic schedule (it has neither)."""
+  for name, v in (("sampling_rate", sampling_rate), ("expected_batch_size",
+                                                     expected_batch_size)):
+    if v is not None:
+      raise ValueError(f"{name} is a Poisson-sampling argument; sampling='cyclic' takes "
+                       "batch_size B (the denominator is D = B)")
+
+
+SAMPLINGS = ("poisson", "cyclic")
+
+
+def check_sampling(sampling: Any) -> str:
+  return check_choice(sampling, "sampling", SAMPLINGS)
