@@ -327,6 +327,17 @@ def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
   return placement
 
 
+
+def _check_data_for_plan(p: "Plan", data: UserData, what: str) -> None:
+  """``data`` is what ``p`` was planned for (its spec's users and items), whole at item level."""
+  if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
+                                                           p.spec.max_items_per_user):
+    raise ValueError(f"the plan was made for {p.spec.n_users} users x "
+                     f"{p.spec.max_items_per_user} items, {what} has {data.n_users} x "
+                     f"{data.max_items_per_user}: plan again with its spec")
+  if p.algorithm in ITEM_GUARANTEE:
+    data.require_all_items(p.algorithm)
+
 def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
         mesh: jax.sharding.Mesh | None = None,
         callback: Callable[[Progress], None] | None = None,
@@ -364,13 +375,7 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
     from dpsco_jax import distributed as _distributed
     return _distributed.run(p, loss_fn, params, data, key, api=sys.modules[__name__],
                             callback=callback, mesh=mesh, data_placement=data_placement)
-  if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
-                                                           p.spec.max_items_per_user):
-    raise ValueError(f"the plan was made for {p.spec.n_users} users x "
-                     f"{p.spec.max_items_per_user} items, the data has {data.n_users} x "
-                     f"{data.max_items_per_user}: plan again with data.spec")
-  if p.algorithm in ITEM_GUARANTEE:
-    data.require_all_items(p.algorithm)
+  _check_data_for_plan(p, data, "the data")
   level = "item" if p.algorithm in ITEM_LEVEL else "user"
   problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
   problem.mesh = _mesh(p.algorithm, mesh)
@@ -450,13 +455,7 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
   for d in datas:
     if not isinstance(d, UserData):
       raise TypeError(f"datas must be UserData, got {type(d).__name__}")
-    if (d.spec.n_users, d.spec.max_items_per_user) != (p.spec.n_users,
-                                                       p.spec.max_items_per_user):
-      raise ValueError(f"the plan was made for {p.spec.n_users} users x "
-                       f"{p.spec.max_items_per_user} items, a data set has {d.n_users} x "
-                       f"{d.max_items_per_user}: plan again with its spec")
-    if p.algorithm in ITEM_GUARANTEE:
-      d.require_all_items(p.algorithm)
+    _check_data_for_plan(p, d, "a data set")
   level = "item" if p.algorithm in ITEM_LEVEL else "user"
   template = UserDataProblem(loss_fn, params, datas[0], level=level, constants=p.constants)
   if template.d != p.num_params:
