@@ -2,7 +2,9 @@
 # One prepared device check (issue 26 part 3): bench_gpu at full sizes with the jax_privacy
 # rows, then the test suite at the GPU's default precision. Run from the repo root on the
 # device machine with the wheels of .whl carried (dp-accounting, dm-tree, jax-privacy, pydantic).
-# Each stage has its own time limit so a slow stage cannot eat the next one's time.
+# Each stage has its own time limit so a slow stage cannot eat the next one's time. pytest is
+# stopped with SIGINT, not killed, so it still prints the failures' tracebacks and summary (the
+# first H200 run, cut by SIGTERM at 94%, left 9 failures without a traceback).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -14,6 +16,6 @@ timeout ${BENCH_S:-270} python3 experiments/bench_gpu.py --budget ${BUDGET:-20} 
   2>&1 | tee "$OUT/bench_gpu_h200.log"
 echo "bench rc=${PIPESTATUS[0]}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-timeout ${TEST_S:-230} python3 -m pytest -n ${WORKERS:-12} -p no:cacheprovider \
-  --timeout 200 -v --durations=25 tests 2>&1 | tee "$OUT/pytest_h200.log" | grep -v PASSED | tail -80
+timeout -s INT -k 20 ${TEST_S:-230} python3 -m pytest -n ${WORKERS:-12} -p no:cacheprovider \
+  --timeout 200 -v --tb=short -rfE --durations=25 tests 2>&1 | tee "$OUT/pytest_h200.log" | grep -v PASSED | tail -80
 echo "pytest rc=${PIPESTATUS[0]}"
