@@ -57,6 +57,7 @@ from flax import nnx
 from jax import lax
 
 from dpsco_jax._checks import check_choice, check_positive
+from dpsco_jax.flax import fast_clip_conv as fcv
 from dpsco_jax.flax import fast_clip_cost as fc
 from dpsco_jax.flax import fast_clip_norms as fn
 from dpsco_jax.flax import fast_clip_taps as ft
@@ -105,11 +106,11 @@ class ClipInfo(NamedTuple):
 class _Part:
   """One parameter leaf's per-user contribution, released as ``sum_u w_u dense_u`` when the
   per-user gradients ``dense [U, ...]`` are materialised (exact per user by construction),
-  else as ``release(w g, safe)``; ``sq`` bounds the squared norm of either."""
+  else as ``release(w, kept, donor)`` (weights ``[U]``, kept users, the index of a kept user
+  whose inputs stand in for dropped ones); ``sq`` bounds the squared norm of either."""
   leaf: int
   sq: jax.Array
   dense: jax.Array | None = None
-  g: jax.Array | None = None
   release: Callable | None = None
 
 
@@ -184,6 +185,31 @@ def _bcast(v, x):
   return jnp.reshape(v, v.shape + (1,) * (x.ndim - v.ndim))
 
 
+def _safe(x, kept, donor):
+  """Dropped users' recorded inputs may be non-finite: a kept user's stand in (their weighted
+  cotangent is exactly zero, so any finite input adds an exact zero)."""
+  return jnp.where(_bcast(kept, x), x, x[donor][None])
+
+
+def _weighted_sum(x, w, kept):
+  """``sum_u w_u x_u`` over kept users (dropped users' rows may be non-finite: zeroed), in
+  float32 or wider, as one contraction over users at HIGHEST: ``sum(w x, 0)`` materialised
+  the weighted ``[U, ...]`` copy on XLA:CPU (a conv's per-user kernel gradients: 151 MB at
+  bench_gpu's CNN); the select below can overwrite ``x`` in place."""
+  x = jnp.where(_bcast(kept, x), x.astype(_wide(x.dtype)), 0.0)
+  wk = jnp.where(kept, w, 0.0).astype(x.dtype)
+  return lax.dot_general(wk, x, (((0,), (0,)), ((), ())), precision=lax.Precision.HIGHEST)
+
+
+def _weighted(g, w, kept):
+  """``w_u g_u`` in float32 or wider, exactly zero for dropped users: weighted and summed in
+  float32 or wider, since ``w_u g_u`` rounded to bfloat16 (the dtype of a bfloat16 model's
+  per-user gradients) exceeded C by up to 2^-9 relative, and so did the sum cast back to it
+  (the core's aggregates are never rounded below float32 before the noise)."""
+  g = g.astype(_wide(g.dtype))
+  return jnp.where(_bcast(kept, g), g * _bcast(w, g).astype(g.dtype), 0.0)
+
+
 class FastClippedGrad:
   """Per-user clipped gradient sums of an nnx model, via taps (fast) or vmap (reference).
 
@@ -202,12 +228,17 @@ class FastClippedGrad:
       changes the speed, never the released value's distribution or its sensitivity.
     ghost: ``"auto"`` | ``"gram"`` | ``"direct"`` for Linear/Conv kernels; ``"gram"`` is
       honoured only where its certified error is small (see module doc).
+    conv_budget: convolutions form their per-user kernel gradients from im2col patches in
+      chunks of users whose temporaries fit in this fraction of the layer's activations
+      (:mod:`~dpsco_jax.flax.fast_clip_conv`; shapes only); ``None``: all users at once
+      (the same numbers, with every conv's patches for the whole batch alive).
 
   Sensitivity: :meth:`sensitivity` (``C`` for the sum under add/remove, ``C/D`` for the mean).
   """
 
   def __init__(self, model: nnx.Module, loss_fn: LossFn, *, clip_norm: float,
-               level: str = "user", method: str = "fast", ghost: str = "auto"):
+               level: str = "user", method: str = "fast", ghost: str = "auto",
+               conv_budget: float | None = fcv.CONV_CHUNK_BUDGET):
     if not isinstance(model, nnx.Module):
       raise ValueError(f"model must be an nnx.Module, got {type(model).__name__}")
     if not callable(loss_fn):
@@ -219,6 +250,8 @@ class FastClippedGrad:
     self.method: str | None = None if method == "auto" else method
     self.autotune_report: dict | None = None
     self.ghost = check_choice(ghost, "ghost", ("auto", "gram", "direct"))
+    self.conv_budget = None if conv_budget is None else check_positive(conv_budget,
+                                                                       "conv_budget")
     self.loss_fn = loss_fn
     self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
     self._leaf_paths = ft.leaf_paths(self.params)
@@ -255,7 +288,7 @@ class FastClippedGrad:
                                                    jax.tree.leaves(self.params))}
     rows = fc.layer_costs(lambda path: self._module(self.params, path), base, sizes,
                           int(n_users), int(m), self.ghost,
-                          backend or jax.default_backend())
+                          backend or jax.default_backend(), self.conv_budget)
     return dataclasses.replace(base, layers=rows, predicted=fc.totals(rows))
 
   def _base_plan(self, params: PyTree, users: PyTree) -> FastClipPlan:
@@ -373,25 +406,24 @@ class FastClippedGrad:
       if kind in ("linear", "linear_general"):
         a = jnp.concatenate([_flat_inputs(module, kind, arrays[k][0], n_users) for k in ks], 1)
         bound, m = fn.kernel_bound(a, g, self.ghost)
-        parts.append(_Part(leaf("kernel"), jnp.square(bound), dense=m, g=g,
-                           release=lambda wg, safe, a=a: fn.kernel_release(safe(a), wg)))
-      elif kind == "conv":
-        ag = [fn.conv_grouped(module, arrays[k][0], gs[k], n_users) for k in ks]
-        a = jnp.concatenate([x for x, _ in ag], 1)
-        g4 = jnp.concatenate([y for _, y in ag], 1)
-        bm = [fn.kernel_bound(a[:, :, j], g4[:, :, j], self.ghost) for j in range(a.shape[2])]
-        sq = sum(jnp.square(b) for b, _ in bm)
-        m = (None if bm[0][1] is None
-             else fn.conv_layout(module, jnp.stack([mj for _, mj in bm], axis=1)))
-        parts.append(_Part(leaf("kernel"), sq, dense=m, g=g4, release=lambda wg, safe, a=a,
-                           c=module: fn.conv_release(c, safe(a), wg)))
+        parts.append(_Part(leaf("kernel"), jnp.square(bound), dense=m, release=lambda w, kept,
+                           d, a=a, g=g: fn.kernel_release(_safe(a, kept, d),
+                                                          _weighted(g, w, kept))))
+      elif kind == "conv":  # patches per chunk of users: bounded memory
+        xs, gk = [arrays[k][0] for k in ks], [gs[k] for k in ks]
+        cp = fcv.plan_conv(module, [x.shape for x in xs], [y.shape for y in gk], n_users,
+                           self.ghost, self.conv_budget)
+        chunk = cp.chunk
+        sq, m = fcv.conv_bound(module, xs, gk, self.ghost, chunk, cp.recomputed)
+        parts.append(_Part(leaf("kernel"), sq, dense=m, release=lambda w, kept, d, c=module,
+                           xs=xs, gk=gk, b=chunk: fcv.conv_release(c, xs, gk, w, kept, b)))
       else:  # embed
         idx = jnp.concatenate([jnp.reshape(arrays[k][0], (n_users, -1)) for k in ks], 1)
         v = module.num_embeddings
         idx = jnp.zeros_like(idx) if v == 1 else jnp.where(idx < 0, idx + v, idx)
-        parts.append(_Part(leaf("embedding"), jnp.square(fn.embed_bound(idx, g)), g=g,
-                           release=lambda wg, safe, idx=idx, v=v:
-                           fn.embed_release(safe(idx), wg, v)))
+        parts.append(_Part(leaf("embedding"), jnp.square(fn.embed_bound(idx, g)),
+                           release=lambda w, kept, d, idx=idx, g=g, v=v:
+                           fn.embed_release(_safe(idx, kept, d), _weighted(g, w, kept), v)))
       if kind in ("linear", "linear_general", "conv") and module.bias is not None:
         b = jnp.sum(g, axis=1)  # [U, out]: materialised, released as is
         parts.append(_Part(leaf("bias"), fn.sqsum_upper(b), dense=b))
@@ -494,25 +526,14 @@ class FastClippedGrad:
 
     parts, bound = self._parts_and_bounds(params, batch)
     norms, w, kept = self._weights(bound, user_mask)
-    # Dropped users' recorded inputs may be non-finite: substitute a kept user's (their
-    # weighted cotangent is exactly zero, so any finite input adds an exact zero).
-    donor = jnp.argmax(kept)
-
-    def safe(x):
-      return jnp.where(_bcast(kept, x), x, x[donor][None])
-
+    donor = jnp.argmax(kept)  # a kept user, whose inputs stand in for dropped users' (_safe)
     leaves, treedef = jax.tree.flatten(params)
     out = [jnp.zeros(x.shape, _wide(x.dtype)) for x in leaves]
     for part in parts:  # a contribution is w_u times exactly what N_u bounds
-      x = part.dense if part.dense is not None else part.g
-      # weighted and summed in float32 or wider: w_u g_u rounded to bfloat16 (the dtype of a
-      # bfloat16 model's per-user gradients) exceeded C by up to 2^-9 relative, and so did
-      # the sum cast back to it. The result is float32+ like the vmap path's (the core's
-      # aggregates are never rounded below float32 before the noise).
-      x = x.astype(_wide(x.dtype))
-      wx = jnp.where(_bcast(kept, x), x * _bcast(w, x).astype(x.dtype), 0.0)
-      out[part.leaf] = jnp.reshape(jnp.sum(wx, axis=0) if part.dense is not None
-                                   else part.release(wx, safe), leaves[part.leaf].shape)
+      # float32 or wider, like the vmap path's (see _weighted)
+      got = (_weighted_sum(part.dense, w, kept) if part.dense is not None
+             else part.release(w, kept, donor))
+      out[part.leaf] = jnp.reshape(got, leaves[part.leaf].shape)
     summed = jax.tree.unflatten(treedef, [o.astype(_wide(x.dtype))
                                           for o, x in zip(out, leaves)])
     any_kept = jnp.any(kept)

@@ -10,7 +10,8 @@ tapped call sees ``n`` rows per user (items x positions), ``p`` inputs and ``q``
 * **instantiation** (direct form, the per-user gradient ``M_u = A_u^T G_u``, as in mixed
   ghost clipping, Bu et al. 2022): its ``U n p q`` multiply-adds replace the weight gradient,
   plus ``U n (p + q)`` for the row norms of the certified slack; ``U p q`` elements held
-  (a convolution also holds its patches, ``U n p``);
+  (a convolution also holds the im2col patches of one chunk of ``b`` users, ``b n p``: see
+  :mod:`~dpsco_jax.flax.fast_clip_conv`, whose chunk each row reports);
 * embeddings always take the Gram form (``U n^2 q``; instantiating is ``U V q``);
 * normalization layers, biases and fallback parameters hold their per-user gradients
   (``U size``), as the vmap path holds every parameter's.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dpsco_jax.flax import fast_clip_conv as fcv
 from dpsco_jax.flax import fast_clip_norms as fn
 
 MEMORY_WEIGHT = 64
@@ -59,7 +61,10 @@ class LayerCost:
   ``method``: ``"ghost"`` (Gram norm), ``"instantiate"`` (direct per-user gradient),
   ``"layer_vjp"`` (per-user VJP of a normalization layer) or ``"fallback"``; ``flops`` and
   ``memory`` the predicted extra multiply-adds and elements of that method, ``cost`` their
-  weighted sum, ``vmap_cost`` what the vmap path spends on the same parameters."""
+  weighted sum, ``vmap_cost`` what the vmap path spends on the same parameters; ``chunk``
+  (convolutions only, else 0) the users whose patches are formed at once, ``release``
+  (convolutions only) ``"dense"`` (per-user gradients held and summed) or ``"recompute"``
+  (inputs and output gradients held, the weighted sum recomputed chunk by chunk)."""
   layer: str
   kind: str
   method: str
@@ -70,6 +75,8 @@ class LayerCost:
   memory: float
   cost: float
   vmap_cost: float
+  chunk: int = 0
+  release: str = ""
 
 
 def _prod(xs) -> int:
@@ -89,10 +96,12 @@ def _held(size: int, n_users: int) -> float:
 
 
 def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: str,
-                backend: str = "cpu") -> tuple[LayerCost, ...]:
+                backend: str = "cpu", conv_budget: float | None = fcv.CONV_CHUNK_BUDGET
+                ) -> tuple[LayerCost, ...]:
   """Per-layer predicted costs for ``plan`` (``module_of(path)`` gives the layer,
   ``leaf_sizes`` maps parameter paths to their sizes) on ``backend``
-  (``jax.default_backend()`` names; only convolutions' vmap cost depends on it)."""
+  (``jax.default_backend()`` names; only convolutions' vmap cost depends on it), with
+  convolutions chunked by ``conv_budget`` as :class:`FastClippedGrad` does."""
   grouped = GROUPED_CONV_WEIGHT.get(backend, 0.0)
   rows = []
   u = n_users
@@ -127,14 +136,23 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
       method = "instantiate"
       flops = groups * u * (n * (p + q) + p * q)
       memory = groups * u * p * q
-    if kind == "conv":  # the patches, materialised in both forms
-      memory += groups * u * n * p
+    chunk, release = 0, ""
+    if kind == "conv":  # as FastClippedGrad clips it: fast_clip_conv.plan_conv
+      batched = lambda s: (u, m) + tuple(s)
+      cp = fcv.plan_conv(mod, [batched(c.ins[0].shape) for c in calls],
+                         [batched(c.out.shape) for c in calls], u, ghost, conv_budget)
+      chunk, release = cp.chunk, ("recompute" if cp.recomputed else "dense")
+      # one chunk's temporaries (patches, Gram or per-user gradients) and what is held per
+      # user until the weights are known; a recomputed release is a second n p q per user
+      memory = cp.chunk * fcv.per_user_elements(mod, n, cp.direct) + u * cp.held
+      if cp.recomputed and cp.direct:
+        flops += groups * u * n * p * q
     flops, memory = flops + bias, memory + bias
     vmap_cost = _held(own, u)
     if kind == "conv":  # the per-user weight gradient as a user-grouped convolution
       vmap_cost += grouped * groups * u * n * p * q
     rows.append(LayerCost(name, kind, method, n, p, q, float(flops), float(memory),
-                          _cost(flops, memory), vmap_cost))
+                          _cost(flops, memory), vmap_cost, chunk, release))
   fb = sum(leaf_sizes[lp] for lp in plan.fallback)
   if fb:
     rows.append(LayerCost("(fallback)", "fallback", "fallback", 0, 0, fb, u * fb, u * fb,

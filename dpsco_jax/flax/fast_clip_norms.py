@@ -76,12 +76,15 @@ def use_gram(n: int, p: int, q: int, ghost: str) -> bool:
   return ghost == "gram" or (ghost == "auto" and n * (p + q) <= p * q)
 
 
-def kernel_bound(a: jax.Array, g: jax.Array, ghost: str):
+def kernel_bound(a: jax.Array, g: jax.Array, ghost: str, recomputed: bool = False):
   """``(B, M)`` for ``a [U, N, p]``, ``g [U, N, q]`` (one group of a grouped conv: call per
   group and add the squares). Gram form: ``M`` is None and
   ``B_u >= max(||G_u||, ||release_u|| / w_u)`` for :func:`kernel_release`. Direct form: ``M``
   ``[U, p, q]`` is the per-user gradient that is *released as is* (``sum_u w_u M_u``, exact
-  per user by construction) and ``B_u >= max(||G_u||, ||M_u||)``."""
+  per user by construction) and ``B_u >= max(||G_u||, ||M_u||)``; with ``recomputed`` the
+  release is instead :func:`kernel_release`'s (``M`` is not kept: a conv that would hold more
+  in ``M`` than in its inputs and output gradients), so ``B`` also covers it:
+  ``||R/w|| <= ||G|| + gamma(n+1) S <= ||M|| + (gamma(n) + gamma(n+1)) S``."""
   n, p, q = a.shape[1], a.shape[2], g.shape[2]
   s = _s_upper(_row_norms(a), _row_norms(g), p, q)
   if use_gram(n, p, q, ghost):
@@ -91,7 +94,8 @@ def kernel_bound(a: jax.Array, g: jax.Array, ghost: str):
     g_up = jnp.sqrt(jnp.maximum(sq, 0.0) + gamma(p + q + 2 * n + 2) * jnp.square(s))
     return g_up + gamma(n + 1) * s, None
   m = jnp.einsum("unp,unq->upq", a, g, precision=_HI)
-  return jnp.sqrt(sqsum_upper(m)) + gamma(n) * s, m
+  slack = gamma(n) + (gamma(n + 1) if recomputed else 0.0)
+  return jnp.sqrt(sqsum_upper(m)) + slack * s, m
 
 
 def kernel_release(a: jax.Array, wg: jax.Array) -> jax.Array:
@@ -169,12 +173,6 @@ def conv_grouped(conv: nnx.Conv, x: jax.Array, g: jax.Array, n_users: int):
   a = jnp.reshape(p.astype(jnp.float32), (n_users, -1, groups, p.shape[-1] // groups))
   gg = jnp.reshape(g.astype(jnp.float32), (n_users, -1, groups, g.shape[-1] // groups))
   return a, gg
-
-
-def conv_release(conv: nnx.Conv, a: jax.Array, wg: jax.Array) -> jax.Array:
-  """Kernel gradient ``[*kernel_size, in/G, out]`` from grouped patches and weighted
-  gradients (the Gram-form release)."""
-  return conv_layout(conv, jnp.einsum("ungk,ungo->gko", a, wg, precision=_HI))
 
 
 def conv_layout(conv: nnx.Conv, flat: jax.Array) -> jax.Array:

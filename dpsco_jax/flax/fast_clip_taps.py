@@ -138,6 +138,7 @@ class CallSpec:
   array_pos: tuple[int, ...]        # positions of array leaves in the flattened (args, kwargs)
   statics: tuple                    # the non-array leaves, in order
   out: jax.ShapeDtypeStruct         # per-example output shape (the tap)
+  ins: tuple = ()                   # per-example shapes of the array inputs (cost model)
 
 
 def module_params(module) -> dict[str, nnx.Variable]:
@@ -184,7 +185,10 @@ class Tape:
       if not is_array(y):
         raise ValueError(f"tapped layer {path} must return one array")
       self.specs.append(CallSpec(path, kind, treedef, pos, statics,
-                                 jax.ShapeDtypeStruct(y.shape, y.dtype)))
+                                 jax.ShapeDtypeStruct(y.shape, y.dtype),
+                                 tuple(jax.ShapeDtypeStruct(jnp.shape(leaves[i]),
+                                                            jnp.result_type(leaves[i]))
+                                       for i in pos)))
       self.outputs.append((path, _current_trace()))
       return y
     if not self._raw_intact(module):

@@ -1,0 +1,203 @@
+"""Per-user convolution kernel norms and releases in chunks of users (bounded memory).
+
+Private helper of :mod:`dpsco_jax.flax.fast_clip`. A tapped ``nnx.Conv`` forms its per-user
+weight gradient from im2col patches (``kh kw c_in`` copies of every input position: 9x the
+layer's activations for a 3x3 kernel) so that the per-user gradients are batched matmuls,
+which a GPU runs at matmul rate (a user-grouped convolution, vmap's form, ran ~70x slower on
+an H200; see :data:`~dpsco_jax.flax.fast_clip_cost.GROUPED_CONV_WEIGHT`). Patches for all
+users at once held the CNNs' private step at ~2x the non-private step's memory
+(``experiments/bench_cost.md``), so here they are formed for one chunk of users at a time in
+a ``fori_loop``: only one chunk's patches are ever alive.
+
+The chunk is static, from shapes only (:func:`chunk_users`): the users whose patches (and
+per-user gradients and row norms) fit in ``budget`` times the layer's own activations (its
+inputs plus outputs over the whole batch, which the non-private step holds anyway). The
+arithmetic per user is exactly the unchunked one (the same :func:`~dpsco_jax.flax.
+fast_clip_norms.kernel_bound` on the same patches), so the certified bounds are unchanged.
+
+Chunks are taken with ``dynamic_slice`` (no copy of the batch); when the chunk does not divide
+the number of users the last chunk is clamped to end at the last user and overlaps the one
+before: per-user outputs are then written twice with the same values, and the summed release
+masks the users an earlier chunk already added.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from dpsco_jax.flax import fast_clip_norms as fn
+
+_F32 = jnp.float32
+
+#: Default chunk budget: one chunk's temporaries (patches, row norms, per-user gradients) at
+#: most this fraction of the layer's activations (inputs + outputs, all users). The
+#: non-private step holds every layer's activations, so a quarter of the largest layer's
+#: stays well inside the issue's 1.2x target (bench_cost.md has the measurements).
+CONV_CHUNK_BUDGET = 0.25
+
+
+def _prod(xs) -> int:
+  out = 1
+  for x in xs:
+    out *= int(x)
+  return out
+
+
+def per_user_elements(conv: nnx.Conv, n: int, direct: bool) -> int:
+  """Temporaries of one user in a chunk, in elements: its patches ``n k`` (``k = kh kw
+  c_in``), the Gram matrices ``2 n^2`` per group (Gram form) or its gradient ``k q`` (direct
+  form), and the output gradient rows it reads ``n c_out``."""
+  groups = int(conv.feature_group_count)
+  k = _prod(conv.kernel_size) * int(conv.in_features)
+  out = int(conv.out_features)
+  form = k * out // groups if direct else 2 * groups * n * n
+  return n * k + form + n * out
+
+
+def layer_elements(in_shapes: Sequence[tuple], out_shapes: Sequence[tuple]) -> int:
+  """The layer's activations over the batch: every call's inputs and outputs."""
+  return sum(_prod(s) for s in in_shapes) + sum(_prod(s) for s in out_shapes)
+
+
+def chunk_users(n_users: int, per_user: int, layer: int, budget: float | None) -> int:
+  """Users per chunk: as many as fit in ``budget * layer`` elements (at least 1); the largest
+  divisor of ``n_users`` not above that when it is at least half of it (no overlapping last
+  chunk). ``budget=None``: all users in one chunk (the unchunked form)."""
+  if budget is None:
+    return n_users
+  fit = max(1, min(n_users, int(budget * layer) // max(1, per_user)))
+  if fit >= n_users:
+    return n_users
+  div = max(d for d in range(1, fit + 1) if n_users % d == 0)
+  return div if 2 * div >= fit else fit
+
+
+def _direct(conv: nnx.Conv, n: int, ghost: str) -> bool:
+  groups = int(conv.feature_group_count)
+  k = _prod(conv.kernel_size) * int(conv.in_features) // groups
+  return not fn.use_gram(n, k, int(conv.out_features) // groups, ghost)
+
+
+def _chunk(x: jax.Array, i, b: int) -> jax.Array:
+  return lax.dynamic_slice_in_dim(x, i, b, axis=0)
+
+
+def _starts(n_users: int, b: int) -> int:
+  return -(-n_users // b)
+
+
+def _patches_and_grads(conv, xs, gs):
+  """Grouped patches ``[b, N, G, k]`` and output gradients ``[b, N, G, o]`` of a chunk."""
+  b = xs[0].shape[0]
+  ag = [fn.conv_grouped(conv, x, g, b) for x, g in zip(xs, gs)]
+  return jnp.concatenate([a for a, _ in ag], 1), jnp.concatenate([g for _, g in ag], 1)
+
+
+def _bound_chunk(conv, xs, gs, ghost, recomputed):
+  """``(sq [b], M [b, *kernel] or None)`` for a chunk: the per-group bounds' squares summed
+  (``M`` None in the Gram form and when the release is recomputed)."""
+  a, g = _patches_and_grads(conv, xs, gs)
+  bm = [fn.kernel_bound(a[:, :, j], g[:, :, j], ghost, recomputed)
+        for j in range(a.shape[2])]
+  sq = sum(jnp.square(b) for b, _ in bm)
+  if bm[0][1] is None or recomputed:
+    return sq, None
+  return sq, fn.conv_layout(conv, jnp.stack([mj for _, mj in bm], axis=1))
+
+
+def conv_bound(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array], ghost: str,
+               chunk: int, recomputed: bool = False):
+  """Per-user squared norm bounds ``[U]`` and, in the direct form unless ``recomputed``, the
+  per-user kernel gradients ``[U, *kernel]`` (released as is), from every call's recorded
+  inputs ``xs`` ``[U, ...]`` and output gradients ``gs``, ``chunk`` users at a time; with
+  ``recomputed`` (or in the Gram form) the bounds cover :func:`conv_release` instead."""
+  n_users = xs[0].shape[0]
+  if chunk >= n_users:
+    return _bound_chunk(conv, xs, gs, ghost, recomputed)
+  shapes = jax.eval_shape(lambda x, g: _bound_chunk(conv, x, g, ghost, recomputed),
+                          [_chunk(x, 0, chunk) for x in xs], [_chunk(g, 0, chunk) for g in gs])
+  # zeros, not values taken from the layer's gradient: the latter let XLA allocate these
+  # after the backward pass reached the layer, but reordered the step so that the item-level
+  # CNN's peak grew (1.25x -> 1.30x the non-private step; the user-level one fell 1.04 -> 1.01)
+  sq0 = jnp.zeros((n_users,), shapes[0].dtype)
+  m0 = None if shapes[1] is None else jnp.zeros((n_users,) + shapes[1].shape[1:],
+                                                shapes[1].dtype)
+
+  def body(c, carry):
+    i = jnp.minimum(c * chunk, n_users - chunk)  # the last chunk ends at the last user
+    sq, m = _bound_chunk(conv, [_chunk(x, i, chunk) for x in xs],
+                         [_chunk(g, i, chunk) for g in gs], ghost, recomputed)
+    out_sq = lax.dynamic_update_slice_in_dim(carry[0], sq, i, 0)
+    out_m = None if m is None else lax.dynamic_update_slice_in_dim(carry[1], m, i, 0)
+    return out_sq, out_m
+
+  return lax.fori_loop(0, _starts(n_users, chunk), body, (sq0, m0))
+
+
+def conv_release(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array],
+                 w: jax.Array, kept: jax.Array, chunk: int) -> jax.Array:
+  """The release ``sum_{u,t} a_{ut} (w_u g_{ut})^T`` in the kernel's layout (Gram form, or a
+  direct form whose per-user gradients were not kept), ``chunk`` users at a time: a dropped
+  user's inputs and gradients (maybe non-finite) are replaced by zeros, whose patches are
+  zeros, so it adds an exact zero. (Not a kept user's inputs, as for the other layers: XLA
+  hoisted that row's slice out of the loop and recomputed it from the layer's
+  pre-activation, keeping an activation-sized buffer alive to the end of the step.)"""
+  n_users = xs[0].shape[0]
+
+  def chunk_sum(i, b, fresh):
+    keep = _chunk(kept, i, b) & fresh
+    ws = jnp.where(keep, _chunk(w, i, b), 0.0).astype(_F32)
+    xc = [jnp.where(_bcast(keep, x), x, 0.0) for x in [_chunk(x, i, b) for x in xs]]
+    gc = [jnp.where(_bcast(keep, g), g.astype(_F32) * _bcast(ws, g), 0.0)
+          for g in [_chunk(g, i, b) for g in gs]]
+    a, wg = _patches_and_grads(conv, xc, gc)
+    return jnp.einsum("ungk,ungo->gko", a, wg, precision=fn._HI)
+
+  if chunk >= n_users:
+    return fn.conv_layout(conv, chunk_sum(0, n_users, jnp.ones((n_users,), bool)))
+  total0 = jax.eval_shape(lambda: chunk_sum(0, chunk, jnp.ones((chunk,), bool)))
+
+  def body(c, total):
+    i = jnp.minimum(c * chunk, n_users - chunk)
+    fresh = (i + jnp.arange(chunk)) >= c * chunk  # not added by an earlier chunk
+    return total + chunk_sum(i, chunk, fresh)
+
+  total = lax.fori_loop(0, _starts(n_users, chunk), body,
+                        jnp.zeros(total0.shape, total0.dtype))
+  return fn.conv_layout(conv, total)
+
+
+def _bcast(v, x):
+  return jnp.reshape(v, v.shape + (1,) * (x.ndim - v.ndim))
+
+
+class ConvPlan(NamedTuple):
+  chunk: int        # users whose patches are formed at once
+  direct: bool      # per-user gradients instantiated (else the Gram form)
+  recomputed: bool  # release recomputed from inputs and output gradients (else dense M)
+  held: int         # elements held per user from the bound to the release
+
+
+def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[tuple],
+              n_users: int, ghost: str, budget: float | None) -> ConvPlan:
+  """How a conv layer is clipped, from its calls' batched shapes (``[U, ...]``): the chunk,
+  the form, and what is held until the weights are known: the per-user gradients (``k q``
+  per user) or, when smaller (a late layer: few positions, many weights), the inputs and
+  output gradients, from which the release is recomputed chunk by chunk (``n k q`` more
+  multiply-adds per user: peak memory is what the issue asks of this path)."""
+  n = sum(_prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
+  direct = _direct(conv, n, ghost)
+  per_user = per_user_elements(conv, n, direct)
+  chunk = chunk_users(n_users, per_user, layer_elements(in_shapes, out_shapes), budget)
+  acts = layer_elements(in_shapes, out_shapes) // max(1, n_users)
+  dense = _prod(conv.kernel_size) * int(conv.in_features) * int(conv.out_features) // int(
+      conv.feature_group_count)
+  if not direct:
+    return ConvPlan(chunk, False, True, acts)
+  recomputed = acts < dense
+  return ConvPlan(chunk, True, recomputed, acts if recomputed else dense)
