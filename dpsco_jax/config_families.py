@@ -380,7 +380,8 @@ class SrgdConfig(Schema):
   """Paper 003's drivers (accelerated_dp_srgd and its ablations)."""
   epsilon: Optional[float] = _key("budget; null: non-private unless noise_multiplier")
   delta: float = _key("target delta", required=True)
-  relation: Optional[Relation] = _key("zero_out (default) or replace_one")
+  relation: Optional[Relation] = _key("zero_out or replace_one (add_remove refused)",
+                                      "zero_out")
   preset: Preset = _key("theory (accelerated_dp_srgd only) or practical", "practical")
   variant: Literal["interior", "constrained"] = _key("theory preset's theorem", "constrained")
   noise_mechanism: Literal["tree", "independent", "banded", "blt"] = _key(

@@ -55,9 +55,11 @@ problem. Errors are :class:`ConfigError` naming the key.
 A schema's literal defaults are the ones that run: the drivers read their config through
 :class:`~dpsco_jax.config_types.ConfigView` (the schema's fields with their defaults; reading
 an undeclared key raises), so a default is written once, here. Done for the DP-SGD family
-(``dp_sgd_*``, ``nonprivate_sgd``: :func:`dpsco_jax.algorithms.dpsgd.plan.config_view`) and
-paper 001 (:func:`dpsco_jax.algorithms.output_perturbation.base.settings_from_cfg`); the other
-drivers still read the dict with their defaults at the call site (issue 25).
+(``dp_sgd_*``, ``nonprivate_sgd``: :func:`dpsco_jax.algorithms.dpsgd.plan.config_view`),
+paper 001 (:func:`dpsco_jax.algorithms.output_perturbation.base.settings_from_cfg`), paper 000,
+paper 002 (:func:`dpsco_jax.algorithms.resque.private.config_view`, the parallel drivers),
+paper 003 (:func:`dpsco_jax.algorithms.srgd.plan.config_view`) and paper 004; derived defaults
+(``None`` here) are computed at their call site, only when the config leaves them out.
 """
 
 from __future__ import annotations

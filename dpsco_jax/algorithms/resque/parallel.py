@@ -10,6 +10,8 @@ number of steps.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,25 +21,26 @@ from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_int, check_positive
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
-from dpsco_jax.algorithms.common import cfg_get as _cfg
 from dpsco_jax.algorithms.resque.solvers import problem_items
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.steps import projected_sgd
 
 
-def _target(problem, cfg: dict) -> float:
-  """``target`` if given, else ``target_frac`` (default 0.1) x the excess risk of the initial
-  point (the population excess of the planted problems shrinks like sqrt(2/(pi d)))."""
-  if cfg.get("target") is not None:
-    return check_positive(cfg["target"], "target")
-  frac = check_positive(_cfg(cfg, "target_frac", 0.1), "target_frac")
+def _target(problem, cfg: ConfigView) -> float:
+  """``target`` if given, else ``target_frac`` (the schema's 0.1) x the excess risk of the
+  initial point (the population excess of the planted problems shrinks like sqrt(2/(pi d)));
+  the initial excess is evaluated only when no target is given."""
+  if cfg.target is not None:
+    return check_positive(cfg.target, "target")
+  frac = check_positive(cfg.target_frac, "target_frac")
   return frac * problem.excess_risk(problem.init_params())
 
 
 @register("resque_parallel_sco", config=cf.ResqueParallelConfig, paper="002")
-def resque_parallel_sco(problem, cfg: dict, key: jax.Array) -> Result:
+def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Theorem 1 (non-private): ball acceleration + EpochSGD/ReSQue ball oracles on
   ``f^_rho``, ``r = rho = eps_opt/(sqrt(d) L)``. Records the query depth (batched rounds) and
   total queries when the (population) excess risk first reaches ``target`` (evaluated off-line
@@ -45,26 +48,28 @@ def resque_parallel_sco(problem, cfg: dict, key: jax.Array) -> Result:
 
   Config keys: ``target`` / ``target_frac`` (see :func:`_target`), ``eps_opt`` (default
   ``target``), ``c_ba``,
-  ``lam_min_scale``, ``max_iter``, ``oracle ("epoch_sgd"|"acsa")``, ``ls_runs``, ``c_phi``.
+  ``lam_min_scale``, ``max_iter``, ``oracle ("epoch_sgd"|"acsa")``, ``ls_runs``, ``c_phi``
+  (read through :class:`~dpsco_jax.config_families.ResqueParallelConfig`: its defaults).
   """
+  cfg = ConfigView(cf.ResqueParallelConfig, cfg)
   items = problem_items(problem)
   d, L, R = problem.d, float(problem.lipschitz), float(problem.radius)
   target = _target(problem, cfg)
-  eps_opt = check_positive(_cfg(cfg, "eps_opt", target), "eps_opt")
-  c_ba = check_positive(_cfg(cfg, "c_ba", 1.0), "c_ba")
+  eps_opt = check_positive(cfg.get("eps_opt", target), "eps_opt")   # derived: the target
+  c_ba = check_positive(cfg.c_ba, "c_ba")
   r = rho = eps_opt / (math.sqrt(d) * L)
   gorc = ba.dataset_oracle(problem.loss_fn, items)
-  kind = check_choice(_cfg(cfg, "oracle", "epoch_sgd"), "oracle", ("epoch_sgd", "acsa"))
+  kind = check_choice(cfg.oracle, "oracle", ("epoch_sgd", "acsa"))
   if kind == "epoch_sgd":
     oracle = ba.make_epoch_sgd_oracle(gorc, radius=r, rho=rho, lipschitz=L,
-                                      runs=check_int(_cfg(cfg, "ls_runs", 1), "ls_runs"))
+                                      runs=check_int(cfg.ls_runs, "ls_runs"))
   else:
     oracle = ba.make_acsa_oracle(gorc, radius=r, rho=rho, lipschitz=L)
   p = ba.resque_accel_params(L, r, R, eps_opt)
-  lam_min = p["lam_star"] * check_positive(_cfg(cfg, "lam_min_scale", 1.0), "lam_min_scale")
-  c_phi = check_positive(_cfg(cfg, "c_phi", 1.0), "c_phi")
+  lam_min = p["lam_star"] * check_positive(cfg.lam_min_scale, "lam_min_scale")
+  c_phi = check_positive(cfg.c_phi, "c_phi")
   logk3 = math.log(max(p["kappa"], math.e)) ** 3
-  max_iter = _cfg(cfg, "max_iter", None)
+  max_iter = cfg.max_iter
   risks = []
   res = ba.ball_acceleration(oracle, problem.init_params(), key, R=R, r=r, eps=eps_opt,
                              lipschitz=L, lam_min=lam_min, c_ba=c_ba, max_iter=max_iter,
@@ -83,19 +88,23 @@ def resque_parallel_sco(problem, cfg: dict, key: jax.Array) -> Result:
 
 
 @register("minibatch_sgd", config=cf.MinibatchSgdConfig, paper="002")
-def minibatch_sgd(problem, cfg: dict, key: jax.Array) -> Result:
+def minibatch_sgd(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Parallel baseline: projected minibatch SGD (core ``projected_sgd`` with uniform
   averaging) for ``num_steps`` steps, ``learning_rate = R/(L sqrt(num_steps))`` by default,
   ``batch_size`` examples per step drawn with replacement. Query depth = steps; records the first step whose averaged iterate has excess risk ``<= target``
-  (evaluated every ``eval_every`` steps). Non-private."""
+  (evaluated every ``eval_every`` steps). Non-private. Read through
+  :class:`~dpsco_jax.config_families.MinibatchSgdConfig` (its defaults)."""
+  cfg = ConfigView(cf.MinibatchSgdConfig, cfg)
   items = problem_items(problem)
   n = int(jax.tree.leaves(items)[0].shape[0])
   L, R = float(problem.lipschitz), float(problem.radius)
-  steps = check_int(_cfg(cfg, "num_steps", 20000), "num_steps")
-  batch = check_int(_cfg(cfg, "batch_size", 64), "batch_size")
-  every = check_int(_cfg(cfg, "eval_every", 100), "eval_every")
+  steps = check_int(cfg.num_steps, "num_steps")
+  batch = check_int(cfg.batch_size, "batch_size")
+  every = check_int(cfg.eval_every, "eval_every")
   target = _target(problem, cfg)
-  lr = check_positive(_cfg(cfg, "learning_rate", R / (L * math.sqrt(steps))), "learning_rate")
+  # derived default R / (L sqrt(T)), computed only when no rate is given
+  lr = check_positive(cfg.learning_rate if cfg.learning_rate is not None
+                      else R / (L * math.sqrt(steps)), "learning_rate")
   tx = projected_sgd(lr, radius=R, averaging="uniform")
   loss_fn = problem.loss_fn
 

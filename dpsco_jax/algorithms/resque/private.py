@@ -49,6 +49,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -58,7 +59,8 @@ from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
-from dpsco_jax.algorithms.common import cfg_get as _cfg, required_delta
+from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
@@ -179,7 +181,15 @@ def _plan_charges(cfg: _PrivateERMConfig, *, beta: float, lam_dummy: float, d: i
 
 # ===================================================== private SCO (Prop. 11 / Theorem 4) ==
 
-def _phase_plan(cfg: dict, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
+def config_view(cfg: Mapping | Any) -> ConfigView:
+  """``resque_private_sco``'s config as its planner reads it: the fields of
+  :class:`~dpsco_jax.config_families.ResquePrivateConfig` with their defaults (the one place
+  they are written) and the runner's ``debug``; any other key raises. ``c_priv``'s default
+  (60 under the theory preset, else 1) is derived at its one call site."""
+  return ConfigView(cf.ResquePrivateConfig, cfg, extra=("debug",))
+
+
+def _phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
                 R: float, eta_loc: float, ratio: float, constants: str, c_priv: float,
                 eps_total: float | None = None) -> dict:
   """Data-free plan of localization phase ``i``: the ERM schedule, the worst-case list of
@@ -190,21 +200,22 @@ def _phase_plan(cfg: dict, *, n_i: int, i: int, eps_i: float, delta_i: float, d:
   these events: phases with equal ``(alpha, delta')`` merge into one Lemma 3 block, converted
   at the SUM of their epsilons, so the per-call slack ``delta_call`` is sized with
   ``e^eps_total`` to keep ``delta' + (1 + e^eps) sum(delta_call)`` within the budget."""
+  cfg = config_view(cfg)
   lam_i = 1.0 / ((eta_loc / 4 ** i) * n_i)
-  eps_opt = check_positive(_cfg(cfg, "eps_opt_scale", 1.0), "eps_opt_scale") * L * R * (
+  eps_opt = check_positive(cfg.eps_opt_scale, "eps_opt_scale") * L * R * (
       1 / math.sqrt(n_i) + math.sqrt(d) / (n_i * eps_i))
   eps_opt = min(eps_opt, 0.5 * L * R)
-  if cfg.get("rho") is not None:  # practical override of eq. (30)'s rho = eps_opt/(L sqrt d)
-    eps_opt = check_positive(cfg["rho"], "rho") * L * math.sqrt(d)
+  if cfg.rho is not None:  # practical override of eq. (30)'s rho = eps_opt/(L sqrt d)
+    eps_opt = check_positive(cfg.rho, "rho") * L * math.sqrt(d)
   rho = eps_opt / (L * math.sqrt(d))
   r = rho / ratio
-  t_cap = _pow2_floor(_cfg(cfg, "T_frac", 0.25) * n_i)
+  t_cap = _pow2_floor(cfg.T_frac * n_i)
   erm = _PrivateERMConfig(
       T_ls=t_cap, T_bo=t_cap, T_sp=max(4, t_cap // 4),
-      runs_ls=check_int(_cfg(cfg, "runs_ls", 1), "runs_ls"),
-      mlmc_copies=check_int(_cfg(cfg, "mlmc_copies", 1), "mlmc_copies"),
-      j_max=2, max_iter=check_int(_cfg(cfg, "max_iter", 20), "max_iter"),
-      max_bisection=check_int(_cfg(cfg, "max_bisection", 2), "max_bisection"),
+      runs_ls=check_int(cfg.runs_ls, "runs_ls"),
+      mlmc_copies=check_int(cfg.mlmc_copies, "mlmc_copies"),
+      j_max=2, max_iter=check_int(cfg.max_iter, "max_iter"),
+      max_bisection=check_int(cfg.max_bisection, "max_bisection"),
       rho=rho, r=r, eps_opt=eps_opt, c_ba=1.0)
   alpha = 4 * math.log(2 / delta_i) / eps_i
   delta_prime = delta_i * DELTA_PRIME_FRAC
@@ -306,27 +317,26 @@ class ResquePrivatePlan:
     return declared_provenance(base, self.declared)
 
 
-def _theory_refusal(cfg: dict, *, n: int, d: int, eps: float, delta: float, L: float,
+def _theory_refusal(cfg: ConfigView, *, n: int, d: int, eps: float, delta: float, L: float,
                     R: float, c_priv: float) -> PrivacyPreconditionError:
   """The ``theory`` preset: eq. (30)-(34) and Theorem 3's preconditions (raises naming the
   first violated one); valid parameters are still refused (unreachable at CPU scale)."""
   p = theorem3_params(n=n, d=d, epsilon=eps, delta=delta, lipschitz=L, radius=R,
-                      C=check_positive(_cfg(cfg, "C", 1.0), "C"),
-                      c_ba=check_positive(_cfg(cfg, "c_ba", 1.0), "c_ba"))
+                      C=check_positive(cfg.C, "C"), c_ba=check_positive(cfg.c_ba, "c_ba"))
   check_theorem3_preconditions(p, n=n, epsilon=eps, delta=delta, c_priv=c_priv)
   return PrivacyPreconditionError("theory preset: parameters valid but the run would need "
                                   f"{p['iterations']} accelerated iterations; not run here")
 
 
-def resque_private_plan(problem, cfg: dict, *, data: dict | None = None) -> ResquePrivatePlan:
+def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None) -> ResquePrivatePlan:
   """The data-free plan of :func:`resque_private_sco` (see the module docstring) from the
   public facts ``n_users * m`` (the item count, public under replace-one), ``d``, ``L`` and a
   finite ``R`` (a :class:`~dpsco_jax.data.PublicFacts` suffices). ``data`` (the audit hook's
   dataset under test, leaves ``[users, m, ...]``) only supplies its public size."""
-  check_relation(cfg.get("relation", RELATION), supported=(RELATION,),
-                 mechanism="ReSQue private SCO")
-  eps, delta = check_epsilon(cfg.get("epsilon")), required_delta(cfg)
-  preset = check_choice(_cfg(cfg, "preset", "practical"), "preset", ("practical", "theory"))
+  cfg = config_view(cfg)
+  check_relation(cfg.relation, supported=(RELATION,), mechanism="ReSQue private SCO")
+  eps, delta = check_epsilon(cfg.epsilon), required_delta(cfg)
+  preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
   if data is None:
     n = int(problem.n_users) * int(problem.m)
   else:
@@ -337,15 +347,14 @@ def resque_private_plan(problem, cfg: dict, *, data: dict | None = None) -> Resq
     raise MissingConstant("radius: resque_private_sco needs the finite radius R of the "
                           "domain (its step sizes and balls scale with R): declare "
                           "constants={'radius': ...}")
-  constants = check_choice(_cfg(cfg, "constants", "explicit"), "constants",
-                           ("explicit", "c_priv"))
-  c_priv = check_positive(_cfg(cfg, "c_priv", 60.0 if preset == "theory" else 1.0), "c_priv")
+  constants = check_choice(cfg.constants, "constants", ("explicit", "c_priv"))
+  # derived default: the theory preset's universal constant 60, else 1
+  c_priv = check_positive(cfg.get("c_priv", 60.0 if preset == "theory" else 1.0), "c_priv")
   if preset == "theory":
     raise _theory_refusal(cfg, n=n, d=d, eps=eps, delta=delta, L=L, R=R, c_priv=c_priv)
-  phases = check_int(_cfg(cfg, "phases", 2), "phases")
-  parallel = check_choice(_cfg(cfg, "phase_budget", "paper"), "phase_budget",
-                          ("paper", "parallel")) == "parallel"
-  ratio = check_positive(_cfg(cfg, "rho_over_r", 4.0), "rho_over_r")
+  phases = check_int(cfg.phases, "phases")
+  parallel = check_choice(cfg.phase_budget, "phase_budget", ("paper", "parallel")) == "parallel"
+  ratio = check_positive(cfg.rho_over_r, "rho_over_r")
   delta_blocks = delta * (1 - ACCOUNTANT_DELTA_SHARE)
   eta_loc = (R / L) * min(1 / math.sqrt(n), eps / math.sqrt(d * math.log(1 / delta)))
   common = dict(ratio=ratio, constants=constants, c_priv=c_priv)
@@ -425,7 +434,7 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
 
 
 @register("resque_private_sco", config=cf.ResquePrivateConfig, paper="002")
-def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
+def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
 
   Item level, replace-one only (``relation``; public: ``n``, the config). Config keys:
@@ -446,7 +455,7 @@ def resque_private_sco(problem, cfg: dict, key: jax.Array) -> Result:
               "planned_gradients": ph.gradients, "max_iter": ph.p["erm"].max_iter}
              for ph in plan.phases]
   debug = ({"phases": debug_phases, "gradients": sum(p["gradients"] for p in debug_phases)}
-           if cfg.get("debug") is True else None)  # only a real bool
+           if config_view(cfg).debug is True else None)  # only a real bool
   # gradient_evaluations: the data-independent worst-case plan (the realized count depends on
   # the data through the bisection and is only in debug)
   return Result(params=x, privacy=report,

@@ -52,6 +52,7 @@ steps ``T``), ``batch_size``, ``clip_norm``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -66,8 +67,8 @@ from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonneg
 from dpsco_jax.algorithms.common import mesh_users_axis
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
-                                            SRGDPlan, paper_epsilon, plan_srgd,
-                                            resolve_relation)
+                                            SRGDPlan, config_view, paper_epsilon,
+                                            plan_srgd, resolve_relation)
 from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, interior_c_dp,
                                                practical_params, theory_params)
 from dpsco_jax.grads import per_user_grads
@@ -367,7 +368,7 @@ def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTr
   return outs
 
 
-def plan_for_problem(name: str, problem, cfg: dict) -> SRGDPlan:
+def plan_for_problem(name: str, problem, cfg: Mapping | Any) -> SRGDPlan:
   """:func:`plan_srgd` from a problem's public facts only: ``n_users`` (public under the
   supported relations), ``d``, ``lipschitz``, ``smoothness``, ``radius`` — never its data.
 
@@ -375,10 +376,12 @@ def plan_for_problem(name: str, problem, cfg: dict) -> SRGDPlan:
   ``smoothness`` only for the default ``beta``, so a problem that does not declare them (a
   :class:`~dpsco_jax.data.UserDataProblem`) runs when those keys are given. An infinite radius
   is the unconstrained step (``radius=None``); the theory preset needs a finite one."""
-  theory = cfg.get("preset", "practical") == "theory"
-  lipschitz = (cfg["clip_norm"] if not theory and cfg.get("clip_norm") is not None
+  cfg = config_view(cfg)
+  theory = cfg.preset == "theory"
+  # the declared constants are read only when the practical preset's config leaves them out
+  lipschitz = (cfg.clip_norm if not theory and cfg.clip_norm is not None
                else problem.lipschitz)
-  smoothness = (cfg["beta"] if not theory and cfg.get("beta") is not None  # then unused
+  smoothness = (cfg.beta if not theory and cfg.beta is not None  # then unused
                 else problem.smoothness)
   radius = float(problem.radius)
   if not math.isfinite(radius):
@@ -422,7 +425,8 @@ def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> Privacy
                        "sensitivity C/B) converted exactly by PLD")
 
 
-def _run_named(name: str, problem, cfg: dict, key: jax.Array) -> Result:
+def _run_named(name: str, problem, cfg: Mapping | Any, key: jax.Array) -> Result:
+  cfg = config_view(cfg)
   debug = check_bool(cfg.get("debug", False), "debug")
   plan = plan_for_problem(name, problem, cfg)      # no data touched; budget checked
   ledger = charge(plan)                            # before anything is released

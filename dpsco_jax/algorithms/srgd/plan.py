@@ -53,11 +53,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import dp_accounting
 import numpy as np
 
+from dpsco_jax import config_families as cf
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import required_delta
@@ -66,6 +68,7 @@ from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, practical_pa
 from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, PrivacyLedger,
                                calibrate_noise_multiplier, check_relation,
                                gaussian_sensitivity_factor)
+from dpsco_jax.config_types import ConfigView
 from dpsco_jax.transforms.srg import check_z_scale
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.transforms.tree_noise import MECHANISMS, prefix_noise_event, tree_levels
@@ -123,11 +126,20 @@ class SRGDPlan:
     return self.mf_sensitivity if self.mf else math.sqrt(self.levels)
 
 
-def resolve_relation(cfg: dict, name: str = "accelerated_dp_srgd") -> str:
-  """``relation`` (default ``zero_out``). ``add_remove`` is refused with the reason and the
-  alternative."""
-  rel = cfg.get("relation")
-  rel = "zero_out" if rel is None else check_choice(rel, "relation", RELATIONS)
+def config_view(cfg: Mapping | Any) -> ConfigView:
+  """Paper 003's config as its planner and drivers read it: the fields of
+  :class:`~dpsco_jax.config_families.SrgdConfig` with their defaults (the one place they are
+  written) and the runner's ``debug``; reading any other key raises. Derived defaults (``B =
+  floor(sqrt n)``, ``beta`` from ``M`` and ``beta_scale``, the clip ``L``, the per-variant
+  noise, ``bands = min(32, T)``) are computed where used, only when the config leaves them out.
+  """
+  return ConfigView(cf.SrgdConfig, cfg, extra=("debug",))
+
+
+def resolve_relation(cfg: Mapping | Any, name: str = "accelerated_dp_srgd") -> str:
+  """``relation`` (the schema's default ``zero_out``). ``add_remove`` is refused with the
+  reason and the alternative."""
+  rel = check_choice(config_view(cfg).relation, "relation", RELATIONS)
   if rel == "add_remove":
     raise ValueError(
         f"{name} cannot honour relation='add_remove': its single epoch cuts the stream into "
@@ -155,24 +167,24 @@ def _calibrate(epsilon: float, delta: float, T: int, mechanism: str, relation: s
                                     accountant=ACCOUNTANT)
 
 
-def _mf_strategy(cfg: dict, noise: str, T: int) -> tuple[tuple, float, str]:
+def _mf_strategy(cfg: ConfigView, noise: str, T: int) -> tuple[tuple, float, str]:
   """(stage spec, sensitivity ||c|| over T steps, source) of the single-epoch MF noise."""
-  strategy = check_choice(cfg.get("mf_strategy", "auto"), "mf_strategy", mf.STRATEGIES)
-  if noise == "banded":
+  strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
+  if noise == "banded":   # derived default: min(32, T) bands
     s = mf.banded_strategy(T, check_int(cfg.get("bands", min(32, T)), "bands"),
                            strategy=strategy)
     spec, coefs, source = ("banded", tuple(map(float, s.coefs))), s.coefs, s.source
   else:
-    b = mf.blt_strategy(T, check_int(cfg.get("buffers", 4), "buffers"), strategy=strategy)
+    b = mf.blt_strategy(T, check_int(cfg.buffers, "buffers"), strategy=strategy)
     spec = ("blt", tuple(map(float, b.buf_decay)), tuple(map(float, b.output_scale)))
     coefs, source = mf.blt_coefs(b.buf_decay, b.output_scale, T), b.source
   return spec, mf.participation_sensitivity(np.asarray(coefs), T), source
 
 
-def _schedule(name: str, cfg: dict, noise: str, *, n: int, p: int, lipschitz: float,
+def _schedule(name: str, cfg: ConfigView, noise: str, *, n: int, p: int, lipschitz: float,
               smoothness: float, radius: float, epsilon: float | None, delta: float,
               relation: str) -> SRGDParams:
-  preset = check_choice(cfg.get("preset", "practical"), "preset", PRESETS)
+  preset = check_choice(cfg.preset, "preset", PRESETS)
   if preset == "theory":
     if name != "accelerated_dp_srgd":
       raise ValueError(f"preset='theory' exists only for accelerated_dp_srgd (Algorithm 1); "
@@ -187,17 +199,18 @@ def _schedule(name: str, cfg: dict, noise: str, *, n: int, p: int, lipschitz: fl
                        f"relation={relation!r} is outside the theorem (use preset='practical')")
     return theory_params(n, p, lipschitz=lipschitz, smoothness=smoothness, radius=radius,
                          epsilon=epsilon, delta=delta,
-                         variant=cfg.get("variant", "constrained"),
-                         batch_size=cfg.get("batch_size"))
+                         variant=cfg.variant, batch_size=cfg.batch_size)
   # Data-independent default clip: the Lipschitz constant. Lemma 5.9's worst case 2(2MR + L)
   # is ~10x the norms seen in practice (spec T12); tune clip_norm on public data.
+  # B = floor(sqrt n), T = floor(n / B) and beta = M max(1, beta_scale T) are derived inside
+  # practical_params, only when the config leaves them out (None).
   clip = cfg.get("clip_norm", lipschitz)
   return practical_params(n, smoothness=smoothness, clip_norm=clip,
-                          batch_size=cfg.get("batch_size"), num_steps=cfg.get("num_steps"),
-                          beta=cfg.get("beta"), beta_scale=cfg.get("beta_scale", 1.0))
+                          batch_size=cfg.batch_size, num_steps=cfg.num_steps,
+                          beta=cfg.beta, beta_scale=cfg.beta_scale)
 
 
-def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothness: float,
+def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float, smoothness: float,
               radius: float | None) -> SRGDPlan:
   """The plan of driver ``name`` from ``cfg`` and public facts only (no data).
 
@@ -206,7 +219,8 @@ def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothn
   ``replace_one``), ``preset``, ``variant``, ``noise_mechanism``, ``batch_size``,
   ``num_steps``, ``beta`` / ``beta_scale``, ``clip_norm``, ``noise_multiplier``, and the
   post-processing ``z_scale``, ``learning_rate``, ``averaging``. ``radius`` is the public
-  constraint set (``None``: unconstrained; the theory preset needs it).
+  constraint set (``None``: unconstrained; the theory preset needs it). The config is read
+  through :func:`config_view` (the schema's defaults; an undeclared key raises).
 
   Raises:
     ValueError: a bad parameter (named) or an unsupported relation.
@@ -215,25 +229,26 @@ def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothn
   """
   check_choice(name, "name", tuple(VARIANTS))
   n, p = check_int(n, "n"), check_int(p, "p")
+  cfg = config_view(cfg)
   srg, noise, accelerated = VARIANTS[name]
+  # derived default: the variant's own noise (tree for the SRG variants, else independent)
   noise = check_choice(cfg.get("noise_mechanism", noise), "noise_mechanism", NOISES)
   if not srg and noise != "independent":
     raise ValueError(f"{name} feeds plain gradients, whose noise is independent per step "
                      "(DP-SGD / Thm 5.13); noise_mechanism must be 'independent'")
   relation = resolve_relation(cfg, name)
-  epsilon = cfg.get("epsilon")
-  epsilon = None if epsilon is None else check_epsilon(epsilon)
-  private = epsilon is not None or cfg.get("noise_multiplier") is not None
+  epsilon = None if cfg.epsilon is None else check_epsilon(cfg.epsilon)
+  private = epsilon is not None or cfg.noise_multiplier is not None
   # a non-private run (no epsilon, no noise_multiplier) has no delta to read
-  delta = required_delta(cfg) if private or cfg.get("delta") is not None else 0.0
+  delta = required_delta(cfg) if private or cfg.delta is not None else 0.0
   prm = _schedule(name, cfg, noise, n=n, p=p, lipschitz=lipschitz, smoothness=smoothness,
                   radius=radius, epsilon=epsilon, delta=delta, relation=relation)
   T, B, C = prm.num_steps, prm.batch_size, prm.clip_norm
-  lr = cfg.get("learning_rate")
+  lr = cfg.learning_rate
   mechanism = noise if (srg and noise != "independent") else "independent"
   spec, sens, source = ((), 1.0, "") if mechanism in MECHANISMS else _mf_strategy(cfg, noise,
                                                                                    T)
-  explicit = cfg.get("noise_multiplier")
+  explicit = cfg.noise_multiplier
   if explicit is not None:
     z = check_nonnegative(explicit, "noise_multiplier")
   elif prm.noise_multiplier is not None:
@@ -258,9 +273,9 @@ def plan_srgd(name: str, cfg: dict, *, n: int, p: int, lipschitz: float, smoothn
                   accelerated=accelerated, levels=levels, noise_std=z * C / B,
                   sensitivity=gaussian_sensitivity_factor(relation) * C / B, event=event,
                   label=label, public=PUBLIC[relation], radius=radius,
-                  z_scale=check_z_scale(cfg.get("z_scale", 1.0)),
+                  z_scale=check_z_scale(cfg.z_scale),
                   learning_rate=None if lr is None else check_positive(lr, "learning_rate"),
-                  averaging=check_choice(cfg.get("averaging", "none"), "averaging", AVERAGING),
+                  averaging=check_choice(cfg.averaging, "averaging", AVERAGING),
                   mf=spec, mf_sensitivity=sens, mf_source=source)
 
 
