@@ -473,27 +473,44 @@ class LocSgdConfig(LocGdConfig):
 
 @dataclasses.dataclass(frozen=True)
 class DPTrainerConfig(Schema):
-  """``flax.DPTrainer`` from a config (user problems with an nnx model only): Poisson DP-SGD
-  step by step, fast clipping, accounted as it goes (:class:`dpsco_jax.flax.DPTrainer`)."""
+  """``flax.DPTrainer`` from a config (user problems with an nnx model only): DP-SGD step by
+  step, fast clipping, accounted as it goes (:class:`dpsco_jax.flax.DPTrainer`): Poisson
+  sampling, or the cyclic schedule with independent / banded / BLT noise (issue #27)."""
   requires_one_of: ClassVar[tuple] = (("epsilon", "noise_multiplier"),)
   epsilon: Optional[float] = _key("target epsilon of num_steps steps (calibrates z; also a "
                                   "budget); null with noise_multiplier: report its epsilon")
   delta: float = _key("target delta", required=True)
   clip_norm: float = _key("clip norm C of each user's (item's) mean gradient", required=True)
-  sampling_rate: float = _key("declared Poisson rate q", required=True)
+  sampling: Literal["poisson", "cyclic"] = _key(
+      "poisson (rate sampling_rate) or cyclic (fixed-order epochs of batch_size users)",
+      "poisson")
+  sampling_rate: Optional[float] = _key("declared Poisson rate q (sampling: poisson, where it "
+                                        "is required)")
+  batch_size: Optional[int] = _key("users per step B (sampling: cyclic, where it is required)")
   num_steps: int = _key("number of steps", required=True)
   learning_rate: float = _key("step size of the optimizer", required=True)
   optimizer: Literal["sgd", "momentum", "adam"] = _key(
       "optax optimizer on the privatized gradient (momentum: 0.9)", "sgd")
   expected_batch_size: Optional[float] = _key(
-      "declared denominator D (default sampling_rate x the declared n_users; under zero_out / "
-      "replace_one: q n)")
-  relation: Optional[Relation] = _key("neighbouring relation", "add_remove")
+      "declared denominator D, poisson only (default sampling_rate x the declared n_users; "
+      "under zero_out / replace_one: q n)")
+  relation: Optional[Relation] = _key("neighbouring relation (default add_remove under "
+                                      "poisson, zero_out under cyclic)")
+  noise_mechanism: Literal["independent", "banded", "blt"] = _key(
+      "noise: independent Gaussian, or banded / BLT matrix factorization (sampling: cyclic)",
+      "independent")
+  bands: Optional[int] = _key("bands b of the banded strategy (default dp_sgd_user's: "
+                              "min(32, steps per epoch))")
+  buffers: Optional[int] = _key("buffers of the BLT strategy, at most (default dp_sgd_user's)")
+  mf_strategy: Optional[Literal["auto", "sqrt", "optimized"]] = _key(
+      "MF strategy: jax_privacy's optimizer (optimized), the built-in sqrt one, or auto "
+      "(default dp_sgd_user's)")
   noise_multiplier: Optional[float] = _key("explicit z (skips calibration; checked vs budget)")
   epsilon_budget: Optional[float] = _key("hard cap of the ledger")
   level: Literal["user", "item"] = _key("user- or item-level DP", "user")
   method: Literal["fast", "vmap", "auto"] = _key("per-user clipping: taps, vmap, or timed", "fast")
-  batch_capacity: Optional[int] = _key("users processed at once (default D + 4 sqrt(D) + 1)")
+  batch_capacity: Optional[int] = _key("users processed at once (default D + 4 sqrt(D) + 1; "
+                                       "cyclic: B)")
   accumulation_steps: int = _key("micro-batches accumulated under one noise draw", 1)
   accountant: Literal["pld", "rdp", "auto"] = _key("privacy accountant", "pld")
   report_every: Optional[int] = _key("steps per accounting block / progress report (default "

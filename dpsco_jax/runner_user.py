@@ -53,8 +53,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from dpsco_jax.config_families import CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, UserProblemKeys
-from dpsco_jax.config_types import ConfigError
+from dpsco_jax.config_families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPTrainerConfig,
+                                       UserProblemKeys)
+from dpsco_jax.config_types import ConfigError, ConfigView
 # your code and your data files, each in its own module (re-exported: the runner and the
 # tests read them here)
 from dpsco_jax.runner_datafiles import (  # noqa: F401
@@ -131,12 +132,53 @@ def check(cfg: dict) -> None:
       raise ConfigError(f"{algorithm}'s guarantee reads m, the items per user: declare it in "
                         "the data file's mapping (data: {path: ..., max_items_per_user: m}); a "
                         "measured m is a function of the private data")
-    if (algorithm in CONFIG_ONLY_ALGORITHMS and cfg.get("expected_batch_size") is None
-        and (cfg.get("relation") or "add_remove") == "add_remove"
-        and cfg.get("n_users") is None):
-      raise ConfigError(f"{algorithm} under relation add_remove needs expected_batch_size or a "
-                        "declared n_users (problem section): the number of users is private")
+    if algorithm in CONFIG_ONLY_ALGORITHMS:
+      trainer = _trainer_view(cfg)
+      if (trainer.sampling == "poisson" and trainer.expected_batch_size is None
+          and trainer.get("relation", "add_remove") == "add_remove"
+          and cfg.get("n_users") is None):
+        raise ConfigError(f"{algorithm} under relation add_remove needs expected_batch_size "
+                          "or a declared n_users (problem section): the number of users is "
+                          "private")
+  if algorithm in CONFIG_ONLY_ALGORITHMS:
+    _check_trainer(cfg)
   _metric_table(cfg.get("metric"), "problem.metric", _as_callable)
+
+
+def _trainer_view(cfg: Mapping) -> ConfigView:
+  """``flax.DPTrainer``'s keys of a run config, with the schema's defaults (the runner's
+  ``debug`` too); its other keys (problem, runner) are not visible."""
+  return ConfigView(DPTrainerConfig, cfg, extra=("debug",))
+
+
+def _check_trainer(cfg: Mapping) -> None:
+  """The keys of ``flax.DPTrainer`` that depend on each other, refused before any run (one
+  line, naming the key): each schedule takes its own keys (the DPTrainer's own checks, so
+  the reason is written once), MF noise only on the cyclic schedule, and its relations."""
+  from dpsco_jax.algorithms.dpsgd.plan import SAMPLING_RELATIONS, check_mf_sampling
+  from dpsco_jax.flax.trainer_noise import check_cyclic_args
+  trainer, name = _trainer_view(cfg), cfg["algorithm"]
+  try:
+    check_mf_sampling(trainer.noise_mechanism, trainer.sampling, allowed=("cyclic",))
+    if trainer.sampling == "cyclic":
+      check_cyclic_args(trainer.sampling_rate, trainer.expected_batch_size)
+  except ValueError as err:
+    raise ConfigError(f"{name}: {err}") from None
+  if trainer.sampling == "poisson":
+    if trainer.sampling_rate is None:
+      raise ConfigError(f"{name} with sampling poisson needs sampling_rate (the declared "
+                        "Poisson rate q)")
+    if trainer.batch_size is not None:
+      raise ConfigError(f"{name}: batch_size is the cyclic schedule's (sampling: cyclic); "
+                        "Poisson sampling takes sampling_rate and expected_batch_size")
+    return
+  if trainer.batch_size is None:
+    raise ConfigError(f"{name} with sampling cyclic needs batch_size (users per step B)")
+  supported = SAMPLING_RELATIONS["cyclic"]
+  if trainer.relation is not None and trainer.relation not in supported:
+    raise ConfigError(f"{name}: relation {trainer.relation} is not supported with sampling "
+                      f"cyclic (its batches are by slot, n public): use "
+                      f"{' or '.join(supported)}")
 
 
 def check_metrics(runs: list[dict], metrics: tuple[tuple[str, str], ...]) -> None:
@@ -245,39 +287,48 @@ def _algorithm_config(cfg: dict, problem: UserProblem) -> dict:
 
 def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
            progress: Callable | None) -> tuple[Any, dict, Any]:
-  """``flax.DPTrainer`` from a config: (privacy report, record extras, debug)."""
+  """``flax.DPTrainer`` from a config: (privacy report, record extras, debug). Keys the config
+  leaves out (``null``) are not passed: the DPTrainer's (and its plan's) defaults apply."""
   import optax
   from dpsco_jax.api import Progress
   from dpsco_jax.flax import DPTrainer
   if not problem.is_module:
     raise ConfigError("flax.DPTrainer trains an nnx.Module; this problem's model is a "
                       f"{type(problem.model).__name__} (params): run dp_sgd_user on it")
-  lr, steps, q = cfg["learning_rate"], cfg["num_steps"], cfg["sampling_rate"]
+  v = _trainer_view(cfg)
+  lr, steps = v.learning_rate, v.num_steps
   optimizer = {"sgd": lambda: optax.sgd(lr), "momentum": lambda: optax.sgd(lr, momentum=0.9),
-               "adam": lambda: optax.adam(lr)}[cfg.get("optimizer") or "sgd"]()
-  relation = cfg.get("relation") or "add_remove"
-  denominator = cfg.get("expected_batch_size")
-  if denominator is None and relation == "add_remove":
+               "adam": lambda: optax.adam(lr)}[v.optimizer]()
+  denominator = v.expected_batch_size
+  if (v.sampling == "poisson" and denominator is None
+      and v.get("relation", "add_remove") == "add_remove"):
     if problem.n_users is None:
       raise ConfigError("flax.DPTrainer under relation add_remove needs expected_batch_size or "
                         "a declared n_users: the number of users is private")
-    denominator = q * problem.n_users
+    denominator = v.sampling_rate * problem.n_users   # derived: q x the declared n_users
+  given = {k: v[k] for k in ("sampling_rate", "relation", "noise_multiplier", "epsilon_budget",
+                             "batch_capacity", "batch_size", "bands", "buffers", "mf_strategy")
+           if v[k] is not None}
   trainer = DPTrainer(
-      model, problem.loss, optimizer, data=problem.data, clip_norm=cfg["clip_norm"],
-      sampling_rate=q, delta=cfg["delta"], expected_batch_size=denominator, relation=relation,
-      noise_multiplier=cfg.get("noise_multiplier"), target_epsilon=cfg.get("epsilon"),
-      num_steps=steps, epsilon_budget=cfg.get("epsilon_budget"),
-      level=cfg.get("level") or "user", method=cfg.get("method") or "fast",
-      batch_capacity=cfg.get("batch_capacity"),
-      accumulation_steps=cfg.get("accumulation_steps") or 1, key=key,
-      accountant=cfg.get("accountant") or "pld", debug=cfg.get("debug") is True)
+      model, problem.loss, optimizer, data=problem.data, clip_norm=v.clip_norm,
+      delta=v.delta, expected_batch_size=denominator, target_epsilon=v.epsilon,
+      num_steps=steps, level=v.level, method=v.method, sampling=v.sampling,
+      noise_mechanism=v.noise_mechanism, accumulation_steps=v.accumulation_steps, key=key,
+      accountant=v.accountant, debug=v.debug is True, **given)
   log_fn = None if progress is None else (
       lambda rec: progress(Progress(int(rec["step"]), steps, float(rec["epsilon"]))))
-  trainer.train(steps, report_every=cfg.get("report_every") or max(1, steps // 20),
-                log_fn=log_fn)
+  trainer.train(steps, report_every=v.get("report_every", max(1, steps // 20)), log_fn=log_fn)
   extras = {"num_steps": steps, "noise_multiplier": float(trainer.noise_multiplier),
-            "sampling_rate": q, "expected_batch_size": float(trainer.denominator),
-            "clip_method": trainer.clipper.method}
+            "sampling": trainer.sampling, "sampling_rate": trainer.q,
+            "expected_batch_size": float(trainer.denominator),
+            "noise_mechanism": trainer.noise_mechanism, "clip_method": trainer.clipper.method}
+  if trainer.cyclic is not None:  # the cyclic plan's schedule and MF noise, as dp_sgd_user's
+    plan = trainer.cyclic.plan
+    extras["batch_size"] = plan.batch
+    if plan.mf is not None:
+      extras.update(mf_strategy=plan.mf.source, mf_sensitivity=plan.mf.sensitivity,
+                    **({"bands": len(plan.mf.coefs)} if plan.noise == "banded"
+                       else {"buffers": len(plan.mf.buf_decay)}))
   return trainer.privacy_report(), extras, trainer.debug
 
 

@@ -184,6 +184,27 @@ algorithm: {{name: flax.DPTrainer, epsilon: 3.0, delta: 1.0e-5, clip_norm: 1.0, 
     assert r["user_metrics"] == ["train_accuracy"] and r["config"]["optimizer"] == "adam"
 
 
+def test_flax_dptrainer_cyclic_banded_from_a_config(tmp_path, user_mod):
+  """The DPTrainer's cyclic schedule and MF noise keys reach it from YAML: the record says
+  which noise ran (and its strategy), on the cyclic plan's relation and schedule."""
+  cfg = _write(tmp_path, f"""\
+problem:
+  model: "{user_mod}:Tiny"
+  loss: "{user_mod}:tiny_loss"
+  data: {{path: train.npz, max_items_per_user: 3}}
+  metric: {{train_accuracy: "{user_mod}:tiny_accuracy"}}
+algorithm: {{name: flax.DPTrainer, epsilon: 3.0, delta: 1.0e-5, clip_norm: 1.0, num_steps: 8,
+             learning_rate: 0.5, sampling: cyclic, batch_size: 10,
+             noise_mechanism: banded, bands: 2, mf_strategy: sqrt}}
+""")
+  [r] = runner.main_run(cfg, progress=False)
+  assert r["status"] == "ok", r
+  assert r["noise_mechanism"] == "banded" and r["sampling"] == "cyclic" and r["bands"] == 2
+  assert r["batch_size"] == 10 and r["expected_batch_size"] == 10.0  # D = B
+  assert r["relation"] == "zero_out" and r["mf_strategy"] and r["mf_sensitivity"] > 0
+  assert r["epsilon"] == pytest.approx(3.0, rel=1e-2) and r["epsilon"] <= 3.0 + 1e-9
+
+
 def test_a_run_trains_a_copy_of_the_problems_model(user_mod):
   from flax import nnx
   mod = sys.modules[user_mod]
@@ -277,6 +298,25 @@ experiments:
     ('model: "{m}:Tiny"\n  loss: "{m}:tiny_loss"\n  data: train.npz\n  n_users: 40',
      "flax.DPTrainer", ", epsilon: 1.0, delta: 1.0e-5, clip_norm: 1.0, sampling_rate: 0.1, "
      "num_steps: 3, lr: 0.1", r"unknown key 'lr' .*\(did you mean 'learning_rate'\?\)"),
+    ('model: "{m}:Tiny"\n  loss: "{m}:tiny_loss"\n  data: train.npz', "flax.DPTrainer",
+     ", epsilon: 1.0, delta: 1.0e-5, clip_norm: 1.0, num_steps: 3, learning_rate: 0.1, "
+     "sampling: cyclic, batch_size: 10, noise_mechanism: bandd",
+     r"noise_mechanism must be one of .*'banded'"),
+    ('model: "{m}:Tiny"\n  loss: "{m}:tiny_loss"\n  data: train.npz', "flax.DPTrainer",
+     ", epsilon: 1.0, delta: 1.0e-5, clip_norm: 1.0, num_steps: 3, learning_rate: 0.1, "
+     "sampling: cyclic, batch_size: 10, noise_mechanism: banded, bands: two",
+     r"bands must be an integer, got 'two'"),
+    ('model: "{m}:Tiny"\n  loss: "{m}:tiny_loss"\n  data: train.npz\n  n_users: 40',
+     "flax.DPTrainer", ", epsilon: 1.0, delta: 1.0e-5, clip_norm: 1.0, num_steps: 3, "
+     "learning_rate: 0.1, sampling_rate: 0.1, noise_mechanism: blt",
+     r"flax.DPTrainer: noise_mechanism='blt' is priced for a bounded-participation schedule"),
+    ('model: "{m}:Tiny"\n  loss: "{m}:tiny_loss"\n  data: train.npz', "flax.DPTrainer",
+     ", epsilon: 1.0, delta: 1.0e-5, clip_norm: 1.0, num_steps: 3, learning_rate: 0.1, "
+     "sampling: cyclic, batch_size: 10, sampling_rate: 0.1",
+     r"sampling_rate is a Poisson-sampling argument"),
+    ('model: "{m}:Tiny"\n  loss: "{m}:tiny_loss"\n  data: train.npz', "flax.DPTrainer",
+     ", epsilon: 1.0, delta: 1.0e-5, clip_norm: 1.0, num_steps: 3, learning_rate: 0.1, "
+     "sampling: cyclic", r"with sampling cyclic needs batch_size"),
     ('name: logistic\n  n_users: 10\n  m: 1\n  d: 2', "flax.DPTrainer",
      ", epsilon: 1.0, delta: 1.0e-5, clip_norm: 1.0, sampling_rate: 0.1, num_steps: 3, "
      "learning_rate: 0.1", r"flax.DPTrainer trains your nnx model: it runs on a user problem"),
