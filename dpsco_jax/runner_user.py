@@ -54,7 +54,7 @@ import jax
 import numpy as np
 
 from dpsco_jax.config_families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPTrainerConfig,
-                                       UserProblemKeys)
+                                       RunnerKeys, UserProblemKeys)
 from dpsco_jax.config_types import ConfigError, ConfigView
 # your code and your data files, each in its own module (re-exported: the runner and the
 # tests read them here)
@@ -102,6 +102,17 @@ class UserProblem:
 # ------------------------------------------------------------------------------- checks
 
 
+def _problem_view(cfg: Mapping) -> ConfigView:
+  """The ``user`` problem's keys of a run config (:class:`UserProblemKeys`); reading any other
+  name raises, so a key read here is a key the schema validates."""
+  return ConfigView(UserProblemKeys, cfg)
+
+
+def _runner_view(cfg: Mapping) -> ConfigView:
+  """The runner's own keys (``seed``, ``debug``) with their schema defaults."""
+  return ConfigView(RunnerKeys, cfg)
+
+
 def check(cfg: dict) -> None:
   """Checks a validated ``user`` run config before anything runs: the imports, the
   arguments, the data files and their columns, and that the algorithm can run on your code.
@@ -111,23 +122,24 @@ def check(cfg: dict) -> None:
   if algorithm in UNSUPPORTED:
     raise ConfigError(f"{algorithm} cannot run on your model and data: "
                       f"{UNSUPPORTED[algorithm]}")
-  args = cfg.get("args") or {}
-  if cfg.get("factory") is not None:
-    given = [k for k in ("model", "loss", "data", "eval_data") if cfg.get(k) is not None]
+  prob = _problem_view(cfg)
+  args = prob.args or {}
+  if prob.factory is not None:
+    given = [k for k in ("model", "loss", "data", "eval_data") if prob[k] is not None]
     if given:
       raise ConfigError(f"problem.{given[0]}: a factory builds the whole problem; give "
                         "factory (with args), or model, loss and data, not both")
-    _check_args(import_object(cfg["factory"], "problem.factory"), args, "problem.factory")
+    _check_args(import_object(prob.factory, "problem.factory"), args, "problem.factory")
   else:
-    missing = [k for k in ("model", "loss", "data") if cfg.get(k) is None]
+    missing = [k for k in ("model", "loss", "data") if prob[k] is None]
     if missing:
       raise ConfigError("the user problem needs factory, or model, loss and data (missing: "
                         f"{', '.join(missing)})")
-    _check_args(import_object(cfg["model"], "problem.model"), args, "problem.model")
-    import_object(cfg["loss"], "problem.loss")
-    data = parse_data_file(cfg["data"], "problem.data")
-    if cfg.get("eval_data") is not None:
-      parse_data_file(cfg["eval_data"], "problem.eval_data")
+    _check_args(import_object(prob.model, "problem.model"), args, "problem.model")
+    import_object(prob.loss, "problem.loss")
+    data = parse_data_file(prob.data, "problem.data")
+    if prob.eval_data is not None:
+      parse_data_file(prob.eval_data, "problem.eval_data")
     if algorithm in READS_M and data.max_items_per_user is None:
       raise ConfigError(f"{algorithm}'s guarantee reads m, the items per user: declare it in "
                         "the data file's mapping (data: {path: ..., max_items_per_user: m}); a "
@@ -136,13 +148,13 @@ def check(cfg: dict) -> None:
       trainer = _trainer_view(cfg)
       if (trainer.sampling == "poisson" and trainer.expected_batch_size is None
           and trainer.get("relation", "add_remove") == "add_remove"
-          and cfg.get("n_users") is None):
+          and prob.n_users is None):
         raise ConfigError(f"{algorithm} under relation add_remove needs expected_batch_size "
                           "or a declared n_users (problem section): the number of users is "
                           "private")
   if algorithm in CONFIG_ONLY_ALGORITHMS:
     _check_trainer(cfg)
-  _metric_table(cfg.get("metric"), "problem.metric", _as_callable)
+  _metric_table(prob.metric, "problem.metric", _as_callable)
 
 
 def _trainer_view(cfg: Mapping) -> ConfigView:
@@ -239,28 +251,28 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
   """The runner's factory of the ``user`` problem: calls your factory (or model) for the
   run's seed, reads the data files, applies the config's metric / constants / n_users."""
   from dpsco_jax.data import UserData
-  seed = int(cfg.get("seed", 0))
-  args = dict(cfg.get("args") or {})
-  if cfg.get("factory") is not None:
-    source = cfg["factory"]
+  prob, seed = _problem_view(cfg), int(_runner_view(cfg).seed)
+  args = dict(prob.args or {})
+  if prob.factory is not None:
+    source = prob.factory
     problem = _normalize(_call(import_object(source, "problem.factory"), args, seed, key),
                          f"factory {source}")
     if not isinstance(problem, UserProblem):
       return problem  # a problem object of its own: runs like the registered problems
   else:
-    source = cfg["model"]
+    source = prob.model
     model = _call(import_object(source, "problem.model"), args, seed, key)
-    data = load_data_file(parse_data_file(cfg["data"], "problem.data"))
-    eval_data = (None if cfg.get("eval_data") is None else
-                 load_data_file(parse_data_file(cfg["eval_data"], "problem.eval_data")))
-    problem = UserProblem(import_object(cfg["loss"], "problem.loss"), model, data, eval_data)
+    data = load_data_file(parse_data_file(prob.data, "problem.data"))
+    eval_data = (None if prob.eval_data is None else
+                 load_data_file(parse_data_file(prob.eval_data, "problem.eval_data")))
+    problem = UserProblem(import_object(prob.loss, "problem.loss"), model, data, eval_data)
   problem = dataclasses.replace(problem, source=source)
   problem.metrics = {**problem.metrics,
-                     **_metric_table(cfg.get("metric"), "problem.metric", _as_callable)}
+                     **_metric_table(prob.metric, "problem.metric", _as_callable)}
   problem.constants = {**problem.constants,
-                       **{k: cfg[k] for k in CONSTANT_KEYS if cfg.get(k) is not None}}
-  if cfg.get("n_users") is not None:
-    problem.n_users = cfg["n_users"]
+                       **{k: prob[k] for k in CONSTANT_KEYS if prob[k] is not None}}
+  if prob.n_users is not None:
+    problem.n_users = prob.n_users
   for name, value in (("data", problem.data), ("eval_data", problem.eval_data)):
     if name == "data" or value is not None:
       if not isinstance(value, UserData):
@@ -280,7 +292,7 @@ def _algorithm_config(cfg: dict, problem: UserProblem) -> dict:
   out = {k: v for k, v in cfg.items() if k in names}
   if problem.n_users is not None:
     out["n_users"] = int(problem.n_users)
-  if cfg.get("debug") is True:
+  if _runner_view(cfg).debug is True:
     out["debug"] = True
   return out
 
@@ -381,13 +393,13 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
       "privacy_level": privacy.level, "relation": privacy.relation,
       "paper_epsilon": privacy.paper_epsilon, **metrics, "user_metrics": list(metrics),
       "gradient_evaluations": gradient_evaluations, "wall_time_s": wall,
-      "seed": int(cfg.get("seed", 0))}
+      "seed": int(_runner_view(cfg).seed)}
   record.update({k: v for k, v in problem.constants.items() if k in CONSTANT_KEYS})
   record.update({k: v for k, v in extras.items() if k not in record})
   if fallback is not None:
     record["fallback"] = fallback
   if privacy.notes:
     record["privacy_notes"] = privacy.notes
-  if cfg.get("debug") is True and debug is not None:
+  if _runner_view(cfg).debug is True and debug is not None:
     record["debug"] = debug
   return record

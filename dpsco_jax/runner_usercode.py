@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import jax
 
-from dpsco_jax.config_types import ConfigError
+from dpsco_jax.config_families import UserProblemKeys
+from dpsco_jax.config_types import ConfigError, ConfigView
 
 __all__ = ["CONSTANT_KEYS", "import_object", "metric_table", "as_callable", "static_metrics"]
 
@@ -153,9 +154,10 @@ def _as_callable(v: Any, where: str) -> Callable:
 def static_metrics(cfg: dict) -> set[str] | None:
   """The metric fields a user run's records will have, when the config alone says (no
   factory); None when a factory may add some."""
-  if cfg.get("factory") is not None:
+  prob = ConfigView(UserProblemKeys, cfg)
+  if prob.factory is not None:
     return None
-  return set(_metric_table(cfg.get("metric"), "problem.metric", _as_callable))
+  return set(_metric_table(prob.metric, "problem.metric", _as_callable))
 
 
 # the names runner_user has always used
