@@ -14,38 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax import lax
 
 from dpsco_jax.flax.fast_clip import FastClippedGrad
-
-_PRIMS = ("dot_general", "conv_general_dilated")
-
-
-def _sub_jaxprs(value):
-  if isinstance(value, jax.extend.core.ClosedJaxpr):
-    yield value.jaxpr
-  elif isinstance(value, jax.extend.core.Jaxpr):
-    yield value
-  elif isinstance(value, (tuple, list)):
-    for v in value:
-      yield from _sub_jaxprs(v)
-
-
-def _low_precision_eqns(jaxpr, where="top"):
-  """``(where, primitive, precision, dtypes)`` of every matmul/conv not at HIGHEST."""
-  bad = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name in _PRIMS:
-      prec = eqn.params.get("precision")
-      precs = prec if isinstance(prec, tuple) else (prec, prec)
-      dtypes = tuple(str(v.aval.dtype) for v in eqn.invars)
-      wide = all(d == "float64" for d in dtypes)
-      if not wide and not all(p == lax.Precision.HIGHEST for p in precs):
-        bad.append((where, eqn.primitive.name, prec, dtypes))
-    for name, value in eqn.params.items():
-      for sub in _sub_jaxprs(value):
-        bad += _low_precision_eqns(sub, f"{where}/{eqn.primitive.name}.{name}")
-  return bad
+from precision_lint import low_precision_eqns
 
 
 class Mlp(nnx.Module):
@@ -104,7 +75,7 @@ def test_every_matmul_of_the_clipped_sum_is_at_highest(case, level, dtype):
   params = nnx.split(model, nnx.Param, ...)[1]
   fast = FastClippedGrad(model, _loss, clip_norm=1.0, level=level)
   closed = jax.make_jaxpr(fast.clipped_sum)(params, batch, np.ones((3,), bool))
-  bad = _low_precision_eqns(closed.jaxpr)
+  bad = low_precision_eqns(closed.jaxpr)
   assert not bad, f"{len(bad)} matmuls below HIGHEST, e.g. {bad[:3]}"
   if dtype == "float32":  # and the plan did tap something (not all fallback)
     assert fast.plan(params, batch).fast

@@ -637,9 +637,7 @@ def test_the_numbers_the_release_is_decided_on_are_computed_at_highest_precision
   the backend default (GPU: TF32, ~1e-3 relative, ran these tests off by that much on an H200):
   a lint of their jaxprs, which a CPU can check. The lint has power: the same user function
   traced outside the library's wrapper shows its default-precision dot."""
-  import sys, os  # noqa: E401
-  sys.path.insert(0, os.path.dirname(__file__))
-  from precision_lint import default_precision_dots
+  from precision_lint import default_precision_dots  # tests/ is on sys.path under pytest
   U = jnp.asarray(np.random.default_rng(0).normal(size=(5, 2)), jnp.float32)
 
   def f_default(mask):                      # a user's f, written without any precision

@@ -48,7 +48,6 @@ statistics, RNG counters, a kernel frozen in a non-``Param`` variable) is held f
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -62,6 +61,7 @@ from dpsco_jax.flax import fast_clip_cost as fc
 from dpsco_jax.flax import fast_clip_norms as fn
 from dpsco_jax.flax import fast_clip_taps as ft
 from dpsco_jax.grads import per_user_grads
+from dpsco_jax.precision import at_guarantee_precision
 from dpsco_jax.transforms.clipping import (_check_bounded, _check_mean,
                                            aggregation_sensitivity, clip_and_aggregate,
                                            tree_global_norms)
@@ -114,27 +114,19 @@ class _Part:
   release: Callable | None = None
 
 
-def _at_highest(method):
-  """Traces ``method`` (the model's per-user passes and every norm and release built on them)
-  with float32 matmuls, whatever the backend's or the caller's default.
-
-  Why: the backend default is TF32 on GPUs and bf16 passes on TPUs (1e-3 relative; XLA:CPU
-  ignores it, so CPU never shows the difference). The certified bounds of
-  :mod:`dpsco_jax.flax.fast_clip_norms` assume ``Precision.HIGHEST`` in their own products
-  (which they pin explicitly), and the per-user gradients, output gradients and layer inputs
-  they are taken of come from the user's model: at TF32 those are a shape-dependent rounding
-  of the model's gradient (a micro-batch of 4 and one of 16 users were rounded differently,
-  the fast norms fell below the float64 norms of the model they clip). Pinning the whole
-  clipped sum makes every number the guarantee and the tests rely on the float32 one on every
-  backend; the cost is full float32 matmuls in the private step (what ``bench_gpu`` measures
-  anyway). ``tests/test_flax_fast_clip_precision.py`` checks every traced matmul/conv."""
-
-  @functools.wraps(method)
-  def wrapper(*args, **kwargs):
-    with jax.default_matmul_precision("highest"):
-      return method(*args, **kwargs)
-
-  return wrapper
+# The clipped sum and the norms run under ``at_guarantee_precision`` (dpsco_jax/precision.py):
+# the model's per-user passes and every norm and release built on them use float32 matmuls
+# whatever the backend's or the caller's default.
+# Why: the backend default is TF32 on GPUs and bf16 passes on TPUs (1e-3 relative; XLA:CPU
+# ignores it, so CPU never shows the difference). The certified bounds of
+# :mod:`dpsco_jax.flax.fast_clip_norms` assume ``Precision.HIGHEST`` in their own products
+# (which they pin explicitly), and the per-user gradients, output gradients and layer inputs
+# they are taken of come from the user's model: at TF32 those are a shape-dependent rounding
+# of the model's gradient (a micro-batch of 4 and one of 16 users were rounded differently,
+# the fast norms fell below the float64 norms of the model they clip). Pinning the whole
+# clipped sum makes every number the guarantee and the tests rely on the float32 one on every
+# backend; the cost is full float32 matmuls in the private step (what ``bench_gpu`` measures
+# anyway). ``tests/test_flax_fast_clip_precision.py`` checks every traced matmul/conv.
 
 
 def _prod(xs) -> int:
@@ -495,7 +487,7 @@ class FastClippedGrad:
       return self.autotune(params, batch)
     return self.method
 
-  @_at_highest
+  @at_guarantee_precision
   def norms(self, params: PyTree, batch: PyTree) -> jax.Array:
     """Per-user (per-example at item level) gradient norms ``[U]``: exact for ``vmap``,
     certified upper bounds (equal to ~1e-6 on ordinary inputs) for ``fast``."""
@@ -510,7 +502,7 @@ class FastClippedGrad:
     shaped like ``params``, and the (secret) :class:`ClipInfo`."""
     return self._clipped_sum_with(self._method(params, batch), params, batch, user_mask)
 
-  @_at_highest
+  @at_guarantee_precision
   def _clipped_sum_with(self, method: str, params: PyTree, batch: PyTree,
                         user_mask: jax.Array | None) -> tuple[PyTree, ClipInfo]:
     users = self._as_users(batch)
