@@ -74,14 +74,19 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_four_devices_release_the_one_device_params_and_refuse_a_mesh_without_users():
+def _on_four_devices(script: str) -> dict:
+  """Runs ``script`` in a subprocess with 4 forced CPU devices; its last stdout line (JSON)."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+  proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_four_devices_release_the_one_device_params_and_refuse_a_mesh_without_users():
+  out = _on_four_devices(SCRIPT)
   for name in ("poisson", "full", "fixed"):
     r = out[name]
     assert r["same_report"], name
@@ -162,12 +167,7 @@ SRGD_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_four_devices_release_the_one_device_params_for_paper_003_and_loc_sgd():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", SRGD_SCRIPT], env=env, capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = _on_four_devices(SRGD_SCRIPT)
   for name in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
                "accelerated_dp_srgd_independent_noise", "accelerated_dp_sgd",
                "single_epoch_dp_sgd", "dp_loc_sgd"):
