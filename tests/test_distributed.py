@@ -20,20 +20,10 @@ import dpsco_jax
 from dpsco_jax.data import UserData
 from dpsco_jax.data.user_data import ShardInfo
 from dpsco_jax.distributed import privacy_digest
+from multidevice_users import USERS
 
-DATA = textwrap.dedent("""
-    import numpy as np, jax, jax.numpy as jnp
-    from dpsco_jax.data import UserData
-    rng = np.random.default_rng(0)
-    n = 103                                     # not divisible by 2: shards of 51 and 52
-    ids = rng.integers(0, n, 600); ids[:n] = np.arange(n)
-    x = rng.normal(size=(600, 5)).astype(np.float32)
-    y = (rng.random(600) < 0.5).astype(np.float32)
-    data = UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=8)
-    def loss(p, ex):
-      z = ex["x"] @ p["w"] + p["b"]
-      return jax.nn.softplus(z) - ex["y"] * z
-    params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
+DATA = USERS + textwrap.dedent("""
+    # n = 103 users: not divisible by 2, shards of 51 and 52
     # an explicit noise multiplier (its epsilon reported): no calibration in each fit
     cfg = {"epsilon": None, "noise_multiplier": 2.0, "delta": 1e-5, "clip_norm": 1.0,
            "learning_rate": 0.5, "num_steps": 25, "n_users": 110, "batch_size": 20}

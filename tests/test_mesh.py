@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+from multidevice_users import USERS
 
 SCRIPT = textwrap.dedent("""
     import json, warnings
@@ -21,16 +22,8 @@ SCRIPT = textwrap.dedent("""
     import dpsco_jax
     from dpsco_jax.data import UserData
     assert len(jax.devices()) == 4, jax.devices()
-    rng = np.random.default_rng(0)
-    n = 103                                     # not divisible by 4: padded and masked
-    ids = rng.integers(0, n, 600); ids[:n] = np.arange(n)
-    x = rng.normal(size=(600, 5)).astype(np.float32)
-    y = (rng.random(600) < 0.5).astype(np.float32)
-    data = UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=8)
-    def loss(p, ex):
-      z = ex["x"] @ p["w"] + p["b"]
-      return jax.nn.softplus(z) - ex["y"] * z
-    params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
+""") + USERS + textwrap.dedent("""
+    # n = 103 users: not divisible by 4: padded and masked
     base = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
             "num_steps": 25}
     cfgs = {"poisson": dict(base, n_users=n, batch_size=20),
@@ -104,16 +97,8 @@ SRGD_SCRIPT = textwrap.dedent("""
     import dpsco_jax
     from dpsco_jax.data import UserData
     assert len(jax.devices()) == 4, jax.devices()
-    rng = np.random.default_rng(0)
-    n = 103                      # practical preset: B = 10, T = 10; 10 slots padded to 12
-    ids = rng.integers(0, n, 600); ids[:n] = np.arange(n)
-    x = rng.normal(size=(600, 5)).astype(np.float32)
-    y = (rng.random(600) < 0.5).astype(np.float32)
-    data = UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=8)
-    def loss(p, ex):
-      z = ex["x"] @ p["w"] + p["b"]
-      return jax.nn.softplus(z) - ex["y"] * z
-    params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
+""") + USERS + textwrap.dedent("""
+    # n = 103 users: practical preset: B = 10, T = 10; 10 slots padded to 12
     consts = {"lipschitz": 1.0, "smoothness": 1.0}
     cfg = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0}
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("users",))

@@ -1,0 +1,22 @@
+"""The small user-level logistic problem that the multi-device (tests/test_mesh.py) and
+multi-process (tests/test_distributed.py) tests run in subprocesses, as source text, so that a
+``python -c`` script can include it: 103 users (divisible by neither 2 nor 4, so shards are
+unequal and device batches padded) of up to 8 items of 5 features. Defines ``np``, ``jax``,
+``jnp``, ``UserData``, ``n``, ``data``, ``loss`` and ``params``."""
+
+import textwrap
+
+USERS = textwrap.dedent("""
+    import numpy as np, jax, jax.numpy as jnp
+    from dpsco_jax.data import UserData
+    rng = np.random.default_rng(0)
+    n = 103
+    ids = rng.integers(0, n, 600); ids[:n] = np.arange(n)
+    x = rng.normal(size=(600, 5)).astype(np.float32)
+    y = (rng.random(600) < 0.5).astype(np.float32)
+    data = UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=8)
+    def loss(p, ex):
+      z = ex["x"] @ p["w"] + p["b"]
+      return jax.nn.softplus(z) - ex["y"] * z
+    params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
+""")
