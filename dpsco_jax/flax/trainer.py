@@ -326,6 +326,15 @@ class DPTrainer:
     updates, inner = self.optimizer.update(noisy, inner, params)
     return noisy, updates, (noise_state, inner)
 
+  def _release_step(self, params: PyTree, opt_state: tuple, rows: PyTree, mask: jax.Array,
+                    noise_tx) -> tuple[tuple[PyTree, tuple], PyTree]:
+    """One step of :meth:`release_fn` (Poisson or cyclic) on the sampled ``rows``:
+    ``((new params, opt_state), privatized gradient)``."""
+    summed, _ = self.clipper.clipped_sum(params, rows, mask)
+    summed = jax.tree.map(lambda s, z: s.astype(z.dtype), summed, self._zeros(params))
+    noisy, updates, opt_state = self._privatize(summed, opt_state, params, noise_tx)
+    return (optax.apply_updates(params, updates), opt_state), noisy
+
   def _build(self):
     clipper, q, n = self.clipper, self.q, self.n
 
@@ -512,10 +521,7 @@ class DPTrainer:
       def step(carry, t):
         params, opt_state = carry
         mask = jax.random.bernoulli(jax.random.fold_in(sample_key, t), self.q, (n,))
-        summed, _ = self.clipper.clipped_sum(params, dataset, mask)
-        summed = jax.tree.map(lambda s, z: s.astype(z.dtype), summed, self._zeros(params))
-        noisy, updates, opt_state = self._privatize(summed, opt_state, params, noise_tx)
-        return (optax.apply_updates(params, updates), opt_state), noisy
+        return self._release_step(params, opt_state, dataset, mask, noise_tx)
 
       _, out = jax.lax.scan(step, (params0, opt0), jnp.arange(steps))
       return out

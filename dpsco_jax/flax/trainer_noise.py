@@ -227,10 +227,7 @@ def cyclic_release_fn(trainer: Any, steps: int, noise: bool
       idx = jax.lax.dynamic_slice(slots, (lo,), (batch,))
       mask = jax.lax.dynamic_slice(real, (lo,), (batch,))
       rows = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), dataset)
-      summed, _ = trainer.clipper.clipped_sum(params, rows, mask)
-      summed = jax.tree.map(lambda s, z: s.astype(z.dtype), summed, trainer._zeros(params))
-      noisy, updates, opt_state = trainer._privatize(summed, opt_state, params, noise_tx)
-      return (optax.apply_updates(params, updates), opt_state), noisy
+      return trainer._release_step(params, opt_state, rows, mask, noise_tx)
 
     _, out = jax.lax.scan(step, (params0, opt0), jnp.arange(steps))
     return out
