@@ -333,8 +333,8 @@ def _check_data_for_plan(p: "Plan", data: UserData, what: str) -> None:
   if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
                                                            p.spec.max_items_per_user):
     raise ValueError(f"the plan was made for {p.spec.n_users} users x "
-                     f"{p.spec.max_items_per_user} items, {what} has {data.n_users} x "
-                     f"{data.max_items_per_user}: plan again with its spec")
+                     f"{p.spec.max_items_per_user} items, {what} states {data.spec.n_users} x "
+                     f"{data.spec.max_items_per_user}: plan again with its spec")
   if p.algorithm in ITEM_GUARANTEE:
     data.require_all_items(p.algorithm)
 

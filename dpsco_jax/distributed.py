@@ -281,6 +281,45 @@ def fit(algorithm: str, config: Any, loss_fn: Callable, params: Any, data: UserD
   return run(p, loss_fn, params, data, key, api=api, **kwargs)
 
 
+def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
+             mesh: Any, data_placement: str, api: ModuleType, facts: dict) -> tuple:
+  """This process's checks and plan before the handshake, and its facts for it (filled into
+  ``facts``): ``(config, plan, problem, shard info, initial params)``. Raises what is wrong
+  here; :func:`run` tells the other processes first."""
+  from dpsco_jax.algorithms.dpsgd.driver import dp_sgd_plan
+  from dpsco_jax.data.problem import UserDataProblem
+
+  if not isinstance(p, api.Plan):
+    raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
+  if not isinstance(data, UserData):
+    raise TypeError(f"data must be a UserData, got {type(data).__name__}")
+  _refusal(p, data, mesh, data_placement)
+  problem = UserDataProblem(loss_fn, params, data, level="user", constants=p.constants)
+  if problem.d != p.num_params:
+    raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
+                     f"{problem.d}")
+  api._check_data_for_plan(p, data, "the data")
+  cfg = api._driver_config(p)
+  plan = dp_sgd_plan(problem, cfg)       # the spec's (global) facts, never the local count
+  if plan.relation == "add_remove" and data.spec.n_users > plan.n_public:
+    raise ValueError(f"the data has {data.spec.n_users} users, more than the declared "
+                     f"n_users ({plan.n_public})")
+  info = data.shard_info or ShardInfo(0, 1, data.n_users)
+  w0 = np.asarray(problem.init_params())
+  config = {"algorithm": p.algorithm, **p.config}
+  facts.update(
+      ok=1, config=_words(_canonical(config)), config_len=len(_canonical(config)),
+      n_users=-1 if p.config.get("n_users") is None else int(p.config["n_users"]),
+      plan=_words(_canonical([repr(plan), p.noise_multiplier, p.schedule])),
+      privacy=_words(privacy_digest(p.privacy).encode()), key=_words(_key_bytes(key)),
+      params=_words(w0.tobytes() + _canonical([w0.shape, str(w0.dtype)])),
+      data=_words(_canonical([data.spec.max_items_per_user,
+                              [list(s) for s in data.spec.item_shapes],
+                              info.layout, info.n_users_total])),
+      process=np.array([info.index, info.count]))
+  return config, plan, problem, info, w0
+
+
 def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
         api: ModuleType, callback: Callable | None = None, mesh: Any = None,
         data_placement: str = "auto", _error: Exception | None = None) -> Any:
@@ -294,49 +333,18 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
   handed in by ``api.run`` / ``api.fit``, which dispatch here: importing it would make the two
   modules import each other (tests/test_package_graph.py)."""
   from dpsco_jax.algorithms.common import _compiled_step, poisson_capacity, progress_points
-  from dpsco_jax.algorithms.dpsgd.driver import charge_dp_sgd, dp_sgd_chain, dp_sgd_plan
-  from dpsco_jax.data.problem import UserDataProblem
+  from dpsco_jax.algorithms.dpsgd.driver import charge_dp_sgd, dp_sgd_chain
   from dpsco_jax.data.sampling import PoissonSampler, iter_batches
   from dpsco_jax.result import Result
   from dpsco_jax.transforms.steps import released_params
 
   facts: dict[str, Any] = {name: np.zeros(k, np.int64) for name, k, _ in _FIELDS}
-  cfg, error, plan, problem = None, None, None, None
+  error, config, plan, problem, info, w0 = None, None, None, None, None, None
   try:
     if _error is not None:
       raise _error
-    if not isinstance(p, api.Plan):
-      raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
-    if not isinstance(data, UserData):
-      raise TypeError(f"data must be a UserData, got {type(data).__name__}")
-    _refusal(p, data, mesh, data_placement)
-    problem = UserDataProblem(loss_fn, params, data, level="user", constants=p.constants)
-    if problem.d != p.num_params:
-      raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
-                       f"{problem.d}")
-    if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
-                                                             p.spec.max_items_per_user):
-      raise ValueError(f"the plan was made for {p.spec.n_users} users x "
-                       f"{p.spec.max_items_per_user} items, the data states "
-                       f"{data.spec.n_users} x {data.spec.max_items_per_user}")
-    cfg = api._driver_config(p)
-    plan = dp_sgd_plan(problem, cfg)       # the spec's (global) facts, never the local count
-    if plan.relation == "add_remove" and data.spec.n_users > plan.n_public:
-      raise ValueError(f"the data has {data.spec.n_users} users, more than the declared "
-                       f"n_users ({plan.n_public})")
-    info = data.shard_info or ShardInfo(0, 1, data.n_users)
-    w0 = np.asarray(problem.init_params())
-    config = {"algorithm": p.algorithm, **p.config}
-    facts.update(
-        ok=1, config=_words(_canonical(config)), config_len=len(_canonical(config)),
-        n_users=-1 if p.config.get("n_users") is None else int(p.config["n_users"]),
-        plan=_words(_canonical([repr(plan), p.noise_multiplier, p.schedule])),
-        privacy=_words(privacy_digest(p.privacy).encode()), key=_words(_key_bytes(key)),
-        params=_words(w0.tobytes() + _canonical([w0.shape, str(w0.dtype)])),
-        data=_words(_canonical([data.spec.max_items_per_user,
-                                [list(s) for s in data.spec.item_shapes],
-                                info.layout, info.n_users_total])),
-        process=np.array([info.index, info.count]))
+    config, plan, problem, info, w0 = _prepare(p, loss_fn, params, data, key, mesh,
+                                               data_placement, api, facts)
   except Exception as err:   # noqa: BLE001 - re-raised below, after the others learn of it
     error, config = err, None
   try:
