@@ -234,29 +234,23 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
   run (steps done, epsilon so far)."""
   cfg = _checked(cfg, algorithms, problems)
   label = cfg.pop("label", None)
-  seed = int(cfg.get("seed", 0))
-  key = jax.random.key(seed)
-  cache_key = _problem_cache_key(cfg)
-  if cache is not None and cache_key in cache:
-    problem = cache[cache_key]
-  else:
-    problem = problems[cfg["problem"]](cfg, jax.random.fold_in(key, 0))
-    if cache is not None:
-      cache[cache_key] = problem
+  problem_key, driver_key = runner_batch.run_keys(cfg)
+  problem = runner_batch.cached_problem(cfg, problems, cache, problem_key)
   if isinstance(problem, runner_user.UserProblem):
-    record = runner_user.run(problem, cfg, jax.random.fold_in(key, 1), on_progress)
+    record = runner_user.run(problem, cfg, driver_key, on_progress)
   else:
     if cfg["algorithm"] not in algorithms:
       raise ConfigError(f"{cfg['algorithm']} trains an nnx model of a user problem; this "
                         f"problem ({type(problem).__name__}) has none")
-    record = _registered_record(problem, cfg, key, algorithms)
+    record = _registered_record(problem, cfg, driver_key, algorithms)
   return _finish(record, cfg, label)
 
 
 def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict) -> dict:
-  """A registered driver on a problem object with a known optimum: its record."""
+  """A registered driver on a problem object with a known optimum (``key``: the driver's):
+  its record."""
   start = time.perf_counter()
-  result = algorithms[cfg["algorithm"]](problem, cfg, jax.random.fold_in(key, 1))
+  result = algorithms[cfg["algorithm"]](problem, cfg, key)
   jax.block_until_ready(result.params)
   return _result_record(problem, cfg, result, time.perf_counter() - start)
 

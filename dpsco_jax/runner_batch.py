@@ -28,6 +28,24 @@ def _problem_cache_key(cfg: dict) -> tuple:
   return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k != "algorithm"))
 
 
+def run_keys(cfg: dict) -> tuple[jax.Array, jax.Array]:
+  """``(problem key, driver key)`` of a run: ``key(seed)`` folded with 0 and 1. One place, so
+  that a seed batched with others gets exactly the keys it gets when it runs alone."""
+  key = jax.random.key(int(cfg.get("seed", 0)))
+  return jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+
+
+def cached_problem(cfg: dict, problems: dict, cache: dict | None, key: jax.Array) -> Any:
+  """The problem of ``cfg`` built with ``key``, taken from / put in ``cache`` when given."""
+  ck = _problem_cache_key(cfg)
+  if cache is not None and ck in cache:
+    return cache[ck]
+  problem = problems[cfg["problem"]](cfg, key)
+  if cache is not None:
+    cache[ck] = problem
+  return problem
+
+
 def _jsonable(x: Any) -> Any:
   if isinstance(x, dict):
     return {str(k): _jsonable(v) for k, v in x.items()}
@@ -97,20 +115,15 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     return None, "user problems and debug runs go one by one"
   try:
     checked = [checked(cfg, algorithms, problems) for cfg in cfgs]
-    keys = [jax.random.key(int(cfg.get("seed", 0))) for cfg in checked]
-    insts = []
-    for cfg, key in zip(checked, keys):   # per seed, as run_one builds (and caches) it
-      ck = _problem_cache_key(cfg)
-      if ck not in cache:
-        cache[ck] = problems[cfg["problem"]](cfg, jax.random.fold_in(key, 0))
-      insts.append(cache[ck])
+    keys = [run_keys(cfg) for cfg in checked]   # per seed, as run_one builds (and caches) it
+    insts = [cached_problem(cfg, problems, cache, pk) for cfg, (pk, _) in zip(checked, keys)]
     why = refusal(insts)
     if why is not None:
       return None, why
     algo = {k: v for k, v in checked[0].items() if k not in ("seed", "label")}
     start = time.perf_counter()
     results = run_stacked(algorithms[algo["algorithm"]], insts[0], [p.data for p in insts],
-                          algo, [jax.random.fold_in(k, 1) for k in keys])
+                          algo, [dk for _, dk in keys])
     wall = time.perf_counter() - start
   except Exception as err:  # noqa: BLE001 - the one-by-one runs report any real error
     return None, f"batching failed ({type(err).__name__}); ran one by one"
