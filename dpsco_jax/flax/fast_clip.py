@@ -129,13 +129,6 @@ class _Part:
 # anyway). ``tests/test_flax_fast_clip_precision.py`` checks every traced matmul/conv.
 
 
-def _prod(xs) -> int:
-  out = 1
-  for x in xs:
-    out *= int(x)
-  return out
-
-
 def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
   """A Linear's or LinearGeneral's recorded inputs ``[U, m, ...]`` as rows ``[U, N, p]`` whose
   outer products with the output gradients' rows ``[U, N, q]`` sum to the kernel gradient
@@ -146,7 +139,7 @@ def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
     axes = [2 + (int(a) % nd) for a in module.axis]
     k = len(axes)
     x = jnp.moveaxis(x, axes, list(range(x.ndim - k, x.ndim)))
-    p = _prod(module.in_features)
+    p = fn._prod(module.in_features)
   else:
     p = x.shape[-1]
   return jnp.reshape(x.astype(_F32), (n_users, -1, p))
@@ -385,7 +378,7 @@ class FastClippedGrad:
     for path, kind in plan.fast:
       ks, module = by_path[path], self._module(params, path)
       leaf = lambda attr, path=path: self._leaf_index[path + (attr,)]
-      q = (_prod(module.out_features) if kind == "linear_general" else gs[ks[0]].shape[-1])
+      q = (fn._prod(module.out_features) if kind == "linear_general" else gs[ks[0]].shape[-1])
       flat_g = lambda k, q=q: jnp.reshape(gs[k].astype(_F32), (n_users, -1, q))
       if kind == "local":
         per_user = self._local_grads(module, [plan.calls[k] for k in ks],

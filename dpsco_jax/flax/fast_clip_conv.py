@@ -41,19 +41,12 @@ _F32 = jnp.float32
 CONV_CHUNK_BUDGET = 0.25
 
 
-def _prod(xs) -> int:
-  out = 1
-  for x in xs:
-    out *= int(x)
-  return out
-
-
 def per_user_elements(conv: nnx.Conv, n: int, direct: bool) -> int:
   """Temporaries of one user in a chunk, in elements: its patches ``n k`` (``k = kh kw
   c_in``), the Gram matrices ``2 n^2`` per group (Gram form) or its gradient ``k q`` (direct
   form), and the output gradient rows it reads ``n c_out``."""
   groups = int(conv.feature_group_count)
-  k = _prod(conv.kernel_size) * int(conv.in_features)
+  k = fn._prod(conv.kernel_size) * int(conv.in_features)
   out = int(conv.out_features)
   form = k * out // groups if direct else 2 * groups * n * n
   return n * k + form + n * out
@@ -61,7 +54,7 @@ def per_user_elements(conv: nnx.Conv, n: int, direct: bool) -> int:
 
 def layer_elements(in_shapes: Sequence[tuple], out_shapes: Sequence[tuple]) -> int:
   """The layer's activations over the batch: every call's inputs and outputs."""
-  return sum(_prod(s) for s in in_shapes) + sum(_prod(s) for s in out_shapes)
+  return sum(fn._prod(s) for s in in_shapes) + sum(fn._prod(s) for s in out_shapes)
 
 
 def chunk_users(n_users: int, per_user: int, layer: int, budget: float | None) -> int:
@@ -79,7 +72,7 @@ def chunk_users(n_users: int, per_user: int, layer: int, budget: float | None) -
 
 def _direct(conv: nnx.Conv, n: int, ghost: str) -> bool:
   groups = int(conv.feature_group_count)
-  k = _prod(conv.kernel_size) * int(conv.in_features) // groups
+  k = fn._prod(conv.kernel_size) * int(conv.in_features) // groups
   return not fn.use_gram(n, k, int(conv.out_features) // groups, ghost)
 
 
@@ -190,12 +183,12 @@ def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[t
   per user) or, when smaller (a late layer: few positions, many weights), the inputs and
   output gradients, from which the release is recomputed chunk by chunk (``n k q`` more
   multiply-adds per user: peak memory is what the issue asks of this path)."""
-  n = sum(_prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
+  n = sum(fn._prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
   direct = _direct(conv, n, ghost)
   per_user = per_user_elements(conv, n, direct)
   chunk = chunk_users(n_users, per_user, layer_elements(in_shapes, out_shapes), budget)
   acts = layer_elements(in_shapes, out_shapes) // max(1, n_users)
-  dense = _prod(conv.kernel_size) * int(conv.in_features) * int(conv.out_features) // int(
+  dense = fn._prod(conv.kernel_size) * int(conv.in_features) * int(conv.out_features) // int(
       conv.feature_group_count)
   if not direct:
     return ConvPlan(chunk, False, True, acts)

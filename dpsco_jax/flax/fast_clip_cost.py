@@ -79,13 +79,6 @@ class LayerCost:
   release: str = ""
 
 
-def _prod(xs) -> int:
-  out = 1
-  for x in xs:
-    out *= int(x)
-  return out
-
-
 def _cost(flops: float, memory: float) -> float:
   return float(flops) + MEMORY_WEIGHT * float(memory)
 
@@ -118,14 +111,14 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
     if kind == "linear":
       p, q = int(mod.in_features), int(mod.out_features)
     elif kind == "linear_general":
-      p, q = _prod(_tuple(mod.in_features)), _prod(_tuple(mod.out_features))
+      p, q = fn._prod(_tuple(mod.in_features)), fn._prod(_tuple(mod.out_features))
     elif kind == "conv":
       groups = int(mod.feature_group_count)
-      p = _prod(mod.kernel_size) * int(mod.in_features) // groups
+      p = fn._prod(mod.kernel_size) * int(mod.in_features) // groups
       q = int(mod.out_features) // groups
     else:  # embed
       p, q = int(mod.num_embeddings), int(mod.features)
-    n = m * sum(_prod(c.out.shape) // (q * groups) for c in calls)
+    n = m * sum(fn._prod(c.out.shape) // (q * groups) for c in calls)
     bias = (u * q * groups) if getattr(mod, "bias", None) is not None else 0
     if kind == "embed":
       method, flops, memory = "ghost", u * n * n * q, 2 * u * n * n
