@@ -663,3 +663,38 @@ def test_the_numbers_the_release_is_decided_on_are_computed_at_highest_precision
       d, zero, zero, zero, loss_fn=prob.loss_fn, lam=0.0, mu=0.5, gamma=1.0, e_max=1.0,
       radius=float(prob.radius)))(prob.data)
   assert default_precision_dots(table) == [] and default_precision_dots(cert) == []
+
+
+# ---- replace-one keeps the user's slot: the same sub-dataset is the same computation --------
+
+def test_replaced_user_keeps_its_slot_so_every_shared_sub_dataset_is_bitwise_equal():
+  """Thm 3.3's proof evaluates f on the same sub-dataset from two neighbouring datasets. Under
+  the library's replace-one (ordered users: the replaced user keeps its id, hence its slot;
+  :data:`dpsco_jax.privacy.relations.PUBLIC`) every deletion set containing the replaced slot
+  gives bitwise the same f, even for a NaN/huge replacement. The power check: the *same*
+  sub-datasets laid out in another user order (what a replacement that changed the user's id,
+  and so its sorted slot, would do) are not bitwise equal, so the convention is load-bearing
+  (a masked sum reorders its float additions)."""
+  n, m, d, i = 6, 3, 2, 2
+  data = _logit_data(jax.random.key(11), n, m, d)
+  # mixed magnitudes (norms <= 1 keep the planned smoothness) so that the order of the users'
+  # float additions shows in the last bits
+  data["x"] = data["x"] * jnp.array([1.0, 1e-2, 0.5, 1e-3, 0.3, 0.9])[:, None, None]
+  twin = {"x": data["x"].at[i].set(jnp.nan), "y": data["y"].at[i].set(1.0)}
+  twin2 = {"x": data["x"].at[i].set(1e30), "y": data["y"]}
+  zero = jnp.zeros(d)
+  table = lambda dd: np.asarray(op._solve_all_subsets(dd, zero, zero, loss_fn=LOSS, lam=0.0,
+                                                      plan=PLAN, radius=2.0, n_users=n))
+  F, F_nan, F_big = table(data), table(twin), table(twin2)
+  with_i = np.array([(s >> i) & 1 for s in range(2 ** n)], bool)
+  assert np.isfinite(F).all()
+  np.testing.assert_array_equal(F_nan[with_i], F[with_i])
+  np.testing.assert_array_equal(F_big[with_i], F[with_i])
+  assert not np.allclose(F_nan[~with_i], F[~with_i], equal_nan=True)  # i's data was read there
+
+  perm = np.array([5, 3, 0, 4, 1, 2])          # new slot j holds old user perm[j]
+  F_perm = table(jax.tree.map(lambda a: a[perm], data))
+  old_bit = lambda s: sum(((s >> j) & 1) << int(perm[j]) for j in range(n))
+  same_sets = F[[old_bit(s) for s in range(2 ** n)]]
+  np.testing.assert_allclose(F_perm, same_sets, atol=1e-5)    # the same sub-datasets ...
+  assert not np.array_equal(F_perm, same_sets)                # ... not the same bits

@@ -10,7 +10,13 @@ therefore public:
   its sampling rate ``q`` is a declared public constant. Sensitivity of a clipped sum: ``C``.
 * ``replace_one`` — one user's data is replaced by arbitrary data; ``n`` is **public**.
   Sensitivity of a clipped sum: ``2C`` (the user's contribution can flip sign). The papers of
-  000 and 001 state their guarantees under this relation.
+  000 and 001 state their guarantees under this relation, for datasets that are ordered tuples
+  of users: the replaced user keeps its position. Here users are ordered by id, so the
+  replacement keeps the user's id (the roster of ids is public, not the data behind them).
+  What rests on it: slot-based schedules (cyclic batches, 001's phase blocks, a mesh's shards)
+  and 001's deletion-stability test, which must see the same sub-dataset as the same float
+  computation (``tests/test_output_perturbation.py`` checks it bitwise and shows that a
+  reordered table is not).
 * ``zero_out`` — one user's data is replaced by a special "zero" record that contributes
   nothing (a zero gradient, Kairouz et al. 2021, "Practical and private (deep) learning
   without sampling or shuffling"); ``n`` is **public**, so a full-batch mean over the ``n``
@@ -34,8 +40,10 @@ RELATIONS = ("add_remove", "replace_one", "zero_out")
 #: What each relation treats as public (stated in reports and the README).
 PUBLIC = {
     "add_remove": "the declared sampling rate and denominators; not the number of users",
-    "replace_one": "the number of users n (and m items per user)",
-    "zero_out": "the number of users n (and m items per user); a zeroed user contributes 0",
+    "replace_one": "the number of users n (and m items per user) and the roster of user ids "
+                   "(a replaced user keeps its id and slot)",
+    "zero_out": "the number of users n (and m items per user) and the roster of user ids; a "
+                "zeroed user keeps its slot and contributes 0",
 }
 
 
