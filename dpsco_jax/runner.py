@@ -74,6 +74,7 @@ the plan and noise calibration once, one compile and one launch, each run with i
 and privacy report; records equal the one-by-one runs' (params to float tolerance) and say
 ``batched: true`` (``wall_time_s`` is the group's time over its runs, ``batch_wall_time_s``
 the group's). ``batch_seeds: false`` (a top-level key) runs every seed alone.
+``devices: N`` (top-level) shards every run's users over N devices (:mod:`dpsco_jax.runner_mesh`).
 
 **Tuning and evaluation seeds** (:mod:`dpsco_jax.runner_tuning`), instead of ``seed``::
 
@@ -113,7 +114,7 @@ from dpsco_jax.config_schema import ConfigError, validate  # noqa: F401 (re-expo
 from dpsco_jax.runner_config import (RUNNER_ONLY, check_baseline, check_record_metric,
                                      flatten_sections, parse_compare, yaml_loader)
 from dpsco_jax.runner_plot import _draw, plot_ratio, plot_rows
-from dpsco_jax import runner_batch, runner_user
+from dpsco_jax import runner_batch, runner_mesh, runner_user
 from dpsco_jax.runner_batch import (  # noqa: F401 (moved there; used and re-exported)
     _finish, _jsonable, _problem_cache_key, _result_record)
 from dpsco_jax.runner_stats import (  # noqa: F401 (t_interval re-exported)
@@ -228,21 +229,27 @@ class ProblemCache(collections.OrderedDict):
 
 
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None,
-            on_progress: Callable | None = None) -> dict:
+            on_progress: Callable | None = None, mesh: jax.sharding.Mesh | None = None
+            ) -> dict:
   """Validates one run config (:func:`dpsco_jax.config_schema.validate`), runs it and returns
   its record. ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem
-  run (steps done, epsilon so far)."""
+  run (steps done, epsilon so far). ``mesh``: the users mesh of the ``devices`` key
+  (:mod:`dpsco_jax.runner_mesh`)."""
   cfg = _checked(cfg, algorithms, problems)
   label = cfg.pop("label", None)
   problem_key, driver_key = runner_batch.run_keys(cfg)
   problem = runner_batch.cached_problem(cfg, problems, cache, problem_key)
   if isinstance(problem, runner_user.UserProblem):
-    record = runner_user.run(problem, cfg, driver_key, on_progress)
+    with runner_mesh.mesh_context(mesh):
+      record = runner_user.run(problem, cfg, driver_key, on_progress)
   else:
     if cfg["algorithm"] not in algorithms:
       raise ConfigError(f"{cfg['algorithm']} trains an nnx model of a user problem; this "
                         f"problem ({type(problem).__name__}) has none")
-    record = _registered_record(problem, cfg, driver_key, algorithms)
+    record = _registered_record(runner_mesh.on_mesh(problem, mesh), cfg, driver_key,
+                                algorithms)
+  if mesh is not None:
+    record["devices"] = int(mesh.size)
   return _finish(record, cfg, label)
 
 
@@ -293,8 +300,8 @@ def _batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: di
 
 def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: bool = True,
             on_record: Callable | None = None, phase: str | None = None,
-            metrics: tuple[tuple[str, str], ...] = (), batch_seeds: bool = True
-            ) -> list[dict]:
+            metrics: tuple[tuple[str, str], ...] = (), batch_seeds: bool = True,
+            mesh: jax.sharding.Mesh | None = None) -> list[dict]:
   """Runs validated run configs; returns their records in the order of ``runs``. A run that
   raises becomes a record with ``status: failed`` and its error (the sweep goes on);
   ``on_record(records)`` is called after every run (or batch) with the records done so far;
@@ -304,7 +311,8 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
 
   ``batch_seeds``: runs that differ only in seed run as one vmapped program when their
   algorithm batches (:func:`_batch_records`); every record says ``batched: true|false`` (with
-  ``batch_note`` saying why a group of seeds ran one by one)."""
+  ``batch_note`` saying why a group of seeds ran one by one). ``mesh``: every run shards its
+  users over it (the ``devices`` key; seeds then run one by one)."""
   cache = ProblemCache()
   records: list[dict | None] = [None] * len(runs)
   t0 = time.perf_counter()
@@ -324,8 +332,9 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
 
   groups = seed_groups(runs) if batch_seeds else [[i] for i in range(len(runs))]
   for group in groups:
-    batch, note = None, None
-    if len(group) > 1:
+    batch, note = None, (runner_mesh.BATCH_NOTE if mesh is not None and len(group) > 1
+                         else None)
+    if len(group) > 1 and mesh is None:
       if progress:
         _progress(count, len(runs), runs[group[0]], t0, batch=len(group))
       batch, note = _batch_records([runs[i] for i in group], algorithms, problems, cache)
@@ -342,7 +351,7 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
                  if progress else None)
       try:
         record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
-                         on_progress=on_step)
+                         on_progress=on_step, mesh=mesh)
         record["status"] = "ok"
       except Exception as err:  # noqa: BLE001 - one bad run must not lose the others
         record = _failed_record(cfg, err)
@@ -380,11 +389,14 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
   algorithms, problems = registry()
   metrics = tuple((where, spec.metric) for where, spec in (
       ("select.metric", phases.select), ("compare.metric", compare)) if spec is not None)
+  devices = runner_mesh.devices_option(phases.config)
   kw = dict(algorithms=algorithms, problems=problems, progress=progress, metrics=metrics,
-            batch_seeds=batch_seeds_option(phases.config))
+            batch_seeds=batch_seeds_option(phases.config),
+            mesh=runner_mesh.make_mesh(devices))
   if phases.select is None:  # user errors in any run are reported before anything runs
     runs = _validated(phases.config, algorithms, problems)
     runner_user.check_metrics(runs, metrics)
+    runner_mesh.check_runs(runs, devices)
     return execute(runs, on_record=on_record, **kw), None
   spec = phases.select
   swept = swept_fields(phases.config)
@@ -393,6 +405,7 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
   tune = _validated(phases.with_seeds(phases.tuning_seeds), algorithms, problems)
   evals = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
   runner_user.check_metrics(tune + evals, metrics)
+  runner_mesh.check_runs(tune + evals, devices)
   tuned = execute(tune, on_record=on_record, phase="tuning", **kw)
   chosen, report = tuning.choose(tune, tuned, spec, fields)
   selected = [c for c in evals if tuning.is_selected(c, chosen, spec, fields)]

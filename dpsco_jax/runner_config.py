@@ -32,7 +32,7 @@ from dpsco_jax.config_schema import ConfigError
 SECTIONS = {"problem": "problem", "data": "problem", "algorithm": "algorithm"}
 #: top-level keys that are not run keys (handled by the runner itself)
 RUNNER_ONLY = ("experiments", "name", "description", "compare", "select", "tuning_seeds",
-               "eval_seeds", "batch_seeds")
+               "eval_seeds", "batch_seeds", "devices")
 #: the file kinds a ``data:`` key reads (:mod:`dpsco_jax.runner_user`)
 DATA_SUFFIXES = (".npz", ".csv", ".parquet")
 #: keys that make a problem without ``name`` the user problem
