@@ -1,0 +1,153 @@
+"""The walk of ``epsilon`` from a YAML file to the noise (issue 25, "Measure"), traced.
+
+Runs one config through the CLI's own path (``runner.run_config``) with its ``epsilon`` replaced
+by a sentinel float nobody else would produce, and records, with ``sys.setprofile``, every call
+of a ``dpsco_jax`` function whose arguments hold the sentinel: directly, or one level inside a
+mapping, a dataclass / NamedTuple field or a ``ConfigView`` (how a config carries it). From the
+calls it reports
+
+* ``stays``: distinct functions the value passes through (file:function);
+* ``climbs``: call edges along which it travels *up* the layering (a callee in a higher layer
+  than its caller: privacy < transforms < algorithms < planners/api < runner);
+* ``names``: the distinct names it is held under (argument names and key/field names);
+* ``files``: the distinct files of those functions.
+
+The numbers depend on the config (the quickstart's ``dp_sgd_user`` by default) and on this
+definition; the issue's goal is ≤ 8 stays, ≤ 2 climbs, one name. Last line: JSON.
+
+    .venv/bin/python experiments/epsilon_walk.py [config.yaml] [--algorithm dp_sgd_user]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping
+
+import yaml
+
+SENTINEL = 1.8765432109876
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "dpsco_jax") + os.sep
+#: layer of a module path prefix (the longest matching prefix wins); higher = further from data
+LAYERS = (("privacy/", 1), ("transforms/", 2), ("grads", 2), ("data/", 2), ("flax/", 3),
+          ("algorithms/", 3), ("planners", 4), ("api", 4), ("sweep", 4), ("distributed", 4),
+          ("result", 4), ("runner", 5), ("__main__", 5), ("config", 0), ("_checks", 0))
+
+
+def layer(path: str) -> int:
+  rel = path[len(PKG):]
+  best = (0, 3)
+  for prefix, lay in LAYERS:
+    if rel.startswith(prefix) and len(prefix) > best[0]:
+      best = (len(prefix), lay)
+  return best[1]
+
+
+def _held(value, depth: int = 0) -> list[str]:
+  """Names under which ``value`` holds the sentinel (itself: ``""``), one container deep."""
+  try:
+    return _held_unsafe(value, depth)
+  except Exception:   # noqa: BLE001 - an object half-built in its own __init__: not holding it
+    return []
+
+
+def _held_unsafe(value, depth: int) -> list[str]:
+  if isinstance(value, float) and value == SENTINEL:
+    return [""]
+  if depth >= 1:
+    return []
+  out = []
+  items = ()
+  if isinstance(value, Mapping):
+    items = value.items()
+  elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+    items = ((f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value))
+  elif isinstance(value, tuple) and hasattr(value, "_fields"):
+    items = zip(value._fields, value)
+  elif type(value).__name__ == "ConfigView":   # a typed view of a config: its given values
+    try:
+      items = object.__getattribute__(value, "_values").items()
+    except AttributeError:   # the view's own __init__, before it is set
+      items = ()
+  for k, v in items:
+    if isinstance(k, str) and _held(v, depth + 1):
+      out.append(k)
+  return out
+
+
+def trace(config: dict) -> dict:
+  from dpsco_jax import runner
+  calls: dict[str, set[str]] = {}
+  edges: set[tuple[str, str]] = set()
+  stack: list[str | None] = []
+
+  def prof(frame, event, arg):
+    if event == "call":
+      code = frame.f_code
+      where = None
+      if code.co_filename.startswith(PKG):
+        names = set()
+        for var in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+          if var in frame.f_locals:
+            for key in _held(frame.f_locals[var]):
+              names.add(key or var)
+        if names:
+          where = f"{code.co_filename[len(PKG):]}:{code.co_qualname}"
+          calls.setdefault(where, set()).update(names)
+          caller = next((s for s in reversed(stack) if s is not None), None)
+          if caller is not None:
+            edges.add((caller, where))
+      stack.append(where)
+    elif event == "return" and stack:
+      stack.pop()
+
+  sys.setprofile(prof)
+  try:
+    records = runner.run_config(config, progress=False)
+  finally:
+    sys.setprofile(None)
+  bad = [r.get("error") for r in records if r.get("status") != "ok"]
+  if bad:
+    raise RuntimeError(f"the traced run failed: {bad[0]}")
+  climbs = sorted((a, b) for a, b in edges
+                  if layer(PKG + b.split(":")[0]) > layer(PKG + a.split(":")[0]))
+  names = sorted({n for v in calls.values() for n in v})
+  return {"stays": len(calls), "climbs": len(climbs), "names": names, "n_names": len(names),
+          "files": len({c.split(":")[0] for c in calls}),
+          "functions": {k: sorted(v) for k, v in sorted(calls.items())},
+          "climb_edges": [f"{a} -> {b}" for a, b in climbs]}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("config", nargs="?", default=os.path.join(ROOT, "configs", "quickstart.yaml"))
+  ap.add_argument("--algorithm", default="dp_sgd_user")
+  args = ap.parse_args()
+  with open(args.config) as f:
+    cfg = yaml.safe_load(f)
+  # one run of one algorithm, its epsilon the sentinel
+  entry = next(e for e in cfg["experiments"]
+               if (e["algorithm"]["name"] if isinstance(e["algorithm"], dict)
+                   else e["algorithm"]) == args.algorithm)
+  alg = dict(entry["algorithm"]) if isinstance(entry["algorithm"], dict) else {
+      "name": entry["algorithm"]}
+  alg["epsilon"] = SENTINEL
+  one = {k: v for k, v in cfg.items() if k not in ("experiments", "compare", "seed",
+                                                     "tuning_seeds", "eval_seeds", "select")}
+  one.update(seed=0, experiments=[dict(entry, algorithm=alg)])
+  out = trace(one)
+  for fn, names in out["functions"].items():
+    print(f"  {fn}  [{', '.join(names)}]")
+  for edge in out["climb_edges"]:
+    print(f"  climb: {edge}")
+  print(f"stays {out['stays']}, climbs {out['climbs']}, names {out['n_names']} "
+        f"({', '.join(out['names'])}), files {out['files']}")
+  print(json.dumps({k: out[k] for k in ("stays", "climbs", "n_names", "names", "files")}))
+
+
+if __name__ == "__main__":
+  main()
