@@ -391,7 +391,9 @@ class SrgdConfig(Schema):
   mf_strategy: Optional[Literal["auto", "sqrt", "optimized"]] = _key(
       "MF strategy: jax_privacy's optimizer (optimized), the built-in sqrt one, or auto", "auto")
   batch_size: Optional[int] = _key("B (default floor(sqrt n))")
-  num_steps: Optional[int] = _key("T (default floor(n / B))")
+  num_steps: Optional[int] = _key("steps of one epoch P (default floor(n / B)); T = epochs P")
+  epochs: int = _key("passes in one fixed public order (practical preset, SRG variants; "
+                     "theory: 1)", 1)
   beta: Optional[float] = _key("smoothness parameter of the step (default M max(1, scale T))")
   beta_scale: float = _key("practical: beta = M max(1, beta_scale T)", 1.0)
   clip_norm: float = _key("clip norm C (default L)")

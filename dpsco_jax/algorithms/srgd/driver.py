@@ -22,6 +22,10 @@ and the released model is ``y_T``. Variants from the same parts (:func:`srgd_cha
     matrix-factorization prefix noise ``A C^{-1} Z`` (:func:`~dpsco_jax.transforms.
     matrix_factorization.banded_noise` / ``blt_noise``, ``output="prefix"``), same single
     epoch, one Gaussian event ``z / ||c||``.
+  * ``epochs = k > 1`` (issue #27; not in the paper, practical preset, SRG variants): ``T = k
+    P`` steps, step ``t`` reading batch ``t mod P`` of the same fixed order; one noise stage
+    over the whole ``T`` and one event ``z / sens`` with the exact ``k``-participation
+    sensitivity (:mod:`dpsco_jax.algorithms.srgd.plan`).
 
 Privacy: see :mod:`dpsco_jax.algorithms.srgd.plan`. In short, relations ``zero_out`` (default,
 the paper's) and ``replace_one`` (``n`` public: the batches and the denominator ``B`` are the
@@ -42,7 +46,8 @@ Presets (:mod:`dpsco_jax.algorithms.srgd.presets`): ``theory`` reproduces Eq. (1
 Config keys of the registered drivers (runner contract): ``epsilon`` (a budget; ``null``:
 non-private, provenance ``none``), ``delta`` (required for a private run; no default),
 ``relation`` (``zero_out`` | ``replace_one``), ``preset``, ``variant``,
-``noise_mechanism`` (``tree`` | ``independent``), ``batch_size``, ``num_steps``, ``beta`` or
+``noise_mechanism`` (``tree`` | ``independent`` | ``banded`` | ``blt``), ``batch_size``,
+``num_steps`` (steps of one epoch), ``epochs`` (default 1), ``beta`` or
 ``beta_scale``, ``clip_norm`` (default L), ``noise_multiplier`` (skip calibration; refused if
 above the ``epsilon`` budget), ``z_scale``, ``learning_rate`` / ``averaging`` (projected-SGD
 variants; default step ``1/beta``), ``debug``. Records carry ``num_steps`` (the batch gradient
@@ -219,18 +224,21 @@ def _batches_on_mesh(data: PyTree, mask: jax.Array, num_steps: int, batch_size: 
 
 def _make_runner(loss_fn: Callable, settings: tuple,
                  users: NamedSharding | None = None) -> Callable:
-  """The jitted single-epoch scan. ``users``: the batches come placed by
-  :func:`_batches_on_mesh` and each step's examples stay sharded that way."""
+  """The jitted scan over ``T`` steps. ``users``: the batches come placed by
+  :func:`_batches_on_mesh` and each step's examples stay sharded that way. With ``epochs >
+  1`` the ``P = T / epochs`` batches are kept once and step ``t`` reads batch ``t mod P`` (a
+  dynamic index: O(data) memory, not O(epochs data))."""
   cache_key = (loss_fn, settings, users)
   if cache_key in _RUNNERS:
     return _RUNNERS[cache_key]
   s = dict(settings)
-  T, B = s["num_steps"], s["batch_size"]
+  T, B, k = s["num_steps"], s["batch_size"], s["epochs"]
+  P = T // k
 
   def run(data, params0, key, user_mask, points):
     if users is None:
-      batches = single_epoch_batches(data, T, B)
-      masks = user_mask[:T * B].reshape(T, B)
+      batches = single_epoch_batches(data, P, B)
+      masks = user_mask[:P * B].reshape(P, B)
     else:
       batches, masks = data, user_mask
     privatizer = srgd_privatizer(clip_norm=s["clip_norm"], batch_size=B,
@@ -248,6 +256,8 @@ def _make_runner(loss_fn: Callable, settings: tuple,
     def body(carry, xs):
       params, prev, (p_state, s_state) = carry
       batch, mask, t, given = xs
+      if k > 1:   # static: the same fixed order every epoch, batch t mod P
+        batch, mask = jax.tree.map(lambda b: b[t % P], (batches, masks))
       if users is not None:   # keep the step's examples on their devices
         batch, mask = jax.lax.with_sharding_constraint((batch, mask), users)
       if given is not None:
@@ -260,8 +270,9 @@ def _make_runner(loss_fn: Callable, settings: tuple,
         out.update(_diagnostics(rows, released, p_state, s["clip_norm"], B))
       return (optax.apply_updates(params, updates), params, (p_state, s_state)), out
 
+    per_step = (batches, masks) if k == 1 else (None, None)
     (params, _, (_, s_state)), outs = jax.lax.scan(
-        body, (params0, params0, state0), (batches, masks, jnp.arange(T), replay))
+        body, (params0, params0, state0), (*per_step, jnp.arange(T), replay))
     return released_params(s_state, params), params, outs
 
   runner = jax.jit(run)
@@ -271,8 +282,9 @@ def _make_runner(loss_fn: Callable, settings: tuple,
 
 def _settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radius, srg, noise,
               accelerated, z_scale, learning_rate, averaging, debug, releases=False,
-              mf: tuple = ()) -> tuple:
-  check_int(num_steps, "num_steps")
+              mf: tuple = (), epochs: int = 1) -> tuple:
+  if check_int(num_steps, "num_steps") % check_int(epochs, "epochs"):
+    raise ValueError(f"num_steps={num_steps} is not a whole number of epochs={epochs}")
   check_int(batch_size, "batch_size")
   check_positive(beta, "beta")
   check_positive(clip_norm, "clip_norm")
@@ -285,7 +297,8 @@ def _settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radiu
       radius=None if radius is None else float(radius), srg=check_bool(srg, "srg"),
       noise=noise, accelerated=check_bool(accelerated, "accelerated"), z_scale=float(z_scale),
       learning_rate=None if learning_rate is None else float(learning_rate),
-      averaging=averaging, debug=check_bool(debug, "debug"), releases=releases).items()))
+      averaging=averaging, debug=check_bool(debug, "debug"), releases=releases,
+      epochs=int(epochs)).items()))
 
 
 def _mask_for(data: PyTree, user_mask: Any) -> jax.Array:
@@ -300,9 +313,10 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
              noise_multiplier: float, radius: float | None, srg: bool = True,
              noise: str = "tree", accelerated: bool = True, z_scale: float = 1.0,
              learning_rate: float | None = None, averaging: str = "none",
-             user_mask: jax.Array | None = None, debug: bool = False, mf: tuple = ()
-             ) -> tuple[PyTree, PyTree, dict]:
-  """Runs one single-epoch pass in one jitted ``lax.scan`` (no accounting: use a plan).
+             user_mask: jax.Array | None = None, debug: bool = False, mf: tuple = (),
+             epochs: int = 1) -> tuple[PyTree, PyTree, dict]:
+  """Runs ``num_steps`` steps in one jitted ``lax.scan`` (no accounting: use a plan): one
+  pass, or ``epochs`` passes of ``num_steps / epochs`` steps in the same order.
 
   ``data`` leaves ``[n, m, ...]`` (users x items; ``m = 1`` item level); ``user_mask`` (bool
   ``[n]``) zeroes examples (zero-out: their rows are 0, the denominator stays ``B``). Returns
@@ -313,7 +327,8 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
   settings = _settings(num_steps=num_steps, batch_size=batch_size, beta=beta,
                        clip_norm=clip_norm, noise_multiplier=noise_multiplier, radius=radius,
                        srg=srg, noise=noise, accelerated=accelerated, z_scale=z_scale,
-                       learning_rate=learning_rate, averaging=averaging, debug=debug, mf=mf)
+                       learning_rate=learning_rate, averaging=averaging, debug=debug, mf=mf,
+                       epochs=epochs)
   return _make_runner(loss_fn, settings)(data, params0, key, _mask_for(data, user_mask), None)
 
 
@@ -325,7 +340,7 @@ def _plan_settings(plan: SRGDPlan, *, noise_multiplier: float, debug: bool,
                    radius=plan.radius, srg=plan.srg, noise=plan.noise,
                    accelerated=plan.accelerated, z_scale=plan.z_scale,
                    learning_rate=plan.learning_rate, averaging=plan.averaging, debug=debug,
-                   releases=releases, mf=plan.mf)
+                   releases=releases, mf=plan.mf, epochs=plan.epochs)
 
 
 def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
@@ -339,7 +354,7 @@ def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
   mask = _mask_for(data, user_mask)
   if mesh is None:
     return _make_runner(loss_fn, settings)(data, params0, key, mask, None)
-  batches, masks, users = _batches_on_mesh(data, mask, plan.params.num_steps,
+  batches, masks, users = _batches_on_mesh(data, mask, plan.params.period,
                                            plan.params.batch_size, mesh)
   return _make_runner(loss_fn, settings, users)(batches, params0, key, masks, None)
 
@@ -349,11 +364,12 @@ def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTr
                   points: PyTree | None = None, add_noise: bool = True) -> dict:
   """Audit hook: the per-step privatized releases of ``plan`` on ``data`` with ``key``.
 
-  Returns ``{"release": [T, ...], "query": [T, ...]}``: ``release[t]`` is what step ``t``
-  releases — the noisy prefix sum ``sum_{i<=t} Delta_i + N_t`` (SRG variants) or the noisy
-  increment ``Delta_t + xi_t`` (DP-SGD variants) — and ``query[t]`` the point ``x_t`` its
-  gradients were taken at (post-processing of ``release[:t]``). Everything after the releases
-  is post-processing, so these are what an auditor's ``release(key, dataset)`` should score.
+  Returns ``{"release": [T, ...], "query": [T, ...]}`` (``T``: all epochs): ``release[t]`` is
+  what step ``t`` releases — the noisy prefix sum ``sum_{i<=t} Delta_i + N_t`` (SRG
+  variants) or the noisy increment ``Delta_t + xi_t`` (DP-SGD variants) — and ``query[t]``
+  the point ``x_t`` its gradients were taken at (post-processing of ``release[:t]``).
+  Everything after the releases is post-processing, so these are what an auditor's
+  ``release(key, dataset)`` should score.
 
   ``user_mask`` (bool ``[n]``) builds a zero-out neighbour (``False``: the example
   contributes 0); ``add_noise=False`` is the test hook that switches the noise off (same
@@ -411,7 +427,11 @@ def privacy_report(plan: SRGDPlan, ledger: PrivacyLedger | None, m: int) -> Priv
 
 def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> PrivacyReport:
   prm = plan.params
-  notes = (f"{plan.name}: single epoch, {prm.num_steps} batches of {prm.batch_size}; preset "
+  passes = ("single epoch" if plan.epochs == 1 else
+            f"{plan.epochs} epochs in one fixed public order ({prm.period} steps each; each "
+            f"example in {plan.epochs} increments {prm.period} steps apart; exact stream "
+            f"sensitivity {plan.stream_sensitivity:.4g} x C/B; not paper 003's single epoch)")
+  notes = (f"{plan.name}: {passes}, {prm.num_steps} batches of {prm.batch_size}; preset "
            f"{prm.preset}; relation {plan.relation} (public: {plan.public}; n fixes the "
            f"batches); per-step release sensitivity {plan.sensitivity:.4g}")
   if ledger is None:
@@ -434,13 +454,16 @@ def _run_named(name: str, problem, cfg: Mapping | Any, key: jax.Array) -> Result
                                 key, debug=debug, mesh=getattr(problem, "mesh", None))
   prm = plan.params
   record = dict(num_steps=prm.num_steps, batch_size=prm.batch_size,
-                examples_used=prm.num_steps * prm.batch_size, beta=prm.beta,
+                examples_used=prm.period * prm.batch_size, beta=prm.beta,
                 clip_norm=prm.clip_norm, noise_multiplier=prm.noise_multiplier,
                 tree_levels=plan.levels, srg=plan.srg, noise=plan.noise,
                 accelerated=plan.accelerated, z_scale=plan.z_scale, preset=prm.preset,
                 variant=prm.variant, relation=plan.relation)
   if plan.mf:
     record.update(mf_strategy=plan.mf_source, mf_sensitivity=plan.mf_sensitivity)
+  if plan.epochs != 1:
+    record.update(epochs=plan.epochs, period=prm.period,
+                  stream_sensitivity=plan.stream_sensitivity)
   if prm.paper is not None:
     record["paper_params"] = prm.paper
   debug_out = {k: np.asarray(v).tolist() for k, v in diags.items()} if debug else None

@@ -39,8 +39,22 @@ Matrix-factorization prefix noise (issue #27; ``noise_mechanism: banded | blt``,
 practical preset): the noisy prefix sums are ``A x + A C^{-1} Z`` with a banded / BLT Toeplitz
 strategy ``C`` (:mod:`dpsco_jax.privacy.matrix_factorization`). One epoch, each example in one
 increment: sensitivity ``||c||`` (1 for the unit-norm banded strategies), so the run is one
-``GaussianDpEvent(z / ||c||)``. Still single epoch: the SRG needs the example's gradient at
-two consecutive iterates of its own step, and multi-epoch SRGD is not in paper 003.
+``GaussianDpEvent(z / ||c||)``.
+
+Multi-epoch (issue #27; ``epochs: k``, practical preset only — a deviation from paper 003,
+whose setting (§1, spec 003 §1 and §4.4 "single-epoch guard") uses each example once and
+whose Lemma 5.6 premise is "only one ``Delta_i`` changes"). The run has ``T = k P`` steps,
+``P`` the steps of one epoch (``num_steps``, default ``floor(n/B)``); step ``t`` reads batch
+``t mod P`` of the same fixed public order (the slots, as in one epoch), so each example
+contributes to ``k`` increments exactly ``P`` steps apart, each changed by at most ``C/B``
+(zero-out; the clip still acts on every SRG difference, whose weights ``t+1`` keep running
+over the whole ``T``). The stream's sensitivity is then the exact worst case over the
+public offsets of ``||C 1_pattern||`` (:mod:`dpsco_jax.privacy.cyclic_participation`: tree
+``O(P k log T)``, Toeplitz at offset 0 via ``participation_sensitivity(..., min_sep=P)``,
+independent ``sqrt k``), and the run is one ``GaussianDpEvent(z / sens)``. The theory preset
+refuses ``epochs > 1`` (outside the theorem); DP-SGD variants refuse it too (multi-epoch
+DP-SGD is ``dp_sgd_user`` with ``sampling: cyclic``). ``epochs = 1`` is the single-epoch
+plan above, unchanged.
 
 Declared constants (issue 23.3): **enforced**. L enters only as the default clip ``C`` (and
 through ``c_DP L`` / ``(8 c_M + 4) L`` in the theory preset), beta and R only the step and the
@@ -70,6 +84,7 @@ from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, Privacy
                                gaussian_sensitivity_factor)
 from dpsco_jax.config_types import ConfigView
 from dpsco_jax.transforms.srg import check_z_scale
+from dpsco_jax.privacy import cyclic_participation as cyclic
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.transforms.tree_noise import MECHANISMS, prefix_noise_event, tree_levels
 
@@ -115,6 +130,8 @@ class SRGDPlan:
   mf: tuple = ()            # banded: ("banded", coefs); blt: ("blt", decay, scale); else ()
   mf_sensitivity: float = 1.0
   mf_source: str = ""
+  epochs: int = 1
+  stream_sensitivity: float | None = None  # epochs > 1: exact ||C 1_pattern|| (units C/B)
 
   @property
   def private(self) -> bool:
@@ -122,7 +139,10 @@ class SRGDPlan:
 
   @property
   def gdp_factor(self) -> float:
-    """``mu * z`` of the run: ``sqrt(levels)`` (tree), ``||c||`` (MF), 1 (independent)."""
+    """``mu * z`` of the run: ``sqrt(levels)`` (tree), ``||c||`` (MF), 1 (independent); the
+    exact multi-participation sensitivity when ``epochs > 1``."""
+    if self.stream_sensitivity is not None:
+      return self.stream_sensitivity
     return self.mf_sensitivity if self.mf else math.sqrt(self.levels)
 
 
@@ -151,41 +171,63 @@ def resolve_relation(cfg: Mapping | Any, name: str = "accelerated_dp_srgd") -> s
 
 
 def run_event(noise_multiplier: float, num_steps: int, mechanism: str,
-              mf_sensitivity: float = 1.0) -> Any:
+              mf_sensitivity: float = 1.0, stream_sensitivity: float | None = None) -> Any:
   """The whole single-epoch run as one event: ``GaussianDpEvent(z/sqrt(levels))`` (tree;
   Lemma 5.6), ``GaussianDpEvent(z)`` (independent) or ``GaussianDpEvent(z / ||c||)`` (banded /
-  BLT, single participation), on sensitivity-1 units."""
+  BLT, single participation), on sensitivity-1 units. Multi-epoch (``stream_sensitivity``
+  given): ``GaussianDpEvent(z / stream_sensitivity)``."""
+  if stream_sensitivity is not None:
+    return cyclic.cyclic_event(noise_multiplier, stream_sensitivity)
   if mechanism in ("banded", "blt"):
     return mf.mf_event(noise_multiplier, mf_sensitivity)
   return prefix_noise_event(noise_multiplier, num_steps, mechanism=mechanism)
 
 
 def _calibrate(epsilon: float, delta: float, T: int, mechanism: str, relation: str,
-               mf_sensitivity: float = 1.0) -> float:
-  return calibrate_noise_multiplier(lambda z: run_event(z, T, mechanism, mf_sensitivity),
-                                    epsilon=epsilon, delta=delta, relation=relation,
-                                    accountant=ACCOUNTANT)
+               mf_sensitivity: float = 1.0, stream_sensitivity: float | None = None) -> float:
+  return calibrate_noise_multiplier(
+      lambda z: run_event(z, T, mechanism, mf_sensitivity, stream_sensitivity),
+      epsilon=epsilon, delta=delta, relation=relation, accountant=ACCOUNTANT)
 
 
-def _mf_strategy(cfg: ConfigView, noise: str, T: int) -> tuple[tuple, float, str]:
-  """(stage spec, sensitivity ||c|| over T steps, source) of the single-epoch MF noise."""
+def check_epochs(value: Any) -> int:
+  """``epochs``: an integer >= 1 (a bool, a string or a fraction is refused, naming it)."""
+  if isinstance(value, (bool, str)):
+    raise ValueError(f"epochs must be an integer >= 1, got {type(value).__name__} {value!r}")
+  return check_int(value, "epochs")
+
+
+def _mf_strategy(cfg: ConfigView, noise: str, T: int, epochs: int = 1
+                 ) -> tuple[tuple, float, str]:
+  """(stage spec, sensitivity over T steps, source) of the MF noise: ``||c||`` for one
+  epoch; for ``epochs`` cyclic epochs of ``P = T / epochs`` steps the exact sensitivity of
+  ``epochs`` participations ``P`` apart (the BLT optimizer is told that pattern)."""
   strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
-  if noise == "banded":   # derived default: min(32, T) bands
-    s = mf.banded_strategy(T, check_int(cfg.get("bands", min(32, T)), "bands"),
-                           strategy=strategy)
+  P = T // epochs
+  if noise == "banded":   # derived default: min(32, T) bands (multi-epoch: min(32, P),
+    # so that the columns of one example's participations are disjoint whatever the signs)
+    s = mf.banded_strategy(T, check_int(cfg.get("bands", min(32, T if epochs == 1 else P)),
+                                        "bands"), strategy=strategy)
     spec, coefs, source = ("banded", tuple(map(float, s.coefs))), s.coefs, s.source
   else:
-    b = mf.blt_strategy(T, check_int(cfg.buffers, "buffers"), strategy=strategy)
+    kw = {} if epochs == 1 else dict(participations=epochs, min_sep=P)
+    b = mf.blt_strategy(T, check_int(cfg.buffers, "buffers"), strategy=strategy, **kw)
     spec = ("blt", tuple(map(float, b.buf_decay)), tuple(map(float, b.output_scale)))
     coefs, source = mf.blt_coefs(b.buf_decay, b.output_scale, T), b.source
-  return spec, mf.participation_sensitivity(np.asarray(coefs), T), source
+  if epochs == 1:
+    return spec, mf.participation_sensitivity(np.asarray(coefs), T), source
+  return spec, cyclic.cyclic_sensitivity(noise, T, P, epochs, coefs=np.asarray(coefs)), source
 
 
 def _schedule(name: str, cfg: ConfigView, noise: str, *, n: int, p: int, lipschitz: float,
               smoothness: float, radius: float, epsilon: float | None, delta: float,
-              relation: str) -> SRGDParams:
+              relation: str, epochs: int = 1) -> SRGDParams:
   preset = check_choice(cfg.preset, "preset", PRESETS)
   if preset == "theory":
+    if epochs != 1:
+      raise ValueError(f"preset='theory' is paper 003's single epoch (§1; Lemma 5.6's "
+                       f"premise: only one Delta_i changes); epochs={epochs} is outside its "
+                       "theorem: use preset='practical' for multi-epoch SRGD")
     if name != "accelerated_dp_srgd":
       raise ValueError(f"preset='theory' exists only for accelerated_dp_srgd (Algorithm 1); "
                        f"{name} has no theorem in the paper")
@@ -207,7 +249,7 @@ def _schedule(name: str, cfg: ConfigView, noise: str, *, n: int, p: int, lipschi
   clip = cfg.get("clip_norm", lipschitz)
   return practical_params(n, smoothness=smoothness, clip_norm=clip,
                           batch_size=cfg.batch_size, num_steps=cfg.num_steps,
-                          beta=cfg.beta, beta_scale=cfg.beta_scale)
+                          beta=cfg.beta, beta_scale=cfg.beta_scale, epochs=epochs)
 
 
 def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float, smoothness: float,
@@ -217,7 +259,8 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
   Config keys: ``epsilon`` (a budget; ``None``: non-private unless ``noise_multiplier``),
   ``delta`` (required for a private run; no default), ``relation`` (``zero_out`` |
   ``replace_one``), ``preset``, ``variant``, ``noise_mechanism``, ``batch_size``,
-  ``num_steps``, ``beta`` / ``beta_scale``, ``clip_norm``, ``noise_multiplier``, and the
+  ``num_steps`` (steps of one epoch), ``epochs`` (default 1; > 1: practical preset, SRG
+  variants), ``beta`` / ``beta_scale``, ``clip_norm``, ``noise_multiplier``, and the
   post-processing ``z_scale``, ``learning_rate``, ``averaging``. ``radius`` is the public
   constraint set (``None``: unconstrained; the theory preset needs it). The config is read
   through :func:`config_view` (the schema's defaults; an undeclared key raises).
@@ -237,29 +280,39 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
     raise ValueError(f"{name} feeds plain gradients, whose noise is independent per step "
                      "(DP-SGD / Thm 5.13); noise_mechanism must be 'independent'")
   relation = resolve_relation(cfg, name)
+  epochs = check_epochs(cfg.epochs)
+  if epochs != 1 and not srg:
+    raise ValueError(f"{name} is single-epoch DP-SGD (Thm 5.13 / §5.5); epochs={epochs} is "
+                     "refused here: multi-epoch SRGD is accelerated_dp_srgd and its SRG "
+                     "ablations, multi-epoch DP-SGD is dp_sgd_user with sampling: cyclic")
   epsilon = None if cfg.epsilon is None else check_epsilon(cfg.epsilon)
   private = epsilon is not None or cfg.noise_multiplier is not None
   # a non-private run (no epsilon, no noise_multiplier) has no delta to read
   delta = required_delta(cfg) if private or cfg.delta is not None else 0.0
   prm = _schedule(name, cfg, noise, n=n, p=p, lipschitz=lipschitz, smoothness=smoothness,
-                  radius=radius, epsilon=epsilon, delta=delta, relation=relation)
+                  radius=radius, epsilon=epsilon, delta=delta, relation=relation,
+                  epochs=epochs)
   T, B, C = prm.num_steps, prm.batch_size, prm.clip_norm
   lr = cfg.learning_rate
   mechanism = noise if (srg and noise != "independent") else "independent"
   spec, sens, source = ((), 1.0, "") if mechanism in MECHANISMS else _mf_strategy(cfg, noise,
-                                                                                   T)
+                                                                                   T, epochs)
+  # epochs > 1: the exact sensitivity of k participations P apart (MF: ``sens`` already is)
+  stream = None if epochs == 1 else (
+      sens if spec else cyclic.cyclic_sensitivity(mechanism, T, prm.period, epochs))
   explicit = cfg.noise_multiplier
   if explicit is not None:
     z = check_nonnegative(explicit, "noise_multiplier")
   elif prm.noise_multiplier is not None:
     z = prm.noise_multiplier                       # theory preset: the paper's sigma
   else:
-    z = 0.0 if epsilon is None else _calibrate(epsilon, delta, T, mechanism, relation, sens)
+    z = 0.0 if epsilon is None else _calibrate(epsilon, delta, T, mechanism, relation, sens,
+                                               stream)
   if z == 0.0 and epsilon is not None:
     raise PrivacyBudgetExceeded(f"noise_multiplier=0 releases the data without noise "
                                 f"(epsilon = inf > budget {epsilon:g}); nothing was released")
   levels = tree_levels(T) if mechanism == "tree" else 1
-  event = run_event(z, T, mechanism, sens) if z > 0 else None
+  event = run_event(z, T, mechanism, sens, stream) if z > 0 else None
   if event is not None and epsilon is not None:   # the budget check of the planned run
     PrivacyLedger(delta=delta, epsilon_budget=epsilon, relation=relation,
                   accountant=ACCOUNTANT).check(event, label=name)
@@ -268,6 +321,10 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
   label = (f"{kind} Gaussian {'prefix ' if srg else ''}noise, z={z:.4g}, T={T}, "
            + (f"levels={levels}, " if not spec else f"||c||={sens:.4g} ({source}), ")
            + f"increment sensitivity C/B={C / B:.4g} (zero-out)")
+  if stream is not None:
+    label += (f"; {epochs} epochs of {prm.period} steps in one fixed public order, each "
+              f"example in {epochs} increments {prm.period} apart: exact stream sensitivity "
+              f"{stream:.4g} x C/B")
   return SRGDPlan(name=name, relation=relation, epsilon=epsilon, delta=delta,
                   params=dataclasses.replace(prm, noise_multiplier=z), srg=srg, noise=noise,
                   accelerated=accelerated, levels=levels, noise_std=z * C / B,
@@ -276,15 +333,17 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
                   z_scale=check_z_scale(cfg.z_scale),
                   learning_rate=None if lr is None else check_positive(lr, "learning_rate"),
                   averaging=check_choice(cfg.averaging, "averaging", AVERAGING),
-                  mf=spec, mf_sensitivity=sens, mf_source=source)
+                  mf=spec, mf_sensitivity=sens, mf_source=source, epochs=epochs,
+                  stream_sensitivity=stream)
 
 
 def paper_epsilon(plan: SRGDPlan) -> float | None:
   """The paper's own GDP -> DP step (Cor. 5.7): ``mu = eps/sqrt(2 ln(1.25/delta))``, i.e.
   ``eps = mu sqrt(2 ln(1.25/delta))`` with ``mu = sqrt(levels) s / (z C/B)``, ``s`` the
   relation's increment sensitivity (classical Gaussian bound, valid only for eps <= 1;
-  reported beside the accountant's epsilon, never used for the guarantee)."""
-  if not plan.private:
+  reported beside the accountant's epsilon, never used for the guarantee). ``None`` for a
+  multi-epoch plan: the paper has no formula outside its single epoch."""
+  if not plan.private or plan.epochs != 1:
     return None
   z = plan.params.noise_multiplier
   mu = plan.gdp_factor / z * gaussian_sensitivity_factor(plan.relation)

@@ -25,7 +25,9 @@ class SRGDParams:
 
   ``noise_multiplier`` is ``z``: node (or per-step) std ``= z * clip_norm / batch_size``;
   ``None`` until the plan calibrates it (the ``theory`` preset sets the paper's value).
-  ``paper`` holds the paper's own formulas (theory preset) for comparison.
+  ``paper`` holds the paper's own formulas (theory preset) for comparison. ``num_steps`` is
+  the whole run's ``T``; ``epochs`` passes of ``period = T / epochs`` steps each (practical
+  preset only; the paper's single epoch is ``epochs = 1``).
   """
   num_steps: int
   batch_size: int
@@ -35,6 +37,12 @@ class SRGDParams:
   preset: str
   variant: str | None = None
   paper: dict | None = None
+  epochs: int = 1
+
+  @property
+  def period(self) -> int:
+    """Steps per epoch ``P``: an example's consecutive participations are ``P`` apart."""
+    return self.num_steps // self.epochs
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -156,11 +164,16 @@ def theory_params(n: int, p: int, *, lipschitz: float, smoothness: float, radius
 
 def practical_params(n: int, *, smoothness: float, clip_norm: float,
                      batch_size: int | None = None, num_steps: int | None = None,
-                     beta: float | None = None, beta_scale: float = 1.0) -> SRGDParams:
+                     beta: float | None = None, beta_scale: float = 1.0,
+                     epochs: int = 1) -> SRGDParams:
   """The laptop-scale schedule (spec §7.4): ``B = floor(sqrt n)``, ``T = floor(n/B)``,
   ``beta = M max(1, beta_scale T)`` unless given (Thm 5.1 needs ``beta >= M``; variant-B
   style ``beta ~ M T``, Lemma 5.9). ``n`` is the public number of examples (zero-out /
-  replace-one). The noise multiplier is left to the plan (``None``)."""
+  replace-one). The noise multiplier is left to the plan (``None``).
+
+  ``epochs = k > 1`` (outside paper 003, whose §1 setting is one pass): ``num_steps`` (default
+  ``floor(n/B)``) is then the steps of *one* epoch ``P``, the run has ``T = k P`` steps in
+  the same fixed order every epoch, and the default ``beta`` scales with the whole ``T``."""
   n = check_int(n, "n", minimum=1)
   B = math.isqrt(n) if batch_size is None else check_int(batch_size, "batch_size")
   T = n // B if num_steps is None else check_int(num_steps, "num_steps")
@@ -169,6 +182,8 @@ def practical_params(n: int, *, smoothness: float, clip_norm: float,
                      f"uses every example at most once")
   if T < 1:
     raise ValueError(f"batch_size={B} leaves no full batch of n={n} examples")
+  epochs = check_int(epochs, "epochs")
+  T *= epochs   # one period per epoch; epochs = 1 leaves T as it was
   if beta is None:
     # Thm 5.1 needs beta >= M whatever the scale: floor it there (matters for small T).
     M = check_positive(smoothness, "smoothness")
@@ -176,4 +191,4 @@ def practical_params(n: int, *, smoothness: float, clip_norm: float,
   beta = check_positive(beta, "beta")
   clip = check_positive(clip_norm, "clip_norm")
   return SRGDParams(num_steps=T, batch_size=B, beta=beta, clip_norm=clip,
-                    noise_multiplier=None, preset="practical")
+                    noise_multiplier=None, preset="practical", epochs=epochs)
