@@ -219,12 +219,15 @@ class DpSgdConfig(SgdSchedule):
   sampling_rate: Optional[float] = _key("Poisson rate q (overrides batch_size / n_users)")
   relation: Optional[Relation] = _key("neighbouring relation (default from sampling)")
   # issue #27: correlated (matrix-factorization) noise and the cyclic multi-epoch schedule
-  sampling: Optional[Literal["poisson", "fixed", "full", "cyclic"]] = _key(
-      "user sampling (cyclic: fixed-order epochs, each user once per epoch)", "poisson")
+  sampling: Optional[Literal["poisson", "fixed", "full", "cyclic", "banded_poisson"]] = _key(
+      "user sampling (cyclic: fixed-order epochs, each user once per epoch; banded_poisson: "
+      "b-min-sep Poisson within min_separation public groups, for banded noise)", "poisson")
   noise_mechanism: Optional[Literal["independent", "banded", "blt"]] = _key(
       "noise: independent Gaussian, banded or BLT matrix factorization", "independent")
   bands: Optional[int] = _key("bands b of the banded strategy (default min(32, steps per "
                               "epoch))")
+  min_separation: Optional[int] = _key("groups b of sampling banded_poisson (group t mod b "
+                                       "is active at step t; default bands, else 32)")
   buffers: Optional[int] = _key("buffers of the BLT strategy (at most)", 4)
   mf_strategy: Optional[Literal["auto", "sqrt", "optimized"]] = _key(
       "MF strategy: jax_privacy's optimizer (optimized), the built-in sqrt one, or auto", "auto")

@@ -88,8 +88,10 @@ def test_cyclic_trainer_is_dp_sgd_user_run(noise):
 
 
 def test_poisson_with_mf_noise_is_refused_naming_the_reason():
+  reasons = {"banded": "banded amplification.*not implemented in DPTrainer",
+             "blt": "BLT has T bands"}
   for noise in ("banded", "blt"):
-    with pytest.raises(ValueError, match="banded amplification.*not implemented"):
+    with pytest.raises(ValueError, match=reasons[noise]):
       DPTrainer(_init(), loss_fn, optax.sgd(0.1), data=_data(), clip_norm=1.0,
                 sampling_rate=0.3, expected_batch_size=6.0, delta=1e-5,
                 noise_multiplier=1.0, noise_mechanism=noise)

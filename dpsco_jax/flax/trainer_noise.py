@@ -248,4 +248,12 @@ SAMPLINGS = ("poisson", "cyclic")
 
 
 def check_sampling(sampling: Any) -> str:
+  if sampling == "banded_poisson":
+    # not a small change: its ledger is k rounds of a Poisson-subsampled Gaussian, charged
+    # per block like the Poisson path but with the cyclic path's MF noise stage and a
+    # partition; the trainer's cyclic ledger holds plain Gaussians only
+    raise ValueError("sampling='banded_poisson' (b-min-sep Poisson with amplified banded "
+                     "noise) runs in dp_sgd_user / dp_sgd_item (dpsco_jax.fit / plan+run), not "
+                     "in DPTrainer yet; DPTrainer takes 'poisson' (independent noise) or "
+                     "'cyclic' (independent, banded or BLT noise)")
   return check_choice(sampling, "sampling", SAMPLINGS)

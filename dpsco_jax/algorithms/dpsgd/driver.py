@@ -25,8 +25,8 @@ sampling uses a static slot capacity; its truncation probability ``p`` enters de
 
 Config keys (:class:`dpsco_jax.config_families.DpSgdConfig`): ``epsilon, delta`` (required),
 ``noise_multiplier, clip_norm, learning_rate, num_steps | epochs, batch_size, sampling_rate,
-n_users, sampling (poisson | fixed | full | cyclic), relation, averaging, noise_mechanism,
-bands, buffers, mf_strategy``. Records use the same names.
+n_users, sampling (poisson | fixed | full | cyclic | banded_poisson), relation, averaging,
+noise_mechanism, bands, min_separation, buffers, mf_strategy``. Records use the same names.
 
 Declared constants (issue 23.3): **enforced**. ``clip_norm`` defaults to the declared L, but
 the chain clips every per-row gradient (per-user mean for ``dp_sgd_user``, per-item
@@ -43,7 +43,9 @@ step consumes ``x_t + (C^{-1} Z)_t``, so the iterate is ``theta_0 - lr * (A x + 
 before projection, the prefix workload the strategies are optimized for (projection and
 averaging are post-processing). Cyclic batches are drawn by :func:`_cyclic_loop` (this module:
 ``run_chain``'s samplers draw a fresh batch each step); a mesh is refused there. The audit
-hook returns the noisy increments ``x_t + w_t``.
+hook returns the noisy increments ``x_t + w_t``. ``sampling: banded_poisson`` (amplified banded
+noise, b-min-sep Poisson; see the plan) runs the same chain with batches drawn by
+:func:`dpsco_jax.algorithms.dpsgd.banded_poisson.banded_poisson_loop`; a mesh is refused.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import gather_users, run_chain, sampling_setup
+from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
                                              config_view, group_privacy_targets, plan_dp_sgd)
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
@@ -163,7 +166,14 @@ def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
   if plan.participations is not None:
     notes += (f"; participation: at most {plan.participations} per user, >= {plan.min_sep} "
               "steps apart")
-  if plan.mf is not None:
+  if plan.sampling == "banded_poisson":
+    notes += (f"; b-min-sep Poisson sampling (Choquette-Choo et al. 2023, Thm 4): "
+              f"{plan.min_sep} public groups of <= {plan.group_rows} rows, rate "
+              f"p={plan.sampling_rate:.6g} within the active group; banded MF noise "
+              f"({plan.mf.source}, {len(plan.mf.coefs)} bands <= b), max column norm "
+              f"{plan.mf.sensitivity:.4g}: {plan.participations} rounds of a Poisson-"
+              "subsampled Gaussian of multiplier z/colnorm")
+  elif plan.mf is not None:
     notes += (f"; {plan.noise} MF noise ({plan.mf.source}), sensitivity factor "
               f"{plan.mf.sensitivity:.4g}: one Gaussian of multiplier z/sens")
   trunc = plan.truncation_probability
@@ -249,6 +259,13 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
     loop = _cyclic_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps, plan.batch,
                         -(-n // plan.batch), _release_of if keep else None)
     return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows)
+  if plan.sampling == "banded_poisson":
+    if getattr(problem, "mesh", None) is not None:
+      raise ValueError("sampling='banded_poisson' does not run on a mesh yet: use one device")
+    loop = banded_poisson_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps,
+                               plan.min_sep, plan.sampling_rate, capacity,
+                               _release_of if keep else None)
+    return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows)
   return run_chain(problem.loss_fn, rows, problem.init_params(), dp_sgd_chain, hparams,
                    static=static, steps=plan.steps,
                    key=jax.random.fold_in(key, 2), sampling=plan.sampling,
@@ -296,6 +313,8 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Resul
             "averaging": plan.averaging}
   if plan.participations is not None:
     record.update(participations=plan.participations, min_separation=plan.min_sep)
+  if plan.group_rows is not None:
+    record.update(group_rows=plan.group_rows, truncation_probability=plan.truncation_probability)
   if plan.mf is not None:
     record.update(mf_strategy=plan.mf.source, mf_sensitivity=plan.mf.sensitivity,
                   **({"bands": len(plan.mf.coefs)} if plan.noise == "banded"

@@ -17,6 +17,10 @@ full      zero_out, replace_one,       ``D = n_users`` (every row, each step)
           add_remove
 fixed     replace_one, zero_out        ``n``, ``batch_size = D`` (dp_accounting's
                                        sampling-without-replacement bound is replace-one)
+cyclic    zero_out, replace_one        ``n``, ``batch_size = D`` (below)
+banded_   zero_out, replace_one        ``n``, ``b = min_separation``, ``p``
+poisson                                (``sampling_rate``, else ``batch_size / G``),
+                                       ``D = p * G``, ``G = ceil(n / b)`` (below)
 ========  ===========================  ==============================================
 
 ``sampling_rate`` (Poisson only) takes precedence over ``batch_size``; the reported
@@ -45,11 +49,35 @@ removing a user (add_remove) would shift every later batch. ``noise_mechanism`` 
 of the increments: ``independent`` (Gaussian per step), ``banded`` (``bands`` bands) or ``blt``
 (``buffers`` buffers), the MF noise of :mod:`dpsco_jax.transforms.matrix_factorization`.
 MF noise needs a schema with bounded participation: ``cyclic`` or ``full`` (every user every
-step, ``k = T``, separation 1); Poisson / fixed sampling with MF noise is refused (banded
-amplification by sampling, Choquette-Choo et al. 2023, is not implemented). The event is one
+step, ``k = T``, separation 1), or banded noise with ``banded_poisson`` (below); plain Poisson /
+fixed sampling over all rows with MF noise is refused. The event is one
 Gaussian of multiplier ``z / sens`` with ``sens`` the strategy's participation sensitivity
 (:func:`dpsco_jax.privacy.matrix_factorization.participation_sensitivity`); with independent
 noise under ``cyclic`` that is ``z / sqrt(k)``.
+
+Amplified banded noise (issue #27; Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
+Factorization: A unified approach to private training", Thm 4, "b-min-sep sampling"):
+``sampling="banded_poisson"`` with ``noise_mechanism="banded"``. Public and data-independent:
+``n`` (the realized row count; the relation makes it public), the number of groups
+``b = min_separation`` (default: ``bands``, else 32, at most ``n``), the partition of the row
+slots into ``b`` groups of sizes ``G = ceil(n / b)`` or ``G - 1`` (a permutation drawn from the
+run's key alone, as the cyclic order is; :mod:`dpsco_jax.algorithms.dpsgd.banded_poisson`),
+the rate ``p`` (``sampling_rate``, else ``batch_size / G`` with ``batch_size`` the expected
+batch) and the fixed denominator ``D = p * G`` (never the realized count). Step ``t``: group
+``t mod b`` is active, each of its rows joins with probability ``p``. Steps: ``num_steps``,
+else ``round(epochs * n / D)`` (about ``epochs * b / p``). ``bands <= b`` is required (bands
+default ``min(32, b)``; more bands than groups is refused): a row's participations are then
+``>= b`` steps apart, their columns of the banded ``C`` touch disjoint rows of ``C x + Z``,
+and the run is exactly ``k = ceil(T / b)`` compositions of a Poisson-subsampled Gaussian of
+rate ``p`` and multiplier ``z / ||c||`` (the largest column norm;
+:func:`dpsco_jax.privacy.matrix_factorization.amplified_banded_event`), calibrated through the
+one calibrator. ``bands = 1``, ``b = 1`` is Poisson DP-SGD with independent noise, exactly.
+Slot capacity and truncation: as for ``poisson``, at ``(G, p)`` (the draw is within one
+group); the truncation probability enters delta as ``(1 + e^eps) tv``. Relations: zero_out
+(default) and replace_one (the partition is by slot, public with ``n``); add_remove is refused:
+removing a row would redraw the partition of every other row and change ``G`` and ``D``.
+A BLT is refused with it: it has ``T`` bands, so participations ``b`` apart overlap in its
+columns and the rounds are not independent (no amplification theorem covers it).
 """
 
 from __future__ import annotations
@@ -75,10 +103,12 @@ SAMPLING_RELATIONS = {
     "full": ("zero_out", "replace_one", "add_remove"),
     "fixed": ("replace_one", "zero_out"),
     "cyclic": ("zero_out", "replace_one"),
+    "banded_poisson": ("zero_out", "replace_one"),
 }
 LEVELS = ("user", "item", "group")
 NOISES = ("independent", "banded", "blt")
 MF_SAMPLINGS = ("cyclic", "full")   # bounded participation: what MF noise is priced for
+AMPLIFIED = "banded_poisson"        # b-min-sep Poisson: banded noise only (amplified)
 DEFAULT_BANDS = 32
 
 
@@ -129,8 +159,9 @@ class DpSgdPlan(NamedTuple):
   item_delta_target: float | None  # group level, calibrated runs: the item delta aimed at
   noise: str = "independent"
   mf: MfNoise | None = None        # banded / blt: strategy and participation schema
-  participations: int | None = None  # cyclic / full: most contributions of one user
-  min_sep: int | None = None
+  participations: int | None = None  # cyclic / full / banded_poisson: most contributions
+  min_sep: int | None = None         # ... any two at least this many steps apart
+  group_rows: int | None = None      # banded_poisson: rows G of the largest group
 
   def public(self) -> str:
     return f"relation={self.relation}: public are {PUBLIC[self.relation]}"
@@ -176,6 +207,9 @@ def schedule_event(noise_multiplier: float, *, sampling: str, q: float, n: int, 
   if mf_noise is None:
     return dp_sgd_event(noise_multiplier, sampling=sampling, q=q, n=n, batch=batch,
                         steps=steps)
+  if sampling == AMPLIFIED:   # k rounds of a Poisson-subsampled Gaussian (module docstring)
+    return mf.amplified_banded_event(noise_multiplier, np.asarray(mf_noise.coefs), steps,
+                                     sampling_rate=q, min_sep=min_sep)
   coefs = np.asarray(mf_noise.coefs)
   if mf_noise.kind == "blt" and coefs.size < steps:   # a longer run: extend the BLT's column
     coefs = mf.blt_coefs(np.asarray(mf_noise.buf_decay), np.asarray(mf_noise.output_scale),
@@ -185,15 +219,37 @@ def schedule_event(noise_multiplier: float, *, sampling: str, q: float, n: int, 
   return mf.mf_event(noise_multiplier, sens)
 
 
-def check_mf_sampling(noise: str, sampling: str, *, allowed: tuple = MF_SAMPLINGS) -> None:
-  """Refuses MF noise on a schedule it is not priced for (also DPTrainer's refusal: one
-  reason, one place)."""
+_BLT_NOT_BANDED = ("BLT has T bands (every coefficient of C is nonzero), so two "
+                   "participations b steps apart overlap in its columns and the rounds are not "
+                   "independent: no amplification-by-sampling theorem covers it")
+
+
+def check_mf_sampling(noise: str, sampling: str, *,
+                      allowed: tuple = MF_SAMPLINGS + (AMPLIFIED,)) -> None:
+  """Refuses MF noise on a schedule it is not priced for, and ``banded_poisson`` with any
+  noise but banded (also DPTrainer's refusal: one reason, one place)."""
+  if sampling == AMPLIFIED and AMPLIFIED in allowed:
+    if noise == "blt":
+      raise ValueError(f"noise_mechanism='blt' cannot use sampling={AMPLIFIED!r}: "
+                       f"a {_BLT_NOT_BANDED}; use noise_mechanism='banded' (bands <= "
+                       "min_separation), or the BLT with sampling='cyclic'")
+    if noise != "banded":
+      raise ValueError(f"sampling={AMPLIFIED!r} is b-min-sep Poisson sampling for "
+                       "noise_mechanism='banded' (bands=1 is independent noise); for "
+                       "independent noise over all rows use sampling='poisson'")
+    return
   if noise != "independent" and sampling not in allowed:
-    use = " or ".join(repr(s) for s in allowed)
+    use = " or ".join(repr(s) for s in allowed if s != AMPLIFIED)
+    amp = (f"for Poisson sampling with banded noise use sampling={AMPLIFIED!r} (b-min-sep, "
+           "amplified; Choquette-Choo et al. 2023)" if AMPLIFIED in allowed
+           else f"Poisson sampling with banded amplification (sampling={AMPLIFIED!r}) is not "
+           "implemented in DPTrainer: it runs in dp_sgd_user / dp_sgd_item")
+    if noise == "blt":
+      amp = f"a BLT takes no Poisson sampling: a {_BLT_NOT_BANDED}"
     raise ValueError(f"noise_mechanism={noise!r} is priced for a bounded-participation "
                      f"schedule: use sampling={use} (fixed-order epochs), not {sampling!r}. "
-                     "Poisson sampling with banded amplification (Choquette-Choo et al. 2023) "
-                     "is not implemented; noise_mechanism='independent' works with any sampling")
+                     f"{amp}; noise_mechanism='independent' works with any sampling but "
+                     f"{AMPLIFIED!r}")
 
 
 def _participation(sampling: str, n: int, batch: int, steps: int
@@ -205,6 +261,52 @@ def _participation(sampling: str, n: int, batch: int, steps: int
   if sampling == "full":
     return steps, 1
   return None, None
+
+
+def _groups(cfg: ConfigView, n: int) -> int:
+  """``b = min_separation`` of b-min-sep sampling (default: ``bands``, else 32; at most
+  ``n``: every group holds a row)."""
+  default = min(n, cfg.bands if cfg.bands is not None else DEFAULT_BANDS)
+  b = check_int(cfg.get("min_separation", default), "min_separation")
+  if b > n:
+    raise ValueError(f"min_separation ({b}) must be <= the number of rows ({n}): each of the "
+                     "b groups holds at least one row")
+  return b
+
+
+def _amplified_sampling(cfg: ConfigView, n: int, groups: int
+                        ) -> tuple[float, int, float, int]:
+  """(p, expected batch, D = p G, capacity) of b-min-sep sampling, ``G = ceil(n / b)``."""
+  size = -(-n // groups)
+  if cfg.sampling_rate is not None:
+    p = check_probability(cfg.sampling_rate, "sampling_rate")
+    if p <= 0:
+      raise ValueError(f"sampling_rate must be > 0, got {cfg.sampling_rate!r}")
+  else:
+    batch = check_int(cfg.get("batch_size", max(1, min(size, round(math.sqrt(n))))),
+                      "batch_size")
+    if batch > size:
+      raise ValueError(f"batch_size ({batch}) is the expected batch p * G of b-min-sep "
+                       f"sampling and must be <= G = ceil(n / min_separation) = {size}")
+    p = batch / size
+  return p, max(1, round(p * size)), p * size, poisson_capacity(size, p)
+
+
+def _amplified_mf(cfg: ConfigView, steps: int, groups: int) -> MfNoise:
+  """The banded strategy of b-min-sep sampling: ``bands <= b`` (refused otherwise), default
+  ``min(32, b)``; its sensitivity factor is the largest column norm ``||c||``."""
+  strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
+  bands = check_int(cfg.get("bands", min(DEFAULT_BANDS, groups)), "bands")
+  if bands > groups:
+    raise ValueError(f"bands ({bands}) must be <= min_separation ({groups}), the number of "
+                     f"groups of sampling={AMPLIFIED!r}: a row's participations are b steps "
+                     "apart, and more bands would overlap their columns (the amplified "
+                     "accounting needs disjoint ones)")
+  s = mf.banded_strategy(steps, bands, strategy=strategy)
+  coefs = tuple(float(c) for c in s.coefs)
+  colnorm = mf.participation_sensitivity(np.asarray(coefs), steps)
+  return MfNoise("banded", coefs, (), (), s.source, mf.participations_of(steps, groups),
+                 groups, colnorm)
 
 
 def _mf_noise(cfg: ConfigView, kind: str, steps: int, participations: int, min_sep: int
@@ -322,6 +424,11 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
   check_choice(level, "level", LEVELS)
   cfg = config_view(cfg)
   sampling = check_choice(cfg.sampling, "sampling", tuple(SAMPLING_RELATIONS))
+  if sampling == AMPLIFIED and cfg.get("relation") == "add_remove":
+    raise ValueError(f"sampling={AMPLIFIED!r} cannot honour relation='add_remove': its "
+                     "partition into groups is by slot and drawn over the public n, so "
+                     "removing a row would redraw every other row's group and change G and "
+                     "D; use relation='zero_out' (default) or 'replace_one'")
   # derived default: the relation the sampling scheme is analysed under
   relation = check_relation(cfg.get("relation", SAMPLING_RELATIONS[sampling][0]),
                             supported=SAMPLING_RELATIONS[sampling],
@@ -330,21 +437,31 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
   n = public_rows(cfg, relation, realized_rows=realized_rows, rows_per_user=rows_per_user)
   group_size = rows_per_user if level == "group" else 1
   delta = required_delta(cfg)
-  q, batch, denominator, capacity = _sampling(cfg, sampling, n)
+  noise = check_choice(cfg.noise_mechanism, "noise_mechanism", NOISES)
+  check_mf_sampling(noise, sampling)
+  groups = _groups(cfg, n) if sampling == AMPLIFIED else None
+  q, batch, denominator, capacity = (_amplified_sampling(cfg, n, groups) if groups
+                                     else _sampling(cfg, sampling, n))
   if cfg.num_steps is not None:
     steps = check_int(cfg.num_steps, "num_steps")
   elif sampling == "cyclic":   # an epoch is ceil(n / B) steps
     steps = max(1, round(check_positive(cfg.epochs, "epochs") * -(-n // batch)))
+  elif groups:                 # an epoch: n rows in expectation, D = p G a step
+    steps = max(1, round(check_positive(cfg.epochs, "epochs") * n / denominator))
   else:
     steps = max(1, round(check_positive(cfg.epochs, "epochs") / q))
   clip = check_positive(cfg.get("clip_norm", default_clip), "clip_norm")   # derived: L
-  trunc = (poisson_truncation_probability(n, q, capacity, steps)
-           if sampling == "poisson" else 0.0)
-  noise = check_choice(cfg.noise_mechanism, "noise_mechanism", NOISES)
-  check_mf_sampling(noise, sampling)
-  participations, min_sep = _participation(sampling, n, batch, steps)
-  mf_noise = (None if noise == "independent"
-              else _mf_noise(cfg, noise, steps, participations, min_sep))
+  group_rows = -(-n // groups) if groups else None
+  # the Bernoulli draw of a step covers n rows (poisson) or one group of <= G (banded_poisson)
+  trunc = (poisson_truncation_probability(group_rows or n, q, capacity, steps)
+           if sampling in ("poisson", AMPLIFIED) else 0.0)
+  if groups:
+    mf_noise = _amplified_mf(cfg, steps, groups)
+    participations, min_sep = mf_noise.participations, groups
+  else:
+    participations, min_sep = _participation(sampling, n, batch, steps)
+    mf_noise = (None if noise == "independent"
+                else _mf_noise(cfg, noise, steps, participations, min_sep))
   make_event = lambda z: schedule_event(z, sampling=sampling, q=q, n=n, batch=batch,
                                         steps=steps, mf_noise=mf_noise,
                                         participations=participations, min_sep=min_sep)
@@ -363,4 +480,5 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
                    lr=lr, averaging=averaging, epsilon_target=target, delta=delta,
                    event=make_event(z) if z > 0 else None, truncation_probability=trunc,
                    group_size=group_size, item_delta_target=item_delta, noise=noise,
-                   mf=mf_noise, participations=participations, min_sep=min_sep)
+                   mf=mf_noise, participations=participations, min_sep=min_sep,
+                   group_rows=group_rows)

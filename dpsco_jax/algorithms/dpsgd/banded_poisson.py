@@ -1,0 +1,99 @@
+"""b-min-sep Poisson sampling: the sampler of amplified banded MF noise (issue #27).
+
+Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorization", Thm 4. The row slots
+``0..n-1`` are split into ``b`` groups by a public, data-independent partition: a permutation
+drawn from the run's order key alone, position ``i`` of it in group ``i mod b`` (so the group
+sizes differ by at most one; the largest is ``G = ceil(n / b)``). At step ``t`` group
+``t mod b`` is active and each of its rows is included independently with probability ``p``
+(one Bernoulli draw of shape ``[G]`` from ``fold_in(sample_key, t)``); rows of other groups
+are never included. A row therefore participates at most ``k = ceil(T / b)`` times, any two
+participations ``>= b`` steps apart, each with probability ``p`` independent of the rest.
+
+Static shapes: the included rows fill a fixed number of slots ``capacity`` (the Poisson slot
+capacity of :func:`~dpsco_jax.algorithms.common.poisson_capacity` at ``(G, p)``); a step that
+draws more is truncated, and the plan charges the probability of that (a union bound over the
+steps, :func:`~dpsco_jax.algorithms.common.poisson_truncation_probability`) to delta, as the
+plain Poisson path does. The accounting is the plan's
+(:func:`dpsco_jax.privacy.matrix_factorization.amplified_banded_event`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dpsco_jax.algorithms.common import gather_users
+from dpsco_jax.grads import per_user_grads
+from dpsco_jax.transforms.steps import released_params
+
+__all__ = ["group_slots", "sample_group", "group_size", "banded_poisson_loop"]
+
+
+def group_size(n: int, groups: int) -> int:
+  """The largest group's size ``G = ceil(n / groups)`` (public: ``n`` and ``groups`` are)."""
+  return -(-int(n) // int(groups))
+
+
+def group_slots(order_key: jax.Array, n: int, groups: int) -> tuple[jax.Array, jax.Array]:
+  """The public partition: ``(slots [groups, G], real [groups, G])``; row ``g`` lists the
+  slots of group ``g`` (``real`` False on the padding of a group one row short). Drawn from
+  ``order_key`` alone, so it does not depend on the data."""
+  size = group_size(n, groups)
+  order = jax.random.permutation(order_key, n)
+  pad = groups * size - n
+  slots = jnp.concatenate([order, jnp.zeros((pad,), order.dtype)])
+  real = jnp.arange(groups * size) < n
+  # position i -> group i mod groups: the padding (the last positions) spreads over the
+  # last groups, one each, so group sizes differ by at most one
+  return slots.reshape(size, groups).T, real.reshape(size, groups).T
+
+
+def sample_group(key: jax.Array, slots: jax.Array, real: jax.Array, t: jax.Array, *,
+                 rate: float, capacity: int) -> tuple[jax.Array, jax.Array]:
+  """Step ``t``'s rows: ``(idx [capacity], mask [capacity])``. Group ``t mod b`` is active;
+  each of its real slots is included with probability ``rate`` (``key``: this step's key);
+  included slots beyond ``capacity`` are dropped (the plan's truncation term)."""
+  groups = slots.shape[0]
+  g = t % groups
+  row, live = slots[g], real[g]
+  coins = jax.random.bernoulli(key, rate, row.shape) & live
+  (pos,) = jnp.nonzero(coins, size=capacity, fill_value=0)
+  return row[pos], jnp.arange(capacity) < jnp.sum(coins)
+
+
+@functools.lru_cache(maxsize=32)
+def banded_poisson_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
+                        groups: int, rate: float, capacity: int,
+                        record: Callable | None) -> Callable:
+  """One jitted scan of ``steps`` b-min-sep Poisson steps (the body of
+  :func:`~dpsco_jax.algorithms.common.run_chain`'s loop with this sampler). ``key`` is split
+  into the order key (``fold_in(key, 0)``: the partition) and the sample key
+  (``fold_in(key, 1)``; step ``t`` uses ``fold_in(sample_key, t)``): no key is used twice."""
+
+  @jax.jit
+  def loop(params: Any, key: jax.Array, hparams: dict, data: Any):
+    n = jax.tree.leaves(data)[0].shape[0]
+    slots, real = group_slots(jax.random.fold_in(key, 0), n, groups)
+    sample_key = jax.random.fold_in(key, 1)
+    tx = tx_factory(hparams, *static)
+
+    def body(carry, t):
+      params, state = carry
+      idx, mask = sample_group(jax.random.fold_in(sample_key, t), slots, real, t, rate=rate,
+                               capacity=capacity)
+      grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
+      updates, state = tx.update(grads, state, params, user_mask=mask)
+      out = None if record is None else record(state)
+      return (optax.apply_updates(params, updates), state), out
+
+    (params, state), records = jax.lax.scan(body, (params, tx.init(params)),
+                                            jnp.arange(steps))
+    if record is None:
+      return released_params(state, params), state
+    return released_params(state, params), state, records
+
+  return loop
