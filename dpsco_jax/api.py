@@ -87,7 +87,9 @@ REUSES_NOISE_MULTIPLIER = frozenset({
 MESH_READY = frozenset({
     "nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group",
     "accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
-    "accelerated_dp_sgd", "single_epoch_dp_sgd", "dp_loc_gd", "dp_loc_sgd"})
+    "accelerated_dp_sgd", "single_epoch_dp_sgd", "dp_loc_gd", "dp_loc_sgd",
+    # per-user gradients sharded, FILTER pair counts split by rows (user_level_filter/mesh.py)
+    "user_level_accelerated_erm", "user_level_accelerated_erm_smoothed"})
 _OUTPUT_PERT = ("output perturbation: a non-private ERM solve, then one noise draw on its "
                 "output; no per-user clipped gradient step to shard (the solver runs on one "
                 "device)")
@@ -98,10 +100,6 @@ MESH_UNSUPPORTED = {
     "user_level_phased_sgd": "Algorithm 1 runs non-private SGD through each group's items and "
                              "releases a FILTER of the group outputs: no batched per-user "
                              "gradient step to shard",
-    **{name: "Algorithm 2's FILTER scores each user's gradient against every other user's of "
-             "the step (not a sum of clipped gradients), and its static batch has no masked "
-             "slots for a mesh's padding: not sharded yet"
-       for name in ("user_level_accelerated_erm", "user_level_accelerated_erm_smoothed")},
     "resque_private_sco": "ReSQue's oracles query items at Gaussian-perturbed points inside a "
                           "host-driven bisection / MLMC loop (no clipped per-user step): not "
                           "sharded yet",

@@ -407,7 +407,7 @@ def test_counts_equal_the_canonical_decisions_on_every_path(monkeypatch, dim, of
   constants, several gathering rounds, and the all-pairs fallback at a large offset) all give
   the canonical counts: entry (i, j) is decided by the difference-first distance of rows i
   and j alone, whichever path reaches it."""
-  from dpsco_jax.transforms import filtering as flt  # noqa: PLC0415
+  from dpsco_jax.transforms import filter_pairs as flt  # noqa: PLC0415
   rng = np.random.default_rng(dim)
   k = 70
   x = (offset + rng.normal(size=(k, dim))).astype(np.float32)

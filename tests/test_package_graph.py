@@ -21,9 +21,9 @@ PACKAGE = ROOT / "dpsco_jax"
 #: Lowest first. A prefix names a module and everything under it (``privacy`` is
 #: ``dpsco_jax.privacy`` and its submodules); ``runner_*`` every top-level runner module.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # argument checks, the guarantee's matmul precision, and the config error / type check
-    # every layer may raise
-    ("base", ("_checks", "precision", "config_types")),
+    # argument checks, the guarantee's matmul precision, the one cache, and the config error /
+    # type check every layer may raise
+    ("base", ("_checks", "precision", "config_types", "cache")),
     # relations, events, the ledger, the calibrator, mechanisms
     ("privacy", ("privacy",)),
     # what an algorithm is built from: data, per-user gradients, the optax stages, the

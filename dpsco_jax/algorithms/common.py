@@ -13,6 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax._checks import check_choice, check_delta, check_int, check_probability
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.config_types import ConfigError
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.steps import released_params
@@ -89,7 +90,7 @@ def progress_points(steps: int, reports: int = 20) -> int:
   return max(1, -(-int(steps) // reports))
 
 
-@functools.lru_cache(maxsize=64)
+@bounded_cache(64)
 def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
                    sampling: str, batch: int, capacity: int, rate: float | None,
                    record: Callable | None, n_real: int | None = None,
@@ -201,7 +202,7 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
     _PROGRESS.pop(run_id, None)
 
 
-@functools.lru_cache(maxsize=64)
+@bounded_cache(64)
 def _compiled_step(loss_fn: Callable, tx_factory: Callable, static: tuple,
                    record: Callable | None):
   """One jitted step of the host-driven loop (the body of :func:`_compiled_loop`'s scan)."""

@@ -24,7 +24,6 @@ risk (synthetic problems in :mod:`dpsco_jax.problems` keep that for experiments)
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable
 
@@ -32,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.config_types import ConfigError
 from dpsco_jax.data.user_data import DataSpec, UserData, weighted_loss
 
@@ -77,7 +77,7 @@ _DOC = {"lipschitz": "L (Lipschitz constant of the loss)",
         "strong_convexity": "mu (strong convexity of the loss)"}
 
 
-@functools.lru_cache(maxsize=64)
+@bounded_cache(64)
 def _flat_loss(loss_fn: Callable, treedef: Any, shapes: tuple) -> Callable:
   """``loss_fn`` on the raveled vector, cached per (loss, params structure) so compiled loops
   are reused across seeds and configs."""

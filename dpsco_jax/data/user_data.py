@@ -49,7 +49,6 @@ number of users is private and a plan reads the *declared* ``n_users`` from the 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
@@ -58,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.data import grouping
 from dpsco_jax.data.grouping import canonical_ids, id_seed
 
@@ -213,7 +213,7 @@ def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dic
 _id_seed = id_seed   # the old private name
 
 
-@functools.lru_cache(maxsize=None)
+@bounded_cache()
 def weighted_loss(loss_fn: Callable) -> Callable:
   """``loss_fn(params, example)`` -> ``weight * loss_fn(params, ex["example"])`` for the
   ``{"example", "weight"}`` views of :class:`UserData` (cached: one function object per

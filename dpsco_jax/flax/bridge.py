@@ -22,7 +22,6 @@ perturbation, ...) through :func:`dpsco_jax.fit`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -30,6 +29,7 @@ import jax
 from flax import nnx
 
 from dpsco_jax.api import fit
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.data.problem import ProblemConstants
 from dpsco_jax.data.user_data import UserData
 from dpsco_jax.result import Result
@@ -37,7 +37,7 @@ from dpsco_jax.result import Result
 __all__ = ["fit_model", "params_loss"]
 
 
-@functools.lru_cache(maxsize=64)
+@bounded_cache(64)
 def _cached_params_loss(loss_fn: Callable, graphdef: Any) -> Callable:
   def loss(params, example):
     return loss_fn(nnx.merge(graphdef, params), example)

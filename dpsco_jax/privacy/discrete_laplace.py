@@ -30,7 +30,6 @@ the minimum number of users ``2 (4 kappa + 1)`` (spec §2.3) and the Gaussian sc
 from __future__ import annotations
 
 import decimal
-import functools
 import math
 from typing import NamedTuple
 
@@ -40,6 +39,7 @@ import numpy as np
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int, check_key,
                                check_positive)
+from dpsco_jax.cache import bounded_cache
 
 _TWO64 = 1 << 64
 _MASK32 = (1 << 32) - 1
@@ -121,7 +121,7 @@ def _check_tdlap(epsilon: float, kappa_: int) -> tuple[float, int]:
   return eps, check_int(kappa_, "kappa", minimum=1)
 
 
-@functools.lru_cache(maxsize=256)
+@bounded_cache(256)
 def _exact_cdf(epsilon: float, kappa_: int) -> tuple[decimal.Decimal, ...]:
   ctx = decimal.Context(prec=60)
   eps = ctx.create_decimal(repr(float(epsilon)))
@@ -151,7 +151,7 @@ def tdlap_pmf(epsilon: float, delta: float) -> np.ndarray:
   return tdlap_pmf_from_kappa(epsilon, kappa(epsilon, delta))
 
 
-@functools.lru_cache(maxsize=256)
+@bounded_cache(256)
 def _thresholds(epsilon: float, kappa_: int) -> tuple[int, ...]:
   cdf = _exact_cdf(epsilon, kappa_)
   thr = []

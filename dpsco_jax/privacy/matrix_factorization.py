@@ -66,13 +66,13 @@ adaptively composed Poisson-subsampled Gaussians of rate ``p`` and multiplier
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import dp_accounting
 import numpy as np
 
 from dpsco_jax._checks import check_choice, check_int, check_positive
+from dpsco_jax.cache import bounded_cache
 
 __all__ = ["STRATEGIES", "ERRORS", "MfStrategy", "BltStrategy", "jax_privacy_version",
            "sqrt_coefs", "banded_strategy", "blt_strategy", "blt_coefs", "toeplitz_matrix",
@@ -169,7 +169,7 @@ def prefix_errors(inverse_coefs: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- strategies
-@functools.lru_cache(maxsize=32)
+@bounded_cache(32)
 def _optimized_banded(steps: int, bands: int, error: str) -> tuple[tuple[float, ...], str]:
   import jax
   import jax.numpy as jnp
@@ -227,7 +227,7 @@ def _fit_blt_to_sqrt(steps: int, buffers: int) -> tuple[np.ndarray, np.ndarray]:
   return theta[keep], omega[keep]
 
 
-@functools.lru_cache(maxsize=32)
+@bounded_cache(32)
 def _optimized_blt(steps: int, buffers: int, participations: int, min_sep: int,
                    error: str) -> tuple[tuple, tuple, str]:
   import jax

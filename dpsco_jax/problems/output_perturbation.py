@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from dpsco_jax._checks import check_positive
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.problems.synthetic import SCOProblem, make_problem
 from dpsco_jax.transforms.steps import project_l2_ball
 
@@ -46,7 +47,7 @@ def _regularized_optimum(risk, w0, radius, smoothness):
       0, 300, lambda _, w: project_l2_ball(w - grad(w) / smoothness, radius), w)
 
 
-@functools.lru_cache(maxsize=None)
+@bounded_cache()
 def _l2_loss(loss_fn, l2):
   def loss(w, ex):
     return loss_fn(w, ex) + 0.5 * l2 * jnp.sum(jnp.square(w))

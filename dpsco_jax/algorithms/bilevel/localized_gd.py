@@ -71,7 +71,6 @@ Deviations from the paper (each documented where it is implemented):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -86,6 +85,7 @@ from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_epsilon, check_nonnegative, check_positive
 from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.cache import bounded_cache
 # the config, accounting and presets (re-exported: the planners, the audits and the tests read
 # them here)
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
@@ -363,7 +363,7 @@ def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
              f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
 
 
-@functools.lru_cache(maxsize=32)
+@bounded_cache(32)
 def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
                     n_real: int | None = None, users: Any = None) -> Callable:
   """One jitted solve per (loss, config, ridge): the data and the key are arguments, so a

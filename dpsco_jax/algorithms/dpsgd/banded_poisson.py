@@ -19,7 +19,6 @@ plain Poisson path does. The accounting is the plan's
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from dpsco_jax.algorithms.common import gather_users
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.steps import released_params
 
@@ -65,7 +65,7 @@ def sample_group(key: jax.Array, slots: jax.Array, real: jax.Array, t: jax.Array
   return row[pos], jnp.arange(capacity) < jnp.sum(coins)
 
 
-@functools.lru_cache(maxsize=32)
+@bounded_cache(32)
 def banded_poisson_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
                         groups: int, rate: float, capacity: int,
                         record: Callable | None) -> Callable:

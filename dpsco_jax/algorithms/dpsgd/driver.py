@@ -50,7 +50,6 @@ noise, b-min-sep Poisson; see the plan) runs the same chain with batches drawn b
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, NamedTuple
 
@@ -65,6 +64,7 @@ from dpsco_jax.algorithms.common import gather_users, run_chain, sampling_setup
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
                                              config_view, group_privacy_targets, plan_dp_sgd)
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance)
 from dpsco_jax.config_types import ConfigView
@@ -209,7 +209,7 @@ def cyclic_slots(order_key: jax.Array, n: int, batch: int) -> tuple[jax.Array, j
   return slots, jnp.arange(periods * batch) < n
 
 
-@functools.lru_cache(maxsize=32)
+@bounded_cache(32)
 def _cyclic_loop(loss_fn, tx_factory, static: tuple, steps: int, batch: int, periods: int,
                  record):
   """The scan of :func:`~dpsco_jax.algorithms.common.run_chain` with cyclic batches: slot

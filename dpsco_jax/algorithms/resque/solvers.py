@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from functools import lru_cache
 from typing import Any, Callable
 
 import jax
@@ -31,6 +30,7 @@ import numpy as np
 
 from dpsco_jax._checks import check_int
 from dpsco_jax.algorithms.resque.ball_oracles import majority_aggregate
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.transforms.noise import tree_gaussian_like
 from dpsco_jax.transforms.resque import reweight, sample_queries
@@ -148,7 +148,7 @@ def _alg4_phases(loss_fn: Callable, lengths: tuple[int, ...], items, center, reg
   return project_l2_ball(x, radius, center), releases, z  # projection: spec §3.5 [AMBIG]
 
 
-@lru_cache(maxsize=None)
+@bounded_cache()
 def _alg4_compiled(loss_fn: Callable, lengths: tuple[int, ...]):
   @jax.jit
   def run(items, center, reg_center, lam, x0, key, etas, sigmas, radius, rho):
@@ -157,7 +157,7 @@ def _alg4_compiled(loss_fn: Callable, lengths: tuple[int, ...]):
   return run
 
 
-@lru_cache(maxsize=None)
+@bounded_cache()
 def _alg4_audit_compiled(loss_fn: Callable, lengths: tuple[int, ...], add_noise: bool,
                          replay: bool):
   @jax.jit

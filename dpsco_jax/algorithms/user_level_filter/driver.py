@@ -97,6 +97,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
 
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registration import register
@@ -107,8 +108,8 @@ from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, O
                                                   plan_alg3, read_options)
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule)
+from dpsco_jax.algorithms.user_level_filter.mesh import place_phase, step_user_grads
 from dpsco_jax.config_types import ConfigView
-from dpsco_jax.grads import per_user_grads
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem
@@ -372,7 +373,8 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
 # ---------------------------------------------------------------------- Algorithms 2-3
 
 def _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale, query_scale,
-                 sigma, lam, smoothness, radius, stage_length, clip, debug, x_prev, key):
+                 sigma, lam, smoothness, radius, stage_length, clip, debug, x_prev, key,
+                 users=None):
   """(private part, post-processing part) of Algorithm 2's chain: ``[clip] -> outlier_filter
   -> add_gaussian_noise`` releases the noisy filtered mean; ``add_prox_to_anchor -> acsa``
   only reads releases and public numbers."""
@@ -381,7 +383,8 @@ def _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale, quer
   private = optax.chain(
       *stages,
       outlier_filter(batch, filter_radius, key=k_filter, threshold_fraction=threshold_fraction,
-                     threshold_scale=threshold_scale, query_scale=query_scale, debug=debug),
+                     threshold_scale=threshold_scale, query_scale=query_scale, debug=debug,
+                     rows=users),
       add_gaussian_noise(sigma, k_noise))
   post = optax.chain(
       add_prox_to_anchor(lam, anchor=x_prev),
@@ -392,39 +395,40 @@ def _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale, quer
 @functools.partial(jax.jit, static_argnames=(
     "loss_fn", "batch", "steps", "lam", "smoothness", "sigma", "filter_radius",
     "threshold_fraction", "threshold_scale", "query_scale", "radius", "stage_length",
-    "smoothing_radius", "clip", "debug", "collect"))
+    "smoothing_radius", "clip", "debug", "collect", "n_users", "users"))
 def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
                 given: PyTree, use_given: jax.Array, *, batch: int, steps: int, lam: float,
                 smoothness: float, sigma: float, filter_radius: float,
                 threshold_fraction: float, threshold_scale: float, query_scale: float,
                 radius: float | None, stage_length: int, smoothing_radius: float | None,
-                clip: float | None, debug: bool, collect: bool = False):
+                clip: float | None, debug: bool, collect: bool = False,
+                n_users: int | None = None, users: NamedSharding | None = None):
   """Algorithm 2 on one phase's users ``data`` (leaves ``[n_i, m, ...]``), jitted; one compile
   per distinct static configuration, reused across seeds. Returns ``(x_ag, halted, filter
   state, releases)``; ``releases`` (with ``collect``) are the per-step noisy filtered means
   ``[T, ...]`` and halting flags. With ``use_given`` (a traced bool: one compilation for
   both), ``given`` (audit replay, leaves ``[T, ...]``) feeds those releases, instead of this
   run's, to the post-processing steps, so the query points are those of another dataset's
-  run."""
-  n_i = jax.tree.leaves(data)[0].shape[0]
+  run. ``users``: a mesh's users sharding (``data`` placed by ``mesh.place_phase``, its real
+  ``n_users`` rows first): the per-user gradients and FILTER's pair counts are sharded
+  (``mesh.step_user_grads``, ``outlier_filter(rows=)``)."""
+  n_i = jax.tree.leaves(data)[0].shape[0] if n_users is None else n_users
   m = jax.tree.leaves(data)[0].shape[1]
   k_chain, k_sample, k_smooth = jax.random.split(key, 3)
   private, post = _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale,
                                query_scale, sigma, lam, smoothness, radius, stage_length,
-                               clip, debug, x_prev, k_chain)
+                               clip, debug, x_prev, k_chain, users)
 
   def body(carry, t):
     params, (s_priv, s_post) = carry
-    if batch < n_i:   # uniformly random K_i-subset, fresh each step (spec §7 item 2)
+    idx = None        # every user, unless a uniformly random K_i-subset, fresh each step
+    if batch < n_i:   # (spec §7 item 2)
       idx = jax.random.choice(jax.random.fold_in(k_sample, t), n_i, (batch,), replace=False)
-      users = jax.tree.map(lambda a: a[idx], data)
-    else:
-      users = data
     offsets = None
     if smoothing_radius is not None:
       offsets = smoothing_offsets(jax.random.fold_in(k_smooth, t), params, smoothing_radius,
                                   batch, m)
-    g = per_user_grads(loss_fn, params, users, offsets=offsets)
+    g = step_user_grads(loss_fn, params, data, idx, offsets, n_users=n_i, users=users)
     noisy, new_priv = private.update(g, s_priv, params)
     fed = jax.tree.map(lambda a, b: jnp.where(use_given, a[t], b), given, noisy)
     upd, new_post = post.update(fed, s_post, params)
@@ -492,15 +496,18 @@ def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, co
   use_given = jnp.asarray(given is not None)
   if given is None:
     given = jax.tree.map(lambda a: jnp.zeros((pn.steps,) + jnp.shape(a), a.dtype), x)
+  data, n_i, spread = _take(problem.data, users), None, None
+  if getattr(problem, "mesh", None) is not None:   # users sharded (issue 24.2)
+    data, n_i, spread = place_phase(data, problem.mesh)
   return _alg2_phase(
-      problem.loss_fn, _take(problem.data, users), x, jax.random.fold_in(k_run, ph.index),
+      problem.loss_fn, data, x, jax.random.fold_in(k_run, ph.index),
       given, use_given, batch=ph.batch, steps=pn.steps, lam=ph.lam,
       smoothness=sched.smoothness, sigma=sigma, filter_radius=2.0 * sched.tau,
       threshold_fraction=sched.threshold_fraction, threshold_scale=sched.threshold_scale,
       query_scale=sched.query_scale, radius=problem.radius,
       stage_length=min(ph.stage_length, pn.steps), smoothing_radius=sched.smoothing_radius,
       clip=_clip(problem, cfg, "user_level_accelerated_erm"), debug=plan.options.debug,
-      collect=collect)
+      collect=collect, n_users=n_i, users=spread)
 
 
 def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *,

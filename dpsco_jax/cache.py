@@ -1,0 +1,60 @@
+"""The one cache of the library: compiled programs, the loss wrappers they close over, and the
+numbers the accountant solves for (issue 25, "compiled code is cached one way").
+
+Every memoized factory in ``dpsco_jax`` is decorated with :func:`bounded_cache`, so that
+
+* **it is bounded**: a sweep that builds a fresh ``loss_fn`` closure per run (a new model, a
+  new dataset captured in the loss) evicts old entries instead of holding every closure, and
+  the data it may capture, for the life of the process;
+* **keys are the function's arguments only**: the factories take static things (the loss, the
+  chain structure, shapes, schedule numbers) and return a program whose data is an argument, so
+  a run on a neighbouring dataset never reuses another dataset's closure. Arrays cannot be
+  keys (unhashable: a ``TypeError``), which keeps data out of the keys by construction;
+* **one switch clears all of it**: :func:`clear` (e.g. between the halves of an audit, or to
+  free device memory in a long notebook) and :func:`stats` (hits / misses / size per cache).
+
+``tests/test_cache.py`` checks that no ``functools.lru_cache`` is left elsewhere in the package,
+that every cache is bounded, and that a sweep of fresh closures stays within the bound.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Default bound: enough for a sweep's distinct (loss, structure, shape) programs to stay warm.
+DEFAULT_MAXSIZE = 64
+_CACHES: dict[str, Any] = {}
+
+
+def bounded_cache(maxsize: int = DEFAULT_MAXSIZE) -> Callable[[F], F]:
+  """Memoizes a factory on its (hashable) arguments, keeping at most ``maxsize`` entries
+  (least recently used evicted) and registering it with :func:`clear` / :func:`stats`."""
+  if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
+    raise ValueError(f"maxsize must be a positive int (every cache is bounded), got "
+                     f"{maxsize!r}")
+
+  def wrap(fn: F) -> F:
+    cached = functools.lru_cache(maxsize=maxsize)(fn)
+    _CACHES[f"{fn.__module__}.{fn.__qualname__}"] = cached
+    return cached  # type: ignore[return-value]
+  return wrap
+
+
+def clear() -> None:
+  """Empties every cache of the library (compiled programs are rebuilt on next use)."""
+  for cached in _CACHES.values():
+    cached.cache_clear()
+
+
+def stats() -> dict[str, dict[str, int]]:
+  """``{cache name: {"hits", "misses", "size", "maxsize"}}`` of every registered cache."""
+  out = {}
+  for name, cached in sorted(_CACHES.items()):
+    info = cached.cache_info()
+    out[name] = {"hits": info.hits, "misses": info.misses, "size": info.currsize,
+                 "maxsize": info.maxsize}
+  return out

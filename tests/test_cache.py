@@ -1,0 +1,71 @@
+"""The one cache (issue 25: compiled code is cached one way, bounded, keyed so that a
+neighbouring dataset never reuses another's closure): :mod:`dpsco_jax.cache`."""
+
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dpsco_jax
+from dpsco_jax import cache
+from dpsco_jax.data import UserData
+from dpsco_jax.data.user_data import weighted_loss
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "dpsco_jax"
+
+
+def test_every_memoized_factory_goes_through_the_one_bounded_cache():
+  offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+               if p.name != "cache.py" and re.search(r"lru_cache|functools\.cache\b|@cache\b",
+                                                     p.read_text())]
+  assert offenders == []
+  stats = cache.stats()
+  # the compiled loops of the drivers and the loss wrappers are registered, all bounded
+  for name in ("dpsco_jax.algorithms.common._compiled_loop",
+               "dpsco_jax.data.user_data.weighted_loss",
+               "dpsco_jax.algorithms.resque.solvers._alg4_compiled"):
+    assert name in stats, sorted(stats)
+  assert all(s["maxsize"] is not None and s["maxsize"] >= 1 for s in stats.values())
+  with pytest.raises(ValueError, match="maxsize must be a positive int"):
+    cache.bounded_cache(None)
+  with pytest.raises(ValueError, match="maxsize must be a positive int"):
+    cache.bounded_cache(True)
+
+
+def test_a_sweep_of_fresh_closures_stays_within_the_bound_and_clear_empties_it():
+  bound = cache.stats()["dpsco_jax.data.user_data.weighted_loss"]["maxsize"]
+  for i in range(bound + 25):  # a fresh loss closure per "run", as a notebook sweep makes
+    weighted_loss(lambda p, ex, i=i: i * jnp.sum(p * ex["x"]))
+  assert cache.stats()["dpsco_jax.data.user_data.weighted_loss"]["size"] == bound
+  cache.clear()
+  assert all(s["size"] == 0 for s in cache.stats().values())
+
+
+def test_data_is_an_argument_of_the_compiled_program_not_part_of_its_key():
+  """Two neighbouring datasets through one compiled loop: the second run reuses the program
+  (a cache hit, no new entry) and still sees its own data (different params)."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(120, 3)).astype(np.float32)
+  y = (rng.random(120) < 0.5).astype(np.float32)
+  ids = np.repeat(np.arange(40), 3)
+
+  def loss(p, ex):
+    z = ex["x"] @ p["w"]
+    return jax.nn.softplus(z) - ex["y"] * z
+
+  cfg = {"epsilon": 1e6, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
+         "num_steps": 5, "sampling": "full", "relation": "zero_out"}
+  params = {"w": jnp.zeros(3)}
+  a = UserData.from_arrays({"x": x, "y": y}, ids)
+  y2 = y.copy()
+  y2[:3] = 1.0 - y2[:3]                       # user 0 replaced: a neighbouring dataset
+  b = UserData.from_arrays({"x": x, "y": y2}, ids)
+  ra = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, a, jax.random.key(0))
+  before = cache.stats()["dpsco_jax.algorithms.common._compiled_loop"]
+  rb = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, b, jax.random.key(0))
+  after = cache.stats()["dpsco_jax.algorithms.common._compiled_loop"]
+  assert after["misses"] == before["misses"] and after["hits"] > before["hits"]
+  assert not np.allclose(np.asarray(ra.params["w"]), np.asarray(rb.params["w"]))
