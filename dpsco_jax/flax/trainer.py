@@ -50,6 +50,9 @@ Cyclic schedule and correlated noise (issue #27): ``sampling="cyclic"`` with
 keys, batches, noise stage and events; :mod:`dpsco_jax.flax.trainer_noise`). Poisson sampling
 with MF noise is refused (no banded amplification is implemented).
 
+Many devices (issue 24.2): ``mesh=`` shards each step's users over a ``"users"`` axis, same
+plan, keys and ledger (:mod:`dpsco_jax.flax.trainer_mesh`).
+
 Audit hook: :meth:`DPTrainer.release_fn` returns a pure ``release(key, dataset)`` giving the
 per-step privatized gradients (issue 12's harness interface). Checkpoints:
 :mod:`dpsco_jax.flax.checkpoint`. Timing is not protected (the number of micro-batches of a
@@ -73,6 +76,7 @@ from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsi
                                check_positive, check_probability, check_seed_or_key)
 from dpsco_jax.flax import checkpoint as ckpt
 from dpsco_jax.flax.fast_clip import FastClippedGrad, LossFn
+from dpsco_jax.flax import trainer_mesh as tm
 from dpsco_jax.flax import trainer_noise as tn
 from dpsco_jax.flax.trainer_data import check_data, from_user_data
 from dpsco_jax.algorithms.dpsgd.plan import NOISES, check_mf_sampling
@@ -151,6 +155,9 @@ class DPTrainer:
       fixed order, each once per epoch of ``ceil(n / B)`` steps; needs ``num_steps``).
     noise_mechanism: ``"independent"``, or with ``sampling="cyclic"`` ``"banded"`` (``bands``)
       or ``"blt"`` (``buffers``), strategy ``mf_strategy`` (``dp_sgd_user``'s keys).
+    mesh: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the one set with
+      ``jax.set_mesh``, if any): each device clips its own users of a step, the sums are
+      reduced, the noise drawn once; same plan and ledger (:mod:`~dpsco_jax.flax.trainer_mesh`).
   """
 
   def __init__(self, model: nnx.Module, loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -163,7 +170,9 @@ class DPTrainer:
                accumulation_steps: int = 1, key: jax.Array | int = 0, accountant: str = "pld",
                debug: bool = False, sampling: str = "poisson", batch_size: int | None = None,
                noise_mechanism: str = "independent", bands: int | None = None,
-               buffers: int | None = None, mf_strategy: str = "auto"):
+               buffers: int | None = None, mf_strategy: str = "auto",
+               mesh: jax.sharding.Mesh | None = None):
+    self._mesh = tm.UsersMesh(mesh)  # identity without a mesh (argument or jax.set_mesh)
     self.sampling, self.noise_mechanism = tn.check_sampling(sampling), noise_mechanism
     check_mf_sampling(check_choice(noise_mechanism, "noise_mechanism", NOISES), self.sampling,
                       allowed=("cyclic",))  # the DP-SGD plan's refusal and reason
@@ -201,12 +210,14 @@ class DPTrainer:
         self.denominator if self.cyclic else
         math.ceil(self.denominator + 4 * math.sqrt(self.denominator) + 1))
     self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
-    self.micro_batch = math.ceil(self.batch_capacity / self.accumulation_steps)
+    self.micro_batch = self._mesh.micro_batch(math.ceil(self.batch_capacity /
+                                                        self.accumulation_steps))
     if method == "auto":  # a zero stand-in of the micro-batch shape: the choice is public
       stand_in = jax.tree.map(lambda x: jnp.zeros((self.micro_batch, *x.shape[1:]), x.dtype),
                               data)
       self.clipper.autotune(self.clipper.params, stand_in,
                             jnp.ones((self.micro_batch,), bool))
+    self._mesh.check_clipper(self.clipper, data, self.micro_batch)
 
     params = self.clipper.params
     self._user_model, self._nnx_opt = model, None
@@ -227,9 +238,9 @@ class DPTrainer:
     if self._nnx_opt is not None:  # continue from the nnx.Optimizer's current state
       inner = jax.tree.unflatten(jax.tree.structure(inner),
                                  [v.value for v in self._opt_vars()])
-    self.state = TrainState(params=params, opt_state=(self._noise.init(params), inner),
-                            sample_key=sample_key, step=jnp.zeros((), jnp.int32))
-    self.data = data
+    self.state = self._mesh.place(TrainState(params=params, opt_state=(
+        self._noise.init(params), inner), sample_key=sample_key, step=jnp.zeros((), jnp.int32)))
+    self.data = self._mesh.place_data(data)
     self.debug: dict | None = {"batch_sizes": []} if debug else None
     self.history: list[dict] = []
     self._build()
@@ -345,8 +356,9 @@ class DPTrainer:
     @jax.jit
     def clipped_chunk(params, data, idx, mask, total):
       batch = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), data)
+      batch, mask = self._mesh.spread((batch, mask))  # each device: its own users
       summed, _ = clipper.clipped_sum(params, batch, mask)
-      return jax.tree.map(lambda t, s: t + s.astype(t.dtype), total, summed)
+      return self._mesh.gather(jax.tree.map(lambda t, s: t + s.astype(t.dtype), total, summed))
 
     @jax.jit
     def apply(state: TrainState, summed):
@@ -356,12 +368,7 @@ class DPTrainer:
 
     self._sample, self._clipped_chunk, self._apply = sample, clipped_chunk, apply
 
-  @staticmethod
-  def _zeros(params: PyTree) -> PyTree:
-    # The clipped sum is accumulated in float32 or wider, whatever the params' dtype.
-    return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(p.dtype,
-                                                                             jnp.float32)),
-                        params)
+  _zeros = staticmethod(tm.zeros_like_sum)  # float32 or wider, whatever the params' dtype
 
   # ---- stepping -----------------------------------------------------------------------------
 
@@ -576,7 +583,7 @@ class DPTrainer:
       self.cyclic.check_ledger(ledger, int(state.step))
     else:
       ckpt.check_ledger_matches(ledger, self.event, int(state.step))
-    self.state, self.ledger = state, ledger
+    self.state, self.ledger = self._mesh.place(state), ledger
     self.history = list(meta["history"])
     self._sync_model(int(state.step))
     return self
