@@ -4,8 +4,9 @@ count is fixed when JAX starts). The released params equal the one-device traine
 tolerance (Poisson with fast clipping, cyclic, vmap clipping of UserData with accumulation and
 a driven nnx.Optimizer, a resumed checkpoint), the report and ledger are identical, a
 micro-batch of 22 users (not divisible by 4) is padded and masked, the compiled step clips
-24 / 4 users per device, a different key moves the params by far more than the tolerance, and a mesh without
-the users axis, or fast clipping of a user-chunked convolution, is refused."""
+24 / 4 users per device, a different key moves the params by far more than the tolerance,
+and a mesh without the users axis, or fast clipping of a user-chunked convolution, is
+refused."""
 
 import json
 import os
