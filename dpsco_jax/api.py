@@ -77,7 +77,9 @@ READS_M = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp_lo
 #: plan again (same events, epsilon and schedule; ``tests/test_plan_invariance.py`` checks it):
 #: :func:`run` hands it over, so a fit calibrates once (the driver's own calibration was most
 #: of a warm ``fit_model`` epoch). ``dp_sgd_group`` and Algorithm 3 calibrate more than one
-#: number, so their drivers still re-derive the plan (and ``run`` checks that it agrees).
+#: number, so their drivers still re-derive the plan (and ``run`` checks that it agrees);
+#: Algorithm 3's per-phase calibration is memoized on its public numbers (one bisection per
+#: phase per process, ``user_level_filter.plan._alg3_calibrated_z``).
 REUSES_NOISE_MULTIPLIER = frozenset({
     "dp_sgd_user", "dp_sgd_item", "accelerated_dp_sgd", "accelerated_dp_srgd",
     "accelerated_dp_srgd_independent_noise", "dp_srgd_unaccelerated", "single_epoch_dp_sgd",

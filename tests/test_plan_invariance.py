@@ -149,3 +149,31 @@ def test_a_fit_calibrates_once(monkeypatch):
   res = api.fit("dp_sgd_user", cfg, lambda p, ex: jnp.sum(ex["x"] * p), jnp.zeros(3), data,
                 jax.random.key(0))
   assert len(calls) == 1 and res.privacy.epsilon <= 2.0 + 1e-9
+
+
+def test_filter_phases_calibrate_once_per_fit_and_not_again_for_another_seed(monkeypatch):
+  """Algorithm 3 calibrates one z per phase (different n_i, K_i, T_i): the plan computes them,
+  the driver's plan of the same config and every further seed reuse them (a pure function of
+  public numbers, memoized in the one cache); the bisection was most of a fit's time."""
+  import jax
+  import jax.numpy as jnp
+  from dpsco_jax.algorithms.user_level_filter import plan as ulf_plan
+  ulf_plan._alg3_calibrated_z.cache_clear()
+  calls = []
+  real = ulf_plan.calibrate_noise_multiplier
+  monkeypatch.setattr(ulf_plan, "calibrate_noise_multiplier",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  rng = np.random.default_rng(0)
+  ids = np.repeat(np.arange(120), 8)
+  data = UserData.from_arrays({"x": rng.normal(size=(960, 3)).astype(np.float32)}, ids,
+                              max_items_per_user=8)
+  loss = lambda p, ex: jnp.sum(ex["x"] * p) ** 2
+  fits = [api.fit("user_level_accelerated_erm", FILTER, loss, jnp.zeros(3), data,
+                  jax.random.key(seed), constants=CONSTANTS) for seed in (0, 1)]
+  planned = api.plan("user_level_accelerated_erm", FILTER, data.spec, num_params=3,
+                     constants=CONSTANTS).schedule["phases"]
+  phases = len(planned)                 # (a run's record lists the phases before a halt)
+  assert phases >= 2 and len(calls) == phases   # plan + driver + 2nd seed + plan: once each
+  assert fits[0].privacy == fits[1].privacy and fits[0].privacy.epsilon <= 2.0 + 1e-9
+  assert [ph["noise_multiplier"] for ph in fits[1].record["phases"]] == [
+      ph["noise_multiplier"] for ph in planned][:len(fits[1].record["phases"])]

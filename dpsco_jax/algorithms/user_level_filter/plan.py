@@ -40,6 +40,7 @@ import dp_accounting
 from dpsco_jax import config_families as cf
 from dpsco_jax._checks import check_bool, check_choice, check_epsilon, check_positive
 from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        certified_sensitivity,
                                                        good_event_failure,
@@ -209,6 +210,19 @@ def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule) -> FilterPlan
   return FilterPlan("user_level_phased_sgd", opt, sched, eps_test, tuple(phases))
 
 
+@bounded_cache(64)
+def _alg3_calibrated_z(n_i: int, k_i: int, steps: int, epsilon: float, delta: float,
+                       relation: str, eps_test: float) -> float:
+  """The calibrated ``z`` of one Algorithm-2 phase (``T_i`` Gaussians on a ``K_i``-of-``n_i``
+  sample beside the AboveThreshold test), as :func:`_noise` computes it. A pure function of
+  public numbers, memoized so that a fit (plan, then the driver's plan of the same config) and
+  the seeds of a sweep calibrate each phase once: the bisection costs seconds a phase, more
+  than the run itself at laptop sizes."""
+  return calibrate_noise_multiplier(lambda z: gauss_event(z, n_i, k_i, steps),
+                                    epsilon=epsilon, delta=delta / 2.0, relation=relation,
+                                    fixed=[pure_dp_event(eps_test)])
+
+
 def plan_alg3(spec: PublicSpec, opt: Options, sched: Alg3Schedule,
               max_steps: int | None) -> FilterPlan:
   """Algorithms 2-3: per phase AboveThreshold (query sensitivity 2) and ``T_i`` Gaussian
@@ -229,7 +243,12 @@ def plan_alg3(spec: PublicSpec, opt: Options, sched: Alg3Schedule,
       continue
     sens = _sensitivity(opt, 2.0 * sched.tau, ph.batch, zeta, 0.1)
     make = lambda z, n_i=ph.n_users, k_i=ph.batch, t=steps: gauss_event(z, n_i, k_i, t)
-    z, sigma = _noise(opt, make, test, sens, ph.sigma_paper)
+    if opt.preset == "practical" and opt.noise_multiplier is None:
+      z = _alg3_calibrated_z(ph.n_users, ph.batch, steps, opt.epsilon, opt.delta, opt.relation,
+                             eps_at)
+      sigma = z * sens / 2.0
+    else:
+      z, sigma = _noise(opt, make, test, sens, ph.sigma_paper)
     phases.append(PhaseNoise(ph.index, sens, z, sigma, steps, test, make(z), bad))
   return FilterPlan("user_level_accelerated_erm", opt, sched, eps_at, tuple(phases))
 
