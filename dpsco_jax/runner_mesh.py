@@ -8,7 +8,8 @@ the noise is drawn once, so a run's params equal its one-device run's to float t
 its privacy report is the same (``tests/test_runner_mesh.py``).
 
 Checked before anything runs (a :class:`ConfigError`, exit 2): the value, the number of local
-devices, and every run's algorithm, which must be in :data:`dpsco_jax.api.MESH_READY`; a run
+devices, and every run's algorithm, which must be in :data:`dpsco_jax.api.MESH_READY` (or be
+``flax.DPTrainer``, which shards its micro-batches over the mesh the runner sets); a run
 whose algorithm cannot shard is refused with the reason of
 :data:`dpsco_jax.api.MESH_UNSUPPORTED`, never run on one device behind the key's back. Seeds of
 a row are not vmapped together on a mesh (one program per seed; their records say why).
@@ -28,6 +29,9 @@ from dpsco_jax.config_schema import ConfigError
 
 #: The mesh axis users are sharded over (the one every mesh-ready driver reads).
 AXIS = "users"
+#: Config-only algorithms of a user problem that read the mesh set with ``jax.set_mesh`` (the
+#: runner sets it around the run): ``DPTrainer`` shards each micro-batch's users over it.
+TRAINERS = frozenset({"flax.DPTrainer"})
 #: ``batch_note`` of the records of a row whose seeds ran one by one because of the mesh.
 BATCH_NOTE = "devices: on a mesh the seeds of a row run one program each"
 
@@ -63,7 +67,7 @@ def check_runs(runs: list[dict], devices: int | None) -> None:
   from dpsco_jax.api import MESH_READY, MESH_UNSUPPORTED
   for cfg in runs:
     name = cfg["algorithm"]
-    if name not in MESH_READY:
+    if name not in MESH_READY and name not in TRAINERS:
       reason = MESH_UNSUPPORTED.get(name, "not a registered per-user gradient algorithm")
       raise ConfigError(f"devices={devices}: {name} does not shard users over a mesh: "
                         f"{reason}. Mesh-ready: {', '.join(sorted(MESH_READY))}")

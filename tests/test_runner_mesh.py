@@ -14,31 +14,48 @@ import pytest
 from dpsco_jax import runner, runner_mesh
 from dpsco_jax.config_schema import ConfigError
 
+USER_MODULE = '''
+import jax.numpy as jnp, numpy as np
+from dpsco_jax.data import UserData
+def logistic(p, ex):
+  z = jnp.dot(p["w"], ex["x"]) + p["b"]
+  return jnp.logaddexp(0.0, z) - ex["y"] * z
+def mean_loss(p, data):
+  items = data.items()
+  z = items["x"] @ np.asarray(p["w"]) + float(p["b"])
+  return float(np.mean(np.logaddexp(0.0, z) - items["y"] * z))
+from flax import nnx
+import optax
+class Tiny(nnx.Module):
+  def __init__(self, rngs):
+    self.lin = nnx.Linear(3, 2, rngs=rngs)
+  def __call__(self, x):
+    return self.lin(x)
+def tiny_loss(model, ex):
+  return optax.softmax_cross_entropy_with_integer_labels(model(ex["x"]),
+                                                         ex["y"].astype(jnp.int32))
+def tiny_mean_loss(model, data):
+  items = data.items()
+  return float(jnp.mean(tiny_loss(model, {"x": jnp.asarray(items["x"]),
+                                          "y": jnp.asarray(items["y"])})))
+def make_nnx_problem(n_users=43):
+  loss, params, data, _ = make_problem(n_users)
+  return tiny_loss, Tiny(nnx.Rngs(0)), data, tiny_mean_loss
+def make_problem(n_users=43):
+  rng = np.random.default_rng(0)
+  users = np.repeat(np.arange(n_users), 3)
+  x = rng.normal(size=(users.size, 3)).astype(np.float32)
+  y = (x @ np.array([1.5, -1.0, 0.5], np.float32) > 0).astype(np.float32)
+  data = UserData.from_arrays({"x": x, "y": y}, users, max_items_per_user=3)
+  return logistic, {"w": jnp.zeros(3), "b": jnp.zeros(())}, data, mean_loss
+'''
+
 SCRIPT = textwrap.dedent('''
     import json, sys, warnings
     warnings.filterwarnings("ignore")
     import jax, numpy as np
     assert len(jax.devices()) == 4, jax.devices()
     sys.path.insert(0, sys.argv[1])
-    with open(sys.argv[1] + "/meshusermod.py", "w") as f:
-      f.write("""
-    import jax.numpy as jnp, numpy as np
-    from dpsco_jax.data import UserData
-    def logistic(p, ex):
-      z = jnp.dot(p["w"], ex["x"]) + p["b"]
-      return jnp.logaddexp(0.0, z) - ex["y"] * z
-    def mean_loss(p, data):
-      items = data.items()
-      z = items["x"] @ np.asarray(p["w"]) + float(p["b"])
-      return float(np.mean(np.logaddexp(0.0, z) - items["y"] * z))
-    def make_problem(n_users=43):
-      rng = np.random.default_rng(0)
-      users = np.repeat(np.arange(n_users), 3)
-      x = rng.normal(size=(users.size, 3)).astype(np.float32)
-      y = (x @ np.array([1.5, -1.0, 0.5], np.float32) > 0).astype(np.float32)
-      data = UserData.from_arrays({"x": x, "y": y}, users, max_items_per_user=3)
-      return logistic, {"w": jnp.zeros(3), "b": jnp.zeros(())}, data, mean_loss
-    """.replace("\\n    ", "\\n"))
     from dpsco_jax import runner
     from dpsco_jax.config_schema import ConfigError
     dp = {"name": "dp_sgd_user", "epochs": 2, "batch_size": 40, "learning_rate": 2.0,
@@ -50,11 +67,17 @@ SCRIPT = textwrap.dedent('''
                                                 "delta": 1e-6, "batch_size": 10}}]}
     user = {"seed": 3, "problem": {"factory": "meshusermod:make_problem", "n_users": 43},
             "experiments": [{"algorithm": dict(dp, batch_size=10)}]}
+    trainer = {"seed": 3, "problem": {"factory": "meshusermod:make_nnx_problem",
+                                      "n_users": 43},
+               "experiments": [{"algorithm": {"name": "flax.DPTrainer", "epsilon": 3.0,
+                                              "delta": 1e-5, "clip_norm": 1.0, "num_steps": 6,
+                                              "sampling_rate": 0.25, "learning_rate": 0.5}}]}
     out = {}
-    for name, cfg in (("synthetic", synthetic), ("user", user)):
+    for name, cfg in (("synthetic", synthetic), ("user", user), ("trainer", trainer)):
       one = runner.run_config(cfg, progress=False)
       four = runner.run_config(dict(cfg, devices=4), progress=False)
       out[name] = [[{k: r.get(k) for k in ("status", "error", "excess_risk", "mean_loss",
+                                           "tiny_mean_loss",
                                            "epsilon", "devices", "batch_note")}
                     for r in recs] for recs in (one, four)]
     refusals = {"too_many": dict(synthetic, devices=8), "bool": dict(synthetic, devices=True),
@@ -77,6 +100,7 @@ def four_devices(tmp_path_factory):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")
   tmp = tmp_path_factory.mktemp("meshrunner")
+  (tmp / "meshusermod.py").write_text(USER_MODULE)
   proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp)], capture_output=True,
                         text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -84,7 +108,8 @@ def four_devices(tmp_path_factory):
   return json.loads(line[len("RESULT"):])
 
 
-@pytest.mark.parametrize("name,metric", [("synthetic", "excess_risk"), ("user", "mean_loss")])
+@pytest.mark.parametrize("name,metric", [("synthetic", "excess_risk"), ("user", "mean_loss"),
+                                         ("trainer", "tiny_mean_loss")])
 def test_a_sweep_on_four_devices_equals_the_one_device_sweep(four_devices, name, metric):
   one, four = four_devices[name]
   assert len(one) == len(four) >= 1
