@@ -13,8 +13,8 @@ def main(argv: list[str] | None = None) -> int:
   sub = parser.add_subparsers(dest="command", required=True)
   run = sub.add_parser("run", help="run a YAML config (lists are swept; problem:/algorithm: "
                                    "sections, compare:, tuning_seeds/eval_seeds + select: see "
-                                   "dpsco_jax/runner.py; your own model, loss and data: "
-                                   "dpsco_jax/runner_user.py) and print a table")
+                                   "dpsco_jax/runner/__init__.py; your own model, loss and data: "
+                                   "dpsco_jax/runner/user.py) and print a table")
   run.add_argument("config")
   run.add_argument("--out", help="write {'results': [...]} JSON here")
   run.add_argument("--plot", metavar="FIELD",

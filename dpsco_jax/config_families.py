@@ -133,7 +133,7 @@ class RidgeTuningProblem(Schema):
 
 #: The problem name of your own model, loss and data (a config's ``problem:`` section with
 #: ``factory:`` or ``model:`` / ``loss:`` / ``data:`` and no ``name``; see
-#: :mod:`dpsco_jax.runner_user`).
+#: :mod:`dpsco_jax.runner.user`).
 USER_PROBLEM = "user"
 
 

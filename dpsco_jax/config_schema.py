@@ -41,7 +41,7 @@ YAML types:
 
 Besides the registered algorithms, a config may name the config-only ones
 (:data:`~dpsco_jax.config_families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``), which run on
-the ``user`` problem (your model, loss and data: :mod:`dpsco_jax.runner_user`);
+the ``user`` problem (your model, loss and data: :mod:`dpsco_jax.runner.user`);
 :data:`CONFIG_ALGORITHM_SCHEMAS` holds both.
 
 A field's default is documentation: ``None`` with a non-Optional type means "derived by the

@@ -153,8 +153,8 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def t_ci(x) -> tuple[float, float, float]:
-  """Mean and Student-t 95% interval (the runner's :func:`~dpsco_jax.runner_stats.t_interval`)."""
-  from dpsco_jax.runner_stats import t_interval
+  """Mean and Student-t 95% interval (the runner's :func:`~dpsco_jax.runner.stats.t_interval`)."""
+  from dpsco_jax.runner.stats import t_interval
   x = [float(v) for v in x]
   return (float(np.mean(x)), *t_interval(x))
 

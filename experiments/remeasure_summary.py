@@ -28,7 +28,7 @@ RESULTS = os.path.join(HERE, "results")
 
 def t_ci(values) -> tuple[float, float, float]:
   """Mean and Student-t 95% interval (the runner's) of the finite values."""
-  from dpsco_jax.runner_stats import t_interval
+  from dpsco_jax.runner.stats import t_interval
   x = [float(v) for v in values if v is not None and np.isfinite(v)]
   if not x:
     return math.nan, math.nan, math.nan

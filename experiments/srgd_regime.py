@@ -2,7 +2,7 @@
 experiments/configs_eval/srgd_regime_{iso,ill}.yaml and prints, per (problem, n, eps), each
 algorithm's mean excess risk with its Student-t 95% interval and three paired ratios of means
 (percentile bootstrap 95% interval over the paired seeds, 2000 joint resamples, generator seed
-0: the runner's ``compare:`` statistic, dpsco_jax.runner_stats.paired_comparison) with win
+0: the runner's ``compare:`` statistic, dpsco_jax.runner.stats.paired_comparison) with win
 rates: accelerated / single-epoch DP-SGD, unaccelerated / single-epoch DP-SGD, accelerated /
 unaccelerated. Writes experiments/results/srgd_regime.json (the table) and prints markdown.
 
@@ -18,7 +18,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from dpsco_jax.runner_stats import paired_comparison, per_seed, t_interval  # noqa: E402
+from dpsco_jax.runner.stats import paired_comparison, per_seed, t_interval  # noqa: E402
 
 ACC, UNACC, SGD = "accelerated_dp_srgd", "dp_srgd_unaccelerated", "single_epoch_dp_sgd"
 FILES = {"least_squares": "srgd_regime_iso.json",

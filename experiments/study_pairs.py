@@ -2,7 +2,7 @@
 
 For each cell (the values of ``--by``), each pair ``A:B`` gives mean(A)/mean(B) of the metric
 over the evaluation seeds both ran, with the runner's percentile bootstrap 95% interval
-(:func:`dpsco_jax.runner_stats.paired_comparison`: 2000 joint resamples, seed 0) and A's wins.
+(:func:`dpsco_jax.runner.stats.paired_comparison`: 2000 joint resamples, seed 0) and A's wins.
 Used where the runner's ``compare:`` cannot pair rows (e.g. rows whose tuned step parameters or
 clip norms differ). Last line JSON.
 
@@ -17,7 +17,7 @@ import argparse
 import collections
 import json
 
-from dpsco_jax.runner_stats import paired_comparison
+from dpsco_jax.runner.stats import paired_comparison
 
 
 def main() -> None:

@@ -17,13 +17,13 @@ import pytest
 
 from dpsco_jax import config_schema as cs
 from dpsco_jax import runner
-from dpsco_jax import runner_tuning as tuning
+from dpsco_jax.runner import tuning as tuning
 from dpsco_jax.__main__ import main as cli
 from dpsco_jax._checks import check_seed_or_key
 from dpsco_jax.privacy.ledger import (PrivacyBudgetExceeded, PrivacyLedger,
                                       epsilon_lower_bound)
 from dpsco_jax.privacy.mechanisms import laplace
-from dpsco_jax.runner_config import parse_compare
+from dpsco_jax.runner.config import parse_compare
 from dpsco_jax.transforms import tree_noise
 from dpsco_jax.transforms.noise import add_gaussian_noise
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from dpsco_jax.runner import run_config
-from dpsco_jax.runner_stats import paired_comparison, per_seed
+from dpsco_jax.runner.stats import paired_comparison, per_seed
 
 SEEDS = list(range(500, 510))
 SEEDS_20 = list(range(500, 520))

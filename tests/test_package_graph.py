@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dpsco_jax"
 
 #: Lowest first. A prefix names a module and everything under it (``privacy`` is
-#: ``dpsco_jax.privacy`` and its submodules); ``runner_*`` every top-level runner module.
+#: ``dpsco_jax.privacy`` and its submodules).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # argument checks, the guarantee's matmul precision, the one cache, and the config error /
     # type check every layer may raise
@@ -36,12 +36,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # run against the registry, batched seed sweeps, many processes, the Flax integration
     ("entry", ("api", "sweep", "distributed", "planners", "config_schema", "flax")),
     # tools on top: the YAML runner and CLI, the audits, the curated package namespace
-    ("tools", ("runner", "runner_*", "audit", "__main__", "")),
+    ("tools", ("runner", "audit", "__main__", "")),
 )
 
 #: The lower layers the issue names: they import nothing from the upper ones.
 LOWER = ("transforms", "privacy", "data", "grads")
-UPPER = ("algorithms", "runner", "runner_*", "api", "flax")
+UPPER = ("algorithms", "runner", "api", "flax")
 
 
 def _modules() -> dict[str, tuple[pathlib.Path, bool]]:

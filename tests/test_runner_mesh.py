@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from dpsco_jax import runner, runner_mesh
+from dpsco_jax import runner
+from dpsco_jax.runner import mesh as runner_mesh
 from dpsco_jax.config_schema import ConfigError
 
 USER_MODULE = '''

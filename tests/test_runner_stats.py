@@ -6,8 +6,8 @@ import math
 import pytest
 
 from dpsco_jax import runner
-from dpsco_jax.runner_config import CompareSpec, parse_compare
-from dpsco_jax.runner_stats import add_comparisons, paired_comparison
+from dpsco_jax.runner.config import CompareSpec, parse_compare
+from dpsco_jax.runner.stats import add_comparisons, paired_comparison
 
 BASE = {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}
 
@@ -131,7 +131,7 @@ def test_compare_block_is_checked(block, match):
 
 def test_ratio_plot_draws_bootstrap_error_bars(tmp_path):
   pytest.importorskip("matplotlib")
-  from dpsco_jax.runner_plot import plot_ratio
+  from dpsco_jax.runner.plots import plot_ratio
   records = _records("base", BASE) + [
       r for e in (1.0, 4.0)
       for r in _records("dp", {s: e * v * (1 + 0.1 * s) for s, v in BASE.items()},

@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from dpsco_jax import runner
-from dpsco_jax import runner_tuning as tuning
+from dpsco_jax.runner import tuning as tuning
 from dpsco_jax.config_schema import keys_of
 
 LR = next(n for n in ("learning_rate", "lr") if n in keys_of("nonprivate_sgd", "least_squares"))

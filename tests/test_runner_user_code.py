@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
-from dpsco_jax import runner, runner_user
+from dpsco_jax import runner
+from dpsco_jax.runner import user as runner_user
 from dpsco_jax.__main__ import main
-from dpsco_jax.runner_stats import paired_comparison
+from dpsco_jax.runner.stats import paired_comparison
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

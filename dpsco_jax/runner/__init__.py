@@ -24,7 +24,7 @@ section must be one of that section's schema (a problem key in ``algorithm:`` is
 ``label`` stay outside the sections. ``label: TEXT`` names a row (kept in its records as
 ``label``; a table column when labels differ).
 
-**Your model, loss and data** (:mod:`dpsco_jax.runner_user`): a ``problem:`` section may name
+**Your model, loss and data** (:mod:`dpsco_jax.runner.user`): a ``problem:`` section may name
 a factory or a model + loss + data file by import path; such runs have no known optimum and
 report your metrics (``metric:``) instead of ``excess_risk``; ``algorithm: flax.DPTrainer``
 trains an nnx model of such a problem step by step::
@@ -48,7 +48,7 @@ target is kept as ``target_epsilon``). The table (and the JSON ``summary``) has 
 value of the swept fields: seeds, mean, std and Student-t 95% interval of ``excess_risk`` (and
 of each user metric), the largest epsilon over the seeds and its ``epsilon_kind``.
 
-**Paired comparison** (:mod:`dpsco_jax.runner_stats`)::
+**Paired comparison** (:mod:`dpsco_jax.runner.stats`)::
 
     compare: {baseline: nonprivate_sgd, metric: excess_risk, resamples: 2000, seed: 0}
 
@@ -74,9 +74,9 @@ the plan and noise calibration once, one compile and one launch, each run with i
 and privacy report; records equal the one-by-one runs' (params to float tolerance) and say
 ``batched: true`` (``wall_time_s`` is the group's time over its runs, ``batch_wall_time_s``
 the group's). ``batch_seeds: false`` (a top-level key) runs every seed alone.
-``devices: N`` (top-level) shards every run's users over N devices (:mod:`dpsco_jax.runner_mesh`).
+``devices: N`` (top-level) shards every run's users over N devices (:mod:`dpsco_jax.runner.mesh`).
 
-**Tuning and evaluation seeds** (:mod:`dpsco_jax.runner_tuning`), instead of ``seed``::
+**Tuning and evaluation seeds** (:mod:`dpsco_jax.runner.tuning`), instead of ``seed``::
 
     tuning_seeds: [0, 1, 2]
     eval_seeds: [100, 101, 102, 103, 104]
@@ -111,16 +111,16 @@ import jax
 
 from dpsco_jax.config_families import CONFIG_ONLY_ALGORITHMS, USER_PROBLEM
 from dpsco_jax.config_schema import ConfigError, validate  # noqa: F401 (re-exported)
-from dpsco_jax.runner_config import (RUNNER_ONLY, check_baseline, check_record_metric,
+from dpsco_jax.runner.config import (RUNNER_ONLY, check_baseline, check_record_metric,
                                      flatten_sections, parse_compare, yaml_loader)
-from dpsco_jax.runner_plot import _draw, plot_ratio, plot_rows
-from dpsco_jax import runner_batch, runner_mesh, runner_user
-from dpsco_jax.runner_batch import (  # noqa: F401 (moved there; used and re-exported)
+from dpsco_jax.runner.plots import _draw, plot_ratio, plot_rows
+from dpsco_jax.runner import batch as runner_batch, mesh as runner_mesh, user as runner_user
+from dpsco_jax.runner.batch import (  # noqa: F401 (moved there; used and re-exported)
     _finish, _jsonable, _problem_cache_key, _result_record)
-from dpsco_jax.runner_stats import (  # noqa: F401 (t_interval re-exported)
+from dpsco_jax.runner.stats import (  # noqa: F401 (t_interval re-exported)
     add_comparisons, compare_cells, compare_footnote, group_records, metric_stats,
     record_metrics, row_metrics, t_interval)
-from dpsco_jax import runner_tuning as tuning
+from dpsco_jax.runner import tuning as tuning
 from dpsco_jax.sweep import batch_seeds_option, seed_groups
 
 RESERVED = RUNNER_ONLY
@@ -131,7 +131,7 @@ def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
   (:func:`dpsco_jax.algorithms.registry.algorithms`, which imports
   ``registry.ALGORITHM_MODULES``) and every problem factory
   (:func:`dpsco_jax.problems.problems`, plus ``user``: your code,
-  :func:`dpsco_jax.runner_user.make_problem`). A config may also name the config-only
+  :func:`dpsco_jax.runner.user.make_problem`). A config may also name the config-only
   algorithms (:data:`~dpsco_jax.config_families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``),
   which run on a user problem."""
   from dpsco_jax.algorithms.registry import algorithms
@@ -234,7 +234,7 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
   """Validates one run config (:func:`dpsco_jax.config_schema.validate`), runs it and returns
   its record. ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem
   run (steps done, epsilon so far). ``mesh``: the users mesh of the ``devices`` key
-  (:mod:`dpsco_jax.runner_mesh`)."""
+  (:mod:`dpsco_jax.runner.mesh`)."""
   cfg = _checked(cfg, algorithms, problems)
   label = cfg.pop("label", None)
   problem_key, driver_key = runner_batch.run_keys(cfg)
@@ -293,7 +293,7 @@ def _failed_record(cfg: dict, err: Exception) -> dict:
 
 def _batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict
                    ) -> tuple[list[dict] | None, str | None]:
-  """:func:`dpsco_jax.runner_batch.batch_records` with this module's validator (looked up at
+  """:func:`dpsco_jax.runner.batch.batch_records` with this module's validator (looked up at
   call time, so a test may replace ``_checked``)."""
   return runner_batch.batch_records(cfgs, algorithms, problems, cache, checked=_checked)
 
@@ -382,9 +382,9 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
                on_record: Callable | None = None, compare=None
                ) -> tuple[list[dict], dict | None]:
   """``(records, selection)``: one phase (selection None), or the grid on the tuning seeds,
-  the selection (:func:`dpsco_jax.runner_tuning.choose`), and the selected configs on the
+  the selection (:func:`dpsco_jax.runner.tuning.choose`), and the selected configs on the
   evaluation seeds. Every run of both phases is validated before any runs; the metrics of
-  ``select`` and of ``compare`` (a :class:`~dpsco_jax.runner_config.CompareSpec`) are checked
+  ``select`` and of ``compare`` (a :class:`~dpsco_jax.runner.config.CompareSpec`) are checked
   against the first record that would lack them."""
   algorithms, problems = registry()
   metrics = tuple((where, spec.metric) for where, spec in (
@@ -422,7 +422,7 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
 def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
   """Mean, std and 95% t-interval over seeds of every group of records sharing ``fields``
   (failed runs are counted in ``failed`` and left out of the statistics), for
-  ``excess_risk`` and every user metric (:func:`dpsco_jax.runner_stats.record_metrics`):
+  ``excess_risk`` and every user metric (:func:`dpsco_jax.runner.stats.record_metrics`):
   ``<metric>_mean``, ``_std``, ``_ci95_lo``, ``_ci95_hi``."""
   rows = []
   metrics = record_metrics(records)
@@ -485,7 +485,7 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
 
 def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str:
   """Excess risk (mean and 95% t-interval over seeds) against ``x_field``, one line per other
-  group (:func:`dpsco_jax.runner_plot.plot_rows`); without excess risk (a user problem), the
+  group (:func:`dpsco_jax.runner.plots.plot_rows`); without excess risk (a user problem), the
   first metric."""
   return _plot_metric(aggregate(records, fields), x_field, fields, path)
 
@@ -522,7 +522,7 @@ def _table_fields(config: dict) -> list[str]:
 def summarize(records: list[dict], fields: list[str], compare=None,
               ignore: tuple[str, ...] = ()) -> list[dict]:
   """The table's rows (:func:`aggregate`), with the paired comparison of a ``compare:`` block
-  (a :class:`dpsco_jax.runner_config.CompareSpec`) when given; a row's baseline need not
+  (a :class:`dpsco_jax.runner.config.CompareSpec`) when given; a row's baseline need not
   share its ``ignore`` fields (the selected ones)."""
   rows = aggregate(records, fields)
   if compare is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config_schema import ConfigError
-from dpsco_jax.runner_config import check_metric_name
+from dpsco_jax.runner.config import check_metric_name
 
 PHASE_KEYS = ("tuning_seeds", "eval_seeds", "select")
 RULES = ("min_mean", "max_mean")

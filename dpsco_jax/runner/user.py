@@ -58,10 +58,10 @@ from dpsco_jax.config_families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPT
 from dpsco_jax.config_types import ConfigError, ConfigView
 # your code and your data files, each in its own module (re-exported: the runner and the
 # tests read them here)
-from dpsco_jax.runner_datafiles import (  # noqa: F401
+from dpsco_jax.runner.datafiles import (  # noqa: F401
     DataFile, _column_names, _file_columns, _narrow, _parse_columns, _read_table,
     load_data_file, parse_data_file)
-from dpsco_jax.runner_usercode import (  # noqa: F401
+from dpsco_jax.runner.usercode import (  # noqa: F401
     _RECORD_FIELDS, _RUN_ARGS, CONSTANT_KEYS, _as_callable, _call, _check_args,
     _ensure_cwd_on_path, _metric_table, _one_line, _parameters, import_object, static_metrics)
 

@@ -2,7 +2,7 @@
 sections, row labels and the ``compare:`` block (see :mod:`dpsco_jax.runner`'s docstring).
 
 A ``problem:`` section without ``name`` that names your code (``factory:``, or ``model:`` /
-``loss:`` / ``data:``) is the ``user`` problem (:mod:`dpsco_jax.runner_user`); ``data:`` is
+``loss:`` / ``data:``) is the ``user`` problem (:mod:`dpsco_jax.runner.user`); ``data:`` is
 then a data file (a path ending in :data:`DATA_SUFFIXES`, or a mapping with ``path``), also
 at the top level, where a ``data:`` mapping without ``path`` stays the problem's section.
 
@@ -33,7 +33,7 @@ SECTIONS = {"problem": "problem", "data": "problem", "algorithm": "algorithm"}
 #: top-level keys that are not run keys (handled by the runner itself)
 RUNNER_ONLY = ("experiments", "name", "description", "compare", "select", "tuning_seeds",
                "eval_seeds", "batch_seeds", "devices")
-#: the file kinds a ``data:`` key reads (:mod:`dpsco_jax.runner_user`)
+#: the file kinds a ``data:`` key reads (:mod:`dpsco_jax.runner.user`)
 DATA_SUFFIXES = (".npz", ".csv", ".parquet")
 #: keys that make a problem without ``name`` the user problem
 USER_KEYS = ("factory", "model", "loss", "data")

@@ -1,5 +1,5 @@
 """Your code named in a config: ``module:function`` resolved, called with the run's seed, and
-your metrics (split out of :mod:`dpsco_jax.runner_user`, which re-exports these names).
+your metrics (split out of :mod:`dpsco_jax.runner.user`, which re-exports these names).
 
 Every failure is one :class:`~dpsco_jax.config_types.ConfigError` line (the CLI exits 2): a
 module that does not import, a missing attribute (with a "did you mean"), an argument the

@@ -1,6 +1,6 @@
 """Data files named in a config (``data:`` / ``eval_data:``): parsed and checked like every
 config key, then read into a :class:`~dpsco_jax.data.UserData` through
-:meth:`UserData.from_table` (split out of :mod:`dpsco_jax.runner_user`, which re-exports these
+:meth:`UserData.from_table` (split out of :mod:`dpsco_jax.runner.user`, which re-exports these
 names; the accepted forms are described there).
 """
 
@@ -17,8 +17,8 @@ import numpy as np
 
 from dpsco_jax.config_families import DataFileKeys
 from dpsco_jax.config_types import ConfigError, _check_type, _specs
-from dpsco_jax.runner_config import DATA_SUFFIXES
-from dpsco_jax.runner_usercode import _one_line
+from dpsco_jax.runner.config import DATA_SUFFIXES
+from dpsco_jax.runner.usercode import _one_line
 
 __all__ = ["DataFile", "parse_data_file", "load_data_file"]
 

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from dpsco_jax.runner_config import CompareSpec, baseline_indices
+from dpsco_jax.runner.config import CompareSpec, baseline_indices
 
 #: the fields a row's baseline need not share with it (they say which row is the baseline)
 _IDENTITY_FIELDS = ("algorithm", "label")

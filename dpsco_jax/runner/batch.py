@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from dpsco_jax import runner_user
+from dpsco_jax.runner import user as runner_user
 from dpsco_jax.config_families import USER_PROBLEM
 
 
