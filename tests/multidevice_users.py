@@ -20,3 +20,19 @@ USERS = textwrap.dedent("""
       return jax.nn.softplus(z) - ex["y"] * z
     params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
 """)
+
+
+def on_four_devices(script: str, *args: str, timeout: int = 600) -> dict:
+  """Runs ``script`` (``python -c``, with ``args``) in a subprocess with 4 forced CPU devices
+  (the device count is fixed when JAX starts) and returns its last stdout line, parsed as
+  JSON; a failing script fails the test with the tail of its stderr."""
+  import json
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                        text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])

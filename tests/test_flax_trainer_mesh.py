@@ -8,16 +8,13 @@ micro-batch of 22 users (not divisible by 4) is padded and masked, the compiled 
 and a mesh without the users axis, or fast clipping of a user-chunked convolution, is
 refused."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
 import numpy as np
 import optax
 import pytest
+from multidevice_users import on_four_devices
 from flax import nnx
 
 from dpsco_jax.flax import DPTrainer
@@ -117,12 +114,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_trainer_on_four_devices_releases_the_one_device_params():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = on_four_devices(SCRIPT)
   tol = 1e-6
   r = out["poisson"]
   assert r["diff"] <= tol and r["diff_ctx"] <= tol and r["same"], r

@@ -6,14 +6,10 @@ not divide is padded and masked, and a mesh without the users axis is refused. T
 family runs in one subprocess; paper 003's single-epoch drivers (each batch of ``B = 10``
 examples padded to 12 slots) and DP-Loc-SGD (309 items padded to 312) in another."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from multidevice_users import USERS
+from multidevice_users import USERS, on_four_devices
 
 SCRIPT = textwrap.dedent("""
     import json, warnings
@@ -67,19 +63,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _on_four_devices(script: str) -> dict:
-  """Runs ``script`` in a subprocess with 4 forced CPU devices; its last stdout line (JSON)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 def test_four_devices_release_the_one_device_params_and_refuse_a_mesh_without_users():
-  out = _on_four_devices(SCRIPT)
+  out = on_four_devices(SCRIPT)
   for name in ("poisson", "full", "fixed"):
     r = out[name]
     assert r["same_report"], name
@@ -152,7 +138,7 @@ SRGD_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_four_devices_release_the_one_device_params_for_paper_003_and_loc_sgd():
-  out = _on_four_devices(SRGD_SCRIPT)
+  out = on_four_devices(SRGD_SCRIPT)
   for name in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
                "accelerated_dp_srgd_independent_noise", "accelerated_dp_sgd",
                "single_epoch_dp_sgd", "dp_loc_sgd"):

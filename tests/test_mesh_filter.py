@@ -7,14 +7,10 @@ is taken, ``K = 30 -> 32`` slots when subsampled) are padded and masked; a mesh 
 users axis is refused; an adversarial user (gradient ~1e4 times the others', no clip; the smoothed
 variant, which shares the clean run's compilation) is filtered out on every step on 4 devices as on one."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from multidevice_users import USERS
+from multidevice_users import USERS, on_four_devices
 
 SCRIPT = textwrap.dedent("""
     import json, warnings
@@ -95,19 +91,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _on_four_devices(script: str) -> dict:
-  """Runs ``script`` in a subprocess with 4 forced CPU devices; its last stdout line (JSON)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 def test_filter_algorithms_on_four_devices_release_the_one_device_run():
-  out = _on_four_devices(SCRIPT)
+  out = on_four_devices(SCRIPT)
   for name in ("subset", "smoothed_all", "adversarial"):
     r = out[name]
     assert r["same_report"] and r["same_record"] and r["same_grads"], (name, r)

@@ -3,13 +3,10 @@ run's users over a ``"users"`` mesh, equals the one-device sweep, and refuses wh
 before anything runs. The 4-device half runs in a subprocess (the device count is fixed when JAX
 starts)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from multidevice_users import on_four_devices
 
 from dpsco_jax import runner
 from dpsco_jax.runner import mesh as runner_mesh
@@ -92,21 +89,15 @@ SCRIPT = textwrap.dedent('''
         out["refusals"][name] = "accepted"
       except ConfigError as err:
         out["refusals"][name] = str(err)
-    print("RESULT" + json.dumps(out))
+    print(json.dumps(out))
 ''')
 
 
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
   tmp = tmp_path_factory.mktemp("meshrunner")
   (tmp / "meshusermod.py").write_text(USER_MODULE)
-  proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp)], capture_output=True,
-                        text=True, env=env, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-  return json.loads(line[len("RESULT"):])
+  return on_four_devices(SCRIPT, str(tmp))
 
 
 @pytest.mark.parametrize("name,metric", [("synthetic", "excess_risk"), ("user", "mean_loss"),

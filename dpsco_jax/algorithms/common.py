@@ -202,6 +202,26 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
     _PROGRESS.pop(run_id, None)
 
 
+def scan_slot_batches(loss_fn: Callable, tx: optax.GradientTransformation, params: Any,
+                      data: Any, batch_of: Callable, steps: int, record: Callable | None):
+  """The DP-SGD scan over a public schedule of user slots (cyclic batches, b-min-sep Poisson
+  groups): step ``t`` differentiates the users ``idx`` of ``batch_of(t) = (idx, mask)`` (masked
+  slots contribute zero) and applies the chain. Returns ``(released params, state)``, plus the
+  per-step ``record(state)`` outputs when ``record`` is given."""
+  def body(carry, t):
+    params, state = carry
+    idx, mask = batch_of(t)
+    grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
+    updates, state = tx.update(grads, state, params, user_mask=mask)
+    out = None if record is None else record(state)
+    return (optax.apply_updates(params, updates), state), out
+
+  (params, state), records = jax.lax.scan(body, (params, tx.init(params)), jnp.arange(steps))
+  if record is None:
+    return released_params(state, params), state
+  return released_params(state, params), state, records
+
+
 @bounded_cache(64)
 def _compiled_step(loss_fn: Callable, tx_factory: Callable, static: tuple,
                    record: Callable | None):

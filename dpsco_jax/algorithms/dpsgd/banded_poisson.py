@@ -23,12 +23,9 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from dpsco_jax.algorithms.common import gather_users
+from dpsco_jax.algorithms.common import scan_slot_batches
 from dpsco_jax.cache import bounded_cache
-from dpsco_jax.grads import per_user_grads
-from dpsco_jax.transforms.steps import released_params
 
 __all__ = ["group_slots", "sample_group", "group_size", "banded_poisson_loop"]
 
@@ -80,20 +77,10 @@ def banded_poisson_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, 
     slots, real = group_slots(jax.random.fold_in(key, 0), n, groups)
     sample_key = jax.random.fold_in(key, 1)
     tx = tx_factory(hparams, *static)
-
-    def body(carry, t):
-      params, state = carry
-      idx, mask = sample_group(jax.random.fold_in(sample_key, t), slots, real, t, rate=rate,
-                               capacity=capacity)
-      grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
-      updates, state = tx.update(grads, state, params, user_mask=mask)
-      out = None if record is None else record(state)
-      return (optax.apply_updates(params, updates), state), out
-
-    (params, state), records = jax.lax.scan(body, (params, tx.init(params)),
-                                            jnp.arange(steps))
-    if record is None:
-      return released_params(state, params), state
-    return released_params(state, params), state, records
+    return scan_slot_batches(
+        loss_fn, tx, params, data,
+        lambda t: sample_group(jax.random.fold_in(sample_key, t), slots, real, t, rate=rate,
+                               capacity=capacity),
+        steps, record)
 
   return loop

@@ -60,7 +60,7 @@ import optax
 from dpsco_jax import config_families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
-from dpsco_jax.algorithms.common import gather_users, run_chain, sampling_setup
+from dpsco_jax.algorithms.common import run_chain, sampling_setup, scan_slot_batches
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
                                              config_view, group_privacy_targets, plan_dp_sgd)
@@ -71,11 +71,10 @@ from dpsco_jax.config_types import ConfigView
 from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
-from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
 from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 from dpsco_jax.transforms.noise import add_gaussian_noise
-from dpsco_jax.transforms.steps import projected_sgd, released_params
+from dpsco_jax.transforms.steps import projected_sgd
 
 NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
                             level="none", notes="non-private (reference or noise switched off)")
@@ -219,23 +218,14 @@ def _cyclic_loop(loss_fn, tx_factory, static: tuple, steps: int, batch: int, per
   @jax.jit
   def loop(params, order_key, hparams, data):
     slots, real = cyclic_slots(order_key, jax.tree.leaves(data)[0].shape[0], batch)
-    tx = tx_factory(hparams, *static)
 
-    def body(carry, t):
-      params, state = carry
+    def batch_of(t):
       start = (t % periods) * batch
-      idx = jax.lax.dynamic_slice(slots, (start,), (batch,))
-      mask = jax.lax.dynamic_slice(real, (start,), (batch,))
-      grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
-      updates, state = tx.update(grads, state, params, user_mask=mask)
-      out = None if record is None else record(state)
-      return (optax.apply_updates(params, updates), state), out
+      return (jax.lax.dynamic_slice(slots, (start,), (batch,)),
+              jax.lax.dynamic_slice(real, (start,), (batch,)))
 
-    (params, state), records = jax.lax.scan(body, (params, tx.init(params)),
-                                            jnp.arange(steps))
-    if record is None:
-      return released_params(state, params), state
-    return released_params(state, params), state, records
+    return scan_slot_batches(loss_fn, tx_factory(hparams, *static), params, data, batch_of,
+                             steps, record)
 
   return loop
 

@@ -279,15 +279,10 @@ def _amplified_sampling(cfg: ConfigView, n: int, groups: int
   """(p, expected batch, D = p G, capacity) of b-min-sep sampling, ``G = ceil(n / b)``."""
   size = -(-n // groups)
   if cfg.sampling_rate is not None:
-    p = check_probability(cfg.sampling_rate, "sampling_rate")
-    if p <= 0:
-      raise ValueError(f"sampling_rate must be > 0, got {cfg.sampling_rate!r}")
+    p = _positive_rate(cfg)
   else:
-    batch = check_int(cfg.get("batch_size", max(1, min(size, round(math.sqrt(n))))),
-                      "batch_size")
-    if batch > size:
-      raise ValueError(f"batch_size ({batch}) is the expected batch p * G of b-min-sep "
-                       f"sampling and must be <= G = ceil(n / min_separation) = {size}")
+    batch = _batch_at_most(cfg, size, n, "is the expected batch p * G of b-min-sep sampling "
+                           f"and must be <= G = ceil(n / min_separation) = {size}")
     p = batch / size
   return p, max(1, round(p * size)), p * size, poisson_capacity(size, p)
 
@@ -369,19 +364,32 @@ def public_rows(cfg: ConfigView, relation: str, *, realized_rows: int, rows_per_
   return realized_rows
 
 
+def _positive_rate(cfg: ConfigView) -> float:
+  """The declared Poisson rate ``sampling_rate``, in (0, 1]."""
+  q = check_probability(cfg.sampling_rate, "sampling_rate")
+  if q <= 0:
+    raise ValueError(f"sampling_rate must be > 0, got {cfg.sampling_rate!r}")
+  return q
+
+
+def _batch_at_most(cfg: ConfigView, most: int, n: int, why: str) -> int:
+  """``batch_size`` (default ``round(sqrt(n))`` capped at ``most``), refused above ``most``
+  (``why`` completes the message)."""
+  batch = check_int(cfg.get("batch_size", max(1, min(most, round(math.sqrt(n))))),
+                    "batch_size")
+  if batch > most:
+    raise ValueError(f"batch_size ({batch}) {why}")
+  return batch
+
+
 def _sampling(cfg: ConfigView, sampling: str, n: int) -> tuple[float, int, float, int | None]:
   """(q, batch, denominator D, capacity) from the public row count ``n``."""
   if sampling == "full":
     return 1.0, n, float(n), None
   if sampling == "poisson" and cfg.sampling_rate is not None:
-    q = check_probability(cfg.sampling_rate, "sampling_rate")
-    if q <= 0:
-      raise ValueError(f"sampling_rate must be > 0, got {cfg.sampling_rate!r}")
+    q = _positive_rate(cfg)
   else:
-    batch = check_int(cfg.get("batch_size", max(1, min(n, round(math.sqrt(n))))),
-                      "batch_size")
-    if batch > n:
-      raise ValueError(f"batch_size ({batch}) must be <= n_users ({n})")
+    batch = _batch_at_most(cfg, n, n, f"must be <= n_users ({n})")
     q = batch / n
   if sampling in ("fixed", "cyclic"):
     return q, batch, float(batch), batch
