@@ -40,6 +40,11 @@ _F32 = jnp.float32
 #: stays well inside the issue's 1.2x target (bench_cost.md has the measurements).
 CONV_CHUNK_BUDGET = 0.25
 
+#: A conv's per-user gradient buffer is created after the backward pass reaches the layer (not
+#: as constant zeros, which XLA allocates at the start of the step) when it holds more than
+#: this fraction of the layer's activations (see :func:`conv_bound`).
+LATE_BUFFER = 0.5
+
 
 def per_user_elements(conv: nnx.Conv, n: int, direct: bool) -> int:
   """Temporaries of one user in a chunk, in elements: its patches ``n k`` (``k = kh kw
@@ -114,12 +119,23 @@ def conv_bound(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array],
     return _bound_chunk(conv, xs, gs, ghost, recomputed)
   shapes = jax.eval_shape(lambda x, g: _bound_chunk(conv, x, g, ghost, recomputed),
                           [_chunk(x, 0, chunk) for x in xs], [_chunk(g, 0, chunk) for g in gs])
-  # zeros, not values taken from the layer's gradient: the latter let XLA allocate these
-  # after the backward pass reached the layer, but reordered the step so that the item-level
-  # CNN's peak grew (1.25x -> 1.30x the non-private step; the user-level one fell 1.04 -> 1.01)
   sq0 = jnp.zeros((n_users,), shapes[0].dtype)
-  m0 = None if shapes[1] is None else jnp.zeros((n_users,) + shapes[1].shape[1:],
-                                                shapes[1].dtype)
+  m0 = None
+  if shapes[1] is not None:
+    # The per-user gradients' buffer. As constant zeros XLA:CPU allocates it before the
+    # forward pass; made from a value of the layer's output gradient (``g * 0``: whatever it
+    # is, every user's slot is overwritten below) it cannot be allocated before the backward
+    # pass reaches the layer. That also constrains XLA's order, and measured on the item-level
+    # CNN (bench_cost.md) it pays only for a buffer large against the layer's activations:
+    # convs/2's (72 MiB, 0.75x) took the peak 1.247x -> 1.193x the non-private step; convs/1's
+    # as well (36 MiB, 0.23x) made XLA run the backward pass below it before its loop (1.30x).
+    m_shape = (n_users,) + shapes[1].shape[1:]
+    if fn._prod(m_shape) > LATE_BUFFER * layer_elements([x.shape for x in xs],
+                                                          [g.shape for g in gs]):
+      z = jnp.reshape(gs[0], (-1,))[0].astype(shapes[1].dtype) * 0
+      m0 = jnp.full(m_shape, z, shapes[1].dtype)
+    else:
+      m0 = jnp.zeros(m_shape, shapes[1].dtype)
 
   def body(c, carry):
     i = jnp.minimum(c * chunk, n_users - chunk)  # the last chunk ends at the last user

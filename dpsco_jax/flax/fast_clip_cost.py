@@ -25,11 +25,18 @@ written, read for its norm and read again for the weighted sum by memory-bound k
 element and pass that is ~20 multiply-adds on this CPU and ~50 on an H100/H200 (50 TFLOP/s
 float32 against ~1 T float32/s of HBM), so ``MEMORY_WEIGHT = 64`` (3 passes). With it and
 :data:`GROUPED_CONV_WEIGHT` the model reproduces the orderings measured in
-``experiments/bench_cost.md`` (CPU: vmap for the GLM and the CNNs, fast for the custom
-transformer) and on the H200 (fast for both CNNs and the custom transformer, a tie on the GLM)
-except one: the ``nnx.MultiHeadAttention`` transformer at full size, where it predicts vmap
-(3.18e10 against 3.06e10) and the H200 measured fast ahead (1.26 against 1.34). ``auto`` takes
-the fast path only when its prediction is strictly lower (ties go to vmap: no tap overhead).
+``experiments/bench_cost.md`` (CPU: vmap for the GLM and the CNNs, fast for both
+transformers) and on the H200 (fast for both CNNs and both transformers, a tie on the GLM).
+``auto`` takes the fast path only when its prediction is strictly lower (ties go to vmap: no
+tap overhead).
+
+Layers fed the very same input arrays (``nnx.MultiHeadAttention``'s ``query``/``key``/``value``
+on one ``x``) form identical input rows, and XLA computes their Gram matrix (or row norms)
+once: it is counted once (``U n^2 q`` and ``U n^2`` held for the others). Counting it per
+layer over-predicted the MHA transformer by 2.7e9 (3.18e10, above vmap's 3.06e10: ``auto``
+picked vmap at full size, where fast holds 1.16x against 1.67x the non-private step's memory
+and ran 1.26 against 1.34 on the H200); ``tests/test_flax_fast_clip_cost.py`` checks the
+counted FLOPs against XLA's.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
   convolutions chunked by ``conv_budget`` as :class:`FastClippedGrad` does."""
   grouped = GROUPED_CONV_WEIGHT.get(backend, 0.0)
   rows = []
+  seen_gram, seen_rows = set(), set()  # input keys (_input_key) already counted
   u = n_users
   for path, kind in plan.fast:
     mod = module_of(path)
@@ -120,15 +128,23 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
       p, q = int(mod.num_embeddings), int(mod.features)
     n = m * sum(fn._prod(c.out.shape) // (q * groups) for c in calls)
     bias = (u * q * groups) if getattr(mod, "bias", None) is not None else 0
+    # Projections of the very same inputs (nnx.MultiHeadAttention's query/key/value on one x)
+    # build the same input rows, so XLA computes their Gram matrix (or row norms) once.
+    same = _input_key(kind, mod, p, calls)
     if kind == "embed":
       method, flops, memory = "ghost", u * n * n * q, 2 * u * n * n
     elif fn.use_gram(n, p, q, ghost):
       method = "ghost"
-      flops, memory = groups * u * n * n * (p + q), groups * 2 * u * n * n
+      shared = same is not None and same in seen_gram
+      flops = groups * u * n * n * (q if shared else p + q)
+      memory = groups * (1 if shared else 2) * u * n * n
+      seen_gram.add(same)
     else:
       method = "instantiate"
-      flops = groups * u * (n * (p + q) + p * q)
+      shared = same is not None and same in seen_rows
+      flops = groups * u * (n * (q if shared else p + q) + p * q)
       memory = groups * u * p * q
+    seen_rows.add(same)
     chunk, release = 0, ""
     if kind == "conv":  # as FastClippedGrad clips it: fast_clip_conv.plan_conv
       batched = lambda s: (u, m) + tuple(s)
@@ -151,6 +167,15 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
     rows.append(LayerCost("(fallback)", "fallback", "fallback", 0, 0, fb, u * fb, u * fb,
                           _held(fb, u), _held(fb, u)))
   return tuple(rows)
+
+
+def _input_key(kind, mod, p, calls):
+  """What identifies a Linear / LinearGeneral's input rows: its kind, width, contracted axes
+  and the identity of every call's inputs (``CallSpec.in_group``); None for other layers."""
+  if kind not in ("linear", "linear_general") or any(c.in_group < 0 for c in calls):
+    return None
+  axes = tuple(int(a) for a in _tuple(mod.axis)) if kind == "linear_general" else ()
+  return (kind, p, axes, tuple(c.in_group for c in calls))
 
 
 def _tuple(x):

@@ -139,6 +139,9 @@ class CallSpec:
   statics: tuple                    # the non-array leaves, in order
   out: jax.ShapeDtypeStruct         # per-example output shape (the tap)
   ins: tuple = ()                   # per-example shapes of the array inputs (cost model)
+  # index of the first call of this trace given the very same input arrays (itself if none):
+  # the cost model counts the input Gram of q/k/v projections of one input once (XLA CSEs it)
+  in_group: int = -1
 
 
 def module_params(module) -> dict[str, nnx.Variable]:
@@ -160,6 +163,7 @@ class Tape:
     self.rewritten: set[Path] = set()
     self.trace = _current_trace()
     self.raw: dict[int, Any] = {}
+    self._ins: list[tuple] = []  # plan mode: every call's input arrays (by identity)
 
   def remember_raw(self, model) -> None:
     """Records the raw value of every tracked module's Params right after the merge."""
@@ -184,11 +188,17 @@ class Tape:
       y = orig(nnx.merge(gd, jax.tree.map(lax.stop_gradient, st)), *args, **kwargs)
       if not is_array(y):
         raise ValueError(f"tapped layer {path} must return one array")
+      # identity, not equality: the references are kept so that no id is reused in the trace
+      objs = tuple(leaves[i] for i in pos)
+      group = next((k for k, o in enumerate(self._ins)
+                    if len(o) == len(objs) and all(a is b for a, b in zip(o, objs))),
+                   len(self._ins))
+      self._ins.append(objs)
       self.specs.append(CallSpec(path, kind, treedef, pos, statics,
                                  jax.ShapeDtypeStruct(y.shape, y.dtype),
                                  tuple(jax.ShapeDtypeStruct(jnp.shape(leaves[i]),
                                                             jnp.result_type(leaves[i]))
-                                       for i in pos)))
+                                       for i in pos), group))
       self.outputs.append((path, _current_trace()))
       return y
     if not self._raw_intact(module):
