@@ -126,3 +126,14 @@ def test_cli_audit_verb_rejects_bad_arguments(capsys):
       main(argv)
     assert err.value.code == 2
     assert ("--trials" in capsys.readouterr().err) or argv[1] == "--mechanism"
+
+
+def test_multi_epoch_srgd_below_its_claim_and_flagged_when_accounted_as_one_participation():
+  """Issue 27: SRGD over 4 epochs of one fixed order (the canary at steps 0, P, 2P, 3P) stays
+  below its exact k-participation claim, and the same releases claimed as one participation
+  in the 4P steps are flagged."""
+  honest_spec = DR.build_driver("accelerated_dp_srgd_epochs", "zero_out")
+  twin_spec = DR.build_driver("accelerated_dp_srgd_epochs", "zero_out", "one_participation")
+  assert twin_spec.claimed_epsilon < honest_spec.claimed_epsilon / 2
+  res = run_audit(honest_spec, trials=DR.TRIALS["accelerated_dp_srgd_epochs"], key=25)
+  _check(res, res._replace(claimed_epsilon=twin_spec.claimed_epsilon), "zero_out")

@@ -30,6 +30,7 @@ All claims are at ``delta = 1e-5`` and lie in about [1, 4].
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -193,32 +194,48 @@ def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
 
 # ----------------------------------------------------------------------------- SRGD (tree)
 def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch: int = 2,
-                steps: int = 16, dim: int = 2, noise_multiplier: float = 2.5) -> AuditSpec:
+                steps: int = 16, dim: int = 2, noise_multiplier: float = 2.5,
+                epochs: int = 1) -> AuditSpec:
   """``accelerated_dp_srgd`` through ``srgd.srgd_releases``: the canary is example 0 (batch
   0), so its clipped SRG difference ``C e_0`` (linear loss: ``(t+1)g - tg = g``) enters every
   released noisy prefix sum. Zero-out neighbour via ``user_mask``. Score: the
   likelihood-ratio weights ``Sigma^{-1} 1`` of the tree's prefix covariance. Claim: the
   driver's ledger epsilon of ``plan.event`` (tree, ``mu = sqrt(levels)/z``). Twin
   ``independent_accounting``: the same releases claimed as by
-  ``accelerated_dp_srgd_independent_noise`` at the same ``z`` (``mu = 1/z``)."""
+  ``accelerated_dp_srgd_independent_noise`` at the same ``z`` (``mu = 1/z``).
+
+  ``epochs = k > 1`` (``steps`` per epoch, one fixed order): the canary's difference enters at
+  steps ``0, P, 2P, ...``, so the released prefix sums move by ``C`` times the running count of
+  its participations (the score's weights follow); the claim is the plan's exact
+  k-participation event. Twin ``one_participation``: the same releases claimed as if the
+  canary took part once in the ``k P`` steps (the single-epoch tree sensitivity)."""
   from dpsco_jax.algorithms.srgd import driver as srgd
   from dpsco_jax.privacy.ledger import epsilon_of
   if check_relation(relation) != "zero_out":
     raise ValueError("relation: the SRGD audit uses zero_out (the paper's relation)")
-  _check_broken(broken, ("independent_accounting",), "srgd_driver")
+  _check_broken(broken, ("one_participation",) if epochs > 1 else ("independent_accounting",),
+                "srgd_driver")
   n = batch * steps
   cfg = {"relation": relation, "batch_size": batch, "num_steps": steps, "clip_norm": _CLIP,
          "beta": 5.0, "noise_multiplier": noise_multiplier, "delta": DELTA}
+  if epochs > 1:
+    cfg["epochs"] = epochs
   public = dict(n=n, p=dim, lipschitz=_CLIP, smoothness=1.0, radius=1.0)
   plan = srgd.plan_srgd("accelerated_dp_srgd", cfg, **public)
-  claimed = plan if broken is None else srgd.plan_srgd(
-      "accelerated_dp_srgd_independent_noise", cfg, **public)
-  claim = epsilon_of(claimed.event, delta=claimed.delta, relation=claimed.relation,
+  total = steps * epochs
+  if broken == "one_participation":
+    from dpsco_jax.privacy.cyclic_participation import cyclic_event, cyclic_sensitivity
+    event = cyclic_event(noise_multiplier, cyclic_sensitivity("tree", total, total, 1))
+  else:
+    event = (plan if broken is None else srgd.plan_srgd(
+        "accelerated_dp_srgd_independent_noise", cfg, **public)).event
+  claim = epsilon_of(event, delta=plan.delta, relation=plan.relation,
                      accountant=srgd.ACCOUNTANT)
   x = _users(n, 1, dim, 0.0)
   data = {"x": jnp.asarray(x)}
   params0 = jnp.zeros((dim,), jnp.float32)
-  weights = jnp.asarray(gaussian_lr_weights(_tree_cov(steps), np.ones(steps)), jnp.float32)
+  shift = np.arange(total) // steps + 1.0       # participations of the canary up to step t
+  weights = jnp.asarray(gaussian_lr_weights(_tree_cov(total), shift), jnp.float32)
 
   def release(key, d):
     return srgd.srgd_releases(plan, _linear_loss, data, params0, key,
@@ -228,7 +245,8 @@ def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch:
   return AuditSpec(f"accelerated_dp_srgd[{broken or 'honest'}]", relation, release, mask_in,
                    mask_in.at[0].set(False),
                    lambda r: jnp.dot(weights, r[:, 0], precision=_HI), float(claim), DELTA,
-                   f"epsilon_of({claimed.name} plan.event, z={noise_multiplier:g}, T={steps})")
+                   f"epsilon_of(accelerated_dp_srgd[{broken or 'honest'}] event, "
+                   f"z={noise_multiplier:g}, T={total}, epochs={epochs})")
 
 
 # ----------------------------------------------------------------------------- output pert.
@@ -364,6 +382,9 @@ DRIVERS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, .
     "dp_sgd_user_fixed": (_dp_sgd("fixed"), ("replace_one",), ("noise_halved",)),
     "dp_trainer": (trainer_driver, ("add_remove",), ("noise_halved",)),
     "accelerated_dp_srgd": (srgd_driver, ("zero_out",), ("independent_accounting",)),
+    "accelerated_dp_srgd_epochs": (functools.partial(srgd_driver, epochs=4, steps=8,
+                                                     noise_multiplier=8.0), ("zero_out",),
+                                   ("one_participation",)),
     "naive_output_pert": (output_perturbation_driver, ("replace_one",), ("noise_halved",)),
     "dp_loc_gd": (loc_gd_driver, ("replace_one",), ("noise_halved",)),
     "dp_bilevel": (bilevel_driver, ("replace_one",), ("noise_halved",)),
@@ -375,8 +396,8 @@ DRIVERS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, .
 TRIALS = {name: 100_000 for name in DRIVERS} | {"dp_sgd_user_fixed": 400_000}
 
 #: drivers whose claim is a Gaussian (mu-GDP) one: only there is the GDP-fit bound a test
-GAUSSIAN = ("dp_sgd_user_full", "accelerated_dp_srgd", "naive_output_pert", "dp_loc_gd",
-            "dp_bilevel")
+GAUSSIAN = ("dp_sgd_user_full", "accelerated_dp_srgd", "accelerated_dp_srgd_epochs",
+            "naive_output_pert", "dp_loc_gd", "dp_bilevel")
 
 
 def build_driver(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
