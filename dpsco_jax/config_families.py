@@ -118,8 +118,9 @@ class IllConditionedProblem(Schema):
 @dataclasses.dataclass(frozen=True)
 class RidgeTuningProblem(Schema):
   """``ridge_tuning`` (paper 004): tune a ridge penalty on a validation split."""
-  dataset: Literal["synthetic", "diabetes"] = _key("synthetic data or scikit-learn diabetes",
-                                                   "synthetic")
+  dataset: Literal["synthetic", "diabetes", "noisy_inputs"] = _key(
+      "synthetic data, scikit-learn diabetes, or noisy_inputs (synthetic, validated on noisy "
+      "inputs: optimal penalty ~ input_noise^2 at every n)", "synthetic")
   omega_bounds: tuple[float, float] = _key(
       "interval X of the penalty (default [1e-3, 5], diabetes [1e-2, 5]); write [[lo, hi]]")
   omega0: float = _key("initial penalty", 1.0)
@@ -128,7 +129,10 @@ class RidgeTuningProblem(Schema):
   d: int = _key("features (synthetic only)", 10)
   n_train: int = _key("training examples (synthetic only)", 2000)
   n_val: int = _key("validation examples (synthetic only)", 2000)
-  label_noise: float = _key("label-noise std (synthetic only)", 3.0)
+  label_noise: float = _key("label-noise std (synthetic, noisy_inputs)", 3.0)
+  input_noise: Optional[float] = _key(
+      "std tau per coordinate of the validation inputs' noise (noisy_inputs only; null: "
+      "sqrt(0.5), optimal penalty ~ tau^2)")
 
 
 #: The problem name of your own model, loss and data (a config's ``problem:`` section with

@@ -269,6 +269,7 @@ def _sq(ex, theta):
 
 def ridge_tuning_problem(a_tr, b_tr, a_val, b_val, *, omega_bounds=(1e-3, 5.0),
                          omega0: float = 1.0, clip: float | None = None,
+                         clip_val: float | None = None,
                          curvature_bounds: tuple[float, float] = (0.0, 4.0),
                          theta_radius: float = 5.0, name: str = "ridge_tuning",
                          population_fn=None, meta: dict | None = None) -> BilevelProblem:
@@ -282,9 +283,11 @@ def ridge_tuning_problem(a_tr, b_tr, a_val, b_val, *, omega_bounds=(1e-3, 5.0),
   post-processing of the two private solves (§7 observation: no outer noise needed).
 
   Public constants (assumptions, never read from the data): ``clip`` (per-example gradient clip,
-  default ``n/n_tr * 3 sqrt(d)``), ``curvature_bounds = (h_min, h_max)`` on the eigenvalues of
-  the train / validation second-moment matrices (``mu_g = omega_min + h_min``, smoothness
-  ``h_max + omega_max``), ``theta_radius`` (``R_0`` of the inner solves).
+  default ``n/n_tr * 3 sqrt(d)``), ``clip_val`` (per-example bound of the validation terms,
+  ``L0f``; default ``clip n_tr / n_val``, the same raw bound), ``curvature_bounds = (h_min,
+  h_max)`` on the eigenvalues of the train / validation second-moment matrices (``mu_g =
+  omega_min + h_min``, smoothness ``h_max + omega_max``), ``theta_radius`` (``R_0`` of the
+  inner solves).
   """
   a_tr, b_tr, a_val, b_val = map(jnp.asarray, (a_tr, b_tr, a_val, b_val))
   n_tr, d = a_tr.shape
@@ -310,7 +313,8 @@ def ridge_tuning_problem(a_tr, b_tr, a_val, b_val, *, omega_bounds=(1e-3, 5.0),
 
   h_min, h_max = curvature_bounds
   clip = float(clip) if clip is not None else w_tr * 3.0 * math.sqrt(d)
-  consts = ProblemConstants(l0f=clip * w_val / w_tr, l1f=h_max, l0g=clip, l1g=h_max + hi,
+  l0f = float(clip_val) if clip_val is not None else clip * w_val / w_tr
+  consts = ProblemConstants(l0f=l0f, l1f=h_max, l0g=clip, l1g=h_max + hi,
                             l2g=1e-12 + 1.0, mu_g=lo + h_min, delta_f=1.0)
   prob = BilevelProblem(name=name, f_ex=f_ex, g_ex=g_ex, data=data,
                         x0=jnp.asarray([omega0], a_tr.dtype), y0=jnp.zeros(d, a_tr.dtype),
@@ -441,17 +445,26 @@ def diabetes_ridge_problem(key: jax.Array, *, omega_bounds=(1e-2, 5.0), omega0: 
 
 
 def ridge_tuning(cfg: dict, key: jax.Array) -> BilevelProblem:
-  """Factory of the ``ridge_tuning`` problem: :func:`synthetic_ridge_problem` or
-  :func:`diabetes_ridge_problem` (``dataset``) from the config's problem keys (``clip_norm``:
-  the per-example clip of the data terms, default the problem's bound)."""
-  dataset = check_choice(cfg.get("dataset", "synthetic"), "dataset", ("synthetic", "diabetes"))
-  bounds = tuple(cfg.get("omega_bounds", (1e-3, 5.0) if dataset == "synthetic" else (1e-2, 5.0)))
+  """Factory of the ``ridge_tuning`` problem: :func:`synthetic_ridge_problem`,
+  :func:`diabetes_ridge_problem` or (``noisy_inputs``, issue 28: an optimum that stays
+  interior as n grows) :func:`~dpsco_jax.problems.bilevel_noisy_inputs.noisy_inputs_ridge_problem`
+  (``dataset``) from the config's problem keys (``clip_norm``: the per-example clip of the data
+  terms, default the problem's bound; ``input_noise``: noisy_inputs only)."""
+  dataset = check_choice(cfg.get("dataset", "synthetic"), "dataset",
+                         ("synthetic", "diabetes", "noisy_inputs"))
+  if dataset != "noisy_inputs" and cfg.get("input_noise") is not None:
+    raise ValueError(f"input_noise is read only by dataset='noisy_inputs', not {dataset!r}")
+  bounds = tuple(cfg.get("omega_bounds", (1e-2, 5.0) if dataset == "diabetes" else (1e-3, 5.0)))
   if dataset == "diabetes":
     return diabetes_ridge_problem(key, omega_bounds=bounds, omega0=cfg.get("omega0", 1.0),
                                   clip=cfg.get("clip_norm"))
-  return synthetic_ridge_problem(key, d=int(cfg.get("d", 10)),
-                                 n_train=int(cfg.get("n_train", 2000)),
-                                 n_val=int(cfg.get("n_val", 2000)),
-                                 label_noise=float(cfg.get("label_noise", 3.0)),
-                                 omega_bounds=bounds, omega0=float(cfg.get("omega0", 1.0)),
-                                 clip=cfg.get("clip_norm"))
+  sizes = dict(d=int(cfg.get("d", 10)), n_train=int(cfg.get("n_train", 2000)),
+               n_val=int(cfg.get("n_val", 2000)),
+               label_noise=float(cfg.get("label_noise", 3.0)), omega_bounds=bounds,
+               omega0=float(cfg.get("omega0", 1.0)), clip=cfg.get("clip_norm"))
+  if dataset == "noisy_inputs":
+    from dpsco_jax.problems.bilevel_noisy_inputs import noisy_inputs_ridge_problem
+    tau = cfg.get("input_noise")   # null in a config means the default, as for clip_norm
+    return noisy_inputs_ridge_problem(
+        key, input_noise=math.sqrt(0.5) if tau is None else float(tau), **sizes)
+  return synthetic_ridge_problem(key, **sizes)
