@@ -43,7 +43,7 @@ import jax
 import numpy as np
 
 from dpsco_jax.algorithms.registry import algorithms
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.data.problem import ProblemConstants, PublicFacts, UserDataProblem
 from dpsco_jax.data.user_data import DataSpec, UserData
 from dpsco_jax.privacy.ledger import PrivacyReport
@@ -154,8 +154,8 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> dict:
   """The validated config of ``algorithm`` as a flat dict (what its driver reads).
 
   ``config``: a mapping or an instance of the algorithm's config dataclass. Errors are
-  :class:`~dpsco_jax.config_schema.ConfigError` naming the key."""
-  from dpsco_jax.config_schema import KeySpec, _check_type, _specs, _suggest
+  :class:`~dpsco_jax.config.schema.ConfigError` naming the key."""
+  from dpsco_jax.config.schema import KeySpec, _check_type, _specs, _suggest
   entry = _entry(algorithm)
   if dataclasses.is_dataclass(config) and not isinstance(config, type):
     config = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}

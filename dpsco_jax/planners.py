@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.data.problem import MissingConstant, PublicFacts
 from dpsco_jax.privacy.ledger import PrivacyReport
 

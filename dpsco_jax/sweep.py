@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.result import Result
 
 __all__ = ["NotBatchable", "run_stacked", "refusal", "seed_groups", "batch_seeds_option",

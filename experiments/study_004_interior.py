@@ -25,7 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the r
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dpsco_jax.problems.bilevel import ridge_tuning  # noqa: E402
+from dpsco_jax.problems.ridge_tuning import ridge_tuning  # noqa: E402
 try:  # the runner modules are moving into the dpsco_jax.runner package
   from dpsco_jax.runner.stats import paired_comparison, t_interval  # noqa: E402
 except ImportError:

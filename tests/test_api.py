@@ -9,7 +9,7 @@ import pytest
 
 import dpsco_jax
 from dpsco_jax import api
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.data import DataSpec, MissingConstant, UserData
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dpsco_jax import config_schema as cs
+from dpsco_jax.config import schema as cs
 from dpsco_jax import runner
 from dpsco_jax.runner import tuning as tuning
 from dpsco_jax.__main__ import main as cli
@@ -186,7 +186,7 @@ def test_count_bounds_hold_for_yaml_and_typed_configs(tmp_path):
   loaded = _load(tmp_path, "num_steps: 1e20\n")  # read as a float, as a YAML user writes it
   with pytest.raises(cs.ConfigError, match="num_steps is a count"):
     cs.validate(dict(DPSGD, **loaded))
-  from dpsco_jax.config_families import DpSgdConfig
+  from dpsco_jax.config.families import DpSgdConfig
   with pytest.raises(cs.ConfigError, match="num_steps is a count"):
     DpSgdConfig(epsilon=1.0, delta=1e-5, num_steps=10 ** 12)
   assert cs.validate(dict(DPSGD, num_steps=2 ** 31 - 1))["num_steps"] == 2 ** 31 - 1

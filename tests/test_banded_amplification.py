@@ -15,13 +15,13 @@ import pytest
 from scipy import stats
 
 import dpsco_jax as dp
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.common import poisson_capacity
 from dpsco_jax.algorithms.dpsgd import banded_poisson as bp
 from dpsco_jax.algorithms.dpsgd.plan import dp_sgd_event, plan_dp_sgd
 from dpsco_jax.audit import banded_amplification as ba
 from dpsco_jax.audit.harness import run_audit
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 

@@ -497,7 +497,7 @@ def test_nonprivate_penalty_reference_reaches_the_optimum_on_seeds_where_a_fixed
   # issue 28: with eta = 2 fixed, seeds 204 / 209 / 217 (of 200-299) ended in a 2-cycle
   # between the lower boundary and a point with F' ~ 0.1 (gaps 6e-3 / 1.2e-2 / 1.2e-2); the
   # secant-curvature step cap brings every one of 100 seeds to <= 6e-8
-  from dpsco_jax.problems.bilevel import ridge_tuning
+  from dpsco_jax.problems.ridge_tuning import ridge_tuning
   cfg = {"dataset": "synthetic", "d": 10, "n_train": 1000, "n_val": 1000, "label_noise": 3.0}
   for seed in (204, 209, 217):
     prob = ridge_tuning(cfg, jax.random.fold_in(jax.random.key(seed), 0))

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from dpsco_jax.config_schema import ConfigError, validate
-from dpsco_jax.problems.bilevel import ridge_tuning
+from dpsco_jax.config.schema import ConfigError, validate
+from dpsco_jax.problems.ridge_tuning import ridge_tuning
 from dpsco_jax.problems.bilevel_noisy_inputs import (noisy_inputs_constants,
                                                      noisy_inputs_ridge_problem)
 

@@ -10,7 +10,7 @@ import sys
 import jax
 import pytest
 
-from dpsco_jax import config_schema as cs
+from dpsco_jax.config import schema as cs
 from dpsco_jax import runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_schemas_are_frozen_documented_and_describable():
 def test_every_key_a_driver_reads_is_in_a_schema():
   """Static check: a key added to a driver (cfg.get / cfg[...] / cfg_get / _cfg / "k" in cfg)
   without a schema entry fails here. A driver that reads its config through a
-  :class:`~dpsco_jax.config_types.ConfigView` (``cfg.name``) is checked by the view itself (an
+  :class:`~dpsco_jax.config.types.ConfigView` (``cfg.name``) is checked by the view itself (an
   undeclared name raises when read); those reads count only towards the non-vacuity bound
   (``cfg`` also names other config objects in those files, e.g. resque's ERM schedule)."""
   patterns = [r'\bcfg\.get\(\s*"(\w+)"', r'\bcfg\[\s*"(\w+)"\s*\]',

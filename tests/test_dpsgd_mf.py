@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax import problems
 from dpsco_jax.algorithms.dpsgd import driver as D
 from dpsco_jax.algorithms.dpsgd.plan import plan_dp_sgd

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from dpsco_jax import config_families, config_schema, runner
+from dpsco_jax import runner
+from dpsco_jax.config import families as config_families, schema as config_schema
 from dpsco_jax.algorithms import registry
 from dpsco_jax.problems import problems
 
@@ -71,7 +72,7 @@ def test_every_registered_algorithm_is_in_the_readme_with_a_config_class(entries
   for name, entry in entries.items():
     assert entry.name == name and callable(entry.driver)
     assert dataclasses.is_dataclass(entry.config) and entry.config.__dataclass_params__.frozen
-    assert entry.config.__module__ == "dpsco_jax.config_families", (name, entry.config)
+    assert entry.config.__module__ == "dpsco_jax.config.families", (name, entry.config)
     assert entry.paper in PAPERS, (name, entry.paper)
 
 
@@ -110,7 +111,7 @@ def test_the_schemas_import_no_algorithm_module():
   ``__init__``, which imports the whole library."""
   from test_package_graph import import_graph
   graph = import_graph()
-  for schemas in ("dpsco_jax.config_families", "dpsco_jax.config_types"):
+  for schemas in ("dpsco_jax.config.families", "dpsco_jax.config.types"):
     seen, todo = set(), [schemas]
     while todo:
       for dep in graph[todo.pop()] - seen:

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from dpsco_jax import runner
-from dpsco_jax.config_schema import keys_of
+from dpsco_jax.config.schema import keys_of
 
 
 def _key(*names: str) -> str:

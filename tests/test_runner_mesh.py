@@ -10,7 +10,7 @@ from multidevice_users import on_four_devices
 
 from dpsco_jax import runner
 from dpsco_jax.runner import mesh as runner_mesh
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 
 USER_MODULE = '''
 import jax.numpy as jnp, numpy as np
@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent('''
     assert len(jax.devices()) == 4, jax.devices()
     sys.path.insert(0, sys.argv[1])
     from dpsco_jax import runner
-    from dpsco_jax.config_schema import ConfigError
+    from dpsco_jax.config.schema import ConfigError
     dp = {"name": "dp_sgd_user", "epochs": 2, "batch_size": 40, "learning_rate": 2.0,
           "clip_norm": 1.0, "epsilon": 2.0, "delta": 1e-6}
     synthetic = {"seed": [0, 1],

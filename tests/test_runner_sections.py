@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dpsco_jax import runner
-from dpsco_jax.config_schema import keys_of
+from dpsco_jax.config.schema import keys_of
 
 QUICKSTART = {
     "name": "quickstart", "seed": [0, 1, 2],

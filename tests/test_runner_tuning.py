@@ -8,7 +8,7 @@ import pytest
 
 from dpsco_jax import runner
 from dpsco_jax.runner import tuning as tuning
-from dpsco_jax.config_schema import keys_of
+from dpsco_jax.config.schema import keys_of
 
 LR = next(n for n in ("learning_rate", "lr") if n in keys_of("nonprivate_sgd", "least_squares"))
 PROBLEM = {"name": "least_squares", "n_users": 40, "m": 2, "d": 3}

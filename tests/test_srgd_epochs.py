@@ -12,8 +12,8 @@ import pytest
 
 from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as S
-from dpsco_jax.config_families import SrgdConfig
-from dpsco_jax.config_types import ConfigError
+from dpsco_jax.config.families import SrgdConfig
+from dpsco_jax.config.types import ConfigError
 from dpsco_jax.privacy import cyclic_participation as cp
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of

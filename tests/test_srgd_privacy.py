@@ -228,7 +228,7 @@ def test_a_private_run_needs_delta_and_adjacency_is_retired():
   plan = srgd.plan_srgd("single_epoch_dp_sgd", {"relation": "replace_one", "delta": 1e-6,
                                                  "noise_multiplier": 2.0}, **PUBLIC)
   assert plan.relation == "replace_one" and plan.sensitivity == pytest.approx(2 * 1.0 / 4)
-  from dpsco_jax.config_schema import ConfigError, validate
+  from dpsco_jax.config.schema import ConfigError, validate
   with pytest.raises(ConfigError, match="unknown key 'adjacency'.*did you mean 'relation'"):
     validate({"algorithm": "single_epoch_dp_sgd", "problem": "least_squares", "n_users": 16,
               "m": 1, "d": 2, "delta": 1e-6, "adjacency": "replace_one"})

@@ -12,7 +12,7 @@ import pytest
 
 import dpsco_jax as dp
 from dpsco_jax import api, runner, sweep
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.result import Result
 
 #: record fields that legitimately differ between a batched and a one-by-one run

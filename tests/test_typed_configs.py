@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from dpsco_jax.algorithms.registry import algorithms
-from dpsco_jax.config_families import PROBLEM_SCHEMAS, Schema
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.families import PROBLEM_SCHEMAS, Schema
+from dpsco_jax.config.schema import ConfigError
 
 
 def _dp_sgd():

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dpsco_jax import config_families as cf
-from dpsco_jax import config_schema as cs
+from dpsco_jax.config import families as cf
+from dpsco_jax.config import schema as cs
 from dpsco_jax.algorithms.dpsgd.driver import dp_sgd_user, nonprivate_sgd
 from dpsco_jax.algorithms.user_level_filter import driver as ulf
 from dpsco_jax.problems import make

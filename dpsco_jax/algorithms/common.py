@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax._checks import check_choice, check_delta, check_int, check_probability
 from dpsco_jax.cache import bounded_cache
-from dpsco_jax.config_types import ConfigError
+from dpsco_jax.config.types import ConfigError
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.steps import released_params
 
@@ -273,7 +273,7 @@ def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
 
 def required_delta(cfg: dict) -> float:
   """The run's target ``delta``: every private driver requires it (no silent default such as
-  ``1/n^2``); a missing one is a :class:`~dpsco_jax.config_schema.ConfigError` naming it."""
+  ``1/n^2``); a missing one is a :class:`~dpsco_jax.config.schema.ConfigError` naming it."""
   if cfg.get("delta") is None:
     raise ConfigError("delta is required: the target delta of the (epsilon, delta) guarantee "
                       "(e.g. delta: 1.0e-6); no default is assumed")

@@ -6,7 +6,7 @@
     def dp_sgd_user(problem, cfg, key) -> Result: ...
 
 ``config`` is the algorithm's frozen config dataclass (its typed vocabulary, from
-:mod:`dpsco_jax.config_families`); ``paper`` names the source (``"000"`` .. ``"004"`` or
+:mod:`dpsco_jax.config.families`); ``paper`` names the source (``"000"`` .. ``"004"`` or
 ``"baseline"``). Every driver module imports this module and nothing imports the drivers from
 here: :mod:`dpsco_jax.algorithms.registry`, one level up, imports every algorithm module and
 returns the filled table (so the import graph has no cycle through the registry).

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from dpsco_jax.cache import bounded_cache
-from dpsco_jax.config_types import ConfigError
+from dpsco_jax.config.types import ConfigError
 from dpsco_jax.data.user_data import DataSpec, UserData, weighted_loss
 
 __all__ = ["ProblemConstants", "MissingConstant", "PublicFacts", "UserDataProblem",

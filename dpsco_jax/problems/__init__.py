@@ -5,7 +5,8 @@
 * :mod:`.user_level` — paper 000's ``logistic_corrupted`` (adversarial users) and ``hinge``;
 * :mod:`.output_perturbation` — paper 001's ``l2_logistic`` (strongly convex);
 * :mod:`.ill_conditioned` — paper 003's ``ill_conditioned_least_squares``;
-* :mod:`.bilevel` — paper 004's bilevel problems and the §7 ``ridge_tuning`` instances.
+* :mod:`.bilevel` — paper 004's bilevel problems and the §7 ridge instances;
+  :mod:`.ridge_tuning` — the ``ridge_tuning`` factory over them (and :mod:`.bilevel_noisy_inputs`).
 
 :func:`problems` is the one table of problem factories ``factory(cfg: dict, key) -> problem``
 (the runner's, the CLI's ``dpsco list``); a problem object provides ``excess_risk(params)``,
@@ -32,13 +33,13 @@ def _core(name: str, cfg: dict, key) -> SCOProblem:
 
 def problems() -> dict[str, Callable]:
   """Every problem factory by name: ``factory(cfg, key) -> problem``."""
-  from dpsco_jax.problems import bilevel, ill_conditioned, output_perturbation, user_level
+  from dpsco_jax.problems import ill_conditioned, output_perturbation, ridge_tuning, user_level
   out: dict[str, Callable] = {name: functools.partial(_core, name) for name in PROBLEM_NAMES}
   out.update({
       "logistic_corrupted": user_level.logistic_corrupted,
       "hinge": user_level.hinge,
       "l2_logistic": output_perturbation.l2_logistic,
       "ill_conditioned_least_squares": ill_conditioned.ill_conditioned_least_squares,
-      "ridge_tuning": bilevel.ridge_tuning,
+      "ridge_tuning": ridge_tuning.ridge_tuning,
   })
   return out

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsco_jax._checks import check_choice, check_positive
+from dpsco_jax._checks import check_positive
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.transforms.steps import project_l2_ball
 
@@ -442,29 +442,3 @@ def diabetes_ridge_problem(key: jax.Array, *, omega_bounds=(1e-2, 5.0), omega0: 
                               b[iv].astype(dt), omega_bounds=omega_bounds, omega0=omega0,
                               clip=clip, curvature_bounds=(0.0, 4.0 * d), theta_radius=2.0,
                               name="ridge_diabetes", meta={"d": d})
-
-
-def ridge_tuning(cfg: dict, key: jax.Array) -> BilevelProblem:
-  """Factory of the ``ridge_tuning`` problem: :func:`synthetic_ridge_problem`,
-  :func:`diabetes_ridge_problem` or (``noisy_inputs``, issue 28: an optimum that stays
-  interior as n grows) :func:`~dpsco_jax.problems.bilevel_noisy_inputs.noisy_inputs_ridge_problem`
-  (``dataset``) from the config's problem keys (``clip_norm``: the per-example clip of the data
-  terms, default the problem's bound; ``input_noise``: noisy_inputs only)."""
-  dataset = check_choice(cfg.get("dataset", "synthetic"), "dataset",
-                         ("synthetic", "diabetes", "noisy_inputs"))
-  if dataset != "noisy_inputs" and cfg.get("input_noise") is not None:
-    raise ValueError(f"input_noise is read only by dataset='noisy_inputs', not {dataset!r}")
-  bounds = tuple(cfg.get("omega_bounds", (1e-2, 5.0) if dataset == "diabetes" else (1e-3, 5.0)))
-  if dataset == "diabetes":
-    return diabetes_ridge_problem(key, omega_bounds=bounds, omega0=cfg.get("omega0", 1.0),
-                                  clip=cfg.get("clip_norm"))
-  sizes = dict(d=int(cfg.get("d", 10)), n_train=int(cfg.get("n_train", 2000)),
-               n_val=int(cfg.get("n_val", 2000)),
-               label_noise=float(cfg.get("label_noise", 3.0)), omega_bounds=bounds,
-               omega0=float(cfg.get("omega0", 1.0)), clip=cfg.get("clip_norm"))
-  if dataset == "noisy_inputs":
-    from dpsco_jax.problems.bilevel_noisy_inputs import noisy_inputs_ridge_problem
-    tau = cfg.get("input_noise")   # null in a config means the default, as for clip_norm
-    return noisy_inputs_ridge_problem(
-        key, input_noise=math.sqrt(0.5) if tau is None else float(tau), **sizes)
-  return synthetic_ridge_problem(key, **sizes)

@@ -34,7 +34,7 @@ trains an nnx model of such a problem step by step::
     compare: {baseline: nonprivate_sgd, metric: test_accuracy, better: higher}
 
 Every expanded run is validated before any run starts
-(:func:`dpsco_jax.config_schema.validate`): a key its algorithm and problem do not read
+(:func:`dpsco_jax.config.schema.validate`): a key its algorithm and problem do not read
 (``epsilonn``), a value of the wrong type (``epsilon: '1.0'``, ``epsilon: yes``,
 ``seed: 1.7``) or a missing required key is a :class:`ConfigError` naming the key, with a
 suggestion. So a key shared by rows whose algorithms differ belongs in the rows that read it
@@ -109,8 +109,8 @@ from typing import Any, Callable
 
 import jax
 
-from dpsco_jax.config_families import CONFIG_ONLY_ALGORITHMS, USER_PROBLEM
-from dpsco_jax.config_schema import ConfigError, validate  # noqa: F401 (re-exported)
+from dpsco_jax.config.families import CONFIG_ONLY_ALGORITHMS, USER_PROBLEM
+from dpsco_jax.config.schema import ConfigError, validate  # noqa: F401 (re-exported)
 from dpsco_jax.runner.config import (RUNNER_ONLY, check_baseline, check_record_metric,
                                      flatten_sections, parse_compare, yaml_loader)
 from dpsco_jax.runner.plots import _draw, plot_ratio, plot_rows
@@ -132,7 +132,7 @@ def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
   ``registry.ALGORITHM_MODULES``) and every problem factory
   (:func:`dpsco_jax.problems.problems`, plus ``user``: your code,
   :func:`dpsco_jax.runner.user.make_problem`). A config may also name the config-only
-  algorithms (:data:`~dpsco_jax.config_families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``),
+  algorithms (:data:`~dpsco_jax.config.families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``),
   which run on a user problem."""
   from dpsco_jax.algorithms.registry import algorithms
   from dpsco_jax.problems import problems
@@ -185,11 +185,11 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
       raise ConfigError(f"unknown {field} {cfg[field]!r}"
                         + (f" (did you mean {hint[0]!r}?)" if hint else "")
                         + f"; known: {', '.join(sorted(known))}")
-  from dpsco_jax.config_schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS
+  from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS
   for field, schemas in (("algorithm", CONFIG_ALGORITHM_SCHEMAS), ("problem", PROBLEM_SCHEMAS)):
     if cfg[field] not in schemas:  # a bug of the library, not of the config
       raise ConfigError(f"{field} {cfg[field]!r} is registered but has no config schema; add "
-                        "one to dpsco_jax/config_schema.py")
+                        "one to dpsco_jax/config/schema.py")
   label = cfg.get("label")
   if label is not None and not isinstance(label, str):
     raise ConfigError(f"label must be a string (one row label), got {label!r}")
@@ -231,7 +231,7 @@ class ProblemCache(collections.OrderedDict):
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None,
             on_progress: Callable | None = None, mesh: jax.sharding.Mesh | None = None
             ) -> dict:
-  """Validates one run config (:func:`dpsco_jax.config_schema.validate`), runs it and returns
+  """Validates one run config (:func:`dpsco_jax.config.schema.validate`), runs it and returns
   its record. ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem
   run (steps done, epsilon so far). ``mesh``: the users mesh of the ``devices`` key
   (:mod:`dpsco_jax.runner.mesh`)."""

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from dpsco_jax.runner import user as runner_user
-from dpsco_jax.config_families import USER_PROBLEM
+from dpsco_jax.config.families import USER_PROBLEM
 
 
 def _problem_cache_key(cfg: dict) -> tuple:

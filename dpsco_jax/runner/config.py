@@ -6,7 +6,7 @@ A ``problem:`` section without ``name`` that names your code (``factory:``, or `
 then a data file (a path ending in :data:`DATA_SUFFIXES`, or a mapping with ``path``), also
 at the top level, where a ``data:`` mapping without ``path`` stays the problem's section.
 
-Sections are flattened to the flat run mapping that :func:`dpsco_jax.config_schema.validate`
+Sections are flattened to the flat run mapping that :func:`dpsco_jax.config.schema.validate`
 and the drivers read: ``algorithm: {name: dp_sgd_user, epsilon: 1.0}`` is the flat
 ``algorithm: dp_sgd_user, epsilon: 1.0``. A key inside a section must be a key of that
 section's schema (``keys_of(algorithm, problem)`` says whose it is); a key in the wrong section
@@ -25,8 +25,8 @@ import itertools
 from typing import Any
 
 from dpsco_jax._checks import MAX_SEED
-from dpsco_jax.config_families import USER_PROBLEM
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.families import USER_PROBLEM
+from dpsco_jax.config.schema import ConfigError
 
 #: section key -> the flat field its ``name`` sets (``data`` is another word for ``problem``)
 SECTIONS = {"problem": "problem", "data": "problem", "algorithm": "algorithm"}
@@ -93,7 +93,7 @@ def _schema_fields(schemas: dict, name: str) -> set[str]:
 def _check_sections(merged: dict, origins: dict[str, str], where: str) -> None:
   """Every key given inside a section is a key of that section's schema, for every algorithm x
   problem the (possibly swept) names take."""
-  from dpsco_jax.config_schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, keys_of
+  from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, keys_of
   if not origins:
     return
   for algorithm, problem in itertools.product(_as_list(merged.get("algorithm")),

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from dpsco_jax.config_families import DataFileKeys
-from dpsco_jax.config_types import ConfigError, _check_type, _specs
+from dpsco_jax.config.families import DataFileKeys
+from dpsco_jax.config.types import ConfigError, _check_type, _specs
 from dpsco_jax.runner.config import DATA_SUFFIXES
 from dpsco_jax.runner.usercode import _one_line
 

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 
 #: The mesh axis users are sharded over (the one every mesh-ready driver reads).
 AXIS = "users"

@@ -15,7 +15,7 @@ import statistics
 from typing import Any
 
 from dpsco_jax._checks import MAX_SEED
-from dpsco_jax.config_schema import ConfigError
+from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.runner.config import check_metric_name
 
 PHASE_KEYS = ("tuning_seeds", "eval_seeds", "select")

@@ -53,9 +53,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from dpsco_jax.config_families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPTrainerConfig,
+from dpsco_jax.config.families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPTrainerConfig,
                                        RunnerKeys, UserProblemKeys)
-from dpsco_jax.config_types import ConfigError, ConfigView
+from dpsco_jax.config.types import ConfigError, ConfigView
 # your code and your data files, each in its own module (re-exported: the runner and the
 # tests read them here)
 from dpsco_jax.runner.datafiles import (  # noqa: F401
@@ -287,7 +287,7 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
 
 
 def _algorithm_config(cfg: dict, problem: UserProblem) -> dict:
-  from dpsco_jax.config_schema import CONFIG_ALGORITHM_SCHEMAS
+  from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS
   names = {f.name for f in dataclasses.fields(CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]])}
   out = {k: v for k, v in cfg.items() if k in names}
   if problem.n_users is not None:

@@ -1,7 +1,7 @@
 """Your code named in a config: ``module:function`` resolved, called with the run's seed, and
 your metrics (split out of :mod:`dpsco_jax.runner.user`, which re-exports these names).
 
-Every failure is one :class:`~dpsco_jax.config_types.ConfigError` line (the CLI exits 2): a
+Every failure is one :class:`~dpsco_jax.config.types.ConfigError` line (the CLI exits 2): a
 module that does not import, a missing attribute (with a "did you mean"), an argument the
 function does not take, a metric named after a record field.
 """
@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import jax
 
-from dpsco_jax.config_families import UserProblemKeys
-from dpsco_jax.config_types import ConfigError, ConfigView
+from dpsco_jax.config.families import UserProblemKeys
+from dpsco_jax.config.types import ConfigError, ConfigView
 
 __all__ = ["CONSTANT_KEYS", "import_object", "metric_table", "as_callable", "static_metrics"]
 

@@ -55,13 +55,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
                                                bilevel_events, config_view, noise_ratios,
                                                paper_bilevel_noise, paper_composition_epsilon,
                                                theory_params, with_noise)
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd, loc_gd_stddev
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.problems.bilevel import (BilevelProblem, ProblemConstants,  # noqa: F401

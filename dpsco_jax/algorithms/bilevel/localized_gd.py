@@ -81,7 +81,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_epsilon, check_nonnegative, check_positive
 from dpsco_jax.algorithms.common import required_delta
@@ -93,7 +93,7 @@ from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
     advanced_composition_step, check_loc_gd_precondition, check_loc_gd_relation, loc_gd_event,
     loc_gd_practical_config, loc_gd_radii, loc_gd_rounds, loc_gd_stddev, loc_gd_step_event,
     loc_gd_theory_config, paper_loc_gd_stddev, with_calibrated_noise)
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
@@ -264,7 +264,7 @@ def _item_level_data(problem) -> PyTree:
 
 def config_view(cfg: Mapping | Any) -> ConfigView:
   """``dp_loc_gd`` / ``dp_loc_sgd``'s config as the planner and driver read it: the fields of
-  :class:`~dpsco_jax.config_families.LocGdConfig` with their defaults (the one place they are
+  :class:`~dpsco_jax.config.families.LocGdConfig` with their defaults (the one place they are
   written; ``dp_loc_sgd`` adds only that ``batch_size`` is required) and the runner's
   ``debug``; any other key raises."""
   return ConfigView(cf.LocGdConfig, cfg, extra=("debug",))

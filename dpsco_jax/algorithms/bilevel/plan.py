@@ -24,8 +24,8 @@ import jax
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
-from dpsco_jax import config_families as cf
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config import families as cf
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
@@ -311,7 +311,7 @@ def _schedule(problem: BilevelProblem, cfg: ConfigView, *, preset: str, eps: flo
 
 def config_view(cfg: Mapping | Any) -> ConfigView:
   """The bilevel drivers' config as they read it: the fields of
-  :class:`~dpsco_jax.config_families.BilevelConfig` with their defaults (the one place they
+  :class:`~dpsco_jax.config.families.BilevelConfig` with their defaults (the one place they
   are written) and the runner's ``debug``; any other key raises."""
   return ConfigView(cf.BilevelConfig, cfg, extra=("debug",))
 

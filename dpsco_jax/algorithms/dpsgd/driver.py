@@ -23,7 +23,7 @@ step, and an explicit ``noise_multiplier`` whose epsilon exceeds it raises
 sampling uses a static slot capacity; its truncation probability ``p`` enters delta as
 ``(1 + e^eps) p`` (total-variation argument).
 
-Config keys (:class:`dpsco_jax.config_families.DpSgdConfig`): ``epsilon, delta`` (required),
+Config keys (:class:`dpsco_jax.config.families.DpSgdConfig`): ``epsilon, delta`` (required),
 ``noise_multiplier, clip_norm, learning_rate, num_steps | epochs, batch_size, sampling_rate,
 n_users, sampling (poisson | fixed | full | cyclic | banded_poisson), relation, averaging,
 noise_mechanism, bands, min_separation, buffers, mf_strategy``. Records use the same names.
@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import run_chain, sampling_setup, scan_slot_batches
@@ -67,7 +67,7 @@ from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance)
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result

@@ -91,10 +91,10 @@ import numpy as np
 
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive, check_probability)
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
                                          required_delta)
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
 from dpsco_jax.privacy import matrix_factorization as mf
 
@@ -336,7 +336,7 @@ def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tupl
 
 def config_view(cfg: Mapping | Any) -> ConfigView:
   """The DP-SGD family's config as its planner and driver read it: the fields of
-  :class:`~dpsco_jax.config_families.DpSgdConfig` with the schema's defaults (the one place
+  :class:`~dpsco_jax.config.families.DpSgdConfig` with the schema's defaults (the one place
   they are written), plus the declared ``n_users`` the runner and ``dp.fit`` add. Reading any
   other key raises."""
   return ConfigView(cf.DpSgdConfig, cfg, extra=("n_users",))

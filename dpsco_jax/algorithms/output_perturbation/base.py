@@ -19,14 +19,14 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, _certify, _solve,
                                                              _solve_all_subsets, solver_plan)
@@ -47,7 +47,7 @@ RELATION = "replace_one"
 # Settings.
 
 
-#: The schema's defaults (the one place they are written: ``config_families.OutputPertConfig``).
+#: The schema's defaults (the one place they are written: ``config.families.OutputPertConfig``).
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(cf.OutputPertConfig)}
 
 

@@ -100,7 +100,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax._checks import check_bool, check_choice
 from dpsco_jax.algorithms.registration import register
 # the shared pieces (re-exported: tests, the planners and the audits read them here)

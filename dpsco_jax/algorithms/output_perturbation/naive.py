@@ -33,7 +33,7 @@ import dp_accounting
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (OutputPertPlan, OutputPertSettings,
                                                       SCInfo, _check_common, _check_min_users,

@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_int, check_positive
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.resque.solvers import problem_items
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
@@ -49,7 +49,7 @@ def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   Config keys: ``target`` / ``target_frac`` (see :func:`_target`), ``eps_opt`` (default
   ``target``), ``c_ba``,
   ``lam_min_scale``, ``max_iter``, ``oracle ("epoch_sgd"|"acsa")``, ``ls_runs``, ``c_phi``
-  (read through :class:`~dpsco_jax.config_families.ResqueParallelConfig`: its defaults).
+  (read through :class:`~dpsco_jax.config.families.ResqueParallelConfig`: its defaults).
   """
   cfg = ConfigView(cf.ResqueParallelConfig, cfg)
   items = problem_items(problem)
@@ -93,7 +93,7 @@ def minibatch_sgd(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   averaging) for ``num_steps`` steps, ``learning_rate = R/(L sqrt(num_steps))`` by default,
   ``batch_size`` examples per step drawn with replacement. Query depth = steps; records the first step whose averaged iterate has excess risk ``<= target``
   (evaluated every ``eval_every`` steps). Non-private. Read through
-  :class:`~dpsco_jax.config_families.MinibatchSgdConfig` (its defaults)."""
+  :class:`~dpsco_jax.config.families.MinibatchSgdConfig` (its defaults)."""
   cfg = ConfigView(cf.MinibatchSgdConfig, cfg)
   items = problem_items(problem)
   n = int(jax.tree.leaves(items)[0].shape[0])

@@ -54,13 +54,13 @@ from typing import Any, Callable
 
 import jax
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import required_delta
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
@@ -183,7 +183,7 @@ def _plan_charges(cfg: _PrivateERMConfig, *, beta: float, lam_dummy: float, d: i
 
 def config_view(cfg: Mapping | Any) -> ConfigView:
   """``resque_private_sco``'s config as its planner reads it: the fields of
-  :class:`~dpsco_jax.config_families.ResquePrivateConfig` with their defaults (the one place
+  :class:`~dpsco_jax.config.families.ResquePrivateConfig` with their defaults (the one place
   they are written) and the runner's ``debug``; any other key raises. ``c_priv``'s default
   (60 under the theory preset, else 1) is derived at its one call site."""
   return ConfigView(cf.ResquePrivateConfig, cfg, extra=("debug",))

@@ -66,7 +66,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
 from dpsco_jax.algorithms.common import mesh_users_axis

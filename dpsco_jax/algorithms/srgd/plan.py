@@ -73,7 +73,7 @@ from typing import Any
 import dp_accounting
 import numpy as np
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import required_delta
@@ -82,7 +82,7 @@ from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, practical_pa
 from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, PrivacyLedger,
                                calibrate_noise_multiplier, check_relation,
                                gaussian_sensitivity_factor)
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.transforms.srg import check_z_scale
 from dpsco_jax.privacy import cyclic_participation as cyclic
 from dpsco_jax.privacy import matrix_factorization as mf
@@ -148,7 +148,7 @@ class SRGDPlan:
 
 def config_view(cfg: Mapping | Any) -> ConfigView:
   """Paper 003's config as its planner and drivers read it: the fields of
-  :class:`~dpsco_jax.config_families.SrgdConfig` with their defaults (the one place they are
+  :class:`~dpsco_jax.config.families.SrgdConfig` with their defaults (the one place they are
   written) and the runner's ``debug``; reading any other key raises. Derived defaults (``B =
   floor(sqrt n)``, ``beta`` from ``M`` and ``beta_scale``, the clip ``L``, the per-variant
   noise, ``bands = min(32, T)``) are computed where used, only when the config leaves them out.

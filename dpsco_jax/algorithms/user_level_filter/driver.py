@@ -99,7 +99,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, Options, PublicSpec,
@@ -109,7 +109,7 @@ from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, O
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule)
 from dpsco_jax.algorithms.user_level_filter.mesh import place_phase, step_user_grads
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem

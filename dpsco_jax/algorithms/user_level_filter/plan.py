@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 import dp_accounting
 
-from dpsco_jax import config_families as cf
+from dpsco_jax.config import families as cf
 from dpsco_jax._checks import check_bool, check_choice, check_epsilon, check_positive
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.cache import bounded_cache
@@ -47,7 +47,7 @@ from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3
                                                        typical_sensitivity)
 from dpsco_jax.privacy import (PrivacyLedger, calibrate_noise_multiplier, check_relation,
                                pure_dp_event)
-from dpsco_jax.config_types import ConfigView
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.privacy.sparse_vector import above_threshold_epsilon, laplace_test_epsilon
 
 RELATION = "replace_one"           # Definition 1.3: neighbouring datasets replace one user

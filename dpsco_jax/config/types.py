@@ -1,12 +1,12 @@
 """The lowest layer of the config vocabulary: the error type, one key's spec and the type check.
 
-:mod:`dpsco_jax.config_families` (the schemas: one frozen dataclass per algorithm family and
+:mod:`dpsco_jax.config.families` (the schemas: one frozen dataclass per algorithm family and
 problem) validates every instance built from Python with :func:`check_instance`, and
-:mod:`dpsco_jax.config_schema` (a run's whole config against the registered algorithms) reads
+:mod:`dpsco_jax.config.schema` (a run's whole config against the registered algorithms) reads
 the same :class:`KeySpec` / :func:`check_type`. Both sit above this module and import it; it
 imports nothing of the package but ``_checks``, so the data layer and the algorithms can raise
 :class:`ConfigError` without importing the registry (see ``tests/test_package_graph.py``). The
-accepted YAML types are described in :mod:`dpsco_jax.config_schema`.
+accepted YAML types are described in :mod:`dpsco_jax.config.schema`.
 """
 
 from __future__ import annotations

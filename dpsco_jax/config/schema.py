@@ -16,7 +16,7 @@ a "did you mean" naming the new one (:data:`ALIASES`). ``delta`` is required by 
 algorithm (no silent ``1/n^2`` or ``1e-6`` default).
 
 A schema is a frozen dataclass whose fields are the keys (they live in
-:mod:`dpsco_jax.config_families`). Field annotations are the accepted
+:mod:`dpsco_jax.config.families`). Field annotations are the accepted
 YAML types:
 
 * ``float``: a number (an int is a number; a bool or a string is not);
@@ -40,7 +40,7 @@ YAML types:
   mapping).
 
 Besides the registered algorithms, a config may name the config-only ones
-(:data:`~dpsco_jax.config_families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``), which run on
+(:data:`~dpsco_jax.config.families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``), which run on
 the ``user`` problem (your model, loss and data: :mod:`dpsco_jax.runner.user`);
 :data:`CONFIG_ALGORITHM_SCHEMAS` holds both.
 
@@ -53,7 +53,7 @@ strict types, required keys, and keys that mean different things to the algorith
 problem. Errors are :class:`ConfigError` naming the key.
 
 A schema's literal defaults are the ones that run: the drivers read their config through
-:class:`~dpsco_jax.config_types.ConfigView` (the schema's fields with their defaults; reading
+:class:`~dpsco_jax.config.types.ConfigView` (the schema's fields with their defaults; reading
 an undeclared key raises), so a default is written once, here. Done for the DP-SGD family
 (``dp_sgd_*``, ``nonprivate_sgd``: :func:`dpsco_jax.algorithms.dpsgd.plan.config_view`),
 paper 001 (:func:`dpsco_jax.algorithms.output_perturbation.base.settings_from_cfg`), paper 000,
@@ -69,11 +69,11 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from dpsco_jax.config_families import (  # noqa: F401 (the schemas, re-exported)
+from dpsco_jax.config.families import (  # noqa: F401 (the schemas, re-exported)
     CONFIG_ONLY_ALGORITHMS, PROBLEM_SCHEMAS, RunnerKeys)
 # the validation core lives one layer down (the schemas call it from __post_init__);
 # re-exported here, where the runner and the tests have always found it
-from dpsco_jax.config_types import (  # noqa: F401
+from dpsco_jax.config.types import (  # noqa: F401
     MAX_COUNT, ConfigError, KeySpec, _check_range, _check_type, _coerce, _hint, _is_number,
     _specs, _type_name, check_instance, check_refused)
 
@@ -113,7 +113,7 @@ class _RegisteredConfigs(Mapping):
 
 ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs()
 #: What a config's ``algorithm`` may name: the registered algorithms and
-#: :data:`~dpsco_jax.config_families.CONFIG_ONLY_ALGORITHMS`.
+#: :data:`~dpsco_jax.config.families.CONFIG_ONLY_ALGORITHMS`.
 CONFIG_ALGORITHM_SCHEMAS: Mapping[str, type] = _RegisteredConfigs(CONFIG_ONLY_ALGORITHMS)
 
 

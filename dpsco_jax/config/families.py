@@ -4,7 +4,7 @@ Each field is one config key a driver or problem factory reads: its annotation i
 YAML type, its default is documentation (``None`` on a non-Optional field: derived by the
 driver, the doc says how), ``metadata["doc"]`` is a one-line doc and ``metadata["required"]``
 marks keys that must be given. Built by reading each driver (``cfg.get`` / ``cfg[...]`` /
-``cfg_get`` / ``_cfg``); :mod:`dpsco_jax.config_schema` validates configs against them, and
+``cfg_get`` / ``_cfg``); :mod:`dpsco_jax.config.schema` validates configs against them, and
 ``tests/test_config_schema.py`` greps the drivers so that a new key without a field fails.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from dpsco_jax.config_types import check_instance
+from dpsco_jax.config.types import check_instance
 
 __all__ = ["PROBLEM_SCHEMAS", "RunnerKeys", "Schema", "USER_PROBLEM",
            "UserProblemKeys", "DataFileKeys", "DPTrainerConfig", "CONFIG_ONLY_ALGORITHMS"]
