@@ -75,7 +75,7 @@ def test_refusals():
   with pytest.raises(ValueError, match="relation"):
     _plan(relation="add_remove")
   with pytest.raises(ValueError, match="noise_mechanism"):
-    _plan(noise_mechanism="tree")
+    _plan(noise_mechanism="trie")   # (tree is a noise now: tests/test_dpsgd_tree_noise.py)
   cfg = cf.DpSgdConfig(epsilon=1.0, delta=1e-5, sampling="cyclic", noise_mechanism="banded",
                        bands=4, mf_strategy="sqrt")
   assert cfg.noise_mechanism == "banded"

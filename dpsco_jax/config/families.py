@@ -226,8 +226,9 @@ class DpSgdConfig(SgdSchedule):
   sampling: Optional[Literal["poisson", "fixed", "full", "cyclic", "banded_poisson"]] = _key(
       "user sampling (cyclic: fixed-order epochs, each user once per epoch; banded_poisson: "
       "b-min-sep Poisson within min_separation public groups, for banded noise)", "poisson")
-  noise_mechanism: Optional[Literal["independent", "banded", "blt"]] = _key(
-      "noise: independent Gaussian, banded or BLT matrix factorization", "independent")
+  noise_mechanism: Optional[Literal["independent", "banded", "blt", "tree"]] = _key(
+      "noise: independent Gaussian, banded or BLT matrix factorization, or the binary tree",
+      "independent")
   bands: Optional[int] = _key("bands b of the banded strategy (default min(32, steps per "
                               "epoch))")
   min_separation: Optional[int] = _key("groups b of sampling banded_poisson (group t mod b "
@@ -505,9 +506,9 @@ class DPTrainerConfig(Schema):
       "under zero_out / replace_one: q n)")
   relation: Optional[Relation] = _key("neighbouring relation (default add_remove under "
                                       "poisson, zero_out under cyclic)")
-  noise_mechanism: Literal["independent", "banded", "blt"] = _key(
-      "noise: independent Gaussian, or banded / BLT matrix factorization (sampling: cyclic)",
-      "independent")
+  noise_mechanism: Literal["independent", "banded", "blt", "tree"] = _key(
+      "noise: independent Gaussian, or banded / BLT matrix factorization or the binary tree "
+      "(sampling: cyclic)", "independent")
   bands: Optional[int] = _key("bands b of the banded strategy (default dp_sgd_user's: "
                               "min(32, steps per epoch))")
   buffers: Optional[int] = _key("buffers of the BLT strategy, at most (default dp_sgd_user's)")

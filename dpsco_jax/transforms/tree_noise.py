@@ -210,6 +210,35 @@ def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+class TreeIncrementNoiseState(NamedTuple):
+  """State of :func:`tree_increment_noise`: the tree stage's state (secret: its running sum
+  and key) and the last emitted noisy prefix (public: it was released)."""
+  tree: TreePrefixNoiseState
+  last: PyTree
+
+
+def tree_increment_noise(noise_std: float, max_steps: int, key: jax.Array | int
+                         ) -> optax.GradientTransformationExtraArgs:
+  """The tree's noisy prefix sums, emitted as increments ``g_hat_t - g_hat_{t-1}`` (what an
+  SGD step consumes: the iterate after ``t`` steps is then the noisy prefix, DP-FTRL style;
+  Kairouz et al. 2021). Post-processing of :func:`tree_prefix_sum_noise`'s releases, so its
+  guarantee is the tree's, under whatever participation schema the tree is priced for
+  (:mod:`dpsco_jax.privacy.cyclic_participation` for fixed-order epochs)."""
+  inner = tree_prefix_sum_noise(noise_std, max_steps, key)
+
+  def init_fn(params):
+    return TreeIncrementNoiseState(inner.init(params), _wide_zeros(params))
+
+  def update_fn(updates, state, params=None, **extra):
+    prefix, tree = inner.update(updates, state.tree, params, **extra)
+    wide = jax.tree.map(lambda p, l: p.astype(l.dtype), prefix, state.last)
+    out = jax.tree.map(lambda w, l, p: (w - l).astype(jnp.result_type(p)), wide, state.last,
+                       prefix)
+    return out, TreeIncrementNoiseState(tree, wide)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
 def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
                                  ) -> optax.GradientTransformationExtraArgs:
   """Noisy prefix sums with independent per-step noise (the DP-SGD comparison; same

@@ -75,6 +75,7 @@ from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
 from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.steps import projected_sgd
+from dpsco_jax.transforms.tree_noise import tree_increment_noise
 
 NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
                             level="none", notes="non-private (reference or noise switched off)")
@@ -98,7 +99,10 @@ def _release_of(state: tuple) -> Any:
 
 
 def _noise_stage(h: dict, noise: tuple, steps: int) -> optax.GradientTransformation:
-  """``noise``: ``("independent",)``, ``("banded", coefs)`` or ``("blt", decay, scale)``."""
+  """``noise``: ``("independent",)``, ``("banded", coefs)``, ``("blt", decay, scale)`` or
+  ``("tree",)`` (the binary tree's prefix sums, emitted as increments)."""
+  if noise[0] == "tree":
+    return tree_increment_noise(h["stddev"], steps, h["noise_key"])
   if noise[0] == "banded":
     return banded_noise(h["stddev"], steps, h["noise_key"], coefs=noise[1], output="increment")
   if noise[0] == "blt":
@@ -308,6 +312,7 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Resul
   if plan.mf is not None:
     record.update(mf_strategy=plan.mf.source, mf_sensitivity=plan.mf.sensitivity,
                   **({"bands": len(plan.mf.coefs)} if plan.noise == "banded"
+                     else {"tree_levels": plan.steps.bit_length()} if plan.noise == "tree"
                      else {"buffers": len(plan.mf.buf_decay)}))
   grad_evals = int(plan.steps * plan.batch * (problem.m if level == "user" else 1))
   return Result(params=params, privacy=report, gradient_evaluations=grad_evals, record=record)

@@ -47,7 +47,11 @@ at most ``k = ceil(T / P)`` times, any two ``P`` steps apart (``(k, P)``-min-sep
 epoch order). Relations: zero_out (default) and replace_one — the schedule is by slot, so
 removing a user (add_remove) would shift every later batch. ``noise_mechanism`` picks the noise
 of the increments: ``independent`` (Gaussian per step), ``banded`` (``bands`` bands) or ``blt``
-(``buffers`` buffers), the MF noise of :mod:`dpsco_jax.transforms.matrix_factorization`.
+(``buffers`` buffers), the MF noise of :mod:`dpsco_jax.transforms.matrix_factorization`, or
+``tree`` (paper 003's binary tree: its noisy prefix sums emitted as increments,
+:func:`~dpsco_jax.transforms.tree_noise.tree_increment_noise`; its sensitivity for the fixed
+order is exact: the max over the ``P`` offsets of the tree nodes' participation counts,
+:func:`~dpsco_jax.privacy.cyclic_participation.tree_cyclic_sensitivity`).
 MF noise needs a schema with bounded participation: ``cyclic`` or ``full`` (every user every
 step, ``k = T``, separation 1), or banded noise with ``banded_poisson`` (below); plain Poisson /
 fixed sampling over all rows with MF noise is refused. The event is one
@@ -96,6 +100,7 @@ from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_pr
                                          required_delta)
 from dpsco_jax.config.types import ConfigView
 from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
+from dpsco_jax.privacy import cyclic_participation as cyclic
 from dpsco_jax.privacy import matrix_factorization as mf
 
 SAMPLING_RELATIONS = {
@@ -106,7 +111,7 @@ SAMPLING_RELATIONS = {
     "banded_poisson": ("zero_out", "replace_one"),
 }
 LEVELS = ("user", "item", "group")
-NOISES = ("independent", "banded", "blt")
+NOISES = ("independent", "banded", "blt", "tree")
 MF_SAMPLINGS = ("cyclic", "full")   # bounded participation: what MF noise is priced for
 AMPLIFIED = "banded_poisson"        # b-min-sep Poisson: banded noise only (amplified)
 DEFAULT_BANDS = 32
@@ -129,6 +134,8 @@ class MfNoise(NamedTuple):
     """Hashable static description of the noise stage (the chain's compile key)."""
     if self.kind == "banded":
       return ("banded", self.coefs)
+    if self.kind == "tree":
+      return ("tree",)
     return ("blt", self.buf_decay, self.output_scale)
 
 
@@ -207,6 +214,8 @@ def schedule_event(noise_multiplier: float, *, sampling: str, q: float, n: int, 
   if mf_noise is None:
     return dp_sgd_event(noise_multiplier, sampling=sampling, q=q, n=n, batch=batch,
                         steps=steps)
+  if mf_noise.kind == "tree":  # exact over the fixed schedule's participation offsets
+    return mf.mf_event(noise_multiplier, _tree_sensitivity(steps, participations, min_sep))
   if sampling == AMPLIFIED:   # k rounds of a Poisson-subsampled Gaussian (module docstring)
     return mf.amplified_banded_event(noise_multiplier, np.asarray(mf_noise.coefs), steps,
                                      sampling_rate=q, min_sep=min_sep)
@@ -304,11 +313,24 @@ def _amplified_mf(cfg: ConfigView, steps: int, groups: int) -> MfNoise:
                  groups, colnorm)
 
 
+def _tree_sensitivity(steps: int, participations: int, min_sep: int) -> float:
+  """The binary tree's exact sensitivity when every user takes part at most
+  ``participations`` times, at one fixed offset ``p, p + P, ...`` of the public order
+  (``P = min_sep``; ``full``: ``P = 1``): :func:`~dpsco_jax.privacy.cyclic_participation.
+  tree_cyclic_sensitivity` (one participation: ``sqrt(levels)``, paper 003's Lemma 5.6)."""
+  period = min(min_sep, steps)
+  return cyclic.tree_cyclic_sensitivity(steps, period, min(participations,
+                                                           -(-steps // period)))
+
+
 def _mf_noise(cfg: ConfigView, kind: str, steps: int, participations: int, min_sep: int
               ) -> MfNoise:
   """The MF strategy for the schedule. Default bands: ``min(32, steps)`` for one
   participation, else ``min(32, min_sep)`` (bands within the separation keep the columns
   disjoint: no overlap penalty; under ``full`` that is 1, i.e. independent noise)."""
+  if kind == "tree":   # the paper-003 tree, no strategy to optimize
+    return MfNoise("tree", (), (), (), "binary tree (paper 003, Lemma 5.6)", participations,
+                   min_sep, _tree_sensitivity(steps, participations, min_sep))
   strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
   if kind == "banded":
     default = min(DEFAULT_BANDS, steps if participations == 1 else min_sep)
