@@ -133,14 +133,21 @@ def test_the_plans_noise_multiplier_handed_to_the_driver_gives_the_same_plan(nam
     assert _signature(again) == _signature(p), (name, rel)
 
 
+def _count_calibrations(monkeypatch, module) -> list:
+  """Wraps ``module.calibrate_noise_multiplier`` (the calibrator as that module calls it);
+  the returned list grows by one per call."""
+  calls = []
+  real = module.calibrate_noise_multiplier
+  monkeypatch.setattr(module, "calibrate_noise_multiplier",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  return calls
+
+
 def test_a_fit_calibrates_once(monkeypatch):
   import jax
   import jax.numpy as jnp
   from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
-  calls = []
-  real = dpsgd_plan.calibrate_noise_multiplier
-  monkeypatch.setattr(dpsgd_plan, "calibrate_noise_multiplier",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  calls = _count_calibrations(monkeypatch, dpsgd_plan)
   rng = np.random.default_rng(0)
   ids = np.repeat(np.arange(40), 2)
   data = UserData.from_arrays({"x": rng.normal(size=(80, 3)).astype(np.float32)}, ids,
@@ -159,10 +166,7 @@ def test_filter_phases_calibrate_once_per_fit_and_not_again_for_another_seed(mon
   import jax.numpy as jnp
   from dpsco_jax.algorithms.user_level_filter import plan as ulf_plan
   ulf_plan._alg3_calibrated_z.cache_clear()
-  calls = []
-  real = ulf_plan.calibrate_noise_multiplier
-  monkeypatch.setattr(ulf_plan, "calibrate_noise_multiplier",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  calls = _count_calibrations(monkeypatch, ulf_plan)
   rng = np.random.default_rng(0)
   ids = np.repeat(np.arange(120), 8)
   data = UserData.from_arrays({"x": rng.normal(size=(960, 3)).astype(np.float32)}, ids,

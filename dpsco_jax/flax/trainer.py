@@ -206,18 +206,7 @@ class DPTrainer:
           mf_strategy=mf_strategy, accountant=self.accountant)
     self._plan(expected_batch_size, noise_multiplier, target_epsilon, num_steps,
                epsilon_budget)
-    cap = batch_capacity if batch_capacity is not None else (
-        self.denominator if self.cyclic else
-        math.ceil(self.denominator + 4 * math.sqrt(self.denominator) + 1))
-    self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
-    self.micro_batch = self._mesh.micro_batch(math.ceil(self.batch_capacity /
-                                                        self.accumulation_steps))
-    if method == "auto":  # a zero stand-in of the micro-batch shape: the choice is public
-      stand_in = jax.tree.map(lambda x: jnp.zeros((self.micro_batch, *x.shape[1:]), x.dtype),
-                              data)
-      self.clipper.autotune(self.clipper.params, stand_in,
-                            jnp.ones((self.micro_batch,), bool))
-    self._mesh.check_clipper(self.clipper, data, self.micro_batch)
+    self._size_batches(batch_capacity, method, data)
 
     params = self.clipper.params
     self._user_model, self._nnx_opt = model, None
@@ -244,6 +233,23 @@ class DPTrainer:
     self.debug: dict | None = {"batch_sizes": []} if debug else None
     self.history: list[dict] = []
     self._build()
+
+  def _size_batches(self, batch_capacity: int | None, method: str, data: PyTree) -> None:
+    """The static slots of a step (``batch_capacity``: the cyclic batch, or the Poisson
+    mean + 4 sd + 1) and of a micro-batch (rounded up to the mesh's device count), then the
+    clipping method for that shape (public: chosen on a zero stand-in)."""
+    cap = batch_capacity if batch_capacity is not None else (
+        self.denominator if self.cyclic else
+        math.ceil(self.denominator + 4 * math.sqrt(self.denominator) + 1))
+    self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
+    self.micro_batch = self._mesh.micro_batch(math.ceil(self.batch_capacity /
+                                                        self.accumulation_steps))
+    if method == "auto":  # a zero stand-in of the micro-batch shape: the choice is public
+      stand_in = jax.tree.map(lambda x: jnp.zeros((self.micro_batch, *x.shape[1:]), x.dtype),
+                              data)
+      self.clipper.autotune(self.clipper.params, stand_in,
+                            jnp.ones((self.micro_batch,), bool))
+    self._mesh.check_clipper(self.clipper, data, self.micro_batch)
 
   def _opt_vars(self) -> list:
     vs = jax.tree.leaves(self._nnx_opt.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))

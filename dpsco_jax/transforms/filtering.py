@@ -176,6 +176,21 @@ class OutlierFilterState(NamedTuple):
   __str__ = __repr__
 
 
+def _filter_scales(epsilon: float | None, threshold_scale: float | None,
+                   query_scale: float | None) -> tuple[float, float]:
+  """``(b_thr, b_q)`` of the AboveThreshold test: the given scales, the missing ones from
+  budget ``epsilon / 2`` on a sensitivity-2 score (Lemma A.9: ``8/eps, 16/eps``)."""
+  if threshold_scale is None or query_scale is None:
+    if epsilon is None:
+      raise ValueError("outlier_filter needs epsilon or both threshold_scale and query_scale")
+    b_thr, b_q = above_threshold_scales(0.5 * check_positive(epsilon, "epsilon"),
+                                        sensitivity=2.0)
+    threshold_scale = b_thr if threshold_scale is None else threshold_scale
+    query_scale = b_q if query_scale is None else query_scale
+  return (check_positive(threshold_scale, "threshold_scale"),
+          check_positive(query_scale, "query_scale"))
+
+
 def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
                    epsilon: float | None = None, degree_radius: float | None = None,
                    threshold_fraction: float = 0.8, threshold_scale: float | None = None,
@@ -213,15 +228,7 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
   frac = check_probability(threshold_fraction, "threshold_fraction")
   if not 0.0 <= lo < hi <= 1.0:
     raise ValueError(f"need 0 <= lo < hi <= 1 for the inclusion ramp, got lo={lo}, hi={hi}")
-  if threshold_scale is None or query_scale is None:
-    if epsilon is None:
-      raise ValueError("outlier_filter needs epsilon or both threshold_scale and query_scale")
-    b_thr, b_q = above_threshold_scales(0.5 * check_positive(epsilon, "epsilon"),
-                                        sensitivity=2.0)
-    threshold_scale = b_thr if threshold_scale is None else threshold_scale
-    query_scale = b_q if query_scale is None else query_scale
-  b_thr = check_positive(threshold_scale, "threshold_scale")
-  b_q = check_positive(query_scale, "query_scale")
+  b_thr, b_q = _filter_scales(epsilon, threshold_scale, query_scale)
   key = check_seed_or_key(key, "key")
   debug = check_bool(debug, "debug")
 

@@ -75,7 +75,7 @@ from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
 from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.steps import projected_sgd
-from dpsco_jax.transforms.tree_noise import tree_increment_noise
+from dpsco_jax.transforms.tree_noise import tree_increment_noise, tree_levels
 
 NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
                             level="none", notes="non-private (reference or noise switched off)")
@@ -312,7 +312,7 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Resul
   if plan.mf is not None:
     record.update(mf_strategy=plan.mf.source, mf_sensitivity=plan.mf.sensitivity,
                   **({"bands": len(plan.mf.coefs)} if plan.noise == "banded"
-                     else {"tree_levels": plan.steps.bit_length()} if plan.noise == "tree"
+                     else {"tree_levels": tree_levels(plan.steps)} if plan.noise == "tree"
                      else {"buffers": len(plan.mf.buf_decay)}))
   grad_evals = int(plan.steps * plan.batch * (problem.m if level == "user" else 1))
   return Result(params=params, privacy=report, gradient_evaluations=grad_evals, record=record)

@@ -252,6 +252,20 @@ def _schedule(name: str, cfg: ConfigView, noise: str, *, n: int, p: int, lipschi
                           beta=cfg.beta, beta_scale=cfg.beta_scale, epochs=epochs)
 
 
+def _noise_multiplier(cfg: ConfigView, prm: SRGDParams, epsilon: float | None, delta: float,
+                      mechanism: str, relation: str, sens: float,
+                      stream: float | None) -> float:
+  """The run's ``z``: the config's explicit one, the theory preset's paper sigma (in
+  ``prm``), else calibrated to ``epsilon`` (``0`` when there is none: non-private)."""
+  if cfg.noise_multiplier is not None:
+    return check_nonnegative(cfg.noise_multiplier, "noise_multiplier")
+  if prm.noise_multiplier is not None:
+    return prm.noise_multiplier                   # theory preset: the paper's sigma
+  if epsilon is None:
+    return 0.0
+  return _calibrate(epsilon, delta, prm.num_steps, mechanism, relation, sens, stream)
+
+
 def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float, smoothness: float,
               radius: float | None) -> SRGDPlan:
   """The plan of driver ``name`` from ``cfg`` and public facts only (no data).
@@ -300,14 +314,7 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
   # epochs > 1: the exact sensitivity of k participations P apart (MF: ``sens`` already is)
   stream = None if epochs == 1 else (
       sens if spec else cyclic.cyclic_sensitivity(mechanism, T, prm.period, epochs))
-  explicit = cfg.noise_multiplier
-  if explicit is not None:
-    z = check_nonnegative(explicit, "noise_multiplier")
-  elif prm.noise_multiplier is not None:
-    z = prm.noise_multiplier                       # theory preset: the paper's sigma
-  else:
-    z = 0.0 if epsilon is None else _calibrate(epsilon, delta, T, mechanism, relation, sens,
-                                               stream)
+  z = _noise_multiplier(cfg, prm, epsilon, delta, mechanism, relation, sens, stream)
   if z == 0.0 and epsilon is not None:
     raise PrivacyBudgetExceeded(f"noise_multiplier=0 releases the data without noise "
                                 f"(epsilon = inf > budget {epsilon:g}); nothing was released")

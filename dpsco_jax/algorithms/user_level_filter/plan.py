@@ -31,8 +31,9 @@ calibrated by :func:`~dpsco_jax.privacy.calibrate_noise_multiplier` with the tes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import dp_accounting
@@ -169,17 +170,19 @@ def _sensitivity(opt: Options, r_h: float, k: int, zeta: float, kept: float) -> 
   return typical_sensitivity(r_h, k)
 
 
-def _noise(opt: Options, make, test_event, sens: float, sigma_paper: float
-           ) -> tuple[float, float]:
+def _noise(opt: Options, make, test_event, sens: float, sigma_paper: float,
+           calibrated: Callable[[], float] | None = None) -> tuple[float, float]:
   """``(z, sigma)``: paper sigma (theory), explicit z, or the calibrated z; ``sigma = z C``
-  with ``C = Delta/2`` (the ledger doubles it under replace-one)."""
+  with ``C = Delta/2`` (the ledger doubles it under replace-one). ``calibrated``: the
+  calibration of ``make`` beside ``test_event`` when a memoized one exists (same value)."""
   c = sens / 2.0
   if opt.preset == "theory":
     return sigma_paper / c, sigma_paper
   z = opt.noise_multiplier
   if z is None:
-    z = calibrate_noise_multiplier(make, epsilon=opt.epsilon, delta=opt.delta / 2.0,
-                                   relation=opt.relation, fixed=[test_event])
+    z = calibrated() if calibrated is not None else calibrate_noise_multiplier(
+        make, epsilon=opt.epsilon, delta=opt.delta / 2.0, relation=opt.relation,
+        fixed=[test_event])
   return z, z * c
 
 
@@ -243,12 +246,9 @@ def plan_alg3(spec: PublicSpec, opt: Options, sched: Alg3Schedule,
       continue
     sens = _sensitivity(opt, 2.0 * sched.tau, ph.batch, zeta, 0.1)
     make = lambda z, n_i=ph.n_users, k_i=ph.batch, t=steps: gauss_event(z, n_i, k_i, t)
-    if opt.preset == "practical" and opt.noise_multiplier is None:
-      z = _alg3_calibrated_z(ph.n_users, ph.batch, steps, opt.epsilon, opt.delta, opt.relation,
-                             eps_at)
-      sigma = z * sens / 2.0
-    else:
-      z, sigma = _noise(opt, make, test, sens, ph.sigma_paper)
+    z, sigma = _noise(opt, make, test, sens, ph.sigma_paper, calibrated=functools.partial(
+        _alg3_calibrated_z, ph.n_users, ph.batch, steps, opt.epsilon, opt.delta, opt.relation,
+        eps_at))
     phases.append(PhaseNoise(ph.index, sens, z, sigma, steps, test, make(z), bad))
   return FilterPlan("user_level_accelerated_erm", opt, sched, eps_at, tuple(phases))
 
