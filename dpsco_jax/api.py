@@ -25,10 +25,10 @@
   (:class:`~dpsco_jax.data.ProblemConstants`): an algorithm that needs an undeclared one
   raises :class:`~dpsco_jax.data.MissingConstant` naming it.
 
-Every registered algorithm has a planner in :mod:`dpsco_jax.planners` or is refused with the
-reason (``UNSUPPORTED``): the bilevel methods need an outer and an inner loss (a
-``BilevelProblem``), and ``resque_parallel_sco`` / ``minibatch_sgd`` stop at a target *excess
-risk*, which needs a known optimum.
+Every registered algorithm has a planner (its registration's ``planner=``) or is refused with
+the reason (its ``unsupported=``, collected in ``UNSUPPORTED``): the bilevel methods need an
+outer and an inner loss (a ``BilevelProblem``), and ``resque_parallel_sco`` / ``minibatch_sgd``
+stop at a target *excess risk*, which needs a known optimum.
 """
 
 from __future__ import annotations
@@ -50,85 +50,48 @@ from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
 __all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
-           "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED", "run_seeds", "UndeclaredFact", "Progress", "print_progress"]
+           "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED", "run_seeds",
+           "UndeclaredFact", "Progress", "print_progress"]
 
 
 class UndeclaredFact(ConfigError):
   """A plan needs a public fact that was measured on the (private) data, not declared."""
 
+# The traits of every algorithm are keywords of its registration (``register(...)`` in its
+# own package; :class:`~dpsco_jax.algorithms.registration.AlgorithmEntry` documents each).
+# The checks below read each run's entry; these sets are the shipped algorithms' traits, for
+# reading (``dpsco list``, the README, the tests), derived from the one table.
+_TABLE = algorithms()
 #: Algorithms whose rows are items (the item view of the data: weight 1 per real item).
-ITEM_LEVEL = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp_loc_gd",
-                        "dp_loc_sgd"})
+ITEM_LEVEL = frozenset(n for n, e in _TABLE.items() if e.level == "item")
 #: Item-level guarantees (``dp_sgd_group`` lifts its item-level curve to users, so it is not
 #: here): they hold only if every item is kept, since adding or removing one item of a user
 #: truncated to ``max_items_per_user`` can change several of its kept items.
-ITEM_GUARANTEE = ITEM_LEVEL - {"dp_sgd_group"}
+ITEM_GUARANTEE = frozenset(n for n, e in _TABLE.items() if e.item_guarantee)
 #: Algorithms whose guarantee reads ``m``, the items per user: the item-row count and the
 #: denominator ``q * n_users * m`` (item level), the group size (``dp_sgd_group``), per-item
 #: sensitivities and certificates (papers 000, 001, 002, 004). A *measured* ``m`` (the largest
 #: user's item count) is a function of the private data: one added item can double it and halve
 #: the noise. These refuse a measured ``m``; every other planner's plan is the same for ``m``
 #: and ``m + 1`` (``tests/test_plan_invariance.py`` checks both directions for every planner).
-READS_M = frozenset({"dp_sgd_item", "dp_sgd_group", "resque_private_sco", "dp_loc_gd",
-                     "dp_loc_sgd", "phased_erm_output_pert", "phased_sco_output_pert",
-                     "sc_erm_output_pert", "sc_sco_output_pert", "user_level_phased_sgd",
-                     "user_level_accelerated_erm", "user_level_accelerated_erm_smoothed"})
+READS_M = frozenset(n for n, e in _TABLE.items() if e.reads_m)
 #: Algorithms whose driver, given the plan's calibrated ``noise_multiplier``, makes exactly the
 #: plan again (same events, epsilon and schedule; ``tests/test_plan_invariance.py`` checks it):
-#: :func:`run` hands it over, so a fit calibrates once (the driver's own calibration was most
-#: of a warm ``fit_model`` epoch). ``dp_sgd_group`` and Algorithm 3 calibrate more than one
-#: number, so their drivers still re-derive the plan (and ``run`` checks that it agrees);
-#: Algorithm 3's per-phase calibration is memoized on its public numbers (one bisection per
-#: phase per process, ``user_level_filter.plan._alg3_calibrated_z``).
-REUSES_NOISE_MULTIPLIER = frozenset({
-    "dp_sgd_user", "dp_sgd_item", "accelerated_dp_sgd", "accelerated_dp_srgd",
-    "accelerated_dp_srgd_independent_noise", "dp_srgd_unaccelerated", "single_epoch_dp_sgd",
-    "dp_loc_gd", "dp_loc_sgd"})
+#: :func:`run` hands it over, so a fit calibrates once. ``dp_sgd_group`` and Algorithm 3
+#: calibrate more than one number, so their drivers still re-derive the plan (and ``run`` checks
+#: that it agrees); Algorithm 3's per-phase calibration is memoized on its public numbers.
+REUSES_NOISE_MULTIPLIER = frozenset(n for n, e in _TABLE.items() if e.reuses_noise_multiplier)
 #: Algorithms whose per-user gradient step runs with users sharded over a mesh (``run(...,
-#: mesh=)``); the others refuse a mesh rather than ignore it.
-MESH_READY = frozenset({
-    "nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group",
-    "accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
-    "accelerated_dp_sgd", "single_epoch_dp_sgd", "dp_loc_gd", "dp_loc_sgd",
-    # per-user gradients sharded, FILTER pair counts split by rows (user_level_filter/mesh.py)
-    "user_level_accelerated_erm", "user_level_accelerated_erm_smoothed"})
-_OUTPUT_PERT = ("output perturbation: a non-private ERM solve, then one noise draw on its "
-                "output; no per-user clipped gradient step to shard (the solver runs on one "
-                "device)")
-_NOT_ON_USER_DATA = "it does not run on a loss_fn and UserData (see UNSUPPORTED)"
-#: Algorithms that refuse a mesh, with the reason (every registry name is in exactly one of
-#: ``MESH_READY`` and this; ``tests/test_mesh.py`` checks it).
-MESH_UNSUPPORTED = {
-    "user_level_phased_sgd": "Algorithm 1 runs non-private SGD through each group's items and "
-                             "releases a FILTER of the group outputs: no batched per-user "
-                             "gradient step to shard",
-    "resque_private_sco": "ReSQue's oracles query items at Gaussian-perturbed points inside a "
-                          "host-driven bisection / MLMC loop (no clipped per-user step): not "
-                          "sharded yet",
-    **{name: _OUTPUT_PERT for name in (
-        "naive_output_pert", "sc_output_pert", "phased_erm_output_pert",
-        "phased_sco_output_pert", "sc_erm_output_pert", "sc_sco_output_pert")},
-    **{name: _NOT_ON_USER_DATA for name in (
-        "dp_bilevel", "dp_bilevel_minibatch", "dp_bilevel_population", "nonprivate_penalty",
-        "resque_parallel_sco", "minibatch_sgd")},
-}
+#: mesh=)``); the others refuse a mesh rather than ignore it, with the reason here.
+MESH_READY = frozenset(n for n, e in _TABLE.items() if e.mesh is True)
+MESH_UNSUPPORTED = {n: e.mesh for n, e in _TABLE.items() if e.mesh is not True}
 #: Algorithms whose driver runs for a group of seeds as one ``vmap``-ed program
 #: (:func:`run_seeds`, the runner's ``batch_seeds``; :mod:`dpsco_jax.sweep`): a plan computed
 #: once, one jitted ``lax.scan`` with a leading seed axis, nothing read of the data outside it.
 #: The others run one seed at a time (their records say ``batched: false``).
-BATCHED = frozenset({
-    "nonprivate_sgd", "dp_sgd_user", "dp_sgd_item", "dp_sgd_group",
-    "accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
-    "accelerated_dp_sgd", "single_epoch_dp_sgd"})
+BATCHED = frozenset(n for n, e in _TABLE.items() if e.batched)
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
-UNSUPPORTED = {
-    **{name: "it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
-             "see dpsco_jax.problems.bilevel), not one loss_fn"
-       for name in ("dp_bilevel", "dp_bilevel_minibatch", "dp_bilevel_population",
-                    "nonprivate_penalty")},
-    **{name: "it stops at a target excess risk, which needs a known optimum (a synthetic "
-             "problem)" for name in ("resque_parallel_sco", "minibatch_sgd")},
-}
+UNSUPPORTED = {n: e.unsupported for n, e in _TABLE.items() if e.unsupported is not None}
 #: Keys a run reads besides the algorithm's schema.
 _EXTRA_KEYS = {
     "n_users": (int, "declared (public) number of users; required under add_remove"),
@@ -144,9 +107,9 @@ def _entry(algorithm: str):
     raise ConfigError(f"unknown algorithm {algorithm!r}"
                       + (f" (did you mean {hint[0]!r}?)" if hint else "")
                       + f"; known: {', '.join(sorted(table))}")
-  if algorithm in UNSUPPORTED:
+  if table[algorithm].unsupported is not None:
     raise ConfigError(f"{algorithm} cannot run on a loss_fn and UserData: "
-                      f"{UNSUPPORTED[algorithm]}")
+                      f"{table[algorithm].unsupported}")
   return table[algorithm]
 
 
@@ -210,16 +173,14 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
          constants: ProblemConstants | dict | None = None) -> Plan:
   """The data-free plan of ``algorithm`` for data described by ``spec`` and a model with
   ``num_params`` parameters (see the module docstring)."""
-  from dpsco_jax.planners import planner_for
   entry = _entry(algorithm)
   cfg = algorithm_config(algorithm, config)
   if not isinstance(spec, DataSpec):
     raise TypeError(f"spec must be a DataSpec (UserData.spec), got {type(spec).__name__}")
   _require_declared(entry.name, spec)
-  level = "item" if algorithm in ITEM_LEVEL else "user"
-  facts = PublicFacts(spec, constants, int(num_params), level)
+  facts = PublicFacts(spec, constants, int(num_params), entry.level)
   consts = facts.constants
-  privacy, z, schedule, detail = planner_for(entry.name)(facts, cfg)
+  privacy, z, schedule, detail = entry.planner(facts, cfg)
   return Plan(entry.name, cfg, spec, consts, privacy, z, schedule, int(num_params), detail)
 
 
@@ -229,7 +190,7 @@ def _require_declared(algorithm: str, spec: DataSpec) -> None:
   ``n_users`` needs no check here: under ``add_remove`` (the one relation that keeps it
   private) every planner reads the config's declared ``n_users``, and under ``replace_one`` /
   ``zero_out`` the realized count is public by the relation itself."""
-  if algorithm in READS_M and not spec.declared("max_items_per_user"):
+  if _entry(algorithm).reads_m and not spec.declared("max_items_per_user"):
     raise UndeclaredFact(
         f"{algorithm}'s guarantee reads m, the items per user, and this data's m = "
         f"{spec.max_items_per_user} was measured (the largest user's item count: one added item"
@@ -253,10 +214,11 @@ def _mesh(algorithm: str, mesh: Any) -> Any:
   if mesh is None:
     return None
   mesh_users_axis(mesh)
-  if algorithm not in MESH_READY:   # refused, never ignored (a set_mesh context included)
-    reason = MESH_UNSUPPORTED.get(algorithm, "not sharded yet")
-    raise ValueError(f"{algorithm} does not take a mesh: {reason} (mesh-ready: "
-                     f"{', '.join(sorted(MESH_READY))})")
+  entry = _entry(algorithm)
+  if entry.mesh is not True:   # refused, never ignored (a set_mesh context included)
+    ready = sorted(n for n, e in algorithms().items() if e.mesh is True)
+    raise ValueError(f"{algorithm} does not take a mesh: {entry.mesh} (mesh-ready: "
+                     f"{', '.join(ready)})")
   return mesh
 
 
@@ -335,7 +297,7 @@ def _check_data_for_plan(p: "Plan", data: UserData, what: str) -> None:
     raise ValueError(f"the plan was made for {p.spec.n_users} users x "
                      f"{p.spec.max_items_per_user} items, {what} states {data.spec.n_users} x "
                      f"{data.spec.max_items_per_user}: plan again with its spec")
-  if p.algorithm in ITEM_GUARANTEE:
+  if _entry(p.algorithm).item_guarantee:
     data.require_all_items(p.algorithm)
 
 def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
@@ -376,8 +338,8 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
     return _distributed.run(p, loss_fn, params, data, key, api=sys.modules[__name__],
                             callback=callback, mesh=mesh, data_placement=data_placement)
   _check_data_for_plan(p, data, "the data")
-  level = "item" if p.algorithm in ITEM_LEVEL else "user"
-  problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
+  problem = UserDataProblem(loss_fn, params, data, level=_entry(p.algorithm).level,
+                            constants=p.constants)
   problem.mesh = _mesh(p.algorithm, mesh)
   problem.placement = _placement(p, data, data_placement, problem.mesh)
   problem.progress = _progress(p, callback)
@@ -398,7 +360,7 @@ def _driver_config(p: Plan) -> dict:
   """The config the driver runs: the plan's, with the plan's calibrated noise multiplier where
   the driver would only calibrate the same number again (``REUSES_NOISE_MULTIPLIER``)."""
   cfg = dict(p.config)
-  if (p.algorithm in REUSES_NOISE_MULTIPLIER and p.noise_multiplier is not None
+  if (_entry(p.algorithm).reuses_noise_multiplier and p.noise_multiplier is not None
       and cfg.get("noise_multiplier") is None):
     cfg["noise_multiplier"] = p.noise_multiplier
   return cfg
@@ -449,14 +411,14 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
   if not datas or len(datas) != len(keys):
     raise ValueError(f"run_seeds needs one key per data set, got {len(datas)} data sets and "
                      f"{len(keys)} keys")
-  if p.algorithm not in BATCHED:
+  if not _entry(p.algorithm).batched:
     return [dataclasses.replace(r, record={**r.record, "batched": False})
             for r in (run(p, loss_fn, params, d, k) for d, k in zip(datas, keys))]
   for d in datas:
     if not isinstance(d, UserData):
       raise TypeError(f"datas must be UserData, got {type(d).__name__}")
     _check_data_for_plan(p, d, "a data set")
-  level = "item" if p.algorithm in ITEM_LEVEL else "user"
+  level = _entry(p.algorithm).level
   template = UserDataProblem(loss_fn, params, datas[0], level=level, constants=p.constants)
   if template.d != p.num_params:
     raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
@@ -466,4 +428,54 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
   if not _same_guarantee(results[0].privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {results[0].privacy.epsilon!r} "
                        f"differs from its plan's {p.privacy.epsilon!r} (a library bug)")
+  return [dataclasses.replace(r, params=template.unflatten(r.params)) for r in results]
+
+
+def run_grid(plans: Sequence[Plan], loss_fn: Callable, params: Any, datas: Sequence[UserData],
+             keys: Sequence[jax.Array]) -> list[Result]:
+  """``[run(plans[i], loss_fn, params, datas[i], keys[i]) for i]`` as one compiled program,
+  for plans that differ only in step sizes (a learning-rate grid, crossed with seeds or data
+  sets: one plan, data set and key per run).
+
+  The plans must be of one algorithm, spec, constants and parameter count; their configs may
+  differ only in :data:`dpsco_jax.sweep.GRID`'s keys of that algorithm (``learning_rate``;
+  paper 003's drivers also ``beta``, ``beta_scale``), their privacy reports and noise
+  multipliers must be equal: anything else (``epsilon``, ``delta``, ``clip_norm``,
+  ``batch_size``, ``num_steps``, ``noise_multiplier``, ``sampling``, ...) raises
+  :class:`dpsco_jax.sweep.NotBatchable` (a ``ValueError``) naming the key
+  (:func:`dpsco_jax.sweep.check_grid_plans`). Each distinct plan's driver is traced once with
+  its step sizes as inputs; the traced programs must be one program, which runs once under
+  ``jax.vmap`` over the runs' data, keys and step sizes (:func:`dpsco_jax.sweep.run_stacked`).
+  Each result has its own params (equal to ``run``'s to float tolerance), its own copy of its
+  plan's privacy report and its plan's record with ``record['batched'] = True``. Plans of an
+  algorithm without a grid that are all the same run one by one (``batched: False``)."""
+  from dpsco_jax.sweep import check_grid_plans, run_stacked
+  plans, datas, keys = list(plans), list(datas), list(keys)
+  if not plans or not len(plans) == len(datas) == len(keys):
+    raise ValueError(f"run_grid needs one plan, one data set and one key per run, got "
+                     f"{len(plans)} plans, {len(datas)} data sets and {len(keys)} keys")
+  for p in plans:
+    if not isinstance(p, Plan):
+      raise TypeError(f"run_grid needs Plans (dpsco_jax.plan(...)), got {type(p).__name__}")
+  grid = check_grid_plans(plans)
+  first = plans[0]
+  if grid is None:
+    return [dataclasses.replace(r, record={**r.record, "batched": False})
+            for r in (run(p, loss_fn, params, d, k) for p, d, k in zip(plans, datas, keys))]
+  for d in datas:
+    if not isinstance(d, UserData):
+      raise TypeError(f"datas must be UserData, got {type(d).__name__}")
+    _check_data_for_plan(first, d, "a data set")
+  level = "item" if first.algorithm in ITEM_LEVEL else "user"
+  template = UserDataProblem(loss_fn, params, datas[0], level=level, constants=first.constants)
+  if template.d != first.num_params:
+    raise ValueError(f"the plans were made for {first.num_params} parameters, params has "
+                     f"{template.d}")
+  views = [d.user_view() if level == "user" else d.item_view() for d in datas]
+  results = run_stacked(_entry(first.algorithm).driver, template, views,
+                        [_driver_config(p) for p in plans], keys, grid=grid)
+  for p, r in zip(plans, results):
+    if not _same_guarantee(r.privacy, p.privacy):
+      raise RuntimeError(f"{p.algorithm}: the run's guarantee {r.privacy.epsilon!r} differs "
+                         f"from its plan's {p.privacy.epsilon!r} (a library bug)")
   return [dataclasses.replace(r, params=template.unflatten(r.params)) for r in results]

@@ -72,8 +72,38 @@ def test_every_registered_algorithm_is_in_the_readme_with_a_config_class(entries
   for name, entry in entries.items():
     assert entry.name == name and callable(entry.driver)
     assert dataclasses.is_dataclass(entry.config) and entry.config.__dataclass_params__.frozen
-    assert entry.config.__module__ == "dpsco_jax.config.families", (name, entry.config)
+    assert issubclass(entry.config, config_families.Schema), (name, entry.config)
+    # the shared vocabulary, or the algorithm's own package (its config is one of its objects)
+    package = entry.driver.__module__.rpartition(".")[0]
+    assert (entry.config.__module__ == "dpsco_jax.config.families"
+            or entry.config.__module__.startswith(package + ".")), (name, entry.config)
     assert entry.paper in PAPERS, (name, entry.paper)
+
+
+def _kinds(annotation: str) -> set[str]:
+  """The basic kinds a schema annotation accepts (a number, a string, a bool, ...)."""
+  words = set(re.findall(r"[A-Za-z_]+", annotation))
+  kinds = {"number" for w in words if w in ("int", "float")}
+  kinds |= {"string" for w in words if w in ("str", "Literal", "Relation", "Preset", "Averaging")}
+  kinds |= {w for w in words if w in ("bool", "dict", "list", "tuple")}
+  return kinds
+
+
+def test_one_config_vocabulary(entries):
+  """A key means the same kind of value in every algorithm that reads it (``epsilon`` is a
+  number everywhere; an algorithm may narrow it, e.g. make it required, never change it)."""
+  seen: dict[str, list[tuple[str, set[str]]]] = {}
+  for name, entry in entries.items():
+    for f in dataclasses.fields(entry.config):
+      if not f.metadata.get("refused"):
+        seen.setdefault(f.name, []).append((name, _kinds(str(f.type))))
+  shared = {k: v for k, v in seen.items() if len(v) > 1}
+  assert {"epsilon", "delta", "clip_norm", "learning_rate", "relation"} <= set(shared)
+  for key, uses in shared.items():
+    common = set.intersection(*(kinds for _, kinds in uses))
+    assert common, (key, uses)
+  assert _kinds("Optional[Union[bool, float]]") == {"number", "bool"}
+  assert _kinds("Optional[Literal['poisson', 'fixed']]") == {"string"}
 
 
 def test_papers_and_config_classes_of_some_entries(entries):
@@ -96,12 +126,38 @@ def test_schemas_and_runner_read_the_registry(entries):
 
 def test_register_refuses_a_second_driver_and_a_non_dataclass_config():
   name = next(iter(registry.algorithms()))
+  planner = registry.algorithms()[name].planner
   with pytest.raises(ValueError, match="registered twice"):
-    registry.register(name, config=config_families.DpSgdConfig, paper="baseline")(
-        lambda problem, cfg, key: None)
+    registry.register(name, config=config_families.DpSgdConfig, paper="baseline",
+                      planner=planner)(lambda problem, cfg, key: None)
   with pytest.raises(TypeError, match="config dataclass"):
     registry.register("zzz_new", config=dict, paper="baseline")
   assert "zzz_new" not in registry.algorithms()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "give a planner, or unsupported"),                                # says neither
+    ({"planner": len, "unsupported": "why"}, "exactly one"),               # says both
+    ({"planner": 3}, "planner must be callable"),
+    ({"planner": len, "level": "group"}, "level must be one of"),
+    ({"planner": len, "mesh": False}, "mesh must be True or the reason"),
+    ({"planner": len, "mesh": "  "}, "mesh must be True or the reason"),
+    ({"planner": len, "batched": 1}, "batched must be a bool"),
+])
+def test_register_refuses_an_incomplete_entry(kwargs, match):
+  """Every algorithm says what it can do or why not: an entry that does not is refused."""
+  with pytest.raises((ValueError, TypeError), match=match):
+    registry.register("zzz_new", config=config_families.DpSgdConfig, paper="baseline",
+                      **kwargs)(lambda problem, cfg, key: None)
+  assert "zzz_new" not in registry.algorithms()
+
+
+def test_the_table_order_does_not_depend_on_import_order(entries):
+  """Baselines first, then papers 000 to 004 (the README's order), whatever the discovery's
+  (alphabetical) import order was."""
+  papers = [e.paper for e in entries.values()]
+  assert papers == sorted(papers, key=["baseline", "000", "001", "002", "003", "004"].index)
+  assert next(iter(entries)) == "dp_sgd_user"
 
 
 def test_the_schemas_import_no_algorithm_module():

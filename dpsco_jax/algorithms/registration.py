@@ -1,56 +1,147 @@
-"""The registration decorator and the table it fills (the bottom of the algorithm layer).
+"""The one algorithm interface: the registration decorator and the table it fills.
 
 ::
 
-    @register("dp_sgd_user", config=DpSgdConfig, paper="baseline")
+    @register("dp_sgd_user", config=DpSgdConfig, paper="baseline", planner=plan_user,
+              reuses_noise_multiplier=True, batched=True)
     def dp_sgd_user(problem, cfg, key) -> Result: ...
 
-``config`` is the algorithm's frozen config dataclass (its typed vocabulary, from
-:mod:`dpsco_jax.config.families`); ``paper`` names the source (``"000"`` .. ``"004"`` or
-``"baseline"``). Every driver module imports this module and nothing imports the drivers from
-here: :mod:`dpsco_jax.algorithms.registry`, one level up, imports every algorithm module and
-returns the filled table (so the import graph has no cycle through the registry).
+An algorithm is three objects, all in its own package: its frozen config dataclass (a
+:class:`~dpsco_jax.config.families.Schema`: its typed vocabulary), a data-free
+``planner(facts, cfg) -> Planned`` (what :func:`dpsco_jax.plan` returns before any data is
+read) and its ``driver(problem, cfg, key) -> Result``. Everything the entry points need to know
+about it is a keyword of :func:`register` (its :class:`AlgorithmEntry`): the rows it clips
+(``level``), whether its guarantee reads the items per user (``reads_m``), whether it can run
+on a mesh (or why not), whether its driver batches seeds, whether it runs on a ``loss_fn`` and
+``UserData`` at all (or why not). :mod:`dpsco_jax.api`, the runner, the sweeps and the tests
+read these from the table; no list of algorithm names lives anywhere else. So adding an
+algorithm touches its own package and nothing else: :mod:`dpsco_jax.algorithms.registry`
+imports the ``driver`` module of every package under ``dpsco_jax/algorithms/`` (and a user's
+module that calls :func:`register` adds its algorithm to ``dpsco_jax.plan`` / ``run`` /
+``fit`` by being imported; ``tests/test_algorithm_interface.py``).
+
+Every driver module imports this module and nothing imports the drivers from here (the registry,
+one level up, does), so the import graph has no cycle through the table.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-__all__ = ["AlgorithmEntry", "register", "registered"]
+__all__ = ["AlgorithmEntry", "Planned", "register", "registered", "PAPERS", "LEVELS"]
+
+#: Where an algorithm comes from, in the table's order (the README's algorithm table order).
+PAPERS = ("baseline", "000", "001", "002", "003", "004")
+#: The rows an algorithm's gradient step clips: users (user level) or items (item level).
+LEVELS = ("user", "item")
+
+
+class Planned(NamedTuple):
+  """What a planner returns (:func:`dpsco_jax.plan` wraps it in a ``Plan``): the privacy
+  report a fresh ledger charged with the plan's events gives, the (first) calibrated noise
+  multiplier if the family has one, the public schedule numbers, and the family's own plan
+  object."""
+  privacy: Any
+  noise_multiplier: float | None
+  schedule: dict
+  detail: Any
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmEntry:
-  """One registered algorithm: its driver ``driver(problem, cfg, key) -> Result``, its typed
-  config class and the paper it comes from."""
+  """One registered algorithm (see the module docstring; every field is a :func:`register`
+  keyword).
+
+  Attributes:
+    name, driver, config, paper: the registered name, ``driver(problem, cfg, key) ->
+      Result``, the typed config class, the source (one of :data:`PAPERS`).
+    planner: ``planner(facts, cfg) -> Planned`` (``None``: only with ``unsupported``).
+    level: ``"item"`` if the gradient step's rows are items (the item view of the data),
+      else ``"user"``.
+    item_guarantee: the guarantee is item level, so it holds only if every item is kept
+      (default: ``level == "item"``; ``dp_sgd_group`` lifts its item curve to users).
+    reads_m: the guarantee reads ``m``, the items per user (a measured ``m`` is refused).
+    reuses_noise_multiplier: given the plan's calibrated ``noise_multiplier`` the driver
+      makes exactly the plan again, so :func:`dpsco_jax.run` hands it over (one calibration
+      per fit).
+    mesh: ``True`` if the per-user gradient step shards users over a mesh, else the reason
+      it refuses one.
+    batched: the driver runs a group of seeds as one ``vmap``-ed program.
+    unsupported: why it cannot run on a ``loss_fn`` and ``UserData`` (``None``: it can).
+  """
   name: str
   driver: Callable[..., Any]
   config: type
   paper: str
+  planner: Callable[..., Planned] | None = None
+  level: str = "user"
+  item_guarantee: bool = False
+  reads_m: bool = False
+  reuses_noise_multiplier: bool = False
+  mesh: bool | str = "not sharded yet"
+  batched: bool = False
+  unsupported: str | None = None
+
+  @property
+  def mesh_ready(self) -> bool:
+    return self.mesh is True
 
 
 _REGISTRY: dict[str, AlgorithmEntry] = {}
 
 
-def register(name: str, *, config: type, paper: str) -> Callable[[Callable], Callable]:
-  """Decorator: registers ``driver`` under ``name`` (a second registration of a name is a
-  bug and raises) and returns the driver unchanged."""
+def _check(name: str, entry: AlgorithmEntry) -> None:
+  """The entry is complete: each algorithm says what it can do, or why not."""
+  if not isinstance(name, str) or not name.isidentifier():
+    raise ValueError(f"register({name!r}): the name must be an identifier")
+  if entry.level not in LEVELS:
+    raise ValueError(f"register({name!r}): level must be one of {LEVELS}, got {entry.level!r}")
+  if (entry.planner is None) == (entry.unsupported is None):
+    raise ValueError(f"register({name!r}): give a planner, or unsupported='why it cannot run "
+                     "on a loss_fn and UserData' (exactly one)")
+  if entry.planner is not None and not callable(entry.planner):
+    raise TypeError(f"register({name!r}): planner must be callable, got {entry.planner!r}")
+  if not (entry.mesh is True or (isinstance(entry.mesh, str) and entry.mesh.strip())):
+    raise ValueError(f"register({name!r}): mesh must be True or the reason it refuses one")
+  for flag in ("item_guarantee", "reads_m", "reuses_noise_multiplier", "batched"):
+    if not isinstance(getattr(entry, flag), bool):
+      raise TypeError(f"register({name!r}): {flag} must be a bool")
+
+
+def register(name: str, *, config: type, paper: str,
+             planner: Callable[..., Planned] | None = None, level: str = "user",
+             item_guarantee: bool | None = None, reads_m: bool = False,
+             reuses_noise_multiplier: bool = False, mesh: bool | str = "not sharded yet",
+             batched: bool = False, unsupported: str | None = None
+             ) -> Callable[[Callable], Callable]:
+  """Decorator: registers ``driver`` under ``name`` with the traits above (a second
+  registration of a name with another driver is a bug and raises; an incomplete entry raises)
+  and returns the driver unchanged."""
   if not dataclasses.is_dataclass(config):
     raise TypeError(f"register({name!r}): config must be a config dataclass, got {config!r}")
 
   def deco(driver: Callable) -> Callable:
+    entry = AlgorithmEntry(name, driver, config, str(paper), planner, level,
+                           level == "item" if item_guarantee is None else item_guarantee,
+                           reads_m, reuses_noise_multiplier, mesh, batched, unsupported)
+    _check(name, entry)
     old = _REGISTRY.get(name)
     if old is not None and old.driver is not driver:
       raise ValueError(f"algorithm {name!r} is registered twice ({old.driver.__module__} and "
                        f"{driver.__module__})")
-    _REGISTRY[name] = AlgorithmEntry(name, driver, config, str(paper))
+    _REGISTRY[name] = entry
     return driver
 
   return deco
 
 
 def registered() -> dict[str, AlgorithmEntry]:
-  """The algorithms registered so far (only those whose modules are imported: read the whole
-  table through :func:`dpsco_jax.algorithms.registry.algorithms`)."""
-  return dict(_REGISTRY)
+  """The algorithms registered so far, baselines first, then by paper (registration order
+  within a paper; any other source last), whatever order their modules were imported in.
+  Read the whole table through :func:`dpsco_jax.algorithms.registry.algorithms`."""
+  order = {name: i for i, name in enumerate(_REGISTRY)}
+  rank = {p: i for i, p in enumerate(PAPERS)}
+  return {e.name: e for e in sorted(_REGISTRY.values(),
+                                    key=lambda e: (rank.get(e.paper, len(PAPERS)),
+                                                   order[e.name]))}

@@ -2,38 +2,49 @@
 
 ::
 
-    @register("dp_sgd_user", config=DpSgdConfig, paper="baseline")
+    @register("dp_sgd_user", config=DpSgdConfig, paper="baseline", planner=...)
     def dp_sgd_user(problem, cfg, key) -> Result: ...
 
 The decorator and its table live one level down, in
-:mod:`dpsco_jax.algorithms.registration` (the drivers import that); this module imports every
-algorithm module, so :func:`algorithms` returns the whole table and the runner, the CLI's
-``dpsco list``, :func:`dpsco_jax.fit` and the tests all read one table. The imports are plain
-module-level imports: the package graph shows them (``tests/test_package_graph.py``), and a
-module that fails to import is a bug that raises here (it is never skipped).
+:mod:`dpsco_jax.algorithms.registration` (the drivers import that). This module imports the
+``driver`` module of every package under ``dpsco_jax/algorithms/`` (:func:`algorithm_modules`:
+a package's ``driver.py`` registers its algorithms, importing the package's other registering
+modules), so :func:`algorithms` returns the whole table and the runner, the CLI's
+``dpsco list``, :func:`dpsco_jax.plan` / ``run`` / ``fit`` and the tests all read one table.
+A new algorithm package is found by being there: adding one touches nothing outside it. The
+table's order does not depend on the import order (baselines, then papers 000 to 004).
+
+The discovery is one computed import, of names read from this package's own directory; the
+package-graph test adds the same edges (registry -> every ``driver``), so a cycle through the
+registry is still seen. A module that fails to import is a bug that raises here (it is never
+skipped).
 """
 
 from __future__ import annotations
 
+import importlib
+import pathlib
+
 from dpsco_jax.algorithms.registration import AlgorithmEntry, register, registered
 
-# registration order is the table's order: keep the order these modules have always had
-from dpsco_jax.algorithms.dpsgd import driver as _dpsgd  # noqa: I001
-from dpsco_jax.algorithms.user_level_filter import driver as _user_level_filter
-from dpsco_jax.algorithms.output_perturbation import driver as _output_perturbation
-from dpsco_jax.algorithms.resque import driver as _resque
-from dpsco_jax.algorithms.srgd import driver as _srgd
-from dpsco_jax.algorithms.bilevel import driver as _bilevel
-from dpsco_jax.algorithms.bilevel import localized_gd as _localized_gd
+__all__ = ["AlgorithmEntry", "register", "algorithms", "algorithm_modules", "ALGORITHM_MODULES"]
 
-__all__ = ["AlgorithmEntry", "register", "algorithms", "ALGORITHM_MODULES"]
+_HERE = pathlib.Path(__file__).resolve().parent
 
-#: Modules that define algorithms (each registers its drivers when imported, above).
-ALGORITHM_MODULES: tuple[str, ...] = tuple(m.__name__ for m in (
-    _dpsgd, _user_level_filter, _output_perturbation, _resque, _srgd, _bilevel,
-    _localized_gd))
+
+def algorithm_modules(root: pathlib.Path = _HERE) -> tuple[str, ...]:
+  """The registering module of every algorithm package: ``<package>/driver.py``, for each
+  direct subpackage of ``root`` (``dpsco_jax/algorithms``) that has one, sorted by name."""
+  return tuple(f"dpsco_jax.algorithms.{d.name}.driver" for d in sorted(root.iterdir())
+               if (d / "__init__.py").is_file() and (d / "driver.py").is_file())
+
+
+#: Modules that define algorithms (each registers its drivers when imported, below).
+ALGORITHM_MODULES: tuple[str, ...] = algorithm_modules()
+for _name in ALGORITHM_MODULES:
+  importlib.import_module(_name)
 
 
 def algorithms() -> dict[str, AlgorithmEntry]:
-  """Every registered algorithm."""
+  """Every registered algorithm (the shipped ones, and any a user's imported module added)."""
   return registered()

@@ -40,6 +40,7 @@ from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic
 from dpsco_jax.privacy.sparse_vector import (above_threshold_epsilon, above_threshold_init,
                                              above_threshold_scales, above_threshold_step,
                                              laplace_test, laplace_test_epsilon)
+from dpsco_jax.privacy.relations import gaussian_sensitivity_factor
 from dpsco_jax.transforms.clipping import aggregate, aggregation_sensitivity, clip_and_aggregate
 from dpsco_jax.transforms.filtering import filter_halted, filter_points, outlier_filter
 from dpsco_jax.transforms.noise import add_gaussian_noise
@@ -92,7 +93,7 @@ def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
       relation=acc_rel)
   background = -jnp.tile(dirac_canary(dim, _CANARY_NORM)[None], (users, 1))
   d_in, d_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
-  z_count = z_eff * (2.0 if relation == "replace_one" else 1.0)
+  z_count = z_eff * gaussian_sensitivity_factor(relation)
 
   def release(key, data: UserBatch):
     std, scale = (sigma / 2.0 if broken == "noise_halved" else sigma), 1.0

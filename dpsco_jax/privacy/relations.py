@@ -59,10 +59,11 @@ def check_relation(relation: object, *, supported: tuple[str, ...] = RELATIONS,
 
 
 def gaussian_sensitivity_factor(relation: str) -> float:
-  """Sensitivity of a sum of contributions clipped at ``C``, in units of ``C``.
+  """Sensitivity of a sum of contributions clipped at ``C``, in units of ``C``: the one place
+  the relation's factor is coded (``transforms.clipping.aggregation_sensitivity``, SRGD's
+  closed forms and the audits read it here).
 
-  Used only where a closed form needs the raw sensitivity (output perturbation, tests);
-  accountant-calibrated noise uses ``z * C`` and lets the accountant apply the relation."""
+  Accountant-calibrated noise uses ``z * C`` and lets the accountant apply the relation."""
   return 2.0 if check_relation(relation) == "replace_one" else 1.0
 
 

@@ -32,7 +32,8 @@ from dpsco_jax._checks import (_traced, check_bool, check_choice, check_positive
                                check_user_mask)
 
 PyTree = Any
-from dpsco_jax.privacy.relations import RELATIONS  # noqa: E402  (one vocabulary)
+from dpsco_jax.privacy.relations import (  # noqa: E402  (one vocabulary)
+    RELATIONS, gaussian_sensitivity_factor)
 
 
 # Precision contract. A clip factor is part of the privacy guarantee, so norms and factors are
@@ -285,7 +286,7 @@ def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
     sens /= check_positive(denominator, "denominator")
   if not math.isfinite(sens):
     raise ValueError(f"clip_norm / denominator overflows ({clip_norm!r} / {denominator!r})")
-  return 2.0 * sens if relation == "replace_one" else sens
+  return gaussian_sensitivity_factor(relation) * sens   # the one place the relation scales it
 
 
 def clip_and_aggregate(clip_norm: float, mode: str = "mean",

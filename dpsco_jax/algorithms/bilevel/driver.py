@@ -268,7 +268,12 @@ def _record(bcfg: BilevelConfig, out: BilevelOutput, info: dict, n: int, *, eps:
   }
 
 
-@register("dp_bilevel", config=cf.BilevelConfig, paper="004")
+#: why the bilevel methods take no loss_fn + UserData (and no mesh): their registrations' reason
+_BILEVEL = ("it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
+            "see dpsco_jax.problems.bilevel), not one loss_fn")
+
+
+@register("dp_bilevel", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL, mesh=_BILEVEL)
 def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                ledger: PrivacyLedger | None = None):
   """Runner entry for Alg 1 / Alg 3 (``inner_batch_size`` / ``outer_batch_size`` set) with
@@ -326,7 +331,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                 debug=debug)
 
 
-@register("dp_bilevel_minibatch", config=cf.BilevelConfig, paper="004")
+@register("dp_bilevel_minibatch", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL, mesh=_BILEVEL)
 def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   cfg = dict(cfg)
   n = problem.n
@@ -335,7 +340,7 @@ def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   return dp_bilevel(problem, cfg, key)
 
 
-@register("dp_bilevel_population", config=cf.BilevelConfig, paper="004")
+@register("dp_bilevel_population", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL, mesh=_BILEVEL)
 def _dp_bilevel_population(problem: BilevelProblem, cfg: dict, key: jax.Array):
   """§6 / Thm 6.1: the same algorithm; the theory preset adds ``K3 sqrt(d_x/n)`` to alpha and
   the record reports the population metrics the theorem bounds."""
@@ -378,7 +383,7 @@ def nonprivate_penalty_method(problem: BilevelProblem, *, lam: float, eta: float
   return solve(problem.x0)
 
 
-@register("nonprivate_penalty", config=cf.NonPrivatePenaltyConfig, paper="004")
+@register("nonprivate_penalty", config=cf.NonPrivatePenaltyConfig, paper="004", unsupported=_BILEVEL, mesh=_BILEVEL)
 def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
   from dpsco_jax.result import Result
   del key

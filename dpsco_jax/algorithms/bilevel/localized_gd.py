@@ -82,7 +82,7 @@ import numpy as np
 import optax
 
 from dpsco_jax.config import families as cf
-from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_choice, check_epsilon, check_nonnegative, check_positive
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.cache import bounded_cache
@@ -377,7 +377,22 @@ def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
                                            users)[:2])
 
 
-@register("dp_loc_gd", config=cf.LocGdConfig, paper="004")
+def _planner(facts, cfg: dict) -> Planned:
+  """``dpsco_jax.plan``'s planner: DP-Loc-(S)GD's solve event (item level, replace-one)."""
+  p = loc_gd_plan_for_problem(facts, cfg)
+  c = p.config
+  schedule = {"rounds": c.rounds, "num_steps": c.steps, "batch_size": c.batch_size,
+              "clip_norm": c.clip_norm, "mu": c.mu, "radius0": c.radius0,
+              "noise_std": loc_gd_stddev(c, p.n)}
+  return Planned(loc_gd_report(p, charge_loc_gd(p)), c.noise_multiplier, schedule, p)
+
+
+# item rows sharded over the mesh's users axis; the plan's z is the driver's
+_TRAITS = dict(paper="004", planner=_planner, level="item", reads_m=True,
+               reuses_noise_multiplier=True, mesh=True)
+
+
+@register("dp_loc_gd", config=cf.LocGdConfig, **_TRAITS)
 def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
 
@@ -418,7 +433,7 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
                 gradient_evaluations=int(evals), record=record, debug=debug)
 
 
-@register("dp_loc_sgd", config=cf.LocSgdConfig, paper="004")
+@register("dp_loc_sgd", config=cf.LocSgdConfig, **_TRAITS)
 def _run_dp_loc_sgd(problem, cfg: dict, key: jax.Array):
   if config_view(cfg).batch_size is None:
     raise ValueError("batch_size is required for dp_loc_sgd")

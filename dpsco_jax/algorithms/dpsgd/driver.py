@@ -51,14 +51,14 @@ noise, b-min-sep Poisson; see the plan) runs the same chain with batches drawn b
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from dpsco_jax.config import families as cf
-from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import run_chain, sampling_setup, scan_slot_batches
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
@@ -68,6 +68,7 @@ from dpsco_jax.cache import bounded_cache
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance)
 from dpsco_jax.config.types import ConfigView
+from dpsco_jax.data.problem import PublicFacts
 from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
@@ -335,25 +336,50 @@ def dp_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *, level: st
   return _execute(problem, plan, key, _rows(problem, level, data), noise=noise, keep=True)[2]
 
 
-@register("dp_sgd_user", config=cf.DpSgdConfig, paper="baseline")
+def _planner(level: str) -> Callable[[PublicFacts, dict], Planned]:
+  """``dpsco_jax.plan``'s planner of ``dp_sgd_{level}``: the same plan and charge the driver
+  makes, from the public facts alone."""
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    p = dp_sgd_plan(facts, cfg, level=level)
+    schedule = {"num_steps": p.steps, "batch_size": p.batch, "sampling": p.sampling,
+                "sampling_rate": p.sampling_rate, "denominator": p.denominator,
+                "clip_norm": p.clip, "learning_rate": p.lr, "noise_std": p.noise_std}
+    return Planned(charge_dp_sgd(p), p.noise_multiplier, schedule, p)
+  return planner
+
+
+def _nonprivate_planner(facts: PublicFacts, cfg: dict) -> Planned:
+  return Planned(NONPRIVATE_REPORT, None, {}, None)
+
+
+# every DP-SGD variant clips rows of the batch on each device (algorithms.common.run_chain)
+_TRAITS = dict(paper="baseline", mesh=True, batched=True)
+
+
+@register("dp_sgd_user", config=cf.DpSgdConfig, planner=_planner("user"),
+          reuses_noise_multiplier=True, **_TRAITS)
 def dp_sgd_user(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """User-level DP-SGD with per-user clipping of the mean gradient (relations: see the plan)."""
   return _dp_sgd(problem, cfg, key, "user")
 
 
-@register("dp_sgd_item", config=cf.DpSgdConfig, paper="baseline")
+@register("dp_sgd_item", config=cf.DpSgdConfig, planner=_planner("item"), level="item",
+          reads_m=True, reuses_noise_multiplier=True, **_TRAITS)
 def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD (per-example clipping); its guarantee is item-level only."""
   return _dp_sgd(problem, cfg, key, "item")
 
 
-@register("dp_sgd_group", config=cf.DpSgdConfig, paper="baseline")
+# item rows, a user-level guarantee (group privacy over m items): the group size is m, and two
+# numbers are calibrated (the driver re-derives its plan; dpsco_jax.run checks they agree)
+@register("dp_sgd_group", config=cf.DpSgdConfig, planner=_planner("group"), level="item",
+          item_guarantee=False, reads_m=True, **_TRAITS)
 def dp_sgd_group(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD lifted to user level (groups of ``m`` items) by group privacy."""
   return _dp_sgd(problem, cfg, key, "group")
 
 
-@register("nonprivate_sgd", config=cf.SgdSchedule, paper="baseline")
+@register("nonprivate_sgd", config=cf.SgdSchedule, planner=_nonprivate_planner, **_TRAITS)
 def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Projected minibatch SGD over users with iterate averaging; no privacy (it may read the
   realized number of users)."""

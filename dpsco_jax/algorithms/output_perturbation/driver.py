@@ -105,11 +105,11 @@ from dpsco_jax._checks import check_bool, check_choice
 from dpsco_jax.algorithms.registration import register
 # the shared pieces (re-exported: tests, the planners and the audits read them here)
 from dpsco_jax.algorithms.output_perturbation.base import (  # noqa: F401
-    PRESETS, RELATION, OutputPertPlan, OutputPertSettings, SCInfo, _check_common,
+    NO_MESH, PRESETS, RELATION, OutputPertPlan, OutputPertSettings, SCInfo, _check_common,
     _check_min_users, _debug_dict, _Hook, _problem_mu, _project, _provenance, _require_mu,
     _require_radius, _settings_for, alg2_delta, block_ledger, block_report,
     certificate_constants, charge_output_pert, gamma_threshold, output_pert_report,
-    plan_sc_output_pert, sc_output_pert_release, settings_from_cfg)
+    plan_sc_output_pert, planner_of, sc_output_pert_release, settings_from_cfg)
 from dpsco_jax.algorithms.output_perturbation.naive import (  # noqa: F401
     crossover_m, naive_output_pert, naive_sigma, noise_ratio)
 from dpsco_jax.algorithms.output_perturbation.phased import (  # noqa: F401
@@ -146,7 +146,8 @@ def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
                         declared=certificate_constants(problem, (info,)))
 
 
-@register("sc_output_pert", config=cf.OutputPertConfig, paper="001")
+@register("sc_output_pert", config=cf.OutputPertConfig, paper="001", mesh=NO_MESH,
+          planner=planner_of(sc_output_pert_plan))
 def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                    _hook: _Hook | None = None) -> Result:
   """SCOutputPert (Alg. 2, Thm 3.1) on a mu-strongly convex problem (``meta['strong_convexity']``

@@ -34,12 +34,12 @@ import jax
 import jax.numpy as jnp
 
 from dpsco_jax.config import families as cf
-from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertSettings, _check_common, _Hook, _problem_mu, _project, _require_mu, _settings_for,
+    NO_MESH, OutputPertSettings, _check_common, _Hook, _problem_mu, _project, _require_mu, _settings_for,
     alg2_delta, config_view, gamma_threshold)
 from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, _solve, solver_plan
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
@@ -132,7 +132,16 @@ def naive_report(plan: NaivePlan, ledger: PrivacyLedger) -> PrivacyReport:
                        paper_epsilon=plan.epsilon, notes=notes)
 
 
-@register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001")
+def _planner(facts, cfg: dict) -> Planned:
+  """``dpsco_jax.plan``'s planner: one calibrated Gaussian event."""
+  p = naive_plan(facts, cfg)
+  schedule = {"sensitivity": p.sensitivity, "sigma": p.sigma,
+              "solver_iterations": p.solver.iterations}
+  return Planned(naive_report(p, charge_naive(p)), p.noise_multiplier, schedule, p)
+
+
+@register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001", planner=_planner,
+          mesh=NO_MESH)
 def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                       _hook: _Hook | None = None) -> Result:
   """Baseline: ``Π_K(θ̃(x) + N(0, σ²I))`` with replace-one sensitivity ``Δ = 2G/(μn) + 2τ``.

@@ -19,14 +19,11 @@ import jax.numpy as jnp
 
 from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
-from dpsco_jax.algorithms.output_perturbation.base import (OutputPertPlan, OutputPertSettings,
-                                                      SCInfo, _check_common, _check_min_users,
-                                                      _debug_dict, _Hook, _problem_mu,
-                                                      _require_mu, _require_radius,
-                                                      _settings_for, certificate_constants,
-                                                      charge_output_pert,
-                                                      output_pert_report, plan_sc_output_pert,
-                                                      sc_output_pert_release)
+from dpsco_jax.algorithms.output_perturbation.base import (
+    NO_MESH, OutputPertPlan, OutputPertSettings, SCInfo, _check_common, _check_min_users,
+    _debug_dict, _Hook, _problem_mu, _require_mu, _require_radius, _settings_for,
+    certificate_constants, charge_output_pert, output_pert_report, plan_sc_output_pert,
+    planner_of, sc_output_pert_release)
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
@@ -189,7 +186,8 @@ def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook |
                 debug=_debug_dict(out.dbgs, out.certs) if plan.settings.debug else None)
 
 
-@register("phased_erm_output_pert", config=cf.OutputPertConfig, paper="001")
+@register("phased_erm_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=NO_MESH,
+          planner=planner_of(phased_plan, sco=False))
 def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
   """Phased-ERM (Alg. 3, Thm 4.1): convex G-Lipschitz loss, excess empirical risk
@@ -197,7 +195,8 @@ def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   return _phased_driver(problem, cfg, key, _hook, sco=False)
 
 
-@register("phased_sco_output_pert", config=cf.OutputPertConfig, paper="001")
+@register("phased_sco_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=NO_MESH,
+          planner=planner_of(phased_plan, sco=True))
 def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
   """Phased-SCO (Alg. 4, Thm 5.1): disjoint user blocks, parallel composition."""
@@ -291,14 +290,16 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) ->
                 if settings.debug else None)
 
 
-@register("sc_erm_output_pert", config=cf.OutputPertConfig, paper="001")
+@register("sc_erm_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=NO_MESH,
+          planner=planner_of(sc_reduction_plan, sco=False))
 def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: _Hook | None = None) -> Result:
   """Strongly-Convex-ERM (Alg. 5, Thm 4.3): excess ``Õ(G² d/(μ n² m))``."""
   return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
 
 
-@register("sc_sco_output_pert", config=cf.OutputPertConfig, paper="001")
+@register("sc_sco_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=NO_MESH,
+          planner=planner_of(sc_reduction_plan, sco=True))
 def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: _Hook | None = None) -> Result:
   """Strongly-Convex-SCO (Alg. 6, Thm 5.3): excess ``Õ((G²/μ)(d/(n² m) + 1/(nm)))``."""

@@ -55,7 +55,7 @@ from typing import Any, Callable
 import jax
 
 from dpsco_jax.config import families as cf
-from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
@@ -433,7 +433,21 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
   return x, debug
 
 
-@register("resque_private_sco", config=cf.ResquePrivateConfig, paper="002")
+def _planner(facts, cfg: dict) -> Planned:
+  """``dpsco_jax.plan``'s planner: every worst-case Alg. 4 call's approximate-RDP event
+  (item level)."""
+  p = resque_private_plan(facts, cfg)
+  report = resque_private_report(p, charge_resque_private(p))
+  phases = [{"n": ph.n, "epsilon": ph.eps, "delta": ph.delta, "beta": ph.p["beta"],
+             "noise_multiplier": 1.0 / ph.p["beta"], "planned_alg4_calls": len(ph.p["plan"]),
+             "planned_gradients": ph.gradients} for ph in p.phases]
+  return Planned(report, phases[0]["noise_multiplier"], {"phases": phases}, p)
+
+
+@register("resque_private_sco", config=cf.ResquePrivateConfig, paper="002", planner=_planner,
+          level="item", reads_m=True,
+          mesh="ReSQue's oracles query items at Gaussian-perturbed points inside a "
+               "host-driven bisection / MLMC loop (no clipped per-user step): not sharded yet")
 def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
 

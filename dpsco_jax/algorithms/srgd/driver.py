@@ -70,12 +70,13 @@ from dpsco_jax.config import families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
 from dpsco_jax.algorithms.common import mesh_users_axis
-from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, config_view, paper_epsilon,
                                             plan_srgd, resolve_relation)
 from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, interior_c_dp,
                                                practical_params, theory_params)
+from dpsco_jax.data.problem import PublicFacts
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.result import Result
@@ -481,7 +482,21 @@ def _algorithm(name: str) -> Callable:
   srg, noise, acc = VARIANTS[name]
   fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): "
                 "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.driver.")
-  return register(name, config=cf.SrgdConfig, paper="003")(fn)
+  return register(name, config=cf.SrgdConfig, paper="003", planner=_planner(name),
+                  # users sharded over the mesh's "users" axis (_batches_on_mesh); the plan's
+                  # z is the one the driver would calibrate
+                  reuses_noise_multiplier=True, mesh=True, batched=True)(fn)
+
+
+def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
+  """``dpsco_jax.plan``'s planner of ``name``: the driver's plan and charge, on public facts."""
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    p = plan_for_problem(name, facts, cfg)
+    prm = p.params
+    schedule = {"num_steps": prm.num_steps, "batch_size": prm.batch_size, "beta": prm.beta,
+                "clip_norm": prm.clip_norm, "tree_levels": p.levels, "noise_std": p.noise_std}
+    return Planned(privacy_report(p, charge(p), facts.m), prm.noise_multiplier, schedule, p)
+  return planner
 
 
 accelerated_dp_srgd = _algorithm("accelerated_dp_srgd")

@@ -100,7 +100,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from dpsco_jax.config import families as cf
-from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, Options, PublicSpec,
                                                   config_view,
@@ -109,7 +109,10 @@ from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, O
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule)
 from dpsco_jax.algorithms.user_level_filter.mesh import place_phase, step_user_grads
+from dpsco_jax.algorithms.user_level_filter.plan import (  # noqa: F401 (re-export)
+    _nonprivate_report, _provenance_note, _report, alg1_report, alg3_report)
 from dpsco_jax.config.types import ConfigView
+from dpsco_jax.data.problem import MissingConstant, PublicFacts
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem
@@ -155,66 +158,6 @@ def _user_permutation(key: jax.Array, n: int) -> np.ndarray:
 
 def _take(data: PyTree, idx: np.ndarray) -> PyTree:
   return jax.tree.map(lambda x: x[idx], data)
-
-
-def _nonprivate_report() -> PrivacyReport:
-  """``noise: false`` ablation: not private at all (filter on, sigma = 0)."""
-  return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
-                       relation=RELATION, notes="non-private ablation: filter on, sigma = 0")
-
-
-def _provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
-  if bad <= delta_slack:
-    return (Provenance.ACCOUNTANT.value,
-            f"good events hold except w.p. {bad:.3g} <= delta/2; Gaussian parts by the "
-            "accountant (replace-one), pure parts by basic composition")
-  return (Provenance.HEURISTIC.value,
-          f"the coupling's bad events (Laplace noise beyond the K/20 margins, flip tails) "
-          f"have probability {bad:.3g} > delta/2 = {delta_slack:.3g} at this scale, so the "
-          "accountant's number is not a proven (eps, delta); needs larger K_i (spec 000 §3.2)")
-
-
-def _report(plan: FilterPlan, ledger: PrivacyLedger, *, theorem: str, typical: str,
-            mechanisms: tuple[str, ...]) -> PrivacyReport:
-  """The provenance rule shared by Algorithms 1 and 3: ``theory`` -> theorem (the paper's
-  epsilon, the accountant's beside it); ``typical`` sensitivity -> heuristic; ``certified`` ->
-  accountant only when the coupling's bad events fit in delta/2 (``_provenance_note``)."""
-  opt = plan.options
-  if not opt.noise:
-    return _nonprivate_report()
-  acc_eps = ledger.epsilon(exact=True)
-  if opt.preset == "theory":
-    prov, note = Provenance.THEOREM.value, f"{theorem} gives eps={acc_eps:.4g}"
-  elif opt.sensitivity == "typical":
-    prov, note = Provenance.HEURISTIC.value, typical
-  else:
-    prov, note = _provenance_note(plan.worst_bad, opt.delta / 2)
-  rep = ledger.report(provenance=prov, level="user", mechanisms=mechanisms,
-                      paper_epsilon=opt.epsilon, notes=note,
-                      extra_delta=opt.delta - ledger.delta)
-  # theory: the guarantee is the paper's theorem at the configured epsilon
-  return dataclasses.replace(rep, epsilon=opt.epsilon) if opt.preset == "theory" else rep
-
-
-def alg1_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """Algorithm 1's guarantee from its plan and charged ledger (data-free: also the report of
-  :func:`dpsco_jax.plan`)."""
-  return _report(
-      plan, ledger,
-      theorem="Theorem B.1 (paper constants, preconditions checked); accountant with "
-              "explicit Delta",
-      typical="typical sensitivity 2 r_h / C (no membership flips) is not a worst-case bound",
-      mechanisms=("laplace_test", "filter", "gaussian_output_perturbation"))
-
-
-def alg3_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """Algorithm 3's guarantee from its plan and charged ledger (data-free)."""
-  return _report(
-      plan, ledger,
-      theorem="Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
-              "explicit coupled Delta",
-      typical="typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound",
-      mechanisms=("above_threshold", "filter", "subsampled_gaussian_wor"))
 
 
 # ------------------------------------------------------------------------- Algorithm 1
@@ -334,7 +277,37 @@ def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Arra
   return out
 
 
-@register("user_level_phased_sgd", config=cf.PhasedSgdConfig, paper="000")
+def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
+  """``dpsco_jax.plan``'s planner: the phases' noise and the AboveThreshold / FILTER events of
+  Algorithm 1 or 3, from the public facts (the driver makes the same plan)."""
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    if not math.isfinite(facts.radius):
+      raise MissingConstant(f"{name} needs a finite radius R (its phases localize in balls "
+                            "around the previous phase): declare constants={'radius': ...}")
+    spec = PublicSpec.of(facts)
+    if name == "user_level_phased_sgd":
+      p = plan_phased_sgd(spec, cfg)
+      report = alg1_report(p, make_ledger(p))
+    else:
+      p = plan_accelerated_erm(spec, cfg, smoothed=name.endswith("_smoothed"))
+      report = alg3_report(p, make_ledger(p))
+    phases = [{"sigma": ph.sigma, "noise_multiplier": ph.noise_multiplier,
+               "sensitivity": ph.sensitivity} for ph in p.phases]
+    z = p.phases[0].noise_multiplier if p.phases else None
+    return Planned(report, z, {"phases": phases, "epsilon_test": p.epsilon_test}, p)
+  return planner
+
+
+# every FILTER algorithm's certificate reads m (items per user); Algorithms 2-3 shard their
+# per-user gradients and FILTER pair counts over a mesh (mesh.py), Algorithm 1 does not
+_TRAITS = dict(paper="000", reads_m=True)
+
+
+@register("user_level_phased_sgd", config=cf.PhasedSgdConfig,
+          planner=_planner("user_level_phased_sgd"),
+          mesh="Algorithm 1 runs non-private SGD through each group's items and releases a "
+               "FILTER of the group outputs: no batched per-user gradient step to shard",
+          **_TRAITS)
 def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 1 of paper 000 (see module docstring)."""
   plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
@@ -573,14 +546,15 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
                 debug=dbg)
 
 
-@register("user_level_accelerated_erm", config=cf.AcceleratedErmConfig, paper="000")
+@register("user_level_accelerated_erm", config=cf.AcceleratedErmConfig,
+          planner=_planner("user_level_accelerated_erm"), mesh=True, **_TRAITS)
 def user_level_accelerated_erm(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
   return _run_alg3(problem, cfg, key, smoothed=False)
 
 
 @register("user_level_accelerated_erm_smoothed", config=cf.AcceleratedErmSmoothedConfig,
-          paper="000")
+          planner=_planner("user_level_accelerated_erm_smoothed"), mesh=True, **_TRAITS)
 def user_level_accelerated_erm_smoothed(problem: SCOProblem, cfg: dict,
                                         key: jax.Array) -> Result:
   """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3)."""

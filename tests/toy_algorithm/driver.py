@@ -1,0 +1,98 @@
+"""Noisy full-batch gradient descent: a toy algorithm written as a new package would be.
+
+Everything it needs is here, in its own package: its config (a ``Schema`` on the shared
+vocabulary's keys), its data-free planner and its driver, built from the library's stages
+(per-user clip + fixed-denominator mean, Gaussian noise, projected SGD) and its accountant.
+``tests/test_algorithm_interface.py`` drops this directory into a copy of
+``dpsco_jax/algorithms/`` (as ``toy/``) and finds it in ``dpsco list``, ``dpsco_jax.fit`` and a
+YAML run, with no other file changed; it also imports it as a user's own module.
+
+Guarantee: ``num_steps`` compositions of the Gaussian mechanism with multiplier ``z`` on the
+clipped mean over the ``n`` users, under ``zero_out`` (``n`` is public: every step uses every
+user's slot).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import dp_accounting
+import jax
+import optax
+
+from dpsco_jax.algorithms.common import run_chain
+from dpsco_jax.algorithms.registration import Planned, register
+from dpsco_jax.config.families import Schema
+from dpsco_jax.privacy import PrivacyLedger, Provenance
+from dpsco_jax.result import Result
+from dpsco_jax.transforms.clipping import clip_and_aggregate
+from dpsco_jax.transforms.noise import add_gaussian_noise
+from dpsco_jax.transforms.steps import projected_sgd
+
+NAME = "toy_noisy_full_gd"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig(Schema):
+  """The toy's keys: the shared vocabulary's names and kinds."""
+  noise_multiplier: float = dataclasses.field(
+      default=None, metadata={"doc": "Gaussian noise multiplier z", "required": True})
+  delta: float = dataclasses.field(default=None, metadata={"doc": "target delta",
+                                                           "required": True})
+  num_steps: int = dataclasses.field(default=10, metadata={"doc": "full-batch steps",
+                                                           "required": False})
+  clip_norm: float = dataclasses.field(default=1.0, metadata={"doc": "per-user clip",
+                                                              "required": False})
+  learning_rate: float = dataclasses.field(default=0.5, metadata={"doc": "step size",
+                                                                  "required": False})
+  relation: Optional[str] = dataclasses.field(default=None, metadata={
+      "doc": "zero_out only (n public)", "required": False})
+
+
+def _event(cfg: dict) -> dp_accounting.DpEvent:
+  return dp_accounting.SelfComposedDpEvent(
+      dp_accounting.GaussianDpEvent(float(cfg["noise_multiplier"])), int(cfg["num_steps"]))
+
+
+def _report(cfg: dict):
+  ledger = PrivacyLedger(delta=float(cfg["delta"]), relation="zero_out")
+  ledger.spend(_event(cfg), label=f"{NAME} (z={cfg['noise_multiplier']})")
+  return ledger.report(provenance=Provenance.ACCOUNTANT, level="user")
+
+
+def _config(cfg) -> dict:
+  c = ToyConfig(**{k: v for k, v in dict(cfg).items() if k in ToyConfig.__dataclass_fields__})
+  if c.relation not in (None, "zero_out"):
+    raise ValueError(f"{NAME} supports relation zero_out only, got {c.relation!r}")
+  return dataclasses.asdict(c)
+
+
+def planner(facts, cfg: dict) -> Planned:
+  c = _config(cfg)
+  std = c["noise_multiplier"] * c["clip_norm"] / facts.n_users
+  return Planned(_report(c), c["noise_multiplier"],
+                 {"num_steps": c["num_steps"], "noise_std": std}, None)
+
+
+def _chain(h: dict, n: float) -> optax.GradientTransformation:
+  return optax.chain(clip_and_aggregate(h["clip"], "mean", n),
+                     add_gaussian_noise(h["stddev"], h["noise_key"]),
+                     projected_sgd(h["lr"], radius=h["radius"]))
+
+
+@register(NAME, config=ToyConfig, paper="baseline", planner=planner,
+          mesh="a toy: it says why it refuses a mesh")
+def toy_noisy_full_gd(problem, cfg: dict, key: jax.Array) -> Result:
+  """Noisy full-batch GD (see the module docstring)."""
+  c = _config(cfg)
+  n = int(problem.n_users)
+  k_noise, k_run = jax.random.split(key)
+  h = {"clip": c["clip_norm"], "stddev": c["noise_multiplier"] * c["clip_norm"] / n,
+       "noise_key": k_noise, "lr": c["learning_rate"], "radius": problem.radius}
+  params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), _chain, h,
+                        static=(float(n),), steps=c["num_steps"], key=k_run, sampling="full",
+                        batch=n, capacity=n)
+  return Result(params=params, privacy=_report(c),
+                gradient_evaluations=c["num_steps"] * n * int(problem.m),
+                record={"num_steps": c["num_steps"]})
