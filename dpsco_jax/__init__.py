@@ -12,7 +12,7 @@ trains Flax nnx models.
 
 from dpsco_jax import algorithms, data, grads, privacy, problems, transforms
 from dpsco_jax.api import (Plan, Progress, UndeclaredFact, algorithm_config, fit, plan,
-                           print_progress, run, run_seeds)
+                           print_progress, run, run_grid, run_seeds)
 from dpsco_jax.data import DataSpec, MissingConstant, ProblemConstants, UserData
 from dpsco_jax.grads import (per_example_grads, per_user_grads, per_user_grads_two_points,
                              shard_users, user_mesh)
@@ -40,7 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     # your model and data: plan -> run
     "UserData", "DataSpec", "ProblemConstants", "MissingConstant", "UndeclaredFact", "Plan",
-    "plan", "run", "fit", "run_seeds",
+    "plan", "run", "fit", "run_seeds", "run_grid",
     "algorithm_config", "Result", "FallbackRelease", "Progress", "print_progress",
     # per-user gradients
     "per_user_grads", "per_example_grads", "per_user_grads_two_points", "shard_users",

@@ -22,6 +22,19 @@ control flow on the data, nothing read from the problem but its public facts, ``
 ``data``. A driver that does anything else raises under ``vmap`` (a concretization error),
 and :func:`run_stacked`'s callers fall back to one run per seed; nothing of the failed attempt
 is released.
+
+**Grids of step sizes** (the same issue): runs that differ, besides their seed, only in a
+number the driver's jitted step reads as a number (the learning rate; SRGD's ``beta``) run as
+one program too. :data:`GRID` says, per algorithm, which config keys may differ and which
+numbers the driver then takes as traced values (it routes them through
+:func:`dpsco_jax.algorithms.common.hparam`). The
+driver runs once per distinct grid point under ``jax.make_jaxpr``, with those numbers as
+inputs: that is its plan, calibration and ledger for that point (each run's report is its own
+point's) and its program. The programs of every point must be one program (the same jaxpr,
+constants included; else :class:`NotBatchable`), their privacy reports equal, and then that
+program runs once under ``jax.vmap`` over the stacked data, keys and numbers. A key that
+changes the plan, the noise or the shapes (``epsilon``, ``clip_norm``, ``batch_size``,
+``num_steps``, ...) is refused, naming it (:func:`grid_refusal`).
 """
 
 from __future__ import annotations
@@ -29,8 +42,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import Any, Callable
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +54,7 @@ from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.result import Result
 
 __all__ = ["NotBatchable", "run_stacked", "refusal", "seed_groups", "batch_seeds_option",
-           "stack_keys"]
+           "stack_keys", "Grid", "GRID", "grid_refusal", "grid_of", "check_grid_plans"]
 
 #: per-seed fields of a synthetic problem used only to score the released params (the
 #: optimum, the risk): a batched driver must not read them, so its view of the problem has
@@ -52,6 +66,97 @@ _UNBATCHED_ATTRS = ("mesh", "progress")
 
 class NotBatchable(ValueError):
   """A group of runs that cannot run as one program (the message says why)."""
+
+
+class Grid(NamedTuple):
+  """What the runs of one algorithm may differ in and still run as one program.
+
+  ``keys``: the config keys (besides the seed) whose values may differ across the runs;
+  ``hparams``: the numbers the driver then takes as traced values (each read through
+  :func:`dpsco_jax.algorithms.common.hparam` with the value the run would use alone). A key is here only if it enters the
+  jitted step as a number and nowhere else: not the privacy plan, the noise multiplier, the
+  schedule, the shapes or the structure of the chain."""
+  keys: frozenset
+  hparams: tuple
+
+
+_LEARNING_RATE = Grid(frozenset({"learning_rate"}), ("learning_rate",))
+# paper 003: the accelerated step's beta (default M max(1, beta_scale T): the plan resolves it,
+# the noise is calibrated on epsilon, delta and T only) and the projected-SGD variants' step
+# (learning_rate, default 1/beta). Under preset: theory both are the theorem's (the config's
+# are not read), so a grid over them is one program of identical runs.
+_SRGD_STEP = Grid(frozenset({"learning_rate", "beta", "beta_scale"}), ("beta", "learning_rate"))
+#: Per algorithm, the step-size keys its runs may differ in and still run as one program
+#: (:func:`run_stacked` with ``grid``, :func:`dpsco_jax.run_grid`, the runner's ``batch_seeds``). The
+#: DP-SGD family and ``nonprivate_sgd`` feed ``learning_rate`` to their jitted scan as an
+#: argument already; paper 003's drivers fold ``beta`` / ``learning_rate`` into the compiled
+#: program unless a grid sweep hands them over as traced values. Every other algorithm runs
+#: one program per grid point (their step sizes are Python-side constants or enter the
+#: privacy plan: FILTER's phases, output perturbation's sensitivities, ReSQue's oracles).
+GRID: dict[str, Grid] = {
+    **{name: _LEARNING_RATE for name in ("nonprivate_sgd", "dp_sgd_user", "dp_sgd_item",
+                                         "dp_sgd_group")},
+    **{name: _SRGD_STEP for name in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
+                                     "accelerated_dp_srgd_independent_noise",
+                                     "accelerated_dp_sgd", "single_epoch_dp_sgd")},
+}
+
+
+class _Traced:
+  """The traced per-run numbers a driver of a grid sweep reads (``problem.traced_hparams``);
+  ``taken`` keeps the value each name would have had in the run alone. Drivers read it through
+  :func:`dpsco_jax.algorithms.common.hparam`."""
+
+  def __init__(self, values: dict[str, Any]):
+    self.values = values
+    self.taken: dict[str, Any] = {}
+
+  def take(self, name: str, value: Any) -> Any:
+    self.taken[name] = value
+    return self.values[name]
+
+
+_MISSING = object()
+
+
+def _differing(cfgs: Sequence[Mapping]) -> list[str]:
+  """The keys whose values (or presence) differ across ``cfgs`` (first-appearance order)."""
+  keys = list(dict.fromkeys(k for c in cfgs for k in c))
+  first = cfgs[0]
+  return [k for k in keys
+          if any(not _same(c.get(k, _MISSING), first.get(k, _MISSING)) for c in cfgs[1:])]
+
+
+def grid_of(algorithm: str, cfgs: Sequence[Mapping], ignore: Sequence[str] = ("seed",)
+            ) -> dict[str, list]:
+  """``{key: its distinct values}`` of the keys that differ across ``cfgs`` (``ignore``
+  excepted): the grid a group of runs spans."""
+  del algorithm
+  out = {}
+  for k in _differing([{a: b for a, b in c.items() if a not in ignore} for c in cfgs]):
+    values: list = []
+    for c in cfgs:
+      v = c.get(k)
+      if not any(_same(v, w) for w in values):
+        values.append(v)
+    out[k] = values
+  return out
+
+
+def grid_refusal(algorithm: str, cfgs: Sequence[Mapping], ignore: Sequence[str] = ("seed",)
+                 ) -> str | None:
+  """Why runs of ``algorithm`` with configs ``cfgs`` cannot run as one program (``None`` when
+  they can): a key other than ``ignore`` and :data:`GRID`'s keys of the algorithm differs.
+  The message names the key."""
+  allowed = GRID[algorithm].keys if algorithm in GRID else frozenset()
+  for key in _differing([{a: b for a, b in c.items() if a not in ignore} for c in cfgs]):
+    if key not in allowed:
+      can = (f"only in {', '.join(sorted(allowed))} (numbers its jitted step reads)"
+             if allowed else "in no hyper-parameter (each config is its own program)")
+      return (f"the runs differ in {key!r}: {algorithm} runs as one program runs that differ "
+              f"{can}; {key} changes the privacy plan, the noise, the schedule or the "
+              "program, so these runs are planned and run apart")
+  return None
 
 
 def stack_keys(keys: Sequence[jax.Array]) -> jax.Array:
@@ -130,59 +235,218 @@ def _is_traced(tree: Any) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
-def run_stacked(driver: Callable, template: Any, datas: Sequence[Any], cfg: dict,
-                keys: Sequence[jax.Array]) -> list[Result]:
-  """``[driver(problem_i, cfg, keys[i]) for i]`` as one program, where ``problem_i`` is
-  ``template`` with ``data = datas[i]``.
+def run_stacked(driver: Callable, template: Any, datas: Sequence[Any],
+                cfg: Mapping | Sequence[Mapping], keys: Sequence[jax.Array], *,
+                grid: Grid | None = None) -> list[Result]:
+  """``[driver(problem_i, cfg_i, keys[i]) for i]`` as one program, where ``problem_i`` is
+  ``template`` with ``data = datas[i]``; ``cfg`` is one config for every run or one per run.
 
-  The driver runs once, under ``jax.vmap`` over the stacked data and keys: its plan, noise
-  calibration and ledger are computed once (they read only public facts, the same for every
-  run), its jitted loop is compiled once for the whole group and launched once. Returns one
-  :class:`~dpsco_jax.result.Result` per run with its own params (a slice of the batch), its
-  own copy of the privacy report, and ``record['batched'] = True``.
+  Same configs (a seed sweep): the driver runs once, under ``jax.vmap`` over the stacked data
+  and keys: its plan, noise calibration and ledger are computed once (they read only public
+  facts, the same for every run), its jitted loop is compiled once for the whole group and
+  launched once. Configs that differ (a grid): they may differ only in ``grid.keys`` (else
+  :class:`NotBatchable` naming the key); see :func:`_run_grid` (the driver traced once per
+  distinct config, one vmapped program). Returns one :class:`~dpsco_jax.result.Result` per run
+  with its own params (a slice of the batch), its own copy of the privacy report (its
+  config's), its config's record with ``record['batched'] = True``.
 
   Raises :class:`NotBatchable` when the datas differ in shape, or when the driver returns
   something that depends on the data outside ``params`` (it would be one value for all runs);
   any exception of the driver propagates (the caller may then run the seeds one by one)."""
   if len(datas) != len(keys) or not datas:
     raise NotBatchable(f"{len(datas)} data sets for {len(keys)} keys")
+  cfgs = ([dict(cfg)] * len(datas) if isinstance(cfg, Mapping) else [dict(c) for c in cfg])
+  if len(cfgs) != len(datas):
+    raise NotBatchable(f"{len(cfgs)} configs for {len(datas)} data sets")
   shapes = _shapes(datas[0])
   if any(_shapes(d) != shapes for d in datas[1:]):
     raise NotBatchable("the data sets differ in shape or dtype")
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *datas)
   stacked_keys = stack_keys(keys)
+  differ = _differing(cfgs)
+  if differ:
+    if grid is None:
+      raise NotBatchable(f"the runs' configs differ in {differ[0]!r} and no grid was given")
+    bad = [k for k in differ if k not in grid.keys]
+    if bad:
+      raise NotBatchable(f"the runs differ in {bad[0]!r}, which is not a step size of this "
+                         f"driver (a grid may differ only in {', '.join(sorted(grid.keys))})")
+    return _run_grid(driver, template, datas, cfgs, keys, stacked, stacked_keys, grid)
   out: dict[str, Result] = {}
 
   def one(data, key):
-    result = driver(_view(template, data), dict(cfg), key)
+    result = driver(_view(template, data), dict(cfgs[0]), key)
     out["result"] = result
     return result.params
 
   params = jax.block_until_ready(jax.vmap(one)(stacked, stacked_keys))
   shared = out["result"]
-  # everything but params is computed once for the group: it must not hold a traced value
-  # (a per-run, data-dependent number would be silently one number for every run)
-  if (_is_traced(shared.record) or _is_traced(shared.debug)
-      or _is_traced(shared.gradient_evaluations) or _is_traced(dataclasses.asdict(shared.privacy))):
+  _check_public(shared)
+  return [_own(shared, jax.tree.map(lambda x, i=i: x[i], params)) for i in range(len(datas))]
+
+
+def _check_public(result: Result) -> None:
+  """Everything but params is computed once per program: it must not hold a traced value
+  (a per-run, data-dependent number would be silently one number for every run)."""
+  if (_is_traced(result.record) or _is_traced(result.debug)
+      or _is_traced(result.gradient_evaluations)
+      or _is_traced(dataclasses.asdict(result.privacy))):
     raise NotBatchable("the driver returns data-dependent values besides params")
-  results = []
-  for i in range(len(datas)):
-    results.append(dataclasses.replace(
-        shared, params=jax.tree.map(lambda x, i=i: x[i], params),
-        privacy=copy.deepcopy(shared.privacy), record={**copy.deepcopy(shared.record),
-                                                       "batched": True},
-        debug=copy.deepcopy(shared.debug)))
-  return results
+
+
+def _own(shared: Result, params: Any) -> Result:
+  """One run's result: ``params`` and its own copies of the shared report, record, debug."""
+  return dataclasses.replace(
+      shared, params=params, privacy=copy.deepcopy(shared.privacy),
+      record={**copy.deepcopy(shared.record), "batched": True},
+      debug=copy.deepcopy(shared.debug))
+
+
+class _Probe(NamedTuple):
+  """One grid point traced: its program, its result (report, record) and its numbers."""
+  jaxpr: Any          # ClosedJaxpr of (data leaves, key, hparams) -> params leaves
+  out_tree: Any
+  result: Result
+  taken: dict
+
+
+def _probe(driver: Callable, template: Any, data: Any, key: jax.Array, cfg: dict,
+           names: tuple) -> _Probe:
+  """The driver on ``cfg`` traced with the numbers ``names`` as inputs (no compile, no run):
+  its plan, calibration and ledger run in Python as in a run of its own."""
+  out: dict = {}
+
+  def one(data, key, hp):
+    view = _view(template, data)
+    view.traced_hparams = traced = _Traced(hp)
+    result = driver(view, dict(cfg), key)
+    out.update(result=result, taken=dict(traced.taken))
+    return result.params
+
+  dtype = jnp.result_type(float)
+  hp0 = {name: jnp.zeros((), dtype) for name in names}
+  closed, shape = jax.make_jaxpr(one, return_shape=True)(data, key, hp0)
+  return _Probe(closed, jax.tree.structure(shape), out["result"], out["taken"])
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _consts(closed: Any) -> list:
+  """The constants of a closed jaxpr and of every jaxpr nested in its equations."""
+  from jax.extend import core as jcore
+  found = list(closed.consts)
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      for sub in jcore.jaxprs_in_params(eqn.params):
+        walk(sub)
+      for value in eqn.params.values():
+        for v in (value if isinstance(value, (tuple, list)) else (value,)):
+          if isinstance(v, jcore.ClosedJaxpr):
+            found.extend(v.consts)
+  walk(closed.jaxpr)
+  return found
+
+
+def _same_program(a: Any, b: Any) -> bool:
+  """Two traced grid points are one program: the same jaxpr text (object addresses aside)
+  and the same constants."""
+  if _ADDRESS.sub("", str(a.jaxpr)) != _ADDRESS.sub("", str(b.jaxpr)):
+    return False
+  ca, cb = _consts(a), _consts(b)
+  return len(ca) == len(cb) and all(_same(x, y) for x, y in zip(ca, cb))
+
+
+def _run_grid(driver: Callable, template: Any, datas: Sequence[Any], cfgs: list[dict],
+              keys: Sequence[jax.Array], stacked: Any, stacked_keys: jax.Array,
+              grid: Grid) -> list[Result]:
+  """Runs whose configs differ only in ``grid.keys``, as one vmapped program.
+
+  Each distinct config (a grid point) is traced once (:func:`_probe`): its plan and report
+  are its own. The points' programs must be one program with ``grid.hparams`` as inputs and
+  their reports equal (else :class:`NotBatchable`); then the first point's program runs once
+  under ``jax.vmap`` over every run's data, key and numbers."""
+  points: list[dict] = []
+  index: list[int] = []
+  for c in cfgs:
+    j = next((j for j, p in enumerate(points) if not _differing([p, c])), None)
+    if j is None:
+      points.append(c)
+      j = len(points) - 1
+    index.append(j)
+  probes = [_probe(driver, template, datas[0], keys[0], p, grid.hparams) for p in points]
+  first = probes[0]
+  for p, pr in zip(points, probes):
+    _check_public(pr.result)
+    if _is_traced(pr.taken) or not all(
+        isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+        and math.isfinite(float(v)) for v in pr.taken.values()):
+      raise NotBatchable(f"the driver's step sizes are not finite numbers: {pr.taken!r}")
+    if pr.result.privacy != first.result.privacy:
+      raise NotBatchable(f"the privacy reports of the grid points differ ({points[0]} vs {p}): "
+                         "a grid batches only runs with one guarantee")
+    if pr.out_tree != first.out_tree or not _same_program(pr.jaxpr, first.jaxpr):
+      what = {k: (points[0].get(k), p.get(k)) for k in _differing([points[0], p])}
+      raise NotBatchable(f"the driver's programs for {what} differ beyond its traced step "
+                         f"sizes {grid.hparams}: they cannot run as one program")
+  dtype = jnp.result_type(float)
+  hp = {name: jnp.asarray([float(probes[j].taken.get(name, math.nan)) for j in index], dtype)
+        for name in grid.hparams}
+  flat = jax.tree.leaves((stacked, stacked_keys, hp))
+  from jax.extend import core as jcore
+  program = jcore.jaxpr_as_fun(first.jaxpr)
+  outs = jax.block_until_ready(jax.vmap(lambda *xs: program(*xs))(*flat))
+  params = jax.tree.unflatten(first.out_tree, outs)
+  return [_own(probes[j].result, jax.tree.map(lambda x, i=i: x[i], params))
+          for i, j in enumerate(index)]
 
 
 def seed_groups(runs: Sequence[dict]) -> list[list[int]]:
-  """Indices of ``runs`` grouped by everything but ``seed`` (first-appearance order): the
-  runs of a group differ only in their seed."""
+  """Indices of ``runs`` grouped by everything but ``seed`` and the algorithm's step sizes
+  (:data:`GRID`; first-appearance order): the runs of a group differ only in their seed and,
+  for an algorithm that batches them, their ``learning_rate`` (SRGD: also ``beta`` /
+  ``beta_scale``)."""
   groups: dict[str, list[int]] = {}
   for i, cfg in enumerate(runs):
-    key = repr(sorted((str(k), repr(v)) for k, v in cfg.items() if k != "seed"))
+    grid = GRID.get(cfg.get("algorithm"))
+    skip = {"seed"} | (set(grid.keys) if grid is not None else set())
+    key = repr(sorted((str(k), repr(v)) for k, v in cfg.items() if k not in skip))
     groups.setdefault(key, []).append(i)
   return list(groups.values())
+
+
+def check_grid_plans(plans: Sequence[Any]) -> Grid | None:
+  """The :data:`GRID` entry under which ``plans`` (:class:`dpsco_jax.Plan` objects, one per
+  run) run as one program (:func:`dpsco_jax.run_grid`), or ``None`` when their algorithm has
+  none and their configs are the same (then they run plan by plan).
+
+  The plans must be of one algorithm, one :class:`~dpsco_jax.data.DataSpec`, one set of
+  constants and parameter count; their configs may differ only in the algorithm's grid keys
+  (:func:`grid_refusal`); their privacy reports and noise multipliers must be equal and their
+  schedules may differ only in the step sizes. Else :class:`NotBatchable`, naming the key."""
+  first = plans[0]
+  for p in plans[1:]:
+    for attr in ("algorithm", "spec", "constants", "num_params"):
+      if not _same(getattr(p, attr), getattr(first, attr)):
+        raise NotBatchable(f"the plans differ in {attr} ({getattr(first, attr)!r} vs "
+                           f"{getattr(p, attr)!r}): a grid is one algorithm on one data shape")
+  why = grid_refusal(first.algorithm, [p.config for p in plans])
+  if why is not None:
+    raise NotBatchable(why)
+  grid = GRID.get(first.algorithm)
+  step = set(grid.keys) | set(grid.hparams) if grid is not None else set()
+  for p in plans[1:]:
+    if p.privacy != first.privacy or not _same(p.noise_multiplier, first.noise_multiplier):
+      raise NotBatchable(f"the plans' privacy reports differ (epsilon {first.privacy.epsilon!r} "
+                         f"vs {p.privacy.epsilon!r}, noise multiplier "
+                         f"{first.noise_multiplier!r} vs {p.noise_multiplier!r}): a grid "
+                         "batches only runs with one guarantee")
+    for k in _differing([first.schedule or {}, p.schedule or {}]):
+      if k not in step:
+        raise NotBatchable(f"the plans' schedules differ in {k!r}: a grid batches only runs "
+                           "with one schedule")
+  return grid
 
 
 def batch_seeds_option(config: dict) -> bool:

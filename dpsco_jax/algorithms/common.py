@@ -266,6 +266,24 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
   return out + (jax.tree.map(lambda *r: jnp.stack(r), *records),)
 
 
+def hparam(problem: Any, name: str, value: Any) -> Any:
+  """``value``, the number ``name`` (a step size) of this run, as the driver's jitted step
+  should read it: ``value`` itself in a run of its own (nothing changes), the traced per-run
+  number when ``problem`` is one point of a grid sweep (``problem.traced_hparams``, set by
+  :func:`dpsco_jax.sweep.run_stacked` with a grid; ``value`` is then recorded as that
+  point's number). A driver routes through this only numbers its step reads as numbers and
+  nothing else (:data:`dpsco_jax.sweep.GRID` lists them)."""
+  traced = getattr(problem, "traced_hparams", None)
+  if traced is None or name not in traced.values:
+    return value
+  return traced.take(name, value)
+
+
+def traced_hparams(problem: Any) -> bool:
+  """Whether ``problem`` is one point of a grid sweep (its step sizes are traced)."""
+  return getattr(problem, "traced_hparams", None) is not None
+
+
 def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
   value = cfg.get(name, default)
   return default if value is None else value

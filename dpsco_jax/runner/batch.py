@@ -1,7 +1,8 @@
 """The runner's seed batching (:mod:`dpsco_jax.runner`, "Seeds in one program"): runs that
-differ only in seed run as one ``vmap``-ed program (:func:`batch_records`), and the record
-helpers it shares with the one-by-one path (the problem cache key, a registered driver's
-record, JSON-safe values). Moved out of ``runner.py`` unchanged (module size)."""
+differ only in seed, and for the algorithms of :data:`dpsco_jax.sweep.GRID` in their step
+sizes (``learning_rate``; SRGD's ``beta`` / ``beta_scale``), run as one ``vmap``-ed program
+(:func:`batch_records`), and the record helpers it shares with the one-by-one path (the
+problem cache key, a registered driver's record, JSON-safe values)."""
 
 from __future__ import annotations
 
@@ -100,14 +101,16 @@ def _result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
 def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict, *,
                   checked: Callable[[dict, dict, dict], dict]
                   ) -> tuple[list[dict] | None, str | None]:
-  """The records of runs that differ only in seed, run as one vmapped program
+  """The records of runs that differ only in seed (and, for an algorithm of
+  :data:`dpsco_jax.sweep.GRID`, in its step sizes), run as one vmapped program
   (:func:`dpsco_jax.sweep.run_stacked`), or ``(None, why)`` when they run one by one: an
   algorithm outside :data:`dpsco_jax.api.BATCHED`, a user problem, ``debug``, problems whose
-  public facts or shapes differ across seeds, or a driver that does not trace (then nothing of
-  the attempt is released and each seed runs, and fails, exactly as alone). ``checked``: the
-  runner's validator of one run config."""
+  public facts or shapes differ across seeds, configs that differ in another key, or a driver
+  that does not trace (then nothing of the attempt is released and each run runs, and fails,
+  exactly as alone). ``checked``: the runner's validator of one run config. A grid group's
+  records say ``batch_grid`` (``{key: values}`` of the step sizes it spans)."""
   from dpsco_jax.api import BATCHED
-  from dpsco_jax.sweep import refusal, run_stacked
+  from dpsco_jax.sweep import GRID, grid_of, grid_refusal, refusal, run_stacked
   first = cfgs[0]
   if first.get("algorithm") not in BATCHED:
     return None, f"{first.get('algorithm')} does not batch seeds yet"
@@ -115,15 +118,20 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     return None, "user problems and debug runs go one by one"
   try:
     checked = [checked(cfg, algorithms, problems) for cfg in cfgs]
+    algos = [{k: v for k, v in c.items() if k not in ("seed", "label")} for c in checked]
+    why = grid_refusal(first["algorithm"], algos)
+    if why is not None:
+      return None, why
+    grid = grid_of(first["algorithm"], algos)
     keys = [run_keys(cfg) for cfg in checked]   # per seed, as run_one builds (and caches) it
     insts = [cached_problem(cfg, problems, cache, pk) for cfg, (pk, _) in zip(checked, keys)]
     why = refusal(insts)
     if why is not None:
       return None, why
-    algo = {k: v for k, v in checked[0].items() if k not in ("seed", "label")}
     start = time.perf_counter()
-    results = run_stacked(algorithms[algo["algorithm"]], insts[0], [p.data for p in insts],
-                          algo, [dk for _, dk in keys])
+    results = run_stacked(algorithms[first["algorithm"]], insts[0], [p.data for p in insts],
+                          algos[0] if not grid else algos, [dk for _, dk in keys],
+                          grid=GRID.get(first["algorithm"]))
     wall = time.perf_counter() - start
   except Exception as err:  # noqa: BLE001 - the one-by-one runs report any real error
     return None, f"batching failed ({type(err).__name__}); ran one by one"
@@ -133,5 +141,7 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     label = cfg.pop("label", None)
     record = _result_record(problem, cfg, result, wall / len(cfgs))
     record.update(batched=True, batch_runs=len(cfgs), batch_wall_time_s=wall)
+    if grid:
+      record["batch_grid"] = grid
     records.append(_finish(record, cfg, label))
   return records, None

@@ -60,7 +60,7 @@ import optax
 from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
-from dpsco_jax.algorithms.common import run_chain, sampling_setup, scan_slot_batches
+from dpsco_jax.algorithms.common import hparam, run_chain, sampling_setup, scan_slot_batches
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
                                              config_view, group_privacy_targets, plan_dp_sgd)
@@ -244,7 +244,9 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
                      f"({plan.n_public} rows): under add_remove the declared count is the "
                      "public bound the sampling capacity is sized for")
   capacity = n if plan.capacity is None else plan.capacity
-  hparams = {"clip": plan.clip, "stddev": plan.noise_std if noise else 0.0, "lr": plan.lr,
+  # the learning rate is an argument of the jitted scan: a grid sweep traces it (common.hparam)
+  hparams = {"clip": plan.clip, "stddev": plan.noise_std if noise else 0.0,
+             "lr": hparam(problem, "learning_rate", plan.lr),
              "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
   static = (plan.denominator, plan.averaging, keep,
             ("independent",) if plan.mf is None else plan.mf.stage_spec(), plan.steps)
@@ -395,7 +397,8 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
                       else lr, "learning_rate")
   averaging = check_choice(cfg.averaging, "averaging", ("none", "uniform"))
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
-                        {"lr": lr, "radius": problem.radius}, static=(float(batch), averaging),
+                        {"lr": hparam(problem, "learning_rate", lr), "radius": problem.radius},
+                        static=(float(batch), averaging),
                         steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity,
                         mesh=getattr(problem, "mesh", None),
                         progress=getattr(problem, "progress", None))

@@ -69,7 +69,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dpsco_jax.config import families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
-from dpsco_jax.algorithms.common import mesh_users_axis
+from dpsco_jax.algorithms.common import hparam, mesh_users_axis, traced_hparams
 from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, config_view, paper_epsilon,
@@ -236,7 +236,11 @@ def _make_runner(loss_fn: Callable, settings: tuple,
   T, B, k = s["num_steps"], s["batch_size"], s["epochs"]
   P = T // k
 
-  def run(data, params0, key, user_mask, points):
+  def run(data, params0, key, user_mask, points, hp=None):
+    # hp: the stepper's beta and learning rate as traced values (a grid sweep, settings say
+    # "traced"); None: the settings' numbers, compiled in as they always were
+    beta, lr = ((s["beta"], s["learning_rate"]) if hp is None
+                else (hp["beta"], hp["learning_rate"]))
     if users is None:
       batches = single_epoch_batches(data, P, B)
       masks = user_mask[:P * B].reshape(P, B)
@@ -245,9 +249,9 @@ def _make_runner(loss_fn: Callable, settings: tuple,
     privatizer = srgd_privatizer(clip_norm=s["clip_norm"], batch_size=B,
                                  noise_multiplier=s["noise_multiplier"], num_steps=T, key=key,
                                  srg=s["srg"], noise=s["noise"], mf=s.get("mf", ()))
-    stepper = srgd_stepper(beta=s["beta"], radius=s["radius"], srg=s["srg"],
+    stepper = srgd_stepper(beta=beta, radius=s["radius"], srg=s["srg"],
                            accelerated=s["accelerated"], z_scale=s["z_scale"],
-                           learning_rate=s["learning_rate"], averaging=s["averaging"])
+                           learning_rate=lr, averaging=s["averaging"])
     state0 = (privatizer.init(params0), stepper.init(params0))
     replay = None
     if points is not None:  # replay: query points given (x_{-1} = x_0), not the run's own
@@ -346,13 +350,22 @@ def _plan_settings(plan: SRGDPlan, *, noise_multiplier: float, debug: bool,
 
 def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
              key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False,
-             mesh: Mesh | None = None) -> tuple[PyTree, PyTree, dict]:
+             mesh: Mesh | None = None, hparams: dict | None = None
+             ) -> tuple[PyTree, PyTree, dict]:
   """Executes ``plan`` (see :func:`run_srgd`); the caller spends ``plan.event`` first.
   ``mesh``: each batch's examples are sharded over its ``"users"`` axis
-  (:func:`_batches_on_mesh`); the key, hence the noise, is the one-device run's."""
+  (:func:`_batches_on_mesh`); the key, hence the noise, is the one-device run's.
+  ``hparams``: ``{"beta", "learning_rate"}`` of the stepper as (traced) arguments of the
+  compiled scan instead of constants (:func:`_step_hparams`: a grid sweep)."""
   settings = _plan_settings(plan, noise_multiplier=plan.params.noise_multiplier, debug=debug,
                             releases=False)
   mask = _mask_for(data, user_mask)
+  if hparams is not None:
+    if mesh is not None:
+      raise ValueError("a grid sweep of step sizes runs on one device (no mesh)")
+    settings = tuple((k, "traced" if k in ("beta", "learning_rate") else v)
+                     for k, v in settings)
+    return _make_runner(loss_fn, settings)(data, params0, key, mask, None, hparams)
   if mesh is None:
     return _make_runner(loss_fn, settings)(data, params0, key, mask, None)
   batches, masks, users = _batches_on_mesh(data, mask, plan.params.period,
@@ -446,13 +459,27 @@ def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> Privacy
                        "sensitivity C/B) converted exactly by PLD")
 
 
+def _step_hparams(plan: SRGDPlan, problem) -> dict | None:
+  """The stepper's numbers as a grid sweep traces them (:func:`~dpsco_jax.algorithms.common.
+  hparam`): ``beta`` (the accelerated step) and the projected-SGD step ``learning_rate``
+  (default ``1/beta``, resolved here as the stepper would). ``None`` in a run of its own: they
+  stay compile-time constants, as always."""
+  if not traced_hparams(problem):
+    return None
+  beta = plan.params.beta
+  lr = 1.0 / beta if plan.learning_rate is None else plan.learning_rate
+  return {"beta": hparam(problem, "beta", beta),
+          "learning_rate": hparam(problem, "learning_rate", lr)}
+
+
 def _run_named(name: str, problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   cfg = config_view(cfg)
   debug = check_bool(cfg.get("debug", False), "debug")
   plan = plan_for_problem(name, problem, cfg)      # no data touched; budget checked
   ledger = charge(plan)                            # before anything is released
   released, _, diags = run_plan(plan, problem.loss_fn, problem.data, problem.init_params(),
-                                key, debug=debug, mesh=getattr(problem, "mesh", None))
+                                key, debug=debug, mesh=getattr(problem, "mesh", None),
+                                hparams=_step_hparams(plan, problem))
   prm = plan.params
   record = dict(num_steps=prm.num_steps, batch_size=prm.batch_size,
                 examples_used=prm.period * prm.batch_size, beta=prm.beta,
