@@ -214,7 +214,7 @@ def _mesh(algorithm: str, mesh: Any) -> Any:
   if mesh is None:
     return None
   mesh_users_axis(mesh)
-  entry = _entry(algorithm)
+  entry = algorithms()[algorithm]
   if entry.mesh is not True:   # refused, never ignored (a set_mesh context included)
     ready = sorted(n for n, e in algorithms().items() if e.mesh is True)
     raise ValueError(f"{algorithm} does not take a mesh: {entry.mesh} (mesh-ready: "

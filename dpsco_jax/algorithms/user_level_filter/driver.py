@@ -108,7 +108,8 @@ from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, O
                                                   plan_alg3, read_options)
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule)
-from dpsco_jax.algorithms.user_level_filter.mesh import place_phase, step_user_grads
+from dpsco_jax.algorithms.user_level_filter.mesh import (place_groups, place_phase,
+                                                          step_user_grads)
 from dpsco_jax.algorithms.user_level_filter.plan import (  # noqa: F401 (re-export)
     _nonprivate_report, _provenance_note, _report, alg1_report, alg3_report)
 from dpsco_jax.config.types import ConfigView
@@ -163,8 +164,9 @@ def _take(data: PyTree, idx: np.ndarray) -> PyTree:
 # ------------------------------------------------------------------------- Algorithm 1
 
 @functools.partial(jax.jit, static_argnames=("loss_fn", "eta", "radius", "clip"))
-def _sgd_groups(loss_fn: Callable, items: PyTree, x0: PyTree, key: jax.Array, *, eta: float,
-                radius: float, clip: float | None = None) -> PyTree:
+def _sgd_groups(loss_fn: Callable, items: PyTree, x0: PyTree, key: jax.Array | None, *,
+                eta: float, radius: float, clip: float | None = None,
+                keys: jax.Array | None = None) -> PyTree:
   """One-pass projected SGD in every group, vmapped: ``items`` leaves ``[C, T, ...]``.
 
   Items are visited in a fresh uniformly random order (sampling without replacement, proof
@@ -197,7 +199,8 @@ def _sgd_groups(loss_fn: Callable, items: PyTree, x0: PyTree, key: jax.Array, *,
     return released_params(state, params)
 
   c = jax.tree.leaves(items)[0].shape[0]
-  return jax.vmap(one_group)(items, jax.random.split(key, c))
+  # ``keys``: the groups' keys as the one-device run splits them (a mesh's padded run)
+  return jax.vmap(one_group)(items, jax.random.split(key, c) if keys is None else keys)
 
 
 @functools.partial(jax.jit, static_argnames=("tau", "lap_scale", "threshold", "sigma"))
@@ -237,8 +240,15 @@ def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray
       lambda a: a[used].reshape((c, ph.users_per_group * problem.m) + a.shape[2:]),
       problem.data)
   k_sgd, k_rel = jax.random.split(jax.random.fold_in(k_run, ph.index))
-  pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius,
-                    clip=clip)
+  mesh = getattr(problem, "mesh", None)
+  if mesh is None:
+    pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius,
+                      clip=clip)
+  else:   # groups sharded over the users axis, the one-device run's keys (mesh.place_groups)
+    items, keys = place_groups(items, jax.random.split(k_sgd, c), mesh)
+    pts = _sgd_groups(problem.loss_fn, items, x, None, eta=ph.eta, radius=problem.radius,
+                      clip=clip, keys=keys)
+    pts = jax.tree.map(lambda p: p[:c], pts)
   return _filter_release(pts, k_rel, tau=ph.tau, lap_scale=sched.laplace_scale,
                          threshold=sched.threshold, sigma=sigma)
 
@@ -298,16 +308,14 @@ def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
   return planner
 
 
-# every FILTER algorithm's certificate reads m (items per user); Algorithms 2-3 shard their
-# per-user gradients and FILTER pair counts over a mesh (mesh.py), Algorithm 1 does not
-_TRAITS = dict(paper="000", reads_m=True)
+# every FILTER algorithm's certificate reads m (items per user); every one takes a mesh:
+# Algorithm 1 shards its groups' SGD, Algorithms 2-3 their per-user gradients and FILTER pair
+# counts (mesh.py)
+_TRAITS = dict(paper="000", reads_m=True, mesh=True)
 
 
 @register("user_level_phased_sgd", config=cf.PhasedSgdConfig,
-          planner=_planner("user_level_phased_sgd"),
-          mesh="Algorithm 1 runs non-private SGD through each group's items and releases a "
-               "FILTER of the group outputs: no batched per-user gradient step to shard",
-          **_TRAITS)
+          planner=_planner("user_level_phased_sgd"), **_TRAITS)
 def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 1 of paper 000 (see module docstring)."""
   plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
@@ -547,14 +555,14 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
 
 
 @register("user_level_accelerated_erm", config=cf.AcceleratedErmConfig,
-          planner=_planner("user_level_accelerated_erm"), mesh=True, **_TRAITS)
+          planner=_planner("user_level_accelerated_erm"), **_TRAITS)
 def user_level_accelerated_erm(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
   return _run_alg3(problem, cfg, key, smoothed=False)
 
 
 @register("user_level_accelerated_erm_smoothed", config=cf.AcceleratedErmSmoothedConfig,
-          planner=_planner("user_level_accelerated_erm_smoothed"), mesh=True, **_TRAITS)
+          planner=_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)
 def user_level_accelerated_erm_smoothed(problem: SCOProblem, cfg: dict,
                                         key: jax.Array) -> Result:
   """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3)."""

@@ -1,4 +1,12 @@
-"""Algorithms 2-3 of paper 000 with users sharded over a mesh (issue 24.2).
+"""Paper 000's Algorithms 1-3 with users sharded over a mesh (issue 24.2).
+
+Algorithm 1 (:func:`place_groups`): a phase's ``C`` groups run their one-pass SGD
+independently (a ``vmap`` over groups), so the groups are split over the mesh's ``"users"``
+axis, padded to a multiple of the devices with copies of group 0 whose outputs are sliced
+off, each group with the key the one-device run gives it; the FILTER then sees the very
+``C`` points of the one-device run (it is ``O(C^2 d)`` on ``C`` points, replicated).
+
+Algorithms 2-3:
 
 Per step, each sampled user's mean gradient over its ``m`` items (``O(K m d)``) is computed by
 the device that owns the user's slot: a phase's users are placed with their
@@ -35,7 +43,19 @@ from dpsco_jax.grads import per_user_grads
 
 PyTree = Any
 
-__all__ = ["place_phase", "step_user_grads"]
+__all__ = ["place_groups", "place_phase", "step_user_grads"]
+
+
+def place_groups(items: PyTree, keys: jax.Array, mesh: Mesh, axis: str = "users"
+                 ) -> tuple[PyTree, jax.Array]:
+  """Algorithm 1's groups (leaves ``[C, T, ...]``) and their ``[C]`` keys, padded to a
+  multiple of ``mesh``'s ``axis`` (copies of group 0 and its key: their outputs are sliced off
+  by the caller) and placed with the group axis sharded, so each device runs its own groups'
+  SGD."""
+  placed, c = _on_mesh(items, mesh, axis)
+  pad = jax.tree.leaves(placed)[0].shape[0] - c
+  keys = jnp.concatenate([keys, jnp.repeat(keys[:1], pad, 0)]) if pad else keys
+  return placed, jax.device_put(keys, NamedSharding(mesh, PartitionSpec(axis)))
 
 
 def place_phase(data: PyTree, mesh: Mesh, axis: str = "users"
