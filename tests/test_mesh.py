@@ -166,6 +166,6 @@ def test_every_algorithm_takes_a_mesh_or_refuses_it_with_its_reason():
     with pytest.raises(ValueError, match="does not take a mesh") as err:
       api._mesh(name, mesh)
     assert name in str(err.value) and reason in str(err.value)
-  with jax.set_mesh(mesh), pytest.raises(ValueError, match="ReSQue"):   # a context is not ignored
-    api._mesh("resque_private_sco", None)
+  with jax.set_mesh(mesh), pytest.raises(ValueError, match="output perturbation"):  # not ignored
+    api._mesh("naive_output_pert", None)
   assert api._mesh("dp_loc_gd", mesh) is mesh

@@ -48,18 +48,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
-from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.algorithms.common import mesh_users_axis, required_delta
 from dpsco_jax.config.types import ConfigView
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
@@ -70,7 +72,8 @@ from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELT
                                                     theorem3_params)
 from dpsco_jax.algorithms.resque.solvers import (Alg4, Alg4Plan, alg4_phase_releases,
                                                  alg5_schedule, flat_items,
-                                                 high_probability_solver, mlmc_prox_estimator,
+                                                 high_probability_solver,
+                                                 localized_resque_sgd, mlmc_prox_estimator,
                                                  problem_items, strongly_convex_resque)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.events import ApproxRdpEvent
@@ -445,9 +448,7 @@ def _planner(facts, cfg: dict) -> Planned:
 
 
 @register("resque_private_sco", config=cf.ResquePrivateConfig, paper="002", planner=_planner,
-          level="item", reads_m=True,
-          mesh="ReSQue's oracles query items at Gaussian-perturbed points inside a "
-               "host-driven bisection / MLMC loop (no clipped per-user step): not sharded yet")
+          level="item", reads_m=True, mesh=True)   # each round's oracle calls split over it
 def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
 
@@ -461,7 +462,14 @@ def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """
   plan = resque_private_plan(problem, cfg)
   ledger = charge_resque_private(plan)
-  x, debug_phases = _execute(problem, plan, key, problem_items(problem))
+  items, alg4 = problem_items(problem), (lambda i: None)
+  mesh = getattr(problem, "mesh", None)
+  if mesh is not None:   # each round's oracle calls split over the users axis (draw_queries)
+    mesh_users_axis(mesh)   # a mesh without the users axis is refused, naming it
+    users = NamedSharding(mesh, PartitionSpec("users"))
+    items = jax.device_put(items, NamedSharding(mesh, PartitionSpec()))   # replicated
+    alg4 = lambda i: functools.partial(localized_resque_sgd, users=users)   # noqa: E731
+  x, debug_phases = _execute(problem, plan, key, items, alg4_for_phase=alg4)
   report = resque_private_report(plan, ledger)
   records = [{"n": ph.n, "eps": ph.eps, "beta": ph.p["beta"], "lam": ph.p["lam"],
               "r": ph.p["erm"].r, "rho": ph.p["erm"].rho, "alpha": ph.p["alpha"],

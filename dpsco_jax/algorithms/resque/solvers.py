@@ -27,6 +27,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from dpsco_jax._checks import check_int
 from dpsco_jax.algorithms.resque.ball_oracles import majority_aggregate
@@ -108,21 +109,35 @@ def phase_average(y0: PyTree, center: PyTree, reg_center: PyTree, xis: PyTree, g
 
 
 def draw_queries(key: jax.Array, loss_fn: Callable, items: PyTree, center: PyTree,
-                 rho: float | jax.Array, num: int) -> tuple[jax.Array, PyTree, PyTree]:
+                 rho: float | jax.Array, num: int, users: NamedSharding | None = None
+                 ) -> tuple[jax.Array, PyTree, PyTree]:
   """``num`` indices ``z ~ Unif[n]`` WITH replacement, offsets ``xi ~ N(0, rho^2 I)`` and the
   gradients ``grad f^{z}(center + xi)`` — one batched round (the queries do not depend on the
-  iterates, spec 002 §3.5 [IMPL])."""
+  iterates, spec 002 §3.5 [IMPL]).
+
+  ``users`` (a mesh's sharding of its users axis): the round's ``num`` oracle calls are split
+  over the devices (paper 002's parallel queries): the same ``z`` and ``xi`` as the
+  one-device run, padded to a multiple of the devices with copies of query 0 whose gradients
+  are sliced off, so the gradients are the one-device ones (to float tolerance)."""
   n = jax.tree.leaves(items)[0].shape[0]
   kz, kx = jax.random.split(key)
   z = jax.random.randint(kz, (num,), 0, n)
   xis, _ = sample_queries(kx, center, rho, num)
-  batch = jax.tree.map(lambda a: a[z], items)
-  return z, xis, per_example_grads(loss_fn, center, batch, offsets=xis)
+  if users is None:
+    batch = jax.tree.map(lambda a: a[z], items)
+    return z, xis, per_example_grads(loss_fn, center, batch, offsets=xis)
+  pad = -num % users.mesh.shape[users.spec[0]]
+  zp, xp = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], pad, 0)]), (z, xis))
+  zp, xp = jax.lax.with_sharding_constraint((zp, xp), users)
+  batch = jax.lax.with_sharding_constraint(jax.tree.map(lambda a: a[zp], items), users)
+  grads = per_example_grads(loss_fn, center, batch, offsets=xp)
+  return z, xis, jax.tree.map(lambda g: g[:num], grads)
 
 
 def _alg4_phases(loss_fn: Callable, lengths: tuple[int, ...], items, center, reg_center, lam,
                  x0, key, etas, sigmas, radius, rho, *, add_noise: bool = True,
-                 forced: PyTree | None = None) -> tuple[PyTree, list, jax.Array]:
+                 forced: PyTree | None = None, users: NamedSharding | None = None
+                 ) -> tuple[PyTree, list, jax.Array]:
   """Traced body of one Alg. 3/4 call: ``(projected output, [release_i], item indices)``.
 
   ``release_i = ybar_i + zeta_i`` is phase ``i``'s noisy output (Alg. 3 line 11), the only
@@ -130,7 +145,7 @@ def _alg4_phases(loss_fn: Callable, lengths: tuple[int, ...], items, center, reg
   drops ``zeta_i``; ``forced`` (audit only, leaves ``[k, ...]``) starts phase ``i > 0`` from
   ``forced[i-1]`` instead of this run's own release (re-coupling, spec 002 §4 item 2)."""
   kq, kn = jax.random.split(key)
-  z, xis, grads = draw_queries(kq, loss_fn, items, center, rho, sum(lengths))
+  z, xis, grads = draw_queries(kq, loss_fn, items, center, rho, sum(lengths), users)
   x, off, releases = x0, 0, []
   for i, t_i in enumerate(lengths):  # static: the phase lengths are part of the plan
     if forced is not None and i > 0:
@@ -149,11 +164,12 @@ def _alg4_phases(loss_fn: Callable, lengths: tuple[int, ...], items, center, reg
 
 
 @bounded_cache()
-def _alg4_compiled(loss_fn: Callable, lengths: tuple[int, ...]):
+def _alg4_compiled(loss_fn: Callable, lengths: tuple[int, ...],
+                   users: NamedSharding | None = None):
   @jax.jit
   def run(items, center, reg_center, lam, x0, key, etas, sigmas, radius, rho):
     return _alg4_phases(loss_fn, lengths, items, center, reg_center, lam, x0, key, etas,
-                        sigmas, radius, rho)[0]
+                        sigmas, radius, rho, users=users)[0]
   return run
 
 
@@ -183,9 +199,12 @@ def _alg4_args(items, center, key, *, T, radius, rho, beta, lipschitz, lam, r_pr
 def localized_resque_sgd(loss_fn: Callable, items: PyTree, center: PyTree, key: jax.Array, *,
                          T: int, radius: float, rho: float, beta: float, lipschitz: float,
                          lam: float = 0.0, r_prime: float | None = None,
-                         x0: PyTree | None = None, reg_center: PyTree | None = None
-                         ) -> tuple[PyTree, Alg4Plan]:
+                         x0: PyTree | None = None, reg_center: PyTree | None = None,
+                         users: NamedSharding | None = None) -> tuple[PyTree, Alg4Plan]:
   """Alg. 3 (``lam = 0``) / Alg. 4: private localized ReSQue SGD in ``B_center(radius)``.
+
+  ``users``: a mesh's users sharding; each round's oracle calls are split over its devices
+  (:func:`draw_queries`; ``items`` replicated on the mesh).
 
   Uses ``T^ - 1 <= T`` gradients. Privacy: see :func:`~.resque_accounting.alg4_rdp` (the
   caller charges the ledger BEFORE calling). ``r_prime`` (default ``radius``) is Alg. 4's
@@ -194,7 +213,7 @@ def localized_resque_sgd(loss_fn: Callable, items: PyTree, center: PyTree, key: 
   plan, args = _alg4_args(items, center, key, T=T, radius=radius, rho=rho, beta=beta,
                           lipschitz=lipschitz, lam=lam, r_prime=r_prime, x0=x0,
                           reg_center=reg_center)
-  return _alg4_compiled(loss_fn, plan.lengths)(*args), plan
+  return _alg4_compiled(loss_fn, plan.lengths, users)(*args), plan
 
 
 def alg4_phase_releases(loss_fn: Callable, items: PyTree, center: PyTree, key: jax.Array, *,
