@@ -88,7 +88,6 @@ FILTER; ``true``: L; not part of the sensitivity, which FILTER bounds),
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any, Callable
@@ -102,10 +101,9 @@ from jax.sharding import NamedSharding
 from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_choice, check_positive
-from dpsco_jax.algorithms.user_level_filter.plan import (RELATION, FilterPlan, Options, PublicSpec,
-                                                  config_view,
-                                                  gauss_event, make_ledger, plan_alg1,
-                                                  plan_alg3, read_options)
+from dpsco_jax.algorithms.user_level_filter.plan import (FilterPlan, Options, PublicSpec,
+                                                  config_view, gauss_event, make_ledger,
+                                                  plan_alg1, plan_alg3, read_options)
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule)
 from dpsco_jax.algorithms.user_level_filter.mesh import (place_groups, place_phase,
@@ -114,7 +112,6 @@ from dpsco_jax.algorithms.user_level_filter.plan import (  # noqa: F401 (re-expo
     _nonprivate_report, _provenance_note, _report, alg1_report, alg3_report)
 from dpsco_jax.config.types import ConfigView
 from dpsco_jax.data.problem import MissingConstant, PublicFacts
-from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.problems.user_level import (corrupt_users, hinge_loss,  # noqa: F401 (re-export)
