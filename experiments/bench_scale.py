@@ -2,7 +2,9 @@
 memory as the number of users grows.
 
 Workload (the issue's): ``n`` users with 8 items of 20 float32 features each (rows in random
-order of users, int64 ids), Poisson sampling with ``q n = 1000`` users per step.
+order of users, int64 ids), Poisson sampling with ``q n = 1000`` users per step. With
+``--grouped`` the rows are sorted by user instead (each user's 8 rows contiguous, users in
+order): the dense layout ``UserData.from_arrays`` takes as reshaped views, without a copy.
 
 For each ``n`` a fresh subprocess (so peaks are per ``n``) measures:
 
@@ -24,8 +26,9 @@ For each ``n`` a fresh subprocess (so peaks are per ``n``) measures:
   is the process before any data (Python + JAX), included in the peaks.
 
 Usage: ``python experiments/bench_scale.py [--quick] [--min-n 1e4] [--max-n 1e7] [--steps
-200] [--old-build-max 1e4]``. The last line of output is the JSON summary. ``BENCH_SCALE_TMP``
-names the directory of the stores (default: the system's temporary directory).
+200] [--old-build-max 1e4] [--grouped]``. The last line of output is the JSON summary.
+``BENCH_SCALE_TMP`` names the directory of the stores (default: the system's temporary
+directory).
 """
 
 from __future__ import annotations
@@ -72,13 +75,14 @@ def _old_build(leaves, user_ids, m):
   return [leaf[slots] for leaf in leaves]
 
 
-def _table(n: int, seed: int = 0):
+def _table(n: int, seed: int = 0, grouped: bool = False):
   import numpy as np
   rng = np.random.default_rng(seed)
   x = np.empty((n * ITEMS, FEATURES), np.float32)
   rng.standard_normal(out=x, dtype=np.float32)
   ids = np.repeat(np.arange(n, dtype=np.int64), ITEMS)
-  rng.shuffle(ids)            # in place: rows in random order of users
+  if not grouped:
+    rng.shuffle(ids)          # in place: rows in random order of users
   return x, ids
 
 
@@ -151,15 +155,17 @@ def _fit(data, n: int, steps: int, placement: str) -> dict:
           f"{placement}_run_ms_per_step": (t2 - t1) / steps * 1e3}
 
 
-def worker(n: int, steps: int, store: bool, old_build: bool, old_step: bool) -> dict:
+def worker(n: int, steps: int, store: bool, old_build: bool, old_step: bool,
+           grouped: bool = False) -> dict:
   import jax
   import numpy as np
   from dpsco_jax.data import UserData
   jax.block_until_ready(jax.numpy.zeros(1))          # backend up: part of the baseline
   out = {"n": n, "mode": "store" if store else "memory",
+         "layout": "grouped" if grouped else "shuffled",
          "raw_gb": n * ITEMS * FEATURES * 4 / 2**30, "ids_gb": n * ITEMS * 8 / 2**30,
          "base_gb": _gb(_status_kb("VmRSS"))}
-  x, ids = _table(n)
+  x, ids = _table(n, grouped=grouped)
   if old_build:
     t0 = time.perf_counter()
     old = _old_build([x], ids, ITEMS)
@@ -171,6 +177,7 @@ def worker(n: int, steps: int, store: bool, old_build: bool, old_step: bool) -> 
     data = UserData.from_arrays({"x": x}, ids, store=os.path.join(tmp, "s") if store else None)
     out["build_s"] = time.perf_counter() - t0
     out["peak_build_gb"] = _gb(_status_kb("VmHWM"))
+    out["zero_copy"] = bool(np.shares_memory(data.examples["x"][:1], x[:ITEMS]))
     assert data.n_users == n and data.max_items_per_user == ITEMS
     del x, ids                 # the run needs only the UserData
     _reset_peak()
@@ -200,6 +207,7 @@ def _run_worker(n: int, args, store: bool) -> dict:
   cmd += ["--store"] if store else []
   cmd += ["--old-build"] if n <= args.old_build_max else []
   cmd += ["--old-step"] if n <= args.old_step_max else []
+  cmd += ["--grouped"] if args.grouped else []
   env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
   if proc.returncode != 0:
@@ -250,6 +258,8 @@ def main() -> None:
                   help="largest n built in memory (the padded copy doubles the table)")
   ap.add_argument("--old-build-max", type=float, default=1e4)
   ap.add_argument("--old-step-max", type=float, default=1e6)
+  ap.add_argument("--grouped", action="store_true",
+                  help="rows sorted by user (the dense layout built without a copy)")
   ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
   ap.add_argument("--store", action="store_true", help=argparse.SUPPRESS)
   ap.add_argument("--old-build", action="store_true", help=argparse.SUPPRESS)
@@ -257,7 +267,7 @@ def main() -> None:
   args = ap.parse_args()
   if args.worker is not None:
     print(json.dumps(worker(args.worker, args.steps, args.store, args.old_build,
-                            args.old_step)))
+                            args.old_step, args.grouped)))
     return
   if args.quick:
     sizes, args.steps, args.store_from = [1000, 10_000], 20, 10_000
@@ -271,9 +281,11 @@ def main() -> None:
     for store in (False, True):
       if (n <= args.memory_max, n >= args.store_from)[store]:
         rows.append(_run_worker(n, args, store=store))
-        print(_table_lines(rows[-1:])[-1], flush=True)   # progress: one row per run
+        print(_table_lines(rows[-1:])[1], flush=True)    # progress: one row per run
   ok = [r for r in rows if "error" not in r]
+  print("\n".join(_table_lines(ok)[len(ok) + 1:]), flush=True)   # the end-to-end table
   print(json.dumps({"mode": "quick" if args.quick else "full", "items_per_user": ITEMS,
+                    "layout": "grouped" if args.grouped else "shuffled",
                     "features": FEATURES, "users_per_step": PER_STEP, "steps": args.steps,
                     "largest_n": max((r["n"] for r in ok), default=0), "rows": rows}))
 

@@ -15,6 +15,13 @@ The machinery behind :meth:`dpsco_jax.data.UserData.from_arrays`:
   user's own items); a user with ``k > m`` rows keeps its first ``m`` (``"first"``) or a subset
   drawn by a generator seeded with ``[seed, id_seed(id)]`` (``"random"``): the only per-user
   Python work, and only for truncated users.
+* :func:`dense_run_length` recognises, in ``O(N)`` without sorting the rows, the dense layout
+  where the padded leaves are a reshape of the table: every user has exactly ``k`` rows,
+  contiguous and distinct from the other users' runs (a table grouped by user, ``k`` items
+  each). Then slot
+  ``j`` of the ``u``-th user is row ``u k + j`` (no padding, no truncation: ``j % k = j``) and
+  users are in order of first appearance, so ``from_arrays`` returns read-only reshaped views
+  of the caller's arrays instead of a copy.
 * :func:`write_padded` fills the padded ``[U, m, ...]`` leaves block by block, either into
   arrays in memory or into ``.npy`` files (a store, :func:`open_store`) written with plain file
   writes, so that the padded copy never sits in memory: building from a table in memory then
@@ -31,11 +38,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["canonical_ids", "id_seed", "group_rows", "Groups", "slot_rows", "write_padded",
-           "prepare_store", "save_store_meta", "open_store", "STORE_FORMAT"]
+__all__ = ["canonical_ids", "id_seed", "group_rows", "Groups", "slot_rows", "dense_run_length",
+           "write_padded", "prepare_store", "save_store_meta", "open_store", "STORE_FORMAT"]
 
 STORE_FORMAT = "dpsco_jax.UserData/1"
 _BLOCK_BYTES = 1 << 26   # ~64 MB of padded rows per block: bounded temporaries
+_SCAN_ROWS = 1 << 20     # ids compared per chunk by dense_run_length: ~1 MB of bools
 
 # --------------------------------------------------------------------------- ids
 
@@ -212,6 +220,46 @@ def slot_rows(groups: Groups, m: int, *, selection: str, seed: int, lo: int = 0,
       rng = np.random.default_rng([seed, id_seed(groups.ids[lo + u])])
       rows[u] = np.sort(rng.choice(mine, m, replace=False))
   return rows
+
+
+def _first_run_length(ids: np.ndarray) -> int:
+  """Rows in the leading run of equal ids (chunked: no ``[N]`` temporary)."""
+  n, step = ids.shape[0], 1 << 16
+  for a in range(0, n, step):
+    hit = np.flatnonzero(ids[a:a + step] != ids[0])
+    if hit.size:
+      return a + int(hit[0])
+    step = min(step * 2, _SCAN_ROWS)
+  return n
+
+
+def dense_run_length(ids: np.ndarray, m: int | None = None) -> int | None:
+  """``k`` when canonical ``ids`` are ``N / k`` runs of exactly ``k`` equal ids, each run a
+  different user (``k = m`` when ``m`` is given, else the first run's length); ``None``
+  otherwise, and for ``k = 1``, where telling needs the full sort (``group_rows``) anyway.
+
+  Then the grouping is known without sorting the rows: the ``u``-th user (in order of first
+  appearance) has rows ``u k .. u k + k - 1``, and its slots (:func:`slot_rows`: ``j % k = j``,
+  nothing padded or dropped) are those rows in order: the padded leaves are the table
+  reshaped to ``[N / k, k, ...]``. ``O(N)`` comparisons in chunks (early exit on the first
+  chunk that breaks the pattern, e.g. a shuffled table) plus one sort of the ``N / k`` run
+  heads to check they are distinct, with the same equality as :func:`group_rows`.
+  """
+  n = ids.shape[0]
+  if n == 0 or ids.dtype == object:       # object: ids beyond int64, the general path
+    return None
+  k = _first_run_length(ids) if m is None else int(m)
+  if k <= 1 or n % k:
+    return None
+  users = max(1, _SCAN_ROWS // k)
+  for a in range(0, n // k, users):
+    run = ids[a * k:(a + users) * k].reshape(-1, k)
+    if not np.all(run[:, 1:] == run[:, :1]):
+      return None
+  heads = np.sort(ids[::k])
+  if np.any(heads[1:] == heads[:-1]):     # a user in two runs: k is not its count
+    return None
+  return k
 
 
 # --------------------------------------------------------------------------- padded leaves

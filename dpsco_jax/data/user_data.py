@@ -31,10 +31,12 @@ appearance of its id) and ``m = max_items_per_user`` item slots, with an item ma
   see :func:`dpsco_jax.data.grouping.canonical_ids`. A hand-built ``UserData`` is checked
   too: unique ids, one per user, integer counts, ``n_dropped >= 0``, at least one user.
 * **Scale.** Building is one sort of the ids (``O(N log N)`` for ``N`` rows) plus one gather
-  per block of users (:mod:`dpsco_jax.data.grouping`). ``store=`` writes the padded leaves to
-  disk instead of memory and reads them back as memory maps (:meth:`UserData.open`), so a
-  table in memory is never copied whole; :mod:`dpsco_jax.data.sampling` then gathers only
-  each step's Poisson-sampled users from it.
+  per block of users (:mod:`dpsco_jax.data.grouping`). A dense table (every user exactly
+  ``m`` rows, contiguous) needs neither: it is recognised in ``O(N)`` and its leaves are
+  reshaped, read-only views of the caller's arrays (no copy, no sort of the rows).
+  ``store=`` writes the padded leaves to disk instead of memory and reads them back as memory
+  maps (:meth:`UserData.open`), so a table in memory is never copied whole;
+  :mod:`dpsco_jax.data.sampling` then gathers only each step's Poisson-sampled users from it.
 * **Many processes.** :meth:`UserData.shard` keeps one process's users of a ``jax.distributed``
   run (a contiguous block in user order, or every ``count``-th user): its arrays hold only
   those users (slices of a memory map stay memory maps), while :attr:`UserData.spec` still
@@ -245,6 +247,14 @@ def _check_bound(m: Any) -> int:
   return int(m)
 
 
+def _dense_view(leaf: np.ndarray, k: int) -> np.ndarray:
+  """``leaf`` ``[N, ...]`` as ``[N / k, k, ...]``: splitting the row axis is always a view (any
+  strides), marked read-only so that nothing writes through it into the caller's table."""
+  view = leaf.reshape((leaf.shape[0] // k, k) + leaf.shape[1:])
+  view.flags.writeable = False
+  return view
+
+
 def _examples_layout(examples: Any) -> tuple[str, list[str]]:
   """``("array", ["examples"])`` or ``("dict", keys)``: the layouts a store can rebuild
   (keys in the order of ``jax.tree.leaves``, which sorts a dict's keys)."""
@@ -343,7 +353,10 @@ class UserData:
 
     Args:
       examples: a pytree (dict, tuple, array) whose leaves are ``[N, ...]`` arrays, one row
-        per item (numpy arrays or memory maps; they are read, never copied whole).
+        per item (numpy arrays or memory maps; they are read, never copied whole). When
+        every user has exactly ``m`` rows, contiguous (a table grouped by user, ``m`` items
+        each), the result's leaves are read-only reshaped *views* of these arrays (no copy):
+        writing into the caller's arrays afterwards changes the data.
       user_ids: ``[N]`` the user of each row: all ints, all strings (or bytes), or all
         finite whole-number floats. ``NaN``/``None`` ids, bools and mixed kinds (``1`` with
         ``"1"`` or ``1.0``) are refused rather than silently merged.
@@ -373,20 +386,36 @@ class UserData:
     kind, names = _examples_layout(examples) if store is not None else ("", [])
     if store is not None:
       grouping.prepare_store(store, kind, names)
-    groups = grouping.group_rows(ids)
-    counts = groups.count
-    m = int(counts.max()) if m is None else m
-    padded = grouping.write_padded(
-        leaves, lambda lo, hi: grouping.slot_rows(groups, m, selection=selection, seed=seed,
-                                                  lo=lo, hi=hi),
-        groups.n_users, m, store)
+    k = grouping.dense_run_length(ids, m)
+    if k is not None:
+      # Dense layout (every user: k contiguous rows, users distinct): the grouping is known
+      # without a sort, and slot j of the u-th user is row u k + j.
+      m, user_ids = k, ids[::k].copy()
+      counts = np.full(n // k, k, np.intp)
+      if store is None:
+        padded = [_dense_view(leaf, k) for leaf in leaves]
+      else:
+        padded = grouping.write_padded(
+            leaves, lambda lo, hi: np.arange(lo * k, hi * k).reshape(hi - lo, k),
+            n // k, k, store)
+    else:
+      groups = grouping.group_rows(ids)
+      counts, user_ids = groups.count, groups.ids
+      m = int(counts.max()) if m is None else m
+      if store is None and m == 1 and groups.n_users == n:
+        padded = [_dense_view(leaf, 1) for leaf in leaves]   # one row per user, in order
+      else:
+        padded = grouping.write_padded(
+            leaves, lambda lo, hi: grouping.slot_rows(groups, m, selection=selection,
+                                                      seed=seed, lo=lo, hi=hi),
+            groups.n_users, m, store)
     kept = np.minimum(counts, m)
     mask = np.arange(m)[None, :] < kept[:, None]
-    data = cls(jax.tree.unflatten(treedef, padded), mask, groups.ids, kept, counts - kept,
+    data = cls(jax.tree.unflatten(treedef, padded), mask, user_ids, kept, counts - kept,
                m_declared=max_items_per_user is not None)
     if store is not None:
       grouping.save_store_meta(store, examples_kind=kind, names=names, arrays={
-          "item_mask": mask, "user_ids": groups.ids, "n_items": kept,
+          "item_mask": mask, "user_ids": user_ids, "n_items": kept,
           "n_dropped": counts - kept}, m_declared=data.m_declared)
     return data
 
