@@ -50,7 +50,8 @@ from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
 __all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
-           "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED", "run_seeds",
+           "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED",
+           "HOST_STREAMING", "run_seeds",
            "UndeclaredFact", "Progress", "print_progress"]
 
 
@@ -267,8 +268,10 @@ def print_progress(progress: Progress) -> None:
 
 
 #: where a run keeps the table: on the device (one jitted scan) or on the host / in a memory
-#: map, sampling users there and moving only theirs to the device each step
+#: map, sampling rows there and moving only theirs to the device each step
 PLACEMENTS = ("auto", "device", "host")
+#: the drivers that stream Poisson-sampled rows from the host (users, or item slots)
+HOST_STREAMING = frozenset(n for n, e in _TABLE.items() if e.host_streaming)
 
 
 def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
@@ -277,11 +280,13 @@ def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
     raise ValueError(f"data_placement must be one of {PLACEMENTS}, got {placement!r}")
   if placement == "auto":
     mapped = any(isinstance(x, np.memmap) for x in jax.tree.leaves(data.examples))
-    placement = "host" if mapped and p.algorithm == "dp_sgd_user" else "device"
+    streams = algorithms()[p.algorithm].host_streaming
+    placement = "host" if mapped and streams else "device"
   if placement == "host":
-    if p.algorithm != "dp_sgd_user" or (p.schedule or {}).get("sampling") != "poisson":
-      raise ValueError("data_placement='host' streams Poisson-sampled users: dp_sgd_user with "
-                       f"sampling='poisson' (got {p.algorithm}, sampling="
+    if (not algorithms()[p.algorithm].host_streaming
+        or (p.schedule or {}).get("sampling") != "poisson"):
+      raise ValueError("data_placement='host' streams Poisson-sampled rows: dp_sgd_user or "
+                       f"dp_sgd_item with sampling='poisson' (got {p.algorithm}, sampling="
                        f"{(p.schedule or {}).get('sampling')!r})")
     if mesh is not None:
       raise ValueError("data_placement='host' does not shard over a mesh yet: give one or the "
@@ -313,11 +318,11 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   the one-device run's to float tolerance (``MESH_READY`` algorithms).
 
   ``data_placement``: ``"device"`` (the whole table on the device, one jitted scan),
-  ``"host"`` (``dp_sgd_user`` with Poisson sampling: users are sampled on the host in
-  ``O(q n)`` per step and only their rows reach the device, so the table may be a memory map
-  from ``UserData.from_arrays(..., store=dir)`` / ``UserData.open(dir)``), or ``"auto"``
-  (host for a memory-mapped table, else device). Same sampling law and guarantee; other
-  users are drawn than on the device with the same key.
+  ``"host"`` (``dp_sgd_user`` / ``dp_sgd_item`` with Poisson sampling: users, or item
+  slots, are sampled on the host in ``O(q n)`` per step and only their rows reach the device,
+  so the table may be a memory map from ``UserData.from_arrays(..., store=dir)`` /
+  ``UserData.open(dir)``), or ``"auto"`` (host for a memory-mapped table, else device). Same
+  sampling law and guarantee; other rows are drawn than on the device with the same key.
 
   ``callback``: called with a :class:`Progress` about 20 times during the run by the
   DP-SGD family and ``nonprivate_sgd`` (steps done, epsilon so far), and once at the end by

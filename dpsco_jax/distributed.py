@@ -55,6 +55,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from dpsco_jax.algorithms.registry import algorithms
 from dpsco_jax.data.user_data import ShardInfo, UserData
 
 __all__ = ["DISTRIBUTED_READY", "DistributedMismatch", "initialize", "users_mesh",
@@ -62,7 +63,7 @@ __all__ = ["DISTRIBUTED_READY", "DistributedMismatch", "initialize", "users_mesh
 
 #: Algorithms that run under ``jax.distributed`` (the others are refused, never run on one
 #: process's users alone).
-DISTRIBUTED_READY = frozenset({"dp_sgd_user"})
+DISTRIBUTED_READY = frozenset(n for n, e in algorithms().items() if e.distributed)
 _WORDS = 4   # int64 words kept of a SHA-256 digest (the whole digest)
 
 
@@ -243,7 +244,7 @@ def _to_local(x: jax.Array) -> np.ndarray:
 # ----------------------------------------------------------------------------- the run
 def _refusal(p: Any, data: UserData, mesh: Any, placement: str) -> None:
   """Why this process cannot take part (raised after the handshake, on every process)."""
-  if p.algorithm not in DISTRIBUTED_READY:
+  if not algorithms()[p.algorithm].distributed:
     raise ValueError(f"{p.algorithm} does not run under jax.distributed yet; ready: "
                      f"{', '.join(sorted(DISTRIBUTED_READY))}")
   sched = p.schedule or {}

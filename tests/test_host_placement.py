@@ -58,12 +58,51 @@ def test_a_memory_mapped_table_streams_without_the_whole_table_on_the_device(tmp
 
 def test_host_placement_is_refused_where_it_does_not_apply():
   data = UserData.from_arrays(*_arrays(), max_items_per_user=3)
-  with pytest.raises(ValueError, match="Poisson-sampled users"):
+  with pytest.raises(ValueError, match="Poisson-sampled rows"):
     dpsco_jax.fit("dp_sgd_user", {**CFG, "sampling": "full", "relation": "zero_out"}, loss,
                   jnp.zeros(4), data, jax.random.key(0), data_placement="host")
-  with pytest.raises(ValueError, match="Poisson-sampled users"):
-    dpsco_jax.fit("dp_sgd_item", {**CFG, "sampling_rate": 0.1, "n_users": 80}, loss,
+  with pytest.raises(ValueError, match="Poisson-sampled rows"):
+    dpsco_jax.fit("dp_sgd_group", {**CFG, "sampling_rate": 0.1, "n_users": 80}, loss,
                   jnp.zeros(4), data, jax.random.key(0), data_placement="host")
   with pytest.raises(ValueError, match="data_placement"):
     dpsco_jax.fit("dp_sgd_user", {**CFG, "sampling_rate": 0.1, "n_users": 80}, loss,
                   jnp.zeros(4), data, jax.random.key(0), data_placement="gpu")
+
+
+def _ragged(n=60, seed=1):
+  """Users with 1 to 4 items, m = 4: padding slots (weight 0) are rows of the item view too."""
+  rng = np.random.default_rng(seed)
+  ids = np.repeat(np.arange(n), rng.integers(1, 5, n))
+  x = rng.normal(size=(ids.size, 4)).astype(np.float32)
+  y = (rng.random(ids.size) < 0.5).astype(np.float32)
+  return UserData.from_arrays({"x": x, "y": y}, ids, max_items_per_user=4)
+
+
+def test_item_level_streams_item_slots_and_agrees_with_the_device_when_all_are_sampled():
+  """dp_sgd_item from the host: Poisson over the U m item slots (as the device path lays them
+  out); at q = 1 both paths run the same batches and noise, and the padding slots weigh 0."""
+  data = _ragged()
+  cfg = {**CFG, "sampling_rate": 1.0, "n_users": 60}
+  dev = dpsco_jax.fit("dp_sgd_item", cfg, loss, jnp.zeros(4), data, jax.random.key(3),
+                      data_placement="device")
+  host = dpsco_jax.fit("dp_sgd_item", cfg, loss, jnp.zeros(4), data, jax.random.key(3),
+                       data_placement="host")
+  np.testing.assert_allclose(np.asarray(host.params), np.asarray(dev.params), atol=1e-5)
+  assert host.privacy == dev.privacy
+  other = dpsco_jax.fit("dp_sgd_item", {**cfg, "sampling_rate": 0.2}, loss, jnp.zeros(4),
+                        data, jax.random.key(3), data_placement="host")
+  assert np.max(np.abs(np.asarray(other.params) - np.asarray(host.params))) > 1e-3
+
+
+def test_item_slot_gather_is_the_item_view_reshaped():
+  from dpsco_jax.data.sampling import gather_batch
+  data = _ragged()
+  rows = jax.tree.map(lambda a: np.asarray(a).reshape((-1, 1) + a.shape[2:]), data.item_view())
+  idx = np.array([0, 5, 7, 100, data.n_users * 4 - 1, 3])
+  mask = np.array([True, True, True, True, True, False])
+  got = gather_batch(data, idx, mask, view="item_rows")
+  np.testing.assert_array_equal(got["example"]["x"], rows["example"]["x"][idx])
+  np.testing.assert_array_equal(got["weight"][:5], rows["weight"][idx[:5]])
+  assert got["weight"][5, 0] == 0.0 and 0.0 in rows["weight"]     # unsampled; padding exists
+  with pytest.raises(IndexError, match="item slot"):
+    gather_batch(data, np.array([data.n_users * 4]), np.array([True]), view="item_rows")

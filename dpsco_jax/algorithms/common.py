@@ -240,16 +240,19 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
                    hparams: dict, *, static: tuple = (), steps: int, key: jax.Array,
                    rate: float, capacity: int, view: str = "user",
                    record: Callable | None = None,
-                   progress: Callable[[int], None] | None = None) -> tuple[Any, ...]:
+                   progress: Callable[[int], None] | None = None,
+                   rows: int | None = None) -> tuple[Any, ...]:
   """:func:`run_chain` with Poisson sampling done on the host: each step samples users in
   ``O(q n)`` expected work (:class:`~dpsco_jax.data.PoissonSampler`, seeded by ``key``) and
   moves only their rows to the device (:func:`~dpsco_jax.data.iter_batches`, one step
   ahead), so the table stays in host memory or a memory map (``UserData.open``) and a step's
   cost does not grow with ``n``. Same law (each user with probability ``rate``, truncated at
   ``capacity``), same chain and noise keys as the scan; other users are drawn than by the
-  device sampler with the same key."""
+  device sampler with the same key. ``rows``: the number of rows sampled (default: the users;
+  ``view="item_rows"`` samples the ``U m`` item slots)."""
   from dpsco_jax.data.sampling import PoissonSampler, iter_batches
-  sampler = PoissonSampler(user_data.n_users, rate, capacity=capacity, seed=key)
+  sampler = PoissonSampler(user_data.n_users if rows is None else rows, rate,
+                           capacity=capacity, seed=key)
   state = jax.jit(lambda p, h: tx_factory(h, *static).init(p))(params0, hparams)
   step = _compiled_step(loss_fn, tx_factory, tuple(static), record)
   params = jax.tree.map(jnp.array, params0)   # donated below: never the caller's buffers

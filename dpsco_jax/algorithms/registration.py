@@ -13,8 +13,9 @@ read) and its ``driver(problem, cfg, key) -> Result``. Everything the entry poin
 about it is a keyword of :func:`register` (its :class:`AlgorithmEntry`): the rows it clips
 (``level``), whether its guarantee reads the items per user (``reads_m``), whether it can run
 on a mesh (or why not), whether its driver batches seeds, whether it runs on a ``loss_fn`` and
-``UserData`` at all (or why not). :mod:`dpsco_jax.api`, the runner, the sweeps and the tests
-read these from the table; no list of algorithm names lives anywhere else. So adding an
+``UserData`` at all (or why not), whether it streams rows from the host or runs under
+``jax.distributed``. :mod:`dpsco_jax.api`, the runner, the sweeps, the many-process path and
+the tests read these from the table. So adding an
 algorithm touches its own package and nothing else: :mod:`dpsco_jax.algorithms.registry`
 imports the ``driver`` module of every package under ``dpsco_jax/algorithms/`` (and a user's
 module that calls :func:`register` adds its algorithm to ``dpsco_jax.plan`` / ``run`` /
@@ -68,6 +69,9 @@ class AlgorithmEntry:
     mesh: ``True`` if the per-user gradient step shards users over a mesh, else the reason
       it refuses one.
     batched: the driver runs a group of seeds as one ``vmap``-ed program.
+    host_streaming: the driver can sample rows on the host and move only theirs to the
+      device (``dpsco_jax.run(..., data_placement="host")``, a memory-mapped table).
+    distributed: the driver runs under ``jax.distributed`` on each process's shard.
     unsupported: why it cannot run on a ``loss_fn`` and ``UserData`` (``None``: it can).
   """
   name: str
@@ -82,6 +86,8 @@ class AlgorithmEntry:
   mesh: bool | str = "not sharded yet"
   batched: bool = False
   unsupported: str | None = None
+  host_streaming: bool = False
+  distributed: bool = False
 
   @property
   def mesh_ready(self) -> bool:
@@ -104,7 +110,8 @@ def _check(name: str, entry: AlgorithmEntry) -> None:
     raise TypeError(f"register({name!r}): planner must be callable, got {entry.planner!r}")
   if not (entry.mesh is True or (isinstance(entry.mesh, str) and entry.mesh.strip())):
     raise ValueError(f"register({name!r}): mesh must be True or the reason it refuses one")
-  for flag in ("item_guarantee", "reads_m", "reuses_noise_multiplier", "batched"):
+  for flag in ("item_guarantee", "reads_m", "reuses_noise_multiplier", "batched",
+               "host_streaming", "distributed"):
     if not isinstance(getattr(entry, flag), bool):
       raise TypeError(f"register({name!r}): {flag} must be a bool")
 
@@ -113,7 +120,8 @@ def register(name: str, *, config: type, paper: str,
              planner: Callable[..., Planned] | None = None, level: str = "user",
              item_guarantee: bool | None = None, reads_m: bool = False,
              reuses_noise_multiplier: bool = False, mesh: bool | str = "not sharded yet",
-             batched: bool = False, unsupported: str | None = None
+             batched: bool = False, unsupported: str | None = None,
+             host_streaming: bool = False, distributed: bool = False
              ) -> Callable[[Callable], Callable]:
   """Decorator: registers ``driver`` under ``name`` with the traits above (a second
   registration of a name with another driver is a bug and raises; an incomplete entry raises)
@@ -124,7 +132,8 @@ def register(name: str, *, config: type, paper: str,
   def deco(driver: Callable) -> Callable:
     entry = AlgorithmEntry(name, driver, config, str(paper), planner, level,
                            level == "item" if item_guarantee is None else item_guarantee,
-                           reads_m, reuses_noise_multiplier, mesh, batched, unsupported)
+                           reads_m, reuses_noise_multiplier, mesh, batched, unsupported,
+                           host_streaming, distributed)
     _check(name, entry)
     old = _REGISTRY.get(name)
     if old is not None and old.driver is not driver:

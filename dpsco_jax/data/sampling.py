@@ -39,7 +39,7 @@ from dpsco_jax.data.user_data import UserData
 __all__ = ["PoissonSampler", "poisson_indices", "gather_batch", "take_users", "iter_batches"]
 
 _TAG = 0x5D5C0A11   # separates these generators' seeds from any other use of the same seed
-VIEWS = ("user", "item")
+VIEWS = ("user", "item", "item_rows")
 
 
 def poisson_indices(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
@@ -142,14 +142,27 @@ def gather_batch(data: UserData, idx: np.ndarray, mask: np.ndarray, *,
   Returns ``{"example": leaves [capacity, m, ...], "weight": float32 [capacity, m]}``: row
   ``i`` equals row ``idx[i]`` of ``data.user_view()`` (``view="user"``, weights ``m / k``) or
   ``data.item_view()`` (``"item"``, weights 1) where ``mask[i]``, and has weight 0 elsewhere.
+
+  ``view="item_rows"`` (item-level DP-SGD: every item slot is its own row, ``U m`` rows):
+  ``idx`` indexes the slots, slot ``r`` being item ``r % m`` of user ``r // m``; returns
+  leaves ``[capacity, 1, ...]`` and weights ``[capacity, 1]`` (1 on a real item, 0 on a
+  padding slot or an unsampled row), the rows of the item view reshaped to ``[U m, 1, ...]``.
   """
   if view not in VIEWS:
     raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
   idx, mask = np.asarray(idx), np.asarray(mask, bool)
   if idx.shape != mask.shape or idx.ndim != 1:
     raise ValueError(f"idx and mask must both be [capacity], got {idx.shape}, {mask.shape}")
-  if idx.size and (idx.min() < 0 or idx.max() >= data.n_users):
-    raise IndexError(f"user indices must be in [0, {data.n_users})")
+  rows = data.n_users * (data.max_items_per_user if view == "item_rows" else 1)
+  if idx.size and (idx.min() < 0 or idx.max() >= rows):
+    raise IndexError(f"{'item slot' if view == 'item_rows' else 'user'} indices must be in "
+                     f"[0, {rows})")
+  if view == "item_rows":
+    u, slot = np.divmod(idx, data.max_items_per_user)
+    weight = data.item_mask[u, slot].astype(np.float32)[:, None]
+    weight[~mask] = 0.0
+    return {"example": jax.tree.map(lambda x: np.asarray(x[u, slot])[:, None], data.examples),
+            "weight": weight}
   items = data.item_mask[idx]
   if view == "user":
     # The same float64 expression as user_view, so the weights agree bit for bit.
@@ -166,9 +179,10 @@ def iter_batches(data: UserData, sampler: PoissonSampler, steps: int, *, view: s
   """``(t, batch, mask)`` for ``t = start .. start + steps - 1``, moved to the device by
   ``put``; step ``t + 1`` is sampled and gathered in a background thread while the caller
   works on step ``t``."""
-  if sampler.n_users != data.n_users:
-    raise ValueError(f"the sampler is for {sampler.n_users} users, the data has "
-                     f"{data.n_users}")
+  rows = data.n_users * (data.max_items_per_user if view == "item_rows" else 1)
+  if sampler.n_users != rows:
+    raise ValueError(f"the sampler is for {sampler.n_users} rows, the data has {rows} "
+                     f"({view} rows)")
 
   def host(t):
     idx, mask = sampler(t)

@@ -273,16 +273,18 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
 
 
 def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple[Any, ...]:
-  """The plan with users sampled on the host and only their rows sent to the device
-  (``problem.user_data`` stays in host memory or a memory map): user level, Poisson."""
+  """The plan with rows sampled on the host and only theirs sent to the device
+  (``problem.user_data`` stays in host memory or a memory map): Poisson, user level (rows are
+  users) or item level (rows are the ``U m`` item slots, as ``_item_rows`` lays them out)."""
   from dpsco_jax.algorithms.common import run_chain_host
-  if plan.level != "user" or plan.sampling != "poisson":
-    raise ValueError("data_placement='host' streams Poisson-sampled users (dp_sgd_user with "
-                     f"sampling='poisson'); got level={plan.level!r}, "
+  if plan.level not in ("user", "item") or plan.sampling != "poisson":
+    raise ValueError("data_placement='host' streams Poisson-sampled rows (dp_sgd_user or "
+                     f"dp_sgd_item with sampling='poisson'); got level={plan.level!r}, "
                      f"sampling={plan.sampling!r}")
-  n = problem.user_data.n_users
+  data = problem.user_data
+  n = data.n_users * (1 if plan.level == "user" else data.max_items_per_user)
   if plan.relation == "add_remove" and n > plan.n_public:
-    raise ValueError(f"the data has {n} users, more than the declared n_users "
+    raise ValueError(f"the data has {n} {plan.level} rows, more than the declared count "
                      f"({plan.n_public}): under add_remove the declared count is the public "
                      "bound the sampling capacity is sized for")
   hparams = {"clip": plan.clip, "stddev": plan.noise_std, "lr": plan.lr,
@@ -291,6 +293,7 @@ def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple
                         dp_sgd_chain, hparams, static=(plan.denominator, plan.averaging, False),
                         steps=plan.steps, key=jax.random.fold_in(key, 2),
                         rate=plan.sampling_rate, capacity=plan.capacity,
+                        view="user" if plan.level == "user" else "item_rows", rows=n,
                         progress=getattr(problem, "progress", None))
 
 
@@ -359,14 +362,14 @@ _TRAITS = dict(paper="baseline", mesh=True, batched=True)
 
 
 @register("dp_sgd_user", config=cf.DpSgdConfig, planner=_planner("user"),
-          reuses_noise_multiplier=True, **_TRAITS)
+          reuses_noise_multiplier=True, host_streaming=True, distributed=True, **_TRAITS)
 def dp_sgd_user(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """User-level DP-SGD with per-user clipping of the mean gradient (relations: see the plan)."""
   return _dp_sgd(problem, cfg, key, "user")
 
 
 @register("dp_sgd_item", config=cf.DpSgdConfig, planner=_planner("item"), level="item",
-          reads_m=True, reuses_noise_multiplier=True, **_TRAITS)
+          reads_m=True, reuses_noise_multiplier=True, host_streaming=True, **_TRAITS)
 def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD (per-example clipping); its guarantee is item-level only."""
   return _dp_sgd(problem, cfg, key, "item")
