@@ -1,4 +1,4 @@
-"""Many processes: user-level DP-SGD under ``jax.distributed`` (issue 24, part 3).
+"""Many processes: user- and item-level DP-SGD under ``jax.distributed`` (issue 24, part 3).
 
 The same program runs on every process (JAX's multi-controller model; no home-made layer)::
 
@@ -37,8 +37,11 @@ shard (``distributed=`` forces it on or off). What holds, and why:
   guarantee, equal to the one-process run's.
 
 Result: the released params equal the one-process ``data_placement="host"`` run with the same
-key to float tolerance (only the order of the clipped sum differs). Ready: ``dp_sgd_user`` with
-Poisson sampling and independent noise (``DISTRIBUTED_READY``); anything else is refused.
+key to float tolerance (only the order of the clipped sum differs). Ready: ``dp_sgd_user`` and
+``dp_sgd_item`` (whose rows are the ``U m`` item slots: the global draw is over slots, each
+process keeps the slots of its users) with Poisson sampling and independent noise
+(``DISTRIBUTED_READY``, the ``distributed=`` trait of their registrations); anything else is
+refused.
 CPU processes use gloo collectives (``jax_cpu_collectives_implementation``).
 """
 
@@ -189,18 +192,23 @@ class _ShardSampler:
   ``__call__(t)`` -> ``(local idx, mask)`` of length ``slots(t)``, which every process computes
   identically from the global draw (it knows every process's share without asking)."""
 
-  def __init__(self, sampler: Any, info: ShardInfo, small: int, large: int):
-    self.sampler, self.info = sampler, info
-    self.n_users = info.size()   # iter_batches checks it against the shard
+  def __init__(self, sampler: Any, info: ShardInfo, small: int, large: int,
+               per_user: int = 1):
+    self.sampler, self.info, self.per_user = sampler, info, int(per_user)
+    # the rows iter_batches checks against the shard: users, or item slots (m per user)
+    self.n_users = info.size() * self.per_user
     self.small, self.large = small, large
 
   def __call__(self, t: int) -> tuple[np.ndarray, np.ndarray]:
     idx, mask = self.sampler(t)            # global, truncated at the plan's capacity
     chosen = idx[mask]
-    owner = self.info.owner(chosen)
+    # a row is a user, or item slot r % m of user r // m (the item view's rows)
+    users, slot = np.divmod(chosen, self.per_user)
+    owner = self.info.owner(users)
     counts = np.bincount(owner, minlength=self.info.count)
     slots = self.small if counts.max() <= self.small else self.large
-    mine = self.info.local(chosen[owner == self.info.index])
+    here = owner == self.info.index
+    mine = self.info.local(users[here]) * self.per_user + slot[here]
     out = np.zeros(slots, np.int64)
     out[:mine.size] = mine
     return out, np.arange(slots) < mine.size
@@ -295,16 +303,19 @@ def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Ar
   if not isinstance(data, UserData):
     raise TypeError(f"data must be a UserData, got {type(data).__name__}")
   _refusal(p, data, mesh, data_placement)
-  problem = UserDataProblem(loss_fn, params, data, level="user", constants=p.constants)
+  level = algorithms()[p.algorithm].level
+  problem = UserDataProblem(loss_fn, params, data, level=level, constants=p.constants)
   if problem.d != p.num_params:
     raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
                      f"{problem.d}")
   api._check_data_for_plan(p, data, "the data")
   cfg = api._driver_config(p)
-  plan = dp_sgd_plan(problem, cfg)       # the spec's (global) facts, never the local count
-  if plan.relation == "add_remove" and data.spec.n_users > plan.n_public:
-    raise ValueError(f"the data has {data.spec.n_users} users, more than the declared "
-                     f"n_users ({plan.n_public})")
+  # the spec's (global) facts, never the local count
+  plan = dp_sgd_plan(problem, cfg, level=level)
+  rows = data.spec.n_users * (1 if level == "user" else data.spec.max_items_per_user)
+  if plan.relation == "add_remove" and rows > plan.n_public:
+    raise ValueError(f"the data has {rows} {level} rows, more than the declared count "
+                     f"({plan.n_public})")
   info = data.shard_info or ShardInfo(0, 1, data.n_users)
   w0 = np.asarray(problem.init_params())
   config = {"algorithm": p.algorithm, **p.config}
@@ -360,11 +371,12 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
   report = charge_dp_sgd(plan)             # the ledger, before anything is released
   mesh_ = users_mesh()
   local = len(jax.local_devices())
-  n, q, cap = info.n_users_total, plan.sampling_rate, plan.capacity
+  per_user = 1 if plan.level == "user" else problem.m     # item level: rows are item slots
+  n, q, cap = info.n_users_total * per_user, plan.sampling_rate, plan.capacity
   large = _round_up(cap, local)
   small = min(large, _round_up(poisson_capacity(-(-n // info.count), q), local))
   sampler = _ShardSampler(PoissonSampler(n, q, capacity=cap, seed=jax.random.fold_in(key, 2)),
-                          info, small, large)
+                          info, small, large, per_user)
   hparams = {"clip": plan.clip, "stddev": plan.noise_std, "lr": plan.lr,
              "radius": problem.radius,
              "noise_key": jax.random.wrap_key_data(_replicate(
@@ -375,7 +387,8 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
   state = jax.jit(lambda w, h: dp_sgd_chain(h, *static).init(w))(params_g, hparams)
   progress = api._progress(p, callback)
   every = progress_points(plan.steps)
-  for t, batch, mask in iter_batches(data, sampler, plan.steps, view="user",
+  view = "user" if plan.level == "user" else "item_rows"
+  for t, batch, mask in iter_batches(data, sampler, plan.steps, view=view,
                                      put=_global_put(mesh_, "users")):
     params_g, state, _ = step(params_g, state, hparams, batch, mask)
     if progress is not None and (t + 1) % every == 0:
@@ -388,7 +401,8 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
             "relation": plan.relation, "noise_mechanism": plan.noise,
             "processes": info.count, "ledger_digest": privacy_digest(report)}
   result = Result(params=released, privacy=report,
-                  gradient_evaluations=int(plan.steps * plan.batch * problem.m), record=record)
+                  gradient_evaluations=int(plan.steps * plan.batch * problem.m // per_user),
+                  record=record)
   if not api._same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")

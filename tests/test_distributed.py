@@ -1,5 +1,6 @@
 """Issue 24.3: many hosts under ``jax.distributed``. ``UserData.shard`` (in process), the
-distributed path on one process (equals the host-streamed run), and two processes on
+distributed path on one process (equals the host-streamed run, user and item level), and two
+processes on
 127.0.0.1 with CPU (gloo) collectives: both release the one-process params and the same ledger
 digest, and a process with another config, another declared ``n_users`` or unsharded data is
 refused on both processes before the first step (no hang: every wait has a timeout)."""
@@ -27,6 +28,9 @@ DATA = USERS + textwrap.dedent("""
     # an explicit noise multiplier (its epsilon reported): no calibration in each fit
     cfg = {"epsilon": None, "noise_multiplier": 2.0, "delta": 1e-5, "clip_norm": 1.0,
            "learning_rate": 0.5, "num_steps": 25, "n_users": 110, "batch_size": 20}
+    # item level keeps every item (m = the largest user's count, declared)
+    data_items = UserData.from_arrays({"x": x, "y": y}, ids,
+                                      max_items_per_user=int(np.bincount(ids).max()))
 """)
 exec(DATA)   # the same data, loss and config in this process (data, loss, params, cfg)
 
@@ -54,6 +58,9 @@ WORKER = textwrap.dedent("""
     res = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data.shard(pid, 2, layout="strided"),
                         jax.random.key(7))
     out["strided"] = flat(res.params)
+    res = dpsco_jax.fit("dp_sgd_item", cfg, loss, params, data_items.shard(pid, 2),
+                        jax.random.key(7))
+    out.update(items=flat(res.params), items_digest=res.record["ledger_digest"])
     # refusals: both processes raise before the first step (no progress report is made)
     seen = []
     for case, (c, d) in {
@@ -145,13 +152,26 @@ def test_one_process_distributed_path_equals_the_host_streamed_run():
     assert dist.record["ledger_digest"] == privacy_digest(host.privacy)
     assert dist.record["processes"] == 1
   with pytest.raises(ValueError, match="jax.distributed yet"):
-    dpsco_jax.fit("dp_sgd_item", cfg, loss, params, data, key, distributed=True)
+    dpsco_jax.fit("dp_sgd_group", cfg, loss, params, data, key, distributed=True)
   with pytest.raises(ValueError, match="Poisson"):
     fixed = {k: v for k, v in cfg.items() if k != "n_users"}
     dpsco_jax.fit("dp_sgd_user", dict(fixed, sampling="fixed"), loss, params, data, key,
                   distributed=True)
   with pytest.raises(ValueError, match="shard 1 of 2"):     # a shard outside its 2 processes
     dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data.shard(1, 2), key)
+
+
+def test_item_level_distributed_path_equals_the_host_streamed_run():
+  """dp_sgd_item: the global Poisson draw over the U m item slots, each shard keeping its
+  users' slots (contiguous and strided layouts), equals the one-process host run."""
+  key = jax.random.key(7)
+  host = dpsco_jax.fit("dp_sgd_item", cfg, loss, params, data_items, key,
+                       data_placement="host")
+  for d in (data_items, data_items.shard(0, 1, layout="strided")):
+    dist = dpsco_jax.fit("dp_sgd_item", cfg, loss, params, d, key, distributed=True)
+    np.testing.assert_allclose(_flat(dist.params), _flat(host.params), atol=1e-6)
+    assert dist.privacy == host.privacy and dist.privacy.level == "item"
+    assert dist.gradient_evaluations == host.gradient_evaluations
 
 
 # ----------------------------------------------------------------------------- two processes
@@ -177,6 +197,8 @@ def test_two_processes_release_the_one_process_params_and_refuse_mismatches():
                         data_placement="host")
     other = dpsco_jax.fit("dp_sgd_user", cfg, loss, params, data, jax.random.key(8),
                           data_placement="host")
+    items = dpsco_jax.fit("dp_sgd_item", cfg, loss, params, data_items, jax.random.key(7),
+                          data_placement="host")
     for proc in procs:
       stdout, stderr = proc.communicate(timeout=150)
       outs.append((proc.returncode, stdout, stderr))
@@ -197,7 +219,10 @@ def test_two_processes_release_the_one_process_params_and_refuse_mismatches():
     np.testing.assert_allclose(r["params"], ref, atol=1e-5)
     np.testing.assert_allclose(r["strided"], ref, atol=1e-5)
     assert r["digest"] == privacy_digest(one.privacy)
+    np.testing.assert_allclose(r["items"], _flat(items.params), atol=1e-5)   # item level
+    assert r["items_digest"] == privacy_digest(items.privacy)
   np.testing.assert_array_equal(r0["params"], r1["params"])
+  np.testing.assert_array_equal(r0["items"], r1["items"])
   # the tolerance has power: another key moves the params by far more
   assert np.max(np.abs(_flat(other.params) - ref)) > 1e-2
   # refusals on both processes, before any step

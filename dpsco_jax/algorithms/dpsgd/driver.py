@@ -369,7 +369,8 @@ def dp_sgd_user(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
 
 
 @register("dp_sgd_item", config=cf.DpSgdConfig, planner=_planner("item"), level="item",
-          reads_m=True, reuses_noise_multiplier=True, host_streaming=True, **_TRAITS)
+          reads_m=True, reuses_noise_multiplier=True, host_streaming=True, distributed=True,
+          **_TRAITS)
 def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD (per-example clipping); its guarantee is item-level only."""
   return _dp_sgd(problem, cfg, key, "item")
