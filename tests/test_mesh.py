@@ -19,12 +19,15 @@ SCRIPT = textwrap.dedent("""
     from dpsco_jax.data import UserData
     assert len(jax.devices()) == 4, jax.devices()
 """) + USERS + textwrap.dedent("""
-    # n = 103 users: not divisible by 4: padded and masked
+    # n = 103 users: not divisible by 4: padded and masked. Poisson and fixed take an explicit
+    # noise multiplier just above the calibrated one (2.28 / 7.84; the driver still checks
+    # it meets epsilon = 2): the accountant's calibration search (1.4 s / 3.9 s per fit, 9 fits)
+    # cost more than the runs and does not see the mesh; full batches stay calibrated.
     base = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
             "num_steps": 25}
-    cfgs = {"poisson": dict(base, n_users=n, batch_size=20),
+    cfgs = {"poisson": dict(base, n_users=n, batch_size=20, noise_multiplier=2.4),
             "full": dict(base, sampling="full", relation="zero_out"),
-            "fixed": dict(base, sampling="fixed", batch_size=18)}
+            "fixed": dict(base, sampling="fixed", batch_size=18, noise_multiplier=8.0)}
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("users",))
     out = {}
     for name, cfg in cfgs.items():
