@@ -27,12 +27,12 @@ is released.
 number the driver's jitted step reads as a number (the learning rate; SRGD's ``beta``) run as
 one program too. :data:`GRID` says, per algorithm, which config keys may differ and which
 numbers the driver then takes as traced values (it routes them through
-:func:`dpsco_jax.algorithms.common.hparam`). The
-driver runs once per distinct grid point under ``jax.make_jaxpr``, with those numbers as
-inputs: that is its plan, calibration and ledger for that point (each run's report is its own
-point's) and its program. The programs of every point must be one program (the same jaxpr,
-constants included; else :class:`NotBatchable`), their privacy reports equal, and then that
-program runs once under ``jax.vmap`` over the stacked data, keys and numbers. A key that
+:func:`dpsco_jax.algorithms.common.hparam`). The driver runs once per distinct grid point under
+``jax.make_jaxpr``, with those numbers as inputs: that is its plan, calibration and ledger for
+that point (each run's report is its own point's) and its program. The programs of every
+point must be one program (the same jaxpr, constants included; else :class:`NotBatchable`),
+their privacy reports equal, and then that program runs once under ``jax.vmap`` over the
+stacked data, keys and numbers. A key that
 changes the plan, the noise or the shapes (``epsilon``, ``clip_norm``, ``batch_size``,
 ``num_steps``, ...) is refused, naming it (:func:`grid_refusal`).
 """
@@ -73,9 +73,9 @@ class Grid(NamedTuple):
 
   ``keys``: the config keys (besides the seed) whose values may differ across the runs;
   ``hparams``: the numbers the driver then takes as traced values (each read through
-  :func:`dpsco_jax.algorithms.common.hparam` with the value the run would use alone). A key is here only if it enters the
-  jitted step as a number and nowhere else: not the privacy plan, the noise multiplier, the
-  schedule, the shapes or the structure of the chain."""
+  :func:`dpsco_jax.algorithms.common.hparam` with the value the run would use alone). A key
+  is here only if it enters the jitted step as a number and nowhere else: not the privacy
+  plan, the noise multiplier, the schedule, the shapes or the structure of the chain."""
   keys: frozenset
   hparams: tuple
 
@@ -87,12 +87,12 @@ _LEARNING_RATE = Grid(frozenset({"learning_rate"}), ("learning_rate",))
 # are not read), so a grid over them is one program of identical runs.
 _SRGD_STEP = Grid(frozenset({"learning_rate", "beta", "beta_scale"}), ("beta", "learning_rate"))
 #: Per algorithm, the step-size keys its runs may differ in and still run as one program
-#: (:func:`run_stacked` with ``grid``, :func:`dpsco_jax.run_grid`, the runner's ``batch_seeds``). The
-#: DP-SGD family and ``nonprivate_sgd`` feed ``learning_rate`` to their jitted scan as an
-#: argument already; paper 003's drivers fold ``beta`` / ``learning_rate`` into the compiled
-#: program unless a grid sweep hands them over as traced values. Every other algorithm runs
-#: one program per grid point (their step sizes are Python-side constants or enter the
-#: privacy plan: FILTER's phases, output perturbation's sensitivities, ReSQue's oracles).
+#: (:func:`run_stacked` with ``grid``, :func:`dpsco_jax.run_grid`, the runner's
+#: ``batch_seeds``). The DP-SGD family and ``nonprivate_sgd`` feed ``learning_rate`` to
+#: their jitted scan as an argument already; paper 003's drivers fold ``beta`` /
+#: ``learning_rate`` into the compiled program unless a grid sweep hands them over as traced
+#: values. Every other algorithm runs one program per run: none of them batches even its
+#: seeds yet (``api.BATCHED``), so none batches a grid either.
 GRID: dict[str, Grid] = {
     **{name: _LEARNING_RATE for name in ("nonprivate_sgd", "dp_sgd_user", "dp_sgd_item",
                                          "dp_sgd_group")},
@@ -127,11 +127,9 @@ def _differing(cfgs: Sequence[Mapping]) -> list[str]:
           if any(not _same(c.get(k, _MISSING), first.get(k, _MISSING)) for c in cfgs[1:])]
 
 
-def grid_of(algorithm: str, cfgs: Sequence[Mapping], ignore: Sequence[str] = ("seed",)
-            ) -> dict[str, list]:
+def grid_of(cfgs: Sequence[Mapping], ignore: Sequence[str] = ("seed",)) -> dict[str, list]:
   """``{key: its distinct values}`` of the keys that differ across ``cfgs`` (``ignore``
   excepted): the grid a group of runs spans."""
-  del algorithm
   out = {}
   for k in _differing([{a: b for a, b in c.items() if a not in ignore} for c in cfgs]):
     values: list = []

@@ -122,7 +122,7 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     why = grid_refusal(first["algorithm"], algos)
     if why is not None:
       return None, why
-    grid = grid_of(first["algorithm"], algos)
+    grid = grid_of(algos)
     keys = [run_keys(cfg) for cfg in checked]   # per seed, as run_one builds (and caches) it
     insts = [cached_problem(cfg, problems, cache, pk) for cfg, (pk, _) in zip(checked, keys)]
     why = refusal(insts)
