@@ -50,11 +50,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsco_jax.algorithms.registration import Grid
+from dpsco_jax.algorithms.registry import algorithms
 from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.result import Result
 
 __all__ = ["NotBatchable", "run_stacked", "refusal", "seed_groups", "batch_seeds_option",
-           "stack_keys", "Grid", "GRID", "grid_refusal", "grid_of", "check_grid_plans"]
+           "stack_keys", "Grid", "GRID", "grid_for", "grid_refusal", "grid_of",
+           "check_grid_plans"]
 
 #: per-seed fields of a synthetic problem used only to score the released params (the
 #: optimum, the risk): a batched driver must not read them, so its view of the problem has
@@ -68,38 +71,19 @@ class NotBatchable(ValueError):
   """A group of runs that cannot run as one program (the message says why)."""
 
 
-class Grid(NamedTuple):
-  """What the runs of one algorithm may differ in and still run as one program.
-
-  ``keys``: the config keys (besides the seed) whose values may differ across the runs;
-  ``hparams``: the numbers the driver then takes as traced values (each read through
-  :func:`dpsco_jax.algorithms.common.hparam` with the value the run would use alone). A key
-  is here only if it enters the jitted step as a number and nowhere else: not the privacy
-  plan, the noise multiplier, the schedule, the shapes or the structure of the chain."""
-  keys: frozenset
-  hparams: tuple
-
-
-_LEARNING_RATE = Grid(frozenset({"learning_rate"}), ("learning_rate",))
-# paper 003: the accelerated step's beta (default M max(1, beta_scale T): the plan resolves it,
-# the noise is calibrated on epsilon, delta and T only) and the projected-SGD variants' step
-# (learning_rate, default 1/beta). Under preset: theory both are the theorem's (the config's
-# are not read), so a grid over them is one program of identical runs.
-_SRGD_STEP = Grid(frozenset({"learning_rate", "beta", "beta_scale"}), ("beta", "learning_rate"))
 #: Per algorithm, the step-size keys its runs may differ in and still run as one program
 #: (:func:`run_stacked` with ``grid``, :func:`dpsco_jax.run_grid`, the runner's
-#: ``batch_seeds``). The DP-SGD family and ``nonprivate_sgd`` feed ``learning_rate`` to
-#: their jitted scan as an argument already; paper 003's drivers fold ``beta`` /
-#: ``learning_rate`` into the compiled program unless a grid sweep hands them over as traced
-#: values. Every other algorithm runs one program per run: none of them batches even its
-#: seeds yet (``api.BATCHED``), so none batches a grid either.
-GRID: dict[str, Grid] = {
-    **{name: _LEARNING_RATE for name in ("nonprivate_sgd", "dp_sgd_user", "dp_sgd_item",
-                                         "dp_sgd_group")},
-    **{name: _SRGD_STEP for name in ("accelerated_dp_srgd", "dp_srgd_unaccelerated",
-                                     "accelerated_dp_srgd_independent_noise",
-                                     "accelerated_dp_sgd", "single_epoch_dp_sgd")},
-}
+#: ``batch_seeds``): the ``grid=`` trait of each registration (the DP-SGD family and
+#: ``nonprivate_sgd``: ``learning_rate``; paper 003's drivers: ``learning_rate`` / ``beta`` /
+#: ``beta_scale``). Every other algorithm runs one program per run.
+GRID: dict[str, Grid] = {n: e.grid for n, e in algorithms().items() if e.grid is not None}
+
+
+def grid_for(algorithm: Any) -> Grid | None:
+  """The ``grid=`` trait of ``algorithm``'s registration (``None``: it batches no step size),
+  read from the table at call time (an algorithm registered later included)."""
+  entry = algorithms().get(algorithm) if isinstance(algorithm, str) else None
+  return None if entry is None else entry.grid
 
 
 class _Traced:
@@ -146,7 +130,8 @@ def grid_refusal(algorithm: str, cfgs: Sequence[Mapping], ignore: Sequence[str] 
   """Why runs of ``algorithm`` with configs ``cfgs`` cannot run as one program (``None`` when
   they can): a key other than ``ignore`` and :data:`GRID`'s keys of the algorithm differs.
   The message names the key."""
-  allowed = GRID[algorithm].keys if algorithm in GRID else frozenset()
+  grid = grid_for(algorithm)
+  allowed = grid.keys if grid is not None else frozenset()
   for key in _differing([{a: b for a, b in c.items() if a not in ignore} for c in cfgs]):
     if key not in allowed:
       can = (f"only in {', '.join(sorted(allowed))} (numbers its jitted step reads)"
@@ -407,7 +392,7 @@ def seed_groups(runs: Sequence[dict]) -> list[list[int]]:
   ``beta_scale``)."""
   groups: dict[str, list[int]] = {}
   for i, cfg in enumerate(runs):
-    grid = GRID.get(cfg.get("algorithm"))
+    grid = grid_for(cfg.get("algorithm"))
     skip = {"seed"} | (set(grid.keys) if grid is not None else set())
     key = repr(sorted((str(k), repr(v)) for k, v in cfg.items() if k not in skip))
     groups.setdefault(key, []).append(i)
@@ -432,7 +417,7 @@ def check_grid_plans(plans: Sequence[Any]) -> Grid | None:
   why = grid_refusal(first.algorithm, [p.config for p in plans])
   if why is not None:
     raise NotBatchable(why)
-  grid = GRID.get(first.algorithm)
+  grid = grid_for(first.algorithm)
   step = set(grid.keys) | set(grid.hparams) if grid is not None else set()
   for p in plans[1:]:
     if p.privacy != first.privacy or not _same(p.noise_multiplier, first.noise_multiplier):

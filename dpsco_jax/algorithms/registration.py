@@ -30,12 +30,25 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, NamedTuple
 
-__all__ = ["AlgorithmEntry", "Planned", "register", "registered", "PAPERS", "LEVELS"]
+__all__ = ["AlgorithmEntry", "Grid", "Planned", "register", "registered", "PAPERS", "LEVELS"]
 
 #: Where an algorithm comes from, in the table's order (the README's algorithm table order).
 PAPERS = ("baseline", "000", "001", "002", "003", "004")
 #: The rows an algorithm's gradient step clips: users (user level) or items (item level).
 LEVELS = ("user", "item")
+
+
+class Grid(NamedTuple):
+  """What the runs of one algorithm may differ in and still run as one program (a grid sweep:
+  :func:`dpsco_jax.run_grid`, the runner's ``batch_seeds``).
+
+  ``keys``: the config keys (besides the seed) whose values may differ across the runs;
+  ``hparams``: the numbers the driver then takes as traced values (each read through
+  :func:`dpsco_jax.algorithms.common.hparam` with the value the run would use alone). A key
+  is here only if it enters the jitted step as a number and nowhere else: not the privacy
+  plan, the noise multiplier, the schedule, the shapes or the structure of the chain."""
+  keys: frozenset
+  hparams: tuple
 
 
 class Planned(NamedTuple):
@@ -69,6 +82,7 @@ class AlgorithmEntry:
     mesh: ``True`` if the per-user gradient step shards users over a mesh, else the reason
       it refuses one.
     batched: the driver runs a group of seeds as one ``vmap``-ed program.
+    grid: the step-size keys its runs may also differ in within one program (``None``: none).
     host_streaming: the driver can sample rows on the host and move only theirs to the
       device (``dpsco_jax.run(..., data_placement="host")``, a memory-mapped table).
     distributed: the driver runs under ``jax.distributed`` on each process's shard.
@@ -88,6 +102,7 @@ class AlgorithmEntry:
   unsupported: str | None = None
   host_streaming: bool = False
   distributed: bool = False
+  grid: Grid | None = None
 
   @property
   def mesh_ready(self) -> bool:
@@ -114,6 +129,9 @@ def _check(name: str, entry: AlgorithmEntry) -> None:
                "host_streaming", "distributed"):
     if not isinstance(getattr(entry, flag), bool):
       raise TypeError(f"register({name!r}): {flag} must be a bool")
+  if entry.grid is not None and (not isinstance(entry.grid, Grid) or not entry.batched):
+    raise ValueError(f"register({name!r}): grid must be a Grid, on a batched driver (a grid "
+                     "sweep is a seed batch whose runs also differ in step sizes)")
 
 
 def register(name: str, *, config: type, paper: str,
@@ -121,8 +139,8 @@ def register(name: str, *, config: type, paper: str,
              item_guarantee: bool | None = None, reads_m: bool = False,
              reuses_noise_multiplier: bool = False, mesh: bool | str = "not sharded yet",
              batched: bool = False, unsupported: str | None = None,
-             host_streaming: bool = False, distributed: bool = False
-             ) -> Callable[[Callable], Callable]:
+             host_streaming: bool = False, distributed: bool = False,
+             grid: Grid | None = None) -> Callable[[Callable], Callable]:
   """Decorator: registers ``driver`` under ``name`` with the traits above (a second
   registration of a name with another driver is a bug and raises; an incomplete entry raises)
   and returns the driver unchanged."""
@@ -133,7 +151,7 @@ def register(name: str, *, config: type, paper: str,
     entry = AlgorithmEntry(name, driver, config, str(paper), planner, level,
                            level == "item" if item_guarantee is None else item_guarantee,
                            reads_m, reuses_noise_multiplier, mesh, batched, unsupported,
-                           host_streaming, distributed)
+                           host_streaming, distributed, grid)
     _check(name, entry)
     old = _REGISTRY.get(name)
     if old is not None and old.driver is not driver:

@@ -110,7 +110,7 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
   exactly as alone). ``checked``: the runner's validator of one run config. A grid group's
   records say ``batch_grid`` (``{key: values}`` of the step sizes it spans)."""
   from dpsco_jax.api import BATCHED
-  from dpsco_jax.sweep import GRID, grid_of, grid_refusal, refusal, run_stacked
+  from dpsco_jax.sweep import grid_for, grid_of, grid_refusal, refusal, run_stacked
   first = cfgs[0]
   if first.get("algorithm") not in BATCHED:
     return None, f"{first.get('algorithm')} does not batch seeds yet"
@@ -131,7 +131,7 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     start = time.perf_counter()
     results = run_stacked(algorithms[first["algorithm"]], insts[0], [p.data for p in insts],
                           algos[0] if not grid else algos, [dk for _, dk in keys],
-                          grid=GRID.get(first["algorithm"]))
+                          grid=grid_for(first["algorithm"]))
     wall = time.perf_counter() - start
   except Exception as err:  # noqa: BLE001 - the one-by-one runs report any real error
     return None, f"batching failed ({type(err).__name__}); ran one by one"

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import optax
 
 from dpsco_jax.config import families as cf
-from dpsco_jax.algorithms.registration import Planned, register
+from dpsco_jax.algorithms.registration import Grid, Planned, register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import hparam, run_chain, sampling_setup, scan_slot_batches
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
@@ -357,8 +357,10 @@ def _nonprivate_planner(facts: PublicFacts, cfg: dict) -> Planned:
   return Planned(NONPRIVATE_REPORT, None, {}, None)
 
 
-# every DP-SGD variant clips rows of the batch on each device (algorithms.common.run_chain)
-_TRAITS = dict(paper="baseline", mesh=True, batched=True)
+# every DP-SGD variant clips rows of the batch on each device (algorithms.common.run_chain);
+# the learning rate is an argument of the jitted scan, so a grid over it is one program
+_TRAITS = dict(paper="baseline", mesh=True, batched=True,
+               grid=Grid(frozenset({"learning_rate"}), ("learning_rate",)))
 
 
 @register("dp_sgd_user", config=cf.DpSgdConfig, planner=_planner("user"),

@@ -70,7 +70,7 @@ from dpsco_jax.config import families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
 from dpsco_jax.algorithms.common import hparam, mesh_users_axis, traced_hparams
-from dpsco_jax.algorithms.registration import Planned, register
+from dpsco_jax.algorithms.registration import Grid, Planned, register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, config_view, paper_epsilon,
                                             plan_srgd, resolve_relation)
@@ -502,6 +502,13 @@ def _run_named(name: str, problem, cfg: Mapping | Any, key: jax.Array) -> Result
 
 
 # ----------------------------------------------------------------------------- the drivers
+# A grid sweep over the step: the accelerated step's beta (default M max(1, beta_scale T): the
+# plan resolves it, the noise is calibrated on epsilon, delta and T only) and the
+# projected-SGD variants' step (learning_rate, default 1/beta) become traced inputs. Under
+# preset: theory both are the theorem's (the config's are not read): a grid of identical runs.
+_STEP_GRID = Grid(frozenset({"learning_rate", "beta", "beta_scale"}), ("beta", "learning_rate"))
+
+
 def _algorithm(name: str) -> Callable:
   def fn(problem, cfg: dict, key: jax.Array) -> Result:
     return _run_named(name, problem, cfg, key)
@@ -512,7 +519,7 @@ def _algorithm(name: str) -> Callable:
   return register(name, config=cf.SrgdConfig, paper="003", planner=_planner(name),
                   # users sharded over the mesh's "users" axis (_batches_on_mesh); the plan's
                   # z is the one the driver would calibrate
-                  reuses_noise_multiplier=True, mesh=True, batched=True)(fn)
+                  reuses_noise_multiplier=True, mesh=True, batched=True, grid=_STEP_GRID)(fn)
 
 
 def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
