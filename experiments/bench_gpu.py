@@ -217,15 +217,20 @@ def step_functions(model, loss, batch_shape) -> tuple[dict, Any, FastClippedGrad
   return steps, params, fast, level
 
 
-def candidates(model, loss, batch, batch_shape) -> tuple[list[Candidate], dict]:
+def candidates(model, loss, batch, batch_shape, quick: bool = False
+               ) -> tuple[list[Candidate], dict]:
   steps, params, _, level = step_functions(model, loss, batch_shape)
   cands, mem = [], {}
   for name, (fn, st) in steps.items():
     jitted = jax.jit(fn)
-    ma = jitted.lower(params, st, batch).compile().memory_analysis()
+    compiled = jitted.lower(params, st, batch).compile()
+    ma = compiled.memory_analysis()
     mem[name] = ((ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes)
                  / 2 ** 20) if ma is not None else float("nan")
-    cands.append(Candidate(name, lambda p, st, b, _f=jitted: _f(p, st, b), (params, st),
+    # --quick (a smoke run) times the executable it just compiled for the memory analysis
+    # rather than compiling the step a second time through the jit cache
+    step = compiled if quick else jitted
+    cands.append(Candidate(name, lambda p, st, b, _f=step: _f(p, st, b), (params, st),
                            (batch,)))
   auto = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, method="auto")
   choice = auto.autotune(params, jax.tree.map(jnp.zeros_like, batch), repeats=3)
@@ -257,7 +262,7 @@ def main() -> None:
     if args.only and name not in args.only:
       continue
     t0 = time.perf_counter()
-    cands, mem, choice = candidates(model, loss, batch, shape)
+    cands, mem, choice = candidates(model, loss, batch, shape, quick=args.quick)
     comp = compare(cands, reps=3 if args.quick else args.reps,
                    window_s=0.05 if args.quick else 0.5, budget_s=5 if args.quick else args.budget)
     print(format_comparison(f"\n{name} {tuple(shape)}", comp))
