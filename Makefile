@@ -23,8 +23,13 @@ dev: $(VENV)/.dev-installed
 run: $(VENV)/.installed
 	$(PY) -m dpsco_jax run $(CONFIG)
 
+# Byte-compiled modules are cached under .pytest_cache/ (PYTHONPYCACHEPREFIX: no __pycache__ in
+# the tree), even where the environment sets PYTHONDONTWRITEBYTECODE: the suite starts ~45
+# Python processes (xdist workers, CLI / 4-device / benchmark subprocesses) and each one spent
+# ~3 s compiling jax, scipy and dpsco_jax from source.
 test: $(VENV)/.dev-installed
-	$(PY) -m pytest -n 2 -q --durations=15 tests
+	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.pytest_cache/pycache \
+	  $(PY) -m pytest -n 2 -q --durations=15 tests
 
 bench: $(VENV)/.dev-installed
 	$(PY) experiments/bench_core.py
