@@ -46,9 +46,13 @@ def test_excess_risk_falls_as_epsilon_grows(lsq):
   for eps in (0.1, 1.0, 10.0):
     cfg = dict(BASE, epsilon=eps, clip_norm=1.0, epochs=10, averaging="uniform",
                learning_rate=1.0)
-    runs = [lsq.excess_risk(baselines.dp_sgd_user(lsq, cfg, jax.random.key(s)).params)
-            for s in range(2)]
-    risks.append(float(np.mean(runs)))
+    # seed 0 calibrates the noise multiplier; seed 1 runs with it pinned (the calibration
+    # reads public facts only, so it is the same z; the driver still checks the budget): one
+    # calibration search per epsilon instead of two
+    first = baselines.dp_sgd_user(lsq, cfg, jax.random.key(0))
+    again = baselines.dp_sgd_user(
+        lsq, dict(cfg, noise_multiplier=first.record["noise_multiplier"]), jax.random.key(1))
+    risks.append(float(np.mean([lsq.excess_risk(r.params) for r in (first, again)])))
   assert risks[0] > risks[1] > risks[2], risks
 
 
