@@ -31,11 +31,11 @@ WORKLOADS = {"cnn_item", "transformer", "transformer_mha", "logistic_user", "cnn
 KEYS = {"flops_ratio", "bytes_ratio", "temp_ratio", "peak_ratio", "cpu_time_ratio"}
 
 
-def _run(*args: str) -> dict:
+def _run(*args: str, env: dict | None = None) -> dict:
   # Always XLA:CPU, whatever backend the test session has: the table is defined as the
   # CPU-compiled cost (an accelerator's cost_analysis may not count its library calls, and a
   # GPU run of the suite must not race the suite's own jobs for the device).
-  env = dict(os.environ)
+  env = dict(os.environ, **(env or {}))
   env["JAX_PLATFORMS"] = "cpu"
   proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True,
                         timeout=900, env=env, cwd=str(EXPERIMENTS.parent))
@@ -44,8 +44,9 @@ def _run(*args: str) -> dict:
 
 
 @pytest.mark.slow
-def test_bench_cost_quick_prints_json_table():
-  table = _run("--quick")
+@pytest.mark.xdist_group("bench_steps")
+def test_bench_cost_quick_prints_json_table(bench_steps_cache):
+  table = _run("--quick", env=bench_steps_cache)
   meta = table.pop("_meta")
   assert meta["mode"] == "quick"
   assert set(table) == WORKLOADS
