@@ -19,8 +19,9 @@ def bench_steps_cache(tmp_path_factory):
   --quick``: bench_cost's steps *are* bench_gpu's, at the same sizes and XLA flags; a test
   checks it). ``make test`` runs both tests on one worker (``xdist_group("bench_steps")``,
   ``--dist loadgroup``), so the second loads the first's executables instead of compiling
-  them (bench_cost --quick 25 s -> 15 s; its cost and memory tables are identical). Under other
-  schedulers the cache is merely shared by whichever runs later."""
+  them (~25 s -> ~15 s for whichever runs second; bench_cost's cost and memory tables from
+  loaded executables are identical). Under other schedulers the cache is merely shared by
+  whichever runs later."""
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):   # the workers' base temps share one parent
     root = root.parent
