@@ -278,15 +278,15 @@ def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
   """``auto``: host when the table is memory-mapped (``UserData.open``), else device."""
   if placement not in PLACEMENTS:
     raise ValueError(f"data_placement must be one of {PLACEMENTS}, got {placement!r}")
+  streams = algorithms()[p.algorithm].host_streaming
   if placement == "auto":
     mapped = any(isinstance(x, np.memmap) for x in jax.tree.leaves(data.examples))
-    streams = algorithms()[p.algorithm].host_streaming
     placement = "host" if mapped and streams else "device"
   if placement == "host":
-    if (not algorithms()[p.algorithm].host_streaming
-        or (p.schedule or {}).get("sampling") != "poisson"):
-      raise ValueError("data_placement='host' streams Poisson-sampled rows: dp_sgd_user or "
-                       f"dp_sgd_item with sampling='poisson' (got {p.algorithm}, sampling="
+    if not streams or (p.schedule or {}).get("sampling") != "poisson":
+      ready = " or ".join(sorted(n for n, e in algorithms().items() if e.host_streaming))
+      raise ValueError(f"data_placement='host' streams Poisson-sampled rows: {ready} with "
+                       f"sampling='poisson' (got {p.algorithm}, sampling="
                        f"{(p.schedule or {}).get('sampling')!r})")
     if mesh is not None:
       raise ValueError("data_placement='host' does not shard over a mesh yet: give one or the "
@@ -409,7 +409,6 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
   ``record['batched'] = True``; keys are the caller's, one per run, never shared. Every data
   set must have ``p.spec``'s users and items and the same shapes. Algorithms not in
   :data:`BATCHED` (or a driver that cannot trace) run one by one with ``batched: False``."""
-  from dpsco_jax.sweep import run_stacked
   if not isinstance(p, Plan):
     raise TypeError(f"run_seeds needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
   datas, keys = list(datas), list(keys)
@@ -419,20 +418,34 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
   if not _entry(p.algorithm).batched:
     return [dataclasses.replace(r, record={**r.record, "batched": False})
             for r in (run(p, loss_fn, params, d, k) for d, k in zip(datas, keys))]
+  return _run_stacked([p], loss_fn, params, datas, keys)
+
+
+def _run_stacked(plans: list[Plan], loss_fn: Callable, params: Any, datas: list,
+                 keys: list, grid: Any = None) -> list[Result]:
+  """The batched body of :func:`run_seeds` (one plan) and :func:`run_grid` (one plan per run,
+  ``grid`` the step sizes they differ in): checks the data sets against the first plan, runs
+  its driver once under ``vmap`` (:func:`dpsco_jax.sweep.run_stacked`) and checks every run's
+  guarantee against its plan."""
+  from dpsco_jax.sweep import run_stacked
+  first = plans[0]
+  entry = _entry(first.algorithm)
   for d in datas:
     if not isinstance(d, UserData):
       raise TypeError(f"datas must be UserData, got {type(d).__name__}")
-    _check_data_for_plan(p, d, "a data set")
-  level = _entry(p.algorithm).level
-  template = UserDataProblem(loss_fn, params, datas[0], level=level, constants=p.constants)
-  if template.d != p.num_params:
-    raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
+    _check_data_for_plan(first, d, "a data set")
+  template = UserDataProblem(loss_fn, params, datas[0], level=entry.level,
+                             constants=first.constants)
+  if template.d != first.num_params:
+    raise ValueError(f"the plan was made for {first.num_params} parameters, params has "
                      f"{template.d}")
-  views = [d.user_view() if level == "user" else d.item_view() for d in datas]
-  results = run_stacked(_entry(p.algorithm).driver, template, views, _driver_config(p), keys)
-  if not _same_guarantee(results[0].privacy, p.privacy):
-    raise RuntimeError(f"{p.algorithm}: the run's guarantee {results[0].privacy.epsilon!r} "
-                       f"differs from its plan's {p.privacy.epsilon!r} (a library bug)")
+  views = [d.user_view() if entry.level == "user" else d.item_view() for d in datas]
+  cfg = (_driver_config(first) if grid is None else [_driver_config(p) for p in plans])
+  results = run_stacked(entry.driver, template, views, cfg, keys, grid=grid)
+  for p, r in zip(plans if len(plans) == len(results) else plans * len(results), results):
+    if not _same_guarantee(r.privacy, p.privacy):
+      raise RuntimeError(f"{p.algorithm}: the run's guarantee {r.privacy.epsilon!r} differs "
+                         f"from its plan's {p.privacy.epsilon!r} (a library bug)")
   return [dataclasses.replace(r, params=template.unflatten(r.params)) for r in results]
 
 
@@ -454,7 +467,7 @@ def run_grid(plans: Sequence[Plan], loss_fn: Callable, params: Any, datas: Seque
   Each result has its own params (equal to ``run``'s to float tolerance), its own copy of its
   plan's privacy report and its plan's record with ``record['batched'] = True``. Plans of an
   algorithm without a grid that are all the same run one by one (``batched: False``)."""
-  from dpsco_jax.sweep import check_grid_plans, run_stacked
+  from dpsco_jax.sweep import check_grid_plans
   plans, datas, keys = list(plans), list(datas), list(keys)
   if not plans or not len(plans) == len(datas) == len(keys):
     raise ValueError(f"run_grid needs one plan, one data set and one key per run, got "
@@ -463,24 +476,7 @@ def run_grid(plans: Sequence[Plan], loss_fn: Callable, params: Any, datas: Seque
     if not isinstance(p, Plan):
       raise TypeError(f"run_grid needs Plans (dpsco_jax.plan(...)), got {type(p).__name__}")
   grid = check_grid_plans(plans)
-  first = plans[0]
   if grid is None:
     return [dataclasses.replace(r, record={**r.record, "batched": False})
             for r in (run(p, loss_fn, params, d, k) for p, d, k in zip(plans, datas, keys))]
-  for d in datas:
-    if not isinstance(d, UserData):
-      raise TypeError(f"datas must be UserData, got {type(d).__name__}")
-    _check_data_for_plan(first, d, "a data set")
-  level = "item" if first.algorithm in ITEM_LEVEL else "user"
-  template = UserDataProblem(loss_fn, params, datas[0], level=level, constants=first.constants)
-  if template.d != first.num_params:
-    raise ValueError(f"the plans were made for {first.num_params} parameters, params has "
-                     f"{template.d}")
-  views = [d.user_view() if level == "user" else d.item_view() for d in datas]
-  results = run_stacked(_entry(first.algorithm).driver, template, views,
-                        [_driver_config(p) for p in plans], keys, grid=grid)
-  for p, r in zip(plans, results):
-    if not _same_guarantee(r.privacy, p.privacy):
-      raise RuntimeError(f"{p.algorithm}: the run's guarantee {r.privacy.epsilon!r} differs "
-                         f"from its plan's {p.privacy.epsilon!r} (a library bug)")
-  return [dataclasses.replace(r, params=template.unflatten(r.params)) for r in results]
+  return _run_stacked(plans, loss_fn, params, datas, keys, grid)
