@@ -2,7 +2,9 @@
 multi-process (tests/test_distributed.py) tests run in subprocesses, as source text, so that a
 ``python -c`` script can include it: 103 users (divisible by neither 2 nor 4, so shards are
 unequal and device batches padded) of up to 8 items of 5 features. Defines ``np``, ``jax``,
-``jnp``, ``UserData``, ``n``, ``data``, ``loss`` and ``params``."""
+``jnp``, ``UserData``, ``n``, ``data``, ``loss`` and ``params``, and the comparisons the
+scripts report: ``param_dist(a, b)`` (largest absolute difference of two Results' params) and
+``scale(r)`` (largest absolute entry of a Result's params)."""
 
 import textwrap
 
@@ -19,6 +21,11 @@ USERS = textwrap.dedent("""
       z = ex["x"] @ p["w"] + p["b"]
       return jax.nn.softplus(z) - ex["y"] * z
     params = {"w": jnp.zeros(5), "b": jnp.zeros(())}
+    def param_dist(a, b):
+      return max(float(jnp.max(jnp.abs(u - v))) for u, v in
+                 zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
+    def scale(r):
+      return max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(r.params))
 """)
 
 

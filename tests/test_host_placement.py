@@ -33,15 +33,20 @@ def test_host_and_device_agree_when_every_user_is_sampled():
   # q = 1: both samplers take every user, so the two paths run the same steps and noise
   data = UserData.from_arrays(*_arrays(), max_items_per_user=3)
   cfg = {**CFG, "sampling_rate": 1.0, "n_users": 80, "noise_multiplier": Z_ALL}
-  dev = dpsco_jax.fit("dp_sgd_user", cfg, loss, jnp.zeros(4), data, jax.random.key(3),
-                      data_placement="device")
-  host = dpsco_jax.fit("dp_sgd_user", cfg, loss, jnp.zeros(4), data, jax.random.key(3),
-                       data_placement="host")
-  np.testing.assert_allclose(np.asarray(host.params), np.asarray(dev.params), atol=1e-5)
-  assert host.privacy == dev.privacy
+  host = _host_equals_device("dp_sgd_user", cfg, data)
   other = dpsco_jax.fit("dp_sgd_user", cfg, loss, jnp.zeros(4), data, jax.random.key(4),
                         data_placement="host")
   assert np.max(np.abs(np.asarray(other.params) - np.asarray(host.params))) > 1e-3
+
+
+def _host_equals_device(algorithm: str, cfg: dict, data: UserData):
+  """At q = 1 both samplers take every row, so the two paths run the same steps and noise:
+  the same params (to float tolerance) and report. Returns the host run."""
+  dev, host = (dpsco_jax.fit(algorithm, cfg, loss, jnp.zeros(4), data, jax.random.key(3),
+                             data_placement=where) for where in ("device", "host"))
+  np.testing.assert_allclose(np.asarray(host.params), np.asarray(dev.params), atol=1e-5)
+  assert host.privacy == dev.privacy
+  return host
 
 
 def test_a_memory_mapped_table_streams_without_the_whole_table_on_the_device(tmp_path,
@@ -89,12 +94,7 @@ def test_item_level_streams_item_slots_and_agrees_with_the_device_when_all_are_s
   out); at q = 1 both paths run the same batches and noise, and the padding slots weigh 0."""
   data = _ragged()
   cfg = {**CFG, "sampling_rate": 1.0, "n_users": 60, "noise_multiplier": Z_ALL}
-  dev = dpsco_jax.fit("dp_sgd_item", cfg, loss, jnp.zeros(4), data, jax.random.key(3),
-                      data_placement="device")
-  host = dpsco_jax.fit("dp_sgd_item", cfg, loss, jnp.zeros(4), data, jax.random.key(3),
-                       data_placement="host")
-  np.testing.assert_allclose(np.asarray(host.params), np.asarray(dev.params), atol=1e-5)
-  assert host.privacy == dev.privacy
+  host = _host_equals_device("dp_sgd_item", cfg, data)
   other = dpsco_jax.fit("dp_sgd_item", {**cfg, "sampling_rate": 0.2}, loss, jnp.zeros(4),
                         data, jax.random.key(3), data_placement="host")
   assert np.max(np.abs(np.asarray(other.params) - np.asarray(host.params))) > 1e-3

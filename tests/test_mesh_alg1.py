@@ -33,12 +33,8 @@ SCRIPT = textwrap.dedent("""
                          constants=consts, mesh=mesh)
     other = dpsco_jax.fit("user_level_phased_sgd", cfg, loss, params, data, jax.random.key(4),
                           constants=consts, mesh=mesh)
-    def dist(a, b):
-      return max(float(jnp.max(jnp.abs(u - v))) for u, v in
-                 zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
-    print(json.dumps({"diff": dist(one, four), "other": dist(one, other),
-                      "scale": max(float(jnp.max(jnp.abs(a))) for a in
-                                   jax.tree.leaves(one.params)),
+    print(json.dumps({"diff": param_dist(one, four), "other": param_dist(one, other),
+                      "scale": scale(one),
                       "halted": one.record["halted_phase"], "fallback": one.fallback,
                       "same_report": one.privacy == four.privacy,
                       "same_record": one.record == four.record,

@@ -36,16 +36,13 @@ SCRIPT = textwrap.dedent("""
     bad_data = UserData.from_arrays({"x": x_bad, "y": y}, ids, max_items_per_user=8)
     runs["adversarial"] = ("user_level_accelerated_erm_smoothed", base, bad_data)   # 1 compile
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("users",))
-    def dist(a, b):
-      return max(float(jnp.max(jnp.abs(u - v))) for u, v in
-                 zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
     out = {}
     for name, (alg, cfg, d) in runs.items():
       one = dpsco_jax.fit(alg, cfg, loss, params, d, jax.random.key(7), constants=consts)
       four = dpsco_jax.fit(alg, cfg, loss, params, d, jax.random.key(7), constants=consts,
                            mesh=mesh)
-      out[name] = {"diff": dist(one, four),
-                   "scale": max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(one.params)),
+      out[name] = {"diff": param_dist(one, four),
+                   "scale": scale(one),
                    "same_report": one.privacy == four.privacy,
                    "same_record": one.record == four.record,
                    "same_grads": one.gradient_evaluations == four.gradient_evaluations,
@@ -54,7 +51,7 @@ SCRIPT = textwrap.dedent("""
       if name == "subset":
         other = dpsco_jax.fit(alg, cfg, loss, params, d, jax.random.key(8), constants=consts,
                               mesh=mesh)
-        out["other_key_diff"] = dist(one, other)
+        out["other_key_diff"] = param_dist(one, other)
     # the kernel alone: pair counts split by rows give the one-device FilterResult bitwise,
     # with 1e5-offset rows (the canonical path), a 1e4 outlier, masked users, and several
     # row blocks per device (block=16 over 250 rows: 4 blocks of 16 per device)

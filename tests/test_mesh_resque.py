@@ -33,12 +33,8 @@ SCRIPT = textwrap.dedent("""
     fit = lambda k, **kw: dpsco_jax.fit("resque_private_sco", cfg, loss, params, data,
                                         jax.random.key(k), constants=consts, **kw)
     one, four, other = fit(5), fit(5, mesh=mesh), fit(6, mesh=mesh)
-    def dist(a, b):
-      return max(float(jnp.max(jnp.abs(u - v))) for u, v in
-                 zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
-    print(json.dumps({"diff": dist(one, four), "other": dist(one, other),
-                      "scale": max(float(jnp.max(jnp.abs(a))) for a in
-                                   jax.tree.leaves(one.params)),
+    print(json.dumps({"diff": param_dist(one, four), "other": param_dist(one, other),
+                      "scale": scale(one),
                       "same_report": one.privacy == four.privacy,
                       "same_record": one.record == four.record}))
 """)
