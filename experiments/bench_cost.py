@@ -279,8 +279,12 @@ def main() -> None:
     # A smoke run: XLA:CPU compiles ~10x faster unoptimised and without its fusion emitters
     # (set before the backend starts); its costs and times are then those of unoptimised code,
     # meaningful as a shape / plumbing check only.
+    # XLA aborts on an unknown flag: jaxlib 0.11 has no fusion-emitters switch.
+    from importlib.metadata import version
+    old_jaxlib = tuple(int(x) for x in version("jaxlib").split(".")[:2]) < (0, 11)
     flags = os.environ.get("XLA_FLAGS", "")
-    for flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+    for flag in ("--xla_backend_optimization_level=0",
+                 *(["--xla_cpu_use_fusion_emitters=false"] if old_jaxlib else [])):
       if flag.split("=")[0] not in flags:
         flags += " " + flag
     os.environ["XLA_FLAGS"] = flags.strip()

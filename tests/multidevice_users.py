@@ -34,9 +34,19 @@ USERS = textwrap.dedent("""
 #: for tests/test_mesh_filter.py's script), and one thread per device. Both sides of every
 #: comparison (the one-device run and the 4-device run) compile in the same process with the
 #: same flags; the HLO passes (SPMD partitioning included) still run, only code generation is
-#: unoptimised.
-FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
-                "--xla_cpu_multi_thread_eigen=false")
+#: unoptimised. XLA aborts on a flag it does not know, and jaxlib 0.11 dropped the fusion
+#: emitters switch (its emitters are the only path there; the H100 run of jax 0.11.2 stopped
+#: every subprocess on it), so that flag is passed to older jaxlibs only.
+def _jaxlib_before(major: int, minor: int) -> bool:
+  from importlib.metadata import version
+  got = tuple(int(x) for x in version("jaxlib").split(".")[:2])
+  return got < (major, minor)
+
+
+FAST_COMPILE = " ".join(["--xla_backend_optimization_level=0"]
+                        + (["--xla_cpu_use_fusion_emitters=false"]
+                           if _jaxlib_before(0, 11) else [])
+                        + ["--xla_cpu_multi_thread_eigen=false"])
 
 
 def on_four_devices(script: str, *args: str, timeout: int = 600) -> dict:

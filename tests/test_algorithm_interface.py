@@ -140,7 +140,11 @@ def test_a_new_package_is_found_with_no_other_file_changed(tmp_path):
                          "eps": res.privacy.epsilon, "run_eps": rec["epsilon"],
                          "keys": sorted(entry.config.__dataclass_fields__)}}))
       """)
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")]),
+  # The copy first; what the caller's PYTHONPATH held after it (a --target site of wheels on
+  # the GPU image: dp_accounting lived only there).
+  path = [str(tmp_path), str(ROOT / "tests"),
+          *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
          "JAX_PLATFORMS": "cpu"}
   out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)

@@ -17,9 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from multidevice_users import FAST_COMPILE as MULTIDEVICE_FAST_COMPILE
 
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench_core.py"
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# The 4-device tests' compile flags less one thread per device (whichever this jaxlib knows).
+FAST_COMPILE = MULTIDEVICE_FAST_COMPILE.replace("--xla_cpu_multi_thread_eigen=false", "").strip()
 RATIO_KEYS = ("logistic_user_vs_nonprivate", "mlp_user_vs_nonprivate",
               "item_ours_vs_optax_dpsgd")
 
