@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsco_jax._checks import check_int, check_nonnegative, check_positive
+from dpsco_jax.config.families import IllConditionedProblem
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.synthetic import SCOProblem, least_squares_loss
 
 __all__ = ["ill_conditioned_least_squares"]
@@ -25,12 +27,13 @@ def ill_conditioned_least_squares(cfg: dict, key: jax.Array):
   ``M = sum lambda``; Lipschitz over the ball ``sqrt(M)(1.5 R sqrt(M) + s)``.
   Config keys: ``n_users, m (1), d (8), radius (2), noise (0.5), condition (1e3)``.
   """
+  view = ConfigView(IllConditionedProblem, cfg)   # defaults: the schema's, written once
   n = check_int(cfg["n_users"], "n_users")
-  m = check_int(cfg.get("m", 1), "m")
-  d = check_int(cfg.get("d", 8), "d")
-  R = check_positive(cfg.get("radius", 2.0), "radius")
-  s = check_nonnegative(cfg.get("noise", 0.5), "noise")
-  cond = check_positive(cfg.get("condition", 1e3), "condition")
+  m = check_int(view.m, "m")
+  d = check_int(view.d, "d")
+  R = check_positive(view.radius, "radius")
+  s = check_nonnegative(view.noise, "noise")
+  cond = check_positive(view.condition, "condition")
   lam = jnp.logspace(-math.log10(cond), 0.0, d)
   k_w, k_x, k_y = jax.random.split(key, 3)
   w_star = jax.random.normal(k_w, (d,))

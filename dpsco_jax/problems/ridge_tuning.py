@@ -12,6 +12,8 @@ import math
 import jax
 
 from dpsco_jax._checks import check_choice
+from dpsco_jax.config.families import RidgeTuningProblem
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.bilevel import (BilevelProblem, diabetes_ridge_problem,
                                         synthetic_ridge_problem)
 from dpsco_jax.problems.bilevel_noisy_inputs import noisy_inputs_ridge_problem
@@ -25,20 +27,21 @@ def ridge_tuning(cfg: dict, key: jax.Array) -> BilevelProblem:
   interior as n grows) :func:`~dpsco_jax.problems.bilevel_noisy_inputs.noisy_inputs_ridge_problem`
   (``dataset``) from the config's problem keys (``clip_norm``: the per-example clip of the data
   terms, default the problem's bound; ``input_noise``: noisy_inputs only)."""
-  dataset = check_choice(cfg.get("dataset", "synthetic"), "dataset",
-                         ("synthetic", "diabetes", "noisy_inputs"))
-  if dataset != "noisy_inputs" and cfg.get("input_noise") is not None:
+  view = ConfigView(RidgeTuningProblem, cfg)   # literal defaults: the schema's, written once
+  dataset = check_choice(view.dataset, "dataset", ("synthetic", "diabetes", "noisy_inputs"))
+  if dataset != "noisy_inputs" and view.input_noise is not None:
     raise ValueError(f"input_noise is read only by dataset='noisy_inputs', not {dataset!r}")
-  bounds = tuple(cfg.get("omega_bounds", (1e-2, 5.0) if dataset == "diabetes" else (1e-3, 5.0)))
+  # derived defaults (the schema's None): the interval depends on the dataset
+  bounds = tuple(view.get("omega_bounds", (1e-2, 5.0) if dataset == "diabetes"
+                          else (1e-3, 5.0)))
   if dataset == "diabetes":
-    return diabetes_ridge_problem(key, omega_bounds=bounds, omega0=cfg.get("omega0", 1.0),
-                                  clip=cfg.get("clip_norm"))
-  sizes = dict(d=int(cfg.get("d", 10)), n_train=int(cfg.get("n_train", 2000)),
-               n_val=int(cfg.get("n_val", 2000)),
-               label_noise=float(cfg.get("label_noise", 3.0)), omega_bounds=bounds,
-               omega0=float(cfg.get("omega0", 1.0)), clip=cfg.get("clip_norm"))
+    return diabetes_ridge_problem(key, omega_bounds=bounds, omega0=view.omega0,
+                                  clip=view.clip_norm)
+  sizes = dict(d=int(view.d), n_train=int(view.n_train), n_val=int(view.n_val),
+               label_noise=float(view.label_noise), omega_bounds=bounds,
+               omega0=float(view.omega0), clip=view.clip_norm)
   if dataset == "noisy_inputs":
-    tau = cfg.get("input_noise")   # null in a config means the default, as for clip_norm
+    tau = view.input_noise   # null in a config means the default, as for clip_norm
     return noisy_inputs_ridge_problem(
         key, input_noise=math.sqrt(0.5) if tau is None else float(tau), **sizes)
   return synthetic_ridge_problem(key, **sizes)

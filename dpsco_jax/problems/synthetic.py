@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from dpsco_jax._checks import check_choice, check_int, check_nonnegative, check_positive
+from dpsco_jax.config.families import NoisyProblem
 
 PROBLEM_NAMES = ("least_squares", "logistic", "absolute")
 
@@ -109,9 +110,12 @@ def _newton_logistic(x, p, w0, iters=30):
   return w
 
 
-def make(name: str, *, n_users: int, m: int, d: int, key: jax.Array, radius: float = 2.0,
-         noise: float = 0.5, heterogeneity: float = 0.0, n_eval: int = 20000) -> SCOProblem:
-  """Builds one of :data:`PROBLEM_NAMES` (see the module docstring for the models)."""
+def make(name: str, *, n_users: int, m: int, d: int, key: jax.Array,
+         radius: float = NoisyProblem.radius, noise: float = NoisyProblem.noise,
+         heterogeneity: float = NoisyProblem.heterogeneity,
+         n_eval: int = NoisyProblem.n_eval) -> SCOProblem:
+  """Builds one of :data:`PROBLEM_NAMES` (see the module docstring for the models). The
+  defaults are the schema's (:class:`dpsco_jax.config.families.NoisyProblem`): one place."""
   check_choice(name, "problem", PROBLEM_NAMES)
   _validate(n_users, m, d, radius, noise, heterogeneity, n_eval)
   k_plant, k_x, k_noise, k_eval, k_eval_u = jax.random.split(key, 5)

@@ -15,18 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsco_jax._checks import check_choice
+from dpsco_jax.config.families import CorruptedLogisticProblem, HingeProblem
+from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.synthetic import SCOProblem, make as make_core_problem
 
 __all__ = ["corrupt_users", "hinge_loss", "hinge_problem", "logistic_corrupted", "hinge"]
 
 
-def cfg_get(cfg: dict, name: str, default):
-  value = cfg.get(name)
-  return default if value is None else value
-
-
-def corrupt_users(problem: SCOProblem, fraction: float, *, mode: str = "flip",
-                  key: jax.Array, scale: float = 100.0) -> SCOProblem:
+def corrupt_users(problem: SCOProblem, fraction: float, *,
+                  mode: str = CorruptedLogisticProblem.corruption_mode, key: jax.Array,
+                  scale: float = CorruptedLogisticProblem.corruption_scale) -> SCOProblem:
   """A copy of ``problem`` whose random ``floor(fraction n)`` users are adversarial.
 
   Modes: ``flip`` (labels ``y -> 1 - y`` / ``-y``: gradients pointing the opposite way),
@@ -65,8 +63,9 @@ def hinge_loss(w: jax.Array, ex: dict) -> jax.Array:
   return jax.nn.relu(1.0 - ex["y"] * jnp.dot(ex["x"], w))
 
 
-def hinge_problem(*, n_users: int, m: int, d: int, key: jax.Array, radius: float = 2.0,
-                  n_eval: int = 3000) -> SCOProblem:
+def hinge_problem(*, n_users: int, m: int, d: int, key: jax.Array,
+                  radius: float = HingeProblem.radius,
+                  n_eval: int = HingeProblem.n_eval) -> SCOProblem:
   """Non-smooth linear SVM (hinge loss, ``L = 1``) on the core logistic data model.
 
   Features uniform on the sphere, ``y in {-1, 1}`` with ``P(y = 1 | x) = sigmoid(<w*, x>)``.
@@ -122,9 +121,9 @@ def logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
   k_prob, k_bad = jax.random.split(key)
   base = make_core_problem("logistic", key=k_prob, **_problem_kwargs(cfg),
                            **{k: cfg[k] for k in ("heterogeneity", "n_eval") if k in cfg})
-  return corrupt_users(base, float(cfg_get(cfg, "corruption", 0.05)),
-                       mode=cfg_get(cfg, "corruption_mode", "flip"), key=k_bad,
-                       scale=float(cfg_get(cfg, "corruption_scale", 100.0)))
+  view = ConfigView(CorruptedLogisticProblem, cfg)   # defaults: the schema's, written once
+  return corrupt_users(base, float(view.corruption), mode=view.corruption_mode, key=k_bad,
+                       scale=float(view.corruption_scale))
 
 
 def hinge(cfg: dict, key: jax.Array) -> SCOProblem:
