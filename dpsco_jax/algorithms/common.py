@@ -302,8 +302,10 @@ def required_delta(cfg: dict) -> float:
 
 
 def sampling_setup(cfg: dict, n: int) -> tuple[str, int, int, float]:
-  """Reads ``sampling`` and ``batch_size`` from a config: (sampling, batch, capacity, q)."""
-  sampling = check_choice(cfg_get(cfg, "sampling", "poisson"), "sampling", SAMPLINGS)
+  """Reads ``sampling`` and ``batch_size`` from a config: (sampling, batch, capacity, q).
+  ``sampling`` must be given: its default is the caller's schema's (``fixed`` for
+  ``nonprivate_sgd``, ``poisson`` for DP-SGD), not a second copy here."""
+  sampling = check_choice(cfg["sampling"], "sampling", SAMPLINGS)
   batch = n if sampling == "full" else check_int(
       cfg_get(cfg, "batch_size", max(1, min(n, int(round(math.sqrt(n)))))), "batch_size")
   if batch > n:
