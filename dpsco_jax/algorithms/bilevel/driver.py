@@ -127,9 +127,11 @@ class BilevelReleases(NamedTuple):
   y_lam: jax.Array
 
 
-def _inner_solves(problem: BilevelProblem, bcfg: BilevelConfig, x, starts, keys):
-  """The two private inner solves of one iteration (DP-Loc-(S)GD on ``g`` and ``f/lam + g``)."""
-  lam, data = bcfg.lam, problem.data
+def _inner_solves(problem: BilevelProblem, bcfg: BilevelConfig, x, starts, keys, data,
+                  shard: dict):
+  """The two private inner solves of one iteration (DP-Loc-(S)GD on ``g`` and ``f/lam + g``)
+  on ``data`` (``shard``: a mesh's ``n_real`` / ``users``, or empty)."""
+  lam = bcfg.lam
   g_reg = None if problem.g_reg is None else (lambda y: problem.g_reg(x, y))
 
   def lam_reg(y):
@@ -140,17 +142,28 @@ def _inner_solves(problem: BilevelProblem, bcfg: BilevelConfig, x, starts, keys)
       out = out + problem.g_reg(x, y)
     return out
   y_t, _ = dp_loc_gd(lambda y, ex: problem.g_ex(x, y, ex), starts[0], data, keys[0],
-                     bcfg.inner_y, reg_fn=g_reg)
+                     bcfg.inner_y, reg_fn=g_reg, **shard)
   yl_t, _ = dp_loc_gd(lambda y, ex: problem.f_ex(x, y, ex) / lam + problem.g_ex(x, y, ex),
                       starts[1], data, keys[1], bcfg.inner_lam,
-                      reg_fn=lam_reg if (problem.f_reg or problem.g_reg) else None)
+                      reg_fn=lam_reg if (problem.f_reg or problem.g_reg) else None, **shard)
   return y_t, yl_t
 
 
 def _run(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
-         forced: BilevelReleases | None) -> tuple[BilevelOutput, BilevelReleases]:
-  """Alg 1/3; ``forced`` replays a release history (advance with it, release on this data)."""
-  n = problem.n
+         forced: BilevelReleases | None, data: PyTree = None, n_real: int | None = None,
+         users: Any = None) -> tuple[BilevelOutput, BilevelReleases]:
+  """Alg 1/3; ``forced`` replays a release history (advance with it, release on this data).
+
+  On a mesh (:func:`_run_compiled`): ``data`` is ``problem.data`` padded to a multiple of the
+  devices and sharded by ``users``; rows from ``n_real`` on are padding, masked out of every
+  clipped sum (outer and inner), so ``n`` (the denominators, the Poisson rates, the plan) is
+  ``n_real`` and the Poisson draws are those of the one-device run."""
+  data = problem.data if data is None else data
+  n = problem.n if n_real is None else int(n_real)
+  n_rows = int(jax.tree.leaves(data)[0].shape[0])
+  shard = {} if users is None else {"n_real": n, "users": users}
+  if users is not None:
+    data = jax.lax.with_sharding_constraint(data, users)
   k_loop, k_out_noise = jax.random.split(key)
   per_ex = penalty_hypergrad_per_example(problem, bcfg.lam)
   public = penalty_hypergrad_public(problem, bcfg.lam)
@@ -166,14 +179,16 @@ def _run(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
     t, forced_t = xs
     k_y, k_l, k_s = jax.random.split(jax.random.fold_in(k_loop, t), 3)
     starts = (y_w, yl_w) if bcfg.warm_start else (y0, y0)
-    y_t, yl_t = _inner_solves(problem, bcfg, x, starts, (k_y, k_l))
+    y_t, yl_t = _inner_solves(problem, bcfg, x, starts, (k_y, k_l), data, shard)
     if forced_t is not None:
       y_t, yl_t = forced_t.y_star, forced_t.y_lam
     if bcfg.outer_data_terms:
       mask = None
       if bcfg.batch_out is not None:  # Alg 3: one Poisson sample (rate b_out/n) for all terms
         mask = jax.random.bernoulli(k_s, bcfg.batch_out / n, (n,))
-      g_rel, p_state = privatize.update(per_ex(x, yl_t, y_t, problem.data), p_state, x,
+      if n_rows != n:   # a mesh's pad rows: never in a sum; the real rows' draws unchanged
+        mask = jnp.pad(jnp.ones((n,), bool) if mask is None else mask, (0, n_rows - n))
+      g_rel, p_state = privatize.update(per_ex(x, yl_t, y_t, data), p_state, x,
                                         user_mask=mask)
     else:
       # Data terms provably x-free (checked in bilevel_config): their x-gradients are zero.
@@ -214,7 +229,8 @@ def dp_bilevel_releases(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.A
   return _run(problem, bcfg, key, forced)[1]
 
 
-def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array):
+def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
+                  mesh: Any = None):
   """One jitted executable per (problem, config), cached on the problem (seeds reuse it). Keyed
   by the problem's identity too: ``dataclasses.replace`` copies share ``meta`` (a neighbouring
   dataset must never reuse the executable closed over the original data).
@@ -223,13 +239,26 @@ def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array):
   meta -> executable -> problem) that only a full garbage collection frees, so a sweep that
   drops its problems would keep every executable until then. Tracing happens inside this call,
   while the caller holds the problem. Entries of ``replace`` copies that share ``meta`` die
-  with the copy (their ids may then be reused, so such an entry is dropped on a miss)."""
+  with the copy (their ids may then be reused, so such an entry is dropped on a miss).
+
+  ``mesh`` (issue 24.2): the examples are padded to a multiple of its ``users`` axis and
+  sharded over it, passed as an argument (not closed over) so each device differentiates and
+  clips its own; the clipped sums are reduced across the axis and the noise drawn once."""
   cache = problem.meta.setdefault("_jit_cache", {})
-  entry = cache.get((id(problem), bcfg))
+  entry = cache.get((id(problem), bcfg, mesh))
   if entry is None or entry[0]() is not problem:
     ref = weakref.ref(problem)
-    entry = (ref, jax.jit(lambda k: dp_bilevel_run(ref(), bcfg, k)))
-    cache[(id(problem), bcfg)] = entry
+    if mesh is None:
+      fn = jax.jit(lambda k: dp_bilevel_run(ref(), bcfg, k))
+    else:
+      from jax.sharding import NamedSharding, PartitionSpec
+      from dpsco_jax.algorithms.common import _on_mesh
+      data, n_real = _on_mesh(problem.data, mesh, "users")
+      users = NamedSharding(mesh, PartitionSpec("users"))
+      run = jax.jit(lambda k, d: _run(ref(), bcfg, k, None, d, n_real, users)[0])
+      fn = lambda k, _run=run, _d=data: _run(k, _d)   # noqa: E731
+    entry = (ref, fn)
+    cache[(id(problem), bcfg, mesh)] = entry
   return entry[1](key)
 
 
@@ -268,12 +297,14 @@ def _record(bcfg: BilevelConfig, out: BilevelOutput, info: dict, n: int, *, eps:
   }
 
 
-#: why the bilevel methods take no loss_fn + UserData (and no mesh): their registrations' reason
+#: why the bilevel methods take no loss_fn + UserData (dp.run / dp.fit): their registrations'
+#: reason. The private ones do take a mesh (the runner's ``devices:`` key, ``problem.mesh``).
 _BILEVEL = ("it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
             "see dpsco_jax.problems.bilevel), not one loss_fn")
 
 
-@register("dp_bilevel", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL, mesh=_BILEVEL)
+@register("dp_bilevel", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL,
+          mesh=True)
 def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                ledger: PrivacyLedger | None = None):
   """Runner entry for Alg 1 / Alg 3 (``inner_batch_size`` / ``outer_batch_size`` set) with
@@ -305,7 +336,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
     _charge(ledger, events)
   else:
     ledger = own
-  out = _run_compiled(problem, bcfg, key)
+  out = _run_compiled(problem, bcfg, key, getattr(problem, "mesh", None))
   paper_eps = paper_composition_epsilon(bcfg, n, delta=delta)
   alg = "Alg 3 (Poisson mini-batches)" if (bcfg.batch_out or bcfg.inner_y.batch_size) else "Alg 1"
   outer = ("T outer Gaussian steps" if info["outer_noise"] else
@@ -331,7 +362,8 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                 debug=debug)
 
 
-@register("dp_bilevel_minibatch", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL, mesh=_BILEVEL)
+@register("dp_bilevel_minibatch", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL,
+          mesh=True)
 def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   cfg = dict(cfg)
   n = problem.n
@@ -340,7 +372,8 @@ def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   return dp_bilevel(problem, cfg, key)
 
 
-@register("dp_bilevel_population", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL, mesh=_BILEVEL)
+@register("dp_bilevel_population", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL,
+          mesh=True)
 def _dp_bilevel_population(problem: BilevelProblem, cfg: dict, key: jax.Array):
   """§6 / Thm 6.1: the same algorithm; the theory preset adds ``K3 sqrt(d_x/n)`` to alpha and
   the record reports the population metrics the theorem bounds."""
@@ -383,7 +416,12 @@ def nonprivate_penalty_method(problem: BilevelProblem, *, lam: float, eta: float
   return solve(problem.x0)
 
 
-@register("nonprivate_penalty", config=cf.NonPrivatePenaltyConfig, paper="004", unsupported=_BILEVEL, mesh=_BILEVEL)
+_EXACT = ("the non-private reference solves its inner problems exactly (Newton on the whole "
+          "dataset, one device): no per-example clipped step to shard")
+
+
+@register("nonprivate_penalty", config=cf.NonPrivatePenaltyConfig, paper="004",
+          unsupported=_BILEVEL, mesh=_EXACT)
 def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
   from dpsco_jax.result import Result
   del key

@@ -205,8 +205,8 @@ def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: 
 
 
 def dp_loc_gd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
-              cfg: LocGDConfig, *, reg_fn: Callable[[PyTree], jax.Array] | None = None
-              ) -> tuple[PyTree, LocGDAux]:
+              cfg: LocGDConfig, *, reg_fn: Callable[[PyTree], jax.Array] | None = None,
+              n_real: int | None = None, users: Any = None) -> tuple[PyTree, LocGDAux]:
   """One DP-Loc-GD (``cfg.batch_size is None``) or DP-Loc-SGD solve. Jittable (``cfg`` static).
 
   Accounting is the caller's (:func:`loc_gd_event` on a replace-one ledger, charged before).
@@ -220,11 +220,13 @@ def dp_loc_gd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
     cfg: :class:`LocGDConfig`.
     reg_fn: optional data-independent term ``r(y)`` of ``h``; its gradient is added after the
       noise (no sensitivity).
+    n_real, users: on a mesh, the real examples (rows from ``n_real`` on are padding, masked)
+      and the sharding that keeps each device's examples on it (``_solve``).
 
   Returns:
     ``(y_out, aux)`` with ``y_out = y^M_0``.
   """
-  y, aux, _ = _solve(loss_ex, y0, data, key, cfg, reg_fn, None)
+  y, aux, _ = _solve(loss_ex, y0, data, key, cfg, reg_fn, None, n_real, users)
   return y, aux
 
 
