@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import copy
 import math
-import weakref
 from typing import Any, NamedTuple
 
 import jax
@@ -55,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
@@ -229,37 +229,52 @@ def dp_bilevel_releases(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.A
   return _run(problem, bcfg, key, forced)[1]
 
 
+class _Static(NamedTuple):
+  """What a compiled bilevel run is keyed by (hashable; :func:`dpsco_jax.cache.bounded_cache`):
+  the problem's functions and scalars, never its arrays. The data, ``x0``, ``y0`` and
+  ``x_center`` are arguments of the program, so a neighbouring dataset (same functions, other
+  data) reuses the executable with its own data, and a problem whose functions close over data
+  is another key (function identity)."""
+  f_ex: Any
+  g_ex: Any
+  f_reg: Any
+  g_reg: Any
+  consts: ProblemConstants
+  x_radius: float | None
+  y_radius: float | None
+
+
+@bounded_cache(32)
+def _compiled_run(static: _Static, bcfg: BilevelConfig, mesh: Any, n_real: int | None):
+  """The jitted run ``(key, data, x0, y0, x_center) -> BilevelOutput``; with ``mesh`` the data
+  arrives padded to a multiple of its ``users`` axis (rows from ``n_real`` on masked) and each
+  device differentiates and clips its own examples."""
+  users = None
+  if mesh is not None:
+    from jax.sharding import NamedSharding, PartitionSpec
+    users = NamedSharding(mesh, PartitionSpec("users"))
+
+  def run(key, data, x0, y0, x_center):
+    problem = BilevelProblem(name="", data=data, x0=x0, y0=y0, x_center=x_center,
+                             **static._asdict())
+    return _run(problem, bcfg, key, None, data, n_real, users)[0]
+  return jax.jit(run)
+
+
 def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
-                  mesh: Any = None):
-  """One jitted executable per (problem, config), cached on the problem (seeds reuse it). Keyed
-  by the problem's identity too: ``dataclasses.replace`` copies share ``meta`` (a neighbouring
-  dataset must never reuse the executable closed over the original data).
-
-  The closure holds the problem by weak reference: a strong one would make a cycle (problem ->
-  meta -> executable -> problem) that only a full garbage collection frees, so a sweep that
-  drops its problems would keep every executable until then. Tracing happens inside this call,
-  while the caller holds the problem. Entries of ``replace`` copies that share ``meta`` die
-  with the copy (their ids may then be reused, so such an entry is dropped on a miss).
-
-  ``mesh`` (issue 24.2): the examples are padded to a multiple of its ``users`` axis and
-  sharded over it, passed as an argument (not closed over) so each device differentiates and
-  clips its own; the clipped sums are reduced across the axis and the noise drawn once."""
-  cache = problem.meta.setdefault("_jit_cache", {})
-  entry = cache.get((id(problem), bcfg, mesh))
-  if entry is None or entry[0]() is not problem:
-    ref = weakref.ref(problem)
-    if mesh is None:
-      fn = jax.jit(lambda k: dp_bilevel_run(ref(), bcfg, k))
-    else:
-      from jax.sharding import NamedSharding, PartitionSpec
-      from dpsco_jax.algorithms.common import _on_mesh
-      data, n_real = _on_mesh(problem.data, mesh, "users")
-      users = NamedSharding(mesh, PartitionSpec("users"))
-      run = jax.jit(lambda k, d: _run(ref(), bcfg, k, None, d, n_real, users)[0])
-      fn = lambda k, _run=run, _d=data: _run(k, _d)   # noqa: E731
-    entry = (ref, fn)
-    cache[(id(problem), bcfg, mesh)] = entry
-  return entry[1](key)
+                  mesh: Any = None) -> BilevelOutput:
+  """Runs Alg 1 / 3 through the library's one bounded cache of compiled programs (seeds and
+  neighbouring datasets of the same problem reuse it). ``mesh`` (issue 24.2): the examples are
+  padded to a multiple of its ``users`` axis and sharded over it; the clipped sums are reduced
+  across the axis and the noise drawn once."""
+  data, n_real = problem.data, None
+  if mesh is not None:
+    from dpsco_jax.algorithms.common import _on_mesh
+    data, n_real = _on_mesh(data, mesh, "users")
+  static = _Static(problem.f_ex, problem.g_ex, problem.f_reg, problem.g_reg, problem.consts,
+                   problem.x_radius, problem.y_radius)
+  return _compiled_run(static, bcfg, mesh, n_real)(key, data, problem.x0, problem.y0,
+                                                   problem.x_center)
 
 
 def _charge(ledger: PrivacyLedger, events: list) -> None:
