@@ -25,8 +25,22 @@ For each ``n`` a fresh subprocess (so peaks are per ``n``) measures:
   (``n * 8 * 20 * 4`` bytes; ids add ``n * 8 * 8``); ratios are to ``raw_gb``. ``base_gb``
   is the process before any data (Python + JAX), included in the peaks.
 
+The rest of the issue's table, each section off by default and a key of the JSON summary
+when asked for (``--no-rows`` skips the per-n rows):
+
+* ``--devices 4`` (key ``devices``): the fit above with the table on the device, at
+  ``--devices-n`` users (default 1e5), in a fresh process on 1 device and in one on 4 forced
+  host devices (``--xla_force_host_platform_device_count``) with a ``"users"`` mesh: plan,
+  first run (compiles), warm run (``run_s``, ``step_ms``), peaks; and the equality of the
+  releases (``max_param_diff``, ``same_privacy``, ``same_record``);
+* ``--processes`` (key ``processes``): ``bench_distributed.py``'s summary, 1 vs 2
+  ``jax.distributed`` processes at ``--processes-n`` users (``--quick``: its own quick size);
+* ``--sweep`` (key ``sweep``): ``bench_sweep.py``'s summary for ``--sweep-only`` (default
+  ``quickstart``) on ``--sweep-seeds`` seeds (default 10), batched vs one by one.
+
 Usage: ``python experiments/bench_scale.py [--quick] [--min-n 1e4] [--max-n 1e7] [--steps
-200] [--old-build-max 1e4] [--grouped]``. The last line of output is the JSON summary.
+200] [--old-build-max 1e4] [--grouped] [--no-rows] [--devices 4] [--processes] [--sweep]``.
+The last line of output is the JSON summary.
 ``BENCH_SCALE_TMP`` names the directory of the stores (default: the system's temporary
 directory).
 """
@@ -134,20 +148,26 @@ def _old_steps(data, n: int, steps: int) -> float:
   return (time.perf_counter() - t0) / steps * 1e3
 
 
+def _config(n: int, steps: int) -> dict:
+  return {"epsilon": 2.0, "delta": 1e-7, "clip_norm": 1.0, "learning_rate": 0.1,
+          "num_steps": steps, "sampling_rate": min(1.0, PER_STEP / n), "n_users": n}
+
+
+def _loss(w, ex):
+  import jax.numpy as jnp
+  return 0.5 * jnp.square(jnp.dot(ex["x"], w) - 1.0)
+
+
 def _fit(data, n: int, steps: int, placement: str) -> dict:
   """``dpsco_jax.plan`` then ``run`` of ``dp_sgd_user`` end to end (the issue's new-user
   path: q n = 1000 users per step, delta 1e-7): plan seconds, run seconds, ms per step."""
   import jax
   import jax.numpy as jnp
   import dpsco_jax
-  q = min(1.0, PER_STEP / n)
-  cfg = {"epsilon": 2.0, "delta": 1e-7, "clip_norm": 1.0, "learning_rate": 0.1,
-         "num_steps": steps, "sampling_rate": q, "n_users": n}
-  loss = lambda w, ex: 0.5 * jnp.square(jnp.dot(ex["x"], w) - 1.0)
   t0 = time.perf_counter()
-  plan = dpsco_jax.plan("dp_sgd_user", cfg, data.spec, num_params=FEATURES)
+  plan = dpsco_jax.plan("dp_sgd_user", _config(n, steps), data.spec, num_params=FEATURES)
   t1 = time.perf_counter()
-  res = dpsco_jax.run(plan, loss, jnp.zeros(FEATURES), data, jax.random.key(0),
+  res = dpsco_jax.run(plan, _loss, jnp.zeros(FEATURES), data, jax.random.key(0),
                       data_placement=placement)
   jax.block_until_ready(res.params)
   t2 = time.perf_counter()
@@ -216,6 +236,144 @@ def _run_worker(n: int, args, store: bool) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def devices_worker(n: int, steps: int, devices: int) -> dict:
+  """The per-n rows' ``dp_sgd_user`` fit (table on the device: a mesh shards the device
+  path only) on ``devices`` forced host devices, with a ``"users"`` mesh over them when there
+  are more than one: plan, a first run (compiles), then a timed warm run with the same key.
+  Returns the released params, privacy report and record for the comparison across
+  processes."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import dpsco_jax
+  from dpsco_jax.data import UserData
+  assert len(jax.devices()) == devices, jax.devices()
+  jax.block_until_ready(jnp.zeros(1))
+  out = {"devices": devices, "n": n, "steps": steps, "base_gb": _gb(_status_kb("VmRSS"))}
+  x, ids = _table(n)
+  data = UserData.from_arrays({"x": x}, ids)
+  del x, ids
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("users",)) if devices > 1 else None
+  t0 = time.perf_counter()
+  plan = dpsco_jax.plan("dp_sgd_user", _config(n, steps), data.spec, num_params=FEATURES)
+  out["plan_s"] = time.perf_counter() - t0
+  _reset_peak()
+  for name in ("first_run_s", "run_s"):
+    t0 = time.perf_counter()
+    res = dpsco_jax.run(plan, _loss, jnp.zeros(FEATURES), data, jax.random.key(0), mesh=mesh,
+                        data_placement="device")
+    jax.block_until_ready(res.params)
+    out[name] = time.perf_counter() - t0
+    if name == "first_run_s":
+      out["peak_first_run_gb"] = _gb(_status_kb("VmHWM"))
+      _reset_peak()
+  out["step_ms"] = out["run_s"] / steps * 1e3
+  out["peak_run_gb"] = _gb(_status_kb("VmHWM"))
+  out["params"] = [float(v) for v in np.asarray(res.params)]
+  out["privacy"] = res.privacy.to_dict()
+  out["record"] = res.record
+  return out
+
+
+def _devices_env(devices: int) -> dict:
+  # The device count is fixed when JAX starts, hence one process per count. Unlike the
+  # tests (multidevice_users.FAST_COMPILE), no unoptimised code generation: these are
+  # timings; both processes get the caller's XLA_FLAGS, the forced count aside.
+  flags = os.environ.get("XLA_FLAGS", "")
+  if devices > 1:
+    flags = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
+
+
+def _subprocess_json(cmd: list[str], env: dict | None = None) -> dict:
+  """The last stdout line of ``cmd``, parsed as JSON; ``{"error": ...}`` if it failed."""
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+  if proc.returncode != 0:
+    return {"error": proc.stderr.strip().splitlines()[-1:] or [f"rc {proc.returncode}"]}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def devices_section(n: int, steps: int, devices: int) -> dict:
+  """1 device vs a ``devices``-device users mesh, each in a fresh process: warm-run times,
+  peaks, and the equality of the releases (params to float tolerance; privacy report and
+  record identical)."""
+  runs = {}
+  for k in (1, devices):
+    cmd = [sys.executable, __file__, "--devices-worker", str(k), "--devices-n", str(n),
+           "--steps", str(steps)]
+    runs[k] = _subprocess_json(cmd, _devices_env(k))
+  one, many = runs[1], runs[devices]
+  out = {"n": n, "steps": steps, "devices": devices,
+         "one": {k: v for k, v in one.items() if k not in ("params", "record")},
+         "many": {k: v for k, v in many.items() if k not in ("params", "record")}}
+  if "error" in one or "error" in many:
+    return out
+  out["ratio_run_many_over_one"] = many["run_s"] / one["run_s"]
+  out["max_param_diff"] = max(abs(a - b) for a, b in zip(one["params"], many["params"]))
+  out["param_scale"] = max(abs(a) for a in one["params"])
+  out["same_privacy"] = one["privacy"] == many["privacy"]
+  out["same_record"] = one["record"] == many["record"]
+  return out
+
+
+def processes_section(n: int, steps: int, quick: bool) -> dict:
+  """``experiments/bench_distributed.py``'s summary (1 vs 2 processes under
+  ``jax.distributed``, host-streamed), run as it is run alone."""
+  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_distributed.py")
+  args = ["--quick"] if quick else ["--n", str(n), "--steps", str(steps)]
+  return _subprocess_json([sys.executable, script, *args])
+
+
+def sweep_section(seeds: int, only: str, quick: bool) -> dict:
+  """``experiments/bench_sweep.py``'s summary (each config's rows on ``seeds`` seeds, batched
+  vs one by one, each mode in a fresh process), for the config ``only``."""
+  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_sweep.py")
+  args = ["--seeds", str(seeds), "--only", only] + (["--no-warm"] if quick else [])
+  return _subprocess_json([sys.executable, script, *args])
+
+
+def _section_lines(summary: dict) -> list[str]:
+  lines = []
+  d = summary.get("devices")
+  if d is not None:
+    lines.append(f"dp_sgd_user, table on device, n={d['n']:.0e}, {d['steps']} steps: "
+                 f"1 device vs {d['devices']} forced host devices (users mesh)")
+    for label, r in (("1", d["one"]), (str(d["devices"]), d["many"])):
+      if "error" in r:
+        lines.append(f"  {label:>2} device(s): error: {r['error']}")
+        continue
+      lines.append(f"  {label:>2} device(s): plan {r['plan_s']:.2f} s, first run "
+                   f"{r['first_run_s']:.2f} s, warm run {r['run_s']:.2f} s "
+                   f"({r['step_ms']:.2f} ms/step), peak {r['peak_first_run_gb']:.3f} GB "
+                   f"(first run) / {r['peak_run_gb']:.3f} GB (warm)")
+    if "max_param_diff" in d:
+      lines.append(f"  warm run x{d['ratio_run_many_over_one']:.2f}; max |params difference| "
+                   f"{d['max_param_diff']:.2g} (params up to {d['param_scale']:.2g}); same "
+                   f"privacy report: {d['same_privacy']}, same record: {d['same_record']}")
+  p = summary.get("processes")
+  if p is not None:
+    if "error" in p:
+      lines.append(f"1 vs 2 processes: error: {p['error']}")
+    else:
+      lines.append(f"1 vs 2 processes (bench_distributed.py, n={p['n']:.0e}, {p['steps']} "
+                   f"steps, host-streamed): {p['one_process']['step_ms']:.2f} vs "
+                   f"{p['two_processes']['step_ms']:.2f} ms/step (x{p['ratio_two_over_one']:.2f})"
+                   f"; max |params difference| {p['max_param_diff']:.2g}")
+  s = summary.get("sweep")
+  if s is not None:
+    if "error" in s:
+      lines.append(f"sweep: error: {s['error']}")
+    for r in s.get("rows", []):
+      warm = (f", warm {r['warm_batched_s']:.1f} s vs {r['warm_one_by_one_s']:.1f} s "
+              f"(x{r['warm_speedup']:.2f})" if "warm_speedup" in r else "")
+      lines.append(f"sweep (bench_sweep.py) {r['config']}, {r['seeds']} seeds, {r['runs']} "
+                   f"runs, batched vs one by one: cold {r['cold_batched_s']:.1f} s vs "
+                   f"{r['cold_one_by_one_s']:.1f} s (x{r['cold_speedup']:.2f}){warm}; max "
+                   f"|risk difference| {r['max_abs_risk_diff']:.2g}, other fields identical: "
+                   f"{r['records_identical_but_risk']}")
+  return lines
+
+
 def _fmt(v, spec):
   return "-" if v is None else format(v, spec)
 
@@ -260,11 +418,28 @@ def main() -> None:
   ap.add_argument("--old-step-max", type=float, default=1e6)
   ap.add_argument("--grouped", action="store_true",
                   help="rows sorted by user (the dense layout built without a copy)")
+  ap.add_argument("--no-rows", action="store_true",
+                  help="skip the per-n rows (run only the sections asked for below)")
+  ap.add_argument("--devices", type=int, default=0,
+                  help="also 1 device vs this many forced host devices (a users mesh)")
+  ap.add_argument("--devices-n", type=float, default=1e5, help="n of the devices section")
+  ap.add_argument("--processes", action="store_true",
+                  help="also 1 vs 2 processes (bench_distributed.py at --processes-n)")
+  ap.add_argument("--processes-n", type=float, default=1e5)
+  ap.add_argument("--sweep", action="store_true",
+                  help="also a sweep batched vs one by one (bench_sweep.py --only --sweep-only)")
+  ap.add_argument("--sweep-seeds", type=int, default=10)
+  ap.add_argument("--sweep-only", default="quickstart",
+                  choices=("quickstart", "srgd", "quickstart-grid", "srgd-grid"))
   ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+  ap.add_argument("--devices-worker", type=int, help=argparse.SUPPRESS)
   ap.add_argument("--store", action="store_true", help=argparse.SUPPRESS)
   ap.add_argument("--old-build", action="store_true", help=argparse.SUPPRESS)
   ap.add_argument("--old-step", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.devices_worker is not None:
+    print(json.dumps(devices_worker(int(args.devices_n), args.steps, args.devices_worker)))
+    return
   if args.worker is not None:
     print(json.dumps(worker(args.worker, args.steps, args.store, args.old_build,
                             args.old_step, args.grouped)))
@@ -272,22 +447,36 @@ def main() -> None:
   if args.quick:
     sizes, args.steps, args.store_from = [1000, 10_000], 20, 10_000
     args.old_build_max = 1000
+    args.devices_n, args.sweep_seeds = min(args.devices_n, 10_000), min(args.sweep_seeds, 2)
   else:
     sizes = [n for n in (10_000, 100_000, 1_000_000, 10_000_000)
              if args.min_n <= n <= args.max_n]
+  sizes = [] if args.no_rows else sizes
   rows = []
-  print(_table_lines([])[0], flush=True)
+  if sizes:
+    print(_table_lines([])[0], flush=True)
   for n in sizes:
     for store in (False, True):
       if (n <= args.memory_max, n >= args.store_from)[store]:
         rows.append(_run_worker(n, args, store=store))
         print(_table_lines(rows[-1:])[1], flush=True)    # progress: one row per run
   ok = [r for r in rows if "error" not in r]
-  print("\n".join(_table_lines(ok)[len(ok) + 1:]), flush=True)   # the end-to-end table
-  print(json.dumps({"mode": "quick" if args.quick else "full", "items_per_user": ITEMS,
-                    "layout": "grouped" if args.grouped else "shuffled",
-                    "features": FEATURES, "users_per_step": PER_STEP, "steps": args.steps,
-                    "largest_n": max((r["n"] for r in ok), default=0), "rows": rows}))
+  if sizes:
+    print("\n".join(_table_lines(ok)[len(ok) + 1:]), flush=True)   # the end-to-end table
+  summary = {"mode": "quick" if args.quick else "full", "items_per_user": ITEMS,
+             "layout": "grouped" if args.grouped else "shuffled",
+             "features": FEATURES, "users_per_step": PER_STEP, "steps": args.steps,
+             "largest_n": max((r["n"] for r in ok), default=0), "rows": rows}
+  # the other sections: keys present only when asked for (the default summary is unchanged)
+  if args.devices > 1:
+    summary["devices"] = devices_section(int(args.devices_n), args.steps, args.devices)
+  if args.processes:
+    summary["processes"] = processes_section(int(args.processes_n), args.steps, args.quick)
+  if args.sweep:
+    summary["sweep"] = sweep_section(args.sweep_seeds, args.sweep_only, args.quick)
+  if _section_lines(summary):
+    print("\n".join(_section_lines(summary)), flush=True)
+  print(json.dumps(summary))
 
 
 if __name__ == "__main__":
