@@ -39,7 +39,8 @@ def poisson_truncation_probability(n: int, q: float, capacity: int, steps: int) 
 
 def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
                  capacity: int, rate: float | None = None,
-                 n_real: int | None = None) -> tuple[jax.Array, jax.Array]:
+                 n_real: int | None = None,
+                 shard: NamedSharding | None = None) -> tuple[jax.Array, jax.Array]:
   """Indices ``[capacity]`` of the users of one step and the mask of real slots.
 
   * ``poisson``: each user independently with probability ``rate`` (a declared public number;
@@ -53,6 +54,11 @@ def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
   a multiple of its devices); they are never sampled and the real users' draws are the ones of
   an unpadded run (the same partitionable-threefry property, and ``fixed`` draws over
   ``n_real``). Slots past ``batch`` (``fixed``) or past the users (``full``) are masked.
+
+  ``shard`` (a mesh's users sharding): the ``[n]`` Poisson coins are drawn sharded, each device
+  hashing the counters of its own users only (partitionable threefry gives the same values as
+  the unsharded draw), instead of every device drawing all ``n`` coins every step; only the
+  ``[n]`` booleans are then gathered for the slot indices.
   """
   n_real = n if n_real is None else n_real
   if sampling == "full":
@@ -63,6 +69,9 @@ def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
     return (jnp.concatenate([idx, jnp.zeros((pad,), idx.dtype)]),
             jnp.arange(capacity) < batch)
   chosen = jax.random.bernoulli(key, batch / n_real if rate is None else rate, (n,))
+  if shard is not None:   # drawn sharded, then gathered: nonzero on a sharded array is slow
+    chosen = jax.lax.with_sharding_constraint(chosen, shard)
+    chosen = jax.lax.with_sharding_constraint(chosen, NamedSharding(shard.mesh, PartitionSpec()))
   chosen = chosen & (jnp.arange(n) < n_real)
   (idx,) = jnp.nonzero(chosen, size=capacity, fill_value=0)
   mask = jnp.arange(capacity) < jnp.sum(chosen)
@@ -98,8 +107,9 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
   """One jitted scan per (loss, chain shape, schedule): hyper-parameters and data are
   arguments, so a sweep over seeds / epsilons / learning rates compiles once. ``users``: the
   sharding of a step's sampled users over a mesh (each device differentiates and clips its
-  own users; XLA reduces the clipped sums across the axis; the key, the sampling and the
-  noise are replicated, so they are drawn once)."""
+  own users; XLA reduces the clipped sums across the axis; the key and the noise are
+  replicated, so they are drawn once; the Poisson coins are drawn sharded, see
+  :func:`sample_users`)."""
 
   def spread(tree):
     return tree if users is None else jax.lax.with_sharding_constraint(tree, users)
@@ -115,7 +125,7 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
     def body(carry, t):
       params, state = carry
       idx, mask = sample_users(jax.random.fold_in(key, t), n, sampling=sampling, batch=batch,
-                               capacity=capacity, rate=rate, n_real=n_real)
+                               capacity=capacity, rate=rate, n_real=n_real, shard=users)
       batch_data, mask = spread((gather_users(data, idx), mask))
       grads = per_user_grads(loss_fn, params, batch_data, user_mask=mask)
       updates, state = tx.update(grads, state, params, user_mask=mask)
