@@ -288,9 +288,6 @@ def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
       raise ValueError(f"data_placement='host' streams Poisson-sampled rows: {ready} with "
                        f"sampling='poisson' (got {p.algorithm}, sampling="
                        f"{(p.schedule or {}).get('sampling')!r})")
-    if mesh is not None:
-      raise ValueError("data_placement='host' does not shard over a mesh yet: give one or the "
-                       "other")
   return placement
 
 

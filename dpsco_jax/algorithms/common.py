@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -251,7 +252,8 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
                    rate: float, capacity: int, view: str = "user",
                    record: Callable | None = None,
                    progress: Callable[[int], None] | None = None,
-                   rows: int | None = None) -> tuple[Any, ...]:
+                   rows: int | None = None, mesh: Mesh | None = None,
+                   axis: str = "users") -> tuple[Any, ...]:
   """:func:`run_chain` with Poisson sampling done on the host: each step samples users in
   ``O(q n)`` expected work (:class:`~dpsco_jax.data.PoissonSampler`, seeded by ``key``) and
   moves only their rows to the device (:func:`~dpsco_jax.data.iter_batches`, one step
@@ -259,15 +261,34 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
   cost does not grow with ``n``. Same law (each user with probability ``rate``, truncated at
   ``capacity``), same chain and noise keys as the scan; other users are drawn than by the
   device sampler with the same key. ``rows``: the number of rows sampled (default: the users;
-  ``view="item_rows"`` samples the ``U m`` item slots)."""
+  ``view="item_rows"`` samples the ``U m`` item slots).
+
+  ``mesh``: each step's ``capacity`` slots are padded on the host with masked slots to a
+  multiple of the ``axis`` devices and placed sharded over it, so each device receives and
+  differentiates only its share of the sampled rows; XLA reduces the clipped sums across the
+  axis and the noise (replicated state, one key) is drawn once. The sampled rows and their
+  order are the one-device run's: only the reduction order differs."""
   from dpsco_jax.data.sampling import PoissonSampler, iter_batches
   sampler = PoissonSampler(user_data.n_users if rows is None else rows, rate,
                            capacity=capacity, seed=key)
+  put = jax.device_put
+  if mesh is not None:
+    pad = -int(capacity) % mesh_users_axis(mesh, axis)
+
+    def place(x):
+      x = np.asarray(x)
+      if pad:   # masked slots (the mask is padded with False like every leaf)
+        x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
+      spec = PartitionSpec(axis, *([None] * (x.ndim - 1)))
+      return jax.device_put(x, NamedSharding(mesh, spec))
+
+    def put(tree):
+      return jax.tree.map(place, tree)
   state = jax.jit(lambda p, h: tx_factory(h, *static).init(p))(params0, hparams)
   step = _compiled_step(loss_fn, tx_factory, tuple(static), record)
   params = jax.tree.map(jnp.array, params0)   # donated below: never the caller's buffers
   records, every = [], progress_points(steps)
-  for t, batch, mask in iter_batches(user_data, sampler, steps, view=view):
+  for t, batch, mask in iter_batches(user_data, sampler, steps, view=view, put=put):
     params, state, rec = step(params, state, hparams, batch, mask)
     if record is not None:
       records.append(rec)

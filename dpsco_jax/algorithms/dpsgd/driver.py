@@ -294,7 +294,8 @@ def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple
                         steps=plan.steps, key=jax.random.fold_in(key, 2),
                         rate=plan.sampling_rate, capacity=plan.capacity,
                         view="user" if plan.level == "user" else "item_rows", rows=n,
-                        progress=getattr(problem, "progress", None))
+                        progress=getattr(problem, "progress", None),
+                        mesh=getattr(problem, "mesh", None))
 
 
 def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Result:
