@@ -70,13 +70,41 @@ def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
     return (jnp.concatenate([idx, jnp.zeros((pad,), idx.dtype)]),
             jnp.arange(capacity) < batch)
   chosen = jax.random.bernoulli(key, batch / n_real if rate is None else rate, (n,))
-  if shard is not None:   # drawn sharded, then gathered: nonzero on a sharded array is slow
-    chosen = jax.lax.with_sharding_constraint(chosen, shard)
-    chosen = jax.lax.with_sharding_constraint(chosen, NamedSharding(shard.mesh, PartitionSpec()))
   chosen = chosen & (jnp.arange(n) < n_real)
+  if shard is not None:
+    return _sharded_slots(jax.lax.with_sharding_constraint(chosen, shard), shard, capacity)
   (idx,) = jnp.nonzero(chosen, size=capacity, fill_value=0)
   mask = jnp.arange(capacity) < jnp.sum(chosen)
   return idx, mask
+
+
+def _sharded_slots(chosen: jax.Array, shard: NamedSharding, capacity: int
+                   ) -> tuple[jax.Array, jax.Array]:
+  """``jnp.nonzero(chosen, size=capacity, fill_value=0)`` and the real-slot mask, for coins
+  sharded over one mesh axis, in O(n / devices + capacity) work per device: each device finds
+  its own chosen users, places them at its offset (the chosen count of the devices before it)
+  and the slot vectors are summed across the axis. The result is the global one, slot for slot
+  (the first ``capacity`` chosen users in index order), so the truncation at ``capacity`` and
+  the gathered batch are those of the one-device run."""
+  (axis,) = shard.spec[0] if isinstance(shard.spec[0], tuple) else (shard.spec[0],)
+  mesh = shard.mesh
+
+  def local(c):
+    size = c.shape[0]
+    me = jax.lax.axis_index(axis)
+    mine = jnp.sum(c, dtype=jnp.int32)
+    counts = jax.lax.all_gather(mine, axis)
+    offset = jnp.sum(jnp.where(jnp.arange(counts.shape[0]) < me, counts, 0))
+    (li,) = jnp.nonzero(c, size=min(size, capacity), fill_value=0)
+    j = jnp.arange(li.shape[0])
+    slot = jnp.where(j < counts[me], offset + j, capacity)      # capacity: dropped
+    idx = jnp.zeros((capacity,), jnp.int32).at[slot].set(
+        (me * size + li).astype(jnp.int32), mode="drop")
+    return jax.lax.psum(idx, axis), jax.lax.psum(mine, axis)
+
+  idx, total = jax.shard_map(local, mesh=mesh, in_specs=PartitionSpec(axis),
+                             out_specs=(PartitionSpec(), PartitionSpec()))(chosen)
+  return idx, jnp.arange(capacity) < total
 
 
 def gather_users(data: Any, idx: jax.Array) -> Any:
