@@ -334,6 +334,13 @@ def test_tiny_denominator_is_refused_by_name():
   assert np.all(np.isfinite(np.asarray(out)))
 
 
+# Jitted as the certificate runs it (inside the driver's jit), the radius a Python float as
+# there (static: _round_up rounds it up exactly; a traced one is inflated). Eagerly, every
+# primitive of the cascade compiled again for each of the ~35 lengths d: 21 s for the first
+# offset; one program per (d, R) pair: 14 s, the later offsets reuse them (same draws).
+_ball_slack_upper = jax.jit(ds._ball_slack_upper, static_argnums=2)
+
+
 @pytest.mark.parametrize("offset", (0.0, 1e2, 1e5, 1e8))
 def test_ball_slack_is_an_upper_bound_and_tight(offset):
   """rho = R - ||θ̃ - c|| enters the certificate as sqrt(t rho): it is bounded above from an
@@ -349,7 +356,7 @@ def test_ball_slack_is_an_upper_bound_and_tight(offset):
              ).astype(np.float32)
     off64 = theta.astype(np.float64) - c.astype(np.float64)
     exact = max(radius - np.linalg.norm(off64), 0.0)
-    rho, _, norm = ds._ball_slack_upper(jnp.asarray(theta), jnp.asarray(c), radius)
+    rho, _, norm = _ball_slack_upper(jnp.asarray(theta), jnp.asarray(c), radius)
     assert float(rho) >= exact
     # tight up to R's float32 rounding (upwards) and a few ulp of rho itself
     r_up = float(np.nextafter(np.float32(radius), np.float32(np.inf)))
