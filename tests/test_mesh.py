@@ -55,13 +55,6 @@ SCRIPT = textwrap.dedent("""
       out["bad_mesh"] = "accepted"
     except ValueError as err:
       out["bad_mesh"] = str(err)
-    try:
-      dpsco_jax.fit("naive_output_pert", {"epsilon": 2.0, "delta": 1e-5}, loss, params, data,
-                    jax.random.key(7), mesh=mesh,
-                    constants={"lipschitz": 1.0, "smoothness": 1.0, "strong_convexity": 0.1})
-      out["not_ready"] = "accepted"
-    except ValueError as err:
-      out["not_ready"] = str(err)
     print(json.dumps(out))
 """)
 
@@ -76,7 +69,8 @@ def test_four_devices_release_the_one_device_params_and_refuse_a_mesh_without_us
     assert r["diff_ctx"] <= 1e-5 * max(1.0, r["scale"]), (name, r)
   assert out["other_key_diff"] > 1e-2
   assert "no 'users' axis" in out["bad_mesh"]
-  assert "mesh-ready" in out["not_ready"] and "output perturbation" in out["not_ready"]
+  # every algorithm dp.fit runs now takes a mesh (paper 001 too: test_mesh_output_perturbation);
+  # a registered refusal is honoured: test_algorithm_interface's toy
 
 
 SRGD_SCRIPT = textwrap.dedent("""
@@ -169,6 +163,7 @@ def test_every_algorithm_takes_a_mesh_or_refuses_it_with_its_reason():
     with pytest.raises(ValueError, match="does not take a mesh") as err:
       api._mesh(name, mesh)
     assert name in str(err.value) and reason in str(err.value)
-  with jax.set_mesh(mesh), pytest.raises(ValueError, match="output perturbation"):  # not ignored
-    api._mesh("naive_output_pert", None)
+  with jax.set_mesh(mesh), pytest.raises(ValueError, match="target excess"):  # not ignored
+    api._mesh("resque_parallel_sco", None)
+  assert api._mesh("naive_output_pert", mesh) is mesh
   assert api._mesh("dp_loc_gd", mesh) is mesh

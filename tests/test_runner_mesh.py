@@ -86,7 +86,7 @@ SCRIPT = textwrap.dedent('''
                     for r in recs] for recs in (one, four)]
     refusals = {"too_many": dict(synthetic, devices=8), "bool": dict(synthetic, devices=True),
                 "not_ready": dict(synthetic, devices=2, experiments=[{"algorithm": {
-                    "name": "naive_output_pert", "epsilon": 1.0, "delta": 1e-6}}]),
+                    "name": "resque_parallel_sco"}}]),
                 "in_entry": dict(synthetic, experiments=[{"algorithm": dp, "devices": 4}])}
     out["refusals"] = {}
     for name, cfg in refusals.items():
@@ -128,7 +128,7 @@ def test_what_cannot_shard_is_refused_before_anything_runs(four_devices):
   ref = four_devices["refusals"]
   assert "devices=8: this process has 4 local device(s)" in ref["too_many"]
   assert "devices must be a positive int or 'all'" in ref["bool"]
-  assert "naive_output_pert does not shard users over a mesh: output perturbation" in (
+  assert "resque_parallel_sco does not shard users over a mesh: it stops at a target" in (
       ref["not_ready"])
   assert "devices is a top-level runner key" in ref["in_entry"]
 
@@ -145,7 +145,6 @@ def test_devices_option_on_this_process():
   # a refusal stops the sweep before the first run (no record, no partial output)
   cfg = {"seed": 0, "devices": 1, "problem": {"name": "logistic", "n_users": 20, "m": 2,
                                               "d": 2},
-         "experiments": [{"algorithm": {"name": "sc_output_pert", "epsilon": 1.0,
-                                        "delta": 1e-6}}]}
-  with pytest.raises(ConfigError, match="sc_output_pert does not shard users"):
+         "experiments": [{"algorithm": {"name": "resque_parallel_sco"}}]}
+  with pytest.raises(ConfigError, match="resque_parallel_sco does not shard users"):
     runner.run_config(cfg, progress=False)

@@ -226,20 +226,35 @@ def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: f
 def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info: SCInfo,
                            lam: float, anchor: jax.Array, radius: float,
                            center: jax.Array | None, settings: OutputPertSettings,
-                           hook: "_Hook | None" = None
+                           hook: "_Hook | None" = None, mesh: Any = None
                            ) -> tuple[jax.Array, jax.Array, ds.StabilityDebug, Any]:
   """One SCOutputPert call. Returns ``(params, is_bottom, debug, certificate)``; params is the
   anchor when ⊥ (a public point), else ``anchor + u + N(0, σ²I)``. ``hook`` (audit / tests)
-  records the release and may switch the Gaussian off."""
-  n = jax.tree.leaves(data)[0].shape[0]
+  records the release and may switch the Gaussian off.
+
+  ``mesh`` (issue 24.2): the users are padded to a multiple of its ``users`` axis and sharded
+  over it, so every solve differentiates each device's own users; the padded rows are in no
+  kept set (every mask is padded with False) and are dropped before the certificate, so
+  ``n``, the deletion sets and the release are those of the one-device run."""
+  n_real = None
+  if mesh is not None:
+    from dpsco_jax.algorithms.common import _on_mesh
+    data, n_real = _on_mesh(data, mesh, "users")
+  n_rows = jax.tree.leaves(data)[0].shape[0]
+  n = n_rows if n_real is None else n_real
+  pad = n_rows - n
+
+  def padded(mask):
+    return jnp.pad(mask, (0, pad)) if pad else mask
   anchor = jnp.asarray(anchor, jnp.float32)
   center_u = (jnp.zeros_like(anchor) if center is None else center) - anchor
   plan, mu = info.plan, info.plan.strong_convexity
-  f_masked = lambda mask: _solve(data, mask, anchor, center_u, loss_fn=loss_fn, lam=float(lam),
-                                 plan=plan, radius=float(radius))
+  f_masked = lambda mask: _solve(data, padded(mask), anchor, center_u, loss_fn=loss_fn,
+                                 lam=float(lam), plan=plan, radius=float(radius))
   def certify(u_full):
     return _certify(data, u_full, anchor, center_u, loss_fn=loss_fn, lam=float(lam), mu=mu,
-                    gamma=info.gamma, e_max=info.e_max, radius=float(radius))
+                    gamma=info.gamma, e_max=info.e_max, radius=float(radius),
+                    n_real=n_real if pad else None)
 
   def evaluate_all():
     return _solve_all_subsets(data, anchor, center_u, loss_fn=loss_fn, lam=float(lam),
@@ -437,11 +452,6 @@ def _debug_dict(dbgs: list, certs: list) -> dict:
 
 def _project(theta, radius):
   return project_l2_ball(theta, radius)
-
-
-#: why no paper 001 algorithm takes a mesh (the registrations' ``mesh=`` reason)
-NO_MESH = ("output perturbation: a non-private ERM solve, then one noise draw on its output; no "
-           "per-user clipped gradient step to shard (the solver runs on one device)")
 
 
 def planner_of(make_plan: Callable[..., OutputPertPlan], **kw: Any

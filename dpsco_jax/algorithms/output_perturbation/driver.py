@@ -105,7 +105,7 @@ from dpsco_jax._checks import check_bool, check_choice
 from dpsco_jax.algorithms.registration import register
 # the shared pieces (re-exported: tests, the planners and the audits read them here)
 from dpsco_jax.algorithms.output_perturbation.base import (  # noqa: F401
-    NO_MESH, PRESETS, RELATION, OutputPertPlan, OutputPertSettings, SCInfo, _check_common,
+    PRESETS, RELATION, OutputPertPlan, OutputPertSettings, SCInfo, _check_common,
     _check_min_users, _debug_dict, _Hook, _problem_mu, _project, _provenance, _require_mu,
     _require_radius, _settings_for, alg2_delta, block_ledger, block_report,
     certificate_constants, charge_output_pert, gamma_threshold, output_pert_report,
@@ -146,7 +146,7 @@ def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
                         declared=certificate_constants(problem, (info,)))
 
 
-@register("sc_output_pert", config=cf.OutputPertConfig, paper="001", mesh=NO_MESH,
+@register("sc_output_pert", config=cf.OutputPertConfig, paper="001", mesh=True,
           planner=planner_of(sc_output_pert_plan))
 def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                    _hook: _Hook | None = None) -> Result:
@@ -159,7 +159,8 @@ def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   anchor = jnp.zeros((problem.d,), jnp.float32)
   theta, bottom, dbg, cert = sc_output_pert_release(
       problem.loss_fn, problem.data, key, info=info, lam=0.0, anchor=anchor,
-      radius=problem.radius, center=None, settings=settings, hook=_hook)
+      radius=problem.radius, center=None, settings=settings, hook=_hook,
+      mesh=getattr(problem, "mesh", None))
   return Result(params=_project(theta, problem.radius),
                 privacy=output_pert_report(plan, ledger),
                 gradient_evaluations=info.gradient_evaluations,

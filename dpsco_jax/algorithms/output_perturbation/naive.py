@@ -39,7 +39,7 @@ from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.algorithms.output_perturbation.base import (
-    NO_MESH, OutputPertSettings, _check_common, _Hook, _problem_mu, _project, _require_mu, _settings_for,
+    OutputPertSettings, _check_common, _Hook, _problem_mu, _project, _require_mu, _settings_for,
     alg2_delta, config_view, gamma_threshold)
 from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, _solve, solver_plan
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
@@ -141,7 +141,7 @@ def _planner(facts, cfg: dict) -> Planned:
 
 
 @register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001", planner=_planner,
-          mesh=NO_MESH)
+          mesh=True)
 def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                       _hook: _Hook | None = None) -> Result:
   """Baseline: ``Π_K(θ̃(x) + N(0, σ²I))`` with replace-one sensitivity ``Δ = 2G/(μn) + 2τ``.
@@ -154,7 +154,13 @@ def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   ledger = charge_naive(plan)
   n, sigma_ = problem.n_users, plan.sigma
   anchor = jnp.zeros((problem.d,), jnp.float32)
-  u = _solve(problem.data, jnp.ones((n,), bool), anchor, -anchor, loss_fn=problem.loss_fn,
+  data, keep = problem.data, jnp.ones((n,), bool)
+  mesh = getattr(problem, "mesh", None)
+  if mesh is not None:   # users sharded over the mesh's users axis; the padding in no sum
+    from dpsco_jax.algorithms.common import _on_mesh
+    data, _ = _on_mesh(data, mesh, "users")
+    keep = jnp.arange(jax.tree.leaves(data)[0].shape[0]) < n
+  u = _solve(data, keep, anchor, -anchor, loss_fn=problem.loss_fn,
              lam=0.0, plan=plan.solver, radius=float(problem.radius))
   noise_std = sigma_ if _hook is None or _hook.add_noise else 0.0
   released = anchor + u + tree_gaussian_like(key, u, noise_std)

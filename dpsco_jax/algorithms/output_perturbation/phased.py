@@ -12,7 +12,7 @@ full ``(eps, delta)`` per disjoint user block (``group=``: parallel composition)
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
-    NO_MESH, OutputPertPlan, OutputPertSettings, SCInfo, _check_common, _check_min_users,
+    OutputPertPlan, OutputPertSettings, SCInfo, _check_common, _check_min_users,
     _debug_dict, _Hook, _problem_mu, _require_mu, _require_radius, _settings_for,
     certificate_constants, charge_output_pert, output_pert_report, plan_sc_output_pert,
     planner_of, sc_output_pert_release)
@@ -58,8 +58,8 @@ def _phase_infos(problem, phases: list[tuple[float, slice]], *, epsilon: float, 
 
 
 def _run_phases(loss_fn, data, key, *, phases: list[tuple[float, slice]], infos, radius: float,
-                theta0: jax.Array, settings: OutputPertSettings, hook: _Hook | None = None
-                ) -> _PhaseOut:
+                theta0: jax.Array, settings: OutputPertSettings, hook: _Hook | None = None,
+                mesh: Any = None) -> _PhaseOut:
   """Runs the planned phases (the caller has charged the ledger with every block)."""
   theta = project_l2_ball(jnp.asarray(theta0, jnp.float32), radius)
   bottoms, dbgs, certs = [], [], []
@@ -68,7 +68,7 @@ def _run_phases(loss_fn, data, key, *, phases: list[tuple[float, slice]], infos,
     block = jax.tree.map(lambda x: x[users], data)
     out, bottom, dbg, cert = sc_output_pert_release(
         loss_fn, block, k, info=info, lam=lam_i, anchor=theta, radius=radius, center=None,
-        settings=settings, hook=hook)
+        settings=settings, hook=hook, mesh=mesh)
     # spec §7 items 4, 9: project the new anchor into K (post-processing); ⊥ keeps the anchor
     theta = project_l2_ball(out, radius)
     bottoms.append(bool(bottom))
@@ -179,14 +179,14 @@ def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook |
   ledger = charge_output_pert(plan)
   out = _run_phases(problem.loss_fn, problem.data, key, phases=plan.schedule["phases"],
                     infos=plan.infos, radius=problem.radius, theta0=problem.init_params(),
-                    settings=plan.settings, hook=hook)
+                    settings=plan.settings, hook=hook, mesh=getattr(problem, "mesh", None))
   return Result(params=out.theta, privacy=output_pert_report(plan, ledger),
                 gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
                 record=_phase_record(plan.schedule["schedule"], out, plan.settings),
                 debug=_debug_dict(out.dbgs, out.certs) if plan.settings.debug else None)
 
 
-@register("phased_erm_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=NO_MESH,
+@register("phased_erm_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(phased_plan, sco=False))
 def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
@@ -195,7 +195,7 @@ def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   return _phased_driver(problem, cfg, key, _hook, sco=False)
 
 
-@register("phased_sco_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=NO_MESH,
+@register("phased_sco_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(phased_plan, sco=True))
 def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
@@ -264,7 +264,7 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) ->
   theta0, bottom0, dbg0, cert0 = sc_output_pert_release(
       problem.loss_fn, problem.data, k0, info=info0, lam=0.0,
       anchor=jnp.zeros((d,), jnp.float32), radius=problem.radius, center=None,
-      settings=settings, hook=hook)
+      settings=settings, hook=hook, mesh=getattr(problem, "mesh", None))
   if bool(bottom0):  # spec §2.7 [A]: fixed point of K and R' = diam K (post-processing)
     theta0 = jnp.zeros((d,), jnp.float32)
     lam = _reduction_lam(problem, 2 * problem.radius, sco=sco)
@@ -278,7 +278,8 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) ->
   # K' = K ∩ B(θ0, R') is used only through ||θ0 - θ*|| <= R' and λ; phases solve over K,
   # where Lemma 4.2 holds as well (spec §2.7 deviation note in the module docstring).
   out = _run_phases(problem.loss_fn, problem.data, k1, phases=phases, infos=infos,
-                    radius=problem.radius, theta0=theta0, settings=settings, hook=hook)
+                    radius=problem.radius, theta0=theta0, settings=settings, hook=hook,
+                    mesh=getattr(problem, "mesh", None))
   rec = _phase_record(sch, out, settings)
   rec.update({"R_prime": plan.schedule["R_prime"], "sigma0": info0.sigma,
               "bottom0": bool(bottom0)})
@@ -290,7 +291,7 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) ->
                 if settings.debug else None)
 
 
-@register("sc_erm_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=NO_MESH,
+@register("sc_erm_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=False))
 def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: _Hook | None = None) -> Result:
@@ -298,7 +299,7 @@ def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
 
 
-@register("sc_sco_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=NO_MESH,
+@register("sc_sco_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=True))
 def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: _Hook | None = None) -> Result:

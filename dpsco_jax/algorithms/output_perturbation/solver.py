@@ -96,8 +96,12 @@ def _solve(data, mask, anchor, center_u, *, loss_fn, lam: float, plan: SolverPla
 @at_guarantee_precision
 @functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "plan", "radius", "n_users"))
 def _solve_all_subsets(data, anchor, center_u, *, loss_fn, lam, plan, radius, n_users):
-  """``[2^n, d]`` table of ``f(x_{-S})`` for every deletion set (exact test), chunked."""
+  """``[2^n, d]`` table of ``f(x_{-S})`` for every deletion set (exact test), chunked. Rows
+  of ``data`` past ``n_users`` (a mesh's padding) are in no subset."""
   masks = ds.subset_keep_masks(n_users)
+  pad = jax.tree.leaves(data)[0].shape[0] - n_users
+  if pad:
+    masks = jnp.pad(masks, ((0, 0), (0, pad)))
   one = lambda mk: _solve(data, mk, anchor, center_u, loss_fn=loss_fn, lam=lam,
                           plan=plan, radius=radius)
   return jax.lax.map(one, masks, batch_size=min(1024, masks.shape[0]))
@@ -105,10 +109,15 @@ def _solve_all_subsets(data, anchor, center_u, *, loss_fn, lam, plan, radius, n_
 
 @at_guarantee_precision
 @functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "mu", "gamma", "e_max",
-                                             "radius"))
-def _certify(data, u, anchor, center_u, *, loss_fn, lam, mu, gamma, e_max, radius):
+                                             "radius", "n_real"))
+def _certify(data, u, anchor, center_u, *, loss_fn, lam, mu, gamma, e_max, radius,
+             n_real=None):
+  """Lemma C.1's certificate at ``u`` over the real users: rows from ``n_real`` on (a mesh's
+  padding) are dropped before its means and maxima."""
   n = jax.tree.leaves(data)[0].shape[0]
   g = _user_grads(loss_fn, anchor, u, data, jnp.ones((n,), bool))
+  if n_real is not None:
+    g = g[:n_real]
   return ds.lemma_c1_certificate(g, lam * u, u, mu=mu, gamma=gamma, e_max=e_max,
                                  radius=radius, center=center_u)
 
