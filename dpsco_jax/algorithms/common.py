@@ -107,6 +107,16 @@ def _sharded_slots(chosen: jax.Array, shard: NamedSharding, capacity: int
   return idx, jnp.arange(capacity) < total
 
 
+def real_rows_mask(mask: jax.Array | None, n: int, n_rows: int) -> jax.Array | None:
+  """``mask`` over the ``n`` real rows (``None``: all of them), extended with ``False`` over
+  a mesh's ``n_rows - n`` padding rows (:func:`_on_mesh`), so the padding is in no sum; the
+  real rows' entries (and any draw that made them) are unchanged. ``mask`` itself when there
+  is no padding."""
+  if n_rows == n:
+    return mask
+  return jnp.pad(jnp.ones((n,), bool) if mask is None else mask, (0, n_rows - n))
+
+
 def gather_users(data: Any, idx: jax.Array) -> Any:
   return jax.tree.map(lambda x: x[idx], data)
 

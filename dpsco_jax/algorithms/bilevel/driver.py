@@ -56,6 +56,7 @@ import optax
 
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
                                                bilevel_events, config_view, noise_ratios,
@@ -186,8 +187,7 @@ def _run(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
       mask = None
       if bcfg.batch_out is not None:  # Alg 3: one Poisson sample (rate b_out/n) for all terms
         mask = jax.random.bernoulli(k_s, bcfg.batch_out / n, (n,))
-      if n_rows != n:   # a mesh's pad rows: never in a sum; the real rows' draws unchanged
-        mask = jnp.pad(jnp.ones((n,), bool) if mask is None else mask, (0, n_rows - n))
+      mask = real_rows_mask(mask, n, n_rows)   # a mesh's pad rows: never in a sum
       g_rel, p_state = privatize.update(per_ex(x, yl_t, y_t, data), p_state, x,
                                         user_mask=mask)
     else:

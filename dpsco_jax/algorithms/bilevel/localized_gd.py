@@ -84,7 +84,7 @@ import optax
 from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_choice, check_epsilon, check_nonnegative, check_positive
-from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.algorithms.common import real_rows_mask, required_delta
 from dpsco_jax.cache import bounded_cache
 # the config, accounting and presets (re-exported: the planners, the audits and the tests read
 # them here)
@@ -176,8 +176,7 @@ def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: 
       mask = None
       if q is not None:  # Alg 4's B^m_t: Poisson sample at the public rate b/n (static shape)
         mask = jax.random.bernoulli(jax.random.fold_in(k_sample, t), q, (n,))
-      if n_rows != n:    # a mesh's pad rows: never sampled; the real rows' draws unchanged
-        mask = jnp.pad(jnp.ones((n,), bool) if mask is None else mask, (0, n_rows - n))
+      mask = real_rows_mask(mask, n, n_rows)   # a mesh's pad rows: never sampled
       grads = per_example_grads(loss_ex, y, data)
       release, pst = privatizer.update(grads, pst, y, user_mask=mask)
       used = release if forced_t is None else forced_t

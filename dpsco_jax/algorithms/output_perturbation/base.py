@@ -23,7 +23,7 @@ from dpsco_jax.config import families as cf
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
-from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.algorithms.common import real_rows_mask, required_delta
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
@@ -242,19 +242,16 @@ def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info
     data, n_real = _on_mesh(data, mesh, "users")
   n_rows = jax.tree.leaves(data)[0].shape[0]
   n = n_rows if n_real is None else n_real
-  pad = n_rows - n
-
-  def padded(mask):
-    return jnp.pad(mask, (0, pad)) if pad else mask
   anchor = jnp.asarray(anchor, jnp.float32)
   center_u = (jnp.zeros_like(anchor) if center is None else center) - anchor
   plan, mu = info.plan, info.plan.strong_convexity
-  f_masked = lambda mask: _solve(data, padded(mask), anchor, center_u, loss_fn=loss_fn,
-                                 lam=float(lam), plan=plan, radius=float(radius))
+  f_masked = lambda mask: _solve(data, real_rows_mask(mask, n, n_rows), anchor, center_u,
+                                 loss_fn=loss_fn, lam=float(lam), plan=plan,
+                                 radius=float(radius))
   def certify(u_full):
     return _certify(data, u_full, anchor, center_u, loss_fn=loss_fn, lam=float(lam), mu=mu,
                     gamma=info.gamma, e_max=info.e_max, radius=float(radius),
-                    n_real=n_real if pad else None)
+                    n_real=n_real if n_rows != n else None)
 
   def evaluate_all():
     return _solve_all_subsets(data, anchor, center_u, loss_fn=loss_fn, lam=float(lam),

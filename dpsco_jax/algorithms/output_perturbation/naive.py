@@ -157,9 +157,9 @@ def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   data, keep = problem.data, jnp.ones((n,), bool)
   mesh = getattr(problem, "mesh", None)
   if mesh is not None:   # users sharded over the mesh's users axis; the padding in no sum
-    from dpsco_jax.algorithms.common import _on_mesh
+    from dpsco_jax.algorithms.common import _on_mesh, real_rows_mask
     data, _ = _on_mesh(data, mesh, "users")
-    keep = jnp.arange(jax.tree.leaves(data)[0].shape[0]) < n
+    keep = real_rows_mask(keep, n, jax.tree.leaves(data)[0].shape[0])
   u = _solve(data, keep, anchor, -anchor, loss_fn=problem.loss_fn,
              lam=0.0, plan=plan.solver, radius=float(problem.radius))
   noise_std = sigma_ if _hook is None or _hook.add_noise else 0.0
