@@ -126,7 +126,9 @@ def test_cnn_step_memory_is_bounded_relative_to_the_non_private_step():
       return optax.apply_updates(p, u), st
     return step
 
-  chunked = FastClippedGrad(model, _ce, clip_norm=1.0, level="item")
+  # the CPU budget on every backend (the default on a GPU would not chunk these convs)
+  chunked = FastClippedGrad(model, _ce, clip_norm=1.0, level="item",
+                            conv_budget=fcv.CONV_CHUNK_BUDGET)
   whole = FastClippedGrad(model, _ce, clip_norm=1.0, level="item", conv_budget=None)
   params, st = chunked.params, sgd.init(chunked.params)
 
@@ -146,3 +148,79 @@ def test_cnn_step_memory_is_bounded_relative_to_the_non_private_step():
   assert got < saving * unchunked, (got / ref, unchunked / ref)
   zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), batch)
   assert all(r.chunk < 256 for r in chunked.plan(params, zeros).layers if r.kind == "conv")
+
+
+def _bench_cnn(shape):
+  """bench_gpu's CNN at its full sizes and a zero batch of ``shape`` (shapes are all a plan
+  reads; nothing is compiled)."""
+  import sys  # noqa: PLC0415
+  from pathlib import Path  # noqa: PLC0415
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+  import bench_gpu  # noqa: PLC0415
+  model = bench_gpu.CNN(32, 10, nnx.Rngs(0))
+  batch = (jnp.zeros(shape + (32, 32, 3)), jnp.zeros(shape, jnp.int32))
+  return model, bench_gpu.ce_loss, batch, "item" if len(shape) == 1 else "user"
+
+
+def _chunks(f, batch, **kw):
+  plan = f.plan(f.params, batch, **kw)
+  return [r.chunk for r in plan.layers if r.kind == "conv"], plan.conv_chunks
+
+
+H100 = 80 * 2**30
+
+
+@pytest.mark.parametrize("shape,cpu_chunks", [((1024,), [128, 64, 32, 64]),
+                                              ((256, 8), [32, 16, 16, 16])])
+def test_default_chunking_by_backend_on_the_bench_cnns(shape, cpu_chunks):
+  """``conv_budget="auto"`` (the default) on bench_gpu's full-size CNNs, shapes only: on CPU
+  today's budget (0.25 of each conv's activations: the chunks bench_cost.md measured); on a
+  GPU with an H100's memory all users at once (measured there: the item CNN's step 2.59x the
+  non-private step unchunked against 4.22x in the CPU chunks); a number or None as given on
+  every backend."""
+  model, loss, batch, level = _bench_cnn(shape)
+  f = FastClippedGrad(model, loss, clip_norm=1.0, level=level)
+  assert f.conv_budget == "auto"
+  got, rule = _chunks(f, batch, backend="cpu")
+  assert got == cpu_chunks and rule.budget == fcv.CONV_CHUNK_BUDGET and "cpu" in rule.reason
+  got, rule = _chunks(f, batch, backend="gpu", device_memory=H100)
+  assert got == [shape[0]] * 4, got
+  assert rule.budget is None and rule.limit == H100 // 16 // 4 and "gpu" in rule.reason
+  # what the step itself uses on the machine running the test is the plan of its backend
+  assert f._conv_rule() == f.plan(f.params, batch).conv_chunks
+  for budget, want in ((fcv.CONV_CHUNK_BUDGET, cpu_chunks), (None, [shape[0]] * 4)):
+    g = FastClippedGrad(model, loss, clip_norm=1.0, level=level, conv_budget=budget)
+    for backend in ("cpu", "gpu"):
+      assert _chunks(g, batch, backend=backend, device_memory=H100)[0] == want
+
+
+def test_accelerator_chunks_when_memory_is_short():
+  """On an accelerator a conv is chunked only when its temporaries for all users exceed
+  ``ACCEL_MEMORY_FRACTION`` of the device's memory, and then every chunk fits in it; a device
+  whose memory is unknown gets the CPU budget (bounded memory)."""
+  model, loss, batch, level = _bench_cnn((256, 8))
+  f = FastClippedGrad(model, loss, clip_norm=1.0, level=level)
+  plan = f.plan(f.params, batch, backend="gpu", device_memory=4 * 2**30)  # 256 MiB per conv
+  convs = {r.layer: r for r in plan.layers if r.kind == "conv"}
+  limit = plan.conv_chunks.limit
+  assert limit == 4 * 2**30 // 16 // 4
+  chunked = 0
+  for k, conv in enumerate(model.convs):
+    r = convs[f"convs/{k}"]
+    per_user = fcv.per_user_elements(conv, r.n, r.method == "instantiate")
+    if 256 * per_user <= limit:
+      assert r.chunk == 256, (r.layer, r.chunk)
+    else:
+      chunked += 1
+      assert r.chunk < 256 and r.chunk * per_user <= limit, (r.layer, r.chunk, per_user)
+  assert chunked >= 2  # this device is small enough that some convs must chunk
+  rule = fcv.chunk_rule("auto", "gpu", None)
+  assert (rule.budget, rule.limit) == (fcv.CONV_CHUNK_BUDGET, None), rule
+  assert fcv.device_memory("cpu") is None
+
+
+def test_conv_budget_is_checked():
+  model, loss, _, _ = _bench_cnn((2,))
+  for bad in ("fast", 0.0, -1.0, float("nan")):
+    with pytest.raises((ValueError, TypeError)):
+      FastClippedGrad(model, loss, clip_norm=1.0, conv_budget=bad)

@@ -87,12 +87,16 @@ class FastClipPlan:
       (:class:`~dpsco_jax.flax.fast_clip_cost.LayerCost`; shapes only).
     predicted: the predicted cost of each path, ``{"fast": ..., "vmap": ...}``; what
       ``method="auto"`` decides on.
+    conv_chunks: how convolutions size their chunks of users on this backend
+      (:func:`~dpsco_jax.flax.fast_clip_conv.chunk_rule`; each conv's chunk is in
+      ``layers``).
   """
   fast: tuple[tuple[Path, str], ...]
   fallback: tuple[Path, ...]
   calls: tuple[ft.CallSpec, ...]
   layers: tuple[fc.LayerCost, ...] = ()
   predicted: dict | None = None
+  conv_chunks: fcv.ChunkRule | None = None
 
 
 class ClipInfo(NamedTuple):
@@ -216,14 +220,18 @@ class FastClippedGrad:
     conv_budget: convolutions form their per-user kernel gradients from im2col patches in
       chunks of users whose temporaries fit in this fraction of the layer's activations
       (:mod:`~dpsco_jax.flax.fast_clip_conv`; shapes only); ``None``: all users at once
-      (the same numbers, with every conv's patches for the whole batch alive).
+      (the same numbers, with every conv's patches for the whole batch alive); ``"auto"``
+      (default): by backend (:func:`~dpsco_jax.flax.fast_clip_conv.chunk_rule`): on CPU
+      ``CONV_CHUNK_BUDGET`` (0.25), on an accelerator all users at once unless a conv's
+      temporaries exceed ``ACCEL_MEMORY_FRACTION`` of the device's memory. :meth:`plan`
+      reports the rule and each conv's chunk.
 
   Sensitivity: :meth:`sensitivity` (``C`` for the sum under add/remove, ``C/D`` for the mean).
   """
 
   def __init__(self, model: nnx.Module, loss_fn: LossFn, *, clip_norm: float,
                level: str = "user", method: str = "fast", ghost: str = "auto",
-               conv_budget: float | None = fcv.CONV_CHUNK_BUDGET):
+               conv_budget: float | str | None = "auto"):
     if not isinstance(model, nnx.Module):
       raise ValueError(f"model must be an nnx.Module, got {type(model).__name__}")
     if not callable(loss_fn):
@@ -235,8 +243,10 @@ class FastClippedGrad:
     self.method: str | None = None if method == "auto" else method
     self.autotune_report: dict | None = None
     self.ghost = check_choice(ghost, "ghost", ("auto", "gram", "direct"))
-    self.conv_budget = None if conv_budget is None else check_positive(conv_budget,
-                                                                       "conv_budget")
+    auto = isinstance(conv_budget, str) and conv_budget == "auto"
+    self.conv_budget = (conv_budget if conv_budget is None or auto
+                        else check_positive(conv_budget, "conv_budget"))
+    self._device_bytes: dict[str, int | None] = {}
     self.loss_fn = loss_fn
     self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
     self._leaf_paths = ft.leaf_paths(self.params)
@@ -260,21 +270,35 @@ class FastClippedGrad:
 
   # ---- planning ----------------------------------------------------------------------------
 
-  def plan(self, params: PyTree, batch: PyTree, *, backend: str | None = None
-           ) -> FastClipPlan:
+  def plan(self, params: PyTree, batch: PyTree, *, backend: str | None = None,
+           device_memory: int | None = None) -> FastClipPlan:
     """The tap plan for this batch's shapes: which layers are tapped (cached per example
     shape) and, per layer, the kernel form and its predicted cost at this batch's number of
     users and items (``layers``, ``predicted``) on ``backend`` (default: JAX's default
-    backend; see :data:`~dpsco_jax.flax.fast_clip_cost.GROUPED_CONV_WEIGHT`)."""
+    backend; see :data:`~dpsco_jax.flax.fast_clip_cost.GROUPED_CONV_WEIGHT`), with the
+    convolutions chunked as the step would be there (``conv_chunks``; ``device_memory``
+    in bytes, default that of ``backend``'s first local device, where known)."""
     users = self._as_users(batch)
     n_users, m = jax.tree.leaves(users)[0].shape[:2]
     base = self._base_plan(params, users)
     sizes = {lp: int(jnp.size(x)) for lp, x in zip(self._leaf_paths,
                                                    jax.tree.leaves(self.params))}
+    backend = backend or jax.default_backend()
+    rule = self._conv_rule(backend, device_memory)
     rows = fc.layer_costs(lambda path: self._module(self.params, path), base, sizes,
-                          int(n_users), int(m), self.ghost,
-                          backend or jax.default_backend(), self.conv_budget)
-    return dataclasses.replace(base, layers=rows, predicted=fc.totals(rows))
+                          int(n_users), int(m), self.ghost, backend, rule)
+    return dataclasses.replace(base, layers=rows, predicted=fc.totals(rows), conv_chunks=rule)
+
+  def _conv_rule(self, backend: str | None = None,
+                 device_memory: int | None = None) -> fcv.ChunkRule:
+    """How convs are chunked on ``backend`` (default: JAX's default backend, which the step
+    is traced for); the device's memory is asked once per backend."""
+    backend = backend or jax.default_backend()
+    if device_memory is None and self.conv_budget == "auto":
+      if backend not in self._device_bytes:
+        self._device_bytes[backend] = fcv.device_memory(backend)
+      device_memory = self._device_bytes[backend]
+    return fcv.chunk_rule(self.conv_budget, backend, device_memory)
 
   def _base_plan(self, params: PyTree, users: PyTree) -> FastClipPlan:
     example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), users)
@@ -397,7 +421,7 @@ class FastClippedGrad:
       elif kind == "conv":  # patches per chunk of users: bounded memory
         xs, gk = [arrays[k][0] for k in ks], [gs[k] for k in ks]
         cp = fcv.plan_conv(module, [x.shape for x in xs], [y.shape for y in gk], n_users,
-                           self.ghost, self.conv_budget)
+                           self.ghost, self._conv_rule())
         chunk = cp.chunk
         sq, m = fcv.conv_bound(module, xs, gk, self.ghost, chunk, cp.recomputed)
         parts.append(_Part(leaf("kernel"), sq, dense=m, release=lambda w, kept, d, c=module,

@@ -11,7 +11,9 @@ a ``fori_loop``: only one chunk's patches are ever alive.
 
 The chunk is static, from shapes only (:func:`chunk_users`): the users whose patches (and
 per-user gradients and row norms) fit in ``budget`` times the layer's own activations (its
-inputs plus outputs over the whole batch, which the non-private step holds anyway). The
+inputs plus outputs over the whole batch, which the non-private step holds anyway), or, by
+default on an accelerator, all users unless that would take more than a fraction of the
+device's memory (:func:`chunk_rule`: loop trips cost time there, memory is rarely short). The
 arithmetic per user is exactly the unchunked one (the same :func:`~dpsco_jax.flax.
 fast_clip_norms.kernel_bound` on the same patches), so the certified bounds are unchanged.
 
@@ -40,6 +42,13 @@ _F32 = jnp.float32
 #: stays well inside the issue's 1.2x target (bench_cost.md has the measurements).
 CONV_CHUNK_BUDGET = 0.25
 
+#: ``conv_budget="auto"`` on an accelerator: a conv forms its patches for all users at once
+#: unless one conv's temporaries (patches, row norms, per-user gradients: float32) would
+#: exceed this fraction of the device's memory (:func:`chunk_rule`). A sixteenth leaves room
+#: for the model's activations and for XLA holding two layers' temporaries at once.
+ACCEL_MEMORY_FRACTION = 1 / 16
+_BYTES = 4  # the patches and per-user gradients are float32
+
 #: A conv's per-user gradient buffer is created after the backward pass reaches the layer (not
 #: as constant zeros, which XLA allocates at the start of the step) when it holds more than
 #: this fraction of the layer's activations (see :func:`conv_bound`).
@@ -62,17 +71,78 @@ def layer_elements(in_shapes: Sequence[tuple], out_shapes: Sequence[tuple]) -> i
   return sum(fn._prod(s) for s in in_shapes) + sum(fn._prod(s) for s in out_shapes)
 
 
-def chunk_users(n_users: int, per_user: int, layer: int, budget: float | None) -> int:
-  """Users per chunk: as many as fit in ``budget * layer`` elements (at least 1); the largest
-  divisor of ``n_users`` not above that when it is at least half of it (no overlapping last
-  chunk). ``budget=None``: all users in one chunk (the unchunked form)."""
-  if budget is None:
+def chunk_users(n_users: int, per_user: int, layer: int, budget: float | None,
+                limit: int | None = None) -> int:
+  """Users per chunk: as many as fit in ``budget * layer`` elements and in ``limit`` elements
+  (at least 1); the largest divisor of ``n_users`` not above that when it is at least half of
+  it (no overlapping last chunk). Both ``None``: all users in one chunk (the unchunked
+  form)."""
+  caps = ([int(budget * layer)] if budget is not None else []) + (
+      [int(limit)] if limit is not None else [])
+  if not caps:
     return n_users
-  fit = max(1, min(n_users, int(budget * layer) // max(1, per_user)))
+  fit = max(1, min(n_users, min(caps) // max(1, per_user)))
   if fit >= n_users:
     return n_users
   div = max(d for d in range(1, fit + 1) if n_users % d == 0)
   return div if 2 * div >= fit else fit
+
+
+class ChunkRule(NamedTuple):
+  """How every conv of a step sizes its chunk of users (:func:`chunk_rule`): one chunk's
+  temporaries at most ``budget`` times the layer's activations and at most ``limit``
+  elements (``None``: no such cap; both ``None``: all users at once)."""
+  budget: float | None
+  limit: int | None
+  reason: str  # why: reported by FastClippedGrad.plan()
+
+
+def device_memory(backend: str) -> int | None:
+  """Bytes the first local device of ``backend`` may allocate (``memory_stats()``'s
+  ``bytes_limit``: after XLA's preallocation fraction on a GPU); None where unknown (CPU, a
+  backend that does not report it, or no such backend here)."""
+  if backend == "cpu":
+    return None
+  try:
+    stats = jax.local_devices(backend=backend)[0].memory_stats() or {}
+  except (RuntimeError, ValueError, IndexError):  # no such backend on this machine
+    return None
+  limit = stats.get("bytes_limit")
+  return int(limit) if limit else None
+
+
+def chunk_rule(conv_budget: float | str | None, backend: str,
+               device_bytes: int | None) -> ChunkRule:
+  """The chunking of ``FastClippedGrad(conv_budget=...)`` on ``backend``.
+
+  A number or ``None`` is taken as given on every backend. ``"auto"`` (the default) is the
+  backend's trade-off, from shapes and the device's memory only:
+
+  * CPU (and a device whose memory is unknown): :data:`CONV_CHUNK_BUDGET` of the layer's
+    activations. XLA:CPU runs a chunk's matmuls at the same rate as the whole batch's, so
+    chunking costs little time there and its patches for all users at once held the step at
+    ~2x the non-private step's memory (bench_cost.md).
+  * an accelerator: all users at once, unless one conv's temporaries would exceed
+    :data:`ACCEL_MEMORY_FRACTION` of the device's memory; then chunks that fit in it. Each
+    loop trip is a handful of kernel launches on a small batched matmul, and measured on an
+    H100 (``experiments/results/gpu/conv_budget_h100.log``) the CPU budget's 88 trips took
+    the item-level CNN step from 2.59x to 4.22x the non-private step (the user-level CNN,
+    56 trips: 2.34x unchunked, 2.09x chunked; there the rule gives up that 11%), while the
+    unchunked patches held 1.59x the non-private step: memory is what chunking is for, so a
+    GPU chunks only when memory is short."""
+  if conv_budget is None:
+    return ChunkRule(None, None, "conv_budget=None: all users at once")
+  if conv_budget != "auto":
+    return ChunkRule(float(conv_budget), None,
+                     f"conv_budget={conv_budget:g} of each conv's activations")
+  if backend == "cpu" or device_bytes is None:
+    where = "cpu" if backend == "cpu" else f"{backend}, device memory unknown"
+    return ChunkRule(CONV_CHUNK_BUDGET, None,
+                     f"auto ({where}): {CONV_CHUNK_BUDGET:g} of each conv's activations")
+  limit = int(ACCEL_MEMORY_FRACTION * device_bytes) // _BYTES
+  return ChunkRule(None, limit, f"auto ({backend}): all users at once unless a conv's "
+                   f"temporaries exceed {ACCEL_MEMORY_FRACTION:g} of the device's "
+                   f"{device_bytes / 2**30:.1f} GiB")
 
 
 def _direct(conv: nnx.Conv, n: int, ghost: str) -> bool:
@@ -193,7 +263,7 @@ class ConvPlan(NamedTuple):
 
 
 def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[tuple],
-              n_users: int, ghost: str, budget: float | None) -> ConvPlan:
+              n_users: int, ghost: str, budget: float | ChunkRule | None) -> ConvPlan:
   """How a conv layer is clipped, from its calls' batched shapes (``[U, ...]``): the chunk,
   the form, and what is held until the weights are known: the per-user gradients (``k q``
   per user) or, when smaller (a late layer: few positions, many weights), the inputs and
@@ -202,7 +272,9 @@ def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[t
   n = sum(fn._prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
   direct = _direct(conv, n, ghost)
   per_user = per_user_elements(conv, n, direct)
-  chunk = chunk_users(n_users, per_user, layer_elements(in_shapes, out_shapes), budget)
+  rule = budget if isinstance(budget, ChunkRule) else ChunkRule(budget, None, "")
+  chunk = chunk_users(n_users, per_user, layer_elements(in_shapes, out_shapes), rule.budget,
+                      rule.limit)
   acts = layer_elements(in_shapes, out_shapes) // max(1, n_users)
   dense = fn._prod(conv.kernel_size) * int(conv.in_features) * int(conv.out_features) // int(
       conv.feature_group_count)

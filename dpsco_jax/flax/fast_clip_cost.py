@@ -96,12 +96,15 @@ def _held(size: int, n_users: int) -> float:
 
 
 def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: str,
-                backend: str = "cpu", conv_budget: float | None = fcv.CONV_CHUNK_BUDGET
+                backend: str = "cpu",
+                conv_budget: float | fcv.ChunkRule | None = fcv.CONV_CHUNK_BUDGET
                 ) -> tuple[LayerCost, ...]:
   """Per-layer predicted costs for ``plan`` (``module_of(path)`` gives the layer,
   ``leaf_sizes`` maps parameter paths to their sizes) on ``backend``
   (``jax.default_backend()`` names; only convolutions' vmap cost depends on it), with
-  convolutions chunked by ``conv_budget`` as :class:`FastClippedGrad` does."""
+  convolutions chunked by ``conv_budget`` (a fraction of the layer's activations, or the
+  backend's :class:`~dpsco_jax.flax.fast_clip_conv.ChunkRule`) as :class:`FastClippedGrad`
+  does."""
   grouped = GROUPED_CONV_WEIGHT.get(backend, 0.0)
   rows = []
   seen_gram, seen_rows = set(), set()  # input keys (_input_key) already counted
