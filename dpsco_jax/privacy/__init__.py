@@ -19,3 +19,5 @@ from dpsco_jax.privacy.discrete_laplace import tdlap_pmf, tdlap_sample
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_step,
                                              laplace_test)
 from dpsco_jax.privacy.matrix_factorization import mf_event, participation_sensitivity
+from dpsco_jax.privacy.sensitivity import (GaussianStage, Sensitivity, clipped_mean_sensitivity,
+                                           gaussian_noise_std, noise_multiplier_for_std)

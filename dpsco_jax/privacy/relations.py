@@ -28,7 +28,10 @@ Convention across the library (one conversion, in :func:`gaussian_sensitivity_fa
 :func:`dpsco_jax.privacy.events.for_accountant`): a Gaussian noise multiplier is
 ``z = sigma / C`` with ``C`` the *add/remove* (zero-out) sensitivity of the released sum;
 under replace-one the accountant itself accounts for the doubled sensitivity ``2C``. A stage
-never multiplies its noise by 2 for replace-one: the accountant does (issue 11, point 4).
+never multiplies its noise by 2 for replace-one: the accountant does (issue 11, point 4). Each
+noise stage carries its sensitivity (:class:`~dpsco_jax.privacy.sensitivity.Sensitivity`) and
+its std is formed in one place, :func:`~dpsco_jax.privacy.sensitivity.gaussian_noise_std`
+(issue 25).
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 ``u <- u + N(0, stddev^2 I)`` on every coordinate of every leaf. With an aggregate of L2
 sensitivity ``Delta`` and ``stddev = z * Delta`` one step is the Gaussian mechanism with noise
 multiplier ``z`` (``dp_accounting.GaussianDpEvent(z)``); composition over steps and subsampling
-are the ledger's business (``dpsco_jax.privacy.ledger``).
+are the ledger's business (``dpsco_jax.privacy.ledger``). The stage takes the std, not ``z``
+and a sensitivity: callers form it from their stage's
+:class:`~dpsco_jax.privacy.sensitivity.GaussianStage` (``dpsco_jax.privacy.sensitivity``, the
+one place ``z * Delta`` is computed).
 
 Precision. The noise is drawn in float32 or wider (a bfloat16 draw has ~2e3 distinct values
 and is not the Gaussian the accountant assumes) and added to the update in that precision;

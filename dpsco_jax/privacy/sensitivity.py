@@ -1,0 +1,113 @@
+"""Sensitivity travels with its stage; the one place a Gaussian noise std is formed.
+
+Every noise-adding stage of the library is built from a :class:`GaussianStage`: the noise
+multiplier ``z`` and the :class:`Sensitivity` of what the stage perturbs (a clipped mean's
+``C / D``, FILTER's coupled shift, an output-perturbation minimizer's ``2G/(mu n)``). Its
+standard deviation is :func:`gaussian_noise_std` (``z`` times the sensitivity), computed here
+and nowhere else, so no driver multiplies by 2 for replace-one or re-derives a sensitivity by
+hand (``tests/test_sensitivity_stages.py`` greps the drivers for it).
+
+Convention (:mod:`dpsco_jax.privacy.relations`): a :class:`Sensitivity` is stored in the
+accountant's unit, the *add/remove-equivalent* bound (``C / D`` for a mean of sums clipped at
+``C``); :meth:`Sensitivity.under` gives the bound under a relation (replace-one: twice it, by
+:func:`~dpsco_jax.privacy.relations.gaussian_sensitivity_factor`, the one place the factor is
+coded). The noise std is ``z`` times the add/remove-equivalent bound under *every* relation:
+the accountant, told the relation, prices the doubled shift of replace-one itself. A bound a
+paper states under replace-one (a shift ``Delta`` between two datasets of the same size)
+enters through :meth:`Sensitivity.from_replace_one` (``Delta / 2``).
+
+The bound is kept as a numerator and a denominator, and the std is formed as
+``z * bound / denominator`` (left to right), which is the float arithmetic every driver used
+before this module: moving the formula here changed no released number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dpsco_jax._checks import check_nonnegative, check_positive
+from dpsco_jax.privacy.relations import check_relation, gaussian_sensitivity_factor
+
+__all__ = ["Sensitivity", "GaussianStage", "gaussian_noise_std", "noise_multiplier_for_std",
+           "clipped_mean_sensitivity"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sensitivity:
+  """The L2 sensitivity a stage declares, in the accountant's (add/remove) unit.
+
+  Attributes:
+    bound: the numerator (the clip ``C`` of a clipped sum, or a whole bound).
+    denominator: the public, data-independent divisor of a mean (1 for a sum).
+    what: a short description for reports (``"clipped mean C/D"``).
+  """
+  bound: float
+  denominator: float = 1.0
+  what: str = ""
+
+  def __post_init__(self):
+    check_nonnegative(self.bound, "sensitivity bound")
+    check_positive(self.denominator, "sensitivity denominator")
+
+  @classmethod
+  def from_replace_one(cls, shift: float, what: str = "") -> "Sensitivity":
+    """A bound a paper states under replace-one (``Delta``, the largest shift between two
+    datasets of the same size that differ in one user): its add/remove-equivalent is
+    ``Delta / 2``, the unit the accountant doubles back under replace-one."""
+    check_nonnegative(shift, "replace-one shift")
+    return cls(shift / gaussian_sensitivity_factor("replace_one"), 1.0, what)
+
+  @property
+  def value(self) -> float:
+    """The add/remove-equivalent bound ``bound / denominator`` (the std's unit)."""
+    return self.bound / self.denominator
+
+  def under(self, relation: str) -> float:
+    """The L2 bound under ``relation``: ``C / D`` under add/remove and zero-out, ``2 C / D``
+    under replace-one (the paper formulas' ``Delta``)."""
+    return gaussian_sensitivity_factor(check_relation(relation)) * self.bound / self.denominator
+
+
+def clipped_mean_sensitivity(clip_norm: float, denominator: float = 1.0) -> Sensitivity:
+  """The stage ``clip_per_user(C) -> aggregate(mean, D)`` (or ``sum``, ``D = 1``): ``C / D``
+  (:func:`dpsco_jax.transforms.clipping.aggregation_sensitivity` under add/remove, kept as a
+  numerator and a denominator)."""
+  return Sensitivity(clip_norm, denominator,
+                     "clipped sum C" if denominator == 1 else "clipped mean C/D")
+
+
+def gaussian_noise_std(noise_multiplier: float, sensitivity: Sensitivity) -> float:
+  """The one place a Gaussian noise std is formed: ``z * bound / denominator``.
+
+  ``z`` is the library's noise multiplier (``sigma / C`` with ``C`` the add/remove-equivalent
+  sensitivity; the accountant applies the relation). A ``z`` of 0 (a non-private reference
+  run) gives 0."""
+  if not isinstance(sensitivity, Sensitivity):
+    raise TypeError(f"sensitivity must be a Sensitivity (the stage's own), got "
+                    f"{type(sensitivity).__name__}")
+  return noise_multiplier * sensitivity.bound / sensitivity.denominator
+
+
+def noise_multiplier_for_std(std: float, sensitivity: Sensitivity) -> float:
+  """The inverse of :func:`gaussian_noise_std`: the ``z`` of a std a paper prescribes (its
+  own closed-form sigma), reported beside the accountant's epsilon of that noise."""
+  return std / sensitivity.value
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianStage:
+  """One Gaussian noise stage: its multiplier and the sensitivity of what it perturbs.
+
+  ``std`` is :func:`gaussian_noise_std`; a driver builds its noise transform from ``std`` and
+  never from ``z`` and a clip of its own. ``name`` says which stage (``"step"``,
+  ``"outer"``, ``"phase 2"``)."""
+  noise_multiplier: float
+  sensitivity: Sensitivity
+  name: str = "gaussian"
+
+  @property
+  def std(self) -> float:
+    return gaussian_noise_std(self.noise_multiplier, self.sensitivity)
+
+  def sensitivity_under(self, relation: str) -> float:
+    return self.sensitivity.under(relation)
