@@ -37,6 +37,8 @@ declared ``n_users`` instead.
 
 Sensitivity of one step's aggregate ``sum_i clip(g_i) / D``: ``C / D`` (add/remove, zero-out);
 the accountant doubles it under replace-one (library convention, ``z = sigma / (C / D)``).
+The plan's :attr:`DpSgdPlan.stage` carries it; its std is formed by
+:func:`~dpsco_jax.privacy.sensitivity.gaussian_noise_std`, never here.
 Provenance ``accountant``.
 
 Cyclic schedule and correlated noise (issue #27). ``sampling="cyclic"``: a public,
@@ -100,6 +102,7 @@ from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_pr
                                          required_delta)
 from dpsco_jax.config.types import ConfigView
 from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
+from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.privacy import cyclic_participation as cyclic
 from dpsco_jax.privacy import matrix_factorization as mf
 
@@ -155,7 +158,6 @@ class DpSgdPlan(NamedTuple):
   steps: int
   clip: float
   noise_multiplier: float
-  noise_std: float
   lr: float
   averaging: str
   epsilon_target: float | None
@@ -172,6 +174,18 @@ class DpSgdPlan(NamedTuple):
 
   def public(self) -> str:
     return f"relation={self.relation}: public are {PUBLIC[self.relation]}"
+
+  @property
+  def stage(self) -> GaussianStage:
+    """The step's noise stage: ``z`` on the clipped mean's sensitivity ``C / D`` (the
+    accountant doubles it under replace-one). Tree and MF noise take the same std per node /
+    coordinate of ``Z``; their events price the strategy's sensitivity."""
+    return GaussianStage(self.noise_multiplier,
+                         clipped_mean_sensitivity(self.clip, self.denominator), "step")
+
+  @property
+  def noise_std(self) -> float:
+    return self.stage.std
 
   def event_after(self, steps: int) -> Any:
     """The event of the first ``steps`` steps (progress reports): the plan's own event
@@ -506,8 +520,8 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
   averaging = check_choice(cfg.averaging, "averaging", ("none", "uniform"))
   return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,
                    sampling_rate=q, batch=batch, denominator=denominator, capacity=capacity,
-                   steps=steps, clip=clip, noise_multiplier=z, noise_std=z * clip / denominator,
-                   lr=lr, averaging=averaging, epsilon_target=target, delta=delta,
+                   steps=steps, clip=clip, noise_multiplier=z, lr=lr, averaging=averaging,
+                   epsilon_target=target, delta=delta,
                    event=make_event(z) if z > 0 else None, truncation_probability=trunc,
                    group_size=group_size, item_delta_target=item_delta, noise=noise,
                    mf=mf_noise, participations=participations, min_sep=min_sep,
