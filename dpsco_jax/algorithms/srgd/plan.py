@@ -82,6 +82,7 @@ from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, practical_pa
 from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, PrivacyLedger,
                                calibrate_noise_multiplier, check_relation,
                                gaussian_sensitivity_factor)
+from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.config.types import ConfigView
 from dpsco_jax.transforms.srg import check_z_scale
 from dpsco_jax.privacy import cyclic_participation as cyclic
@@ -118,8 +119,7 @@ class SRGDPlan:
   noise: str
   accelerated: bool
   levels: int
-  noise_std: float
-  sensitivity: float
+  stage: GaussianStage   # z on the increment's sensitivity C/B (node / step / Z std)
   event: Any
   label: str
   public: str
@@ -136,6 +136,16 @@ class SRGDPlan:
   @property
   def private(self) -> bool:
     return self.event is not None
+
+  @property
+  def noise_std(self) -> float:
+    """Node (tree), step (independent) or ``Z`` (MF) std: the stage's ``z C / B``."""
+    return self.stage.std
+
+  @property
+  def sensitivity(self) -> float:
+    """The increment's L2 bound under the plan's relation (``2 C / B`` under replace-one)."""
+    return self.stage.sensitivity_under(self.relation)
 
   @property
   def gdp_factor(self) -> float:
@@ -334,8 +344,9 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
               f"{stream:.4g} x C/B")
   return SRGDPlan(name=name, relation=relation, epsilon=epsilon, delta=delta,
                   params=dataclasses.replace(prm, noise_multiplier=z), srg=srg, noise=noise,
-                  accelerated=accelerated, levels=levels, noise_std=z * C / B,
-                  sensitivity=gaussian_sensitivity_factor(relation) * C / B, event=event,
+                  accelerated=accelerated, levels=levels,
+                  stage=GaussianStage(z, clipped_mean_sensitivity(C, B), "increment"),
+                  event=event,
                   label=label, public=PUBLIC[relation], radius=radius,
                   z_scale=check_z_scale(cfg.z_scale),
                   learning_rate=None if lr is None else check_positive(lr, "learning_rate"),
