@@ -60,8 +60,9 @@ from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
                                                bilevel_events, config_view, noise_ratios,
-                                               paper_bilevel_noise, paper_composition_epsilon,
-                                               theory_params, with_noise)
+                                               outer_stage, paper_bilevel_noise,
+                                               paper_composition_epsilon, theory_params,
+                                               with_noise)
 from dpsco_jax.config.types import ConfigView
 from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd, loc_gd_stddev
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
@@ -102,12 +103,14 @@ def outer_privatizer(bcfg: BilevelConfig, n: int, key: jax.Array
                      ) -> optax.GradientTransformationExtraArgs:
   """The outer Gaussian mechanism of Alg 1/3 line 4 as a core chain over the per-example
   ``v_i``: ``clip_per_user(C_out) -> aggregate(mean, n | b_out) -> add_gaussian_noise``.
-  Replace-one sensitivity ``2 C_out / denominator``; std ``z_out C_out / denominator``."""
-  denom = n if bcfg.batch_out is None else bcfg.batch_out
+  The noise is :func:`~dpsco_jax.algorithms.bilevel.plan.outer_stage`'s (sensitivity
+  ``C_out / denominator``, ``2 C_out / denominator`` under replace-one, which the ledger
+  prices; std ``z_out C_out / denominator``)."""
+  stage = outer_stage(bcfg, n)
   return optax.chain(
       clip_per_user(bcfg.clip_out),
-      aggregate("mean", denominator=denom),
-      add_gaussian_noise(bcfg.outer_noise_multiplier * bcfg.clip_out / denom, key))
+      aggregate("mean", denominator=stage.sensitivity.denominator),
+      add_gaussian_noise(stage.std, key))
 
 
 class BilevelOutput(NamedTuple):
@@ -297,8 +300,7 @@ def _record(bcfg: BilevelConfig, out: BilevelOutput, info: dict, n: int, *, eps:
       "lam": bcfg.lam, "learning_rate": bcfg.eta, "num_steps": bcfg.steps,
       "outer_clip_norm": bcfg.clip_out, "inner_num_steps": bcfg.inner_y.steps,
       "inner_rounds": [bcfg.inner_y.rounds, bcfg.inner_lam.rounds],
-      "outer_noise_std": bcfg.outer_noise_multiplier * bcfg.clip_out / (
-          n if bcfg.batch_out is None else bcfg.batch_out),
+      "outer_noise_std": outer_stage(bcfg, n).std,
       "inner_y_noise_std": loc_gd_stddev(bcfg.inner_y, n),
       "inner_lam_noise_std": loc_gd_stddev(bcfg.inner_lam, n),
       "paper_outer_noise_std": paper["outer_std"] if info["outer_noise"] else None,

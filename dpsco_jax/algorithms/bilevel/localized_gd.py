@@ -91,7 +91,8 @@ from dpsco_jax.cache import bounded_cache
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
     LocGDAux, LocGDConfig, RELATION, SUPPORTED_RELATIONS, _denominator,
     advanced_composition_step, check_loc_gd_precondition, check_loc_gd_relation, loc_gd_event,
-    loc_gd_practical_config, loc_gd_radii, loc_gd_rounds, loc_gd_stddev, loc_gd_step_event,
+    loc_gd_practical_config, loc_gd_radii, loc_gd_rounds, loc_gd_stage, loc_gd_stddev,
+    loc_gd_step_event,
     loc_gd_theory_config, paper_loc_gd_stddev, with_calibrated_noise)
 from dpsco_jax.config.types import ConfigView
 from dpsco_jax.data.problem import MissingConstant
@@ -107,8 +108,8 @@ PyTree = Any
 ExampleLoss = Callable[[PyTree, PyTree], jax.Array]
 __all__ = [
     "LocGDConfig", "LocGDAux", "dp_loc_gd", "dp_loc_sgd", "dp_loc_gd_releases",
-    "loc_gd_stddev", "loc_gd_radii", "loc_gd_event", "loc_gd_step_event", "loc_gd_rounds",
-    "loc_gd_theory_config", "loc_gd_practical_config", "with_calibrated_noise",
+    "loc_gd_stage", "loc_gd_stddev", "loc_gd_radii", "loc_gd_event", "loc_gd_step_event",
+    "loc_gd_rounds", "loc_gd_theory_config", "loc_gd_practical_config", "with_calibrated_noise",
     "check_loc_gd_relation", "plan_dp_loc_gd", "paper_loc_gd_stddev", "advanced_composition_step",
     "add_public_gradient", "run_dp_loc_gd", "LocGDRunPlan", "loc_gd_plan_for_problem",
     "charge_loc_gd", "loc_gd_report",

@@ -19,6 +19,7 @@ from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_i
                                check_nonnegative, check_positive)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.relations import check_relation
+from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 
 #: a pytree of params or data
 PyTree = Any
@@ -106,9 +107,17 @@ def _denominator(cfg: LocGDConfig, n: int) -> int:
   return cfg.batch_size
 
 
+def loc_gd_stage(cfg: LocGDConfig, n: int) -> GaussianStage:
+  """The step's noise stage: ``z`` on the clipped mean gradient's sensitivity
+  ``C / denominator`` (the ledger doubles it under replace-one)."""
+  return GaussianStage(cfg.noise_multiplier,
+                       clipped_mean_sensitivity(cfg.clip_norm, _denominator(cfg, n)),
+                       "DP-Loc-GD step")
+
+
 def loc_gd_stddev(cfg: LocGDConfig, n: int) -> float:
-  """Per-coordinate noise std on the clipped mean gradient: ``z C / denominator``."""
-  return cfg.noise_multiplier * cfg.clip_norm / _denominator(cfg, n)
+  """Per-coordinate noise std on the clipped mean gradient: the stage's ``z C / denominator``."""
+  return loc_gd_stage(cfg, n).std
 
 
 def loc_gd_radii(cfg: LocGDConfig, n: int, dim: int) -> tuple[float, ...]:
@@ -193,7 +202,7 @@ def paper_loc_gd_stddev(cfg: LocGDConfig, n: int, *, epsilon: float, delta: floa
   denom = _denominator(cfg, n)
   if cfg.batch_size is not None:
     e0 = e0 * n / denom
-  sens = 2.0 * cfg.clip_norm / denom
+  sens = clipped_mean_sensitivity(cfg.clip_norm, denom).under(RELATION)   # 2 C / denom
   return math.sqrt(2.0 * math.log(5.0 / (4.0 * d0))) * sens / e0
 
 

@@ -29,10 +29,11 @@ from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
-    LocGDConfig, loc_gd_event, loc_gd_rounds, loc_gd_stddev, loc_gd_step_event,
+    LocGDConfig, loc_gd_event, loc_gd_rounds, loc_gd_stage, loc_gd_step_event,
     paper_loc_gd_stddev)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
-from dpsco_jax.privacy.relations import check_relation
+from dpsco_jax.privacy.relations import check_relation, gaussian_sensitivity_factor
+from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 
 RELATION = "replace_one"  # paper §2: neighbouring datasets differ in one replaced point
 
@@ -171,6 +172,14 @@ def with_noise(bcfg: BilevelConfig, z: float, ratios: tuple[float, float, float]
       outer_noise_multiplier=z * ratios[2] if bcfg.outer_data_terms else 0.0)
 
 
+def outer_stage(bcfg: BilevelConfig, n: int) -> GaussianStage:
+  """The outer Gaussian mechanism (Alg 1/3 line 4): ``z_out`` on the clipped mean of the
+  per-example ``v_i``, sensitivity ``C_out / denominator`` (``n``, or ``b_out`` for Alg 3;
+  the ledger doubles it under replace-one)."""
+  return GaussianStage(bcfg.outer_noise_multiplier, clipped_mean_sensitivity(
+      bcfg.clip_out, n if bcfg.batch_out is None else bcfg.batch_out), "outer")
+
+
 def paper_bilevel_noise(bcfg: BilevelConfig, n: int, *, epsilon: float, delta: float) -> dict:
   """The paper's own per-mechanism noise for target ``(epsilon, delta)``: every mechanism gets
   ``(eps/sqrt(18T), delta/(3(T+1)))`` (Alg 1 line 3, §8.4); outer std from Lemma 2.2 with
@@ -178,7 +187,9 @@ def paper_bilevel_noise(bcfg: BilevelConfig, n: int, *, epsilon: float, delta: f
   std, §5); inner std from :func:`paper_loc_gd_stddev`."""
   t = bcfg.steps
   e0, d0 = epsilon / math.sqrt(18 * t), delta / (3 * (t + 1))
-  out_sigma = math.sqrt(2 * math.log(5 / (4 * d0))) * 2 * bcfg.clip_out / n / e0
+  # Lemma 2.2 with the replace-one sensitivity 2 C_out / n (the factor from privacy/)
+  out_sigma = (math.sqrt(2 * math.log(5 / (4 * d0))) * gaussian_sensitivity_factor(RELATION)
+               * bcfg.clip_out / n / e0)
   return {"outer_std": out_sigma,
           "inner_y_std": paper_loc_gd_stddev(bcfg.inner_y, n, epsilon=e0, delta=d0),
           "inner_lam_std": paper_loc_gd_stddev(bcfg.inner_lam, n, epsilon=e0, delta=d0),
@@ -212,17 +223,16 @@ def paper_composition_epsilon(bcfg: BilevelConfig, n: int, *, delta: float) -> f
       return math.inf
     k = icfg.rounds * icfg.steps
     ds = d0 / (k + 1)
-    denom = n if icfg.batch_size is None else icfg.batch_size
-    e_step = _lemma22_eps(2 * icfg.clip_norm / denom, loc_gd_stddev(icfg, n), ds)
+    stage = loc_gd_stage(icfg, n)
+    e_step = _lemma22_eps(stage.sensitivity_under(RELATION), stage.std, ds)
     if icfg.batch_size is not None:
       e_step = _amplify(e_step, icfg.batch_size, n)
     eps_it += _lemma21(e_step, ds, k)
   if bcfg.outer_data_terms:
     if bcfg.outer_noise_multiplier == 0:
       return math.inf
-    denom = n if bcfg.batch_out is None else bcfg.batch_out
-    sens = 2 * bcfg.clip_out / denom
-    e_out = _lemma22_eps(sens, bcfg.outer_noise_multiplier * bcfg.clip_out / denom, d0)
+    stage = outer_stage(bcfg, n)
+    e_out = _lemma22_eps(stage.sensitivity_under(RELATION), stage.std, d0)
     if bcfg.batch_out is not None:
       e_out = _amplify(e_out, bcfg.batch_out, n)
     eps_it += e_out
