@@ -49,6 +49,7 @@ from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                calibrate_noise_multiplier, check_relation, pure_dp_event)
 from dpsco_jax.config.types import ConfigView
+from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity, noise_multiplier_for_std
 from dpsco_jax.privacy.sparse_vector import above_threshold_epsilon, laplace_test_epsilon
 
 RELATION = "replace_one"           # Definition 1.3: neighbouring datasets replace one user
@@ -138,6 +139,15 @@ class PhaseNoise:
   gaussian_event: Any         # dp_accounting event of the phase's releases, None if noise off
   bad_event_probability: float
 
+  @property
+  def stage(self) -> GaussianStage | None:
+    """The phase's Gaussian stage (``None`` when the noise is off). Its std is ``sigma``
+    except under the theory preset, whose ``sigma`` is the paper's and ``z`` derived from it."""
+    if self.gaussian_event is None:
+      return None
+    return GaussianStage(self.noise_multiplier, phase_sensitivity(self.sensitivity),
+                         f"phase {self.index}")
+
 
 @dataclasses.dataclass(frozen=True)
 class FilterPlan:
@@ -170,20 +180,26 @@ def _sensitivity(opt: Options, r_h: float, k: int, zeta: float, kept: float) -> 
   return typical_sensitivity(r_h, k)
 
 
+def phase_sensitivity(sens: float) -> Sensitivity:
+  """A phase release's sensitivity: FILTER's coupled replace-one shift ``Delta``, entered as
+  the replace-one bound it is (its add/remove-equivalent ``Delta / 2`` is the std's unit)."""
+  return Sensitivity.from_replace_one(sens, "FILTER's coupled shift Delta")
+
+
 def _noise(opt: Options, make, test_event, sens: float, sigma_paper: float,
            calibrated: Callable[[], float] | None = None) -> tuple[float, float]:
-  """``(z, sigma)``: paper sigma (theory), explicit z, or the calibrated z; ``sigma = z C``
-  with ``C = Delta/2`` (the ledger doubles it under replace-one). ``calibrated``: the
-  calibration of ``make`` beside ``test_event`` when a memoized one exists (same value)."""
-  c = sens / 2.0
+  """``(z, sigma)``: paper sigma (theory), explicit z, or the calibrated z; ``sigma`` is the
+  stage's std ``z Delta / 2`` (the ledger doubles ``Delta / 2`` under replace-one).
+  ``calibrated``: the calibration of ``make`` beside ``test_event`` when a memoized one exists
+  (same value)."""
   if opt.preset == "theory":
-    return sigma_paper / c, sigma_paper
+    return noise_multiplier_for_std(sigma_paper, phase_sensitivity(sens)), sigma_paper
   z = opt.noise_multiplier
   if z is None:
     z = calibrated() if calibrated is not None else calibrate_noise_multiplier(
         make, epsilon=opt.epsilon, delta=opt.delta / 2.0, relation=opt.relation,
         fixed=[test_event])
-  return z, z * c
+  return z, GaussianStage(z, phase_sensitivity(sens)).std
 
 
 def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule) -> FilterPlan:
@@ -206,7 +222,7 @@ def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule) -> FilterPlan
     if opt.preset == "practical" and opt.noise_multiplier is None:
       # the same event in every phase: calibrate once
       calibrated = calibrated or _noise(opt, make, test, 2.0, math.nan)[0]
-      z, sigma = calibrated, calibrated * sens / 2.0
+      z, sigma = calibrated, GaussianStage(calibrated, phase_sensitivity(sens)).std
     else:
       z, sigma = _noise(opt, make, test, sens, ph.sigma_paper)
     phases.append(PhaseNoise(ph.index, sens, z, sigma, 1, test, make(z), bad))
