@@ -46,12 +46,21 @@ from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                calibrate_noise_multiplier)
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
+from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.noise import tree_gaussian_like
 
-__all__ = ["naive_sigma", "naive_output_pert", "noise_ratio", "crossover_m", "NaivePlan",
-           "naive_plan", "charge_naive", "naive_report"]
+__all__ = ["minimizer_sensitivity", "naive_sigma", "naive_output_pert", "noise_ratio",
+           "crossover_m", "NaivePlan", "naive_plan", "charge_naive", "naive_report"]
+
+
+def minimizer_sensitivity(lipschitz: float, mu: float, n_users: int) -> Sensitivity:
+  """The exact ERM minimizer of a ``mu``-strongly convex loss with ``G``-bounded per-user
+  gradients over ``n`` users: ``G / (mu n)`` in the add/remove-equivalent unit, so
+  ``2G/(mu n)`` under replace-one (Chaudhuri et al. 2011), the relation's factor applied by
+  :meth:`~dpsco_jax.privacy.sensitivity.Sensitivity.under`."""
+  return Sensitivity(lipschitz, mu * n_users, "minimizer G/(mu n)")
 
 
 def naive_sigma(problem: SCOProblem, eps: float, delta: float,
@@ -60,7 +69,8 @@ def naive_sigma(problem: SCOProblem, eps: float, delta: float,
   through the ledger): replace-one sensitivity ``2G/(μ n) + 2τ`` (Chaudhuri et al. 2011; spec
   §5), analytic (practical) or classic (theory) Gaussian mechanism."""
   mu = _problem_mu(problem)
-  sens = 2.0 * problem.lipschitz / (mu * problem.n_users) + 2.0 * tau
+  sens = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(
+      "replace_one") + 2.0 * tau
   if settings.preset == "theory":
     return gaussian_sigma_classic(sens, eps, delta)
   return gaussian_sigma_analytic(sens, eps, delta)
@@ -78,7 +88,6 @@ class NaivePlan:
   sensitivity: float
   solver: SolverPlan
   noise_multiplier: float
-  sigma: float
   label: str = "output perturbation (Gaussian, sens 2G/(mu n))"
   #: the declared constants the sensitivity rests on (``()``: held by construction)
   declared: tuple[tuple[str, float], ...] = ()
@@ -87,13 +96,25 @@ class NaivePlan:
   def event(self) -> dp_accounting.DpEvent:
     return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
+  @property
+  def stage(self) -> GaussianStage:
+    """The one Gaussian stage: ``z`` on the minimizer's replace-one shift ``Delta``, entered
+    as stated (its add/remove-equivalent ``Delta / 2`` is the std's unit)."""
+    return GaussianStage(self.noise_multiplier,
+                         Sensitivity.from_replace_one(self.sensitivity, "2G/(mu n) + 2 tau"),
+                         "output")
+
+  @property
+  def sigma(self) -> float:
+    return self.stage.std
+
 
 def naive_plan(problem, cfg: dict) -> NaivePlan:
   """The plan from the public facts (``n_users``, L, beta, R, mu) and the config only."""
   settings = _settings_for(cfg)
   eps, delta = _check_common(cfg, settings)
   mu = _require_mu(problem, "naive_output_pert")
-  base = 2.0 * problem.lipschitz / (mu * problem.n_users)
+  base = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(settings.relation)
   tau = settings.solver_tol * base / 4.0
   plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
                      distance=min(2 * problem.radius, 2 * problem.lipschitz / mu), tau=tau)
@@ -105,8 +126,7 @@ def naive_plan(problem, cfg: dict) -> NaivePlan:
   # 2G/(mu n) + 2 tau: L, mu, beta (solver accuracy) and convexity, none enforced (docstring)
   declared = declared_constants(problem, ("lipschitz", "strong_convexity", "smoothness"),
                                 convex=True)
-  return NaivePlan(settings, eps, delta, mu, sens, plan, z, z * sens / 2.0,
-                   declared=declared)
+  return NaivePlan(settings, eps, delta, mu, sens, plan, z, declared=declared)
 
 
 def charge_naive(plan: NaivePlan) -> PrivacyLedger:
