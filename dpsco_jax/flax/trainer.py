@@ -83,6 +83,7 @@ from dpsco_jax.algorithms.dpsgd.plan import NOISES, check_mf_sampling
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
                                calibrate_noise_multiplier, check_relation, epsilon_of)
 from dpsco_jax.privacy.ledger import Epsilon, epsilon_lower_bound
+from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
 from dpsco_jax.transforms.noise import add_gaussian_noise
 
 PyTree = Any
@@ -313,8 +314,7 @@ class DPTrainer:
     self.ledger = PrivacyLedger(delta=self.delta, epsilon_budget=min(caps) if caps else None,
                                 relation=self.relation, accountant=self.accountant)
     self.ledger.check(self.event, label=_LABEL)  # the accountant can honour it; one step fits
-    self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
-    self.noise_stddev = self.noise_multiplier * self.sensitivity  # z C / D, any relation
+    self._set_stage()
 
   def _plan_cyclic(self, target_epsilon, epsilon_budget) -> None:
     """The DP-SGD driver's cyclic plan (calibrated there); the whole run checked here."""
@@ -326,8 +326,16 @@ class DPTrainer:
     self.ledger = PrivacyLedger(delta=self.delta, epsilon_budget=min(caps) if caps else None,
                                 relation=self.relation, accountant=self.accountant)
     self.cyclic.check_run(self.ledger, p.steps)  # an explicit z over budget: refused now
+    self._set_stage()
+
+  def _set_stage(self) -> None:
+    """The noise stage: ``z`` on the clipper's own sensitivity of its mean (``C / D``, the
+    add/remove one under any relation: the ledger prices replace-one); the std is formed in
+    :mod:`dpsco_jax.privacy.sensitivity`, never here."""
     self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
-    self.noise_stddev = self.noise_multiplier * self.sensitivity  # z C / B = plan.noise_std
+    self.stage = GaussianStage(self.noise_multiplier,
+                               Sensitivity(self.sensitivity, what="clipped mean C/D"), "step")
+    self.noise_stddev = self.stage.std
 
   def _step_event(self, z: float) -> dp_accounting.DpEvent:
     return dp_accounting.PoissonSampledDpEvent(self.q, dp_accounting.GaussianDpEvent(z))
