@@ -1,0 +1,148 @@
+"""Issue 28, paper 000 as n grows: FILTER (Algorithms 1 and 3) against user-level DP-SGD.
+
+Reads every FILTER-curve record (``experiments/results/filter_curve_records*.jsonl``: the CPU
+runs at n = 1e4 and 5e4 and the H100 runs at n = 1e5 and 3e5, ``experiments/gpu/study_filter.sh``),
+keeps the huge-gradient cells at m = 64 on the evaluation seeds 300-309 (the seeds every cell
+shares; none was used to set anything), and prints per (n, corrupted fraction f):
+
+* each algorithm's mean excess risk with its Student-t 95% interval and, for the FILTER
+  algorithms, the halting count with its Clopper-Pearson interval;
+* the paired ratio mean(A) / mean(DP-SGD) with the runner's percentile bootstrap 95% interval
+  (:func:`dpsco_jax.runner.stats.paired_comparison`) and A's wins;
+* per (algorithm, f), the log-log slope of mean excess risk against n with its bootstrap interval
+  (:func:`study_slopes.fit_slope`), beside the theorem's exponents: -0.5 (Theorem 3.2's
+  ``1/sqrt(mn)`` term, convex) and -1 to -2 (Remark 3.6, strongly convex: ``1/(nm)`` and
+  ``d log(1/delta)/(eps^2 n^2 m)``).
+
+It also writes the selected records as one runner-shaped JSON (``--out``) so that
+``study_pairs.py`` / ``study_slopes.py`` can be run on them. Last line: JSON of the table.
+
+    python experiments/study_000_scale.py [--out experiments/results/study/filter_scale.json]
+        [--seeds 600-609]   # the confirmation run on seeds named before it ran
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from filter_curve import ALG1, ALG3, DPSGD, clopper_pearson, t_ci  # noqa: E402
+from study_slopes import fit_slope  # noqa: E402
+
+RECORDS = os.path.join(HERE, "results", "filter_curve_records*.jsonl")
+OUT = os.path.join(HERE, "results", "study", "filter_scale.json")
+SEEDS = range(300, 310)
+ALGS = (ALG3, DPSGD, ALG1)
+
+
+def load(pattern: str = RECORDS, m: int = 64, mode: str = "huge", seeds=SEEDS) -> list[dict]:
+  """One record per (algorithm, n, f, seed) on ``seeds``, the first one found."""
+  out, seen = [], set()
+  for path in sorted(glob.glob(pattern)):
+    with open(path) as fh:
+      for line in fh:
+        if not line.strip():
+          continue
+        r = json.loads(line)
+        cfg = r.get("config", {})
+        if (r["algorithm"] not in ALGS or r["m"] != m or r.get("status", "ok") != "ok"
+            or cfg.get("corruption_mode", "huge") != mode or r["seed"] not in seeds):
+          continue
+        key = (r["algorithm"], r["n_users"], cfg["corruption"], r["seed"])
+        if key not in seen:
+          seen.add(key)
+          out.append({**r, "corruption": cfg["corruption"]})
+  return out
+
+
+def table(records: list[dict]) -> dict:
+  from dpsco_jax.runner.stats import paired_comparison
+  cells: dict = {}
+  for r in records:
+    cells.setdefault((r["n_users"], r["corruption"]), {}).setdefault(
+        r["algorithm"], {})[r["seed"]] = r
+  rows = []
+  for (n, f) in sorted(cells):
+    c = cells[(n, f)]
+    row: dict = {"n_users": n, "corruption": f}
+    for alg in ALGS:
+      if alg not in c:
+        continue
+      risk = [c[alg][s]["excess_risk"] for s in sorted(c[alg])]
+      mean, lo, hi = t_ci(risk)
+      entry = {"seeds": len(risk), "mean": mean, "ci95_t": [lo, hi]}
+      if alg != DPSGD:
+        k = sum(c[alg][s].get("halted_phase") is not None for s in c[alg])
+        entry.update(halted=k, halting_ci95=list(clopper_pearson(k, len(risk))))
+        if DPSGD in c:
+          pc = paired_comparison({s: r["excess_risk"] for s, r in c[alg].items()},
+                                 {s: r["excess_risk"] for s, r in c[DPSGD].items()})
+          entry.update(vs_dp_sgd=[pc["ratio"], pc["ratio_ci95_lo"], pc["ratio_ci95_hi"]],
+                       wins=pc["wins"], paired=pc["paired_seeds"])
+      row[alg] = entry
+    rows.append(row)
+  slopes = {}
+  for alg in ALGS:
+    for f in sorted({f for (_, f) in cells}):
+      # a cell where most runs halted releases the public fallback point: not the rate
+      pts = {float(n): [r["excess_risk"] for r in cells[(n, f)][alg].values()]
+             for (n, g) in cells if g == f and alg in cells[(n, f)]
+             and len(cells[(n, f)][alg]) >= 2 and n >= 10_000
+             and 2 * sum(r.get("halted_phase") is not None
+                         for r in cells[(n, f)][alg].values()) <= len(cells[(n, f)][alg])}
+      if len(pts) >= 2 and all(min(v) > 0 for v in pts.values()):
+        s, lo, hi = fit_slope(pts)
+        slopes[f"{alg} f={f:g}"] = {"slope": s, "ci95": [lo, hi], "n": sorted(pts)}
+  return {"rows": rows, "slopes": slopes}
+
+
+def _fmt(e: dict | None) -> str:
+  if e is None:
+    return "—"
+  s = f"{e['mean']:.2e}"
+  if "halted" in e:
+    s += f" (halted {e['halted']}/{e['seeds']})"
+  if "vs_dp_sgd" in e:
+    r, lo, hi = e["vs_dp_sgd"]
+    s += f"; ×{r:.3g} [{lo:.3g}, {hi:.3g}] {e['wins']}/{e['paired']}"
+  return s
+
+
+def main(argv: list[str] | None = None) -> dict:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--records", default=RECORDS, help="glob of the FILTER-curve record files")
+  ap.add_argument("--out", default=None, help="write the selected records as runner JSON")
+  ap.add_argument("--seeds", default="300-309",
+                  help="first-last seeds (600-609: the fresh confirmation seeds)")
+  args = ap.parse_args(argv)
+  lo, hi = (int(v) for v in args.seeds.split("-"))
+  records = load(args.records, seeds=range(lo, hi + 1))
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+      json.dump({"results": records}, fh, default=float)
+  out = table(records)
+  print("| n | f | Algorithm 3 (× DP-SGD, wins) | DP-SGD | Algorithm 1 (× DP-SGD, wins) |")
+  print("|---|---|---|---|---|")
+  for row in out["rows"]:
+    print(f"| {row['n_users']:.0e} | {row['corruption']:g} | {_fmt(row.get(ALG3))} | "
+          f"{_fmt(row.get(DPSGD))} | {_fmt(row.get(ALG1))} |")
+  print("\nslope of mean excess risk against n (theory: -0.5 convex; -1 to -2 strongly convex)")
+  for name, s in out["slopes"].items():
+    flag = "" if -2.15 <= s["slope"] <= -0.35 else "   <- outside [-2, -0.5] by > 0.15"
+    print(f"  {name:40s} {s['slope']:6.2f} [{s['ci95'][0]:6.2f}, {s['ci95'][1]:6.2f}]  "
+          f"n = {', '.join(f'{v:.0e}' for v in s['n'])}{flag}")
+  print(json.dumps(out, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v))
+  return out
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,53 @@
+"""experiments/study_000_scale.py (issue 28, paper 000 as n grows): the table it prints is the
+right statistics of the records it is given. Synthetic records with known answers: Algorithm 3's
+excess risk is exactly half DP-SGD's on every seed (ratio 0.5, interval [0.5, 0.5], all wins) and
+falls like n^-1.5 (slope -1.5); a cell where most Algorithm 3 runs halted is left out of the slope;
+records off the evaluation seeds, at another m or of label flips are ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
+import study_000_scale as study  # noqa: E402
+
+
+def _rec(alg, n, f, seed, risk, *, m=64, mode="huge", halted=None):
+  return {"algorithm": alg, "n_users": n, "m": m, "seed": seed, "excess_risk": risk,
+          "status": "ok", "halted_phase": halted,
+          "config": {"corruption": f, "corruption_mode": mode}}
+
+
+def test_ratios_slopes_and_filters(tmp_path):
+  recs = []
+  for n in (10_000, 100_000, 1_000_000):
+    for s in range(300, 310):
+      base = (1 + 0.1 * (s - 300)) * n ** -1.5
+      recs.append(_rec(study.DPSGD, n, 0.05, s, 2 * base))
+      recs.append(_rec(study.ALG3, n, 0.05, s, base))
+  # most runs halted at n = 3e6 (their fallback risk would wreck the slope if it were used)
+  recs += [_rec(study.ALG3, 3_000_000, 0.05, s, 1.0, halted=1 if s < 306 else None) for s in range(300, 310)]
+  recs += [_rec(study.ALG3, 1_000_000, 0.05, 700, 99.0),               # not an eval seed
+           _rec(study.ALG3, 1_000_000, 0.05, 301, 99.0, m=16),         # another m
+           _rec(study.ALG3, 1_000_000, 0.05, 302, 99.0, mode="flip")]  # label flips
+  path = tmp_path / "filter_curve_records_x.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+  out = study.main(["--records", str(tmp_path / "filter_curve_records*.jsonl")])
+  rows = {(r["n_users"], r["corruption"]): r for r in out["rows"]}
+  assert set(rows) == {(3_000_000, 0.05), (10_000, 0.05), (100_000, 0.05), (1_000_000, 0.05)}
+  for n in (10_000, 100_000, 1_000_000):
+    a3 = rows[(n, 0.05)][study.ALG3]
+    assert a3["seeds"] == 10 and a3["halted"] == 0
+    assert a3["vs_dp_sgd"] == pytest.approx([0.5, 0.5, 0.5])
+    assert (a3["wins"], a3["paired"]) == (10, 10)
+  assert rows[(3_000_000, 0.05)][study.ALG3]["halted"] == 6
+  slope = out["slopes"][f"{study.ALG3} f=0.05"]
+  assert slope["slope"] == pytest.approx(-1.5, abs=1e-6)
+  assert slope["n"] == [10_000.0, 100_000.0, 1_000_000.0]   # the halted n = 3e6 cell is out
+  assert out["slopes"][f"{study.DPSGD} f=0.05"]["slope"] == pytest.approx(-1.5, abs=1e-6)
+  # the fresh-seed view sees none of these records
+  assert study.main(["--records", str(path), "--seeds", "600-609"])["rows"] == []
