@@ -114,16 +114,55 @@ def _weighted_row_sum(stacked: PyTree, weights: jax.Array, keep: jax.Array) -> P
   Written as one ``tensordot`` per leaf rather than a scaled copy plus ``sum(axis=0)``: XLA:CPU
   (jaxlib 0.10) lowers a reduce over the major axis of a large ``[U, ...]`` array to a fusion
   that is ~50x slower than the equivalent GEMV (``experiments/bench_core.py``), and a dot is
-  the natural form on GPU/TPU too. Dropped rows are zeroed with ``where`` first because
-  ``0 * NaN = NaN``; the optimization barrier stops XLA from fusing that ``where`` into the
-  dot operand (measured faster)."""
+  the natural form on GPU/TPU too. Dropped rows must add exact zeros, and ``0 * NaN = NaN``:
+  :func:`_zeroed_row_sum` zeroes them with ``where`` first. On CPU that ``where`` is a full
+  copy of the ``[U, ...]`` gradients (XLA:CPU cannot fuse it into the GEMV): half the time of
+  ``clip_and_aggregate`` on a 1024 x 1024 GLM, which made it slower than optax's whole DP
+  update. So there (:func:`_guarded_row_sum`) the dot is first taken of the rows as they are,
+  with dropped rows' weights zeroed, and that is the result whenever it is finite: a dropped
+  row then had only finite entries, each adding an exact zero. Otherwise (a dropped row with a
+  NaN / Inf, or a kept one) the zeroed form is computed instead, so the result is the same
+  either way. On other backends the copy is one cheap pass at device bandwidth, while a
+  ``cond`` may cost a device-to-host sync of its predicate (XLA:GPU's conditional): they keep
+  the zeroed form (the guarded one is not measured there)."""
+  leaves, treedef = jax.tree.flatten(stacked)
+  if not leaves:
+    return stacked
+  out = jax.lax.platform_dependent(
+      leaves, weights, keep, cpu=_guarded_row_sum, default=_zeroed_row_sum)
+  return jax.tree.unflatten(treedef, out)
+
+
+def _zeroed_row_sum(leaves: list, weights: jax.Array, keep: jax.Array) -> list:
+  """Dropped rows zeroed by ``where``, then one HIGHEST dot per leaf. The optimization
+  barrier stops XLA from fusing that ``where`` into the dot operand (measured faster)."""
   def f(g):
     wide = _wide_dtype(g.dtype)
     k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
     safe = jax.lax.optimization_barrier(jnp.where(k, g, jnp.zeros_like(g)))
     return jnp.tensordot(weights.astype(wide), safe.astype(wide), axes=1,
                          precision=jax.lax.Precision.HIGHEST)
-  return jax.tree.map(f, stacked)
+  return [f(g) for g in leaves]
+
+
+def _guarded_row_sum(leaves: list, weights: jax.Array, keep: jax.Array) -> list:
+  """The dot of the rows as they are (dropped rows' weights zeroed), kept when every entry
+  of every leaf's result is finite; else :func:`_zeroed_row_sum` (one ``cond`` for the
+  whole tree). A finite result means every dropped row's entries were finite (one NaN / Inf
+  there would make its column NaN), so each added ``0 * g = ±0``: exactly the zeroed form's
+  terms. Rows are flattened to ``[U, -1]`` first (a bitcast): a GLM's ``[U, D, 1]`` kernel
+  gradients, produced as ``[U, 1, D]`` by the per-user backward pass, were otherwise copied
+  into the ``cond``'s operand layout, one more pass than the copy this form avoids."""
+  flat = [jnp.reshape(g, (g.shape[0], -1)) for g in leaves]
+
+  def f(g):
+    wide = _wide_dtype(g.dtype)
+    wk = jnp.where(keep, weights, 0).astype(wide)
+    return jnp.tensordot(wk, g.astype(wide), axes=1, precision=jax.lax.Precision.HIGHEST)
+  direct = [f(g) for g in flat]
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(d)) for d in direct]))
+  out = jax.lax.cond(finite, lambda: direct, lambda: _zeroed_row_sum(flat, weights, keep))
+  return [jnp.reshape(o, g.shape[1:]) for o, g in zip(out, leaves)]
 
 
 def _scale_rows(stacked: PyTree, scale: jax.Array, keep: jax.Array) -> PyTree:

@@ -1,0 +1,99 @@
+"""The weighted sum over users of ``aggregate`` / ``clip_and_aggregate``
+(``dpsco_jax/transforms/clipping.py``: ``_weighted_row_sum``).
+
+On CPU it takes the HIGHEST dot of the per-user rows as they are (no zeroed copy of the
+``[U, ...]`` gradients: that copy was half of ``clip_and_aggregate``'s time on a 1024 x 1024
+GLM) and falls back to zeroing dropped rows first when the result is not finite. Here: the
+result equals the zeroed form's, bit for bit, whatever dropped rows hold (finite, huge, NaN,
+Inf), kept non-finite rows still poison the sum as before, and the dot reads the rows
+directly (flattened to ``[U, -1]``: a size-1 trailing axis, as a GLM's ``[U, D, 1]`` kernel
+gradients have, made XLA:CPU copy them into the ``cond``'s layout; bench_cost_rowsum.py).
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dpsco_jax.transforms import clipping as cl
+
+U, D = 12, 5
+
+
+def _rows(seed=0):
+  rng = np.random.default_rng(seed)
+  return {"w": jnp.asarray(rng.standard_normal((U, D, 2)), jnp.float32),
+          "b": jnp.asarray(rng.standard_normal((U, 3)), jnp.float32)}
+
+
+CASES = {
+    "all kept": ({}, []),
+    "masked finite rows": ({}, [1, 4]),
+    "masked huge rows": ({1: 3e38}, [1]),
+    "masked NaN row": ({2: np.nan}, [2]),
+    "masked Inf rows": ({2: np.inf, 7: -np.inf}, [2, 7]),
+    "kept NaN row": ({3: np.nan}, []),
+    "masked NaN and kept Inf": ({2: np.nan, 5: np.inf}, [2]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_row_sum_equals_the_zeroed_form(case):
+  fill, dropped = CASES[case]
+  rows = _rows()
+  for u, v in fill.items():
+    rows = jax.tree.map(lambda x, u=u, v=v: x.at[u, 0].set(v), rows)
+  keep = jnp.ones((U,), bool).at[jnp.asarray(dropped, jnp.int32)].set(False)
+  w = jnp.asarray(np.random.default_rng(1).uniform(0.1, 1.0, U), jnp.float32)
+  got = jax.jit(cl._weighted_row_sum)(rows, w, keep)
+  want = dict(zip(rows, jax.jit(cl._zeroed_row_sum)(list(rows.values()), w, keep)))
+  for k in rows:
+    np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+    # and the float64 sum over kept rows (NaN where a kept row is non-finite)
+    x = np.asarray(rows[k], np.float64)
+    with np.errstate(invalid="ignore"):
+      ref = np.einsum("u,u...->...", np.where(keep, w, 0.0),
+                      np.where(np.asarray(keep).reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0))
+    np.testing.assert_array_equal(np.isfinite(got[k]), np.isfinite(ref))
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(np.asarray(got[k])[fin], ref[fin], rtol=1e-5, atol=1e-6)
+
+
+def test_aggregate_and_clip_and_aggregate_drop_masked_non_finite_rows():
+  rows = _rows()
+  rows = jax.tree.map(lambda x: x.at[2].set(jnp.nan).at[6].set(jnp.inf), rows)
+  mask = jnp.ones((U,), bool).at[2].set(False).at[6].set(False)
+  agg = cl.aggregate("sum")
+  fused = cl.clip_and_aggregate(1.0, "sum")
+  out_agg = jax.jit(lambda r, m: agg.update(r, agg.init(None), user_mask=m)[0])(rows, mask)
+  out_fused = jax.jit(lambda r: fused.update(r, fused.init(None))[0])(rows)  # dropped: NaN/Inf
+  clean = jax.tree.map(lambda x: np.asarray(x, np.float64)[np.asarray(mask)], rows)
+  norms = np.sqrt(sum(np.sum(x.reshape(x.shape[0], -1) ** 2, 1)
+                      for x in jax.tree.leaves(clean)))
+  f = np.minimum(1.0, 1.0 / norms)
+  for k in rows:
+    np.testing.assert_allclose(out_agg[k], clean[k].sum(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out_fused[k], np.einsum("u,u...->...", f, clean[k]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_dot_reads_the_rows_directly_at_highest():
+  """The CPU form's dot takes the stacked rows themselves (no ``where`` copy in between) and
+  every dot, in both branches, runs at HIGHEST."""
+  rows = _rows()
+  leaves = list(rows.values())
+  w, keep = jnp.ones((U,)), jnp.ones((U,), bool)
+  jaxpr = jax.make_jaxpr(cl._guarded_row_sum)(leaves, w, keep)
+  invars = set(map(str, jaxpr.jaxpr.invars[:len(leaves)]))
+  # rows flattened to [U, -1] (a reshape is a bitcast: no copy), nothing else in between
+  source = {str(e.outvars[0]): str(e.invars[0]) for e in jaxpr.jaxpr.eqns
+            if e.primitive.name == "reshape"}
+  dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+  assert len(dots) == len(leaves)
+  assert {source.get(str(e.invars[1]), str(e.invars[1])) for e in dots} == invars
+  text = str(jaxpr)
+  assert text.count("dot_general[") == 2 * len(leaves)  # + the zeroed form's, in the cond
+  for chunk in text.split("dot_general[")[1:]:
+    assert re.search(r"precision=([^\n]*)", chunk).group(1).count("HIGHEST") == 2, chunk
