@@ -63,7 +63,8 @@ from dpsco_jax._checks import check_bool, check_choice, check_int, check_positiv
 from dpsco_jax.algorithms.common import hparam, run_chain, sampling_setup, scan_slot_batches
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
-                                             config_view, group_privacy_targets, plan_dp_sgd)
+                                             config_view, group_privacy_targets, plan_dp_sgd,
+                                             public_note)
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance)
@@ -166,7 +167,8 @@ def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
   label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
            f"D={plan.denominator:.6g}, steps={plan.steps}"
            + ("" if plan.mf is None else f", {plan.noise} noise") + ")")
-  notes = f"{plan.public()}; denominator D={plan.denominator:.6g}, q={plan.sampling_rate:.6g}"
+  notes = (f"{public_note(plan.relation)}; denominator D={plan.denominator:.6g}, "
+           f"q={plan.sampling_rate:.6g}")
   if plan.participations is not None:
     notes += (f"; participation: at most {plan.participations} per user, >= {plan.min_sep} "
               "steps apart")

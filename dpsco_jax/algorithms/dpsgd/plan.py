@@ -37,7 +37,7 @@ declared ``n_users`` instead.
 
 Sensitivity of one step's aggregate ``sum_i clip(g_i) / D``: ``C / D`` (add/remove, zero-out);
 the accountant doubles it under replace-one (library convention, ``z = sigma / (C / D)``).
-The plan's :attr:`DpSgdPlan.stage` carries it; its std is formed by
+The plan's ``stage`` carries it; its std is formed by
 :func:`~dpsco_jax.privacy.sensitivity.gaussian_noise_std`, never here.
 Provenance ``accountant``.
 
@@ -158,6 +158,8 @@ class DpSgdPlan(NamedTuple):
   steps: int
   clip: float
   noise_multiplier: float
+  stage: GaussianStage   # z on the clipped mean's sensitivity C / D (the step's noise)
+  noise_std: float       # stage.std, formed in privacy/ (gaussian_noise_std)
   lr: float
   averaging: str
   epsilon_target: float | None
@@ -173,19 +175,8 @@ class DpSgdPlan(NamedTuple):
   group_rows: int | None = None      # banded_poisson: rows G of the largest group
 
   def public(self) -> str:
-    return f"relation={self.relation}: public are {PUBLIC[self.relation]}"
+    return public_note(self.relation)
 
-  @property
-  def stage(self) -> GaussianStage:
-    """The step's noise stage: ``z`` on the clipped mean's sensitivity ``C / D`` (the
-    accountant doubles it under replace-one). Tree and MF noise take the same std per node /
-    coordinate of ``Z``; their events price the strategy's sensitivity."""
-    return GaussianStage(self.noise_multiplier,
-                         clipped_mean_sensitivity(self.clip, self.denominator), "step")
-
-  @property
-  def noise_std(self) -> float:
-    return self.stage.std
 
   def event_after(self, steps: int) -> Any:
     """The event of the first ``steps`` steps (progress reports): the plan's own event
@@ -195,6 +186,11 @@ class DpSgdPlan(NamedTuple):
     return schedule_event(self.noise_multiplier, sampling=self.sampling, q=self.sampling_rate,
                           n=self.n_public, batch=self.batch, steps=steps, mf_noise=self.mf,
                           participations=k, min_sep=self.min_sep)
+
+
+def public_note(relation: str) -> str:
+  """What ``relation`` treats as public, for the report's notes."""
+  return f"relation={relation}: public are {PUBLIC[relation]}"
 
 
 def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, batch: int,
@@ -297,14 +293,15 @@ def _groups(cfg: ConfigView, n: int) -> int:
   return b
 
 
-def _amplified_sampling(cfg: ConfigView, n: int, groups: int
+def _amplified_sampling(n: int, groups: int, rate: float | None, batch_size: int | None
                         ) -> tuple[float, int, float, int]:
-  """(p, expected batch, D = p G, capacity) of b-min-sep sampling, ``G = ceil(n / b)``."""
+  """(p, expected batch, D = p G, capacity) of b-min-sep sampling, ``G = ceil(n / b)``, from
+  the config's ``sampling_rate`` and ``batch_size`` (``None``: not given)."""
   size = -(-n // groups)
-  if cfg.sampling_rate is not None:
-    p = _positive_rate(cfg)
+  if rate is not None:
+    p = _positive_rate(rate)
   else:
-    batch = _batch_at_most(cfg, size, n, "is the expected batch p * G of b-min-sep sampling "
+    batch = _batch_at_most(batch_size, size, n, "is the expected batch p * G of b-min-sep sampling "
                            f"and must be <= G = ceil(n / min_separation) = {size}")
     p = batch / size
   return p, max(1, round(p * size)), p * size, poisson_capacity(size, p)
@@ -378,14 +375,14 @@ def config_view(cfg: Mapping | Any) -> ConfigView:
   return ConfigView(cf.DpSgdConfig, cfg, extra=("n_users",))
 
 
-def public_rows(cfg: ConfigView, relation: str, *, realized_rows: int, rows_per_user: int
-                ) -> int:
-  """The number of rows the plan may read under ``relation``.
+def public_rows(declared: int | None, relation: str, *, realized_rows: int,
+                rows_per_user: int) -> int:
+  """The number of rows the plan may read under ``relation``, from the config's declared
+  ``n_users`` (``None``: not declared); the planner passes that number, not the config.
 
   ``add_remove``: the declared ``n_users`` (times ``rows_per_user``), never the realized count.
   ``replace_one`` / ``zero_out``: the realized count (public), checked against a declared one.
   """
-  declared = cfg.n_users
   if declared is not None:
     declared = check_int(declared, "n_users") * rows_per_user
   if relation == "add_remove":
@@ -400,32 +397,34 @@ def public_rows(cfg: ConfigView, relation: str, *, realized_rows: int, rows_per_
   return realized_rows
 
 
-def _positive_rate(cfg: ConfigView) -> float:
+def _positive_rate(rate: float) -> float:
   """The declared Poisson rate ``sampling_rate``, in (0, 1]."""
-  q = check_probability(cfg.sampling_rate, "sampling_rate")
+  q = check_probability(rate, "sampling_rate")
   if q <= 0:
     raise ValueError(f"sampling_rate must be > 0, got {cfg.sampling_rate!r}")
   return q
 
 
-def _batch_at_most(cfg: ConfigView, most: int, n: int, why: str) -> int:
-  """``batch_size`` (default ``round(sqrt(n))`` capped at ``most``), refused above ``most``
-  (``why`` completes the message)."""
-  batch = check_int(cfg.get("batch_size", max(1, min(most, round(math.sqrt(n))))),
-                    "batch_size")
+def _batch_at_most(batch_size: int | None, most: int, n: int, why: str) -> int:
+  """``batch_size`` (``None``: default ``round(sqrt(n))`` capped at ``most``), refused above
+  ``most`` (``why`` completes the message)."""
+  batch = check_int(batch_size if batch_size is not None
+                    else max(1, min(most, round(math.sqrt(n)))), "batch_size")
   if batch > most:
     raise ValueError(f"batch_size ({batch}) {why}")
   return batch
 
 
-def _sampling(cfg: ConfigView, sampling: str, n: int) -> tuple[float, int, float, int | None]:
-  """(q, batch, denominator D, capacity) from the public row count ``n``."""
+def _sampling(sampling: str, n: int, rate: float | None, batch_size: int | None
+              ) -> tuple[float, int, float, int | None]:
+  """(q, batch, denominator D, capacity) from the public row count ``n`` and the config's
+  ``sampling_rate`` and ``batch_size`` (``None``: not given)."""
   if sampling == "full":
     return 1.0, n, float(n), None
-  if sampling == "poisson" and cfg.sampling_rate is not None:
-    q = _positive_rate(cfg)
+  if sampling == "poisson" and rate is not None:
+    q = _positive_rate(rate)
   else:
-    batch = _batch_at_most(cfg, n, n, f"must be <= n_users ({n})")
+    batch = _batch_at_most(batch_size, n, n, f"must be <= n_users ({n})")
     q = batch / n
   if sampling in ("fixed", "cyclic"):
     return q, batch, float(batch), batch
@@ -478,14 +477,18 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
                             supported=SAMPLING_RELATIONS[sampling],
                             mechanism=f"DP-SGD with sampling={sampling!r}")
   rows_per_user = check_int(rows_per_user, "rows_per_user")
-  n = public_rows(cfg, relation, realized_rows=realized_rows, rows_per_user=rows_per_user)
+  n = public_rows(cfg.n_users, relation, realized_rows=realized_rows,
+                  rows_per_user=rows_per_user)
   group_size = rows_per_user if level == "group" else 1
   delta = required_delta(cfg)
   noise = check_choice(cfg.noise_mechanism, "noise_mechanism", NOISES)
   check_mf_sampling(noise, sampling)
   groups = _groups(cfg, n) if sampling == AMPLIFIED else None
-  q, batch, denominator, capacity = (_amplified_sampling(cfg, n, groups) if groups
-                                     else _sampling(cfg, sampling, n))
+  # the numbers the sampling reads, not the config (issue 25's epsilon walk)
+  rate, batch_size = cfg.sampling_rate, cfg.batch_size
+  q, batch, denominator, capacity = (
+      _amplified_sampling(n, groups, rate, batch_size) if groups
+      else _sampling(sampling, n, rate, batch_size))
   if cfg.num_steps is not None:
     steps = check_int(cfg.num_steps, "num_steps")
   elif sampling == "cyclic":   # an epoch is ceil(n / B) steps
@@ -518,11 +521,15 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
   lr = check_positive(cfg.learning_rate if cfg.learning_rate is not None
                       else radius / (clip * math.sqrt(steps)), "learning_rate")
   averaging = check_choice(cfg.averaging, "averaging", ("none", "uniform"))
+  # the step's noise stage: z on the clipped mean's sensitivity C / D (the accountant doubles
+  # it under replace-one); tree and MF noise take the same std per node / coordinate of Z,
+  # their events price the strategy's sensitivity
+  stage = GaussianStage(z, clipped_mean_sensitivity(clip, denominator), "step")
   return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,
                    sampling_rate=q, batch=batch, denominator=denominator, capacity=capacity,
-                   steps=steps, clip=clip, noise_multiplier=z, lr=lr, averaging=averaging,
-                   epsilon_target=target, delta=delta,
-                   event=make_event(z) if z > 0 else None, truncation_probability=trunc,
-                   group_size=group_size, item_delta_target=item_delta, noise=noise,
-                   mf=mf_noise, participations=participations, min_sep=min_sep,
-                   group_rows=group_rows)
+                   steps=steps, clip=clip, noise_multiplier=z, stage=stage,
+                   noise_std=stage.std, lr=lr, averaging=averaging, epsilon_target=target,
+                   delta=delta, event=make_event(z) if z > 0 else None,
+                   truncation_probability=trunc, group_size=group_size,
+                   item_delta_target=item_delta, noise=noise, mf=mf_noise,
+                   participations=participations, min_sep=min_sep, group_rows=group_rows)
