@@ -18,15 +18,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -dc 'A-Za-z0-9' | tr 'A-Z' 'a-z')}
 DEADLINE=$((T0 + ${STUDY_S:-300}))
 A3=user_level_accelerated_erm; A1=user_level_phased_sgd; SGD=dp_sgd_user
-# SIZES: config suffixes, in order (filter_curve_<suffix>.yaml; "1e5_fresh": seeds 600-609).
+# SIZES: config suffixes, in order (filter_curve_<suffix>.yaml; "1e5_fresh": seeds 600-609;
+# "1e5_flip": label-flipping users).
 for n in ${SIZES:-1e5 3e5}; do
   N=$(python3 -c "print(int(float('$n'.split('_')[0])))")
+  MODE=huge; case $n in *flip*) MODE=flip;; esac
   cells=()
   for f in ${FRACTIONS:-0.05 0.0 0.02 0.1}; do
-    cells+=("[\"$A3\", $N, \"huge\", 64, $f]" "[\"$SGD\", $N, \"huge\", 64, $f]")
+    cells+=("[\"$A3\", $N, \"$MODE\", 64, $f]" "[\"$SGD\", $N, \"$MODE\", 64, $f]")
   done
   if [ "${ALG1:-1}" = 1 ]; then
-    for f in ${FRACTIONS:-0.05 0.0 0.02 0.1}; do cells+=("[\"$A1\", $N, \"huge\", 64, $f]"); done
+    for f in ${FRACTIONS:-0.05 0.0 0.02 0.1}; do cells+=("[\"$A1\", $N, \"$MODE\", 64, $f]"); done
   fi
   timeout $((DEADLINE - $(date +%s) + 120)) python3 experiments/filter_curve.py run \
     --config experiments/configs_eval/filter_curve_$n.yaml --max-seeds 10 \
