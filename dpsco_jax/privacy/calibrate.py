@@ -40,22 +40,22 @@ def ledger_epsilon(events: Sequence[Any], *, delta: float, relation: str,
   return ledger.epsilon(exact=True)
 
 
-def _solve(eps_fn: Callable[[float], float], target: float, lo: float, hi: float | None
+def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float, hi: float | None
            ) -> float:
-  """Smallest z in [lo, inf) with eps_fn(z) <= target (eps_fn decreasing), rel. tol 1e-6."""
-  if eps_fn(lo) <= target:
+  """Smallest z in [lo, inf) with eps_fn(z) <= epsilon (eps_fn decreasing), rel. tol 1e-6."""
+  if eps_fn(lo) <= epsilon:
     return lo
-  if hi is None or eps_fn(hi) > target:
+  if hi is None or eps_fn(hi) > epsilon:
     hi = max(2.0 * lo, 1.0) if hi is None else hi
     for _ in range(40):
-      if eps_fn(hi) <= target:
+      if eps_fn(hi) <= epsilon:
         break
       lo, hi = hi, 2.0 * hi
     else:
-      raise ValueError(f"no noise multiplier up to {hi:.3g} reaches epsilon={target}")
-  g = lambda logz: eps_fn(math.exp(logz)) - target
+      raise ValueError(f"no noise multiplier up to {hi:.3g} reaches epsilon={epsilon}")
+  g = lambda logz: eps_fn(math.exp(logz)) - epsilon
   root = math.exp(optimize.brentq(g, math.log(lo), math.log(hi), xtol=1e-7))
-  while eps_fn(root) > target:  # brentq may land a hair on the wrong side
+  while eps_fn(root) > epsilon:  # brentq may land a hair on the wrong side
     root *= 1 + 1e-6
   return root
 

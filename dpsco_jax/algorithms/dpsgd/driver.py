@@ -160,9 +160,9 @@ def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
 def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
   """Checks the budget and charges the ledger BEFORE any release; returns the report."""
   if plan.event is None:
-    if plan.epsilon_target is not None:
+    if plan.epsilon is not None:
       raise PrivacyBudgetExceeded("noise_multiplier=0 releases without noise (epsilon = inf) "
-                                  f"> budget {plan.epsilon_target}; nothing was released")
+                                  f"> budget {plan.epsilon}; nothing was released")
     return NONPRIVATE_REPORT
   label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
            f"D={plan.denominator:.6g}, steps={plan.steps}"
@@ -186,7 +186,7 @@ def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
   if plan.level == "group":
     gp = group_privacy_epsilon(
         plan.event, group_size=plan.group_size, delta=plan.delta, relation=plan.relation,
-        tv_distance=trunc, epsilon_budget=plan.epsilon_target,
+        tv_distance=trunc, epsilon_budget=plan.epsilon,
         candidates=() if plan.item_delta_target is None else (plan.item_delta_target,))
     item = PrivacyLedger(delta=gp.item_delta if gp.item_delta > 0 else plan.delta,
                          relation=plan.relation, accountant=gp.accountant)
@@ -198,7 +198,7 @@ def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
     return PrivacyReport(epsilon=gp.epsilon, delta=plan.delta, provenance="accountant",
                          level="user", relation=plan.relation, mechanisms=(label,),
                          notes=notes)
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon_target,
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
                          relation=plan.relation)
   ledger.spend(plan.event, label=label)
   return ledger.report(provenance=Provenance.ACCOUNTANT, level=plan.level, notes=notes,

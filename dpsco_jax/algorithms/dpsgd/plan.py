@@ -162,7 +162,7 @@ class DpSgdPlan(NamedTuple):
   noise_std: float       # stage.std, formed in privacy/ (gaussian_noise_std)
   lr: float
   averaging: str
-  epsilon_target: float | None
+  epsilon: float | None            # the target epsilon, a budget (None: explicit z, no target)
   delta: float
   event: Any
   truncation_probability: float
@@ -176,6 +176,11 @@ class DpSgdPlan(NamedTuple):
 
   def public(self) -> str:
     return public_note(self.relation)
+
+  @property
+  def epsilon_target(self) -> float | None:
+    """The target epsilon (the field's former name)."""
+    return self.epsilon
 
 
   def event_after(self, steps: int) -> Any:
@@ -528,7 +533,7 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
   return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,
                    sampling_rate=q, batch=batch, denominator=denominator, capacity=capacity,
                    steps=steps, clip=clip, noise_multiplier=z, stage=stage,
-                   noise_std=stage.std, lr=lr, averaging=averaging, epsilon_target=target,
+                   noise_std=stage.std, lr=lr, averaging=averaging, epsilon=target,
                    delta=delta, event=make_event(z) if z > 0 else None,
                    truncation_probability=trunc, group_size=group_size,
                    item_delta_target=item_delta, noise=noise, mf=mf_noise,
