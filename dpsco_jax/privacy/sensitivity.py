@@ -90,8 +90,12 @@ def gaussian_noise_std(noise_multiplier: float, sensitivity: Sensitivity) -> flo
 
 def noise_multiplier_for_std(std: float, sensitivity: Sensitivity) -> float:
   """The inverse of :func:`gaussian_noise_std`: the ``z`` of a std a paper prescribes (its
-  own closed-form sigma), reported beside the accountant's epsilon of that noise."""
-  return std / sensitivity.value
+  own closed-form sigma), whose epsilon the accountant then reports. Formed as
+  ``std * denominator / bound`` (the float order the presets used)."""
+  if not isinstance(sensitivity, Sensitivity):
+    raise TypeError(f"sensitivity must be a Sensitivity (the stage's own), got "
+                    f"{type(sensitivity).__name__}")
+  return std * sensitivity.denominator / sensitivity.bound
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ import math
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_positive)
+from dpsco_jax.privacy.sensitivity import clipped_mean_sensitivity, noise_multiplier_for_std
 
 VARIANTS = ("interior", "constrained")
 PRESETS = ("practical", "theory")
@@ -156,7 +157,8 @@ def theory_params(n: int, p: int, *, lipschitz: float, smoothness: float, radius
   else:
     T, B, beta, clip, node_std, paper = _constrained(n, p, L, M, R, eps, delta, batch_size,
                                                      where)
-  z = node_std * B / clip
+  # the library's multiplier of the paper's node std on the increment's sensitivity C/B
+  z = noise_multiplier_for_std(node_std, clipped_mean_sensitivity(clip, B))
   paper.update(T=T, B=B, beta=beta, clip=clip, sigma_node=node_std, noise_multiplier=z)
   return SRGDParams(num_steps=T, batch_size=B, beta=beta, clip_norm=clip, noise_multiplier=z,
                     preset="theory", variant=variant, paper=paper)
