@@ -329,12 +329,10 @@ class DPTrainer:
     self._set_stage()
 
   def _set_stage(self) -> None:
-    """The noise stage: ``z`` on the clipper's own sensitivity of its mean (``C / D``, the
-    add/remove one under any relation: the ledger prices replace-one); the std is formed in
-    :mod:`dpsco_jax.privacy.sensitivity`, never here."""
+    """Noise stage: ``z`` on the clipper's own ``C / D`` (add/remove under any relation: the
+    ledger prices replace-one); its std is formed in ``privacy.sensitivity``, never here."""
     self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
-    self.stage = GaussianStage(self.noise_multiplier,
-                               Sensitivity(self.sensitivity, what="clipped mean C/D"), "step")
+    self.stage = GaussianStage(self.noise_multiplier, Sensitivity(self.sensitivity), "step")
     self.noise_stddev = self.stage.std
 
   def _step_event(self, z: float) -> dp_accounting.DpEvent:
