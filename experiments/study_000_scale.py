@@ -19,6 +19,7 @@ It also writes the selected records as one runner-shaped JSON (``--out``) so tha
 
     python experiments/study_000_scale.py [--out experiments/results/study/filter_scale.json]
         [--seeds 600-609]   # the confirmation run on seeds named before it ran
+        [--mode flip]       # label-flipping users instead of huge gradients
 """
 
 from __future__ import annotations
@@ -120,11 +121,13 @@ def main(argv: list[str] | None = None) -> dict:
   ap = argparse.ArgumentParser()
   ap.add_argument("--records", default=RECORDS, help="glob of the FILTER-curve record files")
   ap.add_argument("--out", default=None, help="write the selected records as runner JSON")
+  ap.add_argument("--mode", default="huge", choices=("huge", "flip"),
+                  help="the corruption: huge gradients or label flips")
   ap.add_argument("--seeds", default="300-309",
                   help="first-last seeds (600-609: the fresh confirmation seeds)")
   args = ap.parse_args(argv)
   lo, hi = (int(v) for v in args.seeds.split("-"))
-  records = load(args.records, seeds=range(lo, hi + 1))
+  records = load(args.records, mode=args.mode, seeds=range(lo, hi + 1))
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
