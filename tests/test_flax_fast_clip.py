@@ -458,7 +458,7 @@ def test_auto_on_a_gpu_takes_the_fast_path_for_convolutions():
     batch = (jnp.zeros(shape + (32, 32, 3)), jnp.zeros(shape, jnp.int32))
     level = "item" if len(shape) == 1 else "user"
     f = FastClippedGrad(model, bench_gpu.ce_loss, clip_norm=1.0, level=level, method="auto")
-    # the default conv chunking differs by backend (all users at once on an 80 GiB GPU)
+    # the default conv chunking differs by backend (4x larger chunks on a GPU)
     gpu, cpu = (f.plan(f.params, batch, backend=b, device_memory=80 * 2**30).predicted
                 for b in ("gpu", "cpu"))
     assert gpu["fast"] < gpu["vmap"], (shape, gpu)

@@ -222,9 +222,9 @@ class FastClippedGrad:
       (:mod:`~dpsco_jax.flax.fast_clip_conv`; shapes only); ``None``: all users at once
       (the same numbers, with every conv's patches for the whole batch alive); ``"auto"``
       (default): by backend (:func:`~dpsco_jax.flax.fast_clip_conv.chunk_rule`): on CPU
-      ``CONV_CHUNK_BUDGET`` (0.25), on an accelerator all users at once unless a conv's
-      temporaries exceed ``ACCEL_MEMORY_FRACTION`` of the device's memory. :meth:`plan`
-      reports the rule and each conv's chunk.
+      ``CONV_CHUNK_BUDGET`` (0.25), on an accelerator ``ACCEL_CHUNK_BUDGET`` (1.0: fewer
+      loop trips) and at most ``ACCEL_MEMORY_FRACTION`` of the device's memory per conv.
+      :meth:`plan` reports the rule and each conv's chunk.
 
   Sensitivity: :meth:`sensitivity` (``C`` for the sum under add/remove, ``C/D`` for the mean).
   """

@@ -11,9 +11,9 @@ a ``fori_loop``: only one chunk's patches are ever alive.
 
 The chunk is static, from shapes only (:func:`chunk_users`): the users whose patches (and
 per-user gradients and row norms) fit in ``budget`` times the layer's own activations (its
-inputs plus outputs over the whole batch, which the non-private step holds anyway), or, by
-default on an accelerator, all users unless that would take more than a fraction of the
-device's memory (:func:`chunk_rule`: loop trips cost time there, memory is rarely short). The
+inputs plus outputs over the whole batch, which the non-private step holds anyway): by
+default 0.25 on CPU, and on an accelerator 1.0 capped by a fraction of the device's memory
+(:func:`chunk_rule`: loop trips cost time there). The
 arithmetic per user is exactly the unchunked one (the same :func:`~dpsco_jax.flax.
 fast_clip_norms.kernel_bound` on the same patches), so the certified bounds are unchanged.
 
@@ -42,10 +42,12 @@ _F32 = jnp.float32
 #: stays well inside the issue's 1.2x target (bench_cost.md has the measurements).
 CONV_CHUNK_BUDGET = 0.25
 
-#: ``conv_budget="auto"`` on an accelerator: a conv forms its patches for all users at once
-#: unless one conv's temporaries (patches, row norms, per-user gradients: float32) would
-#: exceed this fraction of the device's memory (:func:`chunk_rule`). A sixteenth leaves room
-#: for the model's activations and for XLA holding two layers' temporaries at once.
+#: ``conv_budget="auto"`` on an accelerator (:func:`chunk_rule`): one chunk's temporaries at
+#: most this fraction of the layer's activations (4x the CPU's: 4x fewer loop trips), and ...
+ACCEL_CHUNK_BUDGET = 1.0
+#: ... at most this fraction of the device's memory (patches, row norms, per-user gradients:
+#: float32). A sixteenth leaves room for the model's activations and for XLA holding two
+#: layers' temporaries at once.
 ACCEL_MEMORY_FRACTION = 1 / 16
 _BYTES = 4  # the patches and per-user gradients are float32
 
@@ -118,31 +120,33 @@ def chunk_rule(conv_budget: float | str | None, backend: str,
   A number or ``None`` is taken as given on every backend. ``"auto"`` (the default) is the
   backend's trade-off, from shapes and the device's memory only:
 
-  * CPU (and a device whose memory is unknown): :data:`CONV_CHUNK_BUDGET` of the layer's
+  * CPU: :data:`CONV_CHUNK_BUDGET` of the layer's
     activations. Chunking cost no time there (bench_cost.md: the item CNN's fast step went
     from 2.23x to 1.89x the non-private step's CPU time when chunked) and the patches of all
     users at once held the step at ~2x the non-private step's memory.
-  * an accelerator: all users at once, unless one conv's temporaries would exceed
-    :data:`ACCEL_MEMORY_FRACTION` of the device's memory; then chunks that fit in it. Each
-    loop trip is a handful of kernel launches on a small batched matmul, and measured on an
-    H100 (``experiments/results/gpu/conv_budget_h100.log``) the CPU budget's 88 trips took
-    the item-level CNN step from 2.59x to 4.22x the non-private step (the user-level CNN,
-    56 trips: 2.34x unchunked, 2.09x chunked; there the rule gives up that 11%), while the
-    unchunked patches held 1.59x the non-private step: memory is what chunking is for, so a
-    GPU chunks only when memory is short."""
+  * an accelerator: :data:`ACCEL_CHUNK_BUDGET` (1.0) of the layer's activations, and never
+    more than :data:`ACCEL_MEMORY_FRACTION` of the device's memory (where known). There each loop trip is
+    a handful of kernel launches on a small batched matmul, so the CPU budget's 88 trips
+    cost time, while all users at once gave up what chunks gain there. Measured on an H100
+    (jax 0.11.2, fp32 highest; ``experiments/results/gpu/conv_budget_h100.log``,
+    ``conv_budget_default_h100.log``), item-level CNN step as a ratio to the non-private
+    step: budget 0.25 (88 trips) 4.22x / 4.48x, **1.0 (22 trips) 2.39x**, 4.0 (1 to 2
+    trips) 2.59x, all users at once 2.57x / 2.59x; user-level CNN: 0.25 (56 trips) 2.09x,
+    all users at once 2.34x (1.0 not yet measured there: between the two, 14 trips)."""
   if conv_budget is None:
     return ChunkRule(None, None, "conv_budget=None: all users at once")
   if conv_budget != "auto":
     return ChunkRule(float(conv_budget), None,
                      f"conv_budget={conv_budget:g} of each conv's activations")
-  if backend == "cpu" or device_bytes is None:
-    where = "cpu" if backend == "cpu" else f"{backend}, device memory unknown"
+  if backend == "cpu":
     return ChunkRule(CONV_CHUNK_BUDGET, None,
-                     f"auto ({where}): {CONV_CHUNK_BUDGET:g} of each conv's activations")
+                     f"auto (cpu): {CONV_CHUNK_BUDGET:g} of each conv's activations")
+  reason = f"auto ({backend}): {ACCEL_CHUNK_BUDGET:g} of each conv's activations"
+  if device_bytes is None:  # the budget alone: a multiple of activations that already fit
+    return ChunkRule(ACCEL_CHUNK_BUDGET, None, reason + " (device memory unknown)")
   limit = int(ACCEL_MEMORY_FRACTION * device_bytes) // _BYTES
-  return ChunkRule(None, limit, f"auto ({backend}): all users at once unless a conv's "
-                   f"temporaries exceed {ACCEL_MEMORY_FRACTION:g} of the device's "
-                   f"{device_bytes / 2**30:.1f} GiB")
+  return ChunkRule(ACCEL_CHUNK_BUDGET, limit, reason + f", at most {ACCEL_MEMORY_FRACTION:g} "
+                   f"of the device's {device_bytes / 2**30:.1f} GiB")
 
 
 def _direct(conv: nnx.Conv, n: int, ghost: str) -> bool:

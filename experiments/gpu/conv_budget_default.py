@@ -3,9 +3,10 @@ against all users at once (``conv_budget=None``) and today's CPU budget
 (``conv_budget=CONV_CHUNK_BUDGET``, the old default everywhere), on bench_gpu's item- and
 user-level CNN steps, beside the non-private step, interleaved in one run (issue 26).
 
-    python experiments/gpu/conv_budget_default.py            # full sizes, < 90 s on an H100
+    python experiments/gpu/conv_budget_default.py            # full sizes, ~75 s on an H100
+    python experiments/gpu/conv_budget_default.py --only cnn_user   # one workload, ~40 s
     python experiments/gpu/conv_budget_default.py --quick    # bench_gpu's tiny sizes (CPU smoke)
-    python experiments/gpu/conv_budget_default.py --extra 1.0 --extra 4.0  # more budgets
+    python experiments/gpu/conv_budget_default.py --extra 4.0   # more budgets (~9 s each)
 
 One line per variant (workload, variant, each conv's chunk of users, ms/step, ratio to the
 non-private step [IQR], compile s) and a JSON last line
@@ -34,13 +35,15 @@ from dpsco_jax.flax.fast_clip import FastClippedGrad  # noqa: E402
 from dpsco_jax.transforms.noise import add_gaussian_noise  # noqa: E402
 
 
-def cnn_workloads(quick: bool):
+def cnn_workloads(quick: bool, only=None):
   """bench_gpu's two CNN workloads, same models and shapes, built alone
   (``bench_gpu.workloads`` draws every workload's data first: 4 GiB for its GLM)."""
   rng = np.random.default_rng(0)
   img, ch = (8, 4) if quick else (32, 32)
   for name, shape in (("cnn_item", (8,) if quick else (1024,)),
                       ("cnn_user", (4, 2) if quick else (256, 8))):
+    if only and name not in only:
+      continue
     batch = (jnp.asarray(rng.standard_normal(shape + (img, img, 3)), jnp.float32),
              jnp.asarray(rng.integers(0, 10, shape), jnp.int32))
     yield name, bg.CNN(ch, 10, nnx.Rngs(0)), bg.ce_loss, batch, shape
@@ -62,6 +65,8 @@ def main() -> None:
   ap.add_argument("--quick", action="store_true", help="bench_gpu's tiny sizes (smoke)")
   ap.add_argument("--extra", type=float, action="append", default=[],
                   help="another conv_budget to time (a fraction of each conv's activations)")
+  ap.add_argument("--only", action="append", choices=("cnn_item", "cnn_user"),
+                  help="time only this workload (repeatable; default both)")
   args = ap.parse_args()
   t_start = time.perf_counter()
   if args.quick:
@@ -80,7 +85,7 @@ def main() -> None:
   variants = [("default", "auto"), ("unchunked", None), ("cpu_budget", fcv.CONV_CHUNK_BUDGET)]
   variants += [(f"budget_{b:g}", b) for b in args.extra]
   out, rules = {}, {}
-  for name, model, loss, batch, shape in cnn_workloads(args.quick):
+  for name, model, loss, batch, shape in cnn_workloads(args.quick, args.only):
     steps, params, _, level = bg.step_functions(model, loss, shape)
     rows = shape[0]
     fn, st = steps["nonprivate"]
