@@ -16,12 +16,28 @@ Method (the benchmark machines are small, noisy and shared):
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
+
+
+def smoke_xla_flags() -> None:
+  """For a ``--quick`` smoke run: XLA:CPU compiles several times faster unoptimised and without
+  its fusion emitters (a jaxlib < 0.11 switch: 0.11 aborts on the unknown flag). Must run before
+  the backend starts; the costs and times are then those of unoptimised code, meaningful as a
+  shape / plumbing check only."""
+  from importlib.metadata import version  # noqa: PLC0415
+  old_jaxlib = tuple(int(x) for x in version("jaxlib").split(".")[:2]) < (0, 11)
+  flags = os.environ.get("XLA_FLAGS", "")
+  for flag in ("--xla_backend_optimization_level=0",
+               *(["--xla_cpu_use_fusion_emitters=false"] if old_jaxlib else [])):
+    if flag.split("=")[0] not in flags:
+      flags += " " + flag
+  os.environ["XLA_FLAGS"] = flags.strip()
 
 
 @dataclass

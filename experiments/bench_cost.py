@@ -57,7 +57,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import Candidate, compare, format_comparison  # noqa: E402
+from _timing import Candidate, compare, format_comparison, smoke_xla_flags  # noqa: E402
 import bench_gpu  # noqa: E402
 from bench_gpu import CLIP, CNN, LM, Z, ce_loss, lm_loss, logistic_loss  # noqa: E402
 
@@ -276,18 +276,7 @@ def main() -> None:
   ap.add_argument("--only", nargs="*", help="workload names to run")
   args = ap.parse_args()
   if args.quick:
-    # A smoke run: XLA:CPU compiles ~10x faster unoptimised and without its fusion emitters
-    # (set before the backend starts); its costs and times are then those of unoptimised code,
-    # meaningful as a shape / plumbing check only.
-    # XLA aborts on an unknown flag: jaxlib 0.11 has no fusion-emitters switch.
-    from importlib.metadata import version
-    old_jaxlib = tuple(int(x) for x in version("jaxlib").split(".")[:2]) < (0, 11)
-    flags = os.environ.get("XLA_FLAGS", "")
-    for flag in ("--xla_backend_optimization_level=0",
-                 *(["--xla_cpu_use_fusion_emitters=false"] if old_jaxlib else [])):
-      if flag.split("=")[0] not in flags:
-        flags += " " + flag
-    os.environ["XLA_FLAGS"] = flags.strip()
+    smoke_xla_flags()
   jax.config.update("jax_default_matmul_precision", "highest")
   dev = jax.devices()[0]
   print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}); C={CLIP}, z={Z}; "

@@ -28,7 +28,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_gpu as bg  # noqa: E402
-from _timing import Candidate, compare  # noqa: E402
+from _timing import Candidate, compare, smoke_xla_flags  # noqa: E402
 
 from dpsco_jax.flax import fast_clip_conv as fcv  # noqa: E402
 from dpsco_jax.flax.fast_clip import FastClippedGrad  # noqa: E402
@@ -70,17 +70,7 @@ def main() -> None:
   args = ap.parse_args()
   t_start = time.perf_counter()
   if args.quick:
-    # A smoke run (as bench_cost.py --quick): XLA:CPU compiles several times faster
-    # unoptimised and without its fusion emitters (jaxlib < 0.11 only: 0.11 aborts on the
-    # flag); set before the backend starts. Its times check the plumbing, not the costs.
-    from importlib.metadata import version  # noqa: PLC0415
-    old_jaxlib = tuple(int(x) for x in version("jaxlib").split(".")[:2]) < (0, 11)
-    flags = os.environ.get("XLA_FLAGS", "")
-    for flag in ("--xla_backend_optimization_level=0",
-                 *(["--xla_cpu_use_fusion_emitters=false"] if old_jaxlib else [])):
-      if flag.split("=")[0] not in flags:
-        flags += " " + flag
-    os.environ["XLA_FLAGS"] = flags.strip()
+    smoke_xla_flags()
   jax.config.update("jax_default_matmul_precision", "highest")
   variants = [("default", "auto"), ("unchunked", None), ("cpu_budget", fcv.CONV_CHUNK_BUDGET)]
   variants += [(f"budget_{b:g}", b) for b in args.extra]
