@@ -60,7 +60,67 @@ def pytest_xdist_make_scheduler(config, log):
         return nodeid.split("@")[-1]
       return _GROUPED.get(nodeid, nodeid.split("::", 1)[0])
 
+    def _assign_work_unit(self, node) -> None:
+      if not getattr(self, "_ordered", False):   # once, before the first unit goes out
+        self._ordered = True
+        costs = _scope_costs(self.workqueue)
+        for scope in sorted(self.workqueue, key=lambda s: -costs[s]):
+          self.workqueue.move_to_end(scope)
+      super()._assign_work_unit(node)
+
   return FileGroupScheduling(config, log)
+
+
+# Longest scope first (LPT): xdist hands out the scopes with the most *tests* first, which sent
+# the slowest files last, since they are the ones with few tests (the 4-device subprocesses,
+# the benchmark smokes, the fresh-seed claims: 1-5 tests of 15-90 s each), so one worker was
+# still in a 30-90 s file while the other had nothing left. Seconds of each file's tests under
+# ``make test`` on the 2-core CPU box (rounded; from --durations and per-file runs); a test in
+# _TEST_SECONDS counts its own, a file not listed _SECONDS_PER_TEST per test. A worker takes
+# its next scope when it has 2 tests left (at once for a 1-2 test file), so with the slow small
+# files last each worker held one or two of them when the queue ran dry. Only the order depends
+# on these numbers, so they need only be roughly right; the tail is now the quick small files.
+_FILE_SECONDS = {
+    "tests/test_claims_fresh_seeds.py": 90,
+    "tests/test_flax_fast_clip_chunks.py": 65,
+    "tests/test_plan_invariance.py": 65,
+    "tests/test_runner_user_code.py": 60,
+    "tests/test_bench_smoke.py": 26,   # without bench_gpu --quick (_TEST_SECONDS)
+    "tests/test_mesh_output_perturbation.py": 37,
+    "tests/test_bench_cost.py": 5,     # without bench_cost --quick (_TEST_SECONDS)
+    "tests/test_bench_scale.py": 28,
+    "tests/test_runner_mesh.py": 23,
+    "tests/test_flax_trainer_mesh.py": 23,
+    "tests/test_distributed.py": 20,
+    "tests/test_mesh.py": 20,
+    "tests/test_mesh_resque.py": 18,
+    "tests/test_mesh_filter.py": 13,
+    "tests/test_mesh_sampling.py": 12,
+    "tests/test_mesh_alg1.py": 11,
+    "tests/test_mesh_bilevel.py": 10,
+    "tests/test_mesh_host.py": 8,
+}
+_TEST_SECONDS = {   # the two tests of the bench_steps group
+    "tests/test_bench_cost.py::test_bench_cost_quick_prints_json_table": 30,
+    "tests/test_bench_smoke.py::test_bench_gpu_quick_prints_json_summary": 14,
+}
+_SECONDS_PER_TEST = 0.8
+
+
+def _scope_costs(workqueue) -> dict:
+  """Estimated seconds of each scope of ``workqueue``: its tests' shares of _FILE_SECONDS."""
+  per_file: dict = {}
+  for nodeids in workqueue.values():
+    for nodeid in nodeids:
+      if nodeid not in _TEST_SECONDS:
+        f = nodeid.split("::", 1)[0]
+        per_file[f] = per_file.get(f, 0) + 1
+  def test_cost(nodeid):
+    if nodeid in _TEST_SECONDS:
+      return _TEST_SECONDS[nodeid]
+    f = nodeid.split("::", 1)[0]
+    return _FILE_SECONDS[f] / per_file[f] if f in _FILE_SECONDS else _SECONDS_PER_TEST
+  return {scope: sum(test_cost(n) for n in nodeids) for scope, nodeids in workqueue.items()}
 
 
 def pytest_collection_modifyitems(config, items):
