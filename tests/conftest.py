@@ -99,6 +99,16 @@ _FILE_SECONDS = {
     "tests/test_mesh_alg1.py": 11,
     "tests/test_mesh_bilevel.py": 10,
     "tests/test_mesh_host.py": 8,
+    "tests/test_grads.py": 30,
+    "tests/test_flax_user_data.py": 15,
+    "tests/test_host_placement.py": 10,
+    "tests/test_flax_fast_clip_cost.py": 9,
+    "tests/test_readme.py": 7,
+    "tests/test_audit_numerics.py": 7,
+    "tests/test_noise.py": 5,
+    "tests/test_package_graph.py": 5,
+    "tests/test_result_fallback.py": 5,
+    "tests/test_problem_defaults.py": 4,
 }
 _TEST_SECONDS = {   # the two tests of the bench_steps group
     "tests/test_bench_cost.py::test_bench_cost_quick_prints_json_table": 30,
