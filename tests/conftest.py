@@ -31,6 +31,24 @@ def bench_steps_cache(tmp_path_factory):
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
+@pytest.fixture(scope="module")
+def unoptimized_codegen():
+  """For a module whose time is XLA compiling many small programs that then run for little
+  (``pytestmark = pytest.mark.usefixtures("unoptimized_codegen")``): its programs compile with
+  ``jax_disable_most_optimizations`` (XLA backend optimisation level 0, no expensive LLVM
+  passes; the HLO passes, buffer assignment included, still run), as the 4-device subprocesses
+  do with ``multidevice_users.FAST_COMPILE``. Only code generation is unoptimised: the numbers
+  the tests compare are those of the same HLO (tests/test_flax_fast_clip_chunks.py: 73 -> 32 s
+  CPU; tests/test_runner_user_code.py: 98 -> 57 s). The jit caches are cleared on the way out,
+  so no later module runs an executable compiled here."""
+  import jax
+  before = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", before)
+  jax.clear_caches()
+
+
 # Which worker runs what under ``make test`` (``-n 2 --dist loadgroup``). With pytest >= 9
 # xdist's loadgroup no longer groups anything: it tags a grouped test by rewriting
 # ``item._nodeid``, which pytest 9 no longer reads (``nodeid`` comes from ``item._id``), so
