@@ -25,6 +25,8 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 from dpsco_jax.flax.fast_clip import FastClippedGrad
 from dpsco_jax.grads import per_user_grads
 
+pytestmark = pytest.mark.usefixtures("unoptimized_codegen")  # conftest.py: compile-bound
+
 TOL = 1e-6
 
 
