@@ -25,8 +25,6 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 from dpsco_jax.flax.fast_clip import FastClippedGrad
 from dpsco_jax.grads import per_user_grads
 
-pytestmark = pytest.mark.usefixtures("unoptimized_codegen")  # conftest.py: compile-bound
-
 TOL = 1e-6
 
 
