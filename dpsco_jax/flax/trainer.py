@@ -274,7 +274,7 @@ class DPTrainer:
   def _plan(self, expected_batch_size, noise_multiplier, target_epsilon, num_steps,
             epsilon_budget) -> None:
     if self.cyclic is not None:
-      return self._plan_cyclic(target_epsilon, epsilon_budget)
+      return tn.plan_cyclic(self, target_epsilon, epsilon_budget)
     if expected_batch_size is None:
       if self.relation == "add_remove":
         raise ValueError(
@@ -310,23 +310,15 @@ class DPTrainer:
         raise ValueError(f"noise_multiplier={self.noise_multiplier:g} over num_steps={steps} "
                          f"gives epsilon {planned:.4g} > target_epsilon={target:g}: a target "
                          "epsilon is a budget")
-    caps = [b for b in (target, budget) if b is not None]
-    self.ledger = PrivacyLedger(delta=self.delta, epsilon_budget=min(caps) if caps else None,
-                                relation=self.relation, accountant=self.accountant)
+    self._open_ledger(target, budget)
     self.ledger.check(self.event, label=_LABEL)  # the accountant can honour it; one step fits
     self._set_stage()
 
-  def _plan_cyclic(self, target_epsilon, epsilon_budget) -> None:
-    """The DP-SGD driver's cyclic plan (calibrated there); the whole run checked here."""
-    p = self.cyclic.plan
-    self.relation, self.q, self.denominator = p.relation, p.sampling_rate, p.denominator
-    self.noise_multiplier, self.event = p.noise_multiplier, p.event
-    caps = [_optional(b, check_epsilon, "epsilon") for b in (target_epsilon, epsilon_budget)
-            if b is not None]
+  def _open_ledger(self, *caps: float | None) -> None:
+    """The run's ledger; its budget is the tightest of the checked ``caps`` given."""
+    caps = [c for c in caps if c is not None]
     self.ledger = PrivacyLedger(delta=self.delta, epsilon_budget=min(caps) if caps else None,
                                 relation=self.relation, accountant=self.accountant)
-    self.cyclic.check_run(self.ledger, p.steps)  # an explicit z over budget: refused now
-    self._set_stage()
 
   def _set_stage(self) -> None:
     """Noise stage: ``z`` on the clipper's own ``C / D`` (add/remove under any relation: the

@@ -46,7 +46,7 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-from dpsco_jax._checks import check_choice, check_int
+from dpsco_jax._checks import check_choice, check_epsilon, check_int
 from dpsco_jax.algorithms.dpsgd.driver import _noise_stage, cyclic_slots
 from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan, plan_dp_sgd
 from dpsco_jax.privacy import PUBLIC, LedgerIntegrityError, PrivacyLedger
@@ -203,6 +203,19 @@ class CyclicSchedule:
             f"permutation from the key); participation: at most {p.participations} per user, "
             f">= {p.min_sep} steps apart; the run's prefix is one Gaussian (plan.event_after),"
             f" charged per block as mu^2 increments; clipping: {method}")
+
+
+def plan_cyclic(trainer: Any, target_epsilon: Any, epsilon_budget: Any) -> None:
+  """:meth:`DPTrainer._plan` of a cyclic trainer: the DP-SGD driver's cyclic plan (calibrated
+  there) taken as the trainer's; the whole run checked against its ledger now, so an explicit
+  ``z`` over budget is refused before any step."""
+  p = trainer.cyclic.plan
+  trainer.relation, trainer.q, trainer.denominator = p.relation, p.sampling_rate, p.denominator
+  trainer.noise_multiplier, trainer.event = p.noise_multiplier, p.event
+  trainer._open_ledger(*(None if b is None else check_epsilon(b, "epsilon")
+                         for b in (target_epsilon, epsilon_budget)))
+  trainer.cyclic.check_run(trainer.ledger, p.steps)
+  trainer._set_stage()
 
 
 def cyclic_release_fn(trainer: Any, steps: int, noise: bool

@@ -64,8 +64,9 @@ class Sensitivity:
 
   def under(self, relation: str) -> float:
     """The L2 bound under ``relation``: ``C / D`` under add/remove and zero-out, ``2 C / D``
-    under replace-one (the paper formulas' ``Delta``)."""
-    return gaussian_sensitivity_factor(check_relation(relation)) * self.bound / self.denominator
+    under replace-one (the paper formulas' ``Delta``). The factor multiplies the quotient: a
+    power of two, so it is exact, and no intermediate ``2 C`` can overflow."""
+    return gaussian_sensitivity_factor(check_relation(relation)) * self.value
 
 
 def clipped_mean_sensitivity(clip_norm: float, denominator: float = 1.0) -> Sensitivity:

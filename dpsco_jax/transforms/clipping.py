@@ -32,8 +32,8 @@ from dpsco_jax._checks import (_traced, check_bool, check_choice, check_positive
                                check_user_mask)
 
 PyTree = Any
-from dpsco_jax.privacy.relations import (  # noqa: E402  (one vocabulary)
-    RELATIONS, gaussian_sensitivity_factor)
+from dpsco_jax.privacy.relations import RELATIONS  # noqa: E402  (one vocabulary)
+from dpsco_jax.privacy.sensitivity import clipped_mean_sensitivity  # noqa: E402
 
 
 # Precision contract. A clip factor is part of the privacy guarantee, so norms and factors are
@@ -341,12 +341,11 @@ def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
   check_positive(clip_norm, "clip_norm")
   check_choice(mode, "mode", ("mean", "sum"))
   check_choice(relation, "relation", RELATIONS)
-  sens = float(clip_norm)
-  if mode == "mean":
-    sens /= check_positive(denominator, "denominator")
-  if not math.isfinite(sens):
+  denom = check_positive(denominator, "denominator") if mode == "mean" else 1.0
+  if not math.isfinite(float(clip_norm) / denom):
     raise ValueError(f"clip_norm / denominator overflows ({clip_norm!r} / {denominator!r})")
-  return gaussian_sensitivity_factor(relation) * sens   # the one place the relation scales it
+  # the stage's own Sensitivity; .under is the one place the relation scales it
+  return clipped_mean_sensitivity(float(clip_norm), denom).under(relation)
 
 
 def clip_and_aggregate(clip_norm: float, mode: str = "mean",
