@@ -54,7 +54,7 @@ def _row(name: str, plan, T: int, seconds: float) -> dict:
     inv = mf.toeplitz_inverse_coefs(np.asarray(plan.mf.coefs), T)
     unit, step = mf.prefix_errors(inv), float(np.sqrt(np.sum(inv ** 2)))
   var = z * z * unit
-  return {"mechanism": name, "T": T, "epsilon": plan.epsilon_target, "z": z,
+  return {"mechanism": name, "T": T, "epsilon": plan.epsilon, "z": z,
           "step_std": z * step, "prefix_max": float(var.max() / T),
           "prefix_mean": float(var.mean() / T),
           "bands": None if plan.mf is None else len(plan.mf.coefs),

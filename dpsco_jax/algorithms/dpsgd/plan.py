@@ -174,15 +174,6 @@ class DpSgdPlan(NamedTuple):
   min_sep: int | None = None         # ... any two at least this many steps apart
   group_rows: int | None = None      # banded_poisson: rows G of the largest group
 
-  def public(self) -> str:
-    return public_note(self.relation)
-
-  @property
-  def epsilon_target(self) -> float | None:
-    """The target epsilon (the field's former name)."""
-    return self.epsilon
-
-
   def event_after(self, steps: int) -> Any:
     """The event of the first ``steps`` steps (progress reports): the plan's own event
     rebuilt for the shorter run (MF: the strategy's sensitivity over ``steps`` steps)."""
@@ -304,7 +295,7 @@ def _amplified_sampling(n: int, groups: int, rate: float | None, batch_size: int
   the config's ``sampling_rate`` and ``batch_size`` (``None``: not given)."""
   size = -(-n // groups)
   if rate is not None:
-    p = _positive_rate(rate)
+    p = check_probability(rate, "sampling_rate")   # in (0, 1]
   else:
     batch = _batch_at_most(batch_size, size, n, "is the expected batch p * G of b-min-sep sampling "
                            f"and must be <= G = ceil(n / min_separation) = {size}")
@@ -402,14 +393,6 @@ def public_rows(declared: int | None, relation: str, *, realized_rows: int,
   return realized_rows
 
 
-def _positive_rate(rate: float) -> float:
-  """The declared Poisson rate ``sampling_rate``, in (0, 1]."""
-  q = check_probability(rate, "sampling_rate")
-  if q <= 0:
-    raise ValueError(f"sampling_rate must be > 0, got {cfg.sampling_rate!r}")
-  return q
-
-
 def _batch_at_most(batch_size: int | None, most: int, n: int, why: str) -> int:
   """``batch_size`` (``None``: default ``round(sqrt(n))`` capped at ``most``), refused above
   ``most`` (``why`` completes the message)."""
@@ -427,7 +410,7 @@ def _sampling(sampling: str, n: int, rate: float | None, batch_size: int | None
   if sampling == "full":
     return 1.0, n, float(n), None
   if sampling == "poisson" and rate is not None:
-    q = _positive_rate(rate)
+    q = check_probability(rate, "sampling_rate")   # in (0, 1]
   else:
     batch = _batch_at_most(batch_size, n, n, f"must be <= n_users ({n})")
     q = batch / n
