@@ -267,7 +267,7 @@ class ConvPlan(NamedTuple):
 
 
 def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[tuple],
-              n_users: int, ghost: str, budget: float | ChunkRule | None) -> ConvPlan:
+              n_users: int, ghost: str, rule: ChunkRule) -> ConvPlan:
   """How a conv layer is clipped, from its calls' batched shapes (``[U, ...]``): the chunk,
   the form, and what is held until the weights are known: the per-user gradients (``k q``
   per user) or, when smaller (a late layer: few positions, many weights), the inputs and
@@ -276,7 +276,6 @@ def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[t
   n = sum(fn._prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
   direct = _direct(conv, n, ghost)
   per_user = per_user_elements(conv, n, direct)
-  rule = budget if isinstance(budget, ChunkRule) else ChunkRule(budget, None, "")
   chunk = chunk_users(n_users, per_user, layer_elements(in_shapes, out_shapes), rule.budget,
                       rule.limit)
   acts = layer_elements(in_shapes, out_shapes) // max(1, n_users)

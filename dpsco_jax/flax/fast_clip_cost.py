@@ -96,15 +96,14 @@ def _held(size: int, n_users: int) -> float:
 
 
 def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: str,
-                backend: str = "cpu",
-                conv_budget: float | fcv.ChunkRule | None = fcv.CONV_CHUNK_BUDGET
+                backend: str = "cpu", conv_rule: fcv.ChunkRule | None = None
                 ) -> tuple[LayerCost, ...]:
   """Per-layer predicted costs for ``plan`` (``module_of(path)`` gives the layer,
   ``leaf_sizes`` maps parameter paths to their sizes) on ``backend``
   (``jax.default_backend()`` names; only convolutions' vmap cost depends on it), with
-  convolutions chunked by ``conv_budget`` (a fraction of the layer's activations, or the
-  backend's :class:`~dpsco_jax.flax.fast_clip_conv.ChunkRule`) as :class:`FastClippedGrad`
-  does."""
+  convolutions chunked by ``conv_rule`` as :class:`FastClippedGrad` does (default:
+  :data:`~dpsco_jax.flax.fast_clip_conv.CONV_CHUNK_BUDGET` of each conv's activations)."""
+  rule = conv_rule or fcv.chunk_rule(fcv.CONV_CHUNK_BUDGET, backend, None)
   grouped = GROUPED_CONV_WEIGHT.get(backend, 0.0)
   rows = []
   seen_gram, seen_rows = set(), set()  # input keys (_input_key) already counted
@@ -152,7 +151,7 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
     if kind == "conv":  # as FastClippedGrad clips it: fast_clip_conv.plan_conv
       batched = lambda s: (u, m) + tuple(s)
       cp = fcv.plan_conv(mod, [batched(c.ins[0].shape) for c in calls],
-                         [batched(c.out.shape) for c in calls], u, ghost, conv_budget)
+                         [batched(c.out.shape) for c in calls], u, ghost, rule)
       chunk, release = cp.chunk, ("recompute" if cp.recomputed else "dense")
       # one chunk's temporaries (patches, Gram or per-user gradients) and what is held per
       # user until the weights are known; a recomputed release is a second n p q per user
