@@ -40,11 +40,14 @@ FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
 
 def cells(config: dict) -> list[tuple[tuple, dict]]:
   """(key, single-cell config) in run order: Algorithm 1 (cheap) everywhere; Algorithm 3 at
-  m = 64 in the config's fraction order; DP-SGD; Algorithm 3 at m = 16; non-private SGD."""
+  m = 64 in the config's fraction order; DP-SGD; Algorithm 3 at the config's other m (16 on
+  the n = 1e4 curve); non-private SGD."""
   rows = {r["algorithm"]: r for r in config["experiments"]}
   base = {k: v for k, v in config.items() if k not in ("experiments", "m", "corruption")}
-  order = ([(ALG1, m) for m in config["m"]] + [(ALG3, 64)] + [(DPSGD, m) for m in config["m"]]
-           + [(ALG3, 16)] + [(NONPRIV, m) for m in config["m"]])
+  ms = config["m"]
+  order = ([(ALG1, m) for m in ms] + [(ALG3, m) for m in ms if m == 64]
+           + [(DPSGD, m) for m in ms] + [(ALG3, m) for m in ms if m != 64]
+           + [(NONPRIV, m) for m in ms])
   out = []
   for alg, m in order:
     for f in config["corruption"]:

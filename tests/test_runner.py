@@ -184,3 +184,32 @@ def test_problem_cache_is_bounded_and_shared_across_rows():
     gc.enable()
   assert len(built) == len(seeds)
   assert max(alive) <= runner.ProblemCache().maxsize < len(seeds)
+
+
+def test_a_problem_factory_gets_its_own_keys_and_an_epsilon_sweep_shares_it():
+  """A problem's data cannot depend on the algorithm: its factory is given only its schema's
+  keys (and ``problem`` / ``seed``), so a sweep over ``epsilon`` or ``delta`` builds the problem
+  once per seed. Before, ``logistic_corrupted`` was keyed on every key but the algorithm's name
+  and was rebuilt for each epsilon of a sweep (and saw epsilon)."""
+  algorithms, problems = runner.registry()
+  seen = []
+
+  def counting(cfg, key):
+    seen.append(dict(cfg))
+    return problems["logistic_corrupted"](cfg, key)
+  probs = dict(problems, logistic_corrupted=counting)
+  runs = runner.expand({"problem": "logistic_corrupted", "n_users": 16, "m": 2, "d": 2,
+                        "corruption": 0.1, "seed": [0, 1],
+                        "experiments": [{"algorithm": "dp_sgd_user", "epsilon": [1.0, 4.0],
+                                         "delta": [1e-5, 1e-6], STEPS: 2, BATCH: 4}]})
+  runs = [runner._checked(r, algorithms, probs) for r in runs]
+  records = runner.execute(runs, algorithms=algorithms, problems=probs, progress=False)
+  assert len(records) == 8 and all(r["status"] == "ok" for r in records)
+  assert len(seen) == 2                                        # one problem per seed
+  assert sorted(c["seed"] for c in seen) == [0, 1]
+  for cfg in seen:
+    assert set(cfg) <= {"problem", "seed", "n_users", "m", "d", "corruption",
+                        "corruption_mode", "radius", "heterogeneity", "n_eval"}, cfg
+    assert not {"epsilon", "delta", "algorithm", STEPS, BATCH} & set(cfg)
+  # the records still hold the swept privacy keys: the record's config is the run's
+  assert sorted({r["target_epsilon"] for r in records}) == [1.0, 4.0]

@@ -6,6 +6,7 @@ problem cache key, a registered driver's record, JSON-safe values)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any, Callable
@@ -14,19 +15,26 @@ import jax
 import numpy as np
 
 from dpsco_jax.runner import user as runner_user
-from dpsco_jax.config.families import USER_PROBLEM
+from dpsco_jax.config.families import PROBLEM_SCHEMAS, USER_PROBLEM
+
+
+def problem_config(cfg: dict) -> dict:
+  """The keys of ``cfg`` a registered problem's factory is given: its schema's fields and
+  ``problem`` / ``seed``, never the algorithm's (a problem's data cannot depend on ``epsilon``
+  or a step size, and a sweep over them shares one problem). A user problem (``problem:
+  user``) gets the whole config: :mod:`dpsco_jax.runner.user` builds the run from it."""
+  if cfg["problem"] == USER_PROBLEM:
+    return cfg
+  names = {f.name for f in dataclasses.fields(PROBLEM_SCHEMAS[cfg["problem"]])}
+  return {k: v for k, v in cfg.items() if k in names or k in ("problem", "seed")}
 
 
 def _problem_cache_key(cfg: dict) -> tuple:
-  """Runs that share this key share one problem instance (and its data)."""
-  from dpsco_jax.problems import PROBLEM_KEYS, PROBLEM_NAMES
+  """Runs that share this key share one problem instance (and its data): the problem's own
+  keys and the seed (:func:`problem_config`)."""
   if cfg["problem"] == USER_PROBLEM:
     return runner_user.cache_key(cfg)
-  if cfg["problem"] in PROBLEM_NAMES:
-    fields = ("problem", "seed") + PROBLEM_KEYS
-    return tuple((k, repr(cfg.get(k))) for k in fields)
-  # a module's own problem may read any key: only the algorithm's identity is excluded
-  return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k != "algorithm"))
+  return tuple(sorted((k, repr(v)) for k, v in problem_config(cfg).items()))
 
 
 def run_keys(cfg: dict) -> tuple[jax.Array, jax.Array]:
@@ -41,7 +49,7 @@ def cached_problem(cfg: dict, problems: dict, cache: dict | None, key: jax.Array
   ck = _problem_cache_key(cfg)
   if cache is not None and ck in cache:
     return cache[ck]
-  problem = problems[cfg["problem"]](cfg, key)
+  problem = problems[cfg["problem"]](problem_config(cfg), key)
   if cache is not None:
     cache[ck] = problem
   return problem
