@@ -67,8 +67,8 @@ def test_cyclic_trainer_is_dp_sgd_user_run(noise):
                   loss_fn, _data(), jax.random.key(5))
   tr = _trainer(noise)
   hist = tr.train(12, report_every=5)
-  assert tr.noise_multiplier == pytest.approx(res.record["noise_multiplier"], rel=1e-12)
-  assert tr.noise_stddev == pytest.approx(res.record["noise_std"], rel=1e-12)
+  assert tr.noise_multiplier == res.record["noise_multiplier"]   # one calibrator, same inputs
+  assert tr.noise_stddev == res.record["noise_std"]      # the plan's stage: bit for bit
   np.testing.assert_allclose(_flat(nnx.state(tr._user_model, nnx.Param)),
                              _flat(nnx.state(model, nnx.Param)), rtol=1e-5, atol=1e-6)
   assert tr.privacy_report().epsilon == pytest.approx(res.privacy.epsilon, rel=1e-9)

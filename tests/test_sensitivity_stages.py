@@ -21,6 +21,8 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 import pytest
 
 from dpsco_jax.algorithms.registry import algorithms
@@ -239,7 +241,10 @@ def test_dp_trainer_stage():
   import test_flax_trainer as tft
   tr = tft._trainer()
   assert isinstance(tr.stage, GaussianStage)
-  assert tr.noise_stddev == tr.stage.std == 1.2 * tr.sensitivity
+  # the DP-SGD plan's stage (z * C / D in privacy/'s float order), z times the C / D it reports
+  assert tr.noise_stddev == tr.stage.std == gaussian_noise_std(
+      1.2, clipped_mean_sensitivity(tr.clip_norm, tr.denominator))
+  assert tr.noise_stddev == pytest.approx(1.2 * tr.sensitivity, rel=1e-15)
   _check_stage(tr.stage, tr.relation)
 
 
@@ -263,3 +268,24 @@ def test_the_driver_adds_the_stage_std():
     assert got == pytest.approx(stage.std, rel=0.05), rel     # 4000 draws: ~1.1% std error
     assert stage.std == pytest.approx(p.noise_multiplier * stage.sensitivity.under(
         "add_remove"), rel=1e-15)                            # not 2 z C / D under replace-one
+
+
+def test_srgd_privatizer_adds_its_plans_std_bit_for_bit(monkeypatch):
+  """SRGD's privatizer forms its std from the plan's own stage (``clipped_mean_sensitivity(C,
+  B)``), so the std it adds is ``SRGDPlan.noise_std`` exactly. It used to wrap the quotient
+  ``C / B`` as a bound over 1, ``z * (C / B)`` against the plan's ``(z * C) / B``: 1 ulp apart
+  on some of these draws (the last assertion shows the old form would fail here)."""
+  from dpsco_jax.algorithms.srgd import driver as srgd_driver
+  from dpsco_jax.privacy.sensitivity import clipped_mean_sensitivity
+  seen = []
+  monkeypatch.setattr(srgd_driver, "prefix_sum_noise",
+                      lambda std, *a, **k: seen.append(std) or optax.identity())
+  rng = np.random.default_rng(0)
+  old_differs = 0
+  for _ in range(200):
+    z, c, b = float(rng.uniform(0.3, 5)), float(rng.uniform(0.1, 10)), int(rng.integers(2, 999))
+    srgd_driver.srgd_privatizer(clip_norm=c, batch_size=b, noise_multiplier=z, num_steps=4,
+                                key=jax.random.key(0))
+    assert seen[-1] == GaussianStage(z, clipped_mean_sensitivity(c, b)).std == z * c / b
+    old_differs += (z * (c / b)) != seen[-1]
+  assert old_differs > 0

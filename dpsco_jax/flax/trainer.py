@@ -83,7 +83,7 @@ from dpsco_jax.algorithms.dpsgd.plan import NOISES, check_mf_sampling
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
                                calibrate_noise_multiplier, check_relation, epsilon_of)
 from dpsco_jax.privacy.ledger import Epsilon, epsilon_lower_bound
-from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
+from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.transforms.noise import add_gaussian_noise
 
 PyTree = Any
@@ -321,10 +321,12 @@ class DPTrainer:
                                 relation=self.relation, accountant=self.accountant)
 
   def _set_stage(self) -> None:
-    """Noise stage: ``z`` on the clipper's own ``C / D`` (add/remove under any relation: the
-    ledger prices replace-one); its std is formed in ``privacy.sensitivity``, never here."""
+    """Noise stage: ``z`` on the clipped mean's ``C / D`` (add/remove under any relation: the
+    ledger prices replace-one), the DP-SGD plan's own stage, so the std (formed in
+    ``privacy.sensitivity``, never here) is the plan's bit for bit."""
     self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
-    self.stage = GaussianStage(self.noise_multiplier, Sensitivity(self.sensitivity), "step")
+    self.stage = GaussianStage(self.noise_multiplier,
+                               clipped_mean_sensitivity(self.clip_norm, self.denominator), "step")
     self.noise_stddev = self.stage.std
 
   def _step_event(self, z: float) -> dp_accounting.DpEvent:

@@ -32,7 +32,7 @@ from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
     LocGDConfig, loc_gd_event, loc_gd_rounds, loc_gd_stage, loc_gd_step_event,
     paper_loc_gd_stddev)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
-from dpsco_jax.privacy.relations import check_relation, gaussian_sensitivity_factor
+from dpsco_jax.privacy.relations import check_relation
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 
 RELATION = "replace_one"  # paper §2: neighbouring datasets differ in one replaced point
@@ -187,9 +187,10 @@ def paper_bilevel_noise(bcfg: BilevelConfig, n: int, *, epsilon: float, delta: f
   std, §5); inner std from :func:`paper_loc_gd_stddev`."""
   t = bcfg.steps
   e0, d0 = epsilon / math.sqrt(18 * t), delta / (3 * (t + 1))
-  # Lemma 2.2 with the replace-one sensitivity 2 C_out / n (the factor from privacy/)
-  out_sigma = (math.sqrt(2 * math.log(5 / (4 * d0))) * gaussian_sensitivity_factor(RELATION)
-               * bcfg.clip_out / n / e0)
+  # Lemma 2.2 with the replace-one sensitivity 2 C_out / n (privacy/'s stage: as the inner
+  # solves' paper_loc_gd_stddev)
+  sens = clipped_mean_sensitivity(bcfg.clip_out, n).under(RELATION)
+  out_sigma = math.sqrt(2.0 * math.log(5.0 / (4.0 * d0))) * sens / e0
   return {"outer_std": out_sigma,
           "inner_y_std": paper_loc_gd_stddev(bcfg.inner_y, n, epsilon=e0, delta=d0),
           "inner_lam_std": paper_loc_gd_stddev(bcfg.inner_lam, n, epsilon=e0, delta=d0),

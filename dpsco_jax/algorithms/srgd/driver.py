@@ -79,7 +79,7 @@ from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, interior_c_d
 from dpsco_jax.data.problem import PublicFacts
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
-from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
+from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import (aggregate, aggregation_sensitivity, clip_per_user,
                                            tree_global_norms)
@@ -109,12 +109,12 @@ def srgd_privatizer(*, clip_norm: float, batch_size: int, noise_multiplier: floa
   check_choice(noise, "noise", NOISES)
   if noise in ("banded", "blt") and (not mf or mf[0] != noise):
     raise ValueError(f"noise={noise!r} needs its strategy: mf=('{noise}', ...) (the plan's)")
-  # The stage carries the clipped mean's own sensitivity (clipping's aggregation_sensitivity:
-  # the zero-out bound of the fixed-B mean is the add/remove one, C/B); its std is formed in
-  # privacy/ and replace-one is the accountant's business.
-  std = GaussianStage(check_nonnegative(noise_multiplier, "noise_multiplier"), Sensitivity(
-      aggregation_sensitivity(clip_norm, mode="mean", denominator=batch_size,
-                              relation="add_remove"), what="clipped mean C/B")).std
+  # The stage carries the clipped mean's own sensitivity (the zero-out bound of the fixed-B
+  # mean is the add/remove one, C/B), the very stage of the plan (SRGDPlan.stage), so this std
+  # is the plan's noise_std bit for bit; replace-one is the accountant's business.
+  aggregation_sensitivity(clip_norm, mode="mean", denominator=batch_size)  # C, B > 0, C/B finite
+  std = GaussianStage(check_nonnegative(noise_multiplier, "noise_multiplier"),
+                      clipped_mean_sensitivity(clip_norm, batch_size)).std
   stages = [clip_per_user(clip_norm), aggregate("mean", batch_size)]
   if srg and noise == "banded":
     stages.append(banded_noise(std, num_steps, key, coefs=mf[1], output="prefix"))
