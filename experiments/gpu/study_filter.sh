@@ -7,7 +7,8 @@
 # $OUT; a deadline stops the run between cells, so a partial run is usable and can be resumed.
 # Then, with the time left, bench_gpu's transformer row (not re-run on the H100 before).
 #   STUDY_S: seconds for the study (default 300); BENCH_S: seconds for the bench (default 0);
-#   FRACTIONS: the corrupted fractions (default "0.05 0.0 0.02 0.1"); ALG1=0 skips Algorithm 1.
+#   FRACTIONS: the corrupted fractions (default "0.05 0.0 0.02 0.1"); ALG1=0 skips Algorithm 1;
+#   MS: items per user (default "64"; "16 256" with SIZES=1e5_m: filter_curve_1e5_m.yaml).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -19,16 +20,20 @@ TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -d
 DEADLINE=$((T0 + ${STUDY_S:-300}))
 A3=user_level_accelerated_erm; A1=user_level_phased_sgd; SGD=dp_sgd_user
 # SIZES: config suffixes, in order (filter_curve_<suffix>.yaml; "1e5_fresh": seeds 600-609;
-# "1e5_flip": label-flipping users).
+# "1e5_flip": label-flipping users; "1e5_m": m = 16 and 256, with MS="16 256").
 for n in ${SIZES:-1e5 3e5}; do
   N=$(python3 -c "print(int(float('$n'.split('_')[0])))")
   MODE=huge; case $n in *flip*) MODE=flip;; esac
   cells=()
-  for f in ${FRACTIONS:-0.05 0.0 0.02 0.1}; do
-    cells+=("[\"$A3\", $N, \"$MODE\", 64, $f]" "[\"$SGD\", $N, \"$MODE\", 64, $f]")
+  for m in ${MS:-64}; do
+    for f in ${FRACTIONS:-0.05 0.0 0.02 0.1}; do
+      cells+=("[\"$A3\", $N, \"$MODE\", $m, $f]" "[\"$SGD\", $N, \"$MODE\", $m, $f]")
+    done
   done
   if [ "${ALG1:-1}" = 1 ]; then
-    for f in ${FRACTIONS:-0.05 0.0 0.02 0.1}; do cells+=("[\"$A1\", $N, \"$MODE\", 64, $f]"); done
+    for m in ${MS:-64}; do
+      for f in ${FRACTIONS:-0.05 0.0 0.02 0.1}; do cells+=("[\"$A1\", $N, \"$MODE\", $m, $f]"); done
+    done
   fi
   timeout $((DEADLINE - $(date +%s) + 120)) python3 experiments/filter_curve.py run \
     --config experiments/configs_eval/filter_curve_$n.yaml --max-seeds 10 \
