@@ -60,11 +60,9 @@ from dpsco_jax.flax import fast_clip_conv as fcv
 from dpsco_jax.flax import fast_clip_cost as fc
 from dpsco_jax.flax import fast_clip_norms as fn
 from dpsco_jax.flax import fast_clip_taps as ft
-from dpsco_jax.grads import per_user_grads
+from dpsco_jax.flax import fast_clip_vmap as fvm
 from dpsco_jax.precision import at_guarantee_precision
-from dpsco_jax.transforms.clipping import (_check_bounded, _check_mean,
-                                           aggregation_sensitivity, clip_and_aggregate,
-                                           tree_global_norms)
+from dpsco_jax.transforms.clipping import _check_bounded, _check_mean, aggregation_sensitivity
 
 PyTree = Any
 Path = tuple
@@ -90,6 +88,8 @@ class FastClipPlan:
     conv_chunks: how convolutions size their chunks of users on this backend
       (:func:`~dpsco_jax.flax.fast_clip_conv.chunk_rule`; each conv's chunk is in
       ``layers``).
+    vmap_chunks: ``(chunks, reason)``: how many chunks of users the vmap path forms its
+      clipped sum in on this backend (:func:`~dpsco_jax.flax.fast_clip_vmap.vmap_chunks`).
   """
   fast: tuple[tuple[Path, str], ...]
   fallback: tuple[Path, ...]
@@ -97,6 +97,7 @@ class FastClipPlan:
   layers: tuple[fc.LayerCost, ...] = ()
   predicted: dict | None = None
   conv_chunks: fcv.ChunkRule | None = None
+  vmap_chunks: tuple[int, str] | None = None
 
 
 class ClipInfo(NamedTuple):
@@ -225,13 +226,17 @@ class FastClippedGrad:
       ``CONV_CHUNK_BUDGET`` (0.25), on an accelerator ``ACCEL_CHUNK_BUDGET`` (1.0: fewer
       loop trips) and at most ``ACCEL_MEMORY_FRACTION`` of the device's memory per conv.
       :meth:`plan` reports the rule and each conv's chunk.
+    vmap_chunks: the vmap path forms its clipped sum this many chunks of users at a time
+      (the same sum up to the order of float additions); ``"auto"`` (default): by shapes and
+      backend (:func:`~dpsco_jax.flax.fast_clip_vmap.vmap_chunks`: on CPU 4 chunks where the
+      per-user gradients are large against the batch, else 1). :meth:`plan` reports it.
 
   Sensitivity: :meth:`sensitivity` (``C`` for the sum under add/remove, ``C/D`` for the mean).
   """
 
   def __init__(self, model: nnx.Module, loss_fn: LossFn, *, clip_norm: float,
                level: str = "user", method: str = "fast", ghost: str = "auto",
-               conv_budget: float | str | None = "auto"):
+               conv_budget: float | str | None = "auto", vmap_chunks: int | str = "auto"):
     if not isinstance(model, nnx.Module):
       raise ValueError(f"model must be an nnx.Module, got {type(model).__name__}")
     if not callable(loss_fn):
@@ -246,6 +251,7 @@ class FastClippedGrad:
     auto = isinstance(conv_budget, str) and conv_budget == "auto"
     self.conv_budget = (conv_budget if conv_budget is None or auto
                         else check_positive(conv_budget, "conv_budget"))
+    self.vmap_chunks = fvm.check_vmap_chunks(vmap_chunks)
     self._device_bytes: dict[str, int | None] = {}
     self.loss_fn = loss_fn
     self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
@@ -287,7 +293,9 @@ class FastClippedGrad:
     rule = self._conv_rule(backend, device_memory)
     rows = fc.layer_costs(lambda path: self._module(self.params, path), base, sizes,
                           int(n_users), int(m), self.ghost, backend, rule)
-    return dataclasses.replace(base, layers=rows, predicted=fc.totals(rows), conv_chunks=rule)
+    return dataclasses.replace(base, layers=rows, predicted=fc.totals(rows), conv_chunks=rule,
+                               vmap_chunks=fvm.vmap_chunks(self.vmap_chunks, params, users,
+                                                           backend))
 
   def _conv_rule(self, backend: str | None = None,
                  device_memory: int | None = None) -> fcv.ChunkRule:
@@ -510,7 +518,8 @@ class FastClippedGrad:
     certified upper bounds (equal to ~1e-6 on ordinary inputs) for ``fast``."""
     users = self._as_users(batch)
     if self._method(params, batch) == "vmap":
-      return tree_global_norms(per_user_grads(self.model_loss, params, users))
+      chunks, _ = fvm.vmap_chunks(self.vmap_chunks, params, users)
+      return fvm.chunked_norms(self.model_loss, params, users, chunks)
     return self._parts_and_bounds(params, batch)[1]
 
   def clipped_sum(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None
@@ -527,11 +536,10 @@ class FastClippedGrad:
     if user_mask is not None and jnp.shape(user_mask) != (n_users,):
       raise ValueError(f"user_mask must have shape ({n_users},), got {jnp.shape(user_mask)}")
     if method == "vmap":
-      grads = per_user_grads(self.model_loss, params, users)
-      norms, w, kept = self._weights(tree_global_norms(grads), user_mask)
-      chain = clip_and_aggregate(self.clip_norm, "sum")
-      summed, _ = chain.update(grads, chain.init(params), params, user_mask=user_mask)
-      return summed, ClipInfo(norms, w, kept)
+      chunks, _ = fvm.vmap_chunks(self.vmap_chunks, params, users)
+      summed, norms = fvm.chunked_clipped_sum(self.model_loss, params, users, self.clip_norm,
+                                              user_mask, chunks)
+      return summed, ClipInfo(*self._weights(norms, user_mask))
 
     parts, bound = self._parts_and_bounds(params, batch)
     norms, w, kept = self._weights(bound, user_mask)
