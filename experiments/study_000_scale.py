@@ -123,11 +123,12 @@ def main(argv: list[str] | None = None) -> dict:
   ap.add_argument("--out", default=None, help="write the selected records as runner JSON")
   ap.add_argument("--mode", default="huge", choices=("huge", "flip"),
                   help="the corruption: huge gradients or label flips")
+  ap.add_argument("--m", type=int, default=64, help="items per user (16: the m = 16 cells)")
   ap.add_argument("--seeds", default="300-309",
                   help="first-last seeds (600-609: the fresh confirmation seeds)")
   args = ap.parse_args(argv)
   lo, hi = (int(v) for v in args.seeds.split("-"))
-  records = load(args.records, mode=args.mode, seeds=range(lo, hi + 1))
+  records = load(args.records, m=args.m, mode=args.mode, seeds=range(lo, hi + 1))
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
