@@ -101,6 +101,7 @@ def pytest_xdist_make_scheduler(config, log):
 _FILE_SECONDS = {
     "tests/test_claims_fresh_seeds.py": 90,
     "tests/test_flax_fast_clip_chunks.py": 30,
+    "tests/test_flax_fast_clip_vmap.py": 31,   # 4 tests, two chunked-sum cases of 15 + 11 s
     "tests/test_plan_invariance.py": 65,
     "tests/test_runner_user_code.py": 38,
     "tests/test_bench_smoke.py": 26,   # without bench_gpu --quick (_TEST_SECONDS)
