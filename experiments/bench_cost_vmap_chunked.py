@@ -36,23 +36,30 @@ def main() -> None:
   ap.add_argument("--reps", type=int, default=5)
   ap.add_argument("--peers", action="store_true",
                   help="also optax.contrib.dpsgd and jax_privacy (when installed)")
+  ap.add_argument("--fast", action="store_true", help="also the fast path (taps, ghost norms)")
+  ap.add_argument("--chunks", default="auto",
+                  help="vmap_chunks of the chunked step ('auto' or an int)")
+  ap.add_argument("--size", default="full", choices=("full", "medium"))
   args = ap.parse_args()
   out = {}
   rng = np.random.default_rng(0)
-  for name, model, loss, batch, shape in bench_cost.workloads("full", rng, args.only):
+  chunk_rule = args.chunks if args.chunks == "auto" else int(args.chunks)
+  for name, model, loss, batch, shape in bench_cost.workloads(args.size, rng, args.only):
     fns, params, _, level = bench_cost.steps(model, loss, shape)
     chunked = FastClippedGrad(model, loss, clip_norm=bench_cost.CLIP, level=level,
-                              method="vmap")
+                              method="vmap", vmap_chunks=chunk_rule)
     steps = {"nonprivate": fns["nonprivate"], "vmap": fns["vmap"],
              "vmap_chunked": bench_cost._auto_step(chunked, shape[0], params)}
     steps.update({p: fns[p] for p in ("optax", "jax_privacy") if p in fns and args.peers})
+    if args.fast:
+      steps["fast"] = fns["fast"]
     cands, peak = [], {}
     for path, (fn, st) in steps.items():
       compiled = jax.jit(fn).lower(params, st, batch).compile()
       peak[path] = bench_cost.cost_of(compiled)["peak"]
       cands.append(Candidate(path, compiled, (params, st), (batch,)))
     comp = compare(cands, reps=args.reps, window_s=0.0, budget_s=600.0)
-    print(format_comparison(f"\n{name} {tuple(shape)} [full size, executed]", comp))
+    print(format_comparison(f"\n{name} {tuple(shape)} [{args.size} size, executed]", comp))
     chunks = chunked.plan(params, batch).vmap_chunks
     print(f"  vmap_chunked: {chunks[1]}; peak / non-private: "
           + ", ".join(f"{p} {peak[p] / peak['nonprivate']:.3f}" for p in steps), flush=True)

@@ -291,11 +291,11 @@ class FastClippedGrad:
                                                    jax.tree.leaves(self.params))}
     backend = backend or jax.default_backend()
     rule = self._conv_rule(backend, device_memory)
+    chunks = fvm.vmap_chunks(self.vmap_chunks, params, users, backend)
     rows = fc.layer_costs(lambda path: self._module(self.params, path), base, sizes,
-                          int(n_users), int(m), self.ghost, backend, rule)
+                          int(n_users), int(m), self.ghost, backend, rule, chunks[0])
     return dataclasses.replace(base, layers=rows, predicted=fc.totals(rows), conv_chunks=rule,
-                               vmap_chunks=fvm.vmap_chunks(self.vmap_chunks, params, users,
-                                                           backend))
+                               vmap_chunks=chunks)
 
   def _conv_rule(self, backend: str | None = None,
                  device_memory: int | None = None) -> fcv.ChunkRule:

@@ -25,8 +25,10 @@ written, read for its norm and read again for the weighted sum by memory-bound k
 element and pass that is ~20 multiply-adds on this CPU and ~50 on an H100/H200 (50 TFLOP/s
 float32 against ~1 T float32/s of HBM), so ``MEMORY_WEIGHT = 64`` (3 passes). With it and
 :data:`GROUPED_CONV_WEIGHT` the model reproduces the orderings measured in
-``experiments/bench_cost.md`` (CPU: vmap for the GLM and the CNNs, fast for both
-transformers) and on the H200 (fast for both CNNs and both transformers, a tie on the GLM).
+``experiments/bench_cost.md`` (CPU: vmap for the GLM and, in chunks of users, for the CNNs
+and both transformers; unchunked, fast for the transformers) and on the H200 (fast for both
+CNNs and both transformers, a tie on the GLM). The vmap path's held elements are divided by
+its chunks (:func:`layer_costs`), so a chunked vmap step is predicted as it ran.
 ``auto`` takes the fast path only when its prediction is strictly lower (ties go to vmap: no
 tap overhead).
 
@@ -90,19 +92,30 @@ def _cost(flops: float, memory: float) -> float:
   return float(flops) + MEMORY_WEIGHT * float(memory)
 
 
-def _held(size: int, n_users: int) -> float:
-  """The vmap path's (and a dense part's) per-user gradient: held and normed once."""
-  return _cost(n_users * size, n_users * size)
+def _held(size: int, n_users: int, chunks: int = 1) -> float:
+  """The vmap path's (and a dense part's) per-user gradient: held and normed once; the vmap
+  path formed ``chunks`` chunks of users at a time holds a ``1 / chunks`` share at once
+  (:mod:`~dpsco_jax.flax.fast_clip_vmap`)."""
+  return _cost(n_users * size, n_users * size / chunks)
 
 
 def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: str,
-                backend: str = "cpu", conv_rule: fcv.ChunkRule | None = None
-                ) -> tuple[LayerCost, ...]:
+                backend: str = "cpu", conv_rule: fcv.ChunkRule | None = None,
+                vmap_chunks: int = 1) -> tuple[LayerCost, ...]:
   """Per-layer predicted costs for ``plan`` (``module_of(path)`` gives the layer,
   ``leaf_sizes`` maps parameter paths to their sizes) on ``backend``
   (``jax.default_backend()`` names; only convolutions' vmap cost depends on it), with
   convolutions chunked by ``conv_rule`` as :class:`FastClippedGrad` does (default:
-  :data:`~dpsco_jax.flax.fast_clip_conv.CONV_CHUNK_BUDGET` of each conv's activations)."""
+  :data:`~dpsco_jax.flax.fast_clip_conv.CONV_CHUNK_BUDGET` of each conv's activations) and
+  the vmap path in ``vmap_chunks`` chunks of users (its held elements divided by them: each
+  chunk's per-user gradients and activations are consumed before the next chunk's exist).
+
+  Why the held share and not the whole: on this CPU the chunked vmap step of bench_gpu's
+  transformer (full size, 4 chunks) ran as fast as the non-private step (0.97 [0.91, 1.02])
+  against the fast path's 1.03 [0.99, 1.06], with 0.69x the non-private peak against 1.17x
+  (``experiments/bench_cost.md``); unchunked it predicted 3.06e10 against the fast path's
+  2.86e10 and lost (1.18). The chunked CNNs ran 1.09 / 1.07 against 1.46 / 1.40 in one
+  piece."""
   rule = conv_rule or fcv.chunk_rule(fcv.CONV_CHUNK_BUDGET, backend, None)
   grouped = GROUPED_CONV_WEIGHT.get(backend, 0.0)
   rows = []
@@ -115,7 +128,7 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
     name = "/".join(map(str, path))
     if kind == "local":
       rows.append(LayerCost(name, kind, "layer_vjp", 0, 0, own, u * own, u * own,
-                            _held(own, u), _held(own, u)))
+                            _held(own, u), _held(own, u, vmap_chunks)))
       continue
     groups = 1
     if kind == "linear":
@@ -159,7 +172,7 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
       if cp.recomputed and cp.direct:
         flops += groups * u * n * p * q
     flops, memory = flops + bias, memory + bias
-    vmap_cost = _held(own, u)
+    vmap_cost = _held(own, u, vmap_chunks)
     if kind == "conv":  # the per-user weight gradient as a user-grouped convolution
       vmap_cost += grouped * groups * u * n * p * q
     rows.append(LayerCost(name, kind, method, n, p, q, float(flops), float(memory),
@@ -167,7 +180,7 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
   fb = sum(leaf_sizes[lp] for lp in plan.fallback)
   if fb:
     rows.append(LayerCost("(fallback)", "fallback", "fallback", 0, 0, fb, u * fb, u * fb,
-                          _held(fb, u), _held(fb, u)))
+                          _held(fb, u), _held(fb, u, vmap_chunks)))
   return tuple(rows)
 
 

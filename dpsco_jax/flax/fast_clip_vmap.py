@@ -13,7 +13,7 @@ loops are slower there, :mod:`~dpsco_jax.flax.fast_clip_cost`), and all users at
 the item-level CNN of ``experiments/bench_cost.py`` at 1.41x the non-private step's peak
 memory (every example's 66 k-parameter gradient, 270 MB, on top of the activations). Chunks
 are static slices, unrolled: a ``fori_loop`` over chunks ran 4-8x slower on XLA:CPU
-(convolutions in a loop body lose XLA:CPU's fast path; ``bench_cost.md``). Each chunk's input
+(convolutions in a loop body lose XLA:CPU's fast path; ``bench_cost.md``). Each chunk's parameters
 is made data-dependent on the previous chunks' results (:func:`_after`), so XLA computes one
 chunk's gradients at a time; unordered, it scheduled every chunk's gradients first on an MLP
 (no saving) and kept 1.26x on the item CNN. Measured (bench_gpu's full sizes on this CPU,
@@ -28,7 +28,8 @@ The rule (:func:`vmap_chunks`), from shapes only:
 * ``"auto"`` on CPU: :data:`AUTO_CHUNKS` chunks when the batch's per-user gradients hold more
   than :data:`MIN_GRAD_BYTES` and more than :data:`GRAD_TO_BATCH` times the batch's own
   elements (slicing the batch copies it: on bench_cost's GLM, whose 4 GiB batch dwarfs its
-  64 MiB of gradients, four chunks tripled the peak), else 1;
+  64 MiB of gradients, four chunks tripled the peak), fewer where a chunk would hold under
+  :data:`MIN_CHUNK_USERS` users, else 1;
 * ``"auto"`` elsewhere: 1 (not measured on an accelerator, where ``auto`` takes the fast
   path for convolutions), and 1 where the backend has several devices (a batch whose users
   are sharded over a mesh would be gathered chunk by chunk).
@@ -54,9 +55,14 @@ AUTO_CHUNKS = 4
 MIN_GRAD_BYTES = 8 << 20
 #: Chunk only when the per-user gradients hold this many times the batch's elements.
 GRAD_TO_BATCH = 2
+#: Fewest users in a chunk of the ``"auto"`` rule. A chunk of a few users runs small matmuls
+#: one after another: bench_cost's medium transformers (8 examples) in 4 chunks of 2 took
+#: 1.54 / 1.92 of the non-private step's time against the fast path's 1.45 / 1.50, while at
+#: full size (64 examples, chunks of 16) the chunked step was the faster (0.97 against 1.03).
+MIN_CHUNK_USERS = 8
 
-__all__ = ["AUTO_CHUNKS", "MIN_GRAD_BYTES", "GRAD_TO_BATCH", "check_vmap_chunks",
-           "vmap_chunks", "chunked_norms", "chunked_clipped_sum"]
+__all__ = ["AUTO_CHUNKS", "MIN_GRAD_BYTES", "GRAD_TO_BATCH", "MIN_CHUNK_USERS",
+           "check_vmap_chunks", "vmap_chunks", "chunked_norms", "chunked_clipped_sum"]
 
 
 def check_vmap_chunks(value: int | str) -> int | str:
@@ -86,7 +92,10 @@ def vmap_chunks(rule: int | str, params: Any, users: Any, backend: str | None = 
   if grad_bytes < MIN_GRAD_BYTES or n_users * per_user < GRAD_TO_BATCH * batch:
     return 1, (f"auto (cpu): per-user gradients {grad_bytes / 2**20:.1f} MiB, "
                f"{n_users * per_user / max(batch, 1):.2g}x the batch: all users at once")
-  chunks = min(AUTO_CHUNKS, n_users)
+  chunks = max(1, min(AUTO_CHUNKS, n_users // MIN_CHUNK_USERS))
+  if chunks == 1:
+    return 1, (f"auto (cpu): {n_users} users, under {2 * MIN_CHUNK_USERS} for two chunks of "
+               f"{MIN_CHUNK_USERS}: all users at once")
   return chunks, (f"auto (cpu): {chunks} chunks (per-user gradients {grad_bytes / 2**20:.1f} "
                   f"MiB, {n_users * per_user / max(batch, 1):.2g}x the batch)")
 
@@ -96,17 +105,22 @@ def _slices(n_users: int, chunks: int) -> list[tuple[int, int]]:
   return [(i, min(i + size, n_users)) for i in range(0, n_users, size)]
 
 
-def _after(users: Any, done: Any) -> Any:
-  """``users`` unchanged, bit for bit, but data-dependent on ``done`` (the previous chunks'
-  sum and norms): so XLA cannot compute this chunk's per-user gradients before the previous
-  chunk's are consumed, and only one chunk's are alive at a time (without it, XLA:CPU
-  scheduled all chunks' gradients first on an MLP; an ``optimization_barrier`` did not
-  order them). ``x - 0.0`` is ``x`` for every float, ``-0.0`` and NaN included; the zero is
-  ``0 * [s != s]`` of a sum of ``done``, which is 0 whatever ``s`` is (NaN included)."""
+def _after(params: Any, done: Any) -> Any:
+  """``params`` unchanged, bit for bit, but data-dependent on ``done`` (the previous chunks'
+  sum and norms): a chunk's forward pass reads these, so XLA cannot compute its per-user
+  gradients before the previous chunk's are consumed, and only one chunk's are alive at a
+  time (without it, XLA:CPU scheduled all chunks' gradients first on an MLP; an
+  ``optimization_barrier`` did not order them). The parameters, not the batch, carry the
+  dependence because a batch may hold no float leaf: a language model's int32 tokens carried
+  none, and bench_gpu's transformer kept 1.39x the non-private peak in 16 chunks as in 4
+  (0.45x with the parameters ordered). The gradient with respect to ``params - 0`` is the
+  gradient with respect to ``params``. ``x - 0.0`` is ``x`` for every float, ``-0.0`` and NaN
+  included; the zero is ``0 * [s != s]`` of a sum of ``done``, which is 0 whatever ``s`` is
+  (NaN included)."""
   s = sum(jnp.sum(x) for x in jax.tree.leaves(done))
   zero = (s != s).astype(jnp.float32) * 0.0
   return jax.tree.map(lambda x: x - zero.astype(x.dtype)
-                      if jnp.issubdtype(x.dtype, jnp.floating) else x, users)
+                      if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
 
 def chunked_norms(model_loss: Callable, params: Any, users: Any, chunks: int) -> jax.Array:
@@ -129,9 +143,8 @@ def chunked_clipped_sum(model_loss: Callable, params: Any, users: Any, clip_norm
   total, norms = None, []
   for a, b in _slices(n_users, chunks):
     part_users = jax.tree.map(lambda x: x[a:b], users)
-    if total is not None:
-      part_users = _after(part_users, (total, norms))
-    grads = per_user_grads(model_loss, params, part_users)
+    part_params = params if total is None else _after(params, (total, norms))
+    grads = per_user_grads(model_loss, part_params, part_users)
     norms.append(tree_global_norms(grads))
     mask = None if user_mask is None else user_mask[a:b]
     part, _ = chain.update(grads, chain.init(params), params, user_mask=mask)

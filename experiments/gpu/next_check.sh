@@ -14,6 +14,10 @@
 #            of experiments/results/filter_curve_records_cpu_m.jsonl did not reach).
 #   bench    issue 26: bench_gpu's transformer rows under today's defaults (not re-run on the
 #            H100 since the cost model).
+#   tfchunk  issue 26: the transformers' vmap step in 4 chunks of users beside fast / optax /
+#            jax_privacy at full size (on CPU it beat the fast path: 0.97 vs 1.03 of the
+#            non-private time, FLOPs 1.012 vs 1.136; on a GPU auto keeps one piece and picks
+#            fast, unmeasured against chunks).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -22,7 +26,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 left() { echo $(( ${1} - ($(date +%s) - T0) )); }
-for step in ${STEPS:-conv flip3e5 m1e5 bench}; do
+for step in ${STEPS:-conv tfchunk flip3e5 m1e5 bench}; do
   echo "== $step at $(( $(date +%s) - T0 )) s"
   case $step in
     conv) timeout 120 python3 experiments/gpu/conv_budget_default.py --only cnn_user \
@@ -34,6 +38,9 @@ for step in ${STEPS:-conv flip3e5 m1e5 bench}; do
     bench) t=$(left 480); [ "$t" -gt 30 ] && timeout "$t" python3 experiments/bench_gpu.py \
             --budget 20 --reps 5 --only transformer transformer_mha 2>&1 | grep -v "^WARNING\|^I0000" \
             | tee "$OUT/bench_gpu_transformer.log" | tail -15 ;;
+    tfchunk) timeout 150 python3 experiments/bench_cost_vmap_chunked.py --only transformer \
+            transformer_mha --fast --peers --chunks 4 --reps 5 2>&1 \
+            | grep -v "^WARNING\|^I0000" | tee "$OUT/bench_tf_chunked.log" | tail -20 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
