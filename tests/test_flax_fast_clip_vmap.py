@@ -99,6 +99,14 @@ def test_the_rule_reads_shapes_and_backend_only():
   assert chunks == 1 and "all users at once" in why            # a small model: one piece
 
 
+def _step_temp(model, loss, batch, chunks: int) -> int:
+  """Temporaries of a compiled (not run) item-level vmap-path step in ``chunks`` chunks."""
+  f = FastClippedGrad(model, loss, clip_norm=1.0, level="item", method="vmap",
+                      vmap_chunks=chunks)
+  step = jax.jit(lambda p, b: f.aggregate(p, b, mode="mean", denominator=512.0))
+  return step.lower(f.params, batch).compile().memory_analysis().temp_size_in_bytes
+
+
 def test_chunks_hold_less_memory_in_a_compiled_step():
   """An MLP whose 512 per-example gradients (66 k parameters each, 135 MB) dwarf everything
   else: compiled (not run), four chunks hold well under the one-piece step's temporaries."""
@@ -112,26 +120,19 @@ def test_chunks_hold_less_memory_in_a_compiled_step():
       return self.b(jnp.tanh(self.a(x)))
 
   model = Mlp(nnx.Rngs(0))
-  x = jax.ShapeDtypeStruct((512, 256), jnp.float32)
-  y = jax.ShapeDtypeStruct((512,), jnp.int32)
-
-  def temp(chunks):
-    f = FastClippedGrad(model, _ce, clip_norm=1.0, level="item", method="vmap",
-                        vmap_chunks=chunks)
-    step = jax.jit(lambda p, b: f.aggregate(p, b, mode="mean", denominator=512.0))
-    return step.lower(f.params, (x, y)).compile().memory_analysis().temp_size_in_bytes
-  one, four = temp(1), temp(4)
+  batch = (jax.ShapeDtypeStruct((512, 256), jnp.float32),
+           jax.ShapeDtypeStruct((512,), jnp.int32))
+  one, four = (_step_temp(model, _ce, batch, k) for k in (1, 4))
   grads = 512 * (256 * 256 + 256 + 256 * 10 + 10) * 4
   assert one >= grads and four < 0.5 * one, (one, four, grads)
 
 
 def test_chunks_are_ordered_when_the_batch_holds_no_float():
   """A token model (int32 inputs and labels, as a language model's batch): the chunks are
-  ordered through the parameters, so eight chunks hold well under one piece (81 against 193 MiB; ordered
-  through the batch, 137). Ordered through
-  the batch instead (the earlier form), int tokens carried no dependence and XLA scheduled
-  every chunk's gradients at once (bench_gpu's transformer: 1.39x the non-private peak in 16
-  chunks as in 4)."""
+  ordered through the parameters, so eight chunks hold well under one piece (81 against 193
+  MiB). Ordered through the batch instead (the earlier form: 137 MiB), int tokens carried no
+  dependence and XLA scheduled every chunk's gradients at once (bench_gpu's transformer:
+  1.39x the non-private peak in 16 chunks as in 4)."""
 
   class Tokens(nnx.Module):
     def __init__(self, rngs):
@@ -145,15 +146,7 @@ def test_chunks_are_ordered_when_the_batch_holds_no_float():
     t, y = ex
     return -jax.nn.log_softmax(model(t))[y]
 
-  model = Tokens(nnx.Rngs(0))
-  t = jax.ShapeDtypeStruct((512,), jnp.int32)
-  y = jax.ShapeDtypeStruct((512,), jnp.int32)
-
-  def temp(chunks):
-    f = FastClippedGrad(model, loss, clip_norm=1.0, level="item", method="vmap",
-                        vmap_chunks=chunks)
-    step = jax.jit(lambda p, b: f.aggregate(p, b, mode="mean", denominator=512.0))
-    return step.lower(f.params, (t, y)).compile().memory_analysis().temp_size_in_bytes
-  one, eight = temp(1), temp(8)
+  batch = (jax.ShapeDtypeStruct((512,), jnp.int32),) * 2
+  one, eight = (_step_temp(Tokens(nnx.Rngs(0)), loss, batch, k) for k in (1, 8))
   grads = 512 * (512 * 64 + 64 * 512 + 512) * 4
   assert one >= grads and eight < 0.5 * one, (one, eight, grads)
