@@ -20,6 +20,7 @@ It also writes the selected records as one runner-shaped JSON (``--out``) so tha
     python experiments/study_000_scale.py [--out experiments/results/study/filter_scale.json]
         [--seeds 600-609]   # the confirmation run on seeds named before it ran
         [--mode flip]       # label-flipping users instead of huge gradients
+        [--m-slope 100000]  # slope against m (16, 64, ...) at that n, per algorithm and f
 """
 
 from __future__ import annotations
@@ -117,6 +118,24 @@ def _fmt(e: dict | None) -> str:
   return s
 
 
+def m_slopes(pattern: str, n: int, mode: str, seeds, ms=(16, 64, 256)) -> dict:
+  """Slope of log mean excess risk against log m at ``n`` users, per (algorithm, f) with at
+  least two m's of 10 seeds, and its bootstrap interval over seeds (``fit_slope``)."""
+  points: dict = {}
+  for m in ms:
+    for r in load(pattern, m=m, mode=mode, seeds=seeds):
+      if r["n_users"] == n:
+        points.setdefault((r["algorithm"], r["corruption"]), {}).setdefault(m, []).append(
+            r["excess_risk"])
+  out = {}
+  for (alg, f), by_m in sorted(points.items()):
+    by_m = {m: v for m, v in by_m.items() if len(v) >= 10}
+    if len(by_m) >= 2:
+      s, lo, hi = fit_slope(by_m)
+      out[f"{alg} f={f:g}"] = {"slope": s, "ci95": [lo, hi], "m": sorted(by_m)}
+  return out
+
+
 def main(argv: list[str] | None = None) -> dict:
   ap = argparse.ArgumentParser()
   ap.add_argument("--records", default=RECORDS, help="glob of the FILTER-curve record files")
@@ -126,8 +145,19 @@ def main(argv: list[str] | None = None) -> dict:
   ap.add_argument("--m", type=int, default=64, help="items per user (16: the m = 16 cells)")
   ap.add_argument("--seeds", default="300-309",
                   help="first-last seeds (600-609: the fresh confirmation seeds)")
+  ap.add_argument("--m-slope", type=int, default=None, metavar="N",
+                  help="report the slope against m at N users instead of the table")
   args = ap.parse_args(argv)
   lo, hi = (int(v) for v in args.seeds.split("-"))
+  if args.m_slope:
+    out = m_slopes(args.records, args.m_slope, args.mode, range(lo, hi + 1))
+    print(f"slope of mean excess risk against m at n = {args.m_slope:.0e} (theory: Thm 3.2 "
+          "-0.5; Remark 3.6, strongly convex, -1)")
+    for name, v in out.items():
+      print(f"  {name:40s} {v['slope']:6.2f} [{v['ci95'][0]:6.2f}, {v['ci95'][1]:6.2f}]  "
+            f"m = {', '.join(map(str, v['m']))}")
+    print(json.dumps(out))
+    return out
   records = load(args.records, m=args.m, mode=args.mode, seeds=range(lo, hi + 1))
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
