@@ -51,3 +51,24 @@ def test_ratios_slopes_and_filters(tmp_path):
   assert out["slopes"][f"{study.DPSGD} f=0.05"]["slope"] == pytest.approx(-1.5, abs=1e-6)
   # the fresh-seed view sees none of these records
   assert study.main(["--records", str(path), "--seeds", "600-609"])["rows"] == []
+
+
+def test_slope_against_m_at_one_n(tmp_path):
+  """``--m-slope N``: Algorithm 3's risk is exactly 0.5 m^-0.75 on every seed at n = 1e5
+  (slope -0.75, a zero-width interval: the bootstrap resamples each m's seeds on its own); another n's records, a cell with fewer than 10 seeds (m = 256) and
+  label-flip records are left out; DP-SGD's flat risk gives slope 0."""
+  recs = []
+  for m in (16, 64):
+    for s in range(300, 310):
+      recs.append(_rec(study.ALG3, 100_000, 0.02, s, 0.5 * m ** -0.75, m=m))
+      recs.append(_rec(study.DPSGD, 100_000, 0.02, s, 0.3, m=m))
+      recs.append(_rec(study.ALG3, 10_000, 0.02, s, 5.0, m=m))             # another n
+      recs.append(_rec(study.ALG3, 100_000, 0.02, s, 9.0, m=m, mode="flip"))
+  recs += [_rec(study.ALG3, 100_000, 0.02, s, 99.0, m=256) for s in range(300, 305)]
+  path = tmp_path / "filter_curve_records_m.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+  out = study.main(["--records", str(path), "--m-slope", "100000"])
+  a3 = out[f"{study.ALG3} f=0.02"]
+  assert a3["slope"] == pytest.approx(-0.75, abs=1e-9) and a3["m"] == [16, 64]
+  assert a3["ci95"] == pytest.approx([-0.75, -0.75], abs=1e-9)
+  assert out[f"{study.DPSGD} f=0.02"]["slope"] == pytest.approx(0.0, abs=1e-9)
