@@ -166,10 +166,7 @@ def _suggest(key: str, allowed: dict[str, KeySpec]) -> str | None:
   return hit[0] if hit else None
 
 
-def _check_name(cfg: dict, field: str, known: dict) -> str:
-  if field not in cfg:
-    raise ConfigError(f"config is missing the field {field!r}")
-  value = cfg[field]
+def _check_name(field: str, value: Any, known: dict) -> str:
   if not isinstance(value, str) or value not in known:
     hint = difflib.get_close_matches(str(value), list(known), n=1)
     raise ConfigError(f"unknown {field} {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint
@@ -187,8 +184,11 @@ def validate(cfg: dict) -> dict:
   required key."""
   if not isinstance(cfg, dict):
     raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
-  algorithm = _check_name(cfg, "algorithm", CONFIG_ALGORITHM_SCHEMAS)
-  problem = _check_name(cfg, "problem", PROBLEM_SCHEMAS)
+  for field in ("algorithm", "problem"):
+    if field not in cfg:
+      raise ConfigError(f"config is missing the field {field!r}")
+  algorithm = _check_name("algorithm", cfg["algorithm"], CONFIG_ALGORITHM_SCHEMAS)
+  problem = _check_name("problem", cfg["problem"], PROBLEM_SCHEMAS)
   allowed = keys_of(algorithm, problem)
   where = f"algorithm {algorithm!r} on problem {problem!r}"
   for key in cfg:
@@ -212,18 +212,19 @@ def validate(cfg: dict) -> dict:
   for group in getattr(schema, "requires_one_of", ()):
     if all(out.get(k) is None for k in group):
       raise ConfigError(f"{where} needs one of {', '.join(group)}")
-  _check_epsilon_given(schema, cfg, where)
+  _check_epsilon_given(schema, "epsilon" in cfg, cfg.get("noise_multiplier"), where)
   return out
 
 
-def _check_epsilon_given(schema: type, cfg: dict, where: str) -> None:
+def _check_epsilon_given(schema: type, given: bool, noise_multiplier: Any, where: str
+                         ) -> None:
   """A private algorithm (its schema reads ``epsilon`` and ``delta``) never runs non-private
   by omission: without ``epsilon`` (and without a ``noise_multiplier`` to account) a config
   that names ``delta`` would run with no noise; ``epsilon: null`` says so explicitly."""
   names = {f.name for f in dataclasses.fields(schema)}
-  if not {"epsilon", "delta"} <= names or "epsilon" in cfg:
+  if not {"epsilon", "delta"} <= names or given:
     return
-  if cfg.get("noise_multiplier") is not None:
+  if noise_multiplier is not None:
     return  # private: the accountant's epsilon of the explicit multiplier is reported
   raise ConfigError(f"{where} needs epsilon (a privacy budget): a private algorithm does not "
                     "run non-private by omission; write epsilon: null for a non-private "

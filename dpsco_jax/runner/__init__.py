@@ -237,8 +237,9 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
   (:mod:`dpsco_jax.runner.mesh`)."""
   cfg = _checked(cfg, algorithms, problems)
   label = cfg.pop("label", None)
-  problem_key, driver_key = runner_batch.run_keys(cfg)
-  problem = runner_batch.cached_problem(cfg, problems, cache, problem_key)
+  problem_key, driver_key = runner_batch.run_keys(cfg.get("seed", 0))
+  problem = runner_batch.cached_problem(runner_batch.problem_config(cfg), problems, cache,
+                                        problem_key)
   if isinstance(problem, runner_user.UserProblem):
     with runner_mesh.mesh_context(mesh):
       record = runner_user.run(problem, cfg, driver_key, on_progress)

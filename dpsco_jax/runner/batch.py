@@ -29,27 +29,29 @@ def problem_config(cfg: dict) -> dict:
   return {k: v for k, v in cfg.items() if k in names or k in ("problem", "seed")}
 
 
-def _problem_cache_key(cfg: dict) -> tuple:
+def _problem_cache_key(pcfg: dict) -> tuple:
   """Runs that share this key share one problem instance (and its data): the problem's own
-  keys and the seed (:func:`problem_config`)."""
-  if cfg["problem"] == USER_PROBLEM:
-    return runner_user.cache_key(cfg)
-  return tuple(sorted((k, repr(v)) for k, v in problem_config(cfg).items()))
+  keys and the seed (``pcfg``: :func:`problem_config`)."""
+  if pcfg["problem"] == USER_PROBLEM:
+    return runner_user.cache_key(pcfg)
+  return tuple(sorted((k, repr(v)) for k, v in pcfg.items()))
 
 
-def run_keys(cfg: dict) -> tuple[jax.Array, jax.Array]:
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
   """``(problem key, driver key)`` of a run: ``key(seed)`` folded with 0 and 1. One place, so
   that a seed batched with others gets exactly the keys it gets when it runs alone."""
-  key = jax.random.key(int(cfg.get("seed", 0)))
+  key = jax.random.key(int(seed))
   return jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
 
 
-def cached_problem(cfg: dict, problems: dict, cache: dict | None, key: jax.Array) -> Any:
-  """The problem of ``cfg`` built with ``key``, taken from / put in ``cache`` when given."""
-  ck = _problem_cache_key(cfg)
+def cached_problem(pcfg: dict, problems: dict, cache: dict | None, key: jax.Array) -> Any:
+  """The problem of ``pcfg`` (the run's :func:`problem_config`: the factory and the cache see
+  the problem's keys and the seed, not the algorithm's) built with ``key``, taken from / put
+  in ``cache`` when given."""
+  ck = _problem_cache_key(pcfg)
   if cache is not None and ck in cache:
     return cache[ck]
-  problem = problems[cfg["problem"]](problem_config(cfg), key)
+  problem = problems[pcfg["problem"]](pcfg, key)
   if cache is not None:
     cache[ck] = problem
   return problem
@@ -131,8 +133,9 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     if why is not None:
       return None, why
     grid = grid_of(algos)
-    keys = [run_keys(cfg) for cfg in checked]   # per seed, as run_one builds (and caches) it
-    insts = [cached_problem(cfg, problems, cache, pk) for cfg, (pk, _) in zip(checked, keys)]
+    keys = [run_keys(cfg.get("seed", 0)) for cfg in checked]   # per seed, as run_one has them
+    insts = [cached_problem(problem_config(cfg), problems, cache, pk)
+             for cfg, (pk, _) in zip(checked, keys)]
     why = refusal(insts)
     if why is not None:
       return None, why
