@@ -148,6 +148,7 @@ def test_a_fit_calibrates_once(monkeypatch):
   import jax
   import jax.numpy as jnp
   from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
+  dpsgd_plan._calibrated_z.cache_clear()   # (an earlier test may have calibrated this plan)
   calls = _count_calibrations(monkeypatch, dpsgd_plan)
   rng = np.random.default_rng(0)
   ids = np.repeat(np.arange(40), 2)

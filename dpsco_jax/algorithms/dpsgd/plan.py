@@ -95,6 +95,7 @@ from typing import Any, NamedTuple
 import dp_accounting
 import numpy as np
 
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive, check_probability)
 from dpsco_jax.config import families as cf
@@ -419,11 +420,25 @@ def _sampling(sampling: str, n: int, rate: float | None, batch_size: int | None
   return q, max(1, round(q * n)), q * n, poisson_capacity(n, q)
 
 
-def _noise_multiplier(cfg: ConfigView, make_event, *, level: str, relation: str, delta: float,
-                      group_size: int, tv: float) -> tuple[float, float | None, float | None]:
+@bounded_cache()
+def _calibrated_z(epsilon: float, delta: float, relation: str, schedule: tuple) -> float:
+  """The calibrated ``z`` of the schedule ``schedule`` (the sorted keyword items of
+  :func:`schedule_event`: sampling, rate, rows, batch, steps, MF strategy, participations).
+  A pure function of public numbers, memoized in the one cache, so that the seeds of a sweep,
+  and a fit's plan and its driver, calibrate once: the PLD bisection (~12 PLDs) took 0.5-4 s
+  a plan at test sizes, most of ``tests/test_plan_invariance.py``'s time."""
+  kw = dict(schedule)
+  return calibrate_noise_multiplier(lambda z: schedule_event(z, **kw), epsilon=epsilon,
+                                    delta=delta, relation=relation)
+
+
+def _noise_multiplier(cfg: ConfigView, schedule: dict, *, level: str, relation: str,
+                      delta: float, group_size: int, tv: float
+                      ) -> tuple[float, float | None, float | None]:
   """(z, epsilon target or None, item delta target or None). An explicit
   ``noise_multiplier`` is used as is (the driver checks the budget before any release); else
-  ``z`` is calibrated to the target through the one calibrator. At group level the item target
+  ``z`` is calibrated to the target through the one calibrator (:func:`_calibrated_z`, on the
+  keyword arguments ``schedule`` of :func:`schedule_event`). At group level the item target
   is the one whose group lift is the target, with room left for the truncation term
   ``(1 + e^{eps_i}) tv`` that :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds."""
   target = None if cfg.epsilon is None else check_epsilon(cfg.epsilon)
@@ -431,16 +446,15 @@ def _noise_multiplier(cfg: ConfigView, make_event, *, level: str, relation: str,
     return check_nonnegative(cfg.noise_multiplier, "noise_multiplier"), target, None
   if target is None:
     raise ValueError("epsilon is required unless noise_multiplier is given")
+  key = tuple(sorted(schedule.items()))
   if level != "group":
-    return calibrate_noise_multiplier(make_event, epsilon=target, delta=delta,
-                                      relation=relation), target, None
+    return _calibrated_z(target, delta, relation, key), target, None
   eps_i, delta_i = group_privacy_targets(target, delta, group_size)
   delta_i = (delta_i - (1.0 + math.exp(eps_i)) * tv) * (1.0 - 1e-9)
   if delta_i <= 0:
     raise ValueError("the Poisson truncation probability leaves no item delta for group "
                      "privacy: raise delta or the slot capacity")
-  z = calibrate_noise_multiplier(make_event, epsilon=eps_i, delta=delta_i, relation=relation)
-  return z, target, delta_i
+  return _calibrated_z(eps_i, delta_i, relation, key), target, delta_i
 
 
 def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
@@ -497,10 +511,10 @@ def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
     participations, min_sep = _participation(sampling, n, batch, steps)
     mf_noise = (None if noise == "independent"
                 else _mf_noise(cfg, noise, steps, participations, min_sep))
-  make_event = lambda z: schedule_event(z, sampling=sampling, q=q, n=n, batch=batch,
-                                        steps=steps, mf_noise=mf_noise,
-                                        participations=participations, min_sep=min_sep)
-  z, target, item_delta = _noise_multiplier(cfg, make_event, level=level, relation=relation,
+  schedule = dict(sampling=sampling, q=q, n=n, batch=batch, steps=steps, mf_noise=mf_noise,
+                  participations=participations, min_sep=min_sep)
+  make_event = lambda z: schedule_event(z, **schedule)
+  z, target, item_delta = _noise_multiplier(cfg, schedule, level=level, relation=relation,
                                             delta=delta, group_size=group_size, tv=trunc)
   if cfg.learning_rate is None and not math.isfinite(radius):
     raise ValueError("learning_rate: its default R / (C sqrt(num_steps)) needs a finite "
