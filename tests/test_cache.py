@@ -69,3 +69,22 @@ def test_data_is_an_argument_of_the_compiled_program_not_part_of_its_key():
   after = cache.stats()["dpsco_jax.algorithms.common._compiled_loop"]
   assert after["misses"] == before["misses"] and after["hits"] > before["hits"]
   assert not np.allclose(np.asarray(ra.params["w"]), np.asarray(rb.params["w"]))
+
+
+def test_dp_sgd_calibration_is_memoized_on_the_public_schedule():
+  """A second plan of one config reuses its calibrated z (a hit, the same z bit for bit); a
+  schedule that differs in a public number (one row more under replace-one moves q) does not."""
+  from dpsco_jax import api
+  from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
+  from dpsco_jax.data import DataSpec
+  name = "dpsco_jax.algorithms.dpsgd.plan._calibrated_z"
+  dpsgd_plan._calibrated_z.cache_clear()
+  cfg = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
+         "num_steps": 4, "batch_size": 10, "sampling": "poisson", "relation": "replace_one"}
+  first = api.plan("dp_sgd_user", cfg, DataSpec(100, 1), num_params=3)
+  assert cache.stats()[name] == {"hits": 0, "misses": 1, "size": 1, "maxsize": 64}
+  again = api.plan("dp_sgd_user", cfg, DataSpec(100, 1), num_params=3)
+  assert cache.stats()[name]["hits"] == 1 and again.noise_multiplier == first.noise_multiplier
+  other = api.plan("dp_sgd_user", cfg, DataSpec(101, 1), num_params=3)
+  assert cache.stats()[name]["misses"] == 2
+  assert other.noise_multiplier != first.noise_multiplier
