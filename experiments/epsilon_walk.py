@@ -24,7 +24,9 @@ outside them the runner 12, the config checks and ``ConfigView`` 13, the problem
 ``_checks`` 5 (name ``x``). 38 stays, 0 climbs, 6 names, 11 files after 3a77664 (the problem
 cache and factory take the problem's keys, ``run_keys`` the seed, the schema's name and
 epsilon-given checks only what they check): the runner 10, the config checks and ``ConfigView``
-11, ``_checks`` 5, the DP-SGD package 8, privacy 3, ``required_delta`` 1.
+11, ``_checks`` 5, the DP-SGD package 8, privacy 3, ``required_delta`` 1. 39 after 7e7c222:
+the memoized calibration (``dpsgd.plan._calibrated_z``) is one more function the target
+passes through.
 
     .venv/bin/python experiments/epsilon_walk.py [config.yaml] [--algorithm dp_sgd_user]
 """
