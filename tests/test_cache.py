@@ -88,3 +88,21 @@ def test_dp_sgd_calibration_is_memoized_on_the_public_schedule():
   other = api.plan("dp_sgd_user", cfg, DataSpec(101, 1), num_params=3)
   assert cache.stats()[name]["misses"] == 2
   assert other.noise_multiplier != first.noise_multiplier
+
+
+def test_poisson_sgd_calibration_is_the_calibrators_and_memoized():
+  """``calibrate_poisson_sgd`` (DPTrainer's calibration) is ``calibrate_noise_multiplier`` of
+  the same event, bit for bit, and a second call with the same public numbers is a hit."""
+  import dp_accounting
+  from dpsco_jax.privacy import calibrate_noise_multiplier, calibrate_poisson_sgd
+  name = "dpsco_jax.privacy.calibrate.calibrate_poisson_sgd"
+  calibrate_poisson_sgd.cache_clear()
+  z = calibrate_poisson_sgd(0.1, 6, epsilon=2.0, delta=1e-5)
+  direct = calibrate_noise_multiplier(
+      lambda s: dp_accounting.SelfComposedDpEvent(
+          dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(s)), 6),
+      epsilon=2.0, delta=1e-5)
+  assert z == direct
+  assert calibrate_poisson_sgd(0.1, 6, epsilon=2.0, delta=1e-5) == z
+  assert cache.stats()[name]["hits"] == 1
+  assert calibrate_poisson_sgd(0.1, 7, epsilon=2.0, delta=1e-5) > z   # one step more

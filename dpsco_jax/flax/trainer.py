@@ -13,8 +13,8 @@ touches data, accounted as it goes, checkpointed and resumed bit-identically.
 * ``relation="zero_out"`` / ``"replace_one"``: ``n`` is public; ``D`` defaults to ``q n``.
 
 Plan (data-free, at construction): ``q``, ``D``, the noise multiplier ``z`` (given, or
-calibrated by :func:`~dpsco_jax.privacy.calibrate_noise_multiplier` to ``target_epsilon`` over
-``num_steps``), the per-step event ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` and the
+calibrated by :func:`~dpsco_jax.privacy.calibrate_poisson_sgd`, memoized, to ``target_epsilon``
+over ``num_steps``), the per-step event ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` and the
 noise stddev ``z C / D``. A ``target_epsilon`` is a budget: an explicit ``noise_multiplier``
 whose ``num_steps`` exceed it raises before anything is released, and the ledger is created
 with ``epsilon_budget = min(target_epsilon, epsilon_budget)``.
@@ -81,7 +81,7 @@ from dpsco_jax.flax import trainer_noise as tn
 from dpsco_jax.flax.trainer_data import check_data, from_user_data
 from dpsco_jax.algorithms.dpsgd.plan import NOISES, check_mf_sampling
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
-                               calibrate_noise_multiplier, check_relation, epsilon_of)
+                               calibrate_poisson_sgd, check_relation, epsilon_of)
 from dpsco_jax.privacy.ledger import Epsilon, epsilon_lower_bound
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.transforms.noise import add_gaussian_noise
@@ -291,9 +291,9 @@ class DPTrainer:
       if target is None or steps is None:
         raise ValueError("give noise_multiplier, or target_epsilon and num_steps to "
                          "calibrate it")
-      noise_multiplier = calibrate_noise_multiplier(
-          lambda z: dp_accounting.SelfComposedDpEvent(self._step_event(z), steps),
-          epsilon=target, delta=self.delta, relation=self.relation, accountant=self.accountant)
+      noise_multiplier = calibrate_poisson_sgd(   # the event of _step_event, memoized
+          self.q, steps, epsilon=target, delta=self.delta, relation=self.relation,
+          accountant=self.accountant)
     self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
     self.event = self._step_event(self.noise_multiplier)
     if target is not None:

@@ -11,7 +11,8 @@ from dpsco_jax.privacy.events import (ApproxDpEvent, ApproxRdpEvent, PureDpEvent
                                       pure_dp_event, validate_event)
 from dpsco_jax.privacy.ledger import (LedgerIntegrityError, PrivacyBudgetExceeded,
                                       PrivacyLedger, PrivacyReport, Provenance, epsilon_of)
-from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier, ledger_epsilon
+from dpsco_jax.privacy.calibrate import (calibrate_noise_multiplier, calibrate_poisson_sgd,
+                                        ledger_epsilon)
 from dpsco_jax.privacy.group import GroupPrivacy, group_privacy_epsilon
 from dpsco_jax.privacy.mechanisms import (gaussian_sigma_analytic, gaussian_sigma_classic,
                                           laplace)

@@ -17,14 +17,17 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+import dp_accounting
 from scipy import optimize
+
+from dpsco_jax.cache import bounded_cache
 
 from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
 from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT, for_accountant
 from dpsco_jax.privacy.ledger import ACCOUNTANTS, PrivacyLedger, make_accountant
 from dpsco_jax.privacy.relations import check_relation
 
-__all__ = ["calibrate_noise_multiplier", "ledger_epsilon"]
+__all__ = ["calibrate_noise_multiplier", "calibrate_poisson_sgd", "ledger_epsilon"]
 
 
 def _as_list(x: Any) -> list:
@@ -94,3 +97,16 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
       return _solve(lambda z: eps_at(z, fine), epsilon, lower, None)
     return _solve(lambda z: eps_at(z, fine), epsilon, max(lower, 0.5 * z_rdp), 1.01 * z_rdp)
   return _solve(lambda z: eps_at(z, accountant), epsilon, lower, None)
+
+
+@bounded_cache()
+def calibrate_poisson_sgd(sampling_rate: float, steps: int, *, epsilon: float, delta: float,
+                          relation: str = "add_remove", accountant: str = "auto") -> float:
+  """:func:`calibrate_noise_multiplier` of ``steps`` Poisson-sampled Gaussian steps (DP-SGD's
+  event), memoized on these public numbers in the one cache: the seeds of a sweep and a
+  trainer rebuilt on the same schedule calibrate once (the PLD bisection costs seconds)."""
+  return calibrate_noise_multiplier(
+      lambda z: dp_accounting.SelfComposedDpEvent(
+          dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(z)),
+          steps),
+      epsilon=epsilon, delta=delta, relation=relation, accountant=accountant)
