@@ -79,7 +79,7 @@ from dpsco_jax.config.types import (  # noqa: F401
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES",
-           "RETIRED", "validate", "keys_of", "describe", "typed"]
+           "RETIRED", "check_name", "validate", "keys_of", "describe", "typed"]
 
 
 class _RegisteredConfigs(Mapping):
@@ -166,7 +166,9 @@ def _suggest(key: str, allowed: dict[str, KeySpec]) -> str | None:
   return hit[0] if hit else None
 
 
-def _check_name(field: str, value: Any, known: dict) -> str:
+def check_name(field: str, value: Any, known: Mapping) -> str:
+  """``value`` if it is a string naming one of ``known`` (an algorithm or a problem), else
+  :class:`ConfigError` with the closest name as a suggestion."""
   if not isinstance(value, str) or value not in known:
     hint = difflib.get_close_matches(str(value), list(known), n=1)
     raise ConfigError(f"unknown {field} {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint
@@ -187,8 +189,8 @@ def validate(cfg: dict) -> dict:
   for field in ("algorithm", "problem"):
     if field not in cfg:
       raise ConfigError(f"config is missing the field {field!r}")
-  algorithm = _check_name("algorithm", cfg["algorithm"], CONFIG_ALGORITHM_SCHEMAS)
-  problem = _check_name("problem", cfg["problem"], PROBLEM_SCHEMAS)
+  algorithm = check_name("algorithm", cfg["algorithm"], CONFIG_ALGORITHM_SCHEMAS)
+  problem = check_name("problem", cfg["problem"], PROBLEM_SCHEMAS)
   allowed = keys_of(algorithm, problem)
   where = f"algorithm {algorithm!r} on problem {problem!r}"
   for key in cfg:

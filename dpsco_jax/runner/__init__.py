@@ -97,7 +97,6 @@ means ``seed: eval_seeds``.
 from __future__ import annotations
 
 import collections
-import difflib
 import traceback
 import itertools
 import json
@@ -110,7 +109,8 @@ from typing import Any, Callable
 import jax
 
 from dpsco_jax.config.families import CONFIG_ONLY_ALGORITHMS, USER_PROBLEM
-from dpsco_jax.config.schema import ConfigError, validate  # noqa: F401 (re-exported)
+from dpsco_jax.config.schema import (  # noqa: F401 (ConfigError, validate re-exported)
+    ConfigError, check_name, validate)
 from dpsco_jax.runner.config import (RUNNER_ONLY, check_baseline, check_record_metric,
                                      flatten_sections, parse_compare, yaml_loader)
 from dpsco_jax.runner.plots import _draw, plot_ratio, plot_rows
@@ -180,11 +180,7 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
       raise ConfigError(f"config is missing the field {field!r}")
   for field, known in (("algorithm", {**algorithms, **CONFIG_ONLY_ALGORITHMS}),
                        ("problem", problems)):
-    if not isinstance(cfg[field], str) or cfg[field] not in known:
-      hint = difflib.get_close_matches(str(cfg[field]), list(known), n=1)
-      raise ConfigError(f"unknown {field} {cfg[field]!r}"
-                        + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                        + f"; known: {', '.join(sorted(known))}")
+    check_name(field, cfg[field], known)
   from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS
   for field, schemas in (("algorithm", CONFIG_ALGORITHM_SCHEMAS), ("problem", PROBLEM_SCHEMAS)):
     if cfg[field] not in schemas:  # a bug of the library, not of the config
