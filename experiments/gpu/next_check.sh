@@ -10,8 +10,8 @@
 #            beside unchunked and the CPU budget (~40 s; the item CNN was measured: 2.39x).
 #   flip3e5  issue 28: label-flipping users at n = 3e5, m = 64, 5 and 10% (Algorithm 3 and
 #            DP-SGD, 10 eval seeds; ~8 s per Algorithm 3 run, ~30 s per DP-SGD cell).
-#   m1e5     issue 28: n = 1e5 at m = 16 and 256, 2 and 5% huge users (the cells the CPU run
-#            of experiments/results/filter_curve_records_cpu_m.jsonl did not reach).
+#   m1e5     issue 28: n = 1e5 at m = 256, 2 and 5% huge users (m = 16 at 0-10% ran on the CPU:
+#            experiments/results/filter_curve_records_cpu_m.jsonl).
 #   bench    issue 26: bench_gpu's transformer rows under today's defaults (not re-run on the
 #            H100 since the cost model).
 #   tfchunk  issue 26: the transformers' vmap step in 4 chunks of users beside fast / optax /
@@ -33,7 +33,7 @@ for step in ${STEPS:-conv tfchunk flip3e5 m1e5 bench}; do
             2>&1 | grep -v "^WARNING\|^I0000" | tee "$OUT/conv_budget_default_cnn_user.log" ;;
     flip3e5) SIZES=3e5_flip FRACTIONS="0.05 0.1" ALG1=0 STUDY_S=$(left 330) BENCH_S=0 \
             bash experiments/gpu/study_filter.sh ;;
-    m1e5) SIZES=1e5_m MS="16 256" FRACTIONS="0.05 0.02" ALG1=0 STUDY_S=$(left 420) \
+    m1e5) SIZES=1e5_m MS="256" FRACTIONS="0.05 0.02" ALG1=0 STUDY_S=$(left 420) \
             BENCH_S=0 bash experiments/gpu/study_filter.sh ;;
     bench) t=$(left 480); [ "$t" -gt 30 ] && timeout "$t" python3 experiments/bench_gpu.py \
             --budget 20 --reps 5 --only transformer transformer_mha 2>&1 | grep -v "^WARNING\|^I0000" \
