@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 import jax  # noqa: E402
@@ -34,8 +35,8 @@ def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--only", nargs="*", default=["cnn_item", "cnn_user"])
   ap.add_argument("--reps", type=int, default=5)
-  ap.add_argument("--peers", action="store_true",
-                  help="also optax.contrib.dpsgd and jax_privacy (when installed)")
+  ap.add_argument("--peers", nargs="*", default=None,
+                  help="also these peers (optax, jax_privacy; bare --peers: both, when installed)")
   ap.add_argument("--fast", action="store_true", help="also the fast path (taps, ghost norms)")
   ap.add_argument("--chunks", default="auto",
                   help="vmap_chunks of the chunked step ('auto' or an int)")
@@ -50,12 +51,16 @@ def main() -> None:
                               method="vmap", vmap_chunks=chunk_rule)
     steps = {"nonprivate": fns["nonprivate"], "vmap": fns["vmap"],
              "vmap_chunked": bench_cost._auto_step(chunked, shape[0], params)}
-    steps.update({p: fns[p] for p in ("optax", "jax_privacy") if p in fns and args.peers})
+    peers = () if args.peers is None else (args.peers or ("optax", "jax_privacy"))
+    steps.update({p: fns[p] for p in peers if p in fns})
     if args.fast:
       steps["fast"] = fns["fast"]
     cands, peak = [], {}
     for path, (fn, st) in steps.items():
+      t0 = time.perf_counter()
       compiled = jax.jit(fn).lower(params, st, batch).compile()
+      # a line per compile: a run stopped at its deadline still shows how far it got
+      print(f"  {name}: {path} compiled in {time.perf_counter() - t0:.1f} s", flush=True)
       peak[path] = bench_cost.cost_of(compiled)["peak"]
       cands.append(Candidate(path, compiled, (params, st), (batch,)))
     comp = compare(cands, reps=args.reps, window_s=0.0, budget_s=600.0)

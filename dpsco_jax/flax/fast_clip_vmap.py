@@ -82,7 +82,7 @@ def vmap_chunks(rule: int | str, params: Any, users: Any, backend: str | None = 
   if rule != "auto":
     return min(int(rule), n_users), f"vmap_chunks={rule}"
   backend = backend or jax.default_backend()
-  if backend != "cpu":
+  if backend != "cpu":   # H100 transformer: 4 chunks 1.95x the non-private step, one piece 1.38x
     return 1, f"auto ({backend}): all users at once"
   if jax.device_count(backend) > 1:   # users may be sharded: a slice of them would gather
     return 1, f"auto (cpu, {jax.device_count(backend)} devices): all users at once"
