@@ -8,8 +8,9 @@ return one event or a list (mixing dp_accounting events with pure-DP, (epsilon, 
 approximate-RDP blocks; ``fixed`` adds events that do not depend on the multiplier, e.g.
 AboveThreshold's pure-DP budget).
 
-Speed: when every event is a dp_accounting event that RDP supports, RDP (cheap) brackets the
-answer first and PLD (tight, slower) refines it in ``[0.5, 1.01] z_rdp``.
+Speed: when every event is a dp_accounting event that RDP supports, RDP (cheap) finds the
+answer to 1% first and PLD (tight, slower) refines it from there, by regula falsi on
+``(log z, log epsilon)`` to ``RTOL`` (about 5 PLD evaluations per calibration, was 11-13).
 """
 
 from __future__ import annotations
@@ -43,24 +44,93 @@ def ledger_epsilon(events: Sequence[Any], *, delta: float, relation: str,
   return ledger.epsilon(exact=True)
 
 
-def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float, hi: float | None
+# How close to the smallest multiplier the calibrator stops: z within 0.01% of it (noise
+# variance within 0.02%), far below anything a run can see. Each PLD evaluation costs tenths of
+# a second to seconds, and every plan calibrates, so the solver spends as few as it can.
+RTOL = 1e-4
+
+
+def _log_gap(eps: float, epsilon: float) -> float:
+  """``log(eps / epsilon)``: nearly linear in ``log z`` for the mechanisms calibrated here, so
+  a secant step in these coordinates lands close to the root."""
+  if math.isnan(eps):
+    raise ValueError("the accountant returned epsilon = NaN; no noise multiplier is calibrated")
+  if eps <= 0.0:
+    return -50.0
+  return 50.0 if math.isinf(eps) else math.log(eps / epsilon)
+
+
+def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
+           guess: float | None = None, rtol: float = RTOL, slope: list | None = None
            ) -> float:
-  """Smallest z in [lo, inf) with eps_fn(z) <= epsilon (eps_fn decreasing), rel. tol 1e-6."""
-  if eps_fn(lo) <= epsilon:
-    return lo
-  if hi is None or eps_fn(hi) > epsilon:
-    hi = max(2.0 * lo, 1.0) if hi is None else hi
-    for _ in range(40):
-      if eps_fn(hi) <= epsilon:
-        break
-      lo, hi = hi, 2.0 * hi
+  """A z >= lo with ``eps_fn(z) <= epsilon`` (``eps_fn`` decreasing) and, unless z == lo, a
+  point within ``rtol`` (relative) below it that misses the target: the smallest feasible z
+  to ``rtol``. Every returned z was evaluated and met the target (never an interpolated
+  point). ``guess``: where to look first (RDP's answer, for PLD; else 1); ``slope``: a
+  one-element list with d log eps / d log z near the answer, read as a hint and written on
+  return.
+
+  Each step predicts the root by a secant in ``(log z, log eps)``, where these curves are
+  nearly straight, and evaluates a little past the prediction (a tenth of the step, at least
+  half the tolerance) on the side that shrinks the bracket, so the bracket of an infeasible
+  and a feasible point narrows ~10x per evaluation: about 5 evaluations from RDP's answer
+  (Brent on ``eps - epsilon`` in ``[0.5, 1.01] z_rdp`` took 11-13, and its first point, the
+  smallest z, is the costliest PLD). A point that lands on the unexpected side of the
+  step-like PLD curve still narrows the bracket."""
+  tol, xlo = math.log1p(rtol), math.log(lo)
+  a: tuple[float, float] | None = None   # infeasible: (log z, log(eps / epsilon) > 0)
+  b: tuple[float, float] | None = None   # feasible
+  last: list[tuple[float, float]] = []
+  widths: list[float] = []
+  x = math.log(max(lo, 1.0 if guess is None else guess))
+  ups = 0
+  for _ in range(200):
+    fx = _log_gap(eps_fn(math.exp(x)), epsilon)
+    last = (last + [(x, fx)])[-2:]
+    if fx <= 0.0:
+      b = (x, fx)
+      if x <= xlo:
+        return lo
     else:
-      raise ValueError(f"no noise multiplier up to {hi:.3g} reaches epsilon={epsilon}")
-  g = lambda logz: eps_fn(math.exp(logz)) - epsilon
-  root = math.exp(optimize.brentq(g, math.log(lo), math.log(hi), xtol=1e-7))
-  while eps_fn(root) > epsilon:  # brentq may land a hair on the wrong side
-    root *= 1 + 1e-6
-  return root
+      a = (x, fx)
+    if a is not None and b is not None and b[0] - a[0] <= tol:
+      break
+    if a is not None and b is not None:
+      s = (b[1] - a[1]) / (b[0] - a[0])
+    elif len(last) == 2 and last[0][0] != last[1][0]:
+      s = (last[1][1] - last[0][1]) / (last[1][0] - last[0][0])
+    else:
+      s = slope[0] if slope else -1.0   # a Gaussian's epsilon goes like 1/z
+    s = min(s, -0.05)                    # decreasing; bounds the step
+    x0, f0 = min((p for p in (a, b) if p is not None), key=lambda p: abs(p[1]))
+    xp = x0 - f0 / s
+    m = max(0.5 * tol, 0.1 * abs(xp - x0))
+    if b is None:                        # only too little noise so far: up, at most x16
+      ups += 1
+      if ups > 10:                       # z up to ~1e12, as far as any budget needs
+        raise ValueError(f"no noise multiplier up to {math.exp(a[0]):.3g} reaches "
+                         f"epsilon={epsilon}")
+      x = min(max(xp + m, a[0] + tol), a[0] + math.log(16.0))
+    elif a is None:                      # only enough noise so far: down, not below lo
+      x = max(xp - m, xlo, b[0] - math.log(16.0))
+    else:
+      w = b[0] - a[0]
+      widths.append(w)
+      m = max(m, 0.01 * w)               # an end on a flat PLD step predicts itself
+      x = xp - m if fx <= 0.0 else xp + m   # past the prediction, toward the other end
+      # a narrow bracket whose prediction is within the tolerance of an end: 0.9 tol in from
+      # that end, so that landing on the other side closes the bracket at once
+      if w <= 16 * tol and xp - a[0] < tol:
+        x = a[0] + 0.9 * tol
+      elif w <= 16 * tol and b[0] - xp < tol:
+        x = b[0] - 0.9 * tol
+      # the secant stalls where the curve is flat (a PLD step): bisect when two steps did not
+      # halve the bracket
+      if not a[0] < x < b[0] or (len(widths) >= 3 and w > 0.5 * widths[-3]):
+        x = 0.5 * (a[0] + b[0])
+  if slope is not None and a is not None and b is not None:
+    slope[:] = [(b[1] - a[1]) / (b[0] - a[0])]
+  return math.exp(b[0])
 
 
 def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: float,
@@ -68,7 +138,8 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
                                accountant: str = "auto", lower: float = 0.3,
                                fixed: Sequence[Any] = ()) -> float:
   """Smallest noise multiplier ``z >= lower`` with ``epsilon(make_event(z) + fixed) <=
-  epsilon`` at ``delta`` under ``relation``, as the ledger composes it.
+  epsilon`` at ``delta`` under ``relation``, as the ledger composes it (to relative tolerance
+  ``RTOL``: the returned z meets the target, and z / (1 + RTOL) does not).
 
   ``lower``: below ~0.3 the PLD of many composed steps becomes enormous, and such tiny noise is
   never the answer for a useful budget. Raises ``ValueError`` if ``fixed`` alone exceeds the
@@ -89,13 +160,13 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
       for_accountant(e, "pld", relation)) for e in probe)
   # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
   if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
-    z_rdp = _solve(lambda z: eps_at(z, "rdp"), epsilon, lower, None)
+    # RDP's answer only says where to look: 1% is close enough
+    slope: list = []
+    z_rdp = _solve(lambda z: eps_at(z, "rdp"), epsilon, lower, None, rtol=1e-2, slope=slope)
     # "auto" refines as the ledger will account: PLD, or RDP where PLD's truncated tails
     # give no finite epsilon (delta below ~1e-15)
     fine = "pld" if accountant == "pld" else "auto"
-    if z_rdp == lower:
-      return _solve(lambda z: eps_at(z, fine), epsilon, lower, None)
-    return _solve(lambda z: eps_at(z, fine), epsilon, max(lower, 0.5 * z_rdp), 1.01 * z_rdp)
+    return _solve(lambda z: eps_at(z, fine), epsilon, lower, z_rdp, slope=slope)
   return _solve(lambda z: eps_at(z, accountant), epsilon, lower, None)
 
 
