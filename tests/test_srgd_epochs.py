@@ -17,6 +17,7 @@ from dpsco_jax.config.types import ConfigError
 from dpsco_jax.privacy import cyclic_participation as cp
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
+import dpsco_jax.privacy.calibrate as calibrate
 from dpsco_jax.problems.ill_conditioned import ill_conditioned_least_squares
 from dpsco_jax.transforms.tree_noise import tree_encode, tree_levels
 
@@ -154,9 +155,12 @@ def test_epochs_one_is_todays_plan_and_params(prob):
     assert np.array_equal(np.asarray(r0.params), np.asarray(r1.params))
     np.testing.assert_allclose(np.asarray(r1.params), golden, rtol=1e-5, atol=1e-6)
     assert r1.record == r0.record and "epochs" not in r1.record
-  assert plan0.params.noise_multiplier == pytest.approx(5.2969455656822975, rel=1e-9)
+  # recorded with the earlier calibrator (Brent, xtol 1e-7 in log z); today's stops within
+  # its RTOL / EPS_RTOL of 1e-6, so the recorded multipliers hold to that
+  rel = 2 * max(calibrate.RTOL, calibrate.EPS_RTOL)
+  assert plan0.params.noise_multiplier == pytest.approx(5.2969455656822975, rel=rel)
   tree = S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=1))
-  assert tree.params.noise_multiplier == pytest.approx(8.34194595718589, rel=1e-9)
+  assert tree.params.noise_multiplier == pytest.approx(8.34194595718589, rel=rel)
   assert tree.event.noise_multiplier == pytest.approx(8.34194595718589 / tree_levels(20) ** .5)
 
 

@@ -44,10 +44,13 @@ def ledger_epsilon(events: Sequence[Any], *, delta: float, relation: str,
   return ledger.epsilon(exact=True)
 
 
-# How close to the smallest multiplier the calibrator stops: z within 0.01% of it (noise
-# variance within 0.02%), far below anything a run can see. Each PLD evaluation costs tenths of
-# a second to seconds, and every plan calibrates, so the solver spends as few as it can.
-RTOL = 1e-4
+# When the calibrator stops: at a feasible z that spends the target to within EPS_RTOL
+# (relative), or once z is within RTOL of the smallest feasible multiplier (where epsilon moves
+# in steps). A calibrated run then spends its budget to 1e-6, as the ledger reports it. Each PLD
+# evaluation costs tenths of a second to seconds, and every plan calibrates, so the solver
+# spends as few as it can.
+RTOL = 1e-6
+EPS_RTOL = 1e-6
 
 
 def _log_gap(eps: float, epsilon: float) -> float:
@@ -77,7 +80,7 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
   (Brent on ``eps - epsilon`` in ``[0.5, 1.01] z_rdp`` took 11-13, and its first point, the
   smallest z, is the costliest PLD). A point that lands on the unexpected side of the
   step-like PLD curve still narrows the bracket."""
-  tol, xlo = math.log1p(rtol), math.log(lo)
+  tol, xlo, close = math.log1p(rtol), math.log(lo), math.log1p(-EPS_RTOL)
   a: tuple[float, float] | None = None   # infeasible: (log z, log(eps / epsilon) > 0)
   b: tuple[float, float] | None = None   # feasible
   last: list[tuple[float, float]] = []
@@ -93,7 +96,7 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
         return lo
     else:
       a = (x, fx)
-    if a is not None and b is not None and b[0] - a[0] <= tol:
+    if b is not None and (b[1] >= close or (a is not None and b[0] - a[0] <= tol)):
       break
     if a is not None and b is not None:
       s = (b[1] - a[1]) / (b[0] - a[0])
