@@ -9,8 +9,8 @@ approximate-RDP blocks; ``fixed`` adds events that do not depend on the multipli
 AboveThreshold's pure-DP budget).
 
 Speed: when every event is a dp_accounting event that RDP supports, RDP (cheap) finds the
-answer to 1% first and PLD (tight, slower) refines it from there, by regula falsi on
-``(log z, log epsilon)`` to ``RTOL`` (about 5 PLD evaluations per calibration, was 11-13).
+answer to 1% first and PLD (tight, slower) refines it from there, by a bracketing secant
+search on ``(log z, log epsilon)`` (7-9 PLD evaluations per calibration; Brent took 11-13).
 """
 
 from __future__ import annotations
@@ -66,17 +66,17 @@ def _log_gap(eps: float, epsilon: float) -> float:
 def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
            guess: float | None = None, rtol: float = RTOL, slope: list | None = None
            ) -> float:
-  """A z >= lo with ``eps_fn(z) <= epsilon`` (``eps_fn`` decreasing) and, unless z == lo, a
-  point within ``rtol`` (relative) below it that misses the target: the smallest feasible z
-  to ``rtol``. Every returned z was evaluated and met the target (never an interpolated
-  point). ``guess``: where to look first (RDP's answer, for PLD; else 1); ``slope``: a
+  """A z >= lo with ``eps_fn(z) <= epsilon`` (``eps_fn`` decreasing) that spends the target to
+  ``EPS_RTOL`` or, unless z == lo, has a point within ``rtol`` (relative) below it that misses
+  the target: the smallest feasible z to these tolerances. Every returned z was evaluated and
+  met the target (never an interpolated point). ``guess``: where to look first (RDP's answer, for PLD; else 1); ``slope``: a
   one-element list with d log eps / d log z near the answer, read as a hint and written on
   return.
 
   Each step predicts the root by a secant in ``(log z, log eps)``, where these curves are
   nearly straight, and evaluates a little past the prediction (a tenth of the step, at least
   half the tolerance) on the side that shrinks the bracket, so the bracket of an infeasible
-  and a feasible point narrows ~10x per evaluation: about 5 evaluations from RDP's answer
+  and a feasible point narrows ~10x per evaluation: 7-9 evaluations from RDP's answer
   (Brent on ``eps - epsilon`` in ``[0.5, 1.01] z_rdp`` took 11-13, and its first point, the
   smallest z, is the costliest PLD). A point that lands on the unexpected side of the
   step-like PLD curve still narrows the bracket."""
@@ -141,8 +141,8 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
                                accountant: str = "auto", lower: float = 0.3,
                                fixed: Sequence[Any] = ()) -> float:
   """Smallest noise multiplier ``z >= lower`` with ``epsilon(make_event(z) + fixed) <=
-  epsilon`` at ``delta`` under ``relation``, as the ledger composes it (to relative tolerance
-  ``RTOL``: the returned z meets the target, and z / (1 + RTOL) does not).
+  epsilon`` at ``delta`` under ``relation``, as the ledger composes it (the returned z meets
+  the target and spends it to ``EPS_RTOL``, or z / (1 + ``RTOL``) misses it).
 
   ``lower``: below ~0.3 the PLD of many composed steps becomes enormous, and such tiny noise is
   never the answer for a useful budget. Raises ``ValueError`` if ``fixed`` alone exceeds the
