@@ -45,13 +45,13 @@ def main() -> None:
   out = {}
   rng = np.random.default_rng(0)
   chunk_rule = args.chunks if args.chunks == "auto" else int(args.chunks)
+  peers = () if args.peers is None else (args.peers or ("optax", "jax_privacy"))
   for name, model, loss, batch, shape in bench_cost.workloads(args.size, rng, args.only):
     fns, params, _, level = bench_cost.steps(model, loss, shape)
     chunked = FastClippedGrad(model, loss, clip_norm=bench_cost.CLIP, level=level,
                               method="vmap", vmap_chunks=chunk_rule)
     steps = {"nonprivate": fns["nonprivate"], "vmap": fns["vmap"],
              "vmap_chunked": bench_cost._auto_step(chunked, shape[0], params)}
-    peers = () if args.peers is None else (args.peers or ("optax", "jax_privacy"))
     steps.update({p: fns[p] for p in peers if p in fns})
     if args.fast:
       steps["fast"] = fns["fast"]

@@ -19,7 +19,6 @@ import math
 from typing import Any, Callable, Sequence
 
 import dp_accounting
-from scipy import optimize
 
 from dpsco_jax.cache import bounded_cache
 
@@ -64,14 +63,15 @@ def _log_gap(eps: float, epsilon: float) -> float:
 
 
 def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
-           guess: float | None = None, rtol: float = RTOL, slope: list | None = None
-           ) -> float:
+           guess: float | None = None, rtol: float = RTOL, slope: float | None = None
+           ) -> tuple[float, float | None]:
   """A z >= lo with ``eps_fn(z) <= epsilon`` (``eps_fn`` decreasing) that spends the target to
   ``EPS_RTOL`` or, unless z == lo, has a point within ``rtol`` (relative) below it that misses
   the target: the smallest feasible z to these tolerances. Every returned z was evaluated and
-  met the target (never an interpolated point). ``guess``: where to look first (RDP's answer, for PLD; else 1); ``slope``: a
-  one-element list with d log eps / d log z near the answer, read as a hint and written on
-  return.
+  met the target (never an interpolated point). ``guess``: where to look first (RDP's answer,
+  for PLD; else 1); ``slope``: d log eps / d log z near the answer, a hint for the first step.
+  Returns ``(z, slope)``, the slope being the final bracket's (None without one), to seed a
+  later search.
 
   Each step predicts the root by a secant in ``(log z, log eps)``, where these curves are
   nearly straight, and evaluates a little past the prediction (a tenth of the step, at least
@@ -93,7 +93,7 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
     if fx <= 0.0:
       b = (x, fx)
       if x <= xlo:
-        return lo
+        return lo, None
     else:
       a = (x, fx)
     if b is not None and (b[1] >= close or (a is not None and b[0] - a[0] <= tol)):
@@ -103,7 +103,7 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
     elif len(last) == 2 and last[0][0] != last[1][0]:
       s = (last[1][1] - last[0][1]) / (last[1][0] - last[0][0])
     else:
-      s = slope[0] if slope else -1.0   # a Gaussian's epsilon goes like 1/z
+      s = -1.0 if slope is None else slope   # a Gaussian's epsilon goes like 1/z
     s = min(s, -0.05)                    # decreasing; bounds the step
     x0, f0 = min((p for p in (a, b) if p is not None), key=lambda p: abs(p[1]))
     xp = x0 - f0 / s
@@ -131,9 +131,8 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
       # halve the bracket
       if not a[0] < x < b[0] or (len(widths) >= 3 and w > 0.5 * widths[-3]):
         x = 0.5 * (a[0] + b[0])
-  if slope is not None and a is not None and b is not None:
-    slope[:] = [(b[1] - a[1]) / (b[0] - a[0])]
-  return math.exp(b[0])
+  final = None if a is None else (b[1] - a[1]) / (b[0] - a[0])
+  return math.exp(b[0]), final
 
 
 def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: float,
@@ -164,13 +163,12 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
   # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
   if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
     # RDP's answer only says where to look: 1% is close enough
-    slope: list = []
-    z_rdp = _solve(lambda z: eps_at(z, "rdp"), epsilon, lower, None, rtol=1e-2, slope=slope)
+    z_rdp, slope = _solve(lambda z: eps_at(z, "rdp"), epsilon, lower, None, rtol=1e-2)
     # "auto" refines as the ledger will account: PLD, or RDP where PLD's truncated tails
     # give no finite epsilon (delta below ~1e-15)
     fine = "pld" if accountant == "pld" else "auto"
-    return _solve(lambda z: eps_at(z, fine), epsilon, lower, z_rdp, slope=slope)
-  return _solve(lambda z: eps_at(z, accountant), epsilon, lower, None)
+    return _solve(lambda z: eps_at(z, fine), epsilon, lower, z_rdp, slope=slope)[0]
+  return _solve(lambda z: eps_at(z, accountant), epsilon, lower, None)[0]
 
 
 @bounded_cache()
