@@ -72,3 +72,37 @@ def test_slope_against_m_at_one_n(tmp_path):
   assert a3["slope"] == pytest.approx(-0.75, abs=1e-9) and a3["m"] == [16, 64]
   assert a3["ci95"] == pytest.approx([-0.75, -0.75], abs=1e-9)
   assert out[f"{study.DPSGD} f=0.02"]["slope"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_bonferroni_interval_counts_every_cell_looked_at(tmp_path):
+  """The corrected interval is at level ``1 - 0.05 / K`` with ``K`` the FILTER-vs-DP-SGD cells
+  on the seeds over every m and mode (here 4: Algorithm 3 at two n, Algorithm 1 at one, and a
+  flip cell at m = 16; a FILTER cell without DP-SGD and one on other seeds do not count). With
+  noisy paired risks it contains the 95% interval and is strictly wider; with an exact ratio
+  it is that ratio. A wrong K (1: no correction) would leave the two intervals equal."""
+  rng = __import__("numpy").random.default_rng(0)
+  recs = []
+  for s in range(300, 310):
+    base = 1.0 + rng.random()
+    recs += [_rec(study.DPSGD, 10_000, 0.05, s, base),
+             _rec(study.ALG3, 10_000, 0.05, s, base * (0.5 + 0.3 * rng.standard_normal())),
+             _rec(study.DPSGD, 100_000, 0.05, s, base), _rec(study.ALG3, 100_000, 0.05, s, 0.5 * base),
+             _rec(study.ALG1, 100_000, 0.05, s, 3 * base),
+             _rec(study.DPSGD, 10_000, 0.05, s, base, m=16, mode="flip"),
+             _rec(study.ALG3, 10_000, 0.05, s, base, m=16, mode="flip"),
+             _rec(study.ALG3, 300_000, 0.05, s, base)]                     # no DP-SGD here
+    recs.append(_rec(study.ALG3, 10_000, 0.02, s + 300, base))                # other seeds
+    recs.append(_rec(study.DPSGD, 10_000, 0.02, s + 300, base))
+  path = tmp_path / "filter_curve_records_b.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+  assert study.cells_looked(str(path)) == 4
+  out = study.main(["--records", str(path)])
+  assert out["cells_looked"] == 4
+  rows = {(r["n_users"], r["corruption"]): r for r in out["rows"]}
+  noisy = rows[(10_000, 0.05)][study.ALG3]
+  _, lo, hi = noisy["vs_dp_sgd"]
+  blo, bhi = noisy["vs_dp_sgd_bonferroni"]
+  assert blo < lo < hi < bhi
+  assert rows[(100_000, 0.05)][study.ALG3]["vs_dp_sgd_bonferroni"] == pytest.approx([0.5, 0.5])
+  assert rows[(100_000, 0.05)][study.ALG1]["vs_dp_sgd_bonferroni"] == pytest.approx([3.0, 3.0])
+  assert "vs_dp_sgd" not in rows[(300_000, 0.05)][study.ALG3]
