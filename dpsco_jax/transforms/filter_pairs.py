@@ -330,6 +330,13 @@ def pairwise_sq_distances(stacked: PyTree) -> jax.Array:
 _PAIR_BLOCK = 1024
 
 
+def pair_layout(u: int, n_dev: int = 1, block: int = _PAIR_BLOCK) -> tuple[int, int]:
+  """``(blocks per device, rows per block)`` of the counts' ``[blocks, block]`` layout."""
+  per = -(-u // n_dev)                    # rows per device
+  b = per if per <= block else block
+  return -(-per // b), b
+
+
 def _close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, ...],
                        block: int = _PAIR_BLOCK, rows: NamedSharding | None = None
                        ) -> tuple[jax.Array, ...]:
@@ -347,9 +354,7 @@ def _close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, .
   """
   u = _num_rows(clean)
   n_dev = 1 if rows is None else int(rows.mesh.shape[rows.spec[0]])
-  per = -(-u // n_dev)                    # rows per device
-  b = per if per <= block else block
-  nb_dev = -(-per // b)                   # blocks per device
+  nb_dev, b = pair_layout(u, n_dev, block)
   geo = _geometry([_rows(leaf) for leaf in jax.tree.leaves(clean)])
   lay = _layout(clean, mask, n_dev * nb_dev * b - u, geo)
   ts = tuple(_threshold(r, geo) for r in radii)

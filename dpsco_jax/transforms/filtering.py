@@ -48,6 +48,7 @@ from dpsco_jax.transforms.noise import noise_dtype, redacted_repr
 from dpsco_jax.transforms.filter_pairs import (_canonical_sq, _close_pair_counts,  # noqa: F401
                                                _exact_score, _num_rows, _rows,
                                                pairwise_sq_distances)
+from dpsco_jax.transforms.filter_bands import close_pair_counts
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_scales,
                                              above_threshold_step)
 
@@ -130,10 +131,10 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
   r_s = jnp.asarray(score_radius, jnp.float32)
   r_h = r_s if degree_radius is None else jnp.asarray(degree_radius, jnp.float32)
   if degree_radius is None:   # one radius: one count (Algorithms 2-3)
-    close_s, = _close_pair_counts(clean, mask, (r_s,), rows=rows)
+    close_s, = close_pair_counts(clean, mask, (r_s,), rows=rows)
     close_h = close_s
   else:
-    close_s, close_h = _close_pair_counts(clean, mask, (r_s, r_h), rows=rows)
+    close_s, close_h = close_pair_counts(clean, mask, (r_s, r_h), rows=rows)
   k_int = jnp.sum(mask, dtype=jnp.int32)
   k = k_int.astype(jnp.float32)
   score = _exact_score(close_s, k_int, u)
