@@ -9,7 +9,11 @@
 # vmap step in 4 chunks, flips at 3e5 5%, m = 256 at 2 and 5%; experiments/results/gpu/):
 #   flip3e5  issue 28: label-flipping users at n = 3e5, m = 64, 10% (Algorithm 3 and DP-SGD,
 #            10 eval seeds; 89 s for Algorithm 3's 10 seeds at 5%, 29 s for DP-SGD's).
-#   m1e5     issue 28: n = 1e5 at m = 256, clean and 10% huge users (13-27 s per cell).
+#   e6       issue 28: n = 1e6, m = 64: the cells the CPU could not finish (filter_curve
+#            skips cells already in the records: carry experiments/results/ as it is).
+#            FILTER counts pairs by radial bands since 2026-11-27 (one Algorithm 3 run at
+#            1e6 took 186 s on one CPU core), so these are short on a GPU.
+# (m1e5, the m = 256 clean and 10% cells, ran on this box's CPU on 2026-11-27.)
 #   bench    issue 26: bench_gpu's transformer rows under today's defaults (not re-run on the
 #            H100 since the cost model; one full-size transformer compile takes 20-90 s there).
 set -u
@@ -20,15 +24,24 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 left() { echo $(( ${1} - ($(date +%s) - T0) )); }
-for step in ${STEPS:-flip3e5 m1e5 bench}; do
+for step in ${STEPS:-e6 flip3e5 bench}; do
   echo "== $step at $(( $(date +%s) - T0 )) s"
   case $step in
     conv) timeout 120 python3 experiments/gpu/conv_budget_default.py --only cnn_user \
             2>&1 | grep -v "^WARNING\|^I0000" | tee "$OUT/conv_budget_default_cnn_user.log" ;;
     flip3e5) SIZES=3e5_flip FRACTIONS="0.1" ALG1=0 STUDY_S=$(left 180) BENCH_S=0 \
             bash experiments/gpu/study_filter.sh ;;
-    m1e5) SIZES=1e5_m MS="256" FRACTIONS="0.0 0.1" ALG1=0 STUDY_S=$(left 270) \
-            BENCH_S=0 bash experiments/gpu/study_filter.sh ;;
+    e6) for cfg in 1e6 1e6_flip; do
+          cells=(); for f in 0.05 0.1 0.0 0.02; do for a in user_level_accelerated_erm dp_sgd_user; do
+            mode=huge; [ "$cfg" = 1e6_flip ] && mode=flip
+            [ "$cfg" = 1e6_flip ] && [ "$f" != 0.05 ] && [ "$f" != 0.1 ] && continue
+            cells+=("[\"$a\", 1000000, \"$mode\", 64, $f]"); done; done
+          timeout $(left 300) python3 experiments/filter_curve.py run \
+            --config experiments/configs_eval/filter_curve_$cfg.yaml --max-seeds 10 \
+            --records experiments/results/filter_curve_records_cpu_1e6.jsonl \
+            --deadline $(( $(date +%s) + $(left 320) )) --cells "${cells[@]}" 2>&1 \
+            | grep -v "^WARNING\|^I0000" | tee -a "$OUT/study_filter_e6.log"
+          cp experiments/results/filter_curve_records_cpu_1e6.jsonl "$OUT/" ; done ;;
     bench) t=$(left 480); [ "$t" -gt 30 ] && timeout "$t" python3 experiments/bench_gpu.py \
             --budget 20 --reps 5 --only transformer transformer_mha 2>&1 | grep -v "^WARNING\|^I0000" \
             | tee "$OUT/bench_gpu_transformer.log" | tail -15 ;;
