@@ -1,7 +1,9 @@
 """Issue 28, paper 000 as n grows: FILTER (Algorithms 1 and 3) against user-level DP-SGD.
 
 Reads every FILTER-curve record (``experiments/results/filter_curve_records*.jsonl``: the CPU
-runs at n = 1e4 and 5e4 and the H100 runs at n = 1e5 and 3e5, ``experiments/gpu/study_filter.sh``),
+runs at n = 1e4 and 5e4, the H100 runs at n = 1e5 and 3e5, ``experiments/gpu/study_filter.sh``,
+and the CPU runs at n = 1e6: Algorithm 3 through ``filter_curve.py``, DP-SGD through
+``study_000_host_sgd.py``, host-streamed sampling, records marked ``"sampling_path": "host"``),
 keeps the huge-gradient cells at m = 64 on the evaluation seeds 300-309 (the seeds every cell
 shares; none was used to set anything), and prints per (n, corrupted fraction f):
 

@@ -132,6 +132,8 @@ _FILE_SECONDS = {
     "tests/test_audit_declared_constants.py": 7,
     "tests/test_audit_declared_facts.py": 7,
     "tests/test_srgd_mf.py": 8,
+    "tests/test_filter_bands.py": 30,
+    "tests/test_study_000_host_sgd.py": 20,
 }
 _TEST_SECONDS = {   # the two tests of the bench_steps group
     "tests/test_bench_cost.py::test_bench_cost_quick_prints_json_table": 30,
