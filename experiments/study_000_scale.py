@@ -50,23 +50,31 @@ SEEDS = range(300, 310)
 ALGS = (ALG3, DPSGD, ALG1)
 
 
-def load(pattern: str = RECORDS, m: int = 64, mode: str = "huge", seeds=SEEDS) -> list[dict]:
-  """One record per (algorithm, n, f, seed) on ``seeds``, the first one found."""
-  out, seen = [], set()
+def _read(pattern: str):
+  """Every record of every file matching ``pattern``, in file order."""
   for path in sorted(glob.glob(pattern)):
     with open(path) as fh:
       for line in fh:
-        if not line.strip():
-          continue
-        r = json.loads(line)
-        cfg = r.get("config", {})
-        if (r["algorithm"] not in ALGS or r["m"] != m or r.get("status", "ok") != "ok"
-            or cfg.get("corruption_mode", "huge") != mode or r["seed"] not in seeds):
-          continue
-        key = (r["algorithm"], r["n_users"], cfg["corruption"], r["seed"])
-        if key not in seen:
-          seen.add(key)
-          out.append({**r, "corruption": cfg["corruption"]})
+        if line.strip():
+          yield json.loads(line)
+
+
+def _kept(r: dict, seeds) -> bool:
+  """A finished record of a FILTER-curve algorithm on ``seeds``."""
+  return r["algorithm"] in ALGS and r.get("status", "ok") == "ok" and r["seed"] in seeds
+
+
+def load(pattern: str = RECORDS, m: int = 64, mode: str = "huge", seeds=SEEDS) -> list[dict]:
+  """One record per (algorithm, n, f, seed) on ``seeds``, the first one found."""
+  out, seen = [], set()
+  for r in _read(pattern):
+    cfg = r.get("config", {})
+    if not _kept(r, seeds) or r["m"] != m or cfg.get("corruption_mode", "huge") != mode:
+      continue
+    key = (r["algorithm"], r["n_users"], cfg["corruption"], r["seed"])
+    if key not in seen:
+      seen.add(key)
+      out.append({**r, "corruption": cfg["corruption"]})
   return out
 
 
@@ -75,24 +83,13 @@ def cells_looked(pattern: str = RECORDS, seeds=SEEDS) -> int:
   FILTER algorithm) with DP-SGD on at least two of the same seeds, whatever ``--m`` /
   ``--mode`` a table shows (every one of them was looked at before a headline was picked)."""
   seen: dict = {}
-  for m in sorted({r["m"] for mode in ("huge", "flip") for r in _all(pattern, seeds, mode)}):
-    for mode in ("huge", "flip"):
-      for r in load(pattern, m=m, mode=mode, seeds=seeds):
-        seen.setdefault((mode, m, r["n_users"], r["corruption"], r["algorithm"]),
-                        set()).add(r["seed"])
+  for r in _read(pattern):
+    if _kept(r, seeds):
+      cfg = r.get("config", {})
+      seen.setdefault((cfg.get("corruption_mode", "huge"), r["m"], r["n_users"],
+                       cfg["corruption"], r["algorithm"]), set()).add(r["seed"])
   return sum(1 for (mode, m, n, f, alg), s in seen.items() if alg != DPSGD
              and len(s & seen.get((mode, m, n, f, DPSGD), set())) >= 2)
-
-
-def _all(pattern: str, seeds, mode: str) -> list[dict]:
-  """Every record of ``mode`` on ``seeds``, any m (only their m's are read)."""
-  out = []
-  for path in sorted(glob.glob(pattern)):
-    with open(path) as fh:
-      out += [r for r in map(json.loads, filter(str.strip, fh))
-              if r["algorithm"] in ALGS and r["seed"] in seeds
-              and r.get("config", {}).get("corruption_mode", "huge") == mode]
-  return out
 
 
 #: resamples of the Bonferroni-corrected interval (its tails hold 0.025 / K of them each)

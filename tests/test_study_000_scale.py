@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
@@ -80,7 +81,7 @@ def test_bonferroni_interval_counts_every_cell_looked_at(tmp_path):
   flip cell at m = 16; a FILTER cell without DP-SGD and one on other seeds do not count). With
   noisy paired risks it contains the 95% interval and is strictly wider; with an exact ratio
   it is that ratio. A wrong K (1: no correction) would leave the two intervals equal."""
-  rng = __import__("numpy").random.default_rng(0)
+  rng = np.random.default_rng(0)
   recs = []
   for s in range(300, 310):
     base = 1.0 + rng.random()

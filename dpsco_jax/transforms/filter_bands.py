@@ -89,34 +89,32 @@ def _radii(t: jax.Array, geo: _Geometry) -> tuple[jax.Array, jax.Array]:
   return _down(jnp.sqrt(jnp.maximum(q_close, 0.0))), _up(jnp.sqrt(jnp.maximum(q_far, 0.0)))
 
 
-class _Bands:
-  """Per sorted row and threshold: ``c1`` (columns ``< c1`` certified close), and the row's
-  band ``[lo, hi)`` over all thresholds (outside it every column is certified)."""
-
-  def __init__(self, ub_s: jax.Array, lb_s: jax.Array, thresholds, geo: _Geometry):
-    c1, lo, hi = [], None, None
-    for t in thresholds:
-      rho_c, rho_f = _radii(t, geo)
-      close = jnp.searchsorted(ub_s, _down(rho_c - ub_s), side="right")   # ub_i + ub_j <= rho_c
-      far_lo = jnp.searchsorted(ub_s, _down(lb_s - rho_f), side="left")   # lb_i - ub_j > rho_f
-      far_hi = jnp.searchsorted(lb_s, _up(ub_s + rho_f), side="right")    # lb_j - ub_i > rho_f
-      lo_k = jnp.maximum(close, far_lo)
-      c1.append(close.astype(jnp.int32))
-      lo = lo_k if lo is None else jnp.minimum(lo, lo_k)
-      hi = far_hi if hi is None else jnp.maximum(hi, far_hi)
-    self.c1 = c1
-    self.lo = lo.astype(jnp.int32)
-    self.hi = jnp.maximum(hi, lo).astype(jnp.int32)
+def _bands(ub_s: jax.Array, lb_s: jax.Array, thresholds, geo: _Geometry
+           ) -> tuple[list[jax.Array], jax.Array, jax.Array]:
+  """``(c1, lo, hi)`` per sorted row: per threshold ``c1`` (columns ``< c1`` certified close),
+  and the row's band ``[lo, hi)`` over all thresholds (outside it every column is certified)."""
+  c1, lo, hi = [], None, None
+  for t in thresholds:
+    rho_c, rho_f = _radii(t, geo)
+    close = jnp.searchsorted(ub_s, _down(rho_c - ub_s), side="right")   # ub_i + ub_j <= rho_c
+    far_lo = jnp.searchsorted(ub_s, _down(lb_s - rho_f), side="left")   # lb_i - ub_j > rho_f
+    far_hi = jnp.searchsorted(lb_s, _up(ub_s + rho_f), side="right")    # lb_j - ub_i > rho_f
+    lo_k = jnp.maximum(close, far_lo)
+    c1.append(close.astype(jnp.int32))
+    lo = lo_k if lo is None else jnp.minimum(lo, lo_k)
+    hi = far_hi if hi is None else jnp.maximum(hi, far_hi)
+  return c1, lo.astype(jnp.int32), jnp.maximum(hi, lo).astype(jnp.int32)
 
 
-def _block_bands(bands: _Bands, real_s: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
+def _block_bands(lo: jax.Array, hi: jax.Array, real_s: jax.Array, rows: int
+                 ) -> tuple[jax.Array, jax.Array]:
   """Per block of ``rows`` sorted rows: the union ``[lo, hi)`` of its real rows' bands
   (empty for a block without real rows)."""
   nb = real_s.shape[0] // rows
   big = jnp.iinfo(jnp.int32).max
-  lo = jnp.where(real_s, bands.lo, big).reshape(nb, rows).min(axis=1)
-  hi = jnp.where(real_s, bands.hi, 0).reshape(nb, rows).max(axis=1)
-  return jnp.minimum(lo, hi), hi
+  blo = jnp.where(real_s, lo, big).reshape(nb, rows).min(axis=1)
+  bhi = jnp.where(real_s, hi, 0).reshape(nb, rows).max(axis=1)
+  return jnp.minimum(blo, bhi), bhi
 
 
 #: Below this many user slots the Gram path alone runs (one or a few blocks: nothing to save,
@@ -154,13 +152,12 @@ def banded_close_counts(rows: list[jax.Array], mask: jax.Array, thresholds: tupl
   a, ub, lb = _radial(rows, mask, geo)
   order = jnp.argsort(a)
   ub_s, lb_s, real_s = ub[order], lb[order], mask[order]
-  bands = _Bands(ub_s, lb_s, thresholds, geo)
+  c1, lo, hi = _bands(ub_s, lb_s, thresholds, geo)
   pad = padded - u
   padi = lambda x, v: jnp.pad(x, (0, pad), constant_values=v)
   real_p = padi(real_s, False)
-  bands.lo, bands.hi = padi(bands.lo, 0), padi(bands.hi, 0)
-  c1 = [padi(c, 0) for c in bands.c1]
-  blo, bhi = _block_bands(bands, real_p, r)
+  c1 = [padi(c, 0) for c in c1]
+  blo, bhi = _block_bands(padi(lo, 0), padi(hi, 0), real_p, r)
   c = min(BAND_COLS, u)
   chunks = (bhi - blo + c - 1) // c
   work = jnp.sum(chunks.astype(jnp.float32)) * float(r * c)
