@@ -93,13 +93,6 @@ MESH_UNSUPPORTED = {n: e.mesh for n, e in _TABLE.items() if e.mesh is not True}
 BATCHED = frozenset(n for n, e in _TABLE.items() if e.batched)
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
 UNSUPPORTED = {n: e.unsupported for n, e in _TABLE.items() if e.unsupported is not None}
-#: Keys a run reads besides the algorithm's schema.
-_EXTRA_KEYS = {
-    "n_users": (int, "declared (public) number of users; required under add_remove"),
-    "debug": (bool, "put data-dependent diagnostics (never released) in Result.debug"),
-}
-
-
 def _entry(algorithm: str):
   table = algorithms()
   if not isinstance(algorithm, str) or algorithm not in table:
@@ -114,21 +107,25 @@ def _entry(algorithm: str):
   return table[algorithm]
 
 
-def algorithm_config(algorithm: str, config: Mapping | Any) -> dict:
-  """The validated config of ``algorithm`` as a flat dict (what its driver reads).
+def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
+  """The validated, typed config of ``algorithm``: an instance of its schema (frozen; read as
+  attributes or as a read-only mapping of its set fields), what its planner and driver read.
 
-  ``config``: a mapping or an instance of the algorithm's config dataclass. Errors are
-  :class:`~dpsco_jax.config.schema.ConfigError` naming the key."""
-  from dpsco_jax.config.schema import KeySpec, _check_type, _specs, _suggest
+  ``config``: a mapping, or an instance of the algorithm's config dataclass (returned as it
+  is). Every schema holds ``n_users`` (the declared, public number of users) and ``debug``
+  (:class:`~dpsco_jax.config.families.AlgorithmKeys`). Errors are
+  :class:`~dpsco_jax.config.schema.ConfigError` naming the key: an unknown key (with a
+  suggestion), a wrong type, a missing required key."""
+  from dpsco_jax.config.schema import _specs, _suggest
   entry = _entry(algorithm)
+  if isinstance(config, entry.config):
+    return config
   if dataclasses.is_dataclass(config) and not isinstance(config, type):
     config = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
   if not isinstance(config, Mapping):
     raise ConfigError(f"config must be a mapping or {entry.config.__name__}, got "
                       f"{type(config).__name__}")
   allowed = _specs(entry.config, "algorithm")
-  for name, (tp, doc) in _EXTRA_KEYS.items():
-    allowed.setdefault(name, KeySpec(name, tp, None, doc, False, "runner"))
   given = {k: v for k, v in config.items() if k not in ("algorithm", "problem", "seed")}
   for key in given:
     if key not in allowed:
@@ -136,11 +133,8 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> dict:
       raise ConfigError(f"unknown key {key!r} for algorithm {algorithm!r}"
                         + (f" (did you mean {s!r}?)" if s else "")
                         + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
-  fields = {f.name for f in dataclasses.fields(entry.config)}
   # the schema's own construction checks types, required keys and requires_one_of
-  typed = entry.config(**{k: v for k, v in given.items() if k in fields})
-  return {k: getattr(typed, k) if k in fields else _check_type(allowed[k], v)
-          for k, v in given.items()}
+  return entry.config.of(given)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +143,8 @@ class Plan:
 
   Attributes:
     algorithm: the registered name.
-    config: the validated config (flat dict).
+    config: the validated config: an instance of the algorithm's schema (what the driver
+      reads).
     spec: the public facts about the data the plan was made for.
     constants: the declared constants of the loss class.
     privacy: the guarantee the run spends (epsilon, delta, relation, provenance).
@@ -160,7 +155,7 @@ class Plan:
       ``FilterPlan``), for inspection.
   """
   algorithm: str
-  config: dict
+  config: Any
   spec: DataSpec
   constants: ProblemConstants
   privacy: PrivacyReport
@@ -358,13 +353,13 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   return dataclasses.replace(result, params=problem.unflatten(result.params))
 
 
-def _driver_config(p: Plan) -> dict:
+def _driver_config(p: Plan) -> Any:
   """The config the driver runs: the plan's, with the plan's calibrated noise multiplier where
   the driver would only calibrate the same number again (``REUSES_NOISE_MULTIPLIER``)."""
-  cfg = dict(p.config)
+  cfg = p.config
   if (_entry(p.algorithm).reuses_noise_multiplier and p.noise_multiplier is not None
-      and cfg.get("noise_multiplier") is None):
-    cfg["noise_multiplier"] = p.noise_multiplier
+      and getattr(cfg, "noise_multiplier", 0) is None):
+    cfg = dataclasses.replace(cfg, noise_multiplier=p.noise_multiplier)
   return cfg
 
 

@@ -26,7 +26,12 @@ cache and factory take the problem's keys, ``run_keys`` the seed, the schema's n
 epsilon-given checks only what they check): the runner 10, the config checks and ``ConfigView``
 11, ``_checks`` 5, the DP-SGD package 8, privacy 3, ``required_delta`` 1. 39 after 7e7c222:
 the memoized calibration (``dpsgd.plan._calibrated_z``) is one more function the target
-passes through.
+passes through. 2026-11-27 (issue 25: the typed config is what runs; ``ConfigView``
+removed): the walk now ends where the issue ends it, at the noise standard deviation
+(:data:`NOISE_STD`); the budget charge and the record's echo of the target come after it and
+are listed apart. On the quickstart: 33 stays to the noise std (+7 after it: the ledger's
+``epsilon_budget``, the records' ``target_epsilon``), 0 climbs, 4 names (epsilon and the
+generic validators' v, value, x), 11 files. The whole run, counted as before, is 40.
 
     .venv/bin/python experiments/epsilon_walk.py [config.yaml] [--algorithm dp_sgd_user]
 """
@@ -43,6 +48,10 @@ from collections.abc import Mapping
 import yaml
 
 SENTINEL = 1.8765432109876
+#: the walk ends where the noise standard deviation is formed (``z`` times the stage's
+#: sensitivity): calls after it (the budget charge, the record's echo of the target) are
+#: listed apart, "after the noise std"
+NOISE_STD = "gaussian_noise_std"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "dpsco_jax") + os.sep
 #: layer of a module path prefix (the longest matching prefix wins); higher = further from data
@@ -81,11 +90,6 @@ def _held_unsafe(value, depth: int) -> list[str]:
     items = ((f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value))
   elif isinstance(value, tuple) and hasattr(value, "_fields"):
     items = zip(value._fields, value)
-  elif type(value).__name__ == "ConfigView":   # a typed view of a config: its given values
-    try:
-      items = object.__getattribute__(value, "_values").items()
-    except AttributeError:   # the view's own __init__, before it is set
-      items = ()
   for k, v in items:
     if isinstance(k, str) and _held(v, depth + 1):
       out.append(k)
@@ -98,7 +102,13 @@ def trace(config: dict) -> dict:
   edges: set[tuple[str, str]] = set()
   stack: list[str | None] = []
 
+  after: dict[str, set[str]] = {}   # calls once the noise std exists (records, ledger)
+  done = []
+
   def prof(frame, event, arg):
+    if event == "return" and not done and frame.f_code.co_qualname == NOISE_STD and (
+        frame.f_code.co_filename.startswith(PKG)):
+      done.append(True)   # the walk's end: the noise std is formed
     if event == "call":
       code = frame.f_code
       where = None
@@ -110,7 +120,7 @@ def trace(config: dict) -> dict:
               names.add(key or var)
         if names:
           where = f"{code.co_filename[len(PKG):]}:{code.co_qualname}"
-          calls.setdefault(where, set()).update(names)
+          (after if done else calls).setdefault(where, set()).update(names)
           caller = next((s for s in reversed(stack) if s is not None), None)
           if caller is not None:
             edges.add((caller, where))
@@ -132,7 +142,8 @@ def trace(config: dict) -> dict:
   return {"stays": len(calls), "climbs": len(climbs), "names": names, "n_names": len(names),
           "files": len({c.split(":")[0] for c in calls}),
           "functions": {k: sorted(v) for k, v in sorted(calls.items())},
-          "climb_edges": [f"{a} -> {b}" for a, b in climbs]}
+          "climb_edges": [f"{a} -> {b}" for a, b in climbs],
+          "after_noise": {k: sorted(v) for k, v in sorted(after.items()) if k not in calls}}
 
 
 def main() -> None:
@@ -155,11 +166,15 @@ def main() -> None:
   out = trace(one)
   for fn, names in out["functions"].items():
     print(f"  {fn}  [{', '.join(names)}]")
+  for fn, names in out["after_noise"].items():
+    print(f"  (after the noise std) {fn}  [{', '.join(names)}]")
   for edge in out["climb_edges"]:
     print(f"  climb: {edge}")
   print(f"stays {out['stays']}, climbs {out['climbs']}, names {out['n_names']} "
-        f"({', '.join(out['names'])}), files {out['files']}")
-  print(json.dumps({k: out[k] for k in ("stays", "climbs", "n_names", "names", "files")}))
+        f"({', '.join(out['names'])}), files {out['files']}; after the noise std "
+        f"{len(out['after_noise'])} more")
+  print(json.dumps({k: out[k] for k in ("stays", "climbs", "n_names", "names", "files")}
+                   | {"after_noise": len(out["after_noise"])}))
 
 
 if __name__ == "__main__":

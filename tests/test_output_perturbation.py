@@ -532,9 +532,9 @@ def test_validation_errors(problem):
   with pytest.raises(ValueError, match="strong_convexity"):
     op.sc_erm_output_pert(plain, base, jax.random.key(0))
   with pytest.raises(ValueError, match="solver_tol"):
-    op.settings_from_cfg({"solver_tol": -1})
+    op.settings_from_cfg({"epsilon": 1.0, "delta": 1e-5, "solver_tol": -1})
   with pytest.raises(ValueError, match="Delta"):
-    op.settings_from_cfg({"preset": "theory", "Delta": 0.1})
+    op.settings_from_cfg({"epsilon": 1.0, "delta": 1e-5, "preset": "theory", "Delta": 0.1})
 
 
 def test_budget_exceeded_raises_before_release(problem):
@@ -553,7 +553,7 @@ def test_naive_baseline_flat_in_m_and_paper_ratio_scaling(problem):
   assert abs(res.privacy.epsilon - 1.0) < 1e-3
   sens = res.record["sensitivity"]
   assert abs(sens - 2 * problem.lipschitz / (0.5 * 120)) < 0.1 * sens
-  settings = op.settings_from_cfg({})
+  settings = op.settings_from_cfg({"epsilon": 1.0, "delta": 1e-5})
   s = [op.naive_sigma(dataclasses.replace(problem, m=m), 1.0, 1e-5, settings)
        for m in (2, 8, 512)]
   assert s[0] == s[1] == s[2]  # sensitivity 2G/(μn): no gain from m
@@ -592,12 +592,12 @@ def test_phased_schedules():
 def test_composition_of_theorem_blocks_on_the_ledger():
   """(eps, delta) blocks: basic composition, max over disjoint blocks, budget before release."""
   from dpsco_jax.privacy import ApproxDpEvent
-  settings = op.settings_from_cfg({})
+  settings = op.settings_from_cfg({"epsilon": 1.0, "delta": 1e-5})
   t = op.block_ledger(settings, 10.0, 1e-3)
   t.spend(ApproxDpEvent(0.2, 1e-6), label="phases", count=5)
   rep = op.block_report(t, "theorem", paper_epsilon=1.0, notes="")
   assert np.allclose((rep.epsilon, rep.delta), (1.0, 5e-6))
-  p = op.block_ledger(op.settings_from_cfg({"epsilon_budget": 1.5}), 4.0, 1e-3)
+  p = op.block_ledger(op.settings_from_cfg({"epsilon": 1.0, "delta": 1e-5, "epsilon_budget": 1.5}), 4.0, 1e-3)
   for i in range(3):
     p.spend(ApproxDpEvent(1.0, 1e-5), label=f"block {i}", group=f"b{i}")  # disjoint: max
   p.spend(ApproxDpEvent(0.5, 1e-5), label="warm start")

@@ -132,6 +132,10 @@ def test_register_refuses_a_second_driver_and_a_non_dataclass_config():
                       planner=planner)(lambda problem, cfg, key: None)
   with pytest.raises(TypeError, match="config dataclass"):
     registry.register("zzz_new", config=dict, paper="baseline")
+  # a schema without the declared n_users and debug every planner may read
+  plain = dataclasses.make_dataclass("Plain", [], bases=(config_families.Schema,), frozen=True)
+  with pytest.raises(TypeError, match="AlgorithmKeys"):
+    registry.register("zzz_new", config=plain, paper="baseline")
   assert "zzz_new" not in registry.algorithms()
 
 

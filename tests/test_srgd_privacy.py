@@ -124,9 +124,10 @@ def test_removal_rebatches_the_stream_so_add_remove_is_refused():
   prob = _problem(16, 2)
   for name in NAMES:
     with pytest.raises(ValueError, match="zero_out"):
-      srgd.plan_srgd(name, {"relation": "add_remove", "epsilon": 1.0}, **PUBLIC)
+      srgd.plan_srgd(name, {"relation": "add_remove", "epsilon": 1.0, "delta": 1e-6}, **PUBLIC)
     with pytest.raises(ValueError, match="add_remove"):
-      getattr(srgd, name)(prob, {"relation": "add_remove", "epsilon": 1.0}, jax.random.key(0))
+      getattr(srgd, name)(prob, {"relation": "add_remove", "epsilon": 1.0, "delta": 1e-6},
+                          jax.random.key(0))
 
 
 def test_the_plan_is_data_free_and_identical_on_neighbours():

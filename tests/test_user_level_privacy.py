@@ -219,7 +219,7 @@ def test_output_perturbation_refusals(sc_problem):
   with pytest.raises(PrivacyBudgetExceeded):
     op.naive_output_pert(sc_problem, {**base, "noise_multiplier": 0.2}, jax.random.key(0))
   with pytest.raises(TypeError, match="debug"):
-    op.settings_from_cfg({"debug": 1})
+    op.settings_from_cfg({**base, "debug": 1})
 
 
 def test_sc_output_pert_block_and_release_hook(sc_problem):

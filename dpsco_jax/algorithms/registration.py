@@ -6,8 +6,9 @@
               reuses_noise_multiplier=True, batched=True)
     def dp_sgd_user(problem, cfg, key) -> Result: ...
 
-An algorithm is three objects, all in its own package: its frozen config dataclass (a
-:class:`~dpsco_jax.config.families.Schema`: its typed vocabulary), a data-free
+An algorithm is three objects, all in its own package: its frozen config dataclass (an
+:class:`~dpsco_jax.config.families.AlgorithmKeys` subclass: its typed vocabulary, an instance
+of which is what its planner and driver read), a data-free
 ``planner(facts, cfg) -> Planned`` (what :func:`dpsco_jax.plan` returns before any data is
 read) and its ``driver(problem, cfg, key) -> Result``. Everything the entry points need to know
 about it is a keyword of :func:`register` (its :class:`AlgorithmEntry`): the rows it clips
@@ -144,8 +145,12 @@ def register(name: str, *, config: type, paper: str,
   """Decorator: registers ``driver`` under ``name`` with the traits above (a second
   registration of a name with another driver is a bug and raises; an incomplete entry raises)
   and returns the driver unchanged."""
-  if not dataclasses.is_dataclass(config):
-    raise TypeError(f"register({name!r}): config must be a config dataclass, got {config!r}")
+  from dpsco_jax.config.families import AlgorithmKeys
+  if not (isinstance(config, type) and dataclasses.is_dataclass(config)
+          and issubclass(config, AlgorithmKeys)):
+    raise TypeError(f"register({name!r}): config must be a frozen config dataclass subclassing "
+                    "dpsco_jax.config.families.AlgorithmKeys (the typed schema its planner and "
+                    f"driver read, with the declared n_users and debug), got {config!r}")
 
   def deco(driver: Callable) -> Callable:
     entry = AlgorithmEntry(name, driver, config, str(paper), planner, level,

@@ -1,10 +1,10 @@
 """The one config vocabulary (issue 25, DESIGN.md's layout).
 
-* :mod:`dpsco_jax.config.types` — ``ConfigError``, the strict type check and ``ConfigView``
-  (how a planner or driver reads a typed config: the schema's defaults, nothing else);
-  imports nothing of the package but ``_checks``, so every layer may raise its errors.
+* :mod:`dpsco_jax.config.types` — ``ConfigError`` and the strict type check; imports nothing
+  of the package but ``_checks``, so every layer may raise its errors.
 * :mod:`dpsco_jax.config.families` — the typed, frozen config dataclass of every algorithm
-  family and problem: every key, its type, its default and its meaning, written once.
+  family and problem: every key, its type, its default and its meaning, written once. An
+  instance is what a planner, a driver or a problem factory reads (``Schema.of``).
 * :mod:`dpsco_jax.config.schema` — validation of a whole run (algorithm + problem + runner
   keys) against those schemas, with "did you mean" suggestions; reads the registry.
 

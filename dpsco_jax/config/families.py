@@ -11,11 +11,12 @@ marks keys that must be given. Built by reading each driver (``cfg.get`` / ``cfg
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from dpsco_jax.config.types import check_instance
+from dpsco_jax.config.types import ConfigError, check_instance
 
-__all__ = ["PROBLEM_SCHEMAS", "RunnerKeys", "Schema", "USER_PROBLEM",
+__all__ = ["AlgorithmKeys", "PROBLEM_SCHEMAS", "RunnerKeys", "Schema", "USER_PROBLEM",
            "UserProblemKeys", "DataFileKeys", "DPTrainerConfig", "CONFIG_ONLY_ALGORITHMS"]
 
 
@@ -30,14 +31,69 @@ def _refused(why: str) -> Any:
                                                    "required": False, "refused": why})
 
 
-class Schema:
-  """Base of every schema: building one from Python (``DpSgdConfig(epsilon=1.0, ...)``)
-  validates it as the runner validates YAML: strict types (a bool or a string is not a
-  number; an integral float of an integer key becomes an int), required keys, one of each
-  ``requires_one_of`` group. Errors are ``ConfigError`` naming the key."""
+class Schema(Mapping):
+  """Base of every schema: a frozen, typed config whose instance is what a planner, a driver
+  or a problem factory reads (the schema is the one place a literal default is written).
+
+  Building one from Python (``DpSgdConfig(epsilon=1.0, ...)``) validates it as the runner
+  validates YAML: strict types (a bool or a string is not a number; an integral float of an
+  integer key becomes an int), required keys, one of each ``requires_one_of`` group. Errors
+  are ``ConfigError`` naming the key. :meth:`of` makes the instance from a run's flat mapping
+  (or returns an instance as it is). Read it as attributes (``cfg.epsilon``) or as a read-only
+  mapping of its set fields: ``cfg["epsilon"]``, ``cfg.get("relation", derived)`` (the
+  derived default only when the field is unset), ``"bands" in cfg``, ``dict(cfg)``. Reading a
+  name that is not a field raises ``KeyError``: a driver that reads a key its schema does not
+  declare is a bug, not a default."""
 
   def __post_init__(self) -> None:
     check_instance(self)
+
+  @classmethod
+  def of(cls, config: Any) -> Any:
+    """The typed config of ``cls`` from ``config``: an instance of ``cls`` as it is, else the
+    fields of ``cls`` that ``config`` (a mapping, e.g. a run's flat config with the runner's
+    and the problem's keys too, or another schema's instance) sets, validated."""
+    if isinstance(config, cls):
+      return config
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+      config = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    if not isinstance(config, Mapping):
+      raise ConfigError(f"a config must be a mapping or {cls.__name__}, got "
+                        f"{type(config).__name__}")
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in config.items() if k in names and v is not None})
+
+  def __getitem__(self, name: str) -> Any:
+    if not isinstance(name, str) or name not in _field_names(type(self)):
+      raise KeyError(f"{name!r} is not a key of {type(self).__name__} (a driver reads only "
+                     "its schema's keys: add the field, with its default and doc)")
+    return getattr(self, name)
+
+  def get(self, name: str, default: Any = None) -> Any:
+    """The field's value, or ``default`` when it is unset (``None``); an unknown name
+    raises ``KeyError``."""
+    value = self[name]
+    return default if value is None else value
+
+  def __iter__(self):
+    return (k for k in _field_names(type(self)) if getattr(self, k) is not None)
+
+  def __len__(self) -> int:
+    return sum(1 for _ in self)
+
+  def __contains__(self, name: object) -> bool:
+    return (isinstance(name, str) and name in _field_names(type(self))
+            and getattr(self, name) is not None)
+
+
+def _field_names(schema: type) -> dict[str, None]:
+  """The schema's field names, in order (a dict: ordered, with O(1) membership), kept on the
+  class itself (not inherited: a subclass has its own fields)."""
+  names = schema.__dict__.get("_field_names_")
+  if names is None:
+    names = dict.fromkeys(f.name for f in dataclasses.fields(schema))
+    type.__setattr__(schema, "_field_names_", names)
+  return names
 
 
 Relation = Literal["add_remove", "replace_one", "zero_out"]
@@ -199,11 +255,26 @@ PROBLEM_SCHEMAS: dict[str, type] = {
     USER_PROBLEM: UserProblemKeys,
 }
 
+# ------------------------------------------------------------------------------- algorithms
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmKeys(Schema):
+  """Keys every algorithm's config holds besides its own, written once: the declared number
+  of users (a problem's ``n_users`` in a run config; ``dp.fit``'s ``config``) and ``debug``.
+  In a run config they are the problem's and the runner's keys (:func:`keys_of` keeps their
+  specs there); the algorithm's typed config carries their values to its planner."""
+  n_users: Optional[int] = _key("declared (public) number of users; the planners read it under "
+                                "add_remove, where the realized count is private")
+  debug: Optional[bool] = _key("put data-dependent diagnostics (never released) in the record "
+                               "/ Result.debug", False)
+
+
 # ------------------------------------------------------------------------------- baselines
 
 
 @dataclasses.dataclass(frozen=True)
-class SgdSchedule(Schema):
+class SgdSchedule(AlgorithmKeys):
   """The schedule keys shared by DP-SGD and non-private SGD (``nonprivate_sgd``)."""
   sampling: Optional[Literal["poisson", "fixed", "full"]] = _key(
       "user sampling (DP-SGD's default: poisson)", "fixed")
@@ -245,7 +316,7 @@ class DpSgdConfig(SgdSchedule):
 
 
 @dataclasses.dataclass(frozen=True)
-class FilterCommon(Schema):
+class FilterCommon(AlgorithmKeys):
   """Keys of paper 000's drivers (replace-one; FILTER + private tests)."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)
@@ -297,7 +368,7 @@ class AcceleratedErmSmoothedConfig(AcceleratedErmConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class OutputPertConfig(Schema):
+class OutputPertConfig(AlgorithmKeys):
   """Paper 001's output perturbation drivers (replace-one, n public)."""
   epsilon: float = _key("privacy budget (theory preset: in (0, 1])", required=True)
   delta: float = _key("target delta", required=True)
@@ -331,7 +402,7 @@ class NaiveOutputPertConfig(OutputPertConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetKeys(Schema):
+class TargetKeys(AlgorithmKeys):
   target: Optional[float] = _key("excess-risk target (default target_frac x initial excess)")
   target_frac: Optional[float] = _key("target as a fraction of the initial excess risk", 0.1)
 
@@ -349,7 +420,7 @@ class ResqueParallelConfig(TargetKeys):
 
 
 @dataclasses.dataclass(frozen=True)
-class ResquePrivateConfig(Schema):
+class ResquePrivateConfig(AlgorithmKeys):
   """``resque_private_sco`` (Theorems 3-4, item level, replace-one)."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)
@@ -387,10 +458,12 @@ class MinibatchSgdConfig(TargetKeys):
 
 
 @dataclasses.dataclass(frozen=True)
-class SrgdConfig(Schema):
+class SrgdConfig(AlgorithmKeys):
   """Paper 003's drivers (accelerated_dp_srgd and its ablations)."""
+  private_requires: ClassVar[tuple] = ("delta",)
   epsilon: Optional[float] = _key("budget; null: non-private unless noise_multiplier")
-  delta: float = _key("target delta", required=True)
+  delta: Optional[float] = _key("target delta (required for a private run: epsilon or "
+                                "noise_multiplier given)")
   relation: Optional[Relation] = _key("zero_out or replace_one (add_remove refused)",
                                       "zero_out")
   preset: Preset = _key("theory (accelerated_dp_srgd only) or practical", "practical")
@@ -418,7 +491,7 @@ class SrgdConfig(Schema):
 
 
 @dataclasses.dataclass(frozen=True)
-class BilevelConfig(Schema):
+class BilevelConfig(AlgorithmKeys):
   """``dp_bilevel`` / ``dp_bilevel_minibatch`` / ``dp_bilevel_population`` (replace-one)."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)
@@ -447,7 +520,7 @@ class BilevelConfig(Schema):
 
 
 @dataclasses.dataclass(frozen=True)
-class NonPrivatePenaltyConfig(Schema):
+class NonPrivatePenaltyConfig(AlgorithmKeys):
   """``nonprivate_penalty``: exact inner solves, non-private reference."""
   lam: float = _key("penalty lambda", 1e3)
   learning_rate: float = _key("outer step size eta", 0.5)
@@ -456,7 +529,7 @@ class NonPrivatePenaltyConfig(Schema):
 
 
 @dataclasses.dataclass(frozen=True)
-class LocGdConfig(Schema):
+class LocGdConfig(AlgorithmKeys):
   """``dp_loc_gd`` (Alg 2), item level, replace-one."""
   epsilon: float = _key("privacy budget", required=True)
   delta: float = _key("target delta", required=True)
@@ -485,7 +558,7 @@ class LocSgdConfig(LocGdConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class DPTrainerConfig(Schema):
+class DPTrainerConfig(AlgorithmKeys):
   """``flax.DPTrainer`` from a config (user problems with an nnx model only): DP-SGD step by
   step, fast clipping, accounted as it goes (:class:`dpsco_jax.flax.DPTrainer`): Poisson
   sampling, or the cyclic schedule with independent / banded / BLT noise (issue #27)."""

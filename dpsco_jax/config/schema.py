@@ -52,14 +52,13 @@ driver" (the doc gives the formula). ``required`` fields must be given.
 strict types, required keys, and keys that mean different things to the algorithm and to the
 problem. Errors are :class:`ConfigError` naming the key.
 
-A schema's literal defaults are the ones that run: the drivers read their config through
-:class:`~dpsco_jax.config.types.ConfigView` (the schema's fields with their defaults; reading
-an undeclared key raises), so a default is written once, here. Done for the DP-SGD family
-(``dp_sgd_*``, ``nonprivate_sgd``: :func:`dpsco_jax.algorithms.dpsgd.plan.config_view`),
-paper 001 (:func:`dpsco_jax.algorithms.output_perturbation.base.settings_from_cfg`), paper 000,
-paper 002 (:func:`dpsco_jax.algorithms.resque.private.config_view`, the parallel drivers),
-paper 003 (:func:`dpsco_jax.algorithms.srgd.plan.config_view`) and paper 004; derived defaults
-(``None`` here) are computed at their call site, only when the config leaves them out.
+A schema's literal defaults are the ones that run: a run's typed config (an instance of its
+algorithm's schema, :meth:`~dpsco_jax.config.families.Schema.of`; ``dp.plan(...).config``) is
+what the planners and drivers of every family read, so a default is written once, here.
+Derived defaults (``None`` here) are computed at their call site, only when the config leaves
+them out. ``n_users`` and ``debug`` are in every algorithm's schema
+(:class:`~dpsco_jax.config.families.AlgorithmKeys`): in a run config they are the problem's
+and the runner's keys, and :func:`keys_of` keeps those specs.
 """
 
 from __future__ import annotations
@@ -70,12 +69,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpsco_jax.config.families import (  # noqa: F401 (the schemas, re-exported)
-    CONFIG_ONLY_ALGORITHMS, PROBLEM_SCHEMAS, RunnerKeys)
+    CONFIG_ONLY_ALGORITHMS, PROBLEM_SCHEMAS, AlgorithmKeys, RunnerKeys)
 # the validation core lives one layer down (the schemas call it from __post_init__);
 # re-exported here, where the runner and the tests have always found it
 from dpsco_jax.config.types import (  # noqa: F401
     MAX_COUNT, ConfigError, KeySpec, _check_range, _check_type, _coerce, _hint, _is_number,
-    _specs, _type_name, check_instance, check_refused)
+    _specs, _type_name, check_instance, check_refused, private_missing)
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES",
@@ -147,7 +146,10 @@ def keys_of(algorithm: str, problem: str) -> dict[str, KeySpec]:
   ``algorithm`` may also be a config-only one (``flax.DPTrainer``)."""
   out = _specs(RunnerKeys, "runner")
   out.update(_specs(PROBLEM_SCHEMAS[problem], "problem"))
+  shared = {f.name for f in dataclasses.fields(AlgorithmKeys)}
   for name, spec in _specs(CONFIG_ALGORITHM_SCHEMAS[algorithm], "algorithm").items():
+    if name in shared and name in out:
+      continue   # the problem's n_users / the runner's debug: their spec (required) stands
     if name in out and out[name].owner == "problem" and out[name].type != spec.type:
       # one key, two meanings (paper 000's privacy `noise` switch vs the label noise)
       spec = dataclasses.replace(spec, owner="ambiguous",
@@ -214,6 +216,10 @@ def validate(cfg: dict) -> dict:
   for group in getattr(schema, "requires_one_of", ()):
     if all(out.get(k) is None for k in group):
       raise ConfigError(f"{where} needs one of {', '.join(group)}")
+  missing = private_missing(schema, out.get("epsilon") is not None
+                            or out.get("noise_multiplier") is not None, out.get)
+  if missing:
+    raise ConfigError(f"{where} needs {missing} for a private run ({allowed[missing].doc})")
   _check_epsilon_given(schema, "epsilon" in cfg, cfg.get("noise_multiplier"), where)
   return out
 
@@ -246,9 +252,11 @@ def typed(cfg: dict) -> tuple[Any, Any]:
 def describe(algorithm: str, problem: str) -> str:
   """One line per key: ``name  type  default  doc`` (the CLI's ``dpsco keys``)."""
   rows = []
+  private = getattr(CONFIG_ALGORITHM_SCHEMAS[algorithm], "private_requires", ())
   for spec in keys_of(algorithm, problem).values():
-    default = "required" if spec.required else ("derived" if spec.default is None
-                                                else repr(spec.default))
+    default = "required" if spec.required else (
+        "required if private" if spec.name in private and spec.owner == "algorithm"
+        else "derived" if spec.default is None else repr(spec.default))
     rows.append((spec.name, _type_name(spec.type), default, f"[{spec.owner}] {spec.doc}"))
   widths = [max(len(r[i]) for r in rows) for i in range(3)]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3]

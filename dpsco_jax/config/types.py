@@ -15,12 +15,11 @@ import dataclasses
 import math
 import numbers
 import typing
-from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 from dpsco_jax._checks import MAX_SEED
 
-__all__ = ["ConfigError", "ConfigView", "KeySpec", "MAX_COUNT", "check_instance", "check_refused",
+__all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "MAX_COUNT", "check_instance", "check_refused",
            "check_type", "specs", "type_name"]
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
@@ -29,6 +28,12 @@ MAX_COUNT = 2 ** 31 - 1
 
 class ConfigError(ValueError):
   """A user error in a config: reported by the CLI as one line, exit code 2."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+  """A config value of the wrong type (a bool or a string where a number is expected, ...):
+  a :class:`ConfigError`, and a ``TypeError`` as the argument checks' are
+  (``_checks.ArgumentTypeError``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +159,8 @@ def _check_type(spec: KeySpec, v: Any) -> Any:
       typing.get_origin(tp) is Union) else [tp]
   what = ("a number" if base == [float] else "an integer" if base == [int]
           else "true or false" if base == [bool] else _type_name(tp))
-  raise ConfigError(f"{spec.name} must be {what}, got {v!r} ({type(v).__name__})"
-                    + _hint(spec, v))
+  raise ConfigTypeError(f"{spec.name} must be {what}, got {v!r} ({type(v).__name__})"
+                        + _hint(spec, v))
 
 
 def check_instance(obj: Any) -> None:
@@ -170,7 +175,7 @@ def check_instance(obj: Any) -> None:
     check_refused(spec, value, name)
     if value is None:
       if spec.required:
-        raise ConfigError(f"{name} needs {key} ({spec.doc})")
+        raise ConfigError(f"{key} is required: {name} needs {key} ({spec.doc})")
       continue
     out = _check_type(spec, value)
     if out is not value:
@@ -178,81 +183,24 @@ def check_instance(obj: Any) -> None:
   for group in getattr(schema, "requires_one_of", ()):
     if all(getattr(obj, k) is None for k in group):
       raise ConfigError(f"{name} needs one of {', '.join(group)}")
+  missing = private_missing(schema, getattr(obj, "epsilon", None) is not None
+                            or getattr(obj, "noise_multiplier", None) is not None,
+                            lambda k: getattr(obj, k))
+  if missing:
+    raise ConfigError(f"{missing} is required: {name} needs {missing} for a private run "
+                      "(epsilon or noise_multiplier given)")
+
+
+def private_missing(schema: type, private: bool, value: Any) -> str | None:
+  """The first key of ``schema.private_requires`` (keys a private run needs, which a
+  non-private one, with neither ``epsilon`` nor ``noise_multiplier``, does not) that is unset
+  (``value(key) is None``) in a ``private`` run; ``None`` if none."""
+  if not private:
+    return None
+  return next((k for k in getattr(schema, "private_requires", ()) if value(k) is None), None)
 
 
 #: Public names of the helpers the schema module and the user-code loader share.
 specs = _specs
 check_type = _check_type
 type_name = _type_name
-
-
-class ConfigView(Mapping):
-  """What a planner or driver reads: a run's config seen through its typed schema.
-
-  ``view.name`` / ``view[name]`` / ``view.get(name)`` give the config's value of a field of
-  ``schema`` or, when the config leaves it out or gives ``null``, the field's default: the
-  schema is the one place a literal default is written (a ``None`` default is a derived one:
-  the call site computes it from public facts and the field's doc gives the formula). Reading a
-  name that is neither a field nor one of ``extra`` (keys the runner adds, such as the declared
-  ``n_users``) raises ``KeyError`` — ``get`` included: a driver that reads a key its schema does
-  not declare is a bug, not a default. Keys of the config that the schema does not know (the
-  runner's and the problem's) are not visible. Read-only; ``dict(view)`` is the given fields.
-  """
-
-  __slots__ = ("_schema", "_values", "_defaults")
-
-  def __init__(self, schema: type, config: Any, extra: tuple[str, ...] = ()):
-    if isinstance(config, ConfigView):
-      config = dict(config._values)
-    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
-      config = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    defaults = {f.name: (None if f.default is dataclasses.MISSING else f.default)
-                for f in dataclasses.fields(schema)}
-    defaults.update({name: None for name in extra if name not in defaults})
-    object.__setattr__(self, "_schema", schema)
-    object.__setattr__(self, "_defaults", defaults)
-    object.__setattr__(self, "_values", {k: v for k, v in config.items()
-                                         if k in defaults and v is not None})
-
-  def _read(self, name: str) -> Any:
-    if name not in self._defaults:
-      raise KeyError(f"{name!r} is not a key of {self._schema.__name__} (a driver reads only "
-                     "its schema's keys: add the field, with its default and doc)")
-    return self._values.get(name, self._defaults[name])
-
-  def __getitem__(self, name: str) -> Any:
-    return self._read(name)
-
-  def __getattr__(self, name: str) -> Any:
-    if name.startswith("_"):
-      raise AttributeError(name)
-    try:
-      return self._read(name)
-    except KeyError as err:
-      raise AttributeError(err.args[0]) from None
-
-  def get(self, name: str, default: Any = None) -> Any:
-    """The value or the schema's default; ``default`` is returned only when both are None
-    (an unknown ``name`` raises)."""
-    value = self._read(name)
-    return default if value is None else value
-
-  def given(self, name: str) -> bool:
-    """Whether the config sets ``name`` (not null)."""
-    self._read(name)
-    return name in self._values
-
-  def __contains__(self, name: object) -> bool:
-    return name in self._values
-
-  def __iter__(self):
-    return iter(self._values)
-
-  def __len__(self) -> int:
-    return len(self._values)
-
-  def __setattr__(self, name: str, value: Any) -> None:
-    raise AttributeError("a ConfigView is read-only")
-
-  def __repr__(self) -> str:
-    return f"ConfigView({self._schema.__name__}, {self._values!r})"

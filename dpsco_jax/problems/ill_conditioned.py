@@ -11,7 +11,6 @@ import numpy as np
 
 from dpsco_jax._checks import check_int, check_nonnegative, check_positive
 from dpsco_jax.config.families import IllConditionedProblem
-from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.synthetic import SCOProblem, least_squares_loss
 
 __all__ = ["ill_conditioned_least_squares"]
@@ -27,7 +26,7 @@ def ill_conditioned_least_squares(cfg: dict, key: jax.Array):
   ``M = sum lambda``; Lipschitz over the ball ``sqrt(M)(1.5 R sqrt(M) + s)``.
   Config keys: ``n_users, m (1), d (8), radius (2), noise (0.5), condition (1e3)``.
   """
-  view = ConfigView(IllConditionedProblem, cfg)   # defaults: the schema's, written once
+  view = IllConditionedProblem.of(cfg)   # defaults: the schema's, written once
   n = check_int(cfg["n_users"], "n_users")
   m = check_int(view.m, "m")
   d = check_int(view.d, "d")

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 from dpsco_jax._checks import check_positive
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.config.families import L2LogisticProblem
-from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.synthetic import SCOProblem, make_problem
 from dpsco_jax.transforms.steps import project_l2_ball
 
@@ -25,7 +24,7 @@ def l2_logistic(cfg: dict, key: jax.Array) -> SCOProblem:
   Lipschitz on the ball of radius R: ``1 + l2 R``; smoothness ``1/4 + l2``; strong convexity
   ``l2`` (``meta['strong_convexity']``). Excess risk is measured on the *regularised*
   population risk against its minimizer (Newton's method on the evaluation set)."""
-  l2 = check_positive(ConfigView(L2LogisticProblem, cfg).l2, "l2")   # the schema's default
+  l2 = check_positive(L2LogisticProblem.of(cfg).l2, "l2")   # the schema's default
   base = make_problem({**cfg, "problem": "logistic"}, key)
   R = base.radius
   loss = _l2_loss(base.loss_fn, l2)

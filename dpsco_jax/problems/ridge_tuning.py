@@ -13,7 +13,6 @@ import jax
 
 from dpsco_jax._checks import check_choice
 from dpsco_jax.config.families import RidgeTuningProblem
-from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.bilevel import (BilevelProblem, diabetes_ridge_problem,
                                         synthetic_ridge_problem)
 from dpsco_jax.problems.bilevel_noisy_inputs import noisy_inputs_ridge_problem
@@ -27,7 +26,7 @@ def ridge_tuning(cfg: dict, key: jax.Array) -> BilevelProblem:
   interior as n grows) :func:`~dpsco_jax.problems.bilevel_noisy_inputs.noisy_inputs_ridge_problem`
   (``dataset``) from the config's problem keys (``clip_norm``: the per-example clip of the data
   terms, default the problem's bound; ``input_noise``: noisy_inputs only)."""
-  view = ConfigView(RidgeTuningProblem, cfg)   # literal defaults: the schema's, written once
+  view = RidgeTuningProblem.of(cfg)   # literal defaults: the schema's, written once
   dataset = check_choice(view.dataset, "dataset", ("synthetic", "diabetes", "noisy_inputs"))
   if dataset != "noisy_inputs" and view.input_noise is not None:
     raise ValueError(f"input_noise is read only by dataset='noisy_inputs', not {dataset!r}")

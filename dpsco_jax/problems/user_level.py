@@ -16,7 +16,6 @@ import numpy as np
 
 from dpsco_jax._checks import check_choice
 from dpsco_jax.config.families import CorruptedLogisticProblem, HingeProblem
-from dpsco_jax.config.types import ConfigView
 from dpsco_jax.problems.synthetic import SCOProblem, make as make_core_problem
 
 __all__ = ["corrupt_users", "hinge_loss", "hinge_problem", "logistic_corrupted", "hinge"]
@@ -121,7 +120,7 @@ def logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
   k_prob, k_bad = jax.random.split(key)
   base = make_core_problem("logistic", key=k_prob, **_problem_kwargs(cfg),
                            **{k: cfg[k] for k in ("heterogeneity", "n_eval") if k in cfg})
-  view = ConfigView(CorruptedLogisticProblem, cfg)   # defaults: the schema's, written once
+  view = CorruptedLogisticProblem.of(cfg)   # defaults: the schema's, written once
   return corrupt_users(base, float(view.corruption), mode=view.corruption_mode, key=k_bad,
                        scale=float(view.corruption_scale))
 

@@ -253,8 +253,10 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
 def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict) -> dict:
   """A registered driver on a problem object with a known optimum (``key``: the driver's):
   its record."""
+  from dpsco_jax.algorithms.registry import algorithms as table
+  typed = table()[cfg["algorithm"]].config.of(cfg)   # validated: what the driver reads
   start = time.perf_counter()
-  result = algorithms[cfg["algorithm"]](problem, cfg, key)
+  result = algorithms[cfg["algorithm"]](problem, typed, key)
   jax.block_until_ready(result.params)
   return _result_record(problem, cfg, result, time.perf_counter() - start)
 

@@ -101,9 +101,12 @@ def _check_sections(merged: dict, origins: dict[str, str], where: str) -> None:
     if not isinstance(algorithm, str) or not isinstance(problem, str) or (
         algorithm not in CONFIG_ALGORITHM_SCHEMAS or problem not in PROBLEM_SCHEMAS):
       continue  # an unknown or missing name: validate reports it, with a suggestion
-    own = {"algorithm": _schema_fields(CONFIG_ALGORITHM_SCHEMAS, algorithm),
-           "problem": _schema_fields(PROBLEM_SCHEMAS, problem)}
     allowed = keys_of(algorithm, problem)
+    # every algorithm's schema holds n_users and debug (AlgorithmKeys), but in a config they
+    # are the problem's and the runner's keys wherever keys_of gives them those owners
+    own = {"algorithm": {k for k in _schema_fields(CONFIG_ALGORITHM_SCHEMAS, algorithm)
+                         if allowed[k].owner not in ("problem", "runner")},
+           "problem": _schema_fields(PROBLEM_SCHEMAS, problem)}
     for key, sec in origins.items():
       if key in own[SECTIONS[sec]] or key not in allowed:
         continue  # in its section, or unknown to both (validate suggests a spelling)

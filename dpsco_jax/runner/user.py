@@ -55,7 +55,8 @@ import numpy as np
 
 from dpsco_jax.config.families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPTrainerConfig,
                                        RunnerKeys, UserProblemKeys)
-from dpsco_jax.config.types import ConfigError, ConfigView
+from dpsco_jax.config.families import Schema
+from dpsco_jax.config.types import ConfigError
 # your code and your data files, each in its own module (re-exported: the runner and the
 # tests read them here)
 from dpsco_jax.runner.datafiles import (  # noqa: F401
@@ -102,15 +103,15 @@ class UserProblem:
 # ------------------------------------------------------------------------------- checks
 
 
-def _problem_view(cfg: Mapping) -> ConfigView:
+def _problem_view(cfg: Mapping) -> Schema:
   """The ``user`` problem's keys of a run config (:class:`UserProblemKeys`); reading any other
   name raises, so a key read here is a key the schema validates."""
-  return ConfigView(UserProblemKeys, cfg)
+  return UserProblemKeys.of(cfg)
 
 
-def _runner_view(cfg: Mapping) -> ConfigView:
+def _runner_view(cfg: Mapping) -> Schema:
   """The runner's own keys (``seed``, ``debug``) with their schema defaults."""
-  return ConfigView(RunnerKeys, cfg)
+  return RunnerKeys.of(cfg)
 
 
 def check(cfg: dict) -> None:
@@ -157,10 +158,10 @@ def check(cfg: dict) -> None:
   _metric_table(prob.metric, "problem.metric", _as_callable)
 
 
-def _trainer_view(cfg: Mapping) -> ConfigView:
+def _trainer_view(cfg: Mapping) -> Schema:
   """``flax.DPTrainer``'s keys of a run config, with the schema's defaults (the runner's
   ``debug`` too); its other keys (problem, runner) are not visible."""
-  return ConfigView(DPTrainerConfig, cfg, extra=("debug",))
+  return DPTrainerConfig.of(cfg)
 
 
 def _check_trainer(cfg: Mapping) -> None:
@@ -286,15 +287,12 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
 # ------------------------------------------------------------------------------- running
 
 
-def _algorithm_config(cfg: dict, problem: UserProblem) -> dict:
+def _algorithm_config(cfg: dict, problem: UserProblem) -> Any:
+  """The run's typed algorithm config (what ``fit`` plans and runs), with the problem's
+  declared ``n_users``."""
   from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS
-  names = {f.name for f in dataclasses.fields(CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]])}
-  out = {k: v for k, v in cfg.items() if k in names}
-  if problem.n_users is not None:
-    out["n_users"] = int(problem.n_users)
-  if _runner_view(cfg).debug is True:
-    out["debug"] = True
-  return out
+  declared = {} if problem.n_users is None else {"n_users": int(problem.n_users)}
+  return CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]].of({**cfg, **declared})
 
 
 def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,

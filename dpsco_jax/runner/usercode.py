@@ -19,7 +19,7 @@ from typing import Any, Callable
 import jax
 
 from dpsco_jax.config.families import UserProblemKeys
-from dpsco_jax.config.types import ConfigError, ConfigView
+from dpsco_jax.config.types import ConfigError
 
 __all__ = ["CONSTANT_KEYS", "import_object", "metric_table", "as_callable", "static_metrics"]
 
@@ -154,7 +154,7 @@ def _as_callable(v: Any, where: str) -> Callable:
 def static_metrics(cfg: dict) -> set[str] | None:
   """The metric fields a user run's records will have, when the config alone says (no
   factory); None when a factory may add some."""
-  prob = ConfigView(UserProblemKeys, cfg)
+  prob = UserProblemKeys.of(cfg)
   if prob.factory is not None:
     return None
   return set(_metric_table(prob.metric, "problem.metric", _as_callable))

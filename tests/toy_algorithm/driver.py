@@ -1,6 +1,6 @@
 """Noisy full-batch gradient descent: a toy algorithm written as a new package would be.
 
-Everything it needs is here, in its own package: its config (a ``Schema`` on the shared
+Everything it needs is here, in its own package: its config (an ``AlgorithmKeys`` schema on the shared
 vocabulary's keys), its data-free planner and its driver, built from the library's stages
 (per-user clip + fixed-denominator mean, Gaussian noise, projected SGD) and its accountant.
 ``tests/test_algorithm_interface.py`` drops this directory into a copy of
@@ -23,7 +23,7 @@ import optax
 
 from dpsco_jax.algorithms.common import run_chain
 from dpsco_jax.algorithms.registration import Planned, register
-from dpsco_jax.config.families import Schema
+from dpsco_jax.config.families import AlgorithmKeys
 from dpsco_jax.privacy import PrivacyLedger, Provenance
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import clip_and_aggregate
@@ -34,7 +34,7 @@ NAME = "toy_noisy_full_gd"
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyConfig(Schema):
+class ToyConfig(AlgorithmKeys):
   """The toy's keys: the shared vocabulary's names and kinds."""
   noise_multiplier: float = dataclasses.field(
       default=None, metadata={"doc": "Gaussian noise multiplier z", "required": True})

@@ -63,7 +63,6 @@ from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_
                                                outer_stage, paper_bilevel_noise,
                                                paper_composition_epsilon, theory_params,
                                                with_noise)
-from dpsco_jax.config.types import ConfigView
 from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd, loc_gd_stddev
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.problems.bilevel import (BilevelProblem, ProblemConstants,  # noqa: F401
@@ -442,7 +441,7 @@ _EXACT = ("the non-private reference solves its inner problems exactly (Newton o
 def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
   from dpsco_jax.result import Result
   del key
-  cfg = ConfigView(cf.NonPrivatePenaltyConfig, cfg)   # the schema's defaults
+  cfg = cf.NonPrivatePenaltyConfig.of(cfg)   # the schema's defaults
   x = nonprivate_penalty_method(problem, lam=float(cfg.lam), eta=float(cfg.learning_rate),
                                 steps=int(cfg.num_steps), newton_steps=int(cfg.newton_steps))
   report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",

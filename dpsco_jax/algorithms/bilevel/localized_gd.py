@@ -94,7 +94,7 @@ from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
     loc_gd_practical_config, loc_gd_radii, loc_gd_rounds, loc_gd_stage, loc_gd_stddev,
     loc_gd_step_event,
     loc_gd_theory_config, paper_loc_gd_stddev, with_calibrated_noise)
-from dpsco_jax.config.types import ConfigView
+from dpsco_jax.config.families import Schema
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
@@ -264,12 +264,12 @@ def _item_level_data(problem) -> PyTree:
   return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), problem.data)
 
 
-def config_view(cfg: Mapping | Any) -> ConfigView:
+def config_view(cfg: Mapping | Any) -> Schema:
   """``dp_loc_gd`` / ``dp_loc_sgd``'s config as the planner and driver read it: the fields of
   :class:`~dpsco_jax.config.families.LocGdConfig` with their defaults (the one place they are
   written; ``dp_loc_sgd`` adds only that ``batch_size`` is required) and the runner's
   ``debug``; any other key raises."""
-  return ConfigView(cf.LocGdConfig, cfg, extra=("debug",))
+  return cf.LocGdConfig.of(cfg)
 
 
 def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float
@@ -311,7 +311,7 @@ class LocGDRunPlan:
   event: dp_accounting.DpEvent
 
 
-def _public_mu(problem, cfg: ConfigView) -> float:
+def _public_mu(problem, cfg: Schema) -> float:
   """``mu``: the config's, else the declared ``meta['strong_convexity']`` (MissingConstant)."""
   mu = cfg.mu
   if mu is None:

@@ -25,7 +25,7 @@ import jax
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.config import families as cf
-from dpsco_jax.config.types import ConfigView
+from dpsco_jax.config.families import Schema
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
@@ -267,7 +267,7 @@ def _default_consts_inner(problem: BilevelProblem, lam: float) -> dict:
   }
 
 
-def _schedule(problem: BilevelProblem, cfg: ConfigView, *, preset: str, eps: float, delta: float,
+def _schedule(problem: BilevelProblem, cfg: Schema, *, preset: str, eps: float, delta: float,
               batch_in: int | None, batch_out: int | None, info: dict) -> dict:
   """The preset's public schedule: ``lam, eta, steps, clip_out`` and the inner solves'
   ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read). Config
@@ -320,11 +320,11 @@ def _schedule(problem: BilevelProblem, cfg: ConfigView, *, preset: str, eps: flo
               radius_const=radius_const)
 
 
-def config_view(cfg: Mapping | Any) -> ConfigView:
+def config_view(cfg: Mapping | Any) -> Schema:
   """The bilevel drivers' config as they read it: the fields of
   :class:`~dpsco_jax.config.families.BilevelConfig` with their defaults (the one place they
   are written) and the runner's ``debug``; any other key raises."""
-  return ConfigView(cf.BilevelConfig, cfg, extra=("debug",))
+  return cf.BilevelConfig.of(cfg)
 
 
 def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[BilevelConfig, dict]:

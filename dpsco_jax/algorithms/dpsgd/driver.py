@@ -68,7 +68,6 @@ from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance)
-from dpsco_jax.config.types import ConfigView
 from dpsco_jax.data.problem import PublicFacts
 from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.problems import SCOProblem
@@ -395,7 +394,7 @@ def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Projected minibatch SGD over users with iterate averaging; no privacy (it may read the
   realized number of users)."""
   n = problem.n_users
-  cfg = ConfigView(cf.SgdSchedule, cfg)        # the schema's defaults (sampling: fixed)
+  cfg = cf.SgdSchedule.of(cfg)       # the schema's defaults (sampling: fixed)
   sampling, batch, capacity, _ = sampling_setup(dict(cfg, sampling=cfg.sampling), n)
   if cfg.num_steps is not None:
     steps = check_int(cfg.num_steps, "num_steps")

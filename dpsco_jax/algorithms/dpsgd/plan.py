@@ -101,7 +101,7 @@ from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
 from dpsco_jax.config import families as cf
 from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
                                          required_delta)
-from dpsco_jax.config.types import ConfigView
+from dpsco_jax.config.families import Schema
 from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.privacy import cyclic_participation as cyclic
@@ -279,7 +279,7 @@ def _participation(sampling: str, n: int, batch: int, steps: int
   return None, None
 
 
-def _groups(cfg: ConfigView, n: int) -> int:
+def _groups(cfg: Schema, n: int) -> int:
   """``b = min_separation`` of b-min-sep sampling (default: ``bands``, else 32; at most
   ``n``: every group holds a row)."""
   default = min(n, cfg.bands if cfg.bands is not None else DEFAULT_BANDS)
@@ -304,7 +304,7 @@ def _amplified_sampling(n: int, groups: int, rate: float | None, batch_size: int
   return p, max(1, round(p * size)), p * size, poisson_capacity(size, p)
 
 
-def _amplified_mf(cfg: ConfigView, steps: int, groups: int) -> MfNoise:
+def _amplified_mf(cfg: Schema, steps: int, groups: int) -> MfNoise:
   """The banded strategy of b-min-sep sampling: ``bands <= b`` (refused otherwise), default
   ``min(32, b)``; its sensitivity factor is the largest column norm ``||c||``."""
   strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
@@ -331,7 +331,7 @@ def _tree_sensitivity(steps: int, participations: int, min_sep: int) -> float:
                                                            -(-steps // period)))
 
 
-def _mf_noise(cfg: ConfigView, kind: str, steps: int, participations: int, min_sep: int
+def _mf_noise(cfg: Schema, kind: str, steps: int, participations: int, min_sep: int
               ) -> MfNoise:
   """The MF strategy for the schedule. Default bands: ``min(32, steps)`` for one
   participation, else ``min(32, min_sep)`` (bands within the separation keep the columns
@@ -364,12 +364,12 @@ def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tupl
   return eps_item, delta / (k * math.exp((k - 1) * eps_item))
 
 
-def config_view(cfg: Mapping | Any) -> ConfigView:
+def config_view(cfg: Mapping | Any) -> Schema:
   """The DP-SGD family's config as its planner and driver read it: the fields of
   :class:`~dpsco_jax.config.families.DpSgdConfig` with the schema's defaults (the one place
   they are written), plus the declared ``n_users`` the runner and ``dp.fit`` add. Reading any
   other key raises."""
-  return ConfigView(cf.DpSgdConfig, cfg, extra=("n_users",))
+  return cf.DpSgdConfig.of(cfg)
 
 
 def public_rows(declared: int | None, relation: str, *, realized_rows: int,
@@ -432,7 +432,7 @@ def _calibrated_z(epsilon: float, delta: float, relation: str, schedule: tuple) 
                                     delta=delta, relation=relation)
 
 
-def _noise_multiplier(cfg: ConfigView, schedule: dict, *, level: str, relation: str,
+def _noise_multiplier(cfg: Schema, schedule: dict, *, level: str, relation: str,
                       delta: float, group_size: int, tv: float
                       ) -> tuple[float, float | None, float | None]:
   """(z, epsilon target or None, item delta target or None). An explicit
@@ -457,7 +457,7 @@ def _noise_multiplier(cfg: ConfigView, schedule: dict, *, level: str, relation: 
   return _calibrated_z(eps_i, delta_i, relation, key), target, delta_i
 
 
-def plan_dp_sgd(cfg: Mapping | ConfigView, *, level: str, realized_rows: int,
+def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                 rows_per_user: int, default_clip: float, radius: float) -> DpSgdPlan:
   """The plan of one DP-SGD run from the config and public numbers.
 

@@ -27,7 +27,7 @@ from dpsco_jax.algorithms.common import real_rows_mask, required_delta
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
-from dpsco_jax.config.types import ConfigView
+from dpsco_jax.config.families import Schema
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, _certify, _solve,
                                                              _solve_all_subsets, solver_plan)
@@ -52,10 +52,10 @@ RELATION = "replace_one"
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(cf.OutputPertConfig)}
 
 
-def config_view(cfg: Mapping | Any, schema: type = cf.OutputPertConfig) -> ConfigView:
+def config_view(cfg: Mapping | Any, schema: type = cf.OutputPertConfig) -> Schema:
   """Paper 001's config as its drivers read it: the schema's fields with their defaults, and
   the runner's ``debug``; any other key raises."""
-  return ConfigView(schema, cfg, extra=("debug",))
+  return schema.of(cfg)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,14 +22,14 @@ from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_int, check_positive
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.resque.solvers import problem_items
-from dpsco_jax.config.types import ConfigView
+from dpsco_jax.config.families import Schema
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.steps import projected_sgd
 
 
-def _target(problem, cfg: ConfigView) -> float:
+def _target(problem, cfg: Schema) -> float:
   """``target`` if given, else ``target_frac`` (the schema's 0.1) x the excess risk of the
   initial point (the population excess of the planted problems shrinks like sqrt(2/(pi d)));
   the initial excess is evaluated only when no target is given."""
@@ -57,7 +57,7 @@ def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   ``lam_min_scale``, ``max_iter``, ``oracle ("epoch_sgd"|"acsa")``, ``ls_runs``, ``c_phi``
   (read through :class:`~dpsco_jax.config.families.ResqueParallelConfig`: its defaults).
   """
-  cfg = ConfigView(cf.ResqueParallelConfig, cfg)
+  cfg = cf.ResqueParallelConfig.of(cfg)
   items = problem_items(problem)
   d, L, R = problem.d, float(problem.lipschitz), float(problem.radius)
   target = _target(problem, cfg)
@@ -100,7 +100,7 @@ def minibatch_sgd(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   ``batch_size`` examples per step drawn with replacement. Query depth = steps; records the first step whose averaged iterate has excess risk ``<= target``
   (evaluated every ``eval_every`` steps). Non-private. Read through
   :class:`~dpsco_jax.config.families.MinibatchSgdConfig` (its defaults)."""
-  cfg = ConfigView(cf.MinibatchSgdConfig, cfg)
+  cfg = cf.MinibatchSgdConfig.of(cfg)
   items = problem_items(problem)
   n = int(jax.tree.leaves(items)[0].shape[0])
   L, R = float(problem.lipschitz), float(problem.radius)

@@ -62,7 +62,7 @@ from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive)
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import mesh_users_axis, required_delta
-from dpsco_jax.config.types import ConfigView
+from dpsco_jax.config.families import Schema
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
@@ -184,12 +184,12 @@ def _plan_charges(cfg: _PrivateERMConfig, *, beta: float, lam_dummy: float, d: i
 
 # ===================================================== private SCO (Prop. 11 / Theorem 4) ==
 
-def config_view(cfg: Mapping | Any) -> ConfigView:
+def config_view(cfg: Mapping | Any) -> Schema:
   """``resque_private_sco``'s config as its planner reads it: the fields of
   :class:`~dpsco_jax.config.families.ResquePrivateConfig` with their defaults (the one place
   they are written) and the runner's ``debug``; any other key raises. ``c_priv``'s default
   (60 under the theory preset, else 1) is derived at its one call site."""
-  return ConfigView(cf.ResquePrivateConfig, cfg, extra=("debug",))
+  return cf.ResquePrivateConfig.of(cfg)
 
 
 def _phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
@@ -320,7 +320,7 @@ class ResquePrivatePlan:
     return declared_provenance(base, self.declared)
 
 
-def _theory_refusal(cfg: ConfigView, *, n: int, d: int, eps: float, delta: float, L: float,
+def _theory_refusal(cfg: Schema, *, n: int, d: int, eps: float, delta: float, L: float,
                     R: float, c_priv: float) -> PrivacyPreconditionError:
   """The ``theory`` preset: eq. (30)-(34) and Theorem 3's preconditions (raises naming the
   first violated one); valid parameters are still refused (unreachable at CPU scale)."""

@@ -83,7 +83,7 @@ from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, Privacy
                                calibrate_noise_multiplier, check_relation,
                                gaussian_sensitivity_factor)
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
-from dpsco_jax.config.types import ConfigView
+from dpsco_jax.config.families import Schema
 from dpsco_jax.transforms.srg import check_z_scale
 from dpsco_jax.privacy import cyclic_participation as cyclic
 from dpsco_jax.privacy import matrix_factorization as mf
@@ -156,14 +156,14 @@ class SRGDPlan:
     return self.mf_sensitivity if self.mf else math.sqrt(self.levels)
 
 
-def config_view(cfg: Mapping | Any) -> ConfigView:
+def config_view(cfg: Mapping | Any) -> Schema:
   """Paper 003's config as its planner and drivers read it: the fields of
   :class:`~dpsco_jax.config.families.SrgdConfig` with their defaults (the one place they are
   written) and the runner's ``debug``; reading any other key raises. Derived defaults (``B =
   floor(sqrt n)``, ``beta`` from ``M`` and ``beta_scale``, the clip ``L``, the per-variant
   noise, ``bands = min(32, T)``) are computed where used, only when the config leaves them out.
   """
-  return ConfigView(cf.SrgdConfig, cfg, extra=("debug",))
+  return cf.SrgdConfig.of(cfg)
 
 
 def resolve_relation(cfg: Mapping | Any, name: str = "accelerated_dp_srgd") -> str:
@@ -207,7 +207,7 @@ def check_epochs(value: Any) -> int:
   return check_int(value, "epochs")
 
 
-def _mf_strategy(cfg: ConfigView, noise: str, T: int, epochs: int = 1
+def _mf_strategy(cfg: Schema, noise: str, T: int, epochs: int = 1
                  ) -> tuple[tuple, float, str]:
   """(stage spec, sensitivity over T steps, source) of the MF noise: ``||c||`` for one
   epoch; for ``epochs`` cyclic epochs of ``P = T / epochs`` steps the exact sensitivity of
@@ -229,7 +229,7 @@ def _mf_strategy(cfg: ConfigView, noise: str, T: int, epochs: int = 1
   return spec, cyclic.cyclic_sensitivity(noise, T, P, epochs, coefs=np.asarray(coefs)), source
 
 
-def _schedule(name: str, cfg: ConfigView, noise: str, *, n: int, p: int, lipschitz: float,
+def _schedule(name: str, cfg: Schema, noise: str, *, n: int, p: int, lipschitz: float,
               smoothness: float, radius: float, epsilon: float | None, delta: float,
               relation: str, epochs: int = 1) -> SRGDParams:
   preset = check_choice(cfg.preset, "preset", PRESETS)
@@ -262,7 +262,7 @@ def _schedule(name: str, cfg: ConfigView, noise: str, *, n: int, p: int, lipschi
                           beta=cfg.beta, beta_scale=cfg.beta_scale, epochs=epochs)
 
 
-def _noise_multiplier(cfg: ConfigView, prm: SRGDParams, epsilon: float | None, delta: float,
+def _noise_multiplier(cfg: Schema, prm: SRGDParams, epsilon: float | None, delta: float,
                       mechanism: str, relation: str, sens: float,
                       stream: float | None) -> float:
   """The run's ``z``: the config's explicit one, the theory preset's paper sigma (in

@@ -110,7 +110,6 @@ from dpsco_jax.algorithms.user_level_filter.mesh import (place_groups, place_pha
                                                           step_user_grads)
 from dpsco_jax.algorithms.user_level_filter.plan import (  # noqa: F401 (re-export)
     _nonprivate_report, _provenance_note, _report, alg1_report, alg3_report)
-from dpsco_jax.config.types import ConfigView
 from dpsco_jax.data.problem import MissingConstant, PublicFacts
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem
@@ -139,7 +138,7 @@ __all__ = ["user_level_phased_sgd", "user_level_accelerated_erm",
 def _fallback(problem: SCOProblem, cfg: dict) -> PyTree:
   """The data-independent point released on a halt ("output 0", Alg. 1 line 22 / Alg. 2
   line 18). ``0`` is inside every centred ball; ``fallback: init`` uses ``init_params()``."""
-  choice = check_choice(ConfigView(cf.FilterCommon, cfg).fallback, "fallback", ("zero", "init"))
+  choice = check_choice(cf.FilterCommon.of(cfg).fallback, "fallback", ("zero", "init"))
   p = problem.init_params()
   return jax.tree.map(jnp.zeros_like, p) if choice == "zero" else p
 

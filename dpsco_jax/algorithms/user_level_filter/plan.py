@@ -48,7 +48,7 @@ from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3
                                                        typical_sensitivity)
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                calibrate_noise_multiplier, check_relation, pure_dp_event)
-from dpsco_jax.config.types import ConfigView
+from dpsco_jax.config.families import Schema
 from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity, noise_multiplier_for_std
 from dpsco_jax.privacy.sparse_vector import above_threshold_epsilon, laplace_test_epsilon
 
@@ -97,11 +97,11 @@ SCHEMAS: dict[str, type] = {
 }
 
 
-def config_view(cfg: Mapping | Any, algorithm: str) -> ConfigView:
+def config_view(cfg: Mapping | Any, algorithm: str) -> Schema:
   """``algorithm``'s config as its planner and driver read it: its schema's fields with their
   defaults (the one place they are written) and the runner's ``debug``; any other key
   raises."""
-  return ConfigView(SCHEMAS[algorithm], cfg, extra=("debug",))
+  return SCHEMAS[algorithm].of(cfg)
 
 
 def read_options(cfg: Mapping | Any, mechanism: str) -> Options:
