@@ -3,7 +3,7 @@
 Runs one config through the CLI's own path (``runner.run_config``) with its ``epsilon`` replaced
 by a sentinel float nobody else would produce, and records, with ``sys.setprofile``, every call
 of a ``dpsco_jax`` function whose arguments hold the sentinel: directly, or one level inside a
-mapping, a dataclass / NamedTuple field or a ``ConfigView`` (how a config carries it). From the
+mapping, a dataclass / NamedTuple field (a typed config is both a mapping and a dataclass). From the
 calls it reports
 
 * ``stays``: distinct functions the value passes through (file:function);
