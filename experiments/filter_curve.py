@@ -120,6 +120,14 @@ def done_cells(records: str) -> set:
   return {cell_key(r) for r in load_records(records)}
 
 
+def done_seeds(records: str) -> dict:
+  """The seeds each cell has a record for (a cell killed half way resumes at its next seed)."""
+  out: dict = {}
+  for r in load_records(records):
+    out.setdefault(cell_key(r), set()).add(r.get("seed"))
+  return out
+
+
 def run(args) -> None:
   from dpsco_jax.runner import run_config
   with open(args.config) as fh:
@@ -130,19 +138,31 @@ def run(args) -> None:
     index = dict(todo)
     todo = [(tuple(k), index[tuple(k)]) for k in wanted]
   for key, cell in todo:
-    if key in done_cells(args.records):  # re-read: another process may share the work
-      continue
+    row = cell["experiments"][0]
+    done = done_seeds(args.records).get(key, set())  # re-read: another process may share it
+    if done:   # a complete cell is skipped; a partial one runs its missing seeds
+      seeds = [s for s in row["seed"] if s not in done][:max(0, (args.max_seeds or 10 ** 9)
+                                                             - len(done))]
+      if not seeds:
+        continue
+      row["seed"] = seeds
     if args.deadline and time.time() > args.deadline:
       print(f"deadline reached before cell {key}", flush=True)
       break
     if args.max_seeds:  # a cheaper cell: the first N of the row's seeds
-      row = cell["experiments"][0]
       row["seed"] = list(row["seed"])[:args.max_seeds]
     t0 = time.time()
-    records = run_config(cell, progress=False)
-    with open(args.records, "a") as fh:
-      for r in records:
-        fh.write(json.dumps(r, default=float) + "\n")
+    written = []
+
+    def append(done, path=args.records, written=written):
+      # each run's record as soon as it ends: a cell killed half way (the OOM killer took a
+      # 1e6 cell after two hours on 2026-11-27) keeps the seeds it finished
+      with open(path, "a") as fh:
+        for r in done[len(written):]:
+          fh.write(json.dumps(r, default=float) + "\n")
+          written.append(r)
+    records = run_config(cell, progress=False, on_record=append)
+    append(records)
     print(f"{key}: {len(records)} runs, {time.time() - t0:.0f} s, halted "
           f"{sum(r.get('halted_phase') is not None for r in records)}", flush=True)
 

@@ -186,6 +186,27 @@ def test_problem_cache_is_bounded_and_shared_across_rows():
   assert max(alive) <= runner.ProblemCache().maxsize < len(seeds)
 
 
+def test_problem_cache_is_bounded_in_bytes_and_keeps_the_newest():
+  """Ten problems of 1e6 users held 16 GB in a seed-by-seed cell and the kernel killed it:
+  the cache also bounds the problems' array bytes, evicting the oldest, never the newest."""
+  import numpy as np
+
+  class P:   # a problem holding ``mb`` MiB of data
+    def __init__(self, mb):
+      self.data = {"x": np.zeros(mb << 18, np.float32)}
+      self.loss_fn = len
+  cache = runner.ProblemCache(maxsize=16, max_bytes=3 << 20)
+  assert runner.problem_bytes(P(1)) == 1 << 20
+  for k in range(4):
+    cache[k] = P(1)
+  assert list(cache) == [1, 2, 3]            # 3 MiB: the oldest went
+  cache["big"] = P(5)                        # over the bound alone: kept, the rest evicted
+  assert list(cache) == ["big"]
+  cache["small"] = P(1)
+  assert list(cache) == ["small"]
+  assert runner.ProblemCache().max_bytes > 0 and runner.ProblemCache(max_bytes=7).max_bytes == 7
+
+
 def test_a_problem_factory_gets_its_own_keys_and_an_epsilon_sweep_shares_it():
   """A problem's data cannot depend on the algorithm: its factory is given only its schema's
   keys (and ``problem`` / ``seed``), so a sweep over ``epsilon`` or ``delta`` builds the problem
