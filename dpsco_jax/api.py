@@ -14,7 +14,8 @@
   frozen config dataclass. It is validated against the algorithm's typed schema
   (:func:`algorithm_config`): unknown keys are refused with a suggestion, numbers must be
   numbers, required keys must be present. ``epsilon: None`` is non-private where the
-  algorithm allows it (the report says so).
+  algorithm allows it (the report says so). The validated instance (``Plan.config``) is what
+  the planner and the driver read.
 * :func:`plan` reads only ``spec`` (a :class:`~dpsco_jax.data.DataSpec`: number of users,
   items per user, shapes), the declared constants and the config, and returns a
   :class:`Plan` whose ``privacy`` is the guarantee the run will spend, computed by a fresh
