@@ -15,11 +15,12 @@ import dataclasses
 import math
 import numbers
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 from dpsco_jax._checks import MAX_SEED
 
-__all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "MAX_COUNT", "check_instance", "check_refused",
+__all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "Schema", "MAX_COUNT", "check_instance", "check_refused",
            "check_type", "specs", "type_name"]
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
@@ -204,3 +205,68 @@ def private_missing(schema: type, private: bool, value: Any) -> str | None:
 specs = _specs
 check_type = _check_type
 type_name = _type_name
+
+
+class Schema(Mapping):
+  """Base of every schema: a frozen, typed config whose instance is what a planner, a driver
+  or a problem factory reads (the schema is the one place a literal default is written).
+
+  Building one from Python (``DpSgdConfig(epsilon=1.0, ...)``) validates it as the runner
+  validates YAML: strict types (a bool or a string is not a number; an integral float of an
+  integer key becomes an int), required keys, one of each ``requires_one_of`` group. Errors
+  are ``ConfigError`` naming the key. :meth:`of` makes the instance from a run's flat mapping
+  (or returns an instance as it is). Read it as attributes (``cfg.epsilon``) or as a read-only
+  mapping of its set fields: ``cfg["epsilon"]``, ``cfg.get("relation", derived)`` (the
+  derived default only when the field is unset), ``"bands" in cfg``, ``dict(cfg)``. Reading a
+  name that is not a field raises ``KeyError``: a driver that reads a key its schema does not
+  declare is a bug, not a default."""
+
+  def __post_init__(self) -> None:
+    check_instance(self)
+
+  @classmethod
+  def of(cls, config: Any) -> Any:
+    """The typed config of ``cls`` from ``config``: an instance of ``cls`` as it is, else the
+    fields of ``cls`` that ``config`` (a mapping, e.g. a run's flat config with the runner's
+    and the problem's keys too, or another schema's instance) sets, validated."""
+    if isinstance(config, cls):
+      return config
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+      config = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    if not isinstance(config, Mapping):
+      raise ConfigError(f"a config must be a mapping or {cls.__name__}, got "
+                        f"{type(config).__name__}")
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in config.items() if k in names and v is not None})
+
+  def __getitem__(self, name: str) -> Any:
+    if not isinstance(name, str) or name not in _field_names(type(self)):
+      raise KeyError(f"{name!r} is not a key of {type(self).__name__} (a driver reads only "
+                     "its schema's keys: add the field, with its default and doc)")
+    return getattr(self, name)
+
+  def get(self, name: str, default: Any = None) -> Any:
+    """The field's value, or ``default`` when it is unset (``None``); an unknown name
+    raises ``KeyError``."""
+    value = self[name]
+    return default if value is None else value
+
+  def __iter__(self):
+    return (k for k in _field_names(type(self)) if getattr(self, k) is not None)
+
+  def __len__(self) -> int:
+    return sum(1 for _ in self)
+
+  def __contains__(self, name: object) -> bool:
+    return (isinstance(name, str) and name in _field_names(type(self))
+            and getattr(self, name) is not None)
+
+
+def _field_names(schema: type) -> dict[str, None]:
+  """The schema's field names, in order (a dict: ordered, with O(1) membership), kept on the
+  class itself (not inherited: a subclass has its own fields)."""
+  names = schema.__dict__.get("_field_names_")
+  if names is None:
+    names = dict.fromkeys(f.name for f in dataclasses.fields(schema))
+    type.__setattr__(schema, "_field_names_", names)
+  return names

@@ -6,6 +6,7 @@ problem cache key, a registered driver's record, JSON-safe values)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -156,3 +157,52 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
       record["batch_grid"] = grid
     records.append(_finish(record, cfg, label))
   return records, None
+
+
+class ProblemCache(collections.OrderedDict):
+  """The problems of the most recent ``maxsize`` distinct (problem config, seed) keys, least
+  recently used evicted first. Rows of a sweep that share a problem and seed reuse its data;
+  the bound matters because a problem keeps its executables alive (drivers cache their jitted
+  closures over the problem's data on it): an unbounded cache held one set per seed for the
+  whole sweep, and a 200-run bilevel sweep died at the kernel's 65,530 memory maps ("LLVM
+  compilation error: Cannot allocate memory"). An evicted problem is freed by reference
+  counting (no driver's cache may hold its problem strongly: see the bilevel driver's
+  ``_run_compiled``), not by a full ``gc.collect()``, which costs ~80 ms per call here.
+
+  ``max_bytes`` bounds the problems' array bytes too (default: a quarter of the machine's
+  memory), the most recent one always kept: sixteen problems of 1e6 users x 64 items held
+  16 GB, and a paper-000 cell at n = 1e6 was killed by the kernel's OOM killer after two hours
+  (its ten seeds' problems, 2026-11-27)."""
+
+  def __init__(self, maxsize: int = 16, max_bytes: int | None = None):
+    super().__init__()
+    self.maxsize = maxsize
+    self.max_bytes = _default_max_bytes() if max_bytes is None else int(max_bytes)
+    self._bytes: dict = {}
+
+  def __getitem__(self, key):
+    self.move_to_end(key)
+    return super().__getitem__(key)
+
+  def __setitem__(self, key, value):
+    super().__setitem__(key, value)
+    self._bytes[key] = problem_bytes(value)
+    self.move_to_end(key)
+    while len(self) > 1 and (len(self) > self.maxsize
+                             or sum(self._bytes.values()) > self.max_bytes):
+      old, _ = self.popitem(last=False)
+      self._bytes.pop(old, None)
+
+
+def problem_bytes(problem: Any) -> int:
+  """Bytes of the arrays a problem holds (its data and any other array attribute)."""
+  leaves = jax.tree.leaves(getattr(problem, "__dict__", problem))
+  return int(sum(getattr(x, "nbytes", 0) for x in leaves if hasattr(x, "shape")))
+
+
+def _default_max_bytes() -> int:
+  try:
+    import os
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+  except (ValueError, OSError, AttributeError):   # no sysconf: 4 GiB
+    return 4 << 30
