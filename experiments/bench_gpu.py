@@ -9,9 +9,12 @@ Rows per workload (each ratio is to its own library's non-private step):
   * ``jax_privacy`` — jax-privacy's ``clipped_grad`` + ``gaussian_privatizer``, when the
     package is installed (skipped with a note otherwise);
   * Opacus rows are not implemented in this script yet (noted in the output).
-Per workload, ``auto`` is the path ``FastClippedGrad(method="auto")`` picks (it times the fast
-and vmap clipped sums once on a zero batch of the step's shapes): its ratio is the one of the
-row it picks, so ``method="auto"`` is never slower than the vmap path (up to timing noise).
+  * ``dpsco_fast_direct`` (``--ghost-direct``) — the fast path with ``ghost="direct"``: every
+    Linear kernel's per-user gradient instantiated rather than its Gram (ghost) norm; what the
+    cost model's per-layer choice is checked against on an accelerator.
+Per workload, ``auto`` is the path ``FastClippedGrad(method="auto")`` picks (by the per-layer
+cost model of ``dpsco_jax/flax/fast_clip_cost.py``, from shapes only); its ratio is the one of
+the row it picks.
 Times: medians of interleaved repetitions (experiments/_timing.py), matmuls at full f32
 precision (``jax_default_matmul_precision=highest``: the DP norms need it, and it keeps the
 non-private reference comparable). Peak memory: XLA's compiled memory analysis.
@@ -171,10 +174,12 @@ PATHS = {"nonprivate": "nonprivate", "dpsco_fast": "fast", "dpsco_vmap": "vmap",
          "optax_dpsgd": "optax", "jax_privacy": "jax_privacy"}
 
 
-def step_functions(model, loss, batch_shape) -> tuple[dict, Any, FastClippedGrad, str]:
+def step_functions(model, loss, batch_shape, ghost_direct: bool = False
+                   ) -> tuple[dict, Any, FastClippedGrad, str]:
   """One step of every path (``name -> (step(p, st, b), initial state)``, names of ``PATHS``),
   the params, the fast path's ``FastClippedGrad`` and the level: what this bench times and
-  ``bench_cost.py`` compiles (one copy of the step code)."""
+  ``bench_cost.py`` compiles (one copy of the step code). ``ghost_direct`` adds the fast path
+  with every kernel instantiated (``dpsco_fast_direct``)."""
   level = "item" if len(batch_shape) == 1 else "user"
   rows = batch_shape[0]
   fast = FastClippedGrad(model, loss, clip_norm=CLIP, level=level)
@@ -211,15 +216,22 @@ def step_functions(model, loss, batch_shape) -> tuple[dict, Any, FastClippedGrad
            "dpsco_fast": (dp_fast, noisy.init(params)),
            "dpsco_vmap": (dp_vmap, noisy.init(params)),
            "optax_dpsgd": (dp_optax, dpsgd.init(params))}
+  if ghost_direct:
+    direct = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, ghost="direct")
+
+    def dp_fast_direct(p, st, b):
+      u, st = noisy.update(direct.aggregate(p, b, mode="mean", denominator=rows), st, p)
+      return optax.apply_updates(p, u), st
+    steps["dpsco_fast_direct"] = (dp_fast_direct, noisy.init(params))
   jp = _jax_privacy_step(model_loss, level, rows, sgd)
   if jp is not None:
     steps["jax_privacy"] = (jp[0], jp[1].init(params))
   return steps, params, fast, level
 
 
-def candidates(model, loss, batch, batch_shape, quick: bool = False
+def candidates(model, loss, batch, batch_shape, quick: bool = False, ghost_direct: bool = False
                ) -> tuple[list[Candidate], dict]:
-  steps, params, _, level = step_functions(model, loss, batch_shape)
+  steps, params, _, level = step_functions(model, loss, batch_shape, ghost_direct)
   cands, mem = [], {}
   for name, (fn, st) in steps.items():
     jitted = jax.jit(fn)
@@ -233,7 +245,10 @@ def candidates(model, loss, batch, batch_shape, quick: bool = False
     cands.append(Candidate(name, lambda p, st, b, _f=step: _f(p, st, b), (params, st),
                            (batch,)))
   auto = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, method="auto")
-  choice = auto.autotune(params, jax.tree.map(jnp.zeros_like, batch), repeats=3)
+  choice = auto.autotune(params, jax.tree.map(jnp.zeros_like, batch))
+  if choice == "fast":  # the cost model's per-layer forms, so a log says what ran
+    print("  fast path per layer: " + ", ".join(
+        f"{r['layer']} {r['method']}" for r in auto.autotune_report["layers"]), flush=True)
   return cands, mem, choice
 
 
@@ -244,12 +259,19 @@ def main() -> None:
   ap.add_argument("--only", nargs="*", help="workload names to run")
   ap.add_argument("--budget", type=float, default=60.0,
                   help="seconds of timing per workload at full sizes (device time is scarce)")
+  ap.add_argument("--ghost-direct", action="store_true",
+                  help="also the fast path with ghost='direct' (row dpsco_fast_direct)")
+  ap.add_argument("--precision", default="highest", choices=("highest", "default"),
+                  help="matmul precision of every step; 'default' leaves the backend's (TF32 on "
+                       "a GPU) to the non-private step and the peers, while dpsco's clipped "
+                       "sums pin HIGHEST inside (dpsco_jax/precision.py)")
   args = ap.parse_args()
-  jax.config.update("jax_default_matmul_precision", "highest")
+  if args.precision == "highest":
+    jax.config.update("jax_default_matmul_precision", "highest")
   rng = np.random.default_rng(0)
   dev = jax.devices()[0]
   print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}); C={CLIP}, z={Z}; "
-        "matmul precision highest")
+        f"matmul precision {args.precision}")
   try:
     import jax_privacy  # noqa: F401
     note = f"jax_privacy {jax_privacy.__version__}: clipped_grad + gaussian_privatizer"
@@ -257,12 +279,14 @@ def main() -> None:
     note = "jax_privacy not installed: its rows are skipped"
   print(note + "; Opacus rows: not implemented in this script (pending)")
   out = {"mode": "quick" if args.quick else "full", "device": dev.device_kind,
+         "precision": args.precision,
          "jax": jax.__version__, "notes": note, "workloads": {}}
   for name, model, loss, batch, shape in workloads(args.quick, rng):
     if args.only and name not in args.only:
       continue
     t0 = time.perf_counter()
-    cands, mem, choice = candidates(model, loss, batch, shape, quick=args.quick)
+    cands, mem, choice = candidates(model, loss, batch, shape, quick=args.quick,
+                                    ghost_direct=args.ghost_direct)
     comp = compare(cands, reps=3 if args.quick else args.reps,
                    window_s=0.05 if args.quick else 0.5, budget_s=5 if args.quick else args.budget)
     print(format_comparison(f"\n{name} {tuple(shape)}", comp))

@@ -16,6 +16,12 @@
 # (m1e5, the m = 256 clean and 10% cells, ran on this box's CPU on 2026-11-27.)
 #   bench    issue 26: bench_gpu's transformer rows under today's defaults (not re-run on the
 #            H100 since the cost model; one full-size transformer compile takes 20-90 s there).
+#   probe    issue 26: the vmap path's clip-and-sum alone on transformer-shaped per-user
+#            gradients, ours against its variants (experiments/gpu/rowsum_probe.py; seconds).
+#   tf       issue 26: bench_gpu's two transformer rows with the ghost="direct" fast path too.
+#   rest     issue 26: bench_gpu's CNN item, GLM and CNN user rows under today's defaults.
+#   tests    the GPU-sensitive test files (fast clipping, clipping, noise, trainer) at the
+#            GPU's default precision, stopped with SIGINT at the step's deadline.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -45,6 +51,19 @@ for step in ${STEPS:-e6 flip3e5 bench}; do
     bench) t=$(left 480); [ "$t" -gt 30 ] && timeout "$t" python3 experiments/bench_gpu.py \
             --budget 20 --reps 5 --only transformer transformer_mha 2>&1 | grep -v "^WARNING\|^I0000" \
             | tee "$OUT/bench_gpu_transformer.log" | tail -15 ;;
+    probe) timeout 120 python3 experiments/gpu/rowsum_probe.py 2>&1 \
+            | grep -v "^WARNING\|^I0000" | tee "$OUT/rowsum_probe.log" ;;
+    tf) for w in transformer transformer_mha; do t=$(left ${TF_END:-430}); [ "$t" -gt 60 ] && \
+          timeout "$t" python3 experiments/bench_gpu.py --budget 10 --reps 5 --ghost-direct \
+            --only $w 2>&1 | grep -v "^WARNING\|^I0000" | tee "$OUT/bench_gpu_$w.log"; done ;;
+    rest) t=$(left ${REST_END:-510}); [ "$t" -gt 30 ] && timeout "$t" python3 experiments/bench_gpu.py \
+            --budget 10 --reps 5 --only cnn_item logistic_user cnn_user 2>&1 \
+            | grep -v "^WARNING\|^I0000" | tee "$OUT/bench_gpu_rest.log" ;;
+    tests) t=$(left ${TESTS_END:-570}); [ "$t" -gt 40 ] && XLA_PYTHON_CLIENT_PREALLOCATE=false \
+            timeout -s INT -k 15 "$t" python3 -m pytest -n 14 -p no:cacheprovider -q --tb=short \
+            -rfE tests/test_flax_fast_clip*.py tests/test_clipping*.py tests/test_noise.py \
+            tests/test_flax_trainer.py tests/test_flax_trainer_privacy.py 2>&1 \
+            | tee "$OUT/pytest_gpu_subset.log" | tail -30 ;;
     tfchunk) timeout 280 python3 experiments/bench_cost_vmap_chunked.py --only transformer \
             --fast --peers optax --chunks 4 --reps 7 2>&1 \
             | grep -v "^WARNING\|^I0000" | tee "$OUT/bench_tf_chunked.log" | tail -20 ;;
