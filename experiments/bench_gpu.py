@@ -9,9 +9,10 @@ Rows per workload (each ratio is to its own library's non-private step):
   * ``jax_privacy`` — jax-privacy's ``clipped_grad`` + ``gaussian_privatizer``, when the
     package is installed (skipped with a note otherwise);
   * Opacus rows are not implemented in this script yet (noted in the output).
-  * ``dpsco_fast_direct`` (``--ghost-direct``) — the fast path with ``ghost="direct"``: every
-    Linear kernel's per-user gradient instantiated rather than its Gram (ghost) norm; what the
-    cost model's per-layer choice is checked against on an accelerator.
+  * ``dpsco_fast_gram`` / ``dpsco_fast_direct`` (``--ghost-variants gram direct``) — the fast
+    path with ``ghost="gram"`` (every Linear kernel's Gram norm, where certified) or
+    ``ghost="direct"`` (every kernel's per-user gradient instantiated): what the cost model's
+    per-layer choice (``fast_clip_cost.kernel_form``) is checked against.
 Per workload, ``auto`` is the path ``FastClippedGrad(method="auto")`` picks (by the per-layer
 cost model of ``dpsco_jax/flax/fast_clip_cost.py``, from shapes only); its ratio is the one of
 the row it picks.
@@ -174,12 +175,12 @@ PATHS = {"nonprivate": "nonprivate", "dpsco_fast": "fast", "dpsco_vmap": "vmap",
          "optax_dpsgd": "optax", "jax_privacy": "jax_privacy"}
 
 
-def step_functions(model, loss, batch_shape, ghost_direct: bool = False
+def step_functions(model, loss, batch_shape, ghost_variants: tuple = ()
                    ) -> tuple[dict, Any, FastClippedGrad, str]:
   """One step of every path (``name -> (step(p, st, b), initial state)``, names of ``PATHS``),
   the params, the fast path's ``FastClippedGrad`` and the level: what this bench times and
-  ``bench_cost.py`` compiles (one copy of the step code). ``ghost_direct`` adds the fast path
-  with every kernel instantiated (``dpsco_fast_direct``)."""
+  ``bench_cost.py`` compiles (one copy of the step code). ``ghost_variants`` (``"gram"``,
+  ``"direct"``) add the fast path with that ``ghost`` (``dpsco_fast_<ghost>``)."""
   level = "item" if len(batch_shape) == 1 else "user"
   rows = batch_shape[0]
   fast = FastClippedGrad(model, loss, clip_norm=CLIP, level=level)
@@ -216,24 +217,26 @@ def step_functions(model, loss, batch_shape, ghost_direct: bool = False
            "dpsco_fast": (dp_fast, noisy.init(params)),
            "dpsco_vmap": (dp_vmap, noisy.init(params)),
            "optax_dpsgd": (dp_optax, dpsgd.init(params))}
-  if ghost_direct:
-    direct = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, ghost="direct")
+  for ghost in ghost_variants:
+    variant = FastClippedGrad(model, loss, clip_norm=CLIP, level=level, ghost=ghost)
 
-    def dp_fast_direct(p, st, b):
-      u, st = noisy.update(direct.aggregate(p, b, mode="mean", denominator=rows), st, p)
+    def dp_variant(p, st, b, variant=variant):
+      u, st = noisy.update(variant.aggregate(p, b, mode="mean", denominator=rows), st, p)
       return optax.apply_updates(p, u), st
-    steps["dpsco_fast_direct"] = (dp_fast_direct, noisy.init(params))
+    steps[f"dpsco_fast_{ghost}"] = (dp_variant, noisy.init(params))
   jp = _jax_privacy_step(model_loss, level, rows, sgd)
   if jp is not None:
     steps["jax_privacy"] = (jp[0], jp[1].init(params))
   return steps, params, fast, level
 
 
-def candidates(model, loss, batch, batch_shape, quick: bool = False, ghost_direct: bool = False
-               ) -> tuple[list[Candidate], dict]:
-  steps, params, _, level = step_functions(model, loss, batch_shape, ghost_direct)
+def candidates(model, loss, batch, batch_shape, quick: bool = False, ghost_variants: tuple = (),
+               paths: tuple | None = None) -> tuple[list[Candidate], dict]:
+  steps, params, _, level = step_functions(model, loss, batch_shape, ghost_variants)
   cands, mem = [], {}
   for name, (fn, st) in steps.items():
+    if paths and name != "nonprivate" and name not in paths:
+      continue
     jitted = jax.jit(fn)
     compiled = jitted.lower(params, st, batch).compile()
     ma = compiled.memory_analysis()
@@ -259,8 +262,10 @@ def main() -> None:
   ap.add_argument("--only", nargs="*", help="workload names to run")
   ap.add_argument("--budget", type=float, default=60.0,
                   help="seconds of timing per workload at full sizes (device time is scarce)")
-  ap.add_argument("--ghost-direct", action="store_true",
-                  help="also the fast path with ghost='direct' (row dpsco_fast_direct)")
+  ap.add_argument("--ghost-variants", nargs="*", default=(), choices=("gram", "direct"),
+                  help="also the fast path with these ghost settings (rows dpsco_fast_<ghost>)")
+  ap.add_argument("--paths", nargs="*", default=None,
+                  help="time only these rows (and nonprivate): device time is scarce")
   ap.add_argument("--precision", default="highest", choices=("highest", "default"),
                   help="matmul precision of every step; 'default' leaves the backend's (TF32 on "
                        "a GPU) to the non-private step and the peers, while dpsco's clipped "
@@ -286,13 +291,15 @@ def main() -> None:
       continue
     t0 = time.perf_counter()
     cands, mem, choice = candidates(model, loss, batch, shape, quick=args.quick,
-                                    ghost_direct=args.ghost_direct)
+                                    ghost_variants=tuple(args.ghost_variants),
+                                    paths=args.paths)
     comp = compare(cands, reps=3 if args.quick else args.reps,
                    window_s=0.05 if args.quick else 0.5, budget_s=5 if args.quick else args.budget)
     print(format_comparison(f"\n{name} {tuple(shape)}", comp))
     print("  peak MiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
           + f"   ({time.perf_counter() - t0:.1f} s)")
-    print(f"  auto picks: {choice} (ratio {comp.ratio['dpsco_' + choice]:.3f})")
+    picked = comp.ratio.get("dpsco_" + choice)
+    print(f"  auto picks: {choice}" + (f" (ratio {picked:.3f})" if picked else ""))
     out["workloads"][name] = {k: {"ratio": round(comp.ratio[k], 3),
                                   "ms": round(1e3 * comp.median_s[k], 3),
                                   "peak_mib": round(mem[k], 1)} for k in comp.names}

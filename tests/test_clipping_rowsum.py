@@ -51,8 +51,13 @@ def test_row_sum_equals_the_zeroed_form(case):
   w = jnp.asarray(np.random.default_rng(1).uniform(0.1, 1.0, U), jnp.float32)
   got = jax.jit(cl._weighted_row_sum)(rows, w, keep)
   want = dict(zip(rows, jax.jit(cl._zeroed_row_sum)(list(rows.values()), w, keep)))
+  # CPU's form holds the zeroed rows behind a barrier, accelerators' fuse them into the dot:
+  # the same terms in the same dot
+  held = dict(zip(rows, jax.jit(lambda *a: cl._zeroed_row_sum(*a, barrier=True))(
+      list(rows.values()), w, keep)))
   for k in rows:
     np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+    np.testing.assert_array_equal(np.asarray(held[k]), np.asarray(want[k]))
     # and the float64 sum over kept rows (NaN where a kept row is non-finite)
     x = np.asarray(rows[k], np.float64)
     with np.errstate(invalid="ignore"):
@@ -160,7 +165,11 @@ def test_blocked_fallback_counts_each_kept_row_once(u, monkeypatch):
                                       jnp.asarray(keep))["v"]
   np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-6, atol=1e-6)
   blocked = jax.jit(cl._blocked_zeroed_sum)(jnp.asarray(g), jnp.asarray(w), jnp.asarray(keep))
-  np.testing.assert_array_equal(np.asarray(blocked), np.asarray(got))   # the branch taken
+  if jax.default_backend() == "cpu":  # CPU's guarded form took the blocked branch: bit for bit
+    np.testing.assert_array_equal(np.asarray(blocked), np.asarray(got))
+  else:  # other backends sum the zeroed rows in one dot: the same sum to rounding (an H100
+    # differed in the last bit of 2 of 5 entries)
+    np.testing.assert_allclose(np.asarray(blocked), np.asarray(got), rtol=1e-6, atol=1e-6)
   g[5, 2], keep[5] = np.nan, True     # a kept NaN row
   got = jax.jit(cl._weighted_row_sum)({"v": jnp.asarray(g)}, jnp.asarray(w),
                                       jnp.asarray(keep))["v"]

@@ -422,7 +422,9 @@ class FastClippedGrad:
       g = jnp.concatenate([flat_g(k) for k in ks], 1)
       if kind in ("linear", "linear_general"):
         a = jnp.concatenate([_flat_inputs(module, kind, arrays[k][0], n_users) for k in ks], 1)
-        bound, m = fn.kernel_bound(a, g, self.ghost)
+        form = fc.kernel_form(a.shape[1], a.shape[2], g.shape[2], self.ghost,
+                              jax.default_backend())  # the backend traced for, as plan()'s
+        bound, m = fn.kernel_bound(a, g, form)
         parts.append(_Part(leaf("kernel"), jnp.square(bound), dense=m, release=lambda w, kept,
                            d, a=a, g=g: fn.kernel_release(_safe(a, kept, d),
                                                           _weighted(g, w, kept))))

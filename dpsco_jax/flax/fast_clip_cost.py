@@ -16,9 +16,20 @@ tapped call sees ``n`` rows per user (items x positions), ``p`` inputs and ``q``
 * normalization layers, biases and fallback parameters hold their per-user gradients
   (``U size``), as the vmap path holds every parameter's.
 
-Per layer the form is the issue's rule: ghost norm when ``n (p + q) <= p q`` (its FLOPs
-``U n^2 (p+q)`` against instantiation's ``U n p q``) and its certified float32 error stays
-small (:func:`~dpsco_jax.flax.fast_clip_norms.use_gram`). A path's predicted cost is
+Per Linear / LinearGeneral layer the form (:func:`kernel_form`) depends on the backend, as
+measured. On CPU (and TPU, not measured) it is the FLOPs rule: ghost norm when
+``n (p + q) <= p q`` (its ``U n^2 (p+q)`` against instantiation's ``U n p q``). On a GPU it is
+this model's own comparison, ``n^2 (p+q) + 2 W n^2`` against ``n (p+q) + p q + W p q`` per user
+(``W = MEMORY_WEIGHT``): instantiation's ``n p q`` replaces the weight gradient that the ghost
+form still computes in its release, so only its held ``p q`` counts against it. The two
+disagree on bench_gpu's transformer (``n = 128``, ``p, q`` of 256 to 1024), and each was right
+on its own backend: on an H100 every projection instantiated ran 1.19x the non-private step
+against the ghost norms' 1.26x and optax.contrib.dpsgd's 1.23x
+(``experiments/results/gpu/bench_gpu_transformer_h100_s6.log``), while on this CPU (medium
+size) the ghost norms ran 1.22x against 1.71x (XLA:CPU runs the per-user batched matmuls far
+below its GEMM rate). Either way the ghost form is taken only where its certified float32
+error stays small (:func:`~dpsco_jax.flax.fast_clip_norms.use_gram`); convolutions keep the
+FLOPs rule (:mod:`~dpsco_jax.flax.fast_clip_conv`). A path's predicted cost is
 ``FLOPs + MEMORY_WEIGHT * elements held``. The FLOPs are matmul multiply-adds (Gram
 matrices, per-user gradients), run at matmul throughput; an element held per user is
 written, read for its norm and read again for the weighted sum by memory-bound kernels. Per
@@ -88,6 +99,25 @@ class LayerCost:
   release: str = ""
 
 
+#: Backends whose Linear kernels take the form of the lower predicted cost (see the module doc).
+FORM_BY_COST = frozenset({"gpu", "cuda", "rocm"})
+
+
+def kernel_form(n: int, p: int, q: int, ghost: str, backend: str) -> str:
+  """``"gram"`` (ghost norm) or ``"direct"`` (instantiation) for a Linear / LinearGeneral
+  kernel seeing ``n`` rows per user, ``p`` inputs and ``q`` outputs, under ``ghost`` on
+  ``backend`` (module doc). Shapes only; the same answer for the step and :meth:`plan`."""
+  if ghost == "direct" or not fn.use_gram(n, p, q, "gram"):
+    return "direct"
+  if ghost == "gram":
+    return "gram"
+  if backend in FORM_BY_COST:
+    gram = _cost(n * n * (p + q), 2 * n * n)
+    direct = _cost(n * (p + q) + p * q, p * q)
+    return "gram" if gram < direct else "direct"
+  return "gram" if fn.use_gram(n, p, q, ghost) else "direct"
+
+
 def _cost(flops: float, memory: float) -> float:
   return float(flops) + MEMORY_WEIGHT * float(memory)
 
@@ -148,7 +178,8 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
     same = _input_key(kind, mod, p, calls)
     if kind == "embed":
       method, flops, memory = "ghost", u * n * n * q, 2 * u * n * n
-    elif fn.use_gram(n, p, q, ghost):
+    elif (fn.use_gram(n, p, q, ghost) if kind == "conv"  # convs: fast_clip_conv's rule
+          else kernel_form(n, p, q, ghost, backend) == "gram"):
       method = "ghost"
       shared = same is not None and same in seen_gram
       flops = groups * u * n * n * (q if shared else p + q)

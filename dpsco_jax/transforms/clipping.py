@@ -133,13 +133,23 @@ def _weighted_row_sum(stacked: PyTree, weights: jax.Array, keep: jax.Array) -> P
   return jax.tree.unflatten(treedef, out)
 
 
-def _zeroed_row_sum(leaves: list, weights: jax.Array, keep: jax.Array) -> list:
-  """Dropped rows zeroed by ``where``, then one HIGHEST dot per leaf. The optimization
-  barrier stops XLA from fusing that ``where`` into the dot operand (measured faster)."""
+def _zeroed_row_sum(leaves: list, weights: jax.Array, keep: jax.Array,
+                    barrier: bool = False) -> list:
+  """Dropped rows zeroed by ``where``, then one HIGHEST dot per leaf.
+
+  ``barrier`` (CPU only, from :func:`_guarded_row_sum`) materialises the zeroed rows before
+  the dot: XLA:CPU ran that faster than the ``where`` fused into the dot operand. On an
+  accelerator it is the opposite: on an H100 (jax 0.11.2), the clip-and-sum of bench_gpu's
+  transformer (64 users x 7.4e6 parameters) took 2.80 ms with the barrier and 1.54 ms without
+  it, against 0.92 ms for the norms alone (``experiments/gpu/rowsum_probe.py``, log
+  ``experiments/results/gpu/rowsum_probe_h100_s6.log``); the barrier's copy of the
+  ``[U, ...]`` gradients was most of the vmap path's gap to optax.contrib.dpsgd there."""
   def f(g):
     wide = _wide_dtype(g.dtype)
     k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
-    safe = jax.lax.optimization_barrier(jnp.where(k, g, jnp.zeros_like(g)))
+    safe = jnp.where(k, g, jnp.zeros_like(g))
+    if barrier:
+      safe = jax.lax.optimization_barrier(safe)
     return jnp.tensordot(weights.astype(wide), safe.astype(wide), axes=1,
                          precision=jax.lax.Precision.HIGHEST)
   return [f(g) for g in leaves]
@@ -165,7 +175,8 @@ def _guarded_row_sum(leaves: list, weights: jax.Array, keep: jax.Array) -> list:
   ``[U, D]`` as a bitcast; flattened first, since the GLM's ``[U, D, 1]``, produced as
   ``[U, 1, D]``, was otherwise copied into the ``cond``'s operand layout."""
   vec = [_one_vector_per_user(g) for g in leaves]
-  rest = iter(_zeroed_row_sum([g for g, v in zip(leaves, vec) if not v], weights, keep))
+  rest = iter(_zeroed_row_sum([g for g, v in zip(leaves, vec) if not v], weights, keep,
+                              barrier=True))
   flat = [jnp.reshape(g, (g.shape[0], -1)) for g, v in zip(leaves, vec) if v]
   guarded = iter(())
   if flat:

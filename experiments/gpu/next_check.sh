@@ -18,7 +18,7 @@
 #            H100 since the cost model; one full-size transformer compile takes 20-90 s there).
 #   probe    issue 26: the vmap path's clip-and-sum alone on transformer-shaped per-user
 #            gradients, ours against its variants (experiments/gpu/rowsum_probe.py; seconds).
-#   tf       issue 26: bench_gpu's two transformer rows with the ghost="direct" fast path too.
+#   tf       issue 26: bench_gpu's two transformer rows with the fast path at ghost="gram" and "direct" too.
 #   rest     issue 26: bench_gpu's CNN item, GLM and CNN user rows under today's defaults.
 #   tests    the GPU-sensitive test files (fast clipping, clipping, noise, trainer) at the
 #            GPU's default precision, stopped with SIGINT at the step's deadline.
@@ -54,7 +54,7 @@ for step in ${STEPS:-e6 flip3e5 bench}; do
     probe) timeout 120 python3 experiments/gpu/rowsum_probe.py 2>&1 \
             | grep -v "^WARNING\|^I0000" | tee "$OUT/rowsum_probe.log" ;;
     tf) for w in transformer transformer_mha; do t=$(left ${TF_END:-430}); [ "$t" -gt 60 ] && \
-          timeout "$t" python3 experiments/bench_gpu.py --budget 10 --reps 5 --ghost-direct \
+          timeout "$t" python3 experiments/bench_gpu.py --budget 10 --reps 5 --ghost-variants gram direct \
             --only $w 2>&1 | grep -v "^WARNING\|^I0000" | tee "$OUT/bench_gpu_$w.log"; done ;;
     rest) t=$(left ${REST_END:-510}); [ "$t" -gt 30 ] && timeout "$t" python3 experiments/bench_gpu.py \
             --budget 10 --reps 5 --only cnn_item logistic_user cnn_user 2>&1 \
