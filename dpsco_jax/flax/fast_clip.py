@@ -217,7 +217,9 @@ class FastClippedGrad:
       by :meth:`plan`; shapes only, never timings or data). Both are exact: the choice
       changes the speed, never the released value's distribution or its sensitivity.
     ghost: ``"auto"`` | ``"gram"`` | ``"direct"`` for Linear/Conv kernels; ``"gram"`` is
-      honoured only where its certified error is small (see module doc).
+      honoured only where its certified error is small (see module doc); ``"auto"`` picks
+      per layer from shapes and backend (Linear:
+      :func:`~dpsco_jax.flax.fast_clip_cost.kernel_form`, reported by :meth:`plan`).
     conv_budget: convolutions form their per-user kernel gradients from im2col patches in
       chunks of users whose temporaries fit in this fraction of the layer's activations
       (:mod:`~dpsco_jax.flax.fast_clip_conv`; shapes only); ``None``: all users at once
