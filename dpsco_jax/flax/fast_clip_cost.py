@@ -160,17 +160,7 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
       rows.append(LayerCost(name, kind, "layer_vjp", 0, 0, own, u * own, u * own,
                             _held(own, u), _held(own, u, vmap_chunks)))
       continue
-    groups = 1
-    if kind == "linear":
-      p, q = int(mod.in_features), int(mod.out_features)
-    elif kind == "linear_general":
-      p, q = fn._prod(_tuple(mod.in_features)), fn._prod(_tuple(mod.out_features))
-    elif kind == "conv":
-      groups = int(mod.feature_group_count)
-      p = fn._prod(mod.kernel_size) * int(mod.in_features) // groups
-      q = int(mod.out_features) // groups
-    else:  # embed
-      p, q = int(mod.num_embeddings), int(mod.features)
+    p, q, groups = _dims(kind, mod)
     n = m * sum(fn._prod(c.out.shape) // (q * groups) for c in calls)
     bias = (u * q * groups) if getattr(mod, "bias", None) is not None else 0
     # Projections of the very same inputs (nnx.MultiHeadAttention's query/key/value on one x)
@@ -213,6 +203,19 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
     rows.append(LayerCost("(fallback)", "fallback", "fallback", 0, 0, fb, u * fb, u * fb,
                           _held(fb, u), _held(fb, u, vmap_chunks)))
   return tuple(rows)
+
+
+def _dims(kind: str, mod) -> tuple[int, int, int]:
+  """``(p, q, groups)`` of a tapped layer: inputs and outputs per feature group."""
+  if kind == "linear":
+    return int(mod.in_features), int(mod.out_features), 1
+  if kind == "linear_general":
+    return fn._prod(_tuple(mod.in_features)), fn._prod(_tuple(mod.out_features)), 1
+  if kind == "conv":
+    groups = int(mod.feature_group_count)
+    return (fn._prod(mod.kernel_size) * int(mod.in_features) // groups,
+            int(mod.out_features) // groups, groups)
+  return int(mod.num_embeddings), int(mod.features), 1  # embed
 
 
 def _input_key(kind, mod, p, calls):
