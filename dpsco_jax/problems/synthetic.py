@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpsco_jax._checks import check_choice, check_int, check_nonnegative, check_positive
 from dpsco_jax.config.families import NoisyProblem
@@ -49,12 +50,28 @@ class SCOProblem:
   risk_fn: Callable[[jax.Array], jax.Array]
   opt_risk: float
   meta: dict = dataclasses.field(default_factory=dict)
+  #: The population risk in float64 (numpy), where the problem has one: see excess_risk_f64.
+  risk_fn64: Callable[[np.ndarray], float] | None = None
 
   def population_risk(self, params: Any) -> float:
     return float(self.risk_fn(params))
 
   def excess_risk(self, params: Any) -> float:
     return self.population_risk(params) - self.opt_risk
+
+  def excess_risk_f64(self, params: Any) -> float | None:
+    """``risk(params) - risk(x_opt)`` with both risks in float64; None without
+    ``risk_fn64``.
+
+    Why: :meth:`excess_risk` subtracts two float32 risks of about 0.5, so it moves in steps of
+    one ulp (6.0e-8). At n = 1e6 paper 000's Algorithm 3 sits 8-56 ulps above the optimum and
+    clean-data DP-SGD below one ulp (``experiments/STUDY.md``, the measurement floor): there
+    the float32 number is mostly rounding. This one is the same quantity (same evaluation
+    features, same optimum) to ~1e-16."""
+    if self.risk_fn64 is None:
+      return None
+    w = np.asarray(params, np.float64).reshape(-1)
+    return float(self.risk_fn64(w) - self.risk_fn64(np.asarray(self.x_opt, np.float64)))
 
   def init_params(self) -> jax.Array:
     return jnp.zeros((self.d,), jnp.float32)
@@ -130,8 +147,11 @@ def make(name: str, *, n_users: int, m: int, d: int, key: jax.Array,
     y = t + s * jax.random.uniform(k_noise, t.shape, minval=-1.0, maxval=1.0)
     risk = jax.jit(lambda w: 0.5 * (jnp.sum(jnp.square(w - w_star)) + h * h) / d
                    + s * s / 6.0)
+    ws64 = np.asarray(w_star, np.float64)
+    risk64 = lambda w: 0.5 * (float(np.sum(np.square(w - ws64))) + h * h) / d + s * s / 6.0
     return SCOProblem(name, least_squares_loss, {"x": x, "y": y}, d, n_users, m,
-                      float(radius), lip_margin + s, 1.0, w_star, risk, float(risk(w_star)))
+                      float(radius), lip_margin + s, 1.0, w_star, risk, float(risk(w_star)),
+                      risk_fn64=risk64)
 
   if name == "logistic":
     y = jax.random.bernoulli(k_noise, jax.nn.sigmoid(t)).astype(jnp.float32)
@@ -142,9 +162,15 @@ def make(name: str, *, n_users: int, m: int, d: int, key: jax.Array,
       p = jax.nn.sigmoid(x_eval @ w_star)
     risk = jax.jit(lambda w: jnp.mean(jax.nn.softplus(x_eval @ w) - p * (x_eval @ w)))
     w_opt = w_star if h == 0 else _newton_logistic(x_eval, p, w_star)
+    # float64: the same features and label probabilities (recomputed, not the float32 p)
+    x64 = np.asarray(x_eval, np.float64)
+    z64 = (np.sum(x64 * np.asarray(w_eval_users, np.float64), axis=1) if h > 0
+           else x64 @ np.asarray(w_star, np.float64))
+    p64 = 1.0 / (1.0 + np.exp(-z64))
+    risk64 = lambda w: float(np.mean(np.logaddexp(0.0, x64 @ w) - p64 * (x64 @ w)))
     return SCOProblem(name, logistic_loss, {"x": x, "y": y}, d, n_users, m, float(radius),
                       1.0, 0.25, w_opt, risk, float(risk(w_opt)),
-                      meta={"w_star": w_star})
+                      meta={"w_star": w_star}, risk_fn64=risk64)
 
   # absolute
   y = t + s * jax.random.laplace(k_noise, t.shape)

@@ -98,6 +98,9 @@ def _result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
       "gradient_evaluations": int(result.gradient_evaluations),
       "wall_time_s": wall, "seed": seed,
   }
+  f64 = getattr(problem, "excess_risk_f64", None)  # float64 where the problem has it
+  if f64 is not None and (v := f64(params)) is not None:
+    record["excess_risk_f64"] = v
   for name in ("radius", "lipschitz", "smoothness"):  # R, L, beta of the problem
     if hasattr(problem, name):
       record[name] = getattr(problem, name)
