@@ -64,12 +64,15 @@ def _kept(r: dict, seeds) -> bool:
   return r["algorithm"] in ALGS and r.get("status", "ok") == "ok" and r["seed"] in seeds
 
 
-def load(pattern: str = RECORDS, m: int = 64, mode: str = "huge", seeds=SEEDS) -> list[dict]:
-  """One record per (algorithm, n, f, seed) on ``seeds``, the first one found."""
+def load(pattern: str = RECORDS, m: int = 64, mode: str = "huge", seeds=SEEDS,
+         risk: str = "excess_risk") -> list[dict]:
+  """One record per (algorithm, n, f, seed) on ``seeds``, the first one found that has the
+  field ``risk`` (``excess_risk_f64``: only the records that carry the float64 value)."""
   out, seen = [], set()
   for r in _read(pattern):
     cfg = r.get("config", {})
-    if not _kept(r, seeds) or r["m"] != m or cfg.get("corruption_mode", "huge") != mode:
+    if (not _kept(r, seeds) or r["m"] != m or cfg.get("corruption_mode", "huge") != mode
+        or r.get(risk) is None):
       continue
     key = (r["algorithm"], r["n_users"], cfg["corruption"], r["seed"])
     if key not in seen:
@@ -96,9 +99,10 @@ def cells_looked(pattern: str = RECORDS, seeds=SEEDS) -> int:
 CORRECTED_RESAMPLES = 20_000
 
 
-def table(records: list[dict], looked: int = 1) -> dict:
+def table(records: list[dict], looked: int = 1, risk: str = "excess_risk") -> dict:
   """Per (n, f): each algorithm's mean and interval, FILTER's halting and its paired ratio to
-  DP-SGD (95%, and at ``1 - 0.05 / looked`` when more than one cell was looked at)."""
+  DP-SGD (95%, and at ``1 - 0.05 / looked`` when more than one cell was looked at), of the
+  record field ``risk``."""
   from dpsco_jax.runner.stats import paired_comparison
   cells: dict = {}
   for r in records:
@@ -111,20 +115,20 @@ def table(records: list[dict], looked: int = 1) -> dict:
     for alg in ALGS:
       if alg not in c:
         continue
-      risk = [c[alg][s]["excess_risk"] for s in sorted(c[alg])]
-      mean, lo, hi = t_ci(risk)
-      entry = {"seeds": len(risk), "mean": mean, "ci95_t": [lo, hi]}
+      vals = [c[alg][s][risk] for s in sorted(c[alg])]
+      mean, lo, hi = t_ci(vals)
+      entry = {"seeds": len(vals), "mean": mean, "ci95_t": [lo, hi]}
       if alg != DPSGD:
         k = sum(c[alg][s].get("halted_phase") is not None for s in c[alg])
-        entry.update(halted=k, halting_ci95=list(clopper_pearson(k, len(risk))))
+        entry.update(halted=k, halting_ci95=list(clopper_pearson(k, len(vals))))
         if DPSGD in c:
-          pc = paired_comparison({s: r["excess_risk"] for s, r in c[alg].items()},
-                                 {s: r["excess_risk"] for s, r in c[DPSGD].items()})
+          pc = paired_comparison({s: r[risk] for s, r in c[alg].items()},
+                                 {s: r[risk] for s, r in c[DPSGD].items()})
           entry.update(vs_dp_sgd=[pc["ratio"], pc["ratio_ci95_lo"], pc["ratio_ci95_hi"]],
                        wins=pc["wins"], paired=pc["paired_seeds"])
           if looked > 1:
-            bc = paired_comparison({s: r["excess_risk"] for s, r in c[alg].items()},
-                                   {s: r["excess_risk"] for s, r in c[DPSGD].items()},
+            bc = paired_comparison({s: r[risk] for s, r in c[alg].items()},
+                                   {s: r[risk] for s, r in c[DPSGD].items()},
                                    level=1 - 0.05 / looked, resamples=CORRECTED_RESAMPLES)
             entry["vs_dp_sgd_bonferroni"] = [bc["ratio_ci95_lo"], bc["ratio_ci95_hi"]]
       row[alg] = entry
@@ -133,7 +137,7 @@ def table(records: list[dict], looked: int = 1) -> dict:
   for alg in ALGS:
     for f in sorted({f for (_, f) in cells}):
       # a cell where most runs halted releases the public fallback point: not the rate
-      pts = {float(n): [r["excess_risk"] for r in cells[(n, f)][alg].values()]
+      pts = {float(n): [r[risk] for r in cells[(n, f)][alg].values()]
              for (n, g) in cells if g == f and alg in cells[(n, f)]
              and len(cells[(n, f)][alg]) >= 2 and n >= 10_000
              and 2 * sum(r.get("halted_phase") is not None
@@ -185,6 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
   ap.add_argument("--m", type=int, default=64, help="items per user (16: the m = 16 cells)")
   ap.add_argument("--seeds", default="300-309",
                   help="first-last seeds (600-609: the fresh confirmation seeds)")
+  ap.add_argument("--risk", default="excess_risk", choices=("excess_risk", "excess_risk_f64"),
+                  help="the record field compared: the float32 excess risk (every record) or "
+                       "the float64 one (records since 2026-11-27 only: below ~1e-6 the "
+                       "float32 one is ulps of 6e-8)")
   ap.add_argument("--m-slope", type=int, default=None, metavar="N",
                   help="report the slope against m at N users instead of the table")
   args = ap.parse_args(argv)
@@ -198,13 +206,14 @@ def main(argv: list[str] | None = None) -> dict:
             f"m = {', '.join(map(str, v['m']))}")
     print(json.dumps(out))
     return out
-  records = load(args.records, m=args.m, mode=args.mode, seeds=range(lo, hi + 1))
+  records = load(args.records, m=args.m, mode=args.mode, seeds=range(lo, hi + 1),
+                 risk=args.risk)
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
       json.dump({"results": records}, fh, default=float)
   looked = cells_looked(args.records, range(lo, hi + 1))
-  out = table(records, looked)
+  out = table(records, looked, risk=args.risk)
   print(f"Bonferroni intervals: level 1 - 0.05 / {looked} ({looked} FILTER-vs-DP-SGD cells on "
         f"seeds {args.seeds} in the records)")
   print("| n | f | Algorithm 3 (× DP-SGD, wins) | DP-SGD | Algorithm 1 (× DP-SGD, wins) |")

@@ -107,3 +107,25 @@ def test_bonferroni_interval_counts_every_cell_looked_at(tmp_path):
   assert rows[(100_000, 0.05)][study.ALG3]["vs_dp_sgd_bonferroni"] == pytest.approx([0.5, 0.5])
   assert rows[(100_000, 0.05)][study.ALG1]["vs_dp_sgd_bonferroni"] == pytest.approx([3.0, 3.0])
   assert "vs_dp_sgd" not in rows[(300_000, 0.05)][study.ALG3]
+
+
+def test_the_float64_field_compares_only_records_that_carry_it(tmp_path):
+  """``--risk excess_risk_f64``: each record's float64 excess risk where it has one (from a
+  later file too, when an earlier one holds the same seed without it); records without it
+  are left out, and the default view still reads the float32 field of the first record."""
+  recs, later = [], []
+  for s in range(300, 310):
+    recs.append(_rec(study.DPSGD, 1_000_000, 0.0, s, 0.0) | {"excess_risk_f64": 2e-8})
+    recs.append(_rec(study.ALG3, 1_000_000, 0.0, s, 6e-8 * (s - 299)))      # float32 only
+    later.append(_rec(study.ALG3, 1_000_000, 0.0, s, 6e-8 * (s - 299))
+                 | {"excess_risk_f64": 4e-8 * (s - 299)})
+  (tmp_path / "filter_curve_records_a.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in recs))
+  (tmp_path / "filter_curve_records_b_f64.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in later))
+  glob_ = str(tmp_path / "filter_curve_records*.jsonl")
+  (row,) = study.main(["--records", glob_, "--risk", "excess_risk_f64"])["rows"]
+  assert row[study.ALG3]["mean"] == pytest.approx(4e-8 * 5.5)
+  assert row[study.ALG3]["vs_dp_sgd"][0] == pytest.approx(2 * 5.5, rel=0.05)
+  (row,) = study.main(["--records", glob_])["rows"]   # float32: DP-SGD's 0 makes no ratio
+  assert row[study.ALG3]["mean"] == pytest.approx(6e-8 * 5.5)
