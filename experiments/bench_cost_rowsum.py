@@ -41,12 +41,14 @@ from dpsco_jax.transforms import clipping as cl  # noqa: E402
 
 @contextlib.contextmanager
 def zeroed_form():
-  """Traces ``_weighted_row_sum`` as before: the zeroed form on every backend."""
+  """Traces ``_weighted_row_sum`` as before: the zeroed form (behind its barrier, as it then
+  was) on every backend."""
   orig = cl._weighted_row_sum
 
   def before(stacked, weights, keep):
     leaves, treedef = jax.tree.flatten(stacked)
-    return jax.tree.unflatten(treedef, cl._zeroed_row_sum(leaves, weights, keep))
+    return jax.tree.unflatten(treedef, cl._zeroed_row_sum(leaves, weights, keep,
+                                                           barrier=True))
   cl._weighted_row_sum = before
   try:
     yield
