@@ -5,20 +5,25 @@
 # and pydantic under .whl/ (carried), e.g.
 #   bash experiments/gpu/next_check.sh            # all steps
 #   STEPS="flip3e5 m1e5" bash experiments/gpu/next_check.sh
-# Steps (done on an H100 on 2026-11-27: the user-level CNN's conv default, the transformer's
-# vmap step in 4 chunks, flips at 3e5 5%, m = 256 at 2 and 5%; experiments/results/gpu/):
+# Done on an H100 on 2026-11-27 (experiments/results/gpu/): the user-level CNN's conv default,
+# the transformer's vmap step in 4 chunks, flips at 3e5 5%, m = 256 at 2 and 5%; and, in the
+# second session of that day (*_h100_s6.log), probe, tf for the plain transformer (the MHA one
+# was cut at its deadline), rest for CNN item and GLM (CNN user cut), and 75 tests of `tests`.
+# Still open, in this order (one full-size transformer row compiles for ~150 s there):
+#   STEPS="tf rest tests" TF_END=330 REST_END=420 TESTS_END=560: the transformers under the
+#   defaults of d8164c8 (the fast path's projections instantiated on a GPU, the vmap path's
+#   sum without its barrier: neither timed end to end yet), the user-level CNN, more tests;
+#   then e6 / flip3e5 for whatever issue 28 cells the CPU has not finished.
+# Steps:
 #   flip3e5  issue 28: label-flipping users at n = 3e5, m = 64, 10% (Algorithm 3 and DP-SGD,
 #            10 eval seeds; 89 s for Algorithm 3's 10 seeds at 5%, 29 s for DP-SGD's).
 #   e6       issue 28: n = 1e6, m = 64: the cells the CPU could not finish (filter_curve
 #            skips cells already in the records: carry experiments/results/ as it is).
-#            FILTER counts pairs by radial bands since 2026-11-27 (one Algorithm 3 run at
-#            1e6 took 186 s on one CPU core), so these are short on a GPU.
-# (m1e5, the m = 256 clean and 10% cells, ran on this box's CPU on 2026-11-27.)
-#   bench    issue 26: bench_gpu's transformer rows under today's defaults (not re-run on the
-#            H100 since the cost model; one full-size transformer compile takes 20-90 s there).
+#   bench    issue 26: bench_gpu's two transformer rows, every path.
 #   probe    issue 26: the vmap path's clip-and-sum alone on transformer-shaped per-user
 #            gradients, ours against its variants (experiments/gpu/rowsum_probe.py; seconds).
-#   tf       issue 26: bench_gpu's two transformer rows with the fast path at ghost="gram" and "direct" too.
+#   tf       issue 26: bench_gpu's two transformer rows with the fast path at ghost="gram" and
+#            "direct" too.
 #   rest     issue 26: bench_gpu's CNN item, GLM and CNN user rows under today's defaults.
 #   tests    the GPU-sensitive test files (fast clipping, clipping, noise, trainer) at the
 #            GPU's default precision, stopped with SIGINT at the step's deadline.
