@@ -58,7 +58,7 @@ for step in ${STEPS:-e6 flip3e5 bench}; do
             | tee "$OUT/bench_gpu_transformer.log" | tail -15 ;;
     probe) timeout 120 python3 experiments/gpu/rowsum_probe.py 2>&1 \
             | grep -v "^WARNING\|^I0000" | tee "$OUT/rowsum_probe.log" ;;
-    tf) for w in transformer_mha transformer; do  # MHA first: not yet timed under d8164c8 t=$(left ${TF_END:-430}); [ "$t" -gt 60 ] && \
+    tf) for w in transformer_mha transformer; do t=$(left ${TF_END:-430}); [ "$t" -gt 60 ] && \
           timeout "$t" python3 experiments/bench_gpu.py --budget 10 --reps 5 --ghost-variants gram direct \
             --only $w 2>&1 | grep -v "^WARNING\|^I0000" | tee "$OUT/bench_gpu_$w.log"; done ;;
     rest) t=$(left ${REST_END:-510}); [ "$t" -gt 30 ] && timeout "$t" python3 experiments/bench_gpu.py \
