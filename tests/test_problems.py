@@ -80,3 +80,21 @@ def test_runner_records_carry_the_float64_excess_risk():
        "epsilon": 1.0, "delta": 1e-5, "num_steps": 3, "batch_size": 8, "seed": 0},
       algorithms=algos, problems=probs)
   assert record["excess_risk_f64"] == pytest.approx(record["excess_risk"], rel=1e-4, abs=2e-7)
+
+
+def test_seeds_still_batch_and_batched_records_carry_the_float64_excess_risk():
+  """``risk_fn64`` is a per-seed evaluation field (``sweep.EVALUATION_FIELDS``): two seeds of a
+  synthetic problem still run as one batched program (a new closure per seed had made the
+  problems' public facts differ, and the sweep ran seed by seed), and each batched record
+  carries its own float64 excess risk."""
+  from dpsco_jax import runner  # noqa: PLC0415
+  algos, probs = runner.registry()
+  runs = runner.expand({"problem": "logistic", "n_users": 40, "m": 2, "d": 3, "seed": [0, 1],
+                        "experiments": [{"algorithm": "dp_sgd_user", "epsilon": 1.0,
+                                         "delta": 1e-5, "num_steps": 3, "batch_size": 8}]})
+  runs = [runner._checked(r, algos, probs) for r in runs]
+  records = runner.execute(runs, algorithms=algos, problems=probs, progress=False)
+  assert [r["batched"] for r in records] == [True, True], [r.get("batch_note") for r in records]
+  for r in records:
+    assert r["excess_risk_f64"] == pytest.approx(r["excess_risk"], rel=1e-4, abs=2e-7)
+  assert records[0]["excess_risk_f64"] != records[1]["excess_risk_f64"]
