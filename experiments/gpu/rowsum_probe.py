@@ -8,8 +8,12 @@ them. This times that part alone on stand-in per-user gradients shaped like benc
 transformer (64 examples; every parameter leaf), interleaved:
 
 * ``ours``     — :func:`dpsco_jax.transforms.clipping.clip_and_aggregate` as shipped (norms,
-  then per leaf ``where`` behind an optimization barrier and one HIGHEST dot over users);
-* ``no_barrier`` — the same with the barrier removed (XLA may fuse the ``where`` into the dot);
+  then per leaf ``where`` and one HIGHEST dot over users; off CPU, since d8164c8, with no
+  barrier between them, so XLA may fuse the ``where`` into the dot);
+* ``barrier``  — the same sum with the zeroed rows held behind an optimization barrier
+  (``_zeroed_row_sum(..., barrier=True)``: the form every backend ran before d8164c8, and
+  CPU's still). The H100 log of 2026-11-27 (``rowsum_probe_h100_s6.log``) predates d8164c8:
+  there ``ours`` was this barrier form and ``no_barrier`` what ``ours`` is now;
 * ``scaled_sum`` — ``sum(w * g, axis=0)`` per leaf after ``where`` (optax's form: a fused
   multiply-reduce, float32, no dot);
 * ``norms_only`` — the per-user norms alone (the floor every form pays).
@@ -37,16 +41,6 @@ from _timing import Candidate, compare, format_comparison  # noqa: E402
 
 import bench_gpu  # noqa: E402
 from dpsco_jax.transforms import clipping  # noqa: E402
-
-HI = jax.lax.Precision.HIGHEST
-
-
-def _no_barrier(leaves, weights, keep):
-  def f(g):
-    k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
-    safe = jnp.where(k, g, jnp.zeros_like(g))
-    return jnp.tensordot(weights, safe, axes=1, precision=HI)
-  return [f(g) for g in leaves]
 
 
 def _scaled_sum(leaves, weights, keep):
@@ -76,9 +70,9 @@ def main() -> None:
 
   def with_rowsum(rowsum):
     def step(acc, g):
-      norms = clipping.tree_global_norms(g)
+      norms = clipping.tree_global_norms(g)   # the weights as clip_and_aggregate forms them
       keep = jnp.isfinite(norms)
-      w = jnp.where(keep, jnp.minimum(1.0, 1.0 / jnp.maximum(norms, 1e-30)) / args.users, 0.0)
+      w = jnp.where(keep, clipping._clip_factors(norms, 1.0) / args.users, 0.0)
       leaves, treedef = jax.tree.flatten(g)
       out = jax.tree.unflatten(treedef, rowsum(leaves, w, keep))
       return (jax.tree.map(jnp.add, acc, out),)
@@ -94,7 +88,8 @@ def main() -> None:
 
   acc0 = jax.tree.map(jnp.zeros_like, params)
   steps = {"norms_only": jax.jit(norms_only), "ours": jax.jit(ours),
-           "no_barrier": with_rowsum(_no_barrier), "scaled_sum": with_rowsum(_scaled_sum)}
+           "barrier": with_rowsum(lambda l, w, k: clipping._zeroed_row_sum(l, w, k, barrier=True)),
+           "scaled_sum": with_rowsum(_scaled_sum)}
   cands = [Candidate(k, f, (acc0,), (stacked,)) for k, f in steps.items()]
   comp = compare(cands, reps=args.reps, window_s=0.2, budget_s=30)
   dev = jax.devices()[0]
