@@ -50,6 +50,8 @@ def cells(config: dict) -> list[tuple[tuple, dict]]:
            + [(NONPRIV, m) for m in ms])
   out = []
   for alg, m in order:
+    if alg not in rows:   # a config with fewer rows (the fresh-seed confirmations)
+      continue
     for f in config["corruption"]:
       cell = copy.deepcopy(base)
       cell.update(m=m, corruption=f, experiments=[rows[alg]])

@@ -98,6 +98,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     config.update(n_users=2000)
     row.update(epochs=2)
     seeds = seeds[:2]
+  if args.records and os.path.exists(args.records):   # resume: a seed already there is done
+    with open(args.records) as fh:
+      done = {r["seed"] for r in map(json.loads, filter(str.strip, fh))
+              if r["algorithm"] == ALG and r["n_users"] == config["n_users"]
+              and r["config"].get("corruption_mode") == config.get("corruption_mode", "huge")
+              and r["config"].get("corruption") == args.corruption}
+    seeds = [s for s in seeds if s not in done]
   out = []
   for seed in seeds:
     rec = run_seed(config, row, args.corruption, seed)
