@@ -1,7 +1,28 @@
 import os
 
+from multidevice_users import accelerator_installed
+
 # Tests run on CPU; keep XLA from grabbing every core of the 2-core CI box per process.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+
+# Unoptimised code generation for every test process on a CPU-only install (CI's box), set
+# in the environment so that the subprocesses (CLI, benchmark smokes) inherit it; a module
+# whose time is running Monte-Carlo programs rather than compiling them opts back in
+# (``optimized_codegen`` below). Measured with a per-test CPU account (2026-11-27, this box,
+# the whole suite): XLA's backend compile was 1794 s of the 2334 s of CPU the test processes
+# spent in-process (77%); ``jax_disable_most_optimizations`` (backend optimisation level 0,
+# no expensive LLVM passes) halves a compile-bound file's backend compile
+# (tests/test_srgd.py: 35.8 -> 18.5 s). Only code generation changes: the HLO passes (fusion,
+# buffer assignment, SPMD partitioning) still run, so the programs, their cost and memory
+# analyses and the numbers the tests compare are those of the same HLO, and both sides of
+# every comparison compile in one process under the same options. Not with a GPU/TPU jaxlib
+# installed (there it would unoptimise the device's code too), and a value the caller set is
+# kept. (XLA:CPU's legacy fusion emitters, ``--xla_cpu_use_fusion_emitters=false``, would
+# halve the compile again but never finished
+# test_no_bottom_and_unperturbed_mean_when_locally_stable on jaxlib 0.10.2 (> 10 min against
+# 2 s), so only the 4-device subprocesses, whose programs are known to compile, use them.)
+if not accelerator_installed():
+  os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 from hypothesis import settings  # noqa: E402
 
@@ -32,18 +53,20 @@ def bench_steps_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def unoptimized_codegen():
-  """For a module whose time is XLA compiling many small programs that then run for little
-  (``pytestmark = pytest.mark.usefixtures("unoptimized_codegen")``): its programs compile with
-  ``jax_disable_most_optimizations`` (XLA backend optimisation level 0, no expensive LLVM
-  passes; the HLO passes, buffer assignment included, still run), as the 4-device subprocesses
-  do with ``multidevice_users.FAST_COMPILE``. Only code generation is unoptimised: the numbers
-  the tests compare are those of the same HLO (tests/test_flax_fast_clip_chunks.py: 73 -> 32 s
-  CPU; tests/test_runner_user_code.py: 98 -> 57 s). The jit caches are cleared on the way out,
-  so no later module runs an executable compiled here."""
+def optimized_codegen():
+  """XLA's full optimisation, as a user's programs get, instead of the suite's unoptimised
+  code generation (see the top of this file), for a module (``pytestmark =
+  pytest.mark.usefixtures("optimized_codegen")``) that either checks rounding soundness on
+  adversarial inputs (tests/test_numerics_adversarial.py, test_audit_numerics.py: the
+  optimised backend may contract a multiply-add the unoptimised one rounds twice, and the
+  guarantee is for the code users run) or spends its time running Monte-Carlo programs
+  rather than compiling them (tests/test_claims_fresh_seeds.py: 99 s of CPU optimised, 155 s
+  unoptimised; the driver audits). The jit caches are cleared on the way in and out, so no
+  executable crosses the boundary."""
   import jax
   before = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
+  jax.clear_caches()
+  jax.config.update("jax_disable_most_optimizations", False)
   yield
   jax.config.update("jax_disable_most_optimizations", before)
   jax.clear_caches()

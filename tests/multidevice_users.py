@@ -6,6 +6,7 @@ unequal and device batches padded) of up to 8 items of 5 features. Defines ``np`
 scripts report: ``param_dist(a, b)`` (largest absolute difference of two Results' params) and
 ``scale(r)`` (largest absolute entry of a Result's params)."""
 
+import os
 import textwrap
 
 USERS = textwrap.dedent("""
@@ -41,6 +42,17 @@ def _jaxlib_before(major: int, minor: int) -> bool:
   from importlib.metadata import version
   got = tuple(int(x) for x in version("jaxlib").split(".")[:2])
   return got < (major, minor)
+
+
+def accelerator_installed() -> bool:
+  """Whether a GPU or TPU jaxlib plugin is installed (read from the installed distributions,
+  without importing JAX, so conftest can choose XLA flags before any backend starts), unless
+  ``JAX_PLATFORMS`` pins the CPU."""
+  from importlib.metadata import distributions
+  if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+    return False
+  names = {(d.metadata["Name"] or "").lower().replace("_", "-") for d in distributions()}
+  return any(n.startswith(("jax-cuda", "jax-rocm", "libtpu")) for n in names)
 
 
 FAST_COMPILE = " ".join(["--xla_backend_optimization_level=0"]

@@ -14,6 +14,9 @@ import pytest
 from dpsco_jax.audit import drivers as DR
 from dpsco_jax.audit.harness import AuditResult, run_audit
 
+# thousands of audit trials per test: optimised code (conftest.py)
+pytestmark = pytest.mark.usefixtures("optimized_codegen")
+
 # (driver, relation, twin); trials: drivers.TRIALS (1e5 per side; compiling dominates the cost)
 CASES = [
     ("dp_sgd_user_poisson", "add_remove", "noise_halved"),
@@ -104,7 +107,7 @@ def test_bad_inputs_name_the_parameter():
 
 
 def test_cli_audit_verb_prints_claim_and_bound():
-  env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false")
+  env = dict(os.environ)   # conftest's XLA flags
   out = subprocess.run([sys.executable, "-m", "dpsco_jax", "audit", "--mechanism",
                         "dp_sgd_user_poisson", "--trials", "3000"], capture_output=True,
                        text=True, env=env, timeout=240)

@@ -5,11 +5,15 @@ a FILTER release. The honest kernel stays below its claim; the former float32 Gr
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dpsco_jax.audit import mechanisms as M
 from dpsco_jax.audit import numerics as N
 from dpsco_jax.audit import run_audit
 from dpsco_jax.transforms.filtering import filter_points
+
+# on the code generation users get (conftest.py; as tests/test_numerics_adversarial.py)
+pytestmark = pytest.mark.usefixtures("optimized_codegen")
 
 
 def test_the_twin_keeps_the_far_canary_and_the_kernel_does_not():

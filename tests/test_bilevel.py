@@ -420,9 +420,12 @@ def test_runner_entry_budget_and_hygiene():
   assert lo - 1e-6 <= float(res.params[0]) <= hi + 1e-6
   again = bl.dp_bilevel(prob, cfg, jax.random.key(1))
   np.testing.assert_array_equal(res.params, again.params)   # deterministic given the key
-  other = bl.dp_bilevel(prob, cfg, jax.random.key(2))
-  assert res.record["x_out"] != other.record["x_out"] or res.record["t_out"] != \
-      other.record["t_out"]
+  # the key moves the release: this problem's outputs sit at a bound of omega_bounds, so two
+  # keys can round to the same clamped point (keys 1-4 do under XLA's unoptimised CPU code
+  # generation, key 5 leaves at the other bound); four more keys must not all give key 1's
+  others = [bl.dp_bilevel(prob, cfg, jax.random.key(k)).record for k in (2, 3, 4, 5)]
+  assert any((o["x_out"], o["t_out"]) != (res.record["x_out"], res.record["t_out"])
+             for o in others)
   # Budget: a ledger that already spent most of it refuses the run and stays untouched.
   ledger = PrivacyLedger(delta=1e-6, epsilon_budget=2.0, relation="replace_one")
   assert ledger.spend(dp_accounting.GaussianDpEvent(8.0), label="earlier release") < 2.0

@@ -21,7 +21,8 @@ from dpsco_jax.runner.stats import paired_comparison, per_seed
 
 SEEDS = list(range(500, 510))
 SEEDS_20 = list(range(500, 520))
-pytestmark = pytest.mark.slow
+# Monte-Carlo bound: optimised code (conftest.py: 99 s of CPU against 155 s unoptimised)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("optimized_codegen")]
 
 
 @pytest.fixture(autouse=True)

@@ -18,8 +18,6 @@ from dpsco_jax.flax.fast_clip_norms import embed_bound, kernel_bound
 from dpsco_jax.grads import per_user_grads
 from dpsco_jax.transforms.clipping import clip_and_aggregate, tree_global_norms
 
-pytestmark = pytest.mark.usefixtures("unoptimized_codegen")  # conftest.py: compile-bound
-
 RTOL, ATOL = 2e-4, 2e-5
 
 

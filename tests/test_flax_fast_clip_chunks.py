@@ -18,8 +18,6 @@ from flax import nnx
 from dpsco_jax.flax import fast_clip_conv as fcv
 from dpsco_jax.flax.fast_clip import FastClippedGrad
 
-pytestmark = pytest.mark.usefixtures("unoptimized_codegen")  # conftest.py: compile-bound
-
 
 @pytest.fixture(autouse=True)
 def _full_f32_matmuls():

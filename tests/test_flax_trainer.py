@@ -19,8 +19,6 @@ from dpsco_jax.flax.checkpoint import seal
 from dpsco_jax.privacy import LedgerIntegrityError
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger, _digest
 
-pytestmark = pytest.mark.usefixtures("unoptimized_codegen")  # conftest.py: compile-bound
-
 pytest.importorskip("orbax.checkpoint")
 
 

@@ -22,6 +22,10 @@ from dpsco_jax.transforms.clipping import clip_and_aggregate, clip_per_user
 from dpsco_jax.transforms.filtering import (_exact_score, filter_points, outlier_filter,
                                             pairwise_sq_distances)
 
+# Rounding soundness is checked on the code generation users get (conftest.py: XLA's
+# optimised CPU backend may contract a multiply-add that the unoptimised one rounds twice).
+pytestmark = pytest.mark.usefixtures("optimized_codegen")
+
 OFFSETS = (1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8)
 _filter = jax.jit(filter_points, static_argnames=("lo", "hi"))
 

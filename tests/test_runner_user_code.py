@@ -21,8 +21,6 @@ from dpsco_jax.runner.stats import paired_comparison
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.usefixtures("unoptimized_codegen")  # conftest.py: compile-bound
-
 USER_MODULE = '''
 import jax
 import jax.numpy as jnp
