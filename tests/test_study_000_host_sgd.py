@@ -38,3 +38,23 @@ def test_each_seeds_problem_is_the_runners():
   ud = study.user_data(mine)
   np.testing.assert_array_equal(np.asarray(ud.user_view()["example"]["x"]),
                                 np.asarray(mine.data["x"]))
+
+
+def test_a_rerun_resumes_at_the_seeds_its_records_lack(tmp_path, monkeypatch):
+  # run_seed stubbed: what is tested is which seeds main() runs and appends
+  ran = []
+
+  def fake(config, row, corruption, seed):
+    ran.append((corruption, seed))
+    return {"algorithm": study.ALG, "n_users": config["n_users"], "seed": seed,
+            "excess_risk": 0.0, "wall_time_s": 0.0, "epsilon": 1.0,
+            "config": {"corruption_mode": config["corruption_mode"], "corruption": corruption}}
+  monkeypatch.setattr(study, "run_seed", fake)
+  path = str(tmp_path / "r.jsonl")
+  study.main(["--records", path, "--max-seeds", "2"])
+  assert ran == [(0.05, 300), (0.05, 301)]
+  study.main(["--records", path, "--max-seeds", "4"])   # 300, 301 are there: 302, 303 run
+  assert ran[2:] == [(0.05, 302), (0.05, 303)]
+  study.main(["--records", path, "--max-seeds", "2", "--corruption", "0.1"])  # another cell
+  assert ran[4:] == [(0.1, 300), (0.1, 301)]
+  assert len(open(path).read().splitlines()) == 6
