@@ -61,15 +61,22 @@ def optimized_codegen():
   optimised backend may contract a multiply-add the unoptimised one rounds twice, and the
   guarantee is for the code users run) or spends its time running Monte-Carlo programs
   rather than compiling them (tests/test_claims_fresh_seeds.py: 99 s of CPU optimised, 155 s
-  unoptimised; the driver audits). The jit caches are cleared on the way in and out, so no
-  executable crosses the boundary."""
+  unoptimised; the driver audits, whose CLI subprocess inherits the setting through the
+  environment). The jit caches are cleared on the way in and out, so no executable crosses
+  the boundary."""
   import jax
   before = jax.config.read("jax_disable_most_optimizations")
+  env_before = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
+  os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"   # the module's subprocesses too
   jax.clear_caches()
   jax.config.update("jax_disable_most_optimizations", False)
   yield
   jax.config.update("jax_disable_most_optimizations", before)
   jax.clear_caches()
+  if env_before is None:
+    os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+  else:
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = env_before
 
 
 # Which worker runs what under ``make test`` (``-n 2 --dist loadgroup``). With pytest >= 9

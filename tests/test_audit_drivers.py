@@ -107,7 +107,7 @@ def test_bad_inputs_name_the_parameter():
 
 
 def test_cli_audit_verb_prints_claim_and_bound():
-  env = dict(os.environ)   # conftest's XLA flags
+  env = dict(os.environ)   # conftest's XLA flags; optimized_codegen's environment
   out = subprocess.run([sys.executable, "-m", "dpsco_jax", "audit", "--mechanism",
                         "dp_sgd_user_poisson", "--trials", "3000"], capture_output=True,
                        text=True, env=env, timeout=240)

@@ -30,10 +30,13 @@ def test_optimized_codegen_opts_out_and_restores():
   if gen is None:
     pytest.skip("this pytest does not expose the fixture's function")
   before = jax.config.read("jax_disable_most_optimizations")
+  env_before = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
   steps = gen()
   next(steps)
   assert jax.config.read("jax_disable_most_optimizations") is False
+  assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "0"
   assert float(jax.jit(lambda x: x * 2)(jnp.float32(3))) == 6.0
   with pytest.raises(StopIteration):
     next(steps)
   assert jax.config.read("jax_disable_most_optimizations") is before
+  assert os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS") == env_before
