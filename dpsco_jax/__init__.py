@@ -11,8 +11,8 @@ trains Flax nnx models.
 """
 
 from dpsco_jax import algorithms, data, grads, privacy, problems, transforms
-from dpsco_jax.api import (Plan, Progress, UndeclaredFact, algorithm_config, fit, plan,
-                           print_progress, run, run_grid, run_seeds)
+from dpsco_jax.api import (Plan, Progress, UndeclaredFact, algorithm_config, execute, fit,
+                           plan, plan_problem, print_progress, run, run_grid, run_seeds)
 from dpsco_jax.data import DataSpec, MissingConstant, ProblemConstants, UserData
 from dpsco_jax.grads import (per_example_grads, per_user_grads, per_user_grads_two_points,
                              shard_users, user_mesh)
@@ -41,6 +41,8 @@ __all__ = [
     # your model and data: plan -> run
     "UserData", "DataSpec", "ProblemConstants", "MissingConstant", "UndeclaredFact", "Plan",
     "plan", "run", "fit", "run_seeds", "run_grid",
+    # the built-in problems (the runner's path): plan_problem -> execute
+    "plan_problem", "execute",
     "algorithm_config", "Result", "FallbackRelease", "Progress", "print_progress",
     # per-user gradients
     "per_user_grads", "per_example_grads", "per_user_grads_two_points", "shard_users",

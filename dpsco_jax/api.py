@@ -21,7 +21,9 @@
   :class:`Plan` whose ``privacy`` is the guarantee the run will spend, computed by a fresh
   ledger *before any data is read*. :func:`run` executes it on the data through the
   algorithm's registered driver (which re-derives the same plan from the same public facts;
-  a mismatch is a bug and raises before the result is returned).
+  a mismatch is a bug and raises before the result is returned). The runner plans a built-in
+  problem with :func:`plan_problem` and executes every plan through :func:`execute`, as
+  :func:`run` does.
 * The theory constants (L, beta, R, mu) come from ``constants``
   (:class:`~dpsco_jax.data.ProblemConstants`): an algorithm that needs an undeclared one
   raises :class:`~dpsco_jax.data.MissingConstant` naming it.
@@ -50,7 +52,7 @@ from dpsco_jax.data.user_data import DataSpec, UserData
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result
 
-__all__ = ["Plan", "plan", "run", "fit", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
+__all__ = ["Plan", "plan", "run", "fit", "plan_problem", "execute", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
            "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED",
            "HOST_STREAMING", "run_seeds",
            "UndeclaredFact", "Progress", "print_progress"]
@@ -179,6 +181,46 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
   consts = facts.constants
   privacy, z, schedule, detail = entry.planner(facts, cfg)
   return Plan(entry.name, cfg, spec, consts, privacy, z, schedule, int(num_params), detail)
+
+
+def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
+  """The data-free plan of ``algorithm`` on a built-in problem of :mod:`dpsco_jax.problems`
+  (the runner's path): the problem's sizes and constants hold by its construction, so they are
+  declared facts, and its planner reads them as :func:`plan` reads a ``DataSpec``'s. Execute
+  it with :func:`execute`."""
+  entry = _entry(algorithm)
+  cfg = algorithm_config(algorithm, config)
+  spec = DataSpec(int(problem.n_users), int(problem.m))   # built: nothing measured
+  privacy, z, schedule, detail = entry.planner(problem, cfg)
+  return Plan(entry.name, cfg, spec, _constants_of(problem), privacy, z, schedule,
+              int(problem.d), detail)
+
+
+def _constants_of(problem: Any) -> ProblemConstants:
+  """The constants a built-in problem holds (those it has and that are positive numbers)."""
+  found = {}
+  for name in ("lipschitz", "smoothness", "radius", "strong_convexity"):
+    try:
+      v = getattr(problem, name, None)
+      if v is None and name == "strong_convexity":
+        v = (getattr(problem, "meta", None) or {}).get(name)
+    except Exception:  # noqa: BLE001 - a problem without the constant (MissingConstant)
+      continue
+    if isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and v > 0:
+      found[name] = float(v)
+  return ProblemConstants(**found)
+
+
+def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
+  """Runs plan ``p`` on ``problem`` (a built-in problem, or the :class:`UserDataProblem` that
+  :func:`run` builds): the algorithm's driver with the plan's config (and its calibrated noise
+  multiplier where the driver would only calibrate it again), then the check that the run
+  spent exactly the plan's guarantee. The one place a plan meets its driver."""
+  result = _entry(p.algorithm).driver(problem, _driver_config(p), key)
+  if not _same_guarantee(result.privacy, p.privacy):
+    raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
+                       f"from its plan's {p.privacy.epsilon!r} (a library bug)")
+  return result
 
 
 def _require_declared(algorithm: str, spec: DataSpec) -> None:
@@ -344,10 +386,7 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   if problem.d != p.num_params:
     raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
                      f"{problem.d}")
-  result = _entry(p.algorithm).driver(problem, _driver_config(p), key)
-  if not _same_guarantee(result.privacy, p.privacy):
-    raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
-                       f"from its plan's {p.privacy.epsilon!r} (a library bug)")
+  result = execute(p, problem, key)
   if problem.progress is not None and not problem.progress.seen:   # no per-step reports
     callback(Progress(int(p.schedule.get("num_steps") or 0),
                       int(p.schedule.get("num_steps") or 0), float(result.privacy.epsilon)))

@@ -226,12 +226,21 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
 
 
 def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict) -> dict:
-  """A registered driver on a problem object with a known optimum (``key``: the driver's):
-  its record."""
+  """A registered algorithm on a problem object with a known optimum (``key``: the driver's):
+  its record. An algorithm with a planner runs as the API runs it: its data-free plan
+  (:func:`dpsco_jax.api.plan_problem`, one calibration), then that plan
+  (:func:`dpsco_jax.api.execute`: the driver with the plan's noise multiplier, and the check
+  that the run spent the plan's guarantee). The others (no plan: a target excess risk, a
+  bilevel problem) run their driver."""
+  from dpsco_jax import api
   from dpsco_jax.algorithms.registry import algorithms as table
-  typed = table()[cfg["algorithm"]].config.of(cfg)   # validated: what the driver reads
+  entry = table()[cfg["algorithm"]]
+  typed = entry.config.of(cfg)   # validated: what the planner and the driver read
   start = time.perf_counter()
-  result = algorithms[cfg["algorithm"]](problem, typed, key)
+  if entry.planner is not None and algorithms[cfg["algorithm"]] is entry.driver:
+    result = api.execute(api.plan_problem(entry.name, typed, problem), problem, key)
+  else:   # no planner (or a test's stand-in driver)
+    result = algorithms[cfg["algorithm"]](problem, typed, key)
   jax.block_until_ready(result.params)
   return _result_record(problem, cfg, result, time.perf_counter() - start)
 

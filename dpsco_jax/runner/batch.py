@@ -105,6 +105,8 @@ def _result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
     if hasattr(problem, name):
       record[name] = getattr(problem, name)
   record.update({k: v for k, v in result.record.items() if k not in record})
+  if getattr(result, "fallback", None) is not None:   # a halted / ⊥ release, said plainly
+    record["fallback"] = result.fallback
   if result.privacy.notes:
     record["privacy_notes"] = result.privacy.notes
   if cfg.get("debug") is True and result.debug is not None:
@@ -144,10 +146,16 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     if why is not None:
       return None, why
     start = time.perf_counter()
-    results = run_stacked(algorithms[first["algorithm"]], insts[0], [p.data for p in insts],
-                          algos[0] if not grid else algos, [dk for _, dk in keys],
+    driver = algorithms[first["algorithm"]]
+    plans = _plans(first["algorithm"], driver, algos if grid else algos[:1], insts[0])
+    run_cfgs = algos if plans is None else [_driver_config(p) for p in plans]
+    results = run_stacked(driver, insts[0], [p.data for p in insts],
+                          run_cfgs if grid else run_cfgs[0], [dk for _, dk in keys],
                           grid=grid_for(first["algorithm"]))
     wall = time.perf_counter() - start
+    if plans is not None:   # each run spent its plan's guarantee (as dpsco_jax.execute checks)
+      for i, result in enumerate(results):
+        _check_spent(plans[i if grid else 0], result)
   except Exception as err:  # noqa: BLE001 - the one-by-one runs report any real error
     return None, f"batching failed ({type(err).__name__}); ran one by one"
   records = []
@@ -160,6 +168,29 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
       record["batch_grid"] = grid
     records.append(_finish(record, cfg, label))
   return records, None
+
+
+def _plans(algorithm: str, driver: Callable, algos: list[dict], problem: Any) -> list | None:
+  """The data-free plans of a batch (one per distinct config of a grid, else one), made as the
+  one-by-one path makes them (:func:`dpsco_jax.api.plan_problem`); ``None`` for an algorithm
+  without a planner or a test's stand-in driver (the driver then runs on the configs)."""
+  from dpsco_jax import api
+  entry = api.algorithms()[algorithm]
+  if entry.planner is None or driver is not entry.driver:
+    return None
+  return [api.plan_problem(algorithm, entry.config.of(a), problem) for a in algos]
+
+
+def _driver_config(plan: Any) -> Any:
+  from dpsco_jax.api import _driver_config as of_plan
+  return of_plan(plan)
+
+
+def _check_spent(plan: Any, result: Any) -> None:
+  from dpsco_jax.api import _same_guarantee
+  if not _same_guarantee(result.privacy, plan.privacy):
+    raise RuntimeError(f"{plan.algorithm}: the run's guarantee {result.privacy.epsilon!r} "
+                       f"differs from its plan's {plan.privacy.epsilon!r} (a library bug)")
 
 
 class ProblemCache(collections.OrderedDict):

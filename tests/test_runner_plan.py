@@ -1,0 +1,110 @@
+"""The runner runs a built-in problem as the API runs a user's: plan, then that plan (issue 25).
+
+``runner._registered_record`` (one by one) and ``runner.batch.batch_records`` (seeds in one
+program) make the data-free plan (:func:`dpsco_jax.api.plan_problem`) and hand it to
+:func:`dpsco_jax.api.execute`: the driver receives the plan's calibrated noise multiplier (it
+does not calibrate again), and a run whose guarantee differs from its plan is refused.
+"""
+
+import dataclasses
+
+import pytest
+
+from dpsco_jax import api, runner
+from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
+from dpsco_jax.algorithms import registration
+from dpsco_jax.algorithms.registration import registered
+
+BASE = {"algorithm": "dp_sgd_user", "problem": "least_squares", "n_users": 32, "m": 2, "d": 3,
+        "epsilon": 1.7, "delta": 1e-5, "clip_norm": 1.0, "num_steps": 3, "batch_size": 8}
+
+
+def _spy_driver(monkeypatch, name: str) -> list:
+  """Records the config the registered driver of ``name`` receives (then runs it)."""
+  entry = registered()[name]
+  seen = []
+
+  def spy(problem, cfg, key):
+    seen.append(cfg)
+    return real(problem, cfg, key)
+  real = entry.driver
+  monkeypatch.setitem(registration._REGISTRY, name, dataclasses.replace(entry, driver=spy))
+  return seen
+
+
+def _counting_calibrator(monkeypatch) -> list:
+  dpsgd_plan._calibrated_z.cache_clear()   # an earlier test may have calibrated this plan
+  calls = []
+  real = dpsgd_plan.calibrate_noise_multiplier
+  monkeypatch.setattr(dpsgd_plan, "calibrate_noise_multiplier",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  return calls
+
+
+@pytest.mark.parametrize("seeds", [[0], [0, 1]], ids=["one_run", "seed_batch"])
+def test_the_plan_is_what_runs_one_calibration(monkeypatch, seeds):
+  calls = _counting_calibrator(monkeypatch)
+  seen = _spy_driver(monkeypatch, "dp_sgd_user")
+  algorithms, problems = runner.registry()
+  records = runner.execute([dict(BASE, seed=s) for s in seeds], algorithms=algorithms,
+                           problems=problems, progress=False)
+  assert [r["status"] for r in records] == ["ok"] * len(seeds), records
+  assert [r["batched"] for r in records] == [len(seeds) > 1] * len(seeds)
+  assert len(calls) == 1                      # the plan's calibration, and no other
+  # the driver ran the plan's config: its calibrated z, not a request to calibrate again
+  problem = problems["least_squares"](runner.batch.problem_config(runner._checked(
+      dict(BASE, seed=0), algorithms, problems)), runner.batch.run_keys(0)[0])
+  p = api.plan_problem("dp_sgd_user", registered()["dp_sgd_user"].config.of(BASE), problem)
+  assert seen and all(c["noise_multiplier"] == p.noise_multiplier for c in seen)
+  assert all(r["epsilon"] == pytest.approx(p.privacy.epsilon, rel=1e-9) for r in records)
+  assert p.spec.measured == frozenset() and p.num_params == 3
+
+
+@pytest.mark.parametrize("seeds", [[0], [0, 1]], ids=["one_run", "seed_batch"])
+def test_a_run_that_spends_other_than_its_plan_is_refused(monkeypatch, seeds):
+  """The broken twin: a planner that under-reports epsilon by 10%. The driver spends the true
+  epsilon, the check catches the difference and nothing is recorded as a result."""
+  entry = registered()["dp_sgd_user"]
+
+  def lying(facts, cfg):
+    planned = entry.planner(facts, cfg)
+    privacy = dataclasses.replace(planned[0], epsilon=0.9 * planned[0].epsilon)
+    return (privacy, *planned[1:])
+  monkeypatch.setitem(registration._REGISTRY, "dp_sgd_user",
+                      dataclasses.replace(entry, planner=lying))
+  algorithms, problems = runner.registry()
+  records = runner.execute([dict(BASE, seed=s) for s in seeds], algorithms=algorithms,
+                           problems=problems, progress=False)
+  assert all(r["status"] == "failed" and "differs from its plan" in r["error"]
+             for r in records), records
+  assert not any("excess_risk" in r for r in records)
+
+
+def test_algorithms_without_a_planner_still_run_their_driver():
+  algorithms, problems = runner.registry()
+  assert registered()["minibatch_sgd"].planner is None
+  cfg = {"algorithm": "minibatch_sgd", "problem": "least_squares", "n_users": 16, "m": 2,
+         "d": 2, "seed": 0}
+  record = runner.run_one(cfg, algorithms=algorithms, problems=problems)
+  assert record["algorithm"] == "minibatch_sgd" and "excess_risk" in record
+
+
+def test_a_halted_release_is_a_record_field(monkeypatch):
+  """A built-in problem's record says when the release is the public fallback point (it was
+  only ``halted_phase`` before): the same words as ``Result.fallback``."""
+  import warnings
+  from dpsco_jax.result import FallbackRelease, Result
+  from dpsco_jax.runner.batch import _result_record
+  from dpsco_jax.privacy.ledger import PrivacyReport
+  algorithms, problems = runner.registry()
+  cfg = runner._checked(dict(BASE, seed=0), algorithms, problems)
+  problem = problems["least_squares"](runner.batch.problem_config(cfg),
+                                      runner.batch.run_keys(0)[0])
+  report = PrivacyReport(epsilon=1.0, delta=1e-5, provenance="accountant")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FallbackRelease)
+    halted = Result(problem.init_params(), report, 0, record={"halted_phase": 2})
+  rec = _result_record(problem, cfg, halted, 0.0)
+  assert "AboveThreshold halted in phase 2" in rec["fallback"]
+  trained = Result(problem.init_params(), report, 0, record={})
+  assert "fallback" not in _result_record(problem, cfg, trained, 0.0)
