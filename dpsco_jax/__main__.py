@@ -20,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
   run.add_argument("--plot", metavar="FIELD",
                    help="plot excess risk against a swept FIELD (needs matplotlib); with "
                         "compare:, also the ratio to the baseline with bootstrap error bars")
+  run.add_argument("--quick", action="store_true",
+                   help="a smoke of the whole config before a long run: the first value of "
+                        "every sweep, one seed per phase, sizes capped (n_users <= 2000); "
+                        "records say quick: true (dpsco_jax/runner/quick.py)")
   run.add_argument("--quiet", action="store_true",
                    help="no progress line (runs done; in a run on your model: steps and "
                         "epsilon so far)")
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
   try:
     records = runner.main_run(args.config, out=args.out, plot_field=args.plot,
-                              progress=not args.quiet)
+                              progress=not args.quiet, quick=args.quick)
   except runner.ConfigError as err:  # a user error: one line, no traceback
     print(f"dpsco: error: {err}", file=sys.stderr)
     return 2

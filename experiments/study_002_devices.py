@@ -60,6 +60,11 @@ OUT = ROOT / "experiments" / "results" / "study_002_devices.json"
 DEVICES = (1, 2, 4)
 REPS = 3
 MICRO_REPS = 20
+#: ``--quick`` (CI's smoke; the workers inherit it through the environment): the ``tiny``
+#: problem on 1 and 2 devices, one timed rep, written to ``--out`` (never the study's JSON)
+QUICK = os.environ.get("DPSCO_STUDY_QUICK") == "1"
+if QUICK:
+  DEVICES, REPS, MICRO_REPS = (1, 2), 1, 2
 RADIUS, LIPSCHITZ = 1.0, 1.0
 # configs/resque.yaml (b)'s practical config; T_frac / max_iter set so a run takes seconds
 BASE_CFG = {"epsilon": 1.0, "delta": 1e-5, "preset": "practical", "constants": "c_priv",
@@ -68,6 +73,7 @@ BASE_CFG = {"epsilon": 1.0, "delta": 1e-5, "preset": "practical", "constants": "
 PROBLEMS = {
     "glm": {"n": 40000, "d": 20, "k": 1, "cfg": {"T_frac": 1.0, "max_iter": 20}},
     "block": {"n": 10000, "d": 20, "k": 256, "cfg": {"T_frac": 0.25, "max_iter": 20}},
+    "tiny": {"n": 2000, "d": 5, "k": 1, "cfg": {"T_frac": 1.0, "max_iter": 2}},  # --quick
 }
 
 
@@ -285,11 +291,12 @@ def _commit() -> str:
     return "?"
 
 
-def main(names: list[str], parts: tuple[str, ...] = ("fit", "round")) -> dict:
-  """Runs ``parts`` for ``names``; a part not run is kept from the existing JSON (its own
-  ``measured`` stamp says when)."""
+def main(names: list[str], parts: tuple[str, ...] = ("fit", "round"),
+         out_path: pathlib.Path = OUT) -> dict:
+  """Runs ``parts`` for ``names``; a part not run is kept from the existing JSON at
+  ``out_path`` (its own ``measured`` stamp says when)."""
   import numpy as np
-  old = json.loads(OUT.read_text()) if OUT.exists() else {}
+  old = json.loads(out_path.read_text()) if out_path.exists() else {}
   runs = old.get("runs", {})
   measured = old.get("measured", {})
   for part in parts:
@@ -335,8 +342,10 @@ def main(names: list[str], parts: tuple[str, ...] = ("fit", "round")) -> dict:
                      "jobs: at most ~2x from 2 devices; 4 devices measure overhead"},
          "reps": REPS, "micro_reps": MICRO_REPS, "measured": measured, "summary": summary,
          "runs": runs}
-  OUT.parent.mkdir(parents=True, exist_ok=True)
-  OUT.write_text(json.dumps(out, indent=1) + "\n")
+  if QUICK:
+    out["quick"] = "a smoke of the code path (tiny problem, 1 rep): not a measurement"
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  out_path.write_text(json.dumps(out, indent=1) + "\n")
   return out
 
 
@@ -347,11 +356,28 @@ if __name__ == "__main__":
     fn = {"fit": worker_fit, "round": worker_round, "paired": worker_paired}[part]
     print(json.dumps(fn(name, devices)))
   else:
-    args = sys.argv[1:]
-    parts = ("fit", "round")
-    if args and args[0] == "--only":
-      parts, args = (args[1],), args[2:]
-    result = main(args or list(PROBLEMS), parts)
-    if "fit" in parts and not sys.argv[1:]:
-      result = main(["block"], ("paired",))
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}))
+    import argparse
+    ap = argparse.ArgumentParser(description="Study 002: ReSQue on 1, 2, 4 forced host devices")
+    ap.add_argument("names", nargs="*", metavar="PROBLEM",
+                    help=f"problems ({', '.join(PROBLEMS)}; default: glm block)")
+    ap.add_argument("--only", choices=("fit", "round", "paired"),
+                    help="run one part (the others are kept from the JSON)")
+    ap.add_argument("--quick", action="store_true",
+                    help="CI's smoke: the tiny problem on 1 and 2 devices, 1 rep, to --out")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help=f"the JSON (default {OUT.relative_to(ROOT)}; required with --quick)")
+    args = ap.parse_args()
+    unknown = [n for n in args.names if n not in PROBLEMS]
+    if unknown:
+      ap.error(f"unknown problem {unknown[0]!r}; known: {', '.join(PROBLEMS)}")
+    if args.quick:
+      if args.out is None or args.out.resolve() == OUT.resolve():
+        ap.error("--quick writes a smoke, not the study: give another --out")
+      os.environ["DPSCO_STUDY_QUICK"] = "1"   # the workers' settings (read at their import)
+      QUICK, DEVICES, REPS, MICRO_REPS = True, (1, 2), 1, 2
+      main(args.names or ["tiny"], (args.only,) if args.only else ("fit", "round"), args.out)
+      sys.exit(0)
+    parts = (args.only,) if args.only else ("fit", "round")
+    main(args.names or ["glm", "block"], parts, args.out or OUT)
+    if args.only is None and not args.names:
+      main(["block"], ("paired",), args.out or OUT)

@@ -164,6 +164,8 @@ _FILE_SECONDS = {
     "tests/test_srgd_mf.py": 8,
     "tests/test_filter_bands.py": 30,
     "tests/test_study_000_host_sgd.py": 20,
+    "tests/test_study_quick.py": 90,     # every configs/study config through --quick
+    "tests/test_study_scripts.py": 65,   # the analysis scripts, study_002_devices --quick
 }
 _TEST_SECONDS = {   # the two tests of the bench_steps group
     "tests/test_bench_cost.py::test_bench_cost_quick_prints_json_table": 30,

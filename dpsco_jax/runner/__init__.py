@@ -549,17 +549,26 @@ def _plots(rows: list[dict], fields: list[str], plot_field: str, out: str | None
 
 
 def main_run(path: str, out: str | None = None, plot_field: str | None = None,
-             progress: bool = True) -> list[dict]:
+             progress: bool = True, quick: bool = False) -> list[dict]:
   """Runs a config file, prints its table, writes ``out`` as runs finish. Returns the records
   (failed runs included, with ``status: failed`` and their error; with ``select``, the tuning
-  records too, ``phase: tuning``)."""
+  records too, ``phase: tuning``). ``quick``: the config at its smallest
+  (:func:`dpsco_jax.runner.quick.quick_config`: first value of every sweep, one seed per
+  phase, sizes capped), every record marked ``quick: true``."""
   config = load_config(path)
+  if quick:
+    from dpsco_jax.runner.quick import quick_config
+    config = quick_config(config)
+    config["name"] = f"{config.get('name', path)} (--quick: a smoke, not a measurement)"
   phases = tuning.parse_phases(config)
   compare = parse_compare(config)
   if compare is not None:  # a baseline that matches no run is refused before anything runs
     check_baseline(compare, expand(phases.with_seeds(phases.eval_seeds) if phases.select
                                    else phases.config))
   def write(records, **extra):
+    if quick:
+      for r in records:
+        r["quick"] = True
     if out:
       with open(out, "w") as f:
         json.dump({"config": _jsonable(config), "results": records, **extra}, f, indent=1)

@@ -1,0 +1,72 @@
+"""The study's smokes (issue 28: "heavy sweeps are experiments, not tests: CI keeps a --quick
+smoke of each").
+
+Every ``configs/study/*.yaml`` runs through the runner's ``--quick`` (its whole pipeline:
+sections, tuning, selection, evaluation, ``compare``; first value of every sweep, one seed per
+phase, sizes capped). They check that the code paths still run, not the numbers (those are
+STUDY.md's). The analysis scripts' smokes: ``tests/test_study_scripts.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+
+import pytest
+
+from dpsco_jax import runner
+from dpsco_jax.runner.quick import QUICK_CAPS, quick_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STUDY_CONFIGS = sorted((ROOT / "configs" / "study").glob("*.yaml"))
+
+
+def test_quick_config_keeps_the_shape_and_shrinks_the_sweeps():
+  config = {"name": "x", "problem": {"name": "least_squares", "n_users": [50000, 100]},
+            "d": [3, 5], "omega_bounds": [[0.1, 5.0], [0.2, 4.0]], "seed": [4, 5],
+            "tuning_seeds": [0, 1, 2], "eval_seeds": [300, 301],
+            "select": {"metric": "excess_risk", "over": ["learning_rate"]},
+            "compare": {"baseline": "dp_sgd_user", "metric": "excess_risk"},
+            "experiments": [{"algorithm": "dp_sgd_user", "learning_rate": [0.1, 0.3, 1.0],
+                             "epsilon": [1.0, 4.0]},
+                            {"algorithm": {"name": "dp_sgd_item", "clip_norm": [1.0, 2.0]}}]}
+  before = copy.deepcopy(config)
+  q = quick_config(config)
+  assert config == before                      # the input is not changed
+  assert q["problem"] == {"name": "least_squares", "n_users": QUICK_CAPS["n_users"]}
+  assert q["d"] == 3 and q["omega_bounds"] == [0.1, 5.0]   # one sequence-valued key's value
+  assert (q["seed"], q["tuning_seeds"], q["eval_seeds"]) == ([4], [0], [300])
+  assert q["select"] == config["select"] and q["compare"] == config["compare"]
+  first, second = q["experiments"]
+  assert first == {"algorithm": "dp_sgd_user", "learning_rate": [0.1, 0.3], "epsilon": 1.0}
+  assert second == {"algorithm": {"name": "dp_sgd_item", "clip_norm": 1.0}}
+  assert quick_config({"n_users": 10})["n_users"] == 10     # a smaller size is kept
+
+
+@pytest.mark.parametrize("path", STUDY_CONFIGS, ids=[p.stem for p in STUDY_CONFIGS])
+def test_every_study_config_runs_quick(path, tmp_path, capsys):
+  out = tmp_path / "quick.json"
+  records = runner.main_run(str(path), out=str(out), progress=False, quick=True)
+  assert records and all(r["status"] == "ok" for r in records), [
+      r.get("error") for r in records if r["status"] != "ok"]
+  assert all(r["quick"] is True for r in records)
+  assert any(r.get("phase", "eval") == "eval" for r in records)
+  written = json.loads(out.read_text())
+  assert len(written["results"]) == len(records) and "summary" in written
+  assert "--quick" in capsys.readouterr().out     # the table says it is a smoke
+
+
+def test_the_cli_flag(tmp_path):
+  import subprocess
+  import sys
+  out = tmp_path / "q.json"
+  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run",
+                         str(ROOT / "configs" / "study" / "mf_noise_dpsgd_tree.yaml"), "--quick",
+                         "--quiet", "--out", str(out)], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  records = json.loads(out.read_text())["results"]
+  assert records and all(r["quick"] is True for r in records)
+  # one tuning seed and one evaluation seed per selected row, the first of each
+  assert {r["seed"] for r in records} == {0, 100}
