@@ -52,6 +52,9 @@ class SCOProblem:
   meta: dict = dataclasses.field(default_factory=dict)
   #: The population risk in float64 (numpy), where the problem has one: see excess_risk_f64.
   risk_fn64: Callable[[np.ndarray], float] | None = None
+  #: risk_fn64 at x_opt, computed once (every record of a sweep subtracts it)
+  _opt_risk64: float | None = dataclasses.field(default=None, init=False, repr=False,
+                                                compare=False)
 
   def population_risk(self, params: Any) -> float:
     return float(self.risk_fn(params))
@@ -70,8 +73,10 @@ class SCOProblem:
     features, same optimum) to ~1e-16."""
     if self.risk_fn64 is None:
       return None
+    if self._opt_risk64 is None:
+      self._opt_risk64 = float(self.risk_fn64(np.asarray(self.x_opt, np.float64)))
     w = np.asarray(params, np.float64).reshape(-1)
-    return float(self.risk_fn64(w) - self.risk_fn64(np.asarray(self.x_opt, np.float64)))
+    return float(self.risk_fn64(w)) - self._opt_risk64
 
   def init_params(self) -> jax.Array:
     return jnp.zeros((self.d,), jnp.float32)
