@@ -57,6 +57,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpsco_jax._checks import check_choice, check_delta, check_epsilon
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.privacy.events import (OUTSIDE_ACCOUNTANT, ApproxDpEvent, ApproxRdpEvent,
                                       PureDpEvent, event_from_json, event_key, event_to_json,
                                       for_accountant, pure_dp_event, validate_event)
@@ -212,6 +213,34 @@ def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: 
     # PLD truncates its tails (epsilon = inf below delta ~1e-15); RDP is a valid bound there
     eps = _composed_epsilon(parts, delta, "rdp", relation, whole)
   return eps
+
+
+class _Parts:
+  """The ``(event, count)`` parts of a composition, hashed and compared by their canonical
+  JSON (:func:`~dpsco_jax.privacy.events.event_key`: equal events, equal keys), so that
+  :func:`_shared_epsilon` can memoize on events that hold arrays (matrix-factorization
+  strategies)."""
+  __slots__ = ("parts", "key")
+
+  def __init__(self, parts: list[tuple[Any, int]]):
+    self.parts = tuple(parts)
+    self.key = tuple((event_key(ev), int(c)) for ev, c in parts)
+
+  def __hash__(self) -> int:
+    return hash(self.key)
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, _Parts) and other.key == self.key
+
+
+@bounded_cache(256)
+def _shared_epsilon(parts: _Parts, delta: float, relation: str, accountant: str) -> float:
+  """:func:`accountant_epsilon` memoized in the one cache (:mod:`dpsco_jax.cache`): a pure
+  function of public numbers (the events, delta, relation, accountant), shared by every
+  ledger, so that a run's charge of the events its plan already charged (``dpsco_jax.run``:
+  the driver re-derives and re-charges its plan, then checks it equals the plan's) costs a
+  lookup instead of a second PLD composition."""
+  return accountant_epsilon(list(parts.parts), delta, relation=relation, accountant=accountant)
 
 
 def _composed_epsilon(parts: list[tuple[Any, int]], delta: float, kind: str, relation: str,
@@ -371,7 +400,6 @@ class PrivacyLedger:
     self.relation = check_relation(relation)
     self.accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
     self._entries: list[_Entry] = []
-    self._cache: dict[tuple, float] = {}
     self._lower_cache: dict[tuple, float] = {}
 
   # --- recording --------------------------------------------------------------------------
@@ -470,11 +498,8 @@ class PrivacyLedger:
     cnt = (lambda c: grid_count(c)) if rounded else (lambda c: c)
     parts = [(e.event, cnt(e.count)) for e in chosen
              if not isinstance(e.event, OUTSIDE_ACCOUNTANT)]
-    cache_key = (tuple((event_key(ev), c) for ev, c in parts), delta)
-    if cache_key not in self._cache:
-      self._cache[cache_key] = accountant_epsilon(parts, delta, relation=self.relation,
-                                                  accountant=self.accountant)
-    eps, extra_delta = self._cache[cache_key], 0.0
+    eps, extra_delta = _shared_epsilon(_Parts(parts), delta, self.relation,
+                                       self.accountant), 0.0
     rdp: dict[tuple[float, float], list[float]] = {}
     for e in chosen:
       ev = e.event
