@@ -62,7 +62,7 @@ __all__ = ["NotBatchable", "run_stacked", "refusal", "seed_groups", "batch_seeds
 #: per-seed fields of a synthetic problem used only to score the released params (the
 #: optimum, the risk): a batched driver must not read them, so its view of the problem has
 #: them blanked (reading one raises, and the group falls back to one run per seed)
-EVALUATION_FIELDS = ("x_opt", "risk_fn", "opt_risk", "meta", "risk_fn64")
+EVALUATION_FIELDS = ("x_opt", "risk_fn", "opt_risk", "meta", "risk_fn64", "_opt_risk64")
 #: attributes that make a run something other than one device scan of ``problem.data``
 _UNBATCHED_ATTRS = ("mesh", "progress")
 
