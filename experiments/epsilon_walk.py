@@ -35,9 +35,10 @@ generic validators' v, value, x), 11 files. The whole run, counted as before, is
 2026-11-28 (the runner plans a built-in problem with ``dpsco_jax.plan_problem`` and runs the
 plan through ``dpsco_jax.execute``, as ``dpsco_jax.run`` does): 34 stays to the noise std
 (``api.plan_problem`` is the new one; 9 after it), 0 climbs, 4 names, 11 files. Of the 34,
-11 are the config vocabulary's generic validators and accessors (``config/types.py``,
-``config/schema.py``: every key of every config passes them) and 6 the runner's section,
-problem-key and dispatch code; the planner, calibrator and noise path are 12.
+16 are generic validators and accessors that every key of every config passes
+(``config/types.py`` and ``config/schema.py`` 11, ``_checks.py`` 5; the names v, value, x are
+theirs), 6 the runner's section, problem-key and dispatch code, 2 the API's plan entry, and
+10 the DP-SGD planner and the calibrator.
 
     .venv/bin/python experiments/epsilon_walk.py [config.yaml] [--algorithm dp_sgd_user]
 """
