@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
                         "compare:, also the ratio to the baseline with bootstrap error bars")
   run.add_argument("--quick", action="store_true",
                    help="a smoke of the whole config before a long run: the first value of "
-                        "every sweep, one seed per phase, sizes capped (n_users <= 2000); "
+                        "every sweep, one seed per phase, sizes capped (n_users <= 2000, "
+                        "num_steps <= 20); "
                         "records say quick: true (dpsco_jax/runner/quick.py)")
   run.add_argument("--quiet", action="store_true",
                    help="no progress line (runs done; in a run on your model: steps and "

@@ -29,7 +29,7 @@ def test_quick_config_keeps_the_shape_and_shrinks_the_sweeps():
             "select": {"metric": "excess_risk", "over": ["learning_rate"]},
             "compare": {"baseline": "dp_sgd_user", "metric": "excess_risk"},
             "experiments": [{"algorithm": "dp_sgd_user", "learning_rate": [0.1, 0.3, 1.0],
-                             "epsilon": [1.0, 4.0]},
+                             "epsilon": [1.0, 4.0], "num_steps": [500, 100]},
                             {"algorithm": {"name": "dp_sgd_item", "clip_norm": [1.0, 2.0]}}]}
   before = copy.deepcopy(config)
   q = quick_config(config)
@@ -39,7 +39,11 @@ def test_quick_config_keeps_the_shape_and_shrinks_the_sweeps():
   assert (q["seed"], q["tuning_seeds"], q["eval_seeds"]) == ([4], [0], [300])
   assert q["select"] == config["select"] and q["compare"] == config["compare"]
   first, second = q["experiments"]
-  assert first == {"algorithm": "dp_sgd_user", "learning_rate": [0.1, 0.3], "epsilon": 1.0}
+  assert first == {"algorithm": "dp_sgd_user", "learning_rate": [0.1, 0.3], "epsilon": 1.0,
+                   "num_steps": QUICK_CAPS["num_steps"]}
+  # a key select chooses among keeps two values, uncapped (two capped values could be one)
+  chosen = quick_config({**config, "select": {"over": ["num_steps"]}})["experiments"][0]
+  assert chosen["num_steps"] == [500, 100]
   assert second == {"algorithm": {"name": "dp_sgd_item", "clip_norm": 1.0}}
   assert quick_config({"n_users": 10})["n_users"] == 10     # a smaller size is kept
 

@@ -11,8 +11,9 @@ hours before it. :func:`quick_config` keeps the config's shape (every ``experime
   ``select.over`` chooses among, which keep their first two (a selection needs a choice);
 * ``seed``, ``tuning_seeds`` and ``eval_seeds`` keep their first seed (so tuning, selection and
   evaluation all run, on disjoint seeds as the full config has them);
-* the sizes in :data:`QUICK_CAPS` are capped (``n_users`` at 2000, ...): the quick run is a
-  smoke of the code path, not a measurement, and its numbers say nothing about the full one.
+* the sizes in :data:`QUICK_CAPS` are capped (``n_users`` at 2000, ``num_steps`` at 20, ...;
+  not the values ``select`` chooses among): the quick run is a smoke of the code path, not a
+  measurement, and its numbers say nothing about the full one.
 
 The records say ``quick: true``; nothing else about validation changes (a quick run refuses
 exactly what the full run would, except a precondition that only fails at the full size).
@@ -26,7 +27,8 @@ from typing import Any
 __all__ = ["QUICK_CAPS", "quick_config"]
 
 #: size keys capped in a quick run (a larger value is replaced by the cap; a smaller one kept)
-QUICK_CAPS = {"n_users": 2000, "n_train": 1000, "n_val": 1000, "n_eval": 2000}
+QUICK_CAPS = {"n_users": 2000, "n_train": 1000, "n_val": 1000, "n_eval": 2000,
+              "num_steps": 20, "inner_num_steps": 20}
 #: runner keys that hold seeds: each keeps its first seed
 _SEED_KEYS = ("seed", "tuning_seeds", "eval_seeds")
 #: runner blocks left as they are (their lists are not sweeps)
@@ -57,7 +59,7 @@ def _shrink(mapping: dict, chosen: frozenset) -> dict:
     elif key in _SEED_KEYS and isinstance(value, list):
       out[key] = value[:1]
     elif key in chosen and isinstance(value, list):
-      out[key] = [_cap(key, v) for v in value[:2]]
+      out[key] = value[:2]   # uncapped: two capped values could be one (nothing to choose)
     else:
       out[key] = _cap(key, _first(value))
   return out
