@@ -215,7 +215,19 @@ def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
   """Runs plan ``p`` on ``problem`` (a built-in problem, or the :class:`UserDataProblem` that
   :func:`run` builds): the algorithm's driver with the plan's config (and its calibrated noise
   multiplier where the driver would only calibrate it again), then the check that the run
-  spent exactly the plan's guarantee. The one place a plan meets its driver."""
+  spent exactly the plan's guarantee. The one place a plan meets its driver.
+
+  Refused (``ValueError``, nothing run): a problem whose users, items per user or parameter
+  count are not the plan's (plan again for it)."""
+  if not isinstance(p, Plan):
+    raise TypeError(f"execute needs a Plan (dpsco_jax.plan / plan_problem), got "
+                    f"{type(p).__name__}")
+  facts = (int(problem.n_users), int(problem.m), int(problem.d))
+  planned = (p.spec.n_users, p.spec.max_items_per_user, p.num_params)
+  if facts != planned:
+    raise ValueError(f"the plan was made for {planned[0]} users x {planned[1]} items and "
+                     f"{planned[2]} parameters, the problem has {facts[0]} x {facts[1]} and "
+                     f"{facts[2]}: plan again for it")
   result = _entry(p.algorithm).driver(problem, _driver_config(p), key)
   if not _same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "

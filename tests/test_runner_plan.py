@@ -108,3 +108,18 @@ def test_a_halted_release_is_a_record_field(monkeypatch):
   assert "AboveThreshold halted in phase 2" in rec["fallback"]
   trained = Result(problem.init_params(), report, 0, record={})
   assert "fallback" not in _result_record(problem, cfg, trained, 0.0)
+
+
+def test_execute_refuses_a_problem_the_plan_was_not_made_for():
+  algorithms, problems = runner.registry()
+  make = lambda n, d: problems["least_squares"](runner.batch.problem_config(runner._checked(
+      dict(BASE, seed=0, n_users=n, d=d), algorithms, problems)), runner.batch.run_keys(0)[0])
+  typed = registered()["dp_sgd_user"].config.of(BASE)
+  p = api.plan_problem("dp_sgd_user", typed, make(32, 3))
+  import jax
+  for other in (make(64, 3), make(32, 4)):
+    with pytest.raises(ValueError, match="plan again"):
+      api.execute(p, other, jax.random.key(0))
+  with pytest.raises(TypeError, match="needs a Plan"):
+    api.execute(typed, make(32, 3), jax.random.key(0))
+  assert api.execute(p, make(32, 3), jax.random.key(0)).privacy == p.privacy
