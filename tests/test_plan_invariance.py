@@ -216,3 +216,48 @@ def test_a_fit_composes_the_accountant_once(monkeypatch):
   api.fit("dp_sgd_user", {**cfg, "num_steps": 9}, lambda p, ex: jnp.sum(ex["x"] * p),
           jnp.zeros(3), data, jax.random.key(0))
   assert len(calls) > first
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_same_plan_again_calibrates_nothing(monkeypatch, name):
+  """One calibration per plan (issue 25): planning the same config for the same facts again,
+  which is what a driver does inside ``dpsco_jax.run`` and every further seed does, runs no
+  bisection. Before the calibrator's keyed memo, Algorithm 1, naive output perturbation,
+  private ReSQue and DP-Loc-GD / SGD calibrated again in every run."""
+  from dpsco_jax.privacy import calibrate
+  n, m, cfg = CASES[name]
+  cfg = {**cfg, "n_users": n}
+  first = _plan(name, cfg, n, m)
+  calls = []
+  real = calibrate._solve
+  monkeypatch.setattr(calibrate, "_solve", lambda *a, **k: calls.append(1) or real(*a, **k))
+  again = _plan(name, cfg, n, m)
+  assert calls == [] and _signature(again) == _signature(first)
+
+
+def test_the_calibrators_memo_is_keyed_by_the_family_and_the_fixed_events(monkeypatch):
+  import dp_accounting
+  from dpsco_jax import cache
+  from dpsco_jax.privacy import calibrate
+  from dpsco_jax.privacy.events import pure_dp_event
+  cache.clear()
+  calls = []
+  real = calibrate._solve
+  monkeypatch.setattr(calibrate, "_solve", lambda *a, **k: calls.append(1) or real(*a, **k))
+  gauss = lambda z: dp_accounting.GaussianDpEvent(z)
+  kw = dict(epsilon=1.0, delta=1e-6, relation="replace_one")
+  z = calibrate.calibrate_noise_multiplier(gauss, key=("g",), **kw)
+  n = len(calls)
+  assert calibrate.calibrate_noise_multiplier(lambda z: dp_accounting.GaussianDpEvent(z),
+                                              key=("g",), **kw) == z and len(calls) == n
+  # another fixed event, epsilon or key is another calibration, with its own answer
+  z_fixed = calibrate.calibrate_noise_multiplier(gauss, key=("g",), fixed=[pure_dp_event(0.2)],
+                                                 **kw)
+  assert len(calls) > n and z_fixed > z
+  twice = lambda z: [dp_accounting.GaussianDpEvent(z)] * 2
+  z_twice = calibrate.calibrate_noise_multiplier(twice, key=("g", 2), **kw)
+  assert z_twice > z
+  # the memo's answer is the unmemoized one
+  assert calibrate.calibrate_noise_multiplier(twice, **kw) == z_twice
+  with pytest.raises(TypeError):
+    calibrate.calibrate_noise_multiplier(gauss, key=("g", [1]), **kw)

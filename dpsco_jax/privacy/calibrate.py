@@ -16,14 +16,14 @@ search on ``(log z, log epsilon)`` (7-9 PLD evaluations per calibration; Brent t
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import dp_accounting
 
 from dpsco_jax.cache import bounded_cache
 
 from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
-from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT, for_accountant
+from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT, event_key, for_accountant
 from dpsco_jax.privacy.ledger import ACCOUNTANTS, PrivacyLedger, make_accountant
 from dpsco_jax.privacy.relations import check_relation
 
@@ -138,14 +138,58 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
 def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: float,
                                delta: float, relation: str = "add_remove",
                                accountant: str = "auto", lower: float = 0.3,
-                               fixed: Sequence[Any] = ()) -> float:
+                               fixed: Sequence[Any] = (), key: Hashable | None = None
+                               ) -> float:
   """Smallest noise multiplier ``z >= lower`` with ``epsilon(make_event(z) + fixed) <=
   epsilon`` at ``delta`` under ``relation``, as the ledger composes it (the returned z meets
   the target and spends it to ``EPS_RTOL``, or z / (1 + ``RTOL``) misses it).
 
   ``lower``: below ~0.3 the PLD of many composed steps becomes enormous, and such tiny noise is
   never the answer for a useful budget. Raises ``ValueError`` if ``fixed`` alone exceeds the
-  target or no multiplier reaches it."""
+  target or no multiplier reaches it.
+
+  ``key``: a hashable description of ``make_event`` (public numbers only) that determines it
+  exactly, given the other arguments; with one, the result is memoized in the one cache on
+  ``key``, the ``fixed`` events (by their canonical JSON) and the other arguments, so that a
+  plan and its driver's re-derivation of the same plan, and every further seed, calibrate once
+  (the bisection of a PLD is most of a small fit's time). A key that did not determine the
+  family could only pick a wrong z, never a wrong report: every run charges its actual events
+  to a ledger, which reports (and budget-checks) their epsilon."""
+  if key is not None:
+    fixed = tuple(_as_list(fixed))
+    return _keyed_calibration(_Family(key, make_event, fixed), epsilon, delta, relation,
+                              accountant, lower)
+  return _calibrate(make_event, epsilon=epsilon, delta=delta, relation=relation,
+                    accountant=accountant, lower=lower, fixed=fixed)
+
+
+class _Family:
+  """``make_event`` and ``fixed`` hashed and compared by the caller's key and the fixed events'
+  canonical JSON (:func:`~dpsco_jax.privacy.events.event_key`), not by the callable's
+  identity (a new closure per call)."""
+  __slots__ = ("key", "make", "fixed", "_id")
+
+  def __init__(self, key: Hashable, make: Callable[[float], Any], fixed: tuple):
+    self.key, self.make, self.fixed = key, make, fixed
+    self._id = (key, tuple(event_key(e) for e in fixed))
+    hash(self._id)   # an unhashable key is the caller's bug: raise here, not in the cache
+
+  def __hash__(self) -> int:
+    return hash(self._id)
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, _Family) and other._id == self._id
+
+
+@bounded_cache()
+def _keyed_calibration(family: _Family, epsilon: float, delta: float, relation: str,
+                       accountant: str, lower: float) -> float:
+  return _calibrate(family.make, epsilon=epsilon, delta=delta, relation=relation,
+                    accountant=accountant, lower=lower, fixed=family.fixed)
+
+
+def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: float,
+               relation: str, accountant: str, lower: float, fixed: Sequence[Any]) -> float:
   check_epsilon(epsilon)
   check_delta(delta)
   check_relation(relation)

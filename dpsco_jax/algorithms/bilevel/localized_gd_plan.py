@@ -174,7 +174,8 @@ def with_calibrated_noise(cfg: LocGDConfig, n: int, *, epsilon: float, delta: fl
   under replace-one, found by the library's one calibrator on :func:`loc_gd_event`."""
   z = calibrate_noise_multiplier(
       lambda z: loc_gd_event(dataclasses.replace(cfg, noise_multiplier=z), n),
-      epsilon=epsilon, delta=delta, relation=RELATION)
+      epsilon=epsilon, delta=delta, relation=RELATION,
+      key=("loc_gd", dataclasses.replace(cfg, noise_multiplier=1.0), int(n)))
   return dataclasses.replace(cfg, noise_multiplier=z)
 
 

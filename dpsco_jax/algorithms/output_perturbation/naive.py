@@ -121,7 +121,7 @@ def naive_plan(problem, cfg: dict) -> NaivePlan:
   sens = base + 2.0 * tau
   z = config_view(cfg, cf.NaiveOutputPertConfig).noise_multiplier
   z = (calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=eps, delta=delta,
-                                  relation=settings.relation)
+                                  relation=settings.relation, key=("gaussian",))
        if z is None else check_positive(z, "noise_multiplier"))
   # 2G/(mu n) + 2 tau: L, mu, beta (solver accuracy) and convexity, none enforced (docstring)
   declared = declared_constants(problem, ("lipschitz", "strong_convexity", "smoothness"),

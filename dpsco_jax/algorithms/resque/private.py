@@ -233,7 +233,8 @@ def _phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: 
   kw = dict(n=n_i, delta_call=delta_call, alpha=alpha, delta_prime=delta_prime, ratio=ratio,
             constants=constants, c_priv=c_priv)
   z = calibrate_noise_multiplier(lambda z: approx_rdp_events(plan, beta=1.0 / z, **kw),
-                                 epsilon=eps_i, delta=delta_i, relation=RELATION, lower=1e-3)
+                                 epsilon=eps_i, delta=delta_i, relation=RELATION, lower=1e-3,
+                                 key=("resque_approx_rdp", tuple(plan), tuple(sorted(kw.items()))))
   return {"erm": erm, "plan": plan, "beta": 1.0 / z, "lam": lam_i, "alpha": alpha,
           "delta_prime": delta_prime, "delta_call": delta_call, "t_cap": t_cap, "kw": kw}
 

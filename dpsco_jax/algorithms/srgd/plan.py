@@ -197,7 +197,9 @@ def _calibrate(epsilon: float, delta: float, T: int, mechanism: str, relation: s
                mf_sensitivity: float = 1.0, stream_sensitivity: float | None = None) -> float:
   return calibrate_noise_multiplier(
       lambda z: run_event(z, T, mechanism, mf_sensitivity, stream_sensitivity),
-      epsilon=epsilon, delta=delta, relation=relation, accountant=ACCOUNTANT)
+      epsilon=epsilon, delta=delta, relation=relation, accountant=ACCOUNTANT,
+      key=("srgd_run_event", int(T), mechanism, float(mf_sensitivity),
+           None if stream_sensitivity is None else float(stream_sensitivity)))
 
 
 def check_epochs(value: Any) -> int:

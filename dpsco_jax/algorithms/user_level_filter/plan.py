@@ -187,18 +187,19 @@ def phase_sensitivity(sens: float) -> Sensitivity:
 
 
 def _noise(opt: Options, make, test_event, sens: float, sigma_paper: float,
-           calibrated: Callable[[], float] | None = None) -> tuple[float, float]:
+           calibrated: Callable[[], float] | None = None, key: Any = None
+           ) -> tuple[float, float]:
   """``(z, sigma)``: paper sigma (theory), explicit z, or the calibrated z; ``sigma`` is the
   stage's std ``z Delta / 2`` (the ledger doubles ``Delta / 2`` under replace-one).
   ``calibrated``: the calibration of ``make`` beside ``test_event`` when a memoized one exists
-  (same value)."""
+  (same value); ``key``: ``make``'s exact description for the calibrator's memo."""
   if opt.preset == "theory":
     return noise_multiplier_for_std(sigma_paper, phase_sensitivity(sens)), sigma_paper
   z = opt.noise_multiplier
   if z is None:
     z = calibrated() if calibrated is not None else calibrate_noise_multiplier(
         make, epsilon=opt.epsilon, delta=opt.delta / 2.0, relation=opt.relation,
-        fixed=[test_event])
+        fixed=[test_event], key=key)
   return z, GaussianStage(z, phase_sensitivity(sens)).std
 
 
@@ -221,7 +222,8 @@ def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule) -> FilterPlan
     sens = _sensitivity(opt, 2.0 * ph.tau, sched.num_groups, zeta, 2.0 / 3.0)
     if opt.preset == "practical" and opt.noise_multiplier is None:
       # the same event in every phase: calibrate once
-      calibrated = calibrated or _noise(opt, make, test, 2.0, math.nan)[0]
+      calibrated = calibrated or _noise(opt, make, test, 2.0, math.nan,
+                                        key=("gaussian",))[0]
       z, sigma = calibrated, GaussianStage(calibrated, phase_sensitivity(sens)).std
     else:
       z, sigma = _noise(opt, make, test, sens, ph.sigma_paper)
