@@ -82,6 +82,20 @@ def run_seed(config: dict, row: dict, corruption: float, seed: int) -> dict:
           "status": "ok"}
 
 
+def _cell(config: dict, corruption: float) -> tuple:
+  """The cell a run of ``config`` at ``corruption`` fills: its problem (every size, the
+  corruption). Records of another m or d at the same n are another cell (a resume that keyed
+  on n alone skipped them: 2026-11-28)."""
+  m = config["m"][0] if isinstance(config["m"], list) else config["m"]
+  return (config["problem"], int(config["n_users"]), int(m), int(config["d"]),
+          config.get("corruption_mode", "huge"), float(corruption))
+
+
+def _record_cell(r: dict) -> tuple:
+  return (r["problem"], int(r["n_users"]), int(r["m"]), int(r["d"]),
+          r["config"].get("corruption_mode"), float(r["config"].get("corruption")))
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
   ap = argparse.ArgumentParser()
   ap.add_argument("--config", default=os.path.join(HERE, "configs_eval", "filter_curve_1e6.yaml"))
@@ -99,11 +113,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     row.update(epochs=2)
     seeds = seeds[:2]
   if args.records and os.path.exists(args.records):   # resume: a seed already there is done
+    cell = _cell(config, args.corruption)
     with open(args.records) as fh:
       done = {r["seed"] for r in map(json.loads, filter(str.strip, fh))
-              if r["algorithm"] == ALG and r["n_users"] == config["n_users"]
-              and r["config"].get("corruption_mode") == config.get("corruption_mode", "huge")
-              and r["config"].get("corruption") == args.corruption}
+              if r["algorithm"] == ALG and _record_cell(r) == cell}
     seeds = [s for s in seeds if s not in done]
   out = []
   for seed in seeds:

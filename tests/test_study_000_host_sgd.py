@@ -46,7 +46,9 @@ def test_a_rerun_resumes_at_the_seeds_its_records_lack(tmp_path, monkeypatch):
 
   def fake(config, row, corruption, seed):
     ran.append((corruption, seed))
-    return {"algorithm": study.ALG, "n_users": config["n_users"], "seed": seed,
+    m = config["m"][0] if isinstance(config["m"], list) else config["m"]
+    return {"algorithm": study.ALG, "problem": config["problem"], "n_users": config["n_users"],
+            "m": m, "d": config["d"], "seed": seed,
             "excess_risk": 0.0, "wall_time_s": 0.0, "epsilon": 1.0,
             "config": {"corruption_mode": config["corruption_mode"], "corruption": corruption}}
   monkeypatch.setattr(study, "run_seed", fake)
@@ -58,3 +60,12 @@ def test_a_rerun_resumes_at_the_seeds_its_records_lack(tmp_path, monkeypatch):
   study.main(["--records", path, "--max-seeds", "2", "--corruption", "0.1"])  # another cell
   assert ran[4:] == [(0.1, 300), (0.1, 301)]
   assert len(open(path).read().splitlines()) == 6
+  # same n and corruption, another m: another cell (it was skipped when the resume keyed on n)
+  import yaml
+  other = tmp_path / "m16.yaml"
+  config = yaml.safe_load(open(study.main.__globals__["HERE"] + "/configs_eval/"
+                               "filter_curve_1e6.yaml"))
+  config["m"] = [16]
+  other.write_text(yaml.safe_dump(config))
+  study.main(["--records", path, "--max-seeds", "2", "--config", str(other)])
+  assert ran[6:] == [(0.05, 300), (0.05, 301)]
