@@ -134,14 +134,20 @@ def test_the_plans_noise_multiplier_handed_to_the_driver_gives_the_same_plan(nam
     assert _signature(again) == _signature(p), (name, rel)
 
 
-def _count_calibrations(monkeypatch, module) -> list:
-  """Wraps ``module.calibrate_noise_multiplier`` (the calibrator as that module calls it);
-  the returned list grows by one per call."""
+def _count_calibrations(monkeypatch, module, name: str = "calibrate_noise_multiplier") -> list:
+  """Wraps ``module.<name>`` (by default the calibrator as that module calls it); the
+  returned list grows by one per call."""
   calls = []
-  real = module.calibrate_noise_multiplier
-  monkeypatch.setattr(module, "calibrate_noise_multiplier",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  real = getattr(module, name)
+  monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
   return calls
+
+
+def _small_data(seed: int) -> UserData:
+  """40 users x 2 items of 3 features (the fits' data)."""
+  rng = np.random.default_rng(seed)
+  return UserData.from_arrays({"x": rng.normal(size=(80, 3)).astype(np.float32)},
+                              np.repeat(np.arange(40), 2), max_items_per_user=2)
 
 
 def test_a_fit_calibrates_once(monkeypatch):
@@ -150,10 +156,7 @@ def test_a_fit_calibrates_once(monkeypatch):
   from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
   dpsgd_plan._calibrated_z.cache_clear()   # (an earlier test may have calibrated this plan)
   calls = _count_calibrations(monkeypatch, dpsgd_plan)
-  rng = np.random.default_rng(0)
-  ids = np.repeat(np.arange(40), 2)
-  data = UserData.from_arrays({"x": rng.normal(size=(80, 3)).astype(np.float32)}, ids,
-                              max_items_per_user=2)
+  data = _small_data(0)
   cfg = {**DPSGD, "n_users": 40, "num_steps": 3, "batch_size": 10}
   res = api.fit("dp_sgd_user", cfg, lambda p, ex: jnp.sum(ex["x"] * p), jnp.zeros(3), data,
                 jax.random.key(0))
@@ -195,14 +198,8 @@ def test_a_fit_composes_the_accountant_once(monkeypatch):
   from dpsco_jax import cache
   from dpsco_jax.privacy import ledger
   cache.clear()
-  calls = []
-  real = ledger.accountant_epsilon
-  monkeypatch.setattr(ledger, "accountant_epsilon",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
-  rng = np.random.default_rng(1)
-  ids = np.repeat(np.arange(40), 2)
-  data = UserData.from_arrays({"x": rng.normal(size=(80, 3)).astype(np.float32)}, ids,
-                              max_items_per_user=2)
+  calls = _count_calibrations(monkeypatch, ledger, "accountant_epsilon")
+  data = _small_data(1)
   cfg = {**DPSGD, "n_users": 40, "num_steps": 7, "batch_size": 10}
   res = api.fit("dp_sgd_user", cfg, lambda p, ex: jnp.sum(ex["x"] * p), jnp.zeros(3), data,
                 jax.random.key(0))
@@ -228,9 +225,7 @@ def test_the_same_plan_again_calibrates_nothing(monkeypatch, name):
   n, m, cfg = CASES[name]
   cfg = {**cfg, "n_users": n}
   first = _plan(name, cfg, n, m)
-  calls = []
-  real = calibrate._solve
-  monkeypatch.setattr(calibrate, "_solve", lambda *a, **k: calls.append(1) or real(*a, **k))
+  calls = _count_calibrations(monkeypatch, calibrate, "_solve")
   again = _plan(name, cfg, n, m)
   assert calls == [] and _signature(again) == _signature(first)
 
@@ -241,9 +236,7 @@ def test_the_calibrators_memo_is_keyed_by_the_family_and_the_fixed_events(monkey
   from dpsco_jax.privacy import calibrate
   from dpsco_jax.privacy.events import pure_dp_event
   cache.clear()
-  calls = []
-  real = calibrate._solve
-  monkeypatch.setattr(calibrate, "_solve", lambda *a, **k: calls.append(1) or real(*a, **k))
+  calls = _count_calibrations(monkeypatch, calibrate, "_solve")
   gauss = lambda z: dp_accounting.GaussianDpEvent(z)
   kw = dict(epsilon=1.0, delta=1e-6, relation="replace_one")
   z = calibrate.calibrate_noise_multiplier(gauss, key=("g",), **kw)
