@@ -164,7 +164,7 @@ RESQUE_THM = {"epsilon": 0.1, "delta": 1e-5, "constants": "explicit", "rho": 0.0
 
 
 def test_resque_theorem_on_a_user_loss_is_declared_and_synthetic_keeps_theorem():
-  from dpsco_jax.algorithms.resque import private as rq
+  from dpsco_jax.algorithms.resque import plan as rq
   from dpsco_jax.audit.drivers import linear_problem
   p = _plan("resque_private_sco", RESQUE_THM, 512, 1)
   assert p.privacy.provenance == "declared"

@@ -182,7 +182,7 @@ def test_hook_refuses_bad_arguments(runs):
 def test_multi_phase_plan_stays_within_epsilon_and_delta(phases, budget):
   """Phases with equal (alpha, delta') merge into one Lemma 3 block converted at the summed
   epsilon; the per-call slack must be sized for that (it once gave delta = 1.018e-5 > 1e-5)."""
-  from dpsco_jax.algorithms.resque.private import _spend
+  from dpsco_jax.algorithms.resque.plan import _spend
   prob = problems.absolute(n_users=512, m=1, d=3, key=jax.random.key(0), radius=1.0,
                            noise=0.0, n_eval=100)
   cfg = {**CFG, "phases": phases, "phase_budget": budget, "T_frac": 1 / 64}

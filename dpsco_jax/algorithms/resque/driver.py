@@ -7,9 +7,11 @@ defined) and it re-exports every public name of the modules that implement them:
 
   * :mod:`.resque_parallel` — parallel SCO (Theorem 1, non-private): ``resque_parallel_sco``
     and the ``minibatch_sgd`` baseline (query depth = steps).
-  * :mod:`.resque_private` — private SCO (Theorems 3-4, item level, replace-one):
-    ``resque_private_plan`` (data free: schedule, ``beta``, the approximate-RDP events),
-    ``resque_private_sco`` (spends the plan, then runs it), ``private_erm`` and the audit hook
+  * :mod:`.plan` — private SCO's data-free plan (Theorems 3-4, item level, replace-one):
+    ``resque_private_plan`` (schedule, ``beta``, the approximate-RDP events), its ledger
+    charge and report: what ``dpsco_jax.plan`` reads.
+  * :mod:`.private` — private SCO's run: ``resque_private_sco`` (spends the plan, then runs
+    it), ``private_erm`` and the audit hook
     ``resque_private_releases`` (every Alg. 4 call's per-phase noisy releases; replay on a
     neighbouring dataset).
   * :mod:`.resque_solvers` — the private solvers: Alg. 3/4 ``localized_resque_sgd`` (and its
@@ -26,9 +28,11 @@ from dpsco_jax.algorithms.resque.accounting import (  # noqa: F401
     ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC, LEMMA5_DRIFT, RELATION, PrivacyPreconditionError,
     alg4_rdp, approx_rdp_events, check_theorem3_preconditions, theorem3_params)
 from dpsco_jax.algorithms.resque.parallel import minibatch_sgd, resque_parallel_sco
+from dpsco_jax.algorithms.resque.plan import (  # noqa: F401
+    PhasePlan, ResquePrivatePlan, _phase_plan, charge_resque_private, resque_private_plan,
+    resque_private_report)
 from dpsco_jax.algorithms.resque.private import (  # noqa: F401
-    Alg4Call, PhasePlan, ResquePrivatePlan, ResqueReleases, _phase_plan, private_erm,
-    resque_private_plan, resque_private_releases, resque_private_sco)
+    Alg4Call, ResqueReleases, private_erm, resque_private_releases, resque_private_sco)
 from dpsco_jax.algorithms.resque.solvers import (  # noqa: F401
     Alg4Plan, alg4_phase_releases, alg4_plan, alg5_schedule, draw_queries, flat_items,
     high_probability_solver, localized_resque_sgd, mlmc_prox_estimator, phase_average,

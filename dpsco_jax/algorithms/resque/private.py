@@ -7,7 +7,7 @@
     batches ``n_i = n / 2^i`` with regularization ``lam_i = 1/(eta_i n_i)``,
     ``eta_i = 4^-i eta`` (reconstruction of [FKT20]).
 
-Plan, then run (DESIGN rule 1). :func:`resque_private_plan` computes, from the config and the
+Plan, then run (DESIGN rule 1). :func:`~.plan.resque_private_plan` (in :mod:`.plan`) computes, from the config and the
 public ``n`` and ``d`` only, every phase's ERM schedule, the WORST-CASE list of Alg. 4 calls
 (iteration cap, bisection cap, deepest MLMC level), ``beta = 1/z`` from the library's one
 calibrator (``calibrate_noise_multiplier``) and the :class:`~dpsco_jax.privacy.ApproxRdpEvent`
@@ -57,54 +57,26 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from dpsco_jax.config import families as cf
-from dpsco_jax.algorithms.registration import Planned, register
-from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
-                               check_int, check_positive)
+from dpsco_jax.algorithms.registration import register
+from dpsco_jax._checks import check_bool
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
-from dpsco_jax.algorithms.common import mesh_users_axis, required_delta
-from dpsco_jax.config.families import Schema
-from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
-                                           declared_provenance)
-from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
-                                                    RELATION, PrivacyPreconditionError,
-                                                    alg4_rdp, approx_rdp_events,
-                                                    check_theorem3_preconditions,
-                                                    theorem3_params)
+from dpsco_jax.algorithms.common import mesh_users_axis
+from dpsco_jax.algorithms.resque.accounting import RELATION, alg4_rdp
+from dpsco_jax.algorithms.resque.plan import (ResquePrivatePlan, _PrivateERMConfig, _planner,
+                                              charge_resque_private, config_view,
+                                              resque_private_plan, resque_private_report)
 from dpsco_jax.algorithms.resque.solvers import (Alg4, Alg4Plan, alg4_phase_releases,
-                                                 alg5_schedule, flat_items,
-                                                 high_probability_solver,
+                                                 flat_items, high_probability_solver,
                                                  localized_resque_sgd, mlmc_prox_estimator,
                                                  problem_items, strongly_convex_resque)
-from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.events import ApproxRdpEvent
-from dpsco_jax.data.problem import MissingConstant
-from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport
-from dpsco_jax.privacy.relations import check_relation
+from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger
 from dpsco_jax.result import Result
 
 PyTree = Any
 
 
 # ============================================================ private ERM (Theorem 3) ==
-
-def _pow2_floor(x: float) -> int:
-  return 2 ** max(2, int(math.floor(math.log2(max(x, 4)))))
-
-
-@dataclasses.dataclass
-class _PrivateERMConfig:
-  T_ls: int
-  T_bo: int
-  T_sp: int
-  runs_ls: int
-  mlmc_copies: int
-  j_max: int
-  max_iter: int
-  max_bisection: int
-  rho: float
-  r: float
-  eps_opt: float
-  c_ba: float
 
 
 def private_erm(loss_fn: Callable, items: PyTree, x_init: PyTree, key: jax.Array, *,
@@ -163,80 +135,7 @@ def private_erm(loss_fn: Callable, items: PyTree, x_init: PyTree, key: jax.Array
                  "exit": res.exit}
 
 
-def _plan_charges(cfg: _PrivateERMConfig, *, beta: float, lam_dummy: float, d: int,
-                  radius: float, lipschitz: float) -> list[tuple[int, float]]:
-  """All ``(T, beta)`` Alg. 4 calls one private ERM may make (worst case: every iteration
-  uses ``max_bisection + 3`` line searches — the bisection's bound on distinct ``lam`` — and
-  the MLMC draws its deepest level). The ledger still refuses any call beyond the budget."""
-  def alg5_calls(T, b):
-    return [(c["T"], c["beta"]) for c in alg5_schedule(T, beta=b, lam=lam_dummy,
-                                                         lipschitz=lipschitz, radius=radius, d=d)]
-  per_iter = []
-  per_iter += alg5_calls(cfg.T_ls, beta) * cfg.runs_ls * (cfg.max_bisection + 3)
-  per_iter += alg5_calls(cfg.T_bo, beta)
-  for _ in range(cfg.mlmc_copies):
-    per_iter += alg5_calls(cfg.T_sp, beta)
-    j = cfg.j_max  # worst level: 2^j T at 2^{-j/2} beta has the largest beta^2 T^2
-    per_iter += alg5_calls(2 ** j * cfg.T_sp, 2 ** (-j / 2) * beta)
-    per_iter += alg5_calls(2 ** (j - 1) * cfg.T_sp, 2 ** (-(j - 1) / 2) * beta)
-  return per_iter * cfg.max_iter
-
-
 # ===================================================== private SCO (Prop. 11 / Theorem 4) ==
-
-def config_view(cfg: Mapping | Any) -> Schema:
-  """``resque_private_sco``'s config as its planner reads it: the fields of
-  :class:`~dpsco_jax.config.families.ResquePrivateConfig` with their defaults (the one place
-  they are written) and the runner's ``debug``; any other key raises. ``c_priv``'s default
-  (60 under the theory preset, else 1) is derived at its one call site."""
-  return cf.ResquePrivateConfig.of(cfg)
-
-
-def _phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
-                R: float, eta_loc: float, ratio: float, constants: str, c_priv: float,
-                eps_total: float | None = None) -> dict:
-  """Data-free plan of localization phase ``i``: the ERM schedule, the worst-case list of
-  Alg. 4 calls, ``alpha``, the per-call slack and ``beta`` calibrated by the library's one
-  calibrator so that the plan's approximate-RDP events meet ``eps_i`` (``beta = 1 / z``).
-
-  ``eps_total`` (default ``eps_i``) is the largest epsilon at which the ledger may convert
-  these events: phases with equal ``(alpha, delta')`` merge into one Lemma 3 block, converted
-  at the SUM of their epsilons, so the per-call slack ``delta_call`` is sized with
-  ``e^eps_total`` to keep ``delta' + (1 + e^eps) sum(delta_call)`` within the budget."""
-  cfg = config_view(cfg)
-  lam_i = 1.0 / ((eta_loc / 4 ** i) * n_i)
-  eps_opt = check_positive(cfg.eps_opt_scale, "eps_opt_scale") * L * R * (
-      1 / math.sqrt(n_i) + math.sqrt(d) / (n_i * eps_i))
-  eps_opt = min(eps_opt, 0.5 * L * R)
-  if cfg.rho is not None:  # practical override of eq. (30)'s rho = eps_opt/(L sqrt d)
-    eps_opt = check_positive(cfg.rho, "rho") * L * math.sqrt(d)
-  rho = eps_opt / (L * math.sqrt(d))
-  r = rho / ratio
-  t_cap = _pow2_floor(cfg.T_frac * n_i)
-  erm = _PrivateERMConfig(
-      T_ls=t_cap, T_bo=t_cap, T_sp=max(4, t_cap // 4),
-      runs_ls=check_int(cfg.runs_ls, "runs_ls"),
-      mlmc_copies=check_int(cfg.mlmc_copies, "mlmc_copies"),
-      j_max=2, max_iter=check_int(cfg.max_iter, "max_iter"),
-      max_bisection=check_int(cfg.max_bisection, "max_bisection"),
-      rho=rho, r=r, eps_opt=eps_opt, c_ba=1.0)
-  alpha = 4 * math.log(2 / delta_i) / eps_i
-  delta_prime = delta_i * DELTA_PRIME_FRAC
-  if eps_i - math.log(1 / delta_prime) / (alpha - 1) <= 0:
-    raise ValueError(f"epsilon too small for the Corollary 1 conversion at alpha={alpha:.3g} "
-                     f"in phase {i}")
-  plan = _plan_charges(erm, beta=1.0, lam_dummy=1.0, d=d, radius=r, lipschitz=L)
-  # (1 - 1e-9): keep the float sum of the per-call slacks at or below the target delta
-  eps_conv = eps_i if eps_total is None else max(eps_i, eps_total)
-  delta_call = (delta_i * (1 - DELTA_PRIME_FRAC) / (1 + math.exp(eps_conv)) / len(plan)
-                * (1 - 1e-9))
-  kw = dict(n=n_i, delta_call=delta_call, alpha=alpha, delta_prime=delta_prime, ratio=ratio,
-            constants=constants, c_priv=c_priv)
-  z = calibrate_noise_multiplier(lambda z: approx_rdp_events(plan, beta=1.0 / z, **kw),
-                                 epsilon=eps_i, delta=delta_i, relation=RELATION, lower=1e-3,
-                                 key=("resque_approx_rdp", tuple(plan), tuple(sorted(kw.items()))))
-  return {"erm": erm, "plan": plan, "beta": 1.0 / z, "lam": lam_i, "alpha": alpha,
-          "delta_prime": delta_prime, "delta_call": delta_call, "t_cap": t_cap, "kw": kw}
 
 
 def _run_phase(problem, batch, x, key, p: dict, *, eps_i: float, delta_i: float, L: float,
@@ -270,149 +169,6 @@ def _run_phase(problem, batch, x, key, p: dict, *, eps_i: float, delta_i: float,
   return x, debug
 
 
-def _phase_sizes(n: int, phases: int) -> list[int]:
-  """Prop. 11 [EXT] reconstruction: disjoint batches ``n_i = n/2^i`` (the last takes the rest;
-  ``n`` is public under replace-one)."""
-  sizes = [n // 2 ** i for i in range(1, phases + 1)]
-  sizes[-1] = n - sum(sizes[:-1])
-  return sizes
-
-
-@dataclasses.dataclass(frozen=True)
-class PhasePlan:
-  """Data-free plan of localization phase ``index`` (1-based) over ``n`` items: budget
-  ``(eps, delta)``, ``p`` (see :func:`_phase_plan`: ERM schedule, worst-case ``(T, beta
-  factor)`` calls, ``beta``, ``alpha``, slacks) and the calls' approximate-RDP ``events``."""
-  index: int
-  n: int
-  eps: float
-  delta: float
-  p: dict
-  events: tuple[ApproxRdpEvent, ...]
-
-  @property
-  def gradients(self) -> int:
-    """Worst-case gradient count: ``T^ - 1`` per planned Alg. 4 call."""
-    return sum(2 ** int(math.floor(math.log2(t))) - 1 for t, _ in self.p["plan"])
-
-
-@dataclasses.dataclass(frozen=True)
-class ResquePrivatePlan:
-  """Everything :func:`resque_private_sco` will do and spend, computed from the config and
-  the public ``n``, ``d``, ``L``, ``R`` only (identical for replace-one neighbours)."""
-  epsilon: float
-  delta: float
-  n: int
-  lipschitz: float
-  radius: float
-  preset: str
-  constants: str
-  c_priv: float
-  ratio: float
-  parallel: bool
-  phases: tuple[PhasePlan, ...]
-  violations: tuple[str, ...]  # preconditions some planned call violates (sorted)
-  #: the declared constants Lemma 5's drift bound rests on (``()``: held by construction)
-  declared: tuple[tuple[str, float], ...] = ()
-
-  @property
-  def provenance(self) -> str:
-    base = "theorem" if self.constants == "explicit" and not self.violations else "heuristic"
-    return declared_provenance(base, self.declared)
-
-
-def _theory_refusal(cfg: Schema, *, n: int, d: int, eps: float, delta: float, L: float,
-                    R: float, c_priv: float) -> PrivacyPreconditionError:
-  """The ``theory`` preset: eq. (30)-(34) and Theorem 3's preconditions (raises naming the
-  first violated one); valid parameters are still refused (unreachable at CPU scale)."""
-  p = theorem3_params(n=n, d=d, epsilon=eps, delta=delta, lipschitz=L, radius=R,
-                      C=check_positive(cfg.C, "C"), c_ba=check_positive(cfg.c_ba, "c_ba"))
-  check_theorem3_preconditions(p, n=n, epsilon=eps, delta=delta, c_priv=c_priv)
-  return PrivacyPreconditionError("theory preset: parameters valid but the run would need "
-                                  f"{p['iterations']} accelerated iterations; not run here")
-
-
-def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None) -> ResquePrivatePlan:
-  """The data-free plan of :func:`resque_private_sco` (see the module docstring) from the
-  public facts ``n_users * m`` (the item count, public under replace-one), ``d``, ``L`` and a
-  finite ``R`` (a :class:`~dpsco_jax.data.PublicFacts` suffices). ``data`` (the audit hook's
-  dataset under test, leaves ``[users, m, ...]``) only supplies its public size."""
-  cfg = config_view(cfg)
-  check_relation(cfg.relation, supported=(RELATION,), mechanism="ReSQue private SCO")
-  eps, delta = check_epsilon(cfg.epsilon), required_delta(cfg)
-  preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
-  if data is None:
-    n = int(problem.n_users) * int(problem.m)
-  else:
-    leaves = jax.tree.leaves(data)
-    n = int(leaves[0].shape[0] * leaves[0].shape[1])
-  d, L, R = problem.d, float(problem.lipschitz), float(problem.radius)
-  if not math.isfinite(R):
-    raise MissingConstant("radius: resque_private_sco needs the finite radius R of the "
-                          "domain (its step sizes and balls scale with R): declare "
-                          "constants={'radius': ...}")
-  constants = check_choice(cfg.constants, "constants", ("explicit", "c_priv"))
-  # derived default: the theory preset's universal constant 60, else 1
-  c_priv = check_positive(cfg.get("c_priv", 60.0 if preset == "theory" else 1.0), "c_priv")
-  if preset == "theory":
-    raise _theory_refusal(cfg, n=n, d=d, eps=eps, delta=delta, L=L, R=R, c_priv=c_priv)
-  phases = check_int(cfg.phases, "phases")
-  parallel = check_choice(cfg.phase_budget, "phase_budget", ("paper", "parallel")) == "parallel"
-  ratio = check_positive(cfg.rho_over_r, "rho_over_r")
-  delta_blocks = delta * (1 - ACCOUNTANT_DELTA_SHARE)
-  eta_loc = (R / L) * min(1 / math.sqrt(n), eps / math.sqrt(d * math.log(1 / delta)))
-  common = dict(ratio=ratio, constants=constants, c_priv=c_priv)
-  out, violations = [], set()
-  for i, n_i in enumerate(_phase_sizes(n, phases), start=1):
-    # paper: eps/2^i, delta/2^i (the last phase takes the remainder, so the sum is eps)
-    share = 2.0 ** -min(i, phases - 1) if i == phases else 2.0 ** -i
-    eps_i, delta_i = (eps, delta_blocks) if parallel else (eps * share, delta_blocks * share)
-    p = _phase_plan(cfg, n_i=n_i, i=i, eps_i=eps_i, delta_i=delta_i, d=d, L=L, R=R,
-                    eta_loc=eta_loc, eps_total=eps, **common)
-    for t, b in p["plan"]:  # preconditions of the planned (data-independent) calls
-      _, cond = alg4_rdp(T=t, n=n_i, beta=b * p["beta"], delta=p["delta_call"],
-                         alpha=p["alpha"], rho_over_r=ratio, constants=constants, c_priv=c_priv)
-      violations.update(name for name, ok in cond.items() if not ok)
-    events = tuple(approx_rdp_events(p["plan"], beta=p["beta"], **p["kw"]))
-    out.append(PhasePlan(i, n_i, eps_i, delta_i, p, events))
-  return ResquePrivatePlan(eps, delta, n, L, R, preset, constants, c_priv, ratio, parallel,
-                           tuple(out), tuple(sorted(violations)),
-                           declared_constants(problem, ("lipschitz",), convex=True))
-
-
-def charge_resque_private(plan: ResquePrivatePlan) -> PrivacyLedger:
-  """A fresh ledger charged with every planned Alg. 4 call before anything runs (raises
-  :class:`PrivacyBudgetExceeded` first if the plan would exceed ``epsilon``)."""
-  ledger = PrivacyLedger(delta=plan.delta * ACCOUNTANT_DELTA_SHARE,
-                         epsilon_budget=plan.epsilon, relation=RELATION)
-  for ph in plan.phases:
-    for ev in ph.events:
-      ledger.spend(ev, label=f"phase {ph.index}: Alg. 4 call",
-                   group=f"phase {ph.index}" if plan.parallel else None)
-  return ledger
-
-
-_spend = charge_resque_private
-
-
-def resque_private_report(plan: ResquePrivatePlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """The run's guarantee (item level): the charged ledger with the plan's provenance."""
-  notes = ("approximate RDP (Lemma 3) of Alg. 3/4 output perturbation with high-probability "
-           f"sensitivity (Lemma 5/7, constants={plan.constants}); Corollary 1 conversion in "
-           "the ledger; localization phases composed per "
-           f"'{'parallel' if plan.parallel else 'paper'}'; replace-one, n public. ")
-  if plan.provenance == "heuristic":
-    notes += "HEURISTIC: violated " + "; ".join(plan.violations)
-  if plan.declared:
-    notes += ("; " if plan.provenance == "heuristic" else "") + conditional_note(
-        plan.declared, "Lemma 5's drift bound and sigma_i = L eta_i / beta need every "
-        "gradient norm <= L and a convex loss (eq. (18))")
-  return ledger.report(provenance=plan.provenance, level="item",
-                       mechanisms=("gaussian_output_perturbation",
-                                   "subsampling_with_replacement"),
-                       paper_epsilon=plan.epsilon, notes=notes)
-
-
 def _phase_batches(plan: ResquePrivatePlan, items: dict) -> list[dict]:
   """The disjoint item batches of the localization phases (in order)."""
   out, off = [], 0
@@ -435,17 +191,6 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
                         alg4=alg4_for_phase(ph.index))
     debug.append(dbg)
   return x, debug
-
-
-def _planner(facts, cfg: dict) -> Planned:
-  """``dpsco_jax.plan``'s planner: every worst-case Alg. 4 call's approximate-RDP event
-  (item level)."""
-  p = resque_private_plan(facts, cfg)
-  report = resque_private_report(p, charge_resque_private(p))
-  phases = [{"n": ph.n, "epsilon": ph.eps, "delta": ph.delta, "beta": ph.p["beta"],
-             "noise_multiplier": 1.0 / ph.p["beta"], "planned_alg4_calls": len(ph.p["plan"]),
-             "planned_gradients": ph.gradients} for ph in p.phases]
-  return Planned(report, phases[0]["noise_multiplier"], {"phases": phases}, p)
 
 
 @register("resque_private_sco", config=cf.ResquePrivateConfig, paper="002", planner=_planner,
