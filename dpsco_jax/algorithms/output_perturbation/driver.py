@@ -95,8 +95,6 @@ doubles the add/remove-equivalent ``Delta/2`` under replace-one). Audit hook:
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
@@ -117,6 +115,7 @@ from dpsco_jax.algorithms.output_perturbation.phased import (  # noqa: F401
     phased_sco_schedule, sc_erm_output_pert, sc_sco_output_pert)
 from dpsco_jax.algorithms.output_perturbation.solver import (  # noqa: F401
     SolverPlan, _certify, _solve, _solve_all_subsets, solver_plan)
+from dpsco_jax.algorithms.output_perturbation.plan import sc_output_pert_plan  # noqa: F401
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.problems.output_perturbation import _l2_loss, l2_logistic  # noqa: F401
 from dpsco_jax.result import Result
@@ -124,26 +123,6 @@ from dpsco_jax.transforms.steps import project_l2_ball  # noqa: F401
 
 # ------------------------------------------------------------------------------------------
 # Runner entry points.
-
-
-def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
-  """The data-free plan of :func:`sc_output_pert` (public ``n_users``, ``m``, ``d``, L, beta,
-  R and mu; a :class:`~dpsco_jax.data.PublicFacts` suffices): one DelOutputPert call."""
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  mu = _require_mu(problem, "sc_output_pert")
-  n, m = problem.n_users, problem.m
-  beta = settings.beta if settings.beta is not None else 1e-3
-  if settings.preset == "theory" and beta * 1.0 >= 1 / math.e:
-    raise ValueError("beta must be < 1/e (Lemma 3.8)")
-  _check_min_users(n, eps, delta, settings, "SCOutputPert")
-  info = plan_sc_output_pert(n_users=n, m=m, lipschitz=problem.lipschitz,
-                             smoothness=problem.smoothness, mu0=mu, lam=0.0,
-                             radius=problem.radius, epsilon=eps, delta=delta, beta=beta,
-                             settings=settings)
-  return OutputPertPlan("sc_output_pert", settings, eps, delta, mu, beta, (info,),
-                        (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),), {},
-                        declared=certificate_constants(problem, (info,)))
 
 
 @register("sc_output_pert", config=cf.OutputPertConfig, paper="001", mesh=True,

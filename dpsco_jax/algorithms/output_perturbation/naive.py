@@ -26,27 +26,22 @@ is ``declared``, conditional on the declared L, mu, beta and a convex loss
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-import dp_accounting
 import jax
 import jax.numpy as jnp
 
 from dpsco_jax.config import families as cf
-from dpsco_jax.algorithms.registration import Planned, register
-from dpsco_jax._checks import check_positive
-from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
-                                           declared_provenance)
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertSettings, _check_common, _Hook, _problem_mu, _project, _require_mu, _settings_for,
-    alg2_delta, config_view, gamma_threshold)
-from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, _solve, solver_plan
-from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
-                               calibrate_noise_multiplier)
+    OutputPertSettings, _Hook, _project, alg2_delta, gamma_threshold)
+from dpsco_jax.algorithms.output_perturbation.solver import _solve
+# the naive baseline's data-free plan (re-exported: its callers read it here)
+from dpsco_jax.algorithms.output_perturbation.plan import (  # noqa: F401
+    NaivePlan, charge_naive, minimizer_sensitivity, naive_plan, naive_planner, naive_report,
+    naive_sigma)
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
-from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.noise import tree_gaussian_like
@@ -55,112 +50,7 @@ __all__ = ["minimizer_sensitivity", "naive_sigma", "naive_output_pert", "noise_r
            "crossover_m", "NaivePlan", "naive_plan", "charge_naive", "naive_report"]
 
 
-def minimizer_sensitivity(lipschitz: float, mu: float, n_users: int) -> Sensitivity:
-  """The exact ERM minimizer of a ``mu``-strongly convex loss with ``G``-bounded per-user
-  gradients over ``n`` users: ``G / (mu n)`` in the add/remove-equivalent unit, so
-  ``2G/(mu n)`` under replace-one (Chaudhuri et al. 2011), the relation's factor applied by
-  :meth:`~dpsco_jax.privacy.sensitivity.Sensitivity.under`."""
-  return Sensitivity(lipschitz, mu * n_users, "minimizer G/(mu n)")
-
-
-def naive_sigma(problem: SCOProblem, eps: float, delta: float,
-                settings: OutputPertSettings, tau: float = 0.0) -> float:
-  """Closed-form σ of the baseline (for :func:`noise_ratio` and records; the driver calibrates
-  through the ledger): replace-one sensitivity ``2G/(μ n) + 2τ`` (Chaudhuri et al. 2011; spec
-  §5), analytic (practical) or classic (theory) Gaussian mechanism."""
-  mu = _problem_mu(problem)
-  sens = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(
-      "replace_one") + 2.0 * tau
-  if settings.preset == "theory":
-    return gaussian_sigma_classic(sens, eps, delta)
-  return gaussian_sigma_analytic(sens, eps, delta)
-
-
-@dataclasses.dataclass(frozen=True)
-class NaivePlan:
-  """Data-free plan of :func:`naive_output_pert`: the solver, the replace-one sensitivity
-  ``2G/(mu n) + 2 tau``, the noise multiplier ``z`` (calibrated, or the config's) and
-  ``sigma = z sens / 2``."""
-  settings: OutputPertSettings
-  epsilon: float
-  delta: float
-  mu: float
-  sensitivity: float
-  solver: SolverPlan
-  noise_multiplier: float
-  label: str = "output perturbation (Gaussian, sens 2G/(mu n))"
-  #: the declared constants the sensitivity rests on (``()``: held by construction)
-  declared: tuple[tuple[str, float], ...] = ()
-
-  @property
-  def event(self) -> dp_accounting.DpEvent:
-    return dp_accounting.GaussianDpEvent(self.noise_multiplier)
-
-  @property
-  def stage(self) -> GaussianStage:
-    """The one Gaussian stage: ``z`` on the minimizer's replace-one shift ``Delta``, entered
-    as stated (its add/remove-equivalent ``Delta / 2`` is the std's unit)."""
-    return GaussianStage(self.noise_multiplier,
-                         Sensitivity.from_replace_one(self.sensitivity, "2G/(mu n) + 2 tau"),
-                         "output")
-
-  @property
-  def sigma(self) -> float:
-    return self.stage.std
-
-
-def naive_plan(problem, cfg: dict) -> NaivePlan:
-  """The plan from the public facts (``n_users``, L, beta, R, mu) and the config only."""
-  settings = _settings_for(cfg)
-  eps, delta = _check_common(cfg, settings)
-  mu = _require_mu(problem, "naive_output_pert")
-  base = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(settings.relation)
-  tau = settings.solver_tol * base / 4.0
-  plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
-                     distance=min(2 * problem.radius, 2 * problem.lipschitz / mu), tau=tau)
-  sens = base + 2.0 * tau
-  z = config_view(cfg, cf.NaiveOutputPertConfig).noise_multiplier
-  z = (calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=eps, delta=delta,
-                                  relation=settings.relation, key=("gaussian",))
-       if z is None else check_positive(z, "noise_multiplier"))
-  # 2G/(mu n) + 2 tau: L, mu, beta (solver accuracy) and convexity, none enforced (docstring)
-  declared = declared_constants(problem, ("lipschitz", "strong_convexity", "smoothness"),
-                                convex=True)
-  return NaivePlan(settings, eps, delta, mu, sens, plan, z, declared=declared)
-
-
-def charge_naive(plan: NaivePlan) -> PrivacyLedger:
-  """A fresh ledger charged with the one Gaussian event (raises before any release when an
-  explicit ``noise_multiplier`` is over the budget)."""
-  s = plan.settings
-  budget = plan.epsilon if s.epsilon_budget is None else min(plan.epsilon, s.epsilon_budget)
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=budget, relation=s.relation)
-  ledger.spend(plan.event, label=plan.label)
-  return ledger
-
-
-def naive_report(plan: NaivePlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """``accountant``; ``declared`` when the sensitivity rests on a user's declared constants."""
-  notes = ("naive user-level output perturbation (replace-one, n public); sensitivity "
-           "2G/(mu n) does not improve with m")
-  if plan.declared:
-    notes += "; " + conditional_note(
-        plan.declared, "the sensitivity 2G/(mu n) + 2 tau bounds the minimizer of a "
-        "mu-strongly convex, beta-smooth loss with G-bounded per-user gradients")
-  return ledger.report(provenance=declared_provenance(Provenance.ACCOUNTANT, plan.declared),
-                       level="user", mechanisms=("gaussian output perturbation",),
-                       paper_epsilon=plan.epsilon, notes=notes)
-
-
-def _planner(facts, cfg: dict) -> Planned:
-  """``dpsco_jax.plan``'s planner: one calibrated Gaussian event."""
-  p = naive_plan(facts, cfg)
-  schedule = {"sensitivity": p.sensitivity, "sigma": p.sigma,
-              "solver_iterations": p.solver.iterations}
-  return Planned(naive_report(p, charge_naive(p)), p.noise_multiplier, schedule, p)
-
-
-@register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001", planner=_planner,
+@register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001", planner=naive_planner,
           mesh=True)
 def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                       _hook: _Hook | None = None) -> Result:

@@ -1,0 +1,320 @@
+"""The data-free plans of paper 001's algorithms: what :func:`dpsco_jax.plan` reads and what
+the drivers (:mod:`.driver`, :mod:`.naive`, :mod:`.phased`) run.
+
+* :func:`sc_output_pert_plan`: one DelOutputPert call (SCOutputPert, Alg. 2);
+* :func:`phased_plan`: Phased-ERM / Phased-SCO (Algs 3-4), their schedules and blocks;
+* :func:`sc_reduction_plan`: the strongly convex reductions (Algs 5-6);
+* :func:`naive_plan`: the naive baseline (sensitivity ``2G/(mu n)``, one calibrated Gaussian).
+
+Each reads the config and the public facts (``n_users``, ``m``, ``d``, the declared constants)
+only; the shared pieces (settings, one call's ``SCInfo``, the block ledger) are in :mod:`.base`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import dp_accounting
+
+from dpsco_jax._checks import check_positive
+from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
+                                           declared_provenance)
+from dpsco_jax.algorithms.output_perturbation.base import (
+    OutputPertPlan, OutputPertSettings, SCInfo, _check_common, _check_min_users, _problem_mu,
+    _require_mu, _require_radius, _settings_for, certificate_constants, config_view,
+    plan_sc_output_pert)
+from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, solver_plan
+from dpsco_jax.algorithms.registration import Planned
+from dpsco_jax.config import families as cf
+from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
+                               calibrate_noise_multiplier)
+from dpsco_jax.privacy import discrete_laplace as tdl
+from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
+from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
+from dpsco_jax.problems import SCOProblem
+
+
+# ------------------------------------------------------------ from driver.py
+
+def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
+  """The data-free plan of :func:`sc_output_pert` (public ``n_users``, ``m``, ``d``, L, beta,
+  R and mu; a :class:`~dpsco_jax.data.PublicFacts` suffices): one DelOutputPert call."""
+  settings = _settings_for(cfg)
+  eps, delta = _check_common(cfg, settings)
+  mu = _require_mu(problem, "sc_output_pert")
+  n, m = problem.n_users, problem.m
+  beta = settings.beta if settings.beta is not None else 1e-3
+  if settings.preset == "theory" and beta * 1.0 >= 1 / math.e:
+    raise ValueError("beta must be < 1/e (Lemma 3.8)")
+  _check_min_users(n, eps, delta, settings, "SCOutputPert")
+  info = plan_sc_output_pert(n_users=n, m=m, lipschitz=problem.lipschitz,
+                             smoothness=problem.smoothness, mu0=mu, lam=0.0,
+                             radius=problem.radius, epsilon=eps, delta=delta, beta=beta,
+                             settings=settings)
+  return OutputPertPlan("sc_output_pert", settings, eps, delta, mu, beta, (info,),
+                        (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),), {},
+                        declared=certificate_constants(problem, (info,)))
+
+
+
+# ------------------------------------------------------------ from naive.py
+
+def minimizer_sensitivity(lipschitz: float, mu: float, n_users: int) -> Sensitivity:
+  """The exact ERM minimizer of a ``mu``-strongly convex loss with ``G``-bounded per-user
+  gradients over ``n`` users: ``G / (mu n)`` in the add/remove-equivalent unit, so
+  ``2G/(mu n)`` under replace-one (Chaudhuri et al. 2011), the relation's factor applied by
+  :meth:`~dpsco_jax.privacy.sensitivity.Sensitivity.under`."""
+  return Sensitivity(lipschitz, mu * n_users, "minimizer G/(mu n)")
+
+
+def naive_sigma(problem: SCOProblem, eps: float, delta: float,
+                settings: OutputPertSettings, tau: float = 0.0) -> float:
+  """Closed-form σ of the baseline (for :func:`noise_ratio` and records; the driver calibrates
+  through the ledger): replace-one sensitivity ``2G/(μ n) + 2τ`` (Chaudhuri et al. 2011; spec
+  §5), analytic (practical) or classic (theory) Gaussian mechanism."""
+  mu = _problem_mu(problem)
+  sens = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(
+      "replace_one") + 2.0 * tau
+  if settings.preset == "theory":
+    return gaussian_sigma_classic(sens, eps, delta)
+  return gaussian_sigma_analytic(sens, eps, delta)
+
+
+@dataclasses.dataclass(frozen=True)
+class NaivePlan:
+  """Data-free plan of :func:`naive_output_pert`: the solver, the replace-one sensitivity
+  ``2G/(mu n) + 2 tau``, the noise multiplier ``z`` (calibrated, or the config's) and
+  ``sigma = z sens / 2``."""
+  settings: OutputPertSettings
+  epsilon: float
+  delta: float
+  mu: float
+  sensitivity: float
+  solver: SolverPlan
+  noise_multiplier: float
+  label: str = "output perturbation (Gaussian, sens 2G/(mu n))"
+  #: the declared constants the sensitivity rests on (``()``: held by construction)
+  declared: tuple[tuple[str, float], ...] = ()
+
+  @property
+  def event(self) -> dp_accounting.DpEvent:
+    return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+
+  @property
+  def stage(self) -> GaussianStage:
+    """The one Gaussian stage: ``z`` on the minimizer's replace-one shift ``Delta``, entered
+    as stated (its add/remove-equivalent ``Delta / 2`` is the std's unit)."""
+    return GaussianStage(self.noise_multiplier,
+                         Sensitivity.from_replace_one(self.sensitivity, "2G/(mu n) + 2 tau"),
+                         "output")
+
+  @property
+  def sigma(self) -> float:
+    return self.stage.std
+
+
+def naive_plan(problem, cfg: dict) -> NaivePlan:
+  """The plan from the public facts (``n_users``, L, beta, R, mu) and the config only."""
+  settings = _settings_for(cfg)
+  eps, delta = _check_common(cfg, settings)
+  mu = _require_mu(problem, "naive_output_pert")
+  base = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(settings.relation)
+  tau = settings.solver_tol * base / 4.0
+  plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
+                     distance=min(2 * problem.radius, 2 * problem.lipschitz / mu), tau=tau)
+  sens = base + 2.0 * tau
+  z = config_view(cfg, cf.NaiveOutputPertConfig).noise_multiplier
+  z = (calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=eps, delta=delta,
+                                  relation=settings.relation, key=("gaussian",))
+       if z is None else check_positive(z, "noise_multiplier"))
+  # 2G/(mu n) + 2 tau: L, mu, beta (solver accuracy) and convexity, none enforced (docstring)
+  declared = declared_constants(problem, ("lipschitz", "strong_convexity", "smoothness"),
+                                convex=True)
+  return NaivePlan(settings, eps, delta, mu, sens, plan, z, declared=declared)
+
+
+def charge_naive(plan: NaivePlan) -> PrivacyLedger:
+  """A fresh ledger charged with the one Gaussian event (raises before any release when an
+  explicit ``noise_multiplier`` is over the budget)."""
+  s = plan.settings
+  budget = plan.epsilon if s.epsilon_budget is None else min(plan.epsilon, s.epsilon_budget)
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=budget, relation=s.relation)
+  ledger.spend(plan.event, label=plan.label)
+  return ledger
+
+
+def naive_report(plan: NaivePlan, ledger: PrivacyLedger) -> PrivacyReport:
+  """``accountant``; ``declared`` when the sensitivity rests on a user's declared constants."""
+  notes = ("naive user-level output perturbation (replace-one, n public); sensitivity "
+           "2G/(mu n) does not improve with m")
+  if plan.declared:
+    notes += "; " + conditional_note(
+        plan.declared, "the sensitivity 2G/(mu n) + 2 tau bounds the minimizer of a "
+        "mu-strongly convex, beta-smooth loss with G-bounded per-user gradients")
+  return ledger.report(provenance=declared_provenance(Provenance.ACCOUNTANT, plan.declared),
+                       level="user", mechanisms=("gaussian output perturbation",),
+                       paper_epsilon=plan.epsilon, notes=notes)
+
+
+def naive_planner(facts, cfg: dict) -> Planned:
+  """``dpsco_jax.plan``'s planner: one calibrated Gaussian event."""
+  p = naive_plan(facts, cfg)
+  schedule = {"sensitivity": p.sensitivity, "sigma": p.sigma,
+              "solver_iterations": p.solver.iterations}
+  return Planned(naive_report(p, charge_naive(p)), p.noise_multiplier, schedule, p)
+
+
+
+# ------------------------------------------------------------ from phased.py
+
+def _phase_infos(problem, phases: list[tuple[float, slice]], *, epsilon: float, delta: float,
+                 beta: float, mu0: float, settings: OutputPertSettings, label: str
+                 ) -> tuple[SCInfo, ...]:
+  """Plans every phase ``(lambda_i, user slice)`` (data free: sizes and constants only)."""
+  infos = []
+  for i, (lam_i, users) in enumerate(phases):
+    n_i = users.stop - users.start
+    _check_min_users(n_i, epsilon, delta, settings, f"{label} phase {i + 1}")
+    infos.append(plan_sc_output_pert(
+        n_users=n_i, m=problem.m, lipschitz=problem.lipschitz, smoothness=problem.smoothness,
+        mu0=mu0, lam=lam_i, radius=problem.radius, epsilon=epsilon, delta=delta, beta=beta,
+        settings=settings))
+  return tuple(infos)
+
+
+def phased_erm_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diameter: float,
+                        epsilon: float, delta: float, beta: float | None = None,
+                        lam: float | None = None) -> dict:
+  """Alg. 3 parameters: ``T = ceil(log2(nm))`` (§7.3), ``(eps/T, delta/T, beta/T)``,
+  ``lambda = G sqrt(d)/(R n sqrt(m))`` and ``beta = 1/(nm)`` (proof of Thm 4.1),
+  ``lambda_i = lambda 4^i``, ``R_i = G/lambda_i`` (the Lipschitz constant passed is 2G)."""
+  T = max(1, math.ceil(math.log2(n_users * m)))
+  beta = 1.0 / (n_users * m) if beta is None else beta
+  lam = lipschitz * math.sqrt(d) / (diameter * n_users * math.sqrt(m)) if lam is None else lam
+  return {"T": T, "epsilon": epsilon / T, "delta": delta / T, "beta": beta / T,
+          "lam": lam, "lams": [lam * 4.0 ** i for i in range(1, T + 1)],
+          "radii": [lipschitz / (lam * 4.0 ** i) for i in range(1, T + 1)],
+          "phase_lipschitz": 2.0 * lipschitz}
+
+
+def phased_sco_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diameter: float,
+                        epsilon: float, delta: float, beta: float | None = None,
+                        lam: float | None = None) -> dict:
+  """Alg. 4 parameters: ``N0 = 2(4κ+1)`` (our explicit constant C), ``T = floor(log2(n/N0))``,
+  blocks ``(n/2^i, n/2^{i-1}]``, ``lambda = (G/R) max{sqrt(d)/(n sqrt(m)), 1/sqrt(nm)}``
+  (spec §7 item 6 fix), ``beta = 1/(nm)``, ``beta' = beta/T``."""
+  n0 = tdl.min_users(epsilon, delta)
+  if n_users < 2 * n0:
+    raise ValueError(f"n_users: Phased-SCO needs n >= 2 N0 = {2 * n0} users at "
+                     f"(eps={epsilon}, delta={delta}); got {n_users}")
+  T = int(math.floor(math.log2(n_users / n0)))
+  beta = 1.0 / (n_users * m) if beta is None else beta
+  if lam is None:
+    lam = (lipschitz / diameter) * max(math.sqrt(d) / (n_users * math.sqrt(m)),
+                                       1.0 / math.sqrt(n_users * m))
+  blocks = [slice(n_users // 2 ** i, n_users // 2 ** (i - 1)) for i in range(1, T + 1)]
+  return {"T": T, "N0": n0, "beta": beta / T, "lam": lam,
+          "lams": [lam * 4.0 ** i for i in range(1, T + 1)], "blocks": blocks}
+
+
+def _phase_schedule(problem, *, sco: bool, epsilon: float, delta: float,
+                    beta: float | None, lam: float | None) -> tuple[dict, list, float, float]:
+  """Alg. 3 / Alg. 4's schedule on the public facts: ``(schedule, phases, eps_phase,
+  delta_phase)`` with ``phases`` the ``(lambda_i, user slice)`` of every DelOutputPert call."""
+  n, m = problem.n_users, problem.m
+  kw = dict(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
+            diameter=2 * problem.radius, epsilon=epsilon, delta=delta, beta=beta, lam=lam)
+  if sco:
+    sch = phased_sco_schedule(**kw)
+    return sch, list(zip(sch["lams"], sch["blocks"])), epsilon, delta
+  sch = phased_erm_schedule(**kw)
+  return sch, [(lam_i, slice(0, n)) for lam_i in sch["lams"]], sch["epsilon"], sch["delta"]
+
+
+def _phase_blocks(sch: dict, *, sco: bool, epsilon: float, delta: float, label: str
+                  ) -> list[tuple[str, float, float, int, str | None]]:
+  """The ledger blocks of the phases at their per-call ``(epsilon, delta)``, charged before any
+  release: Phased-ERM ``T = ceil(log2 nm)`` sequential calls at ``(eps/T, delta/T)`` (basic
+  composition); Phased-SCO one call at ``(eps, delta)`` per disjoint user block (``group=``:
+  parallel composition)."""
+  if sco:
+    return [(f"{label} block {i + 1} SCOutputPert", epsilon, delta, 1, f"{label} block {i + 1}")
+            for i in range(sch["T"])]
+  return [(f"{label} SCOutputPert phases", epsilon, delta, sch["T"], None)]
+
+
+def phased_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
+  """The data-free plan of Phased-ERM (Alg. 3) / Phased-SCO (Alg. 4): the schedule, every
+  phase's DelOutputPert call and the ledger blocks (public facts and config only)."""
+  name = "phased_sco_output_pert" if sco else "phased_erm_output_pert"
+  label = "Phased-SCO" if sco else "Phased-ERM"
+  settings = _settings_for(cfg)
+  eps, delta = _check_common(cfg, settings)
+  _require_radius(problem, name)
+  sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=eps, delta=delta,
+                                                beta=settings.beta, lam=None)
+  mu0 = _problem_mu(problem)
+  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
+                       mu0=mu0, settings=settings, label=label)
+  how = ("parallel composition over disjoint blocks" if sco
+         else "basic composition over T phases")
+  return OutputPertPlan(name, settings, eps, delta, mu0, settings.beta, infos,
+                        tuple(_phase_blocks(sch, sco=sco, epsilon=eps_p, delta=delta_p,
+                                            label=label)),
+                        {"schedule": sch, "phases": phases}, f"; {how}",
+                        declared=certificate_constants(problem, infos))
+
+
+def localization_radius(sigma0: float, d: int, beta: float, tau: float) -> float:
+  """``R' = σ0 (sqrt(d) + sqrt(2 ln(1/β))) + τ`` — Gaussian norm concentration (explicit form of
+  Alg. 5 line 4's ``C σ sqrt(d log(1/β))``) plus the solver error."""
+  return sigma0 * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / beta))) + tau
+
+
+def _reduction_lam(problem, r: float, *, sco: bool) -> float:
+  """Alg. 5 / Alg. 6's lambda for localization radius ``r`` (``R'``, or ``diam K`` after ⊥)."""
+  G, n, m, d = problem.lipschitz, problem.n_users, problem.m, problem.d
+  if sco:
+    return (G / r) * max(math.sqrt(d) / (n * math.sqrt(m)), 1.0 / math.sqrt(n * m))
+  return G * math.sqrt(d) / (r * n * math.sqrt(m))
+
+
+def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
+  """The data-free plan of Strongly-Convex-ERM / -SCO (Algs 5-6): the warm start's
+  SCOutputPert at (eps/2, delta/2), ``R'``, lambda and every phase of the second half at
+  (eps/2, delta/2), with all their ledger blocks (public facts and config only)."""
+  name = "sc_sco_output_pert" if sco else "sc_erm_output_pert"
+  label = "Phased-SCO" if sco else "Phased-ERM"
+  settings = _settings_for(cfg)
+  eps, delta = _check_common(cfg, settings)
+  mu = _require_mu(problem, f"{name} (Algs 5-6)")
+  _require_radius(problem, name)
+  n, m, d = problem.n_users, problem.m, problem.d
+  beta = settings.beta if settings.beta is not None else 1.0 / (2.0 * n * n * m)
+  _check_min_users(n, eps / 2, delta / 2, settings, "SCOutputPert warm start")
+  info0 = plan_sc_output_pert(n_users=n, m=m, lipschitz=problem.lipschitz,
+                              smoothness=problem.smoothness, mu0=mu, lam=0.0,
+                              radius=problem.radius, epsilon=eps / 2, delta=delta / 2,
+                              beta=beta, settings=settings)
+  r_prime = localization_radius(info0.sigma, d, beta, info0.plan.tau)
+  if sco:  # Alg. 6 line 4, second term with the constant 30 of Prop. B.1
+    r_prime += 30.0 * problem.lipschitz * math.sqrt(math.log(2.0 / beta)) / (mu * math.sqrt(
+        n * m))
+  lam = _reduction_lam(problem, r_prime, sco=sco)
+  sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=eps / 2,
+                                                delta=delta / 2, beta=beta, lam=lam)
+  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
+                       mu0=mu, settings=settings, label=label)
+  # every block of both halves is charged before the warm start is released
+  blocks = [("SCOutputPert warm start", eps / 2, delta / 2, 1, None)] + _phase_blocks(
+      sch, sco=sco, epsilon=eps_p, delta=delta_p, label=label)
+  return OutputPertPlan(name, settings, eps, delta, mu, beta, (info0,) + infos, tuple(blocks),
+                        {"schedule": sch, "phases": phases, "R_prime": r_prime, "lam": lam},
+                        "; two halves at (eps/2, delta/2)",
+                        # after a ⊥ warm start the phases are re-planned at another lambda
+                        # (same blocks): their solver distance may read L
+                        declared=certificate_constants(problem, (info0,) + infos,
+                                                       lipschitz=True))
+
+
