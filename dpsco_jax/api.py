@@ -228,7 +228,13 @@ def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
     raise ValueError(f"the plan was made for {planned[0]} users x {planned[1]} items and "
                      f"{planned[2]} parameters, the problem has {facts[0]} x {facts[1]} and "
                      f"{facts[2]}: plan again for it")
-  result = _entry(p.algorithm).driver(problem, _driver_config(p), key)
+  return check_spent(p, _entry(p.algorithm).driver(problem, _driver_config(p), key))
+
+
+def check_spent(p: Plan, result: Result) -> Result:
+  """``result`` when its run spent exactly plan ``p``'s guarantee (epsilon to 1e-9, relation,
+  provenance), else ``RuntimeError`` (a library bug): the check every path that executes a
+  plan makes (:func:`execute`, the seed batches, ``jax.distributed`` runs)."""
   if not _same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")
@@ -487,9 +493,7 @@ def _run_stacked(plans: list[Plan], loss_fn: Callable, params: Any, datas: list,
   cfg = (_driver_config(first) if grid is None else [_driver_config(p) for p in plans])
   results = run_stacked(entry.driver, template, views, cfg, keys, grid=grid)
   for p, r in zip(plans if len(plans) == len(results) else plans * len(results), results):
-    if not _same_guarantee(r.privacy, p.privacy):
-      raise RuntimeError(f"{p.algorithm}: the run's guarantee {r.privacy.epsilon!r} differs "
-                         f"from its plan's {p.privacy.epsilon!r} (a library bug)")
+    check_spent(p, r)
   return [dataclasses.replace(r, params=template.unflatten(r.params)) for r in results]
 
 

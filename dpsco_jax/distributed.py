@@ -403,8 +403,6 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
   result = Result(params=released, privacy=report,
                   gradient_evaluations=int(plan.steps * plan.batch * problem.m // per_user),
                   record=record)
-  if not api._same_guarantee(result.privacy, p.privacy):
-    raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
-                       f"from its plan's {p.privacy.epsilon!r} (a library bug)")
+  api.check_spent(p, result)
   return dataclasses.replace(result, params=problem.unflatten(result.params))
 

@@ -125,6 +125,7 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
   that does not trace (then nothing of the attempt is released and each run runs, and fails,
   exactly as alone). ``checked``: the runner's validator of one run config. A grid group's
   records say ``batch_grid`` (``{key: values}`` of the step sizes it spans)."""
+  from dpsco_jax import api
   from dpsco_jax.api import BATCHED
   from dpsco_jax.sweep import grid_for, grid_of, grid_refusal, refusal, run_stacked
   first = cfgs[0]
@@ -148,14 +149,14 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     start = time.perf_counter()
     driver = algorithms[first["algorithm"]]
     plans = _plans(first["algorithm"], driver, algos if grid else algos[:1], insts[0])
-    run_cfgs = algos if plans is None else [_driver_config(p) for p in plans]
+    run_cfgs = algos if plans is None else [api._driver_config(p) for p in plans]
     results = run_stacked(driver, insts[0], [p.data for p in insts],
                           run_cfgs if grid else run_cfgs[0], [dk for _, dk in keys],
                           grid=grid_for(first["algorithm"]))
     wall = time.perf_counter() - start
     if plans is not None:   # each run spent its plan's guarantee (as dpsco_jax.execute checks)
       for i, result in enumerate(results):
-        _check_spent(plans[i if grid else 0], result)
+        api.check_spent(plans[i if grid else 0], result)
   except Exception as err:  # noqa: BLE001 - the one-by-one runs report any real error
     return None, f"batching failed ({type(err).__name__}); ran one by one"
   records = []
@@ -179,18 +180,6 @@ def _plans(algorithm: str, driver: Callable, algos: list[dict], problem: Any) ->
   if entry.planner is None or driver is not entry.driver:
     return None
   return [api.plan_problem(algorithm, entry.config.of(a), problem) for a in algos]
-
-
-def _driver_config(plan: Any) -> Any:
-  from dpsco_jax.api import _driver_config as of_plan
-  return of_plan(plan)
-
-
-def _check_spent(plan: Any, result: Any) -> None:
-  from dpsco_jax.api import _same_guarantee
-  if not _same_guarantee(result.privacy, plan.privacy):
-    raise RuntimeError(f"{plan.algorithm}: the run's guarantee {result.privacy.epsilon!r} "
-                       f"differs from its plan's {plan.privacy.epsilon!r} (a library bug)")
 
 
 class ProblemCache(collections.OrderedDict):
