@@ -44,6 +44,23 @@ def bounded_cache(maxsize: int = DEFAULT_MAXSIZE) -> Callable[[F], F]:
   return wrap
 
 
+class ByKey:
+  """An argument of a memoized function compared and hashed by ``key`` alone (public numbers,
+  e.g. events' canonical JSON), carrying ``value`` to the function: a value that cannot be a
+  key itself (events holding arrays, a new closure per call) is memoized on what determines it."""
+  __slots__ = ("value", "key")
+
+  def __init__(self, value: Any, key: Any):
+    self.value, self.key = value, key
+    hash(key)   # an unhashable key is the caller's bug: raise here, not inside the cache
+
+  def __hash__(self) -> int:
+    return hash(self.key)
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, ByKey) and other.key == self.key
+
+
 def clear() -> None:
   """Empties every cache of the library (compiled programs are rebuilt on next use)."""
   for cached in _CACHES.values():

@@ -20,7 +20,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import dp_accounting
 
-from dpsco_jax.cache import bounded_cache
+from dpsco_jax.cache import ByKey, bounded_cache
 
 from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
 from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT, event_key, for_accountant
@@ -157,35 +157,18 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
   to a ledger, which reports (and budget-checks) their epsilon."""
   if key is not None:
     fixed = tuple(_as_list(fixed))
-    return _keyed_calibration(_Family(key, make_event, fixed), epsilon, delta, relation,
-                              accountant, lower)
+    family = ByKey((make_event, fixed), (key, tuple(event_key(e) for e in fixed)))
+    return _keyed_calibration(family, epsilon, delta, relation, accountant, lower)
   return _calibrate(make_event, epsilon=epsilon, delta=delta, relation=relation,
                     accountant=accountant, lower=lower, fixed=fixed)
 
 
-class _Family:
-  """``make_event`` and ``fixed`` hashed and compared by the caller's key and the fixed events'
-  canonical JSON (:func:`~dpsco_jax.privacy.events.event_key`), not by the callable's
-  identity (a new closure per call)."""
-  __slots__ = ("key", "make", "fixed", "_id")
-
-  def __init__(self, key: Hashable, make: Callable[[float], Any], fixed: tuple):
-    self.key, self.make, self.fixed = key, make, fixed
-    self._id = (key, tuple(event_key(e) for e in fixed))
-    hash(self._id)   # an unhashable key is the caller's bug: raise here, not in the cache
-
-  def __hash__(self) -> int:
-    return hash(self._id)
-
-  def __eq__(self, other: object) -> bool:
-    return isinstance(other, _Family) and other._id == self._id
-
-
 @bounded_cache()
-def _keyed_calibration(family: _Family, epsilon: float, delta: float, relation: str,
+def _keyed_calibration(family: ByKey, epsilon: float, delta: float, relation: str,
                        accountant: str, lower: float) -> float:
-  return _calibrate(family.make, epsilon=epsilon, delta=delta, relation=relation,
-                    accountant=accountant, lower=lower, fixed=family.fixed)
+  make_event, fixed = family.value
+  return _calibrate(make_event, epsilon=epsilon, delta=delta, relation=relation,
+                    accountant=accountant, lower=lower, fixed=fixed)
 
 
 def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: float,
