@@ -62,9 +62,10 @@ REPS = 3
 MICRO_REPS = 20
 #: ``--quick`` (CI's smoke; the workers inherit it through the environment): the ``tiny``
 #: problem on 1 and 2 devices, one timed rep, written to ``--out`` (never the study's JSON)
+QUICK_SETTINGS = ((1, 2), 1, 2)   # DEVICES, REPS, MICRO_REPS of a quick run
 QUICK = os.environ.get("DPSCO_STUDY_QUICK") == "1"
 if QUICK:
-  DEVICES, REPS, MICRO_REPS = (1, 2), 1, 2
+  DEVICES, REPS, MICRO_REPS = QUICK_SETTINGS
 RADIUS, LIPSCHITZ = 1.0, 1.0
 # configs/resque.yaml (b)'s practical config; T_frac / max_iter set so a run takes seconds
 BASE_CFG = {"epsilon": 1.0, "delta": 1e-5, "preset": "practical", "constants": "c_priv",
@@ -374,7 +375,8 @@ if __name__ == "__main__":
       if args.out is None or args.out.resolve() == OUT.resolve():
         ap.error("--quick writes a smoke, not the study: give another --out")
       os.environ["DPSCO_STUDY_QUICK"] = "1"   # the workers' settings (read at their import)
-      QUICK, DEVICES, REPS, MICRO_REPS = True, (1, 2), 1, 2
+      QUICK = True
+      DEVICES, REPS, MICRO_REPS = QUICK_SETTINGS
       main(args.names or ["tiny"], (args.only,) if args.only else ("fit", "round"), args.out)
       sys.exit(0)
     parts = (args.only,) if args.only else ("fit", "round")

@@ -66,10 +66,13 @@ def _shrink(mapping: dict, chosen: frozenset) -> dict:
 
 
 def _selected_keys(config: dict) -> frozenset:
-  over = config.get("select", {}).get("over", ()) if isinstance(config.get("select"),
-                                                                dict) else ()
-  return frozenset([over] if isinstance(over, str) else
-                   [k for k in over if isinstance(k, str)] if isinstance(over, list) else [])
+  """The keys ``select.over`` chooses among (a name or a list of names; anything else is the
+  runner's to refuse)."""
+  select = config.get("select")
+  over = select.get("over") if isinstance(select, dict) else None
+  if isinstance(over, str):
+    over = [over]
+  return frozenset(k for k in over if isinstance(k, str)) if isinstance(over, list) else frozenset()
 
 
 def quick_config(config: dict) -> dict:
