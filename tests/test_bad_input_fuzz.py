@@ -186,7 +186,7 @@ def test_count_bounds_hold_for_yaml_and_typed_configs(tmp_path):
   loaded = _load(tmp_path, "num_steps: 1e20\n")  # read as a float, as a YAML user writes it
   with pytest.raises(cs.ConfigError, match="num_steps is a count"):
     cs.validate(dict(DPSGD, **loaded))
-  from dpsco_jax.config.families import DpSgdConfig
+  from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
   with pytest.raises(cs.ConfigError, match="num_steps is a count"):
     DpSgdConfig(epsilon=1.0, delta=1e-5, num_steps=10 ** 12)
   assert cs.validate(dict(DPSGD, num_steps=2 ** 31 - 1))["num_steps"] == 2 ** 31 - 1

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 import dpsco_jax as dp
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
 from dpsco_jax.algorithms.common import poisson_capacity
 from dpsco_jax.algorithms.dpsgd import banded_poisson as bp
 from dpsco_jax.algorithms.dpsgd.plan import dp_sgd_event, plan_dp_sgd
@@ -159,13 +159,13 @@ def test_refusals():
     _plan(sampling_rate=None, batch_size=16)               # > G = 15
   ok = dict(epsilon=1.0, delta=1e-5, sampling="banded_poisson", noise_mechanism="banded")
   assert dp.algorithm_config("dp_sgd_item", dict(ok, min_separation=4))["min_separation"] == 4
-  assert cf.DpSgdConfig(**ok, min_separation=4).min_separation == 4
+  assert DpSgdConfig(**ok, min_separation=4).min_separation == 4
   with pytest.raises(ConfigError, match="did you mean 'min_separation'"):
     dp.algorithm_config("dp_sgd_user", dict(ok, min_seperation=4))
   with pytest.raises(ConfigError, match="sampling"):
     dp.algorithm_config("dp_sgd_user", dict(ok, sampling="banded_poison"))
   with pytest.raises(ConfigError, match="sampling"):
-    cf.DpSgdConfig(epsilon=1.0, delta=1e-5, sampling="banded_poison")
+    DpSgdConfig(epsilon=1.0, delta=1e-5, sampling="banded_poison")
   from dpsco_jax.flax import trainer_noise
   with pytest.raises(ValueError, match="not in DPTrainer"):
     trainer_noise.check_sampling("banded_poisson")

@@ -75,10 +75,11 @@ def test_dp_sgd_calibration_is_memoized_on_the_public_schedule():
   """A second plan of one config reuses its calibrated z (a hit, the same z bit for bit); a
   schedule that differs in a public number (one row more under replace-one moves q) does not."""
   from dpsco_jax import api
-  from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
   from dpsco_jax.data import DataSpec
-  name = "dpsco_jax.algorithms.dpsgd.plan._calibrated_z"
-  dpsgd_plan._calibrated_z.cache_clear()
+  from dpsco_jax.privacy import calibrate
+  # DP-SGD calibrates through the calibrator's memo, keyed on its public schedule
+  name = "dpsco_jax.privacy.calibrate._keyed_calibration"
+  calibrate._keyed_calibration.cache_clear()
   cfg = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.5,
          "num_steps": 4, "batch_size": 10, "sampling": "poisson", "relation": "replace_one"}
   first = api.plan("dp_sgd_user", cfg, DataSpec(100, 1), num_params=3)

@@ -24,7 +24,7 @@ def _counting(fn):
 def test_smooth_curves_meet_the_target_and_stop_within_rtol(power, target):
   root = (3.0 / target) ** (1.0 / power)           # eps(z) = 3 z^-power
   eps_fn, calls = _counting(lambda z: 3.0 * z ** -power)
-  z, _ = cal._solve(eps_fn, target, 1e-3)
+  z, _ = cal._solve(cal._log_gap(eps_fn, target), 1e-3)
   assert eps_fn(z) <= target                        # feasible: never an interpolated point
   assert z in calls[:-1]                            # ... it was evaluated during the solve
   # the smallest, to the tolerance: z within RTOL of the root, or spending the target to
@@ -37,18 +37,20 @@ def test_a_staircase_curve_like_pld_still_closes_the_bracket():
   # PLD's epsilon moves in steps of its discretization: a decreasing staircase of 1/z
   step = 1e-3
   eps_fn, calls = _counting(lambda z: math.ceil((1.0 / z) / step) * step)
-  z, _ = cal._solve(eps_fn, 0.5, 0.01)
+  z, _ = cal._solve(cal._log_gap(eps_fn, 0.5), 0.01)
   assert eps_fn(z) <= 0.5
   assert eps_fn(z / (1 + cal.RTOL)) > 0.5 or eps_fn(z) >= 0.5 * (1 - cal.EPS_RTOL)
   assert len(calls) <= 14
 
 
 def test_the_floor_the_impossible_and_nan():
-  assert cal._solve(lambda z: 0.1 / z, 1.0, 0.3)[0] == 0.3      # feasible at lo: lo itself
+  # feasible at lo: lo itself
+  assert cal._solve(cal._log_gap(lambda z: 0.1 / z, 1.0), 0.3)[0] == 0.3
   with pytest.raises(ValueError, match="no noise multiplier"):
-    cal._solve(lambda z: 1.5 + 1.0 / z, 1.0, 0.3)            # a fixed part over the target
+    # a fixed part over the target
+    cal._solve(cal._log_gap(lambda z: 1.5 + 1.0 / z, 1.0), 0.3)
   with pytest.raises(ValueError, match="NaN"):
-    cal._solve(lambda z: float("nan"), 1.0, 0.3)
+    cal._solve(cal._log_gap(lambda z: float("nan"), 1.0), 0.3)
 
 
 def test_dp_sgd_calibration_takes_few_pld_evaluations(monkeypatch):

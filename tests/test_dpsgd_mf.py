@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
 from dpsco_jax import problems
 from dpsco_jax.algorithms.dpsgd import driver as D
 from dpsco_jax.algorithms.dpsgd.plan import plan_dp_sgd
@@ -76,7 +76,7 @@ def test_refusals():
     _plan(relation="add_remove")
   with pytest.raises(ValueError, match="noise_mechanism"):
     _plan(noise_mechanism="trie")   # (tree is a noise now: tests/test_dpsgd_tree_noise.py)
-  cfg = cf.DpSgdConfig(epsilon=1.0, delta=1e-5, sampling="cyclic", noise_mechanism="banded",
+  cfg = DpSgdConfig(epsilon=1.0, delta=1e-5, sampling="cyclic", noise_mechanism="banded",
                        bands=4, mf_strategy="sqrt")
   assert cfg.noise_mechanism == "banded"
 

@@ -153,9 +153,9 @@ def _small_data(seed: int) -> UserData:
 def test_a_fit_calibrates_once(monkeypatch):
   import jax
   import jax.numpy as jnp
-  from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
-  dpsgd_plan._calibrated_z.cache_clear()   # (an earlier test may have calibrated this plan)
-  calls = _count_calibrations(monkeypatch, dpsgd_plan)
+  from dpsco_jax.privacy import calibrate
+  calibrate._keyed_calibration.cache_clear()   # (an earlier test may have calibrated this plan)
+  calls = _count_calibrations(monkeypatch, calibrate, "_calibrate")   # bisections run
   data = _small_data(0)
   cfg = {**DPSGD, "n_users": 40, "num_steps": 3, "batch_size": 10}
   res = api.fit("dp_sgd_user", cfg, lambda p, ex: jnp.sum(ex["x"] * p), jnp.zeros(3), data,

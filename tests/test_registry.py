@@ -10,6 +10,7 @@ import pytest
 
 from dpsco_jax import runner
 from dpsco_jax.config import families as config_families, schema as config_schema
+from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
 from dpsco_jax.algorithms import registry
 from dpsco_jax.problems import problems
 
@@ -108,7 +109,7 @@ def test_one_config_vocabulary(entries):
 
 def test_papers_and_config_classes_of_some_entries(entries):
   assert entries["dp_sgd_user"].paper == "baseline"
-  assert entries["dp_sgd_user"].config is config_families.DpSgdConfig
+  assert entries["dp_sgd_user"].config is DpSgdConfig
   assert entries["minibatch_sgd"].paper == "002"
   assert entries["nonprivate_penalty"].paper == "004"
   assert entries["dp_loc_gd"].paper == "004"
@@ -128,7 +129,7 @@ def test_register_refuses_a_second_driver_and_a_non_dataclass_config():
   name = next(iter(registry.algorithms()))
   planner = registry.algorithms()[name].planner
   with pytest.raises(ValueError, match="registered twice"):
-    registry.register(name, config=config_families.DpSgdConfig, paper="baseline",
+    registry.register(name, config=DpSgdConfig, paper="baseline",
                       planner=planner)(lambda problem, cfg, key: None)
   with pytest.raises(TypeError, match="config dataclass"):
     registry.register("zzz_new", config=dict, paper="baseline")
@@ -151,7 +152,7 @@ def test_register_refuses_a_second_driver_and_a_non_dataclass_config():
 def test_register_refuses_an_incomplete_entry(kwargs, match):
   """Every algorithm says what it can do or why not: an entry that does not is refused."""
   with pytest.raises((ValueError, TypeError), match=match):
-    registry.register("zzz_new", config=config_families.DpSgdConfig, paper="baseline",
+    registry.register("zzz_new", config=DpSgdConfig, paper="baseline",
                       **kwargs)(lambda problem, cfg, key: None)
   assert "zzz_new" not in registry.algorithms()
 

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from dpsco_jax import api, runner
-from dpsco_jax.algorithms.dpsgd import plan as dpsgd_plan
+from dpsco_jax.privacy import calibrate
 from dpsco_jax.algorithms import registration
 from dpsco_jax.algorithms.registration import registered
 
@@ -33,11 +33,12 @@ def _spy_driver(monkeypatch, name: str) -> list:
 
 
 def _counting_calibrator(monkeypatch) -> list:
-  dpsgd_plan._calibrated_z.cache_clear()   # an earlier test may have calibrated this plan
+  # the bisections the calibrator runs (its keyed memo answers the others); an earlier test
+  # may have calibrated this plan
+  calibrate._keyed_calibration.cache_clear()
   calls = []
-  real = dpsgd_plan.calibrate_noise_multiplier
-  monkeypatch.setattr(dpsgd_plan, "calibrate_noise_multiplier",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  real = calibrate._calibrate
+  monkeypatch.setattr(calibrate, "_calibrate", lambda *a, **k: calls.append(1) or real(*a, **k))
   return calls
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as S
-from dpsco_jax.config.families import SrgdConfig
+from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax.config.types import ConfigError
 from dpsco_jax.privacy import cyclic_participation as cp
 from dpsco_jax.privacy import matrix_factorization as mf

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
+from dpsco_jax.algorithms.user_level_filter.config import PhasedSgdConfig
 from dpsco_jax.config import schema as cs
 from dpsco_jax.algorithms.dpsgd.driver import dp_sgd_user, nonprivate_sgd
 from dpsco_jax.algorithms.user_level_filter import driver as ulf
@@ -35,7 +36,7 @@ def test_alg1_accepts_clip_norm_like_every_other_algorithm_and_records_it():
           "m": 4, "d": 3, "epsilon": 2.0, "delta": 1e-6}
   assert cs.validate({**base, "clip_norm": 0.5})["clip_norm"] == 0.5
   assert cs.validate({**base, "clip_norm": True})["clip_norm"] is True
-  assert cf.PhasedSgdConfig(epsilon=2.0, delta=1e-6, clip_norm=0.5).clip_norm == 0.5
+  assert PhasedSgdConfig(epsilon=2.0, delta=1e-6, clip_norm=0.5).clip_norm == 0.5
   prob = make("logistic", n_users=200, m=4, d=3, key=jax.random.key(0))
   cfg = {"epsilon": 2.0, "delta": 1e-6, "num_phases": 1, "sensitivity": "typical",
          "num_groups": 10, "privacy_noise": False}
@@ -60,7 +61,7 @@ def test_output_perturbation_refuses_clip_norm_and_names_the_key_to_use(algorith
     cs.validate(cfg)
   cs.validate({**cfg, "clip_norm": None})             # null: the key is absent
   with pytest.raises(cs.ConfigError, match=r"clip_norm is not accepted.*lipschitz"):
-    cf.NaiveOutputPertConfig(epsilon=1.0, delta=1e-6, clip_norm=1.0)
+    NaiveOutputPertConfig(epsilon=1.0, delta=1e-6, clip_norm=1.0)
   assert "not accepted" in cs.describe(algorithm, "l2_logistic")
 
 

@@ -361,13 +361,14 @@ def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
   return default if value is None else value
 
 
-def required_delta(cfg: dict) -> float:
-  """The run's target ``delta``: every private driver requires it (no silent default such as
-  ``1/n^2``); a missing one is a :class:`~dpsco_jax.config.schema.ConfigError` naming it."""
-  if cfg.get("delta") is None:
+def required_delta(delta: float | None) -> float:
+  """The run's target ``delta`` (its config's field): every private driver requires it (no
+  silent default such as ``1/n^2``); a missing one is a
+  :class:`~dpsco_jax.config.schema.ConfigError` naming it."""
+  if delta is None:
     raise ConfigError("delta is required: the target delta of the (epsilon, delta) guarantee "
                       "(e.g. delta: 1.0e-6); no default is assumed")
-  return check_delta(cfg["delta"])
+  return check_delta(delta)
 
 
 def sampling_setup(cfg: dict, n: int) -> tuple[str, int, int, float]:

@@ -15,7 +15,7 @@ import dataclasses
 import math
 import numbers
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union
 
 from dpsco_jax._checks import MAX_SEED
@@ -138,8 +138,44 @@ def _hint(spec: KeySpec, v: Any) -> str:
   return ""
 
 
+def _positive(v: float) -> bool:
+  return math.isfinite(v) and v > 0
+
+
+def _nonnegative(v: float) -> bool:
+  return math.isfinite(v) and v >= 0
+
+
+_POSITIVE = ("a finite number > 0", _positive)
+_NONNEGATIVE = ("a finite number >= 0", _nonnegative)
+#: The range of the vocabulary's signed number keys, wherever they appear (one name, one
+#: meaning, one range), checked when a config is built, from YAML or from Python: an
+#: ``epsilon`` of -1, a ``delta`` of 2 or a NaN step size is refused naming the key, not found
+#: by the planner (or not at all). Every other number key must be finite (no NaN, no +-inf).
+RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    **dict.fromkeys(("epsilon", "epsilon_budget", "clip_norm", "inner_clip_norm",
+                     "outer_clip_norm", "inner_clip_norm_lam", "learning_rate", "lipschitz",
+                     "epochs"), _POSITIVE),
+    **dict.fromkeys(("noise_multiplier", "strong_convexity", "heterogeneity", "l2"),
+                    _NONNEGATIVE),
+    "delta": ("a number in the open interval (0, 1)", lambda v: 0.0 < v < 1.0),
+    "sampling_rate": ("a number in (0, 1]", lambda v: 0.0 < v <= 1.0),
+    # +inf is a declared fact here: an unconstrained domain, a non-smooth loss
+    "radius": ("a number > 0 (.inf: unconstrained)", lambda v: v > 0),
+    "smoothness": ("a number > 0 (.inf: not smooth)", lambda v: v > 0),
+}
+_FINITE = ("a finite number", math.isfinite)
+
+
 def _check_range(spec: KeySpec, v: Any) -> Any:
-  """Integer keys are counts in ``[0, MAX_COUNT]``, except ``seed`` (``[0, MAX_SEED]``)."""
+  """Integer keys are counts in ``[0, MAX_COUNT]``, except ``seed`` (``[0, MAX_SEED]``); number
+  keys lie in their :data:`RANGES` entry (finite, when the key has none)."""
+  if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)
+                              and spec.name in RANGES):
+    what, ok = RANGES.get(spec.name, _FINITE)
+    if not ok(float(v)):
+      raise ConfigError(f"{spec.name} must be {what}, got {v!r}")
+    return v
   if isinstance(v, bool) or not isinstance(v, int):
     return v
   top, what = (MAX_SEED, "a seed") if spec.name == "seed" else (MAX_COUNT, "a count")

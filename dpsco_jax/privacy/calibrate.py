@@ -52,21 +52,25 @@ RTOL = 1e-6
 EPS_RTOL = 1e-6
 
 
-def _log_gap(eps: float, epsilon: float) -> float:
-  """``log(eps / epsilon)``: nearly linear in ``log z`` for the mechanisms calibrated here, so
-  a secant step in these coordinates lands close to the root."""
-  if math.isnan(eps):
-    raise ValueError("the accountant returned epsilon = NaN; no noise multiplier is calibrated")
-  if eps <= 0.0:
-    return -50.0
-  return 50.0 if math.isinf(eps) else math.log(eps / epsilon)
+def _log_gap(eps_fn: Callable[[float], float], epsilon: float) -> Callable[[float], float]:
+  """``z -> log(eps_fn(z) / epsilon)``: nearly linear in ``log z`` for the mechanisms calibrated
+  here, so a secant step in these coordinates lands close to the root; the solver sees only
+  this gap (feasible where it is <= 0), not the target."""
+  def gap(z: float) -> float:
+    eps = eps_fn(z)
+    if math.isnan(eps):
+      raise ValueError("the accountant returned epsilon = NaN; no noise multiplier is "
+                       "calibrated")
+    if eps <= 0.0:
+      return -50.0
+    return 50.0 if math.isinf(eps) else math.log(eps / epsilon)
+  return gap
 
 
-def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
-           guess: float | None = None, rtol: float = RTOL, slope: float | None = None
-           ) -> tuple[float, float | None]:
-  """A z >= lo with ``eps_fn(z) <= epsilon`` (``eps_fn`` decreasing) that spends the target to
-  ``EPS_RTOL`` or, unless z == lo, has a point within ``rtol`` (relative) below it that misses
+def _solve(gap: Callable[[float], float], lo: float, guess: float | None = None,
+           rtol: float = RTOL, slope: float | None = None) -> tuple[float, float | None]:
+  """A z >= lo with ``gap(z) <= 0`` (``gap``: :func:`_log_gap`, decreasing) that spends the
+  target to ``EPS_RTOL`` or, unless z == lo, has a point within ``rtol`` (relative) below it that misses
   the target: the smallest feasible z to these tolerances. Every returned z was evaluated and
   met the target (never an interpolated point). ``guess``: where to look first (RDP's answer,
   for PLD; else 1); ``slope``: d log eps / d log z near the answer, a hint for the first step.
@@ -77,7 +81,7 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
   nearly straight, and evaluates a little past the prediction (a tenth of the step, at least
   half the tolerance) on the side that shrinks the bracket, so the bracket of an infeasible
   and a feasible point narrows ~10x per evaluation: 7-9 evaluations from RDP's answer
-  (Brent on ``eps - epsilon`` in ``[0.5, 1.01] z_rdp`` took 11-13, and its first point, the
+  (Brent on ``eps - target`` in ``[0.5, 1.01] z_rdp`` took 11-13, and its first point, the
   smallest z, is the costliest PLD). A point that lands on the unexpected side of the
   step-like PLD curve still narrows the bracket."""
   tol, xlo, close = math.log1p(rtol), math.log(lo), math.log1p(-EPS_RTOL)
@@ -88,7 +92,7 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
   x = math.log(max(lo, 1.0 if guess is None else guess))
   ups = 0
   for _ in range(200):
-    fx = _log_gap(eps_fn(math.exp(x)), epsilon)
+    fx = gap(math.exp(x))
     last = (last + [(x, fx)])[-2:]
     if fx <= 0.0:
       b = (x, fx)
@@ -111,8 +115,8 @@ def _solve(eps_fn: Callable[[float], float], epsilon: float, lo: float,
     if b is None:                        # only too little noise so far: up, at most x16
       ups += 1
       if ups > 10:                       # z up to ~1e12, as far as any budget needs
-        raise ValueError(f"no noise multiplier up to {math.exp(a[0]):.3g} reaches "
-                         f"epsilon={epsilon}")
+        raise ValueError(f"no noise multiplier up to {math.exp(a[0]):.3g} reaches the "
+                         "target epsilon")
       x = min(max(xp + m, a[0] + tol), a[0] + math.log(16.0))
     elif a is None:                      # only enough noise so far: down, not below lo
       x = max(xp - m, xlo, b[0] - math.log(16.0))
@@ -190,12 +194,13 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
   # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
   if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
     # RDP's answer only says where to look: 1% is close enough
-    z_rdp, slope = _solve(lambda z: eps_at(z, "rdp"), epsilon, lower, None, rtol=1e-2)
+    z_rdp, slope = _solve(_log_gap(lambda z: eps_at(z, "rdp"), epsilon), lower, None,
+                          rtol=1e-2)
     # "auto" refines as the ledger will account: PLD, or RDP where PLD's truncated tails
     # give no finite epsilon (delta below ~1e-15)
     fine = "pld" if accountant == "pld" else "auto"
-    return _solve(lambda z: eps_at(z, fine), epsilon, lower, z_rdp, slope=slope)[0]
-  return _solve(lambda z: eps_at(z, accountant), epsilon, lower, None)[0]
+    return _solve(_log_gap(lambda z: eps_at(z, fine), epsilon), lower, z_rdp, slope=slope)[0]
+  return _solve(_log_gap(lambda z: eps_at(z, accountant), epsilon), lower, None)[0]
 
 
 @bounded_cache()

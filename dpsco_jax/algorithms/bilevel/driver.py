@@ -55,7 +55,8 @@ import numpy as np
 import optax
 
 from dpsco_jax.cache import bounded_cache
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.bilevel.config import (BilevelConfig as BilevelSchema,
+                                                  NonPrivatePenaltyConfig)
 from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
@@ -319,7 +320,7 @@ _BILEVEL = ("it is a bilevel method: it needs an outer and an inner loss (a Bile
             "see dpsco_jax.problems.bilevel), not one loss_fn")
 
 
-@register("dp_bilevel", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL,
+@register("dp_bilevel", config=BilevelSchema, paper="004", unsupported=_BILEVEL,
           mesh=True)
 def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                ledger: PrivacyLedger | None = None):
@@ -378,7 +379,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                 debug=debug)
 
 
-@register("dp_bilevel_minibatch", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL,
+@register("dp_bilevel_minibatch", config=BilevelSchema, paper="004", unsupported=_BILEVEL,
           mesh=True)
 def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   cfg = dict(cfg)
@@ -388,7 +389,7 @@ def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   return dp_bilevel(problem, cfg, key)
 
 
-@register("dp_bilevel_population", config=cf.BilevelConfig, paper="004", unsupported=_BILEVEL,
+@register("dp_bilevel_population", config=BilevelSchema, paper="004", unsupported=_BILEVEL,
           mesh=True)
 def _dp_bilevel_population(problem: BilevelProblem, cfg: dict, key: jax.Array):
   """§6 / Thm 6.1: the same algorithm; the theory preset adds ``K3 sqrt(d_x/n)`` to alpha and
@@ -436,12 +437,12 @@ _EXACT = ("the non-private reference solves its inner problems exactly (Newton o
           "dataset, one device): no per-example clipped step to shard")
 
 
-@register("nonprivate_penalty", config=cf.NonPrivatePenaltyConfig, paper="004",
+@register("nonprivate_penalty", config=NonPrivatePenaltyConfig, paper="004",
           unsupported=_BILEVEL, mesh=_EXACT)
 def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
   from dpsco_jax.result import Result
   del key
-  cfg = cf.NonPrivatePenaltyConfig.of(cfg)   # the schema's defaults
+  cfg = NonPrivatePenaltyConfig.of(cfg)   # the schema's defaults
   x = nonprivate_penalty_method(problem, lam=float(cfg.lam), eta=float(cfg.learning_rate),
                                 steps=int(cfg.num_steps), newton_steps=int(cfg.newton_steps))
   report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",

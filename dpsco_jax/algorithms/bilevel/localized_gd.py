@@ -81,7 +81,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.bilevel.config import LocGdConfig, LocSgdConfig
 from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_choice, check_epsilon, check_nonnegative, check_positive
 from dpsco_jax.algorithms.common import real_rows_mask, required_delta
@@ -266,10 +266,10 @@ def _item_level_data(problem) -> PyTree:
 
 def config_view(cfg: Mapping | Any) -> Schema:
   """``dp_loc_gd`` / ``dp_loc_sgd``'s config as the planner and driver read it: the fields of
-  :class:`~dpsco_jax.config.families.LocGdConfig` with their defaults (the one place they are
-  written; ``dp_loc_sgd`` adds only that ``batch_size`` is required) and the runner's
-  ``debug``; any other key raises."""
-  return cf.LocGdConfig.of(cfg)
+  :class:`~dpsco_jax.algorithms.bilevel.config.LocGdConfig` with their defaults (the one
+  place they are written; ``dp_loc_sgd`` adds only that ``batch_size`` is required) and the
+  runner's ``debug``; any other key raises."""
+  return LocGdConfig.of(cfg)
 
 
 def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float
@@ -280,7 +280,7 @@ def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0
   cfg = config_view(cfg)
   check_loc_gd_relation(cfg.relation)
   eps = check_epsilon(cfg.epsilon, "epsilon")
-  delta = required_delta(cfg)
+  delta = required_delta(cfg.delta)
   mu = check_positive(cfg.mu, "mu")
   preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
   batch = cfg.batch_size
@@ -327,7 +327,7 @@ def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
   config does not give them: L for ``clip_norm``, a finite R for ``radius0 = 2R``, the declared
   strong convexity for ``mu``): a :class:`~dpsco_jax.data.PublicFacts` suffices."""
   cfg = config_view(cfg)
-  required_delta(cfg)  # a missing delta is named before any constant is read
+  required_delta(cfg.delta)  # a missing delta is named before any constant is read
   n, dim = int(problem.n_users) * int(problem.m), int(problem.d)
   # derived defaults (the schema's docs give them): L, 2R -- read only when not given
   clip = cfg.clip_norm
@@ -394,7 +394,7 @@ _TRAITS = dict(paper="004", planner=_planner, level="item", reads_m=True,
                reuses_noise_multiplier=True, mesh=True)
 
 
-@register("dp_loc_gd", config=cf.LocGdConfig, **_TRAITS)
+@register("dp_loc_gd", config=LocGdConfig, **_TRAITS)
 def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
 
@@ -435,7 +435,7 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
                 gradient_evaluations=int(evals), record=record, debug=debug)
 
 
-@register("dp_loc_sgd", config=cf.LocSgdConfig, **_TRAITS)
+@register("dp_loc_sgd", config=LocSgdConfig, **_TRAITS)
 def _run_dp_loc_sgd(problem, cfg: dict, key: jax.Array):
   if config_view(cfg).batch_size is None:
     raise ValueError("batch_size is required for dp_loc_sgd")

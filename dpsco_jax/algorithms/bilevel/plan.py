@@ -24,7 +24,7 @@ import jax
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.bilevel.config import BilevelConfig as BilevelSchema
 from dpsco_jax.config.families import Schema
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
@@ -322,9 +322,10 @@ def _schedule(problem: BilevelProblem, cfg: Schema, *, preset: str, eps: float, 
 
 def config_view(cfg: Mapping | Any) -> Schema:
   """The bilevel drivers' config as they read it: the fields of
-  :class:`~dpsco_jax.config.families.BilevelConfig` with their defaults (the one place they
-  are written) and the runner's ``debug``; any other key raises."""
-  return cf.BilevelConfig.of(cfg)
+  :class:`~dpsco_jax.algorithms.bilevel.config.BilevelConfig` (the schema, not this module's
+  :class:`BilevelConfig`) with their defaults (the one place they are written) and the runner's
+  ``debug``; any other key raises."""
+  return BilevelSchema.of(cfg)
 
 
 def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[BilevelConfig, dict]:
@@ -345,7 +346,7 @@ def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[Bilevel
   cfg = config_view(cfg)
   check_relation(cfg.relation, supported=(RELATION,), mechanism="DP bilevel (Alg 1/3)")
   eps = check_epsilon(cfg.epsilon, "epsilon")
-  delta = required_delta(cfg)
+  delta = required_delta(cfg.delta)
   preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
   n = problem.n
   batch_in = cfg.inner_batch_size

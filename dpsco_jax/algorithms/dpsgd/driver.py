@@ -23,7 +23,7 @@ step, and an explicit ``noise_multiplier`` whose epsilon exceeds it raises
 sampling uses a static slot capacity; its truncation probability ``p`` enters delta as
 ``(1 + e^eps) p`` (total-variation argument).
 
-Config keys (:class:`dpsco_jax.config.families.DpSgdConfig`): ``epsilon, delta`` (required),
+Config keys (:class:`dpsco_jax.algorithms.dpsgd.config.DpSgdConfig`): ``epsilon, delta`` (required),
 ``noise_multiplier, clip_norm, learning_rate, num_steps | epochs, batch_size, sampling_rate,
 n_users, sampling (poisson | fixed | full | cyclic | banded_poisson), relation, averaging,
 noise_mechanism, bands, min_separation, buffers, mf_strategy``. Records use the same names.
@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig, SgdSchedule
 from dpsco_jax.algorithms.registration import Grid, Planned, register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import hparam, run_chain, sampling_setup, scan_slot_batches
@@ -365,14 +365,14 @@ _TRAITS = dict(paper="baseline", mesh=True, batched=True,
                grid=Grid(frozenset({"learning_rate"}), ("learning_rate",)))
 
 
-@register("dp_sgd_user", config=cf.DpSgdConfig, planner=_planner("user"),
+@register("dp_sgd_user", config=DpSgdConfig, planner=_planner("user"),
           reuses_noise_multiplier=True, host_streaming=True, distributed=True, **_TRAITS)
 def dp_sgd_user(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """User-level DP-SGD with per-user clipping of the mean gradient (relations: see the plan)."""
   return _dp_sgd(problem, cfg, key, "user")
 
 
-@register("dp_sgd_item", config=cf.DpSgdConfig, planner=_planner("item"), level="item",
+@register("dp_sgd_item", config=DpSgdConfig, planner=_planner("item"), level="item",
           reads_m=True, reuses_noise_multiplier=True, host_streaming=True, distributed=True,
           **_TRAITS)
 def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
@@ -382,19 +382,19 @@ def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
 
 # item rows, a user-level guarantee (group privacy over m items): the group size is m, and two
 # numbers are calibrated (the driver re-derives its plan; dpsco_jax.run checks they agree)
-@register("dp_sgd_group", config=cf.DpSgdConfig, planner=_planner("group"), level="item",
+@register("dp_sgd_group", config=DpSgdConfig, planner=_planner("group"), level="item",
           item_guarantee=False, reads_m=True, **_TRAITS)
 def dp_sgd_group(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD lifted to user level (groups of ``m`` items) by group privacy."""
   return _dp_sgd(problem, cfg, key, "group")
 
 
-@register("nonprivate_sgd", config=cf.SgdSchedule, planner=_nonprivate_planner, **_TRAITS)
+@register("nonprivate_sgd", config=SgdSchedule, planner=_nonprivate_planner, **_TRAITS)
 def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Projected minibatch SGD over users with iterate averaging; no privacy (it may read the
   realized number of users)."""
   n = problem.n_users
-  cfg = cf.SgdSchedule.of(cfg)       # the schema's defaults (sampling: fixed)
+  cfg = SgdSchedule.of(cfg)       # the schema's defaults (sampling: fixed)
   sampling, batch, capacity, _ = sampling_setup(dict(cfg, sampling=cfg.sampling), n)
   if cfg.num_steps is not None:
     steps = check_int(cfg.num_steps, "num_steps")

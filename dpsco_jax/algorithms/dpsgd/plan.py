@@ -95,10 +95,8 @@ from typing import Any, NamedTuple
 import dp_accounting
 import numpy as np
 
-from dpsco_jax.cache import bounded_cache
-from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
-                               check_nonnegative, check_positive, check_probability)
-from dpsco_jax.config import families as cf
+from dpsco_jax._checks import check_choice, check_int, check_positive, check_probability
+from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
 from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
                                          required_delta)
 from dpsco_jax.config.families import Schema
@@ -366,10 +364,10 @@ def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tupl
 
 def config_view(cfg: Mapping | Any) -> Schema:
   """The DP-SGD family's config as its planner and driver read it: the fields of
-  :class:`~dpsco_jax.config.families.DpSgdConfig` with the schema's defaults (the one place
-  they are written), plus the declared ``n_users`` the runner and ``dp.fit`` add. Reading any
-  other key raises."""
-  return cf.DpSgdConfig.of(cfg)
+  :class:`~dpsco_jax.algorithms.dpsgd.config.DpSgdConfig` with the schema's defaults (the one
+  place they are written), plus the declared ``n_users`` the runner and ``dp.fit`` add.
+  Reading any other key raises."""
+  return DpSgdConfig.of(cfg)
 
 
 def public_rows(declared: int | None, relation: str, *, realized_rows: int,
@@ -420,41 +418,36 @@ def _sampling(sampling: str, n: int, rate: float | None, batch_size: int | None
   return q, max(1, round(q * n)), q * n, poisson_capacity(n, q)
 
 
-@bounded_cache()
-def _calibrated_z(epsilon: float, delta: float, relation: str, schedule: tuple) -> float:
-  """The calibrated ``z`` of the schedule ``schedule`` (the sorted keyword items of
-  :func:`schedule_event`: sampling, rate, rows, batch, steps, MF strategy, participations).
-  A pure function of public numbers, memoized in the one cache, so that the seeds of a sweep,
-  and a fit's plan and its driver, calibrate once: the PLD bisection (~12 PLDs) took 0.5-4 s
-  a plan at test sizes, most of ``tests/test_plan_invariance.py``'s time."""
-  kw = dict(schedule)
-  return calibrate_noise_multiplier(lambda z: schedule_event(z, **kw), epsilon=epsilon,
-                                    delta=delta, relation=relation)
-
-
 def _noise_multiplier(cfg: Schema, schedule: dict, *, level: str, relation: str,
                       delta: float, group_size: int, tv: float
                       ) -> tuple[float, float | None, float | None]:
   """(z, epsilon target or None, item delta target or None). An explicit
   ``noise_multiplier`` is used as is (the driver checks the budget before any release); else
-  ``z`` is calibrated to the target through the one calibrator (:func:`_calibrated_z`, on the
-  keyword arguments ``schedule`` of :func:`schedule_event`). At group level the item target
-  is the one whose group lift is the target, with room left for the truncation term
-  ``(1 + e^{eps_i}) tv`` that :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds."""
-  target = None if cfg.epsilon is None else check_epsilon(cfg.epsilon)
+  ``z`` is calibrated to the target through the one calibrator, memoized there on the keyword
+  arguments ``schedule`` of :func:`schedule_event` (a pure function of public numbers: the
+  seeds of a sweep, and a fit's plan and its driver, calibrate once). At group level the item
+  target is the one whose group lift is the target, with room left for the truncation term
+  ``(1 + e^{eps_i}) tv`` that :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds.
+  ``cfg``'s epsilon and noise_multiplier were range-checked when it was built."""
+  target = None if cfg.epsilon is None else float(cfg.epsilon)
   if cfg.noise_multiplier is not None:
-    return check_nonnegative(cfg.noise_multiplier, "noise_multiplier"), target, None
+    return float(cfg.noise_multiplier), target, None
   if target is None:
     raise ValueError("epsilon is required unless noise_multiplier is given")
-  key = tuple(sorted(schedule.items()))
+  make_event = lambda z: schedule_event(z, **schedule)
+  key = ("dp_sgd", tuple(sorted(schedule.items())))
   if level != "group":
-    return _calibrated_z(target, delta, relation, key), target, None
+    z = calibrate_noise_multiplier(make_event, epsilon=target, delta=delta,
+                                   relation=relation, key=key)
+    return z, target, None
   eps_i, delta_i = group_privacy_targets(target, delta, group_size)
   delta_i = (delta_i - (1.0 + math.exp(eps_i)) * tv) * (1.0 - 1e-9)
   if delta_i <= 0:
     raise ValueError("the Poisson truncation probability leaves no item delta for group "
                      "privacy: raise delta or the slot capacity")
-  return _calibrated_z(eps_i, delta_i, relation, key), target, delta_i
+  z = calibrate_noise_multiplier(make_event, epsilon=eps_i, delta=delta_i, relation=relation,
+                                 key=key)
+  return z, target, delta_i
 
 
 def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
@@ -469,20 +462,20 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
   check_choice(level, "level", LEVELS)
   cfg = config_view(cfg)
   sampling = check_choice(cfg.sampling, "sampling", tuple(SAMPLING_RELATIONS))
-  if sampling == AMPLIFIED and cfg.get("relation") == "add_remove":
+  if sampling == AMPLIFIED and cfg.relation == "add_remove":
     raise ValueError(f"sampling={AMPLIFIED!r} cannot honour relation='add_remove': its "
                      "partition into groups is by slot and drawn over the public n, so "
                      "removing a row would redraw every other row's group and change G and "
                      "D; use relation='zero_out' (default) or 'replace_one'")
   # derived default: the relation the sampling scheme is analysed under
-  relation = check_relation(cfg.get("relation", SAMPLING_RELATIONS[sampling][0]),
+  relation = check_relation(cfg.relation or SAMPLING_RELATIONS[sampling][0],
                             supported=SAMPLING_RELATIONS[sampling],
                             mechanism=f"DP-SGD with sampling={sampling!r}")
   rows_per_user = check_int(rows_per_user, "rows_per_user")
   n = public_rows(cfg.n_users, relation, realized_rows=realized_rows,
                   rows_per_user=rows_per_user)
   group_size = rows_per_user if level == "group" else 1
-  delta = required_delta(cfg)
+  delta = required_delta(cfg.delta)
   noise = check_choice(cfg.noise_mechanism, "noise_mechanism", NOISES)
   check_mf_sampling(noise, sampling)
   groups = _groups(cfg, n) if sampling == AMPLIFIED else None
@@ -499,7 +492,8 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
     steps = max(1, round(check_positive(cfg.epochs, "epochs") * n / denominator))
   else:
     steps = max(1, round(check_positive(cfg.epochs, "epochs") / q))
-  clip = check_positive(cfg.get("clip_norm", default_clip), "clip_norm")   # derived: L
+  # derived: L (the config's clip_norm was range-checked when it was built)
+  clip = check_positive(default_clip if cfg.clip_norm is None else cfg.clip_norm, "clip_norm")
   group_rows = -(-n // groups) if groups else None
   # the Bernoulli draw of a step covers n rows (poisson) or one group of <= G (banded_poisson)
   trunc = (poisson_truncation_probability(group_rows or n, q, capacity, steps)

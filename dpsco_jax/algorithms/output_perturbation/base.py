@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
@@ -48,11 +48,12 @@ RELATION = "replace_one"
 # Settings.
 
 
-#: The schema's defaults (the one place they are written: ``config.families.OutputPertConfig``).
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(cf.OutputPertConfig)}
+#: The schema's defaults (the one place they are written:
+#: ``algorithms.output_perturbation.config.OutputPertConfig``).
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(OutputPertConfig)}
 
 
-def config_view(cfg: Mapping | Any, schema: type = cf.OutputPertConfig) -> Schema:
+def config_view(cfg: Mapping | Any, schema: type = OutputPertConfig) -> Schema:
   """Paper 001's config as its drivers read it: the schema's fields with their defaults, and
   the runner's ``debug``; any other key raises."""
   return schema.of(cfg)
@@ -395,7 +396,7 @@ def _require_radius(problem, what: str) -> float:
 def _check_common(cfg: Mapping | Any, settings: OutputPertSettings) -> tuple[float, float]:
   cfg = config_view(cfg)
   eps = check_epsilon(cfg.epsilon, "epsilon")
-  delta = required_delta(cfg)
+  delta = required_delta(cfg.delta)
   if settings.preset == "theory":
     if eps > 1.0:
       raise ValueError(f"epsilon={eps}: the theory preset needs epsilon in (0, 1] (paper "

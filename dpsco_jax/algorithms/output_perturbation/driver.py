@@ -98,7 +98,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax._checks import check_bool, check_choice
 from dpsco_jax.algorithms.registration import register
 # the shared pieces (re-exported: tests, the planners and the audits read them here)
@@ -125,7 +125,7 @@ from dpsco_jax.transforms.steps import project_l2_ball  # noqa: F401
 # Runner entry points.
 
 
-@register("sc_output_pert", config=cf.OutputPertConfig, paper="001", mesh=True,
+@register("sc_output_pert", config=OutputPertConfig, paper="001", mesh=True,
           planner=planner_of(sc_output_pert_plan))
 def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                    _hook: _Hook | None = None) -> Result:

@@ -31,7 +31,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
     OutputPertSettings, _Hook, _project, alg2_delta, gamma_threshold)
@@ -50,7 +50,7 @@ __all__ = ["minimizer_sensitivity", "naive_sigma", "naive_output_pert", "noise_r
            "crossover_m", "NaivePlan", "naive_plan", "charge_naive", "naive_report"]
 
 
-@register("naive_output_pert", config=cf.NaiveOutputPertConfig, paper="001", planner=naive_planner,
+@register("naive_output_pert", config=NaiveOutputPertConfig, paper="001", planner=naive_planner,
           mesh=True)
 def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                       _hook: _Hook | None = None) -> Result:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
     OutputPertSettings, _debug_dict, _Hook, charge_output_pert, output_pert_report,
@@ -88,7 +88,7 @@ def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook |
                 debug=_debug_dict(out.dbgs, out.certs) if plan.settings.debug else None)
 
 
-@register("phased_erm_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("phased_erm_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(phased_plan, sco=False))
 def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
@@ -97,7 +97,7 @@ def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   return _phased_driver(problem, cfg, key, _hook, sco=False)
 
 
-@register("phased_sco_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("phased_sco_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(phased_plan, sco=True))
 def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: _Hook | None = None) -> Result:
@@ -141,7 +141,7 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) ->
                 if settings.debug else None)
 
 
-@register("sc_erm_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("sc_erm_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=False))
 def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: _Hook | None = None) -> Result:
@@ -149,7 +149,7 @@ def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
 
 
-@register("sc_sco_output_pert", config=cf.OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("sc_sco_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=True))
 def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: _Hook | None = None) -> Result:

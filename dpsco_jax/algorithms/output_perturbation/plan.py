@@ -26,7 +26,7 @@ from dpsco_jax.algorithms.output_perturbation.base import (
     plan_sc_output_pert)
 from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, solver_plan
 from dpsco_jax.algorithms.registration import Planned
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                calibrate_noise_multiplier)
 from dpsco_jax.privacy import discrete_laplace as tdl
@@ -124,7 +124,7 @@ def naive_plan(problem, cfg: dict) -> NaivePlan:
   plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
                      distance=min(2 * problem.radius, 2 * problem.lipschitz / mu), tau=tau)
   sens = base + 2.0 * tau
-  z = config_view(cfg, cf.NaiveOutputPertConfig).noise_multiplier
+  z = config_view(cfg, NaiveOutputPertConfig).noise_multiplier
   z = (calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=eps, delta=delta,
                                   relation=settings.relation, key=("gaussian",))
        if z is None else check_positive(z, "noise_multiplier"))

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.resque.config import MinibatchSgdConfig, ResqueParallelConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_int, check_positive
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
@@ -45,7 +45,7 @@ _TARGET = ("it stops at a target excess risk, which needs a known optimum (a syn
            "problem)")
 
 
-@register("resque_parallel_sco", config=cf.ResqueParallelConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
+@register("resque_parallel_sco", config=ResqueParallelConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
 def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Theorem 1 (non-private): ball acceleration + EpochSGD/ReSQue ball oracles on
   ``f^_rho``, ``r = rho = eps_opt/(sqrt(d) L)``. Records the query depth (batched rounds) and
@@ -55,9 +55,9 @@ def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   Config keys: ``target`` / ``target_frac`` (see :func:`_target`), ``eps_opt`` (default
   ``target``), ``c_ba``,
   ``lam_min_scale``, ``max_iter``, ``oracle ("epoch_sgd"|"acsa")``, ``ls_runs``, ``c_phi``
-  (read through :class:`~dpsco_jax.config.families.ResqueParallelConfig`: its defaults).
+  (read through :class:`~dpsco_jax.algorithms.resque.config.ResqueParallelConfig`: its defaults).
   """
-  cfg = cf.ResqueParallelConfig.of(cfg)
+  cfg = ResqueParallelConfig.of(cfg)
   items = problem_items(problem)
   d, L, R = problem.d, float(problem.lipschitz), float(problem.radius)
   target = _target(problem, cfg)
@@ -93,14 +93,14 @@ def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   return Result(params=res.x, privacy=report, gradient_evaluations=int(res.queries), record=rec)
 
 
-@register("minibatch_sgd", config=cf.MinibatchSgdConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
+@register("minibatch_sgd", config=MinibatchSgdConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
 def minibatch_sgd(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Parallel baseline: projected minibatch SGD (core ``projected_sgd`` with uniform
   averaging) for ``num_steps`` steps, ``learning_rate = R/(L sqrt(num_steps))`` by default,
   ``batch_size`` examples per step drawn with replacement. Query depth = steps; records the first step whose averaged iterate has excess risk ``<= target``
   (evaluated every ``eval_every`` steps). Non-private. Read through
-  :class:`~dpsco_jax.config.families.MinibatchSgdConfig` (its defaults)."""
-  cfg = cf.MinibatchSgdConfig.of(cfg)
+  :class:`~dpsco_jax.algorithms.resque.config.MinibatchSgdConfig` (its defaults)."""
+  cfg = MinibatchSgdConfig.of(cfg)
   items = problem_items(problem)
   n = int(jax.tree.leaves(items)[0].shape[0])
   L, R = float(problem.lipschitz), float(problem.radius)

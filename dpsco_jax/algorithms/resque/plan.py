@@ -31,7 +31,7 @@ from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELT
                                                     check_theorem3_preconditions,
                                                     theorem3_params)
 from dpsco_jax.algorithms.resque.solvers import alg5_schedule
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.resque.config import ResquePrivateConfig
 from dpsco_jax.config.families import Schema
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
@@ -81,10 +81,10 @@ def _plan_charges(cfg: _PrivateERMConfig, *, beta: float, lam_dummy: float, d: i
 
 def config_view(cfg: Mapping | Any) -> Schema:
   """``resque_private_sco``'s config as its planner reads it: the fields of
-  :class:`~dpsco_jax.config.families.ResquePrivateConfig` with their defaults (the one place
-  they are written) and the runner's ``debug``; any other key raises. ``c_priv``'s default
-  (60 under the theory preset, else 1) is derived at its one call site."""
-  return cf.ResquePrivateConfig.of(cfg)
+  :class:`~dpsco_jax.algorithms.resque.config.ResquePrivateConfig` with their defaults (the
+  one place they are written) and the runner's ``debug``; any other key raises. ``c_priv``'s
+  default (60 under the theory preset, else 1) is derived at its one call site."""
+  return ResquePrivateConfig.of(cfg)
 
 
 def _phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
@@ -203,7 +203,7 @@ def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None
   dataset under test, leaves ``[users, m, ...]``) only supplies its public size."""
   cfg = config_view(cfg)
   check_relation(cfg.relation, supported=(RELATION,), mechanism="ReSQue private SCO")
-  eps, delta = check_epsilon(cfg.epsilon), required_delta(cfg)
+  eps, delta = check_epsilon(cfg.epsilon), required_delta(cfg.delta)
   preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
   if data is None:
     n = int(problem.n_users) * int(problem.m)

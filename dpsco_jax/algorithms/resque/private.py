@@ -56,7 +56,7 @@ from typing import Any, Callable
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.resque.config import ResquePrivateConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_bool
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
@@ -193,7 +193,7 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
   return x, debug
 
 
-@register("resque_private_sco", config=cf.ResquePrivateConfig, paper="002", planner=_planner,
+@register("resque_private_sco", config=ResquePrivateConfig, paper="002", planner=_planner,
           level="item", reads_m=True, mesh=True)   # each round's oracle calls split over it
 def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).

@@ -66,7 +66,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
 from dpsco_jax.algorithms.common import hparam, mesh_users_axis, traced_hparams
@@ -519,7 +519,7 @@ def _algorithm(name: str) -> Callable:
   srg, noise, acc = VARIANTS[name]
   fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): "
                 "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.driver.")
-  return register(name, config=cf.SrgdConfig, paper="003", planner=_planner(name),
+  return register(name, config=SrgdConfig, paper="003", planner=_planner(name),
                   # users sharded over the mesh's "users" axis (_batches_on_mesh); the plan's
                   # z is the one the driver would calibrate
                   reuses_noise_multiplier=True, mesh=True, batched=True, grid=_STEP_GRID)(fn)

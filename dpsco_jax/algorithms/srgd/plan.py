@@ -73,7 +73,7 @@ from typing import Any
 import dp_accounting
 import numpy as np
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import required_delta
@@ -158,12 +158,13 @@ class SRGDPlan:
 
 def config_view(cfg: Mapping | Any) -> Schema:
   """Paper 003's config as its planner and drivers read it: the fields of
-  :class:`~dpsco_jax.config.families.SrgdConfig` with their defaults (the one place they are
-  written) and the runner's ``debug``; reading any other key raises. Derived defaults (``B =
-  floor(sqrt n)``, ``beta`` from ``M`` and ``beta_scale``, the clip ``L``, the per-variant
-  noise, ``bands = min(32, T)``) are computed where used, only when the config leaves them out.
+  :class:`~dpsco_jax.algorithms.srgd.config.SrgdConfig` with their defaults (the one place
+  they are written) and the runner's ``debug``; reading any other key raises. Derived
+  defaults (``B = floor(sqrt n)``, ``beta`` from ``M`` and ``beta_scale``, the clip ``L``, the
+  per-variant noise, ``bands = min(32, T)``) are computed where used, only when the config
+  leaves them out.
   """
-  return cf.SrgdConfig.of(cfg)
+  return SrgdConfig.of(cfg)
 
 
 def resolve_relation(cfg: Mapping | Any, name: str = "accelerated_dp_srgd") -> str:
@@ -314,7 +315,7 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
   epsilon = None if cfg.epsilon is None else check_epsilon(cfg.epsilon)
   private = epsilon is not None or cfg.noise_multiplier is not None
   # a non-private run (no epsilon, no noise_multiplier) has no delta to read
-  delta = required_delta(cfg) if private or cfg.delta is not None else 0.0
+  delta = required_delta(cfg.delta) if private or cfg.delta is not None else 0.0
   prm = _schedule(name, cfg, noise, n=n, p=p, lipschitz=lipschitz, smoothness=smoothness,
                   radius=radius, epsilon=epsilon, delta=delta, relation=relation,
                   epochs=epochs)

@@ -98,7 +98,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.user_level_filter.config import (
+    AcceleratedErmConfig, AcceleratedErmSmoothedConfig, FilterCommon, PhasedSgdConfig)
 from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.user_level_filter.plan import (FilterPlan, Options, PublicSpec,
@@ -138,7 +139,7 @@ __all__ = ["user_level_phased_sgd", "user_level_accelerated_erm",
 def _fallback(problem: SCOProblem, cfg: dict) -> PyTree:
   """The data-independent point released on a halt ("output 0", Alg. 1 line 22 / Alg. 2
   line 18). ``0`` is inside every centred ball; ``fallback: init`` uses ``init_params()``."""
-  choice = check_choice(cf.FilterCommon.of(cfg).fallback, "fallback", ("zero", "init"))
+  choice = check_choice(FilterCommon.of(cfg).fallback, "fallback", ("zero", "init"))
   p = problem.init_params()
   return jax.tree.map(jnp.zeros_like, p) if choice == "zero" else p
 
@@ -310,7 +311,7 @@ def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
 _TRAITS = dict(paper="000", reads_m=True, mesh=True)
 
 
-@register("user_level_phased_sgd", config=cf.PhasedSgdConfig,
+@register("user_level_phased_sgd", config=PhasedSgdConfig,
           planner=_planner("user_level_phased_sgd"), **_TRAITS)
 def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 1 of paper 000 (see module docstring)."""
@@ -550,14 +551,14 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
                 debug=dbg)
 
 
-@register("user_level_accelerated_erm", config=cf.AcceleratedErmConfig,
+@register("user_level_accelerated_erm", config=AcceleratedErmConfig,
           planner=_planner("user_level_accelerated_erm"), **_TRAITS)
 def user_level_accelerated_erm(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
   return _run_alg3(problem, cfg, key, smoothed=False)
 
 
-@register("user_level_accelerated_erm_smoothed", config=cf.AcceleratedErmSmoothedConfig,
+@register("user_level_accelerated_erm_smoothed", config=AcceleratedErmSmoothedConfig,
           planner=_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)
 def user_level_accelerated_erm_smoothed(problem: SCOProblem, cfg: dict,
                                         key: jax.Array) -> Result:

@@ -38,7 +38,8 @@ from typing import Any, NamedTuple
 
 import dp_accounting
 
-from dpsco_jax.config import families as cf
+from dpsco_jax.algorithms.user_level_filter.config import (
+    AcceleratedErmConfig, AcceleratedErmSmoothedConfig, PhasedSgdConfig)
 from dpsco_jax._checks import check_bool, check_choice, check_epsilon, check_positive
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.cache import bounded_cache
@@ -91,9 +92,9 @@ class Options(NamedTuple):
 
 #: Each paper-000 algorithm's schema: what :func:`config_view` reads for it.
 SCHEMAS: dict[str, type] = {
-    "user_level_phased_sgd": cf.PhasedSgdConfig,
-    "user_level_accelerated_erm": cf.AcceleratedErmConfig,
-    "user_level_accelerated_erm_smoothed": cf.AcceleratedErmSmoothedConfig,
+    "user_level_phased_sgd": PhasedSgdConfig,
+    "user_level_accelerated_erm": AcceleratedErmConfig,
+    "user_level_accelerated_erm_smoothed": AcceleratedErmSmoothedConfig,
 }
 
 
@@ -109,7 +110,7 @@ def read_options(cfg: Mapping | Any, mechanism: str) -> Options:
   (errors name the key)."""
   cfg = config_view(cfg, mechanism)
   eps = check_epsilon(cfg.epsilon)
-  delta = required_delta(cfg)
+  delta = required_delta(cfg.delta)
   preset = check_choice(cfg.preset, "preset", ("theory", "practical"))
   sens = check_choice(cfg.sensitivity, "sensitivity", SENSITIVITIES)
   # "privacy_noise", not "noise": the problems' label-noise key is "noise" (issue 13: a label
