@@ -5,7 +5,8 @@ config) and the Flax trainer's config (:data:`CONFIG_ONLY_ALGORITHMS`).
 Each algorithm family's own schema lives in its package, beside its planner and driver
 (``dpsco_jax/algorithms/<package>/config.py``: e.g. :mod:`dpsco_jax.algorithms.dpsgd.config`);
 each driver names it where it registers (``@register(name, config=...)``), and that is how the
-runner finds it. Those modules build their fields with this module's helpers (``config_key``,
+runner finds it; planners and drivers read it through ``Schema.of``, which fills in the
+field defaults written there. Those modules build their fields with this module's helpers (``config_key``,
 ``refused_key``) and shared annotations (``Relation``, ``Preset``, ``Averaging``). This module sits
 below the algorithms and imports none of them.
 

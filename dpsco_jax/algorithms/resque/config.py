@@ -3,12 +3,8 @@
 (``minibatch_sgd``, the non-private baseline) and :class:`TargetKeys` (the excess-risk target
 the two non-private drivers share).
 
-Each field is one config key: its annotation is the accepted YAML type, ``metadata["doc"]``
-its one-line doc, ``metadata["required"]`` marks keys that must be given (the conventions of
-:mod:`dpsco_jax.config.families`, which holds the shared base :class:`AlgorithmKeys`). The field
-defaults written here are the ones that run: the planners and drivers read their config through
-``Schema.of``, which fills them in. Each driver names its schema where it registers
-(``@register(name, config=...)``); that is how the runner finds it.
+The fields follow :mod:`dpsco_jax.config.families`' conventions; their defaults are the ones
+that run.
 """
 
 from __future__ import annotations
