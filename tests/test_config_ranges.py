@@ -105,3 +105,13 @@ def test_yaml_and_the_api_refuse_it_before_anything_is_planned(monkeypatch):
   with pytest.raises(ConfigError, match="delta must be a number in the open interval"):
     dp.plan("dp_sgd_user", {"epsilon": 1.0, "delta": 1.5, "n_users": 50}, spec, num_params=3)
   assert called == []
+
+
+@pytest.mark.parametrize("key,value", [("shares", (0.5, math.nan, 0.5)),
+                                       ("omega_bounds", (1e-3, math.inf))])
+def test_a_sequence_key_refuses_nan_and_infinity(key, value):
+  spec = next(s for table in (CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS)
+              for schema in table.values() for k, s in specs(schema, "x").items() if k == key)
+  with pytest.raises(ConfigError, match=rf"^{key} must be a list of finite numbers"):
+    _check_type(spec, value)
+  assert _check_type(spec, tuple(0.5 for _ in value)) == tuple(0.5 for _ in value)

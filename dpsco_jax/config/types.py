@@ -176,6 +176,10 @@ def _check_range(spec: KeySpec, v: Any) -> Any:
     if not ok(float(v)):
       raise ConfigError(f"{spec.name} must be {what}, got {v!r}")
     return v
+  if isinstance(v, tuple):   # a sequence key (shares, omega_bounds): finite numbers
+    if not all(math.isfinite(float(x)) for x in v):
+      raise ConfigError(f"{spec.name} must be a list of finite numbers, got {list(v)!r}")
+    return v
   if isinstance(v, bool) or not isinstance(v, int):
     return v
   top, what = (MAX_SEED, "a seed") if spec.name == "seed" else (MAX_COUNT, "a count")
