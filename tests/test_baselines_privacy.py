@@ -24,6 +24,7 @@ from scipy import optimize, stats
 
 from dpsco_jax import problems
 from dpsco_jax.algorithms.dpsgd import driver as baselines
+from dpsco_jax.algorithms.dpsgd.plan import dp_sgd_plan
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 
 N, M, D_PARAM, C = 8, 2, 3, 1.0
@@ -72,8 +73,8 @@ CASES = [
 def test_per_step_release_moves_at_most_the_sensitivity(lin, level, extra, how, units):
   cfg = dict(delta=1e-5, noise_multiplier=1.0, clip_norm=C, num_steps=12, learning_rate=0.1, n_users=N, **extra)
   d2 = neighbour(lin.data, how)
-  plan1 = baselines.dp_sgd_plan(lin, cfg, level=level)
-  plan2 = baselines.dp_sgd_plan(lin, cfg, level=level, data=d2)
+  plan1 = dp_sgd_plan(lin, cfg, level=level)
+  plan2 = dp_sgd_plan(lin, cfg, level=level, data=d2)
   assert plan1 == plan2  # denominators, noise std, sampling rate, steps, events: all public
   key = jax.random.key(7)
   clean1, clean2 = (baselines.dp_sgd_releases(lin, cfg, key, level=level, data=d, noise=False)

@@ -212,12 +212,13 @@ def _linear_problem(n: int, m: int, dim: int, level: str, constants: dict):
 
 def test_dp_loc_gd_clipping_enforces_the_sensitivity_whatever_L_is():
   from dpsco_jax.algorithms.bilevel import localized_gd as lg
+  from dpsco_jax.algorithms.bilevel.localized_gd_plan import loc_gd_plan_for_problem
   consts = {"lipschitz": 1.0, "radius": 2.0, "strong_convexity": 0.5}
   cfg = {"epsilon": 2.0, "delta": 1e-5, "num_steps": 6, "rounds": 2}
   problem, other = _linear_problem(10, 1, 3, "item", consts)
   p = _plan("dp_loc_gd", cfg, 10, 1, constants=consts)
   assert p.privacy.provenance == "accountant" and "DECLARED" not in p.privacy.notes
-  lcfg = lg.loc_gd_plan_for_problem(problem, cfg).config
+  lcfg = loc_gd_plan_for_problem(problem, cfg).config
   assert lcfg.clip_norm == 1.0                         # the declared L, as the clip
   quiet = dataclasses_replace(lcfg, noise_multiplier=0.0)
   y0, key = problem.init_params(), jax.random.key(0)
@@ -253,12 +254,13 @@ def test_dp_sgd_clipping_enforces_the_sensitivity_whatever_L_is():
 
 def test_srgd_clipping_enforces_the_sensitivity_whatever_L_is():
   from dpsco_jax.algorithms.srgd import driver as srgd
+  from dpsco_jax.algorithms.srgd.plan import plan_for_problem
   consts = {"lipschitz": 1.0, "smoothness": 1.0}
   cfg = {"epsilon": 2.0, "delta": 1e-5}                 # zero_out, tree noise
   problem, _ = _linear_problem(16, 1, 3, "user", consts)
   p = _plan("accelerated_dp_srgd", cfg, 16, 1, constants=consts)
   assert p.privacy.provenance == "accountant" and "DECLARED" not in p.privacy.notes
-  plan = srgd.plan_for_problem("accelerated_dp_srgd", problem, cfg)
+  plan = plan_for_problem("accelerated_dp_srgd", problem, cfg)
   assert plan.params.clip_norm == 1.0
   x0, key = problem.init_params(), jax.random.key(0)
   ref = srgd.srgd_releases(plan, problem.loss_fn, problem.data, x0, key, add_noise=False)
@@ -275,7 +277,7 @@ def test_filter_enforces_the_sensitivity_whatever_L_is():
   """FILTER (paper 000, Alg. 1): a replaced user whose features are -100x (gradients far
   beyond the declared L) moves the noiseless release by at most the planned Delta."""
   from dpsco_jax.algorithms.user_level_filter import driver as ulf
-  from dpsco_jax.algorithms.user_level_filter.plan import PublicSpec
+  from dpsco_jax.algorithms.user_level_filter.plan import PublicSpec, plan_phased_sgd
   from dpsco_jax.problems import make
   n, m, d = 300, 4, 3
   syn = make("logistic", n_users=n, m=m, d=d, key=jax.random.key(0))
@@ -291,7 +293,7 @@ def test_filter_enforces_the_sensitivity_whatever_L_is():
   p = _plan("user_level_phased_sgd", cfg, n, m, constants=consts)
   assert p.privacy.provenance == "heuristic" and "DECLARED" not in p.privacy.notes  # typical
   key = jax.random.key(4)
-  plan = ulf.plan_phased_sgd(PublicSpec.of(problem), cfg)
+  plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
   u = int(ulf._phase_users(plan, jax.random.split(key)[0], n)[0][0])
   bad = copy.copy(problem)
   ex = problem.data["example"]

@@ -11,7 +11,7 @@ import pytest
 from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
 from dpsco_jax import problems
 from dpsco_jax.algorithms.dpsgd import driver as D
-from dpsco_jax.algorithms.dpsgd.plan import plan_dp_sgd
+from dpsco_jax.algorithms.dpsgd.plan import dp_sgd_plan, plan_dp_sgd
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 
@@ -107,7 +107,7 @@ def test_released_noise_is_c_inverse_of_iid(lsq):
   """Driver releases minus noiseless aggregates = C^{-1} Z with Z i.i.d. N(0, sigma^2):
   whitening by C gives unit variance at the plan's noise_std."""
   cfg = dict(BASE, noise_mechanism="banded", bands=6, mf_strategy="sqrt", epochs=8)
-  plan = D.dp_sgd_plan(lsq, cfg)
+  plan = dp_sgd_plan(lsq, cfg)
   C = mf.toeplitz_matrix(np.asarray(plan.mf.coefs), plan.steps)
   zs = []
   for s in range(20):

@@ -12,6 +12,7 @@ import pytest
 
 from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as S
+from dpsco_jax.algorithms.srgd.plan import plan_for_problem
 from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax.config.types import ConfigError
 from dpsco_jax.privacy import cyclic_participation as cp
@@ -99,7 +100,7 @@ def test_single_participation_is_lemma_5_6_levels():
 
 @pytest.mark.parametrize("kind", ["tree", "banded", "blt", "independent"])
 def test_plan_sensitivity_is_the_brute_force_of_its_own_strategy(prob, kind):
-  plan = S.plan_for_problem("accelerated_dp_srgd", prob,
+  plan = plan_for_problem("accelerated_dp_srgd", prob,
                             dict(CFG, noise_mechanism=kind, epochs=3, bands=5))
   T, P = plan.params.num_steps, plan.params.period
   assert (T, P, plan.epochs) == (60, 20, 3)
@@ -121,7 +122,7 @@ def test_plan_sensitivity_is_the_brute_force_of_its_own_strategy(prob, kind):
 def test_the_run_uses_exactly_the_accounted_pattern(prob):
   """Noiseless releases at fixed query points, with and without example u: the increments
   differ at steps p, p+P, p+2P (p = u's batch) and nowhere else."""
-  plan = S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=3))
+  plan = plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=3))
   T, P, B = plan.params.num_steps, plan.params.period, plan.params.batch_size
   key, x0 = jax.random.key(4), prob.init_params()
   pts = S.srgd_releases(plan, prob.loss_fn, prob.data, x0, key)["query"]
@@ -147,8 +148,8 @@ def test_epochs_one_is_todays_plan_and_params(prob):
       (dict(noise_mechanism="blt"), [-0.45516613125801086, 0.37467920780181885,
                                      -0.7927999496459961])]:
     cfg = dict(CFG, **extra)
-    plan0 = S.plan_for_problem("accelerated_dp_srgd", prob, cfg)
-    plan1 = S.plan_for_problem("accelerated_dp_srgd", prob, dict(cfg, epochs=1))
+    plan0 = plan_for_problem("accelerated_dp_srgd", prob, cfg)
+    plan1 = plan_for_problem("accelerated_dp_srgd", prob, dict(cfg, epochs=1))
     assert plan0 == plan1 and plan1.stream_sensitivity is None and plan1.epochs == 1
     r0 = S.accelerated_dp_srgd(prob, cfg, jax.random.key(3))
     r1 = S.accelerated_dp_srgd(prob, dict(cfg, epochs=1), jax.random.key(3))
@@ -159,7 +160,7 @@ def test_epochs_one_is_todays_plan_and_params(prob):
   # its RTOL / EPS_RTOL of 1e-6, so the recorded multipliers hold to that
   rel = 2 * max(calibrate.RTOL, calibrate.EPS_RTOL)
   assert plan0.params.noise_multiplier == pytest.approx(5.2969455656822975, rel=rel)
-  tree = S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=1))
+  tree = plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=1))
   assert tree.params.noise_multiplier == pytest.approx(8.34194595718589, rel=rel)
   assert tree.event.noise_multiplier == pytest.approx(8.34194595718589 / tree_levels(20) ** .5)
 
@@ -168,19 +169,19 @@ def test_epochs_one_is_todays_plan_and_params(prob):
 @pytest.mark.parametrize("kind", ["tree", "blt", "independent"])
 def test_more_epochs_cost_more_privacy_and_need_more_noise(prob, kind):
   base = dict(CFG, noise_mechanism=kind)
-  eps = [epsilon_of(S.plan_for_problem(
+  eps = [epsilon_of(plan_for_problem(
       "accelerated_dp_srgd", prob, dict(base, epsilon=None, noise_multiplier=8.0,
                                         epochs=k)).event, delta=1e-5, relation="zero_out")
          for k in (1, 2, 4)]
   assert eps[0] < eps[1] < eps[2]
-  zs = [S.plan_for_problem("accelerated_dp_srgd", prob, dict(base, epochs=k)
+  zs = [plan_for_problem("accelerated_dp_srgd", prob, dict(base, epochs=k)
                            ).params.noise_multiplier for k in (1, 2, 4)]
   assert zs[0] < zs[1] < zs[2]
 
 
 def test_replace_one_is_accounted_from_the_same_event(prob):
-  zo = S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=2))
-  ro = S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=2,
+  zo = plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=2))
+  ro = plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=2,
                                                              relation="replace_one"))
   assert ro.stream_sensitivity == zo.stream_sensitivity
   assert ro.params.noise_multiplier > 1.5 * zo.params.noise_multiplier
@@ -206,10 +207,10 @@ def test_two_epochs_reach_lower_excess_risk_in_the_noiseless_limit():
 def test_refusals(prob):
   for bad in (0, -1, 1.5):
     with pytest.raises(ValueError, match="epochs"):
-      S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=bad))
+      plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=bad))
   for bad in (True, "2"):
     with pytest.raises((TypeError, ValueError), match="epochs"):
-      S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=bad))
+      plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=bad))
     with pytest.raises(ConfigError, match="epochs"):
       SrgdConfig(delta=1e-5, epochs=bad)
   with pytest.raises(ValueError, match="epochs=2 is outside its theorem"):
@@ -217,7 +218,7 @@ def test_refusals(prob):
                 lipschitz=1.0, smoothness=1.0, radius=1.0)
   for name in ("accelerated_dp_sgd", "single_epoch_dp_sgd"):
     with pytest.raises(ValueError, match="epochs=2"):
-      S.plan_for_problem(name, prob, dict(CFG, epochs=2))
+      plan_for_problem(name, prob, dict(CFG, epochs=2))
   with pytest.raises(ValueError, match="add_remove"):
-    S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=2,
+    plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, epochs=2,
                                                         relation="add_remove"))

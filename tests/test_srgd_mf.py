@@ -7,6 +7,7 @@ import pytest
 
 from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as S
+from dpsco_jax.algorithms.srgd.plan import plan_for_problem
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 
@@ -21,7 +22,7 @@ CFG = dict(epsilon=1.0, delta=1e-5, mf_strategy="sqrt")
 
 @pytest.mark.parametrize("kind", ["banded", "blt"])
 def test_plan_event_is_one_gaussian_of_z_over_norm_c(prob, kind):
-  plan = S.plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, noise_mechanism=kind))
+  plan = plan_for_problem("accelerated_dp_srgd", prob, dict(CFG, noise_mechanism=kind))
   T = plan.params.num_steps
   assert plan.mf[0] == kind and plan.levels == 1
   coefs = (np.asarray(plan.mf[1]) if kind == "banded"
@@ -35,15 +36,15 @@ def test_plan_event_is_one_gaussian_of_z_over_norm_c(prob, kind):
 
 def test_refusals(prob):
   with pytest.raises(ValueError, match="tree"):
-    S.plan_for_problem("accelerated_dp_srgd", prob,
+    plan_for_problem("accelerated_dp_srgd", prob,
                        dict(CFG, noise_mechanism="banded", preset="theory"))
   with pytest.raises(ValueError, match="independent"):
-    S.plan_for_problem("accelerated_dp_sgd", prob, dict(CFG, noise_mechanism="banded"))
+    plan_for_problem("accelerated_dp_sgd", prob, dict(CFG, noise_mechanism="banded"))
 
 
 def test_released_prefix_noise_is_a_c_inverse_z(prob):
   """Releases minus noiseless releases = A C^{-1} Z; C A^{-1} of it is i.i.d. at noise_std."""
-  plan = S.plan_for_problem("accelerated_dp_srgd", prob,
+  plan = plan_for_problem("accelerated_dp_srgd", prob,
                             dict(CFG, noise_mechanism="banded", bands=5))
   T = plan.params.num_steps
   C = mf.toeplitz_matrix(np.asarray(plan.mf[1]), T)

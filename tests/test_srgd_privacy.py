@@ -21,6 +21,7 @@ from scipy.stats import norm
 
 from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as srgd
+from dpsco_jax.algorithms.srgd.plan import plan_for_problem
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 
 NAMES = tuple(srgd.VARIANTS)
@@ -133,11 +134,11 @@ def test_removal_rebatches_the_stream_so_add_remove_is_refused():
 def test_the_plan_is_data_free_and_identical_on_neighbours():
   prob = _problem(64, 3)
   cfg = {"epsilon": 1.0, "delta": 1e-6, "relation": "replace_one"}
-  plan = srgd.plan_for_problem("accelerated_dp_srgd", prob, cfg)
+  plan = plan_for_problem("accelerated_dp_srgd", prob, cfg)
   no_data = dataclasses.replace(prob, data=None, loss_fn=None)     # data never read
   other = dataclasses.replace(prob, data=jax.tree.map(lambda a: a.at[5].set(1e3), prob.data))
-  assert srgd.plan_for_problem("accelerated_dp_srgd", no_data, cfg) == plan
-  assert srgd.plan_for_problem("accelerated_dp_srgd", other, cfg) == plan
+  assert plan_for_problem("accelerated_dp_srgd", no_data, cfg) == plan
+  assert plan_for_problem("accelerated_dp_srgd", other, cfg) == plan
   assert (plan.params.num_steps, plan.params.batch_size) == (8, 8)
   assert plan.relation == "replace_one" and "number of users" in plan.public
 

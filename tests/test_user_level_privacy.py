@@ -26,7 +26,8 @@ from scipy import stats
 
 from dpsco_jax.algorithms.output_perturbation import driver as op
 from dpsco_jax.algorithms.user_level_filter import driver as ulf
-from dpsco_jax.algorithms.user_level_filter.plan import PublicSpec, make_ledger
+from dpsco_jax.algorithms.user_level_filter.plan import (PublicSpec, make_ledger,
+                                                          plan_accelerated_erm, plan_phased_sgd)
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 from dpsco_jax.problems import make
 
@@ -70,7 +71,7 @@ def _pld_sigma(sens, eps, delta):
 def test_alg1_noise_is_z_times_half_the_replace_one_shift(clean):
   """Issue 11 point 4: sigma = z * Delta/2 under replace-one, not z * Delta (2x too much)."""
   cfg = {**ALG1, "sensitivity": "certified", "num_groups": 60}
-  plan = ulf.plan_phased_sgd(PublicSpec.of(clean), cfg)
+  plan = plan_phased_sgd(PublicSpec.of(clean), cfg)
   ph = plan.phases[0]
   eps_test = 2.0 / plan.schedule.laplace_scale                  # score sensitivity 2
   want = _pld_sigma(ph.sensitivity, 2.0 - eps_test, 1e-6 / 2)
@@ -86,7 +87,7 @@ def test_alg1_noise_is_z_times_half_the_replace_one_shift(clean):
 def test_alg3_subsampled_noise_and_epsilon_match_independent_rdp(clean):
   """K_i of n_i without replacement, T_i steps: RDP (Wang et al., stated for the replace-one
   shift) of Gaussian(sigma/Delta) + AboveThreshold's pure epsilon = the reported epsilon."""
-  plan = ulf.plan_accelerated_erm(PublicSpec.of(clean), ALG3)
+  plan = plan_accelerated_erm(PublicSpec.of(clean), ALG3)
   ph, sched = plan.phases[0], plan.schedule.phases[0]
   assert (sched.batch, ph.steps) == (100, 3)
   eps_at = 2.0 / plan.schedule.threshold_scale + 4.0 / plan.schedule.query_scale
@@ -103,10 +104,10 @@ def test_alg3_subsampled_noise_and_epsilon_match_independent_rdp(clean):
 
 def test_alg1_release_moves_by_at_most_delta_when_one_user_is_replaced(clean):
   key = jax.random.key(4)
-  plan = ulf.plan_phased_sgd(PublicSpec.of(clean), ALG1)
+  plan = plan_phased_sgd(PublicSpec.of(clean), ALG1)
   users = ulf._phase_users(plan, jax.random.split(key)[0], N)[0]
   bad = _replace_user(clean, int(users[0]))
-  assert ulf.plan_phased_sgd(PublicSpec.of(bad), ALG1) == plan
+  assert plan_phased_sgd(PublicSpec.of(bad), ALG1) == plan
   r0 = ulf.user_level_phased_sgd_releases(clean, ALG1, key, add_noise=False)
   r1 = ulf.user_level_phased_sgd_releases(bad, ALG1, key, add_noise=False,
                                           anchors=[r["anchor"] for r in r0])
@@ -117,10 +118,10 @@ def test_alg1_release_moves_by_at_most_delta_when_one_user_is_replaced(clean):
 
 def test_alg3_every_step_moves_by_at_most_delta_when_one_user_is_replaced(clean):
   key = jax.random.key(5)
-  plan = ulf.plan_accelerated_erm(PublicSpec.of(clean), ALG3)
+  plan = plan_accelerated_erm(PublicSpec.of(clean), ALG3)
   users = ulf._phase_users(plan, jax.random.split(key)[0], N)[0]
   bad = _replace_user(clean, int(users[0]))
-  assert ulf.plan_accelerated_erm(PublicSpec.of(bad), ALG3) == plan
+  assert plan_accelerated_erm(PublicSpec.of(bad), ALG3) == plan
   r0 = ulf.user_level_accelerated_erm_releases(clean, ALG3, key, add_noise=False)
   r1 = ulf.user_level_accelerated_erm_releases(   # same query points: replay D's releases
       bad, ALG3, key, add_noise=False, given=[r["updates"] for r in r0],
@@ -133,7 +134,7 @@ def test_alg3_every_step_moves_by_at_most_delta_when_one_user_is_replaced(clean)
 def test_alg1_release_noise_has_the_planned_scale(clean):
   """The release's noise std is the plan's sigma (accepts 1x, rejects 0.5x and 1.5x)."""
   key = jax.random.key(6)
-  sigma = ulf.plan_phased_sgd(PublicSpec.of(clean), ALG1).phases[0].sigma
+  sigma = plan_phased_sgd(PublicSpec.of(clean), ALG1).phases[0].sigma
   pts = jnp.zeros((30, 50))
   keys = jax.random.split(key, 40)
   noise = np.concatenate([np.asarray(ulf._filter_release(
@@ -148,7 +149,7 @@ def test_alg1_release_noise_has_the_planned_scale(clean):
 
 @pytest.mark.parametrize("rel", ["add_remove", "zero_out", "swap"])
 def test_filter_drivers_refuse_other_relations(clean, rel):
-  for plan in (ulf.plan_phased_sgd, ulf.plan_accelerated_erm):
+  for plan in (plan_phased_sgd, plan_accelerated_erm):
     with pytest.raises(ValueError, match="relation"):
       plan(PublicSpec.of(clean), {**ALG1, "relation": rel})
   with pytest.raises(ValueError, match="relation"):
@@ -159,11 +160,11 @@ def test_explicit_noise_multiplier_over_budget_raises_before_release(clean):
   for run in (ulf.user_level_phased_sgd, ulf.user_level_accelerated_erm):
     with pytest.raises(PrivacyBudgetExceeded, match="nothing was released"):
       run(clean, {**ALG3, "num_groups": 30, "noise_multiplier": 0.5}, jax.random.key(0))
-  plan = ulf.plan_phased_sgd(PublicSpec.of(clean), {**ALG1, "noise_multiplier": 50.0})
+  plan = plan_phased_sgd(PublicSpec.of(clean), {**ALG1, "noise_multiplier": 50.0})
   assert plan.phases[0].sigma == pytest.approx(50.0 * plan.phases[0].sensitivity / 2)
   make_ledger(plan)                                       # well under budget: fine
   with pytest.raises(TypeError, match="debug"):
-    ulf.plan_phased_sgd(PublicSpec.of(clean), {**ALG1, "debug": "false"})
+    plan_phased_sgd(PublicSpec.of(clean), {**ALG1, "debug": "false"})
 
 
 # ------------------------------------------------------------------------------ paper 001

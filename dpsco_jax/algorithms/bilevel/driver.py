@@ -10,9 +10,10 @@ Pieces (spec §6.1):
     ``grad_x f(x, y^lam) + lam (grad_x g(x, y^lam) - grad_x g(x, y*))`` per example, evaluated at
     PRIVATE lower-level estimates only (§3: evaluating it at the exact ``y*(x)`` leaks, see
     :func:`implicit_hypergrad` on Example 3.1);
-  * the private lower-level solver DP-Loc-GD / DP-Loc-SGD (``localized_gd.py``);
+  * the private lower-level solver DP-Loc-GD / DP-Loc-SGD (``localized_gd.py``; its data-free
+    plan in ``localized_gd_plan.py``, its planner in ``plan.py``);
   * layout: problem, hypergradients and ridge instances in :mod:`dpsco_jax.problems.bilevel`; config,
-    presets, events and the paper's formulas in :mod:`.bilevel_plan` (data free); the
+    presets, events and the paper's formulas in :mod:`.plan` (data free); the
     driver, the output rule and the audit hook :func:`dp_bilevel_releases` here;
   * Algorithm 1 (full batch) and Algorithm 3 (mini-batch) as the chain
     ``clip_per_user(C_out) -> aggregate(mean, n|b) -> add_gaussian_noise -> [public terms]
@@ -328,7 +329,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
   exact accounting.
 
   Item level, replace-one (public: the number of examples ``n``, shapes, the config). The plan
-  (:func:`~.bilevel_plan.bilevel_config`) is data free; every mechanism is spent on a
+  (:func:`~.plan.bilevel_config`) is data free; every mechanism is spent on a
   replace-one ledger with ``epsilon_budget=epsilon`` BEFORE the run (an explicit
   ``noise_multiplier`` above the budget raises :class:`PrivacyBudgetExceeded`; nothing is
   released). ``ledger`` (optional) is an existing replace-one ledger to spend on (composition

@@ -70,35 +70,27 @@ Deviations from the paper (each documented where it is implemented):
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Mapping
 from typing import Any, Callable
 
-import dp_accounting
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from dpsco_jax.algorithms.bilevel.config import LocGdConfig, LocSgdConfig
-from dpsco_jax.algorithms.registration import Planned, register
-from dpsco_jax._checks import check_choice, check_epsilon, check_nonnegative, check_positive
-from dpsco_jax.algorithms.common import real_rows_mask, required_delta
+from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.bilevel.plan import _planner
+from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.cache import bounded_cache
-# the config, accounting and presets (re-exported: the planners, the audits and the tests read
-# them here)
+# the config, accounting, presets and the runner's plan (re-exported: the audits and the tests
+# read them here)
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
-    LocGDAux, LocGDConfig, RELATION, SUPPORTED_RELATIONS, _denominator,
-    advanced_composition_step, check_loc_gd_precondition, check_loc_gd_relation, loc_gd_event,
-    loc_gd_practical_config, loc_gd_radii, loc_gd_rounds, loc_gd_stage, loc_gd_stddev,
-    loc_gd_step_event,
-    loc_gd_theory_config, paper_loc_gd_stddev, with_calibrated_noise)
-from dpsco_jax.config.families import Schema
-from dpsco_jax.data.problem import MissingConstant
+    LocGDAux, LocGDConfig, LocGDRunPlan, RELATION, SUPPORTED_RELATIONS, _denominator,
+    advanced_composition_step, charge_loc_gd, check_loc_gd_precondition, check_loc_gd_relation,
+    config_view, loc_gd_event, loc_gd_plan_for_problem, loc_gd_practical_config, loc_gd_radii,
+    loc_gd_report, loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event,
+    loc_gd_theory_config, paper_loc_gd_stddev, plan_dp_loc_gd, with_calibrated_noise)
 from dpsco_jax.grads import per_example_grads
-from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
-from dpsco_jax.privacy.relations import PUBLIC
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.post_processing import add_public_gradient
@@ -112,7 +104,7 @@ __all__ = [
     "loc_gd_rounds", "loc_gd_theory_config", "loc_gd_practical_config", "with_calibrated_noise",
     "check_loc_gd_relation", "plan_dp_loc_gd", "paper_loc_gd_stddev", "advanced_composition_step",
     "add_public_gradient", "run_dp_loc_gd", "LocGDRunPlan", "loc_gd_plan_for_problem",
-    "charge_loc_gd", "loc_gd_report",
+    "charge_loc_gd", "loc_gd_report", "RELATION",
 ]
 
 
@@ -264,107 +256,6 @@ def _item_level_data(problem) -> PyTree:
   return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), problem.data)
 
 
-def config_view(cfg: Mapping | Any) -> Schema:
-  """``dp_loc_gd`` / ``dp_loc_sgd``'s config as the planner and driver read it: the fields of
-  :class:`~dpsco_jax.algorithms.bilevel.config.LocGdConfig` with their defaults (the one
-  place they are written; ``dp_loc_sgd`` adds only that ``batch_size`` is required) and the
-  runner's ``debug``; any other key raises."""
-  return LocGdConfig.of(cfg)
-
-
-def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float
-                   ) -> tuple[LocGDConfig, dp_accounting.DpEvent]:
-  """Data-free plan of a runner solve: the config (schedule, noise multiplier) and its event,
-  from the config and public numbers only (``n`` public under replace-one). An explicit
-  ``noise_multiplier`` is kept as given (the caller checks it against the budget)."""
-  cfg = config_view(cfg)
-  check_loc_gd_relation(cfg.relation)
-  eps = check_epsilon(cfg.epsilon, "epsilon")
-  delta = required_delta(cfg.delta)
-  mu = check_positive(cfg.mu, "mu")
-  preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
-  batch = cfg.batch_size
-  if preset == "theory":
-    lcfg = loc_gd_theory_config(mu=mu, lipschitz=clip, n=n, epsilon=eps, delta=delta,
-                                radius0=radius0, batch_size=batch)
-  else:
-    lcfg = loc_gd_practical_config(mu=mu, clip_norm=clip, n=n, dim=dim, epsilon=eps,
-                                   delta=delta, radius0=radius0,
-                                   smoothness=cfg.smoothness, steps=cfg.num_steps,
-                                   rounds=cfg.rounds, batch_size=batch,
-                                   radius_const=cfg.radius_const)
-  if cfg.noise_multiplier is not None:
-    lcfg = dataclasses.replace(
-        lcfg, noise_multiplier=check_positive(cfg.noise_multiplier, "noise_multiplier"))
-  return lcfg, loc_gd_event(lcfg, n)
-
-
-@dataclasses.dataclass(frozen=True)
-class LocGDRunPlan:
-  """Data-free plan of a run: the solve's config and event for ``n = n_users * m`` items."""
-  n: int
-  epsilon: float
-  delta: float
-  l2: float
-  preset: str
-  config: LocGDConfig
-  event: dp_accounting.DpEvent
-
-
-def _public_mu(problem, cfg: Schema) -> float:
-  """``mu``: the config's, else the declared ``meta['strong_convexity']`` (MissingConstant)."""
-  mu = cfg.mu
-  if mu is None:
-    mu = (getattr(problem, "meta", None) or {}).get("strong_convexity")
-  if mu is None:
-    raise MissingConstant("mu: dp_loc_gd needs the strong convexity mu of the loss: give the "
-                          "config key mu or declare constants={'strong_convexity': ...}")
-  return check_positive(mu, "mu")
-
-
-def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
-  """:func:`plan_dp_loc_gd` from public facts only (``n_users * m`` items, ``d``; where the
-  config does not give them: L for ``clip_norm``, a finite R for ``radius0 = 2R``, the declared
-  strong convexity for ``mu``): a :class:`~dpsco_jax.data.PublicFacts` suffices."""
-  cfg = config_view(cfg)
-  required_delta(cfg.delta)  # a missing delta is named before any constant is read
-  n, dim = int(problem.n_users) * int(problem.m), int(problem.d)
-  # derived defaults (the schema's docs give them): L, 2R -- read only when not given
-  clip = cfg.clip_norm
-  clip = check_positive(problem.lipschitz if clip is None else clip, "clip_norm")
-  radius0 = cfg.radius0
-  if radius0 is None:
-    if not math.isfinite(float(problem.radius)):
-      raise MissingConstant("radius0: dp_loc_gd needs the initial localization radius: give "
-                            "radius0 or declare a finite constants={'radius': ...} (2R)")
-    radius0 = 2.0 * float(problem.radius)
-  radius0 = check_positive(radius0, "radius0")
-  l2 = check_nonnegative(cfg.l2, "l2")
-  lcfg, event = plan_dp_loc_gd({**cfg, "mu": _public_mu(problem, cfg)}, n=n, dim=dim,
-                               clip=clip, radius0=radius0)
-  return LocGDRunPlan(n, float(cfg.epsilon), float(cfg.delta), l2,  # checked
-                      cfg.preset, lcfg, event)
-
-
-def charge_loc_gd(plan: LocGDRunPlan) -> PrivacyLedger:
-  """A fresh ledger charged with the solve (raises first when ``noise_multiplier`` is over)."""
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon, relation=RELATION)
-  ledger.spend(plan.event, label="dp_loc_gd solve")
-  return ledger
-
-
-def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
-  """The run's guarantee (item level, accountant) with the paper-formula sigma in the notes."""
-  lcfg, n = plan.config, plan.n
-  paper_sigma = paper_loc_gd_stddev(lcfg, n, epsilon=plan.epsilon, delta=plan.delta)
-  sampling = "full batch" if lcfg.batch_size is None else f"Poisson rate {lcfg.batch_size}/{n}"
-  return ledger.report(
-      provenance=Provenance.ACCOUNTANT, level="item", mechanisms=("dp_loc_gd solve",),
-      notes=(f"{lcfg.rounds}x{lcfg.steps} clipped-mean Gaussian steps ({sampling}), "
-             f"z={lcfg.noise_multiplier:.4g}, replace-one (public: {PUBLIC[RELATION]}); "
-             f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
-
-
 @bounded_cache(32)
 def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
                     n_real: int | None = None, users: Any = None) -> Callable:
@@ -377,16 +268,6 @@ def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
     return jax.jit(lambda y, data, k: dp_loc_gd(loss_fn, y, data, k, lcfg, reg_fn=reg))
   return jax.jit(lambda y, data, k: _solve(loss_fn, y, data, k, lcfg, reg, None, n_real,
                                            users)[:2])
-
-
-def _planner(facts, cfg: dict) -> Planned:
-  """``dpsco_jax.plan``'s planner: DP-Loc-(S)GD's solve event (item level, replace-one)."""
-  p = loc_gd_plan_for_problem(facts, cfg)
-  c = p.config
-  schedule = {"rounds": c.rounds, "num_steps": c.steps, "batch_size": c.batch_size,
-              "clip_norm": c.clip_norm, "mu": c.mu, "radius0": c.radius0,
-              "noise_std": loc_gd_stddev(c, p.n)}
-  return Planned(loc_gd_report(p, charge_loc_gd(p)), c.noise_multiplier, schedule, p)
 
 
 # item rows sharded over the mesh's users axis; the plan's z is the driver's

@@ -1,5 +1,7 @@
 """DP-Loc-(S)GD decided before any data: its static config, the noise and radii schedule, its
-privacy events and calibration, and the theory / practical presets (paper 004, Alg 2 / Alg 4).
+privacy events and calibration, the theory / practical presets (paper 004, Alg 2 / Alg 4), and
+the runner's plan from a problem's public facts with its ledger charge and report (what the
+planner in :mod:`dpsco_jax.algorithms.bilevel.plan` returns).
 
 Split out of :mod:`dpsco_jax.algorithms.bilevel.localized_gd` (the solver and the runner entry
 points; it re-exports every name here, and describes the algorithm, the accounting and the
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import dp_accounting
@@ -17,8 +20,13 @@ import jax
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
+from dpsco_jax.algorithms.bilevel.config import LocGdConfig
+from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.config.families import Schema
+from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
-from dpsco_jax.privacy.relations import check_relation
+from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
+from dpsco_jax.privacy.relations import PUBLIC, check_relation
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 
 #: a pytree of params or data
@@ -257,3 +265,108 @@ def loc_gd_practical_config(*, mu: float, clip_norm: float, n: int, dim: int, ep
                     step_rule="smooth" if smoothness is not None else "paper",
                     smoothness=smoothness)
   return with_calibrated_noise(cfg, n, epsilon=epsilon, delta=delta)
+
+
+# --------------------------------------------------------------------------------------------
+# The runner's plan (public facts only), its charge and report
+# --------------------------------------------------------------------------------------------
+
+def config_view(cfg: Mapping | Any) -> Schema:
+  """``dp_loc_gd`` / ``dp_loc_sgd``'s config as the planner and driver read it: the fields of
+  :class:`~dpsco_jax.algorithms.bilevel.config.LocGdConfig` with their defaults (the one
+  place they are written; ``dp_loc_sgd`` adds only that ``batch_size`` is required) and the
+  runner's ``debug``; any other key raises."""
+  return LocGdConfig.of(cfg)
+
+
+def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float
+                   ) -> tuple[LocGDConfig, dp_accounting.DpEvent]:
+  """Data-free plan of a runner solve: the config (schedule, noise multiplier) and its event,
+  from the config and public numbers only (``n`` public under replace-one). An explicit
+  ``noise_multiplier`` is kept as given (the caller checks it against the budget)."""
+  cfg = config_view(cfg)
+  check_loc_gd_relation(cfg.relation)
+  eps = check_epsilon(cfg.epsilon, "epsilon")
+  delta = required_delta(cfg.delta)
+  mu = check_positive(cfg.mu, "mu")
+  preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
+  batch = cfg.batch_size
+  if preset == "theory":
+    lcfg = loc_gd_theory_config(mu=mu, lipschitz=clip, n=n, epsilon=eps, delta=delta,
+                                radius0=radius0, batch_size=batch)
+  else:
+    lcfg = loc_gd_practical_config(mu=mu, clip_norm=clip, n=n, dim=dim, epsilon=eps,
+                                   delta=delta, radius0=radius0,
+                                   smoothness=cfg.smoothness, steps=cfg.num_steps,
+                                   rounds=cfg.rounds, batch_size=batch,
+                                   radius_const=cfg.radius_const)
+  if cfg.noise_multiplier is not None:
+    lcfg = dataclasses.replace(
+        lcfg, noise_multiplier=check_positive(cfg.noise_multiplier, "noise_multiplier"))
+  return lcfg, loc_gd_event(lcfg, n)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocGDRunPlan:
+  """Data-free plan of a run: the solve's config and event for ``n = n_users * m`` items."""
+  n: int
+  epsilon: float
+  delta: float
+  l2: float
+  preset: str
+  config: LocGDConfig
+  event: dp_accounting.DpEvent
+
+
+def _public_mu(problem, cfg: Schema) -> float:
+  """``mu``: the config's, else the declared ``meta['strong_convexity']`` (MissingConstant)."""
+  mu = cfg.mu
+  if mu is None:
+    mu = (getattr(problem, "meta", None) or {}).get("strong_convexity")
+  if mu is None:
+    raise MissingConstant("mu: dp_loc_gd needs the strong convexity mu of the loss: give the "
+                          "config key mu or declare constants={'strong_convexity': ...}")
+  return check_positive(mu, "mu")
+
+
+def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
+  """:func:`plan_dp_loc_gd` from public facts only (``n_users * m`` items, ``d``; where the
+  config does not give them: L for ``clip_norm``, a finite R for ``radius0 = 2R``, the declared
+  strong convexity for ``mu``): a :class:`~dpsco_jax.data.PublicFacts` suffices."""
+  cfg = config_view(cfg)
+  required_delta(cfg.delta)  # a missing delta is named before any constant is read
+  n, dim = int(problem.n_users) * int(problem.m), int(problem.d)
+  # derived defaults (the schema's docs give them): L, 2R -- read only when not given
+  clip = cfg.clip_norm
+  clip = check_positive(problem.lipschitz if clip is None else clip, "clip_norm")
+  radius0 = cfg.radius0
+  if radius0 is None:
+    if not math.isfinite(float(problem.radius)):
+      raise MissingConstant("radius0: dp_loc_gd needs the initial localization radius: give "
+                            "radius0 or declare a finite constants={'radius': ...} (2R)")
+    radius0 = 2.0 * float(problem.radius)
+  radius0 = check_positive(radius0, "radius0")
+  l2 = check_nonnegative(cfg.l2, "l2")
+  lcfg, event = plan_dp_loc_gd({**cfg, "mu": _public_mu(problem, cfg)}, n=n, dim=dim,
+                               clip=clip, radius0=radius0)
+  return LocGDRunPlan(n, float(cfg.epsilon), float(cfg.delta), l2,  # checked
+                      cfg.preset, lcfg, event)
+
+
+def charge_loc_gd(plan: LocGDRunPlan) -> PrivacyLedger:
+  """A fresh ledger charged with the solve (raises first when ``noise_multiplier`` is over)."""
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon, relation=RELATION)
+  ledger.spend(plan.event, label="dp_loc_gd solve")
+  return ledger
+
+
+def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
+  """The run's guarantee (item level, accountant) with the paper-formula sigma in the notes."""
+  lcfg, n = plan.config, plan.n
+  paper_sigma = paper_loc_gd_stddev(lcfg, n, epsilon=plan.epsilon, delta=plan.delta)
+  sampling = "full batch" if lcfg.batch_size is None else f"Poisson rate {lcfg.batch_size}/{n}"
+  return ledger.report(
+      provenance=Provenance.ACCOUNTANT, level="item", mechanisms=("dp_loc_gd solve",),
+      notes=(f"{lcfg.rounds}x{lcfg.steps} clipped-mean Gaussian steps ({sampling}), "
+             f"z={lcfg.noise_multiplier:.4g}, replace-one (public: {PUBLIC[RELATION]}); "
+             f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))

@@ -51,25 +51,22 @@ noise, b-min-sep Poisson; see the plan) runs the same chain with batches drawn b
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig, SgdSchedule
-from dpsco_jax.algorithms.registration import Grid, Planned, register
+from dpsco_jax.algorithms.registration import Grid, register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
 from dpsco_jax.algorithms.common import hparam, run_chain, sampling_setup, scan_slot_batches
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
-from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, dp_sgd_event,  # noqa: F401 (re-export)
-                                             config_view, group_privacy_targets, plan_dp_sgd,
-                                             public_note)
+from dpsco_jax.algorithms.dpsgd.plan import (NONPRIVATE_REPORT, DpSgdPlan, _nonprivate_planner,
+                                             _planner, _rows, charge_dp_sgd, dp_sgd_plan)
+from dpsco_jax.algorithms.dpsgd.plan import (  # noqa: F401 (re-export)
+    dp_sgd_event, group_privacy_targets)
 from dpsco_jax.cache import bounded_cache
-from dpsco_jax.privacy import (PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
-                               Provenance)
-from dpsco_jax.data.problem import PublicFacts
-from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
@@ -78,8 +75,6 @@ from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.steps import projected_sgd
 from dpsco_jax.transforms.tree_noise import tree_increment_noise, tree_levels
 
-NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
-                            level="none", notes="non-private (reference or noise switched off)")
 _KEEP = 2  # index of the keep_release stage in dp_sgd_chain
 
 
@@ -127,81 +122,6 @@ def sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTran
   """Non-private: mean -> projected SGD."""
   return optax.chain(aggregate("mean", denominator=denominator),
                      projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
-
-
-def _item_rows(data: dict) -> dict:
-  """Every item becomes its own row (a 'user' with one item)."""
-  return jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), data)
-
-
-def _rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
-  data = problem.data if data is None else data
-  return data if level == "user" else _item_rows(data)
-
-
-def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
-                data: dict | None = None) -> DpSgdPlan:
-  """The data-free plan of ``dp_sgd_{level}`` from the problem's public facts (``n_users``,
-  ``m``, ``lipschitz``, ``radius``; a :class:`~dpsco_jax.data.PublicFacts` suffices) or, for
-  the audit hooks, the rows of ``data``: the realized row count enters only under a relation
-  that makes it public. ``problem.lipschitz`` is read only when ``clip_norm`` is not given."""
-  check_choice(level, "level", ("user", "item", "group"))
-  per_user = 1 if level == "user" else problem.m
-  realized = (problem.n_users * per_user if data is None
-              else jax.tree.leaves(_rows(problem, level, data))[0].shape[0])
-  cfg = config_view(cfg)
-  return plan_dp_sgd(cfg, level=level, realized_rows=realized, rows_per_user=per_user,
-                     # the derived default clip reads L only when no clip_norm is given
-                     default_clip=problem.lipschitz if cfg.clip_norm is None else cfg.clip_norm,
-                     radius=problem.radius)
-
-
-def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
-  """Checks the budget and charges the ledger BEFORE any release; returns the report."""
-  if plan.event is None:
-    if plan.epsilon is not None:
-      raise PrivacyBudgetExceeded("noise_multiplier=0 releases without noise (epsilon = inf) "
-                                  f"> budget {plan.epsilon}; nothing was released")
-    return NONPRIVATE_REPORT
-  label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
-           f"D={plan.denominator:.6g}, steps={plan.steps}"
-           + ("" if plan.mf is None else f", {plan.noise} noise") + ")")
-  notes = (f"{public_note(plan.relation)}; denominator D={plan.denominator:.6g}, "
-           f"q={plan.sampling_rate:.6g}")
-  if plan.participations is not None:
-    notes += (f"; participation: at most {plan.participations} per user, >= {plan.min_sep} "
-              "steps apart")
-  if plan.sampling == "banded_poisson":
-    notes += (f"; b-min-sep Poisson sampling (Choquette-Choo et al. 2023, Thm 4): "
-              f"{plan.min_sep} public groups of <= {plan.group_rows} rows, rate "
-              f"p={plan.sampling_rate:.6g} within the active group; banded MF noise "
-              f"({plan.mf.source}, {len(plan.mf.coefs)} bands <= b), max column norm "
-              f"{plan.mf.sensitivity:.4g}: {plan.participations} rounds of a Poisson-"
-              "subsampled Gaussian of multiplier z/colnorm")
-  elif plan.mf is not None:
-    notes += (f"; {plan.noise} MF noise ({plan.mf.source}), sensitivity factor "
-              f"{plan.mf.sensitivity:.4g}: one Gaussian of multiplier z/sens")
-  trunc = plan.truncation_probability
-  if plan.level == "group":
-    gp = group_privacy_epsilon(
-        plan.event, group_size=plan.group_size, delta=plan.delta, relation=plan.relation,
-        tv_distance=trunc, epsilon_budget=plan.epsilon,
-        candidates=() if plan.item_delta_target is None else (plan.item_delta_target,))
-    item = PrivacyLedger(delta=gp.item_delta if gp.item_delta > 0 else plan.delta,
-                         relation=plan.relation, accountant=gp.accountant)
-    item.spend(plan.event, label=label)
-    notes += (f"; item-level (eps={gp.item_epsilon:.4g}, delta={gp.item_delta:.3g}) lifted to "
-              f"user level by group privacy over m={plan.group_size} items")
-    if not math.isfinite(gp.epsilon):
-      notes += "; group privacy gives no finite epsilon for this noise multiplier"
-    return PrivacyReport(epsilon=gp.epsilon, delta=plan.delta, provenance="accountant",
-                         level="user", relation=plan.relation, mechanisms=(label,),
-                         notes=notes)
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
-                         relation=plan.relation)
-  ledger.spend(plan.event, label=label)
-  return ledger.report(provenance=Provenance.ACCOUNTANT, level=plan.level, notes=notes,
-                       tv_distance=trunc)
 
 
 def cyclic_slots(order_key: jax.Array, n: int, batch: int) -> tuple[jax.Array, jax.Array]:
@@ -341,22 +261,6 @@ def dp_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *, level: st
   plan = dp_sgd_plan(problem, cfg, level=level, data=data)
   charge_dp_sgd(plan)
   return _execute(problem, plan, key, _rows(problem, level, data), noise=noise, keep=True)[2]
-
-
-def _planner(level: str) -> Callable[[PublicFacts, dict], Planned]:
-  """``dpsco_jax.plan``'s planner of ``dp_sgd_{level}``: the same plan and charge the driver
-  makes, from the public facts alone."""
-  def planner(facts: PublicFacts, cfg: dict) -> Planned:
-    p = dp_sgd_plan(facts, cfg, level=level)
-    schedule = {"num_steps": p.steps, "batch_size": p.batch, "sampling": p.sampling,
-                "sampling_rate": p.sampling_rate, "denominator": p.denominator,
-                "clip_norm": p.clip, "learning_rate": p.lr, "noise_std": p.noise_std}
-    return Planned(charge_dp_sgd(p), p.noise_multiplier, schedule, p)
-  return planner
-
-
-def _nonprivate_planner(facts: PublicFacts, cfg: dict) -> Planned:
-  return Planned(NONPRIVATE_REPORT, None, {}, None)
 
 
 # every DP-SGD variant clips rows of the batch on each device (algorithms.common.run_chain);

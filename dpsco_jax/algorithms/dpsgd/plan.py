@@ -3,7 +3,11 @@
 :func:`plan_dp_sgd` turns a config and the *public* number of rows into everything a DP-SGD run
 releases under: sampling rate ``q``, the fixed denominator ``D`` of the mean, the noise std
 ``z C / D``, the step count, and the dp_accounting event, all before any data is read. Rows are
-users (``dp_sgd_user``) or items (``dp_sgd_item``, ``dp_sgd_group``).
+users (``dp_sgd_user``) or items (``dp_sgd_item``, ``dp_sgd_group``). :func:`dp_sgd_plan` reads
+those public numbers off a problem (a :class:`~dpsco_jax.data.PublicFacts` suffices),
+:func:`charge_dp_sgd` checks the budget on a fresh ledger and returns the report, and the
+planners :func:`dpsco_jax.plan` calls (registered by :mod:`.driver`) return both. The
+correlated-noise strategies (below) are built in :mod:`.mf_plan`.
 
 Neighbouring relations and what is public (see :mod:`dpsco_jax.privacy.relations`):
 
@@ -89,21 +93,28 @@ columns and the rounds are not independent (no amplification theorem covers it).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import dp_accounting
+import jax
 import numpy as np
 
 from dpsco_jax._checks import check_choice, check_int, check_positive, check_probability
 from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
 from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
                                          required_delta)
+from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.config.families import Schema
-from dpsco_jax.privacy import PUBLIC, calibrate_noise_multiplier, check_relation
+from dpsco_jax.data.problem import PublicFacts
+from dpsco_jax.privacy import (PUBLIC, PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
+                               Provenance, calibrate_noise_multiplier, check_relation)
+from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
-from dpsco_jax.privacy import cyclic_participation as cyclic
 from dpsco_jax.privacy import matrix_factorization as mf
+# the correlated-noise part of the plan: the MF strategies of bounded-participation schedules
+from dpsco_jax.algorithms.dpsgd.mf_plan import DEFAULT_BANDS, MfNoise, _mf_noise, _tree_sensitivity
+from dpsco_jax.problems import SCOProblem
 
 SAMPLING_RELATIONS = {
     "poisson": ("add_remove", "zero_out", "replace_one"),
@@ -116,29 +127,6 @@ LEVELS = ("user", "item", "group")
 NOISES = ("independent", "banded", "blt", "tree")
 MF_SAMPLINGS = ("cyclic", "full")   # bounded participation: what MF noise is priced for
 AMPLIFIED = "banded_poisson"        # b-min-sep Poisson: banded noise only (amplified)
-DEFAULT_BANDS = 32
-
-
-class MfNoise(NamedTuple):
-  """The correlated-noise part of a plan: ``kind`` (``banded`` | ``blt``), the strategy's
-  Toeplitz ``coefs`` (length ``steps`` for a BLT), BLT parameters, where they come from, and
-  the participation schema they are priced for."""
-  kind: str
-  coefs: tuple
-  buf_decay: tuple
-  output_scale: tuple
-  source: str
-  participations: int
-  min_sep: int
-  sensitivity: float
-
-  def stage_spec(self) -> tuple:
-    """Hashable static description of the noise stage (the chain's compile key)."""
-    if self.kind == "banded":
-      return ("banded", self.coefs)
-    if self.kind == "tree":
-      return ("tree",)
-    return ("blt", self.buf_decay, self.output_scale)
 
 
 class DpSgdPlan(NamedTuple):
@@ -319,40 +307,6 @@ def _amplified_mf(cfg: Schema, steps: int, groups: int) -> MfNoise:
                  groups, colnorm)
 
 
-def _tree_sensitivity(steps: int, participations: int, min_sep: int) -> float:
-  """The binary tree's exact sensitivity when every user takes part at most
-  ``participations`` times, at one fixed offset ``p, p + P, ...`` of the public order
-  (``P = min_sep``; ``full``: ``P = 1``): :func:`~dpsco_jax.privacy.cyclic_participation.
-  tree_cyclic_sensitivity` (one participation: ``sqrt(levels)``, paper 003's Lemma 5.6)."""
-  period = min(min_sep, steps)
-  return cyclic.tree_cyclic_sensitivity(steps, period, min(participations,
-                                                           -(-steps // period)))
-
-
-def _mf_noise(cfg: Schema, kind: str, steps: int, participations: int, min_sep: int
-              ) -> MfNoise:
-  """The MF strategy for the schedule. Default bands: ``min(32, steps)`` for one
-  participation, else ``min(32, min_sep)`` (bands within the separation keep the columns
-  disjoint: no overlap penalty; under ``full`` that is 1, i.e. independent noise)."""
-  if kind == "tree":   # the paper-003 tree, no strategy to optimize
-    return MfNoise("tree", (), (), (), "binary tree (paper 003, Lemma 5.6)", participations,
-                   min_sep, _tree_sensitivity(steps, participations, min_sep))
-  strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
-  if kind == "banded":
-    default = min(DEFAULT_BANDS, steps if participations == 1 else min_sep)
-    s = mf.banded_strategy(steps, check_int(cfg.get("bands", default), "bands"),
-                           strategy=strategy)
-    coefs, th, om, source = tuple(float(c) for c in s.coefs), (), (), s.source
-  else:
-    b = mf.blt_strategy(steps, check_int(cfg.buffers, "buffers"),
-                        participations=participations, min_sep=min_sep, strategy=strategy)
-    coefs = tuple(float(c) for c in mf.blt_coefs(b.buf_decay, b.output_scale, steps))
-    th, om, source = tuple(map(float, b.buf_decay)), tuple(map(float, b.output_scale)), b.source
-  sens = mf.participation_sensitivity(np.asarray(coefs), steps, participations=participations,
-                                      min_sep=min_sep)
-  return MfNoise(kind, coefs, th, om, source, participations, min_sep, sens)
-
-
 def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
   """Item-level (eps', delta') whose group-of-``k`` lift is (epsilon, delta):
   ``eps' = eps/k``, ``delta' = delta / (k e^{(k-1) eps'})`` (the form of
@@ -529,3 +483,100 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                    truncation_probability=trunc, group_size=group_size,
                    item_delta_target=item_delta, noise=noise, mf=mf_noise,
                    participations=participations, min_sep=min_sep, group_rows=group_rows)
+
+
+# ------------------------------------------ the plan of a problem, its charge, the planners
+
+NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
+                            level="none", notes="non-private (reference or noise switched off)")
+
+
+def _item_rows(data: dict) -> dict:
+  """Every item becomes its own row (a 'user' with one item)."""
+  return jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), data)
+
+
+def _rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
+  data = problem.data if data is None else data
+  return data if level == "user" else _item_rows(data)
+
+
+def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
+                data: dict | None = None) -> DpSgdPlan:
+  """The data-free plan of ``dp_sgd_{level}`` from the problem's public facts (``n_users``,
+  ``m``, ``lipschitz``, ``radius``; a :class:`~dpsco_jax.data.PublicFacts` suffices) or, for
+  the audit hooks, the rows of ``data``: the realized row count enters only under a relation
+  that makes it public. ``problem.lipschitz`` is read only when ``clip_norm`` is not given."""
+  check_choice(level, "level", ("user", "item", "group"))
+  per_user = 1 if level == "user" else problem.m
+  realized = (problem.n_users * per_user if data is None
+              else jax.tree.leaves(_rows(problem, level, data))[0].shape[0])
+  cfg = config_view(cfg)
+  return plan_dp_sgd(cfg, level=level, realized_rows=realized, rows_per_user=per_user,
+                     # the derived default clip reads L only when no clip_norm is given
+                     default_clip=problem.lipschitz if cfg.clip_norm is None else cfg.clip_norm,
+                     radius=problem.radius)
+
+
+def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
+  """Checks the budget and charges the ledger BEFORE any release; returns the report."""
+  if plan.event is None:
+    if plan.epsilon is not None:
+      raise PrivacyBudgetExceeded("noise_multiplier=0 releases without noise (epsilon = inf) "
+                                  f"> budget {plan.epsilon}; nothing was released")
+    return NONPRIVATE_REPORT
+  label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
+           f"D={plan.denominator:.6g}, steps={plan.steps}"
+           + ("" if plan.mf is None else f", {plan.noise} noise") + ")")
+  notes = (f"{public_note(plan.relation)}; denominator D={plan.denominator:.6g}, "
+           f"q={plan.sampling_rate:.6g}")
+  if plan.participations is not None:
+    notes += (f"; participation: at most {plan.participations} per user, >= {plan.min_sep} "
+              "steps apart")
+  if plan.sampling == "banded_poisson":
+    notes += (f"; b-min-sep Poisson sampling (Choquette-Choo et al. 2023, Thm 4): "
+              f"{plan.min_sep} public groups of <= {plan.group_rows} rows, rate "
+              f"p={plan.sampling_rate:.6g} within the active group; banded MF noise "
+              f"({plan.mf.source}, {len(plan.mf.coefs)} bands <= b), max column norm "
+              f"{plan.mf.sensitivity:.4g}: {plan.participations} rounds of a Poisson-"
+              "subsampled Gaussian of multiplier z/colnorm")
+  elif plan.mf is not None:
+    notes += (f"; {plan.noise} MF noise ({plan.mf.source}), sensitivity factor "
+              f"{plan.mf.sensitivity:.4g}: one Gaussian of multiplier z/sens")
+  trunc = plan.truncation_probability
+  if plan.level == "group":
+    gp = group_privacy_epsilon(
+        plan.event, group_size=plan.group_size, delta=plan.delta, relation=plan.relation,
+        tv_distance=trunc, epsilon_budget=plan.epsilon,
+        candidates=() if plan.item_delta_target is None else (plan.item_delta_target,))
+    item = PrivacyLedger(delta=gp.item_delta if gp.item_delta > 0 else plan.delta,
+                         relation=plan.relation, accountant=gp.accountant)
+    item.spend(plan.event, label=label)
+    notes += (f"; item-level (eps={gp.item_epsilon:.4g}, delta={gp.item_delta:.3g}) lifted to "
+              f"user level by group privacy over m={plan.group_size} items")
+    if not math.isfinite(gp.epsilon):
+      notes += "; group privacy gives no finite epsilon for this noise multiplier"
+    return PrivacyReport(epsilon=gp.epsilon, delta=plan.delta, provenance="accountant",
+                         level="user", relation=plan.relation, mechanisms=(label,),
+                         notes=notes)
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
+                         relation=plan.relation)
+  ledger.spend(plan.event, label=label)
+  return ledger.report(provenance=Provenance.ACCOUNTANT, level=plan.level, notes=notes,
+                       tv_distance=trunc)
+
+
+def _planner(level: str) -> Callable[[PublicFacts, dict], Planned]:
+  """``dpsco_jax.plan``'s planner of ``dp_sgd_{level}``: the same plan and charge the driver
+  makes, from the public facts alone."""
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    p = dp_sgd_plan(facts, cfg, level=level)
+    schedule = {"num_steps": p.steps, "batch_size": p.batch, "sampling": p.sampling,
+                "sampling_rate": p.sampling_rate, "denominator": p.denominator,
+                "clip_norm": p.clip, "learning_rate": p.lr, "noise_std": p.noise_std}
+    return Planned(charge_dp_sgd(p), p.noise_multiplier, schedule, p)
+  return planner
+
+
+def _nonprivate_planner(facts: PublicFacts, cfg: dict) -> Planned:
+  return Planned(NONPRIVATE_REPORT, None, {}, None)

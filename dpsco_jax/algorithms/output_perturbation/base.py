@@ -24,7 +24,6 @@ from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.algorithms.common import real_rows_mask, required_delta
-from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.config.families import Schema
@@ -450,18 +449,3 @@ def _debug_dict(dbgs: list, certs: list) -> dict:
 
 def _project(theta, radius):
   return project_l2_ball(theta, radius)
-
-
-def planner_of(make_plan: Callable[..., OutputPertPlan], **kw: Any
-               ) -> Callable[..., Planned]:
-  """``dpsco_jax.plan``'s planner of a DelOutputPert algorithm whose data-free plan is
-  ``make_plan(facts, cfg, **kw)``: the (eps, delta) blocks of every planned call (user level,
-  replace-one), charged to a fresh ledger."""
-  def planner(facts: Any, cfg: dict) -> Planned:
-    p = make_plan(facts, cfg, **kw)
-    calls = [{"epsilon": i.epsilon, "delta": i.delta, "sigma": i.sigma, "Delta": i.Delta,
-              "kappa": i.kappa, "solver_iterations": i.plan.iterations} for i in p.infos]
-    schedule = {"calls": calls, **{k: v for k, v in p.schedule.items()
-                                   if k in ("R_prime", "lam")}}
-    return Planned(output_pert_report(p, charge_output_pert(p)), None, schedule, p)
-  return planner

@@ -107,7 +107,7 @@ from dpsco_jax.algorithms.output_perturbation.base import (  # noqa: F401
     _check_min_users, _debug_dict, _Hook, _problem_mu, _project, _provenance, _require_mu,
     _require_radius, _settings_for, alg2_delta, block_ledger, block_report,
     certificate_constants, charge_output_pert, gamma_threshold, output_pert_report,
-    plan_sc_output_pert, planner_of, sc_output_pert_release, settings_from_cfg)
+    plan_sc_output_pert, sc_output_pert_release, settings_from_cfg)
 from dpsco_jax.algorithms.output_perturbation.naive import (  # noqa: F401
     crossover_m, naive_output_pert, naive_sigma, noise_ratio)
 from dpsco_jax.algorithms.output_perturbation.phased import (  # noqa: F401
@@ -115,7 +115,7 @@ from dpsco_jax.algorithms.output_perturbation.phased import (  # noqa: F401
     phased_sco_schedule, sc_erm_output_pert, sc_sco_output_pert)
 from dpsco_jax.algorithms.output_perturbation.solver import (  # noqa: F401
     SolverPlan, _certify, _solve, _solve_all_subsets, solver_plan)
-from dpsco_jax.algorithms.output_perturbation.plan import sc_output_pert_plan  # noqa: F401
+from dpsco_jax.algorithms.output_perturbation.plan import planner_of, sc_output_pert_plan
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.problems.output_perturbation import _l2_loss, l2_logistic  # noqa: F401
 from dpsco_jax.result import Result

@@ -20,11 +20,11 @@ from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
     OutputPertSettings, _debug_dict, _Hook, charge_output_pert, output_pert_report,
-    planner_of, sc_output_pert_release)
+    sc_output_pert_release)
 # the phased algorithms' data-free plans (re-exported: their callers read them here)
 from dpsco_jax.algorithms.output_perturbation.plan import (  # noqa: F401
     _phase_infos, _phase_schedule, _reduction_lam, localization_radius, phased_erm_schedule,
-    phased_plan, phased_sco_schedule, sc_reduction_plan)
+    phased_plan, phased_sco_schedule, planner_of, sc_reduction_plan)
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.steps import project_l2_ball

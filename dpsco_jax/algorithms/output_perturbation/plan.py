@@ -4,7 +4,9 @@ the drivers (:mod:`.driver`, :mod:`.naive`, :mod:`.phased`) run.
 * :func:`sc_output_pert_plan`: one DelOutputPert call (SCOutputPert, Alg. 2);
 * :func:`phased_plan`: Phased-ERM / Phased-SCO (Algs 3-4), their schedules and blocks;
 * :func:`sc_reduction_plan`: the strongly convex reductions (Algs 5-6);
-* :func:`naive_plan`: the naive baseline (sensitivity ``2G/(mu n)``, one calibrated Gaussian).
+* :func:`naive_plan`: the naive baseline (sensitivity ``2G/(mu n)``, one calibrated Gaussian);
+* the planners :func:`dpsco_jax.plan` calls: :func:`planner_of` (a DelOutputPert plan's
+  blocks, charged) and :func:`naive_planner`.
 
 Each reads the config and the public facts (``n_users``, ``m``, ``d``, the declared constants)
 only; the shared pieces (settings, one call's ``SCInfo``, the block ledger) are in :mod:`.base`.
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import dp_accounting
 
@@ -22,8 +26,8 @@ from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.algorithms.output_perturbation.base import (
     OutputPertPlan, OutputPertSettings, SCInfo, _check_common, _check_min_users, _problem_mu,
-    _require_mu, _require_radius, _settings_for, certificate_constants, config_view,
-    plan_sc_output_pert)
+    _require_mu, _require_radius, _settings_for, certificate_constants, charge_output_pert,
+    config_view, output_pert_report, plan_sc_output_pert)
 from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, solver_plan
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
@@ -318,3 +322,18 @@ def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
                                                        lipschitz=True))
 
 
+# ------------------------------------------------------------ from base.py
+
+def planner_of(make_plan: Callable[..., OutputPertPlan], **kw: Any
+               ) -> Callable[..., Planned]:
+  """``dpsco_jax.plan``'s planner of a DelOutputPert algorithm whose data-free plan is
+  ``make_plan(facts, cfg, **kw)``: the (eps, delta) blocks of every planned call (user level,
+  replace-one), charged to a fresh ledger."""
+  def planner(facts: Any, cfg: dict) -> Planned:
+    p = make_plan(facts, cfg, **kw)
+    calls = [{"epsilon": i.epsilon, "delta": i.delta, "sigma": i.sigma, "Delta": i.Delta,
+              "kappa": i.kappa, "solver_iterations": i.plan.iterations} for i in p.infos]
+    schedule = {"calls": calls, **{k: v for k, v in p.schedule.items()
+                                   if k in ("R_prime", "lam")}}
+    return Planned(output_pert_report(p, charge_output_pert(p)), None, schedule, p)
+  return planner

@@ -56,7 +56,6 @@ steps ``T``), ``batch_size``, ``clip_norm``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -70,15 +69,14 @@ from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
 from dpsco_jax.algorithms.common import hparam, mesh_users_axis, traced_hparams
-from dpsco_jax.algorithms.registration import Grid, Planned, register
+from dpsco_jax.algorithms.registration import Grid, register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
-                                            SRGDPlan, config_view, paper_epsilon,
-                                            plan_srgd, resolve_relation)
+                                            SRGDPlan, _planner, charge, config_view,
+                                            paper_epsilon, plan_for_problem, plan_srgd,
+                                            privacy_report, resolve_relation)
 from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, interior_c_dp,
                                                practical_params, theory_params)
-from dpsco_jax.data.problem import PublicFacts
 from dpsco_jax.grads import per_user_grads
-from dpsco_jax.privacy import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import (aggregate, aggregation_sensitivity, clip_per_user,
@@ -95,7 +93,8 @@ __all__ = ["accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_
            "accelerated_dp_sgd", "single_epoch_dp_sgd", "PRESETS", "SUPPORTED_RELATIONS", "SRGDParams",
            "SRGDPlan", "interior_c_dp", "paper_epsilon", "plan_for_problem", "plan_srgd",
            "practical_params", "resolve_relation", "run_plan", "run_srgd", "single_epoch_batches",
-           "srgd_chain", "srgd_privatizer", "srgd_releases", "srgd_stepper", "theory_params"]
+           "srgd_chain", "srgd_privatizer", "srgd_releases", "srgd_stepper", "theory_params",
+           "ACCOUNTANT"]   # re-exported from .plan (the audits read it here)
 
 
 # ----------------------------------------------------------------------------- the chain
@@ -401,67 +400,6 @@ def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTr
   return outs
 
 
-def plan_for_problem(name: str, problem, cfg: Mapping | Any) -> SRGDPlan:
-  """:func:`plan_srgd` from a problem's public facts only: ``n_users`` (public under the
-  supported relations), ``d``, ``lipschitz``, ``smoothness``, ``radius`` — never its data.
-
-  The practical preset reads ``lipschitz`` only as the default ``clip_norm`` and
-  ``smoothness`` only for the default ``beta``, so a problem that does not declare them (a
-  :class:`~dpsco_jax.data.UserDataProblem`) runs when those keys are given. An infinite radius
-  is the unconstrained step (``radius=None``); the theory preset needs a finite one."""
-  cfg = config_view(cfg)
-  theory = cfg.preset == "theory"
-  # the declared constants are read only when the practical preset's config leaves them out
-  lipschitz = (cfg.clip_norm if not theory and cfg.clip_norm is not None
-               else problem.lipschitz)
-  smoothness = (cfg.beta if not theory and cfg.beta is not None  # then unused
-                else problem.smoothness)
-  radius = float(problem.radius)
-  if not math.isfinite(radius):
-    if theory:
-      raise ValueError("radius: preset='theory' needs the finite radius R of the constraint "
-                       "set (Thm 5.1/5.12)")
-    radius = None
-  return plan_srgd(name, cfg, n=int(problem.n_users), p=int(problem.d),
-                   lipschitz=float(lipschitz), smoothness=float(smoothness), radius=radius)
-
-
-def charge(plan: SRGDPlan) -> PrivacyLedger | None:
-  """A fresh ledger charged with the plan's event (``None`` for a non-private plan); raises
-  before any release if the plan exceeds its budget."""
-  if not plan.private:
-    return None
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
-                         relation=plan.relation, accountant=ACCOUNTANT)
-  ledger.spend(plan.event, label=plan.label)
-  return ledger
-
-
-def privacy_report(plan: SRGDPlan, ledger: PrivacyLedger | None, m: int) -> PrivacyReport:
-  """The run's guarantee: user level when a row holds ``m > 1`` items."""
-  return _report(plan, ledger, "user" if int(m) > 1 else "item")
-
-
-def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> PrivacyReport:
-  prm = plan.params
-  passes = ("single epoch" if plan.epochs == 1 else
-            f"{plan.epochs} epochs in one fixed public order ({prm.period} steps each; each "
-            f"example in {plan.epochs} increments {prm.period} steps apart; exact stream "
-            f"sensitivity {plan.stream_sensitivity:.4g} x C/B; not paper 003's single epoch)")
-  notes = (f"{plan.name}: {passes}, {prm.num_steps} batches of {prm.batch_size}; preset "
-           f"{prm.preset}; relation {plan.relation} (public: {plan.public}; n fixes the "
-           f"batches); per-step release sensitivity {plan.sensitivity:.4g}")
-  if ledger is None:
-    return PrivacyReport(epsilon=float("inf"), delta=0.0, provenance=Provenance.NONE.value,
-                         level="none", relation=plan.relation, mechanisms=(),
-                         notes=notes + "; NOT private (noise_multiplier=0)")
-  mu = plan.gdp_factor / prm.noise_multiplier
-  return ledger.report(provenance=Provenance.ACCOUNTANT, level=level,
-                       mechanisms=(plan.label,), paper_epsilon=paper_epsilon(plan),
-                       notes=notes + f"; mu-GDP with mu={mu:.4g} (in units of the zero-out "
-                       "sensitivity C/B) converted exactly by PLD")
-
-
 def _step_hparams(plan: SRGDPlan, problem) -> dict | None:
   """The stepper's numbers as a grid sweep traces them (:func:`~dpsco_jax.algorithms.common.
   hparam`): ``beta`` (the accelerated step) and the projected-SGD step ``learning_rate``
@@ -523,17 +461,6 @@ def _algorithm(name: str) -> Callable:
                   # users sharded over the mesh's "users" axis (_batches_on_mesh); the plan's
                   # z is the one the driver would calibrate
                   reuses_noise_multiplier=True, mesh=True, batched=True, grid=_STEP_GRID)(fn)
-
-
-def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
-  """``dpsco_jax.plan``'s planner of ``name``: the driver's plan and charge, on public facts."""
-  def planner(facts: PublicFacts, cfg: dict) -> Planned:
-    p = plan_for_problem(name, facts, cfg)
-    prm = p.params
-    schedule = {"num_steps": prm.num_steps, "batch_size": prm.batch_size, "beta": prm.beta,
-                "clip_norm": prm.clip_norm, "tree_levels": p.levels, "noise_std": p.noise_std}
-    return Planned(privacy_report(p, charge(p), facts.m), prm.noise_multiplier, schedule, p)
-  return planner
 
 
 accelerated_dp_srgd = _algorithm("accelerated_dp_srgd")

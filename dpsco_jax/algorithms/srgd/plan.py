@@ -5,7 +5,9 @@
 noise multiplier ``z``, the per-increment sensitivity and the one privacy event of the whole
 single-epoch run. Running (``srgd.run_srgd`` / ``srgd.srgd_releases``) executes the plan and
 nothing else; the driver spends ``plan.event`` on a budgeted ledger before anything is
-released.
+released. :func:`plan_for_problem` reads the public facts off a problem, :func:`charge` and
+:func:`privacy_report` are that ledger and the run's guarantee, and the planners
+:func:`dpsco_jax.plan` calls (registered by :mod:`.driver`) return both.
 
 Neighbouring relations (:mod:`dpsco_jax.privacy.relations`):
 
@@ -67,7 +69,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import dp_accounting
@@ -77,11 +79,13 @@ from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, practical_params,
                                                theory_params)
+from dpsco_jax.data.problem import PublicFacts
 from dpsco_jax.privacy import (PUBLIC, RELATIONS, PrivacyBudgetExceeded, PrivacyLedger,
-                               calibrate_noise_multiplier, check_relation,
-                               gaussian_sensitivity_factor)
+                               PrivacyReport, Provenance, calibrate_noise_multiplier,
+                               check_relation, gaussian_sensitivity_factor)
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.config.families import Schema
 from dpsco_jax.transforms.srg import check_z_scale
@@ -369,3 +373,77 @@ def paper_epsilon(plan: SRGDPlan) -> float | None:
   z = plan.params.noise_multiplier
   mu = plan.gdp_factor / z * gaussian_sensitivity_factor(plan.relation)
   return mu * math.sqrt(2.0 * math.log(1.25 / plan.delta))
+
+
+# ------------------------------------------------ from public facts: charge, report, planner
+
+def plan_for_problem(name: str, problem, cfg: Mapping | Any) -> SRGDPlan:
+  """:func:`plan_srgd` from a problem's public facts only: ``n_users`` (public under the
+  supported relations), ``d``, ``lipschitz``, ``smoothness``, ``radius`` — never its data.
+
+  The practical preset reads ``lipschitz`` only as the default ``clip_norm`` and
+  ``smoothness`` only for the default ``beta``, so a problem that does not declare them (a
+  :class:`~dpsco_jax.data.UserDataProblem`) runs when those keys are given. An infinite radius
+  is the unconstrained step (``radius=None``); the theory preset needs a finite one."""
+  cfg = config_view(cfg)
+  theory = cfg.preset == "theory"
+  # the declared constants are read only when the practical preset's config leaves them out
+  lipschitz = (cfg.clip_norm if not theory and cfg.clip_norm is not None
+               else problem.lipschitz)
+  smoothness = (cfg.beta if not theory and cfg.beta is not None  # then unused
+                else problem.smoothness)
+  radius = float(problem.radius)
+  if not math.isfinite(radius):
+    if theory:
+      raise ValueError("radius: preset='theory' needs the finite radius R of the constraint "
+                       "set (Thm 5.1/5.12)")
+    radius = None
+  return plan_srgd(name, cfg, n=int(problem.n_users), p=int(problem.d),
+                   lipschitz=float(lipschitz), smoothness=float(smoothness), radius=radius)
+
+
+def charge(plan: SRGDPlan) -> PrivacyLedger | None:
+  """A fresh ledger charged with the plan's event (``None`` for a non-private plan); raises
+  before any release if the plan exceeds its budget."""
+  if not plan.private:
+    return None
+  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
+                         relation=plan.relation, accountant=ACCOUNTANT)
+  ledger.spend(plan.event, label=plan.label)
+  return ledger
+
+
+def privacy_report(plan: SRGDPlan, ledger: PrivacyLedger | None, m: int) -> PrivacyReport:
+  """The run's guarantee: user level when a row holds ``m > 1`` items."""
+  return _report(plan, ledger, "user" if int(m) > 1 else "item")
+
+
+def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> PrivacyReport:
+  prm = plan.params
+  passes = ("single epoch" if plan.epochs == 1 else
+            f"{plan.epochs} epochs in one fixed public order ({prm.period} steps each; each "
+            f"example in {plan.epochs} increments {prm.period} steps apart; exact stream "
+            f"sensitivity {plan.stream_sensitivity:.4g} x C/B; not paper 003's single epoch)")
+  notes = (f"{plan.name}: {passes}, {prm.num_steps} batches of {prm.batch_size}; preset "
+           f"{prm.preset}; relation {plan.relation} (public: {plan.public}; n fixes the "
+           f"batches); per-step release sensitivity {plan.sensitivity:.4g}")
+  if ledger is None:
+    return PrivacyReport(epsilon=float("inf"), delta=0.0, provenance=Provenance.NONE.value,
+                         level="none", relation=plan.relation, mechanisms=(),
+                         notes=notes + "; NOT private (noise_multiplier=0)")
+  mu = plan.gdp_factor / prm.noise_multiplier
+  return ledger.report(provenance=Provenance.ACCOUNTANT, level=level,
+                       mechanisms=(plan.label,), paper_epsilon=paper_epsilon(plan),
+                       notes=notes + f"; mu-GDP with mu={mu:.4g} (in units of the zero-out "
+                       "sensitivity C/B) converted exactly by PLD")
+
+
+def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
+  """``dpsco_jax.plan``'s planner of ``name``: the driver's plan and charge, on public facts."""
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    p = plan_for_problem(name, facts, cfg)
+    prm = p.params
+    schedule = {"num_steps": prm.num_steps, "batch_size": prm.batch_size, "beta": prm.beta,
+                "clip_norm": prm.clip_norm, "tree_levels": p.levels, "noise_std": p.noise_std}
+    return Planned(privacy_report(p, charge(p), facts.m), prm.noise_multiplier, schedule, p)
+  return planner

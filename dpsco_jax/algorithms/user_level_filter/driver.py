@@ -89,7 +89,6 @@ FILTER; ``true``: L; not part of the sensitivity, which FILTER bounds),
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable
 
 import jax
@@ -100,18 +99,16 @@ from jax.sharding import NamedSharding
 
 from dpsco_jax.algorithms.user_level_filter.config import (
     AcceleratedErmConfig, AcceleratedErmSmoothedConfig, FilterCommon, PhasedSgdConfig)
-from dpsco_jax.algorithms.registration import Planned, register
+from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.user_level_filter.plan import (FilterPlan, Options, PublicSpec,
-                                                  config_view, gauss_event, make_ledger,
-                                                  plan_alg1, plan_alg3, read_options)
-from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
-                                                       alg1_schedule, alg3_schedule)
+                                                  _planner, config_view, gauss_event,
+                                                  make_ledger, plan_accelerated_erm,
+                                                  plan_phased_sgd)
 from dpsco_jax.algorithms.user_level_filter.mesh import (place_groups, place_phase,
                                                           step_user_grads)
 from dpsco_jax.algorithms.user_level_filter.plan import (  # noqa: F401 (re-export)
     _nonprivate_report, _provenance_note, _report, alg1_report, alg3_report)
-from dpsco_jax.data.problem import MissingConstant, PublicFacts
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.problems.user_level import (corrupt_users, hinge_loss,  # noqa: F401 (re-export)
@@ -212,21 +209,6 @@ def _filter_release(points: PyTree, key: jax.Array, *, tau: float, lap_scale: fl
   return passed, x, res
 
 
-def _alg1_schedule(spec: PublicSpec, cfg: dict, opt: Options) -> Alg1Schedule:
-  c = config_view(cfg, "user_level_phased_sgd")    # derived defaults: alg1_schedule's
-  return alg1_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
-                       delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
-                       smoothness=spec.smoothness, preset=opt.preset,
-                       q_exp=c.q_exp, p_exp=c.p_exp, eta=c.learning_rate,
-                       num_groups=c.num_groups, num_phases=c.num_phases)
-
-
-def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
-  """Algorithm 1's data-free plan (schedule, Delta_i, z, sigma_i, events) from public facts."""
-  opt = read_options(cfg, "user_level_phased_sgd")
-  return plan_alg1(spec, opt, _alg1_schedule(spec, cfg, opt))
-
-
 def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray, x: PyTree,
                 k_run: jax.Array, sigma: float, clip: float | None = None):
   """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release."""
@@ -282,27 +264,6 @@ def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Arra
     out.append({"passed": bool(passed), "release": x_new, "anchor": x})
     x = project_l2_ball(x_new, problem.radius) if project else x_new
   return out
-
-
-def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
-  """``dpsco_jax.plan``'s planner: the phases' noise and the AboveThreshold / FILTER events of
-  Algorithm 1 or 3, from the public facts (the driver makes the same plan)."""
-  def planner(facts: PublicFacts, cfg: dict) -> Planned:
-    if not math.isfinite(facts.radius):
-      raise MissingConstant(f"{name} needs a finite radius R (its phases localize in balls "
-                            "around the previous phase): declare constants={'radius': ...}")
-    spec = PublicSpec.of(facts)
-    if name == "user_level_phased_sgd":
-      p = plan_phased_sgd(spec, cfg)
-      report = alg1_report(p, make_ledger(p))
-    else:
-      p = plan_accelerated_erm(spec, cfg, smoothed=name.endswith("_smoothed"))
-      report = alg3_report(p, make_ledger(p))
-    phases = [{"sigma": ph.sigma, "noise_multiplier": ph.noise_multiplier,
-               "sensitivity": ph.sensitivity} for ph in p.phases]
-    z = p.phases[0].noise_multiplier if p.phases else None
-    return Planned(report, z, {"phases": phases, "epsilon_test": p.epsilon_test}, p)
-  return planner
 
 
 # every FILTER algorithm's certificate reads m (items per user); every one takes a mesh:
@@ -423,42 +384,6 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
   (params, (s_priv, s_post)), rel = jax.lax.scan(body, (x_prev, init), jnp.arange(steps))
   return (released_params(s_post, params), filter_halted(s_priv), find_filter_state(s_priv),
           rel)
-
-
-def _alg3_schedule(spec: PublicSpec, cfg: dict, opt: Options, smoothed: bool
-                   ) -> Alg3Schedule:
-  beta = math.inf if smoothed else spec.smoothness
-  cfg = config_view(cfg, _alg3_name(smoothed))    # derived defaults: alg3_schedule's
-  r = cfg.smoothing_radius if smoothed else None
-  lam = cfg.lam
-  scale = cfg.lam_scale
-  if scale is not None:     # practical: multiply the Thm C.3 lambda (more localization)
-    if opt.preset == "theory":
-      raise ValueError("lam_scale is a practical-preset option")
-    n, m, d, L, R, eps = spec.n_users, spec.m, spec.d, spec.lipschitz, spec.radius, opt.epsilon
-    lam = check_positive(scale, "lam_scale") * (L / R) * (
-        1 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m))) if lam is None else lam
-  return alg3_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
-                       delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
-                       smoothness=beta, preset=opt.preset, q_exp=cfg.q_exp,
-                       p_exp=cfg.p_exp, lam=lam, batch_size=cfg.batch_size,
-                       num_phases=cfg.num_phases, tau=cfg.tau,
-                       smoothing_radius=r)
-
-
-def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
-                         ) -> FilterPlan:
-  """Algorithm 3's data-free plan (schedule, Delta_i, z_i, sigma_i, events)."""
-  name = _alg3_name(smoothed)
-  opt = read_options(cfg, name)
-  max_steps = config_view(cfg, name).max_steps
-  if max_steps is not None and opt.preset == "theory":
-    raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
-  return plan_alg3(spec, opt, _alg3_schedule(spec, cfg, opt, smoothed), max_steps)
-
-
-def _alg3_name(smoothed: bool) -> str:
-  return "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
 
 
 def _clip(problem: SCOProblem, cfg: dict, algorithm: str) -> float | None:

@@ -3,7 +3,9 @@
 A plan is computed from the config and the *public* facts about the data (:class:`PublicSpec`:
 ``n`` users, ``m`` items each, ``d``, ``L``, ``R``, ``beta``) before any data is touched: the
 schedule, every phase's release sensitivity, noise multiplier and standard deviation, and the
-privacy events the ledger is charged with before the first release.
+privacy events the ledger is charged with before the first release
+(:func:`plan_phased_sgd`, :func:`plan_accelerated_erm`); the reports, and the planners
+:func:`dpsco_jax.plan` calls (registered by :mod:`.driver`), are here too.
 
 Neighbouring relation: **replace-one user** (paper 000, Definition 1.3), ``n`` and ``m`` public.
 It is the only relation these drivers honour: FILTER averages over a public number of users
@@ -43,13 +45,16 @@ from dpsco_jax.algorithms.user_level_filter.config import (
 from dpsco_jax._checks import check_bool, check_choice, check_epsilon, check_positive
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.cache import bounded_cache
+from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
+                                                       alg1_schedule, alg3_schedule,
                                                        certified_sensitivity,
                                                        good_event_failure,
                                                        typical_sensitivity)
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
                                calibrate_noise_multiplier, check_relation, pure_dp_event)
 from dpsco_jax.config.families import Schema
+from dpsco_jax.data.problem import MissingConstant, PublicFacts
 from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity, noise_multiplier_for_std
 from dpsco_jax.privacy.sparse_vector import above_threshold_epsilon, laplace_test_epsilon
 
@@ -61,7 +66,7 @@ PUBLIC = ("the number of users n, the items per user m, d, L, R, beta (replace-o
 
 __all__ = ["RELATION", "SUPPORTED_RELATIONS", "PublicSpec", "Options", "PhaseNoise",
            "FilterPlan", "read_options", "plan_alg1", "plan_alg3", "make_ledger",
-           "gauss_event"]
+           "gauss_event", "plan_phased_sgd", "plan_accelerated_erm"]
 
 
 class PublicSpec(NamedTuple):
@@ -354,3 +359,77 @@ def alg3_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
               "explicit coupled Delta",
       typical="typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound",
       mechanisms=("above_threshold", "filter", "subsampled_gaussian_wor"))
+
+
+# --------------------------------------------------------------------------- planners
+
+def _alg1_schedule(spec: PublicSpec, cfg: dict, opt: Options) -> Alg1Schedule:
+  c = config_view(cfg, "user_level_phased_sgd")    # derived defaults: alg1_schedule's
+  return alg1_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
+                       delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
+                       smoothness=spec.smoothness, preset=opt.preset,
+                       q_exp=c.q_exp, p_exp=c.p_exp, eta=c.learning_rate,
+                       num_groups=c.num_groups, num_phases=c.num_phases)
+
+
+def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
+  """Algorithm 1's data-free plan (schedule, Delta_i, z, sigma_i, events) from public facts."""
+  opt = read_options(cfg, "user_level_phased_sgd")
+  return plan_alg1(spec, opt, _alg1_schedule(spec, cfg, opt))
+
+
+def _alg3_name(smoothed: bool) -> str:
+  return "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
+
+
+def _alg3_schedule(spec: PublicSpec, cfg: dict, opt: Options, smoothed: bool
+                   ) -> Alg3Schedule:
+  beta = math.inf if smoothed else spec.smoothness
+  cfg = config_view(cfg, _alg3_name(smoothed))    # derived defaults: alg3_schedule's
+  r = cfg.smoothing_radius if smoothed else None
+  lam = cfg.lam
+  scale = cfg.lam_scale
+  if scale is not None:     # practical: multiply the Thm C.3 lambda (more localization)
+    if opt.preset == "theory":
+      raise ValueError("lam_scale is a practical-preset option")
+    n, m, d, L, R, eps = spec.n_users, spec.m, spec.d, spec.lipschitz, spec.radius, opt.epsilon
+    lam = check_positive(scale, "lam_scale") * (L / R) * (
+        1 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m))) if lam is None else lam
+  return alg3_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
+                       delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
+                       smoothness=beta, preset=opt.preset, q_exp=cfg.q_exp,
+                       p_exp=cfg.p_exp, lam=lam, batch_size=cfg.batch_size,
+                       num_phases=cfg.num_phases, tau=cfg.tau,
+                       smoothing_radius=r)
+
+
+def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
+                         ) -> FilterPlan:
+  """Algorithm 3's data-free plan (schedule, Delta_i, z_i, sigma_i, events)."""
+  name = _alg3_name(smoothed)
+  opt = read_options(cfg, name)
+  max_steps = config_view(cfg, name).max_steps
+  if max_steps is not None and opt.preset == "theory":
+    raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
+  return plan_alg3(spec, opt, _alg3_schedule(spec, cfg, opt, smoothed), max_steps)
+
+
+def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
+  """``dpsco_jax.plan``'s planner: the phases' noise and the AboveThreshold / FILTER events of
+  Algorithm 1 or 3, from the public facts (the driver makes the same plan)."""
+  def planner(facts: PublicFacts, cfg: dict) -> Planned:
+    if not math.isfinite(facts.radius):
+      raise MissingConstant(f"{name} needs a finite radius R (its phases localize in balls "
+                            "around the previous phase): declare constants={'radius': ...}")
+    spec = PublicSpec.of(facts)
+    if name == "user_level_phased_sgd":
+      p = plan_phased_sgd(spec, cfg)
+      report = alg1_report(p, make_ledger(p))
+    else:
+      p = plan_accelerated_erm(spec, cfg, smoothed=name.endswith("_smoothed"))
+      report = alg3_report(p, make_ledger(p))
+    phases = [{"sigma": ph.sigma, "noise_multiplier": ph.noise_multiplier,
+               "sensitivity": ph.sensitivity} for ph in p.phases]
+    z = p.phases[0].noise_multiplier if p.phases else None
+    return Planned(report, z, {"phases": phases, "epsilon_test": p.epsilon_test}, p)
+  return planner
