@@ -79,13 +79,12 @@ import optax
 
 from dpsco_jax.algorithms.bilevel.config import LocGdConfig, LocSgdConfig
 from dpsco_jax.algorithms.registration import register
-from dpsco_jax.algorithms.bilevel.plan import _planner
 from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.cache import bounded_cache
 # the config, accounting, presets and the runner's plan (re-exported: the audits and the tests
 # read them here)
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
-    LocGDAux, LocGDConfig, LocGDRunPlan, RELATION, SUPPORTED_RELATIONS, _denominator,
+    LocGDAux, LocGDConfig, LocGDRunPlan, RELATION, SUPPORTED_RELATIONS, _denominator, _planner,
     advanced_composition_step, charge_loc_gd, check_loc_gd_precondition, check_loc_gd_relation,
     config_view, loc_gd_event, loc_gd_plan_for_problem, loc_gd_practical_config, loc_gd_radii,
     loc_gd_report, loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event,

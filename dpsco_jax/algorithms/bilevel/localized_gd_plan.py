@@ -1,7 +1,7 @@
 """DP-Loc-(S)GD decided before any data: its static config, the noise and radii schedule, its
 privacy events and calibration, the theory / practical presets (paper 004, Alg 2 / Alg 4), and
-the runner's plan from a problem's public facts with its ledger charge and report (what the
-planner in :mod:`dpsco_jax.algorithms.bilevel.plan` returns).
+the runner's plan from a problem's public facts with its ledger charge and report, and the
+planner ``dpsco_jax.plan`` calls, which returns them.
 
 Split out of :mod:`dpsco_jax.algorithms.bilevel.localized_gd` (the solver and the runner entry
 points; it re-exports every name here, and describes the algorithm, the accounting and the
@@ -22,6 +22,7 @@ from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_i
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.bilevel.config import LocGdConfig
 from dpsco_jax.algorithms.common import required_delta
+from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.config.families import Schema
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
@@ -370,3 +371,15 @@ def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
       notes=(f"{lcfg.rounds}x{lcfg.steps} clipped-mean Gaussian steps ({sampling}), "
              f"z={lcfg.noise_multiplier:.4g}, replace-one (public: {PUBLIC[RELATION]}); "
              f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
+
+
+# ``dpsco_jax.plan``'s planner of ``dp_loc_gd`` / ``dp_loc_sgd`` (the bilevel drivers register
+# none: they take no loss_fn, their ``unsupported`` reason)
+def _planner(facts, cfg: dict) -> Planned:
+  """``dpsco_jax.plan``'s planner: DP-Loc-(S)GD's solve event (item level, replace-one)."""
+  p = loc_gd_plan_for_problem(facts, cfg)
+  c = p.config
+  schedule = {"rounds": c.rounds, "num_steps": c.steps, "batch_size": c.batch_size,
+              "clip_norm": c.clip_norm, "mu": c.mu, "radius0": c.radius0,
+              "noise_std": loc_gd_stddev(c, p.n)}
+  return Planned(loc_gd_report(p, charge_loc_gd(p)), c.noise_multiplier, schedule, p)

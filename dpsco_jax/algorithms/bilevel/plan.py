@@ -10,8 +10,8 @@ public constants. Calibration goes through the library's one calibrator,
 subsampled at rate ``b_in / n`` for Alg 3) and ``T`` outer Gaussian steps (Poisson at
 ``b_out / n`` for Alg 3), composed by PLD under replace-one.
 
-The package's one planner is here too: ``dp_loc_gd`` / ``dp_loc_sgd``'s (from
-:mod:`.localized_gd_plan`); the bilevel drivers register none (they take no ``loss_fn``).
+The bilevel drivers register no planner (they take no ``loss_fn``); the package's one planner,
+``dp_loc_gd`` / ``dp_loc_sgd``'s, is in :mod:`.localized_gd_plan` with the rest of their plan.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ from dpsco_jax.config.families import Schema
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
-    LocGDConfig, charge_loc_gd, loc_gd_event, loc_gd_plan_for_problem, loc_gd_report,
-    loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event, paper_loc_gd_stddev)
-from dpsco_jax.algorithms.registration import Planned
+    LocGDConfig, loc_gd_event, loc_gd_rounds, loc_gd_stage, loc_gd_step_event,
+    paper_loc_gd_stddev)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.relations import check_relation
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
@@ -401,15 +400,3 @@ def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[Bilevel
   info["lam_below_theory_min"] = s["lam"] < max(2 * c.kappa, c.l0f / c.l0g, c.l1f / c.l1g)
   info["eta_above_theory_max"] = s["eta"] > 1.0 / (2.0 * c.ell * c.kappa ** 3)
   return bcfg, info
-
-
-# ``dpsco_jax.plan``'s planner of ``dp_loc_gd`` / ``dp_loc_sgd`` (:mod:`.localized_gd`); the
-# bilevel drivers register none: they take no loss_fn (their ``unsupported`` reason)
-def _planner(facts, cfg: dict) -> Planned:
-  """``dpsco_jax.plan``'s planner: DP-Loc-(S)GD's solve event (item level, replace-one)."""
-  p = loc_gd_plan_for_problem(facts, cfg)
-  c = p.config
-  schedule = {"rounds": c.rounds, "num_steps": c.steps, "batch_size": c.batch_size,
-              "clip_norm": c.clip_norm, "mu": c.mu, "radius0": c.radius0,
-              "noise_std": loc_gd_stddev(c, p.n)}
-  return Planned(loc_gd_report(p, charge_loc_gd(p)), c.noise_multiplier, schedule, p)
