@@ -18,7 +18,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union
 
-from dpsco_jax._checks import MAX_SEED
+from dpsco_jax._checks import (MAX_SEED, check_delta, check_nonnegative, check_positive,
+                               check_probability)
 
 __all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "Schema", "MAX_COUNT", "check_instance", "check_refused",
            "check_type", "specs", "type_name"]
@@ -138,33 +139,36 @@ def _hint(spec: KeySpec, v: Any) -> str:
   return ""
 
 
-def _positive(v: float) -> bool:
-  return math.isfinite(v) and v > 0
+def _above_zero(x: float, name: str) -> float:
+  """``> 0``, +inf included: for ``radius`` and ``smoothness`` +inf is a declared fact (an
+  unconstrained domain, a loss that is not smooth)."""
+  if not x > 0:
+    raise ValueError(f"{name} must be a number > 0 (.inf allowed), got {x!r}")
+  return x
 
 
-def _nonnegative(v: float) -> bool:
-  return math.isfinite(v) and v >= 0
+def _finite(x: float, name: str) -> float:
+  if not math.isfinite(x):
+    raise ValueError(f"{name} must be a finite number, got {x!r}")
+  return x
 
 
-_POSITIVE = ("a finite number > 0", _positive)
-_NONNEGATIVE = ("a finite number >= 0", _nonnegative)
 #: The range of the vocabulary's signed number keys, wherever they appear (one name, one
 #: meaning, one range), checked when a config is built, from YAML or from Python: an
 #: ``epsilon`` of -1, a ``delta`` of 2 or a NaN step size is refused naming the key, not found
-#: by the planner (or not at all). Every other number key must be finite (no NaN, no +-inf).
-RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
+#: by the planner (or not at all). The checks are the argument checks' (``_checks``); every
+#: other number key must be finite (no NaN, no +-inf).
+RANGES: dict[str, Callable[[float, str], float]] = {
     **dict.fromkeys(("epsilon", "epsilon_budget", "clip_norm", "inner_clip_norm",
                      "outer_clip_norm", "inner_clip_norm_lam", "learning_rate", "lipschitz",
-                     "epochs"), _POSITIVE),
+                     "epochs"), check_positive),
     **dict.fromkeys(("noise_multiplier", "strong_convexity", "heterogeneity", "l2"),
-                    _NONNEGATIVE),
-    "delta": ("a number in the open interval (0, 1)", lambda v: 0.0 < v < 1.0),
-    "sampling_rate": ("a number in (0, 1]", lambda v: 0.0 < v <= 1.0),
-    # +inf is a declared fact here: an unconstrained domain, a non-smooth loss
-    "radius": ("a number > 0 (.inf: unconstrained)", lambda v: v > 0),
-    "smoothness": ("a number > 0 (.inf: not smooth)", lambda v: v > 0),
+                    check_nonnegative),
+    "delta": check_delta,
+    "sampling_rate": check_probability,
+    "radius": _above_zero,
+    "smoothness": _above_zero,
 }
-_FINITE = ("a finite number", math.isfinite)
 
 
 def _check_range(spec: KeySpec, v: Any) -> Any:
@@ -172,9 +176,10 @@ def _check_range(spec: KeySpec, v: Any) -> Any:
   keys lie in their :data:`RANGES` entry (finite, when the key has none)."""
   if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)
                               and spec.name in RANGES):
-    what, ok = RANGES.get(spec.name, _FINITE)
-    if not ok(float(v)):
-      raise ConfigError(f"{spec.name} must be {what}, got {v!r}")
+    try:
+      RANGES.get(spec.name, _finite)(v, spec.name)
+    except ValueError as err:   # the argument check's message, as a config error
+      raise ConfigError(str(err)) from None
     return v
   if isinstance(v, tuple):   # a sequence key (shares, omega_bounds): finite numbers
     if not all(math.isfinite(float(x)) for x in v):
