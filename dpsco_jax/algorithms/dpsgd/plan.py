@@ -113,7 +113,8 @@ from dpsco_jax.privacy.group import group_privacy_epsilon
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.privacy import matrix_factorization as mf
 # the correlated-noise part of the plan: the MF strategies of bounded-participation schedules
-from dpsco_jax.algorithms.dpsgd.mf_plan import DEFAULT_BANDS, MfNoise, _mf_noise, _tree_sensitivity
+from dpsco_jax.algorithms.dpsgd.mf_plan import (DEFAULT_BANDS, MfNoise, _mf_noise,
+                                                _tree_sensitivity)
 from dpsco_jax.problems import SCOProblem
 
 SAMPLING_RELATIONS = {
@@ -372,13 +373,14 @@ def _sampling(sampling: str, n: int, rate: float | None, batch_size: int | None
   return q, max(1, round(q * n)), q * n, poisson_capacity(n, q)
 
 
-def _noise_multiplier(cfg: Schema, schedule: dict, *, level: str, relation: str,
-                      delta: float, group_size: int, tv: float
+def _noise_multiplier(cfg: Schema, make_event: Callable[[float], Any], schedule: dict, *,
+                      level: str, relation: str, delta: float, group_size: int, tv: float
                       ) -> tuple[float, float | None, float | None]:
   """(z, epsilon target or None, item delta target or None). An explicit
   ``noise_multiplier`` is used as is (the driver checks the budget before any release); else
-  ``z`` is calibrated to the target through the one calibrator, memoized there on the keyword
-  arguments ``schedule`` of :func:`schedule_event` (a pure function of public numbers: the
+  ``z`` is calibrated to the target through the one calibrator on ``make_event`` (the
+  schedule's event of ``z``), memoized there on its keyword arguments ``schedule`` of
+  :func:`schedule_event` (a pure function of public numbers: the
   seeds of a sweep, and a fit's plan and its driver, calibrate once). At group level the item
   target is the one whose group lift is the target, with room left for the truncation term
   ``(1 + e^{eps_i}) tv`` that :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds.
@@ -388,7 +390,6 @@ def _noise_multiplier(cfg: Schema, schedule: dict, *, level: str, relation: str,
     return float(cfg.noise_multiplier), target, None
   if target is None:
     raise ValueError("epsilon is required unless noise_multiplier is given")
-  make_event = lambda z: schedule_event(z, **schedule)
   key = ("dp_sgd", tuple(sorted(schedule.items())))
   if level != "group":
     z = calibrate_noise_multiplier(make_event, epsilon=target, delta=delta,
@@ -462,8 +463,9 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
   schedule = dict(sampling=sampling, q=q, n=n, batch=batch, steps=steps, mf_noise=mf_noise,
                   participations=participations, min_sep=min_sep)
   make_event = lambda z: schedule_event(z, **schedule)
-  z, target, item_delta = _noise_multiplier(cfg, schedule, level=level, relation=relation,
-                                            delta=delta, group_size=group_size, tv=trunc)
+  z, target, item_delta = _noise_multiplier(cfg, make_event, schedule, level=level,
+                                            relation=relation, delta=delta,
+                                            group_size=group_size, tv=trunc)
   if cfg.learning_rate is None and not math.isfinite(radius):
     raise ValueError("learning_rate: its default R / (C sqrt(num_steps)) needs a finite "
                      "radius R (the problem is unconstrained): give learning_rate")
@@ -488,7 +490,8 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
 # ------------------------------------------ the plan of a problem, its charge, the planners
 
 NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
-                            level="none", notes="non-private (reference or noise switched off)")
+                                  level="none",
+                                  notes="non-private (reference or noise switched off)")
 
 
 def _item_rows(data: dict) -> dict:
@@ -507,7 +510,7 @@ def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
   ``m``, ``lipschitz``, ``radius``; a :class:`~dpsco_jax.data.PublicFacts` suffices) or, for
   the audit hooks, the rows of ``data``: the realized row count enters only under a relation
   that makes it public. ``problem.lipschitz`` is read only when ``clip_norm`` is not given."""
-  check_choice(level, "level", ("user", "item", "group"))
+  check_choice(level, "level", LEVELS)
   per_user = 1 if level == "user" else problem.m
   realized = (problem.n_users * per_user if data is None
               else jax.tree.leaves(_rows(problem, level, data))[0].shape[0])
