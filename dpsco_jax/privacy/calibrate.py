@@ -70,10 +70,11 @@ def _log_gap(eps_fn: Callable[[float], float], epsilon: float) -> Callable[[floa
 def _solve(gap: Callable[[float], float], lo: float, guess: float | None = None,
            rtol: float = RTOL, slope: float | None = None) -> tuple[float, float | None]:
   """A z >= lo with ``gap(z) <= 0`` (``gap``: :func:`_log_gap`, decreasing) that spends the
-  target to ``EPS_RTOL`` or, unless z == lo, has a point within ``rtol`` (relative) below it that misses
-  the target: the smallest feasible z to these tolerances. Every returned z was evaluated and
-  met the target (never an interpolated point). ``guess``: where to look first (RDP's answer,
-  for PLD; else 1); ``slope``: d log eps / d log z near the answer, a hint for the first step.
+  target to ``EPS_RTOL`` or, unless z == lo, has a point within ``rtol`` (relative) below it
+  that misses the target: the smallest feasible z to these tolerances. Every returned z was
+  evaluated and met the target (never an interpolated point). ``guess``: where to look first
+  (RDP's answer, for PLD; else 1); ``slope``: d log eps / d log z near the answer, a hint for
+  the first step.
   Returns ``(z, slope)``, the slope being the final bracket's (None without one), to seed a
   later search.
 
@@ -183,8 +184,10 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
   check_choice(accountant, "accountant", ACCOUNTANTS)
   check_positive(lower, "lower")
   fixed = _as_list(fixed)
-  eps_at = lambda z, kind: ledger_epsilon(_as_list(make_event(z)) + fixed, delta=delta,
-                                          relation=relation, accountant=kind)
+  # the gap to the target of the ledger's epsilon under the accountant ``kind``
+  gap_at = lambda kind: _log_gap(
+      lambda z: ledger_epsilon(_as_list(make_event(z)) + fixed, delta=delta, relation=relation,
+                               accountant=kind), epsilon)
   probe = _as_list(make_event(1.0)) + fixed
   plain = all(not isinstance(e, OUTSIDE_ACCOUNTANT) for e in probe)
   rdp_ok = plain and all(make_accountant("rdp", relation, e).supports(
@@ -194,13 +197,12 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
   # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
   if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
     # RDP's answer only says where to look: 1% is close enough
-    z_rdp, slope = _solve(_log_gap(lambda z: eps_at(z, "rdp"), epsilon), lower, None,
-                          rtol=1e-2)
+    z_rdp, slope = _solve(gap_at("rdp"), lower, None, rtol=1e-2)
     # "auto" refines as the ledger will account: PLD, or RDP where PLD's truncated tails
     # give no finite epsilon (delta below ~1e-15)
     fine = "pld" if accountant == "pld" else "auto"
-    return _solve(_log_gap(lambda z: eps_at(z, fine), epsilon), lower, z_rdp, slope=slope)[0]
-  return _solve(_log_gap(lambda z: eps_at(z, accountant), epsilon), lower, None)[0]
+    return _solve(gap_at(fine), lower, z_rdp, slope=slope)[0]
+  return _solve(gap_at(accountant), lower, None)[0]
 
 
 @bounded_cache()
