@@ -45,6 +45,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
+from dpsco_jax.algorithms.common import auto_axes, mesh_context, replicated_on
 from dpsco_jax.algorithms.registry import algorithms
 from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.data.problem import ProblemConstants, PublicFacts, UserDataProblem
@@ -368,7 +369,10 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   ``jax.set_mesh``, if any). Each device differentiates and clips
   its own users; the clipped sums are reduced across the axis and the noise is drawn once
   from the one key. The plan and ledger do not depend on it, and the released params equal
-  the one-device run's to float tolerance (``MESH_READY`` algorithms).
+  the one-device run's to float tolerance (``MESH_READY`` algorithms). A mesh with explicit
+  axes (``jax.make_mesh``'s default) runs on its auto-typed twin (same devices and names), the
+  params and key moved onto it, and the released params come back replicated over the
+  caller's mesh; arrays that ``loss_fn`` closes over must not be typed with an explicit mesh.
 
   ``data_placement``: ``"device"`` (the whole table on the device, one jitted scan),
   ``"host"`` (``dp_sgd_user`` / ``dp_sgd_item`` with Poisson sampling: users, or item
@@ -396,19 +400,24 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
     return _distributed.run(p, loss_fn, params, data, key, api=sys.modules[__name__],
                             callback=callback, mesh=mesh, data_placement=data_placement)
   _check_data_for_plan(p, data, "the data")
-  problem = UserDataProblem(loss_fn, params, data, level=_entry(p.algorithm).level,
-                            constants=p.constants)
-  problem.mesh = _mesh(p.algorithm, mesh)
-  problem.placement = _placement(p, data, data_placement, problem.mesh)
-  problem.progress = _progress(p, callback)
-  if problem.d != p.num_params:
-    raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
-                     f"{problem.d}")
-  result = execute(p, problem, key)
+  caller_mesh = _mesh(p.algorithm, mesh)
+  run_mesh = auto_axes(caller_mesh)   # jax.make_mesh's explicit axes: run on an auto twin
+  with mesh_context(run_mesh):   # over a caller's explicit jax.set_mesh context
+    params, key = replicated_on((params, key), run_mesh, caller_mesh)
+    problem = UserDataProblem(loss_fn, params, data, level=_entry(p.algorithm).level,
+                              constants=p.constants)
+    problem.mesh = run_mesh
+    problem.placement = _placement(p, data, data_placement, problem.mesh)
+    problem.progress = _progress(p, callback)
+    if problem.d != p.num_params:
+      raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
+                       f"{problem.d}")
+    result = execute(p, problem, key)
+    released = problem.unflatten(result.params)
   if problem.progress is not None and not problem.progress.seen:   # no per-step reports
     callback(Progress(int(p.schedule.get("num_steps") or 0),
                       int(p.schedule.get("num_steps") or 0), float(result.privacy.epsilon)))
-  return dataclasses.replace(result, params=problem.unflatten(result.params))
+  return dataclasses.replace(result, params=replicated_on(released, caller_mesh, caller_mesh))
 
 
 def _driver_config(p: Plan) -> Any:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax._checks import check_choice, check_delta, check_int, check_probability
 from dpsco_jax.cache import bounded_cache
@@ -191,6 +193,40 @@ def mesh_users_axis(mesh: Mesh, axis: str = "users") -> int:
                      f"are sharded over an axis named {axis!r}, e.g. "
                      f"jax.sharding.Mesh(jax.devices(), ('{axis}',))")
   return int(mesh.shape[axis])
+
+
+def auto_axes(mesh: Mesh | None) -> Mesh | None:
+  """``mesh`` with every axis of type ``Auto`` (same devices, names and shape).
+
+  ``jax.make_mesh`` makes ``Explicit`` axes (the default since JAX 0.7), on which
+  ``with_sharding_constraint`` is an assertion and ``shard_map`` / ``device_put`` type the
+  arrays with that mesh: the drivers place users with sharding constraints, so they run on
+  this auto-typed twin, under :func:`mesh_context` (a caller's explicit ``jax.set_mesh``
+  context would otherwise be the one their jitted code is traced in)."""
+  if mesh is None or all(t == AxisType.Auto for t in mesh.axis_types):
+    return mesh
+  return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+@contextlib.contextmanager
+def mesh_context(mesh: Mesh | None) -> Iterator[None]:
+  """``jax.set_mesh(mesh)`` (nothing for ``None``): the context a run on ``mesh`` is traced in;
+  nested inside a caller's context, it is the one jitted code sees."""
+  if mesh is None:
+    yield
+    return
+  with jax.set_mesh(mesh):
+    yield
+
+
+def replicated_on(tree: Any, mesh: Mesh | None, caller: Mesh | None) -> Any:
+  """``tree`` replicated over ``mesh`` when the ``caller``'s mesh has non-``Auto`` axes: a
+  run's inputs made in the caller's explicit context (params, key) onto its
+  :func:`auto_axes` twin, and the released params back onto the caller's mesh (JAX refuses an
+  op whose operands are typed with another mesh than the context's). ``tree`` otherwise."""
+  if caller is None or auto_axes(caller) is caller:
+    return tree
+  return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
 
 
 def _on_mesh(data: Any, mesh: Mesh, axis: str) -> tuple[Any, int]:

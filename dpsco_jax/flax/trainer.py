@@ -32,8 +32,9 @@ items; item level: leaves ``[n, ...]``):
    of ``ceil(batch_capacity / k)`` users), then
 3. noise is added once per logical batch: ``sum / D + N(0, (z C / D)^2)`` (core
    ``add_gaussian_noise``), and the caller's ``optimizer`` sees only the privatized gradient
-   (post-processing). ``optax.MultiSteps`` as ``optimizer`` is refused: it would average noisy
-   gradients, not accumulate clipped sums; use ``accumulation_steps``.
+   (post-processing). ``optax.MultiSteps`` or ``optax.apply_every`` in ``optimizer`` is
+   refused: they average (sum) noisy gradients, not accumulate clipped sums; use
+   ``accumulation_steps``.
 
 Sensitivity: removing (zeroing) one user moves the clipped sum by at most ``C``, the released
 mean by ``C / D``; under replace-one by ``2C`` (the accountant doubles it).
@@ -111,9 +112,17 @@ def _optional(x: Any, check: Callable, name: str) -> Any:
   return None if x is None else check(x, name)
 
 
-def _contains_multisteps(tree: Any) -> bool:
-  return any(isinstance(x, optax.MultiStepsState)
-             for x in jax.tree.leaves(tree, is_leaf=lambda y: isinstance(y, optax.MultiStepsState)))
+#: optax's gradient-accumulation wrappers, by the state type they leave in the optimizer state
+#: (found however deep in a chain): they average or sum noisy gradients over several steps
+_ACCUMULATORS = {optax.MultiStepsState: "optax.MultiSteps", optax.ApplyEvery: "optax.apply_every"}
+
+
+def _accumulator(tree: Any) -> str | None:
+  """The name of the first accumulation wrapper whose state is in ``tree`` (else None)."""
+  kinds = tuple(_ACCUMULATORS)
+  found = [x for x in jax.tree.leaves(tree, is_leaf=lambda y: isinstance(y, kinds))
+           if isinstance(x, kinds)]
+  return _ACCUMULATORS[type(found[0])] if found else None
 
 
 class DPTrainer:
@@ -123,7 +132,7 @@ class DPTrainer:
     model: the ``nnx.Module`` to train (its ``nnx.Param`` leaves; other state is fixed).
     loss_fn: ``loss_fn(model, example) -> scalar`` for ONE item (checked before any step).
     optimizer: the data-independent step applied to the privatized gradient: an optax
-      transformation, e.g. ``optax.sgd(lr)`` (not ``optax.MultiSteps``: see
+      transformation, e.g. ``optax.sgd(lr)`` (not ``optax.MultiSteps`` / ``apply_every``: see
       ``accumulation_steps``), or an ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, which is
       then driven: training continues from its state and writes its state and step back.
       Either way ``model`` is updated in place at the end of :meth:`train` / :meth:`restore`.
@@ -214,10 +223,11 @@ class DPTrainer:
     if isinstance(optimizer, nnx.Optimizer):  # drive it: its tx, its state, written back
       self._nnx_opt, optimizer = optimizer, optimizer.tx
     self.optimizer = optimizer
-    if _contains_multisteps(optimizer.init(params)):
-      raise ValueError("optimizer must not be optax.MultiSteps: it would average noisy "
-                       "gradients instead of accumulating clipped sums under one noise draw; "
-                       "use DPTrainer(accumulation_steps=k)")
+    accumulator = _accumulator(optimizer.init(params))
+    if accumulator is not None:
+      raise ValueError(f"optimizer must not contain {accumulator}: it would accumulate noisy "
+                       "gradients over steps instead of accumulating clipped sums under one "
+                       "noise draw; use DPTrainer(accumulation_steps=k)")
     if self.cyclic is None:
       sample_key, noise_key = jax.random.split(key)
       self._noise = add_gaussian_noise(self.noise_stddev, noise_key)
@@ -393,6 +403,10 @@ class DPTrainer:
     return nnx.merge(c.graphdef, self.state.params, c.rest)
 
   def _one_step(self):
+    with self._mesh.context():   # over a caller's explicit-axes jax.set_mesh context
+      self._step_on_mesh()
+
+  def _step_on_mesh(self):
     st = self.state
     chosen = (self.cyclic.chosen(st.sample_key, int(st.step)) if self.cyclic else
               np.flatnonzero(np.asarray(self._sample(st.sample_key, st.step))))

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dpsco_jax.algorithms.common import _on_mesh, mesh_users_axis
+from dpsco_jax.algorithms.common import _on_mesh, auto_axes, mesh_context, mesh_users_axis
 
 PyTree = Any
 AXIS = "users"
@@ -38,13 +38,15 @@ AXIS = "users"
 
 def current_mesh(mesh: Mesh | None) -> Mesh | None:
   """``mesh``, else the one set with ``jax.set_mesh`` (if any), as ``dpsco_jax.fit`` reads
-  it; a mesh without a ``"users"`` axis is refused, naming the axis."""
+  it; a mesh without a ``"users"`` axis is refused, naming the axis. A mesh with explicit
+  axes (``jax.make_mesh``'s default) is replaced by its auto-typed twin
+  (:func:`~dpsco_jax.algorithms.common.auto_axes`)."""
   if mesh is None:
     current = jax.sharding.get_mesh()
     mesh = current if isinstance(current, Mesh) and not current.empty else None
   if mesh is not None:
     mesh_users_axis(mesh, AXIS)
-  return mesh
+  return auto_axes(mesh)
 
 
 class UsersMesh:
@@ -56,6 +58,11 @@ class UsersMesh:
     if self.mesh is not None:
       self._users = NamedSharding(self.mesh, PartitionSpec(AXIS))
       self._replicated = NamedSharding(self.mesh, PartitionSpec())
+
+  def context(self):
+    """The context the trainer's jitted steps run in: its (auto-typed) mesh, over a caller's
+    explicit ``jax.set_mesh`` context; nothing without a mesh."""
+    return mesh_context(self.mesh)
 
   def micro_batch(self, size: int) -> int:
     """``size`` rounded up to a multiple of the devices (the extra slots are masked)."""

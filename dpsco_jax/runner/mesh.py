@@ -17,14 +17,15 @@ a row are not vmapped together on a mesh (one program per seed; their records sa
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
+# ``jax.set_mesh(mesh)`` around a user-problem run (``dp.fit`` / ``fit_model`` read it): the
+# drivers' own context helper, re-exported under the runner's name
+from dpsco_jax.algorithms.common import mesh_context  # noqa: F401
 from dpsco_jax.config.schema import ConfigError
 
 #: The mesh axis users are sharded over (the one every mesh-ready driver reads).
@@ -88,13 +89,3 @@ def on_mesh(problem: Any, mesh: jax.sharding.Mesh | None) -> Any:
   shard = copy.copy(problem)
   shard.mesh = mesh
   return shard
-
-
-@contextlib.contextmanager
-def mesh_context(mesh: jax.sharding.Mesh | None) -> Iterator[None]:
-  """``jax.set_mesh(mesh)`` around a user-problem run (``dp.fit`` / ``fit_model`` read it)."""
-  if mesh is None:
-    yield
-    return
-  with jax.set_mesh(mesh):
-    yield

@@ -311,6 +311,15 @@ def _block_counts(lay: _Layout, geo: _Geometry, thresholds: tuple[jax.Array, ...
   return tuple(jax.lax.cond(branch == 0, by_rows, by_pairs, counts))
 
 
+def coordinate_leaves(stacked: PyTree) -> list[jax.Array]:
+  """The leaves of ``stacked`` (checked: one leading user axis ``U >= 1``) that have
+  coordinates. A zero-width leaf (shape ``(U, 0)``, ``(U, 3, 0)``) adds nothing to any
+  distance, and the pair kernels index a leaf's first coordinate, so it is left out; with no
+  coordinate at all every distance is 0, which one zero column gives."""
+  u = _num_rows(stacked)
+  return [x for x in jax.tree.leaves(stacked) if x.size] or [jnp.zeros((u, 1), jnp.float32)]
+
+
 def pairwise_sq_distances(stacked: PyTree) -> jax.Array:
   """``[U, U]`` squared Euclidean distances between rows, over all leaves jointly.
 
@@ -320,8 +329,7 @@ def pairwise_sq_distances(stacked: PyTree) -> jax.Array:
   decisions are defined by (:func:`filter_points` computes only the ones near a radius and
   never holds this matrix).
   """
-  _num_rows(stacked)
-  rows = [_rows(leaf) for leaf in jax.tree.leaves(stacked)]
+  rows = [_rows(leaf) for leaf in coordinate_leaves(stacked)]
   return _canonical_sq(rows, [x.T for x in rows])
 
 

@@ -47,7 +47,7 @@ from dpsco_jax._checks import (check_bool, check_int, check_key, check_positive,
 from dpsco_jax.transforms.noise import noise_dtype, redacted_repr
 from dpsco_jax.transforms.filter_pairs import (_canonical_sq, _close_pair_counts,  # noqa: F401
                                                _exact_score, _num_rows, _rows,
-                                               pairwise_sq_distances)
+                                               coordinate_leaves, pairwise_sq_distances)
 from dpsco_jax.transforms.filter_bands import close_pair_counts
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_scales,
                                              above_threshold_step)
@@ -114,7 +114,9 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
   """The FILTER kernel (pure function; see module docstring for the math).
 
   Args:
-    stacked: pytree whose leaves have a leading user axis ``U``.
+    stacked: pytree whose leaves have a leading user axis ``U``; a zero-width leaf (shape
+      ``(U, 0)``, ``(U, 3, 0)``) has no coordinate: it is in no distance and its mean is
+      empty.
     key: PRNG key of the inclusion coins ``U_j`` (common random numbers: the same key gives
       the same coins, which is how the coupling of Lemma B.2 is tested).
     score_radius: ``r_s`` (``tau_i`` in Alg. 1, ``2 tau`` in Alg. 2).
@@ -130,11 +132,12 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
   u = mask.shape[0]
   r_s = jnp.asarray(score_radius, jnp.float32)
   r_h = r_s if degree_radius is None else jnp.asarray(degree_radius, jnp.float32)
+  coords = coordinate_leaves(clean)   # zero-width leaves: no coordinate, no distance
   if degree_radius is None:   # one radius: one count (Algorithms 2-3)
-    close_s, = close_pair_counts(clean, mask, (r_s,), rows=rows)
+    close_s, = close_pair_counts(coords, mask, (r_s,), rows=rows)
     close_h = close_s
   else:
-    close_s, close_h = close_pair_counts(clean, mask, (r_s, r_h), rows=rows)
+    close_s, close_h = close_pair_counts(coords, mask, (r_s, r_h), rows=rows)
   k_int = jnp.sum(mask, dtype=jnp.int32)
   k = k_int.astype(jnp.float32)
   score = _exact_score(close_s, k_int, u)
