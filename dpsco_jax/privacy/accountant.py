@@ -6,6 +6,18 @@ or RDP accountant (:func:`make_accountant`), converting plain Gaussian compositi
 tries first; :func:`grid_count` / :func:`grid_floor` are the geometric grid of counts the
 ledger rounds to. The stateful side (entries, groups, budgets, reports, the digest) is
 :mod:`dpsco_jax.privacy.ledger`, which re-exports these names.
+
+Extreme numbers (issue 46). Every answer is an :class:`Epsilon` that says whether it is the
+accountant's value (``exact``) or a cheaper valid bound above it (``upper_bound``). The bound
+answers where the accountant cannot: where dp_accounting's PLD would take minutes or run out
+of memory (more than :data:`MAX_PLD_COUNT` steps, a per-step loss range of more than
+:data:`MAX_PLD_STEP_POINTS` grid points, a composition wider than :data:`MAX_PLD_POINTS`, or a
+per-step loss below one grid step), where its truncated tails give no epsilon (delta below
+~1e-15), and where RDP's float64 series cancels (Poisson-sampled Gaussians with
+``(q / z)^2 <`` :data:`RDP_MIN_RATIO2`; dp_accounting then returns epsilon 0). The bound is
+the smaller of RDP's (where its series is sound) and the exact epsilon of the dominating
+Gaussian (Poisson sampling only lowers the privacy loss), and ``inf`` where ``1 / z^2``
+overflows.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from dpsco_jax._checks import check_choice
 from dpsco_jax.privacy.events import for_accountant
 from dpsco_jax.privacy.relations import accountant_relation
 
@@ -25,12 +38,52 @@ from dpsco_jax.privacy.relations import accountant_relation
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 ACCOUNTANTS = ("pld", "rdp", "auto")
+EPSILON_KINDS = ("exact", "upper_bound")
 # PLD discretization of the privacy-loss values. dp_accounting's PLD is pessimistic (rounds
 # losses up), so a coarser grid still yields a valid upper bound on epsilon; 1e-3 changes
 # epsilon in the 5th digit on DP-SGD workloads and is ~10x faster than the 1e-4 default.
 PLD_DISCRETIZATION = 1e-3
 #: ratio of the ledger's geometric grid of counts (:func:`grid_count`)
 GRID_RATIO = 2.0 ** 0.25
+# Where dp_accounting's PLD is not attempted (measured on a 2-core CPU: a PLD of 2.6e6 points
+# takes ~5 s, 2^31 steps of a one-point PLD loop in Python for hours, z = 1e-6 asks 3.5 PiB);
+# the answer is then a valid bound labelled ``upper_bound`` (module docstring).
+#: most composed steps (RDP composes any count in O(1))
+MAX_PLD_COUNT = 2 ** 20
+#: most grid points of one step's loss range (~1 s to build)
+MAX_PLD_STEP_POINTS = 5 * 10 ** 5
+#: most grid points of the composed loss range (memory of the FFT composition)
+MAX_PLD_POINTS = 2 * 10 ** 7
+#: dp_accounting's PLD tail truncation: losses beyond this mass are not represented
+PLD_TAIL_MASS = 1e-15
+#: RDP of a Poisson-sampled Gaussian sums binomial terms to ``1 + O((q/z)^2)``; below this
+#: ``(q/z)^2`` float64 rounding swamps the excess (dp_accounting then reports epsilon 0)
+RDP_MIN_RATIO2 = 1e-10
+
+
+class Epsilon(float):
+  """An epsilon that says what it is: ``kind`` is ``"exact"`` (the accountant's epsilon of the
+  recorded counts) or ``"upper_bound"`` (a cheaper number at or above it). A ``float`` in
+  every other respect (arithmetic gives plain floats; JSON writes the number); ``repr`` and
+  ``str`` name the kind, a format spec (``f"{eps:.3g}"``) gives the number alone."""
+
+  def __new__(cls, value: float, kind: str) -> "Epsilon":
+    obj = super().__new__(cls, value)
+    obj.kind = check_choice(kind, "kind", EPSILON_KINDS)
+    return obj
+
+  @property
+  def is_exact(self) -> bool:
+    return self.kind == "exact"
+
+  def __reduce__(self):
+    return (Epsilon, (float(self), self.kind))
+
+  def __repr__(self) -> str:
+    return f"Epsilon({float(self)!r}, kind={self.kind!r})"
+
+  def __str__(self) -> str:
+    return f"{float(self)!r} ({self.kind.replace('_', ' ')})"
 
 
 def grid_count(count: int) -> int:
@@ -60,17 +113,29 @@ def grid_floor(count: int) -> int:
   return min(count, math.ceil(4.0 * GRID_RATIO ** k - 1e-9))
 
 
-def _gaussian_mu2(event: Any) -> float | None:
+def _inverse_square(z: float) -> float:
+  """``1 / z^2``, ``inf`` where it overflows (z below ~1e-154: epsilon is unbounded)."""
+  z2 = float(z) * float(z)
+  return math.inf if z2 == 0.0 else 1.0 / z2
+
+
+def _gaussian_mu2(event: Any, *, dominate: bool = False) -> float | None:
   """``sum 1/z_i^2`` if ``event`` is a composition of plain Gaussians (else None): such a
   composition is exactly one Gaussian mechanism with ``mu = sqrt(sum 1/z_i^2)`` (times the
-  relation's sensitivity factor), whatever the order or grouping."""
+  relation's sensitivity factor), whatever the order or grouping. A Poisson-sampled Gaussian of
+  rate 1 is that Gaussian; with ``dominate`` one of any rate counts as its Gaussian, which
+  dominates it (joint convexity of the hockey-stick divergence: sampling only lowers the loss),
+  so the mu is then that of a Gaussian whose epsilon is an upper bound."""
   if isinstance(event, dp_accounting.GaussianDpEvent):
-    return 1.0 / float(event.noise_multiplier) ** 2
+    return _inverse_square(event.noise_multiplier)
+  if isinstance(event, dp_accounting.PoissonSampledDpEvent) and (
+      dominate or float(event.sampling_probability) == 1.0):
+    return _gaussian_mu2(event.event, dominate=dominate)
   if isinstance(event, dp_accounting.SelfComposedDpEvent):
-    inner = _gaussian_mu2(event.event)
+    inner = _gaussian_mu2(event.event, dominate=dominate)
     return None if inner is None else inner * event.count
   if isinstance(event, dp_accounting.ComposedDpEvent):
-    parts = [_gaussian_mu2(e) for e in event.events]
+    parts = [_gaussian_mu2(e, dominate=dominate) for e in event.events]
     return None if any(p is None for p in parts) else float(sum(parts))
   return None
 
@@ -83,6 +148,8 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
   from scipy import optimize, special
   if mu <= 0:
     return 0.0
+  if not math.isfinite(mu):  # z so small that 1/z^2 overflows: no finite bound
+    return math.inf
   log_delta = math.log(delta)
   def gap(eps: float) -> float:  # log delta(eps) - log delta, decreasing in eps
     a = float(special.log_ndtr(mu / 2 - eps / mu))
@@ -93,36 +160,104 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
   hi = mu * mu / 2 + mu * math.sqrt(-2 * log_delta) + 1.0  # 1/delta overflows at 5e-324
   while gap(hi) > 0:
     hi *= 2
-  return float(optimize.brentq(gap, 0.0, hi, xtol=1e-12, rtol=1e-12))
+  # a relative tolerance (an absolute one of 1e-12 is 1e-4 of an epsilon of 1e-8), and the
+  # root's feasible side: brentq may return a point a hair below it, i.e. below the truth
+  eps = float(optimize.brentq(gap, 0.0, hi, xtol=min(1e-12, 1e-15 * hi), rtol=1e-12))
+  step = max(eps * 1e-12, 1e-300)
+  while gap(eps) > 0:
+    eps, step = eps + step, 2 * step
+  return eps
 
 
 def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: str,
-                       accountant: str = "auto") -> float:
-  """Epsilon of the composition of dp_accounting ``(event, count)`` parts at ``delta``.
+                       accountant: str = "auto") -> Epsilon:
+  """Epsilon of the composition of dp_accounting ``(event, count)`` parts at ``delta``, as an
+  :class:`Epsilon` (``exact``: the accountant's value; ``upper_bound``: a valid bound above it,
+  where the accountant cannot answer; see the module docstring).
 
   Compositions of plain Gaussians are converted exactly (:func:`gaussian_epsilon`, with
   sensitivity factor 2 under replace-one) instead of through a discretized PLD, which is both
   tighter and ~1e5x faster at large epsilon (a PLD of a mu ~ 100 Gaussian takes tens of
   seconds); everything else goes to dp_accounting's PLD or RDP accountant."""
   if not parts:
-    return 0.0
+    return Epsilon(0.0, "exact")
   whole = dp_accounting.ComposedDpEvent([e for e, _ in parts])
-  mu2 = _gaussian_mu2(dp_accounting.ComposedDpEvent(
-      [dp_accounting.SelfComposedDpEvent(e, c) for e, c in parts]))
+  counted = dp_accounting.ComposedDpEvent(
+      [dp_accounting.SelfComposedDpEvent(e, c) for e, c in parts])
+  factor = 2.0 if accountant_relation(relation, whole) == (
+      dp_accounting.NeighboringRelation.REPLACE_ONE) else 1.0
+  mu2 = _gaussian_mu2(counted)
   if mu2 is not None and accountant in ("auto", "pld"):
-    factor = 2.0 if accountant_relation(relation, whole) == (
-        dp_accounting.NeighboringRelation.REPLACE_ONE) else 1.0
-    return gaussian_epsilon(factor * math.sqrt(mu2), delta)
+    return Epsilon(gaussian_epsilon(factor * math.sqrt(mu2), delta), "exact")
   kind = accountant
   if kind == "auto":
     kind = "pld" if make_accountant("pld", relation, whole).supports(
         for_accountant(whole, "pld", relation)) else "rdp"
-  eps = _composed_epsilon(parts, delta, kind, relation, whole)
-  if accountant == "auto" and kind == "pld" and math.isinf(eps) and make_accountant(
-      "rdp", relation, whole).supports(for_accountant(whole, "rdp", relation)):
-    # PLD truncates its tails (epsilon = inf below delta ~1e-15); RDP is a valid bound there
-    eps = _composed_epsilon(parts, delta, "rdp", relation, whole)
-  return eps
+  bound = lambda: Epsilon(_cheap_bound(parts, delta, relation, whole, counted, factor),
+                          "upper_bound")
+  if kind == "rdp":
+    return (Epsilon(_composed_epsilon(parts, delta, "rdp", relation, whole), "exact")
+            if _rdp_sound(counted) else bound())
+  if _pld_blocked(parts, relation, whole, counted, factor):
+    return bound()
+  eps = _composed_epsilon(parts, delta, "pld", relation, whole)
+  # PLD truncates its tails at PLD_TAIL_MASS: within 1e3 of it its epsilon is loose (the
+  # truncated mass counts as infinite loss), at and below it inf; "auto" asks RDP too there.
+  # The dominating Gaussian (milliseconds) can beat PLD where its grid is coarse for the loss.
+  cheap = _cheap_bound(parts, delta, relation, whole, counted, factor,
+                       rdp=accountant == "auto" and delta < 1e3 * PLD_TAIL_MASS)
+  return Epsilon(cheap, "upper_bound") if cheap < eps else Epsilon(eps, "exact")
+
+
+def _rdp_sound(counted: Any) -> bool:
+  """Whether RDP's float64 series is sound for every Poisson-sampled Gaussian in ``counted``
+  (``(q/z)^2 >= RDP_MIN_RATIO2``; ``1/z^2`` finite, else dp_accounting divides by zero)."""
+  for q, z, _ in _sampled_gaussians(counted, 1):
+    inv2 = _inverse_square(z)
+    if math.isinf(inv2) or (q < 1 and q * q * inv2 < RDP_MIN_RATIO2):
+      return False
+  return True
+
+
+def _cheap_bound(parts: list[tuple[Any, int]], delta: float, relation: str, whole: Any,
+                 counted: Any, factor: float, rdp: bool = True) -> float:
+  """The smaller of two valid upper bounds that cost milliseconds at any size: RDP's (with
+  ``rdp``, where its series is sound and it reads the events) and the dominating Gaussian's;
+  ``inf`` when neither applies (a valid, if useless, bound)."""
+  bounds = [math.inf]
+  mu2 = _gaussian_mu2(counted, dominate=True)
+  if mu2 is not None:
+    bounds.append(gaussian_epsilon(factor * math.sqrt(mu2), delta))
+  if rdp and _rdp_sound(counted) and make_accountant("rdp", relation, whole).supports(
+      for_accountant(whole, "rdp", relation)):
+    bounds.append(_composed_epsilon(parts, delta, "rdp", relation, whole))
+  return min(bounds)
+
+
+def _pld_blocked(parts: list[tuple[Any, int]], relation: str, whole: Any, counted: Any,
+                 factor: float) -> bool:
+  """Whether dp_accounting's PLD of ``parts`` would be too large to build in about a second
+  (or degenerate): too many steps, a step's loss range (``mu^2/2 + c mu`` either way, ``c``
+  the Gaussian quantile of the tail mass; sampling only shifts it by ``log q``) too wide or
+  below one grid step, or a composed range (RDP's epsilon at the tail mass, asked only when
+  the dominating Gaussian's is too wide) too wide."""
+  c = math.sqrt(2.0 * math.log(1.0 / PLD_TAIL_MASS))
+  width = lambda mu2: 2.0 * (mu2 / 2.0 + c * math.sqrt(mu2)) / PLD_DISCRETIZATION
+  steps = list(_sampled_gaussians(counted, 1))
+  if sum(n for _, _, n in steps) > MAX_PLD_COUNT:
+    return True
+  for _, z, _ in steps:
+    points = width(factor * factor * _inverse_square(z))
+    if not 1.0 <= points <= MAX_PLD_STEP_POINTS:
+      return True
+  mu2 = _gaussian_mu2(counted, dominate=True)
+  if mu2 is None or width(factor * factor * mu2) <= MAX_PLD_POINTS:
+    return False
+  if not (_rdp_sound(counted) and make_accountant("rdp", relation, whole).supports(
+      for_accountant(whole, "rdp", relation))):
+    return True
+  return 2.0 * _composed_epsilon(parts, PLD_TAIL_MASS, "rdp", relation, whole) / (
+      PLD_DISCRETIZATION) > MAX_PLD_POINTS
 
 
 def _composed_epsilon(parts: list[tuple[Any, int]], delta: float, kind: str, relation: str,
@@ -179,6 +314,8 @@ def _sampled_gaussian_lower_bound(q: float, z: float, steps: int, delta: float) 
   import numpy as np
   from scipy import special, stats
   mu = 1.0 / z
+  if mu > 1e150:  # the test's grid overflows; 0 is a valid bound (the accountant answers inf)
+    return 0.0
   t = np.linspace(-3.0, mu + 8.0, 96)[:, None]
   log_p0 = special.log_ndtr(-t)
   log_hit = special.log_ndtr(mu - t)

@@ -196,8 +196,13 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
       for_accountant(e, "pld", relation)) for e in probe)
   # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
   if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
-    # RDP's answer only says where to look: 1% is close enough
-    z_rdp, slope = _solve(gap_at("rdp"), lower, None, rtol=1e-2)
+    # RDP's answer only says where to look: 1% is close enough. Its finite orders floor its
+    # epsilon (~0.03 at delta 1e-15, ~0.7 at 1e-300), so a tiny target may have no RDP answer;
+    # the search below then starts from scratch
+    try:
+      z_rdp, slope = _solve(gap_at("rdp"), lower, None, rtol=1e-2)
+    except ValueError:
+      z_rdp, slope = None, None
     # "auto" refines as the ledger will account: PLD, or RDP where PLD's truncated tails
     # give no finite epsilon (delta below ~1e-15)
     fine = "pld" if accountant == "pld" else "auto"

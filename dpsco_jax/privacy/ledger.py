@@ -29,7 +29,9 @@ What a number is. Every epsilon the ledger hands out says which of the two it is
 ``kind``), and a :class:`PrivacyReport` has ``epsilon_kind``. ``exact``: the accountant's
 epsilon of exactly the recorded counts (itself the accountant's guarantee: PLD is pessimistic
 up to its discretization, RDP a looser bound); ``upper_bound``: a cheaper number at or above
-the exact one (the grid bound, when some count was rounded up).
+the exact one (the grid bound, when some count was rounded up; or the accountant module's
+bound where the configured accountant cannot answer: huge counts, tiny noise, delta below
+PLD's ~1e-15 tails, see :mod:`dpsco_jax.privacy.accountant`).
 
 Refusing quickly. A budget check first bounds epsilon cheaply from *below*
 (:func:`epsilon_lower_bound`: a threshold test on Poisson-sampled Gaussian steps, closed form);
@@ -63,10 +65,8 @@ from dpsco_jax.privacy.events import (OUTSIDE_ACCOUNTANT, ApproxDpEvent, ApproxR
 from dpsco_jax.privacy.relations import RELATIONS, check_relation
 # the stateless accountant (re-exported: its callers read it here)
 from dpsco_jax.privacy.accountant import (  # noqa: F401
-    ACCOUNTANTS, GRID_RATIO, PLD_DISCRETIZATION, accountant_epsilon, epsilon_lower_bound,
-    gaussian_epsilon, grid_count, grid_floor, make_accountant)
-
-EPSILON_KINDS = ("exact", "upper_bound")
+    ACCOUNTANTS, EPSILON_KINDS, GRID_RATIO, PLD_DISCRETIZATION, Epsilon, accountant_epsilon,
+    epsilon_lower_bound, gaussian_epsilon, grid_count, grid_floor, make_accountant)
 
 __all__ = ["ACCOUNTANTS", "EPSILON_KINDS", "PLD_DISCRETIZATION", "ApproxDpEvent",
            "ApproxRdpEvent", "Epsilon", "PrivacyBudgetExceeded", "PrivacyLedger",
@@ -84,31 +84,6 @@ class Provenance(str, enum.Enum):
   NONE = "none"  # non-private reference runs only (level "none"): no guarantee at all
 
 
-class Epsilon(float):
-  """An epsilon that says what it is: ``kind`` is ``"exact"`` (the accountant's epsilon of the
-  recorded counts) or ``"upper_bound"`` (a cheaper number at or above it). A ``float`` in
-  every other respect (arithmetic gives plain floats; JSON writes the number); ``repr`` and
-  ``str`` name the kind, a format spec (``f"{eps:.3g}"``) gives the number alone."""
-
-  def __new__(cls, value: float, kind: str) -> "Epsilon":
-    obj = super().__new__(cls, value)
-    obj.kind = check_choice(kind, "kind", EPSILON_KINDS)
-    return obj
-
-  @property
-  def is_exact(self) -> bool:
-    return self.kind == "exact"
-
-  def __reduce__(self):
-    return (Epsilon, (float(self), self.kind))
-
-  def __repr__(self) -> str:
-    return f"Epsilon({float(self)!r}, kind={self.kind!r})"
-
-  def __str__(self) -> str:
-    return f"{float(self)!r} ({self.kind.replace('_', ' ')})"
-
-
 class PrivacyBudgetExceeded(RuntimeError):
   """Raised before a release that would take the ledger past its epsilon budget."""
 
@@ -118,7 +93,7 @@ class LedgerIntegrityError(ValueError):
 
 
 @bounded_cache(256)
-def _shared_epsilon(parts: ByKey, delta: float, relation: str, accountant: str) -> float:
+def _shared_epsilon(parts: ByKey, delta: float, relation: str, accountant: str) -> Epsilon:
   """:func:`accountant_epsilon` of ``parts.value``, memoized in the one cache on the parts'
   canonical JSON and the other (public) arguments, for every ledger: a run's re-charge of
   its plan's events is a lookup, not a second PLD composition."""
@@ -258,7 +233,7 @@ class PrivacyLedger:
         self._refuse(label, low, "at least ")
     eps = self._grid_epsilon(candidate, self.delta)
     if over(eps):
-      eps = Epsilon(self._epsilon(candidate, self.delta, rounded=False)[0], "exact")
+      eps = Epsilon(*self._epsilon(candidate, self.delta, rounded=False)[::2])
       if over(eps):
         self._refuse(label, eps, "")
     return eps
@@ -268,8 +243,8 @@ class PrivacyLedger:
     value: the same accountant evaluation)."""
     rounded = any(grid_count(e.count) != e.count for e in entries
                   if not isinstance(e.event, OUTSIDE_ACCOUNTANT))
-    return Epsilon(self._epsilon(entries, delta, rounded=True)[0],
-                   "upper_bound" if rounded else "exact")
+    eps, _, kind = self._epsilon(entries, delta, rounded=True)
+    return Epsilon(eps, "upper_bound" if rounded else kind)
 
   def spend(self, event: Any, *, label: str, group: str | None = None,
             count: int = 1) -> Epsilon:
@@ -289,13 +264,14 @@ class PrivacyLedger:
 
   # --- epsilon ------------------------------------------------------------------------------
   def _group_eps(self, chosen: list[_Entry], delta: float, rounded: bool
-                 ) -> tuple[float, float]:
+                 ) -> tuple[float, float, str]:
     cnt = (lambda c: grid_count(c)) if rounded else (lambda c: c)
     parts = [(e.event, cnt(e.count)) for e in chosen
              if not isinstance(e.event, OUTSIDE_ACCOUNTANT)]
     key = tuple((event_key(ev), int(c)) for ev, c in parts)
     eps, extra_delta = _shared_epsilon(ByKey(parts, key), delta, self.relation,
                                        self.accountant), 0.0
+    kind = eps.kind
     rdp: dict[tuple[float, float], list[float]] = {}
     for e in chosen:
       ev = e.event
@@ -312,19 +288,21 @@ class PrivacyLedger:
       e_conv = eps_rdp + math.log(1.0 / dprime) / (alpha - 1.0)
       eps += e_conv
       extra_delta += dprime + (1.0 + math.exp(min(e_conv, 700.0))) * dtv
-    return eps, extra_delta
+    return float(eps), extra_delta, kind
 
   def _epsilon(self, entries: list[_Entry], delta: float, rounded: bool
-               ) -> tuple[float, float]:
-    """(epsilon, extra delta of (eps, delta) / approximate-RDP blocks) of ``entries``."""
+               ) -> tuple[float, float, str]:
+    """(epsilon, extra delta of (eps, delta) / approximate-RDP blocks, kind) of ``entries``;
+    the kind is ``upper_bound`` when any group's accountant answered with a bound."""
     if not entries:
-      return 0.0, 0.0
+      return 0.0, 0.0, "exact"
     groups = sorted({e.group for e in entries if e.group is not None}) or [None]
-    best = (0.0, 0.0)
+    best = (0.0, 0.0, "exact")
     for g in groups:
       chosen = [e for e in entries if e.group is None or e.group == g]
-      eps, extra = self._group_eps(chosen, delta, rounded)
-      best = (max(best[0], eps), max(best[1], extra))
+      eps, extra, kind = self._group_eps(chosen, delta, rounded)
+      best = (max(best[0], eps), max(best[1], extra),
+              "upper_bound" if "upper_bound" in (best[2], kind) else "exact")
     return best
 
   def epsilon(self, delta: float | None = None, *, exact: bool = False) -> Epsilon:
@@ -337,8 +315,8 @@ class PrivacyLedger:
     step. ``exact=True`` composes the exact counts (kind ``exact``; one accountant evaluation
     per new ledger state, cached). Reports and calibration use the exact value."""
     d = self.delta if delta is None else check_delta(delta)
-    if exact:
-      return Epsilon(self._epsilon(self._entries, d, rounded=False)[0], "exact")
+    if exact:  # exact counts; still a bound where the accountant could not answer
+      return Epsilon(*self._epsilon(self._entries, d, rounded=False)[::2])
     return self._grid_epsilon(self._entries, d)
 
   def extra_delta(self) -> float:
@@ -367,7 +345,7 @@ class PrivacyLedger:
     P[M'(D') in S] + delta + tv <= e^eps P[M(D') in S] + delta + (1 + e^eps) tv``."""
     if tv_distance < 0 or extra_delta < 0:
       raise ValueError("tv_distance and extra_delta must be >= 0")
-    eps, blocks_delta = self._epsilon(self._entries, self.delta, rounded=False)
+    eps, blocks_delta, kind = self._epsilon(self._entries, self.delta, rounded=False)
     spent = any(not isinstance(e.event, OUTSIDE_ACCOUNTANT) for e in self._entries)
     delta = ((self.delta if spent else 0.0) + blocks_delta + extra_delta
              + (1.0 + math.exp(min(eps, 700.0))) * tv_distance)
@@ -375,7 +353,7 @@ class PrivacyLedger:
                          provenance=Provenance(provenance).value, level=level,
                          relation=self.relation,
                          mechanisms=tuple(mechanisms) or tuple(e.label for e in self._entries),
-                         paper_epsilon=paper_epsilon, notes=notes)
+                         paper_epsilon=paper_epsilon, notes=notes, epsilon_kind=kind)
 
   # --- integrity ------------------------------------------------------------------------------
   def config(self) -> dict:
