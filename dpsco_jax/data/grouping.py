@@ -39,9 +39,16 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["canonical_ids", "id_seed", "group_rows", "Groups", "slot_rows", "dense_run_length",
-           "write_padded", "prepare_store", "save_store_meta", "open_store", "STORE_FORMAT"]
+           "write_padded", "prepare_store", "save_store_meta", "open_store", "STORE_FORMAT",
+           "StoreIntegrityError", "STORE_ARRAYS", "array_checksum", "fingerprint",
+           "leaf_label", "store_facts"]
 
-STORE_FORMAT = "dpsco_jax.UserData/1"
+STORE_FORMAT = "dpsco_jax.UserData/2"      # meta.json holds a manifest and a fingerprint
+_OLD_FORMATS = ("dpsco_jax.UserData/1",)   # no manifest: refused (rewrite the store)
+FINGERPRINT_FORMAT = "dpsco_jax.UserData.fingerprint/1"
+#: The small arrays of a store, in the (sorted) order of its manifest and fingerprint.
+STORE_ARRAYS = ("item_mask", "n_dropped", "n_items", "user_ids")
+CHUNK_BYTES = 8 << 20    # checksums read 8 MiB at a time: bounded memory at any table size
 _BLOCK_BYTES = 1 << 26   # ~64 MB of padded rows per block: bounded temporaries
 _SCAN_ROWS = 1 << 20     # ids compared per chunk by dense_run_length: ~1 MB of bools
 
@@ -314,6 +321,63 @@ def write_padded(leaves: list[np.ndarray], rows_of: Callable[[int, int], np.ndar
 
 
 # --------------------------------------------------------------------------- store
+#
+# A store is ``leaf_<i>.npy`` (the padded leaves), ``item_mask.npy``, ``user_ids.npy``,
+# ``n_items.npy``, ``n_dropped.npy`` and ``meta.json``, written last (atomically): the layout,
+# a manifest (each file's name, size, dtype, shape and the SHA-256 of its array) and the
+# dataset's fingerprint (:func:`fingerprint` over the ordered checksums and the layout).
+# :func:`open_store` refuses a store whose files do not match it (edited, truncated, swapped,
+# missing or extra files), so a damaged store can never be trained on as if it were the table.
+
+
+class StoreIntegrityError(ValueError):
+  """A store whose files do not match its manifest, or that has none: opening it would read
+  another table than the one written. The message names the file."""
+
+
+def array_checksum(arr: Any) -> str:
+  """SHA-256 of an array's dtype, shape and C-order bytes, streamed in blocks of about
+  ``CHUNK_BYTES`` rows (bounded memory: a memory map or device array is never copied whole).
+  Equal to the checksum of the same array's ``.npy`` file (:func:`open_store`)."""
+  shape, dtype = tuple(arr.shape), np.dtype(arr.dtype)
+  h = hashlib.sha256(_array_tag(dtype, shape))
+  if len(shape) == 0:
+    _update(h, np.asarray(arr).reshape(1))
+    return h.hexdigest()
+  row = max(1, dtype.itemsize * int(np.prod(shape[1:])))
+  step = max(1, CHUNK_BYTES // row)
+  for a in range(0, shape[0], step):
+    _update(h, np.asarray(arr[a:a + step]))
+  return h.hexdigest()
+
+
+def fingerprint(entries: list[tuple[str, str | None]], facts: dict[str, Any]) -> str:
+  """SHA-256 naming a dataset: its ``(label, array checksum)`` entries in order plus layout
+  ``facts`` (JSON). A digest of private data: it stays with the data and its checkpoints."""
+  body = {"format": FINGERPRINT_FORMAT, "arrays": [list(e) for e in entries], "facts": facts}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def leaf_label(examples_kind: str, name: str) -> str:
+  """A leaf's label in :func:`fingerprint`: ``"examples" + jax.tree_util.keystr(path)``, so a
+  store and the same data in memory have one fingerprint."""
+  return "examples" if examples_kind == "array" else f"examples[{name!r}]"
+
+
+def store_facts(m_declared: bool, shard: dict | None = None) -> dict[str, Any]:
+  """The facts besides the arrays that :func:`fingerprint` covers."""
+  return {"m_declared": bool(m_declared), **({} if shard is None else {"shard": shard})}
+
+
+def _array_tag(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+  return json.dumps([dtype.str, [int(d) for d in shape]]).encode()
+
+
+def _update(h: Any, block: np.ndarray) -> None:
+  if block.dtype == object:     # ids beyond int64: their values, not the object pointers
+    h.update(repr(block.tolist()).encode())
+  else:
+    h.update(np.ascontiguousarray(block).data)
 
 
 def prepare_store(store: str | os.PathLike, examples_kind: str, names: list[str]) -> None:
@@ -328,33 +392,169 @@ def prepare_store(store: str | os.PathLike, examples_kind: str, names: list[str]
 
 def save_store_meta(store: str | os.PathLike, *, examples_kind: str, names: list[str],
                     arrays: dict[str, np.ndarray], m_declared: bool) -> None:
-  """The small arrays (mask, ids, counts) and ``meta.json``; written last, so a store with
-  ``meta.json`` is complete."""
+  """The small arrays (mask, ids, counts), then ``meta.json`` with the manifest of every file:
+  written last and atomically, so a store with ``meta.json`` is complete. Checksums are of
+  the files as they landed on disk (re-read, streamed), not of what was meant to be written."""
   for name, arr in arrays.items():
     if arr.dtype == object:
       raise TypeError(f"a store cannot hold object-dtype {name} (ids beyond int64?)")
     np.save(os.path.join(store, f"{name}.npy"), arr, allow_pickle=False)
+  files = _store_files(len(names), sorted(arrays))
+  manifest = [_describe(store, f) for f in files]
+  labels = [leaf_label(examples_kind, n) for n in names] + sorted(arrays)
   meta = {"format": STORE_FORMAT, "examples": examples_kind, "names": names,
-          "arrays": sorted(arrays), "m_declared": bool(m_declared)}
-  with open(os.path.join(store, "meta.json"), "w") as f:
+          "arrays": sorted(arrays), "m_declared": bool(m_declared), "manifest": manifest,
+          "fingerprint": fingerprint([(label, e["sha256"]) for label, e in zip(labels, manifest)],
+                                     store_facts(m_declared))}
+  tmp = os.path.join(store, ".meta.json.tmp")
+  with open(tmp, "w") as f:
     json.dump(meta, f)
+  os.replace(tmp, os.path.join(store, "meta.json"))
 
 
-def open_store(store: str | os.PathLike) -> tuple[Any, dict[str, np.ndarray], bool]:
-  """``(examples, small arrays, m_declared)`` of a store: leaves as read-only memory maps
-  (pages are read when a batch touches them), the small arrays in memory."""
-  meta_path = os.path.join(store, "meta.json")
-  if not os.path.exists(meta_path):
-    raise FileNotFoundError(f"{os.fspath(store)!r} is not a complete UserData store (no "
-                            "meta.json): build it with UserData.from_arrays(..., store=...)")
-  with open(meta_path) as f:
-    meta = json.load(f)
-  if meta.get("format") != STORE_FORMAT:
-    raise ValueError(f"unknown store format {meta.get('format')!r}; expected {STORE_FORMAT}")
-  leaves = [np.load(os.path.join(store, f"leaf_{i}.npy"), mmap_mode="r")
-            for i in range(len(meta["names"]))]
+def _store_files(n_leaves: int, arrays: list[str]) -> list[str]:
+  return [f"leaf_{i}.npy" for i in range(n_leaves)] + [f"{a}.npy" for a in arrays]
+
+
+def _describe(store: str | os.PathLike, name: str) -> dict[str, Any]:
+  """A manifest entry: name, size, dtype, shape and the array's checksum."""
+  path = os.path.join(store, name)
+  offset, shape, dtype = _npy_layout(path, name)
+  return {"file": name, "size": os.path.getsize(path), "dtype": dtype.str,
+          "shape": list(shape), "sha256": _file_checksum(path, offset, shape, dtype)}
+
+
+def _npy_layout(path: str, name: str) -> tuple[int, tuple[int, ...], np.dtype]:
+  """``(data offset, shape, dtype)`` from a ``.npy`` header (refused: not C order, objects)."""
+  try:
+    with open(path, "rb") as f:
+      read = _HEADER_READERS.get(np.lib.format.read_magic(f))
+      if read is None:
+        raise ValueError("unsupported .npy version")
+      shape, fortran, dtype = read(f)
+      offset = f.tell()
+  except (ValueError, OSError, SyntaxError, TypeError) as err:
+    raise StoreIntegrityError(f"store file {name} is not a readable .npy array ({err}): the "
+                              "store is damaged; rewrite it") from err
+  if fortran or dtype.hasobject:
+    raise StoreIntegrityError(f"store file {name} is not a C-order array of plain values")
+  return offset, tuple(shape), dtype
+
+
+_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,   # np.save's
+                   (2, 0): np.lib.format.read_array_header_2_0}   # write_padded's
+
+
+def _file_checksum(path: str, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> str:
+  """:func:`array_checksum` of a ``.npy`` file's array, read in ``CHUNK_BYTES`` blocks."""
+  h = hashlib.sha256(_array_tag(dtype, shape))
+  with open(path, "rb") as f:
+    f.seek(offset)
+    while block := f.read(CHUNK_BYTES):
+      h.update(block)
+  return h.hexdigest()
+
+
+def open_store(store: str | os.PathLike, *, verify: bool = True
+               ) -> tuple[Any, dict[str, np.ndarray], bool, str]:
+  """``(examples, small arrays, m_declared, fingerprint)`` of a store: leaves as read-only
+  memory maps (pages are read when a batch touches them), the small arrays in memory.
+
+  Checked first (:class:`StoreIntegrityError`, naming the file): ``meta.json`` against its
+  fingerprint, exactly the manifest's files present, each one's size, dtype and shape, and
+  each array's checksum. ``verify=False`` skips the *leaves'* checksums only (a leaf edited or
+  swapped with another of the same size then goes unnoticed): for processes that open a store
+  another process has verified (reading every leaf is the whole table's I/O).
+  """
+  meta = _read_meta(store)
+  files = _store_files(len(meta["names"]), meta["arrays"])
+  _check_manifest(store, meta, files)
+  n_leaves = len(meta["names"])
+  for i, entry in enumerate(meta["manifest"]):
+    _check_file(store, entry, checksum=verify or i >= n_leaves)
+  leaves = [np.load(os.path.join(store, f), mmap_mode="r") for f in files[:n_leaves]]
   examples = (leaves[0] if meta["examples"] == "array"
               else dict(zip(meta["names"], leaves)))
   arrays = {name: np.load(os.path.join(store, f"{name}.npy"), allow_pickle=False)
             for name in meta["arrays"]}
-  return examples, arrays, bool(meta["m_declared"])
+  return examples, arrays, bool(meta["m_declared"]), meta["fingerprint"]
+
+
+def _read_meta(store: str | os.PathLike) -> dict[str, Any]:
+  meta_path = os.path.join(store, "meta.json")
+  if not os.path.exists(meta_path):
+    raise FileNotFoundError(f"{os.fspath(store)!r} is not a complete UserData store (no "
+                            "meta.json): build it with UserData.from_arrays(..., store=...)")
+  try:
+    with open(meta_path) as f:
+      meta = json.load(f)
+  except (ValueError, UnicodeDecodeError) as err:
+    raise StoreIntegrityError(f"meta.json of store {os.fspath(store)!r} is not valid JSON "
+                              f"({err}): the store is damaged; rewrite it") from err
+  fmt = meta.get("format") if isinstance(meta, dict) else None
+  if fmt in _OLD_FORMATS:
+    raise StoreIntegrityError(
+        f"store {os.fspath(store)!r} was written in format {fmt}, which has no manifest: its "
+        "files cannot be checked against what was written, so it is refused; rewrite it with "
+        "UserData.from_arrays(..., store=<new directory>)")
+  if fmt != STORE_FORMAT:
+    raise StoreIntegrityError(f"unknown store format {fmt!r} in meta.json; expected "
+                              f"{STORE_FORMAT}")
+  want = {"examples": str, "names": list, "arrays": list, "m_declared": bool,
+          "manifest": list, "fingerprint": str}
+  bad = [k for k, t in want.items() if not isinstance(meta.get(k), t)]
+  bad += [] if meta.get("arrays") == list(STORE_ARRAYS) else ["arrays"]
+  if bad or not all(isinstance(e, dict) for e in meta["manifest"]):
+    raise StoreIntegrityError(f"meta.json of store {os.fspath(store)!r} is malformed "
+                              f"(fields {bad or ['manifest']}): it was edited; rewrite the store")
+  return meta
+
+
+def _check_manifest(store: str | os.PathLike, meta: dict[str, Any], files: list[str]) -> None:
+  """meta.json agrees with its fingerprint and the directory holds exactly its files."""
+  listed = [e.get("file") for e in meta["manifest"]]
+  if listed != files:
+    raise StoreIntegrityError(
+        f"meta.json names {len(meta['names'])} leaves and arrays {meta['arrays']}, i.e. files "
+        f"{files}, but its manifest lists {listed}: meta.json was edited; rewrite the store")
+  try:
+    labels = ([leaf_label(meta["examples"], n) for n in meta["names"]] + list(meta["arrays"]))
+    recomputed = fingerprint([(label, e["sha256"]) for label, e in zip(labels, meta["manifest"])],
+                             store_facts(meta["m_declared"]))
+  except (KeyError, TypeError) as err:
+    raise StoreIntegrityError(f"meta.json's manifest is malformed ({err!r}): rewrite the "
+                              "store") from err
+  if recomputed != meta["fingerprint"]:
+    raise StoreIntegrityError("meta.json does not match its fingerprint: its layout (names, "
+                              "examples, arrays, m_declared) or manifest was edited; rewrite "
+                              "the store")
+  present = set(os.listdir(store)) - {"meta.json"}
+  missing = [f for f in files if f not in present]
+  if missing:
+    raise StoreIntegrityError(f"store {os.fspath(store)!r} is missing {missing} listed in its "
+                              "manifest")
+  extra = sorted(present - set(files))
+  if extra:
+    raise StoreIntegrityError(f"store {os.fspath(store)!r} holds {extra}, which its manifest "
+                              "does not list (a leaf meta.json forgot, or a stray file): "
+                              "refusing to guess; rewrite the store or remove them")
+
+
+def _check_file(store: str | os.PathLike, entry: dict[str, Any], *, checksum: bool) -> None:
+  """One file against its manifest entry: size, dtype and shape always, then its checksum."""
+  name = entry["file"]
+  path = os.path.join(store, name)
+  size = os.path.getsize(path)
+  if size != entry.get("size"):
+    raise StoreIntegrityError(f"store file {name} is {size} bytes, its manifest says "
+                              f"{entry.get('size')}: it was truncated, extended or replaced")
+  offset, shape, dtype = _npy_layout(path, name)
+  if dtype.str != entry.get("dtype") or list(shape) != entry.get("shape"):
+    raise StoreIntegrityError(f"store file {name} holds {dtype.str} {list(shape)}, its manifest "
+                              f"says {entry.get('dtype')} {entry.get('shape')}: it was replaced")
+  if offset + dtype.itemsize * int(np.prod(shape)) != size:
+    raise StoreIntegrityError(f"store file {name} is {size} bytes, not the header plus its "
+                              f"{list(shape)} {dtype.str} array: it is damaged")
+  if checksum and _file_checksum(path, offset, shape, dtype) != entry.get("sha256"):
+    raise StoreIntegrityError(f"store file {name} does not match its checksum in the manifest: "
+                              "its contents were edited, or it was swapped with another file")

@@ -59,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsco_jax._checks import check_bool
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.data import grouping
 from dpsco_jax.data.grouping import canonical_ids, id_seed
@@ -420,13 +421,46 @@ class UserData:
     return data
 
   @classmethod
-  def open(cls, store: str | os.PathLike) -> "UserData":
+  def open(cls, store: str | os.PathLike, *, verify: bool = True) -> "UserData":
     """A UserData written by ``from_arrays(..., store=store)``: its leaves are read-only
     memory maps, so a batch reads only its sampled users' pages
-    (:mod:`dpsco_jax.data.sampling`)."""
-    examples, arrays, m_declared = grouping.open_store(store)
-    return cls(examples, arrays["item_mask"], arrays["user_ids"], arrays["n_items"],
+    (:mod:`dpsco_jax.data.sampling`).
+
+    Every file is checked against the store's manifest first (size, dtype, shape and
+    checksum; :func:`~dpsco_jax.data.grouping.open_store`): an edited, truncated, swapped,
+    missing or extra file, or a store of the old format without a manifest, raises
+    :class:`~dpsco_jax.data.grouping.StoreIntegrityError` naming the file. The checksums read
+    the whole store once (streamed, ~1 GB/s); ``verify=False`` skips the leaves' checksums
+    (sizes, headers and the small arrays are still checked), e.g. on the processes of a
+    distributed run once one process has verified the store."""
+    examples, arrays, m_declared, digest = grouping.open_store(
+        store, verify=check_bool(verify, "verify"))
+    data = cls(examples, arrays["item_mask"], arrays["user_ids"], arrays["n_items"],
                arrays["n_dropped"], m_declared=m_declared)
+    object.__setattr__(data, "_store_fingerprint", digest)  # checked against the files above
+    return data
+
+  # Set by :meth:`open` only: a derived object (select, shard) holds other arrays.
+  _store_fingerprint = None
+
+  @property
+  def fingerprint(self) -> str:
+    """A SHA-256 naming this dataset: its arrays (examples, mask, ids, counts) in order and
+    ``m_declared`` (:func:`~dpsco_jax.data.grouping.fingerprint`). The same data has the same
+    fingerprint in memory and in a store; a checkpoint records it so that training resumes
+    only on the data it was trained on. Opened from a store: the manifest's (verified on
+    open); otherwise computed from the arrays on each access (streamed, ~1 GB/s; arrays can
+    be views of the caller's table, so it is not memoized). It is a digest of private data
+    (it tells whether a candidate table is this one): never publish it."""
+    if self._store_fingerprint is not None:
+      return self._store_fingerprint
+    entries = [("examples" + jax.tree_util.keystr(path), grouping.array_checksum(leaf))
+               for path, leaf in jax.tree_util.tree_flatten_with_path(self.examples)[0]]
+    for name in grouping.STORE_ARRAYS:
+      value = getattr(self, name)
+      entries.append((name, None if value is None else grouping.array_checksum(value)))
+    shard = None if self.shard_info is None else dataclasses.asdict(self.shard_info)
+    return grouping.fingerprint(entries, grouping.store_facts(self.m_declared, shard))
 
   @classmethod
   def from_table(cls, table: Any, *, user_column: str, columns: Sequence[str] | None = None,

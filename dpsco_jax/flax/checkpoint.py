@@ -27,7 +27,12 @@ Restoring refuses (``LedgerIntegrityError``, a ``ValueError``) a checkpoint
   not keyed, so an edit that recomputes them is caught here unless the step counter is edited
   consistently too (only the HMAC stops that);
 * whose privacy fingerprint (sampling rate, denominator, noise multiplier, clip norm, level,
-  relation) differs.
+  relation) differs;
+* whose data facts (:func:`data_facts`: number of users, item slots, leaf shapes and dtypes,
+  and the data's digest) differ from the restoring trainer's data: a run resumes only on the
+  data it was trained on, not on another table of the same shape (:func:`check_data_facts`).
+  The digest is :attr:`~dpsco_jax.data.UserData.fingerprint`, so a UserData and its store
+  agree; it is a digest of private data, kept in the checkpoint (secret state already).
 
 Orbax writes into ``step_<t>.orbax-checkpoint-tmp-*`` and renames on success, so a crash leaves
 a partial temporary folder; :func:`latest_checkpoint` only considers complete ``step_<8 digits>``
@@ -53,7 +58,7 @@ from dpsco_jax.privacy import LedgerIntegrityError, PrivacyLedger
 from dpsco_jax.privacy.events import event_key
 
 __all__ = ["latest_checkpoint", "save_checkpoint", "load_checkpoint", "check_ledger_matches",
-           "seal", "verify_seal"]
+           "seal", "verify_seal", "data_facts", "check_data_facts"]
 
 PyTree = Any
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -210,6 +215,41 @@ def load_checkpoint(path: str | os.PathLike, like: PyTree, *, hmac_key: bytes | 
                        restored, like)
   verify_seal(got["meta"], arrays_digest(jax.device_get(_flat_arrays(state))), hmac_key)
   return path, state, got["meta"]
+
+
+def data_facts(data: Any) -> dict:
+  """What a checkpoint records of the data a trainer reads: public facts (users, item slots,
+  leaf shapes and dtypes) and the digest of the contents, never the data itself. A
+  :class:`~dpsco_jax.data.UserData` gives its spec and :attr:`fingerprint`; other data (a
+  pytree of arrays) the shapes of its leaves and a digest over them."""
+  from dpsco_jax.data import UserData
+  from dpsco_jax.data.grouping import array_checksum, fingerprint
+  if isinstance(data, UserData):
+    spec = data.spec
+    return {"n_users": spec.n_users, "max_items_per_user": spec.max_items_per_user,
+            "item_shapes": [[p, list(s), d] for p, s, d in spec.item_shapes],
+            "digest": data.fingerprint}
+  leaves = jax.tree_util.tree_flatten_with_path(data)[0]
+  return {"leaf_shapes": [[jax.tree_util.keystr(p), list(x.shape), str(x.dtype)]
+                          for p, x in leaves],
+          "digest": fingerprint([(jax.tree_util.keystr(p), array_checksum(x))
+                                 for p, x in leaves], {})}
+
+
+def check_data_facts(recorded: Any, mine: dict) -> None:
+  """Raises ``ValueError`` unless the checkpoint's :func:`data_facts` are the trainer's,
+  naming the facts that differ (values shown for shapes only: the others, e.g. the number of
+  users, can be private)."""
+  if not isinstance(recorded, dict):
+    raise ValueError("checkpoint records no data facts (written by an older version): it "
+                     "cannot be checked against this trainer's data, so it is refused")
+  differ = [k for k in sorted(set(recorded) | set(mine)) if recorded.get(k) != mine.get(k)]
+  if differ:
+    shapes = [f"{k}: checkpoint {recorded.get(k)}, this data {mine.get(k)}"
+              for k in differ if k in ("item_shapes", "leaf_shapes")]
+    raise ValueError(f"checkpoint was trained on other data: {', '.join(differ)} differ"
+                     f"{' (' + '; '.join(shapes) + ')' if shapes else ''}; resume on the data "
+                     "it was trained on")
 
 
 def check_ledger_matches(ledger: PrivacyLedger, event: Any, steps: int) -> None:

@@ -202,6 +202,7 @@ class DPTrainer:
     self.accumulation_steps = check_int(accumulation_steps, "accumulation_steps")
     debug = check_bool(debug, "debug")
     key = check_seed_or_key(key, "key")
+    self._data_facts = ckpt.data_facts(data)  # of what this trainer reads: checkpoints record it
     loss_fn, data = from_user_data(loss_fn, data, self.level)
     self.clipper = FastClippedGrad(model, loss_fn, clip_norm=clip_norm, level=level,
                                    method=method)
@@ -572,7 +573,7 @@ class DPTrainer:
     seal covers ledger, step, history, fingerprint and arrays; it is an HMAC with
     ``hmac_key`` (bytes you hold: detects forgery), else a plain SHA-256 (accidents only)."""
     meta = {"fingerprint": self._fingerprint(), "ledger": self.ledger.state_dict(),
-            "history": self.history}
+            "history": self.history, "data": self._data_facts}
     return ckpt.save_checkpoint(directory, self.state, self.step_count, meta,
                                 hmac_key=hmac_key)
 
@@ -586,7 +587,8 @@ class DPTrainer:
     this trainer, which must be fresh (nothing spent: the ledger is never rolled back). Refuses
     a broken seal (with ``hmac_key``: a missing or wrong HMAC, i.e. a forgery), an edited
     ledger, another budget / accountant / privacy configuration, or a ledger that is not what
-    the checkpoint's step count implies (:mod:`dpsco_jax.flax.checkpoint`)."""
+    the checkpoint's step count implies, or other data than it was trained on
+    (:mod:`dpsco_jax.flax.checkpoint`)."""
     if self.ledger.events or self.step_count:
       raise ValueError("restore into a fresh trainer: this one already spent privacy budget, "
                        "and a restore must never roll the ledger back")
@@ -598,6 +600,7 @@ class DPTrainer:
     if meta.get("fingerprint") != mine:
       raise ValueError(f"checkpoint privacy configuration {meta.get('fingerprint')} does not "
                        f"match this trainer's {mine}")
+    ckpt.check_data_facts(meta.get("data"), self._data_facts)
     ledger = PrivacyLedger.from_state_dict(meta["ledger"], expect_config=self.ledger.config())
     if self.cyclic is not None:
       self.cyclic.check_ledger(ledger, int(state.step))
