@@ -192,6 +192,9 @@ class DataFileKeys(Schema):
   selection: Optional[Literal["random", "first"]] = config_key("which items a user beyond m keeps",
                                                                "random")
   seed: Optional[int] = config_key("seed of the random selection", 0)
+  user_id_dtype: Optional[Literal["str", "int"]] = config_key(
+      "how a .csv reads its user ids: str (default; the exact text, surrounding spaces "
+      "stripped) or int (01 and 1 are one user)")
 
 
 PROBLEM_SCHEMAS: dict[str, type] = {

@@ -4,10 +4,14 @@ The machinery behind :meth:`dpsco_jax.data.UserData.from_arrays`:
 
 * :func:`canonical_ids` refuses ids that would silently merge or split users: ``NaN`` (every
   missing id would become one user), ``None``, bools, and mixtures of kinds (``1``, ``1.0``,
-  ``True`` and ``"1"`` in one column). **Rule:** a column of ids is all integers, all strings
-  (or all bytes), or all floats that are finite whole numbers (an integer column that became
-  float, e.g. through pandas missing values). Object columns are reduced to the native numpy
-  dtype of their one kind; their values (hence each user's seed, :func:`id_seed`) are unchanged.
+  ``True`` and ``"1"`` in one column) and blank strings (``""`` or only whitespace: the
+  missing ids of a text file, which would all become one user). **Rule:** a column of ids is
+  all integers, all non-blank strings (or all non-blank bytes), or all floats that are finite
+  whole numbers (an integer column that became float, e.g. through pandas missing values).
+  Strings are compared exactly (``"01"``, ``"1"`` and ``" 1"`` are three users). Object columns
+  are reduced to the native numpy dtype of their one kind; their values (hence each user's
+  seed, :func:`id_seed`) are unchanged. :func:`blank_ids` gives the positions of blank ids (a
+  file reader names their rows).
 * :func:`group_rows` groups ``N`` rows in ``O(N log N)``: one stable argsort of the ids plus
   offsets; users come out in order of first appearance.
 * :func:`slot_rows` gives the table rows behind each user's ``m`` item slots, for a block of
@@ -38,9 +42,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["canonical_ids", "id_seed", "group_rows", "Groups", "slot_rows", "dense_run_length",
-           "write_padded", "prepare_store", "save_store_meta", "open_store", "STORE_FORMAT",
-           "StoreIntegrityError", "STORE_ARRAYS", "array_checksum", "fingerprint",
+__all__ = ["canonical_ids", "blank_ids", "id_seed", "group_rows", "Groups", "slot_rows",
+           "dense_run_length", "write_padded", "prepare_store", "save_store_meta", "open_store",
+           "STORE_FORMAT", "StoreIntegrityError", "STORE_ARRAYS", "array_checksum", "fingerprint",
            "leaf_label", "store_facts"]
 
 STORE_FORMAT = "dpsco_jax.UserData/2"      # meta.json holds a manifest and a fingerprint
@@ -104,6 +108,14 @@ def _from_objects(ids: np.ndarray, what: str) -> np.ndarray:
                                        "bytes": np.bytes_}[kind])
 
 
+def blank_ids(ids: np.ndarray) -> np.ndarray:
+  """Positions of the blank ids (``""`` or only whitespace) of a str / bytes id array (none
+  for other dtypes): missing ids, which would silently become one user."""
+  if ids.dtype.kind not in "US":
+    return np.zeros(0, np.intp)
+  return np.flatnonzero((np.strings.str_len(ids) == 0) | np.strings.isspace(ids))
+
+
 def canonical_ids(user_ids: Any, what: str = "user_ids") -> np.ndarray:
   """``user_ids`` as a 1-D numpy array of one id kind, or a clear error (see the module doc).
 
@@ -128,6 +140,11 @@ def canonical_ids(user_ids: Any, what: str = "user_ids") -> np.ndarray:
   elif ids.dtype.kind not in "iuUSO":
     raise TypeError(f"{what} must be ints, strings or whole-number floats, got dtype "
                     f"{ids.dtype}")
+  blank = blank_ids(ids)
+  if blank.size:
+    raise ValueError(f"{what} contain {blank.size} blank id(s) ('' or only spaces; the first "
+                     f"at position {blank[0]}): missing ids would be merged into one user; "
+                     "drop or fill those rows first")
   return ids
 
 

@@ -2,21 +2,42 @@
 config key, then read into a :class:`~dpsco_jax.data.UserData` through
 :meth:`UserData.from_table` (split out of :mod:`dpsco_jax.runner.user`, which re-exports these
 names; the accepted forms are described there).
+
+The file is read and checked when the config is checked, before anything runs (the result is
+cached, so the run reuses it); every fault is one :class:`ConfigError` naming the file and the
+array / column, never a value of the data:
+
+* **Ids.** A ``.csv`` id is the field's text with surrounding spaces stripped (``"01"``,
+  ``"1"`` and ``"1.0"`` are three users), unless ``user_id_dtype: int`` declares integer ids
+  (``01`` and ``1`` are then one user; a field that is not an integer is refused). Two ids that
+  differ only in surrounding spaces (``" 1"`` and ``"1"``) are refused rather than merged. A
+  blank id is refused naming its line. ``.npz`` / ``.parquet`` ids keep their own dtype and go
+  through :func:`~dpsco_jax.data.grouping.canonical_ids` (blank strings, ``NaN``, non-integer
+  floats, mixed kinds refused); an ``.npz`` id array must be one-dimensional.
+* **Features** must be numbers (bool, int, float) with one row per id; a non-finite value
+  (``NaN``, ``inf``; a parquet null reads as ``NaN``) is refused with the count of values and
+  rows: the run would silently drop that user (its clipped gradient is zeroed).
+* **Exactness.** The run computes in float32 / int32: a float64 value beyond the float32 range
+  (it would become ``inf``), an int64 value outside int32 (it would wrap), and an integer
+  stacked into a float leaf beyond the float's exact integers (``2**24`` for float32) are
+  refused naming the column and the limit; nothing is narrowed inexactly.
 """
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
 import difflib
 import os
+import re
 from typing import Any
 
 import numpy as np
 
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax.config.families import DataFileKeys
-from dpsco_jax.config.types import ConfigError, _check_type, _specs
+from dpsco_jax.config.types import ConfigError, check_type, specs
+from dpsco_jax.data.grouping import blank_ids, canonical_ids
 from dpsco_jax.runner.config import DATA_SUFFIXES
 from dpsco_jax.runner.usercode import _one_line
 
@@ -32,24 +53,32 @@ class DataFile:
   max_items_per_user: int | None = None
   selection: str = "random"
   seed: int = 0
+  user_id_dtype: str | None = None   # .csv only: None / "str" (the text) or "int"
+  # the config key, for messages only: not part of equality, so not of the cache key
+  where: str = dataclasses.field(default="data", compare=False)
 
   @property
   def suffix(self) -> str:
     return os.path.splitext(self.path)[1].lower()
+
+  @property
+  def what(self) -> str:
+    return "array" if self.suffix == ".npz" else "column"
+
+  def error(self, message: str) -> ConfigError:
+    """A ConfigError naming the config key and the file."""
+    return ConfigError(f"{self.where}: {self.path}: {message}")
 
 
 def _file_columns(path: str, suffix: str, where: str) -> list[str]:
   """The array / column names of a data file (its header only)."""
   try:
     if suffix == ".npz":
-      with np.load(path, allow_pickle=False) as z:
+      with _open_npz(path) as z:
         return list(z.files)
     if suffix == ".csv":
-      with open(path, newline="") as f:
-        header = next(csv.reader(f), None)
-      if not header:
-        raise ConfigError(f"{where}: {path} is empty (a .csv needs a header row)")
-      return [h.strip() for h in header]
+      with open(path, newline="", encoding="utf-8-sig") as f:
+        return _csv_header(next(csv.reader(f), None), path, where)
     try:
       import pyarrow.parquet as pq
     except ImportError:
@@ -60,6 +89,17 @@ def _file_columns(path: str, suffix: str, where: str) -> list[str]:
     raise
   except Exception as err:  # noqa: BLE001 - a broken file is a config error
     raise ConfigError(f"{where}: cannot read {path} ({_one_line(err)})") from None
+
+
+def _csv_header(header: list[str] | None, path: str, where: str) -> list[str]:
+  """The column names of a .csv header row (a name given twice would hide a column)."""
+  if not header:
+    raise ConfigError(f"{where}: {path} is empty (a .csv needs a header row)")
+  names = [h.strip() for h in header]
+  twice = sorted({n for n in names if names.count(n) > 1})
+  if twice:
+    raise ConfigError(f"{where}: {path}: the header names column {twice[0]!r} more than once")
+  return names
 
 
 def _parse_columns(value: Any, where: str) -> Any:
@@ -94,25 +134,39 @@ def _column_names(columns: Any) -> list[str]:
   return list(columns)
 
 
+def _check_id_options(spec: DataFile, where: str) -> None:
+  """The ids are never an example leaf (a leaf named like them would replace them), and
+  ``user_id_dtype`` is for a .csv's text ids only."""
+  leaves = ([leaf for leaf, _ in spec.columns] if spec.columns and isinstance(
+      spec.columns[0], tuple) else [])
+  if spec.user_column in [*_column_names(spec.columns), *leaves]:
+    raise ConfigError(f"{where}.columns: {spec.user_column!r} holds the user ids; the ids "
+                      "cannot be an example leaf too")
+  if spec.user_id_dtype is not None and spec.suffix != ".csv":
+    raise ConfigError(f"{where}.user_id_dtype applies to a .csv file's text ids; a "
+                      f"{spec.suffix} id column keeps its own dtype")
+
+
 def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataFile:
   """A ``data:`` value checked like every config key (unknown keys with a suggestion, strict
-  types), its file found and its columns present."""
+  types), its file found, its columns present and (``check_file``) its contents read and
+  checked by :func:`load_data_file` (see the module doc)."""
   if isinstance(value, str):
     value = {"path": value}
   if not isinstance(value, dict):
     raise ConfigError(f"{where} must be a file path or {{path: ..., user_column: ...}}, got "
                       f"{value!r}")
-  specs = _specs(DataFileKeys, "data")
+  key_specs = specs(DataFileKeys, "data")
   for key in value:
-    if key not in specs:
-      hint = difflib.get_close_matches(str(key), list(specs), n=1)
+    if key not in key_specs:
+      hint = difflib.get_close_matches(str(key), list(key_specs), n=1)
       raise ConfigError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)"
                                                            if hint else "")
-                        + f"; it reads: {', '.join(specs)}")
+                        + f"; it reads: {', '.join(key_specs)}")
   if value.get("path") is None:
     raise ConfigError(f"{where} needs path (the data file)")
   try:
-    out = {k: _check_type(specs[k], v) for k, v in value.items() if v is not None}
+    out = {k: check_type(key_specs[k], v) for k, v in value.items() if v is not None}
   except ConfigError as err:
     raise ConfigError(f"{where}.{err}") from None
   if out.get("max_items_per_user") == 0:
@@ -120,7 +174,7 @@ def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataF
   path = os.path.abspath(os.path.expanduser(out["path"]))
   spec = DataFile(path, out.get("user_column"), _parse_columns(out.get("columns"), where),
                   out.get("max_items_per_user"), out.get("selection", "random"),
-                  out.get("seed", 0))
+                  out.get("seed", 0), out.get("user_id_dtype"), where)
   if spec.suffix not in DATA_SUFFIXES:
     raise ConfigError(f"{where}: {out['path']!r} is not a data file this runner reads "
                       f"({', '.join(DATA_SUFFIXES)})")
@@ -129,12 +183,13 @@ def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataF
       raise ConfigError(f"{where}: a {spec.suffix} table needs user_column (the column of user "
                         "ids)")
     spec = dataclasses.replace(spec, user_column="user_ids")
+  _check_id_options(spec, where)
   if not check_file:
     return spec
   if not os.path.isfile(path):
     raise ConfigError(f"{where}: no such file {path}")
   names = _file_columns(path, spec.suffix, where)
-  what = "array" if spec.suffix == ".npz" else "column"
+  what = spec.what
   for name in [spec.user_column, *_column_names(spec.columns)]:
     if name not in names:
       hint = difflib.get_close_matches(name, names, n=1)
@@ -145,73 +200,282 @@ def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataF
   if len(names) < 2:
     raise ConfigError(f"{where}: {path} has only the user ids ({spec.user_column}); no example "
                       f"{what}s")
+  load_data_file(spec)   # its contents too, before anything runs (cached for the run)
   return spec
 
 
-def _csv_column(values: list[str]) -> np.ndarray:
-  for kind in (np.int64, np.float64):
+
+# ------------------------------------------------------------------------------- reading
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def _count(n: int, word: str) -> str:
+  return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _wanted(spec: DataFile, names: list[str]) -> list[str]:
+  """The ids' name and the names of the columns the examples read (of a file's ``names``)."""
+  cols = ([n for n in names if n != spec.user_column] if spec.columns is None
+          else _column_names(spec.columns))
+  return [spec.user_column, *dict.fromkeys(cols)]
+
+
+def _open_npz(path: str) -> np.lib.npyio.NpzFile:
+  z = np.load(path, allow_pickle=False)
+  if not isinstance(z, np.lib.npyio.NpzFile):   # a .npy renamed: one array, no names
+    raise ValueError("not a .npz archive (np.savez writes one)")
+  return z
+
+
+def _read_npz(spec: DataFile) -> dict[str, np.ndarray]:
+  with _open_npz(spec.path) as z:
+    out = {}
+    for name in _wanted(spec, list(z.files)):
+      try:
+        out[name] = z[name]
+      except Exception as err:  # noqa: BLE001 - a damaged member, an object array
+        raise spec.error(f"array {name!r} cannot be read ({_one_line(err)})") from None
+    return out
+
+
+def _read_parquet(spec: DataFile) -> dict[str, np.ndarray]:
+  try:
+    import pyarrow.parquet as pq
+  except ImportError:
+    raise spec.error("reading a .parquet file needs pyarrow: pip install pyarrow") from None
+  names = _wanted(spec, list(pq.read_schema(spec.path).names))
+  table = pq.read_table(spec.path, columns=names)
+  # a null becomes NaN in a numeric column (refused as non-finite), None in a text one
+  return {n: table.column(n).to_numpy(zero_copy_only=False) for n in names}
+
+
+def _csv_rows(spec: DataFile) -> tuple[list[str], list[list[str]], list[int]]:
+  """``(header, rows, line of each row)``; blank lines skipped, a ragged row refused."""
+  with open(spec.path, newline="", encoding="utf-8-sig") as f:
+    reader = csv.reader(f)
+    header = _csv_header(next(reader, None), spec.path, spec.where)
+    rows, lines = [], []
+    for row in reader:
+      if not row:
+        continue
+      if len(row) != len(header):
+        raise spec.error(f"line {reader.line_num} has {len(row)} fields, the header "
+                         f"{len(header)}")
+      rows.append(row)
+      lines.append(reader.line_num)
+  if not rows:
+    raise spec.error("has a header but no rows")
+  return header, rows, lines
+
+
+def _csv_ids(values: list[str], spec: DataFile, lines: list[int]) -> np.ndarray:
+  """The ids of a .csv: the exact text (surrounding spaces stripped), or integers when
+  ``user_id_dtype: int`` says so; never a number parsed by guess (``01`` = ``1`` = ``1.0``)."""
+  name, text = spec.user_column, [v.strip() for v in values]
+  if spec.user_id_dtype == "int":
+    bad = [i for i, v in enumerate(text) if not _INT_TEXT.fullmatch(v)]
+    if bad:
+      raise spec.error(f"column {name!r} has {_count(len(bad), 'id')} not written as an "
+                       f"integer (user_id_dtype: int; the first on line {lines[bad[0]]})")
     try:
-      return np.asarray(values, dtype=kind)
-    except ValueError:
-      continue
-  return np.asarray(values)
+      return np.array([int(v) for v in text], dtype=np.int64)
+    except OverflowError:
+      raise spec.error(f"column {name!r} has ids beyond the int64 range") from None
+  ids = np.array(text, dtype=np.str_)
+  blank = blank_ids(ids)
+  if blank.size:
+    raise spec.error(f"column {name!r} has {_count(blank.size, 'blank id')} (the first on line "
+                     f"{lines[blank[0]]}): every row needs a user; drop or fill those rows")
+  _refuse_spacing_twins(values, text, spec, lines)
+  return ids
+
+
+def _refuse_spacing_twins(values: list[str], text: list[str], spec: DataFile,
+                          lines: list[int]) -> None:
+  """Two ids equal but for surrounding spaces (``" 1"``, ``"1"``): stripped they would be one
+  user, kept they would be two; which one the owner means is theirs to say."""
+  if all(v == t for v, t in zip(values, text)):
+    return
+  first: dict[str, tuple[str, int]] = {}
+  for v, t, line in zip(values, text, lines):
+    raw, seen = first.setdefault(t, (v, line))
+    if raw != v:
+      raise spec.error(f"column {spec.user_column!r}: the ids on lines {seen} and {line} differ "
+                       "only in surrounding spaces (ids are read stripped, so they would be one "
+                       "user): make them identical, or make them different ids")
+
+
+def _csv_numbers(values: list[str], name: str, spec: DataFile, lines: list[int]) -> np.ndarray:
+  """A feature column: int64 if every field is an integer, else float64, else refused."""
+  text = [v.strip() for v in values]
+  try:
+    return np.array(text, dtype=np.int64)
+  except OverflowError:
+    if all(_INT_TEXT.fullmatch(v) for v in text):
+      raise spec.error(f"column {name!r} has integers beyond the int64 range") from None
+  except ValueError:
+    pass
+  try:
+    return np.array(text, dtype=np.float64)
+  except ValueError:
+    bad = [i for i, v in enumerate(text) if not _is_number(v)]
+    raise spec.error(f"column {name!r} has {_count(len(bad), 'field')} not written as a number "
+                     f"(blank or text; the first on line {lines[bad[0]]}); example columns "
+                     "must be numeric") from None
+
+
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
+
+
+def _read_csv(spec: DataFile) -> dict[str, np.ndarray]:
+  header, rows, lines = _csv_rows(spec)
+  out = {}
+  for name in _wanted(spec, header):
+    i = header.index(name)
+    values = [r[i] for r in rows]
+    out[name] = (_csv_ids(values, spec, lines) if name == spec.user_column
+                 else _csv_numbers(values, name, spec, lines))
+  return out
 
 
 def _read_table(spec: DataFile) -> dict[str, np.ndarray]:
-  if spec.suffix == ".npz":
-    with np.load(spec.path, allow_pickle=False) as z:
-      return {name: z[name] for name in z.files}
-  if spec.suffix == ".csv":
-    with open(spec.path, newline="") as f:
-      rows = list(csv.reader(f))
-    header = [h.strip() for h in rows[0]]
-    body = [r for r in rows[1:] if r]
-    bad = next((i for i, r in enumerate(body) if len(r) != len(header)), None)
-    if bad is not None:
-      raise ValueError(f"{spec.path}: row {bad + 2} has {len(body[bad])} fields, the header "
-                       f"{len(header)}")
-    return {h: _csv_column([r[i].strip() for r in body]) for i, h in enumerate(header)}
-  import pyarrow.parquet as pq
-  return {k: np.asarray(v) for k, v in pq.read_table(spec.path).to_pydict().items()}
+  """The ids and the example columns of a data file (ids first); every failure to read it is
+  a ConfigError naming the file."""
+  reader = {".npz": _read_npz, ".csv": _read_csv}.get(spec.suffix, _read_parquet)
+  try:
+    return reader(spec)
+  except ConfigError:
+    raise
+  except Exception as err:  # noqa: BLE001 - a broken file is a config error
+    raise spec.error(f"cannot read it ({_one_line(err)})") from None
+
+
+# ------------------------------------------------------------------------------- checking
+
+
+def _checked_ids(ids: np.ndarray, spec: DataFile) -> np.ndarray:
+  label = f"{spec.what} {spec.user_column!r}"
+  if ids.ndim != 1:
+    raise spec.error(f"{label} must hold one id per row (shape [N]), got shape {ids.shape}")
+  if ids.shape[0] == 0:
+    raise spec.error(f"{label} is empty: the file has no rows")
+  try:
+    return canonical_ids(ids, f"ids of {label}")
+  except (ValueError, TypeError) as err:
+    raise spec.error(str(err)) from None
+
+
+def _run_dtype(dtype: np.dtype) -> np.dtype:
+  """The dtype the run computes a leaf in (JAX without x64: 32 bits)."""
+  if dtype == np.float64:
+    return np.dtype(np.float32)
+  if dtype in (np.int64, np.uint64):
+    return np.dtype(np.int32)
+  return dtype
 
 
 def _narrow(x: np.ndarray) -> np.ndarray:
-  """float64 / int64 columns as the float32 / int32 JAX computes in."""
-  if x.dtype == np.float64:
-    return x.astype(np.float32)
-  if x.dtype == np.int64 and (x.size == 0 or (x.min() >= -2**31 and x.max() < 2**31)):
-    return x.astype(np.int32)
-  return x
+  """A checked (:func:`_check_exact`) column as the dtype the run computes in."""
+  return x.astype(_run_dtype(x.dtype), copy=False)
 
 
-_FILES: collections.OrderedDict = collections.OrderedDict()
+def _check_values(x: np.ndarray, name: str, spec: DataFile, n: int) -> None:
+  """One row per id, numbers, all finite."""
+  label = f"{spec.what} {name!r}"
+  if x.ndim == 0 or x.shape[0] != n:
+    raise spec.error(f"{label} has shape {x.shape}, the ids {n} rows: every {spec.what} "
+                     "needs one row per id")
+  if x.dtype.kind not in "biuf":
+    raise spec.error(f"{label} holds {x.dtype} values; example {spec.what}s must be numbers "
+                     "(bool, int or float)")
+  if x.dtype.kind == "f":
+    bad = ~np.isfinite(x)
+    if bad.any():
+      rows = int(bad.reshape(n, -1).any(axis=1).sum())
+      null = "; a parquet null reads as NaN" if spec.suffix == ".parquet" else ""
+      raise spec.error(f"{label} has {_count(int(bad.sum()), 'non-finite value')} (NaN or inf"
+                       f"{null}) in {_count(rows, 'row')}; clean the file or drop those rows")
+
+
+def _check_exact(x: np.ndarray, name: str, spec: DataFile, target: np.dtype) -> None:
+  """Refuses values that ``target`` (the leaf's run dtype) would not hold exactly."""
+  label = f"{spec.what} {name!r}"
+  if target.kind == "f" and x.dtype.kind == "f" and x.dtype.itemsize > target.itemsize:
+    top = float(np.finfo(target).max)
+    over = int((np.abs(x) > top).sum())
+    if over:
+      raise spec.error(f"{label} has {_count(over, 'value')} beyond the {target} range "
+                       f"(|x| > {top:.3g}) the run computes in; rescale the column")
+  elif target.kind == "f" and x.dtype.kind in "iu":
+    bits = np.finfo(target).nmant + 1
+    over = int(((x > 2**bits) | (x < -2**bits)).sum())
+    if over:
+      raise spec.error(f"{label} has {_count(over, 'integer')} beyond 2**{bits} in magnitude, "
+                       f"which {target} (its leaf is stacked with float {spec.what}s) cannot "
+                       "hold exactly; give it its own leaf or rescale it")
+  elif target.kind in "iu" and x.dtype.kind in "iu":
+    info = np.iinfo(target)
+    over = int(((x < info.min) | (x > info.max)).sum())
+    if over:
+      raise spec.error(f"{label} has {_count(over, 'integer')} outside the {target} range "
+                       f"[{info.min}, {info.max}] the run computes in; rescale the column or "
+                       "store it as floats")
+
+
+def _leaf(cols: str | tuple[str, ...], raw: dict[str, np.ndarray], spec: DataFile,
+          n: int) -> np.ndarray:
+  """One example leaf: a column, or columns stacked into a vector, checked and narrowed."""
+  names = (cols,) if isinstance(cols, str) else cols
+  arrays = [raw[c] for c in names]
+  for c, x in zip(names, arrays):
+    _check_values(x, c, spec, n)
+  if len({x.shape for x in arrays}) > 1:
+    raise spec.error(f"{spec.what}s {list(names)} have shapes {[x.shape for x in arrays]} and "
+                     "cannot be stacked into one leaf")
+  target = _run_dtype(np.result_type(*arrays))
+  for c, x in zip(names, arrays):
+    _check_exact(x, c, spec, target)
+  leaf = arrays[0] if isinstance(cols, str) else np.stack(arrays, axis=-1)
+  return leaf.astype(target, copy=False)
+
+
+def _leaves(raw: dict[str, np.ndarray], spec: DataFile, n: int) -> dict[str, np.ndarray]:
+  if spec.columns is None:
+    pairs = [(c, c) for c in raw]
+  elif isinstance(spec.columns[0], tuple):
+    pairs = list(spec.columns)
+  else:
+    pairs = [(c, c) for c in spec.columns]
+  return {leaf: _leaf(cols, raw, spec, n) for leaf, cols in pairs}
 
 
 def load_data_file(spec: DataFile):
-  """The :class:`~dpsco_jax.data.UserData` of a data file, through
-  :meth:`UserData.from_table` (the last few are cached by path, modification time and
-  reading options)."""
+  """The :class:`~dpsco_jax.data.UserData` of a data file, read and checked (see the module
+  doc), through :meth:`UserData.from_table`; cached on the path, modification time, size and
+  reading options (:func:`dpsco_jax.cache.clear` empties it)."""
+  try:
+    st = os.stat(spec.path)
+  except OSError as err:
+    raise spec.error(f"cannot read it ({_one_line(err)})") from None
+  return _load(spec, st.st_mtime_ns, st.st_size)
+
+
+@bounded_cache(maxsize=8)
+def _load(spec: DataFile, mtime_ns: int, size: int):
+  """(``mtime_ns`` and ``size`` are the cache key's: a rewritten file is read again.)"""
   from dpsco_jax.data import UserData
-  st = os.stat(spec.path)
-  key = (spec, st.st_mtime_ns, st.st_size)
-  if key in _FILES:
-    _FILES.move_to_end(key)
-    return _FILES[key]
   raw = _read_table(spec)
-  ids = raw.pop(spec.user_column)
-  if spec.columns is None:
-    table = {k: _narrow(v) for k, v in raw.items()}
-  elif isinstance(spec.columns[0], tuple):
-    table = {}
-    for leaf, cols in spec.columns:
-      table[leaf] = _narrow(raw[cols] if isinstance(cols, str)
-                            else np.stack([raw[c] for c in cols], axis=-1))
-  else:
-    table = {c: _narrow(raw[c]) for c in spec.columns}
-  data = UserData.from_table({spec.user_column: ids, **table}, user_column=spec.user_column,
-                             columns=list(table), max_items_per_user=spec.max_items_per_user,
-                             selection=spec.selection, seed=spec.seed)
-  _FILES[key] = data
-  while len(_FILES) > 8:
-    _FILES.popitem(last=False)
-  return data
+  ids = _checked_ids(raw.pop(spec.user_column), spec)
+  table = _leaves(raw, spec, ids.shape[0])
+  try:
+    return UserData.from_table({spec.user_column: ids, **table}, user_column=spec.user_column,
+                               columns=list(table), max_items_per_user=spec.max_items_per_user,
+                               selection=spec.selection, seed=spec.seed)
+  except (ValueError, TypeError) as err:
+    raise spec.error(_one_line(err)) from None
