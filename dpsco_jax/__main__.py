@@ -1,4 +1,5 @@
-"""Command line: ``python -m dpsco_jax run CONFIG.yaml [--out FILE.json] [--plot FIELD]``,
+"""Command line: ``python -m dpsco_jax run CONFIG.yaml [--out FILE.json] [--plot FIELD]
+[--quick] [--force]``,
 ``python -m dpsco_jax list``, ``python -m dpsco_jax audit [--mechanism NAME] [--trials N]``."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "dpsco_jax/runner/__init__.py; your own model, loss and data: "
                                    "dpsco_jax/runner/user.py) and print a table")
   run.add_argument("config")
-  run.add_argument("--out", help="write {'results': [...]} JSON here")
+  run.add_argument("--out", help="write {'results': [...]} JSON here (an existing file is "
+                                 "replaced only with --force)")
   run.add_argument("--plot", metavar="FIELD",
                    help="plot excess risk against a swept FIELD (needs matplotlib); with "
                         "compare:, also the ratio to the baseline with bootstrap error bars")
@@ -25,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
                         "every sweep, one seed per phase, sizes capped (n_users <= 2000, "
                         "num_steps <= 20); "
                         "records say quick: true (dpsco_jax/runner/quick.py)")
+  run.add_argument("--force", action="store_true",
+                   help="replace an existing --out file and --plot images (without it the "
+                        "run stops before it starts); a --quick run never replaces a results "
+                        "file of a full run, even with --force: write the smoke elsewhere")
   run.add_argument("--quiet", action="store_true",
                    help="no progress line (runs done; in a run on your model: steps and "
                         "epsilon so far)")
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
   try:
     records = runner.main_run(args.config, out=args.out, plot_field=args.plot,
-                              progress=not args.quiet, quick=args.quick)
+                              progress=not args.quiet, quick=args.quick, force=args.force)
   except runner.ConfigError as err:  # a user error: one line, no traceback
     print(f"dpsco: error: {err}", file=sys.stderr)
     return 2

@@ -51,7 +51,7 @@ from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.data.problem import ProblemConstants, PublicFacts, UserDataProblem
 from dpsco_jax.data.user_data import DataSpec, UserData
 from dpsco_jax.privacy.ledger import PrivacyReport
-from dpsco_jax.result import Result
+from dpsco_jax.result import Result, check_finite_params
 
 __all__ = ["Plan", "plan", "run", "fit", "plan_problem", "execute", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
            "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED",
@@ -157,6 +157,10 @@ class Plan:
     num_params: the number of parameters the plan was made for.
     detail: the algorithm family's own plan object (e.g. ``DpSgdPlan``, ``SRGDPlan``,
       ``FilterPlan``), for inspection.
+    planned: the digest of what was planned (algorithm, config, spec, constants, parameter
+      count, guarantee, schedule), taken when the plan is made. A plan edited afterwards
+      (``dataclasses.replace(p, config=...)``, a changed field) keeps the old digest and
+      refuses to run: its guarantee is the planned config's, not the edited one's.
   """
   algorithm: str
   config: Any
@@ -167,6 +171,41 @@ class Plan:
   schedule: dict
   num_params: int
   detail: Any = None
+  planned: str | None = dataclasses.field(default=None, repr=False)
+
+  def __post_init__(self):
+    if self.planned is None:
+      object.__setattr__(self, "planned", _plan_digest(self))
+
+  def check_unchanged(self) -> None:
+    """Raises ``ValueError`` when the plan no longer is what was planned (see ``planned``)."""
+    if _plan_digest(self) != self.planned:
+      raise ValueError(f"this {self.algorithm} plan was changed after it was planned (its "
+                       "config, spec, constants or guarantee differ from the planner's): its "
+                       "guarantee is not the edited plan's; plan again with the new config "
+                       "(dpsco_jax.plan)")
+
+
+def _plan_digest(p: Plan) -> str:
+  """SHA-256 of a plan's planned facts, config and guarantee (``detail`` is derived from them
+  and may hold arrays)."""
+  import hashlib
+  import json
+  facts = [p.algorithm, {f.name: getattr(p.config, f.name)
+                         for f in dataclasses.fields(p.config)}
+           if dataclasses.is_dataclass(p.config) else p.config,
+           p.spec, p.constants, p.privacy, p.noise_multiplier, p.schedule, p.num_params]
+  text = json.dumps(facts, sort_keys=True, default=_digest_value)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _digest_value(x: Any) -> Any:
+  """The JSON form of a value in a plan's digest: dataclasses by field, sets sorted."""
+  if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+  if isinstance(x, (set, frozenset)):
+    return sorted(map(repr, x))
+  return repr(x)
 
 
 def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: int,
@@ -235,10 +274,12 @@ def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
 def check_spent(p: Plan, result: Result) -> Result:
   """``result`` when its run spent exactly plan ``p``'s guarantee (epsilon to 1e-9, relation,
   provenance), else ``RuntimeError`` (a library bug): the check every path that executes a
-  plan makes (:func:`execute`, the seed batches, ``jax.distributed`` runs)."""
+  plan makes (:func:`execute`, the seed batches, ``jax.distributed`` runs). Released params
+  that are not finite raise :class:`~dpsco_jax.result.NonFiniteRelease` (the run failed)."""
   if not _same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")
+  check_finite_params(result.params, p.algorithm)
   return result
 
 
@@ -350,12 +391,17 @@ def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
 
 
 def _check_data_for_plan(p: "Plan", data: UserData, what: str) -> None:
-  """``data`` is what ``p`` was planned for (its spec's users and items), whole at item level."""
+  """``data`` is what ``p`` was planned for (its spec's users, items and, when the spec states
+  them, item shapes), whole at item level."""
   if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
                                                            p.spec.max_items_per_user):
     raise ValueError(f"the plan was made for {p.spec.n_users} users x "
                      f"{p.spec.max_items_per_user} items, {what} states {data.spec.n_users} x "
                      f"{data.spec.max_items_per_user}: plan again with its spec")
+  # a hand-built DataSpec may state no shapes (a declaration of the counts alone)
+  if p.spec.item_shapes and tuple(data.spec.item_shapes) != tuple(p.spec.item_shapes):
+    raise ValueError(f"the plan was made for items {_shapes(p.spec.item_shapes)}, {what}'s "
+                     f"items are {_shapes(data.spec.item_shapes)}: plan again with its spec")
   if _entry(p.algorithm).item_guarantee:
     data.require_all_items(p.algorithm)
 
@@ -420,9 +466,18 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   return dataclasses.replace(result, params=replicated_on(released, caller_mesh, caller_mesh))
 
 
+def _shapes(item_shapes: Sequence) -> str:
+  """``{x: (3,) float32, y: () int32}``: one item's leaves, as a message shows them."""
+  return "{" + ", ".join(f"{path}: {tuple(shape)} {dtype}"
+                         for path, shape, dtype in item_shapes) + "}"
+
+
 def _driver_config(p: Plan) -> Any:
   """The config the driver runs: the plan's, with the plan's calibrated noise multiplier where
-  the driver would only calibrate the same number again (``REUSES_NOISE_MULTIPLIER``)."""
+  the driver would only calibrate the same number again (``REUSES_NOISE_MULTIPLIER``). Every
+  path that runs a plan's driver reads it here, so a plan changed after planning is refused
+  here (:meth:`Plan.check_unchanged`)."""
+  p.check_unchanged()
   cfg = p.config
   if (_entry(p.algorithm).reuses_noise_multiplier and p.noise_multiplier is not None
       and getattr(cfg, "noise_multiplier", 0) is None):

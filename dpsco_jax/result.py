@@ -8,13 +8,47 @@ from typing import Any
 
 from dpsco_jax.privacy.ledger import PrivacyReport
 
-__all__ = ["Result", "FallbackRelease"]
+__all__ = ["Result", "FallbackRelease", "NonFiniteRelease", "nonfinite_leaves",
+           "check_finite_params"]
 
 
 class FallbackRelease(UserWarning):
   """The released params are not the trained model: a private test halted the run (paper
   000's AboveThreshold) or a stability test released ⊥ (paper 001), and the public fallback
   point stands in. The guarantee still holds; the model is not what a user trained."""
+
+
+class NonFiniteRelease(ValueError):
+  """The released params, or a released number computed from them (the excess risk, a metric
+  of your model), hold NaN or infinity: a loss or gradient that is not finite, or steps that
+  diverge. The run failed; it is never reported as a result. (Checking released values is
+  post-processing: it reveals nothing the release does not.)"""
+
+
+def nonfinite_leaves(params: Any) -> list[str]:
+  """The paths of the leaves of ``params`` holding NaN or infinity (``[]``: all finite)."""
+  import jax
+  import jax.numpy as jnp
+  bad = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+      continue
+    # a global array of several processes: each checks its own shards
+    parts = ([s.data for s in leaf.addressable_shards]
+             if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable else [leaf])
+    if not all(bool(jnp.all(jnp.isfinite(x))) for x in parts):
+      bad.append(jax.tree_util.keystr(path))   # "" for a bare array
+  return bad
+
+
+def check_finite_params(params: Any, algorithm: str) -> None:
+  """Raises :class:`NonFiniteRelease` naming the leaves of ``params`` that are not finite."""
+  bad = nonfinite_leaves(params)
+  if bad:
+    where = " in " + ", ".join(bad) if all(bad) else ""
+    raise NonFiniteRelease(
+        f"{algorithm}: the released params are not finite (NaN or infinity{where}): the loss "
+        "or its gradient is not finite, or the steps diverge (a smaller learning_rate)")
 
 
 def _fallback_of(record: dict) -> str | None:

@@ -100,6 +100,7 @@ import traceback
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -111,7 +112,8 @@ from dpsco_jax.config.families import CONFIG_ONLY_ALGORITHMS, USER_PROBLEM
 from dpsco_jax.config.schema import (  # noqa: F401 (ConfigError, validate re-exported)
     ConfigError, check_name, validate)
 from dpsco_jax.runner.config import (RUNNER_ONLY, check_baseline, check_record_metric,
-                                     flatten_sections, parse_compare, yaml_loader)
+                                     check_runner_keys, flatten_sections, parse_compare,
+                                     yaml_loader)
 from dpsco_jax.runner.plots import _draw, plot_ratio, plot_rows
 from dpsco_jax.runner import batch as runner_batch, mesh as runner_mesh, user as runner_user
 from dpsco_jax.runner.batch import (  # noqa: F401 (moved there; used and re-exported)
@@ -145,11 +147,9 @@ def expand(config: dict) -> list[dict]:
   lists swept."""
   config = flatten_sections(config)
   base = {k: v for k, v in config.items() if k not in RESERVED}
-  variants = config.get("experiments") or [{}]
+  variants = config.get("experiments") or [{}]   # flatten_sections checked its entries
   runs = []
   for variant in variants:
-    if not isinstance(variant, dict):
-      raise ConfigError(f"experiments: every entry must be a mapping, got {variant!r}")
     merged = {**base, **variant}
     for k, v in merged.items():
       if isinstance(v, list) and not v:
@@ -175,9 +175,10 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
   """The run config validated against the registry and the schemas (normalized copy)."""
   if not isinstance(cfg, dict):
     raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
-  for field in ("algorithm", "problem"):
-    if field not in cfg:
-      raise ConfigError(f"config is missing the field {field!r}")
+  for field, section in (("algorithm", "algorithm:"), ("problem", "problem: (or data:)")):
+    if field not in cfg:   # a section without its name too: say where the name goes
+      raise ConfigError(f"config is missing the field {field!r}: give {field}: NAME, or name: "
+                        f"NAME in the {section} section (`dpsco list`)")
   for field, known in (("algorithm", {**algorithms, **CONFIG_ONLY_ALGORITHMS}),
                        ("problem", problems)):
     check_name(field, cfg[field], known)
@@ -354,6 +355,7 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
                ) -> list[dict]:
   """Runs every expanded config; every run is validated before any runs. With
   ``tuning_seeds`` / ``eval_seeds`` / ``select``, both phases (:func:`run_phases`)."""
+  check_runner_keys(config)
   return run_phases(tuning.parse_phases(config), progress=progress, on_record=on_record)[0]
 
 
@@ -533,29 +535,81 @@ def _print_report(title: str, records: list[dict], rows: list[dict], fields: lis
       print(f"FAILED {r['algorithm']} seed={r['seed']}{phase}: {r['error']}")
 
 
+def _plot_x(plot_field: str, fields: list[str]) -> str:
+  return "target_epsilon" if plot_field == "epsilon" and plot_field not in fields else plot_field
+
+
+def plot_paths(plot_field: str | None, fields: list[str], out: str | None, compare
+               ) -> list[str]:
+  """The files ``--plot FIELD`` writes (none when FIELD is not swept): ``STEM_FIELD.png`` and,
+  with ``compare``, ``STEM_FIELD_ratio.png``, STEM being ``out`` without its extension
+  (``results`` without ``out``)."""
+  if not plot_field or _plot_x(plot_field, fields) not in fields:
+    return []
+  stem = os.path.splitext(out or "results")[0]
+  return [stem + f"_{plot_field}.png"] + (
+      [stem + f"_{plot_field}_ratio.png"] if compare is not None else [])
+
+
+def _holds_only_quick_records(path: str) -> bool:
+  """Whether the results file at ``path`` holds only ``--quick`` records (an unreadable or
+  foreign file does not: it may be a full run's, cut short)."""
+  try:
+    with open(path) as f:
+      records = json.load(f).get("results")
+  except (OSError, ValueError, AttributeError):
+    return False
+  return isinstance(records, list) and all(
+      isinstance(r, dict) and r.get("quick") is True for r in records)
+
+
+def check_outputs(out: str | None, plots: list[str], *, quick: bool = False,
+                  force: bool = False) -> None:
+  """Refuses, before anything runs, to write over an existing file: the results file ``out``
+  or a plot in ``plots``, unless ``force``. A quick run never replaces a results file holding
+  records of a full run (or a file that is not a results file), ``force`` or not: a smoke
+  must not cost the measurement it precedes."""
+  for path in [out] * bool(out) + plots:
+    if os.path.isdir(path):
+      raise ConfigError(f"{path} is a directory: --out and --plot write files")
+  if quick and out and os.path.exists(out) and not _holds_only_quick_records(out):
+    raise ConfigError(f"{out} holds the records of a full run (or is not a --quick results "
+                      "file): a --quick run never replaces it, even with --force; write the "
+                      "smoke elsewhere (--out other.json)")
+  existing = [p for p in [out] * bool(out) + plots if os.path.exists(p)]
+  if existing and not force:
+    raise ConfigError(f"{', '.join(existing)} already exist{'s' * (len(existing) == 1)}: "
+                      "pass --force to replace, or write elsewhere (--out other.json)")
+
+
 def _plots(rows: list[dict], fields: list[str], plot_field: str, out: str | None,
            compare, selected: tuple[str, ...] = ()) -> None:
   """The excess-risk plot (and the ratio plot with ``compare``); one line per value of the
   fields other than ``plot_field`` and the ``selected`` ones."""
-  x = "target_epsilon" if plot_field == "epsilon" and plot_field not in fields else plot_field
-  if x not in fields:
+  x = _plot_x(plot_field, fields)
+  paths = plot_paths(plot_field, fields, out, compare)
+  if not paths:
     print(f"plot: {plot_field!r} is not a swept field ({', '.join(fields)}); no plot")
     return
-  stem = (out or "results").rsplit(".", 1)[0]
   fields = [f for f in fields if f not in selected or f == x]
-  print(f"plot: {_plot_metric(rows, x, fields, stem + f'_{plot_field}.png')}")
+  print(f"plot: {_plot_metric(rows, x, fields, paths[0])}")
   if compare is not None:
-    print(f"plot: {plot_ratio(rows, x, fields, stem + f'_{plot_field}_ratio.png')}")
+    print(f"plot: {plot_ratio(rows, x, fields, paths[1])}")
 
 
 def main_run(path: str, out: str | None = None, plot_field: str | None = None,
-             progress: bool = True, quick: bool = False) -> list[dict]:
+             progress: bool = True, quick: bool = False, force: bool = False) -> list[dict]:
   """Runs a config file, prints its table, writes ``out`` as runs finish. Returns the records
   (failed runs included, with ``status: failed`` and their error; with ``select``, the tuning
   records too, ``phase: tuning``). ``quick``: the config at its smallest
   (:func:`dpsco_jax.runner.quick.quick_config`: first value of every sweep, one seed per
-  phase, sizes capped), every record marked ``quick: true``."""
+  phase, sizes capped), every record marked ``quick: true``.
+
+  Outputs (:func:`check_outputs`, before anything runs): an existing ``out`` or plot file is
+  replaced only with ``force`` (``--force``), else a :class:`ConfigError`; a ``quick`` run
+  never replaces a results file holding a full run's records, even with ``force``."""
   config = load_config(path)
+  check_runner_keys(config)
   if quick:
     from dpsco_jax.runner.quick import quick_config
     config = quick_config(config)
@@ -565,6 +619,8 @@ def main_run(path: str, out: str | None = None, plot_field: str | None = None,
   if compare is not None:  # a baseline that matches no run is refused before anything runs
     check_baseline(compare, expand(phases.with_seeds(phases.eval_seeds) if phases.select
                                    else phases.config))
+  plots = plot_paths(plot_field, _table_fields(phases.config), out, compare) if plot_field else []
+  check_outputs(out, plots, quick=quick, force=force)
   def write(records, **extra):
     if quick:
       for r in records:

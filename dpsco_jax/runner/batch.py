@@ -17,6 +17,7 @@ import numpy as np
 
 from dpsco_jax.runner import user as runner_user
 from dpsco_jax.config.families import PROBLEM_SCHEMAS, USER_PROBLEM
+from dpsco_jax.result import NonFiniteRelease
 
 
 def problem_config(cfg: dict) -> dict:
@@ -72,8 +73,22 @@ def _jsonable(x: Any) -> Any:
   return repr(x)
 
 
+def _check_released_numbers(record: dict) -> None:
+  """Raises :class:`NonFiniteRelease` when the record's excess risk or a metric of your model
+  (the released numbers of the run) is NaN or infinite: such a run failed, and a NaN mean
+  would hide it in the table."""
+  names = ["excess_risk", *record.get("user_metrics", ())]
+  bad = [f"{n} = {record[n]}" for n in names
+         if isinstance(record.get(n), float) and not math.isfinite(record[n])]
+  if bad:
+    raise NonFiniteRelease(f"{record.get('algorithm')}: {', '.join(bad)} at the released "
+                           "params: the loss is not finite there, or the steps diverged")
+
+
 def _finish(record: dict, cfg: dict, label: str | None) -> dict:
-  """The record with its row label and the config keys it does not already hold."""
+  """The record with its row label and the config keys it does not already hold; a record
+  whose released numbers are not finite raises (:func:`_check_released_numbers`)."""
+  _check_released_numbers(record)
   if label is not None:
     record["label"] = label
   extras = {k: v for k, v in cfg.items() if k not in record}
@@ -157,18 +172,23 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     if plans is not None:   # each run spent its plan's guarantee (as dpsco_jax.execute checks)
       for i, result in enumerate(results):
         api.check_spent(plans[i if grid else 0], result)
+    # inside the try: a seed whose released numbers are not finite fails alone, one by one
+    return [_batched_record(cfg, problem, result, wall, len(cfgs), grid)
+            for cfg, problem, result in zip(checked, insts, results)], None
   except Exception as err:  # noqa: BLE001 - the one-by-one runs report any real error
     return None, f"batching failed ({type(err).__name__}); ran one by one"
-  records = []
-  for cfg, problem, result in zip(checked, insts, results):
-    cfg = dict(cfg)
-    label = cfg.pop("label", None)
-    record = _result_record(problem, cfg, result, wall / len(cfgs))
-    record.update(batched=True, batch_runs=len(cfgs), batch_wall_time_s=wall)
-    if grid:
-      record["batch_grid"] = grid
-    records.append(_finish(record, cfg, label))
-  return records, None
+
+
+def _batched_record(cfg: dict, problem: Any, result: Any, wall: float, runs: int,
+                    grid: dict | None) -> dict:
+  """One seed's record of a batch (``wall``: the batch's seconds, over ``runs`` runs)."""
+  cfg = dict(cfg)
+  label = cfg.pop("label", None)
+  record = _result_record(problem, cfg, result, wall / runs)
+  record.update(batched=True, batch_runs=runs, batch_wall_time_s=wall)
+  if grid:
+    record["batch_grid"] = grid
+  return _finish(record, cfg, label)
 
 
 def _plans(algorithm: str, driver: Callable, algos: list[dict], problem: Any) -> list | None:

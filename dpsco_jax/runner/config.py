@@ -33,6 +33,9 @@ SECTIONS = {"problem": "problem", "data": "problem", "algorithm": "algorithm"}
 #: top-level keys that are not run keys (handled by the runner itself)
 RUNNER_ONLY = ("experiments", "name", "description", "compare", "select", "tuning_seeds",
                "eval_seeds", "batch_seeds", "devices")
+#: keys that never belong inside a section: the row's label and the runner's top-level keys
+#: (``name`` inside a section is the registered name, so it is not here)
+NOT_IN_SECTIONS = ("label",) + tuple(k for k in RUNNER_ONLY if k != "name")
 #: the file kinds a ``data:`` key reads (:mod:`dpsco_jax.runner.user`)
 DATA_SUFFIXES = (".npz", ".csv", ".parquet")
 #: keys that make a problem without ``name`` the user problem
@@ -72,6 +75,7 @@ def _flatten_entry(entry: dict, where: str) -> tuple[dict, dict[str, str]]:
     if not _is_section(sec, body):
       continue
     for key, value in body.items():
+      _check_section_key(sec, key, where)
       target = field if key == "name" else key
       if target in flat:
         raise ConfigError(f"{where}{sec}.{key}: {target!r} is given twice (in the section and "
@@ -84,6 +88,46 @@ def _flatten_entry(entry: dict, where: str) -> tuple[dict, dict[str, str]]:
   if "problem" not in flat and any(k in flat for k in USER_KEYS):
     flat["problem"] = USER_PROBLEM  # your factory, or your model + loss + data
   return flat, origins
+
+
+def _check_section_key(sec: str, key: Any, where: str) -> None:
+  """Refuses a row label or a runner key inside a section: flattened, it was dropped (the
+  runner reads those beside the sections) and the run went on without it."""
+  if key == "label":
+    raise ConfigError(f"{where}{sec}.label: 'label' names a row, not a key of the {sec} "
+                      f"section: write label: beside {sec}: (at the top level or in its "
+                      "experiments entry)")
+  if key in NOT_IN_SECTIONS:
+    raise ConfigError(f"{where}{sec}.{key}: {key!r} is a top-level runner key, not a key of "
+                      f"the {sec} section: write it at the top level of the config")
+
+
+def experiments_of(config: dict) -> list[dict] | None:
+  """The config's ``experiments`` entries (None when the key is absent), checked: a non-empty
+  list of mappings. Anything else is refused, not read as no experiments (``experiments: 5``
+  raised a TypeError; ``experiments: []`` or ``null`` ran the top level alone)."""
+  if "experiments" not in config:
+    return None
+  variants = config["experiments"]
+  if not isinstance(variants, list) or not variants:
+    raise ConfigError(f"experiments must be a non-empty list of mappings (one per group of "
+                      f"rows), got {variants!r} ({type(variants).__name__})")
+  for i, variant in enumerate(variants):
+    if not isinstance(variant, dict):
+      raise ConfigError(f"experiments[{i}] must be a mapping (an experiments entry), got "
+                        f"{variant!r} ({type(variant).__name__})")
+  return variants
+
+
+def check_runner_keys(config: dict) -> None:
+  """The top-level keys read before any run config is built (``experiments``, ``name``,
+  ``description``): checked first, as the tuning and compare parsers iterate
+  ``experiments``."""
+  experiments_of(config)
+  for key in ("name", "description"):
+    value = config.get(key)
+    if value is not None and not isinstance(value, str):
+      raise ConfigError(f"{key} must be a string, got {value!r} ({type(value).__name__})")
 
 
 def _schema_fields(schemas: dict, name: str) -> set[str]:
@@ -127,16 +171,12 @@ def flatten_sections(config: dict) -> dict:
   top_in = {k: v for k, v in config.items() if k not in RUNNER_ONLY}
   top, top_origins = _flatten_entry(top_in, "")
   out = {**{k: v for k, v in config.items() if k in RUNNER_ONLY}, **top}
-  variants = config.get("experiments")
-  if not variants:
+  variants = experiments_of(config)
+  if variants is None:
     _check_sections(top, top_origins, "")
     return out
-  if not isinstance(variants, list):
-    raise ConfigError(f"experiments: must be a list of mappings, got {variants!r}")
   flat_variants = []
   for i, variant in enumerate(variants):
-    if not isinstance(variant, dict):
-      raise ConfigError(f"experiments: every entry must be a mapping, got {variant!r}")
     flat, origins = _flatten_entry(variant, f"experiments[{i}].")
     merged_origins = {**{k: s for k, s in top_origins.items() if k not in flat}, **origins}
     _check_sections({**top, **flat}, merged_origins, f"experiments[{i}].")
