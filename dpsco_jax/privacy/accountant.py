@@ -11,8 +11,8 @@ Extreme numbers (issue 46). Every answer is an :class:`Epsilon` that says whethe
 accountant's value (``exact``) or a cheaper valid bound above it (``upper_bound``). The bound
 answers where the accountant cannot: where dp_accounting's PLD would take minutes or run out
 of memory (more than :data:`MAX_PLD_COUNT` steps, a per-step loss range of more than
-:data:`MAX_PLD_STEP_POINTS` grid points, a composition wider than :data:`MAX_PLD_POINTS`, or a
-per-step loss below one grid step), where its truncated tails give no epsilon (delta below
+:data:`MAX_PLD_STEP_POINTS` grid points, a composition wider than :data:`MAX_PLD_POINTS`, a
+per-step loss below one grid step, or a sampling rate below 1e-150), where its truncated tails give no epsilon (delta below
 ~1e-15), and where RDP's float64 series cancels (Poisson-sampled Gaussians with
 ``(q / z)^2 <`` :data:`RDP_MIN_RATIO2`; dp_accounting then returns epsilon 0). The bound is
 the smaller of RDP's (where its series is sound) and the exact epsilon of the dominating
@@ -140,11 +140,25 @@ def _gaussian_mu2(event: Any, *, dominate: bool = False) -> float | None:
   return None
 
 
+def _log_normal_mass(center: float, width: float) -> float:
+  """``log P[|N(0, 1) - center| < width / 2]`` for a narrow interval, by 8-point
+  Gauss-Legendre on the density (no difference of two nearly equal tails)."""
+  import numpy as np
+  from scipy import special
+  nodes, weights = np.polynomial.legendre.leggauss(8)
+  x = center + width * nodes / 2.0
+  return (float(special.logsumexp(-x * x / 2.0, b=weights)) + math.log(width / 2.0)
+          - 0.5 * math.log(2.0 * math.pi))
+
+
 def gaussian_epsilon(mu: float, delta: float) -> float:
   """Exact epsilon of a mu-GDP (Gaussian) mechanism at ``delta`` (Balle & Wang 2018, Thm 8):
   the smallest eps with ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) <= delta``.
   Both sides are compared in log space, so that large epsilons do not overflow and a tiny
-  delta (down to the smallest subnormal, 5e-324) does not underflow to a flat gap."""
+  delta (down to the smallest subnormal, 5e-324) does not underflow to a flat gap. Below
+  ``mu = 1e-3`` the two tails agree to ~mu eps and their difference loses that many digits
+  (3e-6 of log delta at epsilon 1e-8), so there the first term is written as the normal mass
+  between ``eps/mu -+ mu/2`` less ``(e^eps - 1)`` times the upper tail."""
   from scipy import optimize, special
   if mu <= 0:
     return 0.0
@@ -152,8 +166,14 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
     return math.inf
   log_delta = math.log(delta)
   def gap(eps: float) -> float:  # log delta(eps) - log delta, decreasing in eps
-    a = float(special.log_ndtr(mu / 2 - eps / mu))
-    b = eps + float(special.log_ndtr(-mu / 2 - eps / mu))
+    t = eps / mu
+    if mu < 1e-3:
+      a = _log_normal_mass(t, mu)
+      b = (math.log(math.expm1(eps)) + float(special.log_ndtr(-mu / 2 - t)) if eps > 0
+           else -math.inf)
+    else:
+      a = float(special.log_ndtr(mu / 2 - t))
+      b = eps + float(special.log_ndtr(-mu / 2 - t))
     return (a + math.log(-math.expm1(b - a)) if b < a else -1e300) - log_delta
   if gap(0.0) <= 0:
     return 0.0
@@ -246,9 +266,10 @@ def _pld_blocked(parts: list[tuple[Any, int]], relation: str, whole: Any, counte
   steps = list(_sampled_gaussians(counted, 1))
   if sum(n for _, _, n in steps) > MAX_PLD_COUNT:
     return True
-  for _, z, _ in steps:
+  for q, z, _ in steps:
     points = width(factor * factor * _inverse_square(z))
-    if not 1.0 <= points <= MAX_PLD_STEP_POINTS:
+    # q^2 underflowing breaks dp_accounting's subsampled PLD ("a must be greater than b")
+    if not 1.0 <= points <= MAX_PLD_STEP_POINTS or q < 1e-150:
       return True
   mu2 = _gaussian_mu2(counted, dominate=True)
   if mu2 is None or width(factor * factor * mu2) <= MAX_PLD_POINTS:

@@ -63,7 +63,8 @@ def _log_gap(eps_fn: Callable[[float], float], epsilon: float) -> Callable[[floa
                        "calibrated")
     if eps <= 0.0:
       return -50.0
-    return 50.0 if math.isinf(eps) else math.log(eps / epsilon)
+    # a difference of logs: eps / epsilon overflows for a subnormal target
+    return 50.0 if math.isinf(eps) else math.log(eps) - math.log(epsilon)
   return gap
 
 
@@ -116,8 +117,8 @@ def _solve(gap: Callable[[float], float], lo: float, guess: float | None = None,
     if b is None:                        # only too little noise so far: up, at most x16
       ups += 1
       if ups > 10:                       # z up to ~1e12, as far as any budget needs
-        raise ValueError(f"no noise multiplier up to {math.exp(a[0]):.3g} reaches the "
-                         "target epsilon")
+        raise ValueError(f"epsilon: no noise multiplier up to {math.exp(a[0]):.3g} reaches "
+                         "the target epsilon (too small to calibrate for at this delta)")
       x = min(max(xp + m, a[0] + tol), a[0] + math.log(16.0))
     elif a is None:                      # only enough noise so far: down, not below lo
       x = max(xp - m, xlo, b[0] - math.log(16.0))
