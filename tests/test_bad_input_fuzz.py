@@ -16,7 +16,10 @@ import jax.numpy as jnp
 import pytest
 
 from dpsco_jax.config import schema as cs
+import dpsco_jax as dp
 from dpsco_jax import runner
+from dpsco_jax.algorithms.registry import algorithms
+from dpsco_jax.data import DataSpec
 from dpsco_jax.runner import tuning as tuning
 from dpsco_jax.__main__ import main as cli
 from dpsco_jax._checks import check_seed_or_key
@@ -54,11 +57,27 @@ def test_delta_without_epsilon_is_refused_for_every_private_algorithm(algorithm)
     cs.validate(_without_epsilon(algorithm))
 
 
-def test_srgd_non_private_must_be_said_out_loud():
-  with pytest.raises(cs.ConfigError, match=r"needs epsilon.*epsilon: null"):
-    cs.validate(SRGD)  # used to run non-private (epsilon = inf, provenance none)
-  assert cs.validate(dict(SRGD, epsilon=None))["epsilon"] is None  # explicit: non-private
-  assert cs.validate(dict(SRGD, noise_multiplier=1.0))["noise_multiplier"] == 1.0  # private
+@pytest.mark.parametrize("algorithm", ["accelerated_dp_srgd", "single_epoch_dp_sgd",
+                                       "dp_sgd_user"])
+def test_non_private_is_said_out_loud_the_same_way_everywhere(algorithm):
+  base = dict(SRGD if "srgd" in algorithm or "single" in algorithm else DPSGD,
+              algorithm=algorithm)
+  base.pop("epsilon", None)
+  one_of = r"needs one of epsilon, noise_multiplier \(noise_multiplier: 0 is the one spelling"
+  with pytest.raises(cs.ConfigError, match=one_of):
+    cs.validate(base)
+  # epsilon: null with a delta ran SRGD non-private without a word (DP-SGD refused it)
+  with pytest.raises(cs.ConfigError, match=one_of):
+    cs.validate(dict(base, epsilon=None, delta=1e-6))
+  with pytest.raises(cs.ConfigError, match=one_of):
+    algorithms()[algorithm].config(delta=1e-6)
+  spec = DataSpec(n_users=100, max_items_per_user=base["m"])
+  public_n = {"n_users": 100} if algorithm == "dp_sgd_user" else {}   # add_remove: declared
+  plan = dp.plan(algorithm, {"delta": 1e-6, "noise_multiplier": 0.0, "clip_norm": 1.0,
+                             **public_n}, spec,
+                 num_params=3, constants={"lipschitz": 1.0, "smoothness": 1.0, "radius": 1.0})
+  assert plan.privacy.provenance == "none" and plan.privacy.epsilon == float("inf")
+  assert cs.validate(dict(base, noise_multiplier=1.0))["noise_multiplier"] == 1.0  # private
 
 
 def test_cli_exits_2_on_delta_without_epsilon(tmp_path, capsys):
@@ -66,7 +85,7 @@ def test_cli_exits_2_on_delta_without_epsilon(tmp_path, capsys):
   cfg.write_text("problem: least_squares\nn_users: 50\nm: 1\nd: 2\n"
                  "algorithm: accelerated_dp_srgd\ndelta: 1.0e-6\n")
   assert cli(["run", str(cfg), "--quiet"]) == 2
-  assert "needs epsilon" in capsys.readouterr().err
+  assert "needs one of epsilon, noise_multiplier" in capsys.readouterr().err
 
 
 # --- YAML: duplicate keys and YAML 1.1 number spellings --------------------------------------

@@ -201,7 +201,8 @@ def test_bad_configs_raise_naming_the_key(base, extra, match):
 
 
 @pytest.mark.parametrize("cfg", [
-    DPSGD, dict(DPSGD, epsilon=None, noise_multiplier=1.0), dict(SRGD, epsilon=None),
+    DPSGD, dict(DPSGD, epsilon=None, noise_multiplier=1.0),
+    dict(SRGD, epsilon=None, noise_multiplier=0.0),
     dict(SRGD, relation="replace_one"), dict(FILTER, privacy_noise=False),
     dict(FILTER, problem="least_squares", noise=0.0),
     dict(FILTER, clip_norm=True), dict(FILTER, clip_norm=2.0),

@@ -28,11 +28,11 @@ YAML types:
 * ``bool``: only ``true`` / ``false``;
 * ``Literal[...]``: one of the named strings (or a bool where the union allows it);
 * ``Optional[...]``: ``null`` allowed; ``null`` then means what the field's doc says (for most
-  keys "use the default", for ``epsilon`` of the SRGD and DP-SGD families "non-private" /
-  "report the accountant's epsilon of an explicit noise_multiplier"). A key without
-  ``Optional`` refuses ``null``. Non-private is never a default: a private algorithm whose
-  ``epsilon`` is optional still needs the key (``epsilon: null`` says "non-private" out
-  loud) unless a ``noise_multiplier`` is given.
+  keys "use the default", for ``epsilon`` of the SRGD and DP-SGD families "report the
+  accountant's epsilon of an explicit noise_multiplier"). A key without ``Optional`` refuses
+  ``null``. Non-private is never a default: a private algorithm needs ``epsilon`` or a
+  ``noise_multiplier``, and ``noise_multiplier: 0`` is the one way, in every family, to say
+  "non-private" out loud (its report: provenance ``none``, epsilon inf).
 * ``tuple[float, ...]``: a sequence. The runner sweeps list values, so a sequence-valued key
   is written as a list inside a list (``shares: [[0.5, 0.3, 0.2]]``).
 * ``dict``: a mapping with string keys (``args:`` of a user problem's factory, a ``data:``
@@ -74,7 +74,7 @@ from dpsco_jax.config.families import (  # noqa: F401 (the schemas, re-exported)
 # re-exported here, where the runner and the tests have always found it
 from dpsco_jax.config.types import (  # noqa: F401
     MAX_COUNT, ConfigError, KeySpec, _check_range, _check_type, _coerce, _hint, _is_number,
-    _specs, _type_name, check_instance, check_refused, private_missing)
+    _specs, _type_name, check_instance, check_refused, missing_one_of, private_missing)
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES",
@@ -213,11 +213,11 @@ def validate(cfg: dict) -> dict:
     if spec.required and out.get(key) is None:
       raise ConfigError(f"{where} needs {key} ({spec.doc})")
   schema = CONFIG_ALGORITHM_SCHEMAS[algorithm]
-  for group in getattr(schema, "requires_one_of", ()):
-    if all(out.get(k) is None for k in group):
-      raise ConfigError(f"{where} needs one of {', '.join(group)}")
+  one_of = missing_one_of(schema, out.get)
+  if one_of:
+    raise ConfigError(f"{where} needs {one_of}")
   missing = private_missing(schema, out.get("epsilon") is not None
-                            or out.get("noise_multiplier") is not None, out.get)
+                            or bool(out.get("noise_multiplier")), out.get)
   if missing:
     raise ConfigError(f"{where} needs {missing} for a private run ({allowed[missing].doc})")
   _check_epsilon_given(schema, "epsilon" in cfg, cfg.get("noise_multiplier"), where)
@@ -228,15 +228,15 @@ def _check_epsilon_given(schema: type, given: bool, noise_multiplier: Any, where
                          ) -> None:
   """A private algorithm (its schema reads ``epsilon`` and ``delta``) never runs non-private
   by omission: without ``epsilon`` (and without a ``noise_multiplier`` to account) a config
-  that names ``delta`` would run with no noise; ``epsilon: null`` says so explicitly."""
+  that names ``delta`` would run with no noise; ``noise_multiplier: 0`` says so explicitly."""
   names = {f.name for f in dataclasses.fields(schema)}
   if not {"epsilon", "delta"} <= names or given:
     return
   if noise_multiplier is not None:
     return  # private: the accountant's epsilon of the explicit multiplier is reported
   raise ConfigError(f"{where} needs epsilon (a privacy budget): a private algorithm does not "
-                    "run non-private by omission; write epsilon: null for a non-private "
-                    "reference run (where the algorithm allows one), or give noise_multiplier")
+                    "run non-private by omission; give noise_multiplier (0: a non-private "
+                    "reference run, where the algorithm allows one)")
 
 
 def typed(cfg: dict) -> tuple[Any, Any]:

@@ -226,20 +226,32 @@ def check_instance(obj: Any) -> None:
     out = _check_type(spec, value)
     if out is not value:
       object.__setattr__(obj, key, out)
-  for group in getattr(schema, "requires_one_of", ()):
-    if all(getattr(obj, k) is None for k in group):
-      raise ConfigError(f"{name} needs one of {', '.join(group)}")
+  missing = missing_one_of(schema, lambda k: getattr(obj, k))
+  if missing:
+    raise ConfigError(f"{name} needs {missing}")
   missing = private_missing(schema, getattr(obj, "epsilon", None) is not None
-                            or getattr(obj, "noise_multiplier", None) is not None,
+                            or bool(getattr(obj, "noise_multiplier", None)),
                             lambda k: getattr(obj, k))
   if missing:
     raise ConfigError(f"{missing} is required: {name} needs {missing} for a private run "
                       "(epsilon or noise_multiplier given)")
 
 
+def missing_one_of(schema: type, value: Any) -> str | None:
+  """``"one of a, b"`` for the first ``requires_one_of`` group of ``schema`` none of whose keys
+  ``value(key)`` gives (else None). Non-private is never the default: where the group holds
+  ``noise_multiplier``, 0 is the one way to ask for it, in every family."""
+  for group in getattr(schema, "requires_one_of", ()):
+    if all(value(k) is None for k in group):
+      return f"one of {', '.join(group)}" + (
+          " (noise_multiplier: 0 is the one spelling of a non-private reference run)"
+          if "noise_multiplier" in group else "")
+  return None
+
+
 def private_missing(schema: type, private: bool, value: Any) -> str | None:
   """The first key of ``schema.private_requires`` (keys a private run needs, which a
-  non-private one, with neither ``epsilon`` nor ``noise_multiplier``, does not) that is unset
+  non-private one, with no ``epsilon`` and ``noise_multiplier`` 0, does not) that is unset
   (``value(key) is None``) in a ``private`` run; ``None`` if none."""
   if not private:
     return None

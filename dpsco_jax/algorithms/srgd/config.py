@@ -18,7 +18,10 @@ __all__ = ["SrgdConfig"]
 class SrgdConfig(AlgorithmKeys):
   """Paper 003's drivers (accelerated_dp_srgd and its ablations)."""
   private_requires: ClassVar[tuple] = ("delta",)
-  epsilon: Optional[float] = config_key("budget; null: non-private unless noise_multiplier")
+  # as DP-SGD: no run is non-private by leaving epsilon out; noise_multiplier: 0 says so
+  requires_one_of: ClassVar[tuple] = (("epsilon", "noise_multiplier"),)
+  epsilon: Optional[float] = config_key("budget; null with noise_multiplier: report its epsilon "
+                                        "(noise_multiplier: 0 is the non-private reference)")
   delta: Optional[float] = config_key("target delta (required for a private run: epsilon or "
                                       "noise_multiplier given)")
   relation: Optional[Relation] = config_key("zero_out or replace_one (add_remove refused)",

@@ -273,7 +273,8 @@ def _noise_multiplier(cfg: Schema, prm: SRGDParams, epsilon: float | None, delta
                       mechanism: str, relation: str, sens: float,
                       stream: float | None) -> float:
   """The run's ``z``: the config's explicit one, the theory preset's paper sigma (in
-  ``prm``), else calibrated to ``epsilon`` (``0`` when there is none: non-private)."""
+  ``prm``), else calibrated to ``epsilon`` (the config refuses neither: non-private is
+  ``noise_multiplier: 0``, said out loud)."""
   if cfg.noise_multiplier is not None:
     return check_nonnegative(cfg.noise_multiplier, "noise_multiplier")
   if prm.noise_multiplier is not None:
@@ -287,7 +288,7 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
               radius: float | None) -> SRGDPlan:
   """The plan of driver ``name`` from ``cfg`` and public facts only (no data).
 
-  Config keys: ``epsilon`` (a budget; ``None``: non-private unless ``noise_multiplier``),
+  Config keys: ``epsilon`` (a budget; ``None``: ``noise_multiplier`` given, 0 non-private),
   ``delta`` (required for a private run; no default), ``relation`` (``zero_out`` |
   ``replace_one``), ``preset``, ``variant``, ``noise_mechanism``, ``batch_size``,
   ``num_steps`` (steps of one epoch), ``epochs`` (default 1; > 1: practical preset, SRG
@@ -317,8 +318,8 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
                      "refused here: multi-epoch SRGD is accelerated_dp_srgd and its SRG "
                      "ablations, multi-epoch DP-SGD is dp_sgd_user with sampling: cyclic")
   epsilon = None if cfg.epsilon is None else check_epsilon(cfg.epsilon)
-  private = epsilon is not None or cfg.noise_multiplier is not None
-  # a non-private run (no epsilon, no noise_multiplier) has no delta to read
+  private = epsilon is not None or bool(cfg.noise_multiplier)
+  # a non-private run (no epsilon, noise_multiplier 0) has no delta to read
   delta = required_delta(cfg.delta) if private or cfg.delta is not None else 0.0
   prm = _schedule(name, cfg, noise, n=n, p=p, lipschitz=lipschitz, smoothness=smoothness,
                   radius=radius, epsilon=epsilon, delta=delta, relation=relation,
