@@ -30,12 +30,7 @@ def _config(key: str, value) -> dict:
   return cfg
 
 
-# epochs at 1e300 / 2^63: the derived step count round(epochs / q) is not bounded by
-# dpsco_jax/algorithms/dpsgd/plan.py (outside issue 46's privacy core); it fails in numpy
-UNBOUNDED = {("epochs", 1e300), ("epochs", 2 ** 63)}
-CASES = [pytest.param(k, v, marks=pytest.mark.xfail(strict=True, reason="derived step count "
-                                                     "unbounded in dpsgd/plan.py"))
-         if (k, v) in UNBOUNDED else (k, v) for k in KEYS for v in EXTREMES]
+CASES = [(k, v) for k in KEYS for v in EXTREMES]
 
 
 @pytest.mark.parametrize("key,value", CASES)

@@ -106,6 +106,7 @@ from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_pr
                                          required_delta)
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.config.families import Schema
+from dpsco_jax.config.types import MAX_COUNT
 from dpsco_jax.data.problem import PublicFacts
 from dpsco_jax.privacy import (PUBLIC, PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance, calibrate_noise_multiplier, check_relation)
@@ -441,12 +442,11 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
       else _sampling(sampling, n, rate, batch_size))
   if cfg.num_steps is not None:
     steps = check_int(cfg.num_steps, "num_steps")
-  elif sampling == "cyclic":   # an epoch is ceil(n / B) steps
-    steps = max(1, round(check_positive(cfg.epochs, "epochs") * -(-n // batch)))
-  elif groups:                 # an epoch: n rows in expectation, D = p G a step
-    steps = max(1, round(check_positive(cfg.epochs, "epochs") * n / denominator))
   else:
-    steps = max(1, round(check_positive(cfg.epochs, "epochs") / q))
+    epochs = check_positive(cfg.epochs, "epochs")
+    steps = _derived_steps(epochs, epochs * -(-n // batch) if sampling == "cyclic"  # ceil(n/B)
+                           else epochs * n / denominator if groups  # n rows, D = p G a step
+                           else epochs / q)
   # derived: L (the config's clip_norm was range-checked when it was built)
   clip = check_positive(default_clip if cfg.clip_norm is None else cfg.clip_norm, "clip_norm")
   group_rows = -(-n // groups) if groups else None
@@ -502,6 +502,15 @@ def _item_rows(data: dict) -> dict:
 def _rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
   data = problem.data if data is None else data
   return data if level == "user" else _item_rows(data)
+
+
+def _derived_steps(epochs: float, steps: float) -> int:
+  """``round(steps)`` (at least 1) of ``epochs`` epochs, refused above the largest count a
+  config may hold: 1e300 (or 2^63) epochs used to fail inside numpy, unnamed."""
+  if not steps <= MAX_COUNT:
+    raise ValueError(f"epochs={epochs:g} derives {steps:.3g} steps, above the largest step "
+                     f"count {MAX_COUNT} (2^31 - 1): lower epochs or give num_steps")
+  return max(1, round(steps))
 
 
 def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
