@@ -124,6 +124,18 @@ def make(n_users: int = 20):
   x = np.random.default_rng(0).normal(size=(users.size, 3)).astype(np.float32)
   data = UserData.from_arrays({"x": x}, users, max_items_per_user=2)
   return nan_loss, {"w": jnp.zeros(3)}, data, mean_loss
+
+
+def make_no_metric(n_users: int = 20):
+  return make(n_users)[:3]
+
+
+def some_nan_loss(params, ex):   # not finite where the first feature exceeds 1
+  return jnp.where(ex["x"][0] > 1.0, jnp.nan, jnp.dot(params["w"], ex["x"]) ** 2)
+
+
+def make_partial(n_users: int = 20):
+  return (some_nan_loss,) + make(n_users)[1:3]
 '''
 
 
@@ -142,10 +154,51 @@ experiments:
 """)
   plain, dp = runner.main_run(cfg, progress=False)
   assert plain["status"] == "failed" and dp["status"] == "failed"
-  assert plain["error"].startswith("NonFiniteRelease: nonprivate_sgd: the released params "
-                                   "are not finite"), plain["error"]
-  assert dp["error"] == ("NonFiniteRelease: dp_sgd_user: mean_loss = nan at the released "
-                         "params: the loss is not finite there, or the steps diverged")
+  # refused before training, by the pre-run probe of the loss on the owner's data
+  for record in (plain, dp):
+    assert record["error"] == (
+        "NonFiniteRelease: the loss is not finite (NaN or infinity) at the initial point for "
+        "every one of the 20 users: a private run would release its noise alone; check the "
+        "loss and the data"), record["error"]
+
+
+def _nan_module(tmp_path, monkeypatch) -> str:
+  name = f"nanmod_{abs(hash(str(tmp_path))) % 10**8}"
+  (tmp_path / f"{name}.py").write_text(NAN_MODULE)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  return name
+
+
+def test_a_private_run_on_a_nan_loss_without_a_metric_fails_before_training(tmp_path,
+                                                                            monkeypatch):
+  """No metric, so no released number to find the NaN in: DP-SGD's clipping dropped every
+  user, the released params were finite noise, and the run was ``status: ok``."""
+  name = _nan_module(tmp_path, monkeypatch)
+  cfg = _config(tmp_path, f"""\
+problem: {{factory: "{name}:make_no_metric", n_users: 20}}
+algorithm: {{name: dp_sgd_user, epsilon: 1.0, delta: 1.0e-5, clip_norm: 1.0, num_steps: 2,
+            sampling_rate: 0.5, learning_rate: 0.1}}
+""")
+  [record] = runner.main_run(cfg, progress=False)
+  assert record["status"] == "failed", record
+  assert "every one of the 20 users" in record["error"]
+
+
+def test_users_whose_loss_is_not_finite_are_counted_for_the_owner_before_training(
+    tmp_path, monkeypatch):
+  from dpsco_jax.runner import user as runner_user
+  name = _nan_module(tmp_path, monkeypatch)
+  mod = __import__(name)
+  loss, params, data = mod.make_partial()
+  x = np.asarray(data.examples["x"])
+  expected = int(np.sum(np.any((x[..., 0] > 1.0) & data.item_mask, axis=1)))
+  assert 0 < expected < data.n_users
+  problem = runner_user.UserProblem(loss=loss, model=params, data=data)
+  for width in (3, 64):   # chunks that wrap at the end, and one chunk
+    monkeypatch.setattr(runner_user, "PROBE_USERS", width)
+    with pytest.warns(UserWarning, match=rf"^{expected} of 20 users have a loss that is not "
+                      "finite at the initial point"):
+      runner_user.check_loss_finite(problem)
 
 
 def test_a_batched_seed_with_a_non_finite_excess_risk_fails_alone(monkeypatch):

@@ -66,8 +66,8 @@ from dpsco_jax.runner.usercode import (  # noqa: F401
     _RECORD_FIELDS, _RUN_ARGS, CONSTANT_KEYS, _as_callable, _call, _check_args,
     _ensure_cwd_on_path, _metric_table, _one_line, _parameters, import_object, static_metrics)
 
-__all__ = ["UserProblem", "USER_PROBLEM", "check", "check_metrics", "make_problem", "run",
-           "cache_key", "static_metrics", "load_data_file"]
+__all__ = ["UserProblem", "USER_PROBLEM", "check", "check_loss_finite", "check_metrics",
+           "make_problem", "run", "cache_key", "static_metrics", "load_data_file"]
 
 
 @dataclasses.dataclass
@@ -342,6 +342,49 @@ def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
   return trainer.privacy_report(), extras, trainer.debug
 
 
+# users per compiled call of the pre-run loss probe (bounded memory on a large table)
+PROBE_USERS = 4096
+
+
+def check_loss_finite(problem: UserProblem) -> None:
+  """Before a run: your loss at the initial point on every item of your training data.
+
+  A loss that is not finite (NaN or infinity) on every user trains a private run on its noise
+  alone (the clipping drops a non-finite gradient), whose released params are finite: it
+  reported ok. That run is refused here (:class:`~dpsco_jax.result.NonFiniteRelease`).
+  Where only some users' loss is not finite, a step drops each of them while it stays so: you
+  are told how many, in a warning. This is a check of your own data and code before anything
+  runs, shown to you; no record or report holds it."""
+  import warnings
+  import jax.numpy as jnp
+  from dpsco_jax.result import NonFiniteRelease
+  data = problem.data
+  if problem.is_module:
+    from flax import nnx
+    graphdef, point = nnx.split(problem.model)
+    loss = lambda state, ex: problem.loss(nnx.merge(graphdef, state), ex)  # noqa: E731
+  else:
+    point, loss = problem.model, problem.loss
+  # the point is an argument, not a constant of the compiled probe
+  finite = jax.jit(lambda p, ex: jax.vmap(jax.vmap(lambda e: jnp.isfinite(loss(p, e))))(ex))
+  u = data.n_users
+  width = min(PROBE_USERS, u)
+  bad = 0
+  for lo in range(0, u, width):
+    rows = np.arange(lo, lo + width) % u   # one shape for every call (the last wraps)
+    ok = np.asarray(finite(point, jax.tree.map(lambda x: np.asarray(x[rows]), data.examples)))
+    real = np.asarray(data.item_mask[rows])
+    bad += int(np.sum(~np.all(ok | ~real, axis=1)[: u - lo]))
+  if bad == u:
+    raise NonFiniteRelease(f"the loss is not finite (NaN or infinity) at the initial point for "
+                           f"every one of the {u} users: a private run would release its "
+                           "noise alone; check the loss and the data")
+  if bad:
+    warnings.warn(f"{bad} of {u} users have a loss that is not finite at the initial point: "
+                  "each step drops such a user while its gradient stays non-finite",
+                  stacklevel=2)
+
+
 def _num_params(tree: Any) -> int:
   return int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(tree)))
 
@@ -359,6 +402,7 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
     num_params = _num_params(nnx.state(model, nnx.Param))
   else:
     model, num_params = problem.model, _num_params(problem.model)
+  check_loss_finite(problem)
   start = time.perf_counter()
   gradient_evaluations, debug, fallback = None, None, None
   if algorithm in CONFIG_ONLY_ALGORITHMS:
