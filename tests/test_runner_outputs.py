@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -220,3 +222,27 @@ def test_a_batched_seed_with_a_non_finite_excess_risk_fails_alone(monkeypatch):
   assert ok["status"] == "ok" and np.isfinite(ok["excess_risk"])
   assert bad["status"] == "failed" and "excess_risk = nan" in bad["error"], bad
   assert ok["batch_note"] == "batching failed (NonFiniteRelease); ran one by one"
+
+
+def test_a_flax_dptrainer_run_whose_params_are_not_finite_fails(tmp_path, monkeypatch):
+  """``algorithm: flax.DPTrainer`` trains outside dpsco_jax.run, whose check of the released
+  params it skipped: a run releasing inf params was ``status: ok``."""
+  from flax import nnx
+  from dpsco_jax.runner import user as runner_user
+  from dpsco_jax.result import NonFiniteRelease
+  name = _nan_module(tmp_path, monkeypatch)
+  data = __import__(name).make()[2]
+
+  class Lin(nnx.Module):   # a parameter that starts (and so stays) infinite
+    def __init__(self):
+      self.w = nnx.Param(jnp.full(3, jnp.inf))
+      self.b = nnx.Param(jnp.zeros(()))
+
+  def loss(model, ex):   # finite: it never reads w
+    return (model.b - jnp.sum(ex["x"])) ** 2
+  problem = runner_user.UserProblem(loss=loss, model=Lin(), data=data, n_users=20)
+  cfg = {"algorithm": "flax.DPTrainer", "problem": "user", "epsilon": 1.0, "delta": 1e-5,
+         "clip_norm": 1.0, "num_steps": 2, "sampling_rate": 0.5, "learning_rate": 0.1,
+         "seed": 0}
+  with pytest.raises(NonFiniteRelease, match=r"flax\.DPTrainer: the released params are not"):
+    runner_user.run(problem, cfg, jax.random.key(0))

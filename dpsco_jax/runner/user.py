@@ -408,6 +408,10 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
   if algorithm in CONFIG_ONLY_ALGORITHMS:
     privacy, extras, debug = _train(problem, model, cfg, key, progress)
     trained = model
+    # the trainer's path does not pass dpsco_jax.run's check of the released params
+    from flax import nnx
+    from dpsco_jax.result import check_finite_params
+    check_finite_params(nnx.state(model, nnx.Param), algorithm)
   else:
     acfg = _algorithm_config(cfg, problem)
     constants = problem.constants or None
