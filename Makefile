@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: run test venv dev clean bench
+.PHONY: run test venv dev clean bench docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,13 @@ $(VENV)/.installed: pyproject.toml
 	$(UV) pip install -q -p $(PY) -e .
 	touch $@
 
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(UV) pip install -q -p $(PY) -e ".[docs]"
+	touch $@
+
+# docs: tests/test_docs_build.py builds the site with Sphinx.
 $(VENV)/.dev-installed: $(VENV)/.installed
-	$(UV) pip install -q -p $(PY) -e ".[dev,plot,flax]"
+	$(UV) pip install -q -p $(PY) -e ".[dev,plot,flax,docs]"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -34,8 +39,14 @@ test: $(VENV)/.dev-installed
 	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.pytest_cache/pycache \
 	  $(PY) -m pytest -n 2 --dist loadgroup -q --durations=15 tests
 
+# The documentation site, offline, warnings as errors: the results pages are generated from
+# experiments/results/* first, then Sphinx (MyST pages + autodoc) builds docs/_build/html.
+docs: $(VENV)/.docs-installed
+	$(PY) docs/gen_results.py
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
 bench: $(VENV)/.dev-installed
 	$(PY) experiments/bench_core.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache docs/_build

@@ -26,10 +26,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpsco_jax.problems.ridge_tuning import ridge_tuning  # noqa: E402
-try:  # the runner modules are moving into the dpsco_jax.runner package
-  from dpsco_jax.runner.stats import paired_comparison, t_interval  # noqa: E402
-except ImportError:
-  from dpsco_jax.runner_stats import paired_comparison, t_interval  # noqa: E402
+from dpsco_jax.runner.stats import paired_comparison, t_interval  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "study"
 FILES = ("bilevel_interior.json", "bilevel_interior_1e5.json", "bilevel_interior_ref.json",

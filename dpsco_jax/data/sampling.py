@@ -176,7 +176,7 @@ def gather_batch(data: UserData, idx: np.ndarray, mask: np.ndarray, *,
 def iter_batches(data: UserData, sampler: PoissonSampler, steps: int, *, view: str = "user",
                  start: int = 0, put: Callable[[Any], Any] = jax.device_put
                  ) -> Iterator[tuple[int, Any, Any]]:
-  """``(t, batch, mask)`` for ``t = start .. start + steps - 1``, moved to the device by
+  """``(t, batch, mask)`` for ``t = start, ..., start + steps - 1``, moved to the device by
   ``put``; step ``t + 1`` is sampled and gathered in a background thread while the caller
   works on step ``t``."""
   rows = data.n_users * (data.max_items_per_user if view == "item_rows" else 1)
