@@ -73,6 +73,14 @@ def check_nonnegative(x: Any, name: str) -> float:
   return v
 
 
+def check_above(x: Any, name: str, bound: float) -> float:
+  """A finite number strictly greater than ``bound`` (e.g. a law's shape ``eta > -1``)."""
+  v = _number(x, name, f"a finite number > {bound:g}")
+  if not math.isfinite(v) or v <= bound:
+    raise ValueError(f"{name} must be a finite number > {bound:g}, got {x!r}")
+  return v
+
+
 def check_epsilon(x: Any, name: str = "epsilon") -> float:
   return check_positive(x, name)
 
