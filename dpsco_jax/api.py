@@ -322,41 +322,68 @@ def _mesh(algorithm: str, mesh: Any) -> Any:
 
 
 class Progress(NamedTuple):
-  """What a run's ``callback`` receives, about 20 times per run: ``step`` of ``num_steps``
-  done and ``epsilon``, the exact epsilon (at the plan's delta) of the steps done so far
-  (``None`` where the family has no per-step event). Data-independent: the step count and
-  the plan are all it is computed from."""
+  """What a run's ``callback`` receives, about 20 times per run (every
+  ``ceil(num_steps / 20)`` steps, fewer only when the run has fewer steps) and at its end:
+  ``step`` of ``num_steps`` done (``num_steps`` > 0: the plan's step count, summed over the
+  phases of a phased algorithm; ``step`` strictly increasing, the last report has ``step ==
+  num_steps``) and ``epsilon``, the accountant's epsilon (at the plan's delta) of the steps
+  done so far where the family has a per-step event (the DP-SGD family), else ``None`` before
+  the last report and the run's epsilon at it. An algorithm with no step loop (output
+  perturbation: one release) reports once, at the end, with ``step == num_steps == 1``; a
+  run that stops early (a FILTER phase halts) closes with ``step == num_steps``.
+  Data-independent: the step count and the plan are all it is computed from."""
   step: int
   num_steps: int
   epsilon: float | None
 
 
-def _epsilon_after(p: Plan, steps: int) -> float | None:
-  """The accountant's epsilon of the first ``steps`` steps of a DP-SGD plan (else None)."""
+def _epsilon_after(p: Plan, steps: int, total: int | None = None) -> float | None:
+  """The accountant's epsilon of the first ``steps`` steps of a DP-SGD plan; for the other
+  families the plan's epsilon once all ``total`` steps are done, else None."""
   from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan
   from dpsco_jax.privacy.ledger import epsilon_of
   d = p.detail
   if not isinstance(d, DpSgdPlan) or d.event is None or d.level == "group":
-    return None
+    # no per-step event: the whole run's guarantee is only known to be spent at its end
+    done = total is not None and steps >= total
+    return float(p.privacy.epsilon) if done else None
   # the plan's own event for the shorter run (matrix-factorization noise: the strategy's
   # sensitivity over the steps done, not an independent-noise count)
   return epsilon_of(d.event_after(steps), delta=d.delta, relation=d.relation)
 
 
 def _progress(p: Plan, callback: Callable[[Progress], None] | None):
-  """The host function a driver calls with the steps done, wrapping the user's callback."""
+  """The host function a driver calls with the steps done (and its step count: the plan's,
+  summed over phases), wrapping the user's callback; :func:`_close_progress` ends it."""
   if callback is None:
     return None
   if not callable(callback):
     raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-  total = int(p.schedule.get("num_steps") or 0)
-  seen = []
+  planned = int(p.schedule.get("num_steps") or 0)
+  seen: list[Progress] = []
 
-  def on_step(step: int) -> None:
-    seen.append(step)
-    callback(Progress(step, total, _epsilon_after(p, step)))
+  def on_step(step: int, total: int | None = None) -> None:
+    total = int(total or planned)
+    seen.append(Progress(int(step), total, _epsilon_after(p, int(step), total)))
+    callback(seen[-1])
   on_step.seen = seen
+  on_step.callback = callback
   return on_step
+
+
+def _close_progress(p: Plan, progress: Callable | None) -> None:
+  """The last report of a run whose driver did not end at its last step: once with ``step ==
+  num_steps == 1`` where there were no per-step reports and the plan has no step count (no
+  step loop), else at the step count (a run that stopped early, or a loop that does not
+  report yet)."""
+  if progress is None:
+    return
+  last = progress.seen[-1] if progress.seen else None
+  if last is not None and last.step == last.num_steps:
+    return
+  total = last.num_steps if last is not None else int(p.schedule.get("num_steps") or 1)
+  progress.seen.append(Progress(total, total, _epsilon_after(p, total, total)))
+  progress.callback(progress.seen[-1])
 
 
 def print_progress(progress: Progress) -> None:
@@ -427,9 +454,9 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   ``UserData.open(dir)``), or ``"auto"`` (host for a memory-mapped table, else device). Same
   sampling law and guarantee; other rows are drawn than on the device with the same key.
 
-  ``callback``: called with a :class:`Progress` about 20 times during the run by the
-  DP-SGD family and ``nonprivate_sgd`` (steps done, epsilon so far), and once at the end by
-  the other algorithms; :func:`print_progress` prints one line each time.
+  ``callback``: called with a :class:`Progress` about 20 times during the run (steps done,
+  epsilon so far; the rules are :class:`Progress`'s), once at the end by an algorithm with no
+  step loop; :func:`print_progress` prints one line each time.
 
   ``distributed``: run with the other processes of ``jax.distributed`` on this process's
   ``data.shard(...)`` (:mod:`dpsco_jax.distributed`: a handshake compares config, plan, key
@@ -460,9 +487,7 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
                        f"{problem.d}")
     result = execute(p, problem, key)
     released = problem.unflatten(result.params)
-  if problem.progress is not None and not problem.progress.seen:   # no per-step reports
-    callback(Progress(int(p.schedule.get("num_steps") or 0),
-                      int(p.schedule.get("num_steps") or 0), float(result.privacy.epsilon)))
+  _close_progress(p, problem.progress)
   return dataclasses.replace(result, params=replicated_on(released, caller_mesh, caller_mesh))
 
 

@@ -126,6 +126,8 @@ def gather_users(data: Any, idx: jax.Array) -> Any:
 #: host callbacks of the runs in flight, by id: the compiled loop carries only the id, so one
 #: executable serves every run (a closure in the cache key would compile once per fit)
 _PROGRESS: dict[int, Callable[[int], None]] = {}
+#: a driver's progress function: ``progress(steps_done, total_steps)`` on the host
+ProgressFn = Callable[[int, int], None]
 _PROGRESS_IDS = itertools.count(1)
 
 
@@ -135,16 +137,69 @@ def _report_progress(run_id, step) -> None:
     fn(int(step))
 
 
+def _with_total(progress: ProgressFn, total: int, step: int) -> None:
+  progress(step, total)
+
+
 def progress_points(steps: int, reports: int = 20) -> int:
   """Every how many steps a run reports progress (about ``reports`` times per run)."""
   return max(1, -(-int(steps) // reports))
+
+
+def progress_due(done: Any, total: int) -> Any:
+  """Whether a run of ``total`` steps reports after ``done`` of them: every
+  :func:`progress_points` steps and at the last one (so the last report says the run is
+  done). ``done`` is a Python int (host loops) or a traced int (a scan's body)."""
+  return (done % progress_points(total) == 0) | (done == total)
+
+
+class ProgressSession:
+  """One run's progress reports: ``report`` is the static part a compiled loop is built with
+  (``None``: no callback, nothing compiled in, so the program is the one without progress),
+  :meth:`tick` the traced part it is called with (the run's id and the steps before this
+  loop, for a run of several loops). Made by :func:`progress_session`."""
+
+  def __init__(self, run_id: int, total: int):
+    self.run_id, self.total = run_id, int(total)
+    self.report = None if run_id == 0 else self.total
+
+  def tick(self, offset: int = 0) -> jax.Array | None:
+    return None if self.report is None else jnp.asarray([self.run_id, offset], jnp.int32)
+
+
+@contextlib.contextmanager
+def progress_session(progress: ProgressFn | None, total: int) -> Iterator[ProgressSession]:
+  """The one way a driver's compiled loops report progress: registers ``progress`` (``None``:
+  no reports) for a run of ``total`` steps, and, on leaving, waits until every report has run
+  and unregisters it. Loops call :func:`emit_progress` in their body with the session's
+  ``report`` and ``tick``; ``progress`` receives the steps done and ``total``."""
+  run_id = next(_PROGRESS_IDS) if progress is not None else 0
+  if progress is not None:
+    _PROGRESS[run_id] = functools.partial(_with_total, progress, int(total))
+  try:
+    yield ProgressSession(run_id, total)
+    if progress is not None:
+      jax.effects_barrier()   # every callback has run before the run returns
+  finally:
+    _PROGRESS.pop(run_id, None)
+
+
+def emit_progress(report: int | None, tick: jax.Array | None, t: jax.Array) -> None:
+  """In a compiled loop's body at its step ``t`` (0-based): reports the run's steps done
+  (``tick[1] + t + 1`` of ``report``) to the host when :func:`progress_due`. Only the step
+  count reaches the host, never a data-dependent value; ``report`` ``None`` adds nothing."""
+  if report is None:
+    return
+  done = tick[1] + t + 1
+  jax.lax.cond(progress_due(done, report),
+               lambda: jax.debug.callback(_report_progress, tick[0], done), lambda: None)
 
 
 @bounded_cache(64)
 def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
                    sampling: str, batch: int, capacity: int, rate: float | None,
                    record: Callable | None, n_real: int | None = None,
-                   users: NamedSharding | None = None, report: bool = False):
+                   users: NamedSharding | None = None, report: int | None = None):
   """One jitted scan per (loss, chain shape, schedule): hyper-parameters and data are
   arguments, so a sweep over seeds / epsilons / learning rates compiles once. ``users``: the
   sharding of a step's sampled users over a mesh (each device differentiates and clips its
@@ -155,10 +210,8 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
   def spread(tree):
     return tree if users is None else jax.lax.with_sharding_constraint(tree, users)
 
-  every = progress_points(steps)
-
   @jax.jit
-  def loop(params, key, hparams, data, run_id):
+  def loop(params, key, hparams, data, tick):
     n = jax.tree.leaves(data)[0].shape[0]
     tx = tx_factory(hparams, *static)
     state = tx.init(params)
@@ -171,9 +224,7 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
       grads = per_user_grads(loss_fn, params, batch_data, user_mask=mask)
       updates, state = tx.update(grads, state, params, user_mask=mask)
       out = None if record is None else record(state)
-      if report:  # the step count only: nothing data-dependent reaches the host
-        jax.lax.cond((t + 1) % every == 0, lambda: jax.debug.callback(
-            _report_progress, run_id, t + 1), lambda: None)
+      emit_progress(report, tick, t)   # the step count only
       return (optax.apply_updates(params, updates), state), out
 
     (params, state), records = jax.lax.scan(body, (params, state), jnp.arange(steps))
@@ -247,7 +298,7 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
               capacity: int, rate: float | None = None,
               record: Callable | None = None, mesh: Mesh | None = None,
               axis: str = "users",
-              progress: Callable[[int], None] | None = None) -> tuple[Any, ...]:
+              progress: ProgressFn | None = None) -> tuple[Any, ...]:
   """``steps`` iterations of: sample users -> per-user gradients -> chain -> apply.
 
   The chain is ``tx_factory(hparams, *static)``: ``hparams`` (a dict of scalars and keys,
@@ -263,8 +314,8 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
   Poisson draw fills them: a larger capacity only lowers the truncation the plan accounted).
   The draws are those of the one-device run, so the released params agree to float tolerance.
 
-  ``progress``: a host function called with the number of steps done, about 20 times per run
-  (``jax.debug.callback``; it receives the step count only).
+  ``progress``: a host function called with the steps done and ``steps``, about 20 times per
+  run and at the last step (:func:`progress_session`; it receives step counts only).
   """
   n_real, users = None, None
   if mesh is not None:
@@ -272,33 +323,28 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
     n_dev = mesh_users_axis(mesh, axis)
     capacity = -(-int(capacity) // n_dev) * n_dev
     users = NamedSharding(mesh, PartitionSpec(axis))
-  loop = _compiled_loop(loss_fn, tx_factory, tuple(static), int(steps), sampling, int(batch),
-                        int(capacity), None if rate is None else float(rate), record,
-                        n_real, users, progress is not None)
-  run_id = next(_PROGRESS_IDS) if progress is not None else 0
-  if progress is not None:
-    _PROGRESS[run_id] = progress
-  try:
-    out = loop(params0, key, hparams, data, jnp.int32(run_id))
-    if progress is not None:
-      jax.effects_barrier()   # every callback has run before the run returns
-    return out
-  finally:
-    _PROGRESS.pop(run_id, None)
+  with progress_session(progress, steps) as session:
+    loop = _compiled_loop(loss_fn, tx_factory, tuple(static), int(steps), sampling,
+                          int(batch), int(capacity), None if rate is None else float(rate),
+                          record, n_real, users, session.report)
+    return loop(params0, key, hparams, data, session.tick())
 
 
 def scan_slot_batches(loss_fn: Callable, tx: optax.GradientTransformation, params: Any,
-                      data: Any, batch_of: Callable, steps: int, record: Callable | None):
+                      data: Any, batch_of: Callable, steps: int, record: Callable | None,
+                      report: int | None = None, tick: jax.Array | None = None):
   """The DP-SGD scan over a public schedule of user slots (cyclic batches, b-min-sep Poisson
   groups): step ``t`` differentiates the users ``idx`` of ``batch_of(t) = (idx, mask)`` (masked
   slots contribute zero) and applies the chain. Returns ``(released params, state)``, plus the
-  per-step ``record(state)`` outputs when ``record`` is given."""
+  per-step ``record(state)`` outputs when ``record`` is given. ``report`` / ``tick``: a
+  :class:`ProgressSession`'s (progress reports, :func:`emit_progress`)."""
   def body(carry, t):
     params, state = carry
     idx, mask = batch_of(t)
     grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
     updates, state = tx.update(grads, state, params, user_mask=mask)
     out = None if record is None else record(state)
+    emit_progress(report, tick, t)
     return (optax.apply_updates(params, updates), state), out
 
   (params, state), records = jax.lax.scan(body, (params, tx.init(params)), jnp.arange(steps))
@@ -325,7 +371,7 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
                    hparams: dict, *, static: tuple = (), steps: int, key: jax.Array,
                    rate: float, capacity: int, view: str = "user",
                    record: Callable | None = None,
-                   progress: Callable[[int], None] | None = None,
+                   progress: ProgressFn | None = None,
                    rows: int | None = None, mesh: Mesh | None = None,
                    axis: str = "users") -> tuple[Any, ...]:
   """:func:`run_chain` with Poisson sampling done on the host: each step samples users in
@@ -361,13 +407,13 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
   state = jax.jit(lambda p, h: tx_factory(h, *static).init(p))(params0, hparams)
   step = _compiled_step(loss_fn, tx_factory, tuple(static), record)
   params = jax.tree.map(jnp.array, params0)   # donated below: never the caller's buffers
-  records, every = [], progress_points(steps)
+  records = []
   for t, batch, mask in iter_batches(user_data, sampler, steps, view=view, put=put):
     params, state, rec = step(params, state, hparams, batch, mask)
     if record is not None:
       records.append(rec)
-    if progress is not None and (t + 1) % every == 0:
-      progress(t + 1)
+    if progress is not None and progress_due(t + 1, steps):
+      progress(t + 1, steps)
   out = (released_params(state, params), state)
   if record is None:
     return out

@@ -65,14 +65,16 @@ def sample_group(key: jax.Array, slots: jax.Array, real: jax.Array, t: jax.Array
 @bounded_cache(32)
 def banded_poisson_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps: int,
                         groups: int, rate: float, capacity: int,
-                        record: Callable | None) -> Callable:
+                        record: Callable | None, report: int | None = None) -> Callable:
   """One jitted scan of ``steps`` b-min-sep Poisson steps (the body of
   :func:`~dpsco_jax.algorithms.common.run_chain`'s loop with this sampler). ``key`` is split
   into the order key (``fold_in(key, 0)``: the partition) and the sample key
-  (``fold_in(key, 1)``; step ``t`` uses ``fold_in(sample_key, t)``): no key is used twice."""
+  (``fold_in(key, 1)``; step ``t`` uses ``fold_in(sample_key, t)``): no key is used twice.
+  ``report`` / ``tick``: a progress session's (:func:`~dpsco_jax.algorithms.common.
+  progress_session`)."""
 
   @jax.jit
-  def loop(params: Any, key: jax.Array, hparams: dict, data: Any):
+  def loop(params: Any, key: jax.Array, hparams: dict, data: Any, tick=None):
     n = jax.tree.leaves(data)[0].shape[0]
     slots, real = group_slots(jax.random.fold_in(key, 0), n, groups)
     sample_key = jax.random.fold_in(key, 1)
@@ -81,6 +83,6 @@ def banded_poisson_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, 
         loss_fn, tx, params, data,
         lambda t: sample_group(jax.random.fold_in(sample_key, t), slots, real, t, rate=rate,
                                capacity=capacity),
-        steps, record)
+        steps, record, report, tick)
 
   return loop

@@ -60,7 +60,8 @@ import optax
 from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig, SgdSchedule
 from dpsco_jax.algorithms.registration import Grid, register
 from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
-from dpsco_jax.algorithms.common import hparam, run_chain, sampling_setup, scan_slot_batches
+from dpsco_jax.algorithms.common import (hparam, progress_session, run_chain, sampling_setup,
+                                         scan_slot_batches)
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
 from dpsco_jax.algorithms.dpsgd.plan import (NONPRIVATE_REPORT, DpSgdPlan, _nonprivate_planner,
                                              _planner, _rows, charge_dp_sgd, dp_sgd_plan)
@@ -136,13 +137,14 @@ def cyclic_slots(order_key: jax.Array, n: int, batch: int) -> tuple[jax.Array, j
 
 @bounded_cache(32)
 def _cyclic_loop(loss_fn, tx_factory, static: tuple, steps: int, batch: int, periods: int,
-                 record):
+                 record, report: int | None = None):
   """The scan of :func:`~dpsco_jax.algorithms.common.run_chain` with cyclic batches: slot
   order ``permutation(order_key, n)`` (public, data-independent), step ``t`` takes slots
-  ``[(t mod P) B, (t mod P + 1) B)``; slots past ``n`` are masked."""
+  ``[(t mod P) B, (t mod P + 1) B)``; slots past ``n`` are masked. ``report``: a progress
+  session's (``tick`` its traced part)."""
 
   @jax.jit
-  def loop(params, order_key, hparams, data):
+  def loop(params, order_key, hparams, data, tick=None):
     slots, real = cyclic_slots(order_key, jax.tree.leaves(data)[0].shape[0], batch)
 
     def batch_of(t):
@@ -151,7 +153,7 @@ def _cyclic_loop(loss_fn, tx_factory, static: tuple, steps: int, batch: int, per
               jax.lax.dynamic_slice(real, (start,), (batch,)))
 
     return scan_slot_batches(loss_fn, tx_factory(hparams, *static), params, data, batch_of,
-                             steps, record)
+                             steps, record, report, tick)
 
   return loop
 
@@ -171,26 +173,31 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
              "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
   static = (plan.denominator, plan.averaging, keep,
             ("independent",) if plan.mf is None else plan.mf.stage_spec(), plan.steps)
+  progress = None if keep else getattr(problem, "progress", None)
   if plan.sampling == "cyclic":
     if getattr(problem, "mesh", None) is not None:
       raise ValueError("sampling='cyclic' does not run on a mesh yet: use one device")
-    loop = _cyclic_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps, plan.batch,
-                        -(-n // plan.batch), _release_of if keep else None)
-    return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows)
+    with progress_session(progress, plan.steps) as session:
+      loop = _cyclic_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps, plan.batch,
+                          -(-n // plan.batch), _release_of if keep else None, session.report)
+      return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows,
+                  session.tick())
   if plan.sampling == "banded_poisson":
     if getattr(problem, "mesh", None) is not None:
       raise ValueError("sampling='banded_poisson' does not run on a mesh yet: use one device")
-    loop = banded_poisson_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps,
-                               plan.min_sep, plan.sampling_rate, capacity,
-                               _release_of if keep else None)
-    return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows)
+    with progress_session(progress, plan.steps) as session:
+      loop = banded_poisson_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps,
+                                 plan.min_sep, plan.sampling_rate, capacity,
+                                 _release_of if keep else None, session.report)
+      return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows,
+                  session.tick())
   return run_chain(problem.loss_fn, rows, problem.init_params(), dp_sgd_chain, hparams,
                    static=static, steps=plan.steps,
                    key=jax.random.fold_in(key, 2), sampling=plan.sampling,
                    batch=n if plan.sampling == "full" else plan.batch, capacity=capacity,
                    rate=plan.sampling_rate if plan.sampling == "poisson" else None,
                    record=_release_of if keep else None, mesh=getattr(problem, "mesh", None),
-                   progress=None if keep else getattr(problem, "progress", None))
+                   progress=progress)
 
 
 def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple[Any, ...]:

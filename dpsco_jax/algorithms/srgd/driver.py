@@ -68,7 +68,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
-from dpsco_jax.algorithms.common import hparam, mesh_users_axis, traced_hparams
+from dpsco_jax.algorithms.common import (ProgressFn, emit_progress, hparam, mesh_users_axis,
+                                         progress_session, traced_hparams)
 from dpsco_jax.algorithms.registration import Grid, register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
                                             SRGDPlan, _planner, charge, config_view,
@@ -226,19 +227,20 @@ def _batches_on_mesh(data: PyTree, mask: jax.Array, num_steps: int, batch_size: 
 
 
 def _make_runner(loss_fn: Callable, settings: tuple,
-                 users: NamedSharding | None = None) -> Callable:
+                 users: NamedSharding | None = None, report: int | None = None) -> Callable:
   """The jitted scan over ``T`` steps. ``users``: the batches come placed by
   :func:`_batches_on_mesh` and each step's examples stay sharded that way. With ``epochs >
   1`` the ``P = T / epochs`` batches are kept once and step ``t`` reads batch ``t mod P`` (a
-  dynamic index: O(data) memory, not O(epochs data))."""
-  cache_key = (loss_fn, settings, users)
+  dynamic index: O(data) memory, not O(epochs data)). ``report``: a progress session's (the
+  runner then takes its ``tick``; ``None``: the program without progress)."""
+  cache_key = (loss_fn, settings, users, report)
   if cache_key in _RUNNERS:
     return _RUNNERS[cache_key]
   s = dict(settings)
   T, B, k = s["num_steps"], s["batch_size"], s["epochs"]
   P = T // k
 
-  def run(data, params0, key, user_mask, points, hp=None):
+  def run(data, params0, key, user_mask, points, hp=None, tick=None):
     # hp: the stepper's beta and learning rate as traced values (a grid sweep, settings say
     # "traced"); None: the settings' numbers, compiled in as they always were
     beta, lr = ((s["beta"], s["learning_rate"]) if hp is None
@@ -275,6 +277,7 @@ def _make_runner(loss_fn: Callable, settings: tuple,
       out = {"release": released, "query": params} if s["releases"] else {}
       if s["debug"]:
         out.update(_diagnostics(rows, released, p_state, s["clip_norm"], B))
+      emit_progress(report, tick, t)   # the step count only
       return (optax.apply_updates(params, updates), params, (p_state, s_state)), out
 
     per_step = (batches, masks) if k == 1 else (None, None)
@@ -352,27 +355,29 @@ def _plan_settings(plan: SRGDPlan, *, noise_multiplier: float, debug: bool,
 
 def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
              key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False,
-             mesh: Mesh | None = None, hparams: dict | None = None
-             ) -> tuple[PyTree, PyTree, dict]:
+             mesh: Mesh | None = None, hparams: dict | None = None,
+             progress: ProgressFn | None = None) -> tuple[PyTree, PyTree, dict]:
   """Executes ``plan`` (see :func:`run_srgd`); the caller spends ``plan.event`` first.
   ``mesh``: each batch's examples are sharded over its ``"users"`` axis
   (:func:`_batches_on_mesh`); the key, hence the noise, is the one-device run's.
   ``hparams``: ``{"beta", "learning_rate"}`` of the stepper as (traced) arguments of the
-  compiled scan instead of constants (:func:`_step_hparams`: a grid sweep)."""
+  compiled scan instead of constants (:func:`_step_hparams`: a grid sweep). ``progress``:
+  reports of the steps done (:func:`~dpsco_jax.algorithms.common.progress_session`)."""
   settings = _plan_settings(plan, noise_multiplier=plan.params.noise_multiplier, debug=debug,
                             releases=False)
   mask = _mask_for(data, user_mask)
+  users = None
   if hparams is not None:
     if mesh is not None:
       raise ValueError("a grid sweep of step sizes runs on one device (no mesh)")
     settings = tuple((k, "traced" if k in ("beta", "learning_rate") else v)
                      for k, v in settings)
-    return _make_runner(loss_fn, settings)(data, params0, key, mask, None, hparams)
-  if mesh is None:
-    return _make_runner(loss_fn, settings)(data, params0, key, mask, None)
-  batches, masks, users = _batches_on_mesh(data, mask, plan.params.period,
-                                           plan.params.batch_size, mesh)
-  return _make_runner(loss_fn, settings, users)(batches, params0, key, masks, None)
+  elif mesh is not None:
+    data, mask, users = _batches_on_mesh(data, mask, plan.params.period,
+                                         plan.params.batch_size, mesh)
+  with progress_session(progress, plan.params.num_steps) as session:
+    runner = _make_runner(loss_fn, settings, users, session.report)
+    return runner(data, params0, key, mask, None, hparams, session.tick())
 
 
 def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
@@ -420,7 +425,8 @@ def _run_named(name: str, problem, cfg: Mapping | Any, key: jax.Array) -> Result
   ledger = charge(plan)                            # before anything is released
   released, _, diags = run_plan(plan, problem.loss_fn, problem.data, problem.init_params(),
                                 key, debug=debug, mesh=getattr(problem, "mesh", None),
-                                hparams=_step_hparams(plan, problem))
+                                hparams=_step_hparams(plan, problem),
+                                progress=getattr(problem, "progress", None))
   prm = plan.params
   record = dict(num_steps=prm.num_steps, batch_size=prm.batch_size,
                 examples_used=prm.period * prm.batch_size, beta=prm.beta,

@@ -99,6 +99,7 @@ from jax.sharding import NamedSharding
 
 from dpsco_jax.algorithms.user_level_filter.config import (
     AcceleratedErmConfig, AcceleratedErmSmoothedConfig, FilterCommon, PhasedSgdConfig)
+from dpsco_jax.algorithms.common import ProgressSession, emit_progress, progress_session
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.user_level_filter.plan import (FilterPlan, Options, PublicSpec,
@@ -157,10 +158,11 @@ def _take(data: PyTree, idx: np.ndarray) -> PyTree:
 
 # ------------------------------------------------------------------------- Algorithm 1
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "eta", "radius", "clip"))
+@functools.partial(jax.jit, static_argnames=("loss_fn", "eta", "radius", "clip", "report"))
 def _sgd_groups(loss_fn: Callable, items: PyTree, x0: PyTree, key: jax.Array | None, *,
                 eta: float, radius: float, clip: float | None = None,
-                keys: jax.Array | None = None) -> PyTree:
+                keys: jax.Array | None = None, report: int | None = None,
+                tick: jax.Array | None = None) -> PyTree:
   """One-pass projected SGD in every group, vmapped: ``items`` leaves ``[C, T, ...]``.
 
   Items are visited in a fresh uniformly random order (sampling without replacement, proof
@@ -168,7 +170,9 @@ def _sgd_groups(loss_fn: Callable, items: PyTree, x0: PyTree, key: jax.Array | N
   with ``averaging="uniform"``). ``clip``: each item's gradient is clipped to that norm (the
   library's one clipping rule, ``clip_rows``; a non-finite gradient becomes zero). FILTER
   bounds the sensitivity whatever the clip; the clip keeps one item that breaks the declared
-  L from dragging its group's iterate (and so the whole group) out of the filter's ball."""
+  L from dragging its group's iterate (and so the whole group) out of the filter's ball.
+  ``report`` / ``tick``: the run's progress session (the step index is not vmapped, so each
+  step reports once for all groups)."""
   tx = projected_sgd(eta, radius=radius, averaging="uniform")
   raw_grad = jax.grad(loss_fn)
 
@@ -184,12 +188,14 @@ def _sgd_groups(loss_fn: Callable, items: PyTree, x0: PyTree, key: jax.Array | N
     order = jax.random.permutation(k, t)
     ordered = jax.tree.map(lambda x: x[order], group_items)
 
-    def body(carry, item):
+    def body(carry, xs):
       params, state = carry
+      item, s = xs
       upd, state = tx.update(grad(params, item), state, params)
+      emit_progress(report, tick, s)
       return (optax.apply_updates(params, upd), state), None
 
-    (params, state), _ = jax.lax.scan(body, (x0, tx.init(x0)), ordered)
+    (params, state), _ = jax.lax.scan(body, (x0, tx.init(x0)), (ordered, jnp.arange(t)))
     return released_params(state, params)
 
   c = jax.tree.leaves(items)[0].shape[0]
@@ -210,8 +216,11 @@ def _filter_release(points: PyTree, key: jax.Array, *, tau: float, lap_scale: fl
 
 
 def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray, x: PyTree,
-                k_run: jax.Array, sigma: float, clip: float | None = None):
-  """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release."""
+                k_run: jax.Array, sigma: float, clip: float | None = None,
+                session: ProgressSession | None = None):
+  """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release.
+  ``session``: the run's progress reports (the steps of the phases before ``i`` are done)."""
+  report, tick = _progress_args(plan, i, session)
   sched, ph = plan.schedule, plan.schedule.phases[i]
   c = sched.num_groups
   used = users[:c * ph.users_per_group]          # floor(n_i / C) users per group
@@ -222,14 +231,22 @@ def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray
   mesh = getattr(problem, "mesh", None)
   if mesh is None:
     pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius,
-                      clip=clip)
+                      clip=clip, report=report, tick=tick)
   else:   # groups sharded over the users axis, the one-device run's keys (mesh.place_groups)
     items, keys = place_groups(items, jax.random.split(k_sgd, c), mesh)
     pts = _sgd_groups(problem.loss_fn, items, x, None, eta=ph.eta, radius=problem.radius,
-                      clip=clip, keys=keys)
+                      clip=clip, keys=keys, report=report, tick=tick)
     pts = jax.tree.map(lambda p: p[:c], pts)
   return _filter_release(pts, k_rel, tau=ph.tau, lap_scale=sched.laplace_scale,
                          threshold=sched.threshold, sigma=sigma)
+
+
+def _progress_args(plan: FilterPlan, i: int, session: ProgressSession | None
+                   ) -> tuple[int | None, jax.Array | None]:
+  """Phase ``i``'s ``(report, tick)``: the session's, offset by the earlier phases' steps."""
+  if session is None:
+    return None, None
+  return session.report, session.tick(sum(plan.phase_steps[:i]))
 
 
 def _phase_users(plan: FilterPlan, key: jax.Array, n: int) -> list[np.ndarray]:
@@ -284,17 +301,18 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
   x, halted_phase = problem.init_params(), None
   dbg: dict = {"scores": [], "num_kept": []} if opt.debug else None
   grads, clip = 0, _clip(problem, cfg, "user_level_phased_sgd")
-  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
-    passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run, plan.phases[i].sigma,
-                                     clip)
-    grads += sched.num_groups * sched.phases[i].steps
-    if opt.debug:
-      dbg["scores"].append(float(res.score))
-      dbg["num_kept"].append(int(res.num_kept))
-    if not bool(passed):           # the released test bit: host branching is post-processing
-      halted_phase = sched.phases[i].index
-      break
-    x = project_l2_ball(x_new, problem.radius) if project else x_new
+  with progress_session(getattr(problem, "progress", None), plan.num_steps) as session:
+    for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
+      passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run,
+                                       plan.phases[i].sigma, clip, session)
+      grads += sched.num_groups * sched.phases[i].steps
+      if opt.debug:
+        dbg["scores"].append(float(res.score))
+        dbg["num_kept"].append(int(res.num_kept))
+      if not bool(passed):         # the released test bit: host branching is post-processing
+        halted_phase = sched.phases[i].index
+        break
+      x = project_l2_ball(x_new, problem.radius) if project else x_new
   out = _fallback(problem, cfg) if halted_phase is not None else x
   report = alg1_report(plan, ledger)
   record = {"preset": opt.preset, "sensitivity": opt.sensitivity, "relation": opt.relation,
@@ -334,14 +352,15 @@ def _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale, quer
 @functools.partial(jax.jit, static_argnames=(
     "loss_fn", "batch", "steps", "lam", "smoothness", "sigma", "filter_radius",
     "threshold_fraction", "threshold_scale", "query_scale", "radius", "stage_length",
-    "smoothing_radius", "clip", "debug", "collect", "n_users", "users"))
+    "smoothing_radius", "clip", "debug", "collect", "n_users", "users", "report"))
 def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
                 given: PyTree, use_given: jax.Array, *, batch: int, steps: int, lam: float,
                 smoothness: float, sigma: float, filter_radius: float,
                 threshold_fraction: float, threshold_scale: float, query_scale: float,
                 radius: float | None, stage_length: int, smoothing_radius: float | None,
                 clip: float | None, debug: bool, collect: bool = False,
-                n_users: int | None = None, users: NamedSharding | None = None):
+                n_users: int | None = None, users: NamedSharding | None = None,
+                report: int | None = None, tick: jax.Array | None = None):
   """Algorithm 2 on one phase's users ``data`` (leaves ``[n_i, m, ...]``), jitted; one compile
   per distinct static configuration, reused across seeds. Returns ``(x_ag, halted, filter
   state, releases)``; ``releases`` (with ``collect``) are the per-step noisy filtered means
@@ -350,7 +369,8 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
   run's, to the post-processing steps, so the query points are those of another dataset's
   run. ``users``: a mesh's users sharding (``data`` placed by ``mesh.place_phase``, its real
   ``n_users`` rows first): the per-user gradients and FILTER's pair counts are sharded
-  (``mesh.step_user_grads``, ``outlier_filter(rows=)``)."""
+  (``mesh.step_user_grads``, ``outlier_filter(rows=)``). ``report`` / ``tick``: the run's
+  progress session (:func:`_progress_args`)."""
   n_i = jax.tree.leaves(data)[0].shape[0] if n_users is None else n_users
   m = jax.tree.leaves(data)[0].shape[1]
   k_chain, k_sample, k_smooth = jax.random.split(key, 3)
@@ -378,6 +398,7 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
     params = jax.tree.map(lambda a, b: jnp.where(now_halted, a, b), params, new_params)
     state = jax.tree.map(lambda a, b: jnp.where(was_halted, a, b), (s_priv, s_post),
                          new_state)
+    emit_progress(report, tick, t)   # the step count only (a halted phase still counts)
     return (params, state), ((noisy, now_halted) if collect else None)
 
   init = (private.init(x_prev), post.init(x_prev))
@@ -394,8 +415,10 @@ def _clip(problem: SCOProblem, cfg: dict, algorithm: str) -> float | None:
       problem.lipschitz if clip is True else clip, "clip_norm")
 
 
-def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, collect=False):
+def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, collect=False,
+                session=None):
   sched, ph, pn = plan.schedule, plan.schedule.phases[i], plan.phases[i]
+  report, tick = _progress_args(plan, i, session)
   use_given = jnp.asarray(given is not None)
   if given is None:
     given = jax.tree.map(lambda a: jnp.zeros((pn.steps,) + jnp.shape(a), a.dtype), x)
@@ -410,7 +433,7 @@ def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, co
       query_scale=sched.query_scale, radius=problem.radius,
       stage_length=min(ph.stage_length, pn.steps), smoothing_radius=sched.smoothing_radius,
       clip=_clip(problem, cfg, "user_level_accelerated_erm"), debug=plan.options.debug,
-      collect=collect, n_users=n_i, users=spread)
+      collect=collect, n_users=n_i, users=spread, report=report, tick=tick)
 
 
 def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *,
@@ -446,24 +469,26 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
   k_perm, k_run = jax.random.split(key)
   x, halted_phase, grads = problem.init_params(), None, 0
   rec_phases, dbg = [], ({"phases": []} if opt.debug else None)
-  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
-    ph, pn = sched.phases[i], plan.phases[i]
-    x_new, halted, fstate, _ = _run_phase3(problem, cfg, plan, i, users, x, k_run, pn.sigma)
-    grads += pn.steps * ph.batch * problem.m
-    rec_phases.append({"index": ph.index, "n_users": ph.n_users, "batch_size": ph.batch,
-                       "num_steps": pn.steps, "lam": ph.lam,
-                       "stage_length": min(ph.stage_length, pn.steps), "sigma": pn.sigma,
-                       "noise_multiplier": pn.noise_multiplier,
-                       "sensitivity": pn.sensitivity, "sigma_paper": ph.sigma_paper})
-    if opt.debug:
-      d = fstate.debug
-      dbg["phases"].append({"halted": bool(halted), "min_score": float(d.min_score),
-                            "steps_run": int(d.steps_run),
-                            "steps_all_kept": int(d.steps_all_kept)})
-    if bool(halted):            # the AboveThreshold answer is released: post-processing
-      halted_phase = ph.index
-      break
-    x = x_new
+  with progress_session(getattr(problem, "progress", None), plan.num_steps) as session:
+    for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
+      ph, pn = sched.phases[i], plan.phases[i]
+      x_new, halted, fstate, _ = _run_phase3(problem, cfg, plan, i, users, x, k_run,
+                                             pn.sigma, session=session)
+      grads += pn.steps * ph.batch * problem.m
+      rec_phases.append({"index": ph.index, "n_users": ph.n_users, "batch_size": ph.batch,
+                         "num_steps": pn.steps, "lam": ph.lam,
+                         "stage_length": min(ph.stage_length, pn.steps), "sigma": pn.sigma,
+                         "noise_multiplier": pn.noise_multiplier,
+                         "sensitivity": pn.sensitivity, "sigma_paper": ph.sigma_paper})
+      if opt.debug:
+        d = fstate.debug
+        dbg["phases"].append({"halted": bool(halted), "min_score": float(d.min_score),
+                              "steps_run": int(d.steps_run),
+                              "steps_all_kept": int(d.steps_all_kept)})
+      if bool(halted):            # the AboveThreshold answer is released: post-processing
+        halted_phase = ph.index
+        break
+      x = x_new
   out = _fallback(problem, cfg) if halted_phase is not None else x
   report = alg3_report(plan, ledger)
   record = {"preset": opt.preset, "sensitivity": opt.sensitivity, "relation": opt.relation,

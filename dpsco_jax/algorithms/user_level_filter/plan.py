@@ -169,6 +169,19 @@ class FilterPlan:
     return self.options.delta / 2.0
 
   @property
+  def phase_steps(self) -> tuple[int, ...]:
+    """The steps of each phase's loop (progress reports): Algorithm 1's one pass of SGD in
+    every group (the groups run side by side), Algorithm 3's AC-SA steps."""
+    if isinstance(self.schedule, Alg1Schedule):
+      return tuple(int(ph.steps) for ph in self.schedule.phases)
+    return tuple(int(ph.steps) for ph in self.phases)
+
+  @property
+  def num_steps(self) -> int:
+    """The run's step count: the phases' steps summed."""
+    return sum(self.phase_steps)
+
+  @property
   def worst_bad(self) -> float:
     return max((p.bad_event_probability for p in self.phases), default=0.0)
 
