@@ -79,6 +79,18 @@ def test_an_unaligned_table_is_copied_with_the_same_values_and_dtypes():
     np.testing.assert_array_equal(np.asarray(view[name]), np.asarray(want))
 
 
+def test_user_weights_are_the_float64_ratios_rounded_to_float32():
+  rng = np.random.default_rng(2)
+  counts = rng.integers(1, 13, size=200)                      # ragged users, some truncated
+  ids = np.repeat(np.arange(200), counts)
+  data = UserData.from_arrays({"x": np.zeros((ids.size, 2), np.float32)}, ids,
+                              max_items_per_user=7)
+  want = np.asarray(data.item_mask * (7 / data.n_items[:, None]), np.float32)
+  got = np.asarray(data.user_view()["weight"])
+  assert got.dtype == np.float32
+  np.testing.assert_array_equal(got, want)
+
+
 def test_fit_releases_the_same_params_from_an_aligned_and_a_copied_table():
   users = 300                                 # one compile: both tables have one shape
   got = [dpsco_jax.fit("dp_sgd_user", _config(users), _loss, jnp.zeros(FEATURES),

@@ -498,11 +498,13 @@ class UserData:
   def user_view(self) -> dict:
     """``{"example", "weight"}`` with ``weight = m / k_u`` on real items: the mean over the
     ``m`` slots equals the mean over the user's ``k_u`` real items."""
-    w = self.item_mask * (self.max_items_per_user / self.n_items[:, None])
+    # m / k_u rounded to float32 per user, then spread over the mask (exact: 0 or 1 times it):
+    # the values of the float64 [U, m] product cast to float32, without its 8-byte temporary
+    w = self.item_mask * (self.max_items_per_user / self.n_items).astype(np.float32)[:, None]
     # device_put, not jnp.asarray (which copies every leaf, through a second host copy): on a
     # CPU backend a 64-byte aligned leaf is used in place, an unaligned one copied once
     return {"example": jax.tree.map(jax.device_put, self.examples),
-            "weight": jnp.asarray(w, jnp.float32)}
+            "weight": jax.device_put(w)}
 
   def item_view(self) -> dict:
     """``{"example", "weight"}`` with weight 1 on real items, 0 on padding."""
