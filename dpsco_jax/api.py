@@ -453,6 +453,11 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   so the table may be a memory map from ``UserData.from_arrays(..., store=dir)`` /
   ``UserData.open(dir)``), or ``"auto"`` (host for a memory-mapped table, else device). Same
   sampling law and guarantee; other rows are drawn than on the device with the same key.
+  Memory on a CPU backend: ``"device"`` (and ``"auto"`` on an in-memory table) uses each
+  examples leaf in place when its buffer is 64-byte aligned; an unaligned leaf (numpy's own
+  large arrays are usually 16 bytes off) is copied once for the run, since XLA needs aligned
+  buffers: the table is then held twice (``"host"``, or a store, never copies it). Item-level
+  rows (``dp_sgd_item``, ``dp_sgd_group``) copy the table once more, to lay items out as rows.
 
   ``callback``: called with a :class:`Progress` about 20 times during the run (steps done,
   epsilon so far; the rules are :class:`Progress`'s), once at the end by an algorithm with no
@@ -523,7 +528,8 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
         callback: Callable[[Progress], None] | None = None,
         data_placement: str = "auto", distributed: bool | None = None) -> Result:
   """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=,
-  callback=, data_placement=, distributed=)``."""
+  callback=, data_placement=, distributed=)``. When the default placement holds the table
+  twice (an unaligned table on a CPU backend): see :func:`run`'s ``data_placement``."""
   if distributed is None:
     distributed = getattr(data, "shard_info", None) is not None or jax.process_count() > 1
   if distributed:   # a process whose plan fails still joins the handshake (no one waits)
