@@ -1,8 +1,8 @@
 """Memory of ``dp.fit`` at the default (device) placement (issue 46, "Memory at the default").
 
 The device path put the table on the device with ``jnp.asarray``, which copies every leaf
-through a second host copy: at 1e6 users (0.61 GB of features) ``dp_sgd_user`` peaked at
-~2.1x the table above the built data. ``UserData.user_view`` / ``item_view`` now use
+through a second host copy: at 1e6 users (0.6 GB of features) ``dp_sgd_user`` peaked at
+2.4x the table above the built data (experiments/bench_fit_memory.py). ``UserData.user_view`` / ``item_view`` now use
 ``jax.device_put``: on a CPU backend a 64-byte aligned leaf is used in place (no copy), an
 unaligned one is copied once. Released params are unchanged (bitwise; aligned vs copied)."""
 
