@@ -135,3 +135,140 @@ def test_cost_of_a_4_and_a_16_candidate_grid_at_the_defaults():
 def test_bad_law_refused_naming_the_parameter(kwargs, match):
   with pytest.raises(ValueError, match=match):
     SelectionLaw(**kwargs)
+
+
+# ------------------------------------------------------------------ the runner's select.private
+import json
+import subprocess
+import sys
+
+import yaml
+
+from dpsco_jax import runner
+from dpsco_jax.config.schema import ConfigError
+from dpsco_jax.privacy import selection as selection_module
+from dpsco_jax.runner import tuning
+
+TINY = {"name": "private selection", "eval_seeds": [0],
+        "problem": {"name": "logistic", "n_users": 64, "m": 2, "d": 3, "radius": 2.0},
+        "algorithm": {"name": "dp_sgd_user", "epochs": 1, "batch_size": 32,
+                      "learning_rate": [0.5, 2.0], "clip_norm": 1.0, "epsilon": 2.0,
+                      "delta": 1e-5},
+        "select": {"over": ["learning_rate"], "metric": "excess_risk", "rule": "min_mean",
+                   "private": {"distribution": "geometric", "gamma": 0.5}}}
+
+
+def _write(tmp_path, config):
+  path = tmp_path / "c.yaml"
+  path.write_text(yaml.safe_dump(config))
+  return str(path)
+
+
+def test_yaml_private_selection_releases_one_run_covered_by_the_theorem(tmp_path, capsys):
+  out = str(tmp_path / "o.json")
+  records = runner.main_run(_write(tmp_path, TINY), out=out, progress=False)
+  printed = capsys.readouterr().out
+  (record,) = records
+  expected = tuning.private_plans(
+      *_plans_args(TINY))[next(iter(_plans_args(TINY)[0]))]["report"]
+  assert record["provenance"] == "theorem"
+  assert record["epsilon"] == pytest.approx(expected.epsilon)
+  assert record["epsilon"] > record["candidate_epsilon"] > 1.9
+  assert record["selection"] == "private" and record["selection_metric"] == "excess_risk"
+  assert record["selection_metric_source"].startswith("public")
+  assert "geometric(gamma=0.5)" in record["privacy_notes"] and "E[K] = 2" in record["privacy_notes"]
+  # the cost is printed before the report (before anything ran)
+  assert printed.index("expected runs 2 per seed") < printed.index("== private selection")
+  saved = json.load(open(out))
+  assert saved["selection"]["private"] is True and saved["results"][0]["phase"] == "eval"
+
+
+def _plans_args(config):
+  phases = tuning.parse_phases(config)
+  algorithms, problems = runner.registry()
+  runs = runner._validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
+  fields = tuning.group_fields(phases.select, runner.swept_fields(phases.config))
+  groups = tuning.group_candidates(runs, phases.select, fields)
+  from dpsco_jax.runner import batch
+  problem_of = lambda c: batch.cached_problem(batch.problem_config(c), problems, None,
+                                              batch.run_keys(c["seed"])[0])
+  return groups, phases.select, problem_of
+
+
+SECRET_K = 4099   # a distinctive number of runs, which no output may show
+
+
+def test_k_and_the_unreleased_candidates_never_appear(tmp_path, capsys, monkeypatch):
+  calls = []
+
+  def fake_run_one(cfg, *, algorithms, problems, cache=None, on_progress=None, mesh=None,
+                   driver_key=None):
+    calls.append(cfg["learning_rate"])
+    metric = 0.7771 + 1e-7 * len(calls)     # distinctive values; the first run is the best
+    return {"algorithm": cfg["algorithm"], "problem": cfg["problem"], "seed": cfg["seed"],
+            "learning_rate": cfg["learning_rate"], "epsilon": 2.0, "delta": 1e-5,
+            "provenance": "accountant", "excess_risk": metric, "gradient_evaluations": 1,
+            "wall_time_s": 0.0}
+
+  monkeypatch.setattr(selection_module.SelectionLaw, "sample",
+                      lambda self, key, shape=(): np.asarray(SECRET_K))
+  monkeypatch.setattr(runner, "run_one", fake_run_one)
+  out = str(tmp_path / "o.json")
+  records = runner.main_run(_write(tmp_path, TINY), out=out, progress=True)
+  text = capsys.readouterr()
+  assert len(calls) == SECRET_K          # the selection did run K candidates
+  assert set(calls) == {0.5, 2.0}
+  (record,) = records
+  assert record["excess_risk"] == pytest.approx(0.7771 + 1e-7)
+  saved = open(out).read()
+  for where in (saved, text.out, text.err, repr(records)):
+    assert str(SECRET_K) not in where
+    for j in range(2, 10):   # the metrics of unreleased candidates
+      assert f"{0.7771 + 1e-7 * j:.7f}" not in where
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"metric": "gradient_evaluations"}, "select.metric: a private selection reads a public"),
+    ({"private": {"distribution": "truncated_negative_binomial", "eta": -2, "gamma": 0.1}},
+     r"select.private.eta must be a finite number > -1"),
+    ({"private": {"gamma": 1.5}}, r"select.private.gamma must lie in the open interval"),
+    ({"private": {"gamma": True}}, r"select.private.gamma must be a number"),
+    ({"private": {"distribution": "poisson", "gamma": 0.1}},
+     "select.private.distribution: poisson is not implemented"),
+    ({"private": {"gamma": 0.1, "mu": 3}}, r"select.private: unknown key\(s\) mu"),
+    ({"private": "yes"}, "select.private must be a mapping"),
+])
+def test_bad_private_select_refused_before_any_run(change, match, monkeypatch):
+  monkeypatch.setattr(runner, "run_one", lambda *a, **k: pytest.fail("a run started"))
+  config = {**TINY, "select": {**TINY["select"], **change}}
+  with pytest.raises(ConfigError, match=match):
+    runner.run_config(config, progress=False)
+
+
+def test_private_select_needs_eval_seeds_only():
+  for seeds in ({"tuning_seeds": [1], "eval_seeds": [0]}, {"seed": [0]}):
+    config = {k: v for k, v in TINY.items() if k != "eval_seeds"} | seeds
+    with pytest.raises(ConfigError, match="select.private selects inside each private run"):
+      tuning.parse_phases(config)
+
+
+def test_cli_refuses_a_training_metric_with_exit_code_2(tmp_path):
+  config = {**TINY, "select": {**TINY["select"], "metric": "wall_time_s"}}
+  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", _write(tmp_path, config)],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().count("\n") == 0 and "select.metric" in proc.stderr
+
+
+def test_unaccounted_selection_says_so_in_every_eval_record(monkeypatch):
+  def fake_run_one(cfg, **kw):
+    return {"algorithm": cfg["algorithm"], "problem": cfg["problem"], "seed": cfg["seed"],
+            "epsilon": 2.0, "delta": 1e-5, "provenance": "accountant",
+            "excess_risk": cfg["learning_rate"], "wall_time_s": 0.0}
+  monkeypatch.setattr(runner, "run_one", fake_run_one)
+  select = {k: v for k, v in TINY["select"].items() if k != "private"}
+  config = {**TINY, "select": select, "tuning_seeds": [1], "batch_seeds": False}
+  records = runner.run_config(config, progress=False)
+  evals = [r for r in records if r["phase"] == "eval"]
+  assert evals and all(r["selection_privacy"] == tuning.PRIVACY_NOTE for r in evals)
+  assert all("selection_privacy" not in r for r in records if r["phase"] == "tuning")

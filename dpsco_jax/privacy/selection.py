@@ -216,11 +216,14 @@ def selection_epsilon(law: SelectionLaw, orders: np.ndarray, rdp: np.ndarray,
 
 def selection_report(law: SelectionLaw, events: Sequence[Any], *, delta: float,
                      relation: str = "add_remove", level: str = "user",
-                     metric: str = "public") -> PrivacyReport:
+                     metric: str = "public", tv_distance: float = 0.0) -> PrivacyReport:
   """The guarantee of training *and* selection: ``Q`` over ``events`` (one per candidate of
   the grid), the best of ``K ~ law`` runs released, recorded in a fresh ledger as one
   ``(epsilon, delta)`` block with provenance ``theorem``; the law and ``E[K]`` (never ``K``)
-  in the notes. ``metric``: ``public`` or ``private`` (what the score read), for the notes."""
+  in the notes. ``metric``: ``public`` or ``private`` (what the score read), for the notes.
+  ``tv_distance``: each run's distance (total variation) to the accounted mechanism (e.g.
+  truncated Poisson sampling); over ``K`` runs the coupling fails with probability at most
+  ``E[K] tv``, which the ledger's report adds to delta as ``(1 + e^eps) E[K] tv``."""
   orders, rdp = grid_rdp(events, relation)
   eps, order = selection_epsilon(law, orders, rdp, delta)
   if not math.isfinite(eps) or eps <= 0:
@@ -233,7 +236,8 @@ def selection_report(law: SelectionLaw, events: Sequence[Any], *, delta: float,
            f"{metric} metric, K ~ {law.distribution}({eta}gamma={law.gamma:.6g}), "
            f"E[K] = {law.mean():.4g}, each run a candidate drawn uniformly from "
            f"{len(events)}; RDP converted at order {order:g}")
-  return ledger.report(provenance="theorem", level=level, notes=notes)
+  return ledger.report(provenance="theorem", level=level, notes=notes,
+                       tv_distance=law.mean() * tv_distance)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -201,15 +201,17 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
 
 
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None,
-            on_progress: Callable | None = None, mesh: jax.sharding.Mesh | None = None
-            ) -> dict:
+            on_progress: Callable | None = None, mesh: jax.sharding.Mesh | None = None,
+            driver_key: jax.Array | None = None) -> dict:
   """Validates one run config (:func:`dpsco_jax.config.schema.validate`), runs it and returns
   its record. ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem
   run (steps done, epsilon so far). ``mesh``: the users mesh of the ``devices`` key
-  (:mod:`dpsco_jax.runner.mesh`)."""
+  (:mod:`dpsco_jax.runner.mesh`). ``driver_key``: the training key instead of the seed's (a
+  private selection's candidates train on the seed's users with keys of their own)."""
   cfg = _checked(cfg, algorithms, problems)
   label = cfg.pop("label", None)
-  problem_key, driver_key = runner_batch.run_keys(cfg.get("seed", 0))
+  problem_key, seed_key = runner_batch.run_keys(cfg.get("seed", 0))
+  driver_key = seed_key if driver_key is None else driver_key
   problem = runner_batch.cached_problem(runner_batch.problem_config(cfg), problems, cache,
                                         problem_key)
   if isinstance(problem, runner_user.UserProblem):
@@ -387,6 +389,8 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
   swept = swept_fields(phases.config)
   tuning.check_over(spec, swept)
   fields = tuning.group_fields(spec, swept)
+  if spec.private is not None:
+    return _run_private(phases, fields, algorithms, problems, metrics, on_record)
   tune = _validated(phases.with_seeds(phases.tuning_seeds), algorithms, problems)
   evals = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
   runner_user.check_metrics(tune + evals, metrics)
@@ -401,7 +405,46 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
           "tuning_runs": len(tune), "eval_runs": len(selected), "metric": spec.metric,
           "over": list(spec.over), "rule": spec.rule, "group_fields": fields,
           "groups": report, "privacy_note": tuning.PRIVACY_NOTE}
+  for record in evaluated:   # each record says its row's choice is outside its guarantee
+    record["selection_privacy"] = tuning.PRIVACY_NOTE
   return tuned + evaluated, _jsonable(info)
+
+
+def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, problems: dict,
+                 metrics: tuple, on_record: Callable | None) -> tuple[list[dict], dict]:
+  """``select.private`` (:mod:`dpsco_jax.runner.tuning`): every candidate validated and
+  planned, the cost printed, then one private selection per eval seed and group. No progress
+  line: its count of runs would show K."""
+  runs = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
+  runner_user.check_metrics(runs, metrics)
+  cache = ProblemCache()
+  problem_of = lambda cfg: runner_batch.cached_problem(
+      runner_batch.problem_config(cfg), problems, cache,
+      runner_batch.run_keys(cfg.get("seed", 0))[0])
+  groups = tuning.group_candidates(runs, phases.select, fields)
+  plans = tuning.private_plans(groups, phases.select, problem_of)
+  print("\n".join(tuning.cost_lines(plans, fields)), flush=True)
+
+  def train(cfg: dict, key: jax.Array) -> dict:
+    try:
+      return {**run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
+                        driver_key=key), "status": "ok"}
+    except ConfigError:
+      raise
+    except Exception as err:  # noqa: BLE001 - a failed candidate is not eligible
+      return _failed_record(cfg, err)
+
+  records = []
+  for gkey, cands in groups.items():
+    try:
+      record = tuning.select_privately(cands, plans[gkey], phases.select, gkey[0], train)
+    except RuntimeError as err:
+      record = _failed_record({k: v for k, v in cands[0].items()
+                               if k not in phases.select.over}, err)
+    records.append({**record, "phase": "eval", "batched": False})
+    if on_record is not None:
+      on_record(records)
+  return records, _jsonable(tuning.private_info(phases, plans, fields))
 
 
 def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
@@ -519,7 +562,7 @@ def _print_report(title: str, records: list[dict], rows: list[dict], fields: lis
                   compare, selection: dict | None) -> None:
   shown = [r for r in records if r.get("phase") != "tuning"]
   runs = f"{len(shown)} runs" + (f" on eval seeds (+{selection['tuning_runs']} tuning runs)"
-                                 if selection else "")
+                                 if selection and "tuning_runs" in selection else "")
   print(f"\n== {title}: {runs} ==")
   if selection:
     print("\n".join(tuning.selection_lines(selection)))

@@ -5,17 +5,38 @@ The swept grid runs on the tuning seeds only; per group of the other swept field
 algorithm and epsilon) the values of the ``over`` fields with the best mean metric are
 selected; only the selected run configs then run on the (disjoint) evaluation seeds. The
 selection reads the tuning runs' results, so it is *not* covered by any run's privacy
-guarantee (:data:`PRIVACY_NOTE`).
+guarantee (:data:`PRIVACY_NOTE`); the eval records say so (``selection_privacy``).
+
+**Private selection** (``select: {..., private: {distribution: truncated_negative_binomial,
+eta: 0, gamma: 0.1}}``, or ``{distribution: geometric, gamma: ...}``; without ``gamma``, the
+``gamma`` whose expected number of runs is the number of candidates): Papernot & Steinke's
+selection (:mod:`dpsco_jax.privacy.selection`). Per eval seed and group, ``K`` is drawn from
+the law with a key of the seed used for nothing else; ``K`` times a candidate (a value of the
+``over`` fields) is drawn uniformly and trained on that seed's users with a fresh key; only
+the best run by ``metric`` (``rule``: min / max) is released, its record's privacy being that
+of training *and* selection (provenance ``theorem``). ``K``, the candidates drawn and their
+metrics are never printed, recorded or returned; the expected number of runs and the cost
+are printed before anything runs. Give ``eval_seeds`` (no ``tuning_seeds``: the selection
+is inside each private run).
+
+The metric rule: the selection's guarantee holds only if the metric is public (computed
+without the private training users) or itself private. The runner accepts a metric that is
+public by construction: ``excess_risk`` (or ``excess_risk_f64``) of a built-in problem, the
+population risk of its known distribution, which reads no user's data. Any other record field
+(a loss or accuracy on the training users, a timing) is refused before any run. Candidates
+must be planned runs whose plan exposes its privacy event (the DP-SGD family), so that their
+RDP curves bound ``Q``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any
+from typing import Any, Callable
 
 from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config.schema import ConfigError
+from dpsco_jax.privacy.selection import SelectionLaw, law_for_grid, selection_report
 from dpsco_jax.runner.config import check_metric_name
 
 PHASE_KEYS = ("tuning_seeds", "eval_seeds", "select")
@@ -24,6 +45,24 @@ PRIVACY_NOTE = ("the selection is not covered by the privacy guarantee: choosing
                 "hyper-parameters on the results of private runs (hyper-parameter search on "
                 "private data) costs privacy unless it is accounted for; each row's epsilon "
                 "is that of one run")
+#: record fields of a built-in problem computed without the training users (the population
+#: risk of the known distribution): the metrics a private selection may read
+PUBLIC_METRICS = ("excess_risk", "excess_risk_f64")
+PRIVATE_KEYS = ("distribution", "eta", "gamma")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateSpec:
+  """``select.private``: the law of the number of runs (``gamma`` None: sized to the grid)."""
+  distribution: str = "truncated_negative_binomial"
+  eta: float | None = None
+  gamma: float | None = None
+
+  def law(self, candidates: int) -> SelectionLaw:
+    try:
+      return law_for_grid(candidates, self.distribution, eta=self.eta, gamma=self.gamma)
+    except ValueError as err:
+      raise ConfigError(f"select.private.{err}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +71,7 @@ class SelectSpec:
   over: tuple[str, ...]
   metric: str = "excess_risk"
   rule: str = "min_mean"
+  private: PrivateSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +107,10 @@ def _parse_select(spec: Any) -> SelectSpec:
   if not isinstance(spec, dict):
     raise ConfigError(f"select: must be a mapping {{metric: ..., over: [...], rule: ...}}, got "
                       f"{spec!r}")
-  unknown = set(spec) - {"over", "metric", "rule"}
+  unknown = set(spec) - {"over", "metric", "rule", "private"}
   if unknown:
     raise ConfigError(f"select: unknown key(s) {', '.join(sorted(map(str, unknown)))}; it "
-                      "reads over, metric, rule")
+                      "reads over, metric, rule, private")
   over = spec.get("over")
   over = [over] if isinstance(over, str) else over
   if not over or not isinstance(over, list) or not all(isinstance(f, str) for f in over):
@@ -81,7 +121,27 @@ def _parse_select(spec: Any) -> SelectSpec:
   if rule not in RULES:
     raise ConfigError(f"select.rule must be one of {', '.join(RULES)}, got {rule!r}")
   metric = check_metric_name(spec.get("metric", "excess_risk"), "select.metric")
-  return SelectSpec(tuple(over), metric, rule)
+  private = _parse_private(spec["private"]) if "private" in spec else None
+  if private is not None and metric not in PUBLIC_METRICS:
+    raise ConfigError(f"select.metric: a private selection reads a public metric, and "
+                      f"{metric!r} is not known to be computed without the private training "
+                      f"users; use {' or '.join(PUBLIC_METRICS)} (the population risk of a "
+                      "built-in problem)")
+  return SelectSpec(tuple(over), metric, rule, private)
+
+
+def _parse_private(spec: Any) -> PrivateSpec:
+  if not isinstance(spec, dict):
+    raise ConfigError("select.private must be a mapping {distribution: "
+                      f"truncated_negative_binomial, eta: ..., gamma: ...}}, got {spec!r}")
+  unknown = set(spec) - set(PRIVATE_KEYS)
+  if unknown:
+    raise ConfigError(f"select.private: unknown key(s) {', '.join(sorted(map(str, unknown)))}"
+                      f"; it reads {', '.join(PRIVATE_KEYS)}")
+  out = PrivateSpec(spec.get("distribution", "truncated_negative_binomial"), spec.get("eta"),
+                    spec.get("gamma"))
+  out.law(2)   # every parameter checked now, before anything runs
+  return out
 
 
 def _seed_given(config: dict) -> bool:
@@ -93,6 +153,11 @@ def parse_phases(config: dict) -> Phases:
   """Checks ``tuning_seeds`` / ``eval_seeds`` / ``select`` and splits the config."""
   tuning, evals = _seeds(config, "tuning_seeds"), _seeds(config, "eval_seeds")
   rest = {k: v for k, v in config.items() if k not in PHASE_KEYS}
+  if isinstance(config.get("select"), dict) and "private" in config["select"]:
+    if tuning is not None or evals is None or _seed_given(config):
+      raise ConfigError("select.private selects inside each private run, on each eval seed's "
+                        "own users: give eval_seeds (not seed, not tuning_seeds)")
+    return Phases(rest, None, evals, _parse_select(config["select"]))
   if tuning is None and evals is None:
     if "select" in config:
       raise ConfigError("select needs tuning_seeds and eval_seeds (disjoint lists of seeds)")
@@ -177,6 +242,11 @@ def is_selected(run: dict, chosen: dict[tuple, tuple], spec: SelectSpec,
 def selection_lines(info: dict) -> list[str]:
   """The printed account of a selection: what ran on which seeds, what was chosen, and the
   privacy caveat."""
+  if info.get("private"):
+    return [f"selection: private ({info['rule']} of {info['metric']} over "
+            f"{', '.join(info['over'])}, a {info['metric_source']} metric), inside each run "
+            f"on eval seeds {list(info['eval_seeds'])}; each row's epsilon covers training "
+            "and selection", *info["cost"]]
   lines = [f"selection: {info['tuning_runs']} tuning runs on tuning seeds "
            f"{list(info['tuning_seeds'])}; per group of {', '.join(info['group_fields'])}, "
            f"{info['rule']} of {info['metric']} over {', '.join(info['over'])}; the table "
@@ -192,3 +262,110 @@ def selection_lines(info: dict) -> list[str]:
                  f"{len(g['candidates'])} candidates)")
   lines.append(f"NOTE: {PRIVACY_NOTE}.")
   return lines
+
+
+# ------------------------------------------------------------------------ private selection
+def group_candidates(runs: list[dict], spec: SelectSpec, fields: list[str]
+                      ) -> dict[tuple, list[dict]]:
+  """Per (seed, group): its candidates, one run config per value of the ``over`` fields."""
+  out: dict[tuple, list[dict]] = {}
+  for run in runs:
+    out.setdefault((run.get("seed", 0),) + _key(run, fields), []).append(run)
+  return out
+
+
+def candidate_event(cfg: dict, problem: Any) -> tuple[Any, Any]:
+  """``(event, plan)`` of one candidate: its data-free plan's privacy event. Refused (a
+  ConfigError naming the algorithm) where the plan's guarantee is not that event alone."""
+  from dpsco_jax import api
+  from dpsco_jax.algorithms.registry import algorithms as table
+  entry = table()[cfg["algorithm"]]
+  plan = None if entry.planner is None else api.plan_problem(entry.name, entry.config.of(cfg),
+                                                             problem)
+  detail = getattr(plan, "detail", None)
+  if getattr(detail, "event", None) is None or getattr(detail, "group_size", 1) != 1:
+    raise ConfigError(f"select.private: {cfg['algorithm']}'s plan does not expose one privacy "
+                      "event that is its whole guarantee (needed for the candidates' RDP "
+                      "curves); private selection runs the DP-SGD family (no group privacy)")
+  return detail.event, plan
+
+
+def private_plans(groups: dict[tuple, list[dict]], spec: SelectSpec, problem_of: Callable
+                  ) -> dict[tuple, dict]:
+  """Per (seed, group): the law and the guarantee of training and selection, from the
+  candidates' plans (no training). ``problem_of(cfg)`` builds a candidate's problem."""
+  out = {}
+  for gkey, cands in groups.items():
+    if getattr(problem_of(cands[0]), "excess_risk", None) is None:
+      raise ConfigError("select.private: the problem has no population risk (a user problem): "
+                        "private selection reads excess_risk of a built-in problem")
+    planned = [candidate_event(c, problem_of(c)) for c in cands]
+    first = planned[0][1].privacy
+    law = spec.private.law(len(cands))
+    report = selection_report(
+        law, [e for e, _ in planned], delta=planned[0][1].detail.delta,
+        relation=first.relation, level=first.level,
+        tv_distance=max(getattr(p.detail, "truncation_probability", 0.0) for _, p in planned))
+    out[gkey] = {"law": law, "report": report,
+                 "candidate_epsilon": max(p.privacy.epsilon for _, p in planned)}
+  return out
+
+
+def cost_lines(plans: dict[tuple, dict], fields: list[str]) -> list[str]:
+  """What the private selection costs, printed before anything runs (one line per group of
+  the first seed; E[K], never K)."""
+  seed = next(iter(plans))[0]
+  lines = []
+  for gkey, p in plans.items():
+    if gkey[0] != seed:
+      continue
+    law, report = p["law"], p["report"]
+    where = ", ".join(f"{f}={v}" for f, v in zip(fields, gkey[1:]))
+    lines.append(f"private selection ({where}): {law.distribution} gamma={law.gamma:.4g}"
+                 + ("" if law.distribution == "geometric" else f" eta={law.eta:g}")
+                 + f"; expected runs {law.mean():.3g} per seed; epsilon of one candidate "
+                 f"{p['candidate_epsilon']:.4g}, with selection {report.epsilon:.4g} "
+                 f"(delta {report.delta:.3g})")
+  return lines
+
+
+def select_privately(cands: list[dict], plan: dict, spec: SelectSpec, seed: int,
+                     train: Callable[[dict, Any], dict]) -> dict:
+  """One private selection: ``K ~ law`` runs of a uniformly drawn candidate, each trained by
+  ``train(cfg, driver_key)`` on the seed's users; the best run's record, its privacy replaced
+  by the selection's. ``K``, the draws and their metrics stay in this frame."""
+  import jax
+  import numpy as np
+  base = jax.random.fold_in(jax.random.key(seed), 2)   # the selection's own key stream
+  law, report = plan["law"], plan["report"]
+  k = int(law.sample(jax.random.fold_in(base, 0)))
+  picks = np.asarray(jax.random.randint(jax.random.fold_in(base, 1), (k,), 0, len(cands)))
+  train_key = jax.random.fold_in(jax.random.key(seed), 3)
+  best, better = None, (lambda a, b: a < b) if spec.rule == "min_mean" else (lambda a, b: a > b)
+  for j, i in enumerate(picks):
+    record = train(cands[int(i)], jax.random.fold_in(train_key, j))
+    value = record.get(spec.metric)
+    if (record.get("status", "ok") == "ok" and isinstance(value, (int, float))
+        and (best is None or better(value, best[spec.metric]))):
+      best = record
+  if best is None:
+    raise RuntimeError("private selection: no candidate run succeeded")
+  best.update({
+      "epsilon": report.epsilon, "epsilon_kind": report.epsilon_kind, "delta": report.delta,
+      "provenance": report.provenance, "privacy_notes": report.notes,
+      "candidate_epsilon": plan["candidate_epsilon"], "selection": "private",
+      "selection_metric": spec.metric,
+      "selection_metric_source": "public (the population risk of the problem's known "
+                                 "distribution; no training user is read)",
+      "expected_runs": law.mean()})
+  return best
+
+
+def private_info(phases: Phases, plans: dict[tuple, dict], fields: list[str]) -> dict:
+  """The JSON ``selection`` block of a private selection (the law, E[K], the cost; no K)."""
+  spec = phases.select
+  return {"private": True, "eval_seeds": list(phases.eval_seeds), "metric": spec.metric,
+          "over": list(spec.over), "rule": spec.rule, "group_fields": fields,
+          "metric_source": "public", "eval_runs": len(plans),
+          "cost": cost_lines(plans, fields),
+          "laws": [p["law"].describe() for p in plans.values()][:1]}
