@@ -68,6 +68,21 @@ def test_an_aligned_table_reaches_the_device_without_a_copy(level):
   np.testing.assert_array_equal(np.asarray(leaf), x.reshape(64, ITEMS, FEATURES))
 
 
+@cpu_only
+def test_a_table_the_library_groups_is_aligned_and_reaches_the_device_without_a_copy():
+  """Rows not grouped by user are written into padded leaves the library allocates: at
+  numpy's default alignment (16 bytes off 64) device_put copied each of them once more."""
+  x = _table(64, offset=16)
+  ids = np.tile(np.arange(64), ITEMS)             # users interleaved: the table is regrouped
+  data = UserData.from_arrays({"x": x}, ids, max_items_per_user=ITEMS)
+  padded = data.examples["x"]
+  assert padded.ctypes.data % 64 == 0 and padded.flags.c_contiguous
+  leaf = UserDataProblem(_loss, jnp.zeros(FEATURES), data).data["example"]["x"]
+  assert leaf.unsafe_buffer_pointer() == padded.ctypes.data
+  np.testing.assert_array_equal(np.asarray(leaf), x[np.argsort(ids, kind="stable")].reshape(
+      64, ITEMS, FEATURES))
+
+
 def test_an_unaligned_table_is_copied_with_the_same_values_and_dtypes():
   x = _table(64, offset=16)
   ex = {"x": x, "y": np.arange(64 * ITEMS, dtype=np.int64)}    # int64 -> int32, as before

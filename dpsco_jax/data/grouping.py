@@ -45,7 +45,7 @@ import numpy as np
 __all__ = ["canonical_ids", "blank_ids", "id_seed", "group_rows", "Groups", "slot_rows",
            "dense_run_length", "write_padded", "prepare_store", "save_store_meta", "open_store",
            "STORE_FORMAT", "StoreIntegrityError", "STORE_ARRAYS", "array_checksum", "fingerprint",
-           "leaf_label", "store_facts"]
+           "leaf_label", "store_facts", "aligned_empty", "DEVICE_ALIGNMENT"]
 
 STORE_FORMAT = "dpsco_jax.UserData/2"      # meta.json holds a manifest and a fingerprint
 _OLD_FORMATS = ("dpsco_jax.UserData/1",)   # no manifest: refused (rewrite the store)
@@ -303,6 +303,21 @@ def _npy_header(f, shape: tuple[int, ...], dtype: np.dtype) -> None:
           "shape": shape})
 
 
+# XLA's CPU client uses a host buffer in place only at this alignment; numpy's own large
+# allocations sit 16 bytes off it, so jax.device_put copied the whole padded table.
+DEVICE_ALIGNMENT = 64
+
+
+def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
+  """``np.empty(shape, dtype)`` whose data starts on a :data:`DEVICE_ALIGNMENT` boundary: on a
+  CPU backend the default (device) placement then holds the padded table without a copy."""
+  dtype = np.dtype(dtype)
+  nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+  raw = np.empty(nbytes + DEVICE_ALIGNMENT, np.uint8)
+  start = -raw.ctypes.data % DEVICE_ALIGNMENT
+  return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def write_padded(leaves: list[np.ndarray], rows_of: Callable[[int, int], np.ndarray],
                  n_users: int, m: int, store: str | os.PathLike | None = None
                  ) -> list[np.ndarray]:
@@ -315,7 +330,7 @@ def write_padded(leaves: list[np.ndarray], rows_of: Callable[[int, int], np.ndar
   """
   shapes = [(n_users, m) + leaf.shape[1:] for leaf in leaves]
   if store is None:
-    outs = [np.empty(s, leaf.dtype) for s, leaf in zip(shapes, leaves)]
+    outs = [aligned_empty(s, leaf.dtype) for s, leaf in zip(shapes, leaves)]
     for lo, hi in _blocks(n_users, m, leaves):
       rows = rows_of(lo, hi)
       for leaf, out in zip(leaves, outs):
