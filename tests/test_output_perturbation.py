@@ -13,8 +13,10 @@ from scipy import stats
 
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.algorithms.output_perturbation import driver as op
+from dpsco_jax.algorithms.output_perturbation import solver
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded
+from dpsco_jax.problems.output_perturbation import l2_regularized_loss
 from dpsco_jax.transforms.noise import tree_gaussian_like
 
 # ------------------------------------------------------------------------------------------
@@ -354,15 +356,16 @@ def _logit_data(key, n, m, d=2, adversarial=False):
 
 
 L2 = 0.5
-LOSS = op._l2_loss(lambda w, ex: jax.nn.softplus(ex["x"] @ w) - ex["y"] * (ex["x"] @ w), L2)
+LOSS = l2_regularized_loss(
+    lambda w, ex: jax.nn.softplus(ex["x"] @ w) - ex["y"] * (ex["x"] @ w), L2)
 PLAN = op.solver_plan(smoothness=0.25 + L2, strong_convexity=L2, distance=4.0, tau=3e-5)
 
 
 def _solve(data, mask, init=None):
   d = data["x"].shape[-1]
   anchor = jnp.zeros(d) if init is None else init
-  return anchor + op._solve(data, mask, anchor, -anchor, loss_fn=LOSS, lam=0.0, plan=PLAN,
-                            radius=2.0)
+  return anchor + solver.solve_masked(data, mask, anchor, -anchor, loss_fn=LOSS, lam=0.0,
+                                      plan=PLAN, radius=2.0)
 
 
 def test_solver_reaches_certified_accuracy_and_masked_equals_removed():
@@ -482,11 +485,11 @@ def test_sc_output_pert_exact_mode_tiny_n_matches_independent_computation():
                                 radius=prob.radius, epsilon=1.0, delta=1e-3, beta=1e-3,
                                 settings=op.settings_from_cfg(cfg))
   zero = jnp.zeros(2)
-  F = op._solve_all_subsets(prob.data, zero, zero, loss_fn=prob.loss_fn, lam=0.0,
-                            plan=info.plan, radius=float(prob.radius), n_users=6)
+  F = solver.solve_all_subsets(prob.data, zero, zero, loss_fn=prob.loss_fn, lam=0.0,
+                               plan=info.plan, radius=float(prob.radius), n_users=6)
   # the table is the masked solver on every sub-dataset (spot check one deletion set)
   keep = ds.subset_keep_masks(6)[37]
-  np.testing.assert_allclose(np.asarray(F[37]), np.asarray(op._solve(
+  np.testing.assert_allclose(np.asarray(F[37]), np.asarray(solver.solve_masked(
       prob.data, keep, zero, zero, loss_fn=prob.loss_fn, lam=0.0, plan=info.plan,
       radius=float(prob.radius))), atol=1e-6)
   rel, dbg = ds._exact_release_jit(F, jax.random.key(5), n_users=6, Delta=info.Delta,
@@ -656,10 +659,10 @@ def test_the_numbers_the_release_is_decided_on_are_computed_at_highest_precision
                                 radius=prob.radius, epsilon=1.0, delta=1e-3, beta=1e-3,
                                 settings=op.settings_from_cfg(cfg))
   zero = jnp.zeros(2)
-  table = jax.make_jaxpr(lambda d: op._solve_all_subsets(
+  table = jax.make_jaxpr(lambda d: solver.solve_all_subsets(
       d, zero, zero, loss_fn=prob.loss_fn, lam=0.0, plan=info.plan,
       radius=float(prob.radius), n_users=5))(prob.data)
-  cert = jax.make_jaxpr(lambda d: op._certify(
+  cert = jax.make_jaxpr(lambda d: solver.certify_solution(
       d, zero, zero, zero, loss_fn=prob.loss_fn, lam=0.0, mu=0.5, gamma=1.0, e_max=1.0,
       radius=float(prob.radius)))(prob.data)
   assert default_precision_dots(table) == [] and default_precision_dots(cert) == []
@@ -683,8 +686,9 @@ def test_replaced_user_keeps_its_slot_so_every_shared_sub_dataset_is_bitwise_equ
   twin = {"x": data["x"].at[i].set(jnp.nan), "y": data["y"].at[i].set(1.0)}
   twin2 = {"x": data["x"].at[i].set(1e30), "y": data["y"]}
   zero = jnp.zeros(d)
-  table = lambda dd: np.asarray(op._solve_all_subsets(dd, zero, zero, loss_fn=LOSS, lam=0.0,
-                                                      plan=PLAN, radius=2.0, n_users=n))
+  table = lambda dd: np.asarray(solver.solve_all_subsets(dd, zero, zero, loss_fn=LOSS,
+                                                         lam=0.0, plan=PLAN, radius=2.0,
+                                                         n_users=n))
   F, F_nan, F_big = table(data), table(twin), table(twin2)
   with_i = np.array([(s >> i) & 1 for s in range(2 ** n)], bool)
   assert np.isfinite(F).all()

@@ -15,7 +15,7 @@ from dpsco_jax.config.families import L2LogisticProblem
 from dpsco_jax.problems.synthetic import SCOProblem, make_problem
 from dpsco_jax.transforms.steps import project_l2_ball
 
-__all__ = ["l2_logistic"]
+__all__ = ["l2_logistic", "l2_regularized_loss"]
 
 
 def l2_logistic(cfg: dict, key: jax.Array) -> SCOProblem:
@@ -27,7 +27,7 @@ def l2_logistic(cfg: dict, key: jax.Array) -> SCOProblem:
   l2 = check_positive(L2LogisticProblem.of(cfg).l2, "l2")   # the schema's default
   base = make_problem({**cfg, "problem": "logistic"}, key)
   R = base.radius
-  loss = _l2_loss(base.loss_fn, l2)
+  loss = l2_regularized_loss(base.loss_fn, l2)
   risk0 = base.risk_fn
   risk = jax.jit(lambda w: risk0(w) + 0.5 * l2 * jnp.sum(jnp.square(w)))
   w = _regularized_optimum(risk, jnp.asarray(base.x_opt, jnp.float32), R, 0.25 + l2)
@@ -49,7 +49,9 @@ def _regularized_optimum(risk, w0, radius, smoothness):
 
 
 @bounded_cache()
-def _l2_loss(loss_fn, l2):
+def l2_regularized_loss(loss_fn, l2: float):
+  """``loss_fn(w, ex) + (l2/2)||w||²`` per item; cached so that the same ``(loss_fn, l2)``
+  gives the same function object (jit caches key on it)."""
   def loss(w, ex):
     return loss_fn(w, ex) + 0.5 * l2 * jnp.sum(jnp.square(w))
   return loss

@@ -1,5 +1,5 @@
 """What every paper-001 driver shares: the settings, SCOutputPert (Alg. 2) planned and
-released, the (eps, delta) block ledger and the problem plumbing.
+released (with its audit hook and debug output), and the (eps, delta) block ledger.
 
 The drivers (:mod:`~dpsco_jax.algorithms.output_perturbation.driver` for SCOutputPert,
 :mod:`~dpsco_jax.algorithms.output_perturbation.phased` for Algs 3-6,
@@ -23,18 +23,16 @@ from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
                                check_int, check_positive, check_probability)
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
-from dpsco_jax.algorithms.common import real_rows_mask, required_delta
+from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.config.families import Schema
-from dpsco_jax.data.problem import MissingConstant
-from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, _certify, _solve,
-                                                             _solve_all_subsets, solver_plan)
+from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, certify_solution,
+                                                             solve_all_subsets, solve_masked,
+                                                             solver_plan)
 from dpsco_jax.privacy import (ApproxDpEvent, PrivacyLedger, PrivacyReport, Provenance,
                                check_relation)
 from dpsco_jax.privacy import discrete_laplace as tdl
-from dpsco_jax.problems import SCOProblem
-from dpsco_jax.transforms.steps import project_l2_ball
 
 PRESETS = ("theory", "practical")
 #: Paper 001's adjacency: replace one user's data, n and m public. The sensitivities divide by
@@ -226,7 +224,7 @@ def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: f
 def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info: SCInfo,
                            lam: float, anchor: jax.Array, radius: float,
                            center: jax.Array | None, settings: OutputPertSettings,
-                           hook: "_Hook | None" = None, mesh: Any = None
+                           hook: "ReleaseHook | None" = None, mesh: Any = None
                            ) -> tuple[jax.Array, jax.Array, ds.StabilityDebug, Any]:
   """One SCOutputPert call. Returns ``(params, is_bottom, debug, certificate)``; params is the
   anchor when ⊥ (a public point), else ``anchor + u + N(0, σ²I)``. ``hook`` (audit / tests)
@@ -245,17 +243,17 @@ def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info
   anchor = jnp.asarray(anchor, jnp.float32)
   center_u = (jnp.zeros_like(anchor) if center is None else center) - anchor
   plan, mu = info.plan, info.plan.strong_convexity
-  f_masked = lambda mask: _solve(data, real_rows_mask(mask, n, n_rows), anchor, center_u,
-                                 loss_fn=loss_fn, lam=float(lam), plan=plan,
-                                 radius=float(radius))
+  f_masked = lambda mask: solve_masked(data, real_rows_mask(mask, n, n_rows), anchor,
+                                       center_u, loss_fn=loss_fn, lam=float(lam), plan=plan,
+                                       radius=float(radius))
   def certify(u_full):
-    return _certify(data, u_full, anchor, center_u, loss_fn=loss_fn, lam=float(lam), mu=mu,
-                    gamma=info.gamma, e_max=info.e_max, radius=float(radius),
-                    n_real=n_real if n_rows != n else None)
+    return certify_solution(data, u_full, anchor, center_u, loss_fn=loss_fn, lam=float(lam),
+                            mu=mu, gamma=info.gamma, e_max=info.e_max, radius=float(radius),
+                            n_real=n_real if n_rows != n else None)
 
   def evaluate_all():
-    return _solve_all_subsets(data, anchor, center_u, loss_fn=loss_fn, lam=float(lam),
-                              plan=plan, radius=float(radius), n_users=n)
+    return solve_all_subsets(data, anchor, center_u, loss_fn=loss_fn, lam=float(lam),
+                             plan=plan, radius=float(radius), n_users=n)
 
   use_cert = settings.stability_test == "certificate"
   rel, dbg, cert = ds.del_output_pert(
@@ -275,7 +273,7 @@ def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info
 # Accounting: theorem-level (eps, delta) blocks on the one ledger.
 
 
-class _Hook(NamedTuple):
+class ReleaseHook(NamedTuple):
   """Audit / test hook: collects every privatized release; ``add_noise=False`` sets σ = 0."""
   releases: list
   add_noise: bool = True
@@ -363,57 +361,7 @@ def certificate_constants(problem, infos, *, lipschitz: bool = False
 
 
 # ------------------------------------------------------------------------------------------
-# Problem plumbing.
-
-
-def _problem_mu(problem: SCOProblem) -> float:
-  return float(problem.meta.get("strong_convexity", 0.0)) if problem.meta else 0.0
-
-
-def _require_mu(problem, what: str) -> float:
-  """The declared strong convexity mu (``meta['strong_convexity']``): a strongly convex
-  algorithm raises :class:`MissingConstant` naming it when absent or zero."""
-  mu = _problem_mu(problem)
-  if not mu > 0:
-    raise MissingConstant(
-        f"strong_convexity: {what} needs a strongly convex loss: declare mu with "
-        "constants={'strong_convexity': ...} (a synthetic problem: e.g. 'l2_logistic' with "
-        "l2 > 0)")
-  return mu
-
-
-def _require_radius(problem, what: str) -> float:
-  """The finite radius R of the constraint set K (the phased algorithms' prox schedule and
-  anchors live in K): :class:`MissingConstant` when it is infinite (undeclared)."""
-  radius = float(problem.radius)
-  if not math.isfinite(radius):
-    raise MissingConstant(f"radius: {what} needs the finite radius R of the constraint set "
-                          "(its phases are localized in K): declare constants={'radius': ...}")
-  return radius
-
-
-def _check_common(cfg: Mapping | Any, settings: OutputPertSettings) -> tuple[float, float]:
-  cfg = config_view(cfg)
-  eps = check_epsilon(cfg.epsilon, "epsilon")
-  delta = required_delta(cfg.delta)
-  if settings.preset == "theory":
-    if eps > 1.0:
-      raise ValueError(f"epsilon={eps}: the theory preset needs epsilon in (0, 1] (paper "
-                       "Def. 1.1 assumptions); use preset='practical'")
-    if delta > 0.5:
-      raise ValueError(f"delta={delta}: the theory preset needs delta in (0, 1/2]")
-  return eps, delta
-
-
-def _check_min_users(n: int, eps: float, delta: float, settings: OutputPertSettings,
-                     what: str):
-  need = tdl.min_users(eps, delta)
-  if n < need and not (settings.stability_test == "exact" or n <= settings.max_exact_users):
-    raise ValueError(f"n_users: {what} needs at least 2(4 kappa + 1) = {need} users at "
-                     f"(eps={eps:.4g}, delta={delta:.3g}); got {n}")
-  if settings.preset == "theory" and n < need:
-    raise ValueError(f"n_users: theory preset requires n >= 2(4 kappa+1) = {need} "
-                     f"(Thm 3.1, n >= C log(1/delta)/eps) for {what}; got {n}")
+# Provenance and debug output.
 
 
 def _provenance(settings: OutputPertSettings, infos: list[SCInfo]) -> tuple[str, str]:
@@ -429,12 +377,9 @@ def _provenance(settings: OutputPertSettings, infos: list[SCInfo]) -> tuple[str,
           "available for every call")
 
 
-def _settings_for(cfg: dict) -> OutputPertSettings:
-  s = settings_from_cfg(cfg)
-  return s
-
-
-def _debug_dict(dbgs: list, certs: list) -> dict:
+def release_debug(dbgs: list, certs: list) -> dict:
+  """``Result.debug`` of a run (``debug=True`` only: data-dependent): per DelOutputPert call,
+  the stability test's R1, |S| and path and the certificate's gamma_hat and residual."""
   out = {"r1": [], "s_size": [], "certified": [], "exact_path": [], "gamma_hat": [],
          "residual": []}
   for d, c in zip(dbgs, certs):
@@ -445,7 +390,3 @@ def _debug_dict(dbgs: list, certs: list) -> dict:
     out["gamma_hat"].append(None if c is None else float(c.gamma_hat))
     out["residual"].append(None if c is None else float(c.residual))
   return out
-
-
-def _project(theta, radius):
-  return project_l2_ball(theta, radius)

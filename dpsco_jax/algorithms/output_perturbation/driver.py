@@ -103,23 +103,22 @@ from dpsco_jax._checks import check_bool, check_choice
 from dpsco_jax.algorithms.registration import register
 # the shared pieces (re-exported: tests, the planners and the audits read them here)
 from dpsco_jax.algorithms.output_perturbation.base import (  # noqa: F401
-    PRESETS, RELATION, OutputPertPlan, OutputPertSettings, SCInfo, _check_common,
-    _check_min_users, _debug_dict, _Hook, _problem_mu, _project, _provenance, _require_mu,
-    _require_radius, _settings_for, alg2_delta, block_ledger, block_report,
-    certificate_constants, charge_output_pert, gamma_threshold, output_pert_report,
-    plan_sc_output_pert, sc_output_pert_release, settings_from_cfg)
+    PRESETS, RELATION, OutputPertPlan, OutputPertSettings, ReleaseHook, SCInfo, alg2_delta,
+    block_ledger, block_report, certificate_constants, charge_output_pert, gamma_threshold,
+    output_pert_report, plan_sc_output_pert, release_debug, sc_output_pert_release,
+    settings_from_cfg)
 from dpsco_jax.algorithms.output_perturbation.naive import (  # noqa: F401
     crossover_m, naive_output_pert, naive_sigma, noise_ratio)
 from dpsco_jax.algorithms.output_perturbation.phased import (  # noqa: F401
     localization_radius, phased_erm_output_pert, phased_erm_schedule, phased_sco_output_pert,
     phased_sco_schedule, sc_erm_output_pert, sc_sco_output_pert)
 from dpsco_jax.algorithms.output_perturbation.solver import (  # noqa: F401
-    SolverPlan, _certify, _solve, _solve_all_subsets, solver_plan)
+    SolverPlan, solver_plan)
 from dpsco_jax.algorithms.output_perturbation.plan import planner_of, sc_output_pert_plan
 from dpsco_jax.problems import SCOProblem
-from dpsco_jax.problems.output_perturbation import _l2_loss, l2_logistic  # noqa: F401
+from dpsco_jax.problems.output_perturbation import l2_logistic  # noqa: F401
 from dpsco_jax.result import Result
-from dpsco_jax.transforms.steps import project_l2_ball  # noqa: F401
+from dpsco_jax.transforms.steps import project_l2_ball
 
 # ------------------------------------------------------------------------------------------
 # Runner entry points.
@@ -128,7 +127,7 @@ from dpsco_jax.transforms.steps import project_l2_ball  # noqa: F401
 @register("sc_output_pert", config=OutputPertConfig, paper="001", mesh=True,
           planner=planner_of(sc_output_pert_plan))
 def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                   _hook: _Hook | None = None) -> Result:
+                   _hook: ReleaseHook | None = None) -> Result:
   """SCOutputPert (Alg. 2, Thm 3.1) on a mu-strongly convex problem (``meta['strong_convexity']``
   or ``cfg['l2']`` via the ``l2_logistic`` problem). Config: ``epsilon, delta, beta (1e-3),
   preset, stability_test, on_certificate_failure, max_exact_users, solver_tol, debug``."""
@@ -140,7 +139,7 @@ def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
       problem.loss_fn, problem.data, key, info=info, lam=0.0, anchor=anchor,
       radius=problem.radius, center=None, settings=settings, hook=_hook,
       mesh=getattr(problem, "mesh", None))
-  return Result(params=_project(theta, problem.radius),
+  return Result(params=project_l2_ball(theta, problem.radius),
                 privacy=output_pert_report(plan, ledger),
                 gradient_evaluations=info.gradient_evaluations,
                 record={"is_bottom": bool(bottom), "sigma": info.sigma, "Delta": info.Delta,
@@ -148,7 +147,7 @@ def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                         "solver_iterations": info.plan.iterations, "preset": settings.preset,
                         "sigma_naive": naive_sigma(problem, plan.epsilon, plan.delta,
                                                    settings)},
-                debug=_debug_dict([dbg], [cert]) if settings.debug else None)
+                debug=release_debug([dbg], [cert]) if settings.debug else None)
 
 
 def output_perturbation_releases(algorithm: str, problem: SCOProblem, cfg: dict,
@@ -164,7 +163,7 @@ def output_perturbation_releases(algorithm: str, problem: SCOProblem, cfg: dict,
       sc_output_pert, phased_erm_output_pert, phased_sco_output_pert, sc_erm_output_pert,
       sc_sco_output_pert, naive_output_pert)}
   fn = drivers[check_choice(algorithm, "algorithm", tuple(drivers))]
-  hook = _Hook([], check_bool(add_noise, "add_noise"))
+  hook = ReleaseHook([], check_bool(add_noise, "add_noise"))
   fn(problem, cfg, key, _hook=hook)
   return hook.releases
 

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertSettings, _Hook, _project, alg2_delta, gamma_threshold)
-from dpsco_jax.algorithms.output_perturbation.solver import _solve
+    OutputPertSettings, ReleaseHook, alg2_delta, gamma_threshold)
+from dpsco_jax.algorithms.output_perturbation.solver import solve_masked
 # the naive baseline's data-free plan (re-exported: its callers read it here)
 from dpsco_jax.algorithms.output_perturbation.plan import (  # noqa: F401
     NaivePlan, charge_naive, minimizer_sensitivity, naive_plan, naive_planner, naive_report,
@@ -45,6 +45,7 @@ from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.noise import tree_gaussian_like
+from dpsco_jax.transforms.steps import project_l2_ball
 
 __all__ = ["minimizer_sensitivity", "naive_sigma", "naive_output_pert", "noise_ratio",
            "crossover_m", "NaivePlan", "naive_plan", "charge_naive", "naive_report"]
@@ -53,7 +54,7 @@ __all__ = ["minimizer_sensitivity", "naive_sigma", "naive_output_pert", "noise_r
 @register("naive_output_pert", config=NaiveOutputPertConfig, paper="001", planner=naive_planner,
           mesh=True)
 def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                      _hook: _Hook | None = None) -> Result:
+                      _hook: ReleaseHook | None = None) -> Result:
   """Baseline: ``Π_K(θ̃(x) + N(0, σ²I))`` with replace-one sensitivity ``Δ = 2G/(μn) + 2τ``.
 
   ``θ̃`` is the certified solver (accuracy ``τ = tol · 2G/(μn)/4`` a priori), so the exact
@@ -70,14 +71,15 @@ def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
     from dpsco_jax.algorithms.common import _on_mesh, real_rows_mask
     data, _ = _on_mesh(data, mesh, "users")
     keep = real_rows_mask(keep, n, jax.tree.leaves(data)[0].shape[0])
-  u = _solve(data, keep, anchor, -anchor, loss_fn=problem.loss_fn,
-             lam=0.0, plan=plan.solver, radius=float(problem.radius))
+  u = solve_masked(data, keep, anchor, -anchor, loss_fn=problem.loss_fn,
+                   lam=0.0, plan=plan.solver, radius=float(problem.radius))
   noise_std = sigma_ if _hook is None or _hook.add_noise else 0.0
   released = anchor + u + tree_gaussian_like(key, u, noise_std)
   if _hook is not None:
     _hook.releases.append({"release": released, "sigma": sigma_,
                            "sensitivity": plan.sensitivity})
-  return Result(params=_project(released, problem.radius), privacy=naive_report(plan, ledger),
+  return Result(params=project_l2_ball(released, problem.radius),
+                privacy=naive_report(plan, ledger),
                 gradient_evaluations=int(plan.solver.iterations * n * problem.m),
                 record={"sigma": sigma_, "sensitivity": plan.sensitivity,
                         "noise_multiplier": plan.noise_multiplier,

@@ -3,7 +3,7 @@ convex reductions (Algs 5-6), each a sequence of SCOutputPert calls.
 
 Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there; see its
 docstring for the deviations). Accounting: every call is an ``ApproxDpEvent`` block (Thm 3.3)
-on the one ledger, all charged before the first release (:func:`_phase_blocks`, charged by
+on the one ledger, all charged before the first release (the plan's blocks, charged by
 :func:`~dpsco_jax.algorithms.output_perturbation.driver.charge_output_pert`); Phased-ERM
 composes ``T`` calls at ``(eps/T, delta/T)`` (basic composition), Phased-SCO one call at the
 full ``(eps, delta)`` per disjoint user block (``group=``: parallel composition).
@@ -19,12 +19,12 @@ import jax.numpy as jnp
 from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertSettings, _debug_dict, _Hook, charge_output_pert, output_pert_report,
+    OutputPertSettings, ReleaseHook, charge_output_pert, output_pert_report, release_debug,
     sc_output_pert_release)
 # the phased algorithms' data-free plans (re-exported: their callers read them here)
 from dpsco_jax.algorithms.output_perturbation.plan import (  # noqa: F401
-    _phase_infos, _phase_schedule, _reduction_lam, localization_radius, phased_erm_schedule,
-    phased_plan, phased_sco_schedule, planner_of, sc_reduction_plan)
+    localization_radius, phased_erm_schedule, phased_plan, phased_sco_schedule, planner_of,
+    replan_after_bottom, sc_reduction_plan)
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.steps import project_l2_ball
@@ -43,8 +43,8 @@ class _PhaseOut(NamedTuple):
 
 
 def _run_phases(loss_fn, data, key, *, phases: list[tuple[float, slice]], infos, radius: float,
-                theta0: jax.Array, settings: OutputPertSettings, hook: _Hook | None = None,
-                mesh: Any = None) -> _PhaseOut:
+                theta0: jax.Array, settings: OutputPertSettings,
+                hook: ReleaseHook | None = None, mesh: Any = None) -> _PhaseOut:
   """Runs the planned phases (the caller has charged the ledger with every block)."""
   theta = project_l2_ball(jnp.asarray(theta0, jnp.float32), radius)
   bottoms, dbgs, certs = [], [], []
@@ -74,8 +74,8 @@ def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> di
   return rec
 
 
-def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook | None, *,
-                   sco: bool) -> Result:
+def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array,
+                   hook: ReleaseHook | None, *, sco: bool) -> Result:
   """Algorithms 3 / 4: every phase is charged (one (eps, delta) block each) before any runs."""
   plan = phased_plan(problem, cfg, sco=sco)
   ledger = charge_output_pert(plan)
@@ -85,13 +85,13 @@ def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array, hook: _Hook |
   return Result(params=out.theta, privacy=output_pert_report(plan, ledger),
                 gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
                 record=_phase_record(plan.schedule["schedule"], out, plan.settings),
-                debug=_debug_dict(out.dbgs, out.certs) if plan.settings.debug else None)
+                debug=release_debug(out.dbgs, out.certs) if plan.settings.debug else None)
 
 
 @register("phased_erm_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(phased_plan, sco=False))
 def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                           _hook: _Hook | None = None) -> Result:
+                           _hook: ReleaseHook | None = None) -> Result:
   """Phased-ERM (Alg. 3, Thm 4.1): convex G-Lipschitz loss, excess empirical risk
   ``Õ(RG sqrt(d)/(n sqrt(m)))``; (eps, delta) by basic composition of T calls."""
   return _phased_driver(problem, cfg, key, _hook, sco=False)
@@ -100,12 +100,12 @@ def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
 @register("phased_sco_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(phased_plan, sco=True))
 def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                           _hook: _Hook | None = None) -> Result:
+                           _hook: ReleaseHook | None = None) -> Result:
   """Phased-SCO (Alg. 4, Thm 5.1): disjoint user blocks, parallel composition."""
   return _phased_driver(problem, cfg, key, _hook, sco=True)
 
 
-def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) -> Result:
+def _sc_reduction(problem, cfg, key, *, sco: bool, hook: ReleaseHook | None = None) -> Result:
   plan = sc_reduction_plan(problem, cfg, sco=sco)
   ledger = charge_output_pert(plan)
   settings, info0, d = plan.settings, plan.infos[0], problem.d
@@ -117,14 +117,7 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) ->
       settings=settings, hook=hook, mesh=getattr(problem, "mesh", None))
   if bool(bottom0):  # spec §2.7 [A]: fixed point of K and R' = diam K (post-processing)
     theta0 = jnp.zeros((d,), jnp.float32)
-    lam = _reduction_lam(problem, 2 * problem.radius, sco=sco)
-    sch, phases, eps_p, delta_p = _phase_schedule(
-        problem, sco=sco, epsilon=plan.epsilon / 2, delta=plan.delta / 2, beta=plan.beta,
-        lam=lam)
-    # the same calls (sizes, budgets: the same blocks and provenance) at another lambda
-    infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
-                         mu0=plan.mu, settings=settings,
-                         label="Phased-SCO" if sco else "Phased-ERM")
+    sch, phases, infos = replan_after_bottom(problem, plan, sco=sco)
   # K' = K ∩ B(θ0, R') is used only through ||θ0 - θ*|| <= R' and λ; phases solve over K,
   # where Lemma 4.2 holds as well (spec §2.7 deviation note in the module docstring).
   out = _run_phases(problem.loss_fn, problem.data, k1, phases=phases, infos=infos,
@@ -137,14 +130,14 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: _Hook | None = None) ->
                 gradient_evaluations=info0.gradient_evaluations + sum(
                     i.gradient_evaluations for i in out.infos),
                 record=rec,
-                debug=_debug_dict([dbg0] + out.dbgs, [cert0] + out.certs)
+                debug=release_debug([dbg0] + out.dbgs, [cert0] + out.certs)
                 if settings.debug else None)
 
 
 @register("sc_erm_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=False))
 def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                       _hook: _Hook | None = None) -> Result:
+                       _hook: ReleaseHook | None = None) -> Result:
   """Strongly-Convex-ERM (Alg. 5, Thm 4.3): excess ``Õ(G² d/(μ n² m))``."""
   return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
 
@@ -152,7 +145,7 @@ def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
 @register("sc_sco_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=True))
 def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
-                       _hook: _Hook | None = None) -> Result:
+                       _hook: ReleaseHook | None = None) -> Result:
   """Strongly-Convex-SCO (Alg. 6, Thm 5.3): excess ``Õ((G²/μ)(d/(n² m) + 1/(nm)))``."""
   return _sc_reduction(problem, cfg, key, sco=True, hook=_hook)
 

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import dp_accounting
 
-from dpsco_jax._checks import check_positive
+from dpsco_jax._checks import check_epsilon, check_positive
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
+from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertPlan, OutputPertSettings, SCInfo, _check_common, _check_min_users, _problem_mu,
-    _require_mu, _require_radius, _settings_for, certificate_constants, charge_output_pert,
-    config_view, output_pert_report, plan_sc_output_pert)
+    OutputPertPlan, OutputPertSettings, SCInfo, certificate_constants, charge_output_pert,
+    config_view, output_pert_report, plan_sc_output_pert, settings_from_cfg)
 from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, solver_plan
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
@@ -36,7 +36,65 @@ from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
 from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
+from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.problems import SCOProblem
+
+
+# ------------------------------------------------------------ the checks every plan makes
+# (of the config and the public facts: a plan refuses before anything runs)
+
+
+def _problem_mu(problem: SCOProblem) -> float:
+  """The declared strong convexity mu0 (0 when undeclared)."""
+  return float(problem.meta.get("strong_convexity", 0.0)) if problem.meta else 0.0
+
+
+def _require_mu(problem, what: str) -> float:
+  """The declared strong convexity mu (``meta['strong_convexity']``): a strongly convex
+  algorithm raises :class:`MissingConstant` naming it when absent or zero."""
+  mu = _problem_mu(problem)
+  if not mu > 0:
+    raise MissingConstant(
+        f"strong_convexity: {what} needs a strongly convex loss: declare mu with "
+        "constants={'strong_convexity': ...} (a synthetic problem: e.g. 'l2_logistic' with "
+        "l2 > 0)")
+  return mu
+
+
+def _require_radius(problem, what: str) -> float:
+  """The finite radius R of the constraint set K (the phased algorithms' prox schedule and
+  anchors live in K): :class:`MissingConstant` when it is infinite (undeclared)."""
+  radius = float(problem.radius)
+  if not math.isfinite(radius):
+    raise MissingConstant(f"radius: {what} needs the finite radius R of the constraint set "
+                          "(its phases are localized in K): declare constants={'radius': ...}")
+  return radius
+
+
+def _check_common(cfg: Mapping | Any, settings: OutputPertSettings) -> tuple[float, float]:
+  """The run's (epsilon, delta), with the theory preset's ranges (ValueError names the key)."""
+  cfg = config_view(cfg)
+  eps = check_epsilon(cfg.epsilon, "epsilon")
+  delta = required_delta(cfg.delta)
+  if settings.preset == "theory":
+    if eps > 1.0:
+      raise ValueError(f"epsilon={eps}: the theory preset needs epsilon in (0, 1] (paper "
+                       "Def. 1.1 assumptions); use preset='practical'")
+    if delta > 0.5:
+      raise ValueError(f"delta={delta}: the theory preset needs delta in (0, 1/2]")
+  return eps, delta
+
+
+def _check_min_users(n: int, eps: float, delta: float, settings: OutputPertSettings,
+                     what: str):
+  """One DelOutputPert call's user count against 2(4 kappa + 1) (ValueError: n_users)."""
+  need = tdl.min_users(eps, delta)
+  if n < need and not (settings.stability_test == "exact" or n <= settings.max_exact_users):
+    raise ValueError(f"n_users: {what} needs at least 2(4 kappa + 1) = {need} users at "
+                     f"(eps={eps:.4g}, delta={delta:.3g}); got {n}")
+  if settings.preset == "theory" and n < need:
+    raise ValueError(f"n_users: theory preset requires n >= 2(4 kappa+1) = {need} "
+                     f"(Thm 3.1, n >= C log(1/delta)/eps) for {what}; got {n}")
 
 
 # ------------------------------------------------------------ from driver.py
@@ -44,7 +102,7 @@ from dpsco_jax.problems import SCOProblem
 def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
   """The data-free plan of :func:`sc_output_pert` (public ``n_users``, ``m``, ``d``, L, beta,
   R and mu; a :class:`~dpsco_jax.data.PublicFacts` suffices): one DelOutputPert call."""
-  settings = _settings_for(cfg)
+  settings = settings_from_cfg(cfg)
   eps, delta = _check_common(cfg, settings)
   mu = _require_mu(problem, "sc_output_pert")
   n, m = problem.n_users, problem.m
@@ -120,7 +178,7 @@ class NaivePlan:
 
 def naive_plan(problem, cfg: dict) -> NaivePlan:
   """The plan from the public facts (``n_users``, L, beta, R, mu) and the config only."""
-  settings = _settings_for(cfg)
+  settings = settings_from_cfg(cfg)
   eps, delta = _check_common(cfg, settings)
   mu = _require_mu(problem, "naive_output_pert")
   base = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(settings.relation)
@@ -253,7 +311,7 @@ def phased_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
   phase's DelOutputPert call and the ledger blocks (public facts and config only)."""
   name = "phased_sco_output_pert" if sco else "phased_erm_output_pert"
   label = "Phased-SCO" if sco else "Phased-ERM"
-  settings = _settings_for(cfg)
+  settings = settings_from_cfg(cfg)
   eps, delta = _check_common(cfg, settings)
   _require_radius(problem, name)
   sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=eps, delta=delta,
@@ -290,7 +348,7 @@ def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
   (eps/2, delta/2), with all their ledger blocks (public facts and config only)."""
   name = "sc_sco_output_pert" if sco else "sc_erm_output_pert"
   label = "Phased-SCO" if sco else "Phased-ERM"
-  settings = _settings_for(cfg)
+  settings = settings_from_cfg(cfg)
   eps, delta = _check_common(cfg, settings)
   mu = _require_mu(problem, f"{name} (Algs 5-6)")
   _require_radius(problem, name)
@@ -321,6 +379,22 @@ def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
                         declared=certificate_constants(problem, (info0,) + infos,
                                                        lipschitz=True))
 
+
+
+def replan_after_bottom(problem, plan: OutputPertPlan, *, sco: bool
+                        ) -> tuple[dict, list, tuple[SCInfo, ...]]:
+  """Algs 5-6's second half after a ⊥ warm start (spec §2.7 [A]): the anchor is K's fixed
+  point and ``R' = diam K``, so the phases are planned again at that lambda: the same calls
+  (sizes, budgets: the same blocks and provenance as ``plan``). Returns ``(schedule, phases,
+  infos)`` (public facts and ``plan`` only)."""
+  lam = _reduction_lam(problem, 2 * problem.radius, sco=sco)
+  sch, phases, eps_p, delta_p = _phase_schedule(
+      problem, sco=sco, epsilon=plan.epsilon / 2, delta=plan.delta / 2, beta=plan.beta,
+      lam=lam)
+  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
+                       mu0=plan.mu, settings=plan.settings,
+                       label="Phased-SCO" if sco else "Phased-ERM")
+  return sch, phases, infos
 
 # ------------------------------------------------------------ from base.py
 

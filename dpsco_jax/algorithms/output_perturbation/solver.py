@@ -1,6 +1,8 @@
 """The certified solver of paper 001 (f of DelOutputPert): an optax chain in displacement
 coordinates, with a data-independent iteration count that certifies accuracy ``tau`` on every
-sub-dataset. Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there).
+sub-dataset: one masked solve, the table of every deletion set's solve (the exact test) and
+Lemma C.1's certificate. SCOutputPert's release (:mod:`.base`) and the naive baseline
+(:mod:`.naive`) call them.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from dpsco_jax.grads import per_user_grads
 from dpsco_jax.precision import at_guarantee_precision
 from dpsco_jax.transforms.steps import acsa, add_prox_to_anchor, released_params
 
-__all__ = ["SolverPlan", "solver_plan"]
-
-
+__all__ = ["SolverPlan", "solver_plan", "solve_masked", "solve_all_subsets",
+           "certify_solution"]
 
 
 class SolverPlan(NamedTuple):
@@ -71,8 +72,8 @@ def _user_grads(loss_fn, anchor, u, data, mask):
 
 @at_guarantee_precision
 @functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "plan", "radius"))
-def _solve(data, mask, anchor, center_u, *, loss_fn, lam: float, plan: SolverPlan,
-           radius: float):
+def solve_masked(data, mask, anchor, center_u, *, loss_fn, lam: float, plan: SolverPlan,
+                 radius: float):
   """``u(y) = argmin_{anchor+u in K} L(anchor+u; y) + lam/2 ||u||²`` from ``u0 = 0``.
 
   Chain: ``add_prox_to_anchor(lam, 0) -> acsa(L_F, mu_F, ball(center_u, R), restarts)``; the
@@ -95,23 +96,23 @@ def _solve(data, mask, anchor, center_u, *, loss_fn, lam: float, plan: SolverPla
 
 @at_guarantee_precision
 @functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "plan", "radius", "n_users"))
-def _solve_all_subsets(data, anchor, center_u, *, loss_fn, lam, plan, radius, n_users):
+def solve_all_subsets(data, anchor, center_u, *, loss_fn, lam, plan, radius, n_users):
   """``[2^n, d]`` table of ``f(x_{-S})`` for every deletion set (exact test), chunked. Rows
   of ``data`` past ``n_users`` (a mesh's padding) are in no subset."""
   masks = ds.subset_keep_masks(n_users)
   pad = jax.tree.leaves(data)[0].shape[0] - n_users
   if pad:
     masks = jnp.pad(masks, ((0, 0), (0, pad)))
-  one = lambda mk: _solve(data, mk, anchor, center_u, loss_fn=loss_fn, lam=lam,
-                          plan=plan, radius=radius)
+  one = lambda mk: solve_masked(data, mk, anchor, center_u, loss_fn=loss_fn, lam=lam,
+                                plan=plan, radius=radius)
   return jax.lax.map(one, masks, batch_size=min(1024, masks.shape[0]))
 
 
 @at_guarantee_precision
 @functools.partial(jax.jit, static_argnames=("loss_fn", "lam", "mu", "gamma", "e_max",
                                              "radius", "n_real"))
-def _certify(data, u, anchor, center_u, *, loss_fn, lam, mu, gamma, e_max, radius,
-             n_real=None):
+def certify_solution(data, u, anchor, center_u, *, loss_fn, lam, mu, gamma, e_max, radius,
+                     n_real=None):
   """Lemma C.1's certificate at ``u`` over the real users: rows from ``n_real`` on (a mesh's
   padding) are dropped before its means and maxima."""
   n = jax.tree.leaves(data)[0].shape[0]
