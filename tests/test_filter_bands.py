@@ -27,11 +27,11 @@ RADII = (0.4, 0.8)
 
 
 def _brute(x: np.ndarray, mask: np.ndarray, radii) -> list[np.ndarray]:
-  geo = fp._geometry([fp._rows(jnp.asarray(x))])
+  geo = fp.pair_geometry([fp.pair_rows(jnp.asarray(x))])
   d = np.asarray(pairwise_sq_distances(jnp.asarray(x)))
   out = []
   for r in radii:
-    t = float(fp._threshold(jnp.float32(r), geo))
+    t = float(fp.close_threshold(jnp.float32(r), geo))
     close = ((d <= t) | np.eye(len(mask), dtype=bool)) & mask[None, :]
     out.append(np.where(mask, close.sum(axis=1), 0))
   return out
@@ -42,9 +42,9 @@ def _banded(x: np.ndarray, mask: np.ndarray, radii) -> list[np.ndarray]:
   shape = fp.pair_layout(u)
 
   def f(x, mask):
-    rows = [fp._rows(x)]
-    geo = fp._geometry(rows)
-    ts = tuple(fp._threshold(jnp.float32(r), geo) for r in radii)
+    rows = [fp.pair_rows(x)]
+    geo = fp.pair_geometry(rows)
+    ts = tuple(fp.close_threshold(jnp.float32(r), geo) for r in radii)
     return fb.banded_close_counts(rows, mask, ts, geo,
                                   lambda: tuple(jnp.full(shape, -1, jnp.int32) for _ in ts),
                                   shape)

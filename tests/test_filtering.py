@@ -57,18 +57,20 @@ def test_blocked_pair_counts_equal_the_full_matrix_counts():
   canonical matrix, padding rows and masked users excluded. The canonical distances of a few
   rows computed on their own are bitwise those of the full matrix (entry (i, j) depends on
   rows i and j only, not on the chunk it is computed in)."""
-  from dpsco_jax.transforms.filtering import _canonical_sq, _close_pair_counts
+  from dpsco_jax.transforms.filter_pairs import (canonical_sq_distances,
+                                                 gram_close_pair_counts)
   k1, k2 = jax.random.split(jax.random.key(3))
   x = {"w": jax.random.normal(k1, (37, 2, 2)), "b": 0.5 * jax.random.normal(k2, (37, 3))}
   mask = jnp.arange(37) % 5 != 0
   full = np.asarray(pairwise_sq_distances(x))
   rows = [jnp.reshape(l, (37, -1)) for l in jax.tree.leaves(x)]
   some = jnp.asarray([30, 2, 17])
-  np.testing.assert_array_equal(np.asarray(_canonical_sq([r[some] for r in rows],
-                                                         [r.T for r in rows])), full[[30, 2, 17]])
+  np.testing.assert_array_equal(np.asarray(canonical_sq_distances([r[some] for r in rows],
+                                                                  [r.T for r in rows])),
+                                full[[30, 2, 17]])
   vals = np.unique(full)   # radii midway between distinct distances: rounding cannot flip them
   r_s2, r_h2 = [float(0.5 * (vals[i] + vals[i + 1])) for i in (len(vals) // 2, len(vals) // 4)]
-  c_s, c_h = jax.jit(_close_pair_counts, static_argnames="block")(
+  c_s, c_h = jax.jit(gram_close_pair_counts, static_argnames="block")(
       x, mask, (math.sqrt(r_s2), math.sqrt(r_h2)), block=8)
   m = np.asarray(mask)
   pair = m[:, None] & m[None, :]

@@ -71,8 +71,8 @@ SCRIPT = textwrap.dedent("""
                 zip(jax.tree.leaves(res[0]), jax.tree.leaves(res[1])))
             and 0 < int(res[0].num_kept) < int(jnp.sum(msk)))
       if u == 250:
-        cnt = [jax.jit(lambda p, k: filter_pairs._close_pair_counts(p, k, (r,), block=16,
-                                                                     rows=s))(pts, msk)[0]
+        cnt = [jax.jit(lambda p, k: filter_pairs.gram_close_pair_counts(
+                   p, k, (r,), block=16, rows=s))(pts, msk)[0]
                for s in (None, rows)]
         ok = ok and bool(jnp.all(cnt[0].reshape(-1)[:u] == cnt[1].reshape(-1)[:u]))
       same.append(ok)

@@ -427,8 +427,8 @@ def test_counts_equal_the_canonical_decisions_on_every_path(monkeypatch, dim, of
   x[k // 2:, 0] -= split
   canon = np.asarray(pairwise_sq_distances(jnp.asarray(x)))
   r = float(np.float32(np.sqrt(np.median(canon[5: k // 2, 5: k // 2]))))   # within a cluster
-  geo = flt._geometry([jnp.asarray(x)])
-  t = float(flt._threshold(r, geo))
+  geo = flt.pair_geometry([jnp.asarray(x)])
+  t = float(flt.close_threshold(r, geo))
   want = ((canon <= t) | np.eye(k, dtype=bool)).sum(1)
   # there are undecided pairs to resolve (else this would test the certified path only)
   lay = flt._layout(jnp.asarray(x), jnp.ones((k,), bool), 0, geo)

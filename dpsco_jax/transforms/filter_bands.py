@@ -12,16 +12,17 @@ distances ``a_i = ||y_i - c||`` to ANY point ``c`` decides such pairs without co
 How. Users are sorted by a computed ``a_i``; per row, two binary searches give the columns
 certified close (a prefix) and certified far (a prefix and a suffix), and only the band
 between them is evaluated, by the canonical difference-first distance of
-:func:`~dpsco_jax.transforms.filter_pairs._canonical_sq` (rows in blocks of consecutive sorted
-users, the block's band in fixed-width column chunks: static shapes, a ``while_loop`` over
-chunks). Where the bands hold too many pairs (data spread on a shell around every centre, or
-any non-finite ``a_i``), :func:`banded_close_counts` is not taken and the Gram path runs.
+:func:`~dpsco_jax.transforms.filter_pairs.canonical_sq_distances` (rows in blocks of
+consecutive sorted users, the block's band in fixed-width column chunks: static shapes, a
+``while_loop`` over chunks). Where the bands hold too many pairs (data spread on a shell
+around every centre, or any non-finite ``a_i``), :func:`banded_close_counts` is not taken and
+the Gram path runs.
 
 Soundness: the counts are exactly the canonical ones (module docstring of ``filter_pairs``).
 A pair is only certified by the triangle inequality when it implies the canonical decision:
 with the true ``a_i`` inside ``[lb_i, ub_i]`` (the computed norm's rounding error, bounded
 generously), ``ub_i + ub_j <= rho_close`` gives a true distance whose canonical value is
-``<= T(r)`` (the same margins as ``filter_pairs._certain`` uses for the Gram bounds), and
+``<= T(r)`` (the Gram bounds' margins, ``filter_pairs.certified_sq_bounds``), and
 ``lb_i - ub_j > rho_far`` one whose canonical value is ``> T(r)``. The centre only moves work
 between the searches and the band, never a decision; every count is a function of the pair's
 two rows alone, which is what FILTER's sensitivity argument needs. Tests compare every count
@@ -37,9 +38,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from dpsco_jax.transforms.filter_pairs import (_UNIT, _Geometry, _canonical_sq, _centre,
-                                               _close_pair_counts, _gamma, _geometry,
-                                               _num_rows, _rows, _threshold, pair_layout)
+from dpsco_jax.transforms.filter_pairs import (PairGeometry, canonical_sq_distances,
+                                               certified_sq_bounds, close_threshold,
+                                               gram_close_pair_counts, median_centre,
+                                               num_user_slots, pair_geometry, pair_layout,
+                                               pair_rows, rounding_gamma)
 
 PyTree = Any
 
@@ -64,32 +67,30 @@ def _up(x: jax.Array) -> jax.Array:
   return x + (_REL * jnp.abs(x) + 1e-30)
 
 
-def _radial(rows: list[jax.Array], mask: jax.Array, geo: _Geometry
+def _radial(rows: list[jax.Array], mask: jax.Array, geo: PairGeometry
             ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """``(a, ub, lb)``: computed distances to the centre and bounds on the true ones (``+inf``
   for padding rows, so they sort last and no search reaches them). The norm of ``D``
   rounded differences errs by at most ``gamma(D + 4)`` relative plus the square root of the
   underflow slack; the bounds take 4x both (and are monotone in ``a``: sorting ``a`` sorts
   them)."""
-  centre = _centre(rows, mask)
+  centre = median_centre(rows, mask)
   sq = sum(jnp.sum(jnp.square(x - c[None, :]), axis=1) for x, c in zip(rows, centre))
   a = jnp.where(mask, jnp.sqrt(sq), jnp.inf)
-  rel = 4.0 * _gamma(geo.dim + 4)
+  rel = 4.0 * rounding_gamma(geo.dim + 4)
   absl = 4.0 * math.sqrt(geo.dim) * 2.0 ** -60
   return a, a * (1.0 + rel) + absl, a * (1.0 - rel) - absl
 
 
-def _radii(t: jax.Array, geo: _Geometry) -> tuple[jax.Array, jax.Array]:
+def _radii(t: jax.Array, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
   """``(rho_close, rho_far)`` for threshold ``t``: a true distance ``<= rho_close`` has a
-  canonical value ``<= t``, one ``> rho_far`` a canonical value ``> t`` (the squared bounds
-  of ``filter_pairs._certain``)."""
-  slack = 2.0 * geo.gamma_c + 4.0 * _UNIT
-  q_close = t * (1.0 - slack) - geo.abs_c
-  q_far = t * (1.0 + slack) + geo.abs_c
+  canonical value ``<= t``, one ``> rho_far`` a canonical value ``> t`` (the square roots of
+  :func:`~dpsco_jax.transforms.filter_pairs.certified_sq_bounds`, the Gram path's bounds)."""
+  q_close, q_far = certified_sq_bounds(t, geo)
   return _down(jnp.sqrt(jnp.maximum(q_close, 0.0))), _up(jnp.sqrt(jnp.maximum(q_far, 0.0)))
 
 
-def _bands(ub_s: jax.Array, lb_s: jax.Array, thresholds, geo: _Geometry
+def _bands(ub_s: jax.Array, lb_s: jax.Array, thresholds, geo: PairGeometry
            ) -> tuple[list[jax.Array], jax.Array, jax.Array]:
   """``(c1, lo, hi)`` per sorted row: per threshold ``c1`` (columns ``< c1`` certified close),
   and the row's band ``[lo, hi)`` over all thresholds (outside it every column is certified)."""
@@ -124,22 +125,22 @@ BAND_MIN_USERS = 4096
 
 def close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, ...],
                       rows: NamedSharding | None = None) -> tuple[jax.Array, ...]:
-  """:func:`filter_pairs._close_pair_counts`'s counts (the same canonical decisions, the same
+  """:func:`filter_pairs.gram_close_pair_counts`'s counts (the same canonical decisions, the same
   ``[blocks, block]`` layout), by sorted radial bands when there are at least
   ``BAND_MIN_USERS`` slots, one device, and the bands are narrow (:func:`banded_close_counts`);
   else by the Gram path."""
-  gram = lambda: _close_pair_counts(clean, mask, radii, rows=rows)
-  u = _num_rows(clean)
+  gram = lambda: gram_close_pair_counts(clean, mask, radii, rows=rows)
+  u = num_user_slots(clean)
   if rows is not None or u < BAND_MIN_USERS:
     return gram()
-  rs = [_rows(leaf) for leaf in jax.tree.leaves(clean)]
-  geo = _geometry(rs)
-  return banded_close_counts(rs, mask, tuple(_threshold(r, geo) for r in radii), geo, gram,
+  rs = [pair_rows(leaf) for leaf in jax.tree.leaves(clean)]
+  geo = pair_geometry(rs)
+  return banded_close_counts(rs, mask, tuple(close_threshold(r, geo) for r in radii), geo, gram,
                              pair_layout(u))
 
 
 def banded_close_counts(rows: list[jax.Array], mask: jax.Array, thresholds: tuple,
-                        geo: _Geometry, fallback: Callable[[], tuple[jax.Array, ...]],
+                        geo: PairGeometry, fallback: Callable[[], tuple[jax.Array, ...]],
                         shape: tuple[int, int]) -> tuple[jax.Array, ...]:
   """The canonical close counts (per real row and threshold ``t``: ``#{j real: canonical
   d_ij <= t or j = i}``, ``int32`` of ``shape`` = the padded ``[blocks, block]`` layout, 0 on
@@ -181,8 +182,8 @@ def banded_close_counts(rows: list[jax.Array], mask: jax.Array, thresholds: tupl
         cols = c0 + jnp.arange(c)
         new = (cols >= lo + i * c) & (cols < hi)           # each band column counted once
         ok = new[None, :] & real_p[cols][None, :]
-        d = _canonical_sq(brows, [jax.lax.dynamic_slice_in_dim(x, c0, c, axis=1)
-                                  for x in ys_t])
+        d = canonical_sq_distances(brows, [jax.lax.dynamic_slice_in_dim(x, c0, c, axis=1)
+                                           for x in ys_t])
         diag = cols[None, :] == pos[:, None]
         acc = tuple(s + jnp.sum(ok & (cols[None, :] >= k1[:, None]) & ((d <= t) | diag),
                                 axis=1, dtype=jnp.int32)

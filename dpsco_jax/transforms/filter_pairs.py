@@ -17,13 +17,16 @@ canonically (all of them when the data defeat the bound, e.g. two clusters 1e4 a
 difference-first cost). Whatever the centre, tiling or matmul order, the decisions are the
 canonical ones. (Assumed: the backend evaluates one elementwise float expression the same way
 wherever it appears; IEEE float32 ops are deterministic, and an FMA contraction of
-``acc + d * d`` is the same in every copy.) The score is exact on a dyadic grid
-(:func:`_exact_score`): a float32 ``sum / K`` rounds by up to ``ulp(K) > 1/K`` (``K > 2896``)
-and from ``K ~ 1e4`` exceeded its sensitivity 2 on neighbouring inputs. Counts are int32.
+``acc + d * d`` is the same in every copy.) Counts are int32 (the score FILTER forms from them
+is exact on a dyadic grid: :mod:`dpsco_jax.transforms.filtering`).
 
-Rows may be split over a mesh's users axis (``rows=`` of :func:`_close_pair_counts`): each
-device counts its own rows against every column (the matrix all-gathered), the same canonical
-decisions whatever the split (issue 24.2).
+The canonical decision's pieces (the rows, the error constants, the threshold ``T(r)`` and its
+certified margins, the canonical distance) are public: the banded path
+(:mod:`dpsco_jax.transforms.filter_bands`) certifies pairs with the same numbers.
+
+Rows may be split over a mesh's users axis (``rows=`` of :func:`gram_close_pair_counts`):
+each device counts its own rows against every column (the matrix all-gathered), the same
+canonical decisions whatever the split (issue 24.2).
 """
 
 from __future__ import annotations
@@ -43,12 +46,14 @@ PyTree = Any
 _HI = jax.lax.Precision.HIGHEST
 
 
-def _rows(x: jax.Array) -> jax.Array:
+def pair_rows(x: jax.Array) -> jax.Array:
   """Flattened rows in float32 or wider (distances decide membership: never in bf16)."""
   return jnp.reshape(x, (x.shape[0], -1)).astype(noise_dtype(x.dtype))
 
 
-def _num_rows(stacked: PyTree) -> int:
+def num_user_slots(stacked: PyTree) -> int:
+  """The leading user axis ``U >= 1`` shared by every leaf of a stacked per-user pytree
+  (ValueError otherwise)."""
   leaves = jax.tree.leaves(stacked)
   if not leaves:
     raise ValueError("stacked must have at least one leaf")
@@ -63,7 +68,6 @@ def _num_rows(stacked: PyTree) -> int:
   return u
 
 
-
 # ---------------------------------------------------------------------------- distances
 # (module docstring, "Numerics"). Error model: each float op errs by at most _UNIT relative.
 
@@ -76,14 +80,14 @@ _ROW_TERMS_PER_SLAB_PASS = 8   # whole-row recounts while they cost < 8 passes o
 _CENTRE_ROWS = 65    # rows sampled (evenly) for the centring median
 
 
-def _gamma(k: int) -> float:
+def rounding_gamma(k: int) -> float:
   """``k u / (1 - k u)``: relative error of ``k`` chained float ops (any order; Higham)."""
   ku = float(k) * _UNIT
   return ku / (1.0 - ku) if ku < 0.5 else float("inf")
 
 
-def _canonical_sq(rows: list[jax.Array], cols_t: list[jax.Array],
-                  cols: jax.Array | None = None) -> jax.Array:
+def canonical_sq_distances(rows: list[jax.Array], cols_t: list[jax.Array],
+                           cols: jax.Array | None = None) -> jax.Array:
   """Canonical squared distances: difference first, accumulated over the coordinates of every
   leaf in one fixed sequential order, elementwise (entry ``(i, j)`` depends on the two rows
   only, never on the chunk it is computed in). ``rows[l]`` is ``[M, d_l]``, ``cols_t[l]`` the
@@ -102,7 +106,7 @@ def _canonical_sq(rows: list[jax.Array], cols_t: list[jax.Array],
   return acc
 
 
-class _Geometry(NamedTuple):
+class PairGeometry(NamedTuple):
   """Static error constants of one pytree layout."""
   dim: int          # all coordinates
   gamma_c: float    # canonical relative error
@@ -111,7 +115,8 @@ class _Geometry(NamedTuple):
   abs_g: float
 
 
-def _geometry(rows: list[jax.Array]) -> _Geometry:
+def pair_geometry(rows: list[jax.Array]) -> PairGeometry:
+  """The error constants of the rows' layout (``rows[l]``: ``[U, d_l]`` per leaf)."""
   dims = [x.shape[1] for x in rows]
   dim, dmax, leaves = sum(dims), max(dims), len(dims)
   # Gram bounds on centred rows z = fl(y - c) (:func:`_gram_bounds`), each op erring by at
@@ -121,12 +126,12 @@ def _geometry(rows: list[jax.Array]) -> _Geometry:
   # (||y_i - y_j|| moves by _UNIT (|z_i| + |z_j|)): in all ~(2 d + 2 L + 9) _UNIT
   # (|z_i|^2 + |z_j|^2). gamma_g = 3 gamma(d + L + 8) exceeds it by a factor >= 1.5, which
   # also covers the rounding of the bound itself.
-  return _Geometry(dim=dim, gamma_c=_gamma(dim + 3), abs_c=(3 * dim + 8) * _ABS,
-                   gamma_g=3.0 * _gamma(dmax + leaves + 8),
-                   abs_g=8.0 * (dmax + leaves + 8) * _ABS)
+  return PairGeometry(dim=dim, gamma_c=rounding_gamma(dim + 3), abs_c=(3 * dim + 8) * _ABS,
+                      gamma_g=3.0 * rounding_gamma(dmax + leaves + 8),
+                      abs_g=8.0 * (dmax + leaves + 8) * _ABS)
 
 
-def _threshold(radius: jax.Array, geo: _Geometry) -> jax.Array:
+def close_threshold(radius: jax.Array, geo: PairGeometry) -> jax.Array:
   """``T(r)``: a canonical value ``<= T`` certifies ``||y_i - y_j|| <= r`` (``r * r`` and
   the product below round at most twice: the factor ``(1 - 2 gamma)`` covers them and the
   canonical computation's own ``gamma``)."""
@@ -134,7 +139,7 @@ def _threshold(radius: jax.Array, geo: _Geometry) -> jax.Array:
   return (r * r) * (1.0 - 2.0 * geo.gamma_c - 4.0 * _UNIT) - 2.0 * geo.abs_c
 
 
-def _centre(rows: list[jax.Array], mask: jax.Array) -> list[jax.Array]:
+def median_centre(rows: list[jax.Array], mask: jax.Array) -> list[jax.Array]:
   """Coordinate-wise median of an evenly spaced sample of real rows (0 without any): only
   the speed of the Gram path depends on it (it removes a common component, and a few
   outliers cannot drag it), never a decision."""
@@ -164,9 +169,9 @@ class _Layout(NamedTuple):
   mask: jax.Array           # real users [U'] (False on the padding)
 
 
-def _layout(clean: PyTree, mask: jax.Array, pad: int, geo: _Geometry) -> _Layout:
-  rows = [_rows(leaf) for leaf in jax.tree.leaves(clean)]
-  centre = _centre(rows, mask)
+def _layout(clean: PyTree, mask: jax.Array, pad: int, geo: PairGeometry) -> _Layout:
+  rows = [pair_rows(leaf) for leaf in jax.tree.leaves(clean)]
+  centre = median_centre(rows, mask)
   z = [x - c[None, :] for x, c in zip(rows, centre)]
   sq = [jnp.sum(v * v, axis=1) for v in z]
   half = geo.gamma_g * sum(sq[1:], sq[0]) + 0.5 * geo.abs_g   # e_ij = half_i + half_j
@@ -199,13 +204,21 @@ def _gram_bounds(lay: _Layout, dots: list[jax.Array], start, size: int, n: int
   return hi, lo
 
 
-def _certain(hi, lo, diag, t, geo: _Geometry) -> tuple[jax.Array, jax.Array]:
+def certified_sq_bounds(t: jax.Array, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
+  """``(q_close, q_far)`` for threshold ``t``: a true squared distance ``<= q_close`` has a
+  canonical value ``<= t``, one ``> q_far`` a canonical value ``> t`` (the margins cover the
+  canonical computation's error; every certified decision, Gram or banded, reads them)."""
+  slack = 2.0 * geo.gamma_c + 4.0 * _UNIT
+  return t * (1.0 - slack) - geo.abs_c, t * (1.0 + slack) + geo.abs_c
+
+
+def _certain(hi, lo, diag, t, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
   """``(close, maybe)``: certainly close, and not certainly far, for threshold ``t``. NaN or
   Inf bounds (overflow) fail both comparisons: not close, not certainly far. The diagonal
   (distance 0) is close at any radius (the score counts it, ``1 <= s``)."""
-  slack = 2.0 * geo.gamma_c + 4.0 * _UNIT
-  close = (hi <= t * (1.0 - slack) - geo.abs_c) | diag
-  maybe = ~(lo > t * (1.0 + slack) + geo.abs_c) | diag
+  q_close, q_far = certified_sq_bounds(t, geo)
+  close = (hi <= q_close) | diag
+  maybe = ~(lo > q_far) | diag
   return close, maybe
 
 
@@ -220,7 +233,7 @@ def _recount_rows(lay: _Layout, thresholds, start, size: int, n: int, left: jax.
     *counts, left = state
     idx = jnp.nonzero(left, size=m, fill_value=size)[0]   # size: no row (dropped below)
     take = start + jnp.minimum(idx, size - 1)
-    d = _canonical_sq([x[take] for x in lay.rows], lay.cols_t)
+    d = canonical_sq_distances([x[take] for x in lay.rows], lay.cols_t)
     ok = lay.mask[take][:, None] & cmask[None, :]
     diag = take[:, None] == jnp.arange(n)[None, :]
     counts = [c.at[idx].set(jnp.sum(ok & ((d <= t) | diag), axis=1, dtype=jnp.int32),
@@ -245,12 +258,13 @@ def _resolve(lay: _Layout, thresholds, start, size: int, n: int, undecided: jax.
 
     def few(rem):
       cols = jax.vmap(lambda r: jnp.nonzero(r, size=p, fill_value=n)[0])(rem)
-      d = _canonical_sq([x[rows] for x in lay.rows], lay.cols_t, jnp.minimum(cols, n - 1))
+      d = canonical_sq_distances([x[rows] for x in lay.rows], lay.cols_t,
+                                 jnp.minimum(cols, n - 1))
       adds = [jnp.sum((cols < n) & (d <= t), axis=1, dtype=jnp.int32) for t in thresholds]
       return adds, rem.at[jnp.arange(size)[:, None], cols].set(False, mode="drop")
 
     def every(rem):
-      d = _canonical_sq([x[rows] for x in lay.rows], lay.cols_t)
+      d = canonical_sq_distances([x[rows] for x in lay.rows], lay.cols_t)
       adds = [jnp.sum(rem & (d <= t), axis=1, dtype=jnp.int32) for t in thresholds]
       return adds, jnp.zeros_like(rem)
 
@@ -261,7 +275,7 @@ def _resolve(lay: _Layout, thresholds, start, size: int, n: int, undecided: jax.
   return counts
 
 
-def _block_counts(lay: _Layout, geo: _Geometry, thresholds: tuple[jax.Array, ...], start,
+def _block_counts(lay: _Layout, geo: PairGeometry, thresholds: tuple[jax.Array, ...], start,
                   size: int) -> tuple[jax.Array, ...]:
   """Per row ``start .. start+size``: the number of real ``j`` canonically close to it, for
   each threshold (``int32 [size]``; 0 for padding rows).
@@ -316,7 +330,7 @@ def coordinate_leaves(stacked: PyTree) -> list[jax.Array]:
   coordinates. A zero-width leaf (shape ``(U, 0)``, ``(U, 3, 0)``) adds nothing to any
   distance, and the pair kernels index a leaf's first coordinate, so it is left out; with no
   coordinate at all every distance is 0, which one zero column gives."""
-  u = _num_rows(stacked)
+  u = num_user_slots(stacked)
   return [x for x in jax.tree.leaves(stacked) if x.size] or [jnp.zeros((u, 1), jnp.float32)]
 
 
@@ -329,8 +343,8 @@ def pairwise_sq_distances(stacked: PyTree) -> jax.Array:
   decisions are defined by (:func:`filter_points` computes only the ones near a radius and
   never holds this matrix).
   """
-  rows = [_rows(leaf) for leaf in coordinate_leaves(stacked)]
-  return _canonical_sq(rows, [x.T for x in rows])
+  rows = [pair_rows(leaf) for leaf in coordinate_leaves(stacked)]
+  return canonical_sq_distances(rows, [x.T for x in rows])
 
 
 # Rows per block of the pair counts: above this many users the [U, U] matrix (4.4 GB at
@@ -345,9 +359,9 @@ def pair_layout(u: int, n_dev: int = 1, block: int = _PAIR_BLOCK) -> tuple[int, 
   return -(-per // b), b
 
 
-def _close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, ...],
-                       block: int = _PAIR_BLOCK, rows: NamedSharding | None = None
-                       ) -> tuple[jax.Array, ...]:
+def gram_close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, ...],
+                           block: int = _PAIR_BLOCK, rows: NamedSharding | None = None
+                           ) -> tuple[jax.Array, ...]:
   """Per real user ``i`` and radius ``r``: ``#{j real: close_r(i, j)}`` (canonical decisions,
   see above), each ``int32 [nb, b]`` by row block (``U`` padded to ``nb * b``).
 
@@ -360,12 +374,12 @@ def _close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, .
   decisions, hence the counts, are the one-device ones (they depend on the pair only); the
   counts are then gathered (replicated).
   """
-  u = _num_rows(clean)
+  u = num_user_slots(clean)
   n_dev = 1 if rows is None else int(rows.mesh.shape[rows.spec[0]])
   nb_dev, b = pair_layout(u, n_dev, block)
-  geo = _geometry([_rows(leaf) for leaf in jax.tree.leaves(clean)])
+  geo = pair_geometry([pair_rows(leaf) for leaf in jax.tree.leaves(clean)])
   lay = _layout(clean, mask, n_dev * nb_dev * b - u, geo)
-  ts = tuple(_threshold(r, geo) for r in radii)
+  ts = tuple(close_threshold(r, geo) for r in radii)
 
   def counts(lay, ts, first):   # the blocks first .. first + nb_dev
     starts = (first + jnp.arange(nb_dev)) * b
@@ -383,23 +397,3 @@ def _close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, .
   # it sums in the one-device order and the mean is bitwise the one-device mean
   return jax.lax.with_sharding_constraint(local(lay, ts), NamedSharding(rows.mesh,
                                                                         PartitionSpec()))
-
-
-def _exact_score(close_s: jax.Array, k: jax.Array, u: int) -> jax.Array:
-  """``s = (sum_i close_s_i) / K`` on a dyadic grid, with sensitivity exactly <= 2.
-
-  The sum can exceed 2^24 (``K = 6666`` gives up to 4.4e7), so a float32 sum and division
-  would round by up to ``ulp(K) > 1/K``: ``|s - s'|`` could exceed the 2 the AboveThreshold
-  scales assume. Here ``S = A K + B`` in int32 (per block then across blocks: no overflow
-  for ``U`` up to ~1.4e6) and ``s = A + floor(fl(B/K) 2^q) / 2^q`` with ``q`` chosen so the
-  result is exact in float32. Any ``phi(B)`` non-decreasing in ``[0, 1]`` keeps
-  ``|s(S) - s(S')| <= 2`` when ``|S - S'| <= 2K - 1``, and ``s`` is within ``2^-q`` below
-  ``S/K``."""
-  kk = jnp.maximum(k, 1)
-  per_block = jnp.sum(close_s, axis=1, dtype=jnp.int32)       # <= block * U
-  a = jnp.sum(per_block // kk) + jnp.sum(per_block % kk) // kk
-  rem = jnp.sum(per_block % kk) % kk
-  q = max(0, 22 - int(u).bit_length())
-  frac = jnp.floor((rem.astype(jnp.float32) / kk.astype(jnp.float32)) * 2.0 ** q) / 2.0 ** q
-  return a.astype(jnp.float32) + frac
-

@@ -15,8 +15,10 @@ marked False in ``user_mask``):
 (paper 000 Alg. 1 lines 12-24, Alg. 2 lines 6-13; spec 000 §2.0). No square root is taken.
 
 Numerics (issue #23): every pair's decision is canonical (difference first, rigorous
-float32 bounds) whatever the centring, tiling or device split, and the score is exact on a
-dyadic grid: :mod:`dpsco_jax.transforms.filter_pairs`.
+float32 bounds) whatever the centring, tiling or device split
+(:mod:`dpsco_jax.transforms.filter_pairs`), and the score is exact on a dyadic grid
+(:func:`_exact_score`: a float32 ``sum / K`` rounds by up to ``ulp(K) > 1/K`` for
+``K > 2896`` and from ``K ~ 1e4`` exceeded its sensitivity 2 on neighbouring inputs).
 
 Why it is private (proofs of Lemmas B.2 / C.2, spec 000 §3). Replacing one point changes every
 other degree by at most 1, the score by at most 2 (``2K-1`` indicators over ``K``), and every
@@ -45,9 +47,8 @@ from jax.sharding import NamedSharding
 from dpsco_jax._checks import (check_bool, check_int, check_key, check_positive,
                                check_probability, check_seed_or_key, check_user_mask)
 from dpsco_jax.transforms.noise import noise_dtype, redacted_repr
-from dpsco_jax.transforms.filter_pairs import (_canonical_sq, _close_pair_counts,  # noqa: F401
-                                               _exact_score, _num_rows, _rows,
-                                               coordinate_leaves, pairwise_sq_distances)
+from dpsco_jax.transforms.filter_pairs import (coordinate_leaves, num_user_slots, pair_rows,
+                                               pairwise_sq_distances)
 from dpsco_jax.transforms.filter_bands import close_pair_counts
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_scales,
                                              above_threshold_step)
@@ -70,8 +71,8 @@ __all__ = [
 def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax.Array]:
   """Zero non-finite rows and padding rows; returns (clean rows, real-user mask). The mask
   is checked (bool, shape ``[U]``); without one every slot is a real user."""
-  u = _num_rows(stacked)
-  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(_rows(x)), axis=1)
+  u = num_user_slots(stacked)
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(pair_rows(x)), axis=1)
                               for x in jax.tree.leaves(stacked)]), axis=0)
   mask = check_user_mask(user_mask, u)
   mask = jnp.ones((u,), bool) if mask is None else mask
@@ -82,6 +83,24 @@ def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax
     return jnp.where(k, x, jnp.zeros_like(x))
   return jax.tree.map(clean, stacked), mask
 
+
+def _exact_score(close_s: jax.Array, k: jax.Array, u: int) -> jax.Array:
+  """``s = (sum_i close_s_i) / K`` on a dyadic grid, with sensitivity exactly <= 2.
+
+  The sum can exceed 2^24 (``K = 6666`` gives up to 4.4e7), so a float32 sum and division
+  would round by up to ``ulp(K) > 1/K``: ``|s - s'|`` could exceed the 2 the AboveThreshold
+  scales assume. Here ``S = A K + B`` in int32 (per block then across blocks: no overflow
+  for ``U`` up to ~1.4e6) and ``s = A + floor(fl(B/K) 2^q) / 2^q`` with ``q`` chosen so the
+  result is exact in float32. Any ``phi(B)`` non-decreasing in ``[0, 1]`` keeps
+  ``|s(S) - s(S')| <= 2`` when ``|S - S'| <= 2K - 1``, and ``s`` is within ``2^-q`` below
+  ``S/K``."""
+  kk = jnp.maximum(k, 1)
+  per_block = jnp.sum(close_s, axis=1, dtype=jnp.int32)       # <= block * U
+  a = jnp.sum(per_block // kk) + jnp.sum(per_block % kk) // kk
+  rem = jnp.sum(per_block % kk) % kk
+  q = max(0, 22 - int(u).bit_length())
+  frac = jnp.floor((rem.astype(jnp.float32) / kk.astype(jnp.float32)) * 2.0 ** q) / 2.0 ** q
+  return a.astype(jnp.float32) + frac
 
 
 def inclusion_probability(degrees: jax.Array, num_users: jax.Array | float,
