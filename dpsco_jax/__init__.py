@@ -34,6 +34,7 @@ from dpsco_jax.transforms import (AcsaState, ClipState, GaussianNoiseState, Proj
                                   scale_by_srg_weight, srg_differences, tree_gaussian_like,
                                   tree_global_norms, tree_prefix_sum_noise)
 from dpsco_jax.transforms.resque import resque
+from dpsco_jax.transforms.adaptive_clipping import AdaptiveClipState, adaptive_clip_and_noise
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,7 @@ __all__ = [
     "sample_queries", "resque", "projected_sgd", "project_l2_ball", "projection", "acsa",
     "accelerated_projected_step", "add_prox_to_anchor", "released_params",
     "ClipState", "GaussianNoiseState", "ProjectedSGDState", "AcsaState",
+    "adaptive_clip_and_noise", "AdaptiveClipState",
     # privacy
     "PrivacyLedger", "PrivacyReport", "Provenance", "PrivacyBudgetExceeded", "PureDpEvent",
     "pure_dp_event", "for_accountant", "calibrate_noise_multiplier", "epsilon_of",

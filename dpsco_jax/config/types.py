@@ -161,10 +161,12 @@ def _finite(x: float, name: str) -> float:
 RANGES: dict[str, Callable[[float, str], float]] = {
     **dict.fromkeys(("epsilon", "epsilon_budget", "clip_norm", "inner_clip_norm",
                      "outer_clip_norm", "inner_clip_norm_lam", "learning_rate", "lipschitz",
-                     "epochs"), check_positive),
+                     "epochs", "clip_learning_rate", "initial_clip_norm"), check_positive),
     **dict.fromkeys(("noise_multiplier", "strong_convexity", "heterogeneity", "l2"),
                     check_nonnegative),
     "delta": check_delta,
+    "target_quantile": check_delta,   # adaptive clipping's gamma: the open interval (0, 1)
+    "count_stddev": check_nonnegative,
     "sampling_rate": check_probability,
     "radius": _above_zero,
     "smoothness": _above_zero,

@@ -22,4 +22,5 @@ from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_thresho
 from dpsco_jax.privacy.matrix_factorization import mf_event, participation_sensitivity
 from dpsco_jax.privacy.sensitivity import (GaussianStage, Sensitivity, clipped_mean_sensitivity,
                                            gaussian_noise_std, noise_multiplier_for_std)
+from dpsco_jax.privacy.sensitivity import AdaptiveClipSplit, adaptive_clip_split
 from dpsco_jax.privacy.selection import SelectionLaw, selection_cost, selection_report

@@ -24,12 +24,14 @@ before this module: moving the formula here changed no released number.
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 from dpsco_jax._checks import check_nonnegative, check_positive
 from dpsco_jax.privacy.relations import check_relation, gaussian_sensitivity_factor
 
 __all__ = ["Sensitivity", "GaussianStage", "gaussian_noise_std", "noise_multiplier_for_std",
-           "clipped_mean_sensitivity"]
+           "clipped_mean_sensitivity", "AdaptiveClipSplit", "adaptive_clip_split"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,3 +118,67 @@ class GaussianStage:
 
   def sensitivity_under(self, relation: str) -> float:
     return self.sensitivity.under(relation)
+
+
+# ------------------------------------------------------ adaptive clipping: the pair's split
+
+#: Add/remove sensitivity of the centred count ``sum_i (b_i - 1/2)`` of unclipped users
+#: (Andrew et al. 2021, §3): adding or removing one user moves it by 1/2.
+COUNT_SENSITIVITY = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveClipSplit:
+  """How adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private
+  Learning with Adaptive Clipping", NeurIPS 2021, Algorithm 1 and Theorem 1) shares one
+  Gaussian mechanism of multiplier ``z`` between its two releases of a step:
+
+  * the clipped sum, sensitivity ``C_t``, noise ``z_Delta C_t`` (:meth:`sum_stage`);
+  * the centred count of unclipped users ``sum_i (b_i - 1/2)``, sensitivity ``1/2``, noise
+    ``sigma_b`` (:meth:`count_stage`: multiplier ``2 sigma_b``).
+
+  With ``z_Delta^-2 + (2 sigma_b)^-2 = z^-2`` the pair is one Gaussian mechanism of multiplier
+  ``z`` on the stacked vector (its whitened shift is ``sqrt(z_Delta^-2 + (2 sigma_b)^-2)``
+  under add/remove, twice that under replace-one), so the step's event is DP-SGD's at ``z``.
+  Build it with :func:`adaptive_clip_split`."""
+  noise_multiplier: float   # z: the pair's, what the accountant prices
+  sum_multiplier: float     # z_Delta: the clipped sum's
+  count_stddev: float       # sigma_b: the count's std (in users)
+
+  @property
+  def count_multiplier(self) -> float:
+    """``2 sigma_b``: the count's multiplier on its sensitivity 1/2."""
+    return self.count_stddev / COUNT_SENSITIVITY
+
+  def sum_stage(self, clip_norm: Any, denominator: float = 1.0) -> "GaussianStage":
+    """The sum's stage at the current clip norm ``C_t`` (a float or a traced scalar): std
+    ``z_Delta C_t / D``."""
+    return GaussianStage(self.sum_multiplier, clipped_mean_sensitivity(clip_norm, denominator),
+                         "adaptive clipped sum")
+
+  def count_stage(self) -> "GaussianStage":
+    """The centred count's stage: std ``sigma_b``."""
+    return GaussianStage(self.count_multiplier,
+                         Sensitivity(COUNT_SENSITIVITY, 1.0, "centred unclipped count"),
+                         "adaptive count")
+
+
+def adaptive_clip_split(noise_multiplier: float, count_stddev: float) -> AdaptiveClipSplit:
+  """The sum's multiplier ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` (Andrew et al. 2021,
+  Theorem 1) for the pair's ``z`` and the count's std ``sigma_b``.
+
+  ``z = 0`` (a non-private reference) gives ``z_Delta = 0``. Otherwise ``2 sigma_b`` must
+  exceed ``z``: the count alone would spend more than the whole budget and ``z_Delta`` would
+  be imaginary, so such a ``count_stddev`` is refused, naming it."""
+  z = check_nonnegative(noise_multiplier, "noise_multiplier")
+  sigma_b = check_nonnegative(count_stddev, "count_stddev")
+  if z == 0:
+    return AdaptiveClipSplit(0.0, 0.0, sigma_b)
+  if not 2.0 * sigma_b > z:
+    raise ValueError(f"count_stddev={count_stddev!r} is too small for noise_multiplier "
+                     f"z={z:.4g}: adaptive clipping needs 2 count_stddev > z (the count's "
+                     "multiplier 2 sigma_b and the sum's z_Delta share z: z_Delta = "
+                     "(z^-2 - (2 sigma_b)^-2)^(-1/2) would be imaginary); raise count_stddev "
+                     "(the paper suggests D / 20)")
+  ratio = z / (2.0 * sigma_b)
+  return AdaptiveClipSplit(z, z / math.sqrt((1.0 - ratio) * (1.0 + ratio)), sigma_b)

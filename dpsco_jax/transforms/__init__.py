@@ -19,3 +19,4 @@ from dpsco_jax.transforms.tree_noise import (independent_prefix_sum_noise, prefi
                                              prefix_noise_mu, prefix_sum_noise,
                                              tree_prefix_sum_noise)
 from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
+from dpsco_jax.transforms.adaptive_clipping import AdaptiveClipState, adaptive_clip_and_noise

@@ -9,9 +9,10 @@ that run.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Literal, Optional, Union
 
 from dpsco_jax.config.families import AlgorithmKeys, Averaging, Relation, config_key
+from dpsco_jax.config.types import ConfigError
 
 __all__ = ["SgdSchedule", "DpSgdConfig"]
 
@@ -37,7 +38,9 @@ class DpSgdConfig(SgdSchedule):
   delta: float = config_key("target delta", required=True)
   noise_multiplier: Optional[float] = config_key(
       "explicit z (skips calibration; checked vs budget)")
-  clip_norm: Optional[float] = config_key("clip norm C of each user's mean gradient (default L)")
+  clip_norm: Optional[Union[float, Literal["adaptive"]]] = config_key(
+      "clip norm C of each user's mean gradient (default L), or adaptive: C follows "
+      "target_quantile of the users' norms (Andrew et al. 2021)")
   sampling_rate: Optional[float] = config_key("Poisson rate q (overrides batch_size / n_users)")
   relation: Optional[Relation] = config_key("neighbouring relation (default from sampling)")
   # issue #27: correlated (matrix-factorization) noise and the cyclic multi-epoch schedule
@@ -54,3 +57,38 @@ class DpSgdConfig(SgdSchedule):
   buffers: Optional[int] = config_key("buffers of the BLT strategy (at most)", 4)
   mf_strategy: Optional[Literal["auto", "sqrt", "optimized"]] = config_key(
       "MF strategy: jax_privacy's optimizer (optimized), the built-in sqrt one, or auto", "auto")
+  # issue 48: adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021)
+  target_quantile: Optional[float] = config_key(
+      "clip_norm: adaptive: fraction gamma in (0, 1) of users left unclipped (0.5: median)")
+  clip_learning_rate: Optional[float] = config_key(
+      "clip_norm: adaptive: step eta_C of the geometric update C <- C exp(-eta_C (b - gamma)) "
+      "(default 0.2)")
+  initial_clip_norm: Optional[float] = config_key(
+      "clip_norm: adaptive: the first clip norm C_0 (default L)")
+  count_stddev: Optional[float] = config_key(
+      "clip_norm: adaptive: std sigma_b of the unclipped count's noise, in users (default "
+      "max(D / 20, z)); 2 sigma_b must exceed z")
+
+  def __post_init__(self) -> None:
+    super().__post_init__()
+    check_adaptive_keys(self)
+
+
+#: The value of ``clip_norm`` that asks for adaptive clipping.
+ADAPTIVE = "adaptive"
+#: The keys only adaptive clipping reads.
+ADAPTIVE_KEYS = ("target_quantile", "clip_learning_rate", "initial_clip_norm", "count_stddev")
+#: The paper's defaults (§4): the median, a step of 0.2.
+DEFAULT_TARGET_QUANTILE = 0.5
+DEFAULT_CLIP_LEARNING_RATE = 0.2
+
+
+def check_adaptive_keys(cfg: DpSgdConfig) -> None:
+  """An adaptive key without ``clip_norm: adaptive`` would be ignored: refused, naming it."""
+  if cfg.clip_norm == ADAPTIVE:
+    return
+  given = [k for k in ADAPTIVE_KEYS if getattr(cfg, k) is not None]
+  if given:
+    raise ConfigError(f"{given[0]} is read only with clip_norm: adaptive (adaptive clipping);"
+                      f" clip_norm is {cfg.clip_norm!r}: remove {given[0]} or set clip_norm: "
+                      "adaptive")

@@ -70,13 +70,13 @@ from dpsco_jax.algorithms.dpsgd.plan import (  # noqa: F401 (re-export)
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
+from dpsco_jax.privacy.sensitivity import AdaptiveClipSplit
+from dpsco_jax.transforms.adaptive_clipping import adaptive_clip_and_noise
 from dpsco_jax.transforms.clipping import aggregate, clip_and_aggregate
 from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.steps import projected_sgd
 from dpsco_jax.transforms.tree_noise import tree_increment_noise, tree_levels
-
-_KEEP = 2  # index of the keep_release stage in dp_sgd_chain
 
 
 class ReleaseState(NamedTuple):
@@ -92,7 +92,8 @@ def keep_release() -> optax.GradientTransformationExtraArgs:
 
 
 def _release_of(state: tuple) -> Any:
-  return state[_KEEP].release
+  # the adaptive chain has one stage before keep_release (clip, mean and noise fused)
+  return next(s for s in state if isinstance(s, ReleaseState)).release
 
 
 def _noise_stage(h: dict, noise: tuple, steps: int) -> optax.GradientTransformation:
@@ -112,11 +113,23 @@ def dp_sgd_chain(h: dict, denominator: float, averaging: str, keep: bool = False
                  noise: tuple = ("independent",), steps: int = 1
                  ) -> optax.GradientTransformation:
   """clip -> fixed-denominator mean (fused) -> Gaussian / MF noise [-> keep] -> projected
-  SGD. ``noise`` and ``steps`` (the MF horizon) are static."""
-  stages = [clip_and_aggregate(h["clip"], "mean", denominator), _noise_stage(h, noise, steps)]
+  SGD. ``noise`` and ``steps`` (the MF horizon) are static. ``noise = ("adaptive", gamma,
+  eta, z_Delta, sigma_b)``: clip, mean and both noises are the one adaptive stage."""
+  stages = ([_adaptive_stage(h, denominator, noise)] if noise[0] == "adaptive" else
+            [clip_and_aggregate(h["clip"], "mean", denominator), _noise_stage(h, noise, steps)])
   if keep:
     stages.append(keep_release())
   return optax.chain(*stages, projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
+
+
+def _adaptive_stage(h: dict, denominator: float, noise: tuple) -> optax.GradientTransformation:
+  """Adaptive clipping (:mod:`dpsco_jax.transforms.adaptive_clipping`) from ``h["clip"]``
+  (``C_0``) and the plan's static spec (:meth:`~.plan.AdaptivePlan.stage_spec`)."""
+  _, gamma, eta, sum_multiplier, count_stddev = noise
+  # z is the pair's; the stage reads only z_Delta and sigma_b (split made by the plan)
+  split = AdaptiveClipSplit(None, sum_multiplier, count_stddev)
+  return adaptive_clip_and_noise(h["clip"], target_quantile=gamma, clip_learning_rate=eta,
+                           denominator=denominator, split=split, key=h["noise_key"])
 
 
 def sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTransformation:
@@ -172,7 +185,8 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
              "lr": hparam(problem, "learning_rate", plan.lr),
              "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
   static = (plan.denominator, plan.averaging, keep,
-            ("independent",) if plan.mf is None else plan.mf.stage_spec(), plan.steps)
+            plan.adaptive.stage_spec(noise) if plan.adaptive is not None
+            else ("independent",) if plan.mf is None else plan.mf.stage_spec(), plan.steps)
   progress = None if keep else getattr(problem, "progress", None)
   if plan.sampling == "cyclic":
     if getattr(problem, "mesh", None) is not None:
@@ -229,6 +243,9 @@ def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple
 def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Result:
   plan = dp_sgd_plan(problem, cfg, level=level)
   report = charge_dp_sgd(plan)
+  if plan.adaptive is not None and getattr(problem, "placement", "device") == "host":
+    raise ValueError("clip_norm: adaptive does not stream rows from the host yet "
+                     "(data_placement='host'): use data_placement='device'")
   if getattr(problem, "placement", "device") == "host":
     params, _ = _execute_host(problem, plan, key)
   else:
@@ -249,6 +266,11 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Resul
                   **({"bands": len(plan.mf.coefs)} if plan.noise == "banded"
                      else {"tree_levels": tree_levels(plan.steps)} if plan.noise == "tree"
                      else {"buffers": len(plan.mf.buf_decay)}))
+  if plan.adaptive is not None:   # public constants only; the clip norms are not recorded
+    a = plan.adaptive
+    record.update(clip_norm="adaptive", initial_clip_norm=a.initial_clip_norm,
+                  target_quantile=a.target_quantile, clip_learning_rate=a.clip_learning_rate,
+                  count_stddev=a.split.count_stddev, sum_noise_multiplier=a.split.sum_multiplier)
   grad_evals = int(plan.steps * plan.batch * (problem.m if level == "user" else 1))
   return Result(params=params, privacy=report, gradient_evaluations=grad_evals, record=record)
 

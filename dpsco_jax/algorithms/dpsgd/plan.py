@@ -100,8 +100,10 @@ import dp_accounting
 import jax
 import numpy as np
 
-from dpsco_jax._checks import check_choice, check_int, check_positive, check_probability
-from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
+from dpsco_jax._checks import (check_choice, check_delta, check_int, check_positive,
+                               check_probability)
+from dpsco_jax.algorithms.dpsgd.config import (ADAPTIVE, DEFAULT_CLIP_LEARNING_RATE,
+                                               DEFAULT_TARGET_QUANTILE, DpSgdConfig)
 from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
                                          required_delta)
 from dpsco_jax.algorithms.registration import Planned
@@ -111,7 +113,8 @@ from dpsco_jax.data.problem import PublicFacts
 from dpsco_jax.privacy import (PUBLIC, PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport,
                                Provenance, calibrate_noise_multiplier, check_relation)
 from dpsco_jax.privacy.group import group_privacy_epsilon
-from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
+from dpsco_jax.privacy.sensitivity import (AdaptiveClipSplit, GaussianStage,
+                                           adaptive_clip_split, clipped_mean_sensitivity)
 from dpsco_jax.privacy import matrix_factorization as mf
 # the correlated-noise part of the plan: the MF strategies of bounded-participation schedules
 from dpsco_jax.algorithms.dpsgd.mf_plan import (DEFAULT_BANDS, MfNoise, _mf_noise,
@@ -129,6 +132,30 @@ LEVELS = ("user", "item", "group")
 NOISES = ("independent", "banded", "blt", "tree")
 MF_SAMPLINGS = ("cyclic", "full")   # bounded participation: what MF noise is priced for
 AMPLIFIED = "banded_poisson"        # b-min-sep Poisson: banded noise only (amplified)
+
+
+class AdaptivePlan(NamedTuple):
+  """``clip_norm: adaptive`` (Andrew et al. 2021): the tracker's public constants and the
+  pair's split of ``z`` (:func:`~dpsco_jax.privacy.sensitivity.adaptive_clip_split`)."""
+  target_quantile: float
+  clip_learning_rate: float
+  initial_clip_norm: float
+  split: AdaptiveClipSplit
+
+  def stage_spec(self, noise: bool = True) -> tuple:
+    """The driver's static noise spec: ``("adaptive", gamma, eta, z_Delta, sigma_b)``
+    (``noise=False``, the audit hook's noiseless run: both noises 0)."""
+    s = self.split
+    return ("adaptive", self.target_quantile, self.clip_learning_rate,
+            s.sum_multiplier if noise else 0.0, s.count_stddev if noise else 0.0)
+
+  def note(self) -> str:
+    s = self.split
+    return (f"adaptive clipping (Andrew et al. 2021, Thm 1): target quantile "
+            f"gamma={self.target_quantile:g}, clip learning rate eta={self.clip_learning_rate:g}"
+            f", initial clip C_0={self.initial_clip_norm:g}, count noise sigma_b="
+            f"{s.count_stddev:.4g}, sum multiplier z_Delta={s.sum_multiplier:.4g} (with the "
+            f"count's 2 sigma_b it composes to one Gaussian of z={s.noise_multiplier:.4g})")
 
 
 class DpSgdPlan(NamedTuple):
@@ -162,6 +189,7 @@ class DpSgdPlan(NamedTuple):
   participations: int | None = None  # cyclic / full / banded_poisson: most contributions
   min_sep: int | None = None         # ... any two at least this many steps apart
   group_rows: int | None = None      # banded_poisson: rows G of the largest group
+  adaptive: AdaptivePlan | None = None  # clip_norm: adaptive (clip is then C_0)
 
   def event_after(self, steps: int) -> Any:
     """The event of the first ``steps`` steps (progress reports): the plan's own event
@@ -407,7 +435,7 @@ def _noise_multiplier(cfg: Schema, make_event: Callable[[float], Any], schedule:
 
 
 def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
-                rows_per_user: int, default_clip: float, radius: float) -> DpSgdPlan:
+                rows_per_user: int, default_clip: float | None, radius: float) -> DpSgdPlan:
   """The plan of one DP-SGD run from the config and public numbers.
 
   ``realized_rows`` (the data's row count) is read only where the relation makes it public
@@ -447,8 +475,8 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
     steps = _derived_steps(epochs, epochs * -(-n // batch) if sampling == "cyclic"  # ceil(n/B)
                            else epochs * n / denominator if groups  # n rows, D = p G a step
                            else epochs / q)
-  # derived: L (the config's clip_norm was range-checked when it was built)
-  clip = check_positive(default_clip if cfg.clip_norm is None else cfg.clip_norm, "clip_norm")
+  # derived: L (the config's clip_norm was range-checked when it was built); adaptive: C_0
+  clip = _first_clip(cfg, default_clip)
   group_rows = -(-n // groups) if groups else None
   # the Bernoulli draw of a step covers n rows (poisson) or one group of <= G (banded_poisson)
   trunc = (poisson_truncation_probability(group_rows or n, q, capacity, steps)
@@ -476,7 +504,9 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
   # the step's noise stage: z on the clipped mean's sensitivity C / D (the accountant doubles
   # it under replace-one); tree and MF noise take the same std per node / coordinate of Z,
   # their events price the strategy's sensitivity
-  stage = GaussianStage(z, clipped_mean_sensitivity(clip, denominator), "step")
+  adaptive = _adaptive(cfg, z, clip, denominator, level=level, noise=noise)
+  stage = (GaussianStage(z, clipped_mean_sensitivity(clip, denominator), "step")
+           if adaptive is None else adaptive.split.sum_stage(clip, denominator))
   return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,
                    sampling_rate=q, batch=batch, denominator=denominator, capacity=capacity,
                    steps=steps, clip=clip, noise_multiplier=z, stage=stage,
@@ -484,7 +514,47 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                    delta=delta, event=make_event(z) if z > 0 else None,
                    truncation_probability=trunc, group_size=group_size,
                    item_delta_target=item_delta, noise=noise, mf=mf_noise,
-                   participations=participations, min_sep=min_sep, group_rows=group_rows)
+                   participations=participations, min_sep=min_sep, group_rows=group_rows,
+                   adaptive=adaptive)
+
+
+def _first_clip(cfg: Schema, default_clip: float | None) -> float:
+  """The clip norm of the first step: ``clip_norm`` (default L), or with ``clip_norm:
+  adaptive`` its ``initial_clip_norm`` (default L)."""
+  if cfg.clip_norm == ADAPTIVE:
+    given = cfg.initial_clip_norm
+    return check_positive(default_clip if given is None else given, "initial_clip_norm")
+  return check_positive(default_clip if cfg.clip_norm is None else cfg.clip_norm, "clip_norm")
+
+
+def _reads_lipschitz(cfg: Schema) -> bool:
+  """The first clip norm defaults to L: no clip norm (or no initial one) given."""
+  return cfg.clip_norm is None or (cfg.clip_norm == ADAPTIVE and cfg.initial_clip_norm is None)
+
+
+def _adaptive(cfg: Schema, z: float, clip: float, denominator: float, *, level: str,
+              noise: str) -> AdaptivePlan | None:
+  """``clip_norm: adaptive``'s plan, refused (naming why) where it would break the
+  mechanism's sensitivity. The count's default std is the paper's ``D / 20`` (§4), raised to
+  ``z`` when ``D`` is small (then ``z_Delta = 1.15 z``) so that the default never refuses."""
+  if cfg.clip_norm != ADAPTIVE:
+    return None
+  if level == "group":
+    raise ValueError("clip_norm: adaptive is refused for dp_sgd_group: its user-level "
+                     "guarantee is the group lift of an item-level step whose clip norm is a "
+                     "fixed constant, and a user's m items would each move the shared clip "
+                     "norm; use dp_sgd_user (each user's mean gradient clipped and counted "
+                     "once)")
+  if noise != "independent":
+    raise ValueError(f"clip_norm: adaptive is refused with noise_mechanism={noise!r}: "
+                     "correlated (matrix-factorization / tree) noise prices the sensitivity of "
+                     "a fixed clip norm C across the steps a noise draw covers, and an adaptive "
+                     "C_t changes between them; use noise_mechanism: independent")
+  sigma_b = cfg.count_stddev if cfg.count_stddev is not None else max(denominator / 20.0, z)
+  gamma = check_delta(cfg.get("target_quantile", DEFAULT_TARGET_QUANTILE), "target_quantile")
+  eta = check_positive(cfg.get("clip_learning_rate", DEFAULT_CLIP_LEARNING_RATE),
+                       "clip_learning_rate")
+  return AdaptivePlan(gamma, eta, clip, adaptive_clip_split(z, sigma_b))
 
 
 # ------------------------------------------ the plan of a problem, its charge, the planners
@@ -525,8 +595,8 @@ def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
               else jax.tree.leaves(_rows(problem, level, data))[0].shape[0])
   cfg = config_view(cfg)
   return plan_dp_sgd(cfg, level=level, realized_rows=realized, rows_per_user=per_user,
-                     # the derived default clip reads L only when no clip_norm is given
-                     default_clip=problem.lipschitz if cfg.clip_norm is None else cfg.clip_norm,
+                     # the derived default clip reads L only when no (initial) clip is given
+                     default_clip=problem.lipschitz if _reads_lipschitz(cfg) else None,
                      radius=problem.radius)
 
 
@@ -539,12 +609,15 @@ def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
     return NONPRIVATE_REPORT
   label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
            f"D={plan.denominator:.6g}, steps={plan.steps}"
-           + ("" if plan.mf is None else f", {plan.noise} noise") + ")")
+           + ("" if plan.mf is None else f", {plan.noise} noise")
+           + ("" if plan.adaptive is None else ", adaptive clipping") + ")")
   notes = (f"{public_note(plan.relation)}; denominator D={plan.denominator:.6g}, "
            f"q={plan.sampling_rate:.6g}")
   if plan.participations is not None:
     notes += (f"; participation: at most {plan.participations} per user, >= {plan.min_sep} "
               "steps apart")
+  if plan.adaptive is not None:
+    notes += "; " + plan.adaptive.note()
   if plan.sampling == "banded_poisson":
     notes += (f"; b-min-sep Poisson sampling (Choquette-Choo et al. 2023, Thm 4): "
               f"{plan.min_sep} public groups of <= {plan.group_rows} rows, rate "

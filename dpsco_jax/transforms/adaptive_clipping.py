@@ -1,0 +1,148 @@
+"""Adaptive clipping as a chain stage: the clip norm follows a quantile of the users' norms.
+
+Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private Learning with Adaptive
+Clipping", NeurIPS 2021 (Algorithm 1, DP-FedAvg with adaptive clipping). Each step, with the
+current clip norm ``C_t`` carried in the state:
+
+1. every real user ``i`` (row of the stacked per-user updates) is clipped at ``C_t`` and
+   reports ``b_i = 1[||g_i|| <= C_t]`` (a non-finite row is dropped from the sum and counts
+   as clipped);
+2. the stage releases the clipped mean ``(sum_i clip(g_i) + N(0, (z_Delta C_t)^2 I)) / D`` and
+   the noisy unclipped fraction ``b~ = (sum_i (b_i - 1/2) + N(0, sigma_b^2)) / D + 1/2``
+   (§3: the centred count has add/remove sensitivity 1/2; ``D`` is the declared, expected
+   batch size, never the realized count);
+3. the norm takes the geometric step ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))`` (§3), towards
+   the norm that leaves a fraction ``gamma`` of the users unclipped.
+
+Privacy. ``z_Delta`` and ``sigma_b`` come from
+:func:`dpsco_jax.privacy.sensitivity.adaptive_clip_split` (Theorem 1): the pair is one Gaussian
+mechanism of multiplier ``z``, so a step is priced as DP-SGD's step at ``z``. The sum's
+sensitivity is ``C_t / D`` (:meth:`~dpsco_jax.privacy.sensitivity.AdaptiveClipSplit.sum_stage`,
+the std formed in ``privacy/``), and ``C_t`` is a function of the past releases ``b~`` and
+public constants only: post-processing, so the analysis holds step by step.
+
+Why one stage (clip, mean, both noises) rather than ``clip -> noise``: the sum's std is
+``z_Delta C_t / D`` with ``C_t`` in this stage's state, which an ``optax.chain`` cannot hand to
+a later stage. The pieces are the library's own: :func:`~dpsco_jax.transforms.clipping.
+clip_and_aggregate` at ``C_t`` and the noise of :mod:`dpsco_jax.transforms.noise`.
+
+Keys: step ``t`` uses ``fold_in(key, t)``, split by ``fold_in`` into the sum's (0) and the
+count's (1): no key is used twice. The state's repr redacts the key; ``clip_norm`` and
+``fraction`` (the last released ``b~``) are public.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dpsco_jax._checks import (check_nonnegative, check_positive, check_seed_or_key,
+                               check_user_mask)
+from dpsco_jax.privacy.sensitivity import AdaptiveClipSplit, GaussianStage
+from dpsco_jax.transforms.clipping import clip_and_aggregate, tree_global_norms
+from dpsco_jax.transforms.noise import add_noise_tree, redacted_repr, tree_gaussian_like
+
+__all__ = ["AdaptiveClipState", "adaptive_clip_and_noise", "adaptive_sum_stage",
+           "check_target_quantile"]
+
+PyTree = Any
+
+
+class AdaptiveClipState(NamedTuple):
+  """``clip_norm`` is ``C_t`` (public: a function of past releases); ``fraction`` the last
+  released noisy unclipped fraction ``b~``; ``key`` is SECRET (redacted in repr/str);
+  ``count`` the number of steps taken."""
+  clip_norm: jax.Array
+  fraction: jax.Array
+  key: jax.Array
+  count: jax.Array
+
+  def __repr__(self) -> str:
+    return redacted_repr(self, ("key",))
+
+  __str__ = __repr__
+
+
+def check_target_quantile(x: Any, name: str = "target_quantile") -> float:
+  """A target quantile ``gamma`` in the open interval (0, 1): at 0 or 1 the geometric step
+  drives the norm to 0 or to infinity."""
+  v = check_positive(x, name)
+  if not v < 1.0:
+    raise ValueError(f"{name} must lie in the open interval (0, 1) (the fraction of users "
+                     f"left unclipped), got {x!r}")
+  return v
+
+
+def adaptive_sum_stage(state: AdaptiveClipState, split: AdaptiveClipSplit,
+                       denominator: float) -> GaussianStage:
+  """The sum's Gaussian stage at the state's ``C_t``: multiplier ``z_Delta`` on ``C_t / D``."""
+  return split.sum_stage(state.clip_norm, denominator)
+
+
+def _unclipped_centred(updates: PyTree, clip_norm: jax.Array, real: jax.Array) -> jax.Array:
+  """``sum_i real_i (b_i - 1/2)`` with ``b_i = 1[||g_i|| <= C_t]`` (a non-finite norm: 0)."""
+  norms = tree_global_norms(updates)
+  b = (jnp.isfinite(norms) & (norms <= clip_norm)).astype(jnp.float32)
+  return jnp.sum(jnp.where(real, b - 0.5, 0.0))
+
+
+def adaptive_clip_and_noise(initial_clip_norm: float, *, target_quantile: float,
+                      clip_learning_rate: float, denominator: float,
+                      split: AdaptiveClipSplit, key: jax.Array | int
+                      ) -> optax.GradientTransformationExtraArgs:
+  """Clip at ``C_t``, noisy mean, noisy unclipped count, geometric update of ``C_t``.
+
+  Args:
+    initial_clip_norm: ``C_0 > 0``.
+    target_quantile: ``gamma`` in (0, 1), the fraction of users to leave unclipped (0.5: the
+      median norm, the paper's default).
+    clip_learning_rate: ``eta_C > 0`` of the geometric step (the paper's 0.2).
+    denominator: the declared expected batch ``D`` of the mean and of the fraction.
+    split: the pair's multipliers (:func:`dpsco_jax.privacy.sensitivity.adaptive_clip_split`).
+    key: a ``jax.random`` key or an int seed (checked); the state redacts it.
+
+  Input: stacked per-user updates (leading user axis) and the extra argument ``user_mask``
+  (bool ``[U]``; without it every slot is a real user). Output: the noisy mean, params-shaped.
+  Concrete arguments are checked here; traced ones were checked by the caller.
+  """
+  c0 = check_positive(initial_clip_norm, "initial_clip_norm")
+  gamma = target_quantile if isinstance(target_quantile, jax.core.Tracer) else (
+      check_target_quantile(target_quantile))
+  eta = check_positive(clip_learning_rate, "clip_learning_rate")
+  denom = check_positive(denominator, "denominator")
+  if not isinstance(split, AdaptiveClipSplit):
+    raise TypeError("split must be an AdaptiveClipSplit (privacy.sensitivity."
+                    f"adaptive_clip_split), got {type(split).__name__}")
+  check_nonnegative(split.count_stddev, "count_stddev")
+  key = check_seed_or_key(key, "key")
+
+  def init_fn(params):
+    del params
+    return AdaptiveClipState(clip_norm=jnp.asarray(c0, jnp.float32),
+                             fraction=jnp.asarray(gamma, jnp.float32), key=key,
+                             count=jnp.zeros((), jnp.int32))
+
+  def update_fn(updates, state, params=None, *, user_mask=None, **extra):
+    del extra
+    n = jax.tree.leaves(updates)[0].shape[0]
+    mask = check_user_mask(user_mask, n)
+    real = jnp.ones((n,), bool) if mask is None else mask
+    c_t = state.clip_norm
+    clip = clip_and_aggregate(c_t, "mean", denom)
+    mean, _ = clip.update(updates, clip.init(None), user_mask=real)
+    step_key = jax.random.fold_in(state.key, state.count)
+    noise = tree_gaussian_like(jax.random.fold_in(step_key, 0), mean,
+                               adaptive_sum_stage(state, split, denom).std)
+    noisy = add_noise_tree(mean, noise, params)
+    count_noise = split.count_stage().std * jax.random.normal(
+        jax.random.fold_in(step_key, 1), (), jnp.float32)
+    fraction = (_unclipped_centred(updates, c_t, real) + count_noise) / denom + 0.5
+    new_c = c_t * jnp.exp(-eta * (fraction - gamma))
+    return noisy, AdaptiveClipState(clip_norm=new_c.astype(jnp.float32),
+                                    fraction=fraction.astype(jnp.float32), key=state.key,
+                                    count=state.count + 1)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
