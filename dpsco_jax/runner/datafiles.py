@@ -1,7 +1,7 @@
 """Data files named in a config (``data:`` / ``eval_data:``): parsed and checked like every
 config key, then read into a :class:`~dpsco_jax.data.UserData` through
-:meth:`UserData.from_table` (split out of :mod:`dpsco_jax.runner.user`, which re-exports these
-names; the accepted forms are described there).
+:meth:`UserData.from_table`: how :mod:`dpsco_jax.runner.user` reads a run's data (the
+accepted forms are described there).
 
 The file is read and checked when the config is checked, before anything runs (the result is
 cached, so the run reuses it); every fault is one :class:`ConfigError` naming the file and the
@@ -39,7 +39,7 @@ from dpsco_jax.config.families import DataFileKeys
 from dpsco_jax.config.types import ConfigError, check_type, specs
 from dpsco_jax.data.grouping import blank_ids, canonical_ids
 from dpsco_jax.runner.config import DATA_SUFFIXES
-from dpsco_jax.runner.usercode import _one_line
+from dpsco_jax.runner.usercode import one_line_error
 
 __all__ = ["DataFile", "parse_data_file", "load_data_file"]
 
@@ -88,7 +88,7 @@ def _file_columns(path: str, suffix: str, where: str) -> list[str]:
   except ConfigError:
     raise
   except Exception as err:  # noqa: BLE001 - a broken file is a config error
-    raise ConfigError(f"{where}: cannot read {path} ({_one_line(err)})") from None
+    raise ConfigError(f"{where}: cannot read {path} ({one_line_error(err)})") from None
 
 
 def _csv_header(header: list[str] | None, path: str, where: str) -> list[str]:
@@ -235,7 +235,7 @@ def _read_npz(spec: DataFile) -> dict[str, np.ndarray]:
       try:
         out[name] = z[name]
       except Exception as err:  # noqa: BLE001 - a damaged member, an object array
-        raise spec.error(f"array {name!r} cannot be read ({_one_line(err)})") from None
+        raise spec.error(f"array {name!r} cannot be read ({one_line_error(err)})") from None
     return out
 
 
@@ -353,7 +353,7 @@ def _read_table(spec: DataFile) -> dict[str, np.ndarray]:
   except ConfigError:
     raise
   except Exception as err:  # noqa: BLE001 - a broken file is a config error
-    raise spec.error(f"cannot read it ({_one_line(err)})") from None
+    raise spec.error(f"cannot read it ({one_line_error(err)})") from None
 
 
 # ------------------------------------------------------------------------------- checking
@@ -462,7 +462,7 @@ def load_data_file(spec: DataFile):
   try:
     st = os.stat(spec.path)
   except OSError as err:
-    raise spec.error(f"cannot read it ({_one_line(err)})") from None
+    raise spec.error(f"cannot read it ({one_line_error(err)})") from None
   return _load(spec, st.st_mtime_ns, st.st_size)
 
 
@@ -478,4 +478,4 @@ def _load(spec: DataFile, mtime_ns: int, size: int):
                                columns=list(table), max_items_per_user=spec.max_items_per_user,
                                selection=spec.selection, seed=spec.seed)
   except (ValueError, TypeError) as err:
-    raise spec.error(_one_line(err)) from None
+    raise spec.error(one_line_error(err)) from None

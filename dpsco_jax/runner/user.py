@@ -57,14 +57,11 @@ from dpsco_jax.config.families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPT
                                        RunnerKeys, UserProblemKeys)
 from dpsco_jax.config.families import Schema
 from dpsco_jax.config.types import ConfigError
-# your code and your data files, each in its own module (re-exported: the runner and the
-# tests read them here)
-from dpsco_jax.runner.datafiles import (  # noqa: F401
-    DataFile, _column_names, _file_columns, _narrow, _parse_columns, _read_table,
-    load_data_file, parse_data_file)
-from dpsco_jax.runner.usercode import (  # noqa: F401
-    _RECORD_FIELDS, _RUN_ARGS, CONSTANT_KEYS, _as_callable, _call, _check_args,
-    _ensure_cwd_on_path, _metric_table, _one_line, _parameters, import_object, static_metrics)
+# your data files and your code, each in its own module
+from dpsco_jax.runner.datafiles import load_data_file, parse_data_file
+from dpsco_jax.runner.usercode import (CONSTANT_KEYS, as_callable, call_with_run_args,
+                                       check_call_args, import_object, metric_table,
+                                       static_metrics)
 
 __all__ = ["UserProblem", "USER_PROBLEM", "check", "check_loss_finite", "check_metrics",
            "make_problem", "run", "cache_key", "static_metrics", "load_data_file"]
@@ -130,13 +127,13 @@ def check(cfg: dict) -> None:
     if given:
       raise ConfigError(f"problem.{given[0]}: a factory builds the whole problem; give "
                         "factory (with args), or model, loss and data, not both")
-    _check_args(import_object(prob.factory, "problem.factory"), args, "problem.factory")
+    check_call_args(import_object(prob.factory, "problem.factory"), args, "problem.factory")
   else:
     missing = [k for k in ("model", "loss", "data") if prob[k] is None]
     if missing:
       raise ConfigError("the user problem needs factory, or model, loss and data (missing: "
                         f"{', '.join(missing)})")
-    _check_args(import_object(prob.model, "problem.model"), args, "problem.model")
+    check_call_args(import_object(prob.model, "problem.model"), args, "problem.model")
     import_object(prob.loss, "problem.loss")
     data = parse_data_file(prob.data, "problem.data")
     if prob.eval_data is not None:
@@ -155,7 +152,7 @@ def check(cfg: dict) -> None:
                           "private")
   if algorithm in CONFIG_ONLY_ALGORITHMS:
     _check_trainer(cfg)
-  _metric_table(prob.metric, "problem.metric", _as_callable)
+  metric_table(prob.metric, "problem.metric", as_callable)
 
 
 def _trainer_view(cfg: Mapping) -> Schema:
@@ -226,8 +223,8 @@ def _normalize(out: Any, source: str) -> Any:
     return out
   if isinstance(out, (tuple, list)) and len(out) in (3, 4):
     loss, model, data = out[:3]
-    return UserProblem(loss, model, data, metrics=_metric_table(
-        out[3] if len(out) == 4 else None, f"{source} metric", _as_callable))
+    return UserProblem(loss, model, data, metrics=metric_table(
+        out[3] if len(out) == 4 else None, f"{source} metric", as_callable))
   if isinstance(out, Mapping):
     fields = {f.name for f in dataclasses.fields(UserProblem)} - {"source"} | {"metric"}
     unknown = [k for k in out if k not in fields]
@@ -239,8 +236,8 @@ def _normalize(out: Any, source: str) -> Any:
     missing = [k for k in ("loss", "model", "data") if k not in out]
     if missing:
       raise ConfigError(f"{source} returned a mapping without {', '.join(missing)}")
-    metrics = {**_metric_table(out.get("metric"), f"{source} metric", _as_callable),
-               **_metric_table(out.get("metrics"), f"{source} metrics", _as_callable)}
+    metrics = {**metric_table(out.get("metric"), f"{source} metric", as_callable),
+               **metric_table(out.get("metrics"), f"{source} metrics", as_callable)}
     return UserProblem(out["loss"], out["model"], out["data"], out.get("eval_data"), metrics,
                        dict(out.get("constants") or {}), out.get("n_users"))
   raise ConfigError(f"{source} returned a {type(out).__name__}; expected a mapping {{loss, "
@@ -256,20 +253,21 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
   args = dict(prob.args or {})
   if prob.factory is not None:
     source = prob.factory
-    problem = _normalize(_call(import_object(source, "problem.factory"), args, seed, key),
+    factory = import_object(source, "problem.factory")
+    problem = _normalize(call_with_run_args(factory, args, seed, key),
                          f"factory {source}")
     if not isinstance(problem, UserProblem):
       return problem  # a problem object of its own: runs like the registered problems
   else:
     source = prob.model
-    model = _call(import_object(source, "problem.model"), args, seed, key)
+    model = call_with_run_args(import_object(source, "problem.model"), args, seed, key)
     data = load_data_file(parse_data_file(prob.data, "problem.data"))
     eval_data = (None if prob.eval_data is None else
                  load_data_file(parse_data_file(prob.eval_data, "problem.eval_data")))
     problem = UserProblem(import_object(prob.loss, "problem.loss"), model, data, eval_data)
   problem = dataclasses.replace(problem, source=source)
   problem.metrics = {**problem.metrics,
-                     **_metric_table(prob.metric, "problem.metric", _as_callable)}
+                     **metric_table(prob.metric, "problem.metric", as_callable)}
   problem.constants = {**problem.constants,
                        **{k: prob[k] for k in CONSTANT_KEYS if prob[k] is not None}}
   if prob.n_users is not None:

@@ -1,5 +1,5 @@
-"""Your code named in a config: ``module:function`` resolved, called with the run's seed, and
-your metrics (split out of :mod:`dpsco_jax.runner.user`, which re-exports these names).
+"""Your code named in a config: ``module:function`` resolved, its arguments checked, called
+with the run's seed, and your metrics (what :mod:`dpsco_jax.runner.user` builds a run from).
 
 Every failure is one :class:`~dpsco_jax.config.types.ConfigError` line (the CLI exits 2): a
 module that does not import, a missing attribute (with a "did you mean"), an argument the
@@ -21,7 +21,8 @@ import jax
 from dpsco_jax.config.families import UserProblemKeys
 from dpsco_jax.config.types import ConfigError
 
-__all__ = ["CONSTANT_KEYS", "import_object", "metric_table", "as_callable", "static_metrics"]
+__all__ = ["CONSTANT_KEYS", "import_object", "check_call_args", "call_with_run_args",
+           "metric_table", "as_callable", "static_metrics", "one_line_error"]
 
 CONSTANT_KEYS = ("lipschitz", "smoothness", "radius", "strong_convexity")
 #: record fields a metric may not be named after
@@ -33,7 +34,8 @@ _RECORD_FIELDS = frozenset({
 _RUN_ARGS = ("seed", "key", "rngs")  # passed by the runner, never in args
 
 
-def _one_line(err: BaseException) -> str:
+def one_line_error(err: BaseException) -> str:
+  """``"Type: message"`` on one line: a failure of your code or file inside a ConfigError."""
   return " ".join(f"{type(err).__name__}: {err}".split())
 
 
@@ -57,7 +59,8 @@ def import_object(path: Any, where: str) -> Callable:
   try:
     module = importlib.import_module(mod_name)
   except Exception as err:  # noqa: BLE001 - any failure of the user's module is a config error
-    raise ConfigError(f"{where}: cannot import module {mod_name!r} ({_one_line(err)})") from None
+    raise ConfigError(f"{where}: cannot import module {mod_name!r} "
+                      f"({one_line_error(err)})") from None
   obj: Any = module
   for part in attr.split("."):
     if not hasattr(obj, part):
@@ -82,7 +85,7 @@ def _parameters(fn: Callable) -> dict[str, inspect.Parameter] | None:
     return None
 
 
-def _check_args(fn: Callable, args: dict, where: str) -> None:
+def check_call_args(fn: Callable, args: dict, where: str) -> None:
   """``args`` names parameters of ``fn``, and none that the runner passes itself."""
   for name in args:
     if name in _RUN_ARGS:
@@ -104,7 +107,7 @@ def _check_args(fn: Callable, args: dict, where: str) -> None:
                       " (give them in args)")
 
 
-def _call(fn: Callable, args: dict, seed: int, key: jax.Array) -> Any:
+def call_with_run_args(fn: Callable, args: dict, seed: int, key: jax.Array) -> Any:
   """``fn(**args)`` plus the run's ``seed`` / ``key`` / ``rngs`` where ``fn`` names them."""
   params = _parameters(fn) or {}
   extra: dict[str, Any] = {}
@@ -121,7 +124,7 @@ def _call(fn: Callable, args: dict, seed: int, key: jax.Array) -> Any:
 # ------------------------------------------------------------------------------- metrics
 
 
-def _metric_table(value: Any, where: str, resolve: Callable[[Any, str], Callable]
+def metric_table(value: Any, where: str, resolve: Callable[[Any, str], Callable]
                   ) -> dict[str, Callable]:
   """``{field: metric}`` of a metric given as one callable / path or a mapping of them."""
   if value is None:
@@ -143,7 +146,8 @@ def _metric_table(value: Any, where: str, resolve: Callable[[Any, str], Callable
   return out
 
 
-def _as_callable(v: Any, where: str) -> Callable:
+def as_callable(v: Any, where: str) -> Callable:
+  """A metric given as ``module:function`` (imported) or a callable (as is)."""
   if isinstance(v, str):
     return import_object(v, where)
   if not callable(v):
@@ -157,9 +161,5 @@ def static_metrics(cfg: dict) -> set[str] | None:
   prob = UserProblemKeys.of(cfg)
   if prob.factory is not None:
     return None
-  return set(_metric_table(prob.metric, "problem.metric", _as_callable))
+  return set(metric_table(prob.metric, "problem.metric", as_callable))
 
-
-# the names runner_user has always used
-metric_table = _metric_table
-as_callable = _as_callable
