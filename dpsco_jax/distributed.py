@@ -312,6 +312,8 @@ def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Ar
   cfg = api._driver_config(p)
   # the spec's (global) facts, never the local count
   plan = dp_sgd_plan(problem, cfg, level=level)
+  if plan.adaptive is not None:   # its stage would be replaced by a fixed clip at C_0
+    raise ValueError("clip_norm: adaptive does not run across processes yet: use one process")
   rows = data.spec.n_users * (1 if level == "user" else data.spec.max_items_per_user)
   if plan.relation == "add_remove" and rows > plan.n_public:
     raise ValueError(f"the data has {rows} {level} rows, more than the declared count "

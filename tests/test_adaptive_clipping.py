@@ -257,3 +257,21 @@ def test_item_level_and_audit_hook_run_adaptive(problem):
   assert noisy.shape == quiet.shape == (5, 5) and not np.allclose(noisy, quiet)
   # noiseless: each step's mean is a sum of <= D users clipped at C_t, D = 20
   assert np.all(np.isfinite(quiet))
+
+
+def test_paths_that_would_drop_the_adaptive_stage_refuse():
+  """Host streaming and the multi-process path build the fixed-clip chain: refused, not run
+  silently at C_0."""
+  from dpsco_jax import UserData, fit
+  rng = np.random.default_rng(0)
+  data = UserData.from_arrays({"x": rng.normal(size=(60, 3)).astype(np.float32)},
+                              np.repeat(np.arange(30), 2))
+  loss = lambda w, ex: jnp.sum((w - ex["x"]) ** 2)
+  cfg = {**BASE, "n_users": 30, "batch_size": 5, "num_steps": 2, "clip_norm": "adaptive",
+         "learning_rate": 0.1, "initial_clip_norm": 1.0}
+  with pytest.raises(ValueError, match="adaptive does not stream rows from the host"):
+    fit("dp_sgd_user", cfg, loss, jnp.zeros(3), data, jax.random.key(0), data_placement="host")
+  with pytest.raises(ValueError, match="adaptive does not run across processes"):
+    fit("dp_sgd_user", cfg, loss, jnp.zeros(3), data, jax.random.key(0), distributed=True)
+  ok = fit("dp_sgd_user", cfg, loss, jnp.zeros(3), data, jax.random.key(0))
+  assert ok.record["clip_norm"] == "adaptive"
