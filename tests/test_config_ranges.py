@@ -9,7 +9,7 @@ import pytest
 from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
 from dpsco_jax.config.schema import (CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, ConfigError,
                                      validate)
-from dpsco_jax.config.types import RANGES, _check_type, specs
+from dpsco_jax.config.types import RANGES, check_type, specs
 
 
 def _float_specs():
@@ -34,19 +34,19 @@ def test_every_ranged_key_is_a_number_key_of_some_schema():
 def test_nan_is_refused_by_every_float_key(key):
   _, spec = FLOAT_SPECS[key]
   with pytest.raises(ConfigError, match=key):
-    _check_type(spec, math.nan)
+    check_type(spec, math.nan)
 
 
 @pytest.mark.parametrize("key", sorted(FLOAT_SPECS))
 def test_infinity_is_refused_unless_the_range_allows_it(key):
   _, spec = FLOAT_SPECS[key]
   with pytest.raises(ConfigError, match=key):
-    _check_type(spec, -math.inf)
+    check_type(spec, -math.inf)
   if key in ("radius", "smoothness"):
-    assert _check_type(spec, math.inf) == math.inf
+    assert check_type(spec, math.inf) == math.inf
   else:
     with pytest.raises(ConfigError, match=key):
-      _check_type(spec, math.inf)
+      check_type(spec, math.inf)
 
 
 BAD = {"epsilon": [0.0, -1.0, -1], "epsilon_budget": [0.0], "delta": [0.0, 1.0, 2.0, -1e-6],
@@ -69,13 +69,13 @@ def test_an_out_of_range_value_is_refused_naming_the_key(key, value):
   _, spec = FLOAT_SPECS[key]
   # the argument checks' wording: "must be a finite number > 0", "must lie in (0, 1]", ...
   with pytest.raises(ConfigError, match=rf"^{key} must (be|lie in) "):
-    _check_type(spec, value)
+    check_type(spec, value)
 
 
 @pytest.mark.parametrize("key,value", [(k, v) for k, vs in GOOD.items() for v in vs])
 def test_an_in_range_value_is_kept(key, value):
   _, spec = FLOAT_SPECS[key]
-  assert _check_type(spec, value) == value
+  assert check_type(spec, value) == value
 
 
 @pytest.mark.parametrize("kw,key", [
@@ -114,5 +114,5 @@ def test_a_sequence_key_refuses_nan_and_infinity(key, value):
   spec = next(s for table in (CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS)
               for schema in table.values() for k, s in specs(schema, "x").items() if k == key)
   with pytest.raises(ConfigError, match=rf"^{key} must be a list of finite numbers"):
-    _check_type(spec, value)
-  assert _check_type(spec, tuple(0.5 for _ in value)) == tuple(0.5 for _ in value)
+    check_type(spec, value)
+  assert check_type(spec, tuple(0.5 for _ in value)) == tuple(0.5 for _ in value)

@@ -73,8 +73,12 @@ from dpsco_jax.config.families import (  # noqa: F401 (the schemas, re-exported)
 # the validation core lives one layer down (the schemas call it from __post_init__);
 # re-exported here, where the runner and the tests have always found it
 from dpsco_jax.config.types import (  # noqa: F401
-    MAX_COUNT, ConfigError, KeySpec, _check_range, _check_type, _coerce, _hint, _is_number,
-    _specs, _type_name, check_instance, check_refused, missing_one_of, private_missing)
+    MAX_COUNT, ConfigError, KeySpec, check_instance, check_refused, check_type,
+    missing_one_of, private_missing, specs, type_name)
+
+# api.py (edited under issue 47.1 meanwhile) still imports the old private name from here;
+# drop this alias once it imports config.types.specs
+_specs = specs
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES",
@@ -144,10 +148,10 @@ RETIRED: frozenset[str] = frozenset(name for group in ALIASES for name in group[
 def keys_of(algorithm: str, problem: str) -> dict[str, KeySpec]:
   """Every key a run of ``algorithm`` on ``problem`` reads (runner, algorithm, problem).
   ``algorithm`` may also be a config-only one (``flax.DPTrainer``)."""
-  out = _specs(RunnerKeys, "runner")
-  out.update(_specs(PROBLEM_SCHEMAS[problem], "problem"))
+  out = specs(RunnerKeys, "runner")
+  out.update(specs(PROBLEM_SCHEMAS[problem], "problem"))
   shared = {f.name for f in dataclasses.fields(AlgorithmKeys)}
-  for name, spec in _specs(CONFIG_ALGORITHM_SCHEMAS[algorithm], "algorithm").items():
+  for name, spec in specs(CONFIG_ALGORITHM_SCHEMAS[algorithm], "algorithm").items():
     if name in shared and name in out:
       continue   # the problem's n_users / the runner's debug: their spec (required) stands
     if name in out and out[name].owner == "problem" and out[name].type != spec.type:
@@ -204,11 +208,11 @@ def validate(cfg: dict) -> dict:
   for key, spec in allowed.items():
     if spec.owner == "ambiguous" and key in cfg:
       raise ConfigError(f"{key} is ambiguous for {where}: the algorithm reads it as "
-                        f"{_type_name(spec.type)} ({spec.doc}); rename the problem's key or "
+                        f"{type_name(spec.type)} ({spec.doc}); rename the problem's key or "
                         "leave it out")
   for key, value in cfg.items():
     check_refused(allowed[key], value, where)
-  out = {key: _check_type(allowed[key], value) for key, value in cfg.items()}
+  out = {key: check_type(allowed[key], value) for key, value in cfg.items()}
   for key, spec in allowed.items():
     if spec.required and out.get(key) is None:
       raise ConfigError(f"{where} needs {key} ({spec.doc})")
@@ -257,7 +261,7 @@ def describe(algorithm: str, problem: str) -> str:
     default = "required" if spec.required else (
         "required if private" if spec.name in private and spec.owner == "algorithm"
         else "derived" if spec.default is None else repr(spec.default))
-    rows.append((spec.name, _type_name(spec.type), default, f"[{spec.owner}] {spec.doc}"))
+    rows.append((spec.name, type_name(spec.type), default, f"[{spec.owner}] {spec.doc}"))
   widths = [max(len(r[i]) for r in rows) for i in range(3)]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3]
                    for r in rows)

@@ -21,8 +21,8 @@ from typing import Any, Literal, Union
 from dpsco_jax._checks import (MAX_SEED, check_delta, check_nonnegative, check_positive,
                                check_probability)
 
-__all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "Schema", "MAX_COUNT", "check_instance", "check_refused",
-           "check_type", "specs", "type_name"]
+__all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "Schema", "MAX_COUNT", "check_instance",
+           "check_refused", "check_type", "specs", "type_name"]
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
 MAX_COUNT = 2 ** 31 - 1
@@ -52,7 +52,9 @@ class KeySpec:
   refused: str | None = None
 
 
-def _specs(schema: type, owner: str) -> dict[str, KeySpec]:
+def specs(schema: type, owner: str) -> dict[str, KeySpec]:
+  """``{key: KeySpec}`` of a schema dataclass (its fields' types, defaults and docs), each
+  tagged with the section that owns it (``owner``: ``"runner"``, ``"problem"``...)."""
   hints = typing.get_type_hints(schema)
   return {f.name: KeySpec(f.name, hints[f.name], f.default, f.metadata.get("doc", ""),
                           bool(f.metadata.get("required", False)), owner,
@@ -67,10 +69,11 @@ def check_refused(spec: KeySpec, value: Any, where: str) -> None:
     raise ConfigError(f"{spec.name} is not accepted by {where}: {spec.refused}")
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
+  """A type hint in the words an error message uses (``"a number or null"``)."""
   origin, args = typing.get_origin(tp), typing.get_args(tp)
   if origin is Union:
-    names = [_type_name(a) for a in args if a is not type(None)]
+    names = [type_name(a) for a in args if a is not type(None)]
     return " or ".join(names) + (" or null" if type(None) in args else "")
   if origin is Literal:
     return "one of " + ", ".join(repr(a) for a in args)
@@ -128,7 +131,7 @@ def _hint(spec: KeySpec, v: Any) -> str:
       pass
   if isinstance(v, bool):
     return ("; YAML reads yes/no/on/off/true/false as booleans: write the value "
-            f"({_type_name(spec.type)})")
+            f"({type_name(spec.type)})")
   if v is None:
     return "; omit the key to use its default"
   if isinstance(v, float) and spec.type is int:
@@ -198,7 +201,9 @@ def _check_range(spec: KeySpec, v: Any) -> Any:
   return v
 
 
-def _check_type(spec: KeySpec, v: Any) -> Any:
+def check_type(spec: KeySpec, v: Any) -> Any:
+  """``v`` coerced to ``spec``'s type and checked against its range; one
+  :class:`ConfigTypeError` / :class:`ConfigError` line naming the key otherwise."""
   ok, out = _coerce(spec.type, v)
   if ok:
     return _check_range(spec, out)
@@ -206,7 +211,7 @@ def _check_type(spec: KeySpec, v: Any) -> Any:
   base = [a for a in typing.get_args(tp) if a is not type(None)] if (
       typing.get_origin(tp) is Union) else [tp]
   what = ("a number" if base == [float] else "an integer" if base == [int]
-          else "true or false" if base == [bool] else _type_name(tp))
+          else "true or false" if base == [bool] else type_name(tp))
   raise ConfigTypeError(f"{spec.name} must be {what}, got {v!r} ({type(v).__name__})"
                         + _hint(spec, v))
 
@@ -218,14 +223,14 @@ def check_instance(obj: Any) -> None:
   key is required; every other value is type-checked and normalized in place."""
   schema = type(obj)
   name = schema.__name__
-  for key, spec in _specs(schema, "config").items():
+  for key, spec in specs(schema, "config").items():
     value = getattr(obj, key)
     check_refused(spec, value, name)
     if value is None:
       if spec.required:
         raise ConfigError(f"{key} is required: {name} needs {key} ({spec.doc})")
       continue
-    out = _check_type(spec, value)
+    out = check_type(spec, value)
     if out is not value:
       object.__setattr__(obj, key, out)
   missing = missing_one_of(schema, lambda k: getattr(obj, k))
@@ -258,12 +263,6 @@ def private_missing(schema: type, private: bool, value: Any) -> str | None:
   if not private:
     return None
   return next((k for k in getattr(schema, "private_requires", ()) if value(k) is None), None)
-
-
-#: Public names of the helpers the schema module and the user-code loader share.
-specs = _specs
-check_type = _check_type
-type_name = _type_name
 
 
 class Schema(Mapping):
