@@ -1,6 +1,7 @@
 """The one cache (issue 25: compiled code is cached one way, bounded, keyed so that a
 neighbouring dataset never reuses another's closure): :mod:`dpsco_jax.cache`."""
 
+import ast
 import pathlib
 import re
 
@@ -34,6 +35,88 @@ def test_every_memoized_factory_goes_through_the_one_bounded_cache():
   with pytest.raises(ValueError, match="maxsize must be a positive int"):
     cache.bounded_cache(True)
 
+
+
+#: Module-level dicts that functions write into but that are not caches, each with why (a
+#: name here must still be such a dict: the list cannot go stale silently).
+NOT_CACHES = {
+    ("algorithms/registration.py", "_REGISTRY"): "the algorithm registry, filled by @register",
+    ("algorithms/common.py", "_PROGRESS"): "the progress callbacks of the runs in flight, "
+                                           "each removed when its run ends",
+    ("flax/fast_clip_taps.py", "_TAPPED"): "one tapping subclass per class of the finite "
+                                           "KINDS (classes only: no data, no closure)",
+}
+_DICT_MAKERS = {"dict", "OrderedDict", "defaultdict"}
+_DICT_WRITERS = {"setdefault", "update", "__setitem__"}
+
+
+def _is_dict(value: ast.AST | None) -> bool:
+  if isinstance(value, (ast.Dict, ast.DictComp)):
+    return True
+  fn = value.func if isinstance(value, ast.Call) else None
+  return (isinstance(fn, ast.Name) and fn.id in _DICT_MAKERS
+          or isinstance(fn, ast.Attribute) and fn.attr in _DICT_MAKERS)
+
+
+def _module_dicts(tree: ast.Module) -> set[str]:
+  """Names a module binds at its top level to a dict / OrderedDict / defaultdict."""
+  out = set()
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and _is_dict(node.value):
+      out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+          and _is_dict(node.value)):
+      out.add(node.target.id)
+  return out
+
+
+def _written_in_functions(tree: ast.Module, names: set[str]) -> set[str]:
+  """Those of ``names`` that some function writes into (``d[k] = v``, ``d[k] += v``,
+  ``d.setdefault`` / ``d.update``): a memo, where a constant table is never written."""
+  hit = set()
+  for fn in ast.walk(tree):
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      continue
+    for node in ast.walk(fn):
+      targets = (node.targets if isinstance(node, ast.Assign)
+                 else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+      hit |= {t.value.id for t in targets if isinstance(t, ast.Subscript)
+              and isinstance(t.value, ast.Name) and t.value.id in names}
+      call = node.func if isinstance(node, ast.Call) else None
+      if (isinstance(call, ast.Attribute) and call.attr in _DICT_WRITERS
+          and isinstance(call.value, ast.Name) and call.value.id in names):
+        hit.add(call.value.id)
+  return hit
+
+
+def module_dict_caches(package: pathlib.Path) -> set[tuple[str, str]]:
+  """``(module path, name)`` of every module-level dict written into inside a function,
+  outside :mod:`dpsco_jax.cache` (whose registry of caches is the one allowed)."""
+  found = set()
+  for path in package.rglob("*.py"):
+    if path.name == "cache.py" and path.parent == package:
+      continue
+    tree = ast.parse(path.read_text())
+    rel = str(path.relative_to(package))
+    found |= {(rel, n) for n in _written_in_functions(tree, _module_dicts(tree))}
+  return found
+
+
+def test_no_module_level_dict_is_a_cache_outside_the_one_cache(tmp_path):
+  """Every memo goes through :func:`dpsco_jax.cache.bounded_cache` (bounded, cleared by
+  ``cache.clear``): a module-level dict that a function writes into is a second, unbounded
+  cache that ``cache.stats`` and ``cache.clear`` do not see (srgd's ``_RUNNERS`` was one)."""
+  found = module_dict_caches(PACKAGE)
+  assert found - set(NOT_CACHES) == set(), sorted(found - set(NOT_CACHES))
+  assert set(NOT_CACHES) <= found, sorted(set(NOT_CACHES) - found)   # no stale exemption
+  # the scan's power: the shape srgd/driver.py had (an annotated dict memo) is found, and a
+  # constant table read by functions is not
+  (tmp_path / "memo.py").write_text(
+      "_RUNNERS: dict = {}\nTABLE = dict(a=1)\n\n"
+      "def make(key):\n  if key in _RUNNERS:\n    return _RUNNERS[key]\n"
+      "  _RUNNERS[key] = TABLE[\"a\"]\n  return _RUNNERS[key]\n")
+  assert module_dict_caches(tmp_path) == {("memo.py", "_RUNNERS")}
+  assert "dpsco_jax.algorithms.srgd.driver._compiled_runner" in cache.stats()
 
 def test_a_sweep_of_fresh_closures_stays_within_the_bound_and_clear_empties_it():
   bound = cache.stats()["dpsco_jax.data.user_data.weighted_loss"]["maxsize"]

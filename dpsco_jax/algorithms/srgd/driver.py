@@ -66,6 +66,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax.algorithms.srgd.config import SrgdConfig
+from dpsco_jax.cache import bounded_cache
 from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
                                check_positive, check_user_mask)
 from dpsco_jax.algorithms.common import (ProgressFn, emit_progress, hparam, mesh_users_axis,
@@ -175,9 +176,6 @@ def single_epoch_batches(data: PyTree, num_steps: int, batch_size: int) -> PyTre
   return jax.tree.map(split, data)
 
 
-_RUNNERS: dict = {}
-
-
 def _step_rows(loss_fn: Callable, s: dict, params, prev, batch, mask, t):
   """Per-example rows of step ``t``: SRG differences or plain gradients; a zeroed
   (``mask=False``) example gives an exactly-zero row (zero-out)."""
@@ -233,9 +231,14 @@ def _make_runner(loss_fn: Callable, settings: tuple,
   1`` the ``P = T / epochs`` batches are kept once and step ``t`` reads batch ``t mod P`` (a
   dynamic index: O(data) memory, not O(epochs data)). ``report``: a progress session's (the
   runner then takes its ``tick``; ``None``: the program without progress)."""
-  cache_key = (loss_fn, settings, users, report)
-  if cache_key in _RUNNERS:
-    return _RUNNERS[cache_key]
+  # positional, so that the one cache keys every spelling of a call on the same four values
+  return _compiled_runner(loss_fn, settings, users, report)
+
+
+@bounded_cache()
+def _compiled_runner(loss_fn: Callable, settings: tuple, users: NamedSharding | None,
+                     report: int | None) -> Callable:
+  """:func:`_make_runner`'s program, memoized on ``(loss_fn, settings, users, report)``."""
   s = dict(settings)
   T, B, k = s["num_steps"], s["batch_size"], s["epochs"]
   P = T // k
@@ -285,9 +288,7 @@ def _make_runner(loss_fn: Callable, settings: tuple,
         body, (params0, params0, state0), (*per_step, jnp.arange(T), replay))
     return released_params(s_state, params), params, outs
 
-  runner = jax.jit(run)
-  _RUNNERS[cache_key] = runner
-  return runner
+  return jax.jit(run)
 
 
 def _settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radius, srg, noise,
