@@ -24,7 +24,7 @@ Deviations (documented, see also the class docstrings):
   * Line 7 of CJJS21 uses ``lam (y_t - x_{t+1})`` from the ball-oracle output. ReSQue Prop. 1
     instead feeds an MLMC stochastic-proximal estimate (bias ``eps/(C R)``) into the
     ``v``-update; in the parallel pipeline we use the ball-oracle output at accuracy ``phi``
-    (its bias is at most ``sqrt(2 lam phi)``). The private pipeline (``resque_private.py``)
+    (its bias is at most ``sqrt(2 lam phi)``). The private pipeline (:mod:`.private`)
     uses the MLMC estimator (Alg. 6).
   * Exits: CJJS21 line 8 tests 1 (``A >= R^2/eps``) and 2 (small ``lam``) and the iteration
     cap ``ceil(C_ba K log kappa)`` of ReSQue Prop. 1. Tests 3-4 need function values (line 9's

@@ -5,7 +5,7 @@ This module is the paper's entry point: importing it registers the drivers
 (``resque_parallel_sco``, ``minibatch_sgd``, ``resque_private_sco``, each decorated where it is
 defined) and it re-exports every public name of the modules that implement them:
 
-  * :mod:`.resque_parallel` — parallel SCO (Theorem 1, non-private): ``resque_parallel_sco``
+  * :mod:`.parallel` — parallel SCO (Theorem 1, non-private): ``resque_parallel_sco``
     and the ``minibatch_sgd`` baseline (query depth = steps).
   * :mod:`.plan` — private SCO's data-free plan (Theorems 3-4, item level, replace-one):
     ``resque_private_plan`` (schedule, ``beta``, the approximate-RDP events), its ledger
@@ -14,10 +14,10 @@ defined) and it re-exports every public name of the modules that implement them:
     it), ``private_erm`` and the audit hook
     ``resque_private_releases`` (every Alg. 4 call's per-phase noisy releases; replay on a
     neighbouring dataset).
-  * :mod:`.resque_solvers` — the private solvers: Alg. 3/4 ``localized_resque_sgd`` (and its
+  * :mod:`.solvers` — the private solvers: Alg. 3/4 ``localized_resque_sgd`` (and its
     audit view ``alg4_phase_releases``), Alg. 5 ``strongly_convex_resque``, Alg. 6
     ``mlmc_prox_estimator``, Alg. 7 ``high_probability_solver``.
-  * :mod:`.resque_accounting` — Lemma 7's charge ``alg4_rdp``, ``approx_rdp_events``,
+  * :mod:`.accounting` — Lemma 7's charge ``alg4_rdp``, ``approx_rdp_events``,
     Theorem 3's parameters and preconditions, ``PrivacyPreconditionError``.
   * :mod:`.ball_acceleration` / :mod:`.ball_oracles` — the outer loop and the ball oracles.
 """

@@ -2,7 +2,7 @@
 
   * Theorem 3 private ERM (:func:`private_erm`): ball acceleration with O_ls = Alg. 7,
     O_bo = Alg. 5, O_sp = Alg. 6 (the ``v``-update uses Alg. 6's estimate); the solvers are in
-    :mod:`.resque_solvers`.
+    :mod:`.solvers`.
   * Prop. 11 / Theorem 4 (:func:`resque_private_sco`): phased localization over disjoint
     batches ``n_i = n / 2^i`` with regularization ``lam_i = 1/(eta_i n_i)``,
     ``eta_i = 4^-i eta`` (reconstruction of [FKT20]).
@@ -11,7 +11,7 @@ Plan, then run (DESIGN rule 1). :func:`~.plan.resque_private_plan` (in :mod:`.pl
 public ``n`` and ``d`` only, every phase's ERM schedule, the WORST-CASE list of Alg. 4 calls
 (iteration cap, bisection cap, deepest MLMC level), ``beta = 1/z`` from the library's one
 calibrator (``calibrate_noise_multiplier``) and the :class:`~dpsco_jax.privacy.ApproxRdpEvent`
-of every planned call (Lemma 7, :mod:`.resque_accounting`). The driver spends all of them on
+of every planned call (Lemma 7, :mod:`.accounting`). The driver spends all of them on
 one :class:`~dpsco_jax.privacy.PrivacyLedger` (``epsilon_budget=epsilon``; ``parallel`` phases
 are ledger groups, disjoint data) BEFORE anything runs; the ledger sums them (Lemma 3) and
 converts once per group (Corollary 1). A per-phase guard ledger also spends each REALIZED call
@@ -91,7 +91,7 @@ def private_erm(loss_fn: Callable, items: PyTree, x_init: PyTree, key: jax.Array
   Each oracle solves ``min_{B_y(r)} F(x) + lam/2 |x - y|^2``: the two quadratics merge into
   ``(lam + reg_lam)/2 |x - c'|^2 + const`` with ``c' = (lam y + reg_lam c)/(lam + reg_lam)``
   (Alg. 4's composite step with its regularization center at ``c'``). ``charge`` and
-  ``alg4``: see :mod:`.resque_solvers`.
+  ``alg4``: see :mod:`.solvers`.
   """
   r, rho = cfg.r, cfg.rho
   reg_center = x_init if reg_center is None else reg_center
@@ -280,7 +280,7 @@ def resque_private_releases(problem, cfg: dict, key: jax.Array, *, add_noise: bo
   released model is post-processing of these). ``data`` (default ``problem.data``, leaves
   ``[users, m, ...]``; item level) is the dataset under test; the plan is computed from its
   public size exactly as the driver does and the budget is charged first (raises before
-  anything runs). Each call's computation is :func:`~.resque_solvers.alg4_phase_releases`
+  anything runs). Each call's computation is :func:`~.solvers.alg4_phase_releases`
   (jitted; vmappable over keys). The driver around the calls (ball acceleration's bisection)
   is adaptive host-side control flow, so the list of calls is built in Python.
 
@@ -289,7 +289,7 @@ def resque_private_releases(problem, cfg: dict, key: jax.Array, *, add_noise: bo
   items queried and the same ReSQue offsets), and phase ``i > 0`` of each call starts from the
   reference's release ``i-1``. That is the coupling of Lemma 5 under adaptive composition,
   where each release ``i`` may move by at most ``sqrt(1500) b_i eta_i L``
-  (:data:`~.resque_accounting.LEMMA5_DRIFT`) when one item is replaced. ``add_noise=False`` is a
+  (:data:`~.accounting.LEMMA5_DRIFT`) when one item is replaced. ``add_noise=False`` is a
   TEST HOOK (noiseless releases for sensitivity tests); neither option is ever a release.
   """
   check_bool(add_noise, "add_noise")

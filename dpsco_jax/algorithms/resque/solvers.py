@@ -5,7 +5,7 @@
     ``zeta_i ~ N(0, (L eta_i / beta)^2 I)`` at every phase end (the ONLY privacy noise), the
     composite regularized step of Alg. 4. All ``T^ - 1`` queries are one batched round.
     :func:`alg4_phase_releases` runs the same computation and returns every phase's release
-    (the audit view of one call; see :func:`~.resque_private.resque_private_releases`).
+    (the audit view of one call; see :func:`~.private.resque_private_releases`).
   * Alg. 5 :func:`strongly_convex_resque` — ``k = ceil(log2 log2 T)`` calls of Alg. 4 with the
     eq. (28) schedule (``beta_i T_i`` doubling, distance bounds ``r_i``).
   * Alg. 6 :func:`mlmc_prox_estimator` — MLMC bias reduction, ``J ~ Geom(1/2)``.
@@ -15,7 +15,7 @@
 Algs 5-7 only compose and post-process Alg. 4 calls. Each takes ``charge(T, beta, label)``,
 called before every Alg. 4 call (the ledger), and ``alg4`` (default
 :func:`localized_resque_sgd`): the Alg. 4 implementation, which the audit hook replaces by a
-recording one. Privacy accounting: :mod:`.resque_accounting`.
+recording one. Privacy accounting: :mod:`.accounting`.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def localized_resque_sgd(loss_fn: Callable, items: PyTree, center: PyTree, key: 
   ``users``: a mesh's users sharding; each round's oracle calls are split over its devices
   (:func:`draw_queries`; ``items`` replicated on the mesh).
 
-  Uses ``T^ - 1 <= T`` gradients. Privacy: see :func:`~.resque_accounting.alg4_rdp` (the
+  Uses ``T^ - 1 <= T`` gradients. Privacy: see :func:`~.accounting.alg4_rdp` (the
   caller charges the ledger BEFORE calling). ``r_prime`` (default ``radius``) is Alg. 4's
   distance bound ``E|x0 - x*|^2 <= r'^2``; ``reg_center`` defaults to ``center``.
   """
