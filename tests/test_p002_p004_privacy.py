@@ -29,6 +29,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dpsco_jax.algorithms.bilevel import driver as bl
 from dpsco_jax.algorithms.bilevel import localized_gd as lg
 from dpsco_jax.algorithms.resque import driver as rq
+from dpsco_jax.algorithms.resque import plan as rq_plan
 from dpsco_jax.privacy import PrivacyBudgetExceeded, PrivacyLedger
 
 REPLACE = dp_accounting.NeighboringRelation.REPLACE_ONE
@@ -156,8 +157,8 @@ def test_bilevel_reported_epsilon_matches_independent_pld():
 def test_resque_plan_epsilon_is_lemma3_plus_corollary1():
   kw = dict(n_i=2048, i=1, eps_i=1.0, delta_i=1e-5, d=3, L=1.0, R=1.0, eta_loc=0.01,
             ratio=2.0, constants="c_priv", c_priv=1.0)
-  p = rq._phase_plan({"epsilon": 1.0, "delta": 1e-5, "rho": 0.05, "max_iter": 2,
-                      "max_bisection": 1, "T_frac": 1 / 64}, **kw)
+  p = rq_plan.phase_plan({"epsilon": 1.0, "delta": 1e-5, "rho": 0.05, "max_iter": 2,
+                           "max_bisection": 1, "T_frac": 1 / 64}, **kw)
   events = rq._approx_rdp_events(p["plan"], beta=p["beta"], **p["kw"])
   ledger = PrivacyLedger(delta=1e-9, epsilon_budget=1.0, relation="replace_one")
   for ev in events:

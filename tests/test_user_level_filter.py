@@ -230,19 +230,19 @@ def test_alg1_iid_keeps_all_groups_and_30_percent_halts(clean):
 def test_accounting_events_and_provenance_rules():
   """Subsampling without replacement (K of n_i) amplifies; the provenance rule says
   'accountant' only when the bad events fit in delta/2, with the reason otherwise."""
-  from dpsco_jax.algorithms.user_level_filter.driver import _gauss_event, _provenance_note
+  from dpsco_jax.algorithms.user_level_filter.plan import gauss_event, provenance_note
   from dpsco_jax.algorithms.user_level_filter.schedules import good_event_failure
   from dpsco_jax.privacy.ledger import epsilon_of
   kw = dict(delta=5e-7, relation="replace_one", accountant="rdp")
-  full = epsilon_of(_gauss_event(10.0, 600, 600, 60), **kw)
-  sub = epsilon_of(_gauss_event(10.0, 600, 30, 60), **kw)
+  full = epsilon_of(gauss_event(10.0, 600, 600, 60), **kw)
+  sub = epsilon_of(gauss_event(10.0, 600, 30, 60), **kw)
   assert sub < 0.5 * full
   # Lemma C.2's event at K = 600 (eps = 1): far from negligible -> heuristic
   bad = good_event_failure(600, 8.0, 16.0, 60, 1 / 20)
-  assert bad > 0.1 and _provenance_note(bad, 5e-7)[0] == "heuristic"
+  assert bad > 0.1 and provenance_note(bad, 5e-7)[0] == "heuristic"
   # at K = 2e5 the margins K/20 dwarf the noise -> accountant
   bad = good_event_failure(200_000, 8.0, 16.0, 60, 1 / 20)
-  assert bad < 1e-9 and _provenance_note(bad, 5e-7)[0] == "accountant"
+  assert bad < 1e-9 and provenance_note(bad, 5e-7)[0] == "accountant"
 
 
 def test_bad_inputs_raise_named_errors(clean):

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import DELTA, _check_broken
+from dpsco_jax.audit.mechanisms import DELTA, check_broken
 
 __all__ = ["TWINS", "TRIALS", "declared_lipschitz_driver", "run_report"]
 
@@ -94,7 +94,7 @@ def declared_lipschitz_driver(relation: str = "replace_one", broken: str | None 
   from dpsco_jax.data import UserDataProblem
   if relation != "replace_one":
     raise ValueError("relation: naive output perturbation (paper 001) is replace_one")
-  _check_broken(broken, TWINS, "declared_lipschitz_driver")
+  check_broken(broken, TWINS, "declared_lipschitz_driver")
   loss, params, d_in, d_out, constants, cfg = _setup(broken, users, dim, epsilon, mu)
   problem = UserDataProblem(loss, params, d_in, level="user", constants=constants)
   out = UserDataProblem(loss, params, d_out, level="user", constants=constants)

@@ -32,7 +32,7 @@ import numpy as np
 
 from dpsco_jax.audit.drivers import linear_problem
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import DELTA, _check_broken
+from dpsco_jax.audit.mechanisms import DELTA, check_broken
 
 __all__ = ["item_count_driver", "TWINS"]
 
@@ -63,7 +63,7 @@ def item_count_driver(relation: str = "add_remove", broken: str | None = None, *
   if relation != "add_remove":
     raise ValueError("relation: the item-count audit is an add_remove one (the relation under "
                      "which the item count is private)")
-  _check_broken(broken, TWINS, "item_count_driver")
+  check_broken(broken, TWINS, "item_count_driver")
   cfg = {"sampling": "poisson", "relation": "add_remove", "num_steps": 1, "delta": DELTA,
          "noise_multiplier": noise_multiplier, "clip_norm": _CLIP, "learning_rate": 0.1,
          "sampling_rate": sampling_rate, "n_users": users}

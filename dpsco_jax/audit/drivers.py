@@ -40,7 +40,8 @@ import numpy as np
 
 from dpsco_jax.audit.canary import check_relation
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import DELTA, _check_broken, _tree_cov, gaussian_lr_weights
+from dpsco_jax.audit.mechanisms import (DELTA, check_broken, gaussian_lr_weights,
+                                        tree_noise_covariance)
 
 __all__ = ["DRIVERS", "GAUSSIAN", "TRIALS", "build_driver", "dp_sgd_driver", "trainer_driver", "srgd_driver",
            "output_perturbation_driver", "loc_gd_driver", "bilevel_driver", "linear_problem"]
@@ -118,7 +119,7 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
                      f"got sampling={sampling!r}, relation={relation!r}")
   twins = ("noise_halved",) + (("realized_count",) if (sampling, relation) == (
       "full", "add_remove") else ())
-  _check_broken(broken, twins, f"dp_sgd_driver({sampling}, {relation})")
+  check_broken(broken, twins, f"dp_sgd_driver({sampling}, {relation})")
   # claims ~2-2.5: the Gaussian ones at mu ~0.55, where a 2x twin is caught at 1e5 trials
   z = noise_multiplier or {"poisson": 1.5, "full": 2.5, "fixed": 4.0}[sampling]
   steps = steps or {"poisson": 1, "full": 2, "fixed": 1}[sampling]
@@ -165,7 +166,7 @@ def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
   from dpsco_jax.flax import DPTrainer
   if check_relation(relation) != "add_remove":
     raise ValueError("relation: the trainer audit uses add_remove (its default relation)")
-  _check_broken(broken, ("noise_halved",), "trainer_driver")
+  check_broken(broken, ("noise_halved",), "trainer_driver")
 
   class _Lin(nnx.Module):
     def __init__(self, rngs):
@@ -213,7 +214,7 @@ def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch:
   from dpsco_jax.privacy.ledger import epsilon_of
   if check_relation(relation) != "zero_out":
     raise ValueError("relation: the SRGD audit uses zero_out (the paper's relation)")
-  _check_broken(broken, ("one_participation",) if epochs > 1 else ("independent_accounting",),
+  check_broken(broken, ("one_participation",) if epochs > 1 else ("independent_accounting",),
                 "srgd_driver")
   n = batch * steps
   cfg = {"relation": relation, "batch_size": batch, "num_steps": steps, "clip_norm": _CLIP,
@@ -235,7 +236,7 @@ def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch:
   data = {"x": jnp.asarray(x)}
   params0 = jnp.zeros((dim,), jnp.float32)
   shift = np.arange(total) // steps + 1.0       # participations of the canary up to step t
-  weights = jnp.asarray(gaussian_lr_weights(_tree_cov(total), shift), jnp.float32)
+  weights = jnp.asarray(gaussian_lr_weights(tree_noise_covariance(total), shift), jnp.float32)
 
   def release(key, d):
     return srgd.srgd_releases(plan, _linear_loss, data, params0, key,
@@ -261,7 +262,7 @@ def output_perturbation_driver(relation: str = "replace_one", broken: str | None
   from dpsco_jax.algorithms.output_perturbation import driver as op
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: naive output perturbation (paper 001) is replace_one")
-  _check_broken(broken, ("noise_halved",), "output_perturbation_driver")
+  check_broken(broken, ("noise_halved",), "output_perturbation_driver")
   x = np.zeros((users, 1, dim), np.float32)
   x[0, :, 0] = 1.0
   problem = linear_problem(x, mu=mu, radius=1.0)
@@ -292,7 +293,7 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
   from dpsco_jax.algorithms.bilevel import localized_gd as lg
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: DP-Loc-GD (paper 004) is replace_one")
-  _check_broken(broken, ("noise_halved",), "loc_gd_driver")
+  check_broken(broken, ("noise_halved",), "loc_gd_driver")
   x = _users(examples, 1, dim, 0.0)
   problem = linear_problem(x, radius=1.0)
   cfg = {"epsilon": 4.0, "delta": DELTA, "mu": 1.0, "noise_multiplier": noise_multiplier,
@@ -333,7 +334,7 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
   from dpsco_jax.algorithms.bilevel import driver as bl
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: DP bilevel (paper 004) is replace_one")
-  _check_broken(broken, ("noise_halved",), "bilevel_driver")
+  check_broken(broken, ("noise_halved",), "bilevel_driver")
   a = np.zeros((examples, dim), np.float32)
   a[0, 0] = _CANARY * _CLIP
   b = np.full((examples, dim), 0.5, np.float32)

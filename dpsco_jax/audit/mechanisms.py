@@ -48,7 +48,8 @@ from dpsco_jax.transforms.tree_noise import (prefix_nodes, prefix_noise_event,
                                              tree_prefix_sum_noise)
 
 __all__ = ["MECHANISMS", "build", "gaussian_chain", "tree_noise", "laplace_test_audit",
-           "above_threshold_audit", "output_perturbation", "tdlap_bottom", "gaussian_lr_weights"]
+           "above_threshold_audit", "output_perturbation", "tdlap_bottom", "gaussian_lr_weights",
+           "check_broken", "tree_noise_covariance"]
 
 DELTA = 1e-5
 _HI = jax.lax.Precision.HIGHEST  # scores are sums of many terms: no TF32/bf16 passes
@@ -56,7 +57,9 @@ _CLIP = 1.0
 _CANARY_NORM = 10.0  # >> C: clipping, not the data, decides how far the canary moves things
 
 
-def _check_broken(broken, allowed: tuple[str, ...], name: str):
+def check_broken(broken: str | None, allowed: tuple[str, ...], name: str) -> None:
+  """An audit's ``broken`` twin is ``None`` (the honest mechanism) or one it defines (else a
+  ValueError naming the audit): every audit module reads the same rule."""
   if broken is not None and broken not in allowed:
     raise ValueError(f"broken must be None or one of {allowed} for {name}, got {broken!r}")
   return broken
@@ -82,7 +85,7 @@ def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
   check_relation(relation)
   twins = ("noise_halved", "no_clipping") + (("realized_count",)
                                              if relation == "add_remove" else ())
-  _check_broken(broken, twins, f"gaussian_chain({relation})")
+  check_broken(broken, twins, f"gaussian_chain({relation})")
   denom = float(users + 1)  # declared (public) batch size
   acc_rel = "replace_one" if relation == "replace_one" else "add_remove"
   sens = aggregation_sensitivity(_CLIP, mode="mean", denominator=denom, relation=acc_rel)
@@ -125,7 +128,7 @@ def gaussian_lr_weights(cov: np.ndarray, shift: np.ndarray) -> np.ndarray:
   return np.linalg.solve(np.asarray(cov, np.float64), np.asarray(shift, np.float64))
 
 
-def _tree_cov(steps: int) -> np.ndarray:
+def tree_noise_covariance(steps: int) -> np.ndarray:
   """Per-coordinate covariance of the tree's prefix noises ``N_0..N_{T-1}`` in units of the
   node variance: the number of nodes the two prefixes share."""
   nodes = [set(prefix_nodes(t + 1)) for t in range(steps)]
@@ -143,7 +146,7 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
   check_relation(relation)
   if relation == "replace_one":
     raise ValueError("relation: the tree audit uses add_remove or zero_out (spec 003)")
-  _check_broken(broken, ("independent_accounting",), "tree_noise")
+  check_broken(broken, ("independent_accounting",), "tree_noise")
   denom = float(users)
   std = noise_multiplier * _CLIP / denom
   mech = "independent" if broken == "independent_accounting" else "tree"
@@ -157,7 +160,8 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
   def stream(first: UserBatch) -> UserBatch:
     return UserBatch(jnp.concatenate([first.grads[None], rest.grads]),
                      jnp.concatenate([first.mask[None], rest.mask]))
-  weights = jnp.asarray(gaussian_lr_weights(_tree_cov(steps), np.ones(steps)), jnp.float32)
+  weights = jnp.asarray(gaussian_lr_weights(tree_noise_covariance(steps), np.ones(steps)),
+                        jnp.float32)
 
   def release(key, data: UserBatch):
     tx = optax.chain(clip_and_aggregate(_CLIP, "mean", denom),
@@ -201,7 +205,7 @@ def laplace_test_audit(relation: str = "replace_one", broken: str | None = None,
   ``noise_halved``: ``b`` calibrated for sensitivity 1."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: the FILTER score is audited under replace_one (paper 000)")
-  _check_broken(broken, ("noise_halved",), "laplace_test")
+  check_broken(broken, ("noise_halved",), "laplace_test")
   d_in, d_out = _cluster_pair(users, dim, radius)
   threshold = 0.5 * float(_score(d_in, radius) + _score(d_out, radius))
   scale = 2.0 / epsilon
@@ -227,7 +231,7 @@ def above_threshold_audit(relation: str = "replace_one", broken: str | None = No
   000 §7 item 1 warns about)."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: the FILTER stage is audited under replace_one (paper 000)")
-  _check_broken(broken, ("threshold_redrawn",), "above_threshold")
+  check_broken(broken, ("threshold_redrawn",), "above_threshold")
   d_in, d_out = _cluster_pair(users, dim, radius)
   frac = float(_score(d_out, radius)) / users
   b_thr, b_q = above_threshold_scales(0.5 * epsilon, sensitivity=2.0)
@@ -268,7 +272,7 @@ def output_perturbation(relation: str = "replace_one", broken: str | None = None
   replace-one. Twin ``noise_halved``: sensitivity taken as ``G/n`` (the add/remove value)."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: output perturbation (paper 001) is audited under replace_one")
-  _check_broken(broken, ("noise_halved",), "output_perturbation")
+  check_broken(broken, ("noise_halved",), "output_perturbation")
   sens = 2.0 * _CLIP / users
   sigma = gaussian_sigma_analytic(sens, epsilon, DELTA)
   claim = epsilon_of(dp_accounting.GaussianDpEvent(sigma / (sens / 2.0)), delta=DELTA,
@@ -295,7 +299,7 @@ def tdlap_bottom(relation: str = "replace_one", broken: str | None = None, *,
   Thm 3.3's proof this bit uses). Twin ``eps_not_split``: ``R1`` drawn at ``eps``."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: DelOutputPert (paper 001) is audited under replace_one")
-  _check_broken(broken, ("eps_not_split",), "tdlap_bottom")
+  check_broken(broken, ("eps_not_split",), "tdlap_bottom")
   p = _dop_params(epsilon, DELTA)
   used = epsilon if broken == "eps_not_split" else p.epsilon_prime
 

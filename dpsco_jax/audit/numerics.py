@@ -72,7 +72,7 @@ def filter_offset(relation: str = "replace_one", broken: str | None = None, *,
   """The filtered-mean release at a large common offset (module docstring)."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: FILTER (paper 000) is audited under replace_one")
-  mechanisms._check_broken(broken, ("gram_float32",), "filter_offset")
+  mechanisms.check_broken(broken, ("gram_float32",), "filter_offset")
   r_s, r_h = _TAU, 2.0 * _TAU
   sens = certified_sensitivity(r_h, users, _ZETA, min_kept_fraction=2.0 / 3.0)
   sigma = noise_multiplier * sens / 2.0   # the ledger doubles C = Delta/2 under replace-one

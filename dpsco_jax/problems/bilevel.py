@@ -131,7 +131,7 @@ class BilevelProblem:
     if closed is not None:
       xv = np.asarray(x, np.float64).reshape(-1)
       g = np.array([closed[2](float(xv[0]))])
-      xp = np.asarray(_project_x(self, jnp.asarray(xv - eta * g, self.x0.dtype)), np.float64)
+      xp = np.asarray(project_x(self, jnp.asarray(xv - eta * g, self.x0.dtype)), np.float64)
       return float(np.linalg.norm((xv - xp) / eta))
     return float(jnp.linalg.norm(gradient_mapping(self, jnp.asarray(x), eta)))
 
@@ -168,7 +168,8 @@ def full_g(problem: BilevelProblem, x, y):
   return out if problem.g_reg is None else out + problem.g_reg(x, y)
 
 
-def _project_x(problem: BilevelProblem, x):
+def project_x(problem: BilevelProblem, x):
+  """``x`` projected onto the upper level's ball ``B(x_center, x_radius)``."""
   return project_l2_ball(x, problem.x_radius, problem.x_center)
 
 
@@ -255,7 +256,7 @@ def gradient_mapping(problem: BilevelProblem, x, eta: float):
   """``G_{F,eta}(x) = (x - Pi_X(x - eta grad F(x))) / eta`` with the exact hypergradient
   (Remark 4.2: equals ``grad F`` when ``X = R^d``). Evaluation only."""
   g = implicit_hypergrad(problem, x)
-  return (x - _project_x(problem, x - eta * g)) / eta
+  return (x - project_x(problem, x - eta * g)) / eta
 
 
 

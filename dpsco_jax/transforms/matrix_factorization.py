@@ -47,7 +47,7 @@ import numpy as np
 import optax
 
 from dpsco_jax._checks import check_choice, check_int, check_seed_or_key
-from dpsco_jax.transforms.noise import (_check_stddev, noise_dtype, redacted_repr,
+from dpsco_jax.transforms.noise import (check_stddev, noise_dtype, redacted_repr,
                                         tree_gaussian_like)
 
 PyTree = Any
@@ -121,7 +121,7 @@ def _emit(out: PyTree, updates: PyTree, params: PyTree | None, count: jax.Array,
 def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: int,
                 init_carry, next_noise, state_cls) -> optax.GradientTransformationExtraArgs:
   """Shared driver of both stages: ``next_noise(xi, carry, count) -> (w, carry)``."""
-  _check_stddev(noise_std, "noise_std")
+  check_stddev(noise_std, "noise_std")
   max_steps = _check_steps(max_steps)
   check_choice(output, "output", OUTPUTS)
   key = check_seed_or_key(key, "key")

@@ -81,7 +81,7 @@ class GaussianNoiseState(NamedTuple):
   __str__ = __repr__
 
 
-def _check_stddev(stddev: Any, name: str) -> Any:
+def check_stddev(stddev: Any, name: str) -> Any:
   """A finite stddev whose draws stay finite in float32: 1e300 would silently make every
   coordinate Inf (or NaN after the first subtraction), so it raises instead."""
   v = check_nonnegative(stddev, name)
@@ -102,7 +102,7 @@ def add_gaussian_noise(stddev: float, key: jax.Array | int
       distinct keys; a negative or larger one is refused), checked. The state is secret:
       its repr redacts the key.
   """
-  stddev = _check_stddev(stddev, "stddev")
+  stddev = check_stddev(stddev, "stddev")
   key = check_seed_or_key(key, "key")
 
   def init_fn(params):

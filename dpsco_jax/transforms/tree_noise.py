@@ -58,7 +58,7 @@ import numpy as np
 import optax
 
 from dpsco_jax._checks import check_choice, check_int, check_seed_or_key
-from dpsco_jax.transforms.noise import (_check_stddev, add_gaussian_noise, add_noise_tree,
+from dpsco_jax.transforms.noise import (add_gaussian_noise, add_noise_tree, check_stddev,
                                         noise_dtype, redacted_repr, tree_gaussian_like)
 
 PyTree = Any
@@ -190,7 +190,7 @@ def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
   running sum and the noise are float32 or wider; the output is cast to the params' dtype
   (without params: the increments' dtype), which is post-processing.
   """
-  _check_stddev(noise_std, "noise_std")
+  check_stddev(noise_std, "noise_std")
   max_steps = _check_max_steps(max_steps)
   levels = tree_levels(max_steps)
   key = check_seed_or_key(key, "key")
@@ -245,7 +245,7 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
   interface as :func:`tree_prefix_sum_noise`). The noise is the core Gaussian stage applied
   to each increment; the stage then sums: ``N_t = sum_{i<=t} w_i``, ``Var = (t+1) sigma^2``.
   """
-  _check_stddev(noise_std, "noise_std")
+  check_stddev(noise_std, "noise_std")
   max_steps = _check_max_steps(max_steps)
   gaussian = add_gaussian_noise(noise_std, check_seed_or_key(key, "key"))
 

@@ -68,7 +68,7 @@ from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_
 from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd, loc_gd_stddev
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.problems.bilevel import (BilevelProblem, ProblemConstants,  # noqa: F401
-                                       _project_x, diabetes_ridge_problem, exact_lower_solve,
+                                       diabetes_ridge_problem, exact_lower_solve, project_x,
                                        exact_penalty_hypergrad, full_f, full_g,
                                        gradient_mapping, hyperobjective, implicit_hypergrad,
                                        penalty_hypergrad_per_example, penalty_hypergrad_public,
@@ -176,7 +176,7 @@ def _run(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
   stepper = optax.chain(
       projected_sgd(bcfg.eta, radius=problem.x_radius, center=problem.x_center),
       track_min_step())
-  x0 = _project_x(problem, problem.x0)
+  x0 = project_x(problem, problem.x0)
   y0 = problem.y0
 
   def body(carry, xs):
@@ -424,11 +424,11 @@ def nonprivate_penalty_method(problem: BilevelProblem, *, lam: float, eta: float
     moved = jnp.sum(dx * dx)
     curv = jnp.abs(jnp.sum(dg * dx)) / jnp.where(moved > 0, moved, 1.0)
     step = jnp.where((moved > 0) & (curv * step > 1.0), 1.0 / curv, step)
-    return (_project_x(problem, x - step * g), step, x, g), None
+    return (project_x(problem, x - step * g), step, x, g), None
 
   @jax.jit
   def solve(x0):
-    x0 = _project_x(problem, x0)
+    x0 = project_x(problem, x0)
     init = (x0, jnp.asarray(eta, x0.dtype), x0, jnp.zeros_like(x0))
     return jax.lax.scan(body, init, None, length=steps)[0][0]
   return solve(problem.x0)

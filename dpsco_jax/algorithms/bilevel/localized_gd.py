@@ -84,7 +84,8 @@ from dpsco_jax.cache import bounded_cache
 # the config, accounting, presets and the runner's plan (re-exported: the audits and the tests
 # read them here)
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
-    LocGDAux, LocGDConfig, LocGDRunPlan, RELATION, SUPPORTED_RELATIONS, _denominator, _planner,
+    LocGDAux, LocGDConfig, LocGDRunPlan, RELATION, SUPPORTED_RELATIONS, loc_gd_planner,
+    noise_denominator,
     advanced_composition_step, charge_loc_gd, check_loc_gd_precondition, check_loc_gd_relation,
     config_view, loc_gd_event, loc_gd_plan_for_problem, loc_gd_practical_config, loc_gd_radii,
     loc_gd_report, loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event,
@@ -130,7 +131,7 @@ def _round_chains(cfg: LocGDConfig, n: int, key: jax.Array, radius: float, cente
                   reg_grad: Callable | None):
   """The privatizer (clip -> fixed-denominator mean -> Gaussian; its output is the release) and
   the public step of one round."""
-  denom = _denominator(cfg, n)
+  denom = noise_denominator(cfg, n)
   privatizer = optax.chain(clip_per_user(cfg.clip_norm), aggregate("mean", denominator=denom),
                            add_gaussian_noise(loc_gd_stddev(cfg, n), key))
   stepper = optax.chain(add_public_gradient(reg_grad),
@@ -151,7 +152,7 @@ def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: 
   n = n_rows if n_real is None else int(n_real)
   if users is not None:
     data = jax.lax.with_sharding_constraint(data, users)
-  q = None if cfg.batch_size is None else _denominator(cfg, n) / n
+  q = None if cfg.batch_size is None else noise_denominator(cfg, n) / n
   dim = sum(int(np.prod(jnp.shape(x))) for x in jax.tree.leaves(y0))
   radii = loc_gd_radii(cfg, n, dim)
   reg_grad = None if reg_fn is None else jax.grad(reg_fn)
@@ -270,7 +271,7 @@ def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
 
 
 # item rows sharded over the mesh's users axis; the plan's z is the driver's
-_TRAITS = dict(paper="004", planner=_planner, level="item", reads_m=True,
+_TRAITS = dict(paper="004", planner=loc_gd_planner, level="item", reads_m=True,
                reuses_noise_multiplier=True, mesh=True)
 
 

@@ -108,7 +108,9 @@ class LocGDAux(NamedTuple):
   centers: PyTree
 
 
-def _denominator(cfg: LocGDConfig, n: int) -> int:
+def noise_denominator(cfg: LocGDConfig, n: int) -> int:
+  """The clipped mean's denominator: the batch size, or ``n`` for full-batch steps (both the
+  noise stage's sensitivity and the run's sampling rate read it)."""
   if cfg.batch_size is None:
     return n
   if cfg.batch_size > n:
@@ -120,7 +122,7 @@ def loc_gd_stage(cfg: LocGDConfig, n: int) -> GaussianStage:
   """The step's noise stage: ``z`` on the clipped mean gradient's sensitivity
   ``C / denominator`` (the ledger doubles it under replace-one)."""
   return GaussianStage(cfg.noise_multiplier,
-                       clipped_mean_sensitivity(cfg.clip_norm, _denominator(cfg, n)),
+                       clipped_mean_sensitivity(cfg.clip_norm, noise_denominator(cfg, n)),
                        "DP-Loc-GD step")
 
 
@@ -173,7 +175,7 @@ def loc_gd_event(cfg: LocGDConfig, n: int) -> dp_accounting.DpEvent:
   if cfg.noise_multiplier == 0:
     raise ValueError("noise_multiplier=0 is not private: no privacy event exists for it")
   step = loc_gd_step_event(cfg.noise_multiplier, n=n,
-                           batch=None if cfg.batch_size is None else _denominator(cfg, n))
+                           batch=None if cfg.batch_size is None else noise_denominator(cfg, n))
   return dp_accounting.SelfComposedDpEvent(step, cfg.rounds * cfg.steps)
 
 
@@ -209,7 +211,7 @@ def paper_loc_gd_stddev(cfg: LocGDConfig, n: int, *, epsilon: float, delta: floa
   paper first amplifies by ``b/n`` (Lemma 2.3, ``eps ~ b eps_0 / n``), so the step budget is
   ``eps_0 n / b``. Constants exactly as printed (the paper's "Õ" hides them)."""
   e0, d0 = advanced_composition_step(epsilon, delta, cfg.rounds * cfg.steps)
-  denom = _denominator(cfg, n)
+  denom = noise_denominator(cfg, n)
   if cfg.batch_size is not None:
     e0 = e0 * n / denom
   sens = clipped_mean_sensitivity(cfg.clip_norm, denom).under(RELATION)   # 2 C / denom
@@ -375,7 +377,7 @@ def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
 
 # ``dpsco_jax.plan``'s planner of ``dp_loc_gd`` / ``dp_loc_sgd`` (the bilevel drivers register
 # none: they take no loss_fn, their ``unsupported`` reason)
-def _planner(facts, cfg: dict) -> Planned:
+def loc_gd_planner(facts, cfg: dict) -> Planned:
   """``dpsco_jax.plan``'s planner: DP-Loc-(S)GD's solve event (item level, replace-one)."""
   p = loc_gd_plan_for_problem(facts, cfg)
   c = p.config

@@ -45,7 +45,8 @@ def _pow2_floor(x: float) -> int:
 
 
 @dataclasses.dataclass
-class _PrivateERMConfig:
+class PrivateERMConfig:
+  """One phase's private-ERM schedule (Theorem 3), as the plan fixes it and the run reads it."""
   T_ls: int
   T_bo: int
   T_sp: int
@@ -60,7 +61,7 @@ class _PrivateERMConfig:
   c_ba: float
 
 
-def _plan_charges(cfg: _PrivateERMConfig, *, beta: float, lam_dummy: float, d: int,
+def _plan_charges(cfg: PrivateERMConfig, *, beta: float, lam_dummy: float, d: int,
                   radius: float, lipschitz: float) -> list[tuple[int, float]]:
   """All ``(T, beta)`` Alg. 4 calls one private ERM may make (worst case: every iteration
   uses ``max_bisection + 3`` line searches — the bisection's bound on distinct ``lam`` — and
@@ -87,9 +88,9 @@ def config_view(cfg: Mapping | Any) -> Schema:
   return ResquePrivateConfig.of(cfg)
 
 
-def _phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int, L: float,
-                R: float, eta_loc: float, ratio: float, constants: str, c_priv: float,
-                eps_total: float | None = None) -> dict:
+def phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int,
+               L: float, R: float, eta_loc: float, ratio: float, constants: str, c_priv: float,
+               eps_total: float | None = None) -> dict:
   """Data-free plan of localization phase ``i``: the ERM schedule, the worst-case list of
   Alg. 4 calls, ``alpha``, the per-call slack and ``beta`` calibrated by the library's one
   calibrator so that the plan's approximate-RDP events meet ``eps_i`` (``beta = 1 / z``).
@@ -108,7 +109,7 @@ def _phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: 
   rho = eps_opt / (L * math.sqrt(d))
   r = rho / ratio
   t_cap = _pow2_floor(cfg.T_frac * n_i)
-  erm = _PrivateERMConfig(
+  erm = PrivateERMConfig(
       T_ls=t_cap, T_bo=t_cap, T_sp=max(4, t_cap // 4),
       runs_ls=check_int(cfg.runs_ls, "runs_ls"),
       mlmc_copies=check_int(cfg.mlmc_copies, "mlmc_copies"),
@@ -145,7 +146,7 @@ def _phase_sizes(n: int, phases: int) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class PhasePlan:
   """Data-free plan of localization phase ``index`` (1-based) over ``n`` items: budget
-  ``(eps, delta)``, ``p`` (see :func:`_phase_plan`: ERM schedule, worst-case ``(T, beta
+  ``(eps, delta)``, ``p`` (see :func:`phase_plan`: ERM schedule, worst-case ``(T, beta
   factor)`` calls, ``beta``, ``alpha``, slacks) and the calls' approximate-RDP ``events``."""
   index: int
   n: int
@@ -231,7 +232,7 @@ def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None
     # paper: eps/2^i, delta/2^i (the last phase takes the remainder, so the sum is eps)
     share = 2.0 ** -min(i, phases - 1) if i == phases else 2.0 ** -i
     eps_i, delta_i = (eps, delta_blocks) if parallel else (eps * share, delta_blocks * share)
-    p = _phase_plan(cfg, n_i=n_i, i=i, eps_i=eps_i, delta_i=delta_i, d=d, L=L, R=R,
+    p = phase_plan(cfg, n_i=n_i, i=i, eps_i=eps_i, delta_i=delta_i, d=d, L=L, R=R,
                     eta_loc=eta_loc, eps_total=eps, **common)
     for t, b in p["plan"]:  # preconditions of the planned (data-independent) calls
       _, cond = alg4_rdp(T=t, n=n_i, beta=b * p["beta"], delta=p["delta_call"],
@@ -277,7 +278,7 @@ def resque_private_report(plan: ResquePrivatePlan, ledger: PrivacyLedger) -> Pri
                        paper_epsilon=plan.epsilon, notes=notes)
 
 
-def _planner(facts, cfg: dict) -> Planned:
+def resque_private_planner(facts, cfg: dict) -> Planned:
   """``dpsco_jax.plan``'s planner: every worst-case Alg. 4 call's approximate-RDP event
   (item level)."""
   p = resque_private_plan(facts, cfg)

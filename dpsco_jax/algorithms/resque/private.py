@@ -62,9 +62,10 @@ from dpsco_jax._checks import check_bool
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import mesh_users_axis
 from dpsco_jax.algorithms.resque.accounting import RELATION, alg4_rdp
-from dpsco_jax.algorithms.resque.plan import (ResquePrivatePlan, _PrivateERMConfig, _planner,
+from dpsco_jax.algorithms.resque.plan import (PrivateERMConfig, ResquePrivatePlan,
                                               charge_resque_private, config_view,
-                                              resque_private_plan, resque_private_report)
+                                              resque_private_plan, resque_private_planner,
+                                              resque_private_report)
 from dpsco_jax.algorithms.resque.solvers import (Alg4, Alg4Plan, alg4_phase_releases,
                                                  flat_items, high_probability_solver,
                                                  localized_resque_sgd, mlmc_prox_estimator,
@@ -80,7 +81,7 @@ PyTree = Any
 
 
 def private_erm(loss_fn: Callable, items: PyTree, x_init: PyTree, key: jax.Array, *,
-                cfg: _PrivateERMConfig, beta: float, lipschitz: float, R: float,
+                cfg: PrivateERMConfig, beta: float, lipschitz: float, R: float,
                 reg_lam: float = 0.0, reg_center: PyTree | None = None,
                 ball_center: PyTree | None = None,
                 charge: Callable[[int, float, str], None] | None = None,
@@ -193,8 +194,9 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
   return x, debug
 
 
-@register("resque_private_sco", config=ResquePrivateConfig, paper="002", planner=_planner,
-          level="item", reads_m=True, mesh=True)   # each round's oracle calls split over it
+@register("resque_private_sco", config=ResquePrivateConfig, paper="002",
+          planner=resque_private_planner, level="item", reads_m=True,
+          mesh=True)   # each round's oracle calls split over it
 def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
 

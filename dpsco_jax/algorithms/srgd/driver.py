@@ -73,9 +73,9 @@ from dpsco_jax.algorithms.common import (ProgressFn, emit_progress, hparam, mesh
                                          progress_session, traced_hparams)
 from dpsco_jax.algorithms.registration import Grid, register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
-                                            SRGDPlan, _planner, charge, config_view,
-                                            paper_epsilon, plan_for_problem, plan_srgd,
-                                            privacy_report, resolve_relation)
+                                            SRGDPlan, charge, config_view, paper_epsilon,
+                                            plan_for_problem, plan_srgd, privacy_report,
+                                            resolve_relation, srgd_planner)
 from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, interior_c_dp,
                                                practical_params, theory_params)
 from dpsco_jax.grads import per_user_grads
@@ -464,7 +464,7 @@ def _algorithm(name: str) -> Callable:
   srg, noise, acc = VARIANTS[name]
   fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): "
                 "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.driver.")
-  return register(name, config=SrgdConfig, paper="003", planner=_planner(name),
+  return register(name, config=SrgdConfig, paper="003", planner=srgd_planner(name),
                   # users sharded over the mesh's "users" axis (_batches_on_mesh); the plan's
                   # z is the one the driver would calibrate
                   reuses_noise_multiplier=True, mesh=True, batched=True, grid=_STEP_GRID)(fn)

@@ -439,7 +439,7 @@ def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> Privacy
                        "sensitivity C/B) converted exactly by PLD")
 
 
-def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
+def srgd_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
   """``dpsco_jax.plan``'s planner of ``name``: the driver's plan and charge, on public facts."""
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
     p = plan_for_problem(name, facts, cfg)

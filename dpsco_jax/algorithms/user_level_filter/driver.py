@@ -103,13 +103,12 @@ from dpsco_jax.algorithms.common import ProgressSession, emit_progress, progress
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_choice, check_positive
 from dpsco_jax.algorithms.user_level_filter.plan import (FilterPlan, Options, PublicSpec,
-                                                  _planner, config_view, gauss_event,
-                                                  make_ledger, plan_accelerated_erm,
-                                                  plan_phased_sgd)
+                                                  config_view, filter_planner, make_ledger,
+                                                  plan_accelerated_erm, plan_phased_sgd)
 from dpsco_jax.algorithms.user_level_filter.mesh import (place_groups, place_phase,
                                                           step_user_grads)
 from dpsco_jax.algorithms.user_level_filter.plan import (  # noqa: F401 (re-export)
-    _nonprivate_report, _provenance_note, _report, alg1_report, alg3_report)
+    alg1_report, alg3_report)
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.problems.user_level import (corrupt_users, hinge_loss,  # noqa: F401 (re-export)
@@ -124,7 +123,6 @@ from dpsco_jax.transforms.steps import (acsa, add_prox_to_anchor, project_l2_bal
                                         projected_sgd, released_params)
 
 PyTree = Any
-_gauss_event = gauss_event   # kept for callers of the old private name
 
 __all__ = ["user_level_phased_sgd", "user_level_accelerated_erm",
            "user_level_accelerated_erm_smoothed", "user_level_phased_sgd_releases",
@@ -290,7 +288,7 @@ _TRAITS = dict(paper="000", reads_m=True, mesh=True)
 
 
 @register("user_level_phased_sgd", config=PhasedSgdConfig,
-          planner=_planner("user_level_phased_sgd"), **_TRAITS)
+          planner=filter_planner("user_level_phased_sgd"), **_TRAITS)
 def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 1 of paper 000 (see module docstring)."""
   plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
@@ -502,14 +500,14 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
 
 
 @register("user_level_accelerated_erm", config=AcceleratedErmConfig,
-          planner=_planner("user_level_accelerated_erm"), **_TRAITS)
+          planner=filter_planner("user_level_accelerated_erm"), **_TRAITS)
 def user_level_accelerated_erm(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
   return _run_alg3(problem, cfg, key, smoothed=False)
 
 
 @register("user_level_accelerated_erm_smoothed", config=AcceleratedErmSmoothedConfig,
-          planner=_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)
+          planner=filter_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)
 def user_level_accelerated_erm_smoothed(problem: SCOProblem, cfg: dict,
                                         key: jax.Array) -> Result:
   """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3)."""

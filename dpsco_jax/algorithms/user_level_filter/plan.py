@@ -66,7 +66,8 @@ PUBLIC = ("the number of users n, the items per user m, d, L, R, beta (replace-o
 
 __all__ = ["RELATION", "SUPPORTED_RELATIONS", "PublicSpec", "Options", "PhaseNoise",
            "FilterPlan", "read_options", "plan_alg1", "plan_alg3", "make_ledger",
-           "gauss_event", "plan_phased_sgd", "plan_accelerated_erm"]
+           "gauss_event", "plan_phased_sgd", "plan_accelerated_erm", "filter_planner",
+           "filter_report", "nonprivate_report", "provenance_note"]
 
 
 class PublicSpec(NamedTuple):
@@ -314,13 +315,15 @@ def make_ledger(plan: FilterPlan) -> PrivacyLedger:
 
 # --------------------------------------------------------------------------- reports
 
-def _nonprivate_report() -> PrivacyReport:
+def nonprivate_report() -> PrivacyReport:
   """``noise: false`` ablation: not private at all (filter on, sigma = 0)."""
   return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
                        relation=RELATION, notes="non-private ablation: filter on, sigma = 0")
 
 
-def _provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
+def provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
+  """``(provenance, note)`` of a typical-preset run: ``accountant`` when the coupling's bad
+  events (probability ``bad``) fit in ``delta_slack``, ``heuristic`` otherwise."""
   if bad <= delta_slack:
     return (Provenance.ACCOUNTANT.value,
             f"good events hold except w.p. {bad:.3g} <= delta/2; Gaussian parts by the "
@@ -331,21 +334,21 @@ def _provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
           "accountant's number is not a proven (eps, delta); needs larger K_i (spec 000 §3.2)")
 
 
-def _report(plan: FilterPlan, ledger: PrivacyLedger, *, theorem: str, typical: str,
-            mechanisms: tuple[str, ...]) -> PrivacyReport:
+def filter_report(plan: FilterPlan, ledger: PrivacyLedger, *, theorem: str, typical: str,
+                  mechanisms: tuple[str, ...]) -> PrivacyReport:
   """The provenance rule shared by Algorithms 1 and 3: ``theory`` -> theorem (the paper's
   epsilon, the accountant's beside it); ``typical`` sensitivity -> heuristic; ``certified`` ->
-  accountant only when the coupling's bad events fit in delta/2 (``_provenance_note``)."""
+  accountant only when the coupling's bad events fit in delta/2 (``provenance_note``)."""
   opt = plan.options
   if not opt.noise:
-    return _nonprivate_report()
+    return nonprivate_report()
   acc_eps = ledger.epsilon(exact=True)
   if opt.preset == "theory":
     prov, note = Provenance.THEOREM.value, f"{theorem} gives eps={acc_eps:.4g}"
   elif opt.sensitivity == "typical":
     prov, note = Provenance.HEURISTIC.value, typical
   else:
-    prov, note = _provenance_note(plan.worst_bad, opt.delta / 2)
+    prov, note = provenance_note(plan.worst_bad, opt.delta / 2)
   rep = ledger.report(provenance=prov, level="user", mechanisms=mechanisms,
                       paper_epsilon=opt.epsilon, notes=note,
                       extra_delta=opt.delta - ledger.delta)
@@ -356,7 +359,7 @@ def _report(plan: FilterPlan, ledger: PrivacyLedger, *, theorem: str, typical: s
 def alg1_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
   """Algorithm 1's guarantee from its plan and charged ledger (data-free: also the report of
   :func:`dpsco_jax.plan`)."""
-  return _report(
+  return filter_report(
       plan, ledger,
       theorem="Theorem B.1 (paper constants, preconditions checked); accountant with "
               "explicit Delta",
@@ -366,7 +369,7 @@ def alg1_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
 
 def alg3_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
   """Algorithm 3's guarantee from its plan and charged ledger (data-free)."""
-  return _report(
+  return filter_report(
       plan, ledger,
       theorem="Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
               "explicit coupled Delta",
@@ -427,7 +430,7 @@ def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
   return plan_alg3(spec, opt, _alg3_schedule(spec, cfg, opt, smoothed), max_steps)
 
 
-def _planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
+def filter_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
   """``dpsco_jax.plan``'s planner: the phases' noise and the AboveThreshold / FILTER events of
   Algorithm 1 or 3, from the public facts (the driver makes the same plan)."""
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
