@@ -54,10 +54,13 @@ BAD = {"epsilon": [0.0, -1.0, -1], "epsilon_budget": [0.0], "delta": [0.0, 1.0, 
        "clip_norm": [0.0, -1.0], "learning_rate": [0.0, -3.0], "lipschitz": [0.0],
        "radius": [0.0, -2.0], "smoothness": [-1.0], "strong_convexity": [-0.1],
        "heterogeneity": [-1.0], "l2": [-0.1], "epochs": [0.0],
-       "inner_clip_norm": [-1.0], "outer_clip_norm": [0.0], "inner_clip_norm_lam": [-1.0]}
+       "inner_clip_norm": [-1.0], "outer_clip_norm": [0.0], "inner_clip_norm_lam": [-1.0],
+       "target_quantile": [0.0, 1.0, 1.5, -0.1], "clip_learning_rate": [0.0, -0.2],
+       "initial_clip_norm": [0.0, -1.0], "count_stddev": [-1.0]}
 GOOD = {"epsilon": [1e-3, 8, 1.0], "delta": [1e-12, 0.5], "noise_multiplier": [0.0, 0, 1.1],
         "sampling_rate": [1.0, 1e-4], "strong_convexity": [0.0], "heterogeneity": [0.0],
-        "l2": [0.0], "radius": [2.0, math.inf], "smoothness": [1.0, math.inf]}
+        "l2": [0.0], "radius": [2.0, math.inf], "smoothness": [1.0, math.inf],
+        "target_quantile": [0.5, 0.99], "count_stddev": [0.0, 2.5]}
 
 
 def test_the_bad_and_good_lists_cover_every_range():
