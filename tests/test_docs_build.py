@@ -173,6 +173,9 @@ def test_sphinx_build_passes_with_warnings_as_errors(tmp_path):
   sphinx_build = pytest.importorskip("sphinx.cmd.build")
   src = tmp_path / "docs"
   shutil.copytree(ROOT / "docs", src, ignore=shutil.ignore_patterns("_build", "results"))
+  # a guide includes the toy algorithm's driver from the tests (../tests/toy_algorithm)
+  shutil.copytree(ROOT / "tests" / "toy_algorithm", tmp_path / "tests" / "toy_algorithm",
+                  ignore=shutil.ignore_patterns("__pycache__"))
   gen_results.main(["--out", str(src / "results")])
   rc = sphinx_build.build_main(["-W", "--keep-going", "-q", "-b", "html", str(src),
                                 str(tmp_path / "html")])

@@ -202,7 +202,11 @@ def test_driver_refuses_zero_noise_with_a_budget_and_reports_explicit_noise():
   acc = pld_privacy_accountant.PLDAccountant()
   acc.compose(dp_accounting.GaussianDpEvent(3.0 / math.sqrt((4).bit_length())))
   assert res.privacy.epsilon == pytest.approx(acc.get_epsilon(1e-6), rel=2e-3)
-  assert run({}).privacy.provenance == "none"                          # non-private, labelled
+  # non-private, said out loud and labelled; leaving epsilon out is refused (issue 46)
+  assert run({"noise_multiplier": 0.0}).privacy.provenance == "none"
+  from dpsco_jax.config.schema import ConfigError
+  with pytest.raises(ConfigError, match="needs one of epsilon, noise_multiplier"):
+    run({})
 
 
 @pytest.mark.parametrize("cfg, match", [
@@ -219,14 +223,14 @@ def test_bad_relation_configuration_raises_naming_the_parameter(cfg, match):
 
 
 def test_a_private_run_needs_delta_and_adjacency_is_retired():
-  """No silent delta = 1/n^2 any more; a non-private run (no epsilon, no noise_multiplier)
+  """No silent delta = 1/n^2 any more; a non-private run (noise_multiplier 0, no epsilon)
   reads none. The former alias ``adjacency`` is refused by validation, pointing at
   ``relation``."""
   for name, cfg in (("accelerated_dp_srgd", {"epsilon": 1.0}),
                     ("single_epoch_dp_sgd", {"noise_multiplier": 2.0})):
     with pytest.raises(ValueError, match="delta is required"):
       srgd.plan_srgd(name, cfg, **PUBLIC)
-  assert not srgd.plan_srgd("accelerated_dp_srgd", {}, **PUBLIC).private
+  assert not srgd.plan_srgd("accelerated_dp_srgd", {"noise_multiplier": 0.0}, **PUBLIC).private
   plan = srgd.plan_srgd("single_epoch_dp_sgd", {"relation": "replace_one", "delta": 1e-6,
                                                  "noise_multiplier": 2.0}, **PUBLIC)
   assert plan.relation == "replace_one" and plan.sensitivity == pytest.approx(2 * 1.0 / 4)

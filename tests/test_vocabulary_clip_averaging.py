@@ -79,8 +79,8 @@ def test_averaging_is_in_the_record_with_its_default():
   assert nonprivate_sgd(prob, sgd, jax.random.key(1)).record["averaging"] == "uniform"
 
 
-def test_readme_your_model_section_names_averaging_and_the_clip():
-  readme = (ROOT / "README.md").read_text()
-  section = readme.split("## Your model, your data", 1)[1].split("\n## ", 1)[0]
+def test_the_model_and_data_guide_names_averaging_and_the_clip():
+  guide = (ROOT / "docs" / "guides" / "model_and_data.md").read_text()
+  section = guide.split("## One vocabulary", 1)[1].split("\n## ", 1)[0]
   assert "`averaging`" in section and "`uniform` (default" in section
   assert "user_level_phased_sgd" in section and "refuses the key" in section
