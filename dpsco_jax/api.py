@@ -60,7 +60,11 @@ __all__ = ["Plan", "plan", "run", "fit", "plan_problem", "execute", "algorithm_c
 
 
 class UndeclaredFact(ConfigError):
-  """A plan needs a public fact that was measured on the (private) data, not declared."""
+  """A plan needs a public fact that was measured on the (private) data, not declared.
+
+  Args:
+    message: what was measured rather than declared, and how to declare it.
+  """
 
 # The traits of every algorithm are keywords of its registration (``register(...)`` in its
 # own package; :class:`~dpsco_jax.algorithms.registration.AlgorithmEntry` documents each).
@@ -119,7 +123,21 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
   is). Every schema holds ``n_users`` (the declared, public number of users) and ``debug``
   (:class:`~dpsco_jax.config.families.AlgorithmKeys`). Errors are
   :class:`~dpsco_jax.config.schema.ConfigError` naming the key: an unknown key (with a
-  suggestion), a wrong type, a missing required key."""
+  suggestion), a wrong type, a missing required key.
+
+  Args:
+    algorithm: a registered algorithm name (``python -m dpsco_jax list``).
+    config: a mapping of the algorithm's keys, or an instance of its config dataclass.
+      The keys ``algorithm``, ``problem`` and ``seed`` of a runner config are ignored.
+
+  Returns:
+    The frozen config dataclass instance of ``algorithm``'s schema.
+
+  Raises:
+    ConfigError: ``algorithm`` is unknown or needs more than a loss and data; ``config`` is
+      neither a mapping nor the schema's dataclass; a key is unknown (with a suggestion), of
+      the wrong type, out of range or missing (the message names the key).
+  """
   from dpsco_jax.config.schema import _specs, _suggest
   entry = _entry(algorithm)
   if isinstance(config, entry.config):
@@ -178,7 +196,11 @@ class Plan:
       object.__setattr__(self, "planned", _plan_digest(self))
 
   def check_unchanged(self) -> None:
-    """Raises ``ValueError`` when the plan no longer is what was planned (see ``planned``)."""
+    """Raises ``ValueError`` when the plan no longer is what was planned (see ``planned``).
+
+    Raises:
+      ValueError: a field of the plan was changed after it was planned (plan again).
+    """
     if _plan_digest(self) != self.planned:
       raise ValueError(f"this {self.algorithm} plan was changed after it was planned (its "
                        "config, spec, constants or guarantee differ from the planner's): its "
@@ -211,7 +233,32 @@ def _digest_value(x: Any) -> Any:
 def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: int,
          constants: ProblemConstants | dict | None = None) -> Plan:
   """The data-free plan of ``algorithm`` for data described by ``spec`` and a model with
-  ``num_params`` parameters (see the module docstring)."""
+  ``num_params`` parameters (see the module docstring).
+
+  Args:
+    algorithm: a registered algorithm name (``python -m dpsco_jax list``).
+    config: the algorithm's keys (a mapping or its config dataclass; see
+      :func:`algorithm_config`), including the target ``epsilon`` / ``delta`` or an explicit
+      ``noise_multiplier``.
+    spec: the public facts about the data (``UserData.spec``, or a ``DataSpec`` you build as a
+      declaration): users, items per user, item shapes.
+    num_params: the model's parameter count (the total size of the params pytree's leaves).
+    constants: the declared constants of the loss class (Lipschitz constant, smoothness,
+      radius, strong convexity) as a :class:`~dpsco_jax.data.ProblemConstants` or a dict;
+      ``None``: none declared (an algorithm that needs one refuses).
+
+  Returns:
+    The :class:`Plan`: the guarantee, calibrated noise and schedule, computed without data.
+
+  Raises:
+    ConfigError: an unknown algorithm, or a config key that is unknown, mistyped, out of range
+      or missing (named in the message).
+    UndeclaredFact: the algorithm's guarantee reads ``m`` (the items per user) and ``spec``'s
+      ``m`` was measured on the data rather than declared.
+    MissingConstant: the algorithm needs a constant of the loss class that ``constants`` does
+      not declare.
+    TypeError: ``spec`` is not a ``DataSpec``.
+  """
   entry = _entry(algorithm)
   cfg = algorithm_config(algorithm, config)
   if not isinstance(spec, DataSpec):
@@ -227,7 +274,21 @@ def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
   """The data-free plan of ``algorithm`` on a built-in problem of :mod:`dpsco_jax.problems`
   (the runner's path): the problem's sizes and constants hold by its construction, so they are
   declared facts, and its planner reads them as :func:`plan` reads a ``DataSpec``'s. Execute
-  it with :func:`execute`."""
+  it with :func:`execute`.
+
+  Args:
+    algorithm: a registered algorithm name.
+    config: the algorithm's keys (a mapping or its config dataclass).
+    problem: a built-in problem (:func:`dpsco_jax.make_problem`, :mod:`dpsco_jax.problems`):
+      its ``n_users``, ``m``, ``d`` and constants are read.
+
+  Returns:
+    The :class:`Plan` for ``problem``'s sizes and constants.
+
+  Raises:
+    ConfigError: an unknown algorithm or a bad config key (named in the message).
+    MissingConstant: the algorithm needs a constant the problem does not hold.
+  """
   entry = _entry(algorithm)
   cfg = algorithm_config(algorithm, config)
   spec = DataSpec(int(problem.n_users), int(problem.m))   # built: nothing measured
@@ -258,7 +319,23 @@ def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
   spent exactly the plan's guarantee. The one place a plan meets its driver.
 
   Refused (``ValueError``, nothing run): a problem whose users, items per user or parameter
-  count are not the plan's (plan again for it)."""
+  count are not the plan's (plan again for it).
+
+  Args:
+    p: the plan (:func:`plan_problem`, or :func:`plan` for a ``UserDataProblem``).
+    problem: the problem to run on; its users, items per user and parameter count must be
+      the plan's.
+    key: the run's JAX PRNG key (``jax.random.key(seed)``), the source of all its noise.
+
+  Returns:
+    The :class:`~dpsco_jax.Result`: released params and the privacy report (the plan's).
+
+  Raises:
+    TypeError: ``p`` is not a :class:`Plan`.
+    ValueError: the problem's sizes are not the plan's, or the plan was edited after planning.
+    NonFiniteRelease: the released params hold NaN or infinity (the run failed).
+    RuntimeError: the run spent a guarantee other than the plan's (a library bug).
+  """
   if not isinstance(p, Plan):
     raise TypeError(f"execute needs a Plan (dpsco_jax.plan / plan_problem), got "
                     f"{type(p).__name__}")
@@ -331,7 +408,13 @@ class Progress(NamedTuple):
   the last report and the run's epsilon at it. An algorithm with no step loop (output
   perturbation: one release) reports once, at the end, with ``step == num_steps == 1``; a
   run that stops early (a FILTER phase halts) closes with ``step == num_steps``.
-  Data-independent: the step count and the plan are all it is computed from."""
+  Data-independent: the step count and the plan are all it is computed from.
+
+  Attributes:
+    step: the steps done.
+    num_steps: the run's planned steps.
+    epsilon: the epsilon spent so far, or None (see above).
+  """
   step: int
   num_steps: int
   epsilon: float | None
@@ -387,7 +470,11 @@ def _close_progress(p: Plan, progress: Callable | None) -> None:
 
 
 def print_progress(progress: Progress) -> None:
-  """A ready callback: one line per report (steps, epsilon so far)."""
+  """A ready callback: one line per report (steps, epsilon so far).
+
+  Args:
+    progress: the report a run passes to its ``callback``.
+  """
   eps = "" if progress.epsilon is None else f", epsilon so far {progress.epsilon:.4g}"
   print(f"step {progress.step}/{progress.num_steps}{eps}", flush=True)
 
@@ -466,7 +553,36 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   ``distributed``: run with the other processes of ``jax.distributed`` on this process's
   ``data.shard(...)`` (:mod:`dpsco_jax.distributed`: a handshake compares config, plan, key
   and declared ``n_users`` before the first step). Default: when ``jax.process_count() > 1``
-  or ``data`` is a shard."""
+  or ``data`` is a shard.
+
+  Args:
+    p: the plan (:func:`plan`) made for ``data.spec`` and ``params``' parameter count.
+    loss_fn: ``loss_fn(params, item) -> scalar``, the loss of one item (a pytree leaf per
+      item field, no leading axis); it is differentiated per user.
+    params: the initial parameters (any pytree of float arrays).
+    data: the user-keyed data the plan was made for (:class:`~dpsco_jax.data.UserData`).
+    key: the run's JAX PRNG key (``jax.random.key(seed)``), the source of all its noise and
+      sampling.
+    mesh: a device mesh with a ``"users"`` axis (see above); default ``None``: the mesh set
+      with ``jax.set_mesh``, if any.
+    callback: called with a :class:`Progress` during the run; default ``None``: no reports.
+    data_placement: ``"auto"`` (default), ``"device"`` or ``"host"`` (see above).
+    distributed: run with the other ``jax.distributed`` processes; default ``None``: when
+      there are several processes or ``data`` is a shard.
+
+  Returns:
+    The :class:`~dpsco_jax.Result`: ``params`` with the structure of the input ``params``, the
+    privacy report (the plan's guarantee), the run's record.
+
+  Raises:
+    TypeError: ``p`` is not a :class:`Plan`, ``data`` not a ``UserData`` or ``callback`` not
+      callable.
+    ValueError: ``data``'s users, items or item shapes, or ``params``' parameter count, are
+      not the plan's; a bad ``data_placement`` or one the algorithm cannot stream; a mesh for
+      an algorithm that does not take one, or a mesh without a ``"users"`` axis; a plan edited
+      after planning.
+    NonFiniteRelease: the released params hold NaN or infinity (the run failed).
+  """
   if not isinstance(p, Plan):
     raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
   if not isinstance(data, UserData):
@@ -529,7 +645,32 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
         data_placement: str = "auto", distributed: bool | None = None) -> Result:
   """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=,
   callback=, data_placement=, distributed=)``. When the default placement holds the table
-  twice (an unaligned table on a CPU backend): see :func:`run`'s ``data_placement``."""
+  twice (an unaligned table on a CPU backend): see :func:`run`'s ``data_placement``.
+
+  Args:
+    algorithm: a registered algorithm name.
+    config: the algorithm's keys (a mapping or its config dataclass; see :func:`plan`).
+    loss_fn: ``loss_fn(params, item) -> scalar``, the loss of one item.
+    params: the initial parameters (a pytree).
+    data: the user-keyed data (its ``spec`` is what is planned for).
+    key: the run's JAX PRNG key.
+    constants: the declared constants of the loss class (see :func:`plan`); default none.
+    mesh: a device mesh with a ``"users"`` axis (see :func:`run`).
+    callback: called with a :class:`Progress` during the run (see :func:`run`).
+    data_placement: ``"auto"`` (default), ``"device"`` or ``"host"`` (see :func:`run`).
+    distributed: run with the other ``jax.distributed`` processes (see :func:`run`).
+
+  Returns:
+    The :class:`~dpsco_jax.Result` of the run.
+
+  Raises:
+    ConfigError: an unknown algorithm or a bad config key (named in the message).
+    UndeclaredFact: the guarantee reads a fact of ``data`` that was measured, not declared.
+    MissingConstant: the algorithm needs a constant that ``constants`` does not declare.
+    TypeError: ``data`` is not a ``UserData`` or ``callback`` is not callable.
+    ValueError: as :func:`run` (placement, mesh, data not fit for the plan).
+    NonFiniteRelease: the released params hold NaN or infinity (the run failed).
+  """
   if distributed is None:
     distributed = getattr(data, "shard_info", None) is not None or jax.process_count() > 1
   if distributed:   # a process whose plan fails still joins the handshake (no one waits)
@@ -553,7 +694,24 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
   one-by-one run's to float tolerance), its own copy of the privacy report (the plan's) and
   ``record['batched'] = True``; keys are the caller's, one per run, never shared. Every data
   set must have ``p.spec``'s users and items and the same shapes. Algorithms not in
-  :data:`BATCHED` (or a driver that cannot trace) run one by one with ``batched: False``."""
+  :data:`BATCHED` (or a driver that cannot trace) run one by one with ``batched: False``.
+
+  Args:
+    p: the plan, made for every data set's spec.
+    loss_fn: ``loss_fn(params, item) -> scalar``, the loss of one item.
+    params: the initial parameters (a pytree), shared by every run.
+    datas: the data sets, one per run, all with ``p.spec``'s users, items and item shapes.
+    keys: the runs' JAX PRNG keys, one per data set.
+
+  Returns:
+    One :class:`~dpsco_jax.Result` per data set, in order.
+
+  Raises:
+    TypeError: ``p`` is not a :class:`Plan` or a data set is not a ``UserData``.
+    ValueError: ``datas`` is empty or its length differs from ``keys``'; a data set or
+      ``params`` does not fit the plan.
+    NonFiniteRelease: a run's released params hold NaN or infinity.
+  """
   if not isinstance(p, Plan):
     raise TypeError(f"run_seeds needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
   datas, keys = list(datas), list(keys)
@@ -609,7 +767,25 @@ def run_grid(plans: Sequence[Plan], loss_fn: Callable, params: Any, datas: Seque
   ``jax.vmap`` over the runs' data, keys and step sizes (:func:`dpsco_jax.sweep.run_stacked`).
   Each result has its own params (equal to ``run``'s to float tolerance), its own copy of its
   plan's privacy report and its plan's record with ``record['batched'] = True``. Plans of an
-  algorithm without a grid that are all the same run one by one (``batched: False``)."""
+  algorithm without a grid that are all the same run one by one (``batched: False``).
+
+  Args:
+    plans: one plan per run, of one algorithm and spec, differing only in step sizes.
+    loss_fn: ``loss_fn(params, item) -> scalar``, the loss of one item.
+    params: the initial parameters (a pytree), shared by every run.
+    datas: one data set per run (repeat one data set for a grid on one data set).
+    keys: one JAX PRNG key per run.
+
+  Returns:
+    One :class:`~dpsco_jax.Result` per run, in the order of ``plans``.
+
+  Raises:
+    TypeError: an entry of ``plans`` is not a :class:`Plan` or of ``datas`` not a ``UserData``.
+    ValueError: ``plans``, ``datas`` and ``keys`` are empty or of different lengths; a data
+      set or ``params`` does not fit the plans.
+    NotBatchable: the plans differ in more than step sizes (a ``ValueError`` naming the key).
+    NonFiniteRelease: a run's released params hold NaN or infinity.
+  """
   from dpsco_jax.sweep import check_grid_plans
   plans, datas, keys = list(plans), list(datas), list(keys)
   if not plans or not len(plans) == len(datas) == len(keys):

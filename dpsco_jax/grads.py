@@ -49,6 +49,18 @@ def per_example_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
 
   With ``offsets`` (params-shaped leaves ``[B, *p.shape]``) example ``b`` is differentiated
   at ``params + offsets[b]``. Returns a params-shaped pytree with a leading ``B`` axis.
+
+  Args:
+    loss_fn: ``loss_fn(params, example) -> scalar``.
+    params: the point (a pytree).
+    batch: the examples, leaves ``[B, ...]``.
+    offsets: per-example offsets of ``params`` (default none).
+
+  Returns:
+    The gradients: ``params``-shaped leaves with a leading ``B`` axis.
+
+  Raises:
+    ValueError: ``batch`` has no arrays, a scalar leaf, or ``B = 0``.
   """
   leaves = jax.tree.leaves(batch)
   if not leaves or any(jnp.ndim(x) == 0 for x in leaves):
@@ -139,6 +151,19 @@ def per_user_grads_two_points(loss_fn: LossFn, params_a: PyTree, params_b: PyTre
 
   Used for stochastic recursive gradient differences ``g(x_t) - g(x_{t-1})`` (paper 003).
   Keyword arguments are those of :func:`per_user_grads`.
+
+  Args:
+    loss_fn: ``loss_fn(params, example) -> scalar``.
+    params_a: the first point (e.g. ``x_t``).
+    params_b: the second point (e.g. ``x_{t-1}``), with ``params_a``'s structure.
+    batch: leaves ``[U, m, ...]`` (see :func:`per_user_grads`).
+    **kwargs: :func:`per_user_grads`'s keyword arguments (``user_mask``, ``chunk_size``, ...).
+
+  Returns:
+    ``(grads_a, grads_b)``, each params-shaped with a leading ``U`` axis.
+
+  Raises:
+    ValueError: as :func:`per_user_grads`.
   """
   stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params_a, params_b)
   both = jax.vmap(lambda p: per_user_grads(loss_fn, p, batch, **kwargs))(stacked)
@@ -146,7 +171,15 @@ def per_user_grads_two_points(loss_fn: LossFn, params_a: PyTree, params_b: PyTre
 
 
 def user_mesh(axis_name: str = "users", devices: list | None = None) -> Mesh:
-  """A one-dimensional mesh over all (or the given) devices, for the user axis."""
+  """A one-dimensional mesh over all (or the given) devices, for the user axis.
+
+  Args:
+    axis_name: the axis name (default ``"users"``).
+    devices: the devices (default: ``jax.devices()``).
+
+  Returns:
+    A ``jax.sharding.Mesh`` with one axis, ``axis_name``.
+  """
   devs = np.array(devices if devices is not None else jax.devices())
   return Mesh(devs, (axis_name,))
 
@@ -157,6 +190,17 @@ def shard_users(tree: PyTree, mesh: Mesh | None = None, axis_name: str = "users"
   Jitted code consuming the result runs data-parallel over users; XLA inserts the reduction
   of the aggregating stage, so the numbers equal the single-device computation (up to float
   summation order).
+
+  Args:
+    tree: a pytree whose leaves have a leading user axis.
+    mesh: the mesh (default: :func:`user_mesh` over all devices).
+    axis_name: the mesh axis of the users (default ``"users"``).
+
+  Returns:
+    ``tree`` with every leaf placed ``NamedSharding(mesh, P(axis_name))``.
+
+  Raises:
+    ValueError: a leaf's user axis is not divisible by the axis's device count.
   """
   mesh = mesh if mesh is not None else user_mesh(axis_name)
   n_dev = mesh.shape[axis_name]

@@ -83,6 +83,8 @@ class Result:
       are a public fallback point (Algorithms 1 and 3 halting, paper 001's ⊥). Derived from the
       record when the driver does not set it, and announced with a :class:`FallbackRelease`
       warning, so a user reading ``Result`` cannot mistake the fallback for a model.
+    announced: whether the fallback warning was issued (internal; ``dataclasses.replace``
+      copies it so the warning comes once per release).
   """
   params: Any
   privacy: PrivacyReport

@@ -40,6 +40,15 @@ def sample_uniform_ball(key: jax.Array, like: PyTree, radius: float | jax.Array,
 
   Returns a pytree shaped like ``like`` with leaves ``[*batch_shape, *leaf.shape]``; the ball
   is over the concatenation of all leaves (global norm), not leaf by leaf.
+
+  Args:
+    key: a JAX PRNG key.
+    like: a params pytree (its structure, shapes and dtypes).
+    radius: the ball's radius.
+    batch_shape: the leading shape of the draws (default: one point).
+
+  Returns:
+    The points (see above).
   """
   leaves, treedef = jax.tree.flatten(like)
   batch_shape = tuple(batch_shape)
@@ -64,6 +73,16 @@ def smoothing_offsets(key: jax.Array, params: PyTree, radius: float | jax.Array,
   """Fresh offsets for one step: leaves ``[num_users, m, *p.shape]`` (one per user and item).
 
   Call with ``fold_in(key, step)`` so every (step, user, item) draws an independent ``y``.
+
+  Args:
+    key: a JAX PRNG key (``fold_in(key, step)``).
+    params: a params pytree (its structure and shapes).
+    radius: the smoothing radius.
+    num_users: users per step.
+    m: items per user.
+
+  Returns:
+    The offsets, leaves ``[num_users, m, *p.shape]``.
   """
   return sample_uniform_ball(key, params, radius, (num_users, m))
 

@@ -42,7 +42,11 @@ LEVELS = ("user", "item")
 
 
 class MissingConstant(ConfigError):
-  """An algorithm needs a constant of the loss class that was not declared."""
+  """An algorithm needs a constant of the loss class that was not declared.
+
+  Args:
+    message: the constant that is missing and how to declare it.
+  """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,10 @@ class ProblemConstants:
     smoothness: beta, the gradient's Lipschitz constant.
     radius: R, the radius of the constraint ball around 0 (``inf``: unconstrained).
     strong_convexity: mu (strongly convex methods: paper 001, dp_loc_gd).
+
+  Raises:
+    TypeError: a constant is not a number.
+    ValueError: a constant is not > 0.
   """
   lipschitz: float | None = None
   smoothness: float | None = None
@@ -96,7 +104,19 @@ class PublicFacts:
   ``constants_declared`` is True: these constants are the user's declaration about their own
   loss, which the library cannot verify. An algorithm whose sensitivity rests on one it does
   not enforce reports provenance ``declared`` (the synthetic problems of
-  :mod:`dpsco_jax.problems` hold their constants by construction and have no such flag)."""
+  :mod:`dpsco_jax.problems` hold their constants by construction and have no such flag).
+
+  Args:
+    spec: the data's public facts (users ``n_users``, items per user ``m``).
+    constants: the declared constants (:class:`ProblemConstants` or a dict of its fields;
+      ``None``: none).
+    d: the number of parameters.
+    level: ``"user"`` (default) or ``"item"``.
+
+  Raises:
+    ValueError: an unknown ``level``.
+    TypeError: ``constants`` is neither a ``ProblemConstants`` nor a dict.
+  """
 
   constants_declared = True
 
@@ -153,6 +173,11 @@ class UserDataProblem(PublicFacts):
     data: the users' data.
     level: ``"user"`` (each user's mean over its real items) or ``"item"`` (every item).
     constants: :class:`ProblemConstants` (or a dict of its fields).
+
+  Raises:
+    TypeError: ``loss_fn`` is not callable, ``data`` is not a ``UserData`` or ``params`` is not
+      a non-empty pytree of floating-point arrays.
+    ValueError: ``loss_fn`` does not return a scalar for one item.
   """
 
   name = "user_data"
@@ -196,12 +221,29 @@ class UserDataProblem(PublicFacts):
     self._data = value
 
   def init_params(self) -> jax.Array:
+    """The initial parameters, raveled.
+
+    Returns:
+      ``params`` as one float vector of length ``d``.
+    """
     return self._w0
 
   def unflatten(self, w: jax.Array) -> Any:
-    """A released vector as your params pytree."""
+    """A released vector as your params pytree.
+
+    Args:
+      w: a vector of length ``d`` (e.g. ``Result.params`` of a driver).
+
+    Returns:
+      ``w`` with the structure, shapes and dtypes of the initial params.
+    """
     return self._unravel(w)
 
   def describe(self) -> dict:
+    """The problem's public sizes, for records.
+
+    Returns:
+      ``{"problem", "n_users", "m", "d", "level"}``.
+    """
     return {"problem": self.name, "n_users": self.n_users, "m": self.m, "d": self.d,
             "level": self.level}

@@ -93,6 +93,11 @@ class PoissonSampler:
     capacity: the static slot count of a batch (the plan's ``capacity``).
     seed: an int or a JAX PRNG key; step ``t`` uses a generator seeded by ``(seed, t)``, so
       every step's draw is fresh and the same seed replays the same samples.
+
+  Raises:
+    ValueError: ``n_users`` or ``capacity`` is not an int >= 1, or ``rate`` not in ``(0, 1]``;
+      ``seed`` is a negative int or beyond ``2**64``.
+    TypeError: ``seed`` is neither an int nor a single JAX PRNG key.
   """
 
   def __init__(self, n_users: int, rate: float, *, capacity: int,
@@ -108,7 +113,17 @@ class PoissonSampler:
     self._words = _seed_words(seed)
 
   def generator(self, step: int) -> np.random.Generator:
-    """The generator of step ``step`` (``0 <= step < 2**64``)."""
+    """The generator of step ``step`` (``0 <= step < 2**64``).
+
+    Args:
+      step: the step index.
+
+    Returns:
+      A numpy ``Generator`` seeded by ``(seed, step)``.
+
+    Raises:
+      ValueError: ``step`` is not an int in ``[0, 2**64)``.
+    """
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
         or not 0 <= step < 2**64:
       raise ValueError(f"step must be an int in [0, 2**64), got {step!r}")
@@ -117,7 +132,18 @@ class PoissonSampler:
     return np.random.default_rng(np.random.SeedSequence(entropy))
 
   def sample(self, step: int) -> np.ndarray:
-    """Sorted indices of step ``step``'s sampled users (untruncated)."""
+    """Sorted indices of step ``step``'s sampled users (untruncated).
+
+    Args:
+      step: the step index (see :meth:`generator`).
+
+    Returns:
+      The sampled user indices, int64, sorted (each user independently with probability
+      ``rate``).
+
+    Raises:
+      ValueError: ``step`` is not an int in ``[0, 2**64)``.
+    """
     return poisson_indices(self.generator(step), self.n_users, self.rate)
 
   def __call__(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -147,6 +173,19 @@ def gather_batch(data: UserData, idx: np.ndarray, mask: np.ndarray, *,
   ``idx`` indexes the slots, slot ``r`` being item ``r % m`` of user ``r // m``; returns
   leaves ``[capacity, 1, ...]`` and weights ``[capacity, 1]`` (1 on a real item, 0 on a
   padding slot or an unsampled row), the rows of the item view reshaped to ``[U m, 1, ...]``.
+
+  Args:
+    data: the users' data (in memory or memory-mapped).
+    idx: ``[capacity]`` int indices (users, or item slots for ``"item_rows"``).
+    mask: ``[capacity]`` bool, True where ``idx`` holds a sampled row.
+    view: ``"user"`` (default), ``"item"`` or ``"item_rows"``.
+
+  Returns:
+    ``{"example", "weight"}``, the host batch described above.
+
+  Raises:
+    ValueError: an unknown ``view``, or ``idx`` and ``mask`` not both of shape ``[capacity]``.
+    IndexError: an index outside the data's rows.
   """
   if view not in VIEWS:
     raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
@@ -178,7 +217,24 @@ def iter_batches(data: UserData, sampler: PoissonSampler, steps: int, *, view: s
                  ) -> Iterator[tuple[int, Any, Any]]:
   """``(t, batch, mask)`` for ``t = start, ..., start + steps - 1``, moved to the device by
   ``put``; step ``t + 1`` is sampled and gathered in a background thread while the caller
-  works on step ``t``."""
+  works on step ``t``.
+
+  Args:
+    data: the users' data.
+    sampler: the Poisson sampler, for ``data``'s rows (users, or ``U m`` item slots for
+      ``view="item_rows"``).
+    steps: the number of steps to yield.
+    view: ``"user"`` (default), ``"item"`` or ``"item_rows"`` (see :func:`gather_batch`).
+    start: the first step index (default 0; e.g. when resuming).
+    put: moves a host batch to the device (default ``jax.device_put``).
+
+  Yields:
+    ``(t, batch, mask)``: the step index, the batch of :func:`gather_batch` and the
+    ``[capacity]`` mask, both passed through ``put``.
+
+  Raises:
+    ValueError: the sampler is not for ``data``'s row count; as :func:`gather_batch`.
+  """
   rows = data.n_users * (data.max_items_per_user if view == "item_rows" else 1)
   if sampler.n_users != rows:
     raise ValueError(f"the sampler is for {sampler.n_users} rows, the data has {rows} "

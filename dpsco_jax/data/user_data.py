@@ -110,7 +110,17 @@ class DataSpec:
     object.__setattr__(self, "measured", measured)
 
   def declared(self, fact: str) -> bool:
-    """Whether ``fact`` (one of :data:`FACTS`) was declared rather than measured."""
+    """Whether ``fact`` (one of :data:`FACTS`) was declared rather than measured.
+
+    Args:
+      fact: ``"n_users"`` or ``"max_items_per_user"``.
+
+    Returns:
+      True when ``fact`` was declared, False when it was measured on the data.
+
+    Raises:
+      ValueError: ``fact`` is not one of :data:`FACTS`.
+    """
     if fact not in FACTS:
       raise ValueError(f"unknown fact {fact!r}; facts: {FACTS}")
     return fact not in self.measured
@@ -220,7 +230,15 @@ _id_seed = id_seed   # the old private name
 def weighted_loss(loss_fn: Callable) -> Callable:
   """``loss_fn(params, example)`` -> ``weight * loss_fn(params, ex["example"])`` for the
   ``{"example", "weight"}`` views of :class:`UserData` (cached: one function object per
-  ``loss_fn``, so compiled loops are reused)."""
+  ``loss_fn``, so compiled loops are reused).
+
+  Args:
+    loss_fn: ``loss_fn(params, example) -> scalar``, the loss of one item.
+
+  Returns:
+    ``loss(params, ex)`` for ``ex = {"example": ..., "weight": ...}``: the weighted loss. Called
+    on an item whose loss is not a scalar it raises ``ValueError``.
+  """
   def loss(params, ex):
     value = loss_fn(params, ex["example"])
     if jnp.ndim(value) != 0:
@@ -368,6 +386,18 @@ class UserData:
       store: a new (or empty) directory: the padded leaves are written there and the result
         reads them as memory maps (:meth:`open` reopens it), so the padded copy never sits
         in memory; examples must be one array or a flat dict of arrays.
+
+    Returns:
+      The padded, user-grouped :class:`UserData` (``m_declared`` when ``max_items_per_user`` was
+      given).
+
+    Raises:
+      ValueError: an unknown ``selection``; ``examples`` without arrays; empty ``user_ids``;
+        a leaf whose leading axis is not ``len(user_ids)``; ``max_items_per_user < 1``; ids that
+        are ``NaN``/``None``, blank, fractional floats or not one-dimensional.
+      TypeError: ids that are bools, of mixed kinds or of an unsupported dtype; a non-int
+        ``max_items_per_user``; examples a store cannot hold (not one array or a flat dict).
+      FileExistsError: ``store`` is a directory that is not empty (nothing is overwritten).
     """
     if selection not in SELECTIONS:
       raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
@@ -432,7 +462,21 @@ class UserData:
     :class:`~dpsco_jax.data.grouping.StoreIntegrityError` naming the file. The checksums read
     the whole store once (streamed, ~1 GB/s); ``verify=False`` skips the leaves' checksums
     (sizes, headers and the small arrays are still checked), e.g. on the processes of a
-    distributed run once one process has verified the store."""
+    distributed run once one process has verified the store.
+
+    Args:
+      store: the directory written by ``from_arrays(..., store=store)``.
+      verify: check every leaf's checksum against the manifest (default True).
+
+    Returns:
+      The :class:`UserData` whose leaves are read-only memory maps of the store's files.
+
+    Raises:
+      StoreIntegrityError: a file of the store was edited, truncated, swapped, added or removed,
+        or its ``meta.json`` is malformed or of an old format (the message names the file).
+      FileNotFoundError: ``store`` is not a complete store (no ``meta.json``).
+      ArgumentTypeError: ``verify`` is not a bool.
+    """
     examples, arrays, m_declared, digest = grouping.open_store(
         store, verify=check_bool(verify, "verify"))
     data = cls(examples, arrays["item_mask"], arrays["user_ids"], arrays["n_items"],
@@ -467,7 +511,27 @@ class UserData:
                  max_items_per_user: int | None = None, selection: str = "random",
                  seed: int = 0, store: str | os.PathLike | None = None) -> "UserData":
     """From a pandas ``DataFrame``, a ``datasets.Dataset`` or a mapping of columns: examples
-    are ``{column: array}`` of ``columns`` (default: every column but ``user_column``)."""
+    are ``{column: array}`` of ``columns`` (default: every column but ``user_column``).
+
+    Args:
+      table: a pandas ``DataFrame``, a ``datasets.Dataset`` or a mapping of column name to array.
+      user_column: the column holding each row's user id.
+      columns: the columns that make an item (default: every column but ``user_column``).
+      max_items_per_user: the contribution bound ``m`` (see :meth:`from_arrays`).
+      selection: which items a user with more than ``m`` keeps (see :meth:`from_arrays`).
+      seed: seed of the ``"random"`` selection.
+      store: a new directory to write the padded leaves to (see :meth:`from_arrays`).
+
+    Returns:
+      The :class:`UserData` with examples ``{column: [U, m, ...]}``.
+
+    Raises:
+      TypeError: ``table`` is not a DataFrame, a Dataset or a mapping of columns; bad ids (see
+        :meth:`from_arrays`).
+      ValueError: ``user_column`` or a name of ``columns`` is not a column of ``table`` (the
+        message lists the columns); as :meth:`from_arrays`.
+      FileExistsError: ``store`` is a directory that is not empty.
+    """
     cols = _columns(table, columns, user_column)
     users = cols.pop("__user__")
     return cls.from_arrays(cols, users, max_items_per_user=max_items_per_user,
@@ -497,7 +561,11 @@ class UserData:
 
   def user_view(self) -> dict:
     """``{"example", "weight"}`` with ``weight = m / k_u`` on real items: the mean over the
-    ``m`` slots equals the mean over the user's ``k_u`` real items."""
+    ``m`` slots equals the mean over the user's ``k_u`` real items.
+
+    Returns:
+      ``{"example": leaves [U, m, ...] on the device, "weight": float32 [U, m]}``.
+    """
     # m / k_u rounded to float32 per user, then spread over the mask (exact: 0 or 1 times it):
     # the values of the float64 [U, m] product cast to float32, without its 8-byte temporary
     w = self.item_mask * (self.max_items_per_user / self.n_items).astype(np.float32)[:, None]
@@ -507,13 +575,27 @@ class UserData:
             "weight": jax.device_put(w)}
 
   def item_view(self) -> dict:
-    """``{"example", "weight"}`` with weight 1 on real items, 0 on padding."""
+    """``{"example", "weight"}`` with weight 1 on real items, 0 on padding.
+
+    Returns:
+      ``{"example": leaves [U, m, ...] on the device, "weight": float32 [U, m]}``.
+    """
     return {"example": jax.tree.map(jax.device_put, self.examples),   # as user_view
             "weight": jnp.asarray(self.item_mask, jnp.float32)}
 
   def select(self, users: Any) -> "UserData":
     """The users at positions ``users`` (an index array or bool mask ``[U]``), e.g. a split
-    of users into train and test."""
+    of users into train and test.
+
+    Args:
+      users: an integer index array of user positions, or a bool mask of shape ``[U]``.
+
+    Returns:
+      A new :class:`UserData` of those users (same ``m`` and ``m_declared``).
+
+    Raises:
+      IndexError: a position is out of range, or the mask's shape is not ``[U]``.
+    """
     idx = np.arange(self.n_users)[np.asarray(users)]
     return UserData(jax.tree.map(lambda x: np.asarray(x)[idx], self.examples),
                     self.item_mask[idx], self.user_ids[idx], self.n_items[idx],
@@ -528,7 +610,22 @@ class UserData:
 
     The result's arrays (``n_users``, ``len``) are the shard's; its :attr:`spec` is the whole
     dataset's (same ``n_users``, ``m``, measured/declared flags), so a plan made on any process
-    is the one-process plan. Sharding a shard is refused (shard the whole data)."""
+    is the one-process plan. Sharding a shard is refused (shard the whole data).
+
+    Args:
+      process_index: this process's index, in ``[0, process_count)``
+        (``jax.process_index()``).
+      process_count: the number of processes (``jax.process_count()``).
+      layout: ``"contiguous"`` (default: consecutive blocks of users) or ``"strided"``.
+
+    Returns:
+      The shard's :class:`UserData`, with ``shard_info`` set.
+
+    Raises:
+      ValueError: this data is already a shard; ``process_index`` out of range; fewer users
+        than processes; an unknown ``layout``.
+      TypeError: ``process_index`` or ``process_count`` is not an int.
+    """
     if self.shard_info is not None:
       raise ValueError("this UserData is already shard "
                        f"{self.shard_info.index} of {self.shard_info.count}: shard the whole "
@@ -550,7 +647,14 @@ class UserData:
   def require_all_items(self, who: str) -> None:
     """Raises unless every item was kept: an item-level guarantee (``who``) does not cover
     items dropped by ``max_items_per_user``, since one added or removed item of a truncated
-    user can change several of its kept items."""
+    user can change several of its kept items.
+
+    Args:
+      who: the algorithm name the message states.
+
+    Raises:
+      ValueError: items were dropped by ``max_items_per_user``.
+    """
     if self.n_dropped is not None and self.n_dropped.any():
       raise ValueError(f"{who} gives an item-level guarantee, which does not cover items "
                        "dropped by max_items_per_user (one added or removed item can change "
@@ -558,7 +662,11 @@ class UserData:
                        "max_items_per_user, or use a user-level algorithm")
 
   def items(self) -> Any:
-    """Every real item, flattened: leaves ``[sum k_u, ...]`` (e.g. for evaluation)."""
+    """Every real item, flattened: leaves ``[sum k_u, ...]`` (e.g. for evaluation).
+
+    Returns:
+      A pytree of numpy arrays, one row per real item.
+    """
     return jax.tree.map(lambda x: np.asarray(x)[self.item_mask], self.examples)
 
   def __repr__(self) -> str:  # sizes only: never the data

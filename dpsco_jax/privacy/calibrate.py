@@ -36,7 +36,20 @@ def _as_list(x: Any) -> list:
 
 def ledger_epsilon(events: Sequence[Any], *, delta: float, relation: str,
                    accountant: str = "auto") -> float:
-  """Epsilon of ``events`` composed by a fresh ledger (the calibrator's objective)."""
+  """Epsilon of ``events`` composed by a fresh ledger (the calibrator's objective).
+
+  Args:
+    events: the events to compose.
+    delta: the delta, in ``(0, 1)``.
+    relation: the neighbouring relation.
+    accountant: ``"pld"``, ``"rdp"`` or ``"auto"`` (default).
+
+  Returns:
+    The exact epsilon, a float.
+
+  Raises:
+    ValueError: a bad ``delta``, ``relation``, ``accountant`` or event.
+  """
   ledger = PrivacyLedger(delta=delta, relation=relation, accountant=accountant)
   for i, e in enumerate(events):
     ledger.compose(e, label=f"event {i}")
@@ -160,7 +173,25 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
   plan and its driver's re-derivation of the same plan, and every further seed, calibrate once
   (the bisection of a PLD is most of a small fit's time). A key that did not determine the
   family could only pick a wrong z, never a wrong report: every run charges its actual events
-  to a ledger, which reports (and budget-checks) their epsilon."""
+  to a ledger, which reports (and budget-checks) their epsilon.
+
+  Args:
+    make_event: ``z -> event``, the mechanism's event at noise multiplier ``z``.
+    epsilon: the target epsilon.
+    delta: the target delta, in ``(0, 1)``.
+    relation: the neighbouring relation (default ``"add_remove"``).
+    accountant: ``"pld"``, ``"rdp"`` or ``"auto"`` (default).
+    lower: the smallest multiplier searched (default 0.3).
+    fixed: events composed with ``make_event(z)`` that do not depend on ``z``.
+    key: a hashable description of ``make_event`` for memoizing (see above).
+
+  Returns:
+    The noise multiplier ``z`` (noise std over the add/remove sensitivity), a float.
+
+  Raises:
+    ValueError: ``fixed`` alone exceeds the target, no multiplier reaches it, or a bad
+      ``epsilon``, ``delta``, ``relation`` or ``accountant``.
+  """
   if key is not None:
     fixed = tuple(_as_list(fixed))
     family = ByKey((make_event, fixed), (key, tuple(event_key(e) for e in fixed)))
@@ -216,7 +247,22 @@ def calibrate_poisson_sgd(sampling_rate: float, steps: int, *, epsilon: float, d
                           relation: str = "add_remove", accountant: str = "auto") -> float:
   """:func:`calibrate_noise_multiplier` of ``steps`` Poisson-sampled Gaussian steps (DP-SGD's
   event), memoized on these public numbers in the one cache: the seeds of a sweep and a
-  trainer rebuilt on the same schedule calibrate once (the PLD bisection costs seconds)."""
+  trainer rebuilt on the same schedule calibrate once (the PLD bisection costs seconds).
+
+  Args:
+    sampling_rate: the Poisson sampling rate ``q`` in ``(0, 1]``.
+    steps: the number of steps.
+    epsilon: the target epsilon.
+    delta: the target delta, in ``(0, 1)``.
+    relation: the neighbouring relation (default ``"add_remove"``).
+    accountant: ``"pld"``, ``"rdp"`` or ``"auto"`` (default).
+
+  Returns:
+    The noise multiplier ``z``, a float.
+
+  Raises:
+    ValueError: as :func:`calibrate_noise_multiplier`.
+  """
   return calibrate_noise_multiplier(
       lambda z: dp_accounting.SelfComposedDpEvent(
           dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(z)),

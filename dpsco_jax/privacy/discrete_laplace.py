@@ -147,7 +147,18 @@ def tdlap_pmf_from_kappa(epsilon: float, kappa_: int) -> np.ndarray:
 
 
 def tdlap_pmf(epsilon: float, delta: float) -> np.ndarray:
-  """Exact pmf of ``TDLap(epsilon, delta)`` on ``{0, ..., 2 kappa(epsilon, delta)}``."""
+  """Exact pmf of ``TDLap(epsilon, delta)`` on ``{0, ..., 2 kappa(epsilon, delta)}``.
+
+  Args:
+    epsilon: the privacy parameter, > 0.
+    delta: the truncation's delta, in ``(0, 1)``.
+
+  Returns:
+    A float64 array of length ``2 kappa + 1``.
+
+  Raises:
+    ValueError: ``epsilon`` is not a finite number > 0 or ``delta`` is not in ``(0, 1)``.
+  """
   return tdlap_pmf_from_kappa(epsilon, kappa(epsilon, delta))
 
 
@@ -192,5 +203,19 @@ def tdlap_sample_from_kappa(key: jax.Array, epsilon: float, kappa_: int,
 
 def tdlap_sample(key: jax.Array, epsilon: float, delta: float,
                  shape: tuple[int, ...] = ()) -> jax.Array:
-  """``R ~ TDLap(epsilon, delta)`` (Def. 3.4): int32 draws in ``{0..2 kappa}``."""
+  """``R ~ TDLap(epsilon, delta)`` (Def. 3.4): int32 draws in ``{0..2 kappa}``.
+
+  Args:
+    key: a JAX PRNG key.
+    epsilon: the privacy parameter, > 0.
+    delta: the truncation's delta, in ``(0, 1)``.
+    shape: the shape of the draws (default: a scalar).
+
+  Returns:
+    An int32 array of ``shape``.
+
+  Raises:
+    ValueError: ``epsilon`` is not a finite number > 0 or ``delta`` is not in ``(0, 1)``.
+    ArgumentTypeError: ``key`` is not a JAX PRNG key.
+  """
   return tdlap_sample_from_kappa(key, epsilon, kappa(epsilon, delta), shape)

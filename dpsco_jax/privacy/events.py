@@ -47,7 +47,14 @@ class PureDpEvent:
   Deliberately *not* a ``dp_accounting`` event: a Laplace event of scale ``1/eps`` has a
   privacy-loss distribution that does not dominate every eps-DP mechanism (it would
   under-count AboveThreshold), and dp_accounting 0.6.0's randomized-response event ignores
-  composition counts. The ledger adds pure-DP epsilons by basic composition."""
+  composition counts. The ledger adds pure-DP epsilons by basic composition.
+
+  Attributes:
+    epsilon: the mechanism's epsilon (a finite number > 0).
+
+  Raises:
+    ValueError: ``epsilon`` is not a finite number > 0.
+  """
   epsilon: float
 
   def __post_init__(self):
@@ -57,7 +64,15 @@ class PureDpEvent:
 @dataclasses.dataclass(frozen=True)
 class ApproxDpEvent:
   """An (epsilon, delta)-DP block whose guarantee comes from a theorem (basic composition:
-  epsilons and deltas add; the deltas are added to the reported delta)."""
+  epsilons and deltas add; the deltas are added to the reported delta).
+
+  Attributes:
+    epsilon: the block's epsilon.
+    delta: the block's delta, in ``[0, 1)``.
+
+  Raises:
+    ValueError: ``epsilon`` is not finite and > 0, or ``delta`` not in ``[0, 1)``.
+  """
   epsilon: float
   delta: float
 
@@ -73,7 +88,18 @@ class ApproxRdpEvent:
   """``(alpha, epsilon_rdp, delta_tv)``-approximate RDP (paper 002, Definition 2 / Lemma 3).
 
   Entries with the same ``alpha`` and ``delta_prime`` add up (Lemma 3) and are converted once
-  by Corollary 1: ``(eps_rdp + log(1/delta')/(alpha-1), delta' + (1 + e^eps) delta_tv)``."""
+  by Corollary 1: ``(eps_rdp + log(1/delta')/(alpha-1), delta' + (1 + e^eps) delta_tv)``.
+
+  Attributes:
+    alpha: the Renyi order (> 1).
+    epsilon_rdp: the RDP epsilon at ``alpha``.
+    delta_tv: the total-variation slack ``delta`` of the definition.
+    delta_prime: the ``delta'`` of the conversion to (epsilon, delta), in ``(0, 1)``.
+
+  Raises:
+    ValueError: ``alpha <= 1``, a value that is not finite or negative, or ``delta_prime``
+      not in ``(0, 1)``.
+  """
   alpha: float
   epsilon_rdp: float
   delta_tv: float
@@ -93,7 +119,17 @@ OUTSIDE_ACCOUNTANT = (PureDpEvent, ApproxDpEvent, ApproxRdpEvent)
 
 
 def pure_dp_event(epsilon: float) -> PureDpEvent:
-  """An epsilon-DP event (composed by basic composition; see :class:`PureDpEvent`)."""
+  """An epsilon-DP event (composed by basic composition; see :class:`PureDpEvent`).
+
+  Args:
+    epsilon: the mechanism's epsilon.
+
+  Returns:
+    A :class:`PureDpEvent`.
+
+  Raises:
+    ValueError: ``epsilon`` is not a finite number > 0.
+  """
   return PureDpEvent(epsilon)
 
 
@@ -107,7 +143,18 @@ def validate_event(event: Any) -> Any:
   """Returns ``event`` if every node is a known type with valid parameters; raises otherwise.
 
   Known: Gaussian, Laplace, SelfComposed, Composed, PoissonSampled, SampledWithoutReplacement,
-  SampledWithReplacement, SingleEpochTreeAggregation, NoOp, and the three events above."""
+  SampledWithReplacement, SingleEpochTreeAggregation, NoOp, and the three events above.
+
+  Args:
+    event: the event to check.
+
+  Returns:
+    ``event`` itself.
+
+  Raises:
+    ValueError: an unknown node type, or a parameter that is not finite, not a positive
+      count, or out of range (named in the message).
+  """
   d = dp_accounting
   if isinstance(event, OUTSIDE_ACCOUNTANT):
     return event  # checked in __post_init__
@@ -156,7 +203,19 @@ def for_accountant(event: Any, kind: str, relation: str) -> Any:
   and Laplaces (also inside sampling without replacement, whose Wang et al. bound is stated
   for the replace-one sensitivity ``2C``), so when RDP accounts under replace-one every
   multiplier is halved — else RDP would under-report epsilon (~2x at z = 2). Unknown node
-  types are refused (:func:`validate_event`), never passed through."""
+  types are refused (:func:`validate_event`), never passed through.
+
+  Args:
+    event: a ``dp_accounting`` event (or one of the library's own events).
+    kind: the accountant, ``"pld"`` or ``"rdp"``.
+    relation: the neighbouring relation the guarantee is stated under.
+
+  Returns:
+    The event the accountant should read (``event`` itself unless RDP under replace-one).
+
+  Raises:
+    ValueError: an unknown or invalid event node, or an unknown ``relation``.
+  """
   validate_event(event)
   rel = accountant_relation(relation, event)
   if kind != "rdp" or rel != dp_accounting.NeighboringRelation.REPLACE_ONE:
@@ -192,7 +251,17 @@ def for_accountant(event: Any, kind: str, relation: str) -> Any:
 # --- serialization (checkpoints, the ledger digest) -------------------------------------------
 
 def event_to_json(event: Any) -> dict:
-  """A canonical JSON-able dict of a validated event (round-trips with :func:`event_from_json`)."""
+  """A canonical JSON-able dict of a validated event (round-trips with :func:`event_from_json`).
+
+  Args:
+    event: a validated event.
+
+  Returns:
+    A dict with a ``"type"`` key and the event's fields.
+
+  Raises:
+    ValueError: ``event`` is not a known, valid event.
+  """
   validate_event(event)
   d = dp_accounting
   if isinstance(event, OUTSIDE_ACCOUNTANT):
@@ -219,7 +288,18 @@ def event_to_json(event: Any) -> dict:
 
 
 def event_from_json(obj: dict) -> Any:
-  """Inverse of :func:`event_to_json`; the result is validated."""
+  """Inverse of :func:`event_to_json`; the result is validated.
+
+  Args:
+    obj: a dict from :func:`event_to_json`.
+
+  Returns:
+    The event (validated).
+
+  Raises:
+    ValueError: an unknown ``type`` or an invalid event.
+    KeyError: a field of the event's type is missing.
+  """
   d = dp_accounting
   t = obj.get("type")
   simple = {"PureDpEvent": PureDpEvent, "ApproxDpEvent": ApproxDpEvent,

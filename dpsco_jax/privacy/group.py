@@ -36,7 +36,16 @@ _LOG_DELTA_FLOOR = math.log(1e-300)  # below this the item delta underflows floa
 @dataclasses.dataclass(frozen=True)
 class GroupPrivacy:
   """A group-of-``group_size`` guarantee ``(epsilon, delta)`` and the item-level point
-  ``(item_epsilon, item_delta)`` it was lifted from (computed by ``accountant``)."""
+  ``(item_epsilon, item_delta)`` it was lifted from (computed by ``accountant``).
+
+  Attributes:
+    epsilon: the group-level epsilon (``inf`` when no item delta meets ``delta``).
+    delta: the group-level delta.
+    item_epsilon: the item-level epsilon it was lifted from.
+    item_delta: the item-level delta it was lifted from.
+    accountant: the accountant that computed the item-level point.
+    group_size: ``k``, the items per group.
+  """
   epsilon: float
   delta: float
   item_epsilon: float
@@ -91,6 +100,8 @@ def group_privacy_epsilon(event: Any, *, group_size: int, delta: float,
       ``relation`` (the group relation is the same one applied to ``group_size`` items).
     group_size: ``k >= 1`` items per group (user).
     delta: the group-level delta to meet.
+    relation: the neighbouring relation of ``event`` and of the group (default
+      ``"add_remove"``).
     tv_distance: total-variation distance between the run and ``event`` (folded into the
       item delta as ``(1 + e^{eps_i}) tv``).
     epsilon_budget: when set, raises :class:`PrivacyBudgetExceeded` if the lifted epsilon
@@ -102,6 +113,11 @@ def group_privacy_epsilon(event: Any, *, group_size: int, delta: float,
   Returns:
     :class:`GroupPrivacy`; ``epsilon = inf`` (with ``item_delta = 0``) when no item delta
     makes the lifted delta ``<= delta``.
+
+  Raises:
+    ValueError: an invalid event, or a bad ``group_size`` (an integer >= 1), ``delta``,
+      ``relation``, ``tv_distance``, ``epsilon_budget`` or ``grid`` (named in the message).
+    PrivacyBudgetExceeded: the lifted epsilon exceeds ``epsilon_budget``.
   """
   validate_event(event)
   k = check_int(group_size, "group_size")

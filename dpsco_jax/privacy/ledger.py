@@ -102,7 +102,20 @@ def _shared_epsilon(parts: ByKey, delta: float, relation: str, accountant: str) 
 
 def epsilon_of(event: Any, *, delta: float, relation: str = "add_remove",
                accountant: str = "auto") -> float:
-  """Epsilon of one (possibly composed) event at ``delta`` (a fresh ledger's answer)."""
+  """Epsilon of one (possibly composed) event at ``delta`` (a fresh ledger's answer).
+
+  Args:
+    event: the event (see :meth:`PrivacyLedger.compose`).
+    delta: the delta, in ``(0, 1)``.
+    relation: the neighbouring relation (default ``"add_remove"``).
+    accountant: ``"pld"``, ``"rdp"`` or ``"auto"`` (default).
+
+  Returns:
+    The exact epsilon, a float.
+
+  Raises:
+    ValueError: a bad ``delta``, ``relation``, ``accountant`` or event.
+  """
   ledger = PrivacyLedger(delta=delta, relation=relation, accountant=accountant)
   return ledger.compose(event, label="event").epsilon(exact=True)
 
@@ -113,7 +126,24 @@ class PrivacyReport:
 
   ``epsilon_kind``: ``"exact"`` (the default: the accountant's or theorem's epsilon of exactly
   what ran; every :meth:`PrivacyLedger.report` is exact) or ``"upper_bound"`` (a cheaper
-  number at or above it). ``str(report)`` names it beside the number."""
+  number at or above it). ``str(report)`` names it beside the number.
+
+  Attributes:
+    epsilon: the guarantee's epsilon.
+    delta: the guarantee's delta.
+    provenance: a :class:`Provenance` value: ``theorem``, ``accountant``, ``heuristic``,
+      ``declared`` or ``none``.
+    level: ``"user"``, ``"item"`` or ``"none"`` (a non-private run).
+    relation: the neighbouring relation (``add_remove``, ``replace_one``, ``zero_out``).
+    mechanisms: the mechanisms composed.
+    paper_epsilon: the paper's stated epsilon, when it differs from ``epsilon``.
+    notes: free text (e.g. the declared constants the guarantee rests on).
+    epsilon_kind: ``"exact"`` or ``"upper_bound"`` (see above).
+
+  Raises:
+    ValueError: an unknown provenance, level, relation or epsilon kind, or provenance
+      ``none`` without level ``none`` (or the reverse).
+  """
   epsilon: float
   delta: float
   provenance: str
@@ -133,6 +163,11 @@ class PrivacyReport:
       raise ValueError("provenance 'none' is reserved for non-private results (level 'none')")
 
   def to_dict(self) -> dict:
+    """The report as a JSON-able dict.
+
+    Returns:
+      ``dataclasses.asdict(self)``.
+    """
     return dataclasses.asdict(self)
 
   def __str__(self) -> str:
@@ -160,6 +195,10 @@ class PrivacyLedger:
     relation: ``add_remove``, ``replace_one`` or ``zero_out`` (see
       :mod:`dpsco_jax.privacy.relations`); user-level papers 000 and 001 use replace-one.
     accountant: ``pld`` (tight), ``rdp``, or ``auto`` (PLD when it supports every event).
+
+  Raises:
+    ValueError: ``delta`` not in ``(0, 1)``, ``epsilon_budget`` not a finite number > 0, or an
+      unknown ``relation`` or ``accountant`` (each named in the message).
   """
 
   def __init__(self, *, delta: float, epsilon_budget: float | None = None,
@@ -192,7 +231,22 @@ class PrivacyLedger:
 
   def compose(self, event: Any, *, label: str, group: str | None = None,
               count: int = 1) -> "PrivacyLedger":
-    """Records ``count`` self-compositions of ``event`` (no budget check)."""
+    """Records ``count`` self-compositions of ``event`` (no budget check).
+
+    Args:
+      event: a ``dp_accounting`` event or one of :class:`PureDpEvent`, :class:`ApproxDpEvent`,
+        :class:`ApproxRdpEvent`.
+      label: what the event is (shown in reports).
+      group: a name for events accounted together by :meth:`composed_event` (default none).
+      count: how many times ``event`` ran (default 1).
+
+    Returns:
+      This ledger (calls chain).
+
+    Raises:
+      ValueError: ``count`` is not a positive int, or ``event`` is not a known, valid event.
+      TypeError: ``label`` is not a str.
+    """
     self._entries = self._with(event, label, group, count)
     return self
 
@@ -201,7 +255,21 @@ class PrivacyLedger:
     """The epsilon that spending ``event`` ``count`` times would reach (an :class:`Epsilon`:
     the grid bound, or exact where no count was rounded or the budget needed the exact
     value); raises :class:`PrivacyBudgetExceeded` if over budget. Records nothing (a planned
-    run is checked once, before its first step)."""
+    run is checked once, before its first step).
+
+    Args:
+      event: the event to be spent (see :meth:`compose`).
+      label: what the event is (default ``"planned"``).
+      group: its group (see :meth:`compose`).
+      count: how many times it would run (default 1).
+
+    Returns:
+      The :class:`Epsilon` the ledger would reach at its ``delta``.
+
+    Raises:
+      PrivacyBudgetExceeded: that epsilon is over ``epsilon_budget``.
+      ValueError: ``count`` is not a positive int, or ``event`` is not a known, valid event.
+    """
     return self._checked(self._with(event, label, group, count), label)
 
   def _lower_bound(self, entries: list[_Entry]) -> float:
@@ -256,6 +324,15 @@ class PrivacyLedger:
 
     Raises:
       PrivacyBudgetExceeded: when the composed epsilon would exceed ``epsilon_budget``.
+
+    Args:
+      event: the event released (see :meth:`compose`).
+      label: what was released (shown in reports).
+      group: its group (see :meth:`compose`).
+      count: how many times it ran (default 1).
+
+    Returns:
+      The new :class:`Epsilon` (see above).
     """
     candidate = self._with(event, label, group, count)  # validated once
     eps = self._checked(candidate, label)
@@ -313,19 +390,41 @@ class PrivacyLedger:
     most ~9% above the exact value on DP-SGD workloads, and never below it; kind
     ``upper_bound``, or ``exact`` when no count needed rounding): cheap enough to call every
     step. ``exact=True`` composes the exact counts (kind ``exact``; one accountant evaluation
-    per new ledger state, cached). Reports and calibration use the exact value."""
+    per new ledger state, cached). Reports and calibration use the exact value.
+
+    Args:
+      delta: the delta to report epsilon at, in ``(0, 1)`` (default: the ledger's).
+      exact: compose the exact counts rather than the grid bound (default False).
+
+    Returns:
+      An :class:`Epsilon` (a float with a ``kind``: ``"exact"`` or ``"upper_bound"``).
+
+    Raises:
+      ValueError: ``delta`` is not in ``(0, 1)``.
+    """
     d = self.delta if delta is None else check_delta(delta)
     if exact:  # exact counts; still a bound where the accountant could not answer
       return Epsilon(*self._epsilon(self._entries, d, rounded=False)[::2])
     return self._grid_epsilon(self._entries, d)
 
   def extra_delta(self) -> float:
-    """Delta contributed by (epsilon, delta) and approximate-RDP blocks (added to reports)."""
+    """Delta contributed by (epsilon, delta) and approximate-RDP blocks (added to reports).
+
+    Returns:
+      The sum of those blocks' deltas (0.0 when there are none).
+    """
     return self._epsilon(self._entries, self.delta, rounded=False)[1]
 
   def composed_event(self, group: str | None = None) -> dp_accounting.DpEvent:
     """The ungrouped accountant events plus those of ``group`` as one ``ComposedDpEvent``
-    (blocks outside the accountant are left out)."""
+    (blocks outside the accountant are left out).
+
+    Args:
+      group: the group whose events join the ungrouped ones (default ``None``: ungrouped only).
+
+    Returns:
+      A ``dp_accounting.ComposedDpEvent``.
+    """
     parts = [dp_accounting.SelfComposedDpEvent(e.event, e.count) if e.count > 1 else e.event
              for e in self._entries if (e.group is None or e.group == group)
              and not isinstance(e.event, OUTSIDE_ACCOUNTANT)]
@@ -342,7 +441,24 @@ class PrivacyLedger:
     + ``(1 + e^eps) * tv_distance``. The last term covers a run whose output distribution is
     within total variation ``tv_distance`` of the accounted mechanism's on every dataset
     (e.g. truncated Poisson sampling): ``P[M(D) in S] <= P[M'(D) in S] + tv <= e^eps
-    P[M'(D') in S] + delta + tv <= e^eps P[M(D') in S] + delta + (1 + e^eps) tv``."""
+    P[M'(D') in S] + delta + tv <= e^eps P[M(D') in S] + delta + (1 + e^eps) tv``.
+
+    Args:
+      provenance: where the guarantee comes from (a :class:`Provenance` or its value).
+      level: ``"user"`` (default), ``"item"`` or ``"none"``.
+      mechanisms: the mechanisms' names (default: the recorded events' labels).
+      paper_epsilon: the epsilon the paper's theorem states, when it differs (default none).
+      notes: free text for the report (e.g. the declared constants it rests on).
+      extra_delta: a delta to add, >= 0 (default 0).
+      tv_distance: the total variation distance to the accounted mechanism, >= 0 (default 0).
+
+    Returns:
+      The :class:`PrivacyReport` (exact epsilon).
+
+    Raises:
+      ValueError: ``tv_distance`` or ``extra_delta`` is negative, or an unknown ``provenance``
+        or ``level`` (``provenance="none"`` only with ``level="none"``).
+    """
     if tv_distance < 0 or extra_delta < 0:
       raise ValueError("tv_distance and extra_delta must be >= 0")
     eps, blocks_delta, kind = self._epsilon(self._entries, self.delta, rounded=False)
@@ -357,11 +473,20 @@ class PrivacyLedger:
 
   # --- integrity ------------------------------------------------------------------------------
   def config(self) -> dict:
+    """The ledger's configuration, as :meth:`state_dict` records it.
+
+    Returns:
+      ``{"delta", "epsilon_budget", "relation", "accountant"}``.
+    """
     return {"delta": self.delta, "epsilon_budget": self.epsilon_budget,
             "relation": self.relation, "accountant": self.accountant}
 
   def state_dict(self) -> dict:
-    """JSON-able configuration + entries + SHA-256 digest over both."""
+    """JSON-able configuration + entries + SHA-256 digest over both.
+
+    Returns:
+      ``{"config", "entries", "digest"}`` (see :meth:`from_state_dict`).
+    """
     body = {"config": self.config(),
             "entries": [{"label": e.label, "event": event_to_json(e.event), "group": e.group,
                          "count": e.count} for e in self._entries]}
@@ -372,7 +497,20 @@ class PrivacyLedger:
                       ) -> "PrivacyLedger":
     """Rebuilds a ledger; raises :class:`LedgerIntegrityError` if the digest does not match
     the content, or the configuration differs from ``expect_config`` (e.g. a raised budget or
-    another accountant)."""
+    another accountant).
+
+    Args:
+      state: a dict from :meth:`state_dict`.
+      expect_config: the configuration the ledger must have (see :meth:`config`); default
+        ``None``: not checked.
+
+    Returns:
+      The rebuilt :class:`PrivacyLedger` with the recorded entries.
+
+    Raises:
+      LedgerIntegrityError: a key is missing, the digest does not match, or the configuration
+        is not ``expect_config``.
+    """
     try:
       body = {"config": state["config"], "entries": state["entries"]}
       digest = state["digest"]

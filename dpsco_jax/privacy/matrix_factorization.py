@@ -280,7 +280,22 @@ def participation_sensitivity(coefs: np.ndarray, steps: int, *, participations: 
   at most ``participations`` contributions, any two at least ``min_sep`` steps apart, over
   ``steps`` steps (module docstring). ``coefs``: the strategy's Toeplitz coefficients (a
   BLT's :func:`blt_coefs` of length ``steps``). Raises where overlapping columns would need
-  coefficients this bound does not cover (negative or increasing)."""
+  coefficients this bound does not cover (negative or increasing).
+
+  Args:
+    coefs: the strategy's Toeplitz coefficients (at least ``steps`` long).
+    steps: the number of steps, an integer >= 1.
+    participations: the most contributions of one participant (default 1).
+    min_sep: the fewest steps between two contributions (default 1).
+
+  Returns:
+    The L2 sensitivity, in units of ``s``.
+
+  Raises:
+    ValueError: ``steps``, ``participations`` or ``min_sep`` is not an integer >= 1, or the
+      participations overlap a strategy whose coefficients are not nonnegative and
+      nonincreasing.
+  """
   c = np.asarray(coefs, np.float64)
   steps = check_int(steps, "steps")
   c = c[:steps]
@@ -300,7 +315,18 @@ def participation_sensitivity(coefs: np.ndarray, steps: int, *, participations: 
 
 def mf_event(noise_multiplier: float, sensitivity: float) -> dp_accounting.DpEvent:
   """The whole MF run as one Gaussian event: noise ``z * s`` per coordinate of ``Z``,
-  ``C x`` of sensitivity ``sensitivity * s``: multiplier ``z / sensitivity``."""
+  ``C x`` of sensitivity ``sensitivity * s``: multiplier ``z / sensitivity``.
+
+  Args:
+    noise_multiplier: ``z``, > 0.
+    sensitivity: the strategy's sensitivity (:func:`participation_sensitivity`), > 0.
+
+  Returns:
+    A ``dp_accounting.GaussianDpEvent`` of multiplier ``z / sensitivity``.
+
+  Raises:
+    ValueError: ``noise_multiplier`` or ``sensitivity`` is not > 0.
+  """
   z = float(noise_multiplier)
   if not z > 0:
     raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")

@@ -23,7 +23,21 @@ def laplace(key: jax.Array, shape: tuple[int, ...] = (), scale: float | jax.Arra
 
   Drawn in float32 or wider whatever ``dtype`` asks (a bfloat16 Laplace has a few thousand
   distinct values, not the law the privacy proof assumes); cast the result afterwards if a
-  lower precision is wanted (post-processing)."""
+  lower precision is wanted (post-processing).
+
+  Args:
+    key: a JAX PRNG key.
+    shape: the shape of the draws (default: a scalar).
+    scale: the Laplace scale ``b`` (default 1.0), > 0.
+    dtype: the requested dtype (drawn in at least float32; default float32).
+
+  Returns:
+    The draws, an array of ``shape``.
+
+  Raises:
+    ArgumentTypeError: ``key`` is not a JAX PRNG key.
+    ValueError: a concrete ``scale`` that is not a finite number > 0.
+  """
   check_key(key, "key")
   scale = _check_scale(scale)
   wide = jnp.promote_types(dtype, jnp.float32)
@@ -50,7 +64,19 @@ def _check_scale(scale: Any) -> Any:
 def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> float:
   """Dwork–Roth Thm A.1: ``sigma = sqrt(2 ln(1.25/delta)) * Delta / epsilon`` (valid for
   ``epsilon < 1``; reported as the papers' formula, not used for guarantees when
-  ``epsilon >= 1``)."""
+  ``epsilon >= 1``).
+
+  Args:
+    sensitivity: the L2 sensitivity ``Delta``, > 0.
+    epsilon: the target epsilon, > 0.
+    delta: the target delta, in ``(0, 1)``.
+
+  Returns:
+    ``sigma``, the Gaussian noise std.
+
+  Raises:
+    ValueError: a bad ``sensitivity``, ``epsilon`` or ``delta``.
+  """
   check_positive(sensitivity, "sensitivity")
   check_epsilon(epsilon)
   check_delta(delta)
@@ -60,7 +86,20 @@ def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> 
 def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) -> float:
   """Smallest ``sigma`` for which the Gaussian mechanism is (epsilon, delta)-DP (Balle & Wang
   2018, analytic Gaussian mechanism), found by bisection on the exact privacy profile
-  ``delta(eps) = Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)``."""
+  ``delta(eps) = Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)``.
+
+  Args:
+    sensitivity: the L2 sensitivity ``D``, > 0.
+    epsilon: the target epsilon, > 0.
+    delta: the target delta, in ``(0, 1)``.
+
+  Returns:
+    ``sigma``, the Gaussian noise std (in the units of the sensitivity).
+
+  Raises:
+    ValueError: a bad ``sensitivity``, ``epsilon`` or ``delta``, or no finite sigma reaches
+      ``delta``.
+  """
   check_positive(sensitivity, "sensitivity")
   check_epsilon(epsilon)
   check_delta(delta)

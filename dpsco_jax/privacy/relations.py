@@ -52,7 +52,19 @@ PUBLIC = {
 
 def check_relation(relation: object, *, supported: tuple[str, ...] = RELATIONS,
                    mechanism: str = "this mechanism") -> str:
-  """Returns ``relation`` if it is one of ``supported``; else a clear ``ValueError``."""
+  """Returns ``relation`` if it is one of ``supported``; else a clear ``ValueError``.
+
+  Args:
+    relation: the relation to check.
+    supported: the relations the caller honours (default: all of :data:`RELATIONS`).
+    mechanism: the caller's name, for the message.
+
+  Returns:
+    ``relation``.
+
+  Raises:
+    ValueError: ``relation`` is not one of :data:`RELATIONS`, or not in ``supported``.
+  """
   if not isinstance(relation, str) or relation not in RELATIONS:
     raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
   if relation not in supported:
@@ -66,7 +78,17 @@ def gaussian_sensitivity_factor(relation: str) -> float:
   the relation's factor is coded (``transforms.clipping.aggregation_sensitivity``, SRGD's
   closed forms and the audits read it here).
 
-  Accountant-calibrated noise uses ``z * C`` and lets the accountant apply the relation."""
+  Accountant-calibrated noise uses ``z * C`` and lets the accountant apply the relation.
+
+  Args:
+    relation: ``add_remove``, ``replace_one`` or ``zero_out``.
+
+  Returns:
+    2.0 under ``replace_one``, else 1.0.
+
+  Raises:
+    ValueError: an unknown relation.
+  """
   return 2.0 if check_relation(relation) == "replace_one" else 1.0
 
 

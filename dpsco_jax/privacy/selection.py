@@ -69,7 +69,17 @@ class SelectionLaw:
   """The public law of the number of runs ``K`` (see the module docstring).
 
   ``distribution``: ``truncated_negative_binomial`` (``eta > -1``, ``gamma`` in (0, 1)) or
-  ``geometric`` (``gamma``; ``eta`` is 1). ``poisson`` is refused (not implemented)."""
+  ``geometric`` (``gamma``; ``eta`` is 1). ``poisson`` is refused (not implemented).
+
+  Attributes:
+    distribution: ``"truncated_negative_binomial"`` or ``"geometric"``.
+    gamma: the law's ``gamma``, in ``(0, 1)``.
+    eta: the law's ``eta``, > -1 (default ``None``: the default eta, 1 for ``geometric``).
+
+  Raises:
+    ValueError: an unknown or unimplemented ``distribution``, ``gamma`` not in ``(0, 1)`` or
+      ``eta <= -1``.
+  """
   distribution: str
   gamma: float
   eta: float | None = None   # None: DEFAULT_ETA, or 1 for the geometric law
@@ -92,7 +102,14 @@ class SelectionLaw:
     object.__setattr__(self, "eta", eta)
 
   def log_pmf(self, k: np.ndarray) -> np.ndarray:
-    """``log P[K = k]`` for integers ``k >= 1`` (an array)."""
+    """``log P[K = k]`` for integers ``k >= 1`` (an array).
+
+    Args:
+      k: integers >= 1.
+
+    Returns:
+      ``log P[K = k]``, float64, shaped as ``k``.
+    """
     k = np.asarray(k, dtype=np.float64)
     g, eta = self.gamma, self.eta
     if eta == 0.0:
@@ -103,11 +120,23 @@ class SelectionLaw:
     return k * math.log1p(-g) + log_prod - math.log(abs(math.expm1(eta * math.log(1.0 / g))))
 
   def pmf(self, k: np.ndarray) -> np.ndarray:
+    """``P[K = k]`` for integers ``k >= 1``.
+
+    Args:
+      k: integers >= 1.
+
+    Returns:
+      The probabilities, float64, shaped as ``k``.
+    """
     return np.exp(self.log_pmf(k))
 
   def mean(self) -> float:
     """``E[K]``: ``eta (1-gamma) / (gamma (1 - gamma^eta))``; ``(1/gamma - 1) / log(1/gamma)``
-    at ``eta = 0``."""
+    at ``eta = 0``.
+
+    Returns:
+      The expected number of runs, a float.
+    """
     g, eta = self.gamma, self.eta
     if eta == 0.0:
       return (1.0 / g - 1.0) / math.log(1.0 / g)
@@ -115,7 +144,14 @@ class SelectionLaw:
 
   def cdf_table(self, top: float = 1.0) -> np.ndarray:
     """The CDF at ``k = 1..N``, ``N`` grown until it exceeds ``top`` or the tail left is
-    below float64's resolution (then ``N`` stands for the tail: a bias below ``2^-53``)."""
+    below float64's resolution (then ``N`` stands for the tail: a bias below ``2^-53``).
+
+    Args:
+      top: grow the table until its CDF exceeds this value (default 1.0).
+
+    Returns:
+      The CDF at ``k = 1..N``, float64.
+    """
     n = 1024
     while True:
       cdf = np.cumsum(self.pmf(np.arange(1, n + 1)))
@@ -128,7 +164,15 @@ class SelectionLaw:
 
   def sample(self, key: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
     """``K`` drawn by inverting the CDF at uniforms made of 53 random bits of ``key`` (a JAX
-    key the caller uses for nothing else). The result is secret state of a selection."""
+    key the caller uses for nothing else). The result is secret state of a selection.
+
+    Args:
+      key: a JAX PRNG key used for nothing else.
+      shape: the shape of the draws (default: a scalar).
+
+    Returns:
+      The numbers of runs, integers >= 1 of ``shape`` (secret: never release them).
+    """
     import jax
     import jax.numpy as jnp
     n = int(np.prod(shape, dtype=np.int64))
@@ -139,6 +183,11 @@ class SelectionLaw:
     return k[:n].reshape(shape)
 
   def describe(self) -> dict:
+    """The law's public description, for records and reports.
+
+    Returns:
+      ``{"distribution", "eta", "gamma", "expected_runs"}``.
+    """
     return {"distribution": self.distribution, "eta": self.eta, "gamma": self.gamma,
             "expected_runs": self.mean()}
 
@@ -223,7 +272,23 @@ def selection_report(law: SelectionLaw, events: Sequence[Any], *, delta: float,
   in the notes. ``metric``: ``public`` or ``private`` (what the score read), for the notes.
   ``tv_distance``: each run's distance (total variation) to the accounted mechanism (e.g.
   truncated Poisson sampling); over ``K`` runs the coupling fails with probability at most
-  ``E[K] tv``, which the ledger's report adds to delta as ``(1 + e^eps) E[K] tv``."""
+  ``E[K] tv``, which the ledger's report adds to delta as ``(1 + e^eps) E[K] tv``.
+
+  Args:
+    law: the law of the number of runs ``K``.
+    events: one planned event per candidate of the grid.
+    delta: the target delta, in ``(0, 1)``.
+    relation: the neighbouring relation (default ``"add_remove"``).
+    level: ``"user"`` (default) or ``"item"``.
+    metric: ``"public"`` (default) or ``"private"``.
+    tv_distance: each run's total variation distance to its accounted mechanism (default 0).
+
+  Returns:
+    The :class:`PrivacyReport` of training and selection (provenance ``theorem``).
+
+  Raises:
+    ValueError: the candidates' RDP gives no finite epsilon; a bad ``delta`` or ``relation``.
+  """
   orders, rdp = grid_rdp(events, relation)
   eps, order = selection_epsilon(law, orders, rdp, delta)
   if not math.isfinite(eps) or eps <= 0:
@@ -261,7 +326,21 @@ class SelectionCost:
 def selection_cost(law: SelectionLaw, events: Sequence[Any], *, delta: float,
                    relation: str = "add_remove") -> SelectionCost:
   """The cost of private selection over the grid ``events`` (one event per candidate), from
-  the plans alone: expected runs, one candidate's epsilon, epsilon with selection."""
+  the plans alone: expected runs, one candidate's epsilon, epsilon with selection.
+
+  Args:
+    law: the law of the number of runs.
+    events: one planned event per candidate of the grid.
+    delta: the target delta, in ``(0, 1)``.
+    relation: the neighbouring relation (default ``"add_remove"``).
+
+  Returns:
+    A ``SelectionCost``: expected runs, candidates, one candidate's epsilon, the selection's
+    epsilon and delta, the law.
+
+  Raises:
+    ValueError: as :func:`selection_report`.
+  """
   report = selection_report(law, events, delta=delta, relation=relation)
   one = max(epsilon_of(e, delta=delta, relation=relation) for e in events)
   return SelectionCost(law.mean(), len(events), float(one), report.epsilon, report.delta, law)

@@ -55,7 +55,18 @@ class Sensitivity:
   def from_replace_one(cls, shift: float, what: str = "") -> "Sensitivity":
     """A bound a paper states under replace-one (``Delta``, the largest shift between two
     datasets of the same size that differ in one user): its add/remove-equivalent is
-    ``Delta / 2``, the unit the accountant doubles back under replace-one."""
+    ``Delta / 2``, the unit the accountant doubles back under replace-one.
+
+    Args:
+      shift: the replace-one bound ``Delta``, >= 0.
+      what: a description of the bound (for reports).
+
+    Returns:
+      The :class:`Sensitivity` of bound ``Delta / 2``.
+
+    Raises:
+      ValueError: ``shift`` is negative or not finite.
+    """
     check_nonnegative(shift, "replace-one shift")
     return cls(shift / gaussian_sensitivity_factor("replace_one"), 1.0, what)
 
@@ -67,14 +78,32 @@ class Sensitivity:
   def under(self, relation: str) -> float:
     """The L2 bound under ``relation``: ``C / D`` under add/remove and zero-out, ``2 C / D``
     under replace-one (the paper formulas' ``Delta``). The factor multiplies the quotient: a
-    power of two, so it is exact, and no intermediate ``2 C`` can overflow."""
+    power of two, so it is exact, and no intermediate ``2 C`` can overflow.
+
+    Args:
+      relation: ``add_remove``, ``replace_one`` or ``zero_out``.
+
+    Returns:
+      The L2 bound, a float.
+
+    Raises:
+      ValueError: an unknown relation.
+    """
     return gaussian_sensitivity_factor(check_relation(relation)) * self.value
 
 
 def clipped_mean_sensitivity(clip_norm: float, denominator: float = 1.0) -> Sensitivity:
   """The stage ``clip_per_user(C) -> aggregate(mean, D)`` (or ``sum``, ``D = 1``): ``C / D``
   (:func:`dpsco_jax.transforms.clipping.aggregation_sensitivity` under add/remove, kept as a
-  numerator and a denominator)."""
+  numerator and a denominator).
+
+  Args:
+    clip_norm: ``C``, the per-user clip norm.
+    denominator: ``D``, the mean's denominator (default 1: a sum).
+
+  Returns:
+    The stage's :class:`Sensitivity`.
+  """
   return Sensitivity(clip_norm, denominator,
                      "clipped sum C" if denominator == 1 else "clipped mean C/D")
 
@@ -84,7 +113,18 @@ def gaussian_noise_std(noise_multiplier: float, sensitivity: Sensitivity) -> flo
 
   ``z`` is the library's noise multiplier (``sigma / C`` with ``C`` the add/remove-equivalent
   sensitivity; the accountant applies the relation). A ``z`` of 0 (a non-private reference
-  run) gives 0."""
+  run) gives 0.
+
+  Args:
+    noise_multiplier: ``z``.
+    sensitivity: the stage's :class:`Sensitivity`.
+
+  Returns:
+    The noise std, in the units of what the stage perturbs.
+
+  Raises:
+    TypeError: ``sensitivity`` is not a :class:`Sensitivity`.
+  """
   if not isinstance(sensitivity, Sensitivity):
     raise TypeError(f"sensitivity must be a Sensitivity (the stage's own), got "
                     f"{type(sensitivity).__name__}")
@@ -94,7 +134,18 @@ def gaussian_noise_std(noise_multiplier: float, sensitivity: Sensitivity) -> flo
 def noise_multiplier_for_std(std: float, sensitivity: Sensitivity) -> float:
   """The inverse of :func:`gaussian_noise_std`: the ``z`` of a std a paper prescribes (its
   own closed-form sigma), whose epsilon the accountant then reports. Formed as
-  ``std * denominator / bound`` (the float order the presets used)."""
+  ``std * denominator / bound`` (the float order the presets used).
+
+  Args:
+    std: the prescribed noise std.
+    sensitivity: the stage's :class:`Sensitivity`.
+
+  Returns:
+    The noise multiplier ``z``.
+
+  Raises:
+    TypeError: ``sensitivity`` is not a :class:`Sensitivity`.
+  """
   if not isinstance(sensitivity, Sensitivity):
     raise TypeError(f"sensitivity must be a Sensitivity (the stage's own), got "
                     f"{type(sensitivity).__name__}")
@@ -107,7 +158,13 @@ class GaussianStage:
 
   ``std`` is :func:`gaussian_noise_std`; a driver builds its noise transform from ``std`` and
   never from ``z`` and a clip of its own. ``name`` says which stage (``"step"``,
-  ``"outer"``, ``"phase 2"``)."""
+  ``"outer"``, ``"phase 2"``).
+
+  Attributes:
+    noise_multiplier: ``z``, the stage's noise multiplier.
+    sensitivity: the :class:`Sensitivity` of what the stage perturbs.
+    name: the stage's name (default ``"gaussian"``).
+  """
   noise_multiplier: float
   sensitivity: Sensitivity
   name: str = "gaussian"
@@ -117,6 +174,17 @@ class GaussianStage:
     return gaussian_noise_std(self.noise_multiplier, self.sensitivity)
 
   def sensitivity_under(self, relation: str) -> float:
+    """The stage's L2 sensitivity under ``relation`` (:meth:`Sensitivity.under`).
+
+    Args:
+      relation: ``add_remove``, ``replace_one`` or ``zero_out``.
+
+    Returns:
+      The sensitivity, a float.
+
+    Raises:
+      ValueError: an unknown relation.
+    """
     return self.sensitivity.under(relation)
 
 
@@ -140,7 +208,13 @@ class AdaptiveClipSplit:
   With ``z_Delta^-2 + (2 sigma_b)^-2 = z^-2`` the pair is one Gaussian mechanism of multiplier
   ``z`` on the stacked vector (its whitened shift is ``sqrt(z_Delta^-2 + (2 sigma_b)^-2)``
   under add/remove, twice that under replace-one), so the step's event is DP-SGD's at ``z``.
-  Build it with :func:`adaptive_clip_split`."""
+  Build it with :func:`adaptive_clip_split`.
+
+  Attributes:
+    noise_multiplier: ``z``, the pair's multiplier (what the accountant prices).
+    sum_multiplier: ``z_Delta``, the clipped sum's multiplier.
+    count_stddev: ``sigma_b``, the count's std (in users).
+  """
   noise_multiplier: float   # z: the pair's, what the accountant prices
   sum_multiplier: float     # z_Delta: the clipped sum's
   count_stddev: float       # sigma_b: the count's std (in users)
@@ -152,12 +226,24 @@ class AdaptiveClipSplit:
 
   def sum_stage(self, clip_norm: Any, denominator: float = 1.0) -> "GaussianStage":
     """The sum's stage at the current clip norm ``C_t`` (a float or a traced scalar): std
-    ``z_Delta C_t / D``."""
+    ``z_Delta C_t / D``.
+
+    Args:
+      clip_norm: ``C_t``, the current clip norm.
+      denominator: ``D``, the mean's denominator (default 1).
+
+    Returns:
+      The sum's :class:`GaussianStage`.
+    """
     return GaussianStage(self.sum_multiplier, clipped_mean_sensitivity(clip_norm, denominator),
                          "adaptive clipped sum")
 
   def count_stage(self) -> "GaussianStage":
-    """The centred count's stage: std ``sigma_b``."""
+    """The centred count's stage: std ``sigma_b``.
+
+    Returns:
+      The count's :class:`GaussianStage` (sensitivity 1/2).
+    """
     return GaussianStage(self.count_multiplier,
                          Sensitivity(COUNT_SENSITIVITY, 1.0, "centred unclipped count"),
                          "adaptive count")
@@ -169,7 +255,18 @@ def adaptive_clip_split(noise_multiplier: float, count_stddev: float) -> Adaptiv
 
   ``z = 0`` (a non-private reference) gives ``z_Delta = 0``. Otherwise ``2 sigma_b`` must
   exceed ``z``: the count alone would spend more than the whole budget and ``z_Delta`` would
-  be imaginary, so such a ``count_stddev`` is refused, naming it."""
+  be imaginary, so such a ``count_stddev`` is refused, naming it.
+
+  Args:
+    noise_multiplier: ``z``, the step's multiplier, >= 0.
+    count_stddev: ``sigma_b``, the count's noise std in users, >= 0.
+
+  Returns:
+    The :class:`AdaptiveClipSplit`.
+
+  Raises:
+    ValueError: a negative argument, or ``2 count_stddev <= noise_multiplier`` with ``z > 0``.
+  """
   z = check_nonnegative(noise_multiplier, "noise_multiplier")
   sigma_b = check_nonnegative(count_stddev, "count_stddev")
   if z == 0:

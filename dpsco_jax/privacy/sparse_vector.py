@@ -98,7 +98,20 @@ def above_threshold_dp_event(threshold_scale: float, query_scale: float,
 
 def above_threshold_init(key: jax.Array, threshold: float | jax.Array,
                          threshold_scale: float | jax.Array) -> jax.Array:
-  """Draws the noisy threshold ``Delta^ = Delta + Lap(b_thr)`` (once per run / phase)."""
+  """Draws the noisy threshold ``Delta^ = Delta + Lap(b_thr)`` (once per run / phase).
+
+  Args:
+    key: a JAX PRNG key used for the threshold only.
+    threshold: the public threshold ``Delta``.
+    threshold_scale: the threshold's Laplace scale ``b_thr``, > 0.
+
+  Returns:
+    The noisy threshold, a float32 scalar: secret state of the run, never to be released.
+
+  Raises:
+    ValueError: a concrete ``threshold_scale`` that is not a finite number > 0.
+    ArgumentTypeError: ``key`` is not a JAX PRNG key.
+  """
   return jnp.asarray(threshold, jnp.float32) + laplace(key, (), threshold_scale)
 
 
@@ -109,6 +122,20 @@ def above_threshold_step(key: jax.Array, query: jax.Array, noisy_threshold: jax.
 
   Continues iff ``query + Lap(b_q) >= Delta^``. ``halted`` is sticky: once True it stays True
   whatever the later queries are (``jnp.logical_or``, no Python branch on traced values).
+
+  Args:
+    key: a JAX PRNG key for this step's query noise.
+    query: the step's (sensitivity-bounded) query value, a scalar.
+    noisy_threshold: the value of :func:`above_threshold_init`.
+    query_scale: the query's Laplace scale ``b_q``, > 0.
+    halted: the current halted flag (a bool scalar).
+
+  Returns:
+    The new halted flag, a bool scalar.
+
+  Raises:
+    ValueError: a concrete ``query_scale`` that is not a finite number > 0.
+    ArgumentTypeError: ``key`` is not a JAX PRNG key.
   """
   passed = _wide(query) + laplace(key, (), query_scale) >= noisy_threshold
   return jnp.logical_or(halted, jnp.logical_not(passed))
@@ -155,7 +182,21 @@ def above_threshold_accuracy(num_queries: int, gamma: float, query_scale: float,
 
 def laplace_test(key: jax.Array, score: jax.Array, threshold: float | jax.Array,
                  scale: float | jax.Array) -> jax.Array:
-  """One-shot noisy test ``score + Lap(scale) >= threshold`` (Algorithm 1, line 13)."""
+  """One-shot noisy test ``score + Lap(scale) >= threshold`` (Algorithm 1, line 13).
+
+  Args:
+    key: a JAX PRNG key used for this test only.
+    score: the (sensitivity-bounded) score, a scalar.
+    threshold: the public threshold.
+    scale: the Laplace scale ``b`` (sensitivity / epsilon), > 0.
+
+  Returns:
+    A bool scalar: whether the noisy score passed (a DP release).
+
+  Raises:
+    ValueError: a concrete ``scale`` that is not a finite number > 0.
+    ArgumentTypeError: ``key`` is not a JAX PRNG key.
+  """
   return _wide(score) + laplace(key, (), scale) >= threshold
 
 

@@ -37,6 +37,24 @@ PROBLEM_NAMES = ("least_squares", "logistic", "absolute")
 
 @dataclasses.dataclass
 class SCOProblem:
+  """A synthetic convex problem with a known optimum (:func:`make_problem`).
+
+  Attributes:
+    name: the problem's name (``least_squares``, ``logistic``, ``absolute``).
+    loss_fn: ``loss_fn(w, example) -> scalar``.
+    data: the users' data, leaves ``[n_users, m, ...]``.
+    d: the dimension.
+    n_users: users.
+    m: items per user.
+    radius: R, the constraint ball's radius.
+    lipschitz: L.
+    smoothness: beta (``inf`` for the non-smooth ``absolute``).
+    x_opt: the population risk's minimizer.
+    risk_fn: the population risk (float32).
+    opt_risk: ``risk_fn(x_opt)``.
+    meta: problem-specific public facts (e.g. ``strong_convexity``).
+    risk_fn64: the population risk in float64, where the problem has one.
+  """
   name: str
   loss_fn: Callable[[jax.Array, dict], jax.Array]
   data: dict
@@ -57,9 +75,25 @@ class SCOProblem:
                                                 compare=False)
 
   def population_risk(self, params: Any) -> float:
+    """The population risk at ``params``.
+
+    Args:
+      params: a vector of length ``d``.
+
+    Returns:
+      The risk, a float.
+    """
     return float(self.risk_fn(params))
 
   def excess_risk(self, params: Any) -> float:
+    """The population risk at ``params`` less the optimum's (in float32).
+
+    Args:
+      params: a vector of length ``d``.
+
+    Returns:
+      The excess risk, a float (see :meth:`excess_risk_f64` for its resolution).
+    """
     return self.population_risk(params) - self.opt_risk
 
   def excess_risk_f64(self, params: Any) -> float | None:
@@ -70,7 +104,14 @@ class SCOProblem:
     one ulp (6.0e-8). At n = 1e6 paper 000's Algorithm 3 sits 8-56 ulps above the optimum and
     clean-data DP-SGD below one ulp (``experiments/STUDY.md``, the measurement floor): there
     the float32 number is mostly rounding. This one is the same quantity (same evaluation
-    features, same optimum) to ~1e-16."""
+    features, same optimum) to ~1e-16.
+
+    Args:
+      params: a vector of length ``d``.
+
+    Returns:
+      The excess risk in float64, or None.
+    """
     if self.risk_fn64 is None:
       return None
     if self._opt_risk64 is None:
@@ -79,9 +120,19 @@ class SCOProblem:
     return float(self.risk_fn64(w)) - self._opt_risk64
 
   def init_params(self) -> jax.Array:
+    """The public starting point.
+
+    Returns:
+      Zeros of length ``d`` (float32).
+    """
     return jnp.zeros((self.d,), jnp.float32)
 
   def describe(self) -> dict:
+    """The problem's public facts, for records.
+
+    Returns:
+      ``{"problem", "n_users", "m", "d", "radius", "lipschitz", "smoothness"}``.
+    """
     return {"problem": self.name, "n_users": self.n_users, "m": self.m, "d": self.d,
             "radius": self.radius, "lipschitz": self.lipschitz,
             "smoothness": self.smoothness}
@@ -208,6 +259,19 @@ PROBLEM_KEYS = ("n_users", "m", "d", "radius", "noise", "heterogeneity", "n_eval
 
 
 def make_problem(cfg: dict, key: jax.Array) -> SCOProblem:
-  """Builds the core problem named by ``cfg['problem']`` from the config's problem keys."""
+  """Builds the core problem named by ``cfg['problem']`` from the config's problem keys.
+
+  Args:
+    cfg: a config with ``problem`` and the problem keys (``n_users``, ``m``, ``d``,
+      ``radius``, ``noise``, ``heterogeneity``, ``n_eval``).
+    key: a JAX PRNG key for the data.
+
+  Returns:
+    The :class:`SCOProblem`.
+
+  Raises:
+    KeyError: ``cfg`` has no ``problem``.
+    TypeError: ``cfg`` lacks ``n_users``, ``m`` or ``d``.
+  """
   kw = {k: cfg[k] for k in PROBLEM_KEYS if k in cfg}
   return make(cfg["problem"], key=key, **kw)

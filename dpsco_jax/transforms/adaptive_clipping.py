@@ -54,7 +54,14 @@ PyTree = Any
 class AdaptiveClipState(NamedTuple):
   """``clip_norm`` is ``C_t`` (public: a function of past releases); ``fraction`` the last
   released noisy unclipped fraction ``b~``; ``key`` is SECRET (redacted in repr/str);
-  ``count`` the number of steps taken."""
+  ``count`` the number of steps taken.
+
+  Attributes:
+    clip_norm: ``C_t``.
+    fraction: the last released noisy unclipped fraction.
+    key: the noise key (secret).
+    count: the steps taken.
+  """
   clip_norm: jax.Array
   fraction: jax.Array
   key: jax.Array
@@ -107,6 +114,14 @@ def adaptive_clip_and_noise(initial_clip_norm: float, *, target_quantile: float,
   Input: stacked per-user updates (leading user axis) and the extra argument ``user_mask``
   (bool ``[U]``; without it every slot is a real user). Output: the noisy mean, params-shaped.
   Concrete arguments are checked here; traced ones were checked by the caller.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is :class:`AdaptiveClipState`.
+
+  Raises:
+    ValueError: a bad ``initial_clip_norm``, ``target_quantile``, ``clip_learning_rate``,
+      ``denominator`` or count std (named in the message).
+    TypeError: ``split`` is not an :class:`~dpsco_jax.privacy.AdaptiveClipSplit`.
   """
   c0 = check_positive(initial_clip_norm, "initial_clip_norm")
   gamma = target_quantile if isinstance(target_quantile, jax.core.Tracer) else (

@@ -102,7 +102,14 @@ def _row_sqnorm(g: jax.Array) -> jax.Array:
 
 def tree_global_norms(stacked: PyTree) -> jax.Array:
   """L2 norm of each row (leading axis) over all leaves of ``stacked``: shape ``[U]``,
-  computed in float32 or wider whatever the leaves' dtype."""
+  computed in float32 or wider whatever the leaves' dtype.
+
+  Args:
+    stacked: a pytree whose leaves share a leading row axis ``U``.
+
+  Returns:
+    The ``[U]`` row norms.
+  """
   return jnp.sqrt(sum(_row_sqnorm(g) for g in jax.tree.leaves(stacked)))
 
 
@@ -257,6 +264,14 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
   float32 or wider; see the precision contract above for low-precision and integer rows.
 
   Returns ``(clipped, finite)`` where ``finite`` is the bool ``[U]`` mask of kept rows.
+
+  Args:
+    stacked: a pytree whose leaves share a leading row axis ``U``.
+    max_norm: ``C``, the row bound.
+    per_layer: clip each leaf separately (default False).
+
+  Returns:
+    ``(clipped, finite)`` (see above).
   """
   _num_rows(stacked)
   # a row with NaN/Inf entries has a non-finite norm (a finite float32 row whose squared norm
@@ -277,7 +292,11 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
 
 class ClipState(NamedTuple):
   """``dropped`` counts non-finite users; it is data-dependent, so it stays 0 unless the
-  transformation was built with ``debug=True``."""
+  transformation was built with ``debug=True``.
+
+  Attributes:
+    dropped: the count of non-finite users (int32; 0 unless ``debug=True``).
+  """
   dropped: jax.Array
 
 
@@ -296,6 +315,19 @@ def clip_per_user(max_norm: float, *, per_layer: bool = False,
   every slot counts as a real user (a padded duplicate would be counted). Float rows keep
   their dtype (low precision: rounded toward zero, norm ``<= C``); integer rows come back as
   float32. ``debug`` must be a real bool.
+
+  Args:
+    max_norm: ``C``, the per-user L2 bound, > 0 (in the gradient's units).
+    per_layer: clip each leaf at ``C / sqrt(num_leaves)`` instead (default False).
+    debug: count non-finite users in the state (data-dependent; default False).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` on stacked ``[U, ...]`` updates; its state is
+    :class:`ClipState`.
+
+  Raises:
+    ValueError: ``max_norm`` is not a finite number > 0.
+    ArgumentTypeError: ``per_layer`` or ``debug`` is not a bool.
   """
   check_positive(max_norm, "max_norm")
   check_bool(per_layer, "per_layer")
@@ -355,6 +387,17 @@ def aggregate(mode: str = "mean", denominator: float | None = None
   denominator itself data-dependent and break the sensitivity bound. ``user_mask`` (bool
   ``[U]``, checked) excludes padded slots; without it every slot is summed as a real user.
   The result is float32 or wider (a low-precision sum is not rounded before the noise).
+
+  Args:
+    mode: ``"mean"`` (default) or ``"sum"``.
+    denominator: the fixed, nominal denominator ``D`` (> 0), required for ``"mean"``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``: stacked ``[U, ...]`` updates in, the
+    params-shaped sum (or sum / ``D``) out.
+
+  Raises:
+    ValueError: an unknown ``mode``, or ``"mean"`` without a ``denominator`` > 0.
   """
   scale = _check_mean(mode, denominator)
 
@@ -378,6 +421,19 @@ def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
 
   add/remove or zero out one user: ``C`` (sum) or ``C/D`` (mean); replace one user: twice
   that (see :mod:`dpsco_jax.privacy.relations`).
+
+  Args:
+    clip_norm: ``C``, > 0.
+    mode: ``"mean"`` (default) or ``"sum"``.
+    denominator: ``D`` (> 0), required for ``"mean"``.
+    relation: ``add_remove`` (default), ``replace_one`` or ``zero_out``.
+
+  Returns:
+    The L2 sensitivity, a float.
+
+  Raises:
+    ValueError: a bad ``clip_norm``, ``mode``, ``relation`` or ``denominator``, or
+      ``C / D`` overflows.
   """
   check_positive(clip_norm, "clip_norm")
   check_choice(mode, "mode", ("mean", "sum"))
@@ -399,7 +455,24 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
   per leaf (float32 or wider, ``Precision.HIGHEST``) produces the aggregate: no clipped copy
   of the ``[U, ...]`` gradients is written. Equal (to float rounding) to
   ``optax.chain(clip_per_user(C), aggregate(mode, D))``; the state is :class:`ClipState`.
-  ``user_mask`` as in :func:`aggregate` (without it every slot is a real user)."""
+  ``user_mask`` as in :func:`aggregate` (without it every slot is a real user).
+
+  Args:
+    clip_norm: ``C``, the per-user L2 bound, > 0.
+    mode: ``"mean"`` (default) or ``"sum"``.
+    denominator: the fixed, nominal denominator ``D`` (> 0), required for ``"mean"``.
+    per_layer: clip each leaf separately (see :func:`clip_per_user`; default False).
+    debug: count non-finite users in the state (default False).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``: stacked updates in, the clipped aggregate
+    out; its state is :class:`ClipState`.
+
+  Raises:
+    ValueError: ``clip_norm`` is not > 0, an unknown ``mode``, or ``"mean"`` without a
+      ``denominator`` > 0.
+    ArgumentTypeError: ``per_layer`` or ``debug`` is not a bool.
+  """
   if check_bool(per_layer, "per_layer"):
     return optax.chain(clip_per_user(clip_norm, per_layer=True, debug=debug),
                        aggregate(mode, denominator))

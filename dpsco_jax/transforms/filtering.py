@@ -142,9 +142,19 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
     degree_radius: ``r_h`` (``2 tau_i`` in Alg. 1, ``2 tau`` in Alg. 2); default ``r_s``.
     user_mask: bool ``[U]`` (checked), False for padding slots (excluded from ``s``, ``h``,
       ``K`` and the mean). Without it every slot counts as a real user.
-    lo, hi: inclusion ramp bounds as fractions of ``K`` (paper: 1/2, 2/3).
+    lo: the inclusion ramp's lower bound, a fraction of ``K`` (paper: 1/2).
+    hi: the inclusion ramp's upper bound, a fraction of ``K`` (paper: 2/3).
     rows: optional ``NamedSharding(mesh, P(axis))``: the pair counts (the ``O(U^2 D)`` part)
       are split by rows over ``axis``; the result is the same (decisions are per pair).
+
+  Returns:
+    A ``FilterResult``: the masked mean of the kept rows (the only field that may be released,
+    after noise), and the data-dependent score, degrees, inclusion probabilities, kept mask
+    and count.
+
+  Raises:
+    ArgumentTypeError: ``key`` is not a JAX PRNG key.
+    ValueError: a ``user_mask`` that is not a bool ``[U]`` array.
   """
   check_key(key, "key")
   clean, mask = _sanitize(stacked, user_mask)
@@ -243,6 +253,27 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
     num_users: ``K_i``, the number of real users per step (the threshold is ``4 K_i/5``).
     radius: score radius (``2 tau`` in Alg. 2); ``degree_radius`` defaults to it.
     key: PRNG key (or int seed) for threshold, query noise and inclusion coins.
+    epsilon: the stage's AboveThreshold budget (sets both scales; see above).
+    degree_radius: the degree radius ``r_h`` (default ``radius``).
+    threshold_fraction: the threshold as a fraction of ``num_users``, in ``(0, 1]``
+      (default 0.8).
+    threshold_scale: the threshold's Laplace scale ``b_thr`` (instead of ``epsilon``).
+    query_scale: the queries' Laplace scale ``b_q`` (instead of ``epsilon``).
+    lo: the inclusion ramp's lower bound, a fraction of ``K`` (default 1/2).
+    hi: the inclusion ramp's upper bound (default 2/3); ``0 <= lo < hi <= 1``.
+    debug: store raw scores and kept counts in the state (non-private; default False).
+    rows: a mesh's users sharding for the pair counts (default none: one device).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``: ``update(stacked, state, params, *,
+    user_mask=None)`` gives the filtered mean (params-shaped; zeros once halted).
+
+  Raises:
+    ValueError: a bad ``num_users``, ``radius``, ``degree_radius`` or
+      ``threshold_fraction``; neither ``epsilon`` nor both scales; ``lo``/``hi`` outside
+      ``0 <= lo < hi <= 1``.
+    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed, or ``debug`` is not a
+      bool.
   """
   k_users = check_int(num_users, "num_users")
   check_positive(radius, "radius")

@@ -155,7 +155,23 @@ def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
 
   ``noise_std`` is the std of ``Z``: ``z * s`` for increments of sensitivity ``s``; the event
   is :func:`~dpsco_jax.privacy.matrix_factorization.mf_event` with the sensitivity of the
-  participation schema. State ``O(b * params)``."""
+  participation schema. State ``O(b * params)``.
+
+  Args:
+    noise_std: the std of ``Z``, >= 0.
+    max_steps: the most steps, an integer >= 1.
+    key: a JAX PRNG key or an int seed.
+    coefs: ``c_0..c_{b-1}``, finite, ``c_0 > 0``.
+    output: ``"prefix"`` (default) or the other form of :data:`OUTPUTS`.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` adding the correlated noise.
+
+  Raises:
+    ValueError: ``coefs`` empty, not finite or ``c_0 <= 0``; a bad ``noise_std``,
+      ``max_steps`` or ``output``.
+    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
+  """
   c = _check_vector(coefs, "coefs")
   if not c[0] > 0:
     raise ValueError(f"coefs[0] must be > 0 (C must be invertible), got {c[0]!r}")
@@ -196,7 +212,24 @@ def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_dec
 
   The recurrence is stable when ``C^{-1}``'s coefficients decay (poles of ``1 / (1 + sum_i
   omega_i x / (1 - theta_i x))`` outside the unit disk); every strategy built here has that,
-  and the tests compare the streamed noise with the dense ``C^{-1}``."""
+  and the tests compare the streamed noise with the dense ``C^{-1}``.
+
+  Args:
+    noise_std: the std of ``Z``, >= 0.
+    max_steps: the most steps, an integer >= 1.
+    key: a JAX PRNG key or an int seed.
+    buf_decay: ``theta``, the buffers' decays, each in ``(-1, 1)``.
+    output_scale: ``omega``, the buffers' output scales (as many as ``buf_decay``).
+    output: ``"prefix"`` (default) or the other form of :data:`OUTPUTS`.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` adding the correlated noise.
+
+  Raises:
+    ValueError: ``buf_decay`` and ``output_scale`` of different lengths or not finite, a
+      decay outside ``(-1, 1)``; a bad ``noise_std``, ``max_steps`` or ``output``.
+    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
+  """
   th = _check_vector(buf_decay, "buf_decay")
   om = _check_vector(output_scale, "output_scale")
   if th.shape != om.shape:

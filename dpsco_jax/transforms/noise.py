@@ -43,7 +43,16 @@ def noise_dtype(dtype) -> jnp.dtype:
 
 def tree_gaussian_like(key: jax.Array, tree: PyTree, stddev: float | jax.Array = 1.0) -> PyTree:
   """``N(0, stddev^2)`` noise shaped like ``tree`` (float32 or wider, whatever the leaves'
-  dtype), one independent subkey per leaf."""
+  dtype), one independent subkey per leaf.
+
+  Args:
+    key: a JAX PRNG key.
+    tree: the pytree whose shapes the noise takes.
+    stddev: the noise std (default 1.0).
+
+  Returns:
+    A pytree of noise shaped like ``tree``.
+  """
   leaves, treedef = jax.tree.flatten(tree)
   keys = jax.random.split(key, max(len(leaves), 1))
   noise = []
@@ -71,7 +80,12 @@ def redacted_repr(state: tuple, secret: tuple[str, ...]) -> str:
 
 
 class GaussianNoiseState(NamedTuple):
-  """``key`` is SECRET (redacted in repr/str); ``count`` is the number of steps taken."""
+  """``key`` is SECRET (redacted in repr/str); ``count`` is the number of steps taken.
+
+  Attributes:
+    key: the noise key (secret).
+    count: the number of steps taken (int32).
+  """
   key: jax.Array
   count: jax.Array
 
@@ -101,6 +115,14 @@ def add_gaussian_noise(stddev: float, key: jax.Array | int
     key: a ``jax.random`` key, or an int seed in ``[0, 2**32 - 1]`` (the seeds that give
       distinct keys; a negative or larger one is refused), checked. The state is secret:
       its repr redacts the key.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is :class:`GaussianNoiseState`.
+
+  Raises:
+    ValueError: ``stddev`` is negative, not finite or too large for float32; an int ``key``
+      outside ``[0, 2**32 - 1]``.
+    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
   """
   stddev = check_stddev(stddev, "stddev")
   key = check_seed_or_key(key, "key")

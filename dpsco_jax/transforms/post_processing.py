@@ -29,7 +29,15 @@ class PublicGradientState(NamedTuple):
 def add_public_gradient(grad_fn: Callable[[PyTree], PyTree] | None
                         ) -> optax.GradientTransformationExtraArgs:
   """Adds ``grad_fn(params)``, the gradient of a data-independent term (a regularizer), to the
-  update. No sensitivity: place it AFTER the noise stage. ``None`` is the identity."""
+  update. No sensitivity: place it AFTER the noise stage. ``None`` is the identity.
+
+  Args:
+    grad_fn: ``params -> gradient`` of the data-independent term, or ``None``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; with a ``grad_fn``, ``update`` needs
+    ``params``.
+  """
   def init_fn(params):
     del params
     return PublicGradientState()
@@ -57,7 +65,12 @@ def track_min_step() -> optax.GradientTransformationExtraArgs:
   """Output rule ``t_out = argmin_t ||x_{t+1} - x_t||``, release ``x_{t_out}`` (not
   ``x_{t_out+1}``; paper 004 Alg 1 line 8). Place it after the step stage: it sees the update
   ``x_{t+1} - x_t`` and ``params = x_t``, passes the update through, and keeps the best ``x_t``
-  in ``released``. Uses only privatized iterates: post-processing."""
+  in ``released``. Uses only privatized iterates: post-processing.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` keeping the best ``x_t`` in ``released``
+    (read it with :func:`released_params`); ``update`` needs ``params``.
+  """
   def init_fn(params):
     return MinStepState(count=jnp.zeros((), jnp.int32),
                         best_norm=jnp.asarray(jnp.inf, jnp.result_type(float)),

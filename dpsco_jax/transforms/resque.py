@@ -75,6 +75,18 @@ def sample_queries(key: jax.Array, anchor: PyTree, rho: float | jax.Array,
   Returns ``(xis, points)``: ``xis`` has leaves ``[num, *leaf.shape]`` with i.i.d.
   ``N(0, rho^2)`` entries and ``points = anchor + xis``. Pass ``xis`` as ``offsets=`` to the
   core gradient engine to evaluate the oracle at ``points``.
+
+  Args:
+    key: a JAX PRNG key.
+    anchor: the center of the queries (a params pytree).
+    rho: the smoothing radius (the offsets' std).
+    num: the number of queries, an integer >= 1.
+
+  Returns:
+    ``(xis, points)`` (see above).
+
+  Raises:
+    ValueError: ``num`` is not an integer >= 1.
   """
   num = check_int(num, "num")
   template = jax.tree.map(
@@ -107,6 +119,9 @@ def reweight(x: PyTree, anchor: PyTree, xis: PyTree, grads: PyTree,
     grads: oracle gradients AT ``anchor + xis`` (leaves ``[B, ...]``).
     rho: smoothing radius.
     reduce: ``"mean"`` (``(1/B) sum_b w_b g_b``) or ``"none"`` (the ``[B, ...]`` terms).
+
+  Returns:
+    The ReSQue estimate (params-shaped), or the ``[B, ...]`` terms with ``reduce="none"``.
   """
   w = jnp.exp(log_weights(x, anchor, xis, rho))
   def leaf(g):
@@ -139,6 +154,13 @@ def resque(rho: float) -> optax.GradientTransformationExtraArgs:
 
   Args:
     rho: the Gaussian smoothing radius (> 0).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``params`` and the extra
+    argument ``xi`` (else ``ValueError``).
+
+  Raises:
+    ValueError: ``rho`` is not a finite number > 0.
   """
   rho = check_positive(rho, "rho")
 

@@ -66,6 +66,7 @@ def srg_differences(loss_fn: LossFn, params: PyTree, prev_params: PyTree, batch:
     batch: leaves ``[U, m, ...]`` (users x items; item level is ``m = 1``), or ``[B, ...]``
       with ``per_example=True``.
     step: ``t`` (may be traced).
+    per_example: ``batch`` is ``[B, ...]`` examples, one gradient each (default False).
     **grad_kwargs: forwarded to :func:`~dpsco_jax.grads.per_user_grads_two_points`
       (``user_mask``, ``chunk_size``); masked users give exactly 0.
 
@@ -91,7 +92,11 @@ class ScaleBySRGWeightState(NamedTuple):
 
 
 def scale_by_srg_weight() -> optax.GradientTransformationExtraArgs:
-  """``grad~_t = g_hat_t / eta_t`` with ``eta_t = t + 1`` (Alg. 1 line 5)."""
+  """``grad~_t = g_hat_t / eta_t`` with ``eta_t = t + 1`` (Alg. 1 line 5).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` (state: the step count).
+  """
 
   def init_fn(params):
     del params
@@ -127,6 +132,13 @@ def accelerated_projected_step(beta: float, *, radius: float | None = None,
 
   ``init(params)`` sets ``y_0 = z_0 = x_0 = params`` (AMBIG-2). ``update`` needs ``params``
   (``x_t``) and returns ``x_{t+1} - x_t``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; ``update`` without ``params`` raises
+    ``ValueError``.
+
+  Raises:
+    ValueError: ``beta`` or ``radius`` is not > 0, or a bad ``z_scale``.
   """
   beta = check_positive(beta, "beta")
   z_scale = check_z_scale(z_scale)

@@ -33,7 +33,14 @@ def _wide(x: jax.Array) -> jax.Array:
 
 def tree_l2_norm(tree: PyTree) -> jax.Array:
   """Global L2 norm over all leaves (``optax.tree.norm``), computed in float32 or wider: the
-  leaves are widened first, since a float16 sum of squares overflows at a norm of ~256."""
+  leaves are widened first, since a float16 sum of squares overflows at a norm of ~256.
+
+  Args:
+    tree: a pytree of arrays.
+
+  Returns:
+    The norm, a float32 (or wider) scalar.
+  """
   return optax.tree.norm(jax.tree.map(_wide, tree))
 
 
@@ -77,6 +84,14 @@ def project_l2_ball(tree: PyTree, radius: float | jax.Array | None,
   ``Pi(v) = c + (v - c) * min(1, R' / ||v - c||)``, where ``R'`` is ``R`` less a rounding
   margin (above), so the float32 result is inside the ball in exact arithmetic; ``v`` inside
   ``B(c, R')`` is returned as is. ``radius=None`` is the identity.
+
+  Args:
+    tree: the point (a pytree).
+    radius: the ball's radius, or ``None`` (no projection).
+    center: the ball's center (default 0).
+
+  Returns:
+    The projected pytree.
   """
   if radius is None:
     return tree
@@ -100,7 +115,18 @@ def _lerp(a: PyTree, b: PyTree, w: jax.Array) -> PyTree:
 
 def projection(radius: float, center: PyTree | None = None
                ) -> optax.GradientTransformationExtraArgs:
-  """Turns an additive update into ``Pi(params + u) - params`` (projected step)."""
+  """Turns an additive update into ``Pi(params + u) - params`` (projected step).
+
+  Args:
+    radius: the ball's radius, > 0.
+    center: the ball's center (default 0).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``params``.
+
+  Raises:
+    ValueError: ``radius`` is not a finite number > 0.
+  """
   check_positive(radius, "radius")
 
   def init_fn(params):
@@ -119,6 +145,12 @@ def projection(radius: float, center: PyTree | None = None
 
 
 class ProjectedSGDState(NamedTuple):
+  """The state of :func:`projected_sgd`.
+
+  Attributes:
+    count: the steps taken (int32).
+    released: the released iterate (the last, or the running mean).
+  """
   count: jax.Array
   released: PyTree
 
@@ -131,6 +163,19 @@ def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = Non
   ``released`` is the last iterate (``averaging="none"``) or the running mean of
   ``x_1..x_t`` (``"uniform"``), the output of the convex SGD guarantees (e.g. paper 000 Alg. 1
   subroutine SGD, paper 004 DP-Loc-GD).
+
+  Args:
+    learning_rate: ``eta`` (> 0) or an optax schedule ``step -> eta``.
+    radius: the constraint ball's radius (default ``None``: unconstrained).
+    center: the ball's center (default 0).
+    averaging: ``"none"`` (default) or ``"uniform"``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is :class:`ProjectedSGDState`;
+    ``update`` needs ``params``.
+
+  Raises:
+    ValueError: a bad ``learning_rate`` or ``radius``, or an unknown ``averaging``.
   """
   if not callable(learning_rate):
     check_positive(learning_rate, "learning_rate")
@@ -160,6 +205,14 @@ def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = Non
 
 
 class AcsaState(NamedTuple):
+  """The state of :func:`acsa`.
+
+  Attributes:
+    count: iterations done in the current stage.
+    stage: completed restarts.
+    x: ``x_{t-1}``, the prox sequence.
+    released: ``x_ag_{t-1}``, the output sequence.
+  """
   count: jax.Array      # iterations done in the current stage (t - 1)
   stage: jax.Array      # completed restarts
   x: PyTree             # x_{t-1}: the prox sequence
@@ -193,6 +246,22 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
   Bound (A.3a): ``E[Psi(x_ag_N) - Psi*] <= 4 L V0 / (N(N+1)) + 4 sigma^2 / (mu (N+1))``.
   With ``stage_length`` the method restarts from ``x_ag`` every ``stage_length`` iterations
   (multi-stage AC-SA, GL13; EXT A.4 recommends ``ceil(4 sqrt(2 L / mu))``).
+
+  Args:
+    smoothness: ``L``, > 0.
+    strong_convexity: ``mu``, >= 0 (default 0).
+    radius: the constraint ball's radius (default ``None``: unconstrained).
+    center: the ball's center (default 0).
+    stage_length: iterations per stage of the multi-stage restart (default ``None``: none).
+    gamma: the step parameter ``gamma`` (default ``L``).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is :class:`AcsaState`;
+    ``update`` needs ``params``.
+
+  Raises:
+    ValueError: a bad ``smoothness``, ``strong_convexity``, ``gamma``, ``radius`` or
+      ``stage_length``.
   """
   check_positive(smoothness, "smoothness")
   mu = check_nonnegative(strong_convexity, "strong_convexity")
@@ -235,6 +304,11 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
 
 
 class ProxToAnchorState(NamedTuple):
+  """The state of :func:`add_prox_to_anchor`.
+
+  Attributes:
+    anchor: the anchor point.
+  """
   anchor: PyTree
 
 
@@ -242,7 +316,19 @@ def add_prox_to_anchor(lam: float, anchor: PyTree | None = None
                        ) -> optax.GradientTransformationExtraArgs:
   """Adds ``lam * (params - anchor)``: the gradient of the localization term
   ``lam/2 ||x - anchor||^2`` (paper 000 Alg. 3, paper 001 Alg. 3). ``anchor=None`` anchors at
-  the params given to ``init``. Data independent: place it after the noise stage."""
+  the params given to ``init``. Data independent: place it after the noise stage.
+
+  Args:
+    lam: ``lambda``, >= 0.
+    anchor: the anchor point (default ``None``: the params given to ``init``).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is :class:`ProxToAnchorState`;
+    ``update`` needs ``params``.
+
+  Raises:
+    ValueError: ``lam`` is negative or not finite.
+  """
   check_nonnegative(lam, "lam")
 
   def init_fn(params):
@@ -276,6 +362,14 @@ def _find_released(state: Any) -> Any:
 
 def released_params(opt_state: Any, params: PyTree) -> PyTree:
   """The released iterate of a chain: the last stage state with a ``released`` field, or
-  ``params`` itself when no stage keeps a separate output sequence."""
+  ``params`` itself when no stage keeps a separate output sequence.
+
+  Args:
+    opt_state: the chain's state.
+    params: the current params.
+
+  Returns:
+    The released iterate (a params pytree).
+  """
   found = _find_released(opt_state)
   return params if found is None else found

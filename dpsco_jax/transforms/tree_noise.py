@@ -189,6 +189,18 @@ def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
   ``N_t`` the tree noise of leaf ``t+1``, node std ``noise_std``. ``O(params)`` state. The
   running sum and the noise are float32 or wider; the output is cast to the params' dtype
   (without params: the increments' dtype), which is post-processing.
+
+  Args:
+    noise_std: the std of each tree node's noise, >= 0.
+    max_steps: the most steps, an integer >= 1 (sets the tree's depth).
+    key: a JAX PRNG key or an int seed.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``: increments in, noisy prefix sums out.
+
+  Raises:
+    ValueError: a bad ``noise_std`` or ``max_steps`` (beyond the int32 step counter).
+    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
   """
   check_stddev(noise_std, "noise_std")
   max_steps = _check_max_steps(max_steps)
@@ -244,6 +256,18 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
   """Noisy prefix sums with independent per-step noise (the DP-SGD comparison; same
   interface as :func:`tree_prefix_sum_noise`). The noise is the core Gaussian stage applied
   to each increment; the stage then sums: ``N_t = sum_{i<=t} w_i``, ``Var = (t+1) sigma^2``.
+
+  Args:
+    noise_std: the std of each step's noise, >= 0.
+    max_steps: the most steps, an integer >= 1.
+    key: a JAX PRNG key or an int seed.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``: increments in, noisy prefix sums out.
+
+  Raises:
+    ValueError: a bad ``noise_std`` or ``max_steps``.
+    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
   """
   check_stddev(noise_std, "noise_std")
   max_steps = _check_max_steps(max_steps)
@@ -272,7 +296,21 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
 def prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
                      mechanism: str = "tree") -> optax.GradientTransformationExtraArgs:
   """Noisy prefix sums of the increment stream; ``mechanism`` in ``("tree",
-  "independent")`` switches the noise (see the module docstring for both guarantees)."""
+  "independent")`` switches the noise (see the module docstring for both guarantees).
+
+  Args:
+    noise_std: the node (tree) or step (independent) noise std, >= 0.
+    max_steps: the most steps the stage will take, an integer >= 1.
+    key: a JAX PRNG key or an int seed.
+    mechanism: ``"tree"`` (default) or ``"independent"``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``: increments in, noisy prefix sums out.
+
+  Raises:
+    ValueError: an unknown ``mechanism``, a bad ``noise_std`` or ``max_steps``.
+    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
+  """
   check_choice(mechanism, "mechanism", MECHANISMS)
   if mechanism == "tree":
     return tree_prefix_sum_noise(noise_std, max_steps, key)
@@ -283,7 +321,20 @@ def prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
 def prefix_noise_mu(noise_multiplier: float, max_steps: int, *, mechanism: str = "tree",
                     levels: str = "exact") -> float:
   """GDP parameter of a single-epoch run: ``sqrt(levels)/z`` (tree) or ``1/z``
-  (independent), with ``noise_std = z * sensitivity`` of one increment."""
+  (independent), with ``noise_std = z * sensitivity`` of one increment.
+
+  Args:
+    noise_multiplier: ``z``, > 0.
+    max_steps: the run's steps.
+    mechanism: ``"tree"`` (default) or ``"independent"``.
+    levels: how the tree's levels are counted (default ``"exact"``).
+
+  Returns:
+    ``mu``, a float.
+
+  Raises:
+    ValueError: ``noise_multiplier`` is not > 0, or an unknown ``mechanism``.
+  """
   check_choice(mechanism, "mechanism", MECHANISMS)
   z = float(noise_multiplier)
   if not z > 0:
@@ -296,6 +347,19 @@ def prefix_noise_event(noise_multiplier: float, max_steps: int, *, mechanism: st
                        levels: str = "exact") -> dp_accounting.DpEvent:
   """The whole single-epoch run as one dp_accounting event: a mu-GDP mechanism is exactly
   ``GaussianDpEvent(1/mu)`` (sensitivity normalized to 1; use the ledger's relation for
-  replace-one adjacency)."""
+  replace-one adjacency).
+
+  Args:
+    noise_multiplier: ``z``, > 0.
+    max_steps: the run's steps.
+    mechanism: ``"tree"`` (default) or ``"independent"``.
+    levels: how the tree's levels are counted (default ``"exact"``).
+
+  Returns:
+    A ``dp_accounting.GaussianDpEvent``.
+
+  Raises:
+    ValueError: as :func:`prefix_noise_mu`.
+  """
   return dp_accounting.GaussianDpEvent(
       1.0 / prefix_noise_mu(noise_multiplier, max_steps, mechanism=mechanism, levels=levels))
