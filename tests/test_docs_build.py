@@ -4,6 +4,7 @@ covers every public name, and the Sphinx build passes with warnings as errors.""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import pathlib
@@ -181,3 +182,91 @@ def test_sphinx_build_passes_with_warnings_as_errors(tmp_path):
                                 str(tmp_path / "html")])
   assert rc == 0
   assert (tmp_path / "html" / "results" / "study.html").exists()
+
+
+# Public callables exempt from a section, each with the reason a section makes no sense there.
+# Exceptions are exempt from ``Args:`` as a kind (their constructor is ``BaseException``'s
+# ``*args``: the message), see ``doc_section_gaps``.
+DOC_SECTION_EXEMPT: dict[str, str] = {
+    # an enum: Provenance("theorem") looks a member up; its members are the documentation
+    "dpsco_jax.Provenance": "enum",
+}
+DOC_NAMESPACES = ("dpsco_jax", "dpsco_jax.flax", "dpsco_jax.transforms", "dpsco_jax.privacy",
+                  "dpsco_jax.audit", "dpsco_jax.data")
+
+
+def doc_section(doc: str, name: str) -> str | None:
+  """The body of a Google-style section (``Args:``, ...) of ``doc``; None when it has none."""
+  lines = inspect.cleandoc(doc or "").splitlines()
+  for i, line in enumerate(lines):
+    if line.strip() == f"{name}:":
+      indent = len(line) - len(line.lstrip())
+      body = []
+      for nxt in lines[i + 1:]:
+        if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= indent:
+          break
+        body.append(nxt)
+      return "\n".join(body)
+  return None
+
+
+def documented_callables():
+  """``(name, object, kind)`` for every public function, class and class method the API
+  reference shows (each object once, under the first namespace that exports it)."""
+  seen = set()
+  for modname in DOC_NAMESPACES:
+    mod = importlib.import_module(modname)
+    for n in public_names(modname):
+      obj = getattr(mod, n)
+      if id(obj) in seen or not getattr(obj, "__module__", "").startswith("dpsco_jax"):
+        continue
+      seen.add(id(obj))
+      if inspect.isclass(obj):
+        yield f"{modname}.{n}", obj, "class"
+        for mn, mv in vars(obj).items():
+          fn = mv.__func__ if isinstance(mv, (classmethod, staticmethod)) else mv
+          if not mn.startswith("_") and inspect.isfunction(fn):
+            yield f"{modname}.{n}.{mn}", fn, "method"
+      elif callable(obj):
+        yield f"{modname}.{n}", obj, "function"
+
+
+def doc_section_gaps(name: str, obj, kind: str) -> list[str]:
+  """What ``obj``'s docstring lacks: ``Args:`` naming every parameter (``Attributes:`` may
+  stand for it on a class), ``Returns:`` (``Yields:`` for a generator) unless it returns
+  None or is a class."""
+  doc, gaps = inspect.getdoc(obj) or "", []
+  if kind == "class" and issubclass(obj, BaseException):
+    params = []   # BaseException's *args: the message
+  else:
+    params = [p for p in inspect.signature(obj).parameters if p not in ("self", "cls")]
+  args = doc_section(doc, "Args")
+  if args is None and kind == "class":
+    args = doc_section(doc, "Attributes")
+  if params and args is None:
+    gaps.append(f"{name}: no Args:")
+  elif params:
+    gaps += [f"{name}: Args: lacks {p}" for p in params
+             if not re.search(rf"^\s*\**{p}\b", args, re.M)]
+  if kind != "class" and inspect.signature(obj).return_annotation not in (None, "None"):
+    if doc_section(doc, "Yields" if inspect.isgeneratorfunction(obj) else "Returns") is None:
+      gaps.append(f"{name}: no Returns:")
+  return gaps
+
+
+def test_public_callables_have_args_and_returns_sections():
+  """Every public callable's docstring has ``Args:`` (each parameter named) and ``Returns:``,
+  as the API reference shows them (napoleon, Google style)."""
+  gaps = []
+  for name, obj, kind in documented_callables():
+    if name not in DOC_SECTION_EXEMPT:
+      gaps += doc_section_gaps(name, obj, kind)
+  assert gaps == [], f"{len(gaps)} gaps:\n" + "\n".join(gaps)
+
+
+def test_doc_section_gaps_catches_a_missing_section():
+  """The check itself: a function with a parameter and a result but no sections fails it."""
+  def f(x: int) -> int:
+    """Doubles ``x``."""
+    return 2 * x
+  assert doc_section_gaps("f", f, "function") == ["f: no Args:", "f: no Returns:"]

@@ -72,7 +72,16 @@ def clopper_pearson_upper(successes: np.ndarray | int, trials: int, alpha: float
   """One-sided ``1 - alpha`` Clopper-Pearson upper bound on a binomial proportion.
 
   ``Beta^{-1}(1 - alpha; k + 1, n - k)``; exactly 1 when ``k = n``. Exact (conservative)
-  coverage for every true proportion."""
+  coverage for every true proportion.
+
+  Args:
+    successes: ``k``, the successes (an int or an array).
+    trials: ``n``, the trials.
+    alpha: the miss probability.
+
+  Returns:
+    The upper bounds, shaped as ``successes``.
+  """
   k = np.asarray(successes, dtype=np.float64)
   n = float(trials)
   safe_b = np.maximum(n - k, 1.0)
@@ -174,6 +183,18 @@ def epsilon_lower_bound(scores_in: Sequence[float] | np.ndarray,
     method: ``"split"`` (threshold chosen on the first ``selection_fraction`` of each sample,
       bound evaluated on the rest; trials are i.i.d. so the order is a valid split) or
       ``"bonferroni"`` (max over ``thresholds``, each at level ``alpha/(2k)``).
+    selection_fraction: the fraction of each sample that picks the threshold
+      (``"split"``; default 0.25).
+    thresholds: the data-independent grid of ``"bonferroni"`` (default none).
+
+  Returns:
+    A ``ThresholdBound``: the bound ``value``, its ``threshold``, ``confidence`` and
+    ``method``.
+
+  Raises:
+    ValueError: ``delta``, ``confidence`` or ``selection_fraction`` not in ``(0, 1)``; an
+      unknown ``method``; ``"bonferroni"`` without a non-empty finite grid; a split that
+      leaves no trials for evaluation.
   """
   return _lower_bound(scores_in, scores_out, delta=_check_unit_open(delta, "delta"),
                       confidence=confidence, method=method,
@@ -184,7 +205,22 @@ def epsilon_lower_bound(scores_in: Sequence[float] | np.ndarray,
 def gdp_mu_lower_bound(scores_in, scores_out, *, confidence: float = 0.95,
                        method: str = "split", selection_fraction: float = 0.25,
                        thresholds: Sequence[float] | None = None) -> ThresholdBound:
-  """Lower bound on ``mu`` for a mechanism claimed ``mu``-GDP (module docstring)."""
+  """Lower bound on ``mu`` for a mechanism claimed ``mu``-GDP (module docstring).
+
+  Args:
+    scores_in: scores of runs on the dataset with the canary.
+    scores_out: scores of runs on its neighbour.
+    confidence: in ``(0, 1)`` (default 0.95).
+    method: ``"split"`` (default) or ``"bonferroni"``.
+    selection_fraction: see :func:`epsilon_lower_bound` (default 0.25).
+    thresholds: see :func:`epsilon_lower_bound`.
+
+  Returns:
+    A ``ThresholdBound`` whose ``value`` is the bound on ``mu``.
+
+  Raises:
+    ValueError: as :func:`epsilon_lower_bound`.
+  """
   return _lower_bound(scores_in, scores_out, delta=0.5, confidence=confidence, method=method,
                       selection_fraction=selection_fraction, thresholds=thresholds,
                       kind="mu")
@@ -193,7 +229,19 @@ def gdp_mu_lower_bound(scores_in, scores_out, *, confidence: float = 0.95,
 def gdp_epsilon(mu: float, delta: float) -> float:
   """Epsilon of a ``mu``-GDP mechanism at ``delta``: the root of
   ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) = delta`` (Dong, Roth, Su 2022, Cor. 2.13);
-  0 when ``mu = 0`` or the profile is already below ``delta`` at ``eps = 0``."""
+  0 when ``mu = 0`` or the profile is already below ``delta`` at ``eps = 0``.
+
+  Args:
+    mu: the GDP parameter, finite and >= 0.
+    delta: in ``(0, 1)``.
+
+  Returns:
+    The epsilon, a float.
+
+  Raises:
+    TypeError: ``mu`` is not a real number.
+    ValueError: ``mu`` negative or not finite, or ``delta`` not in ``(0, 1)``.
+  """
   delta = _check_unit_open(delta, "delta")
   if isinstance(mu, bool) or not isinstance(mu, (int, float, np.floating, np.integer)):
     raise TypeError(f"mu must be a real number, got {type(mu).__name__}")

@@ -36,13 +36,30 @@ def check_relation(relation) -> str:
 
 
 class UserBatch(NamedTuple):
-  """Per-user gradients ``grads [U, ...]`` and the real-user mask ``mask`` (bool ``[U]``)."""
+  """Per-user gradients ``grads [U, ...]`` and the real-user mask ``mask`` (bool ``[U]``).
+
+  Attributes:
+    grads: per-user gradients ``[U, ...]``.
+    mask: bool ``[U]``, True for real users.
+  """
   grads: jax.Array
   mask: jax.Array
 
 
 def dirac_canary(dim: int, norm: float, index: int = 0) -> jax.Array:
-  """``norm * e_index`` in ``R^dim`` (float32)."""
+  """``norm * e_index`` in ``R^dim`` (float32).
+
+  Args:
+    dim: the dimension, an int >= 1.
+    norm: the canary's norm.
+    index: the nonzero coordinate (default 0).
+
+  Returns:
+    The ``[dim]`` canary.
+
+  Raises:
+    ValueError: ``dim`` is not an int >= 1 or ``index`` not in ``[0, dim)``.
+  """
   if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
     raise ValueError(f"dim must be an int >= 1, got {dim!r}")
   if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < dim:
@@ -53,7 +70,19 @@ def dirac_canary(dim: int, norm: float, index: int = 0) -> jax.Array:
 def neighbouring_pair(background: jax.Array, canary: jax.Array, relation: str
                       ) -> tuple[UserBatch, UserBatch]:
   """``(D, D')``: ``D`` = canary in slot 0 followed by the ``background`` users; ``D'`` its
-  neighbour under ``relation`` (module docstring). ``background`` is ``[n, ...]``."""
+  neighbour under ``relation`` (module docstring). ``background`` is ``[n, ...]``.
+
+  Args:
+    background: the other users' gradients ``[n, ...]``.
+    canary: the canary's gradient.
+    relation: ``add_remove``, ``replace_one`` or ``zero_out``.
+
+  Returns:
+    ``(D, D')``, two :class:`UserBatch` of ``n + 1`` slots.
+
+  Raises:
+    ValueError: an unknown relation, or a canary whose shape is not a background user's.
+  """
   check_relation(relation)
   background = jnp.asarray(background, jnp.float32)
   canary = jnp.asarray(canary, jnp.float32)

@@ -402,7 +402,20 @@ GAUSSIAN = ("dp_sgd_user_full", "accelerated_dp_srgd", "accelerated_dp_srgd_epoc
 
 
 def build_driver(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
-  """The :class:`AuditSpec` of a registered driver audit (``DRIVERS``)."""
+  """The :class:`AuditSpec` of a registered driver audit (``DRIVERS``).
+
+  Args:
+    name: a key of ``DRIVERS``.
+    relation: the neighbouring relation to audit under.
+    broken: a deliberately broken variant's name (default none: the real mechanism).
+    **kwargs: the driver's own keyword arguments.
+
+  Returns:
+    The :class:`AuditSpec`.
+
+  Raises:
+    ValueError: an unknown ``name``; the driver's own checks (relation, broken variant).
+  """
   if name not in DRIVERS:
     raise ValueError(f"name must be one of {tuple(DRIVERS)}, got {name!r}")
   return DRIVERS[name][0](relation, broken, **kwargs)

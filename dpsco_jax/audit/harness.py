@@ -47,7 +47,20 @@ class AuditResult(NamedTuple):
   """Outcome of one audit. ``lower_bound`` is the distribution-free epsilon lower bound at
   ``delta`` (holds with probability ``confidence``); ``gdp_lower_bound`` is the epsilon of the
   mu-GDP lower bound (meaningful against Gaussian claims only). ``violated`` is True when the
-  distribution-free bound exceeds the claim."""
+  distribution-free bound exceeds the claim.
+
+  Attributes:
+    claimed_epsilon: the epsilon audited.
+    lower_bound: the distribution-free epsilon lower bound.
+    confidence: the bound's confidence.
+    trials: the runs per side.
+    relation: the neighbouring relation of the pair.
+    delta: the claim's delta.
+    name: the audit's name.
+    mu_lower_bound: the lower bound on ``mu`` (GDP).
+    gdp_lower_bound: the epsilon at ``delta`` of ``mu_lower_bound``.
+    threshold: the score threshold the bound was evaluated at.
+  """
   claimed_epsilon: float
   lower_bound: float
   confidence: float
@@ -67,7 +80,20 @@ class AuditResult(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class AuditSpec:
   """Everything one audit needs: the mechanism as ``release``, the neighbouring datasets,
-  the score, and the claim (with where it comes from: ``claim_source``)."""
+  the score, and the claim (with where it comes from: ``claim_source``).
+
+  Attributes:
+    name: the audit's name.
+    relation: the neighbouring relation of the pair.
+    release: ``release(key, dataset) -> output``, the mechanism.
+    dataset_in: the dataset with the canary.
+    dataset_out: its neighbour.
+    score: ``score(output) -> scalar`` (larger: more canary-like).
+    claimed_epsilon: the epsilon claimed.
+    delta: the claim's delta.
+    claim_source: where the claim comes from (for reports).
+    thresholds: a data-independent threshold grid (discrete scores), or None.
+  """
   name: str
   relation: str
   release: Release
@@ -111,7 +137,23 @@ def _sample(run: Callable, dataset: Any, key: jax.Array, trials: int, batch: int
 def sample_scores(release: Release, dataset: Any, score: Score, key: jax.Array, trials: int,
                   *, batch: int = 20_000) -> np.ndarray:
   """``trials`` i.i.d. scores ``score(release(k_i, dataset))`` as float64 numpy, computed in
-  vmapped, jitted chunks of at most ``batch`` trials (bounded memory)."""
+  vmapped, jitted chunks of at most ``batch`` trials (bounded memory).
+
+  Args:
+    release: ``release(key, dataset) -> output``.
+    dataset: the dataset.
+    score: ``score(output) -> scalar``.
+    key: a JAX PRNG key.
+    trials: the runs, an int >= 2.
+    batch: the most trials per compiled chunk (default 20000).
+
+  Returns:
+    ``[trials]`` float64 scores.
+
+  Raises:
+    TypeError: ``trials`` or ``batch`` is not an int.
+    ValueError: ``trials`` or ``batch`` < 2.
+  """
   trials = _check_count(trials, "trials")
   batch = _check_count(batch, "batch")
   return _sample(_scorer(release, score), dataset, key, trials, batch)
@@ -129,6 +171,30 @@ def audit_mechanism(release: Release, dataset_in: Any, dataset_out: Any, *, scor
   ``thresholds`` (natural for discrete scores: a bit, a count of steps) every trial is used
   and the intervals are Bonferroni-corrected over the grid
   (:func:`dpsco_jax.audit.bounds.epsilon_lower_bound`).
+
+  Args:
+    release: ``release(key, dataset) -> output``, the mechanism (jit-able).
+    dataset_in: the dataset with the canary.
+    dataset_out: its neighbour under ``relation``.
+    score: ``score(output) -> scalar``.
+    claimed_epsilon: the epsilon claimed, finite and >= 0.
+    delta: the claim's delta, in ``(0, 1)``.
+    relation: ``add_remove``, ``replace_one`` or ``zero_out``.
+    trials: runs per side, an int >= 2.
+    key: a JAX PRNG key or an int seed (default 0).
+    confidence: the bounds' confidence, in ``(0, 1)`` (default 0.95).
+    name: the audit's name (default empty).
+    batch: the most trials per compiled chunk (default 20000).
+    thresholds: a data-independent threshold grid (default none: a split).
+
+  Returns:
+    The :class:`AuditResult`.
+
+  Raises:
+    TypeError: ``claimed_epsilon`` is not a number, ``key`` is a bool, or ``trials`` /
+      ``batch`` is not an int.
+    ValueError: ``claimed_epsilon`` negative or not finite, ``trials`` or ``batch`` < 2, an
+      unknown ``relation``; as :func:`~dpsco_jax.audit.epsilon_lower_bound`.
   """
   check_relation(relation)
   if isinstance(claimed_epsilon, bool) or not isinstance(claimed_epsilon, (int, float)):
@@ -157,7 +223,20 @@ def audit_mechanism(release: Release, dataset_in: Any, dataset_out: Any, *, scor
 
 def run_audit(spec: AuditSpec, *, trials: int, key: jax.Array | int = 0,
               confidence: float = 0.95) -> AuditResult:
-  """:func:`audit_mechanism` on an :class:`AuditSpec`."""
+  """:func:`audit_mechanism` on an :class:`AuditSpec`.
+
+  Args:
+    spec: the audit.
+    trials: runs per side, an int >= 2.
+    key: a JAX PRNG key or an int seed (default 0).
+    confidence: in ``(0, 1)`` (default 0.95).
+
+  Returns:
+    The :class:`AuditResult`.
+
+  Raises:
+    ValueError: as :func:`audit_mechanism`.
+  """
   return audit_mechanism(spec.release, spec.dataset_in, spec.dataset_out, score=spec.score,
                          claimed_epsilon=spec.claimed_epsilon, delta=spec.delta,
                          relation=spec.relation, trials=trials, key=key,

@@ -47,7 +47,15 @@ def _cached_params_loss(loss_fn: Callable, graphdef: Any) -> Callable:
 def params_loss(model: nnx.Module, loss_fn: Callable) -> tuple[Callable, Any]:
   """``(loss(params, example), params)`` for ``loss_fn(model, example)``: the pure function of
   the model's ``nnx.Param`` state that the algorithms differentiate. Cached per (loss_fn,
-  model structure) when the model has no other state, so repeated runs compile once."""
+  model structure) when the model has no other state, so repeated runs compile once.
+
+  Args:
+    model: the ``nnx.Module``.
+    loss_fn: ``loss_fn(model, example) -> scalar``.
+
+  Returns:
+    ``(loss, params)``: the pure loss and the model's ``nnx.Param`` state.
+  """
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   if not jax.tree.leaves(rest):
     return _cached_params_loss(loss_fn, graphdef), params
@@ -66,7 +74,28 @@ def fit_model(algorithm: str, config: Mapping | Any, model: nnx.Module, loss_fn:
   ``"users"`` axis; ``callback`` gets a :class:`dpsco_jax.api.Progress` during the run) on the
   model's ``nnx.Param`` state and writes the released parameters
   into ``model`` (``nnx.update``); returns the Result (its ``params`` is the released
-  ``nnx.State``)."""
+  ``nnx.State``).
+
+  Args:
+    algorithm: a registered algorithm name.
+    config: the algorithm's keys (a mapping or its config dataclass).
+    model: the ``nnx.Module`` (updated in place with the released params).
+    loss_fn: ``loss_fn(model, example) -> scalar`` for one item.
+    data: the user-keyed data.
+    key: the run's JAX PRNG key.
+    constants: the declared constants of the loss class (see :func:`dpsco_jax.plan`).
+    mesh: a device mesh with a ``"users"`` axis (see :func:`dpsco_jax.run`).
+    callback: called with a :class:`~dpsco_jax.api.Progress` during the run.
+
+  Returns:
+    The :class:`~dpsco_jax.Result`.
+
+  Raises:
+    TypeError: ``model`` is not an ``nnx.Module``; as :func:`dpsco_jax.fit`.
+    ConfigError: an unknown algorithm or a bad config key (named in the message).
+    ValueError: as :func:`dpsco_jax.fit`.
+    NonFiniteRelease: the released params hold NaN or infinity.
+  """
   if not isinstance(model, nnx.Module):
     raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
   loss, params = params_loss(model, loss_fn)

@@ -171,7 +171,14 @@ def verify_seal(meta: dict, arrays: str, hmac_key: bytes | None = None) -> None:
 
 def latest_checkpoint(directory: str | os.PathLike) -> str | None:
   """The complete ``step_<8 digits>`` folder with the largest step, or None. Orbax's partial
-  ``*.orbax-checkpoint-tmp*`` folders (a crash mid-save) are never chosen."""
+  ``*.orbax-checkpoint-tmp*`` folders (a crash mid-save) are never chosen.
+
+  Args:
+    directory: the checkpoints' folder.
+
+  Returns:
+    The path, or None when ``directory`` is missing or holds no complete checkpoint.
+  """
   d = os.path.abspath(os.fspath(directory))
   if not os.path.isdir(d):
     return None

@@ -101,7 +101,13 @@ class FastClipPlan:
 
 
 class ClipInfo(NamedTuple):
-  """Data-dependent by-products (never released; for tests and ``debug`` only)."""
+  """Data-dependent by-products (never released; for tests and ``debug`` only).
+
+  Attributes:
+    norms: ``[U]`` certified per-user norm bounds (NaN/Inf for non-finite users).
+    weights: ``[U]`` ``min(1, C/norm)``, 0 for masked or non-finite users.
+    kept: ``[U]`` bool, a real user with a finite gradient.
+  """
   norms: jax.Array    # [U] certified per-user norm bounds (NaN/Inf for non-finite users)
   weights: jax.Array  # [U] min(1, C/norm), 0 for masked / non-finite users
   kept: jax.Array     # [U] bool: real user with a finite gradient
@@ -265,7 +271,15 @@ class FastClippedGrad:
   # ---- functional views --------------------------------------------------------------------
 
   def model_loss(self, params: PyTree, example: PyTree) -> jax.Array:
-    """``loss_fn`` as a function of the parameter State (the core's ``loss_fn(params, ex)``)."""
+    """``loss_fn`` as a function of the parameter State (the core's ``loss_fn(params, ex)``).
+
+    Args:
+      params: the parameter State.
+      example: one item.
+
+    Returns:
+      The loss, a scalar.
+    """
     return self.loss_fn(nnx.merge(self.graphdef, params, self.rest), example)
 
   def _as_users(self, batch: PyTree) -> PyTree:
@@ -285,7 +299,17 @@ class FastClippedGrad:
     users and items (``layers``, ``predicted``) on ``backend`` (default: JAX's default
     backend; see :data:`~dpsco_jax.flax.fast_clip_cost.GROUPED_CONV_WEIGHT`), with the
     convolutions chunked as the step would be there (``conv_chunks``; ``device_memory``
-    in bytes, default that of ``backend``'s first local device, where known)."""
+    in bytes, default that of ``backend``'s first local device, where known).
+
+    Args:
+      params: the parameter State.
+      batch: the batch (its shapes only are read).
+      backend: the backend to cost for (default: JAX's default).
+      device_memory: the device memory in bytes (default: the backend's first device's).
+
+    Returns:
+      The :class:`FastClipPlan`.
+    """
     users = self._as_users(batch)
     n_users, m = jax.tree.leaves(users)[0].shape[:2]
     base = self._base_plan(params, users)
@@ -500,7 +524,17 @@ class FastClippedGrad:
     data: a zero stand-in gives the same choice) and returns it; the per-path predictions
     are kept in :attr:`autotune_report`. ``auto`` also resolves by itself at each call, so
     this is only needed to know the choice in advance. A fixed ``method`` is returned as is.
-    ``user_mask`` and ``repeats`` are accepted for compatibility and unused."""
+    ``user_mask`` and ``repeats`` are accepted for compatibility and unused.
+
+    Args:
+      params: the parameter State.
+      batch: the batch (its shapes only are read).
+      user_mask: unused (compatibility).
+      repeats: unused (compatibility).
+
+    Returns:
+      The method, ``"fast"`` or ``"vmap"``.
+    """
     del user_mask, repeats
     if self.requested_method != "auto":
       return self.method
@@ -519,7 +553,15 @@ class FastClippedGrad:
   @at_guarantee_precision
   def norms(self, params: PyTree, batch: PyTree) -> jax.Array:
     """Per-user (per-example at item level) gradient norms ``[U]``: exact for ``vmap``,
-    certified upper bounds (equal to ~1e-6 on ordinary inputs) for ``fast``."""
+    certified upper bounds (equal to ~1e-6 on ordinary inputs) for ``fast``.
+
+    Args:
+      params: the parameter State.
+      batch: the batch.
+
+    Returns:
+      The ``[U]`` norms (secret: never release them).
+    """
     users = self._as_users(batch)
     if self._method(params, batch) == "vmap":
       chunks, _ = fvm.vmap_chunks(self.vmap_chunks, params, users)
@@ -529,7 +571,16 @@ class FastClippedGrad:
   def clipped_sum(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None
                   ) -> tuple[PyTree, ClipInfo]:
     """``sum_u w_u g_u`` with ``w_u = min(1, C/N_u)`` (0 for masked or non-finite users),
-    shaped like ``params``, and the (secret) :class:`ClipInfo`."""
+    shaped like ``params``, and the (secret) :class:`ClipInfo`.
+
+    Args:
+      params: the parameter State.
+      batch: the batch.
+      user_mask: bool ``[U]``, False for padding (default: every slot is a user).
+
+    Returns:
+      ``(summed, info)``.
+    """
     return self._clipped_sum_with(self._method(params, batch), params, batch, user_mask)
 
   @at_guarantee_precision
@@ -564,7 +615,22 @@ class FastClippedGrad:
   def aggregate(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None, *,
                 mode: str = "mean", denominator: float | None = None) -> PyTree:
     """The core's ``clip_per_user(C)`` + ``aggregate(mode, denominator)`` output: the clipped
-    sum, divided by the fixed ``denominator`` for ``mode="mean"``."""
+    sum, divided by the fixed ``denominator`` for ``mode="mean"``.
+
+    Args:
+      params: the parameter State.
+      batch: the batch.
+      user_mask: bool ``[U]``, False for padding (default: every slot is a user).
+      mode: ``"mean"`` (default) or ``"sum"``.
+      denominator: the fixed denominator ``D``, required for ``"mean"``.
+
+    Returns:
+      The aggregate, shaped like ``params``.
+
+    Raises:
+      ValueError: an unknown ``mode``, ``"mean"`` without a ``denominator`` > 0, or a mean that
+        would overflow float32.
+    """
     # the core's checks: a denominator so small that the mean overflows float32 is refused
     scale = _check_mean(mode, denominator)
     _check_bounded(self.clip_norm, scale, jax.tree.leaves(self._as_users(batch))[0].shape[0])
@@ -573,6 +639,18 @@ class FastClippedGrad:
 
   def sensitivity(self, *, mode: str = "mean", denominator: float | None = None,
                   relation: str = "add_remove") -> float:
-    """L2 sensitivity of :meth:`aggregate` (the core's ``aggregation_sensitivity``)."""
+    """L2 sensitivity of :meth:`aggregate` (the core's ``aggregation_sensitivity``).
+
+    Args:
+      mode: ``"mean"`` (default) or ``"sum"``.
+      denominator: ``D``, required for ``"mean"``.
+      relation: ``add_remove`` (default), ``replace_one`` or ``zero_out``.
+
+    Returns:
+      The L2 sensitivity, a float.
+
+    Raises:
+      ValueError: as :func:`~dpsco_jax.transforms.aggregation_sensitivity`.
+    """
     return aggregation_sensitivity(self.clip_norm, mode=mode, denominator=denominator,
                                    relation=relation)

@@ -94,7 +94,14 @@ _LABEL = "dp-sgd step (poisson gaussian)"
 
 class TrainState(NamedTuple):
   """Everything a step depends on. SECRET: ``opt_state`` (holds the noise key) and
-  ``sample_key``; both are redacted in repr/str (the arrays stay accessible)."""
+  ``sample_key``; both are redacted in repr/str (the arrays stay accessible).
+
+  Attributes:
+    params: the model's parameters.
+    opt_state: the optimizer and noise state (secret: holds the noise key).
+    sample_key: the sampling key (secret).
+    step: the steps taken.
+  """
   params: PyTree
   opt_state: PyTree
   sample_key: jax.Array
@@ -152,7 +159,10 @@ class DPTrainer:
     target_epsilon: the epsilon of ``num_steps`` steps; also a budget of the ledger.
     epsilon_budget: optional hard cap; a run that would exceed it raises
       ``PrivacyBudgetExceeded`` before its first step.
-    level: ``"user"`` or ``"item"``. method: ``"fast"`` (taps), ``"vmap"``, or ``"auto"``:
+    num_steps: the planned run's steps (needed with ``target_epsilon`` and for cyclic
+      sampling).
+    level: ``"user"`` or ``"item"``.
+    method: ``"fast"`` (taps), ``"vmap"``, or ``"auto"``:
       the one with the lower predicted cost at the micro-batch shape (per-layer cost model,
       shapes only: the choice never depends on the data; see ``clipper.autotune_report``).
     batch_capacity: static size of the users processed at once (default ``D`` + 4 sd).
@@ -165,9 +175,20 @@ class DPTrainer:
       fixed order, each once per epoch of ``ceil(n / B)`` steps; needs ``num_steps``).
     noise_mechanism: ``"independent"``, or with ``sampling="cyclic"`` ``"banded"`` (``bands``)
       or ``"blt"`` (``buffers``), strategy ``mf_strategy`` (``dp_sgd_user``'s keys).
+    batch_size: users per step under ``sampling="cyclic"`` (refused with Poisson sampling).
+    bands: the bands of ``noise_mechanism="banded"``.
+    buffers: the buffers of ``noise_mechanism="blt"``.
+    mf_strategy: how the correlated-noise strategy is chosen (default ``"auto"``).
     mesh: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the one set with
       ``jax.set_mesh``, if any): each device clips its own users of a step, the sums are
       reduced, the noise drawn once; same plan and ledger (:mod:`~dpsco_jax.flax.trainer_mesh`).
+
+  Raises:
+    ValueError: a bad or inconsistent argument, named in the message (e.g. neither
+      ``noise_multiplier`` nor ``target_epsilon`` with ``num_steps``; ``batch_size`` with
+      Poisson sampling; an optimizer that accumulates noisy updates; data whose layout is not
+      the declared ``level``).
+    PrivacyBudgetExceeded: the planned run would exceed ``epsilon_budget``.
   """
 
   def __init__(self, model: nnx.Module, loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -445,6 +466,23 @@ class DPTrainer:
     ``ledger.compose`` (a per-block ``spend`` would recompute the exact epsilon every block
     once the grid bound nears the budget). With ``checkpoint_dir``, a checkpoint is written
     every ``checkpoint_every`` steps (a multiple of ``report_every``) and at the end.
+
+    Args:
+      num_steps: the steps to run, an integer >= 1.
+      report_every: the steps of one accounting block (default 10).
+      checkpoint_dir: where to write checkpoints (default none).
+      checkpoint_every: steps between checkpoints, a multiple of ``report_every`` (default:
+        only at the end, when ``checkpoint_dir`` is given).
+      log_fn: called with each history entry (default none).
+      hmac_key: the key that seals checkpoints (bytes; default: a plain SHA-256 seal).
+
+    Returns:
+      ``self.history``: one ``{"step", "epsilon", "epsilon_kind", "delta"}`` per block.
+
+    Raises:
+      PrivacyBudgetExceeded: the whole run would exceed the budget (nothing runs).
+      ValueError: ``num_steps``, ``report_every`` or ``checkpoint_every`` is not an integer
+        >= 1, or ``checkpoint_every`` is not a multiple of ``report_every``.
     """
     num_steps = check_int(num_steps, "num_steps")
     report_every = check_int(report_every, "report_every")
@@ -491,12 +529,23 @@ class DPTrainer:
 
   def epsilon(self, *, exact: bool = True) -> float:
     """Epsilon of every step taken (charged) so far: exact by default (one accountant
-    evaluation, cached); ``exact=False`` is the ledger's cheap grid upper bound."""
+    evaluation, cached); ``exact=False`` is the ledger's cheap grid upper bound.
+
+    Args:
+      exact: the exact epsilon (default) or the grid upper bound.
+
+    Returns:
+      The epsilon at the trainer's delta.
+    """
     return self.ledger.epsilon(exact=exact)
 
   def privacy_report(self) -> PrivacyReport:
     """``accountant`` provenance: composition of the Poisson-sampled Gaussian steps (cyclic:
-    the Gaussian of the run's prefix)."""
+    the Gaussian of the run's prefix).
+
+    Returns:
+      The :class:`~dpsco_jax.privacy.PrivacyReport` of the steps taken.
+    """
     if self.cyclic is not None:
       return self.ledger.report(
           provenance=Provenance.ACCOUNTANT, level=self.level,
@@ -532,6 +581,17 @@ class DPTrainer:
     noiseless ``clipped_sum / D``. It neither touches ``self.state`` nor charges
     ``self.ledger``: its outputs carry the plan's guarantee (``T`` steps of :attr:`event`)
     and are meant for audits on canary datasets.
+
+    Args:
+      num_steps: ``T``, the steps released, an integer >= 1.
+      noise: add the noise (default True; False is a test hook).
+
+    Returns:
+      ``release(key, dataset)``, a pure function returning the ``[T, ...]`` releases.
+
+    Raises:
+      ValueError: ``num_steps`` is not an integer >= 1.
+      ArgumentTypeError: ``noise`` is not a bool.
     """
     steps = check_int(num_steps, "num_steps")
     noise = check_bool(noise, "noise")
@@ -571,7 +631,20 @@ class DPTrainer:
   def save(self, directory: str | os.PathLike, *, hmac_key: bytes | None = None) -> str:
     """Writes ``directory/step_<t>`` (see :mod:`dpsco_jax.flax.checkpoint`); returns it. The
     seal covers ledger, step, history, fingerprint and arrays; it is an HMAC with
-    ``hmac_key`` (bytes you hold: detects forgery), else a plain SHA-256 (accidents only)."""
+    ``hmac_key`` (bytes you hold: detects forgery), else a plain SHA-256 (accidents only).
+
+    Args:
+      directory: the checkpoints' folder.
+      hmac_key: the sealing key, bytes (default: a plain SHA-256 seal).
+
+    Returns:
+      The path of the ``step_<t>`` folder written.
+
+    Raises:
+      ArgumentTypeError: ``hmac_key`` is not bytes.
+      ValueError: ``hmac_key`` is too short.
+      ImportError: orbax-checkpoint is not installed.
+    """
     meta = {"fingerprint": self._fingerprint(), "ledger": self.ledger.state_dict(),
             "history": self.history, "data": self._data_facts}
     return ckpt.save_checkpoint(directory, self.state, self.step_count, meta,
@@ -579,6 +652,14 @@ class DPTrainer:
 
   @staticmethod
   def latest_checkpoint(directory: str | os.PathLike) -> str | None:
+    """The latest complete checkpoint under ``directory`` (:func:`latest_checkpoint`).
+
+    Args:
+      directory: the checkpoints' folder.
+
+    Returns:
+      The path of its ``step_*`` folder with the largest step, or None.
+    """
     return ckpt.latest_checkpoint(directory)
 
   def restore(self, path: str | os.PathLike, *, hmac_key: bytes | None = None
@@ -588,7 +669,21 @@ class DPTrainer:
     a broken seal (with ``hmac_key``: a missing or wrong HMAC, i.e. a forgery), an edited
     ledger, another budget / accountant / privacy configuration, or a ledger that is not what
     the checkpoint's step count implies, or other data than it was trained on
-    (:mod:`dpsco_jax.flax.checkpoint`)."""
+    (:mod:`dpsco_jax.flax.checkpoint`).
+
+    Args:
+      path: a ``step_*`` folder, or a folder of them (its latest complete one).
+      hmac_key: the key the checkpoint was sealed with (default none).
+
+    Returns:
+      This trainer, at the checkpoint's step.
+
+    Raises:
+      ValueError: the trainer already spent budget; no complete checkpoint under ``path``; its
+        privacy configuration or data differs from this trainer's; a bad ``hmac_key``.
+      LedgerIntegrityError: a broken or missing seal (a wrong HMAC), an edited ledger or
+        arrays, or a ledger that does not match the checkpoint's step.
+    """
     if self.ledger.events or self.step_count:
       raise ValueError("restore into a fresh trainer: this one already spent privacy budget, "
                        "and a restore must never roll the ledger back")

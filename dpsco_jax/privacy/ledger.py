@@ -75,6 +75,9 @@ __all__ = ["ACCOUNTANTS", "EPSILON_KINDS", "PLD_DISCRETIZATION", "ApproxDpEvent"
 
 
 class Provenance(str, enum.Enum):
+  """Where a guarantee comes from: a paper's ``theorem``, the ``accountant``, a
+  ``heuristic``, a theorem or accountant resting on ``declared`` constants of the loss, or
+  ``none`` (non-private reference runs)."""
   THEOREM = "theorem"
   ACCOUNTANT = "accountant"
   HEURISTIC = "heuristic"
