@@ -6,8 +6,9 @@ them), ``num_steps`` > 0, constant and the plan's step count, ``step`` strictly 
 ending at ``num_steps``, ``epsilon`` non-decreasing where given and, at the last report, the
 run's epsilon. An algorithm with no step loop (output perturbation: one release) reports once
 with ``step == num_steps == 1``. The reports come from one mechanism
-(``algorithms.common.progress_session`` / ``emit_progress``), which compiles nothing into a
-run without a callback.
+(``algorithms.common.progress_session`` / ``emit_progress`` in the compiled loops, which
+compiles nothing into a run without a callback; ``progress_due`` on the host for a host loop:
+ReSQue's adaptive loop of Alg. 4 calls, which reports its planned calls).
 """
 
 import jax
@@ -18,6 +19,8 @@ import pytest
 import dpsco_jax
 from dpsco_jax import api
 from dpsco_jax.algorithms import common
+from dpsco_jax.algorithms.bilevel import localized_gd
+from dpsco_jax.algorithms.resque.private import PlannedCallProgress
 from dpsco_jax.data import UserData
 
 from test_api_planners import CASES as PAPER_CASES
@@ -56,16 +59,12 @@ NO_STEP_LOOP = {"naive_output_pert", "sc_output_pert", "phased_erm_output_pert",
                 "sc_erm_output_pert", "phased_sco_output_pert", "sc_sco_output_pert"}
 #: the DP-SGD family: an event per step, so an epsilon at every report
 PER_STEP_EVENT = {"dp_sgd_user", "dp_sgd_item"}
-#: drivers with a step loop that does not report per step yet (outside this change's files)
-NOT_YET = {"dp_loc_gd": "bilevel/localized_gd.py's scan does not report yet",
-           "dp_loc_sgd": "bilevel/localized_gd.py's scan does not report yet",
-           "resque_private_sco": "resque/private.py's loop does not report yet"}
 #: one case per loop runs by default (a scan of run_chain, the cyclic and b-min-sep scans,
-#: SRGD's runner, Algorithms 1 and 3, the closing report); the other variants of the same
-#: loops, and the slow paper-001/002/004 drivers, are marked slow
+#: SRGD's runner, Algorithms 1 and 3, DP-Loc-GD's rounds of scans, the closing report); the
+#: other variants of the same loops, and the slow paper-001/002 drivers, are marked slow
 FAST = {"nonprivate_sgd", "dp_sgd_user", "dp_sgd_user_cyclic", "dp_sgd_user_banded_poisson",
         "accelerated_dp_srgd", "user_level_phased_sgd", "user_level_accelerated_erm",
-        "naive_output_pert"}
+        "dp_loc_gd", "naive_output_pert"}
 
 
 def _loss(p, ex):
@@ -91,16 +90,16 @@ def _fit(case: str, callback):
 
 
 def _planned_steps(p: api.Plan) -> int | None:
-  """The plan's step count where the plan states one (the phases summed for FILTER)."""
-  steps = p.schedule.get("num_steps")
-  return steps if steps is not None else getattr(p.detail, "num_steps", None)
+  """The plan's step count where the plan states one: its own object's ``num_steps`` (the
+  phases summed for FILTER, the rounds for DP-Loc-(S)GD, whose schedule's ``num_steps`` is one
+  round's, the planned Alg. 4 calls for ReSQue), else the schedule's."""
+  steps = getattr(p.detail, "num_steps", None)
+  return steps if steps is not None else p.schedule.get("num_steps")
 
 
 def _case_param(case: str):
   name = CASES[case][0]
   marks = [] if case in FAST else [pytest.mark.slow]
-  if name in NOT_YET:
-    marks.append(pytest.mark.xfail(strict=True, reason=NOT_YET[name]))
   return pytest.param(case, marks=marks)
 
 
@@ -182,3 +181,48 @@ def test_the_last_step_is_reported_when_the_steps_are_not_a_multiple_of_the_spac
                                     jnp.arange(50))[0])(s.tick())
   # every ceil(50 / 20) = 3 steps, and the last one
   assert got == [(k, 50) for k in range(3, 49, 3)] + [(50, 50)]
+
+
+def test_dp_loc_gd_reports_across_its_rounds_with_the_same_release():
+  # M = 2 rounds of 50 steps, one scan each in one program: the reports count 100 steps
+  plain = _fit("dp_loc_gd", None)[1]
+  seen = []
+  reported = _fit("dp_loc_gd", seen.append)[1]
+  assert [s.step for s in seen] == list(range(5, 101, 5))
+  assert {s.num_steps for s in seen} == {100}
+  jax.tree.map(np.testing.assert_array_equal, plain.params, reported.params)
+  assert not common._PROGRESS
+
+
+def test_dp_loc_gd_without_a_callback_compiles_the_solve_it_compiled_before():
+  cfg = localized_gd.LocGDConfig(mu=1.0, clip_norm=1.0, noise_multiplier=1.0, rounds=2,
+                                 steps=4)
+  args = (jnp.zeros(3), {"x": jnp.ones((6, 3))}, jax.random.key(0))
+  before = jax.jit(lambda y, d, k: localized_gd.dp_loc_gd(_loss, y, d, k, cfg)).lower(*args)
+  without = localized_gd.compiled_solve(_loss, cfg, 0.0).lower(*args, None)
+  with common.progress_session(lambda step, total: None, 8) as session:
+    with_cb = localized_gd.compiled_solve(_loss, cfg, 0.0, report=session.report).lower(
+        *args, session.tick())
+  assert without.as_text() == before.as_text() and "callback" not in without.as_text()
+  assert "callback" in with_cb.as_text()
+
+
+def _resque_reports(realized: tuple[int, ...], planned: tuple[int, ...]) -> list:
+  got, calls = [], []
+  progress = PlannedCallProgress(lambda step, total: got.append((step, total)), sum(planned))
+  for n_calls, n_planned in zip(realized, planned):
+    alg4 = progress.phase(lambda *a, **k: calls.append(a) or (None, None), n_planned)
+    for _ in range(n_calls):
+      alg4()
+    progress.end_phase()
+  assert len(calls) == sum(realized)   # every call ran, once
+  return got
+
+
+def test_resque_reports_the_planned_calls_not_the_ones_the_data_needed():
+  # the realized Alg. 4 calls depend on the data (the bisection, early exits; debug only):
+  # every run reports the planned calls, whatever it realized (fewer, or a phase over its plan)
+  expected = [(s, 40) for s in range(2, 41, 2)]
+  assert _resque_reports((30, 10), (30, 10)) == expected
+  assert _resque_reports((3, 10), (30, 10)) == expected
+  assert _resque_reports((30, 12), (30, 10)) == expected

@@ -79,7 +79,7 @@ import optax
 
 from dpsco_jax.algorithms.bilevel.config import LocGdConfig, LocSgdConfig
 from dpsco_jax.algorithms.registration import register
-from dpsco_jax.algorithms.common import real_rows_mask
+from dpsco_jax.algorithms.common import emit_progress, progress_session, real_rows_mask
 from dpsco_jax.cache import bounded_cache
 # the config, accounting, presets and the runner's plan (re-exported: the audits and the tests
 # read them here)
@@ -142,12 +142,14 @@ def _round_chains(cfg: LocGDConfig, n: int, key: jax.Array, radius: float, cente
 
 def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: LocGDConfig,
            reg_fn: Callable | None, forced: PyTree | None, n_real: int | None = None,
-           users: Any = None):
+           users: Any = None, report: int | None = None, tick: jax.Array | None = None):
   """The solver; returns ``(y_out, aux, releases)`` with ``releases`` leaves ``[M, T, ...]``.
   ``forced`` (same shape as ``releases``): advance with these releases instead of this run's
   own (replay of a release history; the audit / sensitivity view). ``n_real``: rows from it
   on are a mesh's padding (masked; ``n`` of the plan is ``n_real``); ``users``: the sharding
-  that keeps the examples on their devices (each differentiates and clips its own)."""
+  that keeps the examples on their devices (each differentiates and clips its own).
+  ``report`` / ``tick``: a :class:`~dpsco_jax.algorithms.common.ProgressSession`'s (the
+  ``M T`` steps counted across the rounds; ``None``: nothing compiled in)."""
   n_rows = _num_examples(data)
   n = n_rows if n_real is None else int(n_real)
   if users is not None:
@@ -163,7 +165,7 @@ def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: 
     forced_m = None if forced is None else jax.tree.map(lambda r, m=m: r[m], forced)
 
     def step(carry, xs, privatizer=privatizer, stepper=stepper, center=center,
-             k_sample=k_sample):
+             k_sample=k_sample, m=m):
       y, pst, sst, md = carry
       t, forced_t = xs
       mask = None
@@ -176,6 +178,7 @@ def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: 
       upd, sst = stepper.update(used, sst, y)
       y_new = optax.apply_updates(y, upd)
       dist = tree_l2_norm(jax.tree.map(jnp.subtract, y_new, center))
+      emit_progress(report, tick, m * cfg.steps + t)   # the step count only
       return (y_new, pst, sst, jnp.maximum(md, dist)), release
 
     init = (center, privatizer.init(center), stepper.init(center),
@@ -257,17 +260,17 @@ def _item_level_data(problem) -> PyTree:
 
 
 @bounded_cache(32)
-def _compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
-                    n_real: int | None = None, users: Any = None) -> Callable:
-  """One jitted solve per (loss, config, ridge): the data and the key are arguments, so a
-  sweep over seeds compiles once (a per-call ``jax.jit(lambda ...)`` compiled every call).
-  ``n_real`` / ``users``: the data is a mesh's padded, sharded copy (:func:`_solve`)."""
+def compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
+                   n_real: int | None = None, users: Any = None,
+                   report: int | None = None) -> Callable:
+  """One jitted solve per (loss, config, ridge): the data, the key and the progress tick are
+  arguments, so a sweep over seeds compiles once (a per-call ``jax.jit(lambda ...)`` compiled
+  every call). ``n_real`` / ``users``: the data is a mesh's padded, sharded copy
+  (:func:`_solve`); ``report``: a progress session's (``None``: the program without reports)."""
   reg = (None if l2 <= 0 else
          lambda y: 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(y)))
-  if n_real is None and users is None:
-    return jax.jit(lambda y, data, k: dp_loc_gd(loss_fn, y, data, k, lcfg, reg_fn=reg))
-  return jax.jit(lambda y, data, k: _solve(loss_fn, y, data, k, lcfg, reg, None, n_real,
-                                           users)[:2])
+  return jax.jit(lambda y, data, k, tick: _solve(loss_fn, y, data, k, lcfg, reg, None, n_real,
+                                                 users, report, tick)[:2])
 
 
 # item rows sharded over the mesh's users axis; the plan's z is the driver's
@@ -300,8 +303,11 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
     from dpsco_jax.algorithms.common import _on_mesh
     data, n_real = _on_mesh(data, mesh, "users")
     solve_args = (n_real, NamedSharding(mesh, PartitionSpec("users")))
-  y_out, aux = _compiled_solve(problem.loss_fn, lcfg, float(l2), *solve_args)(
-      problem.init_params(), data, key)
+  # progress: the solve's M T steps, epsilon None until the last report (no per-step event)
+  with progress_session(getattr(problem, "progress", None), plan.num_steps) as session:
+    y_out, aux = compiled_solve(problem.loss_fn, lcfg, float(l2), *solve_args,
+                                report=session.report)(problem.init_params(), data, key,
+                                                       session.tick())
   debug = ({"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
            if config_view(cfg).get("debug", False) else None)
   record = {"noise_multiplier": lcfg.noise_multiplier, "batch_size": lcfg.batch_size,

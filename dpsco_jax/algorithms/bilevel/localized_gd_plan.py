@@ -320,6 +320,12 @@ class LocGDRunPlan:
   config: LocGDConfig
   event: dp_accounting.DpEvent
 
+  @property
+  def num_steps(self) -> int:
+    """The solve's step count (progress reports): ``rounds`` rounds of ``steps`` each (the
+    schedule's ``num_steps`` is the steps of one round, the config key's meaning)."""
+    return self.config.rounds * self.config.steps
+
 
 def _public_mu(problem, cfg: Schema) -> float:
   """``mu``: the config's, else the declared ``meta['strong_convexity']`` (MissingConstant)."""

@@ -160,6 +160,11 @@ class PhasePlan:
     """Worst-case gradient count: ``T^ - 1`` per planned Alg. 4 call."""
     return sum(2 ** int(math.floor(math.log2(t))) - 1 for t, _ in self.p["plan"])
 
+  @property
+  def planned_calls(self) -> int:
+    """The worst-case number of Alg. 4 calls of the phase (each one charged by the plan)."""
+    return len(self.p["plan"])
+
 
 @dataclasses.dataclass(frozen=True)
 class ResquePrivatePlan:
@@ -184,6 +189,13 @@ class ResquePrivatePlan:
   def provenance(self) -> str:
     base = "theorem" if self.constants == "explicit" and not self.violations else "heuristic"
     return declared_provenance(base, self.declared)
+
+  @property
+  def num_steps(self) -> int:
+    """The run's step count (progress reports): the planned Alg. 4 calls of every phase. The
+    realized calls depend on the data (the bisection, the early exits), so the step count is
+    the worst case the schedule fixes and the ledger is charged with."""
+    return sum(ph.planned_calls for ph in self.phases)
 
 
 def _theory_refusal(cfg: Schema, *, n: int, d: int, eps: float, delta: float, L: float,
@@ -284,6 +296,6 @@ def resque_private_planner(facts, cfg: dict) -> Planned:
   p = resque_private_plan(facts, cfg)
   report = resque_private_report(p, charge_resque_private(p))
   phases = [{"n": ph.n, "epsilon": ph.eps, "delta": ph.delta, "beta": ph.p["beta"],
-             "noise_multiplier": 1.0 / ph.p["beta"], "planned_alg4_calls": len(ph.p["plan"]),
+             "noise_multiplier": 1.0 / ph.p["beta"], "planned_alg4_calls": ph.planned_calls,
              "planned_gradients": ph.gradients} for ph in p.phases]
   return Planned(report, phases[0]["noise_multiplier"], {"phases": phases}, p)

@@ -60,7 +60,7 @@ from dpsco_jax.algorithms.resque.config import ResquePrivateConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_bool
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
-from dpsco_jax.algorithms.common import mesh_users_axis
+from dpsco_jax.algorithms.common import ProgressFn, mesh_users_axis, progress_due
 from dpsco_jax.algorithms.resque.accounting import RELATION, alg4_rdp
 from dpsco_jax.algorithms.resque.plan import (PrivateERMConfig, ResquePrivatePlan,
                                               charge_resque_private, config_view,
@@ -179,17 +179,60 @@ def _phase_batches(plan: ResquePrivatePlan, items: dict) -> list[dict]:
   return out
 
 
+class PlannedCallProgress:
+  """A run's progress in PLANNED Alg. 4 calls (``plan.num_steps``). The realized calls depend
+  on the data (the bisection, the early exits: ``Result.debug`` only), so they never show in
+  a report: a realized call advances the count, never past its phase's planned calls, and a
+  phase's end reports the planned calls it did not need. Every run thus reports the same
+  steps (every :func:`~dpsco_jax.algorithms.common.progress_due` planned call); only when
+  each report arrives depends on the run. The calls are host-side (the adaptive loop reads
+  every output), so the reports are made on the host, as in ``run_chain_host``."""
+
+  def __init__(self, progress: ProgressFn, total: int):
+    self.progress, self.total = progress, int(total)
+    self.done = self.reported = self.phase_end = 0
+
+  def phase(self, alg4: Alg4 | None, planned_calls: int) -> Alg4:
+    """``alg4`` (default the driver's :func:`localized_resque_sgd`) counting its calls as the
+    next phase's, of which the plan has ``planned_calls``."""
+    self.phase_end += int(planned_calls)
+    run = localized_resque_sgd if alg4 is None else alg4
+
+    def counted(*args, **kwargs):
+      out = run(*args, **kwargs)
+      self._advance(min(self.done + 1, self.phase_end))
+      return out
+    return counted
+
+  def end_phase(self) -> None:
+    self._advance(self.phase_end)
+
+  def _advance(self, done: int) -> None:
+    self.done = done
+    for step in range(self.reported + 1, done + 1):
+      if progress_due(step, self.total):
+        self.progress(step, self.total)
+    self.reported = done
+
+
 def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
-             alg4_for_phase: Callable[[int], Alg4 | None] = lambda i: None
-             ) -> tuple[PyTree, list[dict]]:
+             alg4_for_phase: Callable[[int], Alg4 | None] = lambda i: None,
+             progress: ProgressFn | None = None) -> tuple[PyTree, list[dict]]:
   """Runs the planned phases (the ledger has been charged); phase ``i`` uses key
-  ``fold_in(key, i)`` and warm-starts from the previous phase's output."""
+  ``fold_in(key, i)`` and warm-starts from the previous phase's output. ``progress``: called
+  with the planned calls done and ``plan.num_steps`` (:class:`PlannedCallProgress`)."""
   x, debug = problem.init_params(), []
+  tracker = None if progress is None else PlannedCallProgress(progress, plan.num_steps)
   for ph, batch in zip(plan.phases, _phase_batches(plan, items)):
+    alg4 = alg4_for_phase(ph.index)
+    if tracker is not None:
+      alg4 = tracker.phase(alg4, ph.planned_calls)
     x, dbg = _run_phase(problem, batch, x, jax.random.fold_in(key, ph.index), ph.p,
                         eps_i=ph.eps, delta_i=ph.delta, L=plan.lipschitz, R=plan.radius,
                         ratio=plan.ratio, constants=plan.constants, c_priv=plan.c_priv,
-                        alg4=alg4_for_phase(ph.index))
+                        alg4=alg4)
+    if tracker is not None:
+      tracker.end_phase()
     debug.append(dbg)
   return x, debug
 
@@ -217,11 +260,13 @@ def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
     users = NamedSharding(mesh, PartitionSpec("users"))
     items = jax.device_put(items, NamedSharding(mesh, PartitionSpec()))   # replicated
     alg4 = lambda i: functools.partial(localized_resque_sgd, users=users)   # noqa: E731
-  x, debug_phases = _execute(problem, plan, key, items, alg4_for_phase=alg4)
+  # progress: the planned Alg. 4 calls, epsilon None until the last report (api.Progress)
+  x, debug_phases = _execute(problem, plan, key, items, alg4_for_phase=alg4,
+                             progress=getattr(problem, "progress", None))
   report = resque_private_report(plan, ledger)
   records = [{"n": ph.n, "eps": ph.eps, "beta": ph.p["beta"], "lam": ph.p["lam"],
               "r": ph.p["erm"].r, "rho": ph.p["erm"].rho, "alpha": ph.p["alpha"],
-              "num_steps": ph.p["t_cap"], "planned_alg4_calls": len(ph.p["plan"]),
+              "num_steps": ph.p["t_cap"], "planned_alg4_calls": ph.planned_calls,
               "planned_gradients": ph.gradients, "max_iter": ph.p["erm"].max_iter}
              for ph in plan.phases]
   debug = ({"phases": debug_phases, "gradients": sum(p["gradients"] for p in debug_phases)}
