@@ -35,9 +35,12 @@ myst_heading_anchors = 3
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+# Attributes: as field lists: a :members: class documents its fields as objects already
+napoleon_use_ivar = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": False, "show-inheritance": False}
+# no "members" key: a default of False overrides every directive's :members: (methods vanish)
+autodoc_default_options = {"show-inheritance": False}
 # Documented objects are listed by hand in docs/api/*.md (tests/test_docs_build.py checks the
 # lists cover every public name), so autosummary writes no stub pages into the tree.
 autosummary_generate = False

@@ -182,6 +182,9 @@ def test_sphinx_build_passes_with_warnings_as_errors(tmp_path):
                                 str(tmp_path / "html")])
   assert rc == 0
   assert (tmp_path / "html" / "results" / "study.html").exists()
+  # a class's :members: renders its methods (an autodoc default of members=False hid them all)
+  data_page = (tmp_path / "html" / "api" / "data.html").read_text()
+  assert 'id="dpsco_jax.data.UserData.from_arrays"' in data_page
 
 
 # Public callables exempt from a section, each with the reason a section makes no sense there.
