@@ -98,3 +98,23 @@ def test_the_data_facts_hold_no_data(saved):
   facts = ckpt.data_facts(UserData.from_arrays(ex, ids, max_items_per_user=3))
   assert sorted(facts) == ["digest", "item_shapes", "max_items_per_user", "n_users"]
   assert facts["item_shapes"] == [["['x']", [3], "float32"], ["['y']", [], "int32"]]
+
+
+def test_a_checkpoint_is_never_replaced_without_overwrite(tmp_path):
+  """``save`` used orbax's force=True: a second run saving into the same folder replaced the
+  first run's checkpoint of that step without a word."""
+  ex, ids = _table(0)
+  data = UserData.from_arrays(ex, ids, max_items_per_user=3)
+  first = _trainer(data)
+  first.train(1, report_every=1)
+  path = first.save(tmp_path)
+  second = _trainer(data)
+  second.train(1, report_every=1)
+  with pytest.raises(FileExistsError, match="already exists: pass overwrite=True"):
+    second.save(tmp_path)
+  assert second.save(tmp_path, overwrite=True) == path
+  # a fresh run training into a folder holding a later step is refused before any step
+  fresh = _trainer(data)
+  with pytest.raises(FileExistsError, match="holds .*step_00000001.*restore from it"):
+    fresh.train(1, report_every=1, checkpoint_dir=tmp_path)
+  assert fresh.step_count == 0

@@ -53,7 +53,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from dpsco_jax._checks import ArgumentTypeError
+from dpsco_jax._checks import ArgumentTypeError, check_bool
 from dpsco_jax.privacy import LedgerIntegrityError, PrivacyLedger
 from dpsco_jax.privacy.events import event_key
 
@@ -187,12 +187,28 @@ def latest_checkpoint(directory: str | os.PathLike) -> str | None:
   return os.path.join(d, steps[-1]) if steps else None
 
 
+def check_no_later_checkpoint(directory: str | os.PathLike, step: int) -> None:
+  """Raises ``FileExistsError`` when ``directory`` holds a checkpoint of a step after ``step``:
+  a run that trains from ``step`` into it would replace another run's checkpoints."""
+  latest = latest_checkpoint(directory)
+  if latest is not None and int(_STEP_DIR.match(os.path.basename(latest)).group(1)) > step:
+    raise FileExistsError(f"checkpoint_dir {os.path.dirname(latest)} holds {latest} (a later "
+                          f"step than this trainer's {step}): restore from it, or write to "
+                          "another directory")
+
+
 def save_checkpoint(directory: str | os.PathLike, state: PyTree, step: int, meta: dict, *,
-                    hmac_key: bytes | None = None) -> str:
+                    hmac_key: bytes | None = None, overwrite: bool = False) -> str:
   """Writes ``directory/step_<step>`` (arrays of ``state`` + JSON ``meta`` with ``step``,
-  sealed: :func:`seal`, keyed with ``hmac_key``); returns its path."""
+  sealed: :func:`seal`, keyed with ``hmac_key``); returns its path. An existing checkpoint of
+  that step is never replaced unless ``overwrite`` (another run's checkpoint in the same
+  folder was silently replaced)."""
   ocp = require_orbax()
+  check_bool(overwrite, "overwrite")
   path = os.path.join(os.path.abspath(os.fspath(directory)), f"step_{step:08d}")
+  if os.path.exists(path) and not overwrite:
+    raise FileExistsError(f"checkpoint {path} already exists: pass overwrite=True to replace "
+                          "it, or save to another directory")
   flat = _flat_arrays(state)
   sealed = seal({**meta, "step": int(step)}, arrays_digest(jax.device_get(flat)), hmac_key)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:

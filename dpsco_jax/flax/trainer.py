@@ -483,6 +483,8 @@ class DPTrainer:
       PrivacyBudgetExceeded: the whole run would exceed the budget (nothing runs).
       ValueError: ``num_steps``, ``report_every`` or ``checkpoint_every`` is not an integer
         >= 1, or ``checkpoint_every`` is not a multiple of ``report_every``.
+      FileExistsError: ``checkpoint_dir`` holds a checkpoint of a later step than this
+        trainer's (another run's: restore from it, or use another directory).
     """
     num_steps = check_int(num_steps, "num_steps")
     report_every = check_int(report_every, "report_every")
@@ -492,6 +494,8 @@ class DPTrainer:
         raise ValueError("checkpoint_every must be a multiple of report_every (checkpoints "
                          "are written at accounting-block boundaries)")
     start = self.step_count
+    if checkpoint_dir is not None:   # refused before any step, not at the first save
+      ckpt.check_no_later_checkpoint(checkpoint_dir, start)
     planned = (self.cyclic.check_run(self.ledger, start + num_steps) if self.cyclic else
                self.ledger.check(self.event, label=_LABEL, count=num_steps))
     try:
@@ -628,7 +632,8 @@ class DPTrainer:
       fp.update(self.cyclic.fingerprint())
     return fp
 
-  def save(self, directory: str | os.PathLike, *, hmac_key: bytes | None = None) -> str:
+  def save(self, directory: str | os.PathLike, *, hmac_key: bytes | None = None,
+           overwrite: bool = False) -> str:
     """Writes ``directory/step_<t>`` (see :mod:`dpsco_jax.flax.checkpoint`); returns it. The
     seal covers ledger, step, history, fingerprint and arrays; it is an HMAC with
     ``hmac_key`` (bytes you hold: detects forgery), else a plain SHA-256 (accidents only).
@@ -636,11 +641,13 @@ class DPTrainer:
     Args:
       directory: the checkpoints' folder.
       hmac_key: the sealing key, bytes (default: a plain SHA-256 seal).
+      overwrite: replace an existing checkpoint of this step (default: refuse).
 
     Returns:
       The path of the ``step_<t>`` folder written.
 
     Raises:
+      FileExistsError: a checkpoint of this step exists and ``overwrite`` is False.
       ArgumentTypeError: ``hmac_key`` is not bytes.
       ValueError: ``hmac_key`` is too short.
       ImportError: orbax-checkpoint is not installed.
@@ -648,7 +655,7 @@ class DPTrainer:
     meta = {"fingerprint": self._fingerprint(), "ledger": self.ledger.state_dict(),
             "history": self.history, "data": self._data_facts}
     return ckpt.save_checkpoint(directory, self.state, self.step_count, meta,
-                                hmac_key=hmac_key)
+                                hmac_key=hmac_key, overwrite=overwrite)
 
   @staticmethod
   def latest_checkpoint(directory: str | os.PathLike) -> str | None:
