@@ -138,7 +138,7 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
       neither a mapping nor the schema's dataclass; a key is unknown (with a suggestion), of
       the wrong type, out of range or missing (the message names the key).
   """
-  from dpsco_jax.config.schema import _specs, _suggest
+  from dpsco_jax.config.schema import specs, suggest_key
   entry = _entry(algorithm)
   if isinstance(config, entry.config):
     return config
@@ -147,11 +147,11 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
   if not isinstance(config, Mapping):
     raise ConfigError(f"config must be a mapping or {entry.config.__name__}, got "
                       f"{type(config).__name__}")
-  allowed = _specs(entry.config, "algorithm")
+  allowed = specs(entry.config, "algorithm")
   given = {k: v for k, v in config.items() if k not in ("algorithm", "problem", "seed")}
   for key in given:
     if key not in allowed:
-      s = _suggest(str(key), allowed)
+      s = suggest_key(str(key), allowed)
       raise ConfigError(f"unknown key {key!r} for algorithm {algorithm!r}"
                         + (f" (did you mean {s!r}?)" if s else "")
                         + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
@@ -457,8 +457,7 @@ def _progress(p: Plan, callback: Callable[[Progress], None] | None):
 def _close_progress(p: Plan, progress: Callable | None) -> None:
   """The last report of a run whose driver did not end at its last step: once with ``step ==
   num_steps == 1`` where there were no per-step reports and the plan has no step count (no
-  step loop), else at the step count (a run that stopped early, or a loop that does not
-  report yet)."""
+  step loop), else at the step count (a run that stopped early)."""
   if progress is None:
     return
   last = progress.seen[-1] if progress.seen else None

@@ -36,8 +36,9 @@ def config_key(doc: str, default: Any = None, *, required: bool = False) -> Any:
 
 
 def refused_key(why: str) -> Any:
-  """A key of the shared vocabulary this family cannot honour: listed (``dpsco keys``), and a
-  value raises ``why`` (which key to use instead) rather than an "unknown key"."""
+  """A key of the shared vocabulary this family cannot honour: listed
+  (:func:`dpsco_jax.config.schema.describe`), and a value raises ``why`` (which key to use
+  instead) rather than an "unknown key"."""
   return dataclasses.field(default=None, metadata={"doc": f"not accepted: {why}",
                                                    "required": False, "refused": why})
 

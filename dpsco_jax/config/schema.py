@@ -76,13 +76,10 @@ from dpsco_jax.config.types import (  # noqa: F401
     MAX_COUNT, ConfigError, KeySpec, check_instance, check_refused, check_type,
     missing_one_of, private_missing, specs, type_name)
 
-# api.py (edited under issue 47.1 meanwhile) still imports the old private name from here;
-# drop this alias once it imports config.types.specs
-_specs = specs
-
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES",
-           "RETIRED", "check_name", "validate", "keys_of", "describe", "typed"]
+           "RETIRED", "check_name", "validate", "keys_of", "describe", "typed", "specs",
+           "suggest_key"]
 
 
 class _RegisteredConfigs(Mapping):
@@ -162,7 +159,8 @@ def keys_of(algorithm: str, problem: str) -> dict[str, KeySpec]:
   return out
 
 
-def _suggest(key: str, allowed: dict[str, KeySpec]) -> str | None:
+def suggest_key(key: str, allowed: dict[str, KeySpec]) -> str | None:
+  """The key of ``allowed`` that ``key`` is a known alias of (``ALIASES``), else None."""
   for group in ALIASES:
     if key in group:
       for other in group:
@@ -201,7 +199,7 @@ def validate(cfg: dict) -> dict:
   where = f"algorithm {algorithm!r} on problem {problem!r}"
   for key in cfg:
     if key not in allowed:
-      s = _suggest(str(key), allowed)
+      s = suggest_key(str(key), allowed)
       raise ConfigError(f"unknown key {key!r} for {where}"
                         + (f" (did you mean {s!r}?)" if s else "")
                         + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
@@ -254,7 +252,8 @@ def typed(cfg: dict) -> tuple[Any, Any]:
 
 
 def describe(algorithm: str, problem: str) -> str:
-  """One line per key: ``name  type  default  doc`` (the CLI's ``dpsco keys``)."""
+  """One line per key: ``name  type  default  doc`` (no CLI command prints it; the YAML
+  reference page is generated from the same schemas)."""
   rows = []
   private = getattr(CONFIG_ALGORITHM_SCHEMAS[algorithm], "private_requires", ())
   for spec in keys_of(algorithm, problem).values():
