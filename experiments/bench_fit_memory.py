@@ -40,23 +40,8 @@ import time
 ITEMS, FEATURES, PER_STEP = 8, 20, 1000
 MODES = ("default_before", "default", "default_aligned", "device", "host")
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _status_kb(field: str) -> int:
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1])
-  raise KeyError(field)
-
-
-def _reset_peak() -> None:
-  with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-
-
-def _gb(kb: int) -> float:
-  return kb / 2**20
+sys.path.insert(0, HERE)
+from bench_scale import gb, reset_peak, status_kb  # noqa: E402  (the /proc RSS readers)
 
 
 def _table(n: int, aligned: bool):
@@ -98,26 +83,26 @@ def worker(mode: str, n: int, steps: int) -> dict:
     UserData.user_view = _previous_user_view
   jax.block_until_ready(jnp.zeros(1))          # backend up: part of the base
   out = {"mode": mode, "n": n, "steps": steps, "raw_gb": n * ITEMS * FEATURES * 4 / 2**30,
-         "base_gb": _gb(_status_kb("VmRSS"))}
+         "base_gb": gb(status_kb("VmRSS"))}
   x = _table(n, aligned=mode == "default_aligned")
   out["align"] = int(x.ctypes.data % 64)
   data = UserData.from_arrays({"x": x}, np.repeat(np.arange(n), ITEMS))
   assert np.shares_memory(data.examples["x"], x)   # grouped: viewed, not copied
   gc.collect()
-  out["built_gb"] = _gb(_status_kb("VmRSS"))
+  out["built_gb"] = gb(status_kb("VmRSS"))
   placement = {"device": "device", "host": "host"}.get(mode, "auto")
   cfg = {"epsilon": 2.0, "delta": 1e-7, "clip_norm": 1.0, "learning_rate": 0.1,
          "num_steps": steps, "sampling_rate": min(1.0, PER_STEP / n), "n_users": n}
   for phase in ("cold", "warm"):
     gc.collect()
-    _reset_peak()
-    start_gb = _gb(_status_kb("VmRSS"))
+    reset_peak()
+    start_gb = gb(status_kb("VmRSS"))
     t0 = time.perf_counter()
     res = dpsco_jax.fit("dp_sgd_user", cfg, _loss, jnp.zeros(FEATURES), data,
                         jax.random.key(0), data_placement=placement)
     jax.block_until_ready(res.params)
     out[f"{phase}_s"] = time.perf_counter() - t0
-    out[f"{phase}_peak_gb"] = _gb(_status_kb("VmHWM"))
+    out[f"{phase}_peak_gb"] = gb(status_kb("VmHWM"))
     out[f"{phase}_rise"] = (out[f"{phase}_peak_gb"] - start_gb) / out["raw_gb"]
   peak = max(out["cold_peak_gb"], out["warm_peak_gb"])
   out["peak_above_base"] = (peak - out["base_gb"]) / out["raw_gb"]

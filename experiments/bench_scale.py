@@ -58,7 +58,7 @@ import time
 ITEMS, FEATURES, PER_STEP = 8, 20, 1000
 
 
-def _status_kb(field: str) -> int:
+def status_kb(field: str) -> int:
   with open("/proc/self/status") as f:
     for line in f:
       if line.startswith(field + ":"):
@@ -66,13 +66,13 @@ def _status_kb(field: str) -> int:
   raise KeyError(field)
 
 
-def _reset_peak() -> None:
+def reset_peak() -> None:
   """Sets VmHWM back to the current resident size, so the next peak is one phase's."""
   with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 
 
-def _gb(kb: int) -> float:
+def gb(kb: int) -> float:
   return kb / 2**20
 
 
@@ -184,7 +184,7 @@ def worker(n: int, steps: int, store: bool, old_build: bool, old_step: bool,
   out = {"n": n, "mode": "store" if store else "memory",
          "layout": "grouped" if grouped else "shuffled",
          "raw_gb": n * ITEMS * FEATURES * 4 / 2**30, "ids_gb": n * ITEMS * 8 / 2**30,
-         "base_gb": _gb(_status_kb("VmRSS"))}
+         "base_gb": gb(status_kb("VmRSS"))}
   x, ids = _table(n, grouped=grouped)
   if old_build:
     t0 = time.perf_counter()
@@ -192,30 +192,30 @@ def worker(n: int, steps: int, store: bool, old_build: bool, old_step: bool,
     out["old_build_s"] = time.perf_counter() - t0
     del old
   with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_SCALE_TMP")) as tmp:
-    _reset_peak()
+    reset_peak()
     t0 = time.perf_counter()
     data = UserData.from_arrays({"x": x}, ids, store=os.path.join(tmp, "s") if store else None)
     out["build_s"] = time.perf_counter() - t0
-    out["peak_build_gb"] = _gb(_status_kb("VmHWM"))
+    out["peak_build_gb"] = gb(status_kb("VmHWM"))
     out["zero_copy"] = bool(np.shares_memory(data.examples["x"][:1], x[:ITEMS]))
     assert data.n_users == n and data.max_items_per_user == ITEMS
     del x, ids                 # the run needs only the UserData
-    _reset_peak()
+    reset_peak()
     out.update(_host_steps(data, n, steps))
-    out["peak_run_gb"] = _gb(_status_kb("VmHWM"))
+    out["peak_run_gb"] = gb(status_kb("VmHWM"))
     # Split of the resident memory after the run: a store's pages that batches touched are
     # file-backed page cache (clean, reclaimable; the kernel maps whole folios, so they grow
     # faster than the rows read), the rest is this process's own memory.
-    out["run_rss_anon_gb"] = _gb(_status_kb("RssAnon"))
-    out["run_rss_file_gb"] = _gb(_status_kb("RssFile"))
-    _reset_peak()
+    out["run_rss_anon_gb"] = gb(status_kb("RssAnon"))
+    out["run_rss_file_gb"] = gb(status_kb("RssFile"))
+    reset_peak()
     out.update(_fit(data, n, steps, "host"))
-    out["peak_fit_host_gb"] = _gb(_status_kb("VmHWM"))
+    out["peak_fit_host_gb"] = gb(status_kb("VmHWM"))
     if old_step and not store:
       out["old_step_ms"] = _old_steps(data, n, steps)
-      _reset_peak()
+      reset_peak()
       out.update(_fit(data, n, steps, "device"))
-      out["peak_fit_device_gb"] = _gb(_status_kb("VmHWM"))
+      out["peak_fit_device_gb"] = gb(status_kb("VmHWM"))
   for key in ("peak_build_gb", "peak_run_gb"):
     out[key.replace("_gb", "_ratio")] = out[key] / out["raw_gb"]
     out[key.replace("_gb", "_data_ratio")] = (out[key] - out["base_gb"]) / out["raw_gb"]
@@ -249,7 +249,7 @@ def devices_worker(n: int, steps: int, devices: int) -> dict:
   from dpsco_jax.data import UserData
   assert len(jax.devices()) == devices, jax.devices()
   jax.block_until_ready(jnp.zeros(1))
-  out = {"devices": devices, "n": n, "steps": steps, "base_gb": _gb(_status_kb("VmRSS"))}
+  out = {"devices": devices, "n": n, "steps": steps, "base_gb": gb(status_kb("VmRSS"))}
   x, ids = _table(n)
   data = UserData.from_arrays({"x": x}, ids)
   del x, ids
@@ -257,7 +257,7 @@ def devices_worker(n: int, steps: int, devices: int) -> dict:
   t0 = time.perf_counter()
   plan = dpsco_jax.plan("dp_sgd_user", _config(n, steps), data.spec, num_params=FEATURES)
   out["plan_s"] = time.perf_counter() - t0
-  _reset_peak()
+  reset_peak()
   for name in ("first_run_s", "run_s"):
     t0 = time.perf_counter()
     res = dpsco_jax.run(plan, _loss, jnp.zeros(FEATURES), data, jax.random.key(0), mesh=mesh,
@@ -265,10 +265,10 @@ def devices_worker(n: int, steps: int, devices: int) -> dict:
     jax.block_until_ready(res.params)
     out[name] = time.perf_counter() - t0
     if name == "first_run_s":
-      out["peak_first_run_gb"] = _gb(_status_kb("VmHWM"))
-      _reset_peak()
+      out["peak_first_run_gb"] = gb(status_kb("VmHWM"))
+      reset_peak()
   out["step_ms"] = out["run_s"] / steps * 1e3
-  out["peak_run_gb"] = _gb(_status_kb("VmHWM"))
+  out["peak_run_gb"] = gb(status_kb("VmHWM"))
   out["params"] = [float(v) for v in np.asarray(res.params)]
   out["privacy"] = res.privacy.to_dict()
   out["record"] = res.record
