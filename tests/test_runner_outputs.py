@@ -195,8 +195,8 @@ def test_users_whose_loss_is_not_finite_are_counted_for_the_owner_before_trainin
   x = np.asarray(data.examples["x"])
   expected = int(np.sum(np.any((x[..., 0] > 1.0) & data.item_mask, axis=1)))
   assert 0 < expected < data.n_users
-  problem = runner_user.UserProblem(loss=loss, model=params, data=data)
   for width in (3, 64):   # chunks that wrap at the end, and one chunk
+    problem = runner_user.UserProblem(loss=loss, model=params, data=data)   # probed once each
     monkeypatch.setattr(runner_user, "PROBE_USERS", width)
     with pytest.warns(UserWarning, match=rf"^{expected} of 20 users have a loss that is not "
                       "finite at the initial point"):
@@ -246,3 +246,17 @@ def test_a_flax_dptrainer_run_whose_params_are_not_finite_fails(tmp_path, monkey
          "seed": 0}
   with pytest.raises(NonFiniteRelease, match=r"flax\.DPTrainer: the released params are not"):
     runner_user.run(problem, cfg, jax.random.key(0))
+
+
+def test_the_loss_probe_runs_once_per_problem(tmp_path, monkeypatch):
+  """The rows of a sweep share a problem: each run probed the whole table again."""
+  from dpsco_jax.runner import user as runner_user
+  name = _nan_module(tmp_path, monkeypatch)
+  loss, params, data = __import__(name).make_partial()
+  problem = runner_user.UserProblem(loss=loss, model=params, data=data)
+  with pytest.warns(UserWarning, match="users have a loss that is not finite"):
+    runner_user.check_loss_finite(problem)
+  calls = []
+  monkeypatch.setattr(runner_user.jax, "jit", lambda f: calls.append(f) or f)
+  runner_user.check_loss_finite(problem)   # no second probe, no second warning
+  assert calls == [] and problem.loss_checked

@@ -90,6 +90,8 @@ class UserProblem:
   constants: dict = dataclasses.field(default_factory=dict)
   n_users: int | None = None
   source: str = ""
+  # set by check_loss_finite: the rows of a sweep that share this problem probe it once
+  loss_checked: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
   @property
   def is_module(self) -> bool:
@@ -226,7 +228,7 @@ def _normalize(out: Any, source: str) -> Any:
     return UserProblem(loss, model, data, metrics=metric_table(
         out[3] if len(out) == 4 else None, f"{source} metric", as_callable))
   if isinstance(out, Mapping):
-    fields = {f.name for f in dataclasses.fields(UserProblem)} - {"source"} | {"metric"}
+    fields = {f.name for f in dataclasses.fields(UserProblem) if f.init} - {"source"} | {"metric"}
     unknown = [k for k in out if k not in fields]
     if unknown:
       hint = difflib.get_close_matches(str(unknown[0]), sorted(fields), n=1)
@@ -353,6 +355,8 @@ def check_loss_finite(problem: UserProblem) -> None:
   Where only some users' loss is not finite, a step drops each of them while it stays so: you
   are told how many, in a warning. This is a check of your own data and code before anything
   runs, shown to you; no record or report holds it."""
+  if problem.loss_checked:
+    return
   import warnings
   import jax.numpy as jnp
   from dpsco_jax.result import NonFiniteRelease
@@ -381,6 +385,7 @@ def check_loss_finite(problem: UserProblem) -> None:
     warnings.warn(f"{bad} of {u} users have a loss that is not finite at the initial point: "
                   "each step drops such a user while its gradient stays non-finite",
                   stacklevel=2)
+  problem.loss_checked = True
 
 
 def _num_params(tree: Any) -> int:
