@@ -35,6 +35,7 @@ from dpsco_jax.transforms import (AcsaState, ClipState, GaussianNoiseState, Proj
                                   tree_global_norms, tree_prefix_sum_noise)
 from dpsco_jax.transforms.resque import resque
 from dpsco_jax.transforms.adaptive_clipping import AdaptiveClipState, adaptive_clip_and_noise
+from dpsco_jax.tuning import private_select, private_select_cost
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,8 @@ __all__ = [
     # your model and data: plan -> run
     "UserData", "DataSpec", "ProblemConstants", "MissingConstant", "UndeclaredFact", "Plan",
     "plan", "run", "fit", "run_seeds", "run_grid",
+    # private hyper-parameter selection over plans (training and selection in one guarantee)
+    "private_select", "private_select_cost",
     # the built-in problems (the runner's path): plan_problem -> execute
     "plan_problem", "execute",
     "algorithm_config", "Result", "FallbackRelease", "Progress", "print_progress",

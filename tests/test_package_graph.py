@@ -34,8 +34,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # one package per paper + the baselines, the registration table and the registry
     ("algorithms", ("algorithms",)),
     # the user-facing entry points over the algorithms: plan / run / fit, validation of a whole
-    # run against the registry, batched seed sweeps, many processes, the Flax integration
-    ("entry", ("api", "sweep", "distributed", "planners", "config.schema", "flax")),
+    # run against the registry, batched seed sweeps, many processes, the Flax integration,
+    # private selection over plans
+    ("entry", ("api", "sweep", "distributed", "planners", "config.schema", "flax", "tuning")),
     # tools on top: the YAML runner and CLI, the audits, the curated package namespace
     ("tools", ("runner", "audit", "__main__", "")),
 )

@@ -170,7 +170,7 @@ def test_yaml_private_selection_releases_one_run_covered_by_the_theorem(tmp_path
   printed = capsys.readouterr().out
   (record,) = records
   expected = tuning.private_plans(
-      *_plans_args(TINY))[next(iter(_plans_args(TINY)[0]))]["report"]
+      *_plans_args(TINY))[next(iter(_plans_args(TINY)[0]))].report
   assert record["provenance"] == "theorem"
   assert record["epsilon"] == pytest.approx(expected.epsilon)
   assert record["epsilon"] > record["candidate_epsilon"] > 1.9
@@ -178,7 +178,7 @@ def test_yaml_private_selection_releases_one_run_covered_by_the_theorem(tmp_path
   assert record["selection_metric_source"].startswith("public")
   assert "geometric(gamma=0.5)" in record["privacy_notes"] and "E[K] = 2" in record["privacy_notes"]
   # the cost is printed before the report (before anything ran)
-  assert printed.index("expected runs 2 per seed") < printed.index("== private selection")
+  assert printed.index("expected runs 2 over 2 candidates") < printed.index("== private selection")
   saved = json.load(open(out))
   assert saved["selection"]["private"] is True and saved["results"][0]["phase"] == "eval"
 
@@ -208,7 +208,7 @@ def test_k_and_the_unreleased_candidates_never_appear(tmp_path, capsys, monkeypa
     return {"algorithm": cfg["algorithm"], "problem": cfg["problem"], "seed": cfg["seed"],
             "learning_rate": cfg["learning_rate"], "epsilon": 2.0, "delta": 1e-5,
             "provenance": "accountant", "excess_risk": metric, "gradient_evaluations": 1,
-            "wall_time_s": 0.0}
+            "wall_time_s": 31.4159 + len(calls), "batch_wall_time_s": 27.1828}
 
   monkeypatch.setattr(selection_module.SelectionLaw, "sample",
                       lambda self, key, shape=(): np.asarray(SECRET_K))
@@ -225,6 +225,10 @@ def test_k_and_the_unreleased_candidates_never_appear(tmp_path, capsys, monkeypa
     assert str(SECRET_K) not in where
     for j in range(2, 10):   # the metrics of unreleased candidates
       assert f"{0.7771 + 1e-7 * j:.7f}" not in where
+    # no run's time: the winner's would say whether it compiled (was its candidate's first)
+    assert "31.41" not in where and "32.41" not in where and "27.18" not in where
+  (kept,) = json.loads(saved)["results"]
+  assert not set(tuning.UNCOVERED) & (set(record) | set(kept))
 
 
 @pytest.mark.parametrize("change,match", [

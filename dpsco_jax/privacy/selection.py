@@ -307,16 +307,36 @@ def selection_report(law: SelectionLaw, events: Sequence[Any], *, delta: float,
 
 @dataclasses.dataclass(frozen=True)
 class SelectionCost:
-  """What a private selection costs, known before anything runs."""
+  """What a private selection costs, known before anything runs.
+
+  Attributes:
+    expected_runs: ``E[K]`` (never ``K``).
+    candidates: the number of candidates of the grid.
+    candidate_epsilon: the largest epsilon of one candidate alone.
+    epsilon: the epsilon of training and selection together (Theorem 2).
+    delta: the delta of that guarantee.
+    law: the law of ``K``.
+    report: the guarantee of training and selection (:func:`selection_report`).
+  """
   expected_runs: float
   candidates: int
-  candidate_epsilon: float    # the largest epsilon of one candidate alone (the ledger's)
-  epsilon: float              # training and selection together (Theorem 2)
+  candidate_epsilon: float
+  epsilon: float
   delta: float
   law: SelectionLaw
+  report: PrivacyReport | None = None
 
-  def line(self) -> str:
-    return (f"private selection: {self.law.distribution} (gamma {self.law.gamma:.4g}"
+  def line(self, where: str = "") -> str:
+    """The cost in words (``where``: what the selection is of, shown in parentheses).
+
+    Args:
+      where: e.g. the group and seed of a sweep's selection (default: nothing).
+
+    Returns:
+      One line: the law, ``E[K]``, one candidate's epsilon, the epsilon with selection.
+    """
+    where = f" ({where})" if where else ""
+    return (f"private selection{where}: {self.law.distribution} (gamma {self.law.gamma:.4g}"
             + ("" if self.law.distribution == "geometric" else f", eta {self.law.eta:g}")
             + f"), expected runs {self.expected_runs:.3g} over {self.candidates} candidates; "
             f"epsilon of one candidate {self.candidate_epsilon:.4g}, with selection "
@@ -324,15 +344,23 @@ class SelectionCost:
 
 
 def selection_cost(law: SelectionLaw, events: Sequence[Any], *, delta: float,
-                   relation: str = "add_remove") -> SelectionCost:
+                   relation: str = "add_remove", level: str = "user",
+                   tv_distance: float = 0.0, candidate_epsilon: float | None = None
+                   ) -> SelectionCost:
   """The cost of private selection over the grid ``events`` (one event per candidate), from
-  the plans alone: expected runs, one candidate's epsilon, epsilon with selection.
+  the plans alone: expected runs, one candidate's epsilon, epsilon with selection. The one
+  computation of it: the YAML runner and :func:`dpsco_jax.private_select` both read it.
 
   Args:
     law: the law of the number of runs.
     events: one planned event per candidate of the grid.
     delta: the target delta, in ``(0, 1)``.
     relation: the neighbouring relation (default ``"add_remove"``).
+    level: ``"user"`` (default) or ``"item"``, for the report.
+    tv_distance: each run's total variation distance to its accounted mechanism (default 0;
+      see :func:`selection_report`).
+    candidate_epsilon: one candidate's epsilon as its plan reports it (default ``None``: the
+      largest of ``events``' epsilons at ``delta``).
 
   Returns:
     A ``SelectionCost``: expected runs, candidates, one candidate's epsilon, the selection's
@@ -341,6 +369,9 @@ def selection_cost(law: SelectionLaw, events: Sequence[Any], *, delta: float,
   Raises:
     ValueError: as :func:`selection_report`.
   """
-  report = selection_report(law, events, delta=delta, relation=relation)
-  one = max(epsilon_of(e, delta=delta, relation=relation) for e in events)
-  return SelectionCost(law.mean(), len(events), float(one), report.epsilon, report.delta, law)
+  report = selection_report(law, events, delta=delta, relation=relation, level=level,
+                            tv_distance=tv_distance)
+  one = (max(epsilon_of(e, delta=delta, relation=relation) for e in events)
+         if candidate_epsilon is None else candidate_epsilon)
+  return SelectionCost(law.mean(), len(events), float(one), report.epsilon, report.delta, law,
+                       report)

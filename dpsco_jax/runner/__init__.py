@@ -461,12 +461,14 @@ def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
       for metric in metrics:
         row.update(metric_stats(rs, metric))
       work = [r["gradient_evaluations"] for r in rs if r.get("gradient_evaluations") is not None]
+      # a private selection's record holds no time (tuning.UNCOVERED)
+      walls = [r["wall_time_s"] for r in rs if r.get("wall_time_s") is not None]
       row.update({
           "epsilon": max(float(r["epsilon"]) for r in rs),
           "epsilon_kind": ",".join(sorted({r.get("epsilon_kind", "exact") for r in rs})),
           "provenance": ",".join(sorted({r["provenance"] for r in rs})),
           "gradient_evaluations": statistics.fmean(work) if work else None,
-          "wall_time_s": statistics.fmean(r["wall_time_s"] for r in rs)})
+          "wall_time_s": statistics.fmean(walls) if walls else None})
     else:
       row["error"] = group[0].get("error", "")
     rows.append(row)

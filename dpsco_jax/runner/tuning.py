@@ -36,8 +36,9 @@ from typing import Any, Callable
 
 from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config.schema import ConfigError
-from dpsco_jax.privacy.selection import SelectionLaw, law_for_grid, selection_report
+from dpsco_jax.privacy.selection import SelectionCost, SelectionLaw, law_for_grid
 from dpsco_jax.runner.config import check_metric_name
+from dpsco_jax.tuning import best_of_k, plans_cost
 
 PHASE_KEYS = ("tuning_seeds", "eval_seeds", "select")
 RULES = ("min_mean", "max_mean")
@@ -274,98 +275,87 @@ def group_candidates(runs: list[dict], spec: SelectSpec, fields: list[str]
   return out
 
 
-def candidate_event(cfg: dict, problem: Any) -> tuple[Any, Any]:
-  """``(event, plan)`` of one candidate: its data-free plan's privacy event. Refused (a
-  ConfigError naming the algorithm) where the plan's guarantee is not that event alone."""
+def candidate_plan(cfg: dict, problem: Any) -> Any:
+  """One candidate's data-free plan (:func:`dpsco_jax.api.plan_problem`); an algorithm
+  without a planner is refused (its guarantee has no event to bound ``Q``'s curve)."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.registry import algorithms as table
   entry = table()[cfg["algorithm"]]
-  plan = None if entry.planner is None else api.plan_problem(entry.name, entry.config.of(cfg),
-                                                             problem)
-  detail = getattr(plan, "detail", None)
-  if getattr(detail, "event", None) is None or getattr(detail, "group_size", 1) != 1:
-    raise ConfigError(f"select.private: {cfg['algorithm']}'s plan does not expose one privacy "
-                      "event that is its whole guarantee (needed for the candidates' RDP "
-                      "curves); private selection runs the DP-SGD family (no group privacy)")
-  return detail.event, plan
+  if entry.planner is None:
+    raise ConfigError(f"select.private: {cfg['algorithm']} has no data-free plan exposing its "
+                      "privacy event; private selection runs the DP-SGD family")
+  return api.plan_problem(entry.name, entry.config.of(cfg), problem)
 
 
 def private_plans(groups: dict[tuple, list[dict]], spec: SelectSpec, problem_of: Callable
-                  ) -> dict[tuple, dict]:
-  """Per (seed, group): the law and the guarantee of training and selection, from the
+                  ) -> dict[tuple, SelectionCost]:
+  """Per (seed, group): the cost of its selection (law, guarantee of training and selection:
+  :func:`dpsco_jax.tuning.plans_cost`, as ``dpsco_jax.private_select`` computes it), from the
   candidates' plans (no training). ``problem_of(cfg)`` builds a candidate's problem."""
   out = {}
   for gkey, cands in groups.items():
     if getattr(problem_of(cands[0]), "excess_risk", None) is None:
       raise ConfigError("select.private: the problem has no population risk (a user problem): "
                         "private selection reads excess_risk of a built-in problem")
-    planned = [candidate_event(c, problem_of(c)) for c in cands]
-    first = planned[0][1].privacy
-    law = spec.private.law(len(cands))
-    report = selection_report(
-        law, [e for e, _ in planned], delta=planned[0][1].detail.delta,
-        relation=first.relation, level=first.level,
-        tv_distance=max(getattr(p.detail, "truncation_probability", 0.0) for _, p in planned))
-    out[gkey] = {"law": law, "report": report,
-                 "candidate_epsilon": max(p.privacy.epsilon for _, p in planned)}
+    plans = [candidate_plan(c, problem_of(c)) for c in cands]
+    try:
+      out[gkey] = plans_cost(plans, spec.private.law(len(cands)))
+    except ConfigError as err:
+      raise ConfigError(f"select.private: {err}") from None
   return out
 
 
-def cost_lines(plans: dict[tuple, dict], fields: list[str]) -> list[str]:
+def cost_lines(plans: dict[tuple, SelectionCost], fields: list[str]) -> list[str]:
   """What the private selection costs, printed before anything runs (one line per group of
   the first seed; E[K], never K)."""
   seed = next(iter(plans))[0]
-  lines = []
-  for gkey, p in plans.items():
-    if gkey[0] != seed:
-      continue
-    law, report = p["law"], p["report"]
-    where = ", ".join(f"{f}={v}" for f, v in zip(fields, gkey[1:]))
-    lines.append(f"private selection ({where}): {law.distribution} gamma={law.gamma:.4g}"
-                 + ("" if law.distribution == "geometric" else f" eta={law.eta:g}")
-                 + f"; expected runs {law.mean():.3g} per seed; epsilon of one candidate "
-                 f"{p['candidate_epsilon']:.4g}, with selection {report.epsilon:.4g} "
-                 f"(delta {report.delta:.3g})")
-  return lines
+  return [cost.line(", ".join(f"{f}={v}" for f, v in zip(fields, gkey[1:])) + ", per eval seed")
+          for gkey, cost in plans.items() if gkey[0] == seed]
 
 
-def select_privately(cands: list[dict], plan: dict, spec: SelectSpec, seed: int,
+#: what a private selection's released record keeps of its run's record: the run's time (and
+#: anything measured while it ran) is not covered by the guarantee, and the winner's time says
+#: whether it compiled, i.e. whether it was the first draw of its candidate
+UNCOVERED = ("wall_time_s", "batch_wall_time_s", "batch_note", "debug")
+
+
+def select_privately(cands: list[dict], cost: SelectionCost, spec: SelectSpec, seed: int,
                      train: Callable[[dict, Any], dict]) -> dict:
-  """One private selection: ``K ~ law`` runs of a uniformly drawn candidate, each trained by
-  ``train(cfg, driver_key)`` on the seed's users; the best run's record, its privacy replaced
-  by the selection's. ``K``, the draws and their metrics stay in this frame."""
+  """One private selection (:func:`dpsco_jax.tuning.best_of_k`): ``K ~ law`` runs of a
+  uniformly drawn candidate, each trained by ``train(cfg, driver_key)`` on the seed's users;
+  the best run's record, its privacy replaced by the selection's and its uncovered fields
+  (:data:`UNCOVERED`) removed. ``K``, the draws and their metrics stay in that loop."""
   import jax
-  import numpy as np
-  base = jax.random.fold_in(jax.random.key(seed), 2)   # the selection's own key stream
-  law, report = plan["law"], plan["report"]
-  k = int(law.sample(jax.random.fold_in(base, 0)))
-  picks = np.asarray(jax.random.randint(jax.random.fold_in(base, 1), (k,), 0, len(cands)))
-  train_key = jax.random.fold_in(jax.random.key(seed), 3)
-  best, better = None, (lambda a, b: a < b) if spec.rule == "min_mean" else (lambda a, b: a > b)
-  for j, i in enumerate(picks):
-    record = train(cands[int(i)], jax.random.fold_in(train_key, j))
+
+  def one(i: int, key: Any) -> tuple[float | None, dict]:
+    record = train(cands[i], key)
     value = record.get(spec.metric)
-    if (record.get("status", "ok") == "ok" and isinstance(value, (int, float))
-        and (best is None or better(value, best[spec.metric]))):
-      best = record
+    ok = record.get("status", "ok") == "ok" and isinstance(value, (int, float))
+    return (float(value) if ok else None), record
+
+  seed_key = jax.random.key(seed)   # fold 2: the selection's own stream, 3: the runs' keys
+  best = best_of_k(cost.law, len(cands), jax.random.fold_in(seed_key, 2),
+                   jax.random.fold_in(seed_key, 3), one, spec.rule.removesuffix("_mean"))
   if best is None:
     raise RuntimeError("private selection: no candidate run succeeded")
-  best.update({
+  report = cost.report
+  released = {k: v for k, v in best.items() if k not in UNCOVERED}
+  released.update({
       "epsilon": report.epsilon, "epsilon_kind": report.epsilon_kind, "delta": report.delta,
       "provenance": report.provenance, "privacy_notes": report.notes,
-      "candidate_epsilon": plan["candidate_epsilon"], "selection": "private",
+      "candidate_epsilon": cost.candidate_epsilon, "selection": "private",
       "selection_metric": spec.metric,
       "selection_metric_source": "public (the population risk of the problem's known "
                                  "distribution; no training user is read)",
-      "expected_runs": law.mean()})
-  return best
+      "expected_runs": cost.expected_runs})
+  return released
 
 
-def private_info(phases: Phases, plans: dict[tuple, dict], fields: list[str]) -> dict:
+def private_info(phases: Phases, plans: dict[tuple, SelectionCost], fields: list[str]) -> dict:
   """The JSON ``selection`` block of a private selection (the law, E[K], the cost; no K)."""
   spec = phases.select
   return {"private": True, "eval_seeds": list(phases.eval_seeds), "metric": spec.metric,
           "over": list(spec.over), "rule": spec.rule, "group_fields": fields,
           "metric_source": "public", "eval_runs": len(plans),
           "cost": cost_lines(plans, fields),
-          "laws": [p["law"].describe() for p in plans.values()][:1]}
+          "laws": [p.law.describe() for p in plans.values()][:1]}
