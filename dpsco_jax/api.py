@@ -53,7 +53,7 @@ from dpsco_jax.data.user_data import DataSpec, UserData
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result, check_finite_params
 
-__all__ = ["Plan", "plan", "run", "fit", "plan_problem", "execute", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
+__all__ = ["Plan", "plan", "run", "fit", "plan_problem", "execute", "solve", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
            "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED",
            "HOST_STREAMING", "run_seeds",
            "UndeclaredFact", "Progress", "print_progress"]
@@ -84,12 +84,6 @@ ITEM_GUARANTEE = frozenset(n for n, e in _TABLE.items() if e.item_guarantee)
 #: the noise. These refuse a measured ``m``; every other planner's plan is the same for ``m``
 #: and ``m + 1`` (``tests/test_plan_invariance.py`` checks both directions for every planner).
 READS_M = frozenset(n for n, e in _TABLE.items() if e.reads_m)
-#: Algorithms whose driver, given the plan's calibrated ``noise_multiplier``, makes exactly the
-#: plan again (same events, epsilon and schedule; ``tests/test_plan_invariance.py`` checks it):
-#: :func:`run` hands it over, so a fit calibrates once. ``dp_sgd_group`` and Algorithm 3
-#: calibrate more than one number, so their drivers still re-derive the plan (and ``run`` checks
-#: that it agrees); Algorithm 3's per-phase calibration is memoized on its public numbers.
-REUSES_NOISE_MULTIPLIER = frozenset(n for n, e in _TABLE.items() if e.reuses_noise_multiplier)
 #: Algorithms whose per-user gradient step runs with users sharded over a mesh (``run(...,
 #: mesh=)``); the others refuse a mesh rather than ignore it, with the reason here.
 MESH_READY = frozenset(n for n, e in _TABLE.items() if e.mesh is True)
@@ -101,7 +95,9 @@ MESH_UNSUPPORTED = {n: e.mesh for n, e in _TABLE.items() if e.mesh is not True}
 BATCHED = frozenset(n for n, e in _TABLE.items() if e.batched)
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
 UNSUPPORTED = {n: e.unsupported for n, e in _TABLE.items() if e.unsupported is not None}
-def _entry(algorithm: str):
+def _entry(algorithm: str, user_data: bool = True):
+  """The registered entry of ``algorithm`` (``user_data``: refuse one that cannot run on a
+  ``loss_fn`` and ``UserData``)."""
   table = algorithms()
   if not isinstance(algorithm, str) or algorithm not in table:
     import difflib
@@ -109,7 +105,7 @@ def _entry(algorithm: str):
     raise ConfigError(f"unknown algorithm {algorithm!r}"
                       + (f" (did you mean {hint[0]!r}?)" if hint else "")
                       + f"; known: {', '.join(sorted(table))}")
-  if table[algorithm].unsupported is not None:
+  if user_data and table[algorithm].unsupported is not None:
     raise ConfigError(f"{algorithm} cannot run on a loss_fn and UserData: "
                       f"{table[algorithm].unsupported}")
   return table[algorithm]
@@ -139,7 +135,7 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
       the wrong type, out of range or missing (the message names the key).
   """
   from dpsco_jax.config.schema import specs, suggest_key
-  entry = _entry(algorithm)
+  entry = _entry(algorithm, user_data=False)
   if isinstance(config, entry.config):
     return config
   if dataclasses.is_dataclass(config) and not isinstance(config, type):
@@ -289,9 +285,12 @@ def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
     ConfigError: an unknown algorithm or a bad config key (named in the message).
     MissingConstant: the algorithm needs a constant the problem does not hold.
   """
-  entry = _entry(algorithm)
+  entry = _entry(algorithm, user_data=False)
   cfg = algorithm_config(algorithm, config)
   spec = DataSpec(int(problem.n_users), int(problem.m))   # built: nothing measured
+  if entry.planner is None:   # planned by its driver (its report is checked against nothing)
+    return Plan(entry.name, cfg, spec, _constants_of(problem), None, None, {},
+                int(problem.d), None)
   privacy, z, schedule, detail = entry.planner(problem, cfg)
   return Plan(entry.name, cfg, spec, _constants_of(problem), privacy, z, schedule,
               int(problem.d), detail)
@@ -314,9 +313,9 @@ def _constants_of(problem: Any) -> ProblemConstants:
 
 def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
   """Runs plan ``p`` on ``problem`` (a built-in problem, or the :class:`UserDataProblem` that
-  :func:`run` builds): the algorithm's driver with the plan's config (and its calibrated noise
-  multiplier where the driver would only calibrate it again), then the check that the run
-  spent exactly the plan's guarantee. The one place a plan meets its driver.
+  :func:`run` builds): the algorithm's registered ``run(plan, problem, key)``, which executes
+  the plan (its noise, schedule and report are the plan's; it plans nothing again). The one
+  place a plan meets its driver.
 
   Refused (``ValueError``, nothing run): a problem whose users, items per user or parameter
   count are not the plan's (plan again for it).
@@ -334,7 +333,7 @@ def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
     TypeError: ``p`` is not a :class:`Plan`.
     ValueError: the problem's sizes are not the plan's, or the plan was edited after planning.
     NonFiniteRelease: the released params hold NaN or infinity (the run failed).
-    RuntimeError: the run spent a guarantee other than the plan's (a library bug).
+    RuntimeError: the run reported a guarantee other than the plan's (a library bug).
   """
   if not isinstance(p, Plan):
     raise TypeError(f"execute needs a Plan (dpsco_jax.plan / plan_problem), got "
@@ -345,7 +344,14 @@ def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
     raise ValueError(f"the plan was made for {planned[0]} users x {planned[1]} items and "
                      f"{planned[2]} parameters, the problem has {facts[0]} x {facts[1]} and "
                      f"{facts[2]}: plan again for it")
-  return check_spent(p, _entry(p.algorithm).driver(problem, _driver_config(p), key))
+  p.check_unchanged()
+  return check_spent(p, _entry(p.algorithm, user_data=False).driver(p, problem, key))
+
+
+def solve(algorithm: str, config: Mapping | Any, problem: Any, key: jax.Array) -> Result:
+  """``execute(plan_problem(algorithm, config, problem), problem, key)``: a built-in problem
+  planned and run (the runner's path for one run)."""
+  return execute(plan_problem(algorithm, config, problem), problem, key)
 
 
 def check_spent(p: Plan, result: Result) -> Result:
@@ -353,7 +359,7 @@ def check_spent(p: Plan, result: Result) -> Result:
   provenance), else ``RuntimeError`` (a library bug): the check every path that executes a
   plan makes (:func:`execute`, the seed batches, ``jax.distributed`` runs). Released params
   that are not finite raise :class:`~dpsco_jax.result.NonFiniteRelease` (the run failed)."""
-  if not _same_guarantee(result.privacy, p.privacy):
+  if p.privacy is not None and not _same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")
   check_finite_params(result.params, p.algorithm)
@@ -617,19 +623,6 @@ def _shapes(item_shapes: Sequence) -> str:
                          for path, shape, dtype in item_shapes) + "}"
 
 
-def _driver_config(p: Plan) -> Any:
-  """The config the driver runs: the plan's, with the plan's calibrated noise multiplier where
-  the driver would only calibrate the same number again (``REUSES_NOISE_MULTIPLIER``). Every
-  path that runs a plan's driver reads it here, so a plan changed after planning is refused
-  here (:meth:`Plan.check_unchanged`)."""
-  p.check_unchanged()
-  cfg = p.config
-  if (_entry(p.algorithm).reuses_noise_multiplier and p.noise_multiplier is not None
-      and getattr(cfg, "noise_multiplier", 0) is None):
-    cfg = dataclasses.replace(cfg, noise_multiplier=p.noise_multiplier)
-  return cfg
-
-
 def _same_guarantee(a: PrivacyReport, b: PrivacyReport) -> bool:
   ea, eb = float(a.epsilon), float(b.epsilon)
   same_eps = (ea == eb) or (math.isfinite(ea) and math.isfinite(eb)
@@ -742,8 +735,10 @@ def _run_stacked(plans: list[Plan], loss_fn: Callable, params: Any, datas: list,
     raise ValueError(f"the plan was made for {first.num_params} parameters, params has "
                      f"{template.d}")
   views = [d.user_view() if entry.level == "user" else d.item_view() for d in datas]
-  cfg = (_driver_config(first) if grid is None else [_driver_config(p) for p in plans])
-  results = run_stacked(entry.driver, template, views, cfg, keys, grid=grid)
+  for p in plans:
+    p.check_unchanged()
+  results = run_stacked(entry.driver, template, views, first if grid is None else plans, keys,
+                        grid=grid)
   for p, r in zip(plans if len(plans) == len(results) else plans * len(results), results):
     check_spent(p, r)
   return [dataclasses.replace(r, params=template.unflatten(r.params)) for r in results]

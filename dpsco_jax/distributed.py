@@ -32,7 +32,7 @@ shard (``distributed=`` forces it on or off). What holds, and why:
   process's devices; each device differentiates and clips its users, XLA all-reduces the
   clipped sums, and the Gaussian noise is drawn from the replicated noise key: the same noise
   on every process, added once to the replicated sum. Params stay replicated.
-* **One ledger.** Each process charges an identical ledger with the plan's events (checked
+* **One ledger.** Each process's plan charged an identical ledger with its events (checked
   by the handshake); ``Result.record["ledger_digest"]`` is :func:`privacy_digest` of the
   guarantee, equal to the one-process run's.
 
@@ -295,7 +295,6 @@ def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Ar
   """This process's checks and plan before the handshake, and its facts for it (filled into
   ``facts``): ``(config, plan, problem, shard info, initial params)``. Raises what is wrong
   here; :func:`run` tells the other processes first."""
-  from dpsco_jax.algorithms.dpsgd.driver import dp_sgd_plan
   from dpsco_jax.data.problem import UserDataProblem
 
   if not isinstance(p, api.Plan):
@@ -309,9 +308,8 @@ def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Ar
     raise ValueError(f"the plan was made for {p.num_params} parameters, params has "
                      f"{problem.d}")
   api._check_data_for_plan(p, data, "the data")
-  cfg = api._driver_config(p)
-  # the spec's (global) facts, never the local count
-  plan = dp_sgd_plan(problem, cfg, level=level)
+  p.check_unchanged()
+  plan = p.detail   # the DP-SGD plan, made from the spec's (global) facts, never a local count
   if plan.adaptive is not None:   # its stage would be replaced by a fixed clip at C_0
     raise ValueError("clip_norm: adaptive does not run across processes yet: use one process")
   rows = data.spec.n_users * (1 if level == "user" else data.spec.max_items_per_user)
@@ -347,7 +345,7 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
   handed in by ``api.run`` / ``api.fit``, which dispatch here: importing it would make the two
   modules import each other (tests/test_package_graph.py)."""
   from dpsco_jax.algorithms.common import _compiled_step, poisson_capacity, progress_points
-  from dpsco_jax.algorithms.dpsgd.driver import charge_dp_sgd, dp_sgd_chain
+  from dpsco_jax.algorithms.dpsgd.driver import dp_sgd_chain
   from dpsco_jax.data.sampling import PoissonSampler, iter_batches
   from dpsco_jax.result import Result
   from dpsco_jax.transforms.steps import released_params
@@ -370,7 +368,7 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
   if error is not None:      # unreachable: the handshake refuses a process that is not ok
     raise error
 
-  report = charge_dp_sgd(plan)             # the ledger, before anything is released
+  report = p.privacy      # the plan's guarantee (its ledger was charged when it was planned)
   mesh_ = users_mesh()
   local = len(jax.local_devices())
   per_user = 1 if plan.level == "user" else problem.m     # item level: rows are item slots

@@ -27,9 +27,9 @@ is released.
 number the driver's jitted step reads as a number (the learning rate; SRGD's ``beta``) run as
 one program too. :data:`GRID` says, per algorithm, which config keys may differ and which
 numbers the driver then takes as traced values (it routes them through
-:func:`dpsco_jax.algorithms.common.hparam`). The driver runs once per distinct grid point under
-``jax.make_jaxpr``, with those numbers as inputs: that is its plan, calibration and ledger for
-that point (each run's report is its own point's) and its program. The programs of every
+:func:`dpsco_jax.algorithms.common.hparam`). The driver runs once per distinct grid point (one plan each) under
+``jax.make_jaxpr``, with those numbers as inputs: its program (each run's report is its own
+plan's). The programs of every
 point must be one program (the same jaxpr, constants included; else :class:`NotBatchable`),
 their privacy reports equal, and then that program runs once under ``jax.vmap`` over the
 stacked data, keys and numbers. A key that
@@ -219,28 +219,30 @@ def _is_traced(tree: Any) -> bool:
 
 
 def run_stacked(driver: Callable, template: Any, datas: Sequence[Any],
-                cfg: Mapping | Sequence[Mapping], keys: Sequence[jax.Array], *,
+                plans: Any, keys: Sequence[jax.Array], *,
                 grid: Grid | None = None) -> list[Result]:
-  """``[driver(problem_i, cfg_i, keys[i]) for i]`` as one program, where ``problem_i`` is
-  ``template`` with ``data = datas[i]``; ``cfg`` is one config for every run or one per run.
+  """``[driver(plan_i, problem_i, keys[i]) for i]`` as one program, where ``problem_i`` is
+  ``template`` with ``data = datas[i]``; ``plans`` is one :class:`dpsco_jax.Plan` for every
+  run or a sequence of them, one per run.
 
-  Same configs (a seed sweep): the driver runs once, under ``jax.vmap`` over the stacked data
-  and keys: its plan, noise calibration and ledger are computed once (they read only public
-  facts, the same for every run), its jitted loop is compiled once for the whole group and
-  launched once. Configs that differ (a grid): they may differ only in ``grid.keys`` (else
-  :class:`NotBatchable` naming the key); see :func:`_run_grid` (the driver traced once per
-  distinct config, one vmapped program). Returns one :class:`~dpsco_jax.result.Result` per run
-  with its own params (a slice of the batch), its own copy of the privacy report (its
-  config's), its config's record with ``record['batched'] = True``.
+  One plan (a seed sweep): the driver runs once, under ``jax.vmap`` over the stacked data
+  and keys: the plan (noise, schedule, guarantee) was made once, before, from public facts; its
+  jitted loop is compiled once for the whole group and launched once. Plans that differ (a
+  grid): their configs may differ only in ``grid.keys`` (else :class:`NotBatchable` naming the
+  key); see :func:`_run_grid` (the driver traced once per distinct plan, one vmapped
+  program). Returns one :class:`~dpsco_jax.result.Result` per run with its own params (a slice
+  of the batch), its own copy of the privacy report (its plan's), its plan's record with
+  ``record['batched'] = True``.
 
   Raises :class:`NotBatchable` when the datas differ in shape, or when the driver returns
   something that depends on the data outside ``params`` (it would be one value for all runs);
   any exception of the driver propagates (the caller may then run the seeds one by one)."""
   if len(datas) != len(keys) or not datas:
     raise NotBatchable(f"{len(datas)} data sets for {len(keys)} keys")
-  cfgs = ([dict(cfg)] * len(datas) if isinstance(cfg, Mapping) else [dict(c) for c in cfg])
-  if len(cfgs) != len(datas):
-    raise NotBatchable(f"{len(cfgs)} configs for {len(datas)} data sets")
+  plans = list(plans) if isinstance(plans, (list, tuple)) else [plans] * len(datas)
+  if len(plans) != len(datas):
+    raise NotBatchable(f"{len(plans)} plans for {len(datas)} data sets")
+  cfgs = [dict(p.config) for p in plans]
   shapes = _shapes(datas[0])
   if any(_shapes(d) != shapes for d in datas[1:]):
     raise NotBatchable("the data sets differ in shape or dtype")
@@ -254,11 +256,11 @@ def run_stacked(driver: Callable, template: Any, datas: Sequence[Any],
     if bad:
       raise NotBatchable(f"the runs differ in {bad[0]!r}, which is not a step size of this "
                          f"driver (a grid may differ only in {', '.join(sorted(grid.keys))})")
-    return _run_grid(driver, template, datas, cfgs, keys, stacked, stacked_keys, grid)
+    return _run_grid(driver, template, datas, plans, keys, stacked, stacked_keys, grid)
   out: dict[str, Result] = {}
 
   def one(data, key):
-    result = driver(_view(template, data), dict(cfgs[0]), key)
+    result = driver(plans[0], _view(template, data), key)
     out["result"] = result
     return result.params
 
@@ -293,16 +295,16 @@ class _Probe(NamedTuple):
   taken: dict
 
 
-def _probe(driver: Callable, template: Any, data: Any, key: jax.Array, cfg: dict,
+def _probe(driver: Callable, template: Any, data: Any, key: jax.Array, plan: Any,
            names: tuple) -> _Probe:
-  """The driver on ``cfg`` traced with the numbers ``names`` as inputs (no compile, no run):
-  its plan, calibration and ledger run in Python as in a run of its own."""
+  """The driver on ``plan`` traced with the numbers ``names`` as inputs (no compile, no
+  run)."""
   out: dict = {}
 
   def one(data, key, hp):
     view = _view(template, data)
     view.traced_hparams = traced = _Traced(hp)
-    result = driver(view, dict(cfg), key)
+    result = driver(plan, view, key)
     out.update(result=result, taken=dict(traced.taken))
     return result.params
 
@@ -341,24 +343,27 @@ def _same_program(a: Any, b: Any) -> bool:
   return len(ca) == len(cb) and all(_same(x, y) for x, y in zip(ca, cb))
 
 
-def _run_grid(driver: Callable, template: Any, datas: Sequence[Any], cfgs: list[dict],
+def _run_grid(driver: Callable, template: Any, datas: Sequence[Any], plans: list,
               keys: Sequence[jax.Array], stacked: Any, stacked_keys: jax.Array,
               grid: Grid) -> list[Result]:
-  """Runs whose configs differ only in ``grid.keys``, as one vmapped program.
+  """Runs whose plans' configs differ only in ``grid.keys``, as one vmapped program.
 
-  Each distinct config (a grid point) is traced once (:func:`_probe`): its plan and report
-  are its own. The points' programs must be one program with ``grid.hparams`` as inputs and
-  their reports equal (else :class:`NotBatchable`); then the first point's program runs once
-  under ``jax.vmap`` over every run's data, key and numbers."""
+  Each distinct plan (a grid point) is traced once (:func:`_probe`): its report is its own.
+  The points' programs must be one program with ``grid.hparams`` as inputs and their reports
+  equal (else :class:`NotBatchable`); then the first point's program runs once under
+  ``jax.vmap`` over every run's data, key and numbers."""
   points: list[dict] = []
+  point_plans: list = []
   index: list[int] = []
-  for c in cfgs:
+  for plan in plans:
+    c = dict(plan.config)
     j = next((j for j, p in enumerate(points) if not _differing([p, c])), None)
     if j is None:
       points.append(c)
+      point_plans.append(plan)
       j = len(points) - 1
     index.append(j)
-  probes = [_probe(driver, template, datas[0], keys[0], p, grid.hparams) for p in points]
+  probes = [_probe(driver, template, datas[0], keys[0], p, grid.hparams) for p in point_plans]
   first = probes[0]
   for p, pr in zip(points, probes):
     _check_public(pr.result)

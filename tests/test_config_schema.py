@@ -271,12 +271,13 @@ def small_problems(registry):
 
 @pytest.mark.parametrize("algorithm", PRIVATE)
 def test_every_private_driver_refuses_a_missing_delta(algorithm, registry, small_problems):
-  """Called directly (no validation), every private driver refuses a config without delta
-  with a ConfigError naming it, before anything runs (no silent 1/n^2 or 1e-6): its typed
-  config's, or ``required_delta``'s."""
-  algorithms, _ = registry
+  """Planned directly (no runner validation), every private algorithm refuses a config
+  without delta with a ConfigError naming it, before anything runs (no silent 1/n^2 or
+  1e-6): its typed config's, or ``required_delta``'s."""
+  from dpsco_jax import api
   cfg = _minimal(algorithm)
   cfg.update({"n_users": 20, "m": 2, "d": 2, "batch_size": 5} if "batch_size" in cfg else
              {"n_users": 20, "m": 2, "d": 2})
+  schema = api.algorithms()[algorithm].config
   with pytest.raises(cs.ConfigError, match=r"^delta is required"):
-    algorithms[algorithm](small_problems[cfg["problem"]], cfg, jax.random.key(0))
+    api.plan_problem(algorithm, schema.of(cfg), small_problems[cfg["problem"]])

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import copy, json, warnings
     warnings.filterwarnings("ignore")
     import jax, jax.numpy as jnp, numpy as np
-    from dpsco_jax.algorithms.registry import algorithms
+    from dpsco_jax.api import solve
     from dpsco_jax.problems import output_perturbation as op
     assert len(jax.devices()) == 4, jax.devices()
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("users",))
@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent("""
     cfg = {"epsilon": 8.0, "delta": 0.05, "on_certificate_failure": "raise"}
     out = {}
     for name in %r:
-      run = algorithms()[name].driver
+      run = lambda p, c, k, name=name: solve(name, c, p, k)
       one = run(prob, cfg, jax.random.key(9))
       four = run(on(prob), cfg, jax.random.key(9))
       # another key (one driver: the check that the equality is not vacuous)
@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent("""
                           jax.random.key(1))
     exact = {"epsilon": 1.0, "delta": 1e-3, "stability_test": "exact", "Delta": 0.05,
              "max_exact_users": 8}
-    run = algorithms()["sc_output_pert"].driver
+    run = lambda p, c, k: solve("sc_output_pert", c, p, k)
     one, four = run(tiny, exact, jax.random.key(2)), run(on(tiny), exact, jax.random.key(2))
     out["exact"] = {"diff": dist(one.params, four.params),
                     "scale": float(jnp.max(jnp.abs(one.params))),

@@ -125,15 +125,6 @@ def test_dataspec_checks_its_facts():
   assert DataSpec(3, 2).declared("max_items_per_user")
 
 
-@pytest.mark.parametrize("name", sorted(api.REUSES_NOISE_MULTIPLIER))
-def test_the_plans_noise_multiplier_handed_to_the_driver_gives_the_same_plan(name):
-  n, m, cfg = CASES[name]
-  for rel, c, p in _supported(name, cfg, n, m):
-    assert p.noise_multiplier is not None and p.noise_multiplier > 0
-    again = _plan(name, api._driver_config(p), n, m)
-    assert _signature(again) == _signature(p), (name, rel)
-
-
 def _count_calibrations(monkeypatch, module, name: str = "calibrate_noise_multiplier") -> list:
   """Wraps ``module.<name>`` (by default the calibrator as that module calls it); the
   returned list grows by one per call."""

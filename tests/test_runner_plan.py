@@ -2,8 +2,8 @@
 
 ``runner._registered_record`` (one by one) and ``runner.batch.batch_records`` (seeds in one
 program) make the data-free plan (:func:`dpsco_jax.api.plan_problem`) and hand it to
-:func:`dpsco_jax.api.execute`: the driver receives the plan's calibrated noise multiplier (it
-does not calibrate again), and a run whose guarantee differs from its plan is refused.
+:func:`dpsco_jax.api.execute`: the registered runner receives the plan itself (it does not plan
+or calibrate again), and a run whose guarantee differs from its plan is refused.
 """
 
 import dataclasses
@@ -20,13 +20,13 @@ BASE = {"algorithm": "dp_sgd_user", "problem": "least_squares", "n_users": 32, "
 
 
 def _spy_driver(monkeypatch, name: str) -> list:
-  """Records the config the registered driver of ``name`` receives (then runs it)."""
+  """Records the plan the registered runner of ``name`` receives (then runs it)."""
   entry = registered()[name]
   seen = []
 
-  def spy(problem, cfg, key):
-    seen.append(cfg)
-    return real(problem, cfg, key)
+  def spy(plan, problem, key):
+    seen.append(plan)
+    return real(plan, problem, key)
   real = entry.driver
   monkeypatch.setitem(registration._REGISTRY, name, dataclasses.replace(entry, driver=spy))
   return seen
@@ -52,11 +52,12 @@ def test_the_plan_is_what_runs_one_calibration(monkeypatch, seeds):
   assert [r["status"] for r in records] == ["ok"] * len(seeds), records
   assert [r["batched"] for r in records] == [len(seeds) > 1] * len(seeds)
   assert len(calls) == 1                      # the plan's calibration, and no other
-  # the driver ran the plan's config: its calibrated z, not a request to calibrate again
+  # the runner ran the plan: its calibrated z, not a request to calibrate again
   problem = problems["least_squares"](runner.batch.problem_config(runner._checked(
       dict(BASE, seed=0), algorithms, problems)), runner.batch.run_keys(0)[0])
   p = api.plan_problem("dp_sgd_user", registered()["dp_sgd_user"].config.of(BASE), problem)
-  assert seen and all(c["noise_multiplier"] == p.noise_multiplier for c in seen)
+  assert seen and all(s.noise_multiplier == p.noise_multiplier and s.privacy == p.privacy
+                      for s in seen)
   assert all(r["epsilon"] == pytest.approx(p.privacy.epsilon, rel=1e-9) for r in records)
   assert p.spec.measured == frozenset() and p.num_params == 3
 

@@ -96,8 +96,9 @@ def test_run_stacked_params_and_reports_equal_one_by_one(algorithm, extra):
   insts = [problems["least_squares"](cfg, jax.random.fold_in(k, 0)) for k in keys]
   assert sweep.refusal(insts) is None
   driver = algorithms[algorithm]
-  alone = [driver(p, cfg, jax.random.fold_in(k, 1)) for p, k in zip(insts, keys)]
-  batched = sweep.run_stacked(driver, insts[0], [p.data for p in insts], cfg,
+  plan = api.plan_problem(algorithm, api.algorithms()[algorithm].config.of(cfg), insts[0])
+  alone = [api.execute(plan, p, jax.random.fold_in(k, 1)) for p, k in zip(insts, keys)]
+  batched = sweep.run_stacked(driver, insts[0], [p.data for p in insts], plan,
                               [jax.random.fold_in(k, 1) for k in keys])
   for b, a in zip(batched, alone):
     np.testing.assert_allclose(b.params, a.params, atol=1e-6, rtol=0)
@@ -148,7 +149,9 @@ def test_a_shape_key_splits_groups_and_different_shapes_are_refused():
   assert "n_users" in sweep.refusal([small, large])
   with pytest.raises(sweep.NotBatchable, match="shape"):
     sweep.run_stacked(runner.registry()[0]["nonprivate_sgd"], small, [small.data, large.data],
-                      runs[0], [jax.random.key(0), jax.random.key(1)])
+                      api.plan_problem("nonprivate_sgd", api.algorithms()["nonprivate_sgd"]
+                                       .config.of(runs[0]), small),
+                      [jax.random.key(0), jax.random.key(1)])
 
 
 def test_opt_out_and_unbatched_groups_say_so():

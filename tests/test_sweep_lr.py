@@ -115,13 +115,15 @@ def test_the_program_check_refuses_a_key_that_is_not_a_step_size():
              num_steps=10, batch_size=10, learning_rate=0.5, noise_multiplier=1.0,
              epsilon=None, delta=1e-6)
   inst = problems["least_squares"](cfg, jax.random.key(0))
-  cfgs = [{**cfg, "clip_norm": c} for c in (1.0, 2.0)]
+  schema = api.algorithms()["dp_sgd_user"].config
+  plans = [api.plan_problem("dp_sgd_user", schema.of({**cfg, "clip_norm": c}), inst)
+           for c in (1.0, 2.0)]
   fake = sweep.Grid(frozenset({"clip_norm", "learning_rate"}), ("learning_rate",))
   with pytest.raises(sweep.NotBatchable, match="differ beyond"):
-    sweep.run_stacked(algorithms["dp_sgd_user"], inst, [inst.data] * 2, cfgs,
+    sweep.run_stacked(algorithms["dp_sgd_user"], inst, [inst.data] * 2, plans,
                       [jax.random.key(0), jax.random.key(1)], grid=fake)
   with pytest.raises(sweep.NotBatchable, match="'clip_norm'"):   # the real grid: by name
-    sweep.run_stacked(algorithms["dp_sgd_user"], inst, [inst.data] * 2, cfgs,
+    sweep.run_stacked(algorithms["dp_sgd_user"], inst, [inst.data] * 2, plans,
                       [jax.random.key(0), jax.random.key(1)], grid=sweep.GRID["dp_sgd_user"])
 
 

@@ -109,21 +109,21 @@ def test_plan_holds_the_typed_config_and_run_hands_it_to_the_driver(monkeypatch)
   assert dp.algorithm_config("dp_sgd_user", p.config) is p.config
   seen = []
   entry = api._entry("dp_sgd_user")
-  spy = dataclasses.replace(entry, driver=lambda prob, cfg, key: (
-      seen.append(cfg), entry.driver(prob, cfg, key))[1])
-  monkeypatch.setattr(api, "_entry", lambda name: spy)
+  spy = dataclasses.replace(entry, driver=lambda plan, prob, key: (
+      seen.append(plan), entry.driver(plan, prob, key))[1])
+  monkeypatch.setattr(api, "_entry", lambda name, user_data=True: spy)
   dp.run(p, loss, jnp.zeros(3), data, jax.random.key(1))
   (given,) = seen
-  # the plan's typed config, with the plan's calibrated z (the driver does not calibrate again)
-  assert isinstance(given, schema) and given.noise_multiplier == p.noise_multiplier
-  assert dataclasses.replace(given, noise_multiplier=None) == p.config
+  # the plan itself, with its typed config and calibrated z (nothing is calibrated again)
+  assert given is p and isinstance(given.config, schema)
 
 
 def test_the_runner_hands_the_driver_its_typed_config():
   from dpsco_jax import runner
   algos, problems = runner.registry()
   seen = []
-  spy = lambda prob, cfg, key: (seen.append(cfg), algos["dp_sgd_user"](prob, cfg, key))[1]
+  spy = lambda plan, prob, key: (seen.append(plan.config),
+                                 algos["dp_sgd_user"](plan, prob, key))[1]
   record = runner.run_one(
       {"algorithm": "dp_sgd_user", "problem": "logistic", "n_users": 40, "m": 2, "d": 3,
        "epsilon": 1.0, "delta": 1e-5, "num_steps": 3, "batch_size": 8, "seed": 0},

@@ -2,15 +2,17 @@
 
 ::
 
-    @register("dp_sgd_user", config=DpSgdConfig, paper="baseline", planner=plan_user,
-              reuses_noise_multiplier=True, batched=True)
-    def dp_sgd_user(problem, cfg, key) -> Result: ...
+    @register("dp_sgd_user", legacy=True, config=DpSgdConfig, paper="baseline", planner=plan_user,
+              batched=True)
+    def dp_sgd_user(plan, problem, key) -> Result: ...
 
 An algorithm is three objects, all in its own package: its frozen config dataclass (an
 :class:`~dpsco_jax.config.families.AlgorithmKeys` subclass: its typed vocabulary, an instance
 of which is what its planner and driver read), a data-free
 ``planner(facts, cfg) -> Planned`` (what :func:`dpsco_jax.plan` returns before any data is
-read) and its ``driver(problem, cfg, key) -> Result``. Everything the entry points need to know
+read) and its ``run(plan, problem, key) -> Result``, which executes the plan it is handed
+(:class:`dpsco_jax.Plan`: its validated ``config``, its guarantee ``privacy`` and the family's
+own plan object ``detail``) and never plans, calibrates or validates again. Everything the entry points need to know
 about it is a keyword of :func:`register` (its :class:`AlgorithmEntry`): the rows it clips
 (``level``), whether its guarantee reads the items per user (``reads_m``), whether it can run
 on a mesh (or why not), whether its driver batches seeds, whether it runs on a ``loss_fn`` and
@@ -29,6 +31,7 @@ one level up, does), so the import graph has no cycle through the table.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 __all__ = ["AlgorithmEntry", "Grid", "Planned", "register", "registered", "PAPERS", "LEVELS"]
@@ -69,17 +72,15 @@ class AlgorithmEntry:
   keyword).
 
   Attributes:
-    name, driver, config, paper: the registered name, ``driver(problem, cfg, key) ->
-      Result``, the typed config class, the source (one of :data:`PAPERS`).
+    name, driver, config, paper: the registered name, the plan's runner ``driver(plan,
+      problem, key) -> Result`` (it reads ``plan.detail`` and reports ``plan.privacy``), the
+      typed config class, the source (one of :data:`PAPERS`).
     planner: ``planner(facts, cfg) -> Planned`` (``None``: only with ``unsupported``).
     level: ``"item"`` if the gradient step's rows are items (the item view of the data),
       else ``"user"``.
     item_guarantee: the guarantee is item level, so it holds only if every item is kept
       (default: ``level == "item"``; ``dp_sgd_group`` lifts its item curve to users).
     reads_m: the guarantee reads ``m``, the items per user (a measured ``m`` is refused).
-    reuses_noise_multiplier: given the plan's calibrated ``noise_multiplier`` the driver
-      makes exactly the plan again, so :func:`dpsco_jax.run` hands it over (one calibration
-      per fit).
     mesh: ``True`` if the per-user gradient step shards users over a mesh, else the reason
       it refuses one.
     batched: the driver runs a group of seeds as one ``vmap``-ed program.
@@ -97,7 +98,6 @@ class AlgorithmEntry:
   level: str = "user"
   item_guarantee: bool = False
   reads_m: bool = False
-  reuses_noise_multiplier: bool = False
   mesh: bool | str = "not sharded yet"
   batched: bool = False
   unsupported: str | None = None
@@ -126,7 +126,7 @@ def _check(name: str, entry: AlgorithmEntry) -> None:
     raise TypeError(f"register({name!r}): planner must be callable, got {entry.planner!r}")
   if not (entry.mesh is True or (isinstance(entry.mesh, str) and entry.mesh.strip())):
     raise ValueError(f"register({name!r}): mesh must be True or the reason it refuses one")
-  for flag in ("item_guarantee", "reads_m", "reuses_noise_multiplier", "batched",
+  for flag in ("item_guarantee", "reads_m", "batched",
                "host_streaming", "distributed"):
     if not isinstance(getattr(entry, flag), bool):
       raise TypeError(f"register({name!r}): {flag} must be a bool")
@@ -138,10 +138,10 @@ def _check(name: str, entry: AlgorithmEntry) -> None:
 def register(name: str, *, config: type, paper: str,
              planner: Callable[..., Planned] | None = None, level: str = "user",
              item_guarantee: bool | None = None, reads_m: bool = False,
-             reuses_noise_multiplier: bool = False, mesh: bool | str = "not sharded yet",
+             mesh: bool | str = "not sharded yet",
              batched: bool = False, unsupported: str | None = None,
              host_streaming: bool = False, distributed: bool = False,
-             grid: Grid | None = None) -> Callable[[Callable], Callable]:
+             grid: Grid | None = None, legacy: bool = False) -> Callable[[Callable], Callable]:
   """Decorator: registers ``driver`` under ``name`` with the traits above (a second
   registration of a name with another driver is a bug and raises; an incomplete entry raises)
   and returns the driver unchanged."""
@@ -153,13 +153,16 @@ def register(name: str, *, config: type, paper: str,
                     f"driver read, with the declared n_users and debug), got {config!r}")
 
   def deco(driver: Callable) -> Callable:
-    entry = AlgorithmEntry(name, driver, config, str(paper), planner, level,
+    run = driver
+    if legacy:   # TRANSITION (issue 47): a driver(problem, cfg, key) not yet a plan runner
+      run = functools.wraps(driver)(lambda plan, problem, key: driver(problem, plan.config, key))
+    entry = AlgorithmEntry(name, run, config, str(paper), planner, level,
                            level == "item" if item_guarantee is None else item_guarantee,
-                           reads_m, reuses_noise_multiplier, mesh, batched, unsupported,
+                           reads_m, mesh, batched, unsupported,
                            host_streaming, distributed, grid)
     _check(name, entry)
     old = _REGISTRY.get(name)
-    if old is not None and old.driver is not driver:
+    if old is not None and getattr(old.driver, "__wrapped__", old.driver) is not driver:
       raise ValueError(f"algorithm {name!r} is registered twice ({old.driver.__module__} and "
                        f"{driver.__module__})")
     _REGISTRY[name] = entry

@@ -3,7 +3,7 @@
 ::
 
     @register("dp_sgd_user", config=DpSgdConfig, paper="baseline", planner=...)
-    def dp_sgd_user(problem, cfg, key) -> Result: ...
+    def dp_sgd_user(plan, problem, key) -> Result: ...
 
 The decorator and its table live one level down, in
 :mod:`dpsco_jax.algorithms.registration` (the drivers import that). This module imports the

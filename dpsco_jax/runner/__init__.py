@@ -230,20 +230,17 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
 
 def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict) -> dict:
   """A registered algorithm on a problem object with a known optimum (``key``: the driver's):
-  its record. An algorithm with a planner runs as the API runs it: its data-free plan
-  (:func:`dpsco_jax.api.plan_problem`, one calibration), then that plan
-  (:func:`dpsco_jax.api.execute`: the driver with the plan's noise multiplier, and the check
-  that the run spent the plan's guarantee). The others (no plan: a target excess risk, a
-  bilevel problem) run their driver."""
+  its record. It runs as the API runs it: its data-free plan
+  (:func:`dpsco_jax.api.plan_problem`, one calibration), then that plan executed by the
+  registered ``run(plan, problem, key)`` (``algorithms``: the table of runners, a test's
+  stand-in included)."""
   from dpsco_jax import api
-  from dpsco_jax.algorithms.registry import algorithms as table
-  entry = table()[cfg["algorithm"]]
-  typed = entry.config.of(cfg)   # validated: what the planner and the driver read
   start = time.perf_counter()
-  if entry.planner is not None and algorithms[cfg["algorithm"]] is entry.driver:
-    result = api.execute(api.plan_problem(entry.name, typed, problem), problem, key)
-  else:   # no planner (or a test's stand-in driver)
-    result = algorithms[cfg["algorithm"]](problem, typed, key)
+  # the run's config holds the runner's and the problem's keys too: the schema's fields only
+  typed = api.algorithms()[cfg["algorithm"]].config.of(cfg)
+  p = api.plan_problem(cfg["algorithm"], typed, problem)
+  p.check_unchanged()
+  result = api.check_spent(p, algorithms[cfg["algorithm"]](p, problem, key))
   jax.block_until_ready(result.params)
   return _result_record(problem, cfg, result, time.perf_counter() - start)
 
@@ -362,7 +359,35 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
 
 
 def _validated(config: dict, algorithms: dict, problems: dict) -> list[dict]:
-  return [_checked(cfg, algorithms, problems) for cfg in expand(config)]
+  runs = [_checked(cfg, algorithms, problems) for cfg in expand(config)]
+  _check_plans(runs, problems)
+  return runs
+
+
+def _check_plans(runs: list[dict], problems: dict) -> None:
+  """Every row of a planned algorithm on a built-in problem planned before any run. A plan
+  reads no data, so its refusal (adaptive clipping with tree noise or at group level, ...) is
+  the config's: one ConfigError naming the row, not a failed row after the others ran. One
+  plan per distinct row (seeds share it), one problem per distinct problem config."""
+  from dpsco_jax import api
+  from dpsco_jax.algorithms.registry import algorithms as table
+  built, seen = {}, set()
+  for cfg in runs:
+    entry = table().get(cfg["algorithm"])
+    row = repr(sorted((k, repr(v)) for k, v in cfg.items() if k != "seed"))
+    if entry is None or entry.planner is None or cfg["problem"] == USER_PROBLEM or row in seen:
+      continue
+    seen.add(row)
+    pcfg = runner_batch.problem_config(cfg)
+    pkey = repr(sorted((k, repr(v)) for k, v in pcfg.items() if k != "seed"))
+    if pkey not in built:
+      built[pkey] = runner_batch.cached_problem(pcfg, problems, None,
+                                                runner_batch.run_keys(cfg.get("seed", 0))[0])
+    try:
+      api.plan_problem(entry.name, entry.config.of(cfg), built[pkey])
+    except ValueError as err:
+      where = cfg["algorithm"] + (f" (label {cfg['label']})" if cfg.get("label") else "")
+      raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
 
 
 def run_phases(phases: tuning.Phases, *, progress: bool = True,

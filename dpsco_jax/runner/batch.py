@@ -163,15 +163,16 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
       return None, why
     start = time.perf_counter()
     driver = algorithms[first["algorithm"]]
-    plans = _plans(first["algorithm"], driver, algos if grid else algos[:1], insts[0])
-    run_cfgs = algos if plans is None else [api._driver_config(p) for p in plans]
+    # the data-free plans, made as the one-by-one path makes them (one per grid point)
+    schema = api.algorithms()[first["algorithm"]].config
+    plans = [api.plan_problem(first["algorithm"], schema.of(a), insts[0])
+             for a in (algos if grid else algos[:1])]
     results = run_stacked(driver, insts[0], [p.data for p in insts],
-                          run_cfgs if grid else run_cfgs[0], [dk for _, dk in keys],
+                          plans if grid else plans[0], [dk for _, dk in keys],
                           grid=grid_for(first["algorithm"]))
     wall = time.perf_counter() - start
-    if plans is not None:   # each run spent its plan's guarantee (as dpsco_jax.execute checks)
-      for i, result in enumerate(results):
-        api.check_spent(plans[i if grid else 0], result)
+    for i, result in enumerate(results):   # as dpsco_jax.execute checks
+      api.check_spent(plans[i if grid else 0], result)
     # inside the try: a seed whose released numbers are not finite fails alone, one by one
     return [_batched_record(cfg, problem, result, wall, len(cfgs), grid)
             for cfg, problem, result in zip(checked, insts, results)], None
@@ -189,17 +190,6 @@ def _batched_record(cfg: dict, problem: Any, result: Any, wall: float, runs: int
   if grid:
     record["batch_grid"] = grid
   return _finish(record, cfg, label)
-
-
-def _plans(algorithm: str, driver: Callable, algos: list[dict], problem: Any) -> list | None:
-  """The data-free plans of a batch (one per distinct config of a grid, else one), made as the
-  one-by-one path makes them (:func:`dpsco_jax.api.plan_problem`); ``None`` for an algorithm
-  without a planner or a test's stand-in driver (the driver then runs on the configs)."""
-  from dpsco_jax import api
-  entry = api.algorithms()[algorithm]
-  if entry.planner is None or driver is not entry.driver:
-    return None
-  return [api.plan_problem(algorithm, entry.config.of(a), problem) for a in algos]
 
 
 class ProblemCache(collections.OrderedDict):

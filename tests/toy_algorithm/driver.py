@@ -1,7 +1,7 @@
 """Noisy full-batch gradient descent: a toy algorithm written as a new package would be.
 
 Everything it needs is here, in its own package: its config (an ``AlgorithmKeys`` schema on the shared
-vocabulary's keys), its data-free planner and its driver, built from the library's stages
+vocabulary's keys), its data-free planner and its plan runner, built from the library's stages
 (per-user clip + fixed-denominator mean, Gaussian noise, projected SGD) and its accountant.
 ``tests/test_algorithm_interface.py`` drops this directory into a copy of
 ``dpsco_jax/algorithms/`` (as ``toy/``) and finds it in ``dpsco list``, ``dpsco_jax.fit`` and a
@@ -69,10 +69,12 @@ def _config(cfg) -> dict:
 
 
 def planner(facts, cfg: dict) -> Planned:
+  """Everything the run needs, from public facts: the guarantee, the noise std, the schedule
+  (the plan's ``detail`` is what :func:`toy_noisy_full_gd` reads)."""
   c = _config(cfg)
-  std = c["noise_multiplier"] * c["clip_norm"] / facts.n_users
+  c["noise_std"] = c["noise_multiplier"] * c["clip_norm"] / facts.n_users
   return Planned(_report(c), c["noise_multiplier"],
-                 {"num_steps": c["num_steps"], "noise_std": std}, None)
+                 {"num_steps": c["num_steps"], "noise_std": c["noise_std"]}, c)
 
 
 def _chain(h: dict, n: float) -> optax.GradientTransformation:
@@ -83,16 +85,17 @@ def _chain(h: dict, n: float) -> optax.GradientTransformation:
 
 @register(NAME, config=ToyConfig, paper="baseline", planner=planner,
           mesh="a toy: it says why it refuses a mesh")
-def toy_noisy_full_gd(problem, cfg: dict, key: jax.Array) -> Result:
-  """Noisy full-batch GD (see the module docstring)."""
-  c = _config(cfg)
+def toy_noisy_full_gd(plan, problem, key: jax.Array) -> Result:
+  """Noisy full-batch GD (see the module docstring): runs ``plan`` (its ``detail``, its
+  ``privacy``); it plans nothing again."""
+  c = plan.detail
   n = int(problem.n_users)
   k_noise, k_run = jax.random.split(key)
-  h = {"clip": c["clip_norm"], "stddev": c["noise_multiplier"] * c["clip_norm"] / n,
+  h = {"clip": c["clip_norm"], "stddev": c["noise_std"],
        "noise_key": k_noise, "lr": c["learning_rate"], "radius": problem.radius}
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), _chain, h,
                         static=(float(n),), steps=c["num_steps"], key=k_run, sampling="full",
                         batch=n, capacity=n)
-  return Result(params=params, privacy=_report(c),
+  return Result(params=params, privacy=plan.privacy,
                 gradient_evaluations=c["num_steps"] * n * int(problem.m),
                 record={"num_steps": c["num_steps"]})

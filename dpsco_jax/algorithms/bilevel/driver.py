@@ -321,7 +321,7 @@ _BILEVEL = ("it is a bilevel method: it needs an outer and an inner loss (a Bile
             "see dpsco_jax.problems.bilevel), not one loss_fn")
 
 
-@register("dp_bilevel", config=BilevelSchema, paper="004", unsupported=_BILEVEL,
+@register("dp_bilevel", legacy=True, config=BilevelSchema, paper="004", unsupported=_BILEVEL,
           mesh=True)
 def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                ledger: PrivacyLedger | None = None):
@@ -380,7 +380,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                 debug=debug)
 
 
-@register("dp_bilevel_minibatch", config=BilevelSchema, paper="004", unsupported=_BILEVEL,
+@register("dp_bilevel_minibatch", legacy=True, config=BilevelSchema, paper="004", unsupported=_BILEVEL,
           mesh=True)
 def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   cfg = dict(cfg)
@@ -390,7 +390,7 @@ def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
   return dp_bilevel(problem, cfg, key)
 
 
-@register("dp_bilevel_population", config=BilevelSchema, paper="004", unsupported=_BILEVEL,
+@register("dp_bilevel_population", legacy=True, config=BilevelSchema, paper="004", unsupported=_BILEVEL,
           mesh=True)
 def _dp_bilevel_population(problem: BilevelProblem, cfg: dict, key: jax.Array):
   """§6 / Thm 6.1: the same algorithm; the theory preset adds ``K3 sqrt(d_x/n)`` to alpha and
@@ -438,7 +438,7 @@ _EXACT = ("the non-private reference solves its inner problems exactly (Newton o
           "dataset, one device): no per-example clipped step to shard")
 
 
-@register("nonprivate_penalty", config=NonPrivatePenaltyConfig, paper="004",
+@register("nonprivate_penalty", legacy=True, config=NonPrivatePenaltyConfig, paper="004",
           unsupported=_BILEVEL, mesh=_EXACT)
 def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
   from dpsco_jax.result import Result

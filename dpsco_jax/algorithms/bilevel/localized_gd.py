@@ -274,11 +274,10 @@ def compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
 
 
 # item rows sharded over the mesh's users axis; the plan's z is the driver's
-_TRAITS = dict(paper="004", planner=loc_gd_planner, level="item", reads_m=True,
-               reuses_noise_multiplier=True, mesh=True)
+_TRAITS = dict(paper="004", planner=loc_gd_planner, level="item", reads_m=True, mesh=True)
 
 
-@register("dp_loc_gd", config=LocGdConfig, **_TRAITS)
+@register("dp_loc_gd", legacy=True, config=LocGdConfig, **_TRAITS)
 def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
 
@@ -322,7 +321,7 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
                 gradient_evaluations=int(evals), record=record, debug=debug)
 
 
-@register("dp_loc_sgd", config=LocSgdConfig, **_TRAITS)
+@register("dp_loc_sgd", legacy=True, config=LocSgdConfig, **_TRAITS)
 def _run_dp_loc_sgd(problem, cfg: dict, key: jax.Array):
   if config_view(cfg).batch_size is None:
     raise ValueError("batch_size is required for dp_loc_sgd")

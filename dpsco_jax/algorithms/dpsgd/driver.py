@@ -298,15 +298,15 @@ _TRAITS = dict(paper="baseline", mesh=True, batched=True,
                grid=Grid(frozenset({"learning_rate"}), ("learning_rate",)))
 
 
-@register("dp_sgd_user", config=DpSgdConfig, planner=_planner("user"),
-          reuses_noise_multiplier=True, host_streaming=True, distributed=True, **_TRAITS)
+@register("dp_sgd_user", legacy=True, config=DpSgdConfig, planner=_planner("user"),
+          host_streaming=True, distributed=True, **_TRAITS)
 def dp_sgd_user(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """User-level DP-SGD with per-user clipping of the mean gradient (relations: see the plan)."""
   return _dp_sgd(problem, cfg, key, "user")
 
 
-@register("dp_sgd_item", config=DpSgdConfig, planner=_planner("item"), level="item",
-          reads_m=True, reuses_noise_multiplier=True, host_streaming=True, distributed=True,
+@register("dp_sgd_item", legacy=True, config=DpSgdConfig, planner=_planner("item"), level="item",
+          reads_m=True, host_streaming=True, distributed=True,
           **_TRAITS)
 def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD (per-example clipping); its guarantee is item-level only."""
@@ -315,14 +315,14 @@ def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
 
 # item rows, a user-level guarantee (group privacy over m items): the group size is m, and two
 # numbers are calibrated (the driver re-derives its plan; dpsco_jax.run checks they agree)
-@register("dp_sgd_group", config=DpSgdConfig, planner=_planner("group"), level="item",
+@register("dp_sgd_group", legacy=True, config=DpSgdConfig, planner=_planner("group"), level="item",
           item_guarantee=False, reads_m=True, **_TRAITS)
 def dp_sgd_group(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Item-level DP-SGD lifted to user level (groups of ``m`` items) by group privacy."""
   return _dp_sgd(problem, cfg, key, "group")
 
 
-@register("nonprivate_sgd", config=SgdSchedule, planner=_nonprivate_planner, **_TRAITS)
+@register("nonprivate_sgd", legacy=True, config=SgdSchedule, planner=_nonprivate_planner, **_TRAITS)
 def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Projected minibatch SGD over users with iterate averaging; no privacy (it may read the
   realized number of users)."""

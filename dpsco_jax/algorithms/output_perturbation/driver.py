@@ -124,7 +124,7 @@ from dpsco_jax.transforms.steps import project_l2_ball
 # Runner entry points.
 
 
-@register("sc_output_pert", config=OutputPertConfig, paper="001", mesh=True,
+@register("sc_output_pert", legacy=True, config=OutputPertConfig, paper="001", mesh=True,
           planner=planner_of(sc_output_pert_plan))
 def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                    _hook: ReleaseHook | None = None) -> Result:

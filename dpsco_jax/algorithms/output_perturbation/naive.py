@@ -51,7 +51,7 @@ __all__ = ["minimizer_sensitivity", "naive_sigma", "naive_output_pert", "noise_r
            "crossover_m", "NaivePlan", "naive_plan", "charge_naive", "naive_report"]
 
 
-@register("naive_output_pert", config=NaiveOutputPertConfig, paper="001", planner=naive_planner,
+@register("naive_output_pert", legacy=True, config=NaiveOutputPertConfig, paper="001", planner=naive_planner,
           mesh=True)
 def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                       _hook: ReleaseHook | None = None) -> Result:

@@ -88,7 +88,7 @@ def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array,
                 debug=release_debug(out.dbgs, out.certs) if plan.settings.debug else None)
 
 
-@register("phased_erm_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("phased_erm_output_pert", legacy=True, config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(phased_plan, sco=False))
 def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: ReleaseHook | None = None) -> Result:
@@ -97,7 +97,7 @@ def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   return _phased_driver(problem, cfg, key, _hook, sco=False)
 
 
-@register("phased_sco_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("phased_sco_output_pert", legacy=True, config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(phased_plan, sco=True))
 def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                            _hook: ReleaseHook | None = None) -> Result:
@@ -134,7 +134,7 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: ReleaseHook | None = No
                 if settings.debug else None)
 
 
-@register("sc_erm_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("sc_erm_output_pert", legacy=True, config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=False))
 def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: ReleaseHook | None = None) -> Result:
@@ -142,7 +142,7 @@ def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
   return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
 
 
-@register("sc_sco_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("sc_sco_output_pert", legacy=True, config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=True))
 def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                        _hook: ReleaseHook | None = None) -> Result:

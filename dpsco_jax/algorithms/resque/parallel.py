@@ -45,7 +45,7 @@ _TARGET = ("it stops at a target excess risk, which needs a known optimum (a syn
            "problem)")
 
 
-@register("resque_parallel_sco", config=ResqueParallelConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
+@register("resque_parallel_sco", legacy=True, config=ResqueParallelConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
 def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Theorem 1 (non-private): ball acceleration + EpochSGD/ReSQue ball oracles on
   ``f^_rho``, ``r = rho = eps_opt/(sqrt(d) L)``. Records the query depth (batched rounds) and
@@ -93,7 +93,7 @@ def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   return Result(params=res.x, privacy=report, gradient_evaluations=int(res.queries), record=rec)
 
 
-@register("minibatch_sgd", config=MinibatchSgdConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
+@register("minibatch_sgd", legacy=True, config=MinibatchSgdConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
 def minibatch_sgd(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   """Parallel baseline: projected minibatch SGD (core ``projected_sgd`` with uniform
   averaging) for ``num_steps`` steps, ``learning_rate = R/(L sqrt(num_steps))`` by default,

@@ -237,7 +237,7 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
   return x, debug
 
 
-@register("resque_private_sco", config=ResquePrivateConfig, paper="002",
+@register("resque_private_sco", legacy=True, config=ResquePrivateConfig, paper="002",
           planner=resque_private_planner, level="item", reads_m=True,
           mesh=True)   # each round's oracle calls split over it
 def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:

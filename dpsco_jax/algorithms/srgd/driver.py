@@ -464,10 +464,10 @@ def _algorithm(name: str) -> Callable:
   srg, noise, acc = VARIANTS[name]
   fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): "
                 "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.driver.")
-  return register(name, config=SrgdConfig, paper="003", planner=srgd_planner(name),
+  return register(name, legacy=True, config=SrgdConfig, paper="003", planner=srgd_planner(name),
                   # users sharded over the mesh's "users" axis (_batches_on_mesh); the plan's
                   # z is the one the driver would calibrate
-                  reuses_noise_multiplier=True, mesh=True, batched=True, grid=_STEP_GRID)(fn)
+                  mesh=True, batched=True, grid=_STEP_GRID)(fn)
 
 
 accelerated_dp_srgd = _algorithm("accelerated_dp_srgd")

@@ -287,7 +287,7 @@ def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Arra
 _TRAITS = dict(paper="000", reads_m=True, mesh=True)
 
 
-@register("user_level_phased_sgd", config=PhasedSgdConfig,
+@register("user_level_phased_sgd", legacy=True, config=PhasedSgdConfig,
           planner=filter_planner("user_level_phased_sgd"), **_TRAITS)
 def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 1 of paper 000 (see module docstring)."""
@@ -499,14 +499,14 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
                 debug=dbg)
 
 
-@register("user_level_accelerated_erm", config=AcceleratedErmConfig,
+@register("user_level_accelerated_erm", legacy=True, config=AcceleratedErmConfig,
           planner=filter_planner("user_level_accelerated_erm"), **_TRAITS)
 def user_level_accelerated_erm(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
   """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
   return _run_alg3(problem, cfg, key, smoothed=False)
 
 
-@register("user_level_accelerated_erm_smoothed", config=AcceleratedErmSmoothedConfig,
+@register("user_level_accelerated_erm_smoothed", legacy=True, config=AcceleratedErmSmoothedConfig,
           planner=filter_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)
 def user_level_accelerated_erm_smoothed(problem: SCOProblem, cfg: dict,
                                         key: jax.Array) -> Result:
