@@ -276,3 +276,43 @@ def test_unaccounted_selection_says_so_in_every_eval_record(monkeypatch):
   evals = [r for r in records if r["phase"] == "eval"]
   assert evals and all(r["selection_privacy"] == tuning.PRIVACY_NOTE for r in evals)
   assert all("selection_privacy" not in r for r in records if r["phase"] == "tuning")
+
+
+# ------------------------------------------- cross-key refusals of a sweep, before any run
+FIXED = {**TINY["algorithm"], "learning_rate": 0.5}
+ADAPTIVE_TREE = {**FIXED, "clip_norm": "adaptive", "initial_clip_norm": 1.0,
+                 "noise_mechanism": "tree", "sampling": "cyclic"}
+
+
+@pytest.mark.parametrize("config,match", [
+    # a plain sweep: the refused row is the second, after a row that would have run
+    ({"name": "x", "seed": [0, 1], "problem": TINY["problem"],
+      "experiments": [{"algorithm": FIXED}, {"algorithm": ADAPTIVE_TREE}]},
+     "dp_sgd_user: clip_norm: adaptive is refused with noise_mechanism='tree'"),
+    # a tuning sweep: the group level refused before the tuning runs
+    ({"name": "x", "tuning_seeds": [1], "eval_seeds": [0], "problem": TINY["problem"],
+      "algorithm": {**FIXED, "name": "dp_sgd_group", "learning_rate": [0.5, 2.0],
+                    "clip_norm": "adaptive", "initial_clip_norm": 1.0},
+      "select": {"over": ["learning_rate"], "metric": "excess_risk"}},
+     "dp_sgd_group: clip_norm: adaptive is refused for dp_sgd_group"),
+    # a private selection: a candidate with adaptive clipping and tree noise
+    ({**TINY, "algorithm": {**ADAPTIVE_TREE, "learning_rate": [0.5, 2.0]}},
+     "clip_norm: adaptive is refused with noise_mechanism='tree'"),
+])
+def test_a_plan_refusal_stops_the_sweep_before_any_run(config, match, monkeypatch):
+  monkeypatch.setattr(runner, "run_one", lambda *a, **k: pytest.fail("a run started"))
+  monkeypatch.setattr(runner, "_batch_records", lambda *a, **k: pytest.fail("a run started"))
+  with pytest.raises(ConfigError, match=match):
+    runner.run_config(config, progress=False)
+
+
+def test_cli_refuses_adaptive_clipping_with_tree_noise_in_one_line_exit_2(tmp_path):
+  config = {"name": "x", "seed": 0, "problem": TINY["problem"],
+            "experiments": [{"algorithm": FIXED}, {"algorithm": ADAPTIVE_TREE}]}
+  out = tmp_path / "o.json"
+  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", _write(tmp_path, config),
+                         "--out", str(out)], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and "noise_mechanism='tree'" in lines[0]
+  assert not out.exists()   # nothing ran, nothing written
