@@ -235,7 +235,10 @@ class DPTrainerConfig(AlgorithmKeys):
   epsilon: Optional[float] = config_key("target epsilon of num_steps steps (calibrates z; also a "
                                         "budget); null with noise_multiplier: report its epsilon")
   delta: float = config_key("target delta", required=True)
-  clip_norm: float = config_key("clip norm C of each user's (item's) mean gradient", required=True)
+  clip_norm: Union[float, Literal["adaptive"]] = config_key(
+      "clip norm C of each user's (item's) mean gradient, or adaptive: C follows "
+      "target_quantile of the users' norms from initial_clip_norm (Andrew et al. 2021)",
+      required=True)
   sampling: Literal["poisson", "cyclic"] = config_key(
       "poisson (rate sampling_rate) or cyclic (fixed-order epochs of batch_size users)",
       "poisson")
@@ -275,6 +278,16 @@ class DPTrainerConfig(AlgorithmKeys):
   accountant: Literal["pld", "rdp", "auto"] = config_key("privacy accountant", "pld")
   report_every: Optional[int] = config_key("steps per accounting block / progress report (default "
                                            "num_steps / 20)")
+  # issue 48: adaptive clipping, dp_sgd_user's keys (flax.DPTrainer(clip_norm="adaptive", ...))
+  target_quantile: Optional[float] = config_key(
+      "clip_norm: adaptive: fraction gamma in (0, 1) of users left unclipped (default 0.5)")
+  clip_learning_rate: Optional[float] = config_key(
+      "clip_norm: adaptive: step eta_C of C <- C exp(-eta_C (b - gamma)) (default 0.2)")
+  initial_clip_norm: Optional[float] = config_key(
+      "clip_norm: adaptive: the first clip norm C_0 (required there)")
+  count_stddev: Optional[float] = config_key(
+      "clip_norm: adaptive: std sigma_b of the unclipped count's noise, in users (default "
+      "max(D / 20, z)); 2 sigma_b must exceed z")
 
 
 #: Algorithms a config may name that are not registered drivers: they run only on a user

@@ -27,7 +27,9 @@ Restoring refuses (``LedgerIntegrityError``, a ``ValueError``) a checkpoint
   not keyed, so an edit that recomputes them is caught here unless the step counter is edited
   consistently too (only the HMAC stops that);
 * whose privacy fingerprint (sampling rate, denominator, noise multiplier, clip norm, level,
-  relation) differs;
+  relation; adaptive clipping's constants) differs; an adaptive-clipping checkpoint restored
+  into a fixed-clip trainer, or the reverse, is refused before its arrays are read
+  (:func:`check_clipping`: one holds ``C_t`` in its noise state, the other does not);
 * whose data facts (:func:`data_facts`: number of users, item slots, leaf shapes and dtypes,
   and the data's digest) differ from the restoring trainer's data: a run resumes only on the
   data it was trained on, not on another table of the same shape (:func:`check_data_facts`).
@@ -58,7 +60,8 @@ from dpsco_jax.privacy import LedgerIntegrityError, PrivacyLedger
 from dpsco_jax.privacy.events import event_key
 
 __all__ = ["latest_checkpoint", "save_checkpoint", "load_checkpoint", "check_ledger_matches",
-           "seal", "verify_seal", "data_facts", "check_data_facts"]
+           "seal", "verify_seal", "data_facts", "check_data_facts", "read_meta",
+           "check_clipping"]
 
 PyTree = Any
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -224,12 +227,7 @@ def load_checkpoint(path: str | os.PathLike, like: PyTree, *, hmac_key: bytes | 
   seal (:func:`verify_seal`; with ``hmac_key``, the HMAC)."""
   check_hmac_key(hmac_key)
   ocp = require_orbax()
-  path = os.path.abspath(os.fspath(path))
-  if not _STEP_DIR.match(os.path.basename(path)):
-    latest = latest_checkpoint(path)
-    if latest is None:
-      raise ValueError(f"no complete checkpoint (step_<8 digits>) under {path!r}")
-    path = latest
+  path = _step_path(path)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
     got = ckpt.restore(path, ocp.args.Composite(
         state=ocp.args.StandardRestore(_flat_arrays(like)), meta=ocp.args.JsonRestore()))
@@ -238,6 +236,48 @@ def load_checkpoint(path: str | os.PathLike, like: PyTree, *, hmac_key: bytes | 
                        restored, like)
   verify_seal(got["meta"], arrays_digest(jax.device_get(_flat_arrays(state))), hmac_key)
   return path, state, got["meta"]
+
+
+def _step_path(path: str | os.PathLike) -> str:
+  """``path`` itself when it is a ``step_*`` folder, else its latest complete one."""
+  path = os.path.abspath(os.fspath(path))
+  if not _STEP_DIR.match(os.path.basename(path)):
+    latest = latest_checkpoint(path)
+    if latest is None:
+      raise ValueError(f"no complete checkpoint (step_<8 digits>) under {path!r}")
+    path = latest
+  return path
+
+
+def read_meta(path: str | os.PathLike) -> tuple[str, dict]:
+  """``(step folder, its JSON meta)`` WITHOUT its arrays and NOT verified (the seal is checked
+  with the arrays by :func:`load_checkpoint`): only for refusals that must come before the
+  arrays are read into the trainer's structure (:func:`check_clipping`)."""
+  ocp = require_orbax()
+  path = _step_path(path)
+  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
+    got = ckpt.restore(path, ocp.args.Composite(meta=ocp.args.JsonRestore()))
+  return path, got["meta"]
+
+
+def check_clipping(path: str, meta: Any, mine: dict) -> None:
+  """Raises ``ValueError`` (one line) when the checkpoint's run and this trainer disagree on
+  adaptive clipping: an adaptive run's state carries its clip norm ``C_t`` (and another noise
+  state), so neither can resume the other (it would restart from ``C_0`` or drop ``C_t``)."""
+  recorded = meta.get("fingerprint") if isinstance(meta, dict) else None
+  if not isinstance(recorded, dict):
+    return  # no fingerprint: load_checkpoint's seal and fingerprint checks refuse it
+  was, am = recorded.get("clip_norm") == "adaptive", mine.get("clip_norm") == "adaptive"
+  if was and not am:
+    raise ValueError(f"checkpoint {path} is of a run with adaptive clipping (its clip norm "
+                     "C_t is in its state); this trainer clips at a fixed clip_norm="
+                     f"{mine.get('clip_norm')}: build it with clip_norm='adaptive' and the "
+                     "run's adaptive arguments to resume")
+  if am and not was:
+    raise ValueError(f"checkpoint {path} is of a run with a fixed clip_norm="
+                     f"{recorded.get('clip_norm')}; this trainer uses adaptive clipping: "
+                     "build it with that clip_norm to resume (a fixed-clip run cannot continue "
+                     "adaptively under its ledger)")
 
 
 def data_facts(data: Any) -> dict:

@@ -509,11 +509,12 @@ class FastClippedGrad:
 
   # ---- public API --------------------------------------------------------------------------
 
-  def _weights(self, norms, user_mask):
+  def _weights(self, norms, user_mask, clip_norm=None):
     kept = jnp.isfinite(norms)
     if user_mask is not None:
       kept = kept & user_mask
-    w = jnp.where(kept, jnp.minimum(1.0, self.clip_norm / jnp.maximum(norms, _TINY)), 0.0)
+    clip = self.clip_norm if clip_norm is None else clip_norm
+    w = jnp.where(kept, jnp.minimum(1.0, clip / jnp.maximum(norms, _TINY)), 0.0)
     return norms, w, kept
 
   # ---- method selection ---------------------------------------------------------------------
@@ -568,8 +569,8 @@ class FastClippedGrad:
       return fvm.chunked_norms(self.model_loss, params, users, chunks)
     return self._parts_and_bounds(params, batch)[1]
 
-  def clipped_sum(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None
-                  ) -> tuple[PyTree, ClipInfo]:
+  def clipped_sum(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None,
+                  *, clip_norm: jax.Array | float | None = None) -> tuple[PyTree, ClipInfo]:
     """``sum_u w_u g_u`` with ``w_u = min(1, C/N_u)`` (0 for masked or non-finite users),
     shaped like ``params``, and the (secret) :class:`ClipInfo`.
 
@@ -577,27 +578,32 @@ class FastClippedGrad:
       params: the parameter State.
       batch: the batch.
       user_mask: bool ``[U]``, False for padding (default: every slot is a user).
+      clip_norm: clip at this ``C`` instead of the constructor's (a traced scalar allowed:
+        adaptive clipping's ``C_t``, carried in the trainer's state). The bounds ``N_u`` do
+        not depend on ``C``, so every contribution is still at most ``w_u N_u <= C``.
 
     Returns:
       ``(summed, info)``.
     """
-    return self._clipped_sum_with(self._method(params, batch), params, batch, user_mask)
+    return self._clipped_sum_with(self._method(params, batch), params, batch, user_mask,
+                                  clip_norm)
 
   @at_guarantee_precision
   def _clipped_sum_with(self, method: str, params: PyTree, batch: PyTree,
-                        user_mask: jax.Array | None) -> tuple[PyTree, ClipInfo]:
+                        user_mask: jax.Array | None, clip_norm=None) -> tuple[PyTree, ClipInfo]:
     users = self._as_users(batch)
     n_users = jax.tree.leaves(users)[0].shape[0]
     if user_mask is not None and jnp.shape(user_mask) != (n_users,):
       raise ValueError(f"user_mask must have shape ({n_users},), got {jnp.shape(user_mask)}")
     if method == "vmap":
       chunks, _ = fvm.vmap_chunks(self.vmap_chunks, params, users)
-      summed, norms = fvm.chunked_clipped_sum(self.model_loss, params, users, self.clip_norm,
-                                              user_mask, chunks)
-      return summed, ClipInfo(*self._weights(norms, user_mask))
+      clip = self.clip_norm if clip_norm is None else clip_norm
+      summed, norms = fvm.chunked_clipped_sum(self.model_loss, params, users, clip, user_mask,
+                                              chunks)
+      return summed, ClipInfo(*self._weights(norms, user_mask, clip_norm))
 
     parts, bound = self._parts_and_bounds(params, batch)
-    norms, w, kept = self._weights(bound, user_mask)
+    norms, w, kept = self._weights(bound, user_mask, clip_norm)
     donor = jnp.argmax(kept)  # a kept user, whose inputs stand in for dropped users' (_safe)
     leaves, treedef = jax.tree.flatten(params)
     out = [jnp.zeros(x.shape, _wide(x.dtype)) for x in leaves]

@@ -51,6 +51,19 @@ Cyclic schedule and correlated noise (issue #27): ``sampling="cyclic"`` with
 keys, batches, noise stage and events; :mod:`dpsco_jax.flax.trainer_noise`). Poisson sampling
 with MF noise is refused (no banded amplification is implemented).
 
+Adaptive clipping (issue 48.2; Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021):
+``clip_norm="adaptive"`` with ``initial_clip_norm`` (and ``target_quantile``,
+``clip_learning_rate``, ``count_stddev``: ``dp_sgd_user``'s keys). The clipper clips at the
+``C_t`` of the noise state (:func:`~dpsco_jax.transforms.adaptive_clipping.adaptive_noise`,
+``state.opt_state[0]``); the micro-batches accumulate the clipped sums and the centred count of
+unclipped users; the one noise draw of the step adds ``z_Delta C_t / D`` to the mean and
+``sigma_b`` to the count, and ``C_t`` takes the geometric step. ``z_Delta`` and ``sigma_b`` are
+DP-SGD's adaptive plan (:func:`~dpsco_jax.algorithms.dpsgd.plan.adaptive_plan`), so the pair is
+one Gaussian of multiplier ``z``: the event, the ledger and the epsilon are a fixed clip's.
+Fast clipping honours ``C_t``: its certified bounds ``N_u`` do not depend on ``C``, so every
+user still adds at most ``w_u N_u <= C_t``. Refused with MF noise (the plan's reason). ``C_t``
+is public (post-processing of the noisy counts): ``history`` records it per block.
+
 Many devices (issue 24.2): ``mesh=`` shards each step's users over a ``"users"`` axis, same
 plan, keys and ledger (:mod:`dpsco_jax.flax.trainer_mesh`).
 
@@ -64,6 +77,7 @@ from __future__ import annotations
 
 import math
 import os
+import types
 from typing import Any, Callable, NamedTuple
 
 import dp_accounting
@@ -73,18 +87,22 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dpsco_jax._checks import (check_bool, check_choice, check_delta, check_epsilon, check_int,
-                               check_positive, check_probability, check_seed_or_key)
+from dpsco_jax._checks import (ArgumentTypeError, check_bool, check_choice, check_delta, check_epsilon, check_int,
+                               check_nonnegative, check_positive, check_probability,
+                               check_seed_or_key)
 from dpsco_jax.flax import checkpoint as ckpt
 from dpsco_jax.flax.fast_clip import FastClippedGrad, LossFn
 from dpsco_jax.flax import trainer_mesh as tm
 from dpsco_jax.flax import trainer_noise as tn
 from dpsco_jax.flax.trainer_data import check_data, from_user_data
-from dpsco_jax.algorithms.dpsgd.plan import NOISES, check_mf_sampling
+from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE, check_adaptive_keys
+from dpsco_jax.algorithms.dpsgd.plan import (NOISES, AdaptivePlan, adaptive_plan,
+                                             check_mf_sampling, config_view)
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
                                calibrate_poisson_sgd, check_relation, epsilon_of)
 from dpsco_jax.privacy.ledger import Epsilon, epsilon_lower_bound
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
+from dpsco_jax.transforms.adaptive_clipping import unclipped_centred_count
 from dpsco_jax.transforms.noise import add_gaussian_noise
 
 PyTree = Any
@@ -132,6 +150,39 @@ def _accumulator(tree: Any) -> str | None:
   return _ACCUMULATORS[type(found[0])] if found else None
 
 
+def check_clip_args(clip_norm: Any, adaptive_keys: dict) -> float:
+  """The fixed ``C``, or with ``clip_norm="adaptive"`` the checked ``C_0``; the other adaptive
+  arguments (``target_quantile``, ``clip_learning_rate``, ``initial_clip_norm``,
+  ``count_stddev``, given as ``adaptive_keys``, None where not given) are range-checked here,
+  before anything is built, and refused without ``"adaptive"`` (they would be ignored). The
+  runner's pre-run check of ``flax.DPTrainer`` calls it too.
+
+  Args:
+    clip_norm: a number > 0, or ``"adaptive"``.
+    adaptive_keys: the four adaptive arguments by name.
+
+  Returns:
+    ``C``, or ``C_0``.
+
+  Raises:
+    ValueError: a bad value, an adaptive argument without ``"adaptive"``, or ``"adaptive"``
+      without ``initial_clip_norm``.
+  """
+  if clip_norm != ADAPTIVE:
+    if isinstance(clip_norm, str):
+      raise ArgumentTypeError(f"clip_norm must be a number > 0 or 'adaptive', got "
+                              f"{clip_norm!r}")
+    check_adaptive_keys(types.SimpleNamespace(clip_norm=clip_norm, **adaptive_keys))
+    return check_positive(clip_norm, "clip_norm")
+  if adaptive_keys["initial_clip_norm"] is None:
+    raise ValueError("clip_norm='adaptive' needs initial_clip_norm (C_0 > 0, the first step's "
+                     "clip norm): DPTrainer has no Lipschitz constant to default to")
+  _optional(adaptive_keys["target_quantile"], check_delta, "target_quantile")  # (0, 1)
+  _optional(adaptive_keys["clip_learning_rate"], check_positive, "clip_learning_rate")
+  _optional(adaptive_keys["count_stddev"], check_nonnegative, "count_stddev")
+  return check_positive(adaptive_keys["initial_clip_norm"], "initial_clip_norm")
+
+
 class DPTrainer:
   """Differentially private training of an nnx model (user- or item-level DP-SGD).
 
@@ -147,7 +198,11 @@ class DPTrainer:
       is weighted out), or a pytree with leaves ``[n_users, m, ...]`` (``level="user"``,
       every user exactly ``m`` real items) or ``[n, ...]`` (``level="item"``); the declared
       level and the layout must agree (checked).
-    clip_norm: ``C``, per-user (per-item) L2 clip of the (mean) gradient.
+    clip_norm: ``C``, per-user (per-item) L2 clip of the (mean) gradient, or ``"adaptive"``:
+      the clip norm ``C_t`` follows the ``target_quantile`` of the users' norms (Andrew et al.
+      2021; :mod:`dpsco_jax.transforms.adaptive_clipping`), carried in the noise state
+      (``state.opt_state[0].clip_norm``), checkpointed with it; same event and ledger as a
+      fixed clip at ``z`` (the pair's split of DP-SGD's adaptive plan).
     sampling_rate: Poisson rate ``q`` in (0, 1], a declared public constant (Poisson only).
     delta: the delta of the reported guarantee.
     expected_batch_size: the fixed denominator ``D`` (public). Required under ``add_remove``;
@@ -182,17 +237,27 @@ class DPTrainer:
     mesh: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the one set with
       ``jax.set_mesh``, if any): each device clips its own users of a step, the sums are
       reduced, the noise drawn once; same plan and ledger (:mod:`~dpsco_jax.flax.trainer_mesh`).
+    target_quantile: ``clip_norm="adaptive"``: the fraction ``gamma`` in (0, 1) of users left
+      unclipped (default 0.5).
+    clip_learning_rate: ``clip_norm="adaptive"``: the step ``eta_C > 0`` of
+      ``C <- C exp(-eta_C (b - gamma))`` (default 0.2).
+    initial_clip_norm: ``clip_norm="adaptive"``: ``C_0 > 0`` (required: the trainer has no
+      Lipschitz constant to default to).
+    count_stddev: ``clip_norm="adaptive"``: the unclipped count's noise std ``sigma_b`` in
+      users (default ``max(D / 20, z)``); ``2 sigma_b`` must exceed ``z``.
 
   Raises:
     ValueError: a bad or inconsistent argument, named in the message (e.g. neither
       ``noise_multiplier`` nor ``target_epsilon`` with ``num_steps``; ``batch_size`` with
       Poisson sampling; an optimizer that accumulates noisy updates; data whose layout is not
-      the declared ``level``).
+      the declared ``level``; an adaptive key without ``clip_norm="adaptive"``, or adaptive
+      clipping with correlated noise, a target quantile outside (0, 1), a non-positive
+      initial norm or step, or a count noise too small for ``z``).
     PrivacyBudgetExceeded: the planned run would exceed ``epsilon_budget``.
   """
 
   def __init__(self, model: nnx.Module, loss_fn: LossFn, optimizer: optax.GradientTransformation,
-               *, data: PyTree, clip_norm: float, sampling_rate: float | None = None,
+               *, data: PyTree, clip_norm: float | str, sampling_rate: float | None = None,
                delta: float, expected_batch_size: float | None = None,
                relation: str | None = None,
                noise_multiplier: float | None = None, target_epsilon: float | None = None,
@@ -202,7 +267,9 @@ class DPTrainer:
                debug: bool = False, sampling: str = "poisson", batch_size: int | None = None,
                noise_mechanism: str = "independent", bands: int | None = None,
                buffers: int | None = None, mf_strategy: str = "auto",
-               mesh: jax.sharding.Mesh | None = None):
+               mesh: jax.sharding.Mesh | None = None, target_quantile: float | None = None,
+               clip_learning_rate: float | None = None, initial_clip_norm: float | None = None,
+               count_stddev: float | None = None):
     self._mesh = tm.UsersMesh(mesh)  # identity without a mesh (argument or jax.set_mesh)
     self.sampling, self.noise_mechanism = tn.check_sampling(sampling), noise_mechanism
     check_mf_sampling(check_choice(noise_mechanism, "noise_mechanism", NOISES), self.sampling,
@@ -217,7 +284,13 @@ class DPTrainer:
     else:
       tn.check_cyclic_args(sampling_rate, expected_batch_size)
     self.level = check_choice(level, "level", ("user", "item"))
-    self.clip_norm = check_positive(clip_norm, "clip_norm")
+    adaptive_keys = {"target_quantile": target_quantile, "clip_learning_rate":
+                     clip_learning_rate, "initial_clip_norm": initial_clip_norm,
+                     "count_stddev": count_stddev}
+    self.clip_norm = check_clip_args(clip_norm, adaptive_keys)  # C, or adaptive: C_0
+    self._adaptive_keys = ({k: v for k, v in adaptive_keys.items() if v is not None}
+                           if clip_norm == ADAPTIVE else None)
+    self.adaptive: AdaptivePlan | None = None   # set by the plan
     self.delta = check_delta(delta)
     self.accountant = check_choice(accountant, "accountant", ("pld", "rdp", "auto"))
     self.accumulation_steps = check_int(accumulation_steps, "accumulation_steps")
@@ -225,7 +298,7 @@ class DPTrainer:
     key = check_seed_or_key(key, "key")
     self._data_facts = ckpt.data_facts(data)  # of what this trainer reads: checkpoints record it
     loss_fn, data = from_user_data(loss_fn, data, self.level)
-    self.clipper = FastClippedGrad(model, loss_fn, clip_norm=clip_norm, level=level,
+    self.clipper = FastClippedGrad(model, loss_fn, clip_norm=self.clip_norm, level=level,
                                    method=method)
     self.n = check_data(self.clipper, data, self.level)  # public: zero_out / replace_one only
     self.cyclic: tn.CyclicSchedule | None = None
@@ -235,7 +308,8 @@ class DPTrainer:
           relation=relation, batch_size=batch_size, num_steps=num_steps,
           noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
           noise_mechanism=noise_mechanism, bands=bands, buffers=buffers,
-          mf_strategy=mf_strategy, accountant=self.accountant)
+          mf_strategy=mf_strategy, accountant=self.accountant,
+          adaptive_keys=self._adaptive_keys)
     self._plan(expected_batch_size, noise_multiplier, target_epsilon, num_steps,
                epsilon_budget)
     self._size_batches(batch_capacity, method, data)
@@ -252,7 +326,8 @@ class DPTrainer:
                        "noise draw; use DPTrainer(accumulation_steps=k)")
     if self.cyclic is None:
       sample_key, noise_key = jax.random.split(key)
-      self._noise = add_gaussian_noise(self.noise_stddev, noise_key)
+      self._noise = (add_gaussian_noise(self.noise_stddev, noise_key) if self.adaptive is None
+                     else tn.adaptive_stage(self.adaptive, self.denominator, noise_key))
     else:  # the DP-SGD driver's order / noise keys and noise stage (on the raveled gradient)
       sample_key, self._noise = self.cyclic.keys_and_noise(key, self.noise_stddev)
     self._initial_params = params
@@ -328,6 +403,7 @@ class DPTrainer:
           accountant=self.accountant)
     self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
     self.event = self._step_event(self.noise_multiplier)
+    self.adaptive = self._adaptive_plan()
     if target is not None:
       if steps is None:
         raise ValueError("target_epsilon needs num_steps (the planned run it budgets)")
@@ -346,6 +422,16 @@ class DPTrainer:
     self.ledger.check(self.event, label=_LABEL)  # the accountant can honour it; one step fits
     self._set_stage()
 
+  def _adaptive_plan(self) -> AdaptivePlan | None:
+    """DP-SGD's adaptive plan at this trainer's ``z``, ``C_0`` and ``D`` (its defaults, split
+    and refusals: the same ``z_Delta`` and ``sigma_b`` as ``dp_sgd_user`` at these numbers)."""
+    if self._adaptive_keys is None:
+      return None
+    view = config_view({"delta": self.delta, "noise_multiplier": self.noise_multiplier,
+                        "clip_norm": ADAPTIVE, **self._adaptive_keys})
+    return adaptive_plan(view, self.noise_multiplier, self.clip_norm, self.denominator,
+                         level=self.level, noise=self.noise_mechanism)
+
   def _open_ledger(self, *caps: float | None) -> None:
     """The run's ledger; its budget is the tightest of the checked ``caps`` given."""
     caps = [c for c in caps if c is not None]
@@ -357,8 +443,10 @@ class DPTrainer:
     ledger prices replace-one), the DP-SGD plan's own stage, so the std (formed in
     ``privacy.sensitivity``, never here) is the plan's bit for bit."""
     self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
-    self.stage = GaussianStage(self.noise_multiplier,
-                               clipped_mean_sensitivity(self.clip_norm, self.denominator), "step")
+    self.stage = (GaussianStage(self.noise_multiplier,
+                                clipped_mean_sensitivity(self.clip_norm, self.denominator), "step")
+                  if self.adaptive is None   # adaptive: z_Delta on C_0 / D (the first step's)
+                  else self.adaptive.split.sum_stage(self.clip_norm, self.denominator))
     self.noise_stddev = self.stage.std
 
   def _step_event(self, z: float) -> dp_accounting.DpEvent:
@@ -366,12 +454,32 @@ class DPTrainer:
 
   # ---- jitted pieces ----------------------------------------------------------------------------
 
-  def _privatize(self, summed: PyTree, opt_state: tuple, params: PyTree, noise_tx=None):
-    """``sum / D`` -> noise -> optimizer: (privatized gradient, updates, new opt_state)."""
+  def _clip_of(self, opt_state: tuple) -> jax.Array | None:
+    """The clip norm of this step: adaptive clipping's ``C_t`` (in the noise state), else None
+    (the clipper's fixed ``C``)."""
+    return None if self.adaptive is None else opt_state[0].clip_norm
+
+  def _clipped(self, params: PyTree, rows: PyTree, mask: jax.Array,
+               clip: jax.Array | None) -> Any:
+    """A step's *total*: the clipped sum at the fixed ``C`` (``clip`` None), or under adaptive
+    clipping ``(clipped sum at C_t, centred unclipped count)`` (both SECRET until noised)."""
+    summed, info = self.clipper.clipped_sum(params, rows, mask, clip_norm=clip)
+    return summed if clip is None else (summed, unclipped_centred_count(info.norms, clip, mask))
+
+  def _zero_total(self, params: PyTree) -> Any:
+    """The zero *total* (:meth:`_clipped`), float32 or wider."""
+    zeros = self._zeros(params)
+    return zeros if self.adaptive is None else (zeros, jnp.zeros((), jnp.float32))
+
+  def _privatize(self, total: Any, opt_state: tuple, params: PyTree, noise_tx=None):
+    """``sum / D`` -> noise (adaptive: and the count's) -> optimizer: (privatized gradient,
+    updates, new opt_state)."""
     noise_tx = self._noise if noise_tx is None else noise_tx
+    summed, extra = ((total, {}) if self.adaptive is None
+                     else (total[0], {"centred_count": total[1]}))
     noise_state, inner = opt_state
     grad = jax.tree.map(lambda s: s / self.denominator, summed)
-    noisy, noise_state = noise_tx.update(grad, noise_state, params)
+    noisy, noise_state = noise_tx.update(grad, noise_state, params, **extra)
     updates, inner = self.optimizer.update(noisy, inner, params)
     return noisy, updates, (noise_state, inner)
 
@@ -379,28 +487,28 @@ class DPTrainer:
                     noise_tx) -> tuple[tuple[PyTree, tuple], PyTree]:
     """One step of :meth:`release_fn` (Poisson or cyclic) on the sampled ``rows``:
     ``((new params, opt_state), privatized gradient)``."""
-    summed, _ = self.clipper.clipped_sum(params, rows, mask)
-    summed = jax.tree.map(lambda s, z: s.astype(z.dtype), summed, self._zeros(params))
-    noisy, updates, opt_state = self._privatize(summed, opt_state, params, noise_tx)
+    total = self._clipped(params, rows, mask, self._clip_of(opt_state))
+    total = jax.tree.map(lambda s, z: s.astype(z.dtype), total, self._zero_total(params))
+    noisy, updates, opt_state = self._privatize(total, opt_state, params, noise_tx)
     return (optax.apply_updates(params, updates), opt_state), noisy
 
   def _build(self):
-    clipper, q, n = self.clipper, self.q, self.n
+    q, n = self.q, self.n
 
     @jax.jit
     def sample(sample_key, step):
       return jax.random.bernoulli(jax.random.fold_in(sample_key, step), q, (n,))
 
     @jax.jit
-    def clipped_chunk(params, data, idx, mask, total):
+    def clipped_chunk(params, data, idx, mask, total, clip=None):
       batch = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), data)
       batch, mask = self._mesh.spread((batch, mask))  # each device: its own users
-      summed, _ = clipper.clipped_sum(params, batch, mask)
-      return self._mesh.gather(jax.tree.map(lambda t, s: t + s.astype(t.dtype), total, summed))
+      part = self._clipped(params, batch, mask, clip)
+      return self._mesh.gather(jax.tree.map(lambda t, s: t + s.astype(t.dtype), total, part))
 
     @jax.jit
-    def apply(state: TrainState, summed):
-      _, updates, opt_state = self._privatize(summed, state.opt_state, state.params)
+    def apply(state: TrainState, total):
+      _, updates, opt_state = self._privatize(total, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
       return TrainState(params, opt_state, state.sample_key, state.step + 1)
 
@@ -419,6 +527,17 @@ class DPTrainer:
     return self.state.params
 
   @property
+  def current_clip_norm(self) -> float:
+    """The clip norm of the next step: ``C_t`` under adaptive clipping (public: a function of
+    the released noisy counts), else the fixed ``C``."""
+    return (self.clip_norm if self.adaptive is None
+            else float(self.state.opt_state[0].clip_norm))
+
+  def _clip_text(self) -> str:
+    return (f"clip C={self.clip_norm:g}" if self.adaptive is None else
+            f"adaptive clip (C_0={self.clip_norm:g}, gamma={self.adaptive.target_quantile:g})")
+
+  @property
   def model(self) -> nnx.Module:
     """A fresh nnx model holding the current parameters."""
     c = self.clipper
@@ -435,7 +554,8 @@ class DPTrainer:
     if self.debug is not None:
       self.debug["batch_sizes"].append(int(chosen.size))
     size = self.micro_batch
-    total = self._zeros(st.params)
+    total = self._zero_total(st.params)
+    clip = self._clip_of(st.opt_state)
     # At least one micro-batch and at least accumulation_steps of them: the same compiled
     # shapes every step; empty ones are fully masked (contribute exactly zero).
     n_micro = max(self.accumulation_steps, -(-chosen.size // size))
@@ -445,7 +565,7 @@ class DPTrainer:
       idx[:part.size] = part
       mask = np.arange(size) < part.size
       total = self._clipped_chunk(st.params, self.data, jnp.asarray(idx), jnp.asarray(mask),
-                                  total)
+                                  total, clip)
     self.state = self._apply(st, total)
 
   def train(self, num_steps: int, *, report_every: int = 10,
@@ -524,6 +644,8 @@ class DPTrainer:
       done += block
       rec = {"step": self.step_count, "epsilon": float(eps), "epsilon_kind": eps.kind,
              "delta": self.delta}
+      if self.adaptive is not None:  # public: a function of the released noisy counts
+        rec["clip_norm"] = self.current_clip_norm
       self.history.append(rec)
       if log_fn is not None:
         log_fn(rec)
@@ -550,24 +672,25 @@ class DPTrainer:
     Returns:
       The :class:`~dpsco_jax.privacy.PrivacyReport` of the steps taken.
     """
+    adaptive = "" if self.adaptive is None else "; " + self.adaptive.note()
     if self.cyclic is not None:
       return self.ledger.report(
           provenance=Provenance.ACCOUNTANT, level=self.level,
-          mechanisms=(self.cyclic.mechanism(self.step_count, self.clip_norm, self.level),),
-          notes=self.cyclic.notes(self.clipper.method))
+          mechanisms=(self.cyclic.mechanism(self.step_count, self._clip_text(), self.level),),
+          notes=self.cyclic.notes(self.clipper.method) + adaptive)
     return self.ledger.report(
         provenance=Provenance.ACCOUNTANT, level=self.level,
         mechanisms=(f"poisson(q={self.q:g}) gaussian(z={self.noise_multiplier:.4g}) x "
-                    f"{self.step_count} steps, clip C={self.clip_norm:g} ({self.level}), "
+                    f"{self.step_count} steps, {self._clip_text()} ({self.level}), "
                     f"denominator D={self.denominator:g}",),
         notes=f"DP-SGD, relation {self.relation}; public: {PUBLIC[self.relation]} "
               f"(q={self.q:g}, D={self.denominator:g} declared); clipping: "
-              f"{self.clipper.method}")
+              f"{self.clipper.method}" + adaptive)
 
   def __repr__(self) -> str:
     return (f"DPTrainer(level={self.level!r}, relation={self.relation!r}, "
             f"sampling={self.sampling!r}, noise={self.noise_mechanism!r}, q={self.q:g}, "
-            f"D={self.denominator:g}, z={self.noise_multiplier:.4g}, C={self.clip_norm:g}, "
+            f"D={self.denominator:g}, z={self.noise_multiplier:.4g}, {self._clip_text()}, "
             f"steps={self.step_count}, state={self.state!r})")
 
   # ---- audit hook -------------------------------------------------------------------------------
@@ -606,7 +729,8 @@ class DPTrainer:
 
     def release(key: jax.Array, dataset: PyTree) -> PyTree:
       sample_key, noise_key = jax.random.split(key)
-      noise_tx = add_gaussian_noise(stddev, noise_key)
+      noise_tx = (add_gaussian_noise(stddev, noise_key) if self.adaptive is None else
+                  tn.adaptive_stage(self.adaptive, self.denominator, noise_key, noise=noise))
       n = jax.tree.leaves(dataset)[0].shape[0]
       opt0 = (noise_tx.init(params0), self.optimizer.init(params0))
 
@@ -630,6 +754,11 @@ class DPTrainer:
       fp["n"] = self.n  # public under zero_out / replace_one only
     if self.cyclic is not None:
       fp.update(self.cyclic.fingerprint())
+    if self.adaptive is not None:   # C_t itself is in the (sealed) state
+      a = self.adaptive
+      fp.update(clip_norm=ADAPTIVE, initial_clip_norm=a.initial_clip_norm,
+                target_quantile=a.target_quantile, clip_learning_rate=a.clip_learning_rate,
+                count_stddev=a.split.count_stddev, sum_multiplier=a.split.sum_multiplier)
     return fp
 
   def save(self, directory: str | os.PathLike, *, hmac_key: bytes | None = None,
@@ -694,11 +823,13 @@ class DPTrainer:
     if self.ledger.events or self.step_count:
       raise ValueError("restore into a fresh trainer: this one already spent privacy budget, "
                        "and a restore must never roll the ledger back")
+    mine = self._fingerprint()
+    # before the arrays: an adaptive run's noise state has other leaves than a fixed clip's
+    ckpt.check_clipping(*ckpt.read_meta(path), mine)
     path, state, meta = ckpt.load_checkpoint(path, self.state, hmac_key=hmac_key)
     if meta.get("step") != int(state.step):
       raise ckpt.LedgerIntegrityError(f"checkpoint step {meta.get('step')} differs from its "
                                       f"arrays' step {int(state.step)}: it was edited")
-    mine = self._fingerprint()
     if meta.get("fingerprint") != mine:
       raise ValueError(f"checkpoint privacy configuration {meta.get('fingerprint')} does not "
                        f"match this trainer's {mine}")

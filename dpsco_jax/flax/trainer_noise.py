@@ -48,9 +48,11 @@ from jax.flatten_util import ravel_pytree
 
 from dpsco_jax._checks import check_choice, check_epsilon, check_int
 from dpsco_jax.algorithms.dpsgd.driver import _noise_stage, cyclic_slots
-from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan, plan_dp_sgd
+from dpsco_jax.algorithms.dpsgd.plan import AdaptivePlan, DpSgdPlan, plan_dp_sgd
 from dpsco_jax.privacy import PUBLIC, LedgerIntegrityError, PrivacyLedger
 from dpsco_jax.privacy.ledger import Epsilon
+from dpsco_jax.privacy.sensitivity import AdaptiveClipSplit
+from dpsco_jax.transforms.adaptive_clipping import adaptive_noise
 
 PyTree = Any
 LABEL = "dp-sgd block (cyclic, gaussian mu^2 increment)"
@@ -62,10 +64,13 @@ def raveled(inner: optax.GradientTransformation) -> optax.GradientTransformation
   def init_fn(params):
     return inner.init(ravel_pytree(params)[0])
 
-  def update_fn(updates, state, params=None, **extra):
+  def update_fn(updates, state, params=None, *, centred_count=None, **extra):
     del extra  # the mask is the clipper's business; noise is data-independent
     flat, unravel = ravel_pytree(updates)
-    out, state = inner.update(flat, state, None if params is None else ravel_pytree(params)[0])
+    # adaptive clipping's stage also takes the (already clipped) centred count
+    count = {} if centred_count is None else {"centred_count": centred_count}
+    out, state = inner.update(flat, state, None if params is None else ravel_pytree(params)[0],
+                              **count)
     return unravel(out), state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -95,7 +100,7 @@ class CyclicSchedule:
                relation: str | None, batch_size: Any, num_steps: Any,
                noise_multiplier: float | None, target_epsilon: float | None,
                noise_mechanism: str, bands: Any, buffers: Any, mf_strategy: str,
-               accountant: str):
+               accountant: str, adaptive_keys: dict | None = None):
     if accountant == "rdp":
       raise ValueError("accountant='rdp' with sampling='cyclic': its events are plain "
                        "Gaussians, which the ledger converts exactly (pld / auto); RDP would "
@@ -110,7 +115,10 @@ class CyclicSchedule:
            "epsilon": target_epsilon, "noise_multiplier": noise_multiplier,
            "relation": relation, "bands": bands, "buffers": buffers,
            # the plan's SGD step is never used: the trainer's optimizer steps
-           "learning_rate": 1.0, "averaging": "none"}
+           "learning_rate": 1.0, "averaging": "none",
+           # clip_norm="adaptive": the plan's split and refusals (its clip_norm is then C_0)
+           **({} if adaptive_keys is None else {**adaptive_keys, "clip_norm": "adaptive",
+                                                 "initial_clip_norm": clip_norm})}
     if cfg["batch_size"] is None:
       raise ValueError("sampling='cyclic' needs batch_size B (users per step)")
     cfg = {k: v for k, v in cfg.items() if v is not None}
@@ -123,9 +131,12 @@ class CyclicSchedule:
 
   # ---- keys, batches, noise -------------------------------------------------------------------
 
-  def keys_and_noise(self, key: jax.Array, stddev: float
+  def keys_and_noise(self, key: jax.Array, stddev: float, noise: bool = True
                      ) -> tuple[jax.Array, optax.GradientTransformation]:
     """(order key, noise stage): the driver's ``fold_in(key, 2)`` / ``fold_in(key, 1)``."""
+    if self.plan.adaptive is not None:
+      return jax.random.fold_in(key, 2), raveled(adaptive_stage(
+          self.plan.adaptive, self.plan.denominator, jax.random.fold_in(key, 1), noise=noise))
     spec = ("independent",) if self.plan.mf is None else self.plan.mf.stage_spec()
     stage = _noise_stage({"stddev": stddev, "noise_key": jax.random.fold_in(key, 1)}, spec,
                          self.plan.steps)
@@ -188,13 +199,13 @@ class CyclicSchedule:
                 mf_coefs=[float(c) for c in p.mf.coefs[:64]])
     return fp
 
-  def mechanism(self, steps: int, clip: float, level: str) -> str:
+  def mechanism(self, steps: int, clip: str, level: str) -> str:
     p = self.plan
     noise = "independent" if p.mf is None else (
         f"{p.noise} MF ({p.mf.source}, sensitivity factor {p.mf.sensitivity:.4g} over "
         f"{p.steps} steps)")
     return (f"cyclic(B={p.batch}, P={self.period}) gaussian(z={p.noise_multiplier:.4g}) "
-            f"{noise} x {steps} of {p.steps} steps, clip C={clip:g} ({level}), "
+            f"{noise} x {steps} of {p.steps} steps, {clip} ({level}), "
             f"denominator D={p.denominator:g}")
 
   def notes(self, method: str) -> str:
@@ -212,6 +223,7 @@ def plan_cyclic(trainer: Any, target_epsilon: Any, epsilon_budget: Any) -> None:
   p = trainer.cyclic.plan
   trainer.relation, trainer.q, trainer.denominator = p.relation, p.sampling_rate, p.denominator
   trainer.noise_multiplier, trainer.event = p.noise_multiplier, p.event
+  trainer.adaptive = p.adaptive
   trainer._open_ledger(*(None if b is None else check_epsilon(b, "epsilon")
                          for b in (target_epsilon, epsilon_budget)))
   trainer.cyclic.check_run(trainer.ledger, p.steps)
@@ -230,7 +242,7 @@ def cyclic_release_fn(trainer: Any, steps: int, noise: bool
   params0, batch, period = trainer._initial_params, sched.plan.batch, sched.period
 
   def release(key: jax.Array, dataset: PyTree) -> PyTree:
-    order_key, noise_tx = sched.keys_and_noise(key, stddev)
+    order_key, noise_tx = sched.keys_and_noise(key, stddev, noise)
     slots, real = cyclic_slots(order_key, jax.tree.leaves(dataset)[0].shape[0], batch)
     opt0 = (noise_tx.init(params0), trainer.optimizer.init(params0))
 
@@ -246,6 +258,17 @@ def cyclic_release_fn(trainer: Any, steps: int, noise: bool
     return out
 
   return release
+
+
+def adaptive_stage(plan: AdaptivePlan, denominator: float, key: jax.Array, *,
+                   noise: bool = True) -> optax.GradientTransformationExtraArgs:
+  """Adaptive clipping's noise stage (:func:`~dpsco_jax.transforms.adaptive_clipping.
+  adaptive_noise`) from DP-SGD's adaptive plan: ``z_Delta`` on the sum, ``sigma_b`` on the
+  count, ``C_t`` in its state. ``noise=False`` (the audit hook's test run): both noises 0."""
+  split = plan.split if noise else AdaptiveClipSplit(plan.split.noise_multiplier, 0.0, 0.0)
+  return adaptive_noise(plan.initial_clip_norm, target_quantile=plan.target_quantile,
+                        clip_learning_rate=plan.clip_learning_rate, denominator=denominator,
+                        split=split, key=key)
 
 
 def check_cyclic_args(sampling_rate: Any, expected_batch_size: Any) -> None:

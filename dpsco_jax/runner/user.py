@@ -176,6 +176,7 @@ def _check_trainer(cfg: Mapping) -> None:
       check_cyclic_args(trainer.sampling_rate, trainer.expected_batch_size)
   except ValueError as err:
     raise ConfigError(f"{name}: {err}") from None
+  _check_trainer_clip(trainer, name)
   if trainer.sampling == "poisson":
     if trainer.sampling_rate is None:
       raise ConfigError(f"{name} with sampling poisson needs sampling_rate (the declared "
@@ -191,6 +192,32 @@ def _check_trainer(cfg: Mapping) -> None:
     raise ConfigError(f"{name}: relation {trainer.relation} is not supported with sampling "
                       f"cyclic (its batches are by slot, n public): use "
                       f"{' or '.join(supported)}")
+
+
+def _check_trainer_clip(trainer: Schema, name: str) -> None:
+  """``clip_norm`` and the adaptive keys, refused before any run with the DPTrainer's own
+  checks and DP-SGD's adaptive plan (its refusals: correlated noise; with an explicit or a
+  Poisson-calibrated z, a count_stddev too small for it)."""
+  from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE_KEYS
+  from dpsco_jax.algorithms.dpsgd.plan import adaptive_plan
+  from dpsco_jax.flax.trainer import check_clip_args
+  from dpsco_jax.privacy import calibrate_poisson_sgd
+  try:
+    first = check_clip_args(trainer.clip_norm, {k: trainer[k] for k in ADAPTIVE_KEYS})
+    if trainer.clip_norm != "adaptive":
+      return
+    z = trainer.noise_multiplier
+    if z is None and trainer.count_stddev is not None and trainer.sampling == "poisson":
+      # the run's own calibration (memoized): a count noise too small for it is refused now
+      z = calibrate_poisson_sgd(trainer.sampling_rate, trainer.num_steps,
+                                epsilon=trainer.epsilon, delta=trainer.delta,
+                                relation=trainer.get("relation", "add_remove"),
+                                accountant=trainer.accountant)
+    # D only sets the default count std, which never refuses: any D > 0 checks the rest
+    adaptive_plan(trainer, z or 0.0, first, 1.0, level=trainer.level,
+                  noise=trainer.noise_mechanism)
+  except ValueError as err:
+    raise ConfigError(f"{name}: {err}") from None
 
 
 def check_metrics(runs: list[dict], metrics: tuple[tuple[str, str], ...]) -> None:
@@ -317,7 +344,9 @@ def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
                         "a declared n_users: the number of users is private")
     denominator = v.sampling_rate * problem.n_users   # derived: q x the declared n_users
   given = {k: v[k] for k in ("sampling_rate", "relation", "noise_multiplier", "epsilon_budget",
-                             "batch_capacity", "batch_size", "bands", "buffers", "mf_strategy")
+                             "batch_capacity", "batch_size", "bands", "buffers", "mf_strategy",
+                             "target_quantile", "clip_learning_rate", "initial_clip_norm",
+                             "count_stddev")
            if v[k] is not None}
   trainer = DPTrainer(
       model, problem.loss, optimizer, data=problem.data, clip_norm=v.clip_norm,
@@ -332,6 +361,11 @@ def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
             "sampling": trainer.sampling, "sampling_rate": trainer.q,
             "expected_batch_size": float(trainer.denominator),
             "noise_mechanism": trainer.noise_mechanism, "clip_method": trainer.clipper.method}
+  if trainer.adaptive is not None:  # public constants only, as dp_sgd_user's record
+    a = trainer.adaptive
+    extras.update(clip_norm="adaptive", initial_clip_norm=a.initial_clip_norm,
+                  target_quantile=a.target_quantile, clip_learning_rate=a.clip_learning_rate,
+                  count_stddev=a.split.count_stddev, sum_noise_multiplier=a.split.sum_multiplier)
   if trainer.cyclic is not None:  # the cyclic plan's schedule and MF noise, as dp_sgd_user's
     plan = trainer.cyclic.plan
     extras["batch_size"] = plan.batch

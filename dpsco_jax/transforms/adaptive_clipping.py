@@ -45,8 +45,8 @@ from dpsco_jax.privacy.sensitivity import AdaptiveClipSplit, GaussianStage
 from dpsco_jax.transforms.clipping import clip_and_aggregate, tree_global_norms
 from dpsco_jax.transforms.noise import add_noise_tree, redacted_repr, tree_gaussian_like
 
-__all__ = ["AdaptiveClipState", "adaptive_clip_and_noise", "adaptive_sum_stage",
-           "check_target_quantile"]
+__all__ = ["AdaptiveClipState", "adaptive_clip_and_noise", "adaptive_noise",
+           "adaptive_sum_stage", "check_target_quantile", "unclipped_centred_count"]
 
 PyTree = Any
 
@@ -89,11 +89,92 @@ def adaptive_sum_stage(state: AdaptiveClipState, split: AdaptiveClipSplit,
   return split.sum_stage(state.clip_norm, denominator)
 
 
-def _unclipped_centred(updates: PyTree, clip_norm: jax.Array, real: jax.Array) -> jax.Array:
-  """``sum_i real_i (b_i - 1/2)`` with ``b_i = 1[||g_i|| <= C_t]`` (a non-finite norm: 0)."""
-  norms = tree_global_norms(updates)
+def unclipped_centred_count(norms: jax.Array, clip_norm: jax.Array, real: jax.Array
+                            ) -> jax.Array:
+  """``sum_i real_i (b_i - 1/2)`` with ``b_i = 1[norms_i <= C_t]`` (a non-finite norm: 0), the
+  count the pair releases (sensitivity 1/2). SECRET until the count's noise is added.
+
+  Args:
+    norms: ``[U]`` per-user norms (or certified upper bounds of them, as fast clipping gives).
+    clip_norm: ``C_t``.
+    real: ``[U]`` bool, False for padded slots.
+
+  Returns:
+    The centred count, a float32 scalar.
+  """
   b = (jnp.isfinite(norms) & (norms <= clip_norm)).astype(jnp.float32)
   return jnp.sum(jnp.where(real, b - 0.5, 0.0))
+
+
+def _unclipped_centred(updates: PyTree, clip_norm: jax.Array, real: jax.Array) -> jax.Array:
+  return unclipped_centred_count(tree_global_norms(updates), clip_norm, real)
+
+
+def _checked(initial_clip_norm, target_quantile, clip_learning_rate, denominator, split, key):
+  c0 = check_positive(initial_clip_norm, "initial_clip_norm")
+  gamma = target_quantile if isinstance(target_quantile, jax.core.Tracer) else (
+      check_target_quantile(target_quantile))
+  eta = check_positive(clip_learning_rate, "clip_learning_rate")
+  denom = check_positive(denominator, "denominator")
+  if not isinstance(split, AdaptiveClipSplit):
+    raise TypeError("split must be an AdaptiveClipSplit (privacy.sensitivity."
+                    f"adaptive_clip_split), got {type(split).__name__}")
+  check_nonnegative(split.count_stddev, "count_stddev")
+  return c0, gamma, eta, denom, check_seed_or_key(key, "key")
+
+
+def adaptive_noise(initial_clip_norm: float, *, target_quantile: float,
+                   clip_learning_rate: float, denominator: float, split: AdaptiveClipSplit,
+                   key: jax.Array | int) -> optax.GradientTransformationExtraArgs:
+  """The noise half of :func:`adaptive_clip_and_noise`, for a caller that clips at ``C_t``
+  itself (``flax.DPTrainer``: its fast clipper sums micro-batches of users clipped at the
+  state's ``clip_norm`` before the one noise draw of the step).
+
+  Input: the clipped mean at ``state.clip_norm`` (``sum_i clip(g_i) / D``) and the extra
+  argument ``centred_count`` (:func:`unclipped_centred_count` at the same ``C_t``). Output:
+  the noisy mean; the state takes the geometric step. Same keys, noises and update as
+  :func:`adaptive_clip_and_noise` (which is this stage after its own clipping).
+
+  Args:
+    initial_clip_norm: ``C_0 > 0``.
+    target_quantile: ``gamma`` in (0, 1).
+    clip_learning_rate: ``eta_C > 0``.
+    denominator: the declared expected batch ``D``.
+    split: the pair's multipliers (:func:`dpsco_jax.privacy.sensitivity.adaptive_clip_split`).
+    key: a ``jax.random`` key or an int seed.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is :class:`AdaptiveClipState`.
+
+  Raises:
+    ValueError: a bad argument (named in the message).
+    TypeError: ``split`` is not an :class:`~dpsco_jax.privacy.AdaptiveClipSplit`.
+  """
+  c0, gamma, eta, denom, key = _checked(initial_clip_norm, target_quantile,
+                                        clip_learning_rate, denominator, split, key)
+
+  def init_fn(params):
+    del params
+    return AdaptiveClipState(clip_norm=jnp.asarray(c0, jnp.float32),
+                             fraction=jnp.asarray(gamma, jnp.float32), key=key,
+                             count=jnp.zeros((), jnp.int32))
+
+  def update_fn(mean, state, params=None, *, centred_count, **extra):
+    del extra
+    c_t = state.clip_norm
+    step_key = jax.random.fold_in(state.key, state.count)
+    noise = tree_gaussian_like(jax.random.fold_in(step_key, 0), mean,
+                               adaptive_sum_stage(state, split, denom).std)
+    noisy = add_noise_tree(mean, noise, params)
+    count_noise = split.count_stage().std * jax.random.normal(
+        jax.random.fold_in(step_key, 1), (), jnp.float32)
+    fraction = (centred_count + count_noise) / denom + 0.5
+    new_c = c_t * jnp.exp(-eta * (fraction - gamma))
+    return noisy, AdaptiveClipState(clip_norm=new_c.astype(jnp.float32),
+                                    fraction=fraction.astype(jnp.float32), key=state.key,
+                                    count=state.count + 1)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def adaptive_clip_and_noise(initial_clip_norm: float, *, target_quantile: float,
@@ -123,41 +204,19 @@ def adaptive_clip_and_noise(initial_clip_norm: float, *, target_quantile: float,
       ``denominator`` or count std (named in the message).
     TypeError: ``split`` is not an :class:`~dpsco_jax.privacy.AdaptiveClipSplit`.
   """
-  c0 = check_positive(initial_clip_norm, "initial_clip_norm")
-  gamma = target_quantile if isinstance(target_quantile, jax.core.Tracer) else (
-      check_target_quantile(target_quantile))
-  eta = check_positive(clip_learning_rate, "clip_learning_rate")
+  noise = adaptive_noise(initial_clip_norm, target_quantile=target_quantile,
+                         clip_learning_rate=clip_learning_rate, denominator=denominator,
+                         split=split, key=key)
   denom = check_positive(denominator, "denominator")
-  if not isinstance(split, AdaptiveClipSplit):
-    raise TypeError("split must be an AdaptiveClipSplit (privacy.sensitivity."
-                    f"adaptive_clip_split), got {type(split).__name__}")
-  check_nonnegative(split.count_stddev, "count_stddev")
-  key = check_seed_or_key(key, "key")
-
-  def init_fn(params):
-    del params
-    return AdaptiveClipState(clip_norm=jnp.asarray(c0, jnp.float32),
-                             fraction=jnp.asarray(gamma, jnp.float32), key=key,
-                             count=jnp.zeros((), jnp.int32))
 
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del extra
     n = jax.tree.leaves(updates)[0].shape[0]
     mask = check_user_mask(user_mask, n)
     real = jnp.ones((n,), bool) if mask is None else mask
-    c_t = state.clip_norm
-    clip = clip_and_aggregate(c_t, "mean", denom)
+    clip = clip_and_aggregate(state.clip_norm, "mean", denom)
     mean, _ = clip.update(updates, clip.init(None), user_mask=real)
-    step_key = jax.random.fold_in(state.key, state.count)
-    noise = tree_gaussian_like(jax.random.fold_in(step_key, 0), mean,
-                               adaptive_sum_stage(state, split, denom).std)
-    noisy = add_noise_tree(mean, noise, params)
-    count_noise = split.count_stage().std * jax.random.normal(
-        jax.random.fold_in(step_key, 1), (), jnp.float32)
-    fraction = (_unclipped_centred(updates, c_t, real) + count_noise) / denom + 0.5
-    new_c = c_t * jnp.exp(-eta * (fraction - gamma))
-    return noisy, AdaptiveClipState(clip_norm=new_c.astype(jnp.float32),
-                                    fraction=fraction.astype(jnp.float32), key=state.key,
-                                    count=state.count + 1)
+    return noise.update(mean, state, params,
+                        centred_count=_unclipped_centred(updates, state.clip_norm, real))
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(noise.init, update_fn)

@@ -504,7 +504,7 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
   # the step's noise stage: z on the clipped mean's sensitivity C / D (the accountant doubles
   # it under replace-one); tree and MF noise take the same std per node / coordinate of Z,
   # their events price the strategy's sensitivity
-  adaptive = _adaptive(cfg, z, clip, denominator, level=level, noise=noise)
+  adaptive = adaptive_plan(cfg, z, clip, denominator, level=level, noise=noise)
   stage = (GaussianStage(z, clipped_mean_sensitivity(clip, denominator), "step")
            if adaptive is None else adaptive.split.sum_stage(clip, denominator))
   return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,
@@ -532,11 +532,12 @@ def _reads_lipschitz(cfg: Schema) -> bool:
   return cfg.clip_norm is None or (cfg.clip_norm == ADAPTIVE and cfg.initial_clip_norm is None)
 
 
-def _adaptive(cfg: Schema, z: float, clip: float, denominator: float, *, level: str,
-              noise: str) -> AdaptivePlan | None:
+def adaptive_plan(cfg: Schema, z: float, clip: float, denominator: float, *, level: str,
+                  noise: str) -> AdaptivePlan | None:
   """``clip_norm: adaptive``'s plan, refused (naming why) where it would break the
-  mechanism's sensitivity. The count's default std is the paper's ``D / 20`` (§4), raised to
-  ``z`` when ``D`` is small (then ``z_Delta = 1.15 z``) so that the default never refuses."""
+  mechanism's sensitivity (public: ``flax.DPTrainer``'s Poisson plan takes it too). The
+  count's default std is the paper's ``D / 20`` (§4), raised to ``z`` when ``D`` is small
+  (then ``z_Delta = 1.15 z``) so that the default never refuses."""
   if cfg.clip_norm != ADAPTIVE:
     return None
   if level == "group":
