@@ -79,12 +79,12 @@ def test_bilevel_canary_moves_only_the_outer_release_by_the_sensitivity():
 
 
 def test_claims_are_the_drivers_reports():
-  from dpsco_jax.algorithms.dpsgd import driver as baselines
+  from dpsco_jax.api import solve
   spec = DR.build_driver("dp_sgd_user_full", "zero_out")
   problem = DR.linear_problem(np.asarray(spec.dataset_in["x"]))
-  res = baselines.dp_sgd_user(problem, {"sampling": "full", "relation": "zero_out",
-                                        "num_steps": 2, "delta": DR.DELTA,
-                                        "noise_multiplier": 2.5}, jax.random.key(5))
+  res = solve("dp_sgd_user", {"sampling": "full", "relation": "zero_out", "num_steps": 2,
+                              "delta": DR.DELTA, "noise_multiplier": 2.5}, problem,
+              jax.random.key(5))
   assert spec.claimed_epsilon == pytest.approx(res.privacy.epsilon)
   assert res.privacy.relation == "zero_out" and res.privacy.provenance == "accountant"
 

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from dpsco_jax import problems
+from dpsco_jax import api
+from dpsco_jax.api import solve
 from dpsco_jax.algorithms.dpsgd import driver as baselines
+from dpsco_jax.algorithms.dpsgd.config import SgdSchedule
 from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
                                          sample_users)
 
@@ -33,7 +36,9 @@ def test_noise_off_reaches_known_optimum(lsq, name):
   # noise off is only allowed without an epsilon budget (an epsilon is a budget, never exceeded)
   cfg = dict(BASE, epsilon=None, noise_multiplier=0.0, clip_norm=100.0, sampling="full",
              num_steps=400, learning_rate=4.0)
-  res = getattr(baselines, name)(lsq, cfg, jax.random.key(1))
+  if name == "nonprivate_sgd":   # it reads the schedule's keys only (any other is refused)
+    cfg = {k: v for k, v in cfg.items() if k in SgdSchedule.__dataclass_fields__}
+  res = solve(name, cfg, lsq, jax.random.key(1))
   np.testing.assert_allclose(np.asarray(res.params), w_erm, atol=2e-3)
   # and the ERM minimizer is within the statistical error of the population optimum
   assert lsq.excess_risk(res.params) < 1e-2 * lsq.excess_risk(lsq.init_params())
@@ -46,24 +51,21 @@ def test_excess_risk_falls_as_epsilon_grows(lsq):
   for eps in (0.1, 1.0, 10.0):
     cfg = dict(BASE, epsilon=eps, clip_norm=1.0, epochs=10, averaging="uniform",
                learning_rate=1.0)
-    # seed 0 calibrates the noise multiplier; seed 1 runs with it pinned (the calibration
-    # reads public facts only, so it is the same z; the driver still checks the budget): one
-    # calibration search per epsilon instead of two
-    first = baselines.dp_sgd_user(lsq, cfg, jax.random.key(0))
-    again = baselines.dp_sgd_user(
-        lsq, dict(cfg, noise_multiplier=first.record["noise_multiplier"]), jax.random.key(1))
+    # one plan (one calibration search) per epsilon, run with two seeds
+    plan = api.plan_problem("dp_sgd_user", cfg, lsq)
+    first, again = (api.execute(plan, lsq, jax.random.key(s)) for s in (0, 1))
     risks.append(float(np.mean([lsq.excess_risk(r.params) for r in (first, again)])))
   assert risks[0] > risks[1] > risks[2], risks
 
 
 def test_reports_guarantee_and_group_privacy(lsq):
   cfg = dict(BASE, epsilon=2.0, clip_norm=1.0, epochs=2)
-  res = baselines.dp_sgd_user(lsq, cfg, jax.random.key(0))
+  res = solve("dp_sgd_user", cfg, lsq, jax.random.key(0))
   assert res.privacy.provenance == "accountant" and res.privacy.level == "user"
   assert res.privacy.epsilon == pytest.approx(2.0, rel=1e-3)
   assert res.privacy.delta >= 1e-5 and res.privacy.delta < 1.1e-5
   assert res.debug is None
-  grp = baselines.dp_sgd_group(lsq, cfg, jax.random.key(0))
+  grp = solve("dp_sgd_group", cfg, lsq, jax.random.key(0))
   assert grp.privacy.level == "user" and grp.privacy.epsilon <= 2.0
   assert grp.privacy.epsilon == pytest.approx(2.0, rel=1e-3)
   assert "group privacy" in grp.privacy.notes
@@ -106,4 +108,4 @@ def test_poisson_sampling_capacity_and_truncation():
     (dict(epsilon=1.0, delta=1e-5, sampling="full", relation="adjacent"), "relation")])
 def test_invalid_configs_raise(lsq, cfg, name):
   with pytest.raises((ValueError, TypeError), match=name):
-    baselines.dp_sgd_user(lsq, cfg, jax.random.key(0))
+    solve("dp_sgd_user", cfg, lsq, jax.random.key(0))

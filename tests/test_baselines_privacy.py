@@ -23,6 +23,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, stats
 
 from dpsco_jax import problems
+from dpsco_jax.api import solve
 from dpsco_jax.algorithms.dpsgd import driver as baselines
 from dpsco_jax.algorithms.dpsgd.plan import dp_sgd_plan
 from dpsco_jax.privacy import PrivacyBudgetExceeded
@@ -118,8 +119,8 @@ def test_driver_plan_is_identical_for_d_and_d_minus_one_user(lin):
   for extra in (dict(sampling="poisson", batch_size=4, epochs=2),
                 dict(sampling="full", relation="add_remove", epochs=3)):
     cfg = dict(epsilon=4.0, delta=1e-5, clip_norm=C, learning_rate=0.1, n_users=N, **extra)
-    r1 = baselines.dp_sgd_user(lin, cfg, jax.random.key(0)).record
-    r2 = baselines.dp_sgd_user(small, cfg, jax.random.key(0)).record
+    r1 = solve("dp_sgd_user", cfg, lin, jax.random.key(0)).record
+    r2 = solve("dp_sgd_user", cfg, small, jax.random.key(0)).record
     for field in ("num_steps", "batch_size", "noise_multiplier", "denominator", "noise_std",
                   "sampling_rate"):
       assert r1[field] == r2[field], (extra, field, r1[field], r2[field])
@@ -141,7 +142,7 @@ def test_reported_epsilon_matches_independent_accounting(lin, relation, sampling
   z, steps, delta, batch = 1.5, 10, 1e-5, 4
   cfg = dict(delta=delta, noise_multiplier=z, clip_norm=C, num_steps=steps, learning_rate=0.1, n_users=N,
              sampling=sampling, relation=relation, batch_size=batch)
-  res = baselines.dp_sgd_user(lin, cfg, jax.random.key(0))
+  res = solve("dp_sgd_user", cfg, lin, jax.random.key(0))
   assert res.privacy.relation == relation and res.privacy.provenance == "accountant"
   if sampling == "full":  # T Gaussians compose to one with mu = sqrt(T) * (1 or 2) / z
     mu = math.sqrt(steps) * (2.0 if relation == "replace_one" else 1.0) / z
@@ -164,7 +165,7 @@ def test_group_epsilon_is_the_group_privacy_lift(lin):
   z, steps, delta = 2.0, 10, 1e-5
   cfg = dict(delta=delta, noise_multiplier=z, clip_norm=C, num_steps=steps, learning_rate=0.1, n_users=N,
              sampling="full", epsilon=100.0)
-  res = baselines.dp_sgd_group(lin, cfg, jax.random.key(0))
+  res = solve("dp_sgd_group", cfg, lin, jax.random.key(0))
   eps = res.privacy.epsilon
   assert res.privacy.level == "user" and 0 < eps < 100.0
   mu = math.sqrt(steps) / z  # item-level: T Gaussians of multiplier z
@@ -182,11 +183,11 @@ def test_group_without_finite_lift_reports_inf_or_refuses(lin):
                                                    lin.data), m=M * 16)
   cfg = dict(delta=1e-5, noise_multiplier=0.6, clip_norm=C, num_steps=50, learning_rate=0.1, n_users=N,
              sampling="full")
-  res = baselines.dp_sgd_group(big, cfg, jax.random.key(0))
+  res = solve("dp_sgd_group", cfg, big, jax.random.key(0))
   assert math.isinf(res.privacy.epsilon) and res.privacy.provenance == "accountant"
   assert "no finite epsilon" in res.privacy.notes
   with pytest.raises(PrivacyBudgetExceeded):
-    baselines.dp_sgd_group(big, dict(cfg, epsilon=50.0), jax.random.key(0))
+    solve("dp_sgd_group", dict(cfg, epsilon=50.0), big, jax.random.key(0))
 
 
 # --- (c) budgets and relations ------------------------------------------------------------
@@ -201,9 +202,9 @@ def test_explicit_noise_over_budget_raises_before_release(lin, monkeypatch, name
   cfg = dict(epsilon=1.0, delta=1e-5, noise_multiplier=0.3, clip_norm=C, num_steps=20, n_users=N,
              batch_size=4)
   with pytest.raises(PrivacyBudgetExceeded):
-    getattr(baselines, name)(lin, cfg, jax.random.key(0))
+    solve(name, cfg, lin, jax.random.key(0))
   with pytest.raises(PrivacyBudgetExceeded):  # noise off under a budget
-    getattr(baselines, name)(lin, dict(cfg, noise_multiplier=0.0), jax.random.key(0))
+    solve(name, dict(cfg, noise_multiplier=0.0), lin, jax.random.key(0))
   with pytest.raises(PrivacyBudgetExceeded):
     baselines.dp_sgd_releases(lin, cfg, jax.random.key(0))
 
@@ -211,7 +212,7 @@ def test_explicit_noise_over_budget_raises_before_release(lin, monkeypatch, name
 def test_explicit_noise_without_budget_reports_accountant_epsilon(lin):
   cfg = dict(epsilon=None, delta=1e-5, noise_multiplier=0.8, clip_norm=C, num_steps=5, learning_rate=0.1,
              n_users=N, sampling="full")
-  res = baselines.dp_sgd_user(lin, cfg, jax.random.key(0))
+  res = solve("dp_sgd_user", cfg, lin, jax.random.key(0))
   assert res.privacy.epsilon == pytest.approx(gaussian_epsilon(math.sqrt(5) / 0.8, 1e-5),
                                               rel=1e-2)
   assert res.privacy.relation == "zero_out"
@@ -222,4 +223,4 @@ def test_explicit_noise_without_budget_reports_accountant_epsilon(lin):
 def test_unsupported_relation_raises(lin, extra):
   cfg = dict(epsilon=1.0, delta=1e-5, clip_norm=C, num_steps=5, n_users=N, batch_size=4, **extra)
   with pytest.raises(ValueError, match="relation"):
-    baselines.dp_sgd_user(lin, cfg, jax.random.key(0))
+    solve("dp_sgd_user", cfg, lin, jax.random.key(0))

@@ -10,6 +10,7 @@ import pytest
 
 from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig
 from dpsco_jax import problems
+from dpsco_jax.api import solve
 from dpsco_jax.algorithms.dpsgd import driver as D
 from dpsco_jax.algorithms.dpsgd.plan import dp_sgd_plan, plan_dp_sgd
 from dpsco_jax.privacy import matrix_factorization as mf
@@ -93,8 +94,8 @@ def test_cyclic_slots_visit_every_user_once_per_epoch_in_a_fixed_order():
 
 def test_bands_one_equals_independent_and_noise_off_agrees(lsq):
   key = jax.random.key(4)
-  ind = D.dp_sgd_user(lsq, dict(BASE), key)
-  b1 = D.dp_sgd_user(lsq, dict(BASE, noise_mechanism="banded", bands=1), key)
+  ind = solve("dp_sgd_user", dict(BASE), lsq, key)
+  b1 = solve("dp_sgd_user", dict(BASE, noise_mechanism="banded", bands=1), lsq, key)
   np.testing.assert_allclose(np.asarray(b1.params), np.asarray(ind.params), atol=1e-6)
   assert b1.record["mf_sensitivity"] == pytest.approx(2.0)
   cfg = dict(BASE, noise_mechanism="banded", bands=6, mf_strategy="sqrt")
@@ -121,8 +122,8 @@ def test_released_noise_is_c_inverse_of_iid(lsq):
 
 def test_driver_runs_each_noise_and_reports(lsq):
   for kind in ("independent", "banded", "blt"):
-    res = D.dp_sgd_user(lsq, dict(BASE, noise_mechanism=kind, mf_strategy="sqrt"),
-                        jax.random.key(1))
+    res = solve("dp_sgd_user", dict(BASE, noise_mechanism=kind, mf_strategy="sqrt"), lsq,
+                jax.random.key(1))
     assert np.all(np.isfinite(np.asarray(res.params)))
     assert res.privacy.epsilon == pytest.approx(2.0, rel=1e-3)
     assert res.record["noise_mechanism"] == kind and res.record["participations"] == 4

@@ -10,7 +10,7 @@ import pytest
 from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
 from dpsco_jax.algorithms.user_level_filter.config import PhasedSgdConfig
 from dpsco_jax.config import schema as cs
-from dpsco_jax.algorithms.dpsgd.driver import dp_sgd_user, nonprivate_sgd
+from dpsco_jax.api import solve
 from dpsco_jax.algorithms.user_level_filter import driver as ulf
 from dpsco_jax.problems import make
 
@@ -72,11 +72,11 @@ def test_averaging_is_in_the_record_with_its_default():
   # ~8 s of each run
   cfg = {"epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0, "num_steps": 3, "batch_size": 8,
          "learning_rate": 0.1, "n_users": 40, "noise_multiplier": 1.4}
-  assert dp_sgd_user(prob, cfg, jax.random.key(1)).record["averaging"] == "uniform"
-  last = dp_sgd_user(prob, {**cfg, "averaging": "none"}, jax.random.key(1))
+  assert solve("dp_sgd_user", cfg, prob, jax.random.key(1)).record["averaging"] == "uniform"
+  last = solve("dp_sgd_user", {**cfg, "averaging": "none"}, prob, jax.random.key(1))
   assert last.record["averaging"] == "none"
   sgd = {"num_steps": 3, "batch_size": 8, "learning_rate": 0.1}
-  assert nonprivate_sgd(prob, sgd, jax.random.key(1)).record["averaging"] == "uniform"
+  assert solve("nonprivate_sgd", sgd, prob, jax.random.key(1)).record["averaging"] == "uniform"
 
 
 def test_the_model_and_data_guide_names_averaging_and_the_clip():

@@ -60,6 +60,7 @@ def item_count_driver(relation: str = "add_remove", broken: str | None = None, *
   """``dp_sgd_item`` (Poisson, ``add_remove``) through ``baselines.dp_sgd_releases``; see the
   module docstring. ``broken="measured_m"``: the plan's ``m`` is the dataset's own."""
   from dpsco_jax.algorithms.dpsgd import driver as baselines
+  from dpsco_jax.api import solve
   if relation != "add_remove":
     raise ValueError("relation: the item-count audit is an add_remove one (the relation under "
                      "which the item count is private)")
@@ -69,7 +70,7 @@ def item_count_driver(relation: str = "add_remove", broken: str | None = None, *
          "sampling_rate": sampling_rate, "n_users": users}
   x_in = _items(users, True, 2, dim)
   declared = linear_problem(x_in, radius=1.0)      # m = 2, declared for both sides
-  claim = baselines.dp_sgd_item(declared, cfg, jax.random.key(0)).privacy.epsilon
+  claim = solve("dp_sgd_item", cfg, declared, jax.random.key(0)).privacy.epsilon
   if broken == "measured_m":  # the bug: D' is stored without the empty slot, m measured = 1
     x_out = x_in[:, :1].copy()
   else:

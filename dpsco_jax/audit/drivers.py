@@ -111,6 +111,7 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
   ``Result.privacy.epsilon`` on ``D``. Twins: ``noise_halved`` (every sampling),
   ``realized_count`` (full, add_remove)."""
   from dpsco_jax.algorithms.dpsgd import driver as baselines
+  from dpsco_jax.api import solve
   check_relation(relation)
   sampling = sampling or {"add_remove": "poisson", "zero_out": "full",
                           "replace_one": "fixed"}[relation]
@@ -137,7 +138,7 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
     cfg["batch_size"] = batch_size
   elif relation == "add_remove":
     cfg["n_users"] = users
-  claim = baselines.dp_sgd_user(problem, cfg, jax.random.key(0)).privacy.epsilon
+  claim = solve("dp_sgd_user", cfg, problem, jax.random.key(0)).privacy.epsilon
   run_cfg = dict(cfg, noise_multiplier=z / 2.0) if broken == "noise_halved" else cfg
 
   def release(key, data):

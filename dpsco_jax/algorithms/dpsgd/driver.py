@@ -16,10 +16,12 @@ projected_sgd(learning_rate, R, averaging)``. Relations, what is public, the fix
 ``D`` and the sampling rate are the data-free plan's (:mod:`dpsco_jax.algorithms.dpsgd.plan`): Poisson
 defaults to ``add_remove`` (``q`` and ``D = q * n_users`` from the declared ``n_users``),
 ``full`` to ``zero_out`` (``D = n``, public), ``fixed`` to ``replace_one``. Provenance
-``accountant``. A configured ``epsilon`` is a budget: the ledger is charged before the first
-step, and an explicit ``noise_multiplier`` whose epsilon exceeds it raises
-:class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before anything is released
-(``epsilon: null`` with a ``noise_multiplier`` reports the accountant's epsilon). Poisson
+``accountant``. A configured ``epsilon`` is a budget: the ledger is charged when the plan is
+made, and an explicit ``noise_multiplier`` whose epsilon exceeds it raises
+:class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before anything runs (``epsilon: null`` with
+a ``noise_multiplier`` reports the accountant's epsilon). The registered runners execute the
+plan they are handed (``plan.detail``: a :class:`~.plan.DpSgdPlan`, or ``nonprivate_sgd``'s
+:class:`~.plan.SgdPlan`) and report its guarantee; they plan nothing again. Poisson
 sampling uses a static slot capacity; its truncation probability ``p`` enters delta as
 ``(1 + e^eps) p`` (total-variation argument).
 
@@ -50,7 +52,6 @@ noise, b-min-sep Poisson; see the plan) runs the same chain with batches drawn b
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -59,12 +60,12 @@ import optax
 
 from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig, SgdSchedule
 from dpsco_jax.algorithms.registration import Grid, register
-from dpsco_jax._checks import check_bool, check_choice, check_int, check_positive
-from dpsco_jax.algorithms.common import (hparam, progress_session, run_chain, sampling_setup,
+from dpsco_jax._checks import check_bool
+from dpsco_jax.algorithms.common import (hparam, progress_session, run_chain,
                                          scan_slot_batches)
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
-from dpsco_jax.algorithms.dpsgd.plan import (NONPRIVATE_REPORT, DpSgdPlan, _nonprivate_planner,
-                                             _planner, _rows, charge_dp_sgd, dp_sgd_plan)
+from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, SgdPlan, charge_dp_sgd, dp_sgd_plan,
+                                             dp_sgd_planner, level_rows, nonprivate_planner)
 from dpsco_jax.algorithms.dpsgd.plan import (  # noqa: F401 (re-export)
     dp_sgd_event, group_privacy_targets)
 from dpsco_jax.cache import bounded_cache
@@ -171,14 +172,20 @@ def _cyclic_loop(loss_fn, tx_factory, static: tuple, steps: int, batch: int, per
   return loop
 
 
-def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *,
-             noise: bool = True, keep: bool = False) -> tuple[Any, ...]:
-  """Runs the plan on ``rows`` (call :func:`_charge` first)."""
-  n = jax.tree.leaves(rows)[0].shape[0]
+def _check_declared(plan: DpSgdPlan, n: int, rows: str) -> None:
+  """Under add_remove the declared count is the public bound the plan sized the sampling
+  capacity for: more rows than that are refused, before any step."""
   if plan.relation == "add_remove" and n > plan.n_public:
-    raise ValueError(f"the data has {n} rows, more than the declared n_users allows "
+    raise ValueError(f"the data has {n} {rows}, more than the declared n_users allows "
                      f"({plan.n_public} rows): under add_remove the declared count is the "
                      "public bound the sampling capacity is sized for")
+
+
+def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *,
+             noise: bool = True, keep: bool = False) -> tuple[Any, ...]:
+  """Runs the plan on ``rows`` (its guarantee was charged when it was made)."""
+  n = jax.tree.leaves(rows)[0].shape[0]
+  _check_declared(plan, n, "rows")
   capacity = n if plan.capacity is None else plan.capacity
   # the learning rate is an argument of the jitted scan: a grid sweep traces it (common.hparam)
   hparams = {"clip": plan.clip, "stddev": plan.noise_std if noise else 0.0,
@@ -188,21 +195,17 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
             plan.adaptive.stage_spec(noise) if plan.adaptive is not None
             else ("independent",) if plan.mf is None else plan.mf.stage_spec(), plan.steps)
   progress = None if keep else getattr(problem, "progress", None)
-  if plan.sampling == "cyclic":
+  record = _release_of if keep else None
+  if plan.sampling in ("cyclic", "banded_poisson"):   # batches drawn by this family's loops
     if getattr(problem, "mesh", None) is not None:
-      raise ValueError("sampling='cyclic' does not run on a mesh yet: use one device")
+      raise ValueError(f"sampling={plan.sampling!r} does not run on a mesh yet: use one device")
     with progress_session(progress, plan.steps) as session:
-      loop = _cyclic_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps, plan.batch,
-                          -(-n // plan.batch), _release_of if keep else None, session.report)
-      return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows,
-                  session.tick())
-  if plan.sampling == "banded_poisson":
-    if getattr(problem, "mesh", None) is not None:
-      raise ValueError("sampling='banded_poisson' does not run on a mesh yet: use one device")
-    with progress_session(progress, plan.steps) as session:
-      loop = banded_poisson_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps,
-                                 plan.min_sep, plan.sampling_rate, capacity,
-                                 _release_of if keep else None, session.report)
+      loop = (_cyclic_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps, plan.batch,
+                           -(-n // plan.batch), record, session.report)
+              if plan.sampling == "cyclic" else
+              banded_poisson_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps,
+                                  plan.min_sep, plan.sampling_rate, capacity, record,
+                                  session.report))
       return loop(problem.init_params(), jax.random.fold_in(key, 2), hparams, rows,
                   session.tick())
   return run_chain(problem.loss_fn, rows, problem.init_params(), dp_sgd_chain, hparams,
@@ -210,7 +213,7 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
                    key=jax.random.fold_in(key, 2), sampling=plan.sampling,
                    batch=n if plan.sampling == "full" else plan.batch, capacity=capacity,
                    rate=plan.sampling_rate if plan.sampling == "poisson" else None,
-                   record=_release_of if keep else None, mesh=getattr(problem, "mesh", None),
+                   record=record, mesh=getattr(problem, "mesh", None),
                    progress=progress)
 
 
@@ -225,10 +228,7 @@ def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple
                      f"sampling={plan.sampling!r}")
   data = problem.user_data
   n = data.n_users * (1 if plan.level == "user" else data.max_items_per_user)
-  if plan.relation == "add_remove" and n > plan.n_public:
-    raise ValueError(f"the data has {n} {plan.level} rows, more than the declared count "
-                     f"({plan.n_public}): under add_remove the declared count is the public "
-                     "bound the sampling capacity is sized for")
+  _check_declared(plan, n, f"{plan.level} rows")
   hparams = {"clip": plan.clip, "stddev": plan.noise_std, "lr": plan.lr,
              "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
   return run_chain_host(problem.loss_fn, problem.user_data, problem.init_params(),
@@ -240,16 +240,24 @@ def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple
                         mesh=getattr(problem, "mesh", None))
 
 
-def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Result:
-  plan = dp_sgd_plan(problem, cfg, level=level)
-  report = charge_dp_sgd(plan)
-  if plan.adaptive is not None and getattr(problem, "placement", "device") == "host":
-    raise ValueError("clip_norm: adaptive does not stream rows from the host yet "
-                     "(data_placement='host'): use data_placement='device'")
+def _run(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
+  """Executes a DP-SGD plan (``plan.detail``) on ``problem``'s rows, on the device or streamed
+  from the host, and reports the plan's guarantee."""
+  p: DpSgdPlan = plan.detail
   if getattr(problem, "placement", "device") == "host":
-    params, _ = _execute_host(problem, plan, key)
+    if p.adaptive is not None:
+      raise ValueError("clip_norm: adaptive does not stream rows from the host yet "
+                       "(data_placement='host'): use data_placement='device'")
+    params, _ = _execute_host(problem, p, key)
   else:
-    params, _ = _execute(problem, plan, key, _rows(problem, level, None))
+    params, _ = _execute(problem, p, key, level_rows(problem, p.level, None))
+  grad_evals = int(p.steps * p.batch * (problem.m if p.level == "user" else 1))
+  return Result(params=params, privacy=plan.privacy, gradient_evaluations=grad_evals,
+                record=_record(p))
+
+
+def _record(plan: DpSgdPlan) -> dict:
+  """The run's record: the plan's public numbers (never a clip norm that adapted)."""
   record = {"noise_multiplier": plan.noise_multiplier, "num_steps": plan.steps,
             "batch_size": plan.batch, "denominator": plan.denominator,
             "sampling_rate": plan.sampling_rate, "noise_std": plan.noise_std,
@@ -271,8 +279,7 @@ def _dp_sgd(problem: SCOProblem, cfg: dict, key: jax.Array, level: str) -> Resul
     record.update(clip_norm="adaptive", initial_clip_norm=a.initial_clip_norm,
                   target_quantile=a.target_quantile, clip_learning_rate=a.clip_learning_rate,
                   count_stddev=a.split.count_stddev, sum_noise_multiplier=a.split.sum_multiplier)
-  grad_evals = int(plan.steps * plan.batch * (problem.m if level == "user" else 1))
-  return Result(params=params, privacy=report, gradient_evaluations=grad_evals, record=record)
+  return record
 
 
 def dp_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *, level: str = "user",
@@ -283,13 +290,14 @@ def dp_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *, level: st
   leading ``[steps]`` axis (params-shaped otherwise), exactly as the driver with the same
   ``problem``, ``cfg`` and ``key`` draws them (same sampling and noise keys). ``data``
   (default ``problem.data``, leaves ``[users, m, ...]``) is the dataset under test; the plan
-  is computed as the driver computes it (identical for neighbours under ``add_remove``) and
-  the budget is checked first. ``noise=False`` is a TEST HOOK that returns the noiseless
+  is the planner's, made from ``data``'s rows (identical for neighbours under ``add_remove``),
+  and the budget is checked first. ``noise=False`` is a TEST HOOK that returns the noiseless
   aggregates (sensitivity tests); it is never a release."""
   check_bool(noise, "noise")
   plan = dp_sgd_plan(problem, cfg, level=level, data=data)
   charge_dp_sgd(plan)
-  return _execute(problem, plan, key, _rows(problem, level, data), noise=noise, keep=True)[2]
+  return _execute(problem, plan, key, level_rows(problem, level, data), noise=noise,
+                  keep=True)[2]
 
 
 # every DP-SGD variant clips rows of the batch on each device (algorithms.common.run_chain);
@@ -298,52 +306,40 @@ _TRAITS = dict(paper="baseline", mesh=True, batched=True,
                grid=Grid(frozenset({"learning_rate"}), ("learning_rate",)))
 
 
-@register("dp_sgd_user", legacy=True, config=DpSgdConfig, planner=_planner("user"),
+@register("dp_sgd_user", config=DpSgdConfig, planner=dp_sgd_planner("user"),
           host_streaming=True, distributed=True, **_TRAITS)
-def dp_sgd_user(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
+def dp_sgd_user(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
   """User-level DP-SGD with per-user clipping of the mean gradient (relations: see the plan)."""
-  return _dp_sgd(problem, cfg, key, "user")
+  return _run(plan, problem, key)
 
 
-@register("dp_sgd_item", legacy=True, config=DpSgdConfig, planner=_planner("item"), level="item",
-          reads_m=True, host_streaming=True, distributed=True,
-          **_TRAITS)
-def dp_sgd_item(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
+@register("dp_sgd_item", config=DpSgdConfig, planner=dp_sgd_planner("item"), level="item",
+          reads_m=True, host_streaming=True, distributed=True, **_TRAITS)
+def dp_sgd_item(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
   """Item-level DP-SGD (per-example clipping); its guarantee is item-level only."""
-  return _dp_sgd(problem, cfg, key, "item")
+  return _run(plan, problem, key)
 
 
-# item rows, a user-level guarantee (group privacy over m items): the group size is m, and two
-# numbers are calibrated (the driver re-derives its plan; dpsco_jax.run checks they agree)
-@register("dp_sgd_group", legacy=True, config=DpSgdConfig, planner=_planner("group"), level="item",
+# item rows, a user-level guarantee (group privacy over m items): the group size is m
+@register("dp_sgd_group", config=DpSgdConfig, planner=dp_sgd_planner("group"), level="item",
           item_guarantee=False, reads_m=True, **_TRAITS)
-def dp_sgd_group(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
+def dp_sgd_group(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
   """Item-level DP-SGD lifted to user level (groups of ``m`` items) by group privacy."""
-  return _dp_sgd(problem, cfg, key, "group")
+  return _run(plan, problem, key)
 
 
-@register("nonprivate_sgd", legacy=True, config=SgdSchedule, planner=_nonprivate_planner, **_TRAITS)
-def nonprivate_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
-  """Projected minibatch SGD over users with iterate averaging; no privacy (it may read the
+@register("nonprivate_sgd", config=SgdSchedule, planner=nonprivate_planner, **_TRAITS)
+def nonprivate_sgd(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
+  """Projected minibatch SGD over users with iterate averaging; no privacy (its plan read the
   realized number of users)."""
-  n = problem.n_users
-  cfg = SgdSchedule.of(cfg)       # the schema's defaults (sampling: fixed)
-  sampling, batch, capacity, _ = sampling_setup(dict(cfg, sampling=cfg.sampling), n)
-  if cfg.num_steps is not None:
-    steps = check_int(cfg.num_steps, "num_steps")
-  else:
-    steps = max(1, round(check_positive(cfg.epochs, "epochs") * n / batch))
-  lr = cfg.learning_rate   # the derived default reads L: only when no rate is given
-  lr = check_positive(problem.radius / (problem.lipschitz * math.sqrt(steps)) if lr is None
-                      else lr, "learning_rate")
-  averaging = check_choice(cfg.averaging, "averaging", ("none", "uniform"))
+  p: SgdPlan = plan.detail
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), sgd_chain,
-                        {"lr": hparam(problem, "learning_rate", lr), "radius": problem.radius},
-                        static=(float(batch), averaging),
-                        steps=steps, key=key, sampling=sampling, batch=batch, capacity=capacity,
-                        mesh=getattr(problem, "mesh", None),
+                        {"lr": hparam(problem, "learning_rate", p.lr), "radius": problem.radius},
+                        static=(float(p.batch), p.averaging),
+                        steps=p.steps, key=key, sampling=p.sampling, batch=p.batch,
+                        capacity=p.capacity, mesh=getattr(problem, "mesh", None),
                         progress=getattr(problem, "progress", None))
-  return Result(params=params, privacy=NONPRIVATE_REPORT,
-                gradient_evaluations=int(steps * batch * problem.m),
-                record={"num_steps": steps, "batch_size": batch, "learning_rate": lr,
-                        "averaging": averaging})
+  return Result(params=params, privacy=plan.privacy,
+                gradient_evaluations=int(p.steps * p.batch * problem.m),
+                record={"num_steps": p.steps, "batch_size": p.batch, "learning_rate": p.lr,
+                        "averaging": p.averaging})

@@ -103,9 +103,10 @@ import numpy as np
 from dpsco_jax._checks import (check_choice, check_delta, check_int, check_positive,
                                check_probability)
 from dpsco_jax.algorithms.dpsgd.config import (ADAPTIVE, DEFAULT_CLIP_LEARNING_RATE,
-                                               DEFAULT_TARGET_QUANTILE, DpSgdConfig)
+                                               DEFAULT_TARGET_QUANTILE, DpSgdConfig,
+                                               SgdSchedule)
 from dpsco_jax.algorithms.common import (poisson_capacity, poisson_truncation_probability,
-                                         required_delta)
+                                         required_delta, sampling_setup)
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.config.families import Schema
 from dpsco_jax.config.types import MAX_COUNT
@@ -347,7 +348,7 @@ def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tupl
 
 
 def config_view(cfg: Mapping | Any) -> Schema:
-  """The DP-SGD family's config as its planner and driver read it: the fields of
+  """The DP-SGD family's config as its planner reads it: the fields of
   :class:`~dpsco_jax.algorithms.dpsgd.config.DpSgdConfig` with the schema's defaults (the one
   place they are written), plus the declared ``n_users`` the runner and ``dp.fit`` add.
   Reading any other key raises."""
@@ -406,11 +407,11 @@ def _noise_multiplier(cfg: Schema, make_event: Callable[[float], Any], schedule:
                       level: str, relation: str, delta: float, group_size: int, tv: float
                       ) -> tuple[float, float | None, float | None]:
   """(z, epsilon target or None, item delta target or None). An explicit
-  ``noise_multiplier`` is used as is (the driver checks the budget before any release); else
+  ``noise_multiplier`` is used as is (:func:`charge_dp_sgd` checks the budget); else
   ``z`` is calibrated to the target through the one calibrator on ``make_event`` (the
   schedule's event of ``z``), memoized there on its keyword arguments ``schedule`` of
-  :func:`schedule_event` (a pure function of public numbers: the
-  seeds of a sweep, and a fit's plan and its driver, calibrate once). At group level the item
+  :func:`schedule_event` (a pure function of public numbers: the seeds of a sweep calibrate
+  once). At group level the item
   target is the one whose group lift is the target, with room left for the truncation term
   ``(1 + e^{eps_i}) tv`` that :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds.
   ``cfg``'s epsilon and noise_multiplier were range-checked when it was built."""
@@ -570,7 +571,9 @@ def _item_rows(data: dict) -> dict:
   return jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), data)
 
 
-def _rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
+def level_rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
+  """The rows ``dp_sgd_{level}`` clips: the users of ``data`` (default ``problem.data``), or
+  every item as its own row."""
   data = problem.data if data is None else data
   return data if level == "user" else _item_rows(data)
 
@@ -593,7 +596,7 @@ def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
   check_choice(level, "level", LEVELS)
   per_user = 1 if level == "user" else problem.m
   realized = (problem.n_users * per_user if data is None
-              else jax.tree.leaves(_rows(problem, level, data))[0].shape[0])
+              else jax.tree.leaves(level_rows(problem, level, data))[0].shape[0])
   cfg = config_view(cfg)
   return plan_dp_sgd(cfg, level=level, realized_rows=realized, rows_per_user=per_user,
                      # the derived default clip reads L only when no (initial) clip is given
@@ -652,9 +655,9 @@ def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
                        tv_distance=trunc)
 
 
-def _planner(level: str) -> Callable[[PublicFacts, dict], Planned]:
-  """``dpsco_jax.plan``'s planner of ``dp_sgd_{level}``: the same plan and charge the driver
-  makes, from the public facts alone."""
+def dp_sgd_planner(level: str) -> Callable[[PublicFacts, dict], Planned]:
+  """The registered planner of ``dp_sgd_{level}``: its plan (the ``detail`` its runner
+  executes) and its charge, from the public facts alone (or a built-in problem's)."""
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
     p = dp_sgd_plan(facts, cfg, level=level)
     schedule = {"num_steps": p.steps, "batch_size": p.batch, "sampling": p.sampling,
@@ -664,5 +667,29 @@ def _planner(level: str) -> Callable[[PublicFacts, dict], Planned]:
   return planner
 
 
-def _nonprivate_planner(facts: PublicFacts, cfg: dict) -> Planned:
-  return Planned(NONPRIVATE_REPORT, None, {}, None)
+class SgdPlan(NamedTuple):
+  """``nonprivate_sgd``'s schedule: sampling, rows per step (and slots), steps, step size."""
+  sampling: str
+  batch: int
+  capacity: int
+  steps: int
+  lr: float
+  averaging: str
+
+
+def nonprivate_planner(facts: PublicFacts, cfg: SgdSchedule) -> Planned:
+  """``nonprivate_sgd``'s plan: it may read the realized ``n_users``; ``lipschitz`` only for
+  the default step size ``R / (L sqrt(T))`` (no ``learning_rate`` given)."""
+  n = facts.n_users
+  sampling, batch, capacity, _ = sampling_setup(dict(cfg, sampling=cfg.sampling), n)
+  if cfg.num_steps is not None:
+    steps = check_int(cfg.num_steps, "num_steps")
+  else:
+    steps = max(1, round(check_positive(cfg.epochs, "epochs") * n / batch))
+  lr = check_positive(facts.radius / (facts.lipschitz * math.sqrt(steps))
+                      if cfg.learning_rate is None else cfg.learning_rate, "learning_rate")
+  averaging = check_choice(cfg.averaging, "averaging", ("none", "uniform"))
+  schedule = {"num_steps": steps, "batch_size": batch, "sampling": sampling,
+              "learning_rate": lr}
+  return Planned(NONPRIVATE_REPORT, None, schedule,
+                 SgdPlan(sampling, batch, capacity, steps, lr, averaging))
