@@ -11,6 +11,9 @@
     the candidate epsilon is then the plans' own report. The score is public: the digits'
     held-out users (declared public) or the built-in problem's excess population risk (its
     evaluation draw and planted model, no user).
+(a') ``private_ek16``: the same with E[K] = 4 x the grid's size (16): K = 1, one random
+    candidate, is the logarithmic law's likeliest draw; a larger E[K] tries more candidates
+    for a little more epsilon (it grows with log E[K]), so the candidates get less each.
 (b) ``unaccounted``: what users do today. Every grid point (the same adaptive-clip candidates)
     trained at epsilon 4 on the same users, the best picked by the same score. Each run says
     epsilon 4; the release is the best of them, whose true epsilon is larger: up to the
@@ -60,6 +63,7 @@ if str(ROOT) not in sys.path:   # run as a script: experiments.* imports from th
 import dpsco_jax  # noqa: E402
 from dpsco_jax.data import UserData  # noqa: E402
 from dpsco_jax.privacy import PrivacyLedger  # noqa: E402
+from dpsco_jax.privacy.selection import law_for_grid  # noqa: E402
 from dpsco_jax.result import NonFiniteRelease  # noqa: E402
 from experiments.digits_user_level import t_interval  # noqa: E402
 
@@ -72,8 +76,10 @@ END = "<!-- private_tuning: end -->"
 EPSILON, DELTA = 4.0, 1e-6
 TUNING_SEEDS = (0, 1, 2)
 EVAL_SEEDS = tuple(range(100, 110))
-LAW = {"distribution": "truncated_negative_binomial", "eta": 0.0}   # gamma: E[K] = grid size
-ARMS = ("private", "unaccounted", "fixed_clip")
+LAW = {"distribution": "truncated_negative_binomial", "eta": 0.0}
+#: the private arms: E[K] as a multiple of the grid's size (the law's gamma is set by it)
+PRIVATE_ARMS = {"private": 1, "private_ek16": 4}
+ARMS = (*PRIVATE_ARMS, "unaccounted", "fixed_clip")
 Z_RANGE = (0.1, 100.0)   # the noise multipliers searched (log scale)
 HALVINGS = 16            # z to a factor 1000^(2^-16): 1e-4 relative
 
@@ -161,14 +167,19 @@ def plans(task: Task, inst: Instance, privacy: dict, clip: Any, lrs: tuple) -> l
           for lr in lrs]
 
 
-def candidate_noise(task: Task, inst: Instance, lrs: tuple, halvings: int) -> tuple[float, Any]:
+def law_of(arm: str, lrs: tuple) -> Any:
+  """The private arm's law of K: ``LAW`` with E[K] = ``PRIVATE_ARMS[arm]`` x the grid size."""
+  return law_for_grid(PRIVATE_ARMS[arm] * len(lrs), LAW["distribution"], eta=LAW["eta"])
+
+
+def candidate_noise(task: Task, inst: Instance, lrs: tuple, law: Any,
+                    halvings: int) -> tuple[float, Any]:
   """The smallest noise multiplier z (the largest candidate epsilon) whose training and
   selection total at most ``EPSILON``: ``private_select_cost`` decreases in z, so bisection
   on log z over ``Z_RANGE``. Searching z rather than a target epsilon skips a calibration
   per step. The grid's plans differ only in the step size, so their privacy events are one
   event and the search prices one plan under the grid's law (the same number: the bound is
   the order-wise maximum of equal curves); the returned cost is the whole grid's."""
-  law = dpsco_jax.tuning.selection_law(LAW, len(lrs))
   total = lambda z: dpsco_jax.private_select_cost(
       plans(task, inst, {"noise_multiplier": z}, None, lrs[:1]), law).epsilon
   lo, hi = Z_RANGE
@@ -178,7 +189,7 @@ def candidate_noise(task: Task, inst: Instance, lrs: tuple, halvings: int) -> tu
     mid = math.sqrt(lo * hi)
     lo, hi = (lo, mid) if total(mid) <= EPSILON else (mid, hi)
   grid = plans(task, inst, {"noise_multiplier": hi}, None, lrs)
-  return hi, dpsco_jax.private_select_cost(grid, LAW)
+  return hi, dpsco_jax.private_select_cost(grid, law)
 
 
 def composed_epsilon(grid: list) -> float:
@@ -212,9 +223,10 @@ def run_key(seed: int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed), 1)
 
 
-def arm_private(task: Task, inst: Instance, z: float, lrs: tuple, seed: int) -> dict:
+def arm_private(task: Task, inst: Instance, z: float, lrs: tuple, law: Any,
+                seed: int) -> dict:
   grid = plans(task, inst, {"noise_multiplier": z}, None, lrs)
-  got = dpsco_jax.private_select(grid, LAW, inst.loss, inst.params, inst.data, run_key(seed),
+  got = dpsco_jax.private_select(grid, law, inst.loss, inst.params, inst.data, run_key(seed),
                                  score=inst.score, metric_data="public", rule=task.rule)
   return {"score": got.score, "learning_rate": got.config.learning_rate, "clip_norm": "adaptive",
           "epsilon_reported": float(got.privacy.epsilon)}
@@ -256,37 +268,41 @@ def summary(values: list) -> dict:
 
 
 def measure(task: Task, quick: bool) -> dict:
-  """The three arms on the evaluation seeds, the task's epsilons, its summary rows."""
+  """The arms on the evaluation seeds, the task's epsilons, its summary rows."""
   lrs = task.lr_grid[:2] if quick else task.lr_grid
-  clips = task.clip_grid[:2] if quick else task.clip_grid
+  clips = task.clip_grid[:1] if quick else task.clip_grid
   tuning, evals = (TUNING_SEEDS[:1], EVAL_SEEDS[:2]) if quick else (TUNING_SEEDS, EVAL_SEEDS)
   task = dataclasses.replace(task, instance=functools.lru_cache(maxsize=None)(task.instance))
   probe = task.instance(evals[0])   # plans read public sizes only: one per task
-  z, cost = candidate_noise(task, probe, lrs, 6 if quick else HALVINGS)
+  laws = {a: law_of(a, lrs) for a in PRIVATE_ARMS}
+  found = {a: candidate_noise(task, probe, lrs, law, 6 if quick else HALVINGS)
+           for a, law in laws.items()}
   pick = pick_fixed_clip(task, lrs, clips, tuning)
   records = []
   for seed in evals:
     inst = task.instance(seed)
-    arms = {"private": arm_private(task, inst, z, lrs, seed),
+    arms = {**{a: arm_private(task, inst, found[a][0], lrs, laws[a], seed)
+               for a in PRIVATE_ARMS},
             "unaccounted": arm_unaccounted(task, inst, lrs, seed),
             "fixed_clip": arm_fixed(task, inst, pick, seed)}
     records += [{"task": task.name, "arm": a, "seed": seed, **r} for a, r in arms.items()]
   by_arm = {a: [r["score"] for r in records if r["arm"] == a] for a in ARMS}
-  covers = {"private": cost.epsilon, "unaccounted": composed_epsilon(
+  covers = {**{a: found[a][1].epsilon for a in PRIVATE_ARMS}, "unaccounted": composed_epsilon(
       plans(task, probe, {"epsilon": EPSILON}, None, lrs)), "fixed_clip": EPSILON}
   rows = [{"task": task.name, "arm": a, "metric": task.metric,
            "epsilon_reported": next(r["epsilon_reported"] for r in records if r["arm"] == a),
            "epsilon_covers": covers[a], **summary(by_arm[a])} for a in ARMS]
-  diffs = [{"task": task.name, "pair": f"private - {other}", "metric": task.metric,
+  diffs = [{"task": task.name, "pair": f"{mine} - {other}", "metric": task.metric,
             **summary([None if None in (x, y) else x - y
-                       for x, y in zip(by_arm["private"], by_arm[other])])}
-           for other in ("unaccounted", "fixed_clip")]
+                       for x, y in zip(by_arm[mine], by_arm[other])])}
+           for mine in PRIVATE_ARMS for other in ("unaccounted", "fixed_clip")]
+  selection = {a: {"law": cost.law.describe(), "expected_runs": cost.expected_runs,
+                   "candidate_noise_multiplier": z, "candidate_epsilon": cost.candidate_epsilon,
+                   "selection_epsilon": cost.epsilon, "selection_delta": cost.delta}
+               for a, (z, cost) in found.items()}
   info = {"metric": task.metric, "rule": task.rule, "sizes": task.sizes,
           "dp_sgd_user": task.base, "learning_rates": list(lrs), "clip_norms": list(clips),
-          "initial_clip_norm": task.initial_clip_norm, "candidate_noise_multiplier": z,
-          "candidate_epsilon": cost.candidate_epsilon,
-          "selection_epsilon": cost.epsilon, "selection_delta": cost.delta,
-          "expected_runs": cost.expected_runs, "law": cost.law.describe(),
+          "initial_clip_norm": task.initial_clip_norm, "selection": selection,
           "unaccounted_epsilon_bound": covers["unaccounted"],
           "fixed_clip_pick": {"clip_norm": pick[0], "learning_rate": pick[1]},
           "tuning_seeds": list(tuning), "eval_seeds": list(evals)}
@@ -328,6 +344,7 @@ def _interval(r: dict) -> str:
 
 
 ARM_WORDS = {"private": "(a) private selection, adaptive clip",
+             "private_ek16": "(a') the same, E[K] = 4 x the grid",
              "unaccounted": "(b) unaccounted selection, adaptive clip",
              "fixed_clip": "(c) best fixed clip, picked on tuning seeds"}
 
@@ -350,14 +367,18 @@ def render(record: dict) -> str:
   lines += ["", "| task | paired difference (per seed) | mean [95% CI] |", "|---|---|---|"]
   lines += [f"| {d['task']} | {d['metric']}: {d['pair']} | {_interval(d)} |"
             for d in record["differences"]]
-  lines += ["", "| task | learning rates | E[K] | candidate ε | ε with selection | "
-            "fixed clip picked (clip, rate) |", "|---|---|---|---|---|---|"]
-  for name, t in record["tasks"].items():
-    pick = t["fixed_clip_pick"]
-    lines.append(f"| {name} | {', '.join(f'{v:g}' for v in t['learning_rates'])} | "
-                 f"{_num(t['expected_runs'])} | {_num(t['candidate_epsilon'])} | "
-                 f"{_num(t['selection_epsilon'])} | {pick['clip_norm']:g}, "
-                 f"{pick['learning_rate']:g} |")
+  lines += ["", "| task | selection | E[K] | candidate noise multiplier | candidate ε | "
+            "ε with selection |", "|---|---|---|---|---|---|"]
+  lines += [f"| {name} | {ARM_WORDS[a]} | {_num(c['expected_runs'])} | "
+            f"{_num(c['candidate_noise_multiplier'])} | {_num(c['candidate_epsilon'])} | "
+            f"{_num(c['selection_epsilon'])} |"
+            for name, t in record["tasks"].items() for a, c in t["selection"].items()]
+  lines += ["", "| task | learning rates | clip norms (c) | (c)'s pick: clip, rate |",
+            "|---|---|---|---|"]
+  lines += [f"| {name} | {', '.join(f'{v:g}' for v in t['learning_rates'])} | "
+            f"{', '.join(f'{v:g}' for v in t['clip_norms'])} | "
+            f"{t['fixed_clip_pick']['clip_norm']:g}, {t['fixed_clip_pick']['learning_rate']:g} |"
+            for name, t in record["tasks"].items()]
   return "\n".join(lines + ["", END])
 
 
