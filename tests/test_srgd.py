@@ -18,6 +18,7 @@ from scipy.stats import norm
 
 from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as srgd
+from dpsco_jax.api import solve
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded
 from dpsco_jax.transforms import srg
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
@@ -173,7 +174,7 @@ def test_single_epoch_noise_free_converges_to_the_optimum_faster_than_unaccelera
 def test_algorithms_release_records_and_privacy():
   prob = problems.make("least_squares", n_users=400, m=1, d=3, key=jax.random.key(7))
   for name in ("accelerated_dp_srgd", "single_epoch_dp_sgd"):
-    res = getattr(srgd, name)(prob, {"epsilon": 1.0, "delta": 1e-6}, jax.random.key(1))
+    res = solve(name, {"epsilon": 1.0, "delta": 1e-6}, prob, jax.random.key(1))
     assert res.record["num_steps"] == 20 and res.record["batch_size"] == 20
     assert res.gradient_evaluations == (2 if name == "accelerated_dp_srgd" else 1) * 400
     assert res.privacy.provenance == "accountant"
@@ -181,8 +182,8 @@ def test_algorithms_release_records_and_privacy():
     assert res.privacy.paper_epsilon is not None and res.debug is None
     assert float(tree_l2_norm(res.params)) <= prob.radius * (1 + 1e-5)
   with pytest.raises(PrivacyBudgetExceeded):   # explicit too-small noise: refused up front
-    srgd.accelerated_dp_srgd(prob, {"epsilon": 1.0, "delta": 1e-6, "noise_multiplier": 0.5},
-                             jax.random.key(1))
+    solve("accelerated_dp_srgd", {"epsilon": 1.0, "delta": 1e-6, "noise_multiplier": 0.5},
+          prob, jax.random.key(1))
 
 
 def test_driver_is_vmappable_over_keys_and_noise_changes_with_the_key():
@@ -300,16 +301,16 @@ def test_theory_constrained_reproduces_thm_5_12():
 @pytest.mark.slow
 def test_theory_preset_runs_with_accountant_epsilon_below_target():
   prob = problems.make("least_squares", n_users=2500, m=1, d=3, key=jax.random.key(10))
-  res = srgd.accelerated_dp_srgd(
-      prob, {"epsilon": 1.0, "delta": 1e-7, "preset": "theory", "variant": "constrained"},
-      jax.random.key(0))
+  res = solve("accelerated_dp_srgd",
+              {"epsilon": 1.0, "delta": 1e-7, "preset": "theory", "variant": "constrained"},
+              prob, jax.random.key(0))
   assert res.record["preset"] == "theory" and res.record["num_steps"] == 50
   assert res.privacy.provenance == "accountant" and res.privacy.epsilon < 1.0
   assert res.record["paper_params"]["reference"].startswith("Thm 5.12")
   with pytest.raises(ValueError, match="vacuous"):
-    srgd.accelerated_dp_srgd(
-        prob, {"epsilon": 1.0, "delta": 1e-7, "preset": "theory", "variant": "interior"},
-        jax.random.key(0))
+    solve("accelerated_dp_srgd",
+          {"epsilon": 1.0, "delta": 1e-7, "preset": "theory", "variant": "interior"}, prob,
+          jax.random.key(0))
 
 
 @pytest.mark.parametrize("cfg, name", [
@@ -323,7 +324,8 @@ def test_theory_preset_runs_with_accountant_epsilon_below_target():
 def test_bad_configuration_raises_naming_the_parameter(cfg, name):
   prob = problems.make("least_squares", n_users=100, m=1, d=2, key=jax.random.key(0))
   with pytest.raises(ValueError, match=name):
-    srgd.accelerated_dp_srgd(prob, {"epsilon": 1.0, "delta": 1e-6, **cfg}, jax.random.key(0))
+    solve("accelerated_dp_srgd", {"epsilon": 1.0, "delta": 1e-6, **cfg}, prob,
+          jax.random.key(0))
   with pytest.raises(ValueError, match="noise='independent'"):
     srgd.srgd_privatizer(clip_norm=1.0, batch_size=2, noise_multiplier=1.0, num_steps=2,
                          key=jax.random.key(0), srg=False, noise="tree")

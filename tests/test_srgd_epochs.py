@@ -14,6 +14,7 @@ from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as S
 from dpsco_jax.algorithms.srgd.plan import plan_for_problem
 from dpsco_jax.algorithms.srgd.config import SrgdConfig
+from dpsco_jax.api import solve
 from dpsco_jax.config.types import ConfigError
 from dpsco_jax.privacy import cyclic_participation as cp
 from dpsco_jax.privacy import matrix_factorization as mf
@@ -151,8 +152,8 @@ def test_epochs_one_is_todays_plan_and_params(prob):
     plan0 = plan_for_problem("accelerated_dp_srgd", prob, cfg)
     plan1 = plan_for_problem("accelerated_dp_srgd", prob, dict(cfg, epochs=1))
     assert plan0 == plan1 and plan1.stream_sensitivity is None and plan1.epochs == 1
-    r0 = S.accelerated_dp_srgd(prob, cfg, jax.random.key(3))
-    r1 = S.accelerated_dp_srgd(prob, dict(cfg, epochs=1), jax.random.key(3))
+    r0 = solve("accelerated_dp_srgd", cfg, prob, jax.random.key(3))
+    r1 = solve("accelerated_dp_srgd", dict(cfg, epochs=1), prob, jax.random.key(3))
     assert np.array_equal(np.asarray(r0.params), np.asarray(r1.params))
     np.testing.assert_allclose(np.asarray(r1.params), golden, rtol=1e-5, atol=1e-6)
     assert r1.record == r0.record and "epochs" not in r1.record
@@ -197,7 +198,7 @@ def test_two_epochs_reach_lower_excess_risk_in_the_noiseless_limit():
   risks = {}
   for k in (1, 2):
     cfg = dict(delta=1e-5, noise_multiplier=1e-6, epochs=k, clip_norm=100.0, beta_scale=0.1)
-    res = S.accelerated_dp_srgd(prob, cfg, jax.random.key(2))
+    res = solve("accelerated_dp_srgd", cfg, prob, jax.random.key(2))
     risks[k] = prob.excess_risk(res.params)
     assert res.privacy.epsilon > 1e3   # the noiseless limit, said as such
   assert risks[2] < 0.5 * risks[1], risks

@@ -8,6 +8,7 @@ import pytest
 from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as S
 from dpsco_jax.algorithms.srgd.plan import plan_for_problem
+from dpsco_jax.api import solve
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 
@@ -65,7 +66,7 @@ def test_released_prefix_noise_is_a_c_inverse_z(prob):
 
 def test_driver_runs_and_reports(prob):
   for kind in ("banded", "blt"):
-    res = S.accelerated_dp_srgd(prob, dict(CFG, noise_mechanism=kind), jax.random.key(1))
+    res = solve("accelerated_dp_srgd", dict(CFG, noise_mechanism=kind), prob, jax.random.key(1))
     assert np.all(np.isfinite(np.asarray(res.params)))
     assert res.privacy.epsilon == pytest.approx(1.0, rel=1e-3)
     assert res.record["noise"] == kind and "mf_strategy" in res.record

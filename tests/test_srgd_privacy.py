@@ -22,6 +22,7 @@ from scipy.stats import norm
 from dpsco_jax import problems
 from dpsco_jax.algorithms.srgd import driver as srgd
 from dpsco_jax.algorithms.srgd.plan import plan_for_problem
+from dpsco_jax.api import solve
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 
 NAMES = tuple(srgd.VARIANTS)
@@ -127,8 +128,8 @@ def test_removal_rebatches_the_stream_so_add_remove_is_refused():
     with pytest.raises(ValueError, match="zero_out"):
       srgd.plan_srgd(name, {"relation": "add_remove", "epsilon": 1.0, "delta": 1e-6}, **PUBLIC)
     with pytest.raises(ValueError, match="add_remove"):
-      getattr(srgd, name)(prob, {"relation": "add_remove", "epsilon": 1.0, "delta": 1e-6},
-                          jax.random.key(0))
+      solve(name, {"relation": "add_remove", "epsilon": 1.0, "delta": 1e-6}, prob,
+            jax.random.key(0))
 
 
 def test_the_plan_is_data_free_and_identical_on_neighbours():
@@ -155,8 +156,8 @@ def test_reported_epsilon_matches_an_independent_accountant(relation, dp_relatio
   prob = _problem(100, 2)
   delta = 1e-6
   for name in ("accelerated_dp_srgd", "single_epoch_dp_sgd"):
-    res = getattr(srgd, name)(prob, {"epsilon": 1.0, "delta": delta, "relation": relation},
-                                jax.random.key(1))
+    res = solve(name, {"epsilon": 1.0, "delta": delta, "relation": relation}, prob,
+                jax.random.key(1))
     rec = res.record
     z, T = rec["noise_multiplier"], rec["num_steps"]
     levels = T.bit_length() if name == "accelerated_dp_srgd" else 1
@@ -195,7 +196,7 @@ def test_explicit_noise_above_budget_or_zero_raises_before_release(name):
 
 def test_driver_refuses_zero_noise_with_a_budget_and_reports_explicit_noise():
   prob = _problem(16, 2)
-  run = lambda cfg: srgd.accelerated_dp_srgd(prob, cfg, jax.random.key(0))
+  run = lambda cfg: solve("accelerated_dp_srgd", cfg, prob, jax.random.key(0))
   with pytest.raises(PrivacyBudgetExceeded):
     run({"epsilon": 1.0, "delta": 1e-6, "noise_multiplier": 0.0})
   res = run({"delta": 1e-6, "noise_multiplier": 3.0})                # no budget: reported

@@ -32,8 +32,9 @@ the paper's) and ``replace_one`` (``n`` public: the batches and the denominator 
 same on neighbours, one increment changes by ``C/B`` resp. ``2C/B``); ``add_remove`` is refused
 (removing an example re-batches the rest of the stream). The run is ``mu``-GDP with
 ``mu = sqrt(T.bit_length())/z`` (tree; Lemma 5.6) or ``1/z`` (independent), accounted as one
-``GaussianDpEvent`` by PLD; provenance ``accountant``. A driver plans (no data), spends
-``plan.event`` on a ledger whose budget is ``epsilon``, then runs.
+``GaussianDpEvent`` by PLD; provenance ``accountant``. The planner (no data) spends
+``plan.event`` on a ledger whose budget is ``epsilon``; the registered runner executes that
+plan (``dpsco_jax.Plan.detail``) and reports its guarantee, planning nothing again.
 
 Audit hook: :func:`srgd_releases` returns the per-step privatized releases (noisy prefix sums,
 or noisy increments without the SRG) of a plan on a dataset and key, optionally with a
@@ -56,7 +57,6 @@ steps ``T``), ``batch_size``, ``clip_norm``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -67,15 +67,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax.cache import bounded_cache
-from dpsco_jax._checks import (check_bool, check_choice, check_int, check_nonnegative,
-                               check_positive, check_user_mask)
+from dpsco_jax._checks import (check_bool, check_choice, check_nonnegative, check_positive,
+                               check_user_mask)
 from dpsco_jax.algorithms.common import (ProgressFn, emit_progress, hparam, mesh_users_axis,
                                          progress_session, traced_hparams)
 from dpsco_jax.algorithms.registration import Grid, register
 from dpsco_jax.algorithms.srgd.plan import (ACCOUNTANT, NOISES, SUPPORTED_RELATIONS, VARIANTS,
-                                            SRGDPlan, charge, config_view, paper_epsilon,
-                                            plan_for_problem, plan_srgd, privacy_report,
-                                            resolve_relation, srgd_planner)
+                                            SRGDPlan, paper_epsilon, plan_srgd, scan_settings,
+                                            srgd_planner)
 from dpsco_jax.algorithms.srgd.presets import (PRESETS, SRGDParams, interior_c_dp,
                                                practical_params, theory_params)
 from dpsco_jax.grads import per_user_grads
@@ -84,8 +83,8 @@ from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import (aggregate, aggregation_sensitivity, clip_per_user,
                                            tree_global_norms)
 from dpsco_jax.transforms.noise import add_gaussian_noise
-from dpsco_jax.transforms.srg import (accelerated_projected_step, check_z_scale,
-                                      scale_by_srg_weight, srg_differences)
+from dpsco_jax.transforms.srg import (accelerated_projected_step, scale_by_srg_weight,
+                                      srg_differences)
 from dpsco_jax.transforms.steps import projected_sgd, released_params
 from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 from dpsco_jax.transforms.tree_noise import TreePrefixNoiseState, prefix_sum_noise
@@ -93,8 +92,8 @@ from dpsco_jax.transforms.tree_noise import TreePrefixNoiseState, prefix_sum_noi
 PyTree = Any
 __all__ = ["accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
            "accelerated_dp_sgd", "single_epoch_dp_sgd", "PRESETS", "SUPPORTED_RELATIONS", "SRGDParams",
-           "SRGDPlan", "interior_c_dp", "paper_epsilon", "plan_for_problem", "plan_srgd",
-           "practical_params", "resolve_relation", "run_plan", "run_srgd", "single_epoch_batches",
+           "SRGDPlan", "interior_c_dp", "paper_epsilon", "plan_srgd", "practical_params",
+           "run_plan", "run_srgd", "single_epoch_batches",
            "srgd_chain", "srgd_privatizer", "srgd_releases", "srgd_stepper", "theory_params",
            "ACCOUNTANT"]   # re-exported from .plan (the audits read it here)
 
@@ -224,21 +223,15 @@ def _batches_on_mesh(data: PyTree, mask: jax.Array, num_steps: int, batch_size: 
   return batches, masks, NamedSharding(mesh, PartitionSpec(axis))
 
 
-def _make_runner(loss_fn: Callable, settings: tuple,
-                 users: NamedSharding | None = None, report: int | None = None) -> Callable:
-  """The jitted scan over ``T`` steps. ``users``: the batches come placed by
-  :func:`_batches_on_mesh` and each step's examples stay sharded that way. With ``epochs >
-  1`` the ``P = T / epochs`` batches are kept once and step ``t`` reads batch ``t mod P`` (a
-  dynamic index: O(data) memory, not O(epochs data)). ``report``: a progress session's (the
-  runner then takes its ``tick``; ``None``: the program without progress)."""
-  # positional, so that the one cache keys every spelling of a call on the same four values
-  return _compiled_runner(loss_fn, settings, users, report)
-
-
 @bounded_cache()
 def _compiled_runner(loss_fn: Callable, settings: tuple, users: NamedSharding | None,
                      report: int | None) -> Callable:
-  """:func:`_make_runner`'s program, memoized on ``(loss_fn, settings, users, report)``."""
+  """The jitted scan over ``T`` steps, memoized on ``(loss_fn, settings, users, report)``.
+  ``users``: the batches come placed by :func:`_batches_on_mesh` and each step's examples
+  stay sharded that way. With ``epochs > 1`` the ``P = T / epochs`` batches are kept once and
+  step ``t`` reads batch ``t mod P`` (a dynamic index: O(data) memory, not O(epochs data)).
+  ``report``: a progress session's (the runner then takes its ``tick``; ``None``: the program
+  without progress). Callers pass all four positionally: one cache key per program."""
   s = dict(settings)
   T, B, k = s["num_steps"], s["batch_size"], s["epochs"]
   P = T // k
@@ -291,27 +284,6 @@ def _compiled_runner(loss_fn: Callable, settings: tuple, users: NamedSharding | 
   return jax.jit(run)
 
 
-def _settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radius, srg, noise,
-              accelerated, z_scale, learning_rate, averaging, debug, releases=False,
-              mf: tuple = (), epochs: int = 1) -> tuple:
-  if check_int(num_steps, "num_steps") % check_int(epochs, "epochs"):
-    raise ValueError(f"num_steps={num_steps} is not a whole number of epochs={epochs}")
-  check_int(batch_size, "batch_size")
-  check_positive(beta, "beta")
-  check_positive(clip_norm, "clip_norm")
-  check_nonnegative(noise_multiplier, "noise_multiplier")
-  check_z_scale(z_scale)
-  check_choice(noise, "noise", NOISES)
-  return tuple(sorted(dict(mf=tuple(mf),
-      num_steps=int(num_steps), batch_size=int(batch_size), beta=float(beta),
-      clip_norm=float(clip_norm), noise_multiplier=float(noise_multiplier),
-      radius=None if radius is None else float(radius), srg=check_bool(srg, "srg"),
-      noise=noise, accelerated=check_bool(accelerated, "accelerated"), z_scale=float(z_scale),
-      learning_rate=None if learning_rate is None else float(learning_rate),
-      averaging=averaging, debug=check_bool(debug, "debug"), releases=releases,
-      epochs=int(epochs)).items()))
-
-
 def _mask_for(data: PyTree, user_mask: Any) -> jax.Array:
   n = jax.tree.leaves(data)[0].shape[0]
   if user_mask is None:
@@ -335,37 +307,32 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
   projected-SGD output; ``diagnostics`` is empty unless ``debug``. Compiled runners are cached
   per (loss_fn, settings); ``key`` and the data are traced (vmap-able over keys).
   """
-  settings = _settings(num_steps=num_steps, batch_size=batch_size, beta=beta,
-                       clip_norm=clip_norm, noise_multiplier=noise_multiplier, radius=radius,
-                       srg=srg, noise=noise, accelerated=accelerated, z_scale=z_scale,
-                       learning_rate=learning_rate, averaging=averaging, debug=debug, mf=mf,
-                       epochs=epochs)
-  return _make_runner(loss_fn, settings)(data, params0, key, _mask_for(data, user_mask), None)
+  settings = scan_settings(num_steps=num_steps, batch_size=batch_size, beta=beta,
+                           clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                           radius=radius, srg=srg, noise=noise, accelerated=accelerated,
+                           z_scale=z_scale, learning_rate=learning_rate, averaging=averaging,
+                           debug=debug, mf=mf, epochs=epochs)
+  return _compiled_runner(loss_fn, settings, None, None)(data, params0, key,
+                                                       _mask_for(data, user_mask), None)
 
 
-def _plan_settings(plan: SRGDPlan, *, noise_multiplier: float, debug: bool,
-                   releases: bool) -> tuple:
-  prm = plan.params
-  return _settings(num_steps=prm.num_steps, batch_size=prm.batch_size, beta=prm.beta,
-                   clip_norm=prm.clip_norm, noise_multiplier=noise_multiplier,
-                   radius=plan.radius, srg=plan.srg, noise=plan.noise,
-                   accelerated=plan.accelerated, z_scale=plan.z_scale,
-                   learning_rate=plan.learning_rate, averaging=plan.averaging, debug=debug,
-                   releases=releases, mf=plan.mf, epochs=plan.epochs)
+def _run_settings(plan: SRGDPlan, **run) -> tuple:
+  """The plan's scan settings with this run's own knobs (``debug``, ``releases``, a muted
+  noise), in the sorted form the one cache keys on."""
+  return tuple(sorted({**dict(plan.settings), **run}.items()))
 
 
 def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
              key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False,
              mesh: Mesh | None = None, hparams: dict | None = None,
              progress: ProgressFn | None = None) -> tuple[PyTree, PyTree, dict]:
-  """Executes ``plan`` (see :func:`run_srgd`); the caller spends ``plan.event`` first.
+  """Executes ``plan`` (see :func:`run_srgd`), whose ``event`` its planner charged.
   ``mesh``: each batch's examples are sharded over its ``"users"`` axis
   (:func:`_batches_on_mesh`); the key, hence the noise, is the one-device run's.
   ``hparams``: ``{"beta", "learning_rate"}`` of the stepper as (traced) arguments of the
   compiled scan instead of constants (:func:`_step_hparams`: a grid sweep). ``progress``:
   reports of the steps done (:func:`~dpsco_jax.algorithms.common.progress_session`)."""
-  settings = _plan_settings(plan, noise_multiplier=plan.params.noise_multiplier, debug=debug,
-                            releases=False)
+  settings = _run_settings(plan, debug=check_bool(debug, "debug"))
   mask = _mask_for(data, user_mask)
   users = None
   if hparams is not None:
@@ -377,7 +344,7 @@ def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
     data, mask, users = _batches_on_mesh(data, mask, plan.params.period,
                                          plan.params.batch_size, mesh)
   with progress_session(progress, plan.params.num_steps) as session:
-    runner = _make_runner(loss_fn, settings, users, session.report)
+    runner = _compiled_runner(loss_fn, settings, users, session.report)
     return runner(data, params0, key, mask, None, hparams, session.tick())
 
 
@@ -400,9 +367,9 @@ def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTr
   (adaptivity is covered by the GDP argument). Nothing is charged to any ledger here.
   """
   z = plan.params.noise_multiplier if check_bool(add_noise, "add_noise") else 0.0
-  settings = _plan_settings(plan, noise_multiplier=z, debug=False, releases=True)
-  _, _, outs = _make_runner(loss_fn, settings)(data, params0, key, _mask_for(data, user_mask),
-                                               points)
+  settings = _run_settings(plan, noise_multiplier=float(z), releases=True)
+  _, _, outs = _compiled_runner(loss_fn, settings, None, None)(
+      data, params0, key, _mask_for(data, user_mask), points)
   return outs
 
 
@@ -419,15 +386,8 @@ def _step_hparams(plan: SRGDPlan, problem) -> dict | None:
           "learning_rate": hparam(problem, "learning_rate", lr)}
 
 
-def _run_named(name: str, problem, cfg: Mapping | Any, key: jax.Array) -> Result:
-  cfg = config_view(cfg)
-  debug = check_bool(cfg.get("debug", False), "debug")
-  plan = plan_for_problem(name, problem, cfg)      # no data touched; budget checked
-  ledger = charge(plan)                            # before anything is released
-  released, _, diags = run_plan(plan, problem.loss_fn, problem.data, problem.init_params(),
-                                key, debug=debug, mesh=getattr(problem, "mesh", None),
-                                hparams=_step_hparams(plan, problem),
-                                progress=getattr(problem, "progress", None))
+def _record(plan: SRGDPlan) -> dict:
+  """The run's public record: the plan's schedule and noise (no data)."""
   prm = plan.params
   record = dict(num_steps=prm.num_steps, batch_size=prm.batch_size,
                 examples_used=prm.period * prm.batch_size, beta=prm.beta,
@@ -442,11 +402,7 @@ def _run_named(name: str, problem, cfg: Mapping | Any, key: jax.Array) -> Result
                   stream_sensitivity=plan.stream_sensitivity)
   if prm.paper is not None:
     record["paper_params"] = prm.paper
-  debug_out = {k: np.asarray(v).tolist() for k, v in diags.items()} if debug else None
-  return Result(params=released,
-                privacy=privacy_report(plan, ledger, problem.m),
-                gradient_evaluations=(2 if plan.srg else 1) * prm.num_steps * prm.batch_size
-                * int(problem.m), record=record, debug=debug_out)
+  return record
 
 
 # ----------------------------------------------------------------------------- the drivers
@@ -458,15 +414,26 @@ _STEP_GRID = Grid(frozenset({"learning_rate", "beta", "beta_scale"}), ("beta", "
 
 
 def _algorithm(name: str) -> Callable:
-  def fn(problem, cfg: dict, key: jax.Array) -> Result:
-    return _run_named(name, problem, cfg, key)
+  def fn(plan: Any, problem, key: jax.Array) -> Result:
+    # plan: a dpsco_jax.Plan whose detail is this name's SRGDPlan; its guarantee was charged
+    # when it was made, so the run executes it and reports plan.privacy
+    p: SRGDPlan = plan.detail
+    debug = bool(plan.config.debug)
+    released, _, diags = run_plan(p, problem.loss_fn, problem.data, problem.init_params(),
+                                  key, debug=debug, mesh=getattr(problem, "mesh", None),
+                                  hparams=_step_hparams(p, problem),
+                                  progress=getattr(problem, "progress", None))
+    debug_out = {k: np.asarray(v).tolist() for k, v in diags.items()} if debug else None
+    return Result(params=released, privacy=plan.privacy,
+                  gradient_evaluations=(2 if p.srg else 1) * p.params.num_steps
+                  * p.params.batch_size * int(problem.m), record=_record(p), debug=debug_out)
   fn.__name__ = fn.__qualname__ = name
   srg, noise, acc = VARIANTS[name]
-  fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): "
-                "relations zero_out (default) / replace_one; see dpsco_jax.algorithms.srgd.driver.")
-  return register(name, legacy=True, config=SrgdConfig, paper="003", planner=srgd_planner(name),
-                  # users sharded over the mesh's "users" axis (_batches_on_mesh); the plan's
-                  # z is the one the driver would calibrate
+  fn.__doc__ = (f"{name} (paper 003; srg={srg}, noise={noise!r}, accelerated={acc}): runs "
+                "its plan (dpsco_jax.Plan); relations zero_out (default) / replace_one; see "
+                "dpsco_jax.algorithms.srgd.driver.")
+  return register(name, config=SrgdConfig, paper="003", planner=srgd_planner(name),
+                  # users sharded over the mesh's "users" axis (_batches_on_mesh)
                   mesh=True, batched=True, grid=_STEP_GRID)(fn)
 
 

@@ -3,11 +3,11 @@
 :func:`plan_srgd` maps a config and the *public* facts of a problem (``n``, ``p``, ``L``,
 ``M``, ``R``) to an :class:`SRGDPlan`: the schedule ``(T, B)``, ``beta``, the clip ``C``, the
 noise multiplier ``z``, the per-increment sensitivity and the one privacy event of the whole
-single-epoch run. Running (``srgd.run_srgd`` / ``srgd.srgd_releases``) executes the plan and
-nothing else; the driver spends ``plan.event`` on a budgeted ledger before anything is
-released. :func:`plan_for_problem` reads the public facts off a problem, :func:`charge` and
-:func:`privacy_report` are that ledger and the run's guarantee, and the planners
-:func:`dpsco_jax.plan` calls (registered by :mod:`.driver`) return both.
+single-epoch run, and the compiled scan's static ``settings``. The registered runners
+(:mod:`.driver`) execute the plan and nothing else: they neither plan, calibrate nor charge.
+:func:`plan_for_problem` reads the public facts off a problem; the planners
+:func:`dpsco_jax.plan` calls (:func:`srgd_planner`) spend ``plan.event`` on a budgeted ledger
+(:func:`charge`) and return its guarantee (:func:`privacy_report`), which the run reports.
 
 Neighbouring relations (:mod:`dpsco_jax.privacy.relations`):
 
@@ -72,11 +72,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import dp_accounting
 import numpy as np
 
 from dpsco_jax.algorithms.srgd.config import SrgdConfig
-from dpsco_jax._checks import (check_choice, check_epsilon, check_int,
+from dpsco_jax._checks import (check_bool, check_choice, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.registration import Planned
@@ -136,6 +135,7 @@ class SRGDPlan:
   mf_source: str = ""
   epochs: int = 1
   stream_sensitivity: float | None = None  # epochs > 1: exact ||C 1_pattern|| (units C/B)
+  settings: tuple = ()      # the compiled scan's static numbers (scan_settings), debug off
 
   @property
   def private(self) -> bool:
@@ -284,6 +284,29 @@ def _noise_multiplier(cfg: Schema, prm: SRGDParams, epsilon: float | None, delta
   return _calibrate(epsilon, delta, prm.num_steps, mechanism, relation, sens, stream)
 
 
+def scan_settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radius, srg,
+                  noise, accelerated, z_scale, learning_rate, averaging, debug=False,
+                  releases=False, mf: tuple = (), epochs: int = 1) -> tuple:
+  """The static numbers of the compiled scan (``srgd.driver``), checked, as the sorted tuple
+  its one cache keys on: a plan's (:attr:`SRGDPlan.settings`) or ``run_srgd``'s own."""
+  if check_int(num_steps, "num_steps") % check_int(epochs, "epochs"):
+    raise ValueError(f"num_steps={num_steps} is not a whole number of epochs={epochs}")
+  check_int(batch_size, "batch_size")
+  check_positive(beta, "beta")
+  check_positive(clip_norm, "clip_norm")
+  check_nonnegative(noise_multiplier, "noise_multiplier")
+  check_z_scale(z_scale)
+  check_choice(noise, "noise", NOISES)
+  return tuple(sorted(dict(mf=tuple(mf),
+      num_steps=int(num_steps), batch_size=int(batch_size), beta=float(beta),
+      clip_norm=float(clip_norm), noise_multiplier=float(noise_multiplier),
+      radius=None if radius is None else float(radius), srg=check_bool(srg, "srg"),
+      noise=noise, accelerated=check_bool(accelerated, "accelerated"), z_scale=float(z_scale),
+      learning_rate=None if learning_rate is None else float(learning_rate),
+      averaging=averaging, debug=check_bool(debug, "debug"), releases=releases,
+      epochs=int(epochs)).items()))
+
+
 def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float, smoothness: float,
               radius: float | None) -> SRGDPlan:
   """The plan of driver ``name`` from ``cfg`` and public facts only (no data).
@@ -350,17 +373,19 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
     label += (f"; {epochs} epochs of {prm.period} steps in one fixed public order, each "
               f"example in {epochs} increments {prm.period} apart: exact stream sensitivity "
               f"{stream:.4g} x C/B")
+  step = dict(radius=radius, z_scale=check_z_scale(cfg.z_scale),
+              learning_rate=None if lr is None else check_positive(lr, "learning_rate"),
+              averaging=check_choice(cfg.averaging, "averaging", AVERAGING))
+  settings = scan_settings(num_steps=T, batch_size=B, beta=prm.beta, clip_norm=C,
+                           noise_multiplier=z, srg=srg, noise=noise, accelerated=accelerated,
+                           mf=spec, epochs=epochs, **step)
   return SRGDPlan(name=name, relation=relation, epsilon=epsilon, delta=delta,
                   params=dataclasses.replace(prm, noise_multiplier=z), srg=srg, noise=noise,
                   accelerated=accelerated, levels=levels,
                   stage=GaussianStage(z, clipped_mean_sensitivity(C, B), "increment"),
-                  event=event,
-                  label=label, public=PUBLIC[relation], radius=radius,
-                  z_scale=check_z_scale(cfg.z_scale),
-                  learning_rate=None if lr is None else check_positive(lr, "learning_rate"),
-                  averaging=check_choice(cfg.averaging, "averaging", AVERAGING),
-                  mf=spec, mf_sensitivity=sens, mf_source=source, epochs=epochs,
-                  stream_sensitivity=stream)
+                  event=event, label=label, public=PUBLIC[relation], mf=spec,
+                  mf_sensitivity=sens, mf_source=source, epochs=epochs,
+                  stream_sensitivity=stream, settings=settings, **step)
 
 
 def paper_epsilon(plan: SRGDPlan) -> float | None:
@@ -440,7 +465,8 @@ def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> Privacy
 
 
 def srgd_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
-  """``dpsco_jax.plan``'s planner of ``name``: the driver's plan and charge, on public facts."""
+  """``dpsco_jax.plan``'s planner of ``name``: the plan (its ``detail``, what the registered
+  runner executes), charged and reported, on public facts."""
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
     p = plan_for_problem(name, facts, cfg)
     prm = p.params
