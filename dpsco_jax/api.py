@@ -289,14 +289,14 @@ def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
   cfg = algorithm_config(algorithm, config)
   spec = DataSpec(int(problem.n_users), int(problem.m))   # built: nothing measured
   if entry.planner is None:   # planned by its driver (its report is checked against nothing)
-    return Plan(entry.name, cfg, spec, _constants_of(problem), None, None, {},
+    return Plan(entry.name, cfg, spec, constants_of(problem), None, None, {},
                 int(problem.d), None)
   privacy, z, schedule, detail = entry.planner(problem, cfg)
-  return Plan(entry.name, cfg, spec, _constants_of(problem), privacy, z, schedule,
+  return Plan(entry.name, cfg, spec, constants_of(problem), privacy, z, schedule,
               int(problem.d), detail)
 
 
-def _constants_of(problem: Any) -> ProblemConstants:
+def constants_of(problem: Any) -> ProblemConstants:
   """The constants a built-in problem holds (those it has and that are positive numbers)."""
   found = {}
   for name in ("lipschitz", "smoothness", "radius", "strong_convexity"):

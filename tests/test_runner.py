@@ -110,18 +110,30 @@ def test_empty_sweep_and_typo_suggestion():
 
 def test_sweep_survives_a_failed_run_and_cli_exits_nonzero(tmp_path):
   cfg = tmp_path / "bad.yaml"
-  # the second experiment fails inside its driver (batch larger than n); the first completes
+  # the second experiment fails while it runs (its steps diverge: the released params are not
+  # finite); the first completes. (A batch larger than n is refused before any run: below.)
   cfg.write_text(
       f"problem: least_squares\nn_users: 20\nm: 2\nd: 3\nseed: 0\n{STEPS}: 3\n"
       f"experiments:\n  - {{algorithm: nonprivate_sgd, {BATCH}: 5}}\n"
-      f"  - {{algorithm: nonprivate_sgd, {BATCH}: 50}}\n")
+      f"  - {{algorithm: nonprivate_sgd, {BATCH}: 5, learning_rate: 1.0e+38, radius: 1.0e+30}}\n")
   out = tmp_path / "res.json"
   proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
                          "--quiet"], capture_output=True, text=True, timeout=600)
   assert proc.returncode == 1, proc.stderr[-2000:]
   records = json.loads(out.read_text())["results"]
   assert [r["status"] for r in records] == ["ok", "failed"]
-  assert BATCH in records[1]["error"] and "FAILED" in proc.stdout
+  assert "not finite" in records[1]["error"] and "FAILED" in proc.stdout
+  # a plan the config makes impossible is the config's error: exit 2, one line, nothing run
+  cfg.write_text(
+      f"problem: least_squares\nn_users: 20\nm: 2\nd: 3\nseed: 0\n{STEPS}: 3\n"
+      f"experiments:\n  - {{algorithm: nonprivate_sgd, {BATCH}: 5}}\n"
+      f"  - {{algorithm: nonprivate_sgd, {BATCH}: 50}}\n")
+  out.unlink()
+  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
+                         "--quiet"], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2 and not out.exists(), proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      "dpsco: error: nonprivate_sgd: batch_size (50) must be <= n_users (20)"]
 
 
 def test_cli_user_error_is_one_line(tmp_path):

@@ -200,15 +200,33 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
   return out if label is None else {**out, "label": label}
 
 
+class Runs(list):
+  """Run configs validated before any run (:func:`_validated`), with the plan of every row of
+  a planned algorithm on a built-in problem (``plans``, by :func:`row_key`): what
+  :func:`execute` runs without validating or planning them again."""
+
+  def __init__(self, runs: list[dict], plans: dict | None = None):
+    super().__init__(runs)
+    self.plans = {} if plans is None else plans
+
+
+def row_key(cfg: dict) -> str:
+  """The key of a run's row: everything but its seed (the seeds of a row share one plan)."""
+  return repr(sorted((k, repr(v)) for k, v in cfg.items() if k != "seed"))
+
+
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None,
             on_progress: Callable | None = None, mesh: jax.sharding.Mesh | None = None,
-            driver_key: jax.Array | None = None) -> dict:
-  """Validates one run config (:func:`dpsco_jax.config.schema.validate`), runs it and returns
-  its record. ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem
-  run (steps done, epsilon so far). ``mesh``: the users mesh of the ``devices`` key
-  (:mod:`dpsco_jax.runner.mesh`). ``driver_key``: the training key instead of the seed's (a
-  private selection's candidates train on the seed's users with keys of their own)."""
-  cfg = _checked(cfg, algorithms, problems)
+            driver_key: jax.Array | None = None, plan: Any = None,
+            checked: bool = False) -> dict:
+  """Validates one run config (:func:`dpsco_jax.config.schema.validate`; not again when
+  ``checked``), runs it and returns its record. ``on_progress``: a
+  :class:`dpsco_jax.api.Progress` callback of a user-problem run (steps done, epsilon so
+  far). ``mesh``: the users mesh of the ``devices`` key (:mod:`dpsco_jax.runner.mesh`).
+  ``driver_key``: the training key instead of the seed's (a private selection's candidates
+  train on the seed's users with keys of their own). ``plan``: the row's plan, made when the
+  sweep was validated (else it is made here)."""
+  cfg = dict(cfg) if checked else _checked(cfg, algorithms, problems)
   label = cfg.pop("label", None)
   problem_key, seed_key = runner_batch.run_keys(cfg.get("seed", 0))
   driver_key = seed_key if driver_key is None else driver_key
@@ -222,23 +240,23 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
       raise ConfigError(f"{cfg['algorithm']} trains an nnx model of a user problem; this "
                         f"problem ({type(problem).__name__}) has none")
     record = _registered_record(runner_mesh.on_mesh(problem, mesh), cfg, driver_key,
-                                algorithms)
+                                algorithms, plan)
   if mesh is not None:
     record["devices"] = int(mesh.size)
   return _finish(record, cfg, label)
 
 
-def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict) -> dict:
+def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict,
+                       plan: Any = None) -> dict:
   """A registered algorithm on a problem object with a known optimum (``key``: the driver's):
-  its record. It runs as the API runs it: its data-free plan
-  (:func:`dpsco_jax.api.plan_problem`, one calibration), then that plan executed by the
-  registered ``run(plan, problem, key)`` (``algorithms``: the table of runners, a test's
-  stand-in included)."""
+  its record. It runs as the API runs it: its data-free plan (``plan``, made when the sweep
+  was validated, if it was made for this problem's public facts; else
+  :func:`dpsco_jax.api.plan_problem` now), then that plan executed by the registered
+  ``run(plan, problem, key)`` (``algorithms``: the table of runners, a test's stand-in
+  included)."""
   from dpsco_jax import api
   start = time.perf_counter()
-  # the run's config holds the runner's and the problem's keys too: the schema's fields only
-  typed = api.algorithms()[cfg["algorithm"]].config.of(cfg)
-  p = api.plan_problem(cfg["algorithm"], typed, problem)
+  p = plan if plan is not None and _planned_for(plan, problem) else _plan_row(cfg, problem)
   p.check_unchanged()
   result = api.check_spent(p, algorithms[cfg["algorithm"]](p, problem, key))
   jax.block_until_ready(result.params)
@@ -262,6 +280,23 @@ def _progress(i: int, total: int, cfg: dict, t0: float, step=None, batch: int = 
   sys.stderr.flush()
 
 
+def _plan_row(cfg: dict, problem: Any) -> Any:
+  """The data-free plan of a run's row on a built-in problem (the config's algorithm fields
+  only: the run's config also holds the runner's and the problem's keys)."""
+  from dpsco_jax import api
+  return api.plan_problem(cfg["algorithm"], api.algorithms()[cfg["algorithm"]].config.of(cfg),
+                          problem)
+
+
+def _planned_for(plan: Any, problem: Any) -> bool:
+  """Whether ``plan`` was made for ``problem``'s public facts (sizes and constants): a row's
+  plan serves every seed whose problem has the same facts."""
+  from dpsco_jax import api
+  return ((plan.spec.n_users, plan.spec.max_items_per_user, plan.num_params)
+          == (int(problem.n_users), int(problem.m), int(problem.d))
+          and api.constants_of(problem) == plan.constants)
+
+
 def _failed_record(cfg: dict, err: Exception) -> dict:
   # target_epsilon as in an ok record, so a failed run is counted in its own row
   record = {"algorithm": cfg.get("algorithm"), "problem": cfg.get("problem"),
@@ -274,11 +309,17 @@ def _failed_record(cfg: dict, err: Exception) -> dict:
   return _jsonable(record)
 
 
-def _batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict
-                   ) -> tuple[list[dict] | None, str | None]:
+def _batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict,
+                   plans: dict | None = None) -> tuple[list[dict] | None, str | None]:
   """:func:`dpsco_jax.runner.batch.batch_records` with this module's validator (looked up at
-  call time, so a test may replace ``_checked``)."""
-  return runner_batch.batch_records(cfgs, algorithms, problems, cache, checked=_checked)
+  call time, so a test may replace ``_checked``; none for a :class:`Runs`' configs, validated
+  already) and the rows' plans (``plans``: a :class:`Runs`' own; else planned here)."""
+  def plan_row(cfg: dict, problem: Any) -> Any:
+    p = None if plans is None else plans.get(row_key(cfg))
+    return p if p is not None and _planned_for(p, problem) else _plan_row(cfg, problem)
+  return runner_batch.batch_records(cfgs, algorithms, problems, cache,
+                                    checked=_checked if plans is None else None,
+                                    plan_row=plan_row)
 
 
 def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: bool = True,
@@ -295,8 +336,11 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
   ``batch_seeds``: runs that differ only in seed run as one vmapped program when their
   algorithm batches (:func:`_batch_records`); every record says ``batched: true|false`` (with
   ``batch_note`` saying why a group of seeds ran one by one). ``mesh``: every run shards its
-  users over it (the ``devices`` key; seeds then run one by one)."""
+  users over it (the ``devices`` key; seeds then run one by one). ``runs`` from
+  :func:`_validated` (a :class:`Runs`) are neither validated nor planned again: each run
+  executes its row's plan."""
   cache = ProblemCache()
+  plans = runs.plans if isinstance(runs, Runs) else None   # validated and planned already
   records: list[dict | None] = [None] * len(runs)
   t0 = time.perf_counter()
   count = 0
@@ -320,7 +364,8 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
     if len(group) > 1 and mesh is None:
       if progress:
         _progress(count, len(runs), runs[group[0]], t0, batch=len(group))
-      batch, note = _batch_records([runs[i] for i in group], algorithms, problems, cache)
+      batch, note = _batch_records([runs[i] for i in group], algorithms, problems, cache,
+                                   plans)
     if batch is not None:
       for i, record in zip(group, batch):
         record["status"] = "ok"
@@ -334,7 +379,8 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
                  if progress else None)
       try:
         record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
-                         on_progress=on_step, mesh=mesh)
+                         on_progress=on_step, mesh=mesh, checked=plans is not None,
+                         plan=None if plans is None else plans.get(row_key(cfg)))
         record["status"] = "ok"
       except Exception as err:  # noqa: BLE001 - one bad run must not lose the others
         record = _failed_record(cfg, err)
@@ -358,36 +404,36 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
   return run_phases(tuning.parse_phases(config), progress=progress, on_record=on_record)[0]
 
 
-def _validated(config: dict, algorithms: dict, problems: dict) -> list[dict]:
+def _validated(config: dict, algorithms: dict, problems: dict) -> Runs:
+  """Every run of ``config`` validated, and every row planned, before any run."""
   runs = [_checked(cfg, algorithms, problems) for cfg in expand(config)]
-  _check_plans(runs, problems)
-  return runs
+  return Runs(runs, _check_plans(runs, problems))
 
 
-def _check_plans(runs: list[dict], problems: dict) -> None:
-  """Every row of a planned algorithm on a built-in problem planned before any run. A plan
-  reads no data, so its refusal (adaptive clipping with tree noise or at group level, ...) is
-  the config's: one ConfigError naming the row, not a failed row after the others ran. One
-  plan per distinct row (seeds share it), one problem per distinct problem config."""
-  from dpsco_jax import api
+def _check_plans(runs: list[dict], problems: dict) -> dict:
+  """Every row of a registered algorithm on a built-in problem planned before any run: its
+  plan, by :func:`row_key` (the one the run executes). A plan reads no data, so its refusal
+  (adaptive clipping with tree noise or at group level, ...) is the config's: one ConfigError
+  naming the row, not a failed row after the others ran. One plan per distinct row (seeds
+  share it), one problem per distinct problem config."""
   from dpsco_jax.algorithms.registry import algorithms as table
-  built, seen = {}, set()
+  built, plans = {}, {}
   for cfg in runs:
     entry = table().get(cfg["algorithm"])
-    row = repr(sorted((k, repr(v)) for k, v in cfg.items() if k != "seed"))
-    if entry is None or entry.planner is None or cfg["problem"] == USER_PROBLEM or row in seen:
+    row = row_key(cfg)
+    if entry is None or cfg["problem"] == USER_PROBLEM or row in plans:
       continue
-    seen.add(row)
     pcfg = runner_batch.problem_config(cfg)
     pkey = repr(sorted((k, repr(v)) for k, v in pcfg.items() if k != "seed"))
     if pkey not in built:
       built[pkey] = runner_batch.cached_problem(pcfg, problems, None,
                                                 runner_batch.run_keys(cfg.get("seed", 0))[0])
     try:
-      api.plan_problem(entry.name, entry.config.of(cfg), built[pkey])
+      plans[row] = _plan_row(cfg, built[pkey])
     except ValueError as err:
       where = cfg["algorithm"] + (f" (label {cfg['label']})" if cfg.get("label") else "")
       raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
+  return plans
 
 
 def run_phases(phases: tuning.Phases, *, progress: bool = True,
@@ -422,7 +468,8 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
   runner_mesh.check_runs(tune + evals, devices)
   tuned = execute(tune, on_record=on_record, phase="tuning", **kw)
   chosen, report = tuning.choose(tune, tuned, spec, fields)
-  selected = [c for c in evals if tuning.is_selected(c, chosen, spec, fields)]
+  selected = Runs([c for c in evals if tuning.is_selected(c, chosen, spec, fields)],
+                  evals.plans)
   evaluated = execute(selected, phase="eval", **kw,
                       on_record=None if on_record is None else (
                           lambda recs: on_record(tuned + recs)))
@@ -453,7 +500,8 @@ def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, pro
   def train(cfg: dict, key: jax.Array) -> dict:
     try:
       return {**run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
-                        driver_key=key), "status": "ok"}
+                        driver_key=key, checked=True, plan=runs.plans.get(row_key(cfg))),
+              "status": "ok"}
     except ConfigError:
       raise
     except Exception as err:  # noqa: BLE001 - a failed candidate is not eligible

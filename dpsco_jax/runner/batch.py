@@ -130,7 +130,8 @@ def _result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
 
 
 def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict, *,
-                  checked: Callable[[dict, dict, dict], dict]
+                  checked: Callable[[dict, dict, dict], dict] | None,
+                  plan_row: Callable[[dict, Any], Any]
                   ) -> tuple[list[dict] | None, str | None]:
   """The records of runs that differ only in seed (and, for an algorithm of
   :data:`dpsco_jax.sweep.GRID`, in its step sizes), run as one vmapped program
@@ -138,8 +139,9 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
   algorithm outside :data:`dpsco_jax.api.BATCHED`, a user problem, ``debug``, problems whose
   public facts or shapes differ across seeds, configs that differ in another key, or a driver
   that does not trace (then nothing of the attempt is released and each run runs, and fails,
-  exactly as alone). ``checked``: the runner's validator of one run config. A grid group's
-  records say ``batch_grid`` (``{key: values}`` of the step sizes it spans)."""
+  exactly as alone). ``checked``: the runner's validator of one run config (``None``: the
+  configs were validated already); ``plan_row(cfg, problem)``: the plan of a run's row. A grid
+  group's records say ``batch_grid`` (``{key: values}`` of the step sizes it spans)."""
   from dpsco_jax import api
   from dpsco_jax.api import BATCHED
   from dpsco_jax.sweep import grid_for, grid_of, grid_refusal, refusal, run_stacked
@@ -149,7 +151,8 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
   if first.get("problem") == USER_PROBLEM or first.get("debug") is True:
     return None, "user problems and debug runs go one by one"
   try:
-    checked = [checked(cfg, algorithms, problems) for cfg in cfgs]
+    checked = (list(cfgs) if checked is None else
+               [checked(cfg, algorithms, problems) for cfg in cfgs])
     algos = [{k: v for k, v in c.items() if k not in ("seed", "label")} for c in checked]
     why = grid_refusal(first["algorithm"], algos)
     if why is not None:
@@ -163,10 +166,8 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
       return None, why
     start = time.perf_counter()
     driver = algorithms[first["algorithm"]]
-    # the data-free plans, made as the one-by-one path makes them (one per grid point)
-    schema = api.algorithms()[first["algorithm"]].config
-    plans = [api.plan_problem(first["algorithm"], schema.of(a), insts[0])
-             for a in (algos if grid else algos[:1])]
+    # the data-free plans, as the one-by-one path has them (one per grid point)
+    plans = [plan_row(c, insts[0]) for c in (checked if grid else checked[:1])]
     results = run_stacked(driver, insts[0], [p.data for p in insts],
                           plans if grid else plans[0], [dk for _, dk in keys],
                           grid=grid_for(first["algorithm"]))
