@@ -96,6 +96,37 @@ _GROUPED = {
     "tests/test_bench_smoke.py::test_bench_gpu_quick_prints_json_summary": "bench_steps",
 }
 
+# Files whose tests run scripts on 4 forced CPU devices (multidevice_users.on_four_devices):
+# one scope, so one worker runs them all and they share its one 4-device process (issue 47.6:
+# each of these tests used to start its own Python, import jax and dpsco_jax and compile from
+# scratch). The collection hook checks that every collected file calling on_four_devices is
+# listed.
+FOUR_DEVICE_FILES = (
+    "tests/test_flax_trainer_mesh.py", "tests/test_grads.py", "tests/test_mesh.py",
+    "tests/test_mesh_alg1.py", "tests/test_mesh_bilevel.py", "tests/test_mesh_explicit_axes.py",
+    "tests/test_mesh_filter.py", "tests/test_mesh_harness.py", "tests/test_mesh_host.py",
+    "tests/test_mesh_output_perturbation.py", "tests/test_mesh_resque.py",
+    "tests/test_mesh_sampling.py", "tests/test_runner_mesh.py")
+
+
+def pytest_runtest_teardown(item, nextitem):
+  """Stops the shared 4-device process after the last 4-device test of a run of them: it
+  holds their compiled programs (1.5 GB after a few files) while the worker goes on."""
+  def four(it):
+    return it is not None and it.nodeid.split("::", 1)[0] in FOUR_DEVICE_FILES
+  if four(item) and not four(nextitem):
+    from multidevice_users import FourDevices
+    FourDevices.close_shared()
+
+
+def scope_of(nodeid: str) -> str:
+  """The scope (what one worker runs together) of a test under ``make test``: its
+  xdist_group, the 4-device group, or its file."""
+  if nodeid.rfind("@") > nodeid.rfind("]"):   # a pytest / xdist where the tag works
+    return nodeid.split("@")[-1]
+  path = nodeid.split("::", 1)[0]
+  return _GROUPED.get(nodeid, "four_devices" if path in FOUR_DEVICE_FILES else path)
+
 
 def pytest_xdist_make_scheduler(config, log):
   if config.getvalue("dist") != "loadgroup":
@@ -104,9 +135,7 @@ def pytest_xdist_make_scheduler(config, log):
 
   class FileGroupScheduling(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
-      if nodeid.rfind("@") > nodeid.rfind("]"):   # a pytest / xdist where the tag works
-        return nodeid.split("@")[-1]
-      return _GROUPED.get(nodeid, nodeid.split("::", 1)[0])
+      return scope_of(nodeid)
 
     def _assign_work_unit(self, node) -> None:
       if not getattr(self, "_ordered", False):   # once, before the first unit goes out
@@ -148,6 +177,7 @@ _FILE_SECONDS = {
     "tests/test_mesh_alg1.py": 11,
     "tests/test_mesh_bilevel.py": 10,
     "tests/test_mesh_host.py": 8,
+    "tests/test_mesh_harness.py": 8,
     "tests/test_grads.py": 30,
     "tests/test_flax_user_data.py": 15,
     "tests/test_host_placement.py": 10,
@@ -164,8 +194,9 @@ _FILE_SECONDS = {
     "tests/test_srgd_mf.py": 8,
     "tests/test_filter_bands.py": 30,
     "tests/test_study_000_host_sgd.py": 20,
-    "tests/test_study_quick.py": 90,     # every configs/study config through --quick
-    "tests/test_study_scripts.py": 65,   # the analysis scripts, study_002_devices --quick
+    "tests/test_study_quick.py": 80,     # every configs/study config through --quick
+    "tests/test_study_scripts.py": 45,   # study_002_devices --quick (the analysis scripts run
+    # in-process)
 }
 _TEST_SECONDS = {   # the two tests of the bench_steps group
     "tests/test_bench_cost.py::test_bench_cost_quick_prints_json_table": 30,
@@ -199,3 +230,8 @@ def pytest_collection_modifyitems(config, items):
   listed = {k: v for k, v in _GROUPED.items() if k in {i.nodeid.split("@")[0] for i in items}}
   assert marked == listed, ("conftest._GROUPED and the xdist_group marks disagree", marked,
                             listed)
+  unlisted = {item.nodeid.split("::", 1)[0] for item in items
+              if hasattr(getattr(item, "module", None), "on_four_devices")} - set(
+                  FOUR_DEVICE_FILES)
+  assert not unlisted, ("conftest.FOUR_DEVICE_FILES lacks files that run 4-device scripts",
+                        sorted(unlisted))

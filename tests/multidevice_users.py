@@ -6,8 +6,16 @@ unequal and device batches padded) of up to 8 items of 5 features. Defines ``np`
 scripts report: ``param_dist(a, b)`` (largest absolute difference of two Results' params) and
 ``scale(r)`` (largest absolute entry of a Result's params)."""
 
+import atexit
+import json
 import os
+import select
+import subprocess
+import sys
+import tempfile
 import textwrap
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 USERS = textwrap.dedent("""
     import numpy as np, jax, jax.numpy as jnp
@@ -61,18 +69,166 @@ FAST_COMPILE = " ".join(["--xla_backend_optimization_level=0"]
                         + ["--xla_cpu_multi_thread_eigen=false"])
 
 
-def on_four_devices(script: str, *args: str, timeout: int = 600) -> dict:
-  """Runs ``script`` (``python -c``, with ``args``) in a subprocess with 4 forced CPU devices
-  (the device count is fixed when JAX starts; XLA flags: :data:`FAST_COMPILE`) and returns
-  its last stdout line, parsed as JSON; a failing script fails the test with the tail of its
-  stderr."""
-  import json
-  import os
-  import subprocess
-  import sys
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4 " + FAST_COMPILE,
-             JAX_PLATFORMS="cpu")
+def four_device_env() -> dict:
+  """The environment of a 4-device process: this one's, with 4 forced CPU devices and
+  :data:`FAST_COMPILE` (the device count is fixed when JAX starts)."""
+  return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4 " + FAST_COMPILE,
+              JAX_PLATFORMS="cpu")
+
+
+def on_four_devices(script: str, *args: str, timeout: int = 600, fresh: bool = False) -> dict:
+  """Runs ``script`` (as ``python -c``, with ``args`` in ``sys.argv[1:]``) on 4 forced CPU
+  devices and returns its last stdout line, parsed as JSON; a failing script fails the test
+  with the tail of its stderr (its traceback).
+
+  The scripts share one long-lived 4-device process per test process (:class:`FourDevices`):
+  each 4-device test used to start its own Python, import jax and dpsco_jax (2.4 s of CPU
+  with byte-code cached) and compile the library's common programs again (the 4-device
+  files' CPU: 195 s with a process per script, 158 s shared: issue 47.6). Each script runs
+  there in a fresh namespace, and what a script may set for the whole process
+  (``sys.argv``, ``sys.path`` and the modules imported from a folder it added,
+  ``os.environ``, warning filters, ``jax.config``) is put back after it. ``fresh=True`` runs
+  it in a process of its own instead, for a script that must set something before the
+  backend starts (an XLA flag). If the shared process dies under a script (a crash in XLA),
+  the script is run again alone, so a crash is reported with its own stderr, and the next
+  script starts a new shared process."""
+  env = four_device_env()
+  if not fresh:
+    reply = FourDevices.shared(env).run(script, args, timeout)
+    if reply is not None:
+      assert reply["ok"], reply["stderr"][-3000:]
+      return json.loads(reply["stdout"].strip().splitlines()[-1])
   proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
                         text=True, timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# Variables that differ between tests without changing what a script computes.
+_VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
+
+
+class FourDevices:
+  """A 4-device Python process (:func:`serve`) that runs scripts sent to it one at a time:
+  one JSON line per request (``{"script", "args"}``) on its stdin, one per reply
+  (``{"ok", "stdout", "stderr"}``) on its stdout. :meth:`shared` keeps one per test process,
+  started with the environment of the first request; a request with another environment (a
+  module that sets ``JAX_DISABLE_MOST_OPTIMIZATIONS``, say) starts a new one, so a script
+  sees the environment it would have had in a process of its own."""
+
+  _shared: "FourDevices | None" = None
+
+  def __init__(self, env: dict):
+    self.env = env
+    self._log = tempfile.TemporaryFile()   # the process's own stderr (a pipe could fill)
+    self.proc = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {_HERE!r}); "
+         "import multidevice_users; multidevice_users.serve()"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
+
+  @classmethod
+  def shared(cls, env: dict) -> "FourDevices":
+    same = {k: v for k, v in env.items() if k not in _VOLATILE_ENV}
+    worker = cls._shared
+    if worker is None or worker.proc.poll() is not None or same != {
+        k: v for k, v in worker.env.items() if k not in _VOLATILE_ENV}:
+      if worker is not None:
+        worker.close()
+      worker = cls._shared = cls(env)
+    return worker
+
+  def run(self, script: str, args, timeout: float) -> "dict | None":
+    """The reply to ``script``, or None if the process died before replying."""
+    try:
+      self.proc.stdin.write(json.dumps({"script": script, "args": list(args)}) + "\n")
+      self.proc.stdin.flush()
+    except BrokenPipeError:
+      return None
+    ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+    if not ready:   # as subprocess.run(timeout=) did: the script's process is killed
+      self.close()
+      raise subprocess.TimeoutExpired("the shared 4-device process", timeout)
+    line = self.proc.stdout.readline()
+    if not line:
+      self.close()
+      return None
+    return json.loads(line)
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+    self.proc.wait()
+    self._log.close()
+    if FourDevices._shared is self:
+      FourDevices._shared = None
+
+
+  @classmethod
+  def close_shared(cls) -> None:
+    """Stops the shared process, if any (the next script starts a new one)."""
+    if cls._shared is not None:
+      cls._shared.close()
+
+
+atexit.register(FourDevices.close_shared)
+
+
+def serve() -> None:
+  """The loop of a :class:`FourDevices` process. Replies go to the process's original stdout;
+  fd 1 is pointed at stderr, so nothing a library writes there can corrupt a reply."""
+  import jax   # noqa: F401  (imported once for every script)
+  replies = os.fdopen(os.dup(1), "w")
+  os.dup2(2, 1)
+  for n, line in enumerate(sys.stdin):
+    request = json.loads(line)
+    replies.write(json.dumps(_run_script(request["script"], request["args"], n)) + "\n")
+    replies.flush()
+
+
+def _run_script(script: str, args: list, n: int) -> dict:
+  """Runs one script as ``python -c`` would (``__name__ == "__main__"``, ``sys.argv``), in a
+  fresh namespace, capturing its output; then puts back what it may have set for the whole
+  process."""
+  import contextlib
+  import io
+  import linecache
+  import traceback
+  import warnings
+
+  import jax
+  name = f"<4-device script {n}>"
+  linecache.cache[name] = (len(script), None, script.splitlines(True), name)  # tracebacks
+  out, err = io.StringIO(), io.StringIO()
+  argv, path, environ = sys.argv, list(sys.path), dict(os.environ)
+  modules, config = set(sys.modules), dict(jax.config.values)
+  ok = True
+  try:
+    with warnings.catch_warnings(), contextlib.redirect_stdout(out), \
+        contextlib.redirect_stderr(err):
+      sys.argv = ["-c", *args]
+      exec(compile(script, name, "exec"), {"__name__": "__main__"})
+  except SystemExit as stop:
+    ok = stop.code in (None, 0)
+  except BaseException:
+    ok = False
+    err.write(traceback.format_exc())
+  finally:
+    added = [p for p in sys.path if p not in path]
+    sys.argv, sys.path[:] = argv, path
+    _restore_environ(environ)
+    for mod in set(sys.modules) - modules:   # a module of a folder the script put on the path
+      origin = getattr(sys.modules[mod], "__file__", None) or ""
+      if any(p and origin.startswith(p) for p in added):
+        del sys.modules[mod]
+    for key, value in config.items():
+      if jax.config.values.get(key) != value:
+        jax.config.update(key, value)
+  return {"ok": ok, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+def _restore_environ(before: dict) -> None:
+  for key in set(os.environ) - set(before):
+    del os.environ[key]
+  for key, value in before.items():
+    if os.environ.get(key) != value:
+      os.environ[key] = value

@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_poisson_coins_are_drawn_sharded_on_a_mesh():
-  got = on_four_devices(SCRIPT)
+  got = on_four_devices(SCRIPT, fresh=True)   # XLA_FLAGS set before its backend starts
   assert got["full"] == 0, got          # no device hashes all n counters
   assert got["shard"] > 0, got          # each hashes its own 26
   assert got["slots_full"] == 0, got     # and finds its chosen users among its own 26
