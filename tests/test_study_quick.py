@@ -9,7 +9,9 @@ STUDY.md's). The analysis scripts' smokes: ``tests/test_study_scripts.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import pathlib
 
@@ -48,29 +50,46 @@ def test_quick_config_keeps_the_shape_and_shrinks_the_sweeps():
   assert quick_config({"n_users": 10})["n_users"] == 10     # a smaller size is kept
 
 
+CLI_CONFIG = ROOT / "configs" / "study" / "mf_noise_dpsgd_tree.yaml"
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+  """``dpsco run CLI_CONFIG --quick --quiet --out FILE`` through the command line's own parser
+  (``dpsco_jax.__main__.main``), once for both tests that need this config's smoke
+  (test_the_cli_flag and its case of test_every_study_config_runs_quick, which ran the same
+  quick sweep twice): its exit code, its stdout (the table) and the file it wrote."""
+  from dpsco_jax.__main__ import main
+  out = tmp_path_factory.mktemp("cli") / "q.json"
+  table = io.StringIO()
+  with contextlib.redirect_stdout(table):
+    code = main(["run", str(CLI_CONFIG), "--quick", "--quiet", "--out", str(out)])
+  return code, table.getvalue(), json.loads(out.read_text())
+
+
 @pytest.mark.parametrize("path", STUDY_CONFIGS, ids=[p.stem for p in STUDY_CONFIGS])
-def test_every_study_config_runs_quick(path, tmp_path, capsys):
-  out = tmp_path / "quick.json"
-  records = runner.main_run(str(path), out=str(out), progress=False, quick=True)
+def test_every_study_config_runs_quick(path, tmp_path, capsys, request):
+  if path == CLI_CONFIG:   # the CLI's run of it (cli_run), not a second one
+    code, table, written = request.getfixturevalue("cli_run")
+    assert code == 0
+    records = written["results"]
+  else:
+    out = tmp_path / "quick.json"
+    records = runner.main_run(str(path), out=str(out), progress=False, quick=True)
+    table = capsys.readouterr().out
+    written = json.loads(out.read_text())
   assert records and all(r["status"] == "ok" for r in records), [
       r.get("error") for r in records if r["status"] != "ok"]
   assert all(r["quick"] is True for r in records)
   assert any(r.get("phase", "eval") == "eval" for r in records)
-  written = json.loads(out.read_text())
   assert len(written["results"]) == len(records) and "summary" in written
-  assert "--quick" in capsys.readouterr().out     # the table says it is a smoke
+  assert "--quick" in table     # the table says it is a smoke
 
 
-def test_the_cli_flag(tmp_path):
-  import subprocess
-  import sys
-  out = tmp_path / "q.json"
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run",
-                         str(ROOT / "configs" / "study" / "mf_noise_dpsgd_tree.yaml"), "--quick",
-                         "--quiet", "--out", str(out)], cwd=ROOT, capture_output=True,
-                        text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  records = json.loads(out.read_text())["results"]
+def test_the_cli_flag(cli_run):
+  code, _, written = cli_run
+  assert code == 0
+  records = written["results"]
   assert records and all(r["quick"] is True for r in records)
   # one tuning seed and one evaluation seed per selected row, the first of each
   assert {r["seed"] for r in records} == {0, 100}
