@@ -288,9 +288,6 @@ def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
   entry = _entry(algorithm, user_data=False)
   cfg = algorithm_config(algorithm, config)
   spec = DataSpec(int(problem.n_users), int(problem.m))   # built: nothing measured
-  if entry.planner is None:   # planned by its driver (its report is checked against nothing)
-    return Plan(entry.name, cfg, spec, constants_of(problem), None, None, {},
-                int(problem.d), None)
   privacy, z, schedule, detail = entry.planner(problem, cfg)
   return Plan(entry.name, cfg, spec, constants_of(problem), privacy, z, schedule,
               int(problem.d), detail)
@@ -359,7 +356,7 @@ def check_spent(p: Plan, result: Result) -> Result:
   provenance), else ``RuntimeError`` (a library bug): the check every path that executes a
   plan makes (:func:`execute`, the seed batches, ``jax.distributed`` runs). Released params
   that are not finite raise :class:`~dpsco_jax.result.NonFiniteRelease` (the run failed)."""
-  if p.privacy is not None and not _same_guarantee(result.privacy, p.privacy):
+  if not _same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")
   check_finite_params(result.params, p.algorithm)

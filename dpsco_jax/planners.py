@@ -22,16 +22,17 @@ from dpsco_jax.data.problem import PublicFacts
 
 __all__ = ["planner_for", "PLANNED", "Planned"]
 
-#: The shipped algorithms' planners, by name (read-only; the table is the source).
+#: The shipped algorithms' planners that read a ``PublicFacts``, by name (read-only; the table
+#: is the source). The others (``unsupported``) plan only a built-in problem.
 PLANNED: Mapping[str, Callable[[PublicFacts, dict], Planned]] = MappingProxyType(
-    {n: e.planner for n, e in algorithms().items() if e.planner is not None})
+    {n: e.planner for n, e in algorithms().items() if e.unsupported is None})
 
 
 def planner_for(algorithm: str) -> Callable[[PublicFacts, dict], Planned]:
   """The planner of ``algorithm`` (a ConfigError names the algorithms that have one)."""
   entry = algorithms().get(algorithm)
-  if entry is None or entry.planner is None:
-    planned = sorted(n for n, e in algorithms().items() if e.planner is not None)
+  if entry is None or entry.unsupported is not None:
+    planned = sorted(PLANNED)
     raise ConfigError(f"{algorithm} has no data-free planner in dpsco_jax.plan"
                       + (f" ({entry.unsupported})" if entry is not None else "")
                       + "; planned: " + ", ".join(planned))

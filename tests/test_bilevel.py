@@ -29,6 +29,7 @@ import pytest
 from scipy import stats
 
 from dpsco_jax.algorithms.bilevel import driver as bl
+from dpsco_jax.api import solve
 from dpsco_jax.transforms.post_processing import MinStepState, track_min_step
 from dpsco_jax.algorithms.bilevel import plan as bilevel_plan
 from dpsco_jax.algorithms.bilevel.localized_gd import LocGDConfig
@@ -409,7 +410,7 @@ def test_runner_entry_budget_and_hygiene():
   prob = bl.synthetic_ridge_problem(jax.random.key(0), d=3, n_train=60, n_val=60)
   cfg = {"epsilon": 2.0, "delta": 1e-6, "lam": 10.0, "learning_rate": 0.5, "num_steps": 4,
          "inner_num_steps": 40, "inner_rounds": 1}
-  res = bl.dp_bilevel(prob, cfg, jax.random.key(1))
+  res = solve("dp_bilevel", cfg, prob, jax.random.key(1))
   assert res.privacy.epsilon <= 2.0 * (1 + 1e-6)
   assert res.privacy.provenance == "accountant" and res.privacy.level == "item"
   assert res.privacy.relation == "replace_one"
@@ -418,12 +419,12 @@ def test_runner_entry_budget_and_hygiene():
   chex.assert_shape(res.params, (1,))
   lo, hi = prob.meta["omega_bounds"]
   assert lo - 1e-6 <= float(res.params[0]) <= hi + 1e-6
-  again = bl.dp_bilevel(prob, cfg, jax.random.key(1))
+  again = solve("dp_bilevel", cfg, prob, jax.random.key(1))
   np.testing.assert_array_equal(res.params, again.params)   # deterministic given the key
   # the key moves the release: this problem's outputs sit at a bound of omega_bounds, so two
   # keys can round to the same clamped point (keys 1-4 do under XLA's unoptimised CPU code
   # generation, key 5 leaves at the other bound); four more keys must not all give key 1's
-  others = [bl.dp_bilevel(prob, cfg, jax.random.key(k)).record for k in (2, 3, 4, 5)]
+  others = [solve("dp_bilevel", cfg, prob, jax.random.key(k)).record for k in (2, 3, 4, 5)]
   assert any((o["x_out"], o["t_out"]) != (res.record["x_out"], res.record["t_out"])
              for o in others)
   # Budget: a ledger that already spent most of it refuses the run and stays untouched.
@@ -481,8 +482,8 @@ def test_compiled_driver_does_not_keep_its_problem_alive():
   prob = bl.synthetic_ridge_problem(jax.random.key(0), d=3, n_train=60, n_val=60)
   cfg = {"epsilon": 2.0, "delta": 1e-6, "lam": 10.0, "learning_rate": 0.5, "num_steps": 2,
          "inner_num_steps": 10, "inner_rounds": 1}
-  first = bl.dp_bilevel(prob, cfg, jax.random.key(1))
-  again = bl.dp_bilevel(prob, cfg, jax.random.key(1))   # the cached executable is reused
+  first = solve("dp_bilevel", cfg, prob, jax.random.key(1))
+  again = solve("dp_bilevel", cfg, prob, jax.random.key(1))   # the cached executable is reused
   np.testing.assert_array_equal(first.params, again.params)
   ref = weakref.ref(prob)
   del first, again

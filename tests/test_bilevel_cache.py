@@ -12,6 +12,7 @@ import numpy as np
 
 from dpsco_jax import cache
 from dpsco_jax.algorithms.bilevel import driver as bd
+from dpsco_jax.api import solve
 from dpsco_jax.problems import bilevel as bl
 
 NAME = "dpsco_jax.algorithms.bilevel.driver._compiled_run"
@@ -26,12 +27,12 @@ def _stats() -> dict:
 def test_a_neighbouring_dataset_reuses_the_program_with_its_own_data():
   prob = bl.synthetic_ridge_problem(jax.random.key(0), d=3, n_train=40, n_val=40)
   cache.clear()
-  first = bd.dp_bilevel(prob, CFG, jax.random.key(1))
+  first = solve("dp_bilevel", CFG, prob, jax.random.key(1))
   assert _stats()["misses"] == 1 and _stats()["size"] == 1
   # replace one example (a huge one: the inner solves' clipped sums move)
   data = jax.tree.map(lambda v: v.at[0].set(50.0 * jnp.ones_like(v[0])), prob.data)
   neighbour = dataclasses.replace(prob, data=data)
-  bd.dp_bilevel(neighbour, CFG, jax.random.key(1))
+  solve("dp_bilevel", CFG, neighbour, jax.random.key(1))
   assert _stats()["misses"] == 1 and _stats()["hits"] >= 1   # reused, not recompiled
   bcfg, _ = bd.bilevel_config(prob, bd.config_view(CFG))
   a = bd._run_compiled(prob, bcfg, jax.random.key(1))

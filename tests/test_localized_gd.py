@@ -22,6 +22,7 @@ import pytest
 from scipy import stats
 
 from dpsco_jax.algorithms.bilevel import localized_gd as lg
+from dpsco_jax.api import solve
 from dpsco_jax.privacy.ledger import epsilon_of
 
 
@@ -219,8 +220,8 @@ def test_dp_loc_sgd_and_jit_determinism():
 def test_runner_entry_on_a_core_problem():
   from dpsco_jax.problems import least_squares
   prob = least_squares(n_users=100, m=2, d=3, key=jax.random.key(0), radius=2.0, n_eval=1000)
-  res = lg.run_dp_loc_gd(prob, {"epsilon": 2.0, "delta": 1e-6, "mu": 0.2, "clip_norm": 3.0,
-                                "l2": 0.2, "num_steps": 100, "rounds": 2}, jax.random.key(1))
+  res = solve("dp_loc_gd", {"epsilon": 2.0, "delta": 1e-6, "mu": 0.2, "clip_norm": 3.0,
+                            "l2": 0.2, "num_steps": 100, "rounds": 2}, prob, jax.random.key(1))
   assert res.privacy.epsilon <= 2.0 * (1 + 1e-6)
   assert res.privacy.provenance == "accountant" and res.privacy.level == "item"
   assert res.privacy.relation == "replace_one"
@@ -228,9 +229,9 @@ def test_runner_entry_on_a_core_problem():
   assert res.record["paper_noise_std"] > res.record["noise_std"]
   chex.assert_shape(res.params, (3,))
   with pytest.raises(ValueError, match="mu"):
-    lg.run_dp_loc_gd(prob, {"epsilon": 1.0, "delta": 1e-6}, jax.random.key(1))
+    solve("dp_loc_gd", {"epsilon": 1.0, "delta": 1e-6}, prob, jax.random.key(1))
   with pytest.raises(ValueError, match="delta is required"):  # no silent 1e-6 default
-    lg.run_dp_loc_gd(prob, {"epsilon": 1.0, "mu": 0.2}, jax.random.key(1))
+    solve("dp_loc_gd", {"epsilon": 1.0, "mu": 0.2}, prob, jax.random.key(1))
   from dpsco_jax.algorithms.registry import algorithms
   assert algorithms()["dp_loc_gd"].driver is lg.run_dp_loc_gd
   assert algorithms()["dp_loc_sgd"].config.__name__ == "LocSgdConfig"

@@ -19,6 +19,7 @@ SCRIPT = textwrap.dedent("""
     warnings.filterwarnings("ignore")
     import jax, jax.numpy as jnp, numpy as np
     from dpsco_jax.algorithms.bilevel import driver as bd
+    from dpsco_jax.api import solve
     from dpsco_jax.problems import bilevel as bl
     assert len(jax.devices()) == 4, jax.devices()
     rng = np.random.default_rng(3)
@@ -40,8 +41,8 @@ SCRIPT = textwrap.dedent("""
                         ("minibatch", {"outer_batch_size": 20, "inner_batch_size": 20})):
       cfg = {"epsilon": 8.0, "delta": 1e-5, "lam": 10.0, "learning_rate": 0.5,
              "num_steps": 6, "inner_num_steps": 20, "inner_rounds": 2, **extra}
-      one = bd.dp_bilevel(prob, cfg, jax.random.key(7))
-      four = bd.dp_bilevel(shard, cfg, jax.random.key(7))
+      one = solve("dp_bilevel", cfg, prob, jax.random.key(7))
+      four = solve("dp_bilevel", cfg, shard, jax.random.key(7))
       bcfg, _ = bd.bilevel_config(prob, bd.config_view(cfg))
       # the executables dp_bilevel compiled (cached on the problem per config and mesh)
       a = bd._run_compiled(prob, bcfg, jax.random.key(7))

@@ -30,6 +30,7 @@ from dpsco_jax.algorithms.bilevel import driver as bl
 from dpsco_jax.algorithms.bilevel import localized_gd as lg
 from dpsco_jax.algorithms.resque import driver as rq
 from dpsco_jax.algorithms.resque import plan as rq_plan
+from dpsco_jax.api import solve
 from dpsco_jax.privacy import PrivacyBudgetExceeded, PrivacyLedger
 
 REPLACE = dp_accounting.NeighboringRelation.REPLACE_ONE
@@ -128,7 +129,7 @@ def test_loc_gd_reported_epsilon_matches_independent_pld(batch):
   prob = least_squares(n_users=50, m=2, d=3, key=jax.random.key(0), radius=2.0, n_eval=100)
   cfg = {"epsilon": 2.0, "delta": 1e-6, "mu": 0.5, "clip_norm": 2.0, "num_steps": 40, "rounds": 2,
          "batch_size": batch}
-  res = lg.run_dp_loc_gd(prob, cfg, jax.random.key(1))
+  res = solve("dp_loc_gd", cfg, prob, jax.random.key(1))
   z, n = res.record["noise_multiplier"], 100
   step = dp_accounting.GaussianDpEvent(z)
   if batch is not None:
@@ -143,7 +144,7 @@ def test_bilevel_reported_epsilon_matches_independent_pld():
   cfg = {"epsilon": 2.0, "delta": 1e-6, "num_steps": 3, "inner_num_steps": 20,
          "inner_rounds": 1, "outer_noise": True, "inner_batch_size": 16, "outer_batch_size": 16}
   bcfg, _ = bl.bilevel_config(prob, cfg)
-  res = bl.dp_bilevel(prob, cfg, jax.random.key(1))
+  res = solve("dp_bilevel", cfg, prob, jax.random.key(1))
   n, rec = 80, res.record
   zy = rec["inner_y_noise_std"] * 16 / bcfg.inner_y.clip_norm
   zl = rec["inner_lam_noise_std"] * 16 / bcfg.inner_lam.clip_norm
@@ -159,7 +160,7 @@ def test_resque_plan_epsilon_is_lemma3_plus_corollary1():
             ratio=2.0, constants="c_priv", c_priv=1.0)
   p = rq_plan.phase_plan({"epsilon": 1.0, "delta": 1e-5, "rho": 0.05, "max_iter": 2,
                            "max_bisection": 1, "T_frac": 1 / 64}, **kw)
-  events = rq._approx_rdp_events(p["plan"], beta=p["beta"], **p["kw"])
+  events = rq.approx_rdp_events(p["plan"], beta=p["beta"], **p["kw"])
   ledger = PrivacyLedger(delta=1e-9, epsilon_budget=1.0, relation="replace_one")
   for ev in events:
     ledger.spend(ev, label="alg4")
@@ -177,19 +178,19 @@ def test_budget_and_relation_are_enforced_before_release():
   prob = least_squares(n_users=20, m=2, d=3, key=jax.random.key(0), radius=2.0, n_eval=10)
   base = {"epsilon": 1.0, "delta": 1e-6, "mu": 0.5, "num_steps": 20, "rounds": 1}
   with pytest.raises(PrivacyBudgetExceeded):
-    lg.run_dp_loc_gd(prob, dict(base, noise_multiplier=0.5), jax.random.key(1))
-  ok = lg.run_dp_loc_gd(prob, dict(base, noise_multiplier=500.0), jax.random.key(1))
+    solve("dp_loc_gd", dict(base, noise_multiplier=0.5), prob, jax.random.key(1))
+  ok = solve("dp_loc_gd", dict(base, noise_multiplier=500.0), prob, jax.random.key(1))
   assert ok.privacy.epsilon < 1.0 and ok.record["noise_multiplier"] == 500.0
   for rel in ("add_remove", "zero_out"):
     with pytest.raises(ValueError, match="relation"):
-      lg.run_dp_loc_gd(prob, dict(base, relation=rel), jax.random.key(1))
+      solve("dp_loc_gd", dict(base, relation=rel), prob, jax.random.key(1))
   ridge = bl.synthetic_ridge_problem(jax.random.key(0), d=2, n_train=20, n_val=20)
   bcfg = {"epsilon": 1.0, "delta": 1e-6, "num_steps": 2, "inner_num_steps": 10,
           "inner_rounds": 1}
   with pytest.raises(PrivacyBudgetExceeded):
-    bl.dp_bilevel(ridge, dict(bcfg, noise_multiplier=0.3), jax.random.key(1))
+    solve("dp_bilevel", dict(bcfg, noise_multiplier=0.3), ridge, jax.random.key(1))
   with pytest.raises(ValueError, match="relation"):
     bl.bilevel_config(ridge, dict(bcfg, relation="add_remove"))
   with pytest.raises(ValueError, match="relation"):
-    rq.resque_private_sco(prob, {"epsilon": 1.0, "delta": 1e-5, "relation": "zero_out"},
-                          jax.random.key(1))
+    solve("resque_private_sco", {"epsilon": 1.0, "delta": 1e-5, "relation": "zero_out"}, prob,
+          jax.random.key(1))

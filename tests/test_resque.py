@@ -216,6 +216,7 @@ def test_transformation_pytree_and_jit():
 
 from dpsco_jax.algorithms.resque import ball_acceleration as ba  # noqa: E402
 from dpsco_jax.algorithms.resque import driver as alg  # noqa: E402
+from dpsco_jax.api import solve  # noqa: E402
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded  # noqa: E402
 
 N_ITEMS = 200
@@ -418,7 +419,7 @@ def test_private_sco_practical_end_to_end():
                            noise=0.0)
   cfg = {"epsilon": 1.0, "delta": 1e-5, "constants": "c_priv", "rho": 0.05,
          "rho_over_r": 2.0, "max_iter": 1, "max_bisection": 1, "phases": 1, "T_frac": 1 / 64}
-  res = alg.resque_private_sco(prob, cfg, jax.random.key(1))
+  res = solve("resque_private_sco", cfg, prob, jax.random.key(1))
   assert res.privacy.provenance == "heuristic"
   assert res.privacy.epsilon <= 1.0 + 1e-9 and res.privacy.delta <= 1e-5 * (1 + 1e-9)
   assert "rho/r" in res.privacy.notes and res.privacy.level == "item"
@@ -426,6 +427,6 @@ def test_private_sco_practical_end_to_end():
   assert float(jnp.linalg.norm(res.params)) <= 1.0 + 1e-6
   assert res.gradient_evaluations > 0
   with pytest.raises(alg.PrivacyPreconditionError):
-    alg.resque_private_sco(prob, {**cfg, "preset": "theory"}, jax.random.key(1))
+    solve("resque_private_sco", {**cfg, "preset": "theory"}, prob, jax.random.key(1))
   with pytest.raises(ValueError, match="preset"):
-    alg.resque_private_sco(prob, {**cfg, "preset": "fast"}, jax.random.key(1))
+    solve("resque_private_sco", {**cfg, "preset": "fast"}, prob, jax.random.key(1))

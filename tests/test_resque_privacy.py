@@ -27,6 +27,7 @@ import pytest
 
 from dpsco_jax import problems
 from dpsco_jax.algorithms.resque import driver as rq
+from dpsco_jax.api import solve
 
 CFG = {"epsilon": 1.0, "delta": 1e-5, "constants": "c_priv", "rho": 0.05, "rho_over_r": 2.0,
        "max_iter": 1, "max_bisection": 1, "phases": 1, "T_frac": 1 / 4}
@@ -101,7 +102,7 @@ def test_plan_is_identical_for_neighbours_and_matches_the_driver(runs):
     assert ph.p["beta"] == ph2.p["beta"] and ph.p["plan"] == ph2.p["plan"]
     assert ph.events == ph2.events and len(ph.events) == len(ph.p["plan"])
   # the hook makes the driver's calls with the driver's keys (noise on)
-  res = rq.resque_private_sco(prob, {**CFG, "debug": True}, key)
+  res = solve("resque_private_sco", {**CFG, "debug": True}, prob, key)
   live = rq.resque_private_releases(prob, CFG, key)
   assert len(live.calls) == res.debug["phases"][0]["alg4_calls"] <= len(ref.plan.phases[0].events)
   assert any(np.allclose(np.asarray(c.output), np.asarray(res.params), atol=1e-6)
@@ -182,12 +183,11 @@ def test_hook_refuses_bad_arguments(runs):
 def test_multi_phase_plan_stays_within_epsilon_and_delta(phases, budget):
   """Phases with equal (alpha, delta') merge into one Lemma 3 block converted at the summed
   epsilon; the per-call slack must be sized for that (it once gave delta = 1.018e-5 > 1e-5)."""
-  from dpsco_jax.algorithms.resque.plan import _spend
   prob = problems.absolute(n_users=512, m=1, d=3, key=jax.random.key(0), radius=1.0,
                            noise=0.0, n_eval=100)
   cfg = {**CFG, "phases": phases, "phase_budget": budget, "T_frac": 1 / 64}
   plan = rq.resque_private_plan(prob, cfg)
-  report = _spend(plan).report(provenance=plan.provenance, level="item")
+  report = rq.charge_resque_private(plan).report(provenance=plan.provenance, level="item")
   assert report.epsilon <= 1.0 * (1 + 1e-9)
   assert report.delta <= 1e-5 * (1 + 1e-9)
   assert len(plan.phases) == phases and all(ph.events for ph in plan.phases)

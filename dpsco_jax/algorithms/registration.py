@@ -75,7 +75,8 @@ class AlgorithmEntry:
     name, driver, config, paper: the registered name, the plan's runner ``driver(plan,
       problem, key) -> Result`` (it reads ``plan.detail`` and reports ``plan.privacy``), the
       typed config class, the source (one of :data:`PAPERS`).
-    planner: ``planner(facts, cfg) -> Planned`` (``None``: only with ``unsupported``).
+    planner: ``planner(facts, cfg) -> Planned`` (required; ``facts`` is a
+      :class:`~dpsco_jax.data.PublicFacts`, or the built-in problem itself).
     level: ``"item"`` if the gradient step's rows are items (the item view of the data),
       else ``"user"``.
     item_guarantee: the guarantee is item level, so it holds only if every item is kept
@@ -119,10 +120,10 @@ def _check(name: str, entry: AlgorithmEntry) -> None:
     raise ValueError(f"register({name!r}): the name must be an identifier")
   if entry.level not in LEVELS:
     raise ValueError(f"register({name!r}): level must be one of {LEVELS}, got {entry.level!r}")
-  if (entry.planner is None) == (entry.unsupported is None):
-    raise ValueError(f"register({name!r}): give a planner, or unsupported='why it cannot run "
-                     "on a loss_fn and UserData' (exactly one)")
-  if entry.planner is not None and not callable(entry.planner):
+  if entry.planner is None:   # every run executes a plan (unsupported: only not on UserData)
+    raise ValueError(f"register({name!r}): give a planner(facts, cfg) -> Planned (its data-free "
+                     "plan; every algorithm has one)")
+  if not callable(entry.planner):
     raise TypeError(f"register({name!r}): planner must be callable, got {entry.planner!r}")
   if not (entry.mesh is True or (isinstance(entry.mesh, str) and entry.mesh.strip())):
     raise ValueError(f"register({name!r}): mesh must be True or the reason it refuses one")

@@ -289,8 +289,9 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
                   examples: int = 8, dim: int = 2, steps: int = 4,
                   noise_multiplier: float = 7.0) -> AuditSpec:
   """``dp_loc_gd`` (full batch, one round) through ``localized_gd.dp_loc_gd_releases`` with
-  the runner's plan (``plan_dp_loc_gd``); the canary example ``10 C e_0`` is replaced by its
+  the runner's plan (``api.plan_problem``); the canary example ``10 C e_0`` is replaced by its
   negation. Claim: ``run_dp_loc_gd(...).privacy.epsilon``. Twin ``noise_halved``."""
+  from dpsco_jax import api
   from dpsco_jax.algorithms.bilevel import localized_gd as lg
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: DP-Loc-GD (paper 004) is replace_one")
@@ -299,10 +300,10 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
   problem = linear_problem(x, radius=1.0)
   cfg = {"epsilon": 4.0, "delta": DELTA, "mu": 1.0, "noise_multiplier": noise_multiplier,
          "num_steps": steps, "rounds": 1, "clip_norm": _CLIP, "radius0": 1.0}
-  claim = lg.run_dp_loc_gd(problem, cfg, jax.random.key(0)).privacy.epsilon
+  plan = api.plan_problem("dp_loc_gd", cfg, problem)   # the plan the driver runs
+  claim = api.execute(plan, problem, jax.random.key(0)).privacy.epsilon
   z = noise_multiplier / 2.0 if broken == "noise_halved" else noise_multiplier
-  lcfg, _ = lg.plan_dp_loc_gd(cfg, n=examples, dim=dim, clip=_CLIP, radius0=1.0)  # the driver's
-  lcfg = dataclasses.replace(lcfg, noise_multiplier=z)
+  lcfg = dataclasses.replace(plan.detail.config, noise_multiplier=z)
   y0 = jnp.zeros((dim,), jnp.float32)
 
   def release(key, d):
@@ -319,7 +320,7 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
                    examples: int = 8, dim: int = 2, steps: int = 4, epsilon: float = 2.5,
                    inner_share: float = 0.01) -> AuditSpec:
   """``dp_bilevel`` (Alg 1, full batch) through ``bilevel.dp_bilevel_releases`` with the
-  driver's own plan (``bilevel_config``). Example ``i`` is ``(a_i, b_i)``; upper level
+  driver's own plan (``api.plan_problem``). Example ``i`` is ``(a_i, b_i)``; upper level
   ``f_i(x, y) = <a_i, x>``, lower level ``g_i(x, y) = ||y - b_i||^2 / 2`` (per-level membership
   inside each example, paper 004's footnote 1). The penalty hypergradient is then
   ``v_i = a_i`` at every ``(x, y^lam, y*)``, so the canary ``a_0 = 10 C_out e_0`` (replaced by
@@ -332,6 +333,7 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
   likelihood-ratio statistic: equal shifts, i.i.d. noise). Claim: ``dp_bilevel(...)``'s
   ``privacy.epsilon`` (PLD composition of all ``3T`` mechanisms). Twin ``noise_halved``: every
   multiplier of the plan halved."""
+  from dpsco_jax import api
   from dpsco_jax.algorithms.bilevel import driver as bl
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: DP bilevel (paper 004) is replace_one")
@@ -352,8 +354,9 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
          "inner_rounds": 1, "outer_clip_norm": _CLIP, "inner_clip_norm": _CLIP,
          "outer_noise": True,
          "shares": (inner_share, inner_share, 1.0 - 2 * inner_share)}
-  bcfg, _ = bl.bilevel_config(problem, cfg)  # the driver's plan (data free, calibrated)
-  claim = bl.dp_bilevel(problem, cfg, jax.random.key(0)).privacy.epsilon
+  plan = api.plan_problem("dp_bilevel", cfg, problem)  # the driver's plan (data free, calibrated)
+  bcfg = plan.detail.bcfg
+  claim = api.execute(plan, problem, jax.random.key(0)).privacy.epsilon
   if broken == "noise_halved":
     half = lambda c: dataclasses.replace(c, noise_multiplier=c.noise_multiplier / 2.0)
     bcfg = dataclasses.replace(bcfg, outer_noise_multiplier=bcfg.outer_noise_multiplier / 2.0,

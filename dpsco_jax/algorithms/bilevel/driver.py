@@ -46,8 +46,6 @@ Vectors: ``x`` (upper level) and ``y`` (lower level) are flat ``jnp`` vectors.
 
 from __future__ import annotations
 
-import copy
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -60,20 +58,20 @@ from dpsco_jax.algorithms.bilevel.config import (BilevelConfig as BilevelSchema,
                                                   NonPrivatePenaltyConfig)
 from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.algorithms.registration import register
-from dpsco_jax.algorithms.bilevel.plan import (RELATION, BilevelConfig, bilevel_config,
-                                               bilevel_events, config_view, noise_ratios,
-                                               outer_stage, paper_bilevel_noise,
-                                               paper_composition_epsilon, theory_params,
-                                               with_noise)
-from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd, loc_gd_stddev
-from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
+from dpsco_jax.algorithms.bilevel.plan import (  # noqa: F401 (re-exported)
+    RELATION, BilevelConfig, BilevelPlan, bilevel_config, bilevel_events, bilevel_minibatch_planner,
+    bilevel_planner, bilevel_population_planner, bilevel_report, charge_bilevel, config_view,
+    noise_ratios, nonprivate_penalty_planner, outer_stage, paper_bilevel_noise,
+    paper_composition_epsilon, theory_params, with_noise)
+from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd
+from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport
 from dpsco_jax.problems.bilevel import (BilevelProblem, ProblemConstants,  # noqa: F401
                                        diabetes_ridge_problem, exact_lower_solve, project_x,
                                        exact_penalty_hypergrad, full_f, full_g,
                                        gradient_mapping, hyperobjective, implicit_hypergrad,
                                        penalty_hypergrad_per_example, penalty_hypergrad_public,
                                        ridge_tuning_problem, synthetic_ridge_problem)
-from dpsco_jax.privacy.relations import PUBLIC
+from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.post_processing import track_min_step
@@ -91,10 +89,6 @@ __all__ = [
     "synthetic_ridge_problem", "diabetes_ridge_problem", "nonprivate_penalty_method",
 ]
 
-
-# --------------------------------------------------------------------------------------------
-# Min-step output rule (Alg 1 lines 7-8)
-# --------------------------------------------------------------------------------------------
 
 # --------------------------------------------------------------------------------------------
 # The driver (Alg 1 / Alg 3): one jitted lax.scan over T
@@ -281,124 +275,80 @@ def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
                                                    problem.x_center)
 
 
-def _charge(ledger: PrivacyLedger, events: list) -> None:
-  """Budget check of the whole composition BEFORE anything runs, on a scratch copy so that a
-  refused run leaves the caller's ledger untouched; then record every mechanism."""
-  trial = copy.deepcopy(ledger)
-  for label, event, count in events[:-1]:
-    trial.compose(event, label=label, count=count)
-  trial.spend(events[-1][1], label=events[-1][0], count=events[-1][2])  # raises if exceeded
-  for label, event, count in events:
-    ledger.compose(event, label=label, count=count)
-
-
-def _record(bcfg: BilevelConfig, out: BilevelOutput, info: dict, n: int, *, eps: float,
-            delta: float, paper_eps: float) -> dict:
-  paper = paper_bilevel_noise(bcfg, n, epsilon=eps, delta=delta)
-  return {
-      "x_out": np.asarray(out.x_out).tolist(), "t_out": int(out.t_out),
-      "min_step_norm_over_eta": float(np.min(np.asarray(out.step_norms))) / bcfg.eta,
-      "lam": bcfg.lam, "learning_rate": bcfg.eta, "num_steps": bcfg.steps,
-      "outer_clip_norm": bcfg.clip_out, "inner_num_steps": bcfg.inner_y.steps,
-      "inner_rounds": [bcfg.inner_y.rounds, bcfg.inner_lam.rounds],
-      "outer_noise_std": outer_stage(bcfg, n).std,
-      "inner_y_noise_std": loc_gd_stddev(bcfg.inner_y, n),
-      "inner_lam_noise_std": loc_gd_stddev(bcfg.inner_lam, n),
-      "paper_outer_noise_std": paper["outer_std"] if info["outer_noise"] else None,
-      "paper_inner_y_noise_std": paper["inner_y_std"],
-      "paper_inner_lam_noise_std": paper["inner_lam_std"],
-      "paper_epsilon_for_our_noise": paper_eps,
-      # the preset's derived values (the theory preset's eta, steps, clip_out are above as
-      # learning_rate, num_steps, outer_clip_norm)
-      **{k: v for k, v in info.items() if isinstance(v, (int, float, bool, str))
-         and k not in ("eta", "steps", "clip_out")},
-  }
+def _execute(plan: BilevelPlan, problem: BilevelProblem, key: jax.Array,
+             privacy: PrivacyReport, debug: bool) -> Result:
+  """Runs a planned Alg 1 / Alg 3 on ``problem`` and reports ``privacy`` (the plan's, or the
+  caller's ledger's). The record holds public quantities only: the plan's numbers, the
+  privatized step norms and ``t_out``. ``debug``: the last private ``y`` estimates' distance to
+  the exact ones (non-private) and the problem's metrics go to ``Result.debug``."""
+  bcfg, n = plan.bcfg, plan.n
+  out = _run_compiled(problem, bcfg, key, getattr(problem, "mesh", None))
+  # Poisson masks keep shapes static: every (inner or outer) step evaluates all n gradients.
+  evals = bcfg.steps * n * (bcfg.inner_y.rounds * bcfg.inner_y.steps
+                            + bcfg.inner_lam.rounds * bcfg.inner_lam.steps + 1)
+  diagnostics = None
+  if debug:
+    x_last_in = out.xs[-1]
+    diagnostics = {"inner_y_error_last": float(jnp.linalg.norm(
+        out.y_star - exact_lower_solve(problem, x_last_in))),
+                   "inner_lam_error_last": float(jnp.linalg.norm(
+                       out.y_lam - exact_lower_solve(problem, x_last_in, bcfg.lam))),
+                   "metrics": problem.metrics(out.x_out, bcfg.eta)}
+  record = {"x_out": np.asarray(out.x_out).tolist(), "t_out": int(out.t_out),
+            "min_step_norm_over_eta": float(np.min(np.asarray(out.step_norms))) / bcfg.eta,
+            **plan.record}
+  return Result(params=out.x_out, privacy=privacy, gradient_evaluations=int(evals),
+                record=record, debug=diagnostics)
 
 
 #: why the bilevel methods take no loss_fn + UserData (dp.run / dp.fit): their registrations'
 #: reason. The private ones do take a mesh (the runner's ``devices:`` key, ``problem.mesh``).
 _BILEVEL = ("it is a bilevel method: it needs an outer and an inner loss (a BilevelProblem, "
             "see dpsco_jax.problems.bilevel), not one loss_fn")
+_TRAITS = dict(config=BilevelSchema, paper="004", unsupported=_BILEVEL, mesh=True)
 
 
-@register("dp_bilevel", legacy=True, config=BilevelSchema, paper="004", unsupported=_BILEVEL,
-          mesh=True)
+@register("dp_bilevel_minibatch", planner=bilevel_minibatch_planner, **_TRAITS)
+@register("dp_bilevel", planner=bilevel_planner, **_TRAITS)
+def run_dp_bilevel(plan, problem: BilevelProblem, key: jax.Array) -> Result:
+  """Runs ``plan.detail`` (a :class:`~.plan.BilevelPlan`: Alg 1, or Alg 3 when a batch size
+  is set; ``dp_bilevel_minibatch`` defaults both to ``n // 10``) and reports ``plan.privacy``
+  (see :func:`dp_bilevel`)."""
+  return _execute(plan.detail, problem, key, plan.privacy, bool(plan.config.debug))
+
+
+@register("dp_bilevel_population", planner=bilevel_population_planner, **_TRAITS)
+def run_dp_bilevel_population(plan, problem: BilevelProblem, key: jax.Array) -> Result:
+  """§6 / Thm 6.1: the same algorithm; the theory preset adds ``K3 sqrt(d_x/n)`` to alpha and
+  the record reports the population metrics the theorem bounds."""
+  res = run_dp_bilevel(plan, problem, key)
+  res.record["target"] = "population"
+  return res
+
+
 def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
-               ledger: PrivacyLedger | None = None):
-  """Runner entry for Alg 1 / Alg 3 (``inner_batch_size`` / ``outer_batch_size`` set) with
-  exact accounting.
+               ledger: PrivacyLedger | None = None) -> Result:
+  """Alg 1 / Alg 3 (``inner_batch_size`` / ``outer_batch_size`` set) with exact accounting:
+  planned by ``dp_bilevel``'s planner (:func:`~.plan.bilevel_planner`) and run by its runner.
 
   Item level, replace-one (public: the number of examples ``n``, shapes, the config). The plan
   (:func:`~.plan.bilevel_config`) is data free; every mechanism is spent on a
   replace-one ledger with ``epsilon_budget=epsilon`` BEFORE the run (an explicit
   ``noise_multiplier`` above the budget raises :class:`PrivacyBudgetExceeded`; nothing is
   released). ``ledger`` (optional) is an existing replace-one ledger to spend on (composition
-  with other releases; its own budget is enforced as well). Provenance ``accountant``. The
-  record holds public quantities only: the calibrated noise, the paper's formula beside it,
-  the privatized step norms and ``t_out``. With ``debug: true`` the last private ``y``
-  estimates' distance to the exact ones (non-private) goes to ``debug``.
+  with other releases; its own budget is enforced as well, and the report is its). Provenance
+  ``accountant``. The record holds public quantities only: the calibrated noise, the paper's
+  formula beside it, the privatized step norms and ``t_out``. With ``debug: true`` the last
+  private ``y`` estimates' distance to the exact ones (non-private) goes to ``debug``.
   """
-  from dpsco_jax.result import Result
-
-  cfg = config_view(cfg)
-  bcfg, info = bilevel_config(problem, cfg)
-  eps = float(cfg.epsilon)
-  delta = float(cfg.delta)  # required: bilevel_config checked it
-  n = problem.n
   if ledger is not None and ledger.relation != RELATION:
     raise ValueError(f"ledger.relation must be {RELATION!r} (the paper's adjacency)")
-  own = PrivacyLedger(delta=delta, epsilon_budget=eps, relation=RELATION)
-  events = bilevel_events(bcfg, n)
-  _charge(own, events)  # the configured epsilon is a budget for this run
+  cfg = config_view(cfg)
+  privacy, _, _, plan = bilevel_planner(problem, cfg)   # raises over budget: nothing runs
   if ledger is not None:
-    _charge(ledger, events)
-  else:
-    ledger = own
-  out = _run_compiled(problem, bcfg, key, getattr(problem, "mesh", None))
-  paper_eps = paper_composition_epsilon(bcfg, n, delta=delta)
-  alg = "Alg 3 (Poisson mini-batches)" if (bcfg.batch_out or bcfg.inner_y.batch_size) else "Alg 1"
-  outer = ("T outer Gaussian steps" if info["outer_noise"] else
-           "no outer noise (data terms x-free: outer step is post-processing, §7)")
-  notes = (f"{alg}, preset={info['preset']}; replace-one (public: {PUBLIC[RELATION]}) PLD "
-           f"composition of 2T DP-Loc-(S)GD solves and {outer}; per-example clipping enforces "
-           "every sensitivity (spec §3.4).")
-  report = ledger.report(provenance=Provenance.ACCOUNTANT, level="item",
-                         paper_epsilon=paper_eps, notes=notes)
-  # Poisson masks keep shapes static: every (inner or outer) step evaluates all n gradients.
-  evals = bcfg.steps * n * (bcfg.inner_y.rounds * bcfg.inner_y.steps
-                            + bcfg.inner_lam.rounds * bcfg.inner_lam.steps + 1)
-  debug = None
-  if cfg.get("debug", False):      # a runner key, not the schema's
-    x_last_in = out.xs[-1]
-    debug = {"inner_y_error_last": float(jnp.linalg.norm(
-        out.y_star - exact_lower_solve(problem, x_last_in))),
-             "inner_lam_error_last": float(jnp.linalg.norm(
-                 out.y_lam - exact_lower_solve(problem, x_last_in, bcfg.lam))),
-             "metrics": problem.metrics(out.x_out, bcfg.eta)}
-  return Result(params=out.x_out, privacy=report, gradient_evaluations=int(evals),
-                record=_record(bcfg, out, info, n, eps=eps, delta=delta, paper_eps=paper_eps),
-                debug=debug)
-
-
-@register("dp_bilevel_minibatch", legacy=True, config=BilevelSchema, paper="004", unsupported=_BILEVEL,
-          mesh=True)
-def _dp_bilevel_minibatch(problem: BilevelProblem, cfg: dict, key: jax.Array):
-  cfg = dict(cfg)
-  n = problem.n
-  cfg.setdefault("outer_batch_size", max(1, n // 10))
-  cfg.setdefault("inner_batch_size", max(1, n // 10))
-  return dp_bilevel(problem, cfg, key)
-
-
-@register("dp_bilevel_population", legacy=True, config=BilevelSchema, paper="004", unsupported=_BILEVEL,
-          mesh=True)
-def _dp_bilevel_population(problem: BilevelProblem, cfg: dict, key: jax.Array):
-  """§6 / Thm 6.1: the same algorithm; the theory preset adds ``K3 sqrt(d_x/n)`` to alpha and
-  the record reports the population metrics the theorem bounds."""
-  cfg = dict(cfg, population=True)
-  res = dp_bilevel(problem, cfg, key)
-  res.record["target"] = "population"
-  return res
+    charge_bilevel(ledger, plan.events)
+    privacy = bilevel_report(plan, ledger)
+  return _execute(plan, problem, key, privacy, bool(cfg.debug))
 
 
 # --------------------------------------------------------------------------------------------
@@ -438,18 +388,16 @@ _EXACT = ("the non-private reference solves its inner problems exactly (Newton o
           "dataset, one device): no per-example clipped step to shard")
 
 
-@register("nonprivate_penalty", legacy=True, config=NonPrivatePenaltyConfig, paper="004",
-          unsupported=_BILEVEL, mesh=_EXACT)
-def _nonprivate_runner(problem: BilevelProblem, cfg: dict, key: jax.Array):
-  from dpsco_jax.result import Result
+@register("nonprivate_penalty", config=NonPrivatePenaltyConfig, paper="004",
+          planner=nonprivate_penalty_planner, unsupported=_BILEVEL, mesh=_EXACT)
+def run_nonprivate_penalty(plan, problem: BilevelProblem, key: jax.Array) -> Result:
+  """The non-private reference (:func:`nonprivate_penalty_method`) with the plan's config."""
   del key
-  cfg = NonPrivatePenaltyConfig.of(cfg)   # the schema's defaults
+  cfg = plan.config
   x = nonprivate_penalty_method(problem, lam=float(cfg.lam), eta=float(cfg.learning_rate),
                                 steps=int(cfg.num_steps), newton_steps=int(cfg.newton_steps))
-  report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
-                         relation=RELATION, notes="NON-PRIVATE reference: exact inner solves")
-  return Result(params=x, privacy=report, gradient_evaluations=0, record={"non_private": True})
-
+  return Result(params=x, privacy=plan.privacy, gradient_evaluations=0,
+                record={"non_private": True})
 
 
 def dp_ridge_tuning(a_tr, b_tr, a_val, b_val, *, epsilon: float, delta: float, key: jax.Array,

@@ -49,8 +49,8 @@ Privacy contract.
     utility, never privacy.
   * Calibration: the presets build the solve's event and call the one calibrator
     ``dpsco_jax.privacy.calibrate_noise_multiplier``; an explicit ``noise_multiplier`` whose
-    epsilon exceeds the configured epsilon is refused before anything is released
-    (:func:`run_dp_loc_gd`).
+    epsilon exceeds the configured epsilon is refused by the planner (:func:`loc_gd_planner`)
+    before anything runs.
   * Audit hook: :func:`dp_loc_gd_releases` returns the per-step noisy clipped means; with
     ``forced=`` it replays a given release history (the adaptive-composition view: the query
     points are post-processing of earlier releases).
@@ -87,10 +87,11 @@ from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
     LocGDAux, LocGDConfig, LocGDRunPlan, RELATION, SUPPORTED_RELATIONS, loc_gd_planner,
     noise_denominator,
     advanced_composition_step, charge_loc_gd, check_loc_gd_precondition, check_loc_gd_relation,
-    config_view, loc_gd_event, loc_gd_plan_for_problem, loc_gd_practical_config, loc_gd_radii,
+    loc_gd_event, loc_gd_plan_for_problem, loc_gd_practical_config, loc_gd_radii,
     loc_gd_report, loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event,
     loc_gd_theory_config, paper_loc_gd_stddev, plan_dp_loc_gd, with_calibrated_noise)
 from dpsco_jax.grads import per_example_grads
+from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
 from dpsco_jax.transforms.post_processing import add_public_gradient
@@ -273,12 +274,13 @@ def compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
                                                  users, report, tick)[:2])
 
 
-# item rows sharded over the mesh's users axis; the plan's z is the driver's
+# item rows sharded over the mesh's users axis
 _TRAITS = dict(paper="004", planner=loc_gd_planner, level="item", reads_m=True, mesh=True)
 
 
-@register("dp_loc_gd", legacy=True, config=LocGdConfig, **_TRAITS)
-def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
+@register("dp_loc_sgd", config=LocSgdConfig, **_TRAITS)   # batch_size required by its schema
+@register("dp_loc_gd", config=LocGdConfig, **_TRAITS)
+def run_dp_loc_gd(plan, problem, key: jax.Array) -> Result:
   """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
 
   Config keys: ``epsilon`` (the budget), ``delta`` (required), ``mu`` (public strong convexity;
@@ -286,15 +288,12 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
   ``noise_multiplier`` (explicit; refused if its epsilon exceeds ``epsilon``), ``clip_norm``
   (default ``problem.lipschitz``), ``preset`` (``practical`` | ``theory``), ``num_steps`` (per
   round), ``rounds, batch_size, radius0`` (default ``2 problem.radius``), ``radius_const``,
-  ``l2`` (a data-independent ridge term ``l2/2 ||y||^2`` added to ``h``), ``debug``. The plan
-  (:func:`loc_gd_plan_for_problem`) uses only the public ``n`` and the config; the ledger is
-  charged before the solve runs.
+  ``l2`` (a data-independent ridge term ``l2/2 ||y||^2`` added to ``h``), ``debug``. Runs
+  ``plan.detail`` (a :class:`LocGDRunPlan`: the planner, :func:`loc_gd_planner`, used only the
+  public ``n`` and the config and charged the ledger) and reports ``plan.privacy``.
   """
-  from dpsco_jax.result import Result
-
-  plan = loc_gd_plan_for_problem(problem, cfg)
-  ledger = charge_loc_gd(plan)  # raises before anything is computed
-  data, lcfg, n, l2 = _item_level_data(problem), plan.config, plan.n, plan.l2
+  lplan: LocGDRunPlan = plan.detail
+  data, lcfg, n, l2 = _item_level_data(problem), lplan.config, lplan.n, lplan.l2
   solve_args: tuple = ()
   mesh = getattr(problem, "mesh", None)
   if mesh is not None:   # items sharded over the users axis, padded with masked copies
@@ -303,26 +302,19 @@ def run_dp_loc_gd(problem, cfg: dict, key: jax.Array):
     data, n_real = _on_mesh(data, mesh, "users")
     solve_args = (n_real, NamedSharding(mesh, PartitionSpec("users")))
   # progress: the solve's M T steps, epsilon None until the last report (no per-step event)
-  with progress_session(getattr(problem, "progress", None), plan.num_steps) as session:
+  with progress_session(getattr(problem, "progress", None), lplan.num_steps) as session:
     y_out, aux = compiled_solve(problem.loss_fn, lcfg, float(l2), *solve_args,
                                 report=session.report)(problem.init_params(), data, key,
                                                        session.tick())
   debug = ({"max_dist_per_round": np.asarray(aux.max_dist).tolist()}
-           if config_view(cfg).get("debug", False) else None)
+           if plan.config.debug else None)
   record = {"noise_multiplier": lcfg.noise_multiplier, "batch_size": lcfg.batch_size,
             "noise_std": loc_gd_stddev(lcfg, n),
-            "paper_noise_std": paper_loc_gd_stddev(lcfg, n, epsilon=plan.epsilon,
-                                                   delta=plan.delta),
+            "paper_noise_std": paper_loc_gd_stddev(lcfg, n, epsilon=lplan.epsilon,
+                                                   delta=lplan.delta),
             "rounds": lcfg.rounds, "num_steps": lcfg.steps,
-            "radii": list(map(float, aux.radii)), "preset": plan.preset}
+            "radii": list(map(float, aux.radii)), "preset": lplan.preset}
   # Poisson masks keep shapes static: every step evaluates all n per-example gradients.
   evals = lcfg.rounds * lcfg.steps * n
-  return Result(params=y_out, privacy=loc_gd_report(plan, ledger),
-                gradient_evaluations=int(evals), record=record, debug=debug)
-
-
-@register("dp_loc_sgd", legacy=True, config=LocSgdConfig, **_TRAITS)
-def _run_dp_loc_sgd(problem, cfg: dict, key: jax.Array):
-  if config_view(cfg).batch_size is None:
-    raise ValueError("batch_size is required for dp_loc_sgd")
-  return run_dp_loc_gd(problem, cfg, key)
+  return Result(params=y_out, privacy=plan.privacy, gradient_evaluations=int(evals),
+                record=record, debug=debug)

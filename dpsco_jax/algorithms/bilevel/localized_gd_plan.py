@@ -274,20 +274,12 @@ def loc_gd_practical_config(*, mu: float, clip_norm: float, n: int, dim: int, ep
 # The runner's plan (public facts only), its charge and report
 # --------------------------------------------------------------------------------------------
 
-def config_view(cfg: Mapping | Any) -> Schema:
-  """``dp_loc_gd`` / ``dp_loc_sgd``'s config as the planner and driver read it: the fields of
-  :class:`~dpsco_jax.algorithms.bilevel.config.LocGdConfig` with their defaults (the one
-  place they are written; ``dp_loc_sgd`` adds only that ``batch_size`` is required) and the
-  runner's ``debug``; any other key raises."""
-  return LocGdConfig.of(cfg)
-
-
 def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float
                    ) -> tuple[LocGDConfig, dp_accounting.DpEvent]:
   """Data-free plan of a runner solve: the config (schedule, noise multiplier) and its event,
   from the config and public numbers only (``n`` public under replace-one). An explicit
   ``noise_multiplier`` is kept as given (the caller checks it against the budget)."""
-  cfg = config_view(cfg)
+  cfg = LocGdConfig.of(cfg)   # dp_loc_sgd's LocSgdConfig is one (batch_size required)
   check_loc_gd_relation(cfg.relation)
   eps = check_epsilon(cfg.epsilon, "epsilon")
   delta = required_delta(cfg.delta)
@@ -342,7 +334,7 @@ def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
   """:func:`plan_dp_loc_gd` from public facts only (``n_users * m`` items, ``d``; where the
   config does not give them: L for ``clip_norm``, a finite R for ``radius0 = 2R``, the declared
   strong convexity for ``mu``): a :class:`~dpsco_jax.data.PublicFacts` suffices."""
-  cfg = config_view(cfg)
+  cfg = LocGdConfig.of(cfg)   # dp_loc_sgd's LocSgdConfig is one (batch_size required)
   required_delta(cfg.delta)  # a missing delta is named before any constant is read
   n, dim = int(problem.n_users) * int(problem.m), int(problem.d)
   # derived defaults (the schema's docs give them): L, 2R -- read only when not given

@@ -10,12 +10,15 @@ public constants. Calibration goes through the library's one calibrator,
 subsampled at rate ``b_in / n`` for Alg 3) and ``T`` outer Gaussian steps (Poisson at
 ``b_out / n`` for Alg 3), composed by PLD under replace-one.
 
-The bilevel drivers register no planner (they take no ``loss_fn``); the package's one planner,
-``dp_loc_gd`` / ``dp_loc_sgd``'s, is in :mod:`.localized_gd_plan` with the rest of their plan.
+The planners of the bilevel drivers (:func:`bilevel_planner` and its minibatch / population
+variants, :func:`nonprivate_penalty_planner`) read the built-in :class:`BilevelProblem` as their
+public facts (they take no ``loss_fn``: ``dpsco_jax.plan`` refuses them); ``dp_loc_gd`` /
+``dp_loc_sgd``'s planner is in :mod:`.localized_gd_plan` with the rest of their plan.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -27,15 +30,18 @@ import jax
 
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
-from dpsco_jax.algorithms.bilevel.config import BilevelConfig as BilevelSchema
+from dpsco_jax.algorithms.bilevel.config import (BilevelConfig as BilevelSchema,
+                                                  NonPrivatePenaltyConfig)
+from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.config.families import Schema
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
-    LocGDConfig, loc_gd_event, loc_gd_rounds, loc_gd_stage, loc_gd_step_event,
+    LocGDConfig, loc_gd_event, loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event,
     paper_loc_gd_stddev)
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
-from dpsco_jax.privacy.relations import check_relation
+from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
+from dpsco_jax.privacy.relations import PUBLIC, check_relation
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 
 RELATION = "replace_one"  # paper §2: neighbouring datasets differ in one replaced point
@@ -400,3 +406,113 @@ def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[Bilevel
   info["lam_below_theory_min"] = s["lam"] < max(2 * c.kappa, c.l0f / c.l0g, c.l1f / c.l1g)
   info["eta_above_theory_max"] = s["eta"] > 1.0 / (2.0 * c.ell * c.kappa ** 3)
   return bcfg, info
+
+
+# --------------------------------------------------------------------------------------------
+# The planners: what a run executes, its charge and its report
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BilevelPlan:
+  """What a bilevel run executes: the calibrated ``bcfg`` for the public ``n``, the target
+  ``(epsilon, delta)``, every mechanism's ``(label, event, count)``, the epsilon the paper's own
+  composition certifies for this noise, and the record's public numbers (the noise, the
+  paper's formula beside it, the preset's derived values)."""
+  bcfg: BilevelConfig
+  n: int
+  epsilon: float
+  delta: float
+  events: tuple
+  paper_epsilon: float
+  notes: str
+  record: dict
+
+
+def charge_bilevel(ledger: PrivacyLedger, events) -> None:
+  """Budget check of the whole composition BEFORE anything runs, on a scratch copy so that a
+  refused run leaves the caller's ledger untouched; then record every mechanism."""
+  trial = copy.deepcopy(ledger)
+  for label, event, count in events[:-1]:
+    trial.compose(event, label=label, count=count)
+  trial.spend(events[-1][1], label=events[-1][0], count=events[-1][2])  # raises if exceeded
+  for label, event, count in events:
+    ledger.compose(event, label=label, count=count)
+
+
+def bilevel_report(plan: BilevelPlan, ledger: PrivacyLedger) -> PrivacyReport:
+  """The guarantee of a run charged on ``ledger`` (a fresh one, or a caller's that composes
+  other releases): item level, ``accountant``, the paper's epsilon beside it."""
+  return ledger.report(provenance=Provenance.ACCOUNTANT, level="item",
+                       paper_epsilon=plan.paper_epsilon, notes=plan.notes)
+
+
+def _public_record(bcfg: BilevelConfig, info: dict, n: int, *, eps: float, delta: float,
+                   paper_eps: float) -> dict:
+  paper = paper_bilevel_noise(bcfg, n, epsilon=eps, delta=delta)
+  return {
+      "lam": bcfg.lam, "learning_rate": bcfg.eta, "num_steps": bcfg.steps,
+      "outer_clip_norm": bcfg.clip_out, "inner_num_steps": bcfg.inner_y.steps,
+      "inner_rounds": [bcfg.inner_y.rounds, bcfg.inner_lam.rounds],
+      "outer_noise_std": outer_stage(bcfg, n).std,
+      "inner_y_noise_std": loc_gd_stddev(bcfg.inner_y, n),
+      "inner_lam_noise_std": loc_gd_stddev(bcfg.inner_lam, n),
+      "paper_outer_noise_std": paper["outer_std"] if info["outer_noise"] else None,
+      "paper_inner_y_noise_std": paper["inner_y_std"],
+      "paper_inner_lam_noise_std": paper["inner_lam_std"],
+      "paper_epsilon_for_our_noise": paper_eps,
+      # the preset's derived values (the theory preset's eta, steps, clip_out are above as
+      # learning_rate, num_steps, outer_clip_norm)
+      **{k: v for k, v in info.items() if isinstance(v, (int, float, bool, str))
+         and k not in ("eta", "steps", "clip_out")},
+  }
+
+
+def bilevel_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
+  """``dp_bilevel``'s planner: the calibrated :class:`BilevelConfig` (:func:`bilevel_config`)
+  and its ``3T`` mechanisms charged on a fresh replace-one ledger with ``epsilon_budget =
+  epsilon`` (an explicit ``noise_multiplier`` above the budget raises
+  :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` here, before anything runs). ``facts``
+  is the :class:`BilevelProblem` (its public ``n``, shapes and constants; no data values)."""
+  cfg = config_view(cfg)
+  bcfg, info = bilevel_config(facts, cfg)
+  n, eps, delta = facts.n, float(cfg.epsilon), float(cfg.delta)   # checked by bilevel_config
+  paper_eps = paper_composition_epsilon(bcfg, n, delta=delta)
+  alg = "Alg 3 (Poisson mini-batches)" if (bcfg.batch_out or bcfg.inner_y.batch_size) else "Alg 1"
+  outer = ("T outer Gaussian steps" if info["outer_noise"] else
+           "no outer noise (data terms x-free: outer step is post-processing, §7)")
+  notes = (f"{alg}, preset={info['preset']}; replace-one (public: {PUBLIC[RELATION]}) PLD "
+           f"composition of 2T DP-Loc-(S)GD solves and {outer}; per-example clipping enforces "
+           "every sensitivity (spec §3.4).")
+  plan = BilevelPlan(bcfg, n, eps, delta, tuple(bilevel_events(bcfg, n)), paper_eps, notes,
+                     _public_record(bcfg, info, n, eps=eps, delta=delta, paper_eps=paper_eps))
+  ledger = PrivacyLedger(delta=delta, epsilon_budget=eps, relation=RELATION)
+  charge_bilevel(ledger, plan.events)   # the configured epsilon is a budget for this run
+  schedule = {"num_steps": bcfg.steps, "learning_rate": bcfg.eta, "lam": bcfg.lam,
+              "outer_batch_size": bcfg.batch_out, "inner_batch_size": bcfg.inner_y.batch_size,
+              "inner_num_steps": bcfg.inner_y.steps,
+              "inner_rounds": [bcfg.inner_y.rounds, bcfg.inner_lam.rounds]}
+  return Planned(bilevel_report(plan, ledger), info["noise_multiplier"], schedule, plan)
+
+
+def bilevel_minibatch_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
+  """``dp_bilevel_minibatch``: Alg 3, each batch size ``n // 10`` unless the config sets it."""
+  cfg, b = config_view(cfg), max(1, facts.n // 10)
+  return bilevel_planner(facts, dataclasses.replace(
+      cfg, outer_batch_size=cfg.get("outer_batch_size", b),
+      inner_batch_size=cfg.get("inner_batch_size", b)))
+
+
+def bilevel_population_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
+  """``dp_bilevel_population`` (§6 / Thm 6.1): the theory preset adds ``K3 sqrt(d_x/n)`` to
+  alpha."""
+  return bilevel_planner(facts, dataclasses.replace(config_view(cfg), population=True))
+
+
+def nonprivate_penalty_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
+  """``nonprivate_penalty``: no privacy (exact inner solves); the schedule is the config's."""
+  cfg = NonPrivatePenaltyConfig.of(cfg)
+  report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
+                         relation=RELATION, notes="NON-PRIVATE reference: exact inner solves")
+  return Planned(report, None, {"lam": cfg.lam, "learning_rate": cfg.learning_rate,
+                                "num_steps": cfg.num_steps, "newton_steps": cfg.newton_steps},
+                 None)

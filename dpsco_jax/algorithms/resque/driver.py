@@ -10,8 +10,8 @@ defined) and it re-exports every public name of the modules that implement them:
   * :mod:`.plan` — private SCO's data-free plan (Theorems 3-4, item level, replace-one):
     ``resque_private_plan`` (schedule, ``beta``, the approximate-RDP events), its ledger
     charge and report: what ``dpsco_jax.plan`` reads.
-  * :mod:`.private` — private SCO's run: ``resque_private_sco`` (spends the plan, then runs
-    it), ``private_erm`` and the audit hook
+  * :mod:`.private` — private SCO's run: ``resque_private_sco`` (runs the plan),
+    ``private_erm`` and the audit hook
     ``resque_private_releases`` (every Alg. 4 call's per-phase noisy releases; replay on a
     neighbouring dataset).
   * :mod:`.solvers` — the private solvers: Alg. 3/4 ``localized_resque_sgd`` (and its
@@ -37,9 +37,6 @@ from dpsco_jax.algorithms.resque.solvers import (  # noqa: F401
     Alg4Plan, alg4_phase_releases, alg4_plan, alg5_schedule, draw_queries, flat_items,
     high_probability_solver, localized_resque_sgd, mlmc_prox_estimator, phase_average,
     problem_items, strongly_convex_resque)
-
-# Kept for callers of the former private name (the plan's event builder).
-_approx_rdp_events = approx_rdp_events
 
 __all__ = [
     "ACCOUNTANT_DELTA_SHARE", "DELTA_PRIME_FRAC", "LEMMA5_DRIFT", "RELATION",

@@ -4,11 +4,13 @@ Ball acceleration (:mod:`.ball_acceleration`) over ``F = f^_rho`` with
 ``r = rho = eps_opt / (sqrt(d) L)`` and EpochSGD (Alg. 1) ball oracles, each one batched round
 of ReSQue queries. :func:`resque_parallel_sco` reports the query depth and total queries needed
 to reach a target accuracy; :func:`minibatch_sgd` is the baseline whose query depth is its
-number of steps.
+number of steps. Each has a planner (the target, the radii, the step size: from the config and
+the synthetic problem's public facts) and runs its plan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from dpsco_jax.algorithms.resque.config import MinibatchSgdConfig, ResqueParallelConfig
-from dpsco_jax.algorithms.registration import register
+from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax._checks import check_choice, check_int, check_positive
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.resque.solvers import problem_items
@@ -36,7 +38,12 @@ def _target(problem, cfg: Schema) -> float:
   if cfg.target is not None:
     return check_positive(cfg.target, "target")
   frac = check_positive(cfg.target_frac, "target_frac")
-  return frac * problem.excess_risk(problem.init_params())
+  return frac * float(problem.excess_risk(problem.init_params()))
+
+
+def _non_private(notes: str) -> PrivacyReport:
+  return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
+                       notes=notes)
 
 
 #: why the non-private parallel methods run only on synthetic problems (their registrations'
@@ -45,8 +52,49 @@ _TARGET = ("it stops at a target excess risk, which needs a known optimum (a syn
            "problem)")
 
 
-@register("resque_parallel_sco", legacy=True, config=ResqueParallelConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
-def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
+@dataclasses.dataclass(frozen=True)
+class ParallelPlan:
+  """What :func:`resque_parallel_sco` runs: the target, ``eps_opt``, ``r = rho``, the ball
+  oracle and ball acceleration's constants (``accel``: Prop. 1's ``K``, ``kappa``,
+  ``lam_star``)."""
+  target: float
+  eps_opt: float
+  r: float
+  lipschitz: float
+  radius: float
+  oracle: str
+  ls_runs: int | None
+  c_ba: float
+  lam_min: float
+  phi_denominator: float      # c_phi log^3 kappa: the ball oracles' phi = lam r^2 / this
+  max_iter: int | None
+  accel: dict
+
+
+def resque_parallel_planner(facts, cfg: Mapping | Any) -> Planned:
+  """``resque_parallel_sco``'s plan from the config and the synthetic problem's public facts
+  (``d``, ``L``, ``R``; its initial excess risk when no ``target`` is given)."""
+  cfg = ResqueParallelConfig.of(cfg)
+  d, L, R = int(facts.d), float(facts.lipschitz), float(facts.radius)
+  target = _target(facts, cfg)
+  eps_opt = check_positive(cfg.get("eps_opt", target), "eps_opt")   # derived: the target
+  c_ba = check_positive(cfg.c_ba, "c_ba")
+  r = eps_opt / (math.sqrt(d) * L)
+  kind = check_choice(cfg.oracle, "oracle", ("epoch_sgd", "acsa"))
+  runs = check_int(cfg.ls_runs, "ls_runs") if kind == "epoch_sgd" else None
+  p = ba.resque_accel_params(L, r, R, eps_opt)
+  lam_min = p["lam_star"] * check_positive(cfg.lam_min_scale, "lam_min_scale")
+  phi_den = check_positive(cfg.c_phi, "c_phi") * math.log(max(p["kappa"], math.e)) ** 3
+  plan = ParallelPlan(target, eps_opt, r, L, R, kind, runs, c_ba, lam_min, phi_den,
+                      cfg.max_iter, {k: p[k] for k in ("K", "kappa", "lam_star")})
+  return Planned(_non_private("non-private (parallel SCO, Theorem 1)"), None,
+                 {"target": target, "eps_opt": eps_opt, "r": r, "max_iter": cfg.max_iter},
+                 plan)
+
+
+@register("resque_parallel_sco", config=ResqueParallelConfig, paper="002",
+          planner=resque_parallel_planner, unsupported=_TARGET, mesh=_TARGET)
+def resque_parallel_sco(plan, problem, key: jax.Array) -> Result:
   """Theorem 1 (non-private): ball acceleration + EpochSGD/ReSQue ball oracles on
   ``f^_rho``, ``r = rho = eps_opt/(sqrt(d) L)``. Records the query depth (batched rounds) and
   total queries when the (population) excess risk first reaches ``target`` (evaluated off-line
@@ -57,61 +105,73 @@ def resque_parallel_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   ``lam_min_scale``, ``max_iter``, ``oracle ("epoch_sgd"|"acsa")``, ``ls_runs``, ``c_phi``
   (read through :class:`~dpsco_jax.algorithms.resque.config.ResqueParallelConfig`: its defaults).
   """
-  cfg = ResqueParallelConfig.of(cfg)
-  items = problem_items(problem)
-  d, L, R = problem.d, float(problem.lipschitz), float(problem.radius)
-  target = _target(problem, cfg)
-  eps_opt = check_positive(cfg.get("eps_opt", target), "eps_opt")   # derived: the target
-  c_ba = check_positive(cfg.c_ba, "c_ba")
-  r = rho = eps_opt / (math.sqrt(d) * L)
-  gorc = ba.dataset_oracle(problem.loss_fn, items)
-  kind = check_choice(cfg.oracle, "oracle", ("epoch_sgd", "acsa"))
-  if kind == "epoch_sgd":
-    oracle = ba.make_epoch_sgd_oracle(gorc, radius=r, rho=rho, lipschitz=L,
-                                      runs=check_int(cfg.ls_runs, "ls_runs"))
+  pp: ParallelPlan = plan.detail
+  r, L = pp.r, pp.lipschitz
+  gorc = ba.dataset_oracle(problem.loss_fn, problem_items(problem))
+  if pp.oracle == "epoch_sgd":
+    oracle = ba.make_epoch_sgd_oracle(gorc, radius=r, rho=r, lipschitz=L, runs=pp.ls_runs)
   else:
-    oracle = ba.make_acsa_oracle(gorc, radius=r, rho=rho, lipschitz=L)
-  p = ba.resque_accel_params(L, r, R, eps_opt)
-  lam_min = p["lam_star"] * check_positive(cfg.lam_min_scale, "lam_min_scale")
-  c_phi = check_positive(cfg.c_phi, "c_phi")
-  logk3 = math.log(max(p["kappa"], math.e)) ** 3
-  max_iter = cfg.max_iter
+    oracle = ba.make_acsa_oracle(gorc, radius=r, rho=r, lipschitz=L)
   risks = []
-  res = ba.ball_acceleration(oracle, problem.init_params(), key, R=R, r=r, eps=eps_opt,
-                             lipschitz=L, lam_min=lam_min, c_ba=c_ba, max_iter=max_iter,
-                             bo_phi=lambda lam: lam * r * r / (c_phi * logk3),
+  res = ba.ball_acceleration(oracle, problem.init_params(), key, R=pp.radius, r=r,
+                             eps=pp.eps_opt, lipschitz=L, lam_min=pp.lam_min, c_ba=pp.c_ba,
+                             max_iter=pp.max_iter,
+                             bo_phi=lambda lam: lam * r * r / pp.phi_denominator,
                              callback=lambda t, x: risks.append(problem.excess_risk(x)))
-  hit = next((i for i, v in enumerate(risks) if v <= target), None)
-  rec = {"d": d, "r": r, "rho": rho, "K": p["K"], "kappa": p["kappa"], "lam_star": p["lam_star"],
+  hit = next((i for i, v in enumerate(risks) if v <= pp.target), None)
+  rec = {"d": problem.d, "r": r, "rho": r, **pp.accel,
          "iterations": res.iterations, "query_depth": res.rounds, "total_queries": res.queries,
-         "exit": res.exit, "target": target, "final_excess": risks[-1] if risks else None,
+         "exit": res.exit, "target": pp.target, "final_excess": risks[-1] if risks else None,
          "depth_to_target": res.history[hit]["rounds"] if hit is not None else None,
          "queries_to_target": res.history[hit]["queries"] if hit is not None else None,
          "iterations_to_target": hit + 1 if hit is not None else None}
-  report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
-                         level="none", notes="non-private (parallel SCO, Theorem 1)")
-  return Result(params=res.x, privacy=report, gradient_evaluations=int(res.queries), record=rec)
+  return Result(params=res.x, privacy=plan.privacy, gradient_evaluations=int(res.queries),
+                record=rec)
 
 
-@register("minibatch_sgd", legacy=True, config=MinibatchSgdConfig, paper="002", unsupported=_TARGET, mesh=_TARGET)
-def minibatch_sgd(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
+@dataclasses.dataclass(frozen=True)
+class MinibatchPlan:
+  """What :func:`minibatch_sgd` runs: ``n`` items, the steps, batch, evaluation period,
+  target, step size and radius."""
+  n: int
+  steps: int
+  batch: int
+  every: int
+  target: float
+  learning_rate: float
+  radius: float
+
+
+def minibatch_sgd_planner(facts, cfg: Mapping | Any) -> Planned:
+  """``minibatch_sgd``'s plan from the config and the synthetic problem's public facts
+  (``n_users * m`` items, ``L``, ``R``; its initial excess risk when no ``target`` is given)."""
+  cfg = MinibatchSgdConfig.of(cfg)
+  L, R = float(facts.lipschitz), float(facts.radius)
+  steps = check_int(cfg.num_steps, "num_steps")
+  batch = check_int(cfg.batch_size, "batch_size")
+  every = check_int(cfg.eval_every, "eval_every")
+  target = _target(facts, cfg)
+  # derived default R / (L sqrt(T)), computed only when no rate is given
+  lr = check_positive(cfg.learning_rate if cfg.learning_rate is not None
+                      else R / (L * math.sqrt(steps)), "learning_rate")
+  plan = MinibatchPlan(int(facts.n_users) * int(facts.m), steps, batch, every, target, lr, R)
+  return Planned(_non_private("non-private minibatch SGD (parallel baseline)"), None,
+                 {"num_steps": steps, "batch_size": batch, "learning_rate": lr,
+                  "target": target}, plan)
+
+
+@register("minibatch_sgd", config=MinibatchSgdConfig, paper="002",
+          planner=minibatch_sgd_planner, unsupported=_TARGET, mesh=_TARGET)
+def minibatch_sgd(plan, problem, key: jax.Array) -> Result:
   """Parallel baseline: projected minibatch SGD (core ``projected_sgd`` with uniform
   averaging) for ``num_steps`` steps, ``learning_rate = R/(L sqrt(num_steps))`` by default,
   ``batch_size`` examples per step drawn with replacement. Query depth = steps; records the first step whose averaged iterate has excess risk ``<= target``
   (evaluated every ``eval_every`` steps). Non-private. Read through
   :class:`~dpsco_jax.algorithms.resque.config.MinibatchSgdConfig` (its defaults)."""
-  cfg = MinibatchSgdConfig.of(cfg)
+  mp: MinibatchPlan = plan.detail
   items = problem_items(problem)
-  n = int(jax.tree.leaves(items)[0].shape[0])
-  L, R = float(problem.lipschitz), float(problem.radius)
-  steps = check_int(cfg.num_steps, "num_steps")
-  batch = check_int(cfg.batch_size, "batch_size")
-  every = check_int(cfg.eval_every, "eval_every")
-  target = _target(problem, cfg)
-  # derived default R / (L sqrt(T)), computed only when no rate is given
-  lr = check_positive(cfg.learning_rate if cfg.learning_rate is not None
-                      else R / (L * math.sqrt(steps)), "learning_rate")
-  tx = projected_sgd(lr, radius=R, averaging="uniform")
+  n, batch, every = mp.n, mp.batch, mp.every
+  tx = projected_sgd(mp.learning_rate, radius=mp.radius, averaging="uniform")
   loss_fn = problem.loss_fn
 
   @jax.jit
@@ -129,15 +189,14 @@ def minibatch_sgd(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
   params = problem.init_params()
   state = tx.init(params)
   hit = None
-  for c in range(steps // every):
+  for c in range(mp.steps // every):
     params, state = chunk(params, state, jax.random.fold_in(key, c))
-    if hit is None and problem.excess_risk(state.released) <= target:
+    if hit is None and problem.excess_risk(state.released) <= mp.target:
       hit = (c + 1) * every
   out = state.released
-  rec = {"num_steps": steps, "batch_size": batch, "learning_rate": lr, "target": target,
-         "final_excess": problem.excess_risk(out), "query_depth": steps,
-         "total_queries": steps * batch, "depth_to_target": hit,
+  rec = {"num_steps": mp.steps, "batch_size": batch, "learning_rate": mp.learning_rate,
+         "target": mp.target, "final_excess": problem.excess_risk(out), "query_depth": mp.steps,
+         "total_queries": mp.steps * batch, "depth_to_target": hit,
          "queries_to_target": hit * batch if hit is not None else None}
-  report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
-                         level="none", notes="non-private minibatch SGD (parallel baseline)")
-  return Result(params=out, privacy=report, gradient_evaluations=steps * batch, record=rec)
+  return Result(params=out, privacy=plan.privacy, gradient_evaluations=mp.steps * batch,
+                record=rec)

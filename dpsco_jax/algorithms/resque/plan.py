@@ -80,14 +80,6 @@ def _plan_charges(cfg: PrivateERMConfig, *, beta: float, lam_dummy: float, d: in
   return per_iter * cfg.max_iter
 
 
-def config_view(cfg: Mapping | Any) -> Schema:
-  """``resque_private_sco``'s config as its planner reads it: the fields of
-  :class:`~dpsco_jax.algorithms.resque.config.ResquePrivateConfig` with their defaults (the
-  one place they are written) and the runner's ``debug``; any other key raises. ``c_priv``'s
-  default (60 under the theory preset, else 1) is derived at its one call site."""
-  return ResquePrivateConfig.of(cfg)
-
-
 def phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int,
                L: float, R: float, eta_loc: float, ratio: float, constants: str, c_priv: float,
                eps_total: float | None = None) -> dict:
@@ -99,7 +91,7 @@ def phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: f
   these events: phases with equal ``(alpha, delta')`` merge into one Lemma 3 block, converted
   at the SUM of their epsilons, so the per-call slack ``delta_call`` is sized with
   ``e^eps_total`` to keep ``delta' + (1 + e^eps) sum(delta_call)`` within the budget."""
-  cfg = config_view(cfg)
+  cfg = ResquePrivateConfig.of(cfg)   # the schema's defaults; any other key raises
   lam_i = 1.0 / ((eta_loc / 4 ** i) * n_i)
   eps_opt = check_positive(cfg.eps_opt_scale, "eps_opt_scale") * L * R * (
       1 / math.sqrt(n_i) + math.sqrt(d) / (n_i * eps_i))
@@ -214,7 +206,7 @@ def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None
   public facts ``n_users * m`` (the item count, public under replace-one), ``d``, ``L`` and a
   finite ``R`` (a :class:`~dpsco_jax.data.PublicFacts` suffices). ``data`` (the audit hook's
   dataset under test, leaves ``[users, m, ...]``) only supplies its public size."""
-  cfg = config_view(cfg)
+  cfg = ResquePrivateConfig.of(cfg)   # the schema's defaults; any other key raises
   check_relation(cfg.relation, supported=(RELATION,), mechanism="ReSQue private SCO")
   eps, delta = check_epsilon(cfg.epsilon), required_delta(cfg.delta)
   preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
@@ -269,8 +261,6 @@ def charge_resque_private(plan: ResquePrivatePlan) -> PrivacyLedger:
   return ledger
 
 
-_spend = charge_resque_private
-
 
 def resque_private_report(plan: ResquePrivatePlan, ledger: PrivacyLedger) -> PrivacyReport:
   """The run's guarantee (item level): the charged ledger with the plan's provenance."""
@@ -290,10 +280,11 @@ def resque_private_report(plan: ResquePrivatePlan, ledger: PrivacyLedger) -> Pri
                        paper_epsilon=plan.epsilon, notes=notes)
 
 
-def resque_private_planner(facts, cfg: dict) -> Planned:
+def resque_private_planner(facts, cfg: Mapping | Any, *, data: dict | None = None) -> Planned:
   """``dpsco_jax.plan``'s planner: every worst-case Alg. 4 call's approximate-RDP event
-  (item level)."""
-  p = resque_private_plan(facts, cfg)
+  (item level), charged on a fresh ledger; ``detail`` is the :class:`ResquePrivatePlan` the
+  run executes. ``data``: the audit hook's dataset under test (its public size only)."""
+  p = resque_private_plan(facts, cfg, data=data)
   report = resque_private_report(p, charge_resque_private(p))
   phases = [{"n": ph.n, "epsilon": ph.eps, "delta": ph.delta, "beta": ph.p["beta"],
              "noise_multiplier": 1.0 / ph.p["beta"], "planned_alg4_calls": ph.planned_calls,

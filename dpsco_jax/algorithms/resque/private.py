@@ -11,11 +11,11 @@ Plan, then run (DESIGN rule 1). :func:`~.plan.resque_private_plan` (in :mod:`.pl
 public ``n`` and ``d`` only, every phase's ERM schedule, the WORST-CASE list of Alg. 4 calls
 (iteration cap, bisection cap, deepest MLMC level), ``beta = 1/z`` from the library's one
 calibrator (``calibrate_noise_multiplier``) and the :class:`~dpsco_jax.privacy.ApproxRdpEvent`
-of every planned call (Lemma 7, :mod:`.accounting`). The driver spends all of them on
+of every planned call (Lemma 7, :mod:`.accounting`). The planner spends all of them on
 one :class:`~dpsco_jax.privacy.PrivacyLedger` (``epsilon_budget=epsilon``; ``parallel`` phases
-are ledger groups, disjoint data) BEFORE anything runs; the ledger sums them (Lemma 3) and
-converts once per group (Corollary 1). A per-phase guard ledger also spends each REALIZED call
-before it runs and refuses one beyond the phase budget. The reported ``(eps, delta)`` and
+are ledger groups, disjoint data) before anything runs; the ledger sums them (Lemma 3) and
+converts once per group (Corollary 1). The run executes that plan. A per-phase guard ledger
+also spends each REALIZED call before it runs and refuses one beyond the phase budget. The reported ``(eps, delta)`` and
 ``gradient_evaluations`` are the plan's (data independent); realized counts, which depend on
 the data through the bisection, go to ``Result.debug`` only.
 
@@ -50,7 +50,6 @@ import copy
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -63,9 +62,7 @@ from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import ProgressFn, mesh_users_axis, progress_due
 from dpsco_jax.algorithms.resque.accounting import RELATION, alg4_rdp
 from dpsco_jax.algorithms.resque.plan import (PrivateERMConfig, ResquePrivatePlan,
-                                              charge_resque_private, config_view,
-                                              resque_private_plan, resque_private_planner,
-                                              resque_private_report)
+                                              resque_private_planner)
 from dpsco_jax.algorithms.resque.solvers import (Alg4, Alg4Plan, alg4_phase_releases,
                                                  flat_items, high_probability_solver,
                                                  localized_resque_sgd, mlmc_prox_estimator,
@@ -237,22 +234,22 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
   return x, debug
 
 
-@register("resque_private_sco", legacy=True, config=ResquePrivateConfig, paper="002",
+@register("resque_private_sco", config=ResquePrivateConfig, paper="002",
           planner=resque_private_planner, level="item", reads_m=True,
           mesh=True)   # each round's oracle calls split over it
-def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
+def resque_private_sco(plan, problem, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
 
   Item level, replace-one only (``relation``; public: ``n``, the config). Config keys:
   ``epsilon, delta, preset ("practical"|"theory"), constants ("explicit"|"c_priv"), c_priv,
   phases, phase_budget ("paper"|"parallel"), rho_over_r, eps_opt_scale, rho, max_iter,
-  max_bisection, runs_ls, mlmc_copies, T_frac, debug``. Accounting: every planned Alg. 4 call
+  max_bisection, runs_ls, mlmc_copies, T_frac, debug``. Runs ``plan.detail`` (a
+  :class:`~.plan.ResquePrivatePlan`) and reports ``plan.privacy``: every planned Alg. 4 call
   is an :class:`ApproxRdpEvent` on one :class:`PrivacyLedger` (``epsilon_budget=epsilon``),
-  all spent BEFORE the first phase runs (:func:`resque_private_plan`); the ledger sums them
-  (Lemma 3) and converts once (Corollary 1); ``parallel`` phases are ledger groups.
+  charged by the planner before anything runs; the ledger sums them (Lemma 3) and converts
+  once (Corollary 1); ``parallel`` phases are ledger groups.
   """
-  plan = resque_private_plan(problem, cfg)
-  ledger = charge_resque_private(plan)
+  rplan: ResquePrivatePlan = plan.detail
   items, alg4 = problem_items(problem), (lambda i: None)
   mesh = getattr(problem, "mesh", None)
   if mesh is not None:   # each round's oracle calls split over the users axis (draw_queries)
@@ -261,21 +258,20 @@ def resque_private_sco(problem, cfg: Mapping | Any, key: jax.Array) -> Result:
     items = jax.device_put(items, NamedSharding(mesh, PartitionSpec()))   # replicated
     alg4 = lambda i: functools.partial(localized_resque_sgd, users=users)   # noqa: E731
   # progress: the planned Alg. 4 calls, epsilon None until the last report (api.Progress)
-  x, debug_phases = _execute(problem, plan, key, items, alg4_for_phase=alg4,
+  x, debug_phases = _execute(problem, rplan, key, items, alg4_for_phase=alg4,
                              progress=getattr(problem, "progress", None))
-  report = resque_private_report(plan, ledger)
   records = [{"n": ph.n, "eps": ph.eps, "beta": ph.p["beta"], "lam": ph.p["lam"],
               "r": ph.p["erm"].r, "rho": ph.p["erm"].rho, "alpha": ph.p["alpha"],
               "num_steps": ph.p["t_cap"], "planned_alg4_calls": ph.planned_calls,
               "planned_gradients": ph.gradients, "max_iter": ph.p["erm"].max_iter}
-             for ph in plan.phases]
+             for ph in rplan.phases]
   debug = ({"phases": debug_phases, "gradients": sum(p["gradients"] for p in debug_phases)}
-           if config_view(cfg).debug is True else None)  # only a real bool
+           if plan.config.debug is True else None)  # only a real bool
   # gradient_evaluations: the data-independent worst-case plan (the realized count depends on
   # the data through the bisection and is only in debug)
-  return Result(params=x, privacy=report,
-                gradient_evaluations=int(sum(ph.gradients for ph in plan.phases)),
-                record={"phases": records, "preset": plan.preset, "constants": plan.constants},
+  return Result(params=x, privacy=plan.privacy,
+                gradient_evaluations=int(sum(ph.gradients for ph in rplan.phases)),
+                record={"phases": records, "preset": rplan.preset, "constants": rplan.constants},
                 debug=debug)
 
 
@@ -323,11 +319,10 @@ def resque_private_releases(problem, cfg: dict, key: jax.Array, *, add_noise: bo
   """Audit hook: every Alg. 3/4 call :func:`resque_private_sco` makes on ``data``, with its
   per-phase noisy releases (:class:`Alg4Call`).
 
-  Same ``problem``, ``cfg`` and ``key`` as the driver: same plan, same keys, same calls (the
-  released model is post-processing of these). ``data`` (default ``problem.data``, leaves
-  ``[users, m, ...]``; item level) is the dataset under test; the plan is computed from its
-  public size exactly as the driver does and the budget is charged first (raises before
-  anything runs). Each call's computation is :func:`~.solvers.alg4_phase_releases`
+  Same ``problem``, ``cfg`` and ``key`` as the driver: same plan (the planner's), same keys,
+  same calls (the released model is post-processing of these). ``data`` (default
+  ``problem.data``, leaves ``[users, m, ...]``; item level) is the dataset under test; the
+  planner reads its public size and charges the budget first (raises before anything runs). Each call's computation is :func:`~.solvers.alg4_phase_releases`
   (jitted; vmappable over keys). The driver around the calls (ball acceleration's bisection)
   is adaptive host-side control flow, so the list of calls is built in Python.
 
@@ -340,8 +335,7 @@ def resque_private_releases(problem, cfg: dict, key: jax.Array, *, add_noise: bo
   TEST HOOK (noiseless releases for sensitivity tests); neither option is ever a release.
   """
   check_bool(add_noise, "add_noise")
-  plan = resque_private_plan(problem, cfg, data=data)
-  charge_resque_private(plan)
+  plan = resque_private_planner(problem, cfg, data=data).detail
   items = flat_items(problem.data if data is None else data)
   if forced is not None:
     if not isinstance(forced, ResqueReleases):
