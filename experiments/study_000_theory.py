@@ -34,14 +34,14 @@ from dpsco_jax import runner  # noqa: E402
 
 def admissible(ns=(1e5, 3e5, 1e6, 1e7, 1e8), m: int = 64, d: int = 5) -> list[dict]:
   """Whether each algorithm's theory plan exists at each n (the plan, not a run)."""
-  from dpsco_jax.algorithms.user_level_filter import driver
-  from dpsco_jax.algorithms.user_level_filter.plan import PublicSpec
+  from dpsco_jax.algorithms.user_level_filter.plan import (PublicSpec, plan_accelerated_erm,
+                                                            plan_phased_sgd)
   out = []
   for n in ns:
     # the curve's problem: logistic, R = 4, features of norm <= 1 (L = 1, beta = 1/4)
     spec = PublicSpec(int(n), m, d, 1.0, 4.0, 0.25)
-    for name, plan in (("user_level_phased_sgd", driver.plan_phased_sgd),
-                       ("user_level_accelerated_erm", driver.plan_accelerated_erm)):
+    for name, plan in (("user_level_phased_sgd", plan_phased_sgd),
+                       ("user_level_accelerated_erm", plan_accelerated_erm)):
       try:
         plan(spec, {"epsilon": 1.0, "delta": 1e-6, "preset": "theory"})
         out.append({"n_users": int(n), "algorithm": name, "plan": "ok"})

@@ -85,7 +85,8 @@ def test_naive_output_pert_on_a_synthetic_problem_keeps_accountant():
   from dpsco_jax.algorithms.output_perturbation import driver as op
   problem = op.l2_logistic({"n_users": 12, "m": 2, "d": 2, "l2": 0.5, "radius": 2.0,
                             "n_eval": 20}, jax.random.key(0))
-  res = op.naive_output_pert(problem, {"epsilon": 1.0, "delta": 1e-5}, jax.random.key(1))
+  res = api.solve("naive_output_pert", {"epsilon": 1.0, "delta": 1e-5}, problem,
+                  jax.random.key(1))
   assert res.privacy.provenance == "accountant"
   assert "DECLARED" not in res.privacy.notes
 
@@ -147,7 +148,7 @@ def test_exact_test_release_on_a_loss_breaking_every_declared_constant():
   assert _max_item_grad_norm(bad) > 100 * L_DECLARED
   problem = UserDataProblem(loss, PARAMS, bad, constants=CONSTANTS)
   cfg = {**EXACT, "debug": True}
-  res = op.sc_output_pert(problem, cfg, jax.random.key(0))
+  res = api.solve("sc_output_pert", cfg, problem, jax.random.key(0))
   assert res.privacy.provenance == "theorem" and "DECLARED" not in res.privacy.notes
   assert res.debug["exact_path"] == [True] and res.debug["certified"] == [False]
   # the exact test looked at f: deleting the canary moves f far more than Delta, so f(x) is

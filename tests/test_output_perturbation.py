@@ -13,6 +13,7 @@ from scipy import stats
 
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.algorithms.output_perturbation import driver as op
+from dpsco_jax.api import solve
 from dpsco_jax.algorithms.output_perturbation import solver
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded
@@ -458,13 +459,13 @@ def test_l2_logistic_problem(problem):
 
 def test_sc_output_pert_certified_run_and_debug_gating(problem):
   cfg = {"epsilon": 4.0, "delta": 1e-5, "on_certificate_failure": "raise"}
-  res = op.sc_output_pert(problem, cfg, jax.random.key(3))
+  res = solve("sc_output_pert", cfg, problem, jax.random.key(3))
   assert res.debug is None
   assert res.privacy.provenance == "heuristic"  # 'raise' abort is outside the theorem
   assert res.privacy.epsilon == 4.0 and res.privacy.delta == 1e-5
   assert res.privacy.relation == "replace_one"
   assert float(jnp.linalg.norm(res.params)) <= 2.0 + 1e-5
-  res2 = op.sc_output_pert(problem, {**cfg, "debug": True}, jax.random.key(3))
+  res2 = solve("sc_output_pert", {**cfg, "debug": True}, problem, jax.random.key(3))
   assert res2.debug["certified"] == [True] and res2.debug["exact_path"] == [False]
   np.testing.assert_allclose(np.asarray(res.params), np.asarray(res2.params))
   # σ is data independent and matches the calculator
@@ -477,7 +478,7 @@ def test_sc_output_pert_exact_mode_tiny_n_matches_independent_computation():
                         jax.random.key(4))
   cfg = {"epsilon": 1.0, "delta": 1e-3, "stability_test": "exact", "Delta": 0.05,
          "debug": True, "max_exact_users": 6}
-  res = op.sc_output_pert(prob, cfg, jax.random.key(5))
+  res = solve("sc_output_pert", cfg, prob, jax.random.key(5))
   assert res.privacy.provenance == "theorem"
   assert res.debug["exact_path"] == [True]
   info = op.plan_sc_output_pert(n_users=6, m=3, lipschitz=prob.lipschitz,
@@ -504,7 +505,7 @@ def test_sc_output_pert_exact_mode_tiny_n_matches_independent_computation():
 def test_theory_preset_uses_paper_formulas(problem):
   # eps = 1, delta = 0.5: kappa = 6, min users 50 <= 120; classic Gaussian, Lemma 3.8 gamma
   cfg = {"epsilon": 1.0, "delta": 0.5, "preset": "theory", "on_certificate_failure": "raise"}
-  res = op.sc_output_pert(problem, cfg, jax.random.key(1))
+  res = solve("sc_output_pert", cfg, problem, jax.random.key(1))
   p = tdl.del_output_pert_params(1.0, 0.5)
   assert res.record["kappa"] == p.kappa == 6
   want = math.sqrt(2 * math.log(2 / p.delta_prime)) * 8 * 6 * res.record["Delta"] / 0.5
@@ -519,21 +520,21 @@ def test_theory_preset_uses_paper_formulas(problem):
 def test_validation_errors(problem):
   base = {"epsilon": 1.0, "delta": 1e-5}
   with pytest.raises(ValueError, match="preset"):
-    op.sc_output_pert(problem, {**base, "preset": "fast"}, jax.random.key(0))
+    solve("sc_output_pert", {**base, "preset": "fast"}, problem, jax.random.key(0))
   with pytest.raises(ValueError, match="epsilon"):
-    op.sc_output_pert(problem, {**base, "preset": "theory", "epsilon": 2.0},
-                      jax.random.key(0))
+    solve("sc_output_pert", {**base, "preset": "theory", "epsilon": 2.0}, problem,
+          jax.random.key(0))
   with pytest.raises(ValueError, match="n_users"):  # 120 < 2(4κ+1) at eps = 1
-    op.sc_output_pert(problem, {**base, "on_certificate_failure": "raise"},
-                      jax.random.key(0))
+    solve("sc_output_pert", {**base, "on_certificate_failure": "raise"}, problem,
+          jax.random.key(0))
   with pytest.raises(ValueError, match="max_exact_users"):  # exact fallback infeasible
-    op.sc_output_pert(problem, {**base, "epsilon": 4.0}, jax.random.key(0))
+    solve("sc_output_pert", {**base, "epsilon": 4.0}, problem, jax.random.key(0))
   import dataclasses
   plain = dataclasses.replace(problem, meta={})  # a merely convex problem
   with pytest.raises(ValueError, match="strong_convexity"):
-    op.naive_output_pert(plain, base, jax.random.key(0))
+    solve("naive_output_pert", base, plain, jax.random.key(0))
   with pytest.raises(ValueError, match="strong_convexity"):
-    op.sc_erm_output_pert(plain, base, jax.random.key(0))
+    solve("sc_erm_output_pert", base, plain, jax.random.key(0))
   with pytest.raises(ValueError, match="solver_tol"):
     op.settings_from_cfg({"epsilon": 1.0, "delta": 1e-5, "solver_tol": -1})
   with pytest.raises(ValueError, match="Delta"):
@@ -544,14 +545,15 @@ def test_budget_exceeded_raises_before_release(problem):
   cfg = {"epsilon": 4.0, "delta": 1e-5, "on_certificate_failure": "raise",
          "epsilon_budget": 2.0}
   with pytest.raises(PrivacyBudgetExceeded):
-    op.sc_output_pert(problem, cfg, jax.random.key(0))
+    solve("sc_output_pert", cfg, problem, jax.random.key(0))
   with pytest.raises(PrivacyBudgetExceeded):
-    op.naive_output_pert(problem, cfg, jax.random.key(0))
+    solve("naive_output_pert", cfg, problem, jax.random.key(0))
 
 
 def test_naive_baseline_flat_in_m_and_paper_ratio_scaling(problem):
   import dataclasses
-  res = op.naive_output_pert(problem, {"epsilon": 1.0, "delta": 1e-5}, jax.random.key(1))
+  res = solve("naive_output_pert", {"epsilon": 1.0, "delta": 1e-5}, problem,
+              jax.random.key(1))
   assert res.privacy.provenance == "accountant"
   assert abs(res.privacy.epsilon - 1.0) < 1e-3
   sens = res.record["sensitivity"]
@@ -616,7 +618,7 @@ def test_phased_sco_end_to_end_structure():
   prob = op.l2_logistic({"n_users": 160, "m": 4, "d": 2, "l2": 0.5, "n_eval": 2000},
                         jax.random.key(8))
   cfg = {"epsilon": 8.0, "delta": 0.05, "on_certificate_failure": "raise", "debug": True}
-  res = op.phased_sco_output_pert(prob, cfg, jax.random.key(9))
+  res = solve("phased_sco_output_pert", cfg, prob, jax.random.key(9))
   T = res.record["num_phases"]
   assert T >= 2 and len(res.record["bottoms"]) == T == len(res.debug["certified"])
   assert res.privacy.epsilon == 8.0 and abs(res.privacy.delta - 0.05) < 1e-15  # parallel

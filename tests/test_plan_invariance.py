@@ -156,13 +156,14 @@ def test_a_fit_calibrates_once(monkeypatch):
 
 def test_filter_phases_calibrate_once_per_fit_and_not_again_for_another_seed(monkeypatch):
   """Algorithm 3 calibrates one z per phase (different n_i, K_i, T_i): the plan computes them,
-  the driver's plan of the same config and every further seed reuse them (a pure function of
-  public numbers, memoized in the one cache); the bisection was most of a fit's time."""
+  the run executes the plan, and every further plan of the same config (another seed) reuses
+  them (a pure function of public numbers, memoized by the calibrator in the one cache); the
+  bisection was most of a fit's time."""
   import jax
   import jax.numpy as jnp
-  from dpsco_jax.algorithms.user_level_filter import plan as ulf_plan
-  ulf_plan._alg3_calibrated_z.cache_clear()
-  calls = _count_calibrations(monkeypatch, ulf_plan)
+  from dpsco_jax.privacy import calibrate
+  calibrate._keyed_calibration.cache_clear()
+  calls = _count_calibrations(monkeypatch, calibrate, "_calibrate")   # bisections run
   rng = np.random.default_rng(0)
   ids = np.repeat(np.arange(120), 8)
   data = UserData.from_arrays({"x": rng.normal(size=(960, 3)).astype(np.float32)}, ids,
@@ -173,7 +174,7 @@ def test_filter_phases_calibrate_once_per_fit_and_not_again_for_another_seed(mon
   planned = api.plan("user_level_accelerated_erm", FILTER, data.spec, num_params=3,
                      constants=CONSTANTS).schedule["phases"]
   phases = len(planned)                 # (a run's record lists the phases before a halt)
-  assert phases >= 2 and len(calls) == phases   # plan + driver + 2nd seed + plan: once each
+  assert phases >= 2 and len(calls) == phases   # 2 fits' plans + plan: once each
   assert fits[0].privacy == fits[1].privacy and fits[0].privacy.epsilon <= 2.0 + 1e-9
   assert [ph["noise_multiplier"] for ph in fits[1].record["phases"]] == [
       ph["noise_multiplier"] for ph in planned][:len(fits[1].record["phases"])]

@@ -16,10 +16,8 @@ import pytest
 from scipy import stats
 
 from dpsco_jax.algorithms.user_level_filter.driver import (_filter_release,
-                                                    corrupt_users, hinge_problem,
-                                                    user_level_accelerated_erm,
-                                                    user_level_accelerated_erm_smoothed,
-                                                    user_level_phased_sgd)
+                                                    corrupt_users, hinge_problem)
+from dpsco_jax.api import solve
 from dpsco_jax.algorithms.user_level_filter.schedules import (alg1_schedule, alg3_schedule,
                                                        certified_sensitivity,
                                                        flip_count_bound, hoeffding_tau,
@@ -47,7 +45,7 @@ def alg3_runs(clean):
       "huge30": corrupt_users(clean, 0.30, mode="huge", key=jax.random.key(7)),
   }
   for name, prob in probs.items():
-    out[name] = (prob, user_level_accelerated_erm(prob, BASE, jax.random.key(42)))
+    out[name] = (prob, solve("user_level_accelerated_erm", BASE, prob, jax.random.key(42)))
   return out
 
 
@@ -186,7 +184,8 @@ def test_thirty_percent_adversarial_users_halt_to_fallback(alg3_runs):
 
 @pytest.mark.slow
 def test_noise_free_alg3_reaches_optimum(clean):
-  res = user_level_accelerated_erm(clean, {**BASE, "privacy_noise": False}, jax.random.key(1))
+  res = solve("user_level_accelerated_erm", {**BASE, "privacy_noise": False}, clean,
+              jax.random.key(1))
   gap = clean.excess_risk(res.params)
   assert 0 <= gap + 1e-6 and gap <= 1.0 / math.sqrt(N * M), gap
   assert float(jnp.linalg.norm(res.params)) <= clean.radius + 1e-5
@@ -198,7 +197,7 @@ def test_noise_free_alg3_reaches_optimum(clean):
 def test_smoothed_alg3_on_hinge_noise_free():
   prob = hinge_problem(n_users=200, m=4, d=3, key=jax.random.key(2), n_eval=800)
   cfg = {**BASE, "privacy_noise": False, "smoothing_radius": 0.05, "max_steps": 80}
-  res = user_level_accelerated_erm_smoothed(prob, cfg, jax.random.key(3))
+  res = solve("user_level_accelerated_erm_smoothed", cfg, prob, jax.random.key(3))
   assert res.record["smoothness"] == pytest.approx(math.sqrt(3) / 0.05)   # L sqrt(d) / r
   assert res.record["phases"][0]["num_steps"] == 80
   gap = prob.excess_risk(res.params)
@@ -213,14 +212,14 @@ def test_alg1_iid_keeps_all_groups_and_30_percent_halts(clean):
   """Lemma 2.3 empirically (independent group iterates within tau_i); with 30% huge users
   ~88% of the groups are corrupted and the one-shot Laplace test halts to the fallback."""
   cfg = {**BASE, "num_groups": 100, "learning_rate": 0.05}          # 6 users per group
-  res = user_level_phased_sgd(clean, cfg, jax.random.key(4))
+  res = solve("user_level_phased_sgd", cfg, clean, jax.random.key(4))
   assert res.record["halted_phase"] is None
   assert res.debug["scores"] == [100.0]                   # every pair of iterates within tau
   assert res.gradient_evaluations <= N * M                 # linear time
   assert float(jnp.linalg.norm(res.params)) <= clean.radius + 1e-5
   assert clean.excess_risk(res.params) < clean.excess_risk(jnp.zeros(D))
   bad = corrupt_users(clean, 0.30, mode="huge", key=jax.random.key(8))
-  res_bad = user_level_phased_sgd(bad, cfg, jax.random.key(4))
+  res_bad = solve("user_level_phased_sgd", cfg, bad, jax.random.key(4))
   assert res_bad.record["halted_phase"] == 1
   chex.assert_trees_all_close(res_bad.params, jnp.zeros(D))
 
@@ -247,18 +246,19 @@ def test_accounting_events_and_provenance_rules():
 
 def test_bad_inputs_raise_named_errors(clean):
   with pytest.raises(ValueError, match="epsilon"):
-    user_level_accelerated_erm(clean, {**BASE, "epsilon": 0.0}, jax.random.key(0))
+    solve("user_level_accelerated_erm", {**BASE, "epsilon": 0.0}, clean, jax.random.key(0))
   with pytest.raises(ValueError, match="delta"):
-    user_level_phased_sgd(clean, {**BASE, "delta": 1.5}, jax.random.key(0))
+    solve("user_level_phased_sgd", {**BASE, "delta": 1.5}, clean, jax.random.key(0))
   with pytest.raises(ValueError, match="sensitivity"):
-    user_level_accelerated_erm(clean, {**BASE, "sensitivity": "exact"}, jax.random.key(0))
+    solve("user_level_accelerated_erm", {**BASE, "sensitivity": "exact"}, clean,
+          jax.random.key(0))
   with pytest.raises(ValueError, match="preset"):
-    user_level_accelerated_erm(clean, {**BASE, "preset": "fast"}, jax.random.key(0))
+    solve("user_level_accelerated_erm", {**BASE, "preset": "fast"}, clean, jax.random.key(0))
   with pytest.raises(ValueError, match="N_i >= 1"):
-    user_level_phased_sgd(clean, {**BASE, "num_groups": 1000}, jax.random.key(0))
+    solve("user_level_phased_sgd", {**BASE, "num_groups": 1000}, clean, jax.random.key(0))
   with pytest.raises(ValueError, match="num_points"):       # certified Delta needs K >> flips
-    user_level_accelerated_erm(clean, {**BASE, "sensitivity": "certified",
-                                       "batch_size": 100}, jax.random.key(0))
+    solve("user_level_accelerated_erm", {**BASE, "sensitivity": "certified",
+                                         "batch_size": 100}, clean, jax.random.key(0))
   with pytest.raises(ValueError, match="fraction"):
     corrupt_users(clean, 1.2, key=jax.random.key(0))
   from dpsco_jax.algorithms.registry import algorithms

@@ -28,6 +28,7 @@ from dpsco_jax.algorithms.output_perturbation import driver as op
 from dpsco_jax.algorithms.user_level_filter import driver as ulf
 from dpsco_jax.algorithms.user_level_filter.plan import (PublicSpec, filter_report, make_ledger,
                                                           plan_accelerated_erm, plan_phased_sgd)
+from dpsco_jax.api import solve
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 from dpsco_jax.problems import make
 
@@ -153,13 +154,13 @@ def test_filter_drivers_refuse_other_relations(clean, rel):
     with pytest.raises(ValueError, match="relation"):
       plan(PublicSpec.of(clean), {**ALG1, "relation": rel})
   with pytest.raises(ValueError, match="relation"):
-    ulf.user_level_phased_sgd(clean, {**ALG1, "relation": rel}, jax.random.key(0))
+    solve("user_level_phased_sgd", {**ALG1, "relation": rel}, clean, jax.random.key(0))
 
 
 def test_explicit_noise_multiplier_over_budget_raises_before_release(clean):
-  for run in (ulf.user_level_phased_sgd, ulf.user_level_accelerated_erm):
+  for name, cfg in (("user_level_phased_sgd", ALG1), ("user_level_accelerated_erm", ALG3)):
     with pytest.raises(PrivacyBudgetExceeded, match="nothing was released"):
-      run(clean, {**ALG3, "num_groups": 30, "noise_multiplier": 0.5}, jax.random.key(0))
+      solve(name, {**cfg, "noise_multiplier": 0.5}, clean, jax.random.key(0))
   plan = plan_phased_sgd(PublicSpec.of(clean), {**ALG1, "noise_multiplier": 50.0})
   assert plan.phases[0].sigma == pytest.approx(50.0 * plan.phases[0].sensitivity / 2)
   make_ledger(plan)                                       # well under budget: fine
@@ -181,7 +182,8 @@ def _flip_user(problem, u):
 
 
 def test_naive_noise_and_epsilon_match_the_exact_gaussian_profile(sc_problem):
-  res = op.naive_output_pert(sc_problem, {"epsilon": 1.0, "delta": 1e-5}, jax.random.key(1))
+  res = solve("naive_output_pert", {"epsilon": 1.0, "delta": 1e-5}, sc_problem,
+              jax.random.key(1))
   sigma, sens = res.record["sigma"], res.record["sensitivity"]
   assert sigma == pytest.approx(res.record["noise_multiplier"] * sens / 2)
 
@@ -205,7 +207,7 @@ def test_naive_release_moves_by_at_most_its_sensitivity(sc_problem):
   shift = float(jnp.linalg.norm(r0[0]["release"] - r1[0]["release"]))
   assert 0.0 < shift <= r0[0]["sensitivity"]
   noisy = op.output_perturbation_releases("naive_output_pert", sc_problem, cfg, key)
-  res = op.naive_output_pert(sc_problem, cfg, key)
+  res = solve("naive_output_pert", cfg, sc_problem, key)
   np.testing.assert_allclose(np.asarray(op.project_l2_ball(noisy[0]["release"], 2.0)),
                              np.asarray(res.params), atol=1e-6)
 
@@ -214,11 +216,12 @@ def test_output_perturbation_refusals(sc_problem):
   base = {"epsilon": 4.0, "delta": 1e-5, "on_certificate_failure": "raise"}
   for rel in ("add_remove", "zero_out"):
     with pytest.raises(ValueError, match="relation"):
-      op.sc_output_pert(sc_problem, {**base, "relation": rel}, jax.random.key(0))
+      solve("sc_output_pert", {**base, "relation": rel}, sc_problem, jax.random.key(0))
     with pytest.raises(ValueError, match="relation"):
-      op.naive_output_pert(sc_problem, {**base, "relation": rel}, jax.random.key(0))
+      solve("naive_output_pert", {**base, "relation": rel}, sc_problem, jax.random.key(0))
   with pytest.raises(PrivacyBudgetExceeded):
-    op.naive_output_pert(sc_problem, {**base, "noise_multiplier": 0.2}, jax.random.key(0))
+    solve("naive_output_pert", {**base, "noise_multiplier": 0.2}, sc_problem,
+          jax.random.key(0))
   with pytest.raises(TypeError, match="debug"):
     op.settings_from_cfg({**base, "debug": 1})
 
@@ -226,7 +229,7 @@ def test_output_perturbation_refusals(sc_problem):
 def test_sc_output_pert_block_and_release_hook(sc_problem):
   cfg = {"epsilon": 4.0, "delta": 1e-5, "on_certificate_failure": "raise"}
   rel = op.output_perturbation_releases("sc_output_pert", sc_problem, cfg, jax.random.key(3))
-  res = op.sc_output_pert(sc_problem, cfg, jax.random.key(3))
+  res = solve("sc_output_pert", cfg, sc_problem, jax.random.key(3))
   assert len(rel) == 1 and not rel[0]["bottom"] and rel[0]["sigma"] == res.record["sigma"]
   np.testing.assert_allclose(np.asarray(op.project_l2_ball(rel[0]["release"], 2.0)),
                              np.asarray(res.params), atol=1e-6)

@@ -40,11 +40,12 @@ def test_alg1_accepts_clip_norm_like_every_other_algorithm_and_records_it():
   prob = make("logistic", n_users=200, m=4, d=3, key=jax.random.key(0))
   cfg = {"epsilon": 2.0, "delta": 1e-6, "num_phases": 1, "sensitivity": "typical",
          "num_groups": 10, "privacy_noise": False}
-  res_l = ulf.user_level_phased_sgd(prob, {**cfg, "clip_norm": True}, jax.random.key(1))
+  res_l = solve("user_level_phased_sgd", {**cfg, "clip_norm": True}, prob, jax.random.key(1))
   assert res_l.record["clip_norm"] == prob.lipschitz                # true: the declared L
-  res_none = ulf.user_level_phased_sgd(prob, cfg, jax.random.key(1))
+  res_none = solve("user_level_phased_sgd", cfg, prob, jax.random.key(1))
   assert res_none.record["clip_norm"] is None
-  res_small = ulf.user_level_phased_sgd(prob, {**cfg, "clip_norm": 1e-3}, jax.random.key(1))
+  res_small = solve("user_level_phased_sgd", {**cfg, "clip_norm": 1e-3}, prob,
+                    jax.random.key(1))
   assert res_small.record["clip_norm"] == 1e-3
   # a tiny clip slows every step: the released point moves far less from the start
   assert float(jnp.linalg.norm(res_small.params)) < float(jnp.linalg.norm(res_none.params))

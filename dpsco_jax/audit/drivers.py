@@ -260,6 +260,7 @@ def output_perturbation_driver(relation: str = "replace_one", broken: str | None
   canary ``x = e_0`` replaced by ``-e_0``: the minimizer moves by ``2G/(mu n)``, the bound
   the driver calibrates for. Claim: the driver's ``Result.privacy.epsilon``. Twin
   ``noise_halved``: the driver with half its calibrated noise multiplier."""
+  from dpsco_jax import api
   from dpsco_jax.algorithms.output_perturbation import driver as op
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: naive output perturbation (paper 001) is replace_one")
@@ -268,7 +269,7 @@ def output_perturbation_driver(relation: str = "replace_one", broken: str | None
   x[0, :, 0] = 1.0
   problem = linear_problem(x, mu=mu, radius=1.0)
   cfg = {"epsilon": epsilon, "delta": DELTA}
-  res = op.naive_output_pert(problem, cfg, jax.random.key(0))
+  res = api.solve("naive_output_pert", cfg, problem, jax.random.key(0))
   z = res.record["noise_multiplier"]
   run_cfg = cfg if broken is None else {"epsilon": 100.0, "delta": DELTA,
                                         "noise_multiplier": z / 2.0}

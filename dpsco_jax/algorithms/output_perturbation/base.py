@@ -307,7 +307,8 @@ class OutputPertPlan:
 
   ``infos``: every planned DelOutputPert call, in order (their provenance is the run's);
   ``blocks``: the ledger's ``(label, eps, delta, count, group)`` charges; ``schedule``: the
-  driver's public schedule (phase lambdas and user slices, ``R'``...)."""
+  run's public schedule (phase lambdas and user slices, ``R'``, Algs 5-6's second half after
+  a ⊥ warm start, the baseline's sigma SCOutputPert records...)."""
   name: str
   settings: OutputPertSettings
   epsilon: float
@@ -349,9 +350,9 @@ def certificate_constants(problem, infos, *, lipschitz: bool = False
                           ) -> tuple[tuple[str, float], ...]:
   """The declared constants a run's guarantee rests on: none unless some planned call may be
   decided by the App. C certificate; then mu0 (when declared), beta, L when the solver
-  distance reads it (or ``lipschitz=True``: a run that may re-plan its calls), and a convex
-  loss (the prox lambda is strong convexity only for a convex loss). ``()`` for problems that
-  hold their constants by construction."""
+  distance reads it (or ``lipschitz=True``: a run that may take other planned calls, as
+  Algs 5-6 after a ⊥), and a convex loss (the prox lambda is strong convexity only for a
+  convex loss). ``()`` for problems that hold their constants by construction."""
   if not any(i.certificate for i in infos):
     return ()
   names = ["strong_convexity", "smoothness"]

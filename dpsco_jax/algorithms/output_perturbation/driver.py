@@ -95,25 +95,24 @@ doubles the add/remove-equivalent ``Delta/2`` under replace-one). Audit hook:
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
 from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax._checks import check_bool, check_choice
-from dpsco_jax.algorithms.registration import register
-# the shared pieces (re-exported: tests, the planners and the audits read them here)
+from dpsco_jax.algorithms.registration import register, registered
+# the shared pieces (re-exported: tests and the audits read them here)
 from dpsco_jax.algorithms.output_perturbation.base import (  # noqa: F401
-    PRESETS, RELATION, OutputPertPlan, OutputPertSettings, ReleaseHook, SCInfo, alg2_delta,
-    block_ledger, block_report, certificate_constants, charge_output_pert, gamma_threshold,
-    output_pert_report, plan_sc_output_pert, release_debug, sc_output_pert_release,
-    settings_from_cfg)
+    ReleaseHook, block_ledger, block_report, plan_sc_output_pert, release_debug,
+    sc_output_pert_release, settings_from_cfg)
 from dpsco_jax.algorithms.output_perturbation.naive import (  # noqa: F401
     crossover_m, naive_output_pert, naive_sigma, noise_ratio)
 from dpsco_jax.algorithms.output_perturbation.phased import (  # noqa: F401
-    localization_radius, phased_erm_output_pert, phased_erm_schedule, phased_sco_output_pert,
-    phased_sco_schedule, sc_erm_output_pert, sc_sco_output_pert)
-from dpsco_jax.algorithms.output_perturbation.solver import (  # noqa: F401
-    SolverPlan, solver_plan)
+    phased_erm_output_pert, phased_erm_schedule, phased_sco_output_pert, phased_sco_schedule,
+    sc_erm_output_pert, sc_sco_output_pert)
+from dpsco_jax.algorithms.output_perturbation.solver import solver_plan  # noqa: F401
 from dpsco_jax.algorithms.output_perturbation.plan import planner_of, sc_output_pert_plan
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.problems.output_perturbation import l2_logistic  # noqa: F401
@@ -121,32 +120,31 @@ from dpsco_jax.result import Result
 from dpsco_jax.transforms.steps import project_l2_ball
 
 # ------------------------------------------------------------------------------------------
-# Runner entry points.
+# Runner entry points: each runs a plan (``plan.detail``: the :class:`OutputPertPlan` or
+# ``NaivePlan`` its planner made; ``plan.privacy``: the guarantee charged when it was made).
+# ``_hook``: the audit's release hook (:func:`output_perturbation_releases`).
 
 
-@register("sc_output_pert", legacy=True, config=OutputPertConfig, paper="001", mesh=True,
+@register("sc_output_pert", config=OutputPertConfig, paper="001", mesh=True,
           planner=planner_of(sc_output_pert_plan))
-def sc_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+def sc_output_pert(plan: Any, problem: SCOProblem, key: jax.Array, *,
                    _hook: ReleaseHook | None = None) -> Result:
   """SCOutputPert (Alg. 2, Thm 3.1) on a mu-strongly convex problem (``meta['strong_convexity']``
   or ``cfg['l2']`` via the ``l2_logistic`` problem). Config: ``epsilon, delta, beta (1e-3),
   preset, stability_test, on_certificate_failure, max_exact_users, solver_tol, debug``."""
-  plan = sc_output_pert_plan(problem, cfg)
-  ledger = charge_output_pert(plan)
-  settings, (info,) = plan.settings, plan.infos
+  p = plan.detail
+  settings, (info,) = p.settings, p.infos
   anchor = jnp.zeros((problem.d,), jnp.float32)
   theta, bottom, dbg, cert = sc_output_pert_release(
       problem.loss_fn, problem.data, key, info=info, lam=0.0, anchor=anchor,
       radius=problem.radius, center=None, settings=settings, hook=_hook,
       mesh=getattr(problem, "mesh", None))
-  return Result(params=project_l2_ball(theta, problem.radius),
-                privacy=output_pert_report(plan, ledger),
+  return Result(params=project_l2_ball(theta, problem.radius), privacy=plan.privacy,
                 gradient_evaluations=info.gradient_evaluations,
                 record={"is_bottom": bool(bottom), "sigma": info.sigma, "Delta": info.Delta,
                         "kappa": info.kappa, "gamma": info.gamma,
                         "solver_iterations": info.plan.iterations, "preset": settings.preset,
-                        "sigma_naive": naive_sigma(problem, plan.epsilon, plan.delta,
-                                                   settings)},
+                        "sigma_naive": p.schedule["sigma_naive"]},
                 debug=release_debug([dbg], [cert]) if settings.debug else None)
 
 
@@ -157,13 +155,14 @@ def output_perturbation_releases(algorithm: str, problem: SCOProblem, cfg: dict,
   One dict per DelOutputPert call (``{"release": anchor + f + N(0, σ²I)`` or the anchor when
   ⊥, ``"bottom"``, ``"anchor"``, ``"sigma"``, ``"Delta"}``), or for ``naive_output_pert`` the
   one noisy minimizer (``"sigma"``, ``"sensitivity"``). Releases are before the
-  post-processing projection; same keys as the driver, whose output is unchanged.
-  ``add_noise=False`` (tests) sets σ = 0 and keeps everything else."""
-  drivers = {fn.__name__: fn for fn in (
+  post-processing projection; planned by the registered planner and run by the registered
+  runner, with the same keys (its output is unchanged). ``add_noise=False`` (tests) sets
+  σ = 0 and keeps everything else."""
+  runners = {fn.__name__: fn for fn in (
       sc_output_pert, phased_erm_output_pert, phased_sco_output_pert, sc_erm_output_pert,
       sc_sco_output_pert, naive_output_pert)}
-  fn = drivers[check_choice(algorithm, "algorithm", tuple(drivers))]
+  name = check_choice(algorithm, "algorithm", tuple(runners))
   hook = ReleaseHook([], check_bool(add_noise, "add_noise"))
-  fn(problem, cfg, key, _hook=hook)
+  # the planner's Planned carries the plan's detail and privacy, all a runner reads
+  runners[name](registered()[name].planner(problem, cfg), problem, key, _hook=hook)
   return hook.releases
-

@@ -27,6 +27,7 @@ is ``declared``, conditional on the declared L, mu, beta and a convex loss
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +37,8 @@ from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
     OutputPertSettings, ReleaseHook, alg2_delta, gamma_threshold)
 from dpsco_jax.algorithms.output_perturbation.solver import solve_masked
-# the naive baseline's data-free plan (re-exported: its callers read it here)
-from dpsco_jax.algorithms.output_perturbation.plan import (  # noqa: F401
-    NaivePlan, charge_naive, minimizer_sensitivity, naive_plan, naive_planner, naive_report,
-    naive_sigma)
+# the naive baseline's planner (its plan, NaivePlan, is in .plan); naive_sigma re-exported
+from dpsco_jax.algorithms.output_perturbation.plan import naive_planner, naive_sigma
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
 from dpsco_jax.problems import SCOProblem
@@ -47,23 +46,22 @@ from dpsco_jax.result import Result
 from dpsco_jax.transforms.noise import tree_gaussian_like
 from dpsco_jax.transforms.steps import project_l2_ball
 
-__all__ = ["minimizer_sensitivity", "naive_sigma", "naive_output_pert", "noise_ratio",
-           "crossover_m", "NaivePlan", "naive_plan", "charge_naive", "naive_report"]
+__all__ = ["naive_sigma", "naive_output_pert", "noise_ratio", "crossover_m"]
 
 
-@register("naive_output_pert", legacy=True, config=NaiveOutputPertConfig, paper="001", planner=naive_planner,
+@register("naive_output_pert", config=NaiveOutputPertConfig, paper="001", planner=naive_planner,
           mesh=True)
-def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+def naive_output_pert(plan: Any, problem: SCOProblem, key: jax.Array, *,
                       _hook: ReleaseHook | None = None) -> Result:
   """Baseline: ``Π_K(θ̃(x) + N(0, σ²I))`` with replace-one sensitivity ``Δ = 2G/(μn) + 2τ``.
 
   ``θ̃`` is the certified solver (accuracy ``τ = tol · 2G/(μn)/4`` a priori), so the exact
   minimizer's sensitivity bound applies up to ``2τ``. One Gaussian event under replace-one,
   ``z`` calibrated to the target (or ``noise_multiplier`` from the config, refused before any
-  release when over budget), ``σ = z Δ/2``: provenance ``accountant``."""
-  plan = naive_plan(problem, cfg)
-  ledger = charge_naive(plan)
-  n, sigma_ = problem.n_users, plan.sigma
+  release when over budget), ``σ = z Δ/2``: provenance ``accountant``. Runs ``plan`` (its
+  ``detail``: the :class:`NaivePlan`)."""
+  p = plan.detail
+  n, sigma_ = problem.n_users, p.sigma
   anchor = jnp.zeros((problem.d,), jnp.float32)
   data, keep = problem.data, jnp.ones((n,), bool)
   mesh = getattr(problem, "mesh", None)
@@ -72,19 +70,18 @@ def naive_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
     data, _ = _on_mesh(data, mesh, "users")
     keep = real_rows_mask(keep, n, jax.tree.leaves(data)[0].shape[0])
   u = solve_masked(data, keep, anchor, -anchor, loss_fn=problem.loss_fn,
-                   lam=0.0, plan=plan.solver, radius=float(problem.radius))
+                   lam=0.0, plan=p.solver, radius=float(problem.radius))
   noise_std = sigma_ if _hook is None or _hook.add_noise else 0.0
   released = anchor + u + tree_gaussian_like(key, u, noise_std)
   if _hook is not None:
     _hook.releases.append({"release": released, "sigma": sigma_,
-                           "sensitivity": plan.sensitivity})
-  return Result(params=project_l2_ball(released, problem.radius),
-                privacy=naive_report(plan, ledger),
-                gradient_evaluations=int(plan.solver.iterations * n * problem.m),
-                record={"sigma": sigma_, "sensitivity": plan.sensitivity,
-                        "noise_multiplier": plan.noise_multiplier,
-                        "solver_iterations": plan.solver.iterations,
-                        "preset": plan.settings.preset})
+                           "sensitivity": p.sensitivity})
+  return Result(params=project_l2_ball(released, problem.radius), privacy=plan.privacy,
+                gradient_evaluations=int(p.solver.iterations * n * problem.m),
+                record={"sigma": sigma_, "sensitivity": p.sensitivity,
+                        "noise_multiplier": p.noise_multiplier,
+                        "solver_iterations": p.solver.iterations,
+                        "preset": p.settings.preset})
 
 
 def noise_ratio(*, n_users: int, m: int, epsilon: float, delta: float, beta: float = 1e-3,

@@ -3,8 +3,9 @@ convex reductions (Algs 5-6), each a sequence of SCOutputPert calls.
 
 Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there; see its
 docstring for the deviations). Accounting: every call is an ``ApproxDpEvent`` block (Thm 3.3)
-on the one ledger, all charged before the first release (the plan's blocks, charged by
-:func:`~dpsco_jax.algorithms.output_perturbation.driver.charge_output_pert`); Phased-ERM
+on the one ledger, all charged when the plan is made, before the first release (the plan's
+blocks, charged by :func:`~dpsco_jax.algorithms.output_perturbation.base.charge_output_pert`;
+the runs below report the plan's guarantee); Phased-ERM
 composes ``T`` calls at ``(eps/T, delta/T)`` (basic composition), Phased-SCO one call at the
 full ``(eps, delta)`` per disjoint user block (``group=``: parallel composition).
 """
@@ -19,12 +20,11 @@ import jax.numpy as jnp
 from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertSettings, ReleaseHook, charge_output_pert, output_pert_report, release_debug,
-    sc_output_pert_release)
+    OutputPertSettings, ReleaseHook, release_debug, sc_output_pert_release)
 # the phased algorithms' data-free plans (re-exported: their callers read them here)
 from dpsco_jax.algorithms.output_perturbation.plan import (  # noqa: F401
     localization_radius, phased_erm_schedule, phased_plan, phased_sco_schedule, planner_of,
-    replan_after_bottom, sc_reduction_plan)
+    sc_reduction_plan)
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.steps import project_l2_ball
@@ -74,42 +74,42 @@ def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> di
   return rec
 
 
-def _phased_driver(problem: SCOProblem, cfg: dict, key: jax.Array,
-                   hook: ReleaseHook | None, *, sco: bool) -> Result:
-  """Algorithms 3 / 4: every phase is charged (one (eps, delta) block each) before any runs."""
-  plan = phased_plan(problem, cfg, sco=sco)
-  ledger = charge_output_pert(plan)
-  out = _run_phases(problem.loss_fn, problem.data, key, phases=plan.schedule["phases"],
-                    infos=plan.infos, radius=problem.radius, theta0=problem.init_params(),
-                    settings=plan.settings, hook=hook, mesh=getattr(problem, "mesh", None))
-  return Result(params=out.theta, privacy=output_pert_report(plan, ledger),
+def _phased_run(plan: Any, problem: SCOProblem, key: jax.Array,
+                hook: ReleaseHook | None) -> Result:
+  """Algorithms 3 / 4: runs ``plan`` (every phase's block was charged when it was made)."""
+  p = plan.detail
+  out = _run_phases(problem.loss_fn, problem.data, key, phases=p.schedule["phases"],
+                    infos=p.infos, radius=problem.radius, theta0=problem.init_params(),
+                    settings=p.settings, hook=hook, mesh=getattr(problem, "mesh", None))
+  return Result(params=out.theta, privacy=plan.privacy,
                 gradient_evaluations=sum(i.gradient_evaluations for i in out.infos),
-                record=_phase_record(plan.schedule["schedule"], out, plan.settings),
-                debug=release_debug(out.dbgs, out.certs) if plan.settings.debug else None)
+                record=_phase_record(p.schedule["schedule"], out, p.settings),
+                debug=release_debug(out.dbgs, out.certs) if p.settings.debug else None)
 
 
-@register("phased_erm_output_pert", legacy=True, config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
-          planner=planner_of(phased_plan, sco=False))
-def phased_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+@register("phased_erm_output_pert", config=OutputPertConfig, paper="001", reads_m=True,
+          mesh=True, planner=planner_of(phased_plan, sco=False))
+def phased_erm_output_pert(plan: Any, problem: SCOProblem, key: jax.Array, *,
                            _hook: ReleaseHook | None = None) -> Result:
   """Phased-ERM (Alg. 3, Thm 4.1): convex G-Lipschitz loss, excess empirical risk
   ``Õ(RG sqrt(d)/(n sqrt(m)))``; (eps, delta) by basic composition of T calls."""
-  return _phased_driver(problem, cfg, key, _hook, sco=False)
+  return _phased_run(plan, problem, key, _hook)
 
 
-@register("phased_sco_output_pert", legacy=True, config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
-          planner=planner_of(phased_plan, sco=True))
-def phased_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+@register("phased_sco_output_pert", config=OutputPertConfig, paper="001", reads_m=True,
+          mesh=True, planner=planner_of(phased_plan, sco=True))
+def phased_sco_output_pert(plan: Any, problem: SCOProblem, key: jax.Array, *,
                            _hook: ReleaseHook | None = None) -> Result:
   """Phased-SCO (Alg. 4, Thm 5.1): disjoint user blocks, parallel composition."""
-  return _phased_driver(problem, cfg, key, _hook, sco=True)
+  return _phased_run(plan, problem, key, _hook)
 
 
-def _sc_reduction(problem, cfg, key, *, sco: bool, hook: ReleaseHook | None = None) -> Result:
-  plan = sc_reduction_plan(problem, cfg, sco=sco)
-  ledger = charge_output_pert(plan)
-  settings, info0, d = plan.settings, plan.infos[0], problem.d
-  sch, phases, infos = plan.schedule["schedule"], plan.schedule["phases"], plan.infos[1:]
+def _sc_reduction(plan: Any, problem: SCOProblem, key: jax.Array,
+                  hook: ReleaseHook | None) -> Result:
+  """Algs 5-6: runs ``plan``; after a ⊥ warm start, its ``after_bottom`` second half."""
+  p = plan.detail
+  settings, info0, d = p.settings, p.infos[0], problem.d
+  sch, phases, infos = p.schedule["schedule"], p.schedule["phases"], p.infos[1:]
   k0, k1 = jax.random.split(key)
   theta0, bottom0, dbg0, cert0 = sc_output_pert_release(
       problem.loss_fn, problem.data, k0, info=info0, lam=0.0,
@@ -117,16 +117,16 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: ReleaseHook | None = No
       settings=settings, hook=hook, mesh=getattr(problem, "mesh", None))
   if bool(bottom0):  # spec §2.7 [A]: fixed point of K and R' = diam K (post-processing)
     theta0 = jnp.zeros((d,), jnp.float32)
-    sch, phases, infos = replan_after_bottom(problem, plan, sco=sco)
+    sch, phases, infos = p.schedule["after_bottom"]
   # K' = K ∩ B(θ0, R') is used only through ||θ0 - θ*|| <= R' and λ; phases solve over K,
   # where Lemma 4.2 holds as well (spec §2.7 deviation note in the module docstring).
   out = _run_phases(problem.loss_fn, problem.data, k1, phases=phases, infos=infos,
                     radius=problem.radius, theta0=theta0, settings=settings, hook=hook,
                     mesh=getattr(problem, "mesh", None))
   rec = _phase_record(sch, out, settings)
-  rec.update({"R_prime": plan.schedule["R_prime"], "sigma0": info0.sigma,
+  rec.update({"R_prime": p.schedule["R_prime"], "sigma0": info0.sigma,
               "bottom0": bool(bottom0)})
-  return Result(params=out.theta, privacy=output_pert_report(plan, ledger),
+  return Result(params=out.theta, privacy=plan.privacy,
                 gradient_evaluations=info0.gradient_evaluations + sum(
                     i.gradient_evaluations for i in out.infos),
                 record=rec,
@@ -134,19 +134,17 @@ def _sc_reduction(problem, cfg, key, *, sco: bool, hook: ReleaseHook | None = No
                 if settings.debug else None)
 
 
-@register("sc_erm_output_pert", legacy=True, config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("sc_erm_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=False))
-def sc_erm_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+def sc_erm_output_pert(plan: Any, problem: SCOProblem, key: jax.Array, *,
                        _hook: ReleaseHook | None = None) -> Result:
   """Strongly-Convex-ERM (Alg. 5, Thm 4.3): excess ``Õ(G² d/(μ n² m))``."""
-  return _sc_reduction(problem, cfg, key, sco=False, hook=_hook)
+  return _sc_reduction(plan, problem, key, _hook)
 
 
-@register("sc_sco_output_pert", legacy=True, config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
+@register("sc_sco_output_pert", config=OutputPertConfig, paper="001", reads_m=True, mesh=True,
           planner=planner_of(sc_reduction_plan, sco=True))
-def sc_sco_output_pert(problem: SCOProblem, cfg: dict, key: jax.Array, *,
+def sc_sco_output_pert(plan: Any, problem: SCOProblem, key: jax.Array, *,
                        _hook: ReleaseHook | None = None) -> Result:
   """Strongly-Convex-SCO (Alg. 6, Thm 5.3): excess ``Õ((G²/μ)(d/(n² m) + 1/(nm)))``."""
-  return _sc_reduction(problem, cfg, key, sco=True, hook=_hook)
-
-
+  return _sc_reduction(plan, problem, key, _hook)

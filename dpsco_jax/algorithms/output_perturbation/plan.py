@@ -114,8 +114,10 @@ def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
                              smoothness=problem.smoothness, mu0=mu, lam=0.0,
                              radius=problem.radius, epsilon=eps, delta=delta, beta=beta,
                              settings=settings)
+  # the baseline's closed-form sigma at the same budget: recorded beside the run's
   return OutputPertPlan("sc_output_pert", settings, eps, delta, mu, beta, (info,),
-                        (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),), {},
+                        (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),),
+                        {"sigma_naive": naive_sigma(problem, eps, delta, settings)},
                         declared=certificate_constants(problem, (info,)))
 
 
@@ -334,20 +336,34 @@ def localization_radius(sigma0: float, d: int, beta: float, tau: float) -> float
   return sigma0 * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / beta))) + tau
 
 
-def _reduction_lam(problem, r: float, *, sco: bool) -> float:
-  """Alg. 5 / Alg. 6's lambda for localization radius ``r`` (``R'``, or ``diam K`` after ⊥)."""
+def _reduction_half(problem, r: float, *, sco: bool, epsilon: float, delta: float,
+                    beta: float, mu: float, settings: OutputPertSettings
+                    ) -> tuple[dict, list, tuple[SCInfo, ...], float, float]:
+  """Alg. 5 / Alg. 6's second half at localization radius ``r`` (``R'``, or ``diam K`` after
+  a ⊥ warm start): ``(schedule, phases, infos, eps_phase, delta_phase)`` with lambda
+  ``(G/r) sqrt(d)/(n sqrt(m))`` (Alg. 5) or ``(G/r) max{sqrt(d)/(n sqrt(m)), 1/sqrt(nm)}``
+  (Alg. 6)."""
   G, n, m, d = problem.lipschitz, problem.n_users, problem.m, problem.d
+  lam = G * math.sqrt(d) / (r * n * math.sqrt(m))
   if sco:
-    return (G / r) * max(math.sqrt(d) / (n * math.sqrt(m)), 1.0 / math.sqrt(n * m))
-  return G * math.sqrt(d) / (r * n * math.sqrt(m))
+    lam = (G / r) * max(math.sqrt(d) / (n * math.sqrt(m)), 1.0 / math.sqrt(n * m))
+  sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=epsilon,
+                                                delta=delta, beta=beta, lam=lam)
+  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
+                       mu0=mu, settings=settings, label="Phased-SCO" if sco else "Phased-ERM")
+  return sch, phases, infos, eps_p, delta_p
 
 
 def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
   """The data-free plan of Strongly-Convex-ERM / -SCO (Algs 5-6): the warm start's
   SCOutputPert at (eps/2, delta/2), ``R'``, lambda and every phase of the second half at
-  (eps/2, delta/2), with all their ledger blocks (public facts and config only)."""
+  (eps/2, delta/2), with all their ledger blocks (public facts and config only).
+
+  A ⊥ warm start (spec §2.7 [A]) restarts the second half from K's fixed point with
+  ``R' = diam K``: the same calls (sizes, budgets: the same blocks and provenance) at another
+  lambda. Which one runs is post-processing of the released ⊥ flag, so both are planned here:
+  ``schedule["after_bottom"]`` holds the other ``(schedule, phases, infos)``."""
   name = "sc_sco_output_pert" if sco else "sc_erm_output_pert"
-  label = "Phased-SCO" if sco else "Phased-ERM"
   settings = settings_from_cfg(cfg)
   eps, delta = _check_common(cfg, settings)
   mu = _require_mu(problem, f"{name} (Algs 5-6)")
@@ -363,38 +379,22 @@ def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
   if sco:  # Alg. 6 line 4, second term with the constant 30 of Prop. B.1
     r_prime += 30.0 * problem.lipschitz * math.sqrt(math.log(2.0 / beta)) / (mu * math.sqrt(
         n * m))
-  lam = _reduction_lam(problem, r_prime, sco=sco)
-  sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=eps / 2,
-                                                delta=delta / 2, beta=beta, lam=lam)
-  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
-                       mu0=mu, settings=settings, label=label)
+  half = dict(sco=sco, epsilon=eps / 2, delta=delta / 2, beta=beta, mu=mu, settings=settings)
+  sch, phases, infos, eps_p, delta_p = _reduction_half(problem, r_prime, **half)
+  after_bottom = _reduction_half(problem, 2 * problem.radius, **half)[:3]
   # every block of both halves is charged before the warm start is released
   blocks = [("SCOutputPert warm start", eps / 2, delta / 2, 1, None)] + _phase_blocks(
-      sch, sco=sco, epsilon=eps_p, delta=delta_p, label=label)
+      sch, sco=sco, epsilon=eps_p, delta=delta_p,
+      label="Phased-SCO" if sco else "Phased-ERM")
   return OutputPertPlan(name, settings, eps, delta, mu, beta, (info0,) + infos, tuple(blocks),
-                        {"schedule": sch, "phases": phases, "R_prime": r_prime, "lam": lam},
+                        {"schedule": sch, "phases": phases, "R_prime": r_prime,
+                         "lam": sch["lam"], "after_bottom": after_bottom},
                         "; two halves at (eps/2, delta/2)",
-                        # after a ⊥ warm start the phases are re-planned at another lambda
-                        # (same blocks): their solver distance may read L
+                        # the after-⊥ phases run at another lambda (same blocks): their
+                        # solver distance may read L
                         declared=certificate_constants(problem, (info0,) + infos,
                                                        lipschitz=True))
 
-
-
-def replan_after_bottom(problem, plan: OutputPertPlan, *, sco: bool
-                        ) -> tuple[dict, list, tuple[SCInfo, ...]]:
-  """Algs 5-6's second half after a ⊥ warm start (spec §2.7 [A]): the anchor is K's fixed
-  point and ``R' = diam K``, so the phases are planned again at that lambda: the same calls
-  (sizes, budgets: the same blocks and provenance as ``plan``). Returns ``(schedule, phases,
-  infos)`` (public facts and ``plan`` only)."""
-  lam = _reduction_lam(problem, 2 * problem.radius, sco=sco)
-  sch, phases, eps_p, delta_p = _phase_schedule(
-      problem, sco=sco, epsilon=plan.epsilon / 2, delta=plan.delta / 2, beta=plan.beta,
-      lam=lam)
-  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
-                       mu0=plan.mu, settings=plan.settings,
-                       label="Phased-SCO" if sco else "Phased-ERM")
-  return sch, phases, infos
 
 # ------------------------------------------------------------ from base.py
 

@@ -98,17 +98,12 @@ import optax
 from jax.sharding import NamedSharding
 
 from dpsco_jax.algorithms.user_level_filter.config import (
-    AcceleratedErmConfig, AcceleratedErmSmoothedConfig, FilterCommon, PhasedSgdConfig)
+    AcceleratedErmConfig, AcceleratedErmSmoothedConfig, PhasedSgdConfig)
 from dpsco_jax.algorithms.common import ProgressSession, emit_progress, progress_session
 from dpsco_jax.algorithms.registration import register
-from dpsco_jax._checks import check_choice, check_positive
-from dpsco_jax.algorithms.user_level_filter.plan import (FilterPlan, Options, PublicSpec,
-                                                  config_view, filter_planner, make_ledger,
-                                                  plan_accelerated_erm, plan_phased_sgd)
+from dpsco_jax.algorithms.user_level_filter.plan import FilterPlan, filter_planner
 from dpsco_jax.algorithms.user_level_filter.mesh import (place_groups, place_phase,
                                                           step_user_grads)
-from dpsco_jax.algorithms.user_level_filter.plan import (  # noqa: F401 (re-export)
-    alg1_report, alg3_report)
 from dpsco_jax.privacy.sparse_vector import laplace_test
 from dpsco_jax.problems import SCOProblem
 from dpsco_jax.problems.user_level import (corrupt_users, hinge_loss,  # noqa: F401 (re-export)
@@ -126,28 +121,17 @@ PyTree = Any
 
 __all__ = ["user_level_phased_sgd", "user_level_accelerated_erm",
            "user_level_accelerated_erm_smoothed", "user_level_phased_sgd_releases",
-           "user_level_accelerated_erm_releases", "plan_phased_sgd", "plan_accelerated_erm",
+           "user_level_accelerated_erm_releases",
            "corrupt_users", "hinge_problem", "hinge_loss"]
 
 
 # ----------------------------------------------------------------------------- helpers
 
-def _fallback(problem: SCOProblem, cfg: dict) -> PyTree:
+def _fallback(problem: SCOProblem, plan: FilterPlan) -> PyTree:
   """The data-independent point released on a halt ("output 0", Alg. 1 line 22 / Alg. 2
   line 18). ``0`` is inside every centred ball; ``fallback: init`` uses ``init_params()``."""
-  choice = check_choice(FilterCommon.of(cfg).fallback, "fallback", ("zero", "init"))
   p = problem.init_params()
-  return jax.tree.map(jnp.zeros_like, p) if choice == "zero" else p
-
-
-def _project_output(cfg: dict, opt: Options) -> bool:
-  """Alg. 1's ``project_output`` (derived default: on under the practical preset)."""
-  return bool(config_view(cfg, "user_level_phased_sgd").get("project_output",
-                                                            opt.preset == "practical"))
-
-
-def _user_permutation(key: jax.Array, n: int) -> np.ndarray:
-  return np.asarray(jax.random.permutation(key, n))
+  return jax.tree.map(jnp.zeros_like, p) if plan.fallback == "zero" else p
 
 
 def _take(data: PyTree, idx: np.ndarray) -> PyTree:
@@ -214,8 +198,7 @@ def _filter_release(points: PyTree, key: jax.Array, *, tau: float, lap_scale: fl
 
 
 def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray, x: PyTree,
-                k_run: jax.Array, sigma: float, clip: float | None = None,
-                session: ProgressSession | None = None):
+                k_run: jax.Array, sigma: float, session: ProgressSession | None = None):
   """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release.
   ``session``: the run's progress reports (the steps of the phases before ``i`` are done)."""
   report, tick = _progress_args(plan, i, session)
@@ -226,7 +209,7 @@ def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray
       lambda a: a[used].reshape((c, ph.users_per_group * problem.m) + a.shape[2:]),
       problem.data)
   k_sgd, k_rel = jax.random.split(jax.random.fold_in(k_run, ph.index))
-  mesh = getattr(problem, "mesh", None)
+  clip, mesh = plan.clip, getattr(problem, "mesh", None)
   if mesh is None:
     pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius,
                       clip=clip, report=report, tick=tick)
@@ -248,12 +231,30 @@ def _progress_args(plan: FilterPlan, i: int, session: ProgressSession | None
 
 
 def _phase_users(plan: FilterPlan, key: jax.Array, n: int) -> list[np.ndarray]:
-  perm = _user_permutation(key, n)
+  perm = np.asarray(jax.random.permutation(key, n))
   out, start = [], 0
   for ph in plan.schedule.phases:
     out.append(perm[start:start + ph.n_users])
     start += ph.n_users
   return out
+
+
+def _alg1_phases(problem: SCOProblem, plan: FilterPlan, key: jax.Array, *,
+                 anchors: list | None = None, add_noise: bool = True,
+                 session: ProgressSession | None = None):
+  """Algorithm 1's phases, one after the other (the run and its audit hook both iterate
+  here): yields ``(i, passed, release x_i, raw FilterResult, anchor x_{i-1}, next anchor)``,
+  the next anchor being ``x_i`` projected under ``project_output``. ``anchors`` /
+  ``add_noise``: see :func:`user_level_phased_sgd_releases`."""
+  k_perm, k_run = jax.random.split(key)
+  x = problem.init_params()
+  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
+    x = x if anchors is None else anchors[i]
+    sigma = plan.phases[i].sigma if add_noise else 0.0
+    passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run, sigma, session)
+    nxt = project_l2_ball(x_new, problem.radius) if plan.project_output else x_new
+    yield i, passed, x_new, res, x, nxt
+    x = nxt
 
 
 def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *,
@@ -264,21 +265,14 @@ def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Arra
   ``{"passed": bool, "release": x_i, "anchor": x_{i-1}}`` with ``x_i = FILTER mean +
   N(0, sigma_i^2 I)`` before the post-processing projection; every phase runs (no stop at a
   failed test). ``anchors[i]`` (optional) replaces the phase's starting point (default: the
-  previous phase's projected release, as in the driver), so a neighbouring dataset can be
+  previous phase's projected release, as in the run), so a neighbouring dataset can be
   evaluated conditionally on the same earlier releases. ``add_noise=False`` is a test hook:
-  sigma = 0 with the plan (and every key) unchanged. Same keys as the driver."""
-  plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
-  project = _project_output(cfg, plan.options)
-  k_perm, k_run = jax.random.split(key)
-  x, out = problem.init_params(), []
-  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
-    x = x if anchors is None else anchors[i]
-    sigma = plan.phases[i].sigma if add_noise else 0.0
-    passed, x_new, _ = _alg1_phase(problem, plan, i, users, x, k_run, sigma,
-                                   _clip(problem, cfg, "user_level_phased_sgd"))
-    out.append({"passed": bool(passed), "release": x_new, "anchor": x})
-    x = project_l2_ball(x_new, problem.radius) if project else x_new
-  return out
+  sigma = 0 with the plan (and every key) unchanged. Planned by the registered planner, run
+  by the run's phases, with the same keys."""
+  plan = filter_planner("user_level_phased_sgd")(problem, cfg).detail
+  return [{"passed": bool(passed), "release": x_new, "anchor": x}
+          for _, passed, x_new, _, x, _ in _alg1_phases(problem, plan, key, anchors=anchors,
+                                                      add_noise=add_noise)]
 
 
 # every FILTER algorithm's certificate reads m (items per user); every one takes a mesh:
@@ -287,22 +281,17 @@ def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Arra
 _TRAITS = dict(paper="000", reads_m=True, mesh=True)
 
 
-@register("user_level_phased_sgd", legacy=True, config=PhasedSgdConfig,
+@register("user_level_phased_sgd", config=PhasedSgdConfig,
           planner=filter_planner("user_level_phased_sgd"), **_TRAITS)
-def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
-  """Algorithm 1 of paper 000 (see module docstring)."""
-  plan = plan_phased_sgd(PublicSpec.of(problem), cfg)
-  ledger = make_ledger(plan)                      # charged before anything is released
-  opt, sched = plan.options, plan.schedule
-  project = _project_output(cfg, opt)
-  k_perm, k_run = jax.random.split(key)
-  x, halted_phase = problem.init_params(), None
+def user_level_phased_sgd(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
+  """Algorithm 1 of paper 000 (see module docstring): runs ``plan`` (its ``detail``, a
+  :class:`FilterPlan`; it reports ``plan.privacy``)."""
+  fp, privacy = plan.detail, plan.privacy
+  opt, sched = fp.options, fp.schedule
+  x, halted_phase, grads = problem.init_params(), None, 0
   dbg: dict = {"scores": [], "num_kept": []} if opt.debug else None
-  grads, clip = 0, _clip(problem, cfg, "user_level_phased_sgd")
-  with progress_session(getattr(problem, "progress", None), plan.num_steps) as session:
-    for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
-      passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run,
-                                       plan.phases[i].sigma, clip, session)
+  with progress_session(getattr(problem, "progress", None), fp.num_steps) as session:
+    for i, passed, _, res, _, nxt in _alg1_phases(problem, fp, key, session=session):
       grads += sched.num_groups * sched.phases[i].steps
       if opt.debug:
         dbg["scores"].append(float(res.score))
@@ -310,18 +299,17 @@ def user_level_phased_sgd(problem: SCOProblem, cfg: dict, key: jax.Array) -> Res
       if not bool(passed):         # the released test bit: host branching is post-processing
         halted_phase = sched.phases[i].index
         break
-      x = project_l2_ball(x_new, problem.radius) if project else x_new
-  out = _fallback(problem, cfg) if halted_phase is not None else x
-  report = alg1_report(plan, ledger)
+      x = nxt
+  out = _fallback(problem, fp) if halted_phase is not None else x
   record = {"preset": opt.preset, "sensitivity": opt.sensitivity, "relation": opt.relation,
             "num_groups": sched.num_groups,
             "phases": [ph.__dict__ for ph in sched.phases],
-            "sigma": [p.sigma for p in plan.phases],
-            "noise_multiplier": [p.noise_multiplier for p in plan.phases],
-            "sensitivity_values": [p.sensitivity for p in plan.phases],
-            "laplace_scale": sched.laplace_scale, "epsilon_test": plan.epsilon_test,
-            "halted_phase": halted_phase, "learning_rate": sched.eta, "clip_norm": clip}
-  return Result(params=out, privacy=report, gradient_evaluations=int(grads), record=record,
+            "sigma": [p.sigma for p in fp.phases],
+            "noise_multiplier": [p.noise_multiplier for p in fp.phases],
+            "sensitivity_values": [p.sensitivity for p in fp.phases],
+            "laplace_scale": sched.laplace_scale, "epsilon_test": fp.epsilon_test,
+            "halted_phase": halted_phase, "learning_rate": sched.eta, "clip_norm": fp.clip}
+  return Result(params=out, privacy=privacy, gradient_evaluations=int(grads), record=record,
                 debug=dbg)
 
 
@@ -405,15 +393,7 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
           rel)
 
 
-def _clip(problem: SCOProblem, cfg: dict, algorithm: str) -> float | None:
-  """``clip_norm`` of paper 000's drivers: a number, ``true`` (the declared L), or
-  ``null`` / ``false`` (no clip; FILTER bounds the sensitivity either way)."""
-  clip = config_view(cfg, algorithm).clip_norm
-  return None if clip in (None, False) else check_positive(
-      problem.lipschitz if clip is True else clip, "clip_norm")
-
-
-def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, collect=False,
+def _run_phase3(problem, plan, i, users, x, k_run, sigma, *, given=None, collect=False,
                 session=None):
   sched, ph, pn = plan.schedule, plan.schedule.phases[i], plan.phases[i]
   report, tick = _progress_args(plan, i, session)
@@ -430,8 +410,28 @@ def _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma, *, given=None, co
       threshold_fraction=sched.threshold_fraction, threshold_scale=sched.threshold_scale,
       query_scale=sched.query_scale, radius=problem.radius,
       stage_length=min(ph.stage_length, pn.steps), smoothing_radius=sched.smoothing_radius,
-      clip=_clip(problem, cfg, "user_level_accelerated_erm"), debug=plan.options.debug,
+      clip=plan.clip, debug=plan.options.debug,
       collect=collect, n_users=n_i, users=spread, report=report, tick=tick)
+
+
+def _alg3_phases(problem: SCOProblem, plan: FilterPlan, key: jax.Array, *,
+                 given: list | None = None, anchors: list | None = None,
+                 add_noise: bool = True, collect: bool = False,
+                 session: ProgressSession | None = None):
+  """Algorithm 3's phases, one after the other (the run and its audit hook both iterate
+  here): yields ``(i, x_ag, halted, filter state, releases, anchor x_{i-1})``; the next
+  phase starts from ``x_ag``. ``given`` / ``anchors`` / ``add_noise``: see
+  :func:`user_level_accelerated_erm_releases`."""
+  k_perm, k_run = jax.random.split(key)
+  x = problem.init_params()
+  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
+    x = x if anchors is None else anchors[i]
+    sigma = plan.phases[i].sigma if add_noise else 0.0
+    x_new, halted, fstate, rel = _run_phase3(problem, plan, i, users, x, k_run, sigma,
+                                             given=None if given is None else given[i],
+                                             collect=collect, session=session)
+    yield i, x_new, halted, fstate, rel, x
+    x = x_new
 
 
 def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *,
@@ -445,33 +445,25 @@ def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax
   ``updates`` of another run) drives the AC-SA steps instead of this run's releases, and
   ``anchors[i]`` replaces the phase's anchor: a neighbouring dataset is then evaluated at the
   same query points, i.e. conditionally on the same earlier releases. ``add_noise=False`` is
-  a test hook (sigma = 0, plan and keys unchanged). Same keys as the driver."""
-  plan = plan_accelerated_erm(PublicSpec.of(problem), cfg, smoothed=smoothed)
-  k_perm, k_run = jax.random.split(key)
-  x, out = problem.init_params(), []
-  for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
-    x = x if anchors is None else anchors[i]
-    sigma = plan.phases[i].sigma if add_noise else 0.0
-    x_new, _, _, (upd, halted) = _run_phase3(problem, cfg, plan, i, users, x, k_run, sigma,
-                                             given=None if given is None else given[i],
-                                             collect=True)
-    out.append({"updates": upd, "halted": np.asarray(halted), "anchor": x})
-    x = x_new
-  return out
+  a test hook (sigma = 0, plan and keys unchanged). Planned by the registered planner, run
+  by the run's phases, with the same keys."""
+  name = "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
+  plan = filter_planner(name)(problem, cfg).detail
+  return [{"updates": upd, "halted": np.asarray(halted), "anchor": x}
+          for _, _, _, _, (upd, halted), x in _alg3_phases(
+              problem, plan, key, given=given, anchors=anchors, add_noise=add_noise,
+              collect=True)]
 
 
-def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool) -> Result:
-  plan = plan_accelerated_erm(PublicSpec.of(problem), cfg, smoothed=smoothed)
-  ledger = make_ledger(plan)                      # charged before anything is released
-  opt, sched = plan.options, plan.schedule
-  k_perm, k_run = jax.random.split(key)
+def _run_alg3(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
+  """Algorithm 3's run of ``plan`` (its ``detail``, a :class:`FilterPlan`)."""
+  fp = plan.detail
+  opt, sched = fp.options, fp.schedule
   x, halted_phase, grads = problem.init_params(), None, 0
   rec_phases, dbg = [], ({"phases": []} if opt.debug else None)
-  with progress_session(getattr(problem, "progress", None), plan.num_steps) as session:
-    for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
-      ph, pn = sched.phases[i], plan.phases[i]
-      x_new, halted, fstate, _ = _run_phase3(problem, cfg, plan, i, users, x, k_run,
-                                             pn.sigma, session=session)
+  with progress_session(getattr(problem, "progress", None), fp.num_steps) as session:
+    for i, x_new, halted, fstate, _, _ in _alg3_phases(problem, fp, key, session=session):
+      ph, pn = sched.phases[i], fp.phases[i]
       grads += pn.steps * ph.batch * problem.m
       rec_phases.append({"index": ph.index, "n_users": ph.n_users, "batch_size": ph.batch,
                          "num_steps": pn.steps, "lam": ph.lam,
@@ -487,28 +479,28 @@ def _run_alg3(problem: SCOProblem, cfg: dict, key: jax.Array, *, smoothed: bool)
         halted_phase = ph.index
         break
       x = x_new
-  out = _fallback(problem, cfg) if halted_phase is not None else x
-  report = alg3_report(plan, ledger)
+  out = _fallback(problem, fp) if halted_phase is not None else x
   record = {"preset": opt.preset, "sensitivity": opt.sensitivity, "relation": opt.relation,
             "tau": sched.tau, "smoothness": sched.smoothness,
             "smoothing_radius": sched.smoothing_radius, "lambda": sched.lam,
             "threshold_scale": sched.threshold_scale, "query_scale": sched.query_scale,
             "phases": rec_phases, "halted_phase": halted_phase,
-            "epsilon_above_threshold": plan.epsilon_test}
-  return Result(params=out, privacy=report, gradient_evaluations=int(grads), record=record,
-                debug=dbg)
+            "epsilon_above_threshold": fp.epsilon_test}
+  return Result(params=out, privacy=plan.privacy, gradient_evaluations=int(grads),
+                record=record, debug=dbg)
 
 
-@register("user_level_accelerated_erm", legacy=True, config=AcceleratedErmConfig,
+@register("user_level_accelerated_erm", config=AcceleratedErmConfig,
           planner=filter_planner("user_level_accelerated_erm"), **_TRAITS)
-def user_level_accelerated_erm(problem: SCOProblem, cfg: dict, key: jax.Array) -> Result:
-  """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
-  return _run_alg3(problem, cfg, key, smoothed=False)
+def user_level_accelerated_erm(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
+  """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2): runs
+  ``plan``."""
+  return _run_alg3(plan, problem, key)
 
 
-@register("user_level_accelerated_erm_smoothed", legacy=True, config=AcceleratedErmSmoothedConfig,
+@register("user_level_accelerated_erm_smoothed", config=AcceleratedErmSmoothedConfig,
           planner=filter_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)
-def user_level_accelerated_erm_smoothed(problem: SCOProblem, cfg: dict,
+def user_level_accelerated_erm_smoothed(plan: Any, problem: SCOProblem,
                                         key: jax.Array) -> Result:
-  """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3)."""
-  return _run_alg3(problem, cfg, key, smoothed=True)
+  """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3): runs ``plan``."""
+  return _run_alg3(plan, problem, key)

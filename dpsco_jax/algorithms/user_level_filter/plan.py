@@ -33,7 +33,6 @@ calibrated by :func:`~dpsco_jax.privacy.calibrate_noise_multiplier` with the tes
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -44,7 +43,6 @@ from dpsco_jax.algorithms.user_level_filter.config import (
     AcceleratedErmConfig, AcceleratedErmSmoothedConfig, PhasedSgdConfig)
 from dpsco_jax._checks import check_bool, check_choice, check_epsilon, check_positive
 from dpsco_jax.algorithms.common import required_delta
-from dpsco_jax.cache import bounded_cache
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.user_level_filter.schedules import (Alg1Schedule, Alg3Schedule,
                                                        alg1_schedule, alg3_schedule,
@@ -164,6 +162,12 @@ class FilterPlan:
   schedule: Alg1Schedule | Alg3Schedule
   epsilon_test: float
   phases: tuple[PhaseNoise, ...]
+  #: the run's non-privacy knobs, read from the config here so that the run reads no config:
+  #: ``clip_norm`` as a number (``None``: no clip), Alg. 1's ``project_output``, and the
+  #: point released on a halt (``fallback``)
+  clip: float | None = None
+  project_output: bool = False
+  fallback: str = "zero"
 
   @property
   def accountant_delta(self) -> float:
@@ -206,25 +210,25 @@ def phase_sensitivity(sens: float) -> Sensitivity:
   return Sensitivity.from_replace_one(sens, "FILTER's coupled shift Delta")
 
 
-def _noise(opt: Options, make, test_event, sens: float, sigma_paper: float,
-           calibrated: Callable[[], float] | None = None, key: Any = None
+def _noise(opt: Options, make, test_event, sens: float, sigma_paper: float, key: Any
            ) -> tuple[float, float]:
   """``(z, sigma)``: paper sigma (theory), explicit z, or the calibrated z; ``sigma`` is the
   stage's std ``z Delta / 2`` (the ledger doubles ``Delta / 2`` under replace-one).
-  ``calibrated``: the calibration of ``make`` beside ``test_event`` when a memoized one exists
-  (same value); ``key``: ``make``'s exact description for the calibrator's memo."""
+  ``key``: ``make``'s exact description (public numbers), so the calibrator's memo answers a
+  phase, or a plan, it has calibrated before (the bisection costs seconds a phase)."""
   if opt.preset == "theory":
     return noise_multiplier_for_std(sigma_paper, phase_sensitivity(sens)), sigma_paper
   z = opt.noise_multiplier
   if z is None:
-    z = calibrated() if calibrated is not None else calibrate_noise_multiplier(
-        make, epsilon=opt.epsilon, delta=opt.delta / 2.0, relation=opt.relation,
-        fixed=[test_event], key=key)
+    z = calibrate_noise_multiplier(make, epsilon=opt.epsilon, delta=opt.delta / 2.0,
+                                   relation=opt.relation, fixed=[test_event], key=key)
   return z, GaussianStage(z, phase_sensitivity(sens)).std
 
 
-def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule) -> FilterPlan:
-  """Algorithm 1: per phase a Laplace test (score sensitivity 2) and one Gaussian release."""
+def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule, **knobs: Any
+              ) -> FilterPlan:
+  """Algorithm 1: per phase a Laplace test (score sensitivity 2) and one Gaussian release.
+  ``knobs``: the run's non-privacy fields of :class:`FilterPlan`."""
   eps_test = laplace_test_epsilon(sched.laplace_scale, 2.0)
   if opt.noise and eps_test >= opt.epsilon:
     raise ValueError(f"epsilon: the Laplace test alone spends {eps_test:.3g} >= "
@@ -232,7 +236,7 @@ def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule) -> FilterPlan
   test = pure_dp_event(eps_test)
   make = lambda z: dp_accounting.GaussianDpEvent(z)
   zeta = opt.delta / (4.0 * len(sched.phases))
-  phases, calibrated = [], None
+  phases = []
   for ph in sched.phases:
     bad = good_event_failure(sched.num_groups, math.inf, sched.laplace_scale, 1,
                              2.0 / 15.0) + zeta
@@ -240,34 +244,17 @@ def plan_alg1(spec: PublicSpec, opt: Options, sched: Alg1Schedule) -> FilterPlan
       phases.append(PhaseNoise(ph.index, math.nan, math.nan, 0.0, 1, None, None, bad))
       continue
     sens = _sensitivity(opt, 2.0 * ph.tau, sched.num_groups, zeta, 2.0 / 3.0)
-    if opt.preset == "practical" and opt.noise_multiplier is None:
-      # the same event in every phase: calibrate once
-      calibrated = calibrated or _noise(opt, make, test, 2.0, math.nan,
-                                        key=("gaussian",))[0]
-      z, sigma = calibrated, GaussianStage(calibrated, phase_sensitivity(sens)).std
-    else:
-      z, sigma = _noise(opt, make, test, sens, ph.sigma_paper)
+    # the same event in every phase: the calibrator's memo answers all but the first
+    z, sigma = _noise(opt, make, test, sens, ph.sigma_paper, key=("gaussian",))
     phases.append(PhaseNoise(ph.index, sens, z, sigma, 1, test, make(z), bad))
-  return FilterPlan("user_level_phased_sgd", opt, sched, eps_test, tuple(phases))
-
-
-@bounded_cache(64)
-def _alg3_calibrated_z(n_i: int, k_i: int, steps: int, epsilon: float, delta: float,
-                       relation: str, eps_test: float) -> float:
-  """The calibrated ``z`` of one Algorithm-2 phase (``T_i`` Gaussians on a ``K_i``-of-``n_i``
-  sample beside the AboveThreshold test), as :func:`_noise` computes it. A pure function of
-  public numbers, memoized so that a fit (plan, then the driver's plan of the same config) and
-  the seeds of a sweep calibrate each phase once: the bisection costs seconds a phase, more
-  than the run itself at laptop sizes."""
-  return calibrate_noise_multiplier(lambda z: gauss_event(z, n_i, k_i, steps),
-                                    epsilon=epsilon, delta=delta / 2.0, relation=relation,
-                                    fixed=[pure_dp_event(eps_test)])
+  return FilterPlan("user_level_phased_sgd", opt, sched, eps_test, tuple(phases), **knobs)
 
 
 def plan_alg3(spec: PublicSpec, opt: Options, sched: Alg3Schedule,
-              max_steps: int | None) -> FilterPlan:
+              max_steps: int | None, **knobs: Any) -> FilterPlan:
   """Algorithms 2-3: per phase AboveThreshold (query sensitivity 2) and ``T_i`` Gaussian
-  releases of a ``K_i``-of-``n_i`` sample without replacement."""
+  releases of a ``K_i``-of-``n_i`` sample without replacement. ``knobs``: the run's
+  non-privacy fields of :class:`FilterPlan`."""
   eps_at = above_threshold_epsilon(sched.threshold_scale, sched.query_scale, 2.0)
   if opt.noise and eps_at >= opt.epsilon:
     raise ValueError(f"epsilon: AboveThreshold alone spends {eps_at:.3g} >= "
@@ -284,11 +271,10 @@ def plan_alg3(spec: PublicSpec, opt: Options, sched: Alg3Schedule,
       continue
     sens = _sensitivity(opt, 2.0 * sched.tau, ph.batch, zeta, 0.1)
     make = lambda z, n_i=ph.n_users, k_i=ph.batch, t=steps: gauss_event(z, n_i, k_i, t)
-    z, sigma = _noise(opt, make, test, sens, ph.sigma_paper, calibrated=functools.partial(
-        _alg3_calibrated_z, ph.n_users, ph.batch, steps, opt.epsilon, opt.delta, opt.relation,
-        eps_at))
+    z, sigma = _noise(opt, make, test, sens, ph.sigma_paper,
+                      key=("gaussian_wor", ph.n_users, ph.batch, steps))
     phases.append(PhaseNoise(ph.index, sens, z, sigma, steps, test, make(z), bad))
-  return FilterPlan("user_level_accelerated_erm", opt, sched, eps_at, tuple(phases))
+  return FilterPlan("user_level_accelerated_erm", opt, sched, eps_at, tuple(phases), **knobs)
 
 
 def make_ledger(plan: FilterPlan) -> PrivacyLedger:
@@ -388,10 +374,23 @@ def _alg1_schedule(spec: PublicSpec, cfg: dict, opt: Options) -> Alg1Schedule:
                        num_groups=c.num_groups, num_phases=c.num_phases)
 
 
+def _run_knobs(spec: PublicSpec, cfg: Schema) -> dict:
+  """The run's non-privacy knobs (:class:`FilterPlan`'s ``clip`` and ``fallback``):
+  ``clip_norm`` a number, ``true`` (the declared L), or ``null`` / ``false`` (no clip; FILTER
+  bounds the sensitivity either way)."""
+  clip = cfg.clip_norm
+  clip = None if clip in (None, False) else check_positive(
+      spec.lipschitz if clip is True else clip, "clip_norm")
+  return {"clip": clip, "fallback": check_choice(cfg.fallback, "fallback", ("zero", "init"))}
+
+
 def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
   """Algorithm 1's data-free plan (schedule, Delta_i, z, sigma_i, events) from public facts."""
   opt = read_options(cfg, "user_level_phased_sgd")
-  return plan_alg1(spec, opt, _alg1_schedule(spec, cfg, opt))
+  c = config_view(cfg, "user_level_phased_sgd")
+  project = bool(c.get("project_output", opt.preset == "practical"))   # derived default
+  return plan_alg1(spec, opt, _alg1_schedule(spec, cfg, opt), project_output=project,
+                   **_run_knobs(spec, c))
 
 
 def _alg3_name(smoothed: bool) -> str:
@@ -427,12 +426,14 @@ def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
   max_steps = config_view(cfg, name).max_steps
   if max_steps is not None and opt.preset == "theory":
     raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
-  return plan_alg3(spec, opt, _alg3_schedule(spec, cfg, opt, smoothed), max_steps)
+  return plan_alg3(spec, opt, _alg3_schedule(spec, cfg, opt, smoothed), max_steps,
+                   **_run_knobs(spec, config_view(cfg, name)))
 
 
 def filter_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
   """``dpsco_jax.plan``'s planner: the phases' noise and the AboveThreshold / FILTER events of
-  Algorithm 1 or 3, from the public facts (the driver makes the same plan)."""
+  Algorithm 1 or 3, from the public facts (its ``detail``, the :class:`FilterPlan`, is what
+  the run executes)."""
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
     if not math.isfinite(facts.radius):
       raise MissingConstant(f"{name} needs a finite radius R (its phases localize in balls "
