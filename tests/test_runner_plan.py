@@ -125,3 +125,18 @@ def test_execute_refuses_a_problem_the_plan_was_not_made_for():
   with pytest.raises(TypeError, match="needs a Plan"):
     api.execute(typed, make(32, 3), jax.random.key(0))
   assert api.execute(p, make(32, 3), jax.random.key(0)).privacy == p.privacy
+
+
+def test_an_explicit_noise_multiplier_over_the_budget_stops_the_sweep_before_any_run(
+    monkeypatch):
+  """The plan's refusal (PrivacyBudgetExceeded: nothing released) is the config's error: one
+  ConfigError naming the row before any run, not a traceback or a failed row."""
+  ran = []
+  monkeypatch.setattr(runner, "execute", lambda *a, **k: ran.append(1))
+  config = {"problem": "least_squares", "n_users": 32, "m": 2, "d": 3, "seed": 0,
+            "experiments": [{"algorithm": "nonprivate_sgd", "num_steps": 3, "batch_size": 8},
+                            {"algorithm": "dp_sgd_user", "epsilon": 0.5, "delta": 1e-5,
+                             "noise_multiplier": 0.3, "num_steps": 3, "batch_size": 8}]}
+  with pytest.raises(runner.ConfigError, match=r"^dp_sgd_user: .*epsilon"):
+    runner.run_config(config, progress=False)
+  assert not ran

@@ -74,11 +74,12 @@ from dpsco_jax.config.families import (  # noqa: F401 (the schemas, re-exported)
 # re-exported here, where the runner and the tests have always found it
 from dpsco_jax.config.types import (  # noqa: F401
     MAX_COUNT, ConfigError, KeySpec, check_instance, check_refused, check_type,
-    missing_one_of, private_missing, specs, type_name)
+    missing_one_of, private_missing, specs, type_name, validating)
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES",
-           "RETIRED", "check_name", "validate", "keys_of", "describe", "typed", "specs",
+           "RETIRED", "check_name", "validate", "typed_run", "keys_of", "describe", "typed",
+           "specs",
            "suggest_key"]
 
 
@@ -187,7 +188,17 @@ def validate(cfg: dict) -> dict:
   Returns a copy with integral floats of integer keys made ints. Raises :class:`ConfigError`
   naming the key: unknown key (a retired name gets the vocabulary's name as its suggestion),
   wrong type, a key that means different things to the algorithm and the problem, a missing
-  required key."""
+  required key. See :func:`typed` (what this checks, and the typed configs it builds)."""
+  return typed_run(cfg)[0]
+
+
+def typed_run(cfg: dict) -> tuple[dict, Any]:
+  """``(normalized copy of cfg, its algorithm's typed config)``: a run's config validated once.
+
+  The names are checked here (unknown and ambiguous keys, against every schema the run reads);
+  the values by building the typed configs of the runner's, the problem's and the algorithm's
+  schema (their ``__post_init__``, the one validator: types, ranges, required keys, one-of
+  groups, keys a private run needs), whose messages name the run (:func:`validating`)."""
   if not isinstance(cfg, dict):
     raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
   for field in ("algorithm", "problem"):
@@ -208,22 +219,17 @@ def validate(cfg: dict) -> dict:
       raise ConfigError(f"{key} is ambiguous for {where}: the algorithm reads it as "
                         f"{type_name(spec.type)} ({spec.doc}); rename the problem's key or "
                         "leave it out")
-  for key, value in cfg.items():
-    check_refused(allowed[key], value, where)
-  out = {key: check_type(allowed[key], value) for key, value in cfg.items()}
-  for key, spec in allowed.items():
-    if spec.required and out.get(key) is None:
-      raise ConfigError(f"{where} needs {key} ({spec.doc})")
   schema = CONFIG_ALGORITHM_SCHEMAS[algorithm]
-  one_of = missing_one_of(schema, out.get)
-  if one_of:
-    raise ConfigError(f"{where} needs {one_of}")
-  missing = private_missing(schema, out.get("epsilon") is not None
-                            or bool(out.get("noise_multiplier")), out.get)
-  if missing:
-    raise ConfigError(f"{where} needs {missing} for a private run ({allowed[missing].doc})")
+  for key, value in cfg.items():   # a typed config reads null as unset: say when it cannot be
+    if value is None:
+      check_type(allowed[key], value)
+  with validating(where):
+    built = [RunnerKeys.of(cfg), PROBLEM_SCHEMAS[problem].of(cfg), schema.of(cfg)]
+  out = dict(cfg)
+  for instance in built:   # the normalized values (an integral float of an int key: an int)
+    out.update((k, getattr(instance, k)) for k in instance if k in cfg)
   _check_epsilon_given(schema, "epsilon" in cfg, cfg.get("noise_multiplier"), where)
-  return out
+  return out, built[2]
 
 
 def _check_epsilon_given(schema: type, given: bool, noise_multiplier: Any, where: str
@@ -243,12 +249,8 @@ def _check_epsilon_given(schema: type, given: bool, noise_multiplier: Any, where
 
 def typed(cfg: dict) -> tuple[Any, Any]:
   """The validated config as frozen instances ``(algorithm_config, problem_config)``."""
-  cfg = validate(cfg)
-  def build(schema):
-    names = {f.name for f in dataclasses.fields(schema)}
-    return schema(**{k: v for k, v in cfg.items() if k in names})
-  return (build(CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]]),
-          build(PROBLEM_SCHEMAS[cfg["problem"]]))
+  out, algorithm = typed_run(cfg)
+  return algorithm, PROBLEM_SCHEMAS[out["problem"]].of(out)
 
 
 def describe(algorithm: str, problem: str) -> str:

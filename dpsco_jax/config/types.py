@@ -11,6 +11,8 @@ accepted YAML types are described in :mod:`dpsco_jax.config.schema`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import numbers
@@ -22,6 +24,7 @@ from dpsco_jax._checks import (MAX_SEED, check_delta, check_nonnegative, check_p
                                check_probability)
 
 __all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "Schema", "MAX_COUNT", "check_instance",
+           "validating",
            "check_refused", "check_type", "specs", "type_name"]
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
@@ -216,32 +219,71 @@ def check_type(spec: KeySpec, v: Any) -> Any:
                         + _hint(spec, v))
 
 
+#: where the config being built comes from, for its messages (a run of a YAML file: "algorithm
+#: 'x' on problem 'y'"); unset: the schema's class name (:func:`validating`)
+_WHERE: contextvars.ContextVar[str | None] = contextvars.ContextVar("config_where", default=None)
+#: inside :func:`validating`: a missing required key waits here until every schema of the run
+#: has checked its values' types (the message a user sees first is a wrong type, as a YAML
+#: file is read top down, then what is missing)
+_MISSING: contextvars.ContextVar[list | None] = contextvars.ContextVar("config_missing",
+                                                                     default=None)
+
+
+@contextlib.contextmanager
+def validating(where: str):
+  """The schemas built inside are one run's config: their messages name ``where`` (not their
+  class), and a missing key is raised once every schema has checked its values' types."""
+  tokens = _WHERE.set(where), _MISSING.set([])
+  missing = _MISSING.get()
+  try:
+    yield
+  except ConfigTypeError:
+    raise
+  except Exception:   # a later check of a schema built without its required keys
+    if missing:
+      raise ConfigError(missing[0]) from None
+    raise
+  finally:
+    _WHERE.reset(tokens[0])
+    _MISSING.reset(tokens[1])
+  if missing:
+    raise ConfigError(missing[0])
+
+
+def _missing(message: str) -> None:
+  waiting = _MISSING.get()
+  if waiting is None:
+    raise ConfigError(message)
+  waiting.append(message)
+
+
 def check_instance(obj: Any) -> None:
-  """Validates a schema instance built from Python (called by ``Schema.__post_init__``).
+  """Validates a schema instance (called by ``Schema.__post_init__``): the one validation of a
+  config, whether built from Python, a dict or a YAML run (:func:`validating`).
 
   An unset field (``None``) is the documented default (or ``null``) and is skipped unless the
   key is required; every other value is type-checked and normalized in place."""
   schema = type(obj)
-  name = schema.__name__
+  name = _WHERE.get() or schema.__name__
   for key, spec in specs(schema, "config").items():
     value = getattr(obj, key)
     check_refused(spec, value, name)
     if value is None:
       if spec.required:
-        raise ConfigError(f"{key} is required: {name} needs {key} ({spec.doc})")
+        _missing(f"{key} is required: {name} needs {key} ({spec.doc})")
       continue
     out = check_type(spec, value)
     if out is not value:
       object.__setattr__(obj, key, out)
   missing = missing_one_of(schema, lambda k: getattr(obj, k))
   if missing:
-    raise ConfigError(f"{name} needs {missing}")
+    _missing(f"{name} needs {missing}")
   missing = private_missing(schema, getattr(obj, "epsilon", None) is not None
                             or bool(getattr(obj, "noise_multiplier", None)),
                             lambda k: getattr(obj, k))
   if missing:
-    raise ConfigError(f"{missing} is required: {name} needs {missing} for a private run "
-                      "(epsilon or noise_multiplier given)")
+    _missing(f"{missing} is required: {name} needs {missing} for a private run "
+             "(epsilon or noise_multiplier given)")
 
 
 def missing_one_of(schema: type, value: Any) -> str | None:

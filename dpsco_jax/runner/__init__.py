@@ -109,8 +109,9 @@ from typing import Any, Callable
 import jax
 
 from dpsco_jax.config.families import CONFIG_ONLY_ALGORITHMS, USER_PROBLEM
+from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded
 from dpsco_jax.config.schema import (  # noqa: F401 (ConfigError, validate re-exported)
-    ConfigError, check_name, validate)
+    ConfigError, check_name, typed_run, validate)
 from dpsco_jax.runner.config import (RUNNER_ONLY, check_baseline, check_record_metric,
                                      check_runner_keys, flatten_sections, parse_compare,
                                      yaml_loader)
@@ -173,6 +174,12 @@ def swept_fields(config: dict) -> list[str]:
 
 def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
   """The run config validated against the registry and the schemas (normalized copy)."""
+  return _checked_typed(cfg, algorithms, problems)[0]
+
+
+def _checked_typed(cfg: dict, algorithms: dict, problems: dict) -> tuple[dict, Any]:
+  """``(normalized copy, the algorithm's typed config)``: the run config validated once
+  (:func:`dpsco_jax.config.schema.typed_run`), against the registry and the schemas."""
   if not isinstance(cfg, dict):
     raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
   for field, section in (("algorithm", "algorithm:"), ("problem", "problem: (or data:)")):
@@ -190,14 +197,14 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
   label = cfg.get("label")
   if label is not None and not isinstance(label, str):
     raise ConfigError(f"label must be a string (one row label), got {label!r}")
-  out = validate({k: v for k, v in cfg.items() if k != "label"})
+  out, typed = typed_run({k: v for k, v in cfg.items() if k != "label"})
   if out["problem"] == USER_PROBLEM:
     runner_user.check(out)  # imports, arguments, data files and columns
   elif out["algorithm"] in CONFIG_ONLY_ALGORITHMS:
     raise ConfigError(f"{out['algorithm']} trains your nnx model: it runs on a user problem "
                       "(problem: {factory: ...} or model, loss and data), not on "
                       f"{out['problem']!r}")
-  return out if label is None else {**out, "label": label}
+  return (out if label is None else {**out, "label": label}), typed
 
 
 class Runs(list):
@@ -406,19 +413,21 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
 
 def _validated(config: dict, algorithms: dict, problems: dict) -> Runs:
   """Every run of ``config`` validated, and every row planned, before any run."""
-  runs = [_checked(cfg, algorithms, problems) for cfg in expand(config)]
-  return Runs(runs, _check_plans(runs, problems))
+  checked = [_checked_typed(cfg, algorithms, problems) for cfg in expand(config)]
+  return Runs([cfg for cfg, _ in checked], _check_plans(checked, problems))
 
 
-def _check_plans(runs: list[dict], problems: dict) -> dict:
+def _check_plans(checked: list[tuple[dict, Any]], problems: dict) -> dict:
   """Every row of a registered algorithm on a built-in problem planned before any run: its
   plan, by :func:`row_key` (the one the run executes). A plan reads no data, so its refusal
   (adaptive clipping with tree noise or at group level, ...) is the config's: one ConfigError
   naming the row, not a failed row after the others ran. One plan per distinct row (seeds
-  share it), one problem per distinct problem config."""
+  share it), one problem per distinct problem config. ``checked``: each run's config and its
+  typed algorithm config (validated; what the plan holds)."""
+  from dpsco_jax import api
   from dpsco_jax.algorithms.registry import algorithms as table
   built, plans = {}, {}
-  for cfg in runs:
+  for cfg, typed in checked:
     entry = table().get(cfg["algorithm"])
     row = row_key(cfg)
     if entry is None or cfg["problem"] == USER_PROBLEM or row in plans:
@@ -429,8 +438,8 @@ def _check_plans(runs: list[dict], problems: dict) -> dict:
       built[pkey] = runner_batch.cached_problem(pcfg, problems, None,
                                                 runner_batch.run_keys(cfg.get("seed", 0))[0])
     try:
-      plans[row] = _plan_row(cfg, built[pkey])
-    except ValueError as err:
+      plans[row] = api.plan_problem(entry.name, typed, built[pkey])
+    except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
       where = cfg["algorithm"] + (f" (label {cfg['label']})" if cfg.get("label") else "")
       raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
   return plans

@@ -93,7 +93,7 @@ PyTree = Any
 __all__ = ["accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
            "accelerated_dp_sgd", "single_epoch_dp_sgd", "PRESETS", "SUPPORTED_RELATIONS", "SRGDParams",
            "SRGDPlan", "interior_c_dp", "paper_epsilon", "plan_srgd", "practical_params",
-           "run_plan", "run_srgd", "single_epoch_batches",
+           "run_compiled", "run_srgd", "single_epoch_batches",
            "srgd_chain", "srgd_privatizer", "srgd_releases", "srgd_stepper", "theory_params",
            "ACCOUNTANT"]   # re-exported from .plan (the audits read it here)
 
@@ -322,7 +322,7 @@ def _run_settings(plan: SRGDPlan, **run) -> tuple:
   return tuple(sorted({**dict(plan.settings), **run}.items()))
 
 
-def run_plan(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
+def run_compiled(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
              key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False,
              mesh: Mesh | None = None, hparams: dict | None = None,
              progress: ProgressFn | None = None) -> tuple[PyTree, PyTree, dict]:
@@ -419,7 +419,7 @@ def _algorithm(name: str) -> Callable:
     # when it was made, so the run executes it and reports plan.privacy
     p: SRGDPlan = plan.detail
     debug = bool(plan.config.debug)
-    released, _, diags = run_plan(p, problem.loss_fn, problem.data, problem.init_params(),
+    released, _, diags = run_compiled(p, problem.loss_fn, problem.data, problem.init_params(),
                                   key, debug=debug, mesh=getattr(problem, "mesh", None),
                                   hparams=_step_hparams(p, problem),
                                   progress=getattr(problem, "progress", None))
