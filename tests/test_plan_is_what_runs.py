@@ -11,8 +11,8 @@ on a loss and ``UserData`` (the cases of ``test_progress_all_drivers``):
 * validation: a call of a function of ``dpsco_jax/config/`` other than the typed config's read
   accessors (``get``, ``[]``, iteration, ``in``, ``len``).
 
-Both must be 0. The broken twin: the same count on a runner that plans again (the transition
-adapter of step 1, ``register(..., legacy=True)``) is not 0, so the count can fail.
+Both must be 0. The broken twin: the same count on a runner that plans again (as every driver
+did before issue 47: ``driver(problem, plan.config, key)``) is not 0, so the count can fail.
 """
 
 from __future__ import annotations

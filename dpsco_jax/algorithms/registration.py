@@ -2,27 +2,27 @@
 
 ::
 
-    @register("dp_sgd_user", legacy=True, config=DpSgdConfig, paper="baseline", planner=plan_user,
+    @register("dp_sgd_user", config=DpSgdConfig, paper="baseline", planner=plan_user,
               batched=True)
     def dp_sgd_user(plan, problem, key) -> Result: ...
 
 An algorithm is three objects, all in its own package: its frozen config dataclass (an
 :class:`~dpsco_jax.config.families.AlgorithmKeys` subclass: its typed vocabulary, an instance
-of which is what its planner and driver read), a data-free
-``planner(facts, cfg) -> Planned`` (what :func:`dpsco_jax.plan` returns before any data is
-read) and its ``run(plan, problem, key) -> Result``, which executes the plan it is handed
-(:class:`dpsco_jax.Plan`: its validated ``config``, its guarantee ``privacy`` and the family's
-own plan object ``detail``) and never plans, calibrates or validates again. Everything the entry points need to know
-about it is a keyword of :func:`register` (its :class:`AlgorithmEntry`): the rows it clips
-(``level``), whether its guarantee reads the items per user (``reads_m``), whether it can run
-on a mesh (or why not), whether its driver batches seeds, whether it runs on a ``loss_fn`` and
-``UserData`` at all (or why not), whether it streams rows from the host or runs under
-``jax.distributed``. :mod:`dpsco_jax.api`, the runner, the sweeps, the many-process path and
-the tests read these from the table. So adding an
-algorithm touches its own package and nothing else: :mod:`dpsco_jax.algorithms.registry`
-imports the ``driver`` module of every package under ``dpsco_jax/algorithms/`` (and a user's
-module that calls :func:`register` adds its algorithm to ``dpsco_jax.plan`` / ``run`` /
-``fit`` by being imported; ``tests/test_algorithm_interface.py``).
+of which is what its planner reads), a data-free ``planner(facts, cfg) -> Planned`` (what
+:func:`dpsco_jax.plan` returns before any data is read) and its ``run(plan, problem, key) ->
+Result``, which executes the plan it is handed (:class:`dpsco_jax.Plan`: its validated
+``config``, its guarantee ``privacy`` and the family's own plan object ``detail``) and never
+plans, calibrates or validates again. Everything the entry points need to know about it is a
+keyword of :func:`register` (its :class:`AlgorithmEntry`): the rows it clips (``level``),
+whether its guarantee reads the items per user (``reads_m``), whether it can run on a mesh (or
+why not), whether its runner batches seeds, whether it runs on a ``loss_fn`` and ``UserData``
+at all (or why not), whether it streams rows from the host or runs under ``jax.distributed``.
+:mod:`dpsco_jax.api`, the runner, the sweeps, the many-process path and the tests read these
+from the table. So adding an algorithm touches its own package and nothing else:
+:mod:`dpsco_jax.algorithms.registry` imports the ``driver`` module of every package under
+``dpsco_jax/algorithms/`` (and a user's module that calls :func:`register` adds its algorithm
+to ``dpsco_jax.plan`` / ``run`` / ``fit`` by being imported;
+``tests/test_algorithm_interface.py``).
 
 Every driver module imports this module and nothing imports the drivers from here (the registry,
 one level up, does), so the import graph has no cycle through the table.
@@ -31,7 +31,6 @@ one level up, does), so the import graph has no cycle through the table.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, NamedTuple
 
 __all__ = ["AlgorithmEntry", "Grid", "Planned", "register", "registered", "PAPERS", "LEVELS"]
@@ -142,7 +141,7 @@ def register(name: str, *, config: type, paper: str,
              mesh: bool | str = "not sharded yet",
              batched: bool = False, unsupported: str | None = None,
              host_streaming: bool = False, distributed: bool = False,
-             grid: Grid | None = None, legacy: bool = False) -> Callable[[Callable], Callable]:
+             grid: Grid | None = None) -> Callable[[Callable], Callable]:
   """Decorator: registers ``driver`` under ``name`` with the traits above (a second
   registration of a name with another driver is a bug and raises; an incomplete entry raises)
   and returns the driver unchanged."""
@@ -154,16 +153,13 @@ def register(name: str, *, config: type, paper: str,
                     f"driver read, with the declared n_users and debug), got {config!r}")
 
   def deco(driver: Callable) -> Callable:
-    run = driver
-    if legacy:   # TRANSITION (issue 47): a driver(problem, cfg, key) not yet a plan runner
-      run = functools.wraps(driver)(lambda plan, problem, key: driver(problem, plan.config, key))
-    entry = AlgorithmEntry(name, run, config, str(paper), planner, level,
+    entry = AlgorithmEntry(name, driver, config, str(paper), planner, level,
                            level == "item" if item_guarantee is None else item_guarantee,
                            reads_m, mesh, batched, unsupported,
                            host_streaming, distributed, grid)
     _check(name, entry)
     old = _REGISTRY.get(name)
-    if old is not None and getattr(old.driver, "__wrapped__", old.driver) is not driver:
+    if old is not None and old.driver is not driver:
       raise ValueError(f"algorithm {name!r} is registered twice ({old.driver.__module__} and "
                        f"{driver.__module__})")
     _REGISTRY[name] = entry
