@@ -13,17 +13,17 @@
 * ``config`` is a mapping (from Python or a YAML ``algorithm:`` section) or the algorithm's
   frozen config dataclass. It is validated against the algorithm's typed schema
   (:func:`algorithm_config`): unknown keys are refused with a suggestion, numbers must be
-  numbers, required keys must be present. ``epsilon: None`` is non-private where the
-  algorithm allows it (the report says so). The validated instance (``Plan.config``) is what
-  the planner and the driver read.
+  numbers, required keys must be present; ``noise_multiplier: 0`` is a non-private reference
+  run where the algorithm allows one (the report says so). The validated instance
+  (``Plan.config``) is what the planner reads.
 * :func:`plan` reads only ``spec`` (a :class:`~dpsco_jax.data.DataSpec`: number of users,
   items per user, shapes), the declared constants and the config, and returns a
   :class:`Plan` whose ``privacy`` is the guarantee the run will spend, computed by a fresh
   ledger *before any data is read*. :func:`run` executes it on the data through the
-  algorithm's registered driver (which re-derives the same plan from the same public facts;
-  a mismatch is a bug and raises before the result is returned). The runner plans a built-in
-  problem with :func:`plan_problem` and executes every plan through :func:`execute`, as
-  :func:`run` does.
+  algorithm's registered ``run(plan, problem, key)``, which reads the plan (its noise, its
+  schedule, its guarantee) and plans, calibrates and validates nothing again
+  (``tests/test_plan_is_what_runs.py``). The runner plans a built-in problem with
+  :func:`plan_problem` and executes every plan through :func:`execute`, as :func:`run` does.
 * The theory constants (L, beta, R, mu) come from ``constants``
   (:class:`~dpsco_jax.data.ProblemConstants`): an algorithm that needs an undeclared one
   raises :class:`~dpsco_jax.data.MissingConstant` naming it.
