@@ -13,7 +13,20 @@ calls it reports
 * ``files``: the distinct files of those functions.
 
 The numbers depend on the config (the quickstart's ``dp_sgd_user`` by default) and on this
-definition; the issue's goal is ≤ 8 stays, ≤ 2 climbs, one name. Last line: JSON.
+definition. Last line: JSON.
+
+Since 2026-12-02 (issue 47.5) the walk follows the value under every name it takes until the
+noise is drawn, on the path the quickstart really runs (its three seeds as one vmapped
+program, under ``jax.disable_jit`` so that the std reaches the draw as a number): the sentinel
+``epsilon``; the ``z`` the calibrator returns for it (:data:`CONVERSIONS`); the ``std`` formed
+from that ``z`` by ``gaussian_noise_std``; the walk ends at the draw (:data:`DRAW`). Measured
+then (after the drivers became plan runners and the runner plans each row once): 65 stays, 1
+climb (``Schema.of -> DpSgdConfig.__post_init__``), 11 names (epsilon, z, noise_multiplier,
+noise_std, stddev, epsilon_budget and the generic helpers' a, b, v, value, x), 18 files; the
+issue's goal is at most 12 functions, 2 climbs, 3 names. Of the 65: config validation 15
+(``config/`` 9, ``_checks`` 6), the DP-SGD planner 12 and its config 2, the calibrator and
+accountant 6, the runner 7 (sections, the row key, the plan's reuse), the API's plan entry and
+digest 4, the driver 6, the chain and its loop 5, the noise stage 3, the sweep 2.
 
 Measured on the quickstart: 48 stays, 0 climbs, 8 names, 13 files before the noise stages
 carried their sensitivity (acb3bff); 44 stays, 0 climbs, 6 names (epsilon, epsilon_budget,
@@ -63,10 +76,11 @@ from collections.abc import Mapping
 import yaml
 
 SENTINEL = 1.8765432109876
-#: the walk ends where the noise standard deviation is formed (``z`` times the stage's
-#: sensitivity): calls after it (the budget charge, the record's echo of the target) are
-#: listed apart, "after the noise std"
-NOISE_STD = "gaussian_noise_std"
+#: where the value changes name and number: the calibrator turns epsilon into the noise
+#: multiplier ``z``, the one place a noise std is formed turns ``z`` into ``std``; the walk then
+#: follows the std until the noise is drawn (:data:`DRAW`)
+CONVERSIONS = {"calibrate_noise_multiplier": "z", "gaussian_noise_std": "std"}
+DRAW = "tree_gaussian_like"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "dpsco_jax") + os.sep
 #: layer of a module path prefix (the longest matching prefix wins); higher = further from data
@@ -84,17 +98,43 @@ def layer(path: str) -> int:
   return best[1]
 
 
-def _held(value, depth: int = 0) -> list[str]:
-  """Names under which ``value`` holds the sentinel (itself: ``""``), one container deep."""
+def _number(value) -> float | None:
+  """``value`` as a float when it is one concrete number (a float, a numpy or a concrete JAX
+  scalar; never a tracer), else None."""
+  if isinstance(value, bool):
+    return None
+  if isinstance(value, float):
+    return value
+  import jax
+  import numpy as np
+  if isinstance(value, jax.core.Tracer):
+    return None
+  if isinstance(value, (np.floating, np.ndarray, jax.Array)) and np.ndim(value) == 0:
+    try:
+      return float(value)
+    except Exception:   # noqa: BLE001 - not a concrete number
+      return None
+  return None
+
+
+def _is_tracked(x: float, tracked: dict) -> bool:
+  # float32 copies of a tracked float (a std handed to the noise draw) count as the value
+  return any(x == t or abs(x - t) <= 1e-6 * abs(t) for t in tracked)
+
+
+def _held(value, tracked: dict, depth: int = 0) -> list[str]:
+  """Names under which ``value`` holds a tracked number (itself: ``""``), one container
+  deep."""
   try:
-    return _held_unsafe(value, depth)
+    return _held_unsafe(value, tracked, depth)
   except Exception:   # noqa: BLE001 - an object half-built in its own __init__: not holding it
     return []
 
 
-def _held_unsafe(value, depth: int) -> list[str]:
-  if isinstance(value, float) and value == SENTINEL:
-    return [""]
+def _held_unsafe(value, tracked: dict, depth: int) -> list[str]:
+  x = _number(value)
+  if x is not None:
+    return [""] if _is_tracked(x, tracked) else []
   if depth >= 1:
     return []
   out = []
@@ -106,56 +146,70 @@ def _held_unsafe(value, depth: int) -> list[str]:
   elif isinstance(value, tuple) and hasattr(value, "_fields"):
     items = zip(value._fields, value)
   for k, v in items:
-    if isinstance(k, str) and _held(v, depth + 1):
+    if isinstance(k, str) and _held(v, tracked, depth + 1):
       out.append(k)
   return out
 
 
 def trace(config: dict) -> dict:
+  """Runs ``config`` (under ``jax.disable_jit``, so the noise std reaches the draw as a
+  number) and follows the sentinel epsilon, then the ``z`` the calibrator returns for it,
+  then the ``std`` formed from that ``z``, until the noise is drawn."""
+  import jax
   from dpsco_jax import runner
+  tracked = {SENTINEL: "epsilon"}
   calls: dict[str, set[str]] = {}
   edges: set[tuple[str, str]] = set()
   stack: list[str | None] = []
-
-  after: dict[str, set[str]] = {}   # calls once the noise std exists (records, ledger)
+  after: dict[str, set[str]] = {}   # calls once the noise is drawn (records, ledger)
   done = []
 
   def prof(frame, event, arg):
-    if event == "return" and not done and frame.f_code.co_qualname == NOISE_STD and (
-        frame.f_code.co_filename.startswith(PKG)):
-      done.append(True)   # the walk's end: the noise std is formed
+    code = frame.f_code
+    mine = code.co_filename.startswith(PKG)
+    if event == "return" and mine and not done and code.co_qualname in CONVERSIONS:
+      x = _number(arg)
+      holds = any(_held(frame.f_locals.get(v), tracked) for v in
+                  code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+      if x is not None and holds and x > 0:
+        tracked[x] = CONVERSIONS[code.co_qualname]
     if event == "call":
-      code = frame.f_code
       where = None
-      if code.co_filename.startswith(PKG):
+      if mine:
         names = set()
         for var in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
           if var in frame.f_locals:
-            for key in _held(frame.f_locals[var]):
+            for key in _held(frame.f_locals[var], tracked):
               names.add(key or var)
         if names:
           where = f"{code.co_filename[len(PKG):]}:{code.co_qualname}"
           (after if done else calls).setdefault(where, set()).update(names)
           caller = next((s for s in reversed(stack) if s is not None), None)
-          if caller is not None:
+          if caller is not None and not done:
             edges.add((caller, where))
+          if code.co_qualname == DRAW:
+            done.append(True)   # the walk's end: the noise is drawn with the std
       stack.append(where)
     elif event == "return" and stack:
       stack.pop()
 
   sys.setprofile(prof)
   try:
-    records = runner.run_config(config, progress=False)
+    with jax.disable_jit():
+      records = runner.run_config(config, progress=False)
   finally:
     sys.setprofile(None)
   bad = [r.get("error") for r in records if r.get("status") != "ok"]
   if bad:
     raise RuntimeError(f"the traced run failed: {bad[0]}")
+  if not done:
+    raise RuntimeError("the walk never reached the noise draw")
   climbs = sorted((a, b) for a, b in edges
                   if layer(PKG + b.split(":")[0]) > layer(PKG + a.split(":")[0]))
   names = sorted({n for v in calls.values() for n in v})
   return {"stays": len(calls), "climbs": len(climbs), "names": names, "n_names": len(names),
           "files": len({c.split(":")[0] for c in calls}),
+          "values": sorted(set(tracked.values()), key=list(tracked.values()).index),
           "functions": {k: sorted(v) for k, v in sorted(calls.items())},
           "climb_edges": [f"{a} -> {b}" for a, b in climbs],
           "after_noise": {k: sorted(v) for k, v in sorted(after.items()) if k not in calls}}
@@ -177,7 +231,8 @@ def main() -> None:
   alg["epsilon"] = SENTINEL
   one = {k: v for k, v in cfg.items() if k not in ("experiments", "compare", "seed",
                                                      "tuning_seeds", "eval_seeds", "select")}
-  one.update(seed=0, experiments=[dict(entry, algorithm=alg)])
+  # the seeds as the quickstart runs them (a seed batch: one vmapped program)
+  one.update(seed=cfg.get("seed", 0), experiments=[dict(entry, algorithm=alg)])
   out = trace(one)
   for fn, names in out["functions"].items():
     print(f"  {fn}  [{', '.join(names)}]")
