@@ -167,6 +167,10 @@ class UserProblemKeys(Schema):
       "seed} (.npz, .csv, .parquet)")
   eval_data: Optional[Union[str, dict]] = config_key(
       "data file the metrics read (same form as data; default: the training data)")
+  eval_data_public: bool = config_key(
+      "declare eval_data public: its users are not the training users and are not covered by "
+      "the guarantee; a private selection (select.private) may then score candidates on it",
+      False)
   metric: Optional[Union[str, dict]] = config_key(
       "'module:function' metric(model_or_params, data) -> float (record field: its name), or "
       "{field: 'module:function', ...}")

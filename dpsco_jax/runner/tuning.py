@@ -22,10 +22,13 @@ is inside each private run).
 The metric rule: the selection's guarantee holds only if the metric is public (computed
 without the private training users) or itself private. The runner accepts a metric that is
 public by construction: ``excess_risk`` (or ``excess_risk_f64``) of a built-in problem, the
-population risk of its known distribution, which reads no user's data. Any other record field
-(a loss or accuracy on the training users, a timing) is refused before any run. Candidates
-must be planned runs whose plan exposes its privacy event (the DP-SGD family), so that their
-RDP curves bound ``Q``'s.
+population risk of its known distribution, which reads no user's data; and on a user problem
+(:mod:`dpsco_jax.runner.user`), one of its metrics, computed on its ``eval_data`` declared
+public by its owner (``eval_data_public: true``: held-out users, not covered by the
+guarantee). Any other metric (a loss or accuracy on the training users, a timing) is refused
+before any run (:func:`check_private_metric`). Candidates must be planned runs whose plan
+exposes its privacy event (the DP-SGD family), so that their RDP curves bound ``Q``'s; a user
+problem's candidate is planned as its run is (:func:`dpsco_jax.runner.user.plan_run`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from typing import Any, Callable
 
 from dpsco_jax._checks import MAX_SEED
 from dpsco_jax.config.schema import ConfigError
+from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded
 from dpsco_jax.privacy.selection import SelectionCost, SelectionLaw, law_for_grid
+from dpsco_jax.runner import user as runner_user
 from dpsco_jax.runner.config import check_metric_name
 from dpsco_jax.tuning import best_of_k, plans_cost
 
@@ -122,12 +127,8 @@ def _parse_select(spec: Any) -> SelectSpec:
   if rule not in RULES:
     raise ConfigError(f"select.rule must be one of {', '.join(RULES)}, got {rule!r}")
   metric = check_metric_name(spec.get("metric", "excess_risk"), "select.metric")
+  # a private selection's metric is checked against each problem (check_private_metric)
   private = _parse_private(spec["private"]) if "private" in spec else None
-  if private is not None and metric not in PUBLIC_METRICS:
-    raise ConfigError(f"select.metric: a private selection reads a public metric, and "
-                      f"{metric!r} is not known to be computed without the private training "
-                      f"users; use {' or '.join(PUBLIC_METRICS)} (the population risk of a "
-                      "built-in problem)")
   return SelectSpec(tuple(over), metric, rule, private)
 
 
@@ -275,29 +276,50 @@ def group_candidates(runs: list[dict], spec: SelectSpec, fields: list[str]
   return out
 
 
+def check_private_metric(spec: SelectSpec, problem: Any) -> None:
+  """The metric of a private selection on ``problem`` is public (module docstring): a
+  built-in problem's population risk, or a user problem's metric on its eval data declared
+  public (:func:`dpsco_jax.runner.user.check_selection_metric`). Else one ConfigError line."""
+  if isinstance(problem, runner_user.UserProblem):
+    runner_user.check_selection_metric(problem, spec.metric)
+  elif spec.metric not in PUBLIC_METRICS:
+    raise ConfigError(f"select.metric: a private selection reads a public metric, and "
+                      f"{spec.metric!r} is not known to be computed without the private "
+                      f"training users; use {' or '.join(PUBLIC_METRICS)} (the population risk "
+                      "of a built-in problem)")
+
+
 def candidate_plan(cfg: dict, problem: Any) -> Any:
-  """One candidate's data-free plan (:func:`dpsco_jax.api.plan_problem`); an algorithm
-  without a planner is refused (its guarantee has no event to bound ``Q``'s curve)."""
+  """One candidate's data-free plan (:func:`dpsco_jax.api.plan_problem`; on a user problem,
+  the plan its run executes: :func:`dpsco_jax.runner.user.plan_run`); an algorithm without a
+  planner is refused (its guarantee has no event to bound ``Q``'s curve)."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.registry import algorithms as table
-  entry = table()[cfg["algorithm"]]
-  if entry.planner is None:
+  entry = table().get(cfg["algorithm"])
+  if entry is None or entry.planner is None:
     raise ConfigError(f"select.private: {cfg['algorithm']} has no data-free plan exposing its "
                       "privacy event; private selection runs the DP-SGD family")
-  return api.plan_problem(entry.name, entry.config.of(cfg), problem)
+  if not isinstance(problem, runner_user.UserProblem):
+    return api.plan_problem(entry.name, entry.config.of(cfg), problem)
+  try:   # the sweep's validation plans no user row: a refused plan is the config's, here
+    return runner_user.plan_run(problem, cfg)
+  except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
+    raise ConfigError(f"select.private: {cfg['algorithm']}: {' '.join(str(err).split())}"
+                      ) from None
 
 
 def private_plans(groups: dict[tuple, list[dict]], spec: SelectSpec, problem_of: Callable
                   ) -> dict[tuple, SelectionCost]:
   """Per (seed, group): the cost of its selection (law, guarantee of training and selection:
   :func:`dpsco_jax.tuning.plans_cost`, as ``dpsco_jax.private_select`` computes it), from the
-  candidates' plans (no training). ``problem_of(cfg)`` builds a candidate's problem."""
+  candidates' plans (no training). ``problem_of(cfg)`` builds a candidate's problem; its
+  metric is checked first (:func:`check_private_metric`)."""
   out = {}
   for gkey, cands in groups.items():
-    if getattr(problem_of(cands[0]), "excess_risk", None) is None:
-      raise ConfigError("select.private: the problem has no population risk (a user problem): "
-                        "private selection reads excess_risk of a built-in problem")
-    plans = [candidate_plan(c, problem_of(c)) for c in cands]
+    problems = [problem_of(c) for c in cands]
+    for problem in problems:
+      check_private_metric(spec, problem)
+    plans = [candidate_plan(c, problem) for c, problem in zip(cands, problems)]
     try:
       out[gkey] = plans_cost(plans, spec.private.law(len(cands)))
     except ConfigError as err:
@@ -317,6 +339,11 @@ def cost_lines(plans: dict[tuple, SelectionCost], fields: list[str]) -> list[str
 #: anything measured while it ran) is not covered by the guarantee, and the winner's time says
 #: whether it compiled, i.e. whether it was the first draw of its candidate
 UNCOVERED = ("wall_time_s", "batch_wall_time_s", "batch_note", "debug")
+#: where the released record says its selection metric was computed (check_private_metric)
+POPULATION_SOURCE = ("public (the population risk of the problem's known distribution; no "
+                     "training user is read)")
+EVAL_DATA_SOURCE = ("public (declared: the problem's eval_data, eval_data_public: true; its "
+                    "users are not the training users and are not covered by the guarantee)")
 
 
 def select_privately(cands: list[dict], cost: SelectionCost, spec: SelectSpec, seed: int,
@@ -345,8 +372,9 @@ def select_privately(cands: list[dict], cost: SelectionCost, spec: SelectSpec, s
       "provenance": report.provenance, "privacy_notes": report.notes,
       "candidate_epsilon": cost.candidate_epsilon, "selection": "private",
       "selection_metric": spec.metric,
-      "selection_metric_source": "public (the population risk of the problem's known "
-                                 "distribution; no training user is read)",
+      # a user run's record lists its metrics (runner_user.run), all read on eval_data
+      "selection_metric_source": (EVAL_DATA_SOURCE if spec.metric in best.get("user_metrics", ())
+                                  else POPULATION_SOURCE),
       "expected_runs": cost.expected_runs})
   return released
 

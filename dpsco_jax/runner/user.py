@@ -13,6 +13,7 @@ the import path) and your data by file, in the ``problem:`` section::
       data: {path: users.csv, user_column: user, columns: {x: [f0, f1, f2], y: label},
              max_items_per_user: 16}
       eval_data: {path: held_out.csv, user_column: user, columns: {x: [f0, f1, f2], y: label}}
+      eval_data_public: true                   # optional: held-out users, declared public
       metric: {test_accuracy: my_pkg.models:accuracy}
       lipschitz: 1.0                           # declared constants (as ``constants=``)
 
@@ -36,6 +37,10 @@ the import path) and your data by file, in the ``problem:`` section::
   no known optimum, so records carry these metrics instead of ``excess_risk``; ``select`` and
   ``compare`` read them (``select: {metric: test_accuracy, rule: max_mean}``, ``compare:
   {metric: test_accuracy, better: higher}``).
+* ``eval_data_public: true`` declares the eval data public: its users are not the training
+  users, and the guarantee does not cover them. Only then may a private selection
+  (``select: {..., private: {...}}``) score its candidates, by one of these metrics, on it
+  (:func:`check_selection_metric`); without ``eval_data`` the declaration is refused.
 
 Everything is checked before any run (:func:`check`): the imports, the argument names, the
 files, their columns; each error is one :class:`ConfigError` line (the CLI exits 2).
@@ -64,7 +69,8 @@ from dpsco_jax.runner.usercode import (CONSTANT_KEYS, as_callable, call_with_run
                                        static_metrics)
 
 __all__ = ["UserProblem", "USER_PROBLEM", "check", "check_loss_finite", "check_metrics",
-           "make_problem", "run", "cache_key", "static_metrics", "load_data_file"]
+           "check_selection_metric", "make_problem", "plan_run", "run", "cache_key",
+           "static_metrics", "load_data_file"]
 
 
 @dataclasses.dataclass
@@ -81,6 +87,8 @@ class UserProblem:
     constants: declared constants of the loss class (``lipschitz``, ``smoothness``,
       ``radius``, ``strong_convexity``).
     n_users: the declared public number of users (read under ``add_remove``).
+    eval_data_public: ``eval_data`` is declared public (not the training users, not covered
+      by the guarantee): a private selection may score on it.
   """
   loss: Callable
   model: Any
@@ -89,6 +97,8 @@ class UserProblem:
   metrics: dict = dataclasses.field(default_factory=dict)
   constants: dict = dataclasses.field(default_factory=dict)
   n_users: int | None = None
+  # declared by the owner (config key eval_data_public): eval_data holds no training user
+  eval_data_public: bool = False
   source: str = ""
   # set by check_loss_finite: the rows of a sweep that share this problem probe it once
   loss_checked: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
@@ -140,6 +150,8 @@ def check(cfg: dict) -> None:
     data = parse_data_file(prob.data, "problem.data")
     if prob.eval_data is not None:
       parse_data_file(prob.eval_data, "problem.eval_data")
+    elif prob.eval_data_public:
+      raise ConfigError(NO_PUBLIC_EVAL_DATA)
     if algorithm in READS_M and data.max_items_per_user is None:
       raise ConfigError(f"{algorithm}'s guarantee reads m, the items per user: declare it in "
                         "the data file's mapping (data: {path: ..., max_items_per_user: m}); a "
@@ -220,6 +232,30 @@ def _check_trainer_clip(trainer: Schema, name: str) -> None:
     raise ConfigError(f"{name}: {err}") from None
 
 
+#: eval_data_public without eval_data: the metrics would read the training data
+NO_PUBLIC_EVAL_DATA = ("problem.eval_data_public declares eval_data public, but the problem has "
+                       "no eval_data (its metrics would read the training users): add "
+                       "eval_data (held-out users) or remove eval_data_public")
+
+
+def check_selection_metric(problem: UserProblem, metric: str) -> None:
+  """A private selection on ``problem`` may read ``metric``: one of its metrics, computed on
+  ``eval_data`` declared public (``eval_data_public``). Else one :class:`ConfigError` line."""
+  if problem.eval_data is None:
+    raise ConfigError("select.private on a user problem scores each candidate on its "
+                      "eval_data declared public, and this problem has no eval_data (its "
+                      "metrics read the training users): add eval_data (held-out users) and "
+                      "eval_data_public: true")
+  if not problem.eval_data_public:
+    raise ConfigError("select.private on a user problem: problem.eval_data is not declared "
+                      "public; if its users are not the training users, say so with "
+                      "eval_data_public: true (they are not covered by the guarantee)")
+  if metric not in problem.metrics:
+    raise ConfigError(f"select.metric: {metric!r} is not one of the problem's metrics ("
+                      + (", ".join(sorted(problem.metrics)) or "none: add metric: "
+                         "module:function to the problem") + ")")
+
+
 def check_metrics(runs: list[dict], metrics: tuple[tuple[str, str], ...]) -> None:
   """A user problem has no known optimum: ``excess_risk`` (the default metric of ``select``
   and ``compare``, given as ``(where, metric)`` pairs) is refused before any run where the
@@ -268,7 +304,8 @@ def _normalize(out: Any, source: str) -> Any:
     metrics = {**metric_table(out.get("metric"), f"{source} metric", as_callable),
                **metric_table(out.get("metrics"), f"{source} metrics", as_callable)}
     return UserProblem(out["loss"], out["model"], out["data"], out.get("eval_data"), metrics,
-                       dict(out.get("constants") or {}), out.get("n_users"))
+                       dict(out.get("constants") or {}), out.get("n_users"),
+                       bool(out.get("eval_data_public", False)))
   raise ConfigError(f"{source} returned a {type(out).__name__}; expected a mapping {{loss, "
                     "model, data, ...}}, a (loss, model_or_params, data[, metric]) tuple, a "
                     "UserProblem, or a problem object with excess_risk")
@@ -301,6 +338,10 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
                        **{k: prob[k] for k in CONSTANT_KEYS if prob[k] is not None}}
   if prob.n_users is not None:
     problem.n_users = prob.n_users
+  if prob.eval_data_public:
+    if problem.eval_data is None:   # a factory's problem: known once built
+      raise ConfigError(NO_PUBLIC_EVAL_DATA)
+    problem.eval_data_public = True
   for name, value in (("data", problem.data), ("eval_data", problem.eval_data)):
     if name == "data" or value is not None:
       if not isinstance(value, UserData):
@@ -320,6 +361,24 @@ def _algorithm_config(cfg: dict, problem: UserProblem) -> Any:
   from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS
   declared = {} if problem.n_users is None else {"n_users": int(problem.n_users)}
   return CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]].of({**cfg, **declared})
+
+
+def plan_run(problem: UserProblem, cfg: dict) -> Any:
+  """The data-free plan of a run of ``cfg`` on ``problem`` (a registered algorithm): the
+  plan :func:`run` executes (``fit`` / ``fit_model`` plan from these same public facts: the
+  training data's spec, the model's parameter count, the declared constants and n_users).
+
+  Raises:
+    ConfigError: as :func:`dpsco_jax.plan` (a bad key, an undeclared fact).
+  """
+  from dpsco_jax.api import plan
+  if problem.is_module:
+    from flax import nnx
+    num_params = _num_params(nnx.state(problem.model, nnx.Param))
+  else:
+    num_params = _num_params(problem.model)
+  return plan(cfg["algorithm"], _algorithm_config(cfg, problem), problem.data.spec,
+              num_params=num_params, constants=problem.constants or None)
 
 
 def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
