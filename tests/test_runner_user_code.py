@@ -406,3 +406,25 @@ def test_the_digits_config_runs_as_a_sweep_on_a_tiny_seed_list(tmp_path, monkeyp
   assert [r["algorithm"] for r in summary] == ["nonprivate_sgd", "dp_sgd_user",
                                                "flax.DPTrainer"]
   assert all("test_accuracy_mean" in r for r in summary)
+
+
+def test_the_record_holds_the_public_sizes_only(tmp_path, user_mod):
+  """Under add_remove the realized number of users is private: the record says the declared
+  n_users (here 60, the data holds 40), and a measured m (the largest user's item count) is
+  not recorded under any relation; a declared m is."""
+  run = """\
+seed: 0
+experiments:
+  - algorithm: {name: dp_sgd_user, epsilon: 2.0, delta: 1.0e-5, clip_norm: 1.0, num_steps: 3,
+                learning_rate: 1.0, %s}
+"""
+  measured = NPZ_PROBLEM.format(m=user_mod).replace(
+      "{path: train.npz, max_items_per_user: 3}", "train.npz")
+  (poisson,) = runner.main_run(_write(tmp_path, measured.replace("n_users: 40", "n_users: 60")
+                                      + run % "sampling_rate: 0.25"), progress=False)
+  assert poisson["status"] == "ok" and poisson["relation"] == "add_remove", poisson
+  assert poisson["n_users"] == 60 and "m" not in poisson
+  (fixed,) = runner.main_run(_write(tmp_path, NPZ_PROBLEM.format(m=user_mod)
+                                    + run % "batch_size: 8, sampling: fixed"), progress=False)
+  assert fixed["status"] == "ok" and fixed["relation"] == "replace_one", fixed
+  assert fixed["n_users"] == 40 and fixed["m"] == 3     # public there, and m declared

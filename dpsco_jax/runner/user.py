@@ -355,6 +355,23 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
 # ------------------------------------------------------------------------------- running
 
 
+def _public_sizes(problem: UserProblem, relation: str) -> dict:
+  """The record's ``n_users`` and ``m``: what the guarantee treats as public. Under
+  ``add_remove`` the realized number of users is private (a neighbour has one more or one
+  fewer): the declared ``n_users`` stands (none declared: not recorded). A measured ``m`` (the
+  largest user's item count) is a function of the data under every relation: recorded only
+  when declared (``max_items_per_user``)."""
+  spec = problem.data.spec
+  out = {}
+  if relation != "add_remove":
+    out["n_users"] = int(spec.n_users)
+  elif problem.n_users is not None:
+    out["n_users"] = int(problem.n_users)
+  if spec.declared("max_items_per_user"):
+    out["m"] = int(spec.max_items_per_user)
+  return out
+
+
 def _algorithm_config(cfg: dict, problem: UserProblem) -> Any:
   """The run's typed algorithm config (what ``fit`` plans and runs), with the problem's
   declared ``n_users``."""
@@ -528,7 +545,7 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
   metrics = {name: float(fn(trained, eval_data)) for name, fn in problem.metrics.items()}
   record = {
       "algorithm": algorithm, "problem": USER_PROBLEM, "source": problem.source,
-      "n_users": int(problem.data.n_users), "m": int(problem.data.max_items_per_user),
+      **_public_sizes(problem, privacy.relation),
       "d": num_params, "epsilon": privacy.epsilon,
       "epsilon_kind": getattr(privacy, "epsilon_kind", "exact"), "delta": privacy.delta,
       "target_epsilon": cfg.get("epsilon"), "provenance": privacy.provenance,
