@@ -242,7 +242,7 @@ def run_stacked(driver: Callable, template: Any, datas: Sequence[Any],
   plans = list(plans) if isinstance(plans, (list, tuple)) else [plans] * len(datas)
   if len(plans) != len(datas):
     raise NotBatchable(f"{len(plans)} plans for {len(datas)} data sets")
-  cfgs = [dict(p.config) for p in plans]
+  cfgs = [p.config for p in plans]   # typed configs read as mappings (no copy)
   shapes = _shapes(datas[0])
   if any(_shapes(d) != shapes for d in datas[1:]):
     raise NotBatchable("the data sets differ in shape or dtype")
@@ -352,11 +352,11 @@ def _run_grid(driver: Callable, template: Any, datas: Sequence[Any], plans: list
   The points' programs must be one program with ``grid.hparams`` as inputs and their reports
   equal (else :class:`NotBatchable`); then the first point's program runs once under
   ``jax.vmap`` over every run's data, key and numbers."""
-  points: list[dict] = []
+  points: list = []
   point_plans: list = []
   index: list[int] = []
   for plan in plans:
-    c = dict(plan.config)
+    c = plan.config
     j = next((j for j, p in enumerate(points) if not _differing([p, c])), None)
     if j is None:
       points.append(c)
