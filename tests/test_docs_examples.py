@@ -168,8 +168,9 @@ TOP_LEVEL = (  # the runner's own top-level keys (dpsco_jax.runner.config.RUNNER
     ("algorithm", "the algorithm: a registered name or a section `{name: ..., key: value}`"),
     ("label", "a row's name in the table and its records"),
     ("compare", "`{baseline, metric, better, resamples, seed}`: paired ratios to a baseline row"),
-    ("select", "`{metric, over, rule}`: pick `over` fields on the tuning seeds (not covered by "
-               "the privacy guarantee)"),
+    ("select", "`{metric, over, rule, private}`: pick `over` fields on the tuning seeds (not "
+               "covered by the privacy guarantee), or with `private` the best of a random number "
+               "of candidate runs on the evaluation seeds, inside the guarantee"),
     ("tuning_seeds", "seeds of the selection phase"),
     ("eval_seeds", "seeds of the evaluation phase (disjoint from `tuning_seeds`)"),
     ("batch_seeds", "`false`: run every seed alone instead of one vmapped program"),
