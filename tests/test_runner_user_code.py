@@ -428,3 +428,10 @@ experiments:
                                     + run % "batch_size: 8, sampling: fixed"), progress=False)
   assert fixed["status"] == "ok" and fixed["relation"] == "replace_one", fixed
   assert fixed["n_users"] == 40 and fixed["m"] == 3     # public there, and m declared
+  # the metrics say what they read: here eval_data, not declared public
+  assert fixed["metrics_data"].startswith("eval_data (held-out users")
+  no_eval = NPZ_PROBLEM.format(m=user_mod).replace("  eval_data: test.npz\n", "")
+  (train,) = runner.main_run(_write(tmp_path, no_eval + run % "batch_size: 8, sampling: fixed"),
+                             progress=False)
+  assert train["status"] == "ok" and "not covered" in train["metrics_data"]
+  assert train["metrics_data"].startswith("the training users")

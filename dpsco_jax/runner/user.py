@@ -355,6 +355,16 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
 # ------------------------------------------------------------------------------- running
 
 
+def _metrics_data(problem: UserProblem) -> str:
+  """What the record's metrics read, said beside them: the training users' metrics are the
+  data owner's diagnostic, which the guarantee does not cover."""
+  if problem.eval_data is None:
+    return ("the training users (a diagnostic for the data owner: not covered by the privacy "
+            "guarantee)")
+  return ("eval_data, declared public (not the training users)" if problem.eval_data_public
+          else "eval_data (held-out users: not covered by the privacy guarantee)")
+
+
 def _public_sizes(problem: UserProblem, relation: str) -> dict:
   """The record's ``n_users`` and ``m``: what the guarantee treats as public. Under
   ``add_remove`` the realized number of users is private (a neighbour has one more or one
@@ -551,6 +561,7 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
       "target_epsilon": cfg.get("epsilon"), "provenance": privacy.provenance,
       "privacy_level": privacy.level, "relation": privacy.relation,
       "paper_epsilon": privacy.paper_epsilon, **metrics, "user_metrics": list(metrics),
+      "metrics_data": _metrics_data(problem) if metrics else None,
       "gradient_evaluations": gradient_evaluations, "wall_time_s": wall,
       "seed": int(_runner_view(cfg).seed)}
   record.update({k: v for k, v in problem.constants.items() if k in CONSTANT_KEYS})
