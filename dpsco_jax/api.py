@@ -113,7 +113,7 @@ def _entry(algorithm: str, user_data: bool = True):
 
 def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
   """The validated, typed config of ``algorithm``: an instance of its schema (frozen; read as
-  attributes or as a read-only mapping of its set fields), what its planner and driver read.
+  attributes or as a read-only mapping of its set fields), what its planner reads.
 
   ``config``: a mapping, or an instance of the algorithm's config dataclass (returned as it
   is). Every schema holds ``n_users`` (the declared, public number of users) and ``debug``
@@ -130,8 +130,9 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
     The frozen config dataclass instance of ``algorithm``'s schema.
 
   Raises:
-    ConfigError: ``algorithm`` is unknown or needs more than a loss and data; ``config`` is
-      neither a mapping nor the schema's dataclass; a key is unknown (with a suggestion), of
+    ConfigError: ``algorithm`` is unknown (one that needs more than a loss and data has a
+      config too: :func:`plan` refuses it); ``config`` is neither a mapping nor the schema's
+      dataclass; a key is unknown (with a suggestion), of
       the wrong type, out of range or missing (the message names the key).
   """
   from dpsco_jax.config.schema import specs, suggest_key

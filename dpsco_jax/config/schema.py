@@ -188,12 +188,13 @@ def validate(cfg: dict) -> dict:
   Returns a copy with integral floats of integer keys made ints. Raises :class:`ConfigError`
   naming the key: unknown key (a retired name gets the vocabulary's name as its suggestion),
   wrong type, a key that means different things to the algorithm and the problem, a missing
-  required key. See :func:`typed` (what this checks, and the typed configs it builds)."""
+  required key. See :func:`typed_run` (what this checks, and the typed configs it builds)."""
   return typed_run(cfg)[0]
 
 
-def typed_run(cfg: dict) -> tuple[dict, Any]:
-  """``(normalized copy of cfg, its algorithm's typed config)``: a run's config validated once.
+def typed_run(cfg: dict) -> tuple[dict, Any, Any]:
+  """``(normalized copy of cfg, its algorithm's typed config, its problem's)``: a run's config
+  validated once.
 
   The names are checked here (unknown and ambiguous keys, against every schema the run reads);
   the values by building the typed configs of the runner's, the problem's and the algorithm's
@@ -229,7 +230,7 @@ def typed_run(cfg: dict) -> tuple[dict, Any]:
   for instance in built:   # the normalized values (an integral float of an int key: an int)
     out.update((k, getattr(instance, k)) for k in instance if k in cfg)
   _check_epsilon_given(schema, "epsilon" in cfg, cfg.get("noise_multiplier"), where)
-  return out, built[2]
+  return out, built[2], built[1]
 
 
 def _check_epsilon_given(schema: type, given: bool, noise_multiplier: Any, where: str
@@ -249,8 +250,8 @@ def _check_epsilon_given(schema: type, given: bool, noise_multiplier: Any, where
 
 def typed(cfg: dict) -> tuple[Any, Any]:
   """The validated config as frozen instances ``(algorithm_config, problem_config)``."""
-  out, algorithm = typed_run(cfg)
-  return algorithm, PROBLEM_SCHEMAS[out["problem"]].of(out)
+  _, algorithm, problem = typed_run(cfg)
+  return algorithm, problem
 
 
 def describe(algorithm: str, problem: str) -> str:

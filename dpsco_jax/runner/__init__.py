@@ -197,7 +197,7 @@ def _checked_typed(cfg: dict, algorithms: dict, problems: dict) -> tuple[dict, A
   label = cfg.get("label")
   if label is not None and not isinstance(label, str):
     raise ConfigError(f"label must be a string (one row label), got {label!r}")
-  out, typed = typed_run({k: v for k, v in cfg.items() if k != "label"})
+  out, typed, _ = typed_run({k: v for k, v in cfg.items() if k != "label"})
   if out["problem"] == USER_PROBLEM:
     runner_user.check(out)  # imports, arguments, data files and columns
   elif out["algorithm"] in CONFIG_ONLY_ALGORITHMS:
@@ -209,12 +209,13 @@ def _checked_typed(cfg: dict, algorithms: dict, problems: dict) -> tuple[dict, A
 
 class Runs(list):
   """Run configs validated before any run (:func:`_validated`), with the plan of every row of
-  a planned algorithm on a built-in problem (``plans``, by :func:`row_key`): what
-  :func:`execute` runs without validating or planning them again."""
+  a registered algorithm on a built-in problem (``plans``, by :func:`row_key`) and the
+  problems built to plan them (``cache``): what :func:`execute` runs without validating,
+  planning or building them again."""
 
-  def __init__(self, runs: list[dict], plans: dict | None = None):
+  def __init__(self, runs: list[dict], plans: dict, cache: "ProblemCache"):
     super().__init__(runs)
-    self.plans = {} if plans is None else plans
+    self.plans, self.cache = plans, cache
 
 
 def row_key(cfg: dict) -> str:
@@ -263,7 +264,7 @@ def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict
   included)."""
   from dpsco_jax import api
   start = time.perf_counter()
-  p = plan if plan is not None and _planned_for(plan, problem) else _plan_row(cfg, problem)
+  p = _plan_for(cfg, problem, plan)
   p.check_unchanged()
   result = api.check_spent(p, algorithms[cfg["algorithm"]](p, problem, key))
   jax.block_until_ready(result.params)
@@ -287,21 +288,19 @@ def _progress(i: int, total: int, cfg: dict, t0: float, step=None, batch: int = 
   sys.stderr.flush()
 
 
-def _plan_row(cfg: dict, problem: Any) -> Any:
-  """The data-free plan of a run's row on a built-in problem (the config's algorithm fields
-  only: the run's config also holds the runner's and the problem's keys)."""
+def _plan_for(cfg: dict, problem: Any, plan: Any = None) -> Any:
+  """The plan a run of ``cfg`` on a built-in ``problem`` executes: its row's ``plan`` if that
+  was made for the problem's public facts (sizes and constants: a row's plan serves every seed
+  whose problem has the same facts), else the data-free plan made now (from the config's
+  algorithm fields: the run's config also holds the runner's and the problem's keys)."""
   from dpsco_jax import api
+  if plan is not None and (
+      (plan.spec.n_users, plan.spec.max_items_per_user, plan.num_params)
+      == (int(problem.n_users), int(problem.m), int(problem.d))
+      and api.constants_of(problem) == plan.constants):
+    return plan
   return api.plan_problem(cfg["algorithm"], api.algorithms()[cfg["algorithm"]].config.of(cfg),
                           problem)
-
-
-def _planned_for(plan: Any, problem: Any) -> bool:
-  """Whether ``plan`` was made for ``problem``'s public facts (sizes and constants): a row's
-  plan serves every seed whose problem has the same facts."""
-  from dpsco_jax import api
-  return ((plan.spec.n_users, plan.spec.max_items_per_user, plan.num_params)
-          == (int(problem.n_users), int(problem.m), int(problem.d))
-          and api.constants_of(problem) == plan.constants)
 
 
 def _failed_record(cfg: dict, err: Exception) -> dict:
@@ -321,12 +320,10 @@ def _batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: di
   """:func:`dpsco_jax.runner.batch.batch_records` with this module's validator (looked up at
   call time, so a test may replace ``_checked``; none for a :class:`Runs`' configs, validated
   already) and the rows' plans (``plans``: a :class:`Runs`' own; else planned here)."""
-  def plan_row(cfg: dict, problem: Any) -> Any:
-    p = None if plans is None else plans.get(row_key(cfg))
-    return p if p is not None and _planned_for(p, problem) else _plan_row(cfg, problem)
-  return runner_batch.batch_records(cfgs, algorithms, problems, cache,
-                                    checked=_checked if plans is None else None,
-                                    plan_row=plan_row)
+  return runner_batch.batch_records(
+      cfgs, algorithms, problems, cache, checked=_checked if plans is None else None,
+      plan_row=lambda cfg, problem: _plan_for(
+          cfg, problem, None if plans is None else plans.get(row_key(cfg))))
 
 
 def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: bool = True,
@@ -346,8 +343,9 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
   users over it (the ``devices`` key; seeds then run one by one). ``runs`` from
   :func:`_validated` (a :class:`Runs`) are neither validated nor planned again: each run
   executes its row's plan."""
-  cache = ProblemCache()
-  plans = runs.plans if isinstance(runs, Runs) else None   # validated and planned already
+  # validated and planned already (a Runs), with the problems built to plan it
+  plans = runs.plans if isinstance(runs, Runs) else None
+  cache = runs.cache if isinstance(runs, Runs) else ProblemCache()
   records: list[dict | None] = [None] * len(runs)
   t0 = time.perf_counter()
   count = 0
@@ -411,34 +409,35 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
   return run_phases(tuning.parse_phases(config), progress=progress, on_record=on_record)[0]
 
 
-def _validated(config: dict, algorithms: dict, problems: dict) -> Runs:
-  """Every run of ``config`` validated, and every row planned, before any run."""
+def _validated(config: dict, algorithms: dict, problems: dict,
+               cache: ProblemCache | None = None) -> Runs:
+  """Every run of ``config`` validated, and every row planned, before any run (``cache``: the
+  problems it builds to plan, kept for the runs; one cache may serve several phases)."""
   checked = [_checked_typed(cfg, algorithms, problems) for cfg in expand(config)]
-  return Runs([cfg for cfg, _ in checked], _check_plans(checked, problems))
+  cache = ProblemCache() if cache is None else cache
+  return Runs([cfg for cfg, _ in checked], _check_plans(checked, problems, cache), cache)
 
 
-def _check_plans(checked: list[tuple[dict, Any]], problems: dict) -> dict:
+def _check_plans(checked: list[tuple[dict, Any]], problems: dict, cache: ProblemCache) -> dict:
   """Every row of a registered algorithm on a built-in problem planned before any run: its
   plan, by :func:`row_key` (the one the run executes). A plan reads no data, so its refusal
   (adaptive clipping with tree noise or at group level, ...) is the config's: one ConfigError
   naming the row, not a failed row after the others ran. One plan per distinct row (seeds
-  share it), one problem per distinct problem config. ``checked``: each run's config and its
-  typed algorithm config (validated; what the plan holds)."""
+  share it), on the problem of the row's first seed (built into ``cache``, where its run finds
+  it). ``checked``: each run's config and its typed algorithm config (validated; what the
+  plan holds)."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.registry import algorithms as table
-  built, plans = {}, {}
+  plans = {}
   for cfg, typed in checked:
     entry = table().get(cfg["algorithm"])
     row = row_key(cfg)
     if entry is None or cfg["problem"] == USER_PROBLEM or row in plans:
       continue
-    pcfg = runner_batch.problem_config(cfg)
-    pkey = repr(sorted((k, repr(v)) for k, v in pcfg.items() if k != "seed"))
-    if pkey not in built:
-      built[pkey] = runner_batch.cached_problem(pcfg, problems, None,
-                                                runner_batch.run_keys(cfg.get("seed", 0))[0])
+    problem = runner_batch.cached_problem(runner_batch.problem_config(cfg), problems, cache,
+                                          runner_batch.run_keys(cfg.get("seed", 0))[0])
     try:
-      plans[row] = api.plan_problem(entry.name, typed, built[pkey])
+      plans[row] = api.plan_problem(entry.name, typed, problem)
     except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
       where = cfg["algorithm"] + (f" (label {cfg['label']})" if cfg.get("label") else "")
       raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
@@ -471,14 +470,15 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
   fields = tuning.group_fields(spec, swept)
   if spec.private is not None:
     return _run_private(phases, fields, algorithms, problems, metrics, on_record)
-  tune = _validated(phases.with_seeds(phases.tuning_seeds), algorithms, problems)
-  evals = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
+  cache = ProblemCache()   # one bound on the problems of both phases
+  tune = _validated(phases.with_seeds(phases.tuning_seeds), algorithms, problems, cache)
+  evals = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems, cache)
   runner_user.check_metrics(tune + evals, metrics)
   runner_mesh.check_runs(tune + evals, devices)
   tuned = execute(tune, on_record=on_record, phase="tuning", **kw)
   chosen, report = tuning.choose(tune, tuned, spec, fields)
   selected = Runs([c for c in evals if tuning.is_selected(c, chosen, spec, fields)],
-                  evals.plans)
+                  evals.plans, evals.cache)
   evaluated = execute(selected, phase="eval", **kw,
                       on_record=None if on_record is None else (
                           lambda recs: on_record(tuned + recs)))
@@ -498,12 +498,14 @@ def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, pro
   line: its count of runs would show K."""
   runs = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
   runner_user.check_metrics(runs, metrics)
-  cache = ProblemCache()
+  cache = runs.cache
   problem_of = lambda cfg: runner_batch.cached_problem(
       runner_batch.problem_config(cfg), problems, cache,
       runner_batch.run_keys(cfg.get("seed", 0))[0])
+  # the cost is the plans' the candidates run: their rows' (made when validated)
+  plan_of = lambda cfg, problem: _plan_for(cfg, problem, runs.plans.get(row_key(cfg)))
   groups = tuning.group_candidates(runs, phases.select, fields)
-  plans = tuning.private_plans(groups, phases.select, problem_of)
+  plans = tuning.private_plans(groups, phases.select, problem_of, plan_of)
   print("\n".join(tuning.cost_lines(plans, fields)), flush=True)
 
   def train(cfg: dict, key: jax.Array) -> dict:

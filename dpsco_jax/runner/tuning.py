@@ -289,18 +289,20 @@ def check_private_metric(spec: SelectSpec, problem: Any) -> None:
                       "of a built-in problem)")
 
 
-def candidate_plan(cfg: dict, problem: Any) -> Any:
-  """One candidate's data-free plan (:func:`dpsco_jax.api.plan_problem`; on a user problem,
-  the plan its run executes: :func:`dpsco_jax.runner.user.plan_run`); an algorithm without a
-  planner is refused (its guarantee has no event to bound ``Q``'s curve)."""
+def candidate_plan(cfg: dict, problem: Any, plan_of: Callable | None = None) -> Any:
+  """One candidate's data-free plan: ``plan_of(cfg, problem)`` (the plan its run executes,
+  from the runner) or :func:`dpsco_jax.api.plan_problem`; on a user problem, the plan its run
+  executes (:func:`dpsco_jax.runner.user.plan_run`). An algorithm that is not registered
+  (``flax.DPTrainer``) is refused (its guarantee has no event to bound ``Q``'s curve)."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.registry import algorithms as table
   entry = table().get(cfg["algorithm"])
-  if entry is None or entry.planner is None:
+  if entry is None:
     raise ConfigError(f"select.private: {cfg['algorithm']} has no data-free plan exposing its "
                       "privacy event; private selection runs the DP-SGD family")
   if not isinstance(problem, runner_user.UserProblem):
-    return api.plan_problem(entry.name, entry.config.of(cfg), problem)
+    return (plan_of(cfg, problem) if plan_of is not None
+            else api.plan_problem(entry.name, entry.config.of(cfg), problem))
   try:   # the sweep's validation plans no user row: a refused plan is the config's, here
     return runner_user.plan_run(problem, cfg)
   except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
@@ -308,18 +310,18 @@ def candidate_plan(cfg: dict, problem: Any) -> Any:
                       ) from None
 
 
-def private_plans(groups: dict[tuple, list[dict]], spec: SelectSpec, problem_of: Callable
-                  ) -> dict[tuple, SelectionCost]:
+def private_plans(groups: dict[tuple, list[dict]], spec: SelectSpec, problem_of: Callable,
+                  plan_of: Callable | None = None) -> dict[tuple, SelectionCost]:
   """Per (seed, group): the cost of its selection (law, guarantee of training and selection:
   :func:`dpsco_jax.tuning.plans_cost`, as ``dpsco_jax.private_select`` computes it), from the
-  candidates' plans (no training). ``problem_of(cfg)`` builds a candidate's problem; its
-  metric is checked first (:func:`check_private_metric`)."""
+  candidates' plans (no training; ``plan_of``: see :func:`candidate_plan`). ``problem_of(cfg)``
+  builds a candidate's problem; its metric is checked first (:func:`check_private_metric`)."""
   out = {}
   for gkey, cands in groups.items():
     problems = [problem_of(c) for c in cands]
     for problem in problems:
       check_private_metric(spec, problem)
-    plans = [candidate_plan(c, problem) for c, problem in zip(cands, problems)]
+    plans = [candidate_plan(c, problem, plan_of) for c, problem in zip(cands, problems)]
     try:
       out[gkey] = plans_cost(plans, spec.private.law(len(cands)))
     except ConfigError as err:
