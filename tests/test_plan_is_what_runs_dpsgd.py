@@ -13,6 +13,7 @@ from dpsco_jax import api, problems
 from dpsco_jax.algorithms.dpsgd import driver, plan as dpsgd_plan
 from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig, SgdSchedule
 from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan, SgdPlan
+from plan_guard import forbid_planning
 
 N, M, D = 24, 2, 3
 PRIVATE = {"delta": 1e-5, "num_steps": 3, "batch_size": 6, "clip_norm": 1.0,
@@ -27,17 +28,11 @@ CASES = {
 
 
 def _forbid_planning(monkeypatch) -> None:
-  def planned_again(*args, **kwargs):
-    raise AssertionError("the run planned again")
-
-  for name in ("dp_sgd_plan", "plan_dp_sgd", "charge_dp_sgd", "config_view",
-               "calibrate_noise_multiplier"):
-    monkeypatch.setattr(dpsgd_plan, name, planned_again)
-  for name in ("dp_sgd_plan", "charge_dp_sgd", "sampling_setup"):   # where they are imported
-    for module in (dpsgd_plan, driver):
-      monkeypatch.setattr(module, name, planned_again, raising=False)
-  for schema in (DpSgdConfig, SgdSchedule):
-    monkeypatch.setattr(schema, "of", planned_again)
+  # where they are defined and where the driver imports them
+  forbid_planning(monkeypatch, (dpsgd_plan, driver),
+                  ("dp_sgd_plan", "plan_dp_sgd", "charge_dp_sgd", "config_view",
+                   "calibrate_noise_multiplier", "sampling_setup"),
+                  schemas=(DpSgdConfig, SgdSchedule))
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from dpsco_jax.algorithms.output_perturbation import driver as op
 from dpsco_jax.algorithms.output_perturbation import plan as op_plan
 from dpsco_jax.config.types import Schema
 from dpsco_jax.problems.output_perturbation import l2_logistic
+from plan_guard import forbid_planning
 
 # exact stability test with an explicit Delta: tiny n (as tests/test_api_planners.py)
 EXACT = {"epsilon": 1.0, "delta": 1e-3, "stability_test": "exact", "Delta": 0.05,
@@ -27,8 +28,7 @@ EXACT = {"epsilon": 1.0, "delta": 1e-3, "stability_test": "exact", "Delta": 0.05
 PLANNING = ("sc_output_pert_plan", "phased_plan", "sc_reduction_plan", "naive_plan",
             "planner_of", "naive_planner", "charge_output_pert", "charge_naive",
             "output_pert_report", "naive_report", "settings_from_cfg", "config_view",
-            "calibrate_noise_multiplier", "plan_sc_output_pert", "naive_sigma",
-            "replan_after_bottom")
+            "calibrate_noise_multiplier", "plan_sc_output_pert", "naive_sigma")
 
 
 def _problem(n: int, m: int):
@@ -37,12 +37,7 @@ def _problem(n: int, m: int):
 
 
 def _forbid_planning(monkeypatch) -> None:
-  def planned_again(*args, **kwargs):
-    raise AssertionError("the run planned, charged, calibrated or read its config again")
-  for module in (op, naive, phased, op_plan, base):
-    for name in PLANNING:
-      monkeypatch.setattr(module, name, planned_again, raising=False)
-  monkeypatch.setattr(Schema, "of", classmethod(planned_again))
+  forbid_planning(monkeypatch, (op, naive, phased, op_plan, base), PLANNING, schemas=(Schema,))
 
 
 @pytest.mark.parametrize("name, n, m, cfg", [

@@ -12,6 +12,7 @@ import pytest
 from dpsco_jax import api, problems
 from dpsco_jax.config.types import Schema
 from dpsco_jax.problems import bilevel as bilevel_problems
+from plan_guard import forbid_planning
 
 #: every module of the two families (a forbidden name is patched wherever it is bound)
 MODULES = [importlib.import_module(f"dpsco_jax.algorithms.{m}") for m in (
@@ -64,13 +65,6 @@ def test_a_plan_runs_without_planning_again(name, monkeypatch):
   problem = _problem(kind)
   plan = api.plan_problem(name, cfg, problem)
   assert plan.privacy is not None and plan.detail is not None or name == "nonprivate_penalty"
-
-  def boom(*args, **kwargs):
-    raise AssertionError(f"{name}'s run planned, charged, calibrated or validated again")
-  for module in MODULES:
-    for attr in FORBIDDEN:
-      if hasattr(module, attr):
-        monkeypatch.setattr(module, attr, boom)
-  monkeypatch.setattr(Schema, "of", classmethod(boom))
+  forbid_planning(monkeypatch, MODULES, FORBIDDEN, schemas=(Schema,))
   res = api.execute(plan, problem, jax.random.key(1))
   assert res.privacy == plan.privacy

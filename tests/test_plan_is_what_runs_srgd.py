@@ -16,26 +16,20 @@ from dpsco_jax import api, problems
 from dpsco_jax.algorithms.srgd import driver, plan as srgd_plan
 from dpsco_jax.algorithms.srgd.config import SrgdConfig
 from dpsco_jax.data import UserData
+from plan_guard import forbid_planning
 
 NAMES = ("accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
          "accelerated_dp_sgd", "single_epoch_dp_sgd")
 CFG = {"epsilon": 1.0, "delta": 1e-5, "clip_norm": 1.0, "beta": 4.0}
 # every function of the family that plans, calibrates, charges or reads a config
-PLANNING = [(srgd_plan, n) for n in ("plan_srgd", "plan_for_problem", "config_view",
-                                     "resolve_relation", "_schedule", "_noise_multiplier",
-                                     "_calibrate", "calibrate_noise_multiplier", "charge",
-                                     "privacy_report", "_report", "PrivacyLedger")]
-PLANNING += [(driver, "plan_srgd")]
+PLANNING = ("plan_srgd", "plan_for_problem", "config_view", "resolve_relation", "_schedule",
+            "_noise_multiplier", "_calibrate", "calibrate_noise_multiplier", "charge",
+            "privacy_report", "_report", "PrivacyLedger",
+            "scan_settings")   # the scan's settings are checked when planning only
 
 
 def _forbid_planning(monkeypatch) -> None:
-  def refuse(*a, **k):
-    raise AssertionError("a run planned again")
-  for module, name in PLANNING:
-    monkeypatch.setattr(module, name, refuse)
-  for module in (srgd_plan, driver):   # the scan's settings are checked when planning only
-    monkeypatch.setattr(module, "scan_settings", refuse, raising=False)
-  monkeypatch.setattr(SrgdConfig, "of", classmethod(refuse))
+  forbid_planning(monkeypatch, (srgd_plan, driver), PLANNING, schemas=(SrgdConfig,))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -15,6 +15,7 @@ from dpsco_jax.algorithms.user_level_filter import driver as ulf
 from dpsco_jax.algorithms.user_level_filter import plan as ulf_plan
 from dpsco_jax.config.types import Schema
 from dpsco_jax.problems import make
+from plan_guard import forbid_planning
 
 # explicit noise multipliers: no calibration (not what is tested here), tiny sizes
 CASES = {
@@ -37,12 +38,7 @@ def problem():
 
 
 def _forbid_planning(monkeypatch) -> None:
-  def planned_again(*args, **kwargs):
-    raise AssertionError("the run planned, charged, calibrated or read its config again")
-  for module in (ulf, ulf_plan):
-    for name in PLANNING:
-      monkeypatch.setattr(module, name, planned_again, raising=False)
-  monkeypatch.setattr(Schema, "of", classmethod(planned_again))
+  forbid_planning(monkeypatch, (ulf, ulf_plan), PLANNING, schemas=(Schema,))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
