@@ -2,20 +2,12 @@
 a user problem and its data files, :class:`AlgorithmKeys` (the base of every algorithm's
 config) and the Flax trainer's config (:data:`CONFIG_ONLY_ALGORITHMS`).
 
-Each algorithm family's own schema lives in its package, beside its planner and driver
-(``dpsco_jax/algorithms/<package>/config.py``: e.g. :mod:`dpsco_jax.algorithms.dpsgd.config`);
-each driver names it where it registers (``@register(name, config=...)``), and that is how the
-runner finds it; planners and drivers read it through ``Schema.of``, which fills in the
-field defaults written there. Those modules build their fields with this module's helpers (``config_key``,
-``refused_key``) and shared annotations (``Relation``, ``Preset``, ``Averaging``). This module sits
-below the algorithms and imports none of them.
-
-Each field is one config key a driver or problem factory reads: its annotation is the accepted
-YAML type, its default is the one that runs (``None`` on a non-Optional field: derived by the
-driver, the doc says how), ``metadata["doc"]`` is a one-line doc and ``metadata["required"]``
-marks keys that must be given. Built by reading each driver (``cfg.get`` / ``cfg[...]`` /
-``cfg_get`` / ``_cfg``); :mod:`dpsco_jax.config.schema` validates configs against them, and
-``tests/test_config_schema.py`` greps the drivers so that a new key without a field fails.
+Each algorithm family's schema lives in its package (``dpsco_jax/algorithms/<package>/config.py``),
+named where its driver registers (``@register(name, config=...)``) and built with this module's
+``config_key`` / ``refused_key``; this module imports no algorithm. A field is one config key:
+its annotation is the accepted YAML type, its default the one that runs (``None`` on a
+non-Optional field: derived by the driver, the doc says how), ``metadata["doc"]`` its one-line
+doc, ``metadata["required"]`` marks keys that must be given.
 """
 
 from __future__ import annotations
@@ -23,8 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal, Optional, Union
 
-# the base of every schema lives one layer down, beside the check it runs; re-exported here
-from dpsco_jax.config.types import Schema
+from dpsco_jax.config.types import Schema  # re-exported
 
 __all__ = ["AlgorithmKeys", "PROBLEM_SCHEMAS", "RunnerKeys", "Schema", "USER_PROBLEM",
            "UserProblemKeys", "DataFileKeys", "DPTrainerConfig", "CONFIG_ONLY_ALGORITHMS",
@@ -36,9 +27,7 @@ def config_key(doc: str, default: Any = None, *, required: bool = False) -> Any:
 
 
 def refused_key(why: str) -> Any:
-  """A key of the shared vocabulary this family cannot honour: listed
-  (:func:`dpsco_jax.config.schema.describe`), and a value raises ``why`` (which key to use
-  instead) rather than an "unknown key"."""
+  """A vocabulary key this family cannot honour: listed, and a value raises ``why``."""
   return dataclasses.field(default=None, metadata={"doc": f"not accepted: {why}",
                                                    "required": False, "refused": why})
 
@@ -47,8 +36,6 @@ Relation = Literal["add_remove", "replace_one", "zero_out"]
 Preset = Literal["practical", "theory"]
 Averaging = Literal["none", "uniform"]
 
-# ------------------------------------------------------------------------------- runner keys
-
 
 @dataclasses.dataclass(frozen=True)
 class RunnerKeys(Schema):
@@ -56,13 +43,10 @@ class RunnerKeys(Schema):
   algorithm: str = config_key("registered algorithm (`dpsco list`)", required=True)
   problem: str = config_key("registered problem (`dpsco list`)", required=True)
   seed: int = config_key("seed of the run's key (problem: fold_in 0, algorithm: fold_in 1)", 0)
-  debug: bool = config_key("put data-dependent diagnostics (never part of a release) in the record",
-                     False)
+  debug: bool = config_key(
+      "put data-dependent diagnostics (never part of a release) in the record", False)
   name: Optional[str] = config_key("title of the config file's table")
   description: Optional[str] = config_key("free text describing the config file")
-
-
-# ------------------------------------------------------------------------------- problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +62,6 @@ class SizedProblem(Schema):
 @dataclasses.dataclass(frozen=True)
 class HingeProblem(SizedProblem):
   """``hinge`` (paper 000's non-smooth example): logistic labels, hinge loss."""
-  # its risk is a mean over the evaluation features of a non-smooth loss: 3000 is what every
-  # hinge run has used (the schema said 20000, inherited, and was never read)
   n_eval: int = config_key("evaluation features for the population risk", 3000)
 
 
@@ -141,9 +123,7 @@ class RidgeTuningProblem(Schema):
       "sqrt(0.5), optimal penalty ~ tau^2)")
 
 
-#: The problem name of your own model, loss and data (a config's ``problem:`` section with
-#: ``factory:`` or ``model:`` / ``loss:`` / ``data:`` and no ``name``; see
-#: :mod:`dpsco_jax.runner.user`).
+#: The problem name of your own model, loss and data (:mod:`dpsco_jax.runner.user`).
 USER_PROBLEM = "user"
 
 
@@ -160,8 +140,7 @@ class UserProblemKeys(Schema):
       "a params pytree (run through dpsco_jax.fit); called with args, and seed / key / rngs if "
       "it takes them")
   loss: Optional[str] = config_key(
-      "'module:function' loss(model_or_params, example) -> scalar, one "
-      "item")
+      "'module:function' loss(model_or_params, example) -> scalar, one item")
   data: Optional[Union[str, dict]] = config_key(
       "training data file: PATH or {path, user_column, columns, max_items_per_user, selection, "
       "seed} (.npz, .csv, .parquet)")
@@ -185,8 +164,8 @@ class UserProblemKeys(Schema):
 @dataclasses.dataclass(frozen=True)
 class DataFileKeys(Schema):
   """A user problem's ``data:`` / ``eval_data:`` mapping (a PATH alone is ``{path: PATH}``)."""
-  path: str = config_key("the file: .npz (arrays of N rows), .csv or .parquet (one row per item)",
-                   required=True)
+  path: str = config_key(
+      "the file: .npz (arrays of N rows), .csv or .parquet (one row per item)", required=True)
   user_column: Optional[str] = config_key("the array / column of user ids (.npz default: user_ids; "
                                           "required for a table)")
   columns: Optional[Union[list, dict]] = config_key(
@@ -210,24 +189,16 @@ PROBLEM_SCHEMAS: dict[str, type] = {
     USER_PROBLEM: UserProblemKeys,
 }
 
-# ------------------------------------------------------------------------------- algorithms
-
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmKeys(Schema):
   """Keys every algorithm's config holds besides its own, written once: the declared number
-  of users (a problem's ``n_users`` in a run config; ``dp.fit``'s ``config``) and ``debug``.
-  In a run config they are the problem's and the runner's keys (:func:`keys_of` keeps their
-  specs there); the algorithm's typed config carries their values to its planner."""
+  of users and ``debug`` (in a run config, the problem's and the runner's keys)."""
   n_users: Optional[int] = config_key(
       "declared (public) number of users; the planners read it under "
       "add_remove, where the realized count is private")
   debug: Optional[bool] = config_key(
-      "put data-dependent diagnostics (never released) in the record "
-      "/ Result.debug", False)
-
-
-# ------------------------------------------------------------------------------- flax trainer
+      "put data-dependent diagnostics (never released) in the record / Result.debug", False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,8 +218,7 @@ class DPTrainerConfig(AlgorithmKeys):
       "poisson (rate sampling_rate) or cyclic (fixed-order epochs of batch_size users)",
       "poisson")
   sampling_rate: Optional[float] = config_key(
-      "declared Poisson rate q (sampling: poisson, where it "
-      "is required)")
+      "declared Poisson rate q (sampling: poisson, where it is required)")
   batch_size: Optional[int] = config_key(
       "users per step B (sampling: cyclic, where it is required)")
   num_steps: int = config_key("number of steps", required=True)
@@ -282,7 +252,7 @@ class DPTrainerConfig(AlgorithmKeys):
   accountant: Literal["pld", "rdp", "auto"] = config_key("privacy accountant", "pld")
   report_every: Optional[int] = config_key("steps per accounting block / progress report (default "
                                            "num_steps / 20)")
-  # issue 48: adaptive clipping, dp_sgd_user's keys (flax.DPTrainer(clip_norm="adaptive", ...))
+  # adaptive clipping: dp_sgd_user's keys
   target_quantile: Optional[float] = config_key(
       "clip_norm: adaptive: fraction gamma in (0, 1) of users left unclipped (default 0.5)")
   clip_learning_rate: Optional[float] = config_key(
@@ -294,6 +264,5 @@ class DPTrainerConfig(AlgorithmKeys):
       "max(D / 20, z)); 2 sigma_b must exceed z")
 
 
-#: Algorithms a config may name that are not registered drivers: they run only on a user
-#: problem (``problem: user``) with an nnx model.
+#: Algorithms a config may name that are not registered drivers (a user problem's nnx model).
 CONFIG_ONLY_ALGORITHMS: dict[str, type] = {"flax.DPTrainer": DPTrainerConfig}

@@ -1,12 +1,9 @@
 """The lowest layer of the config vocabulary: the error type, one key's spec and the type check.
 
-:mod:`dpsco_jax.config.families` (the schemas: one frozen dataclass per algorithm family and
-problem) validates every instance built from Python with :func:`check_instance`, and
-:mod:`dpsco_jax.config.schema` (a run's whole config against the registered algorithms) reads
-the same :class:`KeySpec` / :func:`check_type`. Both sit above this module and import it; it
-imports nothing of the package but ``_checks``, so the data layer and the algorithms can raise
-:class:`ConfigError` without importing the registry (see ``tests/test_package_graph.py``). The
-accepted YAML types are described in :mod:`dpsco_jax.config.schema`.
+:mod:`dpsco_jax.config.families` (the schemas) validates every instance with
+:func:`check_instance`; :mod:`dpsco_jax.config.schema` (a whole run) reads the same
+:class:`KeySpec` / :func:`check_type`. It imports nothing of the package but ``_checks``, so
+every layer may raise :class:`ConfigError` (``tests/test_package_graph.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ from dpsco_jax._checks import (MAX_SEED, check_delta, check_nonnegative, check_p
                                check_probability)
 
 __all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "Schema", "MAX_COUNT", "check_instance",
-           "validating",
-           "check_refused", "check_type", "specs", "type_name"]
+           "validating", "check_refused", "check_type", "specs", "type_name"]
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
 MAX_COUNT = 2 ** 31 - 1
@@ -36,9 +32,8 @@ class ConfigError(ValueError):
 
 
 class ConfigTypeError(ConfigError, TypeError):
-  """A config value of the wrong type (a bool or a string where a number is expected, ...):
-  a :class:`ConfigError`, and a ``TypeError`` as the argument checks' are
-  (``_checks.ArgumentTypeError``)."""
+  """A config value of the wrong type: a :class:`ConfigError`, and a ``TypeError`` as the
+  argument checks' are (``_checks.ArgumentTypeError``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +45,12 @@ class KeySpec:
   doc: str
   required: bool
   owner: str  # "runner", "algorithm" or "problem"
-  #: a key of the shared vocabulary that this schema cannot honour: why, and what to give
-  #: instead (a value other than null raises this message rather than being ignored)
+  #: a vocabulary key this schema cannot honour: why, and what to give instead
   refused: str | None = None
 
 
 def specs(schema: type, owner: str) -> dict[str, KeySpec]:
-  """``{key: KeySpec}`` of a schema dataclass (its fields' types, defaults and docs), each
-  tagged with the section that owns it (``owner``: ``"runner"``, ``"problem"``...)."""
+  """``{key: KeySpec}`` of a schema dataclass, each tagged with its ``owner`` section."""
   hints = typing.get_type_hints(schema)
   return {f.name: KeySpec(f.name, hints[f.name], f.default, f.metadata.get("doc", ""),
                           bool(f.metadata.get("required", False)), owner,
@@ -66,8 +59,7 @@ def specs(schema: type, owner: str) -> dict[str, KeySpec]:
 
 
 def check_refused(spec: KeySpec, value: Any, where: str) -> None:
-  """A refused key (one name of the vocabulary, another meaning here) given a value raises
-  its reason, naming the key to use instead."""
+  """A refused key given a value raises its reason, naming the key to use instead."""
   if spec.refused is not None and value is not None:
     raise ConfigError(f"{spec.name} is not accepted by {where}: {spec.refused}")
 
@@ -146,8 +138,7 @@ def _hint(spec: KeySpec, v: Any) -> str:
 
 
 def _above_zero(x: float, name: str) -> float:
-  """``> 0``, +inf included: for ``radius`` and ``smoothness`` +inf is a declared fact (an
-  unconstrained domain, a loss that is not smooth)."""
+  """``> 0``, +inf included: for ``radius`` and ``smoothness`` +inf is a declared fact."""
   if not x > 0:
     raise ValueError(f"{name} must be a number > 0 (.inf allowed), got {x!r}")
   return x
@@ -159,11 +150,8 @@ def _finite(x: float, name: str) -> float:
   return x
 
 
-#: The range of the vocabulary's signed number keys, wherever they appear (one name, one
-#: meaning, one range), checked when a config is built, from YAML or from Python: an
-#: ``epsilon`` of -1, a ``delta`` of 2 or a NaN step size is refused naming the key, not found
-#: by the planner (or not at all). The checks are the argument checks' (``_checks``); every
-#: other number key must be finite (no NaN, no +-inf).
+#: The range of the vocabulary's signed number keys wherever they appear (one name, one range),
+#: checked when a config is built, from YAML or Python; every other number key must be finite.
 RANGES: dict[str, Callable[[float, str], float]] = {
     **dict.fromkeys(("epsilon", "epsilon_budget", "clip_norm", "inner_clip_norm",
                      "outer_clip_norm", "inner_clip_norm_lam", "learning_rate", "lipschitz",
@@ -180,13 +168,13 @@ RANGES: dict[str, Callable[[float, str], float]] = {
 
 
 def _check_range(spec: KeySpec, v: Any) -> Any:
-  """Integer keys are counts in ``[0, MAX_COUNT]``, except ``seed`` (``[0, MAX_SEED]``); number
-  keys lie in their :data:`RANGES` entry (finite, when the key has none)."""
+  """Integer keys are counts in ``[0, MAX_COUNT]`` (``seed``: ``[0, MAX_SEED]``); number keys
+  lie in their :data:`RANGES` entry (finite, when the key has none)."""
   if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)
                               and spec.name in RANGES):
     try:
       RANGES.get(spec.name, _finite)(v, spec.name)
-    except ValueError as err:   # the argument check's message, as a config error
+    except ValueError as err:
       raise ConfigError(str(err)) from None
     return v
   if isinstance(v, tuple):   # a sequence key (shares, omega_bounds): finite numbers
@@ -205,8 +193,7 @@ def _check_range(spec: KeySpec, v: Any) -> Any:
 
 
 def check_type(spec: KeySpec, v: Any) -> Any:
-  """``v`` coerced to ``spec``'s type and checked against its range; one
-  :class:`ConfigTypeError` / :class:`ConfigError` line naming the key otherwise."""
+  """``v`` coerced to ``spec``'s type and range-checked; else one error line naming the key."""
   ok, out = _coerce(spec.type, v)
   if ok:
     return _check_range(spec, out)
@@ -219,20 +206,18 @@ def check_type(spec: KeySpec, v: Any) -> Any:
                         + _hint(spec, v))
 
 
-#: where the config being built comes from, for its messages (a run of a YAML file: "algorithm
-#: 'x' on problem 'y'"); unset: the schema's class name (:func:`validating`)
+#: the run a config is built for, named in its messages (unset: the schema's class name)
 _WHERE: contextvars.ContextVar[str | None] = contextvars.ContextVar("config_where", default=None)
-#: inside :func:`validating`: a missing required key waits here until every schema of the run
-#: has checked its values' types (the message a user sees first is a wrong type, as a YAML
-#: file is read top down, then what is missing)
+#: inside :func:`validating`, missing required keys wait until every schema has checked its
+#: values' types (a wrong type is reported first, as a YAML file is read top down)
 _MISSING: contextvars.ContextVar[list | None] = contextvars.ContextVar("config_missing",
                                                                      default=None)
 
 
 @contextlib.contextmanager
 def validating(where: str):
-  """The schemas built inside are one run's config: their messages name ``where`` (not their
-  class), and a missing key is raised once every schema has checked its values' types."""
+  """The schemas built inside are one run's config: their messages name ``where``, and a
+  missing key is raised once every schema has checked its values' types."""
   tokens = _WHERE.set(where), _MISSING.set([])
   missing = _MISSING.get()
   try:
@@ -258,11 +243,12 @@ def _missing(message: str) -> None:
 
 
 def check_instance(obj: Any) -> None:
-  """Validates a schema instance (called by ``Schema.__post_init__``): the one validation of a
-  config, whether built from Python, a dict or a YAML run (:func:`validating`).
-
-  An unset field (``None``) is the documented default (or ``null``) and is skipped unless the
-  key is required; every other value is type-checked and normalized in place."""
+  """Validates a schema instance (``Schema.__post_init__``): the one validation of a config,
+  from Python, a dict or a YAML run. An unset field (``None``) is skipped unless required;
+  every other value is type-checked and normalized in place. Non-private is never the
+  default: where a ``requires_one_of`` group holds ``noise_multiplier``, 0 is the one way to
+  ask for it; a private run (``epsilon`` or a nonzero ``noise_multiplier``) needs every key of
+  ``private_requires``."""
   schema = type(obj)
   name = _WHERE.get() or schema.__name__
   for key, spec in specs(schema, "config").items():
@@ -275,36 +261,18 @@ def check_instance(obj: Any) -> None:
     out = check_type(spec, value)
     if out is not value:
       object.__setattr__(obj, key, out)
-  missing = missing_one_of(schema, lambda k: getattr(obj, k))
-  if missing:
-    _missing(f"{name} needs {missing}")
-  missing = private_missing(schema, getattr(obj, "epsilon", None) is not None
-                            or bool(getattr(obj, "noise_multiplier", None)),
-                            lambda k: getattr(obj, k))
-  if missing:
-    _missing(f"{missing} is required: {name} needs {missing} for a private run "
-             "(epsilon or noise_multiplier given)")
-
-
-def missing_one_of(schema: type, value: Any) -> str | None:
-  """``"one of a, b"`` for the first ``requires_one_of`` group of ``schema`` none of whose keys
-  ``value(key)`` gives (else None). Non-private is never the default: where the group holds
-  ``noise_multiplier``, 0 is the one way to ask for it, in every family."""
-  for group in getattr(schema, "requires_one_of", ()):
-    if all(value(k) is None for k in group):
-      return f"one of {', '.join(group)}" + (
-          " (noise_multiplier: 0 is the one spelling of a non-private reference run)"
-          if "noise_multiplier" in group else "")
-  return None
-
-
-def private_missing(schema: type, private: bool, value: Any) -> str | None:
-  """The first key of ``schema.private_requires`` (keys a private run needs, which a
-  non-private one, with no ``epsilon`` and ``noise_multiplier`` 0, does not) that is unset
-  (``value(key) is None``) in a ``private`` run; ``None`` if none."""
-  if not private:
-    return None
-  return next((k for k in getattr(schema, "private_requires", ()) if value(k) is None), None)
+  group = next((g for g in getattr(schema, "requires_one_of", ())
+                if all(getattr(obj, k) is None for k in g)), None)
+  if group is not None:
+    _missing(f"{name} needs one of {', '.join(group)}" + (
+        " (noise_multiplier: 0 is the one spelling of a non-private reference run)"
+        if "noise_multiplier" in group else ""))
+  if getattr(obj, "epsilon", None) is not None or bool(getattr(obj, "noise_multiplier", None)):
+    key = next((k for k in getattr(schema, "private_requires", ()) if getattr(obj, k) is None),
+               None)
+    if key is not None:
+      _missing(f"{key} is required: {name} needs {key} for a private run "
+               "(epsilon or noise_multiplier given)")
 
 
 class Schema(Mapping):
@@ -326,9 +294,8 @@ class Schema(Mapping):
 
   @classmethod
   def of(cls, config: Any) -> Any:
-    """The typed config of ``cls`` from ``config``: an instance of ``cls`` as it is, else the
-    fields of ``cls`` that ``config`` (a mapping, e.g. a run's flat config with the runner's
-    and the problem's keys too, or another schema's instance) sets, validated."""
+    """An instance of ``cls`` as it is, else the fields of ``cls`` that ``config`` (a mapping,
+    e.g. a run's flat config, or another schema's instance) sets, validated."""
     if isinstance(config, cls):
       return config
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
@@ -346,8 +313,7 @@ class Schema(Mapping):
     return getattr(self, name)
 
   def get(self, name: str, default: Any = None) -> Any:
-    """The field's value, or ``default`` when it is unset (``None``); an unknown name
-    raises ``KeyError``."""
+    """The field's value, or ``default`` when it is unset; an unknown name raises ``KeyError``."""
     value = self[name]
     return default if value is None else value
 
@@ -363,8 +329,7 @@ class Schema(Mapping):
 
 
 def _field_names(schema: type) -> dict[str, None]:
-  """The schema's field names, in order (a dict: ordered, with O(1) membership), kept on the
-  class itself (not inherited: a subclass has its own fields)."""
+  """The schema's field names in order, kept on the class itself (not inherited)."""
   names = schema.__dict__.get("_field_names_")
   if names is None:
     names = dict.fromkeys(f.name for f in dataclasses.fields(schema))
