@@ -1,21 +1,12 @@
 """Privacy events: the vocabulary a mechanism describes itself in, validated and serializable.
 
-A mechanism's privacy is a tree of ``dp_accounting`` events built from its static
+A mechanism's privacy is a tree of ``dp_accounting`` events built from its public
 configuration (never from data), plus three kinds the accountant cannot express:
-
-* :class:`PureDpEvent` — an arbitrary eps-DP piece (AboveThreshold, a one-shot Laplace test, a
-  truncated discrete Laplace release), added by basic composition;
-* :class:`ApproxDpEvent` — an (eps, delta)-DP block (e.g. paper 001's deletion-stability test +
-  Gaussian output perturbation, whose guarantee is a theorem), added by basic composition;
-* :class:`ApproxRdpEvent` — approximate RDP at one order (paper 002's ReSQue solver, Lemma 3),
-  summed per order and converted once (Corollary 1).
-
-Every event entering the ledger is checked by :func:`validate_event`: unknown node types are
-refused (a wrapper the relation conversion does not know would be passed through unconverted
-and under-count under replace-one), and so are NaN / negative / infinite parameters and counts
-that are not positive integers. :func:`for_accountant` is the one place where the library's
-Gaussian convention (``z = sigma / C``, ``C`` the add/remove sensitivity) is adapted to each
-dp_accounting accountant.
+:class:`PureDpEvent`, :class:`ApproxDpEvent` and :class:`ApproxRdpEvent`.
+:func:`validate_event` refuses unknown node types (the relation conversion would pass them
+through unconverted and under-count under replace-one) and invalid parameters;
+:func:`for_accountant` is the one place the library's Gaussian convention (``z = sigma / C``,
+``C`` the add/remove sensitivity) is adapted to each dp_accounting accountant.
 """
 
 from __future__ import annotations
@@ -42,18 +33,15 @@ def _finite(x: Any, name: str, *, positive: bool = True, allow_zero: bool = Fals
 
 @dataclasses.dataclass(frozen=True)
 class PureDpEvent:
-  """An arbitrary epsilon-DP mechanism (AboveThreshold, a one-shot Laplace test, ...).
+  """An arbitrary epsilon-DP mechanism (AboveThreshold, a one-shot Laplace test, a truncated
+  discrete Laplace release), composed by basic composition.
 
-  Deliberately *not* a ``dp_accounting`` event: a Laplace event of scale ``1/eps`` has a
-  privacy-loss distribution that does not dominate every eps-DP mechanism (it would
-  under-count AboveThreshold), and dp_accounting 0.6.0's randomized-response event ignores
-  composition counts. The ledger adds pure-DP epsilons by basic composition.
+  Deliberately *not* a ``dp_accounting`` event: a Laplace event of scale ``1/eps`` does not
+  dominate every eps-DP mechanism (it would under-count AboveThreshold), and dp_accounting
+  0.6.0's randomized-response event ignores composition counts.
 
   Attributes:
     epsilon: the mechanism's epsilon (a finite number > 0).
-
-  Raises:
-    ValueError: ``epsilon`` is not a finite number > 0.
   """
   epsilon: float
 
@@ -63,15 +51,12 @@ class PureDpEvent:
 
 @dataclasses.dataclass(frozen=True)
 class ApproxDpEvent:
-  """An (epsilon, delta)-DP block whose guarantee comes from a theorem (basic composition:
-  epsilons and deltas add; the deltas are added to the reported delta).
+  """An (epsilon, delta)-DP block whose guarantee is a theorem (e.g. paper 001's deletion-
+  stability test + Gaussian output perturbation); epsilons and deltas add.
 
   Attributes:
-    epsilon: the block's epsilon.
+    epsilon: the block's epsilon, finite and > 0.
     delta: the block's delta, in ``[0, 1)``.
-
-  Raises:
-    ValueError: ``epsilon`` is not finite and > 0, or ``delta`` not in ``[0, 1)``.
   """
   epsilon: float
   delta: float
@@ -97,8 +82,8 @@ class ApproxRdpEvent:
     delta_prime: the ``delta'`` of the conversion to (epsilon, delta), in ``(0, 1)``.
 
   Raises:
-    ValueError: ``alpha <= 1``, a value that is not finite or negative, or ``delta_prime``
-      not in ``(0, 1)``.
+    ValueError: ``alpha <= 1``, a negative or non-finite value, or a bad ``delta_prime``.
+
   """
   alpha: float
   epsilon_rdp: float
@@ -119,16 +104,13 @@ OUTSIDE_ACCOUNTANT = (PureDpEvent, ApproxDpEvent, ApproxRdpEvent)
 
 
 def pure_dp_event(epsilon: float) -> PureDpEvent:
-  """An epsilon-DP event (composed by basic composition; see :class:`PureDpEvent`).
+  """An epsilon-DP event (see :class:`PureDpEvent`).
 
   Args:
-    epsilon: the mechanism's epsilon.
+    epsilon: the mechanism's epsilon, a finite number > 0.
 
   Returns:
     A :class:`PureDpEvent`.
-
-  Raises:
-    ValueError: ``epsilon`` is not a finite number > 0.
   """
   return PureDpEvent(epsilon)
 
@@ -140,20 +122,18 @@ def _count(c: Any, name: str) -> int:
 
 
 def validate_event(event: Any) -> Any:
-  """Returns ``event`` if every node is a known type with valid parameters; raises otherwise.
-
-  Known: Gaussian, Laplace, SelfComposed, Composed, PoissonSampled, SampledWithoutReplacement,
-  SampledWithReplacement, SingleEpochTreeAggregation, NoOp, and the three events above.
+  """Returns ``event`` if every node is a known type with valid parameters.
 
   Args:
-    event: the event to check.
+    event: the event to check. Known nodes: Gaussian, Laplace, SelfComposed, Composed,
+      PoissonSampled, SampledWithoutReplacement, SampledWithReplacement,
+      SingleEpochTreeAggregation, NoOp, and the library's three.
 
   Returns:
     ``event`` itself.
 
   Raises:
-    ValueError: an unknown node type, or a parameter that is not finite, not a positive
-      count, or out of range (named in the message).
+    ValueError: an unknown node type, or an invalid parameter (named in the message).
   """
   d = dp_accounting
   if isinstance(event, OUTSIDE_ACCOUNTANT):
@@ -194,16 +174,13 @@ def validate_event(event: Any) -> Any:
 
 
 def for_accountant(event: Any, kind: str, relation: str) -> Any:
-  """Rewrites a validated dp_accounting ``event`` so that accountant ``kind`` reads the
-  library's convention under ``relation`` — the one relation conversion of the library.
+  """Rewrites ``event`` so that accountant ``kind`` reads the library's convention.
 
-  Convention: a Gaussian (or Laplace) multiplier is ``z = sigma / C`` with ``C`` the
-  add/remove sensitivity. dp_accounting 0.6.0's PLD accountant follows it (under replace-one
-  it doubles the sensitivity itself); its RDP accountant ignores the relation for Gaussians
-  and Laplaces (also inside sampling without replacement, whose Wang et al. bound is stated
-  for the replace-one sensitivity ``2C``), so when RDP accounts under replace-one every
-  multiplier is halved — else RDP would under-report epsilon (~2x at z = 2). Unknown node
-  types are refused (:func:`validate_event`), never passed through.
+  A Gaussian (or Laplace) multiplier is ``z = sigma / C``, ``C`` the add/remove sensitivity.
+  dp_accounting 0.6.0's PLD accountant doubles the sensitivity under replace-one itself; its
+  RDP accountant ignores the relation for Gaussians and Laplaces (also inside sampling
+  without replacement, whose Wang et al. bound is stated for ``2C``), so under replace-one
+  RDP gets every multiplier halved (else it would under-report epsilon, ~2x at z = 2).
 
   Args:
     event: a ``dp_accounting`` event (or one of the library's own events).
@@ -223,22 +200,16 @@ def for_accountant(event: Any, kind: str, relation: str) -> Any:
   d = dp_accounting
 
   def rewrite(ev):
-    if isinstance(ev, d.GaussianDpEvent):
-      return d.GaussianDpEvent(ev.noise_multiplier / 2.0)
-    if isinstance(ev, d.LaplaceDpEvent):
-      return d.LaplaceDpEvent(ev.noise_multiplier / 2.0)
+    if isinstance(ev, (d.GaussianDpEvent, d.LaplaceDpEvent)):
+      return type(ev)(ev.noise_multiplier / 2.0)
     if isinstance(ev, d.SelfComposedDpEvent):
       return d.SelfComposedDpEvent(rewrite(ev.event), ev.count)
     if isinstance(ev, d.ComposedDpEvent):
       return d.ComposedDpEvent([rewrite(e) for e in ev.events])
     if isinstance(ev, d.PoissonSampledDpEvent):
       return d.PoissonSampledDpEvent(ev.sampling_probability, rewrite(ev.event))
-    if isinstance(ev, d.SampledWithoutReplacementDpEvent):
-      return d.SampledWithoutReplacementDpEvent(ev.source_dataset_size, ev.sample_size,
-                                                rewrite(ev.event))
-    if isinstance(ev, d.SampledWithReplacementDpEvent):
-      return d.SampledWithReplacementDpEvent(ev.source_dataset_size, ev.sample_size,
-                                             rewrite(ev.event))
+    if isinstance(ev, (d.SampledWithoutReplacementDpEvent, d.SampledWithReplacementDpEvent)):
+      return type(ev)(ev.source_dataset_size, ev.sample_size, rewrite(ev.event))
     if isinstance(ev, d.NoOpDpEvent):
       return ev
     # SingleEpochTreeAggregation: dp_accounting supports it only under REPLACE_SPECIAL, and
@@ -248,19 +219,14 @@ def for_accountant(event: Any, kind: str, relation: str) -> Any:
   return rewrite(event)
 
 
-# --- serialization (checkpoints, the ledger digest) -------------------------------------------
-
 def event_to_json(event: Any) -> dict:
-  """A canonical JSON-able dict of a validated event (round-trips with :func:`event_from_json`).
+  """A canonical JSON-able dict of an event (round-trips with :func:`event_from_json`).
 
   Args:
-    event: a validated event.
+    event: a known, valid event (else ``ValueError``).
 
   Returns:
     A dict with a ``"type"`` key and the event's fields.
-
-  Raises:
-    ValueError: ``event`` is not a known, valid event.
   """
   validate_event(event)
   d = dp_accounting
@@ -288,13 +254,13 @@ def event_to_json(event: Any) -> dict:
 
 
 def event_from_json(obj: dict) -> Any:
-  """Inverse of :func:`event_to_json`; the result is validated.
+  """Inverse of :func:`event_to_json`.
 
   Args:
     obj: a dict from :func:`event_to_json`.
 
   Returns:
-    The event (validated).
+    The event, validated.
 
   Raises:
     ValueError: an unknown ``type`` or an invalid event.

@@ -1,49 +1,28 @@
 """The privacy ledger: the one place where privacy events are composed and budgets enforced.
 
-Mechanisms describe themselves as events (:mod:`dpsco_jax.privacy.events`) built from their
-static configuration, never from data. The ledger composes them with dp_accounting's PLD
-accountant (tight) or RDP accountant (for events PLD does not support, e.g. sampling without
-replacement), adds pure-DP, (epsilon, delta) and approximate-RDP blocks by basic composition,
-and enforces a budget *before* a release (:meth:`PrivacyLedger.spend` raises
-:class:`PrivacyBudgetExceeded` and records nothing). The stateless composition itself (PLD /
-RDP, the exact Gaussian conversion, the cheap lower bound, the grid of counts) is
-:mod:`dpsco_jax.privacy.accountant`; the ledger memoizes it across ledgers in the one cache.
+Mechanisms describe themselves as events (:mod:`dpsco_jax.privacy.events`) built from public
+configuration, never from data. The ledger composes them with dp_accounting's PLD accountant
+(tight) or RDP (events PLD does not support, e.g. sampling without replacement), adds pure-DP,
+(epsilon, delta) and approximate-RDP blocks by basic composition, and enforces a budget
+*before* a release (:meth:`PrivacyLedger.spend` raises :class:`PrivacyBudgetExceeded` and
+records nothing). The stateless composition is :mod:`dpsco_jax.privacy.accountant`.
 
-Parallel composition. Events tagged with different ``group`` names act on disjoint sets of
-users (e.g. the disjoint phases of paper 000); a user is touched by the ungrouped events and by
-at most one group, so ``epsilon = max_g epsilon(ungrouped + group_g)``.
+Parallel composition: events tagged with different ``group`` names act on disjoint sets of
+users (e.g. the disjoint phases of paper 000), so ``epsilon = max_g epsilon(ungrouped +
+group_g)``.
 
-Cost on long runs. Repeated identical events are one entry with a count (composition is
-commutative), and epsilons are cached per ledger state. :meth:`spend` reports an upper bound:
-the epsilon with every count rounded up to a geometric grid (``1, 2, 3, 4, ceil(4 r^k)``,
-``r = 2^(1/4)``), so a run of ``T`` one-step spends costs ``O(log T)`` accountant evaluations
-instead of ``O(T)`` (the bound is at most ~9% above the exact epsilon of DP-SGD, whose epsilon
-grows like ``sqrt(T)``). A budget is never refused on the bound alone: when the bound exceeds
-the budget the exact epsilon decides. :meth:`epsilon` answers with the same cached grid bound by
-default (a valid guarantee, ~0.02 ms after 1e5 spends, where an exact PLD of a 1e5-fold
-composition takes ~0.2-0.4 s on a CPU); ``epsilon(exact=True)``, :meth:`report` (every
-``Result.privacy``) and the calibrator are exact.
+Grid bound: identical events are one entry with a count, and :meth:`spend` / :meth:`epsilon`
+report the epsilon with every count rounded up to the geometric grid ``1, 2, 3, 4, ceil(4
+r^k)``, ``r = 2^(1/4)`` (``O(log T)`` accountant evaluations over ``T`` spends; at most ~9%
+above the exact epsilon of DP-SGD). A budget is never refused on the bound alone: the exact
+epsilon decides, after a closed-form lower bound (:func:`epsilon_lower_bound`) had its chance
+to refuse without any accountant evaluation. ``epsilon(exact=True)``, :meth:`report` and the
+calibrator are exact. Every epsilon handed out is an :class:`Epsilon` whose ``kind`` says
+``exact`` (the accountant's epsilon of the recorded counts) or ``upper_bound`` (a valid number
+above it: the grid bound, or the accountant module's bound where the accountant cannot answer).
 
-What a number is. Every epsilon the ledger hands out says which of the two it is:
-:meth:`epsilon`, :meth:`spend` and :meth:`check` return an :class:`Epsilon` (a ``float`` with a
-``kind``), and a :class:`PrivacyReport` has ``epsilon_kind``. ``exact``: the accountant's
-epsilon of exactly the recorded counts (itself the accountant's guarantee: PLD is pessimistic
-up to its discretization, RDP a looser bound); ``upper_bound``: a cheaper number at or above
-the exact one (the grid bound, when some count was rounded up; or the accountant module's
-bound where the configured accountant cannot answer: huge counts, tiny noise, delta below
-PLD's ~1e-15 tails, see :mod:`dpsco_jax.privacy.accountant`).
-
-Refusing quickly. A budget check first bounds epsilon cheaply from *below*
-(:func:`epsilon_lower_bound`: a threshold test on Poisson-sampled Gaussian steps, closed form);
-when that already exceeds the budget, the release is refused without an accountant evaluation
-(an explicit noise multiplier of 0.01 would otherwise take minutes of PLD before refusal).
-
-Integrity. :meth:`state_dict` serializes the configuration and entries with a SHA-256 digest;
-:meth:`from_state_dict` refuses a state whose digest, configuration or events do not match.
-
-Provenance. Every result states how its guarantee was obtained: ``theorem`` (paper constants
-and preconditions hold), ``accountant`` (exact composition of mechanisms with bounded
-sensitivity), ``heuristic`` (constants outside any proof), ``none`` (non-private reference).
+:meth:`PrivacyLedger.state_dict` carries a SHA-256 digest; :meth:`PrivacyLedger.from_state_dict`
+refuses a state whose digest, configuration or events do not match.
 """
 
 from __future__ import annotations
@@ -75,9 +54,9 @@ __all__ = ["ACCOUNTANTS", "EPSILON_KINDS", "PLD_DISCRETIZATION", "ApproxDpEvent"
 
 
 class Provenance(str, enum.Enum):
-  """Where a guarantee comes from: a paper's ``theorem``, the ``accountant``, a
-  ``heuristic``, a theorem or accountant resting on ``declared`` constants of the loss, or
-  ``none`` (non-private reference runs)."""
+  """Where a guarantee comes from: a paper's ``theorem`` (constants and preconditions hold),
+  the ``accountant`` (exact composition of bounded-sensitivity mechanisms), a ``heuristic``,
+  either resting on ``declared`` constants of the loss, or ``none`` (non-private runs)."""
   THEOREM = "theorem"
   ACCOUNTANT = "accountant"
   HEURISTIC = "heuristic"
@@ -97,15 +76,13 @@ class LedgerIntegrityError(ValueError):
 
 @bounded_cache(256)
 def _shared_epsilon(parts: ByKey, delta: float, relation: str, accountant: str) -> Epsilon:
-  """:func:`accountant_epsilon` of ``parts.value``, memoized in the one cache on the parts'
-  canonical JSON and the other (public) arguments, for every ledger: a run's re-charge of
-  its plan's events is a lookup, not a second PLD composition."""
+  """:func:`accountant_epsilon`, memoized across ledgers on the parts' canonical JSON."""
   return accountant_epsilon(list(parts.value), delta, relation=relation, accountant=accountant)
 
 
 def epsilon_of(event: Any, *, delta: float, relation: str = "add_remove",
                accountant: str = "auto") -> float:
-  """Epsilon of one (possibly composed) event at ``delta`` (a fresh ledger's answer).
+  """Exact epsilon of one (possibly composed) event at ``delta`` (a fresh ledger's answer).
 
   Args:
     event: the event (see :meth:`PrivacyLedger.compose`).
@@ -115,9 +92,6 @@ def epsilon_of(event: Any, *, delta: float, relation: str = "add_remove",
 
   Returns:
     The exact epsilon, a float.
-
-  Raises:
-    ValueError: a bad ``delta``, ``relation``, ``accountant`` or event.
   """
   ledger = PrivacyLedger(delta=delta, relation=relation, accountant=accountant)
   return ledger.compose(event, label="event").epsilon(exact=True)
@@ -127,25 +101,21 @@ def epsilon_of(event: Any, *, delta: float, relation: str = "add_remove",
 class PrivacyReport:
   """What a result's privacy guarantee is and where it comes from.
 
-  ``epsilon_kind``: ``"exact"`` (the default: the accountant's or theorem's epsilon of exactly
-  what ran; every :meth:`PrivacyLedger.report` is exact) or ``"upper_bound"`` (a cheaper
-  number at or above it). ``str(report)`` names it beside the number.
-
   Attributes:
     epsilon: the guarantee's epsilon.
     delta: the guarantee's delta.
-    provenance: a :class:`Provenance` value: ``theorem``, ``accountant``, ``heuristic``,
-      ``declared`` or ``none``.
+    provenance: a :class:`Provenance` value.
     level: ``"user"``, ``"item"`` or ``"none"`` (a non-private run).
     relation: the neighbouring relation (``add_remove``, ``replace_one``, ``zero_out``).
     mechanisms: the mechanisms composed.
     paper_epsilon: the paper's stated epsilon, when it differs from ``epsilon``.
     notes: free text (e.g. the declared constants the guarantee rests on).
-    epsilon_kind: ``"exact"`` or ``"upper_bound"`` (see above).
+    epsilon_kind: ``"exact"`` (the default: the epsilon of exactly what ran) or
+      ``"upper_bound"`` (a cheaper number at or above it); ``str(report)`` names it.
 
   Raises:
-    ValueError: an unknown provenance, level, relation or epsilon kind, or provenance
-      ``none`` without level ``none`` (or the reverse).
+    ValueError: an unknown field value, or provenance ``none`` without level ``none`` (or
+      the reverse).
   """
   epsilon: float
   delta: float
@@ -166,10 +136,8 @@ class PrivacyReport:
       raise ValueError("provenance 'none' is reserved for non-private results (level 'none')")
 
   def to_dict(self) -> dict:
-    """The report as a JSON-able dict.
-
-    Returns:
-      ``dataclasses.asdict(self)``.
+    """Returns:
+      The report as a JSON-able dict (``dataclasses.asdict``).
     """
     return dataclasses.asdict(self)
 
@@ -200,8 +168,7 @@ class PrivacyLedger:
     accountant: ``pld`` (tight), ``rdp``, or ``auto`` (PLD when it supports every event).
 
   Raises:
-    ValueError: ``delta`` not in ``(0, 1)``, ``epsilon_budget`` not a finite number > 0, or an
-      unknown ``relation`` or ``accountant`` (each named in the message).
+    ValueError: a bad ``delta``, ``epsilon_budget``, ``relation`` or ``accountant``.
   """
 
   def __init__(self, *, delta: float, epsilon_budget: float | None = None,
@@ -214,7 +181,6 @@ class PrivacyLedger:
     self._entries: list[_Entry] = []
     self._lower_cache: dict[tuple, float] = {}
 
-  # --- recording --------------------------------------------------------------------------
   @property
   def events(self) -> list[tuple[str, Any, str | None, int]]:
     return [(e.label, e.event, e.group, e.count) for e in self._entries]
@@ -237,10 +203,10 @@ class PrivacyLedger:
     """Records ``count`` self-compositions of ``event`` (no budget check).
 
     Args:
-      event: a ``dp_accounting`` event or one of :class:`PureDpEvent`, :class:`ApproxDpEvent`,
+      event: a ``dp_accounting`` event or a :class:`PureDpEvent`, :class:`ApproxDpEvent` or
         :class:`ApproxRdpEvent`.
       label: what the event is (shown in reports).
-      group: a name for events accounted together by :meth:`composed_event` (default none).
+      group: the event's group: groups act on disjoint users (default none: every user).
       count: how many times ``event`` ran (default 1).
 
     Returns:
@@ -255,10 +221,7 @@ class PrivacyLedger:
 
   def check(self, event: Any, *, label: str = "planned", group: str | None = None,
             count: int = 1) -> Epsilon:
-    """The epsilon that spending ``event`` ``count`` times would reach (an :class:`Epsilon`:
-    the grid bound, or exact where no count was rounded or the budget needed the exact
-    value); raises :class:`PrivacyBudgetExceeded` if over budget. Records nothing (a planned
-    run is checked once, before its first step).
+    """The epsilon that spending ``event`` ``count`` times would reach; records nothing.
 
     Args:
       event: the event to be spent (see :meth:`compose`).
@@ -267,17 +230,16 @@ class PrivacyLedger:
       count: how many times it would run (default 1).
 
     Returns:
-      The :class:`Epsilon` the ledger would reach at its ``delta``.
+      The :class:`Epsilon` the ledger would reach at its ``delta`` (as :meth:`spend`).
 
     Raises:
       PrivacyBudgetExceeded: that epsilon is over ``epsilon_budget``.
-      ValueError: ``count`` is not a positive int, or ``event`` is not a known, valid event.
+      ValueError: as :meth:`compose`.
     """
     return self._checked(self._with(event, label, group, count), label)
 
   def _lower_bound(self, entries: list[_Entry]) -> float:
-    """:func:`epsilon_lower_bound` of the largest entry, counts rounded *down* to the grid
-    (a valid bound, cached: O(log T) evaluations over a run of T one-step spends)."""
+    """:func:`epsilon_lower_bound` of the largest entry, counts rounded *down* to the grid."""
     best = 0.0
     for e in entries:
       if isinstance(e.event, OUTSIDE_ACCOUNTANT):
@@ -295,8 +257,7 @@ class PrivacyLedger:
         f"{self.epsilon_budget:.4g} at delta={self.delta:g}; nothing was released")
 
   def _checked(self, candidate: list[_Entry], label: str) -> Epsilon:
-    """Grid upper bound of ``candidate``'s epsilon; the exact value decides the budget, after
-    a cheap lower bound had its chance to refuse without any accountant evaluation."""
+    """Grid bound of ``candidate``'s epsilon; the lower bound, then the exact value, decide."""
     over = lambda x: self.epsilon_budget is not None and x > self.epsilon_budget * (1 + 1e-9)
     if self.epsilon_budget is not None:
       low = self._lower_bound(candidate)
@@ -310,8 +271,7 @@ class PrivacyLedger:
     return eps
 
   def _grid_epsilon(self, entries: list[_Entry], delta: float) -> Epsilon:
-    """The grid bound, labelled exact when rounding changed no count (then it is the exact
-    value: the same accountant evaluation)."""
+    """The grid bound, labelled exact when rounding changed no count."""
     rounded = any(grid_count(e.count) != e.count for e in entries
                   if not isinstance(e.event, OUTSIDE_ACCOUNTANT))
     eps, _, kind = self._epsilon(entries, delta, rounded=True)
@@ -321,13 +281,6 @@ class PrivacyLedger:
             count: int = 1) -> Epsilon:
     """Checks the budget, then records. Call it *before* releasing.
 
-    Returns the new epsilon as an :class:`Epsilon`: in general an upper bound (counts rounded
-    up to the ledger's geometric grid; see the module docstring), labelled so;
-    :meth:`epsilon` with ``exact=True`` gives the exact value.
-
-    Raises:
-      PrivacyBudgetExceeded: when the composed epsilon would exceed ``epsilon_budget``.
-
     Args:
       event: the event released (see :meth:`compose`).
       label: what was released (shown in reports).
@@ -335,14 +288,18 @@ class PrivacyLedger:
       count: how many times it ran (default 1).
 
     Returns:
-      The new :class:`Epsilon` (see above).
+      The new :class:`Epsilon`: the grid bound (kind ``upper_bound`` where a count was
+      rounded); ``epsilon(exact=True)`` gives the exact value.
+
+    Raises:
+      PrivacyBudgetExceeded: the composed epsilon would exceed ``epsilon_budget``; nothing is
+        recorded.
     """
     candidate = self._with(event, label, group, count)  # validated once
     eps = self._checked(candidate, label)
     self._entries = candidate
     return eps
 
-  # --- epsilon ------------------------------------------------------------------------------
   def _group_eps(self, chosen: list[_Entry], delta: float, rounded: bool
                  ) -> tuple[float, float, str]:
     cnt = (lambda c: grid_count(c)) if rounded else (lambda c: c)
@@ -372,8 +329,7 @@ class PrivacyLedger:
 
   def _epsilon(self, entries: list[_Entry], delta: float, rounded: bool
                ) -> tuple[float, float, str]:
-    """(epsilon, extra delta of (eps, delta) / approximate-RDP blocks, kind) of ``entries``;
-    the kind is ``upper_bound`` when any group's accountant answered with a bound."""
+    """(epsilon, extra delta of the blocks, kind) of ``entries``, max over groups."""
     if not entries:
       return 0.0, 0.0, "exact"
     groups = sorted({e.group for e in entries if e.group is not None}) or [None]
@@ -386,24 +342,16 @@ class PrivacyLedger:
     return best
 
   def epsilon(self, delta: float | None = None, *, exact: bool = False) -> Epsilon:
-    """Epsilon of everything recorded so far at ``delta`` (default: the ledger's), as an
-    :class:`Epsilon` whose ``kind`` says what it is.
-
-    By default the cached grid upper bound (every count rounded up to the geometric grid; at
-    most ~9% above the exact value on DP-SGD workloads, and never below it; kind
-    ``upper_bound``, or ``exact`` when no count needed rounding): cheap enough to call every
-    step. ``exact=True`` composes the exact counts (kind ``exact``; one accountant evaluation
-    per new ledger state, cached). Reports and calibration use the exact value.
+    """Epsilon of everything recorded so far.
 
     Args:
       delta: the delta to report epsilon at, in ``(0, 1)`` (default: the ledger's).
-      exact: compose the exact counts rather than the grid bound (default False).
+      exact: compose the exact counts (one accountant evaluation per new ledger state)
+        rather than the cached grid bound, which is cheap enough to call every step and
+        never below the exact value (default False).
 
     Returns:
-      An :class:`Epsilon` (a float with a ``kind``: ``"exact"`` or ``"upper_bound"``).
-
-    Raises:
-      ValueError: ``delta`` is not in ``(0, 1)``.
+      An :class:`Epsilon` whose ``kind`` is ``"exact"`` or ``"upper_bound"``.
     """
     d = self.delta if delta is None else check_delta(delta)
     if exact:  # exact counts; still a bound where the accountant could not answer
@@ -411,7 +359,7 @@ class PrivacyLedger:
     return self._grid_epsilon(self._entries, d)
 
   def extra_delta(self) -> float:
-    """Delta contributed by (epsilon, delta) and approximate-RDP blocks (added to reports).
+    """Delta contributed by (epsilon, delta) and approximate-RDP blocks.
 
     Returns:
       The sum of those blocks' deltas (0.0 when there are none).
@@ -419,8 +367,7 @@ class PrivacyLedger:
     return self._epsilon(self._entries, self.delta, rounded=False)[1]
 
   def composed_event(self, group: str | None = None) -> dp_accounting.DpEvent:
-    """The ungrouped accountant events plus those of ``group`` as one ``ComposedDpEvent``
-    (blocks outside the accountant are left out).
+    """The ungrouped accountant events plus those of ``group`` (blocks left out).
 
     Args:
       group: the group whose events join the ungrouped ones (default ``None``: ungrouped only).
@@ -439,12 +386,11 @@ class PrivacyLedger:
              tv_distance: float = 0.0) -> PrivacyReport:
     """A :class:`PrivacyReport` for the recorded events (exact epsilon).
 
-    Delta: the ledger's ``delta`` (only when accountant events were recorded: a run made only
-    of pure-DP / (eps, delta) blocks does not spend it) + the blocks' deltas + ``extra_delta``
-    + ``(1 + e^eps) * tv_distance``. The last term covers a run whose output distribution is
-    within total variation ``tv_distance`` of the accounted mechanism's on every dataset
-    (e.g. truncated Poisson sampling): ``P[M(D) in S] <= P[M'(D) in S] + tv <= e^eps
-    P[M'(D') in S] + delta + tv <= e^eps P[M(D') in S] + delta + (1 + e^eps) tv``.
+    Delta: the ledger's ``delta`` (only when accountant events were recorded) + the blocks'
+    deltas + ``extra_delta`` + ``(1 + e^eps) tv_distance``. The last term covers a run within
+    total variation ``tv`` of the accounted mechanism ``M'`` on every dataset (e.g. truncated
+    Poisson sampling): ``P[M(D) in S] <= P[M'(D) in S] + tv <= e^eps P[M'(D') in S] + delta +
+    tv <= e^eps P[M(D') in S] + delta + (1 + e^eps) tv``.
 
     Args:
       provenance: where the guarantee comes from (a :class:`Provenance` or its value).
@@ -456,11 +402,11 @@ class PrivacyLedger:
       tv_distance: the total variation distance to the accounted mechanism, >= 0 (default 0).
 
     Returns:
-      The :class:`PrivacyReport` (exact epsilon).
+      The :class:`PrivacyReport`.
 
     Raises:
-      ValueError: ``tv_distance`` or ``extra_delta`` is negative, or an unknown ``provenance``
-        or ``level`` (``provenance="none"`` only with ``level="none"``).
+      ValueError: a negative ``tv_distance`` or ``extra_delta``, or a bad ``provenance`` or
+        ``level``.
     """
     if tv_distance < 0 or extra_delta < 0:
       raise ValueError("tv_distance and extra_delta must be >= 0")
@@ -474,21 +420,17 @@ class PrivacyLedger:
                          mechanisms=tuple(mechanisms) or tuple(e.label for e in self._entries),
                          paper_epsilon=paper_epsilon, notes=notes, epsilon_kind=kind)
 
-  # --- integrity ------------------------------------------------------------------------------
   def config(self) -> dict:
-    """The ledger's configuration, as :meth:`state_dict` records it.
-
-    Returns:
-      ``{"delta", "epsilon_budget", "relation", "accountant"}``.
+    """Returns:
+      The configuration :meth:`state_dict` records: ``{"delta", "epsilon_budget",
+      "relation", "accountant"}``.
     """
     return {"delta": self.delta, "epsilon_budget": self.epsilon_budget,
             "relation": self.relation, "accountant": self.accountant}
 
   def state_dict(self) -> dict:
-    """JSON-able configuration + entries + SHA-256 digest over both.
-
-    Returns:
-      ``{"config", "entries", "digest"}`` (see :meth:`from_state_dict`).
+    """Returns:
+      JSON-able ``{"config", "entries", "digest"}``, a SHA-256 digest over the first two.
     """
     body = {"config": self.config(),
             "entries": [{"label": e.label, "event": event_to_json(e.event), "group": e.group,
@@ -498,14 +440,12 @@ class PrivacyLedger:
   @classmethod
   def from_state_dict(cls, state: dict, *, expect_config: dict | None = None
                       ) -> "PrivacyLedger":
-    """Rebuilds a ledger; raises :class:`LedgerIntegrityError` if the digest does not match
-    the content, or the configuration differs from ``expect_config`` (e.g. a raised budget or
-    another accountant).
+    """Rebuilds a ledger from :meth:`state_dict`, refusing any edited state.
 
     Args:
       state: a dict from :meth:`state_dict`.
-      expect_config: the configuration the ledger must have (see :meth:`config`); default
-        ``None``: not checked.
+      expect_config: the configuration the ledger must have (see :meth:`config`), e.g. to
+        refuse a raised budget; default ``None``: not checked.
 
     Returns:
       The rebuilt :class:`PrivacyLedger` with the recorded entries.

@@ -1,37 +1,28 @@
 """Neighbouring relations: the contract every mechanism states and the accountant reads.
 
-Three relations, each a statement about what differs between neighbouring datasets and what is
-therefore public:
-
 * ``add_remove`` — one user (item, at item level) is added or removed. The number of users
-  ``n`` is **private**: nothing may divide by the realized count or size a batch from it. A
+  ``n`` is **private**: nothing may divide by the realized count or size a batch from it; a
   mechanism normalizes by a declared, data-independent denominator (e.g. the expected batch
-  size ``q * n_declared`` of Poisson sampling, Abadi et al. 2016 / Opacus / jax_privacy), and
-  its sampling rate ``q`` is a declared public constant. Sensitivity of a clipped sum: ``C``.
+  size ``q * n_declared`` of Poisson sampling, Abadi et al. 2016) and its sampling rate ``q``
+  is a declared public constant. Sensitivity of a clipped sum: ``C``.
 * ``replace_one`` — one user's data is replaced by arbitrary data; ``n`` is **public**.
-  Sensitivity of a clipped sum: ``2C`` (the user's contribution can flip sign). The papers of
-  000 and 001 state their guarantees under this relation, for datasets that are ordered tuples
-  of users: the replaced user keeps its position. Here users are ordered by id, so the
+  Sensitivity of a clipped sum: ``2C``. Papers 000 and 001 state their guarantees under it,
+  for datasets that are ordered tuples of users: here users are ordered by id and the
   replacement keeps the user's id (the roster of ids is public, not the data behind them).
-  What rests on it: slot-based schedules (cyclic batches, 001's phase blocks, a mesh's shards)
-  and 001's deletion-stability test, which must see the same sub-dataset as the same float
-  computation (``tests/test_output_perturbation.py`` checks it bitwise and shows that a
-  reordered table is not).
-* ``zero_out`` — one user's data is replaced by a special "zero" record that contributes
-  nothing (a zero gradient, Kairouz et al. 2021, "Practical and private (deep) learning
-  without sampling or shuffling"); ``n`` is **public**, so a full-batch mean over the ``n``
-  users is allowed. Sensitivity of a clipped sum: ``C``. For dp_accounting it is read as
-  add/remove (the Gaussian privacy-loss pair is the same), except inside sampling without
-  replacement, whose only bound is the replace-one one (zero-out is a special replacement).
+  Slot-based schedules (cyclic batches, 001's phase blocks, a mesh's shards) and 001's
+  deletion-stability test rest on it (``tests/test_output_perturbation.py`` checks bitwise
+  that the same sub-dataset is the same float computation).
+* ``zero_out`` — one user's data is replaced by a "zero" record that contributes nothing
+  (Kairouz et al. 2021, "Practical and private (deep) learning without sampling or
+  shuffling"); ``n`` is **public**, so a full-batch mean over the ``n`` users is allowed.
+  Sensitivity of a clipped sum: ``C``. dp_accounting reads it as add/remove (same Gaussian
+  privacy-loss pair), except inside sampling without replacement, whose only bound is the
+  replace-one one.
 
-Convention across the library (one conversion, in :func:`gaussian_sensitivity_factor` and
-:func:`dpsco_jax.privacy.events.for_accountant`): a Gaussian noise multiplier is
-``z = sigma / C`` with ``C`` the *add/remove* (zero-out) sensitivity of the released sum;
-under replace-one the accountant itself accounts for the doubled sensitivity ``2C``. A stage
-never multiplies its noise by 2 for replace-one: the accountant does (issue 11, point 4). Each
-noise stage carries its sensitivity (:class:`~dpsco_jax.privacy.sensitivity.Sensitivity`) and
-its std is formed in one place, :func:`~dpsco_jax.privacy.sensitivity.gaussian_noise_std`
-(issue 25).
+Convention: a Gaussian noise multiplier is ``z = sigma / C`` with ``C`` the add/remove
+(zero-out) sensitivity; under replace-one the accountant accounts for ``2C`` itself
+(:func:`dpsco_jax.privacy.events.for_accountant`), so no stage doubles its noise. Each stage's
+std is formed in :func:`~dpsco_jax.privacy.sensitivity.gaussian_noise_std`.
 """
 
 from __future__ import annotations
@@ -74,11 +65,10 @@ def check_relation(relation: object, *, supported: tuple[str, ...] = RELATIONS,
 
 
 def gaussian_sensitivity_factor(relation: str) -> float:
-  """Sensitivity of a sum of contributions clipped at ``C``, in units of ``C``: the one place
-  the relation's factor is coded (``transforms.clipping.aggregation_sensitivity``, SRGD's
-  closed forms and the audits read it here).
+  """Sensitivity of a sum of contributions clipped at ``C``, in units of ``C``.
 
-  Accountant-calibrated noise uses ``z * C`` and lets the accountant apply the relation.
+  The one place the relation's factor is coded; accountant-calibrated noise uses ``z * C``
+  and lets the accountant apply the relation.
 
   Args:
     relation: ``add_remove``, ``replace_one`` or ``zero_out``.

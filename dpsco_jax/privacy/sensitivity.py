@@ -1,24 +1,12 @@
 """Sensitivity travels with its stage; the one place a Gaussian noise std is formed.
 
-Every noise-adding stage of the library is built from a :class:`GaussianStage`: the noise
-multiplier ``z`` and the :class:`Sensitivity` of what the stage perturbs (a clipped mean's
-``C / D``, FILTER's coupled shift, an output-perturbation minimizer's ``2G/(mu n)``). Its
-standard deviation is :func:`gaussian_noise_std` (``z`` times the sensitivity), computed here
-and nowhere else, so no driver multiplies by 2 for replace-one or re-derives a sensitivity by
-hand (``tests/test_sensitivity_stages.py`` greps the drivers for it).
-
-Convention (:mod:`dpsco_jax.privacy.relations`): a :class:`Sensitivity` is stored in the
-accountant's unit, the *add/remove-equivalent* bound (``C / D`` for a mean of sums clipped at
-``C``); :meth:`Sensitivity.under` gives the bound under a relation (replace-one: twice it, by
-:func:`~dpsco_jax.privacy.relations.gaussian_sensitivity_factor`, the one place the factor is
-coded). The noise std is ``z`` times the add/remove-equivalent bound under *every* relation:
-the accountant, told the relation, prices the doubled shift of replace-one itself. A bound a
-paper states under replace-one (a shift ``Delta`` between two datasets of the same size)
-enters through :meth:`Sensitivity.from_replace_one` (``Delta / 2``).
-
-The bound is kept as a numerator and a denominator, and the std is formed as
-``z * bound / denominator`` (left to right), which is the float arithmetic every driver used
-before this module: moving the formula here changed no released number.
+Every noise-adding stage is a :class:`GaussianStage`: the noise multiplier ``z`` and the
+:class:`Sensitivity` of what it perturbs (a clipped mean's ``C / D``, FILTER's coupled shift, an
+output-perturbation minimizer's ``2G/(mu n)``). Its std is :func:`gaussian_noise_std`, ``z *
+bound / denominator`` (left to right), under *every* relation: a :class:`Sensitivity` is
+stored in the accountant's add/remove-equivalent unit, and the accountant, told the relation,
+prices replace-one's doubled shift itself (convention: :mod:`dpsco_jax.privacy.relations`).
+``tests/test_sensitivity_stages.py`` checks that no driver forms a std by hand.
 """
 
 from __future__ import annotations
@@ -53,19 +41,15 @@ class Sensitivity:
 
   @classmethod
   def from_replace_one(cls, shift: float, what: str = "") -> "Sensitivity":
-    """A bound a paper states under replace-one (``Delta``, the largest shift between two
-    datasets of the same size that differ in one user): its add/remove-equivalent is
-    ``Delta / 2``, the unit the accountant doubles back under replace-one.
+    """A bound ``Delta`` a paper states under replace-one, as its add/remove-equivalent.
 
     Args:
-      shift: the replace-one bound ``Delta``, >= 0.
+      shift: ``Delta``, the largest shift between two same-size datasets that differ in one
+        user, >= 0.
       what: a description of the bound (for reports).
 
     Returns:
-      The :class:`Sensitivity` of bound ``Delta / 2``.
-
-    Raises:
-      ValueError: ``shift`` is negative or not finite.
+      The :class:`Sensitivity` of bound ``Delta / 2`` (the accountant doubles it back).
     """
     check_nonnegative(shift, "replace-one shift")
     return cls(shift / gaussian_sensitivity_factor("replace_one"), 1.0, what)
@@ -76,26 +60,20 @@ class Sensitivity:
     return self.bound / self.denominator
 
   def under(self, relation: str) -> float:
-    """The L2 bound under ``relation``: ``C / D`` under add/remove and zero-out, ``2 C / D``
-    under replace-one (the paper formulas' ``Delta``). The factor multiplies the quotient: a
-    power of two, so it is exact, and no intermediate ``2 C`` can overflow.
+    """The L2 bound under ``relation``.
 
     Args:
       relation: ``add_remove``, ``replace_one`` or ``zero_out``.
 
     Returns:
-      The L2 bound, a float.
-
-    Raises:
-      ValueError: an unknown relation.
+      ``C / D``, or ``2 C / D`` under replace-one (the factor, a power of two, multiplies the
+      quotient: exact, and no ``2 C`` can overflow).
     """
     return gaussian_sensitivity_factor(check_relation(relation)) * self.value
 
 
 def clipped_mean_sensitivity(clip_norm: float, denominator: float = 1.0) -> Sensitivity:
-  """The stage ``clip_per_user(C) -> aggregate(mean, D)`` (or ``sum``, ``D = 1``): ``C / D``
-  (:func:`dpsco_jax.transforms.clipping.aggregation_sensitivity` under add/remove, kept as a
-  numerator and a denominator).
+  """The sensitivity ``C / D`` of ``clip_per_user(C) -> aggregate(mean, D)`` (sum: ``D = 1``).
 
   Args:
     clip_norm: ``C``, the per-user clip norm.
@@ -111,12 +89,9 @@ def clipped_mean_sensitivity(clip_norm: float, denominator: float = 1.0) -> Sens
 def gaussian_noise_std(noise_multiplier: float, sensitivity: Sensitivity) -> float:
   """The one place a Gaussian noise std is formed: ``z * bound / denominator``.
 
-  ``z`` is the library's noise multiplier (``sigma / C`` with ``C`` the add/remove-equivalent
-  sensitivity; the accountant applies the relation). A ``z`` of 0 (a non-private reference
-  run) gives 0.
-
   Args:
-    noise_multiplier: ``z``.
+    noise_multiplier: ``z`` (``sigma / C``, ``C`` the add/remove-equivalent sensitivity; 0 for
+      a non-private reference run).
     sensitivity: the stage's :class:`Sensitivity`.
 
   Returns:
@@ -125,45 +100,41 @@ def gaussian_noise_std(noise_multiplier: float, sensitivity: Sensitivity) -> flo
   Raises:
     TypeError: ``sensitivity`` is not a :class:`Sensitivity`.
   """
-  if not isinstance(sensitivity, Sensitivity):
-    raise TypeError(f"sensitivity must be a Sensitivity (the stage's own), got "
-                    f"{type(sensitivity).__name__}")
+  _check_sensitivity(sensitivity)
   return noise_multiplier * sensitivity.bound / sensitivity.denominator
 
 
+def _check_sensitivity(sensitivity: Any) -> None:
+  if not isinstance(sensitivity, Sensitivity):
+    raise TypeError(f"sensitivity must be a Sensitivity (the stage's own), got "
+                    f"{type(sensitivity).__name__}")
+
+
 def noise_multiplier_for_std(std: float, sensitivity: Sensitivity) -> float:
-  """The inverse of :func:`gaussian_noise_std`: the ``z`` of a std a paper prescribes (its
-  own closed-form sigma), whose epsilon the accountant then reports. Formed as
-  ``std * denominator / bound`` (the float order the presets used).
+  """The ``z`` of a std a paper prescribes, whose epsilon the accountant then reports.
 
   Args:
     std: the prescribed noise std.
     sensitivity: the stage's :class:`Sensitivity`.
 
   Returns:
-    The noise multiplier ``z``.
+    ``std * denominator / bound``.
 
   Raises:
     TypeError: ``sensitivity`` is not a :class:`Sensitivity`.
   """
-  if not isinstance(sensitivity, Sensitivity):
-    raise TypeError(f"sensitivity must be a Sensitivity (the stage's own), got "
-                    f"{type(sensitivity).__name__}")
+  _check_sensitivity(sensitivity)
   return std * sensitivity.denominator / sensitivity.bound
 
 
 @dataclasses.dataclass(frozen=True)
 class GaussianStage:
-  """One Gaussian noise stage: its multiplier and the sensitivity of what it perturbs.
-
-  ``std`` is :func:`gaussian_noise_std`; a driver builds its noise transform from ``std`` and
-  never from ``z`` and a clip of its own. ``name`` says which stage (``"step"``,
-  ``"outer"``, ``"phase 2"``).
+  """One Gaussian noise stage; a driver builds its noise from ``std``, never from a clip.
 
   Attributes:
     noise_multiplier: ``z``, the stage's noise multiplier.
     sensitivity: the :class:`Sensitivity` of what the stage perturbs.
-    name: the stage's name (default ``"gaussian"``).
+    name: the stage's name (default ``"gaussian"``; e.g. ``"step"``, ``"phase 2"``).
   """
   noise_multiplier: float
   sensitivity: Sensitivity
@@ -181,14 +152,9 @@ class GaussianStage:
 
     Returns:
       The sensitivity, a float.
-
-    Raises:
-      ValueError: an unknown relation.
     """
     return self.sensitivity.under(relation)
 
-
-# ------------------------------------------------------ adaptive clipping: the pair's split
 
 #: Add/remove sensitivity of the centred count ``sum_i (b_i - 1/2)`` of unclipped users
 #: (Andrew et al. 2021, §3): adding or removing one user moves it by 1/2.
@@ -197,27 +163,22 @@ COUNT_SENSITIVITY = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveClipSplit:
-  """How adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private
-  Learning with Adaptive Clipping", NeurIPS 2021, Algorithm 1 and Theorem 1) shares one
-  Gaussian mechanism of multiplier ``z`` between its two releases of a step:
-
-  * the clipped sum, sensitivity ``C_t``, noise ``z_Delta C_t`` (:meth:`sum_stage`);
-  * the centred count of unclipped users ``sum_i (b_i - 1/2)``, sensitivity ``1/2``, noise
-    ``sigma_b`` (:meth:`count_stage`: multiplier ``2 sigma_b``).
-
-  With ``z_Delta^-2 + (2 sigma_b)^-2 = z^-2`` the pair is one Gaussian mechanism of multiplier
-  ``z`` on the stacked vector (its whitened shift is ``sqrt(z_Delta^-2 + (2 sigma_b)^-2)``
-  under add/remove, twice that under replace-one), so the step's event is DP-SGD's at ``z``.
-  Build it with :func:`adaptive_clip_split`.
+  """How adaptive clipping shares one Gaussian mechanism of multiplier ``z`` between a step's
+  two releases (Andrew et al., "Differentially Private Learning with Adaptive Clipping",
+  NeurIPS 2021, Algorithm 1 and Theorem 1): the clipped sum, sensitivity ``C_t``, noise
+  ``z_Delta C_t`` (:meth:`sum_stage`), and the centred count of unclipped users ``sum_i (b_i -
+  1/2)``, sensitivity ``1/2``, noise ``sigma_b`` (:meth:`count_stage`). With ``z_Delta^-2 + (2
+  sigma_b)^-2 = z^-2`` the pair is one Gaussian mechanism of multiplier ``z`` on the stacked
+  vector, so the step's event is DP-SGD's at ``z``. Build it with :func:`adaptive_clip_split`.
 
   Attributes:
     noise_multiplier: ``z``, the pair's multiplier (what the accountant prices).
     sum_multiplier: ``z_Delta``, the clipped sum's multiplier.
     count_stddev: ``sigma_b``, the count's std (in users).
   """
-  noise_multiplier: float   # z: the pair's, what the accountant prices
-  sum_multiplier: float     # z_Delta: the clipped sum's
-  count_stddev: float       # sigma_b: the count's std (in users)
+  noise_multiplier: float
+  sum_multiplier: float
+  count_stddev: float
 
   @property
   def count_multiplier(self) -> float:
@@ -225,11 +186,10 @@ class AdaptiveClipSplit:
     return self.count_stddev / COUNT_SENSITIVITY
 
   def sum_stage(self, clip_norm: Any, denominator: float = 1.0) -> "GaussianStage":
-    """The sum's stage at the current clip norm ``C_t`` (a float or a traced scalar): std
-    ``z_Delta C_t / D``.
+    """The sum's stage at the current clip norm: std ``z_Delta C_t / D``.
 
     Args:
-      clip_norm: ``C_t``, the current clip norm.
+      clip_norm: ``C_t``, the current clip norm (a float or a traced scalar).
       denominator: ``D``, the mean's denominator (default 1).
 
     Returns:
@@ -239,10 +199,8 @@ class AdaptiveClipSplit:
                          "adaptive clipped sum")
 
   def count_stage(self) -> "GaussianStage":
-    """The centred count's stage: std ``sigma_b``.
-
-    Returns:
-      The count's :class:`GaussianStage` (sensitivity 1/2).
+    """Returns:
+      The centred count's :class:`GaussianStage`: sensitivity 1/2, std ``sigma_b``.
     """
     return GaussianStage(self.count_multiplier,
                          Sensitivity(COUNT_SENSITIVITY, 1.0, "centred unclipped count"),
@@ -250,22 +208,19 @@ class AdaptiveClipSplit:
 
 
 def adaptive_clip_split(noise_multiplier: float, count_stddev: float) -> AdaptiveClipSplit:
-  """The sum's multiplier ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` (Andrew et al. 2021,
-  Theorem 1) for the pair's ``z`` and the count's std ``sigma_b``.
-
-  ``z = 0`` (a non-private reference) gives ``z_Delta = 0``. Otherwise ``2 sigma_b`` must
-  exceed ``z``: the count alone would spend more than the whole budget and ``z_Delta`` would
-  be imaginary, so such a ``count_stddev`` is refused, naming it.
+  """The split with ``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` (Andrew et al., Theorem 1).
 
   Args:
-    noise_multiplier: ``z``, the step's multiplier, >= 0.
+    noise_multiplier: ``z``, the step's multiplier, >= 0 (0, a non-private reference, gives
+      ``z_Delta = 0``).
     count_stddev: ``sigma_b``, the count's noise std in users, >= 0.
 
   Returns:
     The :class:`AdaptiveClipSplit`.
 
   Raises:
-    ValueError: a negative argument, or ``2 count_stddev <= noise_multiplier`` with ``z > 0``.
+    ValueError: a negative argument, or ``2 sigma_b <= z`` with ``z > 0`` (the count alone
+      would spend the whole budget; ``z_Delta`` would be imaginary).
   """
   z = check_nonnegative(noise_multiplier, "noise_multiplier")
   sigma_b = check_nonnegative(count_stddev, "count_stddev")
