@@ -192,6 +192,13 @@ class Plan:
     if self.planned is None:
       object.__setattr__(self, "planned", _plan_digest(self))
 
+  @property
+  def stages(self) -> tuple:
+    """The plan's Gaussian noise stages (``detail.stages``, the
+    :class:`~dpsco_jax.algorithms.registration.FamilyPlan` protocol): each a
+    :class:`~dpsco_jax.privacy.GaussianStage` with its multiplier and sensitivity."""
+    return tuple(self.detail.stages)
+
   def check_unchanged(self) -> None:
     """Raises ``ValueError`` when the plan no longer is what was planned (see ``planned``).
 

@@ -112,7 +112,7 @@ def test_the_count_catches_a_runner_that_plans_again(monkeypatch):
 
   def replanning(problem, cfg, key):
     p = dpsgd_plan.dp_sgd_plan(problem, cfg, level="user")   # a second plan
-    report = dpsgd_plan.charge_dp_sgd(p)
+    report = p.charge()
     return Result(params=problem.init_params(), privacy=report, gradient_evaluations=0)
 
   entry = registration.registered()["dp_sgd_user"]

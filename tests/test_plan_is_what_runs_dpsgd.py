@@ -29,8 +29,8 @@ CASES = {
 
 def _forbid_planning(monkeypatch) -> None:
   # where they are defined and where the driver imports them
-  forbid_planning(monkeypatch, (dpsgd_plan, driver),
-                  ("dp_sgd_plan", "plan_dp_sgd", "charge_dp_sgd", "config_view",
+  forbid_planning(monkeypatch, (dpsgd_plan, driver, dpsgd_plan.DpSgdPlan),
+                  ("dp_sgd_plan", "plan_dp_sgd", "charge", "config_view",
                    "calibrate_noise_multiplier", "sampling_setup"),
                   schemas=(DpSgdConfig, SgdSchedule))
 

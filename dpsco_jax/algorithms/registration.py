@@ -31,9 +31,14 @@ one level up, does), so the import graph has no cycle through the table.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["AlgorithmEntry", "Grid", "Planned", "register", "registered", "PAPERS", "LEVELS"]
+if TYPE_CHECKING:
+  from dpsco_jax.privacy.ledger import PrivacyReport
+  from dpsco_jax.privacy.sensitivity import GaussianStage
+
+__all__ = ["AlgorithmEntry", "FamilyPlan", "Grid", "Planned", "register", "registered",
+           "PAPERS", "LEVELS"]
 
 #: Where an algorithm comes from, in the table's order (the README's algorithm table order).
 PAPERS = ("baseline", "000", "001", "002", "003", "004")
@@ -52,6 +57,32 @@ class Grid(NamedTuple):
   plan, the noise multiplier, the schedule, the shapes or the structure of the chain."""
   keys: frozenset
   hparams: tuple
+
+
+@runtime_checkable
+class FamilyPlan(Protocol):
+  """The one protocol of a family's plan object (``Plan.detail``), the thing a run executes.
+
+  * ``stages``: its Gaussian noise stages in the order a run applies them, each a
+    :class:`~dpsco_jax.privacy.GaussianStage` carrying its multiplier and the
+    :class:`~dpsco_jax.privacy.Sensitivity` of what it perturbs; a run reads a stage's ``std``
+    from here and forms none of its own (``()`` for a non-private plan).
+  * ``events``: the ``dp_accounting`` events the plan's releases compose (``()`` for a
+    non-private plan).
+  * ``charge()``: checks the budget and charges a fresh ledger with the events before anything
+    is released (:class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` over the budget); returns
+    the guarantee. A plan's ``privacy`` is ``detail.charge()`` and a run reports the plan's,
+    so the spent guarantee is the planned one by construction
+    (``tests/test_plan_protocol.py``).
+  """
+
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]: ...
+
+  @property
+  def events(self) -> tuple[Any, ...]: ...
+
+  def charge(self) -> PrivacyReport: ...
 
 
 class Planned(NamedTuple):

@@ -64,7 +64,7 @@ from dpsco_jax._checks import check_bool
 from dpsco_jax.algorithms.common import (hparam, progress_session, run_chain,
                                          scan_slot_batches)
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
-from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, SgdPlan, charge_dp_sgd, dp_sgd_plan,
+from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, SgdPlan, dp_sgd_plan,
                                              dp_sgd_planner, level_rows, nonprivate_planner)
 from dpsco_jax.algorithms.dpsgd.plan import (  # noqa: F401 (re-export)
     dp_sgd_event, group_privacy_targets)
@@ -295,7 +295,7 @@ def dp_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *, level: st
   aggregates (sensitivity tests); it is never a release."""
   check_bool(noise, "noise")
   plan = dp_sgd_plan(problem, cfg, level=level, data=data)
-  charge_dp_sgd(plan)
+  plan.charge()
   return _execute(problem, plan, key, level_rows(problem, level, data), noise=noise,
                   keep=True)[2]
 

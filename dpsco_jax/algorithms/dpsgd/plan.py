@@ -5,7 +5,7 @@ releases under: sampling rate ``q``, the fixed denominator ``D`` of the mean, th
 ``z C / D``, the step count, and the dp_accounting event, all before any data is read. Rows are
 users (``dp_sgd_user``) or items (``dp_sgd_item``, ``dp_sgd_group``). :func:`dp_sgd_plan` reads
 those public numbers off a problem (a :class:`~dpsco_jax.data.PublicFacts` suffices),
-:func:`charge_dp_sgd` checks the budget on a fresh ledger and returns the report, and the
+:meth:`DpSgdPlan.charge` checks the budget on a fresh ledger and returns the report, and the
 planners :func:`dpsco_jax.plan` calls (registered by :mod:`.driver`) return both. The
 correlated-noise strategies (below) are built in :mod:`.mf_plan`.
 
@@ -191,6 +191,66 @@ class DpSgdPlan(NamedTuple):
   min_sep: int | None = None         # ... any two at least this many steps apart
   group_rows: int | None = None      # banded_poisson: rows G of the largest group
   adaptive: AdaptivePlan | None = None  # clip_norm: adaptive (clip is then C_0)
+
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    """The step's noise stage (none when the noise is off)."""
+    return () if self.event is None else (self.stage,)
+
+  @property
+  def events(self) -> tuple[Any, ...]:
+    """The run's composed event (none when the noise is off)."""
+    return () if self.event is None else (self.event,)
+
+  def charge(self) -> PrivacyReport:
+    """Checks the budget and charges a fresh ledger BEFORE any release; returns the report."""
+    if self.event is None:
+      if self.epsilon is not None:
+        raise PrivacyBudgetExceeded("noise_multiplier=0 releases without noise (epsilon = inf) "
+                                    f"> budget {self.epsilon}; nothing was released")
+      return NONPRIVATE_REPORT
+    label = (f"{self.level}-level DP-SGD ({self.sampling}, z={self.noise_multiplier:.4g}, "
+             f"D={self.denominator:.6g}, steps={self.steps}"
+             + ("" if self.mf is None else f", {self.noise} noise")
+             + ("" if self.adaptive is None else ", adaptive clipping") + ")")
+    notes = (f"{public_note(self.relation)}; denominator D={self.denominator:.6g}, "
+             f"q={self.sampling_rate:.6g}")
+    if self.participations is not None:
+      notes += (f"; participation: at most {self.participations} per user, >= {self.min_sep} "
+                "steps apart")
+    if self.adaptive is not None:
+      notes += "; " + self.adaptive.note()
+    if self.sampling == "banded_poisson":
+      notes += (f"; b-min-sep Poisson sampling (Choquette-Choo et al. 2023, Thm 4): "
+                f"{self.min_sep} public groups of <= {self.group_rows} rows, rate "
+                f"p={self.sampling_rate:.6g} within the active group; banded MF noise "
+                f"({self.mf.source}, {len(self.mf.coefs)} bands <= b), max column norm "
+                f"{self.mf.sensitivity:.4g}: {self.participations} rounds of a Poisson-"
+                "subsampled Gaussian of multiplier z/colnorm")
+    elif self.mf is not None:
+      notes += (f"; {self.noise} MF noise ({self.mf.source}), sensitivity factor "
+                f"{self.mf.sensitivity:.4g}: one Gaussian of multiplier z/sens")
+    trunc = self.truncation_probability
+    if self.level == "group":
+      gp = group_privacy_epsilon(
+          self.event, group_size=self.group_size, delta=self.delta, relation=self.relation,
+          tv_distance=trunc, epsilon_budget=self.epsilon,
+          candidates=() if self.item_delta_target is None else (self.item_delta_target,))
+      item = PrivacyLedger(delta=gp.item_delta if gp.item_delta > 0 else self.delta,
+                           relation=self.relation, accountant=gp.accountant)
+      item.spend(self.event, label=label)
+      notes += (f"; item-level (eps={gp.item_epsilon:.4g}, delta={gp.item_delta:.3g}) lifted to "
+                f"user level by group privacy over m={self.group_size} items")
+      if not math.isfinite(gp.epsilon):
+        notes += "; group privacy gives no finite epsilon for this noise multiplier"
+      return PrivacyReport(epsilon=gp.epsilon, delta=self.delta, provenance="accountant",
+                           level="user", relation=self.relation, mechanisms=(label,),
+                           notes=notes)
+    ledger = PrivacyLedger(delta=self.delta, epsilon_budget=self.epsilon,
+                           relation=self.relation)
+    ledger.spend(self.event, label=label)
+    return ledger.report(provenance=Provenance.ACCOUNTANT, level=self.level, notes=notes,
+                         tv_distance=trunc)
 
   def event_after(self, steps: int) -> Any:
     """The event of the first ``steps`` steps (progress reports): the plan's own event
@@ -407,7 +467,7 @@ def _noise_multiplier(cfg: Schema, make_event: Callable[[float], Any], schedule:
                       level: str, relation: str, delta: float, group_size: int, tv: float
                       ) -> tuple[float, float | None, float | None]:
   """(z, epsilon target or None, item delta target or None). An explicit
-  ``noise_multiplier`` is used as is (:func:`charge_dp_sgd` checks the budget); else
+  ``noise_multiplier`` is used as is (:meth:`DpSgdPlan.charge` checks the budget); else
   ``z`` is calibrated to the target through the one calibrator on ``make_event`` (the
   schedule's event of ``z``), memoized there on its keyword arguments ``schedule`` of
   :func:`schedule_event` (a pure function of public numbers: the seeds of a sweep calibrate
@@ -604,57 +664,6 @@ def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
                      radius=problem.radius)
 
 
-def charge_dp_sgd(plan: DpSgdPlan) -> PrivacyReport:
-  """Checks the budget and charges the ledger BEFORE any release; returns the report."""
-  if plan.event is None:
-    if plan.epsilon is not None:
-      raise PrivacyBudgetExceeded("noise_multiplier=0 releases without noise (epsilon = inf) "
-                                  f"> budget {plan.epsilon}; nothing was released")
-    return NONPRIVATE_REPORT
-  label = (f"{plan.level}-level DP-SGD ({plan.sampling}, z={plan.noise_multiplier:.4g}, "
-           f"D={plan.denominator:.6g}, steps={plan.steps}"
-           + ("" if plan.mf is None else f", {plan.noise} noise")
-           + ("" if plan.adaptive is None else ", adaptive clipping") + ")")
-  notes = (f"{public_note(plan.relation)}; denominator D={plan.denominator:.6g}, "
-           f"q={plan.sampling_rate:.6g}")
-  if plan.participations is not None:
-    notes += (f"; participation: at most {plan.participations} per user, >= {plan.min_sep} "
-              "steps apart")
-  if plan.adaptive is not None:
-    notes += "; " + plan.adaptive.note()
-  if plan.sampling == "banded_poisson":
-    notes += (f"; b-min-sep Poisson sampling (Choquette-Choo et al. 2023, Thm 4): "
-              f"{plan.min_sep} public groups of <= {plan.group_rows} rows, rate "
-              f"p={plan.sampling_rate:.6g} within the active group; banded MF noise "
-              f"({plan.mf.source}, {len(plan.mf.coefs)} bands <= b), max column norm "
-              f"{plan.mf.sensitivity:.4g}: {plan.participations} rounds of a Poisson-"
-              "subsampled Gaussian of multiplier z/colnorm")
-  elif plan.mf is not None:
-    notes += (f"; {plan.noise} MF noise ({plan.mf.source}), sensitivity factor "
-              f"{plan.mf.sensitivity:.4g}: one Gaussian of multiplier z/sens")
-  trunc = plan.truncation_probability
-  if plan.level == "group":
-    gp = group_privacy_epsilon(
-        plan.event, group_size=plan.group_size, delta=plan.delta, relation=plan.relation,
-        tv_distance=trunc, epsilon_budget=plan.epsilon,
-        candidates=() if plan.item_delta_target is None else (plan.item_delta_target,))
-    item = PrivacyLedger(delta=gp.item_delta if gp.item_delta > 0 else plan.delta,
-                         relation=plan.relation, accountant=gp.accountant)
-    item.spend(plan.event, label=label)
-    notes += (f"; item-level (eps={gp.item_epsilon:.4g}, delta={gp.item_delta:.3g}) lifted to "
-              f"user level by group privacy over m={plan.group_size} items")
-    if not math.isfinite(gp.epsilon):
-      notes += "; group privacy gives no finite epsilon for this noise multiplier"
-    return PrivacyReport(epsilon=gp.epsilon, delta=plan.delta, provenance="accountant",
-                         level="user", relation=plan.relation, mechanisms=(label,),
-                         notes=notes)
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
-                         relation=plan.relation)
-  ledger.spend(plan.event, label=label)
-  return ledger.report(provenance=Provenance.ACCOUNTANT, level=plan.level, notes=notes,
-                       tv_distance=trunc)
-
-
 def dp_sgd_planner(level: str) -> Callable[[PublicFacts, dict], Planned]:
   """The registered planner of ``dp_sgd_{level}``: its plan (the ``detail`` its runner
   executes) and its charge, from the public facts alone (or a built-in problem's)."""
@@ -663,7 +672,7 @@ def dp_sgd_planner(level: str) -> Callable[[PublicFacts, dict], Planned]:
     schedule = {"num_steps": p.steps, "batch_size": p.batch, "sampling": p.sampling,
                 "sampling_rate": p.sampling_rate, "denominator": p.denominator,
                 "clip_norm": p.clip, "learning_rate": p.lr, "noise_std": p.noise_std}
-    return Planned(charge_dp_sgd(p), p.noise_multiplier, schedule, p)
+    return Planned(p.charge(), p.noise_multiplier, schedule, p)
   return planner
 
 
@@ -675,6 +684,11 @@ class SgdPlan(NamedTuple):
   steps: int
   lr: float
   averaging: str
+  stages = ()   # non-private: no noise stage, no event
+  events = ()
+
+  def charge(self) -> PrivacyReport:
+    return NONPRIVATE_REPORT
 
 
 def nonprivate_planner(facts: PublicFacts, cfg: SgdSchedule) -> Planned:
