@@ -24,12 +24,12 @@ CFG = {"epsilon": 1.0, "delta": 1e-5, "clip_norm": 1.0, "beta": 4.0}
 # every function of the family that plans, calibrates, charges or reads a config
 PLANNING = ("plan_srgd", "plan_for_problem", "config_view", "resolve_relation", "_schedule",
             "_noise_multiplier", "_calibrate", "calibrate_noise_multiplier", "charge",
-            "privacy_report", "_report", "PrivacyLedger",
+            "PrivacyLedger",
             "scan_settings")   # the scan's settings are checked when planning only
 
 
 def _forbid_planning(monkeypatch) -> None:
-  forbid_planning(monkeypatch, (srgd_plan, driver), PLANNING, schemas=(SrgdConfig,))
+  forbid_planning(monkeypatch, (srgd_plan, driver, srgd_plan.SRGDPlan), PLANNING, schemas=(SrgdConfig,))
 
 
 @pytest.mark.parametrize("name", NAMES)

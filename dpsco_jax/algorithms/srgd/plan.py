@@ -136,6 +136,39 @@ class SRGDPlan:
   epochs: int = 1
   stream_sensitivity: float | None = None  # epochs > 1: exact ||C 1_pattern|| (units C/B)
   settings: tuple = ()      # the compiled scan's static numbers (scan_settings), debug off
+  level: str = "item"       # of the report: "user" when a row holds m > 1 items
+
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    return () if self.event is None else (self.stage,)
+
+  @property
+  def events(self) -> tuple[Any, ...]:
+    return () if self.event is None else (self.event,)
+
+  def charge(self) -> PrivacyReport:
+    """Charges a fresh budgeted ledger with the plan's event (raises before any release if
+    over budget) and returns the run's guarantee."""
+    prm = self.params
+    passes = ("single epoch" if self.epochs == 1 else
+              f"{self.epochs} epochs in one fixed public order ({prm.period} steps each; each "
+              f"example in {self.epochs} increments {prm.period} steps apart; exact stream "
+              f"sensitivity {self.stream_sensitivity:.4g} x C/B; not paper 003's single epoch)")
+    notes = (f"{self.name}: {passes}, {prm.num_steps} batches of {prm.batch_size}; preset "
+             f"{prm.preset}; relation {self.relation} (public: {self.public}; n fixes the "
+             f"batches); per-step release sensitivity {self.sensitivity:.4g}")
+    if not self.private:
+      return PrivacyReport(epsilon=float("inf"), delta=0.0, provenance=Provenance.NONE.value,
+                           level="none", relation=self.relation, mechanisms=(),
+                           notes=notes + "; NOT private (noise_multiplier=0)")
+    ledger = PrivacyLedger(delta=self.delta, epsilon_budget=self.epsilon,
+                           relation=self.relation, accountant=ACCOUNTANT)
+    ledger.spend(self.event, label=self.label)
+    mu = self.gdp_factor / prm.noise_multiplier
+    return ledger.report(provenance=Provenance.ACCOUNTANT, level=self.level,
+                         mechanisms=(self.label,), paper_epsilon=paper_epsilon(self),
+                         notes=notes + f"; mu-GDP with mu={mu:.4g} (in units of the zero-out "
+                         "sensitivity C/B) converted exactly by PLD")
 
   @property
   def private(self) -> bool:
@@ -424,44 +457,10 @@ def plan_for_problem(name: str, problem, cfg: Mapping | Any) -> SRGDPlan:
       raise ValueError("radius: preset='theory' needs the finite radius R of the constraint "
                        "set (Thm 5.1/5.12)")
     radius = None
-  return plan_srgd(name, cfg, n=int(problem.n_users), p=int(problem.d),
+  plan = plan_srgd(name, cfg, n=int(problem.n_users), p=int(problem.d),
                    lipschitz=float(lipschitz), smoothness=float(smoothness), radius=radius)
-
-
-def charge(plan: SRGDPlan) -> PrivacyLedger | None:
-  """A fresh ledger charged with the plan's event (``None`` for a non-private plan); raises
-  before any release if the plan exceeds its budget."""
-  if not plan.private:
-    return None
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon,
-                         relation=plan.relation, accountant=ACCOUNTANT)
-  ledger.spend(plan.event, label=plan.label)
-  return ledger
-
-
-def privacy_report(plan: SRGDPlan, ledger: PrivacyLedger | None, m: int) -> PrivacyReport:
-  """The run's guarantee: user level when a row holds ``m > 1`` items."""
-  return _report(plan, ledger, "user" if int(m) > 1 else "item")
-
-
-def _report(plan: SRGDPlan, ledger: PrivacyLedger | None, level: str) -> PrivacyReport:
-  prm = plan.params
-  passes = ("single epoch" if plan.epochs == 1 else
-            f"{plan.epochs} epochs in one fixed public order ({prm.period} steps each; each "
-            f"example in {plan.epochs} increments {prm.period} steps apart; exact stream "
-            f"sensitivity {plan.stream_sensitivity:.4g} x C/B; not paper 003's single epoch)")
-  notes = (f"{plan.name}: {passes}, {prm.num_steps} batches of {prm.batch_size}; preset "
-           f"{prm.preset}; relation {plan.relation} (public: {plan.public}; n fixes the "
-           f"batches); per-step release sensitivity {plan.sensitivity:.4g}")
-  if ledger is None:
-    return PrivacyReport(epsilon=float("inf"), delta=0.0, provenance=Provenance.NONE.value,
-                         level="none", relation=plan.relation, mechanisms=(),
-                         notes=notes + "; NOT private (noise_multiplier=0)")
-  mu = plan.gdp_factor / prm.noise_multiplier
-  return ledger.report(provenance=Provenance.ACCOUNTANT, level=level,
-                       mechanisms=(plan.label,), paper_epsilon=paper_epsilon(plan),
-                       notes=notes + f"; mu-GDP with mu={mu:.4g} (in units of the zero-out "
-                       "sensitivity C/B) converted exactly by PLD")
+  # the guarantee is user level when a row holds m > 1 items
+  return dataclasses.replace(plan, level="user" if int(problem.m) > 1 else "item")
 
 
 def srgd_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
@@ -472,5 +471,5 @@ def srgd_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
     prm = p.params
     schedule = {"num_steps": prm.num_steps, "batch_size": prm.batch_size, "beta": prm.beta,
                 "clip_norm": prm.clip_norm, "tree_levels": p.levels, "noise_std": p.noise_std}
-    return Planned(privacy_report(p, charge(p), facts.m), prm.noise_multiplier, schedule, p)
+    return Planned(p.charge(), prm.noise_multiplier, schedule, p)
   return planner
