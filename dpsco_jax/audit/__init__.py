@@ -1,11 +1,8 @@
 """Empirical privacy auditing: canaries, neighbouring datasets, lower bounds, broken twins.
 
-``audit_mechanism(release, D, D', score=..., claimed_epsilon=..., delta=..., relation=...,
-trials=...)`` audits any ``release(key, dataset) -> per-step releases`` (a chain stage here, a
-driver once it exposes its per-step releases) and returns an :class:`AuditResult`;
-``mechanisms.build(name, relation, broken)`` gives ready specs around the library's stages and
-their broken twins; ``drivers.build_driver(name, relation, broken)`` the same for whole drivers
-through their audit hooks; ``python -m dpsco_jax audit`` (or ``python -m dpsco_jax.audit``)
+``audit_mechanism`` audits any ``release(key, dataset) -> per-step releases`` and returns an
+:class:`AuditResult`; ``mechanisms.build`` and ``drivers.build_driver`` give ready specs around
+the library's stages and drivers, with their broken twins; ``python -m dpsco_jax audit``
 prints the table.
 """
 

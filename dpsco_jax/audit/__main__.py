@@ -1,7 +1,5 @@
-"""``python -m dpsco_jax.audit [--trials N] [--seed S] [--mechanism NAME ...]`` (also
-``python -m dpsco_jax audit ...``): prints the audit table (mechanism, relation, claimed
-epsilon, empirical lower bound at 95% confidence, each broken twin's bound) of the stage
-mechanisms and the driver audits."""
+"""``python -m dpsco_jax.audit [--trials N] [--seed S] [--mechanism NAME ...]``: prints the
+audit table (claim, empirical lower bound at 95% confidence, each broken twin's bound)."""
 
 from __future__ import annotations
 

@@ -1,35 +1,28 @@
-"""Canary audit of adaptive clipping (one step of the stage), with two broken twins.
+"""Canary audit of one adaptive-clipping step, with two broken twins.
 
-The stage (:func:`dpsco_jax.transforms.adaptive_clipping.adaptive_clipping`) releases per step
-the noisy clipped mean and the noisy unclipped fraction ``b~`` (the next clip norm is
-``C exp(-eta (b~ - gamma))``: post-processing of ``b~``, so auditing ``b~`` audits the norm).
-Datasets (:func:`~dpsco_jax.audit.canary.neighbouring_pair`, add/remove): ``D`` holds a Dirac
-canary of norm ``10 C`` (clipped: ``b = 0``) in slot 0 and background users with zero
-gradients (``b = 1``); ``D'`` masks the canary out. ``D = U`` (the padded size) is the public
-denominator. The score is the likelihood ratio of the pair, ``x_0 / (s_x^2 / C) -
-y / (2 s_y^2)`` with ``x_0 = D mean_0`` and ``y = D (b~ - 1/2)``, ``s_x`` and ``s_y`` the
-stds the release really draws (the auditor knows the mechanism).
+The stage releases the noisy clipped mean and the noisy unclipped fraction ``b~`` (the next
+clip norm is post-processing of ``b~``). ``D`` (add/remove): a Dirac canary of norm ``10 C``
+(``b = 0``) in slot 0 and zero-gradient background users (``b = 1``); ``D'`` masks the canary
+out. Score: the pair's likelihood ratio ``x_0 / (s_x^2 / C) - y / (2 s_y^2)`` (``x_0 = D
+mean_0``, ``y = D (b~ - 1/2)``, the stds the release really draws).
 
-* honest: the stage with :func:`~dpsco_jax.privacy.sensitivity.adaptive_clip_split`'s
-  ``z_Delta`` and ``sigma_b``; the claim is DP-SGD's Gaussian at ``z`` (Theorem 1).
-* ``count_without_noise``: the count released without noise (``sigma_b = 0``), same claim: the
-  fraction (and so the next clip norm) says whether the canary was above ``C``.
-* ``sum_multiplier_unadjusted``: the sum's noise at ``z`` instead of ``z_Delta``, same claim:
-  with the count's noise on top the pair is a Gaussian of multiplier ``(z^-2 +
-  (2 sigma_b)^-2)^(-1/2) < z``.
+* honest: :func:`~dpsco_jax.privacy.sensitivity.adaptive_clip_split`'s ``z_Delta`` and
+  ``sigma_b``; the claim is the Gaussian at ``z`` (Andrew et al. 2021, Theorem 1);
+* ``count_without_noise``: ``sigma_b = 0`` (the fraction says whether the canary was clipped);
+* ``sum_multiplier_unadjusted``: the sum's noise at ``z`` instead of ``z_Delta`` (with the
+  count's noise, a Gaussian of multiplier ``(z^-2 + (2 sigma_b)^-2)^(-1/2) < z``).
 
-Defaults (``z = 1.5``, ``sigma_b = 0.9`` so ``2 sigma_b = 1.2 z``, ``delta = 0.1``): a large
-delta keeps the claim small enough that the unadjusted twin shows at ~5e4 trials per side.
+``delta = 0.1`` keeps the claim small enough that the unadjusted twin shows at ~5e4 trials.
 """
 
 from __future__ import annotations
 
 import dp_accounting
-import jax
 import jax.numpy as jnp
 
 from dpsco_jax.audit.canary import dirac_canary, neighbouring_pair
 from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.audit.mechanisms import check_broken
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.privacy.sensitivity import AdaptiveClipSplit, adaptive_clip_split
 from dpsco_jax.transforms.adaptive_clipping import adaptive_clip_and_noise
@@ -69,10 +62,8 @@ def _score(split: AdaptiveClipSplit):
 def adaptive_clipping_audit(broken: str | None = None, *, noise_multiplier: float = 1.5,
                             count_stddev: float = 0.9, background: int = 7,
                             delta: float = 0.1) -> AuditSpec:
-  """The audit spec of one adaptive-clipping step (module docstring); ``broken``: ``None``
-  or one of :data:`BROKEN`. The claim is always the Gaussian's at ``noise_multiplier``."""
-  if broken is not None and broken not in BROKEN:
-    raise ValueError(f"broken must be None or one of {BROKEN}, got {broken!r}")
+  """One adaptive-clipping step's audit; ``broken``: ``None`` or one of :data:`BROKEN`."""
+  check_broken(broken, BROKEN)
   split = _split(broken, noise_multiplier, count_stddev)
   d_in, d_out = neighbouring_pair(jnp.zeros((background, _DIM), jnp.float32),
                                   dirac_canary(_DIM, 10.0 * _CLIP), "add_remove")

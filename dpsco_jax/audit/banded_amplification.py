@@ -1,30 +1,19 @@
 """Canary audit of amplified banded MF noise (b-min-sep Poisson), with broken-sampler twins.
 
-The mechanism under test is the driver's step: b-min-sep Poisson sampling
-(:func:`~dpsco_jax.algorithms.dpsgd.banded_poisson.group_slots` /
-:func:`~dpsco_jax.algorithms.dpsgd.banded_poisson.sample_group`: ``groups`` public groups,
-group ``t mod b`` active at step ``t``, each of its rows with probability ``p``), then
-``clip_and_aggregate(C, "mean", D = p G) -> banded_noise(output="increment")`` over ``steps``
-steps. The canary is slot 0 (a Dirac gradient far above the clip norm); the other users have
-zero gradients, so their random inclusion adds nothing but the sampler's own behaviour. The
-partition is drawn from a fixed public key (it is public and data-independent in the driver,
-drawn from the run's key; a guarantee for every partition covers a fixed one), so the canary's
-group ``g0`` and its admissible steps ``g0, g0 + b, ...`` are known to the attacker.
+The driver's step: b-min-sep Poisson sampling (``banded_poisson.group_slots`` /
+``sample_group``: group ``t mod b`` active at step ``t``, each of its rows kept with
+probability ``p``), then ``clip_and_aggregate(C, "mean", D = p G) -> banded_noise``. The canary
+is slot 0 (a Dirac gradient far above the clip norm), the other users have zero gradients. The
+partition comes from a fixed public key (a guarantee for every partition covers a fixed one),
+so the canary's admissible steps are known to the attacker. Claim:
+``epsilon_of(amplified_banded_event(...))`` under zero_out (accounted as add_remove) or
+replace_one; score: ``C^T C Delta`` (``Delta``: the steps where the canary can appear).
 
-Claim: :func:`~dpsco_jax.privacy.matrix_factorization.amplified_banded_event` (``k =
-ceil(T / b)`` rounds of a Poisson-subsampled Gaussian of rate ``p``, multiplier
-``z / ||c||``), ``epsilon_of`` under zero_out (accounted as add_remove) or replace_one. Score:
-the Neyman-Pearson direction of the canary's full participation pattern, ``C^T C Delta``
-(``Delta``: ones at the steps where the canary *can* appear in the release under test).
+Twins (same claim, a broken sampler):
 
-Twins (the same claim, a broken sampler):
-
-* ``ignores_groups`` — every row is Poisson-sampled at rate ``p`` at every step (plain
-  Poisson over all rows with banded noise, the bug of skipping the partition): the canary
-  participates up to ``T`` times, inside the bands. Caught by a wide margin.
-* ``two_groups`` — the canary's slot is also listed in group ``g0 + 1``: participations one
-  step apart, inside the band. Its true epsilon is only ~1.5x the claim at the defaults, so
-  catching it needs more trials (the test uses 200 000 a side).
+* ``ignores_groups``: every row Poisson-sampled at every step (the partition skipped);
+* ``two_groups``: the canary's slot also listed in group ``g0 + 1`` (participations one step
+  apart, inside the band; ~1.5x the claim, the test uses 200 000 trials a side).
 """
 
 from __future__ import annotations
@@ -37,6 +26,7 @@ import optax
 from dpsco_jax.algorithms.dpsgd.banded_poisson import group_slots, sample_group
 from dpsco_jax.audit.canary import UserBatch, check_relation, dirac_canary, neighbouring_pair
 from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.audit.mechanisms import DELTA, check_broken
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.transforms.clipping import clip_and_aggregate
@@ -44,7 +34,6 @@ from dpsco_jax.transforms.matrix_factorization import banded_noise
 
 __all__ = ["TWINS", "amplified_banded_audit"]
 
-DELTA = 1e-5
 TWINS = ("ignores_groups", "two_groups")
 _HI = jax.lax.Precision.HIGHEST
 _CLIP = 1.0
@@ -54,8 +43,7 @@ _ORDER_SEED = 20230  # the public partition's key (fixed: the attacker knows the
 
 def _partition(users: int, groups: int, broken: str | None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(slots, real, canary's admissible steps mask over one period) of the sampler under
-  test. ``two_groups`` writes the canary's slot 0 over the first row of group ``g0 + 1``."""
+  """``(slots, real, the canary's active groups)`` of the sampler under test."""
   slots, real = map(np.array, group_slots(jax.random.key(_ORDER_SEED), users, groups))
   if broken == "ignores_groups":   # one group of every row, active at every step
     return np.arange(users)[None], np.ones((1, users), bool), np.ones(1, bool)
@@ -72,14 +60,12 @@ def amplified_banded_audit(relation: str = "zero_out", broken: str | None = None
                            steps: int = 8, groups: int = 4, bands: int = 4,
                            rows_per_group: int = 2, sampling_rate: float = 0.9,
                            noise_multiplier: float = 3.0, dim: int = 2) -> AuditSpec:
-  """The audit of b-min-sep Poisson + banded noise (module docstring); ``broken`` names a
-  twin (``TWINS``) or ``None`` for the driver's sampler."""
+  """The audit of b-min-sep Poisson + banded noise; ``broken``: ``None`` or one of ``TWINS``."""
   check_relation(relation)
   if relation == "add_remove":
     raise ValueError("relation: b-min-sep sampling is analysed under zero_out / replace_one "
                      "(its partition is by slot)")
-  if broken is not None and broken not in TWINS:
-    raise ValueError(f"broken must be None or one of {TWINS}, got {broken!r}")
+  check_broken(broken, TWINS)
   users = groups * rows_per_group
   coefs = mf.banded_strategy(steps, bands, strategy="sqrt").coefs
   claim = epsilon_of(mf.amplified_banded_event(noise_multiplier, coefs, steps,

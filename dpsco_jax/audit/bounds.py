@@ -1,33 +1,25 @@
 """Empirical privacy lower bounds from two samples of attack scores.
 
-An audit runs a mechanism many times on two neighbouring datasets, ``D`` (with the canary,
-"in") and ``D'`` (without it, "out"), and turns one scalar score per run into a statistical
-test "canary present?". Any (epsilon, delta)-DP mechanism constrains every such test: for the
-rejection region ``S = {score >= t}`` with false positive rate ``FPR = P_out(S)`` and false
-negative rate ``FNR = P_in(not S)``, the privacy region (Kairouz, Oh, Viswanath 2015, Thm 2.1;
-the convention of Jagielski et al. 2020 and Nasr et al. 2021/2023) requires
+An audit runs a mechanism on neighbouring datasets ``D`` (canary "in") and ``D'`` ("out") and
+turns one score per run into the test "canary present?". For the rejection region
+``{score >= t}`` every (epsilon, delta)-DP mechanism satisfies (Kairouz, Oh, Viswanath 2015,
+Thm 2.1; as in Jagielski et al. 2020, Nasr et al. 2021/2023)
 
     FPR + e^eps FNR >= 1 - delta    and    FNR + e^eps FPR >= 1 - delta,
 
-so, with one-sided Clopper-Pearson upper bounds ``FPR_u``, ``FNR_u`` (each at level
-``alpha/2``, union bound: joint confidence ``1 - alpha``)
+so with one-sided Clopper-Pearson upper bounds ``FPR_u``, ``FNR_u`` (each at level
+``alpha/2``: joint confidence ``1 - alpha``)
 
     eps_lb(t) = max( log((1 - delta - FNR_u) / FPR_u),  log((1 - delta - FPR_u) / FNR_u) )
 
-(taken as 0 when both arguments are <= 1) is a lower bound on the epsilon of every
-(eps, delta)-DP claim that can be true, with confidence ``1 - alpha``. The threshold ``t`` is
-chosen on a *selection* split of the trials and the bound is evaluated on the disjoint rest
-(``method="split"``), or the bound is a maximum over a caller-given, data-independent grid of
-``k`` thresholds with every interval at level ``alpha/(2k)`` (``method="bonferroni"``).
+(0 when both arguments are <= 1) is a lower bound on every true epsilon with confidence
+``1 - alpha``. ``t`` is chosen on a selection split and the bound evaluated on the rest
+(``method="split"``), or the bound is the maximum over a data-independent grid of ``k``
+thresholds, each interval at level ``alpha/(2k)`` (``method="bonferroni"``).
 
-The mu-GDP fit (Dong, Roth, Su 2022; Nasr et al. 2023) uses the same intervals: a mu-GDP
-mechanism has ``FNR >= Phi(Phi^{-1}(1 - FPR) - mu)``, hence
-
-    mu_lb(t) = -Phi^{-1}(FPR_u) - Phi^{-1}(FNR_u)
-
-is a lower bound on mu with confidence ``1 - alpha``. Its epsilon at delta (the Gaussian
-privacy profile) refutes *Gaussian* (mu-GDP) claims only; it is reported beside the
-distribution-free bound, never instead of it.
+The mu-GDP fit (Dong, Roth, Su 2022; Nasr et al. 2023) uses the same intervals:
+``mu_lb(t) = -Phi^{-1}(FPR_u) - Phi^{-1}(FNR_u)``. Its epsilon at delta refutes Gaussian
+claims only; it is reported beside the distribution-free bound, never instead of it.
 """
 
 from __future__ import annotations
@@ -47,7 +39,7 @@ __all__ = [
 ]
 
 METHODS = ("split", "bonferroni")
-_MAX_CANDIDATES = 2048  # thresholds tried on the selection split (quantiles of its scores)
+_MAX_CANDIDATES = 2048  # thresholds tried on the selection split
 
 
 def _check_unit_open(x, name: str) -> float:
@@ -69,10 +61,8 @@ def _as_scores(x, name: str) -> np.ndarray:
 
 def clopper_pearson_upper(successes: np.ndarray | int, trials: int, alpha: float
                           ) -> np.ndarray:
-  """One-sided ``1 - alpha`` Clopper-Pearson upper bound on a binomial proportion.
-
-  ``Beta^{-1}(1 - alpha; k + 1, n - k)``; exactly 1 when ``k = n``. Exact (conservative)
-  coverage for every true proportion.
+  """One-sided ``1 - alpha`` Clopper-Pearson upper bound ``Beta^{-1}(1 - alpha; k + 1, n - k)``
+  on a binomial proportion (1 when ``k = n``; exact, conservative coverage).
 
   Args:
     successes: ``k``, the successes (an int or an array).
@@ -91,7 +81,6 @@ def clopper_pearson_upper(successes: np.ndarray | int, trials: int, alpha: float
 
 def _error_counts(scores_in: np.ndarray, scores_out: np.ndarray, thresholds: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
-  """``(#in with score < t, #out with score >= t)`` for every threshold ``t``."""
   s_in = np.sort(scores_in)
   s_out = np.sort(scores_out)
   fn = np.searchsorted(s_in, thresholds, side="left")
@@ -172,24 +161,22 @@ def epsilon_lower_bound(scores_in: Sequence[float] | np.ndarray,
                         confidence: float = 0.95, method: str = "split",
                         selection_fraction: float = 0.25,
                         thresholds: Sequence[float] | None = None) -> ThresholdBound:
-  """Distribution-free empirical epsilon lower bound at ``delta`` (module docstring formula).
+  """Distribution-free empirical epsilon lower bound at ``delta`` (module docstring).
 
   Args:
     scores_in: scores of runs on ``D`` (canary present); larger means "more canary-like".
     scores_out: scores of runs on the neighbour ``D'``.
     delta: the delta of the claim being audited.
     confidence: ``1 - alpha``; the bound is below the true epsilon with at least this
-      probability (for ``method="split"``: whatever threshold the selection split picked).
-    method: ``"split"`` (threshold chosen on the first ``selection_fraction`` of each sample,
-      bound evaluated on the rest; trials are i.i.d. so the order is a valid split) or
-      ``"bonferroni"`` (max over ``thresholds``, each at level ``alpha/(2k)``).
-    selection_fraction: the fraction of each sample that picks the threshold
-      (``"split"``; default 0.25).
+      probability (for ``"split"``: whatever threshold the selection split picked).
+    method: ``"split"`` (threshold chosen on the first ``selection_fraction`` of each
+      i.i.d. sample, bound evaluated on the rest) or ``"bonferroni"`` (max over
+      ``thresholds``, each at level ``alpha/(2k)``).
+    selection_fraction: the fraction of each sample that picks the threshold (default 0.25).
     thresholds: the data-independent grid of ``"bonferroni"`` (default none).
 
   Returns:
-    A ``ThresholdBound``: the bound ``value``, its ``threshold``, ``confidence`` and
-    ``method``.
+    A ``ThresholdBound`` (``value``, ``threshold``, ``confidence``, ``method``).
 
   Raises:
     ValueError: ``delta``, ``confidence`` or ``selection_fraction`` not in ``(0, 1)``; an
@@ -227,9 +214,8 @@ def gdp_mu_lower_bound(scores_in, scores_out, *, confidence: float = 0.95,
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
-  """Epsilon of a ``mu``-GDP mechanism at ``delta``: the root of
-  ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) = delta`` (Dong, Roth, Su 2022, Cor. 2.13);
-  0 when ``mu = 0`` or the profile is already below ``delta`` at ``eps = 0``.
+  """Epsilon of a ``mu``-GDP mechanism at ``delta`` (Dong, Roth, Su 2022, Cor. 2.13): the root
+  of ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) = delta``, 0 if none is positive.
 
   Args:
     mu: the GDP parameter, finite and >= 0.

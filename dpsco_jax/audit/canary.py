@@ -1,18 +1,15 @@
 """Canary users and the neighbouring datasets an audit compares.
 
-A stage-level dataset is ``UserBatch(grads, mask)``: stacked per-user gradients ``[U, d]``
-(the chain input convention of ``dpsco_jax.transforms``) and the bool user mask ``[U]``. Slot 0
-holds the canary. The neighbour of ``D`` (canary present) under each relation:
+A stage-level dataset is ``UserBatch(grads, mask)``: per-user gradients ``[U, d]`` and the
+bool user mask ``[U]``, the canary in slot 0. The neighbour of ``D`` under each relation:
 
-* ``add_remove`` — the canary is removed: its slot is masked out (static shapes; what is
-  public is the padded size ``U``, never the realized count);
-* ``replace_one`` — the canary is replaced by the opposite canary ``-g`` (the worst case for a
-  linear score: the aggregate moves by twice the clipped norm);
-* ``zero_out`` — the canary stays counted but its gradient is zero (Kairouz et al. 2021).
+* ``add_remove``: the canary's slot masked out (static shapes; what is public is the padded
+  size ``U``, never the realized count);
+* ``replace_one``: the canary replaced by ``-g`` (the worst case for a linear score);
+* ``zero_out``: the canary stays counted with a zero gradient (Kairouz et al. 2021).
 
-The canary gradient is a Dirac vector ``B e_j`` with ``B >> C`` so that clipping, not the
-data, decides how far it moves the release; the audit scores each release by its inner product
-with ``e_j``.
+The canary is a Dirac vector ``B e_j`` with ``B >> C``, so clipping decides how far it moves
+the release.
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ def dirac_canary(dim: int, norm: float, index: int = 0) -> jax.Array:
 
 def neighbouring_pair(background: jax.Array, canary: jax.Array, relation: str
                       ) -> tuple[UserBatch, UserBatch]:
-  """``(D, D')``: ``D`` = canary in slot 0 followed by the ``background`` users; ``D'`` its
-  neighbour under ``relation`` (module docstring). ``background`` is ``[n, ...]``.
+  """``(D, D')``: the canary in slot 0 then the ``background`` users, and its neighbour.
 
   Args:
     background: the other users' gradients ``[n, ...]``.

@@ -1,33 +1,20 @@
-"""Canary audit of a declared constant the guarantee rests on: ``naive_output_pert``'s L (23.3).
+"""Canary audit of a declared constant the guarantee rests on: ``naive_output_pert``'s L.
 
-``naive_output_pert`` (paper 001's baseline) releases the ERM minimizer plus Gaussian noise
-calibrated to the replace-one sensitivity ``2L/(mu n)`` (+ the solver's ``2 tau``): Chaudhuri
-et al.'s bound, true only when every user's gradient is L-bounded (and the loss mu-strongly
-convex, beta-smooth). On a user's loss L is a *declaration* the library neither checks nor
-enforces (clipping inside the solver would not make the minimizer's sensitivity ``2L/(mu n)``;
-see :mod:`dpsco_jax.algorithms.output_perturbation.naive`). Before issue 23 the report said
-``accountant`` anyway; the outside audit of a digits MLP declared with ``L = 1`` had per-item
-gradient norms 4.77. The report now says ``declared`` and names L in its notes.
+``naive_output_pert`` calibrates its noise to the replace-one sensitivity ``2L/(mu n)``
+(Chaudhuri et al.), true only when every user's gradient is L-bounded. On a user's loss L is a
+declaration the library neither checks nor enforces, so the report says ``declared`` and names
+L in its notes. The audit runs ``dpsco_jax.fit``'s problem (a
+:class:`~dpsco_jax.data.UserDataProblem`) through ``output_perturbation_releases``: ``n``
+users of one item, loss ``mu/2 ||w||^2 - <x, w>``, declared ``lipschitz = 1``; everyone's
+``x = 0`` except the canary user 0.
 
-The audit runs the public API's problem (:class:`~dpsco_jax.data.UserDataProblem`, built by
-``dpsco_jax.fit`` from ``loss_fn``, params, a :class:`~dpsco_jax.data.UserData` and the
-declared constants) through the driver's audit hook ``output_perturbation_releases``:
+* honest: the canary ``e_0`` (the declaration holds) replaced by ``-e_0``: the minimizer moves
+  by exactly the calibrated ``2/(mu n)``;
+* ``lipschitz_violated``: the same declaration and claim, the canary ``4 e_0``: the minimizer
+  moves 4x the claimed sensitivity and the bound exceeds the claim (the report says
+  ``declared``, :func:`run_report`).
 
-* ``n`` users of one item each, loss ``mu/2 ||w||^2 - <x, w>`` (minimizer ``mean(x)/mu``: its
-  data part has gradient ``-x``), declared ``lipschitz = 1``, ``strong_convexity =
-  smoothness = mu``, ``radius = 1``; everyone's ``x = 0`` except the canary user 0.
-* honest: the canary ``x = e_0`` (gradient norm 1: the declaration is true), replaced by
-  ``-e_0`` (replace-one): the minimizer moves by exactly ``2/(mu n)``, the sensitivity the
-  noise is calibrated for. The audit stays below the claim.
-* ``lipschitz_violated`` (twin): the same declaration and the same claim, but the canary is
-  ``4 e_0`` (gradient norm 4 > the declared 1), replaced by ``-4 e_0``: the minimizer moves
-  4x the claimed sensitivity and the audit's lower bound exceeds the claim. The claim was
-  conditional on a false declaration, and the run's report says so: provenance ``declared``,
-  L named in the notes (:func:`run_report`).
-
-Score: the release's ``e_0`` coordinate (the likelihood-ratio statistic of the two Gaussians).
-Claim: ``dpsco_jax.fit(...).privacy.epsilon`` on the audited data (the same on both datasets:
-the plan reads only sizes and the declaration).
+Score: the release's ``e_0`` coordinate. Claim: ``dpsco_jax.fit(...).privacy.epsilon``.
 """
 
 from __future__ import annotations
@@ -77,7 +64,7 @@ def _setup(broken: str | None, users: int, dim: int, epsilon: float, mu: float):
 def run_report(broken: str | None = None, *, users: int = 8, dim: int = 2,
                epsilon: float = 2.5, mu: float = 1.0):
   """The :class:`~dpsco_jax.privacy.PrivacyReport` of ``dpsco_jax.fit("naive_output_pert",
-  ...)`` on the audit's dataset with the canary (honest or twin): what the user is told."""
+  ...)`` on the audit's dataset with the canary: what the user is told."""
   import dpsco_jax
   loss, params, d_in, _, constants, cfg = _setup(broken, users, dim, epsilon, mu)
   return dpsco_jax.fit("naive_output_pert", cfg, loss, params, d_in, jax.random.key(0),
@@ -88,8 +75,7 @@ def declared_lipschitz_driver(relation: str = "replace_one", broken: str | None 
                               users: int = 8, dim: int = 2, epsilon: float = 2.5,
                               mu: float = 1.0) -> AuditSpec:
   """``naive_output_pert`` on a user's loss with a declared L, through
-  ``output_perturbation_releases`` (see the module docstring). ``broken="lipschitz_violated"``:
-  the canary's gradient norm is 4x the declared L."""
+  ``output_perturbation_releases``; the twin's canary has 4x the declared L."""
   from dpsco_jax.algorithms.output_perturbation import driver as op
   from dpsco_jax.data import UserDataProblem
   if relation != "replace_one":
@@ -101,7 +87,7 @@ def declared_lipschitz_driver(relation: str = "replace_one", broken: str | None 
   report = run_report(broken, users=users, dim=dim, epsilon=epsilon, mu=mu)
 
   def release(key, data):
-    prob = copy.copy(problem)   # the same problem (plan, loss) on the dataset under test
+    prob = copy.copy(problem)   # the same plan and loss on the dataset under test
     prob.data = data
     return op.output_perturbation_releases("naive_output_pert", prob, cfg, key)[0]["release"]
 

@@ -1,27 +1,16 @@
-"""Canary audit of a plan fact read off the private data: item-level DP-SGD's ``m`` (issue 23.1).
+"""Canary audit of a plan fact read off the private data: item-level DP-SGD's ``m``.
 
 ``dp_sgd_item`` under ``add_remove`` with Poisson sampling divides the clipped sum by the
-declared expected batch ``D = q * n_users * m`` and adds noise ``z C / D``: ``m`` (items per
-user) is part of the public denominator. Before issue 23 a ``UserData`` built without
-``max_items_per_user`` *measured* ``m`` as the largest user's item count, so one added item
-(a user's second one) doubled ``D`` and halved the noise; the outside audit measured
-``eps >= 8.11`` against a claimed 2.0. :func:`dpsco_jax.plan` now refuses a measured ``m``
-for every algorithm that reads it (``api.READS_M``).
+declared ``D = q * n_users * m`` and adds noise ``z C / D``, so ``m`` must be public:
+:func:`dpsco_jax.plan` refuses a measured ``m`` (``api.READS_M``). The audit: ``n`` users of
+one zero item, plus a canary item ``10 C e_0`` as user 0's second item, in ``D`` only.
 
-The audit: ``n`` users of one item each, all with zero gradient (the linear loss ``<x, w>``
-with ``x = 0``), plus a canary item ``x = 10 C e_0`` (clipped to ``C e_0``) that is user 0's
-second item. ``D`` has it, ``D'`` (add/remove) does not.
+* honest: ``m = 2`` declared; ``D'`` keeps user 0's second slot as a zero (padding) row;
+* ``measured_m``: ``m`` read off each dataset (2 with the canary, 1 without), so the noise
+  std differs by 2x between neighbours.
 
-* honest: ``m = 2`` is *declared*; ``D'`` keeps user 0's second slot as a zero row, which is
-  what a removed item is to a sum (the padding of :class:`~dpsco_jax.data.UserData` has
-  weight 0). The plan is the same on both sides: only the canary's ``C e_0`` moves.
-* ``measured_m`` (broken twin): the plan's ``m`` is read off each dataset (2 with the
-  canary, 1 without): the noise std differs by 2x between neighbours.
-
-Score: ``-|release . e_0|`` (a small release is canary-like): the twin's noise on ``D`` is
-half of ``D'``'s, which a magnitude test sees at once; for the honest mechanism the two sides
-are Gaussians of one scale and the test has no more power than the claim allows. Claim: the
-driver's own ``Result.privacy.epsilon``.
+Score: ``-|release . e_0|`` (the twin's noise on ``D`` is half of ``D'``'s). Claim: the
+driver's ``Result.privacy.epsilon``.
 """
 
 from __future__ import annotations
@@ -42,7 +31,6 @@ _CANARY = 10.0
 
 
 def _items(n: int, with_canary: bool, m: int, dim: int) -> np.ndarray:
-  """``[n, m, dim]``: every user's first item is 0; user 0's second slot holds the canary."""
   x = np.zeros((n, m, dim), np.float32)
   if with_canary:
     x[0, 1, 0] = _CANARY * _CLIP
@@ -57,8 +45,8 @@ def _abs_e0(releases) -> jax.Array:
 def item_count_driver(relation: str = "add_remove", broken: str | None = None, *,
                       users: int = 20, dim: int = 2, noise_multiplier: float = 1.5,
                       sampling_rate: float = 0.5) -> AuditSpec:
-  """``dp_sgd_item`` (Poisson, ``add_remove``) through ``baselines.dp_sgd_releases``; see the
-  module docstring. ``broken="measured_m"``: the plan's ``m`` is the dataset's own."""
+  """``dp_sgd_item`` (Poisson, ``add_remove``) through ``dp_sgd_releases``; the twin
+  ``measured_m`` reads the plan's ``m`` off each dataset."""
   from dpsco_jax.algorithms.dpsgd import driver as baselines
   from dpsco_jax.api import solve
   if relation != "add_remove":
@@ -76,7 +64,7 @@ def item_count_driver(relation: str = "add_remove", broken: str | None = None, *
   else:
     x_out = _items(users, False, 2, dim)
 
-  # the twin's plan per measured m (built outside the trace; m is the data's static shape)
+  # the twin's problem per measured m (m is the data's static shape)
   by_m = {m: linear_problem(np.zeros((users, m, dim), np.float32), radius=1.0) for m in (1, 2)}
 
   def release(key, data):

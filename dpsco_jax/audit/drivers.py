@@ -1,28 +1,25 @@
 """Driver-level audit specs: the library's algorithms end to end through their audit hooks.
 
-Each builder returns an :class:`~dpsco_jax.audit.harness.AuditSpec` whose ``release(key, data)``
-is a driver's own audit hook (``dp_sgd_releases``, ``DPTrainer.release_fn``,
-``srgd_releases``, ``output_perturbation_releases``, ``dp_loc_gd_releases``,
-``dp_bilevel_releases``): the same plan, sampling, clipping and noise as the driver, on a small
-problem with a *Dirac-like canary user*. The loss is linear in the parameters, ``f(w; x) = <x, w>`` (output perturbation: plus a
-public ``mu/2 ||w||^2``), so a user's gradient is its data ``x`` wherever the driver queries it:
-the canary ``x = 10 C e_0`` has clipped gradient exactly ``C e_0`` at every step, and the
-per-step releases can be scored by their ``e_0`` coordinate summed over steps (tree noise: the
-likelihood-ratio weights of the tree's covariance). The neighbour follows the driver's
-relation: ``add_remove`` deletes the canary's row (the hook sees fewer rows), ``zero_out``
-zeroes its data (gradient 0, row kept), ``replace_one`` replaces ``x`` by ``-x``.
+Each builder's ``release(key, data)`` is a driver's own audit hook (``dp_sgd_releases``,
+``DPTrainer.release_fn``, ``srgd_releases``, ``output_perturbation_releases``,
+``dp_loc_gd_releases``, ``dp_bilevel_releases``): the driver's plan, sampling, clipping and
+noise on a small problem with a Dirac-like canary. The loss is linear, ``f(w; x) = <x, w>``
+(output perturbation: plus a public ``mu/2 ||w||^2``), so the canary ``x = 10 C e_0`` has
+clipped gradient ``C e_0`` at every step and the releases are scored by their ``e_0``
+coordinate summed over steps (tree noise: the likelihood-ratio weights of its covariance). The
+neighbour follows the driver's relation: ``add_remove`` deletes the canary's row, ``zero_out``
+zeroes it, ``replace_one`` negates it.
 
-The claim is the driver's *own* reported epsilon (its ``Result.privacy.epsilon``, or the
-ledger computation the driver reports, named in ``claim_source``). Broken twins keep that
-claim and run a buggy variant through the same hook:
+The claim is the driver's own reported epsilon (``claim_source``). Broken twins keep it and run
+a buggy variant through the same hook:
 
-* ``noise_halved``: the hook with half the noise multiplier (a config bug, or the sensitivity
-  of the wrong relation);
-* ``realized_count``: full-batch DP-SGD under ``add_remove`` whose declared ``n_users`` is read
-  from the dataset (the old realized-count denominator: ``sum / n`` and noise ``z C / n`` with
-  ``n`` private). Background users push ``-C e_0``, so the mean moves by ``2C/n``, not ``C/n``;
-* ``independent_accounting``: SRGD's tree releases claimed with the independent-noise
-  accounting (``mu = 1/z`` instead of ``sqrt(levels)/z``).
+* ``noise_halved``: half the noise multiplier (a config bug, or the wrong relation's
+  sensitivity);
+* ``realized_count``: full-batch DP-SGD under ``add_remove`` with ``n_users`` read from the
+  dataset (``sum / n``, noise ``z C / n``, ``n`` private); background users push ``-C e_0``,
+  so the mean moves by ``2C/n``, not ``C/n``;
+* ``independent_accounting``: SRGD's tree releases claimed with ``mu = 1/z`` instead of
+  ``sqrt(levels)/z``.
 
 All claims are at ``delta = 1e-5`` and lie in about [1, 4].
 """
@@ -31,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Callable
 
 import jax
@@ -54,14 +50,12 @@ _SUPPORTED = {"poisson": ("add_remove",), "full": ("zero_out", "add_remove"),
 
 
 def _linear_loss(w, ex):
-  """``<x, w>``: the gradient is ``x`` at every point (no adaptivity in the canary's move)."""
   return jnp.dot(ex["x"], w, precision=_HI)
 
 
 def linear_problem(x: np.ndarray, *, mu: float = 0.0, radius: float = 1.0):
   """An :class:`~dpsco_jax.problems.SCOProblem` over users ``x [n, m, d]`` with the linear
-  loss (``mu > 0``: plus ``mu/2 ||w||^2``, declared as ``meta['strong_convexity']``).
-  ``lipschitz`` is ``max ||x||`` (the data-dependent part's constant)."""
+  loss (``mu > 0``: plus ``mu/2 ||w||^2``); ``lipschitz`` is ``max ||x||``."""
   from dpsco_jax.problems import SCOProblem
   x = jnp.asarray(x, jnp.float32)
   n, m, d = x.shape
@@ -78,7 +72,6 @@ def linear_problem(x: np.ndarray, *, mu: float = 0.0, radius: float = 1.0):
 
 
 def _users(n: int, m: int, dim: int, background: float) -> np.ndarray:
-  """``[n, m, dim]``: user 0 is the canary ``10 C e_0``; the others ``background * e_0``."""
   x = np.zeros((n, m, dim), np.float32)
   x[0, :, 0] = _CANARY * _CLIP
   x[1:, :, 0] = background
@@ -86,7 +79,6 @@ def _users(n: int, m: int, dim: int, background: float) -> np.ndarray:
 
 
 def _neighbour(x: np.ndarray, relation: str) -> np.ndarray:
-  """The canary (row 0) removed / zeroed / negated."""
   if relation == "add_remove":
     return x[1:]
   y = x.copy()
@@ -95,7 +87,6 @@ def _neighbour(x: np.ndarray, relation: str) -> np.ndarray:
 
 
 def _e0_sum(releases) -> jax.Array:
-  """Sum over every step of the release's ``e_0`` coordinate (one params leaf)."""
   (leaf,) = jax.tree.leaves(releases)
   return jnp.sum(leaf[..., 0])
 
@@ -105,11 +96,8 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
                   sampling: str | None = None, users: int = 8, m: int = 2, dim: int = 2,
                   steps: int | None = None, noise_multiplier: float | None = None,
                   sampling_rate: float = 0.5, batch_size: int = 15) -> AuditSpec:
-  """``dp_sgd_user`` through ``baselines.dp_sgd_releases``. ``sampling`` defaults by relation
-  (``add_remove``: poisson, ``zero_out``: full, ``replace_one``: fixed); full-batch
-  ``add_remove`` declares ``n_users`` (``sampling="full"`` explicitly). Claim: the driver's
-  ``Result.privacy.epsilon`` on ``D``. Twins: ``noise_halved`` (every sampling),
-  ``realized_count`` (full, add_remove)."""
+  """``dp_sgd_user`` through ``dp_sgd_releases``; ``sampling`` defaults by relation (poisson,
+  full, fixed). Twins: ``noise_halved``, ``realized_count`` (full, add_remove)."""
   from dpsco_jax.algorithms.dpsgd import driver as baselines
   from dpsco_jax.api import solve
   check_relation(relation)
@@ -157,10 +145,8 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
 def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
                    users: int = 8, m: int = 2, dim: int = 2, steps: int = 1,
                    noise_multiplier: float = 1.5, sampling_rate: float = 0.5) -> AuditSpec:
-  """``flax.DPTrainer`` (nnx linear model, no bias) through ``DPTrainer.release_fn``; the
-  declared ``expected_batch_size`` is ``q * users``. Claim: the epsilon the trainer plans
-  for ``steps`` steps (``ledger.check(event, count=steps)``, what ``train`` reports). Twin
-  ``noise_halved``: a trainer with half the noise multiplier."""
+  """``DPTrainer`` (nnx linear model) through ``release_fn``; claim: the epsilon it plans for
+  ``steps`` steps (what ``train`` reports). Twin ``noise_halved``."""
   import optax
   from flax import nnx
 
@@ -198,19 +184,12 @@ def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
 def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch: int = 2,
                 steps: int = 16, dim: int = 2, noise_multiplier: float = 2.5,
                 epochs: int = 1) -> AuditSpec:
-  """``accelerated_dp_srgd`` through ``srgd.srgd_releases``: the canary is example 0 (batch
-  0), so its clipped SRG difference ``C e_0`` (linear loss: ``(t+1)g - tg = g``) enters every
-  released noisy prefix sum. Zero-out neighbour via ``user_mask``. Score: the
-  likelihood-ratio weights ``Sigma^{-1} 1`` of the tree's prefix covariance. Claim: the
-  driver's ledger epsilon of ``plan.event`` (tree, ``mu = sqrt(levels)/z``). Twin
-  ``independent_accounting``: the same releases claimed as by
-  ``accelerated_dp_srgd_independent_noise`` at the same ``z`` (``mu = 1/z``).
-
-  ``epochs = k > 1`` (``steps`` per epoch, one fixed order): the canary's difference enters at
-  steps ``0, P, 2P, ...``, so the released prefix sums move by ``C`` times the running count of
-  its participations (the score's weights follow); the claim is the plan's exact
-  k-participation event. Twin ``one_participation``: the same releases claimed as if the
-  canary took part once in the ``k P`` steps (the single-epoch tree sensitivity)."""
+  """``accelerated_dp_srgd`` through ``srgd_releases``: the canary is example 0, so its
+  clipped SRG difference ``C e_0`` enters every released prefix sum (zero-out via
+  ``user_mask``). Claim: the ledger epsilon of ``plan.event``; twin
+  ``independent_accounting``: the releases claimed as the independent-noise variant's.
+  ``epochs > 1``: the canary takes part once per epoch (the weights follow its running count);
+  twin ``one_participation`` claims the single-epoch sensitivity."""
   from dpsco_jax.algorithms.srgd import driver as srgd
   from dpsco_jax.privacy.ledger import epsilon_of
   if check_relation(relation) != "zero_out":
@@ -255,11 +234,9 @@ def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch:
 def output_perturbation_driver(relation: str = "replace_one", broken: str | None = None, *,
                                users: int = 8, dim: int = 2, epsilon: float = 2.5,
                                mu: float = 1.0) -> AuditSpec:
-  """``naive_output_pert`` through ``output_perturbation_releases``: loss
-  ``mu/2 ||w||^2 - <x, w>`` (minimizer ``mean(x)/mu``; the data part is ``G = 1``-Lipschitz),
-  canary ``x = e_0`` replaced by ``-e_0``: the minimizer moves by ``2G/(mu n)``, the bound
-  the driver calibrates for. Claim: the driver's ``Result.privacy.epsilon``. Twin
-  ``noise_halved``: the driver with half its calibrated noise multiplier."""
+  """``naive_output_pert`` through ``output_perturbation_releases``: the canary ``e_0``
+  replaced by ``-e_0`` moves the minimizer ``mean(x)/mu`` by ``2G/(mu n)``, the calibrated
+  bound. Twin ``noise_halved``."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.output_perturbation import driver as op
   if check_relation(relation) != "replace_one":
@@ -289,9 +266,8 @@ def output_perturbation_driver(relation: str = "replace_one", broken: str | None
 def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
                   examples: int = 8, dim: int = 2, steps: int = 4,
                   noise_multiplier: float = 7.0) -> AuditSpec:
-  """``dp_loc_gd`` (full batch, one round) through ``localized_gd.dp_loc_gd_releases`` with
-  the runner's plan (``api.plan_problem``); the canary example ``10 C e_0`` is replaced by its
-  negation. Claim: ``run_dp_loc_gd(...).privacy.epsilon``. Twin ``noise_halved``."""
+  """``dp_loc_gd`` (full batch, one round) through ``dp_loc_gd_releases`` with the runner's
+  plan; the canary ``10 C e_0`` is negated. Twin ``noise_halved``."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.bilevel import localized_gd as lg
   if check_relation(relation) != "replace_one":
@@ -320,20 +296,12 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
 def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
                    examples: int = 8, dim: int = 2, steps: int = 4, epsilon: float = 2.5,
                    inner_share: float = 0.01) -> AuditSpec:
-  """``dp_bilevel`` (Alg 1, full batch) through ``bilevel.dp_bilevel_releases`` with the
-  driver's own plan (``api.plan_problem``). Example ``i`` is ``(a_i, b_i)``; upper level
-  ``f_i(x, y) = <a_i, x>``, lower level ``g_i(x, y) = ||y - b_i||^2 / 2`` (per-level membership
-  inside each example, paper 004's footnote 1). The penalty hypergradient is then
-  ``v_i = a_i`` at every ``(x, y^lam, y*)``, so the canary ``a_0 = 10 C_out e_0`` (replaced by
-  ``-a_0``, ``b_0`` unchanged) moves every outer release by exactly ``2 C_out / n`` along
-  ``e_0`` and the inner solves (identical data in D and D') not at all: the releases on D and
-  D' are the driver's own release distributions, no ``forced=`` replay is needed. The inner
-  solves still run (noise, projections, warm starts) but carry no canary signal, so the
-  config gives them ``inner_share`` of the budget each (``shares``) and the outer Gaussian the
-  rest. Score: the ``e_0`` coordinate of the outer releases summed over the ``T`` steps (the
-  likelihood-ratio statistic: equal shifts, i.i.d. noise). Claim: ``dp_bilevel(...)``'s
-  ``privacy.epsilon`` (PLD composition of all ``3T`` mechanisms). Twin ``noise_halved``: every
-  multiplier of the plan halved."""
+  """``dp_bilevel`` (Alg 1, full batch) through ``dp_bilevel_releases`` with the driver's
+  plan. Upper level ``<a_i, x>``, lower ``||y - b_i||^2 / 2``: the penalty hypergradient is
+  ``a_i`` everywhere, so the canary ``a_0 = 10 C e_0`` (negated, ``b_0`` kept) moves every
+  outer release by ``2 C / n`` and the inner solves not at all; they get ``inner_share`` of the
+  budget each. Claim: PLD composition of all ``3T`` mechanisms. Twin ``noise_halved``: every
+  multiplier halved."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.bilevel import driver as bl
   if check_relation(relation) != "replace_one":
@@ -397,11 +365,10 @@ DRIVERS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, .
 }
 
 
-#: trials per side at which every twin above is flagged (1e5 is cheap: compiling dominates;
-#: the fixed-size sampling claim is RDP, ~12% loose, so its twin needs more)
+#: trials per side at which every twin is flagged (the fixed-size claim is RDP, ~12% loose)
 TRIALS = {name: 100_000 for name in DRIVERS} | {"dp_sgd_user_fixed": 400_000}
 
-#: drivers whose claim is a Gaussian (mu-GDP) one: only there is the GDP-fit bound a test
+#: drivers with a Gaussian (mu-GDP) claim: only there is the GDP-fit bound a test
 GAUSSIAN = ("dp_sgd_user_full", "accelerated_dp_srgd", "accelerated_dp_srgd_epochs",
             "naive_output_pert", "dp_loc_gd", "dp_bilevel")
 
@@ -412,7 +379,7 @@ def build_driver(name: str, relation: str, broken: str | None = None, **kwargs) 
   Args:
     name: a key of ``DRIVERS``.
     relation: the neighbouring relation to audit under.
-    broken: a deliberately broken variant's name (default none: the real mechanism).
+    broken: a broken twin's name (default none: the real mechanism).
     **kwargs: the driver's own keyword arguments.
 
   Returns:

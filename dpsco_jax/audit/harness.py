@@ -1,27 +1,11 @@
 """Black-box harness: run a release function many times on ``D`` and ``D'``, score, bound.
 
-The one interface a mechanism (a chain stage here, a driver later) has to offer is
-
-    release(key, dataset) -> array (or pytree) of per-step releases
-
-with ``dataset`` any pytree of arrays (static shapes) and ``key`` a ``jax.random`` key that is
-the mechanism's only randomness. The harness vmaps it over independent keys, jits it once per
-dataset shape, scores every run with ``score(releases) -> scalar`` and turns the two score
-samples into :class:`AuditResult`. Keys: trial ``i`` on side ``s`` uses
-``fold_in(fold_in(key, s), i)``, so the two sides and all trials draw independent noise and no
-key is used twice.
-
-A driver is audited the same way through its audit hook (:mod:`dpsco_jax.audit.drivers`),
-e.g.::
-
-    def release(key, data):            # data: {"x": [n, m, d]} with the canary user
-      return baselines.dp_sgd_releases(problem, cfg, key, data=data)   # [T, d] noisy means
-    audit_mechanism(release, with_canary, without_canary, score=lambda r: r[:, 0].sum(),
-                    claimed_epsilon=result.privacy.epsilon, delta=result.privacy.delta,
-                    relation=result.privacy.relation, trials=100_000)
-
-(the release function must be jittable and vmappable in ``key``; the hook that returns the
-per-step releases belongs to the driver).
+A mechanism offers ``release(key, dataset) -> per-step releases`` (jittable, vmappable in
+``key``, ``key`` its only randomness; ``dataset`` any pytree of static shapes). The harness
+vmaps it over independent keys, jits it once, scores every run with ``score(releases) ->
+scalar`` and bounds the two score samples. Trial ``i`` on side ``s`` uses
+``fold_in(fold_in(key, s), i)``: no key is used twice. Drivers are audited through their audit
+hooks (:mod:`dpsco_jax.audit.drivers`).
 """
 
 from __future__ import annotations
@@ -44,21 +28,18 @@ Score = Callable[[Any], jax.Array]
 
 
 class AuditResult(NamedTuple):
-  """Outcome of one audit. ``lower_bound`` is the distribution-free epsilon lower bound at
-  ``delta`` (holds with probability ``confidence``); ``gdp_lower_bound`` is the epsilon of the
-  mu-GDP lower bound (meaningful against Gaussian claims only). ``violated`` is True when the
-  distribution-free bound exceeds the claim.
+  """Outcome of one audit; ``violated`` when the distribution-free bound exceeds the claim.
 
   Attributes:
     claimed_epsilon: the epsilon audited.
-    lower_bound: the distribution-free epsilon lower bound.
+    lower_bound: the distribution-free epsilon lower bound at ``delta``.
     confidence: the bound's confidence.
     trials: the runs per side.
     relation: the neighbouring relation of the pair.
     delta: the claim's delta.
     name: the audit's name.
     mu_lower_bound: the lower bound on ``mu`` (GDP).
-    gdp_lower_bound: the epsilon at ``delta`` of ``mu_lower_bound``.
+    gdp_lower_bound: the epsilon at ``delta`` of ``mu_lower_bound`` (Gaussian claims only).
     threshold: the score threshold the bound was evaluated at.
   """
   claimed_epsilon: float
@@ -79,8 +60,7 @@ class AuditResult(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class AuditSpec:
-  """Everything one audit needs: the mechanism as ``release``, the neighbouring datasets,
-  the score, and the claim (with where it comes from: ``claim_source``).
+  """One audit: the mechanism as ``release``, the neighbouring datasets, score and claim.
 
   Attributes:
     name: the audit's name.
@@ -103,7 +83,7 @@ class AuditSpec:
   claimed_epsilon: float
   delta: float
   claim_source: str = ""
-  thresholds: tuple[float, ...] | None = None  # data-independent grid (discrete scores)
+  thresholds: tuple[float, ...] | None = None
 
 
 def _check_count(x, name: str) -> int:
@@ -115,7 +95,6 @@ def _check_count(x, name: str) -> int:
 
 
 def _scorer(release: Release, score: Score) -> Callable:
-  """One jitted ``(keys, dataset) -> scores`` for both sides of an audit (one compile)."""
   @jax.jit
   def run(keys, data):
     return jax.vmap(lambda k: jnp.asarray(score(release(k, data)), jnp.float32))(keys)
@@ -136,8 +115,7 @@ def _sample(run: Callable, dataset: Any, key: jax.Array, trials: int, batch: int
 
 def sample_scores(release: Release, dataset: Any, score: Score, key: jax.Array, trials: int,
                   *, batch: int = 20_000) -> np.ndarray:
-  """``trials`` i.i.d. scores ``score(release(k_i, dataset))`` as float64 numpy, computed in
-  vmapped, jitted chunks of at most ``batch`` trials (bounded memory).
+  """``trials`` i.i.d. scores ``score(release(k_i, dataset))`` (float64), in jitted chunks.
 
   Args:
     release: ``release(key, dataset) -> output``.
@@ -166,10 +144,8 @@ def audit_mechanism(release: Release, dataset_in: Any, dataset_out: Any, *, scor
                     thresholds: Sequence[float] | None = None) -> AuditResult:
   """Audits ``release`` on the neighbouring pair ``(dataset_in, dataset_out)``.
 
-  ``trials`` runs per side. Without ``thresholds`` the threshold is chosen on a quarter of
-  each side and the bounds are evaluated on the rest; with a data-independent grid
-  ``thresholds`` (natural for discrete scores: a bit, a count of steps) every trial is used
-  and the intervals are Bonferroni-corrected over the grid
+  Without ``thresholds`` the threshold is chosen on a quarter of each side; a data-independent
+  grid (natural for discrete scores) uses every trial, Bonferroni-corrected
   (:func:`dpsco_jax.audit.bounds.epsilon_lower_bound`).
 
   Args:

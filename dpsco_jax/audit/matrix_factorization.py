@@ -1,22 +1,13 @@
 """Canary audits of the MF noise stages (banded, BLT), each with a broken-accounting twin.
 
 ``clip_and_aggregate(C, "mean", D) -> banded_noise | blt_noise (output="increment")`` over
-``steps`` batches; the canary is in slot 0 of the batches at steps ``0, sep, ..., (k-1) sep``
-(``k = participations``) and absent (masked) elsewhere. The releases are ``y = x + C^{-1} Z``
-(noise covariance ``sigma^2 C^{-1} C^{-T}``), so the Neyman-Pearson score for the canary's
-mean shift ``Delta`` (``C/D`` on ``e_0`` at its steps) uses the weights
-``(C^{-1} C^{-T})^{-1} Delta = C^T C Delta``.
-
-Claim: :func:`~dpsco_jax.privacy.matrix_factorization.mf_event` with the sensitivity of the
-canary's real pattern (``participation_sensitivity(c, T, k, sep)``); ``epsilon_of`` under
-add_remove (zero_out has the same sensitivity and is accounted as add_remove).
-
-Twin ``single_participation_accounting``: the same releases, claimed as if the canary had
-participated once (sensitivity ``||c||``) while it participates ``k`` times within the band
-(``sep < bands``): the bug of accounting a multi-epoch run with the single-epoch event. With
-the defaults (``k = 3``, ``sep = 1``, 4 sqrt bands, ``z = 3``) the real sensitivity is 2.42
-``||c||`` (claims: honest 3.43, twin 1.27); with ``k = 2`` it is 1.76 ``||c||``, which the
-audit also catches but with a thinner margin at 5e4 trials.
+``steps`` batches; the canary is in slot 0 at steps ``0, sep, ..., (k-1) sep`` and masked
+elsewhere. The releases carry noise of covariance ``sigma^2 C^{-1} C^{-T}``, so the
+Neyman-Pearson score for the canary's shift ``Delta`` has weights ``C^T C Delta``. Claim:
+``epsilon_of(mf_event(z, participation_sensitivity(c, T, k, sep)))`` under add_remove (zero_out
+has the same sensitivity). Twin ``single_participation_accounting``: the same releases claimed
+with the one-participation sensitivity ``||c||`` while the canary takes part ``k`` times within
+the band.
 """
 
 from __future__ import annotations
@@ -28,6 +19,7 @@ import optax
 
 from dpsco_jax.audit.canary import UserBatch, check_relation, dirac_canary, neighbouring_pair
 from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.audit.mechanisms import DELTA, chain_releases, check_broken
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.transforms.clipping import clip_and_aggregate
@@ -35,7 +27,6 @@ from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 
 __all__ = ["MECHANISMS", "build", "banded_noise_audit", "blt_noise_audit"]
 
-DELTA = 1e-5
 _HI = jax.lax.Precision.HIGHEST
 _CLIP = 1.0
 _CANARY_NORM = 10.0
@@ -44,8 +35,8 @@ TWINS = ("single_participation_accounting",)
 
 def _stream(relation: str, steps: int, pattern: np.ndarray, users: int, dim: int
             ) -> tuple[UserBatch, UserBatch]:
-  """Per-step batches ``[steps, users, dim]``: slot 0 holds the canary at ``pattern`` steps
-  (masked elsewhere), the other slots background users pushing ``-e_0`` (clipped)."""
+  """``[steps, users, dim]`` batches: the canary in slot 0 at ``pattern`` steps, background
+  users pushing ``-e_0``."""
   background = -jnp.tile(dirac_canary(dim, _CANARY_NORM)[None], (users - 1, 1))
   b_in, b_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
   on = jnp.zeros((steps,), bool).at[jnp.asarray(pattern)].set(True)
@@ -63,8 +54,7 @@ def _spec(name: str, relation: str, broken: str | None, stage, coefs: np.ndarray
   check_relation(relation)
   if relation == "replace_one":
     raise ValueError("relation: the MF audits use add_remove or zero_out")
-  if broken is not None and broken not in TWINS:
-    raise ValueError(f"broken must be None or one of {TWINS} for {name}, got {broken!r}")
+  check_broken(broken, TWINS, name)
   pattern = np.arange(participations) * sep
   if pattern[-1] >= steps:
     raise ValueError(f"{participations} participations {sep} apart do not fit {steps} steps")
@@ -83,12 +73,7 @@ def _spec(name: str, relation: str, broken: str | None, stage, coefs: np.ndarray
 
   def release(key, data: UserBatch):
     tx = optax.chain(clip_and_aggregate(_CLIP, "mean", denom), stage(std, steps, key))
-    params = jnp.zeros((dim,), jnp.float32)
-
-    def body(state, batch):
-      out, state = tx.update(batch[0], state, params, user_mask=batch[1])
-      return state, out
-    return jax.lax.scan(body, tx.init(params), (data.grads, data.mask))[1]
+    return chain_releases(tx, data, dim)
 
   source = (f"epsilon_of(mf_event(z={noise_multiplier}, sens={claimed:.4g})); canary "
             f"participates {participations}x, {sep} apart"
@@ -112,8 +97,7 @@ def blt_noise_audit(relation: str = "zero_out", broken: str | None = None, *,
                     steps: int = 8, buffers: int = 2, participations: int = 3, sep: int = 1,
                     users: int = 4, dim: int = 2, noise_multiplier: float = 4.0
                     ) -> AuditSpec:
-  """``blt_noise`` with the built-in BLT fit (nonnegative, nonincreasing coefficients, so the
-  overlapping-participation sensitivity is exact)."""
+  """``blt_noise`` with the built-in BLT fit (its coefficients make the sensitivity exact)."""
   s = mf.blt_strategy(steps, buffers, strategy="sqrt")
   coefs = mf.blt_coefs(s.buf_decay, s.output_scale, steps)
   stage = lambda std, t, key: blt_noise(std, t, key, buf_decay=s.buf_decay,

@@ -1,12 +1,9 @@
 """Audit specs around the library's own stages, each with deliberately broken twins.
 
-Every builder returns an :class:`~dpsco_jax.audit.harness.AuditSpec`: a ``release(key, data)``
-made of the real stages (``clip_and_aggregate``, ``add_gaussian_noise``,
-``tree_prefix_sum_noise``, ``filter_points`` + ``laplace_test``, ``outlier_filter``,
-``tdlap_sample_from_kappa``), the neighbouring datasets of :mod:`dpsco_jax.audit.canary`, a score
-and the claim computed by the library's own accounting (``epsilon_of``, ``prefix_noise_event``,
-``above_threshold_epsilon``, ...). ``broken=`` swaps in one known bug while the claim stays what
-the honest mechanism states, so an audit with power must flag it:
+Every builder returns an :class:`~dpsco_jax.audit.harness.AuditSpec` made of the real stages,
+the neighbouring datasets of :mod:`dpsco_jax.audit.canary`, a score, and the claim of the
+library's own accounting. ``broken=`` swaps in one known bug while the claim stays the honest
+mechanism's, so an audit with power must flag it:
 
 * ``noise_halved``: half the calibrated noise scale (e.g. the sensitivity of the wrong
   relation, a Laplace scale for sensitivity 1 instead of 2);
@@ -16,8 +13,7 @@ the honest mechanism states, so an audit with power must flag it:
 * ``threshold_redrawn``: AboveThreshold's noisy threshold drawn afresh every step;
 * ``eps_not_split``: TDLap drawn at ``eps`` instead of ``eps' = eps/2``.
 
-All claims are at ``delta = 1e-5``; parameters are chosen so that claims are 1-4 and the
-twins' violations are detectable with ~1e5 trials per side on a CPU in seconds.
+All claims are at ``delta = 1e-5`` and lie in about [1, 4].
 """
 
 from __future__ import annotations
@@ -49,7 +45,7 @@ from dpsco_jax.transforms.tree_noise import (prefix_nodes, prefix_noise_event,
 
 __all__ = ["MECHANISMS", "build", "gaussian_chain", "tree_noise", "laplace_test_audit",
            "above_threshold_audit", "output_perturbation", "tdlap_bottom", "gaussian_lr_weights",
-           "check_broken", "tree_noise_covariance"]
+           "check_broken", "tree_noise_covariance", "chain_releases"]
 
 DELTA = 1e-5
 _HI = jax.lax.Precision.HIGHEST  # scores are sums of many terms: no TF32/bf16 passes
@@ -57,16 +53,27 @@ _CLIP = 1.0
 _CANARY_NORM = 10.0  # >> C: clipping, not the data, decides how far the canary moves things
 
 
-def check_broken(broken: str | None, allowed: tuple[str, ...], name: str) -> None:
-  """An audit's ``broken`` twin is ``None`` (the honest mechanism) or one it defines (else a
-  ValueError naming the audit): every audit module reads the same rule."""
+def check_broken(broken: str | None, allowed: tuple[str, ...], name: str = "") -> None:
+  """ValueError unless ``broken`` is ``None`` (honest) or one of the audit's twins."""
   if broken is not None and broken not in allowed:
-    raise ValueError(f"broken must be None or one of {allowed} for {name}, got {broken!r}")
-  return broken
+    where = f" for {name}" if name else ""
+    raise ValueError(f"broken must be None or one of {allowed}{where}, got {broken!r}")
+
+
+def chain_releases(tx, data: UserBatch, dim: int, steps: int | None = None) -> jax.Array:
+  """``tx``'s outputs stacked over steps: one per leading row of ``data`` (per-step batches),
+  or ``steps`` runs on the same batch."""
+  params = jnp.zeros((dim,), jnp.float32)
+
+  def body(state, batch):
+    grads, mask = (data.grads, data.mask) if batch is None else batch
+    out, state = tx.update(grads, state, params, user_mask=mask)
+    return state, out
+  xs = None if steps is not None else (data.grads, data.mask)
+  return jax.lax.scan(body, tx.init(params), xs, length=steps)[1]
 
 
 def _dot_e0(releases: jax.Array) -> jax.Array:
-  """Sum over steps of the inner product with the canary direction ``e_0``."""
   return jnp.sum(releases[..., 0])
 
 
@@ -74,14 +81,10 @@ def _dot_e0(releases: jax.Array) -> jax.Array:
 def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
                    steps: int = 4, users: int = 8, dim: int = 2,
                    mu_target: float = 0.5) -> AuditSpec:
-  """``clip_and_aggregate(C, "mean", D) -> add_gaussian_noise`` for ``steps`` steps.
-
-  Noise ``sigma = z * aggregation_sensitivity(C, mean, D, relation)`` with ``z`` chosen so the
-  composed mechanism is ``mu_target``-GDP; the claim is ``epsilon_of`` of
-  ``GaussianDpEvent(sigma / (C/D))`` composed ``steps`` times under the relation (zero-out is
-  accounted as add/remove: same sensitivity ``C/D``, same count). Background users have
-  gradient ``-10 C e_0``: irrelevant for an honest fixed denominator, worst case for a
-  realized-count denominator."""
+  """``clip_and_aggregate(C, "mean", D) -> add_gaussian_noise`` for ``steps`` steps, noise
+  calibrated to ``mu_target``-GDP; claim ``epsilon_of(Gaussian)^steps`` (zero-out accounted
+  as add/remove: same sensitivity ``C/D``). Background users push ``-10 C e_0``: the worst
+  case for a realized-count denominator."""
   check_relation(relation)
   twins = ("noise_halved", "no_clipping") + (("realized_count",)
                                              if relation == "add_remove" else ())
@@ -108,12 +111,7 @@ def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
     else:
       agg = clip_and_aggregate(_CLIP, "mean", denom)
     tx = optax.chain(agg, optax.scale(scale), add_gaussian_noise(std, key))
-    params = jnp.zeros((dim,), jnp.float32)
-
-    def body(state, _):
-      out, state = tx.update(data.grads, state, params, user_mask=data.mask)
-      return state, out
-    return jax.lax.scan(body, tx.init(params), None, length=steps)[1]
+    return chain_releases(tx, data, dim, steps)
 
   return AuditSpec(f"gaussian_chain[{broken or 'honest'}]", relation, release, d_in, d_out,
                    _dot_e0, claim, DELTA,
@@ -123,26 +121,23 @@ def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
 
 # ----------------------------------------------------------------------------- tree noise
 def gaussian_lr_weights(cov: np.ndarray, shift: np.ndarray) -> np.ndarray:
-  """Weights ``w = cov^{-1} shift`` of the optimal (Neyman-Pearson) linear score for a mean
-  shift ``shift`` of correlated Gaussian noise with covariance ``cov`` (float64, host)."""
+  """``cov^{-1} shift``: the Neyman-Pearson linear score for a mean shift of correlated
+  Gaussian noise (float64, host)."""
   return np.linalg.solve(np.asarray(cov, np.float64), np.asarray(shift, np.float64))
 
 
 def tree_noise_covariance(steps: int) -> np.ndarray:
-  """Per-coordinate covariance of the tree's prefix noises ``N_0..N_{T-1}`` in units of the
-  node variance: the number of nodes the two prefixes share."""
+  """Covariance of the tree's prefix noises in node variances: the nodes two prefixes share."""
   nodes = [set(prefix_nodes(t + 1)) for t in range(steps)]
   return np.asarray([[len(a & b) for b in nodes] for a in nodes], np.float64)
 
 
 def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps: int = 8,
                users: int = 4, dim: int = 2, noise_multiplier: float = 2.0) -> AuditSpec:
-  """``clip_and_aggregate -> tree_prefix_sum_noise`` over one epoch of ``steps`` batches; the
-  canary is in batch 0, so it enters every released prefix. Score: the likelihood-ratio
-  weights of the tree's noise covariance applied to ``<y_t, e_0>``. Claim:
-  ``prefix_noise_event(z, T, "tree")`` (mu = sqrt(levels)/z). Twin
-  ``independent_accounting``: the same releases, claimed with ``mechanism="independent"``
-  (mu = 1/z)."""
+  """``clip_and_aggregate -> tree_prefix_sum_noise`` over ``steps`` batches, the canary in
+  batch 0 (so in every prefix); score: the tree covariance's likelihood-ratio weights. Claim:
+  ``prefix_noise_event(z, T, "tree")`` (mu = sqrt(levels)/z); the twin claims
+  ``"independent"`` (mu = 1/z)."""
   check_relation(relation)
   if relation == "replace_one":
     raise ValueError("relation: the tree audit uses add_remove or zero_out (spec 003)")
@@ -164,14 +159,8 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
                         jnp.float32)
 
   def release(key, data: UserBatch):
-    tx = optax.chain(clip_and_aggregate(_CLIP, "mean", denom),
-                     tree_prefix_sum_noise(std, steps, key))
-    params = jnp.zeros((dim,), jnp.float32)
-
-    def body(state, batch):
-      out, state = tx.update(batch[0], state, params, user_mask=batch[1])
-      return state, out
-    return jax.lax.scan(body, tx.init(params), (data.grads, data.mask))[1]
+    return chain_releases(optax.chain(clip_and_aggregate(_CLIP, "mean", denom),
+                                      tree_prefix_sum_noise(std, steps, key)), data, dim)
 
   return AuditSpec(f"tree_noise[{broken or 'honest'}]", relation, release, stream(b_in),
                    stream(b_out), lambda r: jnp.dot(weights, r[:, 0], precision=_HI),
@@ -181,8 +170,7 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
 
 # ----------------------------------------------------------------------------- FILTER score tests
 def _cluster_pair(users: int, dim: int, radius: float) -> tuple[UserBatch, UserBatch]:
-  """``D``: ``users`` points at the origin (score ``K``); ``D'`` (replace-one): the canary
-  moved far away (score ``K - 2 + 2/K``: the FILTER score's sensitivity, ~2)."""
+  """``D``: all users at the origin; ``D'``: the canary moved far (the score moves by ~2)."""
   background = jnp.zeros((users - 1, dim), jnp.float32)
   d_in, _ = neighbouring_pair(background, jnp.zeros((dim,), jnp.float32), "replace_one")
   far = dirac_canary(dim, 100.0 * radius)
@@ -190,7 +178,6 @@ def _cluster_pair(users: int, dim: int, radius: float) -> tuple[UserBatch, UserB
 
 
 def _score(data: UserBatch, radius: float) -> jax.Array:
-  # the coins key is irrelevant for the score
   return filter_points(data.grads, jax.random.key(0), score_radius=radius,
                        user_mask=data.mask).score
 
@@ -198,11 +185,8 @@ def _score(data: UserBatch, radius: float) -> jax.Array:
 def laplace_test_audit(relation: str = "replace_one", broken: str | None = None, *,
                        users: int = 10, dim: int = 2, epsilon: float = 1.0,
                        radius: float = 1.0) -> AuditSpec:
-  """Algorithm 1's one-shot test ``s + Lap(b) >= threshold`` on the real FILTER score.
-
-  ``b = 2 / epsilon`` (score sensitivity 2); the claim is ``laplace_test_epsilon(b, 2)``. The
-  public threshold is the worst case for privacy: the midpoint of the two scores. Twin
-  ``noise_halved``: ``b`` calibrated for sensitivity 1."""
+  """Algorithm 1's test ``s + Lap(2/eps) >= threshold`` on the FILTER score, the threshold
+  at the two scores' midpoint (the worst case); the twin calibrates for sensitivity 1."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: the FILTER score is audited under replace_one (paper 000)")
   check_broken(broken, ("noise_halved",), "laplace_test")
@@ -223,12 +207,9 @@ def laplace_test_audit(relation: str = "replace_one", broken: str | None = None,
 def above_threshold_audit(relation: str = "replace_one", broken: str | None = None, *,
                           users: int = 10, dim: int = 2, epsilon: float = 8.0,
                           steps: int = 30, radius: float = 1.0) -> AuditSpec:
-  """The ``outlier_filter`` stage (FILTER + AboveThreshold halting) run ``steps`` times on
-  the same users; release: the halting flags; score: steps survived. The threshold fraction
-  puts ``D'``'s score exactly at ``thr * K`` (so ``D``'s is ~2 above). Claim: the stage's
-  AboveThreshold budget ``above_threshold_epsilon(8/eps, 16/eps, 2) = eps/2``. Twin
-  ``threshold_redrawn``: the same scales, a fresh noisy threshold every step (the bug spec
-  000 §7 item 1 warns about)."""
+  """``outlier_filter``'s halting flags over ``steps`` steps (score: steps survived), ``D'``'s
+  score exactly at the threshold. Claim: the stage's AboveThreshold budget ``eps/2``; the
+  twin redraws the noisy threshold every step (spec 000 §7 item 1)."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: the FILTER stage is audited under replace_one (paper 000)")
   check_broken(broken, ("threshold_redrawn",), "above_threshold")
@@ -264,12 +245,8 @@ def above_threshold_audit(relation: str = "replace_one", broken: str | None = No
 # ----------------------------------------------------------------------------- output perturbation
 def output_perturbation(relation: str = "replace_one", broken: str | None = None, *,
                         users: int = 8, dim: int = 2, epsilon: float = 2.0) -> AuditSpec:
-  """Naive output perturbation of a strongly convex ERM with a closed-form minimizer:
-  ``theta*(D) = (1/n) sum_u clip_G(x_u)`` (loss ``0.5 ||theta - x_u||^2`` restricted to
-  ``||x_u|| <= G``: ``mu = 1``, sensitivity ``2G/(mu n)`` under replace-one), released as
-  ``theta* + N(0, sigma^2 I)`` with ``sigma = gaussian_sigma_analytic(2G/n, eps, delta)``
-  (``naive_sigma``, practical preset). Claim: ``epsilon_of(Gaussian(sigma / (G/n)))`` under
-  replace-one. Twin ``noise_halved``: sensitivity taken as ``G/n`` (the add/remove value)."""
+  """Output perturbation of the minimizer ``mean_u clip_G(x_u)`` (replace-one sensitivity
+  ``2G/n``) with ``gaussian_sigma_analytic``'s noise; the twin uses ``G/n`` (add/remove)."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: output perturbation (paper 001) is audited under replace_one")
   check_broken(broken, ("noise_halved",), "output_perturbation")
@@ -283,7 +260,7 @@ def output_perturbation(relation: str = "replace_one", broken: str | None = None
 
   def release(key, data: UserBatch):
     agg = clip_and_aggregate(_CLIP, "mean", float(users))
-    theta, _ = agg.update(data.grads, agg.init(None), user_mask=data.mask)  # the minimizer
+    theta, _ = agg.update(data.grads, agg.init(None), user_mask=data.mask)
     return theta + used * jax.random.normal(key, theta.shape, theta.dtype)
 
   return AuditSpec(f"output_perturbation[{broken or 'honest'}]", relation, release, d_in,
@@ -293,10 +270,9 @@ def output_perturbation(relation: str = "replace_one", broken: str | None = None
 
 def tdlap_bottom(relation: str = "replace_one", broken: str | None = None, *,
                  epsilon: float = 2.0) -> AuditSpec:
-  """DelOutputPert's abstention bit ``bottom = s_min > R1`` with ``R1 ~ TDLap(eps', delta')``
-  (``tdlap_sample_from_kappa``); neighbours move ``s_min`` by one (``kappa`` vs
-  ``kappa + 1``, where the test is tight). Claim: ``eps'`` (property (P2), the step of
-  Thm 3.3's proof this bit uses). Twin ``eps_not_split``: ``R1`` drawn at ``eps``."""
+  """DelOutputPert's abstention bit ``s_min > R1``, ``R1 ~ TDLap(eps', delta')``, ``s_min``
+  moved from ``kappa + 1`` to ``kappa`` (where the test is tight). Claim: ``eps'`` (property
+  (P2) in Thm 3.3's proof); the twin draws ``R1`` at ``eps``."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: DelOutputPert (paper 001) is audited under replace_one")
   check_broken(broken, ("eps_not_split",), "tdlap_bottom")
@@ -326,7 +302,7 @@ MECHANISMS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str
 }
 
 
-# mechanisms whose claim is a Gaussian (mu-GDP) one: only there is the GDP-fit bound a test
+# Gaussian (mu-GDP) claims: only there is the GDP-fit bound a test
 GAUSSIAN = ("gaussian_chain", "tree_noise", "output_perturbation")
 
 

@@ -1,21 +1,15 @@
-"""Canary audits of numerics an input cannot defeat (issue #23), with broken twins.
+"""Canary audit of numerics an input cannot defeat, with a broken twin.
 
-``filter_offset``: Algorithm 1's filtered-mean release (``filter_points`` with score radius
-``tau`` and degree radius ``2 tau``, then ``N(0, sigma^2)`` with ``sigma = z Delta / 2`` and
-``Delta`` the library's certified coupled sensitivity, as ``user_level_filter/plan.py``
-calibrates it) on users who all share a large common component ``(0, 1e5)``. ``D``: the canary
-sits ``2000 tau`` from the others along the common direction; ``D'`` (replace-one): the canary
-is replaced by one more copy of the others. The canary is far outside every radius, so an
-honest kernel never keeps it and the two release distributions coincide. Twin
-``gram_float32``: the kernel's former distances ``|a|^2 + |b|^2 - 2<a, b>`` in float32, where
-the common component (~1e10 squared, ulp 1024) swamps the canary's squared distance (4e2):
-it rounds to 0, the canary is counted close to everyone, kept, and moves every release by
-``2000 tau / K`` (~6.7 Delta). Claim: ``epsilon_of(SelfComposed(Gaussian(z), T))`` under
-replace-one at ``delta - T zeta`` (the certified sensitivity fails with probability ``zeta``
-per release).
+``filter_offset``: Algorithm 1's filtered-mean release (``filter_points``, score radius
+``tau``, degree radius ``2 tau``, then ``N(0, sigma^2)``, ``sigma = z Delta / 2`` with the
+certified coupled sensitivity ``Delta``) on users sharing a large common component
+``(0, 1e5)``. ``D``: the canary ``2000 tau`` from the others along it; ``D'`` (replace-one): one
+more copy of the others. An honest kernel never keeps the canary. Twin ``gram_float32``:
+distances ``|a|^2 + |b|^2 - 2<a, b>`` in float32, where the common component swamps the
+canary's distance: it is kept and moves every release by ~6.7 Delta. Claim:
+``epsilon_of(SelfComposed(Gaussian(z), T))`` under replace-one at ``delta - T zeta``.
 
-Importing this module registers the audit in :data:`dpsco_jax.audit.mechanisms.MECHANISMS`
-(so ``python -m dpsco_jax.audit`` prints it with the stage audits).
+Importing this module registers the audit in :data:`dpsco_jax.audit.mechanisms.MECHANISMS`.
 """
 
 from __future__ import annotations
@@ -43,13 +37,12 @@ _ZETA = 1e-9           # failure probability of the certified sensitivity, per r
 
 def gram_float32_filter_mean(x: jax.Array, key: jax.Array, score_radius: float,
                              degree_radius: float) -> jax.Array:
-  """The broken twin: FILTER's kept mean with the former plain float32 Gram distances
-  (symmetrized, clamped at 0, zero diagonal). Kept here as a test twin only."""
+  """The broken twin: FILTER's kept mean with plain float32 Gram distances."""
   sq = jnp.sum(x * x, axis=1)
   d2 = sq[:, None] + sq[None, :] - 2.0 * jnp.matmul(x, x.T, precision=_HI)
   d2 = jnp.maximum(0.5 * (d2 + d2.T), 0.0)
   d2 = jnp.where(jnp.eye(x.shape[0], dtype=bool), 0.0, d2)
-  del score_radius   # the score is not part of this release
+  del score_radius
   degrees = jnp.sum(d2 <= degree_radius * degree_radius, axis=1).astype(jnp.float32)
   p = inclusion_probability(degrees, float(x.shape[0]))
   keep = jax.random.uniform(key, (x.shape[0],)) < p   # the coins filter_points draws
@@ -69,7 +62,7 @@ def _datasets(users: int) -> tuple[UserBatch, UserBatch]:
 def filter_offset(relation: str = "replace_one", broken: str | None = None, *,
                   users: int = 64, steps: int = 4, noise_multiplier: float = 8.0
                   ) -> AuditSpec:
-  """The filtered-mean release at a large common offset (module docstring)."""
+  """The filtered-mean release at a large common offset."""
   if check_relation(relation) != "replace_one":
     raise ValueError("relation: FILTER (paper 000) is audited under replace_one")
   mechanisms.check_broken(broken, ("gram_float32",), "filter_offset")

@@ -1,8 +1,7 @@
 """The audit table: every registered mechanism and relation, honest and broken twins.
 
-Two registries share one format ``name -> (builder, relations, broken twins)``: the stage
-mechanisms (:data:`dpsco_jax.audit.mechanisms.MECHANISMS`) and the driver audits
-(:data:`dpsco_jax.audit.drivers.DRIVERS`)."""
+Both registries (:data:`~dpsco_jax.audit.mechanisms.MECHANISMS`,
+:data:`~dpsco_jax.audit.drivers.DRIVERS`) map ``name -> (builder, relations, broken twins)``."""
 
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from dpsco_jax.audit.harness import run_audit
 __all__ = ["INCLUDE", "STAGE_TRIALS", "audit_table", "format_table", "registry"]
 
 STAGE_TRIALS = 20_000
-
-
 INCLUDE = ("stages", "drivers", "all")
 
 
@@ -29,7 +26,7 @@ def registry(include: str = "all") -> dict:
     from dpsco_jax.audit import matrix_factorization as mf_audit
     out.update({name: (b, rels, twins, STAGE_TRIALS, name in mechanisms.GAUSSIAN)
                 for name, (b, rels, twins) in mechanisms.MECHANISMS.items()})
-    # the correlated-noise stages (issue 27): 5e4 trials catch their twins (CI's setting)
+    # the correlated-noise stages: 5e4 trials catch their twins
     out.update({name: (b, rels, twins, 50_000, True)
                 for name, (b, rels, twins) in mf_audit.MECHANISMS.items()})
   if include in ("drivers", "all"):
@@ -40,8 +37,8 @@ def registry(include: str = "all") -> dict:
 
 
 def _trusted_numbers() -> dict:
-  """Issue 23's audits of numbers a guarantee rests on: a plan fact measured on the data
-  (item-level DP-SGD's ``m``) and a declared constant (naive output perturbation's ``L``)."""
+  """Audits of numbers a guarantee rests on: item-level DP-SGD's ``m``, naive output
+  perturbation's declared ``L``."""
   from dpsco_jax.audit import declared_constants, declared_facts
   return {
       "dp_sgd_item_declared_m": (declared_facts.item_count_driver, ("add_remove",),
@@ -55,11 +52,8 @@ def _trusted_numbers() -> dict:
 def audit_table(trials: int | None = None, seed: int = 0,
                 names: tuple[str, ...] | None = None, include: str = "stages"
                 ) -> list[dict]:
-  """One row per (mechanism, relation): claim and lower bound of the honest mechanism, and for
-  every broken twin its claim, its lower bound and whether the audit flagged it. ``trials``
-  (per side) defaults to each mechanism's own (``drivers.TRIALS``, ``STAGE_TRIALS``);
-  ``include`` picks the registries (default: the stage mechanisms), ``names`` restricts
-  further."""
+  """One row per (mechanism, relation): the honest claim and lower bound, and each twin's
+  claim, bound and whether it was flagged. ``trials`` per side defaults to each mechanism's."""
   rows = []
   for name, (build, relations, twins, default, gaussian) in registry(include).items():
     if names is not None and name not in names:

@@ -1,16 +1,8 @@
 """The problems: synthetic SCO problems with a known optimum and the papers' own instances.
 
-* :mod:`.synthetic` — ``least_squares``, ``logistic``, ``absolute`` (the core problems, n users
-  x m items; re-exported here: ``SCOProblem``, ``make``, ``make_problem``, ...);
-* :mod:`.user_level` — paper 000's ``logistic_corrupted`` (adversarial users) and ``hinge``;
-* :mod:`.output_perturbation` — paper 001's ``l2_logistic`` (strongly convex);
-* :mod:`.ill_conditioned` — paper 003's ``ill_conditioned_least_squares``;
-* :mod:`.bilevel` — paper 004's bilevel problems and the §7 ridge instances;
-  :mod:`.ridge_tuning` — the ``ridge_tuning`` factory over them (and :mod:`.bilevel_noisy_inputs`).
-
-:func:`problems` is the one table of problem factories ``factory(cfg: dict, key) -> problem``
-(the runner's, the CLI's ``dpsco list``); a problem object provides ``excess_risk(params)``,
-``n_users``, ``m``, ``d``. Problems build data; they release nothing.
+:func:`problems` is the one table of problem factories ``factory(cfg: dict, key) -> problem``;
+a problem provides ``excess_risk(params)``, ``n_users``, ``m``, ``d``. Problems build data;
+they release nothing.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""Paper 004's bilevel problems: specification, penalty hypergradients, non-private oracles,
-and the §7 ridge-penalty tuning instances (Kornowski, "Differentially Private Bilevel
-Optimization"; spec ``004_dp_bilevel.md``).
+"""Paper 004's bilevel problems (Kornowski, "Differentially Private Bilevel Optimization"):
+specification, penalty hypergradients, non-private oracles, the §7 ridge-tuning instances.
 
-Problem (BO): ``min_{x in X} F(x) = f(x, y*(x))`` with ``y*(x) = argmin_y g(x, y)``, ``g(x, .)``
-``mu_g``-strongly convex, both levels ERMs over one dataset ``S`` (footnote 1: per-level
-membership through weights inside each example). Nothing here is a privacy mechanism: the
-per-example penalty hypergradient (Eq. 3) is what the driver (:mod:`.bilevel`) clips and
-noises; the exact solvers are NON-PRIVATE evaluation oracles (Example 3.1 shows that releasing
-anything computed at the exact ``y*(x)`` leaks).
-
-Vectors: ``x`` (upper level) and ``y`` (lower level) are flat ``jnp`` vectors. The runner's
-factory is :func:`ridge_tuning` (registered in :func:`dpsco_jax.problems.problems`).
+(BO): ``min_{x in X} F(x) = f(x, y*(x))``, ``y*(x) = argmin_y g(x, y)``, ``g(x, .)``
+``mu_g``-strongly convex, both levels ERMs over one dataset (footnote 1: per-level membership
+through weights inside each example); ``x`` and ``y`` are flat vectors. Nothing here is a
+privacy mechanism: the driver clips and noises the per-example penalty hypergradient (Eq. 3);
+the exact solvers are NON-PRIVATE evaluation oracles (Example 3.1: releasing anything computed
+at the exact ``y*(x)`` leaks).
 """
 
 from __future__ import annotations
@@ -29,10 +25,6 @@ from dpsco_jax.grads import per_example_grads
 from dpsco_jax.transforms.steps import project_l2_ball
 
 PyTree = object
-
-# --------------------------------------------------------------------------------------------
-# Problem specification
-# --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class ProblemConstants:
@@ -61,14 +53,9 @@ class ProblemConstants:
 
 @dataclasses.dataclass
 class BilevelProblem:
-  """A bilevel ERM instance.
-
-  ``f(x, y) = (1/n) sum_i f_ex(x, y, xi_i) + f_reg(x, y)`` and likewise ``g``; ``f_reg`` and
-  ``g_reg`` are data-independent (their gradients carry no sensitivity and are added after the
-  noise). ``X = B(x_center, x_radius)`` (``x_radius=None``: ``R^{d_x}``; in one dimension a ball
-  is an interval). ``hyperobjective_fn`` and ``population_fn`` are NON-PRIVATE evaluation oracles
-  for experiments and tests; the algorithms never call them.
-  """
+  """A bilevel ERM instance: ``f(x, y) = (1/n) sum_i f_ex(x, y, xi_i) + f_reg(x, y)``, likewise
+  ``g``. ``f_reg``, ``g_reg`` are data-independent (added after the noise); ``X = B(x_center,
+  x_radius)`` (``None``: ``R^{d_x}``). ``population_fn`` is a NON-PRIVATE evaluation oracle."""
   name: str
   f_ex: Callable[[jax.Array, jax.Array, PyTree], jax.Array]
   g_ex: Callable[[jax.Array, jax.Array, PyTree], jax.Array]
@@ -173,17 +160,11 @@ def project_x(problem: BilevelProblem, x):
   return project_l2_ball(x, problem.x_radius, problem.x_center)
 
 
-# --------------------------------------------------------------------------------------------
-# Hypergradients
-# --------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------- hypergradients
 
 def penalty_hypergrad_per_example(problem: BilevelProblem, lam: float):
-  """Per-example penalty hypergradient, the data part of Eq. (3) (Alg 1 line 4 / Alg 3 line 4):
-
-      v_i = grad_x f_i(x, y_lam) + lam (grad_x g_i(x, y_lam) - grad_x g_i(x, y_star))
-
-  Returns ``fn(x, y_lam, y_star, batch) -> [B, d_x]``. All three terms use the same batch.
-  """
+  """The data part of Eq. (3) (Alg 1/3 line 4), ``fn(x, y_lam, y_star, batch) -> [B, d_x]``:
+  ``v_i = grad_x f_i(x, y_lam) + lam (grad_x g_i(x, y_lam) - grad_x g_i(x, y_star))``."""
   def loss(x, ex, y_lam, y_star):
     return (problem.f_ex(x, y_lam, ex)
             + lam * (problem.g_ex(x, y_lam, ex) - problem.g_ex(x, y_star, ex)))
@@ -194,8 +175,7 @@ def penalty_hypergrad_per_example(problem: BilevelProblem, lam: float):
 
 
 def penalty_hypergrad_public(problem: BilevelProblem, lam: float):
-  """The data-independent part of Eq. (3): ``grad_x [f_reg(x, y_lam) + lam (g_reg(x, y_lam) -
-  g_reg(x, y_star))]``; zero when the problem has no regularizers."""
+  """The data-independent part of Eq. (3) (zero without regularizers)."""
   def fn(x, y_lam, y_star):
     def reg(xx):
       out = jnp.zeros((), x.dtype)
@@ -210,8 +190,8 @@ def penalty_hypergrad_public(problem: BilevelProblem, lam: float):
 
 def exact_lower_solve(problem: BilevelProblem, x, lam: float | None = None, *,
                       newton_steps: int = 30):
-  """NON-PRIVATE exact minimizer of ``g(x, .)`` (``lam=None``) or ``f/lam + g`` by Newton's
-  method. For tests and evaluation only: releasing anything computed from it leaks (§3)."""
+  """NON-PRIVATE Newton minimizer of ``g(x, .)`` (``lam=None``) or ``f/lam + g`` (evaluation
+  only: releasing anything computed from it leaks, §3)."""
   def obj(y):
     out = full_g(problem, x, y)
     return out if lam is None else out + full_f(problem, x, y) / lam
@@ -235,9 +215,7 @@ def exact_penalty_hypergrad(problem: BilevelProblem, lam: float, x, *, newton_st
 
 
 def implicit_hypergrad(problem: BilevelProblem, x, y_star=None):
-  """NON-PRIVATE ground truth, Eq. (1):
-  ``grad F = grad_x f - grad2_xy g [grad2_yy g]^{-1} grad_y f`` at ``y*(x)``. Evaluated at the
-  exact lower-level solution it is exactly what Example 3.1 shows to leak the data."""
+  """NON-PRIVATE ground truth, Eq. (1), at ``y*(x)`` (what Example 3.1 shows to leak)."""
   if y_star is None:
     y_star = exact_lower_solve(problem, x)
   gx_f = jax.grad(full_f, argnums=1)(problem, x, y_star)
@@ -253,16 +231,12 @@ def hyperobjective(problem: BilevelProblem, x):
 
 
 def gradient_mapping(problem: BilevelProblem, x, eta: float):
-  """``G_{F,eta}(x) = (x - Pi_X(x - eta grad F(x))) / eta`` with the exact hypergradient
-  (Remark 4.2: equals ``grad F`` when ``X = R^d``). Evaluation only."""
+  """``(x - Pi_X(x - eta grad F(x))) / eta`` with the exact hypergradient (evaluation only)."""
   g = implicit_hypergrad(problem, x)
   return (x - project_x(problem, x - eta * g)) / eta
 
 
-
-# --------------------------------------------------------------------------------------------
-# §7: private regularization (ridge penalty) tuning
-# --------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------- §7
 
 def _sq(ex, theta):
   return 0.5 * jnp.square(jnp.dot(ex["a"], theta) - ex["b"])
@@ -274,21 +248,15 @@ def ridge_tuning_problem(a_tr, b_tr, a_val, b_val, *, omega_bounds=(1e-3, 5.0),
                          curvature_bounds: tuple[float, float] = (0.0, 4.0),
                          theta_radius: float = 5.0, name: str = "ridge_tuning",
                          population_fn=None, meta: dict | None = None) -> BilevelProblem:
-  """§7 (Eq. 4) with ridge: ``g(omega, theta) = (1/2n_tr)||A_tr theta - b_tr||^2 +
-  (omega/2)||theta||^2``, ``f(theta) = (1/2n_val)||A_val theta - b_val||^2``,
-  ``X = [omega_min, omega_max]`` (spec E12: ``omega_min > 0`` keeps strong convexity).
+  """§7 (Eq. 4): ``g = (1/2n_tr)||A_tr theta - b_tr||^2 + (omega/2)||theta||^2``,
+  ``f = (1/2n_val)||A_val theta - b_val||^2``, ``X = [omega_min, omega_max]``, ``omega_min > 0``.
 
-  The per-example split of footnote 1 (E12): each example carries ``val`` in {0, 1}; ``f_ex``
-  weights validation rows by ``n/n_val`` and ``g_ex`` training rows by ``n/n_tr``. The ridge term
-  is data-independent (``g_reg``), so the outer "gradient" ``lam (R(theta^lam) - R(theta))`` is
-  post-processing of the two private solves (§7 observation: no outer noise needed).
-
-  Public constants (assumptions, never read from the data): ``clip`` (per-example gradient clip,
-  default ``n/n_tr * 3 sqrt(d)``), ``clip_val`` (per-example bound of the validation terms,
-  ``L0f``; default ``clip n_tr / n_val``, the same raw bound), ``curvature_bounds = (h_min,
-  h_max)`` on the eigenvalues of the train / validation second-moment matrices (``mu_g =
-  omega_min + h_min``, smoothness ``h_max + omega_max``), ``theta_radius`` (``R_0`` of the
-  inner solves).
+  Footnote 1's split: each example carries ``val`` in {0, 1}, ``f_ex`` weights validation rows
+  by ``n/n_val``, ``g_ex`` training rows by ``n/n_tr``. The ridge term is data-independent, so
+  the outer "gradient" is post-processing of the two private solves (no outer noise needed).
+  Public constants, never read from the data: ``clip`` (default ``n/n_tr * 3 sqrt(d)``),
+  ``clip_val`` (``L0f``; default ``clip n_tr / n_val``), ``curvature_bounds`` on the
+  second-moment eigenvalues (``mu_g = omega_min + h_min``), ``theta_radius`` (``R_0``).
   """
   a_tr, b_tr, a_val, b_val = map(jnp.asarray, (a_tr, b_tr, a_val, b_val))
   n_tr, d = a_tr.shape
@@ -329,8 +297,7 @@ def ridge_tuning_problem(a_tr, b_tr, a_val, b_val, *, omega_bounds=(1e-3, 5.0),
 
 
 def _ridge_closed_form(a_tr, b_tr, a_val, b_val):
-  """NON-PRIVATE closed forms (numpy, float64; evaluation only): ``F(omega)`` and ``F'(omega)``
-  with ``theta*(omega) = (H + omega I)^{-1} c`` (spec §5 R1)."""
+  """NON-PRIVATE float64 closed forms ``theta*(omega)``, ``F(omega)``, ``F'(omega)``."""
   n_tr, d = a_tr.shape
   h = a_tr.T @ a_tr / n_tr
   c = a_tr.T @ b_tr / n_tr
@@ -389,10 +356,9 @@ def synthetic_ridge_problem(key: jax.Array, *, d: int = 10, n_train: int = 2000,
                             n_val: int = 2000, label_noise: float = 3.0,
                             omega_bounds=(1e-3, 5.0), omega0: float = 1.0,
                             clip: float | None = None) -> BilevelProblem:
-  """Synthetic ridge tuning (spec §5 R2): ``w ~ N(0, I/d)``, ``a ~ N(0, I)``,
-  ``b = a.w + N(0, label_noise^2)``. The optimal penalty is known (bisection on the closed-form
-  ``F'``); the population (test) risk is ``1/2 ||theta*(omega) - w||^2 + label_noise^2/2``.
-  Public curvature bounds from the Gaussian design: ``(1 -+ sqrt(d/n))^2`` with slack."""
+  """Synthetic ridge tuning: ``w ~ N(0, I/d)``, ``a ~ N(0, I)``, ``b = a.w + N(0, s^2)``;
+  population risk ``1/2 ||theta*(omega) - w||^2 + s^2/2``; curvature bounds
+  ``(1 -+ sqrt(d/n))^2`` with slack."""
   w, a_tr, b_tr, a_val, b_val = _synthetic_ridge_data(key, d, n_train, n_val, label_noise)
   r = math.sqrt(d / min(n_train, n_val))
   h_min, h_max = 0.8 * max(0.0, 1 - r) ** 2, 1.25 * (1 + r) ** 2
@@ -419,10 +385,8 @@ def synthetic_ridge_problem(key: jax.Array, *, d: int = 10, n_train: int = 2000,
 def diabetes_ridge_problem(key: jax.Array, *, omega_bounds=(1e-2, 5.0), omega0: float = 1.0,
                            val_fraction: float = 0.5, clip: float | None = None
                            ) -> BilevelProblem:
-  """scikit-learn's diabetes data (442 x 10, ships with sklearn; imported lazily). Features as
-  shipped times ``sqrt(442)`` (unit scale), target mapped by the PUBLIC affine map
-  ``(b - 185.5)/160.5`` of its documented range [25, 346] (no data-dependent centering). A random
-  train/validation split by ``key``."""
+  """scikit-learn's diabetes data (442 x 10): features times ``sqrt(442)``, target mapped by
+  the PUBLIC affine map of its documented range [25, 346]; a random split by ``key``."""
   try:
     from sklearn.datasets import load_diabetes
   except ImportError as e:  # sklearn is a dev extra

@@ -1,21 +1,15 @@
-"""Ridge tuning whose optimal penalty stays interior as n grows (issue 28, study 004).
+"""Ridge tuning whose optimal penalty stays interior as n grows (study 004).
 
-Why a new family: on :func:`~dpsco_jax.problems.bilevel.synthetic_ridge_problem` (train and
-validation from one well-specified model) the optimal penalty is ``~ sigma^2 d / (n ||w||^2)``
-and runs into the box's lower edge as ``n`` grows, so a small private gap at large ``n`` says
-nothing about the private hypergradient. Here the model is trained on clean inputs and
-validated (deployed) on inputs measured with noise: ``a~ = a + xi``, ``E xi xi^T = tau^2 I``.
-The best linear predictor on noisy inputs is ``w / (1 + tau^2)`` = the population ridge
-solution at penalty ``tau^2`` (Tikhonov regularization = training with input noise, Bishop
-1995), so ``omega* -> tau^2`` for every ``n`` (plus an ``O(sigma^2 d / n)`` finite-sample term).
+On :func:`~dpsco_jax.problems.bilevel.synthetic_ridge_problem` the optimal penalty
+``~ sigma^2 d / (n ||w||^2)`` runs into the box's lower edge as ``n`` grows. Here the model is
+trained on clean inputs and validated on noisy ones, ``a~ = a + xi``, ``E xi xi^T = tau^2 I``:
+the best predictor is the ridge solution at penalty ``tau^2`` (Bishop 1995), so
+``omega* -> tau^2`` for every ``n``.
 
-Every quantity is bounded (features on the sphere of radius ``sqrt(d)``, ``||w|| = 1``,
-Rademacher label noise of size ``sigma``, input noise on the sphere of radius ``tau sqrt(d)``),
-so the declared Lipschitz constants are worst-case bounds on ``Y`` (not high-probability
-guesses): the inner solves' default clips are then inactive wherever the assumptions hold.
-The curvature bounds and the radius of ``Y`` are concentration bounds checked on sampled data
-by ``tests/test_bilevel_interior.py``. Privacy never depends on them: the driver clips every
-per-example gradient at the declared constant.
+Every quantity is bounded (features and input noise on spheres, ``||w|| = 1``, Rademacher label
+noise), so the declared Lipschitz constants are worst-case bounds; the curvature bounds and the
+radius of ``Y`` are concentration bounds (checked by ``tests/test_bilevel_interior.py``).
+Privacy never depends on them: the driver clips every per-example gradient.
 """
 
 from __future__ import annotations
@@ -29,14 +23,12 @@ import numpy as np
 from dpsco_jax._checks import check_nonnegative, check_positive
 from dpsco_jax.problems.bilevel import BilevelProblem, ridge_tuning_problem
 
-#: n_train, n_val must be at least this many times d: the curvature bounds
-#: ``(1 -+ sqrt(d/n))^2`` are vacuous below (h_min -> 0 and Y unbounded).
+#: n_train, n_val must be at least this many times d (the curvature bounds are vacuous below)
 MIN_N_OVER_D = 4
 
 
 def _rng(key: jax.Array) -> np.random.Generator:
-  """A numpy generator seeded by the JAX key's bits (one key, one dataset). Numpy, not
-  ``jax.random``: the draws compile per (n, d) in JAX, seconds each, for a few array ops."""
+  """A numpy generator seeded by the JAX key's bits (numpy: JAX would compile per (n, d))."""
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
     key = jax.random.key_data(key)
   return np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist())
@@ -62,16 +54,12 @@ def _noisy_inputs_data(key, d, n_train, n_val, label_noise, input_noise):
 
 def noisy_inputs_constants(*, d: int, n_train: int, n_val: int, label_noise: float,
                            input_noise: float) -> dict:
-  """The family's public constants, from ``d, n_train, n_val, sigma, tau`` only (never the
-  data). ``h_min, h_max``: bounds on the eigenvalues of the train (``E = I``) and validation
-  (``E = (1 + tau^2) I``) second-moment matrices, ``(1 -+ sqrt(d/n))^2`` with the same slack
-  (0.8, 1.25) as the Gaussian family (high-probability, not worst-case). ``theta_radius``:
-  ``||theta*(omega)|| <= ||theta_OLS||`` (the ridge path shrinks) ``~ ||w|| + sigma
-  sqrt(d/n_tr) / h_min`` typically; declared with a factor 3 on the noise term and 0.25 of
-  slack (high-probability). ``l0g, l0f``: worst-case per-example gradient norms on
-  ``||theta|| <= R``, weights
-  included: ``|a.theta - b| <= sqrt(d) R + sqrt(d) + sigma`` times ``||a|| = sqrt(d)`` (train)
-  or ``||a~|| <= (1 + tau) sqrt(d)`` (validation)."""
+  """The family's public constants, from the sizes and ``sigma, tau`` only (never the data).
+
+  ``h_min, h_max``: high-probability bounds ``(1 -+ sqrt(d/n))^2`` (slack 0.8, 1.25) on the
+  second-moment eigenvalues; ``theta_radius``: ``||theta_OLS|| ~ ||w|| + sigma sqrt(d/n_tr) /
+  h_min`` with a factor 3 and 0.25 of slack; ``l0g, l0f``: worst-case per-example gradient
+  norms on ``||theta|| <= R``, weights included."""
   if min(n_train, n_val) < MIN_N_OVER_D * d:
     raise ValueError(f"noisy_inputs ridge tuning needs n_train, n_val >= {MIN_N_OVER_D} d = "
                      f"{MIN_N_OVER_D * d} (its curvature bounds are vacuous below), got "
@@ -92,10 +80,8 @@ def noisy_inputs_ridge_problem(key: jax.Array, *, d: int = 10, n_train: int = 20
                                input_noise: float = math.sqrt(0.5),
                                omega_bounds=(1e-3, 5.0), omega0: float = 1.0,
                                clip: float | None = None) -> BilevelProblem:
-  """Ridge tuning with noisy validation inputs (module doc). ``clip`` (``clip_norm``): one
-  clip for the train terms and ``clip n_tr / n_val`` for the validation terms, as the other
-  ridge families; default the worst-case bounds ``l0g, l0f`` of
-  :func:`noisy_inputs_constants` (clipping inactive). Population risk: the noisy-input risk
+  """Ridge tuning with noisy validation inputs. ``clip`` defaults to the worst-case bounds
+  of :func:`noisy_inputs_constants` (clipping inactive); population risk
   ``1/2 [(1 + tau^2) ||theta||^2 - 2 theta.w + ||w||^2 + sigma^2]``."""
   check_positive(label_noise, "label_noise")
   check_nonnegative(input_noise, "input_noise")

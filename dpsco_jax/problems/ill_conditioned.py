@@ -1,5 +1,5 @@
-"""Paper 003's ill-conditioned least squares (moved out of :mod:`dpsco_jax.algorithms.srgd.driver`):
-the regime where acceleration pays (the core problem is isotropic, Hessian ``I/d``)."""
+"""Paper 003's ill-conditioned least squares: the regime where acceleration pays (the core
+problem is isotropic)."""
 
 from __future__ import annotations
 
@@ -17,16 +17,13 @@ __all__ = ["ill_conditioned_least_squares"]
 
 
 def ill_conditioned_least_squares(cfg: dict, key: jax.Array):
-  """Least squares whose feature covariance has spectrum ``logspace(-log10 cond, 0, d)``:
-  the regime where acceleration pays (the core problem is isotropic, Hessian ``I/d``).
+  """Least squares with feature spectrum ``logspace(-log10 cond, 0, d)``.
 
-  ``x = r * sqrt(lambda)`` with Rademacher ``r`` (so ``E xx^T = diag(lambda)`` and
-  ``||x||^2 = sum lambda`` exactly), ``y = <w*, x> + U[-s, s]``, ``||w*|| = R/2``. Population
-  risk ``0.5 sum_i lambda_i (w - w*)_i^2 + s^2/6`` exactly; per-example smoothness
-  ``M = sum lambda``; Lipschitz over the ball ``sqrt(M)(1.5 R sqrt(M) + s)``.
-  Config keys: ``n_users, m (1), d (8), radius (2), noise (0.5), condition (1e3)``.
+  ``x = r * sqrt(lambda)``, Rademacher ``r``; ``y = <w*, x> + U[-s, s]``, ``||w*|| = R/2``.
+  Risk ``0.5 sum_i lambda_i (w - w*)_i^2 + s^2/6``; smoothness ``M = sum lambda``; Lipschitz
+  ``sqrt(M)(1.5 R sqrt(M) + s)``.
   """
-  view = IllConditionedProblem.of(cfg)   # defaults: the schema's, written once
+  view = IllConditionedProblem.of(cfg)
   n = check_int(cfg["n_users"], "n_users")
   m = check_int(view.m, "m")
   d = check_int(view.d, "d")

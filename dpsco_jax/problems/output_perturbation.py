@@ -1,5 +1,4 @@
-"""L2-regularized logistic regression with bounded features (paper 001's strongly convex
-problem, ``l2_logistic``). Re-exported by :mod:`dpsco_jax.algorithms.output_perturbation.driver`."""
+"""Paper 001's strongly convex problem ``l2_logistic``: L2-regularized logistic regression."""
 
 from __future__ import annotations
 
@@ -19,12 +18,9 @@ __all__ = ["l2_logistic", "l2_regularized_loss"]
 
 
 def l2_logistic(cfg: dict, key: jax.Array) -> SCOProblem:
-  """The core logistic problem (features on the unit sphere) plus ``(l2/2)||θ||²`` per item.
-
-  Lipschitz on the ball of radius R: ``1 + l2 R``; smoothness ``1/4 + l2``; strong convexity
-  ``l2`` (``meta['strong_convexity']``). Excess risk is measured on the *regularised*
-  population risk against its minimizer (Newton's method on the evaluation set)."""
-  l2 = check_positive(L2LogisticProblem.of(cfg).l2, "l2")   # the schema's default
+  """The core logistic problem plus ``(l2/2)||θ||²`` per item: Lipschitz ``1 + l2 R``,
+  smoothness ``1/4 + l2``, strong convexity ``l2``; excess risk on the regularised risk."""
+  l2 = check_positive(L2LogisticProblem.of(cfg).l2, "l2")
   base = make_problem({**cfg, "problem": "logistic"}, key)
   R = base.radius
   loss = l2_regularized_loss(base.loss_fn, l2)
@@ -50,8 +46,8 @@ def _regularized_optimum(risk, w0, radius, smoothness):
 
 @bounded_cache()
 def l2_regularized_loss(loss_fn, l2: float):
-  """``loss_fn(w, ex) + (l2/2)||w||²`` per item; cached so that the same ``(loss_fn, l2)``
-  gives the same function object (jit caches key on it)."""
+  """``loss_fn(w, ex) + (l2/2)||w||²``; cached: one function object per ``(loss_fn, l2)``
+  (jit caches key on it)."""
   def loss(w, ex):
     return loss_fn(w, ex) + 0.5 * l2 * jnp.sum(jnp.square(w))
   return loss

@@ -1,9 +1,4 @@
-"""The ``ridge_tuning`` problem factory (paper 004, §7): one config, three datasets.
-
-Its own module because it reads both :mod:`dpsco_jax.problems.bilevel` (the synthetic and
-diabetes instances) and :mod:`dpsco_jax.problems.bilevel_noisy_inputs` (which builds on
-``bilevel``): in ``bilevel`` itself the factory closed an import cycle.
-"""
+"""The ``ridge_tuning`` problem factory (paper 004, §7) over the bilevel ridge instances."""
 
 from __future__ import annotations
 
@@ -21,12 +16,9 @@ __all__ = ["ridge_tuning"]
 
 
 def ridge_tuning(cfg: dict, key: jax.Array) -> BilevelProblem:
-  """Factory of the ``ridge_tuning`` problem: :func:`~dpsco_jax.problems.bilevel.synthetic_ridge_problem`,
-  :func:`~dpsco_jax.problems.bilevel.diabetes_ridge_problem` or (``noisy_inputs``, issue 28: an optimum that stays
-  interior as n grows) :func:`~dpsco_jax.problems.bilevel_noisy_inputs.noisy_inputs_ridge_problem`
-  (``dataset``) from the config's problem keys (``clip_norm``: the per-example clip of the data
-  terms, default the problem's bound; ``input_noise``: noisy_inputs only)."""
-  view = RidgeTuningProblem.of(cfg)   # literal defaults: the schema's, written once
+  """Factory of ``ridge_tuning``: the ``dataset`` ``synthetic``, ``diabetes`` or
+  ``noisy_inputs`` (:mod:`~dpsco_jax.problems.bilevel_noisy_inputs`) from the config's keys."""
+  view = RidgeTuningProblem.of(cfg)
   dataset = check_choice(view.dataset, "dataset", ("synthetic", "diabetes", "noisy_inputs"))
   if dataset != "noisy_inputs" and view.input_noise is not None:
     raise ValueError(f"input_noise is read only by dataset='noisy_inputs', not {dataset!r}")

@@ -1,22 +1,17 @@
 """Synthetic SCO problems with a known optimum: n users x m items, optional heterogeneity.
 
-Features are uniform on the unit sphere of R^d (so ``||x|| = 1``, ``E[x x^T] = I/d``). User
-``u`` has its own parameter ``w*_u = w* + zeta_u`` with ``zeta_u ~ N(0, h^2 I/d)``
-(``heterogeneity = h``; ``h = 0`` gives i.i.d. users) and ``||w*|| = R/2`` inside the
-constraint ball of radius ``R``. Label noise is integrated out analytically, so population
-risks are exact up to the draw of the evaluation features:
+Features are uniform on the unit sphere of R^d. User ``u`` has parameter ``w*_u = w* + zeta_u``,
+``zeta_u ~ N(0, h^2 I/d)`` (``heterogeneity = h``), ``||w*|| = R/2``. Label noise is integrated
+out, so population risks are exact up to the draw of the evaluation features:
 
-* ``least_squares``: ``0.5 (<w,x> - y)^2``, ``y = <w*_u, x> + e``, ``e ~ U[-s, s]``.
-  Population risk ``0.5 (||w - w*||^2 + h^2)/d + s^2/6`` in closed form; optimum ``w*``.
-* ``logistic``: ``softplus(<w,x>) - y <w,x>``, ``y ~ Bernoulli(sigmoid(<w*_u, x>))``. The
-  evaluation risk uses soft labels ``p(x)``; its minimizer over the evaluation features is
-  ``w*`` exactly when ``h = 0`` and is found by Newton's method otherwise.
-* ``absolute`` (non-smooth): ``|<w,x> - y|``, ``y = <w*_u,x> + e``, ``e ~ Laplace(s)``.
-  ``E_e|t - e| = |t| + s exp(-|t|/s)``, minimized at ``t = 0``: optimum ``w*`` (also under
-  symmetric heterogeneity).
+* ``least_squares``: ``0.5 (<w,x> - y)^2``, ``y = <w*_u, x> + U[-s, s]``; risk
+  ``0.5 (||w - w*||^2 + h^2)/d + s^2/6``, optimum ``w*``.
+* ``logistic``: ``softplus(<w,x>) - y <w,x>``, ``y ~ Bernoulli(sigmoid(<w*_u, x>))``; the risk
+  uses soft labels, its minimizer is ``w*`` when ``h = 0``, else found by Newton's method.
+* ``absolute`` (non-smooth): ``|<w,x> - y|``, ``y = <w*_u,x> + Laplace(s)``; optimum ``w*``.
 
-Each problem reports ``L`` (Lipschitz constant over the ball, a high-probability bound where
-the noise is unbounded), ``beta`` (smoothness; ``inf`` for ``absolute``) and ``R``.
+Each problem reports ``L`` (over the ball; a high-probability bound where the noise is
+unbounded), ``beta`` (``inf`` for ``absolute``) and ``R``.
 """
 
 from __future__ import annotations
@@ -68,9 +63,7 @@ class SCOProblem:
   risk_fn: Callable[[jax.Array], jax.Array]
   opt_risk: float
   meta: dict = dataclasses.field(default_factory=dict)
-  #: The population risk in float64 (numpy), where the problem has one: see excess_risk_f64.
   risk_fn64: Callable[[np.ndarray], float] | None = None
-  #: risk_fn64 at x_opt, computed once (every record of a sweep subtracts it)
   _opt_risk64: float | None = dataclasses.field(default=None, init=False, repr=False,
                                                 compare=False)
 
@@ -97,14 +90,8 @@ class SCOProblem:
     return self.population_risk(params) - self.opt_risk
 
   def excess_risk_f64(self, params: Any) -> float | None:
-    """``risk(params) - risk(x_opt)`` with both risks in float64; None without
-    ``risk_fn64``.
-
-    Why: :meth:`excess_risk` subtracts two float32 risks of about 0.5, so it moves in steps of
-    one ulp (6.0e-8). At n = 1e6 paper 000's Algorithm 3 sits 8-56 ulps above the optimum and
-    clean-data DP-SGD below one ulp (``experiments/STUDY.md``, the measurement floor): there
-    the float32 number is mostly rounding. This one is the same quantity (same evaluation
-    features, same optimum) to ~1e-16.
+    """``risk(params) - risk(x_opt)`` in float64 (None without ``risk_fn64``): the float32
+    :meth:`excess_risk` moves in ulps of 6e-8, which is where good runs sit.
 
     Args:
       params: a vector of length ``d``.
@@ -187,8 +174,7 @@ def make(name: str, *, n_users: int, m: int, d: int, key: jax.Array,
          radius: float = NoisyProblem.radius, noise: float = NoisyProblem.noise,
          heterogeneity: float = NoisyProblem.heterogeneity,
          n_eval: int = NoisyProblem.n_eval) -> SCOProblem:
-  """Builds one of :data:`PROBLEM_NAMES` (see the module docstring for the models). The
-  defaults are the schema's (:class:`dpsco_jax.config.families.NoisyProblem`): one place."""
+  """Builds one of :data:`PROBLEM_NAMES` with the schema's defaults (``NoisyProblem``)."""
   check_choice(name, "problem", PROBLEM_NAMES)
   _validate(n_users, m, d, radius, noise, heterogeneity, n_eval)
   k_plant, k_x, k_noise, k_eval, k_eval_u = jax.random.split(key, 5)
@@ -218,7 +204,7 @@ def make(name: str, *, n_users: int, m: int, d: int, key: jax.Array,
       p = jax.nn.sigmoid(x_eval @ w_star)
     risk = jax.jit(lambda w: jnp.mean(jax.nn.softplus(x_eval @ w) - p * (x_eval @ w)))
     w_opt = w_star if h == 0 else _newton_logistic(x_eval, p, w_star)
-    # float64: the same features and label probabilities (recomputed, not the float32 p)
+    # float64: the same features and label probabilities, recomputed
     x64 = np.asarray(x_eval, np.float64)
     z64 = (np.sum(x64 * np.asarray(w_eval_users, np.float64), axis=1) if h > 0
            else x64 @ np.asarray(w_star, np.float64))

@@ -1,9 +1,5 @@
-"""Problems of ours for paper 000's experiments: corrupted users and a non-smooth hinge SVM.
-
-Re-exported by :mod:`dpsco_jax.algorithms.user_level_filter.driver`; they build data, they release
-nothing. Factories ``logistic_corrupted`` and ``hinge`` are registered in
-:func:`dpsco_jax.problems.problems`.
-"""
+"""Paper 000's experiment problems: corrupted users and a non-smooth hinge SVM (they build
+data, they release nothing)."""
 
 from __future__ import annotations
 
@@ -24,13 +20,9 @@ __all__ = ["corrupt_users", "hinge_loss", "hinge_problem", "logistic_corrupted",
 def corrupt_users(problem: SCOProblem, fraction: float, *,
                   mode: str = CorruptedLogisticProblem.corruption_mode, key: jax.Array,
                   scale: float = CorruptedLogisticProblem.corruption_scale) -> SCOProblem:
-  """A copy of ``problem`` whose random ``floor(fraction n)`` users are adversarial.
-
-  Modes: ``flip`` (labels ``y -> 1 - y`` / ``-y``: gradients pointing the opposite way),
-  ``huge`` (features times ``scale``: huge gradients), ``random`` (features replaced by random
-  ``scale``-norm directions, random labels: spread outliers). Risk and optimum stay those of the
-  clean population, so ``excess_risk`` measures the damage.
-  """
+  """A copy of ``problem`` whose random ``floor(fraction n)`` users are adversarial: ``flip``
+  (labels flipped), ``huge`` (features times ``scale``) or ``random`` (random ``scale``-norm
+  features and labels). Risk and optimum stay the clean population's."""
   if not 0.0 <= fraction < 1.0:
     raise ValueError(f"fraction must lie in [0, 1), got {fraction}")
   check_choice(mode, "mode", ("flip", "huge", "random"))
@@ -65,14 +57,9 @@ def hinge_loss(w: jax.Array, ex: dict) -> jax.Array:
 def hinge_problem(*, n_users: int, m: int, d: int, key: jax.Array,
                   radius: float = HingeProblem.radius,
                   n_eval: int = HingeProblem.n_eval) -> SCOProblem:
-  """Non-smooth linear SVM (hinge loss, ``L = 1``) on the core logistic data model.
-
-  Features uniform on the sphere, ``y in {-1, 1}`` with ``P(y = 1 | x) = sigmoid(<w*, x>)``.
-  The evaluation risk integrates the label noise: ``mean_x p relu(1 - t) + (1-p) relu(1 + t)``
-  with ``t = <w, x>``; its minimizer over the ``R``-ball is found by linear programming
-  (HiGHS) — exact for this piecewise-linear objective; if the LP optimum leaves the ball the
-  problem raises (pick a larger radius).
-  """
+  """Non-smooth linear SVM (hinge loss, ``L = 1``) on the core logistic data model, labels in
+  {-1, 1}. The risk integrates the label noise; its minimizer is exact by linear programming
+  (HiGHS), and an optimum outside the ``R``-ball raises."""
   from scipy.optimize import linprog
   base = make_core_problem("logistic", n_users=n_users, m=m, d=d, key=key, radius=radius,
                            n_eval=n_eval)
@@ -110,17 +97,15 @@ def hinge_problem(*, n_users: int, m: int, d: int, key: jax.Array,
 
 
 def _problem_kwargs(cfg: dict) -> dict:
-  out = {k: cfg[k] for k in ("n_users", "m", "d", "radius") if k in cfg}
-  return out
+  return {k: cfg[k] for k in ("n_users", "m", "d", "radius") if k in cfg}
 
 
 def logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
-  """Factory of ``logistic_corrupted``: the core logistic problem with a ``corruption``
-  fraction of adversarial users (:func:`corrupt_users`)."""
+  """Factory of ``logistic_corrupted`` (:func:`corrupt_users` on the core logistic problem)."""
   k_prob, k_bad = jax.random.split(key)
   base = make_core_problem("logistic", key=k_prob, **_problem_kwargs(cfg),
                            **{k: cfg[k] for k in ("heterogeneity", "n_eval") if k in cfg})
-  view = CorruptedLogisticProblem.of(cfg)   # defaults: the schema's, written once
+  view = CorruptedLogisticProblem.of(cfg)
   return corrupt_users(base, float(view.corruption), mode=view.corruption_mode, key=k_bad,
                        scale=float(view.corruption_scale))
 
