@@ -1,19 +1,17 @@
 """Per-user clipping and aggregation with a stated sensitivity.
 
-Chain input convention (used by every stage in ``dpsco_jax.transforms``): the updates entering a
-DP chain are **stacked per-user gradients**, a pytree whose leaves have a leading user axis
-``U`` (one row per user, or per example at item level). :func:`clip_per_user` keeps the axis;
-an aggregating stage (:func:`aggregate` here, or the FILTER stage of paper 000) reduces it, so
-later stages (noise, prox, step) see ordinary params-shaped pytrees. Padded slots are
-identified by the extra argument ``user_mask`` (bool ``[U]``, checked: exactly that shape and
-dtype) that ``optax.chain`` forwards; without it every slot counts as a real user.
+Chain input convention (every stage in ``dpsco_jax.transforms``): the updates entering a DP
+chain are **stacked per-user gradients**, leaves with a leading user axis ``U`` (one row per
+user, or per example at item level). :func:`clip_per_user` keeps the axis; an aggregating
+stage (:func:`aggregate`, or paper 000's FILTER) reduces it. Padded slots are marked by the
+extra argument ``user_mask`` (bool ``[U]``, checked) that ``optax.chain`` forwards; without it
+every slot counts as a real user.
 
-Sensitivity. After clipping every row to L2 norm ``<= C`` (global norm over the pytree), the
-masked sum over users changes by at most ``C`` when one user is added or removed and by at most
-``2C`` when one user is replaced by another; dividing by a *fixed* denominator ``D`` (never the
-data-dependent count) gives ``C/D`` and ``2C/D``. A user whose gradient contains NaN or Inf is
-dropped (contributes exactly zero) — which is itself a bounded change, so the bounds hold for
-arbitrary, adversarial inputs.
+Sensitivity. With every row clipped to L2 norm ``<= C`` (global norm over the pytree), the
+masked sum changes by at most ``C`` when one user is added or removed and ``2C`` when one is
+replaced; dividing by a *fixed* denominator ``D`` (never the realized count) gives ``C/D`` and
+``2C/D``. A user whose gradient holds NaN or Inf is dropped (contributes exactly zero), itself
+a bounded change, so the bounds hold for arbitrary inputs.
 
 Reference: Abadi et al. 2016 (DP-SGD); the user-level variant clips the user's mean gradient
 (Levy et al. 2021; paper 000 §1).
@@ -36,21 +34,11 @@ from dpsco_jax.privacy.relations import RELATIONS  # noqa: E402  (one vocabulary
 from dpsco_jax.privacy.sensitivity import clipped_mean_sensitivity  # noqa: E402
 
 
-# Precision contract. A clip factor is part of the privacy guarantee, so norms and factors are
-# computed in float32 or wider whatever the gradient dtype: a float16 row of 300 entries of
-# size ~20 overflows its squared norm in float16 (the row would be dropped), and bfloat16 norms
-# are off by ~0.4%. Squares are elementwise (never a matmul, so TF32/bf16-pass matmul defaults
-# cannot touch them). Integer gradients are promoted to float32 (they used to clip to 0).
-#
-# A clipped row is handed back in its input dtype when that is a low-precision float. Rounding
-# to nearest could push its norm above C by up to one unit roundoff (2^-8 for bfloat16), so the
-# cast rounds toward zero (``|out_i| <= |exact_i|`` entrywise, subnormals included). Every clip
-# factor also carries a relative margin of 2^-20 (``C`` is replaced by ``C (1 - 2^-20)`` when a
-# row is clipped): it absorbs the float32 rounding of the norm, the division and the product
-# (a few ulps of 2^-24 each for the summation orders XLA uses on rows of up to ~1e6 entries),
-# so the realized norm measured in float64 stays <= C. Aggregates (sums over users) are
-# returned in float32 or wider: rounding a sum to bfloat16 before the noise is added would
-# change its sensitivity.
+# Precision contract (a clip factor is part of the guarantee): norms and factors in float32 or
+# wider (elementwise squares, never a matmul); integer gradients promoted to float32. A
+# low-precision row is cast back rounding toward zero, and every factor carries a relative
+# margin 2^-20 for the float32 rounding, so the realized norm stays <= C. Aggregates stay
+# float32+: rounding a sum before the noise would change its sensitivity.
 _CLIP_MARGIN = 2.0 ** -20
 _TINY = 1e-30  # floor on the norm in C / ||g|| (the factor is 1 for such rows anyway)
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
@@ -73,15 +61,9 @@ def _out_dtype(dtype) -> jnp.dtype:
 
 
 def _round_toward_zero(y: jax.Array, dtype) -> jax.Array:
-  """float32 ``y`` cast to the low-precision ``dtype`` with ``|result| <= |y|`` entrywise.
-
-  Done on the bits, not by comparing ``|cast(y)|`` with ``|y|``: XLA:GPU removes f32 -> bf16
-  -> f32 round trips (``SimplifyFPConversions``), so such a comparison is optimized away there
-  (measured on an H100: clipped bf16 norms up to 1.0004 C). Clearing the low ``23 - nmant``
-  mantissa bits of a float32 truncates toward zero onto the target's grid for its normal
-  range (and, for bfloat16, its subnormals too: same exponent range as float32); the
-  subnormals of a narrower-exponent type (float16) are floored onto their fixed spacing.
-  The final cast is then exact."""
+  """float32 ``y`` cast to the low-precision ``dtype`` with ``|result| <= |y|`` entrywise, on
+  the bits (XLA:GPU optimizes away a comparison of f32 -> bf16 -> f32 round trips); float16
+  subnormals are floored onto their spacing."""
   fi = jnp.finfo(dtype)
   y = y.astype(jnp.float32)
   drop = 23 - int(fi.nmant)
@@ -101,8 +83,7 @@ def _row_sqnorm(g: jax.Array) -> jax.Array:
 
 
 def tree_global_norms(stacked: PyTree) -> jax.Array:
-  """L2 norm of each row (leading axis) over all leaves of ``stacked``: shape ``[U]``,
-  computed in float32 or wider whatever the leaves' dtype.
+  """L2 norm of each row over all leaves, in float32 or wider whatever the leaves' dtype.
 
   Args:
     stacked: a pytree whose leaves share a leading row axis ``U``.
@@ -114,24 +95,9 @@ def tree_global_norms(stacked: PyTree) -> jax.Array:
 
 
 def _weighted_row_sum(stacked: PyTree, weights: jax.Array, keep: jax.Array) -> PyTree:
-  """``sum_u weights_u * g_u`` over the leading axis, rows with ``keep_u = False`` excluded,
-  in float32 or wider at ``Precision.HIGHEST`` (the sum's sensitivity rests on it: a TF32 or
-  bf16-pass dot would round every clipped row by ~2^-11..2^-8).
-
-  Written as one ``tensordot`` per leaf rather than a scaled copy plus ``sum(axis=0)``: XLA:CPU
-  (jaxlib 0.10) lowers a reduce over the major axis of a large ``[U, ...]`` array to a fusion
-  that is ~50x slower than the equivalent GEMV (``experiments/bench_core.py``), and a dot is
-  the natural form on GPU/TPU too. Dropped rows must add exact zeros, and ``0 * NaN = NaN``:
-  :func:`_zeroed_row_sum` zeroes them with ``where`` first. On CPU that ``where`` is a full
-  copy of the ``[U, ...]`` gradients (XLA:CPU cannot fuse it into the GEMV): half the time of
-  ``clip_and_aggregate`` on a 1024 x 1024 GLM, which made it slower than optax's whole DP
-  update. So there (:func:`_guarded_row_sum`) the dot is first taken of the rows as they are,
-  with dropped rows' weights zeroed, and that is the result whenever it is finite: a dropped
-  row then had only finite entries, each adding an exact zero. Otherwise (a dropped row with a
-  NaN / Inf, or a kept one) dropped rows are zeroed a block at a time
-  (:func:`_blocked_zeroed_sum`: no second ``[U, ...]`` buffer), the same sum to rounding. On other backends the copy is one cheap pass at device bandwidth, while a
-  ``cond`` may cost a device-to-host sync of its predicate (XLA:GPU's conditional): they keep
-  the zeroed form (the guarded one is not measured there)."""
+  """``sum_u weights_u * g_u`` over kept rows: one float32+ ``Precision.HIGHEST`` dot per leaf
+  (the sensitivity rests on it). Dropped rows must add exact zeros (``0 * NaN = NaN``): on CPU
+  :func:`_guarded_row_sum`, elsewhere :func:`_zeroed_row_sum` (no ``cond``)."""
   leaves, treedef = jax.tree.flatten(stacked)
   if not leaves:
     return stacked
@@ -142,15 +108,8 @@ def _weighted_row_sum(stacked: PyTree, weights: jax.Array, keep: jax.Array) -> P
 
 def _zeroed_row_sum(leaves: list, weights: jax.Array, keep: jax.Array,
                     barrier: bool = False) -> list:
-  """Dropped rows zeroed by ``where``, then one HIGHEST dot per leaf.
-
-  ``barrier`` (CPU only, from :func:`_guarded_row_sum`) materialises the zeroed rows before
-  the dot: XLA:CPU ran that faster than the ``where`` fused into the dot operand. On an
-  accelerator it is the opposite: on an H100 (jax 0.11.2), the clip-and-sum of bench_gpu's
-  transformer (64 users x 7.4e6 parameters) took 2.80 ms with the barrier and 1.54 ms without
-  it, against 0.92 ms for the norms alone (``experiments/gpu/rowsum_probe.py``, log
-  ``experiments/results/gpu/rowsum_probe_h100_s6.log``); the barrier's copy of the
-  ``[U, ...]`` gradients was most of the vmap path's gap to optax.contrib.dpsgd there."""
+  """Dropped rows zeroed, then one HIGHEST dot per leaf; ``barrier`` (CPU: faster there)
+  materialises the zeroed rows first."""
   def f(g):
     wide = _wide_dtype(g.dtype)
     k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
@@ -163,24 +122,10 @@ def _zeroed_row_sum(leaves: list, weights: jax.Array, keep: jax.Array,
 
 
 def _guarded_row_sum(leaves: list, weights: jax.Array, keep: jax.Array) -> list:
-  """CPU: leaves holding one vector per user (:func:`_one_vector_per_user`) by the dot of
-  their rows as they are, the others by :func:`_zeroed_row_sum`.
-
-  Of the vector leaves, the dot of the rows as they are (dropped rows' weights zeroed) is
-  kept when every entry of every such leaf's result is finite; else they take the blocked
-  zeroed form (one ``cond`` for them all; :func:`_blocked_zeroed_sum`). A finite result means every dropped row's entries were
-  finite (one NaN / Inf there would make its column NaN), so each added ``0 * g = ±0``:
-  exactly the zeroed form's terms.
-
-  Why only vector leaves: a leaf with two or more non-unit axes per user (a Linear or conv
-  kernel) comes out of the per-user backward pass in its batched matmul's or conv's layout,
-  and flattening it, or passing it to the ``cond``, costs a layout copy: the very pass this
-  avoids, plus its buffer (measured on XLA:CPU, bench_cost's medium sizes: the transformer's
-  vmap step held 63.9 MiB of temporaries against 45.6 with every leaf guarded; the item
-  CNN's accessed 11% more bytes). The zeroed form's ``where`` absorbs that transposition.
-  A vector leaf (a GLM's ``[U, D, 1]`` kernel gradients, biases, norm scales) flattens to
-  ``[U, D]`` as a bitcast; flattened first, since the GLM's ``[U, D, 1]``, produced as
-  ``[U, 1, D]``, was otherwise copied into the ``cond``'s operand layout."""
+  """CPU: vector leaves by the dot of their rows as they are (dropped rows' weights zeroed),
+  kept when finite (then each dropped row added exactly ``0 * g = ±0``), else
+  :func:`_blocked_zeroed_sum`; other leaves (flattening them would copy) by
+  :func:`_zeroed_row_sum`."""
   vec = [_one_vector_per_user(g) for g in leaves]
   rest = iter(_zeroed_row_sum([g for g, v in zip(leaves, vec) if not v], weights, keep,
                               barrier=True))
@@ -204,15 +149,8 @@ ZEROED_BLOCK_BYTES = 1 << 20
 
 
 def _blocked_zeroed_sum(g: jax.Array, weights: jax.Array, keep: jax.Array) -> jax.Array:
-  """``sum_u weights_u g_u`` over kept rows of a ``[U, D]`` leaf, dropped rows zeroed a block of
-  rows at a time: the fallback of :func:`_guarded_row_sum`. Zeroing the whole leaf first (the
-  zeroed form) made XLA hold a second ``[U, D]`` buffer for the ``cond``'s other branch in
-  every step, taken or not (a 4096 x 4096 GLM's step: 128 MiB of temporaries against the
-  64 MiB of its per-user gradients); a block is ``ZEROED_BLOCK_BYTES``. The last block starts
-  at ``U - b`` (static shapes); its rows already summed are masked out, so each row is
-  counted once. One HIGHEST dot per block, in float32 or wider; the blocks' partial sums add
-  in another order than one dot's, so this branch agrees with the zeroed form to rounding,
-  not bit for bit (it runs only when a dropped row is non-finite)."""
+  """The zeroed sum of a ``[U, D]`` leaf a block of rows at a time (no second ``[U, D]``
+  buffer); equal to :func:`_zeroed_row_sum` to rounding, not bit for bit."""
   u, d = g.shape
   wide = _wide_dtype(g.dtype)
   b = max(1, min(u, ZEROED_BLOCK_BYTES // max(1, d * jnp.dtype(wide).itemsize)))
@@ -248,8 +186,8 @@ def _scale_rows(stacked: PyTree, scale: jax.Array, keep: jax.Array) -> PyTree:
 
 
 def _clip_factors(norms: jax.Array, max_norm) -> jax.Array:
-  """``min(1, C (1 - 2^-20) / ||g||)`` in the norms' (float32+) dtype; non-finite norms give
-  1 (those rows are dropped separately). The margin is the documented one above."""
+  """``min(1, C (1 - 2^-20) / ||g||)``; non-finite norms give 1 (those rows are dropped
+  separately)."""
   c = max_norm * (1.0 - _CLIP_MARGIN)
   safe = jnp.maximum(jnp.where(jnp.isfinite(norms), norms, 1.0), _TINY)
   return jnp.minimum(1.0, c / safe)
@@ -260,10 +198,7 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
   """Clips every row to L2 norm ``<= max_norm``; non-finite rows become zero.
 
   ``per_layer=True`` clips each leaf separately at ``max_norm / sqrt(num_leaves)`` so the
-  global norm stays ``<= max_norm`` (same sensitivity, different bias). Norms and factors are
-  float32 or wider; see the precision contract above for low-precision and integer rows.
-
-  Returns ``(clipped, finite)`` where ``finite`` is the bool ``[U]`` mask of kept rows.
+  global norm stays ``<= max_norm`` (same sensitivity, different bias).
 
   Args:
     stacked: a pytree whose leaves share a leading row axis ``U``.
@@ -271,11 +206,11 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
     per_layer: clip each leaf separately (default False).
 
   Returns:
-    ``(clipped, finite)`` (see above).
+    ``(clipped, finite)``: the clipped rows and the bool ``[U]`` mask of kept rows.
   """
   _num_rows(stacked)
-  # a row with NaN/Inf entries has a non-finite norm (a finite float32 row whose squared norm
-  # overflows too: dropping it is still a change of norm <= C, the sensitivity is unchanged)
+  # a row with NaN/Inf entries (or whose squared norm overflows) has a non-finite norm:
+  # dropping it is still a change of norm <= C
   norms = tree_global_norms(stacked)
   finite = jnp.isfinite(norms)
   leaves, treedef = jax.tree.flatten(stacked)
@@ -291,17 +226,16 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
 
 
 class ClipState(NamedTuple):
-  """``dropped`` counts non-finite users; it is data-dependent, so it stays 0 unless the
-  transformation was built with ``debug=True``.
+  """The state of the clipping stages.
 
   Attributes:
-    dropped: the count of non-finite users (int32; 0 unless ``debug=True``).
+    dropped: the count of non-finite users (int32; data-dependent, so 0 unless the stage was
+      built with ``debug=True``).
   """
   dropped: jax.Array
 
 
 def _real_users(user_mask, n: int) -> jax.Array:
-  """The checked mask, or all-True: without a ``user_mask`` every slot is a real user."""
   mask = check_user_mask(user_mask, n)
   return jnp.ones((n,), bool) if mask is None else mask
 
@@ -312,9 +246,8 @@ def clip_per_user(max_norm: float, *, per_layer: bool = False,
 
   ``g_u <- g_u * min(1, C / ||g_u||_2)``; rows with NaN/Inf become 0 (dropped). Keeps the
   leading user axis. ``user_mask`` (bool ``[U]``, checked) zeroes padded slots; without it
-  every slot counts as a real user (a padded duplicate would be counted). Float rows keep
-  their dtype (low precision: rounded toward zero, norm ``<= C``); integer rows come back as
-  float32. ``debug`` must be a real bool.
+  every slot counts as a real user. Float rows keep their dtype (low precision: rounded
+  toward zero, norm ``<= C``); integer rows come back as float32.
 
   Args:
     max_norm: ``C``, the per-user L2 bound, > 0 (in the gradient's units).
@@ -359,8 +292,8 @@ def _check_mean(mode: str, denominator) -> float:
     raise ValueError("denominator is required for mode='mean' (use the fixed, nominal "
                      "batch size; never the realized count)")
   scale = 1.0 / check_positive(denominator, "denominator")
-  # the weights 1/D are float32: a denominator below ~3e-39 (1e-300 is a finite Python
-  # float) makes them Inf and the aggregate Inf / NaN. Refuse it here rather than emit Inf.
+  # the weights 1/D are float32: a tiny denominator would make them Inf and the aggregate
+  # Inf / NaN, so it is refused here
   if not _traced(scale) and not (math.isfinite(scale) and scale <= _F32_MAX):
     raise ValueError(f"denominator={denominator!r} is so small that 1/denominator overflows "
                      "float32; use the nominal batch size")
@@ -368,8 +301,8 @@ def _check_mean(mode: str, denominator) -> float:
 
 
 def _check_bounded(clip_norm, scale, n: int) -> None:
-  """The clipped aggregate is at most ``n C / D`` in norm; refuse a denominator that lets it
-  overflow float32 (an Inf release has no sensitivity). Static values only."""
+  """Refuses a denominator that lets the clipped aggregate (``<= n C / D``) overflow float32:
+  an Inf release has no sensitivity. Static values only."""
   if _traced(clip_norm) or _traced(scale):
     return
   if not float(clip_norm) * float(scale) * n <= _F32_MAX:
@@ -384,9 +317,9 @@ def aggregate(mode: str = "mean", denominator: float | None = None
 
   ``mode="mean"`` requires ``denominator`` (the nominal batch size, e.g. ``q*n`` under Poisson
   sampling or ``K`` for fixed-size batches): dividing by the realized count would make the
-  denominator itself data-dependent and break the sensitivity bound. ``user_mask`` (bool
-  ``[U]``, checked) excludes padded slots; without it every slot is summed as a real user.
-  The result is float32 or wider (a low-precision sum is not rounded before the noise).
+  denominator data-dependent and break the sensitivity bound. ``user_mask`` (bool ``[U]``,
+  checked) excludes padded slots; without it every slot is summed as a real user. The result
+  is float32 or wider (a low-precision sum is not rounded before the noise).
 
   Args:
     mode: ``"mean"`` (default) or ``"sum"``.
@@ -452,10 +385,9 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
   :func:`aggregation_sensitivity` with the same arguments.
 
   One norm pass gives row weights ``w_u = keep_u min(1, C/||g_u||) / D`` and one weighted sum
-  per leaf (float32 or wider, ``Precision.HIGHEST``) produces the aggregate: no clipped copy
-  of the ``[U, ...]`` gradients is written. Equal (to float rounding) to
-  ``optax.chain(clip_per_user(C), aggregate(mode, D))``; the state is :class:`ClipState`.
-  ``user_mask`` as in :func:`aggregate` (without it every slot is a real user).
+  per leaf (float32 or wider, ``Precision.HIGHEST``) the aggregate: no clipped copy of the
+  ``[U, ...]`` gradients is written. Equal (to float rounding) to
+  ``optax.chain(clip_per_user(C), aggregate(mode, D))``. ``user_mask`` as in :func:`aggregate`.
 
   Args:
     clip_norm: ``C``, the per-user L2 bound, > 0.

@@ -1,15 +1,13 @@
 """Projection and optimizer steps whose query point may differ from the released iterate.
 
-Interface (paper 000 §2.4, paper 003 §7.2). ``update(g, state, params)`` receives the gradient
-taken at ``params`` — the *query point* — and returns the displacement to the next query point
-(projections make steps non-additive, so updates are always ``x_next - params``). Steps whose
-released iterate differs from the query point (iterate averaging, AC-SA's ``x_ag``, SRGD's
-``y``) keep it in a state field named ``released``; :func:`released_params` returns it. This
-follows ``optax.contrib.schedule_free_eval_params``.
+``update(g, state, params)`` receives the gradient taken at ``params`` (the *query point*)
+and returns the displacement ``x_next - params`` (projections make steps non-additive). Steps
+whose released iterate differs from the query point (averaging, AC-SA's ``x_ag``, SRGD's
+``y``) keep it in a state field ``released``; :func:`released_params` returns it (as
+``optax.contrib.schedule_free_eval_params``). Paper 000 §2.4, paper 003 §7.2.
 
-Everything here post-processes already-privatized gradients, so it consumes no privacy budget;
-the only data-independent term, the prox-to-anchor of localization, must be added *after* the
-noise stage.
+Everything here post-processes privatized gradients and costs no privacy; the data-independent
+prox-to-anchor term must be added *after* the noise stage.
 """
 
 from __future__ import annotations
@@ -32,8 +30,8 @@ def _wide(x: jax.Array) -> jax.Array:
 
 
 def tree_l2_norm(tree: PyTree) -> jax.Array:
-  """Global L2 norm over all leaves (``optax.tree.norm``), computed in float32 or wider: the
-  leaves are widened first, since a float16 sum of squares overflows at a norm of ~256.
+  """Global L2 norm over all leaves (``optax.tree.norm``), computed in float32 or wider (a
+  float16 sum of squares overflows at a norm of ~256).
 
   Args:
     tree: a pytree of arrays.
@@ -50,19 +48,12 @@ def cast_like(tree: PyTree, ref: PyTree) -> PyTree:
   return jax.tree.map(lambda x, r: x.astype(jnp.result_type(r)), tree, ref)
 
 
-# A projected point is part of guarantees that rest on ``||x - c|| <= R`` (Lipschitz constants
-# over the domain, output-perturbation sensitivities, the bilevel inner strong convexity
-# ``omega >= omega_min``). Computed as ``c + (v - c) R / ||v - c||`` in float32 it can land a few
-# ulps outside: the norm, the division and the product each round, and ``c + d`` rounds at the
-# scale of ``|c|`` (at the bilevel box ``[1e-3, 5]``, centre 2.5, that is ~2.4e-7, a 2.4e-4
-# relative error on ``omega_min``). So a point that is projected is put on the slightly smaller
-# sphere of radius ``R (1 - 2^-20) - 2 eps sqrt(D) max|c|``: the relative margin absorbs the
-# rounding of norm, division and product (as the clipping margin does, transforms/clipping.py),
-# the absolute one the rounding of ``c + d`` (at most half an ulp of ``max(|c_i|, |x_i|)`` per
-# coordinate). The test ``||v - c|| > R'`` (not ``> R``) decides which points move: a point a
-# rounding error outside the ball can compute a norm ``<= R``, so only points inside the smaller
-# ball, as computed, stay where they are. The domain is in effect ``B(c, R')``, a subset of
-# ``B(c, R)`` that differs from it by a relative 1e-6.
+# Guarantees rest on ``||x - c|| <= R`` (Lipschitz constants over the domain, output
+# perturbation sensitivities, the bilevel ``omega >= omega_min``), but ``c + (v - c) R / ||v - c||``
+# in float32 can land a few ulps outside. So a projected point goes on the smaller sphere of
+# radius ``R' = R (1 - 2^-20) - 2 eps sqrt(D) max|c|`` (relative margin: the rounding of norm,
+# division and product; absolute: the rounding of ``c + d``), and points with computed
+# ``||v - c|| > R'`` move. The domain is in effect ``B(c, R')``, a relative 1e-6 smaller.
 _PROJ_MARGIN = 2.0 ** -20
 
 
@@ -81,9 +72,8 @@ def project_l2_ball(tree: PyTree, radius: float | jax.Array | None,
                     center: PyTree | None = None) -> PyTree:
   """Euclidean projection onto ``{x : ||x - center||_2 <= radius}`` (global norm over leaves).
 
-  ``Pi(v) = c + (v - c) * min(1, R' / ||v - c||)``, where ``R'`` is ``R`` less a rounding
-  margin (above), so the float32 result is inside the ball in exact arithmetic; ``v`` inside
-  ``B(c, R')`` is returned as is. ``radius=None`` is the identity.
+  ``Pi(v) = c + (v - c) * min(1, R' / ||v - c||)`` with ``R'`` slightly below ``R``, so the
+  float32 result is inside the ball exactly. ``radius=None`` is the identity.
 
   Args:
     tree: the point (a pytree).
@@ -108,8 +98,7 @@ def _sub(a: PyTree, b: PyTree) -> PyTree:
   return jax.tree.map(jnp.subtract, a, b)
 
 
-def _lerp(a: PyTree, b: PyTree, w: jax.Array) -> PyTree:
-  """``(1 - w) a + w b``."""
+def _lerp(a: PyTree, b: PyTree, w: jax.Array) -> PyTree:  # (1 - w) a + w b
   return jax.tree.map(lambda x, y: x + w.astype(x.dtype) * (y - x), a, b)
 
 
@@ -160,9 +149,8 @@ def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = Non
                   ) -> optax.GradientTransformationExtraArgs:
   """Projected SGD ``x_{t+1} = Pi(x_t - eta_t g_t)`` with optional uniform iterate averaging.
 
-  ``released`` is the last iterate (``averaging="none"``) or the running mean of
-  ``x_1..x_t`` (``"uniform"``), the output of the convex SGD guarantees (e.g. paper 000 Alg. 1
-  subroutine SGD, paper 004 DP-Loc-GD).
+  ``released`` is the last iterate (``averaging="none"``) or the running mean of ``x_1..x_t``
+  (``"uniform"``; paper 000 Alg. 1 subroutine SGD, paper 004 DP-Loc-GD).
 
   Args:
     learning_rate: ``eta`` (> 0) or an optax schedule ``step -> eta``.
@@ -213,14 +201,14 @@ class AcsaState(NamedTuple):
     x: ``x_{t-1}``, the prox sequence.
     released: ``x_ag_{t-1}``, the output sequence.
   """
-  count: jax.Array      # iterations done in the current stage (t - 1)
-  stage: jax.Array      # completed restarts
-  x: PyTree             # x_{t-1}: the prox sequence
-  released: PyTree      # x_ag_{t-1}: the output sequence
+  count: jax.Array
+  stage: jax.Array
+  x: PyTree
+  released: PyTree
 
 
 def _acsa_coeffs(t: jax.Array, gamma: float):
-  """``alpha_t = 2/(t+1)`` and ``gamma_t = 4 gamma/(t(t+1))`` (EXT A.3a)."""
+  """``alpha_t = 2/(t+1)``, ``gamma_t = 4 gamma/(t(t+1))`` (EXT A.3a)."""
   t = t.astype(jnp.float32)
   alpha = 2.0 / (t + 1.0)
   gam = 4.0 * gamma / (t * (t + 1.0))
@@ -314,9 +302,8 @@ class ProxToAnchorState(NamedTuple):
 
 def add_prox_to_anchor(lam: float, anchor: PyTree | None = None
                        ) -> optax.GradientTransformationExtraArgs:
-  """Adds ``lam * (params - anchor)``: the gradient of the localization term
-  ``lam/2 ||x - anchor||^2`` (paper 000 Alg. 3, paper 001 Alg. 3). ``anchor=None`` anchors at
-  the params given to ``init``. Data independent: place it after the noise stage.
+  """Adds ``lam * (params - anchor)``, the gradient of ``lam/2 ||x - anchor||^2`` (paper 000
+  Alg. 3, paper 001 Alg. 3). Data independent: place it after the noise stage.
 
   Args:
     lam: ``lambda``, >= 0.
@@ -361,8 +348,8 @@ def _find_released(state: Any) -> Any:
 
 
 def released_params(opt_state: Any, params: PyTree) -> PyTree:
-  """The released iterate of a chain: the last stage state with a ``released`` field, or
-  ``params`` itself when no stage keeps a separate output sequence.
+  """The released iterate of a chain: the last stage state's ``released`` field, or
+  ``params`` when no stage keeps a separate output sequence.
 
   Args:
     opt_state: the chain's state.

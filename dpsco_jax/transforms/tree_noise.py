@@ -1,49 +1,35 @@
 """Noisy prefix sums of a stream: binary-tree continual counting and independent noise.
 
 A chain stage that receives one increment ``Delta_t`` per step (an aggregated, clipped batch
-quantity, params-shaped) and emits the noisy prefix sum
+quantity, params-shaped) and emits ``g_hat_t = sum_{i <= t} Delta_i + N_t``, with ``N_t`` from
+one of two mechanisms (``mechanism=``):
 
-    g_hat_t = sum_{i <= t} Delta_i + N_t,
+``"tree"`` — the binary tree mechanism (Dwork–Naor–Pitassi–Rothblum 2010, Chan–Shi–Song 2011)
+  as in paper 003 Lemma 5.6 (index ranges repaired as in spec 003 §3.3 / AMBIG-6). Leaf
+  ``t+1`` holds ``Delta_t``; node ``(k, j)`` (odd ``j``, ``j 2^k <= T``) releases the block sum
+  over leaves ``((j-1)2^k, j 2^k]`` plus ``xi_{j,k} ~ N(0, sigma^2 I)``, and the prefix ending
+  at leaf ``t1`` sums the ``popcount(t1)`` nodes ``s_{t1 >> k, k}`` for the set bits ``k``.
+  ``Var(N_t) = popcount(t+1) sigma^2`` per coordinate; a leaf lies in at most
+  ``T.bit_length()`` nodes.
 
-where ``N_t`` is the prefix noise of one of two mechanisms, chosen by one argument
-(``mechanism=``):
+``"independent"`` — the DP-SGD comparison: fresh ``N(0, sigma^2 I)`` per increment
+  (:func:`~dpsco_jax.transforms.noise.add_gaussian_noise`), summed: ``Var(N_t) = (t+1) sigma^2``.
 
-``"tree"`` — the binary tree mechanism of Dwork–Naor–Pitassi–Rothblum 2010 and
-  Chan–Shi–Song 2011, as used by paper 003 (Choquette-Choo, Ganesh, Thakurta 2024, Lemma 5.6;
-  index ranges repaired as in spec 003 §3.3 / AMBIG-6). With leaves numbered ``1..T``
-  (leaf ``t+1`` holds ``Delta_t``), node ``(k, j)`` (level ``k``, odd ``j``, ``j 2^k <= T``)
-  is the noisy block sum ``s_{j,k} = sum_{i in ((j-1)2^k, j 2^k]} Delta_i + xi_{j,k}``
-  with ``xi_{j,k} ~ N(0, sigma^2 I)`` i.i.d., and the prefix ending at leaf ``t1`` is
-  ``sum_{k : bit k of t1 is 1} s_{t1 >> k, k}`` (``popcount(t1)`` complete nodes), e.g.
-  ``sum_{1..7} = s_{1,2} + s_{3,1} + s_{7,0}``. Hence ``Var(N_t) = popcount(t+1) sigma^2``
-  per coordinate, ``Cov(N_s, N_t) = sigma^2 * #shared nodes``, and one leaf lies in at most
-  ``T.bit_length()`` nodes (one per level).
+Memory is ``O(params)``: node noise is regenerated from ``fold_in(fold_in(key, k), j)`` when a
+prefix needs it. The noiseless running sum and the key in the state are **secret** and never
+emitted; only complete nodes are used, so every output is post-processing of node releases.
 
-``"independent"`` — the DP-SGD comparison: each increment gets fresh ``N(0, sigma^2 I)``
-  (the core :func:`~dpsco_jax.transforms.noise.add_gaussian_noise` stage) and the noisy
-  increments are summed, so ``Var(N_t) = (t+1) sigma^2`` (linear in ``t`` instead of
-  ``O(log t)``).
-
-Memory is ``O(params)``: the tree never stores node noise; ``xi_{j,k}`` is regenerated from
-``fold_in(fold_in(key, k), j)`` whenever a prefix needs it (at most ``T.bit_length()`` draws
-per step, vectorized over levels). The noiseless running sum ``sum Delta_i`` and the key are
-kept in the state and are **secret**: neither is ever emitted. Only complete nodes are used,
-so every emitted prefix is post-processing of node releases.
-
-Privacy (spec 003 §3.3, §4.4). Let each increment have L2 sensitivity ``s`` (``C/B`` for a
-fixed-denominator batch mean under zero-out / add-remove; ``2C/B`` replace-one) and change in
-only one step (single epoch). With ``noise_std = z * s``:
-  * tree: the encoder has sensitivity ``s * sqrt(levels)``, so the whole run — including
-    adaptively chosen increments, each node being a Gaussian mechanism given the past — is
-    ``mu``-GDP with ``mu = sqrt(levels) / z``, i.e. exactly one Gaussian mechanism with noise
+Privacy (spec 003 §3.3, §4.4). Each increment has L2 sensitivity ``s`` (``C/B`` for a
+fixed-denominator mean under zero-out / add-remove, ``2C/B`` replace-one) and changes in one
+step only (single epoch). With ``noise_std = z * s``:
+  * tree: the encoder has sensitivity ``s * sqrt(levels)``, so the run, adaptive increments
+    included, is ``mu``-GDP with ``mu = sqrt(levels) / z``: one Gaussian mechanism of
     multiplier ``z / sqrt(levels)`` (:func:`prefix_noise_event`).
-  * independent: one increment changes, so the run is one Gaussian mechanism with noise
-    multiplier ``z`` (``mu = 1/z``).
-``levels = T.bit_length()`` is exact; the paper's ``1 + ceil(log2 T)`` (>= it) is available
-with ``levels="paper"``.
+  * independent: one Gaussian mechanism of multiplier ``z`` (``mu = 1/z``).
+``levels = T.bit_length()`` is exact; the paper's ``1 + ceil(log2 T)`` is ``levels="paper"``.
 
-Stepping past ``max_steps`` would put the leaf into a node the accounting did not count, so
-the stage then emits NaN (a loud, jit-compatible flag); drivers also guard it host-side.
+Past ``max_steps`` a leaf would fall in a node the accounting did not count, so the stage
+emits NaN (a loud, jit-compatible flag).
 """
 
 from __future__ import annotations
@@ -78,8 +64,7 @@ def _check_max_steps(max_steps: Any) -> int:
 
 # ----------------------------------------------------------------------------- tree geometry
 def tree_levels(max_steps: int, rule: str = "exact") -> int:
-  """Number of tree levels a leaf can touch: ``T.bit_length()`` (exact) or the paper's
-  ``1 + ceil(log2 T)`` (Lemma 5.6; always >= exact)."""
+  """Levels a leaf can touch: ``T.bit_length()`` (exact) or ``1 + ceil(log2 T)`` (paper)."""
   max_steps = check_int(max_steps, "max_steps", minimum=1)
   check_choice(rule, "levels", LEVEL_RULES)
   if rule == "exact":
@@ -88,11 +73,8 @@ def tree_levels(max_steps: int, rule: str = "exact") -> int:
 
 
 def tree_nodes(max_steps: int) -> list[tuple[int, int, int, int]]:
-  """All nodes ``(level k, index j, first leaf, last leaf)`` of the tree over leaves
-  ``1..T``: odd ``j`` with ``j 2^k <= T``, covering leaves ``(j-1)2^k+1 .. j 2^k``.
-
-  There is exactly one node ending at each leaf (at level ``ctz(leaf)``), so ``T`` nodes.
-  """
+  """All ``T`` nodes ``(level k, index j, first leaf, last leaf)`` of the tree over leaves
+  ``1..T`` (odd ``j``, ``j 2^k <= T``)."""
   max_steps = check_int(max_steps, "max_steps", minimum=1)
   nodes = []
   for k in range(max_steps.bit_length()):
@@ -108,9 +90,8 @@ def prefix_nodes(leaf: int) -> list[tuple[int, int]]:
 
 
 def tree_encode(increments: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
-  """The explicit (noiseless) encoder: node sums ``{(k, j): sum of its leaves}`` of a stream
-  ``increments[t]`` (leaf ``t+1``). The streaming stage never builds this; it exists to state
-  and test the mechanism (sensitivity = how many nodes one leaf changes)."""
+  """The explicit noiseless encoder ``{(k, j): node sum}`` of ``increments[t]`` (leaf
+  ``t+1``): states and tests the mechanism; the streaming stage never builds it."""
   increments = np.asarray(increments)
   csum = np.concatenate([np.zeros_like(increments[:1]), np.cumsum(increments, axis=0)])
   return {(k, j): csum[hi] - csum[lo - 1] for k, j, lo, hi in tree_nodes(len(increments))}
@@ -134,7 +115,7 @@ def node_noise(key: jax.Array, level: int | jax.Array, index: int | jax.Array, l
 def tree_prefix_noise(key: jax.Array, leaf: jax.Array, like: PyTree,
                       stddev: float | jax.Array, levels: int) -> PyTree:
   """``N`` for the prefix ending at ``leaf`` (1-indexed, traced): ``sum_{k: bit k of leaf}
-  xi_{leaf >> k, k}``, levels vectorized, absent bits masked (static shapes, no branches)."""
+  xi_{leaf >> k, k}``, levels vectorized, absent bits masked."""
   ks = jnp.arange(levels, dtype=jnp.uint32)
   leaf = jnp.asarray(leaf, jnp.uint32)
   idx = leaf >> ks
@@ -148,8 +129,8 @@ def tree_prefix_noise(key: jax.Array, leaf: jax.Array, like: PyTree,
 
 # ----------------------------------------------------------------------------- the stages
 class TreePrefixNoiseState(NamedTuple):
-  """``count``: increments consumed; ``prefix``: the noiseless running sum (SECRET, float32
-  or wider); ``key``: node-noise key (SECRET). Both secrets are redacted in repr/str."""
+  """``count`` increments consumed; ``prefix`` (noiseless running sum) and ``key`` are
+  SECRET, redacted in repr/str."""
   count: jax.Array
   prefix: PyTree
   key: jax.Array
@@ -161,9 +142,8 @@ class TreePrefixNoiseState(NamedTuple):
 
 
 class IndependentPrefixNoiseState(NamedTuple):
-  """``noise``: the core Gaussian stage's state; ``noisy_prefix``: running sum of noisy
-  increments (post-processing of released quantities, not secret). ``noise`` redacts its
-  own key."""
+  """``noise``: the Gaussian stage's state (redacts its key); ``noisy_prefix``: the running
+  sum of released noisy increments (not secret)."""
   count: jax.Array
   noisy_prefix: PyTree
   noise: Any
@@ -175,8 +155,8 @@ def _poison_after(count: jax.Array, max_steps: int, tree: PyTree) -> PyTree:
 
 
 def _wide_zeros(params: PyTree) -> PyTree:
-  """Running sums are kept in float32 or wider: a bfloat16 sum would drift by ~2^-8 per step
-  and its rounding would change the increments' sensitivity."""
+  """Running sums in float32 or wider (a bfloat16 sum's rounding would change the
+  increments' sensitivity)."""
   return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), noise_dtype(jnp.result_type(p))),
                       params)
 
@@ -185,10 +165,9 @@ def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
                           ) -> optax.GradientTransformationExtraArgs:
   """Binary-tree noisy prefix sums (paper 003, Lemma 5.6; spec 003 §3.3).
 
-  Input: the increment ``Delta_t`` (params-shaped). Output: ``sum_{i<=t} Delta_i + N_t`` with
-  ``N_t`` the tree noise of leaf ``t+1``, node std ``noise_std``. ``O(params)`` state. The
-  running sum and the noise are float32 or wider; the output is cast to the params' dtype
-  (without params: the increments' dtype), which is post-processing.
+  Increments in, ``sum_{i<=t} Delta_i + N_t`` out (``N_t``: the tree noise of leaf ``t+1``).
+  Sums and noise are float32 or wider; the output is cast to the params' (else the
+  increments') dtype, which is post-processing.
 
   Args:
     noise_std: the std of each tree node's noise, >= 0.
@@ -231,11 +210,9 @@ class TreeIncrementNoiseState(NamedTuple):
 
 def tree_increment_noise(noise_std: float, max_steps: int, key: jax.Array | int
                          ) -> optax.GradientTransformationExtraArgs:
-  """The tree's noisy prefix sums, emitted as increments ``g_hat_t - g_hat_{t-1}`` (what an
-  SGD step consumes: the iterate after ``t`` steps is then the noisy prefix, DP-FTRL style;
-  Kairouz et al. 2021). Post-processing of :func:`tree_prefix_sum_noise`'s releases, so its
-  guarantee is the tree's, under whatever participation schema the tree is priced for
-  (:mod:`dpsco_jax.privacy.cyclic_participation` for fixed-order epochs)."""
+  """The tree's noisy prefix sums emitted as increments ``g_hat_t - g_hat_{t-1}`` (DP-FTRL
+  style, Kairouz et al. 2021): post-processing of :func:`tree_prefix_sum_noise`, with the
+  tree's guarantee under its participation schema."""
   inner = tree_prefix_sum_noise(noise_std, max_steps, key)
 
   def init_fn(params):
@@ -253,9 +230,8 @@ def tree_increment_noise(noise_std: float, max_steps: int, key: jax.Array | int
 
 def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
                                  ) -> optax.GradientTransformationExtraArgs:
-  """Noisy prefix sums with independent per-step noise (the DP-SGD comparison; same
-  interface as :func:`tree_prefix_sum_noise`). The noise is the core Gaussian stage applied
-  to each increment; the stage then sums: ``N_t = sum_{i<=t} w_i``, ``Var = (t+1) sigma^2``.
+  """Noisy prefix sums with independent per-step noise (the DP-SGD comparison; interface of
+  :func:`tree_prefix_sum_noise`): ``N_t = sum_{i<=t} w_i``, ``Var = (t+1) sigma^2``.
 
   Args:
     noise_std: the std of each step's noise, >= 0.
@@ -295,8 +271,7 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
 
 def prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
                      mechanism: str = "tree") -> optax.GradientTransformationExtraArgs:
-  """Noisy prefix sums of the increment stream; ``mechanism`` in ``("tree",
-  "independent")`` switches the noise (see the module docstring for both guarantees).
+  """Noisy prefix sums of the increment stream, by ``mechanism`` (module docstring).
 
   Args:
     noise_std: the node (tree) or step (independent) noise std, >= 0.
@@ -345,9 +320,8 @@ def prefix_noise_mu(noise_multiplier: float, max_steps: int, *, mechanism: str =
 
 def prefix_noise_event(noise_multiplier: float, max_steps: int, *, mechanism: str = "tree",
                        levels: str = "exact") -> dp_accounting.DpEvent:
-  """The whole single-epoch run as one dp_accounting event: a mu-GDP mechanism is exactly
-  ``GaussianDpEvent(1/mu)`` (sensitivity normalized to 1; use the ledger's relation for
-  replace-one adjacency).
+  """The single-epoch run as one event: mu-GDP is exactly ``GaussianDpEvent(1/mu)``
+  (sensitivity 1; the ledger's relation handles replace-one).
 
   Args:
     noise_multiplier: ``z``, > 0.
