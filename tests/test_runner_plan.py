@@ -96,7 +96,7 @@ def test_a_halted_release_is_a_record_field(monkeypatch):
   only ``halted_phase`` before): the same words as ``Result.fallback``."""
   import warnings
   from dpsco_jax.result import FallbackRelease, Result
-  from dpsco_jax.runner.batch import _result_record
+  from dpsco_jax.runner.batch import result_record
   from dpsco_jax.privacy.ledger import PrivacyReport
   algorithms, problems = runner.registry()
   cfg = runner._checked(dict(BASE, seed=0), algorithms, problems)
@@ -106,10 +106,10 @@ def test_a_halted_release_is_a_record_field(monkeypatch):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", FallbackRelease)
     halted = Result(problem.init_params(), report, 0, record={"halted_phase": 2})
-  rec = _result_record(problem, cfg, halted, 0.0)
+  rec = result_record(problem, cfg, halted, 0.0)
   assert "AboveThreshold halted in phase 2" in rec["fallback"]
   trained = Result(problem.init_params(), report, 0, record={})
-  assert "fallback" not in _result_record(problem, cfg, trained, 0.0)
+  assert "fallback" not in result_record(problem, cfg, trained, 0.0)
 
 
 def test_execute_refuses_a_problem_the_plan_was_not_made_for():

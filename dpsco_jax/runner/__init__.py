@@ -1,97 +1,21 @@
-"""Config -> sweep -> runs -> records, tables, plots.
+"""Config -> sweep -> runs -> records, tables, plots: the YAML runner (``dpsco run``).
 
-A config is a YAML mapping. Any field whose value is a list is swept (Cartesian product,
-seeds included). Optionally, ``experiments:`` holds a list of mappings, each merged over the
-top-level fields key by key (so one file can compare algorithms with different
-hyper-parameters).
+A config is a YAML mapping; any field whose value is a list is swept (Cartesian product, seeds
+included), ``experiments:`` entries are merged over the top-level fields, and keys may be
+grouped in ``problem:`` (or ``data:``) / ``algorithm:`` sections
+(:mod:`dpsco_jax.runner.config`). Every expanded run is validated, and every row planned,
+before any run starts (:func:`dpsco_jax.config.schema.typed_run`): a bad key, type or value is
+one :class:`ConfigError` naming the key. The syntax, paired comparisons (``compare:``,
+:mod:`dpsco_jax.runner.stats`), tuning and evaluation seeds (``select:``,
+:mod:`dpsco_jax.runner.tuning`), seeds in one program (:mod:`dpsco_jax.sweep`) and ``devices``
+(:mod:`dpsco_jax.runner.mesh`) are described in ``docs/guides/sweeps_and_selection.md``; your
+model, loss and data in :mod:`dpsco_jax.runner.user`.
 
-**Sections.** The problem's keys may be grouped in a ``problem:`` (or ``data:``) section and
-the algorithm's in an ``algorithm:`` section, at the top level and in each ``experiments``
-entry; ``name`` in a section is the registered name (``dpsco list``):
-
-    name: quickstart
-    seed: [0, 1, 2]
-    problem: {name: logistic, n_users: 1000, m: 8, d: 10}
-    experiments:
-      - algorithm: {name: nonprivate_sgd}
-      - algorithm: {name: dp_sgd_user, epsilon: [0.5, 2.0], delta: 1.0e-6, clip_norm: 1.0}
-        label: dp
-
-Sections are flattened to the flat form (``problem: logistic, n_users: 1000, ...``), which
-keeps working and may be mixed with them; lists inside sections are swept. A key inside a
-section must be one of that section's schema (a problem key in ``algorithm:`` is a
-:class:`ConfigError` naming the section it belongs to); runner keys (``seed``, ``debug``) and
-``label`` stay outside the sections. ``label: TEXT`` names a row (kept in its records as
-``label``; a table column when labels differ).
-
-**Your model, loss and data** (:mod:`dpsco_jax.runner.user`): a ``problem:`` section may name
-a factory or a model + loss + data file by import path; such runs have no known optimum and
-report your metrics (``metric:``) instead of ``excess_risk``; ``algorithm: flax.DPTrainer``
-trains an nnx model of such a problem step by step::
-
-    problem: {factory: "experiments.digits_problem:make_digits", args: {n_users: 180}}
-    select: {metric: test_accuracy, over: [learning_rate], rule: max_mean}
-    compare: {baseline: nonprivate_sgd, metric: test_accuracy, better: higher}
-
-Every expanded run is validated before any run starts
-(:func:`dpsco_jax.config.schema.validate`): a key its algorithm and problem do not read
-(``epsilonn``), a value of the wrong type (``epsilon: '1.0'``, ``epsilon: yes``,
-``seed: 1.7``) or a missing required key is a :class:`ConfigError` naming the key, with a
-suggestion. So a key shared by rows whose algorithms differ belongs in the rows that read it
-(``delta`` in the private rows, not at the top level when a ``nonprivate_sgd`` row reads none).
-
-Each run produces one record with at least ``algorithm, problem, n_users, m, d, epsilon,
-epsilon_kind, delta, provenance, excess_risk, gradient_evaluations, wall_time_s, seed``
-(``epsilon`` and ``delta`` are the *guaranteed* values from the result's privacy report, and
-``epsilon_kind`` says whether that epsilon is ``exact`` or an ``upper_bound``; the requested
-target is kept as ``target_epsilon``). The table (and the JSON ``summary``) has one row per
-value of the swept fields: seeds, mean, std and Student-t 95% interval of ``excess_risk`` (and
-of each user metric), the largest epsilon over the seeds and its ``epsilon_kind``.
-
-**Paired comparison** (:mod:`dpsco_jax.runner.stats`)::
-
-    compare: {baseline: nonprivate_sgd, metric: excess_risk, resamples: 2000, seed: 0}
-
-``baseline`` is a row label, else an algorithm name, or a mapping of row fields
-(``{algorithm: dp_sgd_user, epsilon: 1.0}``, ``epsilon`` being the requested one); ``metric``
-(default ``excess_risk``; lower is better unless ``better: higher``) is any numeric record
-field (checked: a name that is not one stops the run at the first record without it, listing
-the fields). Each other row is paired with the baseline row (the only one, else the one that
-agrees with it on the swept fields both set, e.g. the same epsilon; ``select``'s fields
-excepted) and gets, over the seeds both ran successfully (``paired_seeds``): ``ratio`` = mean(row) / mean(baseline),
-``ratio_ci95_lo`` / ``ratio_ci95_hi`` = percentile bootstrap 95% interval (``resamples``
-resamples of the paired seeds drawn jointly, generator seeded by ``seed``: deterministic),
-``wins`` / ``win_rate`` = seeds where the row's metric is strictly better; also
-``compare_role`` (``baseline`` / ``compared``), ``compare_baseline``, ``compare_metric``,
-``ratio_ci_method`` (or ``compare_note`` saying why a row has no baseline). The table shows
-``ratio[boot95]`` and ``wins`` (= wins/paired seeds); ``--plot`` also draws the ratio with its
-bootstrap interval as error bars.
-
-**Seeds in one program** (:mod:`dpsco_jax.sweep`): runs that differ only in ``seed`` (also
-across ``tuning_seeds`` / ``eval_seeds``) run as one ``vmap``-ed program when their algorithm
-is in :data:`dpsco_jax.api.BATCHED` (DP-SGD family, ``nonprivate_sgd``, paper 003's drivers):
-the plan and noise calibration once, one compile and one launch, each run with its own key
-and privacy report; records equal the one-by-one runs' (params to float tolerance) and say
-``batched: true`` (``wall_time_s`` is the group's time over its runs, ``batch_wall_time_s``
-the group's). ``batch_seeds: false`` (a top-level key) runs every seed alone.
-``devices: N`` (top-level) shards every run's users over N devices (:mod:`dpsco_jax.runner.mesh`).
-
-**Tuning and evaluation seeds** (:mod:`dpsco_jax.runner.tuning`), instead of ``seed``::
-
-    tuning_seeds: [0, 1, 2]
-    eval_seeds: [100, 101, 102, 103, 104]
-    select: {metric: excess_risk, over: [learning_rate], rule: min_mean}
-
-The swept grid runs on ``tuning_seeds`` only; per group of the other swept fields (e.g. per
-algorithm and epsilon), the value(s) of the ``over`` fields (swept fields) with the best mean
-``metric`` (``rule``: ``min_mean`` or ``max_mean``; a candidate with a failed tuning run is not
-eligible) are selected, and only the selected configs run on ``eval_seeds`` (disjoint from
-``tuning_seeds``, else a ConfigError). Records carry ``phase: tuning|eval``; the table shows
-the eval rows (with the selected values), the JSON keeps every record plus ``selection`` (the
-per-group candidates and choice, number of tuning runs) and ``tuning_summary``. The selection
-is **not** covered by the privacy guarantee (hyper-parameter search on private data costs
-privacy unless accounted for); the output says so. Without ``select``, ``eval_seeds`` alone
-means ``seed: eval_seeds``.
+Each run produces one record; its ``epsilon`` and ``delta`` are the *guaranteed* values of the
+result's privacy report (``epsilon_kind``: ``exact`` or ``upper_bound``), the requested target
+is ``target_epsilon``. A selection without ``private:`` is **not** covered by the privacy
+guarantee (hyper-parameter search on private data costs privacy unless accounted for); the
+output says so.
 """
 
 from __future__ import annotations
@@ -115,28 +39,20 @@ from dpsco_jax.config.schema import (  # noqa: F401 (ConfigError, validate re-ex
 from dpsco_jax.runner.config import (RUNNER_ONLY, check_baseline, check_record_metric,
                                      check_runner_keys, flatten_sections, parse_compare,
                                      yaml_loader)
-from dpsco_jax.runner.plots import _draw, plot_ratio, plot_rows
+from dpsco_jax.runner.plots import plot_metric, plot_ratio
 from dpsco_jax.runner import batch as runner_batch, mesh as runner_mesh, user as runner_user
-from dpsco_jax.runner.batch import (  # noqa: F401 (moved there; used and re-exported)
-    ProblemCache, problem_bytes,
-    _finish, _jsonable, _problem_cache_key, _result_record)
+from dpsco_jax.runner.batch import (  # noqa: F401 (problem_bytes re-exported)
+    ProblemCache, finish_record, jsonable, problem_bytes, result_record)
 from dpsco_jax.runner.stats import (  # noqa: F401 (t_interval re-exported)
     add_comparisons, compare_cells, compare_footnote, group_records, metric_stats,
     record_metrics, row_metrics, t_interval)
 from dpsco_jax.runner import tuning as tuning
 from dpsco_jax.sweep import batch_seeds_option, seed_groups
 
-RESERVED = RUNNER_ONLY
-
 
 def registry() -> tuple[dict[str, Callable], dict[str, Callable]]:
-  """``(algorithms, problems)``: every registered driver by name
-  (:func:`dpsco_jax.algorithms.registry.algorithms`, which imports
-  ``registry.ALGORITHM_MODULES``) and every problem factory
-  (:func:`dpsco_jax.problems.problems`, plus ``user``: your code,
-  :func:`dpsco_jax.runner.user.make_problem`). A config may also name the config-only
-  algorithms (:data:`~dpsco_jax.config.families.CONFIG_ONLY_ALGORITHMS`: ``flax.DPTrainer``),
-  which run on a user problem."""
+  """``(algorithms, problems)``: every registered driver and every problem factory by name
+  (``user``: your code, :func:`dpsco_jax.runner.user.make_problem`)."""
   from dpsco_jax.algorithms.registry import algorithms
   from dpsco_jax.problems import problems
   return ({name: entry.driver for name, entry in algorithms().items()},
@@ -147,7 +63,7 @@ def expand(config: dict) -> list[dict]:
   """All run configs of a config file: sections flattened, experiments merged over defaults,
   lists swept."""
   config = flatten_sections(config)
-  base = {k: v for k, v in config.items() if k not in RESERVED}
+  base = {k: v for k, v in config.items() if k not in RUNNER_ONLY}
   variants = config.get("experiments") or [{}]   # flatten_sections checked its entries
   runs = []
   for variant in variants:
@@ -163,8 +79,7 @@ def expand(config: dict) -> list[dict]:
 
 
 def swept_fields(config: dict) -> list[str]:
-  """Fields that take more than one value across the expanded runs (seed excluded), e.g. a
-  list-valued field, or a field that differs between ``experiments`` entries."""
+  """Fields that take more than one value across the expanded runs (seed excluded)."""
   values: dict[str, set] = {}
   for run in expand(config):
     for k, v in run.items():
@@ -178,8 +93,7 @@ def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
 
 
 def _checked_typed(cfg: dict, algorithms: dict, problems: dict) -> tuple[dict, Any]:
-  """``(normalized copy, the algorithm's typed config)``: the run config validated once
-  (:func:`dpsco_jax.config.schema.typed_run`), against the registry and the schemas."""
+  """``(normalized copy, the algorithm's typed config)``: the run config validated once."""
   if not isinstance(cfg, dict):
     raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
   for field, section in (("algorithm", "algorithm:"), ("problem", "problem: (or data:)")):
@@ -208,10 +122,9 @@ def _checked_typed(cfg: dict, algorithms: dict, problems: dict) -> tuple[dict, A
 
 
 class Runs(list):
-  """Run configs validated before any run (:func:`_validated`), with the plan of every row of
-  a registered algorithm on a built-in problem (``plans``, by :func:`row_key`) and the
-  problems built to plan them (``cache``): what :func:`execute` runs without validating,
-  planning or building them again."""
+  """Run configs validated before any run, with their rows' plans (``plans``, by
+  :func:`row_key`) and the problems built to plan them (``cache``): :func:`execute` runs them
+  without validating, planning or building them again."""
 
   def __init__(self, runs: list[dict], plans: dict, cache: "ProblemCache"):
     super().__init__(runs)
@@ -227,13 +140,10 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
             on_progress: Callable | None = None, mesh: jax.sharding.Mesh | None = None,
             driver_key: jax.Array | None = None, plan: Any = None,
             checked: bool = False) -> dict:
-  """Validates one run config (:func:`dpsco_jax.config.schema.validate`; not again when
-  ``checked``), runs it and returns its record. ``on_progress``: a
-  :class:`dpsco_jax.api.Progress` callback of a user-problem run (steps done, epsilon so
-  far). ``mesh``: the users mesh of the ``devices`` key (:mod:`dpsco_jax.runner.mesh`).
-  ``driver_key``: the training key instead of the seed's (a private selection's candidates
-  train on the seed's users with keys of their own). ``plan``: the row's plan, made when the
-  sweep was validated (else it is made here)."""
+  """Validates one run config (not again when ``checked``), runs it and returns its record.
+  ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem run;
+  ``mesh``: the users mesh of the ``devices`` key; ``driver_key``: the training key instead of
+  the seed's (a private selection's candidates); ``plan``: the row's plan (else made here)."""
   cfg = dict(cfg) if checked else _checked(cfg, algorithms, problems)
   label = cfg.pop("label", None)
   problem_key, seed_key = runner_batch.run_keys(cfg.get("seed", 0))
@@ -251,29 +161,25 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
                                 algorithms, plan)
   if mesh is not None:
     record["devices"] = int(mesh.size)
-  return _finish(record, cfg, label)
+  return finish_record(record, cfg, label)
 
 
 def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict,
                        plan: Any = None) -> dict:
-  """A registered algorithm on a problem object with a known optimum (``key``: the driver's):
-  its record. It runs as the API runs it: its data-free plan (``plan``, made when the sweep
-  was validated, if it was made for this problem's public facts; else
-  :func:`dpsco_jax.api.plan_problem` now), then that plan executed by the registered
-  ``run(plan, problem, key)`` (``algorithms``: the table of runners, a test's stand-in
-  included)."""
+  """A registered algorithm's record on a problem with a known optimum, run as the API runs
+  it: its data-free plan (:func:`_plan_for`) executed by ``algorithms[name](plan, problem,
+  key)``."""
   from dpsco_jax import api
   start = time.perf_counter()
   p = _plan_for(cfg, problem, plan)
   p.check_unchanged()
   result = api.check_spent(p, algorithms[cfg["algorithm"]](p, problem, key))
   jax.block_until_ready(result.params)
-  return _result_record(problem, cfg, result, time.perf_counter() - start)
+  return result_record(problem, cfg, result, time.perf_counter() - start)
 
 
 def _progress(i: int, total: int, cfg: dict, t0: float, step=None, batch: int = 0) -> None:
-  """The progress line: runs done, elapsed time, the current run, and (``step``, a
-  :class:`dpsco_jax.api.Progress` of a user-problem run) its steps and epsilon so far."""
+  """The progress line: runs done, elapsed time, the current run (and its ``step``)."""
   width = 24
   done = int(width * i / total)
   elapsed = time.perf_counter() - t0
@@ -289,10 +195,8 @@ def _progress(i: int, total: int, cfg: dict, t0: float, step=None, batch: int = 
 
 
 def _plan_for(cfg: dict, problem: Any, plan: Any = None) -> Any:
-  """The plan a run of ``cfg`` on a built-in ``problem`` executes: its row's ``plan`` if that
-  was made for the problem's public facts (sizes and constants: a row's plan serves every seed
-  whose problem has the same facts), else the data-free plan made now (from the config's
-  algorithm fields: the run's config also holds the runner's and the problem's keys)."""
+  """The plan a run of ``cfg`` on a built-in ``problem`` executes: its row's ``plan`` if made
+  for the problem's public facts (sizes and constants), else the data-free plan made now."""
   from dpsco_jax import api
   if plan is not None and (
       (plan.spec.n_users, plan.spec.max_items_per_user, plan.num_params)
@@ -312,14 +216,13 @@ def _failed_record(cfg: dict, err: Exception) -> dict:
                        if k not in ("algorithm", "problem", "seed", "label")}}
   if cfg.get("label") is not None:
     record["label"] = cfg["label"]
-  return _jsonable(record)
+  return jsonable(record)
 
 
 def _batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict,
                    plans: dict | None = None) -> tuple[list[dict] | None, str | None]:
   """:func:`dpsco_jax.runner.batch.batch_records` with this module's validator (looked up at
-  call time, so a test may replace ``_checked``; none for a :class:`Runs`' configs, validated
-  already) and the rows' plans (``plans``: a :class:`Runs`' own; else planned here)."""
+  call time; none for a :class:`Runs`, validated already) and the rows' plans."""
   return runner_batch.batch_records(
       cfgs, algorithms, problems, cache, checked=_checked if plans is None else None,
       plan_row=lambda cfg, problem: _plan_for(
@@ -332,18 +235,12 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
             mesh: jax.sharding.Mesh | None = None) -> list[dict]:
   """Runs validated run configs; returns their records in the order of ``runs``. A run that
   raises becomes a record with ``status: failed`` and its error (the sweep goes on);
-  ``on_record(records)`` is called after every run (or batch) with the records done so far;
-  ``phase`` (if given) tags every record. ``metrics``: ``(where, field)`` pairs (the
-  ``select.metric`` / ``compare.metric`` of the config) every successful record must have as
-  a number, else a :class:`ConfigError` stops the sweep at the first record without it.
-
-  ``batch_seeds``: runs that differ only in seed run as one vmapped program when their
-  algorithm batches (:func:`_batch_records`); every record says ``batched: true|false`` (with
-  ``batch_note`` saying why a group of seeds ran one by one). ``mesh``: every run shards its
-  users over it (the ``devices`` key; seeds then run one by one). ``runs`` from
-  :func:`_validated` (a :class:`Runs`) are neither validated nor planned again: each run
-  executes its row's plan."""
-  # validated and planned already (a Runs), with the problems built to plan it
+  ``on_record(records)`` is called after every run (or batch); ``phase`` tags every record.
+  ``metrics``: ``(where, field)`` pairs every successful record must have as a number, else a
+  :class:`ConfigError` stops the sweep. ``batch_seeds``: runs that differ only in seed run as
+  one vmapped program when their algorithm batches (records say ``batched`` and why not in
+  ``batch_note``); ``mesh``: every run shards its users over it (seeds then run one by one).
+  A :class:`Runs` is neither validated nor planned again."""
   plans = runs.plans if isinstance(runs, Runs) else None
   cache = runs.cache if isinstance(runs, Runs) else ProblemCache()
   records: list[dict | None] = [None] * len(runs)
@@ -403,8 +300,8 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
 
 def run_config(config: dict, *, progress: bool = True, on_record: Callable | None = None
                ) -> list[dict]:
-  """Runs every expanded config; every run is validated before any runs. With
-  ``tuning_seeds`` / ``eval_seeds`` / ``select``, both phases (:func:`run_phases`)."""
+  """Runs every expanded config (both phases with ``select``); every run is validated before
+  any runs."""
   check_runner_keys(config)
   return run_phases(tuning.parse_phases(config), progress=progress, on_record=on_record)[0]
 
@@ -412,20 +309,16 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
 def _validated(config: dict, algorithms: dict, problems: dict,
                cache: ProblemCache | None = None) -> Runs:
   """Every run of ``config`` validated, and every row planned, before any run (``cache``: the
-  problems it builds to plan, kept for the runs; one cache may serve several phases)."""
+  problems built to plan, kept for the runs)."""
   checked = [_checked_typed(cfg, algorithms, problems) for cfg in expand(config)]
   cache = ProblemCache() if cache is None else cache
   return Runs([cfg for cfg, _ in checked], _check_plans(checked, problems, cache), cache)
 
 
 def _check_plans(checked: list[tuple[dict, Any]], problems: dict, cache: ProblemCache) -> dict:
-  """Every row of a registered algorithm on a built-in problem planned before any run: its
-  plan, by :func:`row_key` (the one the run executes). A plan reads no data, so its refusal
-  (adaptive clipping with tree noise or at group level, ...) is the config's: one ConfigError
-  naming the row, not a failed row after the others ran. One plan per distinct row (seeds
-  share it), on the problem of the row's first seed (built into ``cache``, where its run finds
-  it). ``checked``: each run's config and its typed algorithm config (validated; what the
-  plan holds)."""
+  """The plan of every row of a registered algorithm on a built-in problem, by :func:`row_key`,
+  made on the problem of the row's first seed (kept in ``cache``). A plan reads no data, so
+  its refusal is the config's: one ConfigError naming the row, before any run."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.registry import algorithms as table
   plans = {}
@@ -448,10 +341,8 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
                on_record: Callable | None = None, compare=None
                ) -> tuple[list[dict], dict | None]:
   """``(records, selection)``: one phase (selection None), or the grid on the tuning seeds,
-  the selection (:func:`dpsco_jax.runner.tuning.choose`), and the selected configs on the
-  evaluation seeds. Every run of both phases is validated before any runs; the metrics of
-  ``select`` and of ``compare`` (a :class:`~dpsco_jax.runner.config.CompareSpec`) are checked
-  against the first record that would lack them."""
+  the selection and the selected configs on the evaluation seeds (or a private selection).
+  Every run of both phases is validated before any runs."""
   algorithms, problems = registry()
   metrics = tuple((where, spec.metric) for where, spec in (
       ("select.metric", phases.select), ("compare.metric", compare)) if spec is not None)
@@ -459,7 +350,7 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
   kw = dict(algorithms=algorithms, problems=problems, progress=progress, metrics=metrics,
             batch_seeds=batch_seeds_option(phases.config),
             mesh=runner_mesh.make_mesh(devices))
-  if phases.select is None:  # user errors in any run are reported before anything runs
+  if phases.select is None:
     runs = _validated(phases.config, algorithms, problems)
     runner_user.check_metrics(runs, metrics)
     runner_mesh.check_runs(runs, devices)
@@ -488,14 +379,14 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
           "groups": report, "privacy_note": tuning.PRIVACY_NOTE}
   for record in evaluated:   # each record says its row's choice is outside its guarantee
     record["selection_privacy"] = tuning.PRIVACY_NOTE
-  return tuned + evaluated, _jsonable(info)
+  return tuned + evaluated, jsonable(info)
 
 
 def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, problems: dict,
                  metrics: tuple, on_record: Callable | None) -> tuple[list[dict], dict]:
-  """``select.private`` (:mod:`dpsco_jax.runner.tuning`): every candidate validated and
-  planned, the cost printed, then one private selection per eval seed and group. No progress
-  line: its count of runs would show K."""
+  """``select.private``: every candidate validated and planned, the cost printed, then one
+  private selection per eval seed and group. No progress line: its count of runs would show
+  K."""
   runs = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
   runner_user.check_metrics(runs, metrics)
   cache = runs.cache
@@ -528,14 +419,13 @@ def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, pro
     records.append({**record, "phase": "eval", "batched": False})
     if on_record is not None:
       on_record(records)
-  return records, _jsonable(tuning.private_info(phases, plans, fields))
+  return records, jsonable(tuning.private_info(phases, plans, fields))
 
 
 def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
-  """Mean, std and 95% t-interval over seeds of every group of records sharing ``fields``
-  (failed runs are counted in ``failed`` and left out of the statistics), for
-  ``excess_risk`` and every user metric (:func:`dpsco_jax.runner.stats.record_metrics`):
-  ``<metric>_mean``, ``_std``, ``_ci95_lo``, ``_ci95_hi``."""
+  """Mean, std and 95% t-interval over seeds (``<metric>_mean``, ``_std``, ``_ci95_lo``,
+  ``_ci95_hi``) of every group of records sharing ``fields``, for ``excess_risk`` and every
+  user metric; failed runs are counted in ``failed`` and left out."""
   rows = []
   metrics = record_metrics(records)
   for key, group in group_records(records, fields).items():
@@ -560,10 +450,8 @@ def aggregate(records: list[dict], fields: list[str]) -> list[dict]:
 
 
 def format_table(rows: list[dict], fields: list[str]) -> str:
-  """The printed table: per metric (``excess_risk``, your metrics) its mean, std and
-  Student-t interval (``ci95``; ``<metric>_ci95`` with several metrics); with a ``compare:``
-  block, two compact columns: ``ratio[boot95]`` (ratio to the baseline [percentile bootstrap
-  95%]) and ``wins`` (wins/paired seeds)."""
+  """The printed table: per metric its mean, std and Student-t interval (``ci95``;
+  ``<metric>_ci95`` with several); with ``compare:``, ``ratio[boot95]`` and ``wins``."""
   metrics = row_metrics(rows)
   ci = {m: "ci95" if len(metrics) == 1 else f"{m}_ci95" for m in metrics}
   cols = fields + [c for m in metrics for c in (f"{m}_mean", f"{m}_std", ci[m])]
@@ -590,7 +478,7 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
     if c in ("ratio[boot95]", "wins"):
       return compare_cells(r)[c]
     return fmt(r.get(c))
-  table = [[c for c in cols]] + [[cell(r, c) for c in cols] for r in rows]
+  table = [list(cols)] + [[cell(r, c) for c in cols] for r in rows]
   widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
   lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
   lines.insert(1, "  ".join("-" * w for w in widths))
@@ -598,19 +486,9 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
 
 
 def plot(records: list[dict], x_field: str, fields: list[str], path: str) -> str:
-  """Excess risk (mean and 95% t-interval over seeds) against ``x_field``, one line per other
-  group (:func:`dpsco_jax.runner.plots.plot_rows`); without excess risk (a user problem), the
-  first metric."""
-  return _plot_metric(aggregate(records, fields), x_field, fields, path)
-
-
-def _plot_metric(rows: list[dict], x: str, fields: list[str], path: str) -> str:
-  metrics = row_metrics(rows)
-  if not metrics or metrics[0] == "excess_risk":
-    return plot_rows(rows, x, fields, path)
-  m = metrics[0]
-  rows = [r for r in rows if r.get("seeds") and r.get(x) is not None]
-  return _draw(rows, x, fields, path, f"{m}_mean", f"{m}_ci95_lo", f"{m}_ci95_hi", m)
+  """Excess risk (or a user problem's first metric) against ``x_field``, one line per other
+  group (:func:`dpsco_jax.runner.plots.plot_metric`)."""
+  return plot_metric(aggregate(records, fields), x_field, fields, path)
 
 
 def load_config(path: str) -> dict:
@@ -635,9 +513,8 @@ def _table_fields(config: dict) -> list[str]:
 
 def summarize(records: list[dict], fields: list[str], compare=None,
               ignore: tuple[str, ...] = ()) -> list[dict]:
-  """The table's rows (:func:`aggregate`), with the paired comparison of a ``compare:`` block
-  (a :class:`dpsco_jax.runner.config.CompareSpec`) when given; a row's baseline need not
-  share its ``ignore`` fields (the selected ones)."""
+  """The table's rows (:func:`aggregate`) with the paired comparison of ``compare`` (a row's
+  baseline need not share its ``ignore`` fields)."""
   rows = aggregate(records, fields)
   if compare is not None:
     add_comparisons(rows, records, fields, compare, ignore)
@@ -671,8 +548,8 @@ def _plot_x(plot_field: str, fields: list[str]) -> str:
 def plot_paths(plot_field: str | None, fields: list[str], out: str | None, compare
                ) -> list[str]:
   """The files ``--plot FIELD`` writes (none when FIELD is not swept): ``STEM_FIELD.png`` and,
-  with ``compare``, ``STEM_FIELD_ratio.png``, STEM being ``out`` without its extension
-  (``results`` without ``out``)."""
+  with ``compare``, ``STEM_FIELD_ratio.png`` (STEM: ``out`` without extension, or
+  ``results``)."""
   if not plot_field or _plot_x(plot_field, fields) not in fields:
     return []
   stem = os.path.splitext(out or "results")[0]
@@ -682,7 +559,7 @@ def plot_paths(plot_field: str | None, fields: list[str], out: str | None, compa
 
 def _holds_only_quick_records(path: str) -> bool:
   """Whether the results file at ``path`` holds only ``--quick`` records (an unreadable or
-  foreign file does not: it may be a full run's, cut short)."""
+  foreign file does not)."""
   try:
     with open(path) as f:
       records = json.load(f).get("results")
@@ -694,9 +571,8 @@ def _holds_only_quick_records(path: str) -> bool:
 
 def check_outputs(out: str | None, plots: list[str], *, quick: bool = False,
                   force: bool = False) -> None:
-  """Refuses, before anything runs, to write over an existing file: the results file ``out``
-  or a plot in ``plots``, unless ``force``. A quick run never replaces a results file holding
-  records of a full run (or a file that is not a results file), ``force`` or not: a smoke
+  """Refuses, before anything runs, to write over ``out`` or a plot in ``plots`` unless
+  ``force``. A quick run never replaces a full run's results file, ``force`` or not: a smoke
   must not cost the measurement it precedes."""
   for path in [out] * bool(out) + plots:
     if os.path.isdir(path):
@@ -713,30 +589,25 @@ def check_outputs(out: str | None, plots: list[str], *, quick: bool = False,
 
 def _plots(rows: list[dict], fields: list[str], plot_field: str, out: str | None,
            compare, selected: tuple[str, ...] = ()) -> None:
-  """The excess-risk plot (and the ratio plot with ``compare``); one line per value of the
-  fields other than ``plot_field`` and the ``selected`` ones."""
+  """The metric plot (and the ratio plot with ``compare``), one line per value of the fields
+  other than ``plot_field`` and the ``selected`` ones."""
   x = _plot_x(plot_field, fields)
   paths = plot_paths(plot_field, fields, out, compare)
   if not paths:
     print(f"plot: {plot_field!r} is not a swept field ({', '.join(fields)}); no plot")
     return
   fields = [f for f in fields if f not in selected or f == x]
-  print(f"plot: {_plot_metric(rows, x, fields, paths[0])}")
+  print(f"plot: {plot_metric(rows, x, fields, paths[0])}")
   if compare is not None:
     print(f"plot: {plot_ratio(rows, x, fields, paths[1])}")
 
 
 def main_run(path: str, out: str | None = None, plot_field: str | None = None,
              progress: bool = True, quick: bool = False, force: bool = False) -> list[dict]:
-  """Runs a config file, prints its table, writes ``out`` as runs finish. Returns the records
-  (failed runs included, with ``status: failed`` and their error; with ``select``, the tuning
-  records too, ``phase: tuning``). ``quick``: the config at its smallest
-  (:func:`dpsco_jax.runner.quick.quick_config`: first value of every sweep, one seed per
-  phase, sizes capped), every record marked ``quick: true``.
-
-  Outputs (:func:`check_outputs`, before anything runs): an existing ``out`` or plot file is
-  replaced only with ``force`` (``--force``), else a :class:`ConfigError`; a ``quick`` run
-  never replaces a results file holding a full run's records, even with ``force``."""
+  """Runs a config file, prints its table, writes ``out`` as runs finish; returns the records
+  (failed runs and, with ``select``, the tuning records included). ``quick``: the config at
+  its smallest (:func:`dpsco_jax.runner.quick.quick_config`), records marked ``quick: true``.
+  Existing outputs are replaced only with ``force`` (:func:`check_outputs`)."""
   config = load_config(path)
   check_runner_keys(config)
   if quick:
@@ -756,17 +627,17 @@ def main_run(path: str, out: str | None = None, plot_field: str | None = None,
         r["quick"] = True
     if out:
       with open(out, "w") as f:
-        json.dump({"config": _jsonable(config), "results": records, **extra}, f, indent=1)
+        json.dump({"config": jsonable(config), "results": records, **extra}, f, indent=1)
   records, selection = run_phases(phases, progress=progress, on_record=write, compare=compare)
   fields = _table_fields(phases.config)
   shown = [r for r in records if r.get("phase") != "tuning"]
   selected = phases.select.over if phases.select else ()
   rows = summarize(shown, fields, compare, selected)
   _print_report(config.get("name", path), records, rows, fields, compare, selection)
-  extra = {"summary": _jsonable(rows)}
+  extra = {"summary": jsonable(rows)}
   if selection is not None:
     tuned = [r for r in records if r.get("phase") == "tuning"]
-    extra.update(selection=selection, tuning_summary=_jsonable(aggregate(tuned, fields)))
+    extra.update(selection=selection, tuning_summary=jsonable(aggregate(tuned, fields)))
   if out:
     write(records, **extra)
     print(f"wrote {out}")

@@ -1,8 +1,6 @@
-"""The runner's seed batching (:mod:`dpsco_jax.runner`, "Seeds in one program"): runs that
-differ only in seed, and for the algorithms of :data:`dpsco_jax.sweep.GRID` in their step
-sizes (``learning_rate``; SRGD's ``beta`` / ``beta_scale``), run as one ``vmap``-ed program
-(:func:`batch_records`), and the record helpers it shares with the one-by-one path (the
-problem cache key, a registered driver's record, JSON-safe values)."""
+"""The runner's seed batching: runs that differ only in seed (and, for the algorithms of
+:data:`dpsco_jax.sweep.GRID`, in their step sizes) run as one ``vmap``-ed program
+(:func:`batch_records`); plus the record helpers it shares with the one-by-one path."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from dpsco_jax.result import NonFiniteRelease
 
 def problem_config(cfg: dict) -> dict:
   """The keys of ``cfg`` a registered problem's factory is given: its schema's fields and
-  ``problem`` / ``seed``, never the algorithm's (a problem's data cannot depend on ``epsilon``
-  or a step size, and a sweep over them shares one problem). A user problem (``problem:
-  user``) gets the whole config: :mod:`dpsco_jax.runner.user` builds the run from it."""
+  ``problem`` / ``seed``, never the algorithm's (a sweep over them shares one problem); a user
+  problem gets the whole config."""
   if cfg["problem"] == USER_PROBLEM:
     return cfg
   names = {f.name for f in dataclasses.fields(PROBLEM_SCHEMAS[cfg["problem"]])}
@@ -32,24 +29,21 @@ def problem_config(cfg: dict) -> dict:
 
 
 def _problem_cache_key(pcfg: dict) -> tuple:
-  """Runs that share this key share one problem instance (and its data): the problem's own
-  keys and the seed (``pcfg``: :func:`problem_config`)."""
+  """Runs that share this key share one problem instance: its own keys and the seed."""
   if pcfg["problem"] == USER_PROBLEM:
     return runner_user.cache_key(pcfg)
   return tuple(sorted((k, repr(v)) for k, v in pcfg.items()))
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
-  """``(problem key, driver key)`` of a run: ``key(seed)`` folded with 0 and 1. One place, so
-  that a seed batched with others gets exactly the keys it gets when it runs alone."""
+  """``(problem key, driver key)`` of a run: ``key(seed)`` folded with 0 and 1 (a batched
+  seed gets exactly the keys it gets alone)."""
   key = jax.random.key(int(seed))
   return jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
 
 
 def cached_problem(pcfg: dict, problems: dict, cache: dict | None, key: jax.Array) -> Any:
-  """The problem of ``pcfg`` (the run's :func:`problem_config`: the factory and the cache see
-  the problem's keys and the seed, not the algorithm's) built with ``key``, taken from / put
-  in ``cache`` when given."""
+  """The problem of ``pcfg`` (:func:`problem_config`) built with ``key``, through ``cache``."""
   ck = _problem_cache_key(pcfg)
   if cache is not None and ck in cache:
     return cache[ck]
@@ -59,11 +53,11 @@ def cached_problem(pcfg: dict, problems: dict, cache: dict | None, key: jax.Arra
   return problem
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
   if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
+    return {str(k): jsonable(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
+    return [jsonable(v) for v in x]
   if isinstance(x, (np.generic, jax.Array)) and np.ndim(x) == 0:
     x = x.item()
   if isinstance(x, float) and not math.isfinite(x):
@@ -74,9 +68,8 @@ def _jsonable(x: Any) -> Any:
 
 
 def _check_released_numbers(record: dict) -> None:
-  """Raises :class:`NonFiniteRelease` when the record's excess risk or a metric of your model
-  (the released numbers of the run) is NaN or infinite: such a run failed, and a NaN mean
-  would hide it in the table."""
+  """Raises :class:`NonFiniteRelease` when a released number (excess risk, a user metric) is
+  NaN or infinite: such a run failed, and a NaN mean would hide it in the table."""
   names = ["excess_risk", *record.get("user_metrics", ())]
   bad = [f"{n} = {record[n]}" for n in names
          if isinstance(record.get(n), float) and not math.isfinite(record[n])]
@@ -85,18 +78,18 @@ def _check_released_numbers(record: dict) -> None:
                            "params: the loss is not finite there, or the steps diverged")
 
 
-def _finish(record: dict, cfg: dict, label: str | None) -> dict:
-  """The record with its row label and the config keys it does not already hold; a record
-  whose released numbers are not finite raises (:func:`_check_released_numbers`)."""
+def finish_record(record: dict, cfg: dict, label: str | None) -> dict:
+  """The record with its row label and the config keys it does not already hold (JSON-safe);
+  raises when its released numbers are not finite."""
   _check_released_numbers(record)
   if label is not None:
     record["label"] = label
   extras = {k: v for k, v in cfg.items() if k not in record}
   record["config"] = extras
-  return _jsonable(record)
+  return jsonable(record)
 
 
-def _result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
+def result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
   """The record of a registered driver's ``result`` on ``problem`` (``wall``: its seconds)."""
   seed = int(cfg.get("seed", 0))
   params = result.params
@@ -133,15 +126,12 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
                   checked: Callable[[dict, dict, dict], dict] | None,
                   plan_row: Callable[[dict, Any], Any]
                   ) -> tuple[list[dict] | None, str | None]:
-  """The records of runs that differ only in seed (and, for an algorithm of
-  :data:`dpsco_jax.sweep.GRID`, in its step sizes), run as one vmapped program
-  (:func:`dpsco_jax.sweep.run_stacked`), or ``(None, why)`` when they run one by one: an
-  algorithm outside :data:`dpsco_jax.api.BATCHED`, a user problem, ``debug``, problems whose
-  public facts or shapes differ across seeds, configs that differ in another key, or a driver
-  that does not trace (then nothing of the attempt is released and each run runs, and fails,
-  exactly as alone). ``checked``: the runner's validator of one run config (``None``: the
-  configs were validated already); ``plan_row(cfg, problem)``: the plan of a run's row. A grid
-  group's records say ``batch_grid`` (``{key: values}`` of the step sizes it spans)."""
+  """The records of runs that differ only in seed (or a GRID algorithm's step sizes), run as
+  one vmapped program (:func:`dpsco_jax.sweep.run_stacked`), or ``(None, why)`` when they run
+  one by one (an algorithm outside :data:`dpsco_jax.api.BATCHED`, a user problem, ``debug``,
+  problems or configs that differ, a driver that does not trace: nothing of the attempt is
+  released). ``checked``: the validator of one run config (``None``: validated already);
+  ``plan_row(cfg, problem)``: a row's plan. A grid group's records say ``batch_grid``."""
   from dpsco_jax import api
   from dpsco_jax.api import BATCHED
   from dpsco_jax.sweep import grid_for, grid_of, grid_refusal, refusal, run_stacked
@@ -166,7 +156,7 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
       return None, why
     start = time.perf_counter()
     driver = algorithms[first["algorithm"]]
-    # the data-free plans, as the one-by-one path has them (one per grid point)
+    # the data-free plans, one per grid point
     plans = [plan_row(c, insts[0]) for c in (checked if grid else checked[:1])]
     results = run_stacked(driver, insts[0], [p.data for p in insts],
                           plans if grid else plans[0], [dk for _, dk in keys],
@@ -186,27 +176,19 @@ def _batched_record(cfg: dict, problem: Any, result: Any, wall: float, runs: int
   """One seed's record of a batch (``wall``: the batch's seconds, over ``runs`` runs)."""
   cfg = dict(cfg)
   label = cfg.pop("label", None)
-  record = _result_record(problem, cfg, result, wall / runs)
+  record = result_record(problem, cfg, result, wall / runs)
   record.update(batched=True, batch_runs=runs, batch_wall_time_s=wall)
   if grid:
     record["batch_grid"] = grid
-  return _finish(record, cfg, label)
+  return finish_record(record, cfg, label)
 
 
 class ProblemCache(collections.OrderedDict):
   """The problems of the most recent ``maxsize`` distinct (problem config, seed) keys, least
-  recently used evicted first. Rows of a sweep that share a problem and seed reuse its data;
-  the bound matters because a problem keeps its executables alive (drivers cache their jitted
-  closures over the problem's data on it): an unbounded cache held one set per seed for the
-  whole sweep, and a 200-run bilevel sweep died at the kernel's 65,530 memory maps ("LLVM
-  compilation error: Cannot allocate memory"). An evicted problem is freed by reference
-  counting (no driver's cache may hold its problem strongly: see the bilevel driver's
-  ``_run_compiled``), not by a full ``gc.collect()``, which costs ~80 ms per call here.
-
-  ``max_bytes`` bounds the problems' array bytes too (default: a quarter of the machine's
-  memory), the most recent one always kept: sixteen problems of 1e6 users x 64 items held
-  16 GB, and a paper-000 cell at n = 1e6 was killed by the kernel's OOM killer after two hours
-  (its ten seeds' problems, 2026-11-27)."""
+  recently used evicted first, and at most ``max_bytes`` of arrays (default: a quarter of the
+  machine's memory; the most recent one always kept). The bound matters because a problem
+  keeps its drivers' executables alive; an evicted problem is freed by reference counting (no
+  driver's cache may hold its problem strongly)."""
 
   def __init__(self, maxsize: int = 16, max_bytes: int | None = None):
     super().__init__()
@@ -238,5 +220,5 @@ def _default_max_bytes() -> int:
   try:
     import os
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-  except (ValueError, OSError, AttributeError):   # no sysconf: 4 GiB
+  except (ValueError, OSError, AttributeError):
     return 4 << 30

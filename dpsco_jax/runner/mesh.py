@@ -1,18 +1,11 @@
-"""The runner's ``devices`` key: a sweep whose users are sharded over a mesh (issue 24.2).
+"""The runner's ``devices`` key: every run's users sharded over a mesh.
 
-``devices: N`` (a top-level runner key, like ``batch_seeds``) runs every run of the sweep with
-its users sharded over a one-dimensional ``"users"`` mesh of the first ``N`` local devices
-(``devices: all``: every local device). It is the YAML spelling of ``dp.fit(..., mesh=)``: each
-device differentiates and clips its own users, the clipped sums are reduced across the axis and
-the noise is drawn once, so a run's params equal its one-device run's to float tolerance and
-its privacy report is the same (``tests/test_runner_mesh.py``).
-
-Checked before anything runs (a :class:`ConfigError`, exit 2): the value, the number of local
-devices, and every run's algorithm, which must be in :data:`dpsco_jax.api.MESH_READY` (or be
-``flax.DPTrainer``, which shards its micro-batches over the mesh the runner sets); a run
-whose algorithm cannot shard is refused with the reason of
-:data:`dpsco_jax.api.MESH_UNSUPPORTED`, never run on one device behind the key's back. Seeds of
-a row are not vmapped together on a mesh (one program per seed; their records say why).
+``devices: N`` (top level; ``all``: every local device) runs every run with its users sharded
+over a one-dimensional ``"users"`` mesh of the first ``N`` local devices, the YAML spelling of
+``dp.fit(..., mesh=)``: params equal the one-device run's to float tolerance and the privacy
+report is the same. A run whose algorithm cannot shard (not in
+:data:`dpsco_jax.api.MESH_READY`, nor ``flax.DPTrainer``) is refused before anything runs,
+never run on one device behind the key's back. Seeds of a row run one program each.
 """
 
 from __future__ import annotations
@@ -23,24 +16,20 @@ from typing import Any
 import jax
 import numpy as np
 
-# ``jax.set_mesh(mesh)`` around a user-problem run (``dp.fit`` / ``fit_model`` read it): the
-# drivers' own context helper, re-exported under the runner's name
-from dpsco_jax.algorithms.common import mesh_context  # noqa: F401
+from dpsco_jax.algorithms.common import mesh_context  # noqa: F401 (re-exported)
 from dpsco_jax.config.schema import ConfigError
 
-#: The mesh axis users are sharded over (the one every mesh-ready driver reads).
 AXIS = "users"
-#: Config-only algorithms of a user problem that read the mesh set with ``jax.set_mesh`` (the
-#: runner sets it around the run): ``DPTrainer`` shards each micro-batch's users over it.
+#: config-only algorithms that shard over the mesh the runner sets around a user-problem run
 TRAINERS = frozenset({"flax.DPTrainer"})
 #: ``batch_note`` of the records of a row whose seeds ran one by one because of the mesh.
 BATCH_NOTE = "devices: on a mesh the seeds of a row run one program each"
 
 
 def devices_option(config: dict) -> int | None:
-  """The top-level ``devices`` key: ``None`` (one device, the default), a positive int, or
-  ``"all"``; refuses a bool, a float, a string other than ``"all"``, more devices than this
-  process has, and the key inside an experiments entry."""
+  """The top-level ``devices`` key: ``None`` (one device), a positive int, or ``"all"``;
+  anything else, more devices than this process has, or the key in an experiments entry is
+  refused."""
   for entry in config.get("experiments") or []:
     if isinstance(entry, dict) and "devices" in entry:
       raise ConfigError("devices is a top-level runner key (every run of the sweep shards its "
@@ -82,8 +71,8 @@ def make_mesh(devices: int | None) -> jax.sharding.Mesh | None:
 
 
 def on_mesh(problem: Any, mesh: jax.sharding.Mesh | None) -> Any:
-  """A registered (synthetic) problem whose drivers read ``problem.mesh``: a shallow copy with
-  the mesh set (the cached problem itself stays mesh-free for the runs of other sweeps)."""
+  """A shallow copy of a registered problem with ``mesh`` set (the cached one stays
+  mesh-free)."""
   if mesh is None:
     return problem
   shard = copy.copy(problem)

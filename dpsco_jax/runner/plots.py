@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from dpsco_jax.runner.stats import row_metrics
+
 
 def _pyplot():
   try:
@@ -55,12 +57,14 @@ def _draw(rows: list[dict], x_field: str, fields: list[str], path: str, y: str, 
   return path
 
 
-def plot_rows(rows: list[dict], x_field: str, fields: list[str], path: str) -> str:
+def plot_metric(rows: list[dict], x_field: str, fields: list[str], path: str) -> str:
   """Excess risk (mean and 95% t-interval over seeds) of aggregated rows against ``x_field``,
-  one line per other group."""
+  one line per other group; without excess risk (a user problem), the first metric."""
+  metrics = row_metrics(rows)
+  m = metrics[0] if metrics else "excess_risk"
   rows = [r for r in rows if r.get("seeds") and r.get(x_field) is not None]
-  return _draw(rows, x_field, fields, path, "excess_risk_mean", "excess_risk_ci95_lo",
-               "excess_risk_ci95_hi", "excess risk")
+  return _draw(rows, x_field, fields, path, f"{m}_mean", f"{m}_ci95_lo", f"{m}_ci95_hi",
+               "excess risk" if m == "excess_risk" else m)
 
 
 def plot_ratio(rows: list[dict], x_field: str, fields: list[str], path: str) -> str:
