@@ -1,23 +1,17 @@
 """The accountant: epsilon of a composition of dp_accounting events, without state.
 
 :func:`accountant_epsilon` composes ``(event, count)`` parts with dp_accounting's PLD (tight)
-or RDP accountant (:func:`make_accountant`), converting plain Gaussian compositions exactly
-(:func:`gaussian_epsilon`); :func:`epsilon_lower_bound` is the cheap lower bound a budget check
-tries first; :func:`grid_count` / :func:`grid_floor` are the geometric grid of counts the
-ledger rounds to. The stateful side (entries, groups, budgets, reports, the digest) is
-:mod:`dpsco_jax.privacy.ledger`, which re-exports these names.
+or RDP accountant, converting plain Gaussian compositions exactly (:func:`gaussian_epsilon`);
+:func:`epsilon_lower_bound` is the closed-form lower bound a budget check tries first;
+:func:`grid_count` / :func:`grid_floor` are the ledger's geometric grid of counts.
 
-Extreme numbers (issue 46). Every answer is an :class:`Epsilon` that says whether it is the
-accountant's value (``exact``) or a cheaper valid bound above it (``upper_bound``). The bound
-answers where the accountant cannot: where dp_accounting's PLD would take minutes or run out
-of memory (more than :data:`MAX_PLD_COUNT` steps, a per-step loss range of more than
-:data:`MAX_PLD_STEP_POINTS` grid points, a composition wider than :data:`MAX_PLD_POINTS`, a
-per-step loss below one grid step, or a sampling rate below 1e-150), where its truncated tails give no epsilon (delta below
-~1e-15), and where RDP's float64 series cancels (Poisson-sampled Gaussians with
-``(q / z)^2 <`` :data:`RDP_MIN_RATIO2`; dp_accounting then returns epsilon 0). The bound is
-the smaller of RDP's (where its series is sound) and the exact epsilon of the dominating
-Gaussian (Poisson sampling only lowers the privacy loss), and ``inf`` where ``1 / z^2``
-overflows.
+Every answer is an :class:`Epsilon`: the accountant's value (``exact``) or a valid bound above
+it (``upper_bound``) where the accountant cannot answer: PLD too large to build (the
+``MAX_PLD_*`` limits, a per-step loss below one grid step, a sampling rate below 1e-150), delta
+below PLD's truncated tails (~1e-15), or RDP's float64 series cancelling (``(q / z)^2 <``
+:data:`RDP_MIN_RATIO2`, where dp_accounting returns epsilon 0). The bound is the smaller of
+RDP's (where sound) and the exact epsilon of the dominating Gaussian (Poisson sampling only
+lowers the privacy loss), and ``inf`` where ``1 / z^2`` overflows.
 """
 
 from __future__ import annotations
@@ -39,15 +33,13 @@ logging.getLogger("absl").setLevel(logging.ERROR)
 
 ACCOUNTANTS = ("pld", "rdp", "auto")
 EPSILON_KINDS = ("exact", "upper_bound")
-# PLD discretization of the privacy-loss values. dp_accounting's PLD is pessimistic (rounds
-# losses up), so a coarser grid still yields a valid upper bound on epsilon; 1e-3 changes
-# epsilon in the 5th digit on DP-SGD workloads and is ~10x faster than the 1e-4 default.
+# dp_accounting's PLD rounds losses up, so a coarser grid still gives a valid upper bound;
+# 1e-3 moves epsilon in the 5th digit on DP-SGD and is ~10x faster than the 1e-4 default.
 PLD_DISCRETIZATION = 1e-3
 #: ratio of the ledger's geometric grid of counts (:func:`grid_count`)
 GRID_RATIO = 2.0 ** 0.25
-# Where dp_accounting's PLD is not attempted (measured on a 2-core CPU: a PLD of 2.6e6 points
-# takes ~5 s, 2^31 steps of a one-point PLD loop in Python for hours, z = 1e-6 asks 3.5 PiB);
-# the answer is then a valid bound labelled ``upper_bound`` (module docstring).
+# Past these, dp_accounting's PLD is not attempted (minutes, or memory it cannot have): the
+# answer is the bound labelled ``upper_bound``.
 #: most composed steps (RDP composes any count in O(1))
 MAX_PLD_COUNT = 2 ** 20
 #: most grid points of one step's loss range (~1 s to build)
@@ -62,10 +54,9 @@ RDP_MIN_RATIO2 = 1e-10
 
 
 class Epsilon(float):
-  """An epsilon that says what it is: ``kind`` is ``"exact"`` (the accountant's epsilon of the
-  recorded counts) or ``"upper_bound"`` (a cheaper number at or above it). A ``float`` in
-  every other respect (arithmetic gives plain floats; JSON writes the number); ``repr`` and
-  ``str`` name the kind, a format spec (``f"{eps:.3g}"``) gives the number alone."""
+  """A ``float`` whose ``kind`` is ``"exact"`` (the accountant's epsilon of the recorded
+  counts) or ``"upper_bound"`` (a cheaper number at or above it). Arithmetic gives plain
+  floats; ``repr`` and ``str`` name the kind, a format spec gives the number alone."""
 
   def __new__(cls, value: float, kind: str) -> "Epsilon":
     obj = super().__new__(cls, value)
@@ -103,8 +94,7 @@ def make_accountant(kind: str, relation: str, event: Any = None):
 
 
 def grid_floor(count: int) -> int:
-  """Largest point of the geometric grid that is <= ``count`` (lower bounds are cached at
-  these counts: fewer steps can only lower epsilon, and a long run meets O(log T) of them)."""
+  """Largest point of the geometric grid that is <= ``count`` (fewer steps, lower epsilon)."""
   if count <= 4:
     return count
   k = math.floor(math.log(count / 4.0) / math.log(GRID_RATIO) + 1e-9)
@@ -120,12 +110,10 @@ def _inverse_square(z: float) -> float:
 
 
 def _gaussian_mu2(event: Any, *, dominate: bool = False) -> float | None:
-  """``sum 1/z_i^2`` if ``event`` is a composition of plain Gaussians (else None): such a
-  composition is exactly one Gaussian mechanism with ``mu = sqrt(sum 1/z_i^2)`` (times the
-  relation's sensitivity factor), whatever the order or grouping. A Poisson-sampled Gaussian of
-  rate 1 is that Gaussian; with ``dominate`` one of any rate counts as its Gaussian, which
-  dominates it (joint convexity of the hockey-stick divergence: sampling only lowers the loss),
-  so the mu is then that of a Gaussian whose epsilon is an upper bound."""
+  """``sum 1/z_i^2`` if ``event`` composes plain Gaussians (else None): exactly one Gaussian
+  mechanism of ``mu = sqrt(sum 1/z_i^2)``. With ``dominate``, a Poisson-sampled Gaussian of any
+  rate counts as its Gaussian, which dominates it (joint convexity of the hockey-stick
+  divergence), so the epsilon of that mu is an upper bound."""
   if isinstance(event, dp_accounting.GaussianDpEvent):
     return _inverse_square(event.noise_multiplier)
   if isinstance(event, dp_accounting.PoissonSampledDpEvent) and (
@@ -141,8 +129,7 @@ def _gaussian_mu2(event: Any, *, dominate: bool = False) -> float | None:
 
 
 def _log_normal_mass(center: float, width: float) -> float:
-  """``log P[|N(0, 1) - center| < width / 2]`` for a narrow interval, by 8-point
-  Gauss-Legendre on the density (no difference of two nearly equal tails)."""
+  """``log P[|N(0, 1) - center| < width / 2]`` by 8-point Gauss-Legendre (no tail difference)."""
   import numpy as np
   from scipy import special
   nodes, weights = np.polynomial.legendre.leggauss(8)
@@ -153,12 +140,10 @@ def _log_normal_mass(center: float, width: float) -> float:
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
   """Exact epsilon of a mu-GDP (Gaussian) mechanism at ``delta`` (Balle & Wang 2018, Thm 8):
-  the smallest eps with ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) <= delta``.
-  Both sides are compared in log space, so that large epsilons do not overflow and a tiny
-  delta (down to the smallest subnormal, 5e-324) does not underflow to a flat gap. Below
-  ``mu = 1e-3`` the two tails agree to ~mu eps and their difference loses that many digits
-  (3e-6 of log delta at epsilon 1e-8), so there the first term is written as the normal mass
-  between ``eps/mu -+ mu/2`` less ``(e^eps - 1)`` times the upper tail."""
+  the smallest eps with ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) <= delta``, compared
+  in log space (no overflow at large eps, no underflow down to delta 5e-324). Below ``mu =
+  1e-3`` the difference of the two tails would lose digits, so it is written as the normal
+  mass between ``eps/mu -+ mu/2`` less ``(e^eps - 1)`` times the upper tail."""
   from scipy import optimize, special
   if mu <= 0:
     return 0.0
@@ -191,14 +176,11 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
 def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: str,
                        accountant: str = "auto") -> Epsilon:
-  """Epsilon of the composition of dp_accounting ``(event, count)`` parts at ``delta``, as an
-  :class:`Epsilon` (``exact``: the accountant's value; ``upper_bound``: a valid bound above it,
-  where the accountant cannot answer; see the module docstring).
+  """Epsilon of the composition of dp_accounting ``(event, count)`` parts at ``delta``.
 
-  Compositions of plain Gaussians are converted exactly (:func:`gaussian_epsilon`, with
-  sensitivity factor 2 under replace-one) instead of through a discretized PLD, which is both
-  tighter and ~1e5x faster at large epsilon (a PLD of a mu ~ 100 Gaussian takes tens of
-  seconds); everything else goes to dp_accounting's PLD or RDP accountant."""
+  Plain Gaussian compositions are converted exactly (:func:`gaussian_epsilon`, sensitivity
+  factor 2 under replace-one): tighter than a discretized PLD and far faster at large
+  epsilon. The rest goes to dp_accounting's PLD or RDP accountant, or the bound."""
   if not parts:
     return Epsilon(0.0, "exact")
   whole = dp_accounting.ComposedDpEvent([e for e, _ in parts])
@@ -230,8 +212,7 @@ def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: 
 
 
 def _rdp_sound(counted: Any) -> bool:
-  """Whether RDP's float64 series is sound for every Poisson-sampled Gaussian in ``counted``
-  (``(q/z)^2 >= RDP_MIN_RATIO2``; ``1/z^2`` finite, else dp_accounting divides by zero)."""
+  """Whether RDP's float64 series is sound for every sampled Gaussian of ``counted``."""
   for q, z, _ in _sampled_gaussians(counted, 1):
     inv2 = _inverse_square(z)
     if math.isinf(inv2) or (q < 1 and q * q * inv2 < RDP_MIN_RATIO2):
@@ -241,9 +222,8 @@ def _rdp_sound(counted: Any) -> bool:
 
 def _cheap_bound(parts: list[tuple[Any, int]], delta: float, relation: str, whole: Any,
                  counted: Any, factor: float, rdp: bool = True) -> float:
-  """The smaller of two valid upper bounds that cost milliseconds at any size: RDP's (with
-  ``rdp``, where its series is sound and it reads the events) and the dominating Gaussian's;
-  ``inf`` when neither applies (a valid, if useless, bound)."""
+  """The smaller of RDP's bound (with ``rdp``, where sound) and the dominating Gaussian's;
+  ``inf`` when neither applies. Milliseconds at any size."""
   bounds = [math.inf]
   mu2 = _gaussian_mu2(counted, dominate=True)
   if mu2 is not None:
@@ -256,11 +236,9 @@ def _cheap_bound(parts: list[tuple[Any, int]], delta: float, relation: str, whol
 
 def _pld_blocked(parts: list[tuple[Any, int]], relation: str, whole: Any, counted: Any,
                  factor: float) -> bool:
-  """Whether dp_accounting's PLD of ``parts`` would be too large to build in about a second
-  (or degenerate): too many steps, a step's loss range (``mu^2/2 + c mu`` either way, ``c``
-  the Gaussian quantile of the tail mass; sampling only shifts it by ``log q``) too wide or
-  below one grid step, or a composed range (RDP's epsilon at the tail mass, asked only when
-  the dominating Gaussian's is too wide) too wide."""
+  """Whether the PLD of ``parts`` would take more than about a second, or be degenerate: too
+  many steps, a step's loss range (``mu^2/2 + c mu`` either way, ``c`` the Gaussian quantile
+  of the tail mass) too wide or below one grid step, or too wide a composed range."""
   c = math.sqrt(2.0 * math.log(1.0 / PLD_TAIL_MASS))
   width = lambda mu2: 2.0 * (mu2 / 2.0 + c * math.sqrt(mu2)) / PLD_DISCRETIZATION
   steps = list(_sampled_gaussians(counted, 1))
@@ -294,8 +272,7 @@ def _composed_epsilon(parts: list[tuple[Any, int]], delta: float, kind: str, rel
 
 
 def _sampled_gaussians(event: Any, count: int):
-  """``(q, z, count)`` of every Poisson-sampled (or plain, q = 1) Gaussian inside ``event``
-  composed ``count`` times; other kinds of node are skipped (they only add epsilon)."""
+  """``(q, z, count)`` of every Poisson-sampled (or plain, q = 1) Gaussian inside ``event``."""
   d = dp_accounting
   if isinstance(event, d.GaussianDpEvent):
     yield 1.0, float(event.noise_multiplier), count
@@ -309,9 +286,8 @@ def _sampled_gaussians(event: Any, count: int):
 
 
 def _log_tail_upper(k, steps: int, log_p):
-  """Upper bound on ``log P[Binomial(steps, p) >= k]`` from ``log p`` (p may underflow):
-  the smaller of the union bound ``C(steps, k) p^k`` and Chernoff's ``exp(-steps KL(k/steps
-  || p))`` (the latter only where ``k/steps > p``)."""
+  """Upper bound on ``log P[Binomial(steps, p) >= k]``: the smaller of the union bound
+  ``C(steps, k) p^k`` and Chernoff's ``exp(-steps KL(k/steps || p))`` (where ``k/steps > p``)."""
   import numpy as np
   from scipy import special
   union = (special.gammaln(steps + 1.0) - special.gammaln(k + 1.0)
@@ -326,12 +302,10 @@ def _log_tail_upper(k, steps: int, log_p):
 
 
 def _sampled_gaussian_lower_bound(q: float, z: float, steps: int, delta: float) -> float:
-  """A lower bound on the epsilon of ``steps`` Poisson-sampled Gaussian steps (rate ``q``,
-  multiplier ``z``, add/remove) at ``delta``: for the test "at least ``k`` of the ``steps``
-  outputs exceed ``t``" (an event of the composed output), ``eps >= log((P[S] - delta) /
-  Q[S])`` with ``P`` the user-present law ``(1-q) N(0,1) + q N(1/z, 1)`` per step and ``Q =
-  N(0,1)``. ``P[S]`` is a binomial tail (computed), ``Q[S]`` bounded from above; maximized
-  over a small grid of ``(t, k)``. Closed form: a few ms at any ``z``."""
+  """Lower bound on the epsilon of ``steps`` Poisson-sampled Gaussians (add/remove): for the
+  event S "at least ``k`` outputs exceed ``t``", ``eps >= log((P[S] - delta) / Q[S])`` with
+  ``P`` the user-present law ``(1-q) N(0,1) + q N(1/z, 1)`` per step and ``Q = N(0,1)``,
+  maximized over a small grid of ``(t, k)``."""
   import numpy as np
   from scipy import special, stats
   mu = 1.0 / z
@@ -357,13 +331,12 @@ def _sampled_gaussian_lower_bound(q: float, z: float, steps: int, delta: float) 
 
 def epsilon_lower_bound(event: Any, *, delta: float, relation: str = "add_remove",
                         count: int = 1) -> float:
-  """A cheap lower bound on the epsilon of ``count`` compositions of ``event`` at ``delta``
-  (0 when nothing in it can be bounded): the largest bound of its Poisson-sampled Gaussian
-  parts (:func:`_sampled_gaussian_lower_bound`; composing more mechanisms never lowers
-  epsilon). The accountant's epsilon is an upper bound on the true one, hence at least this
-  bound, so a budget below it can be refused without an accountant evaluation. Only relations
-  the accountant reads as add/remove (``add_remove``, ``zero_out`` without sampling without
-  replacement) are bounded; other relations give 0."""
+  """A closed-form lower bound on the epsilon of ``count`` compositions of ``event``.
+
+  The largest bound of its Poisson-sampled Gaussian parts (composing more never lowers
+  epsilon); the accountant's epsilon is at least this, so a budget below it can be refused
+  without an accountant evaluation. 0 when nothing can be bounded, and under relations the
+  accountant does not read as add/remove."""
   if accountant_relation(relation, event) != dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE:
     return 0.0
   return max([_sampled_gaussian_lower_bound(q, z, c, delta)

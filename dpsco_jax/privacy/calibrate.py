@@ -1,16 +1,10 @@
 """The one calibrator: the smallest noise multiplier whose ledger epsilon meets a target.
 
-Every driver calibrates through :func:`calibrate_noise_multiplier` (no calibrators, nudge loops
-or hand-composed budgets elsewhere). It bisects on the epsilon that a fresh
-:class:`~dpsco_jax.privacy.ledger.PrivacyLedger` reports for the events the mechanism will
-spend, so the calibrated run spends exactly what the calibration promised; ``make_event`` may
-return one event or a list (mixing dp_accounting events with pure-DP, (epsilon, delta) and
-approximate-RDP blocks; ``fixed`` adds events that do not depend on the multiplier, e.g.
-AboveThreshold's pure-DP budget).
-
-Speed: when every event is a dp_accounting event that RDP supports, RDP (cheap) finds the
-answer to 1% first and PLD (tight, slower) refines it from there, by a bracketing secant
-search on ``(log z, log epsilon)`` (7-9 PLD evaluations per calibration; Brent took 11-13).
+Every driver calibrates through :func:`calibrate_noise_multiplier`, which searches on the
+epsilon a fresh :class:`~dpsco_jax.privacy.ledger.PrivacyLedger` reports for the events the
+mechanism will spend, so the calibrated run spends exactly what the calibration promised.
+When RDP supports every event, RDP (cheap) finds the answer to 1% and PLD (tight) refines it
+by a bracketing secant search on ``(log z, log epsilon)``.
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ def _as_list(x: Any) -> list:
 
 def ledger_epsilon(events: Sequence[Any], *, delta: float, relation: str,
                    accountant: str = "auto") -> float:
-  """Epsilon of ``events`` composed by a fresh ledger (the calibrator's objective).
+  """Exact epsilon of ``events`` composed by a fresh ledger (the calibrator's objective).
 
   Args:
     events: the events to compose.
@@ -46,9 +40,6 @@ def ledger_epsilon(events: Sequence[Any], *, delta: float, relation: str,
 
   Returns:
     The exact epsilon, a float.
-
-  Raises:
-    ValueError: a bad ``delta``, ``relation``, ``accountant`` or event.
   """
   ledger = PrivacyLedger(delta=delta, relation=relation, accountant=accountant)
   for i, e in enumerate(events):
@@ -56,19 +47,14 @@ def ledger_epsilon(events: Sequence[Any], *, delta: float, relation: str,
   return ledger.epsilon(exact=True)
 
 
-# When the calibrator stops: at a feasible z that spends the target to within EPS_RTOL
-# (relative), or once z is within RTOL of the smallest feasible multiplier (where epsilon moves
-# in steps). A calibrated run then spends its budget to 1e-6, as the ledger reports it. Each PLD
-# evaluation costs tenths of a second to seconds, and every plan calibrates, so the solver
-# spends as few as it can.
+# The calibrator stops at a feasible z that spends the target to EPS_RTOL (relative), or
+# within RTOL of the smallest feasible z (where epsilon moves in steps).
 RTOL = 1e-6
 EPS_RTOL = 1e-6
 
 
 def _log_gap(eps_fn: Callable[[float], float], epsilon: float) -> Callable[[float], float]:
-  """``z -> log(eps_fn(z) / epsilon)``: nearly linear in ``log z`` for the mechanisms calibrated
-  here, so a secant step in these coordinates lands close to the root; the solver sees only
-  this gap (feasible where it is <= 0), not the target."""
+  """``z -> log(eps_fn(z) / epsilon)``, nearly linear in ``log z``; feasible where <= 0."""
   def gap(z: float) -> float:
     eps = eps_fn(z)
     if math.isnan(eps):
@@ -83,22 +69,14 @@ def _log_gap(eps_fn: Callable[[float], float], epsilon: float) -> Callable[[floa
 
 def _solve(gap: Callable[[float], float], lo: float, guess: float | None = None,
            rtol: float = RTOL, slope: float | None = None) -> tuple[float, float | None]:
-  """A z >= lo with ``gap(z) <= 0`` (``gap``: :func:`_log_gap`, decreasing) that spends the
-  target to ``EPS_RTOL`` or, unless z == lo, has a point within ``rtol`` (relative) below it
-  that misses the target: the smallest feasible z to these tolerances. Every returned z was
-  evaluated and met the target (never an interpolated point). ``guess``: where to look first
-  (RDP's answer, for PLD; else 1); ``slope``: d log eps / d log z near the answer, a hint for
-  the first step.
-  Returns ``(z, slope)``, the slope being the final bracket's (None without one), to seed a
-  later search.
+  """``(z, slope)``: the smallest z >= lo with ``gap(z) <= 0`` (``gap`` decreasing), to the
+  tolerances (it spends the target to ``EPS_RTOL``, or z / (1 + ``rtol``) misses it); every
+  returned z was evaluated and met the target. ``guess``: where to look first; ``slope``:
+  d log eps / d log z near the answer, a hint for the first step; the returned slope is the
+  final bracket's (None without one).
 
-  Each step predicts the root by a secant in ``(log z, log eps)``, where these curves are
-  nearly straight, and evaluates a little past the prediction (a tenth of the step, at least
-  half the tolerance) on the side that shrinks the bracket, so the bracket of an infeasible
-  and a feasible point narrows ~10x per evaluation: 7-9 evaluations from RDP's answer
-  (Brent on ``eps - target`` in ``[0.5, 1.01] z_rdp`` took 11-13, and its first point, the
-  smallest z, is the costliest PLD). A point that lands on the unexpected side of the
-  step-like PLD curve still narrows the bracket."""
+  Each step predicts the root by a secant in ``(log z, log eps)`` and evaluates a little past
+  it on the side that shrinks the bracket, which narrows ~10x per evaluation."""
   tol, xlo, close = math.log1p(rtol), math.log(lo), math.log1p(-EPS_RTOL)
   a: tuple[float, float] | None = None   # infeasible: (log z, log(eps / epsilon) > 0)
   b: tuple[float, float] | None = None   # feasible
@@ -163,27 +141,20 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
   epsilon`` at ``delta`` under ``relation``, as the ledger composes it (the returned z meets
   the target and spends it to ``EPS_RTOL``, or z / (1 + ``RTOL``) misses it).
 
-  ``lower``: below ~0.3 the PLD of many composed steps becomes enormous, and such tiny noise is
-  never the answer for a useful budget. Raises ``ValueError`` if ``fixed`` alone exceeds the
-  target or no multiplier reaches it.
-
-  ``key``: a hashable description of ``make_event`` (public numbers only) that determines it
-  exactly, given the other arguments; with one, the result is memoized in the one cache on
-  ``key``, the ``fixed`` events (by their canonical JSON) and the other arguments, so that a
-  plan and its driver's re-derivation of the same plan, and every further seed, calibrate once
-  (the bisection of a PLD is most of a small fit's time). A key that did not determine the
-  family could only pick a wrong z, never a wrong report: every run charges its actual events
-  to a ledger, which reports (and budget-checks) their epsilon.
-
   Args:
-    make_event: ``z -> event``, the mechanism's event at noise multiplier ``z``.
+    make_event: ``z -> event`` (one event or a list, which may mix dp_accounting events with
+      the library's blocks), the mechanism's event at noise multiplier ``z``.
     epsilon: the target epsilon.
     delta: the target delta, in ``(0, 1)``.
     relation: the neighbouring relation (default ``"add_remove"``).
     accountant: ``"pld"``, ``"rdp"`` or ``"auto"`` (default).
-    lower: the smallest multiplier searched (default 0.3).
-    fixed: events composed with ``make_event(z)`` that do not depend on ``z``.
-    key: a hashable description of ``make_event`` for memoizing (see above).
+    lower: the smallest multiplier searched (default 0.3: below it PLDs of many steps grow
+      enormous, and such noise is never the answer for a useful budget).
+    fixed: events composed with ``make_event(z)`` that do not depend on ``z`` (e.g.
+      AboveThreshold's pure-DP budget).
+    key: a hashable description of ``make_event`` (public numbers only) that determines it;
+      with one, the result is memoized on it, ``fixed`` and the other arguments. A wrong key
+      could only pick a wrong z, never a wrong report: every run charges its actual events.
 
   Returns:
     The noise multiplier ``z`` (noise std over the add/remove sensitivity), a float.
@@ -228,9 +199,8 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
       for_accountant(e, "pld", relation)) for e in probe)
   # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
   if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
-    # RDP's answer only says where to look: 1% is close enough. Its finite orders floor its
-    # epsilon (~0.03 at delta 1e-15, ~0.7 at 1e-300), so a tiny target may have no RDP answer;
-    # the search below then starts from scratch
+    # RDP's answer only says where to look (1%); its finite orders floor its epsilon, so a
+    # tiny target may have none and the search then starts from scratch
     try:
       z_rdp, slope = _solve(gap_at("rdp"), lower, None, rtol=1e-2)
     except ValueError:
@@ -246,8 +216,7 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
 def calibrate_poisson_sgd(sampling_rate: float, steps: int, *, epsilon: float, delta: float,
                           relation: str = "add_remove", accountant: str = "auto") -> float:
   """:func:`calibrate_noise_multiplier` of ``steps`` Poisson-sampled Gaussian steps (DP-SGD's
-  event), memoized on these public numbers in the one cache: the seeds of a sweep and a
-  trainer rebuilt on the same schedule calibrate once (the PLD bisection costs seconds).
+  event), memoized on these public numbers.
 
   Args:
     sampling_rate: the Poisson sampling rate ``q`` in ``(0, 1]``.

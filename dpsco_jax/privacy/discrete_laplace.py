@@ -1,30 +1,24 @@
 """Shifted truncated discrete Laplace and the calculators of DelOutputPert (paper 001).
 
-Paper: Ghazi, Kamath, Kumar, Manurangsi, Meka, Zhang, "On User-Level Private Convex
-Optimization", ICML 2023 (arXiv 2305.04912). Spec: ``shared/specs/001_ghazi_user_level.md``.
+Ghazi, Kamath, Kumar, Manurangsi, Meka, Zhang, "On User-Level Private Convex Optimization",
+ICML 2023 (arXiv 2305.04912); spec ``shared/specs/001_ghazi_user_level.md``.
 
-**TDLap(eps, delta)** (Definition 3.4, spec §2.1). With ``kappa = ceil(1 + ln(1/delta)/eps)``
+**TDLap(eps, delta)** (Definition 3.4, spec §2.1), with ``kappa = ceil(1 + ln(1/delta)/eps)``
 (the paper does not round; ceil keeps ``e^{-eps kappa} <= e^{-eps} delta``, spec §7 item 1):
+support ``{0, ..., 2 kappa}``, ``Pr[R = r] ∝ exp(-eps |r - kappa|)``. The proof of Thm 3.3
+uses (P1) ``Pr[R = 0] = Pr[R = 2 kappa] <= delta`` and (P2) ``Pr[R = r] <= e^eps Pr[R = r +-
+1]``.
 
-    support {0, 1, ..., 2 kappa},   Pr[R = r]  ∝  exp(-eps |r - kappa|).
+**Exact sampling.** A float32 inverse CDF cannot represent atoms below ``2^-24``, which for
+small ``delta'`` breaks (P1). The CDF is computed in 60-digit decimals and rounded to 64-bit
+fixed point, ``floor`` below ``kappa`` and ``ceil`` from it (the end atoms rounded *inward*,
+so (P1) holds exactly for the realized law); a draw compares 64 uniform bits (two ``uint32``
+words) with the thresholds: every atom's mass is exact up to ``2^-64``, jittable, no x64.
 
-Properties used by the privacy proof of Thm 3.3:
-  (P1) ``Pr[R = 0] = Pr[R = 2 kappa] <= delta`` (the unnormalised mass at ``kappa`` is 1);
-  (P2) ``Pr[R = r] <= e^eps Pr[R = r +- 1]`` for adjacent support points.
-
-**Exact sampling.** ``jax.random.categorical`` draws ``2 kappa + 1`` Gumbels per sample and a
-float32 inverse CDF cannot represent atoms below ``2^-24``, which for small ``delta'`` breaks
-(P1). Instead the CDF is computed on the host in 60-digit decimal arithmetic and rounded to
-64-bit fixed point: ``thr_r = floor(2^64 CDF(r))`` for ``r < kappa`` and ``ceil`` for
-``r >= kappa`` (rounding the two end atoms *inward*, so (P1) holds exactly for the realized
-law). A draw compares 64 uniform bits (two ``uint32`` words, lexicographically) with the
-thresholds, so every atom's realized mass equals the exact pmf up to ``2^-64``; no x64 mode is
-needed and the sampler is jittable and vectorized (``O(2 kappa)`` compares per draw).
-
-**Calculators** (Alg. 1 line 1–2, spec §2.2, [R]): ``eps' = eps/2``,
-``delta' = delta/(e^eps + 2)``, ``kappa = kappa(eps', delta')``, the deletion depth ``4 kappa + 1``,
-the minimum number of users ``2 (4 kappa + 1)`` (spec §2.3) and the Gaussian scale
-``sigma = sqrt(2 ln(2/delta')) * 8 kappa Delta / eps'`` (the chain distance ``8 kappa Delta``).
+**Calculators** (Alg. 1 lines 1-2, spec §2.2, [R]): ``eps' = eps/2``, ``delta' = delta/(e^eps
++ 2)``, ``kappa = kappa(eps', delta')``, deletion depth ``4 kappa + 1``, minimum users ``2 (4
+kappa + 1)`` (spec §2.3), Gaussian scale ``sigma = sqrt(2 ln(2/delta')) * 8 kappa Delta /
+eps'`` (the chain distance ``8 kappa Delta``).
 """
 
 from __future__ import annotations
@@ -92,13 +86,11 @@ def chain_distance(Delta: float, epsilon: float, delta: float) -> float:
 
 
 def sigma(Delta: float, epsilon: float, delta: float, calibration: str = "paper") -> float:
-  """Gaussian scale of DelOutputPert (Alg. 1 line 2).
+  """Gaussian scale of DelOutputPert (Alg. 1 line 2); both make step 3 of Thm 3.3 hold.
 
-  ``calibration="paper"``: ``sqrt(2 ln(2/delta')) * 8 kappa Delta / eps'`` — Dwork–Roth's
-  Gaussian mechanism, valid for ``eps' < 1`` (i.e. ``epsilon < 2``); raises otherwise.
-  ``calibration="analytic"``: the smallest sigma for which the Gaussian mechanism with l2
-  distance ``8 kappa Delta`` is ``(eps', delta')``-DP (Balle & Wang 2018). Both make step 3 of
-  the proof of Thm 3.3 hold; the analytic one is smaller and valid for every epsilon.
+  ``"paper"``: ``sqrt(2 ln(2/delta')) * 8 kappa Delta / eps'`` (Dwork-Roth, valid for ``eps'
+  < 1``; raises otherwise). ``"analytic"``: the smallest sigma making distance ``8 kappa
+  Delta`` ``(eps', delta')``-DP (Balle & Wang 2018), smaller and valid for every epsilon.
   """
   check_choice(calibration, "calibration", ("paper", "analytic"))
   p = del_output_pert_params(epsilon, delta)
@@ -112,9 +104,6 @@ def sigma(Delta: float, epsilon: float, delta: float, calibration: str = "paper"
   from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic
   return gaussian_sigma_analytic(dist, p.epsilon_prime, p.delta_prime)
 
-
-# ------------------------------------------------------------------------------------------
-# TDLap pmf and sampler.
 
 def _check_tdlap(epsilon: float, kappa_: int) -> tuple[float, int]:
   eps = check_epsilon(epsilon)
@@ -138,12 +127,7 @@ def tdlap_pmf_from_kappa(epsilon: float, kappa_: int) -> np.ndarray:
   """Exact pmf of TDLap with scale ``epsilon`` and centre ``kappa_`` (float64, host)."""
   eps, k = _check_tdlap(epsilon, kappa_)
   cdf = _exact_cdf(eps, k)
-  prev = decimal.Decimal(0)
-  out = []
-  for c in cdf:
-    out.append(float(c - prev))
-    prev = c
-  return np.asarray(out, dtype=np.float64)
+  return np.asarray([float(b - a) for a, b in zip((decimal.Decimal(0),) + cdf, cdf)], np.float64)
 
 
 def tdlap_pmf(epsilon: float, delta: float) -> np.ndarray:
@@ -156,8 +140,6 @@ def tdlap_pmf(epsilon: float, delta: float) -> np.ndarray:
   Returns:
     A float64 array of length ``2 kappa + 1``.
 
-  Raises:
-    ValueError: ``epsilon`` is not a finite number > 0 or ``delta`` is not in ``(0, 1)``.
   """
   return tdlap_pmf_from_kappa(epsilon, kappa(epsilon, delta))
 
@@ -183,8 +165,7 @@ def tdlap_realized_pmf(epsilon: float, kappa_: int) -> np.ndarray:
 
 def tdlap_sample_from_kappa(key: jax.Array, epsilon: float, kappa_: int,
                             shape: tuple[int, ...] = ()) -> jax.Array:
-  """Draws of TDLap(epsilon; centre kappa_) as int32 in ``{0..2 kappa_}`` (jittable in
-  ``key``; ``epsilon``, ``kappa_`` and ``shape`` are static)."""
+  """Draws of TDLap(epsilon; centre kappa_), int32 in ``{0..2 kappa_}`` (jittable in key)."""
   eps, k = _check_tdlap(epsilon, kappa_)
   check_key(key, "key")
   thr = _thresholds(eps, k)
@@ -215,7 +196,6 @@ def tdlap_sample(key: jax.Array, epsilon: float, delta: float,
     An int32 array of ``shape``.
 
   Raises:
-    ValueError: ``epsilon`` is not a finite number > 0 or ``delta`` is not in ``(0, 1)``.
     ArgumentTypeError: ``key`` is not a JAX PRNG key.
   """
   return tdlap_sample_from_kappa(key, epsilon, kappa(epsilon, delta), shape)

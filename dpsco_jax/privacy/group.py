@@ -1,18 +1,15 @@
 """Group privacy: lift an item-level accountant guarantee to groups of ``k`` items (users).
 
-If a mechanism is ``(eps_i, delta_i)``-DP for one item, it is
-``(k eps_i, k e^{(k-1) eps_i} delta_i)``-DP for ``k`` items (Dwork & Roth 2014, Thm 2.2, with
-the (eps, delta) form ``sum_{j<k} e^{j eps_i} delta_i <= k e^{(k-1) eps_i} delta_i``; Vadhan
-2017, Lemma 2.2). The item-level curve ``eps_i(delta_i)`` of an accounted event is a whole
-trade-off, so the user-level epsilon at a target ``delta`` is
+An ``(eps_i, delta_i)``-DP mechanism for one item is ``(k eps_i, k e^{(k-1) eps_i}
+delta_i)``-DP for ``k`` items (Dwork & Roth 2014, Thm 2.2; Vadhan 2017, Lemma 2.2). The
+item-level curve ``eps_i(delta_i)`` is a whole trade-off, so at a target ``delta``
 
     eps = k * min { eps_i(delta_i) : k e^{(k-1) eps_i(delta_i)} delta_i' <= delta },
 
-searched over ``delta_i`` (``delta_i' = delta_i + (1 + e^{eps_i}) tv`` folds in a
-total-variation distance ``tv`` between the run and the accounted mechanism, e.g. truncated
-Poisson sampling). ``eps_i`` is the smaller of dp_accounting's PLD and RDP answers (both are
-valid upper bounds; PLD is tight but infinite below its truncated tail mass, RDP reaches tiny
-``delta_i``). When no ``delta_i`` is feasible the lift gives no finite epsilon: ``inf``.
+with ``delta_i' = delta_i + (1 + e^{eps_i}) tv`` for a total-variation distance ``tv`` to the
+accounted mechanism. ``eps_i`` is the smaller of dp_accounting's PLD and RDP answers (both
+valid; PLD is infinite below its tail mass, RDP reaches tiny ``delta_i``); ``inf`` when no
+``delta_i`` is feasible.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ _LOG_DELTA_FLOOR = math.log(1e-300)  # below this the item delta underflows floa
 
 @dataclasses.dataclass(frozen=True)
 class GroupPrivacy:
-  """A group-of-``group_size`` guarantee ``(epsilon, delta)`` and the item-level point
-  ``(item_epsilon, item_delta)`` it was lifted from (computed by ``accountant``).
+  """A group-level guarantee and the item-level point it was lifted from.
 
   Attributes:
     epsilon: the group-level epsilon (``inf`` when no item delta meets ``delta``).
@@ -96,16 +92,14 @@ def group_privacy_epsilon(event: Any, *, group_size: int, delta: float,
   """The smallest group-of-``group_size`` epsilon at ``delta`` of an item-level ``event``.
 
   Args:
-    event: a dp_accounting event (validated) describing the item-level mechanism under
-      ``relation`` (the group relation is the same one applied to ``group_size`` items).
+    event: a dp_accounting event of the item-level mechanism.
     group_size: ``k >= 1`` items per group (user).
     delta: the group-level delta to meet.
-    relation: the neighbouring relation of ``event`` and of the group (default
-      ``"add_remove"``).
-    tv_distance: total-variation distance between the run and ``event`` (folded into the
-      item delta as ``(1 + e^{eps_i}) tv``).
-    epsilon_budget: when set, raises :class:`PrivacyBudgetExceeded` if the lifted epsilon
-      exceeds it (call it before releasing anything).
+    relation: the neighbouring relation of ``event``, applied to ``k`` items for the group
+      (default ``"add_remove"``).
+    tv_distance: total-variation distance between the run and ``event``.
+    epsilon_budget: when set, the lifted epsilon must not exceed it (call this before
+      releasing anything).
     candidates: item deltas to try besides the grid (e.g. the calibration's target, so a
       calibrated run reports at most its target).
     grid: number of log-spaced item deltas in ``[1e-300, delta / k]``.
@@ -115,8 +109,7 @@ def group_privacy_epsilon(event: Any, *, group_size: int, delta: float,
     makes the lifted delta ``<= delta``.
 
   Raises:
-    ValueError: an invalid event, or a bad ``group_size`` (an integer >= 1), ``delta``,
-      ``relation``, ``tv_distance``, ``epsilon_budget`` or ``grid`` (named in the message).
+    ValueError: an invalid event or argument (named in the message).
     PrivacyBudgetExceeded: the lifted epsilon exceeds ``epsilon_budget``.
   """
   validate_event(event)

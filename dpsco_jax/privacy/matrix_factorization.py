@@ -1,67 +1,45 @@
 """Matrix-factorization (MF) noise: strategies, sensitivity under participation, events.
 
-The mechanism (Denisov et al. 2022; Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
-Factorization"; McKenna et al. 2024, "Scaling up the Banded Matrix Factorization Mechanism";
-Dvijotham et al. 2024, "Efficient and Near-Optimal Noise Generation for Streaming DP"). The
-stream of increments ``x`` (``T`` rows, params-shaped; each row an aggregated, clipped batch
-quantity of L2 sensitivity ``s`` per participation) is released as
+Denisov et al. 2022; Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorization";
+McKenna et al. 2024, "Scaling up the Banded Matrix Factorization Mechanism"; Dvijotham et al.
+2024, "Efficient and Near-Optimal Noise Generation for Streaming DP". The stream of increments
+``x`` (``T`` rows, each a clipped batch quantity of L2 sensitivity ``s`` per participation) is
+released as ``C x + Z``, ``Z_t ~ N(0, sigma^2 I)`` i.i.d., with ``C`` a lower-triangular
+Toeplitz *strategy* of coefficients ``c_0 > 0, c_1, ...``; training reads ``x + C^{-1} Z`` or
+``A x + B Z`` (``A`` the prefix-sum matrix, ``B = A C^{-1}``), post-processing. Row ``t`` of
+``C x`` reads ``x_{<=t}`` only, so adaptive increments keep the guarantee of the non-adaptive
+Gaussian mechanism (Denisov et al. 2022, Thm 2.1).
 
-    C x + Z,     Z_t ~ N(0, sigma^2 I) i.i.d.,
+Strategies: banded with ``b`` bands, ``"sqrt"`` (``c_k = binom(2k, k) / 4^k``, the
+coefficients of ``(1 - x)^{-1/2}`` truncated to ``b`` bands, unit L2 norm; Fichtenberger et
+al. 2023, McKenna et al. 2024 §4) or ``"optimized"`` (jax_privacy's
+``toeplitz.optimize_banded_toeplitz``, the optional ``jax-privacy>=2.0``); BLT with ``d``
+buffers, ``c_0 = 1``, ``c_k = sum_i w_i theta_i^{k-1}``, from jax_privacy's
+``buffered_toeplitz.optimize`` or fitted to the sqrt coefficients.
 
-with ``C`` a lower-triangular Toeplitz *strategy* of coefficients ``c_0, c_1, ...``. Training
-never looks at ``C x + Z`` directly: it uses the increments ``C^{-1}(C x + Z) = x + C^{-1} Z``
-or the prefix sums ``A x + B Z`` with ``A`` the prefix-sum matrix and ``B = A C^{-1}``, both
-post-processing. ``C`` lower-triangular means row ``t`` of ``C x`` reads ``x_{<=t}`` only, so
-adaptively chosen increments (the gradient at the current iterate) keep the guarantee of the
-non-adaptive Gaussian mechanism (Denisov et al. 2022, Thm 2.1).
+Sensitivity (per unit ``s``; zero-out / add-remove of one participant). A participant at steps
+``P = {p_1 < ... < p_k}`` changes ``C x`` by ``sum_j C[:, p_j] g_j^T``, ``||g_j|| <= s``, of
+squared Frobenius norm ``sum_{j,l} <C[:, p_j], C[:, p_l]> <g_j, g_l>``:
 
-Strategies (all Toeplitz, ``c_0 > 0``):
+* one participation: ``||c_{0..T-1}||`` (column 0 is the longest);
+* ``k`` participations at separation ``>= b`` (banded): disjoint column supports, so ``sens^2
+  = sum_j ||C[:, p_j]||^2``, maximized at steps ``0, sep, 2 sep, ...`` whatever the signs of
+  ``c`` (cyclic epochs with period ``>= b`` are such a pattern);
+* overlap (separation ``< b``, or a BLT): valid only for nonnegative, nonincreasing
+  coefficients, where ``sens = ||C 1_P||`` at ``P = {0, sep, ..., (k-1) sep}`` (McKenna et
+  al. 2024, Thm 2; jax_privacy's ``toeplitz.minsep_sensitivity_squared``); others are refused.
 
-* banded, ``bands = b`` nonzero coefficients. ``"sqrt"`` (built in, no optimizer): the
-  coefficients of ``(1 - x)^{-1/2}``, ``c_k = binom(2k, k) / 4^k``, truncated to ``b`` bands
-  and scaled to unit L2 norm (Fichtenberger et al. 2023, optimal for max error without
-  truncation; McKenna et al. 2024 §4 use it truncated). ``"optimized"``: jax_privacy's
-  ``toeplitz.optimize_banded_toeplitz`` (L-BFGS on the mean or max squared prefix error; the
-  optional ``jax-privacy>=2.0`` dependency, tested with 2.0.0). ``"auto"``: optimized when
-  jax_privacy imports, else sqrt; the source used is returned with the coefficients (BLT's
-  ``"auto"`` is always the built-in fit: the optimizer is too slow for a default).
-* BLT, ``d`` buffers: ``c_0 = 1``, ``c_k = sum_i w_i theta_i^{k-1}`` (``k >= 1``), from
-  jax_privacy's ``buffered_toeplitz.optimize`` or, without it, fitted to the sqrt
-  coefficients (:func:`blt_strategy`, with how).
+Event: the run is one Gaussian mechanism of multiplier ``z / sens`` (``noise_std = z * s``;
+:func:`mf_event`). Relations: zero_out and add_remove (a cyclic driver must keep the others'
+steps in place, i.e. schedule by slot: zero_out); replace_one doubles ``s`` (the ledger's
+convention).
 
-Sensitivity (per unit ``s``; zero-out / add-remove of one participant's increment). A
-participant who contributes at steps ``P = {p_1 < ... < p_k}`` changes ``C x`` by
-``sum_j C[:, p_j] g_j^T`` with ``||g_j|| <= s``; its Frobenius norm squared is
-``sum_{j,l} <C[:, p_j], C[:, p_l]> <g_j, g_l>``.
-
-* single participation: ``max_p ||C[:, p]|| = ||c_{0..T-1}||`` (column 0 is the longest; a
-  later column is a truncation of it);
-* ``k`` participations with min-separation ``>= b`` (banded): the columns have disjoint
-  supports, the cross terms vanish, and ``sens^2 = sum_j ||C[:, p_j]||^2``, maximized by the
-  earliest admissible steps ``0, sep, 2 sep, ...`` (column norms do not increase with ``p``),
-  whatever the signs of ``c``. Cyclic (fixed-order) epochs with period ``P >= b`` are such a
-  pattern, ``k = epochs``;
-* overlap (separation ``< b``, or a BLT, which has ``T`` bands): valid only when every
-  ``<C[:, p], C[:, q]> >= 0`` (then equal ``g_j`` are the worst case and ``sens =
-  max_P ||C 1_P||``), and for nonnegative, nonincreasing coefficients the maximum over
-  patterns with separation ``>= sep`` and at most ``k`` participations is attained at
-  ``P = {0, sep, ..., (k-1) sep}`` (McKenna et al. 2024, "Scaling up", Thm 2; jax_privacy's
-  ``toeplitz.minsep_sensitivity_squared``). Other coefficients are refused there.
-
-Event: the whole run is one Gaussian mechanism with noise multiplier ``z / sens``
-(``noise_std = z * s``; :func:`mf_event`), as ``tree_noise.prefix_noise_event`` is for the
-binary tree. Relations: zero_out and add_remove (removing a participant removes its
-increments; a *cyclic* driver must keep the other participants' steps in place, i.e. the
-schedule is by slot, which is zero_out); replace_one doubles ``s`` (the ledger's convention).
-
-Amplification by sampling (:func:`amplified_banded_event`; Choquette-Choo et al. 2023,
-"(Amplified) Banded Matrix Factorization", Thm 4, their b-min-sep sampling): the row slots are
-split by a public, data-independent partition into ``b`` groups; at step ``t`` group
-``t mod b`` is active and each of its rows joins independently with probability ``p``. With a
-strategy of at most ``b`` bands a row's participations are ``>= b`` steps apart, so their
-columns of ``C`` touch disjoint rows of ``C x + Z``: the run is exactly ``k = ceil(T / b)``
-adaptively composed Poisson-subsampled Gaussians of rate ``p`` and multiplier
-``z / max_column_norm(C)``. A BLT (``T`` bands) has overlapping columns: no such argument.
+Amplification (:func:`amplified_banded_event`; Choquette-Choo et al. 2023, Thm 4, b-min-sep
+sampling): the rows are split by a public partition into ``b`` groups; at step ``t`` group ``t
+mod b`` is active and each of its rows joins with probability ``p``. With at most ``b`` bands a
+row's participations touch disjoint rows of ``C x + Z``: the run is ``k = ceil(T / b)``
+adaptively composed Poisson-subsampled Gaussians of rate ``p`` and multiplier ``z /
+max_column_norm(C)``. A BLT has overlapping columns: no such argument.
 """
 
 from __future__ import annotations
@@ -99,7 +77,7 @@ class BltStrategy(NamedTuple):
 
 
 def jax_privacy_version() -> str | None:
-  """The installed jax_privacy's version, or ``None`` (it is an optional dependency)."""
+  """The installed jax_privacy's version, or ``None`` (an optional dependency)."""
   try:
     import importlib.metadata as md
     import jax_privacy.matrix_factorization  # noqa: F401
@@ -108,7 +86,6 @@ def jax_privacy_version() -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- Toeplitz algebra
 def sqrt_coefs(n: int) -> np.ndarray:
   """First ``n`` coefficients of ``(1 - x)^{-1/2}``: ``binom(2k, k) / 4^k`` (float64)."""
   n = check_int(n, "n")
@@ -126,9 +103,8 @@ def toeplitz_matrix(coefs: np.ndarray, n: int) -> np.ndarray:
 
 
 def toeplitz_inverse_coefs(coefs: np.ndarray, n: int) -> np.ndarray:
-  """Coefficients of ``C^{-1}`` (also lower-triangular Toeplitz) for ``n`` steps: the
-  recurrence ``u_t = (e0_t - sum_{j>=1} c_j u_{t-j}) / c_0`` the streaming stage runs,
-  in float64, ``O(n * len(coefs))``."""
+  """Coefficients of ``C^{-1}`` for ``n`` steps, by the streaming stage's recurrence
+  ``u_t = (e0_t - sum_{j>=1} c_j u_{t-j}) / c_0`` (float64)."""
   c = np.asarray(coefs, np.float64)
   n = check_int(n, "n")
   b = min(len(c), n)
@@ -148,8 +124,8 @@ def blt_coefs(buf_decay: np.ndarray, output_scale: np.ndarray, n: int) -> np.nda
 
 
 def blt_inverse_coefs(buf_decay: np.ndarray, output_scale: np.ndarray, n: int) -> np.ndarray:
-  """Coefficients of ``C^{-1}`` for a BLT ``C``, by the stage's own recurrence on ``e_0``:
-  ``u_t = e0_t - <w, S>``, ``S <- theta * S + u_t`` (float64, ``O(n d)``)."""
+  """Coefficients of ``C^{-1}`` for a BLT, by the stage's recurrence ``u_t = e0_t - <w, S>``,
+  ``S <- theta * S + u_t`` (float64)."""
   th, om = np.asarray(buf_decay, np.float64), np.asarray(output_scale, np.float64)
   s = np.zeros_like(th)
   u = np.zeros(n)
@@ -160,15 +136,13 @@ def blt_inverse_coefs(buf_decay: np.ndarray, output_scale: np.ndarray, n: int) -
 
 
 def prefix_errors(inverse_coefs: np.ndarray) -> np.ndarray:
-  """Per-step variance of the prefix-sum noise ``(B Z)_t`` per unit ``sigma^2``, with
-  ``B = A C^{-1}``: ``B`` is Toeplitz with coefficients ``cumsum(C^{-1} coefs)``, so row
-  ``t``'s squared norm is ``sum_{j<=t} b_j^2``. (jax_privacy's
-  ``toeplitz.per_query_error(noising_coef=...)`` computes the same.)"""
+  """Per-step variance of the prefix-sum noise ``(B Z)_t`` per unit ``sigma^2``: ``B = A
+  C^{-1}`` is Toeplitz of coefficients ``b = cumsum(C^{-1} coefs)``, row ``t``'s squared
+  norm ``sum_{j<=t} b_j^2``."""
   b = np.cumsum(np.asarray(inverse_coefs, np.float64))
   return np.cumsum(b * b)
 
 
-# ----------------------------------------------------------------------------- strategies
 @bounded_cache(32)
 def _optimized_banded(steps: int, bands: int, error: str) -> tuple[tuple[float, ...], str]:
   import jax
@@ -186,8 +160,8 @@ def _optimized_banded(steps: int, bands: int, error: str) -> tuple[tuple[float, 
 
 def banded_strategy(steps: int, bands: int, *, strategy: str = "auto",
                     error: str = "mean") -> MfStrategy:
-  """The ``bands``-banded Toeplitz strategy for ``steps`` steps, unit L2 norm (module
-  docstring). ``strategy="optimized"`` needs jax_privacy (ImportError otherwise)."""
+  """The ``bands``-banded Toeplitz strategy for ``steps`` steps, unit L2 norm; ``"auto"``:
+  optimized when jax_privacy imports, else sqrt (``"optimized"`` needs it)."""
   steps = check_int(steps, "steps")
   bands = check_int(bands, "bands")
   check_choice(strategy, "strategy", STRATEGIES)
@@ -205,13 +179,10 @@ def banded_strategy(steps: int, bands: int, *, strategy: str = "auto",
 
 
 def _fit_blt_to_sqrt(steps: int, buffers: int) -> tuple[np.ndarray, np.ndarray]:
-  """Built-in BLT (no jax_privacy): decays on a fixed grid ``theta_i = 1 - 1/r_i`` with
-  ``r_i`` log-spaced in ``[1.5, 2 steps]`` (one time scale per buffer), and nonnegative
-  least squares for ``w`` on the *relative* error of ``c_k = sum_i w_i theta_i^{k-1}`` against
-  the sqrt coefficients ``binom(2k,k)/4^k`` for ``k = 1..steps-1``. Positive ``w`` and
+  """Built-in BLT: decays ``theta_i = 1 - 1/r_i``, ``r_i`` log-spaced in ``[1.5, 2 steps]``,
+  and NNLS for ``w`` on the relative error against the sqrt coefficients. Positive ``w`` and
   ``theta in (0, 1)`` make every ``c_k`` positive and nonincreasing, which the multi-
-  participation sensitivity needs; ``c_1 <= 1`` is enforced by scaling. Not optimal (the
-  paper optimizes theta too); the bench says how far it is from jax_privacy's."""
+  participation sensitivity needs; ``c_1 <= 1`` by scaling."""
   from scipy.optimize import nnls
   r = np.geomspace(1.5, 2.0 * max(steps, 2), buffers)
   theta = 1.0 - 1.0 / r
@@ -243,18 +214,16 @@ def _optimized_blt(steps: int, buffers: int, participations: int, min_sep: int,
 
 def blt_strategy(steps: int, buffers: int, *, participations: int = 1, min_sep: int = 1,
                  strategy: str = "auto", error: str = "max") -> BltStrategy:
-  """A BLT strategy with at most ``buffers`` buffers for ``steps`` steps and the given
-  participation (jax_privacy's optimizer accounts for it; the built-in fit does not need to:
-  its coefficients are nonnegative and nonincreasing, so :func:`participation_sensitivity`
-  prices any min-separation pattern exactly)."""
+  """A BLT strategy with at most ``buffers`` buffers for ``steps`` steps; ``"auto"`` is the
+  built-in fit, whose nonnegative, nonincreasing coefficients any participation can use."""
   steps = check_int(steps, "steps")
   buffers = check_int(buffers, "buffers")
   participations = check_int(participations, "participations")
   min_sep = check_int(min_sep, "min_sep")
   check_choice(strategy, "strategy", STRATEGIES)
   check_choice(error, "error", ERRORS)
-  # BLT's "auto" is the built-in fit: jax_privacy's optimizer takes ~70 s on a 2-core CPU,
-  # too slow for a default (and a plan should not change with what else is installed)
+  # jax_privacy's optimizer is too slow for a default (~70 s), and a plan should not change
+  # with what else is installed
   use_jp = strategy == "optimized"
   if use_jp:
     if jax_privacy_version() is None:
@@ -266,24 +235,19 @@ def blt_strategy(steps: int, buffers: int, *, participations: int = 1, min_sep: 
   return BltStrategy(th, om, f"built-in NNLS fit of {len(th)} buffers to the sqrt coefficients")
 
 
-# ----------------------------------------------------------------------------- sensitivity
 def participations_of(steps: int, min_sep: int, participations: int | None = None) -> int:
-  """The most participations a ``min_sep`` schedule allows in ``steps`` steps (capped by
-  ``participations`` when given): ``ceil(steps / min_sep)``."""
+  """``ceil(steps / min_sep)``, capped by ``participations`` when given."""
   k = -(-check_int(steps, "steps") // check_int(min_sep, "min_sep"))
   return k if participations is None else min(k, check_int(participations, "participations"))
 
 
 def participation_sensitivity(coefs: np.ndarray, steps: int, *, participations: int = 1,
                               min_sep: int = 1) -> float:
-  """L2 sensitivity of ``C x`` (per unit increment sensitivity ``s``) for a participant with
-  at most ``participations`` contributions, any two at least ``min_sep`` steps apart, over
-  ``steps`` steps (module docstring). ``coefs``: the strategy's Toeplitz coefficients (a
-  BLT's :func:`blt_coefs` of length ``steps``). Raises where overlapping columns would need
-  coefficients this bound does not cover (negative or increasing).
+  """L2 sensitivity of ``C x`` per unit increment sensitivity ``s`` (module docstring).
 
   Args:
-    coefs: the strategy's Toeplitz coefficients (at least ``steps`` long).
+    coefs: the strategy's Toeplitz coefficients, at least ``steps`` long (a BLT's
+      :func:`blt_coefs`).
     steps: the number of steps, an integer >= 1.
     participations: the most contributions of one participant (default 1).
     min_sep: the fewest steps between two contributions (default 1).
@@ -292,9 +256,8 @@ def participation_sensitivity(coefs: np.ndarray, steps: int, *, participations: 
     The L2 sensitivity, in units of ``s``.
 
   Raises:
-    ValueError: ``steps``, ``participations`` or ``min_sep`` is not an integer >= 1, or the
-      participations overlap a strategy whose coefficients are not nonnegative and
-      nonincreasing.
+    ValueError: a count that is not an integer >= 1, or participations overlapping a
+      strategy whose coefficients are not nonnegative and nonincreasing.
   """
   c = np.asarray(coefs, np.float64)
   steps = check_int(steps, "steps")
@@ -314,8 +277,8 @@ def participation_sensitivity(coefs: np.ndarray, steps: int, *, participations: 
 
 
 def mf_event(noise_multiplier: float, sensitivity: float) -> dp_accounting.DpEvent:
-  """The whole MF run as one Gaussian event: noise ``z * s`` per coordinate of ``Z``,
-  ``C x`` of sensitivity ``sensitivity * s``: multiplier ``z / sensitivity``.
+  """The whole MF run as one Gaussian event (noise ``z * s``, ``C x`` of sensitivity
+  ``sensitivity * s``).
 
   Args:
     noise_multiplier: ``z``, > 0.
@@ -335,12 +298,9 @@ def mf_event(noise_multiplier: float, sensitivity: float) -> dp_accounting.DpEve
 
 def amplified_banded_event(noise_multiplier: float, coefs: np.ndarray, steps: int, *,
                            sampling_rate: float, min_sep: int) -> dp_accounting.DpEvent:
-  """The run of a banded strategy under b-min-sep Poisson sampling (module docstring):
-  ``SelfComposedDpEvent(PoissonSampledDpEvent(p, GaussianDpEvent(z / colnorm)), k)`` with
-  ``k = ceil(steps / min_sep)`` and ``colnorm = ||c_{0..T-1}||`` (column 0 of a Toeplitz
-  ``C`` is its longest). Raises when the strategy has more bands than ``min_sep``: the
-  columns of two participations would then overlap, and the disjoint-support argument
-  that makes the rounds independent does not hold."""
+  """A banded strategy under b-min-sep Poisson sampling (module docstring): ``k =
+  ceil(steps / min_sep)`` rounds of ``PoissonSampled(p, Gaussian(z / ||c_{0..T-1}||))``.
+  Refuses more bands than ``min_sep`` (the columns would overlap)."""
   z = float(noise_multiplier)
   if not z > 0:
     raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")

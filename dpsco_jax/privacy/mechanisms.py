@@ -1,8 +1,5 @@
-"""Basic noise samplers and closed-form calibrations (paper-formula side of the ledger).
-
-The accountant (``ledger.py``) is the primary source of (epsilon, delta); these closed forms
-are what the papers state and are reported beside the accountant's numbers.
-"""
+"""Laplace noise and the papers' closed-form Gaussian calibrations (reported beside the
+accountant's numbers, which are the primary source of (epsilon, delta))."""
 
 from __future__ import annotations
 
@@ -19,11 +16,10 @@ from dpsco_jax._checks import (ArgumentTypeError, _traced, check_delta, check_ep
 
 def laplace(key: jax.Array, shape: tuple[int, ...] = (), scale: float | jax.Array = 1.0,
             dtype=jnp.float32) -> jax.Array:
-  """``Lap(scale)`` draws: density ``exp(-|x|/b)/(2b)``; ``scale/sensitivity`` = 1/epsilon.
+  """``Lap(scale)`` draws, density ``exp(-|x|/b)/(2b)``: ``epsilon = sensitivity / scale``.
 
-  Drawn in float32 or wider whatever ``dtype`` asks (a bfloat16 Laplace has a few thousand
-  distinct values, not the law the privacy proof assumes); cast the result afterwards if a
-  lower precision is wanted (post-processing).
+  Drawn in float32 or wider whatever ``dtype`` asks (a bfloat16 Laplace is not the law the
+  privacy proof assumes); cast afterwards if wanted (post-processing).
 
   Args:
     key: a JAX PRNG key.
@@ -45,9 +41,7 @@ def laplace(key: jax.Array, shape: tuple[int, ...] = (), scale: float | jax.Arra
 
 
 def _check_scale(scale: Any) -> Any:
-  """A Laplace scale is a finite real > 0 (or an array of them): a scale of 0 releases the
-  value itself, a negative one is the same law as its absolute value but says a wrong epsilon,
-  and NaN or a string is a bug. Traced scales were checked by the caller while concrete."""
+  """A finite real > 0 or an array of them (traced scales were checked while concrete)."""
   if _traced(scale):
     return scale
   if getattr(scale, "ndim", 0) == 0:
@@ -62,9 +56,8 @@ def _check_scale(scale: Any) -> Any:
 
 
 def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> float:
-  """Dwork–Roth Thm A.1: ``sigma = sqrt(2 ln(1.25/delta)) * Delta / epsilon`` (valid for
-  ``epsilon < 1``; reported as the papers' formula, not used for guarantees when
-  ``epsilon >= 1``).
+  """Dwork-Roth Thm A.1: ``sigma = sqrt(2 ln(1.25/delta)) * Delta / epsilon`` (valid for
+  ``epsilon < 1``; not used for guarantees beyond).
 
   Args:
     sensitivity: the L2 sensitivity ``Delta``, > 0.
@@ -84,9 +77,8 @@ def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> 
 
 
 def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) -> float:
-  """Smallest ``sigma`` for which the Gaussian mechanism is (epsilon, delta)-DP (Balle & Wang
-  2018, analytic Gaussian mechanism), found by bisection on the exact privacy profile
-  ``delta(eps) = Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)``.
+  """Smallest ``sigma`` making the Gaussian mechanism (epsilon, delta)-DP (Balle & Wang 2018),
+  by bisection on ``delta(eps) = Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)``.
 
   Args:
     sensitivity: the L2 sensitivity ``D``, > 0.
@@ -107,8 +99,7 @@ def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) ->
   log_delta = math.log(delta)
 
   def above(sigma: float) -> bool:
-    """``delta(sigma) > delta``, compared in log space: for delta ~1e-300 both Phi terms
-    underflow in linear space and the difference would read 0 (a too-small sigma)."""
+    """``delta(sigma) > delta`` in log space (at delta ~1e-300 both terms underflow)."""
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
     l1, l2 = float(log_ndtr(a - b)), epsilon + float(log_ndtr(-a - b))

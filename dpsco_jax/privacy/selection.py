@@ -1,33 +1,26 @@
 """Private hyper-parameter selection: the law of the number of runs, its RDP bound, its report.
 
-Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential Privacy" (ICLR 2022).
-The candidate algorithm ``Q`` draws one configuration of a grid uniformly at random (public
-randomness) and trains it privately. Its RDP curve is at most the maximum, order by order,
-of the candidates' curves: ``Q``'s output law is the same data-independent mixture of the
-candidates' laws on both neighbouring datasets, and Renyi divergence is jointly quasi-convex
-(van Erven & Harremoes 2014, Theorem 13), so ``D_l(Q(x) || Q(x')) <= max_i D_l(Q_i(x) ||
-Q_i(x'))``.
+Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential Privacy" (ICLR 2022). The
+candidate algorithm ``Q`` draws one configuration of a grid uniformly at random (public
+randomness) and trains it privately. Its RDP curve is at most the order-wise maximum of the
+candidates' curves: ``Q``'s output law is the same data-independent mixture on both
+neighbouring datasets, and Renyi divergence is jointly quasi-convex (van Erven & Harremoes
+2014, Theorem 13). The selection ``A`` runs ``Q`` ``K`` times, ``K`` drawn from a public law,
+and releases only the best output by a public or private score. ``K``, the candidates drawn
+and their scores are secret: the theorem covers the released output only.
 
-The selection ``A`` runs ``Q`` ``K`` times, ``K`` drawn from a public law, and releases only
-the best output by a score that is public (computed without the private data) or itself
-private. ``K``, the candidates drawn and their scores are secret: the theorem holds for the
-released output only, so no caller may print, record or return them.
+* Truncated negative binomial ``D_{eta,gamma}`` (``eta > -1``, ``0 < gamma < 1``; Section 2):
+  ``P[K=k] = (1-gamma)^k / (gamma^-eta - 1) * prod_{l<k} (l+eta)/(l+1)`` for ``k >= 1``;
+  ``eta = 0`` is the logarithmic law ``(1-gamma)^k / (k log(1/gamma))``. Theorem 2: if ``Q``
+  is ``(l, eps)``- and ``(l_hat, eps_hat)``-RDP, ``A`` is ``(l, eps')``-RDP with ``eps' = eps
+  + (1+eta)(1-1/l_hat) eps_hat + (1+eta) log(1/gamma)/l_hat + log(E[K])/(l-1)``, minimized
+  over ``l_hat`` on the order grid.
+* Geometric (``eta = 1``; Liu & Talwar, STOC 2019): ``P[K=k] = gamma (1-gamma)^(k-1)``.
+* Poisson (Theorem 6) is refused: its bound needs a condition tying ``Q``'s ``(eps_hat,
+  delta_hat)`` to the order that is not checked here.
 
-* Truncated negative binomial ``D_{eta,gamma}`` (``eta > -1``, ``0 < gamma < 1``; Section 2
-  of the paper): ``P[K=k] = (1-gamma)^k / (gamma^-eta - 1) * prod_{l<k} (l+eta)/(l+1)`` for
-  ``k >= 1``; ``eta = 0`` is the logarithmic law ``(1-gamma)^k / (k log(1/gamma))``.
-  Theorem 2: if ``Q`` is ``(l, eps)``- and ``(l_hat, eps_hat)``-RDP, ``A`` is ``(l, eps')``-RDP
-  with ``eps' = eps + (1+eta)(1-1/l_hat) eps_hat + (1+eta) log(1/gamma)/l_hat
-  + log(E[K])/(l-1)``; :func:`selection_rdp` minimizes over ``l_hat`` on the order grid.
-* Geometric (``eta = 1``, the special case of Liu & Talwar, STOC 2019): ``P[K=k] = gamma
-  (1-gamma)^(k-1)``, ``E[K] = 1/gamma``.
-* Poisson (the paper's Theorem 6) is refused: its bound needs ``Q``'s ``(eps_hat,
-  delta_hat)``-DP guarantee under a condition tying ``eps_hat`` to the order, which this
-  module does not check.
-
-The selection's curve is converted to ``(epsilon, delta)`` by dp_accounting's RDP conversion
-(``compute_epsilon``, the one its RDP accountant uses) and recorded in the one ledger as an
-``(epsilon, delta)`` block with provenance ``theorem`` (:func:`selection_report`).
+The curve is converted to ``(epsilon, delta)`` by dp_accounting's RDP conversion and recorded
+as an ``(epsilon, delta)`` block with provenance ``theorem`` (:func:`selection_report`).
 """
 
 from __future__ import annotations
@@ -55,8 +48,7 @@ __all__ = ["DISTRIBUTIONS", "SelectionLaw", "SelectionCost", "law_for_grid", "ca
 DISTRIBUTIONS = ("truncated_negative_binomial", "geometric", "poisson")
 #: the default shape: the logarithmic law (eta = 0), the paper's cheapest in log E[K] terms
 DEFAULT_ETA = 0.0
-# the inverse-CDF sampler stops growing its table once the tail left is below this mass
-# (float64 resolution of the uniform it inverts)
+# the sampler's CDF table stops growing once the tail is below the uniform's resolution
 _TAIL = 2.0 ** -53
 
 
@@ -68,21 +60,18 @@ def _check_gamma(gamma: Any) -> float:
 class SelectionLaw:
   """The public law of the number of runs ``K`` (see the module docstring).
 
-  ``distribution``: ``truncated_negative_binomial`` (``eta > -1``, ``gamma`` in (0, 1)) or
-  ``geometric`` (``gamma``; ``eta`` is 1). ``poisson`` is refused (not implemented).
-
   Attributes:
-    distribution: ``"truncated_negative_binomial"`` or ``"geometric"``.
+    distribution: ``"truncated_negative_binomial"`` or ``"geometric"`` (``poisson`` is
+      refused).
     gamma: the law's ``gamma``, in ``(0, 1)``.
     eta: the law's ``eta``, > -1 (default ``None``: the default eta, 1 for ``geometric``).
 
   Raises:
-    ValueError: an unknown or unimplemented ``distribution``, ``gamma`` not in ``(0, 1)`` or
-      ``eta <= -1``.
+    ValueError: a bad or unimplemented ``distribution``, ``gamma`` or ``eta``.
   """
   distribution: str
   gamma: float
-  eta: float | None = None   # None: DEFAULT_ETA, or 1 for the geometric law
+  eta: float | None = None
 
   def __post_init__(self):
     check_choice(self.distribution, "distribution", DISTRIBUTIONS)
@@ -102,7 +91,7 @@ class SelectionLaw:
     object.__setattr__(self, "eta", eta)
 
   def log_pmf(self, k: np.ndarray) -> np.ndarray:
-    """``log P[K = k]`` for integers ``k >= 1`` (an array).
+    """``log P[K = k]``.
 
     Args:
       k: integers >= 1.
@@ -120,7 +109,7 @@ class SelectionLaw:
     return k * math.log1p(-g) + log_prod - math.log(abs(math.expm1(eta * math.log(1.0 / g))))
 
   def pmf(self, k: np.ndarray) -> np.ndarray:
-    """``P[K = k]`` for integers ``k >= 1``.
+    """``P[K = k]``.
 
     Args:
       k: integers >= 1.
@@ -143,8 +132,8 @@ class SelectionLaw:
     return eta * (1.0 - g) / (g * -math.expm1(eta * math.log(g)))
 
   def cdf_table(self, top: float = 1.0) -> np.ndarray:
-    """The CDF at ``k = 1..N``, ``N`` grown until it exceeds ``top`` or the tail left is
-    below float64's resolution (then ``N`` stands for the tail: a bias below ``2^-53``).
+    """The CDF at ``k = 1..N``, ``N`` grown until it exceeds ``top`` or the tail is below
+    ``2^-53`` (then ``N`` stands for the tail).
 
     Args:
       top: grow the table until its CDF exceeds this value (default 1.0).
@@ -163,8 +152,7 @@ class SelectionLaw:
       n *= 4
 
   def sample(self, key: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
-    """``K`` drawn by inverting the CDF at uniforms made of 53 random bits of ``key`` (a JAX
-    key the caller uses for nothing else). The result is secret state of a selection.
+    """``K`` drawn by inverting the CDF at 53-bit uniforms.
 
     Args:
       key: a JAX PRNG key used for nothing else.
@@ -183,10 +171,8 @@ class SelectionLaw:
     return k[:n].reshape(shape)
 
   def describe(self) -> dict:
-    """The law's public description, for records and reports.
-
-    Returns:
-      ``{"distribution", "eta", "gamma", "expected_runs"}``.
+    """Returns:
+      The law's public description: ``{"distribution", "eta", "gamma", "expected_runs"}``.
     """
     return {"distribution": self.distribution, "eta": self.eta, "gamma": self.gamma,
             "expected_runs": self.mean()}
@@ -212,10 +198,8 @@ def law_for_grid(n_candidates: int, distribution: str = "truncated_negative_bino
 
 def candidate_rdp(event: Any, relation: str = "add_remove"
                   ) -> tuple[np.ndarray, np.ndarray]:
-  """``(orders, rdp)``: the RDP curve of one candidate's (composed) dp_accounting event on
-  dp_accounting's default orders, under the library's Gaussian convention
-  (:func:`~dpsco_jax.privacy.events.for_accountant`). Blocks outside the accountant have no
-  curve: refused."""
+  """``(orders, rdp)``: the RDP curve of one candidate's dp_accounting event on
+  dp_accounting's default orders (blocks outside the accountant have none: refused)."""
   validate_event(event)
   if isinstance(event, OUTSIDE_ACCOUNTANT):
     raise ValueError(f"a candidate's privacy must be an accountant event with an RDP curve, "
@@ -232,8 +216,7 @@ def candidate_rdp(event: Any, relation: str = "add_remove"
 
 def grid_rdp(events: Sequence[Any], relation: str = "add_remove"
              ) -> tuple[np.ndarray, np.ndarray]:
-  """The curve of ``Q`` (one candidate of ``events`` drawn uniformly): the order-wise max of
-  the candidates' curves (quasi-convexity, module docstring)."""
+  """The curve of ``Q``: the order-wise max of the candidates' curves."""
   if not events:
     raise ValueError("events: a grid needs at least one candidate")
   curves = [candidate_rdp(e, relation) for e in events]
@@ -242,8 +225,7 @@ def grid_rdp(events: Sequence[Any], relation: str = "add_remove"
 
 
 def selection_rdp(law: SelectionLaw, orders: np.ndarray, rdp: np.ndarray) -> np.ndarray:
-  """The selection's RDP at each order of ``orders`` (Theorem 2), given ``Q``'s curve
-  ``rdp``; the free order ``l_hat`` ranges over ``orders`` (any order >= 1 is valid)."""
+  """The selection's RDP at each of ``orders`` (Theorem 2), given ``Q``'s curve ``rdp``."""
   orders, rdp = np.asarray(orders, np.float64), np.asarray(rdp, np.float64)
   if orders.shape != rdp.shape or orders.ndim != 1 or np.any(orders <= 1.0):
     raise ValueError("orders and rdp: one RDP value per order, every order > 1")
@@ -266,13 +248,7 @@ def selection_epsilon(law: SelectionLaw, orders: np.ndarray, rdp: np.ndarray,
 def selection_report(law: SelectionLaw, events: Sequence[Any], *, delta: float,
                      relation: str = "add_remove", level: str = "user",
                      metric: str = "public", tv_distance: float = 0.0) -> PrivacyReport:
-  """The guarantee of training *and* selection: ``Q`` over ``events`` (one per candidate of
-  the grid), the best of ``K ~ law`` runs released, recorded in a fresh ledger as one
-  ``(epsilon, delta)`` block with provenance ``theorem``; the law and ``E[K]`` (never ``K``)
-  in the notes. ``metric``: ``public`` or ``private`` (what the score read), for the notes.
-  ``tv_distance``: each run's distance (total variation) to the accounted mechanism (e.g.
-  truncated Poisson sampling); over ``K`` runs the coupling fails with probability at most
-  ``E[K] tv``, which the ledger's report adds to delta as ``(1 + e^eps) E[K] tv``.
+  """The guarantee of training *and* selection (the best of ``K ~ law`` runs of ``Q``).
 
   Args:
     law: the law of the number of runs ``K``.
@@ -280,11 +256,14 @@ def selection_report(law: SelectionLaw, events: Sequence[Any], *, delta: float,
     delta: the target delta, in ``(0, 1)``.
     relation: the neighbouring relation (default ``"add_remove"``).
     level: ``"user"`` (default) or ``"item"``.
-    metric: ``"public"`` (default) or ``"private"``.
-    tv_distance: each run's total variation distance to its accounted mechanism (default 0).
+    metric: what the score read, ``"public"`` (default) or ``"private"``, for the notes.
+    tv_distance: each run's total variation distance to its accounted mechanism (default 0;
+      e.g. truncated Poisson sampling); over ``K`` runs the coupling fails with probability
+      at most ``E[K] tv``, added to delta as ``(1 + e^eps) E[K] tv``.
 
   Returns:
-    The :class:`PrivacyReport` of training and selection (provenance ``theorem``).
+    The :class:`PrivacyReport`: one ``(epsilon, delta)`` block, provenance ``theorem``, the
+    law and ``E[K]`` (never ``K``) in the notes.
 
   Raises:
     ValueError: the candidates' RDP gives no finite epsilon; a bad ``delta`` or ``relation``.
@@ -347,9 +326,7 @@ def selection_cost(law: SelectionLaw, events: Sequence[Any], *, delta: float,
                    relation: str = "add_remove", level: str = "user",
                    tv_distance: float = 0.0, candidate_epsilon: float | None = None
                    ) -> SelectionCost:
-  """The cost of private selection over the grid ``events`` (one event per candidate), from
-  the plans alone: expected runs, one candidate's epsilon, epsilon with selection. The one
-  computation of it: the YAML runner and :func:`dpsco_jax.private_select` both read it.
+  """The cost of private selection over the grid ``events``, from the plans alone.
 
   Args:
     law: the law of the number of runs.
@@ -363,8 +340,7 @@ def selection_cost(law: SelectionLaw, events: Sequence[Any], *, delta: float,
       largest of ``events``' epsilons at ``delta``).
 
   Returns:
-    A ``SelectionCost``: expected runs, candidates, one candidate's epsilon, the selection's
-    epsilon and delta, the law.
+    A ``SelectionCost``.
 
   Raises:
     ValueError: as :func:`selection_report`.

@@ -6,29 +6,18 @@ Lemma A.9 ([DR14, Thm 3.24]):
   Delta^ = Delta + Lap(b_thr)                 drawn ONCE (spec 000 §7 item 1)
   for t = 1..T:  nu_t ~ Lap(b_q);  if q_t + nu_t >= Delta^: TOP, HALT  else BOT
 
-With queries of l1-sensitivity ``s`` and ``b_thr = 2 s / eps``, ``b_q = 4 s / eps`` the whole
+With queries of l1-sensitivity ``s``, ``b_thr = 2 s / eps`` and ``b_q = 4 s / eps``, the whole
 halting pattern is ``(eps, 0)``-DP. Algorithm 2 runs it on the concentration score (``s = 2``)
-with budget ``eps / 2``: ``b_thr = 8/eps`` and ``b_q = 16/eps``. It *continues* while the noisy
-score clears the noisy threshold and halts at the first failure, i.e. AboveThreshold applied to
-the negated queries; the privacy statement is identical.
+with budget ``eps / 2`` (``b_thr = 8/eps``, ``b_q = 16/eps``), continuing while the noisy score
+clears the threshold: AboveThreshold on the negated queries, the same privacy statement.
+Algorithm 1 uses one Laplace test per phase (line 13), ``s + Lap(20/eps) >= 4C/5``: with score
+sensitivity 2 it is ``eps/10``-DP (the paper books ``eps/4``, a weaker claim that also holds).
 
-Algorithm 1 uses a single Laplace test per phase instead (line 13): ``s + Lap(20/eps) >= 4C/5``.
-With score sensitivity 2 this is ``eps/10``-DP (the paper books ``eps/4``, a weaker claim that
-also holds).
-
-The pure functions here hold the whole mechanism; ``outlier_filter`` (transforms/filtering.py)
-calls :func:`above_threshold_init` / :func:`above_threshold_step` from its state so the
-randomness and the halting logic exist once.
-
-Numerics. The comparisons ``fl(q + nu) >= Delta^`` are taken in float32 (or wider). Rounding
-is monotone, so ``{x : fl(x) >= Delta^}`` is a half-line whose end depends on ``Delta^``
-alone: the test is exactly ``q + nu >= t(Delta^)`` and a query's rounding cannot widen the
-gap between neighbouring inputs beyond the gap of the queries themselves. What the privacy
-statement needs is therefore a query whose *computed* value has sensitivity ``<= s``: the
-FILTER score is computed exactly on a dyadic grid (``filtering._exact_score``: an integer
-count over ``K`` in float32 would round by ``ulp(K) > 1/K`` once ``K > ~2900``) from
-distance decisions that no common offset of the data can move (``filtering`` module notes).
-Queries are promoted to float32 here (a bfloat16 query would round on a grid of ``K/128``).
+Numerics: rounding is monotone, so the float32 test ``fl(q + nu) >= Delta^`` is exactly ``q +
+nu >= t(Delta^)`` and cannot widen the gap between neighbouring inputs; the privacy statement
+needs the *computed* query to have sensitivity ``<= s`` (FILTER's score is computed exactly on
+a dyadic grid, ``filtering._exact_score``). Queries are promoted to float32 (a bfloat16 query
+would round on a grid of ``K/128``).
 """
 
 from __future__ import annotations
@@ -42,23 +31,14 @@ from dpsco_jax._checks import check_int, check_positive, check_probability
 from dpsco_jax.privacy.ledger import pure_dp_event
 from dpsco_jax.privacy.mechanisms import laplace
 
-__all__ = [
-    "above_threshold_scales",
-    "above_threshold_init",
-    "above_threshold_step",
-    "above_threshold_run",
-    "above_threshold_accuracy",
-    "above_threshold_epsilon",
-    "above_threshold_dp_event",
-    "laplace_test",
-    "laplace_test_epsilon",
-    "laplace_test_dp_event",
-    "laplace_tail",
-]
+__all__ = ["above_threshold_scales", "above_threshold_init", "above_threshold_step",
+           "above_threshold_run", "above_threshold_accuracy", "above_threshold_epsilon",
+           "above_threshold_dp_event", "laplace_test", "laplace_test_epsilon",
+           "laplace_test_dp_event", "laplace_tail"]
 
 
 def _wide(q) -> jax.Array:
-  """The query in float32 or wider (module notes: never compared in a narrower float)."""
+  """The query in float32 or wider."""
   q = jnp.asarray(q)
   return q.astype(jnp.promote_types(q.dtype, jnp.float32)) if jnp.issubdtype(
       q.dtype, jnp.floating) else q.astype(jnp.float32)
@@ -66,11 +46,8 @@ def _wide(q) -> jax.Array:
 
 def above_threshold_scales(epsilon: float, sensitivity: float = 1.0
                            ) -> tuple[float, float]:
-  """Laplace scales ``(b_thr, b_q) = (2 s / eps, 4 s / eps)`` for an ``eps``-DP AboveThreshold.
-
-  Algorithm 4 with sensitivity-``s`` queries. For Algorithm 2 call it with ``epsilon=eps/2``
-  and ``sensitivity=2`` to get the printed ``(8/eps, 16/eps)``.
-  """
+  """Laplace scales ``(b_thr, b_q) = (2 s / eps, 4 s / eps)`` of an ``eps``-DP AboveThreshold
+  (Algorithm 2: ``epsilon=eps/2``, ``sensitivity=2``)."""
   epsilon = check_positive(epsilon, "epsilon")
   sensitivity = check_positive(sensitivity, "sensitivity")
   return 2.0 * sensitivity / epsilon, 4.0 * sensitivity / epsilon
@@ -78,12 +55,7 @@ def above_threshold_scales(epsilon: float, sensitivity: float = 1.0
 
 def above_threshold_epsilon(threshold_scale: float, query_scale: float,
                             sensitivity: float = 1.0) -> float:
-  """Pure-DP epsilon of AboveThreshold with the given scales (inverse of the scales map).
-
-  [DR14, Thm 3.23]: threshold noise ``Lap(b_thr)`` costs ``s / b_thr`` and the single ``TOP``
-  answer costs ``2 s / b_q``; total ``eps = s / b_thr + 2 s / b_q``. For the printed
-  ``(2s/eps, 4s/eps)`` this is exactly ``eps``.
-  """
+  """Pure-DP epsilon ``s / b_thr + 2 s / b_q`` of AboveThreshold ([DR14, Thm 3.23])."""
   threshold_scale = check_positive(threshold_scale, "threshold_scale")
   query_scale = check_positive(query_scale, "query_scale")
   sensitivity = check_positive(sensitivity, "sensitivity")
@@ -118,10 +90,7 @@ def above_threshold_init(key: jax.Array, threshold: float | jax.Array,
 def above_threshold_step(key: jax.Array, query: jax.Array, noisy_threshold: jax.Array,
                          query_scale: float | jax.Array, halted: jax.Array
                          ) -> jax.Array:
-  """One continue-or-halt step; returns the new (permanent) ``halted`` flag.
-
-  Continues iff ``query + Lap(b_q) >= Delta^``. ``halted`` is sticky: once True it stays True
-  whatever the later queries are (``jnp.logical_or``, no Python branch on traced values).
+  """One step: continues iff ``query + Lap(b_q) >= Delta^``; ``halted`` is sticky.
 
   Args:
     key: a JAX PRNG key for this step's query noise.
@@ -143,11 +112,7 @@ def above_threshold_step(key: jax.Array, query: jax.Array, noisy_threshold: jax.
 
 def above_threshold_run(key: jax.Array, queries: jax.Array, threshold: float,
                         threshold_scale: float, query_scale: float) -> jax.Array:
-  """Reference run over a whole query sequence ``[T]``; returns the halting flags ``[T]``.
-
-  ``flags[t]`` is True when the run has halted at or before step ``t``. Used by tests and by
-  the Algorithm 2 driver's documentation; ``lax.scan`` keeps it jittable and vmappable.
-  """
+  """Reference run over queries ``[T]``: ``flags[t]`` is whether it halted by step ``t``."""
   k_thr, k_q = jax.random.split(key)
   noisy = above_threshold_init(k_thr, threshold, threshold_scale)
 
@@ -163,14 +128,9 @@ def above_threshold_run(key: jax.Array, queries: jax.Array, threshold: float,
 
 def above_threshold_accuracy(num_queries: int, gamma: float, query_scale: float,
                              threshold_scale: float | None = None) -> float:
-  """Accuracy ``alpha`` of Lemma A.9, valid for the given scales.
-
-  With probability ``>= 1 - gamma`` all ``T`` query noises and the threshold noise are below
-  ``alpha/2`` in absolute value, hence a continue implies ``q_t >= Delta - alpha`` and a halt
-  implies ``q_t <= Delta + alpha``. Union bound: ``T exp(-alpha/(2 b_q)) + exp(-alpha/(2 b_thr))
-  <= gamma`` holds for ``alpha = 2 b_q log(2T/gamma)`` when ``b_thr <= b_q``. With
-  ``b_q = 4/eps`` this is the paper's ``8 log(2T/gamma)/eps``.
-  """
+  """Accuracy ``alpha = 2 b_q log(2T/gamma)`` of Lemma A.9 (needs ``b_thr <= b_q``): with
+  probability ``>= 1 - gamma`` a continue implies ``q_t >= Delta - alpha`` and a halt ``q_t <=
+  Delta + alpha`` (union bound on the noises; ``8 log(2T/gamma)/eps`` at ``b_q = 4/eps``)."""
   num_queries = check_int(num_queries, "num_queries")
   gamma = check_probability(gamma, "gamma")
   query_scale = check_positive(query_scale, "query_scale")
@@ -211,5 +171,5 @@ def laplace_test_dp_event(scale: float, sensitivity: float):
 
 
 def laplace_tail(t: float, scale: float) -> float:
-  """``P(|Lap(b)| >= t) = exp(-t/b)`` (used to bound the bad events of Lemmas B.2 / C.2)."""
+  """``P(|Lap(b)| >= t) = exp(-t/b)`` (Lemmas B.2 / C.2's bad events)."""
   return math.exp(-max(float(t), 0.0) / check_positive(scale, "scale"))
