@@ -1,10 +1,13 @@
-"""The walk of ``epsilon`` from a YAML file to the noise (issue 25, "Measure"), traced.
+"""The walk of ``epsilon`` from a YAML file to the noise draw (issue 25 "Measure", issue 47.5).
 
-Runs one config through the CLI's own path (``runner.run_config``) with its ``epsilon`` replaced
-by a sentinel float nobody else would produce, and records, with ``sys.setprofile``, every call
-of a ``dpsco_jax`` function whose arguments hold the sentinel: directly, or one level inside a
-mapping, a dataclass / NamedTuple field (a typed config is both a mapping and a dataclass). From the
-calls it reports
+Runs one config through the CLI's own path (``runner.run_config``, the quickstart's three seeds
+as one vmapped program, under ``jax.disable_jit`` so that the std reaches the draw as a number)
+with its ``epsilon`` replaced by a sentinel float, and records with ``sys.setprofile`` every call
+of a ``dpsco_jax`` function whose arguments hold the value: directly, or one level inside a
+mapping or a dataclass / NamedTuple field. The value is followed under every name it takes: the
+sentinel ``epsilon``; the ``z`` the calibrator returns for it (:data:`CONVERSIONS`); the ``std``
+formed from that ``z`` by ``gaussian_noise_std``; the walk ends at the draw (:data:`DRAW`).
+It reports
 
 * ``stays``: distinct functions the value passes through (file:function);
 * ``climbs``: call edges along which it travels *up* the layering (a callee in a higher layer
@@ -13,53 +16,7 @@ calls it reports
 * ``files``: the distinct files of those functions.
 
 The numbers depend on the config (the quickstart's ``dp_sgd_user`` by default) and on this
-definition. Last line: JSON.
-
-Since 2026-12-02 (issue 47.5) the walk follows the value under every name it takes until the
-noise is drawn, on the path the quickstart really runs (its three seeds as one vmapped
-program, under ``jax.disable_jit`` so that the std reaches the draw as a number): the sentinel
-``epsilon``; the ``z`` the calibrator returns for it (:data:`CONVERSIONS`); the ``std`` formed
-from that ``z`` by ``gaussian_noise_std``; the walk ends at the draw (:data:`DRAW`). Measured
-then (after the drivers became plan runners and the runner plans each row once): 65 stays, 1
-climb (``Schema.of -> DpSgdConfig.__post_init__``), 11 names (epsilon, z, noise_multiplier,
-noise_std, stddev, epsilon_budget and the generic helpers' a, b, v, value, x), 18 files; the
-issue's goal is at most 12 functions, 2 climbs, 3 names. Of the 65: config validation 15
-(``config/`` 9, ``_checks`` 6), the DP-SGD planner 12 and its config 2, the calibrator and
-accountant 6, the runner 7 (sections, the row key, the plan's reuse), the API's plan entry and
-digest 4, the driver 6, the chain and its loop 5, the noise stage 3, the sweep 2.
-
-Measured on the quickstart: 48 stays, 0 climbs, 8 names, 13 files before the noise stages
-carried their sensitivity (acb3bff); 44 stays, 0 climbs, 6 names (epsilon, epsilon_budget,
-target_epsilon, v, value, x), 13 files after (307ef60: DP-SGD's sampling helpers take numbers,
-not the config; the plan holds its target as ``epsilon``): the DP-SGD package 9 stays (its
-driver entry, plan, budget charge and calibration input), privacy 3 (calibrator, ledger), and
-outside them the runner 12, the config checks and ``ConfigView`` 13, the problem factory 2,
-``_checks`` 5 (name ``x``). 38 stays, 0 climbs, 6 names, 11 files after 3a77664 (the problem
-cache and factory take the problem's keys, ``run_keys`` the seed, the schema's name and
-epsilon-given checks only what they check): the runner 10, the config checks and ``ConfigView``
-11, ``_checks`` 5, the DP-SGD package 8, privacy 3, ``required_delta`` 1. 39 after 7e7c222:
-the memoized calibration (``dpsgd.plan._calibrated_z``) is one more function the target
-passes through. 2026-11-27 (issue 25: the typed config is what runs; ``ConfigView``
-removed): the walk now ends where the issue ends it, at the noise standard deviation
-(:data:`NOISE_STD`); the budget charge and the record's echo of the target come after it and
-are listed apart. On the quickstart: 33 stays to the noise std (+7 after it: the ledger's
-``epsilon_budget``, the records' ``target_epsilon``), 0 climbs, 4 names (epsilon and the
-generic validators' v, value, x), 11 files. The whole run, counted as before, is 40.
-2026-11-28 (the runner plans a built-in problem with ``dpsco_jax.plan_problem`` and runs the
-plan through ``dpsco_jax.execute``, as ``dpsco_jax.run`` does): 34 stays to the noise std
-(``api.plan_problem`` is the new one; 9 after it), 0 climbs, 4 names, 11 files. Of the 34,
-16 are generic validators and accessors that every key of every config passes
-(``config/types.py`` and ``config/schema.py`` 11, ``_checks.py`` 5; the names v, value, x are
-theirs), 6 the runner's section, problem-key and dispatch code, 2 the API's plan entry, and
-10 the DP-SGD planner and the calibrator.
-Later on 2026-11-28 (number keys range-checked where the config is built, so the planner no
-longer checks epsilon again; DP-SGD calibrates through the calibrator's own keyed memo
-instead of a second one; ``required_delta`` takes the field, not the config; the calibrator's
-root finder sees a gap function, not the target): 32 stays, 0 climbs, 4 names, 10 files. Of
-the 32: 17 generic validation and plumbing that every key of every config passes
-(``config/`` 10 with the new range check, ``_checks.py`` 5 for the calibrator's own check of
-its argument, ``runner/config.py`` 2), the runner 4, the API 2, the DP-SGD planner 5, the
-calibrator 4.
+definition; the measured history is in ``experiments/README.md``. Last line: JSON.
 
     .venv/bin/python experiments/epsilon_walk.py [config.yaml] [--algorithm dp_sgd_user]
 """
