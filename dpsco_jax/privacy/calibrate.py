@@ -160,8 +160,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
     The noise multiplier ``z`` (noise std over the add/remove sensitivity), a float.
 
   Raises:
-    ValueError: ``fixed`` alone exceeds the target, no multiplier reaches it, or a bad
-      ``epsilon``, ``delta``, ``relation`` or ``accountant``.
+    ValueError: ``fixed`` alone exceeds the target, or no multiplier reaches it.
   """
   if key is not None:
     fixed = tuple(_as_list(fixed))
@@ -228,9 +227,6 @@ def calibrate_poisson_sgd(sampling_rate: float, steps: int, *, epsilon: float, d
 
   Returns:
     The noise multiplier ``z``, a float.
-
-  Raises:
-    ValueError: as :func:`calibrate_noise_multiplier`.
   """
   return calibrate_noise_multiplier(
       lambda z: dp_accounting.SelfComposedDpEvent(

@@ -194,8 +194,5 @@ def tdlap_sample(key: jax.Array, epsilon: float, delta: float,
 
   Returns:
     An int32 array of ``shape``.
-
-  Raises:
-    ArgumentTypeError: ``key`` is not a JAX PRNG key.
   """
   return tdlap_sample_from_kappa(key, epsilon, kappa(epsilon, delta), shape)

@@ -83,7 +83,6 @@ class ApproxRdpEvent:
 
   Raises:
     ValueError: ``alpha <= 1``, a negative or non-finite value, or a bad ``delta_prime``.
-
   """
   alpha: float
   epsilon_rdp: float

@@ -166,9 +166,6 @@ class PrivacyLedger:
     relation: ``add_remove``, ``replace_one`` or ``zero_out`` (see
       :mod:`dpsco_jax.privacy.relations`); user-level papers 000 and 001 use replace-one.
     accountant: ``pld`` (tight), ``rdp``, or ``auto`` (PLD when it supports every event).
-
-  Raises:
-    ValueError: a bad ``delta``, ``epsilon_budget``, ``relation`` or ``accountant``.
   """
 
   def __init__(self, *, delta: float, epsilon_budget: float | None = None,
@@ -234,7 +231,6 @@ class PrivacyLedger:
 
     Raises:
       PrivacyBudgetExceeded: that epsilon is over ``epsilon_budget``.
-      ValueError: as :meth:`compose`.
     """
     return self._checked(self._with(event, label, group, count), label)
 

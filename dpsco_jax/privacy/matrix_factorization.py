@@ -286,9 +286,6 @@ def mf_event(noise_multiplier: float, sensitivity: float) -> dp_accounting.DpEve
 
   Returns:
     A ``dp_accounting.GaussianDpEvent`` of multiplier ``z / sensitivity``.
-
-  Raises:
-    ValueError: ``noise_multiplier`` or ``sensitivity`` is not > 0.
   """
   z = float(noise_multiplier)
   if not z > 0:

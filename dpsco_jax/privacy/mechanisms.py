@@ -29,10 +29,6 @@ def laplace(key: jax.Array, shape: tuple[int, ...] = (), scale: float | jax.Arra
 
   Returns:
     The draws, an array of ``shape``.
-
-  Raises:
-    ArgumentTypeError: ``key`` is not a JAX PRNG key.
-    ValueError: a concrete ``scale`` that is not a finite number > 0.
   """
   check_key(key, "key")
   scale = _check_scale(scale)
@@ -66,9 +62,6 @@ def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> 
 
   Returns:
     ``sigma``, the Gaussian noise std.
-
-  Raises:
-    ValueError: a bad ``sensitivity``, ``epsilon`` or ``delta``.
   """
   check_positive(sensitivity, "sensitivity")
   check_epsilon(epsilon)
@@ -89,8 +82,7 @@ def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) ->
     ``sigma``, the Gaussian noise std (in the units of the sensitivity).
 
   Raises:
-    ValueError: a bad ``sensitivity``, ``epsilon`` or ``delta``, or no finite sigma reaches
-      ``delta``.
+    ValueError: no finite sigma reaches ``delta`` (or a bad argument).
   """
   check_positive(sensitivity, "sensitivity")
   check_epsilon(epsilon)

@@ -75,9 +75,6 @@ def gaussian_sensitivity_factor(relation: str) -> float:
 
   Returns:
     2.0 under ``replace_one``, else 1.0.
-
-  Raises:
-    ValueError: an unknown relation.
   """
   return 2.0 if check_relation(relation) == "replace_one" else 1.0
 

@@ -266,7 +266,7 @@ def selection_report(law: SelectionLaw, events: Sequence[Any], *, delta: float,
     law and ``E[K]`` (never ``K``) in the notes.
 
   Raises:
-    ValueError: the candidates' RDP gives no finite epsilon; a bad ``delta`` or ``relation``.
+    ValueError: the candidates' RDP gives no finite epsilon.
   """
   orders, rdp = grid_rdp(events, relation)
   eps, order = selection_epsilon(law, orders, rdp, delta)
@@ -341,9 +341,6 @@ def selection_cost(law: SelectionLaw, events: Sequence[Any], *, delta: float,
 
   Returns:
     A ``SelectionCost``.
-
-  Raises:
-    ValueError: as :func:`selection_report`.
   """
   report = selection_report(law, events, delta=delta, relation=relation, level=level,
                             tv_distance=tv_distance)

@@ -79,10 +79,6 @@ def above_threshold_init(key: jax.Array, threshold: float | jax.Array,
 
   Returns:
     The noisy threshold, a float32 scalar: secret state of the run, never to be released.
-
-  Raises:
-    ValueError: a concrete ``threshold_scale`` that is not a finite number > 0.
-    ArgumentTypeError: ``key`` is not a JAX PRNG key.
   """
   return jnp.asarray(threshold, jnp.float32) + laplace(key, (), threshold_scale)
 
@@ -101,10 +97,6 @@ def above_threshold_step(key: jax.Array, query: jax.Array, noisy_threshold: jax.
 
   Returns:
     The new halted flag, a bool scalar.
-
-  Raises:
-    ValueError: a concrete ``query_scale`` that is not a finite number > 0.
-    ArgumentTypeError: ``key`` is not a JAX PRNG key.
   """
   passed = _wide(query) + laplace(key, (), query_scale) >= noisy_threshold
   return jnp.logical_or(halted, jnp.logical_not(passed))
@@ -152,10 +144,6 @@ def laplace_test(key: jax.Array, score: jax.Array, threshold: float | jax.Array,
 
   Returns:
     A bool scalar: whether the noisy score passed (a DP release).
-
-  Raises:
-    ValueError: a concrete ``scale`` that is not a finite number > 0.
-    ArgumentTypeError: ``key`` is not a JAX PRNG key.
   """
   return _wide(score) + laplace(key, (), scale) >= threshold
 
