@@ -173,7 +173,7 @@ def test_resque_theorem_on_a_user_loss_is_declared_and_synthetic_keeps_theorem()
   synthetic = linear_problem(np.zeros((512, 1, 5), np.float32), radius=2.0)
   plan = rq.resque_private_plan(synthetic, RESQUE_THM)
   assert not plan.violations and plan.declared == ()
-  rep = rq.resque_private_report(plan, rq.charge_resque_private(plan))
+  rep = plan.charge()
   assert rep.provenance == "theorem" and "DECLARED" not in rep.notes
 
 

@@ -18,14 +18,18 @@ from plan_guard import forbid_planning
 MODULES = [importlib.import_module(f"dpsco_jax.algorithms.{m}") for m in (
     "resque.plan", "resque.private", "resque.parallel", "resque.driver", "bilevel.plan",
     "bilevel.localized_gd_plan", "bilevel.localized_gd", "bilevel.driver")]
+#: the family plans, whose ``charge()`` a run must not call
+PLANS = [getattr(importlib.import_module(f"dpsco_jax.algorithms.{m}"), c) for m, c in (
+    ("resque.plan", "ResquePrivatePlan"), ("resque.parallel", "ParallelPlan"),
+    ("resque.parallel", "MinibatchPlan"), ("bilevel.plan", "BilevelPlan"),
+    ("bilevel.plan", "PenaltyPlan"), ("bilevel.localized_gd_plan", "LocGDRunPlan"))]
 #: the planning / charging / calibrating names a runner must not call
-FORBIDDEN = ("resque_private_plan", "resque_private_planner", "charge_resque_private",
-             "resque_private_report", "phase_plan", "config_view", "_target",
-             "resque_parallel_planner", "minibatch_sgd_planner", "bilevel_config",
+FORBIDDEN = ("resque_private_plan", "resque_private_planner", "phase_plan", "config_view",
+             "_target", "resque_parallel_planner", "minibatch_sgd_planner", "bilevel_config",
              "bilevel_planner", "bilevel_minibatch_planner", "bilevel_population_planner",
-             "nonprivate_penalty_planner", "charge_bilevel", "loc_gd_plan_for_problem",
-             "plan_dp_loc_gd", "charge_loc_gd", "loc_gd_report", "loc_gd_planner",
-             "calibrate_noise_multiplier", "with_calibrated_noise")
+             "nonprivate_penalty_planner", "loc_gd_plan_for_problem", "plan_dp_loc_gd",
+             "loc_gd_planner", "calibrate_noise_multiplier", "with_calibrated_noise",
+             "charge")   # the plan classes' charge (PLANS)
 
 RESQUE = {"epsilon": 1.0, "delta": 1e-5, "constants": "c_priv", "rho": 0.05, "rho_over_r": 2.0,
           "max_iter": 1, "max_bisection": 1, "phases": 1, "T_frac": 1 / 4}
@@ -65,6 +69,6 @@ def test_a_plan_runs_without_planning_again(name, monkeypatch):
   problem = _problem(kind)
   plan = api.plan_problem(name, cfg, problem)
   assert plan.privacy is not None and plan.detail is not None or name == "nonprivate_penalty"
-  forbid_planning(monkeypatch, MODULES, FORBIDDEN, schemas=(Schema,))
+  forbid_planning(monkeypatch, MODULES + PLANS, FORBIDDEN, schemas=(Schema,))
   res = api.execute(plan, problem, jax.random.key(1))
   assert res.privacy == plan.privacy

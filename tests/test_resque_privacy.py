@@ -187,7 +187,7 @@ def test_multi_phase_plan_stays_within_epsilon_and_delta(phases, budget):
                            noise=0.0, n_eval=100)
   cfg = {**CFG, "phases": phases, "phase_budget": budget, "T_frac": 1 / 64}
   plan = rq.resque_private_plan(prob, cfg)
-  report = rq.charge_resque_private(plan).report(provenance=plan.provenance, level="item")
+  report = plan.charge()
   assert report.epsilon <= 1.0 * (1 + 1e-9)
   assert report.delta <= 1e-5 * (1 + 1e-9)
   assert len(plan.phases) == phases and all(ph.events for ph in plan.phases)

@@ -60,7 +60,7 @@ from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.bilevel.plan import (  # noqa: F401 (re-exported)
     RELATION, BilevelConfig, BilevelPlan, bilevel_config, bilevel_events, bilevel_minibatch_planner,
-    bilevel_planner, bilevel_population_planner, bilevel_report, charge_bilevel, config_view,
+    bilevel_planner, bilevel_population_planner, config_view,
     noise_ratios, nonprivate_penalty_planner, outer_stage, paper_bilevel_noise,
     paper_composition_epsilon, theory_params, with_noise)
 from dpsco_jax.algorithms.bilevel.localized_gd import dp_loc_gd
@@ -346,8 +346,7 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
   cfg = config_view(cfg)
   privacy, _, _, plan = bilevel_planner(problem, cfg)   # raises over budget: nothing runs
   if ledger is not None:
-    charge_bilevel(ledger, plan.events)
-    privacy = bilevel_report(plan, ledger)
+    privacy = plan.charge(ledger)
   return _execute(plan, problem, key, privacy, bool(cfg.debug))
 
 
@@ -391,11 +390,11 @@ _EXACT = ("the non-private reference solves its inner problems exactly (Newton o
 @register("nonprivate_penalty", config=NonPrivatePenaltyConfig, paper="004",
           planner=nonprivate_penalty_planner, unsupported=_BILEVEL, mesh=_EXACT)
 def run_nonprivate_penalty(plan, problem: BilevelProblem, key: jax.Array) -> Result:
-  """The non-private reference (:func:`nonprivate_penalty_method`) with the plan's config."""
+  """The non-private reference (:func:`nonprivate_penalty_method`) with the plan's schedule."""
   del key
-  cfg = plan.config
-  x = nonprivate_penalty_method(problem, lam=float(cfg.lam), eta=float(cfg.learning_rate),
-                                steps=int(cfg.num_steps), newton_steps=int(cfg.newton_steps))
+  p = plan.detail
+  x = nonprivate_penalty_method(problem, lam=float(p.lam), eta=float(p.learning_rate),
+                                steps=int(p.num_steps), newton_steps=int(p.newton_steps))
   return Result(params=x, privacy=plan.privacy, gradient_evaluations=0,
                 record={"non_private": True})
 

@@ -86,9 +86,9 @@ from dpsco_jax.cache import bounded_cache
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (  # noqa: F401
     LocGDAux, LocGDConfig, LocGDRunPlan, RELATION, SUPPORTED_RELATIONS, loc_gd_planner,
     noise_denominator,
-    advanced_composition_step, charge_loc_gd, check_loc_gd_precondition, check_loc_gd_relation,
+    advanced_composition_step, check_loc_gd_precondition, check_loc_gd_relation,
     loc_gd_event, loc_gd_plan_for_problem, loc_gd_practical_config, loc_gd_radii,
-    loc_gd_report, loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event,
+    loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event,
     loc_gd_theory_config, paper_loc_gd_stddev, plan_dp_loc_gd, with_calibrated_noise)
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.result import Result
@@ -105,7 +105,7 @@ __all__ = [
     "loc_gd_rounds", "loc_gd_theory_config", "loc_gd_practical_config", "with_calibrated_noise",
     "check_loc_gd_relation", "plan_dp_loc_gd", "paper_loc_gd_stddev", "advanced_composition_step",
     "add_public_gradient", "run_dp_loc_gd", "LocGDRunPlan", "loc_gd_plan_for_problem",
-    "charge_loc_gd", "loc_gd_report", "RELATION",
+    "RELATION",
 ]
 
 

@@ -26,7 +26,7 @@ from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.config.families import Schema
 from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
-from dpsco_jax.privacy.ledger import PrivacyLedger, Provenance
+from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, Provenance
 from dpsco_jax.privacy.relations import PUBLIC, check_relation
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 
@@ -318,6 +318,29 @@ class LocGDRunPlan:
     schedule's ``num_steps`` is the steps of one round, the config key's meaning)."""
     return self.config.rounds * self.config.steps
 
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    return (loc_gd_stage(self.config, self.n),)
+
+  @property
+  def events(self) -> tuple[dp_accounting.DpEvent, ...]:
+    return (self.event,)
+
+  def charge(self) -> PrivacyReport:
+    """Charges a fresh budgeted ledger with the solve (raises first when an explicit
+    ``noise_multiplier`` is over budget); returns the guarantee (item level, accountant) with
+    the paper-formula sigma in the notes."""
+    ledger = PrivacyLedger(delta=self.delta, epsilon_budget=self.epsilon, relation=RELATION)
+    ledger.spend(self.event, label="dp_loc_gd solve")
+    lcfg, n = self.config, self.n
+    paper_sigma = paper_loc_gd_stddev(lcfg, n, epsilon=self.epsilon, delta=self.delta)
+    sampling = "full batch" if lcfg.batch_size is None else f"Poisson rate {lcfg.batch_size}/{n}"
+    return ledger.report(
+        provenance=Provenance.ACCOUNTANT, level="item", mechanisms=("dp_loc_gd solve",),
+        notes=(f"{lcfg.rounds}x{lcfg.steps} clipped-mean Gaussian steps ({sampling}), "
+               f"z={lcfg.noise_multiplier:.4g}, replace-one (public: {PUBLIC[RELATION]}); "
+               f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
+
 
 def _public_mu(problem, cfg: Schema) -> float:
   """``mu``: the config's, else the declared ``meta['strong_convexity']`` (MissingConstant)."""
@@ -354,25 +377,6 @@ def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
                       cfg.preset, lcfg, event)
 
 
-def charge_loc_gd(plan: LocGDRunPlan) -> PrivacyLedger:
-  """A fresh ledger charged with the solve (raises first when ``noise_multiplier`` is over)."""
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=plan.epsilon, relation=RELATION)
-  ledger.spend(plan.event, label="dp_loc_gd solve")
-  return ledger
-
-
-def loc_gd_report(plan: LocGDRunPlan, ledger: PrivacyLedger):
-  """The run's guarantee (item level, accountant) with the paper-formula sigma in the notes."""
-  lcfg, n = plan.config, plan.n
-  paper_sigma = paper_loc_gd_stddev(lcfg, n, epsilon=plan.epsilon, delta=plan.delta)
-  sampling = "full batch" if lcfg.batch_size is None else f"Poisson rate {lcfg.batch_size}/{n}"
-  return ledger.report(
-      provenance=Provenance.ACCOUNTANT, level="item", mechanisms=("dp_loc_gd solve",),
-      notes=(f"{lcfg.rounds}x{lcfg.steps} clipped-mean Gaussian steps ({sampling}), "
-             f"z={lcfg.noise_multiplier:.4g}, replace-one (public: {PUBLIC[RELATION]}); "
-             f"paper-formula sigma {paper_sigma:.4g} vs ours {loc_gd_stddev(lcfg, n):.4g}"))
-
-
 # ``dpsco_jax.plan``'s planner of ``dp_loc_gd`` / ``dp_loc_sgd`` (the bilevel drivers register
 # none: they take no loss_fn, their ``unsupported`` reason)
 def loc_gd_planner(facts, cfg: dict) -> Planned:
@@ -382,4 +386,4 @@ def loc_gd_planner(facts, cfg: dict) -> Planned:
   schedule = {"rounds": c.rounds, "num_steps": c.steps, "batch_size": c.batch_size,
               "clip_norm": c.clip_norm, "mu": c.mu, "radius0": c.radius0,
               "noise_std": loc_gd_stddev(c, p.n)}
-  return Planned(loc_gd_report(p, charge_loc_gd(p)), c.noise_multiplier, schedule, p)
+  return Planned(p.charge(), c.noise_multiplier, schedule, p)

@@ -22,7 +22,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import dp_accounting
 from jax.extend.core import Literal as _Literal
@@ -422,28 +422,38 @@ class BilevelPlan:
   n: int
   epsilon: float
   delta: float
-  events: tuple
+  mechanisms: tuple
   paper_epsilon: float
   notes: str
   record: dict
 
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    """Per iteration: the two inner solves' steps, then the outer step (if it has data)."""
+    b = self.bcfg
+    inner = (loc_gd_stage(b.inner_y, self.n), loc_gd_stage(b.inner_lam, self.n))
+    return inner + ((outer_stage(b, self.n),) if b.outer_data_terms else ())
 
-def charge_bilevel(ledger: PrivacyLedger, events) -> None:
-  """Budget check of the whole composition BEFORE anything runs, on a scratch copy so that a
-  refused run leaves the caller's ledger untouched; then record every mechanism."""
-  trial = copy.deepcopy(ledger)
-  for label, event, count in events[:-1]:
-    trial.compose(event, label=label, count=count)
-  trial.spend(events[-1][1], label=events[-1][0], count=events[-1][2])  # raises if exceeded
-  for label, event, count in events:
-    ledger.compose(event, label=label, count=count)
+  @property
+  def events(self) -> tuple[dp_accounting.DpEvent, ...]:
+    return tuple(dp_accounting.SelfComposedDpEvent(e, c) for _, e, c in self.mechanisms)
 
-
-def bilevel_report(plan: BilevelPlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """The guarantee of a run charged on ``ledger`` (a fresh one, or a caller's that composes
-  other releases): item level, ``accountant``, the paper's epsilon beside it."""
-  return ledger.report(provenance=Provenance.ACCOUNTANT, level="item",
-                       paper_epsilon=plan.paper_epsilon, notes=plan.notes)
+  def charge(self, ledger: PrivacyLedger | None = None) -> PrivacyReport:
+    """Charges every mechanism BEFORE anything runs and returns the guarantee (item level,
+    ``accountant``, the paper's epsilon beside it). ``ledger``: a caller's replace-one ledger
+    that composes other releases (default a fresh one with ``epsilon_budget = epsilon``); the
+    budget is checked on a scratch copy, so a refused run leaves it untouched."""
+    if ledger is None:
+      ledger = PrivacyLedger(delta=self.delta, epsilon_budget=self.epsilon, relation=RELATION)
+    trial = copy.deepcopy(ledger)
+    for label, event, count in self.mechanisms[:-1]:
+      trial.compose(event, label=label, count=count)
+    last = self.mechanisms[-1]
+    trial.spend(last[1], label=last[0], count=last[2])  # raises if exceeded
+    for label, event, count in self.mechanisms:
+      ledger.compose(event, label=label, count=count)
+    return ledger.report(provenance=Provenance.ACCOUNTANT, level="item",
+                         paper_epsilon=self.paper_epsilon, notes=self.notes)
 
 
 def _public_record(bcfg: BilevelConfig, info: dict, n: int, *, eps: float, delta: float,
@@ -485,13 +495,11 @@ def bilevel_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
            "every sensitivity (spec §3.4).")
   plan = BilevelPlan(bcfg, n, eps, delta, tuple(bilevel_events(bcfg, n)), paper_eps, notes,
                      _public_record(bcfg, info, n, eps=eps, delta=delta, paper_eps=paper_eps))
-  ledger = PrivacyLedger(delta=delta, epsilon_budget=eps, relation=RELATION)
-  charge_bilevel(ledger, plan.events)   # the configured epsilon is a budget for this run
   schedule = {"num_steps": bcfg.steps, "learning_rate": bcfg.eta, "lam": bcfg.lam,
               "outer_batch_size": bcfg.batch_out, "inner_batch_size": bcfg.inner_y.batch_size,
               "inner_num_steps": bcfg.inner_y.steps,
               "inner_rounds": [bcfg.inner_y.rounds, bcfg.inner_lam.rounds]}
-  return Planned(bilevel_report(plan, ledger), info["noise_multiplier"], schedule, plan)
+  return Planned(plan.charge(), info["noise_multiplier"], schedule, plan)
 
 
 def bilevel_minibatch_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
@@ -508,11 +516,22 @@ def bilevel_population_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Pla
   return bilevel_planner(facts, dataclasses.replace(config_view(cfg), population=True))
 
 
+class PenaltyPlan(NamedTuple):
+  """What ``nonprivate_penalty`` runs: the config's schedule; no noise stage, no event."""
+  lam: float
+  learning_rate: float
+  num_steps: int
+  newton_steps: int
+  stages = ()
+  events = ()
+
+  def charge(self) -> PrivacyReport:
+    return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
+                         relation=RELATION, notes="NON-PRIVATE reference: exact inner solves")
+
+
 def nonprivate_penalty_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
   """``nonprivate_penalty``: no privacy (exact inner solves); the schedule is the config's."""
   cfg = NonPrivatePenaltyConfig.of(cfg)
-  report = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
-                         relation=RELATION, notes="NON-PRIVATE reference: exact inner solves")
-  return Planned(report, None, {"lam": cfg.lam, "learning_rate": cfg.learning_rate,
-                                "num_steps": cfg.num_steps, "newton_steps": cfg.newton_steps},
-                 None)
+  p = PenaltyPlan(cfg.lam, cfg.learning_rate, cfg.num_steps, cfg.newton_steps)
+  return Planned(p.charge(), None, p._asdict(), p)

@@ -29,8 +29,7 @@ from dpsco_jax.algorithms.resque.accounting import (  # noqa: F401
     alg4_rdp, approx_rdp_events, check_theorem3_preconditions, theorem3_params)
 from dpsco_jax.algorithms.resque.parallel import minibatch_sgd, resque_parallel_sco
 from dpsco_jax.algorithms.resque.plan import (  # noqa: F401
-    PhasePlan, ResquePrivatePlan, charge_resque_private, resque_private_plan,
-    resque_private_report)
+    PhasePlan, ResquePrivatePlan, resque_private_plan)
 from dpsco_jax.algorithms.resque.private import (  # noqa: F401
     Alg4Call, ResqueReleases, private_erm, resque_private_releases, resque_private_sco)
 from dpsco_jax.algorithms.resque.solvers import (  # noqa: F401

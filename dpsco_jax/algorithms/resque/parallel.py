@@ -41,9 +41,15 @@ def _target(problem, cfg: Schema) -> float:
   return frac * float(problem.excess_risk(problem.init_params()))
 
 
-def _non_private(notes: str) -> PrivacyReport:
-  return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
-                       notes=notes)
+class _NonPrivatePlan:
+  """A non-private plan (no noise stage, no event); its report says ``note``."""
+  stages = ()
+  events = ()
+  note = ""
+
+  def charge(self) -> PrivacyReport:
+    return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
+                         level="none", notes=self.note)
 
 
 #: why the non-private parallel methods run only on synthetic problems (their registrations'
@@ -53,7 +59,7 @@ _TARGET = ("it stops at a target excess risk, which needs a known optimum (a syn
 
 
 @dataclasses.dataclass(frozen=True)
-class ParallelPlan:
+class ParallelPlan(_NonPrivatePlan):
   """What :func:`resque_parallel_sco` runs: the target, ``eps_opt``, ``r = rho``, the ball
   oracle and ball acceleration's constants (``accel``: Prop. 1's ``K``, ``kappa``,
   ``lam_star``)."""
@@ -69,6 +75,7 @@ class ParallelPlan:
   phi_denominator: float      # c_phi log^3 kappa: the ball oracles' phi = lam r^2 / this
   max_iter: int | None
   accel: dict
+  note = "non-private (parallel SCO, Theorem 1)"
 
 
 def resque_parallel_planner(facts, cfg: Mapping | Any) -> Planned:
@@ -87,7 +94,7 @@ def resque_parallel_planner(facts, cfg: Mapping | Any) -> Planned:
   phi_den = check_positive(cfg.c_phi, "c_phi") * math.log(max(p["kappa"], math.e)) ** 3
   plan = ParallelPlan(target, eps_opt, r, L, R, kind, runs, c_ba, lam_min, phi_den,
                       cfg.max_iter, {k: p[k] for k in ("K", "kappa", "lam_star")})
-  return Planned(_non_private("non-private (parallel SCO, Theorem 1)"), None,
+  return Planned(plan.charge(), None,
                  {"target": target, "eps_opt": eps_opt, "r": r, "max_iter": cfg.max_iter},
                  plan)
 
@@ -130,7 +137,7 @@ def resque_parallel_sco(plan, problem, key: jax.Array) -> Result:
 
 
 @dataclasses.dataclass(frozen=True)
-class MinibatchPlan:
+class MinibatchPlan(_NonPrivatePlan):
   """What :func:`minibatch_sgd` runs: ``n`` items, the steps, batch, evaluation period,
   target, step size and radius."""
   n: int
@@ -140,6 +147,7 @@ class MinibatchPlan:
   target: float
   learning_rate: float
   radius: float
+  note = "non-private minibatch SGD (parallel baseline)"
 
 
 def minibatch_sgd_planner(facts, cfg: Mapping | Any) -> Planned:
@@ -155,7 +163,7 @@ def minibatch_sgd_planner(facts, cfg: Mapping | Any) -> Planned:
   lr = check_positive(cfg.learning_rate if cfg.learning_rate is not None
                       else R / (L * math.sqrt(steps)), "learning_rate")
   plan = MinibatchPlan(int(facts.n_users) * int(facts.m), steps, batch, every, target, lr, R)
-  return Planned(_non_private("non-private minibatch SGD (parallel baseline)"), None,
+  return Planned(plan.charge(), None,
                  {"num_steps": steps, "batch_size": batch, "learning_rate": lr,
                   "target": target}, plan)
 

@@ -38,6 +38,7 @@ from dpsco_jax.privacy.calibrate import calibrate_noise_multiplier
 from dpsco_jax.privacy.events import ApproxRdpEvent
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport
 from dpsco_jax.privacy.relations import check_relation
+from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
 
 
 def _pow2_floor(x: float) -> int:
@@ -189,6 +190,44 @@ class ResquePrivatePlan:
     the worst case the schedule fixes and the ledger is charged with."""
     return sum(ph.planned_calls for ph in self.phases)
 
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    """One stage per localization phase: ``z = 1/beta`` on the unit ``L`` (Alg. 4's noise
+    ``sigma_i = L eta_i / beta`` scales it by its step ``eta_i``; the approximate-RDP events
+    price it, Lemma 5/7)."""
+    unit = Sensitivity(self.lipschitz, 1.0, "L per unit Alg. 4 step eta_i")
+    return tuple(GaussianStage(1.0 / ph.p["beta"], unit, f"phase {ph.index}")
+                 for ph in self.phases)
+
+  @property
+  def events(self) -> tuple[ApproxRdpEvent, ...]:
+    return tuple(ev for ph in self.phases for ev in ph.events)
+
+  def charge(self) -> PrivacyReport:
+    """Charges a fresh ledger with every planned Alg. 4 call before anything runs (raises
+    :class:`PrivacyBudgetExceeded` first if the plan would exceed ``epsilon``); returns the
+    run's guarantee (item level, the plan's provenance)."""
+    ledger = PrivacyLedger(delta=self.delta * ACCOUNTANT_DELTA_SHARE,
+                           epsilon_budget=self.epsilon, relation=RELATION)
+    for ph in self.phases:
+      for ev in ph.events:
+        ledger.spend(ev, label=f"phase {ph.index}: Alg. 4 call",
+                     group=f"phase {ph.index}" if self.parallel else None)
+    notes = ("approximate RDP (Lemma 3) of Alg. 3/4 output perturbation with high-probability "
+             f"sensitivity (Lemma 5/7, constants={self.constants}); Corollary 1 conversion in "
+             "the ledger; localization phases composed per "
+             f"'{'parallel' if self.parallel else 'paper'}'; replace-one, n public. ")
+    if self.provenance == "heuristic":
+      notes += "HEURISTIC: violated " + "; ".join(self.violations)
+    if self.declared:
+      notes += ("; " if self.provenance == "heuristic" else "") + conditional_note(
+          self.declared, "Lemma 5's drift bound and sigma_i = L eta_i / beta need every "
+          "gradient norm <= L and a convex loss (eq. (18))")
+    return ledger.report(provenance=self.provenance, level="item",
+                         mechanisms=("gaussian_output_perturbation",
+                                     "subsampling_with_replacement"),
+                         paper_epsilon=self.epsilon, notes=notes)
+
 
 def _theory_refusal(cfg: Schema, *, n: int, d: int, eps: float, delta: float, L: float,
                     R: float, c_priv: float) -> PrivacyPreconditionError:
@@ -249,43 +288,12 @@ def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None
                            declared_constants(problem, ("lipschitz",), convex=True))
 
 
-def charge_resque_private(plan: ResquePrivatePlan) -> PrivacyLedger:
-  """A fresh ledger charged with every planned Alg. 4 call before anything runs (raises
-  :class:`PrivacyBudgetExceeded` first if the plan would exceed ``epsilon``)."""
-  ledger = PrivacyLedger(delta=plan.delta * ACCOUNTANT_DELTA_SHARE,
-                         epsilon_budget=plan.epsilon, relation=RELATION)
-  for ph in plan.phases:
-    for ev in ph.events:
-      ledger.spend(ev, label=f"phase {ph.index}: Alg. 4 call",
-                   group=f"phase {ph.index}" if plan.parallel else None)
-  return ledger
-
-
-
-def resque_private_report(plan: ResquePrivatePlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """The run's guarantee (item level): the charged ledger with the plan's provenance."""
-  notes = ("approximate RDP (Lemma 3) of Alg. 3/4 output perturbation with high-probability "
-           f"sensitivity (Lemma 5/7, constants={plan.constants}); Corollary 1 conversion in "
-           "the ledger; localization phases composed per "
-           f"'{'parallel' if plan.parallel else 'paper'}'; replace-one, n public. ")
-  if plan.provenance == "heuristic":
-    notes += "HEURISTIC: violated " + "; ".join(plan.violations)
-  if plan.declared:
-    notes += ("; " if plan.provenance == "heuristic" else "") + conditional_note(
-        plan.declared, "Lemma 5's drift bound and sigma_i = L eta_i / beta need every "
-        "gradient norm <= L and a convex loss (eq. (18))")
-  return ledger.report(provenance=plan.provenance, level="item",
-                       mechanisms=("gaussian_output_perturbation",
-                                   "subsampling_with_replacement"),
-                       paper_epsilon=plan.epsilon, notes=notes)
-
-
 def resque_private_planner(facts, cfg: Mapping | Any, *, data: dict | None = None) -> Planned:
   """``dpsco_jax.plan``'s planner: every worst-case Alg. 4 call's approximate-RDP event
   (item level), charged on a fresh ledger; ``detail`` is the :class:`ResquePrivatePlan` the
   run executes. ``data``: the audit hook's dataset under test (its public size only)."""
   p = resque_private_plan(facts, cfg, data=data)
-  report = resque_private_report(p, charge_resque_private(p))
+  report = p.charge()
   phases = [{"n": ph.n, "epsilon": ph.eps, "delta": ph.delta, "beta": ph.p["beta"],
              "noise_multiplier": 1.0 / ph.p["beta"], "planned_alg4_calls": ph.planned_calls,
              "planned_gradients": ph.gradients} for ph in p.phases]
