@@ -10,28 +10,18 @@
     result = dpsco_jax.run(p, loss_fn, params, data, key)     # Result: params (your pytree),
                                                               # privacy, record
 
-* ``config`` is a mapping (from Python or a YAML ``algorithm:`` section) or the algorithm's
-  frozen config dataclass. It is validated against the algorithm's typed schema
-  (:func:`algorithm_config`): unknown keys are refused with a suggestion, numbers must be
-  numbers, required keys must be present; ``noise_multiplier: 0`` is a non-private reference
-  run where the algorithm allows one (the report says so). The validated instance
-  (``Plan.config``) is what the planner reads.
-* :func:`plan` reads only ``spec`` (a :class:`~dpsco_jax.data.DataSpec`: number of users,
-  items per user, shapes), the declared constants and the config, and returns a
-  :class:`Plan` whose ``privacy`` is the guarantee the run will spend, computed by a fresh
-  ledger *before any data is read*. :func:`run` executes it on the data through the
-  algorithm's registered ``run(plan, problem, key)``, which reads the plan (its noise, its
-  schedule, its guarantee) and plans, calibrates and validates nothing again
-  (``tests/test_plan_is_what_runs.py``). The runner plans a built-in problem with
-  :func:`plan_problem` and executes every plan through :func:`execute`, as :func:`run` does.
-* The theory constants (L, beta, R, mu) come from ``constants``
-  (:class:`~dpsco_jax.data.ProblemConstants`): an algorithm that needs an undeclared one
-  raises :class:`~dpsco_jax.data.MissingConstant` naming it.
-
-Every registered algorithm has a planner (its registration's ``planner=``) or is refused with
-the reason (its ``unsupported=``, collected in ``UNSUPPORTED``): the bilevel methods need an
-outer and an inner loss (a ``BilevelProblem``), and ``resque_parallel_sco`` / ``minibatch_sgd``
-stop at a target *excess risk*, which needs a known optimum.
+* ``config``: a mapping (Python, or a YAML ``algorithm:`` section) or the algorithm's frozen
+  config dataclass, validated once against its typed schema (:func:`algorithm_config`);
+  ``noise_multiplier: 0`` is a non-private reference run where the algorithm allows one.
+* :func:`plan` reads only ``spec`` (:class:`~dpsco_jax.data.DataSpec`), the declared
+  ``constants`` and the config: ``Plan.privacy`` is the guarantee the run will spend, computed
+  by a fresh ledger before any data is read. :func:`run` executes the plan through the
+  algorithm's registered ``run(plan, problem, key)``, which plans, calibrates and validates
+  nothing again. The runner plans a built-in problem with :func:`plan_problem` and executes it
+  with :func:`execute`, as :func:`run` does.
+* An algorithm that needs an undeclared constant (L, beta, R, mu) raises
+  :class:`~dpsco_jax.data.MissingConstant` naming it; one that cannot run on a loss and
+  ``UserData`` is refused with the reason (``UNSUPPORTED``).
 """
 
 from __future__ import annotations
@@ -66,35 +56,28 @@ class UndeclaredFact(ConfigError):
     message: what was measured rather than declared, and how to declare it.
   """
 
-# The traits of every algorithm are keywords of its registration (``register(...)`` in its
-# own package; :class:`~dpsco_jax.algorithms.registration.AlgorithmEntry` documents each).
-# The checks below read each run's entry; these sets are the shipped algorithms' traits, for
-# reading (``dpsco list``, the README, the tests), derived from the one table.
+# The shipped algorithms' traits, read from the one table (each is a keyword of its
+# ``register(...)``; AlgorithmEntry documents them): for ``dpsco list``, the README, the tests.
 _TABLE = algorithms()
 #: Algorithms whose rows are items (the item view of the data: weight 1 per real item).
 ITEM_LEVEL = frozenset(n for n, e in _TABLE.items() if e.level == "item")
-#: Item-level guarantees (``dp_sgd_group`` lifts its item-level curve to users, so it is not
-#: here): they hold only if every item is kept, since adding or removing one item of a user
-#: truncated to ``max_items_per_user`` can change several of its kept items.
+#: Item-level guarantees: they hold only if every item is kept (adding or removing one item of
+#: a user truncated to ``max_items_per_user`` can change several of its kept items).
 ITEM_GUARANTEE = frozenset(n for n, e in _TABLE.items() if e.item_guarantee)
-#: Algorithms whose guarantee reads ``m``, the items per user: the item-row count and the
-#: denominator ``q * n_users * m`` (item level), the group size (``dp_sgd_group``), per-item
-#: sensitivities and certificates (papers 000, 001, 002, 004). A *measured* ``m`` (the largest
-#: user's item count) is a function of the private data: one added item can double it and halve
-#: the noise. These refuse a measured ``m``; every other planner's plan is the same for ``m``
-#: and ``m + 1`` (``tests/test_plan_invariance.py`` checks both directions for every planner).
+#: Algorithms whose guarantee reads ``m``, the items per user. A *measured* ``m`` is a function
+#: of the private data (one added item can double it and halve the noise), so these refuse it;
+#: every other plan is the same for ``m`` and ``m + 1`` (``tests/test_plan_invariance.py``).
 READS_M = frozenset(n for n, e in _TABLE.items() if e.reads_m)
-#: Algorithms whose per-user gradient step runs with users sharded over a mesh (``run(...,
-#: mesh=)``); the others refuse a mesh rather than ignore it, with the reason here.
+#: Algorithms whose per-user gradient step shards users over a mesh; the others refuse a mesh
+#: (rather than ignore it), with the reason.
 MESH_READY = frozenset(n for n, e in _TABLE.items() if e.mesh is True)
 MESH_UNSUPPORTED = {n: e.mesh for n, e in _TABLE.items() if e.mesh is not True}
-#: Algorithms whose driver runs for a group of seeds as one ``vmap``-ed program
-#: (:func:`run_seeds`, the runner's ``batch_seeds``; :mod:`dpsco_jax.sweep`): a plan computed
-#: once, one jitted ``lax.scan`` with a leading seed axis, nothing read of the data outside it.
-#: The others run one seed at a time (their records say ``batched: false``).
+#: Algorithms that run a group of seeds as one ``vmap``-ed program (:func:`run_seeds`).
 BATCHED = frozenset(n for n, e in _TABLE.items() if e.batched)
 #: Algorithms that need more than ``loss_fn`` + data, with the reason.
 UNSUPPORTED = {n: e.unsupported for n, e in _TABLE.items() if e.unsupported is not None}
+
+
 def _entry(algorithm: str, user_data: bool = True):
   """The registered entry of ``algorithm`` (``user_data``: refuse one that cannot run on a
   ``loss_fn`` and ``UserData``)."""
@@ -112,28 +95,21 @@ def _entry(algorithm: str, user_data: bool = True):
 
 
 def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
-  """The validated, typed config of ``algorithm``: an instance of its schema (frozen; read as
+  """The validated, typed config of ``algorithm``: an instance of its frozen schema (read as
   attributes or as a read-only mapping of its set fields), what its planner reads.
-
-  ``config``: a mapping, or an instance of the algorithm's config dataclass (returned as it
-  is). Every schema holds ``n_users`` (the declared, public number of users) and ``debug``
-  (:class:`~dpsco_jax.config.families.AlgorithmKeys`). Errors are
-  :class:`~dpsco_jax.config.schema.ConfigError` naming the key: an unknown key (with a
-  suggestion), a wrong type, a missing required key.
 
   Args:
     algorithm: a registered algorithm name (``python -m dpsco_jax list``).
-    config: a mapping of the algorithm's keys, or an instance of its config dataclass.
-      The keys ``algorithm``, ``problem`` and ``seed`` of a runner config are ignored.
+    config: a mapping of the algorithm's keys (a runner config's ``algorithm``, ``problem``
+      and ``seed`` are ignored), or an instance of its config dataclass (returned as it is).
 
   Returns:
     The frozen config dataclass instance of ``algorithm``'s schema.
 
   Raises:
-    ConfigError: ``algorithm`` is unknown (one that needs more than a loss and data has a
-      config too: :func:`plan` refuses it); ``config`` is neither a mapping nor the schema's
-      dataclass; a key is unknown (with a suggestion), of
-      the wrong type, out of range or missing (the message names the key).
+    ConfigError: ``algorithm`` is unknown; ``config`` is neither a mapping nor the schema's
+      dataclass; a key is unknown (with a suggestion), of the wrong type, out of range or
+      missing (the message names the key).
   """
   from dpsco_jax.config.schema import specs, suggest_key
   entry = _entry(algorithm, user_data=False)
@@ -162,20 +138,19 @@ class Plan:
 
   Attributes:
     algorithm: the registered name.
-    config: the validated config: an instance of the algorithm's schema (what the driver
-      reads).
+    config: the validated config, an instance of the algorithm's schema.
     spec: the public facts about the data the plan was made for.
     constants: the declared constants of the loss class.
     privacy: the guarantee the run spends (epsilon, delta, relation, provenance).
     noise_multiplier: the (first) calibrated noise multiplier, if the family has one.
     schedule: public schedule numbers (steps, batch sizes, phases...).
     num_params: the number of parameters the plan was made for.
-    detail: the algorithm family's own plan object (e.g. ``DpSgdPlan``, ``SRGDPlan``,
-      ``FilterPlan``), for inspection.
-    planned: the digest of what was planned (algorithm, config, spec, constants, parameter
-      count, guarantee, schedule), taken when the plan is made. A plan edited afterwards
-      (``dataclasses.replace(p, config=...)``, a changed field) keeps the old digest and
-      refuses to run: its guarantee is the planned config's, not the edited one's.
+    detail: the family's own plan object (a
+      :class:`~dpsco_jax.algorithms.registration.FamilyPlan`: its noise stages, events and
+      charge), what the run executes.
+    planned: the digest of the planned facts, taken when the plan is made. A plan edited
+      afterwards (``dataclasses.replace``) keeps the old digest and refuses to run: its
+      guarantee is the planned config's, not the edited one's.
   """
   algorithm: str
   config: Any
@@ -213,8 +188,7 @@ class Plan:
 
 
 def _plan_digest(p: Plan) -> str:
-  """SHA-256 of a plan's planned facts, config and guarantee (``detail`` is derived from them
-  and may hold arrays)."""
+  """SHA-256 of a plan's planned facts (``detail`` is derived from them and may hold arrays)."""
   import hashlib
   import json
   facts = [p.algorithm, {f.name: getattr(p.config, f.name)
@@ -237,30 +211,26 @@ def _digest_value(x: Any) -> Any:
 def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: int,
          constants: ProblemConstants | dict | None = None) -> Plan:
   """The data-free plan of ``algorithm`` for data described by ``spec`` and a model with
-  ``num_params`` parameters (see the module docstring).
+  ``num_params`` parameters.
 
   Args:
     algorithm: a registered algorithm name (``python -m dpsco_jax list``).
     config: the algorithm's keys (a mapping or its config dataclass; see
-      :func:`algorithm_config`), including the target ``epsilon`` / ``delta`` or an explicit
+      :func:`algorithm_config`), with the target ``epsilon`` / ``delta`` or an explicit
       ``noise_multiplier``.
     spec: the public facts about the data (``UserData.spec``, or a ``DataSpec`` you build as a
-      declaration): users, items per user, item shapes.
-    num_params: the model's parameter count (the total size of the params pytree's leaves).
-    constants: the declared constants of the loss class (Lipschitz constant, smoothness,
-      radius, strong convexity) as a :class:`~dpsco_jax.data.ProblemConstants` or a dict;
-      ``None``: none declared (an algorithm that needs one refuses).
+      declaration).
+    num_params: the model's parameter count.
+    constants: the declared constants of the loss class (a
+      :class:`~dpsco_jax.data.ProblemConstants` or a dict); ``None``: none declared.
 
   Returns:
     The :class:`Plan`: the guarantee, calibrated noise and schedule, computed without data.
 
   Raises:
-    ConfigError: an unknown algorithm, or a config key that is unknown, mistyped, out of range
-      or missing (named in the message).
-    UndeclaredFact: the algorithm's guarantee reads ``m`` (the items per user) and ``spec``'s
-      ``m`` was measured on the data rather than declared.
-    MissingConstant: the algorithm needs a constant of the loss class that ``constants`` does
-      not declare.
+    ConfigError: an unknown algorithm, or a bad config key (named in the message).
+    UndeclaredFact: the guarantee reads ``m`` and ``spec``'s ``m`` was measured, not declared.
+    MissingConstant: the algorithm needs a constant that ``constants`` does not declare.
     TypeError: ``spec`` is not a ``DataSpec``.
   """
   entry = _entry(algorithm)
@@ -276,15 +246,13 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
 
 def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
   """The data-free plan of ``algorithm`` on a built-in problem of :mod:`dpsco_jax.problems`
-  (the runner's path): the problem's sizes and constants hold by its construction, so they are
-  declared facts, and its planner reads them as :func:`plan` reads a ``DataSpec``'s. Execute
-  it with :func:`execute`.
+  (the runner's path): its sizes and constants hold by construction, so they are declared
+  facts. Execute it with :func:`execute`.
 
   Args:
     algorithm: a registered algorithm name.
     config: the algorithm's keys (a mapping or its config dataclass).
-    problem: a built-in problem (:func:`dpsco_jax.make_problem`, :mod:`dpsco_jax.problems`):
-      its ``n_users``, ``m``, ``d`` and constants are read.
+    problem: a built-in problem: its ``n_users``, ``m``, ``d`` and constants are read.
 
   Returns:
     The :class:`Plan` for ``problem``'s sizes and constants.
@@ -318,12 +286,8 @@ def constants_of(problem: Any) -> ProblemConstants:
 
 def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
   """Runs plan ``p`` on ``problem`` (a built-in problem, or the :class:`UserDataProblem` that
-  :func:`run` builds): the algorithm's registered ``run(plan, problem, key)``, which executes
-  the plan (its noise, schedule and report are the plan's; it plans nothing again). The one
+  :func:`run` builds) through the algorithm's registered ``run(plan, problem, key)``: the one
   place a plan meets its driver.
-
-  Refused (``ValueError``, nothing run): a problem whose users, items per user or parameter
-  count are not the plan's (plan again for it).
 
   Args:
     p: the plan (:func:`plan_problem`, or :func:`plan` for a ``UserDataProblem``).
@@ -536,34 +500,29 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
   """Executes plan ``p`` on ``data``: ``Result.params`` has the structure of ``params``.
 
   ``mesh``: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the mesh set with
-  ``jax.set_mesh``, if any). Each device differentiates and clips
-  its own users; the clipped sums are reduced across the axis and the noise is drawn once
-  from the one key. The plan and ledger do not depend on it, and the released params equal
-  the one-device run's to float tolerance (``MESH_READY`` algorithms). A mesh with explicit
-  axes (``jax.make_mesh``'s default) runs on its auto-typed twin (same devices and names), the
-  params and key moved onto it, and the released params come back replicated over the
-  caller's mesh; arrays that ``loss_fn`` closes over must not be typed with an explicit mesh.
+  ``jax.set_mesh``, if any). Each device differentiates and clips its own users; the clipped
+  sums are reduced across the axis and the noise is drawn once from the one key, so the plan
+  does not depend on the mesh and the released params equal the one-device run's to float
+  tolerance (``MESH_READY``). A mesh with explicit axes runs on its auto-typed twin and the
+  params come back replicated over the caller's mesh; arrays that ``loss_fn`` closes over must
+  not be typed with an explicit mesh.
 
   ``data_placement``: ``"device"`` (the whole table on the device, one jitted scan),
-  ``"host"`` (``dp_sgd_user`` / ``dp_sgd_item`` with Poisson sampling: users, or item
-  slots, are sampled on the host in ``O(q n)`` per step and only their rows reach the device,
-  so the table may be a memory map from ``UserData.from_arrays(..., store=dir)`` /
-  ``UserData.open(dir)``), or ``"auto"`` (host for a memory-mapped table, else device). Same
-  sampling law and guarantee; other rows are drawn than on the device with the same key.
-  Memory on a CPU backend: ``"device"`` (and ``"auto"`` on an in-memory table) uses each
-  examples leaf in place when its buffer is 64-byte aligned; an unaligned leaf (numpy's own
-  large arrays are usually 16 bytes off) is copied once for the run, since XLA needs aligned
-  buffers: the table is then held twice (``"host"``, or a store, never copies it). Item-level
-  rows (``dp_sgd_item``, ``dp_sgd_group``) copy the table once more, to lay items out as rows.
+  ``"host"`` (``dp_sgd_user`` / ``dp_sgd_item`` with Poisson sampling: rows are sampled on the
+  host in ``O(q n)`` per step and only theirs reach the device, so the table may be a memory
+  map from ``UserData.open(dir)``), or ``"auto"`` (host for a memory-mapped table, else
+  device). Same sampling law and guarantee, other rows drawn than on the device. On a CPU
+  backend ``"device"`` uses each examples leaf in place when its buffer is 64-byte aligned and
+  copies an unaligned one once (XLA needs aligned buffers); item-level rows copy the table once
+  more, to lay items out as rows.
 
-  ``callback``: called with a :class:`Progress` about 20 times during the run (steps done,
-  epsilon so far; the rules are :class:`Progress`'s), once at the end by an algorithm with no
-  step loop; :func:`print_progress` prints one line each time.
+  ``callback``: called with a :class:`Progress` about 20 times during the run;
+  :func:`print_progress` prints one line each time.
 
   ``distributed``: run with the other processes of ``jax.distributed`` on this process's
   ``data.shard(...)`` (:mod:`dpsco_jax.distributed`: a handshake compares config, plan, key
-  and declared ``n_users`` before the first step). Default: when ``jax.process_count() > 1``
-  or ``data`` is a shard.
+  and declared ``n_users`` first). Default: when ``jax.process_count() > 1`` or ``data`` is a
+  shard.
 
   Args:
     p: the plan (:func:`plan`) made for ``data.spec`` and ``params``' parameter count.
@@ -571,14 +530,11 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
       item field, no leading axis); it is differentiated per user.
     params: the initial parameters (any pytree of float arrays).
     data: the user-keyed data the plan was made for (:class:`~dpsco_jax.data.UserData`).
-    key: the run's JAX PRNG key (``jax.random.key(seed)``), the source of all its noise and
-      sampling.
-    mesh: a device mesh with a ``"users"`` axis (see above); default ``None``: the mesh set
-      with ``jax.set_mesh``, if any.
-    callback: called with a :class:`Progress` during the run; default ``None``: no reports.
+    key: the run's JAX PRNG key, the source of all its noise and sampling.
+    mesh: a device mesh with a ``"users"`` axis (see above).
+    callback: called with a :class:`Progress` during the run; default ``None``.
     data_placement: ``"auto"`` (default), ``"device"`` or ``"host"`` (see above).
-    distributed: run with the other ``jax.distributed`` processes; default ``None``: when
-      there are several processes or ``data`` is a shard.
+    distributed: run with the other ``jax.distributed`` processes (see above).
 
   Returns:
     The :class:`~dpsco_jax.Result`: ``params`` with the structure of the input ``params``, the
@@ -685,13 +641,11 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
   """``[run(p, loss_fn, params, data, key) for data, key in zip(datas, keys)]`` as one
   compiled program (a seed sweep, or one model on several same-shape data sets).
 
-  The plan is executed once under ``jax.vmap`` over the stacked data and keys
-  (:func:`dpsco_jax.sweep.run_stacked`): one compile and one launch for the whole group, the
-  noise calibrated once (it is ``p``'s). Each result has its own params (equal to the
-  one-by-one run's to float tolerance), its own copy of the privacy report (the plan's) and
-  ``record['batched'] = True``; keys are the caller's, one per run, never shared. Every data
-  set must have ``p.spec``'s users and items and the same shapes. Algorithms not in
-  :data:`BATCHED` (or a driver that cannot trace) run one by one with ``batched: False``.
+  The plan runs once under ``jax.vmap`` over the stacked data and keys
+  (:func:`dpsco_jax.sweep.run_stacked`). Each result has its own params (equal to the
+  one-by-one run's to float tolerance), the plan's privacy report and ``record['batched'] =
+  True``; keys are the caller's, one per run. Algorithms not in :data:`BATCHED` run one by
+  one with ``batched: False``.
 
   Args:
     p: the plan, made for every data set's spec.
@@ -753,20 +707,14 @@ def run_grid(plans: Sequence[Plan], loss_fn: Callable, params: Any, datas: Seque
              keys: Sequence[jax.Array]) -> list[Result]:
   """``[run(plans[i], loss_fn, params, datas[i], keys[i]) for i]`` as one compiled program,
   for plans that differ only in step sizes (a learning-rate grid, crossed with seeds or data
-  sets: one plan, data set and key per run).
+  sets).
 
-  The plans must be of one algorithm, spec, constants and parameter count; their configs may
-  differ only in :data:`dpsco_jax.sweep.GRID`'s keys of that algorithm (``learning_rate``;
-  paper 003's drivers also ``beta``, ``beta_scale``), their privacy reports and noise
-  multipliers must be equal: anything else (``epsilon``, ``delta``, ``clip_norm``,
-  ``batch_size``, ``num_steps``, ``noise_multiplier``, ``sampling``, ...) raises
-  :class:`dpsco_jax.sweep.NotBatchable` (a ``ValueError``) naming the key
-  (:func:`dpsco_jax.sweep.check_grid_plans`). Each distinct plan's driver is traced once with
-  its step sizes as inputs; the traced programs must be one program, which runs once under
-  ``jax.vmap`` over the runs' data, keys and step sizes (:func:`dpsco_jax.sweep.run_stacked`).
-  Each result has its own params (equal to ``run``'s to float tolerance), its own copy of its
-  plan's privacy report and its plan's record with ``record['batched'] = True``. Plans of an
-  algorithm without a grid that are all the same run one by one (``batched: False``).
+  The plans must be of one algorithm, spec, constants and parameter count, with equal privacy
+  reports and noise multipliers; their configs may differ only in the algorithm's grid keys
+  (:data:`dpsco_jax.sweep.GRID`: ``learning_rate``; paper 003's drivers also ``beta``,
+  ``beta_scale``). Anything else raises :class:`dpsco_jax.sweep.NotBatchable` naming the key.
+  The step sizes become inputs of one traced program, run once under ``jax.vmap``. Plans of
+  an algorithm without a grid that are all the same run one by one (``batched: False``).
 
   Args:
     plans: one plan per run, of one algorithm and spec, differing only in step sizes.
