@@ -1,40 +1,24 @@
-"""Seed sweeps as one compiled program (issue 24, part 4).
+"""Seed sweeps and step-size grids as one compiled program.
 
-A sweep of ten seeds of a small problem is ten dispatches of a tiny program; on an accelerator
-that is launch-bound. Runs that differ only in their seed share everything public: the config,
-the shapes, the plan (schedule, calibrated noise, privacy events). Only the data (a synthetic
-problem is drawn from the seed) and the key differ. So the driver runs **once**, under
-``jax.vmap`` over the stacked data and the stacked keys:
+Runs that differ only in their seed share everything public (config, shapes, plan: schedule,
+calibrated noise, privacy events); only the data and the key differ. So the driver runs once,
+under ``jax.vmap`` over the stacked data and keys: the plan is made once per group, the jitted
+``lax.scan`` is traced with a leading seed axis (one executable, one launch), and each run
+keeps its own key (folded as the one-by-one run folds it) and its own copy of the plan's
+privacy report. Released params equal the one-by-one runs' to float tolerance; epsilons,
+reports and records are identical.
 
-* the plan, the calibration and the ledger are Python on public facts: they run once per
-  group (a sweep no longer calibrates the same noise multiplier ten times);
-* the jitted ``lax.scan`` the driver calls is traced with a leading seed axis: one executable,
-  one launch per group;
-* each run keeps its own key (``jax.random.key(seed)``, folded exactly as the one-by-one run
-  folds it; JAX's threefry gives every key of a ``vmap`` the bits it gives it alone) and its
-  own privacy report (a copy of the group's, which is the one each run would have computed).
+Only drivers known to trace cleanly are batched (:data:`dpsco_jax.api.BATCHED`); one that reads
+anything else raises under ``vmap`` and :func:`run_stacked`'s callers fall back to one run per
+seed (nothing of the failed attempt is released).
 
-Released params equal the one-by-one runs' to float tolerance (a batched matmul may sum in
-another order); epsilons, reports and records are identical.
-
-Only drivers known to trace cleanly are batched (:data:`dpsco_jax.api.BATCHED`): no Python
-control flow on the data, nothing read from the problem but its public facts, ``loss_fn`` and
-``data``. A driver that does anything else raises under ``vmap`` (a concretization error),
-and :func:`run_stacked`'s callers fall back to one run per seed; nothing of the failed attempt
-is released.
-
-**Grids of step sizes** (the same issue): runs that differ, besides their seed, only in a
-number the driver's jitted step reads as a number (the learning rate; SRGD's ``beta``) run as
-one program too. :data:`GRID` says, per algorithm, which config keys may differ and which
-numbers the driver then takes as traced values (it routes them through
-:func:`dpsco_jax.algorithms.common.hparam`). The driver runs once per distinct grid point (one plan each) under
-``jax.make_jaxpr``, with those numbers as inputs: its program (each run's report is its own
-plan's). The programs of every
-point must be one program (the same jaxpr, constants included; else :class:`NotBatchable`),
-their privacy reports equal, and then that program runs once under ``jax.vmap`` over the
-stacked data, keys and numbers. A key that
-changes the plan, the noise or the shapes (``epsilon``, ``clip_norm``, ``batch_size``,
-``num_steps``, ...) is refused, naming it (:func:`grid_refusal`).
+**Grids of step sizes**: runs that also differ in a number the jitted step reads only as a
+number (the learning rate; SRGD's ``beta``) run as one program too. :data:`GRID` says, per
+algorithm, which keys may differ; the driver reads them through
+:func:`dpsco_jax.algorithms.common.hparam` as traced inputs. Each grid point's program (traced
+with ``jax.make_jaxpr``) must be the same jaxpr with equal privacy reports, else
+:class:`NotBatchable`; a key that changes the plan, the noise or the shapes is refused, naming
+it (:func:`grid_refusal`).
 """
 
 from __future__ import annotations
@@ -71,11 +55,8 @@ class NotBatchable(ValueError):
   """A group of runs that cannot run as one program (the message says why)."""
 
 
-#: Per algorithm, the step-size keys its runs may differ in and still run as one program
-#: (:func:`run_stacked` with ``grid``, :func:`dpsco_jax.run_grid`, the runner's
-#: ``batch_seeds``): the ``grid=`` trait of each registration (the DP-SGD family and
-#: ``nonprivate_sgd``: ``learning_rate``; paper 003's drivers: ``learning_rate`` / ``beta`` /
-#: ``beta_scale``). Every other algorithm runs one program per run.
+#: Per algorithm, the step-size keys its runs may differ in and still run as one program: the
+#: ``grid=`` trait of each registration.
 GRID: dict[str, Grid] = {n: e.grid for n, e in algorithms().items() if e.grid is not None}
 
 
