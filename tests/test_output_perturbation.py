@@ -596,21 +596,21 @@ def test_phased_schedules():
 
 def test_composition_of_theorem_blocks_on_the_ledger():
   """(eps, delta) blocks: basic composition, max over disjoint blocks, budget before release."""
-  from dpsco_jax.privacy import ApproxDpEvent
-  settings = op.settings_from_cfg({"epsilon": 1.0, "delta": 1e-5})
-  t = op.block_ledger(settings, 10.0, 1e-3)
-  t.spend(ApproxDpEvent(0.2, 1e-6), label="phases", count=5)
-  rep = op.block_report(t, "theorem", paper_epsilon=1.0, notes="")
+  from dpsco_jax.algorithms.output_perturbation.base import OutputPertPlan
+
+  def charge(cfg, epsilon, blocks):
+    return OutputPertPlan("blocks", op.settings_from_cfg(cfg), epsilon, 1e-3, 0.0, None, (),
+                          tuple(blocks), {}).charge()
+  rep = charge({"epsilon": 1.0, "delta": 1e-5}, 10.0, [("phases", 0.2, 1e-6, 5, None)])
   assert np.allclose((rep.epsilon, rep.delta), (1.0, 5e-6))
-  p = op.block_ledger(op.settings_from_cfg({"epsilon": 1.0, "delta": 1e-5, "epsilon_budget": 1.5}), 4.0, 1e-3)
-  for i in range(3):
-    p.spend(ApproxDpEvent(1.0, 1e-5), label=f"block {i}", group=f"b{i}")  # disjoint: max
-  p.spend(ApproxDpEvent(0.5, 1e-5), label="warm start")
-  rep = op.block_report(p, "theorem", paper_epsilon=1.5, notes="")
+  cfg = {"epsilon": 1.0, "delta": 1e-5, "epsilon_budget": 1.5}
+  blocks = [(f"block {i}", 1.0, 1e-5, 1, f"b{i}") for i in range(3)]   # disjoint: max
+  blocks.append(("warm start", 0.5, 1e-5, 1, None))
+  rep = charge(cfg, 4.0, blocks)
   assert np.allclose((rep.epsilon, rep.delta), (1.5, 2e-5))
   with pytest.raises(PrivacyBudgetExceeded):
-    p.spend(ApproxDpEvent(0.1, 0.0), label="one more")
-  assert len(p.events) == 4                                # nothing recorded by the refusal
+    charge(cfg, 4.0, blocks + [("one more", 0.1, 0.0, 1, None)])
+  assert charge(cfg, 4.0, blocks) == rep                  # nothing recorded by the refusal
 
 
 @pytest.mark.slow

@@ -26,8 +26,7 @@ from plan_guard import forbid_planning
 EXACT = {"epsilon": 1.0, "delta": 1e-3, "stability_test": "exact", "Delta": 0.05,
          "max_exact_users": 4}
 PLANNING = ("sc_output_pert_plan", "phased_plan", "sc_reduction_plan", "naive_plan",
-            "planner_of", "naive_planner", "charge_output_pert", "charge_naive",
-            "output_pert_report", "naive_report", "settings_from_cfg", "config_view",
+            "planner_of", "naive_planner", "charge", "settings_from_cfg", "config_view",
             "calibrate_noise_multiplier", "plan_sc_output_pert", "naive_sigma")
 
 
@@ -37,7 +36,8 @@ def _problem(n: int, m: int):
 
 
 def _forbid_planning(monkeypatch) -> None:
-  forbid_planning(monkeypatch, (op, naive, phased, op_plan, base), PLANNING, schemas=(Schema,))
+  forbid_planning(monkeypatch, (op, naive, phased, op_plan, base, base.OutputPertPlan,
+                               op_plan.NaivePlan), PLANNING, schemas=(Schema,))
 
 
 @pytest.mark.parametrize("name, n, m, cfg", [

@@ -27,9 +27,8 @@ CASES = {
                                    "batch_size": 20, "max_steps": 2, "sensitivity": "typical",
                                    "clip_norm": 0.5, "noise_multiplier": 30.0},
 }
-PLANNING = ("plan_phased_sgd", "plan_accelerated_erm", "plan_alg1", "plan_alg3", "make_ledger",
-            "read_options", "config_view", "calibrate_noise_multiplier", "alg1_report",
-            "alg3_report", "filter_report")
+PLANNING = ("plan_phased_sgd", "plan_accelerated_erm", "plan_alg1", "plan_alg3", "charge",
+            "read_options", "config_view", "calibrate_noise_multiplier")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +37,8 @@ def problem():
 
 
 def _forbid_planning(monkeypatch) -> None:
-  forbid_planning(monkeypatch, (ulf, ulf_plan), PLANNING, schemas=(Schema,))
+  forbid_planning(monkeypatch, (ulf, ulf_plan, ulf_plan.FilterPlan), PLANNING,
+                  schemas=(Schema,))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -26,8 +26,8 @@ from scipy import stats
 
 from dpsco_jax.algorithms.output_perturbation import driver as op
 from dpsco_jax.algorithms.user_level_filter import driver as ulf
-from dpsco_jax.algorithms.user_level_filter.plan import (PublicSpec, filter_report, make_ledger,
-                                                          plan_accelerated_erm, plan_phased_sgd)
+from dpsco_jax.algorithms.user_level_filter.plan import (PublicSpec, plan_accelerated_erm,
+                                                          plan_phased_sgd)
 from dpsco_jax.api import solve
 from dpsco_jax.privacy import PrivacyBudgetExceeded
 from dpsco_jax.problems import make
@@ -77,8 +77,7 @@ def test_alg1_noise_is_z_times_half_the_replace_one_shift(clean):
   eps_test = 2.0 / plan.schedule.laplace_scale                  # score sensitivity 2
   want = _pld_sigma(ph.sensitivity, 2.0 - eps_test, 1e-6 / 2)
   assert ph.sigma == pytest.approx(want, rel=0.01), (ph.sigma, want)
-  ledger = make_ledger(plan)
-  rep = filter_report(plan, ledger, theorem="", typical="", mechanisms=())
+  rep = plan.charge()
   indep = eps_test + _pld_eps(dp_accounting.GaussianDpEvent(ph.sigma / ph.sensitivity),
                               1e-6 / 2)
   assert rep.epsilon == pytest.approx(indep, rel=0.01) and rep.epsilon <= 2.0 * (1 + 1e-9)
@@ -97,7 +96,7 @@ def test_alg3_subsampled_noise_and_epsilon_match_independent_rdp(clean):
   rdp = rdp_privacy_accountant.RdpAccountant(
       neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
   indep = eps_at + rdp.compose(ev).get_epsilon(1e-6 / 2)
-  rep = filter_report(plan, make_ledger(plan), theorem="", typical="", mechanisms=())
+  rep = plan.charge()
   assert rep.epsilon == pytest.approx(indep, rel=1e-6) and indep == pytest.approx(2.0, rel=1e-3)
 
 
@@ -163,7 +162,7 @@ def test_explicit_noise_multiplier_over_budget_raises_before_release(clean):
       solve(name, {**cfg, "noise_multiplier": 0.5}, clean, jax.random.key(0))
   plan = plan_phased_sgd(PublicSpec.of(clean), {**ALG1, "noise_multiplier": 50.0})
   assert plan.phases[0].sigma == pytest.approx(50.0 * plan.phases[0].sensitivity / 2)
-  make_ledger(plan)                                       # well under budget: fine
+  plan.charge()                                           # well under budget: fine
   with pytest.raises(TypeError, match="debug"):
     plan_phased_sgd(PublicSpec.of(clean), {**ALG1, "debug": "false"})
 

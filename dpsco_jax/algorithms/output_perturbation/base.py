@@ -33,6 +33,7 @@ from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, certify
 from dpsco_jax.privacy import (ApproxDpEvent, PrivacyLedger, PrivacyReport, Provenance,
                                check_relation)
 from dpsco_jax.privacy import discrete_laplace as tdl
+from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
 
 PRESETS = ("theory", "practical")
 #: Paper 001's adjacency: replace one user's data, n and m public. The sensitivities divide by
@@ -75,6 +76,10 @@ class OutputPertSettings:
   @property
   def calibration(self) -> str:
     return "paper" if self.preset == "theory" else "analytic"
+
+  def budget(self, epsilon: float) -> float:
+    """The ledger's budget: ``epsilon``, or a smaller ``epsilon_budget``."""
+    return epsilon if self.epsilon_budget is None else min(epsilon, self.epsilon_budget)
 
 
 def settings_from_cfg(cfg: Mapping | Any) -> OutputPertSettings:
@@ -130,6 +135,15 @@ class SCInfo(NamedTuple):
   certificate: bool = False
   # ... and that distance is 2G/(2 lambda + mu0), i.e. reads L (else 2R: projection)
   distance_reads_lipschitz: bool = False
+
+  @property
+  def stage(self) -> GaussianStage:
+    """The call's Gaussian: ``sigma`` (calibrated at ``(eps', delta')`` by
+    :func:`~dpsco_jax.privacy.discrete_laplace.sigma`, the std the run adds) on Thm 3.3's
+    chain distance ``8 kappa Delta``, i.e. multiplier ``sigma / (8 kappa Delta)``."""
+    dist = 8.0 * self.kappa * self.Delta
+    return GaussianStage(self.sigma / dist, Sensitivity(dist, 1.0, "chain distance 8 kappa "
+                                                        "Delta"), "DelOutputPert")
 
 
 def gamma_threshold(*, lipschitz: float, n_users: int, m: int, beta: float, preset: str
@@ -279,28 +293,6 @@ class ReleaseHook(NamedTuple):
   add_noise: bool = True
 
 
-def block_ledger(settings: OutputPertSettings, epsilon: float, delta: float
-                 ) -> PrivacyLedger:
-  """The ledger of a run. DelOutputPert is an (eps, delta) black box (Thm 3.3) that no
-  dp_accounting event describes: each call is an ``ApproxDpEvent`` (basic composition;
-  disjoint user blocks in parallel via ``group=``). Budget: the configured epsilon (or a
-  smaller ``epsilon_budget``); every block is spent before the first release."""
-  budget = epsilon if settings.epsilon_budget is None else min(epsilon,
-                                                               settings.epsilon_budget)
-  return PrivacyLedger(delta=delta, epsilon_budget=budget, relation=settings.relation)
-
-
-def block_report(ledger: PrivacyLedger, provenance: str, *, paper_epsilon: float,
-                 notes: str) -> PrivacyReport:
-  """The ledger's report of a run made only of (eps, delta) blocks (the ledger then reports
-  the blocks' delta alone: its own delta, at which accountant events would be evaluated, is
-  not spent)."""
-  if any(not isinstance(ev, ApproxDpEvent) for _, ev, _, _ in ledger.events):
-    raise ValueError("block_report: the ledger holds events other than (eps, delta) blocks")
-  return ledger.report(provenance=provenance, level="user", paper_epsilon=paper_epsilon,
-                       notes=notes)
-
-
 @dataclasses.dataclass(frozen=True)
 class OutputPertPlan:
   """Data-free plan of a paper-001 block driver, from the public facts and the config only.
@@ -322,28 +314,43 @@ class OutputPertPlan:
   #: the declared constants the guarantee rests on (``()``: none, or held by construction)
   declared: tuple[tuple[str, float], ...] = ()
 
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    """Every planned DelOutputPert call's Gaussian, in order (a call that outputs ⊥ adds
+    none; after a ⊥ warm start Algs 5-6 run ``schedule["after_bottom"]``'s calls instead)."""
+    return tuple(i.stage for i in self.infos)
 
-def charge_output_pert(plan: OutputPertPlan) -> PrivacyLedger:
-  """A fresh ledger charged with every block of ``plan`` (raises
-  :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before any release when over budget)."""
-  ledger = block_ledger(plan.settings, plan.epsilon, plan.delta)
-  for label, eps, delta, count, group in plan.blocks:
-    ledger.spend(ApproxDpEvent(eps, delta), label=label, count=count, group=group)
-  return ledger
+  @property
+  def events(self) -> tuple[ApproxDpEvent, ...]:
+    """One ``ApproxDpEvent(eps_i, delta_i)`` per planned call (Thm 3.3), in order; the
+    disjoint user blocks of Phased-SCO compose in parallel (``blocks``' groups)."""
+    return tuple(ApproxDpEvent(eps, delta) for _, eps, delta, count, _ in self.blocks
+                 for _ in range(count))
 
+  def charge(self) -> PrivacyReport:
+    """Charges every block to a fresh ledger before any release and returns the guarantee.
 
-def output_pert_report(plan: OutputPertPlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """The run's guarantee: the ledger's blocks with the provenance of the planned calls
-  (``declared`` in place of ``theorem`` when a certificate on a user's loss may decide a
-  call: see the module docstring)."""
-  prov, notes = _provenance(plan.settings, list(plan.infos))
-  notes += plan.how
-  if plan.declared:
-    notes += "; " + conditional_note(
-        plan.declared, "the App. C certificate (Lemma C.1) and the solver accuracy tau need "
-        "them; stability_test='exact' needs none (Thm 3.3 holds for any f)")
-  return block_report(ledger, declared_provenance(prov, plan.declared),
-                      paper_epsilon=plan.epsilon, notes=notes)
+    DelOutputPert is an (eps, delta) black box (Thm 3.3) that no dp_accounting event
+    describes: each call is an ``ApproxDpEvent`` block (basic composition; disjoint user
+    blocks in parallel via ``group=``), so the report's delta is the blocks' alone. The
+    provenance is the planned calls' (``declared`` in place of ``theorem`` when a certificate
+    on a user's loss may decide a call: see the module docstring).
+
+    Raises:
+      PrivacyBudgetExceeded: the blocks exceed ``min(epsilon, epsilon_budget)``.
+    """
+    ledger = PrivacyLedger(delta=self.delta, epsilon_budget=self.settings.budget(self.epsilon),
+                           relation=self.settings.relation)
+    for label, eps, delta, count, group in self.blocks:
+      ledger.spend(ApproxDpEvent(eps, delta), label=label, count=count, group=group)
+    prov, notes = _provenance(self.settings, list(self.infos))
+    notes += self.how
+    if self.declared:
+      notes += "; " + conditional_note(
+          self.declared, "the App. C certificate (Lemma C.1) and the solver accuracy tau need "
+          "them; stability_test='exact' needs none (Thm 3.3 holds for any f)")
+    return ledger.report(provenance=declared_provenance(prov, self.declared), level="user",
+                         paper_epsilon=self.epsilon, notes=notes)
 
 
 def certificate_constants(problem, infos, *, lipschitz: bool = False

@@ -105,8 +105,7 @@ from dpsco_jax._checks import check_bool, check_choice
 from dpsco_jax.algorithms.registration import register, registered
 # the shared pieces (re-exported: tests and the audits read them here)
 from dpsco_jax.algorithms.output_perturbation.base import (  # noqa: F401
-    ReleaseHook, block_ledger, block_report, plan_sc_output_pert, release_debug,
-    sc_output_pert_release, settings_from_cfg)
+    ReleaseHook, plan_sc_output_pert, release_debug, sc_output_pert_release, settings_from_cfg)
 from dpsco_jax.algorithms.output_perturbation.naive import (  # noqa: F401
     crossover_m, naive_output_pert, naive_sigma, noise_ratio)
 from dpsco_jax.algorithms.output_perturbation.phased import (  # noqa: F401

@@ -4,7 +4,7 @@ convex reductions (Algs 5-6), each a sequence of SCOutputPert calls.
 Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there; see its
 docstring for the deviations). Accounting: every call is an ``ApproxDpEvent`` block (Thm 3.3)
 on the one ledger, all charged when the plan is made, before the first release (the plan's
-blocks, charged by :func:`~dpsco_jax.algorithms.output_perturbation.base.charge_output_pert`;
+blocks, charged by :meth:`~dpsco_jax.algorithms.output_perturbation.base.OutputPertPlan.charge`;
 the runs below report the plan's guarantee); Phased-ERM
 composes ``T`` calls at ``(eps/T, delta/T)`` (basic composition), Phased-SCO one call at the
 full ``(eps, delta)`` per disjoint user block (``group=``: parallel composition).

@@ -26,8 +26,8 @@ from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
 from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertPlan, OutputPertSettings, SCInfo, certificate_constants, charge_output_pert,
-    config_view, output_pert_report, plan_sc_output_pert, settings_from_cfg)
+    OutputPertPlan, OutputPertSettings, SCInfo, certificate_constants, config_view,
+    plan_sc_output_pert, settings_from_cfg)
 from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, solver_plan
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
@@ -177,6 +177,37 @@ class NaivePlan:
   def sigma(self) -> float:
     return self.stage.std
 
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    return (self.stage,)
+
+  @property
+  def events(self) -> tuple[dp_accounting.DpEvent, ...]:
+    return (self.event,)
+
+  def charge(self) -> PrivacyReport:
+    """Charges the one Gaussian event to a fresh ledger and returns the guarantee:
+    ``accountant``, or ``declared`` when the sensitivity rests on a user's declared
+    constants.
+
+    Raises:
+      PrivacyBudgetExceeded: an explicit ``noise_multiplier`` is over the budget (before any
+        release).
+    """
+    s = self.settings
+    ledger = PrivacyLedger(delta=self.delta, epsilon_budget=s.budget(self.epsilon),
+                           relation=s.relation)
+    ledger.spend(self.event, label=self.label)
+    notes = ("naive user-level output perturbation (replace-one, n public); sensitivity "
+             "2G/(mu n) does not improve with m")
+    if self.declared:
+      notes += "; " + conditional_note(
+          self.declared, "the sensitivity 2G/(mu n) + 2 tau bounds the minimizer of a "
+          "mu-strongly convex, beta-smooth loss with G-bounded per-user gradients")
+    return ledger.report(provenance=declared_provenance(Provenance.ACCOUNTANT, self.declared),
+                         level="user", mechanisms=("gaussian output perturbation",),
+                         paper_epsilon=self.epsilon, notes=notes)
+
 
 def naive_plan(problem, cfg: dict) -> NaivePlan:
   """The plan from the public facts (``n_users``, L, beta, R, mu) and the config only."""
@@ -198,35 +229,12 @@ def naive_plan(problem, cfg: dict) -> NaivePlan:
   return NaivePlan(settings, eps, delta, mu, sens, plan, z, declared=declared)
 
 
-def charge_naive(plan: NaivePlan) -> PrivacyLedger:
-  """A fresh ledger charged with the one Gaussian event (raises before any release when an
-  explicit ``noise_multiplier`` is over the budget)."""
-  s = plan.settings
-  budget = plan.epsilon if s.epsilon_budget is None else min(plan.epsilon, s.epsilon_budget)
-  ledger = PrivacyLedger(delta=plan.delta, epsilon_budget=budget, relation=s.relation)
-  ledger.spend(plan.event, label=plan.label)
-  return ledger
-
-
-def naive_report(plan: NaivePlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """``accountant``; ``declared`` when the sensitivity rests on a user's declared constants."""
-  notes = ("naive user-level output perturbation (replace-one, n public); sensitivity "
-           "2G/(mu n) does not improve with m")
-  if plan.declared:
-    notes += "; " + conditional_note(
-        plan.declared, "the sensitivity 2G/(mu n) + 2 tau bounds the minimizer of a "
-        "mu-strongly convex, beta-smooth loss with G-bounded per-user gradients")
-  return ledger.report(provenance=declared_provenance(Provenance.ACCOUNTANT, plan.declared),
-                       level="user", mechanisms=("gaussian output perturbation",),
-                       paper_epsilon=plan.epsilon, notes=notes)
-
-
 def naive_planner(facts, cfg: dict) -> Planned:
   """``dpsco_jax.plan``'s planner: one calibrated Gaussian event."""
   p = naive_plan(facts, cfg)
   schedule = {"sensitivity": p.sensitivity, "sigma": p.sigma,
               "solver_iterations": p.solver.iterations}
-  return Planned(naive_report(p, charge_naive(p)), p.noise_multiplier, schedule, p)
+  return Planned(p.charge(), p.noise_multiplier, schedule, p)
 
 
 
@@ -409,5 +417,5 @@ def planner_of(make_plan: Callable[..., OutputPertPlan], **kw: Any
               "kappa": i.kappa, "solver_iterations": i.plan.iterations} for i in p.infos]
     schedule = {"calls": calls, **{k: v for k, v in p.schedule.items()
                                    if k in ("R_prime", "lam")}}
-    return Planned(output_pert_report(p, charge_output_pert(p)), None, schedule, p)
+    return Planned(p.charge(), None, schedule, p)
   return planner

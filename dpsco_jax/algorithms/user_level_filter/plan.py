@@ -22,7 +22,7 @@ is ``z = sigma / C`` with ``C = Delta / 2`` the add/remove-equivalent sensitivit
 under ``replace_one``, accounts for the shift ``2 C = Delta`` itself. (Before issue 11 the
 drivers used ``sigma = z * Delta`` under the same accountant: twice the needed noise.)
 
-Accounting (one ledger, :func:`make_ledger`): per phase (disjoint users: ``group=phase``,
+Accounting (one ledger, :meth:`FilterPlan.charge`): per phase (disjoint users: ``group=phase``,
 parallel composition) a pure-DP test (the one-shot Laplace test of Alg. 1 or AboveThreshold of
 Alg. 2, ``pure_dp_event``) and the Gaussian release(s), composed at ``delta/2``; the other
 ``delta/2`` covers the coupling's bad events (reported as ``extra_delta``). The noise is
@@ -63,9 +63,8 @@ PUBLIC = ("the number of users n, the items per user m, d, L, R, beta (replace-o
           "adjacency: n is public); the phase sizes, group sizes and K_i follow from them")
 
 __all__ = ["RELATION", "SUPPORTED_RELATIONS", "PublicSpec", "Options", "PhaseNoise",
-           "FilterPlan", "read_options", "plan_alg1", "plan_alg3", "make_ledger",
-           "gauss_event", "plan_phased_sgd", "plan_accelerated_erm", "filter_planner",
-           "filter_report", "nonprivate_report", "provenance_note"]
+           "FilterPlan", "read_options", "plan_alg1", "plan_alg3", "gauss_event",
+           "plan_phased_sgd", "plan_accelerated_erm", "filter_planner", "provenance_note"]
 
 
 class PublicSpec(NamedTuple):
@@ -190,6 +189,74 @@ class FilterPlan:
   def worst_bad(self) -> float:
     return max((p.bad_event_probability for p in self.phases), default=0.0)
 
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    """The phases' Gaussian stages, in order (none when the noise is off)."""
+    return tuple(ph.stage for ph in self.phases if ph.stage is not None)
+
+  @property
+  def events(self) -> tuple[Any, ...]:
+    """Per phase its pure-DP test and its Gaussian release(s) (none when the noise is off);
+    the phases' disjoint users compose in parallel (:meth:`charge`)."""
+    return tuple(e for ph in self.phases for e in (ph.test_event, ph.gaussian_event)
+                 if e is not None)
+
+  def charge(self) -> PrivacyReport:
+    """Charges every phase's events to a fresh ledger at ``delta/2`` BEFORE anything is
+    released (per phase ``group=phase``: parallel composition) and returns the guarantee.
+
+    practical: budget = the configured epsilon. theory: the guarantee is the paper's theorem at
+    the configured epsilon; the events are composed without a budget and the accountant's
+    epsilon for the paper's sigma is reported beside it. Provenance: ``theorem`` (theory),
+    ``heuristic`` (typical sensitivity), and with the certified sensitivity ``accountant`` only
+    when the coupling's bad events fit in ``delta/2`` (:func:`provenance_note`). The noise
+    off (``privacy_noise: false``): not private.
+
+    Raises:
+      PrivacyBudgetExceeded: an explicit ``noise_multiplier`` is over the budget (practical).
+    """
+    opt = self.options
+    if not opt.noise:
+      return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none",
+                           level="none", relation=RELATION,
+                           notes="non-private ablation: filter on, sigma = 0")
+    budget = opt.epsilon if opt.preset == "practical" else None
+    ledger = PrivacyLedger(delta=self.accountant_delta, epsilon_budget=budget,
+                           relation=opt.relation)
+    record = ledger.spend if budget is not None else ledger.compose
+    for ph in self.phases:
+      g = f"phase{ph.index}"
+      record(ph.test_event, label=f"{g} pure-DP test", group=g)
+      record(ph.gaussian_event, label=f"{g}: {ph.steps} x Gaussian (z="
+             f"{ph.noise_multiplier:.4g}, Delta={ph.sensitivity:.4g})", group=g)
+    theorem, typical, mechanisms = _REPORTS[self.algorithm]
+    acc_eps = ledger.epsilon(exact=True)
+    if opt.preset == "theory":
+      prov, note = Provenance.THEOREM.value, f"{theorem} gives eps={acc_eps:.4g}"
+    elif opt.sensitivity == "typical":
+      prov, note = Provenance.HEURISTIC.value, typical
+    else:
+      prov, note = provenance_note(self.worst_bad, opt.delta / 2)
+    rep = ledger.report(provenance=prov, level="user", mechanisms=mechanisms,
+                        paper_epsilon=opt.epsilon, notes=note,
+                        extra_delta=opt.delta - ledger.delta)
+    # theory: the guarantee is the paper's theorem at the configured epsilon
+    return dataclasses.replace(rep, epsilon=opt.epsilon) if opt.preset == "theory" else rep
+
+
+#: Each algorithm's report: (the theorem, the typical sensitivity's caveat, mechanisms).
+_REPORTS = {
+    "user_level_phased_sgd": (
+        "Theorem B.1 (paper constants, preconditions checked); accountant with explicit Delta",
+        "typical sensitivity 2 r_h / C (no membership flips) is not a worst-case bound",
+        ("laplace_test", "filter", "gaussian_output_perturbation")),
+    "user_level_accelerated_erm": (
+        "Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
+        "explicit coupled Delta",
+        "typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound",
+        ("above_threshold", "filter", "subsampled_gaussian_wor")),
+}
+
 
 def gauss_event(z: float, n_i: int, k_i: int, steps: int) -> dp_accounting.DpEvent:
   """``steps`` Gaussian releases of a uniformly random ``K_i``-subset of ``n_i`` users."""
@@ -277,35 +344,7 @@ def plan_alg3(spec: PublicSpec, opt: Options, sched: Alg3Schedule,
   return FilterPlan("user_level_accelerated_erm", opt, sched, eps_at, tuple(phases), **knobs)
 
 
-def make_ledger(plan: FilterPlan) -> PrivacyLedger:
-  """A ledger charged with every phase's events, BEFORE anything is released.
-
-  practical: budget = the configured epsilon (an explicit ``noise_multiplier`` whose epsilon
-  exceeds it raises :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` here). theory: the
-  guarantee is the paper's theorem; the events are recorded (no budget) so the accountant's
-  epsilon for the paper's sigma can be reported beside it."""
-  opt = plan.options
-  budget = opt.epsilon if (opt.noise and opt.preset == "practical") else None
-  ledger = PrivacyLedger(delta=plan.accountant_delta, epsilon_budget=budget,
-                         relation=opt.relation)
-  if not opt.noise:
-    return ledger
-  record = ledger.spend if budget is not None else ledger.compose
-  for ph in plan.phases:
-    g = f"phase{ph.index}"
-    record(ph.test_event, label=f"{g} pure-DP test", group=g)
-    record(ph.gaussian_event, label=f"{g}: {ph.steps} x Gaussian (z={ph.noise_multiplier:.4g},"
-           f" Delta={ph.sensitivity:.4g})", group=g)
-  return ledger
-
-
 # --------------------------------------------------------------------------- reports
-
-def nonprivate_report() -> PrivacyReport:
-  """``noise: false`` ablation: not private at all (filter on, sigma = 0)."""
-  return PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenance="none", level="none",
-                       relation=RELATION, notes="non-private ablation: filter on, sigma = 0")
-
 
 def provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
   """``(provenance, note)`` of a typical-preset run: ``accountant`` when the coupling's bad
@@ -318,49 +357,6 @@ def provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
           f"the coupling's bad events (Laplace noise beyond the K/20 margins, flip tails) "
           f"have probability {bad:.3g} > delta/2 = {delta_slack:.3g} at this scale, so the "
           "accountant's number is not a proven (eps, delta); needs larger K_i (spec 000 §3.2)")
-
-
-def filter_report(plan: FilterPlan, ledger: PrivacyLedger, *, theorem: str, typical: str,
-                  mechanisms: tuple[str, ...]) -> PrivacyReport:
-  """The provenance rule shared by Algorithms 1 and 3: ``theory`` -> theorem (the paper's
-  epsilon, the accountant's beside it); ``typical`` sensitivity -> heuristic; ``certified`` ->
-  accountant only when the coupling's bad events fit in delta/2 (``provenance_note``)."""
-  opt = plan.options
-  if not opt.noise:
-    return nonprivate_report()
-  acc_eps = ledger.epsilon(exact=True)
-  if opt.preset == "theory":
-    prov, note = Provenance.THEOREM.value, f"{theorem} gives eps={acc_eps:.4g}"
-  elif opt.sensitivity == "typical":
-    prov, note = Provenance.HEURISTIC.value, typical
-  else:
-    prov, note = provenance_note(plan.worst_bad, opt.delta / 2)
-  rep = ledger.report(provenance=prov, level="user", mechanisms=mechanisms,
-                      paper_epsilon=opt.epsilon, notes=note,
-                      extra_delta=opt.delta - ledger.delta)
-  # theory: the guarantee is the paper's theorem at the configured epsilon
-  return dataclasses.replace(rep, epsilon=opt.epsilon) if opt.preset == "theory" else rep
-
-
-def alg1_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """Algorithm 1's guarantee from its plan and charged ledger (data-free: also the report of
-  :func:`dpsco_jax.plan`)."""
-  return filter_report(
-      plan, ledger,
-      theorem="Theorem B.1 (paper constants, preconditions checked); accountant with "
-              "explicit Delta",
-      typical="typical sensitivity 2 r_h / C (no membership flips) is not a worst-case bound",
-      mechanisms=("laplace_test", "filter", "gaussian_output_perturbation"))
-
-
-def alg3_report(plan: FilterPlan, ledger: PrivacyLedger) -> PrivacyReport:
-  """Algorithm 3's guarantee from its plan and charged ledger (data-free)."""
-  return filter_report(
-      plan, ledger,
-      theorem="Theorem C.1/D.3 (paper constants, preconditions checked); accountant with the "
-              "explicit coupled Delta",
-      typical="typical sensitivity 2 r_h / K (no membership flips) is not a worst-case bound",
-      mechanisms=("above_threshold", "filter", "subsampled_gaussian_wor"))
 
 
 # --------------------------------------------------------------------------- planners
@@ -441,12 +437,10 @@ def filter_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
     spec = PublicSpec.of(facts)
     if name == "user_level_phased_sgd":
       p = plan_phased_sgd(spec, cfg)
-      report = alg1_report(p, make_ledger(p))
     else:
       p = plan_accelerated_erm(spec, cfg, smoothed=name.endswith("_smoothed"))
-      report = alg3_report(p, make_ledger(p))
     phases = [{"sigma": ph.sigma, "noise_multiplier": ph.noise_multiplier,
                "sensitivity": ph.sensitivity} for ph in p.phases]
     z = p.phases[0].noise_multiplier if p.phases else None
-    return Planned(report, z, {"phases": phases, "epsilon_test": p.epsilon_test}, p)
+    return Planned(p.charge(), z, {"phases": phases, "epsilon_test": p.epsilon_test}, p)
   return planner
