@@ -1,18 +1,13 @@
 """Canary audit of one adaptive-clipping step, with two broken twins.
 
 The stage releases the noisy clipped mean and the noisy unclipped fraction ``b~`` (the next
-clip norm is post-processing of ``b~``). ``D`` (add/remove): a Dirac canary of norm ``10 C``
-(``b = 0``) in slot 0 and zero-gradient background users (``b = 1``); ``D'`` masks the canary
-out. Score: the pair's likelihood ratio ``x_0 / (s_x^2 / C) - y / (2 s_y^2)`` (``x_0 = D
-mean_0``, ``y = D (b~ - 1/2)``, the stds the release really draws).
-
-* honest: :func:`~dpsco_jax.privacy.sensitivity.adaptive_clip_split`'s ``z_Delta`` and
-  ``sigma_b``; the claim is the Gaussian at ``z`` (Andrew et al. 2021, Theorem 1);
-* ``count_without_noise``: ``sigma_b = 0`` (the fraction says whether the canary was clipped);
-* ``sum_multiplier_unadjusted``: the sum's noise at ``z`` instead of ``z_Delta`` (with the
-  count's noise, a Gaussian of multiplier ``(z^-2 + (2 sigma_b)^-2)^(-1/2) < z``).
-
-``delta = 0.1`` keeps the claim small enough that the unadjusted twin shows at ~5e4 trials.
+clip norm is post-processing of ``b~``). ``D``: a ``10 C`` Dirac canary plus zero-gradient
+users; ``D'`` masks the canary out (add/remove). Score: the pair's likelihood ratio. Honest:
+:func:`~dpsco_jax.privacy.sensitivity.adaptive_clip_split`'s ``z_Delta``, ``sigma_b``, claimed
+as the Gaussian at ``z`` (Andrew et al. 2021, Theorem 1). Twins, same claim:
+``count_without_noise`` (``sigma_b = 0``) and ``sum_multiplier_unadjusted`` (the sum's noise
+at ``z``: with the count's, a Gaussian of multiplier ``(z^-2 + (2 sigma_b)^-2)^(-1/2) < z``).
+``delta = 0.1`` keeps the claim small enough that the twins show at ~5e4 trials.
 """
 
 from __future__ import annotations

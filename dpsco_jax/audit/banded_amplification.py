@@ -1,19 +1,13 @@
 """Canary audit of amplified banded MF noise (b-min-sep Poisson), with broken-sampler twins.
 
-The driver's step: b-min-sep Poisson sampling (``banded_poisson.group_slots`` /
-``sample_group``: group ``t mod b`` active at step ``t``, each of its rows kept with
-probability ``p``), then ``clip_and_aggregate(C, "mean", D = p G) -> banded_noise``. The canary
-is slot 0 (a Dirac gradient far above the clip norm), the other users have zero gradients. The
-partition comes from a fixed public key (a guarantee for every partition covers a fixed one),
-so the canary's admissible steps are known to the attacker. Claim:
-``epsilon_of(amplified_banded_event(...))`` under zero_out (accounted as add_remove) or
-replace_one; score: ``C^T C Delta`` (``Delta``: the steps where the canary can appear).
-
-Twins (same claim, a broken sampler):
-
-* ``ignores_groups``: every row Poisson-sampled at every step (the partition skipped);
-* ``two_groups``: the canary's slot also listed in group ``g0 + 1`` (participations one step
-  apart, inside the band; ~1.5x the claim, the test uses 200 000 trials a side).
+The driver's step: ``banded_poisson.sample_group`` (group ``t mod b`` active at step ``t``, its
+rows kept with probability ``p``), then ``clip_and_aggregate(C, "mean", p G) ->
+banded_noise``. The canary is slot 0, the other users have zero gradients; the partition comes
+from a fixed public key (a guarantee for every partition covers a fixed one). Claim:
+``amplified_banded_event`` under zero_out (as add_remove) or replace_one; score:
+``C^T C Delta`` over the canary's admissible steps. Twins, same claim: ``ignores_groups``
+(every row sampled at every step) and ``two_groups`` (the canary also in group ``g0 + 1``:
+~1.5x the claim, the test uses 200 000 trials a side).
 """
 
 from __future__ import annotations

@@ -79,33 +79,19 @@ def clopper_pearson_upper(successes: np.ndarray | int, trials: int, alpha: float
   return np.where(k >= n, 1.0, up)
 
 
-def _error_counts(scores_in: np.ndarray, scores_out: np.ndarray, thresholds: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
-  s_in = np.sort(scores_in)
-  s_out = np.sort(scores_out)
+def _bounds_at(scores_in, scores_out, thresholds, alpha_each, delta, kind):
+  """The bound (``kind``: ``"eps"`` or ``"mu"``) of the test ``score >= t`` at each ``t``."""
+  s_in, s_out = np.sort(scores_in), np.sort(scores_out)
   fn = np.searchsorted(s_in, thresholds, side="left")
   fp = s_out.size - np.searchsorted(s_out, thresholds, side="left")
-  return fn, fp
-
-
-def _region_eps(fnr_u: np.ndarray, fpr_u: np.ndarray, delta: float) -> np.ndarray:
+  fnr_u = clopper_pearson_upper(fn, scores_in.size, alpha_each)
+  fpr_u = clopper_pearson_upper(fp, scores_out.size, alpha_each)
+  if kind != "eps":
+    return np.maximum(-stats.norm.ppf(fpr_u) - stats.norm.ppf(fnr_u), 0.0)
   with np.errstate(divide="ignore", invalid="ignore"):
     a = np.log(np.maximum(1.0 - delta - fnr_u, 0.0) / fpr_u)
     b = np.log(np.maximum(1.0 - delta - fpr_u, 0.0) / fnr_u)
   return np.maximum(np.nan_to_num(np.maximum(a, b), nan=0.0, neginf=0.0), 0.0)
-
-
-def _gdp_mu(fnr_u: np.ndarray, fpr_u: np.ndarray) -> np.ndarray:
-  return np.maximum(-stats.norm.ppf(fpr_u) - stats.norm.ppf(fnr_u), 0.0)
-
-
-def _bounds_at(scores_in, scores_out, thresholds, alpha_each, delta, kind):
-  fn, fp = _error_counts(scores_in, scores_out, thresholds)
-  fnr_u = clopper_pearson_upper(fn, scores_in.size, alpha_each)
-  fpr_u = clopper_pearson_upper(fp, scores_out.size, alpha_each)
-  if kind == "eps":
-    return _region_eps(fnr_u, fpr_u, delta)
-  return _gdp_mu(fnr_u, fpr_u)
 
 
 def _candidates(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,20 +1,12 @@
 """Canary audit of a declared constant the guarantee rests on: ``naive_output_pert``'s L.
 
-``naive_output_pert`` calibrates its noise to the replace-one sensitivity ``2L/(mu n)``
-(Chaudhuri et al.), true only when every user's gradient is L-bounded. On a user's loss L is a
-declaration the library neither checks nor enforces, so the report says ``declared`` and names
-L in its notes. The audit runs ``dpsco_jax.fit``'s problem (a
-:class:`~dpsco_jax.data.UserDataProblem`) through ``output_perturbation_releases``: ``n``
-users of one item, loss ``mu/2 ||w||^2 - <x, w>``, declared ``lipschitz = 1``; everyone's
-``x = 0`` except the canary user 0.
-
-* honest: the canary ``e_0`` (the declaration holds) replaced by ``-e_0``: the minimizer moves
-  by exactly the calibrated ``2/(mu n)``;
-* ``lipschitz_violated``: the same declaration and claim, the canary ``4 e_0``: the minimizer
-  moves 4x the claimed sensitivity and the bound exceeds the claim (the report says
-  ``declared``, :func:`run_report`).
-
-Score: the release's ``e_0`` coordinate. Claim: ``dpsco_jax.fit(...).privacy.epsilon``.
+Its noise is calibrated to ``2L/(mu n)`` (Chaudhuri et al.), true only when every gradient is
+L-bounded; on a user's loss L is a declaration the library does not check, so the report says
+``declared`` and names L. The audit runs ``dpsco_jax.fit``'s problem through
+``output_perturbation_releases``: users of one item, loss ``mu/2 ||w||^2 - <x, w>``, declared
+``L = 1``, every ``x = 0`` but the canary's. Honest: canary ``e_0`` replaced by ``-e_0``
+(the minimizer moves by exactly ``2/(mu n)``); twin ``lipschitz_violated``: canary ``4 e_0``
+under the same claim (:func:`run_report`). Score: the release's ``e_0`` coordinate.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Canary audit of a plan fact read off the private data: item-level DP-SGD's ``m``.
 
-``dp_sgd_item`` under ``add_remove`` with Poisson sampling divides the clipped sum by the
-declared ``D = q * n_users * m`` and adds noise ``z C / D``, so ``m`` must be public:
-:func:`dpsco_jax.plan` refuses a measured ``m`` (``api.READS_M``). The audit: ``n`` users of
-one zero item, plus a canary item ``10 C e_0`` as user 0's second item, in ``D`` only.
-
-* honest: ``m = 2`` declared; ``D'`` keeps user 0's second slot as a zero (padding) row;
-* ``measured_m``: ``m`` read off each dataset (2 with the canary, 1 without), so the noise
-  std differs by 2x between neighbours.
-
-Score: ``-|release . e_0|`` (the twin's noise on ``D`` is half of ``D'``'s). Claim: the
-driver's ``Result.privacy.epsilon``.
+``dp_sgd_item`` (Poisson, ``add_remove``) divides by the declared ``D = q n_users m`` and adds
+noise ``z C / D``, so ``m`` must be public (:func:`dpsco_jax.plan` refuses a measured one). The
+canary is user 0's second item ``10 C e_0``, in ``D`` only. Honest: ``m = 2`` declared, ``D'``
+keeps the slot as a zero row; twin ``measured_m``: ``m`` read off each dataset, so the noise
+std differs by 2x between neighbours. Score: ``-|release . e_0|``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """Driver-level audit specs: the library's algorithms end to end through their audit hooks.
 
-Each builder's ``release(key, data)`` is a driver's own audit hook (``dp_sgd_releases``,
-``DPTrainer.release_fn``, ``srgd_releases``, ``output_perturbation_releases``,
-``dp_loc_gd_releases``, ``dp_bilevel_releases``): the driver's plan, sampling, clipping and
-noise on a small problem with a Dirac-like canary. The loss is linear, ``f(w; x) = <x, w>``
-(output perturbation: plus a public ``mu/2 ||w||^2``), so the canary ``x = 10 C e_0`` has
-clipped gradient ``C e_0`` at every step and the releases are scored by their ``e_0``
-coordinate summed over steps (tree noise: the likelihood-ratio weights of its covariance). The
-neighbour follows the driver's relation: ``add_remove`` deletes the canary's row, ``zero_out``
-zeroes it, ``replace_one`` negates it.
-
-The claim is the driver's own reported epsilon (``claim_source``). Broken twins keep it and run
-a buggy variant through the same hook:
-
-* ``noise_halved``: half the noise multiplier (a config bug, or the wrong relation's
-  sensitivity);
-* ``realized_count``: full-batch DP-SGD under ``add_remove`` with ``n_users`` read from the
-  dataset (``sum / n``, noise ``z C / n``, ``n`` private); background users push ``-C e_0``,
-  so the mean moves by ``2C/n``, not ``C/n``;
-* ``independent_accounting``: SRGD's tree releases claimed with ``mu = 1/z`` instead of
-  ``sqrt(levels)/z``.
-
-All claims are at ``delta = 1e-5`` and lie in about [1, 4].
+Each ``release`` is a driver's own audit hook (``dp_sgd_releases``, ``DPTrainer.release_fn``,
+``srgd_releases``, ``output_perturbation_releases``, ``dp_loc_gd_releases``,
+``dp_bilevel_releases``) on a small problem with the linear loss ``<x, w>``, so the canary
+``10 C e_0`` has clipped gradient ``C e_0`` at every step; the score sums the releases' ``e_0``
+coordinate (tree noise: its likelihood-ratio weights). The neighbour deletes (``add_remove``),
+zeroes (``zero_out``) or negates (``replace_one``) the canary. The claim is the driver's own
+epsilon; the twins keep it and run a bug: ``noise_halved``; ``realized_count`` (full-batch
+``add_remove`` with ``n_users`` read from the data; background users push ``-C e_0``);
+``independent_accounting`` (SRGD's tree claimed with ``mu = 1/z``).
 """
 
 from __future__ import annotations
@@ -39,8 +26,9 @@ from dpsco_jax.audit.harness import AuditSpec
 from dpsco_jax.audit.mechanisms import (DELTA, check_broken, gaussian_lr_weights,
                                         tree_noise_covariance)
 
-__all__ = ["DRIVERS", "GAUSSIAN", "TRIALS", "build_driver", "dp_sgd_driver", "trainer_driver", "srgd_driver",
-           "output_perturbation_driver", "loc_gd_driver", "bilevel_driver", "linear_problem"]
+__all__ = ["DRIVERS", "GAUSSIAN", "TRIALS", "build_driver", "dp_sgd_driver", "trainer_driver",
+           "srgd_driver", "output_perturbation_driver", "loc_gd_driver", "bilevel_driver",
+           "linear_problem"]
 
 _HI = jax.lax.Precision.HIGHEST
 _CLIP = 1.0
@@ -91,7 +79,6 @@ def _e0_sum(releases) -> jax.Array:
   return jnp.sum(leaf[..., 0])
 
 
-# ----------------------------------------------------------------------------- DP-SGD (user)
 def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
                   sampling: str | None = None, users: int = 8, m: int = 2, dim: int = 2,
                   steps: int | None = None, noise_multiplier: float | None = None,
@@ -141,7 +128,6 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
                    f"dp_sgd_user(...).privacy.epsilon (z={z:g}, {sampling}, T={steps})")
 
 
-# ----------------------------------------------------------------------------- DPTrainer
 def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
                    users: int = 8, m: int = 2, dim: int = 2, steps: int = 1,
                    noise_multiplier: float = 1.5, sampling_rate: float = 0.5) -> AuditSpec:
@@ -180,7 +166,6 @@ def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
                    f"DPTrainer.ledger.check(event, count={steps}) (z={noise_multiplier:g})")
 
 
-# ----------------------------------------------------------------------------- SRGD (tree)
 def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch: int = 2,
                 steps: int = 16, dim: int = 2, noise_multiplier: float = 2.5,
                 epochs: int = 1) -> AuditSpec:
@@ -230,7 +215,6 @@ def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch:
                    f"z={noise_multiplier:g}, T={total}, epochs={epochs})")
 
 
-# ----------------------------------------------------------------------------- output pert.
 def output_perturbation_driver(relation: str = "replace_one", broken: str | None = None, *,
                                users: int = 8, dim: int = 2, epsilon: float = 2.5,
                                mu: float = 1.0) -> AuditSpec:
@@ -262,7 +246,6 @@ def output_perturbation_driver(relation: str = "replace_one", broken: str | None
                    f"naive_output_pert(...).privacy.epsilon (target {epsilon:g}, z={z:.3g})")
 
 
-# ----------------------------------------------------------------------------- DP-Loc-GD
 def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
                   examples: int = 8, dim: int = 2, steps: int = 4,
                   noise_multiplier: float = 7.0) -> AuditSpec:
@@ -292,7 +275,6 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
                    f"run_dp_loc_gd(...).privacy.epsilon (z={noise_multiplier:g}, T={steps})")
 
 
-# ----------------------------------------------------------------------------- DP bilevel
 def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
                    examples: int = 8, dim: int = 2, steps: int = 4, epsilon: float = 2.5,
                    inner_share: float = 0.01) -> AuditSpec:
@@ -342,7 +324,6 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
                    f"z_out={bcfg.outer_noise_multiplier:.3g})")
 
 
-# ----------------------------------------------------------------------------- registry
 def _dp_sgd(sampling: str) -> Callable[..., AuditSpec]:
   return lambda relation, broken=None, **kw: dp_sgd_driver(relation, broken,
                                                            sampling=sampling, **kw)

@@ -1,13 +1,9 @@
 """Canary audits of the MF noise stages (banded, BLT), each with a broken-accounting twin.
 
-``clip_and_aggregate(C, "mean", D) -> banded_noise | blt_noise (output="increment")`` over
-``steps`` batches; the canary is in slot 0 at steps ``0, sep, ..., (k-1) sep`` and masked
-elsewhere. The releases carry noise of covariance ``sigma^2 C^{-1} C^{-T}``, so the
-Neyman-Pearson score for the canary's shift ``Delta`` has weights ``C^T C Delta``. Claim:
-``epsilon_of(mf_event(z, participation_sensitivity(c, T, k, sep)))`` under add_remove (zero_out
-has the same sensitivity). Twin ``single_participation_accounting``: the same releases claimed
-with the one-participation sensitivity ``||c||`` while the canary takes part ``k`` times within
-the band.
+``clip_and_aggregate -> banded_noise | blt_noise`` over ``steps`` batches, the canary at steps
+``0, sep, ..., (k-1) sep``; score: ``C^T C Delta`` (noise covariance ``C^{-1} C^{-T}``). Claim:
+``mf_event`` with ``participation_sensitivity(c, T, k, sep)`` (zero_out as add_remove). Twin
+``single_participation_accounting``: claimed with the one-participation sensitivity.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Audit specs around the library's own stages, each with deliberately broken twins.
 
-Every builder returns an :class:`~dpsco_jax.audit.harness.AuditSpec` made of the real stages,
-the neighbouring datasets of :mod:`dpsco_jax.audit.canary`, a score, and the claim of the
-library's own accounting. ``broken=`` swaps in one known bug while the claim stays the honest
-mechanism's, so an audit with power must flag it:
-
-* ``noise_halved``: half the calibrated noise scale (e.g. the sensitivity of the wrong
-  relation, a Laplace scale for sensitivity 1 instead of 2);
-* ``no_clipping``: aggregation without per-user clipping (the ``10 C`` canary enters as is);
-* ``realized_count``: the sum divided by the realized number of users, noise ``z C / count``;
-* ``independent_accounting``: tree noise accounted as one Gaussian of multiplier ``z``;
-* ``threshold_redrawn``: AboveThreshold's noisy threshold drawn afresh every step;
-* ``eps_not_split``: TDLap drawn at ``eps`` instead of ``eps' = eps/2``.
-
-All claims are at ``delta = 1e-5`` and lie in about [1, 4].
+Each builder returns an :class:`~dpsco_jax.audit.harness.AuditSpec` of the real stages, the
+neighbours of :mod:`dpsco_jax.audit.canary` and the library's own claim; ``broken=`` swaps in
+one bug under the same claim: ``noise_halved`` (e.g. the wrong relation's sensitivity),
+``no_clipping``, ``realized_count`` (sum over the realized count), ``independent_accounting``
+(tree noise as one Gaussian), ``threshold_redrawn`` (AboveThreshold's threshold redrawn each
+step), ``eps_not_split`` (TDLap at ``eps``, not ``eps/2``). Claims at ``delta = 1e-5``.
 """
 
 from __future__ import annotations
@@ -77,7 +69,6 @@ def _dot_e0(releases: jax.Array) -> jax.Array:
   return jnp.sum(releases[..., 0])
 
 
-# ----------------------------------------------------------------------------- Gaussian chain
 def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
                    steps: int = 4, users: int = 8, dim: int = 2,
                    mu_target: float = 0.5) -> AuditSpec:
@@ -119,7 +110,6 @@ def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
                    f"{steps}), {acc_rel})")
 
 
-# ----------------------------------------------------------------------------- tree noise
 def gaussian_lr_weights(cov: np.ndarray, shift: np.ndarray) -> np.ndarray:
   """``cov^{-1} shift``: the Neyman-Pearson linear score for a mean shift of correlated
   Gaussian noise (float64, host)."""
@@ -168,7 +158,6 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
                    f"epsilon_of(prefix_noise_event(z={noise_multiplier}, T={steps}, {mech}))")
 
 
-# ----------------------------------------------------------------------------- FILTER score tests
 def _cluster_pair(users: int, dim: int, radius: float) -> tuple[UserBatch, UserBatch]:
   """``D``: all users at the origin; ``D'``: the canary moved far (the score moves by ~2)."""
   background = jnp.zeros((users - 1, dim), jnp.float32)
@@ -242,7 +231,6 @@ def above_threshold_audit(relation: str = "replace_one", broken: str | None = No
                    thresholds=tuple(float(k) for k in range(1, steps + 1)))
 
 
-# ----------------------------------------------------------------------------- output perturbation
 def output_perturbation(relation: str = "replace_one", broken: str | None = None, *,
                         users: int = 8, dim: int = 2, epsilon: float = 2.0) -> AuditSpec:
   """Output perturbation of the minimizer ``mean_u clip_G(x_u)`` (replace-one sensitivity
@@ -289,7 +277,6 @@ def tdlap_bottom(relation: str = "replace_one", broken: str | None = None, *,
                    thresholds=(0.5,))
 
 
-# ----------------------------------------------------------------------------- registry
 MECHANISMS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, ...]]] = {
     # name: (builder, relations, broken twins)
     "gaussian_chain": (gaussian_chain, ("add_remove", "replace_one", "zero_out"),

@@ -1,15 +1,12 @@
 """Canary audit of numerics an input cannot defeat, with a broken twin.
 
-``filter_offset``: Algorithm 1's filtered-mean release (``filter_points``, score radius
-``tau``, degree radius ``2 tau``, then ``N(0, sigma^2)``, ``sigma = z Delta / 2`` with the
-certified coupled sensitivity ``Delta``) on users sharing a large common component
-``(0, 1e5)``. ``D``: the canary ``2000 tau`` from the others along it; ``D'`` (replace-one): one
-more copy of the others. An honest kernel never keeps the canary. Twin ``gram_float32``:
-distances ``|a|^2 + |b|^2 - 2<a, b>`` in float32, where the common component swamps the
-canary's distance: it is kept and moves every release by ~6.7 Delta. Claim:
-``epsilon_of(SelfComposed(Gaussian(z), T))`` under replace-one at ``delta - T zeta``.
-
-Importing this module registers the audit in :data:`dpsco_jax.audit.mechanisms.MECHANISMS`.
+``filter_offset``: Algorithm 1's filtered-mean release (score radius ``tau``, degree radius
+``2 tau``, noise ``z Delta / 2`` with the certified sensitivity ``Delta``) on users sharing a
+large common component ``(0, 1e5)``; the canary sits ``2000 tau`` from them (replace-one: one
+more copy of the others), so an honest kernel never keeps it. Twin ``gram_float32``: float32
+Gram distances, where the offset swamps the canary's distance, keep it. Claim:
+``epsilon_of(SelfComposed(Gaussian(z), T))`` at ``delta - T zeta``. Importing this module
+registers the audit in :data:`dpsco_jax.audit.mechanisms.MECHANISMS`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Canary audit of private selection (best of ``K`` runs), with a broken twin.
 
-The candidate is a count released with Gaussian noise (sensitivity 1, add/remove: count 1 on
-``D``, 0 on ``D'``); the selection runs it ``K ~ law`` times and releases the best output (a
-public score), which is the test statistic. ``K`` is drawn in the jitted release by inverting
-the law's float32 CDF table (a tail below ~6e-8 is cut), the maximum as ``Phi^-1(U^(1/K))``.
-
-* honest: the claim is :func:`~dpsco_jax.privacy.selection.selection_report` (Theorem 2);
-* ``cost_left_out``: the same release claiming one candidate's epsilon only.
-
-``delta = 0.1`` keeps the claims small enough that the twin shows at ~5e4 trials per side.
+The candidate is a Gaussian count (1 on ``D``, 0 on ``D'``, add/remove), run ``K ~ law`` times
+and the best output released: ``K`` from the law's float32 CDF table (a tail below ~6e-8 cut),
+the maximum as ``Phi^-1(U^(1/K))``. Honest claim:
+:func:`~dpsco_jax.privacy.selection.selection_report` (Theorem 2); twin ``cost_left_out``
+claims one candidate's epsilon. ``delta = 0.1`` lets the twin show at ~5e4 trials.
 """
 
 from __future__ import annotations

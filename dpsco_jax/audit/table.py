@@ -32,21 +32,14 @@ def registry(include: str = "all") -> dict:
   if include in ("drivers", "all"):
     out.update({name: (b, rels, twins, drivers.TRIALS[name], name in drivers.GAUSSIAN)
                 for name, (b, rels, twins) in drivers.DRIVERS.items()})
-    out.update(_trusted_numbers())
+    # numbers a guarantee rests on: item-level DP-SGD's m, a declared Lipschitz constant
+    from dpsco_jax.audit import declared_constants, declared_facts
+    out["dp_sgd_item_declared_m"] = (declared_facts.item_count_driver, ("add_remove",),
+                                     declared_facts.TWINS, 100_000, False)
+    out["naive_output_pert_declared_L"] = (declared_constants.declared_lipschitz_driver,
+                                           ("replace_one",), declared_constants.TWINS,
+                                           declared_constants.TRIALS, True)
   return out
-
-
-def _trusted_numbers() -> dict:
-  """Audits of numbers a guarantee rests on: item-level DP-SGD's ``m``, naive output
-  perturbation's declared ``L``."""
-  from dpsco_jax.audit import declared_constants, declared_facts
-  return {
-      "dp_sgd_item_declared_m": (declared_facts.item_count_driver, ("add_remove",),
-                                 declared_facts.TWINS, 100_000, False),
-      "naive_output_pert_declared_L": (declared_constants.declared_lipschitz_driver,
-                                       ("replace_one",), declared_constants.TWINS,
-                                       declared_constants.TRIALS, True),
-  }
 
 
 def audit_table(trials: int | None = None, seed: int = 0,

@@ -291,13 +291,14 @@ def ridge_tuning_problem(a_tr, b_tr, a_val, b_val, *, omega_bounds=(1e-3, 5.0),
                         x_center=jnp.asarray([(hi + lo) / 2], a_tr.dtype),
                         y_radius=theta_radius, population_fn=population_fn,
                         meta=dict(meta or {}, n_train=n_tr, n_val=n_val, omega_bounds=[lo, hi]))
-  _attach_ridge_optimum(prob, np.asarray(a_tr, np.float64), np.asarray(b_tr, np.float64),
-                        np.asarray(a_val, np.float64), np.asarray(b_val, np.float64), lo, hi)
+  _attach_ridge_optimum(prob, *(np.asarray(v, np.float64) for v in (a_tr, b_tr, a_val, b_val)),
+                        lo, hi)
   return prob
 
 
-def _ridge_closed_form(a_tr, b_tr, a_val, b_val):
-  """NON-PRIVATE float64 closed forms ``theta*(omega)``, ``F(omega)``, ``F'(omega)``."""
+def _attach_ridge_optimum(prob, a_tr, b_tr, a_val, b_val, lo, hi):
+  """NON-PRIVATE float64 closed forms ``theta*(omega)``, ``F(omega)``, ``F'(omega)`` and the
+  optimal penalty (a grid, then bisection on ``F'``), set on ``prob``."""
   n_tr, d = a_tr.shape
   h = a_tr.T @ a_tr / n_tr
   c = a_tr.T @ b_tr / n_tr
@@ -316,11 +317,7 @@ def _ridge_closed_form(a_tr, b_tr, a_val, b_val):
     th = theta(om)
     grad_f = hv @ th - cv
     return -grad_f @ np.linalg.solve(h + om * np.eye(d), th)
-  return theta, big_f, d_f
 
-
-def _attach_ridge_optimum(prob, a_tr, b_tr, a_val, b_val, lo, hi):
-  theta, big_f, d_f = _ridge_closed_form(a_tr, b_tr, a_val, b_val)
   grid = np.geomspace(lo, hi, 400)
   vals = np.array([big_f(g) for g in grid])
   i = int(np.argmin(vals))
@@ -339,6 +336,15 @@ def _attach_ridge_optimum(prob, a_tr, b_tr, a_val, b_val, lo, hi):
   prob.meta["omega_star"] = float(best)
   prob.meta["omega_star_interior"] = bool(0 < i < len(grid) - 1)
   prob.meta["_closed_form"] = (theta, big_f, d_f)
+
+
+def attach_population(prob: BilevelProblem, risk: Callable) -> BilevelProblem:
+  """Sets ``population_fn(x) = risk(theta*(x))`` and its minimum over a grid of ``X``."""
+  theta = prob.meta["_closed_form"][0]
+  prob.population_fn = lambda x: risk(theta(float(np.asarray(x).reshape(-1)[0])))
+  grid = np.geomspace(*prob.meta["omega_bounds"], 400)
+  prob.population_opt = float(min(prob.population_fn(np.array([g])) for g in grid))
+  return prob
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
@@ -371,15 +377,8 @@ def synthetic_ridge_problem(key: jax.Array, *, d: int = 10, n_train: int = 2000,
                               theta_radius=2.0 + 2.0 * label_noise * math.sqrt(d / n_train),
                               name="ridge_synthetic",
                               meta={"d": d, "label_noise": label_noise})
-  theta = prob.meta["_closed_form"][0]
-
-  def pop(x):
-    th = theta(float(np.asarray(x).reshape(-1)[0]))
-    return 0.5 * float(np.sum((th - w_np) ** 2)) + 0.5 * label_noise ** 2
-  prob.population_fn = pop
-  grid = np.geomspace(*omega_bounds, 400)
-  prob.population_opt = float(min(pop(np.array([g])) for g in grid))
-  return prob
+  return attach_population(
+      prob, lambda th: 0.5 * float(np.sum((th - w_np) ** 2)) + 0.5 * label_noise ** 2)
 
 
 def diabetes_ridge_problem(key: jax.Array, *, omega_bounds=(1e-2, 5.0), omega0: float = 1.0,

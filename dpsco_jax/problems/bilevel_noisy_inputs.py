@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsco_jax._checks import check_nonnegative, check_positive
-from dpsco_jax.problems.bilevel import BilevelProblem, ridge_tuning_problem
+from dpsco_jax.problems.bilevel import (BilevelProblem, attach_population,
+                                        ridge_tuning_problem)
 
 #: n_train, n_val must be at least this many times d (the curvature bounds are vacuous below)
 MIN_N_OVER_D = 4
@@ -100,14 +101,7 @@ def noisy_inputs_ridge_problem(key: jax.Array, *, d: int = 10, n_train: int = 20
                               meta={"d": d, "label_noise": label_noise,
                                     "input_noise": input_noise,
                                     "omega_star_population": input_noise ** 2})
-  theta = prob.meta["_closed_form"][0]
   w_np = np.asarray(w, np.float64)
   s2 = (1.0 + input_noise ** 2)
-
-  def pop(x):
-    th = theta(float(np.asarray(x).reshape(-1)[0]))
-    return 0.5 * float(s2 * th @ th - 2 * th @ w_np + w_np @ w_np + label_noise ** 2)
-  prob.population_fn = pop
-  grid = np.geomspace(*prob.meta["omega_bounds"], 400)
-  prob.population_opt = float(min(pop(np.array([g])) for g in grid))
-  return prob
+  return attach_population(prob, lambda th: 0.5 * float(
+      s2 * th @ th - 2 * th @ w_np + w_np @ w_np + label_noise ** 2))

@@ -130,13 +130,6 @@ def _sphere(key, shape):
   return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def _planted(key, n_users, d, radius, heterogeneity):
-  k_dir, k_het = jax.random.split(key)
-  w_star = 0.5 * radius * _sphere(k_dir, (d,))
-  zeta = heterogeneity / math.sqrt(d) * jax.random.normal(k_het, (n_users, d))
-  return w_star, w_star + zeta
-
-
 def least_squares_loss(w, ex):
   return 0.5 * jnp.square(jnp.dot(ex["x"], w) - ex["y"])
 
@@ -148,16 +141,6 @@ def logistic_loss(w, ex):
 
 def absolute_loss(w, ex):
   return jnp.abs(jnp.dot(ex["x"], w) - ex["y"])
-
-
-def _validate(n_users, m, d, radius, noise, heterogeneity, n_eval):
-  check_int(n_users, "n_users")
-  check_int(m, "m")
-  check_int(d, "d")
-  check_positive(radius, "radius")
-  check_nonnegative(noise, "noise")
-  check_nonnegative(heterogeneity, "heterogeneity")
-  check_int(n_eval, "n_eval")
 
 
 def _newton_logistic(x, p, w0, iters=30):
@@ -176,9 +159,16 @@ def make(name: str, *, n_users: int, m: int, d: int, key: jax.Array,
          n_eval: int = NoisyProblem.n_eval) -> SCOProblem:
   """Builds one of :data:`PROBLEM_NAMES` with the schema's defaults (``NoisyProblem``)."""
   check_choice(name, "problem", PROBLEM_NAMES)
-  _validate(n_users, m, d, radius, noise, heterogeneity, n_eval)
+  for v, what in ((n_users, "n_users"), (m, "m"), (d, "d")):
+    check_int(v, what)
+  check_positive(radius, "radius")
+  check_nonnegative(noise, "noise")
+  check_nonnegative(heterogeneity, "heterogeneity")
+  check_int(n_eval, "n_eval")
   k_plant, k_x, k_noise, k_eval, k_eval_u = jax.random.split(key, 5)
-  w_star, w_users = _planted(k_plant, n_users, d, radius, heterogeneity)
+  k_dir, k_het = jax.random.split(k_plant)
+  w_star = 0.5 * radius * _sphere(k_dir, (d,))
+  w_users = w_star + heterogeneity / math.sqrt(d) * jax.random.normal(k_het, (n_users, d))
   x = _sphere(k_x, (n_users, m, d))
   t = jnp.einsum("umd,ud->um", x, w_users)
   x_eval = _sphere(k_eval, (n_eval, d))
