@@ -10,14 +10,10 @@
                        constants={"lipschitz": 1.0, "smoothness": 4.0, "radius": 10.0})
     # model now holds the released parameters; result.privacy is the guarantee
 
-The model's ``nnx.Param`` variables are what the algorithm trains (split with
-``nnx.split(model, nnx.Param, ...)``); other state (batch statistics, RNG counters) is held
-fixed during the run and closed over by the loss: updates the forward pass makes to it are
-discarded (so no user's data leaks through a running statistic; train batch-norm models in
-eval mode or use a normalization without batch statistics).
-For step-by-step DP-SGD training with an ``nnx.Optimizer`` see
-:class:`dpsco_jax.flax.DPTrainer`; this bridge runs the papers' drivers (FILTER, SRGD, output
-perturbation, ...) through :func:`dpsco_jax.fit`.
+The model's ``nnx.Param`` variables are trained; other state (batch statistics, RNG
+counters) is held fixed and the forward pass's updates to it are discarded, so no user's data
+leaks through a running statistic (train batch-norm models in eval mode). Step-by-step DP-SGD:
+:class:`dpsco_jax.flax.DPTrainer`.
 """
 
 from __future__ import annotations
@@ -45,9 +41,8 @@ def _cached_params_loss(loss_fn: Callable, graphdef: Any) -> Callable:
 
 
 def params_loss(model: nnx.Module, loss_fn: Callable) -> tuple[Callable, Any]:
-  """``(loss(params, example), params)`` for ``loss_fn(model, example)``: the pure function of
-  the model's ``nnx.Param`` state that the algorithms differentiate. Cached per (loss_fn,
-  model structure) when the model has no other state, so repeated runs compile once.
+  """``(loss(params, example), params)``: ``loss_fn(model, example)`` as a pure function of the
+  model's ``nnx.Param`` state (cached per loss and structure when there is no other state).
 
   Args:
     model: the ``nnx.Module``.
@@ -70,11 +65,8 @@ def fit_model(algorithm: str, config: Mapping | Any, model: nnx.Module, loss_fn:
               constants: ProblemConstants | dict | None = None,
               mesh: jax.sharding.Mesh | None = None,
               callback: Callable | None = None) -> Result:
-  """Runs ``algorithm`` (see :func:`dpsco_jax.fit`; ``mesh`` shards users over its
-  ``"users"`` axis; ``callback`` gets a :class:`dpsco_jax.api.Progress` during the run) on the
-  model's ``nnx.Param`` state and writes the released parameters
-  into ``model`` (``nnx.update``); returns the Result (its ``params`` is the released
-  ``nnx.State``).
+  """Runs ``algorithm`` (:func:`dpsco_jax.fit`) on the model's ``nnx.Param`` state and writes
+  the released parameters into ``model``; the Result's ``params`` is the released ``nnx.State``.
 
   Args:
     algorithm: a registered algorithm name.

@@ -1,44 +1,23 @@
 """Checkpoints of :class:`~dpsco_jax.flax.trainer.DPTrainer` that cannot roll privacy back.
 
-A checkpoint ``directory/step_<t>`` (orbax) holds the params, the whole chain state (noise key
-and counter, optimizer state), the sampling key and the step as a flat dict of arrays, and as
-JSON the privacy fingerprint, the ledger's :meth:`~dpsco_jax.privacy.PrivacyLedger.state_dict`
-(configuration + entries + SHA-256 digest), the step and the reported history, sealed by an
-``integrity`` block: the SHA-256 of every array and a digest of all the JSON and that array
-digest together.
+A checkpoint ``directory/step_<t>`` (orbax) holds the state's arrays as a flat dict and, as
+JSON, the privacy fingerprint, the ledger's
+:meth:`~dpsco_jax.privacy.PrivacyLedger.state_dict`, the step, the history and the data facts,
+sealed by an ``integrity`` block over all of it and the arrays' SHA-256. By default the seal is
+a plain SHA-256: it detects accidents, *not forgery* (anyone can recompute it after a
+consistent edit). With ``hmac_key`` (bytes the user holds, at least 16) it is an HMAC-SHA256
+that cannot be recomputed without the key; a keyed checkpoint is refused without the key and
+an unkeyed one with it.
 
-**Keyed or not.** By default the seal is a plain SHA-256 (``scheme: sha256``): it detects
-accidents (a truncated copy, a hand edit of one field) but *not forgery*: anyone can recompute
-it after a consistent edit of the ledger, step and arrays (e.g. a run trained to epsilon 7.41
-relabelled as one at 5.38). With ``hmac_key`` (bytes the user holds, at least 16; e.g.
-``secrets.token_bytes(32)``, kept out of the checkpoint directory) the seal is an
-HMAC-SHA256 (``scheme: hmac-sha256``) that cannot be recomputed without the key: restoring
-with the key refuses an unkeyed or wrongly keyed checkpoint, and restoring a keyed one without
-the key is refused too (say which you trust).
-
-Restoring refuses (``LedgerIntegrityError``, a ``ValueError``) a checkpoint
-
-* whose seal does not match its JSON (ledger, step, history, fingerprint) and arrays;
-* whose ledger does not match its digest (events removed, a count lowered, by hand);
-* whose ledger configuration differs from the restoring trainer's (a raised budget, another
-  accountant, relation or delta);
-* whose ledger is not exactly what its step count implies (``t`` steps of the trainer's one
-  event), or whose JSON step differs from its arrays': without ``hmac_key`` the digests are
-  not keyed, so an edit that recomputes them is caught here unless the step counter is edited
-  consistently too (only the HMAC stops that);
-* whose privacy fingerprint (sampling rate, denominator, noise multiplier, clip norm, level,
-  relation; adaptive clipping's constants) differs; an adaptive-clipping checkpoint restored
-  into a fixed-clip trainer, or the reverse, is refused before its arrays are read
-  (:func:`check_clipping`: one holds ``C_t`` in its noise state, the other does not);
-* whose data facts (:func:`data_facts`: number of users, item slots, leaf shapes and dtypes,
-  and the data's digest) differ from the restoring trainer's data: a run resumes only on the
-  data it was trained on, not on another table of the same shape (:func:`check_data_facts`).
-  The digest is :attr:`~dpsco_jax.data.UserData.fingerprint`, so a UserData and its store
-  agree; it is a digest of private data, kept in the checkpoint (secret state already).
-
-Orbax writes into ``step_<t>.orbax-checkpoint-tmp-*`` and renames on success, so a crash leaves
-a partial temporary folder; :func:`latest_checkpoint` only considers complete ``step_<8 digits>``
-folders, so an intact earlier checkpoint is restored.
+Restoring refuses (``LedgerIntegrityError`` / ``ValueError``) a checkpoint whose seal does not
+match; whose ledger does not match its digest, or differs from the trainer's configuration
+(budget, accountant, relation, delta); whose ledger is not exactly what its step count implies,
+or whose JSON step differs from its arrays'; whose privacy fingerprint differs (an adaptive
+run and a fixed-clip one are told apart before the arrays are read: :func:`check_clipping`);
+or whose data facts differ (:func:`data_facts`: a run resumes only on the data it was trained
+on; the digest of private data is kept in the checkpoint, secret state already). A crash
+mid-save leaves only orbax's temporary folder: :func:`latest_checkpoint` takes complete
+``step_<8 digits>`` folders only.
 """
 
 from __future__ import annotations
@@ -80,23 +59,18 @@ def is_key(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _keys_to_data(tree):
-  return jax.tree.map(lambda x: jax.random.key_data(x) if is_key(x) else x, tree)
-
-
-def _data_to_keys(tree, like):
-  return jax.tree.map(lambda x, t: jax.random.wrap_key_data(x, impl=jax.random.key_impl(t))
-                      if is_key(t) else x, tree, like)
-
-
 def _flat_arrays(tree) -> dict:
-  """Leaves by position: orbax never sees nnx/optax node types, only a flat dict."""
-  return {f"leaf_{i:05d}": x for i, x in enumerate(jax.tree.leaves(_keys_to_data(tree)))}
+  """Leaves by position (keys as their data): orbax sees a flat dict, no nnx/optax nodes."""
+  data = jax.tree.map(lambda x: jax.random.key_data(x) if is_key(x) else x, tree)
+  return {f"leaf_{i:05d}": x for i, x in enumerate(jax.tree.leaves(data))}
 
 
 def _unflat_arrays(flat: dict, like):
+  """:func:`_flat_arrays` undone into ``like``'s structure, keys and dtypes."""
   leaves = [flat[f"leaf_{i:05d}"] for i in range(len(flat))]
-  return _data_to_keys(jax.tree.unflatten(jax.tree.structure(like), leaves), like)
+  return jax.tree.map(lambda x, t: jax.random.wrap_key_data(x, impl=jax.random.key_impl(t))
+                      if is_key(t) else jnp.asarray(x, dtype=t.dtype),
+                      jax.tree.unflatten(jax.tree.structure(like), leaves), like)
 
 
 # --- the seal ----------------------------------------------------------------------------------
@@ -105,8 +79,7 @@ MIN_HMAC_KEY_BYTES = 16
 
 
 def check_hmac_key(key: Any) -> bytes | None:
-  """``None`` (unkeyed) or bytes of at least :data:`MIN_HMAC_KEY_BYTES` (a short key can be
-  guessed, and a ``str`` has no single byte encoding: encode it yourself)."""
+  """``None`` (unkeyed) or bytes of at least :data:`MIN_HMAC_KEY_BYTES` (not a ``str``)."""
   if key is None:
     return None
   if not isinstance(key, (bytes, bytearray)):
@@ -140,8 +113,7 @@ def _mac(message: bytes, key: bytes | None) -> str:
 
 
 def seal(meta: dict, arrays: str, hmac_key: bytes | None = None) -> dict:
-  """``meta`` (made JSON-canonical) with its ``integrity`` block over itself and the array
-  digest ``arrays``: HMAC-SHA256 with ``hmac_key``, else plain SHA-256 (accidents only)."""
+  """``meta`` (JSON-canonical) with its ``integrity`` block over itself and ``arrays``."""
   key = check_hmac_key(hmac_key)
   meta = json.loads(json.dumps({k: v for k, v in meta.items() if k != "integrity"}))
   scheme = "sha256" if key is None else "hmac-sha256"
@@ -151,7 +123,7 @@ def seal(meta: dict, arrays: str, hmac_key: bytes | None = None) -> dict:
 
 def verify_seal(meta: dict, arrays: str, hmac_key: bytes | None = None) -> None:
   """Raises :class:`LedgerIntegrityError` unless ``meta``'s seal matches it and ``arrays``
-  under the scheme ``hmac_key`` asks for (keyed with a key, plain SHA-256 without)."""
+  under the scheme ``hmac_key`` asks for."""
   key = check_hmac_key(hmac_key)
   block = meta.get("integrity") if isinstance(meta, dict) else None
   if not isinstance(block, dict) or not {"scheme", "arrays_sha256", "digest"} <= set(block):
@@ -173,8 +145,7 @@ def verify_seal(meta: dict, arrays: str, hmac_key: bytes | None = None) -> None:
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> str | None:
-  """The complete ``step_<8 digits>`` folder with the largest step, or None. Orbax's partial
-  ``*.orbax-checkpoint-tmp*`` folders (a crash mid-save) are never chosen.
+  """The complete ``step_<8 digits>`` folder with the largest step (never a partial one).
 
   Args:
     directory: the checkpoints' folder.
@@ -191,8 +162,7 @@ def latest_checkpoint(directory: str | os.PathLike) -> str | None:
 
 
 def check_no_later_checkpoint(directory: str | os.PathLike, step: int) -> None:
-  """Raises ``FileExistsError`` when ``directory`` holds a checkpoint of a step after ``step``:
-  a run that trains from ``step`` into it would replace another run's checkpoints."""
+  """Raises ``FileExistsError`` when ``directory`` holds a checkpoint after ``step``."""
   latest = latest_checkpoint(directory)
   if latest is not None and int(_STEP_DIR.match(os.path.basename(latest)).group(1)) > step:
     raise FileExistsError(f"checkpoint_dir {os.path.dirname(latest)} holds {latest} (a later "
@@ -202,10 +172,8 @@ def check_no_later_checkpoint(directory: str | os.PathLike, step: int) -> None:
 
 def save_checkpoint(directory: str | os.PathLike, state: PyTree, step: int, meta: dict, *,
                     hmac_key: bytes | None = None, overwrite: bool = False) -> str:
-  """Writes ``directory/step_<step>`` (arrays of ``state`` + JSON ``meta`` with ``step``,
-  sealed: :func:`seal`, keyed with ``hmac_key``); returns its path. An existing checkpoint of
-  that step is never replaced unless ``overwrite`` (another run's checkpoint in the same
-  folder was silently replaced)."""
+  """Writes the sealed ``directory/step_<step>`` and returns its path (an existing one only
+  with ``overwrite``)."""
   ocp = require_orbax()
   check_bool(overwrite, "overwrite")
   path = os.path.join(os.path.abspath(os.fspath(directory)), f"step_{step:08d}")
@@ -222,18 +190,15 @@ def save_checkpoint(directory: str | os.PathLike, state: PyTree, step: int, meta
 
 def load_checkpoint(path: str | os.PathLike, like: PyTree, *, hmac_key: bytes | None = None
                     ) -> tuple[str, PyTree, dict]:
-  """Reads a ``step_*`` folder (or a directory's latest) into the structure of ``like``;
-  returns ``(path, state, meta)`` with the state cast to ``like``'s dtypes, after checking the
-  seal (:func:`verify_seal`; with ``hmac_key``, the HMAC)."""
+  """``(path, state, meta)`` of a ``step_*`` folder (or a directory's latest), the state in
+  ``like``'s structure and dtypes, after :func:`verify_seal`."""
   check_hmac_key(hmac_key)
   ocp = require_orbax()
   path = _step_path(path)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
     got = ckpt.restore(path, ocp.args.Composite(
         state=ocp.args.StandardRestore(_flat_arrays(like)), meta=ocp.args.JsonRestore()))
-  restored = _unflat_arrays(got["state"], like)
-  state = jax.tree.map(lambda r, t: r if is_key(t) else jnp.asarray(r, dtype=t.dtype),
-                       restored, like)
+  state = _unflat_arrays(got["state"], like)
   verify_seal(got["meta"], arrays_digest(jax.device_get(_flat_arrays(state))), hmac_key)
   return path, state, got["meta"]
 
@@ -250,9 +215,8 @@ def _step_path(path: str | os.PathLike) -> str:
 
 
 def read_meta(path: str | os.PathLike) -> tuple[str, dict]:
-  """``(step folder, its JSON meta)`` WITHOUT its arrays and NOT verified (the seal is checked
-  with the arrays by :func:`load_checkpoint`): only for refusals that must come before the
-  arrays are read into the trainer's structure (:func:`check_clipping`)."""
+  """``(step folder, its JSON meta)``, NOT verified: only for refusals due before the arrays
+  are read (:func:`check_clipping`)."""
   ocp = require_orbax()
   path = _step_path(path)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
@@ -261,9 +225,8 @@ def read_meta(path: str | os.PathLike) -> tuple[str, dict]:
 
 
 def check_clipping(path: str, meta: Any, mine: dict) -> None:
-  """Raises ``ValueError`` (one line) when the checkpoint's run and this trainer disagree on
-  adaptive clipping: an adaptive run's state carries its clip norm ``C_t`` (and another noise
-  state), so neither can resume the other (it would restart from ``C_0`` or drop ``C_t``)."""
+  """Raises ``ValueError`` when the checkpoint's run and this trainer disagree on adaptive
+  clipping (an adaptive run's state carries ``C_t``: neither can resume the other)."""
   recorded = meta.get("fingerprint") if isinstance(meta, dict) else None
   if not isinstance(recorded, dict):
     return  # no fingerprint: load_checkpoint's seal and fingerprint checks refuse it
@@ -281,10 +244,8 @@ def check_clipping(path: str, meta: Any, mine: dict) -> None:
 
 
 def data_facts(data: Any) -> dict:
-  """What a checkpoint records of the data a trainer reads: public facts (users, item slots,
-  leaf shapes and dtypes) and the digest of the contents, never the data itself. A
-  :class:`~dpsco_jax.data.UserData` gives its spec and :attr:`fingerprint`; other data (a
-  pytree of arrays) the shapes of its leaves and a digest over them."""
+  """What a checkpoint records of a trainer's data: its shapes and dtypes and a digest of the
+  contents (a UserData's :attr:`fingerprint`), never the data itself."""
   from dpsco_jax.data import UserData
   from dpsco_jax.data.grouping import array_checksum, fingerprint
   if isinstance(data, UserData):
@@ -300,9 +261,8 @@ def data_facts(data: Any) -> dict:
 
 
 def check_data_facts(recorded: Any, mine: dict) -> None:
-  """Raises ``ValueError`` unless the checkpoint's :func:`data_facts` are the trainer's,
-  naming the facts that differ (values shown for shapes only: the others, e.g. the number of
-  users, can be private)."""
+  """Raises ``ValueError`` unless the checkpoint's :func:`data_facts` are the trainer's (values
+  shown for shapes only: the others can be private)."""
   if not isinstance(recorded, dict):
     raise ValueError("checkpoint records no data facts (written by an older version): it "
                      "cannot be checked against this trainer's data, so it is refused")

@@ -2,47 +2,29 @@
 
 The clipped sum ``sum_u w_u g_u``, ``w_u = min(1, C / N_u)``, needs every user's gradient
 *norm*, not the gradients. For a layer whose parameters enter the loss only through its own
-call, the per-user gradient is bilinear in what the layer saw (inputs ``a``) and the gradient
-at its output (``g``): ``G_u = sum_t a_t g_t^T`` for ``nnx.Linear``/``nnx.Conv`` kernels
-(``a_t`` the receptive-field patch, per feature group), a scatter of ``g_t`` for
-``nnx.Embed``, ``sum_t g_t`` for biases (Goodfellow 2015; Li et al. 2022 "ghost clipping";
-Bu et al. 2023 "book-keeping"); ``nnx.LinearGeneral`` (so ``nnx.MultiHeadAttention``'s four
-projections) is the same formula on its inputs with the contracted axes flattened. ``g`` comes
-from one backward pass to zero *taps* added to the layer outputs, vmapped over users;
-LayerNorm / RMSNorm / GroupNorm parameters use the layer's own VJP per user.
-Every other parameter takes the **fallback**: its exact per-user gradient from the same
-backward pass (the core's vmap path restricted to those parameters).
+call, the per-user gradient is bilinear in the layer's inputs ``a`` and the gradient at its
+output ``g`` (Goodfellow 2015; Li et al. 2022 "ghost clipping"; Bu et al. 2023
+"book-keeping"): ``G_u = sum_t a_t g_t^T`` for ``nnx.Linear`` / ``LinearGeneral`` / ``Conv``
+kernels, a scatter of ``g_t`` for ``nnx.Embed``, ``sum_t g_t`` for biases; normalization
+layers use their own VJP per user. ``g`` comes from one backward pass to zero *taps* added to
+the layer outputs, vmapped over users. Every other parameter takes the **fallback**: its exact
+per-user gradient from the same backward pass. A layer is tapped only when it provably
+computes its output from the raw ``Param`` values with the tapped formula (the rule:
+:mod:`dpsco_jax.flax.fast_clip_taps`).
 
-Soundness rule (enforced when planning, see :mod:`dpsco_jax.flax.fast_clip_taps`): a layer is
-tapped only when it provably computes its output from the raw ``Param`` values with the tapped
-formula - an exact class among Linear/LinearGeneral/Conv/Embed/LayerNorm/RMSNorm/GroupNorm
-with default ``promote_dtype``,
-``dot_general``/``conv_general_dilated``, float32 compute, no conv mask and no negative
-padding; plain ``Param`` variables (no overridden value accessors, no value hooks); no
-``Param`` held by another module; raw values untouched between merge and call (so
-``nnx.WeightNorm``/``nnx.SpectralNorm`` wrappers are refused); parameters reaching the loss
-only through its calls (JVP-jaxpr check) and no call inside an inner transform. Anything else
-is computed by the fallback, whose norms are the exact per-user norms.
-
-Numerics (see :mod:`dpsco_jax.flax.fast_clip_norms`): every tapped norm is a **certified upper
+Numerics (:mod:`dpsco_jax.flax.fast_clip_norms`): every tapped norm is a **certified upper
 bound** ``N_u`` on both the exact per-user norm and the norm of what this user's release
-actually adds, under a worst-case float32 rounding model at ``Precision.HIGHEST`` (never the
-backend's TF32/bf16 default); fallback and per-user (dense) parts are released from the very
-arrays whose norms are taken, with the sum of squares inflated by its own worst-case error.
-Hence the **final guard is by construction**: the realised contribution of every user is at
-most ``w_u N_u <= C`` up to the final division's rounding, which a ``(1 + 4 UNIT)`` factor on
-``N_u`` absorbs. Rounding across users in the final sum (any float32 sum of many users has it)
-is not attributed to one user. Contributions are weighted and summed in float32 or wider and
-returned so (a bfloat16 model's clipped sum is float32, as on the vmap path: ``w_u g_u``
-rounded to bfloat16 exceeded ``C``). :meth:`FastClippedGrad.norms` returns these bounds:
-equal to the exact norms within ~1e-6 relative on ordinary inputs, larger (over-clipping,
-never under-clipping) on inputs that cancel.
+actually adds, under worst-case float32 rounding at ``Precision.HIGHEST``; dense parts are
+released from the very arrays whose norms are taken. Hence every user's realised contribution
+is at most ``w_u N_u <= C`` (a ``(1 + 4 UNIT)`` factor absorbs the final division's
+rounding). Contributions are weighted and summed in float32 or wider. The bounds equal the
+exact norms within ~1e-6 relative on ordinary inputs and are larger (over-clipping, never
+under-clipping) on inputs that cancel.
 
 The result equals the core's ``clip_per_user(C)`` + ``aggregate`` on ``per_user_grads`` to
 float rounding: masked users and users with non-finite gradients contribute exactly zero, and
 the sensitivity is :func:`~dpsco_jax.transforms.clipping.aggregation_sensitivity`. Limit: the
-loss must be a deterministic function of (params, example); non-``Param`` state (batch
-statistics, RNG counters, a kernel frozen in a non-``Param`` variable) is held fixed.
+loss must be a deterministic function of (params, example); non-``Param`` state is held fixed.
 """
 
 from __future__ import annotations
@@ -74,22 +56,18 @@ _F32 = jnp.float32
 
 @dataclasses.dataclass(frozen=True)
 class FastClipPlan:
-  """Static description of how each parameter's per-user norm is obtained.
+  """Static description of how each parameter's per-user norm is obtained (shapes only).
 
   Attributes:
     fast: module paths whose norms come from taps, with their kind.
     fallback: parameter paths handled by per-user (vmap) gradients.
     calls: the tapped calls of one example, in call order.
-    layers: per tapped layer (and the fallback parameters), the kernel form taken and its
-      predicted cost at this batch's number of users and items
-      (:class:`~dpsco_jax.flax.fast_clip_cost.LayerCost`; shapes only).
-    predicted: the predicted cost of each path, ``{"fast": ..., "vmap": ...}``; what
-      ``method="auto"`` decides on.
-    conv_chunks: how convolutions size their chunks of users on this backend
-      (:func:`~dpsco_jax.flax.fast_clip_conv.chunk_rule`; each conv's chunk is in
-      ``layers``).
-    vmap_chunks: ``(chunks, reason)``: how many chunks of users the vmap path forms its
-      clipped sum in on this backend (:func:`~dpsco_jax.flax.fast_clip_vmap.vmap_chunks`).
+    layers: per tapped layer (and the fallback), the form taken and its predicted cost
+      (:class:`~dpsco_jax.flax.fast_clip_cost.LayerCost`).
+    predicted: each path's predicted cost, ``{"fast": ..., "vmap": ...}`` (what ``"auto"``
+      decides on).
+    conv_chunks: how convolutions size their chunks of users on this backend.
+    vmap_chunks: ``(chunks, reason)`` of the vmap path on this backend.
   """
   fast: tuple[tuple[Path, str], ...]
   fallback: tuple[Path, ...]
@@ -108,43 +86,30 @@ class ClipInfo(NamedTuple):
     weights: ``[U]`` ``min(1, C/norm)``, 0 for masked or non-finite users.
     kept: ``[U]`` bool, a real user with a finite gradient.
   """
-  norms: jax.Array    # [U] certified per-user norm bounds (NaN/Inf for non-finite users)
-  weights: jax.Array  # [U] min(1, C/norm), 0 for masked / non-finite users
-  kept: jax.Array     # [U] bool: real user with a finite gradient
+  norms: jax.Array
+  weights: jax.Array
+  kept: jax.Array
 
 
 @dataclasses.dataclass
 class _Part:
-  """One parameter leaf's per-user contribution, released as ``sum_u w_u dense_u`` when the
-  per-user gradients ``dense [U, ...]`` are materialised (exact per user by construction),
-  else as ``release(w, kept, donor)`` (weights ``[U]``, kept users, the index of a kept user
-  whose inputs stand in for dropped ones); ``sq`` bounds the squared norm of either."""
+  """One leaf's per-user contribution: ``sum_u w_u dense_u``, else ``release(w, kept,
+  donor)``; ``sq`` bounds the squared norm of either."""
   leaf: int
   sq: jax.Array
   dense: jax.Array | None = None
   release: Callable | None = None
 
 
-# The clipped sum and the norms run under ``at_guarantee_precision`` (dpsco_jax/precision.py):
-# the model's per-user passes and every norm and release built on them use float32 matmuls
-# whatever the backend's or the caller's default.
-# Why: the backend default is TF32 on GPUs and bf16 passes on TPUs (1e-3 relative; XLA:CPU
-# ignores it, so CPU never shows the difference). The certified bounds of
-# :mod:`dpsco_jax.flax.fast_clip_norms` assume ``Precision.HIGHEST`` in their own products
-# (which they pin explicitly), and the per-user gradients, output gradients and layer inputs
-# they are taken of come from the user's model: at TF32 those are a shape-dependent rounding
-# of the model's gradient (a micro-batch of 4 and one of 16 users were rounded differently,
-# the fast norms fell below the float64 norms of the model they clip). Pinning the whole
-# clipped sum makes every number the guarantee and the tests rely on the float32 one on every
-# backend; the cost is full float32 matmuls in the private step (what ``bench_gpu`` measures
-# anyway). ``tests/test_flax_fast_clip_precision.py`` checks every traced matmul/conv.
+# The clipped sum and the norms run under ``at_guarantee_precision``: the certified bounds
+# assume float32 products, and at the backend default (TF32 on GPUs, bf16 passes on TPUs) the
+# per-user gradients they bound are a shape-dependent rounding of the model's gradient.
+# ``tests/test_flax_fast_clip_precision.py`` checks every traced matmul/conv.
 
 
 def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
-  """A Linear's or LinearGeneral's recorded inputs ``[U, m, ...]`` as rows ``[U, N, p]`` whose
-  outer products with the output gradients' rows ``[U, N, q]`` sum to the kernel gradient
-  (flattened ``[p, q]``): LinearGeneral contracts ``axis`` (in that order, against the kernel's
-  leading dims) and keeps the other dims in order, exactly as ``dot_general`` lays them out."""
+  """A Linear's or LinearGeneral's inputs ``[U, m, ...]`` as rows ``[U, N, p]`` (contracted
+  axes last, as ``dot_general`` lays them out against the kernel)."""
   if kind == "linear_general":
     nd = x.ndim - 2  # per-example rank
     axes = [2 + (int(a) % nd) for a in module.axis]
@@ -162,82 +127,56 @@ def _wide(dtype) -> jnp.dtype:
 
 
 def _as_rounded(x: jax.Array) -> jax.Array:
-  """A per-user gradient leaf in float32 or wider, *as rounded to its own dtype*.
-
-  A bfloat16 parameter's gradient is the bfloat16 value (what ``jax.grad`` returns), but
-  XLA:GPU's excess-precision passes (``xla_allow_excess_precision``, on by default) delete a
-  ``f32 -> bf16 -> f32`` convert pair inside one program, so the norm and the release could
-  otherwise see the unrounded float32 value on one backend and the rounded one on another
-  (the bf16 soundness test failed on an H200, not on CPU). ``reduce_precision`` is never
-  removed: it pins the value to the rounded one on every backend, for the norm and the
-  release alike."""
+  """A per-user gradient leaf in float32 or wider, *as rounded to its own dtype*: XLA:GPU's
+  excess precision may drop a ``f32 -> bf16 -> f32`` pair, ``reduce_precision`` is never
+  removed, so the norm and the release see the same value on every backend."""
   if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits >= 32:
     return x
   fi = jnp.finfo(x.dtype)
   return lax.reduce_precision(x.astype(_F32), exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
 
 
-def _bcast(v, x):
-  return jnp.reshape(v, v.shape + (1,) * (x.ndim - v.ndim))
-
-
 def _safe(x, kept, donor):
-  """Dropped users' recorded inputs may be non-finite: a kept user's stand in (their weighted
-  cotangent is exactly zero, so any finite input adds an exact zero)."""
-  return jnp.where(_bcast(kept, x), x, x[donor][None])
+  """A kept user's inputs stand in for dropped users' (maybe non-finite; weighted by 0)."""
+  return jnp.where(fn.bcast(kept, x), x, x[donor][None])
 
 
 def _weighted_sum(x, w, kept):
-  """``sum_u w_u x_u`` over kept users (dropped users' rows may be non-finite: zeroed), in
-  float32 or wider, as one contraction over users at HIGHEST: ``sum(w x, 0)`` materialised
-  the weighted ``[U, ...]`` copy on XLA:CPU (a conv's per-user kernel gradients: 151 MB at
-  bench_gpu's CNN); the select below can overwrite ``x`` in place."""
-  x = jnp.where(_bcast(kept, x), x.astype(_wide(x.dtype)), 0.0)
+  """``sum_u w_u x_u`` over kept users in float32 or wider, one contraction at HIGHEST (no
+  weighted ``[U, ...]`` copy)."""
+  x = jnp.where(fn.bcast(kept, x), x.astype(_wide(x.dtype)), 0.0)
   wk = jnp.where(kept, w, 0.0).astype(x.dtype)
   return lax.dot_general(wk, x, (((0,), (0,)), ((), ())), precision=lax.Precision.HIGHEST)
 
 
 def _weighted(g, w, kept):
-  """``w_u g_u`` in float32 or wider, exactly zero for dropped users: weighted and summed in
-  float32 or wider, since ``w_u g_u`` rounded to bfloat16 (the dtype of a bfloat16 model's
-  per-user gradients) exceeded C by up to 2^-9 relative, and so did the sum cast back to it
-  (the core's aggregates are never rounded below float32 before the noise)."""
+  """``w_u g_u`` in float32 or wider (rounded to bfloat16 it exceeded C), 0 for dropped users."""
   g = g.astype(_wide(g.dtype))
-  return jnp.where(_bcast(kept, g), g * _bcast(w, g).astype(g.dtype), 0.0)
+  return jnp.where(fn.bcast(kept, g), g * fn.bcast(w, g).astype(g.dtype), 0.0)
 
 
 class FastClippedGrad:
   """Per-user clipped gradient sums of an nnx model, via taps (fast) or vmap (reference).
 
   Args:
-    model: an ``nnx.Module``; its ``nnx.Param`` leaves are the trainable parameters, the rest
-      of its state is held fixed.
-    loss_fn: ``loss_fn(model, example) -> scalar`` for one example (leaves without batch
-      axis), as in the core convention.
+    model: an ``nnx.Module``; its ``nnx.Param`` leaves are trained, the rest is held fixed.
+    loss_fn: ``loss_fn(model, example) -> scalar`` for one example (no batch axis).
     clip_norm: ``C``; every user's (or example's) gradient is scaled by ``min(1, C/N_u)``.
     level: ``"user"`` (batches ``[U, m, ...]``, a user's gradient is the mean over its
       ``m`` items) or ``"item"`` (batches ``[B, ...]``).
     method: ``"fast"`` (taps + fallback), ``"vmap"`` (core ``per_user_grads`` then
-      ``clip_and_aggregate``; the reference) or ``"auto"``: the path with the lower
-      predicted cost at the batch's shapes (:mod:`~dpsco_jax.flax.fast_clip_cost`, reported
-      by :meth:`plan`; shapes only, never timings or data). Both are exact: the choice
-      changes the speed, never the released value's distribution or its sensitivity.
-    ghost: ``"auto"`` | ``"gram"`` | ``"direct"`` for Linear/Conv kernels; ``"gram"`` is
-      honoured only where its certified error is small (see module doc); ``"auto"`` picks
-      per layer from shapes and backend (Linear:
-      :func:`~dpsco_jax.flax.fast_clip_cost.kernel_form`, reported by :meth:`plan`).
-    conv_budget: convolutions form their per-user kernel gradients from im2col patches in
-      chunks of users whose temporaries fit in this fraction of the layer's activations
-      (:mod:`~dpsco_jax.flax.fast_clip_conv`; shapes only); ``None``: all users at once
-      (the same numbers, with every conv's patches for the whole batch alive); ``"auto"``
-      (default): by backend (:func:`~dpsco_jax.flax.fast_clip_conv.chunk_rule`): on CPU
-      ``CONV_CHUNK_BUDGET`` (0.25), on an accelerator ``ACCEL_CHUNK_BUDGET`` (1.0: fewer
-      loop trips) and at most ``ACCEL_MEMORY_FRACTION`` of the device's memory per conv.
-      :meth:`plan` reports the rule and each conv's chunk.
-    vmap_chunks: the vmap path forms its clipped sum this many chunks of users at a time
-      (the same sum up to the order of float additions); ``"auto"`` (default): by shapes and
-      backend (:func:`~dpsco_jax.flax.fast_clip_vmap.vmap_chunks`: on CPU 4 chunks where the
-      per-user gradients are large against the batch, else 1). :meth:`plan` reports it.
+      ``clip_and_aggregate``; the reference) or ``"auto"``: the lower predicted cost at the
+      batch's shapes (:meth:`plan`; never timings or data). Both are exact: the choice changes
+      the speed, never the released value's distribution or its sensitivity.
+    ghost: ``"auto"`` | ``"gram"`` | ``"direct"`` for Linear/Conv kernels; ``"gram"`` only
+      where its certified error is small; ``"auto"`` picks per layer from shapes and backend.
+    conv_budget: convolutions form their per-user kernel gradients in chunks of users whose
+      temporaries fit in this fraction of the layer's activations; ``None``: all users at
+      once; ``"auto"`` (default): by backend
+      (:func:`~dpsco_jax.flax.fast_clip_conv.chunk_rule`). The same numbers either way.
+    vmap_chunks: the vmap path forms its clipped sum this many chunks of users at a time (the
+      same sum up to float addition order); ``"auto"`` (default): by shapes and backend
+      (:func:`~dpsco_jax.flax.fast_clip_vmap.vmap_chunks`).
 
   Sensitivity: :meth:`sensitivity` (``C`` for the sum under add/remove, ``C/D`` for the mean).
   """
@@ -252,7 +191,6 @@ class FastClippedGrad:
     self.clip_norm = check_positive(clip_norm, "clip_norm")
     self.level = check_choice(level, "level", ("user", "item"))
     self.requested_method = check_choice(method, "method", ("fast", "vmap", "auto"))
-    # "auto" is resolved per batch shape by the cost model (the last choice is kept here).
     self.method: str | None = None if method == "auto" else method
     self.autotune_report: dict | None = None
     self.ghost = check_choice(ghost, "ghost", ("auto", "gram", "direct"))
@@ -267,8 +205,6 @@ class FastClippedGrad:
     self._leaf_index = {lp: i for i, lp in enumerate(self._leaf_paths)}
     self._candidates = ft.candidates(model)
     self._plans: dict = {}
-
-  # ---- functional views --------------------------------------------------------------------
 
   def model_loss(self, params: PyTree, example: PyTree) -> jax.Array:
     """``loss_fn`` as a function of the parameter State (the core's ``loss_fn(params, ex)``).
@@ -290,16 +226,10 @@ class FastClippedGrad:
         raise ValueError("batch leaves must be shaped [users, m, ...] for level='user'")
     return batch
 
-  # ---- planning ----------------------------------------------------------------------------
-
   def plan(self, params: PyTree, batch: PyTree, *, backend: str | None = None,
            device_memory: int | None = None) -> FastClipPlan:
-    """The tap plan for this batch's shapes: which layers are tapped (cached per example
-    shape) and, per layer, the kernel form and its predicted cost at this batch's number of
-    users and items (``layers``, ``predicted``) on ``backend`` (default: JAX's default
-    backend; see :data:`~dpsco_jax.flax.fast_clip_cost.GROUPED_CONV_WEIGHT`), with the
-    convolutions chunked as the step would be there (``conv_chunks``; ``device_memory``
-    in bytes, default that of ``backend``'s first local device, where known).
+    """The tap plan for this batch's shapes (cached per example shape): which layers are
+    tapped and, per layer, the form and predicted cost at this batch's size on ``backend``.
 
     Args:
       params: the parameter State.
@@ -325,8 +255,7 @@ class FastClippedGrad:
 
   def _conv_rule(self, backend: str | None = None,
                  device_memory: int | None = None) -> fcv.ChunkRule:
-    """How convs are chunked on ``backend`` (default: JAX's default backend, which the step
-    is traced for); the device's memory is asked once per backend."""
+    """How convs are chunked on ``backend`` (device memory asked once per backend)."""
     backend = backend or jax.default_backend()
     if device_memory is None and self.conv_budget == "auto":
       if backend not in self._device_bytes:
@@ -355,8 +284,7 @@ class FastClippedGrad:
       tapes.append(tape)
       with ft.active(tape):
         loss = self.loss_fn(model, ex)
-      # A layer called inside an inner transform (scan, remat, vmap, cond) of the model sees
-      # one trace for many executions: taps cannot see its per-position outputs.
+      # a layer called inside an inner transform (scan, remat, vmap, cond) cannot be tapped
       tape.inner.update(path for path, trace in tape.outputs if trace is not tape.trace)
       return loss
 
@@ -378,11 +306,9 @@ class FastClippedGrad:
     calls = tuple(s for s in tape.specs if s.path in fast)
     return FastClipPlan(fast=tuple(fast.items()), fallback=fallback, calls=calls)
 
-  # ---- the fast pass -----------------------------------------------------------------------
-
   def _fast_pass(self, params, users, plan: FastClipPlan):
-    """One vmapped backward pass to the taps: per-user fallback grads, recorded layer inputs
-    and output gradients (already carrying the 1/m of the per-user mean)."""
+    """One vmapped backward pass to the taps: per-user fallback grads, layer inputs and
+    output gradients (carrying the 1/m of the per-user mean)."""
     leaves, treedef = jax.tree.flatten(params)
     fb_set = set(plan.fallback)
     fb_idx = [i for i, lp in enumerate(self._leaf_paths) if lp in fb_set]
@@ -507,8 +433,6 @@ class FastClippedGrad:
     bound = jnp.sqrt(total / (1.0 - fn.gamma(len(parts) + 2))) * (1.0 + 4 * fn.UNIT)
     return parts, bound
 
-  # ---- public API --------------------------------------------------------------------------
-
   def _weights(self, norms, user_mask, clip_norm=None):
     kept = jnp.isfinite(norms)
     if user_mask is not None:
@@ -517,15 +441,11 @@ class FastClippedGrad:
     w = jnp.where(kept, jnp.minimum(1.0, clip / jnp.maximum(norms, _TINY)), 0.0)
     return norms, w, kept
 
-  # ---- method selection ---------------------------------------------------------------------
-
   def autotune(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None, *,
                repeats: int | None = None) -> str:
     """Resolves ``method="auto"`` for ``batch``'s shapes by the cost model (no timing, no
-    data: a zero stand-in gives the same choice) and returns it; the per-path predictions
-    are kept in :attr:`autotune_report`. ``auto`` also resolves by itself at each call, so
-    this is only needed to know the choice in advance. A fixed ``method`` is returned as is.
-    ``user_mask`` and ``repeats`` are accepted for compatibility and unused.
+    data) and returns it, with the predictions in :attr:`autotune_report`; ``auto`` also
+    resolves at each call. A fixed ``method`` is returned as is.
 
     Args:
       params: the parameter State.
@@ -546,15 +466,10 @@ class FastClippedGrad:
                             "shapes": jax.tree.map(lambda x: tuple(jnp.shape(x)), batch)}
     return self.method
 
-  def _method(self, params: PyTree, batch: PyTree) -> str:
-    if self.requested_method == "auto":
-      return self.autotune(params, batch)
-    return self.method
-
   @at_guarantee_precision
   def norms(self, params: PyTree, batch: PyTree) -> jax.Array:
-    """Per-user (per-example at item level) gradient norms ``[U]``: exact for ``vmap``,
-    certified upper bounds (equal to ~1e-6 on ordinary inputs) for ``fast``.
+    """Per-user (per-example) gradient norms ``[U]``: exact (``vmap``) or certified upper
+    bounds (``fast``).
 
     Args:
       params: the parameter State.
@@ -564,7 +479,7 @@ class FastClippedGrad:
       The ``[U]`` norms (secret: never release them).
     """
     users = self._as_users(batch)
-    if self._method(params, batch) == "vmap":
+    if self.autotune(params, batch) == "vmap":
       chunks, _ = fvm.vmap_chunks(self.vmap_chunks, params, users)
       return fvm.chunked_norms(self.model_loss, params, users, chunks)
     return self._parts_and_bounds(params, batch)[1]
@@ -578,14 +493,13 @@ class FastClippedGrad:
       params: the parameter State.
       batch: the batch.
       user_mask: bool ``[U]``, False for padding (default: every slot is a user).
-      clip_norm: clip at this ``C`` instead of the constructor's (a traced scalar allowed:
-        adaptive clipping's ``C_t``, carried in the trainer's state). The bounds ``N_u`` do
-        not depend on ``C``, so every contribution is still at most ``w_u N_u <= C``.
+      clip_norm: clip at this ``C`` instead (a traced scalar allowed: adaptive clipping's
+        ``C_t``); the bounds ``N_u`` do not depend on ``C``, so still ``w_u N_u <= C``.
 
     Returns:
       ``(summed, info)``.
     """
-    return self._clipped_sum_with(self._method(params, batch), params, batch, user_mask,
+    return self._clipped_sum_with(self.autotune(params, batch), params, batch, user_mask,
                                   clip_norm)
 
   @at_guarantee_precision
@@ -620,8 +534,8 @@ class FastClippedGrad:
 
   def aggregate(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None, *,
                 mode: str = "mean", denominator: float | None = None) -> PyTree:
-    """The core's ``clip_per_user(C)`` + ``aggregate(mode, denominator)`` output: the clipped
-    sum, divided by the fixed ``denominator`` for ``mode="mean"``.
+    """The clipped sum, divided by the fixed ``denominator`` for ``mode="mean"`` (the core's
+    ``clip_per_user(C)`` + ``aggregate(mode, denominator)``).
 
     Args:
       params: the parameter State.
@@ -637,7 +551,7 @@ class FastClippedGrad:
       ValueError: an unknown ``mode``, ``"mean"`` without a ``denominator`` > 0, or a mean that
         would overflow float32.
     """
-    # the core's checks: a denominator so small that the mean overflows float32 is refused
+    # the core's checks: a mean that would overflow float32 is refused
     scale = _check_mean(mode, denominator)
     _check_bounded(self.clip_norm, scale, jax.tree.leaves(self._as_users(batch))[0].shape[0])
     summed, _ = self.clipped_sum(params, batch, user_mask)

@@ -1,26 +1,13 @@
 """Per-user convolution kernel norms and releases in chunks of users (bounded memory).
 
-Private helper of :mod:`dpsco_jax.flax.fast_clip`. A tapped ``nnx.Conv`` forms its per-user
-weight gradient from im2col patches (``kh kw c_in`` copies of every input position: 9x the
-layer's activations for a 3x3 kernel) so that the per-user gradients are batched matmuls,
-which a GPU runs at matmul rate (a user-grouped convolution, vmap's form, ran ~70x slower on
-an H200; see :data:`~dpsco_jax.flax.fast_clip_cost.GROUPED_CONV_WEIGHT`). Patches for all
-users at once held the CNNs' private step at ~2x the non-private step's memory
-(``experiments/bench_cost.md``), so here they are formed for one chunk of users at a time in
-a ``fori_loop``: only one chunk's patches are ever alive.
-
-The chunk is static, from shapes only (:func:`chunk_users`): the users whose patches (and
-per-user gradients and row norms) fit in ``budget`` times the layer's own activations (its
-inputs plus outputs over the whole batch, which the non-private step holds anyway): by
-default 0.25 on CPU, and on an accelerator 1.0 capped by a fraction of the device's memory
-(:func:`chunk_rule`: loop trips cost time there). The
-arithmetic per user is exactly the unchunked one (the same :func:`~dpsco_jax.flax.
-fast_clip_norms.kernel_bound` on the same patches), so the certified bounds are unchanged.
-
-Chunks are taken with ``dynamic_slice`` (no copy of the batch); when the chunk does not divide
-the number of users the last chunk is clamped to end at the last user and overlaps the one
-before: per-user outputs are then written twice with the same values, and the summed release
-masks the users an earlier chunk already added.
+A tapped ``nnx.Conv`` forms its per-user weight gradient from im2col patches (``kh kw c_in``
+copies of every input position) so that the per-user gradients are batched matmuls; the
+patches are formed for one chunk of users at a time in a ``fori_loop``. The chunk is static,
+from shapes only (:func:`chunk_users`, :func:`chunk_rule`), and the arithmetic per user is
+exactly the unchunked one, so the certified bounds are unchanged. When the chunk does not
+divide the number of users, the last chunk is clamped to end at the last user: per-user
+outputs are written twice with the same values, and the release masks the users an earlier
+chunk already added. Measurements: ``experiments/bench_cost.md``.
 """
 
 from __future__ import annotations
@@ -36,31 +23,20 @@ from dpsco_jax.flax import fast_clip_norms as fn
 
 _F32 = jnp.float32
 
-#: Default chunk budget: one chunk's temporaries (patches, row norms, per-user gradients) at
-#: most this fraction of the layer's activations (inputs + outputs, all users). The
-#: non-private step holds every layer's activations, so a quarter of the largest layer's
-#: stays well inside the issue's 1.2x target (bench_cost.md has the measurements).
+#: CPU chunk budget: one chunk's temporaries at most this fraction of the layer's activations
+#: (inputs + outputs, all users), which the non-private step holds anyway.
 CONV_CHUNK_BUDGET = 0.25
-
-#: ``conv_budget="auto"`` on an accelerator (:func:`chunk_rule`): one chunk's temporaries at
-#: most this fraction of the layer's activations (4x the CPU's: 4x fewer loop trips), and ...
+#: The accelerator's budget (fewer loop trips), capped at this fraction of the device's memory.
 ACCEL_CHUNK_BUDGET = 1.0
-#: ... at most this fraction of the device's memory (patches, row norms, per-user gradients:
-#: float32). A sixteenth leaves room for the model's activations and for XLA holding two
-#: layers' temporaries at once.
 ACCEL_MEMORY_FRACTION = 1 / 16
 _BYTES = 4  # the patches and per-user gradients are float32
-
-#: A conv's per-user gradient buffer is created after the backward pass reaches the layer (not
-#: as constant zeros, which XLA allocates at the start of the step) when it holds more than
-#: this fraction of the layer's activations (see :func:`conv_bound`).
+#: Per-user gradient buffers larger than this fraction of the layer's activations are created
+#: once the backward pass reaches the layer (:func:`conv_bound`).
 LATE_BUFFER = 0.5
 
 
 def per_user_elements(conv: nnx.Conv, n: int, direct: bool) -> int:
-  """Temporaries of one user in a chunk, in elements: its patches ``n k`` (``k = kh kw
-  c_in``), the Gram matrices ``2 n^2`` per group (Gram form) or its gradient ``k q`` (direct
-  form), and the output gradient rows it reads ``n c_out``."""
+  """One user's temporaries in a chunk, in elements: patches, Gram or gradient, output rows."""
   groups = int(conv.feature_group_count)
   k = fn._prod(conv.kernel_size) * int(conv.in_features)
   out = int(conv.out_features)
@@ -75,10 +51,8 @@ def layer_elements(in_shapes: Sequence[tuple], out_shapes: Sequence[tuple]) -> i
 
 def chunk_users(n_users: int, per_user: int, layer: int, budget: float | None,
                 limit: int | None = None) -> int:
-  """Users per chunk: as many as fit in ``budget * layer`` elements and in ``limit`` elements
-  (at least 1); the largest divisor of ``n_users`` not above that when it is at least half of
-  it (no overlapping last chunk). Both ``None``: all users in one chunk (the unchunked
-  form)."""
+  """Users per chunk: as many as fit in ``budget * layer`` and ``limit`` elements (at least
+  1), preferring a divisor of ``n_users`` at least half that; both ``None``: all users."""
   caps = ([int(budget * layer)] if budget is not None else []) + (
       [int(limit)] if limit is not None else [])
   if not caps:
@@ -91,18 +65,15 @@ def chunk_users(n_users: int, per_user: int, layer: int, budget: float | None,
 
 
 class ChunkRule(NamedTuple):
-  """How every conv of a step sizes its chunk of users (:func:`chunk_rule`): one chunk's
-  temporaries at most ``budget`` times the layer's activations and at most ``limit``
-  elements (``None``: no such cap; both ``None``: all users at once)."""
+  """A chunk's temporaries: at most ``budget`` times the layer's activations and ``limit``
+  elements (``None``: no such cap)."""
   budget: float | None
   limit: int | None
   reason: str  # why: reported by FastClippedGrad.plan()
 
 
 def device_memory(backend: str) -> int | None:
-  """Bytes the first local device of ``backend`` may allocate (``memory_stats()``'s
-  ``bytes_limit``: after XLA's preallocation fraction on a GPU); None where unknown (CPU, a
-  backend that does not report it, or no such backend here)."""
+  """Bytes the first local device of ``backend`` may allocate, or None where unknown."""
   if backend == "cpu":
     return None
   try:
@@ -115,24 +86,11 @@ def device_memory(backend: str) -> int | None:
 
 def chunk_rule(conv_budget: float | str | None, backend: str,
                device_bytes: int | None) -> ChunkRule:
-  """The chunking of ``FastClippedGrad(conv_budget=...)`` on ``backend``.
-
-  A number or ``None`` is taken as given on every backend. ``"auto"`` (the default) is the
-  backend's trade-off, from shapes and the device's memory only:
-
-  * CPU: :data:`CONV_CHUNK_BUDGET` of the layer's
-    activations. Chunking cost no time there (bench_cost.md: the item CNN's fast step went
-    from 2.23x to 1.89x the non-private step's CPU time when chunked) and the patches of all
-    users at once held the step at ~2x the non-private step's memory.
-  * an accelerator: :data:`ACCEL_CHUNK_BUDGET` (1.0) of the layer's activations, and never
-    more than :data:`ACCEL_MEMORY_FRACTION` of the device's memory (where known). There each loop trip is
-    a handful of kernel launches on a small batched matmul, so the CPU budget's 88 trips
-    cost time, while all users at once gave up what chunks gain there. Measured on an H100
-    (jax 0.11.2, fp32 highest; ``experiments/results/gpu/conv_budget_h100.log``,
-    ``conv_budget_default_h100.log``), item-level CNN step as a ratio to the non-private
-    step: budget 0.25 (88 trips) 4.22x / 4.48x, **1.0 (22 trips) 2.39x**, 4.0 (1 to 2
-    trips) 2.59x, all users at once 2.57x / 2.59x; user-level CNN: 0.25 (56 trips) 2.09x,
-    all users at once 2.34x (1.0 not yet measured there: between the two, 14 trips)."""
+  """The chunking of ``FastClippedGrad(conv_budget=...)`` on ``backend``: a number or
+  ``None`` as given; ``"auto"``: :data:`CONV_CHUNK_BUDGET` on CPU (chunking cost no time
+  there), else :data:`ACCEL_CHUNK_BUDGET` capped at :data:`ACCEL_MEMORY_FRACTION` of the
+  device's memory (each loop trip costs kernel launches there; measured in
+  ``experiments/results/gpu/conv_budget_h100.log``)."""
   if conv_budget is None:
     return ChunkRule(None, None, "conv_budget=None: all users at once")
   if conv_budget != "auto":
@@ -185,9 +143,8 @@ def _bound_chunk(conv, xs, gs, ghost, recomputed):
 def conv_bound(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array], ghost: str,
                chunk: int, recomputed: bool = False):
   """Per-user squared norm bounds ``[U]`` and, in the direct form unless ``recomputed``, the
-  per-user kernel gradients ``[U, *kernel]`` (released as is), from every call's recorded
-  inputs ``xs`` ``[U, ...]`` and output gradients ``gs``, ``chunk`` users at a time; with
-  ``recomputed`` (or in the Gram form) the bounds cover :func:`conv_release` instead."""
+  per-user kernel gradients ``[U, *kernel]`` (released as is), ``chunk`` users at a time;
+  with ``recomputed`` (or in the Gram form) the bounds cover :func:`conv_release`."""
   n_users = xs[0].shape[0]
   if chunk >= n_users:
     return _bound_chunk(conv, xs, gs, ghost, recomputed)
@@ -196,13 +153,8 @@ def conv_bound(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array],
   sq0 = jnp.zeros((n_users,), shapes[0].dtype)
   m0 = None
   if shapes[1] is not None:
-    # The per-user gradients' buffer. As constant zeros XLA:CPU allocates it before the
-    # forward pass; made from a value of the layer's output gradient (``g * 0``: whatever it
-    # is, every user's slot is overwritten below) it cannot be allocated before the backward
-    # pass reaches the layer. That also constrains XLA's order, and measured on the item-level
-    # CNN (bench_cost.md) it pays only for a buffer large against the layer's activations:
-    # convs/2's (72 MiB, 0.75x) took the peak 1.247x -> 1.193x the non-private step; convs/1's
-    # as well (36 MiB, 0.23x) made XLA run the backward pass below it before its loop (1.30x).
+    # Constant zeros would be allocated before the forward pass; ``g * 0`` (every slot is
+    # overwritten) waits for the backward pass. Worth it only for a large buffer.
     m_shape = (n_users,) + shapes[1].shape[1:]
     if fn._prod(m_shape) > LATE_BUFFER * layer_elements([x.shape for x in xs],
                                                           [g.shape for g in gs]):
@@ -224,19 +176,16 @@ def conv_bound(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array],
 
 def conv_release(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array],
                  w: jax.Array, kept: jax.Array, chunk: int) -> jax.Array:
-  """The release ``sum_{u,t} a_{ut} (w_u g_{ut})^T`` in the kernel's layout (Gram form, or a
-  direct form whose per-user gradients were not kept), ``chunk`` users at a time: a dropped
-  user's inputs and gradients (maybe non-finite) are replaced by zeros, whose patches are
-  zeros, so it adds an exact zero. (Not a kept user's inputs, as for the other layers: XLA
-  hoisted that row's slice out of the loop and recomputed it from the layer's
-  pre-activation, keeping an activation-sized buffer alive to the end of the step.)"""
+  """The release ``sum_{u,t} a_{ut} (w_u g_{ut})^T`` in the kernel's layout, ``chunk`` users
+  at a time; a dropped user's (maybe non-finite) inputs and gradients are zeroed (not a kept
+  user's stand-in: XLA then kept an activation-sized buffer alive)."""
   n_users = xs[0].shape[0]
 
   def chunk_sum(i, b, fresh):
     keep = _chunk(kept, i, b) & fresh
     ws = jnp.where(keep, _chunk(w, i, b), 0.0).astype(_F32)
-    xc = [jnp.where(_bcast(keep, x), x, 0.0) for x in [_chunk(x, i, b) for x in xs]]
-    gc = [jnp.where(_bcast(keep, g), g.astype(_F32) * _bcast(ws, g), 0.0)
+    xc = [jnp.where(fn.bcast(keep, x), x, 0.0) for x in [_chunk(x, i, b) for x in xs]]
+    gc = [jnp.where(fn.bcast(keep, g), g.astype(_F32) * fn.bcast(ws, g), 0.0)
           for g in [_chunk(g, i, b) for g in gs]]
     a, wg = _patches_and_grads(conv, xc, gc)
     return jnp.einsum("ungk,ungo->gko", a, wg, precision=fn._HI)
@@ -255,10 +204,6 @@ def conv_release(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array
   return fn.conv_layout(conv, total)
 
 
-def _bcast(v, x):
-  return jnp.reshape(v, v.shape + (1,) * (x.ndim - v.ndim))
-
-
 class ConvPlan(NamedTuple):
   chunk: int        # users whose patches are formed at once
   direct: bool      # per-user gradients instantiated (else the Gram form)
@@ -268,11 +213,9 @@ class ConvPlan(NamedTuple):
 
 def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[tuple],
               n_users: int, ghost: str, rule: ChunkRule) -> ConvPlan:
-  """How a conv layer is clipped, from its calls' batched shapes (``[U, ...]``): the chunk,
-  the form, and what is held until the weights are known: the per-user gradients (``k q``
-  per user) or, when smaller (a late layer: few positions, many weights), the inputs and
-  output gradients, from which the release is recomputed chunk by chunk (``n k q`` more
-  multiply-adds per user: peak memory is what the issue asks of this path)."""
+  """How a conv is clipped, from its calls' batched shapes: the chunk, the form, and what is
+  held until the weights are known: the per-user gradients or, when smaller, the inputs and
+  output gradients, from which the release is recomputed chunk by chunk."""
   n = sum(fn._prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
   direct = _direct(conv, n, ghost)
   per_user = per_user_elements(conv, n, direct)

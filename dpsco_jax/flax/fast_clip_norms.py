@@ -1,35 +1,29 @@
 """Certified per-user norm bounds and the matching releases for tapped layers.
 
-Private kernels of :mod:`dpsco_jax.flax.fast_clip`. For a tapped kernel the per-user gradient
-is ``G = sum_t a_t g_t^T`` (``t`` over the user's items and positions). Float32 cannot
-evaluate ``||G||`` exactly, and a crafted input makes the naive Gram form
-``sum_{s,t} (a_s.a_t)(g_s.g_t)`` cancel catastrophically (``x1 = x0 + u`` with ``|x0| = 1e4``
-gives 0). So each kernel returns a **certified upper bound** ``B >= max(||G||, ||R||/w)``
-where ``R`` is what the release below actually adds for this user with weight ``w``.
+For a tapped kernel the per-user gradient is ``G = sum_t a_t g_t^T``. Float32 cannot evaluate
+``||G||`` exactly, and a crafted input makes the Gram form ``sum_{s,t} (a_s.a_t)(g_s.g_t)``
+cancel catastrophically, so each kernel returns a **certified upper bound** ``B >= max(||G||,
+||R|| / w)``, ``R`` being what the release actually adds for this user with weight ``w``.
 
-Error model (standard, Higham ch. 3): every product and addition at
-``Precision.HIGHEST`` rounds with relative error at most ``UNIT`` (``2^-23``: twice the IEEE
-float32 unit roundoff, headroom for the bf16x6 emulation TPUs use for HIGHEST), whatever the
-summation order XLA picks, so a length-``k`` dot or sum of products ``sum_i x_i y_i`` errs
-by at most ``gamma(k) sum_i |x_i y_i|`` with ``gamma(k) = k UNIT / (1 - k UNIT)``, and a sum
-of ``k`` non-negative terms by ``gamma(k)`` relative. With ``S = sum_t ||a_t|| ||g_t||``:
+Error model (Higham ch. 3): at ``Precision.HIGHEST`` every product and addition rounds with
+relative error at most ``UNIT = 2^-23`` (twice float32's unit roundoff: headroom for TPUs'
+bf16x6 emulation) in any summation order, so a length-``k`` dot errs by at most ``gamma(k)
+sum_i |x_i y_i|``, ``gamma(k) = k UNIT / (1 - k UNIT)``. With ``S = sum_t ||a_t|| ||g_t||``:
 
-* direct form ``M = fl(sum_t a_t g_t^T)``: ``||M - G||_F <= gamma(n) S``; ``||M||^2`` is a dot
-  over the output axis then a sum over the input axis (``gamma(p + q + 1)`` relative);
-* Gram form: ``|fl(Gram) - ||G||^2| <= gamma(p + q + 2n + 2) S^2`` (inner dots over ``p``
-  and ``q``, one dot over ``t``, one sum over ``s``);
-* release ``R = fl(sum_t a_t fl(w g_t)^T)``: ``||R - w G|| <= w gamma(n + 1) S``.
+* direct form ``M = fl(sum_t a_t g_t^T)``: ``||M - G|| <= gamma(n) S``, and ``M`` itself is
+  released, so ``B = ||M||_upper + gamma(n) S``;
+* Gram form: ``|fl(Gram) - ||G||^2| <= gamma(p + q + 2n + 2) S^2``, and the release ``R =
+  fl(sum_t a_t fl(w g_t)^T)`` has ``||R - w G|| <= w gamma(n + 1) S``, so ``B = ||G||_upper
+  + gamma(n + 1) S``.
 
-Hence ``B = ||G||_upper + gamma(n + 1) S`` bounds both. The direct form releases ``M``
-itself (``sum_u w_u M_u``: cheaper than a second contraction over positions and exact per
-user), so there ``B = ||M||_upper + gamma(n) S`` bounds ``||G||`` and ``||M||``. The relative slack is about
-``n UNIT S / ||G||``: ~1e-6 for ordinary inputs, and large exactly when cancellation is
-(adversarial users are then over-clipped, never under-clipped). Underflow is covered by an
-absolute ``n * 2^-120`` term. The Gram form is used only where its ``gamma`` stays below
-``1e-3``, else the direct form is taken whatever ``ghost`` asks for.
+The slack is about ``n UNIT S / ||G||``: ~1e-6 on ordinary inputs, large exactly under
+cancellation (over-clipping, never under-clipping). Underflow is covered by an absolute ``n
+2^-120``. The Gram form is used only where its ``gamma`` stays below ``1e-3``.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -49,8 +43,7 @@ def gamma(k: int) -> float:
 
 
 def sqsum_upper(x: jax.Array) -> jax.Array:
-  """Certified upper bound on ``sum x^2`` over all but the leading (user) axis: a dot over the
-  last axis, then a sum over the rest."""
+  """Certified upper bound on ``sum x^2`` over all but the leading (user) axis."""
   u = x.shape[0]
   x = jnp.reshape(x.astype(jnp.float32), (u, -1, x.shape[-1] if x.ndim > 1 else 1))
   rows = jnp.einsum("urk,urk->ur", x, x, precision=_HI)
@@ -77,14 +70,10 @@ def use_gram(n: int, p: int, q: int, ghost: str) -> bool:
 
 
 def kernel_bound(a: jax.Array, g: jax.Array, ghost: str, recomputed: bool = False):
-  """``(B, M)`` for ``a [U, N, p]``, ``g [U, N, q]`` (one group of a grouped conv: call per
-  group and add the squares). Gram form: ``M`` is None and
-  ``B_u >= max(||G_u||, ||release_u|| / w_u)`` for :func:`kernel_release`. Direct form: ``M``
-  ``[U, p, q]`` is the per-user gradient that is *released as is* (``sum_u w_u M_u``, exact
-  per user by construction) and ``B_u >= max(||G_u||, ||M_u||)``; with ``recomputed`` the
-  release is instead :func:`kernel_release`'s (``M`` is not kept: a conv that would hold more
-  in ``M`` than in its inputs and output gradients), so ``B`` also covers it:
-  ``||R/w|| <= ||G|| + gamma(n+1) S <= ||M|| + (gamma(n) + gamma(n+1)) S``."""
+  """``(B, M)`` for ``a [U, N, p]``, ``g [U, N, q]`` (per group of a grouped conv). Gram
+  form: ``M`` is None, ``B`` covers :func:`kernel_release`. Direct form: ``M [U, p, q]`` is
+  released as is and ``B >= max(||G||, ||M||)``; with ``recomputed`` the release is
+  :func:`kernel_release`'s instead, covered by ``||M|| + (gamma(n) + gamma(n+1)) S``."""
   n, p, q = a.shape[1], a.shape[2], g.shape[2]
   s = _s_upper(_row_norms(a), _row_norms(g), p, q)
   if use_gram(n, p, q, ghost):
@@ -108,8 +97,7 @@ def embed_bound(idx: jax.Array, g: jax.Array) -> jax.Array:
   n, q = g.shape[1], g.shape[2]
   gn = _row_norms(g)
   s = jnp.sum(gn, axis=1) * (1.0 + gamma(q + n + 2)) + n * _ABS
-  # Always the Gram form (a one-hot direct form would cost n * vocab per user); for very long
-  # sequences its certified slack grows (over-clipping), never its error.
+  # always the Gram form (a one-hot direct form costs n * vocab per user)
   gg = jnp.einsum("unk,uvk->unv", g, g, precision=_HI)
   same = (idx[:, :, None] == idx[:, None, :]).astype(jnp.float32)
   sq = jnp.sum(jnp.einsum("unv,unv->un", gg, same, precision=_HI), axis=1)
@@ -129,10 +117,8 @@ def _bc(v, nd):
 
 
 def conv_patches(conv: nnx.Conv, x: jax.Array) -> jax.Array:
-  """Receptive-field patches of ``x`` (leading dims flattened) exactly as ``nnx.Conv`` pads,
-  strides and dilates: ``[N, *spatial_out, in_features * kernel_volume]``, channel-major
-  (``lax.conv_general_dilated_patches``' layout). HIGHEST precision: the patches are exact
-  copies of the inputs (a default-precision one-hot conv would round them to TF32/bf16)."""
+  """Receptive-field patches of ``x`` exactly as ``nnx.Conv`` pads, strides and dilates:
+  ``[N, *spatial_out, in_features * kernel_volume]``, channel-major, exact copies."""
   ks = tuple(conv.kernel_size)
   nd = len(ks)
   x = jnp.reshape(x, (-1,) + x.shape[x.ndim - nd - 1:])
@@ -151,10 +137,8 @@ def conv_patches(conv: nnx.Conv, x: jax.Array) -> jax.Array:
 
 
 def _patches(x, ks, strides, padding, in_dil, k_dil, dn) -> jax.Array:
-  """``lax.conv_general_dilated_patches`` with *both* operands at ``HIGHEST``: jax's own passes
-  ``(precision, DEFAULT)``, and a backend that reads DEFAULT on the one-hot filter as "TF32
-  allowed" for the whole convolution would round the copied inputs to 10-bit mantissas (the
-  precision lint in ``tests/test_flax_fast_clip_precision.py`` asks HIGHEST of every conv)."""
+  """``lax.conv_general_dilated_patches`` with *both* operands at ``HIGHEST`` (jax's passes
+  DEFAULT for the filter, which a backend may read as TF32 for the whole convolution)."""
   dn = lax.conv_dimension_numbers(x.shape, (1, 1) + tuple(ks), dn)
   lhs_spec, rhs_spec, _ = dn
   vol, channels = _prod(ks), x.shape[lhs_spec[1]]
@@ -188,7 +172,9 @@ def conv_layout(conv: nnx.Conv, flat: jax.Array) -> jax.Array:
 
 
 def _prod(xs) -> int:
-  out = 1
-  for x in xs:
-    out *= int(x)
-  return out
+  return math.prod(int(x) for x in xs)
+
+
+def bcast(v: jax.Array, x: jax.Array) -> jax.Array:
+  """``v`` (leading axes of ``x``) reshaped to broadcast against ``x``."""
+  return jnp.reshape(v, v.shape + (1,) * (x.ndim - v.ndim))

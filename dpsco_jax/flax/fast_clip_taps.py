@@ -1,34 +1,22 @@
 """Taps on nnx layer calls and the soundness rule that decides which layers may be tapped.
 
-Private helpers of :mod:`dpsco_jax.flax.fast_clip`. A *tap* replaces a layer's per-example
-weight gradient by a formula in what the layer saw (its input ``a``) and the gradient at its
-output (``g``), e.g. ``a^T g`` for ``nnx.Linear``. That formula is only right when the layer
-computes ``y = f(a, raw parameter values)`` with exactly the ``f`` the formula assumes, so a
-layer is tapped only when all of the following hold (everything else takes the exact
-per-example fallback):
+A *tap* replaces a layer's per-example weight gradient by a formula in its input ``a`` and the
+gradient at its output ``g`` (e.g. ``a^T g`` for ``nnx.Linear``), right only when the layer
+computes ``y = f(a, raw parameter values)`` with exactly that ``f``. So a layer is tapped only
+when all of these hold (anything else takes the exact per-example fallback):
 
-1. its class is *exactly* one of ``nnx.Linear``, ``nnx.LinearGeneral`` (without
-   ``batch_axis``; so ``nnx.MultiHeadAttention``'s projections), ``nnx.Conv``, ``nnx.Embed``,
-   ``nnx.LayerNorm``, ``nnx.RMSNorm``, ``nnx.GroupNorm``, ``nnx.Einsum`` (its exact per-user
-   gradient from its own VJP: any equation) (a subclass may change anything),
-   with the default ``promote_dtype`` and
-   ``dot_general`` / ``conv_general_dilated``, no ``preferred_element_type``, no conv ``mask``,
-   no negative explicit conv padding, and (for the bilinear kinds) a compute ``dtype`` of
-   ``None``/float32 with float32 parameters, so no rounding happens between the raw values
-   and the product;
-2. each of its ``Param``s is a plain variable: the class does not override any value
-   accessor of ``nnx.Variable`` (``get_value``, ``__getitem__``, ``create_value``...), has
-   no ``on_get_value``/``on_set_value``/``on_create_value`` hooks in its metadata and is not a
-   ``hijax``/``ref`` variable; and the weights the tap differentiates (kernel / bias /
-   embedding) are ``Param``s (a kernel frozen in another variable type is a constant);
-3. none of its ``Param``s is held by any other graph node (shared parameters across modules,
-   e.g. a tied embedding, two LayerNorms sharing a scale) - a module reused as a whole is fine;
-4. at every call, the raw value of each of its ``Param``s is the very array the parameters
-   were merged with (an identity check, at trace time): wrappers that rewrite parameters
-   in place before calling the layer (``nnx.WeightNorm``, ``nnx.SpectralNorm``) fail it;
-5. its parameters reach the loss only through its calls (checked on the JVP jaxpr: with the
-   layer's parameters behind ``stop_gradient`` inside its calls, no tangent may reach the
-   loss), and it is not called inside an inner transform (scan, remat, cond, vmap).
+1. its class is *exactly* ``nnx.Linear``, ``LinearGeneral`` (no ``batch_axis``), ``Conv``,
+   ``Embed``, ``LayerNorm``, ``RMSNorm``, ``GroupNorm`` or ``Einsum`` (its own VJP), with the
+   default ``promote_dtype`` and ``dot_general`` / ``conv_general_dilated``, no
+   ``preferred_element_type``, no conv ``mask`` or negative padding, and (bilinear kinds)
+   float32 parameters and compute ``dtype``;
+2. its ``Param``s are plain variables (no overridden value accessor, no value hooks, not
+   ``hijax`` / ``ref``), and the weights the tap differentiates are ``Param``s;
+3. none of its ``Param``s is held by another graph node (a module reused whole is fine);
+4. at every call, each ``Param``'s raw value is the very array merged (an identity check:
+   ``nnx.WeightNorm`` / ``SpectralNorm`` fail it);
+5. its parameters reach the loss only through its calls (checked on the JVP jaxpr with them
+   behind ``stop_gradient`` inside the calls), and no call is inside an inner transform.
 """
 
 from __future__ import annotations
@@ -51,8 +39,7 @@ Path = tuple
 
 _TAPE: contextvars.ContextVar["Tape | None"] = contextvars.ContextVar("dpsco_fast_clip_tape",
                                                                        default=None)
-# "local" layers (normalizations: a few scale/bias parameters) get their exact per-user
-# gradients from their own VJP at the recorded inputs; the others from a bilinear formula.
+# "local" layers get their exact per-user gradients from their own VJP at the recorded inputs
 KINDS = {nnx.Linear: "linear", nnx.LinearGeneral: "linear_general", nnx.Conv: "conv",
          nnx.Embed: "embed", nnx.LayerNorm: "local", nnx.RMSNorm: "local",
          nnx.GroupNorm: "local", nnx.Einsum: "local"}
@@ -96,11 +83,8 @@ def _tapped_class(cls: type) -> type:
 
 
 def install(model, modules: dict[int, tuple[Path, str]]) -> None:
-  """Installs the taps on the listed modules (by id) of ``model``, and only there: each gets
-  the tapping subclass of its class as its ``__class__``. ``model`` is a fresh
-  ``nnx.merge`` made for one trace of the clipped sum, so no class is patched and no other
-  model, thread or unclipped copy of the same model sees a tap (the wrapper is moreover inert
-  unless a tape is active in this context and tracks the module)."""
+  """Gives the listed modules (by id) of ``model``, a fresh ``nnx.merge`` for one trace, the
+  tapping subclass of their class: no class is patched, no other model sees a tap."""
   for _, node in nnx.iter_graph(model):
     if isinstance(node, nnx.Module) and id(node) in modules and type(node) in _WRAPPERS:
       node.__class__ = _tapped_class(type(node))
@@ -116,8 +100,7 @@ def active(tape: "Tape"):
 
 
 def _current_trace():
-  """The innermost active JAX trace (private API, pinned jax<0.11); None if unavailable, which
-  disables the inner-transform detection (such models then fail loudly instead)."""
+  """The innermost JAX trace (private API); None disables the inner-transform detection."""
   try:
     from jax._src import core
     return core.trace_ctx.trace
@@ -139,9 +122,7 @@ class CallSpec:
   statics: tuple                    # the non-array leaves, in order
   out: jax.ShapeDtypeStruct         # per-example output shape (the tap)
   ins: tuple = ()                   # per-example shapes of the array inputs (cost model)
-  # index of the first call of this trace given the very same input arrays (itself if none):
-  # the cost model counts the input Gram of q/k/v projections of one input once (XLA CSEs it)
-  in_group: int = -1
+  in_group: int = -1                # first call given the very same input arrays
 
 
 def module_params(module) -> dict[str, nnx.Variable]:
@@ -150,9 +131,8 @@ def module_params(module) -> dict[str, nnx.Variable]:
 
 
 class Tape:
-  """Per-trace recorder. ``mode='plan'``: layer params behind stop_gradient, record call specs
-  and rule-4 violations. ``mode='run'``: add tap ``zs[k]`` to the k-th call's output, record
-  its array inputs (a rule-4 violation raises: the plan was made on another model)."""
+  """Per-trace recorder. ``'plan'``: params behind stop_gradient, record call specs and rule-4
+  violations. ``'run'``: add tap ``zs[k]`` to the k-th call's output, record its inputs."""
 
   def __init__(self, mode: str, modules: dict[int, tuple[Path, str]], zs=None):
     self.mode, self.modules, self.zs = mode, modules, zs
@@ -210,17 +190,11 @@ class Tape:
     return y + self.zs[k].astype(y.dtype)
 
 
-
 def rebuild(spec: CallSpec, arrays: Sequence[jax.Array]):
   arrays, statics = iter(arrays), iter(spec.statics)
   n = len(spec.array_pos) + len(spec.statics)
   leaves = [next(arrays) if i in spec.array_pos else next(statics) for i in range(n)]
   return jax.tree.unflatten(spec.treedef, leaves)
-
-
-# --------------------------------------------------------------------------------------------
-# The static part of the rule (1-3), decided once per model.
-# --------------------------------------------------------------------------------------------
 
 
 def plain_variable(var) -> bool:
@@ -249,10 +223,8 @@ def _float32_compute(module) -> bool:
   return params_f32 and (dt is None or jnp.dtype(dt) == jnp.float32)
 
 
-# The attributes a bilinear tap computes gradients for (rule 2b): each must be a Param (or
-# None for an absent bias). A kernel held in a non-Param variable (frozen, a BatchStat, a
-# custom Variable) is a constant of the loss: the layer then takes the fallback, where it
-# gets no gradient and its Param bias an exact one.
+# The attributes a bilinear tap differentiates must be Params (a kernel in another variable
+# is a constant of the loss: the fallback then gives it no gradient, its Param bias an exact one)
 _TAPPED_ATTRS = {"linear": ("kernel", "bias"), "linear_general": ("kernel", "bias"),
                  "conv": ("kernel", "bias"), "embed": ("embedding",)}
 
@@ -268,31 +240,22 @@ def _tapped_attrs_are_params(module, kind: str) -> bool:
 def candidate_kind(module) -> str | None:
   """Rules 1-2: the tap kind of a module, or None when it must take the fallback."""
   kind = KINDS.get(type(module))
-  if kind is None:
+  if kind is None or not _tapped_attrs_are_params(module, kind):
     return None
-  if not _tapped_attrs_are_params(module, kind):
-    return None
-  if getattr(module, "promote_dtype", nnx_dtypes.promote_dtype) is not nnx_dtypes.promote_dtype:
-    return None
-  if not all(plain_variable(v) for v in module_params(module).values()):
-    return None
-  if kind in ("linear", "linear_general", "conv", "embed") and not _float32_compute(module):
-    return None
-  if getattr(module, "preferred_element_type", None) is not None:
-    return None
-  if kind == "linear" and (module.dot_general is not lax.dot_general
-                           or getattr(module, "dot_general_cls", None) is not None):
-    return None
-  if isinstance(module, nnx.Einsum) and module.einsum_op is not jnp.einsum:
-    return None
-  if kind == "linear_general" and (module.dot_general is not None or module.batch_axis
-                                   or getattr(module, "dot_general_cls", None) is not None):
-    return None
-  if kind == "conv" and (module.mask is not None
-                         or module.conv_general_dilated is not lax.conv_general_dilated
-                         or _negative_padding(module)):
-    return None
-  return kind
+  refused = (
+      getattr(module, "promote_dtype", nnx_dtypes.promote_dtype) is not nnx_dtypes.promote_dtype
+      or not all(plain_variable(v) for v in module_params(module).values())
+      or (kind in ("linear", "linear_general", "conv", "embed") and not _float32_compute(module))
+      or getattr(module, "preferred_element_type", None) is not None
+      or (kind == "linear" and (module.dot_general is not lax.dot_general
+                                or getattr(module, "dot_general_cls", None) is not None))
+      or (isinstance(module, nnx.Einsum) and module.einsum_op is not jnp.einsum)
+      or (kind == "linear_general" and (module.dot_general is not None or module.batch_axis
+                                        or getattr(module, "dot_general_cls", None) is not None))
+      or (kind == "conv" and (module.mask is not None
+                              or module.conv_general_dilated is not lax.conv_general_dilated
+                              or _negative_padding(module))))
+  return None if refused else kind
 
 
 def _direct_variables(node):
@@ -339,11 +302,6 @@ def modules_by_id(model, wanted: dict[Path, str]) -> dict[int, tuple[Path, str]]
           if isinstance(node, nnx.Module) and tuple(path) in wanted}
 
 
-# --------------------------------------------------------------------------------------------
-# Rule 5: which parameter tangents reach the loss around the layers' calls.
-# --------------------------------------------------------------------------------------------
-
-
 def _key_to_py(k):
   for attr in ("key", "idx", "name"):
     if hasattr(k, attr):
@@ -363,8 +321,7 @@ def leaf_paths(params) -> list[Path]:
 
 
 def output_deps(jaxpr) -> int:
-  """Bitmask of the jaxpr's invars that its outputs may depend on (conservative: every output
-  of an equation depends on all of its inputs)."""
+  """Rule 5: bitmask of the jaxpr's invars its outputs may depend on (conservatively)."""
   from jax.extend.core import Literal
   src = {v: 1 << i for i, v in enumerate(jaxpr.invars)}
   for eqn in jaxpr.eqns:
