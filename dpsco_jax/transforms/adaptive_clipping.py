@@ -1,34 +1,26 @@
 """Adaptive clipping as a chain stage: the clip norm follows a quantile of the users' norms.
 
 Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private Learning with Adaptive
-Clipping", NeurIPS 2021 (Algorithm 1, DP-FedAvg with adaptive clipping). Each step, with the
-current clip norm ``C_t`` carried in the state:
+Clipping", NeurIPS 2021 (Algorithm 1). Each step, with the clip norm ``C_t`` in the state:
 
-1. every real user ``i`` (row of the stacked per-user updates) is clipped at ``C_t`` and
-   reports ``b_i = 1[||g_i|| <= C_t]`` (a non-finite row is dropped from the sum and counts
-   as clipped);
+1. every real user ``i`` is clipped at ``C_t`` and reports ``b_i = 1[||g_i|| <= C_t]`` (a
+   non-finite row is dropped from the sum and counts as clipped);
 2. the stage releases the clipped mean ``(sum_i clip(g_i) + N(0, (z_Delta C_t)^2 I)) / D`` and
    the noisy unclipped fraction ``b~ = (sum_i (b_i - 1/2) + N(0, sigma_b^2)) / D + 1/2``
    (§3: the centred count has add/remove sensitivity 1/2; ``D`` is the declared, expected
    batch size, never the realized count);
-3. the norm takes the geometric step ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))`` (§3), towards
-   the norm that leaves a fraction ``gamma`` of the users unclipped.
+3. ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))`` (§3), towards the norm leaving a fraction
+   ``gamma`` of the users unclipped.
 
 Privacy. ``z_Delta`` and ``sigma_b`` come from
 :func:`dpsco_jax.privacy.sensitivity.adaptive_clip_split` (Theorem 1): the pair is one Gaussian
-mechanism of multiplier ``z``, so a step is priced as DP-SGD's step at ``z``. The sum's
-sensitivity is ``C_t / D`` (:meth:`~dpsco_jax.privacy.sensitivity.AdaptiveClipSplit.sum_stage`,
-the std formed in ``privacy/``), and ``C_t`` is a function of the past releases ``b~`` and
-public constants only: post-processing, so the analysis holds step by step.
-
-Why one stage (clip, mean, both noises) rather than ``clip -> noise``: the sum's std is
-``z_Delta C_t / D`` with ``C_t`` in this stage's state, which an ``optax.chain`` cannot hand to
-a later stage. The pieces are the library's own: :func:`~dpsco_jax.transforms.clipping.
-clip_and_aggregate` at ``C_t`` and the noise of :mod:`dpsco_jax.transforms.noise`.
+mechanism of multiplier ``z``, priced as DP-SGD's step at ``z``. The sum's sensitivity is
+``C_t / D``, and ``C_t`` is a function of past releases and public constants only
+(post-processing), so the analysis holds step by step. It is one stage because the sum's std
+depends on ``C_t`` in this stage's state, which ``optax.chain`` cannot pass to a later stage.
 
 Keys: step ``t`` uses ``fold_in(key, t)``, split by ``fold_in`` into the sum's (0) and the
-count's (1): no key is used twice. The state's repr redacts the key; ``clip_norm`` and
-``fraction`` (the last released ``b~``) are public.
+count's (1). The state's repr redacts the key; ``clip_norm`` and ``fraction`` are public.
 """
 
 from __future__ import annotations
@@ -52,13 +44,11 @@ PyTree = Any
 
 
 class AdaptiveClipState(NamedTuple):
-  """``clip_norm`` is ``C_t`` (public: a function of past releases); ``fraction`` the last
-  released noisy unclipped fraction ``b~``; ``key`` is SECRET (redacted in repr/str);
-  ``count`` the number of steps taken.
+  """The state of the adaptive clipping stages (the key is redacted in repr/str).
 
   Attributes:
-    clip_norm: ``C_t``.
-    fraction: the last released noisy unclipped fraction.
+    clip_norm: ``C_t`` (public: a function of past releases).
+    fraction: the last released noisy unclipped fraction ``b~``.
     key: the noise key (secret).
     count: the steps taken.
   """
@@ -74,8 +64,7 @@ class AdaptiveClipState(NamedTuple):
 
 
 def check_target_quantile(x: Any, name: str = "target_quantile") -> float:
-  """A target quantile ``gamma`` in the open interval (0, 1): at 0 or 1 the geometric step
-  drives the norm to 0 or to infinity."""
+  """``gamma`` in the open interval (0, 1): at 0 or 1 the norm goes to 0 or infinity."""
   v = check_positive(x, name)
   if not v < 1.0:
     raise ValueError(f"{name} must lie in the open interval (0, 1) (the fraction of users "
@@ -91,8 +80,8 @@ def adaptive_sum_stage(state: AdaptiveClipState, split: AdaptiveClipSplit,
 
 def unclipped_centred_count(norms: jax.Array, clip_norm: jax.Array, real: jax.Array
                             ) -> jax.Array:
-  """``sum_i real_i (b_i - 1/2)`` with ``b_i = 1[norms_i <= C_t]`` (a non-finite norm: 0), the
-  count the pair releases (sensitivity 1/2). SECRET until the count's noise is added.
+  """``sum_i real_i (b_i - 1/2)``, ``b_i = 1[norms_i <= C_t]`` (non-finite: 0): the count
+  released with noise (sensitivity 1/2); SECRET until then.
 
   Args:
     norms: ``[U]`` per-user norms (or certified upper bounds of them, as fast clipping gives).
@@ -104,10 +93,6 @@ def unclipped_centred_count(norms: jax.Array, clip_norm: jax.Array, real: jax.Ar
   """
   b = (jnp.isfinite(norms) & (norms <= clip_norm)).astype(jnp.float32)
   return jnp.sum(jnp.where(real, b - 0.5, 0.0))
-
-
-def _unclipped_centred(updates: PyTree, clip_norm: jax.Array, real: jax.Array) -> jax.Array:
-  return unclipped_centred_count(tree_global_norms(updates), clip_norm, real)
 
 
 def _checked(initial_clip_norm, target_quantile, clip_learning_rate, denominator, split, key):
@@ -127,28 +112,11 @@ def adaptive_noise(initial_clip_norm: float, *, target_quantile: float,
                    clip_learning_rate: float, denominator: float, split: AdaptiveClipSplit,
                    key: jax.Array | int) -> optax.GradientTransformationExtraArgs:
   """The noise half of :func:`adaptive_clip_and_noise`, for a caller that clips at ``C_t``
-  itself (``flax.DPTrainer``: its fast clipper sums micro-batches of users clipped at the
-  state's ``clip_norm`` before the one noise draw of the step).
+  itself (``flax.DPTrainer``'s fast clipper).
 
-  Input: the clipped mean at ``state.clip_norm`` (``sum_i clip(g_i) / D``) and the extra
-  argument ``centred_count`` (:func:`unclipped_centred_count` at the same ``C_t``). Output:
-  the noisy mean; the state takes the geometric step. Same keys, noises and update as
-  :func:`adaptive_clip_and_noise` (which is this stage after its own clipping).
-
-  Args:
-    initial_clip_norm: ``C_0 > 0``.
-    target_quantile: ``gamma`` in (0, 1).
-    clip_learning_rate: ``eta_C > 0``.
-    denominator: the declared expected batch ``D``.
-    split: the pair's multipliers (:func:`dpsco_jax.privacy.sensitivity.adaptive_clip_split`).
-    key: a ``jax.random`` key or an int seed.
-
-  Returns:
-    An ``optax.GradientTransformationExtraArgs`` whose state is :class:`AdaptiveClipState`.
-
-  Raises:
-    ValueError: a bad argument (named in the message).
-    TypeError: ``split`` is not an :class:`~dpsco_jax.privacy.AdaptiveClipSplit`.
+  Input: the clipped mean at ``state.clip_norm`` and the extra argument ``centred_count``
+  (:func:`unclipped_centred_count` at the same ``C_t``); output: the noisy mean. Arguments,
+  keys, noises, state and errors are those of :func:`adaptive_clip_and_noise`.
   """
   c0, gamma, eta, denom, key = _checked(initial_clip_norm, target_quantile,
                                         clip_learning_rate, denominator, split, key)
@@ -192,9 +160,8 @@ def adaptive_clip_and_noise(initial_clip_norm: float, *, target_quantile: float,
     split: the pair's multipliers (:func:`dpsco_jax.privacy.sensitivity.adaptive_clip_split`).
     key: a ``jax.random`` key or an int seed (checked); the state redacts it.
 
-  Input: stacked per-user updates (leading user axis) and the extra argument ``user_mask``
-  (bool ``[U]``; without it every slot is a real user). Output: the noisy mean, params-shaped.
-  Concrete arguments are checked here; traced ones were checked by the caller.
+  Input: stacked per-user updates and the extra argument ``user_mask`` (without it every
+  slot is a real user). Output: the noisy mean. Traced arguments are the caller's to check.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is :class:`AdaptiveClipState`.
@@ -217,6 +184,7 @@ def adaptive_clip_and_noise(initial_clip_norm: float, *, target_quantile: float,
     clip = clip_and_aggregate(state.clip_norm, "mean", denom)
     mean, _ = clip.update(updates, clip.init(None), user_mask=real)
     return noise.update(mean, state, params,
-                        centred_count=_unclipped_centred(updates, state.clip_norm, real))
+                        centred_count=unclipped_centred_count(
+                            tree_global_norms(updates), state.clip_norm, real))
 
   return optax.GradientTransformationExtraArgs(noise.init, update_fn)

@@ -32,6 +32,7 @@ from dpsco_jax._checks import (_traced, check_bool, check_choice, check_positive
 PyTree = Any
 from dpsco_jax.privacy.relations import RELATIONS  # noqa: E402  (one vocabulary)
 from dpsco_jax.privacy.sensitivity import clipped_mean_sensitivity  # noqa: E402
+from dpsco_jax.transforms.noise import noise_dtype  # noqa: E402  (float32 or wider)
 
 
 # Precision contract (a clip factor is part of the guarantee): norms and factors in float32 or
@@ -42,13 +43,6 @@ from dpsco_jax.privacy.sensitivity import clipped_mean_sensitivity  # noqa: E402
 _CLIP_MARGIN = 2.0 ** -20
 _TINY = 1e-30  # floor on the norm in C / ||g|| (the factor is 1 for such rows anyway)
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
-
-
-def _wide_dtype(dtype) -> jnp.dtype:
-  """float32 or wider: the dtype norms, factors and aggregates are computed in."""
-  if jnp.issubdtype(dtype, jnp.floating):
-    return jnp.promote_types(dtype, jnp.float32)
-  return jnp.dtype(jnp.float32)
 
 
 def _is_low_precision(dtype) -> bool:
@@ -78,7 +72,7 @@ def _round_toward_zero(y: jax.Array, dtype) -> jax.Array:
 
 
 def _row_sqnorm(g: jax.Array) -> jax.Array:
-  x = g.astype(_wide_dtype(g.dtype))
+  x = g.astype(noise_dtype(g.dtype))
   return jnp.sum(jnp.reshape(x * x, (g.shape[0], -1)), axis=1)
 
 
@@ -111,7 +105,7 @@ def _zeroed_row_sum(leaves: list, weights: jax.Array, keep: jax.Array,
   """Dropped rows zeroed, then one HIGHEST dot per leaf; ``barrier`` (CPU: faster there)
   materialises the zeroed rows first."""
   def f(g):
-    wide = _wide_dtype(g.dtype)
+    wide = noise_dtype(g.dtype)
     k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
     safe = jnp.where(k, g, jnp.zeros_like(g))
     if barrier:
@@ -133,7 +127,7 @@ def _guarded_row_sum(leaves: list, weights: jax.Array, keep: jax.Array) -> list:
   guarded = iter(())
   if flat:
     def f(g):
-      wide = _wide_dtype(g.dtype)
+      wide = noise_dtype(g.dtype)
       wk = jnp.where(keep, weights, 0).astype(wide)
       return jnp.tensordot(wk, g.astype(wide), axes=1, precision=jax.lax.Precision.HIGHEST)
     direct = [f(g) for g in flat]
@@ -152,7 +146,7 @@ def _blocked_zeroed_sum(g: jax.Array, weights: jax.Array, keep: jax.Array) -> ja
   """The zeroed sum of a ``[U, D]`` leaf a block of rows at a time (no second ``[U, D]``
   buffer); equal to :func:`_zeroed_row_sum` to rounding, not bit for bit."""
   u, d = g.shape
-  wide = _wide_dtype(g.dtype)
+  wide = noise_dtype(g.dtype)
   b = max(1, min(u, ZEROED_BLOCK_BYTES // max(1, d * jnp.dtype(wide).itemsize)))
   blocks = -(-u // b)
   rows = jnp.arange(b)
@@ -176,7 +170,7 @@ def _scale_rows(stacked: PyTree, scale: jax.Array, keep: jax.Array) -> PyTree:
   """``g_u * scale_u`` (rows with ``keep_u = False`` zeroed), multiplied in float32 or wider
   and returned in :func:`_out_dtype`, rounding toward zero when that is a low precision."""
   def f(g):
-    wide = _wide_dtype(g.dtype)
+    wide = noise_dtype(g.dtype)
     s = scale.reshape((-1,) + (1,) * (g.ndim - 1)).astype(wide)
     k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
     y = jnp.where(k, g.astype(wide) * s, jnp.zeros((), wide))
@@ -235,6 +229,11 @@ class ClipState(NamedTuple):
   dropped: jax.Array
 
 
+def _init_clip_state(params) -> ClipState:
+  del params
+  return ClipState(dropped=jnp.zeros((), jnp.int32))
+
+
 def _real_users(user_mask, n: int) -> jax.Array:
   mask = check_user_mask(user_mask, n)
   return jnp.ones((n,), bool) if mask is None else mask
@@ -266,10 +265,6 @@ def clip_per_user(max_norm: float, *, per_layer: bool = False,
   check_bool(per_layer, "per_layer")
   debug = check_bool(debug, "debug")
 
-  def init_fn(params):
-    del params
-    return ClipState(dropped=jnp.zeros((), jnp.int32))
-
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
     real = _real_users(user_mask, _num_rows(updates))
@@ -281,7 +276,7 @@ def clip_per_user(max_norm: float, *, per_layer: bool = False,
       dropped = dropped + jnp.sum(real & ~finite).astype(jnp.int32)
     return clipped, ClipState(dropped=dropped)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(_init_clip_state, update_fn)
 
 
 def _check_mean(mode: str, denominator) -> float:
@@ -334,17 +329,13 @@ def aggregate(mode: str = "mean", denominator: float | None = None
   """
   scale = _check_mean(mode, denominator)
 
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
-
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
     n = _num_rows(updates)
     keep = _real_users(user_mask, n)
     return _weighted_row_sum(updates, jnp.full((n,), scale, jnp.float32), keep), state
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
 
 
 def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
@@ -412,10 +403,6 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
   debug = check_bool(debug, "debug")
   scale = _check_mean(mode, denominator)
 
-  def init_fn(params):
-    del params
-    return ClipState(dropped=jnp.zeros((), jnp.int32))
-
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
     n = _num_rows(updates)
@@ -430,7 +417,7 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
       state = ClipState(dropped=state.dropped + jnp.sum(real & ~finite).astype(jnp.int32))
     return out, state
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(_init_clip_state, update_fn)
 
 
 def _num_rows(stacked: PyTree) -> int:

@@ -1,39 +1,26 @@
 """Correlated (matrix-factorization) noise stages: banded Toeplitz and BLT.
 
 Chain stages with the contract of :func:`~dpsco_jax.transforms.tree_noise.tree_prefix_sum_noise`:
-one increment ``x_t`` (an aggregated, clipped batch quantity, params-shaped) in per step; out
-comes either the noisy prefix sum (``output="prefix"``)
+one increment ``x_t`` (aggregated, clipped, params-shaped) in per step; out comes the noisy
+prefix sum ``y_t = sum_{i<=t} (x_i + w_i)`` (``output="prefix"``: ``A x + B Z``,
+``B = A C^{-1}``) or the noisy increment ``y_t = x_t + w_t`` (``output="increment"``), with
+``w = C^{-1} Z``, ``Z_t ~ N(0, noise_std^2 I)`` i.i.d. and ``C`` the strategy
+(:mod:`dpsco_jax.privacy.matrix_factorization`: strategies, sensitivity per participation
+schema, the event). Both outputs are post-processing of the release ``C x + Z``.
 
-    y_t = sum_{i<=t} x_i + sum_{i<=t} w_i            (A x + B Z, B = A C^{-1})
+``w`` is streamed by the recurrence ``C w = Z``, never ``O(T * params)``:
 
-or the noisy increment (``output="increment"``, what an SGD step consumes)
+* banded (``c_0..c_{b-1}``): ``w_t = (Z_t - sum_{j=1}^{b-1} c_j w_{t-j}) / c_0``, a ring of the
+  last ``b - 1`` draws (McKenna et al. 2024; Alg. 9 of Choquette-Choo et al. 2023);
+* BLT (``d`` buffers): ``w_t = Z_t - sum_i omega_i S_i``, ``S_i <- theta_i S_i + w_t``. This
+  inverts ``C`` directly (Dvijotham et al. 2024 stream ``C^{-1}`` through its own BLT
+  parameters: the same linear map).
 
-    y_t = x_t + w_t                                   (x + C^{-1} Z),
-
-with ``w = C^{-1} Z``, ``Z_t ~ N(0, noise_std^2 I)`` i.i.d. and ``C`` the strategy (see
-:mod:`dpsco_jax.privacy.matrix_factorization` for the strategies, the sensitivity under each
-participation schema and the event). Both outputs are post-processing of the release
-``C x + Z``.
-
-Streaming. ``w`` is generated on the fly by the recurrence that ``C w = Z`` defines, so the
-state never holds ``O(T * params)``:
-
-* banded (``b`` coefficients ``c``): ``w_t = (Z_t - sum_{j=1}^{b-1} c_j w_{t-j}) / c_0``, a ring
-  buffer of the last ``b - 1`` draws of ``w``: state ``O(b * params)`` (McKenna et al. 2024,
-  Alg. 9 of Choquette-Choo et al. 2023);
-* BLT (``d`` buffers, ``C = 1 + sum_i w_i theta_i^{k-1}`` off the diagonal): ``w_t = Z_t -
-  sum_i omega_i S_i``, ``S_i <- theta_i S_i + w_t``: state ``O(d * params)``. This inverts ``C``
-  directly (no inverse-BLT parameters are needed; Dvijotham et al. 2024 stream ``C^{-1}``
-  through its own BLT parameters, which is the same linear map).
-
-``Z_t`` is drawn from ``fold_in(key, t)`` exactly as :func:`~dpsco_jax.transforms.noise.
-add_gaussian_noise` draws step ``t``, so ``bands=1`` (``C = I``) reproduces the independent
-stage bit for bit. Noise is drawn and combined in float32 (or wider); the output is cast to
-the params' dtype (post-processing). The ring/buffers hold noise only, yet knowing them would
-strip the noise from later releases: they are SECRET and redacted in the state's repr, like
-the key. The running noisy prefix is released data and is not secret.
-
-Stepping past ``max_steps`` (the horizon the strategy and its accounting were built for)
+``Z_t`` is drawn from ``fold_in(key, t)`` as :func:`~dpsco_jax.transforms.noise.
+add_gaussian_noise` draws step ``t``, so ``bands=1`` reproduces the independent stage bit for
+bit. Noise is drawn and combined in float32 or wider; the output is cast to the params' dtype.
+The ring/buffers hold noise only, but knowing them would strip the noise from later releases:
+they are SECRET and redacted in the state's repr, like the key. Past ``max_steps`` the stage
 emits NaN, like the tree stage.
 """
 
@@ -57,9 +44,8 @@ _MAX_STEPS = 2 ** 31 - 1  # int32 step counter
 
 
 class BandedNoiseState(NamedTuple):
-  """``count``: increments consumed; ``noisy_prefix``: running ``sum (x + w)`` (released,
-  ``()`` with ``output="increment"``); ``ring``: the last ``b - 1`` noise vectors ``w``, one
-  ``[b-1, *leaf]`` array per leaf (SECRET); ``key``: noise key (SECRET)."""
+  """``noisy_prefix``: the released running ``sum (x + w)`` (``()`` for increments);
+  ``ring``: the last ``b - 1`` noise vectors per leaf (SECRET); ``key`` (SECRET)."""
   count: jax.Array
   noisy_prefix: PyTree
   ring: PyTree
@@ -72,8 +58,7 @@ class BandedNoiseState(NamedTuple):
 
 
 class BltNoiseState(NamedTuple):
-  """As :class:`BandedNoiseState` with ``buffers``: ``d`` decayed sums of past ``w`` per leaf
-  (``[d, *leaf]``, SECRET)."""
+  """As :class:`BandedNoiseState`; ``buffers``: ``d`` decayed sums of past ``w`` (SECRET)."""
   count: jax.Array
   noisy_prefix: PyTree
   buffers: PyTree
@@ -110,7 +95,7 @@ def _stack_zeros(params: PyTree, depth: int) -> PyTree:
 
 def _emit(out: PyTree, updates: PyTree, params: PyTree | None, count: jax.Array,
           max_steps: int) -> PyTree:
-  """Cast to the params' dtype (post-processing) and poison steps past the horizon."""
+  """Cast to the params' dtype and poison steps past the horizon."""
   same = params is not None and jax.tree.structure(params) == jax.tree.structure(updates)
   ref = params if same else updates
   over = count >= max_steps
@@ -150,18 +135,17 @@ def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: 
 
 def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
                  coefs: Any, output: str = "prefix") -> optax.GradientTransformationExtraArgs:
-  """Banded Toeplitz MF noise (module docstring); ``coefs`` = ``c_0..c_{b-1}`` of ``C``
-  (e.g. :func:`dpsco_jax.privacy.matrix_factorization.banded_strategy`), ``c_0 > 0``.
+  """Banded Toeplitz MF noise (module docstring), state ``O(b * params)``.
 
-  ``noise_std`` is the std of ``Z``: ``z * s`` for increments of sensitivity ``s``; the event
-  is :func:`~dpsco_jax.privacy.matrix_factorization.mf_event` with the sensitivity of the
-  participation schema. State ``O(b * params)``.
+  ``noise_std = z * s`` for increments of sensitivity ``s``; the event is
+  :func:`~dpsco_jax.privacy.matrix_factorization.mf_event` with the schema's sensitivity.
 
   Args:
     noise_std: the std of ``Z``, >= 0.
     max_steps: the most steps, an integer >= 1.
     key: a JAX PRNG key or an int seed.
-    coefs: ``c_0..c_{b-1}``, finite, ``c_0 > 0``.
+    coefs: ``c_0..c_{b-1}`` of ``C``, finite, ``c_0 > 0`` (e.g.
+      :func:`dpsco_jax.privacy.matrix_factorization.banded_strategy`).
     output: ``"prefix"`` (default) or the other form of :data:`OUTPUTS`.
 
   Returns:
@@ -180,9 +164,6 @@ def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
   tail = jnp.asarray(np.concatenate([[0.0], c[1:b]]), jnp.float32)  # tail[j] = c_j, j >= 1
   depth = max(b - 1, 1)
 
-  def init_carry(params, depth):
-    return _stack_zeros(params, depth)
-
   def next_noise(xi, ring, count):
     if b == 1:
       return jax.tree.map(lambda x: x / jnp.asarray(c0, x.dtype), xi), ring
@@ -198,21 +179,19 @@ def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
     ring = jax.tree.map(lambda r, v: r.at[count % depth].set(v.astype(r.dtype)), ring, w)
     return w, ring
 
-  return _make_stage(noise_std, max_steps, key, output, depth, init_carry, next_noise,
+  return _make_stage(noise_std, max_steps, key, output, depth, _stack_zeros, next_noise,
                      BandedNoiseState)
 
 
 def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_decay: Any,
               output_scale: Any, output: str = "prefix"
               ) -> optax.GradientTransformationExtraArgs:
-  """BLT MF noise with ``d = len(buf_decay)`` buffers: ``C`` has unit diagonal and
-  ``C[t, t-k] = sum_i output_scale_i buf_decay_i^{k-1}`` (jax_privacy's ``BufferedToeplitz``
-  convention; :func:`dpsco_jax.privacy.matrix_factorization.blt_strategy`). ``w = C^{-1} Z``
-  by the direct recurrence (module docstring). State ``O(d * params)``.
+  """BLT MF noise with ``d = len(buf_decay)`` buffers, state ``O(d * params)``.
 
-  The recurrence is stable when ``C^{-1}``'s coefficients decay (poles of ``1 / (1 + sum_i
-  omega_i x / (1 - theta_i x))`` outside the unit disk); every strategy built here has that,
-  and the tests compare the streamed noise with the dense ``C^{-1}``.
+  ``C`` has unit diagonal and ``C[t, t-k] = sum_i output_scale_i buf_decay_i^{k-1}``
+  (jax_privacy's ``BufferedToeplitz``;
+  :func:`dpsco_jax.privacy.matrix_factorization.blt_strategy`). The recurrence is stable when
+  ``C^{-1}``'s coefficients decay, as for every strategy built here.
 
   Args:
     noise_std: the std of ``Z``, >= 0.
@@ -241,12 +220,8 @@ def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_dec
   omega = jnp.asarray(om, jnp.float32)
   depth = th.size
 
-  def init_carry(params, depth):
-    return _stack_zeros(params, depth)
-
   def next_noise(xi, bufs, count):
     del count
-
     w = jax.tree.map(lambda x, s: x - jnp.tensordot(omega.astype(s.dtype), s, axes=(0, 0),
                                                     precision=_HI), xi, bufs)
     bufs = jax.tree.map(
@@ -254,13 +229,12 @@ def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_dec
         bufs, w)
     return w, bufs
 
-  return _make_stage(noise_std, max_steps, key, output, depth, init_carry, next_noise,
+  return _make_stage(noise_std, max_steps, key, output, depth, _stack_zeros, next_noise,
                      BltNoiseState)
 
 
 def state_floats(state: PyTree) -> int:
-  """Number of array elements held in a stage state (keys count as one): the memory the
-  tests and the bench compare against ``b * params``."""
+  """Array elements held in a stage state (a key counts as one)."""
   return int(sum(np.size(x) if not jax.dtypes.issubdtype(getattr(x, "dtype", np.float32),
                                                          jax.dtypes.prng_key) else 1
                  for x in jax.tree.leaves(state)))

@@ -1,38 +1,27 @@
 """ReSQue (Reweighted Stochastic Query) estimators on pytrees.
 
-Reference: Carmon, Jambulapati, Jin, Lee, Liu, Sidford, Tian, "ReSQueing Parallel and Private
-Stochastic Convex Optimization" (2023), Definition 2, eq. (2); Lemmas 1-2.
-
-Given an anchor (ball center) ``xbar``, a radius ``rho`` and a stochastic subgradient oracle
-``g`` with ``E g in df``, draw ``xi ~ N(0, rho^2 I)``, query ``g(xbar + xi)`` and reweight:
+Carmon, Jambulapati, Jin, Lee, Liu, Sidford, Tian, "ReSQueing Parallel and Private Stochastic
+Convex Optimization" (2023), Definition 2, eq. (2); Lemmas 1-2. Around an anchor ``xbar``, draw
+``xi ~ N(0, rho^2 I)``, query the subgradient oracle at ``xbar + xi`` and reweight:
 
     grad~(x) = w(x; xi) * g(xbar + xi),
-    w(x; xi) = gamma_rho(x - xbar - xi) / gamma_rho(xi)
-             = exp( (<v, xi> - |v|^2 / 2) / rho^2 ),     v = x - xbar.
+    w(x; xi) = exp( (<v, xi> - |v|^2 / 2) / rho^2 ),     v = x - xbar.
 
-``E grad~(x) = grad f^_rho(x)`` for EVERY ``x`` (Lemma 1.1), where ``f^_rho = f * N(0, rho^2 I)``
-is the Gaussian smoothing (Definition 1, eq. (5)); for ``|x - xbar| <= rho`` its second
-moment is ``<= E|g|^2 * exp(|v|^2/rho^2) <= 3 L^2`` (Lemma 1.2; the paper's eq. (7) prints the
-exponent ``2|v|^2/rho^2``, an arithmetic slip, spec 002 §8 item 3). The queries do not depend
-on ``x``: all of them can be made in ONE parallel batch up front, and each later "gradient"
-costs one scalar weight. That is what gives the parallel solvers query depth 1 per ball
-subproblem.
+``E grad~(x) = grad f^_rho(x)`` for every ``x`` (Lemma 1.1; ``f^_rho = f * N(0, rho^2 I)``);
+for ``|x - xbar| <= rho`` the second moment is ``<= E|g|^2 exp(|v|^2/rho^2) <= 3 L^2``
+(Lemma 1.2; the paper's eq. (7) prints the exponent ``2|v|^2/rho^2``, a slip, spec 002 §8
+item 3). The queries do not depend on ``x``, so they are made in one parallel batch up front.
 
-Contract (read this before using the transformation)
------------------------------------------------------
+Contract:
+
 * The raw gradients fed to :func:`resque` / :func:`reweight` MUST be evaluated at
-  ``anchor + xi`` (the query points), NOT at ``params``. Compute them with the core engine:
-  ``per_example_grads(loss_fn, anchor, batch, offsets=xis)`` (or ``per_user_grads(...,
-  offsets=...)``). Feeding gradients taken at ``params`` silently turns the estimator into a
-  biased, high-variance mess; nothing in the arithmetic can detect it.
-* ``xi`` must be the offsets that produced those gradients, drawn independently of the
-  iterate (before the loop), e.g. with :func:`sample_queries`.
-* The weights are computed in log space (exact algebra), so they never overflow for
-  ``|v| <~ 10 rho``; the estimator's variance grows like ``exp(|v|^2/rho^2)``, so solvers keep
-  ``|x - anchor| <= rho`` (they project onto the ball ``B_anchor(r)``, ``r <= rho``).
+  ``anchor + xi``, NOT at ``params`` (``per_example_grads(loss_fn, anchor, batch,
+  offsets=xis)``); nothing in the arithmetic can detect the mistake.
+* ``xi`` must be the offsets that produced them, drawn independently of the iterate
+  (:func:`sample_queries`).
+* Weights are computed in log space; the variance grows like ``exp(|v|^2/rho^2)``, so solvers
+  keep ``|x - anchor| <= rho``.
 * The ``xi`` are smoothing randomness, not privacy noise: nothing here is a DP mechanism.
-
-Everything works on pytrees without raveling (``tree_vdot`` sums leaf-wise dot products).
 """
 
 from __future__ import annotations
@@ -50,8 +39,7 @@ PyTree = Any
 
 
 def tree_vdot(a: PyTree, b: PyTree) -> jax.Array:
-  """``sum_leaves <a_leaf, b_leaf>`` (``optax.tree.vdot``: HIGHEST matmul precision, so the
-  inner product does not depend on a backend's TF32 / bf16 default)."""
+  """``sum_leaves <a_leaf, b_leaf>`` (``optax.tree.vdot``, HIGHEST precision)."""
   return jnp.asarray(optax.tree.vdot(a, b))
 
 
@@ -72,9 +60,7 @@ def sample_queries(key: jax.Array, anchor: PyTree, rho: float | jax.Array,
                    num: int) -> tuple[PyTree, PyTree]:
   """Draws ``num`` Gaussian query offsets around ``anchor`` (Definition 2).
 
-  Returns ``(xis, points)``: ``xis`` has leaves ``[num, *leaf.shape]`` with i.i.d.
-  ``N(0, rho^2)`` entries and ``points = anchor + xis``. Pass ``xis`` as ``offsets=`` to the
-  core gradient engine to evaluate the oracle at ``points``.
+  Pass ``xis`` as ``offsets=`` to the gradient engine to evaluate the oracle at ``points``.
 
   Args:
     key: a JAX PRNG key.
@@ -83,7 +69,8 @@ def sample_queries(key: jax.Array, anchor: PyTree, rho: float | jax.Array,
     num: the number of queries, an integer >= 1.
 
   Returns:
-    ``(xis, points)`` (see above).
+    ``(xis, points)``: ``xis`` with leaves ``[num, *leaf.shape]`` of i.i.d. ``N(0, rho^2)``
+    entries, and ``points = anchor + xis``.
 
   Raises:
     ValueError: ``num`` is not an integer >= 1.
@@ -131,8 +118,6 @@ def reweight(x: PyTree, anchor: PyTree, xis: PyTree, grads: PyTree,
   return jax.tree.map(leaf, grads)
 
 
-# ------------------------------------------------------------------------- transformation --
-
 class ResqueState(NamedTuple):
   """``anchor``: the query center ``xbar``; ``count``: number of updates made."""
   anchor: PyTree
@@ -143,14 +128,10 @@ def resque(rho: float) -> optax.GradientTransformationExtraArgs:
   """Reweights raw oracle gradients taken at ``anchor + xi`` into ReSQue estimates at ``params``.
 
   ``update(raw_grads, state, params, *, xi)`` returns ``w(params; xi) * raw_grads``
-  (Definition 2, eq. (2)); when ``xi`` and ``raw_grads`` carry a leading batch axis ``B``
-  (one more dimension than ``params``) it returns the minibatch mean
-  ``(1/B) sum_b w(params; xi_b) raw_grads_b``.
-
-  LOUD CONTRACT: ``raw_grads`` must be the oracle evaluated at ``state.anchor + xi`` (use
-  ``per_example_grads(loss_fn, state.anchor, batch, offsets=xi)``), never at ``params``.
-  The anchor is ``params`` at ``init``; move it with :func:`reset_anchor` when the outer loop
-  moves the ball. Keep ``|params - anchor| <= rho`` (variance ``exp(|v|^2/rho^2)``).
+  (eq. (2)), or with a leading batch axis ``B`` on ``xi`` and ``raw_grads`` the minibatch mean
+  ``(1/B) sum_b w(params; xi_b) raw_grads_b``. ``raw_grads`` MUST be taken at
+  ``state.anchor + xi``, never at ``params`` (module docstring). The anchor is ``params`` at
+  ``init``; :func:`reset_anchor` moves it. Keep ``|params - anchor| <= rho``.
 
   Args:
     rho: the Gaussian smoothing radius (> 0).
@@ -190,9 +171,7 @@ def reset_anchor(state: ResqueState, new_anchor: PyTree) -> ResqueState:
   return state._replace(anchor=jax.tree.map(jnp.asarray, new_anchor))
 
 
-# ------------------------------------------------------------- closed-form smoothed losses --
-# Used as ground truth by tests and as exact oracles by the ball-acceleration validation.
-# Spec 002 §7.5 (checked against Monte Carlo there and in tests/test_resque.py).
+# Closed-form smoothed losses (spec 002 §7.5): ground truth for tests and exact oracles.
 
 def smoothed_abs(x: jax.Array, a: jax.Array, b: jax.Array, rho: float | jax.Array
                  ) -> tuple[jax.Array, jax.Array]:

@@ -19,14 +19,14 @@ import jax.numpy as jnp
 import optax
 
 from dpsco_jax._checks import check_int, check_nonnegative, check_positive
+from dpsco_jax.transforms.noise import noise_dtype
 
 PyTree = Any
 Schedule = Callable[[jax.Array], jax.Array]
 
 
 def _wide(x: jax.Array) -> jax.Array:
-  dt = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
-  return x.astype(jnp.promote_types(dt, jnp.float32))
+  return x.astype(noise_dtype(x.dtype))
 
 
 def tree_l2_norm(tree: PyTree) -> jax.Array:
@@ -118,10 +118,6 @@ def projection(radius: float, center: PyTree | None = None
   """
   check_positive(radius, "radius")
 
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
-
   def update_fn(updates, state, params=None, **extra):
     del extra
     if params is None:
@@ -130,7 +126,7 @@ def projection(radius: float, center: PyTree | None = None
                     params)
     return _sub(new, params), state
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
 
 
 class ProjectedSGDState(NamedTuple):

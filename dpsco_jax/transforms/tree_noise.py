@@ -283,8 +283,7 @@ def prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
     An ``optax.GradientTransformationExtraArgs``: increments in, noisy prefix sums out.
 
   Raises:
-    ValueError: an unknown ``mechanism``, a bad ``noise_std`` or ``max_steps``.
-    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
+    ValueError: an unknown ``mechanism``; as :func:`tree_prefix_sum_noise`.
   """
   check_choice(mechanism, "mechanism", MECHANISMS)
   if mechanism == "tree":
