@@ -2,34 +2,18 @@
 
 The machinery behind :meth:`dpsco_jax.data.UserData.from_arrays`:
 
-* :func:`canonical_ids` refuses ids that would silently merge or split users: ``NaN`` (every
-  missing id would become one user), ``None``, bools, and mixtures of kinds (``1``, ``1.0``,
-  ``True`` and ``"1"`` in one column) and blank strings (``""`` or only whitespace: the
-  missing ids of a text file, which would all become one user). **Rule:** a column of ids is
-  all integers, all non-blank strings (or all non-blank bytes), or all floats that are finite
-  whole numbers (an integer column that became float, e.g. through pandas missing values).
-  Strings are compared exactly (``"01"``, ``"1"`` and ``" 1"`` are three users). Object columns
-  are reduced to the native numpy dtype of their one kind; their values (hence each user's
-  seed, :func:`id_seed`) are unchanged. :func:`blank_ids` gives the positions of blank ids (a
-  file reader names their rows).
-* :func:`group_rows` groups ``N`` rows in ``O(N log N)``: one stable argsort of the ids plus
-  offsets; users come out in order of first appearance.
-* :func:`slot_rows` gives the table rows behind each user's ``m`` item slots, for a block of
-  users: slot ``j`` of a user with ``k <= m`` rows is its row ``j % k`` (padding cycles the
-  user's own items); a user with ``k > m`` rows keeps its first ``m`` (``"first"``) or a subset
-  drawn by a generator seeded with ``[seed, id_seed(id)]`` (``"random"``): the only per-user
-  Python work, and only for truncated users.
-* :func:`dense_run_length` recognises, in ``O(N)`` without sorting the rows, the dense layout
-  where the padded leaves are a reshape of the table: every user has exactly ``k`` rows,
-  contiguous and distinct from the other users' runs (a table grouped by user, ``k`` items
-  each). Then slot
-  ``j`` of the ``u``-th user is row ``u k + j`` (no padding, no truncation: ``j % k = j``) and
-  users are in order of first appearance, so ``from_arrays`` returns read-only reshaped views
-  of the caller's arrays instead of a copy.
-* :func:`write_padded` fills the padded ``[U, m, ...]`` leaves block by block, either into
-  arrays in memory or into ``.npy`` files (a store, :func:`open_store`) written with plain file
-  writes, so that the padded copy never sits in memory: building from a table in memory then
-  peaks at about the table plus the index arrays (``~12 N`` bytes).
+* :func:`canonical_ids` refuses ids that would silently merge or split users: ``NaN``,
+  ``None``, bools, blank strings and mixtures of kinds. **Rule:** a column of ids is all
+  integers, all non-blank strings (or bytes), or all finite whole-number floats. Strings
+  compare exactly (``"01"``, ``"1"``, ``" 1"`` are three users).
+* :func:`group_rows` groups ``N`` rows with one stable sort; users in order of first appearance.
+* :func:`slot_rows`: slot ``j`` of a user with ``k <= m`` rows is its row ``j % k`` (padding
+  cycles its own items); a user with ``k > m`` keeps its first ``m`` (``"first"``) or a subset
+  drawn from ``default_rng([seed, id_seed(id)])`` (``"random"``).
+* :func:`dense_run_length` recognises in ``O(N)`` a table of runs of exactly ``k`` rows per
+  distinct user, whose padded leaves are the table reshaped (views, no copy).
+* :func:`write_padded` fills the padded leaves block by block, in memory or into ``.npy`` files
+  (a store, :func:`open_store`), so the padded copy never sits in memory.
 """
 
 from __future__ import annotations
@@ -56,30 +40,22 @@ CHUNK_BYTES = 8 << 20    # checksums read 8 MiB at a time: bounded memory at any
 _BLOCK_BYTES = 1 << 26   # ~64 MB of padded rows per block: bounded temporaries
 _SCAN_ROWS = 1 << 20     # ids compared per chunk by dense_run_length: ~1 MB of bools
 
-# --------------------------------------------------------------------------- ids
-
-
 def id_seed(user_id: Any) -> int:
   """A stable 64-bit seed from a user id (the same across runs, processes and tables)."""
   value = user_id.item() if hasattr(user_id, "item") else user_id
   return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little")
 
 
+# id kinds of an object column's elements, bool before int (a bool is an int)
+_KINDS = (((bool, np.bool_), "bool"), ((int, np.integer), "int"),
+          ((float, np.floating), "float"), ((str, np.str_), "str"), ((bytes, np.bytes_), "bytes"))
+
+
 def _kind_of(value: Any) -> str:
-  """The id kind of one element of an object column (bool before int: bool is an int)."""
   if value is None:
     return "None"
-  if isinstance(value, (bool, np.bool_)):
-    return "bool"
-  if isinstance(value, (int, np.integer)):
-    return "int"
-  if isinstance(value, (float, np.floating)):
-    return "float"
-  if isinstance(value, (str, np.str_)):
-    return "str"
-  if isinstance(value, (bytes, np.bytes_)):
-    return "bytes"
-  return type(value).__name__
+  return next((kind for types, kind in _KINDS if isinstance(value, types)),
+              type(value).__name__)
 
 
 def _from_objects(ids: np.ndarray, what: str) -> np.ndarray:
@@ -109,18 +85,15 @@ def _from_objects(ids: np.ndarray, what: str) -> np.ndarray:
 
 
 def blank_ids(ids: np.ndarray) -> np.ndarray:
-  """Positions of the blank ids (``""`` or only whitespace) of a str / bytes id array (none
-  for other dtypes): missing ids, which would silently become one user."""
+  """Positions of the blank ids (``""`` or only whitespace) of a str / bytes id array."""
   if ids.dtype.kind not in "US":
     return np.zeros(0, np.intp)
   return np.flatnonzero((np.strings.str_len(ids) == 0) | np.strings.isspace(ids))
 
 
 def canonical_ids(user_ids: Any, what: str = "user_ids") -> np.ndarray:
-  """``user_ids`` as a 1-D numpy array of one id kind, or a clear error (see the module doc).
-
-  Lists are read element by element (``np.asarray([1, "1"])`` would turn both into ``"1"``).
-  """
+  """``user_ids`` as a 1-D numpy array of one id kind, or a clear error (module docstring).
+  Lists are read element by element (``np.asarray([1, "1"])`` would merge them)."""
   if hasattr(user_ids, "to_numpy"):
     user_ids = user_ids.to_numpy()
   ids = user_ids if isinstance(user_ids, np.ndarray) else np.array(user_ids, dtype=object)
@@ -148,9 +121,6 @@ def canonical_ids(user_ids: Any, what: str = "user_ids") -> np.ndarray:
   return ids
 
 
-# --------------------------------------------------------------------------- grouping
-
-
 @dataclasses.dataclass(frozen=True)
 class Groups:
   """Rows grouped by user; users in order of first appearance.
@@ -176,9 +146,8 @@ def _index_dtype(n: int) -> type:
 
 
 def _sort_int_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-  """``(rows, sorted ids)`` of integer ids by one sort of *values* ``(id - min) * N + row``:
-  the composite keys are distinct, so any sort is stable, and numpy sorts plain values
-  several times faster than it argsorts. ``None`` when the keys would overflow int64."""
+  """``(rows, sorted ids)`` by one sort of the distinct keys ``(id - min) * N + row`` (faster
+  than an argsort); ``None`` when they would overflow int64."""
   n = ids.shape[0]
   lo, hi = int(ids.min()), int(ids.max())
   if hi >= 2**63 or (hi - lo + 1) * n >= 2**63:
@@ -216,7 +185,6 @@ def group_rows(ids: np.ndarray) -> Groups:
   uniq = sorted_ids[start]
   del sorted_ids
   count = np.diff(np.append(start, n))
-  # The sort is stable, so each group's first row is the user's first appearance.
   order = np.argsort(perm[start], kind="stable")
   return Groups(perm, start[order], count[order], uniq[order])
 
@@ -225,11 +193,9 @@ def slot_rows(groups: Groups, m: int, *, selection: str, seed: int, lo: int = 0,
               hi: int | None = None) -> np.ndarray:
   """``[hi - lo, m]`` table rows behind the item slots of users ``lo..hi``.
 
-  Slot ``j`` of a user with ``k`` rows is its row ``j % k``: padding cycles its own items,
-  and a user with ``k > m`` rows keeps its first ``m`` under ``"first"``. Under ``"random"``
-  such a user keeps ``sort(choice(rows, m, replace=False))`` from
-  ``default_rng([seed, id_seed(id)])``: the same draw, call for call, as the per-user
-  builder this replaces, so the kept items do not change.
+  Slot ``j`` of a user with ``k`` rows is its row ``j % k``; under ``"random"`` a user with
+  ``k > m`` keeps ``sort(choice(rows, m, replace=False))`` from
+  ``default_rng([seed, id_seed(id)])``.
   """
   hi = groups.n_users if hi is None else hi
   start = groups.start[lo:hi, None].astype(np.int64)
@@ -259,15 +225,9 @@ def _first_run_length(ids: np.ndarray) -> int:
 
 def dense_run_length(ids: np.ndarray, m: int | None = None) -> int | None:
   """``k`` when canonical ``ids`` are ``N / k`` runs of exactly ``k`` equal ids, each run a
-  different user (``k = m`` when ``m`` is given, else the first run's length); ``None``
-  otherwise, and for ``k = 1``, where telling needs the full sort (``group_rows``) anyway.
-
-  Then the grouping is known without sorting the rows: the ``u``-th user (in order of first
-  appearance) has rows ``u k .. u k + k - 1``, and its slots (:func:`slot_rows`: ``j % k = j``,
-  nothing padded or dropped) are those rows in order: the padded leaves are the table
-  reshaped to ``[N / k, k, ...]``. ``O(N)`` comparisons in chunks (early exit on the first
-  chunk that breaks the pattern, e.g. a shuffled table) plus one sort of the ``N / k`` run
-  heads to check they are distinct, with the same equality as :func:`group_rows`.
+  different user (``k = m`` when given, else the first run's length); ``None`` otherwise and
+  for ``k = 1``. Then the padded leaves are the table reshaped to ``[N / k, k, ...]``.
+  ``O(N)`` chunked comparisons plus one sort of the run heads.
   """
   n = ids.shape[0]
   if n == 0 or ids.dtype == object:       # object: ids beyond int64, the general path
@@ -286,9 +246,6 @@ def dense_run_length(ids: np.ndarray, m: int | None = None) -> int | None:
   return k
 
 
-# --------------------------------------------------------------------------- padded leaves
-
-
 def _blocks(n_users: int, m: int, leaves: list[np.ndarray]):
   """``(lo, hi)`` user blocks of about ``_BLOCK_BYTES`` padded bytes over all leaves."""
   per_user = m * sum(leaf.dtype.itemsize * int(np.prod(leaf.shape[1:])) for leaf in leaves)
@@ -303,14 +260,12 @@ def _npy_header(f, shape: tuple[int, ...], dtype: np.dtype) -> None:
           "shape": shape})
 
 
-# XLA's CPU client uses a host buffer in place only at this alignment; numpy's own large
-# allocations sit 16 bytes off it, so jax.device_put copied the whole padded table.
+# XLA's CPU client uses a host buffer in place only at this alignment (numpy's is 16)
 DEVICE_ALIGNMENT = 64
 
 
 def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
-  """``np.empty(shape, dtype)`` whose data starts on a :data:`DEVICE_ALIGNMENT` boundary: on a
-  CPU backend the default (device) placement then holds the padded table without a copy."""
+  """``np.empty(shape, dtype)`` aligned to :data:`DEVICE_ALIGNMENT` (no copy on device_put)."""
   dtype = np.dtype(dtype)
   nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
   raw = np.empty(nbytes + DEVICE_ALIGNMENT, np.uint8)
@@ -324,9 +279,8 @@ def write_padded(leaves: list[np.ndarray], rows_of: Callable[[int, int], np.ndar
   """The padded leaves ``leaf[rows]`` (``[U, m, ...]``), block by block.
 
   ``rows_of(lo, hi)`` gives the ``[hi - lo, m]`` slot rows of a block of users. Without
-  ``store`` the result is one array per leaf in memory (no temporary beyond one block); with
-  it, the leaves are written to ``store/leaf_<i>.npy`` with plain writes (the padded copy is
-  never in this process's memory) and returned as read-only memory maps.
+  ``store``: arrays in memory; with it, ``store/leaf_<i>.npy`` files returned as read-only
+  memory maps.
   """
   shapes = [(n_users, m) + leaf.shape[1:] for leaf in leaves]
   if store is None:
@@ -352,25 +306,18 @@ def write_padded(leaves: list[np.ndarray], rows_of: Callable[[int, int], np.ndar
   return [np.load(p, mmap_mode="r") for p in paths]
 
 
-# --------------------------------------------------------------------------- store
-#
-# A store is ``leaf_<i>.npy`` (the padded leaves), ``item_mask.npy``, ``user_ids.npy``,
-# ``n_items.npy``, ``n_dropped.npy`` and ``meta.json``, written last (atomically): the layout,
-# a manifest (each file's name, size, dtype, shape and the SHA-256 of its array) and the
-# dataset's fingerprint (:func:`fingerprint` over the ordered checksums and the layout).
-# :func:`open_store` refuses a store whose files do not match it (edited, truncated, swapped,
-# missing or extra files), so a damaged store can never be trained on as if it were the table.
+# A store: ``leaf_<i>.npy``, the small arrays' ``.npy`` files and ``meta.json`` (written last,
+# atomically: layout, a manifest of every file's size, dtype, shape and SHA-256, and the
+# fingerprint). :func:`open_store` refuses a store whose files do not match it.
 
 
 class StoreIntegrityError(ValueError):
-  """A store whose files do not match its manifest, or that has none: opening it would read
-  another table than the one written. The message names the file."""
+  """A store whose files do not match its manifest, or that has none (names the file)."""
 
 
 def array_checksum(arr: Any) -> str:
-  """SHA-256 of an array's dtype, shape and C-order bytes, streamed in blocks of about
-  ``CHUNK_BYTES`` rows (bounded memory: a memory map or device array is never copied whole).
-  Equal to the checksum of the same array's ``.npy`` file (:func:`open_store`)."""
+  """SHA-256 of an array's dtype, shape and C-order bytes, streamed in ``CHUNK_BYTES``
+  blocks; equal to the checksum of the same array's ``.npy`` file."""
   shape, dtype = tuple(arr.shape), np.dtype(arr.dtype)
   h = hashlib.sha256(_array_tag(dtype, shape))
   if len(shape) == 0:
@@ -384,15 +331,14 @@ def array_checksum(arr: Any) -> str:
 
 
 def fingerprint(entries: list[tuple[str, str | None]], facts: dict[str, Any]) -> str:
-  """SHA-256 naming a dataset: its ``(label, array checksum)`` entries in order plus layout
-  ``facts`` (JSON). A digest of private data: it stays with the data and its checkpoints."""
+  """SHA-256 of a dataset's ``(label, array checksum)`` entries and layout ``facts``. A digest
+  of private data: it stays with the data and its checkpoints."""
   body = {"format": FINGERPRINT_FORMAT, "arrays": [list(e) for e in entries], "facts": facts}
   return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def leaf_label(examples_kind: str, name: str) -> str:
-  """A leaf's label in :func:`fingerprint`: ``"examples" + jax.tree_util.keystr(path)``, so a
-  store and the same data in memory have one fingerprint."""
+  """A leaf's label in :func:`fingerprint` (``"examples" + keystr(path)``, as in memory)."""
   return "examples" if examples_kind == "array" else f"examples[{name!r}]"
 
 
@@ -424,9 +370,8 @@ def prepare_store(store: str | os.PathLike, examples_kind: str, names: list[str]
 
 def save_store_meta(store: str | os.PathLike, *, examples_kind: str, names: list[str],
                     arrays: dict[str, np.ndarray], m_declared: bool) -> None:
-  """The small arrays (mask, ids, counts), then ``meta.json`` with the manifest of every file:
-  written last and atomically, so a store with ``meta.json`` is complete. Checksums are of
-  the files as they landed on disk (re-read, streamed), not of what was meant to be written."""
+  """The small arrays, then ``meta.json`` with the manifest (last and atomic: a store with
+  ``meta.json`` is complete); checksums are of the files as re-read from disk."""
   for name, arr in arrays.items():
     if arr.dtype == object:
       raise TypeError(f"a store cannot hold object-dtype {name} (ids beyond int64?)")
@@ -489,14 +434,13 @@ def _file_checksum(path: str, offset: int, shape: tuple[int, ...], dtype: np.dty
 
 def open_store(store: str | os.PathLike, *, verify: bool = True
                ) -> tuple[Any, dict[str, np.ndarray], bool, str]:
-  """``(examples, small arrays, m_declared, fingerprint)`` of a store: leaves as read-only
-  memory maps (pages are read when a batch touches them), the small arrays in memory.
+  """``(examples, small arrays, m_declared, fingerprint)`` of a store, leaves as read-only
+  memory maps.
 
   Checked first (:class:`StoreIntegrityError`, naming the file): ``meta.json`` against its
-  fingerprint, exactly the manifest's files present, each one's size, dtype and shape, and
-  each array's checksum. ``verify=False`` skips the *leaves'* checksums only (a leaf edited or
-  swapped with another of the same size then goes unnoticed): for processes that open a store
-  another process has verified (reading every leaf is the whole table's I/O).
+  fingerprint, exactly the manifest's files, each one's size, dtype, shape and checksum.
+  ``verify=False`` skips the *leaves'* checksums only (for processes opening a store another
+  has verified).
   """
   meta = _read_meta(store)
   files = _store_files(len(meta["names"]), meta["arrays"])

@@ -1,24 +1,19 @@
 """Your loss, your parameters, your users: the problem object every algorithm driver reads.
 
-The drivers read a problem's ``loss_fn(w, example)``, ``data`` (leaves ``[n, m, ...]``),
-``init_params()``, ``n_users``, ``m``, ``d`` and the constants ``lipschitz`` (L),
-``smoothness`` (beta), ``radius`` (R) and, for strongly convex methods, ``meta
-["strong_convexity"]`` (mu). :class:`UserDataProblem` provides them for any
-``loss_fn(params, example) -> scalar``, any params pytree and a :class:`UserData`:
+:class:`UserDataProblem` gives the drivers ``loss_fn(w, example)``, ``data``,
+``init_params()``, ``n_users``, ``m``, ``d`` and the constants ``lipschitz``, ``smoothness``,
+``radius`` and ``meta["strong_convexity"]`` for any ``loss_fn(params, example) -> scalar``, any
+params pytree and a :class:`UserData`:
 
-* the params pytree is raveled to one vector ``w`` (``jax.flatten_util.ravel_pytree``) so the
-  papers' vector algorithms (balls, projections, output perturbation in R^d) apply unchanged;
-  :meth:`UserDataProblem.unflatten` turns a released vector back into your pytree;
-* the data is the user view (weight ``m / k_u`` on real items: per-user gradients are means
-  over each user's real items) or, for item-level algorithms, the item view (weight 1);
-* constants are what you declare in :class:`ProblemConstants`. They are public facts about
-  the *loss class* (never estimated from the data). A constant an algorithm needs but you did
-  not declare raises :class:`MissingConstant` naming it, when the driver first reads it. The
-  radius defaults to ``inf`` (no projection), the right choice for a neural network; declare
-  a finite ``R`` for the convex theory.
+* the params pytree is raveled to one vector ``w`` so the papers' vector algorithms apply
+  unchanged; :meth:`UserDataProblem.unflatten` turns a released vector back into your pytree;
+* the data is the user view (per-user gradients are means over each user's real items) or,
+  for item-level algorithms, the item view;
+* constants are what you declare in :class:`ProblemConstants`: public facts about the *loss
+  class*, never estimated from the data. One an algorithm needs but you did not declare raises
+  :class:`MissingConstant` when first read. The radius defaults to ``inf`` (no projection).
 
-There is no known optimum: runs on your data report privacy and your own metrics, not excess
-risk (synthetic problems in :mod:`dpsco_jax.problems` keep that for experiments).
+There is no known optimum: runs report privacy and your own metrics, not excess risk.
 """
 
 from __future__ import annotations
@@ -87,8 +82,7 @@ _DOC = {"lipschitz": "L (Lipschitz constant of the loss)",
 
 @bounded_cache(64)
 def _flat_loss(loss_fn: Callable, treedef: Any, shapes: tuple) -> Callable:
-  """``loss_fn`` on the raveled vector, cached per (loss, params structure) so compiled loops
-  are reused across seeds and configs."""
+  """``loss_fn`` on the raveled vector, cached so compiled loops are reused."""
   zeros = jax.tree.unflatten(treedef, [jnp.zeros(s, d) for s, d in shapes])
   _, unravel = ravel_pytree(zeros)
   return weighted_loss(lambda w, ex: loss_fn(unravel(w), ex))
@@ -97,14 +91,10 @@ def _flat_loss(loss_fn: Callable, treedef: Any, shapes: tuple) -> Callable:
 class PublicFacts:
   """What a data-free plan may read: sizes and the declared constants, never the data.
 
-  ``n_users`` and ``m`` come from a :class:`~dpsco_jax.data.DataSpec`, ``d`` is the number of
-  parameters; ``lipschitz`` / ``smoothness`` raise :class:`MissingConstant` when an algorithm
-  reads one that was not declared.
-
-  ``constants_declared`` is True: these constants are the user's declaration about their own
-  loss, which the library cannot verify. An algorithm whose sensitivity rests on one it does
-  not enforce reports provenance ``declared`` (the synthetic problems of
-  :mod:`dpsco_jax.problems` hold their constants by construction and have no such flag).
+  ``lipschitz`` / ``smoothness`` raise :class:`MissingConstant` when read undeclared.
+  ``constants_declared`` is True: the constants are the user's unverifiable declaration, so an
+  algorithm whose sensitivity rests on one it does not enforce reports provenance
+  ``declared``.
 
   Args:
     spec: the data's public facts (users ``n_users``, items per user ``m``).
@@ -130,7 +120,7 @@ class PublicFacts:
     self.meta = ({} if self.constants.strong_convexity is None
                  else {"strong_convexity": self.constants.strong_convexity})
 
-  # read lazily, so an algorithm that does not need a constant does not require it
+  # read lazily: an algorithm that does not need a constant does not require it
   def _const(self, name: str) -> float:
     value = getattr(self.constants, name)
     if value is None:

@@ -1,26 +1,17 @@
 """Host-side Poisson sampling of users and gathering of their padded batch.
 
-For data that should not (or cannot) sit on the device whole: each step samples users on the
-host in ``O(q n)`` expected work and gathers only those users' rows from host memory or a
-memory map (:meth:`dpsco_jax.data.UserData.open`), so a step's cost does not grow with ``n``
-and only the sampled users reach the device.
+For data kept off the device: each step samples users on the host in ``O(q n)`` expected work
+and gathers only their rows (from memory or a memory map, :meth:`dpsco_jax.data.UserData.open`).
 
-* :class:`PoissonSampler` — user ``i`` is in step ``t``'s sample with probability ``q``,
-  independently of the other users and of the other steps: the law the accountant assumes
-  for Poisson subsampling. It walks the users with Geometric(``q``) gaps (the gaps of a
-  Bernoulli(``q``) process) instead of drawing ``n`` coins; the gaps are drawn from a
-  generator seeded by ``(seed, step)`` and do not depend on ``n``, so removing the last user
-  leaves every other user's inclusion unchanged (as with the device sampler's per-user coins).
-  The law is exact up to numpy's double-precision geometric sampler.
-* Truncation is the device sampler's: a step that samples more users than ``capacity`` (the
-  plan's static slot count) keeps the ``capacity`` lowest indices; its probability is what the
-  plan adds to delta (``poisson_truncation_probability``).
-* :func:`gather_batch` — the ``{"example", "weight"}`` batch of the sampled users (leaves
-  ``[capacity, m, ...]``) in the layout of :meth:`UserData.user_view` /
-  :meth:`UserData.item_view` rows, plus the bool user mask; padded slots repeat user 0's rows
-  with weight 0 and mask False.
-* :func:`iter_batches` — the per-step batches moved to the device, gathered one step ahead in
-  a background thread.
+* :class:`PoissonSampler`: user ``i`` is in step ``t``'s sample with probability ``q``,
+  independently of the other users and steps, the law the accountant assumes. It walks the
+  users with Geometric(``q``) gaps drawn from a generator seeded by ``(seed, step)``, which do
+  not depend on ``n``: removing the last user leaves every other user's inclusion unchanged.
+  Exact up to numpy's double-precision geometric sampler.
+* Truncation is the device sampler's: beyond ``capacity`` (the plan's static slot count) the
+  lowest indices are kept; its probability is what the plan adds to delta.
+* :func:`gather_batch`: the sampled users' ``{"example", "weight"}`` batch and user mask.
+* :func:`iter_batches`: per-step device batches, gathered one step ahead in a thread.
 """
 
 from __future__ import annotations
@@ -45,11 +36,8 @@ VIEWS = ("user", "item", "item_rows")
 def poisson_indices(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
   """Sorted indices of a Bernoulli(``q``) subset of ``range(n)``, ``O(q n)`` expected work.
 
-  Position ``g_1 - 1``, then ``+ g_2``, ... with i.i.d. Geometric(``q``) gaps on ``{1, 2, ..}``:
-  a Bernoulli(``q``) process, so each index is included independently with probability
-  ``q``. Gaps are drawn in blocks of about the expected count; numpy draws geometric
-  variates one after another, so the sequence (hence the subset of the first ``n - 1``
-  indices) does not depend on ``n``.
+  I.i.d. Geometric(``q``) gaps, drawn in blocks: the sequence (hence the subset of the first
+  ``n - 1`` indices) does not depend on ``n``.
   """
   if q >= 1.0:
     return np.arange(n, dtype=np.int64)
@@ -68,8 +56,7 @@ def poisson_indices(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
 
 
 def _seed_words(seed: int | jax.Array) -> tuple[int, ...]:
-  """A fixed-length tuple of 32-bit words for an int seed or a JAX key (distinct seeds give
-  distinct tuples; the leading word tells the two kinds apart)."""
+  """32-bit words of an int seed or a JAX key (the leading word tells the kinds apart)."""
   if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
     seed = int(seed)
     if not 0 <= seed < 2**64:
@@ -113,16 +100,13 @@ class PoissonSampler:
     self._words = _seed_words(seed)
 
   def generator(self, step: int) -> np.random.Generator:
-    """The generator of step ``step`` (``0 <= step < 2**64``).
+    """The generator of step ``step``.
 
     Args:
-      step: the step index.
+      step: the step index, an int in ``[0, 2**64)`` (else ValueError).
 
     Returns:
       A numpy ``Generator`` seeded by ``(seed, step)``.
-
-    Raises:
-      ValueError: ``step`` is not an int in ``[0, 2**64)``.
     """
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
         or not 0 <= step < 2**64:
@@ -132,17 +116,13 @@ class PoissonSampler:
     return np.random.default_rng(np.random.SeedSequence(entropy))
 
   def sample(self, step: int) -> np.ndarray:
-    """Sorted indices of step ``step``'s sampled users (untruncated).
+    """Step ``step``'s sampled users, untruncated.
 
     Args:
-      step: the step index (see :meth:`generator`).
+      step: the step index (as :meth:`generator`).
 
     Returns:
-      The sampled user indices, int64, sorted (each user independently with probability
-      ``rate``).
-
-    Raises:
-      ValueError: ``step`` is not an int in ``[0, 2**64)``.
+      Sorted int64 indices, each user independently with probability ``rate``.
     """
     return poisson_indices(self.generator(step), self.n_users, self.rate)
 
@@ -156,8 +136,7 @@ class PoissonSampler:
 
 
 def take_users(tree: Any, idx: np.ndarray) -> Any:
-  """``leaf[idx]`` for every leaf (numpy arrays or memory maps, leading user axis): reads only
-  the rows of ``idx``."""
+  """``leaf[idx]`` for every leaf: reads only the rows of ``idx``."""
   return jax.tree.map(lambda x: np.asarray(np.take(x, idx, axis=0)), tree)
 
 
@@ -165,14 +144,10 @@ def gather_batch(data: UserData, idx: np.ndarray, mask: np.ndarray, *,
                  view: str = "user") -> dict:
   """The host batch of users ``idx`` (a ``[capacity]`` sampler output with its ``mask``).
 
-  Returns ``{"example": leaves [capacity, m, ...], "weight": float32 [capacity, m]}``: row
-  ``i`` equals row ``idx[i]`` of ``data.user_view()`` (``view="user"``, weights ``m / k``) or
-  ``data.item_view()`` (``"item"``, weights 1) where ``mask[i]``, and has weight 0 elsewhere.
-
-  ``view="item_rows"`` (item-level DP-SGD: every item slot is its own row, ``U m`` rows):
-  ``idx`` indexes the slots, slot ``r`` being item ``r % m`` of user ``r // m``; returns
-  leaves ``[capacity, 1, ...]`` and weights ``[capacity, 1]`` (1 on a real item, 0 on a
-  padding slot or an unsampled row), the rows of the item view reshaped to ``[U m, 1, ...]``.
+  Row ``i`` equals row ``idx[i]`` of ``data.user_view()`` (``view="user"``) or
+  ``data.item_view()`` (``"item"``) where ``mask[i]``, with weight 0 elsewhere.
+  ``view="item_rows"`` (item-level DP-SGD): ``idx`` indexes the ``U m`` item slots (slot ``r``
+  is item ``r % m`` of user ``r // m``), giving leaves ``[capacity, 1, ...]``.
 
   Args:
     data: the users' data (in memory or memory-mapped).
@@ -181,7 +156,7 @@ def gather_batch(data: UserData, idx: np.ndarray, mask: np.ndarray, *,
     view: ``"user"`` (default), ``"item"`` or ``"item_rows"``.
 
   Returns:
-    ``{"example", "weight"}``, the host batch described above.
+    ``{"example": leaves [capacity, m, ...], "weight": float32 [capacity, m]}``.
 
   Raises:
     ValueError: an unknown ``view``, or ``idx`` and ``mask`` not both of shape ``[capacity]``.
@@ -216,8 +191,7 @@ def iter_batches(data: UserData, sampler: PoissonSampler, steps: int, *, view: s
                  start: int = 0, put: Callable[[Any], Any] = jax.device_put
                  ) -> Iterator[tuple[int, Any, Any]]:
   """``(t, batch, mask)`` for ``t = start, ..., start + steps - 1``, moved to the device by
-  ``put``; step ``t + 1`` is sampled and gathered in a background thread while the caller
-  works on step ``t``.
+  ``put``; step ``t + 1`` is gathered in a background thread meanwhile.
 
   Args:
     data: the users' data.

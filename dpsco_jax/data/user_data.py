@@ -1,51 +1,16 @@
 """User-partitioned data: arrays plus a user-id column -> padded, static-shape user batches.
 
-Real data is grouped by user with different numbers of items per user. :class:`UserData`
-holds it as leaves ``[U, m, ...]``: ``U`` users (every slot is a real user, in order of first
-appearance of its id) and ``m = max_items_per_user`` item slots, with an item mask.
+:class:`UserData` holds leaves ``[U, m, ...]``: ``U`` users (in order of first appearance) and
+``m = max_items_per_user`` item slots. ``m`` bounds one user's contribution: a user with more
+items keeps ``m`` of them, chosen from that user's own rows and id only, so user-level
+neighbours stay neighbours (item-level guarantees do not survive it: item-level algorithms
+refuse data with dropped items). Empty slots hold copies of the user's own items with weight
+0. Algorithms see ``{"example", "weight"}`` views through :func:`weighted_loss`, so padding
+cannot be forgotten. :meth:`UserData.shard` keeps one process's users while
+:attr:`UserData.spec` states the whole dataset's facts.
 
-* **Contribution bound.** ``max_items_per_user`` bounds what one user contributes. A user with
-  more items keeps ``m`` of them: a uniformly random subset drawn from a numpy generator
-  seeded with ``seed`` and a hash of the user's id (``selection="random"``, the default, so
-  the kept items are not biased towards the start of the table), or the first ``m`` in table
-  order (``selection="first"``). The choice for one user depends only on that user's own
-  rows and id, never on the other users (not on its position either, which an added or
-  removed user would shift), so it is part of that user's contribution: user-level
-  neighbours stay neighbours.
-  Default ``m``: the largest user's item count (nothing dropped). Item-level guarantees do
-  not survive a selection (adding or removing one item of a truncated user can change
-  several kept items), so item-level algorithms refuse data with dropped items.
-* **Padding.** A user with ``k < m`` items fills its empty slots with copies of its own items
-  (cycled), masked out. Copies, not zeros, so a loss that is undefined at an all-zero example
-  (``log 0``) stays finite on padded slots; their weight is exactly 0.
-* **Weights instead of a forgettable mask.** The algorithms see ``{"example": ..., "weight":
-  [U, m]}`` (:meth:`UserData.user_view` / :meth:`UserData.item_view`) and the loss is wrapped
-  by :func:`weighted_loss` as ``weight * loss(params, example)``; so padding is carried inside
-  the data and cannot be forgotten by a caller. User view: ``weight = m / k`` on the ``k``
-  real items and 0 on padding, so the mean over the ``m`` slots is the mean over the user's
-  real items (the per-user gradient every user-level algorithm clips). Item view: weight 1 on
-  real items and 0 on padding (each item counted once; item-level algorithms).
-
-* **Ids.** All ints, all strings (or bytes), or all finite whole-number floats; ``NaN`` and
-  ``None`` ids, bools and mixed kinds are refused (they would merge or split users silently);
-  see :func:`dpsco_jax.data.grouping.canonical_ids`. A hand-built ``UserData`` is checked
-  too: unique ids, one per user, integer counts, ``n_dropped >= 0``, at least one user.
-* **Scale.** Building is one sort of the ids (``O(N log N)`` for ``N`` rows) plus one gather
-  per block of users (:mod:`dpsco_jax.data.grouping`). A dense table (every user exactly
-  ``m`` rows, contiguous) needs neither: it is recognised in ``O(N)`` and its leaves are
-  reshaped, read-only views of the caller's arrays (no copy, no sort of the rows).
-  ``store=`` writes the padded leaves to disk instead of memory and reads them back as memory
-  maps (:meth:`UserData.open`), so a table in memory is never copied whole;
-  :mod:`dpsco_jax.data.sampling` then gathers only each step's Poisson-sampled users from it.
-* **Many processes.** :meth:`UserData.shard` keeps one process's users of a ``jax.distributed``
-  run (a contiguous block in user order, or every ``count``-th user): its arrays hold only
-  those users (slices of a memory map stay memory maps), while :attr:`UserData.spec` still
-  states the whole dataset's facts, so every process makes the plan of the one-process run
-  (:mod:`dpsco_jax.distributed`).
-
-Only :class:`DataSpec` (shapes, ``U``, ``m``) is read by a plan; under ``add_remove`` the
-number of users is private and a plan reads the *declared* ``n_users`` from the config instead
-(see :mod:`dpsco_jax.privacy.relations`).
+Only :class:`DataSpec` is read by a plan; under ``add_remove`` the number of users is private
+and a plan reads the *declared* ``n_users`` instead (:mod:`dpsco_jax.privacy.relations`).
 """
 
 from __future__ import annotations
@@ -62,7 +27,7 @@ import numpy as np
 from dpsco_jax._checks import check_bool
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.data import grouping
-from dpsco_jax.data.grouping import canonical_ids, id_seed
+from dpsco_jax.data.grouping import canonical_ids
 
 __all__ = ["DataSpec", "FACTS", "ShardInfo", "UserData", "weighted_loss"]
 
@@ -82,13 +47,11 @@ class DataSpec:
       ``add_remove`` plans use the config's declared ``n_users`` instead).
     max_items_per_user: item slots per user ``m``, the per-user contribution bound.
     item_shapes: ``(path, shape, dtype)`` of one item's leaves.
-    measured: which of :data:`FACTS` were *measured on the data* rather than declared by
-      the user. A measured fact is a function of the private data: adding one item to the
-      largest user changes a measured ``m``. A plan whose privacy reads a fact that its
-      relation does not make public refuses a measured one, naming what to declare
-      (:func:`dpsco_jax.plan`). A hand-built ``DataSpec`` is a declaration (nothing
-      measured); :attr:`UserData.spec` marks ``n_users`` measured, and ``max_items_per_user``
-      too unless it was given to :meth:`UserData.from_arrays`.
+    measured: which of :data:`FACTS` were *measured on the data* (a function of the private
+      data) rather than declared. A plan whose privacy reads a fact its relation does not
+      make public refuses a measured one (:func:`dpsco_jax.plan`). A hand-built ``DataSpec``
+      measures nothing; :attr:`UserData.spec` marks ``n_users`` measured, and
+      ``max_items_per_user`` too unless it was given to :meth:`UserData.from_arrays`.
   """
   n_users: int
   max_items_per_user: int
@@ -110,13 +73,13 @@ class DataSpec:
     object.__setattr__(self, "measured", measured)
 
   def declared(self, fact: str) -> bool:
-    """Whether ``fact`` (one of :data:`FACTS`) was declared rather than measured.
+    """Whether ``fact`` was declared rather than measured on the data.
 
     Args:
       fact: ``"n_users"`` or ``"max_items_per_user"``.
 
     Returns:
-      True when ``fact`` was declared, False when it was measured on the data.
+      True when declared.
 
     Raises:
       ValueError: ``fact`` is not one of :data:`FACTS`.
@@ -134,12 +97,10 @@ SHARD_LAYOUTS = ("contiguous", "strided")
 class ShardInfo:
   """Which users of a ``n_users_total``-user dataset one process holds.
 
-  ``contiguous``: process ``p`` holds users ``[bounds[p], bounds[p + 1])`` with
-  ``bounds[p] = floor(p * n / count)`` (a memory map's slice stays a memory map: the process
-  reads only its own pages). ``strided``: users ``p, p + count, p + 2 count, ...``. Either
-  way the shards are disjoint, their union is every user, and the global position of a
-  process's ``j``-th user is a function of ``(layout, n_users_total, count)`` alone, so every
-  process maps a globally drawn sample to its own users without communicating.
+  ``contiguous``: process ``p`` holds users ``[floor(p n / count), floor((p+1) n / count))``
+  (a memory map's slice stays a memory map); ``strided``: users ``p, p + count, ...``. The
+  shards partition the users, and positions depend on ``(layout, n_users_total, count)``
+  alone, so every process maps a global sample to its own users without communicating.
   """
   index: int
   count: int
@@ -196,7 +157,7 @@ class ShardInfo:
 
 
 def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dict[str, Any]:
-  """Columns of a pandas DataFrame, a Hugging Face ``datasets.Dataset`` or a mapping."""
+  """Columns of a pandas DataFrame, a ``datasets.Dataset`` or a mapping."""
   if hasattr(table, "column_names"):          # datasets.Dataset
     names = list(table.column_names)
   elif hasattr(table, "columns"):             # pandas.DataFrame
@@ -214,23 +175,17 @@ def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dic
       raise ValueError(f"column {c!r} is not in the table; columns: {names}")
   def col(c):
     v = table[c]
-    v = v.to_numpy() if hasattr(v, "to_numpy") else v
-    return np.asarray(v)
-  # The id column is read by canonical_ids, element by element for lists: np.asarray would
-  # turn [1, "1"] into ["1", "1"] (one user) before any check could see it.
+    return np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v)
+  # ids go to canonical_ids as they are: np.asarray would turn [1, "1"] into one user
   users = table[user_column]
   users = users.to_numpy() if hasattr(users, "to_numpy") else users
   return {"__user__": users, **{c: col(c) for c in wanted}}
 
 
-_id_seed = id_seed   # the old private name
-
-
 @bounded_cache()
 def weighted_loss(loss_fn: Callable) -> Callable:
-  """``loss_fn(params, example)`` -> ``weight * loss_fn(params, ex["example"])`` for the
-  ``{"example", "weight"}`` views of :class:`UserData` (cached: one function object per
-  ``loss_fn``, so compiled loops are reused).
+  """``loss_fn`` -> ``weight * loss_fn(params, ex["example"])`` for the ``{"example",
+  "weight"}`` views of :class:`UserData` (cached per ``loss_fn``: compiled loops are reused).
 
   Args:
     loss_fn: ``loss_fn(params, example) -> scalar``, the loss of one item.
@@ -267,16 +222,14 @@ def _check_bound(m: Any) -> int:
 
 
 def _dense_view(leaf: np.ndarray, k: int) -> np.ndarray:
-  """``leaf`` ``[N, ...]`` as ``[N / k, k, ...]``: splitting the row axis is always a view (any
-  strides), marked read-only so that nothing writes through it into the caller's table."""
+  """``leaf`` ``[N, ...]`` as a read-only ``[N / k, k, ...]`` view."""
   view = leaf.reshape((leaf.shape[0] // k, k) + leaf.shape[1:])
   view.flags.writeable = False
   return view
 
 
 def _examples_layout(examples: Any) -> tuple[str, list[str]]:
-  """``("array", ["examples"])`` or ``("dict", keys)``: the layouts a store can rebuild
-  (keys in the order of ``jax.tree.leaves``, which sorts a dict's keys)."""
+  """``("array", ["examples"])`` or ``("dict", keys)``: the layouts a store can rebuild."""
   if isinstance(examples, Mapping):
     paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(examples)[0]]
     names = [getattr(p[0], "key", None) for p in paths]
@@ -296,14 +249,11 @@ class UserData:
     item_mask: bool ``[U, m]``, True on real items.
     user_ids: ``[U]`` the users' ids, in order of first appearance.
     n_items: ``[U]`` real items kept per user (``<= m``).
-    n_dropped: ``[U]`` items beyond the contribution bound that were not kept. Data-dependent
-      and never released; item-level algorithms refuse data with dropped items (see
-      :data:`dpsco_jax.api.ITEM_GUARANTEE`).
-    m_declared: whether ``m`` (the slot count) is a declared contribution bound (``True``
-      when ``max_items_per_user`` was given) or the largest user's measured count (a
-      function of the private data, which plans that read ``m`` refuse).
-    shard_info: set by :meth:`shard`: this object holds one process's users of a larger
-      dataset (``None``: it holds every user).
+    n_dropped: ``[U]`` items beyond the bound that were not kept (data-dependent, never
+      released; item-level algorithms refuse data with dropped items).
+    m_declared: whether ``m`` is a declared bound (``max_items_per_user`` given) or the
+      largest user's measured count (which plans that read ``m`` refuse).
+    shard_info: set by :meth:`shard` (``None``: every user).
   """
   examples: Any
   item_mask: np.ndarray
@@ -314,9 +264,8 @@ class UserData:
   shard_info: ShardInfo | None = None
 
   def __post_init__(self):
-    # A hand-built UserData gets the checks from_arrays guarantees: one slot row per user,
-    # unique valid ids, counts that agree with the mask. Anything else would let one user
-    # appear twice in a batch (two contributions) or make a plan divide by zero users.
+    # a hand-built UserData gets from_arrays's guarantees: a user twice in a batch would
+    # contribute twice
     mask = self.item_mask
     if not isinstance(mask, np.ndarray) or mask.ndim != 2 or mask.dtype != bool:
       raise ValueError("item_mask must be a bool array [U, m], got "
@@ -363,7 +312,6 @@ class UserData:
                        "(one user in two rows would contribute twice)")
     object.__setattr__(self, "user_ids", ids)
 
-  # ----------------------------------------------------------------------------- building
   @classmethod
   def from_arrays(cls, examples: Any, user_ids: Any, *, max_items_per_user: int | None = None,
                   selection: str = "random", seed: int = 0,
@@ -371,25 +319,20 @@ class UserData:
     """Groups rows by user id: one sort, ``O(N log N)`` for ``N`` rows.
 
     Args:
-      examples: a pytree (dict, tuple, array) whose leaves are ``[N, ...]`` arrays, one row
-        per item (numpy arrays or memory maps; they are read, never copied whole). When
-        every user has exactly ``m`` rows, contiguous (a table grouped by user, ``m`` items
-        each), the result's leaves are read-only reshaped *views* of these arrays (no copy):
-        writing into the caller's arrays afterwards changes the data.
+      examples: a pytree whose leaves are ``[N, ...]`` arrays, one row per item (read, never
+        copied whole). When every user has exactly ``m`` contiguous rows the result's leaves
+        are read-only *views* of these arrays: writing into them changes the data.
       user_ids: ``[N]`` the user of each row: all ints, all strings (or bytes), or all
-        finite whole-number floats. ``NaN``/``None`` ids, bools and mixed kinds (``1`` with
-        ``"1"`` or ``1.0``) are refused rather than silently merged.
+        finite whole-number floats (``NaN``/``None``, bools and mixed kinds are refused).
       max_items_per_user: the contribution bound ``m`` (default: the largest user's count).
-      selection: ``"random"`` (seeded uniform subset) or ``"first"``: which items a user with
-        more than ``m`` keeps.
+      selection: which items a user with more than ``m`` keeps: ``"random"`` (a uniform
+        subset seeded by ``seed`` and a hash of the user's id) or ``"first"``.
       seed: seed of the ``"random"`` selection.
-      store: a new (or empty) directory: the padded leaves are written there and the result
-        reads them as memory maps (:meth:`open` reopens it), so the padded copy never sits
-        in memory; examples must be one array or a flat dict of arrays.
+      store: a new (or empty) directory to write the padded leaves to, read back as memory
+        maps (:meth:`open` reopens it); examples must be one array or a flat dict of arrays.
 
     Returns:
-      The padded, user-grouped :class:`UserData` (``m_declared`` when ``max_items_per_user`` was
-      given).
+      The padded, user-grouped :class:`UserData`.
 
     Raises:
       ValueError: an unknown ``selection``; ``examples`` without arrays; empty ``user_ids``;
@@ -419,8 +362,7 @@ class UserData:
       grouping.prepare_store(store, kind, names)
     k = grouping.dense_run_length(ids, m)
     if k is not None:
-      # Dense layout (every user: k contiguous rows, users distinct): the grouping is known
-      # without a sort, and slot j of the u-th user is row u k + j.
+      # dense: every user k contiguous rows, slot j of the u-th user is row u k + j
       m, user_ids = k, ids[::k].copy()
       counts = np.full(n // k, k, np.intp)
       if store is None:
@@ -452,28 +394,21 @@ class UserData:
 
   @classmethod
   def open(cls, store: str | os.PathLike, *, verify: bool = True) -> "UserData":
-    """A UserData written by ``from_arrays(..., store=store)``: its leaves are read-only
-    memory maps, so a batch reads only its sampled users' pages
-    (:mod:`dpsco_jax.data.sampling`).
-
-    Every file is checked against the store's manifest first (size, dtype, shape and
-    checksum; :func:`~dpsco_jax.data.grouping.open_store`): an edited, truncated, swapped,
-    missing or extra file, or a store of the old format without a manifest, raises
-    :class:`~dpsco_jax.data.grouping.StoreIntegrityError` naming the file. The checksums read
-    the whole store once (streamed, ~1 GB/s); ``verify=False`` skips the leaves' checksums
-    (sizes, headers and the small arrays are still checked), e.g. on the processes of a
-    distributed run once one process has verified the store.
+    """A UserData written by ``from_arrays(..., store=store)``, its leaves read-only memory
+    maps. Every file is first checked against the store's manifest
+    (:func:`~dpsco_jax.data.grouping.open_store`); ``verify=False`` skips the leaves'
+    checksums (e.g. on the other processes once one has verified the store).
 
     Args:
       store: the directory written by ``from_arrays(..., store=store)``.
-      verify: check every leaf's checksum against the manifest (default True).
+      verify: check every leaf's checksum (default True).
 
     Returns:
       The :class:`UserData` whose leaves are read-only memory maps of the store's files.
 
     Raises:
-      StoreIntegrityError: a file of the store was edited, truncated, swapped, added or removed,
-        or its ``meta.json`` is malformed or of an old format (the message names the file).
+      StoreIntegrityError: a file was edited, truncated, swapped, added or removed, or
+        ``meta.json`` is malformed or of an old format (the message names the file).
       FileNotFoundError: ``store`` is not a complete store (no ``meta.json``).
       ArgumentTypeError: ``verify`` is not a bool.
     """
@@ -481,21 +416,18 @@ class UserData:
         store, verify=check_bool(verify, "verify"))
     data = cls(examples, arrays["item_mask"], arrays["user_ids"], arrays["n_items"],
                arrays["n_dropped"], m_declared=m_declared)
-    object.__setattr__(data, "_store_fingerprint", digest)  # checked against the files above
+    object.__setattr__(data, "_store_fingerprint", digest)
     return data
 
-  # Set by :meth:`open` only: a derived object (select, shard) holds other arrays.
-  _store_fingerprint = None
+  _store_fingerprint = None  # set by open only: select/shard hold other arrays
 
   @property
   def fingerprint(self) -> str:
-    """A SHA-256 naming this dataset: its arrays (examples, mask, ids, counts) in order and
-    ``m_declared`` (:func:`~dpsco_jax.data.grouping.fingerprint`). The same data has the same
-    fingerprint in memory and in a store; a checkpoint records it so that training resumes
-    only on the data it was trained on. Opened from a store: the manifest's (verified on
-    open); otherwise computed from the arrays on each access (streamed, ~1 GB/s; arrays can
-    be views of the caller's table, so it is not memoized). It is a digest of private data
-    (it tells whether a candidate table is this one): never publish it."""
+    """A SHA-256 of this dataset's arrays and ``m_declared``
+    (:func:`~dpsco_jax.data.grouping.fingerprint`), the same in memory and in a store; a
+    checkpoint records it so training resumes only on its data. Computed on each access (the
+    arrays may be views of the caller's table) unless opened from a store. A digest of
+    private data: never publish it."""
     if self._store_fingerprint is not None:
       return self._store_fingerprint
     entries = [("examples" + jax.tree_util.keystr(path), grouping.array_checksum(leaf))
@@ -510,26 +442,24 @@ class UserData:
   def from_table(cls, table: Any, *, user_column: str, columns: Sequence[str] | None = None,
                  max_items_per_user: int | None = None, selection: str = "random",
                  seed: int = 0, store: str | os.PathLike | None = None) -> "UserData":
-    """From a pandas ``DataFrame``, a ``datasets.Dataset`` or a mapping of columns: examples
-    are ``{column: array}`` of ``columns`` (default: every column but ``user_column``).
+    """From a pandas ``DataFrame``, a ``datasets.Dataset`` or a mapping of columns.
 
     Args:
       table: a pandas ``DataFrame``, a ``datasets.Dataset`` or a mapping of column name to array.
       user_column: the column holding each row's user id.
       columns: the columns that make an item (default: every column but ``user_column``).
-      max_items_per_user: the contribution bound ``m`` (see :meth:`from_arrays`).
-      selection: which items a user with more than ``m`` keeps (see :meth:`from_arrays`).
-      seed: seed of the ``"random"`` selection.
-      store: a new directory to write the padded leaves to (see :meth:`from_arrays`).
+      max_items_per_user: as :meth:`from_arrays`.
+      selection: as :meth:`from_arrays`.
+      seed: as :meth:`from_arrays`.
+      store: as :meth:`from_arrays`.
 
     Returns:
       The :class:`UserData` with examples ``{column: [U, m, ...]}``.
 
     Raises:
-      TypeError: ``table`` is not a DataFrame, a Dataset or a mapping of columns; bad ids (see
-        :meth:`from_arrays`).
-      ValueError: ``user_column`` or a name of ``columns`` is not a column of ``table`` (the
-        message lists the columns); as :meth:`from_arrays`.
+      TypeError: ``table`` is not a DataFrame, a Dataset or a mapping; as :meth:`from_arrays`.
+      ValueError: ``user_column`` or a name of ``columns`` is not a column; as
+        :meth:`from_arrays`.
       FileExistsError: ``store`` is a directory that is not empty.
     """
     cols = _columns(table, columns, user_column)
@@ -537,7 +467,6 @@ class UserData:
     return cls.from_arrays(cols, users, max_items_per_user=max_items_per_user,
                            selection=selection, seed=seed, store=store)
 
-  # ----------------------------------------------------------------------------- views
   @property
   def n_users(self) -> int:
     return int(self.item_mask.shape[0])
@@ -554,23 +483,20 @@ class UserData:
     shapes = tuple((jax.tree_util.keystr(path), tuple(leaf.shape[2:]), str(leaf.dtype))
                    for path, leaf in jax.tree_util.tree_flatten_with_path(self.examples)[0])
     measured = {"n_users"} | (set() if self.m_declared else {"max_items_per_user"})
-    # A shard states the whole dataset's facts: a plan must never depend on which process
-    # (or how many users of it) it was made on.
+    # a shard states the whole dataset's facts: a plan never depends on the process
     n = self.n_users if self.shard_info is None else self.shard_info.n_users_total
     return DataSpec(n, self.max_items_per_user, shapes, frozenset(measured))
 
   def user_view(self) -> dict:
-    """``{"example", "weight"}`` with ``weight = m / k_u`` on real items: the mean over the
-    ``m`` slots equals the mean over the user's ``k_u`` real items.
+    """``{"example", "weight"}`` with ``weight = m / k_u`` on real items (the slot mean is the
+    mean over the user's real items).
 
     Returns:
       ``{"example": leaves [U, m, ...] on the device, "weight": float32 [U, m]}``.
     """
-    # m / k_u rounded to float32 per user, then spread over the mask (exact: 0 or 1 times it):
-    # the values of the float64 [U, m] product cast to float32, without its 8-byte temporary
+    # equal to the float64 [U, m] product cast to float32, without its temporary
     w = self.item_mask * (self.max_items_per_user / self.n_items).astype(np.float32)[:, None]
-    # device_put, not jnp.asarray (which copies every leaf, through a second host copy): on a
-    # CPU backend a 64-byte aligned leaf is used in place, an unaligned one copied once
+    # device_put, not jnp.asarray: on CPU an aligned leaf is used in place
     return {"example": jax.tree.map(jax.device_put, self.examples),
             "weight": jax.device_put(w)}
 
@@ -584,8 +510,7 @@ class UserData:
             "weight": jnp.asarray(self.item_mask, jnp.float32)}
 
   def select(self, users: Any) -> "UserData":
-    """The users at positions ``users`` (an index array or bool mask ``[U]``), e.g. a split
-    of users into train and test.
+    """The users at positions ``users``, e.g. a train/test split of users.
 
     Args:
       users: an integer index array of user positions, or a bool mask of shape ``[U]``.
@@ -605,12 +530,8 @@ class UserData:
   def shard(self, process_index: int, process_count: int, *,
             layout: str = "contiguous") -> "UserData":
     """The users process ``process_index`` of ``process_count`` holds in a ``jax.distributed``
-    run (see :class:`ShardInfo`; ``"contiguous"`` by default, so a memory map from
-    :meth:`open` is sliced, never read: each process touches only its own pages).
-
-    The result's arrays (``n_users``, ``len``) are the shard's; its :attr:`spec` is the whole
-    dataset's (same ``n_users``, ``m``, measured/declared flags), so a plan made on any process
-    is the one-process plan. Sharding a shard is refused (shard the whole data).
+    run (:class:`ShardInfo`). The result's arrays are the shard's; its :attr:`spec` is the
+    whole dataset's, so a plan made on any process is the one-process plan.
 
     Args:
       process_index: this process's index, in ``[0, process_count)``
@@ -636,7 +557,7 @@ class UserData:
     info = ShardInfo(int(process_index), int(process_count), self.n_users, layout)
     if layout == "contiguous":
       lo, hi = (int(b) for b in info.bounds()[info.index:info.index + 2])
-      take = slice(lo, hi)          # basic slicing: views (memory maps stay memory maps)
+      take = slice(lo, hi)          # views: memory maps stay memory maps
     else:
       take = info.positions()
     return UserData(jax.tree.map(lambda x: x[take], self.examples),
@@ -646,8 +567,7 @@ class UserData:
 
   def require_all_items(self, who: str) -> None:
     """Raises unless every item was kept: an item-level guarantee (``who``) does not cover
-    items dropped by ``max_items_per_user``, since one added or removed item of a truncated
-    user can change several of its kept items.
+    items dropped by ``max_items_per_user``.
 
     Args:
       who: the algorithm name the message states.
@@ -662,10 +582,10 @@ class UserData:
                        "max_items_per_user, or use a user-level algorithm")
 
   def items(self) -> Any:
-    """Every real item, flattened: leaves ``[sum k_u, ...]`` (e.g. for evaluation).
+    """Every real item, flattened (e.g. for evaluation).
 
     Returns:
-      A pytree of numpy arrays, one row per real item.
+      A pytree of numpy arrays with leaves ``[sum k_u, ...]``.
     """
     return jax.tree.map(lambda x: np.asarray(x)[self.item_mask], self.examples)
 
