@@ -1,1 +1,1 @@
-"""Paper 004 (Kornowski): DP bilevel optimization. ``localized_gd`` (DP-Loc-GD/SGD, the inner solver; its data-free plan, charge, report and planner in ``localized_gd_plan``), ``plan`` (calibration, events), ``driver`` (Algorithms 1 and 3, the population variant)."""
+"""Paper 004 (Kornowski): DP bilevel optimization and its inner solver DP-Loc-(S)GD."""

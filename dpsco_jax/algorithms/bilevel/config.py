@@ -1,11 +1,5 @@
-"""Paper 004's typed configs: :class:`BilevelConfig` (``dp_bilevel`` /
-``dp_bilevel_minibatch`` / ``dp_bilevel_population``), :class:`NonPrivatePenaltyConfig`
-(``nonprivate_penalty``), :class:`LocGdConfig` (``dp_loc_gd``) and :class:`LocSgdConfig`
-(``dp_loc_sgd``).
-
-The fields follow :mod:`dpsco_jax.config.families`' conventions; their defaults are the ones
-that run.
-"""
+"""Paper 004's typed configs: ``dp_bilevel`` (and its minibatch / population variants),
+``nonprivate_penalty``, ``dp_loc_gd`` and ``dp_loc_sgd``."""
 
 from __future__ import annotations
 

@@ -2,47 +2,31 @@
 Bilevel Optimization"; spec ``004_dp_bilevel.md``).
 
 Problem (BO): ``min_{x in X} F(x) = f(x, y*(x))`` with ``y*(x) = argmin_y g(x, y)``, ``g(x, .)``
-``mu_g``-strongly convex, both levels ERMs over one dataset ``S`` (footnote 1: per-level
-membership through weights inside each example).
+``mu_g``-strongly convex, both levels ERMs over one dataset ``S`` (footnote 1).
 
-Pieces (spec §6.1):
-  * :func:`penalty_hypergrad_per_example` — the Hessian-free penalty hypergradient (Eq. 3)
-    ``grad_x f(x, y^lam) + lam (grad_x g(x, y^lam) - grad_x g(x, y*))`` per example, evaluated at
-    PRIVATE lower-level estimates only (§3: evaluating it at the exact ``y*(x)`` leaks, see
-    :func:`implicit_hypergrad` on Example 3.1);
-  * the private lower-level solver DP-Loc-GD / DP-Loc-SGD (``localized_gd.py``; its data-free
-    plan in ``localized_gd_plan.py``, its planner in ``plan.py``);
-  * layout: problem, hypergradients and ridge instances in :mod:`dpsco_jax.problems.bilevel`; config,
-    presets, events and the paper's formulas in :mod:`.plan` (data free); the
-    driver, the output rule and the audit hook :func:`dp_bilevel_releases` here;
+  * The Hessian-free penalty hypergradient (Eq. 3)
+    ``grad_x f(x, y^lam) + lam (grad_x g(x, y^lam) - grad_x g(x, y*))`` per example, evaluated
+    at PRIVATE lower-level estimates only (§3: the exact ``y*(x)`` leaks, Example 3.1); the
+    problem and hypergradients are in :mod:`dpsco_jax.problems.bilevel`.
+  * The private lower-level solver DP-Loc-(S)GD (:mod:`.localized_gd`).
   * Algorithm 1 (full batch) and Algorithm 3 (mini-batch) as the chain
     ``clip_per_user(C_out) -> aggregate(mean, n|b) -> add_gaussian_noise -> [public terms]
     -> projected_sgd(eta, X) -> track_min_step`` inside one ``lax.scan`` over ``T``, with warm
-    starts of the inner solves and the min-norm output rule ``x_{t_out}``,
-    ``t_out = argmin_t ||x_{t+1} - x_t||`` (Alg 1 lines 7-8; post-processing);
-  * :func:`theory_params` (Thm 4.1 / 5.1 / 6.1 parameter assignment with its precondition) and a
-    ``practical`` preset;
-  * exact accounting: every mechanism (``2T`` inner solves of ``M*T_in`` Gaussian steps each and
-    ``T`` outer Gaussian steps; Alg 3 samples Poisson minibatches at the public rate ``b/n``
-    with the fixed denominator ``b``) is a ``dp_accounting`` event composed by the PLD
-    accountant under the paper's replace-one relation (the only one supported: ``n`` is
-    public; others are refused); the noise is calibrated by the library's one calibrator so the
-    composition meets the target (spec §3.4 replaces the paper's loose Lemma 2.1
-    composition, E2). A configured ``epsilon`` is a budget: an explicit ``noise_multiplier``
-    above it raises before anything runs. The paper's own
-    noise formula (Lemma 2.2 with ``(eps/sqrt(18T), delta/(3(T+1)))``) and the epsilon its
-    composition would certify for our noise are reported beside;
-  * the §7 application, private ridge-penalty tuning, with the corrected sign (E1), as
-    :func:`dp_ridge_tuning` and the ``ridge_tuning`` problem factory.
+    starts of the inner solves and the min-norm output ``x_{t_out}``,
+    ``t_out = argmin_t ||x_{t+1} - x_t||`` (Alg 1 lines 7-8; post-processing).
+  * Exact accounting (:mod:`.plan`): ``2T`` inner solves and ``T`` outer Gaussian steps (Alg 3:
+    Poisson at the public rate ``b/n``, fixed denominator ``b``), composed by PLD under the
+    paper's replace-one relation (the only one supported), the noise calibrated to the target
+    (spec §3.4 replaces the paper's loose Lemma 2.1 composition, E2). A configured
+    ``epsilon`` is a budget. The paper's own noise formula and the epsilon its composition
+    certifies for our noise are reported beside.
+  * The §7 application, private ridge-penalty tuning, with the corrected sign (E1):
+    :func:`dp_ridge_tuning`.
 
-Sensitivity is enforced by per-example clipping at both levels (spec §3.4, E6, E7): the paper's
-Lemma 4.5 bounds the outer per-example vector only at the exact ``y``'s and its Lipschitz
-assumption for the inner problems only on ``Y``; clipping makes the bound unconditional. In the
-``theory`` preset the clip norms are the paper's Lipschitz bounds (``C_out = 5 l kappa``, Lemma
-4.5's proof constant), so clipping is inactive whenever the assumptions hold.
-
-Vectors: ``x`` (upper level) and ``y`` (lower level) are flat ``jnp`` vectors.
-"""
+Sensitivity is enforced by per-example clipping at both levels (spec §3.4, E6, E7): Lemma 4.5
+bounds the outer vector only at the exact ``y``'s and the inner Lipschitz assumption holds
+only on ``Y``. The ``theory`` preset clips at the paper's Lipschitz bounds (``C_out = 5 l
+kappa``), so clipping is inactive whenever the assumptions hold."""
 
 from __future__ import annotations
 
@@ -90,17 +74,13 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------------
-# The driver (Alg 1 / Alg 3): one jitted lax.scan over T
-# --------------------------------------------------------------------------------------------
+# --- The driver (Alg 1 / Alg 3): one jitted lax.scan over T ---------------------------------------
 
 def outer_privatizer(bcfg: BilevelConfig, n: int, key: jax.Array
                      ) -> optax.GradientTransformationExtraArgs:
-  """The outer Gaussian mechanism of Alg 1/3 line 4 as a core chain over the per-example
-  ``v_i``: ``clip_per_user(C_out) -> aggregate(mean, n | b_out) -> add_gaussian_noise``.
-  The noise is :func:`~dpsco_jax.algorithms.bilevel.plan.outer_stage`'s (sensitivity
-  ``C_out / denominator``, ``2 C_out / denominator`` under replace-one, which the ledger
-  prices; std ``z_out C_out / denominator``)."""
+  """The outer Gaussian mechanism of Alg 1/3 line 4 over the per-example ``v_i``:
+  ``clip_per_user(C_out) -> aggregate(mean, n | b_out) -> add_gaussian_noise`` at
+  :func:`~.plan.outer_stage`'s std."""
   stage = outer_stage(bcfg, n)
   return optax.chain(
       clip_per_user(bcfg.clip_out),
@@ -128,8 +108,7 @@ class BilevelReleases(NamedTuple):
 
 def _inner_solves(problem: BilevelProblem, bcfg: BilevelConfig, x, starts, keys, data,
                   shard: dict):
-  """The two private inner solves of one iteration (DP-Loc-(S)GD on ``g`` and ``f/lam + g``)
-  on ``data`` (``shard``: a mesh's ``n_real`` / ``users``, or empty)."""
+  """The two private inner solves of one iteration (on ``g`` and on ``f/lam + g``)."""
   lam = bcfg.lam
   g_reg = None if problem.g_reg is None else (lambda y: problem.g_reg(x, y))
 
@@ -151,12 +130,9 @@ def _inner_solves(problem: BilevelProblem, bcfg: BilevelConfig, x, starts, keys,
 def _run(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
          forced: BilevelReleases | None, data: PyTree = None, n_real: int | None = None,
          users: Any = None) -> tuple[BilevelOutput, BilevelReleases]:
-  """Alg 1/3; ``forced`` replays a release history (advance with it, release on this data).
-
-  On a mesh (:func:`_run_compiled`): ``data`` is ``problem.data`` padded to a multiple of the
-  devices and sharded by ``users``; rows from ``n_real`` on are padding, masked out of every
-  clipped sum (outer and inner), so ``n`` (the denominators, the Poisson rates, the plan) is
-  ``n_real`` and the Poisson draws are those of the one-device run."""
+  """Alg 1/3; ``forced`` replays a release history. On a mesh ``data`` is padded and sharded by
+  ``users`` and rows from ``n_real`` on are masked out of every clipped sum, so ``n`` is
+  ``n_real`` and the Poisson draws are the one-device run's."""
   data = problem.data if data is None else data
   n = problem.n if n_real is None else int(n_real)
   n_rows = int(jax.tree.leaves(data)[0].shape[0])
@@ -207,32 +183,24 @@ def _run(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
 
 def dp_bilevel_run(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array
                    ) -> BilevelOutput:
-  """Runs Alg 1 (full batch) / Alg 3 (Poisson minibatches) with a planned ``bcfg``.
-  Jittable with ``problem`` and ``bcfg`` static. Accounting is the caller's job
-  (:func:`dp_bilevel`); nothing here calls a non-private exact solver."""
+  """Runs Alg 1 / Alg 3 with a planned ``bcfg`` (jittable, ``problem`` and ``bcfg`` static).
+  Accounting is the caller's (:func:`dp_bilevel`)."""
   return _run(problem, bcfg, key, None)[0]
 
 
 def dp_bilevel_releases(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array, *,
                         forced: BilevelReleases | None = None) -> BilevelReleases:
-  """Audit hook: the per-step privatized releases of a run (:class:`BilevelReleases`, leading
-  axis ``T``) for ``problem.data`` and ``key`` (same keys as :func:`dp_bilevel_run`).
-
-  ``forced`` (a release history, e.g. of a neighbouring dataset) replays it: the run advances
-  with the forced releases, so both datasets are queried at the same ``x_t`` with the same
-  private ``y``'s, and the outer release is the Gaussian mechanism on this data at those
-  points. With the same key the noise and Poisson masks coincide; a zero outer multiplier
-  exposes the noiseless clipped mean (replace-one difference ``<= 2 C_out / denominator``).
-  The inner solves' own per-step releases: :func:`~.localized_gd.dp_loc_gd_releases`."""
+  """Audit hook: the per-step releases (:class:`BilevelReleases`, leading axis ``T``) for
+  ``problem.data`` and ``key`` (same keys as :func:`dp_bilevel_run`). ``forced`` (a
+  neighbour's history) replays it, so both datasets are queried at the same ``x_t`` with the
+  same private ``y``'s; a zero outer multiplier exposes the noiseless clipped mean. The inner
+  solves' releases: :func:`~.localized_gd.dp_loc_gd_releases`."""
   return _run(problem, bcfg, key, forced)[1]
 
 
 class _Static(NamedTuple):
-  """What a compiled bilevel run is keyed by (hashable; :func:`dpsco_jax.cache.bounded_cache`):
-  the problem's functions and scalars, never its arrays. The data, ``x0``, ``y0`` and
-  ``x_center`` are arguments of the program, so a neighbouring dataset (same functions, other
-  data) reuses the executable with its own data, and a problem whose functions close over data
-  is another key (function identity)."""
+  """The hashable key of a compiled run: the problem's functions and scalars, never its arrays
+  (a neighbouring dataset reuses the executable)."""
   f_ex: Any
   g_ex: Any
   f_reg: Any
@@ -245,8 +213,7 @@ class _Static(NamedTuple):
 @bounded_cache(32)
 def _compiled_run(static: _Static, bcfg: BilevelConfig, mesh: Any, n_real: int | None):
   """The jitted run ``(key, data, x0, y0, x_center) -> BilevelOutput``; with ``mesh`` the data
-  arrives padded to a multiple of its ``users`` axis (rows from ``n_real`` on masked) and each
-  device differentiates and clips its own examples."""
+  arrives padded and each device clips its own examples."""
   users = None
   if mesh is not None:
     from jax.sharding import NamedSharding, PartitionSpec
@@ -261,10 +228,8 @@ def _compiled_run(static: _Static, bcfg: BilevelConfig, mesh: Any, n_real: int |
 
 def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
                   mesh: Any = None) -> BilevelOutput:
-  """Runs Alg 1 / 3 through the library's one bounded cache of compiled programs (seeds and
-  neighbouring datasets of the same problem reuse it). ``mesh`` (issue 24.2): the examples are
-  padded to a multiple of its ``users`` axis and sharded over it; the clipped sums are reduced
-  across the axis and the noise drawn once."""
+  """Runs Alg 1 / 3 through the bounded cache of compiled programs. ``mesh``: the examples
+  are padded to its ``users`` axis and sharded over it; the noise is drawn once."""
   data, n_real = problem.data, None
   if mesh is not None:
     from dpsco_jax.algorithms.common import _on_mesh
@@ -277,10 +242,8 @@ def _run_compiled(problem: BilevelProblem, bcfg: BilevelConfig, key: jax.Array,
 
 def _execute(plan: BilevelPlan, problem: BilevelProblem, key: jax.Array,
              privacy: PrivacyReport, debug: bool) -> Result:
-  """Runs a planned Alg 1 / Alg 3 on ``problem`` and reports ``privacy`` (the plan's, or the
-  caller's ledger's). The record holds public quantities only: the plan's numbers, the
-  privatized step norms and ``t_out``. ``debug``: the last private ``y`` estimates' distance to
-  the exact ones (non-private) and the problem's metrics go to ``Result.debug``."""
+  """Runs a planned Alg 1 / Alg 3 and reports ``privacy``. The record holds public quantities
+  only; ``debug`` adds the private ``y``'s distance to the exact ones and the metrics."""
   bcfg, n = plan.bcfg, plan.n
   out = _run_compiled(problem, bcfg, key, getattr(problem, "mesh", None))
   # Poisson masks keep shapes static: every (inner or outer) step evaluates all n gradients.
@@ -312,8 +275,7 @@ _TRAITS = dict(config=BilevelSchema, paper="004", unsupported=_BILEVEL, mesh=Tru
 @register("dp_bilevel", planner=bilevel_planner, **_TRAITS)
 def run_dp_bilevel(plan, problem: BilevelProblem, key: jax.Array) -> Result:
   """Runs ``plan.detail`` (a :class:`~.plan.BilevelPlan`: Alg 1, or Alg 3 when a batch size
-  is set; ``dp_bilevel_minibatch`` defaults both to ``n // 10``) and reports ``plan.privacy``
-  (see :func:`dp_bilevel`)."""
+  is set; ``dp_bilevel_minibatch`` defaults both to ``n // 10``) and reports ``plan.privacy``."""
   return _execute(plan.detail, problem, key, plan.privacy, bool(plan.config.debug))
 
 
@@ -329,18 +291,15 @@ def run_dp_bilevel_population(plan, problem: BilevelProblem, key: jax.Array) -> 
 def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
                ledger: PrivacyLedger | None = None) -> Result:
   """Alg 1 / Alg 3 (``inner_batch_size`` / ``outer_batch_size`` set) with exact accounting:
-  planned by ``dp_bilevel``'s planner (:func:`~.plan.bilevel_planner`) and run by its runner.
+  planned by :func:`~.plan.bilevel_planner` and run by its runner.
 
-  Item level, replace-one (public: the number of examples ``n``, shapes, the config). The plan
-  (:func:`~.plan.bilevel_config`) is data free; every mechanism is spent on a
+  Item level, replace-one (public: ``n``, shapes, the config). Every mechanism is spent on a
   replace-one ledger with ``epsilon_budget=epsilon`` BEFORE the run (an explicit
   ``noise_multiplier`` above the budget raises :class:`PrivacyBudgetExceeded`; nothing is
-  released). ``ledger`` (optional) is an existing replace-one ledger to spend on (composition
-  with other releases; its own budget is enforced as well, and the report is its). Provenance
-  ``accountant``. The record holds public quantities only: the calibrated noise, the paper's
-  formula beside it, the privatized step norms and ``t_out``. With ``debug: true`` the last
-  private ``y`` estimates' distance to the exact ones (non-private) goes to ``debug``.
-  """
+  released). ``ledger`` (optional): an existing replace-one ledger to spend on as well
+  (composition with other releases; its budget is enforced and the report is its). Provenance
+  ``accountant``; the record holds public quantities only; ``debug: true`` adds the private
+  ``y``'s distance to the exact ones."""
   if ledger is not None and ledger.relation != RELATION:
     raise ValueError(f"ledger.relation must be {RELATION!r} (the paper's adjacency)")
   cfg = config_view(cfg)
@@ -350,22 +309,16 @@ def dp_bilevel(problem: BilevelProblem, cfg: dict, key: jax.Array, *,
   return _execute(plan, problem, key, privacy, bool(cfg.debug))
 
 
-# --------------------------------------------------------------------------------------------
-# Non-private reference (the "non-private optimum" of the experiments)
-# --------------------------------------------------------------------------------------------
+# --- Non-private reference (the "non-private optimum" of the experiments) -------------------------
 
 def nonprivate_penalty_method(problem: BilevelProblem, *, lam: float, eta: float, steps: int,
                               newton_steps: int = 30) -> jax.Array:
   """NON-PRIVATE projected penalty GD with exact inner solves (spec T8). Returns ``x_T``.
 
-  ``eta`` is the *largest* step size: each step uses ``eta_t = min(eta_{t-1}, 1 / c_t)`` with
-  ``c_t = |<g_t - g_{t-1}, x_t - x_{t-1}>| / ||x_t - x_{t-1}||^2`` the secant curvature of the
-  last step, so the step never exceeds the inverse of a curvature the iterates have seen. A
-  fixed ``eta = 2`` on the ridge-tuning problem oscillated between the lower boundary and a
-  point with ``F' ~ 0.1`` on 11 of 100 seeds (gap up to 1e-2 where the reference is ~1e-8):
-  ``eta F'' > 2`` near small penalties, and the last iterate of the 2-cycle was returned. (An
-  Armijo test on the value ``L*_lam`` does not work in float32: ``lam (g(y^lam) - g(y*))``
-  cancels and the sufficient decrease is lost in rounding near the optimum.)"""
+  ``eta`` is the *largest* step: ``eta_t = min(eta_{t-1}, 1 / c_t)`` with ``c_t`` the secant
+  curvature ``|<g_t - g_{t-1}, x_t - x_{t-1}>| / ||x_t - x_{t-1}||^2`` of the last step (a fixed
+  step oscillated near small penalties on the ridge-tuning problem; an Armijo test on ``L*_lam``
+  fails in float32, where ``lam (g(y^lam) - g(y*))`` cancels)."""
   def body(carry, _):
     x, step, x_prev, g_prev = carry
     g = exact_penalty_hypergrad(problem, lam, x, newton_steps=newton_steps)
@@ -406,11 +359,10 @@ def dp_ridge_tuning(a_tr, b_tr, a_val, b_val, *, epsilon: float, delta: float, k
                     clip_norm: float | None = None,
                     curvature_bounds: tuple[float, float] = (0.0, 4.0),
                     theta_radius: float = 5.0, debug: bool = False):
-  """Tunes a ridge penalty privately (§7, corrected sign E1): the update is
-  ``omega <- Pi_X(omega - eta lam (R(theta^lam) - R(theta)))`` (``eta = learning_rate``,
-  ``num_steps`` outer steps) with ``R = ||.||^2/2`` and
-  ``theta, theta^lam`` from DP-Loc-GD. The whole budget goes to the two inner solves (the outer
-  step is post-processing). Returns a ``Result`` whose ``params`` is ``[omega]``."""
+  """Tunes a ridge penalty privately (§7, corrected sign E1): ``omega <- Pi_X(omega - eta lam
+  (R(theta^lam) - R(theta)))`` with ``R = ||.||^2/2`` and ``theta, theta^lam`` from DP-Loc-GD;
+  the whole budget goes to the inner solves (the outer step is post-processing). Returns a
+  ``Result`` whose ``params`` is ``[omega]``."""
   prob = ridge_tuning_problem(a_tr, b_tr, a_val, b_val, omega_bounds=omega_bounds,
                               omega0=omega0, clip=clip_norm, curvature_bounds=curvature_bounds,
                               theta_radius=theta_radius)

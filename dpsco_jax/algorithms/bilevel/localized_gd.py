@@ -2,71 +2,50 @@
 
 Reference: Kornowski, "Differentially Private Bilevel Optimization" (paper 004), Algorithm 2
 (DP-Loc-GD, Thm 8.2) and Algorithm 4 (DP-Loc-SGD, Thm A.1); spec ``004_dp_bilevel.md`` §2.2,
-§2.4, §3.4. The paper uses it as the private lower-level solver of its bilevel algorithms; it
-is a general private solver for any ``mu``-strongly convex ``h(y) = (1/n) sum_i h(y; xi_i)``.
+§2.4, §3.4. The paper's private lower-level solver; a general private solver for any
+``mu``-strongly convex ``h(y) = (1/n) sum_i h(y; xi_i)``.
 
 Algorithm (round ``m = 0..M-1``, step ``t = 0..T-1`` restarting every round)::
 
     y^m_{t+1} = Pi_{B(y^m_0, R_m)}[ y^m_t - eta_t (clipmean_i grad h(y^m_t; xi_i) + nu^m_t) ]
     y^{m+1}_0 = (1/T) sum_{t=0}^{T-1} y^m_t          (Alg 2 line 7: includes y^m_0)
 
-as two core chains: the privatizer ``clip_per_user(C) -> aggregate("mean", denominator)
--> add_gaussian_noise(z C / denominator)`` (its output is the per-step release) and the public
-step ``add_public_gradient(grad r) -> projected_sgd(eta_t, radius=R_m, center=y^m_0,
-averaging="uniform")``; one example = one row (item-level privacy).
+as the privatizer ``clip_per_user(C) -> aggregate("mean", denominator) ->
+add_gaussian_noise(z C / denominator)`` (the per-step release) and the public step
+``add_public_gradient(grad r) -> projected_sgd(eta_t, radius=R_m, center=y^m_0)``; one example
+= one row (item level).
 
 Privacy contract.
-  * Relation: ``replace_one`` only (the paper's adjacency: one example replaced by an arbitrary
-    one). Public: ``n`` (the number of examples; it sets the full-batch denominator and the
-    sampling rate), every field of :class:`LocGDConfig` and ``r(y)``. Other relations are
-    refused by :func:`check_loc_gd_relation` (``add_remove`` would make ``n`` private and the
-    denominator ``n`` data dependent).
+  * Relation: ``replace_one`` only (the paper's adjacency). Public: ``n`` (the full-batch
+    denominator and the sampling rate), every field of :class:`LocGDConfig` and ``r(y)``.
+    Others are refused (``add_remove`` would make the denominator ``n`` private).
   * Sensitivity: each per-example gradient is clipped to ``C`` (spec §3.4/E7: the paper assumes
-    L-Lipschitz losses *on Y* but queries gradients anywhere in the ball, so clipping is what
-    makes the sensitivity unconditional); the clipped sum has replace-one sensitivity ``2C``. In
-    the library's convention the noise multiplier is ``z = sigma / C`` and the ledger's
-    accountant applies the replace-one doubling (``dpsco_jax.privacy.relations``).
-  * Events: full batch, one step is ``GaussianDpEvent(z)``; DP-Loc-SGD samples each example
-    independently with probability ``q = b / n`` (Poisson; ``b`` the declared expected batch,
-    the fixed denominator) and one step is ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``. A
-    solve is ``SelfComposedDpEvent(step, M T)`` (:func:`loc_gd_event`), composed by the PLD
-    accountant, which supports the Poisson-subsampled Gaussian under replace-one. Why Poisson
-    and not a fixed-size subset: dp_accounting 0.6.0 accounts sampling without replacement only
-    with RDP (Wang et al.'s bound), which at ``n=400, b=40, 600`` steps, delta = 1e-6 gives
-    epsilon 16.5 / 44.2 at z = 4 / 2 where PLD on the Poisson event gives 6.1 / 14.0 (2.7x /
-    3.2x tighter; issue 11 measured the RDP path ~2.3x above a realizable lower bound). The
-    price: static shapes mean the Poisson mask is applied to all ``n`` per-example gradients
-    (``n`` gradient evaluations per step instead of ``b``). The paper samples ``b`` points with
-    replacement (spec E4); it notes the rates are the same for other samplers.
-  * Declared constants (issue 23.3): **enforced**. The declared L is only the default clip
-    ``C`` (clipping bounds the per-step sensitivity ``2C/denominator`` for any loss), the
-    declared mu only the steps ``eta_t`` and the radii, the declared R only ``radius0``: none
-    enters the accounting, so the provenance stays ``accountant`` on a user's loss
-    (``tests/test_declared_constants.py``).
-  * Noise is drawn only by the core ``add_gaussian_noise`` stage (fresh ``fold_in`` key per step,
-    never reused). A data-independent term ``r(y)`` is added *after* the noise: no sensitivity.
-    Radii, steps and rounds are functions of public constants only: a wrong radius costs
+    L-Lipschitz losses *on Y* but queries gradients anywhere in the ball); the clipped sum has
+    replace-one sensitivity ``2C``, which the ledger applies to ``z = sigma / C``.
+  * Events: a full-batch step is ``GaussianDpEvent(z)``; DP-Loc-SGD samples each example with
+    probability ``q = b / n`` (Poisson; ``b`` the fixed denominator), a step is
+    ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``; a solve is ``SelfComposedDpEvent(step,
+    M T)`` (:func:`loc_gd_event`), composed by PLD. Poisson rather than a fixed-size subset
+    because dp_accounting accounts sampling without replacement only with RDP, much looser
+    here. The price: the mask is applied to all ``n`` per-example gradients (static shapes).
+    The paper samples with replacement (spec E4).
+  * Declared constants (issue 23.3): **enforced**. L is only the default clip, mu only the
+    steps and radii, R only ``radius0``: none enters the accounting (provenance
+    ``accountant`` on a user's loss).
+  * Noise is drawn only by ``add_gaussian_noise`` (a fresh ``fold_in`` key per step); ``r(y)``
+    is added after the noise; radii, steps and rounds are public: a wrong radius costs
     utility, never privacy.
-  * Calibration: the presets build the solve's event and call the one calibrator
-    ``dpsco_jax.privacy.calibrate_noise_multiplier``; an explicit ``noise_multiplier`` whose
-    epsilon exceeds the configured epsilon is refused by the planner (:func:`loc_gd_planner`)
-    before anything runs.
-  * Audit hook: :func:`dp_loc_gd_releases` returns the per-step noisy clipped means; with
-    ``forced=`` it replays a given release history (the adaptive-composition view: the query
-    points are post-processing of earlier releases).
+  * An explicit ``noise_multiplier`` over the ``epsilon`` budget is refused by the planner
+    before anything runs. Audit hook: :func:`dp_loc_gd_releases`.
 
-Deviations from the paper (each documented where it is implemented):
-  * exact accounting (PLD via ``dp_accounting``) instead of Lemma 2.1/2.2 constants (spec E2);
-    the paper's own per-step sigma is reported by :func:`paper_loc_gd_stddev`;
-  * the radii ``R_m = Theta~(sqrt(R_{m-1} L/(mu eps' n)) + L sqrt(d)/(mu eps' n))`` have no
-    stated constants: we use ``A = max(s, C) sqrt(1 + ln T)/(mu sqrt(T))`` (``s`` = noise std of
-    the mean gradient; for ``T = n^2`` and the calibrated ``s ~ L/eps'`` this is the paper's
-    ``L/(mu eps' n)`` up to logs) and ``R_m = min(2 R_{m-1}, c (sqrt(R_{m-1} A) + A sqrt(d)))``
-    with ``c = radius_const`` (spec §3.4, default 4);
-  * ``T_GD = n^2`` in the ``theory`` preset; the ``practical`` preset uses
-    ``min(n^2, ceil(c rho n^2 / d))`` steps (spec §3.4, E9) and may use the smooth step rule
-    ``eta_t = 1/(beta + mu t)`` instead of ``1/(mu (t+1))``.
-"""
+Deviations from the paper:
+  * exact accounting (PLD) instead of Lemma 2.1/2.2 constants (spec E2); the paper's own
+    per-step sigma is reported (:func:`paper_loc_gd_stddev`);
+  * the radii have no stated constants: ``A = max(s, C) sqrt(1 + ln T)/(mu sqrt(T))`` (``s``
+    the mean gradient's noise std) and ``R_m = min(2 R_{m-1}, c (sqrt(R_{m-1} A) + A
+    sqrt(d)))``, ``c = radius_const`` (spec §3.4, default 4);
+  * ``T_GD = n^2`` in the ``theory`` preset; ``practical`` uses ``min(n^2, ceil(c rho n^2 /
+    d))`` steps (spec §3.4, E9) and may use the step ``eta_t = 1/(beta + mu t)``."""
 
 from __future__ import annotations
 
@@ -109,9 +88,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------------
-# The solver
-# --------------------------------------------------------------------------------------------
+# --- The solver -----------------------------------------------------------------------------------
 
 def _schedule(cfg: LocGDConfig) -> Callable[[jax.Array], jax.Array]:
   mu = cfg.mu
@@ -130,8 +107,7 @@ def _num_examples(data: PyTree) -> int:
 
 def _round_chains(cfg: LocGDConfig, n: int, key: jax.Array, radius: float, center: PyTree,
                   reg_grad: Callable | None):
-  """The privatizer (clip -> fixed-denominator mean -> Gaussian; its output is the release) and
-  the public step of one round."""
+  """The privatizer (its output is the release) and the public step of one round."""
   denom = noise_denominator(cfg, n)
   privatizer = optax.chain(clip_per_user(cfg.clip_norm), aggregate("mean", denominator=denom),
                            add_gaussian_noise(loc_gd_stddev(cfg, n), key))
@@ -144,13 +120,9 @@ def _round_chains(cfg: LocGDConfig, n: int, key: jax.Array, radius: float, cente
 def _solve(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array, cfg: LocGDConfig,
            reg_fn: Callable | None, forced: PyTree | None, n_real: int | None = None,
            users: Any = None, report: int | None = None, tick: jax.Array | None = None):
-  """The solver; returns ``(y_out, aux, releases)`` with ``releases`` leaves ``[M, T, ...]``.
-  ``forced`` (same shape as ``releases``): advance with these releases instead of this run's
-  own (replay of a release history; the audit / sensitivity view). ``n_real``: rows from it
-  on are a mesh's padding (masked; ``n`` of the plan is ``n_real``); ``users``: the sharding
-  that keeps the examples on their devices (each differentiates and clips its own).
-  ``report`` / ``tick``: a :class:`~dpsco_jax.algorithms.common.ProgressSession`'s (the
-  ``M T`` steps counted across the rounds; ``None``: nothing compiled in)."""
+  """The solver; returns ``(y_out, aux, releases)`` (releases leaves ``[M, T, ...]``).
+  ``forced``: advance with these releases instead (replay). ``n_real`` / ``users``: a mesh's
+  real rows and sharding. ``report`` / ``tick``: a progress session's."""
   n_rows = _num_examples(data)
   n = n_rows if n_real is None else int(n_real)
   if users is not None:
@@ -204,24 +176,19 @@ def dp_loc_gd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
               cfg: LocGDConfig, *, reg_fn: Callable[[PyTree], jax.Array] | None = None,
               n_real: int | None = None, users: Any = None) -> tuple[PyTree, LocGDAux]:
   """One DP-Loc-GD (``cfg.batch_size is None``) or DP-Loc-SGD solve. Jittable (``cfg`` static).
-
-  Accounting is the caller's (:func:`loc_gd_event` on a replace-one ledger, charged before).
+  Accounting is the caller's (:func:`loc_gd_event`, charged before).
 
   Args:
     loss_ex: ``loss_ex(y, example) -> scalar``, the per-example part of ``h``.
-    y0: the start ``y_0`` (any pytree); must be a private/public quantity, never an exact
-      data-dependent minimizer.
+    y0: the start ``y_0`` (any pytree); never an exact data-dependent minimizer.
     data: examples, leaves ``[n, ...]``.
-    key: PRNG key; every round and every step gets its own folded key.
+    key: PRNG key.
     cfg: :class:`LocGDConfig`.
-    reg_fn: optional data-independent term ``r(y)`` of ``h``; its gradient is added after the
-      noise (no sensitivity).
-    n_real, users: on a mesh, the real examples (rows from ``n_real`` on are padding, masked)
-      and the sharding that keeps each device's examples on it (``_solve``).
+    reg_fn: optional data-independent term ``r(y)``; its gradient is added after the noise.
+    n_real, users: on a mesh, the real rows (the rest is masked padding) and the sharding.
 
   Returns:
-    ``(y_out, aux)`` with ``y_out = y^M_0``.
-  """
+    ``(y_out, aux)`` with ``y_out = y^M_0``."""
   y, aux, _ = _solve(loss_ex, y0, data, key, cfg, reg_fn, None, n_real, users)
   return y, aux
 
@@ -229,15 +196,10 @@ def dp_loc_gd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
 def dp_loc_gd_releases(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
                        cfg: LocGDConfig, *, reg_fn: Callable[[PyTree], jax.Array] | None = None,
                        forced: PyTree | None = None) -> PyTree:
-  """Audit hook: the per-step privatized releases of a solve, the noisy clipped means
-  ``clipmean(grad h(y_t)) + nu_t`` (leaves ``[M, T, *y.shape]``), for ``data`` and ``key``.
-
-  Each release is the Gaussian mechanism at the query point ``y_t``, itself post-processing of
-  the earlier releases. ``forced`` (a release history of the same shape, e.g. from a
-  neighbouring dataset) makes the solver advance with those releases, so both datasets are
-  queried at the same points: with the same ``key`` the noise and Poisson masks coincide, and
-  ``cfg.noise_multiplier = 0`` exposes the noiseless aggregates (per-step difference at most
-  ``2 C / denominator`` under replace-one). Same keys as :func:`dp_loc_gd`."""
+  """Audit hook: the per-step releases ``clipmean(grad h(y_t)) + nu_t`` of a solve (leaves
+  ``[M, T, *y.shape]``). ``forced`` (a release history, e.g. a neighbour's) makes the solver
+  advance with those releases, so both datasets are queried at the same points; with the same
+  ``key`` the noise and masks coincide. Same keys as :func:`dp_loc_gd`."""
   return _solve(loss_ex, y0, data, key, cfg, reg_fn, forced)[2]
 
 
@@ -251,9 +213,7 @@ def dp_loc_sgd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
   return dp_loc_gd(loss_ex, y0, data, key, cfg, reg_fn=reg_fn)
 
 
-# --------------------------------------------------------------------------------------------
-# Runner entry (strongly convex SCO problems of the core, item-level)
-# --------------------------------------------------------------------------------------------
+# --- Runner entry (strongly convex SCO problems of the core, item-level) --------------------------
 
 def _item_level_data(problem) -> PyTree:
   """Flattens ``[n_users, m, ...]`` to ``[n_users*m, ...]``: one item = one example."""
@@ -264,10 +224,8 @@ def _item_level_data(problem) -> PyTree:
 def compiled_solve(loss_fn: ExampleLoss, lcfg: LocGDConfig, l2: float,
                    n_real: int | None = None, users: Any = None,
                    report: int | None = None) -> Callable:
-  """One jitted solve per (loss, config, ridge): the data, the key and the progress tick are
-  arguments, so a sweep over seeds compiles once (a per-call ``jax.jit(lambda ...)`` compiled
-  every call). ``n_real`` / ``users``: the data is a mesh's padded, sharded copy
-  (:func:`_solve`); ``report``: a progress session's (``None``: the program without reports)."""
+  """One jitted solve per (loss, config, ridge, mesh, progress): data, key and tick are
+  arguments, so seeds compile once."""
   reg = (None if l2 <= 0 else
          lambda y: 0.5 * l2 * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(y)))
   return jax.jit(lambda y, data, k, tick: _solve(loss_fn, y, data, k, lcfg, reg, None, n_real,
@@ -281,17 +239,11 @@ _TRAITS = dict(paper="004", planner=loc_gd_planner, level="item", reads_m=True, 
 @register("dp_loc_sgd", config=LocSgdConfig, **_TRAITS)   # batch_size required by its schema
 @register("dp_loc_gd", config=LocGdConfig, **_TRAITS)
 def run_dp_loc_gd(plan, problem, key: jax.Array) -> Result:
-  """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item-level, replace-one).
+  """Runner entry: DP-Loc-(S)GD on a core ``SCOProblem`` (item level, replace-one).
 
-  Config keys: ``epsilon`` (the budget), ``delta`` (required), ``mu`` (public strong convexity;
-  default the problem's declared ``strong_convexity``), ``relation`` (only ``replace_one``),
-  ``noise_multiplier`` (explicit; refused if its epsilon exceeds ``epsilon``), ``clip_norm``
-  (default ``problem.lipschitz``), ``preset`` (``practical`` | ``theory``), ``num_steps`` (per
-  round), ``rounds, batch_size, radius0`` (default ``2 problem.radius``), ``radius_const``,
-  ``l2`` (a data-independent ridge term ``l2/2 ||y||^2`` added to ``h``), ``debug``. Runs
-  ``plan.detail`` (a :class:`LocGDRunPlan`: the planner, :func:`loc_gd_planner`, used only the
-  public ``n`` and the config and charged the ledger) and reports ``plan.privacy``.
-  """
+  Keys: :class:`~.config.LocGdConfig` (``mu`` defaults to the declared ``strong_convexity``,
+  ``clip_norm`` to L, ``radius0`` to ``2 R``; ``l2`` adds the data-independent ``l2/2 ||y||^2``).
+  Runs ``plan.detail`` (a :class:`LocGDRunPlan`) and reports ``plan.privacy``."""
   lplan: LocGDRunPlan = plan.detail
   data, lcfg, n, l2 = _item_level_data(problem), lplan.config, lplan.n, lplan.l2
   solve_args: tuple = ()

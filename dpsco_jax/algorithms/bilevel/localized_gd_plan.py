@@ -1,12 +1,7 @@
-"""DP-Loc-(S)GD decided before any data: its static config, the noise and radii schedule, its
-privacy events and calibration, the theory / practical presets (paper 004, Alg 2 / Alg 4), and
-the runner's plan from a problem's public facts with its ledger charge and report, and the
-planner ``dpsco_jax.plan`` calls, which returns them.
-
-Split out of :mod:`dpsco_jax.algorithms.bilevel.localized_gd` (the solver and the runner entry
-points; it re-exports every name here, and describes the algorithm, the accounting and the
-deviations). Nothing here reads data.
-"""
+"""DP-Loc-(S)GD decided before any data: its static config, noise and radii schedule, events and
+calibration, the presets (paper 004, Alg 2 / Alg 4), the runner's plan from public facts and
+the planner ``dpsco_jax.plan`` calls. :mod:`.localized_gd` re-exports every name and describes
+the algorithm, the accounting and the deviations."""
 
 from __future__ import annotations
 
@@ -42,9 +37,7 @@ def check_loc_gd_relation(relation: object) -> str:
   return check_relation(relation, supported=SUPPORTED_RELATIONS, mechanism="DP-Loc-(S)GD")
 
 
-# --------------------------------------------------------------------------------------------
-# Configuration (all fields public and static; nothing here depends on data)
-# --------------------------------------------------------------------------------------------
+# --- Configuration (all fields public and static; nothing here depends on data) -------------------
 
 @dataclasses.dataclass(frozen=True)
 class LocGDConfig:
@@ -109,8 +102,7 @@ class LocGDAux(NamedTuple):
 
 
 def noise_denominator(cfg: LocGDConfig, n: int) -> int:
-  """The clipped mean's denominator: the batch size, or ``n`` for full-batch steps (both the
-  noise stage's sensitivity and the run's sampling rate read it)."""
+  """The clipped mean's denominator: the batch size, or ``n`` for full-batch steps."""
   if cfg.batch_size is None:
     return n
   if cfg.batch_size > n:
@@ -119,8 +111,7 @@ def noise_denominator(cfg: LocGDConfig, n: int) -> int:
 
 
 def loc_gd_stage(cfg: LocGDConfig, n: int) -> GaussianStage:
-  """The step's noise stage: ``z`` on the clipped mean gradient's sensitivity
-  ``C / denominator`` (the ledger doubles it under replace-one)."""
+  """The step's noise stage: ``z`` on the clipped mean's sensitivity ``C / denominator``."""
   return GaussianStage(cfg.noise_multiplier,
                        clipped_mean_sensitivity(cfg.clip_norm, noise_denominator(cfg, n)),
                        "DP-Loc-GD step")
@@ -155,10 +146,8 @@ def loc_gd_rounds(mu: float, lipschitz: float, n: int, epsilon: float) -> int:
 
 def loc_gd_step_event(z: float, *, n: int | None = None, batch: int | None = None
                       ) -> dp_accounting.DpEvent:
-  """One step on a clipped sum with noise std ``z C``, in the library's convention
-  ``z = sigma / C`` (``C`` the per-example clip; the ledger applies replace-one's ``2C``):
-  ``GaussianDpEvent(z)`` for full batch, ``PoissonSampledDpEvent(batch / n, ...)`` for
-  DP-Loc-SGD (``n`` public under replace-one)."""
+  """One step in the convention ``z = sigma / C`` (the ledger applies replace-one's ``2C``):
+  ``GaussianDpEvent(z)``, or ``PoissonSampledDpEvent(batch / n, ...)`` for DP-Loc-SGD."""
   check_positive(z, "noise_multiplier")
   base = dp_accounting.GaussianDpEvent(z)
   if batch is None:
@@ -170,8 +159,8 @@ def loc_gd_step_event(z: float, *, n: int | None = None, batch: int | None = Non
 
 
 def loc_gd_event(cfg: LocGDConfig, n: int) -> dp_accounting.DpEvent:
-  """The event of one solve: ``M T`` steps (:func:`loc_gd_step_event`). Data free: ``n`` is
-  the public number of examples. A zero noise multiplier has no event (raises)."""
+  """One solve: ``M T`` steps (:func:`loc_gd_step_event`). A zero multiplier has no event
+  (raises)."""
   if cfg.noise_multiplier == 0:
     raise ValueError("noise_multiplier=0 is not private: no privacy event exists for it")
   step = loc_gd_step_event(cfg.noise_multiplier, n=n,
@@ -190,9 +179,7 @@ def with_calibrated_noise(cfg: LocGDConfig, n: int, *, epsilon: float, delta: fl
   return dataclasses.replace(cfg, noise_multiplier=z)
 
 
-# --------------------------------------------------------------------------------------------
-# The paper's own composition (Lemma 2.1 + Lemma 2.2), reported beside the exact accountant
-# --------------------------------------------------------------------------------------------
+# --- The paper's own composition (Lemma 2.1 + Lemma 2.2), reported beside the exact accountant ----
 
 def advanced_composition_step(epsilon: float, delta: float, k: int) -> tuple[float, float]:
   """Per-step ``(eps_0, delta_0)`` such that Lemma 2.1 (advanced composition) over ``k`` steps
@@ -205,11 +192,10 @@ def advanced_composition_step(epsilon: float, delta: float, k: int) -> tuple[flo
 
 
 def paper_loc_gd_stddev(cfg: LocGDConfig, n: int, *, epsilon: float, delta: float) -> float:
-  """The noise std the paper's own analysis prescribes for an ``(epsilon, delta)`` solve:
-  Lemma 2.2 ``sigma^2 = 2 ln(5/(4 delta_0)) Delta^2 / eps_0^2`` per step (``Delta = 2C/denom``),
-  with ``(eps_0, delta_0)`` from Lemma 2.1 over ``M T`` steps (full batch). For DP-Loc-SGD the
-  paper first amplifies by ``b/n`` (Lemma 2.3, ``eps ~ b eps_0 / n``), so the step budget is
-  ``eps_0 n / b``. Constants exactly as printed (the paper's "Õ" hides them)."""
+  """The std the paper prescribes for an ``(epsilon, delta)`` solve: Lemma 2.2
+  ``sigma^2 = 2 ln(5/(4 delta_0)) Delta^2 / eps_0^2`` per step (``Delta = 2C/denom``),
+  ``(eps_0, delta_0)`` from Lemma 2.1 over ``M T`` steps; DP-Loc-SGD first amplifies by
+  ``b/n`` (Lemma 2.3), so the step budget is ``eps_0 n / b``. Constants as printed."""
   e0, d0 = advanced_composition_step(epsilon, delta, cfg.rounds * cfg.steps)
   denom = noise_denominator(cfg, n)
   if cfg.batch_size is not None:
@@ -218,17 +204,14 @@ def paper_loc_gd_stddev(cfg: LocGDConfig, n: int, *, epsilon: float, delta: floa
   return math.sqrt(2.0 * math.log(5.0 / (4.0 * d0))) * sens / e0
 
 
-# --------------------------------------------------------------------------------------------
-# Presets
-# --------------------------------------------------------------------------------------------
+# --- Presets --------------------------------------------------------------------------------------
 
 def loc_gd_theory_config(*, mu: float, lipschitz: float, n: int, epsilon: float,
                          delta: float, radius0: float, batch_size: int | None = None,
                          radius_const: float = 4.0) -> LocGDConfig:
   """Thm 8.2 / A.1 parameters: ``M = log2 log(mu eps n / L)``, ``T = n^2``,
-  ``eta_t = 1/(mu(t+1))``, ``C = L`` (clipping inactive under the assumption), noise calibrated
-  exactly for ``(epsilon, delta)``. Warns-by-error on the precondition of Thm 8.2 only through
-  :func:`check_loc_gd_precondition` (spec E10 makes it a warning)."""
+  ``eta_t = 1/(mu(t+1))``, ``C = L``, noise calibrated exactly (the precondition is
+  :func:`check_loc_gd_precondition`, a warning per spec E10)."""
   check_positive(mu, "mu")
   check_positive(lipschitz, "lipschitz")
   n = check_int(n, "n")
@@ -250,9 +233,9 @@ def loc_gd_practical_config(*, mu: float, clip_norm: float, n: int, dim: int, ep
                             steps: int | None = None, rounds: int | None = None,
                             batch_size: int | None = None, radius_const: float = 4.0,
                             steps_const: float = 1.0, max_steps: int = 2000) -> LocGDConfig:
-  """Laptop-scale preset: ``T = min(n^2, ceil(c rho n^2/d), max_steps)`` (spec §3.4: under exact
-  calibration the noise term of the App. A bound is ``T``-free), smooth step rule when a
-  smoothness is given, rounds from Thm 8.2, exact calibration."""
+  """Laptop-scale preset: ``T = min(n^2, ceil(c rho n^2/d), max_steps)`` (spec §3.4: under
+  exact calibration the noise term is ``T``-free), the smooth step rule when a smoothness is
+  given, rounds from Thm 8.2, exact calibration."""
   n = check_int(n, "n")
   check_epsilon(epsilon)
   check_delta(delta)
@@ -270,15 +253,12 @@ def loc_gd_practical_config(*, mu: float, clip_norm: float, n: int, dim: int, ep
   return with_calibrated_noise(cfg, n, epsilon=epsilon, delta=delta)
 
 
-# --------------------------------------------------------------------------------------------
-# The runner's plan (public facts only), its charge and report
-# --------------------------------------------------------------------------------------------
+# --- The runner's plan (public facts only), its charge and report ---------------------------------
 
 def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float
                    ) -> tuple[LocGDConfig, dp_accounting.DpEvent]:
-  """Data-free plan of a runner solve: the config (schedule, noise multiplier) and its event,
-  from the config and public numbers only (``n`` public under replace-one). An explicit
-  ``noise_multiplier`` is kept as given (the caller checks it against the budget)."""
+  """The solve's config and event from the config and public numbers only; an explicit
+  ``noise_multiplier`` is kept (the plan's charge checks it against the budget)."""
   cfg = LocGdConfig.of(cfg)   # dp_loc_sgd's LocSgdConfig is one (batch_size required)
   check_loc_gd_relation(cfg.relation)
   eps = check_epsilon(cfg.epsilon, "epsilon")
@@ -314,8 +294,7 @@ class LocGDRunPlan:
 
   @property
   def num_steps(self) -> int:
-    """The solve's step count (progress reports): ``rounds`` rounds of ``steps`` each (the
-    schedule's ``num_steps`` is the steps of one round, the config key's meaning)."""
+    """The solve's ``rounds * steps`` (progress reports)."""
     return self.config.rounds * self.config.steps
 
   @property
@@ -327,9 +306,8 @@ class LocGDRunPlan:
     return (self.event,)
 
   def charge(self) -> PrivacyReport:
-    """Charges a fresh budgeted ledger with the solve (raises first when an explicit
-    ``noise_multiplier`` is over budget); returns the guarantee (item level, accountant) with
-    the paper-formula sigma in the notes."""
+    """Charges a fresh budgeted ledger with the solve (raises first over budget); returns the
+    guarantee (item level, accountant) with the paper-formula sigma in the notes."""
     ledger = PrivacyLedger(delta=self.delta, epsilon_budget=self.epsilon, relation=RELATION)
     ledger.spend(self.event, label="dp_loc_gd solve")
     lcfg, n = self.config, self.n
@@ -354,9 +332,9 @@ def _public_mu(problem, cfg: Schema) -> float:
 
 
 def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
-  """:func:`plan_dp_loc_gd` from public facts only (``n_users * m`` items, ``d``; where the
-  config does not give them: L for ``clip_norm``, a finite R for ``radius0 = 2R``, the declared
-  strong convexity for ``mu``): a :class:`~dpsco_jax.data.PublicFacts` suffices."""
+  """The runner's plan from public facts only: ``n_users * m`` items, ``d``, and where the
+  config does not give them L (``clip_norm``), a finite R (``radius0 = 2R``) and the declared
+  strong convexity (``mu``)."""
   cfg = LocGdConfig.of(cfg)   # dp_loc_sgd's LocSgdConfig is one (batch_size required)
   required_delta(cfg.delta)  # a missing delta is named before any constant is read
   n, dim = int(problem.n_users) * int(problem.m), int(problem.d)
@@ -377,10 +355,8 @@ def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
                       cfg.preset, lcfg, event)
 
 
-# ``dpsco_jax.plan``'s planner of ``dp_loc_gd`` / ``dp_loc_sgd`` (the bilevel drivers register
-# none: they take no loss_fn, their ``unsupported`` reason)
 def loc_gd_planner(facts, cfg: dict) -> Planned:
-  """``dpsco_jax.plan``'s planner: DP-Loc-(S)GD's solve event (item level, replace-one)."""
+  """``dpsco_jax.plan``'s planner: the plan and its charge (item level, replace-one)."""
   p = loc_gd_plan_for_problem(facts, cfg)
   c = p.config
   schedule = {"rounds": c.rounds, "num_steps": c.steps, "batch_size": c.batch_size,

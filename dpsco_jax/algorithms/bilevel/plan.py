@@ -1,20 +1,13 @@
-"""Paper 004's plan: the bilevel configuration, presets (Thm 4.1 / 5.1 / 6.1), privacy events
-and the paper's own noise/composition formulas (reported beside the accountant, never used as
-the guarantee).
+"""Paper 004's plan: the bilevel configuration, presets (Thm 4.1 / 5.1 / 6.1), privacy events and
+the paper's own noise/composition formulas (reported beside the accountant, never the
+guarantee).
 
 Everything here is computed from the config and public numbers before any data is touched:
-``n`` (public under the paper's replace-one relation), the parameter shapes and the problem's
-public constants. Calibration goes through the library's one calibrator,
-:func:`dpsco_jax.privacy.calibrate_noise_multiplier`, on the run's own events
-(:func:`bilevel_events`): ``2T`` DP-Loc-(S)GD solves (``M T_in`` Gaussian steps each, Poisson
-subsampled at rate ``b_in / n`` for Alg 3) and ``T`` outer Gaussian steps (Poisson at
-``b_out / n`` for Alg 3), composed by PLD under replace-one.
-
-The planners of the bilevel drivers (:func:`bilevel_planner` and its minibatch / population
-variants, :func:`nonprivate_penalty_planner`) read the built-in :class:`BilevelProblem` as their
-public facts (they take no ``loss_fn``: ``dpsco_jax.plan`` refuses them); ``dp_loc_gd`` /
-``dp_loc_sgd``'s planner is in :mod:`.localized_gd_plan` with the rest of their plan.
-"""
+``n`` (public under replace-one), the shapes and the problem's constants. The noise is
+calibrated by :func:`dpsco_jax.privacy.calibrate_noise_multiplier` on the run's own events
+(:func:`bilevel_events`): ``2T`` DP-Loc-(S)GD solves and ``T`` outer Gaussian steps (Poisson
+subsampled for Alg 3), composed by PLD under replace-one. The planners read the built-in
+:class:`BilevelProblem` as their public facts; ``dp_loc_gd``'s is in :mod:`.localized_gd_plan`."""
 
 from __future__ import annotations
 
@@ -49,12 +42,9 @@ RELATION = "replace_one"  # paper §2: neighbouring datasets differ in one repla
 
 @dataclasses.dataclass(frozen=True)
 class BilevelConfig:
-  """Static configuration of Alg 1 (``batch_out=None`` and inner ``batch_size=None``) or Alg 3.
-
-  ``outer_data_terms=False`` (no per-example outer estimator, hence no outer mechanism) is set
-  by :func:`bilevel_config` only for problems whose data-dependent terms provably do not depend
-  on ``x`` (§7 observation; checked structurally). ``outer_noise_multiplier = 0`` with data terms
-  is a NON-private outer step (accounted as a non-private event: epsilon = inf)."""
+  """Static configuration of Alg 1 (``batch_out=None``, inner ``batch_size=None``) or Alg 3.
+  ``outer_data_terms=False`` (no outer mechanism) only when the data terms provably do not
+  depend on ``x`` (§7; checked structurally by :func:`bilevel_config`)."""
   lam: float
   eta: float
   steps: int                       # T
@@ -133,9 +123,8 @@ def theory_params(consts: ProblemConstants, *, epsilon: float, delta: float, n: 
 
 
 def bilevel_events(bcfg: BilevelConfig, n: int) -> list[tuple[str, dp_accounting.DpEvent, int]]:
-  """``(label, event, count)`` of every mechanism of a run (count = ``T``), replace-one, in the
-  library's convention (:func:`~dpsco_jax.algorithms.bilevel.localized_gd.loc_gd_step_event`): data
-  free, ``n`` is public. A zero multiplier on a data-dependent mechanism has no event: raises."""
+  """``(label, event, count)`` of every mechanism of a run (count ``T``), replace-one, data free.
+  A zero multiplier on a data-dependent mechanism has no event: raises."""
   out = [("lower-level y* solves (DP-Loc-(S)GD on g)", loc_gd_event(bcfg.inner_y, n),
           bcfg.steps),
          ("penalized y^lam solves (DP-Loc-(S)GD on f/lam+g)", loc_gd_event(bcfg.inner_lam, n),
@@ -196,8 +185,7 @@ def paper_bilevel_noise(bcfg: BilevelConfig, n: int, *, epsilon: float, delta: f
   std, §5); inner std from :func:`paper_loc_gd_stddev`."""
   t = bcfg.steps
   e0, d0 = epsilon / math.sqrt(18 * t), delta / (3 * (t + 1))
-  # Lemma 2.2 with the replace-one sensitivity 2 C_out / n (privacy/'s stage: as the inner
-  # solves' paper_loc_gd_stddev)
+  # Lemma 2.2 with the replace-one sensitivity 2 C_out / n
   sens = clipped_mean_sensitivity(bcfg.clip_out, n).under(RELATION)
   out_sigma = math.sqrt(2.0 * math.log(5.0 / (4.0 * d0))) * sens / e0
   return {"outer_std": out_sigma,
@@ -250,9 +238,8 @@ def paper_composition_epsilon(bcfg: BilevelConfig, n: int, *, delta: float) -> f
 
 
 def _x_grad_is_data_free(problem: BilevelProblem) -> bool:
-  """True when ``f_ex`` and ``g_ex`` provably do not depend on ``x`` (a jaxpr dependency walk;
-  any primitive with an ``x``-dependent input is treated as ``x``-dependent, so the check is
-  sound). Then the outer estimator is post-processing of the private ``y``'s (§7 observation)."""
+  """True when ``f_ex`` and ``g_ex`` provably do not depend on ``x`` (a sound jaxpr dependency
+  walk); the outer estimator is then post-processing of the private ``y``'s (§7)."""
   ex = jax.tree.map(lambda v: v[0], problem.data)
   for fn in (problem.f_ex, problem.g_ex):
     jaxpr = jax.make_jaxpr(lambda x: fn(x, problem.y0, ex))(problem.x0).jaxpr
@@ -279,9 +266,7 @@ def _default_consts_inner(problem: BilevelProblem, lam: float) -> dict:
 def _schedule(problem: BilevelProblem, cfg: Schema, *, preset: str, eps: float, delta: float,
               batch_in: int | None, batch_out: int | None, info: dict) -> dict:
   """The preset's public schedule: ``lam, eta, steps, clip_out`` and the inner solves'
-  ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read). Config
-  keys: ``lam, learning_rate, num_steps, outer_clip_norm, inner_num_steps, inner_rounds,
-  inner_step_rule, inner_clip_norm, inner_clip_norm_lam, radius_const, inner_radius0``."""
+  ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read)."""
   n = problem.n
   if preset == "theory":
     tp = theory_params(problem.consts, epsilon=eps, delta=delta, n=n, d_x=problem.d,
@@ -330,28 +315,20 @@ def _schedule(problem: BilevelProblem, cfg: Schema, *, preset: str, eps: float, 
 
 
 def config_view(cfg: Mapping | Any) -> Schema:
-  """The bilevel drivers' config as they read it: the fields of
-  :class:`~dpsco_jax.algorithms.bilevel.config.BilevelConfig` (the schema, not this module's
-  :class:`BilevelConfig`) with their defaults (the one place they are written) and the runner's
-  ``debug``; any other key raises."""
+  """The bilevel drivers' config: :class:`~dpsco_jax.algorithms.bilevel.config.BilevelConfig`
+  (the schema) with its defaults; any other key raises."""
   return BilevelSchema.of(cfg)
 
 
 def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[BilevelConfig, dict]:
-  """Builds a calibrated :class:`BilevelConfig` from a config dict (``preset`` = ``practical``
-  (default) | ``theory``). Returns ``(bcfg, info)``; ``info`` holds the preset's derived values.
+  """A calibrated :class:`BilevelConfig` from a config (``preset`` ``practical`` | ``theory``).
+  Returns ``(bcfg, info)``; ``info`` holds the preset's derived values.
 
-  Keys: ``epsilon, delta`` (required); ``lam, learning_rate, num_steps`` (the outer ``lam,
-  eta, T``; practical defaults ``30, 0.5, 30``); ``inner_num_steps, inner_rounds,
-  inner_step_rule`` (``smooth`` | ``paper``), ``inner_clip_norm`` (both inner solves),
-  ``inner_clip_norm_lam``, ``outer_clip_norm``, ``radius_const``, ``inner_radius0``,
-  ``inner_batch_size, outer_batch_size`` (Alg 3), ``warm_start`` (True), ``shares``
-  (``[1/3, 1/3, 1/3]``), ``outer_noise`` (``auto``: off only when the data terms provably do not
-  depend on ``x``; ``true``; ``false``: requires that structure), ``population`` (theory preset:
-  Thm 6.1 alpha), ``relation`` (only ``replace_one``), ``noise_multiplier`` (explicit base
-  multiplier ``z``: mechanism ``k`` gets ``z r_k``, :func:`noise_ratios`; default: calibrated).
-  The plan reads only public numbers (``n``, shapes, the config), never the data's values.
-  """
+  Keys: :class:`~dpsco_jax.algorithms.bilevel.config.BilevelConfig`. ``shares`` split the
+  budget between the three mechanisms (:func:`noise_ratios`); ``outer_noise`` ``auto`` turns
+  the outer noise off only when the data terms provably do not depend on ``x``;
+  ``noise_multiplier`` is an explicit base ``z`` (default: calibrated). Reads only public
+  numbers, never the data's values."""
   cfg = config_view(cfg)
   check_relation(cfg.relation, supported=(RELATION,), mechanism="DP bilevel (Alg 1/3)")
   eps = check_epsilon(cfg.epsilon, "epsilon")
@@ -408,16 +385,13 @@ def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[Bilevel
   return bcfg, info
 
 
-# --------------------------------------------------------------------------------------------
-# The planners: what a run executes, its charge and its report
-# --------------------------------------------------------------------------------------------
+# --- The planners: what a run executes, its charge and its report ---------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class BilevelPlan:
   """What a bilevel run executes: the calibrated ``bcfg`` for the public ``n``, the target
-  ``(epsilon, delta)``, every mechanism's ``(label, event, count)``, the epsilon the paper's own
-  composition certifies for this noise, and the record's public numbers (the noise, the
-  paper's formula beside it, the preset's derived values)."""
+  ``(epsilon, delta)``, every mechanism's ``(label, event, count)``, the paper's composition
+  epsilon for this noise, and the record's public numbers."""
   bcfg: BilevelConfig
   n: int
   epsilon: float
@@ -429,7 +403,6 @@ class BilevelPlan:
 
   @property
   def stages(self) -> tuple[GaussianStage, ...]:
-    """Per iteration: the two inner solves' steps, then the outer step (if it has data)."""
     b = self.bcfg
     inner = (loc_gd_stage(b.inner_y, self.n), loc_gd_stage(b.inner_lam, self.n))
     return inner + ((outer_stage(b, self.n),) if b.outer_data_terms else ())
@@ -478,11 +451,10 @@ def _public_record(bcfg: BilevelConfig, info: dict, n: int, *, eps: float, delta
 
 
 def bilevel_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
-  """``dp_bilevel``'s planner: the calibrated :class:`BilevelConfig` (:func:`bilevel_config`)
-  and its ``3T`` mechanisms charged on a fresh replace-one ledger with ``epsilon_budget =
-  epsilon`` (an explicit ``noise_multiplier`` above the budget raises
-  :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` here, before anything runs). ``facts``
-  is the :class:`BilevelProblem` (its public ``n``, shapes and constants; no data values)."""
+  """``dp_bilevel``'s planner: the calibrated :class:`BilevelConfig` and its ``3T`` mechanisms
+  charged on a fresh budgeted ledger (an explicit ``noise_multiplier`` over the budget raises
+  :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` here). ``facts``: the
+  :class:`BilevelProblem` (its public ``n``, shapes and constants)."""
   cfg = config_view(cfg)
   bcfg, info = bilevel_config(facts, cfg)
   n, eps, delta = facts.n, float(cfg.epsilon), float(cfg.delta)   # checked by bilevel_config

@@ -1,1 +1,1 @@
-"""Paper 002 (Carmon et al.): ReSQue, ball acceleration, parallel and private SCO. ``ball_oracles``, ``ball_acceleration``, ``solvers``, ``accounting``, ``parallel`` (Theorem 1), ``private`` (Theorems 3-4), ``driver`` (registration)."""
+"""Paper 002 (Carmon et al.): ReSQue, ball acceleration, parallel and private SCO."""

@@ -1,40 +1,28 @@
-"""Monteiro–Svaiter ball acceleration (paper 002, Section 3).
+"""Monteiro-Svaiter ball acceleration (paper 002, Section 3).
 
-References:
-  * Carmon, Jambulapati, Jin, Lee, Liu, Sidford, Tian, "ReSQueing Parallel and Private
-    Stochastic Convex Optimization" (2023) [ReSQue]: Props 1-2, Theorems 1-2.
-  * Carmon, Jambulapati, Jin, Sidford, "Thinking Inside the Ball", COLT 2021 [CJJS21],
-    Alg. 1 (BROO acceleration with LAMBDA-BISECTION): the outer loop implemented here,
-    transcribed in spec EXT_acsa_ball_acceleration.md §B.2.
+References: Carmon, Jambulapati, Jin, Lee, Liu, Sidford, Tian, "ReSQueing Parallel and Private
+Stochastic Convex Optimization" (2023) [ReSQue], Props 1-2, Theorems 1-2; Carmon, Jambulapati,
+Jin, Sidford, "Thinking Inside the Ball", COLT 2021 [CJJS21], Alg. 1 (BROO acceleration with
+LAMBDA-BISECTION; spec EXT_acsa_ball_acceleration.md §B.2).
 
-Problem. Minimize a convex, L-Lipschitz ``F`` (here the Gaussian smoothing ``f^_rho`` of the
-loss, handled through ReSQue queries) over ``B_R(x0)``, given a *ball oracle*
-``ball_oracle(key, center, lam, phi) -> (x, OracleCost)`` (eq. (8), Def. 4). The oracles
-(EpochSGD, AC-SA, the exact validation oracle, Lemma 11's aggregation) live in
-:mod:`.ball_oracles` and are re-exported here.
+Minimizes a convex, L-Lipschitz ``F`` (here ``f^_rho``, reached through ReSQue queries) over
+``B_R(x0)`` given a *ball oracle* ``ball_oracle(key, center, lam, phi) -> (x, OracleCost)``
+(eq. (8), Def. 4; the oracles are in :mod:`.ball_oracles`, re-exported here).
+:func:`ball_acceleration` is CJJS21 Alg. 1 with ReSQue Prop. 1/2's oracle parameters (its
+invariants are checked every iteration); :func:`iterated_ball_prox` is plain
+``x_{k+1} = O(x_k)`` for comparison.
 
-Outer loops:
-  * :func:`ball_acceleration` — CJJS21 Alg. 1 lines 1-8 and LAMBDA-BISECTION (lines 10-21)
-    with ReSQue Prop. 1/2's oracle parameters; invariants ``A_{t+1} = A_t + a_{t+1}``,
-    ``lam_{t+1} a_{t+1}^2 = A_{t+1}`` and ``v in B_R(x0)`` are checked every iteration.
-  * :func:`iterated_ball_prox` — plain ``x_{k+1} = O(x_k)`` for comparison (``~R/r``
-    iterations vs ``~(R/r)^{2/3}`` for acceleration, [CJJ+20]).
-
-Deviations (documented, see also the class docstrings):
-  * Line 7 of CJJS21 uses ``lam (y_t - x_{t+1})`` from the ball-oracle output. ReSQue Prop. 1
-    instead feeds an MLMC stochastic-proximal estimate (bias ``eps/(C R)``) into the
-    ``v``-update; in the parallel pipeline we use the ball-oracle output at accuracy ``phi``
-    (its bias is at most ``sqrt(2 lam phi)``). The private pipeline (:mod:`.private`)
-    uses the MLMC estimator (Alg. 6).
-  * Exits: CJJS21 line 8 tests 1 (``A >= R^2/eps``) and 2 (small ``lam``) and the iteration
-    cap ``ceil(C_ba K log kappa)`` of ReSQue Prop. 1. Tests 3-4 need function values (line 9's
-    ``argmin f``), which a stochastic oracle does not have; they are not used. The output is
-    the last ``x``.
-  * ``lam_min`` defaults to ReSQue's ``lam_star / C_ba`` (Prop. 1: every lam is
-    ``>= lam_star/C_ba``) rather than CJJS21's ``eps/(6 r R)``: stochastic oracles cost
-    ``~1/lam^2`` queries. ``lam_max = 2 L / r`` (CJJS21, spec EXT §B.2 [AMBIG] resolution).
-  * Optional warm start of the bisection from the previous ``lam`` (spec 002 §3.1 [IMPL]).
-"""
+Deviations:
+  * CJJS21 line 7 uses ``lam (y_t - x_{t+1})`` from the ball-oracle output; ReSQue Prop. 1
+    feeds an MLMC stochastic-proximal estimate. The parallel pipeline uses the ball-oracle
+    output at accuracy ``phi`` (bias at most ``sqrt(2 lam phi)``); the private pipeline uses
+    the MLMC estimator (Alg. 6).
+  * Exits: CJJS21 line 8 tests 1 (``A >= R^2/eps``) and 2 (small ``lam``) and ReSQue Prop. 1's
+    cap ``ceil(C_ba K log kappa)``; tests 3-4 need function values, which a stochastic oracle
+    does not have. The output is the last ``x``.
+  * ``lam_min`` defaults to ReSQue's ``lam_star / C_ba`` rather than CJJS21's
+    ``eps/(6 r R)`` (stochastic oracles cost ``~1/lam^2`` queries); ``lam_max = 2 L / r``.
+  * Optional warm start of the bisection from the previous ``lam`` (spec 002 §3.1 [IMPL])."""
 
 from __future__ import annotations
 
@@ -46,12 +34,11 @@ import jax
 import jax.numpy as jnp
 
 from dpsco_jax._checks import check_int, check_positive
-# The oracles are part of this module's public surface (re-exported).
-from dpsco_jax.algorithms.resque.ball_oracles import (BallOracle, GradOracle, OracleCost,  # noqa: F401
-                                               acsa_ball, acsa_plan, ball_composite_step,
-                                               dataset_oracle, epoch_sgd_ball, epoch_sgd_plan,
-                                               make_acsa_oracle, make_epoch_sgd_oracle,
-                                               make_exact_ball_oracle, majority_aggregate)
+# the oracles are part of this module's public surface (re-exported)
+from dpsco_jax.algorithms.resque.ball_oracles import (  # noqa: F401
+    BallOracle, GradOracle, OracleCost, acsa_ball, acsa_plan, ball_composite_step,
+    dataset_oracle, epoch_sgd_ball, epoch_sgd_plan, make_acsa_oracle, make_epoch_sgd_oracle,
+    make_exact_ball_oracle, majority_aggregate)
 from dpsco_jax.transforms.steps import project_l2_ball, tree_l2_norm
 
 PyTree = Any
@@ -61,11 +48,8 @@ PyTree = Any
 
 @dataclasses.dataclass
 class BallAccelResult:
-  """Output of :func:`ball_acceleration` / :func:`iterated_ball_prox`.
-
-  ``history``: one dict per outer iteration with ``x`` (the iterate after it), ``lam``, ``A``,
-  ``rounds`` (cumulative query depth) and ``queries`` (cumulative). ``exit`` names the stop.
-  """
+  """Output of :func:`ball_acceleration` / :func:`iterated_ball_prox`. ``history``: per outer
+  iteration ``x``, ``lam``, ``A``, cumulative ``rounds`` (query depth) and ``queries``."""
   x: PyTree
   iterations: int
   oracle_calls: int
@@ -200,31 +184,22 @@ def ball_acceleration(ball_oracle: BallOracle, x0: PyTree, key: jax.Array, *, R:
                       ls_oracle: BallOracle | None = None,
                       prox_oracle: Callable[[jax.Array, PyTree, float], PyTree] | None = None,
                       center: PyTree | None = None) -> BallAccelResult:
-  """Monteiro–Svaiter ball acceleration (CJJS21 Alg. 1; ReSQue Prop. 1/2 parameters).
+  """Monteiro-Svaiter ball acceleration (CJJS21 Alg. 1; ReSQue Prop. 1/2 parameters).
 
   Per outer iteration ``t``:
-    1. ``lam_{t+1}`` = LAMBDA-BISECTION: find ``lam`` with ``|O(y_lam, lam) - y_lam|`` in the
-       band ``[13r/16, 15r/16]`` (long step), or ``lam`` near ``lam_min`` (short step);
-       ``y_lam = alpha_{2 A lam} x + (1 - alpha_{2 A lam}) v``,
-       ``alpha_tau = tau / (1 + tau + sqrt(1 + 2 tau))`` (line 11). Each distinct ``lam``
-       costs one oracle call at accuracy ``ls_accuracy`` (default ``r/17``, i.e.
-       ``phi = lam (r/17)^2 / 2``).
-    2. ``a = (1 + sqrt(1 + 4 lam A))/(2 lam)``, ``A' = A + a``, ``y = (A x + a v)/A'`` (lines 4-5).
-    3. ``x' = O(y, lam, phi = bo_phi(lam))`` (line 6); default
-       ``phi = lam r^2 / (c_ba log^3 kappa)`` (ReSQue Prop. 1 item 2).
-    4. ``v' = Pi_{B_R(x0)}(v - a lam (y - x'))`` (line 7).
-  ``ls_oracle`` (default ``ball_oracle``) serves step 1 (ReSQue's line-search oracle, e.g.
-  Alg. 7); ``prox_oracle(key, y, lam)`` (optional; ReSQue's stochastic proximal oracle, e.g.
-  the MLMC Alg. 6) replaces ``x'`` in step 4 by its estimate of ``bprox(y)``. ``center`` is
-  the constraint ball's center (default ``x0``).
+    1. ``lam_{t+1}`` = LAMBDA-BISECTION: ``lam`` with ``|O(y_lam, lam) - y_lam|`` in the band
+       ``[13r/16, 15r/16]`` (long step) or near ``lam_min`` (short step), ``y_lam = alpha_{2 A
+       lam} x + (1 - alpha_{2 A lam}) v``, ``alpha_tau = tau / (1 + tau + sqrt(1 + 2 tau))``;
+       one ``ls_oracle`` call per distinct ``lam`` at accuracy ``ls_accuracy`` (default
+       ``r/17``).
+    2. ``a = (1 + sqrt(1 + 4 lam A))/(2 lam)``, ``A' = A + a``, ``y = (A x + a v)/A'``.
+    3. ``x' = O(y, lam, phi = bo_phi(lam))``, default ``phi = lam r^2 / (c_ba log^3 kappa)``.
+    4. ``v' = Pi_{B_R(center)}(v - a lam (y - x'))``, with ``prox_oracle(key, y, lam)``'s
+       estimate of ``bprox(y)`` in place of ``x'`` when given (ReSQue's MLMC Alg. 6).
 
-  Stops when ``A >= R^2/eps`` (line 8, test 1), when ``lam <= eps/(3 r R)`` (test 2), or after
-  ``max_iter`` (default ``ceil(c_ba K log kappa)``, ReSQue Prop. 1). Invariants are checked
-  every iteration (a ``RuntimeError`` names a violated one).
-
-  Returns a :class:`BallAccelResult`; ``rounds`` is the query depth (each oracle call is one
-  batched round).
-  """
+  Stops when ``A >= R^2/eps``, when ``lam <= eps/(3 r R)``, or after ``max_iter`` (default
+  ``ceil(c_ba K log kappa)``). A violated invariant raises ``RuntimeError``. Returns a
+  :class:`BallAccelResult` (``rounds``: the query depth)."""
   s = _accel_schedule(R=R, r=r, eps=eps, lipschitz=lipschitz, lam_min=lam_min, lam_max=lam_max,
                       c_ba=c_ba, max_iter=max_iter, ls_accuracy=ls_accuracy, bo_phi=bo_phi,
                       band=band)

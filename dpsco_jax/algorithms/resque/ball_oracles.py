@@ -1,35 +1,23 @@
 """Ball optimization oracles (paper 002, Section 3): the inner solvers of ball acceleration.
 
-References: Carmon, Jambulapati, Jin, Lee, Liu, Sidford, Tian, "ReSQueing Parallel and Private
-Stochastic Convex Optimization" (2023) [ReSQue], Alg. 1 (EpochSGD), Alg. 2 (AC-SA), Props 3-4,
-Lemma 11; CJJS21 ("Thinking Inside the Ball", COLT 2021) for the exact BROO.
-
-A *ball oracle* approximately solves
+References: [ReSQue] Alg. 1 (EpochSGD), Alg. 2 (AC-SA), Props 3-4, Lemma 11; CJJS21 for the
+exact BROO. A *ball oracle* approximately solves
 
     O(y, lam, phi) ~ argmin_{x in B_y(r)} F(x) + lam/2 |x - y|^2        (eq. (8), Def. 4)
 
-with expected objective error ``phi``, where ``F = f^_rho`` (the Gaussian smoothing of the
-loss, reached through ReSQue queries). Here it is any callable
-``ball_oracle(key, center, lam, phi) -> (x, OracleCost)``; ``OracleCost.rounds`` counts the
-sequential batched rounds of gradient queries (query depth) and ``.queries`` the gradients.
+with expected error ``phi``, ``F = f^_rho``; here any callable
+``ball_oracle(key, center, lam, phi) -> (x, OracleCost)`` (``rounds``: sequential batched
+rounds of queries, the query depth; ``queries``: the gradients).
 
-Oracles provided:
-  * :func:`make_epoch_sgd_oracle` — Alg. 1 (EpochSGD, [HK14]) with ReSQue: ONE batched round
-    of ``sum_k (T_k - 1) <= T = ceil(48 L^2 / (lam phi))`` queries at ``center + xi``, then a
-    ``lax.scan`` that only reweights (Prop. 3: a ``(phi, lam)`` ball oracle for ``f^_rho`` when
-    ``rho = r``).
-  * :func:`acsa_ball` — Alg. 2 corrected (spec 002 §3.3: AMBIG-1/2/3), built from the core
-    :func:`dpsco_jax.transforms.steps.acsa` chained after ``add_prox_to_anchor`` (the full
-    gradient of ``Psi = f^_rho + lam/2 |. - xbar|^2`` enters ``alpha_t``, AMBIG-3). One batched
-    round of ``T sum_k N_k`` queries; fresh samples for every ``t`` (AMBIG-2).
-  * :func:`make_exact_ball_oracle` — a deterministic validation oracle (accelerated projected
-    gradient on a closed-form smooth ``F``); it is what CJJS21 calls an exact BROO and is used
-    to validate the reconstructed outer loop (spec T13).
-  * :func:`majority_aggregate` — Lemma 11's robust aggregation (ReSQue Alg. 7).
-
-The outer loops that call these live in :mod:`.ball_acceleration` (which re-exports every
-name defined here).
-"""
+  * :func:`make_epoch_sgd_oracle`: Alg. 1 with ReSQue, ONE batched round of
+    ``T = ceil(48 L^2 / (lam phi))`` queries at ``center + xi``, then a reweighting scan
+    (Prop. 3, ``rho = r``).
+  * :func:`acsa_ball`: Alg. 2 corrected (spec 002 §3.3: AMBIG-1/2/3), the core
+    :func:`dpsco_jax.transforms.steps.acsa` after ``add_prox_to_anchor``; one batched round,
+    fresh samples for every ``t``.
+  * :func:`make_exact_ball_oracle`: a deterministic validation oracle (CJJS21's exact BROO,
+    spec T13).
+  * :func:`majority_aggregate`: Lemma 11's robust aggregation (ReSQue Alg. 7)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Paper 002's typed configs: :class:`ResqueParallelConfig` (``resque_parallel_sco``),
-:class:`ResquePrivateConfig` (``resque_private_sco``), :class:`MinibatchSgdConfig`
-(``minibatch_sgd``, the non-private baseline) and :class:`TargetKeys` (the excess-risk target
-the two non-private drivers share).
-
-The fields follow :mod:`dpsco_jax.config.families`' conventions; their defaults are the ones
-that run.
-"""
+"""Paper 002's typed configs: ``resque_parallel_sco``, ``resque_private_sco``, ``minibatch_sgd``."""
 
 from __future__ import annotations
 

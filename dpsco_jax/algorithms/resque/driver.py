@@ -1,26 +1,10 @@
 """ReSQue parallel and private SCO (paper 002: Carmon, Jambulapati, Jin, Lee, Liu, Sidford,
 Tian, "ReSQueing Parallel and Private Stochastic Convex Optimization", 2023).
 
-This module is the paper's entry point: importing it registers the drivers
-(``resque_parallel_sco``, ``minibatch_sgd``, ``resque_private_sco``, each decorated where it is
-defined) and it re-exports every public name of the modules that implement them:
-
-  * :mod:`.parallel` — parallel SCO (Theorem 1, non-private): ``resque_parallel_sco``
-    and the ``minibatch_sgd`` baseline (query depth = steps).
-  * :mod:`.plan` — private SCO's data-free plan (Theorems 3-4, item level, replace-one):
-    ``resque_private_plan`` (schedule, ``beta``, the approximate-RDP events), its ledger
-    charge and report: what ``dpsco_jax.plan`` reads.
-  * :mod:`.private` — private SCO's run: ``resque_private_sco`` (runs the plan),
-    ``private_erm`` and the audit hook
-    ``resque_private_releases`` (every Alg. 4 call's per-phase noisy releases; replay on a
-    neighbouring dataset).
-  * :mod:`.solvers` — the private solvers: Alg. 3/4 ``localized_resque_sgd`` (and its
-    audit view ``alg4_phase_releases``), Alg. 5 ``strongly_convex_resque``, Alg. 6
-    ``mlmc_prox_estimator``, Alg. 7 ``high_probability_solver``.
-  * :mod:`.accounting` — Lemma 7's charge ``alg4_rdp``, ``approx_rdp_events``,
-    Theorem 3's parameters and preconditions, ``PrivacyPreconditionError``.
-  * :mod:`.ball_acceleration` / :mod:`.ball_oracles` — the outer loop and the ball oracles.
-"""
+Importing this module registers ``resque_parallel_sco``, ``minibatch_sgd`` (:mod:`.parallel`,
+Theorem 1, non-private) and ``resque_private_sco`` (:mod:`.private`, Theorems 3-4, item
+level, replace-one; its plan in :mod:`.plan`), and re-exports the public names of
+:mod:`.solvers` (Algs 3-7), :mod:`.accounting` (Lemma 7, Theorem 3) and the ball oracles."""
 
 from __future__ import annotations
 

@@ -4,9 +4,7 @@ Ball acceleration (:mod:`.ball_acceleration`) over ``F = f^_rho`` with
 ``r = rho = eps_opt / (sqrt(d) L)`` and EpochSGD (Alg. 1) ball oracles, each one batched round
 of ReSQue queries. :func:`resque_parallel_sco` reports the query depth and total queries needed
 to reach a target accuracy; :func:`minibatch_sgd` is the baseline whose query depth is its
-number of steps. Each has a planner (the target, the radii, the step size: from the config and
-the synthetic problem's public facts) and runs its plan.
-"""
+number of steps. Both run on synthetic problems (the target needs a known optimum)."""
 
 from __future__ import annotations
 
@@ -32,9 +30,7 @@ from dpsco_jax.transforms.steps import projected_sgd
 
 
 def _target(problem, cfg: Schema) -> float:
-  """``target`` if given, else ``target_frac`` (the schema's 0.1) x the excess risk of the
-  initial point (the population excess of the planted problems shrinks like sqrt(2/(pi d)));
-  the initial excess is evaluated only when no target is given."""
+  """``target``, else ``target_frac`` x the initial point's excess risk (evaluated only then)."""
   if cfg.target is not None:
     return check_positive(cfg.target, "target")
   frac = check_positive(cfg.target_frac, "target_frac")
@@ -79,8 +75,8 @@ class ParallelPlan(_NonPrivatePlan):
 
 
 def resque_parallel_planner(facts, cfg: Mapping | Any) -> Planned:
-  """``resque_parallel_sco``'s plan from the config and the synthetic problem's public facts
-  (``d``, ``L``, ``R``; its initial excess risk when no ``target`` is given)."""
+  """``resque_parallel_sco``'s plan from the config and the synthetic problem's public ``d``,
+  ``L``, ``R`` (and its initial excess risk when no ``target`` is given)."""
   cfg = ResqueParallelConfig.of(cfg)
   d, L, R = int(facts.d), float(facts.lipschitz), float(facts.radius)
   target = _target(facts, cfg)
@@ -102,16 +98,11 @@ def resque_parallel_planner(facts, cfg: Mapping | Any) -> Planned:
 @register("resque_parallel_sco", config=ResqueParallelConfig, paper="002",
           planner=resque_parallel_planner, unsupported=_TARGET, mesh=_TARGET)
 def resque_parallel_sco(plan, problem, key: jax.Array) -> Result:
-  """Theorem 1 (non-private): ball acceleration + EpochSGD/ReSQue ball oracles on
+  """Theorem 1 (non-private): ball acceleration + EpochSGD/AC-SA ReSQue ball oracles on
   ``f^_rho``, ``r = rho = eps_opt/(sqrt(d) L)``. Records the query depth (batched rounds) and
-  total queries when the (population) excess risk first reaches ``target`` (evaluated off-line
-  on the trajectory: an experiment diagnostic, not something the algorithm uses).
-
-  Config keys: ``target`` / ``target_frac`` (see :func:`_target`), ``eps_opt`` (default
-  ``target``), ``c_ba``,
-  ``lam_min_scale``, ``max_iter``, ``oracle ("epoch_sgd"|"acsa")``, ``ls_runs``, ``c_phi``
-  (read through :class:`~dpsco_jax.algorithms.resque.config.ResqueParallelConfig`: its defaults).
-  """
+  total queries when the excess risk first reaches ``target`` (evaluated off-line on the
+  trajectory: a diagnostic the algorithm does not use). Keys:
+  :class:`~dpsco_jax.algorithms.resque.config.ResqueParallelConfig`."""
   pp: ParallelPlan = plan.detail
   r, L = pp.r, pp.lipschitz
   gorc = ba.dataset_oracle(problem.loss_fn, problem_items(problem))
@@ -138,8 +129,7 @@ def resque_parallel_sco(plan, problem, key: jax.Array) -> Result:
 
 @dataclasses.dataclass(frozen=True)
 class MinibatchPlan(_NonPrivatePlan):
-  """What :func:`minibatch_sgd` runs: ``n`` items, the steps, batch, evaluation period,
-  target, step size and radius."""
+  """What :func:`minibatch_sgd` runs."""
   n: int
   steps: int
   batch: int
@@ -151,8 +141,7 @@ class MinibatchPlan(_NonPrivatePlan):
 
 
 def minibatch_sgd_planner(facts, cfg: Mapping | Any) -> Planned:
-  """``minibatch_sgd``'s plan from the config and the synthetic problem's public facts
-  (``n_users * m`` items, ``L``, ``R``; its initial excess risk when no ``target`` is given)."""
+  """``minibatch_sgd``'s plan from the config and the synthetic problem's public facts."""
   cfg = MinibatchSgdConfig.of(cfg)
   L, R = float(facts.lipschitz), float(facts.radius)
   steps = check_int(cfg.num_steps, "num_steps")
@@ -171,11 +160,10 @@ def minibatch_sgd_planner(facts, cfg: Mapping | Any) -> Planned:
 @register("minibatch_sgd", config=MinibatchSgdConfig, paper="002",
           planner=minibatch_sgd_planner, unsupported=_TARGET, mesh=_TARGET)
 def minibatch_sgd(plan, problem, key: jax.Array) -> Result:
-  """Parallel baseline: projected minibatch SGD (core ``projected_sgd`` with uniform
-  averaging) for ``num_steps`` steps, ``learning_rate = R/(L sqrt(num_steps))`` by default,
-  ``batch_size`` examples per step drawn with replacement. Query depth = steps; records the first step whose averaged iterate has excess risk ``<= target``
-  (evaluated every ``eval_every`` steps). Non-private. Read through
-  :class:`~dpsco_jax.algorithms.resque.config.MinibatchSgdConfig` (its defaults)."""
+  """Parallel baseline: projected minibatch SGD with uniform averaging, ``batch_size`` examples
+  per step drawn with replacement, ``learning_rate`` default ``R/(L sqrt(num_steps))``. Query
+  depth = steps; records the first step whose averaged iterate reaches ``target`` (checked every
+  ``eval_every`` steps). Non-private. Keys: :class:`~.config.MinibatchSgdConfig`."""
   mp: MinibatchPlan = plan.detail
   items = problem_items(problem)
   n, batch, every = mp.n, mp.batch, mp.every

@@ -1,15 +1,13 @@
 """The data-free plan of paper 002's private ReSQue (``resque_private_sco``, Section 4,
-Prop. 11 / Theorem 4), its ledger charge and its report: what :func:`dpsco_jax.plan` reads and
-what the driver (:mod:`.private`) runs.
+Prop. 11 / Theorem 4): what :func:`dpsco_jax.plan` reads and :mod:`.private` runs.
 
-:func:`resque_private_plan` computes, from the config and the public ``n``, ``d``, ``L`` and
+:func:`resque_private_plan` computes, from the config and the public ``n``, ``d``, ``L``,
 ``R`` only, every localization phase's ERM schedule (``n_i = n / 2^i`` disjoint items), the
-WORST-CASE list of Alg. 4 calls one private ERM may make (iteration cap, bisection cap, deepest
-MLMC level), ``beta = 1/z`` from the library's one calibrator and the approximate-RDP event of
-every planned call (Lemma 7, :mod:`.accounting`). :func:`charge_resque_private` spends them all
-on a fresh ledger before anything runs; :func:`resque_private_report` is the guarantee. See
-:mod:`.private`'s docstring for the constant sets, the provenance and the declared constants.
-"""
+WORST-CASE list of Alg. 4 calls one private ERM may make (iteration cap, bisection cap,
+deepest MLMC level), ``beta = 1/z`` from the library's one calibrator and the approximate-RDP
+event of every planned call (Lemma 7, :mod:`.accounting`); :meth:`ResquePrivatePlan.charge`
+spends them all on a fresh ledger before anything runs. Constants, provenance and declared
+constants: :mod:`.private`."""
 
 from __future__ import annotations
 
@@ -47,7 +45,7 @@ def _pow2_floor(x: float) -> int:
 
 @dataclasses.dataclass
 class PrivateERMConfig:
-  """One phase's private-ERM schedule (Theorem 3), as the plan fixes it and the run reads it."""
+  """One phase's private-ERM schedule (Theorem 3)."""
   T_ls: int
   T_bo: int
   T_sp: int
@@ -64,9 +62,8 @@ class PrivateERMConfig:
 
 def _plan_charges(cfg: PrivateERMConfig, *, beta: float, lam_dummy: float, d: int,
                   radius: float, lipschitz: float) -> list[tuple[int, float]]:
-  """All ``(T, beta)`` Alg. 4 calls one private ERM may make (worst case: every iteration
-  uses ``max_bisection + 3`` line searches — the bisection's bound on distinct ``lam`` — and
-  the MLMC draws its deepest level). The ledger still refuses any call beyond the budget."""
+  """All ``(T, beta)`` Alg. 4 calls one private ERM may make, in the worst case: every iteration
+  uses ``max_bisection + 3`` line searches and the MLMC draws its deepest level."""
   def alg5_calls(T, b):
     return [(c["T"], c["beta"]) for c in alg5_schedule(T, beta=b, lam=lam_dummy,
                                                          lipschitz=lipschitz, radius=radius, d=d)]
@@ -84,15 +81,12 @@ def _plan_charges(cfg: PrivateERMConfig, *, beta: float, lam_dummy: float, d: in
 def phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: float, d: int,
                L: float, R: float, eta_loc: float, ratio: float, constants: str, c_priv: float,
                eps_total: float | None = None) -> dict:
-  """Data-free plan of localization phase ``i``: the ERM schedule, the worst-case list of
-  Alg. 4 calls, ``alpha``, the per-call slack and ``beta`` calibrated by the library's one
-  calibrator so that the plan's approximate-RDP events meet ``eps_i`` (``beta = 1 / z``).
-
-  ``eps_total`` (default ``eps_i``) is the largest epsilon at which the ledger may convert
-  these events: phases with equal ``(alpha, delta')`` merge into one Lemma 3 block, converted
-  at the SUM of their epsilons, so the per-call slack ``delta_call`` is sized with
-  ``e^eps_total`` to keep ``delta' + (1 + e^eps) sum(delta_call)`` within the budget."""
-  cfg = ResquePrivateConfig.of(cfg)   # the schema's defaults; any other key raises
+  """Data-free plan of localization phase ``i``: the ERM schedule, the worst-case Alg. 4 calls,
+  ``alpha``, the per-call slack and ``beta = 1/z`` calibrated so the calls' events meet
+  ``eps_i``. Phases with equal ``(alpha, delta')`` merge into one Lemma 3 block converted at
+  the SUM of their epsilons, so ``delta_call`` is sized with ``e^eps_total`` (``eps_total``,
+  default ``eps_i``) to keep ``delta' + (1 + e^eps) sum(delta_call)`` within the budget."""
+  cfg = ResquePrivateConfig.of(cfg)
   lam_i = 1.0 / ((eta_loc / 4 ** i) * n_i)
   eps_opt = check_positive(cfg.eps_opt_scale, "eps_opt_scale") * L * R * (
       1 / math.sqrt(n_i) + math.sqrt(d) / (n_i * eps_i))
@@ -129,8 +123,7 @@ def phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: f
 
 
 def _phase_sizes(n: int, phases: int) -> list[int]:
-  """Prop. 11 [EXT] reconstruction: disjoint batches ``n_i = n/2^i`` (the last takes the rest;
-  ``n`` is public under replace-one)."""
+  """Prop. 11 [EXT]: disjoint batches ``n_i = n/2^i``, the last takes the rest."""
   sizes = [n // 2 ** i for i in range(1, phases + 1)]
   sizes[-1] = n - sum(sizes[:-1])
   return sizes
@@ -138,9 +131,8 @@ def _phase_sizes(n: int, phases: int) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class PhasePlan:
-  """Data-free plan of localization phase ``index`` (1-based) over ``n`` items: budget
-  ``(eps, delta)``, ``p`` (see :func:`phase_plan`: ERM schedule, worst-case ``(T, beta
-  factor)`` calls, ``beta``, ``alpha``, slacks) and the calls' approximate-RDP ``events``."""
+  """Plan of localization phase ``index`` (1-based) over ``n`` items: budget ``(eps, delta)``,
+  ``p`` (:func:`phase_plan`'s dict) and the planned calls' approximate-RDP ``events``."""
   index: int
   n: int
   eps: float
@@ -155,14 +147,13 @@ class PhasePlan:
 
   @property
   def planned_calls(self) -> int:
-    """The worst-case number of Alg. 4 calls of the phase (each one charged by the plan)."""
     return len(self.p["plan"])
 
 
 @dataclasses.dataclass(frozen=True)
 class ResquePrivatePlan:
-  """Everything :func:`resque_private_sco` will do and spend, computed from the config and
-  the public ``n``, ``d``, ``L``, ``R`` only (identical for replace-one neighbours)."""
+  """Everything :func:`resque_private_sco` will do and spend, from the config and the public
+  ``n``, ``d``, ``L``, ``R`` only (identical for replace-one neighbours)."""
   epsilon: float
   delta: float
   n: int
@@ -185,9 +176,8 @@ class ResquePrivatePlan:
 
   @property
   def num_steps(self) -> int:
-    """The run's step count (progress reports): the planned Alg. 4 calls of every phase. The
-    realized calls depend on the data (the bisection, the early exits), so the step count is
-    the worst case the schedule fixes and the ledger is charged with."""
+    """The planned Alg. 4 calls of every phase (progress reports): the worst case the ledger is
+    charged with; the realized calls depend on the data."""
     return sum(ph.planned_calls for ph in self.phases)
 
   @property
@@ -205,8 +195,7 @@ class ResquePrivatePlan:
 
   def charge(self) -> PrivacyReport:
     """Charges a fresh ledger with every planned Alg. 4 call before anything runs (raises
-    :class:`PrivacyBudgetExceeded` first if the plan would exceed ``epsilon``); returns the
-    run's guarantee (item level, the plan's provenance)."""
+    :class:`PrivacyBudgetExceeded` first over ``epsilon``); returns the guarantee (item level)."""
     ledger = PrivacyLedger(delta=self.delta * ACCOUNTANT_DELTA_SHARE,
                            epsilon_budget=self.epsilon, relation=RELATION)
     for ph in self.phases:
@@ -231,8 +220,8 @@ class ResquePrivatePlan:
 
 def _theory_refusal(cfg: Schema, *, n: int, d: int, eps: float, delta: float, L: float,
                     R: float, c_priv: float) -> PrivacyPreconditionError:
-  """The ``theory`` preset: eq. (30)-(34) and Theorem 3's preconditions (raises naming the
-  first violated one); valid parameters are still refused (unreachable at CPU scale)."""
+  """The ``theory`` preset: raises naming the first violated precondition of eq. (30)-(34) /
+  Theorem 3; valid parameters are still refused (unreachable at CPU scale)."""
   p = theorem3_params(n=n, d=d, epsilon=eps, delta=delta, lipschitz=L, radius=R,
                       C=check_positive(cfg.C, "C"), c_ba=check_positive(cfg.c_ba, "c_ba"))
   check_theorem3_preconditions(p, n=n, epsilon=eps, delta=delta, c_priv=c_priv)
@@ -240,12 +229,12 @@ def _theory_refusal(cfg: Schema, *, n: int, d: int, eps: float, delta: float, L:
                                   f"{p['iterations']} accelerated iterations; not run here")
 
 
-def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None) -> ResquePrivatePlan:
-  """The data-free plan of :func:`resque_private_sco` (see the module docstring) from the
-  public facts ``n_users * m`` (the item count, public under replace-one), ``d``, ``L`` and a
-  finite ``R`` (a :class:`~dpsco_jax.data.PublicFacts` suffices). ``data`` (the audit hook's
-  dataset under test, leaves ``[users, m, ...]``) only supplies its public size."""
-  cfg = ResquePrivateConfig.of(cfg)   # the schema's defaults; any other key raises
+def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None
+                        ) -> ResquePrivatePlan:
+  """The data-free plan of :func:`resque_private_sco` from the public ``n_users * m`` items
+  (public under replace-one), ``d``, ``L`` and a finite ``R``. ``data`` (the audit hook's
+  dataset, leaves ``[users, m, ...]``) only supplies its size."""
+  cfg = ResquePrivateConfig.of(cfg)
   check_relation(cfg.relation, supported=(RELATION,), mechanism="ReSQue private SCO")
   eps, delta = check_epsilon(cfg.epsilon), required_delta(cfg.delta)
   preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
@@ -289,9 +278,8 @@ def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None
 
 
 def resque_private_planner(facts, cfg: Mapping | Any, *, data: dict | None = None) -> Planned:
-  """``dpsco_jax.plan``'s planner: every worst-case Alg. 4 call's approximate-RDP event
-  (item level), charged on a fresh ledger; ``detail`` is the :class:`ResquePrivatePlan` the
-  run executes. ``data``: the audit hook's dataset under test (its public size only)."""
+  """``dpsco_jax.plan``'s planner: the plan (``detail``) and its charge. ``data``: the audit
+  hook's dataset under test (its public size only)."""
   p = resque_private_plan(facts, cfg, data=data)
   report = p.charge()
   phases = [{"n": ph.n, "epsilon": ph.eps, "delta": ph.delta, "beta": ph.p["beta"],

@@ -1,48 +1,34 @@
 """ReSQue private SCO driver (paper 002, Section 4, Theorems 3-4), item level, replace-one.
 
-  * Theorem 3 private ERM (:func:`private_erm`): ball acceleration with O_ls = Alg. 7,
-    O_bo = Alg. 5, O_sp = Alg. 6 (the ``v``-update uses Alg. 6's estimate); the solvers are in
-    :mod:`.solvers`.
-  * Prop. 11 / Theorem 4 (:func:`resque_private_sco`): phased localization over disjoint
-    batches ``n_i = n / 2^i`` with regularization ``lam_i = 1/(eta_i n_i)``,
-    ``eta_i = 4^-i eta`` (reconstruction of [FKT20]).
+* Theorem 3 private ERM (:func:`private_erm`): ball acceleration with O_ls = Alg. 7,
+  O_bo = Alg. 5, O_sp = Alg. 6 (the ``v``-update uses Alg. 6's estimate); solvers in
+  :mod:`.solvers`.
+* Prop. 11 / Theorem 4 (:func:`resque_private_sco`): phased localization over disjoint
+  batches ``n_i = n / 2^i`` with ``lam_i = 1/(eta_i n_i)``, ``eta_i = 4^-i eta``
+  (reconstruction of [FKT20]).
 
-Plan, then run (DESIGN rule 1). :func:`~.plan.resque_private_plan` (in :mod:`.plan`) computes, from the config and the
-public ``n`` and ``d`` only, every phase's ERM schedule, the WORST-CASE list of Alg. 4 calls
-(iteration cap, bisection cap, deepest MLMC level), ``beta = 1/z`` from the library's one
-calibrator (``calibrate_noise_multiplier``) and the :class:`~dpsco_jax.privacy.ApproxRdpEvent`
-of every planned call (Lemma 7, :mod:`.accounting`). The planner spends all of them on
-one :class:`~dpsco_jax.privacy.PrivacyLedger` (``epsilon_budget=epsilon``; ``parallel`` phases
-are ledger groups, disjoint data) before anything runs; the ledger sums them (Lemma 3) and
-converts once per group (Corollary 1). The run executes that plan. A per-phase guard ledger
-also spends each REALIZED call before it runs and refuses one beyond the phase budget. The reported ``(eps, delta)`` and
+The run executes the data-free plan of :mod:`.plan` (every worst-case Alg. 4 call charged
+before anything runs). A per-phase guard ledger also spends each REALIZED call before it runs
+and refuses one beyond the phase budget. The reported ``(eps, delta)`` and
 ``gradient_evaluations`` are the plan's (data independent); realized counts, which depend on
 the data through the bisection, go to ``Result.debug`` only.
 
 Constant sets (``constants``): ``"explicit"`` (Lemma 7's proof constants) or ``"c_priv"``
-(``tau = C_priv (beta log(1/delta) T/n)^2`` with the paper's unspecified universal constant).
+(``tau = C_priv (beta log(1/delta) T/n)^2``, the paper's unspecified universal constant).
 Provenance: ``theorem`` only with the explicit constants AND every precondition holding for
-every planned call; otherwise ``heuristic`` (the notes list the violated conditions). The
-``theory`` preset computes eq. (30)-(34) and raises :class:`PrivacyPreconditionError` naming
-the violated condition; at CPU-scale ``n`` it always raises (``rho/r >= 1728 log^2`` alone forces
-``r`` tiny) — that is the paper, not a bug. The ``practical`` preset runs and is labelled
-``heuristic`` unless the preconditions hold.
+every planned call, else ``heuristic`` (the notes list the violated conditions). The
+``theory`` preset checks eq. (30)-(34) and raises :class:`PrivacyPreconditionError`; at
+CPU-scale ``n`` it always does (``rho/r >= 1728 log^2`` forces ``r`` tiny): that is the paper.
 
-Declared constants (issue 23.3): **declared**, not enforced. The privacy of Alg. 3/4 rests on
-Lemma 5's drift bound ``||y_{T_i} - y'_{T_i}||^2 <= 1500 b_i^2 (eta_i L)^2`` (eq. (25)) with
-noise ``sigma_i = L eta_i / beta``: it needs every queried gradient (at ``xbar + xi``, anywhere
-around the ball) to have norm ``<= L`` and, for the steps on unchanged items, the monotonicity
-of the smoothed gradient (eq. (18)), i.e. a *convex* loss. Clipping per-item gradients to L
-would bound the first but break the second (a clipped gradient field is in general not the
-gradient of a convex function; spec 002 §7.1 "clip: nothing"), so nothing cheap enforces them.
-The radius R is enforced (every step and output is projected onto its ball) and only scales
-steps. On a user's loss (``constants_declared``) a ``theorem`` report becomes ``declared``,
-conditional on the declared L and a convex loss; ``heuristic`` stays ``heuristic`` with the
-same note (:mod:`dpsco_jax.algorithms.declared`).
+Declared constants (issue 23.3): **declared**, not enforced. Lemma 5's drift bound
+``||y_{T_i} - y'_{T_i}||^2 <= 1500 b_i^2 (eta_i L)^2`` (eq. (25)) with noise
+``sigma_i = L eta_i / beta`` needs every queried gradient to have norm ``<= L`` and a *convex*
+loss (the monotonicity of eq. (18)). Clipping to L would break the second (a clipped gradient
+field is in general not a convex function's gradient; spec 002 §7.1), so nothing cheap
+enforces them. R is enforced (every step is projected). On a user's loss a ``theorem`` report
+becomes ``declared`` (:mod:`dpsco_jax.algorithms.declared`).
 
-Audit hook: :func:`resque_private_releases` returns every realized Alg. 4 call with its
-per-phase noisy releases (and replays a reference run's calls on a neighbouring dataset).
-"""
+Audit hook: :func:`resque_private_releases`."""
 
 from __future__ import annotations
 
@@ -84,13 +70,9 @@ def private_erm(loss_fn: Callable, items: PyTree, x_init: PyTree, key: jax.Array
                 charge: Callable[[int, float, str], None] | None = None,
                 alg4: Alg4 | None = None) -> tuple[PyTree, dict]:
   """Theorem 3 / Corollary 3: ball acceleration on ``F = f^erm_rho + reg_lam/2 |x - c|^2`` over
-  ``B_R(ball_center)`` with O_ls = Alg. 7, O_bo = Alg. 5, O_sp = Alg. 6.
-
-  Each oracle solves ``min_{B_y(r)} F(x) + lam/2 |x - y|^2``: the two quadratics merge into
-  ``(lam + reg_lam)/2 |x - c'|^2 + const`` with ``c' = (lam y + reg_lam c)/(lam + reg_lam)``
-  (Alg. 4's composite step with its regularization center at ``c'``). ``charge`` and
-  ``alg4``: see :mod:`.solvers`.
-  """
+  ``B_R(ball_center)`` with O_ls = Alg. 7, O_bo = Alg. 5, O_sp = Alg. 6. Each oracle's two
+  quadratics merge into ``(lam + reg_lam)/2 |x - c'|^2`` with
+  ``c' = (lam y + reg_lam c)/(lam + reg_lam)``. ``charge`` and ``alg4``: see :mod:`.solvers`."""
   r, rho = cfg.r, cfg.rho
   reg_center = x_init if reg_center is None else reg_center
   ball_center = x_init if ball_center is None else ball_center
@@ -177,21 +159,17 @@ def _phase_batches(plan: ResquePrivatePlan, items: dict) -> list[dict]:
 
 
 class PlannedCallProgress:
-  """A run's progress in PLANNED Alg. 4 calls (``plan.num_steps``). The realized calls depend
-  on the data (the bisection, the early exits: ``Result.debug`` only), so they never show in
-  a report: a realized call advances the count, never past its phase's planned calls, and a
-  phase's end reports the planned calls it did not need. Every run thus reports the same
-  steps (every :func:`~dpsco_jax.algorithms.common.progress_due` planned call); only when
-  each report arrives depends on the run. The calls are host-side (the adaptive loop reads
-  every output), so the reports are made on the host, as in ``run_chain_host``."""
+  """A run's progress in PLANNED Alg. 4 calls (``plan.num_steps``): a realized call advances
+  the count, never past its phase's planned calls, and a phase's end reports the calls it did
+  not need, so every run reports the same steps (only their timing depends on the data).
+  Reports are made on the host (the adaptive loop reads every output)."""
 
   def __init__(self, progress: ProgressFn, total: int):
     self.progress, self.total = progress, int(total)
     self.done = self.reported = self.phase_end = 0
 
   def phase(self, alg4: Alg4 | None, planned_calls: int) -> Alg4:
-    """``alg4`` (default the driver's :func:`localized_resque_sgd`) counting its calls as the
-    next phase's, of which the plan has ``planned_calls``."""
+    """``alg4`` (default :func:`localized_resque_sgd`) counting its calls as the next phase's."""
     self.phase_end += int(planned_calls)
     run = localized_resque_sgd if alg4 is None else alg4
 
@@ -215,9 +193,8 @@ class PlannedCallProgress:
 def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
              alg4_for_phase: Callable[[int], Alg4 | None] = lambda i: None,
              progress: ProgressFn | None = None) -> tuple[PyTree, list[dict]]:
-  """Runs the planned phases (the ledger has been charged); phase ``i`` uses key
-  ``fold_in(key, i)`` and warm-starts from the previous phase's output. ``progress``: called
-  with the planned calls done and ``plan.num_steps`` (:class:`PlannedCallProgress`)."""
+  """Runs the planned phases; phase ``i`` uses key ``fold_in(key, i)`` and warm-starts from the
+  previous output. ``progress``: :class:`PlannedCallProgress`."""
   x, debug = problem.init_params(), []
   tracker = None if progress is None else PlannedCallProgress(progress, plan.num_steps)
   for ph, batch in zip(plan.phases, _phase_batches(plan, items)):
@@ -240,15 +217,11 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
 def resque_private_sco(plan, problem, key: jax.Array) -> Result:
   """Private SCO (Theorem 4): phased localization (Prop. 11) of private ERM (Theorem 3).
 
-  Item level, replace-one only (``relation``; public: ``n``, the config). Config keys:
-  ``epsilon, delta, preset ("practical"|"theory"), constants ("explicit"|"c_priv"), c_priv,
-  phases, phase_budget ("paper"|"parallel"), rho_over_r, eps_opt_scale, rho, max_iter,
-  max_bisection, runs_ls, mlmc_copies, T_frac, debug``. Runs ``plan.detail`` (a
-  :class:`~.plan.ResquePrivatePlan`) and reports ``plan.privacy``: every planned Alg. 4 call
-  is an :class:`ApproxRdpEvent` on one :class:`PrivacyLedger` (``epsilon_budget=epsilon``),
-  charged by the planner before anything runs; the ledger sums them (Lemma 3) and converts
-  once (Corollary 1); ``parallel`` phases are ledger groups.
-  """
+  Item level, replace-one only (public: ``n``, the config; keys:
+  :class:`~.config.ResquePrivateConfig`). Runs ``plan.detail`` (a
+  :class:`~.plan.ResquePrivatePlan`) and reports ``plan.privacy``: every planned Alg. 4 call is
+  an :class:`ApproxRdpEvent` on one budgeted :class:`PrivacyLedger`, summed (Lemma 3) and
+  converted once (Corollary 1); ``parallel`` phases are ledger groups."""
   rplan: ResquePrivatePlan = plan.detail
   items, alg4 = problem_items(problem), (lambda i: None)
   mesh = getattr(problem, "mesh", None)
@@ -279,15 +252,10 @@ def resque_private_sco(plan, problem, key: jax.Array) -> Result:
 
 @dataclasses.dataclass(frozen=True)
 class Alg4Call:
-  """One realized Alg. 3/4 call of the private driver, as the audit hook sees it.
-
-  ``releases`` (leaves ``[k, ...]``) are the phases' noisy outputs ``ybar_i + zeta_i`` — the
-  mechanism's releases, whose per-call cost is one planned :class:`ApproxRdpEvent`;
-  ``output`` is the projected last release (what the driver continues from). ``inputs`` are
-  the call's arguments (center, regularization center, start, ``lam``, radii, key): in the
-  adaptive-composition view they are chosen from earlier releases. ``indices`` are the items
-  queried (phase ``i`` takes the next ``plan.lengths[i]``). Keys and indices stay out of the
-  repr."""
+  """One realized Alg. 3/4 call as the audit hook sees it: ``releases`` (leaves ``[k, ...]``),
+  the phases' noisy outputs (one planned :class:`ApproxRdpEvent`); ``output``, the projected
+  last release; ``inputs``, the call's arguments (chosen from earlier releases); ``indices``,
+  the items queried. Keys and indices stay out of the repr."""
   phase: int                 # localization phase (its disjoint batch of items)
   T: int
   beta: float
@@ -300,8 +268,7 @@ class Alg4Call:
 
 @dataclasses.dataclass(frozen=True)
 class ResqueReleases:
-  """What :func:`resque_private_releases` returns: the data-free plan and every realized
-  Alg. 4 call in order."""
+  """The data-free plan and every realized Alg. 4 call in order."""
   plan: ResquePrivatePlan
   calls: tuple[Alg4Call, ...]
 
@@ -319,21 +286,12 @@ def resque_private_releases(problem, cfg: dict, key: jax.Array, *, add_noise: bo
   """Audit hook: every Alg. 3/4 call :func:`resque_private_sco` makes on ``data``, with its
   per-phase noisy releases (:class:`Alg4Call`).
 
-  Same ``problem``, ``cfg`` and ``key`` as the driver: same plan (the planner's), same keys,
-  same calls (the released model is post-processing of these). ``data`` (default
-  ``problem.data``, leaves ``[users, m, ...]``; item level) is the dataset under test; the
-  planner reads its public size and charges the budget first (raises before anything runs). Each call's computation is :func:`~.solvers.alg4_phase_releases`
-  (jitted; vmappable over keys). The driver around the calls (ball acceleration's bisection)
-  is adaptive host-side control flow, so the list of calls is built in Python.
-
-  ``forced`` (a reference run's result, e.g. on the neighbouring dataset ``D``) REPLAYS its
-  calls on ``data`` instead of running the driver: same inputs, same keys (hence the same
-  items queried and the same ReSQue offsets), and phase ``i > 0`` of each call starts from the
-  reference's release ``i-1``. That is the coupling of Lemma 5 under adaptive composition,
-  where each release ``i`` may move by at most ``sqrt(1500) b_i eta_i L``
-  (:data:`~.accounting.LEMMA5_DRIFT`) when one item is replaced. ``add_noise=False`` is a
-  TEST HOOK (noiseless releases for sensitivity tests); neither option is ever a release.
-  """
+  Same plan, keys and calls as the driver; ``data`` (default ``problem.data``) is the dataset
+  under test, of which the planner reads the public size (and charges first). ``forced`` (a
+  reference run's result, e.g. on the neighbour) REPLAYS its calls on ``data``: same inputs
+  and keys, phase ``i > 0`` starting from the reference's release ``i-1``, the coupling of
+  Lemma 5 (each release moves by at most :data:`~.accounting.LEMMA5_DRIFT` ``b_i eta_i L``).
+  ``add_noise=False`` is a TEST HOOK; neither option is ever a release."""
   check_bool(add_noise, "add_noise")
   plan = resque_private_planner(problem, cfg, data=data).detail
   items = flat_items(problem.data if data is None else data)

@@ -1,22 +1,19 @@
 """ReSQue's private solvers (paper 002, Section 4, Algs 3-7), item level.
 
-  * Alg. 3/4 :func:`localized_resque_sgd` — subsampled (WITH replacement) ReSQue SGD in
+  * Alg. 3/4 :func:`localized_resque_sgd`: subsampled (WITH replacement) ReSQue SGD in
     ``B_xbar(r)``, phases ``T_i = T^/2^i``, ``eta_i = 4^-i eta``, Gaussian output perturbation
     ``zeta_i ~ N(0, (L eta_i / beta)^2 I)`` at every phase end (the ONLY privacy noise), the
-    composite regularized step of Alg. 4. All ``T^ - 1`` queries are one batched round.
-    :func:`alg4_phase_releases` runs the same computation and returns every phase's release
-    (the audit view of one call; see :func:`~.private.resque_private_releases`).
-  * Alg. 5 :func:`strongly_convex_resque` — ``k = ceil(log2 log2 T)`` calls of Alg. 4 with the
-    eq. (28) schedule (``beta_i T_i`` doubling, distance bounds ``r_i``).
-  * Alg. 6 :func:`mlmc_prox_estimator` — MLMC bias reduction, ``J ~ Geom(1/2)``.
-  * Alg. 7 :func:`high_probability_solver` — ``ceil(20 log(1/zeta))`` runs of Alg. 5 +
-    :func:`~dpsco_jax.algorithms.resque.ball_oracles.majority_aggregate` (Lemma 11).
+    composite regularized step of Alg. 4; all ``T^ - 1`` queries are one batched round.
+    :func:`alg4_phase_releases` is the audit view of one call.
+  * Alg. 5 :func:`strongly_convex_resque`: ``k = ceil(log2 log2 T)`` calls of Alg. 4 with the
+    eq. (28) schedule.
+  * Alg. 6 :func:`mlmc_prox_estimator`: MLMC bias reduction, ``J ~ Geom(1/2)``.
+  * Alg. 7 :func:`high_probability_solver`: ``ceil(20 log(1/zeta))`` runs of Alg. 5 +
+    :func:`~.ball_oracles.majority_aggregate` (Lemma 11).
 
 Algs 5-7 only compose and post-process Alg. 4 calls. Each takes ``charge(T, beta, label)``,
-called before every Alg. 4 call (the ledger), and ``alg4`` (default
-:func:`localized_resque_sgd`): the Alg. 4 implementation, which the audit hook replaces by a
-recording one. Privacy accounting: :mod:`.accounting`.
-"""
+called before every Alg. 4 call, and ``alg4`` (default :func:`localized_resque_sgd`), which
+the audit hook replaces by a recording one. Accounting: :mod:`.accounting`."""
 
 from __future__ import annotations
 
@@ -112,13 +109,9 @@ def draw_queries(key: jax.Array, loss_fn: Callable, items: PyTree, center: PyTre
                  rho: float | jax.Array, num: int, users: NamedSharding | None = None
                  ) -> tuple[jax.Array, PyTree, PyTree]:
   """``num`` indices ``z ~ Unif[n]`` WITH replacement, offsets ``xi ~ N(0, rho^2 I)`` and the
-  gradients ``grad f^{z}(center + xi)`` — one batched round (the queries do not depend on the
-  iterates, spec 002 §3.5 [IMPL]).
-
-  ``users`` (a mesh's sharding of its users axis): the round's ``num`` oracle calls are split
-  over the devices (paper 002's parallel queries): the same ``z`` and ``xi`` as the
-  one-device run, padded to a multiple of the devices with copies of query 0 whose gradients
-  are sliced off, so the gradients are the one-device ones (to float tolerance)."""
+  gradients ``grad f^{z}(center + xi)``: one batched round (spec 002 §3.5 [IMPL]). ``users`` (a
+  mesh's users-axis sharding) splits the calls over the devices with the same ``z`` and ``xi``
+  (padded with copies of query 0, sliced off)."""
   n = jax.tree.leaves(items)[0].shape[0]
   kz, kx = jax.random.split(key)
   z = jax.random.randint(kz, (num,), 0, n)
@@ -201,15 +194,10 @@ def localized_resque_sgd(loss_fn: Callable, items: PyTree, center: PyTree, key: 
                          lam: float = 0.0, r_prime: float | None = None,
                          x0: PyTree | None = None, reg_center: PyTree | None = None,
                          users: NamedSharding | None = None) -> tuple[PyTree, Alg4Plan]:
-  """Alg. 3 (``lam = 0``) / Alg. 4: private localized ReSQue SGD in ``B_center(radius)``.
-
-  ``users``: a mesh's users sharding; each round's oracle calls are split over its devices
-  (:func:`draw_queries`; ``items`` replicated on the mesh).
-
-  Uses ``T^ - 1 <= T`` gradients. Privacy: see :func:`~.accounting.alg4_rdp` (the
-  caller charges the ledger BEFORE calling). ``r_prime`` (default ``radius``) is Alg. 4's
-  distance bound ``E|x0 - x*|^2 <= r'^2``; ``reg_center`` defaults to ``center``.
-  """
+  """Alg. 3 (``lam = 0``) / Alg. 4: private localized ReSQue SGD in ``B_center(radius)``, using
+  ``T^ - 1 <= T`` gradients; the caller charges :func:`~.accounting.alg4_rdp` BEFORE calling.
+  ``r_prime`` (default ``radius``): Alg. 4's bound ``E|x0 - x*|^2 <= r'^2``; ``reg_center``
+  defaults to ``center``; ``users``: a mesh's sharding for the round's oracle calls."""
   plan, args = _alg4_args(items, center, key, T=T, radius=radius, rho=rho, beta=beta,
                           lipschitz=lipschitz, lam=lam, r_prime=r_prime, x0=x0,
                           reg_center=reg_center)
@@ -222,18 +210,14 @@ def alg4_phase_releases(loss_fn: Callable, items: PyTree, center: PyTree, key: j
                         x0: PyTree | None = None, reg_center: PyTree | None = None,
                         add_noise: bool = True, forced: PyTree | None = None
                         ) -> tuple[PyTree, PyTree, jax.Array, Alg4Plan]:
-  """Audit view of one :func:`localized_resque_sgd` call (same arguments, same keys, same
-  computation): ``(output, releases, indices, plan)``.
-
-  ``releases`` (leaves ``[k, ...]``, ``k = len(plan.lengths)``) are the phases' noisy outputs
-  ``ybar_i + zeta_i``; ``output`` is the projected last one (what the driver uses);
-  ``indices`` (``[T^ - 1]``) are the items queried, phase ``i`` taking the next
-  ``plan.lengths[i]`` of them (``b_i`` of Lemma 5 = how often the replaced item occurs).
-  TEST HOOKS, never releases: ``add_noise=False`` drops the noise; ``forced`` (another run's
-  ``releases``) starts phase ``i > 0`` from ``forced[i-1]``, the coupling under which Lemma 5
-  bounds ``|release_i - release'_i| <= sqrt(1500) b_i eta_i L``. Jitted; vmappable over
-  ``key``, ``items`` and the points.
-  """
+  """Audit view of one :func:`localized_resque_sgd` call (same arguments, keys and
+  computation): ``(output, releases, indices, plan)``. ``releases`` (leaves ``[k, ...]``) are
+  the phases' noisy outputs ``ybar_i + zeta_i``, ``output`` the projected last one, ``indices``
+  the items queried (phase ``i`` takes the next ``plan.lengths[i]``; ``b_i`` of Lemma 5 counts
+  the replaced item). TEST HOOKS, never releases: ``add_noise=False`` drops the noise;
+  ``forced`` (another run's releases) starts phase ``i > 0`` from ``forced[i-1]``, the coupling
+  under which Lemma 5 bounds ``|release_i - release'_i| <= sqrt(1500) b_i eta_i L``. Jitted;
+  vmappable over ``key``, ``items`` and the points."""
   plan, args = _alg4_args(items, center, key, T=T, radius=radius, rho=rho, beta=beta,
                           lipschitz=lipschitz, lam=lam, r_prime=r_prime, x0=x0,
                           reg_center=reg_center)

@@ -1,1 +1,1 @@
-"""Paper 003 (Choquette-Choo, Ganesh, Thakurta): Accelerated DP-SRGD. ``presets`` (theory / practical schedules), ``plan`` (data-free plan and events, the ledger charge, the report and the planners ``dpsco_jax.plan`` calls), ``driver`` (the scan and the registered plan runners)."""
+"""Paper 003 (Choquette-Choo, Ganesh, Thakurta): Accelerated DP-SRGD; registered in ``driver``."""

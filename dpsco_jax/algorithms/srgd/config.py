@@ -1,8 +1,4 @@
-"""Paper 003's typed config: :class:`SrgdConfig` (``accelerated_dp_srgd`` and its ablations).
-
-The fields follow :mod:`dpsco_jax.config.families`' conventions; their defaults are the ones
-that run.
-"""
+"""Paper 003's typed config: :class:`SrgdConfig` (``accelerated_dp_srgd`` and its ablations)."""
 
 from __future__ import annotations
 

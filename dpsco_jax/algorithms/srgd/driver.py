@@ -3,57 +3,24 @@
 Choquette-Choo, Ganesh, Thakurta, "Optimal Rates for O(1)-Smooth DP-SCO with a Single Epoch
 and Large Batches" (2024), Algorithm 1; decoded in spec 003.
 
-One pass over the data in ``T`` disjoint consecutive batches of ``B`` examples (users). At step
-``t`` every example of batch ``t`` gives the SRG difference
-``delta_t(d) = (t+1) grad f(x_t, d) - t grad f(x_{t-1}, d)`` (two gradients, Alg. 1 line 4);
-the chain is
+One pass over the data in ``T`` disjoint consecutive batches of ``B`` examples. At step ``t``
+every example of batch ``t`` gives the SRG difference
+``delta_t(d) = (t+1) grad f(x_t, d) - t grad f(x_{t-1}, d)`` (Alg. 1 line 4); the chain is
 
     clip_per_user(C) -> aggregate(mean, B) -> prefix_sum_noise(z C/B, T, "tree")   [release]
     -> scale_by_srg_weight() -> accelerated_projected_step(beta, R, z_scale)       [post-proc.]
 
 and the released model is ``y_T``. Variants from the same parts (:func:`srgd_chain`):
-  * ``accelerated=False``: the unaccelerated §4.3 sketch — the same noisy SRG fed to projected
-    SGD with step ``1/beta`` (last iterate; AMBIG: the paper does not write the update out).
-  * ``srg=False``: plain clipped gradients with independent noise and the accelerated step
-    (§5.5, Thm 5.13 "accelerated DP-SGD"), or with projected SGD: single-epoch DP-SGD.
-  * ``noise="independent"``: the SRG with independent per-step noise (the spec §2.2 warning:
-    prefix variance grows like ``t`` instead of ``O(log t)``).
-  * ``noise="banded"`` / ``"blt"`` (issue #27; not in the paper): the tree replaced by
-    matrix-factorization prefix noise ``A C^{-1} Z`` (:func:`~dpsco_jax.transforms.
-    matrix_factorization.banded_noise` / ``blt_noise``, ``output="prefix"``), same single
-    epoch, one Gaussian event ``z / ||c||``.
-  * ``epochs = k > 1`` (issue #27; not in the paper, practical preset, SRG variants): ``T = k
-    P`` steps, step ``t`` reading batch ``t mod P`` of the same fixed order; one noise stage
-    over the whole ``T`` and one event ``z / sens`` with the exact ``k``-participation
-    sensitivity (:mod:`dpsco_jax.algorithms.srgd.plan`).
+``accelerated=False`` (the §4.3 sketch: projected SGD with step ``1/beta``, last iterate;
+AMBIG: the paper does not write the update out), ``srg=False`` (plain clipped gradients with
+independent noise: accelerated DP-SGD, §5.5 / Thm 5.13, or single-epoch DP-SGD),
+``noise="independent"`` (the SRG with per-step noise), ``noise="banded" | "blt"`` and
+``epochs > 1`` (issue #27, not in the paper; see :mod:`.plan`).
 
-Privacy: see :mod:`dpsco_jax.algorithms.srgd.plan`. In short, relations ``zero_out`` (default,
-the paper's) and ``replace_one`` (``n`` public: the batches and the denominator ``B`` are the
-same on neighbours, one increment changes by ``C/B`` resp. ``2C/B``); ``add_remove`` is refused
-(removing an example re-batches the rest of the stream). The run is ``mu``-GDP with
-``mu = sqrt(T.bit_length())/z`` (tree; Lemma 5.6) or ``1/z`` (independent), accounted as one
-``GaussianDpEvent`` by PLD; provenance ``accountant``. The planner (no data) spends
-``plan.event`` on a ledger whose budget is ``epsilon``; the registered runner executes that
-plan (``dpsco_jax.Plan.detail``) and reports its guarantee, planning nothing again.
-
-Audit hook: :func:`srgd_releases` returns the per-step privatized releases (noisy prefix sums,
-or noisy increments without the SRG) of a plan on a dataset and key, optionally with a
-zero-out ``user_mask``, the noise switched off, or replayed at given query points.
-
-Presets (:mod:`dpsco_jax.algorithms.srgd.presets`): ``theory`` reproduces Eq. (19)/Thm 5.8
-(``variant="interior"``) or Thm 5.12 (``variant="constrained"``) and refuses vacuous settings;
-``practical``: ``B = floor(sqrt n)``, ``T = floor(n/B)``, ``beta = M max(1, beta_scale T)``.
-
-Config keys of the registered drivers (runner contract): ``epsilon`` (a budget; ``null``:
-non-private, provenance ``none``), ``delta`` (required for a private run; no default),
-``relation`` (``zero_out`` | ``replace_one``), ``preset``, ``variant``,
-``noise_mechanism`` (``tree`` | ``independent`` | ``banded`` | ``blt``), ``batch_size``,
-``num_steps`` (steps of one epoch), ``epochs`` (default 1), ``beta`` or
-``beta_scale``, ``clip_norm`` (default L), ``noise_multiplier`` (skip calibration; refused if
-above the ``epsilon`` budget), ``z_scale``, ``learning_rate`` / ``averaging`` (projected-SGD
-variants; default step ``1/beta``), ``debug``. Records carry ``num_steps`` (the batch gradient
-steps ``T``), ``batch_size``, ``clip_norm``.
-"""
+Privacy: see :mod:`dpsco_jax.algorithms.srgd.plan` (relations ``zero_out`` and
+``replace_one``; ``add_remove`` refused; one ``GaussianDpEvent`` accounted by PLD). The
+registered runners execute the plan (``dpsco_jax.Plan.detail``) and report its guarantee.
+Presets: :mod:`.presets`. Audit hook: :func:`srgd_releases`."""
 
 from __future__ import annotations
 
@@ -90,28 +57,25 @@ from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 from dpsco_jax.transforms.tree_noise import TreePrefixNoiseState, prefix_sum_noise
 
 PyTree = Any
-__all__ = ["accelerated_dp_srgd", "dp_srgd_unaccelerated", "accelerated_dp_srgd_independent_noise",
-           "accelerated_dp_sgd", "single_epoch_dp_sgd", "PRESETS", "SUPPORTED_RELATIONS", "SRGDParams",
-           "SRGDPlan", "interior_c_dp", "paper_epsilon", "plan_srgd", "practical_params",
-           "run_compiled", "run_srgd", "single_epoch_batches",
-           "srgd_chain", "srgd_privatizer", "srgd_releases", "srgd_stepper", "theory_params",
-           "ACCOUNTANT"]   # re-exported from .plan (the audits read it here)
+__all__ = ["accelerated_dp_srgd", "dp_srgd_unaccelerated",
+           "accelerated_dp_srgd_independent_noise", "accelerated_dp_sgd", "single_epoch_dp_sgd",
+           "PRESETS", "SUPPORTED_RELATIONS", "SRGDParams", "SRGDPlan", "interior_c_dp",
+           "paper_epsilon", "plan_srgd", "practical_params", "run_compiled", "run_srgd",
+           "single_epoch_batches", "srgd_chain", "srgd_privatizer", "srgd_releases",
+           "srgd_stepper", "theory_params", "ACCOUNTANT"]
 
 
 # ----------------------------------------------------------------------------- the chain
 def srgd_privatizer(*, clip_norm: float, batch_size: int, noise_multiplier: float,
                     num_steps: int, key: jax.Array, srg: bool = True, noise: str = "tree",
                     mf: tuple = ()) -> optax.GradientTransformationExtraArgs:
-  """The release half: per-example clip -> fixed-``B`` mean -> noise. With ``srg`` the noise
-  stage emits noisy prefix sums (tree, independent, or MF with the strategy ``mf`` =
-  ``("banded", coefs)`` / ``("blt", decay, scale)``); without, noisy increments (the core
-  Gaussian stage: DP-SGD). Node/step/``Z`` std ``= z * C / B`` (zero-out sensitivity)."""
+  """The release half: per-example clip -> fixed-``B`` mean -> noise: noisy prefix sums with
+  ``srg`` (tree, independent, or MF with ``mf = ("banded", coefs)`` / ``("blt", decay,
+  scale)``), else noisy increments (DP-SGD). Std ``z C / B``, the plan's stage."""
   check_choice(noise, "noise", NOISES)
   if noise in ("banded", "blt") and (not mf or mf[0] != noise):
     raise ValueError(f"noise={noise!r} needs its strategy: mf=('{noise}', ...) (the plan's)")
-  # The stage carries the clipped mean's own sensitivity (the zero-out bound of the fixed-B
-  # mean is the add/remove one, C/B), the very stage of the plan (SRGDPlan.stage), so this std
-  # is the plan's noise_std bit for bit; replace-one is the accountant's business.
+  # the plan's stage (SRGDPlan.stage): the same std bit for bit; replace-one is the accountant's
   aggregation_sensitivity(clip_norm, mode="mean", denominator=batch_size)  # C, B > 0, C/B finite
   std = GaussianStage(check_nonnegative(noise_multiplier, "noise_multiplier"),
                       clipped_mean_sensitivity(clip_norm, batch_size)).std
@@ -151,9 +115,8 @@ def srgd_chain(*, clip_norm: float, batch_size: int, noise_multiplier: float, nu
                noise: str = "tree", accelerated: bool = True, z_scale: float = 1.0,
                learning_rate: float | None = None, averaging: str = "none"
                ) -> optax.GradientTransformationExtraArgs:
-  """The whole Algorithm 1 chain (spec §7.2) as one optax transformation. Input: stacked
-  per-example ``delta_t(d)`` (:func:`~dpsco_jax.transforms.srg.srg_differences`) or plain
-  per-example gradients (``srg=False``); ``update`` needs ``params = x_t``."""
+  """Algorithm 1 (spec §7.2) as one optax transformation over stacked per-example
+  ``delta_t(d)`` (or plain gradients with ``srg=False``); ``update`` needs ``params = x_t``."""
   return optax.chain(
       srgd_privatizer(clip_norm=clip_norm, batch_size=batch_size,
                       noise_multiplier=noise_multiplier, num_steps=num_steps, key=key, srg=srg,
@@ -164,9 +127,8 @@ def srgd_chain(*, clip_norm: float, batch_size: int, noise_multiplier: float, nu
 
 # ----------------------------------------------------------------------------- the driver
 def single_epoch_batches(data: PyTree, num_steps: int, batch_size: int) -> PyTree:
-  """``[n, ...] -> [T, B, ...]``: consecutive disjoint batches, remainder dropped, so every
-  example is used at most once. Positions are fixed by the public ``n`` (zero-out /
-  replace-one): a neighbour's example keeps its batch, so only one increment changes."""
+  """``[n, ...] -> [T, B, ...]``: consecutive disjoint batches, remainder dropped. Positions are
+  fixed by the public ``n``, so a neighbour's example keeps its batch."""
   def split(x):
     if x.shape[0] < num_steps * batch_size:
       raise ValueError(f"data has {x.shape[0]} examples < num_steps * batch_size = "
@@ -176,16 +138,14 @@ def single_epoch_batches(data: PyTree, num_steps: int, batch_size: int) -> PyTre
 
 
 def _step_rows(loss_fn: Callable, s: dict, params, prev, batch, mask, t):
-  """Per-example rows of step ``t``: SRG differences or plain gradients; a zeroed
-  (``mask=False``) example gives an exactly-zero row (zero-out)."""
+  """Per-example rows of step ``t``; a masked (zero-out) example gives a zero row."""
   if s["srg"]:
     return srg_differences(loss_fn, params, prev, batch, t, user_mask=mask)
   return per_user_grads(loss_fn, params, batch, user_mask=mask)
 
 
 def _diagnostics(rows, released, p_state, clip_norm: float, batch_size: int) -> dict:
-  """Data-dependent diagnostics; only ever returned under ``debug=True``. The fraction is
-  over the ``B`` slots of the batch (a mesh's pad slots are zero rows, never clipped)."""
+  """Data-dependent diagnostics (``debug=True`` only); the fraction is over the ``B`` slots."""
   norms = tree_global_norms(rows)
   diag = {"max_row_norm": jnp.max(norms),
           "clipped_fraction": jnp.sum(norms > clip_norm) / batch_size}
@@ -199,12 +159,9 @@ def _diagnostics(rows, released, p_state, clip_norm: float, batch_size: int) -> 
 
 def _batches_on_mesh(data: PyTree, mask: jax.Array, num_steps: int, batch_size: int,
                      mesh: Mesh, axis: str = "users") -> tuple[PyTree, jax.Array, NamedSharding]:
-  """The single-epoch batches ``[T, B', ...]`` and masks ``[T, B']`` placed with each batch's
-  examples sharded over ``mesh``'s ``axis`` (so each device differentiates and clips its own
-  examples and XLA all-reduces the clipped sums). ``B'`` is ``B`` rounded up to a multiple of
-  the axis' devices; the pad slots copy the batch's first example (finite gradients) and are
-  masked, so they give exact zero rows and the mean's denominator stays ``B``: the release is
-  the one-device run's up to the summation order. Returns the sharding of one step's batch."""
+  """The batches ``[T, B', ...]`` and masks ``[T, B']`` with each batch's examples sharded
+  over ``mesh``'s ``axis``. ``B'`` rounds ``B`` up to the devices; the pad slots copy an
+  example and are masked (zero rows, denominator still ``B``). Returns one step's sharding."""
   n_dev = mesh_users_axis(mesh, axis)
   pad = -int(batch_size) % n_dev
 
@@ -226,19 +183,15 @@ def _batches_on_mesh(data: PyTree, mask: jax.Array, num_steps: int, batch_size: 
 @bounded_cache()
 def _compiled_runner(loss_fn: Callable, settings: tuple, users: NamedSharding | None,
                      report: int | None) -> Callable:
-  """The jitted scan over ``T`` steps, memoized on ``(loss_fn, settings, users, report)``.
-  ``users``: the batches come placed by :func:`_batches_on_mesh` and each step's examples
-  stay sharded that way. With ``epochs > 1`` the ``P = T / epochs`` batches are kept once and
-  step ``t`` reads batch ``t mod P`` (a dynamic index: O(data) memory, not O(epochs data)).
-  ``report``: a progress session's (the runner then takes its ``tick``; ``None``: the program
-  without progress). Callers pass all four positionally: one cache key per program."""
+  """The jitted scan over ``T`` steps, memoized on its four positional arguments. ``users``:
+  the batches come placed by :func:`_batches_on_mesh`. With ``epochs > 1`` step ``t`` reads
+  batch ``t mod P``. ``report``: a progress session's (``None``: no progress)."""
   s = dict(settings)
   T, B, k = s["num_steps"], s["batch_size"], s["epochs"]
   P = T // k
 
   def run(data, params0, key, user_mask, points, hp=None, tick=None):
-    # hp: the stepper's beta and learning rate as traced values (a grid sweep, settings say
-    # "traced"); None: the settings' numbers, compiled in as they always were
+    # hp: beta and the learning rate traced (a grid sweep); None: the settings' constants
     beta, lr = ((s["beta"], s["learning_rate"]) if hp is None
                 else (hp["beta"], hp["learning_rate"]))
     if users is None:
@@ -298,15 +251,11 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
              learning_rate: float | None = None, averaging: str = "none",
              user_mask: jax.Array | None = None, debug: bool = False, mf: tuple = (),
              epochs: int = 1) -> tuple[PyTree, PyTree, dict]:
-  """Runs ``num_steps`` steps in one jitted ``lax.scan`` (no accounting: use a plan): one
-  pass, or ``epochs`` passes of ``num_steps / epochs`` steps in the same order.
+  """Runs ``num_steps`` steps in one jitted ``lax.scan`` (no accounting: use a plan).
 
-  ``data`` leaves ``[n, m, ...]`` (users x items; ``m = 1`` item level); ``user_mask`` (bool
-  ``[n]``) zeroes examples (zero-out: their rows are 0, the denominator stays ``B``). Returns
-  ``(released, last_query_point, diagnostics)``; ``released`` is ``y_T`` (accelerated) or the
-  projected-SGD output; ``diagnostics`` is empty unless ``debug``. Compiled runners are cached
-  per (loss_fn, settings); ``key`` and the data are traced (vmap-able over keys).
-  """
+  ``data`` leaves ``[n, m, ...]``; ``user_mask`` (bool ``[n]``) zeroes examples (zero-out).
+  Returns ``(released, last_query_point, diagnostics)``; diagnostics are empty unless
+  ``debug``. ``key`` and the data are traced (vmap-able over keys)."""
   settings = scan_settings(num_steps=num_steps, batch_size=batch_size, beta=beta,
                            clip_norm=clip_norm, noise_multiplier=noise_multiplier,
                            radius=radius, srg=srg, noise=noise, accelerated=accelerated,
@@ -317,8 +266,7 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
 
 
 def _run_settings(plan: SRGDPlan, **run) -> tuple:
-  """The plan's scan settings with this run's own knobs (``debug``, ``releases``, a muted
-  noise), in the sorted form the one cache keys on."""
+  """The plan's scan settings with this run's own knobs, sorted."""
   return tuple(sorted({**dict(plan.settings), **run}.items()))
 
 
@@ -326,12 +274,9 @@ def run_compiled(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTre
              key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False,
              mesh: Mesh | None = None, hparams: dict | None = None,
              progress: ProgressFn | None = None) -> tuple[PyTree, PyTree, dict]:
-  """Executes ``plan`` (see :func:`run_srgd`), whose ``event`` its planner charged.
-  ``mesh``: each batch's examples are sharded over its ``"users"`` axis
-  (:func:`_batches_on_mesh`); the key, hence the noise, is the one-device run's.
-  ``hparams``: ``{"beta", "learning_rate"}`` of the stepper as (traced) arguments of the
-  compiled scan instead of constants (:func:`_step_hparams`: a grid sweep). ``progress``:
-  reports of the steps done (:func:`~dpsco_jax.algorithms.common.progress_session`)."""
+  """Executes ``plan`` (see :func:`run_srgd`). ``mesh``: each batch's examples are sharded over
+  its ``"users"`` axis (same noise as one device). ``hparams``: ``{"beta", "learning_rate"}``
+  as traced arguments (a grid sweep). ``progress``: reports of the steps done."""
   settings = _run_settings(plan, debug=check_bool(debug, "debug"))
   mask = _mask_for(data, user_mask)
   users = None
@@ -353,19 +298,11 @@ def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTr
                   points: PyTree | None = None, add_noise: bool = True) -> dict:
   """Audit hook: the per-step privatized releases of ``plan`` on ``data`` with ``key``.
 
-  Returns ``{"release": [T, ...], "query": [T, ...]}`` (``T``: all epochs): ``release[t]`` is
-  what step ``t`` releases — the noisy prefix sum ``sum_{i<=t} Delta_i + N_t`` (SRG
-  variants) or the noisy increment ``Delta_t + xi_t`` (DP-SGD variants) — and ``query[t]``
-  the point ``x_t`` its gradients were taken at (post-processing of ``release[:t]``).
-  Everything after the releases is post-processing, so these are what an auditor's
-  ``release(key, dataset)`` should score.
-
-  ``user_mask`` (bool ``[n]``) builds a zero-out neighbour (``False``: the example
-  contributes 0); ``add_noise=False`` is the test hook that switches the noise off (same
-  plan otherwise); ``points`` (leaves ``[T, ...]``) replays the run at given query points
-  (``x_{-1} = x_0``), so two neighbours can be compared at the same, non-adaptive points
-  (adaptivity is covered by the GDP argument). Nothing is charged to any ledger here.
-  """
+  Returns ``{"release": [T, ...], "query": [T, ...]}``: the noisy prefix sum (SRG variants) or
+  noisy increment (DP-SGD variants) of step ``t`` and the point ``x_t`` its gradients were
+  taken at; everything after the releases is post-processing. ``user_mask`` builds a zero-out
+  neighbour; ``add_noise=False`` is the test hook without noise; ``points`` (leaves ``[T,
+  ...]``) replays the run at given query points. Nothing is charged to any ledger."""
   z = plan.params.noise_multiplier if check_bool(add_noise, "add_noise") else 0.0
   settings = _run_settings(plan, noise_multiplier=float(z), releases=True)
   _, _, outs = _compiled_runner(loss_fn, settings, None, None)(
@@ -374,10 +311,8 @@ def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTr
 
 
 def _step_hparams(plan: SRGDPlan, problem) -> dict | None:
-  """The stepper's numbers as a grid sweep traces them (:func:`~dpsco_jax.algorithms.common.
-  hparam`): ``beta`` (the accelerated step) and the projected-SGD step ``learning_rate``
-  (default ``1/beta``, resolved here as the stepper would). ``None`` in a run of its own: they
-  stay compile-time constants, as always."""
+  """``beta`` and the projected-SGD ``learning_rate`` (default ``1/beta``) as a grid sweep traces
+  them; ``None`` in a run of its own."""
   if not traced_hparams(problem):
     return None
   beta = plan.params.beta
@@ -387,7 +322,6 @@ def _step_hparams(plan: SRGDPlan, problem) -> dict | None:
 
 
 def _record(plan: SRGDPlan) -> dict:
-  """The run's public record: the plan's schedule and noise (no data)."""
   prm = plan.params
   record = dict(num_steps=prm.num_steps, batch_size=prm.batch_size,
                 examples_used=prm.period * prm.batch_size, beta=prm.beta,
@@ -406,17 +340,13 @@ def _record(plan: SRGDPlan) -> dict:
 
 
 # ----------------------------------------------------------------------------- the drivers
-# A grid sweep over the step: the accelerated step's beta (default M max(1, beta_scale T): the
-# plan resolves it, the noise is calibrated on epsilon, delta and T only) and the
-# projected-SGD variants' step (learning_rate, default 1/beta) become traced inputs. Under
-# preset: theory both are the theorem's (the config's are not read): a grid of identical runs.
+# A grid sweep over the step (beta, learning_rate) traces them; the noise depends on neither.
+# Under preset: theory both are the theorem's: a grid of identical runs.
 _STEP_GRID = Grid(frozenset({"learning_rate", "beta", "beta_scale"}), ("beta", "learning_rate"))
 
 
 def _algorithm(name: str) -> Callable:
   def fn(plan: Any, problem, key: jax.Array) -> Result:
-    # plan: a dpsco_jax.Plan whose detail is this name's SRGDPlan; its guarantee was charged
-    # when it was made, so the run executes it and reports plan.privacy
     p: SRGDPlan = plan.detail
     debug = bool(plan.config.debug)
     released, _, diags = run_compiled(p, problem.loss_fn, problem.data, problem.init_params(),

@@ -1,69 +1,43 @@
 """Paper 003 plan: relation, schedule, noise and privacy event of a run, computed before data.
 
-:func:`plan_srgd` maps a config and the *public* facts of a problem (``n``, ``p``, ``L``,
-``M``, ``R``) to an :class:`SRGDPlan`: the schedule ``(T, B)``, ``beta``, the clip ``C``, the
-noise multiplier ``z``, the per-increment sensitivity and the one privacy event of the whole
-single-epoch run, and the compiled scan's static ``settings``. The registered runners
-(:mod:`.driver`) execute the plan and nothing else: they neither plan, calibrate nor charge.
-:func:`plan_for_problem` reads the public facts off a problem; the planners
-:func:`dpsco_jax.plan` calls (:func:`srgd_planner`) spend ``plan.event`` on a budgeted ledger
-(:func:`charge`) and return its guarantee (:func:`privacy_report`), which the run reports.
+:func:`plan_srgd` maps a config and the *public* facts (``n``, ``p``, ``L``, ``M``, ``R``) to
+an :class:`SRGDPlan`: the schedule ``(T, B)``, ``beta``, the clip ``C``, the noise multiplier
+``z``, the increment's sensitivity, the one privacy event of the run and the compiled scan's
+static ``settings``; :meth:`SRGDPlan.charge` is its guarantee. The runners (:mod:`.driver`)
+execute the plan and neither plan, calibrate nor charge.
 
 Neighbouring relations (:mod:`dpsco_jax.privacy.relations`):
 
-* ``zero_out`` (default; the paper's notion, §2, after PHK+23): one example (user) keeps its
-  slot in the stream but contributes ``grad f(., d) = 0`` everywhere. ``n`` is public, so the
-  batches ``[tB, (t+1)B)`` and the denominator ``B`` are the same on both datasets, and only the
-  increment ``Delta_i`` of the example's own batch changes — by at most ``C/B``, because the
-  clip acts on the SRG *difference* ``delta_i(d)`` (Alg. 1 line 4, spec §3.4) and a zeroed
-  example contributes ``delta_i = 0``. That is exactly the premise of Lemma 5.6 ("only one
-  ``Delta_i`` changes, by at most C") with ``C = C_Delta / B`` (Cor. 5.7: ``C_Delta = c_DP L``;
-  Cor. 5.10: ``C_Delta = (8 c_M + 4) L``, from Lemma 5.9's Eq. (26)-(28)).
-* ``replace_one``: ``n`` public, one example replaced by an arbitrary one: the same single
-  increment changes by at most ``2C/B``. The noise is *not* doubled here: the ledger accounts
-  replace-one from the add/remove multiplier (the library's one conversion).
-* ``add_remove`` is **refused**: consecutive batches of a stream whose length is private mean
-  that removing one example shifts every later example into the previous batch and changes
-  every later increment (measured in issue 11: claimed epsilon 2.0, empirical lower bound
-  2.7). Use ``zero_out``, which models the same "example absent" event with ``n`` public.
+* ``zero_out`` (default; the paper's notion, §2): one example keeps its slot but contributes
+  ``grad f(., d) = 0``. ``n`` is public, so the batches and the denominator ``B`` are the same
+  on both datasets and only the increment of the example's own batch changes, by at most
+  ``C/B``: the clip acts on the SRG *difference* ``delta_i(d)`` (Alg. 1 line 4). That is
+  Lemma 5.6's premise with ``C = C_Delta / B`` (Cor. 5.7: ``C_Delta = c_DP L``; Cor. 5.10:
+  ``C_Delta = (8 c_M + 4) L``).
+* ``replace_one``: ``n`` public; the same increment changes by at most ``2C/B``; the noise is
+  not doubled here, the ledger accounts replace-one from the add/remove multiplier.
+* ``add_remove`` is **refused**: removing one example shifts every later example into the
+  previous batch and changes every later increment. Use ``zero_out``.
 
-Privacy (spec §3.3, §4.4). Every node of the binary tree is a Gaussian release of a block sum;
-one increment lies in ``levels = T.bit_length()`` nodes, so the run (adaptive choices
-included) is ``mu``-GDP with ``mu = sqrt(levels)/z`` (Lemma 5.6 with the exact level count;
-the paper's ``1 + ceil(log2 T)`` is >= it), i.e. exactly one ``GaussianDpEvent(z /
-sqrt(levels))`` on sensitivity-1 units, which PLD converts to (epsilon, delta) exactly.
-Independent per-step noise (and DP-SGD without the SRG) changes one Gaussian release:
-``GaussianDpEvent(z)``. ``z`` is calibrated by :func:`calibrate_noise_multiplier` (the one
-calibrator) under the run's relation; an explicit ``noise_multiplier`` above the ``epsilon``
-budget is refused by the ledger before anything is released. Provenance: ``accountant``.
+Privacy (spec §3.3, §4.4). One increment lies in ``levels = T.bit_length()`` tree nodes, so the
+run (adaptive choices included) is ``mu``-GDP with ``mu = sqrt(levels)/z`` (Lemma 5.6 with the
+exact level count; the paper's ``1 + ceil(log2 T)`` is >= it): one ``GaussianDpEvent(z /
+sqrt(levels))`` on sensitivity-1 units, converted exactly by PLD. Independent noise (and
+DP-SGD without the SRG) is ``GaussianDpEvent(z)``; matrix-factorization prefix noise
+(``banded`` / ``blt``, issue #27, not in the paper) ``GaussianDpEvent(z / ||c||)``. An explicit
+``noise_multiplier`` above the ``epsilon`` budget is refused before anything is released.
+Provenance: ``accountant``.
 
-Matrix-factorization prefix noise (issue #27; ``noise_mechanism: banded | blt``, SRG variants,
-practical preset): the noisy prefix sums are ``A x + A C^{-1} Z`` with a banded / BLT Toeplitz
-strategy ``C`` (:mod:`dpsco_jax.privacy.matrix_factorization`). One epoch, each example in one
-increment: sensitivity ``||c||`` (1 for the unit-norm banded strategies), so the run is one
-``GaussianDpEvent(z / ||c||)``.
+Multi-epoch (``epochs: k``, practical preset, SRG variants only; a deviation from paper 003's
+single epoch, §1 and Lemma 5.6's "only one ``Delta_i`` changes"): ``T = k P`` steps, step ``t``
+reads batch ``t mod P`` of one fixed public order, so each example is in ``k`` increments ``P``
+apart; the stream's sensitivity is the exact worst case ``||C 1_pattern||``
+(:mod:`dpsco_jax.privacy.cyclic_participation`) and the run is one ``GaussianDpEvent(z /
+sens)``. Multi-epoch DP-SGD is ``dp_sgd_user`` with ``sampling: cyclic``.
 
-Multi-epoch (issue #27; ``epochs: k``, practical preset only — a deviation from paper 003,
-whose setting (§1, spec 003 §1 and §4.4 "single-epoch guard") uses each example once and
-whose Lemma 5.6 premise is "only one ``Delta_i`` changes"). The run has ``T = k P`` steps,
-``P`` the steps of one epoch (``num_steps``, default ``floor(n/B)``); step ``t`` reads batch
-``t mod P`` of the same fixed public order (the slots, as in one epoch), so each example
-contributes to ``k`` increments exactly ``P`` steps apart, each changed by at most ``C/B``
-(zero-out; the clip still acts on every SRG difference, whose weights ``t+1`` keep running
-over the whole ``T``). The stream's sensitivity is then the exact worst case over the
-public offsets of ``||C 1_pattern||`` (:mod:`dpsco_jax.privacy.cyclic_participation`: tree
-``O(P k log T)``, Toeplitz at offset 0 via ``participation_sensitivity(..., min_sep=P)``,
-independent ``sqrt k``), and the run is one ``GaussianDpEvent(z / sens)``. The theory preset
-refuses ``epochs > 1`` (outside the theorem); DP-SGD variants refuse it too (multi-epoch
-DP-SGD is ``dp_sgd_user`` with ``sampling: cyclic``). ``epochs = 1`` is the single-epoch
-plan above, unchanged.
-
-Declared constants (issue 23.3): **enforced**. L enters only as the default clip ``C`` (and
-through ``c_DP L`` / ``(8 c_M + 4) L`` in the theory preset), beta and R only the step and the
-projection: the clip acts on every SRG difference before aggregation, so the per-increment
-sensitivity ``C/B`` (``2C/B``) holds for any loss, whatever its true constants. Provenance
-stays ``accountant`` on a user's loss (``tests/test_declared_constants.py``).
-"""
+Declared constants (issue 23.3): **enforced**. L enters only as the default clip, beta and R
+only the step and the projection: the clip bounds every SRG difference, so the sensitivity
+holds for any loss and provenance stays ``accountant`` on a user's loss."""
 
 from __future__ import annotations
 
@@ -110,9 +84,9 @@ VARIANTS = {
 
 @dataclasses.dataclass(frozen=True)
 class SRGDPlan:
-  """A data-free plan. ``sensitivity``: L2 bound on the change of the one increment (and so of
-  every per-step release) between neighbours under ``relation``; ``event``: the whole run's
-  privacy (``None`` for a non-private run); ``public``: what the relation treats as public."""
+  """A data-free plan. ``stage``: ``z`` on the increment's sensitivity ``C/B``; ``event``:
+  the whole run's privacy (``None`` when non-private); ``public``: what the relation treats
+  as public."""
   name: str
   relation: str
   epsilon: float | None
@@ -147,8 +121,8 @@ class SRGDPlan:
     return () if self.event is None else (self.event,)
 
   def charge(self) -> PrivacyReport:
-    """Charges a fresh budgeted ledger with the plan's event (raises before any release if
-    over budget) and returns the run's guarantee."""
+    """Charges a fresh budgeted ledger with the plan's event (raises before any release if over
+    budget); returns the run's guarantee."""
     prm = self.params
     passes = ("single epoch" if self.epochs == 1 else
               f"{self.epochs} epochs in one fixed public order ({prm.period} steps each; each "
@@ -181,32 +155,26 @@ class SRGDPlan:
 
   @property
   def sensitivity(self) -> float:
-    """The increment's L2 bound under the plan's relation (``2 C / B`` under replace-one)."""
+    """The increment's L2 bound under the plan's relation."""
     return self.stage.sensitivity_under(self.relation)
 
   @property
   def gdp_factor(self) -> float:
-    """``mu * z`` of the run: ``sqrt(levels)`` (tree), ``||c||`` (MF), 1 (independent); the
-    exact multi-participation sensitivity when ``epochs > 1``."""
+    """``mu * z``: ``sqrt(levels)`` (tree), ``||c||`` (MF), 1 (independent), or the exact
+    multi-epoch stream sensitivity."""
     if self.stream_sensitivity is not None:
       return self.stream_sensitivity
     return self.mf_sensitivity if self.mf else math.sqrt(self.levels)
 
 
 def config_view(cfg: Mapping | Any) -> Schema:
-  """Paper 003's config as its planner and drivers read it: the fields of
-  :class:`~dpsco_jax.algorithms.srgd.config.SrgdConfig` with their defaults (the one place
-  they are written) and the runner's ``debug``; reading any other key raises. Derived
-  defaults (``B = floor(sqrt n)``, ``beta`` from ``M`` and ``beta_scale``, the clip ``L``, the
-  per-variant noise, ``bands = min(32, T)``) are computed where used, only when the config
-  leaves them out.
-  """
+  """Paper 003's config (:class:`~dpsco_jax.algorithms.srgd.config.SrgdConfig` with its
+  defaults); reading any other key raises."""
   return SrgdConfig.of(cfg)
 
 
 def resolve_relation(cfg: Mapping | Any, name: str = "accelerated_dp_srgd") -> str:
-  """``relation`` (the schema's default ``zero_out``). ``add_remove`` is refused with the
-  reason and the alternative."""
+  """``relation``; ``add_remove`` is refused with the reason and the alternative."""
   rel = check_choice(config_view(cfg).relation, "relation", RELATIONS)
   if rel == "add_remove":
     raise ValueError(
@@ -220,10 +188,9 @@ def resolve_relation(cfg: Mapping | Any, name: str = "accelerated_dp_srgd") -> s
 
 def run_event(noise_multiplier: float, num_steps: int, mechanism: str,
               mf_sensitivity: float = 1.0, stream_sensitivity: float | None = None) -> Any:
-  """The whole single-epoch run as one event: ``GaussianDpEvent(z/sqrt(levels))`` (tree;
-  Lemma 5.6), ``GaussianDpEvent(z)`` (independent) or ``GaussianDpEvent(z / ||c||)`` (banded /
-  BLT, single participation), on sensitivity-1 units. Multi-epoch (``stream_sensitivity``
-  given): ``GaussianDpEvent(z / stream_sensitivity)``."""
+  """The whole run as one event on sensitivity-1 units: ``GaussianDpEvent(z/sqrt(levels))``
+  (tree; Lemma 5.6), ``GaussianDpEvent(z)`` (independent), ``GaussianDpEvent(z / ||c||)``
+  (banded / BLT) or ``GaussianDpEvent(z / stream_sensitivity)`` (multi-epoch)."""
   if stream_sensitivity is not None:
     return cyclic.cyclic_event(noise_multiplier, stream_sensitivity)
   if mechanism in ("banded", "blt"):
@@ -241,7 +208,7 @@ def _calibrate(epsilon: float, delta: float, T: int, mechanism: str, relation: s
 
 
 def check_epochs(value: Any) -> int:
-  """``epochs``: an integer >= 1 (a bool, a string or a fraction is refused, naming it)."""
+  """``epochs``: an integer >= 1 (a bool, a string or a fraction is refused)."""
   if isinstance(value, (bool, str)):
     raise ValueError(f"epochs must be an integer >= 1, got {type(value).__name__} {value!r}")
   return check_int(value, "epochs")
@@ -249,9 +216,8 @@ def check_epochs(value: Any) -> int:
 
 def _mf_strategy(cfg: Schema, noise: str, T: int, epochs: int = 1
                  ) -> tuple[tuple, float, str]:
-  """(stage spec, sensitivity over T steps, source) of the MF noise: ``||c||`` for one
-  epoch; for ``epochs`` cyclic epochs of ``P = T / epochs`` steps the exact sensitivity of
-  ``epochs`` participations ``P`` apart (the BLT optimizer is told that pattern)."""
+  """(stage spec, sensitivity over ``T`` steps, source) of the MF noise: ``||c||`` for one
+  epoch, else the exact sensitivity of ``epochs`` participations ``T / epochs`` apart."""
   strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
   P = T // epochs
   if noise == "banded":   # derived default: min(32, T) bands (multi-epoch: min(32, P),
@@ -292,10 +258,8 @@ def _schedule(name: str, cfg: Schema, noise: str, *, n: int, p: int, lipschitz: 
     return theory_params(n, p, lipschitz=lipschitz, smoothness=smoothness, radius=radius,
                          epsilon=epsilon, delta=delta,
                          variant=cfg.variant, batch_size=cfg.batch_size)
-  # Data-independent default clip: the Lipschitz constant. Lemma 5.9's worst case 2(2MR + L)
-  # is ~10x the norms seen in practice (spec T12); tune clip_norm on public data.
-  # B = floor(sqrt n), T = floor(n / B) and beta = M max(1, beta_scale T) are derived inside
-  # practical_params, only when the config leaves them out (None).
+  # Default clip: L. Lemma 5.9's worst case 2(2MR + L) is ~10x the norms seen in practice
+  # (spec T12); tune clip_norm on public data.
   clip = cfg.get("clip_norm", lipschitz)
   return practical_params(n, smoothness=smoothness, clip_norm=clip,
                           batch_size=cfg.batch_size, num_steps=cfg.num_steps,
@@ -305,9 +269,8 @@ def _schedule(name: str, cfg: Schema, noise: str, *, n: int, p: int, lipschitz: 
 def _noise_multiplier(cfg: Schema, prm: SRGDParams, epsilon: float | None, delta: float,
                       mechanism: str, relation: str, sens: float,
                       stream: float | None) -> float:
-  """The run's ``z``: the config's explicit one, the theory preset's paper sigma (in
-  ``prm``), else calibrated to ``epsilon`` (the config refuses neither: non-private is
-  ``noise_multiplier: 0``, said out loud)."""
+  """The run's ``z``: the config's explicit one, the theory preset's paper sigma, else
+  calibrated to ``epsilon`` (non-private is ``noise_multiplier: 0``)."""
   if cfg.noise_multiplier is not None:
     return check_nonnegative(cfg.noise_multiplier, "noise_multiplier")
   if prm.noise_multiplier is not None:
@@ -320,8 +283,7 @@ def _noise_multiplier(cfg: Schema, prm: SRGDParams, epsilon: float | None, delta
 def scan_settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radius, srg,
                   noise, accelerated, z_scale, learning_rate, averaging, debug=False,
                   releases=False, mf: tuple = (), epochs: int = 1) -> tuple:
-  """The static numbers of the compiled scan (``srgd.driver``), checked, as the sorted tuple
-  its one cache keys on: a plan's (:attr:`SRGDPlan.settings`) or ``run_srgd``'s own."""
+  """The compiled scan's static numbers, checked, as the sorted tuple its cache keys on."""
   if check_int(num_steps, "num_steps") % check_int(epochs, "epochs"):
     raise ValueError(f"num_steps={num_steps} is not a whole number of epochs={epochs}")
   check_int(batch_size, "batch_size")
@@ -344,20 +306,14 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
               radius: float | None) -> SRGDPlan:
   """The plan of driver ``name`` from ``cfg`` and public facts only (no data).
 
-  Config keys: ``epsilon`` (a budget; ``None``: ``noise_multiplier`` given, 0 non-private),
-  ``delta`` (required for a private run; no default), ``relation`` (``zero_out`` |
-  ``replace_one``), ``preset``, ``variant``, ``noise_mechanism``, ``batch_size``,
-  ``num_steps`` (steps of one epoch), ``epochs`` (default 1; > 1: practical preset, SRG
-  variants), ``beta`` / ``beta_scale``, ``clip_norm``, ``noise_multiplier``, and the
-  post-processing ``z_scale``, ``learning_rate``, ``averaging``. ``radius`` is the public
-  constraint set (``None``: unconstrained; the theory preset needs it). The config is read
-  through :func:`config_view` (the schema's defaults; an undeclared key raises).
+  ``cfg`` is read through :func:`config_view` (:class:`~.config.SrgdConfig`'s keys and
+  defaults). ``radius`` is the public constraint set (``None``: unconstrained; the theory
+  preset needs it).
 
   Raises:
     ValueError: a bad parameter (named) or an unsupported relation.
     PrivacyBudgetExceeded: an explicit ``noise_multiplier`` (0 included) whose run would
-      exceed the ``epsilon`` budget — before any data is touched.
-  """
+      exceed the ``epsilon`` budget, before any data is touched."""
   check_choice(name, "name", tuple(VARIANTS))
   n, p = check_int(n, "n"), check_int(p, "p")
   cfg = config_view(cfg)
@@ -422,11 +378,9 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
 
 
 def paper_epsilon(plan: SRGDPlan) -> float | None:
-  """The paper's own GDP -> DP step (Cor. 5.7): ``mu = eps/sqrt(2 ln(1.25/delta))``, i.e.
-  ``eps = mu sqrt(2 ln(1.25/delta))`` with ``mu = sqrt(levels) s / (z C/B)``, ``s`` the
-  relation's increment sensitivity (classical Gaussian bound, valid only for eps <= 1;
-  reported beside the accountant's epsilon, never used for the guarantee). ``None`` for a
-  multi-epoch plan: the paper has no formula outside its single epoch."""
+  """The paper's own GDP -> DP step (Cor. 5.7): ``eps = mu sqrt(2 ln(1.25/delta))`` (valid
+  only for eps <= 1; reported beside the accountant's epsilon, never the guarantee). ``None``
+  for a multi-epoch plan, outside the paper."""
   if not plan.private or plan.epochs != 1:
     return None
   z = plan.params.noise_multiplier
@@ -434,16 +388,10 @@ def paper_epsilon(plan: SRGDPlan) -> float | None:
   return mu * math.sqrt(2.0 * math.log(1.25 / plan.delta))
 
 
-# ------------------------------------------------ from public facts: charge, report, planner
-
 def plan_for_problem(name: str, problem, cfg: Mapping | Any) -> SRGDPlan:
-  """:func:`plan_srgd` from a problem's public facts only: ``n_users`` (public under the
-  supported relations), ``d``, ``lipschitz``, ``smoothness``, ``radius`` — never its data.
-
-  The practical preset reads ``lipschitz`` only as the default ``clip_norm`` and
-  ``smoothness`` only for the default ``beta``, so a problem that does not declare them (a
-  :class:`~dpsco_jax.data.UserDataProblem`) runs when those keys are given. An infinite radius
-  is the unconstrained step (``radius=None``); the theory preset needs a finite one."""
+  """The plan from a problem's public facts only (``n_users``, ``m``, ``d``, and ``lipschitz``,
+  ``smoothness``, ``radius`` where the config leaves them out), never its data; an infinite
+  radius is unconstrained. The report is user level when ``m > 1``."""
   cfg = config_view(cfg)
   theory = cfg.preset == "theory"
   # the declared constants are read only when the practical preset's config leaves them out
@@ -459,13 +407,11 @@ def plan_for_problem(name: str, problem, cfg: Mapping | Any) -> SRGDPlan:
     radius = None
   plan = plan_srgd(name, cfg, n=int(problem.n_users), p=int(problem.d),
                    lipschitz=float(lipschitz), smoothness=float(smoothness), radius=radius)
-  # the guarantee is user level when a row holds m > 1 items
   return dataclasses.replace(plan, level="user" if int(problem.m) > 1 else "item")
 
 
 def srgd_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
-  """``dpsco_jax.plan``'s planner of ``name``: the plan (its ``detail``, what the registered
-  runner executes), charged and reported, on public facts."""
+  """``dpsco_jax.plan``'s planner of ``name``: the plan (its ``detail``) and its charge."""
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
     p = plan_for_problem(name, facts, cfg)
     prm = p.params

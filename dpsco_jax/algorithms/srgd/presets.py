@@ -1,11 +1,9 @@
 """Paper 003 presets: the paper's own parameters (``theory``) and a laptop-scale schedule.
 
-Choquette-Choo, Ganesh, Thakurta (2024), decoded in spec 003 §2.3 and §7.4. Nothing here
-touches data or calibrates noise: a preset maps the public facts of a problem (``n``, ``p``,
-``L``, ``M``, ``R``) to the schedule ``(T, B)``, the scaling ``beta`` and the clip ``C``. The
-``theory`` preset also carries the paper's own node noise (Cor. 5.7 / Cor. 5.11), whose
-privacy is then *accounted* (not assumed) by :mod:`dpsco_jax.algorithms.srgd.plan`.
-"""
+Choquette-Choo, Ganesh, Thakurta (2024); spec 003 §2.3 and §7.4. A preset maps the public
+facts (``n``, ``p``, ``L``, ``M``, ``R``) to ``(T, B)``, ``beta`` and the clip ``C``, without
+data. ``theory`` also carries the paper's node noise (Cor. 5.7 / 5.11), whose privacy the plan
+then *accounts* (:mod:`dpsco_jax.algorithms.srgd.plan`)."""
 
 from __future__ import annotations
 
@@ -22,14 +20,9 @@ PRESETS = ("practical", "theory")
 
 @dataclasses.dataclass(frozen=True)
 class SRGDParams:
-  """Every number a run needs, and where it came from (all public: config + declared facts).
-
-  ``noise_multiplier`` is ``z``: node (or per-step) std ``= z * clip_norm / batch_size``;
-  ``None`` until the plan calibrates it (the ``theory`` preset sets the paper's value).
-  ``paper`` holds the paper's own formulas (theory preset) for comparison. ``num_steps`` is
-  the whole run's ``T``; ``epochs`` passes of ``period = T / epochs`` steps each (practical
-  preset only; the paper's single epoch is ``epochs = 1``).
-  """
+  """Every number a run needs (all public). ``noise_multiplier`` ``z``: node (or step) std
+  ``z C / B``, ``None`` until the plan calibrates it; ``paper``: the theory preset's own
+  formulas; ``num_steps``: the whole run's ``T``, ``epochs`` passes of ``period`` steps."""
   num_steps: int
   batch_size: int
   beta: float
@@ -123,25 +116,22 @@ def theory_params(n: int, p: int, *, lipschitz: float, smoothness: float, radius
   """The paper's parameters, exactly, with its preconditions checked.
 
   ``variant="interior"``: Eq. (19) / Cor. 5.7 / Thm 5.8 (needs x-dagger in C, delta <= 1/n,
-  p <= eps^2 n^2), with ``c_DP = 4 sqrt2 log2^{3/2}(n) sqrt(ln(2n/delta)) ln(2.5/delta)``,
-  ``T = ceil(c_DP n^{1/4})``, ``B = floor(n/T)``, ``beta = c_DP^2 L max(1, sqrt p/(eps sqrt n))/R``,
-  clip ``c_DP L`` (Lemma 5.5), node std (Delta units) ``c_DP L sqrt(log2 T ln(2.5/delta))/(eps B)``
-  (Cor. 5.7's sigma times beta).
+  p <= eps^2 n^2): ``T = ceil(c_DP n^{1/4})``, ``B = floor(n/T)``,
+  ``beta = c_DP^2 L max(1, sqrt p/(eps sqrt n))/R``, clip ``c_DP L`` (Lemma 5.5), node std
+  ``c_DP L sqrt(log2 T ln(2.5/delta))/(eps B)`` (Cor. 5.7's sigma times beta).
 
-  ``variant="constrained"``: Thm 5.12 / Cor. 5.10–5.11 with ``c_M = M R / L``: ``B <= sqrt n``
+  ``variant="constrained"``: Thm 5.12 / Cor. 5.10-5.11 with ``c_M = M R / L``: ``B <= sqrt n``
   (default ``floor(sqrt n)``), ``T = floor(n/B)``, ``beta = (16 c_M + 8) L n^{3/2}/(R B^2)``,
-  clip ``(8 c_M + 4) L`` (Lemma 5.9 via Eq. (26)-(28) and Cor. 5.10), node std
+  clip ``(8 c_M + 4) L`` (Lemma 5.9, Eq. (26)-(28)), node std
   ``(16 sqrt2 c_M + 8 sqrt2) L sqrt(log2 T ln(2.5/delta))/(eps B)``, dimension condition
   ``p <= B^2 beta^2 eps^2/(32 M^2 log2^3 T ln(2T/delta) ln(2.5/delta))``.
 
-  The node std is converted to the library's multiplier ``z = node_std * B / clip`` (node std
-  ``= z C/B``); its (epsilon, delta) is then computed by the accountant, not taken from the
-  paper's classical conversion (which needs eps <= 1; AMBIG-7).
+  The node std becomes the multiplier ``z = node_std B / clip``; its (epsilon, delta) comes from
+  the accountant, not the paper's classical conversion (which needs eps <= 1; AMBIG-7).
 
   Raises:
     ValueError: naming the violated condition when the setting is vacuous or outside the
-      theorem (the paper's constants make variant "interior" vacuous for every practical n).
-  """
+      theorem (variant "interior" is vacuous for every practical n)."""
   n = check_int(n, "n", minimum=2)
   p = check_int(p, "p", minimum=1)
   L = check_positive(lipschitz, "lipschitz")
@@ -169,13 +159,9 @@ def practical_params(n: int, *, smoothness: float, clip_norm: float,
                      beta: float | None = None, beta_scale: float = 1.0,
                      epochs: int = 1) -> SRGDParams:
   """The laptop-scale schedule (spec §7.4): ``B = floor(sqrt n)``, ``T = floor(n/B)``,
-  ``beta = M max(1, beta_scale T)`` unless given (Thm 5.1 needs ``beta >= M``; variant-B
-  style ``beta ~ M T``, Lemma 5.9). ``n`` is the public number of examples (zero-out /
-  replace-one). The noise multiplier is left to the plan (``None``).
-
-  ``epochs = k > 1`` (outside paper 003, whose §1 setting is one pass): ``num_steps`` (default
-  ``floor(n/B)``) is then the steps of *one* epoch ``P``, the run has ``T = k P`` steps in
-  the same fixed order every epoch, and the default ``beta`` scales with the whole ``T``."""
+  ``beta = M max(1, beta_scale T)`` unless given (Thm 5.1 needs ``beta >= M``). With
+  ``epochs = k > 1`` (outside paper 003) ``num_steps`` is one epoch's ``P`` and ``T = k P``.
+  The noise multiplier is left to the plan."""
   n = check_int(n, "n", minimum=1)
   B = math.isqrt(n) if batch_size is None else check_int(batch_size, "batch_size")
   T = n // B if num_steps is None else check_int(num_steps, "num_steps")
