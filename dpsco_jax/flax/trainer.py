@@ -1,76 +1,17 @@
-"""DP training of Flax nnx models with our chains: Poisson-sampled DP-SGD, planned before it
-touches data, accounted as it goes, checkpointed and resumed bit-identically.
+"""DP training of Flax nnx models (:class:`DPTrainer`): user- or item-level DP-SGD, planned
+before it touches data, accounted as it goes, checkpointed and resumed bit-identically.
 
-**Neighbouring relation and what is public** (see :mod:`dpsco_jax.privacy.relations`):
-
-* ``relation="add_remove"`` (default): one user (item, at item level) is added or removed; the
-  number of users ``n`` is private. The sampling rate ``q`` (``sampling_rate``) and the
-  denominator ``D`` (``expected_batch_size``) are **declared public constants** and must both
-  be given; nothing is derived from ``len(data)`` (the ``D = q n`` of earlier versions made the
-  noise scale depend on the private ``n``, issue 11.2). Pick ``D = q * N`` with ``N`` a public
-  estimate of the number of users; any positive ``D`` is sound, a good one gives an unbiased
-  gradient.
-* ``relation="zero_out"`` / ``"replace_one"``: ``n`` is public; ``D`` defaults to ``q n``.
-
-Plan (data-free, at construction): ``q``, ``D``, the noise multiplier ``z`` (given, or
-calibrated by :func:`~dpsco_jax.privacy.calibrate_poisson_sgd`, memoized, to ``target_epsilon``
-over ``num_steps``), the per-step event ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` and the
-noise stddev ``z C / D``. A ``target_epsilon`` is a budget: an explicit ``noise_multiplier``
-whose ``num_steps`` exceed it raises before anything is released, and the ledger is created
-with ``epsilon_budget = min(target_epsilon, epsilon_budget)``.
-
-One step (user level: leaves ``[n, m, ...]``, a user's gradient is the mean over its ``m``
-items; item level: leaves ``[n, ...]``):
-
-1. Poisson sampling: user ``u`` joins step ``t`` iff ``bernoulli(fold_in(sample_key, t), q)[u]``.
-   The trainer itself gathers the sampled users into padded micro-batches of static size and
-   builds their ``user_mask``, so a padded slot is never counted (a padded batch without mask
-   cannot reach the clipper through the trainer). Every realized batch is processed exactly.
-2. Clipping: per-user (mean) gradients clipped to ``C`` and summed, by
-   :class:`~dpsco_jax.flax.fast_clip.FastClippedGrad` (``method="fast"`` or ``"vmap"``). The
-   clipped sums of the micro-batches are accumulated (``accumulation_steps=k``: micro-batches
-   of ``ceil(batch_capacity / k)`` users), then
-3. noise is added once per logical batch: ``sum / D + N(0, (z C / D)^2)`` (core
-   ``add_gaussian_noise``), and the caller's ``optimizer`` sees only the privatized gradient
-   (post-processing). ``optax.MultiSteps`` or ``optax.apply_every`` in ``optimizer`` is
-   refused: they average (sum) noisy gradients, not accumulate clipped sums; use
-   ``accumulation_steps``.
-
-Sensitivity: removing (zeroing) one user moves the clipped sum by at most ``C``, the released
-mean by ``C / D``; under replace-one by ``2C`` (the accountant doubles it).
-
-Accounting: each step is one event (Abadi et al. 2016; Mironov et al. 2019), composed by the
-core :class:`~dpsco_jax.privacy.PrivacyLedger` (PLD by default); provenance ``accountant``.
-:meth:`DPTrainer.train` checks the whole planned run against the budget once, before its first
-step, then charges each block of ``report_every`` steps before running it; the epsilon it
-reports per block is the ledger's cached upper bound, labelled ``epsilon_kind:
-"upper_bound"`` in the history (exact: :meth:`DPTrainer.epsilon`).
-
-Cyclic schedule and correlated noise (issue #27): ``sampling="cyclic"`` with
-``noise_mechanism="independent" | "banded" | "blt"`` runs ``dp_sgd_user``'s cyclic plan (same
-keys, batches, noise stage and events; :mod:`dpsco_jax.flax.trainer_noise`). Poisson sampling
-with MF noise is refused (no banded amplification is implemented).
-
-Adaptive clipping (issue 48.2; Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021):
-``clip_norm="adaptive"`` with ``initial_clip_norm`` (and ``target_quantile``,
-``clip_learning_rate``, ``count_stddev``: ``dp_sgd_user``'s keys). The clipper clips at the
-``C_t`` of the noise state (:func:`~dpsco_jax.transforms.adaptive_clipping.adaptive_noise`,
-``state.opt_state[0]``); the micro-batches accumulate the clipped sums and the centred count of
-unclipped users; the one noise draw of the step adds ``z_Delta C_t / D`` to the mean and
-``sigma_b`` to the count, and ``C_t`` takes the geometric step. ``z_Delta`` and ``sigma_b`` are
-DP-SGD's adaptive plan (:func:`~dpsco_jax.algorithms.dpsgd.plan.adaptive_plan`), so the pair is
-one Gaussian of multiplier ``z``: the event, the ledger and the epsilon are a fixed clip's.
-Fast clipping honours ``C_t``: its certified bounds ``N_u`` do not depend on ``C``, so every
-user still adds at most ``w_u N_u <= C_t``. Refused with MF noise (the plan's reason). ``C_t``
-is public (post-processing of the noisy counts): ``history`` records it per block.
-
-Many devices (issue 24.2): ``mesh=`` shards each step's users over a ``"users"`` axis, same
-plan, keys and ledger (:mod:`dpsco_jax.flax.trainer_mesh`).
-
-Audit hook: :meth:`DPTrainer.release_fn` returns a pure ``release(key, dataset)`` giving the
-per-step privatized gradients (issue 12's harness interface). Checkpoints:
-:mod:`dpsco_jax.flax.checkpoint`. Timing is not protected (the number of micro-batches of a
-step depends on its realized batch size).
+A step (Poisson): user ``u`` joins step ``t`` iff ``bernoulli(fold_in(sample_key, t), q)[u]``;
+the sampled users are gathered into padded micro-batches of static size with their
+``user_mask`` (a padded slot is never counted); per-user (mean) gradients are clipped to ``C``
+and summed by :class:`~dpsco_jax.flax.fast_clip.FastClippedGrad`; the micro-batches' sums are
+accumulated and noised once, ``sum / D + N(0, (z C / D)^2)``; the optimizer sees only that
+privatized gradient (post-processing). Each step is one ``PoissonSampledDpEvent(q,
+GaussianDpEvent(z))`` (Abadi et al. 2016; Mironov et al. 2019) in the core
+:class:`~dpsco_jax.privacy.PrivacyLedger`. Cyclic sampling and correlated noise:
+:mod:`dpsco_jax.flax.trainer_noise`; many devices: :mod:`dpsco_jax.flax.trainer_mesh`;
+checkpoints: :mod:`dpsco_jax.flax.checkpoint`. Timing is not protected (the number of
+micro-batches of a step depends on its realized batch size).
 """
 
 from __future__ import annotations
@@ -87,9 +28,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dpsco_jax._checks import (ArgumentTypeError, check_bool, check_choice, check_delta, check_epsilon, check_int,
-                               check_nonnegative, check_positive, check_probability,
-                               check_seed_or_key)
+from dpsco_jax._checks import (ArgumentTypeError, check_bool, check_choice, check_delta,
+                               check_epsilon, check_int, check_nonnegative, check_positive,
+                               check_probability, check_seed_or_key)
 from dpsco_jax.flax import checkpoint as ckpt
 from dpsco_jax.flax.fast_clip import FastClippedGrad, LossFn
 from dpsco_jax.flax import trainer_mesh as tm
@@ -111,12 +52,12 @@ _LABEL = "dp-sgd step (poisson gaussian)"
 
 
 class TrainState(NamedTuple):
-  """Everything a step depends on. SECRET: ``opt_state`` (holds the noise key) and
-  ``sample_key``; both are redacted in repr/str (the arrays stay accessible).
+  """Everything a step depends on; ``opt_state`` (holds the noise key) and ``sample_key`` are
+  SECRET and redacted in repr/str (the arrays stay accessible).
 
   Attributes:
     params: the model's parameters.
-    opt_state: the optimizer and noise state (secret: holds the noise key).
+    opt_state: ``(noise state, optimizer state)`` (secret: holds the noise key).
     sample_key: the sampling key (secret).
     step: the steps taken.
   """
@@ -137,13 +78,12 @@ def _optional(x: Any, check: Callable, name: str) -> Any:
   return None if x is None else check(x, name)
 
 
-#: optax's gradient-accumulation wrappers, by the state type they leave in the optimizer state
-#: (found however deep in a chain): they average or sum noisy gradients over several steps
+#: optax's gradient-accumulation wrappers, by their state type: they average noisy gradients
 _ACCUMULATORS = {optax.MultiStepsState: "optax.MultiSteps", optax.ApplyEvery: "optax.apply_every"}
 
 
 def _accumulator(tree: Any) -> str | None:
-  """The name of the first accumulation wrapper whose state is in ``tree`` (else None)."""
+  """The first accumulation wrapper whose state is anywhere in ``tree``, or None."""
   kinds = tuple(_ACCUMULATORS)
   found = [x for x in jax.tree.leaves(tree, is_leaf=lambda y: isinstance(y, kinds))
            if isinstance(x, kinds)]
@@ -151,18 +91,9 @@ def _accumulator(tree: Any) -> str | None:
 
 
 def check_clip_args(clip_norm: Any, adaptive_keys: dict) -> float:
-  """The fixed ``C``, or with ``clip_norm="adaptive"`` the checked ``C_0``; the other adaptive
-  arguments (``target_quantile``, ``clip_learning_rate``, ``initial_clip_norm``,
-  ``count_stddev``, given as ``adaptive_keys``, None where not given) are range-checked here,
-  before anything is built, and refused without ``"adaptive"`` (they would be ignored). The
-  runner's pre-run check of ``flax.DPTrainer`` calls it too.
-
-  Args:
-    clip_norm: a number > 0, or ``"adaptive"``.
-    adaptive_keys: the four adaptive arguments by name.
-
-  Returns:
-    ``C``, or ``C_0``.
+  """The fixed ``C``, or with ``clip_norm="adaptive"`` the checked ``C_0``; the adaptive
+  arguments (``adaptive_keys``, None where not given) are range-checked, and refused without
+  ``"adaptive"``. The runner's pre-run check calls it too.
 
   Raises:
     ValueError: a bad value, an adaptive argument without ``"adaptive"``, or ``"adaptive"``
@@ -186,73 +117,66 @@ def check_clip_args(clip_norm: Any, adaptive_keys: dict) -> float:
 class DPTrainer:
   """Differentially private training of an nnx model (user- or item-level DP-SGD).
 
+  **Neighbouring relation and what is public** (:mod:`dpsco_jax.privacy.relations`): under
+  ``relation="add_remove"`` (Poisson's default) one user (item, at item level) is added or
+  removed and the number of users ``n`` is private, so the sampling rate ``q`` and the
+  denominator ``D`` are declared public constants, never derived from the data (e.g. ``D = q
+  N`` with ``N`` a public estimate of ``n``; any ``D > 0`` is sound). Under ``"zero_out"`` /
+  ``"replace_one"`` ``n`` is public. One user moves the clipped sum by at most ``C`` (``2C``
+  under replace-one, which the accountant prices). The plan (``q``, ``D``, ``z``, the event,
+  the noise std ``z C / D``) is made at construction, before any data is read; a
+  ``target_epsilon`` is a budget, and :meth:`train` checks the whole run against the budget
+  before its first step.
+
   Args:
     model: the ``nnx.Module`` to train (its ``nnx.Param`` leaves; other state is fixed).
     loss_fn: ``loss_fn(model, example) -> scalar`` for ONE item (checked before any step).
-    optimizer: the data-independent step applied to the privatized gradient: an optax
-      transformation, e.g. ``optax.sgd(lr)`` (not ``optax.MultiSteps`` / ``apply_every``: see
-      ``accumulation_steps``), or an ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, which is
-      then driven: training continues from its state and writes its state and step back.
-      Either way ``model`` is updated in place at the end of :meth:`train` / :meth:`restore`.
-    data: a :class:`~dpsco_jax.data.UserData` (users with uneven item counts; its padding
-      is weighted out), or a pytree with leaves ``[n_users, m, ...]`` (``level="user"``,
-      every user exactly ``m`` real items) or ``[n, ...]`` (``level="item"``); the declared
-      level and the layout must agree (checked).
+    optimizer: applied to the privatized gradient: an optax transformation (not
+      ``optax.MultiSteps`` / ``apply_every``, which average noisy gradients: use
+      ``accumulation_steps``), or an ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, continued
+      from and written back. ``model`` is updated in place by :meth:`train` / :meth:`restore`.
+    data: a :class:`~dpsco_jax.data.UserData`, or a pytree with leaves ``[n_users, m, ...]``
+      (``level="user"``) or ``[n, ...]`` (``level="item"``); the layout is checked.
     clip_norm: ``C``, per-user (per-item) L2 clip of the (mean) gradient, or ``"adaptive"``:
-      the clip norm ``C_t`` follows the ``target_quantile`` of the users' norms (Andrew et al.
-      2021; :mod:`dpsco_jax.transforms.adaptive_clipping`), carried in the noise state
-      (``state.opt_state[0].clip_norm``), checkpointed with it; same event and ledger as a
-      fixed clip at ``z`` (the pair's split of DP-SGD's adaptive plan).
+      ``C_t`` follows the ``target_quantile`` of the users' norms (Andrew et al. 2021), public
+      (a function of the noisy counts; in ``history``); its noise pair is DP-SGD's split of
+      one Gaussian of multiplier ``z``, so the event and ledger are a fixed clip's.
     sampling_rate: Poisson rate ``q`` in (0, 1], a declared public constant (Poisson only).
     delta: the delta of the reported guarantee.
-    expected_batch_size: the fixed denominator ``D`` (public). Required under ``add_remove``;
-      defaults to ``q n`` under ``zero_out`` / ``replace_one`` (``n`` public there).
+    expected_batch_size: the public denominator ``D``: required under ``add_remove``, else
+      ``q n`` by default.
     relation: ``"add_remove"`` (Poisson's default), ``"zero_out"`` (cyclic's default) or
       ``"replace_one"``.
-    noise_multiplier: ``z`` (noise stddev ``z C / D``). Give it, or ``target_epsilon`` and
-      ``num_steps`` to calibrate it.
+    noise_multiplier: ``z``. Give it, or ``target_epsilon`` and ``num_steps``.
     target_epsilon: the epsilon of ``num_steps`` steps; also a budget of the ledger.
-    epsilon_budget: optional hard cap; a run that would exceed it raises
-      ``PrivacyBudgetExceeded`` before its first step.
-    num_steps: the planned run's steps (needed with ``target_epsilon`` and for cyclic
-      sampling).
+    epsilon_budget: optional hard cap of the ledger.
+    num_steps: the planned run's steps (needed with ``target_epsilon`` and cyclic sampling).
     level: ``"user"`` or ``"item"``.
-    method: ``"fast"`` (taps), ``"vmap"``, or ``"auto"``:
-      the one with the lower predicted cost at the micro-batch shape (per-layer cost model,
-      shapes only: the choice never depends on the data; see ``clipper.autotune_report``).
+    method: ``"fast"`` (taps), ``"vmap"``, or ``"auto"`` (the lower predicted cost at the
+      micro-batch shape; shapes only, see ``clipper.autotune_report``).
     batch_capacity: static size of the users processed at once (default ``D`` + 4 sd).
     accumulation_steps: ``k``: micro-batches of ``ceil(batch_capacity / k)`` users whose
-      clipped sums are accumulated before the one noise draw of the logical batch.
+      clipped sums are accumulated before the one noise draw.
     key: PRNG key or int seed; split once into the sampling and noise keys.
     accountant: ``"pld"`` (default), ``"rdp"`` or ``"auto"``.
     debug: a real bool; keeps realized batch sizes (data-dependent) in ``self.debug``.
     sampling: ``"poisson"`` (default) or ``"cyclic"`` (``batch_size`` users a step in a public
-      fixed order, each once per epoch of ``ceil(n / B)`` steps; needs ``num_steps``).
-    noise_mechanism: ``"independent"``, or with ``sampling="cyclic"`` ``"banded"`` (``bands``)
-      or ``"blt"`` (``buffers``), strategy ``mf_strategy`` (``dp_sgd_user``'s keys).
-    batch_size: users per step under ``sampling="cyclic"`` (refused with Poisson sampling).
+      order, each once per epoch; :mod:`dpsco_jax.flax.trainer_noise`).
+    noise_mechanism: ``"independent"``, or with cyclic sampling ``"banded"`` or ``"blt"``.
+    batch_size: users per step under cyclic sampling.
     bands: the bands of ``noise_mechanism="banded"``.
     buffers: the buffers of ``noise_mechanism="blt"``.
     mf_strategy: how the correlated-noise strategy is chosen (default ``"auto"``).
-    mesh: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the one set with
-      ``jax.set_mesh``, if any): each device clips its own users of a step, the sums are
-      reduced, the noise drawn once; same plan and ledger (:mod:`~dpsco_jax.flax.trainer_mesh`).
-    target_quantile: ``clip_norm="adaptive"``: the fraction ``gamma`` in (0, 1) of users left
-      unclipped (default 0.5).
-    clip_learning_rate: ``clip_norm="adaptive"``: the step ``eta_C > 0`` of
-      ``C <- C exp(-eta_C (b - gamma))`` (default 0.2).
-    initial_clip_norm: ``clip_norm="adaptive"``: ``C_0 > 0`` (required: the trainer has no
-      Lipschitz constant to default to).
-    count_stddev: ``clip_norm="adaptive"``: the unclipped count's noise std ``sigma_b`` in
-      users (default ``max(D / 20, z)``); ``2 sigma_b`` must exceed ``z``.
+    mesh: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: ``jax.set_mesh``'s):
+      users sharded over it, same plan and ledger (:mod:`dpsco_jax.flax.trainer_mesh`).
+    target_quantile: adaptive: the fraction in (0, 1) of users left unclipped (default 0.5).
+    clip_learning_rate: adaptive: the step ``eta_C > 0`` of the clip norm (default 0.2).
+    initial_clip_norm: adaptive: ``C_0 > 0`` (required).
+    count_stddev: adaptive: the unclipped count's noise std in users (default ``max(D / 20,
+      z)``); twice it must exceed ``z``.
 
   Raises:
-    ValueError: a bad or inconsistent argument, named in the message (e.g. neither
-      ``noise_multiplier`` nor ``target_epsilon`` with ``num_steps``; ``batch_size`` with
-      Poisson sampling; an optimizer that accumulates noisy updates; data whose layout is not
-      the declared ``level``; an adaptive key without ``clip_norm="adaptive"``, or adaptive
-      clipping with correlated noise, a target quantile outside (0, 1), a non-positive
-      initial norm or step, or a count noise too small for ``z``).
+    ValueError: a bad or inconsistent argument, named in the message.
     PrivacyBudgetExceeded: the planned run would exceed ``epsilon_budget``.
   """
 
@@ -313,10 +237,18 @@ class DPTrainer:
     self._plan(expected_batch_size, noise_multiplier, target_epsilon, num_steps,
                epsilon_budget)
     self._size_batches(batch_capacity, method, data)
+    self._start(model, optimizer, key)
+    self.data = self._mesh.place_data(data)
+    self.debug: dict | None = {"batch_sizes": []} if debug else None
+    self.history: list[dict] = []
+    self._build()
 
+  def _start(self, model: nnx.Module, optimizer: Any, key: jax.Array) -> None:
+    """The optimizer (an ``nnx.Optimizer`` is driven: its tx, its state, written back), the
+    keys and noise stage, and the initial :class:`TrainState`."""
     params = self.clipper.params
     self._user_model, self._nnx_opt = model, None
-    if isinstance(optimizer, nnx.Optimizer):  # drive it: its tx, its state, written back
+    if isinstance(optimizer, nnx.Optimizer):
       self._nnx_opt, optimizer = optimizer, optimizer.tx
     self.optimizer = optimizer
     accumulator = _accumulator(optimizer.init(params))
@@ -337,22 +269,17 @@ class DPTrainer:
                                  [v.value for v in self._opt_vars()])
     self.state = self._mesh.place(TrainState(params=params, opt_state=(
         self._noise.init(params), inner), sample_key=sample_key, step=jnp.zeros((), jnp.int32)))
-    self.data = self._mesh.place_data(data)
-    self.debug: dict | None = {"batch_sizes": []} if debug else None
-    self.history: list[dict] = []
-    self._build()
 
   def _size_batches(self, batch_capacity: int | None, method: str, data: PyTree) -> None:
-    """The static slots of a step (``batch_capacity``: the cyclic batch, or the Poisson
-    mean + 4 sd + 1) and of a micro-batch (rounded up to the mesh's device count), then the
-    clipping method for that shape (public: chosen on a zero stand-in)."""
+    """The static slots of a step and of a micro-batch (rounded up to the mesh's devices),
+    then the clipping method for that shape (public: chosen on a zero stand-in)."""
     cap = batch_capacity if batch_capacity is not None else (
         self.denominator if self.cyclic else
         math.ceil(self.denominator + 4 * math.sqrt(self.denominator) + 1))
     self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
     self.micro_batch = self._mesh.micro_batch(math.ceil(self.batch_capacity /
                                                         self.accumulation_steps))
-    if method == "auto":  # a zero stand-in of the micro-batch shape: the choice is public
+    if method == "auto":
       stand_in = jax.tree.map(lambda x: jnp.zeros((self.micro_batch, *x.shape[1:]), x.dtype),
                               data)
       self.clipper.autotune(self.clipper.params, stand_in,
@@ -367,16 +294,14 @@ class DPTrainer:
     return vs
 
   def _sync_model(self, steps_taken: int) -> None:
-    """Writes the current params into the user's model (in place, as nnx users expect) and,
-    when an ``nnx.Optimizer`` was given, its state and step counter."""
+    """Writes the params into the user's model (in place) and, with an ``nnx.Optimizer``, its
+    state and step counter."""
     nnx.update(self._user_model, self.state.params)
     if self._nnx_opt is not None:
       for var, value in zip(self._opt_vars(), jax.tree.leaves(self.state.opt_state[1]),
                             strict=True):
         var.value = value
       self._nnx_opt.step.value = self._nnx_opt.step.value + steps_taken
-
-  # ---- the data-free plan --------------------------------------------------------------------
 
   def _plan(self, expected_batch_size, noise_multiplier, target_epsilon, num_steps,
             epsilon_budget) -> None:
@@ -423,8 +348,7 @@ class DPTrainer:
     self._set_stage()
 
   def _adaptive_plan(self) -> AdaptivePlan | None:
-    """DP-SGD's adaptive plan at this trainer's ``z``, ``C_0`` and ``D`` (its defaults, split
-    and refusals: the same ``z_Delta`` and ``sigma_b`` as ``dp_sgd_user`` at these numbers)."""
+    """DP-SGD's adaptive plan (defaults, split, refusals) at this trainer's ``z, C_0, D``."""
     if self._adaptive_keys is None:
       return None
     view = config_view({"delta": self.delta, "noise_multiplier": self.noise_multiplier,
@@ -433,15 +357,14 @@ class DPTrainer:
                          level=self.level, noise=self.noise_mechanism)
 
   def _open_ledger(self, *caps: float | None) -> None:
-    """The run's ledger; its budget is the tightest of the checked ``caps`` given."""
+    """The run's ledger; its budget is the tightest of the ``caps`` given."""
     caps = [c for c in caps if c is not None]
     self.ledger = PrivacyLedger(delta=self.delta, epsilon_budget=min(caps) if caps else None,
                                 relation=self.relation, accountant=self.accountant)
 
   def _set_stage(self) -> None:
     """Noise stage: ``z`` on the clipped mean's ``C / D`` (add/remove under any relation: the
-    ledger prices replace-one), the DP-SGD plan's own stage, so the std (formed in
-    ``privacy.sensitivity``, never here) is the plan's bit for bit."""
+    ledger prices replace-one); the std is formed in ``privacy.sensitivity``, as the plan's."""
     self.sensitivity = self.clipper.sensitivity(mode="mean", denominator=self.denominator)
     self.stage = (GaussianStage(self.noise_multiplier,
                                 clipped_mean_sensitivity(self.clip_norm, self.denominator), "step")
@@ -452,28 +375,25 @@ class DPTrainer:
   def _step_event(self, z: float) -> dp_accounting.DpEvent:
     return dp_accounting.PoissonSampledDpEvent(self.q, dp_accounting.GaussianDpEvent(z))
 
-  # ---- jitted pieces ----------------------------------------------------------------------------
-
   def _clip_of(self, opt_state: tuple) -> jax.Array | None:
-    """The clip norm of this step: adaptive clipping's ``C_t`` (in the noise state), else None
-    (the clipper's fixed ``C``)."""
+    """Adaptive clipping's ``C_t`` (in the noise state), else None (the fixed ``C``)."""
     return None if self.adaptive is None else opt_state[0].clip_norm
 
   def _clipped(self, params: PyTree, rows: PyTree, mask: jax.Array,
                clip: jax.Array | None) -> Any:
-    """A step's *total*: the clipped sum at the fixed ``C`` (``clip`` None), or under adaptive
-    clipping ``(clipped sum at C_t, centred unclipped count)`` (both SECRET until noised)."""
+    """A step's SECRET *total*: the clipped sum, or under adaptive clipping ``(clipped sum at
+    C_t, centred unclipped count)``."""
     summed, info = self.clipper.clipped_sum(params, rows, mask, clip_norm=clip)
     return summed if clip is None else (summed, unclipped_centred_count(info.norms, clip, mask))
 
   def _zero_total(self, params: PyTree) -> Any:
-    """The zero *total* (:meth:`_clipped`), float32 or wider."""
-    zeros = self._zeros(params)
+    """The zero *total*, accumulated in float32 or wider whatever the params' dtype."""
+    zeros = jax.tree.map(
+        lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(p.dtype, jnp.float32)), params)
     return zeros if self.adaptive is None else (zeros, jnp.zeros((), jnp.float32))
 
   def _privatize(self, total: Any, opt_state: tuple, params: PyTree, noise_tx=None):
-    """``sum / D`` -> noise (adaptive: and the count's) -> optimizer: (privatized gradient,
-    updates, new opt_state)."""
+    """``sum / D`` -> noise -> optimizer: ``(privatized gradient, updates, opt_state)``."""
     noise_tx = self._noise if noise_tx is None else noise_tx
     summed, extra = ((total, {}) if self.adaptive is None
                      else (total[0], {"centred_count": total[1]}))
@@ -483,14 +403,21 @@ class DPTrainer:
     updates, inner = self.optimizer.update(noisy, inner, params)
     return noisy, updates, (noise_state, inner)
 
-  def _release_step(self, params: PyTree, opt_state: tuple, rows: PyTree, mask: jax.Array,
-                    noise_tx) -> tuple[tuple[PyTree, tuple], PyTree]:
-    """One step of :meth:`release_fn` (Poisson or cyclic) on the sampled ``rows``:
-    ``((new params, opt_state), privatized gradient)``."""
-    total = self._clipped(params, rows, mask, self._clip_of(opt_state))
-    total = jax.tree.map(lambda s, z: s.astype(z.dtype), total, self._zero_total(params))
-    noisy, updates, opt_state = self._privatize(total, opt_state, params, noise_tx)
-    return (optax.apply_updates(params, updates), opt_state), noisy
+  def _release_scan(self, noise_tx, steps: int, batch_of: Callable) -> PyTree:
+    """:meth:`release_fn`'s ``[T, ...]`` privatized gradients from the initial params; step
+    ``t`` clips ``batch_of(t) = (rows, mask)``."""
+    params0 = self._initial_params
+
+    def step(carry, t):
+      params, opt_state = carry
+      rows, mask = batch_of(t)
+      total = self._clipped(params, rows, mask, self._clip_of(opt_state))
+      total = jax.tree.map(lambda s, z: s.astype(z.dtype), total, self._zero_total(params))
+      noisy, updates, opt_state = self._privatize(total, opt_state, params, noise_tx)
+      return (optax.apply_updates(params, updates), opt_state), noisy
+
+    opt0 = (noise_tx.init(params0), self.optimizer.init(params0))
+    return jax.lax.scan(step, (params0, opt0), jnp.arange(steps))[1]
 
   def _build(self):
     q, n = self.q, self.n
@@ -514,10 +441,6 @@ class DPTrainer:
 
     self._sample, self._clipped_chunk, self._apply = sample, clipped_chunk, apply
 
-  _zeros = staticmethod(tm.zeros_like_sum)  # float32 or wider, whatever the params' dtype
-
-  # ---- stepping -----------------------------------------------------------------------------
-
   @property
   def step_count(self) -> int:
     return int(self.state.step)
@@ -528,8 +451,7 @@ class DPTrainer:
 
   @property
   def current_clip_norm(self) -> float:
-    """The clip norm of the next step: ``C_t`` under adaptive clipping (public: a function of
-    the released noisy counts), else the fixed ``C``."""
+    """The next step's clip norm: ``C_t`` under adaptive clipping (public), else ``C``."""
     return (self.clip_norm if self.adaptive is None
             else float(self.state.opt_state[0].clip_norm))
 
@@ -545,28 +467,25 @@ class DPTrainer:
 
   def _one_step(self):
     with self._mesh.context():   # over a caller's explicit-axes jax.set_mesh context
-      self._step_on_mesh()
-
-  def _step_on_mesh(self):
-    st = self.state
-    chosen = (self.cyclic.chosen(st.sample_key, int(st.step)) if self.cyclic else
-              np.flatnonzero(np.asarray(self._sample(st.sample_key, st.step))))
-    if self.debug is not None:
-      self.debug["batch_sizes"].append(int(chosen.size))
-    size = self.micro_batch
-    total = self._zero_total(st.params)
-    clip = self._clip_of(st.opt_state)
-    # At least one micro-batch and at least accumulation_steps of them: the same compiled
-    # shapes every step; empty ones are fully masked (contribute exactly zero).
-    n_micro = max(self.accumulation_steps, -(-chosen.size // size))
-    for b in range(n_micro):
-      part = chosen[b * size:(b + 1) * size]
-      idx = np.zeros((size,), np.int32)
-      idx[:part.size] = part
-      mask = np.arange(size) < part.size
-      total = self._clipped_chunk(st.params, self.data, jnp.asarray(idx), jnp.asarray(mask),
-                                  total, clip)
-    self.state = self._apply(st, total)
+      st = self.state
+      chosen = (self.cyclic.chosen(st.sample_key, int(st.step)) if self.cyclic else
+                np.flatnonzero(np.asarray(self._sample(st.sample_key, st.step))))
+      if self.debug is not None:
+        self.debug["batch_sizes"].append(int(chosen.size))
+      size = self.micro_batch
+      total = self._zero_total(st.params)
+      clip = self._clip_of(st.opt_state)
+      # At least one micro-batch and at least accumulation_steps of them: the same compiled
+      # shapes every step; empty ones are fully masked (contribute exactly zero).
+      n_micro = max(self.accumulation_steps, -(-chosen.size // size))
+      for b in range(n_micro):
+        part = chosen[b * size:(b + 1) * size]
+        idx = np.zeros((size,), np.int32)
+        idx[:part.size] = part
+        mask = np.arange(size) < part.size
+        total = self._clipped_chunk(st.params, self.data, jnp.asarray(idx), jnp.asarray(mask),
+                                    total, clip)
+      self.state = self._apply(st, total)
 
   def train(self, num_steps: int, *, report_every: int = 10,
             checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
@@ -574,18 +493,10 @@ class DPTrainer:
             hmac_key: bytes | None = None) -> list[dict]:
     """Runs ``num_steps`` DP steps in blocks of ``report_every``.
 
-    The whole run is checked against the budget once, before the first step
-    (``PrivacyBudgetExceeded``: nothing runs). Each block is then charged to the ledger before
-    it runs, and ``{"step", "epsilon", "epsilon_kind", "delta"}`` is appended to
-    ``self.history`` (and passed to ``log_fn``), ``epsilon`` being in general an upper bound
-    (the ledger's cached grid bound, capped by the checked epsilon of the whole run; exact:
-    :meth:`epsilon`), and ``epsilon_kind`` saying which (``"upper_bound"``, or ``"exact"``
-    when no rounding was involved). Checkpoints are sealed with ``hmac_key`` when given
-    (:meth:`save`). Charging a prefix of an
-    already-checked run cannot exceed the budget, so blocks are recorded with
-    ``ledger.compose`` (a per-block ``spend`` would recompute the exact epsilon every block
-    once the grid bound nears the budget). With ``checkpoint_dir``, a checkpoint is written
-    every ``checkpoint_every`` steps (a multiple of ``report_every``) and at the end.
+    The whole run is checked against the budget before the first step; each block is charged
+    before it runs and appends ``{"step", "epsilon", "epsilon_kind", "delta"}`` (adaptive: and
+    ``"clip_norm"``) to ``self.history``, ``epsilon`` being in general an upper bound (exact:
+    :meth:`epsilon`).
 
     Args:
       num_steps: the steps to run, an integer >= 1.
@@ -597,7 +508,7 @@ class DPTrainer:
       hmac_key: the key that seals checkpoints (bytes; default: a plain SHA-256 seal).
 
     Returns:
-      ``self.history``: one ``{"step", "epsilon", "epsilon_kind", "delta"}`` per block.
+      ``self.history``: one entry per block.
 
     Raises:
       PrivacyBudgetExceeded: the whole run would exceed the budget (nothing runs).
@@ -632,7 +543,7 @@ class DPTrainer:
       block = min(report_every, num_steps - done)
       if self.cyclic is not None:  # exact: the prefix's Gaussian (trainer_noise)
         eps = self.cyclic.charge(self.ledger, self.step_count + block)
-      else:
+      else:  # compose, not spend: a prefix of the checked run cannot exceed the budget
         self.ledger.compose(self.event, label=_LABEL, count=block)
         eps = self.ledger.epsilon(exact=False)
       # the whole run's checked epsilon bounds every prefix of it
@@ -654,8 +565,7 @@ class DPTrainer:
         self.save(checkpoint_dir, hmac_key=hmac_key)
 
   def epsilon(self, *, exact: bool = True) -> float:
-    """Epsilon of every step taken (charged) so far: exact by default (one accountant
-    evaluation, cached); ``exact=False`` is the ledger's cheap grid upper bound.
+    """Epsilon of every step charged so far (exact, cached; or the ledger's grid bound).
 
     Args:
       exact: the exact epsilon (default) or the grid upper bound.
@@ -666,8 +576,8 @@ class DPTrainer:
     return self.ledger.epsilon(exact=exact)
 
   def privacy_report(self) -> PrivacyReport:
-    """``accountant`` provenance: composition of the Poisson-sampled Gaussian steps (cyclic:
-    the Gaussian of the run's prefix).
+    """``accountant`` provenance: the composition of the steps taken (cyclic: the Gaussian of
+    the run's prefix).
 
     Returns:
       The :class:`~dpsco_jax.privacy.PrivacyReport` of the steps taken.
@@ -693,25 +603,19 @@ class DPTrainer:
             f"D={self.denominator:g}, z={self.noise_multiplier:.4g}, {self._clip_text()}, "
             f"steps={self.step_count}, state={self.state!r})")
 
-  # ---- audit hook -------------------------------------------------------------------------------
-
   def release_fn(self, num_steps: int, *, noise: bool = True
                  ) -> Callable[[jax.Array, PyTree], PyTree]:
     """``release(key, dataset) -> per-step privatized gradients`` (leaves ``[T, ...]``).
 
-    The same mechanism as :meth:`train` from this trainer's *initial* params and plan (``q``,
-    ``D``, ``z C / D``, the optimizer): ``key`` is split like the trainer's key into the
-    sampling and noise keys, step ``t`` samples ``bernoulli(fold_in(sample_key, t), q)`` over
-    ``dataset``'s users (all of them in one masked batch instead of micro-batches; equal up to
-    float rounding) and releases ``clipped_sum / D + noise``. Pure and static-shaped, so the
-    audit harness can ``vmap`` it over keys. ``noise=False`` is a TEST HOOK returning the
-    noiseless ``clipped_sum / D``. It neither touches ``self.state`` nor charges
-    ``self.ledger``: its outputs carry the plan's guarantee (``T`` steps of :attr:`event`)
-    and are meant for audits on canary datasets.
+    The mechanism of :meth:`train` from the *initial* params and plan, keys split as the
+    trainer's, one masked batch a step (equal up to float rounding). Pure and static-shaped;
+    it neither touches ``self.state`` nor charges ``self.ledger``: its outputs carry the
+    plan's guarantee (``T`` steps of :attr:`event`), for audits on canary datasets.
 
     Args:
       num_steps: ``T``, the steps released, an integer >= 1.
-      noise: add the noise (default True; False is a test hook).
+      noise: add the noise (default True; False is a TEST HOOK: the noiseless
+        ``clipped_sum / D``).
 
     Returns:
       ``release(key, dataset)``, a pure function returning the ``[T, ...]`` releases.
@@ -725,26 +629,16 @@ class DPTrainer:
     if self.cyclic is not None:
       return tn.cyclic_release_fn(self, steps, noise)
     stddev = self.noise_stddev if noise else 0.0
-    params0 = self._initial_params
 
     def release(key: jax.Array, dataset: PyTree) -> PyTree:
       sample_key, noise_key = jax.random.split(key)
       noise_tx = (add_gaussian_noise(stddev, noise_key) if self.adaptive is None else
                   tn.adaptive_stage(self.adaptive, self.denominator, noise_key, noise=noise))
       n = jax.tree.leaves(dataset)[0].shape[0]
-      opt0 = (noise_tx.init(params0), self.optimizer.init(params0))
-
-      def step(carry, t):
-        params, opt_state = carry
-        mask = jax.random.bernoulli(jax.random.fold_in(sample_key, t), self.q, (n,))
-        return self._release_step(params, opt_state, dataset, mask, noise_tx)
-
-      _, out = jax.lax.scan(step, (params0, opt0), jnp.arange(steps))
-      return out
+      return self._release_scan(noise_tx, steps, lambda t: (dataset, jax.random.bernoulli(
+          jax.random.fold_in(sample_key, t), self.q, (n,))))
 
     return release
-
-  # ---- checkpointing ----------------------------------------------------------------------------
 
   def _fingerprint(self) -> dict:
     fp = {"q": self.q, "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm,
@@ -763,9 +657,8 @@ class DPTrainer:
 
   def save(self, directory: str | os.PathLike, *, hmac_key: bytes | None = None,
            overwrite: bool = False) -> str:
-    """Writes ``directory/step_<t>`` (see :mod:`dpsco_jax.flax.checkpoint`); returns it. The
-    seal covers ledger, step, history, fingerprint and arrays; it is an HMAC with
-    ``hmac_key`` (bytes you hold: detects forgery), else a plain SHA-256 (accidents only).
+    """Writes a sealed ``directory/step_<t>`` (:mod:`dpsco_jax.flax.checkpoint`): an HMAC
+    with ``hmac_key`` (bytes you hold: detects forgery), else a plain SHA-256 (accidents only).
 
     Args:
       directory: the checkpoints' folder.
@@ -800,12 +693,8 @@ class DPTrainer:
 
   def restore(self, path: str | os.PathLike, *, hmac_key: bytes | None = None
               ) -> "DPTrainer":
-    """Loads a checkpoint (a ``step_*`` folder, or a directory: its latest complete one) into
-    this trainer, which must be fresh (nothing spent: the ledger is never rolled back). Refuses
-    a broken seal (with ``hmac_key``: a missing or wrong HMAC, i.e. a forgery), an edited
-    ledger, another budget / accountant / privacy configuration, or a ledger that is not what
-    the checkpoint's step count implies, or other data than it was trained on
-    (:mod:`dpsco_jax.flax.checkpoint`).
+    """Loads a checkpoint into this trainer, which must be fresh (the ledger is never rolled
+    back); refusals: :mod:`dpsco_jax.flax.checkpoint`.
 
     Args:
       path: a ``step_*`` folder, or a folder of them (its latest complete one).

@@ -13,10 +13,8 @@ PyTree = Any
 
 
 def from_user_data(loss_fn: LossFn, data: Any, level: str) -> tuple[LossFn, PyTree]:
-  """A :class:`~dpsco_jax.data.UserData` as the arrays a step reads. User level: its user
-  view (weight ``m / k_u`` on a user's ``k_u`` real items, 0 on padding, so a user's gradient
-  is the mean over its real items and padding cannot be counted); item level: its real items.
-  Other data is returned unchanged."""
+  """A :class:`~dpsco_jax.data.UserData` as the arrays a step reads: its weighted user view
+  (a user's gradient is the mean over its real items; padding weighs 0) or its real items."""
   from dpsco_jax.data.user_data import UserData, weighted_loss
   if not isinstance(data, UserData):
     return loss_fn, data
@@ -27,8 +25,7 @@ def from_user_data(loss_fn: LossFn, data: Any, level: str) -> tuple[LossFn, PyTr
 
 
 def check_data(clipper: FastClippedGrad, data: PyTree, level: str) -> int:
-  """Leading axis ``n`` of ``data`` after checking the layout and that ``loss_fn`` gives one
-  scalar per item (before any step)."""
+  """``n`` after checking the layout and that ``loss_fn`` gives one float scalar per item."""
   leaves = jax.tree.leaves(data)
   if not leaves or any(not hasattr(x, "shape") for x in leaves):
     raise ValueError("data must be a pytree of arrays with a leading user/item axis")

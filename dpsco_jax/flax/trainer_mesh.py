@@ -1,25 +1,12 @@
-"""DPTrainer on a mesh (issue 24.2): users sharded over a ``"users"`` axis.
+"""DPTrainer on a mesh: each step's users sharded over a ``"users"`` axis.
 
-``DPTrainer(..., mesh=m)`` (or a mesh set with ``jax.set_mesh`` around the constructor) runs
-each step's micro-batches with their user axis sharded over ``m``'s ``"users"`` axis: each
-device differentiates and clips its own users, XLA reduces the clipped sums across the axis,
-and the sum, the params, the optimizer state, the noise stage and the keys are replicated, so
-the noise is drawn once from the one key and added once. Nothing of the plan changes: the
-sampling (on the sampling key), the accounting and the ledger are the one-device run's, and
-the released params equal its params to float rounding (the clipped sums are added in another
-order).
-
-* A micro-batch is rounded up to a multiple of the axis' devices (public: from shapes only);
-  the extra slots are masked exactly as the trainer's padded slots already are, so a batch
-  size the devices do not divide runs as is.
-* The data's user axis is sharded too (padded to a multiple of the devices with copies of
-  row 0 that are never indexed: the trainer samples over its ``n`` real rows only), so no
-  device holds the whole table.
-* Refused rather than run gathered on every device: fast clipping of a convolution whose
-  per-user patches are formed in chunks of users (a ``fori_loop`` of ``dynamic_slice``s over
-  the whole batch, :mod:`~dpsco_jax.flax.fast_clip_conv`, would gather every device's users
-  onto each device); ``method="vmap"`` shards.
-* :meth:`DPTrainer.release_fn` (the audit hook) stays a one-device pure function.
+Each device differentiates and clips its own users, XLA reduces the clipped sums, and the
+params, optimizer and noise states and keys are replicated, so the noise is drawn once from
+the one key. The plan, sampling, accounting and ledger are the one-device run's; the params
+equal its params to float rounding. A micro-batch is rounded up to a multiple of the devices
+(the extra slots masked); the data's user axis is sharded too. Fast clipping of a convolution
+chunked over users is refused (its chunks would gather every device's users: use
+``method="vmap"``). :meth:`DPTrainer.release_fn` stays a one-device function.
 """
 
 from __future__ import annotations
@@ -37,10 +24,7 @@ AXIS = "users"
 
 
 def current_mesh(mesh: Mesh | None) -> Mesh | None:
-  """``mesh``, else the one set with ``jax.set_mesh`` (if any), as ``dpsco_jax.fit`` reads
-  it; a mesh without a ``"users"`` axis is refused, naming the axis. A mesh with explicit
-  axes (``jax.make_mesh``'s default) is replaced by its auto-typed twin
-  (:func:`~dpsco_jax.algorithms.common.auto_axes`)."""
+  """``mesh``, else ``jax.set_mesh``'s (if any), auto-typed; refused without a ``"users"`` axis."""
   if mesh is None:
     current = jax.sharding.get_mesh()
     mesh = current if isinstance(current, Mesh) and not current.empty else None
@@ -60,8 +44,7 @@ class UsersMesh:
       self._replicated = NamedSharding(self.mesh, PartitionSpec())
 
   def context(self):
-    """The context the trainer's jitted steps run in: its (auto-typed) mesh, over a caller's
-    explicit ``jax.set_mesh`` context; nothing without a mesh."""
+    """The (auto-typed) mesh the jitted steps run in, over a caller's ``jax.set_mesh``."""
     return mesh_context(self.mesh)
 
   def micro_batch(self, size: int) -> int:
@@ -86,8 +69,7 @@ class UsersMesh:
     return jax.lax.with_sharding_constraint(tree, self._replicated)
 
   def check_clipper(self, clipper: Any, data: PyTree, micro_batch: int) -> None:
-    """Refuses fast clipping of a convolution chunked over users (module docstring).
-    ``clipper.method`` is the resolved one (``"auto"`` was resolved at this shape)."""
+    """Refuses fast clipping of a convolution chunked over users (``method`` is resolved)."""
     if self.mesh is None or clipper.method != "fast":
       return
     # the plan reads shapes only: a zero micro-batch stands in (as for autotune)
@@ -104,9 +86,3 @@ class UsersMesh:
   def __repr__(self) -> str:
     return "UsersMesh(none)" if self.mesh is None else f"UsersMesh({self.devices} devices)"
 
-
-def zeros_like_sum(params: PyTree) -> PyTree:
-  # The clipped sum is accumulated in float32 or wider, whatever the params' dtype.
-  return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(p.dtype,
-                                                                           jnp.float32)),
-                      params)

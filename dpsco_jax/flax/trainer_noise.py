@@ -1,37 +1,19 @@
-"""DPTrainer's cyclic schedule and its noise: independent, banded or BLT (issue #27).
+"""DPTrainer's cyclic schedule and its noise: independent, banded or BLT.
 
-``DPTrainer(sampling="cyclic", batch_size=B, num_steps=T, noise_mechanism=...)`` runs the
-schedule of ``dp_sgd_user`` with ``sampling: cyclic`` and takes *its* plan: the config is
-handed to :func:`~dpsco_jax.algorithms.dpsgd.plan.plan_dp_sgd` (relation, ``P = ceil(n / B)``
-steps per epoch, participation schema ``k = ceil(T / P)`` at min-separation ``P``, the MF
-strategy, its sensitivity, the calibrated ``z``), so the trainer and the driver cannot price
-the same run differently. Nothing here re-derives a sensitivity.
+``DPTrainer(sampling="cyclic", ...)`` takes the plan of ``dp_sgd_user`` with ``sampling:
+cyclic`` (:func:`~dpsco_jax.algorithms.dpsgd.plan.plan_dp_sgd`: ``P = ceil(n / B)`` steps per
+epoch, participations, MF strategy, sensitivity, ``z``), so the trainer and the driver cannot
+price the same run differently, and the driver's keys: order ``fold_in(key, 2)``
+(:func:`~dpsco_jax.algorithms.dpsgd.driver.cyclic_slots`; step ``t`` runs batch ``t mod P``,
+``D = B``), noise ``fold_in(key, 1)``. The noise stage is the driver's, on the *raveled*
+gradient (``dp.fit``'s layout: a stage draws one subkey per leaf), its SECRET state in
+``TrainState.opt_state[0]``.
 
-Schedule: a public permutation of the ``n`` user slots drawn from ``fold_in(key, 2)`` alone
-(:func:`~dpsco_jax.algorithms.dpsgd.driver.cyclic_slots`), cut into ``P`` batches of ``B``
-slots; step ``t`` processes batch ``t mod P`` (the last one may be short; the denominator stays
-``D = B``). Noise key: ``fold_in(key, 1)``. These are the driver's keys, so the same key gives
-the same batches and the same noise.
-
-Noise: the driver's own stage (``banded_noise`` / ``blt_noise`` with ``output="increment"``, or
-``add_gaussian_noise``) applied to the *raveled* gradient: ``dp.fit`` runs its drivers on the
-raveled parameter vector (:class:`~dpsco_jax.data.problem.UserDataProblem`), and a noise
-stage draws one subkey per leaf, so drawing on the nnx pytree would give other (equally
-distributed) noise than ``dp.fit`` for the same key. The stage's state (step count, SECRET
-ring / buffers and key) lives in ``TrainState.opt_state[0]``: checkpointed and sealed with the
-rest, redacted in every repr.
-
-Accounting per block. The first ``t`` steps of the run are one Gaussian mechanism of
-multiplier ``z / sens_t`` (``plan.event_after(t)``: the strategy's sensitivity over ``t``
-steps), i.e. ``mu_t``-GDP with ``mu_t = sens_t / z``, nondecreasing in ``t``. Before a block
-ending at step ``t`` runs, the ledger is charged one Gaussian of ``mu^2 = mu_t^2 - (mu^2
-already charged)``. Gaussians compose exactly (``mu^2`` adds; Dong, Roth & Su 2019), and the
-ledger converts a composition of plain Gaussians exactly (``gaussian_epsilon``), so after
-every block the ledger's epsilon *is* the exact epsilon of the prefix, and after ``T`` steps
-that of the driver's single event (equal to rounding). A block that adds no sensitivity
-(banded noise between participations, once the bands are covered) charges nothing. The
-accountant must be ``pld`` / ``auto`` (the exact Gaussian conversion); ``rdp`` is refused.
-Stepping past the planned ``T`` is refused (the strategy and its price are for ``T``).
+Accounting: the first ``t`` steps are one Gaussian of multiplier ``z / sens_t``
+(``plan.event_after(t)``). Before a block ending at step ``t`` runs, the ledger is charged a
+Gaussian of ``mu^2 = mu_t^2 - (mu^2 already charged)``; Gaussians compose exactly (Dong, Roth
+& Su 2019), so the ledger's epsilon is the prefix's exact epsilon (``pld`` / ``auto``; ``rdp``
+is refused). Stepping past the planned ``T`` is refused.
 """
 
 from __future__ import annotations
@@ -59,7 +41,7 @@ LABEL = "dp-sgd block (cyclic, gaussian mu^2 increment)"
 
 
 def raveled(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
-  """``inner`` applied to the raveled update vector (``dp.fit``'s layout), unraveled after."""
+  """``inner`` applied to the raveled update vector, unraveled after."""
 
   def init_fn(params):
     return inner.init(ravel_pytree(params)[0])
@@ -83,7 +65,7 @@ def _mu2(event: Any) -> float:
 
 
 def ledger_mu2(ledger: PrivacyLedger) -> float:
-  """``sum count / z^2`` of a ledger of plain, ungrouped Gaussians (else LedgerIntegrityError)."""
+  """``sum count / z^2`` of a ledger of ungrouped Gaussians (else LedgerIntegrityError)."""
   total = 0.0
   for _, event, group, count in ledger.events:
     if group is not None or not isinstance(event, dp_accounting.GaussianDpEvent):
@@ -94,7 +76,7 @@ def ledger_mu2(ledger: PrivacyLedger) -> float:
 
 
 class CyclicSchedule:
-  """The cyclic plan of one trainer (module docstring): batches, noise stage, accounting."""
+  """The cyclic plan of one trainer: batches, noise stage, accounting."""
 
   def __init__(self, *, n: int, level: str, clip_norm: float, delta: float,
                relation: str | None, batch_size: Any, num_steps: Any,
@@ -129,8 +111,6 @@ class CyclicSchedule:
     self.n, self.period = n, -(-n // self.plan.batch)
     self._slots: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
-  # ---- keys, batches, noise -------------------------------------------------------------------
-
   def keys_and_noise(self, key: jax.Array, stddev: float, noise: bool = True
                      ) -> tuple[jax.Array, optax.GradientTransformation]:
     """(order key, noise stage): the driver's ``fold_in(key, 2)`` / ``fold_in(key, 1)``."""
@@ -151,8 +131,6 @@ class CyclicSchedule:
     slots, real = self._slots[tag]
     lo = (step % self.period) * self.plan.batch
     return slots[lo:lo + self.plan.batch][real[lo:lo + self.plan.batch]]
-
-  # ---- accounting ------------------------------------------------------------------------------
 
   def prefix_mu2(self, steps: int) -> float:
     """``mu_t^2`` of the first ``steps`` steps (the plan's event for that prefix)."""
@@ -188,8 +166,6 @@ class CyclicSchedule:
       raise LedgerIntegrityError(f"checkpoint ledger records mu^2 = {got:.6g}, but its step "
                                  f"count {steps} implies {want:.6g}: the ledger was edited")
 
-  # ---- description ---------------------------------------------------------------------------
-
   def fingerprint(self) -> dict:
     p = self.plan
     fp = {"sampling": "cyclic", "batch_size": p.batch, "num_steps": p.steps,
@@ -217,9 +193,7 @@ class CyclicSchedule:
 
 
 def plan_cyclic(trainer: Any, target_epsilon: Any, epsilon_budget: Any) -> None:
-  """:meth:`DPTrainer._plan` of a cyclic trainer: the DP-SGD driver's cyclic plan (calibrated
-  there) taken as the trainer's; the whole run checked against its ledger now, so an explicit
-  ``z`` over budget is refused before any step."""
+  """A cyclic trainer's plan: the driver's, the whole run checked against the ledger now."""
   p = trainer.cyclic.plan
   trainer.relation, trainer.q, trainer.denominator = p.relation, p.sampling_rate, p.denominator
   trainer.noise_multiplier, trainer.event = p.noise_multiplier, p.event
@@ -230,41 +204,32 @@ def plan_cyclic(trainer: Any, target_epsilon: Any, epsilon_budget: Any) -> None:
   trainer._set_stage()
 
 
-def cyclic_release_fn(trainer: Any, steps: int, noise: bool
-                      ) -> Any:
-  """:meth:`DPTrainer.release_fn` of a cyclic trainer: per-step privatized gradients from
-  its initial params, keys split as the trainer's (order ``fold_in(key, 2)``, noise
-  ``fold_in(key, 1)``), one masked batch of ``B`` slots per step."""
+def cyclic_release_fn(trainer: Any, steps: int, noise: bool) -> Any:
+  """:meth:`DPTrainer.release_fn` of a cyclic trainer (one masked batch of ``B`` slots a step)."""
   sched: CyclicSchedule = trainer.cyclic
   if steps > sched.plan.steps:
     raise ValueError(f"release_fn: {steps} steps > the plan's {sched.plan.steps}")
   stddev = trainer.noise_stddev if noise else 0.0
-  params0, batch, period = trainer._initial_params, sched.plan.batch, sched.period
+  batch, period = sched.plan.batch, sched.period
 
   def release(key: jax.Array, dataset: PyTree) -> PyTree:
     order_key, noise_tx = sched.keys_and_noise(key, stddev, noise)
     slots, real = cyclic_slots(order_key, jax.tree.leaves(dataset)[0].shape[0], batch)
-    opt0 = (noise_tx.init(params0), trainer.optimizer.init(params0))
 
-    def step(carry, t):
-      params, opt_state = carry
+    def batch_of(t):
       lo = (t % period) * batch
       idx = jax.lax.dynamic_slice(slots, (lo,), (batch,))
       mask = jax.lax.dynamic_slice(real, (lo,), (batch,))
-      rows = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), dataset)
-      return trainer._release_step(params, opt_state, rows, mask, noise_tx)
+      return jax.tree.map(lambda x: jnp.take(x, idx, axis=0), dataset), mask
 
-    _, out = jax.lax.scan(step, (params0, opt0), jnp.arange(steps))
-    return out
+    return trainer._release_scan(noise_tx, steps, batch_of)
 
   return release
 
 
 def adaptive_stage(plan: AdaptivePlan, denominator: float, key: jax.Array, *,
                    noise: bool = True) -> optax.GradientTransformationExtraArgs:
-  """Adaptive clipping's noise stage (:func:`~dpsco_jax.transforms.adaptive_clipping.
-  adaptive_noise`) from DP-SGD's adaptive plan: ``z_Delta`` on the sum, ``sigma_b`` on the
-  count, ``C_t`` in its state. ``noise=False`` (the audit hook's test run): both noises 0."""
+  """Adaptive clipping's noise stage from DP-SGD's adaptive plan (``noise=False``: no noise)."""
   split = plan.split if noise else AdaptiveClipSplit(plan.split.noise_multiplier, 0.0, 0.0)
   return adaptive_noise(plan.initial_clip_norm, target_quantile=plan.target_quantile,
                         clip_learning_rate=plan.clip_learning_rate, denominator=denominator,
@@ -285,9 +250,8 @@ SAMPLINGS = ("poisson", "cyclic")
 
 def check_sampling(sampling: Any) -> str:
   if sampling == "banded_poisson":
-    # not a small change: its ledger is k rounds of a Poisson-subsampled Gaussian, charged
-    # per block like the Poisson path but with the cyclic path's MF noise stage and a
-    # partition; the trainer's cyclic ledger holds plain Gaussians only
+    # its ledger would be k rounds of a Poisson-subsampled Gaussian; the cyclic ledger holds
+    # plain Gaussians only
     raise ValueError("sampling='banded_poisson' (b-min-sep Poisson with amplified banded "
                      "noise) runs in dp_sgd_user / dp_sgd_item (dpsco_jax.fit / plan+run), not "
                      "in DPTrainer yet; DPTrainer takes 'poisson' (independent noise) or "
