@@ -28,9 +28,8 @@ from typing import Any
 
 from dpsco_jax.config.families import (  # noqa: F401 (the schemas, re-exported)
     CONFIG_ONLY_ALGORITHMS, PROBLEM_SCHEMAS, AlgorithmKeys, RunnerKeys)
-from dpsco_jax.config.types import (  # noqa: F401 (the validation core, re-exported)
-    MAX_COUNT, ConfigError, KeySpec, check_instance, check_refused, check_type, specs,
-    type_name, validating)
+from dpsco_jax.config.types import (ConfigError, KeySpec, check_type, specs, type_name,
+                                    validating)
 
 __all__ = ["ConfigError", "ALGORITHM_SCHEMAS", "CONFIG_ALGORITHM_SCHEMAS", "PROBLEM_SCHEMAS",
            "RunnerKeys", "ALIASES", "RETIRED", "check_name", "validate", "typed_run", "keys_of",

@@ -327,8 +327,7 @@ def _check_plans(checked: list[tuple[dict, Any]], problems: dict, cache: Problem
     row = row_key(cfg)
     if entry is None or cfg["problem"] == USER_PROBLEM or row in plans:
       continue
-    problem = runner_batch.cached_problem(runner_batch.problem_config(cfg), problems, cache,
-                                          runner_batch.run_keys(cfg.get("seed", 0))[0])
+    problem = runner_batch.seed_problem(cfg, problems, cache)
     try:
       plans[row] = api.plan_problem(entry.name, typed, problem)
     except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
@@ -390,9 +389,7 @@ def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, pro
   runs = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
   runner_user.check_metrics(runs, metrics)
   cache = runs.cache
-  problem_of = lambda cfg: runner_batch.cached_problem(
-      runner_batch.problem_config(cfg), problems, cache,
-      runner_batch.run_keys(cfg.get("seed", 0))[0])
+  problem_of = lambda cfg: runner_batch.seed_problem(cfg, problems, cache)
   # the cost is the plans' the candidates run: their rows' (made when validated)
   plan_of = lambda cfg, problem: _plan_for(cfg, problem, runs.plans.get(row_key(cfg)))
   groups = tuning.group_candidates(runs, phases.select, fields)
@@ -461,13 +458,9 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
            "seeds"]
   if any(r.get("failed") for r in rows):
     cols.append("failed")
-  compared = any("compare_metric" in r for r in rows)
-  if compared:
+  if any("compare_metric" in r for r in rows):
     cols += ["ratio[boot95]", "wins"]
-  def fmt(v):
-    if isinstance(v, float):
-      return f"{v:.4g}"
-    return "" if v is None else str(v)
+
   def cell(r, c):
     metric = next((m for m in metrics if ci[m] == c), None)
     if metric is not None:
@@ -477,7 +470,9 @@ def format_table(rows: list[dict], fields: list[str]) -> str:
       return "FAILED"
     if c in ("ratio[boot95]", "wins"):
       return compare_cells(r)[c]
-    return fmt(r.get(c))
+    v = r.get(c)
+    return f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
+
   table = [list(cols)] + [[cell(r, c) for c in cols] for r in rows]
   widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
   lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]

@@ -53,6 +53,11 @@ def cached_problem(pcfg: dict, problems: dict, cache: dict | None, key: jax.Arra
   return problem
 
 
+def seed_problem(cfg: dict, problems: dict, cache: dict | None) -> Any:
+  """The problem of a run config, built with its seed's problem key (through ``cache``)."""
+  return cached_problem(problem_config(cfg), problems, cache, run_keys(cfg.get("seed", 0))[0])
+
+
 def jsonable(x: Any) -> Any:
   if isinstance(x, dict):
     return {str(k): jsonable(v) for k, v in x.items()}

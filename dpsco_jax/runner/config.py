@@ -1,21 +1,13 @@
-"""The runner's config file syntax before validation: ``problem:`` / ``data:`` / ``algorithm:``
-sections, row labels and the ``compare:`` block (see :mod:`dpsco_jax.runner`'s docstring).
+"""The runner's config syntax before validation: ``problem:`` / ``data:`` / ``algorithm:``
+sections, row labels, the ``compare:`` block, the strict YAML reader (:func:`yaml_loader`) and
+the checks of a ``select`` / ``compare`` metric against the records' fields.
 
-A ``problem:`` section without ``name`` that names your code (``factory:``, or ``model:`` /
-``loss:`` / ``data:``) is the ``user`` problem (:mod:`dpsco_jax.runner.user`); ``data:`` is
-then a data file (a path ending in :data:`DATA_SUFFIXES`, or a mapping with ``path``), also
-at the top level, where a ``data:`` mapping without ``path`` stays the problem's section.
-
-Sections are flattened to the flat run mapping that :func:`dpsco_jax.config.schema.validate`
-and the drivers read: ``algorithm: {name: dp_sgd_user, epsilon: 1.0}`` is the flat
-``algorithm: dp_sgd_user, epsilon: 1.0``. A key inside a section must be a key of that
-section's schema (``keys_of(algorithm, problem)`` says whose it is); a key in the wrong section
-is a :class:`ConfigError` naming it and the section it belongs to. Keys that neither schema
-reads are left for ``validate`` (which suggests a spelling).
-
-Also here: the strict YAML reader of config files (:func:`yaml_loader`: duplicated keys and
-YAML 1.1 number spellings refused) and the checks of a ``select`` / ``compare`` metric against
-the fields of the records (:func:`check_metric_name`, :func:`check_record_metric`).
+Sections are flattened to the flat run mapping the schemas validate (``algorithm: {name:
+dp_sgd_user, epsilon: 1.0}`` is ``algorithm: dp_sgd_user, epsilon: 1.0``); a key in the wrong
+section is a :class:`ConfigError` naming the section it belongs to. A ``problem:`` section
+without ``name`` that names your code (``factory:``, ``model:`` / ``loss:`` / ``data:``) is the
+``user`` problem; ``data:`` is then a data file (a path ending in :data:`DATA_SUFFIXES`, or a
+mapping with ``path``).
 """
 
 from __future__ import annotations
@@ -33,10 +25,8 @@ SECTIONS = {"problem": "problem", "data": "problem", "algorithm": "algorithm"}
 #: top-level keys that are not run keys (handled by the runner itself)
 RUNNER_ONLY = ("experiments", "name", "description", "compare", "select", "tuning_seeds",
                "eval_seeds", "batch_seeds", "devices")
-#: keys that never belong inside a section: the row's label and the runner's top-level keys
-#: (``name`` inside a section is the registered name, so it is not here)
+#: keys that never belong inside a section (``name`` there is the registered name)
 NOT_IN_SECTIONS = ("label",) + tuple(k for k in RUNNER_ONLY if k != "name")
-#: the file kinds a ``data:`` key reads (:mod:`dpsco_jax.runner.user`)
 DATA_SUFFIXES = (".npz", ".csv", ".parquet")
 #: keys that make a problem without ``name`` the user problem
 USER_KEYS = ("factory", "model", "loss", "data")
@@ -91,8 +81,7 @@ def _flatten_entry(entry: dict, where: str) -> tuple[dict, dict[str, str]]:
 
 
 def _check_section_key(sec: str, key: Any, where: str) -> None:
-  """Refuses a row label or a runner key inside a section: flattened, it was dropped (the
-  runner reads those beside the sections) and the run went on without it."""
+  """Refuses a row label or a runner key inside a section (flattened, it would be lost)."""
   if key == "label":
     raise ConfigError(f"{where}{sec}.label: 'label' names a row, not a key of the {sec} "
                       f"section: write label: beside {sec}: (at the top level or in its "
@@ -103,9 +92,8 @@ def _check_section_key(sec: str, key: Any, where: str) -> None:
 
 
 def experiments_of(config: dict) -> list[dict] | None:
-  """The config's ``experiments`` entries (None when the key is absent), checked: a non-empty
-  list of mappings. Anything else is refused, not read as no experiments (``experiments: 5``
-  raised a TypeError; ``experiments: []`` or ``null`` ran the top level alone)."""
+  """The config's ``experiments`` entries (None when absent), checked: a non-empty list of
+  mappings."""
   if "experiments" not in config:
     return None
   variants = config["experiments"]
@@ -121,8 +109,7 @@ def experiments_of(config: dict) -> list[dict] | None:
 
 def check_runner_keys(config: dict) -> None:
   """The top-level keys read before any run config is built (``experiments``, ``name``,
-  ``description``): checked first, as the tuning and compare parsers iterate
-  ``experiments``."""
+  ``description``), checked first."""
   experiments_of(config)
   for key in ("name", "description"):
     value = config.get(key)
@@ -136,7 +123,7 @@ def _schema_fields(schemas: dict, name: str) -> set[str]:
 
 def _check_sections(merged: dict, origins: dict[str, str], where: str) -> None:
   """Every key given inside a section is a key of that section's schema, for every algorithm x
-  problem the (possibly swept) names take."""
+  problem the names take."""
   from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS, keys_of
   if not origins:
     return
@@ -167,7 +154,7 @@ def _check_sections(merged: dict, origins: dict[str, str], where: str) -> None:
 
 def flatten_sections(config: dict) -> dict:
   """The config with every section (top level and each ``experiments`` entry) flattened into
-  plain keys; a flat config comes back equal. Checks that section keys are in their section."""
+  plain keys (a flat config comes back equal), section keys checked."""
   top_in = {k: v for k, v in config.items() if k not in RUNNER_ONLY}
   top, top_origins = _flatten_entry(top_in, "")
   out = {**{k: v for k, v in config.items() if k in RUNNER_ONLY}, **top}
@@ -185,27 +172,17 @@ def flatten_sections(config: dict) -> dict:
   return out
 
 
-# ------------------------------------------------------------------------------- YAML
-
-#: The only integer spelling read as a number: YAML 1.1 also reads ``010`` as 8 (octal),
-#: ``0x10`` as 16, ``0b11`` as 3, ``1_000`` as 1000 and ``1:30`` as 90 (base 60), where YAML
-#: 1.2 and every other reader disagree (``010`` is 10 there), so those spellings are refused.
+#: The only integer spelling read as a number: YAML 1.1's octal ``010``, hex, binary, ``1_000``
+#: and base-60 ``1:30`` are read otherwise by YAML 1.2 and every other reader: refused.
 _PLAIN_INT = r"^[-+]?(?:0|[1-9][0-9]*)$"
 _PLAIN_FLOAT = (r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$"
                 r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$")
 
 
 def yaml_loader():
-  """A strict SafeLoader for config files.
-
-  * Scientific notation without a dot (``1e-5``, ``2E+3``) is a float: PyYAML follows YAML
-    1.1, where such a scalar is a string, so ``delta: 1e-5`` would be refused as "not a
-    number" (or, in a driver that parses strings, read loosely).
-  * A key given twice in one mapping is an error (YAML 1.1 readers silently keep the last
-    value: a second ``epsilon: 100.0`` would run at epsilon 100).
-  * Integers and floats must be spelled plainly (:data:`_PLAIN_INT`): octal ``010``, hex
-    ``0x10``, binary ``0b11``, ``1_000`` and base-60 ``1:30`` are errors, not 8, 16, 3, 1000,
-    90."""
+  """A strict SafeLoader for config files: ``1e-5`` is a float (a string in YAML 1.1), a key
+  given twice in one mapping is an error (not the last value silently: a second ``epsilon:
+  100.0``), and numbers must be spelled plainly (:data:`_PLAIN_INT`)."""
   import re
   import yaml
   from yaml.constructor import ConstructorError
@@ -254,8 +231,6 @@ def yaml_loader():
   return Loader
 
 
-# ------------------------------------------------------------------------------- metrics
-
 #: Record fields that are never a number (a metric must be one).
 NON_METRIC_FIELDS = ("algorithm", "problem", "provenance", "privacy_level", "relation",
                      "epsilon_kind", "status", "error", "label", "config", "phase",
@@ -263,9 +238,8 @@ NON_METRIC_FIELDS = ("algorithm", "problem", "provenance", "privacy_level", "rel
 
 
 def check_metric_name(metric: Any, where: str) -> str:
-  """A metric names a numeric record field: a string, and not one of the fields that never
-  hold a number (checked before anything runs; the record itself is checked by
-  :func:`check_record_metric` as soon as the first run finishes)."""
+  """A metric names a numeric record field: a string, not one of :data:`NON_METRIC_FIELDS`
+  (the record itself: :func:`check_record_metric`)."""
   if not isinstance(metric, str) or not metric:
     raise ConfigError(f"{where} must be a record field name, got {metric!r}")
   if metric in NON_METRIC_FIELDS:
@@ -275,40 +249,44 @@ def check_metric_name(metric: Any, where: str) -> str:
   return metric
 
 
-def _is_metric_value(v: Any) -> bool:
-  # a non-finite float is written as a string ("nan", "inf") by the runner's JSON view
+def is_metric_value(v: Any) -> bool:
+  """A number, or a non-finite float as the runner's JSON view writes it ("nan", "inf")."""
   return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in ("nan", "inf",
                                                                            "-inf")
 
 
 def check_record_metric(record: dict, metric: str, where: str) -> None:
-  """Raises unless a successful ``record`` has ``metric`` as a numeric field; the error lists
-  the numeric fields it has (a misspelt metric would otherwise select nothing or compare
-  nothing, silently)."""
+  """Raises unless a successful ``record`` has ``metric`` as a numeric field, listing the
+  numeric fields it has (a misspelt metric would otherwise select nothing, silently)."""
   value = record.get(metric)
-  if _is_metric_value(value):
+  if is_metric_value(value):
     return
   numeric = sorted(k for k, v in record.items()
-                   if _is_metric_value(v) and k not in NON_METRIC_FIELDS)
+                   if is_metric_value(v) and k not in NON_METRIC_FIELDS)
   got = "no such field" if metric not in record else f"{metric} = {value!r}, not a number"
   raise ConfigError(f"{where} {metric!r}: the record of algorithm "
                     f"{record.get('algorithm')!r} has {got}; its numeric fields: "
                     + ", ".join(numeric))
 
 
-# ------------------------------------------------------------------------------- compare
-
 
 @dataclasses.dataclass(frozen=True)
 class CompareSpec:
   """``compare: {baseline: ..., metric: excess_risk, better: lower, resamples: 2000, seed: 0}``
-  (``better: higher`` for a metric such as an accuracy: a win is then a strictly higher
-  value)."""
+  (``better: higher``: a win is a strictly higher value, e.g. an accuracy)."""
   baseline: Any  # a row label, an algorithm name, or a mapping of row fields
   metric: str = "excess_risk"
   resamples: int = 2000
   seed: int = 0
   better: str = "lower"
+
+
+def check_keys(spec: dict, known: tuple[str, ...], where: str) -> None:
+  """Refuses a key of the block ``spec`` that is not in ``known``, listing them."""
+  unknown = set(spec) - set(known)
+  if unknown:
+    raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; it "
+                      f"reads {', '.join(known)}")
 
 
 def _is_int(v: Any) -> bool:
@@ -324,10 +302,7 @@ def parse_compare(config: dict) -> CompareSpec | None:
     spec = {"baseline": spec}
   if not isinstance(spec, dict):
     raise ConfigError(f"compare: must be a mapping {{baseline: ..., metric: ...}}, got {spec!r}")
-  unknown = set(spec) - {f.name for f in dataclasses.fields(CompareSpec)}
-  if unknown:
-    raise ConfigError(f"compare: unknown key(s) {', '.join(sorted(map(str, unknown)))}; it "
-                      "reads baseline, metric, better, resamples, seed")
+  check_keys(spec, ("baseline", "metric", "better", "resamples", "seed"), "compare")
   if "baseline" not in spec:
     raise ConfigError("compare: needs baseline (a row label, an algorithm name, or a mapping "
                       "of row fields such as {algorithm: dp_sgd_user, epsilon: 1.0})")
@@ -346,9 +321,9 @@ def parse_compare(config: dict) -> CompareSpec | None:
 
 
 def baseline_indices(baseline: Any, items: list[dict]) -> list[int]:
-  """Which of ``items`` (run configs, or rows' field values with ``epsilon`` the *requested*
-  one) are the baseline: a string is a row label if some item has that label, else an
-  algorithm name; a mapping gives field values that must all be equal."""
+  """Which of ``items`` (run configs, or rows' fields with the *requested* ``epsilon``) are the
+  baseline: a string is a row label if some item has it, else an algorithm name; a mapping
+  gives field values that must all be equal."""
   if isinstance(baseline, str):
     field = "label" if any(it.get("label") == baseline for it in items) else "algorithm"
     return [i for i, it in enumerate(items) if it.get(field) == baseline]

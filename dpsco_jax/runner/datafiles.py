@@ -1,26 +1,20 @@
-"""Data files named in a config (``data:`` / ``eval_data:``): parsed and checked like every
+"""Data files named in a config (``data:`` / ``eval_data:``), parsed and checked like every
 config key, then read into a :class:`~dpsco_jax.data.UserData` through
-:meth:`UserData.from_table`: how :mod:`dpsco_jax.runner.user` reads a run's data (the
-accepted forms are described there).
+:meth:`UserData.from_table` (the layouts: :mod:`dpsco_jax.runner.user`).
 
-The file is read and checked when the config is checked, before anything runs (the result is
-cached, so the run reuses it); every fault is one :class:`ConfigError` naming the file and the
-array / column, never a value of the data:
+A file is read and checked when the config is checked, before anything runs (cached for the
+run); every fault is one :class:`ConfigError` naming the file and the array / column, never a
+value of the data:
 
-* **Ids.** A ``.csv`` id is the field's text with surrounding spaces stripped (``"01"``,
-  ``"1"`` and ``"1.0"`` are three users), unless ``user_id_dtype: int`` declares integer ids
-  (``01`` and ``1`` are then one user; a field that is not an integer is refused). Two ids that
-  differ only in surrounding spaces (``" 1"`` and ``"1"``) are refused rather than merged. A
-  blank id is refused naming its line. ``.npz`` / ``.parquet`` ids keep their own dtype and go
-  through :func:`~dpsco_jax.data.grouping.canonical_ids` (blank strings, ``NaN``, non-integer
-  floats, mixed kinds refused); an ``.npz`` id array must be one-dimensional.
-* **Features** must be numbers (bool, int, float) with one row per id; a non-finite value
-  (``NaN``, ``inf``; a parquet null reads as ``NaN``) is refused with the count of values and
-  rows: the run would silently drop that user (its clipped gradient is zeroed).
-* **Exactness.** The run computes in float32 / int32: a float64 value beyond the float32 range
-  (it would become ``inf``), an int64 value outside int32 (it would wrap), and an integer
-  stacked into a float leaf beyond the float's exact integers (``2**24`` for float32) are
-  refused naming the column and the limit; nothing is narrowed inexactly.
+* **Ids.** A ``.csv`` id is the field's text, stripped (``"01"``, ``"1"``, ``"1.0"`` are three
+  users) unless ``user_id_dtype: int``; ids differing only in surrounding spaces and blank ids
+  are refused. ``.npz`` / ``.parquet`` ids go through
+  :func:`~dpsco_jax.data.grouping.canonical_ids`.
+* **Features** are numbers with one row per id; a non-finite value is refused (the run would
+  silently drop that user: its clipped gradient is zeroed).
+* **Exactness.** The run computes in float32 / int32: a value those cannot hold exactly (beyond
+  the float32 range, outside int32, an integer stacked into a float leaf beyond ``2**24``) is
+  refused naming the column and the limit.
 """
 
 from __future__ import annotations
@@ -126,19 +120,21 @@ def _parse_columns(value: Any, where: str) -> Any:
                     f"{value!r}")
 
 
-def _column_names(columns: Any) -> list[str]:
-  if columns is None:
+def _pairs(columns: Any) -> list[tuple[str, Any]]:
+  """``(leaf, column or columns)`` of a parsed ``columns`` value (None: none)."""
+  if not columns:
     return []
-  if columns and isinstance(columns[0], tuple):
-    return [c for _, cols in columns for c in ((cols,) if isinstance(cols, str) else cols)]
-  return list(columns)
+  return list(columns) if isinstance(columns[0], tuple) else [(c, c) for c in columns]
+
+
+def _column_names(columns: Any) -> list[str]:
+  return [c for _, cols in _pairs(columns) for c in ((cols,) if isinstance(cols, str) else cols)]
 
 
 def _check_id_options(spec: DataFile, where: str) -> None:
   """The ids are never an example leaf (a leaf named like them would replace them), and
   ``user_id_dtype`` is for a .csv's text ids only."""
-  leaves = ([leaf for leaf, _ in spec.columns] if spec.columns and isinstance(
-      spec.columns[0], tuple) else [])
+  leaves = [leaf for leaf, _ in _pairs(spec.columns)]
   if spec.user_column in [*_column_names(spec.columns), *leaves]:
     raise ConfigError(f"{where}.columns: {spec.user_column!r} holds the user ids; the ids "
                       "cannot be an example leaf too")
@@ -148,9 +144,8 @@ def _check_id_options(spec: DataFile, where: str) -> None:
 
 
 def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataFile:
-  """A ``data:`` value checked like every config key (unknown keys with a suggestion, strict
-  types), its file found, its columns present and (``check_file``) its contents read and
-  checked by :func:`load_data_file` (see the module doc)."""
+  """A ``data:`` value (``where``: its key) checked like every config key, its file found, its
+  columns present and (``check_file``) its contents checked by :func:`load_data_file`."""
   if isinstance(value, str):
     value = {"path": value}
   if not isinstance(value, dict):
@@ -204,9 +199,6 @@ def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataF
   return spec
 
 
-
-# ------------------------------------------------------------------------------- reading
-
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 
 
@@ -215,7 +207,7 @@ def _count(n: int, word: str) -> str:
 
 
 def _wanted(spec: DataFile, names: list[str]) -> list[str]:
-  """The ids' name and the names of the columns the examples read (of a file's ``names``)."""
+  """The ids' name and the names of the columns the examples read."""
   cols = ([n for n in names if n != spec.user_column] if spec.columns is None
           else _column_names(spec.columns))
   return [spec.user_column, *dict.fromkeys(cols)]
@@ -270,8 +262,8 @@ def _csv_rows(spec: DataFile) -> tuple[list[str], list[list[str]], list[int]]:
 
 
 def _csv_ids(values: list[str], spec: DataFile, lines: list[int]) -> np.ndarray:
-  """The ids of a .csv: the exact text (surrounding spaces stripped), or integers when
-  ``user_id_dtype: int`` says so; never a number parsed by guess (``01`` = ``1`` = ``1.0``)."""
+  """The ids of a .csv: the stripped text, or integers with ``user_id_dtype: int``; never a
+  number parsed by guess."""
   name, text = spec.user_column, [v.strip() for v in values]
   if spec.user_id_dtype == "int":
     bad = [i for i, v in enumerate(text) if not _INT_TEXT.fullmatch(v)]
@@ -293,8 +285,7 @@ def _csv_ids(values: list[str], spec: DataFile, lines: list[int]) -> np.ndarray:
 
 def _refuse_spacing_twins(values: list[str], text: list[str], spec: DataFile,
                           lines: list[int]) -> None:
-  """Two ids equal but for surrounding spaces (``" 1"``, ``"1"``): stripped they would be one
-  user, kept they would be two; which one the owner means is theirs to say."""
+  """Two ids equal but for surrounding spaces: one user or two is the owner's to say."""
   if all(v == t for v, t in zip(values, text)):
     return
   first: dict[str, tuple[str, int]] = {}
@@ -345,8 +336,7 @@ def _read_csv(spec: DataFile) -> dict[str, np.ndarray]:
 
 
 def _read_table(spec: DataFile) -> dict[str, np.ndarray]:
-  """The ids and the example columns of a data file (ids first); every failure to read it is
-  a ConfigError naming the file."""
+  """The ids and the example columns of a data file (ids first)."""
   reader = {".npz": _read_npz, ".csv": _read_csv}.get(spec.suffix, _read_parquet)
   try:
     return reader(spec)
@@ -354,9 +344,6 @@ def _read_table(spec: DataFile) -> dict[str, np.ndarray]:
     raise
   except Exception as err:  # noqa: BLE001 - a broken file is a config error
     raise spec.error(f"cannot read it ({one_line_error(err)})") from None
-
-
-# ------------------------------------------------------------------------------- checking
 
 
 def _checked_ids(ids: np.ndarray, spec: DataFile) -> np.ndarray:
@@ -378,11 +365,6 @@ def _run_dtype(dtype: np.dtype) -> np.dtype:
   if dtype in (np.int64, np.uint64):
     return np.dtype(np.int32)
   return dtype
-
-
-def _narrow(x: np.ndarray) -> np.ndarray:
-  """A checked (:func:`_check_exact`) column as the dtype the run computes in."""
-  return x.astype(_run_dtype(x.dtype), copy=False)
 
 
 def _check_values(x: np.ndarray, name: str, spec: DataFile, n: int) -> None:
@@ -446,19 +428,13 @@ def _leaf(cols: str | tuple[str, ...], raw: dict[str, np.ndarray], spec: DataFil
 
 
 def _leaves(raw: dict[str, np.ndarray], spec: DataFile, n: int) -> dict[str, np.ndarray]:
-  if spec.columns is None:
-    pairs = [(c, c) for c in raw]
-  elif isinstance(spec.columns[0], tuple):
-    pairs = list(spec.columns)
-  else:
-    pairs = [(c, c) for c in spec.columns]
+  pairs = [(c, c) for c in raw] if spec.columns is None else _pairs(spec.columns)
   return {leaf: _leaf(cols, raw, spec, n) for leaf, cols in pairs}
 
 
 def load_data_file(spec: DataFile):
-  """The :class:`~dpsco_jax.data.UserData` of a data file, read and checked (see the module
-  doc), through :meth:`UserData.from_table`; cached on the path, modification time, size and
-  reading options (:func:`dpsco_jax.cache.clear` empties it)."""
+  """The :class:`~dpsco_jax.data.UserData` of a data file, read and checked, cached on the
+  path, modification time, size and options (:func:`dpsco_jax.cache.clear` empties it)."""
   try:
     st = os.stat(spec.path)
   except OSError as err:
@@ -468,7 +444,7 @@ def load_data_file(spec: DataFile):
 
 @bounded_cache(maxsize=8)
 def _load(spec: DataFile, mtime_ns: int, size: int):
-  """(``mtime_ns`` and ``size`` are the cache key's: a rewritten file is read again.)"""
+  # mtime_ns and size are the cache key's: a rewritten file is read again
   from dpsco_jax.data import UserData
   raw = _read_table(spec)
   ids = _checked_ids(raw.pop(spec.user_column), spec)

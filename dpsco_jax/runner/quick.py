@@ -1,23 +1,11 @@
 """``dpsco run CONFIG --quick``: the whole pipeline of a sweep at its smallest, before a long run.
 
-A study config (``configs/study/*.yaml``) runs for hours; a typo in its third experiment, a
-``select`` metric no record has or a baseline that matches no row should cost seconds, not the
-hours before it. :func:`quick_config` keeps the config's shape (every ``experiments`` entry,
-``select``, ``compare``, sections, labels) and shrinks what it sweeps:
-
-* every swept list (top level, in each ``experiments`` entry, inside ``problem:`` /
-  ``algorithm:`` / ``data:`` sections) keeps its first value (a list inside a list, the
-  spelling of one sequence-valued key, keeps its first sequence), except the keys that
-  ``select.over`` chooses among, which keep their first two (a selection needs a choice);
-* ``seed``, ``tuning_seeds`` and ``eval_seeds`` keep their first seed (so tuning, selection and
-  evaluation all run, on disjoint seeds as the full config has them);
-* the sizes in :data:`QUICK_CAPS` are capped (``n_users`` at 2000, ``num_steps`` at 20, ...;
-  not the values ``select`` chooses among): the quick run is a smoke of the code path, not a
-  measurement, and its numbers say nothing about the full one.
-
-The records say ``quick: true``; nothing else about validation changes (a quick run refuses
-exactly what the full run would, except a precondition that only fails at the full size).
-CI runs every ``configs/study`` config this way (``tests/test_study_quick.py``).
+:func:`quick_config` keeps the config's shape (every ``experiments`` entry, ``select``,
+``compare``, sections, labels) and shrinks what it sweeps: every swept list keeps its first
+value (the keys ``select.over`` chooses among keep two), ``seed`` / ``tuning_seeds`` /
+``eval_seeds`` keep their first seed, and the sizes in :data:`QUICK_CAPS` are capped. A smoke
+of the code path, not a measurement: the records say ``quick: true``; validation refuses
+exactly what the full run would (but a precondition that fails only at full size).
 """
 
 from __future__ import annotations
@@ -48,8 +36,7 @@ def _cap(key: str, value: Any) -> Any:
 
 
 def _shrink(mapping: dict, chosen: frozenset) -> dict:
-  """One run mapping (the top level without its runner blocks, an experiments entry, a section):
-  first values (first two of the ``chosen`` keys), first seeds, capped sizes."""
+  """One run mapping (top level, experiments entry or section) shrunk."""
   out = {}
   for key, value in mapping.items():
     if key in _KEEP:
@@ -66,8 +53,7 @@ def _shrink(mapping: dict, chosen: frozenset) -> dict:
 
 
 def _selected_keys(config: dict) -> frozenset:
-  """The keys ``select.over`` chooses among (a name or a list of names; anything else is the
-  runner's to refuse)."""
+  """The keys ``select.over`` chooses among (anything malformed is the runner's to refuse)."""
   select = config.get("select")
   over = select.get("over") if isinstance(select, dict) else None
   if isinstance(over, str):
@@ -76,8 +62,7 @@ def _selected_keys(config: dict) -> frozenset:
 
 
 def quick_config(config: dict) -> dict:
-  """The quick version of a loaded config (see the module docstring); the input is not
-  changed."""
+  """The quick version of a loaded config (the input is not changed)."""
   if not isinstance(config, dict):
     return config   # the runner's own checks say what is wrong with it
   chosen = _selected_keys(config)

@@ -1,6 +1,5 @@
 """Statistics of the runner's tables: Student-t intervals over seeds and paired comparisons
-between rows on the seeds they share (ratio of means with a seeded percentile bootstrap
-interval, win rate)."""
+on shared seeds (ratio of means with a seeded percentile bootstrap interval, win rate)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from dpsco_jax.runner.config import CompareSpec, baseline_indices
+from dpsco_jax.runner.config import CompareSpec, baseline_indices, is_metric_value
 
 #: the fields a row's baseline need not share with it (they say which row is the baseline)
 _IDENTITY_FIELDS = ("algorithm", "label")
@@ -26,19 +25,12 @@ def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
   return mean - half, mean + half
 
 
-def _is_number(v: Any) -> bool:
-  # a non-finite float is written as a string ("nan", "inf") by the runner's JSON view
-  return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in ("nan", "inf",
-                                                                           "-inf")
-
-
 def record_metrics(records: list[dict]) -> list[str]:
-  """The metrics a table summarizes: ``excess_risk`` where a successful record has it (the
-  registered problems; also when nothing succeeded and no record is a user problem's), then
-  every user metric (a record's ``user_metrics``) in order of appearance."""
+  """The metrics a table summarizes: ``excess_risk`` where a successful record has it (or
+  nothing succeeded and some record is not a user problem's), then every user metric."""
   ok = [r for r in records if r.get("status", "ok") == "ok"]
   out = []
-  if any(_is_number(r.get("excess_risk")) for r in ok) or (
+  if any(is_metric_value(r.get("excess_risk")) for r in ok) or (
       not ok and not all(r.get("problem") == "user" for r in records)):
     out.append("excess_risk")
   for r in ok:
@@ -47,9 +39,8 @@ def record_metrics(records: list[dict]) -> list[str]:
 
 
 def metric_stats(records: list[dict], metric: str) -> dict:
-  """``<metric>_mean``, ``_std``, ``_ci95_lo``, ``_ci95_hi`` over the records that have it
-  (nothing when none has)."""
-  values = [float(r[metric]) for r in records if _is_number(r.get(metric))]
+  """``<metric>_mean``, ``_std``, ``_ci95_lo``, ``_ci95_hi`` over the records that have it."""
+  values = [float(r[metric]) for r in records if is_metric_value(r.get(metric))]
   if not values:
     return {}
   lo, hi = t_interval(values)
@@ -59,8 +50,7 @@ def metric_stats(records: list[dict], metric: str) -> dict:
 
 
 def row_metrics(rows: list[dict]) -> list[str]:
-  """The metrics summarized in rows of :func:`dpsco_jax.runner.aggregate` (first-seen
-  order)."""
+  """The metrics summarized in rows of :func:`dpsco_jax.runner.aggregate`, first seen first."""
   out: list[str] = []
   for row in rows:
     out += [k[:-len("_ci95_lo")] for k in row if k.endswith("_ci95_lo")
@@ -68,22 +58,17 @@ def row_metrics(rows: list[dict]) -> list[str]:
   return out
 
 
-def group_key(record: dict, fields: Iterable[str]) -> tuple:
-  """The values of ``fields`` in a record (top level first, then its ``config``)."""
-  return tuple(record.get(f, record.get("config", {}).get(f)) for f in fields)
-
-
 def group_records(records: list[dict], fields: list[str]) -> dict[tuple, list[dict]]:
-  """Records grouped by their values of ``fields`` (first-seen order)."""
+  """Records grouped by their values of ``fields`` (top level first, then their ``config``)."""
   groups: dict[tuple, list[dict]] = {}
   for r in records:
-    groups.setdefault(group_key(r, fields), []).append(r)
+    key = tuple(r.get(f, r.get("config", {}).get(f)) for f in fields)
+    groups.setdefault(key, []).append(r)
   return groups
 
 
 def per_seed(records: list[dict], metric: str) -> dict[int, float]:
-  """``{seed: metric}`` over the successful records that have the metric (the mean where a
-  seed has several)."""
+  """``{seed: metric}`` over the successful records that have it (a seed's mean)."""
   values: dict[int, list[float]] = {}
   for r in records:
     if r.get("status", "ok") == "ok" and isinstance(r.get(metric), (int, float)):
@@ -95,9 +80,8 @@ def paired_comparison(values: dict[int, float], baseline: dict[int, float], *,
                       resamples: int = 2000, seed: int = 0, level: float = 0.95,
                       better: str = "lower") -> dict:
   """Row vs baseline on the seeds both have: ``ratio`` = mean(row) / mean(baseline), its
-  percentile bootstrap interval (seeds resampled jointly, so each resample keeps the pairs;
-  NaN with fewer than 2 paired seeds), ``wins`` = seeds where the row is strictly lower
-  (``better="higher"``: strictly higher, e.g. an accuracy)."""
+  percentile bootstrap interval (seeds resampled jointly, keeping the pairs; NaN with fewer
+  than 2 paired seeds), ``wins`` = seeds where the row is strictly better (``better``)."""
   if better not in ("lower", "higher"):
     raise ValueError(f"better must be 'lower' or 'higher', got {better!r}")
   seeds = sorted(set(values) & set(baseline))
@@ -121,8 +105,7 @@ def paired_comparison(values: dict[int, float], baseline: dict[int, float], *,
 
 
 def _row_values(group: list[dict]) -> dict:
-  """A row's fields for baseline matching: its first record with its config, ``epsilon``
-  being the requested one (as in a run config)."""
+  """A row's fields for baseline matching (``epsilon``: the requested one)."""
   rec = group[0]
   values = {**rec.get("config", {}), **{k: v for k, v in rec.items() if k != "config"}}
   values["epsilon"] = rec.get("target_epsilon", rec.get("config", {}).get("epsilon"))
@@ -137,8 +120,8 @@ def row_label(row: dict, fields: list[str]) -> str:
 
 def _baseline_for(i: int, rows: list[dict], bases: list[int], fields: list[str],
                   fixed: set[str]) -> int | str:
-  """The baseline row of row ``i``: the only one, else the one baseline row that agrees with
-  it on every field both set (identity fields and ``fixed`` ones excepted); else why not."""
+  """The baseline row of row ``i``: the only one, else the one that agrees with it on every
+  field both set (identity and ``fixed`` fields excepted); else why not."""
   if len(bases) == 1:
     return bases[0]
   free = [f for f in fields if f not in _IDENTITY_FIELDS and f not in fixed]
@@ -154,9 +137,8 @@ def _baseline_for(i: int, rows: list[dict], bases: list[int], fields: list[str],
 
 def add_comparisons(rows: list[dict], records: list[dict], fields: list[str],
                     spec: CompareSpec, ignore: Iterable[str] = ()) -> list[dict]:
-  """Adds the paired comparison with the baseline to every row of
-  ``aggregate(records, fields)`` (in place; returns rows). A row's baseline need not share
-  its values of the ``ignore`` fields (e.g. the selected hyper-parameters)."""
+  """Adds the paired comparison with the baseline to every row of ``aggregate(records,
+  fields)`` in place (a row's baseline need not share its ``ignore`` fields)."""
   groups = list(group_records(records, fields).values())
   assert len(groups) == len(rows), "rows must be aggregate(records, fields)"
   items = [_row_values(g) for g in groups]

@@ -1,34 +1,21 @@
-"""Tuning and evaluation seeds: ``tuning_seeds``, ``eval_seeds`` and ``select`` of a config
-(see :mod:`dpsco_jax.runner`'s docstring).
+"""Tuning and evaluation seeds: ``tuning_seeds``, ``eval_seeds`` and ``select`` of a config.
 
-The swept grid runs on the tuning seeds only; per group of the other swept fields (e.g. per
-algorithm and epsilon) the values of the ``over`` fields with the best mean metric are
-selected; only the selected run configs then run on the (disjoint) evaluation seeds. The
-selection reads the tuning runs' results, so it is *not* covered by any run's privacy
-guarantee (:data:`PRIVACY_NOTE`); the eval records say so (``selection_privacy``).
+The swept grid runs on the tuning seeds; per group of the other swept fields the values of the
+``over`` fields with the best mean metric are selected, and only those configs run on the
+(disjoint) evaluation seeds. That selection reads the tuning runs' results, so it is *not*
+covered by any run's privacy guarantee (:data:`PRIVACY_NOTE`, said in every eval record).
 
-**Private selection** (``select: {..., private: {distribution: truncated_negative_binomial,
-eta: 0, gamma: 0.1}}``, or ``{distribution: geometric, gamma: ...}``; without ``gamma``, the
-``gamma`` whose expected number of runs is the number of candidates): Papernot & Steinke's
-selection (:mod:`dpsco_jax.privacy.selection`). Per eval seed and group, ``K`` is drawn from
-the law with a key of the seed used for nothing else; ``K`` times a candidate (a value of the
-``over`` fields) is drawn uniformly and trained on that seed's users with a fresh key; only
-the best run by ``metric`` (``rule``: min / max) is released, its record's privacy being that
-of training *and* selection (provenance ``theorem``). ``K``, the candidates drawn and their
-metrics are never printed, recorded or returned; the expected number of runs and the cost
-are printed before anything runs. Give ``eval_seeds`` (no ``tuning_seeds``: the selection
-is inside each private run).
-
-The metric rule: the selection's guarantee holds only if the metric is public (computed
-without the private training users) or itself private. The runner accepts a metric that is
-public by construction: ``excess_risk`` (or ``excess_risk_f64``) of a built-in problem, the
-population risk of its known distribution, which reads no user's data; and on a user problem
-(:mod:`dpsco_jax.runner.user`), one of its metrics, computed on its ``eval_data`` declared
-public by its owner (``eval_data_public: true``: held-out users, not covered by the
-guarantee). Any other metric (a loss or accuracy on the training users, a timing) is refused
-before any run (:func:`check_private_metric`). Candidates must be planned runs whose plan
-exposes its privacy event (the DP-SGD family), so that their RDP curves bound ``Q``'s; a user
-problem's candidate is planned as its run is (:func:`dpsco_jax.runner.user.plan_run`).
+**Private selection** (``select: {..., private: {distribution, eta, gamma}}``, on
+``eval_seeds`` only): Papernot & Steinke's selection (:mod:`dpsco_jax.privacy.selection`).
+Per eval seed and group, ``K`` is drawn from the law with a key of the seed used for nothing
+else; ``K`` times a uniformly drawn candidate trains on that seed's users with a fresh key,
+and only the best run is released, its privacy that of training *and* selection. ``K``, the
+candidates drawn and their metrics are never printed, recorded or returned; the expected
+number of runs and the cost are printed before anything runs. The guarantee holds only for a
+public metric: a built-in problem's ``excess_risk`` (the population risk of its known
+distribution) or a user problem's metric on ``eval_data`` declared public; any other is
+refused before any run (:func:`check_private_metric`). Candidates must be planned runs whose
+plan exposes its privacy event (the DP-SGD family), so their RDP curves bound ``Q``'s.
 """
 
 from __future__ import annotations
@@ -42,7 +29,7 @@ from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded
 from dpsco_jax.privacy.selection import SelectionCost, SelectionLaw, law_for_grid
 from dpsco_jax.runner import user as runner_user
-from dpsco_jax.runner.config import check_metric_name
+from dpsco_jax.runner.config import check_keys, check_metric_name
 from dpsco_jax.tuning import best_of_k, plans_cost
 
 PHASE_KEYS = ("tuning_seeds", "eval_seeds", "select")
@@ -51,8 +38,7 @@ PRIVACY_NOTE = ("the selection is not covered by the privacy guarantee: choosing
                 "hyper-parameters on the results of private runs (hyper-parameter search on "
                 "private data) costs privacy unless it is accounted for; each row's epsilon "
                 "is that of one run")
-#: record fields of a built-in problem computed without the training users (the population
-#: risk of the known distribution): the metrics a private selection may read
+#: a built-in problem's fields computed without the training users (population risk)
 PUBLIC_METRICS = ("excess_risk", "excess_risk_f64")
 PRIVATE_KEYS = ("distribution", "eta", "gamma")
 
@@ -82,8 +68,8 @@ class SelectSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Phases:
-  """A config split into what runs: ``config`` (phase keys removed; with ``seed`` set when
-  there is a single phase), and the tuning / evaluation seeds and rule when it selects."""
+  """A config split into what runs: ``config`` (phase keys removed), the tuning / evaluation
+  seeds and the rule when it selects."""
   config: dict
   tuning_seeds: tuple[int, ...] | None = None
   eval_seeds: tuple[int, ...] | None = None
@@ -113,10 +99,7 @@ def _parse_select(spec: Any) -> SelectSpec:
   if not isinstance(spec, dict):
     raise ConfigError(f"select: must be a mapping {{metric: ..., over: [...], rule: ...}}, got "
                       f"{spec!r}")
-  unknown = set(spec) - {"over", "metric", "rule", "private"}
-  if unknown:
-    raise ConfigError(f"select: unknown key(s) {', '.join(sorted(map(str, unknown)))}; it "
-                      "reads over, metric, rule, private")
+  check_keys(spec, ("over", "metric", "rule", "private"), "select")
   over = spec.get("over")
   over = [over] if isinstance(over, str) else over
   if not over or not isinstance(over, list) or not all(isinstance(f, str) for f in over):
@@ -127,7 +110,6 @@ def _parse_select(spec: Any) -> SelectSpec:
   if rule not in RULES:
     raise ConfigError(f"select.rule must be one of {', '.join(RULES)}, got {rule!r}")
   metric = check_metric_name(spec.get("metric", "excess_risk"), "select.metric")
-  # a private selection's metric is checked against each problem (check_private_metric)
   private = _parse_private(spec["private"]) if "private" in spec else None
   return SelectSpec(tuple(over), metric, rule, private)
 
@@ -136,10 +118,7 @@ def _parse_private(spec: Any) -> PrivateSpec:
   if not isinstance(spec, dict):
     raise ConfigError("select.private must be a mapping {distribution: "
                       f"truncated_negative_binomial, eta: ..., gamma: ...}}, got {spec!r}")
-  unknown = set(spec) - set(PRIVATE_KEYS)
-  if unknown:
-    raise ConfigError(f"select.private: unknown key(s) {', '.join(sorted(map(str, unknown)))}"
-                      f"; it reads {', '.join(PRIVATE_KEYS)}")
+  check_keys(spec, PRIVATE_KEYS, "select.private")
   out = PrivateSpec(spec.get("distribution", "truncated_negative_binomial"), spec.get("eta"),
                     spec.get("gamma"))
   out.law(2)   # every parameter checked now, before anything runs
@@ -215,8 +194,8 @@ def _candidates(runs: list[dict], records: list[dict], spec: SelectSpec,
 
 def choose(runs: list[dict], records: list[dict], spec: SelectSpec, fields: list[str]
            ) -> tuple[dict[tuple, tuple], list[dict]]:
-  """The selected ``over`` values per group (keyed for :func:`is_selected`) and a report row
-  per group. A candidate with a failed tuning run (or no metric) is not eligible."""
+  """The selected ``over`` values per group (for :func:`is_selected`) and a report row per
+  group; a candidate with a failed tuning run (or no metric) is not eligible."""
   chosen, report = {}, []
   pick = min if spec.rule == "min_mean" else max
   for gkey, g in _candidates(runs, records, spec, fields).items():
@@ -242,8 +221,7 @@ def is_selected(run: dict, chosen: dict[tuple, tuple], spec: SelectSpec,
 
 
 def selection_lines(info: dict) -> list[str]:
-  """The printed account of a selection: what ran on which seeds, what was chosen, and the
-  privacy caveat."""
+  """The printed account of a selection: what ran, what was chosen, the privacy caveat."""
   if info.get("private"):
     return [f"selection: private ({info['rule']} of {info['metric']} over "
             f"{', '.join(info['over'])}, a {info['metric_source']} metric), inside each run "
@@ -266,7 +244,6 @@ def selection_lines(info: dict) -> list[str]:
   return lines
 
 
-# ------------------------------------------------------------------------ private selection
 def group_candidates(runs: list[dict], spec: SelectSpec, fields: list[str]
                       ) -> dict[tuple, list[dict]]:
   """Per (seed, group): its candidates, one run config per value of the ``over`` fields."""
@@ -277,9 +254,8 @@ def group_candidates(runs: list[dict], spec: SelectSpec, fields: list[str]
 
 
 def check_private_metric(spec: SelectSpec, problem: Any) -> None:
-  """The metric of a private selection on ``problem`` is public (module docstring): a
-  built-in problem's population risk, or a user problem's metric on its eval data declared
-  public (:func:`dpsco_jax.runner.user.check_selection_metric`). Else one ConfigError line."""
+  """The metric of a private selection on ``problem`` is public (see the module docstring),
+  else one ConfigError line."""
   if isinstance(problem, runner_user.UserProblem):
     runner_user.check_selection_metric(problem, spec.metric)
   elif spec.metric not in PUBLIC_METRICS:
@@ -290,10 +266,9 @@ def check_private_metric(spec: SelectSpec, problem: Any) -> None:
 
 
 def candidate_plan(cfg: dict, problem: Any, plan_of: Callable | None = None) -> Any:
-  """One candidate's data-free plan: ``plan_of(cfg, problem)`` (the plan its run executes,
-  from the runner) or :func:`dpsco_jax.api.plan_problem`; on a user problem, the plan its run
-  executes (:func:`dpsco_jax.runner.user.plan_run`). An algorithm that is not registered
-  (``flax.DPTrainer``) is refused (its guarantee has no event to bound ``Q``'s curve)."""
+  """One candidate's data-free plan, the one its run executes (``plan_of`` on a built-in
+  problem, :func:`dpsco_jax.runner.user.plan_run` on a user problem). An unregistered
+  algorithm (``flax.DPTrainer``) is refused: it has no event to bound ``Q``'s curve."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.registry import algorithms as table
   entry = table().get(cfg["algorithm"])
@@ -312,10 +287,8 @@ def candidate_plan(cfg: dict, problem: Any, plan_of: Callable | None = None) -> 
 
 def private_plans(groups: dict[tuple, list[dict]], spec: SelectSpec, problem_of: Callable,
                   plan_of: Callable | None = None) -> dict[tuple, SelectionCost]:
-  """Per (seed, group): the cost of its selection (law, guarantee of training and selection:
-  :func:`dpsco_jax.tuning.plans_cost`, as ``dpsco_jax.private_select`` computes it), from the
-  candidates' plans (no training; ``plan_of``: see :func:`candidate_plan`). ``problem_of(cfg)``
-  builds a candidate's problem; its metric is checked first (:func:`check_private_metric`)."""
+  """Per (seed, group): the cost of its selection (:func:`dpsco_jax.tuning.plans_cost`) from
+  the candidates' plans, without training; each candidate's metric is checked first."""
   out = {}
   for gkey, cands in groups.items():
     problems = [problem_of(c) for c in cands]
@@ -330,16 +303,14 @@ def private_plans(groups: dict[tuple, list[dict]], spec: SelectSpec, problem_of:
 
 
 def cost_lines(plans: dict[tuple, SelectionCost], fields: list[str]) -> list[str]:
-  """What the private selection costs, printed before anything runs (one line per group of
-  the first seed; E[K], never K)."""
+  """What the private selection costs, per group of the first seed (E[K], never K)."""
   seed = next(iter(plans))[0]
   return [cost.line(", ".join(f"{f}={v}" for f, v in zip(fields, gkey[1:])) + ", per eval seed")
           for gkey, cost in plans.items() if gkey[0] == seed]
 
 
-#: what a private selection's released record keeps of its run's record: the run's time (and
-#: anything measured while it ran) is not covered by the guarantee, and the winner's time says
-#: whether it compiled, i.e. whether it was the first draw of its candidate
+#: dropped from a private selection's released record: not covered by the guarantee (the
+#: winner's time says whether it compiled, i.e. whether it was its candidate's first draw)
 UNCOVERED = ("wall_time_s", "batch_wall_time_s", "batch_note", "debug")
 #: where the released record says its selection metric was computed (check_private_metric)
 POPULATION_SOURCE = ("public (the population risk of the problem's known distribution; no "
@@ -351,9 +322,8 @@ EVAL_DATA_SOURCE = ("public (declared: the problem's eval_data, eval_data_public
 def select_privately(cands: list[dict], cost: SelectionCost, spec: SelectSpec, seed: int,
                      train: Callable[[dict, Any], dict]) -> dict:
   """One private selection (:func:`dpsco_jax.tuning.best_of_k`): ``K ~ law`` runs of a
-  uniformly drawn candidate, each trained by ``train(cfg, driver_key)`` on the seed's users;
-  the best run's record, its privacy replaced by the selection's and its uncovered fields
-  (:data:`UNCOVERED`) removed. ``K``, the draws and their metrics stay in that loop."""
+  uniformly drawn candidate, ``train(cfg, driver_key)``; the best run's record with the
+  selection's privacy and without :data:`UNCOVERED`. ``K`` and the draws stay in that loop."""
   import jax
 
   def one(i: int, key: Any) -> tuple[float | None, dict]:
@@ -382,7 +352,7 @@ def select_privately(cands: list[dict], cost: SelectionCost, spec: SelectSpec, s
 
 
 def private_info(phases: Phases, plans: dict[tuple, SelectionCost], fields: list[str]) -> dict:
-  """The JSON ``selection`` block of a private selection (the law, E[K], the cost; no K)."""
+  """The JSON ``selection`` block of a private selection (no K)."""
   spec = phases.select
   return {"private": True, "eval_seeds": list(phases.eval_seeds), "metric": spec.metric,
           "over": list(spec.over), "rule": spec.rule, "group_fields": fields,

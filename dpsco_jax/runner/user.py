@@ -1,49 +1,19 @@
 """Your model, loss and data in a YAML sweep: the runner's ``user`` problem.
 
-A config names your code by import path (``module:function``; the current directory is on
-the import path) and your data by file, in the ``problem:`` section::
+A ``problem:`` section names your code by import path (``module:function``) and your data by
+file: a ``factory`` with ``args`` that builds the whole problem (a :class:`UserProblem`, a
+mapping of its fields, a ``(loss, model_or_params, data[, metric])`` tuple, or a problem
+object with ``excess_risk``), or a ``model``, a ``loss`` and ``data`` / ``eval_data`` files
+(:mod:`dpsco_jax.runner.datafiles`), with ``metric`` and declared constants. Both are called
+once per seed with ``args`` and the run's ``seed`` / ``key`` / ``rngs`` where their signature
+names them. The layouts and keys: ``docs/guides/model_and_data.md``.
 
-    problem:                                   # a factory that builds the whole problem
-      factory: experiments.digits_problem:make_digits
-      args: {n_users: 180, max_items_per_user: 16}
-
-    problem:                                   # or a model, a loss and a data file
-      model: my_pkg.models:MLP                 # an nnx.Module class / function, or a function
-      loss: my_pkg.models:loss_fn              #   returning a params pytree
-      data: {path: users.csv, user_column: user, columns: {x: [f0, f1, f2], y: label},
-             max_items_per_user: 16}
-      eval_data: {path: held_out.csv, user_column: user, columns: {x: [f0, f1, f2], y: label}}
-      eval_data_public: true                   # optional: held-out users, declared public
-      metric: {test_accuracy: my_pkg.models:accuracy}
-      lipschitz: 1.0                           # declared constants (as ``constants=``)
-
-* ``factory`` / ``model`` are called with ``args`` and, if their signature names them, the
-  run's ``seed`` (int), ``key`` (a JAX key) and ``rngs`` (``nnx.Rngs(seed)``), once per seed.
-  A factory returns a :class:`UserProblem`, a mapping of its fields, a ``(loss,
-  model_or_params, data[, metric])`` tuple, or a problem object with ``excess_risk`` (run like
-  the registered problems).
-* ``model`` is an ``nnx.Module`` (run through :func:`dpsco_jax.flax.fit_model`, or
-  ``algorithm: flax.DPTrainer``) or a params pytree (run through :func:`dpsco_jax.fit`);
-  ``loss(model_or_params, example) -> scalar`` for one item.
-* ``data`` / ``eval_data``: ``PATH`` or ``{path, user_column, columns, max_items_per_user,
-  selection, seed}``; ``.npz`` (arrays of ``N`` rows, ids in ``user_column``, default
-  ``user_ids``), ``.csv`` / ``.parquet`` (one row per item, read through
-  :meth:`UserData.from_table`; ``user_column`` required). ``columns``: a list of leaves, or
-  ``{leaf: column or [columns]}`` (a list is stacked into one vector). Relative paths are
-  relative to the current directory. ``max_items_per_user`` is the declared bound ``m``;
-  without it ``m`` is measured, and algorithms whose guarantee reads ``m`` refuse the config.
-* ``metric``: ``module:function`` (record field: the function's name) or ``{field:
-  module:function}``; ``metric(trained_model_or_params, eval_data or data) -> float``. There is
-  no known optimum, so records carry these metrics instead of ``excess_risk``; ``select`` and
-  ``compare`` read them (``select: {metric: test_accuracy, rule: max_mean}``, ``compare:
-  {metric: test_accuracy, better: higher}``).
-* ``eval_data_public: true`` declares the eval data public: its users are not the training
-  users, and the guarantee does not cover them. Only then may a private selection
-  (``select: {..., private: {...}}``) score its candidates, by one of these metrics, on it
-  (:func:`check_selection_metric`); without ``eval_data`` the declaration is refused.
-
-Everything is checked before any run (:func:`check`): the imports, the argument names, the
-files, their columns; each error is one :class:`ConfigError` line (the CLI exits 2).
+There is no known optimum: records carry your metrics instead of ``excess_risk``. Metrics on
+the training users are the data owner's diagnostic, not covered by the guarantee; held-out
+``eval_data`` declared public (``eval_data_public: true``: not the training users, not
+covered by the guarantee) is the only data a private selection may score on
+(:func:`check_selection_metric`). Everything is checked before any run (:func:`check`); each
+error is one :class:`ConfigError` line (the CLI exits 2).
 """
 
 from __future__ import annotations
@@ -59,10 +29,8 @@ import jax
 import numpy as np
 
 from dpsco_jax.config.families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPTrainerConfig,
-                                       RunnerKeys, UserProblemKeys)
-from dpsco_jax.config.families import Schema
+                                       RunnerKeys, Schema, UserProblemKeys)
 from dpsco_jax.config.types import ConfigError
-# your data files and your code, each in its own module
 from dpsco_jax.runner.datafiles import load_data_file, parse_data_file
 from dpsco_jax.runner.usercode import (CONSTANT_KEYS, as_callable, call_with_run_args,
                                        check_call_args, import_object, metric_table,
@@ -89,6 +57,7 @@ class UserProblem:
     n_users: the declared public number of users (read under ``add_remove``).
     eval_data_public: ``eval_data`` is declared public (not the training users, not covered
       by the guarantee): a private selection may score on it.
+    source: the factory or model path, for messages and records.
   """
   loss: Callable
   model: Any
@@ -97,30 +66,15 @@ class UserProblem:
   metrics: dict = dataclasses.field(default_factory=dict)
   constants: dict = dataclasses.field(default_factory=dict)
   n_users: int | None = None
-  # declared by the owner (config key eval_data_public): eval_data holds no training user
   eval_data_public: bool = False
   source: str = ""
-  # set by check_loss_finite: the rows of a sweep that share this problem probe it once
+  # set by check_loss_finite: rows that share this problem probe it once
   loss_checked: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
   @property
   def is_module(self) -> bool:
     from flax import nnx
     return isinstance(self.model, nnx.Module)
-
-
-# ------------------------------------------------------------------------------- checks
-
-
-def _problem_view(cfg: Mapping) -> Schema:
-  """The ``user`` problem's keys of a run config (:class:`UserProblemKeys`); reading any other
-  name raises, so a key read here is a key the schema validates."""
-  return UserProblemKeys.of(cfg)
-
-
-def _runner_view(cfg: Mapping) -> Schema:
-  """The runner's own keys (``seed``, ``debug``) with their schema defaults."""
-  return RunnerKeys.of(cfg)
 
 
 def check(cfg: dict) -> None:
@@ -132,7 +86,7 @@ def check(cfg: dict) -> None:
   if algorithm in UNSUPPORTED:
     raise ConfigError(f"{algorithm} cannot run on your model and data: "
                       f"{UNSUPPORTED[algorithm]}")
-  prob = _problem_view(cfg)
+  prob = UserProblemKeys.of(cfg)
   args = prob.args or {}
   if prob.factory is not None:
     given = [k for k in ("model", "loss", "data", "eval_data") if prob[k] is not None]
@@ -156,32 +110,23 @@ def check(cfg: dict) -> None:
       raise ConfigError(f"{algorithm}'s guarantee reads m, the items per user: declare it in "
                         "the data file's mapping (data: {path: ..., max_items_per_user: m}); a "
                         "measured m is a function of the private data")
-    if algorithm in CONFIG_ONLY_ALGORITHMS:
-      trainer = _trainer_view(cfg)
-      if (trainer.sampling == "poisson" and trainer.expected_batch_size is None
-          and trainer.get("relation", "add_remove") == "add_remove"
-          and prob.n_users is None):
-        raise ConfigError(f"{algorithm} under relation add_remove needs expected_batch_size "
-                          "or a declared n_users (problem section): the number of users is "
-                          "private")
   if algorithm in CONFIG_ONLY_ALGORITHMS:
-    _check_trainer(cfg)
+    trainer = DPTrainerConfig.of(cfg)
+    if (prob.factory is None and trainer.sampling == "poisson"
+        and trainer.expected_batch_size is None
+        and trainer.get("relation", "add_remove") == "add_remove" and prob.n_users is None):
+      raise ConfigError(f"{algorithm} under relation add_remove needs expected_batch_size "
+                        "or a declared n_users (problem section): the number of users is "
+                        "private")
+    _check_trainer(trainer, algorithm)
   metric_table(prob.metric, "problem.metric", as_callable)
 
 
-def _trainer_view(cfg: Mapping) -> Schema:
-  """``flax.DPTrainer``'s keys of a run config, with the schema's defaults (the runner's
-  ``debug`` too); its other keys (problem, runner) are not visible."""
-  return DPTrainerConfig.of(cfg)
-
-
-def _check_trainer(cfg: Mapping) -> None:
-  """The keys of ``flax.DPTrainer`` that depend on each other, refused before any run (one
-  line, naming the key): each schedule takes its own keys (the DPTrainer's own checks, so
-  the reason is written once), MF noise only on the cyclic schedule, and its relations."""
+def _check_trainer(trainer: DPTrainerConfig, name: str) -> None:
+  """The keys of ``flax.DPTrainer`` that depend on each other, refused before any run with the
+  DPTrainer's own checks: each schedule's keys, MF noise only when cyclic, its relations."""
   from dpsco_jax.algorithms.dpsgd.plan import SAMPLING_RELATIONS, check_mf_sampling
   from dpsco_jax.flax.trainer_noise import check_cyclic_args
-  trainer, name = _trainer_view(cfg), cfg["algorithm"]
   try:
     check_mf_sampling(trainer.noise_mechanism, trainer.sampling, allowed=("cyclic",))
     if trainer.sampling == "cyclic":
@@ -208,8 +153,7 @@ def _check_trainer(cfg: Mapping) -> None:
 
 def _check_trainer_clip(trainer: Schema, name: str) -> None:
   """``clip_norm`` and the adaptive keys, refused before any run with the DPTrainer's own
-  checks and DP-SGD's adaptive plan (its refusals: correlated noise; with an explicit or a
-  Poisson-calibrated z, a count_stddev too small for it)."""
+  checks and DP-SGD's adaptive plan (correlated noise; a count_stddev too small for z)."""
   from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE_KEYS
   from dpsco_jax.algorithms.dpsgd.plan import adaptive_plan
   from dpsco_jax.flax.trainer import check_clip_args
@@ -232,15 +176,15 @@ def _check_trainer_clip(trainer: Schema, name: str) -> None:
     raise ConfigError(f"{name}: {err}") from None
 
 
-#: eval_data_public without eval_data: the metrics would read the training data
 NO_PUBLIC_EVAL_DATA = ("problem.eval_data_public declares eval_data public, but the problem has "
                        "no eval_data (its metrics would read the training users): add "
                        "eval_data (held-out users) or remove eval_data_public")
 
 
 def check_selection_metric(problem: UserProblem, metric: str) -> None:
-  """A private selection on ``problem`` may read ``metric``: one of its metrics, computed on
-  ``eval_data`` declared public (``eval_data_public``). Else one :class:`ConfigError` line."""
+  """A private selection on ``problem`` may read ``metric`` only if it is one of its metrics,
+  computed on ``eval_data`` declared public (``eval_data_public``); else a
+  :class:`ConfigError` line."""
   if problem.eval_data is None:
     raise ConfigError("select.private on a user problem scores each candidate on its "
                       "eval_data declared public, and this problem has no eval_data (its "
@@ -257,9 +201,9 @@ def check_selection_metric(problem: UserProblem, metric: str) -> None:
 
 
 def check_metrics(runs: list[dict], metrics: tuple[tuple[str, str], ...]) -> None:
-  """A user problem has no known optimum: ``excess_risk`` (the default metric of ``select``
-  and ``compare``, given as ``(where, metric)`` pairs) is refused before any run where the
-  config says which metrics a user run has (no factory)."""
+  """A user problem has no known optimum: ``excess_risk`` as a ``(where, metric)`` of
+  ``select`` / ``compare`` is refused before any run where the config says which metrics a
+  user run has (no factory)."""
   for cfg in runs:
     known = static_metrics(cfg) if cfg["problem"] == USER_PROBLEM else None
     for where, metric in metrics:
@@ -276,12 +220,8 @@ def cache_key(cfg: dict) -> tuple:
   return (USER_PROBLEM, repr(cfg.get("seed", 0))) + tuple(repr(cfg.get(k)) for k in fields)
 
 
-# ------------------------------------------------------------------------------- building
-
-
 def _normalize(out: Any, source: str) -> Any:
-  """A factory's return value as a :class:`UserProblem` (or a problem object with
-  ``excess_risk``, returned as is)."""
+  """A factory's return value as a :class:`UserProblem` (a problem object as is)."""
   if isinstance(out, UserProblem):
     return out
   if hasattr(out, "excess_risk") and hasattr(out, "loss_fn"):
@@ -315,7 +255,7 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
   """The runner's factory of the ``user`` problem: calls your factory (or model) for the
   run's seed, reads the data files, applies the config's metric / constants / n_users."""
   from dpsco_jax.data import UserData
-  prob, seed = _problem_view(cfg), int(_runner_view(cfg).seed)
+  prob, seed = UserProblemKeys.of(cfg), int(RunnerKeys.of(cfg).seed)
   args = dict(prob.args or {})
   if prob.factory is not None:
     source = prob.factory
@@ -352,12 +292,8 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
   return problem
 
 
-# ------------------------------------------------------------------------------- running
-
-
 def _metrics_data(problem: UserProblem) -> str:
-  """What the record's metrics read, said beside them: the training users' metrics are the
-  data owner's diagnostic, which the guarantee does not cover."""
+  """What the record's metrics read (training users' metrics: the owner's diagnostic)."""
   if problem.eval_data is None:
     return ("the training users (a diagnostic for the data owner: not covered by the privacy "
             "guarantee)")
@@ -367,10 +303,8 @@ def _metrics_data(problem: UserProblem) -> str:
 
 def _public_sizes(problem: UserProblem, relation: str) -> dict:
   """The record's ``n_users`` and ``m``: what the guarantee treats as public. Under
-  ``add_remove`` the realized number of users is private (a neighbour has one more or one
-  fewer): the declared ``n_users`` stands (none declared: not recorded). A measured ``m`` (the
-  largest user's item count) is a function of the data under every relation: recorded only
-  when declared (``max_items_per_user``)."""
+  ``add_remove`` the realized number of users is private: only a declared ``n_users`` is
+  recorded. A measured ``m`` is a function of the data: recorded only when declared."""
   spec = problem.data.spec
   out = {}
   if relation != "add_remove":
@@ -391,34 +325,28 @@ def _algorithm_config(cfg: dict, problem: UserProblem) -> Any:
 
 
 def plan_run(problem: UserProblem, cfg: dict) -> Any:
-  """The data-free plan of a run of ``cfg`` on ``problem`` (a registered algorithm): the
-  plan :func:`run` executes (``fit`` / ``fit_model`` plan from these same public facts: the
-  training data's spec, the model's parameter count, the declared constants and n_users).
+  """The data-free plan :func:`run` executes for ``cfg`` (a registered algorithm) on
+  ``problem``, from its public facts (data spec, parameter count, declared constants).
 
   Raises:
     ConfigError: as :func:`dpsco_jax.plan` (a bad key, an undeclared fact).
   """
   from dpsco_jax.api import plan
-  if problem.is_module:
-    from flax import nnx
-    num_params = _num_params(nnx.state(problem.model, nnx.Param))
-  else:
-    num_params = _num_params(problem.model)
   return plan(cfg["algorithm"], _algorithm_config(cfg, problem), problem.data.spec,
-              num_params=num_params, constants=problem.constants or None)
+              num_params=_num_params(problem.model), constants=problem.constants or None)
 
 
 def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
            progress: Callable | None) -> tuple[Any, dict, Any]:
   """``flax.DPTrainer`` from a config: (privacy report, record extras, debug). Keys the config
-  leaves out (``null``) are not passed: the DPTrainer's (and its plan's) defaults apply."""
+  leaves out are not passed: the DPTrainer's defaults apply."""
   import optax
   from dpsco_jax.api import Progress
   from dpsco_jax.flax import DPTrainer
   if not problem.is_module:
     raise ConfigError("flax.DPTrainer trains an nnx.Module; this problem's model is a "
                       f"{type(problem.model).__name__} (params): run dp_sgd_user on it")
-  v = _trainer_view(cfg)
+  v = DPTrainerConfig.of(cfg)
   lr, steps = v.learning_rate, v.num_steps
   optimizer = {"sgd": lambda: optax.sgd(lr), "momentum": lambda: optax.sgd(lr, momentum=0.9),
                "adam": lambda: optax.adam(lr)}[v.optimizer]()
@@ -462,19 +390,17 @@ def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
   return trainer.privacy_report(), extras, trainer.debug
 
 
-# users per compiled call of the pre-run loss probe (bounded memory on a large table)
+# users per compiled call of the loss probe (bounded memory on a large table)
 PROBE_USERS = 4096
 
 
 def check_loss_finite(problem: UserProblem) -> None:
   """Before a run: your loss at the initial point on every item of your training data.
 
-  A loss that is not finite (NaN or infinity) on every user trains a private run on its noise
-  alone (the clipping drops a non-finite gradient), whose released params are finite: it
-  reported ok. That run is refused here (:class:`~dpsco_jax.result.NonFiniteRelease`).
-  Where only some users' loss is not finite, a step drops each of them while it stays so: you
-  are told how many, in a warning. This is a check of your own data and code before anything
-  runs, shown to you; no record or report holds it."""
+  A loss not finite on every user would train on noise alone (clipping drops a non-finite
+  gradient) and release finite params: refused (:class:`~dpsco_jax.result.NonFiniteRelease`).
+  Where only some users' loss is not finite, a warning says how many (each step drops them).
+  The check is shown to you only; no record or report holds it."""
   if problem.loss_checked:
     return
   import warnings
@@ -508,23 +434,25 @@ def check_loss_finite(problem: UserProblem) -> None:
   problem.loss_checked = True
 
 
-def _num_params(tree: Any) -> int:
+def _num_params(model: Any) -> int:
+  """The parameter count of a params pytree or of an nnx.Module's ``nnx.Param`` state."""
+  from flax import nnx
+  tree = nnx.state(model, nnx.Param) if isinstance(model, nnx.Module) else model
   return int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(tree)))
 
 
 def run(problem: UserProblem, cfg: dict, key: jax.Array,
         progress: Callable | None = None) -> dict:
-  """Runs one validated config on a :class:`UserProblem` (a copy of its model) and returns
-  its record: the privacy report, your metrics on the trained model, the work and time.
-  ``progress``: a :class:`dpsco_jax.api.Progress` callback."""
+  """Runs one validated config on a copy of the problem's model and returns its record: the
+  privacy report, your metrics on the trained model, the work and time. ``progress``: a
+  :class:`dpsco_jax.api.Progress` callback."""
   from dpsco_jax.api import fit
   algorithm = cfg["algorithm"]
+  model = problem.model
   if problem.is_module:
     from flax import nnx
-    model = nnx.clone(problem.model)  # rows sharing the problem each train their own copy
-    num_params = _num_params(nnx.state(model, nnx.Param))
-  else:
-    model, num_params = problem.model, _num_params(problem.model)
+    model = nnx.clone(model)  # rows sharing the problem each train their own copy
+  num_params = _num_params(model)
   check_loss_finite(problem)
   start = time.perf_counter()
   gradient_evaluations, debug, fallback = None, None, None
@@ -551,6 +479,7 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
     privacy, extras, debug = result.privacy, dict(result.record), result.debug
     gradient_evaluations, fallback = int(result.gradient_evaluations), result.fallback
   wall = time.perf_counter() - start
+  runner = RunnerKeys.of(cfg)
   eval_data = problem.eval_data if problem.eval_data is not None else problem.data
   metrics = {name: float(fn(trained, eval_data)) for name, fn in problem.metrics.items()}
   record = {
@@ -563,13 +492,13 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
       "paper_epsilon": privacy.paper_epsilon, **metrics, "user_metrics": list(metrics),
       "metrics_data": _metrics_data(problem) if metrics else None,
       "gradient_evaluations": gradient_evaluations, "wall_time_s": wall,
-      "seed": int(_runner_view(cfg).seed)}
+      "seed": int(runner.seed)}
   record.update({k: v for k, v in problem.constants.items() if k in CONSTANT_KEYS})
   record.update({k: v for k, v in extras.items() if k not in record})
   if fallback is not None:
     record["fallback"] = fallback
   if privacy.notes:
     record["privacy_notes"] = privacy.notes
-  if _runner_view(cfg).debug is True and debug is not None:
+  if runner.debug is True and debug is not None:
     record["debug"] = debug
   return record

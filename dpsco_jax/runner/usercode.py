@@ -1,9 +1,6 @@
 """Your code named in a config: ``module:function`` resolved, its arguments checked, called
-with the run's seed, and your metrics (what :mod:`dpsco_jax.runner.user` builds a run from).
-
-Every failure is one :class:`~dpsco_jax.config.types.ConfigError` line (the CLI exits 2): a
-module that does not import, a missing attribute (with a "did you mean"), an argument the
-function does not take, a metric named after a record field.
+with the run's seed, and your metrics. Every failure is one
+:class:`~dpsco_jax.config.types.ConfigError` line (the CLI exits 2).
 """
 
 from __future__ import annotations
@@ -37,9 +34,6 @@ _RUN_ARGS = ("seed", "key", "rngs")  # passed by the runner, never in args
 def one_line_error(err: BaseException) -> str:
   """``"Type: message"`` on one line: a failure of your code or file inside a ConfigError."""
   return " ".join(f"{type(err).__name__}: {err}".split())
-
-
-# ------------------------------------------------------------------------------- imports
 
 
 def _ensure_cwd_on_path() -> None:
@@ -110,18 +104,11 @@ def check_call_args(fn: Callable, args: dict, where: str) -> None:
 def call_with_run_args(fn: Callable, args: dict, seed: int, key: jax.Array) -> Any:
   """``fn(**args)`` plus the run's ``seed`` / ``key`` / ``rngs`` where ``fn`` names them."""
   params = _parameters(fn) or {}
-  extra: dict[str, Any] = {}
-  if "seed" in params:
-    extra["seed"] = seed
-  if "key" in params:
-    extra["key"] = key
+  extra: dict[str, Any] = {k: v for k, v in (("seed", seed), ("key", key)) if k in params}
   if "rngs" in params:
     from flax import nnx
     extra["rngs"] = nnx.Rngs(seed)
   return fn(**args, **extra)
-
-
-# ------------------------------------------------------------------------------- metrics
 
 
 def metric_table(value: Any, where: str, resolve: Callable[[Any, str], Callable]
@@ -156,8 +143,7 @@ def as_callable(v: Any, where: str) -> Callable:
 
 
 def static_metrics(cfg: dict) -> set[str] | None:
-  """The metric fields a user run's records will have, when the config alone says (no
-  factory); None when a factory may add some."""
+  """The metric fields a user run's records will have (None when a factory may add some)."""
   prob = UserProblemKeys.of(cfg)
   if prob.factory is not None:
     return None
