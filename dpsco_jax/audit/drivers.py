@@ -23,7 +23,7 @@ import numpy as np
 
 from dpsco_jax.audit.canary import check_relation
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import (DELTA, check_broken, gaussian_lr_weights,
+from dpsco_jax.audit.mechanisms import (DELTA, check_broken, e0_sum, gaussian_lr_weights,
                                         tree_noise_covariance)
 
 __all__ = ["DRIVERS", "GAUSSIAN", "TRIALS", "build_driver", "dp_sgd_driver", "trainer_driver",
@@ -74,11 +74,6 @@ def _neighbour(x: np.ndarray, relation: str) -> np.ndarray:
   return y
 
 
-def _e0_sum(releases) -> jax.Array:
-  (leaf,) = jax.tree.leaves(releases)
-  return jnp.sum(leaf[..., 0])
-
-
 def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
                   sampling: str | None = None, users: int = 8, m: int = 2, dim: int = 2,
                   steps: int | None = None, noise_multiplier: float | None = None,
@@ -124,7 +119,7 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
 
   return AuditSpec(f"dp_sgd_user/{sampling}[{broken or 'honest'}]", relation, release,
                    {"x": jnp.asarray(x_in)}, {"x": jnp.asarray(_neighbour(x_in, relation))},
-                   _e0_sum, float(claim), DELTA,
+                   e0_sum, float(claim), DELTA,
                    f"dp_sgd_user(...).privacy.epsilon (z={z:g}, {sampling}, T={steps})")
 
 
@@ -271,7 +266,7 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
 
   flat = lambda a: {"x": jnp.asarray(a[:, 0])}  # one item per row: examples [n, d]
   return AuditSpec(f"dp_loc_gd[{broken or 'honest'}]", relation, release, flat(x),
-                   flat(_neighbour(x, relation)), _e0_sum, float(claim), DELTA,
+                   flat(_neighbour(x, relation)), e0_sum, float(claim), DELTA,
                    f"run_dp_loc_gd(...).privacy.epsilon (z={noise_multiplier:g}, T={steps})")
 
 

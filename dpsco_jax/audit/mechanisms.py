@@ -37,7 +37,7 @@ from dpsco_jax.transforms.tree_noise import (prefix_nodes, prefix_noise_event,
 
 __all__ = ["MECHANISMS", "build", "gaussian_chain", "tree_noise", "laplace_test_audit",
            "above_threshold_audit", "output_perturbation", "tdlap_bottom", "gaussian_lr_weights",
-           "check_broken", "tree_noise_covariance", "chain_releases"]
+           "check_broken", "tree_noise_covariance", "chain_releases", "e0_sum"]
 
 DELTA = 1e-5
 _HI = jax.lax.Precision.HIGHEST  # scores are sums of many terms: no TF32/bf16 passes
@@ -65,8 +65,10 @@ def chain_releases(tx, data: UserBatch, dim: int, steps: int | None = None) -> j
   return jax.lax.scan(body, tx.init(params), xs, length=steps)[1]
 
 
-def _dot_e0(releases: jax.Array) -> jax.Array:
-  return jnp.sum(releases[..., 0])
+def e0_sum(releases) -> jax.Array:
+  """The releases' ``e_0`` coordinate summed over steps (one array leaf)."""
+  (leaf,) = jax.tree.leaves(releases)
+  return jnp.sum(leaf[..., 0])
 
 
 def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
@@ -105,7 +107,7 @@ def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
     return chain_releases(tx, data, dim, steps)
 
   return AuditSpec(f"gaussian_chain[{broken or 'honest'}]", relation, release, d_in, d_out,
-                   _dot_e0, claim, DELTA,
+                   e0_sum, claim, DELTA,
                    f"epsilon_of(SelfComposed(Gaussian(z={sigma / (_CLIP / denom):.3g}), "
                    f"{steps}), {acc_rel})")
 
@@ -252,7 +254,7 @@ def output_perturbation(relation: str = "replace_one", broken: str | None = None
     return theta + used * jax.random.normal(key, theta.shape, theta.dtype)
 
   return AuditSpec(f"output_perturbation[{broken or 'honest'}]", relation, release, d_in,
-                   d_out, _dot_e0, claim, DELTA,
+                   d_out, e0_sum, claim, DELTA,
                    f"epsilon_of(Gaussian(sigma/(G/n)), replace_one), sigma={sigma:.3g}")
 
 
