@@ -1,33 +1,20 @@
 """FILTER's pair counts in ``O(U log U + band)`` on concentrated data: a radial pre-decision
-in front of :mod:`~dpsco_jax.transforms.filter_pairs` (the one FILTER kernel's counting part).
+in front of :mod:`~dpsco_jax.transforms.filter_pairs`.
 
-Why. The counts ``#{j : ||y_i - y_j|| <= r}`` cost ``O(U^2 D)`` pair evaluations, which made
-paper 000 at ``n = 1e6`` a device-hours job (issue 28). But FILTER's inputs are the case it is
-built for: most users' gradients sit in a cluster much smaller than ``r`` (on the study's
-problem at ``n = 3e4``, 90.4% of all pairs are within ``a_i + a_j <= r`` of a centre and 9.6%
-are ``|a_i - a_j| > r`` apart; 0.05% are neither), and the triangle inequality on the
-distances ``a_i = ||y_i - c||`` to ANY point ``c`` decides such pairs without computing them:
-``a_i + a_j <= r`` implies close, ``|a_i - a_j| > r`` far.
+FILTER's inputs mostly sit in a cluster much smaller than ``r``, and the triangle inequality
+on ``a_i = ||y_i - c||`` for ANY point ``c`` decides most pairs uncomputed: ``a_i + a_j <= r``
+implies close, ``|a_i - a_j| > r`` far. Users are sorted by ``a_i``; per row, binary searches
+give the columns certified close (a prefix) and far (a prefix and a suffix), and only the
+band between them is evaluated by the canonical distance
+(:func:`~dpsco_jax.transforms.filter_pairs.canonical_sq_distances`). When the bands hold too
+many pairs, or some ``a_i`` is non-finite, the Gram path runs instead.
 
-How. Users are sorted by a computed ``a_i``; per row, two binary searches give the columns
-certified close (a prefix) and certified far (a prefix and a suffix), and only the band
-between them is evaluated, by the canonical difference-first distance of
-:func:`~dpsco_jax.transforms.filter_pairs.canonical_sq_distances` (rows in blocks of
-consecutive sorted users, the block's band in fixed-width column chunks: static shapes, a
-``while_loop`` over chunks). Where the bands hold too many pairs (data spread on a shell
-around every centre, or any non-finite ``a_i``), :func:`banded_close_counts` is not taken and
-the Gram path runs.
-
-Soundness: the counts are exactly the canonical ones (module docstring of ``filter_pairs``).
-A pair is only certified by the triangle inequality when it implies the canonical decision:
-with the true ``a_i`` inside ``[lb_i, ub_i]`` (the computed norm's rounding error, bounded
-generously), ``ub_i + ub_j <= rho_close`` gives a true distance whose canonical value is
-``<= T(r)`` (the Gram bounds' margins, ``filter_pairs.certified_sq_bounds``), and
-``lb_i - ub_j > rho_far`` one whose canonical value is ``> T(r)``. The centre only moves work
-between the searches and the band, never a decision; every count is a function of the pair's
-two rows alone, which is what FILTER's sensitivity argument needs. Tests compare every count
-with the brute-force canonical matrix on adversarial inputs (points on the radius, shells,
-duplicates, huge offsets, padding)."""
+Soundness: the counts are exactly the canonical ones. With the true ``a_i`` in
+``[lb_i, ub_i]`` (the computed norm's rounding, bounded generously), ``ub_i + ub_j <=
+rho_close`` implies a canonical value ``<= T(r)`` and ``lb_i - ub_j > rho_far`` one ``> T(r)``
+(margins of ``filter_pairs.certified_sq_bounds``). The centre only moves work, never a
+decision; every count is a function of the pair's two rows alone, as FILTER's sensitivity
+argument needs."""
 
 from __future__ import annotations
 
@@ -54,8 +41,7 @@ BAND_COLS = 512
 #: The banded path is taken when its pair evaluations (blocks x chunks x rows x columns) are
 #: at most this fraction of ``U^2``; above it the Gram path is cheaper (one matmul a block).
 BAND_FRACTION = 0.25
-#: Relative widening of every search bound (far above every rounding error here: costs no
-#: band width worth counting, and keeps each certificate an implication with room to spare).
+#: Relative widening of every search bound (far above every rounding error here).
 _REL = 1e-5
 
 
@@ -69,11 +55,8 @@ def _up(x: jax.Array) -> jax.Array:
 
 def _radial(rows: list[jax.Array], mask: jax.Array, geo: PairGeometry
             ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """``(a, ub, lb)``: computed distances to the centre and bounds on the true ones (``+inf``
-  for padding rows, so they sort last and no search reaches them). The norm of ``D``
-  rounded differences errs by at most ``gamma(D + 4)`` relative plus the square root of the
-  underflow slack; the bounds take 4x both (and are monotone in ``a``: sorting ``a`` sorts
-  them)."""
+  """``(a, ub, lb)``: computed distances to the centre and bounds on the true ones (4x the
+  norm's ``gamma(D + 4)`` error; monotone in ``a``), ``+inf`` for padding (sorts last)."""
   centre = median_centre(rows, mask)
   sq = sum(jnp.sum(jnp.square(x - c[None, :]), axis=1) for x, c in zip(rows, centre))
   a = jnp.where(mask, jnp.sqrt(sq), jnp.inf)
@@ -83,9 +66,7 @@ def _radial(rows: list[jax.Array], mask: jax.Array, geo: PairGeometry
 
 
 def _radii(t: jax.Array, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
-  """``(rho_close, rho_far)`` for threshold ``t``: a true distance ``<= rho_close`` has a
-  canonical value ``<= t``, one ``> rho_far`` a canonical value ``> t`` (the square roots of
-  :func:`~dpsco_jax.transforms.filter_pairs.certified_sq_bounds`, the Gram path's bounds)."""
+  """``(rho_close, rho_far)``: the square roots of the Gram path's certified bounds for ``t``."""
   q_close, q_far = certified_sq_bounds(t, geo)
   return _down(jnp.sqrt(jnp.maximum(q_close, 0.0))), _up(jnp.sqrt(jnp.maximum(q_far, 0.0)))
 
@@ -93,7 +74,7 @@ def _radii(t: jax.Array, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
 def _bands(ub_s: jax.Array, lb_s: jax.Array, thresholds, geo: PairGeometry
            ) -> tuple[list[jax.Array], jax.Array, jax.Array]:
   """``(c1, lo, hi)`` per sorted row: per threshold ``c1`` (columns ``< c1`` certified close),
-  and the row's band ``[lo, hi)`` over all thresholds (outside it every column is certified)."""
+  and the band ``[lo, hi)`` outside which every column is certified."""
   c1, lo, hi = [], None, None
   for t in thresholds:
     rho_c, rho_f = _radii(t, geo)
@@ -109,8 +90,7 @@ def _bands(ub_s: jax.Array, lb_s: jax.Array, thresholds, geo: PairGeometry
 
 def _block_bands(lo: jax.Array, hi: jax.Array, real_s: jax.Array, rows: int
                  ) -> tuple[jax.Array, jax.Array]:
-  """Per block of ``rows`` sorted rows: the union ``[lo, hi)`` of its real rows' bands
-  (empty for a block without real rows)."""
+  """Per block of ``rows`` sorted rows: the union ``[lo, hi)`` of its real rows' bands."""
   nb = real_s.shape[0] // rows
   big = jnp.iinfo(jnp.int32).max
   blo = jnp.where(real_s, lo, big).reshape(nb, rows).min(axis=1)
@@ -118,17 +98,15 @@ def _block_bands(lo: jax.Array, hi: jax.Array, real_s: jax.Array, rows: int
   return jnp.minimum(blo, bhi), bhi
 
 
-#: Below this many user slots the Gram path alone runs (one or a few blocks: nothing to save,
-#: and no second branch to compile).
+#: Below this many user slots the Gram path alone runs.
 BAND_MIN_USERS = 4096
 
 
 def close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, ...],
                       rows: NamedSharding | None = None) -> tuple[jax.Array, ...]:
-  """:func:`filter_pairs.gram_close_pair_counts`'s counts (the same canonical decisions, the same
-  ``[blocks, block]`` layout), by sorted radial bands when there are at least
-  ``BAND_MIN_USERS`` slots, one device, and the bands are narrow (:func:`banded_close_counts`);
-  else by the Gram path."""
+  """The counts of :func:`filter_pairs.gram_close_pair_counts` (same decisions and layout), by
+  radial bands (:func:`banded_close_counts`) on one device with ``BAND_MIN_USERS`` slots or
+  more, else by the Gram path."""
   gram = lambda: gram_close_pair_counts(clean, mask, radii, rows=rows)
   u = num_user_slots(clean)
   if rows is not None or u < BAND_MIN_USERS:
@@ -143,10 +121,8 @@ def banded_close_counts(rows: list[jax.Array], mask: jax.Array, thresholds: tupl
                         geo: PairGeometry, fallback: Callable[[], tuple[jax.Array, ...]],
                         shape: tuple[int, int]) -> tuple[jax.Array, ...]:
   """The canonical close counts (per real row and threshold ``t``: ``#{j real: canonical
-  d_ij <= t or j = i}``, ``int32`` of ``shape`` = the padded ``[blocks, block]`` layout, 0 on
-  padding), by sorted radial bands when they are narrow, else ``fallback()`` (the Gram path),
-  chosen at run time by one ``cond`` on the band sizes and finiteness (a cost, never a
-  decision)."""
+  d_ij <= t or j = i}``, ``int32`` of the padded ``shape``), by sorted radial bands when they
+  are narrow and finite, else ``fallback()`` (one ``cond``: a cost, never a decision)."""
   u = mask.shape[0]
   r = min(BAND_ROWS, u)
   padded = -(-u // r) * r

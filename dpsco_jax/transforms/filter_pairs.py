@@ -1,32 +1,22 @@
 """FILTER's pair counts: which users are within a radius of which (the ``O(U^2 D)`` part of
-:func:`~dpsco_jax.transforms.filtering.filter_points`, the one FILTER kernel, which owns the
-math and the privacy argument; this module only decides ``||y_i - y_j|| <= r`` per pair and
-counts, exactly and tiling-independently).
+:func:`~dpsco_jax.transforms.filtering.filter_points`, which owns the math and the privacy
+argument; this module decides ``||y_i - y_j|| <= r`` per pair and counts).
 
 Numerics an input cannot defeat (issue #23). The Gram form ``|a|^2 + |b|^2 - 2<a, b>`` in
-float32 errs by ~2^-24 |a|^2: with a common component of 1e5 (~600), a user 50 away rounded to
-distance 0 and was kept. Now every pair's decision is defined by ONE canonical,
-difference-first value (``sum_k (y_ik - y_jk)^2``, one fixed elementwise order: a function of
-rows i and j alone, exactly symmetric, accurate to ``(D + 3) 2^-23`` relative whatever the
-offset) against ``T(r) = r^2 (1 - 2 gamma) - slack``, so "close" implies ``||y_i - y_j|| <= r``
-exactly (the direction the kept-set diameter argument needs; a truly close pair counted far
-costs only utility). For speed, the Gram form on rows centred at a data-dependent point (any
-centre: it changes no decision) comes with a rigorous error bound and decides only the pairs
-it certifies to agree with the canonical value; the few near the radius are computed
-canonically (all of them when the data defeat the bound, e.g. two clusters 1e4 apart: the
-difference-first cost). Whatever the centre, tiling or matmul order, the decisions are the
-canonical ones. (Assumed: the backend evaluates one elementwise float expression the same way
-wherever it appears; IEEE float32 ops are deterministic, and an FMA contraction of
-``acc + d * d`` is the same in every copy.) Counts are int32 (the score FILTER forms from them
-is exact on a dyadic grid: :mod:`dpsco_jax.transforms.filtering`).
+float32 errs by ~2^-24 |a|^2, so a large common offset could make a far user look close. Every
+pair's decision is defined by ONE canonical, difference-first value (``sum_k (y_ik - y_jk)^2``
+in a fixed elementwise order: a function of rows i and j alone, exactly symmetric, accurate to
+``(D + 3) 2^-23`` relative whatever the offset) against ``T(r) = r^2 (1 - 2 gamma) - slack``,
+so "close" implies ``||y_i - y_j|| <= r`` exactly (the direction the kept-set diameter argument
+needs). For speed, the Gram form on rows centred at a data-dependent point comes with a rigorous
+error bound and decides only the pairs it certifies to agree with the canonical value; the rest
+are computed canonically. Whatever the centre, tiling, matmul order or device split (``rows=``
+of :func:`gram_close_pair_counts`), the decisions are the canonical ones. (Assumed: the backend
+evaluates one elementwise float expression the same way wherever it appears.) Counts are int32.
 
-The canonical decision's pieces (the rows, the error constants, the threshold ``T(r)`` and its
-certified margins, the canonical distance) are public: the banded path
-(:mod:`dpsco_jax.transforms.filter_bands`) certifies pairs with the same numbers.
-
-Rows may be split over a mesh's users axis (``rows=`` of :func:`gram_close_pair_counts`):
-each device counts its own rows against every column (the matrix all-gathered), the same
-canonical decisions whatever the split (issue 24.2).
+The pieces of the canonical decision (rows, error constants, ``T(r)`` and its certified
+margins, the canonical distance) are public: :mod:`dpsco_jax.transforms.filter_bands`
+certifies pairs with the same numbers.
 """
 
 from __future__ import annotations
@@ -52,8 +42,7 @@ def pair_rows(x: jax.Array) -> jax.Array:
 
 
 def num_user_slots(stacked: PyTree) -> int:
-  """The leading user axis ``U >= 1`` shared by every leaf of a stacked per-user pytree
-  (ValueError otherwise)."""
+  """The leading user axis ``U >= 1`` shared by every leaf (ValueError otherwise)."""
   leaves = jax.tree.leaves(stacked)
   if not leaves:
     raise ValueError("stacked must have at least one leaf")
@@ -68,9 +57,7 @@ def num_user_slots(stacked: PyTree) -> int:
   return u
 
 
-# ---------------------------------------------------------------------------- distances
-# (module docstring, "Numerics"). Error model: each float op errs by at most _UNIT relative.
-
+# Error model: each float op errs by at most _UNIT relative.
 _UNIT = 2.0 ** -23   # twice the float32 unit roundoff: headroom as in flax/fast_clip_norms.py
 _ABS = 2.0 ** -120   # per-operation absolute slack (gradual underflow / flush to zero)
 _CANON_ROWS = 128    # rows per canonical resolution step
@@ -88,10 +75,9 @@ def rounding_gamma(k: int) -> float:
 
 def canonical_sq_distances(rows: list[jax.Array], cols_t: list[jax.Array],
                            cols: jax.Array | None = None) -> jax.Array:
-  """Canonical squared distances: difference first, accumulated over the coordinates of every
-  leaf in one fixed sequential order, elementwise (entry ``(i, j)`` depends on the two rows
-  only, never on the chunk it is computed in). ``rows[l]`` is ``[M, d_l]``, ``cols_t[l]`` the
-  transposed ``[d_l, U]``; result ``[M, U]``, or ``[M, P]`` for the pairs
+  """Canonical squared distances: difference first, summed over every leaf's coordinates in
+  one fixed order, elementwise (entry ``(i, j)`` depends on the two rows only). ``rows[l]``:
+  ``[M, d_l]``, ``cols_t[l]``: ``[d_l, U]``; result ``[M, U]``, or ``[M, P]`` for the pairs
   ``(i, cols[i, p])``. Relative error ``<= gamma(D + 3)``, plus ``3 D`` underflow slack."""
   acc = jnp.zeros((rows[0].shape[0], cols_t[0].shape[1]) if cols is None else cols.shape,
                   cols_t[0].dtype)
@@ -119,30 +105,25 @@ def pair_geometry(rows: list[jax.Array]) -> PairGeometry:
   """The error constants of the rows' layout (``rows[l]``: ``[U, d_l]`` per leaf)."""
   dims = [x.shape[1] for x in rows]
   dim, dmax, leaves = sum(dims), max(dims), len(dims)
-  # Gram bounds on centred rows z = fl(y - c) (:func:`_gram_bounds`), each op erring by at
-  # most _UNIT relative: the norms and the dot err by gamma(d) (|z_i|^2 + |z_j|^2) together
-  # (x2 for the dot's factor 2, /2 by Cauchy-Schwarz), the two roundings per leaf and the L
-  # leaf accumulations by ~(2 L + 5) _UNIT of the same, the centring's rounding by ~4 _UNIT
-  # (||y_i - y_j|| moves by _UNIT (|z_i| + |z_j|)): in all ~(2 d + 2 L + 9) _UNIT
-  # (|z_i|^2 + |z_j|^2). gamma_g = 3 gamma(d + L + 8) exceeds it by a factor >= 1.5, which
-  # also covers the rounding of the bound itself.
+  # Gram error on centred rows z = fl(y - c): norms and dot gamma(d), per-leaf roundings and
+  # accumulations ~(2 L + 5) _UNIT, centring ~4 _UNIT, all times (|z_i|^2 + |z_j|^2): in all
+  # ~(2 d + 2 L + 9) _UNIT. gamma_g = 3 gamma(d + L + 8) exceeds it by >= 1.5x, which also
+  # covers the rounding of the bound itself.
   return PairGeometry(dim=dim, gamma_c=rounding_gamma(dim + 3), abs_c=(3 * dim + 8) * _ABS,
                       gamma_g=3.0 * rounding_gamma(dmax + leaves + 8),
                       abs_g=8.0 * (dmax + leaves + 8) * _ABS)
 
 
 def close_threshold(radius: jax.Array, geo: PairGeometry) -> jax.Array:
-  """``T(r)``: a canonical value ``<= T`` certifies ``||y_i - y_j|| <= r`` (``r * r`` and
-  the product below round at most twice: the factor ``(1 - 2 gamma)`` covers them and the
-  canonical computation's own ``gamma``)."""
+  """``T(r)``: a canonical value ``<= T`` certifies ``||y_i - y_j|| <= r`` (the factor covers
+  the rounding of ``r * r``, the product and the canonical computation)."""
   r = jnp.asarray(radius, jnp.float32)
   return (r * r) * (1.0 - 2.0 * geo.gamma_c - 4.0 * _UNIT) - 2.0 * geo.abs_c
 
 
 def median_centre(rows: list[jax.Array], mask: jax.Array) -> list[jax.Array]:
-  """Coordinate-wise median of an evenly spaced sample of real rows (0 without any): only
-  the speed of the Gram path depends on it (it removes a common component, and a few
-  outliers cannot drag it), never a decision."""
+  """Coordinate-wise median of an evenly spaced sample of real rows (0 without any): it sets
+  the Gram path's speed, never a decision."""
   u = mask.shape[0]
   idx = np.unique(np.linspace(0, u - 1, min(u, _CENTRE_ROWS)).astype(np.int64))
   real = mask[idx][:, None]
@@ -154,13 +135,10 @@ def median_centre(rows: list[jax.Array], mask: jax.Array) -> list[jax.Array]:
 
 
 class _Layout(NamedTuple):
-  """Everything the per-block decisions read (rows padded to a multiple of the block).
-
-  ``up`` / ``dn`` are the per-leaf squared norms of the centred rows ``z`` with the row's half
-  of the Gram error bound added / subtracted on the first leaf, so that the slab
-  ``sum_l (up_i + up_j - 2 <z_i, z_j>)`` is an upper bound on the true squared distance and the
-  same with ``dn`` a lower bound, at the cost of the plain Gram form (no ``[U, U]`` error
-  term)."""
+  """What the per-block decisions read (rows padded to a multiple of the block). ``up`` /
+  ``dn``: per-leaf squared norms of the centred rows with the row's half of the Gram error
+  added / subtracted on the first leaf, so ``sum_l (up_i + up_j - 2 <z_i, z_j>)`` bounds the
+  true squared distance from above (with ``dn``: below)."""
   rows: list[jax.Array]     # raw rows [U', d_l]
   cols_t: list[jax.Array]   # raw rows transposed [d_l, U]  (canonical columns)
   z: list[jax.Array]        # centred rows [U', d_l]
@@ -185,16 +163,15 @@ def _layout(clean: PyTree, mask: jax.Array, pad: int, geo: PairGeometry) -> _Lay
 
 
 def _gram_dots(lay: _Layout, start, size: int, n: int) -> list[jax.Array]:
-  """Per leaf ``2 <z_i, z_j>`` for rows ``start..start+size`` against every row (one matmul
-  per leaf, ``Precision.HIGHEST`` so accelerators do not drop to TF32)."""
+  """Per leaf ``2 <z_i, z_j>`` for rows ``start..start+size`` against every row (HIGHEST:
+  no TF32)."""
   return [2.0 * jnp.matmul(jax.lax.dynamic_slice_in_dim(z, start, size), z[:n].T,
                            precision=_HI) for z in lay.z]
 
 
 def _gram_bounds(lay: _Layout, dots: list[jax.Array], start, size: int, n: int
                  ) -> tuple[jax.Array, jax.Array]:
-  """``[size, n]`` upper and lower bounds on the true squared distances (elementwise: fuses
-  into whatever consumes them)."""
+  """``[size, n]`` upper and lower bounds on the true squared distances."""
   hi = lo = jnp.zeros((size, n), lay.z[0].dtype)
   for dot2, up, dn in zip(dots, lay.up, lay.dn):
     upb = jax.lax.dynamic_slice_in_dim(up, start, size)
@@ -206,16 +183,14 @@ def _gram_bounds(lay: _Layout, dots: list[jax.Array], start, size: int, n: int
 
 def certified_sq_bounds(t: jax.Array, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
   """``(q_close, q_far)`` for threshold ``t``: a true squared distance ``<= q_close`` has a
-  canonical value ``<= t``, one ``> q_far`` a canonical value ``> t`` (the margins cover the
-  canonical computation's error; every certified decision, Gram or banded, reads them)."""
+  canonical value ``<= t``, one ``> q_far`` a canonical value ``> t``."""
   slack = 2.0 * geo.gamma_c + 4.0 * _UNIT
   return t * (1.0 - slack) - geo.abs_c, t * (1.0 + slack) + geo.abs_c
 
 
 def _certain(hi, lo, diag, t, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
-  """``(close, maybe)``: certainly close, and not certainly far, for threshold ``t``. NaN or
-  Inf bounds (overflow) fail both comparisons: not close, not certainly far. The diagonal
-  (distance 0) is close at any radius (the score counts it, ``1 <= s``)."""
+  """``(close, maybe)``: certainly close, and not certainly far (NaN/Inf bounds are
+  neither). The diagonal is close at any radius (the score counts it)."""
   q_close, q_far = certified_sq_bounds(t, geo)
   close = (hi <= q_close) | diag
   maybe = ~(lo > q_far) | diag
@@ -224,8 +199,8 @@ def _certain(hi, lo, diag, t, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
 
 def _recount_rows(lay: _Layout, thresholds, start, size: int, n: int, left: jax.Array,
                   counts: list[jax.Array]) -> list[jax.Array]:
-  """Replaces the counts of the rows in ``left`` by their canonical counts over every real
-  column, ``_CANON_ROWS`` rows per iteration (they agree with every certified decision)."""
+  """Replaces the counts of the rows in ``left`` by their canonical counts, ``_CANON_ROWS``
+  rows per iteration."""
   m = min(_CANON_ROWS, size)
   cmask = lay.mask[:n]
 
@@ -246,10 +221,8 @@ def _recount_rows(lay: _Layout, thresholds, start, size: int, n: int, left: jax.
 
 def _resolve(lay: _Layout, thresholds, start, size: int, n: int, undecided: jax.Array,
              counts: list[jax.Array]) -> list[jax.Array]:
-  """Adds to ``counts`` the undecided pairs that are canonically close: the first
-  ``_CANON_PAIRS`` undecided pairs of every row per iteration (gathered) while they are few,
-  else every pair of the block at once (the difference-first cost, on data the Gram bound
-  cannot decide)."""
+  """Adds the undecided pairs that are canonically close: up to ``_CANON_PAIRS`` per row per
+  iteration (gathered) while they are few, else every pair of the block at once."""
   p = min(_CANON_PAIRS, n)
   rows = start + jnp.arange(size)
 
@@ -277,14 +250,10 @@ def _resolve(lay: _Layout, thresholds, start, size: int, n: int, undecided: jax.
 
 def _block_counts(lay: _Layout, geo: PairGeometry, thresholds: tuple[jax.Array, ...], start,
                   size: int) -> tuple[jax.Array, ...]:
-  """Per row ``start .. start+size``: the number of real ``j`` canonically close to it, for
-  each threshold (``int32 [size]``; 0 for padding rows).
-
-  The Gram bounds decide the pairs they certify; per row two fused counts are taken, the
-  pairs certainly close and the pairs not certainly far. Where they differ the row holds
-  undecided pairs, decided by their canonical distances: the row is recounted whole
-  (:func:`_recount_rows`), or, with many coordinates and many such rows, just those pairs are
-  gathered (:func:`_resolve`). Nothing runs when every pair is certified."""
+  """Per row ``start .. start+size`` and threshold: the number of real ``j`` canonically
+  close to it (``int32 [size]``; 0 for padding). Rows whose certainly-close and
+  not-certainly-far counts differ are recounted whole (:func:`_recount_rows`) or, with many
+  coordinates and many such rows, pair by pair (:func:`_resolve`)."""
   n = lay.cols_t[0].shape[1]
   rmask = jax.lax.dynamic_slice_in_dim(lay.mask, start, size)
   cmask = lay.mask[:n]
@@ -326,29 +295,21 @@ def _block_counts(lay: _Layout, geo: PairGeometry, thresholds: tuple[jax.Array, 
 
 
 def coordinate_leaves(stacked: PyTree) -> list[jax.Array]:
-  """The leaves of ``stacked`` (checked: one leading user axis ``U >= 1``) that have
-  coordinates. A zero-width leaf (shape ``(U, 0)``, ``(U, 3, 0)``) adds nothing to any
-  distance, and the pair kernels index a leaf's first coordinate, so it is left out; with no
-  coordinate at all every distance is 0, which one zero column gives."""
+  """The leaves of ``stacked`` (checked: one leading user axis) that have coordinates;
+  zero-width leaves add nothing to a distance. With none, one zero column (distances 0)."""
   u = num_user_slots(stacked)
   return [x for x in jax.tree.leaves(stacked) if x.size] or [jnp.zeros((u, 1), jnp.float32)]
 
 
 def pairwise_sq_distances(stacked: PyTree) -> jax.Array:
-  """``[U, U]`` squared Euclidean distances between rows, over all leaves jointly.
-
-  Difference first (``sum_k (y_ik - y_jk)^2`` in one fixed order): within a relative
-  ``(D + 3) 2^-23`` of the exact distance of the float32 rows whatever their common offset,
-  exactly symmetric, exactly 0 on the diagonal. These are the canonical values the FILTER
-  decisions are defined by (:func:`filter_points` computes only the ones near a radius and
-  never holds this matrix).
-  """
+  """``[U, U]`` canonical squared distances between rows over all leaves (difference first:
+  within ``(D + 3) 2^-23`` relative whatever the offset, symmetric, 0 on the diagonal), the
+  values FILTER's decisions are defined by."""
   rows = [pair_rows(leaf) for leaf in coordinate_leaves(stacked)]
   return canonical_sq_distances(rows, [x.T for x in rows])
 
 
-# Rows per block of the pair counts: above this many users the [U, U] matrix (4.4 GB at
-# U = 33,333) is never formed; a [block, U] slab at a time keeps memory O(block * U).
+# Rows per block of the pair counts: a [block, U] slab at a time, never the [U, U] matrix.
 _PAIR_BLOCK = 1024
 
 
@@ -362,17 +323,12 @@ def pair_layout(u: int, n_dev: int = 1, block: int = _PAIR_BLOCK) -> tuple[int, 
 def gram_close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Array, ...],
                            block: int = _PAIR_BLOCK, rows: NamedSharding | None = None
                            ) -> tuple[jax.Array, ...]:
-  """Per real user ``i`` and radius ``r``: ``#{j real: close_r(i, j)}`` (canonical decisions,
-  see above), each ``int32 [nb, b]`` by row block (``U`` padded to ``nb * b``).
+  """Per real user ``i`` and radius ``r``: ``#{j real: close_r(i, j)}`` (canonical), each
+  ``int32 [nb, b]`` by row block (``U`` padded to ``nb * b``), blocks under ``lax.map``.
 
-  Row blocks under ``lax.map`` (static shapes: ``U`` padded to a multiple of the block with
-  zero rows that the mask excludes); one block when ``U <= block``.
-
-  ``rows`` (a mesh's sharding ``P(axis)``): the blocks are split evenly over ``axis``, each
-  device counting its ``nb / devices`` blocks against every column (the layout is replicated:
-  every row is a column of every device's slab), so the ``O(U^2 D)`` work is split while the
-  decisions, hence the counts, are the one-device ones (they depend on the pair only); the
-  counts are then gathered (replicated).
+  ``rows`` (a mesh's sharding ``P(axis)``) splits the blocks over ``axis``, each device
+  counting its blocks against every column; the counts (per pair, so the one-device ones)
+  are then gathered.
   """
   u = num_user_slots(clean)
   n_dev = 1 if rows is None else int(rows.mesh.shape[rows.spec[0]])
@@ -388,12 +344,10 @@ def gram_close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Arra
   if rows is None:
     return counts(lay, ts, 0)
   axis = rows.spec[0]
-  # check_vma off: the loops' carries start replicated and turn device-varying (the rows a
-  # device owns); nothing here is reduced across devices, so there is no collective to check
+  # check_vma off: carries turn device-varying; nothing is reduced across devices
   local = jax.shard_map(lambda lay, ts: counts(lay, ts, jax.lax.axis_index(axis) * nb_dev),
                         mesh=rows.mesh, in_specs=(PartitionSpec(), PartitionSpec()),
                         out_specs=PartitionSpec(axis), check_vma=False)
-  # gathered (U int32 counts): what follows (coins, score, the kept mean) runs replicated, so
-  # it sums in the one-device order and the mean is bitwise the one-device mean
+  # gathered: what follows runs replicated, so the mean is bitwise the one-device mean
   return jax.lax.with_sharding_constraint(local(lay, ts), NamedSharding(rows.mesh,
                                                                         PartitionSpec()))

@@ -1,10 +1,10 @@
 """FILTER: private outlier removal of per-user vectors (paper 000, after [AL24] / FriendlyCore).
 
-THE one kernel (:func:`filter_points`) used by Algorithm 1 (on SGD iterates, phase level) and by
-the :func:`outlier_filter` chain stage of Algorithms 2-3 (on per-user gradients, every step).
+One kernel (:func:`filter_points`), used by Algorithm 1 (on SGD iterates, per phase) and by the
+:func:`outlier_filter` chain stage of Algorithms 2-3 (on per-user gradients, every step).
 
-Given ``K`` real points ``y_1..y_K`` (rows of a pytree with a leading user axis, padding slots
-marked False in ``user_mask``):
+Given ``K`` real points ``y_1..y_K`` (rows with a leading user axis, padding False in
+``user_mask``):
 
   score    s   = (1/K) sum_{j,j'} 1(||y_j - y_j'|| <= r_s)          diagonal included: 1 <= s <= K
   degree   h_j = sum_{j'} 1(||y_j - y_j'|| <= r_h)                   includes j' = j
@@ -12,13 +12,8 @@ marked False in ``user_mask``):
   keep_j       = U_j < p_j,  U_j ~ Unif[0, 1) i.i.d.                 randomized inclusion
   mean         = sum_{kept} y_j / max(|S|, 1)                         (0 when nothing is kept)
 
-(paper 000 Alg. 1 lines 12-24, Alg. 2 lines 6-13; spec 000 §2.0). No square root is taken.
-
-Numerics (issue #23): every pair's decision is canonical (difference first, rigorous
-float32 bounds) whatever the centring, tiling or device split
-(:mod:`dpsco_jax.transforms.filter_pairs`), and the score is exact on a dyadic grid
-(:func:`_exact_score`: a float32 ``sum / K`` rounds by up to ``ulp(K) > 1/K`` for
-``K > 2896`` and from ``K ~ 1e4`` exceeded its sensitivity 2 on neighbouring inputs).
+(paper 000 Alg. 1 lines 12-24, Alg. 2 lines 6-13; spec 000 §2.0). Every pair's decision is
+canonical (:mod:`dpsco_jax.transforms.filter_pairs`) and the score exact on a dyadic grid.
 
 Why it is private (proofs of Lemmas B.2 / C.2, spec 000 §3). Replacing one point changes every
 other degree by at most 1, the score by at most 2 (``2K-1`` indicators over ``K``), and every
@@ -29,8 +24,8 @@ the filtered mean moves by ``O(r_h log(1/zeta)/K)`` w.p. ``1 - zeta`` once ``|S|
 (guaranteed by a passed score test). The inclusion is randomized on purpose: a hard threshold
 at ``K/2`` would let one point flip many memberships at once.
 
-A user whose vector contains NaN/Inf is replaced by the zero vector before anything is computed:
-a function of that user's data alone, so every sensitivity bound above still holds.
+A user whose vector holds NaN/Inf is replaced by zeros first (a function of that user's data
+alone: every bound above still holds).
 """
 
 from __future__ import annotations
@@ -69,8 +64,7 @@ __all__ = [
 
 
 def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax.Array]:
-  """Zero non-finite rows and padding rows; returns (clean rows, real-user mask). The mask
-  is checked (bool, shape ``[U]``); without one every slot is a real user."""
+  """(rows with non-finite and padding rows zeroed, the checked real-user mask)."""
   u = num_user_slots(stacked)
   finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(pair_rows(x)), axis=1)
                               for x in jax.tree.leaves(stacked)]), axis=0)
@@ -87,13 +81,9 @@ def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax
 def _exact_score(close_s: jax.Array, k: jax.Array, u: int) -> jax.Array:
   """``s = (sum_i close_s_i) / K`` on a dyadic grid, with sensitivity exactly <= 2.
 
-  The sum can exceed 2^24 (``K = 6666`` gives up to 4.4e7), so a float32 sum and division
-  would round by up to ``ulp(K) > 1/K``: ``|s - s'|`` could exceed the 2 the AboveThreshold
-  scales assume. Here ``S = A K + B`` in int32 (per block then across blocks: no overflow
-  for ``U`` up to ~1.4e6) and ``s = A + floor(fl(B/K) 2^q) / 2^q`` with ``q`` chosen so the
-  result is exact in float32. Any ``phi(B)`` non-decreasing in ``[0, 1]`` keeps
-  ``|s(S) - s(S')| <= 2`` when ``|S - S'| <= 2K - 1``, and ``s`` is within ``2^-q`` below
-  ``S/K``."""
+  A float32 sum and division could round by more than ``1/K``. Here ``S = A K + B`` in int32
+  and ``s = A + floor(fl(B/K) 2^q) / 2^q``, exact in float32; any ``phi(B)`` non-decreasing in
+  ``[0, 1]`` keeps ``|s(S) - s(S')| <= 2`` when ``|S - S'| <= 2K - 1``."""
   kk = jnp.maximum(k, 1)
   per_block = jnp.sum(close_s, axis=1, dtype=jnp.int32)       # <= block * U
   a = jnp.sum(per_block // kk) + jnp.sum(per_block % kk) // kk
@@ -105,11 +95,8 @@ def _exact_score(close_s: jax.Array, k: jax.Array, u: int) -> jax.Array:
 
 def inclusion_probability(degrees: jax.Array, num_users: jax.Array | float,
                           lo: float = 0.5, hi: float = 2.0 / 3.0) -> jax.Array:
-  """``p = clip((h - lo K) / ((hi - lo) K), 0, 1)``: 0 up to ``K/2``, 1 from ``2K/3``.
-
-  Continuous and ``6/K``-Lipschitz in ``h`` for the paper's ``lo, hi`` (Alg. 1 line 17,
-  Alg. 2 line 11); never a hard threshold.
-  """
+  """``p = clip((h - lo K) / ((hi - lo) K), 0, 1)``: 0 up to ``K/2``, 1 from ``2K/3``;
+  ``6/K``-Lipschitz in ``h`` (Alg. 1 line 17, Alg. 2 line 11), never a hard threshold."""
   k = jnp.asarray(num_users, jnp.float32)
   return jnp.clip((degrees - lo * k) / ((hi - lo) * k), 0.0, 1.0)
 
@@ -130,27 +117,25 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
                   degree_radius: float | jax.Array | None = None,
                   user_mask: jax.Array | None = None, lo: float = 0.5,
                   hi: float = 2.0 / 3.0, rows: NamedSharding | None = None) -> FilterResult:
-  """The FILTER kernel (pure function; see module docstring for the math).
+  """The FILTER kernel (pure function; the math is in the module docstring).
 
   Args:
-    stacked: pytree whose leaves have a leading user axis ``U``; a zero-width leaf (shape
-      ``(U, 0)``, ``(U, 3, 0)``) has no coordinate: it is in no distance and its mean is
-      empty.
-    key: PRNG key of the inclusion coins ``U_j`` (common random numbers: the same key gives
-      the same coins, which is how the coupling of Lemma B.2 is tested).
+    stacked: pytree whose leaves have a leading user axis ``U`` (a zero-width leaf is in no
+      distance and its mean is empty).
+    key: PRNG key of the inclusion coins ``U_j`` (the same key gives the same coins: the
+      coupling of Lemma B.2).
     score_radius: ``r_s`` (``tau_i`` in Alg. 1, ``2 tau`` in Alg. 2).
     degree_radius: ``r_h`` (``2 tau_i`` in Alg. 1, ``2 tau`` in Alg. 2); default ``r_s``.
     user_mask: bool ``[U]`` (checked), False for padding slots (excluded from ``s``, ``h``,
       ``K`` and the mean). Without it every slot counts as a real user.
     lo: the inclusion ramp's lower bound, a fraction of ``K`` (paper: 1/2).
     hi: the inclusion ramp's upper bound, a fraction of ``K`` (paper: 2/3).
-    rows: optional ``NamedSharding(mesh, P(axis))``: the pair counts (the ``O(U^2 D)`` part)
-      are split by rows over ``axis``; the result is the same (decisions are per pair).
+    rows: optional ``NamedSharding(mesh, P(axis))`` splitting the pair counts by rows over
+      ``axis`` (same result).
 
   Returns:
     A ``FilterResult``: the masked mean of the kept rows (the only field that may be released,
-    after noise), and the data-dependent score, degrees, inclusion probabilities, kept mask
-    and count.
+    after noise) and the data-dependent diagnostics.
 
   Raises:
     ArgumentTypeError: ``key`` is not a JAX PRNG key.
@@ -232,27 +217,19 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
                    ) -> optax.GradientTransformationExtraArgs:
   """FILTER with AboveThreshold halting, as a chain stage (paper 000 Alg. 2 lines 4-13).
 
-  Consumes stacked per-user gradients (leading axis ``U >= num_users``, padding marked by the
-  ``user_mask`` extra argument) and outputs the filtered mean ``g_i^t`` (params-shaped).
+  Stacked per-user gradients in (padding marked by the ``user_mask`` extra argument; without
+  it every slot is a user), the filtered mean ``g_i^t`` out.
 
-  * ``init`` draws the noisy threshold ``Delta^ = threshold_fraction * K + Lap(b_thr)`` ONCE
-    (spec 000 §7 item 1: printed inside the loop, indexed by the phase only). Re-``init`` per
-    phase.
-  * ``update``: score ``s`` (radius ``radius``), test ``s + Lap(b_q) >= Delta^``; the first
-    failure sets ``halted`` permanently (``jnp.logical_or``; no Python branch). Halted steps
-    output exact zeros; the driver freezes params (see :func:`filter_halted`).
-  * Defaults ``b_thr = 8/eps, b_q = 16/eps``: AboveThreshold at budget ``eps/2`` on a
-    sensitivity-2 score (Lemma A.9). Give either ``epsilon`` or both scales.
-  * Raw scores / kept counts are stored (in ``state.debug``) only when ``debug=True`` (a real
-    bool; ``"false"`` raises).
-  * ``user_mask`` (bool ``[U]``, checked) marks padding; without it every slot is a user.
-  * ``rows``: a mesh's users sharding: the pair counts are split by rows over its devices
-    (:func:`filter_points`); keys, scores and outputs are those of the one-device stage.
+  ``init`` draws the noisy threshold ``Delta^ = threshold_fraction * K + Lap(b_thr)`` ONCE
+  (spec 000 §7 item 1: printed inside the loop; re-``init`` per phase). ``update`` tests
+  ``s + Lap(b_q) >= Delta^``; the first failure halts for good and halted steps output zeros
+  (:func:`filter_halted`). Defaults ``b_thr = 8/eps, b_q = 16/eps``: AboveThreshold at budget
+  ``eps/2`` on a sensitivity-2 score (Lemma A.9).
 
   Args:
     num_users: ``K_i``, the number of real users per step (the threshold is ``4 K_i/5``).
     radius: score radius (``2 tau`` in Alg. 2); ``degree_radius`` defaults to it.
-    key: PRNG key (or int seed) for threshold, query noise and inclusion coins.
+    key: PRNG key (or int seed) of threshold, query noise and inclusion coins.
     epsilon: the stage's AboveThreshold budget (sets both scales; see above).
     degree_radius: the degree radius ``r_h`` (default ``radius``).
     threshold_fraction: the threshold as a fraction of ``num_users``, in ``(0, 1]``
@@ -261,19 +238,17 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
     query_scale: the queries' Laplace scale ``b_q`` (instead of ``epsilon``).
     lo: the inclusion ramp's lower bound, a fraction of ``K`` (default 1/2).
     hi: the inclusion ramp's upper bound (default 2/3); ``0 <= lo < hi <= 1``.
-    debug: store raw scores and kept counts in the state (non-private; default False).
-    rows: a mesh's users sharding for the pair counts (default none: one device).
+    debug: store raw scores and kept counts in ``state.debug`` (non-private; default False).
+    rows: a mesh's users sharding for the pair counts (as :func:`filter_points`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``update(stacked, state, params, *,
     user_mask=None)`` gives the filtered mean (params-shaped; zeros once halted).
 
   Raises:
-    ValueError: a bad ``num_users``, ``radius``, ``degree_radius`` or
-      ``threshold_fraction``; neither ``epsilon`` nor both scales; ``lo``/``hi`` outside
-      ``0 <= lo < hi <= 1``.
-    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed, or ``debug`` is not a
-      bool.
+    ValueError: a bad ``num_users``, ``radius``, ``degree_radius``, ``threshold_fraction``,
+      ``lo`` or ``hi``; neither ``epsilon`` nor both scales.
+    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed, or ``debug`` not a bool.
   """
   k_users = check_int(num_users, "num_users")
   check_positive(radius, "radius")

@@ -1,11 +1,5 @@
-"""Stages that sit after the noise stage and touch no private data: post-processing.
-
-* :func:`add_public_gradient` adds the gradient of a data-independent term (a regularizer such
-  as paper 004's ``l2/2 ||y||^2`` in DP-Loc-GD); it has no sensitivity, so it goes after the
-  noise (a generalization of :func:`dpsco_jax.transforms.add_prox_to_anchor`).
-* :func:`track_min_step` is paper 004's output rule ``t_out = argmin_t ||x_{t+1} - x_t||``
-  (Alg 1 line 8): it only reads privatized iterates.
-"""
+"""Post-processing stages: after the noise stage, touching no private data
+(:func:`add_public_gradient`, :func:`track_min_step`)."""
 
 from __future__ import annotations
 
@@ -28,8 +22,9 @@ class PublicGradientState(NamedTuple):
 
 def add_public_gradient(grad_fn: Callable[[PyTree], PyTree] | None
                         ) -> optax.GradientTransformationExtraArgs:
-  """Adds ``grad_fn(params)``, the gradient of a data-independent term (a regularizer), to the
-  update. No sensitivity: place it AFTER the noise stage. ``None`` is the identity.
+  """Adds ``grad_fn(params)``, the gradient of a data-independent term (a regularizer such as
+  paper 004's ``l2/2 ||y||^2``), to the update. No sensitivity: place it AFTER the noise
+  stage. ``None`` is the identity.
 
   Args:
     grad_fn: ``params -> gradient`` of the data-independent term, or ``None``.
@@ -62,10 +57,9 @@ class MinStepState(NamedTuple):
 
 
 def track_min_step() -> optax.GradientTransformationExtraArgs:
-  """Output rule ``t_out = argmin_t ||x_{t+1} - x_t||``, release ``x_{t_out}`` (not
-  ``x_{t_out+1}``; paper 004 Alg 1 line 8). Place it after the step stage: it sees the update
-  ``x_{t+1} - x_t`` and ``params = x_t``, passes the update through, and keeps the best ``x_t``
-  in ``released``. Uses only privatized iterates: post-processing.
+  """Output rule ``t_out = argmin_t ||x_{t+1} - x_t||``, releasing ``x_{t_out}`` (not
+  ``x_{t_out+1}``; paper 004 Alg 1 line 8). Place it after the step stage; it passes the
+  update through. Reads only privatized iterates.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` keeping the best ``x_t`` in ``released``

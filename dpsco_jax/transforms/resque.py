@@ -12,16 +12,11 @@ for ``|x - xbar| <= rho`` the second moment is ``<= E|g|^2 exp(|v|^2/rho^2) <= 3
 (Lemma 1.2; the paper's eq. (7) prints the exponent ``2|v|^2/rho^2``, a slip, spec 002 §8
 item 3). The queries do not depend on ``x``, so they are made in one parallel batch up front.
 
-Contract:
-
-* The raw gradients fed to :func:`resque` / :func:`reweight` MUST be evaluated at
-  ``anchor + xi``, NOT at ``params`` (``per_example_grads(loss_fn, anchor, batch,
-  offsets=xis)``); nothing in the arithmetic can detect the mistake.
-* ``xi`` must be the offsets that produced them, drawn independently of the iterate
-  (:func:`sample_queries`).
-* Weights are computed in log space; the variance grows like ``exp(|v|^2/rho^2)``, so solvers
-  keep ``|x - anchor| <= rho``.
-* The ``xi`` are smoothing randomness, not privacy noise: nothing here is a DP mechanism.
+Contract: the raw gradients fed to :func:`resque` / :func:`reweight` MUST be taken at
+``anchor + xi`` (``per_example_grads(loss_fn, anchor, batch, offsets=xis)``), NOT at
+``params``, with ``xi`` drawn independently of the iterate (:func:`sample_queries`); nothing
+in the arithmetic can detect the mistake. The variance grows like ``exp(|v|^2/rho^2)``, so
+solvers keep ``|x - anchor| <= rho``. The ``xi`` are smoothing randomness, not privacy noise.
 """
 
 from __future__ import annotations

@@ -2,18 +2,13 @@
 
 Paper 003 (Choquette-Choo, Ganesh, Thakurta 2024), Algorithm 1; spec 003 §2.2 and §7.2.
 
-SRG differences (Alg. 1 line 4). On the step-``t`` batch, every example (or user) ``d``
-contributes the weighted difference of its gradients at the current and previous query points,
-
-    delta_t(d) = eta_t grad f(x_t, d) - eta_{t-1} grad f(x_{t-1}, d),   eta_t = t + 1,
-
-so ``delta_0(d) = grad f(x_0, d)`` (``eta_{-1} = 0``, AMBIG-1). Two gradient evaluations per
-example, from the core engine on the same batch. The chain then clips each ``delta_t(d)`` (the
-*difference*, not each gradient: spec §3.4 — this bounds the one changed increment by
-``C/B`` for any loss, convex or not), takes the fixed-denominator mean ``Delta_t``, and a
-prefix-sum noise stage releases ``g_hat_t ~ sum_{i<=t} Delta_i``. :func:`scale_by_srg_weight`
-divides by ``eta_t``: ``grad~_t = g_hat_t / eta_t`` (Alg. 1 line 5), an unbiased estimate of
-``grad F(x_t)`` because the sum telescopes.
+SRG differences (Alg. 1 line 4): on the step-``t`` batch every example (or user) ``d``
+contributes ``delta_t(d) = eta_t grad f(x_t, d) - eta_{t-1} grad f(x_{t-1}, d)``,
+``eta_t = t + 1`` (``delta_0(d) = grad f(x_0, d)``, AMBIG-1). The chain clips each
+*difference* (spec §3.4: this bounds the one changed increment by ``C/B`` for any loss), takes
+the fixed-denominator mean ``Delta_t``, and a prefix-sum noise stage releases
+``g_hat_t ~ sum_{i<=t} Delta_i``; :func:`scale_by_srg_weight` gives ``grad~_t = g_hat_t /
+eta_t`` (line 5), unbiased for ``grad F(x_t)`` since the sum telescopes.
 
 The accelerated step (Alg. 1 lines 7–9, with ``b_t = -N_t/beta``, spec §2.2 / AMBIG-5):
 
@@ -21,11 +16,9 @@ The accelerated step (Alg. 1 lines 7–9, with ``b_t = -N_t/beta``, spec §2.2 /
     y_{t+1} = Pi_C(x_t - grad~_t / beta)
     x_{t+1} = (1 - tau_{t+1}) y_{t+1} + tau_{t+1} z_{t+1},   tau_{t+1} = 2/(t+3)  (AMBIG-3)
 
-``z_scale = 1`` is the literal line 7; the proof of Lemma 5.2 is consistent with ``0.5``
-(potential ``beta ||z - x*||^2``) and ``0.25`` (the printed ``2 beta`` potential) — AMBIG-4.
-The released model is ``y_T`` (every theorem bounds ``F(y_T) - F(x*)``), kept in the state
-field ``released``; ``params`` is the query point ``x_t``. All of it post-processes the noisy
-prefix sums, so it costs no privacy.
+``z_scale = 1`` is the literal line 7; the proof of Lemma 5.2 is consistent with ``0.5`` and
+``0.25`` (AMBIG-4). The released model is ``y_T`` (state field ``released``); ``params`` is the
+query point ``x_t``. All of it post-processes the noisy prefix sums: no privacy cost.
 """
 
 from __future__ import annotations
@@ -71,8 +64,8 @@ def srg_differences(loss_fn: LossFn, params: PyTree, prev_params: PyTree, batch:
       (``user_mask``, ``chunk_size``); masked users give exactly 0.
 
   Returns:
-    A params-shaped pytree with a leading user/example axis, ready for ``clip_per_user``.
-    A non-finite gradient at either point makes the row non-finite, so the clip stage drops it.
+    A params-shaped pytree with a leading user/example axis, ready for ``clip_per_user`` (a
+    non-finite gradient at either point makes the row non-finite: the clip stage drops it).
   """
   if per_example:
     if grad_kwargs:
@@ -130,12 +123,9 @@ def accelerated_projected_step(beta: float, *, radius: float | None = None,
     center: ball center (default 0; ``x_0`` must lie in C).
     z_scale: multiplier of the z step (1.0 literal line 7; 0.5 proof-consistent; AMBIG-4).
 
-  ``init(params)`` sets ``y_0 = z_0 = x_0 = params`` (AMBIG-2). ``update`` needs ``params``
-  (``x_t``) and returns ``x_{t+1} - x_t``.
-
   Returns:
-    An ``optax.GradientTransformationExtraArgs``; ``update`` without ``params`` raises
-    ``ValueError``.
+    An ``optax.GradientTransformationExtraArgs``: ``init`` sets ``y_0 = z_0 = x_0 = params``
+    (AMBIG-2); ``update`` needs ``params`` (``x_t``) and returns ``x_{t+1} - x_t``.
 
   Raises:
     ValueError: ``beta`` or ``radius`` is not > 0, or a bad ``z_scale``.

@@ -15,9 +15,8 @@ one of two mechanisms (``mechanism=``):
 ``"independent"`` — the DP-SGD comparison: fresh ``N(0, sigma^2 I)`` per increment
   (:func:`~dpsco_jax.transforms.noise.add_gaussian_noise`), summed: ``Var(N_t) = (t+1) sigma^2``.
 
-Memory is ``O(params)``: node noise is regenerated from ``fold_in(fold_in(key, k), j)`` when a
-prefix needs it. The noiseless running sum and the key in the state are **secret** and never
-emitted; only complete nodes are used, so every output is post-processing of node releases.
+Memory is ``O(params)``: node noise is regenerated from ``fold_in(fold_in(key, k), j)``. The
+state's noiseless running sum and key are **secret**; outputs use complete nodes only.
 
 Privacy (spec 003 §3.3, §4.4). Each increment has L2 sensitivity ``s`` (``C/B`` for a
 fixed-denominator mean under zero-out / add-remove, ``2C/B`` replace-one) and changes in one
