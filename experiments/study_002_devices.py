@@ -353,6 +353,10 @@ def main(names: list[str], parts: tuple[str, ...] = ("fit", "round"),
 if __name__ == "__main__":
   if len(sys.argv) > 1 and sys.argv[1] == "--worker":
     sys.path.insert(0, str(ROOT))
+    if QUICK:   # a smoke's timings are no measurement: compile unoptimised (before the backend)
+      sys.path.insert(0, str(ROOT / "experiments"))
+      from _timing import smoke_xla_flags
+      smoke_xla_flags()
     part, name, devices = sys.argv[2], sys.argv[3], int(sys.argv[4])
     fn = {"fit": worker_fit, "round": worker_round, "paired": worker_paired}[part]
     print(json.dumps(fn(name, devices)))
