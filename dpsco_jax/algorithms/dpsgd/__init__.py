@@ -1,1 +1,1 @@
-"""The DP-SGD baselines (item, user, group level): ``plan`` (data-free plan: relation, public numbers, noise, events, the ledger charge and the planners ``dpsco_jax.plan`` calls; its correlated-noise strategies in ``mf_plan``) and ``driver`` (the chains and registered drivers)."""
+"""The DP-SGD baselines (item, user, group level): ``plan`` (with ``mf_plan``) and ``driver``."""

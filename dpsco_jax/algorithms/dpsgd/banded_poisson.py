@@ -1,20 +1,13 @@
-"""b-min-sep Poisson sampling: the sampler of amplified banded MF noise (issue #27).
+"""b-min-sep Poisson sampling: the sampler of amplified banded MF noise.
 
 Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorization", Thm 4. The row slots
-``0..n-1`` are split into ``b`` groups by a public, data-independent partition: a permutation
-drawn from the run's order key alone, position ``i`` of it in group ``i mod b`` (so the group
-sizes differ by at most one; the largest is ``G = ceil(n / b)``). At step ``t`` group
-``t mod b`` is active and each of its rows is included independently with probability ``p``
-(one Bernoulli draw of shape ``[G]`` from ``fold_in(sample_key, t)``); rows of other groups
-are never included. A row therefore participates at most ``k = ceil(T / b)`` times, any two
-participations ``>= b`` steps apart, each with probability ``p`` independent of the rest.
-
-Static shapes: the included rows fill a fixed number of slots ``capacity`` (the Poisson slot
-capacity of :func:`~dpsco_jax.algorithms.common.poisson_capacity` at ``(G, p)``); a step that
-draws more is truncated, and the plan charges the probability of that (a union bound over the
-steps, :func:`~dpsco_jax.algorithms.common.poisson_truncation_probability`) to delta, as the
-plain Poisson path does. The accounting is the plan's
-(:func:`dpsco_jax.privacy.matrix_factorization.amplified_banded_event`).
+``0..n-1`` are split into ``b`` groups by a public partition drawn from the run's order key
+alone (position ``i`` of a permutation in group ``i mod b``; the largest group has ``G =
+ceil(n / b)`` rows). At step ``t`` group ``t mod b`` is active and each of its rows joins
+independently with probability ``p`` (one Bernoulli draw of shape ``[G]`` from
+``fold_in(sample_key, t)``): a row participates at most ``k = ceil(T / b)`` times, ``>= b``
+steps apart. The included rows fill ``capacity`` static slots (the Poisson slot capacity at
+``(G, p)``); the plan charges the truncation probability to delta, as plain Poisson does.
 """
 
 from __future__ import annotations

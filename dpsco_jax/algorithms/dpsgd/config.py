@@ -1,10 +1,5 @@
 """The DP-SGD baselines' typed configs: :class:`DpSgdConfig` (``dp_sgd_user`` /
-``dp_sgd_item`` / ``dp_sgd_group``) and :class:`SgdSchedule` (its schedule keys, and all of
-non-private SGD's: ``nonprivate_sgd``).
-
-The fields follow :mod:`dpsco_jax.config.families`' conventions; their defaults are the ones
-that run.
-"""
+``dp_sgd_item`` / ``dp_sgd_group``) and :class:`SgdSchedule` (``nonprivate_sgd``'s keys)."""
 
 from __future__ import annotations
 

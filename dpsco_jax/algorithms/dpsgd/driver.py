@@ -1,53 +1,32 @@
 """Baselines every paper algorithm is compared against, as chains over the same engine.
 
-* ``nonprivate_sgd`` — projected minibatch SGD with iterate averaging (no privacy).
-* ``dp_sgd_item`` — item-level DP-SGD: every item is a row, clipped at ``clip_norm``.
-* ``dp_sgd_user`` — user-level DP-SGD: each sampled user's *mean* gradient is clipped at
-  ``clip_norm`` (Levy et al. 2021; paper 000's main baseline). Poisson (default), fixed-size
-  without replacement, or full-batch user sampling.
-* ``dp_sgd_group`` — item-level DP-SGD made user-level by group privacy over the ``m`` items
-  of a user (:mod:`dpsco_jax.privacy.group`): calibrated at
-  ``(eps/m, delta / (m e^{(m-1) eps/m}))`` item-level; with an explicit ``noise_multiplier``
-  the lift of its item-level curve is reported (``inf`` when the lift gives no finite
-  epsilon).
+* ``nonprivate_sgd``: projected minibatch SGD with iterate averaging (no privacy).
+* ``dp_sgd_item``: item-level DP-SGD, every item a row clipped at ``clip_norm``.
+* ``dp_sgd_user``: user-level DP-SGD, each sampled user's *mean* gradient clipped at
+  ``clip_norm`` (Levy et al. 2021; paper 000's main baseline).
+* ``dp_sgd_group``: item-level DP-SGD made user-level by group privacy over a user's ``m``
+  items (:mod:`dpsco_jax.privacy.group`): calibrated at ``(eps/m, delta / (m e^{(m-1)
+  eps/m}))`` item-level; with an explicit ``noise_multiplier`` the lift of its item-level
+  curve is reported (``inf`` when it gives no finite epsilon).
 
 Chain: ``clip_and_aggregate(C, "mean", D) -> add_gaussian_noise(z C / D) ->
-projected_sgd(learning_rate, R, averaging)``. Relations, what is public, the fixed denominator
-``D`` and the sampling rate are the data-free plan's (:mod:`dpsco_jax.algorithms.dpsgd.plan`): Poisson
-defaults to ``add_remove`` (``q`` and ``D = q * n_users`` from the declared ``n_users``),
-``full`` to ``zero_out`` (``D = n``, public), ``fixed`` to ``replace_one``. Provenance
-``accountant``. A configured ``epsilon`` is a budget: the ledger is charged when the plan is
-made, and an explicit ``noise_multiplier`` whose epsilon exceeds it raises
-:class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before anything runs (``epsilon: null`` with
-a ``noise_multiplier`` reports the accountant's epsilon). The registered runners execute the
-plan they are handed (``plan.detail``: a :class:`~.plan.DpSgdPlan`, or ``nonprivate_sgd``'s
-:class:`~.plan.SgdPlan`) and report its guarantee; they plan nothing again. Poisson
-sampling uses a static slot capacity; its truncation probability ``p`` enters delta as
-``(1 + e^eps) p`` (total-variation argument).
+projected_sgd(learning_rate, R, averaging)``. Relations, what is public, ``D``, the sampling
+and the correlated noise are the plan's (:mod:`.plan`); the runners execute the plan they are
+handed and report its guarantee. A configured ``epsilon`` is a budget: an explicit
+``noise_multiplier`` over it raises :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before
+anything runs. Poisson sampling uses a static slot capacity; its truncation probability ``p``
+enters delta as ``(1 + e^eps) p`` (total-variation argument).
 
-Config keys (:class:`dpsco_jax.algorithms.dpsgd.config.DpSgdConfig`): ``epsilon, delta`` (required),
-``noise_multiplier, clip_norm, learning_rate, num_steps | epochs, batch_size, sampling_rate,
-n_users, sampling (poisson | fixed | full | cyclic | banded_poisson), relation, averaging,
-noise_mechanism, bands, min_separation, buffers, mf_strategy``. Records use the same names.
+Declared constants: **enforced**. The chain clips every per-row gradient to ``C`` before
+aggregating, so the sensitivity ``C / D`` holds whatever the loss's gradient norms; L (and R)
+only set defaults (``clip_norm``, the step size). Provenance ``accountant`` on a user's loss.
 
-Declared constants (issue 23.3): **enforced**. ``clip_norm`` defaults to the declared L, but
-the chain clips every per-row gradient (per-user mean for ``dp_sgd_user``, per-item
-otherwise) to ``C`` before aggregating, so the step's sensitivity ``C / D`` holds whatever the
-loss's true gradient norms are; L (and R) otherwise only set the default step size. Provenance
-stays ``accountant`` on a user's loss (``tests/test_declared_constants.py``).
-
-Audit hook: :func:`dp_sgd_releases` returns the per-step noisy aggregates of a run.
-
-Correlated noise and multi-epoch schedules (issue #27): ``noise_mechanism: independent |
-banded | blt`` and ``sampling: cyclic`` (fixed-order epochs; see the plan). With MF noise the chain is
-``clip_and_aggregate -> banded_noise | blt_noise (output="increment") -> projected_sgd``: the
-step consumes ``x_t + (C^{-1} Z)_t``, so the iterate is ``theta_0 - lr * (A x + A C^{-1} Z)``
-before projection, the prefix workload the strategies are optimized for (projection and
-averaging are post-processing). Cyclic batches are drawn by :func:`_cyclic_loop` (this module:
-``run_chain``'s samplers draw a fresh batch each step); a mesh is refused there. The audit
-hook returns the noisy increments ``x_t + w_t``. ``sampling: banded_poisson`` (amplified banded
-noise, b-min-sep Poisson; see the plan) runs the same chain with batches drawn by
-:func:`dpsco_jax.algorithms.dpsgd.banded_poisson.banded_poisson_loop`; a mesh is refused.
+With MF noise the chain is ``clip_and_aggregate -> banded_noise | blt_noise
+(output="increment") -> projected_sgd``: the step consumes ``x_t + (C^{-1} Z)_t``, the prefix
+workload the strategies are optimized for (projection and averaging are post-processing).
+Cyclic batches are drawn by :func:`_cyclic_loop`, ``banded_poisson`` ones by
+:func:`.banded_poisson.banded_poisson_loop`; both refuse a mesh. Audit hook:
+:func:`dp_sgd_releases` (the per-step noisy aggregates, or increments ``x_t + w_t``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The correlated-noise part of the DP-SGD plan (issue #27): the MF strategy a schedule with
-bounded participation is priced for (banded, BLT, or paper 003's binary tree) and its
-participation sensitivity, as :class:`MfNoise`.
-
-Split out of :mod:`dpsco_jax.algorithms.dpsgd.plan` (which re-exports every name here, calls
-these from :func:`~dpsco_jax.algorithms.dpsgd.plan.plan_dp_sgd` and describes the schedules,
-the relations and the accounting they enter). Nothing here reads data.
-"""
+"""The correlated-noise part of the DP-SGD plan: the MF strategy a bounded-participation
+schedule is priced for (banded, BLT, or paper 003's binary tree) and its participation
+sensitivity, as :class:`MfNoise` (schedules, relations and accounting: :mod:`.plan`)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
 """The data-free plan of the DP-SGD baselines: relation, public numbers, schedule, noise, events.
 
-:func:`plan_dp_sgd` turns a config and the *public* number of rows into everything a DP-SGD run
-releases under: sampling rate ``q``, the fixed denominator ``D`` of the mean, the noise std
-``z C / D``, the step count, and the dp_accounting event, all before any data is read. Rows are
-users (``dp_sgd_user``) or items (``dp_sgd_item``, ``dp_sgd_group``). :func:`dp_sgd_plan` reads
-those public numbers off a problem (a :class:`~dpsco_jax.data.PublicFacts` suffices),
-:meth:`DpSgdPlan.charge` checks the budget on a fresh ledger and returns the report, and the
-planners :func:`dpsco_jax.plan` calls (registered by :mod:`.driver`) return both. The
-correlated-noise strategies (below) are built in :mod:`.mf_plan`.
+:func:`plan_dp_sgd` turns a config and the *public* number of rows (users for ``dp_sgd_user``,
+items for ``dp_sgd_item`` / ``dp_sgd_group``) into everything a run releases under: sampling
+rate ``q``, the fixed denominator ``D`` of the mean, the noise std ``z C / D``, the steps and
+the dp_accounting event, before any data is read. :func:`dp_sgd_plan` reads those numbers off
+a problem (a :class:`~dpsco_jax.data.PublicFacts` suffices); :meth:`DpSgdPlan.charge` checks
+the budget on a fresh ledger and returns the report. MF strategies: :mod:`.mf_plan`.
 
 Neighbouring relations and what is public (see :mod:`dpsco_jax.privacy.relations`):
 
@@ -27,67 +25,37 @@ poisson                                (``sampling_rate``, else ``batch_size / G
                                        ``D = p * G``, ``G = ceil(n / b)`` (below)
 ========  ===========================  ==============================================
 
-``sampling_rate`` (Poisson only) takes precedence over ``batch_size``; the reported
-``batch_size`` is then the expected batch ``round(q * n)``. Steps: ``num_steps``, else
-``round(epochs / q)``; both public. ``delta`` is required (no default). Under ``add_remove``
-the number of rows is private: the plan reads ``n_users`` only from the
-config (declared, data-independent; the runner passes the problem's ``n_users``), and a run
-refuses a dataset with more rows than declared, because the declared count is the public upper
-bound at which the Poisson slot capacity and its truncation probability are computed (the
-binomial tail grows with ``n``). Under ``replace_one`` / ``zero_out`` the realized ``n`` is
-public (and must match a declared ``n_users``). ``full`` defaults to ``zero_out``: a full-batch
-mean over the public ``n`` (Kairouz et al. 2021); under ``add_remove`` it divides by the
-declared ``n_users`` instead.
+Steps: ``num_steps``, else ``round(epochs / q)``. Under ``add_remove`` the number of rows is
+private: the plan reads only the declared ``n_users`` (a public upper bound, at which the
+Poisson slot capacity and its truncation probability are computed), and a run refuses more
+rows. Under ``replace_one`` / ``zero_out`` the realized ``n`` is public (and must match a
+declared ``n_users``). The step's sensitivity is ``C / D`` (the accountant doubles it under
+replace-one; ``z = sigma / (C / D)``), carried by the plan's ``stage``. Provenance
+``accountant``.
 
-Sensitivity of one step's aggregate ``sum_i clip(g_i) / D``: ``C / D`` (add/remove, zero-out);
-the accountant doubles it under replace-one (library convention, ``z = sigma / (C / D)``).
-The plan's ``stage`` carries it; its std is formed by
-:func:`~dpsco_jax.privacy.sensitivity.gaussian_noise_std`, never here.
-Provenance ``accountant``.
+``sampling="cyclic"``: a public permutation of the row slots (from the run's key) cut into
+``P = ceil(n / B)`` batches; step ``t`` uses batch ``t mod P`` (``D = B``): every row at most
+``k = ceil(T / P)`` times, ``P`` steps apart. add_remove is refused (removing a row would
+shift every later batch). ``noise_mechanism``: ``independent``, ``banded``, ``blt`` (the MF
+noise of :mod:`dpsco_jax.transforms.matrix_factorization`) or ``tree`` (paper 003's binary
+tree as increments; exact sensitivity over the fixed order,
+:func:`~dpsco_jax.privacy.cyclic_participation.tree_cyclic_sensitivity`). MF noise needs
+bounded participation (``cyclic``, ``full``: ``k = T``, separation 1, or banded noise with
+``banded_poisson``); its event is one Gaussian of multiplier ``z / sens``, ``sens`` the
+strategy's participation sensitivity (independent noise under ``cyclic``: ``z / sqrt(k)``).
 
-Cyclic schedule and correlated noise (issue #27). ``sampling="cyclic"``: a public,
-data-independent permutation of the user slots (drawn from the run's key) is cut into
-``P = ceil(n / B)`` batches of ``B = batch_size`` slots; step ``t`` uses batch ``t mod P`` (the
-last batch may be short; the denominator stays ``D = B``). Participation schema: every user
-at most ``k = ceil(T / P)`` times, any two ``P`` steps apart (``(k, P)``-min-separation, fixed
-epoch order). Relations: zero_out (default) and replace_one — the schedule is by slot, so
-removing a user (add_remove) would shift every later batch. ``noise_mechanism`` picks the noise
-of the increments: ``independent`` (Gaussian per step), ``banded`` (``bands`` bands) or ``blt``
-(``buffers`` buffers), the MF noise of :mod:`dpsco_jax.transforms.matrix_factorization`, or
-``tree`` (paper 003's binary tree: its noisy prefix sums emitted as increments,
-:func:`~dpsco_jax.transforms.tree_noise.tree_increment_noise`; its sensitivity for the fixed
-order is exact: the max over the ``P`` offsets of the tree nodes' participation counts,
-:func:`~dpsco_jax.privacy.cyclic_participation.tree_cyclic_sensitivity`).
-MF noise needs a schema with bounded participation: ``cyclic`` or ``full`` (every user every
-step, ``k = T``, separation 1), or banded noise with ``banded_poisson`` (below); plain Poisson /
-fixed sampling over all rows with MF noise is refused. The event is one
-Gaussian of multiplier ``z / sens`` with ``sens`` the strategy's participation sensitivity
-(:func:`dpsco_jax.privacy.matrix_factorization.participation_sensitivity`); with independent
-noise under ``cyclic`` that is ``z / sqrt(k)``.
-
-Amplified banded noise (issue #27; Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
-Factorization: A unified approach to private training", Thm 4, "b-min-sep sampling"):
-``sampling="banded_poisson"`` with ``noise_mechanism="banded"``. Public and data-independent:
-``n`` (the realized row count; the relation makes it public), the number of groups
-``b = min_separation`` (default: ``bands``, else 32, at most ``n``), the partition of the row
-slots into ``b`` groups of sizes ``G = ceil(n / b)`` or ``G - 1`` (a permutation drawn from the
-run's key alone, as the cyclic order is; :mod:`dpsco_jax.algorithms.dpsgd.banded_poisson`),
-the rate ``p`` (``sampling_rate``, else ``batch_size / G`` with ``batch_size`` the expected
-batch) and the fixed denominator ``D = p * G`` (never the realized count). Step ``t``: group
-``t mod b`` is active, each of its rows joins with probability ``p``. Steps: ``num_steps``,
-else ``round(epochs * n / D)`` (about ``epochs * b / p``). ``bands <= b`` is required (bands
-default ``min(32, b)``; more bands than groups is refused): a row's participations are then
-``>= b`` steps apart, their columns of the banded ``C`` touch disjoint rows of ``C x + Z``,
-and the run is exactly ``k = ceil(T / b)`` compositions of a Poisson-subsampled Gaussian of
-rate ``p`` and multiplier ``z / ||c||`` (the largest column norm;
-:func:`dpsco_jax.privacy.matrix_factorization.amplified_banded_event`), calibrated through the
-one calibrator. ``bands = 1``, ``b = 1`` is Poisson DP-SGD with independent noise, exactly.
-Slot capacity and truncation: as for ``poisson``, at ``(G, p)`` (the draw is within one
-group); the truncation probability enters delta as ``(1 + e^eps) tv``. Relations: zero_out
-(default) and replace_one (the partition is by slot, public with ``n``); add_remove is refused:
-removing a row would redraw the partition of every other row and change ``G`` and ``D``.
-A BLT is refused with it: it has ``T`` bands, so participations ``b`` apart overlap in its
-columns and the rounds are not independent (no amplification theorem covers it).
+``sampling="banded_poisson"`` (Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
+Factorization", Thm 4, b-min-sep sampling) with banded noise: the row slots are partitioned
+(from the run's key alone, :mod:`.banded_poisson`) into ``b = min_separation`` groups of
+``G = ceil(n / b)`` or ``G - 1`` rows; step ``t`` activates group ``t mod b``, each of its rows
+joining with probability ``p``; ``D = p * G``; steps default to ``round(epochs * n / D)``.
+``bands <= b`` (refused otherwise): a row's participations are ``>= b`` apart and touch
+disjoint rows of ``C x + Z``, so the run is exactly ``k = ceil(T / b)`` compositions of a
+Poisson-subsampled Gaussian of rate ``p`` and multiplier ``z / ||c||`` (the largest column
+norm; :func:`dpsco_jax.privacy.matrix_factorization.amplified_banded_event`). ``bands = b =
+1`` is Poisson DP-SGD exactly. Truncation as for ``poisson``, at ``(G, p)``. add_remove is
+refused (removing a row redraws the partition and changes ``G`` and ``D``), and so is a BLT
+(``T`` bands: the rounds are not independent).
 """
 
 from __future__ import annotations
@@ -213,8 +181,8 @@ class DpSgdPlan(NamedTuple):
              f"D={self.denominator:.6g}, steps={self.steps}"
              + ("" if self.mf is None else f", {self.noise} noise")
              + ("" if self.adaptive is None else ", adaptive clipping") + ")")
-    notes = (f"{public_note(self.relation)}; denominator D={self.denominator:.6g}, "
-             f"q={self.sampling_rate:.6g}")
+    notes = (f"relation={self.relation}: public are {PUBLIC[self.relation]}; denominator "
+             f"D={self.denominator:.6g}, q={self.sampling_rate:.6g}")
     if self.participations is not None:
       notes += (f"; participation: at most {self.participations} per user, >= {self.min_sep} "
                 "steps apart")
@@ -257,24 +225,24 @@ class DpSgdPlan(NamedTuple):
     rebuilt for the shorter run (MF: the strategy's sensitivity over ``steps`` steps)."""
     k = None if self.participations is None else min(
         self.participations, mf.participations_of(steps, self.min_sep))
-    return schedule_event(self.noise_multiplier, sampling=self.sampling, q=self.sampling_rate,
-                          n=self.n_public, batch=self.batch, steps=steps, mf_noise=self.mf,
-                          participations=k, min_sep=self.min_sep)
-
-
-def public_note(relation: str) -> str:
-  """What ``relation`` treats as public, for the report's notes."""
-  return f"relation={relation}: public are {PUBLIC[relation]}"
+    return dp_sgd_event(self.noise_multiplier, sampling=self.sampling, q=self.sampling_rate,
+                        n=self.n_public, batch=self.batch, steps=steps, mf_noise=self.mf,
+                        participations=k, min_sep=self.min_sep)
 
 
 def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, batch: int,
-                 steps: int) -> dp_accounting.DpEvent:
-  """The DpEvent of ``steps`` DP-SGD steps with the given row sampling.
+                 steps: int, mf_noise: MfNoise | None = None,
+                 participations: int | None = None,
+                 min_sep: int | None = None) -> dp_accounting.DpEvent:
+  """The DpEvent of ``steps`` DP-SGD steps with the given row sampling and noise.
 
   Full batch: ``steps`` Gaussian mechanisms of multiplier ``z`` compose exactly to one of
-  multiplier ``z / sqrt(steps)`` (the privacy-loss pair of a Gaussian; Dong, Roth & Su 2019,
-  Cor. 2), which PLD accounts without the discretization error of a ``steps``-fold
-  composition."""
+  multiplier ``z / sqrt(steps)`` (Dong, Roth & Su 2019, Cor. 2), which PLD accounts without
+  the discretization error of a ``steps``-fold composition. MF noise (``mf_noise``): one
+  Gaussian of multiplier ``z / sens``, ``sens`` the strategy's sensitivity for at most
+  ``participations`` contributions ``min_sep`` apart (module docstring)."""
+  if mf_noise is not None:
+    return _mf_event(noise_multiplier, sampling, q, steps, mf_noise, participations, min_sep)
   gauss = dp_accounting.GaussianDpEvent(noise_multiplier)
   if sampling == "full":
     return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(steps))
@@ -288,16 +256,9 @@ def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, ba
   return dp_accounting.SelfComposedDpEvent(one, steps)
 
 
-def schedule_event(noise_multiplier: float, *, sampling: str, q: float, n: int, batch: int,
-                   steps: int, mf_noise: MfNoise | None = None,
-                   participations: int | None = None,
-                   min_sep: int | None = None) -> dp_accounting.DpEvent:
-  """The event of ``steps`` steps: :func:`dp_sgd_event` for independent noise; with MF noise
-  one Gaussian of multiplier ``z / sens``, ``sens`` the strategy's sensitivity for at most
-  ``participations`` contributions ``min_sep`` apart within ``steps`` (module docstring)."""
-  if mf_noise is None:
-    return dp_sgd_event(noise_multiplier, sampling=sampling, q=q, n=n, batch=batch,
-                        steps=steps)
+def _mf_event(noise_multiplier: float, sampling: str, q: float, steps: int,
+              mf_noise: MfNoise, participations: int | None, min_sep: int | None
+              ) -> dp_accounting.DpEvent:
   if mf_noise.kind == "tree":  # exact over the fixed schedule's participation offsets
     return mf.mf_event(noise_multiplier, _tree_sensitivity(steps, participations, min_sep))
   if sampling == AMPLIFIED:   # k rounds of a Poisson-subsampled Gaussian (module docstring)
@@ -466,15 +427,12 @@ def _sampling(sampling: str, n: int, rate: float | None, batch_size: int | None
 def _noise_multiplier(cfg: Schema, make_event: Callable[[float], Any], schedule: dict, *,
                       level: str, relation: str, delta: float, group_size: int, tv: float
                       ) -> tuple[float, float | None, float | None]:
-  """(z, epsilon target or None, item delta target or None). An explicit
-  ``noise_multiplier`` is used as is (:meth:`DpSgdPlan.charge` checks the budget); else
-  ``z`` is calibrated to the target through the one calibrator on ``make_event`` (the
-  schedule's event of ``z``), memoized there on its keyword arguments ``schedule`` of
-  :func:`schedule_event` (a pure function of public numbers: the seeds of a sweep calibrate
-  once). At group level the item
-  target is the one whose group lift is the target, with room left for the truncation term
-  ``(1 + e^{eps_i}) tv`` that :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds.
-  ``cfg``'s epsilon and noise_multiplier were range-checked when it was built."""
+  """(z, epsilon target or None, item delta target or None): an explicit
+  ``noise_multiplier`` as is (:meth:`DpSgdPlan.charge` checks the budget), else ``z``
+  calibrated on ``make_event``, memoized on ``schedule`` (public numbers: a sweep's seeds
+  calibrate once). At group level the item target is the one whose lift is the target, with
+  room for the truncation term ``(1 + e^{eps_i}) tv`` that
+  :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds."""
   target = None if cfg.epsilon is None else float(cfg.epsilon)
   if cfg.noise_multiplier is not None:
     return float(cfg.noise_multiplier), target, None
@@ -499,13 +457,11 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                 rows_per_user: int, default_clip: float | None, radius: float) -> DpSgdPlan:
   """The plan of one DP-SGD run from the config and public numbers.
 
-  ``realized_rows`` (the data's row count) is read only where the relation makes it public
-  (:func:`public_rows`); under ``add_remove`` the plan is the same for every dataset.
-  ``rows_per_user`` is 1 for user rows, the public ``m`` for item rows (it converts the
-  declared ``n_users`` to rows and is the group size of ``dp_sgd_group``). The config is
-  read through :func:`config_view` (the schema's defaults; an undeclared key raises)."""
+  ``realized_rows`` is read only where the relation makes it public (:func:`public_rows`);
+  ``rows_per_user`` is 1 for user rows, the public ``m`` for item rows (the group size of
+  ``dp_sgd_group``)."""
   check_choice(level, "level", LEVELS)
-  cfg = config_view(cfg)
+  cfg = DpSgdConfig.of(cfg)
   sampling = check_choice(cfg.sampling, "sampling", tuple(SAMPLING_RELATIONS))
   if sampling == AMPLIFIED and cfg.relation == "add_remove":
     raise ValueError(f"sampling={AMPLIFIED!r} cannot honour relation='add_remove': its "
@@ -537,7 +493,7 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                            else epochs * n / denominator if groups  # n rows, D = p G a step
                            else epochs / q)
   # derived: L (the config's clip_norm was range-checked when it was built); adaptive: C_0
-  clip = _first_clip(cfg, default_clip)
+  clip = _first_clip(cfg.clip_norm, cfg.initial_clip_norm, default_clip)
   group_rows = -(-n // groups) if groups else None
   # the Bernoulli draw of a step covers n rows (poisson) or one group of <= G (banded_poisson)
   trunc = (poisson_truncation_probability(group_rows or n, q, capacity, steps)
@@ -551,7 +507,7 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                 else _mf_noise(cfg, noise, steps, participations, min_sep))
   schedule = dict(sampling=sampling, q=q, n=n, batch=batch, steps=steps, mf_noise=mf_noise,
                   participations=participations, min_sep=min_sep)
-  make_event = lambda z: schedule_event(z, **schedule)
+  make_event = lambda z: dp_sgd_event(z, **schedule)
   z, target, item_delta = _noise_multiplier(cfg, make_event, schedule, level=level,
                                             relation=relation, delta=delta,
                                             group_size=group_size, tv=trunc)
@@ -579,18 +535,12 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                    adaptive=adaptive)
 
 
-def _first_clip(cfg: Schema, default_clip: float | None) -> float:
-  """The clip norm of the first step: ``clip_norm`` (default L), or with ``clip_norm:
-  adaptive`` its ``initial_clip_norm`` (default L)."""
-  if cfg.clip_norm == ADAPTIVE:
-    given = cfg.initial_clip_norm
-    return check_positive(default_clip if given is None else given, "initial_clip_norm")
-  return check_positive(default_clip if cfg.clip_norm is None else cfg.clip_norm, "clip_norm")
-
-
-def _reads_lipschitz(cfg: Schema) -> bool:
-  """The first clip norm defaults to L: no clip norm (or no initial one) given."""
-  return cfg.clip_norm is None or (cfg.clip_norm == ADAPTIVE and cfg.initial_clip_norm is None)
+def _first_clip(clip_norm: Any, initial: float | None, default_clip: float | None) -> float:
+  """The first step's clip norm: ``clip_norm``, or with ``adaptive`` ``initial_clip_norm``
+  (either defaults to L)."""
+  if clip_norm == ADAPTIVE:
+    return check_positive(default_clip if initial is None else initial, "initial_clip_norm")
+  return check_positive(default_clip if clip_norm is None else clip_norm, "clip_norm")
 
 
 def adaptive_plan(cfg: Schema, z: float, clip: float, denominator: float, *, level: str,
@@ -657,10 +607,12 @@ def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
   per_user = 1 if level == "user" else problem.m
   realized = (problem.n_users * per_user if data is None
               else jax.tree.leaves(level_rows(problem, level, data))[0].shape[0])
-  cfg = config_view(cfg)
+  cfg = DpSgdConfig.of(cfg)
+  # the derived default clip reads L only when no (initial) clip is given
+  reads_l = cfg.clip_norm is None or (cfg.clip_norm == ADAPTIVE
+                                      and cfg.initial_clip_norm is None)
   return plan_dp_sgd(cfg, level=level, realized_rows=realized, rows_per_user=per_user,
-                     # the derived default clip reads L only when no (initial) clip is given
-                     default_clip=problem.lipschitz if _reads_lipschitz(cfg) else None,
+                     default_clip=problem.lipschitz if reads_l else None,
                      radius=problem.radius)
 
 

@@ -1,1 +1,1 @@
-"""Paper 001 (Ghazi et al.): user-level output perturbation via local deletion sensitivity. ``deletion_stability`` (the stability test), ``solver``, ``base`` (settings, SCOutputPert planned and released, the block ledger: shared by every driver), ``plan`` (every algorithm's data-free plan and the planners ``dpsco_jax.plan`` calls), ``driver`` (SCOutputPert), ``phased`` (Algs 3-6), ``naive`` (the baseline)."""
+"""Paper 001 (Ghazi et al.): user-level output perturbation via local deletion sensitivity."""

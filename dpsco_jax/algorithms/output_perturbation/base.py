@@ -1,12 +1,6 @@
 """What every paper-001 driver shares: the settings, SCOutputPert (Alg. 2) planned and
-released (with its audit hook and debug output), and the (eps, delta) block ledger.
-
-The drivers (:mod:`~dpsco_jax.algorithms.output_perturbation.driver` for SCOutputPert,
-:mod:`~dpsco_jax.algorithms.output_perturbation.phased` for Algs 3-6,
-:mod:`~dpsco_jax.algorithms.output_perturbation.naive` for the baseline) import this module and
-it imports none of them (the package graph has no cycle). The paper, the deviations, the
-presets and the provenance are described in the driver module's docstring; its names are
-re-exported there.
+released, and the plan with its (eps, delta) blocks. The paper, deviations, presets and
+provenance: the :mod:`.driver` docstring.
 """
 
 from __future__ import annotations
@@ -42,24 +36,18 @@ PRESETS = ("theory", "practical")
 #: is not analysed by the paper and is refused as well.
 RELATION = "replace_one"
 
-# ------------------------------------------------------------------------------------------
-# Settings.
-
-
-#: The schema's defaults (the one place they are written:
-#: ``algorithms.output_perturbation.config.OutputPertConfig``).
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(OutputPertConfig)}
 
 
 def config_view(cfg: Mapping | Any, schema: type = OutputPertConfig) -> Schema:
-  """Paper 001's config as its drivers read it: the schema's fields with their defaults, and
-  the runner's ``debug``; any other key raises."""
+  """Paper 001's config: the schema's fields with their defaults, and the runner's ``debug``;
+  any other key raises."""
   return schema.of(cfg)
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputPertSettings:
-  """Validated options shared by every algorithm of this module (see module docstring)."""
+  """Validated options shared by every paper-001 algorithm."""
   preset: str = _DEFAULTS["preset"]
   # "certificate" (App. C) | "exact" (Alg. 1 as is)
   stability_test: str = _DEFAULTS["stability_test"]
@@ -83,8 +71,7 @@ class OutputPertSettings:
 
 
 def settings_from_cfg(cfg: Mapping | Any) -> OutputPertSettings:
-  """Reads and validates the module's config keys through :func:`config_view` (the schema's
-  defaults; ValueError names the key)."""
+  """The validated settings (ValueError names the key)."""
   cfg = config_view(cfg)
   preset = check_choice(cfg.preset, "preset", PRESETS)
   test = check_choice(cfg.stability_test, "stability_test", ("certificate", "exact"))
@@ -114,9 +101,6 @@ def settings_from_cfg(cfg: Mapping | Any) -> OutputPertSettings:
                             check_bool(cfg.get("debug", False), "debug"), relation)
 
 
-# ------------------------------------------------------------------------------------------
-# SCOutputPert (Alg. 2) for one strongly convex objective.
-
 
 class SCInfo(NamedTuple):
   """Public description of one SCOutputPert call (data independent)."""
@@ -131,9 +115,8 @@ class SCInfo(NamedTuple):
   exact_feasible: bool
   gradient_evaluations: int
   # the App. C certificate may decide this call (its soundness reads mu, beta and the solver
-  # distance; see the module docstring) ...
+  # distance, which reads L when it is 2G/(2 lambda + mu0) rather than 2R)
   certificate: bool = False
-  # ... and that distance is 2G/(2 lambda + mu0), i.e. reads L (else 2R: projection)
   distance_reads_lipschitz: bool = False
 
   @property
@@ -173,12 +156,10 @@ def alg2_delta(*, lipschitz: float, mu: float, n_users: int, m: int, beta: float
 def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: float,
                         mu0: float, lam: float, radius: float, epsilon: float, delta: float,
                         beta: float, settings: OutputPertSettings) -> SCInfo:
-  """Everything SCOutputPert needs that does not depend on the data: Δ, σ, the solver.
-
-  certificate mode: ``Δ = Δ_stat (1 + tol)`` with ``Δ_stat = 2 r γ/(μ (n - r))`` and the solver
-  accuracy and residual threshold ``τ = e_max = tol Δ_stat / 4``
-  (:func:`deletion_stability.certified_sensitivity`). exact mode: Alg. 2's Δ plus ``2τ``
-  (or ``settings.Delta``)."""
+  """SCOutputPert's data-free part: Δ, σ, the solver. certificate mode: ``Δ = Δ_stat (1 +
+  tol)``, ``Δ_stat = 2 r γ/(μ (n - r))``, solver accuracy and residual threshold ``τ = e_max
+  = tol Δ_stat / 4`` (:func:`.deletion_stability.certified_sensitivity`). exact mode: Alg. 2's
+  Δ plus ``2τ`` (or ``settings.Delta``)."""
   p = tdl.del_output_pert_params(epsilon, delta)
   mu = mu0 + lam
   if not math.isfinite(smoothness):
@@ -240,14 +221,11 @@ def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info
                            center: jax.Array | None, settings: OutputPertSettings,
                            hook: "ReleaseHook | None" = None, mesh: Any = None
                            ) -> tuple[jax.Array, jax.Array, ds.StabilityDebug, Any]:
-  """One SCOutputPert call. Returns ``(params, is_bottom, debug, certificate)``; params is the
-  anchor when ⊥ (a public point), else ``anchor + u + N(0, σ²I)``. ``hook`` (audit / tests)
-  records the release and may switch the Gaussian off.
-
-  ``mesh`` (issue 24.2): the users are padded to a multiple of its ``users`` axis and sharded
-  over it, so every solve differentiates each device's own users; the padded rows are in no
-  kept set (every mask is padded with False) and are dropped before the certificate, so
-  ``n``, the deletion sets and the release are those of the one-device run."""
+  """One SCOutputPert call: ``(params, is_bottom, debug, certificate)``, params the anchor
+  when ⊥ (a public point), else ``anchor + u + N(0, σ²I)``. ``hook`` (audit / tests) records
+  the release and may switch the Gaussian off. ``mesh``: the users are padded and sharded over
+  its ``users`` axis; the padded rows are in no kept set and dropped before the certificate,
+  so ``n``, the deletion sets and the release are the one-device run's."""
   n_real = None
   if mesh is not None:
     from dpsco_jax.algorithms.common import _on_mesh
@@ -283,10 +261,6 @@ def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info
   return anchor + rel.params, rel.is_bottom, dbg, cert
 
 
-# ------------------------------------------------------------------------------------------
-# Accounting: theorem-level (eps, delta) blocks on the one ledger.
-
-
 class ReleaseHook(NamedTuple):
   """Audit / test hook: collects every privatized release; ``add_noise=False`` sets σ = 0."""
   releases: list
@@ -295,12 +269,11 @@ class ReleaseHook(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class OutputPertPlan:
-  """Data-free plan of a paper-001 block driver, from the public facts and the config only.
+  """Data-free plan of a paper-001 block driver (public facts and config only).
 
-  ``infos``: every planned DelOutputPert call, in order (their provenance is the run's);
-  ``blocks``: the ledger's ``(label, eps, delta, count, group)`` charges; ``schedule``: the
-  run's public schedule (phase lambdas and user slices, ``R'``, Algs 5-6's second half after
-  a ⊥ warm start, the baseline's sigma SCOutputPert records...)."""
+  ``infos``: every planned DelOutputPert call, in order; ``blocks``: the ledger's ``(label,
+  eps, delta, count, group)`` charges; ``schedule``: the run's public schedule (phase lambdas
+  and user slices, ``R'``, Algs 5-6's second half after a ⊥ warm start, ``sigma_naive``)."""
   name: str
   settings: OutputPertSettings
   epsilon: float
@@ -355,11 +328,10 @@ class OutputPertPlan:
 
 def certificate_constants(problem, infos, *, lipschitz: bool = False
                           ) -> tuple[tuple[str, float], ...]:
-  """The declared constants a run's guarantee rests on: none unless some planned call may be
-  decided by the App. C certificate; then mu0 (when declared), beta, L when the solver
-  distance reads it (or ``lipschitz=True``: a run that may take other planned calls, as
-  Algs 5-6 after a ⊥), and a convex loss (the prox lambda is strong convexity only for a
-  convex loss). ``()`` for problems that hold their constants by construction."""
+  """The declared constants the guarantee rests on: none unless a planned call may be decided
+  by the App. C certificate; then mu0, beta, L when the solver distance reads it (or
+  ``lipschitz=True``: Algs 5-6 after a ⊥ run other calls), and a convex loss (the prox lambda
+  is strong convexity only then). ``()`` for problems that hold them by construction."""
   if not any(i.certificate for i in infos):
     return ()
   names = ["strong_convexity", "smoothness"]
@@ -367,9 +339,6 @@ def certificate_constants(problem, infos, *, lipschitz: bool = False
     names.append("lipschitz")
   return declared_constants(problem, names, convex=True)
 
-
-# ------------------------------------------------------------------------------------------
-# Provenance and debug output.
 
 
 def _provenance(settings: OutputPertSettings, infos: list[SCInfo]) -> tuple[str, str]:
@@ -386,8 +355,8 @@ def _provenance(settings: OutputPertSettings, infos: list[SCInfo]) -> tuple[str,
 
 
 def release_debug(dbgs: list, certs: list) -> dict:
-  """``Result.debug`` of a run (``debug=True`` only: data-dependent): per DelOutputPert call,
-  the stability test's R1, |S| and path and the certificate's gamma_hat and residual."""
+  """``Result.debug`` (``debug=True`` only, data-dependent): per call R1, |S|, the path and
+  the certificate's gamma_hat and residual."""
   out = {"r1": [], "s_size": [], "certified": [], "exact_path": [], "gamma_hat": [],
          "residual": []}
   for d, c in zip(dbgs, certs):

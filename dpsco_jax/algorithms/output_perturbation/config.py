@@ -1,9 +1,5 @@
 """Paper 001's typed configs: :class:`OutputPertConfig` (the output perturbation drivers) and
-:class:`NaiveOutputPertConfig` (``naive_output_pert``).
-
-The fields follow :mod:`dpsco_jax.config.families`' conventions; their defaults are the ones
-that run.
-"""
+:class:`NaiveOutputPertConfig` (``naive_output_pert``)."""
 
 from __future__ import annotations
 

@@ -3,12 +3,9 @@
 Paper 001 (Ghazi et al., ICML 2023), Def. 3.2, Alg. 1, Obs. 3.5, App. C / Lemma C.1; spec
 ``shared/specs/001_ghazi_user_level.md`` §2.2, §2.4, §3.2–3.3.
 
-A deletion set ``S ⊆ [n]`` is encoded as the bits of an integer ``s`` (bit ``i`` set = user ``i``
-deleted); ``x_{-S}`` is the dataset with keep-mask ``~bits(s)``, so every sub-dataset has the
-static shape of ``x`` (masked users contribute exactly zero) and all of them are solved at once
-with ``vmap``/``lax.map``.
-
-Definitions (spec §1, Def. 3.2):
+A deletion set ``S ⊆ [n]`` is the bits of an integer ``s`` (bit ``i`` set = user ``i``
+deleted); ``x_{-S}`` is ``x`` with keep-mask ``~bits(s)`` (static shape, masked users
+contribute exactly zero), so all sub-datasets are solved at once with ``vmap``/``lax.map``.
 
     Δf(y)    = max_{i in y} ||f(y) - f(y_{-i})||                (one-step deletion change)
     Δ_r f(y) = max_{|S''| <= r} Δf(y_{-S''})
@@ -16,25 +13,23 @@ Definitions (spec §1, Def. 3.2):
                         <=>  no S' ⊇ S with |S'| <= 4 kappa has Δf(x_{-S'}) > Δ.
 
 DelOutputPert (Alg. 1) draws ``R1 ~ TDLap(eps', delta')`` and releases ``f(x_{-S}) + N(0, σ² I)``
-for the smallest stable ``S`` with ``|S| <= R1`` (ties: the smallest bit pattern — any choice is
-allowed by the proof, spec §2.2), or ⊥. Since the smallest stable set does not depend on
-``R1``, ``Pr[⊥ | x] = Pr[R1 < s_min(x)]`` exactly, which the tests use.
+for the smallest stable ``S`` with ``|S| <= R1`` (ties: the smallest bit pattern; any choice is
+allowed, spec §2.2), or ⊥. The smallest stable set does not depend on ``R1``, so ``Pr[⊥ | x] =
+Pr[R1 < s_min(x)]`` exactly.
 
 Two ways to run the test:
-  * **exact** — all ``2^n`` deletion sets (``n <= max_exact_users``); the deletion depth
-    ``4 kappa + 1 >= 17`` (spec §3.3(a)) so for ``n <= 16`` this is the full power set. The
-    one-step changes are a gather per user, the "some bad superset" predicate a superset-OR
-    (zeta) transform: ``O(n 2^n)`` vectorized work after the ``2^n`` solves.
-  * **certificate** (App. C, Lemma C.1 with the inexact-solver and constrained-K extensions of
-    spec §3.3(b)/§3.4): if at the computed ``θ̃ = f(x)`` the centred per-user gradients are
-    ``<= γ`` and the optimality residual is ``<= e_max``, then ``Δ_{4 kappa} f(x) <= Δ_cert``,
-    so ``S = ∅`` is stable and Alg. 1 outputs ``f(x) + N(0, σ²I)`` for every ``R1``. When the
-    certificate fails the exact test runs (REQUIRED: returning ⊥ on failure is not DP).
+  * **exact**: all ``2^n`` deletion sets (``n <= max_exact_users``; the deletion depth ``4
+    kappa + 1 >= 17``, spec §3.3(a), so for ``n <= 16`` the full power set): a gather per user
+    and a superset-OR (zeta) transform, ``O(n 2^n)`` after the ``2^n`` solves.
+  * **certificate** (App. C, Lemma C.1 with spec §3.3(b)/§3.4's inexact-solver and
+    constrained-K extensions): if at ``θ̃ = f(x)`` the centred per-user gradients are ``<= γ``
+    and the optimality residual ``<= e_max``, then ``Δ_{4 kappa} f(x) <= Δ_cert``, so ``S = ∅``
+    is stable and Alg. 1 outputs ``f(x) + N(0, σ²I)``. On failure the exact test runs
+    (REQUIRED: returning ⊥ on failure is not DP).
 
 f must be a deterministic function of the sub-dataset alone (the proof of Thm 3.3 evaluates
-the same sub-dataset from two neighbouring datasets). Solves used *inside* the test therefore
-start from a public point; :func:`leave_users_out` (warm-started from the full solution) is for
-diagnostics and tests only, never for the released decision.
+the same sub-dataset from two neighbouring datasets): solves inside the test start from a
+public point; :func:`leave_users_out` (warm-started) is for diagnostics and tests only.
 """
 
 from __future__ import annotations
@@ -154,10 +149,6 @@ def _ball_slack_upper(theta: jax.Array, center: jax.Array | None, radius: float
   return num / ((r + norm) * (1.0 - 4.0 * _UNIT)), off, norm
 
 
-# ------------------------------------------------------------------------------------------
-# Subset encoding.
-
-
 def subset_keep_masks(n_users: int) -> jax.Array:
   """``keep[s, i] = (bit i of s) == 0``: the keep-masks of all ``2^n`` deletion sets."""
   n = check_int(n_users, "n_users", minimum=1)
@@ -170,23 +161,11 @@ def subset_sizes(n_users: int) -> jax.Array:
   return jnp.sum(~subset_keep_masks(n_users), axis=1).astype(jnp.int32)
 
 
-def deletion_index(deleted_users, n_users: int) -> int:
-  """The subset index of the deletion set ``deleted_users``."""
-  s = 0
-  for i in deleted_users:
-    if not 0 <= int(i) < n_users:
-      raise ValueError(f"deleted user {i} outside [0, {n_users})")
-    s |= 1 << int(i)
-  return s
-
-
 @at_guarantee_precision
 def evaluate_all_subsets(f_masked: MaskedFn, n_users: int, *, batch_size: int = 1024
                          ) -> jax.Array:
-  """``F[s] = ravel(f(x_{-S_s}))`` for all ``2^n`` deletion sets, shape ``[2^n, d]``.
-
-  ``f_masked`` is vmapped in chunks of ``batch_size`` masks (``lax.map``) to bound memory.
-  """
+  """``F[s] = ravel(f(x_{-S_s}))`` for all ``2^n`` deletion sets, ``[2^n, d]`` (``lax.map``
+  in chunks of ``batch_size`` masks)."""
   masks = subset_keep_masks(n_users)
 
   def flat(mask):
@@ -196,7 +175,6 @@ def evaluate_all_subsets(f_masked: MaskedFn, n_users: int, *, batch_size: int = 
 
 
 class StabilityTable(NamedTuple):
-  """Exact stability test over all deletion sets (indexed by subset bits)."""
   one_step: jax.Array   # [2^n] certified >= Δf(x_{-S}) = max_{i∉S} ||F[S] - F[S ∪ {i}]||
   bad: jax.Array        # [2^n] Δf(x_{-S}) > Δ and |S| <= depth
   stable: jax.Array     # [2^n] no bad superset: Δ_{depth - |S|} f(x_{-S}) <= Δ
@@ -254,10 +232,6 @@ def bottom_probability(s_min: int, epsilon: float, delta: float) -> float:
   p = tdl.del_output_pert_params(epsilon, delta)
   pmf = tdl.tdlap_pmf_from_kappa(p.epsilon_prime, p.kappa)
   return float(np.sum(pmf[: int(s_min)]))
-
-
-# ------------------------------------------------------------------------------------------
-# Lemma C.1 certificate (App. C), with solver inexactness and a ball constraint.
 
 
 class Certificate(NamedTuple):
@@ -336,10 +310,6 @@ def lemma_c1_certificate(user_grads: jax.Array, reg_grad: jax.Array, theta: jax.
   return Certificate(ok, gamma_hat, e0)
 
 
-# ------------------------------------------------------------------------------------------
-# The release of Alg. 1.
-
-
 class Release(NamedTuple):
   params: jax.Array       # flat [d]; the public point when ⊥
   is_bottom: jax.Array    # bool[]: ⊥ is a legitimate DP output
@@ -405,16 +375,14 @@ def del_output_pert(key: jax.Array, f_masked: MaskedFn, *, n_users: int, Delta: 
                     ) -> tuple[Release, StabilityDebug, Certificate | None]:
   """DelOutputPert (Alg. 1) for a deterministic masked function ``f`` (flat outputs).
 
-  ``certify(f_full) -> Certificate`` (optional) is the fast path: when it holds the output is
-  ``f(x) + N(0, σ²I)``; when it fails the exact test runs (``"exact"``, requires
-  ``n_users <= max_exact_users``) or, with ``"raise"``, a :class:`CertificateFailure` is
-  raised (research use: the abort is a data-dependent event outside the DP guarantee).
-  ``certify=None`` always runs the exact test. ``evaluate_all()`` may supply the ``[2^n, d]``
-  table of ``f`` over all deletion sets (default :func:`evaluate_all_subsets`), e.g. as a cached
-  jitted function. Every device computation is jitted with static shapes; the choice between
-  the fast and the exact path is made on the host from the computed certificate (the exact
-  path is exponential and only compiled when needed). Returns ``(Release, StabilityDebug,
-  Certificate | None)``; only the Release is covered by the DP guarantee.
+  ``certify(f_full) -> Certificate`` is the fast path: when it holds the output is ``f(x) +
+  N(0, σ²I)``; when it fails the exact test runs (``"exact"``, ``n_users <=
+  max_exact_users``) or :class:`CertificateFailure` is raised (``"raise"``: a data-dependent
+  abort outside the DP guarantee). ``certify=None`` always runs the exact test.
+  ``evaluate_all()`` may supply the ``[2^n, d]`` table of ``f`` (default
+  :func:`evaluate_all_subsets`). The path is chosen on the host from the computed
+  certificate. Returns ``(Release, StabilityDebug, Certificate | None)``; only the Release is
+  covered by the DP guarantee.
   """
   if on_certificate_failure not in ("exact", "raise"):
     raise ValueError("on_certificate_failure must be 'exact' or 'raise', got "
@@ -454,19 +422,14 @@ class CertificateFailure(RuntimeError):
   """The certificate failed under ``on_certificate_failure='raise'``; nothing released."""
 
 
-# ------------------------------------------------------------------------------------------
-# Diagnostics (not private): leave-k-users-out solves warm-started from the full solution.
+# Diagnostics (not private).
 
 
 def leave_users_out(solve: Callable[[jax.Array, PyTree], PyTree], keep_masks: jax.Array,
                     init: PyTree) -> PyTree:
-  """``solve(mask, init)`` for every row of ``keep_masks`` (``[B, n]``), vmapped.
-
-  ``init`` is typically the full-data solution (warm start: each sub-dataset optimum is within
-  ``O(k γ/(μ n))`` of it, Lemma C.1). Because a warm start makes the result depend on the
-  deleted users, use this for sensitivity measurements and tests only, never inside the
-  released decision (which must evaluate a function of the sub-dataset alone).
-  """
+  """``solve(mask, init)`` for every row of ``keep_masks`` (``[B, n]``), vmapped, warm-started
+  from ``init`` (the result then depends on the deleted users: measurements and tests only,
+  never inside the released decision)."""
   return jax.vmap(solve, in_axes=(0, None))(keep_masks, init)
 
 

@@ -1,26 +1,17 @@
 """Paper 001's naive baseline and the crossover calculator (spec §5).
 
-Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there).
-
 ``naive_output_pert`` releases ``θ̃(x) + N(0, σ² I)`` under replace-one user adjacency (``n``
 public): the minimizer of a ``μ``-strongly convex ERM over ``n`` users moves by at most
-``Δ = 2G/(μ n)`` (+ ``2τ`` for the solver) when one user is replaced. In the library's
-convention the noise multiplier is ``z = σ / C`` with ``C = Δ/2`` (the add/remove-equivalent
-shift; the ledger doubles it under replace-one), calibrated by the one calibrator, so
-``σ = z Δ / 2``. :func:`naive_sigma` keeps the closed forms (analytic / classic Gaussian of
-``Δ``) for the noise-ratio calculator only.
+``Δ = 2G/(μ n)`` (+ ``2τ`` for the solver) when one user is replaced (Chaudhuri et al. 2011).
+``z`` is calibrated by the one calibrator on ``C = Δ/2`` (the ledger doubles it under
+replace-one), so ``σ = z Δ / 2``; :func:`naive_sigma` keeps the closed forms for the noise
+ratio only.
 
-**Declared constants (issue 23.3): declared, not enforced.** The sensitivity ``2G/(μn)`` is
-Chaudhuri et al. (2011)'s bound on the *exact ERM minimizer* of a ``μ``-strongly convex loss
-whose per-user gradients are ``G``-bounded (spec 001 §5); the ``2τ`` term needs the certified
-solver's a-priori accuracy (AC-SA, EXT A.3(a)), i.e. ``β``-smoothness, ``μ``-strong convexity
-and the distance ``D = min(2R, 2G/μ)``. Nothing cheap enforces them for a general loss:
-clipping gradients inside the solver does not make the minimizer's sensitivity ``2G/(μn)``
-(the clipped field is in general not the gradient of a ``μ``-strongly convex function, so
-there is no minimizer to speak of), and strong convexity and smoothness cannot be checked from
-samples. The radius is enforced (the solver projects onto ``K``, and the bound holds for the
-constrained minimizer). So on a user's loss (``constants_declared``) the report's provenance
-is ``declared``, conditional on the declared L, mu, beta and a convex loss
+**Declared, not enforced.** ``2G/(μn)`` needs G-bounded per-user gradients and a
+``μ``-strongly convex loss, the ``2τ`` term the certified solver's accuracy (``β``-smoothness,
+``μ``, ``D = min(2R, 2G/μ)``). Nothing cheap enforces them (a clipped gradient field has no
+minimizer to speak of; strong convexity and smoothness are not checkable from samples); the
+radius is enforced by projection. On a user's loss the provenance is ``declared``
 (:mod:`dpsco_jax.algorithms.declared`); synthetic problems keep ``accountant``.
 """
 
@@ -37,7 +28,6 @@ from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
     OutputPertSettings, ReleaseHook, alg2_delta, gamma_threshold)
 from dpsco_jax.algorithms.output_perturbation.solver import solve_masked
-# the naive baseline's planner (its plan, NaivePlan, is in .plan); naive_sigma re-exported
 from dpsco_jax.algorithms.output_perturbation.plan import naive_planner, naive_sigma
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
@@ -53,13 +43,9 @@ __all__ = ["naive_sigma", "naive_output_pert", "noise_ratio", "crossover_m"]
           mesh=True)
 def naive_output_pert(plan: Any, problem: SCOProblem, key: jax.Array, *,
                       _hook: ReleaseHook | None = None) -> Result:
-  """Baseline: ``Π_K(θ̃(x) + N(0, σ²I))`` with replace-one sensitivity ``Δ = 2G/(μn) + 2τ``.
-
-  ``θ̃`` is the certified solver (accuracy ``τ = tol · 2G/(μn)/4`` a priori), so the exact
-  minimizer's sensitivity bound applies up to ``2τ``. One Gaussian event under replace-one,
-  ``z`` calibrated to the target (or ``noise_multiplier`` from the config, refused before any
-  release when over budget), ``σ = z Δ/2``: provenance ``accountant``. Runs ``plan`` (its
-  ``detail``: the :class:`NaivePlan`)."""
+  """Baseline: ``Π_K(θ̃(x) + N(0, σ²I))`` with replace-one sensitivity ``Δ = 2G/(μn) + 2τ``
+  (``θ̃``: the certified solver, accuracy ``τ = tol · 2G/(μn)/4``); one Gaussian event,
+  ``σ = z Δ/2``."""
   p = plan.detail
   n, sigma_ = problem.n_users, p.sigma
   anchor = jnp.zeros((problem.d,), jnp.float32)
@@ -87,8 +73,8 @@ def naive_output_pert(plan: Any, problem: SCOProblem, key: jax.Array, *,
 def noise_ratio(*, n_users: int, m: int, epsilon: float, delta: float, beta: float = 1e-3,
                 preset: str = "practical", lipschitz: float = 1.0, mu: float = 1.0,
                 mode: str = "certificate") -> float:
-  """``σ_paper / σ_naive`` for SCOutputPert vs the baseline (both ∝ 1/(μ n)); < 1 means the
-  paper's mechanism adds less noise."""
+  """``σ_paper / σ_naive`` for SCOutputPert vs the baseline (both ∝ 1/(μ n), so the ratio,
+  ``≈ κ^{1.5..2} sqrt(log(n/β)) / √m``, does not depend on ``n``); < 1: the paper adds less."""
   settings = OutputPertSettings(preset=preset, stability_test="certificate",
                                 max_exact_users=1)
   p = tdl.del_output_pert_params(epsilon, delta)

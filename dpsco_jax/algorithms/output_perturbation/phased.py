@@ -1,13 +1,8 @@
 """Paper 001's phased algorithms: Phased-ERM (Alg. 3), Phased-SCO (Alg. 4) and the strongly
-convex reductions (Algs 5-6), each a sequence of SCOutputPert calls.
-
-Split out of :mod:`dpsco_jax.algorithms.output_perturbation.driver` (re-exported there; see its
-docstring for the deviations). Accounting: every call is an ``ApproxDpEvent`` block (Thm 3.3)
-on the one ledger, all charged when the plan is made, before the first release (the plan's
-blocks, charged by :meth:`~dpsco_jax.algorithms.output_perturbation.base.OutputPertPlan.charge`;
-the runs below report the plan's guarantee); Phased-ERM
-composes ``T`` calls at ``(eps/T, delta/T)`` (basic composition), Phased-SCO one call at the
-full ``(eps, delta)`` per disjoint user block (``group=``: parallel composition).
+convex reductions (Algs 5-6), each a sequence of SCOutputPert calls (deviations: the
+:mod:`.driver` docstring). Every call's block was charged when the plan was made; Phased-ERM
+composes ``T`` calls at ``(eps/T, delta/T)``, Phased-SCO one call at the full ``(eps, delta)``
+per disjoint user block (parallel composition).
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
 from dpsco_jax.algorithms.registration import register
 from dpsco_jax.algorithms.output_perturbation.base import (
     OutputPertSettings, ReleaseHook, release_debug, sc_output_pert_release)
-# the phased algorithms' data-free plans (re-exported: their callers read them here)
+# re-exported: their callers read them here
 from dpsco_jax.algorithms.output_perturbation.plan import (  # noqa: F401
     localization_radius, phased_erm_schedule, phased_plan, phased_sco_schedule, planner_of,
     sc_reduction_plan)
@@ -45,7 +40,6 @@ class _PhaseOut(NamedTuple):
 def _run_phases(loss_fn, data, key, *, phases: list[tuple[float, slice]], infos, radius: float,
                 theta0: jax.Array, settings: OutputPertSettings,
                 hook: ReleaseHook | None = None, mesh: Any = None) -> _PhaseOut:
-  """Runs the planned phases (the caller has charged the ledger with every block)."""
   theta = project_l2_ball(jnp.asarray(theta0, jnp.float32), radius)
   bottoms, dbgs, certs = [], [], []
   keys = jax.random.split(key, len(phases))
@@ -64,7 +58,7 @@ def _run_phases(loss_fn, data, key, *, phases: list[tuple[float, slice]], infos,
 
 def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> dict:
   rec = {k: v for k, v in sch.items() if k in ("epsilon", "delta", "beta", "lam", "N0")}
-  rec["num_phases"] = sch["T"]   # the schedule's T (calls of DelOutputPert)
+  rec["num_phases"] = sch["T"]
   rec.update({"sigmas": [i.sigma for i in out.infos], "Deltas": [i.Delta for i in out.infos],
               "kappa": out.infos[0].kappa if out.infos else None,
               "bottoms": out.bottoms, "preset": settings.preset,
@@ -76,7 +70,6 @@ def _phase_record(sch: dict, out: _PhaseOut, settings: OutputPertSettings) -> di
 
 def _phased_run(plan: Any, problem: SCOProblem, key: jax.Array,
                 hook: ReleaseHook | None) -> Result:
-  """Algorithms 3 / 4: runs ``plan`` (every phase's block was charged when it was made)."""
   p = plan.detail
   out = _run_phases(problem.loss_fn, problem.data, key, phases=p.schedule["phases"],
                     infos=p.infos, radius=problem.radius, theta0=problem.init_params(),

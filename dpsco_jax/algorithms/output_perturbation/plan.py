@@ -1,15 +1,6 @@
-"""The data-free plans of paper 001's algorithms: what :func:`dpsco_jax.plan` reads and what
-the drivers (:mod:`.driver`, :mod:`.naive`, :mod:`.phased`) run.
-
-* :func:`sc_output_pert_plan`: one DelOutputPert call (SCOutputPert, Alg. 2);
-* :func:`phased_plan`: Phased-ERM / Phased-SCO (Algs 3-4), their schedules and blocks;
-* :func:`sc_reduction_plan`: the strongly convex reductions (Algs 5-6);
-* :func:`naive_plan`: the naive baseline (sensitivity ``2G/(mu n)``, one calibrated Gaussian);
-* the planners :func:`dpsco_jax.plan` calls: :func:`planner_of` (a DelOutputPert plan's
-  blocks, charged) and :func:`naive_planner`.
-
-Each reads the config and the public facts (``n_users``, ``m``, ``d``, the declared constants)
-only; the shared pieces (settings, one call's ``SCInfo``, the block ledger) are in :mod:`.base`.
+"""The data-free plans of paper 001's algorithms (config and public facts only: ``n_users``,
+``m``, ``d``, the declared constants), and the planners :func:`dpsco_jax.plan` calls:
+:func:`planner_of` (a DelOutputPert plan's blocks) and :func:`naive_planner`.
 """
 
 from __future__ import annotations
@@ -40,18 +31,12 @@ from dpsco_jax.data.problem import MissingConstant
 from dpsco_jax.problems import SCOProblem
 
 
-# ------------------------------------------------------------ the checks every plan makes
-# (of the config and the public facts: a plan refuses before anything runs)
-
-
 def _problem_mu(problem: SCOProblem) -> float:
-  """The declared strong convexity mu0 (0 when undeclared)."""
   return float(problem.meta.get("strong_convexity", 0.0)) if problem.meta else 0.0
 
 
 def _require_mu(problem, what: str) -> float:
-  """The declared strong convexity mu (``meta['strong_convexity']``): a strongly convex
-  algorithm raises :class:`MissingConstant` naming it when absent or zero."""
+  """The declared strong convexity mu (:class:`MissingConstant` when absent or zero)."""
   mu = _problem_mu(problem)
   if not mu > 0:
     raise MissingConstant(
@@ -62,8 +47,7 @@ def _require_mu(problem, what: str) -> float:
 
 
 def _require_radius(problem, what: str) -> float:
-  """The finite radius R of the constraint set K (the phased algorithms' prox schedule and
-  anchors live in K): :class:`MissingConstant` when it is infinite (undeclared)."""
+  """The finite radius R of K (:class:`MissingConstant` when undeclared)."""
   radius = float(problem.radius)
   if not math.isfinite(radius):
     raise MissingConstant(f"radius: {what} needs the finite radius R of the constraint set "
@@ -97,11 +81,8 @@ def _check_min_users(n: int, eps: float, delta: float, settings: OutputPertSetti
                      f"(Thm 3.1, n >= C log(1/delta)/eps) for {what}; got {n}")
 
 
-# ------------------------------------------------------------ from driver.py
-
 def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
-  """The data-free plan of :func:`sc_output_pert` (public ``n_users``, ``m``, ``d``, L, beta,
-  R and mu; a :class:`~dpsco_jax.data.PublicFacts` suffices): one DelOutputPert call."""
+  """The plan of ``sc_output_pert``: one DelOutputPert call."""
   settings = settings_from_cfg(cfg)
   eps, delta = _check_common(cfg, settings)
   mu = _require_mu(problem, "sc_output_pert")
@@ -114,7 +95,7 @@ def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
                              smoothness=problem.smoothness, mu0=mu, lam=0.0,
                              radius=problem.radius, epsilon=eps, delta=delta, beta=beta,
                              settings=settings)
-  # the baseline's closed-form sigma at the same budget: recorded beside the run's
+  # the baseline's sigma at the same budget, recorded beside the run's
   return OutputPertPlan("sc_output_pert", settings, eps, delta, mu, beta, (info,),
                         (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),),
                         {"sigma_naive": naive_sigma(problem, eps, delta, settings)},
@@ -122,21 +103,17 @@ def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
 
 
 
-# ------------------------------------------------------------ from naive.py
-
 def minimizer_sensitivity(lipschitz: float, mu: float, n_users: int) -> Sensitivity:
-  """The exact ERM minimizer of a ``mu``-strongly convex loss with ``G``-bounded per-user
-  gradients over ``n`` users: ``G / (mu n)`` in the add/remove-equivalent unit, so
-  ``2G/(mu n)`` under replace-one (Chaudhuri et al. 2011), the relation's factor applied by
-  :meth:`~dpsco_jax.privacy.sensitivity.Sensitivity.under`."""
+  """The exact ERM minimizer's sensitivity (``mu``-strongly convex, ``G``-bounded per-user
+  gradients): ``G / (mu n)`` add/remove-equivalent, ``2G/(mu n)`` under replace-one
+  (Chaudhuri et al. 2011)."""
   return Sensitivity(lipschitz, mu * n_users, "minimizer G/(mu n)")
 
 
 def naive_sigma(problem: SCOProblem, eps: float, delta: float,
                 settings: OutputPertSettings, tau: float = 0.0) -> float:
-  """Closed-form σ of the baseline (for :func:`noise_ratio` and records; the driver calibrates
-  through the ledger): replace-one sensitivity ``2G/(μ n) + 2τ`` (Chaudhuri et al. 2011; spec
-  §5), analytic (practical) or classic (theory) Gaussian mechanism."""
+  """Closed-form σ of the baseline (noise ratio and records; the run's is calibrated):
+  ``2G/(μ n) + 2τ``, analytic (practical) or classic (theory) Gaussian (spec §5)."""
   mu = _problem_mu(problem)
   sens = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(
       "replace_one") + 2.0 * tau
@@ -147,9 +124,8 @@ def naive_sigma(problem: SCOProblem, eps: float, delta: float,
 
 @dataclasses.dataclass(frozen=True)
 class NaivePlan:
-  """Data-free plan of :func:`naive_output_pert`: the solver, the replace-one sensitivity
-  ``2G/(mu n) + 2 tau``, the noise multiplier ``z`` (calibrated, or the config's) and
-  ``sigma = z sens / 2``."""
+  """Plan of ``naive_output_pert``: the solver, the replace-one sensitivity ``2G/(mu n) + 2
+  tau``, ``z`` (calibrated, or the config's) and ``sigma = z sens / 2``."""
   settings: OutputPertSettings
   epsilon: float
   delta: float
@@ -158,7 +134,6 @@ class NaivePlan:
   solver: SolverPlan
   noise_multiplier: float
   label: str = "output perturbation (Gaussian, sens 2G/(mu n))"
-  #: the declared constants the sensitivity rests on (``()``: held by construction)
   declared: tuple[tuple[str, float], ...] = ()
 
   @property
@@ -167,8 +142,7 @@ class NaivePlan:
 
   @property
   def stage(self) -> GaussianStage:
-    """The one Gaussian stage: ``z`` on the minimizer's replace-one shift ``Delta``, entered
-    as stated (its add/remove-equivalent ``Delta / 2`` is the std's unit)."""
+    """``z`` on the minimizer's replace-one shift ``Delta`` (the std's unit: ``Delta / 2``)."""
     return GaussianStage(self.noise_multiplier,
                          Sensitivity.from_replace_one(self.sensitivity, "2G/(mu n) + 2 tau"),
                          "output")
@@ -210,7 +184,6 @@ class NaivePlan:
 
 
 def naive_plan(problem, cfg: dict) -> NaivePlan:
-  """The plan from the public facts (``n_users``, L, beta, R, mu) and the config only."""
   settings = settings_from_cfg(cfg)
   eps, delta = _check_common(cfg, settings)
   mu = _require_mu(problem, "naive_output_pert")
@@ -230,7 +203,6 @@ def naive_plan(problem, cfg: dict) -> NaivePlan:
 
 
 def naive_planner(facts, cfg: dict) -> Planned:
-  """``dpsco_jax.plan``'s planner: one calibrated Gaussian event."""
   p = naive_plan(facts, cfg)
   schedule = {"sensitivity": p.sensitivity, "sigma": p.sigma,
               "solver_iterations": p.solver.iterations}
@@ -238,12 +210,9 @@ def naive_planner(facts, cfg: dict) -> Planned:
 
 
 
-# ------------------------------------------------------------ from phased.py
-
 def _phase_infos(problem, phases: list[tuple[float, slice]], *, epsilon: float, delta: float,
                  beta: float, mu0: float, settings: OutputPertSettings, label: str
                  ) -> tuple[SCInfo, ...]:
-  """Plans every phase ``(lambda_i, user slice)`` (data free: sizes and constants only)."""
   infos = []
   for i, (lam_i, users) in enumerate(phases):
     n_i = users.stop - users.start
@@ -292,8 +261,8 @@ def phased_sco_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diame
 
 def _phase_schedule(problem, *, sco: bool, epsilon: float, delta: float,
                     beta: float | None, lam: float | None) -> tuple[dict, list, float, float]:
-  """Alg. 3 / Alg. 4's schedule on the public facts: ``(schedule, phases, eps_phase,
-  delta_phase)`` with ``phases`` the ``(lambda_i, user slice)`` of every DelOutputPert call."""
+  """``(schedule, phases, eps_phase, delta_phase)``, ``phases`` every call's ``(lambda_i,
+  user slice)``."""
   n, m = problem.n_users, problem.m
   kw = dict(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
             diameter=2 * problem.radius, epsilon=epsilon, delta=delta, beta=beta, lam=lam)
@@ -306,10 +275,8 @@ def _phase_schedule(problem, *, sco: bool, epsilon: float, delta: float,
 
 def _phase_blocks(sch: dict, *, sco: bool, epsilon: float, delta: float, label: str
                   ) -> list[tuple[str, float, float, int, str | None]]:
-  """The ledger blocks of the phases at their per-call ``(epsilon, delta)``, charged before any
-  release: Phased-ERM ``T = ceil(log2 nm)`` sequential calls at ``(eps/T, delta/T)`` (basic
-  composition); Phased-SCO one call at ``(eps, delta)`` per disjoint user block (``group=``:
-  parallel composition)."""
+  """The phases' ledger blocks: Phased-ERM ``T`` sequential calls (basic composition),
+  Phased-SCO one per disjoint user block (``group=``: parallel composition)."""
   if sco:
     return [(f"{label} block {i + 1} SCOutputPert", epsilon, delta, 1, f"{label} block {i + 1}")
             for i in range(sch["T"])]
@@ -317,8 +284,7 @@ def _phase_blocks(sch: dict, *, sco: bool, epsilon: float, delta: float, label: 
 
 
 def phased_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
-  """The data-free plan of Phased-ERM (Alg. 3) / Phased-SCO (Alg. 4): the schedule, every
-  phase's DelOutputPert call and the ledger blocks (public facts and config only)."""
+  """The plan of Phased-ERM (Alg. 3) / Phased-SCO (Alg. 4): schedule, calls, blocks."""
   name = "phased_sco_output_pert" if sco else "phased_erm_output_pert"
   label = "Phased-SCO" if sco else "Phased-ERM"
   settings = settings_from_cfg(cfg)
@@ -363,9 +329,8 @@ def _reduction_half(problem, r: float, *, sco: bool, epsilon: float, delta: floa
 
 
 def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
-  """The data-free plan of Strongly-Convex-ERM / -SCO (Algs 5-6): the warm start's
-  SCOutputPert at (eps/2, delta/2), ``R'``, lambda and every phase of the second half at
-  (eps/2, delta/2), with all their ledger blocks (public facts and config only).
+  """The plan of Strongly-Convex-ERM / -SCO (Algs 5-6): the warm start at (eps/2, delta/2),
+  ``R'``, lambda and every call of the second half at (eps/2, delta/2), with their blocks.
 
   A ⊥ warm start (spec §2.7 [A]) restarts the second half from K's fixed point with
   ``R' = diam K``: the same calls (sizes, budgets: the same blocks and provenance) at another
@@ -404,13 +369,9 @@ def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
                                                        lipschitz=True))
 
 
-# ------------------------------------------------------------ from base.py
-
 def planner_of(make_plan: Callable[..., OutputPertPlan], **kw: Any
                ) -> Callable[..., Planned]:
-  """``dpsco_jax.plan``'s planner of a DelOutputPert algorithm whose data-free plan is
-  ``make_plan(facts, cfg, **kw)``: the (eps, delta) blocks of every planned call (user level,
-  replace-one), charged to a fresh ledger."""
+  """The planner of a DelOutputPert algorithm whose plan is ``make_plan(facts, cfg, **kw)``."""
   def planner(facts: Any, cfg: dict) -> Planned:
     p = make_plan(facts, cfg, **kw)
     calls = [{"epsilon": i.epsilon, "delta": i.delta, "sigma": i.sigma, "Delta": i.Delta,

@@ -1,1 +1,1 @@
-"""Paper 000 (Lowy, Liu, Asi): user-level DP-SCO with FILTER outlier removal. ``schedules`` (the paper's parameters), ``plan`` (data-free privacy plans, their reports and the planners ``dpsco_jax.plan`` calls), ``driver`` (Algorithms 1-3)."""
+"""Paper 000 (Lowy, Liu, Asi): user-level DP-SCO with private outlier removal (FILTER)."""

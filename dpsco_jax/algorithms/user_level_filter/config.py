@@ -1,11 +1,5 @@
-"""Paper 000's typed configs: :class:`FilterCommon` (the keys every driver of the package
-reads), :class:`PhasedSgdConfig` (``user_level_phased_sgd``), :class:`AcceleratedErmConfig`
-(``user_level_accelerated_erm``) and :class:`AcceleratedErmSmoothedConfig`
-(``user_level_accelerated_erm_smoothed``).
-
-The fields follow :mod:`dpsco_jax.config.families`' conventions; their defaults are the ones
-that run.
-"""
+"""Paper 000's typed configs: :class:`FilterCommon` (every driver's keys),
+:class:`PhasedSgdConfig`, :class:`AcceleratedErmConfig`, :class:`AcceleratedErmSmoothedConfig`."""
 
 from __future__ import annotations
 

@@ -1,89 +1,45 @@
 """User-level DP-SCO with private outlier removal (paper 000: Lowy, Liu, Asi, NeurIPS 2024).
 
-Algorithms (spec ``shared/specs/000_user_level_dpsco.md``):
+Algorithms (spec ``shared/specs/000_user_level_dpsco.md``; deviations: each function of
+:mod:`.schedules`, and the spec §7 items cited below):
 
-* ``user_level_phased_sgd`` — **Algorithm 1** (linear time, ``<= nm`` gradients). Disjoint phases
-  ``D_i``; each split into ``C`` disjoint groups; one-pass projected SGD per group (``vmap`` over
-  groups of a ``lax.scan``; items in a uniformly random order, i.e. without replacement, as
-  in the proof of Lemma B.4; the average of ``x_1..x_T``, spec §7 item 12); FILTER on the ``C``
-  averaged iterates (score radius ``tau_i``, degree radius ``2 tau_i``); one-shot Laplace test
-  ``s + Lap(b) >= 4C/5`` (line 13); output perturbation ``x_i = mean + N(0, sigma_i^2 I)``
-  (line 25); on a failed test the whole run releases the data-independent fallback point
-  (line 22 "output 0", spec §7 item 9); optional projection of ``x_i`` (post-processing,
-  spec §7 item 10).
-* ``user_level_accelerated_erm`` — **Algorithms 2-3**. Phased regularized ERM
-  ``F_i(x) = mean_{Z in D_i} F(x, Z) + lambda_i/2 ||x - x_{i-1}||^2`` solved by multi-stage AC-SA
-  through the chain ``[clip_per_user] -> outlier_filter -> add_gaussian_noise ->
-  add_prox_to_anchor -> acsa``: per step a uniformly random ``K_i``-subset of ``D_i``
-  *without* replacement (spec §7 item 2), per-user gradients at AC-SA's query point ``x_md``
-  (item 3), FILTER at radius ``2 tau`` with AboveThreshold halting (threshold drawn once per
-  phase, item 1), Gaussian noise, the data-independent prox term *after* the noise, output
-  ``x_ag``. A halt in any phase releases the fallback point (item 9).
-* ``user_level_accelerated_erm_smoothed`` — Section 4: Algorithm 3 on the uniform-ball
-  convolution ``f_r`` with a fresh ``y ~ Unif(B_r)`` per (step, user, item) and
-  ``beta = L sqrt(d)/r`` (Lemma D.1, Thm D.3).
+* ``user_level_phased_sgd``: **Algorithm 1**. Disjoint phases, each split into ``C`` disjoint
+  groups; one-pass projected SGD per group (items without replacement, as in Lemma B.4; the
+  average of ``x_1..x_T``, §7 item 12); FILTER on the ``C`` averaged iterates; one-shot
+  Laplace test ``s + Lap(b) >= 4C/5`` (line 13); output perturbation ``x_i = mean + N(0,
+  sigma_i^2 I)`` (line 25); a failed test releases the data-independent fallback point (line
+  22, §7 item 9); optional projection of ``x_i`` (post-processing, §7 item 10).
+* ``user_level_accelerated_erm``: **Algorithms 2-3**. Phased regularized ERM solved by
+  multi-stage AC-SA through ``[clip_per_user] -> outlier_filter -> add_gaussian_noise ->
+  add_prox_to_anchor -> acsa``: per step a uniformly random ``K_i``-subset without
+  replacement (§7 item 2), per-user gradients at ``x_md`` (item 3), FILTER at radius ``2 tau``
+  with AboveThreshold halting (threshold drawn once per phase, item 1), the prox term after
+  the noise, output ``x_ag``. A halt releases the fallback point (item 9).
+* ``user_level_accelerated_erm_smoothed``: Section 4, Algorithm 3 on the uniform-ball
+  convolution ``f_r`` (a fresh ``y ~ Unif(B_r)`` per step, user and item; ``beta = L
+  sqrt(d)/r``, Lemma D.1, Thm D.3).
 
-Privacy (spec §3). FILTER, not clipping, is what bounds the sensitivity: kept sets have diameter
-``<= 2 r_h`` and, with common coins, neighbouring kept sets differ in ``<= 1 + k(zeta)`` points,
-so the filtered mean moves by at most ``Delta = 4 r_h (1 + k(zeta)) / (f K)`` w.p. ``1 - zeta``
-on the good event (``f = 2/3`` Alg. 1, ``1/10`` Alg. 2; explicit constants derived in
-:func:`~dpsco_jax.algorithms.user_level_filter.schedules.certified_sensitivity`; the paper only gives
-``O(tau log(1/zeta)/K)``, Lemmas B.2/C.2). Per phase:
+Privacy (spec §3). FILTER, not clipping, bounds the sensitivity: kept sets have diameter
+``<= 2 r_h`` and, with common coins, neighbouring kept sets differ in ``<= 1 + k(zeta)``
+points, so the filtered mean moves by at most ``Delta = 4 r_h (1 + k(zeta)) / (f K)`` w.p.
+``1 - zeta`` (explicit constants: :func:`.schedules.certified_sensitivity`; the paper gives
+``O(tau log(1/zeta)/K)``, Lemmas B.2/C.2). Per phase: Alg. 1 a Laplace test (pure ``2/b``) and
+one Gaussian of shift ``Delta_i``; Alg. 2 AboveThreshold (pure ``eps_AT``) and ``T_i``
+subsampled (``K_i`` of ``n_i``, without replacement) Gaussians. Declared constants are
+**enforced by the filter**: L enters only through the data-independent radius ``tau``, and
+FILTER bounds the kept sets' diameter for any points, so the provenance is the same on a
+user's loss. Relation, noise convention and accounting: :mod:`.plan`.
 
-* Alg. 1: Laplace test (pure ``2/b``-DP) + one Gaussian mechanism of shift ``Delta_i``.
-* Alg. 2: AboveThreshold (pure ``eps_AT``) + ``T_i`` subsampled (without replacement,
-  ``K_i`` of ``n_i``) Gaussian mechanisms of shift ``Delta_i``.
-
-Declared constants (issue 23.3): **enforced, by the filter**. L enters only through the
-data-independent radius ``tau`` (``hoeffding_tau``), beta and R only steps, lambda and the
-projection. The sensitivity ``Delta = 4 r_h (1 + k(zeta))/(f K)`` comes from the kept sets'
-diameter ``<= 2 r_h``, which FILTER guarantees for *any* points (Lemmas B.2/C.2): a user whose
-gradients or iterates break the declared L is filtered out (or the pure-DP test fails and the
-public fallback is released), never averaged in at a larger shift. So the provenance is the
-same on a user's loss as on a synthetic one (``tests/test_declared_constants.py``).
-
-Neighbouring relation: replace-one user (Definition 1.3), ``n`` and ``m`` public; ``relation``
-other than ``replace_one`` is refused (FILTER averages over a public number of users; see
-:mod:`~dpsco_jax.algorithms.user_level_filter.plan`). Noise: ``sigma = z * Delta / 2`` — ``Delta``
-is the replace-one shift and the ledger, under replace-one, doubles ``C = Delta/2`` itself
-(issue 11 point 4: the noise used to be ``z * Delta``, twice the needed amount).
-
-Accounting. Everything is planned from public numbers before any data is touched
-(:func:`~dpsco_jax.algorithms.user_level_filter.plan.plan_alg1` / ``plan_alg3``) and charged to one
-:class:`~dpsco_jax.privacy.PrivacyLedger` before the first release: per phase (disjoint users,
-``group=phase``: parallel composition) the pure-DP test (``pure_dp_event``, basic
-composition) and the Gaussian release(s) (PLD, or RDP for sampling without replacement), at
-``delta/2``; the other ``delta/2`` covers the coupling failures ``zeta`` and the bad noise
-events (``extra_delta`` of the report). Noise is calibrated by the one calibrator with the
-test as a ``fixed`` event; an explicit ``noise_multiplier`` above the budget raises
-``PrivacyBudgetExceeded`` before anything is released.
+Presets and provenance: ``theory`` (paper constants, preconditions raise, the paper's
+``sigma_i``; ``theorem``, the accountant's epsilon beside it); ``practical`` (scaled
+constants, noise calibrated to the certified sensitivity; ``accountant`` when every phase's
+bad events fit in ``delta/2``, else ``heuristic`` with the reason; ``sensitivity: typical``,
+``2 r_h / K``, always ``heuristic``); ``privacy_noise: false`` (filter on, sigma = 0;
+``none``). ``clip_norm`` (``true``: L) clips each item's gradient (Alg. 1) or each user's
+(Algs 2-3) before FILTER; it is not part of the sensitivity.
 
 Audit hooks: :func:`user_level_phased_sgd_releases` and
-:func:`user_level_accelerated_erm_releases` return the per-phase / per-step privatized
-releases for a dataset and key (the drivers' outputs are unchanged).
-
-Presets and provenance:
-
-* ``theory`` — paper constants (:class:`PaperConstants`), preconditions raise; noise from the
-  paper's ``sigma_i``; provenance ``theorem`` (Thms B.1/C.1/D.3). The accountant's epsilon for
-  the same sigma (with the explicit sensitivity) is recorded beside it.
-* ``practical`` — :class:`ScaledConstants`; noise calibrated by the accountant to the certified
-  sensitivity (``sensitivity: certified``). Provenance ``accountant`` when every phase's bad
-  events fit in ``delta/2``; otherwise — always at n ~ 1e3, where the Laplace margins
-  ``K/20`` are comparable to the noise ``16/eps`` — ``heuristic``, with the reason in the notes.
-  ``sensitivity: typical`` uses ``2 r_h / K`` (no membership flips): always ``heuristic``; it
-  shows the rate the method would reach at scale.
-* ``privacy_noise: false`` — the non-private ablation (filter on, sigma = 0): provenance ``none``,
-  eps = inf.
-
-Config keys (besides the common ones): ``preset``, ``sensitivity``, ``num_phases``,
-``num_groups`` (Alg. 1), ``batch_size`` (``K_i``), ``q_exp``, ``p_exp``, ``learning_rate``
-(Alg. 1's base step ``eta``), ``lam``, ``lam_scale`` (practical: multiplies Thm C.3's lambda),
-``tau``, ``smoothing_radius``, ``max_steps`` (cap on ``T_i``, practical only), ``clip_norm``
-(Alg. 1: each item's gradient in the groups' SGD; Algs 2-3: each user's gradient before
-FILTER; ``true``: L; not part of the sensitivity, which FILTER bounds),
-``project_output``, ``fallback`` (``"zero"``), ``privacy_noise`` (bool), ``debug`` (bool),
-``relation`` (``replace_one`` only), ``noise_multiplier`` (practical; else calibrated).
+:func:`user_level_accelerated_erm_releases` (the per-phase / per-step privatized releases).
 """
 
 from __future__ import annotations
@@ -125,36 +81,22 @@ __all__ = ["user_level_phased_sgd", "user_level_accelerated_erm",
            "corrupt_users", "hinge_problem", "hinge_loss"]
 
 
-# ----------------------------------------------------------------------------- helpers
-
 def _fallback(problem: SCOProblem, plan: FilterPlan) -> PyTree:
-  """The data-independent point released on a halt ("output 0", Alg. 1 line 22 / Alg. 2
-  line 18). ``0`` is inside every centred ball; ``fallback: init`` uses ``init_params()``."""
+  """The data-independent point released on a halt (Alg. 1 line 22 / Alg. 2 line 18)."""
   p = problem.init_params()
   return jax.tree.map(jnp.zeros_like, p) if plan.fallback == "zero" else p
 
-
-def _take(data: PyTree, idx: np.ndarray) -> PyTree:
-  return jax.tree.map(lambda x: x[idx], data)
-
-
-# ------------------------------------------------------------------------- Algorithm 1
 
 @functools.partial(jax.jit, static_argnames=("loss_fn", "eta", "radius", "clip", "report"))
 def _sgd_groups(loss_fn: Callable, items: PyTree, x0: PyTree, key: jax.Array | None, *,
                 eta: float, radius: float, clip: float | None = None,
                 keys: jax.Array | None = None, report: int | None = None,
                 tick: jax.Array | None = None) -> PyTree:
-  """One-pass projected SGD in every group, vmapped: ``items`` leaves ``[C, T, ...]``.
-
-  Items are visited in a fresh uniformly random order (sampling without replacement, proof
-  of Lemma B.4); the output is the uniform average of ``x_1..x_T`` (core ``projected_sgd``
-  with ``averaging="uniform"``). ``clip``: each item's gradient is clipped to that norm (the
-  library's one clipping rule, ``clip_rows``; a non-finite gradient becomes zero). FILTER
-  bounds the sensitivity whatever the clip; the clip keeps one item that breaks the declared
-  L from dragging its group's iterate (and so the whole group) out of the filter's ball.
-  ``report`` / ``tick``: the run's progress session (the step index is not vmapped, so each
-  step reports once for all groups)."""
+  """One-pass projected SGD in every group, vmapped (``items`` leaves ``[C, T, ...]``): items
+  in a fresh random order (without replacement, Lemma B.4), the uniform average of
+  ``x_1..x_T``. ``clip``: each item's gradient (``clip_rows``); FILTER bounds the sensitivity
+  whatever the clip, which keeps one item that breaks the declared L from dragging its group
+  out of the filter's ball."""
   tx = projected_sgd(eta, radius=radius, averaging="uniform")
   raw_grad = jax.grad(loss_fn)
 
@@ -199,8 +141,7 @@ def _filter_release(points: PyTree, key: jax.Array, *, tau: float, lap_scale: fl
 
 def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray, x: PyTree,
                 k_run: jax.Array, sigma: float, session: ProgressSession | None = None):
-  """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release.
-  ``session``: the run's progress reports (the steps of the phases before ``i`` are done)."""
+  """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release."""
   report, tick = _progress_args(plan, i, session)
   sched, ph = plan.schedule, plan.schedule.phases[i]
   c = sched.num_groups
@@ -242,10 +183,8 @@ def _phase_users(plan: FilterPlan, key: jax.Array, n: int) -> list[np.ndarray]:
 def _alg1_phases(problem: SCOProblem, plan: FilterPlan, key: jax.Array, *,
                  anchors: list | None = None, add_noise: bool = True,
                  session: ProgressSession | None = None):
-  """Algorithm 1's phases, one after the other (the run and its audit hook both iterate
-  here): yields ``(i, passed, release x_i, raw FilterResult, anchor x_{i-1}, next anchor)``,
-  the next anchor being ``x_i`` projected under ``project_output``. ``anchors`` /
-  ``add_noise``: see :func:`user_level_phased_sgd_releases`."""
+  """Algorithm 1's phases (the run and its audit hook): yields ``(i, passed, release x_i, raw
+  FilterResult, anchor x_{i-1}, next anchor)``."""
   k_perm, k_run = jax.random.split(key)
   x = problem.init_params()
   for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
@@ -260,32 +199,27 @@ def _alg1_phases(problem: SCOProblem, plan: FilterPlan, key: jax.Array, *,
 def user_level_phased_sgd_releases(problem: SCOProblem, cfg: dict, key: jax.Array, *,
                                    anchors: list | None = None, add_noise: bool = True
                                    ) -> list[dict]:
-  """Audit hook: Algorithm 1's privatized releases, one dict per phase.
+  """Audit hook: Algorithm 1's privatized releases, one dict per phase (every phase runs).
 
   ``{"passed": bool, "release": x_i, "anchor": x_{i-1}}`` with ``x_i = FILTER mean +
-  N(0, sigma_i^2 I)`` before the post-processing projection; every phase runs (no stop at a
-  failed test). ``anchors[i]`` (optional) replaces the phase's starting point (default: the
-  previous phase's projected release, as in the run), so a neighbouring dataset can be
-  evaluated conditionally on the same earlier releases. ``add_noise=False`` is a test hook:
-  sigma = 0 with the plan (and every key) unchanged. Planned by the registered planner, run
-  by the run's phases, with the same keys."""
+  N(0, sigma_i^2 I)`` before the projection. ``anchors[i]`` replaces the phase's starting
+  point (a neighbouring dataset evaluated conditionally on the same earlier releases);
+  ``add_noise=False`` (tests): sigma = 0, plan and keys unchanged."""
   plan = filter_planner("user_level_phased_sgd")(problem, cfg).detail
   return [{"passed": bool(passed), "release": x_new, "anchor": x}
           for _, passed, x_new, _, x, _ in _alg1_phases(problem, plan, key, anchors=anchors,
                                                       add_noise=add_noise)]
 
 
-# every FILTER algorithm's certificate reads m (items per user); every one takes a mesh:
-# Algorithm 1 shards its groups' SGD, Algorithms 2-3 their per-user gradients and FILTER pair
-# counts (mesh.py)
+# the certificates read m; Algorithm 1 shards its groups' SGD over a mesh, Algorithms 2-3
+# their per-user gradients and FILTER pair counts (mesh.py)
 _TRAITS = dict(paper="000", reads_m=True, mesh=True)
 
 
 @register("user_level_phased_sgd", config=PhasedSgdConfig,
           planner=filter_planner("user_level_phased_sgd"), **_TRAITS)
 def user_level_phased_sgd(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
-  """Algorithm 1 of paper 000 (see module docstring): runs ``plan`` (its ``detail``, a
-  :class:`FilterPlan`; it reports ``plan.privacy``)."""
+  """Algorithm 1 of paper 000 (module docstring): runs ``plan``."""
   fp, privacy = plan.detail, plan.privacy
   opt, sched = fp.options, fp.schedule
   x, halted_phase, grads = problem.init_params(), None, 0
@@ -313,14 +247,11 @@ def user_level_phased_sgd(plan: Any, problem: SCOProblem, key: jax.Array) -> Res
                 debug=dbg)
 
 
-# ---------------------------------------------------------------------- Algorithms 2-3
-
 def _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale, query_scale,
                  sigma, lam, smoothness, radius, stage_length, clip, debug, x_prev, key,
                  users=None):
-  """(private part, post-processing part) of Algorithm 2's chain: ``[clip] -> outlier_filter
-  -> add_gaussian_noise`` releases the noisy filtered mean; ``add_prox_to_anchor -> acsa``
-  only reads releases and public numbers."""
+  """Algorithm 2's chain: the private part (``[clip] -> outlier_filter ->
+  add_gaussian_noise``) and the post-processing (``add_prox_to_anchor -> acsa``)."""
   k_filter, k_noise = jax.random.split(key)
   stages = [] if clip is None else [clip_per_user(clip)]
   private = optax.chain(
@@ -347,16 +278,11 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
                 clip: float | None, debug: bool, collect: bool = False,
                 n_users: int | None = None, users: NamedSharding | None = None,
                 report: int | None = None, tick: jax.Array | None = None):
-  """Algorithm 2 on one phase's users ``data`` (leaves ``[n_i, m, ...]``), jitted; one compile
-  per distinct static configuration, reused across seeds. Returns ``(x_ag, halted, filter
-  state, releases)``; ``releases`` (with ``collect``) are the per-step noisy filtered means
-  ``[T, ...]`` and halting flags. With ``use_given`` (a traced bool: one compilation for
-  both), ``given`` (audit replay, leaves ``[T, ...]``) feeds those releases, instead of this
-  run's, to the post-processing steps, so the query points are those of another dataset's
-  run. ``users``: a mesh's users sharding (``data`` placed by ``mesh.place_phase``, its real
-  ``n_users`` rows first): the per-user gradients and FILTER's pair counts are sharded
-  (``mesh.step_user_grads``, ``outlier_filter(rows=)``). ``report`` / ``tick``: the run's
-  progress session (:func:`_progress_args`)."""
+  """Algorithm 2 on one phase's users ``data`` (leaves ``[n_i, m, ...]``): ``(x_ag, halted,
+  filter state, releases)``, ``releases`` (``collect``) the per-step noisy filtered means and
+  halting flags. ``use_given`` (traced: one compilation) feeds ``given`` (audit replay)
+  instead of this run's releases to the post-processing. ``users``: a mesh's users sharding
+  (``data`` from ``mesh.place_phase``, its ``n_users`` real rows first)."""
   n_i = jax.tree.leaves(data)[0].shape[0] if n_users is None else n_users
   m = jax.tree.leaves(data)[0].shape[1]
   k_chain, k_sample, k_smooth = jax.random.split(key, 3)
@@ -400,7 +326,7 @@ def _run_phase3(problem, plan, i, users, x, k_run, sigma, *, given=None, collect
   use_given = jnp.asarray(given is not None)
   if given is None:
     given = jax.tree.map(lambda a: jnp.zeros((pn.steps,) + jnp.shape(a), a.dtype), x)
-  data, n_i, spread = _take(problem.data, users), None, None
+  data, n_i, spread = jax.tree.map(lambda a: a[users], problem.data), None, None
   if getattr(problem, "mesh", None) is not None:   # users sharded (issue 24.2)
     data, n_i, spread = place_phase(data, problem.mesh)
   return _alg2_phase(
@@ -418,10 +344,8 @@ def _alg3_phases(problem: SCOProblem, plan: FilterPlan, key: jax.Array, *,
                  given: list | None = None, anchors: list | None = None,
                  add_noise: bool = True, collect: bool = False,
                  session: ProgressSession | None = None):
-  """Algorithm 3's phases, one after the other (the run and its audit hook both iterate
-  here): yields ``(i, x_ag, halted, filter state, releases, anchor x_{i-1})``; the next
-  phase starts from ``x_ag``. ``given`` / ``anchors`` / ``add_noise``: see
-  :func:`user_level_accelerated_erm_releases`."""
+  """Algorithm 3's phases (the run and its audit hook): yields ``(i, x_ag, halted, filter
+  state, releases, anchor x_{i-1})``."""
   k_perm, k_run = jax.random.split(key)
   x = problem.init_params()
   for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
@@ -438,15 +362,12 @@ def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax
                                         smoothed: bool = False, given: list | None = None,
                                         anchors: list | None = None, add_noise: bool = True
                                         ) -> list[dict]:
-  """Audit hook: Algorithm 3's privatized releases, one dict per phase.
+  """Audit hook: Algorithm 3's privatized releases, one dict per phase (every phase runs).
 
-  ``{"updates": [T_i, ...] noisy filtered means (unused once halted), "halted": [T_i] bool
-  AboveThreshold answers, "anchor": x_{i-1}}``; every phase runs. ``given[i]`` (optional, the
-  ``updates`` of another run) drives the AC-SA steps instead of this run's releases, and
-  ``anchors[i]`` replaces the phase's anchor: a neighbouring dataset is then evaluated at the
-  same query points, i.e. conditionally on the same earlier releases. ``add_noise=False`` is
-  a test hook (sigma = 0, plan and keys unchanged). Planned by the registered planner, run
-  by the run's phases, with the same keys."""
+  ``{"updates": [T_i, ...] noisy filtered means, "halted": [T_i] AboveThreshold answers,
+  "anchor": x_{i-1}}``. ``given[i]`` (another run's ``updates``) drives the AC-SA steps and
+  ``anchors[i]`` replaces the anchor: a neighbouring dataset at the same query points.
+  ``add_noise=False`` (tests): sigma = 0, plan and keys unchanged."""
   name = "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
   plan = filter_planner(name)(problem, cfg).detail
   return [{"updates": upd, "halted": np.asarray(halted), "anchor": x}
@@ -456,7 +377,6 @@ def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax
 
 
 def _run_alg3(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
-  """Algorithm 3's run of ``plan`` (its ``detail``, a :class:`FilterPlan`)."""
   fp = plan.detail
   opt, sched = fp.options, fp.schedule
   x, halted_phase, grads = problem.init_params(), None, 0
@@ -493,8 +413,7 @@ def _run_alg3(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
 @register("user_level_accelerated_erm", config=AcceleratedErmConfig,
           planner=filter_planner("user_level_accelerated_erm"), **_TRAITS)
 def user_level_accelerated_erm(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
-  """Algorithm 3 (with Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2): runs
-  ``plan``."""
+  """Algorithm 3 (Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
   return _run_alg3(plan, problem, key)
 
 
@@ -502,5 +421,5 @@ def user_level_accelerated_erm(plan: Any, problem: SCOProblem, key: jax.Array) -
           planner=filter_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)
 def user_level_accelerated_erm_smoothed(plan: Any, problem: SCOProblem,
                                         key: jax.Array) -> Result:
-  """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3): runs ``plan``."""
+  """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3)."""
   return _run_alg3(plan, problem, key)

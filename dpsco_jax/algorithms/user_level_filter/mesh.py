@@ -1,33 +1,16 @@
-"""Paper 000's Algorithms 1-3 with users sharded over a mesh (issue 24.2).
+"""Paper 000's Algorithms 1-3 with users sharded over a mesh's ``"users"`` axis.
 
-Algorithm 1 (:func:`place_groups`): a phase's ``C`` groups run their one-pass SGD
-independently (a ``vmap`` over groups), so the groups are split over the mesh's ``"users"``
-axis, padded to a multiple of the devices with copies of group 0 whose outputs are sliced
-off, each group with the key the one-device run gives it; the FILTER then sees the very
-``C`` points of the one-device run (it is ``O(C^2 d)`` on ``C`` points, replicated).
+Algorithm 1 (:func:`place_groups`): a phase's ``C`` groups run their SGD independently, so the
+groups are split over the axis (padded with copies of group 0, sliced off), each with the key
+the one-device run gives it; FILTER then sees the one-device run's ``C`` points (replicated).
 
-Algorithms 2-3:
-
-Per step, each sampled user's mean gradient over its ``m`` items (``O(K m d)``) is computed by
-the device that owns the user's slot: a phase's users are placed with their
-leading axis split over the mesh's ``"users"`` axis, each step's ``K_i`` slots are padded to a
-multiple of the devices and constrained to that axis, so every device differentiates only its
-own slots. The FILTER needs every pair of users of the step (a score is a count over
-pairs, not a sum of per-user terms): the per-user gradients are gathered into the step's
-``K_i x d`` matrix, and the pair counts, FILTER's ``O(K^2 d)`` part (``K_i`` is usually well
-above ``m``, so it outweighs the gradients), are split by rows over the same axis, each device
-counting its rows against the whole matrix (``filter_points(rows=)``; the decisions are per
-pair, so the counts are the one-device ones). Everything after the counts (coins, score,
-AboveThreshold, the kept mean, the Gaussian noise) is ``O(K d)`` and runs replicated from the
-one-device run's keys: the same draw on every device, i.e. drawn once.
-
-Padding never reaches the FILTER: the pad slots are masked in the gradient computation (exact
-zero rows) and sliced off before it, so the FILTER sees the very rows, slot count and keys of
-the one-device run: no pad slot counts toward a neighbour count, is kept, or moves the
-score's dyadic rounding (which depends on the slot count), and the ledger, planned from public
-numbers only, is the same object. (The row split of the pair counts pads its own layout to a
-multiple of the devices with rows that are no column and count nothing, as its row blocks
-always did.)
+Algorithms 2-3: each sampled user's mean gradient is computed by the device owning its slot
+(the step's ``K_i`` slots padded to a multiple of the devices); the gradients are gathered
+into the step's ``K_i x d`` matrix and FILTER's ``O(K^2 d)`` pair counts are split by rows
+(``filter_points(rows=)``; the decisions are per pair, so the counts are the one-device ones).
+The rest (coins, score, AboveThreshold, kept mean, noise) runs replicated from the one-device
+keys. Padding never reaches FILTER (pad slots are exact zero rows, sliced off before it), so
+FILTER sees the one-device run's rows, slot count and keys, and the plan is the same object.
 """
 
 from __future__ import annotations

@@ -1,33 +1,23 @@
-"""Data-free privacy plans of paper 000's drivers (Algorithm 1; Algorithms 2-3).
+"""Data-free privacy plans of paper 000's drivers (Algorithm 1; Algorithms 2-3): from the
+config and the *public* facts (:class:`PublicSpec`) before any data is touched, the schedule,
+every phase's sensitivity, noise multiplier and std, and the events
+:meth:`FilterPlan.charge` spends before the first release; and the planners
+:func:`dpsco_jax.plan` calls.
 
-A plan is computed from the config and the *public* facts about the data (:class:`PublicSpec`:
-``n`` users, ``m`` items each, ``d``, ``L``, ``R``, ``beta``) before any data is touched: the
-schedule, every phase's release sensitivity, noise multiplier and standard deviation, and the
-privacy events the ledger is charged with before the first release
-(:func:`plan_phased_sgd`, :func:`plan_accelerated_erm`); the reports, and the planners
-:func:`dpsco_jax.plan` calls (registered by :mod:`.driver`), are here too.
+Neighbouring relation: **replace-one user** (paper 000, Definition 1.3), ``n`` and ``m``
+public, the only one honoured: FILTER averages over a public number of users (``C`` groups,
+``K_i`` sampled users, phase sizes from ``n``) and its analysis (Lemmas B.2/C.2) couples the
+kept sets of two inputs of the same size. Under ``add_remove`` those sizes would depend on the
+private ``n``; ``zero_out`` is refused too (sound, but with another noise convention).
 
-Neighbouring relation: **replace-one user** (paper 000, Definition 1.3), ``n`` and ``m`` public.
-It is the only relation these drivers honour: FILTER averages over a public number of users
-(``C`` groups, ``K_i`` sampled users, phase sizes ``n_i`` from ``n``) and its sensitivity
-analysis (Lemmas B.2/C.2) couples the kept sets of two inputs of the same size. Under
-``add_remove`` every one of those sizes would depend on the private ``n``; ``zero_out`` is
-refused too (it would be sound, as a special replacement, but only with a different noise
-convention than the one below, and nobody needs it).
+Noise convention: the sensitivities of :mod:`.schedules` are replace-one shifts ``Delta`` of
+the filtered mean; ``z = sigma / C`` with ``C = Delta / 2`` the add/remove-equivalent
+sensitivity (the ledger, under ``replace_one``, accounts for ``2 C = Delta`` itself).
 
-Noise convention (one convention, the library's): the sensitivities of
-:mod:`~dpsco_jax.algorithms.user_level_filter.schedules` are *replace-one* shifts ``Delta`` of the
-filtered mean (the replaced user plus coupled membership flips). The Gaussian noise multiplier
-is ``z = sigma / C`` with ``C = Delta / 2`` the add/remove-equivalent sensitivity: the ledger,
-under ``replace_one``, accounts for the shift ``2 C = Delta`` itself. (Before issue 11 the
-drivers used ``sigma = z * Delta`` under the same accountant: twice the needed noise.)
-
-Accounting (one ledger, :meth:`FilterPlan.charge`): per phase (disjoint users: ``group=phase``,
-parallel composition) a pure-DP test (the one-shot Laplace test of Alg. 1 or AboveThreshold of
-Alg. 2, ``pure_dp_event``) and the Gaussian release(s), composed at ``delta/2``; the other
-``delta/2`` covers the coupling's bad events (reported as ``extra_delta``). The noise is
-calibrated by :func:`~dpsco_jax.privacy.calibrate_noise_multiplier` with the test as a
-``fixed`` event, so the calibrated phase spends exactly the target epsilon.
+Accounting: per phase (disjoint users: ``group=phase``, parallel composition) a pure-DP test
+(Alg. 1's Laplace test or Alg. 2's AboveThreshold) and the Gaussian release(s), composed at
+``delta/2``; the other ``delta/2`` covers the coupling's bad events (``extra_delta``). The
+noise is calibrated with the test as a ``fixed`` event, so a phase spends exactly the target.
 """
 
 from __future__ import annotations
@@ -102,22 +92,19 @@ SCHEMAS: dict[str, type] = {
 
 
 def config_view(cfg: Mapping | Any, algorithm: str) -> Schema:
-  """``algorithm``'s config as its planner and driver read it: its schema's fields with their
-  defaults (the one place they are written) and the runner's ``debug``; any other key
-  raises."""
+  """``algorithm``'s config: its schema's fields with their defaults and the runner's
+  ``debug``; any other key raises."""
   return SCHEMAS[algorithm].of(cfg)
 
 
 def read_options(cfg: Mapping | Any, mechanism: str) -> Options:
-  """The privacy-relevant config keys of ``mechanism`` (a key of :data:`SCHEMAS`), validated
-  (errors name the key)."""
+  """The privacy-relevant config keys of ``mechanism``, validated (errors name the key)."""
   cfg = config_view(cfg, mechanism)
   eps = check_epsilon(cfg.epsilon)
   delta = required_delta(cfg.delta)
   preset = check_choice(cfg.preset, "preset", ("theory", "practical"))
   sens = check_choice(cfg.sensitivity, "sensitivity", SENSITIVITIES)
-  # "privacy_noise", not "noise": the problems' label-noise key is "noise" (issue 13: a label
-  # noise of 0.0 used to switch the privacy noise off)
+  # "privacy_noise", not "noise": the problems' label-noise key is "noise"
   noise = check_bool(cfg.privacy_noise, "privacy_noise")
   debug = check_bool(cfg.get("debug", False), "debug")
   relation = check_relation(cfg.relation, supported=SUPPORTED_RELATIONS,
@@ -279,10 +266,8 @@ def phase_sensitivity(sens: float) -> Sensitivity:
 
 def _noise(opt: Options, make, test_event, sens: float, sigma_paper: float, key: Any
            ) -> tuple[float, float]:
-  """``(z, sigma)``: paper sigma (theory), explicit z, or the calibrated z; ``sigma`` is the
-  stage's std ``z Delta / 2`` (the ledger doubles ``Delta / 2`` under replace-one).
-  ``key``: ``make``'s exact description (public numbers), so the calibrator's memo answers a
-  phase, or a plan, it has calibrated before (the bisection costs seconds a phase)."""
+  """``(z, sigma)``: paper sigma (theory), explicit z, or the calibrated z (``sigma`` the
+  stage's std ``z Delta / 2``). ``key``: ``make``'s description, the calibrator's memo key."""
   if opt.preset == "theory":
     return noise_multiplier_for_std(sigma_paper, phase_sensitivity(sens)), sigma_paper
   z = opt.noise_multiplier
@@ -344,8 +329,6 @@ def plan_alg3(spec: PublicSpec, opt: Options, sched: Alg3Schedule,
   return FilterPlan("user_level_accelerated_erm", opt, sched, eps_at, tuple(phases), **knobs)
 
 
-# --------------------------------------------------------------------------- reports
-
 def provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
   """``(provenance, note)`` of a typical-preset run: ``accountant`` when the coupling's bad
   events (probability ``bad``) fit in ``delta_slack``, ``heuristic`` otherwise."""
@@ -357,17 +340,6 @@ def provenance_note(bad: float, delta_slack: float) -> tuple[str, str]:
           f"the coupling's bad events (Laplace noise beyond the K/20 margins, flip tails) "
           f"have probability {bad:.3g} > delta/2 = {delta_slack:.3g} at this scale, so the "
           "accountant's number is not a proven (eps, delta); needs larger K_i (spec 000 §3.2)")
-
-
-# --------------------------------------------------------------------------- planners
-
-def _alg1_schedule(spec: PublicSpec, cfg: dict, opt: Options) -> Alg1Schedule:
-  c = config_view(cfg, "user_level_phased_sgd")    # derived defaults: alg1_schedule's
-  return alg1_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
-                       delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
-                       smoothness=spec.smoothness, preset=opt.preset,
-                       q_exp=c.q_exp, p_exp=c.p_exp, eta=c.learning_rate,
-                       num_groups=c.num_groups, num_phases=c.num_phases)
 
 
 def _run_knobs(spec: PublicSpec, cfg: Schema) -> dict:
@@ -385,8 +357,12 @@ def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
   opt = read_options(cfg, "user_level_phased_sgd")
   c = config_view(cfg, "user_level_phased_sgd")
   project = bool(c.get("project_output", opt.preset == "practical"))   # derived default
-  return plan_alg1(spec, opt, _alg1_schedule(spec, cfg, opt), project_output=project,
-                   **_run_knobs(spec, c))
+  sched = alg1_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
+                        delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
+                        smoothness=spec.smoothness, preset=opt.preset, q_exp=c.q_exp,
+                        p_exp=c.p_exp, eta=c.learning_rate, num_groups=c.num_groups,
+                        num_phases=c.num_phases)
+  return plan_alg1(spec, opt, sched, project_output=project, **_run_knobs(spec, c))
 
 
 def _alg3_name(smoothed: bool) -> str:
