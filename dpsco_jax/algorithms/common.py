@@ -18,7 +18,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from dpsco_jax._checks import check_choice, check_delta, check_int, check_probability
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.config.types import ConfigError
-from dpsco_jax.grads import per_user_grads
+from dpsco_jax.grads import per_user_grads, shard_users
 from dpsco_jax.transforms.steps import released_params
 
 SAMPLINGS = ("poisson", "fixed", "full")
@@ -44,24 +44,14 @@ def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
                  capacity: int, rate: float | None = None,
                  n_real: int | None = None,
                  shard: NamedSharding | None = None) -> tuple[jax.Array, jax.Array]:
-  """Indices ``[capacity]`` of the users of one step and the mask of real slots.
+  """Indices ``[capacity]`` of one step's users and the mask of real slots.
 
-  * ``poisson``: each user independently with probability ``rate`` (a declared public number;
-    default ``batch / n``, which is public only when ``n`` is). User ``i``'s coin is the
-    ``i``-th uniform of one draw of shape ``[n]``, so with JAX's partitionable threefry
-    (the default) removing the last user leaves every other user's coin unchanged;
-  * ``fixed``: a uniformly random ``batch``-subset (without replacement);
-  * ``full``: every user.
-
-  ``n_real`` (default ``n``): rows from ``n_real`` on are padding (a mesh pads the user axis to
-  a multiple of its devices); they are never sampled and the real users' draws are the ones of
-  an unpadded run (the same partitionable-threefry property, and ``fixed`` draws over
-  ``n_real``). Slots past ``batch`` (``fixed``) or past the users (``full``) are masked.
-
-  ``shard`` (a mesh's users sharding): the ``[n]`` Poisson coins are drawn sharded, each device
-  hashing the counters of its own users only (partitionable threefry gives the same values as
-  the unsharded draw), instead of every device drawing all ``n`` coins every step; only the
-  ``[n]`` booleans are then gathered for the slot indices.
+  ``poisson``: each user with probability ``rate`` (declared; default ``batch / n``, public
+  only when ``n`` is); user ``i``'s coin is the ``i``-th uniform of one ``[n]`` draw, so with
+  partitionable threefry (the default) removing the last user leaves every other coin
+  unchanged. ``fixed``: a uniform ``batch``-subset; ``full``: every user. Rows from ``n_real``
+  on are a mesh's padding, never sampled (the real users' draws are the unpadded run's).
+  ``shard``: the coins are drawn sharded (same values), each device hashing its own users.
   """
   n_real = n if n_real is None else n_real
   if sampling == "full":
@@ -82,12 +72,9 @@ def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
 
 def _sharded_slots(chosen: jax.Array, shard: NamedSharding, capacity: int
                    ) -> tuple[jax.Array, jax.Array]:
-  """``jnp.nonzero(chosen, size=capacity, fill_value=0)`` and the real-slot mask, for coins
-  sharded over one mesh axis, in O(n / devices + capacity) work per device: each device finds
-  its own chosen users, places them at its offset (the chosen count of the devices before it)
-  and the slot vectors are summed across the axis. The result is the global one, slot for slot
-  (the first ``capacity`` chosen users in index order), so the truncation at ``capacity`` and
-  the gathered batch are those of the one-device run."""
+  """``jnp.nonzero(chosen, size=capacity, fill_value=0)`` and the slot mask for coins sharded
+  over one axis, in O(n / devices + capacity) per device: each device places its chosen users
+  at its offset and the slots are summed, slot for slot the one-device result."""
   (axis,) = shard.spec[0] if isinstance(shard.spec[0], tuple) else (shard.spec[0],)
   mesh = shard.mesh
 
@@ -110,10 +97,8 @@ def _sharded_slots(chosen: jax.Array, shard: NamedSharding, capacity: int
 
 
 def real_rows_mask(mask: jax.Array | None, n: int, n_rows: int) -> jax.Array | None:
-  """``mask`` over the ``n`` real rows (``None``: all of them), extended with ``False`` over
-  a mesh's ``n_rows - n`` padding rows (:func:`_on_mesh`), so the padding is in no sum; the
-  real rows' entries (and any draw that made them) are unchanged. ``mask`` itself when there
-  is no padding."""
+  """``mask`` over ``n`` real rows (``None``: all) padded with ``False`` over a mesh's
+  ``n_rows - n`` padding rows (:func:`_on_mesh`), so the padding is in no sum."""
   if n_rows == n:
     return mask
   return jnp.pad(jnp.ones((n,), bool) if mask is None else mask, (0, n_rows - n))
@@ -137,27 +122,20 @@ def _report_progress(run_id, step) -> None:
     fn(int(step))
 
 
-def _with_total(progress: ProgressFn, total: int, step: int) -> None:
-  progress(step, total)
-
-
 def progress_points(steps: int, reports: int = 20) -> int:
   """Every how many steps a run reports progress (about ``reports`` times per run)."""
   return max(1, -(-int(steps) // reports))
 
 
 def progress_due(done: Any, total: int) -> Any:
-  """Whether a run of ``total`` steps reports after ``done`` of them: every
-  :func:`progress_points` steps and at the last one (so the last report says the run is
-  done). ``done`` is a Python int (host loops) or a traced int (a scan's body)."""
+  """Whether a run of ``total`` steps reports after ``done`` (an int or a traced int): every
+  :func:`progress_points` steps and at the last one."""
   return (done % progress_points(total) == 0) | (done == total)
 
 
 class ProgressSession:
-  """One run's progress reports: ``report`` is the static part a compiled loop is built with
-  (``None``: no callback, nothing compiled in, so the program is the one without progress),
-  :meth:`tick` the traced part it is called with (the run's id and the steps before this
-  loop, for a run of several loops). Made by :func:`progress_session`."""
+  """One run's progress: ``report`` the static part a compiled loop is built with (``None``:
+  nothing compiled in), :meth:`tick` the traced part (run id, steps before this loop)."""
 
   def __init__(self, run_id: int, total: int):
     self.run_id, self.total = run_id, int(total)
@@ -169,13 +147,12 @@ class ProgressSession:
 
 @contextlib.contextmanager
 def progress_session(progress: ProgressFn | None, total: int) -> Iterator[ProgressSession]:
-  """The one way a driver's compiled loops report progress: registers ``progress`` (``None``:
-  no reports) for a run of ``total`` steps, and, on leaving, waits until every report has run
-  and unregisters it. Loops call :func:`emit_progress` in their body with the session's
-  ``report`` and ``tick``; ``progress`` receives the steps done and ``total``."""
+  """Registers ``progress(steps_done, total)`` (``None``: no reports) for a run's compiled
+  loops (which call :func:`emit_progress`); on leaving, waits for every report and
+  unregisters it."""
   run_id = next(_PROGRESS_IDS) if progress is not None else 0
   if progress is not None:
-    _PROGRESS[run_id] = functools.partial(_with_total, progress, int(total))
+    _PROGRESS[run_id] = lambda step: progress(step, int(total))
   try:
     yield ProgressSession(run_id, total)
     if progress is not None:
@@ -185,9 +162,8 @@ def progress_session(progress: ProgressFn | None, total: int) -> Iterator[Progre
 
 
 def emit_progress(report: int | None, tick: jax.Array | None, t: jax.Array) -> None:
-  """In a compiled loop's body at its step ``t`` (0-based): reports the run's steps done
-  (``tick[1] + t + 1`` of ``report``) to the host when :func:`progress_due`. Only the step
-  count reaches the host, never a data-dependent value; ``report`` ``None`` adds nothing."""
+  """At a compiled loop's step ``t``: reports the steps done to the host when
+  :func:`progress_due` (the step count only, never a data-dependent value)."""
   if report is None:
     return
   done = tick[1] + t + 1
@@ -201,42 +177,24 @@ def _compiled_loop(loss_fn: Callable, tx_factory: Callable, static: tuple, steps
                    record: Callable | None, n_real: int | None = None,
                    users: NamedSharding | None = None, report: int | None = None):
   """One jitted scan per (loss, chain shape, schedule): hyper-parameters and data are
-  arguments, so a sweep over seeds / epsilons / learning rates compiles once. ``users``: the
-  sharding of a step's sampled users over a mesh (each device differentiates and clips its
-  own users; XLA reduces the clipped sums across the axis; the key and the noise are
-  replicated, so they are drawn once; the Poisson coins are drawn sharded, see
-  :func:`sample_users`)."""
-
-  def spread(tree):
-    return tree if users is None else jax.lax.with_sharding_constraint(tree, users)
+  arguments, so a sweep compiles once. ``users``: the sampled users' sharding over a mesh
+  (each device clips its own users, XLA reduces the sums; key and noise are replicated)."""
 
   @jax.jit
   def loop(params, key, hparams, data, tick):
     n = jax.tree.leaves(data)[0].shape[0]
-    tx = tx_factory(hparams, *static)
-    state = tx.init(params)
 
-    def body(carry, t):
-      params, state = carry
-      idx, mask = sample_users(jax.random.fold_in(key, t), n, sampling=sampling, batch=batch,
-                               capacity=capacity, rate=rate, n_real=n_real, shard=users)
-      batch_data, mask = spread((gather_users(data, idx), mask))
-      grads = per_user_grads(loss_fn, params, batch_data, user_mask=mask)
-      updates, state = tx.update(grads, state, params, user_mask=mask)
-      out = None if record is None else record(state)
-      emit_progress(report, tick, t)   # the step count only
-      return (optax.apply_updates(params, updates), state), out
-
-    (params, state), records = jax.lax.scan(body, (params, state), jnp.arange(steps))
-    if record is None:
-      return released_params(state, params), state
-    return released_params(state, params), state, records
+    def batch_of(t):
+      return sample_users(jax.random.fold_in(key, t), n, sampling=sampling, batch=batch,
+                          capacity=capacity, rate=rate, n_real=n_real, shard=users)
+    return scan_slot_batches(loss_fn, tx_factory(hparams, *static), params, data, batch_of,
+                             steps, record, report, tick, users)
 
   return loop
 
 
 def mesh_users_axis(mesh: Mesh, axis: str = "users") -> int:
-  """The number of devices on ``mesh``'s ``axis`` (a clear error if the mesh lacks it)."""
+  """The number of devices on ``mesh``'s ``axis`` (a clear error if it lacks one)."""
   if not isinstance(mesh, Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
   if axis not in mesh.axis_names:
@@ -247,13 +205,9 @@ def mesh_users_axis(mesh: Mesh, axis: str = "users") -> int:
 
 
 def auto_axes(mesh: Mesh | None) -> Mesh | None:
-  """``mesh`` with every axis of type ``Auto`` (same devices, names and shape).
-
-  ``jax.make_mesh`` makes ``Explicit`` axes (the default since JAX 0.7), on which
-  ``with_sharding_constraint`` is an assertion and ``shard_map`` / ``device_put`` type the
-  arrays with that mesh: the drivers place users with sharding constraints, so they run on
-  this auto-typed twin, under :func:`mesh_context` (a caller's explicit ``jax.set_mesh``
-  context would otherwise be the one their jitted code is traced in)."""
+  """``mesh`` with every axis ``Auto`` (same devices, names, shape): the drivers place users
+  with sharding constraints, which on ``jax.make_mesh``'s ``Explicit`` axes are assertions, so
+  they run on this twin under :func:`mesh_context`."""
   if mesh is None or all(t == AxisType.Auto for t in mesh.axis_types):
     return mesh
   return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
@@ -261,8 +215,7 @@ def auto_axes(mesh: Mesh | None) -> Mesh | None:
 
 @contextlib.contextmanager
 def mesh_context(mesh: Mesh | None) -> Iterator[None]:
-  """``jax.set_mesh(mesh)`` (nothing for ``None``): the context a run on ``mesh`` is traced in;
-  nested inside a caller's context, it is the one jitted code sees."""
+  """``jax.set_mesh(mesh)`` (nothing for ``None``): the context a run on ``mesh`` is traced in."""
   if mesh is None:
     yield
     return
@@ -271,26 +224,22 @@ def mesh_context(mesh: Mesh | None) -> Iterator[None]:
 
 
 def replicated_on(tree: Any, mesh: Mesh | None, caller: Mesh | None) -> Any:
-  """``tree`` replicated over ``mesh`` when the ``caller``'s mesh has non-``Auto`` axes: a
-  run's inputs made in the caller's explicit context (params, key) onto its
-  :func:`auto_axes` twin, and the released params back onto the caller's mesh (JAX refuses an
-  op whose operands are typed with another mesh than the context's). ``tree`` otherwise."""
+  """``tree`` replicated over ``mesh`` when ``caller`` has non-``Auto`` axes (inputs onto the
+  :func:`auto_axes` twin, the release back: JAX refuses operands typed with another mesh)."""
   if caller is None or auto_axes(caller) is caller:
     return tree
   return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
 
 
 def _on_mesh(data: Any, mesh: Mesh, axis: str) -> tuple[Any, int]:
-  """``data`` padded to a multiple of the axis' devices (copies of user 0, never sampled) and
-  placed with its user axis sharded; returns it and the number of real users."""
+  """``(data, n real users)``: padded to a multiple of the axis' devices (copies of user 0,
+  never sampled), user axis sharded."""
   n_dev = mesh_users_axis(mesh, axis)
   n = jax.tree.leaves(data)[0].shape[0]
   pad = -n % n_dev
   if pad:
     data = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, 0)]), data)
-  def put(x):
-    return jax.device_put(x, NamedSharding(mesh, PartitionSpec(axis, *([None] * (x.ndim - 1)))))
-  return jax.tree.map(put, data), n
+  return shard_users(data, mesh, axis), n
 
 
 def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, hparams: dict,
@@ -299,23 +248,16 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
               record: Callable | None = None, mesh: Mesh | None = None,
               axis: str = "users",
               progress: ProgressFn | None = None) -> tuple[Any, ...]:
-  """``steps`` iterations of: sample users -> per-user gradients -> chain -> apply.
+  """``steps`` iterations of: sample users -> per-user gradients -> chain -> apply, as one
+  jitted ``lax.scan``.
 
-  The chain is ``tx_factory(hparams, *static)``: ``hparams`` (a dict of scalars and keys,
-  validated by the caller) are traced, ``static`` (hashable) fixes the chain's structure. The
-  whole loop is one jitted ``lax.scan``. ``rate`` is the Poisson sampling rate (default
-  ``batch / n``). Returns ``(released params, final state)``; with ``record`` (a hashable
-  ``state -> pytree``, e.g. the release a stage keeps in its state) also the per-step
-  records stacked along a leading ``[steps]`` axis.
-
-  ``mesh``: users (the data's rows and each step's sampled slots) are sharded over its
-  ``axis``; a user count that the devices do not divide is padded with masked users, and the
-  slot capacity is rounded up to a multiple of the devices (extra slots are masked unless the
-  Poisson draw fills them: a larger capacity only lowers the truncation the plan accounted).
-  The draws are those of the one-device run, so the released params agree to float tolerance.
-
-  ``progress``: a host function called with the steps done and ``steps``, about 20 times per
-  run and at the last step (:func:`progress_session`; it receives step counts only).
+  The chain is ``tx_factory(hparams, *static)``: ``hparams`` (scalars and keys, validated by
+  the caller) are traced, ``static`` (hashable) fixes its structure. ``rate``: the Poisson
+  rate (default ``batch / n``). Returns ``(released params, final state)``, plus the per-step
+  ``record(state)`` stacked on a leading ``[steps]`` axis when ``record`` is given. ``mesh``:
+  users are sharded over ``axis``, padded with masked users, and the capacity rounded up to a
+  multiple of the devices (a larger capacity only lowers the accounted truncation); the draws
+  are the one-device run's. ``progress(steps_done, steps)``: about 20 host calls per run.
   """
   n_real, users = None, None
   if mesh is not None:
@@ -330,22 +272,30 @@ def run_chain(loss_fn: Callable, data: Any, params0: Any, tx_factory: Callable, 
     return loop(params0, key, hparams, data, session.tick())
 
 
+def _sgd_step(loss_fn: Callable, tx: Any, params: Any, state: Any, batch: Any,
+              mask: jax.Array) -> tuple[Any, Any]:
+  grads = per_user_grads(loss_fn, params, batch, user_mask=mask)
+  updates, state = tx.update(grads, state, params, user_mask=mask)
+  return optax.apply_updates(params, updates), state
+
+
 def scan_slot_batches(loss_fn: Callable, tx: optax.GradientTransformation, params: Any,
                       data: Any, batch_of: Callable, steps: int, record: Callable | None,
-                      report: int | None = None, tick: jax.Array | None = None):
-  """The DP-SGD scan over a public schedule of user slots (cyclic batches, b-min-sep Poisson
-  groups): step ``t`` differentiates the users ``idx`` of ``batch_of(t) = (idx, mask)`` (masked
-  slots contribute zero) and applies the chain. Returns ``(released params, state)``, plus the
-  per-step ``record(state)`` outputs when ``record`` is given. ``report`` / ``tick``: a
-  :class:`ProgressSession`'s (progress reports, :func:`emit_progress`)."""
+                      report: int | None = None, tick: jax.Array | None = None,
+                      users: NamedSharding | None = None):
+  """The DP-SGD scan: step ``t`` differentiates the users of ``batch_of(t) = (idx, mask)``
+  (masked slots give zero) and applies ``tx``. Returns ``(released params, state)``, plus the
+  stacked ``record(state)`` when given. ``report`` / ``tick``: a :class:`ProgressSession`'s;
+  ``users``: the sharding the gathered batch is constrained to."""
   def body(carry, t):
-    params, state = carry
     idx, mask = batch_of(t)
-    grads = per_user_grads(loss_fn, params, gather_users(data, idx), user_mask=mask)
-    updates, state = tx.update(grads, state, params, user_mask=mask)
+    batch = gather_users(data, idx)
+    if users is not None:
+      batch, mask = jax.lax.with_sharding_constraint((batch, mask), users)
+    params, state = _sgd_step(loss_fn, tx, *carry, batch, mask)
     out = None if record is None else record(state)
     emit_progress(report, tick, t)
-    return (optax.apply_updates(params, updates), state), out
+    return (params, state), out
 
   (params, state), records = jax.lax.scan(body, (params, tx.init(params)), jnp.arange(steps))
   if record is None:
@@ -356,14 +306,11 @@ def scan_slot_batches(loss_fn: Callable, tx: optax.GradientTransformation, param
 @bounded_cache(64)
 def _compiled_step(loss_fn: Callable, tx_factory: Callable, static: tuple,
                    record: Callable | None):
-  """One jitted step of the host-driven loop (the body of :func:`_compiled_loop`'s scan)."""
+  """One jitted step of the host-driven loop."""
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def step(params, state, hparams, batch, mask):
-    tx = tx_factory(hparams, *static)
-    grads = per_user_grads(loss_fn, params, batch, user_mask=mask)
-    updates, state = tx.update(grads, state, params, user_mask=mask)
-    return (optax.apply_updates(params, updates), state,
-            None if record is None else record(state))
+    params, state = _sgd_step(loss_fn, tx_factory(hparams, *static), params, state, batch, mask)
+    return params, state, None if record is None else record(state)
   return step
 
 
@@ -374,20 +321,13 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
                    progress: ProgressFn | None = None,
                    rows: int | None = None, mesh: Mesh | None = None,
                    axis: str = "users") -> tuple[Any, ...]:
-  """:func:`run_chain` with Poisson sampling done on the host: each step samples users in
-  ``O(q n)`` expected work (:class:`~dpsco_jax.data.PoissonSampler`, seeded by ``key``) and
-  moves only their rows to the device (:func:`~dpsco_jax.data.iter_batches`, one step
-  ahead), so the table stays in host memory or a memory map (``UserData.open``) and a step's
-  cost does not grow with ``n``. Same law (each user with probability ``rate``, truncated at
-  ``capacity``), same chain and noise keys as the scan; other users are drawn than by the
-  device sampler with the same key. ``rows``: the number of rows sampled (default: the users;
-  ``view="item_rows"`` samples the ``U m`` item slots).
-
-  ``mesh``: each step's ``capacity`` slots are padded on the host with masked slots to a
-  multiple of the ``axis`` devices and placed sharded over it, so each device receives and
-  differentiates only its share of the sampled rows; XLA reduces the clipped sums across the
-  axis and the noise (replicated state, one key) is drawn once. The sampled rows and their
-  order are the one-device run's: only the reduction order differs."""
+  """:func:`run_chain` with Poisson sampling on the host: each step samples in ``O(q n)``
+  (:class:`~dpsco_jax.data.PoissonSampler`, seeded by ``key``) and moves only the sampled rows
+  to the device, so the table may stay in host memory or a memory map. Same law (rate
+  ``rate``, truncated at ``capacity``), chain and noise keys as the scan (other users drawn).
+  ``rows``: the rows sampled (default the users; ``view="item_rows"``: the ``U m`` item
+  slots). ``mesh``: the slots are padded with masked ones to a multiple of the ``axis``
+  devices and sharded over it (same rows as one device; only the reduction order differs)."""
   from dpsco_jax.data.sampling import PoissonSampler, iter_batches
   sampler = PoissonSampler(user_data.n_users if rows is None else rows, rate,
                            capacity=capacity, seed=key)
@@ -395,15 +335,9 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
   if mesh is not None:
     pad = -int(capacity) % mesh_users_axis(mesh, axis)
 
-    def place(x):
-      x = np.asarray(x)
-      if pad:   # masked slots (the mask is padded with False like every leaf)
-        x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
-      spec = PartitionSpec(axis, *([None] * (x.ndim - 1)))
-      return jax.device_put(x, NamedSharding(mesh, spec))
-
-    def put(tree):
-      return jax.tree.map(place, tree)
+    def put(tree):   # masked slots (the mask is padded with False like every leaf)
+      return shard_users(jax.tree.map(lambda x: np.pad(
+          np.asarray(x), [(0, pad)] + [(0, 0)] * (np.ndim(x) - 1)), tree), mesh, axis)
   state = jax.jit(lambda p, h: tx_factory(h, *static).init(p))(params0, hparams)
   step = _compiled_step(loss_fn, tx_factory, tuple(static), record)
   params = jax.tree.map(jnp.array, params0)   # donated below: never the caller's buffers
@@ -421,12 +355,9 @@ def run_chain_host(loss_fn: Callable, user_data: Any, params0: Any, tx_factory: 
 
 
 def hparam(problem: Any, name: str, value: Any) -> Any:
-  """``value``, the number ``name`` (a step size) of this run, as the driver's jitted step
-  should read it: ``value`` itself in a run of its own (nothing changes), the traced per-run
-  number when ``problem`` is one point of a grid sweep (``problem.traced_hparams``, set by
-  :func:`dpsco_jax.sweep.run_stacked` with a grid; ``value`` is then recorded as that
-  point's number). A driver routes through this only numbers its step reads as numbers and
-  nothing else (:data:`dpsco_jax.sweep.GRID` lists them)."""
+  """The step size ``name`` as the jitted step reads it: ``value`` in a run of its own, the
+  traced per-run number when ``problem`` is one point of a grid sweep
+  (:func:`dpsco_jax.sweep.run_stacked`; :data:`dpsco_jax.sweep.GRID` lists such numbers)."""
   traced = getattr(problem, "traced_hparams", None)
   if traced is None or name not in traced.values:
     return value
@@ -444,9 +375,7 @@ def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
 
 
 def required_delta(delta: float | None) -> float:
-  """The run's target ``delta`` (its config's field): every private driver requires it (no
-  silent default such as ``1/n^2``); a missing one is a
-  :class:`~dpsco_jax.config.schema.ConfigError` naming it."""
+  """The config's target ``delta``, required by every private driver (no silent ``1/n^2``)."""
   if delta is None:
     raise ConfigError("delta is required: the target delta of the (epsilon, delta) guarantee "
                       "(e.g. delta: 1.0e-6); no default is assumed")
@@ -454,9 +383,8 @@ def required_delta(delta: float | None) -> float:
 
 
 def sampling_setup(cfg: dict, n: int) -> tuple[str, int, int, float]:
-  """Reads ``sampling`` and ``batch_size`` from a config: (sampling, batch, capacity, q).
-  ``sampling`` must be given: its default is the caller's schema's (``fixed`` for
-  ``nonprivate_sgd``, ``poisson`` for DP-SGD), not a second copy here."""
+  """``(sampling, batch, capacity, q)`` from a config (``sampling`` given: its default is the
+  caller's schema's)."""
   sampling = check_choice(cfg["sampling"], "sampling", SAMPLINGS)
   batch = n if sampling == "full" else check_int(
       cfg_get(cfg, "batch_size", max(1, min(n, int(round(math.sqrt(n)))))), "batch_size")
