@@ -50,12 +50,8 @@ BallOracle = Callable[[jax.Array, PyTree, float, float], tuple[PyTree, OracleCos
 
 
 def dataset_oracle(loss_fn: Callable, items: PyTree) -> GradOracle:
-  """Stochastic subgradient oracle of ``f(x) = (1/N) sum_i loss(x, item_i)``.
-
-  Query ``b`` draws an index ``z_b ~ Unif[N]`` (with replacement, so each query is an unbiased
-  subgradient, ReSQue §4.2) and differentiates at ``anchor + xis[b]`` with the core engine.
-  ``items`` has leaves ``[N, ...]``.
-  """
+  """Stochastic subgradient oracle of ``f(x) = (1/N) sum_i loss(x, item_i)``: query ``b`` draws
+  ``z_b ~ Unif[N]`` (with replacement: unbiased, ReSQue §4.2) at ``anchor + xis[b]``."""
   n = jax.tree.leaves(items)[0].shape[0]
 
   def oracle(key, anchor, xis):
@@ -71,11 +67,9 @@ def dataset_oracle(loss_fn: Callable, items: PyTree) -> GradOracle:
 
 def ball_composite_step(x: PyTree, g: PyTree, center: PyTree, radius: float | jax.Array,
                         lam: float | jax.Array, lr: float | jax.Array) -> PyTree:
-  """``argmin_{u in B_c(r)} lr <g, u> + lr lam/2 |u - c|^2 + 1/2 |u - x|^2`` in closed form.
-
-  ``= Pi_{B_c(r)}((x + lr lam c - lr g) / (1 + lr lam))`` (Alg. 1 lines 5/9, Alg. 4 step;
-  spec 002 §3.2 [IMPL]). ``lam = 0`` is a projected gradient step.
-  """
+  """``argmin_{u in B_c(r)} lr <g, u> + lr lam/2 |u - c|^2 + 1/2 |u - x|^2`` in closed form,
+  ``Pi_{B_c(r)}((x + lr lam c - lr g) / (1 + lr lam))`` (Alg. 1 lines 5/9, Alg. 4 step; spec 002
+  §3.2 [IMPL]); ``lam = 0`` is a projected gradient step."""
   denom = 1.0 + lr * lam
   u = jax.tree.map(lambda xi, ci, gi: (xi + lr * lam * ci - lr * gi) / denom, x, center, g)
   return project_l2_ball(u, radius, center)
@@ -85,11 +79,8 @@ def ball_composite_step(x: PyTree, g: PyTree, center: PyTree, radius: float | ja
 
 def epoch_sgd_plan(lam: float, phi: float, lipschitz: float) -> tuple[int, int, int]:
   """``(T, K, n_queries)`` of Alg. 1: ``T = ceil(48 L^2/(lam phi))``, epochs ``T_k = 16 2^(k-1)``
-  while ``sum_{j<=k} T_j <= T`` (``K`` full epochs) and ``sum_k (T_k - 1)`` queries used.
-
-  The paper samples ``2T`` queries and uses at most ``T`` (spec §8 item 4); we draw exactly the
-  ones used.
-  """
+  while ``sum_{j<=k} T_j <= T``, and the ``sum_k (T_k - 1)`` queries used (the paper samples
+  ``2T``, spec §8 item 4; we draw exactly the ones used)."""
   t_total = int(math.ceil(48.0 * lipschitz ** 2 / (lam * phi)))
   k = int(math.floor(math.log2(t_total / 16.0 + 1.0))) if t_total >= 16 else 0
   n_q = 16 * (2 ** k - 1) - k
@@ -146,12 +137,9 @@ def _epoch_sgd_scan(k: int, center: PyTree, xis: PyTree, grads: PyTree, lam: jax
 def epoch_sgd_ball(grad_oracle: GradOracle, key: jax.Array, center: PyTree, *, lam: float,
                    phi: float, radius: float, rho: float, lipschitz: float
                    ) -> tuple[PyTree, OracleCost]:
-  """Alg. 1 (parallel EpochSGD): a ``(phi, lam)`` ball oracle for ``f^_rho`` (Prop. 3, rho = r).
-
-  One batched round of queries ``g(center + xi_i)`` (query depth 1), then a ``lax.scan`` of
-  composite ball steps (closed form, :func:`ball_composite_step`) on ReSQue estimates, epoch
-  lengths ``16, 32, ...`` with step sizes ``1/(4 lam), 1/(8 lam), ...`` and epoch averaging.
-  """
+  """Alg. 1 (parallel EpochSGD): a ``(phi, lam)`` ball oracle for ``f^_rho`` (Prop. 3, rho = r):
+  one batched round of queries, then composite ball steps on ReSQue estimates, epoch lengths
+  ``16, 32, ...``, steps ``1/(4 lam), 1/(8 lam), ...`` and epoch averaging."""
   check_positive(lam, "lam")
   check_positive(phi, "phi")
   _, k, n_q = epoch_sgd_plan(lam, phi, lipschitz)
@@ -217,13 +205,11 @@ def acsa_ball(grad_oracle: GradOracle, key: jax.Array, center: PyTree, *, lam: f
               ) -> tuple[PyTree, OracleCost]:
   """Alg. 2 corrected (spec 002 §3.3, EXT A.2): a ``(phi, lam)`` ball oracle (Prop. 4).
 
-  Minibatch AC-SA on ``Psi = f^_rho + lam/2 |. - xbar|^2`` over ``B_xbar(r)``: ``mu = lam``,
-  smoothness ``L/rho + lam``, ``alpha_t = 2/(t+1)``, ``gamma_t = 4(L/rho + lam)/(t(t+1))``,
-  restart from ``x_ag`` every ``T`` iterations (``K`` stages), minibatch ``N_k`` of FRESH
-  ReSQue queries per iteration (AMBIG-2), full gradient ``grad^ + lam(x_md - xbar)`` scaled
-  by ``alpha_t`` (AMBIG-3), ``x_md`` weights summing to one (AMBIG-1; these are the core
-  ``acsa``'s). All ``T sum_k N_k`` queries are made in one batched round before the loop.
-  """
+  Minibatch AC-SA on ``Psi = f^_rho + lam/2 |. - xbar|^2`` over ``B_xbar(r)`` (``mu = lam``,
+  smoothness ``L/rho + lam``), restarted from ``x_ag`` every ``T`` iterations (``K`` stages),
+  ``N_k`` FRESH ReSQue queries per iteration (AMBIG-2), the full gradient scaled by
+  ``alpha_t`` (AMBIG-3), ``x_md`` weights summing to one (AMBIG-1; the core ``acsa``'s). All
+  ``T sum_k N_k`` queries are one batched round."""
   check_positive(lam, "lam")
   check_positive(phi, "phi")
   k, t, ns = acsa_plan(lam, phi, radius, rho, lipschitz)
@@ -289,12 +275,8 @@ def _exact_prox(grad_fn, center, lam, radius, smoothness, n_steps):
 
 def make_exact_ball_oracle(grad_fn: Callable[[PyTree], PyTree], *, radius: float,
                            smoothness: float, n_steps: int = 400) -> BallOracle:
-  """Deterministic ball-prox oracle for a smooth ``F`` with gradient ``grad_fn`` (validation).
-
-  Solves ``min_{B_y(r)} F + lam/2 |x - y|^2`` by accelerated projected gradient for
-  ``n_steps`` steps (``phi`` is ignored; ``n_steps`` sets the accuracy). Each call counts as
-  one round with zero stochastic queries.
-  """
+  """Deterministic ball-prox oracle for a smooth ``F`` (validation): accelerated projected
+  gradient for ``n_steps`` steps (``phi`` ignored); one round, zero stochastic queries."""
   check_positive(radius, "radius")
   check_positive(smoothness, "smoothness")
 
@@ -313,12 +295,10 @@ def make_exact_ball_oracle(grad_fn: Callable[[PyTree], PyTree], *, radius: float
 def majority_aggregate(points: PyTree, delta: float | jax.Array) -> PyTree:
   """Lemma 11 / [KLL+22] Claim 1 (ReSQue Alg. 7's outlier filter).
 
-  ``points``: leaves ``[k, ...]``. Promise: some unknown ``y`` has ``>= 0.51 k`` points within
-  ``delta/3``. Returns a point with ``>= 0.51 k`` points (itself included) within
-  ``2 delta / 3``; any such point is within ``delta`` of ``y`` (it shares a neighbour with a
-  good point). O(d k^2). If no point qualifies (promise violated), returns the point with the
-  most neighbours (never crashes; the output then carries no guarantee).
-  """
+  ``points``: leaves ``[k, ...]``. Promise: some ``y`` has ``>= 0.51 k`` points within
+  ``delta/3``. Returns a point with ``>= 0.51 k`` points within ``2 delta / 3``, hence within
+  ``delta`` of ``y``. O(d k^2). Without such a point (promise violated) it returns the point
+  with the most neighbours, with no guarantee."""
   flat = jnp.concatenate([a.reshape(a.shape[0], -1) for a in jax.tree.leaves(points)], axis=1)
   k = flat.shape[0]
   sq = jnp.sum(flat * flat, axis=1)
