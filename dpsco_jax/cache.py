@@ -1,20 +1,13 @@
 """The one cache of the library: compiled programs, the loss wrappers they close over, and the
-numbers the accountant solves for (issue 25, "compiled code is cached one way").
+numbers the accountant solves for. Every memoized factory uses :func:`bounded_cache`, so
 
-Every memoized factory in ``dpsco_jax`` is decorated with :func:`bounded_cache`, so that
-
-* **it is bounded**: a sweep that builds a fresh ``loss_fn`` closure per run (a new model, a
-  new dataset captured in the loss) evicts old entries instead of holding every closure, and
-  the data it may capture, for the life of the process;
-* **keys are the function's arguments only**: the factories take static things (the loss, the
-  chain structure, shapes, schedule numbers) and return a program whose data is an argument, so
-  a run on a neighbouring dataset never reuses another dataset's closure. Arrays cannot be
-  keys (unhashable: a ``TypeError``), which keeps data out of the keys by construction;
-* **one switch clears all of it**: :func:`clear` (e.g. between the halves of an audit, or to
-  free device memory in a long notebook) and :func:`stats` (hits / misses / size per cache).
-
-``tests/test_cache.py`` checks that no ``functools.lru_cache`` is left elsewhere in the package,
-that every cache is bounded, and that a sweep of fresh closures stays within the bound.
+* **it is bounded**: a sweep building a fresh ``loss_fn`` closure per run evicts old entries
+  instead of holding every closure (and the data it captures) for the life of the process;
+* **keys are the arguments only**: factories take static things (loss, chain structure,
+  shapes, schedule numbers) and return a program whose data is an argument, so a neighbouring
+  dataset never reuses another's closure; arrays are unhashable, so data cannot be a key;
+* **one switch clears all of it**: :func:`clear` (e.g. between the halves of an audit) and
+  :func:`stats` (hits / misses / size per cache).
 """
 
 from __future__ import annotations
@@ -45,9 +38,8 @@ def bounded_cache(maxsize: int = DEFAULT_MAXSIZE) -> Callable[[F], F]:
 
 
 class ByKey:
-  """An argument of a memoized function compared and hashed by ``key`` alone (public numbers,
-  e.g. events' canonical JSON), carrying ``value`` to the function: a value that cannot be a
-  key itself (events holding arrays, a new closure per call) is memoized on what determines it."""
+  """An argument hashed and compared by ``key`` alone (public numbers, e.g. events' canonical
+  JSON), carrying ``value``, which cannot be a key itself, to the memoized function."""
   __slots__ = ("value", "key")
 
   def __init__(self, value: Any, key: Any):

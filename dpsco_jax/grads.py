@@ -1,27 +1,15 @@
 """Per-example and per-user gradients: the engine that feeds every chain.
 
-A user-level batch is a pytree whose leaves are shaped ``[U, m, ...]``: ``U`` users (slots,
-possibly padded) with ``m`` items each. The per-user gradient is the gradient of the user's
-*mean* loss over its items,
-
-    g_u(x) = (1/m) sum_j grad_x loss(x, z_{u,j}),
-
-computed as ``grad`` of the mean (one backward pass per user, no per-item gradients are
-materialized) and vmapped over users. Item-level training is the case ``m = 1`` (or
-:func:`per_example_grads` on a ``[B, ...]`` batch).
-
-Options needed by the papers:
-  * ``user_mask`` (bool ``[U]``): padded slots give exactly zero, so shapes stay static as the
-    number of real users varies (no recompilation).
-  * ``offsets``: per-item perturbed evaluation points ``x + xi_{u,j}`` (randomized smoothing,
-    paper 000 §4; ReSQue, paper 002 §2). Leaves ``[U, m, *param_shape]``.
-  * ``chunk_size``: ``lax.map`` over user chunks to bound memory.
-  * two evaluation points on the same batch (SRG differences, paper 003 §7.1).
-  * :func:`shard_users` places the user axis across a ``jax.sharding.Mesh``; the result equals
-    the single-device one.
-
-Non-finite gradients are passed through unchanged: the clip stage drops such users, which
-keeps the decision (and its accounting) in one place.
+A user-level batch has leaves ``[U, m, ...]`` (``U`` user slots, possibly padded, ``m`` items
+each). A user's gradient is that of its *mean* loss, ``g_u(x) = (1/m) sum_j grad_x loss(x,
+z_{u,j})``: ``grad`` of the mean (no per-item gradients materialized), vmapped over users.
+Item level is ``m = 1`` (or :func:`per_example_grads`). Options the papers need: ``user_mask``
+(padded slots give exactly zero, so shapes stay static), ``offsets`` (per-item points ``x +
+xi_{u,j}``: smoothing, paper 000 §4; ReSQue, paper 002 §2), ``chunk_size`` (``lax.map`` over
+user chunks), two points on one batch (SRG differences, paper 003 §7.1) and
+:func:`shard_users` (the user axis over a mesh; same result). Non-finite gradients pass
+through: the clip stage drops such users, keeping that decision (and its accounting) in one
+place.
 """
 
 from __future__ import annotations
@@ -39,22 +27,16 @@ PyTree = Any
 LossFn = Callable[[PyTree, PyTree], jax.Array]
 
 
-def _add(params: PyTree, offset: PyTree) -> PyTree:
-  return jax.tree.map(jnp.add, params, offset)
-
-
 def per_example_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
                       offsets: PyTree | None = None) -> PyTree:
   """Gradients of ``loss_fn`` for every example of ``batch`` (leaves ``[B, ...]``).
-
-  With ``offsets`` (params-shaped leaves ``[B, *p.shape]``) example ``b`` is differentiated
-  at ``params + offsets[b]``. Returns a params-shaped pytree with a leading ``B`` axis.
 
   Args:
     loss_fn: ``loss_fn(params, example) -> scalar``.
     params: the point (a pytree).
     batch: the examples, leaves ``[B, ...]``.
-    offsets: per-example offsets of ``params`` (default none).
+    offsets: optional params-shaped leaves ``[B, *p.shape]``: example ``b`` is
+      differentiated at ``params + offsets[b]``.
 
   Returns:
     The gradients: ``params``-shaped leaves with a leading ``B`` axis.
@@ -70,28 +52,17 @@ def per_example_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
   grad_fn = jax.grad(loss_fn)
   if offsets is None:
     return jax.vmap(grad_fn, in_axes=(None, 0))(params, batch)
-  return jax.vmap(lambda off, ex: grad_fn(_add(params, off), ex))(offsets, batch)
+  return jax.vmap(lambda off, ex: grad_fn(jax.tree.map(jnp.add, params, off), ex))(offsets, batch)
 
 
 def _one_user(loss_fn: LossFn, params: PyTree, items: PyTree, offsets: PyTree | None,
               reduce_items: bool) -> PyTree:
   if offsets is None and reduce_items:
-    def user_loss(p):
-      return jnp.mean(jax.vmap(loss_fn, in_axes=(None, 0))(p, items))
-    return jax.grad(user_loss)(params)
+    return jax.grad(lambda p: jnp.mean(jax.vmap(loss_fn, in_axes=(None, 0))(p, items)))(params)
   per_item = per_example_grads(loss_fn, params, items, offsets=offsets)
   if reduce_items:
     return jax.tree.map(lambda g: jnp.mean(g, axis=0), per_item)
   return per_item
-
-
-def _mask_users(grads: PyTree, user_mask: jax.Array | None) -> PyTree:
-  if user_mask is None:
-    return grads
-  def mask_leaf(g):
-    m = user_mask.reshape((-1,) + (1,) * (g.ndim - 1))
-    return jnp.where(m, g, jnp.zeros_like(g))  # where, not *, so NaN in a pad slot vanishes
-  return jax.tree.map(mask_leaf, grads)
 
 
 def per_user_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
@@ -103,12 +74,11 @@ def per_user_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
     loss_fn: ``loss_fn(params, example) -> scalar`` for one item.
     params: the evaluation point (query point of the optimizer).
     batch: pytree with leaves ``[U, m, ...]``.
-    user_mask: optional bool ``[U]`` (checked: that exact shape and dtype); False slots return
-      exactly zero. Without it every slot is treated as a real user.
+    user_mask: optional bool ``[U]`` (exactly; checked): False slots return exactly zero.
+      Without it every slot is a real user.
     offsets: optional params-shaped pytree with leaves ``[U, m, *p.shape]``; item ``(u, j)``
       is differentiated at ``params + offsets[u, j]``.
-    chunk_size: if set (a positive int), users are processed ``chunk_size`` at a time with
-      ``lax.map``.
+    chunk_size: a positive int: users ``chunk_size`` at a time with ``lax.map``.
     reduce_items: False returns per-item gradients ``[U, m, ...]`` instead of the mean.
 
   Returns:
@@ -134,23 +104,22 @@ def per_user_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
     chunk_size = check_int(chunk_size, "chunk_size", minimum=1)
 
   def one(args):
-    items, offs = args
-    return _one_user(loss_fn, params, items, offs, reduce_items)
+    return _one_user(loss_fn, params, *args, reduce_items)
 
   xs = (batch, offsets)
-  if chunk_size is None:
-    grads = jax.vmap(one)(xs)
-  else:
-    grads = jax.lax.map(one, xs, batch_size=chunk_size)
-  return _mask_users(grads, user_mask)
+  grads = (jax.vmap(one)(xs) if chunk_size is None
+           else jax.lax.map(one, xs, batch_size=chunk_size))
+  if user_mask is None:
+    return grads
+  # where, not *, so a NaN in a padded slot vanishes
+  return jax.tree.map(lambda g: jnp.where(user_mask.reshape((-1,) + (1,) * (g.ndim - 1)), g,
+                                          jnp.zeros_like(g)), grads)
 
 
 def per_user_grads_two_points(loss_fn: LossFn, params_a: PyTree, params_b: PyTree,
                               batch: PyTree, **kwargs) -> tuple[PyTree, PyTree]:
-  """Per-user gradients at two points on the same batch, in one fused computation.
-
-  Used for stochastic recursive gradient differences ``g(x_t) - g(x_{t-1})`` (paper 003).
-  Keyword arguments are those of :func:`per_user_grads`.
+  """Per-user gradients at two points on one batch, fused (SRG differences ``g(x_t) -
+  g(x_{t-1})``, paper 003).
 
   Args:
     loss_fn: ``loss_fn(params, example) -> scalar``.
@@ -161,9 +130,6 @@ def per_user_grads_two_points(loss_fn: LossFn, params_a: PyTree, params_b: PyTre
 
   Returns:
     ``(grads_a, grads_b)``, each params-shaped with a leading ``U`` axis.
-
-  Raises:
-    ValueError: as :func:`per_user_grads`.
   """
   stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params_a, params_b)
   both = jax.vmap(lambda p: per_user_grads(loss_fn, p, batch, **kwargs))(stacked)
@@ -180,16 +146,12 @@ def user_mesh(axis_name: str = "users", devices: list | None = None) -> Mesh:
   Returns:
     A ``jax.sharding.Mesh`` with one axis, ``axis_name``.
   """
-  devs = np.array(devices if devices is not None else jax.devices())
-  return Mesh(devs, (axis_name,))
+  return Mesh(np.array(devices if devices is not None else jax.devices()), (axis_name,))
 
 
 def shard_users(tree: PyTree, mesh: Mesh | None = None, axis_name: str = "users") -> PyTree:
-  """Places the leading (user) axis of every leaf across ``mesh``.
-
-  Jitted code consuming the result runs data-parallel over users; XLA inserts the reduction
-  of the aggregating stage, so the numbers equal the single-device computation (up to float
-  summation order).
+  """Places the leading (user) axis of every leaf across ``mesh``: jitted code on it runs
+  data-parallel over users and equals the one-device numbers (up to summation order).
 
   Args:
     tree: a pytree whose leaves have a leading user axis.

@@ -1,13 +1,10 @@
 """The data-free planners behind :func:`dpsco_jax.plan`, read from the algorithm table.
 
-Each algorithm's planner is defined in its own package, next to its driver, and registered with
-it (``register(..., planner=...)``; see :mod:`dpsco_jax.algorithms.registration`). A planner
-reads a :class:`~dpsco_jax.data.PublicFacts` (sizes and declared constants, never data) and the
-validated config, and returns a :class:`~dpsco_jax.algorithms.registration.Planned`
-``(privacy, noise_multiplier, schedule, detail)``. It calls the same plan and charge functions
-the family's driver calls, so the plan's guarantee is the run's (``dpsco_jax.run`` checks that
-they agree). The privacy report comes from a fresh ledger charged with the plan's events: a
-plan over budget raises there, before any data is read.
+A planner (registered next to its driver, ``register(..., planner=...)``) reads a
+:class:`~dpsco_jax.data.PublicFacts` (sizes and declared constants, never data) and the config
+and returns a :class:`~dpsco_jax.algorithms.registration.Planned`: the plan the driver runs
+(``dpsco_jax.run`` checks they agree). Its report comes from a fresh ledger charged with the
+plan's events, so a plan over budget raises before any data is read.
 """
 
 from __future__ import annotations
@@ -22,8 +19,8 @@ from dpsco_jax.data.problem import PublicFacts
 
 __all__ = ["planner_for", "PLANNED", "Planned"]
 
-#: The shipped algorithms' planners that read a ``PublicFacts``, by name (read-only; the table
-#: is the source). The others (``unsupported``) plan only a built-in problem.
+#: The planners that read a ``PublicFacts``, by name (read-only); ``unsupported`` algorithms
+#: plan only a built-in problem.
 PLANNED: Mapping[str, Callable[[PublicFacts, dict], Planned]] = MappingProxyType(
     {n: e.planner for n, e in algorithms().items() if e.unsupported is None})
 

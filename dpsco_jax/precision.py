@@ -1,13 +1,10 @@
 """Matmul precision for the numbers a guarantee depends on.
 
-Backends round float32 matmuls differently by default: XLA:GPU uses TF32 (10-bit mantissa
-inputs) and TPUs bf16 passes, while XLA:CPU computes in full float32. A number that a privacy
-guarantee is decided on (a stability table of paper 001, a certificate, a clipped norm) must not
-depend on that default: the decision would be taken on a value a relative 1e-3 away from the one
-the proof speaks of, and differently on each machine. Functions that compute such numbers run
-under :func:`at_guarantee_precision`, which traces them (and any user function they call) at
-``Precision.HIGHEST``. The choice is part of the jit cache key (JAX's trace context), so the
-same function called elsewhere at the default precision compiles separately.
+By default XLA:GPU rounds float32 matmuls through TF32 and TPUs through bf16 passes (XLA:CPU
+keeps float32). A number a privacy decision is taken on (paper 001's stability table, a
+certificate, a clipped norm) must not be a relative 1e-3 away from the proof's, differently per
+machine, so such functions run under :func:`at_guarantee_precision` (traced, with any user
+function they call, at ``Precision.HIGHEST``; part of the jit cache key).
 """
 
 from __future__ import annotations

@@ -13,15 +13,14 @@ __all__ = ["Result", "FallbackRelease", "NonFiniteRelease", "nonfinite_leaves",
 
 
 class FallbackRelease(UserWarning):
-  """The released params are not the trained model: a private test halted the run (paper
-  000's AboveThreshold) or a stability test released ⊥ (paper 001), and the public fallback
-  point stands in. The guarantee still holds; the model is not what a user trained."""
+  """The released params are a public fallback point, not the trained model: a private test
+  halted the run (paper 000's AboveThreshold) or a stability test released ⊥ (paper 001). The
+  guarantee still holds."""
 
 
 class NonFiniteRelease(ValueError):
-  """The released params, or a released number computed from them (the excess risk, a metric
-  of your model), hold NaN or infinity: a loss or gradient that is not finite, or steps that
-  diverge. The run failed; it is never reported as a result. (Checking released values is
+  """The released params, or a number computed from them (excess risk, a metric), hold NaN
+  or infinity: the run failed and is never reported as a result. (Checking released values is
   post-processing: it reveals nothing the release does not.)"""
 
 
@@ -52,8 +51,7 @@ def check_finite_params(params: Any, algorithm: str) -> None:
 
 
 def _fallback_of(record: dict) -> str | None:
-  """Why the release is a fallback, from the driver's (released, data-independent-shaped)
-  record; ``None`` when the trained model was released."""
+  """Why the release is a fallback, from the driver's released record (``None``: it is not)."""
   phase = record.get("halted_phase")
   if phase is not None:
     return (f"AboveThreshold halted in phase {phase}: the released params are the public "
@@ -76,15 +74,13 @@ class Result:
     gradient_evaluations: per-item gradient evaluations spent (a compute measure).
     record: extra JSON-serializable, data-independent fields for the runner's records
       (e.g. ``num_steps``, calibrated noise multipliers).
-    debug: data-dependent diagnostics (kept counts, scores, norms, certificate flags). They are
-      NOT covered by the privacy guarantee, so drivers fill this only when the config sets
-      ``debug: true``; otherwise it is None.
-    fallback: ``None`` when the trained model was released; otherwise why the released params
-      are a public fallback point (Algorithms 1 and 3 halting, paper 001's ⊥). Derived from the
-      record when the driver does not set it, and announced with a :class:`FallbackRelease`
-      warning, so a user reading ``Result`` cannot mistake the fallback for a model.
+    debug: data-dependent diagnostics (kept counts, scores, norms), NOT covered by the
+      guarantee: filled only when the config sets ``debug: true``; otherwise None.
+    fallback: ``None`` when the trained model was released; otherwise why the params are a
+      public fallback point (Algorithms 1 and 3 halting, paper 001's ⊥), derived from the
+      record if unset and announced with a :class:`FallbackRelease` warning.
     announced: whether the fallback warning was issued (internal; ``dataclasses.replace``
-      copies it so the warning comes once per release).
+      copies it, so the warning comes once per release).
   """
   params: Any
   privacy: PrivacyReport
@@ -92,7 +88,6 @@ class Result:
   record: dict = dataclasses.field(default_factory=dict)
   debug: dict | None = None
   fallback: str | None = None
-  # once per release: dataclasses.replace (e.g. dpsco_jax.run unflattening params) copies it
   announced: bool = dataclasses.field(default=False, repr=False, compare=False)
 
   def __post_init__(self):

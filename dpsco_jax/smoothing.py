@@ -1,16 +1,12 @@
 """Uniform-ball convolution smoothing for non-smooth losses (paper 000 §4, Lemma D.1).
 
-``f_r(x, z) = E_{y ~ Unif(B_r)} f(x + y, z)`` with ``B_r`` the l2 ball of radius ``r`` in the
-whole parameter space (all leaves jointly). Lemma D.1 ([YNS12, DBW12]): if ``f`` is convex and
-L-Lipschitz on ``X + r B``, then ``f_r`` is convex, L-Lipschitz, ``L sqrt(d)/r``-smooth,
-``f_r <= f <= f_r + L r`` and ``grad f_r(x) = E grad f(x + y)``.
-
-The unbiased gradient oracle used for Algorithm 3 on ``f_r`` (spec 000 §2.6 [AMBIG]) evaluates
-``grad f(x + y, z)`` with a fresh independent ``y`` per (step, user, item). The offsets built here
-are passed to the core engine: ``per_user_grads(loss, params, batch, offsets=...)``. The
-perturbation is data-independent, so smoothing costs no privacy.
-
-Sampler: ``y = r U^{1/d} g / ||g||`` with ``g ~ N(0, I_d)``, ``U ~ Unif[0, 1]``.
+``f_r(x, z) = E_{y ~ Unif(B_r)} f(x + y, z)``, ``B_r`` the l2 ball of radius ``r`` over all
+leaves jointly. Lemma D.1 ([YNS12, DBW12]): for ``f`` convex and L-Lipschitz on ``X + r B``,
+``f_r`` is convex, L-Lipschitz, ``L sqrt(d)/r``-smooth, ``f_r <= f <= f_r + L r`` and ``grad
+f_r(x) = E grad f(x + y)``. Algorithm 3's unbiased oracle on ``f_r`` (spec 000 §2.6 [AMBIG])
+evaluates ``grad f(x + y, z)`` with a fresh ``y`` per (step, user, item), passed as
+``per_user_grads(..., offsets=...)``; ``y`` is data-independent, so smoothing costs no privacy.
+Sampler: ``y = r U^{1/d} g / ||g||``, ``g ~ N(0, I_d)``, ``U ~ Unif[0, 1]``.
 """
 
 from __future__ import annotations
@@ -36,10 +32,8 @@ def num_params(params: PyTree) -> int:
 
 def sample_uniform_ball(key: jax.Array, like: PyTree, radius: float | jax.Array,
                         batch_shape: Sequence[int] = ()) -> PyTree:
-  """``prod(batch_shape)`` i.i.d. uniform points of the radius-``r`` ball in params space.
-
-  Returns a pytree shaped like ``like`` with leaves ``[*batch_shape, *leaf.shape]``; the ball
-  is over the concatenation of all leaves (global norm), not leaf by leaf.
+  """``prod(batch_shape)`` i.i.d. uniform points of the radius-``r`` ball in params space (the
+  global norm over all leaves, not leaf by leaf).
 
   Args:
     key: a JAX PRNG key.
@@ -48,7 +42,7 @@ def sample_uniform_ball(key: jax.Array, like: PyTree, radius: float | jax.Array,
     batch_shape: the leading shape of the draws (default: one point).
 
   Returns:
-    The points (see above).
+    A pytree like ``like`` with leaves ``[*batch_shape, *leaf.shape]``.
   """
   leaves, treedef = jax.tree.flatten(like)
   batch_shape = tuple(batch_shape)
@@ -70,12 +64,10 @@ def sample_uniform_ball(key: jax.Array, like: PyTree, radius: float | jax.Array,
 
 def smoothing_offsets(key: jax.Array, params: PyTree, radius: float | jax.Array,
                       num_users: int, m: int) -> PyTree:
-  """Fresh offsets for one step: leaves ``[num_users, m, *p.shape]`` (one per user and item).
-
-  Call with ``fold_in(key, step)`` so every (step, user, item) draws an independent ``y``.
+  """Fresh offsets for one step, one per user and item.
 
   Args:
-    key: a JAX PRNG key (``fold_in(key, step)``).
+    key: a JAX PRNG key, ``fold_in(key, step)`` (an independent ``y`` per step, user, item).
     params: a params pytree (its structure and shapes).
     radius: the smoothing radius.
     num_users: users per step.

@@ -1,17 +1,14 @@
-"""Private hyper-parameter selection from Python: :func:`private_select` and its cost before
-anything runs, :func:`private_select_cost` (Papernot & Steinke, ICLR 2022; the law, the bound
-and the report are :mod:`dpsco_jax.privacy.selection`'s).
+"""Private hyper-parameter selection (Papernot & Steinke, ICLR 2022): :func:`private_select`
+and its cost before anything runs, :func:`private_select_cost` (the law, bound and report are
+:mod:`dpsco_jax.privacy.selection`'s).
 
-The candidates are plans (:func:`dpsco_jax.plan`), one per grid point, each a private run on
-the same users. The selection draws ``K`` from a public law with a key of its own, trains ``K``
-candidates drawn uniformly (each with a fresh key) and releases only the best by a score the
-caller declares public (``metric_data="public"``: computed without the training users, e.g. on
-held-out public data). Its guarantee is that of training *and* selection (provenance
-``theorem``), the number the YAML runner's ``select.private`` reports for the same grid: both
-compute it here (:func:`plans_cost`) and draw their runs here (:func:`best_of_k`).
-
-``K``, the candidates drawn and their scores are secret: nothing here prints, records or
-returns them (not even through a timing: the result holds no wall time).
+The candidates are plans, one per grid point, each a private run on the same users. ``K`` is
+drawn from a public law with a key of its own, ``K`` candidates drawn uniformly are trained
+(each with a fresh key) and only the best by a score declared public (``metric_data="public"``:
+computed without the training users) is released. The guarantee covers training *and*
+selection (provenance ``theorem``), the same number as the YAML runner's ``select.private``
+(both use :func:`plans_cost` and :func:`best_of_k`). ``K``, the candidates drawn and their
+scores are secret: nothing here prints, records or returns them (no wall time either).
 """
 
 from __future__ import annotations
@@ -44,8 +41,8 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class SelectionResult:
-  """What a private selection releases: the best candidate's model and grid point, and the
-  guarantee of training and selection. Nothing else (no ``K``, no other candidate, no time).
+  """What a private selection releases: the best candidate's model and grid point and the
+  guarantee of training and selection; nothing else (no ``K``, no other candidate, no time).
 
   Attributes:
     params: the released parameters of the best run.
@@ -66,18 +63,7 @@ class SelectionResult:
 
 def selection_law(law: SelectionLaw | Mapping, candidates: int) -> SelectionLaw:
   """The law of ``K``: ``law`` itself, or built from ``{distribution, eta, gamma}`` (without
-  ``gamma``: the one whose ``E[K]`` is the number of ``candidates``).
-
-  Args:
-    law: a :class:`~dpsco_jax.privacy.selection.SelectionLaw` or a mapping of its keys.
-    candidates: the number of candidates of the grid.
-
-  Returns:
-    The :class:`~dpsco_jax.privacy.selection.SelectionLaw`.
-
-  Raises:
-    ValueError: an unknown key or a bad parameter (named).
-  """
+  ``gamma``: ``E[K]`` = ``candidates``); a ``ValueError`` names an unknown key or bad value."""
   if isinstance(law, SelectionLaw):
     return law
   if not isinstance(law, Mapping):
@@ -92,7 +78,7 @@ def selection_law(law: SelectionLaw | Mapping, candidates: int) -> SelectionLaw:
 
 
 def _event_of(plan: Any) -> Any:
-  """A candidate's privacy event: its plan's, when that event is its whole guarantee."""
+  """A candidate's plan's event, when that is its whole guarantee."""
   detail = getattr(plan, "detail", None)
   if getattr(detail, "event", None) is None or getattr(detail, "group_size", 1) != 1:
     raise ConfigError(f"{plan.algorithm}'s plan does not expose one privacy event that is its "
@@ -109,57 +95,13 @@ def _same(plans: Sequence[Any], what: str, get: Callable[[Any], Any]) -> Any:
   return get(plans[0])
 
 
-def plans_cost(plans: Sequence[Any], law: SelectionLaw | Mapping) -> SelectionCost:
-  """The cost of a private selection over ``plans`` (one per candidate), from the plans alone.
-
-  Args:
-    plans: the candidates' plans (:func:`dpsco_jax.plan` / :func:`dpsco_jax.plan_problem`),
-      of one relation, level and delta.
-    law: the law of ``K`` (see :func:`selection_law`).
-
-  Returns:
-    The :class:`~dpsco_jax.privacy.selection.SelectionCost` (its ``report``: the guarantee of
-    training and selection).
-
-  Raises:
-    ConfigError: a plan without one privacy event, or plans of different relations, levels
-      or deltas.
-    ValueError: a bad law.
-  """
-  plans = list(plans)
-  if not plans:
-    raise ConfigError("plans: a selection needs at least one candidate")
-  law = selection_law(law, len(plans))
-  events = [_event_of(p) for p in plans]
-  relation = _same(plans, "relation", lambda p: p.privacy.relation)
-  level = _same(plans, "level", lambda p: p.privacy.level)
-  delta = _same(plans, "delta", lambda p: p.detail.delta)
-  tv = max(getattr(p.detail, "truncation_probability", 0.0) for p in plans)
-  return selection_cost(law, events, delta=delta, relation=relation, level=level,
-                        tv_distance=tv,
-                        candidate_epsilon=max(p.privacy.epsilon for p in plans))
-
-
 def best_of_k(law: SelectionLaw, n: int, key: jax.Array, train_key: jax.Array,
               train: Callable[[int, jax.Array], tuple[float | None, T]],
               rule: str) -> T | None:
-  """The selection's loop: ``K ~ law`` (drawn with ``fold_in(key, 0)``), ``K`` candidates
-  drawn uniformly from ``n`` (``fold_in(key, 1)``), the ``j``-th trained by
-  ``train(index, fold_in(train_key, j))``, which returns ``(score, output)`` (score ``None``:
-  not eligible). Returns the output of the best score by ``rule`` (``min`` / ``max``), or
-  ``None`` when no run was eligible. ``K``, the draws and the scores stay in this frame.
-
-  Args:
-    law: the law of ``K``.
-    n: the number of candidates.
-    key: the selection's own key (used for nothing else).
-    train_key: the key the runs' keys are folded from.
-    train: trains one candidate; returns ``(score or None, output)``.
-    rule: ``"min"`` or ``"max"``.
-
-  Returns:
-    The best run's output, or ``None``.
-  """
+  """The selection's loop: ``K ~ law`` (``fold_in(key, 0)``), ``K`` candidates drawn uniformly
+  from ``n`` (``fold_in(key, 1)``), the ``j``-th trained by ``train(index, fold_in(train_key,
+  j)) -> (score or None if not eligible, output)``. Returns the best output by ``rule``
+  (``min`` / ``max``), ``None`` when none was eligible; ``K``, draws and scores stay here."""
   k = int(law.sample(jax.random.fold_in(key, 0)))
   picks = np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (k,), 0, n))
   sign = 1.0 if rule == "min" else -1.0
@@ -176,7 +118,8 @@ def private_select_cost(plans: Sequence[Any], law: SelectionLaw | Mapping) -> Se
   number of runs, one candidate's epsilon, and the epsilon of training and selection.
 
   Args:
-    plans: the candidates' plans, one per grid point (:func:`dpsco_jax.plan`).
+    plans: the candidates' plans, one per grid point (:func:`dpsco_jax.plan`), of one
+      relation, level and delta.
     law: the law of ``K``: a :class:`~dpsco_jax.privacy.selection.SelectionLaw` or a mapping
       ``{distribution, eta, gamma}`` (without ``gamma``: ``E[K]`` = the number of plans).
 
@@ -188,12 +131,27 @@ def private_select_cost(plans: Sequence[Any], law: SelectionLaw | Mapping) -> Se
       plans of different relations, levels or deltas.
     ValueError: a bad law parameter.
   """
-  return plans_cost(plans, law)
+  plans = list(plans)
+  if not plans:
+    raise ConfigError("plans: a selection needs at least one candidate")
+  law = selection_law(law, len(plans))
+  events = [_event_of(p) for p in plans]
+  relation = _same(plans, "relation", lambda p: p.privacy.relation)
+  level = _same(plans, "level", lambda p: p.privacy.level)
+  delta = _same(plans, "delta", lambda p: p.detail.delta)
+  tv = max(getattr(p.detail, "truncation_probability", 0.0) for p in plans)
+  return selection_cost(law, events, delta=delta, relation=relation, level=level,
+                        tv_distance=tv,
+                        candidate_epsilon=max(p.privacy.epsilon for p in plans))
+
+
+#: the YAML runner's name for it
+plans_cost = private_select_cost
 
 
 def _check_candidates(plans: list, data: Any, params: Any) -> None:
-  """Every plan fits ``data`` and ``params`` (checked before any run: a misfit found at the
-  j-th run would tell how far the selection got)."""
+  """Every plan fits ``data`` and ``params``, checked before any run (a misfit at the j-th run
+  would tell how far the selection got)."""
   n_params = int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(params)))
   for i, p in enumerate(plans):
     if not isinstance(p, Plan):
@@ -213,10 +171,9 @@ def private_select(plans: Sequence[Any], law: SelectionLaw | Mapping, loss_fn: C
                    score: Callable[[Any], float], metric_data: str | None = None,
                    rule: str = "min") -> SelectionResult:
   """Private selection among ``plans``: ``K ~ law`` runs of a uniformly drawn candidate on
-  ``data`` (each :func:`dpsco_jax.run` with its own key), the best by ``score`` released with
-  the guarantee of training and selection (module docstring). ``K`` is drawn with a key
-  folded from ``key`` for nothing else. A candidate whose release or score is not finite is
-  not eligible.
+  ``data`` (each :func:`dpsco_jax.run` with its own key; ``K`` with a key of its own), the best
+  by ``score`` released with the guarantee of training and selection. A candidate whose
+  release or score is not finite is not eligible.
 
   Args:
     plans: the candidates' plans, one per grid point, all made for ``data.spec`` and

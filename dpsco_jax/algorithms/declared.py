@@ -1,21 +1,20 @@
-"""Guarantees that rest on declared constants of the loss (issue 23.3).
+"""Guarantees that rest on declared constants of the loss.
 
 A user's loss comes with constants the user *declares* (:class:`~dpsco_jax.data.PublicFacts`,
 ``constants_declared = True``): L (``lipschitz``), beta (``smoothness``), R (``radius``), mu
-(``strong_convexity``). The library cannot verify them. Per algorithm, a constant that enters
-the *privacy* argument (a sensitivity, a noise calibration, a stability certificate; not only a
-step size or a schedule) is either
+(``strong_convexity``), which the library cannot verify. A constant that enters an algorithm's
+*privacy* argument (a sensitivity, a noise calibration, a stability certificate) is either
 
-* **enforced** by the algorithm whatever the loss does (per-item/per-user gradient clipping at
-  the clip norm, FILTER's bounded-diameter kept sets, projection onto the declared ball, an
-  exact stability test), so the provenance stays ``theorem`` / ``accountant``; or
-* **declared**: the guarantee holds only if the declaration is true. The report's provenance
-  is then :attr:`~dpsco_jax.privacy.Provenance.DECLARED` and its notes name the constants
-  (:func:`conditional_note`). A ``heuristic`` guarantee stays ``heuristic`` (weaker than
-  ``declared``: outside any proof even when the constants are true) and gains the same note.
+* **enforced** whatever the loss does (clipping at the clip norm, FILTER's bounded kept sets,
+  projection onto the declared ball, an exact stability test): provenance stays ``theorem`` /
+  ``accountant``; or
+* **declared**: the guarantee holds only if the declaration is true; provenance
+  :attr:`~dpsco_jax.privacy.Provenance.DECLARED`, the notes name the constants
+  (:func:`conditional_note`). A ``heuristic`` guarantee stays ``heuristic`` (weaker: outside
+  any proof even when the constants are true) and gains the same note.
 
-Synthetic problems (:mod:`dpsco_jax.problems`) hold their constants by construction: they have
-no ``constants_declared`` flag and keep their provenance.
+Synthetic problems (:mod:`dpsco_jax.problems`) hold their constants by construction (no
+``constants_declared``) and keep their provenance.
 
 Per-algorithm choices (each explained where it is implemented):
 
@@ -52,27 +51,21 @@ def declares_constants(problem: Any) -> bool:
   return bool(getattr(problem, "constants_declared", False))
 
 
-def _value(problem: Any, name: str) -> float:
-  if name == "strong_convexity":
-    meta = getattr(problem, "meta", None) or {}
-    return float(meta.get("strong_convexity", 0.0))
-  return float(getattr(problem, name))
-
-
 def declared_constants(problem: Any, names: Iterable[str], *, convex: bool = False
                        ) -> tuple[tuple[str, float], ...]:
-  """``((name, value), ...)``: the declared constants among ``names`` that a guarantee rests
-  on, or ``()`` when ``problem`` holds its constants by construction. ``convex=True`` adds
-  ``("convex", 1.0)``: the guarantee also needs the loss to be convex (a declaration as well,
-  made by choosing the algorithm). Undeclared or vacuous ones (``strong_convexity`` 0, an
-  infinite radius) are left out: nothing rests on them."""
+  """``((name, value), ...)``: the declared constants among ``names`` a guarantee rests on
+  (``()`` when held by construction; vacuous ones, e.g. ``strong_convexity`` 0 or an infinite
+  radius, left out). ``convex=True`` adds ``("convex", 1.0)``: a convex loss is declared too."""
   if not declares_constants(problem):
     return ()
   out = []
   for name in names:
     if name not in NAMES:
       raise ValueError(f"unknown constant {name!r}; one of {NAMES}")
-    v = _value(problem, name)
+    if name == "strong_convexity":
+      v = float((getattr(problem, "meta", None) or {}).get(name, 0.0))
+    else:
+      v = float(getattr(problem, name))
     if v > 0 and math.isfinite(v):
       out.append((name, v))
   if convex:
@@ -94,8 +87,7 @@ def conditional_note(declared: tuple[tuple[str, float], ...], how: str = "") -> 
 
 def declared_provenance(provenance: str | Provenance,
                         declared: tuple[tuple[str, float], ...]) -> str:
-  """``declared`` in place of ``theorem`` / ``accountant`` when the guarantee rests on declared
-  constants; any other provenance (``heuristic``, ``none``) is kept."""
+  """``declared`` in place of ``theorem`` / ``accountant`` when ``declared`` is not empty."""
   p = Provenance(provenance).value
   if declared and p in (Provenance.THEOREM.value, Provenance.ACCOUNTANT.value):
     return Provenance.DECLARED.value
