@@ -369,10 +369,8 @@ def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tupl
 
 
 def config_view(cfg: Mapping | Any) -> Schema:
-  """The DP-SGD family's config as its planner reads it: the fields of
-  :class:`~dpsco_jax.algorithms.dpsgd.config.DpSgdConfig` with the schema's defaults (the one
-  place they are written), plus the declared ``n_users`` the runner and ``dp.fit`` add.
-  Reading any other key raises."""
+  """The DP-SGD family's config: :class:`~.config.DpSgdConfig`'s fields with their defaults
+  and the declared ``n_users`` the runner and ``dp.fit`` add; any other key raises."""
   return DpSgdConfig.of(cfg)
 
 
@@ -599,10 +597,9 @@ def _derived_steps(epochs: float, steps: float) -> int:
 
 def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
                 data: dict | None = None) -> DpSgdPlan:
-  """The data-free plan of ``dp_sgd_{level}`` from the problem's public facts (``n_users``,
-  ``m``, ``lipschitz``, ``radius``; a :class:`~dpsco_jax.data.PublicFacts` suffices) or, for
-  the audit hooks, the rows of ``data``: the realized row count enters only under a relation
-  that makes it public. ``problem.lipschitz`` is read only when ``clip_norm`` is not given."""
+  """The plan of ``dp_sgd_{level}`` from the problem's public facts (a
+  :class:`~dpsco_jax.data.PublicFacts` suffices) or, for the audit hooks, the rows of
+  ``data`` (their count enters only where the relation makes it public)."""
   check_choice(level, "level", LEVELS)
   per_user = 1 if level == "user" else problem.m
   realized = (problem.n_users * per_user if data is None

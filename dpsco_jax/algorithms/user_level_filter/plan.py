@@ -403,9 +403,8 @@ def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
 
 
 def filter_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:
-  """``dpsco_jax.plan``'s planner: the phases' noise and the AboveThreshold / FILTER events of
-  Algorithm 1 or 3, from the public facts (its ``detail``, the :class:`FilterPlan`, is what
-  the run executes)."""
+  """``dpsco_jax.plan``'s planner of Algorithm 1 or 3 (its ``detail``: the
+  :class:`FilterPlan`)."""
   def planner(facts: PublicFacts, cfg: dict) -> Planned:
     if not math.isfinite(facts.radius):
       raise MissingConstant(f"{name} needs a finite radius R (its phases localize in balls "
