@@ -6,15 +6,12 @@ A file is read and checked when the config is checked, before anything runs (cac
 run); every fault is one :class:`ConfigError` naming the file and the array / column, never a
 value of the data:
 
-* **Ids.** A ``.csv`` id is the field's text, stripped (``"01"``, ``"1"``, ``"1.0"`` are three
-  users) unless ``user_id_dtype: int``; ids differing only in surrounding spaces and blank ids
-  are refused. ``.npz`` / ``.parquet`` ids go through
-  :func:`~dpsco_jax.data.grouping.canonical_ids`.
-* **Features** are numbers with one row per id; a non-finite value is refused (the run would
+* **Ids.** A ``.csv`` id is the field's stripped text unless ``user_id_dtype: int``; blank ids
+  and ids differing only in surrounding spaces are refused.
+* **Features** are numbers, one row per id; a non-finite value is refused (the run would
   silently drop that user: its clipped gradient is zeroed).
-* **Exactness.** The run computes in float32 / int32: a value those cannot hold exactly (beyond
-  the float32 range, outside int32, an integer stacked into a float leaf beyond ``2**24``) is
-  refused naming the column and the limit.
+* **Exactness.** A value that float32 / int32 (what the run computes in) cannot hold exactly
+  is refused naming the column and the limit.
 """
 
 from __future__ import annotations

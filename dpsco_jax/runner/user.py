@@ -1,12 +1,8 @@
 """Your model, loss and data in a YAML sweep: the runner's ``user`` problem.
 
-A ``problem:`` section names your code by import path (``module:function``) and your data by
-file: a ``factory`` with ``args`` that builds the whole problem (a :class:`UserProblem`, a
-mapping of its fields, a ``(loss, model_or_params, data[, metric])`` tuple, or a problem
-object with ``excess_risk``), or a ``model``, a ``loss`` and ``data`` / ``eval_data`` files
-(:mod:`dpsco_jax.runner.datafiles`), with ``metric`` and declared constants. Both are called
-once per seed with ``args`` and the run's ``seed`` / ``key`` / ``rngs`` where their signature
-names them. The layouts and keys: ``docs/guides/model_and_data.md``.
+A ``problem:`` section names your code by import path (``module:function``: a ``factory``
+building the whole problem, or a ``model`` and a ``loss``) and your data by file
+(:mod:`dpsco_jax.runner.datafiles`); the keys: ``docs/guides/model_and_data.md``.
 
 There is no known optimum: records carry your metrics instead of ``excess_risk``. Metrics on
 the training users are the data owner's diagnostic, not covered by the guarantee; held-out
@@ -222,9 +218,7 @@ def cache_key(cfg: dict) -> tuple:
 
 def _normalize(out: Any, source: str) -> Any:
   """A factory's return value as a :class:`UserProblem` (a problem object as is)."""
-  if isinstance(out, UserProblem):
-    return out
-  if hasattr(out, "excess_risk") and hasattr(out, "loss_fn"):
+  if isinstance(out, UserProblem) or (hasattr(out, "excess_risk") and hasattr(out, "loss_fn")):
     return out
   if isinstance(out, (tuple, list)) and len(out) in (3, 4):
     loss, model, data = out[:3]
@@ -260,8 +254,7 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
   if prob.factory is not None:
     source = prob.factory
     factory = import_object(source, "problem.factory")
-    problem = _normalize(call_with_run_args(factory, args, seed, key),
-                         f"factory {source}")
+    problem = _normalize(call_with_run_args(factory, args, seed, key), f"factory {source}")
     if not isinstance(problem, UserProblem):
       return problem  # a problem object of its own: runs like the registered problems
   else:
@@ -283,10 +276,9 @@ def make_problem(cfg: dict, key: jax.Array) -> Any:
       raise ConfigError(NO_PUBLIC_EVAL_DATA)
     problem.eval_data_public = True
   for name, value in (("data", problem.data), ("eval_data", problem.eval_data)):
-    if name == "data" or value is not None:
-      if not isinstance(value, UserData):
-        raise ConfigError(f"{source}: {name} must be a dpsco_jax.data.UserData, got "
-                          f"{type(value).__name__}")
+    if (name == "data" or value is not None) and not isinstance(value, UserData):
+      raise ConfigError(f"{source}: {name} must be a dpsco_jax.data.UserData, got "
+                        f"{type(value).__name__}")
   if not callable(problem.loss):
     raise ConfigError(f"{source}: loss must be callable, got {type(problem.loss).__name__}")
   return problem
