@@ -1,6 +1,6 @@
-"""Many processes: user- and item-level DP-SGD under ``jax.distributed`` (issue 24, part 3).
+"""Many processes: user- and item-level DP-SGD under ``jax.distributed``.
 
-The same program runs on every process (JAX's multi-controller model; no home-made layer)::
+The same program runs on every process (JAX's multi-controller model)::
 
     from dpsco_jax import distributed
     distributed.initialize("10.0.0.1:1234", num_processes=2, process_id=i)   # first
@@ -10,39 +10,35 @@ The same program runs on every process (JAX's multi-controller model; no home-ma
 ``dpsco_jax.run`` / ``fit`` take this path when ``jax.process_count() > 1`` or the data is a
 shard (``distributed=`` forces it on or off). What holds, and why:
 
-* **One plan.** A shard's :attr:`~dpsco_jax.data.UserData.spec` is the whole dataset's, and
-  ``dp_sgd_user`` with Poisson sampling reads the *declared* ``n_users`` (``add_remove``), so
-  every process makes the one-process plan whatever its local count.
-* **Handshake before the first step.** Every process publishes digests of its algorithm and
-  config, plan and guarantee, PRNG key, initial params, data facts (``m``, item shapes) and
-  shard, plus its declared ``n_users``; these are all-gathered and compared. Any difference
-  (or a process that could not plan) raises :class:`DistributedMismatch` on *every* process,
-  naming what differs, before the ledger is charged or anything is released; the gather has
-  a fixed shape, so a mismatch cannot leave one process waiting in a collective.
-* **The accountant's sampling law, drawn once.** Every process draws the *global* Poisson
-  sample from the shared key (:class:`~dpsco_jax.data.PoissonSampler` over all ``n`` users,
-  truncated at the plan's capacity: the one-process host run's draw) and keeps its own users'
-  part (:meth:`~dpsco_jax.data.ShardInfo.owner`). No process communicates to sample.
-* **Static slots without a second truncation.** Every process also knows how many sampled
-  users each process holds, so all agree on the step's per-process slot count: a small bound
-  (``poisson_capacity`` of a shard) or, on the rare step that exceeds it, the global capacity.
-  Two shapes, two compiles, and no user dropped beyond the plan's own truncation.
-* **One reduction, one noise.** The step's batch is one global array
-  (``jax.make_array_from_process_local_data``) sharded over a ``"users"`` mesh of every
-  process's devices; each device differentiates and clips its users, XLA all-reduces the
-  clipped sums, and the Gaussian noise is drawn from the replicated noise key: the same noise
-  on every process, added once to the replicated sum. Params stay replicated.
-* **One ledger.** Each process's plan charged an identical ledger with its events (checked
-  by the handshake); ``Result.record["ledger_digest"]`` is :func:`privacy_digest` of the
-  guarantee, equal to the one-process run's.
+* **One plan.** A shard's :attr:`~dpsco_jax.data.UserData.spec` is the whole dataset's and
+  Poisson ``dp_sgd_user`` reads the *declared* ``n_users`` (``add_remove``), so every process
+  makes the one-process plan whatever its local count.
+* **Handshake before the first step.** Digests of every process's algorithm and config, plan
+  and guarantee, PRNG key, initial params, data facts (``m``, item shapes) and shard, and its
+  declared ``n_users``, are all-gathered and compared: any difference (or a process that could
+  not plan) raises :class:`DistributedMismatch` on *every* process, naming it, before the
+  ledger is charged or anything released. The gather has a fixed shape, so a mismatch cannot
+  leave a process waiting in a collective.
+* **The accountant's sampling law, drawn once.** Every process draws the *global* Poisson sample
+  from the shared key (:class:`~dpsco_jax.data.PoissonSampler` over all ``n`` users, truncated
+  at the plan's capacity: the one-process host run's draw) and keeps its users' part
+  (:meth:`~dpsco_jax.data.ShardInfo.owner`), without communicating.
+* **Static slots, no second truncation.** Every process knows each one's sampled count, so all
+  agree on the step's slot count: a small bound (``poisson_capacity`` of a shard) or, on a rare
+  step over it, the global capacity (two compiles, no user dropped beyond the plan's).
+* **One reduction, one noise.** The batch is one global array sharded over a ``"users"`` mesh
+  of every process's devices; each device clips its users, XLA all-reduces the clipped sums,
+  and the noise, from the replicated noise key, is the same everywhere and added once to the
+  replicated sum. Params stay replicated.
+* **One ledger.** Every process's plan charged an identical ledger (checked by the handshake);
+  ``Result.record["ledger_digest"]`` is :func:`privacy_digest` of the guarantee, the
+  one-process run's.
 
-Result: the released params equal the one-process ``data_placement="host"`` run with the same
-key to float tolerance (only the order of the clipped sum differs). Ready: ``dp_sgd_user`` and
-``dp_sgd_item`` (whose rows are the ``U m`` item slots: the global draw is over slots, each
-process keeps the slots of its users) with Poisson sampling and independent noise
-(``DISTRIBUTED_READY``, the ``distributed=`` trait of their registrations); anything else is
-refused.
-CPU processes use gloo collectives (``jax_cpu_collectives_implementation``).
+So the release equals the one-process ``data_placement="host"`` run with the same key to float
+tolerance (only the summation order differs). Ready (``DISTRIBUTED_READY``, the
+``distributed=`` trait of their registrations): ``dp_sgd_user`` and ``dp_sgd_item`` (rows are
+the ``U m`` item slots; each process keeps its users' slots) with Poisson sampling and
+independent noise; anything else is refused. CPU processes use gloo collectives.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ from dpsco_jax.data.user_data import ShardInfo, UserData
 __all__ = ["DISTRIBUTED_READY", "DistributedMismatch", "initialize", "users_mesh",
            "privacy_digest", "handshake", "run", "fit"]
 
-#: Algorithms that run under ``jax.distributed`` (the others are refused, never run on one
-#: process's users alone).
+#: Algorithms that run under ``jax.distributed`` (the others are refused).
 DISTRIBUTED_READY = frozenset(n for n, e in algorithms().items() if e.distributed)
 _WORDS = 4   # int64 words kept of a SHA-256 digest (the whole digest)
 
@@ -77,8 +72,8 @@ class DistributedMismatch(ValueError):
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
                timeout_s: int = 60) -> None:
-  """``jax.distributed.initialize`` with CPU collectives (gloo) switched on, so processes
-  without accelerators can all-reduce. Call it first, before any other JAX work."""
+  """``jax.distributed.initialize`` with gloo CPU collectives on (processes without
+  accelerators can all-reduce). Call it before any other JAX work."""
   if jax.config.values.get("jax_cpu_collectives_implementation") in (None, "", "none"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address,
@@ -87,11 +82,10 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
 
 
 def users_mesh(axis: str = "users") -> Mesh:
-  """A 1-D mesh over every process's devices (each process's devices are adjacent)."""
+  """A 1-D mesh over every process's devices (each process's adjacent)."""
   return Mesh(np.array(jax.devices()), (axis,))
 
 
-# ----------------------------------------------------------------------------- digests
 def _canonical(obj: Any) -> bytes:
   return json.dumps(obj, sort_keys=True, default=repr).encode()
 
@@ -101,19 +95,17 @@ def _words(data: bytes) -> np.ndarray:
 
 
 def privacy_digest(report: Any) -> str:
-  """SHA-256 of a :class:`~dpsco_jax.privacy.PrivacyReport` (epsilon, delta, relation,
-  provenance, mechanism labels, notes): equal guarantees, equal digests."""
+  """SHA-256 of a :class:`~dpsco_jax.privacy.PrivacyReport`: equal guarantees, equal digests."""
   return hashlib.sha256(_canonical(dataclasses.asdict(report))).hexdigest()
 
 
 def _key_bytes(key: jax.Array) -> bytes:
-  """The key's words, hashed before they leave the process (never shown or sent in clear)."""
+  """The key's words (hashed before they leave the process, never sent in clear)."""
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
     key = jax.random.key_data(key)
   return np.asarray(key).tobytes()
 
 
-# ----------------------------------------------------------------------------- handshake
 #: (name, words, what a mismatch means); the digests are compared, the ints shown
 _FIELDS = (("ok", 1, "could plan the run"),
            ("config", _WORDS, "algorithm and config"),
@@ -134,10 +126,9 @@ def _allgather(x: np.ndarray) -> np.ndarray:
 
 
 def handshake(facts: dict[str, Any], config: dict | None) -> None:
-  """All-gathers ``facts`` (the :data:`_FIELDS`, as ints or digest words) and raises
-  :class:`DistributedMismatch` on every process if any process differs or could not plan.
-  Every process takes the same branches (they read the same gathered table), so the number
-  of collectives is the same everywhere."""
+  """All-gathers ``facts`` (the :data:`_FIELDS`) and raises :class:`DistributedMismatch` on
+  every process if any differs or could not plan. Every process reads the same table, so all
+  take the same branches and collectives."""
   row = np.concatenate([np.asarray(facts[name], np.int64).reshape(k) for name, k, _ in _FIELDS])
   table = _allgather(row)
   cols, at = {}, 0
@@ -147,33 +138,27 @@ def handshake(facts: dict[str, Any], config: dict | None) -> None:
   if bad:
     raise DistributedMismatch(f"process(es) {bad} refused the run before the first step (their "
                               "own error names why); nothing was released")
-  problems = []
+  count, problems = table.shape[0], []
+  expect = {"process": np.stack([np.arange(count), np.full(count, count)], 1)}  # shard p on p
   for name, _, what in _FIELDS:
-    if name in ("ok", "config_len"):
-      continue
-    if name == "process":   # shard p on process p, one count everywhere
-      expect = np.stack([np.arange(table.shape[0]), np.full(table.shape[0], table.shape[0])], 1)
-      if (cols[name] == expect).all():
-        continue
-    elif (cols[name] == cols[name][0]).all():
+    col = cols[name]
+    if name in ("ok", "config_len") or (col == expect.get(name, col[0])).all():
       continue
     if name == "n_users":
-      problems.append(f"{what}: " + ", ".join(
-          f"process {p}: {'undeclared' if v < 0 else v}" for p, v in enumerate(cols[name][:, 0])))
+      what += ": " + ", ".join(f"process {p}: {'undeclared' if v < 0 else v}"
+                               for p, v in enumerate(col[:, 0]))
     elif name == "process":
-      problems.append(f"{what}: " + ", ".join(f"process {p}: {i}/{c}"
-                                               for p, (i, c) in enumerate(cols[name])))
+      what += ": " + ", ".join(f"process {p}: {i}/{c}" for p, (i, c) in enumerate(col))
     elif name == "config":
-      problems.append(f"{what}: {_config_diff(config, int(cols['config_len'].max()))}")
-    else:
-      problems.append(what)
+      what += ": " + _config_diff(config, int(cols["config_len"].max()))
+    problems.append(what)
   if problems:
     raise DistributedMismatch("the processes disagree before the first step (nothing was "
                               "released): " + "; ".join(problems))
 
 
 def _config_diff(config: dict | None, length: int) -> str:
-  """Names the config keys (and their values, public hyper-parameters) that differ: a second,
+  """The config keys (public hyper-parameters) that differ, with their values: a second,
   fixed-shape gather of every process's canonical config."""
   mine = _canonical(config or {})
   buf = np.zeros(length, np.uint8)
@@ -185,12 +170,9 @@ def _config_diff(config: dict | None, length: int) -> str:
                                         for p, c in enumerate(configs)) + ")" for k in keys)
 
 
-# ----------------------------------------------------------------------------- sampling
 class _ShardSampler:
-  """The global Poisson draw of one step, cut down to this process's users.
-
-  ``__call__(t)`` -> ``(local idx, mask)`` of length ``slots(t)``, which every process computes
-  identically from the global draw (it knows every process's share without asking)."""
+  """The global Poisson draw of step ``t`` cut to this process's users: ``(local idx, mask)``
+  of a slot count every process computes alike from the global draw."""
 
   def __init__(self, sampler: Any, info: ShardInfo, small: int, large: int,
                per_user: int = 1):
@@ -219,8 +201,7 @@ def _round_up(x: int, k: int) -> int:
 
 
 def _global_put(mesh: Mesh, axis: str) -> Callable[[Any], Any]:
-  """Process-local rows -> one global array sharded over ``axis`` (every process calls it
-  with the same row count)."""
+  """Process-local rows (the same count on every process) -> one array sharded on ``axis``."""
   count = jax.process_count()
 
   def put_leaf(x):
@@ -249,9 +230,8 @@ def _to_local(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-# ----------------------------------------------------------------------------- the run
 def _refusal(p: Any, data: UserData, mesh: Any, placement: str) -> None:
-  """Why this process cannot take part (raised after the handshake, on every process)."""
+  """Raises why this process cannot take part."""
   if not algorithms()[p.algorithm].distributed:
     raise ValueError(f"{p.algorithm} does not run under jax.distributed yet; ready: "
                      f"{', '.join(sorted(DISTRIBUTED_READY))}")
@@ -279,9 +259,8 @@ def _refusal(p: Any, data: UserData, mesh: Any, placement: str) -> None:
 
 def fit(algorithm: str, config: Any, loss_fn: Callable, params: Any, data: UserData,
         key: jax.Array, *, api: ModuleType, constants: Any = None, **kwargs: Any) -> Any:
-  """``run(plan(...), ...)`` where a process that cannot even plan (an invalid config) still
-  takes part in the handshake, so the others raise too instead of waiting for it. ``api`` is
-  :mod:`dpsco_jax.api`, handed in by its ``fit`` (see :func:`run`)."""
+  """``run(plan(...), ...)``; a process that cannot plan still joins the handshake, so the
+  others raise too instead of waiting. ``api``: :mod:`dpsco_jax.api` (see :func:`run`)."""
   try:
     p = api.plan(algorithm, config, data.spec, num_params=api._num_params(params),
                  constants=constants)
@@ -292,9 +271,8 @@ def fit(algorithm: str, config: Any, loss_fn: Callable, params: Any, data: UserD
 
 def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
              mesh: Any, data_placement: str, api: ModuleType, facts: dict) -> tuple:
-  """This process's checks and plan before the handshake, and its facts for it (filled into
-  ``facts``): ``(config, plan, problem, shard info, initial params)``. Raises what is wrong
-  here; :func:`run` tells the other processes first."""
+  """This process's checks, filling ``facts`` for the handshake: ``(config, plan, problem,
+  shard info, initial params)``."""
   from dpsco_jax.data.problem import UserDataProblem
 
   if not isinstance(p, api.Plan):
@@ -335,15 +313,11 @@ def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Ar
 def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, *,
         api: ModuleType, callback: Callable | None = None, mesh: Any = None,
         data_placement: str = "auto", _error: Exception | None = None) -> Any:
-  """Executes plan ``p`` (made from ``data.spec``: the whole dataset's facts) on this
-  process's shard ``data``, together with the other processes (see the module docstring).
-  Every process returns the same :class:`~dpsco_jax.result.Result`; ``params`` are local
-  arrays with the structure of ``params``. ``_error``: this process failed before the run
-  (:func:`fit`); it is raised after the handshake, which refuses the run everywhere.
-
-  ``api`` is :mod:`dpsco_jax.api` (its planner, ``Plan``, progress and guarantee check),
-  handed in by ``api.run`` / ``api.fit``, which dispatch here: importing it would make the two
-  modules import each other (tests/test_package_graph.py)."""
+  """Executes plan ``p`` (made from ``data.spec``, the whole dataset's facts) on this
+  process's shard with the other processes (module docstring); every process returns the
+  same :class:`~dpsco_jax.result.Result`, params local. ``_error`` (:func:`fit`) is raised
+  after the handshake refuses the run everywhere. ``api``: :mod:`dpsco_jax.api`, handed in by
+  its ``run`` / ``fit`` (importing it would make the modules import each other)."""
   from dpsco_jax.algorithms.common import _compiled_step, poisson_capacity, progress_points
   from dpsco_jax.algorithms.dpsgd.driver import dp_sgd_chain
   from dpsco_jax.data.sampling import PoissonSampler, iter_batches
@@ -351,22 +325,18 @@ def run(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Array, 
   from dpsco_jax.transforms.steps import released_params
 
   facts: dict[str, Any] = {name: np.zeros(k, np.int64) for name, k, _ in _FIELDS}
-  error, config, plan, problem, info, w0 = None, None, None, None, None, None
+  error, config = _error, None
+  if error is None:
+    try:
+      config, plan, problem, info, w0 = _prepare(p, loss_fn, params, data, key, mesh,
+                                                 data_placement, api, facts)
+    except Exception as err:   # noqa: BLE001 - re-raised below, after the others learn of it
+      error = err
   try:
-    if _error is not None:
-      raise _error
-    config, plan, problem, info, w0 = _prepare(p, loss_fn, params, data, key, mesh,
-                                               data_placement, api, facts)
-  except Exception as err:   # noqa: BLE001 - re-raised below, after the others learn of it
-    error, config = err, None
-  try:
-    handshake(facts, None if error else config)
-  except DistributedMismatch:
-    if error is not None:
-      raise error from None  # this process's own reason first
-    raise
-  if error is not None:      # unreachable: the handshake refuses a process that is not ok
-    raise error
+    handshake(facts, config)
+  finally:
+    if error is not None:   # this process's own reason (the handshake refused it)
+      raise error from None
 
   report = p.privacy      # the plan's guarantee (its ledger was charged when it was planned)
   mesh_ = users_mesh()
