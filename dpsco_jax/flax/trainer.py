@@ -386,10 +386,15 @@ class DPTrainer:
     summed, info = self.clipper.clipped_sum(params, rows, mask, clip_norm=clip)
     return summed if clip is None else (summed, unclipped_centred_count(info.norms, clip, mask))
 
-  def _zero_total(self, params: PyTree) -> Any:
-    """The zero *total*, accumulated in float32 or wider whatever the params' dtype."""
-    zeros = jax.tree.map(
+  @staticmethod
+  def _zeros(params: PyTree) -> PyTree:
+    """Zeros like ``params`` in float32 or wider (the clipped sum's accumulator)."""
+    return jax.tree.map(
         lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(p.dtype, jnp.float32)), params)
+
+  def _zero_total(self, params: PyTree) -> Any:
+    """The zero *total* (:meth:`_clipped`)."""
+    zeros = self._zeros(params)
     return zeros if self.adaptive is None else (zeros, jnp.zeros((), jnp.float32))
 
   def _privatize(self, total: Any, opt_state: tuple, params: PyTree, noise_tx=None):
