@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from dpsco_jax.algorithms.common import auto_axes, mesh_context, replicated_on
+from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.registry import algorithms
 from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.data.problem import ProblemConstants, PublicFacts, UserDataProblem
@@ -240,7 +241,7 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
   _require_declared(entry.name, spec)
   facts = PublicFacts(spec, constants, int(num_params), entry.level)
   consts = facts.constants
-  privacy, z, schedule, detail = entry.planner(facts, cfg)
+  privacy, z, schedule, detail = _planned(entry, facts, cfg)
   return Plan(entry.name, cfg, spec, consts, privacy, z, schedule, int(num_params), detail)
 
 
@@ -264,9 +265,23 @@ def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
   entry = _entry(algorithm, user_data=False)
   cfg = algorithm_config(algorithm, config)
   spec = DataSpec(int(problem.n_users), int(problem.m))   # built: nothing measured
-  privacy, z, schedule, detail = entry.planner(problem, cfg)
+  privacy, z, schedule, detail = _planned(entry, problem, cfg)
   return Plan(entry.name, cfg, spec, constants_of(problem), privacy, z, schedule,
               int(problem.d), detail)
+
+
+def _planned(entry: Any, facts: Any, cfg: Any) -> Planned:
+  """The entry's planner on ``facts``; a plan object that does not follow the one plan
+  protocol (:class:`~dpsco_jax.algorithms.registration.FamilyPlan`) is refused, naming what
+  it lacks (a new algorithm's planner, before anything could run on it)."""
+  planned = entry.planner(facts, cfg)
+  missing = [m for m in ("stages", "events", "charge") if not hasattr(planned.detail, m)]
+  if missing:
+    raise TypeError(f"{entry.name}'s planner returned a plan object "
+                    f"({type(planned.detail).__name__}) without {', '.join(missing)}: a "
+                    "family's plan follows dpsco_jax.algorithms.registration.FamilyPlan "
+                    "(its noise stages, its events, charge())")
+  return planned
 
 
 def constants_of(problem: Any) -> ProblemConstants:

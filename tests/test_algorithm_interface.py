@@ -73,6 +73,9 @@ def test_a_users_registered_algorithm_plans_runs_and_fits(toy):
   assert p.noise_multiplier == 2.0
   assert p.schedule["noise_std"] == pytest.approx(2.0 / 64)
   assert 0 < p.privacy.epsilon < math.inf and p.privacy.relation == "zero_out"
+  # the one plan protocol: the stage carries the std, the guarantee is its events'
+  assert [s.std for s in p.stages] == [p.schedule["noise_std"]]
+  assert p.detail.charge() == p.privacy
   res = dp.run(p, _loss, params, data, jax.random.key(0))
   assert res.privacy.epsilon == p.privacy.epsilon
   # it learned (w* = 1), and fit is plan + run

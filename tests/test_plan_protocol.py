@@ -74,3 +74,16 @@ def test_a_plan_whose_events_are_not_the_planned_ones_is_caught():
   twin = p.detail._replace(event=dp_accounting.SelfComposedDpEvent(p.detail.event, 2))
   assert twin.charge().epsilon > p.privacy.epsilon
   assert _composed_epsilon(p, twin.events) > p.privacy.epsilon * (1 + 1e-6)
+
+
+def test_a_planner_whose_plan_object_lacks_the_protocol_is_refused_at_plan_time(monkeypatch):
+  from dpsco_jax.algorithms import registration
+  entry = registration.registered()["dp_sgd_user"]
+
+  def no_protocol(facts, cfg):
+    planned = entry.planner(facts, cfg)
+    return planned._replace(detail=dict(planned.detail._asdict()))   # the same numbers
+  monkeypatch.setitem(registration._REGISTRY, "dp_sgd_user",
+                      dataclasses.replace(entry, planner=no_protocol))
+  with pytest.raises(TypeError, match="without stages, events, charge"):
+    _plan("dp_sgd_user")

@@ -15,7 +15,7 @@ user's slot).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import dp_accounting
 import jax
@@ -24,7 +24,8 @@ import optax
 from dpsco_jax.algorithms.common import run_chain
 from dpsco_jax.algorithms.registration import Planned, register
 from dpsco_jax.config.families import AlgorithmKeys
-from dpsco_jax.privacy import PrivacyLedger, Provenance
+from dpsco_jax.privacy import (GaussianStage, PrivacyLedger, PrivacyReport, Provenance,
+                               clipped_mean_sensitivity)
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import clip_and_aggregate
 from dpsco_jax.transforms.noise import add_gaussian_noise
@@ -50,31 +51,41 @@ class ToyConfig(AlgorithmKeys):
       "doc": "zero_out only (n public)", "required": False})
 
 
-def _event(cfg: dict) -> dp_accounting.DpEvent:
-  return dp_accounting.SelfComposedDpEvent(
-      dp_accounting.GaussianDpEvent(float(cfg["noise_multiplier"])), int(cfg["num_steps"]))
+class ToyPlan(NamedTuple):
+  """The toy's plan object (``plan.detail``): the schedule its run reads and the one plan
+  protocol (``FamilyPlan``): its noise stage, its events, ``charge()``."""
+  num_steps: int
+  learning_rate: float
+  delta: float
+  stage: GaussianStage   # z on the clipped mean's sensitivity C / n: the std is formed there
+
+  @property
+  def stages(self) -> tuple[GaussianStage, ...]:
+    return (self.stage,)
+
+  @property
+  def events(self) -> tuple[dp_accounting.DpEvent, ...]:
+    return (dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(self.stage.noise_multiplier), self.num_steps),)
+
+  def charge(self) -> PrivacyReport:
+    ledger = PrivacyLedger(delta=self.delta, relation="zero_out")
+    for event in self.events:
+      ledger.spend(event, label=f"{NAME} (z={self.stage.noise_multiplier})")
+    return ledger.report(provenance=Provenance.ACCOUNTANT, level="user")
 
 
-def _report(cfg: dict):
-  ledger = PrivacyLedger(delta=float(cfg["delta"]), relation="zero_out")
-  ledger.spend(_event(cfg), label=f"{NAME} (z={cfg['noise_multiplier']})")
-  return ledger.report(provenance=Provenance.ACCOUNTANT, level="user")
-
-
-def _config(cfg) -> dict:
-  c = ToyConfig(**{k: v for k, v in dict(cfg).items() if k in ToyConfig.__dataclass_fields__})
+def planner(facts, cfg: ToyConfig) -> Planned:
+  """Everything the run needs, from public facts: the noise stage (its std), the schedule and
+  the guarantee (the plan's ``detail`` is what :func:`toy_noisy_full_gd` reads)."""
+  c = cfg   # the validated ToyConfig
   if c.relation not in (None, "zero_out"):
     raise ValueError(f"{NAME} supports relation zero_out only, got {c.relation!r}")
-  return dataclasses.asdict(c)
-
-
-def planner(facts, cfg: dict) -> Planned:
-  """Everything the run needs, from public facts: the guarantee, the noise std, the schedule
-  (the plan's ``detail`` is what :func:`toy_noisy_full_gd` reads)."""
-  c = _config(cfg)
-  c["noise_std"] = c["noise_multiplier"] * c["clip_norm"] / facts.n_users
-  return Planned(_report(c), c["noise_multiplier"],
-                 {"num_steps": c["num_steps"], "noise_std": c["noise_std"]}, c)
+  stage = GaussianStage(float(c.noise_multiplier),
+                        clipped_mean_sensitivity(c.clip_norm, facts.n_users), "step")
+  plan = ToyPlan(int(c.num_steps), float(c.learning_rate), float(c.delta), stage)
+  return Planned(plan.charge(), stage.noise_multiplier,
+                 {"num_steps": plan.num_steps, "noise_std": stage.std}, plan)
 
 
 def _chain(h: dict, n: float) -> optax.GradientTransformation:
@@ -88,14 +99,14 @@ def _chain(h: dict, n: float) -> optax.GradientTransformation:
 def toy_noisy_full_gd(plan, problem, key: jax.Array) -> Result:
   """Noisy full-batch GD (see the module docstring): runs ``plan`` (its ``detail``, its
   ``privacy``); it plans nothing again."""
-  c = plan.detail
+  p = plan.detail
   n = int(problem.n_users)
   k_noise, k_run = jax.random.split(key)
-  h = {"clip": c["clip_norm"], "stddev": c["noise_std"],
-       "noise_key": k_noise, "lr": c["learning_rate"], "radius": problem.radius}
+  h = {"clip": p.stage.sensitivity.bound, "stddev": p.stage.std, "noise_key": k_noise,
+       "lr": p.learning_rate, "radius": problem.radius}
   params, _ = run_chain(problem.loss_fn, problem.data, problem.init_params(), _chain, h,
-                        static=(float(n),), steps=c["num_steps"], key=k_run, sampling="full",
+                        static=(float(n),), steps=p.num_steps, key=k_run, sampling="full",
                         batch=n, capacity=n)
   return Result(params=params, privacy=plan.privacy,
-                gradient_evaluations=c["num_steps"] * n * int(problem.m),
-                record={"num_steps": c["num_steps"]})
+                gradient_evaluations=p.num_steps * n * int(problem.m),
+                record={"num_steps": p.num_steps})
