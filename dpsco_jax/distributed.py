@@ -99,13 +99,6 @@ def privacy_digest(report: Any) -> str:
   return hashlib.sha256(_canonical(dataclasses.asdict(report))).hexdigest()
 
 
-def _key_bytes(key: jax.Array) -> bytes:
-  """The key's words (hashed before they leave the process, never sent in clear)."""
-  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-    key = jax.random.key_data(key)
-  return np.asarray(key).tobytes()
-
-
 #: (name, words, what a mismatch means); the digests are compared, the ints shown
 _FIELDS = (("ok", 1, "could plan the run"),
            ("config", _WORDS, "algorithm and config"),
@@ -297,11 +290,13 @@ def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Ar
   info = data.shard_info or ShardInfo(0, 1, data.n_users)
   w0 = np.asarray(problem.init_params())
   config = {"algorithm": p.algorithm, **p.config}
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):   # hashed: never sent in clear
+    key = jax.random.key_data(key)
   facts.update(
       ok=1, config=_words(_canonical(config)), config_len=len(_canonical(config)),
       n_users=-1 if p.config.get("n_users") is None else int(p.config["n_users"]),
       plan=_words(_canonical([repr(plan), p.noise_multiplier, p.schedule])),
-      privacy=_words(privacy_digest(p.privacy).encode()), key=_words(_key_bytes(key)),
+      privacy=_words(privacy_digest(p.privacy).encode()), key=_words(np.asarray(key).tobytes()),
       params=_words(w0.tobytes() + _canonical([w0.shape, str(w0.dtype)])),
       data=_words(_canonical([data.spec.max_items_per_user,
                               [list(s) for s in data.spec.item_shapes],

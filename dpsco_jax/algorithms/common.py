@@ -58,16 +58,13 @@ def sample_users(key: jax.Array, n: int, *, sampling: str, batch: int,
     return jnp.arange(capacity) % n, jnp.arange(capacity) < n_real
   if sampling == "fixed":
     idx = jax.random.choice(key, n_real, (batch,), replace=False)
-    pad = capacity - batch
-    return (jnp.concatenate([idx, jnp.zeros((pad,), idx.dtype)]),
-            jnp.arange(capacity) < batch)
+    return jnp.pad(idx, (0, capacity - batch)), jnp.arange(capacity) < batch
   chosen = jax.random.bernoulli(key, batch / n_real if rate is None else rate, (n,))
   chosen = chosen & (jnp.arange(n) < n_real)
   if shard is not None:
     return _sharded_slots(jax.lax.with_sharding_constraint(chosen, shard), shard, capacity)
   (idx,) = jnp.nonzero(chosen, size=capacity, fill_value=0)
-  mask = jnp.arange(capacity) < jnp.sum(chosen)
-  return idx, mask
+  return idx, jnp.arange(capacity) < jnp.sum(chosen)
 
 
 def _sharded_slots(chosen: jax.Array, shard: NamedSharding, capacity: int
