@@ -275,7 +275,9 @@ def _planned(entry: Any, facts: Any, cfg: Any) -> Planned:
   protocol (:class:`~dpsco_jax.algorithms.registration.FamilyPlan`) is refused, naming what
   it lacks (a new algorithm's planner, before anything could run on it)."""
   planned = entry.planner(facts, cfg)
-  missing = [m for m in ("stages", "events", "charge") if not hasattr(planned.detail, m)]
+  d = planned.detail   # looked up on the type / instance dict: no property is evaluated
+  missing = [m for m in ("stages", "events", "charge")
+             if not (hasattr(type(d), m) or m in getattr(d, "__dict__", {}))]
   if missing:
     raise TypeError(f"{entry.name}'s planner returned a plan object "
                     f"({type(planned.detail).__name__}) without {', '.join(missing)}: a "
