@@ -160,7 +160,7 @@ def pytest_xdist_make_scheduler(config, log):
 _FILE_SECONDS = {
     "tests/test_claims_fresh_seeds.py": 90,
     "tests/test_flax_fast_clip_chunks.py": 30,
-    "tests/test_flax_fast_clip_vmap.py": 31,   # 4 tests, two chunked-sum cases of 15 + 11 s
+    "tests/test_flax_fast_clip_vmap.py": 17,   # 5 tests, two chunked-sum cases of 5 + 4 s
     "tests/test_plan_invariance.py": 65,
     "tests/test_runner_user_code.py": 38,
     "tests/test_bench_smoke.py": 26,   # without bench_gpu --quick (_TEST_SECONDS)
@@ -195,7 +195,7 @@ _FILE_SECONDS = {
     "tests/test_filter_bands.py": 30,
     "tests/test_study_000_host_sgd.py": 20,
     "tests/test_study_quick.py": 80,     # every configs/study config through --quick
-    "tests/test_study_scripts.py": 45,   # study_002_devices --quick (the analysis scripts run
+    "tests/test_study_scripts.py": 34,   # study_002_devices --quick (the analysis scripts run
     # in-process)
 }
 _TEST_SECONDS = {   # the two tests of the bench_steps group
