@@ -35,7 +35,9 @@ CASES = [(k, v) for k in KEYS for v in EXTREMES]
 
 @pytest.mark.parametrize("key,value", CASES)
 def test_a_privacy_number_at_its_limit_plans_honestly_or_is_refused_naming_it(key, value):
-  t0 = time.perf_counter()
+  # CPU time bounds the work (a wall clock under a loaded machine measured the neighbours);
+  # the generous wall bound still catches a wait that never ends
+  t0, w0 = time.process_time(), time.perf_counter()
   try:
     p = dp.plan("dp_sgd_user", _config(key, value), DataSpec(50, 2), num_params=3,
                 constants=CONSTANTS)
@@ -54,4 +56,5 @@ def test_a_privacy_number_at_its_limit_plans_honestly_or_is_refused_naming_it(ke
       assert eps <= target * (1 + 1e-6)
     if not math.isfinite(eps):   # only an explicit multiplier too small to account
       assert key == "noise_multiplier" and kind == "upper_bound"
-  assert time.perf_counter() - t0 < 2.5, (key, value)
+  assert time.process_time() - t0 < 2.5, (key, value)
+  assert time.perf_counter() - w0 < 30.0, (key, value)
