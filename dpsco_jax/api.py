@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from dpsco_jax.algorithms.common import auto_axes, mesh_context, replicated_on
-from dpsco_jax.algorithms.registration import Planned
+from dpsco_jax.algorithms.registration import Planned, missing_plan_members
 from dpsco_jax.algorithms.registry import algorithms
 from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.data.problem import ProblemConstants, PublicFacts, UserDataProblem
@@ -275,9 +275,7 @@ def _planned(entry: Any, facts: Any, cfg: Any) -> Planned:
   protocol (:class:`~dpsco_jax.algorithms.registration.FamilyPlan`) is refused, naming what
   it lacks (a new algorithm's planner, before anything could run on it)."""
   planned = entry.planner(facts, cfg)
-  d = planned.detail   # looked up on the type / instance dict: no property is evaluated
-  missing = [m for m in ("stages", "events", "charge")
-             if not (hasattr(type(d), m) or m in getattr(d, "__dict__", {}))]
+  missing = missing_plan_members(planned.detail)
   if missing:
     raise TypeError(f"{entry.name}'s planner returned a plan object "
                     f"({type(planned.detail).__name__}) without {', '.join(missing)}: a "

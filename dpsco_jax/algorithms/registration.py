@@ -37,8 +37,8 @@ if TYPE_CHECKING:
   from dpsco_jax.privacy.ledger import PrivacyReport
   from dpsco_jax.privacy.sensitivity import GaussianStage
 
-__all__ = ["AlgorithmEntry", "FamilyPlan", "Grid", "Planned", "register", "registered",
-           "PAPERS", "LEVELS"]
+__all__ = ["AlgorithmEntry", "FamilyPlan", "PLAN_MEMBERS", "missing_plan_members", "Grid",
+           "Planned", "register", "registered", "PAPERS", "LEVELS"]
 
 #: Where an algorithm comes from, in the table's order (the README's algorithm table order).
 PAPERS = ("baseline", "000", "001", "002", "003", "004")
@@ -83,6 +83,24 @@ class FamilyPlan(Protocol):
   def events(self) -> tuple[Any, ...]: ...
 
   def charge(self) -> PrivacyReport: ...
+
+
+#: the members of :class:`FamilyPlan`, in the order a refusal names them
+PLAN_MEMBERS = ("stages", "events", "charge")
+
+
+def missing_plan_members(detail: Any) -> list[str]:
+  """The :class:`FamilyPlan` members ``detail`` lacks, looked up on its type or instance dict
+  (``isinstance(detail, FamilyPlan)`` would evaluate its properties).
+
+  Args:
+    detail: a planner's plan object.
+
+  Returns:
+    The missing member names (empty when ``detail`` follows the protocol).
+  """
+  return [m for m in PLAN_MEMBERS
+          if not (hasattr(type(detail), m) or m in getattr(detail, "__dict__", {}))]
 
 
 class Planned(NamedTuple):
