@@ -1,9 +1,9 @@
 """Empirical privacy auditing: canaries, neighbouring datasets, lower bounds, broken twins.
 
 ``audit_mechanism`` audits any ``release(key, dataset) -> per-step releases`` and returns an
-:class:`AuditResult`; ``mechanisms.build`` and ``drivers.build_driver`` give ready specs around
-the library's stages and drivers, with their broken twins; ``python -m dpsco_jax audit``
-prints the table.
+:class:`AuditResult`; ``build_driver`` (``harness.build``) gives the ready spec of any
+registered stage or driver audit, or of its broken twins; ``python -m dpsco_jax audit`` prints
+the table.
 """
 
 from dpsco_jax.audit.bounds import (clopper_pearson_upper, epsilon_lower_bound, gdp_epsilon,

@@ -15,9 +15,8 @@ from __future__ import annotations
 import dp_accounting
 import jax.numpy as jnp
 
-from dpsco_jax.audit.canary import dirac_canary, neighbouring_pair
+from dpsco_jax.audit.canary import check_broken, dirac_canary, neighbouring_pair
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import check_broken
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.privacy.sensitivity import AdaptiveClipSplit, adaptive_clip_split
 from dpsco_jax.transforms.adaptive_clipping import adaptive_clip_and_noise

@@ -18,9 +18,9 @@ import numpy as np
 import optax
 
 from dpsco_jax.algorithms.dpsgd.banded_poisson import group_slots, sample_group
-from dpsco_jax.audit.canary import UserBatch, check_relation, dirac_canary, neighbouring_pair
+from dpsco_jax.audit.canary import (CANARY_NORM, CLIP, DELTA, HI, UserBatch, check_broken,
+                                    check_relation, dirac_canary, neighbouring_pair)
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import DELTA, check_broken
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.transforms.clipping import clip_and_aggregate
@@ -29,9 +29,6 @@ from dpsco_jax.transforms.matrix_factorization import banded_noise
 __all__ = ["TWINS", "amplified_banded_audit"]
 
 TWINS = ("ignores_groups", "two_groups")
-_HI = jax.lax.Precision.HIGHEST
-_CLIP = 1.0
-_CANARY_NORM = 10.0
 _ORDER_SEED = 20230  # the public partition's key (fixed: the attacker knows the partition)
 
 
@@ -55,10 +52,9 @@ def amplified_banded_audit(relation: str = "zero_out", broken: str | None = None
                            rows_per_group: int = 2, sampling_rate: float = 0.9,
                            noise_multiplier: float = 3.0, dim: int = 2) -> AuditSpec:
   """The audit of b-min-sep Poisson + banded noise; ``broken``: ``None`` or one of ``TWINS``."""
-  check_relation(relation)
-  if relation == "add_remove":
-    raise ValueError("relation: b-min-sep sampling is analysed under zero_out / replace_one "
-                     "(its partition is by slot)")
+  check_relation(relation, ("zero_out", "replace_one"),
+                 "b-min-sep sampling is analysed under zero_out / replace_one (its partition "
+                 "is by slot)")
   check_broken(broken, TWINS)
   users = groups * rows_per_group
   coefs = mf.banded_strategy(steps, bands, strategy="sqrt").coefs
@@ -69,8 +65,8 @@ def amplified_banded_audit(relation: str = "zero_out", broken: str | None = None
   slots, real = jnp.asarray(slots_np), jnp.asarray(real_np)
   capacity = slots_np.shape[1]             # a whole group: no truncation in the audit
   denom = sampling_rate * rows_per_group   # D = p G, the plan's fixed denominator
-  std = noise_multiplier * _CLIP / denom
-  d_in, d_out = neighbouring_pair(jnp.zeros((users - 1, dim)), dirac_canary(dim, _CANARY_NORM),
+  std = noise_multiplier * CLIP / denom
+  d_in, d_out = neighbouring_pair(jnp.zeros((users - 1, dim)), dirac_canary(dim, CANARY_NORM),
                                   relation)
   pattern = active[np.arange(steps) % len(active)].astype(np.float64)
   cmat = mf.toeplitz_matrix(coefs, steps)
@@ -78,7 +74,7 @@ def amplified_banded_audit(relation: str = "zero_out", broken: str | None = None
 
   def release(key, data: UserBatch):
     noise_key, sample_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-    tx = optax.chain(clip_and_aggregate(_CLIP, "mean", denom),
+    tx = optax.chain(clip_and_aggregate(CLIP, "mean", denom),
                      banded_noise(std, steps, noise_key, coefs=coefs, output="increment"))
     params = jnp.zeros((dim,), jnp.float32)
 
@@ -93,5 +89,5 @@ def amplified_banded_audit(relation: str = "zero_out", broken: str | None = None
             f"p={sampling_rate}, b={groups}, T={steps})) = {claim:.4g}"
             + ("" if broken is None else f"; sampler broken: {broken}"))
   return AuditSpec(f"amplified_banded[{broken or 'honest'}]", relation, release, d_in, d_out,
-                   lambda r: jnp.dot(weights, r[:, 0], precision=_HI), float(claim), DELTA,
+                   lambda r: jnp.dot(weights, r[:, 0], precision=HI), float(claim), DELTA,
                    source)

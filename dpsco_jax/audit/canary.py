@@ -19,17 +19,33 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["RELATIONS", "UserBatch", "dirac_canary", "neighbouring_pair", "check_relation"]
+__all__ = ["RELATIONS", "UserBatch", "dirac_canary", "neighbouring_pair", "check_relation",
+           "check_broken"]
 
 RELATIONS = ("add_remove", "replace_one", "zero_out")
+DELTA = 1e-5     # the delta of every claim but those that say otherwise
+CLIP = 1.0
+CANARY_NORM = 10.0  # >> C: clipping, not the data, decides how far the canary moves things
+HI = jax.lax.Precision.HIGHEST  # scores are sums of many terms: no TF32/bf16 passes
 
 
-def check_relation(relation) -> str:
+def check_relation(relation, allowed: tuple[str, ...] = RELATIONS, why: str = "") -> str:
+  """``relation`` if it is one of ``allowed`` (TypeError: not a string; ValueError: unknown,
+  or not allowed, the message ``relation: why``)."""
   if not isinstance(relation, str):
     raise TypeError(f"relation must be a string, got {type(relation).__name__}")
   if relation not in RELATIONS:
     raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
+  if relation not in allowed:
+    raise ValueError(f"relation: {why}")
   return relation
+
+
+def check_broken(broken: str | None, allowed: tuple[str, ...], name: str = "") -> None:
+  """ValueError unless ``broken`` is ``None`` (honest) or one of the audit's twins."""
+  if broken is not None and broken not in allowed:
+    where = f" for {name}" if name else ""
+    raise ValueError(f"broken must be None or one of {allowed}{where}, got {broken!r}")
 
 
 class UserBatch(NamedTuple):

@@ -17,14 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsco_jax.audit.canary import DELTA, HI, check_broken
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import DELTA, check_broken
 
 __all__ = ["TWINS", "TRIALS", "declared_lipschitz_driver", "run_report"]
 
 TWINS = ("lipschitz_violated",)
 TRIALS = 100_000
-_HI = jax.lax.Precision.HIGHEST
 _DECLARED_L = 1.0
 _BROKEN_NORM = 4.0   # the canary's true gradient norm in the twin (> the declared L)
 
@@ -32,7 +31,7 @@ _BROKEN_NORM = 4.0   # the canary's true gradient norm in the twin (> the declar
 def _loss(mu: float):
   def loss(p, ex):
     w = p["w"]
-    return 0.5 * mu * jnp.dot(w, w, precision=_HI) - jnp.dot(ex["x"], w, precision=_HI)
+    return 0.5 * mu * jnp.dot(w, w, precision=HI) - jnp.dot(ex["x"], w, precision=HI)
   return loss
 
 

@@ -13,21 +13,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsco_jax.audit.canary import CANARY_NORM, CLIP, DELTA, check_broken
 from dpsco_jax.audit.drivers import linear_problem
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import DELTA, check_broken
 
 __all__ = ["item_count_driver", "TWINS"]
 
 TWINS = ("measured_m",)
-_CLIP = 1.0
-_CANARY = 10.0
 
 
 def _items(n: int, with_canary: bool, m: int, dim: int) -> np.ndarray:
   x = np.zeros((n, m, dim), np.float32)
   if with_canary:
-    x[0, 1, 0] = _CANARY * _CLIP
+    x[0, 1, 0] = CANARY_NORM * CLIP
   return x
 
 
@@ -48,7 +46,7 @@ def item_count_driver(relation: str = "add_remove", broken: str | None = None, *
                      "which the item count is private)")
   check_broken(broken, TWINS, "item_count_driver")
   cfg = {"sampling": "poisson", "relation": "add_remove", "num_steps": 1, "delta": DELTA,
-         "noise_multiplier": noise_multiplier, "clip_norm": _CLIP, "learning_rate": 0.1,
+         "noise_multiplier": noise_multiplier, "clip_norm": CLIP, "learning_rate": 0.1,
          "sampling_rate": sampling_rate, "n_users": users}
   x_in = _items(users, True, 2, dim)
   declared = linear_problem(x_in, radius=1.0)      # m = 2, declared for both sides

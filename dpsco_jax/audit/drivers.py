@@ -21,24 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsco_jax.audit.canary import check_relation
-from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import (DELTA, check_broken, e0_sum, gaussian_lr_weights,
-                                        tree_noise_covariance)
+from dpsco_jax.audit.canary import CANARY_NORM, CLIP, DELTA, HI, check_broken, check_relation
+from dpsco_jax.audit.harness import AuditSpec, build
+from dpsco_jax.audit.mechanisms import e0_sum, gaussian_lr_weights, tree_noise_covariance
 
 __all__ = ["DRIVERS", "GAUSSIAN", "TRIALS", "build_driver", "dp_sgd_driver", "trainer_driver",
            "srgd_driver", "output_perturbation_driver", "loc_gd_driver", "bilevel_driver",
            "linear_problem"]
 
-_HI = jax.lax.Precision.HIGHEST
-_CLIP = 1.0
-_CANARY = 10.0  # >> C: the driver's clipping, not the data, decides the canary's move
 _SUPPORTED = {"poisson": ("add_remove",), "full": ("zero_out", "add_remove"),
               "fixed": ("replace_one",)}
 
 
 def _linear_loss(w, ex):
-  return jnp.dot(ex["x"], w, precision=_HI)
+  return jnp.dot(ex["x"], w, precision=HI)
 
 
 def linear_problem(x: np.ndarray, *, mu: float = 0.0, radius: float = 1.0):
@@ -48,7 +44,7 @@ def linear_problem(x: np.ndarray, *, mu: float = 0.0, radius: float = 1.0):
   x = jnp.asarray(x, jnp.float32)
   n, m, d = x.shape
   if mu > 0:
-    loss = lambda w, ex: 0.5 * mu * jnp.dot(w, w, precision=_HI) - _linear_loss(w, ex)
+    loss = lambda w, ex: 0.5 * mu * jnp.dot(w, w, precision=HI) - _linear_loss(w, ex)
   else:
     loss = _linear_loss
   return SCOProblem(name="audit_linear", loss_fn=loss, data={"x": x}, d=d, n_users=n, m=m,
@@ -61,7 +57,7 @@ def linear_problem(x: np.ndarray, *, mu: float = 0.0, radius: float = 1.0):
 
 def _users(n: int, m: int, dim: int, background: float) -> np.ndarray:
   x = np.zeros((n, m, dim), np.float32)
-  x[0, :, 0] = _CANARY * _CLIP
+  x[0, :, 0] = CANARY_NORM * CLIP
   x[1:, :, 0] = background
   return x
 
@@ -97,11 +93,11 @@ def dp_sgd_driver(relation: str = "add_remove", broken: str | None = None, *,
   if sampling == "fixed":  # 15 of 16 users: real sampling, the canary in almost every batch
     users = max(users, batch_size + 1)
   # background users: zero gradients, except the realized-count twin's worst case -C e_0
-  bg = -_CANARY * _CLIP if sampling == "full" and relation == "add_remove" else 0.0
+  bg = -CANARY_NORM * CLIP if sampling == "full" and relation == "add_remove" else 0.0
   x_in = _users(users, m, dim, bg)
   problem = linear_problem(x_in, radius=1.0)
   cfg = {"sampling": sampling, "relation": relation, "num_steps": steps, "delta": DELTA,
-         "noise_multiplier": z, "clip_norm": _CLIP, "learning_rate": 0.1}
+         "noise_multiplier": z, "clip_norm": CLIP, "learning_rate": 0.1}
   if sampling == "poisson":
     cfg.update(sampling_rate=sampling_rate, n_users=users)
   elif sampling == "fixed":
@@ -132,8 +128,8 @@ def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
   from flax import nnx
 
   from dpsco_jax.flax import DPTrainer
-  if check_relation(relation) != "add_remove":
-    raise ValueError("relation: the trainer audit uses add_remove (its default relation)")
+  check_relation(relation, ("add_remove",),
+                 "the trainer audit uses add_remove (its default relation)")
   check_broken(broken, ("noise_halved",), "trainer_driver")
 
   class _Lin(nnx.Module):
@@ -148,7 +144,7 @@ def trainer_driver(relation: str = "add_remove", broken: str | None = None, *,
 
   def make(z):
     return DPTrainer(_Lin(nnx.Rngs(0)), lambda model, ex: jnp.sum(model(ex[0])),
-                     optax.sgd(0.1), data=data, clip_norm=_CLIP, sampling_rate=sampling_rate,
+                     optax.sgd(0.1), data=data, clip_norm=CLIP, sampling_rate=sampling_rate,
                      delta=DELTA, expected_batch_size=sampling_rate * users,
                      relation=relation, noise_multiplier=z, key=0)
 
@@ -172,16 +168,16 @@ def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch:
   twin ``one_participation`` claims the single-epoch sensitivity."""
   from dpsco_jax.algorithms.srgd import driver as srgd
   from dpsco_jax.privacy.ledger import epsilon_of
-  if check_relation(relation) != "zero_out":
-    raise ValueError("relation: the SRGD audit uses zero_out (the paper's relation)")
+  check_relation(relation, ("zero_out",),
+                 "the SRGD audit uses zero_out (the paper's relation)")
   check_broken(broken, ("one_participation",) if epochs > 1 else ("independent_accounting",),
                 "srgd_driver")
   n = batch * steps
-  cfg = {"relation": relation, "batch_size": batch, "num_steps": steps, "clip_norm": _CLIP,
+  cfg = {"relation": relation, "batch_size": batch, "num_steps": steps, "clip_norm": CLIP,
          "beta": 5.0, "noise_multiplier": noise_multiplier, "delta": DELTA}
   if epochs > 1:
     cfg["epochs"] = epochs
-  public = dict(n=n, p=dim, lipschitz=_CLIP, smoothness=1.0, radius=1.0)
+  public = dict(n=n, p=dim, lipschitz=CLIP, smoothness=1.0, radius=1.0)
   plan = srgd.plan_srgd("accelerated_dp_srgd", cfg, **public)
   total = steps * epochs
   if broken == "one_participation":
@@ -205,7 +201,7 @@ def srgd_driver(relation: str = "zero_out", broken: str | None = None, *, batch:
   mask_in = jnp.ones((n,), bool)
   return AuditSpec(f"accelerated_dp_srgd[{broken or 'honest'}]", relation, release, mask_in,
                    mask_in.at[0].set(False),
-                   lambda r: jnp.dot(weights, r[:, 0], precision=_HI), float(claim), DELTA,
+                   lambda r: jnp.dot(weights, r[:, 0], precision=HI), float(claim), DELTA,
                    f"epsilon_of(accelerated_dp_srgd[{broken or 'honest'}] event, "
                    f"z={noise_multiplier:g}, T={total}, epochs={epochs})")
 
@@ -218,8 +214,8 @@ def output_perturbation_driver(relation: str = "replace_one", broken: str | None
   bound. Twin ``noise_halved``."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.output_perturbation import driver as op
-  if check_relation(relation) != "replace_one":
-    raise ValueError("relation: naive output perturbation (paper 001) is replace_one")
+  check_relation(relation, ("replace_one",),
+                 "naive output perturbation (paper 001) is replace_one")
   check_broken(broken, ("noise_halved",), "output_perturbation_driver")
   x = np.zeros((users, 1, dim), np.float32)
   x[0, :, 0] = 1.0
@@ -248,13 +244,12 @@ def loc_gd_driver(relation: str = "replace_one", broken: str | None = None, *,
   plan; the canary ``10 C e_0`` is negated. Twin ``noise_halved``."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.bilevel import localized_gd as lg
-  if check_relation(relation) != "replace_one":
-    raise ValueError("relation: DP-Loc-GD (paper 004) is replace_one")
+  check_relation(relation, ("replace_one",), "DP-Loc-GD (paper 004) is replace_one")
   check_broken(broken, ("noise_halved",), "loc_gd_driver")
   x = _users(examples, 1, dim, 0.0)
   problem = linear_problem(x, radius=1.0)
   cfg = {"epsilon": 4.0, "delta": DELTA, "mu": 1.0, "noise_multiplier": noise_multiplier,
-         "num_steps": steps, "rounds": 1, "clip_norm": _CLIP, "radius0": 1.0}
+         "num_steps": steps, "rounds": 1, "clip_norm": CLIP, "radius0": 1.0}
   plan = api.plan_problem("dp_loc_gd", cfg, problem)   # the plan the driver runs
   claim = api.execute(plan, problem, jax.random.key(0)).privacy.epsilon
   z = noise_multiplier / 2.0 if broken == "noise_halved" else noise_multiplier
@@ -281,23 +276,22 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
   multiplier halved."""
   from dpsco_jax import api
   from dpsco_jax.algorithms.bilevel import driver as bl
-  if check_relation(relation) != "replace_one":
-    raise ValueError("relation: DP bilevel (paper 004) is replace_one")
+  check_relation(relation, ("replace_one",), "DP bilevel (paper 004) is replace_one")
   check_broken(broken, ("noise_halved",), "bilevel_driver")
   a = np.zeros((examples, dim), np.float32)
-  a[0, 0] = _CANARY * _CLIP
+  a[0, 0] = CANARY_NORM * CLIP
   b = np.full((examples, dim), 0.5, np.float32)
   a_out = a.copy()
   a_out[0] = -a[0]
   consts = bl.ProblemConstants(l0f=1.0, l1f=1.0, l0g=1.0, l1g=1.0, l2g=1.0, mu_g=1.0)
   problem = bl.BilevelProblem(
-      name="audit_bilevel", f_ex=lambda x, y, ex: jnp.dot(ex["a"], x, precision=_HI),
+      name="audit_bilevel", f_ex=lambda x, y, ex: jnp.dot(ex["a"], x, precision=HI),
       g_ex=lambda x, y, ex: 0.5 * jnp.sum(jnp.square(y - ex["b"])),
       data={"a": jnp.asarray(a), "b": jnp.asarray(b)}, x0=jnp.zeros((dim,), jnp.float32),
       y0=jnp.zeros((dim,), jnp.float32), consts=consts, x_radius=1.0,
       x_center=jnp.zeros((dim,), jnp.float32), y_radius=2.0)
   cfg = {"epsilon": epsilon, "delta": DELTA, "num_steps": steps, "inner_num_steps": 2,
-         "inner_rounds": 1, "outer_clip_norm": _CLIP, "inner_clip_norm": _CLIP,
+         "inner_rounds": 1, "outer_clip_norm": CLIP, "inner_clip_norm": CLIP,
          "outer_noise": True,
          "shares": (inner_share, inner_share, 1.0 - 2 * inner_share)}
   plan = api.plan_problem("dp_bilevel", cfg, problem)  # the driver's plan (data free, calibrated)
@@ -320,8 +314,7 @@ def bilevel_driver(relation: str = "replace_one", broken: str | None = None, *,
 
 
 def _dp_sgd(sampling: str) -> Callable[..., AuditSpec]:
-  return lambda relation, broken=None, **kw: dp_sgd_driver(relation, broken,
-                                                           sampling=sampling, **kw)
+  return functools.partial(dp_sgd_driver, sampling=sampling)
 
 
 DRIVERS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, ...]]] = {
@@ -349,21 +342,4 @@ GAUSSIAN = ("dp_sgd_user_full", "accelerated_dp_srgd", "accelerated_dp_srgd_epoc
             "naive_output_pert", "dp_loc_gd", "dp_bilevel")
 
 
-def build_driver(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
-  """The :class:`AuditSpec` of a registered driver audit (``DRIVERS``).
-
-  Args:
-    name: a key of ``DRIVERS``.
-    relation: the neighbouring relation to audit under.
-    broken: a broken twin's name (default none: the real mechanism).
-    **kwargs: the driver's own keyword arguments.
-
-  Returns:
-    The :class:`AuditSpec`.
-
-  Raises:
-    ValueError: an unknown ``name``; the driver's own checks (relation, broken variant).
-  """
-  if name not in DRIVERS:
-    raise ValueError(f"name must be one of {tuple(DRIVERS)}, got {name!r}")
-  return DRIVERS[name][0](relation, broken, **kwargs)
+build_driver = build  # one lookup over every registered audit (harness.build)

@@ -21,7 +21,7 @@ import numpy as np
 from dpsco_jax.audit import bounds
 from dpsco_jax.audit.canary import check_relation
 
-__all__ = ["AuditResult", "AuditSpec", "sample_scores", "audit_mechanism", "run_audit"]
+__all__ = ["AuditResult", "AuditSpec", "build", "sample_scores", "audit_mechanism", "run_audit"]
 
 Release = Callable[[jax.Array, Any], Any]
 Score = Callable[[Any], jax.Array]
@@ -217,3 +217,26 @@ def run_audit(spec: AuditSpec, *, trials: int, key: jax.Array | int = 0,
                          claimed_epsilon=spec.claimed_epsilon, delta=spec.delta,
                          relation=spec.relation, trials=trials, key=key,
                          confidence=confidence, name=spec.name, thresholds=spec.thresholds)
+
+
+def build(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
+  """The :class:`AuditSpec` of a registered audit: a stage mechanism, an MF stage or a driver
+  (the names of :func:`dpsco_jax.audit.table.registry`).
+
+  Args:
+    name: the audit's registered name.
+    relation: the neighbouring relation to audit under.
+    broken: a broken twin's name (default none: the real mechanism).
+    **kwargs: the builder's own keyword arguments.
+
+  Returns:
+    The :class:`AuditSpec`.
+
+  Raises:
+    ValueError: an unknown ``name``; the builder's own checks (relation, broken variant).
+  """
+  from dpsco_jax.audit.table import registry
+  audits = registry()
+  if name not in audits:
+    raise ValueError(f"name must be one of {tuple(audits)}, got {name!r}")
+  return audits[name][0](relation, broken, **kwargs)

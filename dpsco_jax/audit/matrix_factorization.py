@@ -8,14 +8,14 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax.audit.canary import UserBatch, check_relation, dirac_canary, neighbouring_pair
-from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import DELTA, chain_releases, check_broken
+from dpsco_jax.audit.canary import (CANARY_NORM, CLIP, DELTA, HI, UserBatch, check_broken,
+                                    check_relation, dirac_canary, neighbouring_pair)
+from dpsco_jax.audit.harness import AuditSpec, build
+from dpsco_jax.audit.mechanisms import chain_releases
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.transforms.clipping import clip_and_aggregate
@@ -23,9 +23,6 @@ from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 
 __all__ = ["MECHANISMS", "build", "banded_noise_audit", "blt_noise_audit"]
 
-_HI = jax.lax.Precision.HIGHEST
-_CLIP = 1.0
-_CANARY_NORM = 10.0
 TWINS = ("single_participation_accounting",)
 
 
@@ -33,8 +30,8 @@ def _stream(relation: str, steps: int, pattern: np.ndarray, users: int, dim: int
             ) -> tuple[UserBatch, UserBatch]:
   """``[steps, users, dim]`` batches: the canary in slot 0 at ``pattern`` steps, background
   users pushing ``-e_0``."""
-  background = -jnp.tile(dirac_canary(dim, _CANARY_NORM)[None], (users - 1, 1))
-  b_in, b_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
+  background = -jnp.tile(dirac_canary(dim, CANARY_NORM)[None], (users - 1, 1))
+  b_in, b_out = neighbouring_pair(background, dirac_canary(dim, CANARY_NORM), relation)
   on = jnp.zeros((steps,), bool).at[jnp.asarray(pattern)].set(True)
 
   def stack(b: UserBatch) -> UserBatch:
@@ -47,9 +44,7 @@ def _stream(relation: str, steps: int, pattern: np.ndarray, users: int, dim: int
 def _spec(name: str, relation: str, broken: str | None, stage, coefs: np.ndarray,
           steps: int, participations: int, sep: int, users: int, dim: int,
           noise_multiplier: float) -> AuditSpec:
-  check_relation(relation)
-  if relation == "replace_one":
-    raise ValueError("relation: the MF audits use add_remove or zero_out")
+  check_relation(relation, ("add_remove", "zero_out"), "the MF audits use add_remove or zero_out")
   check_broken(broken, TWINS, name)
   pattern = np.arange(participations) * sep
   if pattern[-1] >= steps:
@@ -60,7 +55,7 @@ def _spec(name: str, relation: str, broken: str | None, stage, coefs: np.ndarray
   claim = epsilon_of(mf.mf_event(noise_multiplier, claimed), delta=DELTA,
                      relation="add_remove")
   denom = float(users)
-  std = noise_multiplier * _CLIP / denom
+  std = noise_multiplier * CLIP / denom
   d_in, d_out = _stream(relation, steps, pattern, users, dim)
   shift = np.zeros(steps)
   shift[pattern] = 1.0
@@ -68,14 +63,14 @@ def _spec(name: str, relation: str, broken: str | None, stage, coefs: np.ndarray
   weights = jnp.asarray(cmat.T @ cmat @ shift, jnp.float32)
 
   def release(key, data: UserBatch):
-    tx = optax.chain(clip_and_aggregate(_CLIP, "mean", denom), stage(std, steps, key))
+    tx = optax.chain(clip_and_aggregate(CLIP, "mean", denom), stage(std, steps, key))
     return chain_releases(tx, data, dim)
 
   source = (f"epsilon_of(mf_event(z={noise_multiplier}, sens={claimed:.4g})); canary "
             f"participates {participations}x, {sep} apart"
             + (" (claimed as one participation)" if broken else ""))
   return AuditSpec(f"{name}[{broken or 'honest'}]", relation, release, d_in, d_out,
-                   lambda r: jnp.dot(weights, r[:, 0], precision=_HI), claim, DELTA, source)
+                   lambda r: jnp.dot(weights, r[:, 0], precision=HI), claim, DELTA, source)
 
 
 def banded_noise_audit(relation: str = "zero_out", broken: str | None = None, *,
@@ -107,9 +102,3 @@ MECHANISMS = {
     "blt_noise": (blt_noise_audit, ("zero_out", "add_remove"), TWINS),
 }
 
-
-def build(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
-  """The :class:`AuditSpec` of a registered MF audit (``MECHANISMS``)."""
-  if name not in MECHANISMS:
-    raise ValueError(f"name must be one of {tuple(MECHANISMS)}, got {name!r}")
-  return MECHANISMS[name][0](relation, broken, **kwargs)

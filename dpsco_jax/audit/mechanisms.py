@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax.audit.canary import UserBatch, dirac_canary, neighbouring_pair, check_relation
-from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.audit.canary import (CANARY_NORM, CLIP, DELTA, HI, UserBatch, check_broken,
+                                    check_relation, dirac_canary, neighbouring_pair)
+from dpsco_jax.audit.harness import AuditSpec, build
 from dpsco_jax.privacy.discrete_laplace import del_output_pert_params as _dop_params
 from dpsco_jax.privacy.discrete_laplace import tdlap_sample_from_kappa
 from dpsco_jax.privacy.ledger import epsilon_of
@@ -38,19 +39,6 @@ from dpsco_jax.transforms.tree_noise import (prefix_nodes, prefix_noise_event,
 __all__ = ["MECHANISMS", "build", "gaussian_chain", "tree_noise", "laplace_test_audit",
            "above_threshold_audit", "output_perturbation", "tdlap_bottom", "gaussian_lr_weights",
            "check_broken", "tree_noise_covariance", "chain_releases", "e0_sum"]
-
-DELTA = 1e-5
-_HI = jax.lax.Precision.HIGHEST  # scores are sums of many terms: no TF32/bf16 passes
-_CLIP = 1.0
-_CANARY_NORM = 10.0  # >> C: clipping, not the data, decides how far the canary moves things
-
-
-def check_broken(broken: str | None, allowed: tuple[str, ...], name: str = "") -> None:
-  """ValueError unless ``broken`` is ``None`` (honest) or one of the audit's twins."""
-  if broken is not None and broken not in allowed:
-    where = f" for {name}" if name else ""
-    raise ValueError(f"broken must be None or one of {allowed}{where}, got {broken!r}")
-
 
 def chain_releases(tx, data: UserBatch, dim: int, steps: int | None = None) -> jax.Array:
   """``tx``'s outputs stacked over steps: one per leading row of ``data`` (per-step batches),
@@ -84,14 +72,14 @@ def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
   check_broken(broken, twins, f"gaussian_chain({relation})")
   denom = float(users + 1)  # declared (public) batch size
   acc_rel = "replace_one" if relation == "replace_one" else "add_remove"
-  sens = aggregation_sensitivity(_CLIP, mode="mean", denominator=denom, relation=acc_rel)
+  sens = aggregation_sensitivity(CLIP, mode="mean", denominator=denom, relation=acc_rel)
   z_eff = math.sqrt(steps) / mu_target
   sigma = z_eff * sens
   claim = epsilon_of(dp_accounting.SelfComposedDpEvent(
-      dp_accounting.GaussianDpEvent(sigma / (_CLIP / denom)), steps), delta=DELTA,
+      dp_accounting.GaussianDpEvent(sigma / (CLIP / denom)), steps), delta=DELTA,
       relation=acc_rel)
-  background = -jnp.tile(dirac_canary(dim, _CANARY_NORM)[None], (users, 1))
-  d_in, d_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
+  background = -jnp.tile(dirac_canary(dim, CANARY_NORM)[None], (users, 1))
+  d_in, d_out = neighbouring_pair(background, dirac_canary(dim, CANARY_NORM), relation)
   z_count = z_eff * gaussian_sensitivity_factor(relation)
 
   def release(key, data: UserBatch):
@@ -100,15 +88,15 @@ def gaussian_chain(relation: str = "add_remove", broken: str | None = None, *,
       agg = aggregate("mean", denom)
     elif broken == "realized_count":
       count = jnp.sum(data.mask).astype(jnp.float32)
-      agg, scale, std = clip_and_aggregate(_CLIP, "sum"), 1.0 / count, z_count * _CLIP / count
+      agg, scale, std = clip_and_aggregate(CLIP, "sum"), 1.0 / count, z_count * CLIP / count
     else:
-      agg = clip_and_aggregate(_CLIP, "mean", denom)
+      agg = clip_and_aggregate(CLIP, "mean", denom)
     tx = optax.chain(agg, optax.scale(scale), add_gaussian_noise(std, key))
     return chain_releases(tx, data, dim, steps)
 
   return AuditSpec(f"gaussian_chain[{broken or 'honest'}]", relation, release, d_in, d_out,
                    e0_sum, claim, DELTA,
-                   f"epsilon_of(SelfComposed(Gaussian(z={sigma / (_CLIP / denom):.3g}), "
+                   f"epsilon_of(SelfComposed(Gaussian(z={sigma / (CLIP / denom):.3g}), "
                    f"{steps}), {acc_rel})")
 
 
@@ -130,17 +118,16 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
   batch 0 (so in every prefix); score: the tree covariance's likelihood-ratio weights. Claim:
   ``prefix_noise_event(z, T, "tree")`` (mu = sqrt(levels)/z); the twin claims
   ``"independent"`` (mu = 1/z)."""
-  check_relation(relation)
-  if relation == "replace_one":
-    raise ValueError("relation: the tree audit uses add_remove or zero_out (spec 003)")
+  check_relation(relation, ("add_remove", "zero_out"),
+                 "the tree audit uses add_remove or zero_out (spec 003)")
   check_broken(broken, ("independent_accounting",), "tree_noise")
   denom = float(users)
-  std = noise_multiplier * _CLIP / denom
+  std = noise_multiplier * CLIP / denom
   mech = "independent" if broken == "independent_accounting" else "tree"
   claim = epsilon_of(prefix_noise_event(noise_multiplier, steps, mechanism=mech),
                      delta=DELTA, relation="add_remove")
-  background = -jnp.tile(dirac_canary(dim, _CANARY_NORM)[None], (users - 1, 1))
-  b_in, b_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
+  background = -jnp.tile(dirac_canary(dim, CANARY_NORM)[None], (users - 1, 1))
+  b_in, b_out = neighbouring_pair(background, dirac_canary(dim, CANARY_NORM), relation)
   rest = UserBatch(jnp.tile(b_in.grads[None], (steps - 1, 1, 1)),
                    jnp.ones((steps - 1, users), bool).at[:, 0].set(False))
 
@@ -151,11 +138,11 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
                         jnp.float32)
 
   def release(key, data: UserBatch):
-    return chain_releases(optax.chain(clip_and_aggregate(_CLIP, "mean", denom),
+    return chain_releases(optax.chain(clip_and_aggregate(CLIP, "mean", denom),
                                       tree_prefix_sum_noise(std, steps, key)), data, dim)
 
   return AuditSpec(f"tree_noise[{broken or 'honest'}]", relation, release, stream(b_in),
-                   stream(b_out), lambda r: jnp.dot(weights, r[:, 0], precision=_HI),
+                   stream(b_out), lambda r: jnp.dot(weights, r[:, 0], precision=HI),
                    claim, DELTA,
                    f"epsilon_of(prefix_noise_event(z={noise_multiplier}, T={steps}, {mech}))")
 
@@ -178,8 +165,8 @@ def laplace_test_audit(relation: str = "replace_one", broken: str | None = None,
                        radius: float = 1.0) -> AuditSpec:
   """Algorithm 1's test ``s + Lap(2/eps) >= threshold`` on the FILTER score, the threshold
   at the two scores' midpoint (the worst case); the twin calibrates for sensitivity 1."""
-  if check_relation(relation) != "replace_one":
-    raise ValueError("relation: the FILTER score is audited under replace_one (paper 000)")
+  check_relation(relation, ("replace_one",),
+                 "the FILTER score is audited under replace_one (paper 000)")
   check_broken(broken, ("noise_halved",), "laplace_test")
   d_in, d_out = _cluster_pair(users, dim, radius)
   threshold = 0.5 * float(_score(d_in, radius) + _score(d_out, radius))
@@ -201,8 +188,8 @@ def above_threshold_audit(relation: str = "replace_one", broken: str | None = No
   """``outlier_filter``'s halting flags over ``steps`` steps (score: steps survived), ``D'``'s
   score exactly at the threshold. Claim: the stage's AboveThreshold budget ``eps/2``; the
   twin redraws the noisy threshold every step (spec 000 §7 item 1)."""
-  if check_relation(relation) != "replace_one":
-    raise ValueError("relation: the FILTER stage is audited under replace_one (paper 000)")
+  check_relation(relation, ("replace_one",),
+                 "the FILTER stage is audited under replace_one (paper 000)")
   check_broken(broken, ("threshold_redrawn",), "above_threshold")
   d_in, d_out = _cluster_pair(users, dim, radius)
   frac = float(_score(d_out, radius)) / users
@@ -237,19 +224,19 @@ def output_perturbation(relation: str = "replace_one", broken: str | None = None
                         users: int = 8, dim: int = 2, epsilon: float = 2.0) -> AuditSpec:
   """Output perturbation of the minimizer ``mean_u clip_G(x_u)`` (replace-one sensitivity
   ``2G/n``) with ``gaussian_sigma_analytic``'s noise; the twin uses ``G/n`` (add/remove)."""
-  if check_relation(relation) != "replace_one":
-    raise ValueError("relation: output perturbation (paper 001) is audited under replace_one")
+  check_relation(relation, ("replace_one",),
+                 "output perturbation (paper 001) is audited under replace_one")
   check_broken(broken, ("noise_halved",), "output_perturbation")
-  sens = 2.0 * _CLIP / users
+  sens = 2.0 * CLIP / users
   sigma = gaussian_sigma_analytic(sens, epsilon, DELTA)
   claim = epsilon_of(dp_accounting.GaussianDpEvent(sigma / (sens / 2.0)), delta=DELTA,
                      relation="replace_one")
   used = sigma / 2.0 if broken == "noise_halved" else sigma
   background = jnp.tile(dirac_canary(dim, 0.5)[None], (users - 1, 1))
-  d_in, d_out = neighbouring_pair(background, dirac_canary(dim, _CANARY_NORM), relation)
+  d_in, d_out = neighbouring_pair(background, dirac_canary(dim, CANARY_NORM), relation)
 
   def release(key, data: UserBatch):
-    agg = clip_and_aggregate(_CLIP, "mean", float(users))
+    agg = clip_and_aggregate(CLIP, "mean", float(users))
     theta, _ = agg.update(data.grads, agg.init(None), user_mask=data.mask)
     return theta + used * jax.random.normal(key, theta.shape, theta.dtype)
 
@@ -263,8 +250,8 @@ def tdlap_bottom(relation: str = "replace_one", broken: str | None = None, *,
   """DelOutputPert's abstention bit ``s_min > R1``, ``R1 ~ TDLap(eps', delta')``, ``s_min``
   moved from ``kappa + 1`` to ``kappa`` (where the test is tight). Claim: ``eps'`` (property
   (P2) in Thm 3.3's proof); the twin draws ``R1`` at ``eps``."""
-  if check_relation(relation) != "replace_one":
-    raise ValueError("relation: DelOutputPert (paper 001) is audited under replace_one")
+  check_relation(relation, ("replace_one",),
+                 "DelOutputPert (paper 001) is audited under replace_one")
   check_broken(broken, ("eps_not_split",), "tdlap_bottom")
   p = _dop_params(epsilon, DELTA)
   used = epsilon if broken == "eps_not_split" else p.epsilon_prime
@@ -293,10 +280,3 @@ MECHANISMS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str
 
 # Gaussian (mu-GDP) claims: only there is the GDP-fit bound a test
 GAUSSIAN = ("gaussian_chain", "tree_noise", "output_perturbation")
-
-
-def build(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
-  """The :class:`AuditSpec` of a registered mechanism (``MECHANISMS``)."""
-  if name not in MECHANISMS:
-    raise ValueError(f"name must be one of {tuple(MECHANISMS)}, got {name!r}")
-  return MECHANISMS[name][0](relation, broken, **kwargs)

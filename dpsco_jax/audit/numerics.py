@@ -17,15 +17,13 @@ import jax.numpy as jnp
 
 from dpsco_jax.algorithms.user_level_filter.schedules import certified_sensitivity
 from dpsco_jax.audit import mechanisms
-from dpsco_jax.audit.canary import UserBatch, check_relation
+from dpsco_jax.audit.canary import DELTA, HI, UserBatch, check_broken, check_relation
 from dpsco_jax.audit.harness import AuditSpec
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.transforms.filtering import filter_points, inclusion_probability
 
 __all__ = ["NUMERICS", "filter_offset", "gram_float32_filter_mean"]
 
-DELTA = mechanisms.DELTA
-_HI = jax.lax.Precision.HIGHEST
 _OFFSET = 1e5          # the common component (coordinate 1)
 _TAU = 0.01            # score radius; degree radius 2 tau (Algorithm 1)
 _CANARY = 2000 * _TAU  # the canary's distance from everyone else (along the offset)
@@ -36,7 +34,7 @@ def gram_float32_filter_mean(x: jax.Array, key: jax.Array, score_radius: float,
                              degree_radius: float) -> jax.Array:
   """The broken twin: FILTER's kept mean with plain float32 Gram distances."""
   sq = jnp.sum(x * x, axis=1)
-  d2 = sq[:, None] + sq[None, :] - 2.0 * jnp.matmul(x, x.T, precision=_HI)
+  d2 = sq[:, None] + sq[None, :] - 2.0 * jnp.matmul(x, x.T, precision=HI)
   d2 = jnp.maximum(0.5 * (d2 + d2.T), 0.0)
   d2 = jnp.where(jnp.eye(x.shape[0], dtype=bool), 0.0, d2)
   del score_radius
@@ -60,9 +58,8 @@ def filter_offset(relation: str = "replace_one", broken: str | None = None, *,
                   users: int = 64, steps: int = 4, noise_multiplier: float = 8.0
                   ) -> AuditSpec:
   """The filtered-mean release at a large common offset."""
-  if check_relation(relation) != "replace_one":
-    raise ValueError("relation: FILTER (paper 000) is audited under replace_one")
-  mechanisms.check_broken(broken, ("gram_float32",), "filter_offset")
+  check_relation(relation, ("replace_one",), "FILTER (paper 000) is audited under replace_one")
+  check_broken(broken, ("gram_float32",), "filter_offset")
   r_s, r_h = _TAU, 2.0 * _TAU
   sens = certified_sensitivity(r_h, users, _ZETA, min_kept_fraction=2.0 / 3.0)
   sigma = noise_multiplier * sens / 2.0   # the ledger doubles C = Delta/2 under replace-one

@@ -13,8 +13,8 @@ import dp_accounting
 import jax
 import jax.numpy as jnp
 
+from dpsco_jax.audit.canary import check_broken
 from dpsco_jax.audit.harness import AuditSpec
-from dpsco_jax.audit.mechanisms import check_broken
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.privacy.selection import SelectionLaw, selection_report
 
