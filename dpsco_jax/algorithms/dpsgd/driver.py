@@ -41,7 +41,7 @@ from dpsco_jax.algorithms.dpsgd.config import DpSgdConfig, SgdSchedule
 from dpsco_jax.algorithms.registration import Grid, register
 from dpsco_jax._checks import check_bool
 from dpsco_jax.algorithms.common import (hparam, progress_session, run_chain,
-                                         scan_slot_batches)
+                                         run_chain_host, scan_slot_batches)
 from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, SgdPlan, dp_sgd_plan,
                                              dp_sgd_planner, level_rows, nonprivate_planner)
@@ -151,32 +151,52 @@ def _cyclic_loop(loss_fn, tx_factory, static: tuple, steps: int, batch: int, per
   return loop
 
 
-def _check_declared(plan: DpSgdPlan, n: int, rows: str) -> None:
-  """Under add_remove the declared count is the public bound the plan sized the sampling
-  capacity for: more rows than that are refused, before any step."""
+def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict | None = None,
+             *, noise: bool = True, keep: bool = False) -> tuple[Any, ...]:
+  """Runs the plan (its guarantee was charged when it was made) on ``rows``; ``None``: the
+  problem's rows at the plan's level, on the device or, with ``placement == "host"``, sampled
+  on the host and only theirs sent to the device (``problem.user_data`` stays in host memory
+  or a memory map; Poisson, user rows or the ``U m`` item slots). Under add_remove the
+  declared count is the public bound the plan sized the sampling capacity for: more rows than
+  that are refused, before any step."""
+  host = rows is None and getattr(problem, "placement", "device") == "host"
+  if host:
+    if plan.adaptive is not None:
+      raise ValueError("clip_norm: adaptive does not stream rows from the host yet "
+                       "(data_placement='host'): use data_placement='device'")
+    if plan.level not in ("user", "item") or plan.sampling != "poisson":
+      raise ValueError("data_placement='host' streams Poisson-sampled rows (dp_sgd_user or "
+                       f"dp_sgd_item with sampling='poisson'); got level={plan.level!r}, "
+                       f"sampling={plan.sampling!r}")
+    data = problem.user_data
+    n = data.n_users * (1 if plan.level == "user" else data.max_items_per_user)
+  else:
+    rows = level_rows(problem, plan.level, None) if rows is None else rows
+    n = jax.tree.leaves(rows)[0].shape[0]
   if plan.relation == "add_remove" and n > plan.n_public:
-    raise ValueError(f"the data has {n} {rows}, more than the declared n_users allows "
-                     f"({plan.n_public} rows): under add_remove the declared count is the "
-                     "public bound the sampling capacity is sized for")
-
-
-def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *,
-             noise: bool = True, keep: bool = False) -> tuple[Any, ...]:
-  """Runs the plan on ``rows`` (its guarantee was charged when it was made)."""
-  n = jax.tree.leaves(rows)[0].shape[0]
-  _check_declared(plan, n, "rows")
+    raise ValueError(f"the data has {n} {plan.level + ' ' if host else ''}rows, more than the "
+                     f"declared n_users allows ({plan.n_public} rows): under add_remove the "
+                     "declared count is the public bound the sampling capacity is sized for")
   capacity = n if plan.capacity is None else plan.capacity
   # the learning rate is an argument of the jitted scan: a grid sweep traces it (common.hparam)
   hparams = {"clip": plan.clip, "stddev": plan.noise_std if noise else 0.0,
              "lr": hparam(problem, "learning_rate", plan.lr),
              "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
+  progress = None if keep else getattr(problem, "progress", None)
+  mesh = getattr(problem, "mesh", None)
+  if host:
+    return run_chain_host(problem.loss_fn, problem.user_data, problem.init_params(),
+                          dp_sgd_chain, hparams, static=(plan.denominator, plan.averaging, False),
+                          steps=plan.steps, key=jax.random.fold_in(key, 2),
+                          rate=plan.sampling_rate, capacity=plan.capacity,
+                          view="user" if plan.level == "user" else "item_rows", rows=n,
+                          progress=progress, mesh=mesh)
   static = (plan.denominator, plan.averaging, keep,
             plan.adaptive.stage_spec(noise) if plan.adaptive is not None
             else ("independent",) if plan.mf is None else plan.mf.stage_spec(), plan.steps)
-  progress = None if keep else getattr(problem, "progress", None)
   record = _release_of if keep else None
   if plan.sampling in ("cyclic", "banded_poisson"):   # batches drawn by this family's loops
-    if getattr(problem, "mesh", None) is not None:
+    if mesh is not None:
       raise ValueError(f"sampling={plan.sampling!r} does not run on a mesh yet: use one device")
     with progress_session(progress, plan.steps) as session:
       loop = (_cyclic_loop(problem.loss_fn, dp_sgd_chain, static, plan.steps, plan.batch,
@@ -192,44 +212,23 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict, *
                    key=jax.random.fold_in(key, 2), sampling=plan.sampling,
                    batch=n if plan.sampling == "full" else plan.batch, capacity=capacity,
                    rate=plan.sampling_rate if plan.sampling == "poisson" else None,
-                   record=record, mesh=getattr(problem, "mesh", None),
-                   progress=progress)
+                   record=record, mesh=mesh, progress=progress)
 
 
-def _execute_host(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array) -> tuple[Any, ...]:
-  """The plan with rows sampled on the host and only theirs sent to the device
-  (``problem.user_data`` stays in host memory or a memory map): Poisson, user level (rows are
-  users) or item level (rows are the ``U m`` item slots, as ``_item_rows`` lays them out)."""
-  from dpsco_jax.algorithms.common import run_chain_host
-  if plan.level not in ("user", "item") or plan.sampling != "poisson":
-    raise ValueError("data_placement='host' streams Poisson-sampled rows (dp_sgd_user or "
-                     f"dp_sgd_item with sampling='poisson'); got level={plan.level!r}, "
-                     f"sampling={plan.sampling!r}")
-  data = problem.user_data
-  n = data.n_users * (1 if plan.level == "user" else data.max_items_per_user)
-  _check_declared(plan, n, f"{plan.level} rows")
-  hparams = {"clip": plan.clip, "stddev": plan.noise_std, "lr": plan.lr,
-             "radius": problem.radius, "noise_key": jax.random.fold_in(key, 1)}
-  return run_chain_host(problem.loss_fn, problem.user_data, problem.init_params(),
-                        dp_sgd_chain, hparams, static=(plan.denominator, plan.averaging, False),
-                        steps=plan.steps, key=jax.random.fold_in(key, 2),
-                        rate=plan.sampling_rate, capacity=plan.capacity,
-                        view="user" if plan.level == "user" else "item_rows", rows=n,
-                        progress=getattr(problem, "progress", None),
-                        mesh=getattr(problem, "mesh", None))
+def run_dp_sgd(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
+  """Executes a DP-SGD plan (``plan.detail``) on ``problem``'s rows and reports the plan's
+  guarantee (``dp_sgd_user``, ``dp_sgd_item`` and ``dp_sgd_group`` are registered on it).
 
+  Args:
+    plan: the :class:`dpsco_jax.Plan` of one of the three algorithms.
+    problem: the problem it runs on.
+    key: the run's PRNG key.
 
-def _run(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
-  """Executes a DP-SGD plan (``plan.detail``) on ``problem``'s rows, on the device or streamed
-  from the host, and reports the plan's guarantee."""
+  Returns:
+    The :class:`~dpsco_jax.result.Result`: the released point, ``plan.privacy``, the record.
+  """
   p: DpSgdPlan = plan.detail
-  if getattr(problem, "placement", "device") == "host":
-    if p.adaptive is not None:
-      raise ValueError("clip_norm: adaptive does not stream rows from the host yet "
-                       "(data_placement='host'): use data_placement='device'")
-    params, _ = _execute_host(problem, p, key)
-  else:
-    params, _ = _execute(problem, p, key, level_rows(problem, p.level, None))
+  params, _ = _execute(problem, p, key)
   grad_evals = int(p.steps * p.batch * (problem.m if p.level == "user" else 1))
   return Result(params=params, privacy=plan.privacy, gradient_evaluations=grad_evals,
                 record=_record(p))
@@ -285,26 +284,16 @@ _TRAITS = dict(paper="baseline", mesh=True, batched=True,
                grid=Grid(frozenset({"learning_rate"}), ("learning_rate",)))
 
 
-@register("dp_sgd_user", config=DpSgdConfig, planner=dp_sgd_planner("user"),
-          host_streaming=True, distributed=True, **_TRAITS)
-def dp_sgd_user(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
-  """User-level DP-SGD with per-user clipping of the mean gradient (relations: see the plan)."""
-  return _run(plan, problem, key)
-
-
-@register("dp_sgd_item", config=DpSgdConfig, planner=dp_sgd_planner("item"), level="item",
-          reads_m=True, host_streaming=True, distributed=True, **_TRAITS)
-def dp_sgd_item(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
-  """Item-level DP-SGD (per-example clipping); its guarantee is item-level only."""
-  return _run(plan, problem, key)
-
-
-# item rows, a user-level guarantee (group privacy over m items): the group size is m
-@register("dp_sgd_group", config=DpSgdConfig, planner=dp_sgd_planner("group"), level="item",
-          item_guarantee=False, reads_m=True, **_TRAITS)
-def dp_sgd_group(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
-  """Item-level DP-SGD lifted to user level (groups of ``m`` items) by group privacy."""
-  return _run(plan, problem, key)
+# dp_sgd_user: user-level DP-SGD with per-user clipping of the mean gradient; dp_sgd_item:
+# item-level (per-example clipping), its guarantee item-level only; dp_sgd_group: item rows
+# lifted to a user-level guarantee by group privacy over the m items (relations: the plan)
+dp_sgd_user = register("dp_sgd_user", config=DpSgdConfig, planner=dp_sgd_planner("user"),
+                       host_streaming=True, distributed=True, **_TRAITS)(run_dp_sgd)
+dp_sgd_item = register("dp_sgd_item", config=DpSgdConfig, planner=dp_sgd_planner("item"),
+                       level="item", reads_m=True, host_streaming=True, distributed=True,
+                       **_TRAITS)(run_dp_sgd)
+dp_sgd_group = register("dp_sgd_group", config=DpSgdConfig, planner=dp_sgd_planner("group"),
+                        level="item", item_guarantee=False, reads_m=True, **_TRAITS)(run_dp_sgd)
 
 
 @register("nonprivate_sgd", config=SgdSchedule, planner=nonprivate_planner, **_TRAITS)

@@ -60,6 +60,7 @@ refused (removing a row redraws the partition and changes ``G`` and ``D``), and 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -422,35 +423,6 @@ def _sampling(sampling: str, n: int, rate: float | None, batch_size: int | None
   return q, max(1, round(q * n)), q * n, poisson_capacity(n, q)
 
 
-def _noise_multiplier(cfg: Schema, make_event: Callable[[float], Any], schedule: dict, *,
-                      level: str, relation: str, delta: float, group_size: int, tv: float
-                      ) -> tuple[float, float | None, float | None]:
-  """(z, epsilon target or None, item delta target or None): an explicit
-  ``noise_multiplier`` as is (:meth:`DpSgdPlan.charge` checks the budget), else ``z``
-  calibrated on ``make_event``, memoized on ``schedule`` (public numbers: a sweep's seeds
-  calibrate once). At group level the item target is the one whose lift is the target, with
-  room for the truncation term ``(1 + e^{eps_i}) tv`` that
-  :func:`dpsco_jax.privacy.group.group_privacy_epsilon` adds."""
-  target = None if cfg.epsilon is None else float(cfg.epsilon)
-  if cfg.noise_multiplier is not None:
-    return float(cfg.noise_multiplier), target, None
-  if target is None:
-    raise ValueError("epsilon is required unless noise_multiplier is given")
-  key = ("dp_sgd", tuple(sorted(schedule.items())))
-  if level != "group":
-    z = calibrate_noise_multiplier(make_event, epsilon=target, delta=delta,
-                                   relation=relation, key=key)
-    return z, target, None
-  eps_i, delta_i = group_privacy_targets(target, delta, group_size)
-  delta_i = (delta_i - (1.0 + math.exp(eps_i)) * tv) * (1.0 - 1e-9)
-  if delta_i <= 0:
-    raise ValueError("the Poisson truncation probability leaves no item delta for group "
-                     "privacy: raise delta or the slot capacity")
-  z = calibrate_noise_multiplier(make_event, epsilon=eps_i, delta=delta_i, relation=relation,
-                                 key=key)
-  return z, target, delta_i
-
-
 def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                 rows_per_user: int, default_clip: float | None, radius: float) -> DpSgdPlan:
   """The plan of one DP-SGD run from the config and public numbers.
@@ -505,10 +477,28 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                 else _mf_noise(cfg, noise, steps, participations, min_sep))
   schedule = dict(sampling=sampling, q=q, n=n, batch=batch, steps=steps, mf_noise=mf_noise,
                   participations=participations, min_sep=min_sep)
-  make_event = lambda z: dp_sgd_event(z, **schedule)
-  z, target, item_delta = _noise_multiplier(cfg, make_event, schedule, level=level,
-                                            relation=relation, delta=delta,
-                                            group_size=group_size, tv=trunc)
+  make_event = functools.partial(dp_sgd_event, **schedule)
+  # z: an explicit noise_multiplier as is (charge() checks the budget), else calibrated on
+  # make_event, memoized on the schedule (public numbers: a sweep's seeds calibrate once). At
+  # group level the item target is the one whose lift is the target, with room for the
+  # truncation term (1 + e^{eps_i}) tv that group_privacy_epsilon adds.
+  target = None if cfg.epsilon is None else float(cfg.epsilon)
+  item_delta = None
+  if cfg.noise_multiplier is not None:
+    z = float(cfg.noise_multiplier)
+  elif target is None:
+    raise ValueError("epsilon is required unless noise_multiplier is given")
+  else:
+    eps_c, delta_c = target, delta
+    if level == "group":
+      eps_c, delta_i = group_privacy_targets(target, delta, group_size)
+      delta_c = item_delta = (delta_i - (1.0 + math.exp(eps_c)) * trunc) * (1.0 - 1e-9)
+      if delta_c <= 0:
+        raise ValueError("the Poisson truncation probability leaves no item delta for group "
+                         "privacy: raise delta or the slot capacity")
+    z = calibrate_noise_multiplier(make_event, epsilon=eps_c, delta=delta_c,
+                                   relation=relation,
+                                   key=("dp_sgd", tuple(sorted(schedule.items()))))
   if cfg.learning_rate is None and not math.isfinite(radius):
     raise ValueError("learning_rate: its default R / (C sqrt(num_steps)) needs a finite "
                      "radius R (the problem is unconstrained): give learning_rate")
@@ -519,9 +509,12 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
   # the step's noise stage: z on the clipped mean's sensitivity C / D (the accountant doubles
   # it under replace-one); tree and MF noise take the same std per node / coordinate of Z,
   # their events price the strategy's sensitivity
-  adaptive = adaptive_plan(cfg, z, clip, denominator, level=level, noise=noise)
-  stage = (GaussianStage(z, clipped_mean_sensitivity(clip, denominator), "step")
-           if adaptive is None else adaptive.split.sum_stage(clip, denominator))
+  if cfg.clip_norm == ADAPTIVE:
+    adaptive = adaptive_plan(cfg, z, clip, denominator, level=level, noise=noise)
+    stage = adaptive.split.sum_stage(clip, denominator)
+  else:
+    adaptive = None
+    stage = GaussianStage(z, clipped_mean_sensitivity(clip, denominator), "step")
   return DpSgdPlan(level=level, relation=relation, sampling=sampling, n_public=n,
                    sampling_rate=q, batch=batch, denominator=denominator, capacity=capacity,
                    steps=steps, clip=clip, noise_multiplier=z, stage=stage,
@@ -542,13 +535,11 @@ def _first_clip(clip_norm: Any, initial: float | None, default_clip: float | Non
 
 
 def adaptive_plan(cfg: Schema, z: float, clip: float, denominator: float, *, level: str,
-                  noise: str) -> AdaptivePlan | None:
+                  noise: str) -> AdaptivePlan:
   """``clip_norm: adaptive``'s plan, refused (naming why) where it would break the
   mechanism's sensitivity (public: ``flax.DPTrainer``'s Poisson plan takes it too). The
   count's default std is the paper's ``D / 20`` (§4), raised to ``z`` when ``D`` is small
   (then ``z_Delta = 1.15 z``) so that the default never refuses."""
-  if cfg.clip_norm != ADAPTIVE:
-    return None
   if level == "group":
     raise ValueError("clip_norm: adaptive is refused for dp_sgd_group: its user-level "
                      "guarantee is the group lift of an item-level step whose clip norm is a "
