@@ -1,26 +1,19 @@
 """Adaptive clipping as a chain stage: the clip norm follows a quantile of the users' norms.
 
-Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private Learning with Adaptive
-Clipping", NeurIPS 2021 (Algorithm 1). Each step, with the clip norm ``C_t`` in the state:
+Andrew et al., "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021,
+Algorithm 1. Each step, at the state's clip norm ``C_t``:
 
-1. every real user ``i`` is clipped at ``C_t`` and reports ``b_i = 1[||g_i|| <= C_t]`` (a
-   non-finite row is dropped from the sum and counts as clipped);
+1. every real user is clipped at ``C_t`` and reports ``b_i = 1[||g_i|| <= C_t]`` (a non-finite
+   row is dropped from the sum and counts as clipped);
 2. the stage releases the clipped mean ``(sum_i clip(g_i) + N(0, (z_Delta C_t)^2 I)) / D`` and
    the noisy unclipped fraction ``b~ = (sum_i (b_i - 1/2) + N(0, sigma_b^2)) / D + 1/2``
-   (§3: the centred count has add/remove sensitivity 1/2; ``D`` is the declared, expected
-   batch size, never the realized count);
-3. ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))`` (§3), towards the norm leaving a fraction
-   ``gamma`` of the users unclipped.
+   (``D`` the declared expected batch size);
+3. ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))`` (§3).
 
-Privacy. ``z_Delta`` and ``sigma_b`` come from
-:func:`dpsco_jax.privacy.sensitivity.adaptive_clip_split` (Theorem 1): the pair is one Gaussian
-mechanism of multiplier ``z``, priced as DP-SGD's step at ``z``. The sum's sensitivity is
-``C_t / D``, and ``C_t`` is a function of past releases and public constants only
-(post-processing), so the analysis holds step by step. It is one stage because the sum's std
-depends on ``C_t`` in this stage's state, which ``optax.chain`` cannot pass to a later stage.
-
-Keys: step ``t`` uses ``fold_in(key, t)``, split by ``fold_in`` into the sum's (0) and the
-count's (1). The state's repr redacts the key; ``clip_norm`` and ``fraction`` are public.
+Privacy: the pair is one Gaussian mechanism of multiplier ``z``
+(:class:`~dpsco_jax.privacy.sensitivity.AdaptiveClipSplit`, Theorem 1), priced as DP-SGD's step;
+``C_t`` is post-processing of past releases. Step ``t``'s key is ``fold_in(key, t)``, then
+``fold_in`` 0 (sum) and 1 (count); the state redacts the key.
 """
 
 from __future__ import annotations
@@ -31,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import (check_nonnegative, check_positive, check_seed_or_key,
-                               check_user_mask)
+from dpsco_jax._checks import check_nonnegative, check_positive, check_seed_or_key
 from dpsco_jax.privacy.sensitivity import AdaptiveClipSplit, GaussianStage
-from dpsco_jax.transforms.clipping import clip_and_aggregate, tree_global_norms
+from dpsco_jax.transforms.clipping import (clip_and_aggregate, num_user_slots, real_users,
+                                           tree_global_norms)
 from dpsco_jax.transforms.noise import add_noise_tree, redacted_repr, tree_gaussian_like
 
 __all__ = ["AdaptiveClipState", "adaptive_clip_and_noise", "adaptive_noise",
@@ -44,7 +37,7 @@ PyTree = Any
 
 
 class AdaptiveClipState(NamedTuple):
-  """The state of the adaptive clipping stages (the key is redacted in repr/str).
+  """The state of the adaptive clipping stages (repr redacts the key).
 
   Attributes:
     clip_norm: ``C_t`` (public: a function of past releases).
@@ -80,11 +73,10 @@ def adaptive_sum_stage(state: AdaptiveClipState, split: AdaptiveClipSplit,
 
 def unclipped_centred_count(norms: jax.Array, clip_norm: jax.Array, real: jax.Array
                             ) -> jax.Array:
-  """``sum_i real_i (b_i - 1/2)``, ``b_i = 1[norms_i <= C_t]`` (non-finite: 0): the count
-  released with noise (sensitivity 1/2); SECRET until then.
+  """``sum_i real_i (b_i - 1/2)``, ``b_i = 1[norms_i <= C_t]``: the count (SECRET until noised).
 
   Args:
-    norms: ``[U]`` per-user norms (or certified upper bounds of them, as fast clipping gives).
+    norms: ``[U]`` per-user norms (or certified upper bounds of them).
     clip_norm: ``C_t``.
     real: ``[U]`` bool, False for padded slots.
 
@@ -111,13 +103,9 @@ def _checked(initial_clip_norm, target_quantile, clip_learning_rate, denominator
 def adaptive_noise(initial_clip_norm: float, *, target_quantile: float,
                    clip_learning_rate: float, denominator: float, split: AdaptiveClipSplit,
                    key: jax.Array | int) -> optax.GradientTransformationExtraArgs:
-  """The noise half of :func:`adaptive_clip_and_noise`, for a caller that clips at ``C_t``
-  itself (``flax.DPTrainer``'s fast clipper).
-
-  Input: the clipped mean at ``state.clip_norm`` and the extra argument ``centred_count``
-  (:func:`unclipped_centred_count` at the same ``C_t``); output: the noisy mean. Arguments,
-  keys, noises, state and errors are those of :func:`adaptive_clip_and_noise`.
-  """
+  """The noise half of :func:`adaptive_clip_and_noise` (same arguments, keys and state), for a
+  caller that clips at ``C_t`` itself: the clipped mean and the extra argument
+  ``centred_count`` (:func:`unclipped_centred_count`) in, the noisy mean out."""
   c0, gamma, eta, denom, key = _checked(initial_clip_norm, target_quantile,
                                         clip_learning_rate, denominator, split, key)
 
@@ -160,16 +148,9 @@ def adaptive_clip_and_noise(initial_clip_norm: float, *, target_quantile: float,
     split: the pair's multipliers (:func:`dpsco_jax.privacy.sensitivity.adaptive_clip_split`).
     key: a ``jax.random`` key or an int seed (checked); the state redacts it.
 
-  Input: stacked per-user updates and the extra argument ``user_mask`` (without it every
-  slot is a real user). Output: the noisy mean. Traced arguments are the caller's to check.
-
   Returns:
-    An ``optax.GradientTransformationExtraArgs`` whose state is :class:`AdaptiveClipState`.
-
-  Raises:
-    ValueError: a bad ``initial_clip_norm``, ``target_quantile``, ``clip_learning_rate``,
-      ``denominator`` or count std (named in the message).
-    TypeError: ``split`` is not an :class:`~dpsco_jax.privacy.AdaptiveClipSplit`.
+    An ``optax.GradientTransformationExtraArgs``: stacked per-user updates (and ``user_mask``)
+    in, the noisy mean out; its state is :class:`AdaptiveClipState`.
   """
   noise = adaptive_noise(initial_clip_norm, target_quantile=target_quantile,
                          clip_learning_rate=clip_learning_rate, denominator=denominator,
@@ -178,9 +159,7 @@ def adaptive_clip_and_noise(initial_clip_norm: float, *, target_quantile: float,
 
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del extra
-    n = jax.tree.leaves(updates)[0].shape[0]
-    mask = check_user_mask(user_mask, n)
-    real = jnp.ones((n,), bool) if mask is None else mask
+    real = real_users(user_mask, num_user_slots(updates))
     clip = clip_and_aggregate(state.clip_norm, "mean", denom)
     mean, _ = clip.update(updates, clip.init(None), user_mask=real)
     return noise.update(mean, state, params,

@@ -1,20 +1,14 @@
 """Per-user clipping and aggregation with a stated sensitivity.
 
-Chain input convention (every stage in ``dpsco_jax.transforms``): the updates entering a DP
-chain are **stacked per-user gradients**, leaves with a leading user axis ``U`` (one row per
-user, or per example at item level). :func:`clip_per_user` keeps the axis; an aggregating
-stage (:func:`aggregate`, or paper 000's FILTER) reduces it. Padded slots are marked by the
-extra argument ``user_mask`` (bool ``[U]``, checked) that ``optax.chain`` forwards; without it
-every slot counts as a real user.
+Chain input convention (every stage in ``dpsco_jax.transforms``): **stacked per-user
+gradients**, leaves with a leading user axis ``U`` (:func:`num_user_slots`); padded slots are
+marked by the extra argument ``user_mask`` (bool ``[U]``, :func:`real_users`); without it every
+slot is a real user. An aggregating stage (:func:`aggregate`, FILTER) reduces the axis.
 
-Sensitivity. With every row clipped to L2 norm ``<= C`` (global norm over the pytree), the
-masked sum changes by at most ``C`` when one user is added or removed and ``2C`` when one is
-replaced; dividing by a *fixed* denominator ``D`` (never the realized count) gives ``C/D`` and
-``2C/D``. A user whose gradient holds NaN or Inf is dropped (contributes exactly zero), itself
-a bounded change, so the bounds hold for arbitrary inputs.
-
-Reference: Abadi et al. 2016 (DP-SGD); the user-level variant clips the user's mean gradient
-(Levy et al. 2021; paper 000 §1).
+Sensitivity: rows clipped to L2 norm ``<= C`` (global over the pytree) make the masked sum
+move by ``C`` (add/remove, zero-out) or ``2C`` (replace-one); a *fixed* denominator ``D``
+(never the realized count) gives ``C/D``. A non-finite row is dropped (contributes exactly
+zero), itself a bounded change. Abadi et al. 2016; user level: Levy et al. 2021.
 """
 
 from __future__ import annotations
@@ -29,17 +23,16 @@ import optax
 from dpsco_jax._checks import (_traced, check_bool, check_choice, check_positive,
                                check_user_mask)
 
+from dpsco_jax.privacy.relations import RELATIONS
+from dpsco_jax.privacy.sensitivity import clipped_mean_sensitivity
+from dpsco_jax.transforms.noise import noise_dtype
+
 PyTree = Any
-from dpsco_jax.privacy.relations import RELATIONS  # noqa: E402  (one vocabulary)
-from dpsco_jax.privacy.sensitivity import clipped_mean_sensitivity  # noqa: E402
-from dpsco_jax.transforms.noise import noise_dtype  # noqa: E402  (float32 or wider)
 
 
-# Precision contract (a clip factor is part of the guarantee): norms and factors in float32 or
-# wider (elementwise squares, never a matmul); integer gradients promoted to float32. A
-# low-precision row is cast back rounding toward zero, and every factor carries a relative
-# margin 2^-20 for the float32 rounding, so the realized norm stays <= C. Aggregates stay
-# float32+: rounding a sum before the noise would change its sensitivity.
+# Precision (a clip factor is part of the guarantee): norms, factors and aggregates in float32
+# or wider (elementwise squares, never a matmul); a low-precision row is cast back rounding
+# toward zero, and every factor has a relative margin 2^-20, so the realized norm stays <= C.
 _CLIP_MARGIN = 2.0 ** -20
 _TINY = 1e-30  # floor on the norm in C / ||g|| (the factor is 1 for such rows anyway)
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
@@ -89,9 +82,8 @@ def tree_global_norms(stacked: PyTree) -> jax.Array:
 
 
 def _weighted_row_sum(stacked: PyTree, weights: jax.Array, keep: jax.Array) -> PyTree:
-  """``sum_u weights_u * g_u`` over kept rows: one float32+ ``Precision.HIGHEST`` dot per leaf
-  (the sensitivity rests on it). Dropped rows must add exact zeros (``0 * NaN = NaN``): on CPU
-  :func:`_guarded_row_sum`, elsewhere :func:`_zeroed_row_sum` (no ``cond``)."""
+  """``sum_u weights_u * g_u`` over kept rows, one float32+ HIGHEST dot per leaf; dropped rows
+  add exact zeros (``0 * NaN = NaN``): on CPU :func:`_guarded_row_sum`, else zeroed first."""
   leaves, treedef = jax.tree.flatten(stacked)
   if not leaves:
     return stacked
@@ -102,8 +94,7 @@ def _weighted_row_sum(stacked: PyTree, weights: jax.Array, keep: jax.Array) -> P
 
 def _zeroed_row_sum(leaves: list, weights: jax.Array, keep: jax.Array,
                     barrier: bool = False) -> list:
-  """Dropped rows zeroed, then one HIGHEST dot per leaf; ``barrier`` (CPU: faster there)
-  materialises the zeroed rows first."""
+  """Dropped rows zeroed, then one HIGHEST dot per leaf (``barrier``: materialised first)."""
   def f(g):
     wide = noise_dtype(g.dtype)
     k = keep.reshape((-1,) + (1,) * (g.ndim - 1))
@@ -116,10 +107,8 @@ def _zeroed_row_sum(leaves: list, weights: jax.Array, keep: jax.Array,
 
 
 def _guarded_row_sum(leaves: list, weights: jax.Array, keep: jax.Array) -> list:
-  """CPU: vector leaves by the dot of their rows as they are (dropped rows' weights zeroed),
-  kept when finite (then each dropped row added exactly ``0 * g = ±0``), else
-  :func:`_blocked_zeroed_sum`; other leaves (flattening them would copy) by
-  :func:`_zeroed_row_sum`."""
+  """CPU: vector leaves by a dot of the rows as they are (dropped rows weighted 0), kept when
+  finite, else :func:`_blocked_zeroed_sum`; other leaves by :func:`_zeroed_row_sum`."""
   vec = [_one_vector_per_user(g) for g in leaves]
   rest = iter(_zeroed_row_sum([g for g, v in zip(leaves, vec) if not v], weights, keep,
                               barrier=True))
@@ -143,8 +132,7 @@ ZEROED_BLOCK_BYTES = 1 << 20
 
 
 def _blocked_zeroed_sum(g: jax.Array, weights: jax.Array, keep: jax.Array) -> jax.Array:
-  """The zeroed sum of a ``[U, D]`` leaf a block of rows at a time (no second ``[U, D]``
-  buffer); equal to :func:`_zeroed_row_sum` to rounding, not bit for bit."""
+  """The zeroed sum of a ``[U, D]`` leaf a block of rows at a time (no ``[U, D]`` copy)."""
   u, d = g.shape
   wide = noise_dtype(g.dtype)
   b = max(1, min(u, ZEROED_BLOCK_BYTES // max(1, d * jnp.dtype(wide).itemsize)))
@@ -167,8 +155,7 @@ def _one_vector_per_user(g: jax.Array) -> bool:
 
 
 def _scale_rows(stacked: PyTree, scale: jax.Array, keep: jax.Array) -> PyTree:
-  """``g_u * scale_u`` (rows with ``keep_u = False`` zeroed), multiplied in float32 or wider
-  and returned in :func:`_out_dtype`, rounding toward zero when that is a low precision."""
+  """``g_u * scale_u`` (unkept rows zeroed) in float32+, back in :func:`_out_dtype`."""
   def f(g):
     wide = noise_dtype(g.dtype)
     s = scale.reshape((-1,) + (1,) * (g.ndim - 1)).astype(wide)
@@ -180,8 +167,7 @@ def _scale_rows(stacked: PyTree, scale: jax.Array, keep: jax.Array) -> PyTree:
 
 
 def _clip_factors(norms: jax.Array, max_norm) -> jax.Array:
-  """``min(1, C (1 - 2^-20) / ||g||)``; non-finite norms give 1 (those rows are dropped
-  separately)."""
+  """``min(1, C (1 - 2^-20) / ||g||)``; 1 for non-finite norms (dropped separately)."""
   c = max_norm * (1.0 - _CLIP_MARGIN)
   safe = jnp.maximum(jnp.where(jnp.isfinite(norms), norms, 1.0), _TINY)
   return jnp.minimum(1.0, c / safe)
@@ -191,20 +177,15 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
               per_layer: bool = False) -> tuple[PyTree, jax.Array]:
   """Clips every row to L2 norm ``<= max_norm``; non-finite rows become zero.
 
-  ``per_layer=True`` clips each leaf separately at ``max_norm / sqrt(num_leaves)`` so the
-  global norm stays ``<= max_norm`` (same sensitivity, different bias).
-
   Args:
     stacked: a pytree whose leaves share a leading row axis ``U``.
     max_norm: ``C``, the row bound.
-    per_layer: clip each leaf separately (default False).
+    per_layer: clip each leaf at ``C / sqrt(num_leaves)`` (same bound; default False).
 
   Returns:
     ``(clipped, finite)``: the clipped rows and the bool ``[U]`` mask of kept rows.
   """
-  _num_rows(stacked)
-  # a row with NaN/Inf entries (or whose squared norm overflows) has a non-finite norm:
-  # dropping it is still a change of norm <= C
+  num_user_slots(stacked)
   norms = tree_global_norms(stacked)
   finite = jnp.isfinite(norms)
   leaves, treedef = jax.tree.flatten(stacked)
@@ -234,32 +215,62 @@ def _init_clip_state(params) -> ClipState:
   return ClipState(dropped=jnp.zeros((), jnp.int32))
 
 
-def _real_users(user_mask, n: int) -> jax.Array:
+def num_user_slots(stacked: PyTree) -> int:
+  """The leading user axis ``U >= 1`` every leaf shares (the chain input convention).
+
+  Args:
+    stacked: the stacked per-user updates.
+
+  Returns:
+    ``U``.
+
+  Raises:
+    ValueError: no leaves, a leaf without the axis, leaves that disagree, or ``U = 0``.
+  """
+  leaves = jax.tree.leaves(stacked)
+  if not leaves:
+    raise ValueError("the stacked per-user updates have no leaves (empty pytree)")
+  if any(jnp.ndim(g) == 0 for g in leaves):
+    raise ValueError("every leaf of the stacked per-user updates needs a leading user axis; "
+                     f"got shapes {[jnp.shape(g) for g in leaves]}")
+  sizes = {g.shape[0] for g in leaves}
+  if len(sizes) != 1:
+    raise ValueError(f"stacked leaves disagree on the user axis: {sorted(sizes)}")
+  n = sizes.pop()
+  if n == 0:
+    raise ValueError("empty batch: the stacked per-user updates have 0 user slots (pad with "
+                     "a user_mask instead of passing an empty batch)")
+  return n
+
+
+def real_users(user_mask: Any, n: int) -> jax.Array:
+  """The checked ``user_mask`` (bool ``[n]``), or all True without one.
+
+  Args:
+    user_mask: the chain's extra argument, or ``None``.
+    n: the number of user slots.
+
+  Returns:
+    A bool ``[n]`` array.
+  """
   mask = check_user_mask(user_mask, n)
   return jnp.ones((n,), bool) if mask is None else mask
 
 
 def clip_per_user(max_norm: float, *, per_layer: bool = False,
                   debug: bool = False) -> optax.GradientTransformationExtraArgs:
-  """Clips each user's (row's) gradient to global L2 norm ``<= max_norm``.
-
-  ``g_u <- g_u * min(1, C / ||g_u||_2)``; rows with NaN/Inf become 0 (dropped). Keeps the
-  leading user axis. ``user_mask`` (bool ``[U]``, checked) zeroes padded slots; without it
-  every slot counts as a real user. Float rows keep their dtype (low precision: rounded
-  toward zero, norm ``<= C``); integer rows come back as float32.
+  """Clips each user's (row's) gradient: ``g_u <- g_u min(1, C / ||g_u||_2)``, non-finite rows
+  and padded slots (``user_mask``) to 0. Keeps the user axis and float dtypes (integer rows
+  come back float32).
 
   Args:
-    max_norm: ``C``, the per-user L2 bound, > 0 (in the gradient's units).
+    max_norm: ``C``, the per-user L2 bound, > 0.
     per_layer: clip each leaf at ``C / sqrt(num_leaves)`` instead (default False).
     debug: count non-finite users in the state (data-dependent; default False).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` on stacked ``[U, ...]`` updates; its state is
     :class:`ClipState`.
-
-  Raises:
-    ValueError: ``max_norm`` is not a finite number > 0.
-    ArgumentTypeError: ``per_layer`` or ``debug`` is not a bool.
   """
   check_positive(max_norm, "max_norm")
   check_bool(per_layer, "per_layer")
@@ -267,7 +278,7 @@ def clip_per_user(max_norm: float, *, per_layer: bool = False,
 
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
-    real = _real_users(user_mask, _num_rows(updates))
+    real = real_users(user_mask, num_user_slots(updates))
     clipped, finite = clip_rows(updates, max_norm, per_layer=per_layer)
     if user_mask is not None:
       clipped = _scale_rows(clipped, jnp.ones_like(finite, jnp.float32), real)
@@ -287,8 +298,6 @@ def _check_mean(mode: str, denominator) -> float:
     raise ValueError("denominator is required for mode='mean' (use the fixed, nominal "
                      "batch size; never the realized count)")
   scale = 1.0 / check_positive(denominator, "denominator")
-  # the weights 1/D are float32: a tiny denominator would make them Inf and the aggregate
-  # Inf / NaN, so it is refused here
   if not _traced(scale) and not (math.isfinite(scale) and scale <= _F32_MAX):
     raise ValueError(f"denominator={denominator!r} is so small that 1/denominator overflows "
                      "float32; use the nominal batch size")
@@ -296,8 +305,7 @@ def _check_mean(mode: str, denominator) -> float:
 
 
 def _check_bounded(clip_norm, scale, n: int) -> None:
-  """Refuses a denominator that lets the clipped aggregate (``<= n C / D``) overflow float32:
-  an Inf release has no sensitivity. Static values only."""
+  """Refuses a ``D`` that lets the clipped aggregate (``<= n C / D``) overflow float32."""
   if _traced(clip_norm) or _traced(scale):
     return
   if not float(clip_norm) * float(scale) * n <= _F32_MAX:
@@ -308,13 +316,10 @@ def _check_bounded(clip_norm, scale, n: int) -> None:
 
 def aggregate(mode: str = "mean", denominator: float | None = None
               ) -> optax.GradientTransformationExtraArgs:
-  """Reduces the leading user axis: masked sum, or sum divided by a fixed ``denominator``.
+  """Reduces the user axis: the masked sum, or the sum over a fixed ``denominator``.
 
-  ``mode="mean"`` requires ``denominator`` (the nominal batch size, e.g. ``q*n`` under Poisson
-  sampling or ``K`` for fixed-size batches): dividing by the realized count would make the
-  denominator data-dependent and break the sensitivity bound. ``user_mask`` (bool ``[U]``,
-  checked) excludes padded slots; without it every slot is summed as a real user. The result
-  is float32 or wider (a low-precision sum is not rounded before the noise).
+  ``D`` is the nominal batch size (``q n`` under Poisson sampling), never the realized count,
+  which would make the sensitivity data-dependent. The result is float32 or wider.
 
   Args:
     mode: ``"mean"`` (default) or ``"sum"``.
@@ -323,16 +328,13 @@ def aggregate(mode: str = "mean", denominator: float | None = None
   Returns:
     An ``optax.GradientTransformationExtraArgs``: stacked ``[U, ...]`` updates in, the
     params-shaped sum (or sum / ``D``) out.
-
-  Raises:
-    ValueError: an unknown ``mode``, or ``"mean"`` without a ``denominator`` > 0.
   """
   scale = _check_mean(mode, denominator)
 
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
-    n = _num_rows(updates)
-    keep = _real_users(user_mask, n)
+    n = num_user_slots(updates)
+    keep = real_users(user_mask, n)
     return _weighted_row_sum(updates, jnp.full((n,), scale, jnp.float32), keep), state
 
   return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
@@ -341,10 +343,8 @@ def aggregate(mode: str = "mean", denominator: float | None = None
 def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
                             denominator: float | None = None,
                             relation: str = "add_remove") -> float:
-  """L2 sensitivity of ``aggregate`` after clipping at ``clip_norm``.
-
-  add/remove or zero out one user: ``C`` (sum) or ``C/D`` (mean); replace one user: twice
-  that (see :mod:`dpsco_jax.privacy.relations`).
+  """L2 sensitivity of ``aggregate`` after clipping: ``C`` (sum) or ``C/D`` (mean), twice
+  that under replace-one (:meth:`~dpsco_jax.privacy.Sensitivity.under`).
 
   Args:
     clip_norm: ``C``, > 0.
@@ -354,10 +354,6 @@ def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
 
   Returns:
     The L2 sensitivity, a float.
-
-  Raises:
-    ValueError: a bad ``clip_norm``, ``mode``, ``relation`` or ``denominator``, or
-      ``C / D`` overflows.
   """
   check_positive(clip_norm, "clip_norm")
   check_choice(mode, "mode", ("mean", "sum"))
@@ -365,20 +361,15 @@ def aggregation_sensitivity(clip_norm: float, *, mode: str = "mean",
   denom = check_positive(denominator, "denominator") if mode == "mean" else 1.0
   if not math.isfinite(float(clip_norm) / denom):
     raise ValueError(f"clip_norm / denominator overflows ({clip_norm!r} / {denominator!r})")
-  # the stage's own Sensitivity; .under is the one place the relation scales it
   return clipped_mean_sensitivity(float(clip_norm), denom).under(relation)
 
 
 def clip_and_aggregate(clip_norm: float, mode: str = "mean",
                        denominator: float | None = None, *, per_layer: bool = False,
                        debug: bool = False) -> optax.GradientTransformationExtraArgs:
-  """``clip_per_user`` followed by ``aggregate``, fused; sensitivity via
-  :func:`aggregation_sensitivity` with the same arguments.
-
-  One norm pass gives row weights ``w_u = keep_u min(1, C/||g_u||) / D`` and one weighted sum
-  per leaf (float32 or wider, ``Precision.HIGHEST``) the aggregate: no clipped copy of the
-  ``[U, ...]`` gradients is written. Equal (to float rounding) to
-  ``optax.chain(clip_per_user(C), aggregate(mode, D))``. ``user_mask`` as in :func:`aggregate`.
+  """``clip_per_user`` then ``aggregate``, fused (equal to float rounding; sensitivity:
+  :func:`aggregation_sensitivity`): row weights ``keep_u min(1, C/||g_u||) / D`` and one
+  weighted sum per leaf, no clipped copy of the gradients.
 
   Args:
     clip_norm: ``C``, the per-user L2 bound, > 0.
@@ -390,11 +381,6 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
   Returns:
     An ``optax.GradientTransformationExtraArgs``: stacked updates in, the clipped aggregate
     out; its state is :class:`ClipState`.
-
-  Raises:
-    ValueError: ``clip_norm`` is not > 0, an unknown ``mode``, or ``"mean"`` without a
-      ``denominator`` > 0.
-    ArgumentTypeError: ``per_layer`` or ``debug`` is not a bool.
   """
   if check_bool(per_layer, "per_layer"):
     return optax.chain(clip_per_user(clip_norm, per_layer=True, debug=debug),
@@ -405,9 +391,9 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
 
   def update_fn(updates, state, params=None, *, user_mask=None, **extra):
     del params, extra
-    n = _num_rows(updates)
+    n = num_user_slots(updates)
     _check_bounded(clip_norm, scale, n)
-    real = _real_users(user_mask, n)
+    real = real_users(user_mask, n)
     norms = tree_global_norms(updates)
     finite = jnp.isfinite(norms)
     keep = finite & real
@@ -418,21 +404,3 @@ def clip_and_aggregate(clip_norm: float, mode: str = "mean",
     return out, state
 
   return optax.GradientTransformationExtraArgs(_init_clip_state, update_fn)
-
-
-def _num_rows(stacked: PyTree) -> int:
-  """The user axis shared by every leaf; an empty pytree or an empty batch is refused."""
-  leaves = jax.tree.leaves(stacked)
-  if not leaves:
-    raise ValueError("the stacked per-user updates have no leaves (empty pytree)")
-  if any(jnp.ndim(g) == 0 for g in leaves):
-    raise ValueError("every leaf of the stacked per-user updates needs a leading user axis; "
-                     f"got shapes {[jnp.shape(g) for g in leaves]}")
-  sizes = {g.shape[0] for g in leaves}
-  if len(sizes) != 1:
-    raise ValueError(f"stacked leaves disagree on the user axis: {sorted(sizes)}")
-  n = sizes.pop()
-  if n == 0:
-    raise ValueError("empty batch: the stacked per-user updates have 0 user slots (pad with "
-                     "a user_mask instead of passing an empty batch)")
-  return n

@@ -1,20 +1,13 @@
 """FILTER's pair counts in ``O(U log U + band)`` on concentrated data: a radial pre-decision
 in front of :mod:`~dpsco_jax.transforms.filter_pairs`.
 
-FILTER's inputs mostly sit in a cluster much smaller than ``r``, and the triangle inequality
-on ``a_i = ||y_i - c||`` for ANY point ``c`` decides most pairs uncomputed: ``a_i + a_j <= r``
-implies close, ``|a_i - a_j| > r`` far. Users are sorted by ``a_i``; per row, binary searches
-give the columns certified close (a prefix) and far (a prefix and a suffix), and only the
-band between them is evaluated by the canonical distance
-(:func:`~dpsco_jax.transforms.filter_pairs.canonical_sq_distances`). When the bands hold too
-many pairs, or some ``a_i`` is non-finite, the Gram path runs instead.
-
-Soundness: the counts are exactly the canonical ones. With the true ``a_i`` in
-``[lb_i, ub_i]`` (the computed norm's rounding, bounded generously), ``ub_i + ub_j <=
-rho_close`` implies a canonical value ``<= T(r)`` and ``lb_i - ub_j > rho_far`` one ``> T(r)``
-(margins of ``filter_pairs.certified_sq_bounds``). The centre only moves work, never a
-decision; every count is a function of the pair's two rows alone, as FILTER's sensitivity
-argument needs."""
+The triangle inequality on ``a_i = ||y_i - c||`` (any centre ``c``) decides most pairs
+uncomputed: ``a_i + a_j <= r`` implies close, ``|a_i - a_j| > r`` far. Users sorted by ``a_i``,
+binary searches give each row's columns certified close and far, and only the band between
+is evaluated canonically; with too wide bands or a non-finite ``a_i`` the Gram path runs.
+The counts are exactly the canonical ones: with the true ``a_i`` in ``[lb_i, ub_i]``, ``ub_i +
+ub_j <= rho_close`` implies a canonical value ``<= T(r)`` and ``lb_i - ub_j > rho_far`` one
+``> T(r)`` (``filter_pairs.certified_sq_bounds``); the centre only moves work."""
 
 from __future__ import annotations
 
@@ -25,11 +18,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
+from dpsco_jax.transforms.clipping import num_user_slots
 from dpsco_jax.transforms.filter_pairs import (PairGeometry, canonical_sq_distances,
                                                certified_sq_bounds, close_threshold,
                                                gram_close_pair_counts, median_centre,
-                                               num_user_slots, pair_geometry, pair_layout,
-                                               pair_rows, rounding_gamma)
+                                               pair_geometry, pair_layout, pair_rows,
+                                               rounding_gamma)
 
 PyTree = Any
 

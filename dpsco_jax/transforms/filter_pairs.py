@@ -1,22 +1,15 @@
-"""FILTER's pair counts: which users are within a radius of which (the ``O(U^2 D)`` part of
-:func:`~dpsco_jax.transforms.filtering.filter_points`, which owns the math and the privacy
-argument; this module decides ``||y_i - y_j|| <= r`` per pair and counts).
+"""FILTER's pair counts: which users lie within a radius of which (the ``O(U^2 D)`` part of
+:func:`~dpsco_jax.transforms.filtering.filter_points`, which owns the privacy argument).
 
-Numerics an input cannot defeat (issue #23). The Gram form ``|a|^2 + |b|^2 - 2<a, b>`` in
-float32 errs by ~2^-24 |a|^2, so a large common offset could make a far user look close. Every
-pair's decision is defined by ONE canonical, difference-first value (``sum_k (y_ik - y_jk)^2``
-in a fixed elementwise order: a function of rows i and j alone, exactly symmetric, accurate to
-``(D + 3) 2^-23`` relative whatever the offset) against ``T(r) = r^2 (1 - 2 gamma) - slack``,
-so "close" implies ``||y_i - y_j|| <= r`` exactly (the direction the kept-set diameter argument
-needs). For speed, the Gram form on rows centred at a data-dependent point comes with a rigorous
-error bound and decides only the pairs it certifies to agree with the canonical value; the rest
-are computed canonically. Whatever the centre, tiling, matmul order or device split (``rows=``
-of :func:`gram_close_pair_counts`), the decisions are the canonical ones. (Assumed: the backend
-evaluates one elementwise float expression the same way wherever it appears.) Counts are int32.
-
-The pieces of the canonical decision (rows, error constants, ``T(r)`` and its certified
-margins, the canonical distance) are public: :mod:`dpsco_jax.transforms.filter_bands`
-certifies pairs with the same numbers.
+Every pair's decision is defined by ONE canonical, difference-first value ``sum_k (y_ik -
+y_jk)^2`` (fixed elementwise order: a function of rows i and j alone, symmetric, within ``(D +
+3) 2^-23`` relative whatever the offset) against ``T(r) = r^2 (1 - 2 gamma) - slack``, so
+"close" implies ``||y_i - y_j|| <= r`` exactly; a float32 Gram form ``|a|^2 + |b|^2 - 2<a, b>``
+would let a large common offset make a far user look close. For speed, the Gram form on
+centred rows, with a rigorous error bound, decides only the pairs it certifies to agree; the
+rest are computed canonically. Whatever the centre, tiling or device split, the decisions are
+the canonical ones (assumed: one elementwise float expression evaluates the same everywhere).
+:mod:`~dpsco_jax.transforms.filter_bands` certifies pairs with the same constants.
 """
 
 from __future__ import annotations
@@ -29,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from dpsco_jax.transforms.clipping import num_user_slots
 from dpsco_jax.transforms.noise import noise_dtype
 
 PyTree = Any
@@ -39,22 +33,6 @@ _HI = jax.lax.Precision.HIGHEST
 def pair_rows(x: jax.Array) -> jax.Array:
   """Flattened rows in float32 or wider (distances decide membership: never in bf16)."""
   return jnp.reshape(x, (x.shape[0], -1)).astype(noise_dtype(x.dtype))
-
-
-def num_user_slots(stacked: PyTree) -> int:
-  """The leading user axis ``U >= 1`` shared by every leaf (ValueError otherwise)."""
-  leaves = jax.tree.leaves(stacked)
-  if not leaves:
-    raise ValueError("stacked must have at least one leaf")
-  u = leaves[0].shape[0] if leaves[0].ndim else None
-  for leaf in leaves:
-    if leaf.ndim == 0 or leaf.shape[0] != u:
-      raise ValueError("every leaf of the stacked per-user pytree needs the same leading "
-                       f"user axis; got shapes {[l.shape for l in leaves]}")
-  if u == 0:
-    raise ValueError("empty batch: the stacked per-user pytree has 0 user slots (pad with "
-                     "a user_mask instead)")
-  return u
 
 
 # Error model: each float op errs by at most _UNIT relative.
@@ -75,10 +53,8 @@ def rounding_gamma(k: int) -> float:
 
 def canonical_sq_distances(rows: list[jax.Array], cols_t: list[jax.Array],
                            cols: jax.Array | None = None) -> jax.Array:
-  """Canonical squared distances: difference first, summed over every leaf's coordinates in
-  one fixed order, elementwise (entry ``(i, j)`` depends on the two rows only). ``rows[l]``:
-  ``[M, d_l]``, ``cols_t[l]``: ``[d_l, U]``; result ``[M, U]``, or ``[M, P]`` for the pairs
-  ``(i, cols[i, p])``. Relative error ``<= gamma(D + 3)``, plus ``3 D`` underflow slack."""
+  """Canonical squared distances (module docstring) of ``rows[l]`` ``[M, d_l]`` against
+  ``cols_t[l]`` ``[d_l, U]``: ``[M, U]``, or ``[M, P]`` for the pairs ``(i, cols[i, p])``."""
   acc = jnp.zeros((rows[0].shape[0], cols_t[0].shape[1]) if cols is None else cols.shape,
                   cols_t[0].dtype)
   for r, ct in zip(rows, cols_t):
@@ -105,25 +81,21 @@ def pair_geometry(rows: list[jax.Array]) -> PairGeometry:
   """The error constants of the rows' layout (``rows[l]``: ``[U, d_l]`` per leaf)."""
   dims = [x.shape[1] for x in rows]
   dim, dmax, leaves = sum(dims), max(dims), len(dims)
-  # Gram error on centred rows z = fl(y - c): norms and dot gamma(d), per-leaf roundings and
-  # accumulations ~(2 L + 5) _UNIT, centring ~4 _UNIT, all times (|z_i|^2 + |z_j|^2): in all
-  # ~(2 d + 2 L + 9) _UNIT. gamma_g = 3 gamma(d + L + 8) exceeds it by >= 1.5x, which also
-  # covers the rounding of the bound itself.
+  # Gram error on centred rows, per unit of |z_i|^2 + |z_j|^2: ~(2 d + 2 L + 9) _UNIT;
+  # 3 gamma(d + L + 8) exceeds it by >= 1.5x (which covers the bound's own rounding).
   return PairGeometry(dim=dim, gamma_c=rounding_gamma(dim + 3), abs_c=(3 * dim + 8) * _ABS,
                       gamma_g=3.0 * rounding_gamma(dmax + leaves + 8),
                       abs_g=8.0 * (dmax + leaves + 8) * _ABS)
 
 
 def close_threshold(radius: jax.Array, geo: PairGeometry) -> jax.Array:
-  """``T(r)``: a canonical value ``<= T`` certifies ``||y_i - y_j|| <= r`` (the factor covers
-  the rounding of ``r * r``, the product and the canonical computation)."""
+  """``T(r)``: a canonical value ``<= T`` certifies ``||y_i - y_j|| <= r``."""
   r = jnp.asarray(radius, jnp.float32)
   return (r * r) * (1.0 - 2.0 * geo.gamma_c - 4.0 * _UNIT) - 2.0 * geo.abs_c
 
 
 def median_centre(rows: list[jax.Array], mask: jax.Array) -> list[jax.Array]:
-  """Coordinate-wise median of an evenly spaced sample of real rows (0 without any): it sets
-  the Gram path's speed, never a decision."""
+  """Coordinate-wise median of an even sample of real rows (0 without any): speed only."""
   u = mask.shape[0]
   idx = np.unique(np.linspace(0, u - 1, min(u, _CENTRE_ROWS)).astype(np.int64))
   real = mask[idx][:, None]
@@ -135,10 +107,8 @@ def median_centre(rows: list[jax.Array], mask: jax.Array) -> list[jax.Array]:
 
 
 class _Layout(NamedTuple):
-  """What the per-block decisions read (rows padded to a multiple of the block). ``up`` /
-  ``dn``: per-leaf squared norms of the centred rows with the row's half of the Gram error
-  added / subtracted on the first leaf, so ``sum_l (up_i + up_j - 2 <z_i, z_j>)`` bounds the
-  true squared distance from above (with ``dn``: below)."""
+  """What the per-block decisions read (rows padded to a multiple of the block); ``sum_l (up_i
+  + up_j - 2 <z_i, z_j>)`` bounds the true squared distance from above (``dn``: below)."""
   rows: list[jax.Array]     # raw rows [U', d_l]
   cols_t: list[jax.Array]   # raw rows transposed [d_l, U]  (canonical columns)
   z: list[jax.Array]        # centred rows [U', d_l]
@@ -163,8 +133,7 @@ def _layout(clean: PyTree, mask: jax.Array, pad: int, geo: PairGeometry) -> _Lay
 
 
 def _gram_dots(lay: _Layout, start, size: int, n: int) -> list[jax.Array]:
-  """Per leaf ``2 <z_i, z_j>`` for rows ``start..start+size`` against every row (HIGHEST:
-  no TF32)."""
+  """Per leaf ``2 <z_i, z_j>``, rows ``start..start+size`` against every row (HIGHEST)."""
   return [2.0 * jnp.matmul(jax.lax.dynamic_slice_in_dim(z, start, size), z[:n].T,
                            precision=_HI) for z in lay.z]
 
@@ -189,8 +158,7 @@ def certified_sq_bounds(t: jax.Array, geo: PairGeometry) -> tuple[jax.Array, jax
 
 
 def _certain(hi, lo, diag, t, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
-  """``(close, maybe)``: certainly close, and not certainly far (NaN/Inf bounds are
-  neither). The diagonal is close at any radius (the score counts it)."""
+  """``(close, maybe)``: certainly close, not certainly far (the diagonal: both)."""
   q_close, q_far = certified_sq_bounds(t, geo)
   close = (hi <= q_close) | diag
   maybe = ~(lo > q_far) | diag
@@ -199,8 +167,7 @@ def _certain(hi, lo, diag, t, geo: PairGeometry) -> tuple[jax.Array, jax.Array]:
 
 def _recount_rows(lay: _Layout, thresholds, start, size: int, n: int, left: jax.Array,
                   counts: list[jax.Array]) -> list[jax.Array]:
-  """Replaces the counts of the rows in ``left`` by their canonical counts, ``_CANON_ROWS``
-  rows per iteration."""
+  """Replaces the counts of the rows in ``left`` by their canonical counts."""
   m = min(_CANON_ROWS, size)
   cmask = lay.mask[:n]
 
@@ -221,8 +188,7 @@ def _recount_rows(lay: _Layout, thresholds, start, size: int, n: int, left: jax.
 
 def _resolve(lay: _Layout, thresholds, start, size: int, n: int, undecided: jax.Array,
              counts: list[jax.Array]) -> list[jax.Array]:
-  """Adds the undecided pairs that are canonically close: up to ``_CANON_PAIRS`` per row per
-  iteration (gathered) while they are few, else every pair of the block at once."""
+  """Adds the undecided pairs that are canonically close (gathered while few)."""
   p = min(_CANON_PAIRS, n)
   rows = start + jnp.arange(size)
 
@@ -251,9 +217,7 @@ def _resolve(lay: _Layout, thresholds, start, size: int, n: int, undecided: jax.
 def _block_counts(lay: _Layout, geo: PairGeometry, thresholds: tuple[jax.Array, ...], start,
                   size: int) -> tuple[jax.Array, ...]:
   """Per row ``start .. start+size`` and threshold: the number of real ``j`` canonically
-  close to it (``int32 [size]``; 0 for padding). Rows whose certainly-close and
-  not-certainly-far counts differ are recounted whole (:func:`_recount_rows`) or, with many
-  coordinates and many such rows, pair by pair (:func:`_resolve`)."""
+  close to it (``int32 [size]``); undecided rows are recounted whole or pair by pair."""
   n = lay.cols_t[0].shape[1]
   rmask = jax.lax.dynamic_slice_in_dim(lay.mask, start, size)
   cmask = lay.mask[:n]
@@ -265,8 +229,7 @@ def _block_counts(lay: _Layout, geo: PairGeometry, thresholds: tuple[jax.Array, 
     close, maybe = _certain(hi, lo, diag, t, geo)
     flags += [(cmask[None, :] & close).astype(jnp.int32),
               (cmask[None, :] & maybe).astype(jnp.int32)]
-  # one variadic reduction: every count in a single pass over the slab (separate sums
-  # re-evaluate the slab's elementwise bounds once each: ~2x the time)
+  # one variadic reduction: every count in a single pass over the slab
   sums = jax.lax.reduce(tuple(flags), (np.int32(0),) * len(flags),
                         lambda a, b: tuple(x + y for x, y in zip(a, b)), (1,))
   counts = [jnp.where(rmask, c, 0) for c in sums[0::2]]
@@ -295,16 +258,13 @@ def _block_counts(lay: _Layout, geo: PairGeometry, thresholds: tuple[jax.Array, 
 
 
 def coordinate_leaves(stacked: PyTree) -> list[jax.Array]:
-  """The leaves of ``stacked`` (checked: one leading user axis) that have coordinates;
-  zero-width leaves add nothing to a distance. With none, one zero column (distances 0)."""
+  """The leaves of ``stacked`` with coordinates (else one zero column: distances 0)."""
   u = num_user_slots(stacked)
   return [x for x in jax.tree.leaves(stacked) if x.size] or [jnp.zeros((u, 1), jnp.float32)]
 
 
 def pairwise_sq_distances(stacked: PyTree) -> jax.Array:
-  """``[U, U]`` canonical squared distances between rows over all leaves (difference first:
-  within ``(D + 3) 2^-23`` relative whatever the offset, symmetric, 0 on the diagonal), the
-  values FILTER's decisions are defined by."""
+  """``[U, U]`` canonical squared distances between rows, which FILTER's decisions read."""
   rows = [pair_rows(leaf) for leaf in coordinate_leaves(stacked)]
   return canonical_sq_distances(rows, [x.T for x in rows])
 
@@ -324,12 +284,8 @@ def gram_close_pair_counts(clean: PyTree, mask: jax.Array, radii: tuple[jax.Arra
                            block: int = _PAIR_BLOCK, rows: NamedSharding | None = None
                            ) -> tuple[jax.Array, ...]:
   """Per real user ``i`` and radius ``r``: ``#{j real: close_r(i, j)}`` (canonical), each
-  ``int32 [nb, b]`` by row block (``U`` padded to ``nb * b``), blocks under ``lax.map``.
-
-  ``rows`` (a mesh's sharding ``P(axis)``) splits the blocks over ``axis``, each device
-  counting its blocks against every column; the counts (per pair, so the one-device ones)
-  are then gathered.
-  """
+  ``int32 [nb, b]`` by row block; ``rows`` (sharding ``P(axis)``) splits the blocks over
+  ``axis`` and gathers the (identical) counts."""
   u = num_user_slots(clean)
   n_dev = 1 if rows is None else int(rows.mesh.shape[rows.spec[0]])
   nb_dev, b = pair_layout(u, n_dev, block)

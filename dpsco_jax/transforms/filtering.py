@@ -12,38 +12,30 @@ Given ``K`` real points ``y_1..y_K`` (rows with a leading user axis, padding Fal
   keep_j       = U_j < p_j,  U_j ~ Unif[0, 1) i.i.d.                 randomized inclusion
   mean         = sum_{kept} y_j / max(|S|, 1)                         (0 when nothing is kept)
 
-(paper 000 Alg. 1 lines 12-24, Alg. 2 lines 6-13; spec 000 §2.0). Every pair's decision is
-canonical (:mod:`dpsco_jax.transforms.filter_pairs`) and the score exact on a dyadic grid.
+(paper 000 Alg. 1 lines 12-24, Alg. 2 lines 6-13; spec 000 §2.0), with canonical pair
+decisions (:mod:`~dpsco_jax.transforms.filter_pairs`) and the score exact on a dyadic grid.
 
-Why it is private (proofs of Lemmas B.2 / C.2, spec 000 §3). Replacing one point changes every
-other degree by at most 1, the score by at most 2 (``2K-1`` indicators over ``K``), and every
-``p_j`` by at most ``6/K``. Every kept point has ``h_j > K/2``, so two kept points share an
-``r_h``-neighbour: the kept set has diameter ``<= 2 r_h``. With common ``U_j`` the kept sets of
-neighbouring inputs differ in the replaced point plus ``Binomial``-like ``<= 6``-mean others, so
-the filtered mean moves by ``O(r_h log(1/zeta)/K)`` w.p. ``1 - zeta`` once ``|S| = Omega(K)``
-(guaranteed by a passed score test). The inclusion is randomized on purpose: a hard threshold
-at ``K/2`` would let one point flip many memberships at once.
-
-A user whose vector holds NaN/Inf is replaced by zeros first (a function of that user's data
-alone: every bound above still holds).
+Privacy (Lemmas B.2 / C.2, spec 000 §3): replacing one point moves every other degree by at
+most 1, the score by at most 2 and every ``p_j`` by at most ``6/K``; kept points have ``h_j >
+K/2``, so the kept set has diameter ``<= 2 r_h``, and with common coins ``U_j`` the filtered
+mean moves by ``O(r_h log(1/zeta)/K)`` w.p. ``1 - zeta`` once ``|S| = Omega(K)``. A hard
+threshold would let one point flip many memberships. Non-finite rows are zeroed first.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
 from dpsco_jax._checks import (check_bool, check_int, check_key, check_positive,
-                               check_probability, check_seed_or_key, check_user_mask)
+                               check_probability, check_seed_or_key)
+from dpsco_jax.transforms.clipping import num_user_slots, real_users
 from dpsco_jax.transforms.noise import noise_dtype, redacted_repr
-from dpsco_jax.transforms.filter_pairs import (coordinate_leaves, num_user_slots, pair_rows,
-                                               pairwise_sq_distances)
+from dpsco_jax.transforms.filter_pairs import coordinate_leaves, pair_rows, pairwise_sq_distances
 from dpsco_jax.transforms.filter_bands import close_pair_counts
 from dpsco_jax.privacy.sparse_vector import (above_threshold_init, above_threshold_scales,
                                              above_threshold_step)
@@ -68,8 +60,7 @@ def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax
   u = num_user_slots(stacked)
   finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(pair_rows(x)), axis=1)
                               for x in jax.tree.leaves(stacked)]), axis=0)
-  mask = check_user_mask(user_mask, u)
-  mask = jnp.ones((u,), bool) if mask is None else mask
+  mask = real_users(user_mask, u)
   keep = jnp.logical_and(finite, mask)
 
   def clean(x):
@@ -79,11 +70,8 @@ def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax
 
 
 def _exact_score(close_s: jax.Array, k: jax.Array, u: int) -> jax.Array:
-  """``s = (sum_i close_s_i) / K`` on a dyadic grid, with sensitivity exactly <= 2.
-
-  A float32 sum and division could round by more than ``1/K``. Here ``S = A K + B`` in int32
-  and ``s = A + floor(fl(B/K) 2^q) / 2^q``, exact in float32; any ``phi(B)`` non-decreasing in
-  ``[0, 1]`` keeps ``|s(S) - s(S')| <= 2`` when ``|S - S'| <= 2K - 1``."""
+  """``s = (sum_i close_s_i) / K`` on a dyadic grid, sensitivity exactly <= 2: ``S = A K + B``
+  in int32, ``s = A + floor(fl(B/K) 2^q) / 2^q`` (a float32 division could err by ``> 1/K``)."""
   kk = jnp.maximum(k, 1)
   per_block = jnp.sum(close_s, axis=1, dtype=jnp.int32)       # <= block * U
   a = jnp.sum(per_block // kk) + jnp.sum(per_block % kk) // kk
@@ -95,8 +83,7 @@ def _exact_score(close_s: jax.Array, k: jax.Array, u: int) -> jax.Array:
 
 def inclusion_probability(degrees: jax.Array, num_users: jax.Array | float,
                           lo: float = 0.5, hi: float = 2.0 / 3.0) -> jax.Array:
-  """``p = clip((h - lo K) / ((hi - lo) K), 0, 1)``: 0 up to ``K/2``, 1 from ``2K/3``;
-  ``6/K``-Lipschitz in ``h`` (Alg. 1 line 17, Alg. 2 line 11), never a hard threshold."""
+  """``p = clip((h - lo K) / ((hi - lo) K), 0, 1)`` (Alg. 1 line 17, Alg. 2 line 11)."""
   k = jnp.asarray(num_users, jnp.float32)
   return jnp.clip((degrees - lo * k) / ((hi - lo) * k), 0.0, 1.0)
 
@@ -136,10 +123,6 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
   Returns:
     A ``FilterResult``: the masked mean of the kept rows (the only field that may be released,
     after noise) and the data-dependent diagnostics.
-
-  Raises:
-    ArgumentTypeError: ``key`` is not a JAX PRNG key.
-    ValueError: a ``user_mask`` that is not a bool ``[U]`` array.
   """
   check_key(key, "key")
   clean, mask = _sanitize(stacked, user_mask)
@@ -215,16 +198,13 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
                    query_scale: float | None = None, lo: float = 0.5, hi: float = 2.0 / 3.0,
                    debug: bool = False, rows: NamedSharding | None = None
                    ) -> optax.GradientTransformationExtraArgs:
-  """FILTER with AboveThreshold halting, as a chain stage (paper 000 Alg. 2 lines 4-13).
+  """FILTER with AboveThreshold halting, as a chain stage (paper 000 Alg. 2 lines 4-13):
+  stacked per-user gradients in, the filtered mean out.
 
-  Stacked per-user gradients in (padding marked by the ``user_mask`` extra argument; without
-  it every slot is a user), the filtered mean ``g_i^t`` out.
-
-  ``init`` draws the noisy threshold ``Delta^ = threshold_fraction * K + Lap(b_thr)`` ONCE
-  (spec 000 §7 item 1: printed inside the loop; re-``init`` per phase). ``update`` tests
-  ``s + Lap(b_q) >= Delta^``; the first failure halts for good and halted steps output zeros
-  (:func:`filter_halted`). Defaults ``b_thr = 8/eps, b_q = 16/eps``: AboveThreshold at budget
-  ``eps/2`` on a sensitivity-2 score (Lemma A.9).
+  ``init`` draws ``Delta^ = threshold_fraction K + Lap(b_thr)`` ONCE (spec 000 §7 item 1; the
+  paper prints it inside the loop; re-``init`` per phase). ``update`` tests ``s + Lap(b_q) >=
+  Delta^``; the first failure halts for good, and halted steps output zeros. Defaults ``b_thr =
+  8/eps, b_q = 16/eps``: AboveThreshold at budget ``eps/2`` on a sensitivity-2 score (Lemma A.9).
 
   Args:
     num_users: ``K_i``, the number of real users per step (the threshold is ``4 K_i/5``).
@@ -244,11 +224,6 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``update(stacked, state, params, *,
     user_mask=None)`` gives the filtered mean (params-shaped; zeros once halted).
-
-  Raises:
-    ValueError: a bad ``num_users``, ``radius``, ``degree_radius``, ``threshold_fraction``,
-      ``lo`` or ``hi``; neither ``epsilon`` nor both scales.
-    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed, or ``debug`` not a bool.
   """
   k_users = check_int(num_users, "num_users")
   check_positive(radius, "radius")
