@@ -1,19 +1,17 @@
 """Argument validation shared by every public constructor.
 
 A value of the wrong *type* (a bool, a string, ``None`` or any non-number where a number is
-expected) raises :class:`ArgumentTypeError`; a number outside its range raises ``ValueError``;
-both name the parameter, so a bad configuration fails before any data is touched or noise drawn.
-Strict types because ``True`` is an ``int`` and ``float("1.0")`` parses: ``epsilon: true`` or
-``clip_norm: "1.0"`` (YAML, a CLI) would otherwise pass silently. Numbers are python ints/floats,
-numpy scalars and 0-d numeric arrays. Traced values (a hyper-parameter shared across a sweep
-inside ``jit``) pass through: the caller validated them while still concrete.
+expected: ``epsilon: true`` or ``clip_norm: "1.0"`` would otherwise pass) raises
+:class:`ArgumentTypeError`, a number outside its range ``ValueError``; both name the parameter.
+Numbers are python ints/floats, numpy scalars and 0-d numeric arrays. Traced values (a swept
+hyper-parameter inside ``jit``) pass through: the caller validated them while concrete.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,12 +27,15 @@ def _traced(x: Any) -> bool:
   return isinstance(x, jax.core.Tracer)
 
 
-def _real(x: Any, name: str, what: str, ok: Callable[[float], bool], rule: str = "",
-          traced: bool = True) -> Any:
-  """``float(x)`` for a real non-bool number (python/numpy scalar, 0-d numeric array) with
-  ``ok``; else raises naming ``name`` and ``what`` it must be (``rule``: the range's words).
-  With ``traced``, a traced ``x`` is returned unchecked."""
-  if traced and _traced(x):
+def _real(x: Any, name: str, what: str, low: float, high: float = math.inf, *,
+          closed: str = "", integer: bool = False, rule: str = "", traced: bool = True) -> Any:
+  """``float(x)`` for a real non-bool number (python/numpy scalar, 0-d numeric array) in the
+  range from ``low`` to ``high`` (open ends, except those ``closed`` names: ``"low"``,
+  ``"high"``; so never inf or nan) and, with ``integer``, integral; else raises naming
+  ``name`` and ``what`` it must be (``rule``: the range's words). With ``traced``, a traced
+  ``x`` is returned unchecked."""
+  import jax
+  if traced and isinstance(x, jax.core.Tracer):
     return x
   dtype = getattr(x, "dtype", None)
   try:
@@ -46,42 +47,42 @@ def _real(x: Any, name: str, what: str, ok: Callable[[float], bool], rule: str =
   if not number:
     raise ArgumentTypeError(f"{name} must be {what}, got {type(x).__name__} {x!r}")
   v = float(x)
-  if not ok(v):
+  if not ((v >= low if "low" in closed else v > low) and (v <= high if "high" in closed
+                                                          else v < high)
+          and (not integer or v.is_integer())):
     raise ValueError(f"{name} must {rule or 'be ' + what}, got {x!r}")
   return v
 
 
 def check_positive(x: Any, name: str) -> float:
-  return _real(x, name, "a finite number > 0", lambda v: math.isfinite(v) and v > 0)
+  return _real(x, name, "a finite number > 0", 0.0)
 
 
 def check_nonnegative(x: Any, name: str) -> float:
-  return _real(x, name, "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
+  return _real(x, name, "a finite number >= 0", 0.0, closed="low")
 
 
 def check_above(x: Any, name: str, bound: float) -> float:
   """A finite number strictly greater than ``bound`` (e.g. a law's shape ``eta > -1``)."""
-  return _real(x, name, f"a finite number > {bound:g}",
-               lambda v: math.isfinite(v) and v > bound, traced=False)
+  return _real(x, name, f"a finite number > {bound:g}", bound, traced=False)
 
 
 def check_epsilon(x: Any, name: str = "epsilon") -> float:
-  return check_positive(x, name)
+  return _real(x, name, "a finite number > 0", 0.0)
 
 
 def check_delta(x: Any, name: str = "delta") -> float:
-  return _real(x, name, "a number in (0, 1)", lambda v: 0.0 < v < 1.0,
-               "lie in the open interval (0, 1)")
+  return _real(x, name, "a number in (0, 1)", 0.0, 1.0, rule="lie in the open interval (0, 1)")
 
 
 def check_probability(x: Any, name: str) -> float:
-  return _real(x, name, "a number in (0, 1]", lambda v: 0.0 < v <= 1.0, "lie in (0, 1]")
+  return _real(x, name, "a number in (0, 1]", 0.0, 1.0, closed="high", rule="lie in (0, 1]")
 
 
 def check_int(x: Any, name: str, minimum: int = 1) -> int:
   """An integer ``>= minimum``; an integral float (``3.0``, as YAML may give) is accepted."""
-  return int(_real(x, name, f"an integer >= {minimum}", traced=False,
-                   ok=lambda v: math.isfinite(v) and v.is_integer() and int(v) >= minimum))
+  return int(_real(x, name, f"an integer >= {minimum}", minimum, closed="low", integer=True,
+                   traced=False))
 
 
 def check_choice(x: Any, name: str, choices: tuple[str, ...]) -> str:

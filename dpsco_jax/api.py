@@ -10,18 +10,13 @@
     result = dpsco_jax.run(p, loss_fn, params, data, key)     # Result: params (your pytree),
                                                               # privacy, record
 
-* ``config``: a mapping (Python, or a YAML ``algorithm:`` section) or the algorithm's frozen
-  config dataclass, validated once against its typed schema (:func:`algorithm_config`);
-  ``noise_multiplier: 0`` is a non-private reference run where the algorithm allows one.
-* :func:`plan` reads only ``spec`` (:class:`~dpsco_jax.data.DataSpec`), the declared
-  ``constants`` and the config: ``Plan.privacy`` is the guarantee the run will spend, computed
-  by a fresh ledger before any data is read. :func:`run` executes the plan through the
-  algorithm's registered ``run(plan, problem, key)``, which plans, calibrates and validates
-  nothing again. The runner plans a built-in problem with :func:`plan_problem` and executes it
-  with :func:`execute`, as :func:`run` does.
-* An algorithm that needs an undeclared constant (L, beta, R, mu) raises
-  :class:`~dpsco_jax.data.MissingConstant` naming it; one that cannot run on a loss and
-  ``UserData`` is refused with the reason (``UNSUPPORTED``).
+:func:`plan` reads only the data's public ``spec``, the declared ``constants`` and the config
+(validated once, :func:`algorithm_config`): ``Plan.privacy`` is the guarantee the run will
+spend, from a fresh ledger, before any data is read. :func:`run` executes the plan through the
+algorithm's registered ``run(plan, problem, key)``, which plans nothing again; the runner does
+the same on a built-in problem (:func:`plan_problem`, :func:`execute`). An undeclared constant
+raises :class:`~dpsco_jax.data.MissingConstant`; an algorithm that cannot run on a loss and
+``UserData`` is refused with the reason (``UNSUPPORTED``).
 """
 
 from __future__ import annotations
@@ -38,14 +33,14 @@ import numpy as np
 from dpsco_jax.algorithms.common import auto_axes, mesh_context, replicated_on
 from dpsco_jax.algorithms.registration import Planned, missing_plan_members
 from dpsco_jax.algorithms.registry import algorithms
-from dpsco_jax.config.schema import ConfigError
+from dpsco_jax.config.schema import ConfigError, check_name, check_known_keys
 from dpsco_jax.data.problem import ProblemConstants, PublicFacts, UserDataProblem
 from dpsco_jax.data.user_data import DataSpec, UserData
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result, check_finite_params
 
-__all__ = ["Plan", "plan", "run", "fit", "plan_problem", "execute", "solve", "algorithm_config", "ITEM_LEVEL", "ITEM_GUARANTEE",
-           "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED",
+__all__ = ["Plan", "plan", "run", "fit", "plan_problem", "execute", "solve", "algorithm_config",
+           "ITEM_LEVEL", "ITEM_GUARANTEE", "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED",
            "HOST_STREAMING", "run_seeds",
            "UndeclaredFact", "Progress", "print_progress"]
 
@@ -83,12 +78,7 @@ def _entry(algorithm: str, user_data: bool = True):
   """The registered entry of ``algorithm`` (``user_data``: refuse one that cannot run on a
   ``loss_fn`` and ``UserData``)."""
   table = algorithms()
-  if not isinstance(algorithm, str) or algorithm not in table:
-    import difflib
-    hint = difflib.get_close_matches(str(algorithm), list(table), n=1)
-    raise ConfigError(f"unknown algorithm {algorithm!r}"
-                      + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                      + f"; known: {', '.join(sorted(table))}")
+  check_name("algorithm", algorithm, table)
   if user_data and table[algorithm].unsupported is not None:
     raise ConfigError(f"{algorithm} cannot run on a loss_fn and UserData: "
                       f"{table[algorithm].unsupported}")
@@ -112,7 +102,7 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
       dataclass; a key is unknown (with a suggestion), of the wrong type, out of range or
       missing (the message names the key).
   """
-  from dpsco_jax.config.schema import specs, suggest_key
+  from dpsco_jax.config.schema import specs
   entry = _entry(algorithm, user_data=False)
   if isinstance(config, entry.config):
     return config
@@ -121,16 +111,9 @@ def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:
   if not isinstance(config, Mapping):
     raise ConfigError(f"config must be a mapping or {entry.config.__name__}, got "
                       f"{type(config).__name__}")
-  allowed = specs(entry.config, "algorithm")
   given = {k: v for k, v in config.items() if k not in ("algorithm", "problem", "seed")}
-  for key in given:
-    if key not in allowed:
-      s = suggest_key(str(key), allowed)
-      raise ConfigError(f"unknown key {key!r} for algorithm {algorithm!r}"
-                        + (f" (did you mean {s!r}?)" if s else "")
-                        + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
-  # the schema's own construction checks types, required keys and requires_one_of
-  return entry.config.of(given)
+  check_known_keys(given, specs(entry.config, "algorithm"), f"algorithm {algorithm!r}")
+  return entry.config.of(given)   # types, ranges, required keys: the schema's own checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,12 +129,10 @@ class Plan:
     noise_multiplier: the (first) calibrated noise multiplier, if the family has one.
     schedule: public schedule numbers (steps, batch sizes, phases...).
     num_params: the number of parameters the plan was made for.
-    detail: the family's own plan object (a
-      :class:`~dpsco_jax.algorithms.registration.FamilyPlan`: its noise stages, events and
-      charge), what the run executes.
-    planned: the digest of the planned facts, taken when the plan is made. A plan edited
-      afterwards (``dataclasses.replace``) keeps the old digest and refuses to run: its
-      guarantee is the planned config's, not the edited one's.
+    detail: the family's plan object (a
+      :class:`~dpsco_jax.algorithms.registration.FamilyPlan`), what the run executes.
+    planned: the digest of the planned facts; a plan edited afterwards
+      (``dataclasses.replace``) keeps it and refuses to run.
   """
   algorithm: str
   config: Any
@@ -170,9 +151,7 @@ class Plan:
 
   @property
   def stages(self) -> tuple:
-    """The plan's Gaussian noise stages (``detail.stages``, the
-    :class:`~dpsco_jax.algorithms.registration.FamilyPlan` protocol): each a
-    :class:`~dpsco_jax.privacy.GaussianStage` with its multiplier and sensitivity."""
+    """The plan's :class:`~dpsco_jax.privacy.GaussianStage` noise stages (``detail.stages``)."""
     return tuple(self.detail.stages)
 
   def check_unchanged(self) -> None:
@@ -189,7 +168,7 @@ class Plan:
 
 
 def _plan_digest(p: Plan) -> str:
-  """SHA-256 of a plan's planned facts (``detail`` is derived from them and may hold arrays)."""
+  """SHA-256 of a plan's planned facts (not ``detail``: derived from them)."""
   import hashlib
   import json
   facts = [p.algorithm, {f.name: getattr(p.config, f.name)
@@ -246,9 +225,8 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
 
 
 def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
-  """The data-free plan of ``algorithm`` on a built-in problem of :mod:`dpsco_jax.problems`
-  (the runner's path): its sizes and constants hold by construction, so they are declared
-  facts. Execute it with :func:`execute`.
+  """The data-free plan of ``algorithm`` on a built-in problem (the runner's path), whose
+  sizes and constants are declared by construction. Execute it with :func:`execute`.
 
   Args:
     algorithm: a registered algorithm name.
@@ -271,9 +249,9 @@ def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
 
 
 def _planned(entry: Any, facts: Any, cfg: Any) -> Planned:
-  """The entry's planner on ``facts``; a plan object that does not follow the one plan
-  protocol (:class:`~dpsco_jax.algorithms.registration.FamilyPlan`) is refused, naming what
-  it lacks (a new algorithm's planner, before anything could run on it)."""
+  """The entry's planner on ``facts``; a plan object outside the
+  :class:`~dpsco_jax.algorithms.registration.FamilyPlan` protocol is refused, naming what it
+  lacks."""
   planned = entry.planner(facts, cfg)
   missing = missing_plan_members(planned.detail)
   if missing:
@@ -300,9 +278,8 @@ def constants_of(problem: Any) -> ProblemConstants:
 
 
 def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
-  """Runs plan ``p`` on ``problem`` (a built-in problem, or the :class:`UserDataProblem` that
-  :func:`run` builds) through the algorithm's registered ``run(plan, problem, key)``: the one
-  place a plan meets its driver.
+  """Runs plan ``p`` on ``problem`` (a built-in one, or the :class:`UserDataProblem` that
+  :func:`run` builds) through the algorithm's registered ``run(plan, problem, key)``.
 
   Args:
     p: the plan (:func:`plan_problem`, or :func:`plan` for a ``UserDataProblem``).
@@ -340,9 +317,8 @@ def solve(algorithm: str, config: Mapping | Any, problem: Any, key: jax.Array) -
 
 def check_spent(p: Plan, result: Result) -> Result:
   """``result`` when its run spent exactly plan ``p``'s guarantee (epsilon to 1e-9, relation,
-  provenance), else ``RuntimeError`` (a library bug): the check every path that executes a
-  plan makes (:func:`execute`, the seed batches, ``jax.distributed`` runs). Released params
-  that are not finite raise :class:`~dpsco_jax.result.NonFiniteRelease` (the run failed)."""
+  provenance), else ``RuntimeError`` (a library bug); params that are not finite raise
+  :class:`~dpsco_jax.result.NonFiniteRelease`. Every path that executes a plan checks it."""
   if not _same_guarantee(result.privacy, p.privacy):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")
@@ -351,11 +327,8 @@ def check_spent(p: Plan, result: Result) -> Result:
 
 
 def _require_declared(algorithm: str, spec: DataSpec) -> None:
-  """Refuses a measured ``m`` for an algorithm whose guarantee reads it (``READS_M``).
-
-  ``n_users`` needs no check here: under ``add_remove`` (the one relation that keeps it
-  private) every planner reads the config's declared ``n_users``, and under ``replace_one`` /
-  ``zero_out`` the realized count is public by the relation itself."""
+  """Refuses a measured ``m`` for an algorithm whose guarantee reads it (``READS_M``);
+  ``n_users`` is the config's declared one under ``add_remove`` and public otherwise."""
   if _entry(algorithm).reads_m and not spec.declared("max_items_per_user"):
     raise UndeclaredFact(
         f"{algorithm}'s guarantee reads m, the items per user, and this data's m = "
@@ -370,9 +343,8 @@ def _num_params(params: Any) -> int:
 
 
 def _mesh(algorithm: str, mesh: Any) -> Any:
-  """The mesh a run shards users over: ``mesh``, else the one set with
-  ``jax.set_mesh`` (if any); refused for an algorithm that
-  cannot use it."""
+  """``mesh``, else the one set with ``jax.set_mesh`` (if any); refused for an algorithm
+  that cannot use it."""
   from dpsco_jax.algorithms.common import mesh_users_axis
   if mesh is None:
     current = jax.sharding.get_mesh()
@@ -389,16 +361,11 @@ def _mesh(algorithm: str, mesh: Any) -> Any:
 
 
 class Progress(NamedTuple):
-  """What a run's ``callback`` receives, about 20 times per run (every
-  ``ceil(num_steps / 20)`` steps, fewer only when the run has fewer steps) and at its end:
-  ``step`` of ``num_steps`` done (``num_steps`` > 0: the plan's step count, summed over the
-  phases of a phased algorithm; ``step`` strictly increasing, the last report has ``step ==
-  num_steps``) and ``epsilon``, the accountant's epsilon (at the plan's delta) of the steps
-  done so far where the family has a per-step event (the DP-SGD family), else ``None`` before
-  the last report and the run's epsilon at it. An algorithm with no step loop (output
-  perturbation: one release) reports once, at the end, with ``step == num_steps == 1``; a
-  run that stops early (a FILTER phase halts) closes with ``step == num_steps``.
-  Data-independent: the step count and the plan are all it is computed from.
+  """What a run's ``callback`` receives, every ``ceil(num_steps / 20)`` steps and at the end
+  (``step`` strictly increasing, the last with ``step == num_steps``; a run without a step
+  loop reports once with ``step == num_steps == 1``). ``epsilon`` is the accountant's epsilon
+  of the steps done where the family has a per-step event (DP-SGD), else ``None`` until the
+  last report, which has the run's. Computed from the step count and the plan only.
 
   Attributes:
     step: the steps done.
@@ -411,23 +378,20 @@ class Progress(NamedTuple):
 
 
 def _epsilon_after(p: Plan, steps: int, total: int | None = None) -> float | None:
-  """The accountant's epsilon of the first ``steps`` steps of a DP-SGD plan; for the other
-  families the plan's epsilon once all ``total`` steps are done, else None."""
+  """The epsilon of the first ``steps`` steps of a DP-SGD plan; for the other families the
+  plan's once all ``total`` steps are done, else None."""
   from dpsco_jax.algorithms.dpsgd.plan import DpSgdPlan
   from dpsco_jax.privacy.ledger import epsilon_of
   d = p.detail
   if not isinstance(d, DpSgdPlan) or d.event is None or d.level == "group":
-    # no per-step event: the whole run's guarantee is only known to be spent at its end
     done = total is not None and steps >= total
     return float(p.privacy.epsilon) if done else None
-  # the plan's own event for the shorter run (matrix-factorization noise: the strategy's
-  # sensitivity over the steps done, not an independent-noise count)
   return epsilon_of(d.event_after(steps), delta=d.delta, relation=d.relation)
 
 
 def _progress(p: Plan, callback: Callable[[Progress], None] | None):
-  """The host function a driver calls with the steps done (and its step count: the plan's,
-  summed over phases), wrapping the user's callback; :func:`_close_progress` ends it."""
+  """The host function a driver calls with the steps done (and its step count), wrapping the
+  user's callback; :func:`_close_progress` ends it."""
   if callback is None:
     return None
   if not callable(callback):
@@ -445,9 +409,8 @@ def _progress(p: Plan, callback: Callable[[Progress], None] | None):
 
 
 def _close_progress(p: Plan, progress: Callable | None) -> None:
-  """The last report of a run whose driver did not end at its last step: once with ``step ==
-  num_steps == 1`` where there were no per-step reports and the plan has no step count (no
-  step loop), else at the step count (a run that stopped early)."""
+  """The last report of a run whose driver did not end at its last step (no step loop, or a
+  run that stopped early)."""
   if progress is None:
     return
   last = progress.seen[-1] if progress.seen else None
@@ -468,8 +431,6 @@ def print_progress(progress: Progress) -> None:
   print(f"step {progress.step}/{progress.num_steps}{eps}", flush=True)
 
 
-#: where a run keeps the table: on the device (one jitted scan) or on the host / in a memory
-#: map, sampling rows there and moving only theirs to the device each step
 PLACEMENTS = ("auto", "device", "host")
 #: the drivers that stream Poisson-sampled rows from the host (users, or item slots)
 HOST_STREAMING = frozenset(n for n, e in _TABLE.items() if e.host_streaming)
@@ -494,14 +455,13 @@ def _placement(p: Plan, data: UserData, placement: str, mesh: Any) -> str:
 
 
 def _check_data_for_plan(p: "Plan", data: UserData, what: str) -> None:
-  """``data`` is what ``p`` was planned for (its spec's users, items and, when the spec states
-  them, item shapes), whole at item level."""
+  """``data`` has ``p``'s users, items and (where the spec states them) item shapes, and is
+  whole at item level."""
   if (data.spec.n_users, data.spec.max_items_per_user) != (p.spec.n_users,
                                                            p.spec.max_items_per_user):
     raise ValueError(f"the plan was made for {p.spec.n_users} users x "
                      f"{p.spec.max_items_per_user} items, {what} states {data.spec.n_users} x "
                      f"{data.spec.max_items_per_user}: plan again with its spec")
-  # a hand-built DataSpec may state no shapes (a declaration of the counts alone)
   if p.spec.item_shapes and tuple(data.spec.item_shapes) != tuple(p.spec.item_shapes):
     raise ValueError(f"the plan was made for items {_shapes(p.spec.item_shapes)}, {what}'s "
                      f"items are {_shapes(data.spec.item_shapes)}: plan again with its spec")
@@ -514,31 +474,6 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
         data_placement: str = "auto", distributed: bool | None = None) -> Result:
   """Executes plan ``p`` on ``data``: ``Result.params`` has the structure of ``params``.
 
-  ``mesh``: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the mesh set with
-  ``jax.set_mesh``, if any). Each device differentiates and clips its own users; the clipped
-  sums are reduced across the axis and the noise is drawn once from the one key, so the plan
-  does not depend on the mesh and the released params equal the one-device run's to float
-  tolerance (``MESH_READY``). A mesh with explicit axes runs on its auto-typed twin and the
-  params come back replicated over the caller's mesh; arrays that ``loss_fn`` closes over must
-  not be typed with an explicit mesh.
-
-  ``data_placement``: ``"device"`` (the whole table on the device, one jitted scan),
-  ``"host"`` (``dp_sgd_user`` / ``dp_sgd_item`` with Poisson sampling: rows are sampled on the
-  host in ``O(q n)`` per step and only theirs reach the device, so the table may be a memory
-  map from ``UserData.open(dir)``), or ``"auto"`` (host for a memory-mapped table, else
-  device). Same sampling law and guarantee, other rows drawn than on the device. On a CPU
-  backend ``"device"`` uses each examples leaf in place when its buffer is 64-byte aligned and
-  copies an unaligned one once (XLA needs aligned buffers); item-level rows copy the table once
-  more, to lay items out as rows.
-
-  ``callback``: called with a :class:`Progress` about 20 times during the run;
-  :func:`print_progress` prints one line each time.
-
-  ``distributed``: run with the other processes of ``jax.distributed`` on this process's
-  ``data.shard(...)`` (:mod:`dpsco_jax.distributed`: a handshake compares config, plan, key
-  and declared ``n_users`` first). Default: when ``jax.process_count() > 1`` or ``data`` is a
-  shard.
-
   Args:
     p: the plan (:func:`plan`) made for ``data.spec`` and ``params``' parameter count.
     loss_fn: ``loss_fn(params, item) -> scalar``, the loss of one item (a pytree leaf per
@@ -546,10 +481,22 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
     params: the initial parameters (any pytree of float arrays).
     data: the user-keyed data the plan was made for (:class:`~dpsco_jax.data.UserData`).
     key: the run's JAX PRNG key, the source of all its noise and sampling.
-    mesh: a device mesh with a ``"users"`` axis (see above).
-    callback: called with a :class:`Progress` during the run; default ``None``.
-    data_placement: ``"auto"`` (default), ``"device"`` or ``"host"`` (see above).
-    distributed: run with the other ``jax.distributed`` processes (see above).
+    mesh: a ``jax.sharding.Mesh`` with a ``"users"`` axis (default: the one set with
+      ``jax.set_mesh``, if any; ``MESH_READY``). Each device clips its own users, the sums
+      are reduced and the noise drawn once from the one key, so the plan does not depend on
+      the mesh and the params equal the one-device run's to float tolerance. A mesh with
+      explicit axes runs on its auto-typed twin (params come back replicated over it); arrays
+      ``loss_fn`` closes over must not be typed with an explicit mesh.
+    callback: called with a :class:`Progress` about 20 times during the run
+      (:func:`print_progress` prints them); default ``None``.
+    data_placement: ``"device"`` (the table on the device, one jitted scan; on a CPU backend
+      an unaligned leaf is copied once, item-level rows once more), ``"host"`` (Poisson
+      ``dp_sgd_user`` / ``dp_sgd_item``: rows sampled on the host, ``O(q n)`` per step, only
+      theirs moved, so the table may be ``UserData.open``'s memory map; same law and
+      guarantee) or ``"auto"`` (default: host for a memory-mapped table, else device).
+    distributed: run with the other ``jax.distributed`` processes on this process's
+      ``data.shard(...)`` (:mod:`dpsco_jax.distributed`, a handshake first); default when
+      ``jax.process_count() > 1`` or ``data`` is a shard.
 
   Returns:
     The :class:`~dpsco_jax.Result`: ``params`` with the structure of the input ``params``, the

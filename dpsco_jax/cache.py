@@ -1,13 +1,8 @@
 """The one cache of the library: compiled programs, the loss wrappers they close over, and the
-numbers the accountant solves for. Every memoized factory uses :func:`bounded_cache`, so
-
-* **it is bounded**: a sweep building a fresh ``loss_fn`` closure per run evicts old entries
-  instead of holding every closure (and the data it captures) for the life of the process;
-* **keys are the arguments only**: factories take static things (loss, chain structure,
-  shapes, schedule numbers) and return a program whose data is an argument, so a neighbouring
-  dataset never reuses another's closure; arrays are unhashable, so data cannot be a key;
-* **one switch clears all of it**: :func:`clear` (e.g. between the halves of an audit) and
-  :func:`stats` (hits / misses / size per cache).
+numbers the accountant solves for. Every memoized factory uses :func:`bounded_cache`: bounded
+(a sweep's fresh ``loss_fn`` closures are evicted, not held with their data), keyed by static
+arguments only (data is an argument of the program, never a key), and cleared all at once by
+:func:`clear` (:func:`stats`: hits / misses / size per cache).
 """
 
 from __future__ import annotations

@@ -8,37 +8,24 @@ The same program runs on every process (JAX's multi-controller model)::
     result = dpsco_jax.fit("dp_sgd_user", config, loss_fn, params, data, key)
 
 ``dpsco_jax.run`` / ``fit`` take this path when ``jax.process_count() > 1`` or the data is a
-shard (``distributed=`` forces it on or off). What holds, and why:
+shard (``distributed=`` forces it on or off). What holds:
 
-* **One plan.** A shard's :attr:`~dpsco_jax.data.UserData.spec` is the whole dataset's and
-  Poisson ``dp_sgd_user`` reads the *declared* ``n_users`` (``add_remove``), so every process
-  makes the one-process plan whatever its local count.
-* **Handshake before the first step.** Digests of every process's algorithm and config, plan
-  and guarantee, PRNG key, initial params, data facts (``m``, item shapes) and shard, and its
-  declared ``n_users``, are all-gathered and compared: any difference (or a process that could
-  not plan) raises :class:`DistributedMismatch` on *every* process, naming it, before the
-  ledger is charged or anything released. The gather has a fixed shape, so a mismatch cannot
-  leave a process waiting in a collective.
-* **The accountant's sampling law, drawn once.** Every process draws the *global* Poisson sample
-  from the shared key (:class:`~dpsco_jax.data.PoissonSampler` over all ``n`` users, truncated
-  at the plan's capacity: the one-process host run's draw) and keeps its users' part
-  (:meth:`~dpsco_jax.data.ShardInfo.owner`), without communicating.
-* **Static slots, no second truncation.** Every process knows each one's sampled count, so all
-  agree on the step's slot count: a small bound (``poisson_capacity`` of a shard) or, on a rare
-  step over it, the global capacity (two compiles, no user dropped beyond the plan's).
-* **One reduction, one noise.** The batch is one global array sharded over a ``"users"`` mesh
-  of every process's devices; each device clips its users, XLA all-reduces the clipped sums,
-  and the noise, from the replicated noise key, is the same everywhere and added once to the
-  replicated sum. Params stay replicated.
-* **One ledger.** Every process's plan charged an identical ledger (checked by the handshake);
-  ``Result.record["ledger_digest"]`` is :func:`privacy_digest` of the guarantee, the
-  one-process run's.
+* **One plan.** A shard's ``spec`` is the whole dataset's and Poisson DP-SGD reads the
+  *declared* ``n_users``, so every process makes the one-process plan.
+* **Handshake before the first step.** Digests of every process's config, plan, guarantee,
+  key, initial params, data facts, shard and declared ``n_users`` are all-gathered (a fixed
+  shape) and compared: a difference, or a process that could not plan, raises
+  :class:`DistributedMismatch` on *every* process before anything is released.
+* **One sampling law.** Every process draws the *global* Poisson sample from the shared key
+  (the one-process host run's draw, truncated at the plan's capacity) and keeps its users'
+  part; all agree on each step's slot count, so no user is dropped beyond the plan's.
+* **One reduction, one noise.** Each device clips its users, XLA all-reduces the sums, and the
+  noise from the replicated key is added once; params stay replicated. The record's
+  ``ledger_digest`` is :func:`privacy_digest` of the one guarantee.
 
 So the release equals the one-process ``data_placement="host"`` run with the same key to float
-tolerance (only the summation order differs). Ready (``DISTRIBUTED_READY``, the
-``distributed=`` trait of their registrations): ``dp_sgd_user`` and ``dp_sgd_item`` (rows are
-the ``U m`` item slots; each process keeps its users' slots) with Poisson sampling and
-independent noise; anything else is refused. CPU processes use gloo collectives.
+tolerance. Ready (``DISTRIBUTED_READY``): ``dp_sgd_user`` and ``dp_sgd_item`` with Poisson
+sampling and independent noise; anything else is refused. CPU processes use gloo collectives.
 """
 
 from __future__ import annotations

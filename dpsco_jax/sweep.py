@@ -1,24 +1,16 @@
 """Seed sweeps and step-size grids as one compiled program.
 
-Runs that differ only in their seed share everything public (config, shapes, plan: schedule,
-calibrated noise, privacy events); only the data and the key differ. So the driver runs once,
-under ``jax.vmap`` over the stacked data and keys: the plan is made once per group, the jitted
-``lax.scan`` is traced with a leading seed axis (one executable, one launch), and each run
-keeps its own key (folded as the one-by-one run folds it) and its own copy of the plan's
-privacy report. Released params equal the one-by-one runs' to float tolerance; epsilons,
-reports and records are identical.
+Runs that differ only in their seed share everything public (config, shapes, plan), so the
+driver runs once under ``jax.vmap`` over the stacked data and keys (one executable, one
+launch); each run keeps its own key and its own copy of the plan's report. Released params
+equal the one-by-one runs' to float tolerance; reports and records are identical. Only
+:data:`dpsco_jax.api.BATCHED` drivers are batched; one that does not trace raises and its
+callers run the seeds one by one (nothing of the attempt is released).
 
-Only drivers known to trace cleanly are batched (:data:`dpsco_jax.api.BATCHED`); one that reads
-anything else raises under ``vmap`` and :func:`run_stacked`'s callers fall back to one run per
-seed (nothing of the failed attempt is released).
-
-**Grids of step sizes**: runs that also differ in a number the jitted step reads only as a
-number (the learning rate; SRGD's ``beta``) run as one program too. :data:`GRID` says, per
-algorithm, which keys may differ; the driver reads them through
-:func:`dpsco_jax.algorithms.common.hparam` as traced inputs. Each grid point's program (traced
-with ``jax.make_jaxpr``) must be the same jaxpr with equal privacy reports, else
-:class:`NotBatchable`; a key that changes the plan, the noise or the shapes is refused, naming
-it (:func:`grid_refusal`).
+Runs that also differ in a number the jitted step reads only as a number (:data:`GRID`: the
+learning rate, SRGD's ``beta``) run as one program too, the driver reading them through
+:func:`dpsco_jax.algorithms.common.hparam`: every grid point must trace to the same jaxpr with
+equal privacy reports, else :class:`NotBatchable` names the key (:func:`grid_refusal`).
 """
 
 from __future__ import annotations

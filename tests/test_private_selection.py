@@ -192,7 +192,10 @@ def _plans_args(config):
   from dpsco_jax.runner import batch
   problem_of = lambda c: batch.cached_problem(batch.problem_config(c), problems, None,
                                               batch.run_keys(c["seed"])[0])
-  return groups, phases.select, problem_of
+  from dpsco_jax import api
+  plan_of = lambda c, p: api.plan_problem(c["algorithm"], api.algorithms()[c["algorithm"]]
+                                          .config.of(c), p)
+  return groups, phases.select, problem_of, plan_of
 
 
 SECRET_K = 4099   # a distinctive number of runs, which no output may show

@@ -1,6 +1,6 @@
 """The runner runs a built-in problem as the API runs a user's: plan, then that plan (issue 25).
 
-``runner._registered_record`` (one by one) and ``runner.batch.batch_records`` (seeds in one
+``runner.run_one`` (one by one) and ``runner.batch.batch_records`` (seeds in one
 program) make the data-free plan (:func:`dpsco_jax.api.plan_problem`) and hand it to
 :func:`dpsco_jax.api.execute`: the registered runner receives the plan itself (it does not plan
 or calibrate again), and a run whose guarantee differs from its plan is refused.

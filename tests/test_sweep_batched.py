@@ -178,7 +178,7 @@ def test_a_driver_that_does_not_trace_falls_back(monkeypatch):
   algorithms, problems = runner.registry()
   runs = [{"problem": "least_squares", "n_users": 20, "m": 1, "d": 2, "seed": s,
            "algorithm": "peeking"} for s in (0, 1)]
-  monkeypatch.setattr(runner, "_checked", lambda cfg, a, p: dict(cfg))
+  monkeypatch.setattr(runner, "_checked_typed", lambda cfg, a, p: (dict(cfg), None))
   out, note = runner._batch_records(runs, {**algorithms, "peeking": peeking}, problems, {})
   assert out is None and "batching failed" in note
 

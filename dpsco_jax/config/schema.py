@@ -2,21 +2,18 @@
 
 One vocabulary: every algorithm spells one idea the same way (``clip_norm``,
 ``learning_rate``, ``batch_size``, ``num_steps``, ``relation``, paper 004's ``inner_`` /
-``outer_`` names); the retired names (:data:`ALIASES`) are refused as unknown keys with a "did
-you mean" naming the new one. ``delta`` is required by every private algorithm.
+``outer_``); retired names (:data:`ALIASES`) are refused with a "did you mean" naming the new.
 
-Accepted YAML types (the schemas' annotations, :mod:`dpsco_jax.config.families`): ``float`` a
-number (not a bool or a string); ``int`` an integer (an integral float such as ``1e4`` is made
-an int), a count in ``[0, MAX_COUNT]`` (JAX counts in int32) except ``seed`` in
-``[0, 2**32 - 1]``; ``bool`` only ``true`` / ``false``; ``Literal[...]`` one of the names;
-``Optional[...]`` allows ``null``, meaning what the field's doc says; ``tuple[float, ...]`` a
-sequence, written as a list inside a list (the runner sweeps lists); ``dict`` a mapping with
-string keys, not swept. Non-private is never a default: a private algorithm needs ``epsilon``
-or a ``noise_multiplier``, and ``noise_multiplier: 0`` is the one way to say "non-private".
+Accepted YAML types (the schemas' annotations): ``float`` a number (not a bool or a string);
+``int`` an integer (an integral float such as ``1e4`` is made an int), a count in
+``[0, MAX_COUNT]`` except ``seed`` in ``[0, 2**32 - 1]``; ``bool`` only ``true`` / ``false``;
+``Literal[...]`` one of the names; ``Optional[...]`` allows ``null``; ``tuple[float, ...]`` a
+list inside a list (the runner sweeps lists); ``dict`` a mapping with string keys. A private
+algorithm needs ``epsilon`` or a ``noise_multiplier`` (``0``: the one spelling of
+"non-private") and ``delta``.
 
-:func:`typed_run` validates once and returns the typed configs (``Schema.of``) that the
-planners and drivers read; ``n_users`` and ``debug`` are in every algorithm's schema
-(``AlgorithmKeys``) but are the problem's and the runner's keys in a run (:func:`keys_of`).
+:func:`typed_run` validates once and returns the typed configs the planners and drivers read;
+``n_users`` and ``debug`` are the problem's and the runner's keys in a run (:func:`keys_of`).
 """
 
 from __future__ import annotations
@@ -124,6 +121,17 @@ def check_name(field: str, value: Any, known: Mapping) -> str:
   return value
 
 
+def check_known_keys(keys: Any, allowed: Mapping, where: str) -> None:
+  """A :class:`ConfigError` for the first of ``keys`` not in ``allowed``, with a suggestion
+  (:func:`suggest_key`) and the keys ``where`` reads."""
+  for key in keys:
+    if key not in allowed:
+      hint = suggest_key(str(key), allowed)
+      raise ConfigError(f"unknown key {key!r} for {where}"
+                        + (f" (did you mean {hint!r}?)" if hint else "")
+                        + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
+
+
 def validate(cfg: dict) -> dict:
   """One run's config checked (:func:`typed_run`): a normalized copy, or a
   :class:`ConfigError` naming the key."""
@@ -131,10 +139,9 @@ def validate(cfg: dict) -> dict:
 
 
 def typed_run(cfg: dict) -> tuple[dict, Any, Any]:
-  """``(normalized copy of cfg, its algorithm's typed config, its problem's)``: a run's config
-  validated once. The names are checked here (unknown and ambiguous keys); the values by
-  building the typed configs (their ``__post_init__``, the one validator), whose messages
-  name the run."""
+  """``(normalized copy of cfg, its algorithm's typed config, its problem's)``: the names
+  checked here (unknown, ambiguous keys), the values by building the typed configs (their
+  ``__post_init__``, the one validator)."""
   if not isinstance(cfg, dict):
     raise ConfigError(f"a run config must be a mapping, got {type(cfg).__name__}")
   for field in ("algorithm", "problem"):
@@ -144,12 +151,7 @@ def typed_run(cfg: dict) -> tuple[dict, Any, Any]:
   problem = check_name("problem", cfg["problem"], PROBLEM_SCHEMAS)
   allowed = keys_of(algorithm, problem)
   where = f"algorithm {algorithm!r} on problem {problem!r}"
-  for key in cfg:
-    if key not in allowed:
-      s = suggest_key(str(key), allowed)
-      raise ConfigError(f"unknown key {key!r} for {where}"
-                        + (f" (did you mean {s!r}?)" if s else "")
-                        + f"; it reads: {', '.join(sorted(allowed, key=str.lower))}")
+  check_known_keys(cfg, allowed, where)
   for key, spec in allowed.items():
     if spec.owner == "ambiguous" and key in cfg:
       raise ConfigError(f"{key} is ambiguous for {where}: the algorithm reads it as "

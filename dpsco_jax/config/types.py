@@ -1,9 +1,6 @@
-"""The lowest layer of the config vocabulary: the error type, one key's spec and the type check.
-
-:mod:`dpsco_jax.config.families` (the schemas) validates every instance with
-:func:`check_instance`; :mod:`dpsco_jax.config.schema` (a whole run) reads the same
-:class:`KeySpec` / :func:`check_type`. It imports nothing of the package but ``_checks``, so
-every layer may raise :class:`ConfigError` (``tests/test_package_graph.py``).
+"""The lowest layer of the config vocabulary: the error type, one key's spec, the type check
+(:func:`check_instance`, every schema's one validation). It imports nothing of the package but
+``_checks``, so every layer may raise :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -243,12 +240,10 @@ def _missing(message: str) -> None:
 
 
 def check_instance(obj: Any) -> None:
-  """Validates a schema instance (``Schema.__post_init__``): the one validation of a config,
-  from Python, a dict or a YAML run. An unset field (``None``) is skipped unless required;
-  every other value is type-checked and normalized in place. Non-private is never the
-  default: where a ``requires_one_of`` group holds ``noise_multiplier``, 0 is the one way to
-  ask for it; a private run (``epsilon`` or a nonzero ``noise_multiplier``) needs every key of
-  ``private_requires``."""
+  """Validates a schema instance (``Schema.__post_init__``), from Python, a dict or YAML: an
+  unset field is skipped unless required, every other value type-checked and normalized in
+  place; one key of each ``requires_one_of`` group, and for a private run (``epsilon`` or a
+  nonzero ``noise_multiplier``) every key of ``private_requires``."""
   schema = type(obj)
   name = _WHERE.get() or schema.__name__
   for key, spec in specs(schema, "config").items():

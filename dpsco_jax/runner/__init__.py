@@ -1,21 +1,16 @@
 """Config -> sweep -> runs -> records, tables, plots: the YAML runner (``dpsco run``).
 
-A config is a YAML mapping; any field whose value is a list is swept (Cartesian product, seeds
-included), ``experiments:`` entries are merged over the top-level fields, and keys may be
-grouped in ``problem:`` (or ``data:``) / ``algorithm:`` sections
-(:mod:`dpsco_jax.runner.config`). Every expanded run is validated, and every row planned,
-before any run starts (:func:`dpsco_jax.config.schema.typed_run`): a bad key, type or value is
-one :class:`ConfigError` naming the key. The syntax, paired comparisons (``compare:``,
-:mod:`dpsco_jax.runner.stats`), tuning and evaluation seeds (``select:``,
-:mod:`dpsco_jax.runner.tuning`), seeds in one program (:mod:`dpsco_jax.sweep`) and ``devices``
-(:mod:`dpsco_jax.runner.mesh`) are described in ``docs/guides/sweeps_and_selection.md``; your
-model, loss and data in :mod:`dpsco_jax.runner.user`.
+A config is a YAML mapping; a list value is swept (Cartesian product, seeds included),
+``experiments:`` entries are merged over the top-level fields, and keys may be grouped in
+``problem:`` (or ``data:``) / ``algorithm:`` sections (:mod:`dpsco_jax.runner.config`). Every
+run is validated, and every row planned, before any run starts: a bad key, type or value is
+one :class:`ConfigError` naming the key. The syntax, ``compare:``, ``select:``, seeds in one
+program and ``devices``: ``docs/guides/sweeps_and_selection.md``; your model, loss and data:
+:mod:`dpsco_jax.runner.user`.
 
-Each run produces one record; its ``epsilon`` and ``delta`` are the *guaranteed* values of the
-result's privacy report (``epsilon_kind``: ``exact`` or ``upper_bound``), the requested target
-is ``target_epsilon``. A selection without ``private:`` is **not** covered by the privacy
-guarantee (hyper-parameter search on private data costs privacy unless accounted for); the
-output says so.
+A record's ``epsilon`` and ``delta`` are the *guaranteed* values of the run's privacy report
+(``epsilon_kind``: ``exact`` or ``upper_bound``); the requested target is ``target_epsilon``.
+A selection without ``private:`` is **not** covered by the guarantee; the output says so.
 """
 
 from __future__ import annotations
@@ -123,8 +118,9 @@ def _checked_typed(cfg: dict, algorithms: dict, problems: dict) -> tuple[dict, A
 
 class Runs(list):
   """Run configs validated before any run, with their rows' plans (``plans``, by
-  :func:`row_key`) and the problems built to plan them (``cache``): :func:`execute` runs them
-  without validating, planning or building them again."""
+  :func:`row_key`; a user row, planned once its problem is built, holds its validated
+  algorithm config) and the problems built to plan them (``cache``): :func:`execute` runs
+  them without validating, planning or building them again."""
 
   def __init__(self, runs: list[dict], plans: dict, cache: "ProblemCache"):
     super().__init__(runs)
@@ -143,8 +139,11 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
   """Validates one run config (not again when ``checked``), runs it and returns its record.
   ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem run;
   ``mesh``: the users mesh of the ``devices`` key; ``driver_key``: the training key instead of
-  the seed's (a private selection's candidates); ``plan``: the row's plan (else made here)."""
-  cfg = dict(cfg) if checked else _checked(cfg, algorithms, problems)
+  the seed's (a private selection's candidates); ``plan``: the row's plan (else made here;
+  a user row's: its validated algorithm config, see :class:`Runs`)."""
+  cfg, typed = (dict(cfg), None) if checked else _checked_typed(cfg, algorithms, problems)
+  if cfg["problem"] == USER_PROBLEM and plan is not None:   # a user row's: its typed config
+    typed, plan = plan, None
   label = cfg.pop("label", None)
   problem_key, seed_key = runner_batch.run_keys(cfg.get("seed", 0))
   driver_key = seed_key if driver_key is None else driver_key
@@ -152,30 +151,22 @@ def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None =
                                         problem_key)
   if isinstance(problem, runner_user.UserProblem):
     with runner_mesh.mesh_context(mesh):
-      record = runner_user.run(problem, cfg, driver_key, on_progress)
+      record = runner_user.run(problem, cfg, driver_key, on_progress, typed)
   else:
     if cfg["algorithm"] not in algorithms:
       raise ConfigError(f"{cfg['algorithm']} trains an nnx model of a user problem; this "
                         f"problem ({type(problem).__name__}) has none")
-    record = _registered_record(runner_mesh.on_mesh(problem, mesh), cfg, driver_key,
-                                algorithms, plan)
+    from dpsco_jax import api
+    problem = runner_mesh.on_mesh(problem, mesh)
+    start = time.perf_counter()
+    p = _plan_for(cfg, problem, plan, typed)
+    p.check_unchanged()
+    result = api.check_spent(p, algorithms[cfg["algorithm"]](p, problem, driver_key))
+    jax.block_until_ready(result.params)
+    record = result_record(problem, cfg, result, time.perf_counter() - start)
   if mesh is not None:
     record["devices"] = int(mesh.size)
   return finish_record(record, cfg, label)
-
-
-def _registered_record(problem: Any, cfg: dict, key: jax.Array, algorithms: dict,
-                       plan: Any = None) -> dict:
-  """A registered algorithm's record on a problem with a known optimum, run as the API runs
-  it: its data-free plan (:func:`_plan_for`) executed by ``algorithms[name](plan, problem,
-  key)``."""
-  from dpsco_jax import api
-  start = time.perf_counter()
-  p = _plan_for(cfg, problem, plan)
-  p.check_unchanged()
-  result = api.check_spent(p, algorithms[cfg["algorithm"]](p, problem, key))
-  jax.block_until_ready(result.params)
-  return result_record(problem, cfg, result, time.perf_counter() - start)
 
 
 def _progress(i: int, total: int, cfg: dict, t0: float, step=None, batch: int = 0) -> None:
@@ -194,17 +185,18 @@ def _progress(i: int, total: int, cfg: dict, t0: float, step=None, batch: int = 
   sys.stderr.flush()
 
 
-def _plan_for(cfg: dict, problem: Any, plan: Any = None) -> Any:
+def _plan_for(cfg: dict, problem: Any, plan: Any = None, typed: Any = None) -> Any:
   """The plan a run of ``cfg`` on a built-in ``problem`` executes: its row's ``plan`` if made
-  for the problem's public facts (sizes and constants), else the data-free plan made now."""
+  for the problem's public facts (sizes and constants), else one made now from the config
+  already validated (the row plan's, or ``typed``)."""
   from dpsco_jax import api
-  if plan is not None and (
-      (plan.spec.n_users, plan.spec.max_items_per_user, plan.num_params)
-      == (int(problem.n_users), int(problem.m), int(problem.d))
-      and api.constants_of(problem) == plan.constants):
-    return plan
-  return api.plan_problem(cfg["algorithm"], api.algorithms()[cfg["algorithm"]].config.of(cfg),
-                          problem)
+  if plan is not None:
+    if ((plan.spec.n_users, plan.spec.max_items_per_user, plan.num_params)
+        == (int(problem.n_users), int(problem.m), int(problem.d))
+        and api.constants_of(problem) == plan.constants):
+      return plan
+    typed = plan.config
+  return api.plan_problem(cfg["algorithm"], typed, problem)
 
 
 def _failed_record(cfg: dict, err: Exception) -> dict:
@@ -224,23 +216,22 @@ def _batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: di
   """:func:`dpsco_jax.runner.batch.batch_records` with this module's validator (looked up at
   call time; none for a :class:`Runs`, validated already) and the rows' plans."""
   return runner_batch.batch_records(
-      cfgs, algorithms, problems, cache, checked=_checked if plans is None else None,
-      plan_row=lambda cfg, problem: _plan_for(
-          cfg, problem, None if plans is None else plans.get(row_key(cfg))))
+      cfgs, algorithms, problems, cache, checked=_checked_typed if plans is None else None,
+      plan_row=lambda cfg, typed, problem: _plan_for(
+          cfg, problem, None if plans is None else plans.get(row_key(cfg)), typed))
 
 
 def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: bool = True,
             on_record: Callable | None = None, phase: str | None = None,
             metrics: tuple[tuple[str, str], ...] = (), batch_seeds: bool = True,
             mesh: jax.sharding.Mesh | None = None) -> list[dict]:
-  """Runs validated run configs; returns their records in the order of ``runs``. A run that
-  raises becomes a record with ``status: failed`` and its error (the sweep goes on);
-  ``on_record(records)`` is called after every run (or batch); ``phase`` tags every record.
-  ``metrics``: ``(where, field)`` pairs every successful record must have as a number, else a
-  :class:`ConfigError` stops the sweep. ``batch_seeds``: runs that differ only in seed run as
-  one vmapped program when their algorithm batches (records say ``batched`` and why not in
-  ``batch_note``); ``mesh``: every run shards its users over it (seeds then run one by one).
-  A :class:`Runs` is neither validated nor planned again."""
+  """Runs validated run configs (a :class:`Runs` is not validated or planned again); returns
+  their records in order. A run that raises becomes a ``status: failed`` record (the sweep
+  goes on); ``on_record(records)`` is called after every run or batch; ``phase`` tags every
+  record. ``metrics``: ``(where, field)`` pairs every successful record must have as a
+  number. ``batch_seeds``: runs that differ only in seed run as one vmapped program where
+  their algorithm batches (``batched``, else ``batch_note``); ``mesh``: every run shards its
+  users over it (seeds then run one by one)."""
   plans = runs.plans if isinstance(runs, Runs) else None
   cache = runs.cache if isinstance(runs, Runs) else ProblemCache()
   records: list[dict | None] = [None] * len(runs)
@@ -316,20 +307,20 @@ def _validated(config: dict, algorithms: dict, problems: dict,
 
 
 def _check_plans(checked: list[tuple[dict, Any]], problems: dict, cache: ProblemCache) -> dict:
-  """The plan of every row of a registered algorithm on a built-in problem, by :func:`row_key`,
-  made on the problem of the row's first seed (kept in ``cache``). A plan reads no data, so
-  its refusal is the config's: one ConfigError naming the row, before any run."""
+  """Every row's plan (:class:`Runs`), made on the problem of the row's first seed (kept in
+  ``cache``). A plan reads no data, so its refusal is one ConfigError naming the row."""
   from dpsco_jax import api
-  from dpsco_jax.algorithms.registry import algorithms as table
   plans = {}
   for cfg, typed in checked:
-    entry = table().get(cfg["algorithm"])
     row = row_key(cfg)
-    if entry is None or cfg["problem"] == USER_PROBLEM or row in plans:
+    if row in plans:
+      continue
+    if cfg["problem"] == USER_PROBLEM:   # planned on the built problem, from this config
+      plans[row] = typed
       continue
     problem = runner_batch.seed_problem(cfg, problems, cache)
     try:
-      plans[row] = api.plan_problem(entry.name, typed, problem)
+      plans[row] = api.plan_problem(cfg["algorithm"], typed, problem)
     except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
       where = cfg["algorithm"] + (f" (label {cfg['label']})" if cfg.get("label") else "")
       raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
@@ -384,14 +375,19 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
 def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, problems: dict,
                  metrics: tuple, on_record: Callable | None) -> tuple[list[dict], dict]:
   """``select.private``: every candidate validated and planned, the cost printed, then one
-  private selection per eval seed and group. No progress line: its count of runs would show
-  K."""
+  private selection per eval seed and group (no progress line: it would show K)."""
   runs = _validated(phases.with_seeds(phases.eval_seeds), algorithms, problems)
   runner_user.check_metrics(runs, metrics)
   cache = runs.cache
   problem_of = lambda cfg: runner_batch.seed_problem(cfg, problems, cache)
-  # the cost is the plans' the candidates run: their rows' (made when validated)
-  plan_of = lambda cfg, problem: _plan_for(cfg, problem, runs.plans.get(row_key(cfg)))
+
+  def plan_of(cfg: dict, problem: Any) -> Any:
+    # the cost is the plans' the candidates run: their rows' (made when validated)
+    row = runs.plans.get(row_key(cfg))
+    if isinstance(problem, runner_user.UserProblem):
+      return runner_user.plan_run(problem, cfg, row)
+    return _plan_for(cfg, problem, row)
+
   groups = tuning.group_candidates(runs, phases.select, fields)
   plans = tuning.private_plans(groups, phases.select, problem_of, plan_of)
   print("\n".join(tuning.cost_lines(plans, fields)), flush=True)

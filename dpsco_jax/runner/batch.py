@@ -128,15 +128,16 @@ def result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
 
 
 def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict, *,
-                  checked: Callable[[dict, dict, dict], dict] | None,
-                  plan_row: Callable[[dict, Any], Any]
+                  checked: Callable[[dict, dict, dict], tuple[dict, Any]] | None,
+                  plan_row: Callable[[dict, Any, Any], Any]
                   ) -> tuple[list[dict] | None, str | None]:
   """The records of runs that differ only in seed (or a GRID algorithm's step sizes), run as
   one vmapped program (:func:`dpsco_jax.sweep.run_stacked`), or ``(None, why)`` when they run
   one by one (an algorithm outside :data:`dpsco_jax.api.BATCHED`, a user problem, ``debug``,
   problems or configs that differ, a driver that does not trace: nothing of the attempt is
-  released). ``checked``: the validator of one run config (``None``: validated already);
-  ``plan_row(cfg, problem)``: a row's plan. A grid group's records say ``batch_grid``."""
+  released). ``checked``: the validator of one run config, ``(normalized copy, typed
+  config)`` (``None``: validated already); ``plan_row(cfg, typed, problem)``: a row's plan.
+  A grid group's records say ``batch_grid``."""
   from dpsco_jax import api
   from dpsco_jax.api import BATCHED
   from dpsco_jax.sweep import grid_for, grid_of, grid_refusal, refusal, run_stacked
@@ -146,8 +147,9 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
   if first.get("problem") == USER_PROBLEM or first.get("debug") is True:
     return None, "user problems and debug runs go one by one"
   try:
-    checked = (list(cfgs) if checked is None else
-               [checked(cfg, algorithms, problems) for cfg in cfgs])
+    pairs = ([(cfg, None) for cfg in cfgs] if checked is None else
+             [checked(cfg, algorithms, problems) for cfg in cfgs])
+    checked = [cfg for cfg, _ in pairs]
     algos = [{k: v for k, v in c.items() if k not in ("seed", "label")} for c in checked]
     why = grid_refusal(first["algorithm"], algos)
     if why is not None:
@@ -162,7 +164,7 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     start = time.perf_counter()
     driver = algorithms[first["algorithm"]]
     # the data-free plans, one per grid point
-    plans = [plan_row(c, insts[0]) for c in (checked if grid else checked[:1])]
+    plans = [plan_row(c, typed, insts[0]) for c, typed in (pairs if grid else pairs[:1])]
     results = run_stacked(driver, insts[0], [p.data for p in insts],
                           plans if grid else plans[0], [dk for _, dk in keys],
                           grid=grid_for(first["algorithm"]))

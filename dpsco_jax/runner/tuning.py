@@ -1,21 +1,18 @@
 """Tuning and evaluation seeds: ``tuning_seeds``, ``eval_seeds`` and ``select`` of a config.
 
-The swept grid runs on the tuning seeds; per group of the other swept fields the values of the
-``over`` fields with the best mean metric are selected, and only those configs run on the
-(disjoint) evaluation seeds. That selection reads the tuning runs' results, so it is *not*
-covered by any run's privacy guarantee (:data:`PRIVACY_NOTE`, said in every eval record).
+The grid runs on the tuning seeds; per group of the other swept fields the ``over`` values with
+the best mean metric are selected and only those run on the (disjoint) evaluation seeds. That
+selection reads the tuning results, so it is *not* covered by the guarantee
+(:data:`PRIVACY_NOTE`, in every eval record).
 
-**Private selection** (``select: {..., private: {distribution, eta, gamma}}``, on
-``eval_seeds`` only): Papernot & Steinke's selection (:mod:`dpsco_jax.privacy.selection`).
-Per eval seed and group, ``K`` is drawn from the law with a key of the seed used for nothing
-else; ``K`` times a uniformly drawn candidate trains on that seed's users with a fresh key,
-and only the best run is released, its privacy that of training *and* selection. ``K``, the
-candidates drawn and their metrics are never printed, recorded or returned; the expected
-number of runs and the cost are printed before anything runs. The guarantee holds only for a
-public metric: a built-in problem's ``excess_risk`` (the population risk of its known
-distribution) or a user problem's metric on ``eval_data`` declared public; any other is
-refused before any run (:func:`check_private_metric`). Candidates must be planned runs whose
-plan exposes its privacy event (the DP-SGD family), so their RDP curves bound ``Q``'s.
+**Private selection** (``select: {..., private: {distribution, eta, gamma}}``, eval seeds
+only): Papernot & Steinke's (:mod:`dpsco_jax.privacy.selection`). Per eval seed and group,
+``K`` is drawn with a key used for nothing else, ``K`` uniformly drawn candidates train with
+fresh keys and only the best is released, with the privacy of training *and* selection.
+``K``, the draws and their metrics are never printed, recorded or returned; the cost is
+printed before anything runs. The metric must be public (a built-in problem's
+``excess_risk``, or a user metric on ``eval_data`` declared public:
+:func:`check_private_metric`), and candidates must expose their privacy event (DP-SGD).
 """
 
 from __future__ import annotations
@@ -265,28 +262,26 @@ def check_private_metric(spec: SelectSpec, problem: Any) -> None:
                       "of a built-in problem)")
 
 
-def candidate_plan(cfg: dict, problem: Any, plan_of: Callable | None = None) -> Any:
-  """One candidate's data-free plan, the one its run executes (``plan_of`` on a built-in
-  problem, :func:`dpsco_jax.runner.user.plan_run` on a user problem). An unregistered
-  algorithm (``flax.DPTrainer``) is refused: it has no event to bound ``Q``'s curve."""
-  from dpsco_jax import api
+def candidate_plan(cfg: dict, problem: Any, plan_of: Callable) -> Any:
+  """One candidate's data-free plan, the one its run executes (``plan_of(cfg, problem)``). An
+  unregistered algorithm (``flax.DPTrainer``) is refused: it has no event to bound ``Q``'s
+  curve."""
   from dpsco_jax.algorithms.registry import algorithms as table
-  entry = table().get(cfg["algorithm"])
-  if entry is None:
+  if cfg["algorithm"] not in table():
     raise ConfigError(f"select.private: {cfg['algorithm']} has no data-free plan exposing its "
                       "privacy event; private selection runs the DP-SGD family")
-  if not isinstance(problem, runner_user.UserProblem):
-    return (plan_of(cfg, problem) if plan_of is not None
-            else api.plan_problem(entry.name, entry.config.of(cfg), problem))
-  try:   # the sweep's validation plans no user row: a refused plan is the config's, here
-    return runner_user.plan_run(problem, cfg)
+  try:
+    return plan_of(cfg, problem)
   except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
+    if not isinstance(problem, runner_user.UserProblem):
+      raise
+    # the sweep's validation plans no user row: a refused plan is the config's, here
     raise ConfigError(f"select.private: {cfg['algorithm']}: {' '.join(str(err).split())}"
                       ) from None
 
 
 def private_plans(groups: dict[tuple, list[dict]], spec: SelectSpec, problem_of: Callable,
-                  plan_of: Callable | None = None) -> dict[tuple, SelectionCost]:
+                  plan_of: Callable) -> dict[tuple, SelectionCost]:
   """Per (seed, group): the cost of its selection (:func:`dpsco_jax.tuning.plans_cost`) from
   the candidates' plans, without training; each candidate's metric is checked first."""
   out = {}
@@ -321,9 +316,9 @@ EVAL_DATA_SOURCE = ("public (declared: the problem's eval_data, eval_data_public
 
 def select_privately(cands: list[dict], cost: SelectionCost, spec: SelectSpec, seed: int,
                      train: Callable[[dict, Any], dict]) -> dict:
-  """One private selection (:func:`dpsco_jax.tuning.best_of_k`): ``K ~ law`` runs of a
-  uniformly drawn candidate, ``train(cfg, driver_key)``; the best run's record with the
-  selection's privacy and without :data:`UNCOVERED`. ``K`` and the draws stay in that loop."""
+  """One private selection (:func:`dpsco_jax.tuning.best_of_k` over ``train(cfg,
+  driver_key)``): the best run's record with the selection's privacy, without
+  :data:`UNCOVERED`."""
   import jax
 
   def one(i: int, key: Any) -> tuple[float | None, dict]:

@@ -1,15 +1,12 @@
 """Your model, loss and data in a YAML sweep: the runner's ``user`` problem.
 
-A ``problem:`` section names your code by import path (``module:function``: a ``factory``
-building the whole problem, or a ``model`` and a ``loss``) and your data by file
-(:mod:`dpsco_jax.runner.datafiles`); the keys: ``docs/guides/model_and_data.md``.
-
-There is no known optimum: records carry your metrics instead of ``excess_risk``. Metrics on
-the training users are the data owner's diagnostic, not covered by the guarantee; held-out
-``eval_data`` declared public (``eval_data_public: true``: not the training users, not
-covered by the guarantee) is the only data a private selection may score on
-(:func:`check_selection_metric`). Everything is checked before any run (:func:`check`); each
-error is one :class:`ConfigError` line (the CLI exits 2).
+A ``problem:`` section names your code by import path (a ``factory`` building the whole
+problem, or a ``model`` and a ``loss``) and your data by file
+(:mod:`dpsco_jax.runner.datafiles`); the keys: ``docs/guides/model_and_data.md``. Records
+carry your metrics instead of ``excess_risk``; metrics on the training users are a diagnostic
+outside the guarantee, and only ``eval_data`` declared public may be scored by a private
+selection (:func:`check_selection_metric`). Everything is checked before any run
+(:func:`check`), each error one :class:`ConfigError` line.
 """
 
 from __future__ import annotations
@@ -119,8 +116,7 @@ def check(cfg: dict) -> None:
 
 
 def _check_trainer(trainer: DPTrainerConfig, name: str) -> None:
-  """The keys of ``flax.DPTrainer`` that depend on each other, refused before any run with the
-  DPTrainer's own checks: each schedule's keys, MF noise only when cyclic, its relations."""
+  """``flax.DPTrainer``'s interdependent keys, refused before any run with its own checks."""
   from dpsco_jax.algorithms.dpsgd.plan import SAMPLING_RELATIONS, check_mf_sampling
   from dpsco_jax.flax.trainer_noise import check_cyclic_args
   try:
@@ -148,8 +144,8 @@ def _check_trainer(trainer: DPTrainerConfig, name: str) -> None:
 
 
 def _check_trainer_clip(trainer: Schema, name: str) -> None:
-  """``clip_norm`` and the adaptive keys, refused before any run with the DPTrainer's own
-  checks and DP-SGD's adaptive plan (correlated noise; a count_stddev too small for z)."""
+  """``clip_norm`` and the adaptive keys, checked before any run as the DPTrainer and
+  DP-SGD's adaptive plan check them."""
   from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE_KEYS
   from dpsco_jax.algorithms.dpsgd.plan import adaptive_plan
   from dpsco_jax.flax.trainer import check_clip_args
@@ -178,9 +174,8 @@ NO_PUBLIC_EVAL_DATA = ("problem.eval_data_public declares eval_data public, but 
 
 
 def check_selection_metric(problem: UserProblem, metric: str) -> None:
-  """A private selection on ``problem`` may read ``metric`` only if it is one of its metrics,
-  computed on ``eval_data`` declared public (``eval_data_public``); else a
-  :class:`ConfigError` line."""
+  """A private selection reads only one of ``problem``'s metrics on ``eval_data`` declared
+  public; else a :class:`ConfigError` line."""
   if problem.eval_data is None:
     raise ConfigError("select.private on a user problem scores each candidate on its "
                       "eval_data declared public, and this problem has no eval_data (its "
@@ -197,9 +192,8 @@ def check_selection_metric(problem: UserProblem, metric: str) -> None:
 
 
 def check_metrics(runs: list[dict], metrics: tuple[tuple[str, str], ...]) -> None:
-  """A user problem has no known optimum: ``excess_risk`` as a ``(where, metric)`` of
-  ``select`` / ``compare`` is refused before any run where the config says which metrics a
-  user run has (no factory)."""
+  """``excess_risk`` as a ``select`` / ``compare`` metric of a user problem (no known optimum)
+  is refused before any run where the config lists its metrics (no factory)."""
   for cfg in runs:
     known = static_metrics(cfg) if cfg["problem"] == USER_PROBLEM else None
     for where, metric in metrics:
@@ -294,9 +288,8 @@ def _metrics_data(problem: UserProblem) -> str:
 
 
 def _public_sizes(problem: UserProblem, relation: str) -> dict:
-  """The record's ``n_users`` and ``m``: what the guarantee treats as public. Under
-  ``add_remove`` the realized number of users is private: only a declared ``n_users`` is
-  recorded. A measured ``m`` is a function of the data: recorded only when declared."""
+  """The record's ``n_users`` and ``m`` where the guarantee treats them as public (under
+  ``add_remove`` only a declared ``n_users``; ``m`` only when declared)."""
   spec = problem.data.spec
   out = {}
   if relation != "add_remove":
@@ -308,37 +301,41 @@ def _public_sizes(problem: UserProblem, relation: str) -> dict:
   return out
 
 
-def _algorithm_config(cfg: dict, problem: UserProblem) -> Any:
-  """The run's typed algorithm config (what ``fit`` plans and runs), with the problem's
-  declared ``n_users``."""
-  from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS
-  declared = {} if problem.n_users is None else {"n_users": int(problem.n_users)}
-  return CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]].of({**cfg, **declared})
+def _algorithm_config(cfg: dict, problem: UserProblem, typed: Any = None) -> Any:
+  """The run's typed algorithm config (what ``fit`` plans and runs): ``typed``, the one
+  validated with the run (built from ``cfg`` when none is given), with the problem's declared
+  ``n_users``."""
+  if typed is None:
+    from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS
+    typed = CONFIG_ALGORITHM_SCHEMAS[cfg["algorithm"]].of(cfg)
+  if problem.n_users is None or typed.n_users == problem.n_users:
+    return typed
+  return dataclasses.replace(typed, n_users=int(problem.n_users))
 
 
-def plan_run(problem: UserProblem, cfg: dict) -> Any:
-  """The data-free plan :func:`run` executes for ``cfg`` (a registered algorithm) on
-  ``problem``, from its public facts (data spec, parameter count, declared constants).
+def plan_run(problem: UserProblem, cfg: dict, typed: Any = None) -> Any:
+  """The data-free plan :func:`run` executes for ``cfg`` (a registered algorithm; ``typed``:
+  its validated config) on ``problem``, from its public facts (data spec, parameter count,
+  declared constants).
 
   Raises:
     ConfigError: as :func:`dpsco_jax.plan` (a bad key, an undeclared fact).
   """
   from dpsco_jax.api import plan
-  return plan(cfg["algorithm"], _algorithm_config(cfg, problem), problem.data.spec,
+  return plan(cfg["algorithm"], _algorithm_config(cfg, problem, typed), problem.data.spec,
               num_params=_num_params(problem.model), constants=problem.constants or None)
 
 
-def _train(problem: UserProblem, model: Any, cfg: dict, key: jax.Array,
+def _train(problem: UserProblem, model: Any, v: DPTrainerConfig, key: jax.Array,
            progress: Callable | None) -> tuple[Any, dict, Any]:
-  """``flax.DPTrainer`` from a config: (privacy report, record extras, debug). Keys the config
-  leaves out are not passed: the DPTrainer's defaults apply."""
+  """``flax.DPTrainer`` from its config ``v``: (privacy report, record extras, debug); keys
+  left out take the DPTrainer's defaults."""
   import optax
   from dpsco_jax.api import Progress
   from dpsco_jax.flax import DPTrainer
   if not problem.is_module:
     raise ConfigError("flax.DPTrainer trains an nnx.Module; this problem's model is a "
                       f"{type(problem.model).__name__} (params): run dp_sgd_user on it")
-  v = DPTrainerConfig.of(cfg)
   lr, steps = v.learning_rate, v.num_steps
   optimizer = {"sgd": lambda: optax.sgd(lr), "momentum": lambda: optax.sgd(lr, momentum=0.9),
                "adam": lambda: optax.adam(lr)}[v.optimizer]()
@@ -387,12 +384,9 @@ PROBE_USERS = 4096
 
 
 def check_loss_finite(problem: UserProblem) -> None:
-  """Before a run: your loss at the initial point on every item of your training data.
-
-  A loss not finite on every user would train on noise alone (clipping drops a non-finite
-  gradient) and release finite params: refused (:class:`~dpsco_jax.result.NonFiniteRelease`).
-  Where only some users' loss is not finite, a warning says how many (each step drops them).
-  The check is shown to you only; no record or report holds it."""
+  """Before a run: your loss at the initial point on every training item. Not finite for
+  every user (the run would release noise alone): :class:`~dpsco_jax.result.NonFiniteRelease`;
+  for some: a warning with their count. Shown to you only, never recorded."""
   if problem.loss_checked:
     return
   import warnings
@@ -434,10 +428,11 @@ def _num_params(model: Any) -> int:
 
 
 def run(problem: UserProblem, cfg: dict, key: jax.Array,
-        progress: Callable | None = None) -> dict:
+        progress: Callable | None = None, typed: Any = None) -> dict:
   """Runs one validated config on a copy of the problem's model and returns its record: the
   privacy report, your metrics on the trained model, the work and time. ``progress``: a
-  :class:`dpsco_jax.api.Progress` callback."""
+  :class:`dpsco_jax.api.Progress` callback; ``typed``: the config's validated algorithm
+  config (built from ``cfg`` when not given)."""
   from dpsco_jax.api import fit
   algorithm = cfg["algorithm"]
   model = problem.model
@@ -448,15 +443,15 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
   check_loss_finite(problem)
   start = time.perf_counter()
   gradient_evaluations, debug, fallback = None, None, None
+  acfg = _algorithm_config(cfg, problem, typed)
   if algorithm in CONFIG_ONLY_ALGORITHMS:
-    privacy, extras, debug = _train(problem, model, cfg, key, progress)
+    privacy, extras, debug = _train(problem, model, acfg, key, progress)
     trained = model
     # the trainer's path does not pass dpsco_jax.run's check of the released params
     from flax import nnx
     from dpsco_jax.result import check_finite_params
     check_finite_params(nnx.state(model, nnx.Param), algorithm)
   else:
-    acfg = _algorithm_config(cfg, problem)
     constants = problem.constants or None
     if problem.is_module:
       from dpsco_jax.flax import fit_model
