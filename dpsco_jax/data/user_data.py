@@ -32,8 +32,6 @@ from dpsco_jax.data.grouping import canonical_ids
 __all__ = ["DataSpec", "FACTS", "ShardInfo", "UserData", "weighted_loss"]
 
 SELECTIONS = ("random", "first")
-
-
 #: The facts a :class:`DataSpec` holds that a plan may read (see :attr:`DataSpec.measured`).
 FACTS = ("n_users", "max_items_per_user")
 
@@ -47,11 +45,10 @@ class DataSpec:
       ``add_remove`` plans use the config's declared ``n_users`` instead).
     max_items_per_user: item slots per user ``m``, the per-user contribution bound.
     item_shapes: ``(path, shape, dtype)`` of one item's leaves.
-    measured: which of :data:`FACTS` were *measured on the data* (a function of the private
-      data) rather than declared. A plan whose privacy reads a fact its relation does not
-      make public refuses a measured one (:func:`dpsco_jax.plan`). A hand-built ``DataSpec``
-      measures nothing; :attr:`UserData.spec` marks ``n_users`` measured, and
-      ``max_items_per_user`` too unless it was given to :meth:`UserData.from_arrays`.
+    measured: which of :data:`FACTS` were *measured on the data* rather than declared; a plan
+      whose privacy reads a fact its relation does not make public refuses a measured one
+      (:func:`dpsco_jax.plan`). :attr:`UserData.spec` marks ``n_users`` measured, and
+      ``max_items_per_user`` unless it was given to :meth:`UserData.from_arrays`.
   """
   n_users: int
   max_items_per_user: int
@@ -60,11 +57,7 @@ class DataSpec:
 
   def __post_init__(self):
     for name in FACTS:
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"DataSpec.{name} must be an int, got {v!r}")
-      if v < 1:
-        raise ValueError(f"DataSpec.{name} must be >= 1, got {v}")
+      _check_int(getattr(self, name), f"DataSpec.{name}", minimum=1)
     measured = frozenset(self.measured)
     unknown = measured - set(FACTS)
     if unknown:
@@ -79,10 +72,7 @@ class DataSpec:
       fact: ``"n_users"`` or ``"max_items_per_user"``.
 
     Returns:
-      True when declared.
-
-    Raises:
-      ValueError: ``fact`` is not one of :data:`FACTS`.
+      True when declared (ValueError: ``fact`` is not one of :data:`FACTS`).
     """
     if fact not in FACTS:
       raise ValueError(f"unknown fact {fact!r}; facts: {FACTS}")
@@ -91,6 +81,15 @@ class DataSpec:
 
 #: How :meth:`UserData.shard` splits users over processes.
 SHARD_LAYOUTS = ("contiguous", "strided")
+
+
+def _check_int(v: Any, name: str, minimum: int | None = None) -> int:
+  """``int(v)`` for an int (bools refused: TypeError), ``>= minimum`` (ValueError)."""
+  if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+    raise TypeError(f"{name} must be an int, got {v!r}")
+  if minimum is not None and v < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {v}")
+  return int(v)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +108,7 @@ class ShardInfo:
 
   def __post_init__(self):
     for name in ("index", "count", "n_users_total"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"ShardInfo.{name} must be an int, got {v!r}")
-      object.__setattr__(self, name, int(v))
+      object.__setattr__(self, name, _check_int(getattr(self, name), f"ShardInfo.{name}"))
     if self.count < 1 or not 0 <= self.index < self.count:
       raise ValueError(f"shard index must be in [0, count={self.count}), got {self.index}")
     if self.n_users_total < self.count:
@@ -135,11 +131,7 @@ class ShardInfo:
 
   def size(self, process: int | None = None) -> int:
     """Users held by process ``process`` (default: this shard)."""
-    p = self.index if process is None else int(process)
-    if self.layout == "strided":
-      return len(range(p, self.n_users_total, self.count))
-    b = self.bounds()
-    return int(b[p + 1] - b[p])
+    return len(self.positions(process))
 
   def owner(self, positions: np.ndarray) -> np.ndarray:
     """The process holding each global position."""
@@ -211,14 +203,6 @@ def _int_vector(value: Any, name: str, u: int) -> np.ndarray:
   if arr.shape != (u,):
     raise ValueError(f"{name} must have shape [U={u}], got {arr.shape}")
   return arr
-
-
-def _check_bound(m: Any) -> int:
-  if isinstance(m, bool) or not isinstance(m, (int, np.integer)):
-    raise TypeError(f"max_items_per_user must be an int, got {type(m).__name__}")
-  if m < 1:
-    raise ValueError(f"max_items_per_user must be >= 1, got {m}")
-  return int(m)
 
 
 def _dense_view(leaf: np.ndarray, k: int) -> np.ndarray:
@@ -335,11 +319,8 @@ class UserData:
       The padded, user-grouped :class:`UserData`.
 
     Raises:
-      ValueError: an unknown ``selection``; ``examples`` without arrays; empty ``user_ids``;
-        a leaf whose leading axis is not ``len(user_ids)``; ``max_items_per_user < 1``; ids that
-        are ``NaN``/``None``, blank, fractional floats or not one-dimensional.
-      TypeError: ids that are bools, of mixed kinds or of an unsupported dtype; a non-int
-        ``max_items_per_user``; examples a store cannot hold (not one array or a flat dict).
+      ValueError, TypeError: bad ``selection``, ``max_items_per_user`` or leaf shapes; ids
+        refused by :func:`~dpsco_jax.data.grouping.canonical_ids`; examples a store cannot hold.
       FileExistsError: ``store`` is a directory that is not empty (nothing is overwritten).
     """
     if selection not in SELECTIONS:
@@ -356,7 +337,8 @@ class UserData:
       if leaf.ndim < 1 or leaf.shape[0] != n:
         raise ValueError(f"every examples leaf needs a leading row axis of length {n} "
                          f"(= len(user_ids)), got shape {leaf.shape}")
-    m = None if max_items_per_user is None else _check_bound(max_items_per_user)
+    m = (None if max_items_per_user is None
+         else _check_int(max_items_per_user, "max_items_per_user", minimum=1))
     kind, names = _examples_layout(examples) if store is not None else ("", [])
     if store is not None:
       grouping.prepare_store(store, kind, names)
@@ -394,14 +376,13 @@ class UserData:
 
   @classmethod
   def open(cls, store: str | os.PathLike, *, verify: bool = True) -> "UserData":
-    """A UserData written by ``from_arrays(..., store=store)``, its leaves read-only memory
-    maps. Every file is first checked against the store's manifest
-    (:func:`~dpsco_jax.data.grouping.open_store`); ``verify=False`` skips the leaves'
-    checksums (e.g. on the other processes once one has verified the store).
+    """A UserData written by ``from_arrays(..., store=store)``, every file first checked
+    against the store's manifest (:func:`~dpsco_jax.data.grouping.open_store`).
 
     Args:
       store: the directory written by ``from_arrays(..., store=store)``.
-      verify: check every leaf's checksum (default True).
+      verify: check every leaf's checksum (default True; ``False``, e.g. on the other
+        processes once one has verified the store, still checks sizes, dtypes and shapes).
 
     Returns:
       The :class:`UserData` whose leaves are read-only memory maps of the store's files.
@@ -410,7 +391,6 @@ class UserData:
       StoreIntegrityError: a file was edited, truncated, swapped, added or removed, or
         ``meta.json`` is malformed or of an old format (the message names the file).
       FileNotFoundError: ``store`` is not a complete store (no ``meta.json``).
-      ArgumentTypeError: ``verify`` is not a bool.
     """
     examples, arrays, m_declared, digest = grouping.open_store(
         store, verify=check_bool(verify, "verify"))
@@ -423,11 +403,9 @@ class UserData:
 
   @property
   def fingerprint(self) -> str:
-    """A SHA-256 of this dataset's arrays and ``m_declared``
-    (:func:`~dpsco_jax.data.grouping.fingerprint`), the same in memory and in a store; a
-    checkpoint records it so training resumes only on its data. Computed on each access (the
-    arrays may be views of the caller's table) unless opened from a store. A digest of
-    private data: never publish it."""
+    """A SHA-256 of this dataset's arrays and ``m_declared``, the same in memory and in a
+    store (computed on each access unless opened from one); a checkpoint records it so training
+    resumes only on its data. A digest of private data: never publish it."""
     if self._store_fingerprint is not None:
       return self._store_fingerprint
     entries = [("examples" + jax.tree_util.keystr(path), grouping.array_checksum(leaf))
@@ -457,10 +435,8 @@ class UserData:
       The :class:`UserData` with examples ``{column: [U, m, ...]}``.
 
     Raises:
-      TypeError: ``table`` is not a DataFrame, a Dataset or a mapping; as :meth:`from_arrays`.
-      ValueError: ``user_column`` or a name of ``columns`` is not a column; as
-        :meth:`from_arrays`.
-      FileExistsError: ``store`` is a directory that is not empty.
+      TypeError, ValueError: ``table`` is not a DataFrame, a Dataset or a mapping, or lacks a
+        named column; as :meth:`from_arrays`.
     """
     cols = _columns(table, columns, user_column)
     users = cols.pop("__user__")
@@ -522,10 +498,14 @@ class UserData:
       IndexError: a position is out of range, or the mask's shape is not ``[U]``.
     """
     idx = np.arange(self.n_users)[np.asarray(users)]
-    return UserData(jax.tree.map(lambda x: np.asarray(x)[idx], self.examples),
-                    self.item_mask[idx], self.user_ids[idx], self.n_items[idx],
-                    None if self.n_dropped is None else self.n_dropped[idx],
-                    m_declared=self.m_declared)
+    return self._take(jax.tree.map(lambda x: np.asarray(x)[idx], self.examples), idx)
+
+  def _take(self, examples: Any, take: Any, shard_info: ShardInfo | None = None
+            ) -> "UserData":
+    """The users ``take`` of every array but ``examples`` (already taken)."""
+    return UserData(examples, self.item_mask[take], self.user_ids[take], self.n_items[take],
+                    None if self.n_dropped is None else self.n_dropped[take],
+                    m_declared=self.m_declared, shard_info=shard_info)
 
   def shard(self, process_index: int, process_count: int, *,
             layout: str = "contiguous") -> "UserData":
@@ -551,19 +531,14 @@ class UserData:
       raise ValueError("this UserData is already shard "
                        f"{self.shard_info.index} of {self.shard_info.count}: shard the whole "
                        "data instead")
-    for name, v in (("process_index", process_index), ("process_count", process_count)):
-      if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {v!r}")
-    info = ShardInfo(int(process_index), int(process_count), self.n_users, layout)
+    info = ShardInfo(_check_int(process_index, "process_index"),
+                     _check_int(process_count, "process_count"), self.n_users, layout)
     if layout == "contiguous":
       lo, hi = (int(b) for b in info.bounds()[info.index:info.index + 2])
       take = slice(lo, hi)          # views: memory maps stay memory maps
     else:
       take = info.positions()
-    return UserData(jax.tree.map(lambda x: x[take], self.examples),
-                    self.item_mask[take], self.user_ids[take], self.n_items[take],
-                    None if self.n_dropped is None else self.n_dropped[take],
-                    m_declared=self.m_declared, shard_info=info)
+    return self._take(jax.tree.map(lambda x: x[take], self.examples), take, info)
 
   def require_all_items(self, who: str) -> None:
     """Raises unless every item was kept: an item-level guarantee (``who``) does not cover
