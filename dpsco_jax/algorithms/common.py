@@ -366,11 +366,6 @@ def traced_hparams(problem: Any) -> bool:
   return getattr(problem, "traced_hparams", None) is not None
 
 
-def cfg_get(cfg: dict, name: str, default: Any = None) -> Any:
-  value = cfg.get(name, default)
-  return default if value is None else value
-
-
 def required_delta(delta: float | None) -> float:
   """The config's target ``delta``, required by every private driver (no silent ``1/n^2``)."""
   if delta is None:
@@ -379,12 +374,14 @@ def required_delta(delta: float | None) -> float:
   return check_delta(delta)
 
 
-def sampling_setup(cfg: dict, n: int) -> tuple[str, int, int, float]:
-  """``(sampling, batch, capacity, q)`` from a config (``sampling`` given: its default is the
-  caller's schema's)."""
-  sampling = check_choice(cfg["sampling"], "sampling", SAMPLINGS)
+def sampling_setup(sampling: str, batch_size: int | None, n: int
+                   ) -> tuple[str, int, int, float]:
+  """``(sampling, batch, capacity, q)`` of ``n`` rows from a schema's ``sampling`` and
+  ``batch_size`` (``None``: ``round(sqrt(n))``)."""
+  sampling = check_choice(sampling, "sampling", SAMPLINGS)
   batch = n if sampling == "full" else check_int(
-      cfg_get(cfg, "batch_size", max(1, min(n, int(round(math.sqrt(n)))))), "batch_size")
+      max(1, min(n, int(round(math.sqrt(n))))) if batch_size is None else batch_size,
+      "batch_size")
   if batch > n:
     raise ValueError(f"batch_size ({batch}) must be <= n_users ({n})")
   q = check_probability(batch / n, "batch_size / n_users")

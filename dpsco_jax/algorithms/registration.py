@@ -7,25 +7,19 @@
     def dp_sgd_user(plan, problem, key) -> Result: ...
 
 An algorithm is three objects, all in its own package: its frozen config dataclass (an
-:class:`~dpsco_jax.config.families.AlgorithmKeys` subclass: its typed vocabulary, an instance
-of which is what its planner reads), a data-free ``planner(facts, cfg) -> Planned`` (what
-:func:`dpsco_jax.plan` returns before any data is read) and its ``run(plan, problem, key) ->
-Result``, which executes the plan it is handed (:class:`dpsco_jax.Plan`: its validated
-``config``, its guarantee ``privacy`` and the family's own plan object ``detail``) and never
-plans, calibrates or validates again. Everything the entry points need to know about it is a
-keyword of :func:`register` (its :class:`AlgorithmEntry`): the rows it clips (``level``),
-whether its guarantee reads the items per user (``reads_m``), whether it can run on a mesh (or
-why not), whether its runner batches seeds, whether it runs on a ``loss_fn`` and ``UserData``
-at all (or why not), whether it streams rows from the host or runs under ``jax.distributed``.
-:mod:`dpsco_jax.api`, the runner, the sweeps, the many-process path and the tests read these
-from the table. So adding an algorithm touches its own package and nothing else:
-:mod:`dpsco_jax.algorithms.registry` imports the ``driver`` module of every package under
-``dpsco_jax/algorithms/`` (and a user's module that calls :func:`register` adds its algorithm
-to ``dpsco_jax.plan`` / ``run`` / ``fit`` by being imported;
-``tests/test_algorithm_interface.py``).
+:class:`~dpsco_jax.config.families.AlgorithmKeys` subclass, the vocabulary its planner reads),
+a data-free ``planner(facts, cfg) -> Planned`` (what :func:`dpsco_jax.plan` returns before any
+data is read) and its ``run(plan, problem, key) -> Result``, which executes the plan it is
+handed (:class:`dpsco_jax.Plan`: its validated ``config``, its guarantee ``privacy`` and the
+family's plan object ``detail``, a :class:`FamilyPlan`) and never plans, calibrates or
+validates again. Everything the entry points need to know about it is a keyword of
+:func:`register` (its :class:`AlgorithmEntry`), read from the table by :mod:`dpsco_jax.api`,
+the runner, the sweeps, the many-process path and the tests; adding an algorithm touches its
+own package only (:mod:`dpsco_jax.algorithms.registry` finds it; a user's module that calls
+:func:`register` adds its algorithm by being imported).
 
-Every driver module imports this module and nothing imports the drivers from here (the registry,
-one level up, does), so the import graph has no cycle through the table.
+Every driver module imports this module and nothing imports the drivers from here (the
+registry, one level up, does), so the import graph has no cycle through the table.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""The algorithm registry: every algorithm registers itself where it is defined.
+"""The algorithm table: every algorithm registers itself where it is defined
+(:func:`~dpsco_jax.algorithms.registration.register`, one level down, which the drivers
+import).
 
-::
-
-    @register("dp_sgd_user", config=DpSgdConfig, paper="baseline", planner=...)
-    def dp_sgd_user(plan, problem, key) -> Result: ...
-
-The decorator and its table live one level down, in
-:mod:`dpsco_jax.algorithms.registration` (the drivers import that). This module imports the
-``driver`` module of every package under ``dpsco_jax/algorithms/`` (:func:`algorithm_modules`:
-a package's ``driver.py`` registers its algorithms, importing the package's other registering
-modules), so :func:`algorithms` returns the whole table and the runner, the CLI's
-``dpsco list``, :func:`dpsco_jax.plan` / ``run`` / ``fit`` and the tests all read one table.
-A new algorithm package is found by being there: adding one touches nothing outside it. The
-table's order does not depend on the import order (baselines, then papers 000 to 004).
-
-The discovery is one computed import, of names read from this package's own directory; the
+This module imports the ``driver`` module of every package under ``dpsco_jax/algorithms/``
+(:func:`algorithm_modules`), so :func:`algorithms` returns the whole table that the runner,
+``dpsco list``, :func:`dpsco_jax.plan` / ``run`` / ``fit`` and the tests read: a new package is
+found by being there. A module that fails to import raises here (it is never skipped); the
 package-graph test adds the same edges (registry -> every ``driver``), so a cycle through the
-registry is still seen. A module that fails to import is a bug that raises here (it is never
-skipped).
+registry is still seen.
 """
 
 from __future__ import annotations

@@ -5,28 +5,21 @@
 * ``dp_sgd_user``: user-level DP-SGD, each sampled user's *mean* gradient clipped at
   ``clip_norm`` (Levy et al. 2021; paper 000's main baseline).
 * ``dp_sgd_group``: item-level DP-SGD made user-level by group privacy over a user's ``m``
-  items (:mod:`dpsco_jax.privacy.group`): calibrated at ``(eps/m, delta / (m e^{(m-1)
-  eps/m}))`` item-level; with an explicit ``noise_multiplier`` the lift of its item-level
-  curve is reported (``inf`` when it gives no finite epsilon).
+  items (:mod:`dpsco_jax.privacy.group`).
 
 Chain: ``clip_and_aggregate(C, "mean", D) -> add_gaussian_noise(z C / D) ->
-projected_sgd(learning_rate, R, averaging)``. Relations, what is public, ``D``, the sampling
-and the correlated noise are the plan's (:mod:`.plan`); the runners execute the plan they are
-handed and report its guarantee. A configured ``epsilon`` is a budget: an explicit
-``noise_multiplier`` over it raises :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before
-anything runs. Poisson sampling uses a static slot capacity; its truncation probability ``p``
-enters delta as ``(1 + e^eps) p`` (total-variation argument).
+projected_sgd(learning_rate, R, averaging)``; with MF noise ``banded_noise | blt_noise |
+tree_increment_noise (output="increment")`` in place of the Gaussian stage (the step consumes
+``x_t + (C^{-1} Z)_t``; projection and averaging are post-processing). Relations, what is
+public, ``D``, the sampling, the correlated noise and the budget are the plan's (:mod:`.plan`);
+the runner executes the plan it is handed and reports its guarantee.
 
 Declared constants: **enforced**. The chain clips every per-row gradient to ``C`` before
 aggregating, so the sensitivity ``C / D`` holds whatever the loss's gradient norms; L (and R)
 only set defaults (``clip_norm``, the step size). Provenance ``accountant`` on a user's loss.
 
-With MF noise the chain is ``clip_and_aggregate -> banded_noise | blt_noise
-(output="increment") -> projected_sgd``: the step consumes ``x_t + (C^{-1} Z)_t``, the prefix
-workload the strategies are optimized for (projection and averaging are post-processing).
-Cyclic batches are drawn by :func:`_cyclic_loop`, ``banded_poisson`` ones by
-:func:`.banded_poisson.banded_poisson_loop`; both refuse a mesh. Audit hook:
-:func:`dp_sgd_releases` (the per-step noisy aggregates, or increments ``x_t + w_t``).
+Audit hook: :func:`dp_sgd_releases` (the per-step noisy aggregates, or increments
+``x_t + w_t``).
 """
 
 from __future__ import annotations
@@ -131,10 +124,8 @@ def cyclic_slots(order_key: jax.Array, n: int, batch: int) -> tuple[jax.Array, j
 @bounded_cache(32)
 def _cyclic_loop(loss_fn, tx_factory, static: tuple, steps: int, batch: int, periods: int,
                  record, report: int | None = None):
-  """The scan of :func:`~dpsco_jax.algorithms.common.run_chain` with cyclic batches: slot
-  order ``permutation(order_key, n)`` (public, data-independent), step ``t`` takes slots
-  ``[(t mod P) B, (t mod P + 1) B)``; slots past ``n`` are masked. ``report``: a progress
-  session's (``tick`` its traced part)."""
+  """The scan of :func:`~dpsco_jax.algorithms.common.run_chain` with the batches of
+  :func:`cyclic_slots`. ``report``: a progress session's (``tick`` its traced part)."""
 
   @jax.jit
   def loop(params, order_key, hparams, data, tick=None):

@@ -31,7 +31,12 @@ Poisson slot capacity and its truncation probability are computed), and a run re
 rows. Under ``replace_one`` / ``zero_out`` the realized ``n`` is public (and must match a
 declared ``n_users``). The step's sensitivity is ``C / D`` (the accountant doubles it under
 replace-one; ``z = sigma / (C / D)``), carried by the plan's ``stage``. Provenance
-``accountant``.
+``accountant``. A configured ``epsilon`` is a budget: an explicit ``noise_multiplier`` over it
+raises :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` before anything runs. Poisson
+sampling fills a static slot capacity; its truncation probability ``p`` enters delta as
+``(1 + e^eps) p`` (total variation). ``dp_sgd_group`` is calibrated at the item-level
+:func:`group_privacy_targets`; with an explicit ``noise_multiplier`` it reports the lift of
+its item-level curve (``inf`` when that gives no finite epsilon).
 
 ``sampling="cyclic"``: a public permutation of the row slots (from the run's key) cut into
 ``P = ceil(n / B)`` batches; step ``t`` uses batch ``t mod P`` (``D = B``): every row at most
@@ -565,21 +570,17 @@ NONPRIVATE_REPORT = PrivacyReport(epsilon=math.inf, delta=1.0 - 1e-12, provenanc
                                   notes="non-private (reference or noise switched off)")
 
 
-def _item_rows(data: dict) -> dict:
-  """Every item becomes its own row (a 'user' with one item)."""
-  return jax.tree.map(lambda x: x.reshape((-1, 1) + x.shape[2:]), data)
-
-
 def level_rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
   """The rows ``dp_sgd_{level}`` clips: the users of ``data`` (default ``problem.data``), or
-  every item as its own row."""
+  every item as its own row (a 'user' with one item)."""
   data = problem.data if data is None else data
-  return data if level == "user" else _item_rows(data)
+  return data if level == "user" else jax.tree.map(
+      lambda x: x.reshape((-1, 1) + x.shape[2:]), data)
 
 
 def _derived_steps(epochs: float, steps: float) -> int:
   """``round(steps)`` (at least 1) of ``epochs`` epochs, refused above the largest count a
-  config may hold: 1e300 (or 2^63) epochs used to fail inside numpy, unnamed."""
+  config may hold."""
   if not steps <= MAX_COUNT:
     raise ValueError(f"epochs={epochs:g} derives {steps:.3g} steps, above the largest step "
                      f"count {MAX_COUNT} (2^31 - 1): lower epochs or give num_steps")
@@ -635,7 +636,7 @@ def nonprivate_planner(facts: PublicFacts, cfg: SgdSchedule) -> Planned:
   """``nonprivate_sgd``'s plan: it may read the realized ``n_users``; ``lipschitz`` only for
   the default step size ``R / (L sqrt(T))`` (no ``learning_rate`` given)."""
   n = facts.n_users
-  sampling, batch, capacity, _ = sampling_setup(dict(cfg, sampling=cfg.sampling), n)
+  sampling, batch, capacity, _ = sampling_setup(cfg.sampling, cfg.batch_size, n)
   if cfg.num_steps is not None:
     steps = check_int(cfg.num_steps, "num_steps")
   else:

@@ -139,30 +139,6 @@ def _filter_release(points: PyTree, key: jax.Array, *, tau: float, lap_scale: fl
   return passed, x, res
 
 
-def _alg1_phase(problem: SCOProblem, plan: FilterPlan, i: int, users: np.ndarray, x: PyTree,
-                k_run: jax.Array, sigma: float, session: ProgressSession | None = None):
-  """Phase ``i`` of Algorithm 1 from the anchor ``x``: groups' SGD, FILTER, test, release."""
-  report, tick = _progress_args(plan, i, session)
-  sched, ph = plan.schedule, plan.schedule.phases[i]
-  c = sched.num_groups
-  used = users[:c * ph.users_per_group]          # floor(n_i / C) users per group
-  items = jax.tree.map(
-      lambda a: a[used].reshape((c, ph.users_per_group * problem.m) + a.shape[2:]),
-      problem.data)
-  k_sgd, k_rel = jax.random.split(jax.random.fold_in(k_run, ph.index))
-  clip, mesh = plan.clip, getattr(problem, "mesh", None)
-  if mesh is None:
-    pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius,
-                      clip=clip, report=report, tick=tick)
-  else:   # groups sharded over the users axis, the one-device run's keys (mesh.place_groups)
-    items, keys = place_groups(items, jax.random.split(k_sgd, c), mesh)
-    pts = _sgd_groups(problem.loss_fn, items, x, None, eta=ph.eta, radius=problem.radius,
-                      clip=clip, keys=keys, report=report, tick=tick)
-    pts = jax.tree.map(lambda p: p[:c], pts)
-  return _filter_release(pts, k_rel, tau=ph.tau, lap_scale=sched.laplace_scale,
-                         threshold=sched.threshold, sigma=sigma)
-
-
 def _progress_args(plan: FilterPlan, i: int, session: ProgressSession | None
                    ) -> tuple[int | None, jax.Array | None]:
   """Phase ``i``'s ``(report, tick)``: the session's, offset by the earlier phases' steps."""
@@ -185,12 +161,29 @@ def _alg1_phases(problem: SCOProblem, plan: FilterPlan, key: jax.Array, *,
                  session: ProgressSession | None = None):
   """Algorithm 1's phases (the run and its audit hook): yields ``(i, passed, release x_i, raw
   FilterResult, anchor x_{i-1}, next anchor)``."""
+  sched, c, mesh = plan.schedule, plan.schedule.num_groups, getattr(problem, "mesh", None)
   k_perm, k_run = jax.random.split(key)
   x = problem.init_params()
   for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
     x = x if anchors is None else anchors[i]
-    sigma = plan.phases[i].sigma if add_noise else 0.0
-    passed, x_new, res = _alg1_phase(problem, plan, i, users, x, k_run, sigma, session)
+    ph = sched.phases[i]
+    report, tick = _progress_args(plan, i, session)
+    used = users[:c * ph.users_per_group]          # floor(n_i / C) users per group
+    items = jax.tree.map(
+        lambda a: a[used].reshape((c, ph.users_per_group * problem.m) + a.shape[2:]),
+        problem.data)
+    k_sgd, k_rel = jax.random.split(jax.random.fold_in(k_run, ph.index))
+    if mesh is None:
+      pts = _sgd_groups(problem.loss_fn, items, x, k_sgd, eta=ph.eta, radius=problem.radius,
+                        clip=plan.clip, report=report, tick=tick)
+    else:   # groups sharded over the users axis, the one-device run's keys (mesh.place_groups)
+      items, keys = place_groups(items, jax.random.split(k_sgd, c), mesh)
+      pts = _sgd_groups(problem.loss_fn, items, x, None, eta=ph.eta, radius=problem.radius,
+                        clip=plan.clip, keys=keys, report=report, tick=tick)
+      pts = jax.tree.map(lambda p: p[:c], pts)
+    passed, x_new, res = _filter_release(
+        pts, k_rel, tau=ph.tau, lap_scale=sched.laplace_scale, threshold=sched.threshold,
+        sigma=plan.phases[i].sigma if add_noise else 0.0)
     nxt = project_l2_ball(x_new, problem.radius) if plan.project_output else x_new
     yield i, passed, x_new, res, x, nxt
     x = nxt
@@ -247,25 +240,6 @@ def user_level_phased_sgd(plan: Any, problem: SCOProblem, key: jax.Array) -> Res
                 debug=dbg)
 
 
-def _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale, query_scale,
-                 sigma, lam, smoothness, radius, stage_length, clip, debug, x_prev, key,
-                 users=None):
-  """Algorithm 2's chain: the private part (``[clip] -> outlier_filter ->
-  add_gaussian_noise``) and the post-processing (``add_prox_to_anchor -> acsa``)."""
-  k_filter, k_noise = jax.random.split(key)
-  stages = [] if clip is None else [clip_per_user(clip)]
-  private = optax.chain(
-      *stages,
-      outlier_filter(batch, filter_radius, key=k_filter, threshold_fraction=threshold_fraction,
-                     threshold_scale=threshold_scale, query_scale=query_scale, debug=debug,
-                     rows=users),
-      add_gaussian_noise(sigma, k_noise))
-  post = optax.chain(
-      add_prox_to_anchor(lam, anchor=x_prev),
-      acsa(smoothness + lam, strong_convexity=lam, radius=radius, stage_length=stage_length))
-  return private, post
-
-
 @functools.partial(jax.jit, static_argnames=(
     "loss_fn", "batch", "steps", "lam", "smoothness", "sigma", "filter_radius",
     "threshold_fraction", "threshold_scale", "query_scale", "radius", "stage_length",
@@ -286,9 +260,17 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
   n_i = jax.tree.leaves(data)[0].shape[0] if n_users is None else n_users
   m = jax.tree.leaves(data)[0].shape[1]
   k_chain, k_sample, k_smooth = jax.random.split(key, 3)
-  private, post = _alg2_chains(batch, filter_radius, threshold_fraction, threshold_scale,
-                               query_scale, sigma, lam, smoothness, radius, stage_length,
-                               clip, debug, x_prev, k_chain, users)
+  # the private part ([clip] -> outlier_filter -> add_gaussian_noise), then post-processing
+  k_filter, k_noise = jax.random.split(k_chain)
+  private = optax.chain(
+      *([] if clip is None else [clip_per_user(clip)]),
+      outlier_filter(batch, filter_radius, key=k_filter, threshold_fraction=threshold_fraction,
+                     threshold_scale=threshold_scale, query_scale=query_scale, debug=debug,
+                     rows=users),
+      add_gaussian_noise(sigma, k_noise))
+  post = optax.chain(
+      add_prox_to_anchor(lam, anchor=x_prev),
+      acsa(smoothness + lam, strong_convexity=lam, radius=radius, stage_length=stage_length))
 
   def body(carry, t):
     params, (s_priv, s_post) = carry
@@ -319,41 +301,35 @@ def _alg2_phase(loss_fn: Callable, data: PyTree, x_prev: PyTree, key: jax.Array,
           rel)
 
 
-def _run_phase3(problem, plan, i, users, x, k_run, sigma, *, given=None, collect=False,
-                session=None):
-  sched, ph, pn = plan.schedule, plan.schedule.phases[i], plan.phases[i]
-  report, tick = _progress_args(plan, i, session)
-  use_given = jnp.asarray(given is not None)
-  if given is None:
-    given = jax.tree.map(lambda a: jnp.zeros((pn.steps,) + jnp.shape(a), a.dtype), x)
-  data, n_i, spread = jax.tree.map(lambda a: a[users], problem.data), None, None
-  if getattr(problem, "mesh", None) is not None:   # users sharded (issue 24.2)
-    data, n_i, spread = place_phase(data, problem.mesh)
-  return _alg2_phase(
-      problem.loss_fn, data, x, jax.random.fold_in(k_run, ph.index),
-      given, use_given, batch=ph.batch, steps=pn.steps, lam=ph.lam,
-      smoothness=sched.smoothness, sigma=sigma, filter_radius=2.0 * sched.tau,
-      threshold_fraction=sched.threshold_fraction, threshold_scale=sched.threshold_scale,
-      query_scale=sched.query_scale, radius=problem.radius,
-      stage_length=min(ph.stage_length, pn.steps), smoothing_radius=sched.smoothing_radius,
-      clip=plan.clip, debug=plan.options.debug,
-      collect=collect, n_users=n_i, users=spread, report=report, tick=tick)
-
-
 def _alg3_phases(problem: SCOProblem, plan: FilterPlan, key: jax.Array, *,
                  given: list | None = None, anchors: list | None = None,
                  add_noise: bool = True, collect: bool = False,
                  session: ProgressSession | None = None):
   """Algorithm 3's phases (the run and its audit hook): yields ``(i, x_ag, halted, filter
   state, releases, anchor x_{i-1})``."""
+  sched = plan.schedule
   k_perm, k_run = jax.random.split(key)
   x = problem.init_params()
   for i, users in enumerate(_phase_users(plan, k_perm, problem.n_users)):
     x = x if anchors is None else anchors[i]
-    sigma = plan.phases[i].sigma if add_noise else 0.0
-    x_new, halted, fstate, rel = _run_phase3(problem, plan, i, users, x, k_run, sigma,
-                                             given=None if given is None else given[i],
-                                             collect=collect, session=session)
+    ph, pn = sched.phases[i], plan.phases[i]
+    report, tick = _progress_args(plan, i, session)
+    given_i = None if given is None else given[i]
+    use_given = jnp.asarray(given_i is not None)
+    if given_i is None:
+      given_i = jax.tree.map(lambda a: jnp.zeros((pn.steps,) + jnp.shape(a), a.dtype), x)
+    data, n_i, spread = jax.tree.map(lambda a: a[users], problem.data), None, None
+    if getattr(problem, "mesh", None) is not None:   # users sharded
+      data, n_i, spread = place_phase(data, problem.mesh)
+    x_new, halted, fstate, rel = _alg2_phase(
+        problem.loss_fn, data, x, jax.random.fold_in(k_run, ph.index), given_i, use_given,
+        batch=ph.batch, steps=pn.steps, lam=ph.lam, smoothness=sched.smoothness,
+        sigma=pn.sigma if add_noise else 0.0, filter_radius=2.0 * sched.tau,
+        threshold_fraction=sched.threshold_fraction, threshold_scale=sched.threshold_scale,
+        query_scale=sched.query_scale, radius=problem.radius,
+        stage_length=min(ph.stage_length, pn.steps), smoothing_radius=sched.smoothing_radius,
+        clip=plan.clip, debug=plan.options.debug, collect=collect, n_users=n_i, users=spread,
+        report=report, tick=tick)
     yield i, x_new, halted, fstate, rel, x
     x = x_new
 
@@ -376,7 +352,21 @@ def user_level_accelerated_erm_releases(problem: SCOProblem, cfg: dict, key: jax
               collect=True)]
 
 
-def _run_alg3(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
+def run_accelerated_erm(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
+  """Algorithm 3 (Algorithm 2 per phase) of paper 000 (module docstring), registered as
+  ``user_level_accelerated_erm`` (smooth losses, Thms 3.1/3.2) and
+  ``user_level_accelerated_erm_smoothed`` (on the ball smoothing ``f_r``: Section 4, Thm
+  4.1/D.3): runs ``plan``.
+
+  Args:
+    plan: the :class:`dpsco_jax.Plan` of either algorithm.
+    problem: the problem it runs on.
+    key: the run's PRNG key.
+
+  Returns:
+    The :class:`~dpsco_jax.result.Result`: the last phase's point (the fallback on a halt),
+    ``plan.privacy``, the per-phase record.
+  """
   fp = plan.detail
   opt, sched = fp.options, fp.schedule
   x, halted_phase, grads = problem.init_params(), None, 0
@@ -410,16 +400,9 @@ def _run_alg3(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
                 record=record, debug=dbg)
 
 
-@register("user_level_accelerated_erm", config=AcceleratedErmConfig,
-          planner=filter_planner("user_level_accelerated_erm"), **_TRAITS)
-def user_level_accelerated_erm(plan: Any, problem: SCOProblem, key: jax.Array) -> Result:
-  """Algorithm 3 (Algorithm 2 per phase) for smooth losses (Thms 3.1/3.2)."""
-  return _run_alg3(plan, problem, key)
-
-
-@register("user_level_accelerated_erm_smoothed", config=AcceleratedErmSmoothedConfig,
-          planner=filter_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)
-def user_level_accelerated_erm_smoothed(plan: Any, problem: SCOProblem,
-                                        key: jax.Array) -> Result:
-  """Algorithm 3 on the ball smoothing ``f_r`` (Section 4, Thm 4.1/D.3)."""
-  return _run_alg3(plan, problem, key)
+user_level_accelerated_erm = register(
+    "user_level_accelerated_erm", config=AcceleratedErmConfig,
+    planner=filter_planner("user_level_accelerated_erm"), **_TRAITS)(run_accelerated_erm)
+user_level_accelerated_erm_smoothed = register(
+    "user_level_accelerated_erm_smoothed", config=AcceleratedErmSmoothedConfig,
+    planner=filter_planner("user_level_accelerated_erm_smoothed"), **_TRAITS)(run_accelerated_erm)

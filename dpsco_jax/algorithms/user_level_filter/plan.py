@@ -365,41 +365,28 @@ def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
   return plan_alg1(spec, opt, sched, project_output=project, **_run_knobs(spec, c))
 
 
-def _alg3_name(smoothed: bool) -> str:
-  return "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
-
-
-def _alg3_schedule(spec: PublicSpec, cfg: dict, opt: Options, smoothed: bool
-                   ) -> Alg3Schedule:
-  beta = math.inf if smoothed else spec.smoothness
-  cfg = config_view(cfg, _alg3_name(smoothed))    # derived defaults: alg3_schedule's
-  r = cfg.smoothing_radius if smoothed else None
-  lam = cfg.lam
-  scale = cfg.lam_scale
-  if scale is not None:     # practical: multiply the Thm C.3 lambda (more localization)
-    if opt.preset == "theory":
-      raise ValueError("lam_scale is a practical-preset option")
-    n, m, d, L, R, eps = spec.n_users, spec.m, spec.d, spec.lipschitz, spec.radius, opt.epsilon
-    lam = check_positive(scale, "lam_scale") * (L / R) * (
-        1 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m))) if lam is None else lam
-  return alg3_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
-                       delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
-                       smoothness=beta, preset=opt.preset, q_exp=cfg.q_exp,
-                       p_exp=cfg.p_exp, lam=lam, batch_size=cfg.batch_size,
-                       num_phases=cfg.num_phases, tau=cfg.tau,
-                       smoothing_radius=r)
-
-
 def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
                          ) -> FilterPlan:
   """Algorithm 3's data-free plan (schedule, Delta_i, z_i, sigma_i, events)."""
-  name = _alg3_name(smoothed)
+  name = "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
   opt = read_options(cfg, name)
-  max_steps = config_view(cfg, name).max_steps
-  if max_steps is not None and opt.preset == "theory":
+  cfg = config_view(cfg, name)    # derived defaults: alg3_schedule's
+  if cfg.max_steps is not None and opt.preset == "theory":
     raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
-  return plan_alg3(spec, opt, _alg3_schedule(spec, cfg, opt, smoothed), max_steps,
-                   **_run_knobs(spec, config_view(cfg, name)))
+  lam = cfg.lam
+  if cfg.lam_scale is not None:     # practical: multiply the Thm C.3 lambda (more localization)
+    if opt.preset == "theory":
+      raise ValueError("lam_scale is a practical-preset option")
+    n, m, d, L, R, eps = spec.n_users, spec.m, spec.d, spec.lipschitz, spec.radius, opt.epsilon
+    lam = check_positive(cfg.lam_scale, "lam_scale") * (L / R) * (
+        1 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m))) if lam is None else lam
+  sched = alg3_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
+                        delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
+                        smoothness=math.inf if smoothed else spec.smoothness,
+                        preset=opt.preset, q_exp=cfg.q_exp, p_exp=cfg.p_exp, lam=lam,
+                        batch_size=cfg.batch_size, num_phases=cfg.num_phases, tau=cfg.tau,
+                        smoothing_radius=cfg.smoothing_radius if smoothed else None)
+  return plan_alg3(spec, opt, sched, cfg.max_steps, **_run_knobs(spec, cfg))
 
 
 def filter_planner(name: str) -> Callable[[PublicFacts, dict], Planned]:

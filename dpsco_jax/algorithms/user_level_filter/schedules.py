@@ -320,60 +320,42 @@ def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
   lam0 = ((L / R) * (1.0 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m)))
           if lam is None else check_positive(lam, "lam"))
 
-  build = _alg3_theory if preset == "theory" else _alg3_practical
-  return build(n=n, m=m, d=d, eps=eps, delta=delta, L=L, beta=beta, r_s=r_s, lam0=lam0,
-               log_ndm=log_ndm, q_exp=q_exp, p_exp=p_exp, batch_size=batch_size,
-               num_phases=num_phases, tau=tau, constants=constants)
+  if preset == "theory":   # Thm C.3 constants and preconditions (K_i the paper's)
+    c = constants or PaperConstants()
+    if eps > 10:
+      raise ValueError(f"epsilon <= 10 is required by Theorems 3.1/C.1, got epsilon={eps}")
+    q = 0.1 if q_exp is None else check_positive(q_exp, "q_exp")
+    lhs = n ** (1 - q)
+    rhs = 100.0 * math.log(20 * n * m * d * math.exp(eps) / delta) / (eps * (1 - 2 ** -q))
+    if lhs <= rhs:
+      raise ValueError(f"Theorem C.1 needs n^(1-q_exp) > 100 log(20 n m d e^eps/delta)/"
+                       f"(eps (1-2^-q)): {lhs:.4g} <= {rhs:.4g} (n={n}, q_exp={q})")
+    if delta >= 1.0 / (n * m):
+      _warn("Theorem C.3 (utility) assumes delta < 1/(n m)")
+    p = (3 * q + 2.5 + math.log(math.sqrt(m)) / math.log(n)) if p_exp is None else \
+        check_positive(p_exp, "p_exp")
+    l = (int(math.floor(math.log2(n))) if num_phases is None
+         else check_int(num_phases, "num_phases"))
+    sizes = phase_sizes(n, l, q, use_all=False)
+    tau_v = c.tau3 * L * log_ndm / math.sqrt(m) if tau is None else check_positive(tau, "tau")
+    phases = []
+    for i, n_i in enumerate(sizes, start=1):
+      lam_i = lam0 * 2 ** (p * i)
+      t_i = int(math.ceil((1 + math.sqrt(beta / lam_i)) * log_ndm))
+      k_i = int(math.ceil(c.batch3 * math.log(n_i ** 2 * m ** 2 * math.exp(eps) / delta)
+                          * (1 / eps + n_i * eps / math.sqrt(t_i * math.log(1 / delta)))))
+      if k_i > n_i:
+        raise ValueError(f"K_i <= n_i violated in phase {i}: K_i={k_i} > n_i={n_i} "
+                         "(Theorem C.3); n is too small for the paper's constants — use "
+                         "preset='practical'")
+      sig = (c.sigma3 * tau_v * math.sqrt(t_i) * math.log(n * d * math.exp(eps) / delta)
+             / (eps * n_i))
+      stage = int(math.ceil(4 * math.sqrt(2 * (beta + lam_i) / lam_i)))
+      phases.append(Alg3Phase(i, n_i, k_i, t_i, lam_i, min(stage, t_i), sig))
+    return Alg3Schedule("theory", tau_v, beta, r_s, c.threshold_fraction,
+                        c.at_threshold / eps, c.at_query / eps, lam0, tuple(phases))
 
-
-def _alg3_theory(*, n: int, m: int, d: int, eps: float, delta: float, L: float, beta: float,
-                 r_s: float | None, lam0: float, log_ndm: float, q_exp: float | None,
-                 p_exp: float | None, batch_size: int | None, num_phases: int | None,
-                 tau: float | None, constants: PaperConstants | None) -> Alg3Schedule:
-  """The ``theory`` branch of :func:`alg3_schedule` (Thm C.3 constants and preconditions;
-  ``batch_size`` is not used: ``K_i`` is the paper's)."""
-  c = constants or PaperConstants()
-  if eps > 10:
-    raise ValueError(f"epsilon <= 10 is required by Theorems 3.1/C.1, got epsilon={eps}")
-  q = 0.1 if q_exp is None else check_positive(q_exp, "q_exp")
-  lhs = n ** (1 - q)
-  rhs = 100.0 * math.log(20 * n * m * d * math.exp(eps) / delta) / (eps * (1 - 2 ** -q))
-  if lhs <= rhs:
-    raise ValueError(f"Theorem C.1 needs n^(1-q_exp) > 100 log(20 n m d e^eps/delta)/"
-                     f"(eps (1-2^-q)): {lhs:.4g} <= {rhs:.4g} (n={n}, q_exp={q})")
-  if delta >= 1.0 / (n * m):
-    _warn("Theorem C.3 (utility) assumes delta < 1/(n m)")
-  p = (3 * q + 2.5 + math.log(math.sqrt(m)) / math.log(n)) if p_exp is None else \
-      check_positive(p_exp, "p_exp")
-  l = int(math.floor(math.log2(n))) if num_phases is None else check_int(num_phases,
-                                                                         "num_phases")
-  sizes = phase_sizes(n, l, q, use_all=False)
-  tau_v = c.tau3 * L * log_ndm / math.sqrt(m) if tau is None else check_positive(tau, "tau")
-  phases = []
-  for i, n_i in enumerate(sizes, start=1):
-    lam_i = lam0 * 2 ** (p * i)
-    t_i = int(math.ceil((1 + math.sqrt(beta / lam_i)) * log_ndm))
-    k_i = int(math.ceil(c.batch3 * math.log(n_i ** 2 * m ** 2 * math.exp(eps) / delta)
-                        * (1 / eps + n_i * eps / math.sqrt(t_i * math.log(1 / delta)))))
-    if k_i > n_i:
-      raise ValueError(f"K_i <= n_i violated in phase {i}: K_i={k_i} > n_i={n_i} "
-                       "(Theorem C.3); n is too small for the paper's constants — use "
-                       "preset='practical'")
-    sig = (c.sigma3 * tau_v * math.sqrt(t_i) * math.log(n * d * math.exp(eps) / delta)
-           / (eps * n_i))
-    stage = int(math.ceil(4 * math.sqrt(2 * (beta + lam_i) / lam_i)))
-    phases.append(Alg3Phase(i, n_i, k_i, t_i, lam_i, min(stage, t_i), sig))
-  return Alg3Schedule("theory", tau_v, beta, r_s, c.threshold_fraction,
-                      c.at_threshold / eps, c.at_query / eps, lam0, tuple(phases))
-
-
-def _alg3_practical(*, n: int, m: int, d: int, eps: float, delta: float, L: float,
-                    beta: float, r_s: float | None, lam0: float, log_ndm: float,
-                    q_exp: float | None, p_exp: float | None, batch_size: int | None,
-                    num_phases: int | None, tau: float | None,
-                    constants: ScaledConstants | None) -> Alg3Schedule:
-  """The ``practical`` branch of :func:`alg3_schedule` (scaled constants; the noise is
-  calibrated by the driver, so ``sigma_paper`` is NaN)."""
+  # practical: scaled constants (the noise is calibrated by the plan: sigma_paper NaN)
   c = constants or ScaledConstants()
   q = 1.0 if q_exp is None else check_positive(q_exp, "q_exp")
   p = c.p_exp if p_exp is None else check_nonnegative(p_exp, "p_exp")
