@@ -72,15 +72,22 @@ def alg4_rdp(*, T: int, n: int, beta: float, delta: float, alpha: float, rho_ove
   return alpha * tau, cond
 
 
-def approx_rdp_events(plan: list[tuple[int, float]], *, n: int, beta: float,
-                      delta_call: float, alpha: float, delta_prime: float, ratio: float,
-                      constants: str, c_priv: float) -> list[ApproxRdpEvent]:
+def call_event(T: int, beta: float, *, n: int, delta_call: float, alpha: float,
+               delta_prime: float, ratio: float, constants: str, c_priv: float
+               ) -> tuple[ApproxRdpEvent, dict]:
+  """One Alg. 3/4 call of ``T`` steps at noise level ``beta`` as an :class:`ApproxRdpEvent`
+  (Lemma 7) and :func:`alg4_rdp`'s conditions."""
+  e, cond = alg4_rdp(T=T, n=n, beta=beta, delta=delta_call, alpha=alpha, rho_over_r=ratio,
+                     constants=constants, c_priv=c_priv)
+  return ApproxRdpEvent(alpha, e, delta_call, delta_prime), cond
+
+
+def approx_rdp_events(plan: list[tuple[int, float]], *, beta: float, **kw
+                      ) -> list[ApproxRdpEvent]:
   """The planned Alg. 4 calls ``[(T, beta factor)]`` as :class:`ApproxRdpEvent` s (Lemma 7)
-  at noise level ``beta`` (call ``j`` runs at ``beta_j = factor_j * beta``)."""
-  return [ApproxRdpEvent(alpha, alg4_rdp(T=t, n=n, beta=b * beta, delta=delta_call,
-                                         alpha=alpha, rho_over_r=ratio, constants=constants,
-                                         c_priv=c_priv)[0], delta_call, delta_prime)
-          for t, b in plan]
+  at noise level ``beta`` (call ``j`` runs at ``beta_j = factor_j * beta``); ``kw``:
+  :func:`call_event`'s."""
+  return [call_event(t, b * beta, **kw)[0] for t, b in plan]
 
 
 def theorem3_params(*, n: int, d: int, epsilon: float, delta: float, lipschitz: float = 1.0,

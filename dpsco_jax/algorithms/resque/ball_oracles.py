@@ -1,23 +1,13 @@
-"""Ball optimization oracles (paper 002, Section 3): the inner solvers of ball acceleration.
+"""Ball optimization oracles (paper 002, Section 3), the inner solvers of ball acceleration.
 
 References: [ReSQue] Alg. 1 (EpochSGD), Alg. 2 (AC-SA), Props 3-4, Lemma 11; CJJS21 for the
-exact BROO. A *ball oracle* approximately solves
+exact BROO. A *ball oracle* ``ball_oracle(key, center, lam, phi) -> (x, OracleCost)``
+approximately solves
 
     O(y, lam, phi) ~ argmin_{x in B_y(r)} F(x) + lam/2 |x - y|^2        (eq. (8), Def. 4)
 
-with expected error ``phi``, ``F = f^_rho``; here any callable
-``ball_oracle(key, center, lam, phi) -> (x, OracleCost)`` (``rounds``: sequential batched
-rounds of queries, the query depth; ``queries``: the gradients).
-
-  * :func:`make_epoch_sgd_oracle`: Alg. 1 with ReSQue, ONE batched round of
-    ``T = ceil(48 L^2 / (lam phi))`` queries at ``center + xi``, then a reweighting scan
-    (Prop. 3, ``rho = r``).
-  * :func:`acsa_ball`: Alg. 2 corrected (spec 002 §3.3: AMBIG-1/2/3), the core
-    :func:`dpsco_jax.transforms.steps.acsa` after ``add_prox_to_anchor``; one batched round,
-    fresh samples for every ``t``.
-  * :func:`make_exact_ball_oracle`: a deterministic validation oracle (CJJS21's exact BROO,
-    spec T13).
-  * :func:`majority_aggregate`: Lemma 11's robust aggregation (ReSQue Alg. 7)."""
+with expected error ``phi``, ``F = f^_rho``, from ONE batched round of ReSQue queries at
+``center + xi`` (``OracleCost.rounds``: the query depth)."""
 
 from __future__ import annotations
 
@@ -66,13 +56,15 @@ def dataset_oracle(loss_fn: Callable, items: PyTree) -> GradOracle:
 # ----------------------------------------------------------------------- composite step --
 
 def ball_composite_step(x: PyTree, g: PyTree, center: PyTree, radius: float | jax.Array,
-                        lam: float | jax.Array, lr: float | jax.Array) -> PyTree:
-  """``argmin_{u in B_c(r)} lr <g, u> + lr lam/2 |u - c|^2 + 1/2 |u - x|^2`` in closed form,
-  ``Pi_{B_c(r)}((x + lr lam c - lr g) / (1 + lr lam))`` (Alg. 1 lines 5/9, Alg. 4 step; spec 002
-  §3.2 [IMPL]); ``lam = 0`` is a projected gradient step."""
+                        lam: float | jax.Array, lr: float | jax.Array,
+                        ball_center: PyTree | None = None) -> PyTree:
+  """``argmin_{u in B_b(r)} lr <g, u> + lr lam/2 |u - c|^2 + 1/2 |u - x|^2`` in closed form,
+  ``Pi_{B_b(r)}((x + lr lam c - lr g) / (1 + lr lam))`` (Alg. 1 lines 5/9, Alg. 4 step; spec 002
+  §3.2 [IMPL]), ``b = ball_center`` (default ``c = center``); ``lam = 0`` is a projected
+  gradient step."""
   denom = 1.0 + lr * lam
   u = jax.tree.map(lambda xi, ci, gi: (xi + lr * lam * ci - lr * gi) / denom, x, center, g)
-  return project_l2_ball(u, radius, center)
+  return project_l2_ball(u, radius, center if ball_center is None else ball_center)
 
 
 # ------------------------------------------------------------------------- EpochSGD (Alg. 1) --
@@ -91,22 +83,12 @@ def _epoch_sgd_tables(k: int) -> tuple[np.ndarray, ...]:
   """Static per-step tables of Alg. 1 with ``k`` epochs: epoch id, epoch-start flag (the
   ``G = 0`` step that produces ``x_k^1``), epoch-end flag, the query index consumed by the
   step (steps ``t >= 1`` of an epoch consume the next query in order) and ``T_k``."""
-  lengths = [16 * 2 ** i for i in range(k)]
-  epoch, start, end, qidx, tks = [], [], [], [], []
-  q = 0
-  for e, tk in enumerate(lengths):
-    for t in range(tk):
-      epoch.append(e)
-      start.append(t == 0)
-      end.append(t == tk - 1)
-      tks.append(tk)
-      if t == 0:
-        qidx.append(0)
-      else:
-        qidx.append(q)
-        q += 1
-  return (np.asarray(epoch, np.int32), np.asarray(start), np.asarray(end),
-          np.asarray(qidx, np.int32), np.asarray(tks, np.float32))
+  lengths = 16 * 2 ** np.arange(k)
+  tks = np.repeat(lengths, lengths)
+  start = np.arange(tks.size) == np.repeat(np.cumsum(lengths) - lengths, lengths)
+  qidx = np.where(start, 0, np.cumsum(~start) - 1).astype(np.int32)
+  return (np.repeat(np.arange(k, dtype=np.int32), lengths), start, np.roll(start, -1), qidx,
+          tks.astype(np.float32))
 
 
 @partial(jax.jit, static_argnums=(0,))
@@ -134,28 +116,14 @@ def _epoch_sgd_scan(k: int, center: PyTree, xis: PyTree, grads: PyTree, lam: jax
   return x0
 
 
-def epoch_sgd_ball(grad_oracle: GradOracle, key: jax.Array, center: PyTree, *, lam: float,
-                   phi: float, radius: float, rho: float, lipschitz: float
-                   ) -> tuple[PyTree, OracleCost]:
-  """Alg. 1 (parallel EpochSGD): a ``(phi, lam)`` ball oracle for ``f^_rho`` (Prop. 3, rho = r):
-  one batched round of queries, then composite ball steps on ReSQue estimates, epoch lengths
-  ``16, 32, ...``, steps ``1/(4 lam), 1/(8 lam), ...`` and epoch averaging."""
-  check_positive(lam, "lam")
-  check_positive(phi, "phi")
-  _, k, n_q = epoch_sgd_plan(lam, phi, lipschitz)
-  if k == 0:  # T < 16: the paper's loop does not run and returns xbar
-    return center, OracleCost(0, 0)
-  xis, grads = _sample_and_query(grad_oracle, key, center, rho, n_q)
-  x = _epoch_sgd_scan(k, center, xis, grads, jnp.asarray(lam, jnp.float32),
-                      jnp.asarray(radius, jnp.float32), jnp.asarray(rho, jnp.float32))
-  return x, OracleCost(1, n_q)
-
-
 def make_epoch_sgd_oracle(grad_oracle: GradOracle, *, radius: float, rho: float,
                           lipschitz: float, runs: int = 1) -> BallOracle:
-  """``ball_oracle(key, center, lam, phi)`` running Alg. 1; with ``runs > 1`` it runs that many
-  independent copies in the SAME batched round and returns their :func:`majority_aggregate` (the
-  line-search construction of ReSQue Prop. 2 / Lemma 11, ``Delta = 3 sqrt(2 phi / lam)``)."""
+  """``ball_oracle(key, center, lam, phi)`` running Alg. 1 (parallel EpochSGD), a ``(phi, lam)``
+  ball oracle for ``f^_rho`` (Prop. 3, ``rho = r``): one batched round of queries, then
+  composite ball steps on ReSQue estimates, epoch lengths ``16, 32, ...``, steps ``1/(4 lam),
+  1/(8 lam), ...`` and epoch averaging. With ``runs > 1`` it runs that many independent copies
+  in the SAME batched round and returns their :func:`majority_aggregate` (the line-search
+  construction of ReSQue Prop. 2 / Lemma 11, ``Delta = 3 sqrt(2 phi / lam)``)."""
   check_positive(radius, "radius")
   check_positive(rho, "rho")
   check_int(runs, "runs")
@@ -163,8 +131,10 @@ def make_epoch_sgd_oracle(grad_oracle: GradOracle, *, radius: float, rho: float,
                    static_argnums=2)
 
   def oracle(key, center, lam, phi):
+    check_positive(lam, "lam")
+    check_positive(phi, "phi")
     _, k, n_q = epoch_sgd_plan(lam, phi, lipschitz)
-    if k == 0:
+    if k == 0:  # T < 16: the paper's loop does not run and returns xbar
       return center, OracleCost(0, 0)
     outs = []
     for j in range(runs):
@@ -178,6 +148,14 @@ def make_epoch_sgd_oracle(grad_oracle: GradOracle, *, radius: float, rho: float,
     return x, OracleCost(1, runs * n_q)
 
   return oracle
+
+
+def epoch_sgd_ball(grad_oracle: GradOracle, key: jax.Array, center: PyTree, *, lam: float,
+                   phi: float, radius: float, rho: float, lipschitz: float
+                   ) -> tuple[PyTree, OracleCost]:
+  """One call of :func:`make_epoch_sgd_oracle`'s oracle (one run)."""
+  oracle = make_epoch_sgd_oracle(grad_oracle, radius=radius, rho=rho, lipschitz=lipschitz)
+  return oracle(key, center, lam, phi)
 
 
 def _sample_and_query(grad_oracle, key, center, rho, n_q):
@@ -200,9 +178,8 @@ def acsa_plan(lam: float, phi: float, radius: float, rho: float, lipschitz: floa
   return k, t, ns
 
 
-def acsa_ball(grad_oracle: GradOracle, key: jax.Array, center: PyTree, *, lam: float,
-              phi: float, radius: float, rho: float, lipschitz: float
-              ) -> tuple[PyTree, OracleCost]:
+def acsa_ball(grad_oracle: GradOracle, key: jax.Array, center: PyTree, lam: float, phi: float,
+              *, radius: float, rho: float, lipschitz: float) -> tuple[PyTree, OracleCost]:
   """Alg. 2 corrected (spec 002 §3.3, EXT A.2): a ``(phi, lam)`` ball oracle (Prop. 4).
 
   Minibatch AC-SA on ``Psi = f^_rho + lam/2 |. - xbar|^2`` over ``B_xbar(r)`` (``mu = lam``,
@@ -246,10 +223,7 @@ def _acsa_run(lam, radius, rho, lipschitz, t, ns, center, xis, grads):
 def make_acsa_oracle(grad_oracle: GradOracle, *, radius: float, rho: float,
                      lipschitz: float) -> BallOracle:
   """``ball_oracle(key, center, lam, phi)`` running :func:`acsa_ball`."""
-  def oracle(key, center, lam, phi):
-    return acsa_ball(grad_oracle, key, center, lam=lam, phi=phi, radius=radius, rho=rho,
-                     lipschitz=lipschitz)
-  return oracle
+  return partial(acsa_ball, grad_oracle, radius=radius, rho=rho, lipschitz=lipschitz)
 
 
 # ---------------------------------------------------------------- exact (validation) oracle --

@@ -25,7 +25,7 @@ from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.algorithms.resque.accounting import (ACCOUNTANT_DELTA_SHARE, DELTA_PRIME_FRAC,
                                                     RELATION, PrivacyPreconditionError,
-                                                    alg4_rdp, approx_rdp_events,
+                                                    approx_rdp_events, call_event,
                                                     check_theorem3_preconditions,
                                                     theorem3_params)
 from dpsco_jax.algorithms.resque.solvers import alg5_schedule
@@ -266,12 +266,10 @@ def resque_private_plan(problem, cfg: Mapping | Any, *, data: dict | None = None
     eps_i, delta_i = (eps, delta_blocks) if parallel else (eps * share, delta_blocks * share)
     p = phase_plan(cfg, n_i=n_i, i=i, eps_i=eps_i, delta_i=delta_i, d=d, L=L, R=R,
                     eta_loc=eta_loc, eps_total=eps, **common)
-    for t, b in p["plan"]:  # preconditions of the planned (data-independent) calls
-      _, cond = alg4_rdp(T=t, n=n_i, beta=b * p["beta"], delta=p["delta_call"],
-                         alpha=p["alpha"], rho_over_r=ratio, constants=constants, c_priv=c_priv)
-      violations.update(name for name, ok in cond.items() if not ok)
-    events = tuple(approx_rdp_events(p["plan"], beta=p["beta"], **p["kw"]))
-    out.append(PhasePlan(i, n_i, eps_i, delta_i, p, events))
+    calls = [call_event(t, b * p["beta"], **p["kw"]) for t, b in p["plan"]]
+    # preconditions of the planned (data-independent) calls
+    violations.update(name for _, cond in calls for name, ok in cond.items() if not ok)
+    out.append(PhasePlan(i, n_i, eps_i, delta_i, p, tuple(ev for ev, _ in calls)))
   return ResquePrivatePlan(eps, delta, n, L, R, preset, constants, c_priv, ratio, parallel,
                            tuple(out), tuple(sorted(violations)),
                            declared_constants(problem, ("lipschitz",), convex=True))

@@ -46,14 +46,13 @@ from dpsco_jax.algorithms.registration import register
 from dpsco_jax._checks import check_bool
 from dpsco_jax.algorithms.resque import ball_acceleration as ba
 from dpsco_jax.algorithms.common import ProgressFn, mesh_users_axis, progress_due
-from dpsco_jax.algorithms.resque.accounting import RELATION, alg4_rdp
-from dpsco_jax.algorithms.resque.plan import (PrivateERMConfig, ResquePrivatePlan,
+from dpsco_jax.algorithms.resque.accounting import RELATION, call_event
+from dpsco_jax.algorithms.resque.plan import (PhasePlan, PrivateERMConfig, ResquePrivatePlan,
                                               resque_private_planner)
 from dpsco_jax.algorithms.resque.solvers import (Alg4, Alg4Plan, alg4_phase_releases,
                                                  flat_items, high_probability_solver,
                                                  localized_resque_sgd, mlmc_prox_estimator,
                                                  problem_items, strongly_convex_resque)
-from dpsco_jax.privacy.events import ApproxRdpEvent
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, PrivacyLedger
 from dpsco_jax.result import Result
 
@@ -118,22 +117,20 @@ def private_erm(loss_fn: Callable, items: PyTree, x_init: PyTree, key: jax.Array
 # ===================================================== private SCO (Prop. 11 / Theorem 4) ==
 
 
-def _run_phase(problem, batch, x, key, p: dict, *, eps_i: float, delta_i: float, L: float,
-               R: float, ratio: float, constants: str, c_priv: float,
+def _run_phase(problem, batch, x, key, ph: PhasePlan, plan: ResquePrivatePlan,
                alg4: Alg4 | None = None) -> tuple[PyTree, dict]:
-  """Runs phase ``i``; a per-phase guard ledger spends every REALIZED call before it runs and
-  refuses one beyond ``(eps_i, delta_i)`` (the plan already covers the worst case)."""
-  guard = PrivacyLedger(delta=delta_i, epsilon_budget=eps_i, relation=RELATION)
+  """Runs phase ``ph``; a per-phase guard ledger spends every REALIZED call before it runs and
+  refuses one beyond ``(ph.eps, ph.delta)`` (the plan already covers the worst case)."""
+  p = ph.p
+  guard = PrivacyLedger(delta=ph.delta, epsilon_budget=ph.eps, relation=RELATION)
   counter = {"grads": 0, "calls": 0}
   violations: dict[str, int] = {}
 
   def charge(T, b, label):
-    e, cond = alg4_rdp(T=T, n=p["kw"]["n"], beta=b, delta=p["delta_call"], alpha=p["alpha"],
-                       rho_over_r=ratio, constants=constants, c_priv=c_priv)
-    event = ApproxRdpEvent(p["alpha"], e, p["delta_call"], p["delta_prime"])
+    event, cond = call_event(T, b, **p["kw"])
     trial = copy.deepcopy(guard).compose(event, label=label)
-    if trial.extra_delta() > delta_i * (1 + 1e-9):
-      raise PrivacyBudgetExceeded(f"{label}: delta would exceed {delta_i:.3g}; not run")
+    if trial.extra_delta() > ph.delta * (1 + 1e-9):
+      raise PrivacyBudgetExceeded(f"{label}: delta would exceed {ph.delta:.3g}; not run")
     guard.spend(event, label=label)  # raises before the call runs
     counter["grads"] += 2 ** int(math.floor(math.log2(T))) - 1
     counter["calls"] += 1
@@ -142,7 +139,7 @@ def _run_phase(problem, batch, x, key, p: dict, *, eps_i: float, delta_i: float,
         violations[name] = violations.get(name, 0) + 1
 
   x, info = private_erm(problem.loss_fn, batch, x, key, cfg=p["erm"], beta=p["beta"],
-                        lipschitz=L, R=R, reg_lam=p["lam"], reg_center=x,
+                        lipschitz=plan.lipschitz, R=plan.radius, reg_lam=p["lam"], reg_center=x,
                         ball_center=problem.init_params(), charge=charge, alg4=alg4)
   debug = {"alg4_calls": counter["calls"], "gradients": counter["grads"],
            "realized_epsilon": guard.epsilon(exact=True), "violations": violations, **info}
@@ -201,10 +198,7 @@ def _execute(problem, plan: ResquePrivatePlan, key: jax.Array, items: dict, *,
     alg4 = alg4_for_phase(ph.index)
     if tracker is not None:
       alg4 = tracker.phase(alg4, ph.planned_calls)
-    x, dbg = _run_phase(problem, batch, x, jax.random.fold_in(key, ph.index), ph.p,
-                        eps_i=ph.eps, delta_i=ph.delta, L=plan.lipschitz, R=plan.radius,
-                        ratio=plan.ratio, constants=plan.constants, c_priv=plan.c_priv,
-                        alg4=alg4)
+    x, dbg = _run_phase(problem, batch, x, jax.random.fold_in(key, ph.index), ph, plan, alg4)
     if tracker is not None:
       tracker.end_phase()
     debug.append(dbg)

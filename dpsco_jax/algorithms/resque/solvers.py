@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from dpsco_jax._checks import check_int
-from dpsco_jax.algorithms.resque.ball_oracles import majority_aggregate
+from dpsco_jax.algorithms.resque.ball_oracles import ball_composite_step, majority_aggregate
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.grads import per_example_grads
 from dpsco_jax.transforms.noise import tree_gaussian_like
@@ -94,10 +94,7 @@ def phase_average(y0: PyTree, center: PyTree, reg_center: PyTree, xis: PyTree, g
     xi, g = q
     est = reweight(y, center, jax.tree.map(lambda a: a[None], xi),
                    jax.tree.map(lambda a: a[None], g), rho)
-    denom = 1.0 + eta * lam
-    u = jax.tree.map(lambda yi, ci, gi: (yi + eta * lam * ci - eta * gi) / denom, y, reg_center,
-                     est)
-    y = project_l2_ball(u, radius, center)
+    y = ball_composite_step(y, est, reg_center, radius, lam, eta, ball_center=center)
     return (y, jax.tree.map(jnp.add, acc, y)), None
 
   steps = jax.tree.leaves(xis)[0].shape[0]
@@ -158,22 +155,16 @@ def _alg4_phases(loss_fn: Callable, lengths: tuple[int, ...], items, center, reg
 
 @bounded_cache()
 def _alg4_compiled(loss_fn: Callable, lengths: tuple[int, ...],
-                   users: NamedSharding | None = None):
+                   users: NamedSharding | None = None, audit: tuple[bool, bool] | None = None):
+  """One jitted Alg. 3/4 call: its projected output, or with ``audit = (add_noise, replay)``
+  (the audit view) ``(output, releases stacked, indices)``."""
   @jax.jit
-  def run(items, center, reg_center, lam, x0, key, etas, sigmas, radius, rho):
-    return _alg4_phases(loss_fn, lengths, items, center, reg_center, lam, x0, key, etas,
-                        sigmas, radius, rho, users=users)[0]
-  return run
-
-
-@bounded_cache()
-def _alg4_audit_compiled(loss_fn: Callable, lengths: tuple[int, ...], add_noise: bool,
-                         replay: bool):
-  @jax.jit
-  def run(items, center, reg_center, lam, x0, key, etas, sigmas, radius, rho, forced):
-    out, rel, z = _alg4_phases(loss_fn, lengths, items, center, reg_center, lam, x0, key,
-                               etas, sigmas, radius, rho, add_noise=add_noise,
-                               forced=forced if replay else None)
+  def run(items, center, reg_center, lam, x0, key, etas, sigmas, radius, rho, forced=None):
+    args = (loss_fn, lengths, items, center, reg_center, lam, x0, key, etas, sigmas, radius,
+            rho)
+    if audit is None:
+      return _alg4_phases(*args, users=users)[0]
+    out, rel, z = _alg4_phases(*args, add_noise=audit[0], forced=forced if audit[1] else None)
     return out, jax.tree.map(lambda *a: jnp.stack(a), *rel), z
   return run
 
@@ -221,7 +212,7 @@ def alg4_phase_releases(loss_fn: Callable, items: PyTree, center: PyTree, key: j
   plan, args = _alg4_args(items, center, key, T=T, radius=radius, rho=rho, beta=beta,
                           lipschitz=lipschitz, lam=lam, r_prime=r_prime, x0=x0,
                           reg_center=reg_center)
-  run = _alg4_audit_compiled(loss_fn, plan.lengths, bool(add_noise), forced is not None)
+  run = _alg4_compiled(loss_fn, plan.lengths, None, (bool(add_noise), forced is not None))
   out, releases, z = run(*args, forced)
   return out, releases, z, plan
 
@@ -289,11 +280,9 @@ def mlmc_prox_estimator(loss_fn: Callable, items: PyTree, center: PyTree, key: j
   if js is None:
     js = [int(v) for v in jax.random.geometric(jax.random.fold_in(key, 10_000), 0.5, (copies,))]
   acc = None
-  copy_keys = jax.random.split(key, len(js))
-  for c, j in enumerate(js):
-    kc = copy_keys[c]
-    kw = dict(radius=radius, rho=rho, lam=lam, lipschitz=lipschitz, reg_center=reg_center,
-              charge=charge, alg4=alg4)
+  kw = dict(radius=radius, rho=rho, lam=lam, lipschitz=lipschitz, reg_center=reg_center,
+            charge=charge, alg4=alg4)
+  for kc, j in zip(jax.random.split(key, len(js)), js):
     x0 = strongly_convex_resque(loss_fn, items, center, jax.random.fold_in(kc, 0), T=T,
                                 beta=beta, **kw)
     est = x0
