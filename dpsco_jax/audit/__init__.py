@@ -12,7 +12,7 @@ from dpsco_jax.audit.canary import RELATIONS, UserBatch, dirac_canary, neighbour
 from dpsco_jax.audit.drivers import DRIVERS, build_driver
 from dpsco_jax.audit.harness import (AuditResult, AuditSpec, audit_mechanism, run_audit,
                                      sample_scores)
-from dpsco_jax.audit import numerics  # noqa: F401  (registers the numerics audits)
+from dpsco_jax.audit import matrix_factorization, numerics  # noqa: F401  (register their audits)
 
 __all__ = [
     "AuditResult", "AuditSpec", "DRIVERS", "RELATIONS", "UserBatch", "audit_mechanism",

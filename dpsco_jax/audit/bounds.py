@@ -30,6 +30,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from scipy import optimize, stats
 
+from dpsco_jax._checks import check_delta, check_nonnegative
+
 __all__ = [
     "clopper_pearson_upper",
     "epsilon_lower_bound",
@@ -40,14 +42,6 @@ __all__ = [
 
 METHODS = ("split", "bonferroni")
 _MAX_CANDIDATES = 2048  # thresholds tried on the selection split
-
-
-def _check_unit_open(x, name: str) -> float:
-  if isinstance(x, bool) or not isinstance(x, (int, float, np.floating, np.integer)):
-    raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-  if not 0.0 < float(x) < 1.0:
-    raise ValueError(f"{name} must lie in the open interval (0, 1), got {x!r}")
-  return float(x)
 
 
 def _as_scores(x, name: str) -> np.ndarray:
@@ -113,7 +107,7 @@ def _lower_bound(scores_in, scores_out, *, delta, confidence, method, selection_
                  thresholds, kind) -> ThresholdBound:
   s_in = _as_scores(scores_in, "scores_in")
   s_out = _as_scores(scores_out, "scores_out")
-  conf = _check_unit_open(confidence, "confidence")
+  conf = check_delta(confidence, "confidence")
   alpha = 1.0 - conf
   if method not in METHODS:
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -127,7 +121,7 @@ def _lower_bound(scores_in, scores_out, *, delta, confidence, method, selection_
     vals = _bounds_at(s_in, s_out, grid, alpha / (2.0 * grid.size), delta, kind)
     i = int(np.argmax(vals))
     return ThresholdBound(float(vals[i]), float(grid[i]), conf, method)
-  frac = _check_unit_open(selection_fraction, "selection_fraction")
+  frac = check_delta(selection_fraction, "selection_fraction")
   k_in = max(1, int(round(frac * s_in.size)))
   k_out = max(1, int(round(frac * s_out.size)))
   if k_in >= s_in.size or k_out >= s_out.size:
@@ -169,7 +163,7 @@ def epsilon_lower_bound(scores_in: Sequence[float] | np.ndarray,
       unknown ``method``; ``"bonferroni"`` without a non-empty finite grid; a split that
       leaves no trials for evaluation.
   """
-  return _lower_bound(scores_in, scores_out, delta=_check_unit_open(delta, "delta"),
+  return _lower_bound(scores_in, scores_out, delta=check_delta(delta, "delta"),
                       confidence=confidence, method=method,
                       selection_fraction=selection_fraction, thresholds=thresholds,
                       kind="eps")
@@ -189,10 +183,8 @@ def gdp_mu_lower_bound(scores_in, scores_out, *, confidence: float = 0.95,
     thresholds: see :func:`epsilon_lower_bound`.
 
   Returns:
-    A ``ThresholdBound`` whose ``value`` is the bound on ``mu``.
-
-  Raises:
-    ValueError: as :func:`epsilon_lower_bound`.
+    A ``ThresholdBound`` whose ``value`` is the bound on ``mu`` (errors as
+    :func:`epsilon_lower_bound`).
   """
   return _lower_bound(scores_in, scores_out, delta=0.5, confidence=confidence, method=method,
                       selection_fraction=selection_fraction, thresholds=thresholds,
@@ -208,18 +200,10 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     delta: in ``(0, 1)``.
 
   Returns:
-    The epsilon, a float.
-
-  Raises:
-    TypeError: ``mu`` is not a real number.
-    ValueError: ``mu`` negative or not finite, or ``delta`` not in ``(0, 1)``.
+    The epsilon, a float (TypeError, ValueError: ``mu`` or ``delta`` out of range).
   """
-  delta = _check_unit_open(delta, "delta")
-  if isinstance(mu, bool) or not isinstance(mu, (int, float, np.floating, np.integer)):
-    raise TypeError(f"mu must be a real number, got {type(mu).__name__}")
-  mu = float(mu)
-  if not math.isfinite(mu) or mu < 0:
-    raise ValueError(f"mu must be a finite number >= 0, got {mu!r}")
+  delta = check_delta(delta, "delta")
+  mu = check_nonnegative(mu, "mu")
   if mu == 0.0:
     return 0.0
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsco_jax.audit.canary import CANARY_NORM, CLIP, DELTA, HI, check_broken, check_relation
-from dpsco_jax.audit.harness import AuditSpec, build
+from dpsco_jax.audit.harness import AUDITS, AuditSpec, build
 from dpsco_jax.audit.mechanisms import e0_sum, gaussian_lr_weights, tree_noise_covariance
 
 __all__ = ["DRIVERS", "GAUSSIAN", "TRIALS", "build_driver", "dp_sgd_driver", "trainer_driver",
@@ -332,6 +332,7 @@ DRIVERS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, .
     "dp_loc_gd": (loc_gd_driver, ("replace_one",), ("noise_halved",)),
     "dp_bilevel": (bilevel_driver, ("replace_one",), ("noise_halved",)),
 }
+AUDITS.update(DRIVERS)
 
 
 #: trials per side at which every twin is flagged (the fixed-size claim is RDP, ~12% loose)

@@ -21,7 +21,8 @@ import numpy as np
 from dpsco_jax.audit import bounds
 from dpsco_jax.audit.canary import check_relation
 
-__all__ = ["AuditResult", "AuditSpec", "build", "sample_scores", "audit_mechanism", "run_audit"]
+__all__ = ["AUDITS", "AuditResult", "AuditSpec", "build", "sample_scores", "audit_mechanism",
+           "run_audit"]
 
 Release = Callable[[jax.Array, Any], Any]
 Score = Callable[[Any], jax.Array]
@@ -86,6 +87,11 @@ class AuditSpec:
   thresholds: tuple[float, ...] | None = None
 
 
+
+#: Every registered audit, ``name -> (builder, relations, broken twins)``, filled by the modules
+#: that define them (``mechanisms``, ``numerics``, ``matrix_factorization``, ``drivers``).
+AUDITS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str, ...]]] = {}
+
 def _check_count(x, name: str) -> int:
   if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
     raise TypeError(f"{name} must be an int, got {type(x).__name__}")
@@ -126,11 +132,7 @@ def sample_scores(release: Release, dataset: Any, score: Score, key: jax.Array, 
     batch: the most trials per compiled chunk (default 20000).
 
   Returns:
-    ``[trials]`` float64 scores.
-
-  Raises:
-    TypeError: ``trials`` or ``batch`` is not an int.
-    ValueError: ``trials`` or ``batch`` < 2.
+    ``[trials]`` float64 scores (TypeError, ValueError: ``trials`` or ``batch`` not an int >= 2).
   """
   trials = _check_count(trials, "trials")
   batch = _check_count(batch, "batch")
@@ -167,10 +169,9 @@ def audit_mechanism(release: Release, dataset_in: Any, dataset_out: Any, *, scor
     The :class:`AuditResult`.
 
   Raises:
-    TypeError: ``claimed_epsilon`` is not a number, ``key`` is a bool, or ``trials`` /
-      ``batch`` is not an int.
-    ValueError: ``claimed_epsilon`` negative or not finite, ``trials`` or ``batch`` < 2, an
-      unknown ``relation``; as :func:`~dpsco_jax.audit.epsilon_lower_bound`.
+    TypeError, ValueError: ``claimed_epsilon`` not a finite number >= 0, ``key`` a bool,
+      ``trials`` / ``batch`` not an int >= 2, an unknown ``relation``; as
+      :func:`~dpsco_jax.audit.epsilon_lower_bound`.
   """
   check_relation(relation)
   if isinstance(claimed_epsilon, bool) or not isinstance(claimed_epsilon, (int, float)):
@@ -208,10 +209,7 @@ def run_audit(spec: AuditSpec, *, trials: int, key: jax.Array | int = 0,
     confidence: in ``(0, 1)`` (default 0.95).
 
   Returns:
-    The :class:`AuditResult`.
-
-  Raises:
-    ValueError: as :func:`audit_mechanism`.
+    The :class:`AuditResult` (errors as :func:`audit_mechanism`).
   """
   return audit_mechanism(spec.release, spec.dataset_in, spec.dataset_out, score=spec.score,
                          claimed_epsilon=spec.claimed_epsilon, delta=spec.delta,
@@ -220,8 +218,8 @@ def run_audit(spec: AuditSpec, *, trials: int, key: jax.Array | int = 0,
 
 
 def build(name: str, relation: str, broken: str | None = None, **kwargs) -> AuditSpec:
-  """The :class:`AuditSpec` of a registered audit: a stage mechanism, an MF stage or a driver
-  (the names of :func:`dpsco_jax.audit.table.registry`).
+  """The :class:`AuditSpec` of a registered audit (:data:`AUDITS`): a stage mechanism, an MF
+  stage or a driver.
 
   Args:
     name: the audit's registered name.
@@ -230,13 +228,8 @@ def build(name: str, relation: str, broken: str | None = None, **kwargs) -> Audi
     **kwargs: the builder's own keyword arguments.
 
   Returns:
-    The :class:`AuditSpec`.
-
-  Raises:
-    ValueError: an unknown ``name``; the builder's own checks (relation, broken variant).
+    The :class:`AuditSpec` (ValueError: an unknown ``name``, relation or broken twin).
   """
-  from dpsco_jax.audit.table import registry
-  audits = registry()
-  if name not in audits:
-    raise ValueError(f"name must be one of {tuple(audits)}, got {name!r}")
-  return audits[name][0](relation, broken, **kwargs)
+  if name not in AUDITS:
+    raise ValueError(f"name must be one of {tuple(AUDITS)}, got {name!r}")
+  return AUDITS[name][0](relation, broken, **kwargs)

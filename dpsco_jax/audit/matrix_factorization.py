@@ -14,7 +14,7 @@ import optax
 
 from dpsco_jax.audit.canary import (CANARY_NORM, CLIP, DELTA, HI, UserBatch, check_broken,
                                     check_relation, dirac_canary, neighbouring_pair)
-from dpsco_jax.audit.harness import AuditSpec, build
+from dpsco_jax.audit.harness import AUDITS, AuditSpec, build
 from dpsco_jax.audit.mechanisms import chain_releases
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
@@ -101,4 +101,4 @@ MECHANISMS = {
     "banded_noise": (banded_noise_audit, ("zero_out", "add_remove"), TWINS),
     "blt_noise": (blt_noise_audit, ("zero_out", "add_remove"), TWINS),
 }
-
+AUDITS.update(MECHANISMS)

@@ -21,7 +21,7 @@ import optax
 
 from dpsco_jax.audit.canary import (CANARY_NORM, CLIP, DELTA, HI, UserBatch, check_broken,
                                     check_relation, dirac_canary, neighbouring_pair)
-from dpsco_jax.audit.harness import AuditSpec, build
+from dpsco_jax.audit.harness import AUDITS, AuditSpec, build
 from dpsco_jax.privacy.discrete_laplace import del_output_pert_params as _dop_params
 from dpsco_jax.privacy.discrete_laplace import tdlap_sample_from_kappa
 from dpsco_jax.privacy.ledger import epsilon_of
@@ -276,6 +276,7 @@ MECHANISMS: dict[str, tuple[Callable[..., AuditSpec], tuple[str, ...], tuple[str
     "output_perturbation": (output_perturbation, ("replace_one",), ("noise_halved",)),
     "tdlap_bottom": (tdlap_bottom, ("replace_one",), ("eps_not_split",)),
 }
+AUDITS.update(MECHANISMS)
 
 
 # Gaussian (mu-GDP) claims: only there is the GDP-fit bound a test

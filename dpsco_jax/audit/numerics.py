@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from dpsco_jax.algorithms.user_level_filter.schedules import certified_sensitivity
 from dpsco_jax.audit import mechanisms
 from dpsco_jax.audit.canary import DELTA, HI, UserBatch, check_broken, check_relation
-from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.audit.harness import AUDITS, AuditSpec
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.transforms.filtering import filter_points, inclusion_probability
 
@@ -92,3 +92,4 @@ def filter_offset(relation: str = "replace_one", broken: str | None = None, *,
 # name: (builder, relations, broken twins): the format of mechanisms.MECHANISMS
 NUMERICS = {"filter_offset": (filter_offset, ("replace_one",), ("gram_float32",))}
 mechanisms.MECHANISMS.update(NUMERICS)
+AUDITS.update(NUMERICS)

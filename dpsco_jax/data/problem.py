@@ -37,11 +37,8 @@ LEVELS = ("user", "item")
 
 
 class MissingConstant(ConfigError):
-  """An algorithm needs a constant of the loss class that was not declared.
-
-  Args:
-    message: the constant that is missing and how to declare it.
-  """
+  """An algorithm needs a constant of the loss class that was not declared (the message says
+  which and how to declare it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +53,7 @@ class ProblemConstants:
     strong_convexity: mu (strongly convex methods: paper 001, dp_loc_gd).
 
   Raises:
-    TypeError: a constant is not a number.
-    ValueError: a constant is not > 0.
+    TypeError, ValueError: a constant is not a number > 0.
   """
   lipschitz: float | None = None
   smoothness: float | None = None
@@ -104,8 +100,7 @@ class PublicFacts:
     level: ``"user"`` (default) or ``"item"``.
 
   Raises:
-    ValueError: an unknown ``level``.
-    TypeError: ``constants`` is neither a ``ProblemConstants`` nor a dict.
+    ValueError, TypeError: an unknown ``level``; ``constants`` of another type.
   """
 
   constants_declared = True

@@ -82,9 +82,8 @@ class PoissonSampler:
       every step's draw is fresh and the same seed replays the same samples.
 
   Raises:
-    ValueError: ``n_users`` or ``capacity`` is not an int >= 1, or ``rate`` not in ``(0, 1]``;
-      ``seed`` is a negative int or beyond ``2**64``.
-    TypeError: ``seed`` is neither an int nor a single JAX PRNG key.
+    ValueError, TypeError: ``n_users`` or ``capacity`` not an int >= 1, ``rate`` not in
+      ``(0, 1]``, ``seed`` neither an int in ``[0, 2**64)`` nor a single JAX PRNG key.
   """
 
   def __init__(self, n_users: int, rate: float, *, capacity: int,
@@ -140,6 +139,11 @@ def take_users(tree: Any, idx: np.ndarray) -> Any:
   return jax.tree.map(lambda x: np.asarray(np.take(x, idx, axis=0)), tree)
 
 
+def _rows(data: UserData, view: str) -> int:
+  """The rows a sampler draws from: users, or the ``U m`` item slots for ``"item_rows"``."""
+  return data.n_users * (data.max_items_per_user if view == "item_rows" else 1)
+
+
 def gather_batch(data: UserData, idx: np.ndarray, mask: np.ndarray, *,
                  view: str = "user") -> dict:
   """The host batch of users ``idx`` (a ``[capacity]`` sampler output with its ``mask``).
@@ -159,15 +163,15 @@ def gather_batch(data: UserData, idx: np.ndarray, mask: np.ndarray, *,
     ``{"example": leaves [capacity, m, ...], "weight": float32 [capacity, m]}``.
 
   Raises:
-    ValueError: an unknown ``view``, or ``idx`` and ``mask`` not both of shape ``[capacity]``.
-    IndexError: an index outside the data's rows.
+    ValueError, IndexError: an unknown ``view``; ``idx`` and ``mask`` not both
+      ``[capacity]``; an index outside the data's rows.
   """
   if view not in VIEWS:
     raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
   idx, mask = np.asarray(idx), np.asarray(mask, bool)
   if idx.shape != mask.shape or idx.ndim != 1:
     raise ValueError(f"idx and mask must both be [capacity], got {idx.shape}, {mask.shape}")
-  rows = data.n_users * (data.max_items_per_user if view == "item_rows" else 1)
+  rows = _rows(data, view)
   if idx.size and (idx.min() < 0 or idx.max() >= rows):
     raise IndexError(f"{'item slot' if view == 'item_rows' else 'user'} indices must be in "
                      f"[0, {rows})")
@@ -209,7 +213,7 @@ def iter_batches(data: UserData, sampler: PoissonSampler, steps: int, *, view: s
   Raises:
     ValueError: the sampler is not for ``data``'s row count; as :func:`gather_batch`.
   """
-  rows = data.n_users * (data.max_items_per_user if view == "item_rows" else 1)
+  rows = _rows(data, view)
   if sampler.n_users != rows:
     raise ValueError(f"the sampler is for {sampler.n_users} rows, the data has {rows} "
                      f"({view} rows)")

@@ -12,7 +12,7 @@ import numpy as np
 
 from dpsco_jax._checks import check_choice
 from dpsco_jax.config.families import CorruptedLogisticProblem, HingeProblem
-from dpsco_jax.problems.synthetic import SCOProblem, make as make_core_problem
+from dpsco_jax.problems.synthetic import SCOProblem, make as make_core_problem, make_problem
 
 __all__ = ["corrupt_users", "hinge_loss", "hinge_problem", "logistic_corrupted", "hinge"]
 
@@ -96,15 +96,10 @@ def hinge_problem(*, n_users: int, m: int, d: int, key: jax.Array,
                              opt_risk=float(risk(w_opt)), meta={"w_star": w_star})
 
 
-def _problem_kwargs(cfg: dict) -> dict:
-  return {k: cfg[k] for k in ("n_users", "m", "d", "radius") if k in cfg}
-
-
 def logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
   """Factory of ``logistic_corrupted`` (:func:`corrupt_users` on the core logistic problem)."""
   k_prob, k_bad = jax.random.split(key)
-  base = make_core_problem("logistic", key=k_prob, **_problem_kwargs(cfg),
-                           **{k: cfg[k] for k in ("heterogeneity", "n_eval") if k in cfg})
+  base = make_problem({**cfg, "problem": "logistic"}, k_prob)
   view = CorruptedLogisticProblem.of(cfg)
   return corrupt_users(base, float(view.corruption), mode=view.corruption_mode, key=k_bad,
                        scale=float(view.corruption_scale))
@@ -112,6 +107,6 @@ def logistic_corrupted(cfg: dict, key: jax.Array) -> SCOProblem:
 
 def hinge(cfg: dict, key: jax.Array) -> SCOProblem:
   """Factory of ``hinge`` (:func:`hinge_problem`)."""
-  return hinge_problem(key=key, **_problem_kwargs(cfg),
-                       **({"n_eval": cfg["n_eval"]} if "n_eval" in cfg else {}))
+  return hinge_problem(key=key, **{k: cfg[k] for k in ("n_users", "m", "d", "radius", "n_eval")
+                                   if k in cfg})
 
