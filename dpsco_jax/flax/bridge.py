@@ -1,18 +1,8 @@
-"""Any registered algorithm on a Flax nnx model, updating the model in place.
+"""Any registered algorithm on a Flax nnx model (:func:`fit_model`), updating it in place.
 
-::
-
-    model = MLP(nnx.Rngs(0))
-    def loss_fn(model, example):                      # one item -> scalar
-      logits = model(example["x"])
-      return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
-    result = fit_model("user_level_accelerated_erm", config, model, loss_fn, data, key,
-                       constants={"lipschitz": 1.0, "smoothness": 4.0, "radius": 10.0})
-    # model now holds the released parameters; result.privacy is the guarantee
-
-The model's ``nnx.Param`` variables are trained; other state (batch statistics, RNG
-counters) is held fixed and the forward pass's updates to it are discarded, so no user's data
-leaks through a running statistic (train batch-norm models in eval mode). Step-by-step DP-SGD:
+The model's ``nnx.Param`` variables are trained; other state (batch statistics, RNG counters)
+is held fixed and the forward pass's updates to it are discarded, so no user's data leaks
+through a running statistic (train batch-norm models in eval mode). Step-by-step DP-SGD:
 :class:`dpsco_jax.flax.DPTrainer`.
 """
 
@@ -34,9 +24,9 @@ __all__ = ["fit_model", "params_loss"]
 
 
 @bounded_cache(64)
-def _cached_params_loss(loss_fn: Callable, graphdef: Any) -> Callable:
+def _cached_params_loss(loss_fn: Callable, graphdef: Any, *rest: Any) -> Callable:
   def loss(params, example):
-    return loss_fn(nnx.merge(graphdef, params), example)
+    return loss_fn(nnx.merge(graphdef, params, *rest), example)
   return loss
 
 
@@ -54,10 +44,7 @@ def params_loss(model: nnx.Module, loss_fn: Callable) -> tuple[Callable, Any]:
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   if not jax.tree.leaves(rest):
     return _cached_params_loss(loss_fn, graphdef), params
-
-  def loss(p, example):
-    return loss_fn(nnx.merge(graphdef, p, rest), example)
-  return loss, params
+  return _cached_params_loss.__wrapped__(loss_fn, graphdef, rest), params  # rest: unhashable
 
 
 def fit_model(algorithm: str, config: Mapping | Any, model: nnx.Module, loss_fn: Callable,

@@ -1,23 +1,15 @@
 """Checkpoints of :class:`~dpsco_jax.flax.trainer.DPTrainer` that cannot roll privacy back.
 
-A checkpoint ``directory/step_<t>`` (orbax) holds the state's arrays as a flat dict and, as
-JSON, the privacy fingerprint, the ledger's
-:meth:`~dpsco_jax.privacy.PrivacyLedger.state_dict`, the step, the history and the data facts,
-sealed by an ``integrity`` block over all of it and the arrays' SHA-256. By default the seal is
-a plain SHA-256: it detects accidents, *not forgery* (anyone can recompute it after a
-consistent edit). With ``hmac_key`` (bytes the user holds, at least 16) it is an HMAC-SHA256
-that cannot be recomputed without the key; a keyed checkpoint is refused without the key and
-an unkeyed one with it.
+``directory/step_<t>`` (orbax) holds the state's arrays as a flat dict and, as JSON, the
+privacy fingerprint, the ledger's :meth:`~dpsco_jax.privacy.PrivacyLedger.state_dict`, the
+step, the history and the data facts, sealed by an ``integrity`` block over all of it and the
+arrays' SHA-256: a plain SHA-256 by default (detects accidents, *not forgery*), or with
+``hmac_key`` (bytes the user holds) an HMAC-SHA256 that cannot be recomputed without the key.
 
-Restoring refuses (``LedgerIntegrityError`` / ``ValueError``) a checkpoint whose seal does not
-match; whose ledger does not match its digest, or differs from the trainer's configuration
-(budget, accountant, relation, delta); whose ledger is not exactly what its step count implies,
-or whose JSON step differs from its arrays'; whose privacy fingerprint differs (an adaptive
-run and a fixed-clip one are told apart before the arrays are read: :func:`check_clipping`);
-or whose data facts differ (:func:`data_facts`: a run resumes only on the data it was trained
-on; the digest of private data is kept in the checkpoint, secret state already). A crash
-mid-save leaves only orbax's temporary folder: :func:`latest_checkpoint` takes complete
-``step_<8 digits>`` folders only.
+Restoring refuses a checkpoint whose seal does not match; whose ledger differs from the
+trainer's configuration or from what its step count implies; whose privacy fingerprint or data
+facts (:func:`data_facts`) differ from the trainer's. A crash mid-save leaves only orbax's
+temporary folder: :func:`latest_checkpoint` takes complete ``step_<8 digits>`` folders only.
 """
 
 from __future__ import annotations
@@ -55,6 +47,15 @@ def require_orbax():
   return ocp
 
 
+def _orbax(path: str, save: dict | None = None, **restore: Any) -> dict | None:
+  """Writes the ``save`` items to ``path``, or reads the ``restore`` items from it."""
+  ocp = require_orbax()
+  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
+    if save is not None:
+      return ckpt.save(path, ocp.args.Composite(**save), force=True)
+    return ckpt.restore(path, ocp.args.Composite(**restore))
+
+
 def is_key(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
@@ -72,8 +73,6 @@ def _unflat_arrays(flat: dict, like):
                       if is_key(t) else jnp.asarray(x, dtype=t.dtype),
                       jax.tree.unflatten(jax.tree.structure(like), leaves), like)
 
-
-# --- the seal ----------------------------------------------------------------------------------
 
 MIN_HMAC_KEY_BYTES = 16
 
@@ -182,9 +181,7 @@ def save_checkpoint(directory: str | os.PathLike, state: PyTree, step: int, meta
                           "it, or save to another directory")
   flat = _flat_arrays(state)
   sealed = seal({**meta, "step": int(step)}, arrays_digest(jax.device_get(flat)), hmac_key)
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-    ckpt.save(path, ocp.args.Composite(state=ocp.args.StandardSave(flat),
-                                       meta=ocp.args.JsonSave(sealed)), force=True)
+  _orbax(path, {"state": ocp.args.StandardSave(flat), "meta": ocp.args.JsonSave(sealed)})
   return path
 
 
@@ -192,12 +189,11 @@ def load_checkpoint(path: str | os.PathLike, like: PyTree, *, hmac_key: bytes | 
                     ) -> tuple[str, PyTree, dict]:
   """``(path, state, meta)`` of a ``step_*`` folder (or a directory's latest), the state in
   ``like``'s structure and dtypes, after :func:`verify_seal`."""
-  check_hmac_key(hmac_key)
+  check_hmac_key(hmac_key)  # a bad key is refused before anything is read
   ocp = require_orbax()
   path = _step_path(path)
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-    got = ckpt.restore(path, ocp.args.Composite(
-        state=ocp.args.StandardRestore(_flat_arrays(like)), meta=ocp.args.JsonRestore()))
+  got = _orbax(path, state=ocp.args.StandardRestore(_flat_arrays(like)),
+               meta=ocp.args.JsonRestore())
   state = _unflat_arrays(got["state"], like)
   verify_seal(got["meta"], arrays_digest(jax.device_get(_flat_arrays(state))), hmac_key)
   return path, state, got["meta"]
@@ -219,9 +215,7 @@ def read_meta(path: str | os.PathLike) -> tuple[str, dict]:
   are read (:func:`check_clipping`)."""
   ocp = require_orbax()
   path = _step_path(path)
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-    got = ckpt.restore(path, ocp.args.Composite(meta=ocp.args.JsonRestore()))
-  return path, got["meta"]
+  return path, _orbax(path, meta=ocp.args.JsonRestore())["meta"]
 
 
 def check_clipping(path: str, meta: Any, mine: dict) -> None:

@@ -1,30 +1,23 @@
 """Per-example / per-user clipped gradient sums of Flax nnx models without per-example gradients.
 
 The clipped sum ``sum_u w_u g_u``, ``w_u = min(1, C / N_u)``, needs every user's gradient
-*norm*, not the gradients. For a layer whose parameters enter the loss only through its own
-call, the per-user gradient is bilinear in the layer's inputs ``a`` and the gradient at its
-output ``g`` (Goodfellow 2015; Li et al. 2022 "ghost clipping"; Bu et al. 2023
-"book-keeping"): ``G_u = sum_t a_t g_t^T`` for ``nnx.Linear`` / ``LinearGeneral`` / ``Conv``
-kernels, a scatter of ``g_t`` for ``nnx.Embed``, ``sum_t g_t`` for biases; normalization
-layers use their own VJP per user. ``g`` comes from one backward pass to zero *taps* added to
-the layer outputs, vmapped over users. Every other parameter takes the **fallback**: its exact
-per-user gradient from the same backward pass. A layer is tapped only when it provably
-computes its output from the raw ``Param`` values with the tapped formula (the rule:
-:mod:`dpsco_jax.flax.fast_clip_taps`).
+*norm*, not the gradients. A layer whose parameters enter the loss only through its own call
+has a per-user gradient bilinear in its inputs ``a`` and the gradient ``g`` at its output
+(Goodfellow 2015; Li et al. 2022 "ghost clipping"; Bu et al. 2023 "book-keeping"): ``G_u =
+sum_t a_t g_t^T`` for ``nnx.Linear`` / ``LinearGeneral`` / ``Conv`` kernels, a scatter of
+``g_t`` for ``nnx.Embed``, ``sum_t g_t`` for biases; normalization layers use their own VJP per
+user. ``g`` comes from one backward pass to zero *taps* added to the layer outputs, vmapped
+over users; every other parameter takes the **fallback**, its exact per-user gradient from the
+same pass. Which layers may be tapped: :mod:`dpsco_jax.flax.fast_clip_taps`.
 
-Numerics (:mod:`dpsco_jax.flax.fast_clip_norms`): every tapped norm is a **certified upper
-bound** ``N_u`` on both the exact per-user norm and the norm of what this user's release
-actually adds, under worst-case float32 rounding at ``Precision.HIGHEST``; dense parts are
-released from the very arrays whose norms are taken. Hence every user's realised contribution
-is at most ``w_u N_u <= C`` (a ``(1 + 4 UNIT)`` factor absorbs the final division's
-rounding). Contributions are weighted and summed in float32 or wider. The bounds equal the
-exact norms within ~1e-6 relative on ordinary inputs and are larger (over-clipping, never
-under-clipping) on inputs that cancel.
-
-The result equals the core's ``clip_per_user(C)`` + ``aggregate`` on ``per_user_grads`` to
-float rounding: masked users and users with non-finite gradients contribute exactly zero, and
-the sensitivity is :func:`~dpsco_jax.transforms.clipping.aggregation_sensitivity`. Limit: the
-loss must be a deterministic function of (params, example); non-``Param`` state is held fixed.
+Every tapped norm is a **certified upper bound** ``N_u`` on both the exact per-user norm and
+the norm of what the user's release adds, under worst-case float32 rounding
+(:mod:`dpsco_jax.flax.fast_clip_norms`), so each user's contribution is at most ``w_u N_u <=
+C``; contributions are summed in float32 or wider. The result equals the core's
+``clip_per_user(C)`` + ``aggregate`` on ``per_user_grads`` to float rounding (masked and
+non-finite users contribute exactly zero; sensitivity:
+:func:`~dpsco_jax.transforms.clipping.aggregation_sensitivity`). Limit: the loss must be a
+deterministic function of (params, example); non-``Param`` state is held fixed.
 """
 
 from __future__ import annotations
@@ -102,9 +95,7 @@ class _Part:
 
 
 # The clipped sum and the norms run under ``at_guarantee_precision``: the certified bounds
-# assume float32 products, and at the backend default (TF32 on GPUs, bf16 passes on TPUs) the
-# per-user gradients they bound are a shape-dependent rounding of the model's gradient.
-# ``tests/test_flax_fast_clip_precision.py`` checks every traced matmul/conv.
+# assume float32 products, not the backend default (TF32 on GPUs, bf16 passes on TPUs).
 
 
 def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
@@ -277,13 +268,9 @@ class FastClippedGrad:
     tapes: list[ft.Tape] = []
 
     def sg_loss(p, ex):
-      model = nnx.merge(self.graphdef, p, self.rest)
-      tape = ft.Tape("plan", ft.modules_by_id(model, self._candidates))
-      ft.install(model, tape.modules)
-      tape.remember_raw(model)
+      loss, tape = ft.taped(nnx.merge(self.graphdef, p, self.rest), "plan", self._candidates,
+                            lambda model: self.loss_fn(model, ex))
       tapes.append(tape)
-      with ft.active(tape):
-        loss = self.loss_fn(model, ex)
       # a layer called inside an inner transform (scan, remat, vmap, cond) cannot be tapped
       tape.inner.update(path for path, trace in tape.outputs if trace is not tape.trace)
       return loss
@@ -320,11 +307,7 @@ class FastClippedGrad:
       for j, i in enumerate(fb_idx):
         new[i] = fb_leaves[j]
       model = nnx.merge(self.graphdef, jax.tree.unflatten(treedef, new), self.rest)
-      tape = ft.Tape("run", ft.modules_by_id(model, fast), zs)
-      ft.install(model, tape.modules)
-      tape.remember_raw(model)
-      with ft.active(tape):
-        loss = self.loss_fn(model, ex)
+      loss, tape = ft.taped(model, "run", fast, lambda model: self.loss_fn(model, ex), zs)
       if len(tape.arrays) != len(plan.calls):
         raise ValueError("the model called its layers differently than when planned; the "
                          "loss must be deterministic in (params, example)")
@@ -484,6 +467,7 @@ class FastClippedGrad:
       return fvm.chunked_norms(self.model_loss, params, users, chunks)
     return self._parts_and_bounds(params, batch)[1]
 
+  @at_guarantee_precision
   def clipped_sum(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None,
                   *, clip_norm: jax.Array | float | None = None) -> tuple[PyTree, ClipInfo]:
     """``sum_u w_u g_u`` with ``w_u = min(1, C/N_u)`` (0 for masked or non-finite users),
@@ -499,12 +483,7 @@ class FastClippedGrad:
     Returns:
       ``(summed, info)``.
     """
-    return self._clipped_sum_with(self.autotune(params, batch), params, batch, user_mask,
-                                  clip_norm)
-
-  @at_guarantee_precision
-  def _clipped_sum_with(self, method: str, params: PyTree, batch: PyTree,
-                        user_mask: jax.Array | None, clip_norm=None) -> tuple[PyTree, ClipInfo]:
+    method = self.autotune(params, batch)
     users = self._as_users(batch)
     n_users = jax.tree.leaves(users)[0].shape[0]
     if user_mask is not None and jnp.shape(user_mask) != (n_users,):

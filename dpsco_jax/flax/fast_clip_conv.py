@@ -1,13 +1,11 @@
 """Per-user convolution kernel norms and releases in chunks of users (bounded memory).
 
-A tapped ``nnx.Conv`` forms its per-user weight gradient from im2col patches (``kh kw c_in``
-copies of every input position) so that the per-user gradients are batched matmuls; the
-patches are formed for one chunk of users at a time in a ``fori_loop``. The chunk is static,
-from shapes only (:func:`chunk_users`, :func:`chunk_rule`), and the arithmetic per user is
-exactly the unchunked one, so the certified bounds are unchanged. When the chunk does not
-divide the number of users, the last chunk is clamped to end at the last user: per-user
+A tapped ``nnx.Conv`` forms its per-user weight gradients from im2col patches as batched
+matmuls, one static chunk of users at a time in a ``fori_loop`` (:func:`chunk_users`,
+:func:`chunk_rule`: shapes only); the arithmetic per user is the unchunked one, so the certified
+bounds are unchanged. A last chunk that does not fit is clamped to end at the last user: its
 outputs are written twice with the same values, and the release masks the users an earlier
-chunk already added. Measurements: ``experiments/bench_cost.md``.
+chunk already added.
 """
 
 from __future__ import annotations
@@ -35,13 +33,17 @@ _BYTES = 4  # the patches and per-user gradients are float32
 LATE_BUFFER = 0.5
 
 
+def conv_dims(conv: nnx.Conv) -> tuple[int, int, int]:
+  """``(p, q, groups)``: a feature group's inputs (patch length) and outputs, the groups."""
+  groups = int(conv.feature_group_count)
+  return (fn._prod(conv.kernel_size) * int(conv.in_features) // groups,
+          int(conv.out_features) // groups, groups)
+
+
 def per_user_elements(conv: nnx.Conv, n: int, direct: bool) -> int:
   """One user's temporaries in a chunk, in elements: patches, Gram or gradient, output rows."""
-  groups = int(conv.feature_group_count)
-  k = fn._prod(conv.kernel_size) * int(conv.in_features)
-  out = int(conv.out_features)
-  form = k * out // groups if direct else 2 * groups * n * n
-  return n * k + form + n * out
+  p, q, groups = conv_dims(conv)
+  return groups * (n * p + (p * q if direct else 2 * n * n) + n * q)
 
 
 def layer_elements(in_shapes: Sequence[tuple], out_shapes: Sequence[tuple]) -> int:
@@ -105,12 +107,6 @@ def chunk_rule(conv_budget: float | str | None, backend: str,
   limit = int(ACCEL_MEMORY_FRACTION * device_bytes) // _BYTES
   return ChunkRule(ACCEL_CHUNK_BUDGET, limit, reason + f", at most {ACCEL_MEMORY_FRACTION:g} "
                    f"of the device's {device_bytes / 2**30:.1f} GiB")
-
-
-def _direct(conv: nnx.Conv, n: int, ghost: str) -> bool:
-  groups = int(conv.feature_group_count)
-  k = fn._prod(conv.kernel_size) * int(conv.in_features) // groups
-  return not fn.use_gram(n, k, int(conv.out_features) // groups, ghost)
 
 
 def _chunk(x: jax.Array, i, b: int) -> jax.Array:
@@ -217,13 +213,12 @@ def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[t
   held until the weights are known: the per-user gradients or, when smaller, the inputs and
   output gradients, from which the release is recomputed chunk by chunk."""
   n = sum(fn._prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
-  direct = _direct(conv, n, ghost)
-  per_user = per_user_elements(conv, n, direct)
-  chunk = chunk_users(n_users, per_user, layer_elements(in_shapes, out_shapes), rule.budget,
+  p, q, groups = conv_dims(conv)
+  direct = not fn.use_gram(n, p, q, ghost)
+  layer = layer_elements(in_shapes, out_shapes)
+  chunk = chunk_users(n_users, per_user_elements(conv, n, direct), layer, rule.budget,
                       rule.limit)
-  acts = layer_elements(in_shapes, out_shapes) // max(1, n_users)
-  dense = fn._prod(conv.kernel_size) * int(conv.in_features) * int(conv.out_features) // int(
-      conv.feature_group_count)
+  acts, dense = layer // max(1, n_users), groups * p * q
   if not direct:
     return ConvPlan(chunk, False, True, acts)
   recomputed = acts < dense

@@ -2,24 +2,19 @@
 and the per-layer kernel form are decided on (shapes only: never timings, never data).
 
 Counts are *extra* work over the non-private step, in float32 elements, for ``U`` users whose
-tapped call sees ``n`` rows per user, ``p`` inputs and ``q`` outputs:
+tapped call sees ``n`` rows per user, ``p`` inputs and ``q`` outputs: the **ghost norm** (Gram
+form, Li et al. 2022) costs ``U n^2 (p + q)`` multiply-adds and holds ``2 U n^2``; the
+**instantiation** (direct form ``M_u = A_u^T G_u``, Bu et al. 2022) ``U n p q + U n (p + q)``
+and holds ``U p q`` (a convolution also one chunk's im2col patches); embeddings always take
+the Gram form; normalization layers, biases and the fallback hold their per-user gradients
+(``U size``), as the vmap path holds every parameter's (divided by its chunks).
 
-* **ghost norm** (Gram form, Li et al. 2022): ``U n^2 (p + q)`` multiply-adds, ``2 U n^2``
-  elements held; the release is the layer's own weight gradient;
-* **instantiation** (direct form ``M_u = A_u^T G_u``, Bu et al. 2022): ``U n p q``
-  multiply-adds replacing the weight gradient, plus ``U n (p + q)`` for the row norms; ``U p
-  q`` held (a convolution also holds one chunk's im2col patches);
-* embeddings always take the Gram form; normalization layers, biases and fallback parameters
-  hold their per-user gradients (``U size``), as the vmap path holds every parameter's.
-
-A path's cost is ``FLOPs + MEMORY_WEIGHT * elements held`` (an element held is written and
-read twice by memory-bound kernels: ~20 multiply-adds per pass on CPU, ~50 on an H100/H200).
-Linear kernels take the FLOPs rule (Gram when ``n (p + q) <= p q``) on CPU and TPU and the
-lower predicted cost on a GPU (:func:`kernel_form`), the Gram form only where its certified
-error stays small; convolutions keep the FLOPs rule. Layers fed the very same input arrays
-(attention's q/k/v) count their input Gram once (XLA computes it once). The vmap path's held
-elements are divided by its chunks. ``auto`` takes the fast path only when strictly cheaper.
-Measurements behind the constants: ``experiments/bench_cost.md``, ``experiments/results/gpu/``.
+A path's cost is ``FLOPs + MEMORY_WEIGHT * elements held``. Linear kernels take the FLOPs rule
+(Gram when ``n (p + q) <= p q``) on CPU and TPU and the lower predicted cost on a GPU
+(:func:`kernel_form`), Gram only where its certified error stays small; convolutions keep the
+FLOPs rule. Layers fed the very same inputs (attention's q/k/v) count their input Gram once.
+``auto`` takes the fast path only when strictly cheaper. Measurements:
+``experiments/bench_cost.md``.
 """
 
 from __future__ import annotations
@@ -125,6 +120,7 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
       memory = groups * u * p * q
     seen_rows.add(same)
     chunk, release = 0, ""
+    vmap_cost = _held(own, u, vmap_chunks)
     if kind == "conv":  # as FastClippedGrad clips it: fast_clip_conv.plan_conv
       batched = lambda s: (u, m) + tuple(s)
       cp = fcv.plan_conv(mod, [batched(c.ins[0].shape) for c in calls],
@@ -134,10 +130,8 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
       memory = cp.chunk * fcv.per_user_elements(mod, n, cp.direct) + u * cp.held
       if cp.recomputed and cp.direct:
         flops += groups * u * n * p * q
+      vmap_cost += grouped * groups * u * n * p * q  # vmap: a user-grouped convolution
     flops, memory = flops + bias, memory + bias
-    vmap_cost = _held(own, u, vmap_chunks)
-    if kind == "conv":  # the per-user weight gradient as a user-grouped convolution
-      vmap_cost += grouped * groups * u * n * p * q
     rows.append(LayerCost(name, kind, method, n, p, q, float(flops), float(memory),
                           _cost(flops, memory), vmap_cost, chunk, release))
   fb = sum(leaf_sizes[lp] for lp in plan.fallback)
@@ -154,9 +148,7 @@ def _dims(kind: str, mod) -> tuple[int, int, int]:
   if kind == "linear_general":
     return fn._prod(_tuple(mod.in_features)), fn._prod(_tuple(mod.out_features)), 1
   if kind == "conv":
-    groups = int(mod.feature_group_count)
-    return (fn._prod(mod.kernel_size) * int(mod.in_features) // groups,
-            int(mod.out_features) // groups, groups)
+    return fcv.conv_dims(mod)
   return int(mod.num_embeddings), int(mod.features), 1  # embed
 
 

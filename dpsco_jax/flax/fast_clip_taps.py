@@ -21,9 +21,9 @@ when all of these hold (anything else takes the exact per-example fallback):
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
+import functools
 import threading
 from typing import Any, Sequence
 
@@ -51,50 +51,41 @@ _ACCESSORS = ("get_value", "set_value", "__getitem__", "__setitem__", "create_va
 _HOOKS = ("on_get_value", "on_set_value", "on_create_value")
 
 
-def _make_wrapper(cls):
-  orig = ORIG_CALL[cls]
-
-  def __call__(self, *args, **kwargs):
-    tape = _TAPE.get()
-    if tape is None or id(self) not in tape.modules:
-      return orig(self, *args, **kwargs)
-    return tape.call(self, orig, args, kwargs)
-
-  __call__.__wrapped__ = orig
-  __call__.__doc__ = orig.__doc__
-  return __call__
-
-
-_WRAPPERS = {cls: _make_wrapper(cls) for cls in KINDS}
 _TAPPED: dict[type, type] = {}
 _TAPPED_LOCK = threading.Lock()
 
 
 def _tapped_class(cls: type) -> type:
   """``cls`` with the tapping ``__call__``: a subclass made once per class (thread safe)."""
+  orig = ORIG_CALL[cls]
+
+  @functools.wraps(orig)
+  def __call__(self, *args, **kwargs):
+    tape = _TAPE.get()
+    if tape is None or id(self) not in tape.modules:
+      return orig(self, *args, **kwargs)
+    return tape.call(self, orig, args, kwargs)
+
   with _TAPPED_LOCK:
-    sub = _TAPPED.get(cls)
-    if sub is None:
-      sub = type(cls.__name__, (cls,), {"__call__": _WRAPPERS[cls],
-                                        "__module__": cls.__module__,
-                                        "__qualname__": cls.__qualname__})
-      _TAPPED[cls] = sub
-    return sub
+    if cls not in _TAPPED:
+      _TAPPED[cls] = type(cls.__name__, (cls,), {"__call__": __call__,
+                                                 "__module__": cls.__module__,
+                                                 "__qualname__": cls.__qualname__})
+    return _TAPPED[cls]
 
 
-def install(model, modules: dict[int, tuple[Path, str]]) -> None:
-  """Gives the listed modules (by id) of ``model``, a fresh ``nnx.merge`` for one trace, the
-  tapping subclass of their class: no class is patched, no other model sees a tap."""
+def taped(model, mode: str, wanted: dict[Path, str], fn, zs=None) -> tuple[Any, "Tape"]:
+  """``(fn(model), tape)``, ``model`` (a fresh ``nnx.merge`` for one trace) with its ``wanted``
+  layers tapped in ``mode`` (:class:`Tape`): they get the tapping subclass of their class, so
+  no class is patched and no other model sees a tap."""
+  tape = Tape(mode, modules_by_id(model, wanted), zs)
   for _, node in nnx.iter_graph(model):
-    if isinstance(node, nnx.Module) and id(node) in modules and type(node) in _WRAPPERS:
+    if isinstance(node, nnx.Module) and id(node) in tape.modules and type(node) in KINDS:
       node.__class__ = _tapped_class(type(node))
-
-
-@contextlib.contextmanager
-def active(tape: "Tape"):
+  tape.remember_raw(model)
   token = _TAPE.set(tape)
   try:
-    yield tape
+    return fn(model), tape
   finally:
     _TAPE.reset(token)
 
@@ -229,18 +220,13 @@ _TAPPED_ATTRS = {"linear": ("kernel", "bias"), "linear_general": ("kernel", "bia
                  "conv": ("kernel", "bias"), "embed": ("embedding",)}
 
 
-def _tapped_attrs_are_params(module, kind: str) -> bool:
-  for attr in _TAPPED_ATTRS.get(kind, ()):
-    v = getattr(module, attr, None)
-    if not (isinstance(v, nnx.Param) or (v is None and attr == "bias")):
-      return False
-  return True
-
-
 def candidate_kind(module) -> str | None:
   """Rules 1-2: the tap kind of a module, or None when it must take the fallback."""
   kind = KINDS.get(type(module))
-  if kind is None or not _tapped_attrs_are_params(module, kind):
+  if kind is None or any(
+      not (isinstance(getattr(module, a, None), nnx.Param)
+           or (a == "bias" and getattr(module, a, None) is None))
+      for a in _TAPPED_ATTRS.get(kind, ())):
     return None
   refused = (
       getattr(module, "promote_dtype", nnx_dtypes.promote_dtype) is not nnx_dtypes.promote_dtype

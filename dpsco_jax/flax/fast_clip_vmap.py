@@ -1,19 +1,12 @@
 """The vmap (reference) path of :class:`~dpsco_jax.flax.fast_clip.FastClippedGrad`, in chunks
 of users.
 
-A user's clip weight ``min(1, C / ||g_u||)`` needs only its own gradient, so the clipped sum
-can be formed a chunk of users at a time (one chunk's per-user gradients and activations alive
-at once), the chunks' sums added in float32 or wider: the same FLOPs, the released value
-differs only by the order of float additions, and every contribution is still ``w_u g_u`` with
-``||w_u g_u|| <= C``. Chunks are static slices, unrolled (a ``fori_loop`` ran 4-8x slower on
-XLA:CPU), each ordered after the previous (:func:`_after`).
-
-The rule (:func:`vmap_chunks`), from shapes only: a given int: that many chunks (at most one
-user each); ``"auto"`` on CPU: :data:`AUTO_CHUNKS` chunks when the per-user gradients hold
-more than :data:`MIN_GRAD_BYTES` and :data:`GRAD_TO_BATCH` times the batch's elements (slicing
-copies the batch), fewer where a chunk would hold under :data:`MIN_CHUNK_USERS` users;
-``"auto"`` elsewhere, or with several devices (sharded users would be gathered): 1.
-Measurements: ``experiments/bench_cost.md``.
+A user's weight ``min(1, C / ||g_u||)`` needs only its own gradient, so the clipped sum is
+formed a chunk of users at a time (one chunk's per-user gradients alive at once), the chunks'
+sums added in float32 or wider: every contribution is still ``w_u g_u``, ``||w_u g_u|| <= C``;
+only the order of float additions differs. Chunks are static slices, unrolled (a ``fori_loop``
+ran 4-8x slower on XLA:CPU), each ordered after the previous (:func:`_after`). How many:
+:func:`vmap_chunks`, from shapes only.
 """
 
 from __future__ import annotations
@@ -52,7 +45,11 @@ def check_vmap_chunks(value: int | str) -> int | str:
 
 def vmap_chunks(rule: int | str, params: Any, users: Any, backend: str | None = None
                 ) -> tuple[int, str]:
-  """``(chunks, reason)`` for per-user batches ``users`` (leaves ``[U, m, ...]``)."""
+  """``(chunks, reason)`` for per-user batches ``users`` (leaves ``[U, m, ...]``): a given
+  int: that many (at most one user each); ``"auto"`` on one CPU device: :data:`AUTO_CHUNKS`
+  when the per-user gradients hold more than :data:`MIN_GRAD_BYTES` and :data:`GRAD_TO_BATCH`
+  times the batch's elements (slicing copies the batch), fewer where a chunk would hold under
+  :data:`MIN_CHUNK_USERS` users; else 1 (sharded users would be gathered)."""
   n_users = int(jax.tree.leaves(users)[0].shape[0])
   if rule != "auto":
     return min(int(rule), n_users), f"vmap_chunks={rule}"

@@ -1,17 +1,15 @@
 """DP training of Flax nnx models (:class:`DPTrainer`): user- or item-level DP-SGD, planned
 before it touches data, accounted as it goes, checkpointed and resumed bit-identically.
 
-A step (Poisson): user ``u`` joins step ``t`` iff ``bernoulli(fold_in(sample_key, t), q)[u]``;
-the sampled users are gathered into padded micro-batches of static size with their
-``user_mask`` (a padded slot is never counted); per-user (mean) gradients are clipped to ``C``
-and summed by :class:`~dpsco_jax.flax.fast_clip.FastClippedGrad`; the micro-batches' sums are
-accumulated and noised once, ``sum / D + N(0, (z C / D)^2)``; the optimizer sees only that
-privatized gradient (post-processing). Each step is one ``PoissonSampledDpEvent(q,
-GaussianDpEvent(z))`` (Abadi et al. 2016; Mironov et al. 2019) in the core
-:class:`~dpsco_jax.privacy.PrivacyLedger`. Cyclic sampling and correlated noise:
-:mod:`dpsco_jax.flax.trainer_noise`; many devices: :mod:`dpsco_jax.flax.trainer_mesh`;
-checkpoints: :mod:`dpsco_jax.flax.checkpoint`. Timing is not protected (the number of
-micro-batches of a step depends on its realized batch size).
+A Poisson step: user ``u`` joins step ``t`` iff ``bernoulli(fold_in(sample_key, t), q)[u]``;
+the sampled users are clipped and summed in padded micro-batches of static size
+(:class:`~dpsco_jax.flax.fast_clip.FastClippedGrad`; a padded slot is never counted), and the
+sum is noised once, ``sum / D + N(0, (z C / D)^2)``, before the optimizer sees it. Each step is
+one ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (Abadi et al. 2016; Mironov et al. 2019)
+in the core :class:`~dpsco_jax.privacy.PrivacyLedger`. Cyclic sampling and correlated noise:
+:mod:`~dpsco_jax.flax.trainer_noise`; meshes: :mod:`~dpsco_jax.flax.trainer_mesh`;
+checkpoints: :mod:`~dpsco_jax.flax.checkpoint`. Timing is not protected (a step's number of
+micro-batches depends on its realized batch size).
 """
 
 from __future__ import annotations
@@ -93,12 +91,7 @@ def _accumulator(tree: Any) -> str | None:
 def check_clip_args(clip_norm: Any, adaptive_keys: dict) -> float:
   """The fixed ``C``, or with ``clip_norm="adaptive"`` the checked ``C_0``; the adaptive
   arguments (``adaptive_keys``, None where not given) are range-checked, and refused without
-  ``"adaptive"``. The runner's pre-run check calls it too.
-
-  Raises:
-    ValueError: a bad value, an adaptive argument without ``"adaptive"``, or ``"adaptive"``
-      without ``initial_clip_norm``.
-  """
+  ``"adaptive"`` (also the runner's pre-run check)."""
   if clip_norm != ADAPTIVE:
     if isinstance(clip_norm, str):
       raise ArgumentTypeError(f"clip_norm must be a number > 0 or 'adaptive', got "
@@ -119,28 +112,26 @@ class DPTrainer:
 
   **Neighbouring relation and what is public** (:mod:`dpsco_jax.privacy.relations`): under
   ``relation="add_remove"`` (Poisson's default) one user (item, at item level) is added or
-  removed and the number of users ``n`` is private, so the sampling rate ``q`` and the
-  denominator ``D`` are declared public constants, never derived from the data (e.g. ``D = q
-  N`` with ``N`` a public estimate of ``n``; any ``D > 0`` is sound). Under ``"zero_out"`` /
-  ``"replace_one"`` ``n`` is public. One user moves the clipped sum by at most ``C`` (``2C``
-  under replace-one, which the accountant prices). The plan (``q``, ``D``, ``z``, the event,
-  the noise std ``z C / D``) is made at construction, before any data is read; a
-  ``target_epsilon`` is a budget, and :meth:`train` checks the whole run against the budget
-  before its first step.
+  removed and ``n`` is private, so ``q`` and the denominator ``D`` are declared public
+  constants, never derived from the data (e.g. ``D = q N``, ``N`` a public estimate of ``n``;
+  any ``D > 0`` is sound); under ``"zero_out"`` / ``"replace_one"`` ``n`` is public. One user
+  moves the clipped sum by at most ``C`` (``2C`` under replace-one, priced by the accountant).
+  The plan (``q``, ``D``, ``z``, the event, the noise std ``z C / D``) is made at construction,
+  before any data is read; :meth:`train` checks the whole run against the budget first.
 
   Args:
     model: the ``nnx.Module`` to train (its ``nnx.Param`` leaves; other state is fixed).
     loss_fn: ``loss_fn(model, example) -> scalar`` for ONE item (checked before any step).
     optimizer: applied to the privatized gradient: an optax transformation (not
-      ``optax.MultiSteps`` / ``apply_every``, which average noisy gradients: use
-      ``accumulation_steps``), or an ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, continued
-      from and written back. ``model`` is updated in place by :meth:`train` / :meth:`restore`.
+      ``optax.MultiSteps`` / ``apply_every``: use ``accumulation_steps``), or an
+      ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, continued from and written back. ``model``
+      is updated in place by :meth:`train` / :meth:`restore`.
     data: a :class:`~dpsco_jax.data.UserData`, or a pytree with leaves ``[n_users, m, ...]``
       (``level="user"``) or ``[n, ...]`` (``level="item"``); the layout is checked.
     clip_norm: ``C``, per-user (per-item) L2 clip of the (mean) gradient, or ``"adaptive"``:
-      ``C_t`` follows the ``target_quantile`` of the users' norms (Andrew et al. 2021), public
-      (a function of the noisy counts; in ``history``); its noise pair is DP-SGD's split of
-      one Gaussian of multiplier ``z``, so the event and ledger are a fixed clip's.
+      ``C_t`` follows the ``target_quantile`` of the users' norms (Andrew et al. 2021; public,
+      in ``history``), its noise pair DP-SGD's split of one Gaussian of multiplier ``z`` (the
+      event and ledger are a fixed clip's).
     sampling_rate: Poisson rate ``q`` in (0, 1], a declared public constant (Poisson only).
     delta: the delta of the reported guarantee.
     expected_batch_size: the public denominator ``D``: required under ``add_remove``, else
@@ -214,7 +205,6 @@ class DPTrainer:
     self.clip_norm = check_clip_args(clip_norm, adaptive_keys)  # C, or adaptive: C_0
     self._adaptive_keys = ({k: v for k, v in adaptive_keys.items() if v is not None}
                            if clip_norm == ADAPTIVE else None)
-    self.adaptive: AdaptivePlan | None = None   # set by the plan
     self.delta = check_delta(delta)
     self.accountant = check_choice(accountant, "accountant", ("pld", "rdp", "auto"))
     self.accumulation_steps = check_int(accumulation_steps, "accumulation_steps")
@@ -225,15 +215,12 @@ class DPTrainer:
     self.clipper = FastClippedGrad(model, loss_fn, clip_norm=self.clip_norm, level=level,
                                    method=method)
     self.n = check_data(self.clipper, data, self.level)  # public: zero_out / replace_one only
-    self.cyclic: tn.CyclicSchedule | None = None
-    if self.sampling == "cyclic":
-      self.cyclic = tn.CyclicSchedule(
-          n=self.n, level=self.level, clip_norm=self.clip_norm, delta=self.delta,
-          relation=relation, batch_size=batch_size, num_steps=num_steps,
-          noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
-          noise_mechanism=noise_mechanism, bands=bands, buffers=buffers,
-          mf_strategy=mf_strategy, accountant=self.accountant,
-          adaptive_keys=self._adaptive_keys)
+    self.cyclic = None if self.sampling != "cyclic" else tn.CyclicSchedule(
+        n=self.n, level=self.level, clip_norm=self.clip_norm, delta=self.delta,
+        relation=relation, batch_size=batch_size, num_steps=num_steps,
+        noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
+        noise_mechanism=noise_mechanism, bands=bands, buffers=buffers, mf_strategy=mf_strategy,
+        accountant=self.accountant, adaptive_keys=self._adaptive_keys)
     self._plan(expected_batch_size, noise_multiplier, target_epsilon, num_steps,
                epsilon_budget)
     self._size_batches(batch_capacity, method, data)
@@ -256,12 +243,7 @@ class DPTrainer:
       raise ValueError(f"optimizer must not contain {accumulator}: it would accumulate noisy "
                        "gradients over steps instead of accumulating clipped sums under one "
                        "noise draw; use DPTrainer(accumulation_steps=k)")
-    if self.cyclic is None:
-      sample_key, noise_key = jax.random.split(key)
-      self._noise = (add_gaussian_noise(self.noise_stddev, noise_key) if self.adaptive is None
-                     else tn.adaptive_stage(self.adaptive, self.denominator, noise_key))
-    else:  # the DP-SGD driver's order / noise keys and noise stage (on the raveled gradient)
-      sample_key, self._noise = self.cyclic.keys_and_noise(key, self.noise_stddev)
+    sample_key, self._noise = self._keys_and_noise(key)
     self._initial_params = params
     inner = optimizer.init(params)
     if self._nnx_opt is not None:  # continue from the nnx.Optimizer's current state
@@ -269,6 +251,18 @@ class DPTrainer:
                                  [v.value for v in self._opt_vars()])
     self.state = self._mesh.place(TrainState(params=params, opt_state=(
         self._noise.init(params), inner), sample_key=sample_key, step=jnp.zeros((), jnp.int32)))
+
+  def _keys_and_noise(self, key: jax.Array, noise: bool = True
+                      ) -> tuple[jax.Array, optax.GradientTransformation]:
+    """The sampling (cyclic: order) key and the noise stage of a run keyed by ``key`` (cyclic:
+    the DP-SGD driver's, on the raveled gradient); ``noise=False``: a noiseless stage."""
+    stddev = self.noise_stddev if noise else 0.0
+    if self.cyclic is not None:
+      return self.cyclic.keys_and_noise(key, stddev, noise)
+    sample_key, noise_key = jax.random.split(key)
+    return sample_key, (add_gaussian_noise(stddev, noise_key) if self.adaptive is None else
+                        tn.adaptive_stage(self.adaptive, self.denominator, noise_key,
+                                          noise=noise))
 
   def _size_batches(self, batch_capacity: int | None, method: str, data: PyTree) -> None:
     """The static slots of a step and of a micro-batch (rounded up to the mesh's devices),
@@ -279,12 +273,13 @@ class DPTrainer:
     self.batch_capacity = min(check_int(cap, "batch_capacity"), self.n)
     self.micro_batch = self._mesh.micro_batch(math.ceil(self.batch_capacity /
                                                         self.accumulation_steps))
+    if method != "auto" and self._mesh.mesh is None:
+      return
+    stand_in = jax.tree.map(lambda x: jnp.zeros((self.micro_batch, *x.shape[1:]), x.dtype),
+                            data)
     if method == "auto":
-      stand_in = jax.tree.map(lambda x: jnp.zeros((self.micro_batch, *x.shape[1:]), x.dtype),
-                              data)
-      self.clipper.autotune(self.clipper.params, stand_in,
-                            jnp.ones((self.micro_batch,), bool))
-    self._mesh.check_clipper(self.clipper, data, self.micro_batch)
+      self.clipper.autotune(self.clipper.params, stand_in)
+    self._mesh.check_clipper(self.clipper, stand_in)
 
   def _opt_vars(self) -> list:
     vs = jax.tree.leaves(self._nnx_opt.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
@@ -305,8 +300,14 @@ class DPTrainer:
 
   def _plan(self, expected_batch_size, noise_multiplier, target_epsilon, num_steps,
             epsilon_budget) -> None:
-    if self.cyclic is not None:
-      return tn.plan_cyclic(self, target_epsilon, epsilon_budget)
+    if self.cyclic is not None:  # the DP-SGD driver's plan, the whole run checked now
+      p = self.cyclic.plan
+      self.relation, self.q, self.denominator = p.relation, p.sampling_rate, p.denominator
+      self.noise_multiplier, self.event, self.adaptive = p.noise_multiplier, p.event, p.adaptive
+      self._open_ledger(*(_optional(b, check_epsilon, "epsilon")
+                          for b in (target_epsilon, epsilon_budget)))
+      self.cyclic.check_run(self.ledger, p.steps)
+      return self._set_stage()
     if expected_batch_size is None:
       if self.relation == "add_remove":
         raise ValueError(
@@ -323,11 +324,12 @@ class DPTrainer:
       if target is None or steps is None:
         raise ValueError("give noise_multiplier, or target_epsilon and num_steps to "
                          "calibrate it")
-      noise_multiplier = calibrate_poisson_sgd(   # the event of _step_event, memoized
+      noise_multiplier = calibrate_poisson_sgd(   # of self.event below, memoized
           self.q, steps, epsilon=target, delta=self.delta, relation=self.relation,
           accountant=self.accountant)
     self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
-    self.event = self._step_event(self.noise_multiplier)
+    self.event = dp_accounting.PoissonSampledDpEvent(
+        self.q, dp_accounting.GaussianDpEvent(self.noise_multiplier))
     self.adaptive = self._adaptive_plan()
     if target is not None:
       if steps is None:
@@ -371,9 +373,6 @@ class DPTrainer:
                   if self.adaptive is None   # adaptive: z_Delta on C_0 / D (the first step's)
                   else self.adaptive.split.sum_stage(self.clip_norm, self.denominator))
     self.noise_stddev = self.stage.std
-
-  def _step_event(self, z: float) -> dp_accounting.DpEvent:
-    return dp_accounting.PoissonSampledDpEvent(self.q, dp_accounting.GaussianDpEvent(z))
 
   def _clip_of(self, opt_state: tuple) -> jax.Array | None:
     """Adaptive clipping's ``C_t`` (in the noise state), else None (the fixed ``C``)."""
@@ -517,8 +516,7 @@ class DPTrainer:
 
     Raises:
       PrivacyBudgetExceeded: the whole run would exceed the budget (nothing runs).
-      ValueError: ``num_steps``, ``report_every`` or ``checkpoint_every`` is not an integer
-        >= 1, or ``checkpoint_every`` is not a multiple of ``report_every``.
+      ValueError: a bad argument.
       FileExistsError: ``checkpoint_dir`` holds a checkpoint of a later step than this
         trainer's (another run's: restore from it, or use another directory).
     """
@@ -570,7 +568,7 @@ class DPTrainer:
         self.save(checkpoint_dir, hmac_key=hmac_key)
 
   def epsilon(self, *, exact: bool = True) -> float:
-    """Epsilon of every step charged so far (exact, cached; or the ledger's grid bound).
+    """Epsilon of every step charged so far.
 
     Args:
       exact: the exact epsilon (default) or the grid upper bound.
@@ -587,20 +585,19 @@ class DPTrainer:
     Returns:
       The :class:`~dpsco_jax.privacy.PrivacyReport` of the steps taken.
     """
-    adaptive = "" if self.adaptive is None else "; " + self.adaptive.note()
     if self.cyclic is not None:
-      return self.ledger.report(
-          provenance=Provenance.ACCOUNTANT, level=self.level,
-          mechanisms=(self.cyclic.mechanism(self.step_count, self._clip_text(), self.level),),
-          notes=self.cyclic.notes(self.clipper.method) + adaptive)
-    return self.ledger.report(
-        provenance=Provenance.ACCOUNTANT, level=self.level,
-        mechanisms=(f"poisson(q={self.q:g}) gaussian(z={self.noise_multiplier:.4g}) x "
-                    f"{self.step_count} steps, {self._clip_text()} ({self.level}), "
-                    f"denominator D={self.denominator:g}",),
-        notes=f"DP-SGD, relation {self.relation}; public: {PUBLIC[self.relation]} "
-              f"(q={self.q:g}, D={self.denominator:g} declared); clipping: "
-              f"{self.clipper.method}" + adaptive)
+      mechanism = self.cyclic.mechanism(self.step_count, self._clip_text(), self.level)
+      notes = self.cyclic.notes(self.clipper.method)
+    else:
+      mechanism = (f"poisson(q={self.q:g}) gaussian(z={self.noise_multiplier:.4g}) x "
+                   f"{self.step_count} steps, {self._clip_text()} ({self.level}), "
+                   f"denominator D={self.denominator:g}")
+      notes = (f"DP-SGD, relation {self.relation}; public: {PUBLIC[self.relation]} "
+               f"(q={self.q:g}, D={self.denominator:g} declared); clipping: "
+               f"{self.clipper.method}")
+    adaptive = "" if self.adaptive is None else "; " + self.adaptive.note()
+    return self.ledger.report(provenance=Provenance.ACCOUNTANT, level=self.level,
+                              mechanisms=(mechanism,), notes=notes + adaptive)
 
   def __repr__(self) -> str:
     return (f"DPTrainer(level={self.level!r}, relation={self.relation!r}, "
@@ -626,22 +623,20 @@ class DPTrainer:
       ``release(key, dataset)``, a pure function returning the ``[T, ...]`` releases.
 
     Raises:
-      ValueError: ``num_steps`` is not an integer >= 1.
-      ArgumentTypeError: ``noise`` is not a bool.
+      ValueError: ``num_steps`` is not an integer >= 1 (cyclic: or past the plan's).
     """
     steps = check_int(num_steps, "num_steps")
     noise = check_bool(noise, "noise")
-    if self.cyclic is not None:
-      return tn.cyclic_release_fn(self, steps, noise)
-    stddev = self.noise_stddev if noise else 0.0
+    if self.cyclic is not None and steps > self.cyclic.plan.steps:
+      raise ValueError(f"release_fn: {steps} steps > the plan's {self.cyclic.plan.steps}")
 
     def release(key: jax.Array, dataset: PyTree) -> PyTree:
-      sample_key, noise_key = jax.random.split(key)
-      noise_tx = (add_gaussian_noise(stddev, noise_key) if self.adaptive is None else
-                  tn.adaptive_stage(self.adaptive, self.denominator, noise_key, noise=noise))
+      sample_key, noise_tx = self._keys_and_noise(key, noise)
       n = jax.tree.leaves(dataset)[0].shape[0]
-      return self._release_scan(noise_tx, steps, lambda t: (dataset, jax.random.bernoulli(
-          jax.random.fold_in(sample_key, t), self.q, (n,))))
+      batch_of = (self.cyclic.batch_of(sample_key, dataset) if self.cyclic is not None else
+                  lambda t: (dataset, jax.random.bernoulli(jax.random.fold_in(sample_key, t),
+                                                           self.q, (n,))))
+      return self._release_scan(noise_tx, steps, batch_of)
 
     return release
 
@@ -675,8 +670,7 @@ class DPTrainer:
 
     Raises:
       FileExistsError: a checkpoint of this step exists and ``overwrite`` is False.
-      ArgumentTypeError: ``hmac_key`` is not bytes.
-      ValueError: ``hmac_key`` is too short.
+      ValueError: ``hmac_key`` is not bytes of at least 16.
       ImportError: orbax-checkpoint is not installed.
     """
     meta = {"fingerprint": self._fingerprint(), "ledger": self.ledger.state_dict(),
@@ -684,17 +678,7 @@ class DPTrainer:
     return ckpt.save_checkpoint(directory, self.state, self.step_count, meta,
                                 hmac_key=hmac_key, overwrite=overwrite)
 
-  @staticmethod
-  def latest_checkpoint(directory: str | os.PathLike) -> str | None:
-    """The latest complete checkpoint under ``directory`` (:func:`latest_checkpoint`).
-
-    Args:
-      directory: the checkpoints' folder.
-
-    Returns:
-      The path of its ``step_*`` folder with the largest step, or None.
-    """
-    return ckpt.latest_checkpoint(directory)
+  latest_checkpoint = staticmethod(ckpt.latest_checkpoint)
 
   def restore(self, path: str | os.PathLike, *, hmac_key: bytes | None = None
               ) -> "DPTrainer":
@@ -711,8 +695,7 @@ class DPTrainer:
     Raises:
       ValueError: the trainer already spent budget; no complete checkpoint under ``path``; its
         privacy configuration or data differs from this trainer's; a bad ``hmac_key``.
-      LedgerIntegrityError: a broken or missing seal (a wrong HMAC), an edited ledger or
-        arrays, or a ledger that does not match the checkpoint's step.
+      LedgerIntegrityError: a broken seal (a wrong HMAC), or an edited ledger or arrays.
     """
     if self.ledger.events or self.step_count:
       raise ValueError("restore into a fresh trainer: this one already spent privacy budget, "

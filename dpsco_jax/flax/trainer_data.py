@@ -30,30 +30,24 @@ def check_data(clipper: FastClippedGrad, data: PyTree, level: str) -> int:
   if not leaves or any(not hasattr(x, "shape") for x in leaves):
     raise ValueError("data must be a pytree of arrays with a leading user/item axis")
   n = int(leaves[0].shape[0]) if leaves[0].ndim else 0
-  if n < 1 or any(x.ndim < 1 or int(x.shape[0]) != n for x in leaves):
-    raise ValueError(f"data leaves must share a non-empty leading axis, got shapes "
-                     f"{[tuple(x.shape) for x in leaves]}")
   shapes = [tuple(x.shape) for x in leaves]
+  if n < 1 or any(x.ndim < 1 or int(x.shape[0]) != n for x in leaves):
+    raise ValueError(f"data leaves must share a non-empty leading axis, got shapes {shapes}")
   if level == "user":
     if any(x.ndim < 2 for x in leaves) or len({int(x.shape[1]) for x in leaves}) != 1:
       raise ValueError(f"level='user' reads data leaves as [n_users, m, ...] with one m; got "
                        f"shapes {shapes} (item-shaped data [n, ...] needs level='item')")
-    example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[2:], x.dtype), data)
-    layout = "[n_users, m, ...]"
-  else:
-    example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)
-    layout = "[n_items, ...]"
-  other = "level='user'" if level == "item" else "level='item'"
+  lead, layout = (2, "[n_users, m, ...]") if level == "user" else (1, "[n_items, ...]")
+  example = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[lead:], x.dtype), data)
+  hint = (f"with level={level!r} (data {shapes} read as {layout}; if the data is laid out "
+          f"otherwise use level={'user' if level == 'item' else 'item'!r})")
   try:
     out = jax.eval_shape(clipper.model_loss, clipper.params, example)
   except Exception as err:  # the user's code failed on the shape we would give it
     raise ValueError(f"loss_fn failed on one item {jax.tree.map(lambda s: s.shape, example)} "
-                     f"with level={level!r} (data {shapes} read as {layout}; if the "
-                     f"data is laid out otherwise use {other}): {err}") from err
+                     f"{hint}: {err}") from err
   if not hasattr(out, "shape") or out.shape != () or not jnp.issubdtype(out.dtype,
                                                                         jnp.floating):
     raise ValueError(f"loss_fn must return one float scalar per item, got "
-                     f"{getattr(out, 'shape', out)} {getattr(out, 'dtype', '')} with "
-                     f"level={level!r} (data {shapes} read as {layout}; if the data is "
-                     f"laid out otherwise use {other})")
+                     f"{getattr(out, 'shape', out)} {getattr(out, 'dtype', '')} {hint}")
   return n

@@ -1,12 +1,10 @@
 """DPTrainer on a mesh: each step's users sharded over a ``"users"`` axis.
 
-Each device differentiates and clips its own users, XLA reduces the clipped sums, and the
-params, optimizer and noise states and keys are replicated, so the noise is drawn once from
-the one key. The plan, sampling, accounting and ledger are the one-device run's; the params
-equal its params to float rounding. A micro-batch is rounded up to a multiple of the devices
-(the extra slots masked); the data's user axis is sharded too. Fast clipping of a convolution
-chunked over users is refused (its chunks would gather every device's users: use
-``method="vmap"``). :meth:`DPTrainer.release_fn` stays a one-device function.
+Each device differentiates and clips its own users, XLA reduces the clipped sums; params,
+optimizer and noise states and keys are replicated, so the noise is drawn once from the one
+key. Plan, sampling and ledger are the one-device run's; the params equal its params to float
+rounding. Micro-batches are rounded up to a multiple of the devices (extra slots masked).
+:meth:`DPTrainer.release_fn` stays a one-device function.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax.algorithms.common import _on_mesh, auto_axes, mesh_context, mesh_users_axis
@@ -23,22 +20,16 @@ PyTree = Any
 AXIS = "users"
 
 
-def current_mesh(mesh: Mesh | None) -> Mesh | None:
-  """``mesh``, else ``jax.set_mesh``'s (if any), auto-typed; refused without a ``"users"`` axis."""
-  if mesh is None:
-    current = jax.sharding.get_mesh()
-    mesh = current if isinstance(current, Mesh) and not current.empty else None
-  if mesh is not None:
-    mesh_users_axis(mesh, AXIS)
-  return auto_axes(mesh)
-
-
 class UsersMesh:
-  """The trainer's placement: identity without a mesh, users sharded with one."""
+  """The trainer's placement: identity without a mesh (``mesh``, else ``jax.set_mesh``'s,
+  auto-typed; refused without a ``"users"`` axis), users sharded with one."""
 
   def __init__(self, mesh: Mesh | None):
-    self.mesh = current_mesh(mesh)
-    self.devices = 1 if self.mesh is None else mesh_users_axis(self.mesh, AXIS)
+    if mesh is None:
+      current = jax.sharding.get_mesh()
+      mesh = current if isinstance(current, Mesh) and not current.empty else None
+    self.devices = 1 if mesh is None else mesh_users_axis(mesh, AXIS)
+    self.mesh = auto_axes(mesh)
     if self.mesh is not None:
       self._users = NamedSharding(self.mesh, PartitionSpec(AXIS))
       self._replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -68,12 +59,12 @@ class UsersMesh:
       return tree
     return jax.lax.with_sharding_constraint(tree, self._replicated)
 
-  def check_clipper(self, clipper: Any, data: PyTree, micro_batch: int) -> None:
-    """Refuses fast clipping of a convolution chunked over users (``method`` is resolved)."""
+  def check_clipper(self, clipper: Any, stand_in: PyTree) -> None:
+    """Refuses fast clipping of a convolution chunked over users (``method`` is resolved;
+    ``stand_in``: a zero micro-batch, the plan reads shapes only)."""
     if self.mesh is None or clipper.method != "fast":
       return
-    # the plan reads shapes only: a zero micro-batch stands in (as for autotune)
-    stand_in = jax.tree.map(lambda x: jnp.zeros((micro_batch, *x.shape[1:]), x.dtype), data)
+    micro_batch = jax.tree.leaves(stand_in)[0].shape[0]
     rows = clipper.plan(clipper.params, stand_in).layers
     chunked = [f"{r.layer} ({r.chunk} of {micro_batch} users at a time)" for r in rows
                if r.kind == "conv" and 0 < r.chunk < micro_batch]

@@ -28,7 +28,7 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-from dpsco_jax._checks import check_choice, check_epsilon, check_int
+from dpsco_jax._checks import check_choice, check_int
 from dpsco_jax.algorithms.dpsgd.driver import _noise_stage, cyclic_slots
 from dpsco_jax.algorithms.dpsgd.plan import AdaptivePlan, DpSgdPlan, plan_dp_sgd
 from dpsco_jax.privacy import PUBLIC, LedgerIntegrityError, PrivacyLedger
@@ -132,6 +132,20 @@ class CyclicSchedule:
     lo = (step % self.period) * self.plan.batch
     return slots[lo:lo + self.plan.batch][real[lo:lo + self.plan.batch]]
 
+  def batch_of(self, order_key: jax.Array, dataset: PyTree) -> Any:
+    """Traceable ``t -> (rows, mask)`` of step ``t`` (one masked batch of ``B`` slots), as
+    :meth:`chosen` selects them; for :meth:`DPTrainer.release_fn`."""
+    batch = self.plan.batch
+    slots, real = cyclic_slots(order_key, jax.tree.leaves(dataset)[0].shape[0], batch)
+
+    def rows(t):
+      lo = (t % self.period) * batch
+      idx = jax.lax.dynamic_slice(slots, (lo,), (batch,))
+      mask = jax.lax.dynamic_slice(real, (lo,), (batch,))
+      return jax.tree.map(lambda x: jnp.take(x, idx, axis=0), dataset), mask
+
+    return rows
+
   def prefix_mu2(self, steps: int) -> float:
     """``mu_t^2`` of the first ``steps`` steps (the plan's event for that prefix)."""
     return 0.0 if steps == 0 else _mu2(self.plan.event_after(steps))
@@ -192,41 +206,6 @@ class CyclicSchedule:
             f" charged per block as mu^2 increments; clipping: {method}")
 
 
-def plan_cyclic(trainer: Any, target_epsilon: Any, epsilon_budget: Any) -> None:
-  """A cyclic trainer's plan: the driver's, the whole run checked against the ledger now."""
-  p = trainer.cyclic.plan
-  trainer.relation, trainer.q, trainer.denominator = p.relation, p.sampling_rate, p.denominator
-  trainer.noise_multiplier, trainer.event = p.noise_multiplier, p.event
-  trainer.adaptive = p.adaptive
-  trainer._open_ledger(*(None if b is None else check_epsilon(b, "epsilon")
-                         for b in (target_epsilon, epsilon_budget)))
-  trainer.cyclic.check_run(trainer.ledger, p.steps)
-  trainer._set_stage()
-
-
-def cyclic_release_fn(trainer: Any, steps: int, noise: bool) -> Any:
-  """:meth:`DPTrainer.release_fn` of a cyclic trainer (one masked batch of ``B`` slots a step)."""
-  sched: CyclicSchedule = trainer.cyclic
-  if steps > sched.plan.steps:
-    raise ValueError(f"release_fn: {steps} steps > the plan's {sched.plan.steps}")
-  stddev = trainer.noise_stddev if noise else 0.0
-  batch, period = sched.plan.batch, sched.period
-
-  def release(key: jax.Array, dataset: PyTree) -> PyTree:
-    order_key, noise_tx = sched.keys_and_noise(key, stddev, noise)
-    slots, real = cyclic_slots(order_key, jax.tree.leaves(dataset)[0].shape[0], batch)
-
-    def batch_of(t):
-      lo = (t % period) * batch
-      idx = jax.lax.dynamic_slice(slots, (lo,), (batch,))
-      mask = jax.lax.dynamic_slice(real, (lo,), (batch,))
-      return jax.tree.map(lambda x: jnp.take(x, idx, axis=0), dataset), mask
-
-    return trainer._release_scan(noise_tx, steps, batch_of)
-
-  return release
-
-
 def adaptive_stage(plan: AdaptivePlan, denominator: float, key: jax.Array, *,
                    noise: bool = True) -> optax.GradientTransformationExtraArgs:
   """Adaptive clipping's noise stage from DP-SGD's adaptive plan (``noise=False``: no noise)."""
@@ -245,9 +224,6 @@ def check_cyclic_args(sampling_rate: Any, expected_batch_size: Any) -> None:
                        "batch_size B (the denominator is D = B)")
 
 
-SAMPLINGS = ("poisson", "cyclic")
-
-
 def check_sampling(sampling: Any) -> str:
   if sampling == "banded_poisson":
     # its ledger would be k rounds of a Poisson-subsampled Gaussian; the cyclic ledger holds
@@ -256,4 +232,4 @@ def check_sampling(sampling: Any) -> str:
                      "noise) runs in dp_sgd_user / dp_sgd_item (dpsco_jax.fit / plan+run), not "
                      "in DPTrainer yet; DPTrainer takes 'poisson' (independent noise) or "
                      "'cyclic' (independent, banded or BLT noise)")
-  return check_choice(sampling, "sampling", SAMPLINGS)
+  return check_choice(sampling, "sampling", ("poisson", "cyclic"))
