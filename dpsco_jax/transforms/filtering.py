@@ -89,8 +89,7 @@ def inclusion_probability(degrees: jax.Array, num_users: jax.Array | float,
 
 
 class FilterResult(NamedTuple):
-  """Output of :func:`filter_points`. Only ``mean`` may be released (after noise); the rest is
-  data-dependent and non-private."""
+  """Output of :func:`filter_points`; only ``mean`` may be released (after noise)."""
   mean: PyTree          # params-shaped masked mean of the kept rows (zeros if none kept)
   score: jax.Array      # s (scalar, in [1, K] for K >= 1)
   degrees: jax.Array    # h_j [U] (0 for padding)
@@ -107,18 +106,14 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
   """The FILTER kernel (pure function; the math is in the module docstring).
 
   Args:
-    stacked: pytree whose leaves have a leading user axis ``U`` (a zero-width leaf is in no
-      distance and its mean is empty).
-    key: PRNG key of the inclusion coins ``U_j`` (the same key gives the same coins: the
-      coupling of Lemma B.2).
+    stacked: pytree whose leaves have a leading user axis ``U``.
+    key: PRNG key of the inclusion coins ``U_j`` (same key, same coins: Lemma B.2's coupling).
     score_radius: ``r_s`` (``tau_i`` in Alg. 1, ``2 tau`` in Alg. 2).
     degree_radius: ``r_h`` (``2 tau_i`` in Alg. 1, ``2 tau`` in Alg. 2); default ``r_s``.
-    user_mask: bool ``[U]`` (checked), False for padding slots (excluded from ``s``, ``h``,
-      ``K`` and the mean). Without it every slot counts as a real user.
+    user_mask: bool ``[U]``, False for padding slots (default: every slot a real user).
     lo: the inclusion ramp's lower bound, a fraction of ``K`` (paper: 1/2).
     hi: the inclusion ramp's upper bound, a fraction of ``K`` (paper: 2/3).
-    rows: optional ``NamedSharding(mesh, P(axis))`` splitting the pair counts by rows over
-      ``axis`` (same result).
+    rows: optional ``NamedSharding(mesh, P(axis))`` splitting the pair counts over ``axis``.
 
   Returns:
     A ``FilterResult``: the masked mean of the kept rows (the only field that may be released,
@@ -207,19 +202,18 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
   8/eps, b_q = 16/eps``: AboveThreshold at budget ``eps/2`` on a sensitivity-2 score (Lemma A.9).
 
   Args:
-    num_users: ``K_i``, the number of real users per step (the threshold is ``4 K_i/5``).
-    radius: score radius (``2 tau`` in Alg. 2); ``degree_radius`` defaults to it.
+    num_users: ``K_i``, the number of real users per step.
+    radius: score radius (``2 tau`` in Alg. 2).
     key: PRNG key (or int seed) of threshold, query noise and inclusion coins.
-    epsilon: the stage's AboveThreshold budget (sets both scales; see above).
+    epsilon: the stage's AboveThreshold budget (sets both scales).
     degree_radius: the degree radius ``r_h`` (default ``radius``).
-    threshold_fraction: the threshold as a fraction of ``num_users``, in ``(0, 1]``
-      (default 0.8).
+    threshold_fraction: the threshold over ``num_users``, in ``(0, 1]`` (default 0.8).
     threshold_scale: the threshold's Laplace scale ``b_thr`` (instead of ``epsilon``).
     query_scale: the queries' Laplace scale ``b_q`` (instead of ``epsilon``).
-    lo: the inclusion ramp's lower bound, a fraction of ``K`` (default 1/2).
-    hi: the inclusion ramp's upper bound (default 2/3); ``0 <= lo < hi <= 1``.
-    debug: store raw scores and kept counts in ``state.debug`` (non-private; default False).
-    rows: a mesh's users sharding for the pair counts (as :func:`filter_points`).
+    lo: the inclusion ramp's lower bound (default 1/2), as in :func:`filter_points`.
+    hi: the inclusion ramp's upper bound (default 2/3).
+    debug: keep raw scores and kept counts in ``state.debug`` (non-private; default False).
+    rows: as in :func:`filter_points`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``update(stacked, state, params, *,

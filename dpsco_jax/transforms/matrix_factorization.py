@@ -1,27 +1,20 @@
 """Correlated (matrix-factorization) noise stages: banded Toeplitz and BLT.
 
-Chain stages with the contract of :func:`~dpsco_jax.transforms.tree_noise.tree_prefix_sum_noise`:
-one increment ``x_t`` (aggregated, clipped, params-shaped) in per step; out comes the noisy
-prefix sum ``y_t = sum_{i<=t} (x_i + w_i)`` (``output="prefix"``: ``A x + B Z``,
-``B = A C^{-1}``) or the noisy increment ``y_t = x_t + w_t`` (``output="increment"``), with
-``w = C^{-1} Z``, ``Z_t ~ N(0, noise_std^2 I)`` i.i.d. and ``C`` the strategy
-(:mod:`dpsco_jax.privacy.matrix_factorization`: strategies, sensitivity per participation
-schema, the event). Both outputs are post-processing of the release ``C x + Z``.
+The contract of :func:`~dpsco_jax.transforms.tree_noise.tree_prefix_sum_noise`: increment
+``x_t`` in; out the noisy prefix sum ``sum_{i<=t} (x_i + w_i)`` (``output="prefix"``: ``A x +
+B Z``) or the noisy increment ``x_t + w_t``, with ``w = C^{-1} Z``, ``Z_t ~ N(0, noise_std^2
+I)`` i.i.d. and ``C`` the strategy (:mod:`dpsco_jax.privacy.matrix_factorization`: sensitivity
+and event). Both are post-processing of the release ``C x + Z``. ``w`` is streamed by ``C w =
+Z``:
 
-``w`` is streamed by the recurrence ``C w = Z``, never ``O(T * params)``:
+* banded: ``w_t = (Z_t - sum_{j=1}^{b-1} c_j w_{t-j}) / c_0``, a ring of the last ``b - 1``
+  draws (McKenna et al. 2024; Choquette-Choo et al. 2023, Alg. 9);
+* BLT: ``w_t = Z_t - sum_i omega_i S_i``, ``S_i <- theta_i S_i + w_t`` (the map Dvijotham et
+  al. 2024 stream through ``C^{-1}``'s own BLT).
 
-* banded (``c_0..c_{b-1}``): ``w_t = (Z_t - sum_{j=1}^{b-1} c_j w_{t-j}) / c_0``, a ring of the
-  last ``b - 1`` draws (McKenna et al. 2024; Alg. 9 of Choquette-Choo et al. 2023);
-* BLT (``d`` buffers): ``w_t = Z_t - sum_i omega_i S_i``, ``S_i <- theta_i S_i + w_t``. This
-  inverts ``C`` directly (Dvijotham et al. 2024 stream ``C^{-1}`` through its own BLT
-  parameters: the same linear map).
-
-``Z_t`` is drawn from ``fold_in(key, t)`` as :func:`~dpsco_jax.transforms.noise.
-add_gaussian_noise` draws step ``t``, so ``bands=1`` reproduces the independent stage bit for
-bit. Noise is drawn and combined in float32 or wider; the output is cast to the params' dtype.
-The ring/buffers hold noise only, but knowing them would strip the noise from later releases:
-they are SECRET and redacted in the state's repr, like the key. Past ``max_steps`` the stage
-emits NaN, like the tree stage.
+``Z_t`` is drawn as :func:`~dpsco_jax.transforms.noise.add_gaussian_noise` draws step ``t``
+(``bands=1`` is the independent stage bit for bit), in float32 or wider. The ring/buffers would
+strip the noise from later releases: SECRET, like the key. Past ``max_steps``: NaN.
 """
 
 from __future__ import annotations
@@ -33,14 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax._checks import check_choice, check_int, check_seed_or_key
-from dpsco_jax.transforms.noise import (check_stddev, noise_dtype, redacted_repr,
+from dpsco_jax._checks import check_choice, check_seed_or_key
+from dpsco_jax.transforms.noise import (check_stddev, noise_dtype, output_like, redacted_repr,
                                         tree_gaussian_like)
+from dpsco_jax.transforms.tree_noise import check_max_steps, wide_zeros
 
 PyTree = Any
 OUTPUTS = ("prefix", "increment")
 _HI = jax.lax.Precision.HIGHEST  # a TF32 / bf16-pass dot would round the noise to ~10 bits
-_MAX_STEPS = 2 ** 31 - 1  # int32 step counter
 
 
 class BandedNoiseState(NamedTuple):
@@ -70,13 +63,6 @@ class BltNoiseState(NamedTuple):
   __str__ = __repr__
 
 
-def _check_steps(max_steps: Any) -> int:
-  v = check_int(max_steps, "max_steps", minimum=1)
-  if v > _MAX_STEPS:
-    raise ValueError(f"max_steps must be <= {_MAX_STEPS} (int32 step counter), got {v}")
-  return v
-
-
 def _check_vector(x: Any, name: str) -> np.ndarray:
   v = np.asarray(x, np.float64).reshape(-1)
   if v.size == 0 or not np.all(np.isfinite(v)):
@@ -95,25 +81,22 @@ def _stack_zeros(params: PyTree, depth: int) -> PyTree:
 
 def _emit(out: PyTree, updates: PyTree, params: PyTree | None, count: jax.Array,
           max_steps: int) -> PyTree:
-  """Cast to the params' dtype and poison steps past the horizon."""
-  same = params is not None and jax.tree.structure(params) == jax.tree.structure(updates)
-  ref = params if same else updates
+  """Cast as :func:`~dpsco_jax.transforms.noise.output_like`; NaN past the horizon."""
   over = count >= max_steps
   return jax.tree.map(lambda o, r: jnp.where(over, jnp.nan, o).astype(jnp.result_type(r)),
-                      out, ref)
+                      out, output_like(updates, params))
 
 
 def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: int,
                 init_carry, next_noise, state_cls) -> optax.GradientTransformationExtraArgs:
   """Shared driver of both stages: ``next_noise(xi, carry, count) -> (w, carry)``."""
   check_stddev(noise_std, "noise_std")
-  max_steps = _check_steps(max_steps)
+  max_steps = check_max_steps(max_steps)
   check_choice(output, "output", OUTPUTS)
   key = check_seed_or_key(key, "key")
 
   def init_fn(params):
-    prefix = (jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), noise_dtype(jnp.result_type(p))),
-                           params) if output == "prefix" else ())
+    prefix = wide_zeros(params) if output == "prefix" else ()
     return state_cls(jnp.zeros((), jnp.int32), prefix, init_carry(params, depth), key)
 
   def update_fn(updates, state, params=None, **extra):
@@ -135,10 +118,9 @@ def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: 
 
 def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
                  coefs: Any, output: str = "prefix") -> optax.GradientTransformationExtraArgs:
-  """Banded Toeplitz MF noise (module docstring), state ``O(b * params)``.
-
-  ``noise_std = z * s`` for increments of sensitivity ``s``; the event is
-  :func:`~dpsco_jax.privacy.matrix_factorization.mf_event` with the schema's sensitivity.
+  """Banded Toeplitz MF noise (module docstring), state ``O(b * params)``; ``noise_std = z *
+  s`` for increments of sensitivity ``s`` (event:
+  :func:`~dpsco_jax.privacy.matrix_factorization.mf_event`).
 
   Args:
     noise_std: the std of ``Z``, >= 0.
@@ -150,16 +132,11 @@ def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` adding the correlated noise.
-
-  Raises:
-    ValueError: ``coefs`` empty, not finite or ``c_0 <= 0``; a bad ``noise_std``,
-      ``max_steps`` or ``output``.
-    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
   """
   c = _check_vector(coefs, "coefs")
   if not c[0] > 0:
     raise ValueError(f"coefs[0] must be > 0 (C must be invertible), got {c[0]!r}")
-  b = min(c.size, _check_steps(max_steps))
+  b = min(c.size, check_max_steps(max_steps))
   c0 = float(c[0])
   tail = jnp.asarray(np.concatenate([[0.0], c[1:b]]), jnp.float32)  # tail[j] = c_j, j >= 1
   depth = max(b - 1, 1)
@@ -186,12 +163,9 @@ def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
 def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_decay: Any,
               output_scale: Any, output: str = "prefix"
               ) -> optax.GradientTransformationExtraArgs:
-  """BLT MF noise with ``d = len(buf_decay)`` buffers, state ``O(d * params)``.
-
-  ``C`` has unit diagonal and ``C[t, t-k] = sum_i output_scale_i buf_decay_i^{k-1}``
-  (jax_privacy's ``BufferedToeplitz``;
-  :func:`dpsco_jax.privacy.matrix_factorization.blt_strategy`). The recurrence is stable when
-  ``C^{-1}``'s coefficients decay, as for every strategy built here.
+  """BLT MF noise with ``d = len(buf_decay)`` buffers, state ``O(d * params)``: ``C`` has unit
+  diagonal and ``C[t, t-k] = sum_i output_scale_i buf_decay_i^{k-1}`` (jax_privacy's
+  ``BufferedToeplitz``; :func:`dpsco_jax.privacy.matrix_factorization.blt_strategy`).
 
   Args:
     noise_std: the std of ``Z``, >= 0.
@@ -203,11 +177,6 @@ def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_dec
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` adding the correlated noise.
-
-  Raises:
-    ValueError: ``buf_decay`` and ``output_scale`` of different lengths or not finite, a
-      decay outside ``(-1, 1)``; a bad ``noise_std``, ``max_steps`` or ``output``.
-    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
   """
   th = _check_vector(buf_decay, "buf_decay")
   om = _check_vector(output_scale, "output_scale")

@@ -1,21 +1,14 @@
 """Independent Gaussian noise: the Gaussian mechanism as a chain stage.
 
-``u <- u + N(0, stddev^2 I)`` on every coordinate of every leaf. With an aggregate of L2
-sensitivity ``Delta`` and ``stddev = z * Delta`` one step is the Gaussian mechanism with noise
-multiplier ``z`` (``dp_accounting.GaussianDpEvent(z)``); composition over steps and subsampling
-are the ledger's business (``dpsco_jax.privacy.ledger``). The stage takes the std, not ``z``
-and a sensitivity: callers form it from their stage's
-:class:`~dpsco_jax.privacy.sensitivity.GaussianStage` (``dpsco_jax.privacy.sensitivity``, the
-one place ``z * Delta`` is computed).
+``u <- u + N(0, stddev^2 I)`` on every coordinate. With ``stddev = z * Delta`` (formed by the
+stage's :class:`~dpsco_jax.privacy.sensitivity.GaussianStage`, the one place ``z * Delta`` is
+computed) one step is ``dp_accounting.GaussianDpEvent(z)``; composition and sampling are the
+ledger's business.
 
-Precision. The noise is drawn in float32 or wider (a bfloat16 draw has ~2e3 distinct values
-and is not the Gaussian the accountant assumes) and added to the update in that precision;
-only the noisy result is cast to the params' dtype (or, without params, the update's dtype),
-which is post-processing.
-
-The key lives in the state; step ``t`` uses ``fold_in(key, t)``, so every step draws fresh
-noise, a given key reproduces the same stream, and no key is ever used twice. The state's repr
-redacts the key.
+Precision: noise is drawn and added in float32 or wider (a bfloat16 draw is not the Gaussian
+the accountant assumes); only the noisy result is cast to the params' dtype (else the
+update's), which is post-processing. Step ``t`` draws from ``fold_in(key, t)``: fresh noise
+every step, reproducible from the key, which the state's repr redacts.
 """
 
 from __future__ import annotations
@@ -62,18 +55,21 @@ def tree_gaussian_like(key: jax.Array, tree: PyTree, stddev: float | jax.Array =
   return jax.tree.unflatten(treedef, noise)
 
 
+def output_like(updates: PyTree, params: PyTree | None) -> PyTree:
+  """The tree whose dtypes a stage's output takes: ``params`` when it matches ``updates``'
+  structure, else ``updates``."""
+  same = params is not None and jax.tree.structure(params) == jax.tree.structure(updates)
+  return params if same else updates
+
+
 def add_noise_tree(updates: PyTree, noise: PyTree, like: PyTree | None = None) -> PyTree:
-  """``updates + noise`` computed in the noise's (float32+) dtype, then cast to the dtype of
-  ``like`` (the params) when given, else of ``updates`` (post-processing)."""
-  same = like is not None and jax.tree.structure(like) == jax.tree.structure(updates)
-  ref = like if same else updates
-  return jax.tree.map(
-      lambda u, n, r: (u.astype(n.dtype) + n).astype(jnp.result_type(r)), updates, noise, ref)
+  """``updates + noise`` in the noise's (float32+) dtype, cast as :func:`output_like`."""
+  return jax.tree.map(lambda u, n, r: (u.astype(n.dtype) + n).astype(jnp.result_type(r)),
+                      updates, noise, output_like(updates, like))
 
 
 def redacted_repr(state: tuple, secret: tuple[str, ...]) -> str:
-  """``Name(field=..., secret=<redacted>)``: the repr of a state NamedTuple with its secret
-  fields (keys, noiseless sums, noisy thresholds) hidden. The fields stay attributes."""
+  """``Name(field=..., secret=<redacted>)``: a state NamedTuple's repr, secrets hidden."""
   parts = [f"{f}={_REDACTED if f in secret else repr(v)}"
            for f, v in zip(state._fields, state)]
   return f"{type(state).__name__}({', '.join(parts)})"
@@ -96,8 +92,7 @@ class GaussianNoiseState(NamedTuple):
 
 
 def check_stddev(stddev: Any, name: str) -> Any:
-  """A finite stddev whose draws stay finite in float32: 1e300 would silently make every
-  coordinate Inf (or NaN after the first subtraction), so it raises instead."""
+  """A finite stddev >= 0 whose float32 draws stay finite (refused, not turned into Inf)."""
   v = check_nonnegative(stddev, name)
   if not _traced(v) and v > _MAX_STDDEV:
     raise ValueError(f"{name}={stddev!r} is too large for float32 noise (max {_MAX_STDDEV:.3g}):"
@@ -118,11 +113,6 @@ def add_gaussian_noise(stddev: float, key: jax.Array | int
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is :class:`GaussianNoiseState`.
-
-  Raises:
-    ValueError: ``stddev`` is negative, not finite or too large for float32; an int ``key``
-      outside ``[0, 2**32 - 1]``.
-    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
   """
   stddev = check_stddev(stddev, "stddev")
   key = check_seed_or_key(key, "key")

@@ -22,9 +22,8 @@ class PublicGradientState(NamedTuple):
 
 def add_public_gradient(grad_fn: Callable[[PyTree], PyTree] | None
                         ) -> optax.GradientTransformationExtraArgs:
-  """Adds ``grad_fn(params)``, the gradient of a data-independent term (a regularizer such as
-  paper 004's ``l2/2 ||y||^2``), to the update. No sensitivity: place it AFTER the noise
-  stage. ``None`` is the identity.
+  """Adds ``grad_fn(params)``, the gradient of a data-independent term (e.g. paper 004's ``l2/2
+  ||y||^2``), AFTER the noise stage.
 
   Args:
     grad_fn: ``params -> gradient`` of the data-independent term, or ``None``.
@@ -57,9 +56,8 @@ class MinStepState(NamedTuple):
 
 
 def track_min_step() -> optax.GradientTransformationExtraArgs:
-  """Output rule ``t_out = argmin_t ||x_{t+1} - x_t||``, releasing ``x_{t_out}`` (not
-  ``x_{t_out+1}``; paper 004 Alg 1 line 8). Place it after the step stage; it passes the
-  update through. Reads only privatized iterates.
+  """Output rule ``t_out = argmin_t ||x_{t+1} - x_t||``, releasing ``x_{t_out}`` (paper 004
+  Alg 1 line 8); after the step stage, passing the update through.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` keeping the best ``x_t`` in ``released``

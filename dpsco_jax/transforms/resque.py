@@ -7,16 +7,14 @@ Convex Optimization" (2023), Definition 2, eq. (2); Lemmas 1-2. Around an anchor
     grad~(x) = w(x; xi) * g(xbar + xi),
     w(x; xi) = exp( (<v, xi> - |v|^2 / 2) / rho^2 ),     v = x - xbar.
 
-``E grad~(x) = grad f^_rho(x)`` for every ``x`` (Lemma 1.1; ``f^_rho = f * N(0, rho^2 I)``);
-for ``|x - xbar| <= rho`` the second moment is ``<= E|g|^2 exp(|v|^2/rho^2) <= 3 L^2``
-(Lemma 1.2; the paper's eq. (7) prints the exponent ``2|v|^2/rho^2``, a slip, spec 002 §8
-item 3). The queries do not depend on ``x``, so they are made in one parallel batch up front.
+``E grad~(x) = grad f^_rho(x)`` (Lemma 1.1; ``f^_rho = f * N(0, rho^2 I)``); for ``|x - xbar|
+<= rho`` the second moment is ``<= E|g|^2 exp(|v|^2/rho^2) <= 3 L^2`` (Lemma 1.2; eq. (7)'s
+exponent ``2|v|^2/rho^2`` is a slip, spec 002 §8 item 3), so solvers keep ``|x - xbar| <= rho``.
 
-Contract: the raw gradients fed to :func:`resque` / :func:`reweight` MUST be taken at
-``anchor + xi`` (``per_example_grads(loss_fn, anchor, batch, offsets=xis)``), NOT at
-``params``, with ``xi`` drawn independently of the iterate (:func:`sample_queries`); nothing
-in the arithmetic can detect the mistake. The variance grows like ``exp(|v|^2/rho^2)``, so
-solvers keep ``|x - anchor| <= rho``. The ``xi`` are smoothing randomness, not privacy noise.
+Contract: the raw gradients MUST be taken at ``anchor + xi`` (``per_example_grads(loss_fn,
+anchor, batch, offsets=xis)``), NOT at ``params``, with ``xi`` drawn independently of the
+iterate (:func:`sample_queries`); the arithmetic cannot detect the mistake. The ``xi`` are
+smoothing randomness, not privacy noise.
 """
 
 from __future__ import annotations
@@ -33,11 +31,6 @@ from dpsco_jax.transforms.noise import tree_gaussian_like
 PyTree = Any
 
 
-def tree_vdot(a: PyTree, b: PyTree) -> jax.Array:
-  """``sum_leaves <a_leaf, b_leaf>`` (``optax.tree.vdot``, HIGHEST precision)."""
-  return jnp.asarray(optax.tree.vdot(a, b))
-
-
 def _batched_vdot(batched: PyTree, single: PyTree) -> jax.Array:
   """``[B]`` inner products of each batch element of ``batched`` with ``single``."""
   parts = jax.tree.leaves(jax.tree.map(
@@ -45,17 +38,10 @@ def _batched_vdot(batched: PyTree, single: PyTree) -> jax.Array:
   return sum(parts[1:], parts[0])
 
 
-def _batched_sqnorm(batched: PyTree) -> jax.Array:
-  parts = jax.tree.leaves(jax.tree.map(
-      lambda xb: jnp.sum((xb * xb).reshape(xb.shape[0], -1), axis=1), batched))
-  return sum(parts[1:], parts[0])
-
-
 def sample_queries(key: jax.Array, anchor: PyTree, rho: float | jax.Array,
                    num: int) -> tuple[PyTree, PyTree]:
-  """Draws ``num`` Gaussian query offsets around ``anchor`` (Definition 2).
-
-  Pass ``xis`` as ``offsets=`` to the gradient engine to evaluate the oracle at ``points``.
+  """Draws ``num`` Gaussian query offsets around ``anchor`` (Definition 2); pass ``xis`` as
+  ``offsets=`` to the gradient engine to evaluate the oracle at ``points``.
 
   Args:
     key: a JAX PRNG key.
@@ -66,9 +52,6 @@ def sample_queries(key: jax.Array, anchor: PyTree, rho: float | jax.Array,
   Returns:
     ``(xis, points)``: ``xis`` with leaves ``[num, *leaf.shape]`` of i.i.d. ``N(0, rho^2)``
     entries, and ``points = anchor + xis``.
-
-  Raises:
-    ValueError: ``num`` is not an integer >= 1.
   """
   num = check_int(num, "num")
   template = jax.tree.map(
@@ -81,13 +64,13 @@ def sample_queries(key: jax.Array, anchor: PyTree, rho: float | jax.Array,
 def log_weight(x: PyTree, anchor: PyTree, xi: PyTree, rho: float | jax.Array) -> jax.Array:
   """``log w(x; xi) = (<v, xi> - |v|^2/2) / rho^2``, ``v = x - anchor`` (one query)."""
   v = jax.tree.map(jnp.subtract, x, anchor)
-  return (tree_vdot(v, xi) - 0.5 * tree_vdot(v, v)) / jnp.square(rho)
+  return (optax.tree.vdot(v, xi) - 0.5 * optax.tree.vdot(v, v)) / jnp.square(rho)
 
 
 def log_weights(x: PyTree, anchor: PyTree, xis: PyTree, rho: float | jax.Array) -> jax.Array:
   """``[B]`` log-weights of ``x`` against a batch of offsets ``xis`` (leading axis ``B``)."""
   v = jax.tree.map(jnp.subtract, x, anchor)
-  return (_batched_vdot(xis, v) - 0.5 * tree_vdot(v, v)) / jnp.square(rho)
+  return (_batched_vdot(xis, v) - 0.5 * optax.tree.vdot(v, v)) / jnp.square(rho)
 
 
 def reweight(x: PyTree, anchor: PyTree, xis: PyTree, grads: PyTree,
@@ -120,23 +103,16 @@ class ResqueState(NamedTuple):
 
 
 def resque(rho: float) -> optax.GradientTransformationExtraArgs:
-  """Reweights raw oracle gradients taken at ``anchor + xi`` into ReSQue estimates at ``params``.
-
-  ``update(raw_grads, state, params, *, xi)`` returns ``w(params; xi) * raw_grads``
-  (eq. (2)), or with a leading batch axis ``B`` on ``xi`` and ``raw_grads`` the minibatch mean
-  ``(1/B) sum_b w(params; xi_b) raw_grads_b``. ``raw_grads`` MUST be taken at
-  ``state.anchor + xi``, never at ``params`` (module docstring). The anchor is ``params`` at
-  ``init``; :func:`reset_anchor` moves it. Keep ``|params - anchor| <= rho``.
+  """Reweights raw gradients taken at ``state.anchor + xi`` (module docstring) into ReSQue
+  estimates at ``params``: ``w(params; xi) raw_grads`` (eq. (2)), or the minibatch mean when
+  ``xi`` has a leading batch axis. The anchor is ``params`` at ``init`` (:func:`reset_anchor`).
 
   Args:
     rho: the Gaussian smoothing radius (> 0).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``params`` and the extra
-    argument ``xi`` (else ``ValueError``).
-
-  Raises:
-    ValueError: ``rho`` is not a finite number > 0.
+    argument ``xi``.
   """
   rho = check_positive(rho, "rho")
 

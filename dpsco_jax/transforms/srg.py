@@ -2,13 +2,11 @@
 
 Paper 003 (Choquette-Choo, Ganesh, Thakurta 2024), Algorithm 1; spec 003 §2.2 and §7.2.
 
-SRG differences (Alg. 1 line 4): on the step-``t`` batch every example (or user) ``d``
-contributes ``delta_t(d) = eta_t grad f(x_t, d) - eta_{t-1} grad f(x_{t-1}, d)``,
-``eta_t = t + 1`` (``delta_0(d) = grad f(x_0, d)``, AMBIG-1). The chain clips each
-*difference* (spec §3.4: this bounds the one changed increment by ``C/B`` for any loss), takes
-the fixed-denominator mean ``Delta_t``, and a prefix-sum noise stage releases
-``g_hat_t ~ sum_{i<=t} Delta_i``; :func:`scale_by_srg_weight` gives ``grad~_t = g_hat_t /
-eta_t`` (line 5), unbiased for ``grad F(x_t)`` since the sum telescopes.
+SRG differences (Alg. 1 line 4): ``delta_t(d) = eta_t grad f(x_t, d) - eta_{t-1} grad
+f(x_{t-1}, d)``, ``eta_t = t + 1`` (AMBIG-1). The chain clips each *difference* (spec §3.4: the
+one changed increment moves by ``C/B`` for any loss), averages over a fixed denominator, and a
+prefix-sum noise stage releases ``g_hat_t``; ``grad~_t = g_hat_t / eta_t`` (line 5,
+:func:`scale_by_srg_weight`) is unbiased for ``grad F(x_t)`` (the sum telescopes).
 
 The accelerated step (Alg. 1 lines 7–9, with ``b_t = -N_t/beta``, spec §2.2 / AMBIG-5):
 
@@ -16,9 +14,8 @@ The accelerated step (Alg. 1 lines 7–9, with ``b_t = -N_t/beta``, spec §2.2 /
     y_{t+1} = Pi_C(x_t - grad~_t / beta)
     x_{t+1} = (1 - tau_{t+1}) y_{t+1} + tau_{t+1} z_{t+1},   tau_{t+1} = 2/(t+3)  (AMBIG-3)
 
-``z_scale = 1`` is the literal line 7; the proof of Lemma 5.2 is consistent with ``0.5`` and
-``0.25`` (AMBIG-4). The released model is ``y_T`` (state field ``released``); ``params`` is the
-query point ``x_t``. All of it post-processes the noisy prefix sums: no privacy cost.
+``z_scale = 1`` is the literal line 7; Lemma 5.2's proof is consistent with ``0.5`` and
+``0.25`` (AMBIG-4). The released model is ``y_T`` (``released``); ``params`` is ``x_t``.
 """
 
 from __future__ import annotations
@@ -64,8 +61,7 @@ def srg_differences(loss_fn: LossFn, params: PyTree, prev_params: PyTree, batch:
       (``user_mask``, ``chunk_size``); masked users give exactly 0.
 
   Returns:
-    A params-shaped pytree with a leading user/example axis, ready for ``clip_per_user`` (a
-    non-finite gradient at either point makes the row non-finite: the clip stage drops it).
+    A params-shaped pytree with a leading user/example axis, ready for ``clip_per_user``.
   """
   if per_example:
     if grad_kwargs:
@@ -126,9 +122,6 @@ def accelerated_projected_step(beta: float, *, radius: float | None = None,
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``init`` sets ``y_0 = z_0 = x_0 = params``
     (AMBIG-2); ``update`` needs ``params`` (``x_t``) and returns ``x_{t+1} - x_t``.
-
-  Raises:
-    ValueError: ``beta`` or ``radius`` is not > 0, or a bad ``z_scale``.
   """
   beta = check_positive(beta, "beta")
   z_scale = check_z_scale(z_scale)
@@ -151,14 +144,14 @@ def accelerated_projected_step(beta: float, *, radius: float | None = None,
     tau = coupling_weight(state.count + 1)
     x_next = jax.tree.map(lambda yi, zi: yi + tau.astype(yi.dtype) * (zi - yi), y, z)
     z, y, x_next = (cast_like(t, params) for t in (z, y, x_next))
-    disp = jax.tree.map(jnp.subtract, x_next, params)
+    disp = optax.tree.sub(x_next, params)
     return disp, AcceleratedStepState(count=state.count + 1, z=z, released=y)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def check_z_scale(z_scale: float) -> float:
-  """``z_scale`` must be positive; values above 1 are outside every reading of AMBIG-4."""
+  """``z_scale`` in ``(0, 1]``: above 1 is outside every reading of AMBIG-4."""
   z_scale = check_nonnegative(z_scale, "z_scale")
   if not 0.0 < z_scale <= 1.0:
     raise ValueError(f"z_scale must lie in (0, 1] (1.0 literal Alg. 1 line 7, 0.5 "

@@ -1,13 +1,9 @@
 """Projection and optimizer steps whose query point may differ from the released iterate.
 
-``update(g, state, params)`` receives the gradient taken at ``params`` (the *query point*)
-and returns the displacement ``x_next - params`` (projections make steps non-additive). Steps
-whose released iterate differs from the query point (averaging, AC-SA's ``x_ag``, SRGD's
-``y``) keep it in a state field ``released``; :func:`released_params` returns it (as
-``optax.contrib.schedule_free_eval_params``). Paper 000 §2.4, paper 003 §7.2.
-
-Everything here post-processes privatized gradients and costs no privacy; the data-independent
-prox-to-anchor term must be added *after* the noise stage.
+``update(g, state, params)`` gets the gradient at ``params`` (the *query point*) and returns
+``x_next - params``; a released iterate that differs from it (averaging, AC-SA's ``x_ag``,
+SRGD's ``y``) lives in the state field ``released`` (:func:`released_params`). All of it
+post-processes privatized gradients (paper 000 §2.4, paper 003 §7.2).
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ def _wide(x: jax.Array) -> jax.Array:
 
 
 def tree_l2_norm(tree: PyTree) -> jax.Array:
-  """Global L2 norm over all leaves (``optax.tree.norm``), computed in float32 or wider (a
-  float16 sum of squares overflows at a norm of ~256).
+  """Global L2 norm over all leaves (``optax.tree.norm``) in float32 or wider.
 
   Args:
     tree: a pytree of arrays.
@@ -43,17 +38,13 @@ def tree_l2_norm(tree: PyTree) -> jax.Array:
 
 
 def cast_like(tree: PyTree, ref: PyTree) -> PyTree:
-  """``tree`` with the dtypes of ``ref``: iterates stay in the params' dtype when the update
-  arrives in float32 (noise is added in float32+), so ``lax.scan`` carries keep their types."""
+  """``tree`` with the dtypes of ``ref`` (iterates keep the params' dtype)."""
   return jax.tree.map(lambda x, r: x.astype(jnp.result_type(r)), tree, ref)
 
 
-# Guarantees rest on ``||x - c|| <= R`` (Lipschitz constants over the domain, output
-# perturbation sensitivities, the bilevel ``omega >= omega_min``), but ``c + (v - c) R / ||v - c||``
-# in float32 can land a few ulps outside. So a projected point goes on the smaller sphere of
-# radius ``R' = R (1 - 2^-20) - 2 eps sqrt(D) max|c|`` (relative margin: the rounding of norm,
-# division and product; absolute: the rounding of ``c + d``), and points with computed
-# ``||v - c|| > R'`` move. The domain is in effect ``B(c, R')``, a relative 1e-6 smaller.
+# Guarantees rest on ``||x - c|| <= R``, but ``c + (v - c) R / ||v - c||`` in float32 can land
+# a few ulps outside: projected points go on the sphere ``R' = R (1 - 2^-20) - 2 eps sqrt(D)
+# max|c|`` (rounding of norm, division, product, and of ``c + d``).
 _PROJ_MARGIN = 2.0 ** -20
 
 
@@ -70,10 +61,8 @@ def _centre_slack(center: PyTree | None) -> jax.Array | float:
 
 def project_l2_ball(tree: PyTree, radius: float | jax.Array | None,
                     center: PyTree | None = None) -> PyTree:
-  """Euclidean projection onto ``{x : ||x - center||_2 <= radius}`` (global norm over leaves).
-
-  ``Pi(v) = c + (v - c) * min(1, R' / ||v - c||)`` with ``R'`` slightly below ``R``, so the
-  float32 result is inside the ball exactly. ``radius=None`` is the identity.
+  """Euclidean projection onto ``{x : ||x - center||_2 <= radius}`` (global norm), onto a
+  radius ``R'`` slightly below ``R`` so that the float32 result is inside the ball.
 
   Args:
     tree: the point (a pytree).
@@ -94,10 +83,6 @@ def project_l2_ball(tree: PyTree, radius: float | jax.Array | None,
   return jax.tree.map(lambda c, d: c + d * scale.astype(d.dtype), center, diff)
 
 
-def _sub(a: PyTree, b: PyTree) -> PyTree:
-  return jax.tree.map(jnp.subtract, a, b)
-
-
 def _lerp(a: PyTree, b: PyTree, w: jax.Array) -> PyTree:  # (1 - w) a + w b
   return jax.tree.map(lambda x, y: x + w.astype(x.dtype) * (y - x), a, b)
 
@@ -112,9 +97,6 @@ def projection(radius: float, center: PyTree | None = None
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``params``.
-
-  Raises:
-    ValueError: ``radius`` is not a finite number > 0.
   """
   check_positive(radius, "radius")
 
@@ -124,7 +106,7 @@ def projection(radius: float, center: PyTree | None = None
       raise ValueError("projection needs params")
     new = cast_like(project_l2_ball(optax.apply_updates(params, updates), radius, center),
                     params)
-    return _sub(new, params), state
+    return optax.tree.sub(new, params), state
 
   return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
 
@@ -143,10 +125,8 @@ class ProjectedSGDState(NamedTuple):
 def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = None,
                   center: PyTree | None = None, averaging: str = "none"
                   ) -> optax.GradientTransformationExtraArgs:
-  """Projected SGD ``x_{t+1} = Pi(x_t - eta_t g_t)`` with optional uniform iterate averaging.
-
-  ``released`` is the last iterate (``averaging="none"``) or the running mean of ``x_1..x_t``
-  (``"uniform"``; paper 000 Alg. 1 subroutine SGD, paper 004 DP-Loc-GD).
+  """Projected SGD ``x_{t+1} = Pi(x_t - eta_t g_t)``; ``released`` is the last iterate or the
+  running mean of ``x_1..x_t`` (paper 000 Alg. 1 subroutine SGD, paper 004 DP-Loc-GD).
 
   Args:
     learning_rate: ``eta`` (> 0) or an optax schedule ``step -> eta``.
@@ -157,9 +137,6 @@ def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = Non
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is :class:`ProjectedSGDState`;
     ``update`` needs ``params``.
-
-  Raises:
-    ValueError: a bad ``learning_rate`` or ``radius``, or an unknown ``averaging``.
   """
   if not callable(learning_rate):
     check_positive(learning_rate, "learning_rate")
@@ -183,7 +160,7 @@ def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = Non
       released = _lerp(state.released, new, 1.0 / count.astype(jnp.float32))
     else:
       released = new
-    return _sub(new, params), ProjectedSGDState(count=count, released=released)
+    return optax.tree.sub(new, params), ProjectedSGDState(count=count, released=released)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -216,9 +193,8 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
          gamma: float | None = None) -> optax.GradientTransformationExtraArgs:
   """AC-SA (Ghadimi & Lan 2012), Euclidean, with optional projection and multi-stage restarts.
 
-  ``params`` is the query point ``x_md_t``; the state holds ``x_{t-1}`` and the released
-  ``x_ag``. With ``alpha_t = 2/(t+1)``, ``gamma_t = 4 gamma/(t(t+1))`` (``gamma`` defaults to
-  the smoothness ``L``; step policy EXT A.3(a)) and ``mu`` = ``strong_convexity``:
+  ``params`` is the query point ``x_md_t``. With ``alpha_t = 2/(t+1)``, ``gamma_t = 4
+  gamma/(t(t+1))`` (EXT A.3(a)) and ``mu`` = ``strong_convexity``:
 
       s_t    = a mu/(mu+g) x_md + (1 - a mu/(mu+g)) x_{t-1}
       x_t    = Pi_X(s_t - a/(mu+g) G_t)
@@ -226,10 +202,9 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
       c      = (1-a')(mu+g') / (g' + (1-a'^2) mu)        (next-step a', g')
       x_md   = c x_ag_t + (1 - c) x_t
 
-  (EXT spec A.2; the weights sum to one — the printed ReSQue Alg. 2 gets this wrong.)
-  Bound (A.3a): ``E[Psi(x_ag_N) - Psi*] <= 4 L V0 / (N(N+1)) + 4 sigma^2 / (mu (N+1))``.
-  With ``stage_length`` the method restarts from ``x_ag`` every ``stage_length`` iterations
-  (multi-stage AC-SA, GL13; EXT A.4 recommends ``ceil(4 sqrt(2 L / mu))``).
+  (EXT spec A.2; the weights sum to one, unlike the printed ReSQue Alg. 2). With
+  ``stage_length`` it restarts from ``x_ag`` every ``stage_length`` iterations (multi-stage,
+  GL13; EXT A.4: ``ceil(4 sqrt(2 L / mu))``).
 
   Args:
     smoothness: ``L``, > 0.
@@ -242,10 +217,6 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is :class:`AcsaState`;
     ``update`` needs ``params``.
-
-  Raises:
-    ValueError: a bad ``smoothness``, ``strong_convexity``, ``gamma``, ``radius`` or
-      ``stage_length``.
   """
   check_positive(smoothness, "smoothness")
   mu = check_nonnegative(strong_convexity, "strong_convexity")
@@ -282,7 +253,7 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
     x_md = cast_like(_lerp(x_prev, x_ag, c), params)
     new_state = AcsaState(count=count, stage=state.stage + restart.astype(jnp.int32),
                           x=x_prev, released=x_ag)
-    return _sub(x_md, params), new_state
+    return optax.tree.sub(x_md, params), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -298,8 +269,7 @@ class ProxToAnchorState(NamedTuple):
 
 def add_prox_to_anchor(lam: float, anchor: PyTree | None = None
                        ) -> optax.GradientTransformationExtraArgs:
-  """Adds ``lam * (params - anchor)``, the gradient of ``lam/2 ||x - anchor||^2`` (paper 000
-  Alg. 3, paper 001 Alg. 3). Data independent: place it after the noise stage.
+  """Adds ``lam * (params - anchor)`` (paper 000 Alg. 3, paper 001 Alg. 3), after the noise.
 
   Args:
     lam: ``lambda``, >= 0.
@@ -308,9 +278,6 @@ def add_prox_to_anchor(lam: float, anchor: PyTree | None = None
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is :class:`ProxToAnchorState`;
     ``update`` needs ``params``.
-
-  Raises:
-    ValueError: ``lam`` is negative or not finite.
   """
   check_nonnegative(lam, "lam")
 
@@ -344,8 +311,7 @@ def _find_released(state: Any) -> Any:
 
 
 def released_params(opt_state: Any, params: PyTree) -> PyTree:
-  """The released iterate of a chain: the last stage state's ``released`` field, or
-  ``params`` when no stage keeps a separate output sequence.
+  """The chain's released iterate: the last stage state's ``released``, else ``params``.
 
   Args:
     opt_state: the chain's state.

@@ -1,34 +1,21 @@
 """Noisy prefix sums of a stream: binary-tree continual counting and independent noise.
 
-A chain stage that receives one increment ``Delta_t`` per step (an aggregated, clipped batch
-quantity, params-shaped) and emits ``g_hat_t = sum_{i <= t} Delta_i + N_t``, with ``N_t`` from
-one of two mechanisms (``mechanism=``):
+One increment ``Delta_t`` (aggregated, clipped, params-shaped) in per step, ``g_hat_t =
+sum_{i <= t} Delta_i + N_t`` out, with ``N_t`` from ``mechanism=``:
 
-``"tree"`` — the binary tree mechanism (Dwork–Naor–Pitassi–Rothblum 2010, Chan–Shi–Song 2011)
-  as in paper 003 Lemma 5.6 (index ranges repaired as in spec 003 §3.3 / AMBIG-6). Leaf
-  ``t+1`` holds ``Delta_t``; node ``(k, j)`` (odd ``j``, ``j 2^k <= T``) releases the block sum
-  over leaves ``((j-1)2^k, j 2^k]`` plus ``xi_{j,k} ~ N(0, sigma^2 I)``, and the prefix ending
-  at leaf ``t1`` sums the ``popcount(t1)`` nodes ``s_{t1 >> k, k}`` for the set bits ``k``.
-  ``Var(N_t) = popcount(t+1) sigma^2`` per coordinate; a leaf lies in at most
-  ``T.bit_length()`` nodes.
+``"tree"``: the binary tree mechanism (Dwork et al. 2010, Chan et al. 2011) as in paper 003
+  Lemma 5.6 (index ranges repaired, spec 003 §3.3 / AMBIG-6). Leaf ``t+1`` holds ``Delta_t``;
+  node ``(k, j)`` (odd ``j``, ``j 2^k <= T``) releases the sum over leaves ``((j-1)2^k, j 2^k]``
+  plus ``xi_{j,k} ~ N(0, sigma^2 I)`` (regenerated from ``fold_in(fold_in(key, k), j)``: memory
+  ``O(params)``); the prefix ending at leaf ``t1`` sums the nodes of ``t1``'s set bits.
+``"independent"``: the DP-SGD comparison, fresh noise per increment, summed.
 
-``"independent"`` — the DP-SGD comparison: fresh ``N(0, sigma^2 I)`` per increment
-  (:func:`~dpsco_jax.transforms.noise.add_gaussian_noise`), summed: ``Var(N_t) = (t+1) sigma^2``.
-
-Memory is ``O(params)``: node noise is regenerated from ``fold_in(fold_in(key, k), j)``. The
-state's noiseless running sum and key are **secret**; outputs use complete nodes only.
-
-Privacy (spec 003 §3.3, §4.4). Each increment has L2 sensitivity ``s`` (``C/B`` for a
-fixed-denominator mean under zero-out / add-remove, ``2C/B`` replace-one) and changes in one
-step only (single epoch). With ``noise_std = z * s``:
-  * tree: the encoder has sensitivity ``s * sqrt(levels)``, so the run, adaptive increments
-    included, is ``mu``-GDP with ``mu = sqrt(levels) / z``: one Gaussian mechanism of
-    multiplier ``z / sqrt(levels)`` (:func:`prefix_noise_event`).
-  * independent: one Gaussian mechanism of multiplier ``z`` (``mu = 1/z``).
-``levels = T.bit_length()`` is exact; the paper's ``1 + ceil(log2 T)`` is ``levels="paper"``.
-
-Past ``max_steps`` a leaf would fall in a node the accounting did not count, so the stage
-emits NaN (a loud, jit-compatible flag).
+Privacy (spec 003 §3.3, §4.4): increments of L2 sensitivity ``s``, each changed in one step
+(single epoch), ``noise_std = z * s``. A leaf lies in at most ``levels = T.bit_length()`` nodes
+(the paper's ``1 + ceil(log2 T)``: ``levels="paper"``), so the tree run, adaptive increments
+included, is one Gaussian mechanism of multiplier ``z / sqrt(levels)``; independent noise is one
+of multiplier ``z`` (:func:`prefix_noise_event`). The noiseless running sum and key are secret.
+Past ``max_steps`` the stage emits NaN (a leaf there lies in nodes nobody accounted).
 """
 
 from __future__ import annotations
@@ -44,7 +31,8 @@ import optax
 
 from dpsco_jax._checks import check_choice, check_int, check_seed_or_key
 from dpsco_jax.transforms.noise import (add_gaussian_noise, add_noise_tree, check_stddev,
-                                        noise_dtype, redacted_repr, tree_gaussian_like)
+                                        noise_dtype, output_like, redacted_repr,
+                                        tree_gaussian_like)
 
 PyTree = Any
 MECHANISMS = ("tree", "independent")
@@ -53,7 +41,8 @@ LEVEL_RULES = ("exact", "paper")
 MAX_STEPS = 2 ** 31 - 1
 
 
-def _check_max_steps(max_steps: Any) -> int:
+def check_max_steps(max_steps: Any) -> int:
+  """``max_steps``, an int in ``[1, MAX_STEPS]`` (the stages' int32 step counter)."""
   v = check_int(max_steps, "max_steps", minimum=1)
   if v > MAX_STEPS:
     raise ValueError(f"max_steps must be <= {MAX_STEPS} (the step counter is int32; a "
@@ -90,7 +79,7 @@ def prefix_nodes(leaf: int) -> list[tuple[int, int]]:
 
 def tree_encode(increments: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
   """The explicit noiseless encoder ``{(k, j): node sum}`` of ``increments[t]`` (leaf
-  ``t+1``): states and tests the mechanism; the streaming stage never builds it."""
+  ``t+1``), for tests; the streaming stage never builds it."""
   increments = np.asarray(increments)
   csum = np.concatenate([np.zeros_like(increments[:1]), np.cumsum(increments, axis=0)])
   return {(k, j): csum[hi] - csum[lo - 1] for k, j, lo, hi in tree_nodes(len(increments))}
@@ -114,7 +103,7 @@ def node_noise(key: jax.Array, level: int | jax.Array, index: int | jax.Array, l
 def tree_prefix_noise(key: jax.Array, leaf: jax.Array, like: PyTree,
                       stddev: float | jax.Array, levels: int) -> PyTree:
   """``N`` for the prefix ending at ``leaf`` (1-indexed, traced): ``sum_{k: bit k of leaf}
-  xi_{leaf >> k, k}``, levels vectorized, absent bits masked."""
+  xi_{leaf >> k, k}``."""
   ks = jnp.arange(levels, dtype=jnp.uint32)
   leaf = jnp.asarray(leaf, jnp.uint32)
   idx = leaf >> ks
@@ -128,8 +117,7 @@ def tree_prefix_noise(key: jax.Array, leaf: jax.Array, like: PyTree,
 
 # ----------------------------------------------------------------------------- the stages
 class TreePrefixNoiseState(NamedTuple):
-  """``count`` increments consumed; ``prefix`` (noiseless running sum) and ``key`` are
-  SECRET, redacted in repr/str."""
+  """``prefix`` (noiseless running sum) and ``key`` are SECRET (redacted in repr)."""
   count: jax.Array
   prefix: PyTree
   key: jax.Array
@@ -141,8 +129,7 @@ class TreePrefixNoiseState(NamedTuple):
 
 
 class IndependentPrefixNoiseState(NamedTuple):
-  """``noise``: the Gaussian stage's state (redacts its key); ``noisy_prefix``: the running
-  sum of released noisy increments (not secret)."""
+  """``noise``: the Gaussian stage's state; ``noisy_prefix``: released, not secret."""
   count: jax.Array
   noisy_prefix: PyTree
   noise: Any
@@ -153,20 +140,16 @@ def _poison_after(count: jax.Array, max_steps: int, tree: PyTree) -> PyTree:
   return jax.tree.map(lambda x: jnp.where(over, jnp.full_like(x, jnp.nan), x), tree)
 
 
-def _wide_zeros(params: PyTree) -> PyTree:
-  """Running sums in float32 or wider (a bfloat16 sum's rounding would change the
-  increments' sensitivity)."""
+def wide_zeros(params: PyTree) -> PyTree:
+  """Zero running sums in float32 or wider (a bfloat16 sum would round the increments)."""
   return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), noise_dtype(jnp.result_type(p))),
                       params)
 
 
 def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
                           ) -> optax.GradientTransformationExtraArgs:
-  """Binary-tree noisy prefix sums (paper 003, Lemma 5.6; spec 003 §3.3).
-
-  Increments in, ``sum_{i<=t} Delta_i + N_t`` out (``N_t``: the tree noise of leaf ``t+1``).
-  Sums and noise are float32 or wider; the output is cast to the params' (else the
-  increments') dtype, which is post-processing.
+  """Binary-tree noisy prefix sums (paper 003, Lemma 5.6; module docstring), float32+ sums
+  and noise, output cast to the params' (else the increments') dtype.
 
   Args:
     noise_std: the std of each tree node's noise, >= 0.
@@ -175,18 +158,14 @@ def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: increments in, noisy prefix sums out.
-
-  Raises:
-    ValueError: a bad ``noise_std`` or ``max_steps`` (beyond the int32 step counter).
-    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
   """
   check_stddev(noise_std, "noise_std")
-  max_steps = _check_max_steps(max_steps)
+  max_steps = check_max_steps(max_steps)
   levels = tree_levels(max_steps)
   key = check_seed_or_key(key, "key")
 
   def init_fn(params):
-    return TreePrefixNoiseState(count=jnp.zeros((), jnp.int32), prefix=_wide_zeros(params),
+    return TreePrefixNoiseState(count=jnp.zeros((), jnp.int32), prefix=wide_zeros(params),
                                 key=key)
 
   def update_fn(updates, state, params=None, **extra):
@@ -201,8 +180,7 @@ def tree_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
 
 
 class TreeIncrementNoiseState(NamedTuple):
-  """State of :func:`tree_increment_noise`: the tree stage's state (secret: its running sum
-  and key) and the last emitted noisy prefix (public: it was released)."""
+  """The tree stage's state (secret) and the last released noisy prefix (public)."""
   tree: TreePrefixNoiseState
   last: PyTree
 
@@ -215,7 +193,7 @@ def tree_increment_noise(noise_std: float, max_steps: int, key: jax.Array | int
   inner = tree_prefix_sum_noise(noise_std, max_steps, key)
 
   def init_fn(params):
-    return TreeIncrementNoiseState(inner.init(params), _wide_zeros(params))
+    return TreeIncrementNoiseState(inner.init(params), wide_zeros(params))
 
   def update_fn(updates, state, params=None, **extra):
     prefix, tree = inner.update(updates, state.tree, params, **extra)
@@ -229,8 +207,8 @@ def tree_increment_noise(noise_std: float, max_steps: int, key: jax.Array | int
 
 def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int
                                  ) -> optax.GradientTransformationExtraArgs:
-  """Noisy prefix sums with independent per-step noise (the DP-SGD comparison; interface of
-  :func:`tree_prefix_sum_noise`): ``N_t = sum_{i<=t} w_i``, ``Var = (t+1) sigma^2``.
+  """Noisy prefix sums with independent per-step noise ``N_t = sum_{i<=t} w_i`` (the DP-SGD
+  comparison; interface of :func:`tree_prefix_sum_noise`).
 
   Args:
     noise_std: the std of each step's noise, >= 0.
@@ -239,18 +217,14 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: increments in, noisy prefix sums out.
-
-  Raises:
-    ValueError: a bad ``noise_std`` or ``max_steps``.
-    ArgumentTypeError: ``key`` is neither a PRNG key nor an int seed.
   """
   check_stddev(noise_std, "noise_std")
-  max_steps = _check_max_steps(max_steps)
+  max_steps = check_max_steps(max_steps)
   gaussian = add_gaussian_noise(noise_std, check_seed_or_key(key, "key"))
 
   def init_fn(params):
     return IndependentPrefixNoiseState(
-        count=jnp.zeros((), jnp.int32), noisy_prefix=_wide_zeros(params),
+        count=jnp.zeros((), jnp.int32), noisy_prefix=wide_zeros(params),
         noise=gaussian.init(params))
 
   def update_fn(updates, state, params=None, **extra):
@@ -258,9 +232,8 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
     wide = jax.tree.map(lambda u: u.astype(noise_dtype(u.dtype)), updates)
     noisy, noise_state = gaussian.update(wide, state.noise, None, **extra)
     total = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.noisy_prefix, noisy)
-    same = params is not None and jax.tree.structure(params) == jax.tree.structure(updates)
     out = jax.tree.map(lambda t, r: t.astype(jnp.result_type(r)), total,
-                       params if same else updates)
+                       output_like(updates, params))
     out = _poison_after(state.count, max_steps, out)
     return out, IndependentPrefixNoiseState(count=state.count + 1, noisy_prefix=total,
                                             noise=noise_state)
@@ -280,9 +253,6 @@ def prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: increments in, noisy prefix sums out.
-
-  Raises:
-    ValueError: an unknown ``mechanism``; as :func:`tree_prefix_sum_noise`.
   """
   check_choice(mechanism, "mechanism", MECHANISMS)
   if mechanism == "tree":
@@ -293,8 +263,7 @@ def prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
 # ----------------------------------------------------------------------------- accounting
 def prefix_noise_mu(noise_multiplier: float, max_steps: int, *, mechanism: str = "tree",
                     levels: str = "exact") -> float:
-  """GDP parameter of a single-epoch run: ``sqrt(levels)/z`` (tree) or ``1/z``
-  (independent), with ``noise_std = z * sensitivity`` of one increment.
+  """GDP parameter of a single-epoch run: ``sqrt(levels)/z`` (tree) or ``1/z`` (independent).
 
   Args:
     noise_multiplier: ``z``, > 0.
@@ -304,9 +273,6 @@ def prefix_noise_mu(noise_multiplier: float, max_steps: int, *, mechanism: str =
 
   Returns:
     ``mu``, a float.
-
-  Raises:
-    ValueError: ``noise_multiplier`` is not > 0, or an unknown ``mechanism``.
   """
   check_choice(mechanism, "mechanism", MECHANISMS)
   z = float(noise_multiplier)
@@ -329,9 +295,6 @@ def prefix_noise_event(noise_multiplier: float, max_steps: int, *, mechanism: st
 
   Returns:
     A ``dp_accounting.GaussianDpEvent``.
-
-  Raises:
-    ValueError: as :func:`prefix_noise_mu`.
   """
   return dp_accounting.GaussianDpEvent(
       1.0 / prefix_noise_mu(noise_multiplier, max_steps, mechanism=mechanism, levels=levels))
