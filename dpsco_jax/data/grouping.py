@@ -254,12 +254,6 @@ def _blocks(n_users: int, m: int, leaves: list[np.ndarray]):
     yield lo, min(n_users, lo + step)
 
 
-def _npy_header(f, shape: tuple[int, ...], dtype: np.dtype) -> None:
-  np.lib.format.write_array_header_2_0(
-      f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-          "shape": shape})
-
-
 # XLA's CPU client uses a host buffer in place only at this alignment (numpy's is 16)
 DEVICE_ALIGNMENT = 64
 
@@ -295,7 +289,8 @@ def write_padded(leaves: list[np.ndarray], rows_of: Callable[[int, int], np.ndar
   files = [open(p, "wb") for p in paths]
   try:
     for f, s, leaf in zip(files, shapes, leaves):
-      _npy_header(f, s, leaf.dtype)
+      np.lib.format.write_array_header_2_0(f, {
+          "descr": np.lib.format.dtype_to_descr(leaf.dtype), "fortran_order": False, "shape": s})
     for lo, hi in _blocks(n_users, m, leaves):
       rows = rows_of(lo, hi)
       for leaf, f in zip(leaves, files):
@@ -376,17 +371,21 @@ def save_store_meta(store: str | os.PathLike, *, examples_kind: str, names: list
     if arr.dtype == object:
       raise TypeError(f"a store cannot hold object-dtype {name} (ids beyond int64?)")
     np.save(os.path.join(store, f"{name}.npy"), arr, allow_pickle=False)
-  files = _store_files(len(names), sorted(arrays))
-  manifest = [_describe(store, f) for f in files]
-  labels = [leaf_label(examples_kind, n) for n in names] + sorted(arrays)
   meta = {"format": STORE_FORMAT, "examples": examples_kind, "names": names,
-          "arrays": sorted(arrays), "m_declared": bool(m_declared), "manifest": manifest,
-          "fingerprint": fingerprint([(label, e["sha256"]) for label, e in zip(labels, manifest)],
-                                     store_facts(m_declared))}
+          "arrays": sorted(arrays), "m_declared": bool(m_declared),
+          "manifest": [_describe(store, f) for f in _store_files(len(names), sorted(arrays))]}
+  meta["fingerprint"] = _meta_fingerprint(meta)
   tmp = os.path.join(store, ".meta.json.tmp")
   with open(tmp, "w") as f:
     json.dump(meta, f)
   os.replace(tmp, os.path.join(store, "meta.json"))
+
+
+def _meta_fingerprint(meta: dict[str, Any]) -> str:
+  """:func:`fingerprint` of a store's files as its ``meta.json`` lists them."""
+  labels = [leaf_label(meta["examples"], n) for n in meta["names"]] + list(meta["arrays"])
+  return fingerprint([(label, e["sha256"]) for label, e in zip(labels, meta["manifest"])],
+                     store_facts(meta["m_declared"]))
 
 
 def _store_files(n_leaves: int, arrays: list[str]) -> list[str]:
@@ -494,9 +493,7 @@ def _check_manifest(store: str | os.PathLike, meta: dict[str, Any], files: list[
         f"meta.json names {len(meta['names'])} leaves and arrays {meta['arrays']}, i.e. files "
         f"{files}, but its manifest lists {listed}: meta.json was edited; rewrite the store")
   try:
-    labels = ([leaf_label(meta["examples"], n) for n in meta["names"]] + list(meta["arrays"]))
-    recomputed = fingerprint([(label, e["sha256"]) for label, e in zip(labels, meta["manifest"])],
-                             store_facts(meta["m_declared"]))
+    recomputed = _meta_fingerprint(meta)
   except (KeyError, TypeError) as err:
     raise StoreIntegrityError(f"meta.json's manifest is malformed ({err!r}): rewrite the "
                               "store") from err
