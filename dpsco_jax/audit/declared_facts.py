@@ -16,6 +16,7 @@ import numpy as np
 from dpsco_jax.audit.canary import CANARY_NORM, CLIP, DELTA, check_broken
 from dpsco_jax.audit.drivers import linear_problem
 from dpsco_jax.audit.harness import AuditSpec
+from dpsco_jax.audit.mechanisms import e0_sum
 
 __all__ = ["item_count_driver", "TWINS"]
 
@@ -27,11 +28,6 @@ def _items(n: int, with_canary: bool, m: int, dim: int) -> np.ndarray:
   if with_canary:
     x[0, 1, 0] = CANARY_NORM * CLIP
   return x
-
-
-def _abs_e0(releases) -> jax.Array:
-  (leaf,) = jax.tree.leaves(releases)
-  return -jnp.abs(jnp.sum(leaf[..., 0]))
 
 
 def item_count_driver(relation: str = "add_remove", broken: str | None = None, *,
@@ -66,6 +62,7 @@ def item_count_driver(relation: str = "add_remove", broken: str | None = None, *
     return baselines.dp_sgd_releases(problem, cfg, key, level="item", data=data)
 
   return AuditSpec(f"dp_sgd_item/poisson[{broken or 'declared_m'}]", relation, release,
-                   {"x": jnp.asarray(x_in)}, {"x": jnp.asarray(x_out)}, _abs_e0, float(claim),
-                   DELTA, f"dp_sgd_item(...).privacy.epsilon (z={noise_multiplier:g}, "
+                   {"x": jnp.asarray(x_in)}, {"x": jnp.asarray(x_out)},
+                   lambda r: -jnp.abs(e0_sum(r)), float(claim), DELTA,
+                   f"dp_sgd_item(...).privacy.epsilon (z={noise_multiplier:g}, "
                    f"q={sampling_rate:g}, m=2 declared)")

@@ -191,12 +191,8 @@ def group_rows(ids: np.ndarray) -> Groups:
 
 def slot_rows(groups: Groups, m: int, *, selection: str, seed: int, lo: int = 0,
               hi: int | None = None) -> np.ndarray:
-  """``[hi - lo, m]`` table rows behind the item slots of users ``lo..hi``.
-
-  Slot ``j`` of a user with ``k`` rows is its row ``j % k``; under ``"random"`` a user with
-  ``k > m`` keeps ``sort(choice(rows, m, replace=False))`` from
-  ``default_rng([seed, id_seed(id)])``.
-  """
+  """``[hi - lo, m]`` table rows behind the item slots of users ``lo..hi`` (module docstring;
+  ``"random"`` keeps ``sort(choice(rows, m, replace=False))``)."""
   hi = groups.n_users if hi is None else hi
   start = groups.start[lo:hi, None].astype(np.int64)
   count = groups.count[lo:hi, None]
@@ -226,9 +222,7 @@ def _first_run_length(ids: np.ndarray) -> int:
 def dense_run_length(ids: np.ndarray, m: int | None = None) -> int | None:
   """``k`` when canonical ``ids`` are ``N / k`` runs of exactly ``k`` equal ids, each run a
   different user (``k = m`` when given, else the first run's length); ``None`` otherwise and
-  for ``k = 1``. Then the padded leaves are the table reshaped to ``[N / k, k, ...]``.
-  ``O(N)`` chunked comparisons plus one sort of the run heads.
-  """
+  for ``k = 1``. ``O(N)`` chunked comparisons plus one sort of the run heads."""
   n = ids.shape[0]
   if n == 0 or ids.dtype == object:       # object: ids beyond int64, the general path
     return None

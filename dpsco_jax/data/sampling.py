@@ -1,17 +1,13 @@
 """Host-side Poisson sampling of users and gathering of their padded batch.
 
-For data kept off the device: each step samples users on the host in ``O(q n)`` expected work
-and gathers only their rows (from memory or a memory map, :meth:`dpsco_jax.data.UserData.open`).
-
-* :class:`PoissonSampler`: user ``i`` is in step ``t``'s sample with probability ``q``,
-  independently of the other users and steps, the law the accountant assumes. It walks the
-  users with Geometric(``q``) gaps drawn from a generator seeded by ``(seed, step)``, which do
-  not depend on ``n``: removing the last user leaves every other user's inclusion unchanged.
-  Exact up to numpy's double-precision geometric sampler.
-* Truncation is the device sampler's: beyond ``capacity`` (the plan's static slot count) the
-  lowest indices are kept; its probability is what the plan adds to delta.
-* :func:`gather_batch`: the sampled users' ``{"example", "weight"}`` batch and user mask.
-* :func:`iter_batches`: per-step device batches, gathered one step ahead in a thread.
+For data kept off the device (in memory or a memory map, :meth:`dpsco_jax.data.UserData.open`):
+each step samples users on the host in ``O(q n)`` expected work and gathers only their rows.
+:class:`PoissonSampler` includes user ``i`` in step ``t``'s sample with probability ``q``,
+independently of the other users and steps, the law the accountant assumes (exact up to numpy's
+double-precision geometric sampler); its Geometric(``q``) gaps do not depend on ``n``, so
+removing the last user leaves every other user's inclusion unchanged. Truncation is the device
+sampler's: beyond ``capacity`` the lowest indices are kept; its probability is what the plan
+adds to delta.
 """
 
 from __future__ import annotations

@@ -141,18 +141,17 @@ class BilevelProblem:
             "x_radius": self.x_radius, **public_meta}
 
 
-def _mean_ex(fn, x, y, data):
-  return jnp.mean(jax.vmap(fn, in_axes=(None, None, 0))(x, y, data))
+def _full(ex_fn, reg, data, x, y):
+  out = jnp.mean(jax.vmap(ex_fn, in_axes=(None, None, 0))(x, y, data))
+  return out if reg is None else out + reg(x, y)
 
 
 def full_f(problem: BilevelProblem, x, y):
-  out = _mean_ex(problem.f_ex, x, y, problem.data)
-  return out if problem.f_reg is None else out + problem.f_reg(x, y)
+  return _full(problem.f_ex, problem.f_reg, problem.data, x, y)
 
 
 def full_g(problem: BilevelProblem, x, y):
-  out = _mean_ex(problem.g_ex, x, y, problem.data)
-  return out if problem.g_reg is None else out + problem.g_reg(x, y)
+  return _full(problem.g_ex, problem.g_reg, problem.data, x, y)
 
 
 def project_x(problem: BilevelProblem, x):
