@@ -210,14 +210,9 @@ def auto_axes(mesh: Mesh | None) -> Mesh | None:
   return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
-@contextlib.contextmanager
-def mesh_context(mesh: Mesh | None) -> Iterator[None]:
+def mesh_context(mesh: Mesh | None) -> contextlib.AbstractContextManager:
   """``jax.set_mesh(mesh)`` (nothing for ``None``): the context a run on ``mesh`` is traced in."""
-  if mesh is None:
-    yield
-    return
-  with jax.set_mesh(mesh):
-    yield
+  return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
 def replicated_on(tree: Any, mesh: Mesh | None, caller: Mesh | None) -> Any:

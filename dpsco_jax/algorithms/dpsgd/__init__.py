@@ -1,1 +1,1 @@
-"""The DP-SGD baselines (item, user, group level): ``plan`` (with ``mf_plan``) and ``driver``."""
+"""The DP-SGD baselines (item, user, group level): ``plan`` and ``driver``."""

@@ -30,13 +30,11 @@ subsampled (``K_i`` of ``n_i``, without replacement) Gaussians. Declared constan
 FILTER bounds the kept sets' diameter for any points, so the provenance is the same on a
 user's loss. Relation, noise convention and accounting: :mod:`.plan`.
 
-Presets and provenance: ``theory`` (paper constants, preconditions raise, the paper's
-``sigma_i``; ``theorem``, the accountant's epsilon beside it); ``practical`` (scaled
-constants, noise calibrated to the certified sensitivity; ``accountant`` when every phase's
-bad events fit in ``delta/2``, else ``heuristic`` with the reason; ``sensitivity: typical``,
-``2 r_h / K``, always ``heuristic``); ``privacy_noise: false`` (filter on, sigma = 0;
-``none``). ``clip_norm`` (``true``: L) clips each item's gradient (Alg. 1) or each user's
-(Algs 2-3) before FILTER; it is not part of the sensitivity.
+Presets (``theory``: the paper's constants and ``sigma_i``; ``practical``: scaled constants,
+noise calibrated to the certified sensitivity), ``sensitivity: typical`` and
+``privacy_noise: false``, with the provenance of each: :meth:`.plan.FilterPlan.charge`.
+``clip_norm`` (``true``: L) clips each item's gradient (Alg. 1) or each user's (Algs 2-3)
+before FILTER; it is not part of the sensitivity.
 
 Audit hooks: :func:`user_level_phased_sgd_releases` and
 :func:`user_level_accelerated_erm_releases` (the per-phase / per-step privatized releases).
