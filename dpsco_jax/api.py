@@ -558,9 +558,7 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
         mesh: jax.sharding.Mesh | None = None,
         callback: Callable[[Progress], None] | None = None,
         data_placement: str = "auto", distributed: bool | None = None) -> Result:
-  """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, mesh=,
-  callback=, data_placement=, distributed=)``. When the default placement holds the table
-  twice (an unaligned table on a CPU backend): see :func:`run`'s ``data_placement``.
+  """``run(plan(algorithm, config, data.spec, ...), loss_fn, params, data, key, ...)``.
 
   Args:
     algorithm: a registered algorithm name.
@@ -601,13 +599,10 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
 def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData],
               keys: Sequence[jax.Array]) -> list[Result]:
   """``[run(p, loss_fn, params, data, key) for data, key in zip(datas, keys)]`` as one
-  compiled program (a seed sweep, or one model on several same-shape data sets).
-
-  The plan runs once under ``jax.vmap`` over the stacked data and keys
-  (:func:`dpsco_jax.sweep.run_stacked`). Each result has its own params (equal to the
-  one-by-one run's to float tolerance), the plan's privacy report and ``record['batched'] =
-  True``; keys are the caller's, one per run. Algorithms not in :data:`BATCHED` run one by
-  one with ``batched: False``.
+  compiled program under ``jax.vmap`` (:func:`dpsco_jax.sweep.run_stacked`): each result has
+  its own params (the one-by-one run's to float tolerance), the plan's report and
+  ``record['batched'] = True``. Algorithms not in :data:`BATCHED` run one by one
+  (``batched: False``).
 
   Args:
     p: the plan, made for every data set's spec.
@@ -639,10 +634,8 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
 
 def _run_stacked(plans: list[Plan], loss_fn: Callable, params: Any, datas: list,
                  keys: list, grid: Any = None) -> list[Result]:
-  """The batched body of :func:`run_seeds` (one plan) and :func:`run_grid` (one plan per run,
-  ``grid`` the step sizes they differ in): checks the data sets against the first plan, runs
-  its driver once under ``vmap`` (:func:`dpsco_jax.sweep.run_stacked`) and checks every run's
-  guarantee against its plan."""
+  """The batched body of :func:`run_seeds` and :func:`run_grid` (``grid``: the step sizes the
+  plans differ in): data checked against the first plan, every guarantee against its plan."""
   from dpsco_jax.sweep import run_stacked
   first = plans[0]
   entry = _entry(first.algorithm)
@@ -667,16 +660,13 @@ def _run_stacked(plans: list[Plan], loss_fn: Callable, params: Any, datas: list,
 
 def run_grid(plans: Sequence[Plan], loss_fn: Callable, params: Any, datas: Sequence[UserData],
              keys: Sequence[jax.Array]) -> list[Result]:
-  """``[run(plans[i], loss_fn, params, datas[i], keys[i]) for i]`` as one compiled program,
-  for plans that differ only in step sizes (a learning-rate grid, crossed with seeds or data
-  sets).
-
-  The plans must be of one algorithm, spec, constants and parameter count, with equal privacy
-  reports and noise multipliers; their configs may differ only in the algorithm's grid keys
-  (:data:`dpsco_jax.sweep.GRID`: ``learning_rate``; paper 003's drivers also ``beta``,
-  ``beta_scale``). Anything else raises :class:`dpsco_jax.sweep.NotBatchable` naming the key.
-  The step sizes become inputs of one traced program, run once under ``jax.vmap``. Plans of
-  an algorithm without a grid that are all the same run one by one (``batched: False``).
+  """``[run(plans[i], loss_fn, params, datas[i], keys[i]) for i]`` as one compiled program
+  under ``jax.vmap``, for plans of one algorithm, spec, constants, parameter count and
+  guarantee whose configs differ only in the algorithm's grid keys
+  (:data:`dpsco_jax.sweep.GRID`: ``learning_rate``; SRGD also ``beta``, ``beta_scale``),
+  which become inputs of the traced program; anything else raises
+  :class:`dpsco_jax.sweep.NotBatchable` naming the key. Equal plans of an algorithm without
+  a grid run one by one (``batched: False``).
 
   Args:
     plans: one plan per run, of one algorithm and spec, differing only in step sizes.

@@ -1,13 +1,10 @@
-"""The shared config schemas: the runner's keys, one frozen dataclass per problem, the keys of
-a user problem and its data files, :class:`AlgorithmKeys` (the base of every algorithm's
-config) and the Flax trainer's config (:data:`CONFIG_ONLY_ALGORITHMS`).
-
-Each algorithm family's schema lives in its package (``dpsco_jax/algorithms/<package>/config.py``),
-named where its driver registers (``@register(name, config=...)``) and built with this module's
-``config_key`` / ``refused_key``; this module imports no algorithm. A field is one config key:
-its annotation is the accepted YAML type, its default the one that runs (``None`` on a
-non-Optional field: derived by the driver, the doc says how), ``metadata["doc"]`` its one-line
-doc, ``metadata["required"]`` marks keys that must be given.
+"""The shared config schemas: the runner's keys, one frozen dataclass per problem, a user
+problem's and its data files' keys, :class:`AlgorithmKeys` (every algorithm config's base) and
+the Flax trainer's config. Each algorithm family's schema is its package's ``config.py``,
+built with :func:`config_key` / :func:`refused_key`. A field is one key: its annotation the
+accepted YAML type, its default the one that runs (``None`` on a non-Optional field: derived,
+the doc says how), ``metadata["doc"]`` its doc, ``metadata["required"]`` whether it must be
+given.
 """
 
 from __future__ import annotations

@@ -133,9 +133,7 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
                   ) -> tuple[list[dict] | None, str | None]:
   """The records of runs that differ only in seed (or a GRID algorithm's step sizes), run as
   one vmapped program (:func:`dpsco_jax.sweep.run_stacked`), or ``(None, why)`` when they run
-  one by one (an algorithm outside :data:`dpsco_jax.api.BATCHED`, a user problem, ``debug``,
-  problems or configs that differ, a driver that does not trace: nothing of the attempt is
-  released). ``checked``: the validator of one run config, ``(normalized copy, typed
+  one by one (nothing of the attempt is released). ``checked``: the validator of one run config, ``(normalized copy, typed
   config)`` (``None``: validated already); ``plan_row(cfg, typed, problem)``: a row's plan.
   A grid group's records say ``batch_grid``."""
   from dpsco_jax import api
@@ -191,11 +189,10 @@ def _batched_record(cfg: dict, problem: Any, result: Any, wall: float, runs: int
 
 
 class ProblemCache(collections.OrderedDict):
-  """The problems of the most recent ``maxsize`` distinct (problem config, seed) keys, least
-  recently used evicted first, and at most ``max_bytes`` of arrays (default: a quarter of the
-  machine's memory; the most recent one always kept). The bound matters because a problem
-  keeps its drivers' executables alive; an evicted problem is freed by reference counting (no
-  driver's cache may hold its problem strongly)."""
+  """The problems of the most recent ``maxsize`` distinct (problem config, seed) keys (least
+  recently used evicted first) holding at most ``max_bytes`` of arrays (default: a quarter of
+  the machine's memory; the most recent always kept): a problem keeps its drivers'
+  executables alive."""
 
   def __init__(self, maxsize: int = 16, max_bytes: int | None = None):
     super().__init__()

@@ -1,13 +1,10 @@
-"""The runner's config syntax before validation: ``problem:`` / ``data:`` / ``algorithm:``
-sections, row labels, the ``compare:`` block, the strict YAML reader (:func:`yaml_loader`) and
-the checks of a ``select`` / ``compare`` metric against the records' fields.
+"""The runner's config syntax before validation: sections, row labels, the ``compare:``
+block, the strict YAML reader (:func:`yaml_loader`), the ``select`` / ``compare`` metric checks.
 
-Sections are flattened to the flat run mapping the schemas validate (``algorithm: {name:
-dp_sgd_user, epsilon: 1.0}`` is ``algorithm: dp_sgd_user, epsilon: 1.0``); a key in the wrong
-section is a :class:`ConfigError` naming the section it belongs to. A ``problem:`` section
-without ``name`` that names your code (``factory:``, ``model:`` / ``loss:`` / ``data:``) is the
-``user`` problem; ``data:`` is then a data file (a path ending in :data:`DATA_SUFFIXES`, or a
-mapping with ``path``).
+Sections are flattened (``algorithm: {name: dp_sgd_user, epsilon: 1.0}`` is ``algorithm:
+dp_sgd_user, epsilon: 1.0``); a key in the wrong section is a :class:`ConfigError` naming its
+section. A ``problem:`` without ``name`` that names your code (``factory``, ``model`` /
+``loss`` / ``data``) is the ``user`` problem, its ``data:`` a data file.
 """
 
 from __future__ import annotations

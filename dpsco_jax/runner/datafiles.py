@@ -2,16 +2,11 @@
 config key, then read into a :class:`~dpsco_jax.data.UserData` through
 :meth:`UserData.from_table` (the layouts: :mod:`dpsco_jax.runner.user`).
 
-A file is read and checked when the config is checked, before anything runs (cached for the
-run); every fault is one :class:`ConfigError` naming the file and the array / column, never a
-value of the data:
-
-* **Ids.** A ``.csv`` id is the field's stripped text unless ``user_id_dtype: int``; blank ids
-  and ids differing only in surrounding spaces are refused.
-* **Features** are numbers, one row per id; a non-finite value is refused (the run would
-  silently drop that user: its clipped gradient is zeroed).
-* **Exactness.** A value that float32 / int32 (what the run computes in) cannot hold exactly
-  is refused naming the column and the limit.
+A file is read and checked with the config, before anything runs (cached for the run); every
+fault is one :class:`ConfigError` naming the file and the array / column, never a value: blank
+ids or ids differing only in spaces (a ``.csv`` id is its stripped text unless
+``user_id_dtype: int``), non-numeric or non-finite features (the run would silently drop that
+user), and values float32 / int32 cannot hold exactly.
 """
 
 from __future__ import annotations
