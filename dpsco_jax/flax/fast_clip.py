@@ -106,7 +106,7 @@ def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
     axes = [2 + (int(a) % nd) for a in module.axis]
     k = len(axes)
     x = jnp.moveaxis(x, axes, list(range(x.ndim - k, x.ndim)))
-    p = fn._prod(module.in_features)
+    p = fn.prod(module.in_features)
   else:
     p = x.shape[-1]
   return jnp.reshape(x.astype(_F32), (n_users, -1, p))
@@ -345,8 +345,6 @@ class FastClippedGrad:
     for path, kind in plan.fast:
       ks, module = by_path[path], self._module(params, path)
       leaf = lambda attr, path=path: self._leaf_index[path + (attr,)]
-      q = (fn._prod(module.out_features) if kind == "linear_general" else gs[ks[0]].shape[-1])
-      flat_g = lambda k, q=q: jnp.reshape(gs[k].astype(_F32), (n_users, -1, q))
       if kind == "local":
         per_user = self._local_grads(module, [plan.calls[k] for k in ks],
                                      [arrays[k] for k in ks], [gs[k] for k in ks])
@@ -354,7 +352,8 @@ class FastClippedGrad:
           v = _as_rounded(v)
           parts.append(_Part(leaf(lp[0]), fn.sqsum_upper(v), dense=v))
         continue
-      g = jnp.concatenate([flat_g(k) for k in ks], 1)
+      q = (fn.prod(module.out_features) if kind == "linear_general" else gs[ks[0]].shape[-1])
+      g = jnp.concatenate([jnp.reshape(gs[k].astype(_F32), (n_users, -1, q)) for k in ks], 1)
       if kind in ("linear", "linear_general"):
         a = jnp.concatenate([_flat_inputs(module, kind, arrays[k][0], n_users) for k in ks], 1)
         form = fc.kernel_form(a.shape[1], a.shape[2], g.shape[2], self.ghost,
@@ -367,10 +366,9 @@ class FastClippedGrad:
         xs, gk = [arrays[k][0] for k in ks], [gs[k] for k in ks]
         cp = fcv.plan_conv(module, [x.shape for x in xs], [y.shape for y in gk], n_users,
                            self.ghost, self._conv_rule())
-        chunk = cp.chunk
-        sq, m = fcv.conv_bound(module, xs, gk, self.ghost, chunk, cp.recomputed)
+        sq, m = fcv.conv_bound(module, xs, gk, self.ghost, cp.chunk, cp.recomputed)
         parts.append(_Part(leaf("kernel"), sq, dense=m, release=lambda w, kept, d, c=module,
-                           xs=xs, gk=gk, b=chunk: fcv.conv_release(c, xs, gk, w, kept, b)))
+                           xs=xs, gk=gk, b=cp.chunk: fcv.conv_release(c, xs, gk, w, kept, b)))
       else:  # embed
         idx = jnp.concatenate([jnp.reshape(arrays[k][0], (n_users, -1)) for k in ks], 1)
         v = module.num_embeddings

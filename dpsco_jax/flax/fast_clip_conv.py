@@ -36,7 +36,7 @@ LATE_BUFFER = 0.5
 def conv_dims(conv: nnx.Conv) -> tuple[int, int, int]:
   """``(p, q, groups)``: a feature group's inputs (patch length) and outputs, the groups."""
   groups = int(conv.feature_group_count)
-  return (fn._prod(conv.kernel_size) * int(conv.in_features) // groups,
+  return (fn.prod(conv.kernel_size) * int(conv.in_features) // groups,
           int(conv.out_features) // groups, groups)
 
 
@@ -48,7 +48,7 @@ def per_user_elements(conv: nnx.Conv, n: int, direct: bool) -> int:
 
 def layer_elements(in_shapes: Sequence[tuple], out_shapes: Sequence[tuple]) -> int:
   """The layer's activations over the batch: every call's inputs and outputs."""
-  return sum(fn._prod(s) for s in in_shapes) + sum(fn._prod(s) for s in out_shapes)
+  return sum(fn.prod(s) for s in in_shapes) + sum(fn.prod(s) for s in out_shapes)
 
 
 def chunk_users(n_users: int, per_user: int, layer: int, budget: float | None,
@@ -152,7 +152,7 @@ def conv_bound(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array],
     # Constant zeros would be allocated before the forward pass; ``g * 0`` (every slot is
     # overwritten) waits for the backward pass. Worth it only for a large buffer.
     m_shape = (n_users,) + shapes[1].shape[1:]
-    if fn._prod(m_shape) > LATE_BUFFER * layer_elements([x.shape for x in xs],
+    if fn.prod(m_shape) > LATE_BUFFER * layer_elements([x.shape for x in xs],
                                                           [g.shape for g in gs]):
       z = jnp.reshape(gs[0], (-1,))[0].astype(shapes[1].dtype) * 0
       m0 = jnp.full(m_shape, z, shapes[1].dtype)
@@ -184,7 +184,7 @@ def conv_release(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array
     gc = [jnp.where(fn.bcast(keep, g), g.astype(_F32) * fn.bcast(ws, g), 0.0)
           for g in [_chunk(g, i, b) for g in gs]]
     a, wg = _patches_and_grads(conv, xc, gc)
-    return jnp.einsum("ungk,ungo->gko", a, wg, precision=fn._HI)
+    return jnp.einsum("ungk,ungo->gko", a, wg, precision=fn.HI)
 
   if chunk >= n_users:
     return fn.conv_layout(conv, chunk_sum(0, n_users, jnp.ones((n_users,), bool)))
@@ -212,7 +212,7 @@ def plan_conv(conv: nnx.Conv, in_shapes: Sequence[tuple], out_shapes: Sequence[t
   """How a conv is clipped, from its calls' batched shapes: the chunk, the form, and what is
   held until the weights are known: the per-user gradients or, when smaller, the inputs and
   output gradients, from which the release is recomputed chunk by chunk."""
-  n = sum(fn._prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
+  n = sum(fn.prod(s[1:-1]) for s in out_shapes)  # positions per user, over its items and calls
   p, q, groups = conv_dims(conv)
   direct = not fn.use_gram(n, p, q, ghost)
   layer = layer_elements(in_shapes, out_shapes)

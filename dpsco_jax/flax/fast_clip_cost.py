@@ -100,7 +100,7 @@ def layer_costs(module_of, plan, leaf_sizes: dict, n_users: int, m: int, ghost: 
                             _held(own, u), _held(own, u, vmap_chunks)))
       continue
     p, q, groups = _dims(kind, mod)
-    n = m * sum(fn._prod(c.out.shape) // (q * groups) for c in calls)
+    n = m * sum(fn.prod(c.out.shape) // (q * groups) for c in calls)
     bias = (u * q * groups) if getattr(mod, "bias", None) is not None else 0
     # projections of the very same inputs share their input Gram (or row norms)
     same = _input_key(kind, mod, p, calls)
@@ -146,7 +146,7 @@ def _dims(kind: str, mod) -> tuple[int, int, int]:
   if kind == "linear":
     return int(mod.in_features), int(mod.out_features), 1
   if kind == "linear_general":
-    return fn._prod(_tuple(mod.in_features)), fn._prod(_tuple(mod.out_features)), 1
+    return fn.prod(mod.in_features), fn.prod(mod.out_features), 1  # tuples in nnx
   if kind == "conv":
     return fcv.conv_dims(mod)
   return int(mod.num_embeddings), int(mod.features), 1  # embed
@@ -156,12 +156,8 @@ def _input_key(kind, mod, p, calls):
   """What identifies a Linear / LinearGeneral's input rows (None for other layers)."""
   if kind not in ("linear", "linear_general") or any(c.in_group < 0 for c in calls):
     return None
-  axes = tuple(int(a) for a in _tuple(mod.axis)) if kind == "linear_general" else ()
+  axes = tuple(int(a) for a in mod.axis) if kind == "linear_general" else ()
   return (kind, p, axes, tuple(c.in_group for c in calls))
-
-
-def _tuple(x):
-  return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
 def totals(rows) -> dict[str, float]:

@@ -31,7 +31,7 @@ from flax import nnx
 from flax.nnx.nn.linear import _conv_dimension_numbers, canonicalize_padding
 from jax import lax
 
-_HI = lax.Precision.HIGHEST
+HI = lax.Precision.HIGHEST
 UNIT = 2.0 ** -23
 _ABS = 2.0 ** -120  # per-term absolute slack for gradual underflow
 _GRAM_MAX_GAMMA = 1e-3
@@ -46,13 +46,13 @@ def sqsum_upper(x: jax.Array) -> jax.Array:
   """Certified upper bound on ``sum x^2`` over all but the leading (user) axis."""
   u = x.shape[0]
   x = jnp.reshape(x.astype(jnp.float32), (u, -1, x.shape[-1] if x.ndim > 1 else 1))
-  rows = jnp.einsum("urk,urk->ur", x, x, precision=_HI)
+  rows = jnp.einsum("urk,urk->ur", x, x, precision=HI)
   k = x.shape[1] + x.shape[2] + 1
   return jnp.sum(rows, axis=1) / (1.0 - gamma(k))
 
 
 def _row_norms(x: jax.Array) -> jax.Array:
-  return jnp.sqrt(jnp.einsum("unk,unk->un", x, x, precision=_HI))
+  return jnp.sqrt(jnp.einsum("unk,unk->un", x, x, precision=HI))
 
 
 def _s_upper(a_norms: jax.Array, g_norms: jax.Array, p: int, q: int) -> jax.Array:
@@ -77,19 +77,19 @@ def kernel_bound(a: jax.Array, g: jax.Array, ghost: str, recomputed: bool = Fals
   n, p, q = a.shape[1], a.shape[2], g.shape[2]
   s = _s_upper(_row_norms(a), _row_norms(g), p, q)
   if use_gram(n, p, q, ghost):
-    aa = jnp.einsum("unk,uvk->unv", a, a, precision=_HI)
-    gg = jnp.einsum("unk,uvk->unv", g, g, precision=_HI)
-    sq = jnp.sum(jnp.einsum("unv,unv->un", aa, gg, precision=_HI), axis=1)
+    aa = jnp.einsum("unk,uvk->unv", a, a, precision=HI)
+    gg = jnp.einsum("unk,uvk->unv", g, g, precision=HI)
+    sq = jnp.sum(jnp.einsum("unv,unv->un", aa, gg, precision=HI), axis=1)
     g_up = jnp.sqrt(jnp.maximum(sq, 0.0) + gamma(p + q + 2 * n + 2) * jnp.square(s))
     return g_up + gamma(n + 1) * s, None
-  m = jnp.einsum("unp,unq->upq", a, g, precision=_HI)
+  m = jnp.einsum("unp,unq->upq", a, g, precision=HI)
   slack = gamma(n) + (gamma(n + 1) if recomputed else 0.0)
   return jnp.sqrt(sqsum_upper(m)) + slack * s, m
 
 
 def kernel_release(a: jax.Array, wg: jax.Array) -> jax.Array:
   """``sum_{u,t} a_{ut} (w_u g_{ut})^T`` at HIGHEST precision: ``[p, q]``."""
-  return jnp.einsum("unp,unq->pq", a, wg, precision=_HI)
+  return jnp.einsum("unp,unq->pq", a, wg, precision=HI)
 
 
 def embed_bound(idx: jax.Array, g: jax.Array) -> jax.Array:
@@ -98,9 +98,9 @@ def embed_bound(idx: jax.Array, g: jax.Array) -> jax.Array:
   gn = _row_norms(g)
   s = jnp.sum(gn, axis=1) * (1.0 + gamma(q + n + 2)) + n * _ABS
   # always the Gram form (a one-hot direct form costs n * vocab per user)
-  gg = jnp.einsum("unk,uvk->unv", g, g, precision=_HI)
+  gg = jnp.einsum("unk,uvk->unv", g, g, precision=HI)
   same = (idx[:, :, None] == idx[:, None, :]).astype(jnp.float32)
-  sq = jnp.sum(jnp.einsum("unv,unv->un", gg, same, precision=_HI), axis=1)
+  sq = jnp.sum(jnp.einsum("unv,unv->un", gg, same, precision=HI), axis=1)
   g_up = jnp.sqrt(jnp.maximum(sq, 0.0) + gamma(q + 2 * n + 2) * jnp.square(s))
   return g_up + gamma(n + 1) * s
 
@@ -141,13 +141,13 @@ def _patches(x, ks, strides, padding, in_dil, k_dil, dn) -> jax.Array:
   DEFAULT for the filter, which a backend may read as TF32 for the whole convolution)."""
   dn = lax.conv_dimension_numbers(x.shape, (1, 1) + tuple(ks), dn)
   lhs_spec, rhs_spec, _ = dn
-  vol, channels = _prod(ks), x.shape[lhs_spec[1]]
+  vol, channels = prod(ks), x.shape[lhs_spec[1]]
   rhs = jnp.broadcast_to(jnp.eye(vol, dtype=x.dtype), (channels, vol, vol))
   rhs = jnp.reshape(rhs, (channels * vol, 1) + tuple(ks))
   rhs = jnp.moveaxis(rhs, (0, 1), (rhs_spec[0], rhs_spec[1]))
   return lax.conv_general_dilated(x, rhs, strides, padding, lhs_dilation=in_dil,
                                   rhs_dilation=k_dil, dimension_numbers=dn,
-                                  feature_group_count=channels, precision=(_HI, _HI))
+                                  feature_group_count=channels, precision=(HI, HI))
 
 
 def conv_grouped(conv: nnx.Conv, x: jax.Array, g: jax.Array, n_users: int):
@@ -164,14 +164,14 @@ def conv_layout(conv: nnx.Conv, flat: jax.Array) -> jax.Array:
   ``[..., *kernel_size, in/G, out]``."""
   ks = tuple(conv.kernel_size)
   lead, (groups, k, og) = flat.shape[:-3], flat.shape[-3:]
-  cg = k // max(1, _prod(ks))
+  cg = k // max(1, prod(ks))
   w = jnp.reshape(flat, lead + (groups, cg) + ks + (og,))
   nl, nd = len(lead), len(ks)
   w = jnp.moveaxis(w, (nl, nl + 1), (nl + nd + 1, nl + nd))   # [..., *ks, cg, G, og]
   return jnp.reshape(w, lead + ks + (cg, groups * og))
 
 
-def _prod(xs) -> int:
+def prod(xs) -> int:
   return math.prod(int(x) for x in xs)
 
 

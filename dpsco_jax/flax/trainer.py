@@ -69,8 +69,6 @@ class TrainState(NamedTuple):
     return (f"TrainState(params={shapes}, opt_state={_REDACTED}, sample_key={_REDACTED}, "
             f"step={int(self.step)})")
 
-  __str__ = __repr__
-
 
 def _optional(x: Any, check: Callable, name: str) -> Any:
   return None if x is None else check(x, name)
@@ -238,14 +236,14 @@ class DPTrainer:
     if isinstance(optimizer, nnx.Optimizer):
       self._nnx_opt, optimizer = optimizer, optimizer.tx
     self.optimizer = optimizer
-    accumulator = _accumulator(optimizer.init(params))
+    inner = optimizer.init(params)
+    accumulator = _accumulator(inner)
     if accumulator is not None:
       raise ValueError(f"optimizer must not contain {accumulator}: it would accumulate noisy "
                        "gradients over steps instead of accumulating clipped sums under one "
                        "noise draw; use DPTrainer(accumulation_steps=k)")
     sample_key, self._noise = self._keys_and_noise(key)
     self._initial_params = params
-    inner = optimizer.init(params)
     if self._nnx_opt is not None:  # continue from the nnx.Optimizer's current state
       inner = jax.tree.unflatten(jax.tree.structure(inner),
                                  [v.value for v in self._opt_vars()])

@@ -3,11 +3,9 @@
 ``DPTrainer(sampling="cyclic", ...)`` takes the plan of ``dp_sgd_user`` with ``sampling:
 cyclic`` (:func:`~dpsco_jax.algorithms.dpsgd.plan.plan_dp_sgd`: ``P = ceil(n / B)`` steps per
 epoch, participations, MF strategy, sensitivity, ``z``), so the trainer and the driver cannot
-price the same run differently, and the driver's keys: order ``fold_in(key, 2)``
-(:func:`~dpsco_jax.algorithms.dpsgd.driver.cyclic_slots`; step ``t`` runs batch ``t mod P``,
-``D = B``), noise ``fold_in(key, 1)``. The noise stage is the driver's, on the *raveled*
-gradient (``dp.fit``'s layout: a stage draws one subkey per leaf), its SECRET state in
-``TrainState.opt_state[0]``.
+price the same run differently, and the driver's keys and noise stage: order ``fold_in(key,
+2)`` (:func:`~dpsco_jax.algorithms.dpsgd.driver.cyclic_slots`; step ``t`` runs batch ``t mod
+P``, ``D = B``), noise ``fold_in(key, 1)``, on the *raveled* gradient (``dp.fit``'s layout).
 
 Accounting: the first ``t`` steps are one Gaussian of multiplier ``z / sens_t``
 (``plan.event_after(t)``). Before a block ending at step ``t`` runs, the ledger is charged a
