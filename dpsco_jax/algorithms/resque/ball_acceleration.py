@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -73,106 +73,6 @@ def _alpha_tau(tau: float) -> float:
   return tau / (1.0 + tau + math.sqrt(1.0 + 2.0 * tau))
 
 
-class _AccelSchedule(NamedTuple):
-  """Validated static parameters of :func:`ball_acceleration`."""
-  lam_min: float
-  lam_max: float
-  max_iter: int
-  delta_ls: float   # line-search accuracy (distance units)
-  bo_phi: Callable[[float], float]
-  lo: float         # long-step band [lo, hi] on |O(y_lam) - y_lam|
-  hi: float
-
-
-def _accel_schedule(*, R: float, r: float, eps: float, lipschitz: float,
-                    lam_min: float | None, lam_max: float | None, c_ba: float,
-                    max_iter: int | None, ls_accuracy: float | None,
-                    bo_phi: Callable[[float], float] | None,
-                    band: tuple[float, float]) -> _AccelSchedule:
-  """Checks the arguments and fills ReSQue Prop. 1/2's defaults (see :func:`ball_acceleration`)."""
-  check_positive(R, "R")
-  check_positive(r, "r")
-  check_positive(eps, "eps")
-  check_positive(lipschitz, "lipschitz")
-  if r > R:
-    raise ValueError(f"r must be <= R, got r={r}, R={R}")
-  p = resque_accel_params(lipschitz, r, R, eps)
-  lam_min = p["lam_star"] / c_ba if lam_min is None else check_positive(lam_min, "lam_min")
-  lam_max = 2.0 * lipschitz / r if lam_max is None else check_positive(lam_max, "lam_max")
-  if lam_min >= lam_max:
-    raise ValueError(f"lam_min ({lam_min:.3g}) must be < lam_max ({lam_max:.3g})")
-  if max_iter is None:
-    max_iter = int(math.ceil(c_ba * p["K"] * math.log(max(p["kappa"], math.e))))
-  check_int(max_iter, "max_iter")
-  delta_ls = r / 17.0 if ls_accuracy is None else check_positive(ls_accuracy, "ls_accuracy")
-  logk3 = math.log(max(p["kappa"], math.e)) ** 3
-  if bo_phi is None:
-    bo_phi = lambda lam: lam * r * r / (c_ba * logk3)
-  return _AccelSchedule(lam_min, lam_max, max_iter, delta_ls, bo_phi, band[0] * r, band[1] * r)
-
-
-@dataclasses.dataclass
-class _AccelLoop:
-  """Host-side state of the outer loop (the loop is adaptive: ``lam`` depends on the data)."""
-  x: PyTree
-  v: PyTree
-  a_cum: float = 0.0
-  lam_prev: float | None = None
-  calls: int = 0
-  rounds: int = 0
-  queries: int = 0
-
-  def count(self, cost: OracleCost) -> None:
-    self.calls += 1
-    self.rounds += cost.rounds
-    self.queries += cost.queries
-
-
-def _select_lam(loop: _AccelLoop, k_ls: jax.Array, ls_oracle: BallOracle, s: _AccelSchedule, *,
-                warm_start: bool, r: float, R: float, lipschitz: float,
-                max_bisection: int) -> float:
-  """Step 1 of :func:`ball_acceleration`: LAMBDA-BISECTION, one oracle call per distinct lam."""
-  cache: dict[float, float] = {}
-  x, v, a_cum = loop.x, loop.v, loop.a_cum
-
-  def dist(lam):
-    if lam not in cache:
-      al = _alpha_tau(2.0 * a_cum * lam)
-      y = jax.tree.map(lambda xi, vi: al * xi + (1.0 - al) * vi, x, v)
-      out, cost = ls_oracle(jax.random.fold_in(k_ls, len(cache)), y, lam,
-                            0.5 * lam * s.delta_ls ** 2)
-      loop.count(cost)
-      cache[lam] = float(tree_l2_norm(jax.tree.map(jnp.subtract, out, y)))
-    return cache[lam]
-
-  return _bisection(dist, loop.lam_prev if warm_start else None, s.lam_min, s.lam_max, s.lo,
-                    s.hi, r, R, lipschitz, max_bisection)
-
-
-def _accel_step(loop: _AccelLoop, t: int, lam: float, k_bo: jax.Array, k_sp: jax.Array, *,
-                ball_oracle: BallOracle, prox_oracle: Callable | None,
-                s: _AccelSchedule, R: float, center: PyTree) -> float:
-  """Steps 2-4 of :func:`ball_acceleration` at the chosen ``lam`` (updates ``loop``, checks
-  the invariants); returns ``a``."""
-  a_cum, x, v = loop.a_cum, loop.x, loop.v
-  a = (1.0 + math.sqrt(1.0 + 4.0 * lam * a_cum)) / (2.0 * lam)
-  a_new = a_cum + a
-  y = jax.tree.map(lambda xi, vi: (a_cum * xi + a * vi) / a_new, x, v)
-  x_new, cost = ball_oracle(k_bo, y, lam, s.bo_phi(lam))
-  loop.count(cost)
-  x_prox = x_new if prox_oracle is None else prox_oracle(k_sp, y, lam)
-  v_new = project_l2_ball(jax.tree.map(lambda vi, yi, xi: vi - a * lam * (yi - xi), v, y, x_prox),
-                          R, center)
-  # invariants (CJJS21 Alg. 1 line 4 and line 7)
-  if not math.isclose(lam * a * a, a_new, rel_tol=1e-9):
-    raise RuntimeError(f"invariant lam a^2 = A violated at t={t}: {lam * a * a} vs {a_new}")
-  vdist = float(tree_l2_norm(jax.tree.map(jnp.subtract, v_new, center)))
-  if vdist > R * (1.0 + 1e-5):
-    raise RuntimeError(f"invariant v in B_R(x0) violated at t={t}: |v - x0| = {vdist}")
-  loop.x, loop.v, loop.a_cum, loop.lam_prev = x_new, v_new, a_new, lam
-  return a
-
-
 def ball_acceleration(ball_oracle: BallOracle, x0: PyTree, key: jax.Array, *, R: float,
                       r: float, eps: float, lipschitz: float, lam_min: float | None = None,
                       lam_max: float | None = None, c_ba: float = 1.0,
@@ -200,34 +100,80 @@ def ball_acceleration(ball_oracle: BallOracle, x0: PyTree, key: jax.Array, *, R:
   Stops when ``A >= R^2/eps``, when ``lam <= eps/(3 r R)``, or after ``max_iter`` (default
   ``ceil(c_ba K log kappa)``). A violated invariant raises ``RuntimeError``. Returns a
   :class:`BallAccelResult` (``rounds``: the query depth)."""
-  s = _accel_schedule(R=R, r=r, eps=eps, lipschitz=lipschitz, lam_min=lam_min, lam_max=lam_max,
-                      c_ba=c_ba, max_iter=max_iter, ls_accuracy=ls_accuracy, bo_phi=bo_phi,
-                      band=band)
+  check_positive(R, "R")
+  check_positive(r, "r")
+  check_positive(eps, "eps")
+  check_positive(lipschitz, "lipschitz")
+  if r > R:
+    raise ValueError(f"r must be <= R, got r={r}, R={R}")
+  p = resque_accel_params(lipschitz, r, R, eps)
+  lam_min = p["lam_star"] / c_ba if lam_min is None else check_positive(lam_min, "lam_min")
+  lam_max = 2.0 * lipschitz / r if lam_max is None else check_positive(lam_max, "lam_max")
+  if lam_min >= lam_max:
+    raise ValueError(f"lam_min ({lam_min:.3g}) must be < lam_max ({lam_max:.3g})")
+  if max_iter is None:
+    max_iter = int(math.ceil(c_ba * p["K"] * math.log(max(p["kappa"], math.e))))
+  check_int(max_iter, "max_iter")
+  delta_ls = r / 17.0 if ls_accuracy is None else check_positive(ls_accuracy, "ls_accuracy")
+  logk3 = math.log(max(p["kappa"], math.e)) ** 3
+  if bo_phi is None:
+    bo_phi = lambda lam: lam * r * r / (c_ba * logk3)
   ls_oracle = ball_oracle if ls_oracle is None else ls_oracle
   center = x0 if center is None else center
-  loop = _AccelLoop(x=x0, v=project_l2_ball(x0, R, center))
+  x, v, a_cum, lam = x0, project_l2_ball(x0, R, center), 0.0, None
+  calls = rounds = queries = 0
   history = []
   exit_reason = "max_iter"
   key_iter = key
-  for t in range(s.max_iter):
+
+  def count(cost: OracleCost) -> None:
+    nonlocal calls, rounds, queries
+    calls, rounds, queries = calls + 1, rounds + cost.rounds, queries + cost.queries
+
+  for t in range(max_iter):
     key_iter, k_ls, k_bo, k_sp = jax.random.split(key_iter, 4)
-    lam = _select_lam(loop, k_ls, ls_oracle, s, warm_start=warm_start, r=r, R=R,
-                      lipschitz=lipschitz, max_bisection=max_bisection)
-    a = _accel_step(loop, t, lam, k_bo, k_sp, ball_oracle=ball_oracle, prox_oracle=prox_oracle,
-                    s=s, R=R, center=center)
-    history.append({"t": t, "lam": lam, "a": a, "A": loop.a_cum, "rounds": loop.rounds,
-                    "queries": loop.queries, "x": loop.x})
+    dists: dict[float, float] = {}
+
+    def dist(lam_try):   # step 1: one line-search oracle call per distinct lam
+      if lam_try not in dists:
+        al = _alpha_tau(2.0 * a_cum * lam_try)
+        y = jax.tree.map(lambda xi, vi: al * xi + (1.0 - al) * vi, x, v)
+        out, cost = ls_oracle(jax.random.fold_in(k_ls, len(dists)), y, lam_try,
+                              0.5 * lam_try * delta_ls ** 2)
+        count(cost)
+        dists[lam_try] = float(tree_l2_norm(jax.tree.map(jnp.subtract, out, y)))
+      return dists[lam_try]
+
+    lam = _bisection(dist, lam if warm_start else None, lam_min, lam_max, band[0] * r,
+                     band[1] * r, r, R, lipschitz, max_bisection)
+    # steps 2-4
+    a = (1.0 + math.sqrt(1.0 + 4.0 * lam * a_cum)) / (2.0 * lam)
+    a_new = a_cum + a
+    y = jax.tree.map(lambda xi, vi: (a_cum * xi + a * vi) / a_new, x, v)
+    x_new, cost = ball_oracle(k_bo, y, lam, bo_phi(lam))
+    count(cost)
+    x_prox = x_new if prox_oracle is None else prox_oracle(k_sp, y, lam)
+    v = project_l2_ball(jax.tree.map(lambda vi, yi, xi: vi - a * lam * (yi - xi), v, y, x_prox),
+                        R, center)
+    # invariants (CJJS21 Alg. 1 line 4 and line 7)
+    if not math.isclose(lam * a * a, a_new, rel_tol=1e-9):
+      raise RuntimeError(f"invariant lam a^2 = A violated at t={t}: {lam * a * a} vs {a_new}")
+    vdist = float(tree_l2_norm(jax.tree.map(jnp.subtract, v, center)))
+    if vdist > R * (1.0 + 1e-5):
+      raise RuntimeError(f"invariant v in B_R(x0) violated at t={t}: |v - x0| = {vdist}")
+    x, a_cum = x_new, a_new
+    history.append({"t": t, "lam": lam, "a": a, "A": a_cum, "rounds": rounds,
+                    "queries": queries, "x": x})
     if callback is not None:
-      callback(t, loop.x)
-    if loop.a_cum >= R * R / eps:
+      callback(t, x)
+    if a_cum >= R * R / eps:
       exit_reason = "A>=R^2/eps"
       break
     if lam <= eps / (3.0 * r * R):
       exit_reason = "small_lambda"
       break
-  return BallAccelResult(x=loop.x, iterations=len(history), oracle_calls=loop.calls,
-                         rounds=loop.rounds, queries=loop.queries, exit=exit_reason,
-                         history=history)
+  return BallAccelResult(x=x, iterations=len(history), oracle_calls=calls, rounds=rounds,
+                         queries=queries, exit=exit_reason, history=history)
 
 
 def _bisection(dist, lam0, lam_min, lam_max, lo, hi, r, R, lipschitz, max_steps):

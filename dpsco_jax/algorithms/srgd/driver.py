@@ -137,13 +137,6 @@ def single_epoch_batches(data: PyTree, num_steps: int, batch_size: int) -> PyTre
   return jax.tree.map(split, data)
 
 
-def _step_rows(loss_fn: Callable, s: dict, params, prev, batch, mask, t):
-  """Per-example rows of step ``t``; a masked (zero-out) example gives a zero row."""
-  if s["srg"]:
-    return srg_differences(loss_fn, params, prev, batch, t, user_mask=mask)
-  return per_user_grads(loss_fn, params, batch, user_mask=mask)
-
-
 def _diagnostics(rows, released, p_state, clip_norm: float, batch_size: int) -> dict:
   """Data-dependent diagnostics (``debug=True`` only); the fraction is over the ``B`` slots."""
   norms = tree_global_norms(rows)
@@ -220,7 +213,8 @@ def _compiled_runner(loss_fn: Callable, settings: tuple, users: NamedSharding | 
         batch, mask = jax.lax.with_sharding_constraint((batch, mask), users)
       if given is not None:
         params, prev = given
-      rows = _step_rows(loss_fn, s, params, prev, batch, mask, t)
+      rows = (srg_differences(loss_fn, params, prev, batch, t, user_mask=mask) if s["srg"]
+              else per_user_grads(loss_fn, params, batch, user_mask=mask))   # masked: zero rows
       released, p_state = privatizer.update(rows, p_state, params, user_mask=mask)
       updates, s_state = stepper.update(released, s_state, params)
       out = {"release": released, "query": params} if s["releases"] else {}
@@ -271,9 +265,9 @@ def _run_settings(plan: SRGDPlan, **run) -> tuple:
 
 
 def run_compiled(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTree,
-             key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False,
-             mesh: Mesh | None = None, hparams: dict | None = None,
-             progress: ProgressFn | None = None) -> tuple[PyTree, PyTree, dict]:
+                 key: jax.Array, *, user_mask: jax.Array | None = None, debug: bool = False,
+                 mesh: Mesh | None = None, hparams: dict | None = None,
+                 progress: ProgressFn | None = None) -> tuple[PyTree, PyTree, dict]:
   """Executes ``plan`` (see :func:`run_srgd`). ``mesh``: each batch's examples are sharded over
   its ``"users"`` axis (same noise as one device). ``hparams``: ``{"beta", "learning_rate"}``
   as traced arguments (a grid sweep). ``progress``: reports of the steps done."""
@@ -350,9 +344,9 @@ def _algorithm(name: str) -> Callable:
     p: SRGDPlan = plan.detail
     debug = bool(plan.config.debug)
     released, _, diags = run_compiled(p, problem.loss_fn, problem.data, problem.init_params(),
-                                  key, debug=debug, mesh=getattr(problem, "mesh", None),
-                                  hparams=_step_hparams(p, problem),
-                                  progress=getattr(problem, "progress", None))
+                                      key, debug=debug, mesh=getattr(problem, "mesh", None),
+                                      hparams=_step_hparams(p, problem),
+                                      progress=getattr(problem, "progress", None))
     debug_out = {k: np.asarray(v).tolist() for k, v in diags.items()} if debug else None
     return Result(params=released, privacy=plan.privacy,
                   gradient_evaluations=(2 if p.srg else 1) * p.params.num_steps

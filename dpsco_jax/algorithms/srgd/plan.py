@@ -207,13 +207,6 @@ def _calibrate(epsilon: float, delta: float, T: int, mechanism: str, relation: s
            None if stream_sensitivity is None else float(stream_sensitivity)))
 
 
-def check_epochs(value: Any) -> int:
-  """``epochs``: an integer >= 1 (a bool, a string or a fraction is refused)."""
-  if isinstance(value, (bool, str)):
-    raise ValueError(f"epochs must be an integer >= 1, got {type(value).__name__} {value!r}")
-  return check_int(value, "epochs")
-
-
 def _mf_strategy(cfg: Schema, noise: str, T: int, epochs: int = 1
                  ) -> tuple[tuple, float, str]:
   """(stage spec, sensitivity over ``T`` steps, source) of the MF noise: ``||c||`` for one
@@ -324,7 +317,7 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
     raise ValueError(f"{name} feeds plain gradients, whose noise is independent per step "
                      "(DP-SGD / Thm 5.13); noise_mechanism must be 'independent'")
   relation = resolve_relation(cfg, name)
-  epochs = check_epochs(cfg.epochs)
+  epochs = check_int(cfg.epochs, "epochs")
   if epochs != 1 and not srg:
     raise ValueError(f"{name} is single-epoch DP-SGD (Thm 5.13 / §5.5); epochs={epochs} is "
                      "refused here: multi-epoch SRGD is accelerated_dp_srgd and its SRG "

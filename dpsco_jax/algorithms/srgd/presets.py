@@ -38,9 +38,6 @@ class SRGDParams:
     """Steps per epoch ``P``: an example's consecutive participations are ``P`` apart."""
     return self.num_steps // self.epochs
 
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
 
 def interior_c_dp(n: int, delta: float) -> float:
   """``c_DP = 4 sqrt2 log2^{3/2}(n) sqrt(ln(2n/delta)) ln(2.5/delta)`` (Eq. 19; log2 for the
