@@ -1,17 +1,11 @@
 """The accountant: epsilon of a composition of dp_accounting events, without state.
 
 :func:`accountant_epsilon` composes ``(event, count)`` parts with dp_accounting's PLD (tight)
-or RDP accountant, converting plain Gaussian compositions exactly (:func:`gaussian_epsilon`);
-:func:`epsilon_lower_bound` is the closed-form lower bound a budget check tries first;
-:func:`grid_count` / :func:`grid_floor` are the ledger's geometric grid of counts.
-
-Every answer is an :class:`Epsilon`: the accountant's value (``exact``) or a valid bound above
-it (``upper_bound``) where the accountant cannot answer: PLD too large to build (the
-``MAX_PLD_*`` limits, a per-step loss below one grid step, a sampling rate below 1e-150), delta
-below PLD's truncated tails (~1e-15), or RDP's float64 series cancelling (``(q / z)^2 <``
-:data:`RDP_MIN_RATIO2`, where dp_accounting returns epsilon 0). The bound is the smaller of
-RDP's (where sound) and the exact epsilon of the dominating Gaussian (Poisson sampling only
-lowers the privacy loss), and ``inf`` where ``1 / z^2`` overflows.
+or RDP, plain Gaussian compositions exactly (:func:`gaussian_epsilon`). Every answer is an
+:class:`Epsilon`: the accountant's value (``exact``) or, where it cannot answer (PLD too large
+to build, delta below PLD's truncated tails, RDP's float64 series cancelling), a valid
+``upper_bound``: the smaller of RDP's (where sound) and the dominating Gaussian's (Poisson
+sampling only lowers the loss). :func:`epsilon_lower_bound` lets a budget check refuse early.
 """
 
 from __future__ import annotations
@@ -93,6 +87,11 @@ def make_accountant(kind: str, relation: str, event: Any = None):
   return rdp_privacy_accountant.RdpAccountant(neighboring_relation=rel)
 
 
+def supports(kind: str, relation: str, event: Any) -> bool:
+  """Whether accountant ``kind`` can account ``event`` under ``relation``."""
+  return make_accountant(kind, relation, event).supports(for_accountant(event, kind, relation))
+
+
 def grid_floor(count: int) -> int:
   """Largest point of the geometric grid that is <= ``count`` (fewer steps, lower epsilon)."""
   if count <= 4:
@@ -139,11 +138,9 @@ def _log_normal_mass(center: float, width: float) -> float:
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
-  """Exact epsilon of a mu-GDP (Gaussian) mechanism at ``delta`` (Balle & Wang 2018, Thm 8):
-  the smallest eps with ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) <= delta``, compared
-  in log space (no overflow at large eps, no underflow down to delta 5e-324). Below ``mu =
-  1e-3`` the difference of the two tails would lose digits, so it is written as the normal
-  mass between ``eps/mu -+ mu/2`` less ``(e^eps - 1)`` times the upper tail."""
+  """Exact epsilon of a mu-GDP mechanism at ``delta`` (Balle & Wang 2018, Thm 8): the smallest
+  eps with ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) <= delta``, in log space (below
+  ``mu = 1e-3`` as a normal mass less ``(e^eps - 1)`` times the upper tail)."""
   from scipy import optimize, special
   if mu <= 0:
     return 0.0
@@ -176,11 +173,8 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
 def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: str,
                        accountant: str = "auto") -> Epsilon:
-  """Epsilon of the composition of dp_accounting ``(event, count)`` parts at ``delta``.
-
-  Plain Gaussian compositions are converted exactly (:func:`gaussian_epsilon`, sensitivity
-  factor 2 under replace-one): tighter than a discretized PLD and far faster at large
-  epsilon. The rest goes to dp_accounting's PLD or RDP accountant, or the bound."""
+  """Epsilon of the composition of dp_accounting ``(event, count)`` parts at ``delta``: plain
+  Gaussians exactly (:func:`gaussian_epsilon`), the rest by PLD or RDP, or the bound."""
   if not parts:
     return Epsilon(0.0, "exact")
   whole = dp_accounting.ComposedDpEvent([e for e, _ in parts])
@@ -193,8 +187,7 @@ def accountant_epsilon(parts: list[tuple[Any, int]], delta: float, *, relation: 
     return Epsilon(gaussian_epsilon(factor * math.sqrt(mu2), delta), "exact")
   kind = accountant
   if kind == "auto":
-    kind = "pld" if make_accountant("pld", relation, whole).supports(
-        for_accountant(whole, "pld", relation)) else "rdp"
+    kind = "pld" if supports("pld", relation, whole) else "rdp"
   bound = lambda: Epsilon(_cheap_bound(parts, delta, relation, whole, counted, factor),
                           "upper_bound")
   if kind == "rdp":
@@ -228,8 +221,7 @@ def _cheap_bound(parts: list[tuple[Any, int]], delta: float, relation: str, whol
   mu2 = _gaussian_mu2(counted, dominate=True)
   if mu2 is not None:
     bounds.append(gaussian_epsilon(factor * math.sqrt(mu2), delta))
-  if rdp and _rdp_sound(counted) and make_accountant("rdp", relation, whole).supports(
-      for_accountant(whole, "rdp", relation)):
+  if rdp and _rdp_sound(counted) and supports("rdp", relation, whole):
     bounds.append(_composed_epsilon(parts, delta, "rdp", relation, whole))
   return min(bounds)
 
@@ -252,8 +244,7 @@ def _pld_blocked(parts: list[tuple[Any, int]], relation: str, whole: Any, counte
   mu2 = _gaussian_mu2(counted, dominate=True)
   if mu2 is None or width(factor * factor * mu2) <= MAX_PLD_POINTS:
     return False
-  if not (_rdp_sound(counted) and make_accountant("rdp", relation, whole).supports(
-      for_accountant(whole, "rdp", relation))):
+  if not (_rdp_sound(counted) and supports("rdp", relation, whole)):
     return True
   return 2.0 * _composed_epsilon(parts, PLD_TAIL_MASS, "rdp", relation, whole) / (
       PLD_DISCRETIZATION) > MAX_PLD_POINTS
@@ -331,12 +322,8 @@ def _sampled_gaussian_lower_bound(q: float, z: float, steps: int, delta: float) 
 
 def epsilon_lower_bound(event: Any, *, delta: float, relation: str = "add_remove",
                         count: int = 1) -> float:
-  """A closed-form lower bound on the epsilon of ``count`` compositions of ``event``.
-
-  The largest bound of its Poisson-sampled Gaussian parts (composing more never lowers
-  epsilon); the accountant's epsilon is at least this, so a budget below it can be refused
-  without an accountant evaluation. 0 when nothing can be bounded, and under relations the
-  accountant does not read as add/remove."""
+  """A closed-form lower bound on the epsilon of ``count`` compositions of ``event``: the
+  largest of its Poisson-sampled Gaussian parts' (0 when none, or not read as add/remove)."""
   if accountant_relation(relation, event) != dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE:
     return 0.0
   return max([_sampled_gaussian_lower_bound(q, z, c, delta)

@@ -1,10 +1,9 @@
 """The one calibrator: the smallest noise multiplier whose ledger epsilon meets a target.
 
-Every driver calibrates through :func:`calibrate_noise_multiplier`, which searches on the
-epsilon a fresh :class:`~dpsco_jax.privacy.ledger.PrivacyLedger` reports for the events the
-mechanism will spend, so the calibrated run spends exactly what the calibration promised.
-When RDP supports every event, RDP (cheap) finds the answer to 1% and PLD (tight) refines it
-by a bracketing secant search on ``(log z, log epsilon)``.
+It searches on the epsilon a fresh :class:`~dpsco_jax.privacy.ledger.PrivacyLedger` reports
+for the mechanism's events, so a run spends exactly what its calibration promised. RDP
+(cheap) finds the answer to 1% when it can and PLD refines it (a bracketing secant search on
+``(log z, log epsilon)``).
 """
 
 from __future__ import annotations
@@ -17,8 +16,9 @@ import dp_accounting
 from dpsco_jax.cache import ByKey, bounded_cache
 
 from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
-from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT, event_key, for_accountant
-from dpsco_jax.privacy.ledger import ACCOUNTANTS, PrivacyLedger, make_accountant
+from dpsco_jax.privacy.accountant import supports
+from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT, event_key
+from dpsco_jax.privacy.ledger import ACCOUNTANTS, PrivacyLedger
 from dpsco_jax.privacy.relations import check_relation
 
 __all__ = ["calibrate_noise_multiplier", "calibrate_poisson_sgd", "ledger_epsilon"]
@@ -70,13 +70,9 @@ def _log_gap(eps_fn: Callable[[float], float], epsilon: float) -> Callable[[floa
 def _solve(gap: Callable[[float], float], lo: float, guess: float | None = None,
            rtol: float = RTOL, slope: float | None = None) -> tuple[float, float | None]:
   """``(z, slope)``: the smallest z >= lo with ``gap(z) <= 0`` (``gap`` decreasing), to the
-  tolerances (it spends the target to ``EPS_RTOL``, or z / (1 + ``rtol``) misses it); every
-  returned z was evaluated and met the target. ``guess``: where to look first; ``slope``:
-  d log eps / d log z near the answer, a hint for the first step; the returned slope is the
-  final bracket's (None without one).
-
-  Each step predicts the root by a secant in ``(log z, log eps)`` and evaluates a little past
-  it on the side that shrinks the bracket, which narrows ~10x per evaluation."""
+  tolerances; every returned z was evaluated and met the target. ``guess``: where to look
+  first; ``slope``: a hint for d log eps / d log z; the returned slope is the final bracket's.
+  Each step evaluates a little past the secant's root, narrowing the bracket ~10x."""
   tol, xlo, close = math.log1p(rtol), math.log(lo), math.log1p(-EPS_RTOL)
   a: tuple[float, float] | None = None   # infeasible: (log z, log(eps / epsilon) > 0)
   b: tuple[float, float] | None = None   # feasible
@@ -138,8 +134,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
                                fixed: Sequence[Any] = (), key: Hashable | None = None
                                ) -> float:
   """Smallest noise multiplier ``z >= lower`` with ``epsilon(make_event(z) + fixed) <=
-  epsilon`` at ``delta`` under ``relation``, as the ledger composes it (the returned z meets
-  the target and spends it to ``EPS_RTOL``, or z / (1 + ``RTOL``) misses it).
+  epsilon`` at ``delta``, as the ledger composes it (to ``EPS_RTOL`` / ``RTOL``).
 
   Args:
     make_event: ``z -> event`` (one event or a list, which may mix dp_accounting events with
@@ -148,19 +143,13 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
     delta: the target delta, in ``(0, 1)``.
     relation: the neighbouring relation (default ``"add_remove"``).
     accountant: ``"pld"``, ``"rdp"`` or ``"auto"`` (default).
-    lower: the smallest multiplier searched (default 0.3: below it PLDs of many steps grow
-      enormous, and such noise is never the answer for a useful budget).
-    fixed: events composed with ``make_event(z)`` that do not depend on ``z`` (e.g.
-      AboveThreshold's pure-DP budget).
-    key: a hashable description of ``make_event`` (public numbers only) that determines it;
-      with one, the result is memoized on it, ``fixed`` and the other arguments. A wrong key
-      could only pick a wrong z, never a wrong report: every run charges its actual events.
+    lower: the smallest multiplier searched (default 0.3).
+    fixed: events composed with ``make_event(z)`` that do not depend on ``z``.
+    key: a hashable description of ``make_event`` (public numbers only) to memoize on (a wrong
+      key could only pick a wrong z: every run charges its actual events).
 
   Returns:
     The noise multiplier ``z`` (noise std over the add/remove sensitivity), a float.
-
-  Raises:
-    ValueError: ``fixed`` alone exceeds the target, or no multiplier reaches it.
   """
   if key is not None:
     fixed = tuple(_as_list(fixed))
@@ -192,20 +181,16 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
                                accountant=kind), epsilon)
   probe = _as_list(make_event(1.0)) + fixed
   plain = all(not isinstance(e, OUTSIDE_ACCOUNTANT) for e in probe)
-  rdp_ok = plain and all(make_accountant("rdp", relation, e).supports(
-      for_accountant(e, "rdp", relation)) for e in probe)
-  pld_ok = plain and all(make_accountant("pld", relation, e).supports(
-      for_accountant(e, "pld", relation)) for e in probe)
+  rdp_ok = plain and all(supports("rdp", relation, e) for e in probe)
+  pld_ok = plain and all(supports("pld", relation, e) for e in probe)
   # PLD (tight, slow) refines what RDP (cheap) brackets, when both can read the events
   if rdp_ok and (accountant == "pld" or (accountant == "auto" and pld_ok)):
-    # RDP's answer only says where to look (1%); its finite orders floor its epsilon, so a
-    # tiny target may have none and the search then starts from scratch
+    # RDP's answer (1%) only says where to look; a tiny target may have none
     try:
       z_rdp, slope = _solve(gap_at("rdp"), lower, None, rtol=1e-2)
     except ValueError:
       z_rdp, slope = None, None
-    # "auto" refines as the ledger will account: PLD, or RDP where PLD's truncated tails
-    # give no finite epsilon (delta below ~1e-15)
+    # "auto" refines as the ledger will account (RDP below PLD's truncated tails)
     fine = "pld" if accountant == "pld" else "auto"
     return _solve(gap_at(fine), lower, z_rdp, slope=slope)[0]
   return _solve(gap_at(accountant), lower, None)[0]
@@ -214,8 +199,7 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
 @bounded_cache()
 def calibrate_poisson_sgd(sampling_rate: float, steps: int, *, epsilon: float, delta: float,
                           relation: str = "add_remove", accountant: str = "auto") -> float:
-  """:func:`calibrate_noise_multiplier` of ``steps`` Poisson-sampled Gaussian steps (DP-SGD's
-  event), memoized on these public numbers.
+  """:func:`calibrate_noise_multiplier` of DP-SGD's ``steps`` Poisson-sampled Gaussians.
 
   Args:
     sampling_rate: the Poisson sampling rate ``q`` in ``(0, 1]``.

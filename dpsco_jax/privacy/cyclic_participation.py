@@ -1,35 +1,20 @@
 """Exact stream sensitivity of cyclic (fixed public order, multi-epoch) participation.
 
-Schedule: ``T`` steps; examples sit in public slots and step ``t`` reads slots ``[(t mod P) B,
-(t mod P + 1) B)``, the *same* order every epoch, so the example at offset ``p in [0, P)``
-contributes at steps ``p, p + P, ...`` (those ``< T``), ``k`` times; every slot's pattern is
-public. A fixed order (not a fresh public permutation per epoch) keeps every gap at ``P``, the
-largest gap every user can have, and makes the patterns one family whose worst case is exact.
-
-Sensitivity: a prefix-noise strategy releases ``C x + Z`` (binary tree: ``C`` the 0/1
-node-by-leaf encoder; banded / BLT: the Toeplitz strategy; independent noise: ``I``). With
-nonnegative ``C`` the worst ``g_j`` are equal and the sensitivity is exactly ``max_p ||C
-1_{P_p}||`` per unit ``s``:
-
-* tree: ``sum over nodes of (participations inside the node)^2``, ``O(P k log T)`` work
-  (:func:`tree_cyclic_sensitivity`); ``k = 1`` gives ``T.bit_length()`` (Lemma 5.6's count).
-* Toeplitz: ``C 1_{P_p}`` is ``C 1_{P_0}`` shifted down by ``p`` and cut at ``T``, so the
-  maximum is at ``p = 0``, which
-  :func:`~dpsco_jax.privacy.matrix_factorization.participation_sensitivity` prices exactly with
-  ``min_sep = P`` (it refuses overlapping columns with coefficients of either sign).
-* independent: ``sqrt(k)``.
-
-Event: one Gaussian mechanism of multiplier ``z / sens`` (:func:`cyclic_event`; adaptive
-increments included, Denisov et al. 2022, Thm 2.1). Relations: ``zero_out`` (the slot stays,
-its increments become 0) and ``replace_one``; removing an example would move every later slot,
-so ``add_remove`` is the driver's to refuse.
+Step ``t`` reads the public slots ``[(t mod P) B, (t mod P + 1) B)``, the same order every
+epoch, so offset ``p`` contributes at steps ``p, p + P, ...`` (``< T``), ``k`` times: every gap
+is ``P``. A prefix-noise strategy releases ``C x + Z`` (tree: the 0/1 node-by-leaf encoder;
+banded / BLT: Toeplitz; independent: ``I``); with nonnegative ``C`` the sensitivity is exactly
+``max_p ||C 1_{P_p}||`` per unit ``s``: for the tree ``sqrt(sum over nodes of
+participations^2)`` (:func:`tree_cyclic_sensitivity`), for Toeplitz the offset-0 pattern
+(``participation_sensitivity`` with ``min_sep = P``), independent ``sqrt(k)``. The run is one
+Gaussian mechanism of multiplier ``z / sens`` (:func:`cyclic_event`). Relations: ``zero_out``
+and ``replace_one``; removing an example would move every later slot (``add_remove``: refused).
 """
 
 from __future__ import annotations
 
 import math
 
-import dp_accounting
 import numpy as np
 
 from dpsco_jax._checks import check_choice, check_int
@@ -58,9 +43,8 @@ def cyclic_pattern(num_steps: int, period: int, participations: int) -> np.ndarr
 
 
 def tree_cyclic_sensitivity(num_steps: int, period: int, participations: int) -> float:
-  """Exact sensitivity of :mod:`dpsco_jax.transforms.tree_noise`'s encoder (leaf ``t+1`` =
-  step ``t``; node ``(lvl, j)``, odd ``j``, ``j 2^lvl <= T``, sums leaves ``((j-1) 2^lvl, j
-  2^lvl]``) under the cyclic schedule: ``max_p sqrt(sum_nodes count_p(node)^2)``."""
+  """Exact sensitivity of :mod:`dpsco_jax.transforms.tree_noise`'s encoder under the cyclic
+  schedule: ``max_p sqrt(sum_nodes count_p(node)^2)``."""
   T, P, k = _checked(num_steps, period, participations)
   steps = cyclic_pattern(T, P, k)
   leaf = steps + 1                                        # 0 where the step is past T
@@ -69,8 +53,7 @@ def tree_cyclic_sensitivity(num_steps: int, period: int, participations: int) ->
   for lvl in range(T.bit_length()):
     j = ((leaf - 1) >> lvl) + 1                           # the level's block holding the leaf
     in_node = (steps >= 0) & (j % 2 == 1) & ((j << lvl) <= T)
-    # steps are increasing along a row, so equal j form runs; a run of length r adds r^2 =
-    # sum over its members of (2 * position in run + 1). Equal j share in_node.
+    # equal j form runs along a row; a run of length r adds r^2 = sum (2 * position + 1)
     new_run = np.ones_like(in_node)
     new_run[:, 1:] = j[:, 1:] != j[:, :-1]
     start = np.maximum.accumulate(np.where(new_run, idx, 0), axis=1)
@@ -80,8 +63,7 @@ def tree_cyclic_sensitivity(num_steps: int, period: int, participations: int) ->
 
 def toeplitz_cyclic_sensitivity(coefs: np.ndarray, num_steps: int, period: int,
                                 participations: int) -> float:
-  """Exact sensitivity of a Toeplitz strategy (a BLT's ``blt_coefs``) under the cyclic
-  schedule: its offset-0 pattern (module docstring)."""
+  """Exact sensitivity of a Toeplitz strategy under the cyclic schedule (offset 0)."""
   T, P, k = _checked(num_steps, period, participations)
   return mf.participation_sensitivity(np.asarray(coefs, np.float64), T,
                                       participations=k, min_sep=P)
@@ -101,6 +83,5 @@ def cyclic_sensitivity(mechanism: str, num_steps: int, period: int, participatio
   return toeplitz_cyclic_sensitivity(coefs, T, P, k)
 
 
-def cyclic_event(noise_multiplier: float, sensitivity: float) -> dp_accounting.DpEvent:
-  """The whole run as one Gaussian event of multiplier ``z / sensitivity``."""
-  return mf.mf_event(noise_multiplier, sensitivity)
+#: The whole run as one Gaussian event of multiplier ``z / sensitivity``.
+cyclic_event = mf.mf_event

@@ -3,22 +3,19 @@
 Ghazi, Kamath, Kumar, Manurangsi, Meka, Zhang, "On User-Level Private Convex Optimization",
 ICML 2023 (arXiv 2305.04912); spec ``shared/specs/001_ghazi_user_level.md``.
 
-**TDLap(eps, delta)** (Definition 3.4, spec §2.1), with ``kappa = ceil(1 + ln(1/delta)/eps)``
-(the paper does not round; ceil keeps ``e^{-eps kappa} <= e^{-eps} delta``, spec §7 item 1):
-support ``{0, ..., 2 kappa}``, ``Pr[R = r] ∝ exp(-eps |r - kappa|)``. The proof of Thm 3.3
-uses (P1) ``Pr[R = 0] = Pr[R = 2 kappa] <= delta`` and (P2) ``Pr[R = r] <= e^eps Pr[R = r +-
-1]``.
+**TDLap(eps, delta)** (Definition 3.4, spec §2.1), ``kappa = ceil(1 + ln(1/delta)/eps)`` (the
+paper does not round; spec §7 item 1): support ``{0, ..., 2 kappa}``, ``Pr[R = r] ∝ exp(-eps |r
+- kappa|)``. Thm 3.3 uses (P1) ``Pr[R = 0] = Pr[R = 2 kappa] <= delta`` and (P2) ``Pr[R = r] <=
+e^eps Pr[R = r +- 1]``.
 
-**Exact sampling.** A float32 inverse CDF cannot represent atoms below ``2^-24``, which for
-small ``delta'`` breaks (P1). The CDF is computed in 60-digit decimals and rounded to 64-bit
-fixed point, ``floor`` below ``kappa`` and ``ceil`` from it (the end atoms rounded *inward*,
-so (P1) holds exactly for the realized law); a draw compares 64 uniform bits (two ``uint32``
-words) with the thresholds: every atom's mass is exact up to ``2^-64``, jittable, no x64.
+**Exact sampling**: a float32 inverse CDF cannot represent atoms below ``2^-24`` (breaking P1),
+so the CDF is computed in 60-digit decimals and rounded to 64-bit fixed point, the end atoms
+*inward* (P1 holds exactly for the realized law); a draw compares 64 uniform bits with the
+thresholds (jittable, no x64).
 
-**Calculators** (Alg. 1 lines 1-2, spec §2.2, [R]): ``eps' = eps/2``, ``delta' = delta/(e^eps
-+ 2)``, ``kappa = kappa(eps', delta')``, deletion depth ``4 kappa + 1``, minimum users ``2 (4
-kappa + 1)`` (spec §2.3), Gaussian scale ``sigma = sqrt(2 ln(2/delta')) * 8 kappa Delta /
-eps'`` (the chain distance ``8 kappa Delta``).
+**Calculators** (Alg. 1 lines 1-2, spec §2.2-2.3): ``eps' = eps/2``, ``delta' = delta/(e^eps +
+2)``, ``kappa(eps', delta')``, deletion depth ``4 kappa + 1``, minimum users ``2 (4 kappa +
+1)``, ``sigma = sqrt(2 ln(2/delta')) 8 kappa Delta / eps'``.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ _MASK32 = (1 << 32) - 1
 
 
 def kappa(epsilon: float, delta: float) -> int:
-  """``kappa(eps, delta) = ceil(1 + ln(1/delta)/eps)`` (Def. 3.4; ceil per spec §7 item 1)."""
+  """``kappa(eps, delta) = ceil(1 + ln(1/delta)/eps)`` (Def. 3.4)."""
   eps = check_epsilon(epsilon)
   dl = check_delta(delta)
   return int(math.ceil(1.0 + math.log(1.0 / dl) / eps))
@@ -74,24 +71,19 @@ def deletion_depth(epsilon: float, delta: float) -> int:
 
 
 def min_users(epsilon: float, delta: float) -> int:
-  """``2 (4 kappa + 1)``: the users Alg. 2 / the certificate need (``n >= C log(1/delta)/eps``,
-  made explicit by the constant of spec §2.3: ``n - 4 kappa - 1 >= n/2``)."""
+  """``2 (4 kappa + 1)``: the users Alg. 2 needs (spec §2.3: ``n - 4 kappa - 1 >= n/2``)."""
   return 2 * deletion_depth(epsilon, delta)
 
 
 def chain_distance(Delta: float, epsilon: float, delta: float) -> float:
-  """``8 kappa Delta``: the l2 distance between the two means paired in the proof of
-  Thm 3.3 (eq. (3)-(4), spec §2.2 step 3)."""
+  """``8 kappa Delta``: the distance of the means paired in Thm 3.3's proof (eq. (3)-(4))."""
   return 8.0 * del_output_pert_params(epsilon, delta).kappa * check_positive(Delta, "Delta")
 
 
 def sigma(Delta: float, epsilon: float, delta: float, calibration: str = "paper") -> float:
-  """Gaussian scale of DelOutputPert (Alg. 1 line 2); both make step 3 of Thm 3.3 hold.
-
-  ``"paper"``: ``sqrt(2 ln(2/delta')) * 8 kappa Delta / eps'`` (Dwork-Roth, valid for ``eps'
-  < 1``; raises otherwise). ``"analytic"``: the smallest sigma making distance ``8 kappa
-  Delta`` ``(eps', delta')``-DP (Balle & Wang 2018), smaller and valid for every epsilon.
-  """
+  """Gaussian scale of DelOutputPert (Alg. 1 line 2): ``"paper"`` (Dwork-Roth, needs ``eps' <
+  1``) or ``"analytic"`` (Balle & Wang 2018: smaller, any epsilon) for distance ``8 kappa
+  Delta`` at ``(eps', delta')``."""
   check_choice(calibration, "calibration", ("paper", "analytic"))
   p = del_output_pert_params(epsilon, delta)
   dist = chain_distance(Delta, epsilon, delta)
@@ -139,7 +131,6 @@ def tdlap_pmf(epsilon: float, delta: float) -> np.ndarray:
 
   Returns:
     A float64 array of length ``2 kappa + 1``.
-
   """
   return tdlap_pmf_from_kappa(epsilon, kappa(epsilon, delta))
 

@@ -1,12 +1,10 @@
 """Privacy events: the vocabulary a mechanism describes itself in, validated and serializable.
 
 A mechanism's privacy is a tree of ``dp_accounting`` events built from its public
-configuration (never from data), plus three kinds the accountant cannot express:
-:class:`PureDpEvent`, :class:`ApproxDpEvent` and :class:`ApproxRdpEvent`.
-:func:`validate_event` refuses unknown node types (the relation conversion would pass them
-through unconverted and under-count under replace-one) and invalid parameters;
-:func:`for_accountant` is the one place the library's Gaussian convention (``z = sigma / C``,
-``C`` the add/remove sensitivity) is adapted to each dp_accounting accountant.
+configuration (never from data), plus :class:`PureDpEvent`, :class:`ApproxDpEvent` and
+:class:`ApproxRdpEvent`, which the accountant cannot express. :func:`validate_event` refuses
+unknown nodes (their relation conversion is unknown); :func:`for_accountant` adapts the
+library's convention ``z = sigma / C`` to each accountant.
 """
 
 from __future__ import annotations
@@ -33,12 +31,9 @@ def _finite(x: Any, name: str, *, positive: bool = True, allow_zero: bool = Fals
 
 @dataclasses.dataclass(frozen=True)
 class PureDpEvent:
-  """An arbitrary epsilon-DP mechanism (AboveThreshold, a one-shot Laplace test, a truncated
-  discrete Laplace release), composed by basic composition.
-
-  Deliberately *not* a ``dp_accounting`` event: a Laplace event of scale ``1/eps`` does not
-  dominate every eps-DP mechanism (it would under-count AboveThreshold), and dp_accounting
-  0.6.0's randomized-response event ignores composition counts.
+  """An arbitrary epsilon-DP mechanism (AboveThreshold, a Laplace test, a truncated discrete
+  Laplace release), composed by basic composition. Not a ``dp_accounting`` Laplace event: that
+  does not dominate every eps-DP mechanism (it would under-count AboveThreshold).
 
   Attributes:
     epsilon: the mechanism's epsilon (a finite number > 0).
@@ -51,8 +46,8 @@ class PureDpEvent:
 
 @dataclasses.dataclass(frozen=True)
 class ApproxDpEvent:
-  """An (epsilon, delta)-DP block whose guarantee is a theorem (e.g. paper 001's deletion-
-  stability test + Gaussian output perturbation); epsilons and deltas add.
+  """An (epsilon, delta)-DP block whose guarantee is a theorem (e.g. paper 001's DelOutputPert);
+  epsilons and deltas add.
 
   Attributes:
     epsilon: the block's epsilon, finite and > 0.
@@ -80,9 +75,6 @@ class ApproxRdpEvent:
     epsilon_rdp: the RDP epsilon at ``alpha``.
     delta_tv: the total-variation slack ``delta`` of the definition.
     delta_prime: the ``delta'`` of the conversion to (epsilon, delta), in ``(0, 1)``.
-
-  Raises:
-    ValueError: ``alpha <= 1``, a negative or non-finite value, or a bad ``delta_prime``.
   """
   alpha: float
   epsilon_rdp: float
@@ -129,10 +121,7 @@ def validate_event(event: Any) -> Any:
       SingleEpochTreeAggregation, NoOp, and the library's three.
 
   Returns:
-    ``event`` itself.
-
-  Raises:
-    ValueError: an unknown node type, or an invalid parameter (named in the message).
+    ``event`` itself (else ``ValueError``, naming the node or parameter).
   """
   d = dp_accounting
   if isinstance(event, OUTSIDE_ACCOUNTANT):
@@ -172,14 +161,46 @@ def validate_event(event: Any) -> Any:
   return event
 
 
-def for_accountant(event: Any, kind: str, relation: str) -> Any:
-  """Rewrites ``event`` so that accountant ``kind`` reads the library's convention.
+def _steps(step_counts: Any) -> Any:
+  return list(step_counts) if isinstance(step_counts, (list, tuple)) else int(step_counts)
 
-  A Gaussian (or Laplace) multiplier is ``z = sigma / C``, ``C`` the add/remove sensitivity.
-  dp_accounting 0.6.0's PLD accountant doubles the sensitivity under replace-one itself; its
-  RDP accountant ignores the relation for Gaussians and Laplaces (also inside sampling
-  without replacement, whose Wang et al. bound is stated for ``2C``), so under replace-one
-  RDP gets every multiplier halved (else it would under-report epsilon, ~2x at z = 2).
+
+#: The JSON fields of each known dp_accounting node, in order, with their conversion
+#: (``"event"`` / ``"events"``: the child event(s)).
+_FIELDS = {
+    dp_accounting.GaussianDpEvent: (("noise_multiplier", float),),
+    dp_accounting.LaplaceDpEvent: (("noise_multiplier", float),),
+    dp_accounting.SelfComposedDpEvent: (("count", int), ("event", None)),
+    dp_accounting.ComposedDpEvent: (("events", None),),
+    dp_accounting.PoissonSampledDpEvent: (("sampling_probability", float), ("event", None)),
+    dp_accounting.SampledWithoutReplacementDpEvent: (
+        ("source_dataset_size", int), ("sample_size", int), ("event", None)),
+    dp_accounting.SampledWithReplacementDpEvent: (
+        ("source_dataset_size", int), ("sample_size", int), ("event", None)),
+    dp_accounting.SingleEpochTreeAggregationDpEvent: (("noise_multiplier", float),
+                                                      ("step_counts", _steps)),
+    dp_accounting.NoOpDpEvent: (),
+}
+
+
+def _map_node(event: Any, child, value) -> dict:
+  """``{field: ...}`` of a known dp_accounting node: ``child`` of each child event, ``value(x,
+  conversion)`` of the other fields."""
+  cls = next(c for c in _FIELDS if isinstance(event, c))
+  out = {}
+  for name, conv in _FIELDS[cls]:
+    v = getattr(event, name)
+    out[name] = (child(v) if name == "event" else [child(e) for e in v] if name == "events"
+                 else value(v, conv))
+  return out
+
+
+def for_accountant(event: Any, kind: str, relation: str) -> Any:
+  """Rewrites ``event`` so that accountant ``kind`` reads ``z = sigma / C`` (``C`` add/remove).
+
+  dp_accounting's PLD doubles the sensitivity under replace-one itself; its RDP ignores the
+  relation for Gaussians and Laplaces (also inside sampling without replacement), so under
+  replace-one RDP gets every multiplier halved (else it would under-report epsilon).
 
   Args:
     event: a ``dp_accounting`` event (or one of the library's own events).
@@ -188,32 +209,21 @@ def for_accountant(event: Any, kind: str, relation: str) -> Any:
 
   Returns:
     The event the accountant should read (``event`` itself unless RDP under replace-one).
-
-  Raises:
-    ValueError: an unknown or invalid event node, or an unknown ``relation``.
   """
   validate_event(event)
   rel = accountant_relation(relation, event)
   if kind != "rdp" or rel != dp_accounting.NeighboringRelation.REPLACE_ONE:
     return event
-  d = dp_accounting
 
   def rewrite(ev):
-    if isinstance(ev, (d.GaussianDpEvent, d.LaplaceDpEvent)):
+    if isinstance(ev, (dp_accounting.GaussianDpEvent, dp_accounting.LaplaceDpEvent)):
       return type(ev)(ev.noise_multiplier / 2.0)
-    if isinstance(ev, d.SelfComposedDpEvent):
-      return d.SelfComposedDpEvent(rewrite(ev.event), ev.count)
-    if isinstance(ev, d.ComposedDpEvent):
-      return d.ComposedDpEvent([rewrite(e) for e in ev.events])
-    if isinstance(ev, d.PoissonSampledDpEvent):
-      return d.PoissonSampledDpEvent(ev.sampling_probability, rewrite(ev.event))
-    if isinstance(ev, (d.SampledWithoutReplacementDpEvent, d.SampledWithReplacementDpEvent)):
-      return type(ev)(ev.source_dataset_size, ev.sample_size, rewrite(ev.event))
-    if isinstance(ev, d.NoOpDpEvent):
+    if isinstance(ev, dp_accounting.NoOpDpEvent):
       return ev
-    # SingleEpochTreeAggregation: dp_accounting supports it only under REPLACE_SPECIAL, and
-    # nothing else reaches here after validate_event.
-    raise ValueError(f"no replace-one conversion for {type(ev).__name__} under RDP")
+    # SingleEpochTreeAggregation: dp_accounting supports it only under REPLACE_SPECIAL
+    if isinstance(ev, (dp_accounting.SingleEpochTreeAggregationDpEvent, *OUTSIDE_ACCOUNTANT)):
+      raise ValueError(f"no replace-one conversion for {type(ev).__name__} under RDP")
+    return type(ev)(**_map_node(ev, rewrite, lambda v, conv: v))
 
   return rewrite(event)
 
@@ -228,28 +238,10 @@ def event_to_json(event: Any) -> dict:
     A dict with a ``"type"`` key and the event's fields.
   """
   validate_event(event)
-  d = dp_accounting
   if isinstance(event, OUTSIDE_ACCOUNTANT):
     return {"type": type(event).__name__, **dataclasses.asdict(event)}
-  if isinstance(event, (d.GaussianDpEvent, d.LaplaceDpEvent)):
-    return {"type": type(event).__name__, "noise_multiplier": float(event.noise_multiplier)}
-  if isinstance(event, d.SelfComposedDpEvent):
-    return {"type": "SelfComposedDpEvent", "count": int(event.count),
-            "event": event_to_json(event.event)}
-  if isinstance(event, d.ComposedDpEvent):
-    return {"type": "ComposedDpEvent", "events": [event_to_json(e) for e in event.events]}
-  if isinstance(event, d.PoissonSampledDpEvent):
-    return {"type": "PoissonSampledDpEvent", "sampling_probability":
-            float(event.sampling_probability), "event": event_to_json(event.event)}
-  if isinstance(event, (d.SampledWithoutReplacementDpEvent, d.SampledWithReplacementDpEvent)):
-    return {"type": type(event).__name__, "source_dataset_size": int(event.source_dataset_size),
-            "sample_size": int(event.sample_size), "event": event_to_json(event.event)}
-  if isinstance(event, d.SingleEpochTreeAggregationDpEvent):
-    steps = event.step_counts
-    return {"type": "SingleEpochTreeAggregationDpEvent",
-            "noise_multiplier": float(event.noise_multiplier),
-            "step_counts": list(steps) if isinstance(steps, (list, tuple)) else int(steps)}
-  return {"type": "NoOpDpEvent"}
+  return {"type": type(event).__name__,
+          **_map_node(event, event_to_json, lambda v, conv: conv(v))}
 
 
 def event_from_json(obj: dict) -> Any:
@@ -259,34 +251,18 @@ def event_from_json(obj: dict) -> Any:
     obj: a dict from :func:`event_to_json`.
 
   Returns:
-    The event, validated.
-
-  Raises:
-    ValueError: an unknown ``type`` or an invalid event.
-    KeyError: a field of the event's type is missing.
+    The event, validated (``ValueError`` for an unknown type, ``KeyError`` a missing field).
   """
-  d = dp_accounting
   t = obj.get("type")
-  simple = {"PureDpEvent": PureDpEvent, "ApproxDpEvent": ApproxDpEvent,
-            "ApproxRdpEvent": ApproxRdpEvent}
+  simple = {c.__name__: c for c in OUTSIDE_ACCOUNTANT}
+  known = {c.__name__: c for c in _FIELDS}
   if t in simple:
     fields = {f.name for f in dataclasses.fields(simple[t])}
     ev = simple[t](**{k: v for k, v in obj.items() if k in fields})
-  elif t in ("GaussianDpEvent", "LaplaceDpEvent"):
-    ev = getattr(d, t)(obj["noise_multiplier"])
-  elif t == "SelfComposedDpEvent":
-    ev = d.SelfComposedDpEvent(event_from_json(obj["event"]), obj["count"])
-  elif t == "ComposedDpEvent":
-    ev = d.ComposedDpEvent([event_from_json(e) for e in obj["events"]])
-  elif t == "PoissonSampledDpEvent":
-    ev = d.PoissonSampledDpEvent(obj["sampling_probability"], event_from_json(obj["event"]))
-  elif t in ("SampledWithoutReplacementDpEvent", "SampledWithReplacementDpEvent"):
-    ev = getattr(d, t)(obj["source_dataset_size"], obj["sample_size"],
-                       event_from_json(obj["event"]))
-  elif t == "SingleEpochTreeAggregationDpEvent":
-    ev = d.SingleEpochTreeAggregationDpEvent(obj["noise_multiplier"], obj["step_counts"])
-  elif t == "NoOpDpEvent":
-    ev = d.NoOpDpEvent()
+  elif t in known:
+    kids = lambda name, v: (event_from_json(v) if name == "event"
+                            else [event_from_json(e) for e in v] if name == "events" else v)
+    ev = known[t](**{name: kids(name, obj[name]) for name, _ in _FIELDS[known[t]]})
   else:
     raise ValueError(f"unknown privacy event type {t!r}")
   return validate_event(ev)

@@ -1,15 +1,10 @@
 """Group privacy: lift an item-level accountant guarantee to groups of ``k`` items (users).
 
 An ``(eps_i, delta_i)``-DP mechanism for one item is ``(k eps_i, k e^{(k-1) eps_i}
-delta_i)``-DP for ``k`` items (Dwork & Roth 2014, Thm 2.2; Vadhan 2017, Lemma 2.2). The
-item-level curve ``eps_i(delta_i)`` is a whole trade-off, so at a target ``delta``
-
-    eps = k * min { eps_i(delta_i) : k e^{(k-1) eps_i(delta_i)} delta_i' <= delta },
-
-with ``delta_i' = delta_i + (1 + e^{eps_i}) tv`` for a total-variation distance ``tv`` to the
-accounted mechanism. ``eps_i`` is the smaller of dp_accounting's PLD and RDP answers (both
-valid; PLD is infinite below its tail mass, RDP reaches tiny ``delta_i``); ``inf`` when no
-``delta_i`` is feasible.
+delta_i)``-DP for ``k`` items (Dwork & Roth 2014, Thm 2.2; Vadhan 2017, Lemma 2.2), so at a
+target ``delta``: ``eps = k min { eps_i(delta_i) : k e^{(k-1) eps_i} delta_i' <= delta }``,
+``delta_i' = delta_i + (1 + e^{eps_i}) tv``, ``eps_i`` the smaller of PLD's and RDP's answers
+(``inf`` when no ``delta_i`` is feasible).
 """
 
 from __future__ import annotations
@@ -98,10 +93,8 @@ def group_privacy_epsilon(event: Any, *, group_size: int, delta: float,
     relation: the neighbouring relation of ``event``, applied to ``k`` items for the group
       (default ``"add_remove"``).
     tv_distance: total-variation distance between the run and ``event``.
-    epsilon_budget: when set, the lifted epsilon must not exceed it (call this before
-      releasing anything).
-    candidates: item deltas to try besides the grid (e.g. the calibration's target, so a
-      calibrated run reports at most its target).
+    epsilon_budget: when set, the lifted epsilon must not exceed it.
+    candidates: item deltas to try besides the grid (e.g. the calibration's target).
     grid: number of log-spaced item deltas in ``[1e-300, delta / k]``.
 
   Returns:
@@ -109,7 +102,6 @@ def group_privacy_epsilon(event: Any, *, group_size: int, delta: float,
     makes the lifted delta ``<= delta``.
 
   Raises:
-    ValueError: an invalid event or argument (named in the message).
     PrivacyBudgetExceeded: the lifted epsilon exceeds ``epsilon_budget``.
   """
   validate_event(event)

@@ -1,28 +1,18 @@
 """The privacy ledger: the one place where privacy events are composed and budgets enforced.
 
 Mechanisms describe themselves as events (:mod:`dpsco_jax.privacy.events`) built from public
-configuration, never from data. The ledger composes them with dp_accounting's PLD accountant
-(tight) or RDP (events PLD does not support, e.g. sampling without replacement), adds pure-DP,
+configuration. The ledger composes them (:mod:`dpsco_jax.privacy.accountant`), adds pure-DP,
 (epsilon, delta) and approximate-RDP blocks by basic composition, and enforces a budget
-*before* a release (:meth:`PrivacyLedger.spend` raises :class:`PrivacyBudgetExceeded` and
-records nothing). The stateless composition is :mod:`dpsco_jax.privacy.accountant`.
+*before* a release (:meth:`PrivacyLedger.spend` raises and records nothing). Events of
+different ``group`` names act on disjoint users (paper 000's phases): ``epsilon = max_g
+epsilon(ungrouped + group_g)``.
 
-Parallel composition: events tagged with different ``group`` names act on disjoint sets of
-users (e.g. the disjoint phases of paper 000), so ``epsilon = max_g epsilon(ungrouped +
-group_g)``.
-
-Grid bound: identical events are one entry with a count, and :meth:`spend` / :meth:`epsilon`
-report the epsilon with every count rounded up to the geometric grid ``1, 2, 3, 4, ceil(4
-r^k)``, ``r = 2^(1/4)`` (``O(log T)`` accountant evaluations over ``T`` spends; at most ~9%
-above the exact epsilon of DP-SGD). A budget is never refused on the bound alone: the exact
-epsilon decides, after a closed-form lower bound (:func:`epsilon_lower_bound`) had its chance
-to refuse without any accountant evaluation. ``epsilon(exact=True)``, :meth:`report` and the
-calibrator are exact. Every epsilon handed out is an :class:`Epsilon` whose ``kind`` says
-``exact`` (the accountant's epsilon of the recorded counts) or ``upper_bound`` (a valid number
-above it: the grid bound, or the accountant module's bound where the accountant cannot answer).
-
-:meth:`PrivacyLedger.state_dict` carries a SHA-256 digest; :meth:`PrivacyLedger.from_state_dict`
-refuses a state whose digest, configuration or events do not match.
+Identical events are one entry with a count; :meth:`spend` / :meth:`epsilon` round counts up
+to the grid ``1, 2, 3, 4, ceil(4 r^k)``, ``r = 2^(1/4)`` (``O(log T)`` evaluations, at most ~9%
+above DP-SGD's exact epsilon), labelled ``upper_bound``. A budget is refused only on a lower
+bound (:func:`epsilon_lower_bound`) or the exact epsilon, never on the grid bound.
+``epsilon(exact=True)``, :meth:`report` and the calibrator are exact. State dicts carry a
+SHA-256 digest that :meth:`PrivacyLedger.from_state_dict` checks.
 """
 
 from __future__ import annotations
@@ -56,14 +46,13 @@ __all__ = ["ACCOUNTANTS", "EPSILON_KINDS", "PLD_DISCRETIZATION", "ApproxDpEvent"
 class Provenance(str, enum.Enum):
   """Where a guarantee comes from: a paper's ``theorem`` (constants and preconditions hold),
   the ``accountant`` (exact composition of bounded-sensitivity mechanisms), a ``heuristic``,
-  either resting on ``declared`` constants of the loss, or ``none`` (non-private runs)."""
+  ``declared`` (holds only if the loss's declared constants, named in the notes, are true:
+  neither verified nor enforced), or ``none`` (non-private runs, level ``none``)."""
   THEOREM = "theorem"
   ACCOUNTANT = "accountant"
   HEURISTIC = "heuristic"
-  # the accountant's or theorem's guarantee holds only if the declared constants of the loss
-  # (named in the report's notes) are true: the library neither verified nor enforced them
   DECLARED = "declared"
-  NONE = "none"  # non-private reference runs only (level "none"): no guarantee at all
+  NONE = "none"
 
 
 class PrivacyBudgetExceeded(RuntimeError):
@@ -82,7 +71,7 @@ def _shared_epsilon(parts: ByKey, delta: float, relation: str, accountant: str) 
 
 def epsilon_of(event: Any, *, delta: float, relation: str = "add_remove",
                accountant: str = "auto") -> float:
-  """Exact epsilon of one (possibly composed) event at ``delta`` (a fresh ledger's answer).
+  """Exact epsilon of one (possibly composed) event at ``delta`` (a fresh ledger's).
 
   Args:
     event: the event (see :meth:`PrivacyLedger.compose`).
@@ -111,11 +100,7 @@ class PrivacyReport:
     paper_epsilon: the paper's stated epsilon, when it differs from ``epsilon``.
     notes: free text (e.g. the declared constants the guarantee rests on).
     epsilon_kind: ``"exact"`` (the default: the epsilon of exactly what ran) or
-      ``"upper_bound"`` (a cheaper number at or above it); ``str(report)`` names it.
-
-  Raises:
-    ValueError: an unknown field value, or provenance ``none`` without level ``none`` (or
-      the reverse).
+      ``"upper_bound"`` (a cheaper number at or above it).
   """
   epsilon: float
   delta: float
@@ -163,8 +148,8 @@ class PrivacyLedger:
   Args:
     delta: the target delta at which epsilon is reported.
     epsilon_budget: optional cap; :meth:`spend` raises before exceeding it.
-    relation: ``add_remove``, ``replace_one`` or ``zero_out`` (see
-      :mod:`dpsco_jax.privacy.relations`); user-level papers 000 and 001 use replace-one.
+    relation: ``add_remove``, ``replace_one`` or ``zero_out``
+      (:mod:`dpsco_jax.privacy.relations`).
     accountant: ``pld`` (tight), ``rdp``, or ``auto`` (PLD when it supports every event).
   """
 
@@ -208,10 +193,6 @@ class PrivacyLedger:
 
     Returns:
       This ledger (calls chain).
-
-    Raises:
-      ValueError: ``count`` is not a positive int, or ``event`` is not a known, valid event.
-      TypeError: ``label`` is not a str.
     """
     self._entries = self._with(event, label, group, count)
     return self
@@ -227,10 +208,7 @@ class PrivacyLedger:
       count: how many times it would run (default 1).
 
     Returns:
-      The :class:`Epsilon` the ledger would reach at its ``delta`` (as :meth:`spend`).
-
-    Raises:
-      PrivacyBudgetExceeded: that epsilon is over ``epsilon_budget``.
+      The :class:`Epsilon` the ledger would reach (as :meth:`spend`, which raises alike).
     """
     return self._checked(self._with(event, label, group, count), label)
 
@@ -284,12 +262,10 @@ class PrivacyLedger:
       count: how many times it ran (default 1).
 
     Returns:
-      The new :class:`Epsilon`: the grid bound (kind ``upper_bound`` where a count was
-      rounded); ``epsilon(exact=True)`` gives the exact value.
+      The new :class:`Epsilon`: the grid bound (``epsilon(exact=True)``: the exact value).
 
     Raises:
-      PrivacyBudgetExceeded: the composed epsilon would exceed ``epsilon_budget``; nothing is
-        recorded.
+      PrivacyBudgetExceeded: the epsilon would exceed ``epsilon_budget``; nothing recorded.
     """
     candidate = self._with(event, label, group, count)  # validated once
     eps = self._checked(candidate, label)
@@ -342,9 +318,7 @@ class PrivacyLedger:
 
     Args:
       delta: the delta to report epsilon at, in ``(0, 1)`` (default: the ledger's).
-      exact: compose the exact counts (one accountant evaluation per new ledger state)
-        rather than the cached grid bound, which is cheap enough to call every step and
-        never below the exact value (default False).
+      exact: compose the exact counts rather than the cached grid bound (default False).
 
     Returns:
       An :class:`Epsilon` whose ``kind`` is ``"exact"`` or ``"upper_bound"``.
@@ -358,7 +332,7 @@ class PrivacyLedger:
     """Delta contributed by (epsilon, delta) and approximate-RDP blocks.
 
     Returns:
-      The sum of those blocks' deltas (0.0 when there are none).
+      The sum of those blocks' deltas.
     """
     return self._epsilon(self._entries, self.delta, rounded=False)[1]
 
@@ -382,11 +356,10 @@ class PrivacyLedger:
              tv_distance: float = 0.0) -> PrivacyReport:
     """A :class:`PrivacyReport` for the recorded events (exact epsilon).
 
-    Delta: the ledger's ``delta`` (only when accountant events were recorded) + the blocks'
-    deltas + ``extra_delta`` + ``(1 + e^eps) tv_distance``. The last term covers a run within
-    total variation ``tv`` of the accounted mechanism ``M'`` on every dataset (e.g. truncated
-    Poisson sampling): ``P[M(D) in S] <= P[M'(D) in S] + tv <= e^eps P[M'(D') in S] + delta +
-    tv <= e^eps P[M(D') in S] + delta + (1 + e^eps) tv``.
+    Delta: the ledger's (when accountant events were recorded) + the blocks' + ``extra_delta``
+    + ``(1 + e^eps) tv``, for a run within total variation ``tv`` of the accounted mechanism
+    ``M'`` (e.g. truncated Poisson sampling): ``P[M(D) in S] <= P[M'(D) in S] + tv <= e^eps
+    P[M(D') in S] + delta + (1 + e^eps) tv``.
 
     Args:
       provenance: where the guarantee comes from (a :class:`Provenance` or its value).
@@ -399,10 +372,6 @@ class PrivacyLedger:
 
     Returns:
       The :class:`PrivacyReport`.
-
-    Raises:
-      ValueError: a negative ``tv_distance`` or ``extra_delta``, or a bad ``provenance`` or
-        ``level``.
     """
     if tv_distance < 0 or extra_delta < 0:
       raise ValueError("tv_distance and extra_delta must be >= 0")
@@ -444,11 +413,7 @@ class PrivacyLedger:
         refuse a raised budget; default ``None``: not checked.
 
     Returns:
-      The rebuilt :class:`PrivacyLedger` with the recorded entries.
-
-    Raises:
-      LedgerIntegrityError: a key is missing, the digest does not match, or the configuration
-        is not ``expect_config``.
+      The rebuilt :class:`PrivacyLedger` (else :class:`LedgerIntegrityError`).
     """
     try:
       body = {"config": state["config"], "entries": state["entries"]}

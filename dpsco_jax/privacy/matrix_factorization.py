@@ -1,45 +1,23 @@
 """Matrix-factorization (MF) noise: strategies, sensitivity under participation, events.
 
-Denisov et al. 2022; Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorization";
-McKenna et al. 2024, "Scaling up the Banded Matrix Factorization Mechanism"; Dvijotham et al.
-2024, "Efficient and Near-Optimal Noise Generation for Streaming DP". The stream of increments
-``x`` (``T`` rows, each a clipped batch quantity of L2 sensitivity ``s`` per participation) is
-released as ``C x + Z``, ``Z_t ~ N(0, sigma^2 I)`` i.i.d., with ``C`` a lower-triangular
-Toeplitz *strategy* of coefficients ``c_0 > 0, c_1, ...``; training reads ``x + C^{-1} Z`` or
-``A x + B Z`` (``A`` the prefix-sum matrix, ``B = A C^{-1}``), post-processing. Row ``t`` of
-``C x`` reads ``x_{<=t}`` only, so adaptive increments keep the guarantee of the non-adaptive
-Gaussian mechanism (Denisov et al. 2022, Thm 2.1).
+Denisov et al. 2022; Choquette-Choo et al. 2023 ("(Amplified) Banded MF"); McKenna et al.
+2024 ("Scaling up the Banded MF Mechanism"); Dvijotham et al. 2024 (BLT). The increments ``x``
+(``T`` rows of L2 sensitivity ``s`` per participation) are released as ``C x + Z``, ``Z_t ~
+N(0, sigma^2 I)``, ``C`` a lower-triangular Toeplitz *strategy* (``c_0 > 0``); training reads
+``x + C^{-1} Z`` (post-processing). Row ``t`` reads ``x_{<=t}`` only, so adaptive increments
+keep the non-adaptive guarantee (Denisov et al. 2022, Thm 2.1). Strategies: banded ``"sqrt"``
+(``c_k = binom(2k, k) / 4^k`` truncated to ``b`` bands, unit norm; McKenna et al. 2024 §4) or
+``"optimized"`` (optional jax_privacy); BLT ``c_0 = 1``, ``c_k = sum_i w_i theta_i^{k-1}``.
 
-Strategies: banded with ``b`` bands, ``"sqrt"`` (``c_k = binom(2k, k) / 4^k``, the
-coefficients of ``(1 - x)^{-1/2}`` truncated to ``b`` bands, unit L2 norm; Fichtenberger et
-al. 2023, McKenna et al. 2024 §4) or ``"optimized"`` (jax_privacy's
-``toeplitz.optimize_banded_toeplitz``, the optional ``jax-privacy>=2.0``); BLT with ``d``
-buffers, ``c_0 = 1``, ``c_k = sum_i w_i theta_i^{k-1}``, from jax_privacy's
-``buffered_toeplitz.optimize`` or fitted to the sqrt coefficients.
-
-Sensitivity (per unit ``s``; zero-out / add-remove of one participant). A participant at steps
-``P = {p_1 < ... < p_k}`` changes ``C x`` by ``sum_j C[:, p_j] g_j^T``, ``||g_j|| <= s``, of
-squared Frobenius norm ``sum_{j,l} <C[:, p_j], C[:, p_l]> <g_j, g_l>``:
-
-* one participation: ``||c_{0..T-1}||`` (column 0 is the longest);
-* ``k`` participations at separation ``>= b`` (banded): disjoint column supports, so ``sens^2
-  = sum_j ||C[:, p_j]||^2``, maximized at steps ``0, sep, 2 sep, ...`` whatever the signs of
-  ``c`` (cyclic epochs with period ``>= b`` are such a pattern);
-* overlap (separation ``< b``, or a BLT): valid only for nonnegative, nonincreasing
-  coefficients, where ``sens = ||C 1_P||`` at ``P = {0, sep, ..., (k-1) sep}`` (McKenna et
-  al. 2024, Thm 2; jax_privacy's ``toeplitz.minsep_sensitivity_squared``); others are refused.
-
-Event: the run is one Gaussian mechanism of multiplier ``z / sens`` (``noise_std = z * s``;
-:func:`mf_event`). Relations: zero_out and add_remove (a cyclic driver must keep the others'
-steps in place, i.e. schedule by slot: zero_out); replace_one doubles ``s`` (the ledger's
-convention).
-
-Amplification (:func:`amplified_banded_event`; Choquette-Choo et al. 2023, Thm 4, b-min-sep
-sampling): the rows are split by a public partition into ``b`` groups; at step ``t`` group ``t
-mod b`` is active and each of its rows joins with probability ``p``. With at most ``b`` bands a
-row's participations touch disjoint rows of ``C x + Z``: the run is ``k = ceil(T / b)``
-adaptively composed Poisson-subsampled Gaussians of rate ``p`` and multiplier ``z /
-max_column_norm(C)``. A BLT has overlapping columns: no such argument.
+Sensitivity per unit ``s`` (zero-out / add-remove of one participant at steps ``P``):
+``||C 1_P||``-type bounds: one participation ``||c_{0..T-1}||``; ``k`` participations at
+separation ``>= b`` (banded): disjoint columns, maximized at ``0, sep, 2 sep, ...`` whatever the
+signs; overlapping ones only for nonnegative, nonincreasing coefficients (McKenna et al. 2024,
+Thm 2), others refused. The run is one Gaussian mechanism of multiplier ``z / sens``
+(:func:`mf_event`); replace-one doubles ``s`` (the ledger's convention). Amplification
+(:func:`amplified_banded_event`; Choquette-Choo et al. 2023, Thm 4, b-min-sep sampling): with at
+most ``b`` bands the run is ``ceil(T / b)`` Poisson-subsampled Gaussians of multiplier ``z /
+||c||``; a BLT's overlapping columns have no such argument.
 """
 
 from __future__ import annotations
@@ -103,8 +81,7 @@ def toeplitz_matrix(coefs: np.ndarray, n: int) -> np.ndarray:
 
 
 def toeplitz_inverse_coefs(coefs: np.ndarray, n: int) -> np.ndarray:
-  """Coefficients of ``C^{-1}`` for ``n`` steps, by the streaming stage's recurrence
-  ``u_t = (e0_t - sum_{j>=1} c_j u_{t-j}) / c_0`` (float64)."""
+  """Coefficients of ``C^{-1}`` for ``n`` steps, by the streaming stage's recurrence."""
   c = np.asarray(coefs, np.float64)
   n = check_int(n, "n")
   b = min(len(c), n)
@@ -124,8 +101,7 @@ def blt_coefs(buf_decay: np.ndarray, output_scale: np.ndarray, n: int) -> np.nda
 
 
 def blt_inverse_coefs(buf_decay: np.ndarray, output_scale: np.ndarray, n: int) -> np.ndarray:
-  """Coefficients of ``C^{-1}`` for a BLT, by the stage's recurrence ``u_t = e0_t - <w, S>``,
-  ``S <- theta * S + u_t`` (float64)."""
+  """Coefficients of ``C^{-1}`` for a BLT, by the stage's recurrence."""
   th, om = np.asarray(buf_decay, np.float64), np.asarray(output_scale, np.float64)
   s = np.zeros_like(th)
   u = np.zeros(n)
@@ -136,9 +112,7 @@ def blt_inverse_coefs(buf_decay: np.ndarray, output_scale: np.ndarray, n: int) -
 
 
 def prefix_errors(inverse_coefs: np.ndarray) -> np.ndarray:
-  """Per-step variance of the prefix-sum noise ``(B Z)_t`` per unit ``sigma^2``: ``B = A
-  C^{-1}`` is Toeplitz of coefficients ``b = cumsum(C^{-1} coefs)``, row ``t``'s squared
-  norm ``sum_{j<=t} b_j^2``."""
+  """Per-step variance of the prefix-sum noise ``(A C^{-1} Z)_t`` per unit ``sigma^2``."""
   b = np.cumsum(np.asarray(inverse_coefs, np.float64))
   return np.cumsum(b * b)
 
@@ -179,10 +153,8 @@ def banded_strategy(steps: int, bands: int, *, strategy: str = "auto",
 
 
 def _fit_blt_to_sqrt(steps: int, buffers: int) -> tuple[np.ndarray, np.ndarray]:
-  """Built-in BLT: decays ``theta_i = 1 - 1/r_i``, ``r_i`` log-spaced in ``[1.5, 2 steps]``,
-  and NNLS for ``w`` on the relative error against the sqrt coefficients. Positive ``w`` and
-  ``theta in (0, 1)`` make every ``c_k`` positive and nonincreasing, which the multi-
-  participation sensitivity needs; ``c_1 <= 1`` by scaling."""
+  """Built-in BLT: ``theta_i = 1 - 1/r_i`` (``r_i`` log-spaced in ``[1.5, 2 steps]``), NNLS
+  ``w >= 0`` against the sqrt coefficients: positive, nonincreasing ``c_k``."""
   from scipy.optimize import nnls
   r = np.geomspace(1.5, 2.0 * max(steps, 2), buffers)
   theta = 1.0 - 1.0 / r
@@ -222,8 +194,7 @@ def blt_strategy(steps: int, buffers: int, *, participations: int = 1, min_sep: 
   min_sep = check_int(min_sep, "min_sep")
   check_choice(strategy, "strategy", STRATEGIES)
   check_choice(error, "error", ERRORS)
-  # jax_privacy's optimizer is too slow for a default (~70 s), and a plan should not change
-  # with what else is installed
+  # jax_privacy's optimizer is too slow for a default, and a plan must not depend on installs
   use_jp = strategy == "optimized"
   if use_jp:
     if jax_privacy_version() is None:
@@ -254,10 +225,6 @@ def participation_sensitivity(coefs: np.ndarray, steps: int, *, participations: 
 
   Returns:
     The L2 sensitivity, in units of ``s``.
-
-  Raises:
-    ValueError: a count that is not an integer >= 1, or participations overlapping a
-      strategy whose coefficients are not nonnegative and nonincreasing.
   """
   c = np.asarray(coefs, np.float64)
   steps = check_int(steps, "steps")
@@ -277,8 +244,7 @@ def participation_sensitivity(coefs: np.ndarray, steps: int, *, participations: 
 
 
 def mf_event(noise_multiplier: float, sensitivity: float) -> dp_accounting.DpEvent:
-  """The whole MF run as one Gaussian event (noise ``z * s``, ``C x`` of sensitivity
-  ``sensitivity * s``).
+  """The whole MF run as one Gaussian event (noise ``z * s`` on sensitivity ``sensitivity * s``).
 
   Args:
     noise_multiplier: ``z``, > 0.
@@ -295,9 +261,8 @@ def mf_event(noise_multiplier: float, sensitivity: float) -> dp_accounting.DpEve
 
 def amplified_banded_event(noise_multiplier: float, coefs: np.ndarray, steps: int, *,
                            sampling_rate: float, min_sep: int) -> dp_accounting.DpEvent:
-  """A banded strategy under b-min-sep Poisson sampling (module docstring): ``k =
-  ceil(steps / min_sep)`` rounds of ``PoissonSampled(p, Gaussian(z / ||c_{0..T-1}||))``.
-  Refuses more bands than ``min_sep`` (the columns would overlap)."""
+  """A banded strategy under b-min-sep Poisson sampling (module docstring); refuses more bands
+  than ``min_sep``."""
   z = float(noise_multiplier)
   if not z > 0:
     raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")

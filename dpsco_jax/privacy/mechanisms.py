@@ -16,10 +16,8 @@ from dpsco_jax._checks import (ArgumentTypeError, _traced, check_delta, check_ep
 
 def laplace(key: jax.Array, shape: tuple[int, ...] = (), scale: float | jax.Array = 1.0,
             dtype=jnp.float32) -> jax.Array:
-  """``Lap(scale)`` draws, density ``exp(-|x|/b)/(2b)``: ``epsilon = sensitivity / scale``.
-
-  Drawn in float32 or wider whatever ``dtype`` asks (a bfloat16 Laplace is not the law the
-  privacy proof assumes); cast afterwards if wanted (post-processing).
+  """``Lap(scale)`` draws (``epsilon = sensitivity / scale``), in float32 or wider whatever
+  ``dtype`` asks (a bfloat16 Laplace is not the law the proof assumes).
 
   Args:
     key: a JAX PRNG key.
@@ -52,8 +50,7 @@ def _check_scale(scale: Any) -> Any:
 
 
 def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> float:
-  """Dwork-Roth Thm A.1: ``sigma = sqrt(2 ln(1.25/delta)) * Delta / epsilon`` (valid for
-  ``epsilon < 1``; not used for guarantees beyond).
+  """Dwork-Roth Thm A.1: ``sigma = sqrt(2 ln(1.25/delta)) Delta / epsilon`` (for ``epsilon < 1``).
 
   Args:
     sensitivity: the L2 sensitivity ``Delta``, > 0.
@@ -70,8 +67,7 @@ def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> 
 
 
 def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) -> float:
-  """Smallest ``sigma`` making the Gaussian mechanism (epsilon, delta)-DP (Balle & Wang 2018),
-  by bisection on ``delta(eps) = Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)``.
+  """Smallest ``sigma`` making the Gaussian mechanism (epsilon, delta)-DP (Balle & Wang 2018).
 
   Args:
     sensitivity: the L2 sensitivity ``D``, > 0.
@@ -80,9 +76,6 @@ def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) ->
 
   Returns:
     ``sigma``, the Gaussian noise std (in the units of the sensitivity).
-
-  Raises:
-    ValueError: no finite sigma reaches ``delta`` (or a bad argument).
   """
   check_positive(sensitivity, "sensitivity")
   check_epsilon(epsilon)

@@ -1,28 +1,22 @@
 """Neighbouring relations: the contract every mechanism states and the accountant reads.
 
-* ``add_remove`` — one user (item, at item level) is added or removed. The number of users
-  ``n`` is **private**: nothing may divide by the realized count or size a batch from it; a
-  mechanism normalizes by a declared, data-independent denominator (e.g. the expected batch
-  size ``q * n_declared`` of Poisson sampling, Abadi et al. 2016) and its sampling rate ``q``
-  is a declared public constant. Sensitivity of a clipped sum: ``C``.
-* ``replace_one`` — one user's data is replaced by arbitrary data; ``n`` is **public**.
-  Sensitivity of a clipped sum: ``2C``. Papers 000 and 001 state their guarantees under it,
-  for datasets that are ordered tuples of users: here users are ordered by id and the
-  replacement keeps the user's id (the roster of ids is public, not the data behind them).
-  Slot-based schedules (cyclic batches, 001's phase blocks, a mesh's shards) and 001's
-  deletion-stability test rest on it (``tests/test_output_perturbation.py`` checks bitwise
-  that the same sub-dataset is the same float computation).
-* ``zero_out`` — one user's data is replaced by a "zero" record that contributes nothing
-  (Kairouz et al. 2021, "Practical and private (deep) learning without sampling or
-  shuffling"); ``n`` is **public**, so a full-batch mean over the ``n`` users is allowed.
-  Sensitivity of a clipped sum: ``C``. dp_accounting reads it as add/remove (same Gaussian
-  privacy-loss pair), except inside sampling without replacement, whose only bound is the
-  replace-one one.
+* ``add_remove``: one user (item, at item level) is added or removed. The number of users
+  ``n`` is **private**: a mechanism normalizes by a declared, data-independent denominator
+  (e.g. ``q * n_declared`` under Poisson sampling, Abadi et al. 2016), never the realized
+  count, and its sampling rate ``q`` is public. Clipped-sum sensitivity ``C``.
+* ``replace_one``: one user's data is replaced; ``n`` is **public**. Clipped-sum sensitivity
+  ``2C``. Papers 000 and 001 state their guarantees under it for ordered tuples of users:
+  users are ordered by id and a replaced user keeps its id (the roster is public, not the
+  data). Slot-based schedules (cyclic batches, 001's phase blocks, mesh shards) and 001's
+  deletion-stability test rest on it.
+* ``zero_out``: one user's data is replaced by a record that contributes nothing (Kairouz et
+  al. 2021); ``n`` is **public**, so a full-batch mean over ``n`` is allowed. Clipped-sum
+  sensitivity ``C``; dp_accounting reads it as add/remove, except inside sampling without
+  replacement (replace-one's bound).
 
-Convention: a Gaussian noise multiplier is ``z = sigma / C`` with ``C`` the add/remove
-(zero-out) sensitivity; under replace-one the accountant accounts for ``2C`` itself
-(:func:`dpsco_jax.privacy.events.for_accountant`), so no stage doubles its noise. Each stage's
-std is formed in :func:`~dpsco_jax.privacy.sensitivity.gaussian_noise_std`.
+Convention: a Gaussian noise multiplier is ``z = sigma / C``, ``C`` the add/remove (zero-out)
+sensitivity; under replace-one the accountant accounts for ``2C`` itself
+(:func:`dpsco_jax.privacy.events.for_accountant`), so no stage doubles its noise.
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ PUBLIC = {
 
 def check_relation(relation: object, *, supported: tuple[str, ...] = RELATIONS,
                    mechanism: str = "this mechanism") -> str:
-  """Returns ``relation`` if it is one of ``supported``; else a clear ``ValueError``.
+  """Returns ``relation`` if it is one of ``supported``, else raises ``ValueError``.
 
   Args:
     relation: the relation to check.
@@ -52,9 +46,6 @@ def check_relation(relation: object, *, supported: tuple[str, ...] = RELATIONS,
 
   Returns:
     ``relation``.
-
-  Raises:
-    ValueError: ``relation`` is not one of :data:`RELATIONS`, or not in ``supported``.
   """
   if not isinstance(relation, str) or relation not in RELATIONS:
     raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
@@ -65,10 +56,8 @@ def check_relation(relation: object, *, supported: tuple[str, ...] = RELATIONS,
 
 
 def gaussian_sensitivity_factor(relation: str) -> float:
-  """Sensitivity of a sum of contributions clipped at ``C``, in units of ``C``.
-
-  The one place the relation's factor is coded; accountant-calibrated noise uses ``z * C``
-  and lets the accountant apply the relation.
+  """Sensitivity of a sum of contributions clipped at ``C``, in units of ``C`` (the one place
+  the relation's factor is coded).
 
   Args:
     relation: ``add_remove``, ``replace_one`` or ``zero_out``.

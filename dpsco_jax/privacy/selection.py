@@ -1,13 +1,10 @@
 """Private hyper-parameter selection: the law of the number of runs, its RDP bound, its report.
 
 Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential Privacy" (ICLR 2022). The
-candidate algorithm ``Q`` draws one configuration of a grid uniformly at random (public
-randomness) and trains it privately. Its RDP curve is at most the order-wise maximum of the
-candidates' curves: ``Q``'s output law is the same data-independent mixture on both
-neighbouring datasets, and Renyi divergence is jointly quasi-convex (van Erven & Harremoes
-2014, Theorem 13). The selection ``A`` runs ``Q`` ``K`` times, ``K`` drawn from a public law,
-and releases only the best output by a public or private score. ``K``, the candidates drawn
-and their scores are secret: the theorem covers the released output only.
+candidate algorithm ``Q`` trains one configuration of a grid drawn uniformly (public
+randomness); its RDP curve is at most the order-wise maximum of the candidates' (Renyi
+divergence is jointly quasi-convex). The selection ``A`` runs ``Q`` ``K ~`` a public law times
+and releases only the best output; ``K``, the candidates drawn and their scores are secret.
 
 * Truncated negative binomial ``D_{eta,gamma}`` (``eta > -1``, ``0 < gamma < 1``; Section 2):
   ``P[K=k] = (1-gamma)^k / (gamma^-eta - 1) * prod_{l<k} (l+eta)/(l+1)`` for ``k >= 1``;
@@ -16,11 +13,11 @@ and their scores are secret: the theorem covers the released output only.
   + (1+eta)(1-1/l_hat) eps_hat + (1+eta) log(1/gamma)/l_hat + log(E[K])/(l-1)``, minimized
   over ``l_hat`` on the order grid.
 * Geometric (``eta = 1``; Liu & Talwar, STOC 2019): ``P[K=k] = gamma (1-gamma)^(k-1)``.
-* Poisson (Theorem 6) is refused: its bound needs a condition tying ``Q``'s ``(eps_hat,
-  delta_hat)`` to the order that is not checked here.
+* Poisson (Theorem 6) is refused: its condition on ``Q``'s ``(eps_hat, delta_hat)`` is not
+  checked here.
 
-The curve is converted to ``(epsilon, delta)`` by dp_accounting's RDP conversion and recorded
-as an ``(epsilon, delta)`` block with provenance ``theorem`` (:func:`selection_report`).
+The curve is converted by dp_accounting's RDP conversion into an ``(epsilon, delta)`` block,
+provenance ``theorem`` (:func:`selection_report`).
 """
 
 from __future__ import annotations
@@ -52,10 +49,6 @@ DEFAULT_ETA = 0.0
 _TAIL = 2.0 ** -53
 
 
-def _check_gamma(gamma: Any) -> float:
-  return check_delta(gamma, "gamma")   # the open interval (0, 1), a real number
-
-
 @dataclasses.dataclass(frozen=True)
 class SelectionLaw:
   """The public law of the number of runs ``K`` (see the module docstring).
@@ -65,9 +58,6 @@ class SelectionLaw:
       refused).
     gamma: the law's ``gamma``, in ``(0, 1)``.
     eta: the law's ``eta``, > -1 (default ``None``: the default eta, 1 for ``geometric``).
-
-  Raises:
-    ValueError: a bad or unimplemented ``distribution``, ``gamma`` or ``eta``.
   """
   distribution: str
   gamma: float
@@ -80,7 +70,7 @@ class SelectionLaw:
                        "Theorem 6 needs each run's (epsilon, delta)-DP under a condition on "
                        "the order that is not checked here); use truncated_negative_binomial "
                        "or geometric")
-    object.__setattr__(self, "gamma", _check_gamma(self.gamma))
+    object.__setattr__(self, "gamma", check_delta(self.gamma, "gamma"))  # in (0, 1)
     eta = self.eta
     if eta is None:
       eta = 1.0 if self.distribution == "geometric" else DEFAULT_ETA
@@ -133,7 +123,7 @@ class SelectionLaw:
 
   def cdf_table(self, top: float = 1.0) -> np.ndarray:
     """The CDF at ``k = 1..N``, ``N`` grown until it exceeds ``top`` or the tail is below
-    ``2^-53`` (then ``N`` stands for the tail).
+    ``2^-53``.
 
     Args:
       top: grow the table until its CDF exceeds this value (default 1.0).
@@ -144,8 +134,7 @@ class SelectionLaw:
     n = 1024
     while True:
       cdf = np.cumsum(self.pmf(np.arange(1, n + 1)))
-      # the pmf falls at least geometrically past its mode (ratio <= 1 - gamma for eta <= 1,
-      # -> 1 - gamma for eta > 1): pmf(n) / gamma bounds the tail once n is past it
+      # past the mode the pmf falls geometrically: pmf(n) / gamma bounds the tail
       if (cdf[-1] > top or 1.0 - cdf[-1] < _TAIL
           or (n > 4 * self.eta and self.pmf(np.array([n]))[0] / self.gamma < _TAIL)):
         return cdf
@@ -180,8 +169,7 @@ class SelectionLaw:
 
 def law_for_grid(n_candidates: int, distribution: str = "truncated_negative_binomial", *,
                  eta: float | None = None, gamma: float | None = None) -> SelectionLaw:
-  """The law of a selection over ``n_candidates``; without ``gamma``, the ``gamma`` whose
-  ``E[K]`` equals ``n_candidates`` (each candidate drawn about once in expectation)."""
+  """The law of a selection over ``n_candidates``; without ``gamma``, ``E[K] = n_candidates``."""
   n = check_int(n_candidates, "n_candidates", minimum=1)
   if gamma is not None:
     return SelectionLaw(distribution, gamma, eta)
@@ -198,8 +186,7 @@ def law_for_grid(n_candidates: int, distribution: str = "truncated_negative_bino
 
 def candidate_rdp(event: Any, relation: str = "add_remove"
                   ) -> tuple[np.ndarray, np.ndarray]:
-  """``(orders, rdp)``: the RDP curve of one candidate's dp_accounting event on
-  dp_accounting's default orders (blocks outside the accountant have none: refused)."""
+  """``(orders, rdp)``: one candidate's RDP curve on dp_accounting's default orders."""
   validate_event(event)
   if isinstance(event, OUTSIDE_ACCOUNTANT):
     raise ValueError(f"a candidate's privacy must be an accountant event with an RDP curve, "
@@ -257,16 +244,12 @@ def selection_report(law: SelectionLaw, events: Sequence[Any], *, delta: float,
     relation: the neighbouring relation (default ``"add_remove"``).
     level: ``"user"`` (default) or ``"item"``.
     metric: what the score read, ``"public"`` (default) or ``"private"``, for the notes.
-    tv_distance: each run's total variation distance to its accounted mechanism (default 0;
-      e.g. truncated Poisson sampling); over ``K`` runs the coupling fails with probability
-      at most ``E[K] tv``, added to delta as ``(1 + e^eps) E[K] tv``.
+    tv_distance: each run's total variation distance to its accounted mechanism (default 0);
+      over ``K`` runs it adds ``(1 + e^eps) E[K] tv`` to delta.
 
   Returns:
     The :class:`PrivacyReport`: one ``(epsilon, delta)`` block, provenance ``theorem``, the
     law and ``E[K]`` (never ``K``) in the notes.
-
-  Raises:
-    ValueError: the candidates' RDP gives no finite epsilon.
   """
   orders, rdp = grid_rdp(events, relation)
   eps, order = selection_epsilon(law, orders, rdp, delta)
@@ -334,8 +317,7 @@ def selection_cost(law: SelectionLaw, events: Sequence[Any], *, delta: float,
     delta: the target delta, in ``(0, 1)``.
     relation: the neighbouring relation (default ``"add_remove"``).
     level: ``"user"`` (default) or ``"item"``, for the report.
-    tv_distance: each run's total variation distance to its accounted mechanism (default 0;
-      see :func:`selection_report`).
+    tv_distance: as in :func:`selection_report` (default 0).
     candidate_epsilon: one candidate's epsilon as its plan reports it (default ``None``: the
       largest of ``events``' epsilons at ``delta``).
 

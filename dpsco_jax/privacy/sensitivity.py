@@ -2,11 +2,9 @@
 
 Every noise-adding stage is a :class:`GaussianStage`: the noise multiplier ``z`` and the
 :class:`Sensitivity` of what it perturbs (a clipped mean's ``C / D``, FILTER's coupled shift, an
-output-perturbation minimizer's ``2G/(mu n)``). Its std is :func:`gaussian_noise_std`, ``z *
-bound / denominator`` (left to right), under *every* relation: a :class:`Sensitivity` is
-stored in the accountant's add/remove-equivalent unit, and the accountant, told the relation,
-prices replace-one's doubled shift itself (convention: :mod:`dpsco_jax.privacy.relations`).
-``tests/test_sensitivity_stages.py`` checks that no driver forms a std by hand.
+output-perturbation minimizer's ``2G/(mu n)``), stored in the accountant's add/remove-equivalent
+unit under *every* relation (the accountant prices replace-one's doubled shift itself:
+:mod:`dpsco_jax.privacy.relations`). Its std is :func:`gaussian_noise_std`.
 """
 
 from __future__ import annotations
@@ -66,8 +64,7 @@ class Sensitivity:
       relation: ``add_remove``, ``replace_one`` or ``zero_out``.
 
     Returns:
-      ``C / D``, or ``2 C / D`` under replace-one (the factor, a power of two, multiplies the
-      quotient: exact, and no ``2 C`` can overflow).
+      ``C / D``, or ``2 C / D`` under replace-one (the factor multiplies the quotient: exact).
     """
     return gaussian_sensitivity_factor(check_relation(relation)) * self.value
 
@@ -96,9 +93,6 @@ def gaussian_noise_std(noise_multiplier: float, sensitivity: Sensitivity) -> flo
 
   Returns:
     The noise std, in the units of what the stage perturbs.
-
-  Raises:
-    TypeError: ``sensitivity`` is not a :class:`Sensitivity`.
   """
   _check_sensitivity(sensitivity)
   return noise_multiplier * sensitivity.bound / sensitivity.denominator
@@ -119,9 +113,6 @@ def noise_multiplier_for_std(std: float, sensitivity: Sensitivity) -> float:
 
   Returns:
     ``std * denominator / bound``.
-
-  Raises:
-    TypeError: ``sensitivity`` is not a :class:`Sensitivity`.
   """
   _check_sensitivity(sensitivity)
   return std * sensitivity.denominator / sensitivity.bound
@@ -164,12 +155,10 @@ COUNT_SENSITIVITY = 0.5
 @dataclasses.dataclass(frozen=True)
 class AdaptiveClipSplit:
   """How adaptive clipping shares one Gaussian mechanism of multiplier ``z`` between a step's
-  two releases (Andrew et al., "Differentially Private Learning with Adaptive Clipping",
-  NeurIPS 2021, Algorithm 1 and Theorem 1): the clipped sum, sensitivity ``C_t``, noise
-  ``z_Delta C_t`` (:meth:`sum_stage`), and the centred count of unclipped users ``sum_i (b_i -
-  1/2)``, sensitivity ``1/2``, noise ``sigma_b`` (:meth:`count_stage`). With ``z_Delta^-2 + (2
-  sigma_b)^-2 = z^-2`` the pair is one Gaussian mechanism of multiplier ``z`` on the stacked
-  vector, so the step's event is DP-SGD's at ``z``. Build it with :func:`adaptive_clip_split`.
+  two releases (Andrew et al., NeurIPS 2021, Algorithm 1 and Theorem 1): the clipped sum
+  (sensitivity ``C_t``, noise ``z_Delta C_t``) and the centred count of unclipped users
+  (sensitivity ``1/2``, noise ``sigma_b``). With ``z_Delta^-2 + (2 sigma_b)^-2 = z^-2`` the pair
+  is one Gaussian mechanism of multiplier ``z``: the step's event is DP-SGD's at ``z``.
 
   Attributes:
     noise_multiplier: ``z``, the pair's multiplier (what the accountant prices).
@@ -219,8 +208,7 @@ def adaptive_clip_split(noise_multiplier: float, count_stddev: float) -> Adaptiv
     The :class:`AdaptiveClipSplit`.
 
   Raises:
-    ValueError: a negative argument, or ``2 sigma_b <= z`` with ``z > 0`` (the count alone
-      would spend the whole budget; ``z_Delta`` would be imaginary).
+    ValueError: ``2 sigma_b <= z`` with ``z > 0`` (the count alone would spend the budget).
   """
   z = check_nonnegative(noise_multiplier, "noise_multiplier")
   sigma_b = check_nonnegative(count_stddev, "count_stddev")

@@ -7,17 +7,12 @@ Lemma A.9 ([DR14, Thm 3.24]):
   for t = 1..T:  nu_t ~ Lap(b_q);  if q_t + nu_t >= Delta^: TOP, HALT  else BOT
 
 With queries of l1-sensitivity ``s``, ``b_thr = 2 s / eps`` and ``b_q = 4 s / eps``, the whole
-halting pattern is ``(eps, 0)``-DP. Algorithm 2 runs it on the concentration score (``s = 2``)
-with budget ``eps / 2`` (``b_thr = 8/eps``, ``b_q = 16/eps``), continuing while the noisy score
-clears the threshold: AboveThreshold on the negated queries, the same privacy statement.
-Algorithm 1 uses one Laplace test per phase (line 13), ``s + Lap(20/eps) >= 4C/5``: with score
-sensitivity 2 it is ``eps/10``-DP (the paper books ``eps/4``, a weaker claim that also holds).
-
-Numerics: rounding is monotone, so the float32 test ``fl(q + nu) >= Delta^`` is exactly ``q +
-nu >= t(Delta^)`` and cannot widen the gap between neighbouring inputs; the privacy statement
-needs the *computed* query to have sensitivity ``<= s`` (FILTER's score is computed exactly on
-a dyadic grid, ``filtering._exact_score``). Queries are promoted to float32 (a bfloat16 query
-would round on a grid of ``K/128``).
+halting pattern is ``(eps, 0)``-DP. Algorithm 2 runs it on the score (``s = 2``) at budget ``eps
+/ 2``, continuing while the noisy score clears the threshold (the negated queries: the same
+statement). Algorithm 1's per-phase test ``s + Lap(20/eps) >= 4C/5`` is ``eps/10``-DP (the
+paper books ``eps/4``, which also holds). Rounding is monotone, so the float32 test cannot
+widen the gap between neighbours; the *computed* query must have sensitivity ``<= s`` (FILTER's
+score is exact on a dyadic grid). Queries are promoted to float32.
 """
 
 from __future__ import annotations
@@ -120,9 +115,8 @@ def above_threshold_run(key: jax.Array, queries: jax.Array, threshold: float,
 
 def above_threshold_accuracy(num_queries: int, gamma: float, query_scale: float,
                              threshold_scale: float | None = None) -> float:
-  """Accuracy ``alpha = 2 b_q log(2T/gamma)`` of Lemma A.9 (needs ``b_thr <= b_q``): with
-  probability ``>= 1 - gamma`` a continue implies ``q_t >= Delta - alpha`` and a halt ``q_t <=
-  Delta + alpha`` (union bound on the noises; ``8 log(2T/gamma)/eps`` at ``b_q = 4/eps``)."""
+  """Accuracy ``alpha = 2 b_q log(2T/gamma)`` of Lemma A.9 (needs ``b_thr <= b_q``): w.p. ``>= 1
+  - gamma`` a continue implies ``q_t >= Delta - alpha`` and a halt ``q_t <= Delta + alpha``."""
   num_queries = check_int(num_queries, "num_queries")
   gamma = check_probability(gamma, "gamma")
   query_scale = check_positive(query_scale, "query_scale")

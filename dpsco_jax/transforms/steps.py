@@ -295,15 +295,11 @@ def add_prox_to_anchor(lam: float, anchor: PyTree | None = None
 
 
 def _find_released(state: Any) -> Any:
-  if hasattr(state, "_fields"):
-    if "released" in state._fields:
-      return state.released
-    children = [getattr(state, f) for f in state._fields]
-  elif isinstance(state, (tuple, list)):
-    children = list(state)
-  else:
+  if "released" in getattr(state, "_fields", ()):
+    return state.released
+  if not isinstance(state, (tuple, list)):
     return None
-  for child in reversed(children):  # the step stage is last in a chain
+  for child in reversed(state):  # the step stage is last in a chain
     found = _find_released(child)
     if found is not None:
       return found
