@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from dpsco_jax.audit import drivers, mechanisms
+from dpsco_jax.audit import drivers, mechanisms, matrix_factorization as mf_audit
 from dpsco_jax.audit.harness import run_audit
 
 __all__ = ["INCLUDE", "STAGE_TRIALS", "audit_table", "format_table", "registry"]
@@ -23,7 +23,6 @@ def registry(include: str = "all") -> dict:
     raise ValueError(f"include must be one of {INCLUDE}, got {include!r}")
   out = {}
   if include in ("stages", "all"):
-    from dpsco_jax.audit import matrix_factorization as mf_audit
     out.update({name: (b, rels, twins, STAGE_TRIALS, name in mechanisms.GAUSSIAN)
                 for name, (b, rels, twins) in mechanisms.MECHANISMS.items()})
     # the correlated-noise stages: 5e4 trials catch their twins
