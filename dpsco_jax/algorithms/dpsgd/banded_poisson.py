@@ -1,4 +1,5 @@
-"""b-min-sep Poisson sampling: the sampler of amplified banded MF noise.
+"""The fixed-order samplers: cyclic batches (:func:`cyclic_slots`) and b-min-sep Poisson
+sampling, the sampler of amplified banded MF noise.
 
 Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorization", Thm 4. The row slots
 ``0..n-1`` are split into ``b`` groups by a public partition drawn from the run's order key
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 from dpsco_jax.algorithms.common import scan_slot_batches
 from dpsco_jax.cache import bounded_cache
 
-__all__ = ["group_slots", "sample_group", "group_size", "banded_poisson_loop"]
+__all__ = ["cyclic_slots", "group_slots", "sample_group", "group_size", "banded_poisson_loop"]
 
 
 def group_size(n: int, groups: int) -> int:
@@ -28,15 +29,23 @@ def group_size(n: int, groups: int) -> int:
   return -(-int(n) // int(groups))
 
 
+def cyclic_slots(order_key: jax.Array, n: int, batch: int) -> tuple[jax.Array, jax.Array]:
+  """The cyclic schedule: ``(slots [P B], real [P B])`` with ``P = ceil(n / B)``; step ``t``
+  uses ``slots[(t mod P) B : (t mod P + 1) B]`` (masked where not ``real``). The order is a
+  permutation drawn from ``order_key`` alone: public and data-independent."""
+  periods = -(-n // batch)
+  order = jax.random.permutation(order_key, n)
+  slots = jnp.concatenate([order, jnp.zeros((periods * batch - n,), order.dtype)])
+  return slots, jnp.arange(periods * batch) < n
+
+
 def group_slots(order_key: jax.Array, n: int, groups: int) -> tuple[jax.Array, jax.Array]:
   """The public partition: ``(slots [groups, G], real [groups, G])``; row ``g`` lists the
   slots of group ``g`` (``real`` False on the padding of a group one row short). Drawn from
-  ``order_key`` alone, so it does not depend on the data."""
+  ``order_key`` alone (the cyclic order of :func:`cyclic_slots`), so it does not depend on the
+  data."""
   size = group_size(n, groups)
-  order = jax.random.permutation(order_key, n)
-  pad = groups * size - n
-  slots = jnp.concatenate([order, jnp.zeros((pad,), order.dtype)])
-  real = jnp.arange(groups * size) < n
+  slots, real = cyclic_slots(order_key, n, groups)
   # position i -> group i mod groups: the padding (the last positions) spreads over the
   # last groups, one each, so group sizes differ by at most one
   return slots.reshape(size, groups).T, real.reshape(size, groups).T

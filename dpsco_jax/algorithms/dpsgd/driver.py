@@ -35,7 +35,7 @@ from dpsco_jax.algorithms.registration import Grid, register
 from dpsco_jax._checks import check_bool
 from dpsco_jax.algorithms.common import (hparam, progress_session, run_chain,
                                          run_chain_host, scan_slot_batches)
-from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop
+from dpsco_jax.algorithms.dpsgd.banded_poisson import banded_poisson_loop, cyclic_slots
 from dpsco_jax.algorithms.dpsgd.plan import (DpSgdPlan, SgdPlan, dp_sgd_plan,
                                              dp_sgd_planner, level_rows, nonprivate_planner)
 from dpsco_jax.algorithms.dpsgd.plan import (  # noqa: F401 (re-export)
@@ -109,16 +109,6 @@ def sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTran
   """Non-private: mean -> projected SGD."""
   return optax.chain(aggregate("mean", denominator=denominator),
                      projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
-
-
-def cyclic_slots(order_key: jax.Array, n: int, batch: int) -> tuple[jax.Array, jax.Array]:
-  """The cyclic schedule: ``(slots [P B], real [P B])`` with ``P = ceil(n / B)``; step ``t``
-  uses ``slots[(t mod P) B : (t mod P + 1) B]`` (masked where not ``real``). The order is a
-  permutation drawn from ``order_key`` alone: public and data-independent."""
-  periods = -(-n // batch)
-  order = jax.random.permutation(order_key, n)
-  slots = jnp.concatenate([order, jnp.zeros((periods * batch - n,), order.dtype)])
-  return slots, jnp.arange(periods * batch) < n
 
 
 @bounded_cache(32)
