@@ -1,13 +1,11 @@
 """The data-free plan of paper 002's private ReSQue (``resque_private_sco``, Section 4,
 Prop. 11 / Theorem 4): what :func:`dpsco_jax.plan` reads and :mod:`.private` runs.
 
-:func:`resque_private_plan` computes, from the config and the public ``n``, ``d``, ``L``,
-``R`` only, every localization phase's ERM schedule (``n_i = n / 2^i`` disjoint items), the
-WORST-CASE list of Alg. 4 calls one private ERM may make (iteration cap, bisection cap,
-deepest MLMC level), ``beta = 1/z`` from the library's one calibrator and the approximate-RDP
-event of every planned call (Lemma 7, :mod:`.accounting`); :meth:`ResquePrivatePlan.charge`
-spends them all on a fresh ledger before anything runs. Constants, provenance and declared
-constants: :mod:`.private`."""
+From the config and the public ``n``, ``d``, ``L``, ``R`` only: every localization phase's ERM
+schedule (``n_i = n / 2^i`` disjoint items), the WORST-CASE list of Alg. 4 calls one private
+ERM may make (iteration cap, bisection cap, deepest MLMC level), ``beta = 1/z`` from the
+library's one calibrator and the approximate-RDP event of every planned call (Lemma 7,
+:mod:`.accounting`), all charged on a fresh ledger before anything runs."""
 
 from __future__ import annotations
 

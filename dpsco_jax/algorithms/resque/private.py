@@ -1,34 +1,30 @@
 """ReSQue private SCO driver (paper 002, Section 4, Theorems 3-4), item level, replace-one.
 
 * Theorem 3 private ERM (:func:`private_erm`): ball acceleration with O_ls = Alg. 7,
-  O_bo = Alg. 5, O_sp = Alg. 6 (the ``v``-update uses Alg. 6's estimate); solvers in
-  :mod:`.solvers`.
+  O_bo = Alg. 5, O_sp = Alg. 6 (the ``v``-update uses Alg. 6's estimate).
 * Prop. 11 / Theorem 4 (:func:`resque_private_sco`): phased localization over disjoint
   batches ``n_i = n / 2^i`` with ``lam_i = 1/(eta_i n_i)``, ``eta_i = 4^-i eta``
   (reconstruction of [FKT20]).
 
 The run executes the data-free plan of :mod:`.plan` (every worst-case Alg. 4 call charged
-before anything runs). A per-phase guard ledger also spends each REALIZED call before it runs
+before anything runs); a per-phase guard ledger also spends each REALIZED call before it runs
 and refuses one beyond the phase budget. The reported ``(eps, delta)`` and
-``gradient_evaluations`` are the plan's (data independent); realized counts, which depend on
-the data through the bisection, go to ``Result.debug`` only.
+``gradient_evaluations`` are the plan's; realized counts (data dependent through the
+bisection) go to ``Result.debug`` only.
 
 Constant sets (``constants``): ``"explicit"`` (Lemma 7's proof constants) or ``"c_priv"``
 (``tau = C_priv (beta log(1/delta) T/n)^2``, the paper's unspecified universal constant).
 Provenance: ``theorem`` only with the explicit constants AND every precondition holding for
 every planned call, else ``heuristic`` (the notes list the violated conditions). The
 ``theory`` preset checks eq. (30)-(34) and raises :class:`PrivacyPreconditionError`; at
-CPU-scale ``n`` it always does (``rho/r >= 1728 log^2`` forces ``r`` tiny): that is the paper.
+CPU-scale ``n`` it always does (``rho/r >= 1728 log^2`` forces ``r`` tiny).
 
-Declared constants (issue 23.3): **declared**, not enforced. Lemma 5's drift bound
+Declared constants, not enforced: Lemma 5's drift bound
 ``||y_{T_i} - y'_{T_i}||^2 <= 1500 b_i^2 (eta_i L)^2`` (eq. (25)) with noise
-``sigma_i = L eta_i / beta`` needs every queried gradient to have norm ``<= L`` and a *convex*
-loss (the monotonicity of eq. (18)). Clipping to L would break the second (a clipped gradient
-field is in general not a convex function's gradient; spec 002 §7.1), so nothing cheap
-enforces them. R is enforced (every step is projected). On a user's loss a ``theorem`` report
-becomes ``declared`` (:mod:`dpsco_jax.algorithms.declared`).
-
-Audit hook: :func:`resque_private_releases`."""
+``sigma_i = L eta_i / beta`` needs every queried gradient norm ``<= L`` and a *convex* loss
+(eq. (18)); clipping to L would break convexity (spec 002 §7.1). R is enforced (every step is
+projected). On a user's loss a ``theorem`` report becomes ``declared``
+(:mod:`dpsco_jax.algorithms.declared`). Audit hook: :func:`resque_private_releases`."""
 
 from __future__ import annotations
 

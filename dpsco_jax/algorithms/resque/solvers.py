@@ -1,19 +1,12 @@
 """ReSQue's private solvers (paper 002, Section 4, Algs 3-7), item level.
 
-  * Alg. 3/4 :func:`localized_resque_sgd`: subsampled (WITH replacement) ReSQue SGD in
-    ``B_xbar(r)``, phases ``T_i = T^/2^i``, ``eta_i = 4^-i eta``, Gaussian output perturbation
-    ``zeta_i ~ N(0, (L eta_i / beta)^2 I)`` at every phase end (the ONLY privacy noise), the
-    composite regularized step of Alg. 4; all ``T^ - 1`` queries are one batched round.
-    :func:`alg4_phase_releases` is the audit view of one call.
-  * Alg. 5 :func:`strongly_convex_resque`: ``k = ceil(log2 log2 T)`` calls of Alg. 4 with the
-    eq. (28) schedule.
-  * Alg. 6 :func:`mlmc_prox_estimator`: MLMC bias reduction, ``J ~ Geom(1/2)``.
-  * Alg. 7 :func:`high_probability_solver`: ``ceil(20 log(1/zeta))`` runs of Alg. 5 +
-    :func:`~.ball_oracles.majority_aggregate` (Lemma 11).
-
-Algs 5-7 only compose and post-process Alg. 4 calls. Each takes ``charge(T, beta, label)``,
-called before every Alg. 4 call, and ``alg4`` (default :func:`localized_resque_sgd`), which
-the audit hook replaces by a recording one. Accounting: :mod:`.accounting`."""
+Alg. 3/4 (:func:`localized_resque_sgd`; audit view :func:`alg4_phase_releases`) is subsampled
+(WITH replacement) ReSQue SGD whose phase-end Gaussian output perturbation is the ONLY privacy
+noise. Algs 5-7 (:func:`strongly_convex_resque`, :func:`mlmc_prox_estimator`,
+:func:`high_probability_solver`) only compose and post-process Alg. 4 calls: each takes
+``charge(T, beta, label)``, called before every Alg. 4 call, and ``alg4`` (default
+:func:`localized_resque_sgd`), which the audit hook replaces by a recording one. Accounting:
+:mod:`.accounting`."""
 
 from __future__ import annotations
 

@@ -15,12 +15,10 @@ and the released model is ``y_T``. Variants from the same parts (:func:`srgd_cha
 AMBIG: the paper does not write the update out), ``srg=False`` (plain clipped gradients with
 independent noise: accelerated DP-SGD, §5.5 / Thm 5.13, or single-epoch DP-SGD),
 ``noise="independent"`` (the SRG with per-step noise), ``noise="banded" | "blt"`` and
-``epochs > 1`` (issue #27, not in the paper; see :mod:`.plan`).
+``epochs > 1`` (not in the paper; see :mod:`.plan`).
 
-Privacy: see :mod:`dpsco_jax.algorithms.srgd.plan` (relations ``zero_out`` and
-``replace_one``; ``add_remove`` refused; one ``GaussianDpEvent`` accounted by PLD). The
-registered runners execute the plan (``dpsco_jax.Plan.detail``) and report its guarantee.
-Presets: :mod:`.presets`. Audit hook: :func:`srgd_releases`."""
+The registered runners execute the plan (``dpsco_jax.Plan.detail``; privacy: :mod:`.plan`)
+and report its guarantee. Presets: :mod:`.presets`. Audit hook: :func:`srgd_releases`."""
 
 from __future__ import annotations
 
@@ -72,13 +70,25 @@ def srgd_privatizer(*, clip_norm: float, batch_size: int, noise_multiplier: floa
   """The release half: per-example clip -> fixed-``B`` mean -> noise: noisy prefix sums with
   ``srg`` (tree, independent, or MF with ``mf = ("banded", coefs)`` / ``("blt", decay,
   scale)``), else noisy increments (DP-SGD). Std ``z C / B``, the plan's stage."""
+  return _privatizer(_increment_std(noise_multiplier, clip_norm, batch_size),
+                     clip_norm=clip_norm, batch_size=batch_size, num_steps=num_steps, key=key,
+                     srg=srg, noise=noise, mf=mf)
+
+
+def _increment_std(noise_multiplier: float, clip_norm: float, batch_size: int) -> float:
+  """``z C / B``: the std of the increment's stage (``SRGDPlan.stage``), bit for bit."""
+  aggregation_sensitivity(clip_norm, mode="mean", denominator=batch_size)  # C, B > 0, C/B finite
+  return GaussianStage(check_nonnegative(noise_multiplier, "noise_multiplier"),
+                       clipped_mean_sensitivity(float(clip_norm), batch_size)).std
+
+
+def _privatizer(std: float, *, clip_norm: float, batch_size: int, num_steps: int,
+                key: jax.Array, srg: bool, noise: str, mf: tuple
+                ) -> optax.GradientTransformationExtraArgs:
+  """:func:`srgd_privatizer` adding noise of std ``std`` (a plan's ``noise_std``)."""
   check_choice(noise, "noise", NOISES)
   if noise in ("banded", "blt") and (not mf or mf[0] != noise):
     raise ValueError(f"noise={noise!r} needs its strategy: mf=('{noise}', ...) (the plan's)")
-  # the plan's stage (SRGDPlan.stage): the same std bit for bit; replace-one is the accountant's
-  aggregation_sensitivity(clip_norm, mode="mean", denominator=batch_size)  # C, B > 0, C/B finite
-  std = GaussianStage(check_nonnegative(noise_multiplier, "noise_multiplier"),
-                      clipped_mean_sensitivity(clip_norm, batch_size)).std
   stages = [clip_per_user(clip_norm), aggregate("mean", batch_size)]
   if srg and noise == "banded":
     stages.append(banded_noise(std, num_steps, key, coefs=mf[1], output="prefix"))
@@ -192,9 +202,8 @@ def _compiled_runner(loss_fn: Callable, settings: tuple, users: NamedSharding | 
       masks = user_mask[:P * B].reshape(P, B)
     else:
       batches, masks = data, user_mask
-    privatizer = srgd_privatizer(clip_norm=s["clip_norm"], batch_size=B,
-                                 noise_multiplier=s["noise_multiplier"], num_steps=T, key=key,
-                                 srg=s["srg"], noise=s["noise"], mf=s.get("mf", ()))
+    privatizer = _privatizer(s["noise_std"], clip_norm=s["clip_norm"], batch_size=B,
+                             num_steps=T, key=key, srg=s["srg"], noise=s["noise"], mf=s["mf"])
     stepper = srgd_stepper(beta=beta, radius=s["radius"], srg=s["srg"],
                            accelerated=s["accelerated"], z_scale=s["z_scale"],
                            learning_rate=lr, averaging=s["averaging"])
@@ -251,7 +260,8 @@ def run_srgd(loss_fn: Callable, data: PyTree, params0: PyTree, key: jax.Array, *
   Returns ``(released, last_query_point, diagnostics)``; diagnostics are empty unless
   ``debug``. ``key`` and the data are traced (vmap-able over keys)."""
   settings = scan_settings(num_steps=num_steps, batch_size=batch_size, beta=beta,
-                           clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                           clip_norm=clip_norm,
+                           noise_std=_increment_std(noise_multiplier, clip_norm, batch_size),
                            radius=radius, srg=srg, noise=noise, accelerated=accelerated,
                            z_scale=z_scale, learning_rate=learning_rate, averaging=averaging,
                            debug=debug, mf=mf, epochs=epochs)
@@ -297,8 +307,8 @@ def srgd_releases(plan: SRGDPlan, loss_fn: Callable, data: PyTree, params0: PyTr
   taken at; everything after the releases is post-processing. ``user_mask`` builds a zero-out
   neighbour; ``add_noise=False`` is the test hook without noise; ``points`` (leaves ``[T,
   ...]``) replays the run at given query points. Nothing is charged to any ledger."""
-  z = plan.params.noise_multiplier if check_bool(add_noise, "add_noise") else 0.0
-  settings = _run_settings(plan, noise_multiplier=float(z), releases=True)
+  std = plan.noise_std if check_bool(add_noise, "add_noise") else 0.0
+  settings = _run_settings(plan, noise_std=std, releases=True)
   _, _, outs = _compiled_runner(loss_fn, settings, None, None)(
       data, params0, key, _mask_for(data, user_mask), points)
   return outs

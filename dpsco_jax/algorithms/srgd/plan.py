@@ -2,9 +2,9 @@
 
 :func:`plan_srgd` maps a config and the *public* facts (``n``, ``p``, ``L``, ``M``, ``R``) to
 an :class:`SRGDPlan`: the schedule ``(T, B)``, ``beta``, the clip ``C``, the noise multiplier
-``z``, the increment's sensitivity, the one privacy event of the run and the compiled scan's
-static ``settings``; :meth:`SRGDPlan.charge` is its guarantee. The runners (:mod:`.driver`)
-execute the plan and neither plan, calibrate nor charge.
+``z``, the increment's sensitivity, the run's one privacy event and the compiled scan's static
+``settings``; :meth:`SRGDPlan.charge` is its guarantee. The runners (:mod:`.driver`) execute
+the plan and neither plan, calibrate nor charge.
 
 Neighbouring relations (:mod:`dpsco_jax.privacy.relations`):
 
@@ -14,8 +14,8 @@ Neighbouring relations (:mod:`dpsco_jax.privacy.relations`):
   ``C/B``: the clip acts on the SRG *difference* ``delta_i(d)`` (Alg. 1 line 4). That is
   Lemma 5.6's premise with ``C = C_Delta / B`` (Cor. 5.7: ``C_Delta = c_DP L``; Cor. 5.10:
   ``C_Delta = (8 c_M + 4) L``).
-* ``replace_one``: ``n`` public; the same increment changes by at most ``2C/B``; the noise is
-  not doubled here, the ledger accounts replace-one from the add/remove multiplier.
+* ``replace_one``: ``n`` public; the same increment changes by at most ``2C/B``; the ledger
+  accounts replace-one from the add/remove multiplier (the noise is not doubled here).
 * ``add_remove`` is **refused**: removing one example shifts every later example into the
   previous batch and changes every later increment. Use ``zero_out``.
 
@@ -24,7 +24,7 @@ run (adaptive choices included) is ``mu``-GDP with ``mu = sqrt(levels)/z`` (Lemm
 exact level count; the paper's ``1 + ceil(log2 T)`` is >= it): one ``GaussianDpEvent(z /
 sqrt(levels))`` on sensitivity-1 units, converted exactly by PLD. Independent noise (and
 DP-SGD without the SRG) is ``GaussianDpEvent(z)``; matrix-factorization prefix noise
-(``banded`` / ``blt``, issue #27, not in the paper) ``GaussianDpEvent(z / ||c||)``. An explicit
+(``banded`` / ``blt``, not in the paper) ``GaussianDpEvent(z / ||c||)``. An explicit
 ``noise_multiplier`` above the ``epsilon`` budget is refused before anything is released.
 Provenance: ``accountant``.
 
@@ -35,9 +35,9 @@ apart; the stream's sensitivity is the exact worst case ``||C 1_pattern||``
 (:mod:`dpsco_jax.privacy.cyclic_participation`) and the run is one ``GaussianDpEvent(z /
 sens)``. Multi-epoch DP-SGD is ``dp_sgd_user`` with ``sampling: cyclic``.
 
-Declared constants (issue 23.3): **enforced**. L enters only as the default clip, beta and R
-only the step and the projection: the clip bounds every SRG difference, so the sensitivity
-holds for any loss and provenance stays ``accountant`` on a user's loss."""
+Declared constants: **enforced**. L enters only as the default clip, beta and R only the step
+and the projection: the clip bounds every SRG difference, so the sensitivity holds for any
+loss and provenance stays ``accountant`` on a user's loss."""
 
 from __future__ import annotations
 
@@ -273,21 +273,22 @@ def _noise_multiplier(cfg: Schema, prm: SRGDParams, epsilon: float | None, delta
   return _calibrate(epsilon, delta, prm.num_steps, mechanism, relation, sens, stream)
 
 
-def scan_settings(*, num_steps, batch_size, beta, clip_norm, noise_multiplier, radius, srg,
-                  noise, accelerated, z_scale, learning_rate, averaging, debug=False,
-                  releases=False, mf: tuple = (), epochs: int = 1) -> tuple:
-  """The compiled scan's static numbers, checked, as the sorted tuple its cache keys on."""
+def scan_settings(*, num_steps, batch_size, beta, clip_norm, noise_std, radius, srg, noise,
+                  accelerated, z_scale, learning_rate, averaging, debug=False, releases=False,
+                  mf: tuple = (), epochs: int = 1) -> tuple:
+  """The compiled scan's static numbers, checked, as the sorted tuple its cache keys on;
+  ``noise_std``: the increment stage's (:attr:`SRGDPlan.noise_std`)."""
   if check_int(num_steps, "num_steps") % check_int(epochs, "epochs"):
     raise ValueError(f"num_steps={num_steps} is not a whole number of epochs={epochs}")
   check_int(batch_size, "batch_size")
   check_positive(beta, "beta")
   check_positive(clip_norm, "clip_norm")
-  check_nonnegative(noise_multiplier, "noise_multiplier")
+  check_nonnegative(noise_std, "noise_std")
   check_z_scale(z_scale)
   check_choice(noise, "noise", NOISES)
   return tuple(sorted(dict(mf=tuple(mf),
       num_steps=int(num_steps), batch_size=int(batch_size), beta=float(beta),
-      clip_norm=float(clip_norm), noise_multiplier=float(noise_multiplier),
+      clip_norm=float(clip_norm), noise_std=float(noise_std),
       radius=None if radius is None else float(radius), srg=check_bool(srg, "srg"),
       noise=noise, accelerated=check_bool(accelerated, "accelerated"), z_scale=float(z_scale),
       learning_rate=None if learning_rate is None else float(learning_rate),
@@ -358,16 +359,15 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
   step = dict(radius=radius, z_scale=check_z_scale(cfg.z_scale),
               learning_rate=None if lr is None else check_positive(lr, "learning_rate"),
               averaging=check_choice(cfg.averaging, "averaging", AVERAGING))
+  stage = GaussianStage(z, clipped_mean_sensitivity(C, B), "increment")
   settings = scan_settings(num_steps=T, batch_size=B, beta=prm.beta, clip_norm=C,
-                           noise_multiplier=z, srg=srg, noise=noise, accelerated=accelerated,
+                           noise_std=stage.std, srg=srg, noise=noise, accelerated=accelerated,
                            mf=spec, epochs=epochs, **step)
   return SRGDPlan(name=name, relation=relation, epsilon=epsilon, delta=delta,
                   params=dataclasses.replace(prm, noise_multiplier=z), srg=srg, noise=noise,
-                  accelerated=accelerated, levels=levels,
-                  stage=GaussianStage(z, clipped_mean_sensitivity(C, B), "increment"),
-                  event=event, label=label, public=PUBLIC[relation], mf=spec,
-                  mf_sensitivity=sens, mf_source=source, epochs=epochs,
-                  stream_sensitivity=stream, settings=settings, **step)
+                  accelerated=accelerated, levels=levels, stage=stage, event=event, label=label,
+                  public=PUBLIC[relation], mf=spec, mf_sensitivity=sens, mf_source=source,
+                  epochs=epochs, stream_sensitivity=stream, settings=settings, **step)
 
 
 def paper_epsilon(plan: SRGDPlan) -> float | None:

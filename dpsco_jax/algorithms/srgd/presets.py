@@ -110,21 +110,13 @@ def _constrained(n: int, p: int, L: float, M: float, R: float, eps: float, delta
 def theory_params(n: int, p: int, *, lipschitz: float, smoothness: float, radius: float,
                   epsilon: float, delta: float, variant: str = "constrained",
                   batch_size: int | None = None) -> SRGDParams:
-  """The paper's parameters, exactly, with its preconditions checked.
-
-  ``variant="interior"``: Eq. (19) / Cor. 5.7 / Thm 5.8 (needs x-dagger in C, delta <= 1/n,
-  p <= eps^2 n^2): ``T = ceil(c_DP n^{1/4})``, ``B = floor(n/T)``,
-  ``beta = c_DP^2 L max(1, sqrt p/(eps sqrt n))/R``, clip ``c_DP L`` (Lemma 5.5), node std
-  ``c_DP L sqrt(log2 T ln(2.5/delta))/(eps B)`` (Cor. 5.7's sigma times beta).
-
-  ``variant="constrained"``: Thm 5.12 / Cor. 5.10-5.11 with ``c_M = M R / L``: ``B <= sqrt n``
-  (default ``floor(sqrt n)``), ``T = floor(n/B)``, ``beta = (16 c_M + 8) L n^{3/2}/(R B^2)``,
-  clip ``(8 c_M + 4) L`` (Lemma 5.9, Eq. (26)-(28)), node std
-  ``(16 sqrt2 c_M + 8 sqrt2) L sqrt(log2 T ln(2.5/delta))/(eps B)``, dimension condition
-  ``p <= B^2 beta^2 eps^2/(32 M^2 log2^3 T ln(2T/delta) ln(2.5/delta))``.
-
-  The node std becomes the multiplier ``z = node_std B / clip``; its (epsilon, delta) comes from
-  the accountant, not the paper's classical conversion (which needs eps <= 1; AMBIG-7).
+  """The paper's parameters, exactly, with its preconditions checked: ``variant="interior"``
+  is Eq. (19) / Cor. 5.7 / Thm 5.8 (needs x-dagger in C, delta <= 1/n, p <= eps^2 n^2; clip
+  ``c_DP L``, Lemma 5.5), ``variant="constrained"`` Thm 5.12 / Cor. 5.10-5.11 with
+  ``c_M = M R / L`` (``B <= sqrt n``, default ``floor(sqrt n)``; clip ``(8 c_M + 4) L``,
+  Lemma 5.9; its dimension condition). The paper's node std (its sigma times beta) becomes the
+  multiplier ``z = node_std B / clip``; its (epsilon, delta) comes from the accountant, not
+  the paper's classical conversion (which needs eps <= 1; AMBIG-7).
 
   Raises:
     ValueError: naming the violated condition when the setting is vacuous or outside the
