@@ -26,7 +26,7 @@ from plan_guard import forbid_planning
 EXACT = {"epsilon": 1.0, "delta": 1e-3, "stability_test": "exact", "Delta": 0.05,
          "max_exact_users": 4}
 PLANNING = ("sc_output_pert_plan", "phased_plan", "sc_reduction_plan", "naive_plan",
-            "planner_of", "naive_planner", "charge", "settings_from_cfg", "config_view",
+            "planner_of", "naive_planner", "charge", "settings_from_cfg",
             "calibrate_noise_multiplier", "plan_sc_output_pert", "naive_sigma")
 
 

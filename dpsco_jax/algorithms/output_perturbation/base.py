@@ -1,4 +1,4 @@
-"""What every paper-001 driver shares: the settings, SCOutputPert (Alg. 2) planned and
+"""What every paper-001 driver shares: the config's checks, SCOutputPert (Alg. 2) planned and
 released, and the plan with its (eps, delta) blocks. The paper, deviations, presets and
 provenance: the :mod:`.driver` docstring.
 """
@@ -14,13 +14,11 @@ import jax
 import jax.numpy as jnp
 
 from dpsco_jax.algorithms.output_perturbation.config import OutputPertConfig
-from dpsco_jax._checks import (check_bool, check_choice, check_epsilon,
-                               check_int, check_positive, check_probability)
+from dpsco_jax._checks import check_int, check_positive, check_probability
 from dpsco_jax.algorithms.output_perturbation import deletion_stability as ds
 from dpsco_jax.algorithms.common import real_rows_mask
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
-from dpsco_jax.config.families import Schema
 from dpsco_jax.algorithms.output_perturbation.solver import (SolverPlan, certify_solution,
                                                              solve_all_subsets, solve_masked,
                                                              solver_plan)
@@ -29,77 +27,58 @@ from dpsco_jax.privacy import (ApproxDpEvent, PrivacyLedger, PrivacyReport, Prov
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
 
-PRESETS = ("theory", "practical")
 #: Paper 001's adjacency: replace one user's data, n and m public. The sensitivities divide by
 #: the public n (Alg. 2's Delta, the certificate, the naive 2G/(mu n)) and the stability test
 #: deletes users from a dataset of known size, so add/remove (private n) is refused; zero-out
 #: is not analysed by the paper and is refused as well.
 RELATION = "replace_one"
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(OutputPertConfig)}
 
-
-def config_view(cfg: Mapping | Any, schema: type = OutputPertConfig) -> Schema:
-  """Paper 001's config: the schema's fields with their defaults, and the runner's ``debug``;
-  any other key raises."""
-  return schema.of(cfg)
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputPertSettings:
-  """Validated options shared by every paper-001 algorithm."""
-  preset: str = _DEFAULTS["preset"]
-  # "certificate" (App. C) | "exact" (Alg. 1 as is)
-  stability_test: str = _DEFAULTS["stability_test"]
-  # "exact" | "raise" (heuristic provenance)
-  on_certificate_failure: str = _DEFAULTS["on_certificate_failure"]
-  max_exact_users: int = _DEFAULTS["max_exact_users"]
-  solver_tol: float = _DEFAULTS["solver_tol"]  # solver error as a fraction of Δ
-  beta: float | None = None                  # failure probability (default per algorithm)
-  Delta: float | None = None                 # exact mode: explicit Δ (practical preset only)
-  epsilon_budget: float | None = None
-  debug: bool = False
-  relation: str = RELATION
-
-  @property
-  def calibration(self) -> str:
-    return "paper" if self.preset == "theory" else "analytic"
-
-  def budget(self, epsilon: float) -> float:
-    """The ledger's budget: ``epsilon``, or a smaller ``epsilon_budget``."""
-    return epsilon if self.epsilon_budget is None else min(epsilon, self.epsilon_budget)
-
-
-def settings_from_cfg(cfg: Mapping | Any) -> OutputPertSettings:
-  """The validated settings (ValueError names the key)."""
-  cfg = config_view(cfg)
-  preset = check_choice(cfg.preset, "preset", PRESETS)
-  test = check_choice(cfg.stability_test, "stability_test", ("certificate", "exact"))
-  fail = check_choice(cfg.on_certificate_failure, "on_certificate_failure", ("exact", "raise"))
+def settings_from_cfg(cfg: Mapping | Any, schema: type = OutputPertConfig) -> OutputPertConfig:
+  """The run's config (an instance of ``schema``, unset keys at their defaults) with what its
+  types do not state checked (ValueError names the key): ``max_exact_users <= 22``,
+  ``solver_tol <= 1``, an explicit ``Delta`` only under the practical preset, the relation, and
+  the theory preset's ranges ``epsilon <= 1``, ``delta <= 1/2`` (paper Def. 1.1)."""
+  cfg = schema.of(cfg)
+  unset = {f.name: f.default for f in dataclasses.fields(cfg)
+           if getattr(cfg, f.name) is None and f.default is not None}
+  if unset:
+    cfg = dataclasses.replace(cfg, **unset)
   mx = check_int(cfg.max_exact_users, "max_exact_users", minimum=1)
   if mx > 22:
     raise ValueError(f"max_exact_users must be <= 22 (2^n solves), got {mx}")
   tol = check_positive(cfg.solver_tol, "solver_tol")
   if tol > 1:
     raise ValueError(f"solver_tol must be <= 1, got {tol}")
-  beta = cfg.beta
-  if beta is not None:
-    beta = check_probability(beta, "beta")
-  Delta = cfg.Delta
-  if Delta is not None:
-    Delta = check_positive(Delta, "Delta")
-    if preset == "theory":
+  if cfg.beta is not None:
+    check_probability(cfg.beta, "beta")
+  if cfg.Delta is not None:
+    check_positive(cfg.Delta, "Delta")
+    if cfg.preset == "theory":
       raise ValueError("Delta: the theory preset uses Alg. 2's Δ; an explicit Delta needs "
                        "preset='practical'")
-  budget = cfg.epsilon_budget
-  if budget is not None:
-    budget = check_epsilon(budget, "epsilon_budget")
-  relation = check_relation(cfg.relation, supported=(RELATION,),
-                            mechanism="paper 001's output perturbation (sensitivities divide "
-                                      "by the public number of users n)")
-  return OutputPertSettings(preset, test, fail, mx, tol, beta, Delta, budget,
-                            check_bool(cfg.get("debug", False), "debug"), relation)
+  check_relation(cfg.relation, supported=(RELATION,),
+                 mechanism="paper 001's output perturbation (sensitivities divide by the "
+                           "public number of users n)")
+  if cfg.preset == "theory":
+    if cfg.epsilon > 1.0:
+      raise ValueError(f"epsilon={cfg.epsilon}: the theory preset needs epsilon in (0, 1] "
+                       "(paper Def. 1.1 assumptions); use preset='practical'")
+    if cfg.delta > 0.5:
+      raise ValueError(f"delta={cfg.delta}: the theory preset needs delta in (0, 1/2]")
+  return cfg
 
+
+def calibration(preset: str) -> str:
+  """The Gaussian calibration of a preset: Dwork-Roth's (``"paper"``, theory) or analytic."""
+  return "paper" if preset == "theory" else "analytic"
+
+
+def block_ledger(settings: OutputPertConfig, epsilon: float, delta: float) -> PrivacyLedger:
+  """A fresh ledger with the budget ``min(epsilon, epsilon_budget)``."""
+  budget = settings.epsilon_budget
+  return PrivacyLedger(delta=delta, epsilon_budget=epsilon if budget is None
+                       else min(epsilon, float(budget)), relation=settings.relation)
 
 
 class SCInfo(NamedTuple):
@@ -155,7 +134,7 @@ def alg2_delta(*, lipschitz: float, mu: float, n_users: int, m: int, beta: float
 
 def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: float,
                         mu0: float, lam: float, radius: float, epsilon: float, delta: float,
-                        beta: float, settings: OutputPertSettings) -> SCInfo:
+                        beta: float, settings: OutputPertConfig) -> SCInfo:
   """SCOutputPert's data-free part: Δ, σ, the solver. certificate mode: ``Δ = Δ_stat (1 +
   tol)``, ``Δ_stat = 2 r γ/(μ (n - r))``, solver accuracy and residual threshold ``τ = e_max
   = tol Δ_stat / 4`` (:func:`.deletion_stability.certified_sensitivity`). exact mode: Alg. 2's
@@ -206,7 +185,7 @@ def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: f
   reads_l = lam + mu0 > 0 and 2.0 * lipschitz / (2.0 * lam + mu0) < 2.0 * radius
   plan = solver_plan(smoothness=smoothness + lam, strong_convexity=mu, distance=dist,
                      tau=tau * mu / (smoothness + lam))  # residual <= L τ_s/μ = τ
-  sig = tdl.sigma(Delta, epsilon, delta, settings.calibration)
+  sig = tdl.sigma(Delta, epsilon, delta, calibration(settings.preset))
   evals = plan.iterations * n_users * m
   if settings.stability_test == "exact":
     evals *= 2 ** n_users
@@ -218,7 +197,7 @@ def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: f
 
 def sc_output_pert_release(loss_fn: Callable, data: Any, key: jax.Array, *, info: SCInfo,
                            lam: float, anchor: jax.Array, radius: float,
-                           center: jax.Array | None, settings: OutputPertSettings,
+                           center: jax.Array | None, settings: OutputPertConfig,
                            hook: "ReleaseHook | None" = None, mesh: Any = None
                            ) -> tuple[jax.Array, jax.Array, ds.StabilityDebug, Any]:
   """One SCOutputPert call: ``(params, is_bottom, debug, certificate)``, params the anchor
@@ -275,7 +254,7 @@ class OutputPertPlan:
   eps, delta, count, group)`` charges; ``schedule``: the run's public schedule (phase lambdas
   and user slices, ``R'``, Algs 5-6's second half after a ⊥ warm start, ``sigma_naive``)."""
   name: str
-  settings: OutputPertSettings
+  settings: OutputPertConfig
   epsilon: float
   delta: float
   mu: float
@@ -312,8 +291,7 @@ class OutputPertPlan:
     Raises:
       PrivacyBudgetExceeded: the blocks exceed ``min(epsilon, epsilon_budget)``.
     """
-    ledger = PrivacyLedger(delta=self.delta, epsilon_budget=self.settings.budget(self.epsilon),
-                           relation=self.settings.relation)
+    ledger = block_ledger(self.settings, self.epsilon, self.delta)
     for label, eps, delta, count, group in self.blocks:
       ledger.spend(ApproxDpEvent(eps, delta), label=label, count=count, group=group)
     prov, notes = _provenance(self.settings, list(self.infos))
@@ -341,13 +319,13 @@ def certificate_constants(problem, infos, *, lipschitz: bool = False
 
 
 
-def _provenance(settings: OutputPertSettings, infos: list[SCInfo]) -> tuple[str, str]:
+def _provenance(settings: OutputPertConfig, infos: list[SCInfo]) -> tuple[str, str]:
   if settings.on_certificate_failure == "raise" or not all(i.exact_feasible for i in infos):
     return (Provenance.HEURISTIC.value,
             "released values are distributed exactly as DelOutputPert (Thm 3.3), but a failed "
             "certificate would have aborted the run (on_certificate_failure='raise'); that "
             "data-dependent abort is outside the guarantee")
-  cal = "Dwork-Roth Gaussian" if settings.calibration == "paper" else "analytic Gaussian"
+  cal = "Dwork-Roth Gaussian" if settings.preset == "theory" else "analytic Gaussian"
   return (Provenance.THEOREM.value,
           f"Thm 3.3 (DelOutputPert is (eps,delta)-DP for any f and data-independent Delta) "
           f"with {cal} calibration of the 8*kappa*Delta chain distance; exact fallback "

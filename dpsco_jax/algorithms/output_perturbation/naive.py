@@ -25,8 +25,8 @@ import jax.numpy as jnp
 
 from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
 from dpsco_jax.algorithms.registration import register
-from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertSettings, ReleaseHook, alg2_delta, gamma_threshold)
+from dpsco_jax.algorithms.output_perturbation.base import (ReleaseHook, alg2_delta,
+                                                           calibration, gamma_threshold)
 from dpsco_jax.algorithms.output_perturbation.solver import solve_masked
 from dpsco_jax.algorithms.output_perturbation.plan import naive_planner, naive_sigma
 from dpsco_jax.privacy import discrete_laplace as tdl
@@ -75,8 +75,6 @@ def noise_ratio(*, n_users: int, m: int, epsilon: float, delta: float, beta: flo
                 mode: str = "certificate") -> float:
   """``σ_paper / σ_naive`` for SCOutputPert vs the baseline (both ∝ 1/(μ n), so the ratio,
   ``≈ κ^{1.5..2} sqrt(log(n/β)) / √m``, does not depend on ``n``); < 1: the paper adds less."""
-  settings = OutputPertSettings(preset=preset, stability_test="certificate",
-                                max_exact_users=1)
   p = tdl.del_output_pert_params(epsilon, delta)
   r = p.depth + 1
   gamma = gamma_threshold(lipschitz=lipschitz, n_users=n_users, m=m, beta=beta, preset=preset)
@@ -85,7 +83,7 @@ def noise_ratio(*, n_users: int, m: int, epsilon: float, delta: float, beta: flo
   else:
     Delta = alg2_delta(lipschitz=lipschitz, mu=mu, n_users=n_users, m=m, beta=beta,
                        kappa=p.kappa)
-  s_paper = tdl.sigma(Delta, epsilon, delta, settings.calibration)
+  s_paper = tdl.sigma(Delta, epsilon, delta, calibration(preset))
   sens = 2.0 * lipschitz / (mu * n_users)
   s_naive = (gaussian_sigma_classic if preset == "theory" else gaussian_sigma_analytic)(
       sens, epsilon, delta)

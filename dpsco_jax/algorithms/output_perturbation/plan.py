@@ -7,23 +7,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import dp_accounting
 
-from dpsco_jax._checks import check_epsilon, check_positive
+from dpsco_jax._checks import check_positive
 from dpsco_jax.algorithms.declared import (conditional_note, declared_constants,
                                            declared_provenance)
-from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.output_perturbation.base import (
-    OutputPertPlan, OutputPertSettings, SCInfo, certificate_constants, config_view,
-    plan_sc_output_pert, settings_from_cfg)
+    OutputPertPlan, SCInfo, block_ledger, certificate_constants, plan_sc_output_pert,
+    settings_from_cfg)
 from dpsco_jax.algorithms.output_perturbation.solver import SolverPlan, solver_plan
 from dpsco_jax.algorithms.registration import Planned
-from dpsco_jax.algorithms.output_perturbation.config import NaiveOutputPertConfig
-from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance,
-                               calibrate_noise_multiplier)
+from dpsco_jax.algorithms.output_perturbation.config import (NaiveOutputPertConfig,
+                                                             OutputPertConfig)
+from dpsco_jax.privacy import PrivacyReport, Provenance, calibrate_noise_multiplier
 from dpsco_jax.privacy import discrete_laplace as tdl
 from dpsco_jax.privacy.mechanisms import gaussian_sigma_analytic, gaussian_sigma_classic
 from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
@@ -55,46 +54,33 @@ def _require_radius(problem, what: str) -> float:
   return radius
 
 
-def _check_common(cfg: Mapping | Any, settings: OutputPertSettings) -> tuple[float, float]:
-  """The run's (epsilon, delta), with the theory preset's ranges (ValueError names the key)."""
-  cfg = config_view(cfg)
-  eps = check_epsilon(cfg.epsilon, "epsilon")
-  delta = required_delta(cfg.delta)
-  if settings.preset == "theory":
-    if eps > 1.0:
-      raise ValueError(f"epsilon={eps}: the theory preset needs epsilon in (0, 1] (paper "
-                       "Def. 1.1 assumptions); use preset='practical'")
-    if delta > 0.5:
-      raise ValueError(f"delta={delta}: the theory preset needs delta in (0, 1/2]")
-  return eps, delta
-
-
-def _check_min_users(n: int, eps: float, delta: float, settings: OutputPertSettings,
-                     what: str):
-  """One DelOutputPert call's user count against 2(4 kappa + 1) (ValueError: n_users)."""
-  need = tdl.min_users(eps, delta)
+def _call(problem, n: int, lam: float, *, epsilon: float, delta: float, beta: float,
+          mu0: float, settings: OutputPertConfig, what: str) -> SCInfo:
+  """One planned DelOutputPert call on ``n`` users at prox weight ``lam``, its user count
+  checked against 2(4 kappa + 1) (ValueError: n_users)."""
+  need = tdl.min_users(epsilon, delta)
   if n < need and not (settings.stability_test == "exact" or n <= settings.max_exact_users):
     raise ValueError(f"n_users: {what} needs at least 2(4 kappa + 1) = {need} users at "
-                     f"(eps={eps:.4g}, delta={delta:.3g}); got {n}")
+                     f"(eps={epsilon:.4g}, delta={delta:.3g}); got {n}")
   if settings.preset == "theory" and n < need:
     raise ValueError(f"n_users: theory preset requires n >= 2(4 kappa+1) = {need} "
                      f"(Thm 3.1, n >= C log(1/delta)/eps) for {what}; got {n}")
+  return plan_sc_output_pert(
+      n_users=n, m=problem.m, lipschitz=problem.lipschitz, smoothness=problem.smoothness,
+      mu0=mu0, lam=lam, radius=problem.radius, epsilon=epsilon, delta=delta, beta=beta,
+      settings=settings)
 
 
 def sc_output_pert_plan(problem, cfg: dict) -> OutputPertPlan:
   """The plan of ``sc_output_pert``: one DelOutputPert call."""
   settings = settings_from_cfg(cfg)
-  eps, delta = _check_common(cfg, settings)
+  eps, delta = float(settings.epsilon), float(settings.delta)
   mu = _require_mu(problem, "sc_output_pert")
-  n, m = problem.n_users, problem.m
   beta = settings.beta if settings.beta is not None else 1e-3
   if settings.preset == "theory" and beta * 1.0 >= 1 / math.e:
     raise ValueError("beta must be < 1/e (Lemma 3.8)")
-  _check_min_users(n, eps, delta, settings, "SCOutputPert")
-  info = plan_sc_output_pert(n_users=n, m=m, lipschitz=problem.lipschitz,
-                             smoothness=problem.smoothness, mu0=mu, lam=0.0,
-                             radius=problem.radius, epsilon=eps, delta=delta, beta=beta,
-                             settings=settings)
+  info = _call(problem, problem.n_users, 0.0, epsilon=eps, delta=delta, beta=beta, mu0=mu,
+               settings=settings, what="SCOutputPert")
   # the baseline's sigma at the same budget, recorded beside the run's
   return OutputPertPlan("sc_output_pert", settings, eps, delta, mu, beta, (info,),
                         (("SCOutputPert (Thm 3.3)", eps, delta, 1, None),),
@@ -111,7 +97,7 @@ def minimizer_sensitivity(lipschitz: float, mu: float, n_users: int) -> Sensitiv
 
 
 def naive_sigma(problem: SCOProblem, eps: float, delta: float,
-                settings: OutputPertSettings, tau: float = 0.0) -> float:
+                settings: OutputPertConfig, tau: float = 0.0) -> float:
   """Closed-form σ of the baseline (noise ratio and records; the run's is calibrated):
   ``2G/(μ n) + 2τ``, analytic (practical) or classic (theory) Gaussian (spec §5)."""
   mu = _problem_mu(problem)
@@ -126,7 +112,7 @@ def naive_sigma(problem: SCOProblem, eps: float, delta: float,
 class NaivePlan:
   """Plan of ``naive_output_pert``: the solver, the replace-one sensitivity ``2G/(mu n) + 2
   tau``, ``z`` (calibrated, or the config's) and ``sigma = z sens / 2``."""
-  settings: OutputPertSettings
+  settings: OutputPertConfig
   epsilon: float
   delta: float
   mu: float
@@ -168,9 +154,7 @@ class NaivePlan:
       PrivacyBudgetExceeded: an explicit ``noise_multiplier`` is over the budget (before any
         release).
     """
-    s = self.settings
-    ledger = PrivacyLedger(delta=self.delta, epsilon_budget=s.budget(self.epsilon),
-                           relation=s.relation)
+    ledger = block_ledger(self.settings, self.epsilon, self.delta)
     ledger.spend(self.event, label=self.label)
     notes = ("naive user-level output perturbation (replace-one, n public); sensitivity "
              "2G/(mu n) does not improve with m")
@@ -184,15 +168,15 @@ class NaivePlan:
 
 
 def naive_plan(problem, cfg: dict) -> NaivePlan:
-  settings = settings_from_cfg(cfg)
-  eps, delta = _check_common(cfg, settings)
+  settings = settings_from_cfg(cfg, NaiveOutputPertConfig)
+  eps, delta = float(settings.epsilon), float(settings.delta)
   mu = _require_mu(problem, "naive_output_pert")
   base = minimizer_sensitivity(problem.lipschitz, mu, problem.n_users).under(settings.relation)
   tau = settings.solver_tol * base / 4.0
   plan = solver_plan(smoothness=problem.smoothness, strong_convexity=mu,
                      distance=min(2 * problem.radius, 2 * problem.lipschitz / mu), tau=tau)
   sens = base + 2.0 * tau
-  z = config_view(cfg, NaiveOutputPertConfig).noise_multiplier
+  z = settings.noise_multiplier
   z = (calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=eps, delta=delta,
                                   relation=settings.relation, key=("gaussian",))
        if z is None else check_positive(z, "noise_multiplier"))
@@ -208,20 +192,6 @@ def naive_planner(facts, cfg: dict) -> Planned:
               "solver_iterations": p.solver.iterations}
   return Planned(p.charge(), p.noise_multiplier, schedule, p)
 
-
-
-def _phase_infos(problem, phases: list[tuple[float, slice]], *, epsilon: float, delta: float,
-                 beta: float, mu0: float, settings: OutputPertSettings, label: str
-                 ) -> tuple[SCInfo, ...]:
-  infos = []
-  for i, (lam_i, users) in enumerate(phases):
-    n_i = users.stop - users.start
-    _check_min_users(n_i, epsilon, delta, settings, f"{label} phase {i + 1}")
-    infos.append(plan_sc_output_pert(
-        n_users=n_i, m=problem.m, lipschitz=problem.lipschitz, smoothness=problem.smoothness,
-        mu0=mu0, lam=lam_i, radius=problem.radius, epsilon=epsilon, delta=delta, beta=beta,
-        settings=settings))
-  return tuple(infos)
 
 
 def phased_erm_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diameter: float,
@@ -259,47 +229,47 @@ def phased_sco_schedule(*, n_users: int, m: int, d: int, lipschitz: float, diame
           "lams": [lam * 4.0 ** i for i in range(1, T + 1)], "blocks": blocks}
 
 
-def _phase_schedule(problem, *, sco: bool, epsilon: float, delta: float,
-                    beta: float | None, lam: float | None) -> tuple[dict, list, float, float]:
-  """``(schedule, phases, eps_phase, delta_phase)``, ``phases`` every call's ``(lambda_i,
-  user slice)``."""
-  n, m = problem.n_users, problem.m
-  kw = dict(n_users=n, m=m, d=problem.d, lipschitz=problem.lipschitz,
-            diameter=2 * problem.radius, epsilon=epsilon, delta=delta, beta=beta, lam=lam)
+def _phases(problem, *, sco: bool, diameter: float, epsilon: float, delta: float,
+            beta: float | None, mu0: float, settings: OutputPertConfig
+            ) -> tuple[dict, list, tuple[SCInfo, ...], list]:
+  """Phased-ERM (Alg. 3) / Phased-SCO (Alg. 4) with lambda at ``diameter`` (``diam K``, or
+  Algs 5-6's localization radius): ``(schedule, phases, infos, blocks)``, ``phases`` every
+  call's ``(lambda_i, user slice)``, ``blocks`` the ledger's: Phased-ERM ``T`` sequential calls
+  at ``(eps/T, delta/T)`` (basic composition), Phased-SCO one per disjoint user block at the
+  full ``(eps, delta)`` (``group=``: parallel composition)."""
+  n, label = problem.n_users, "Phased-SCO" if sco else "Phased-ERM"
+  kw = dict(n_users=n, m=problem.m, d=problem.d, lipschitz=problem.lipschitz,
+            diameter=diameter, epsilon=epsilon, delta=delta, beta=beta)
   if sco:
     sch = phased_sco_schedule(**kw)
-    return sch, list(zip(sch["lams"], sch["blocks"])), epsilon, delta
-  sch = phased_erm_schedule(**kw)
-  return sch, [(lam_i, slice(0, n)) for lam_i in sch["lams"]], sch["epsilon"], sch["delta"]
-
-
-def _phase_blocks(sch: dict, *, sco: bool, epsilon: float, delta: float, label: str
-                  ) -> list[tuple[str, float, float, int, str | None]]:
-  """The phases' ledger blocks: Phased-ERM ``T`` sequential calls (basic composition),
-  Phased-SCO one per disjoint user block (``group=``: parallel composition)."""
-  if sco:
-    return [(f"{label} block {i + 1} SCOutputPert", epsilon, delta, 1, f"{label} block {i + 1}")
-            for i in range(sch["T"])]
-  return [(f"{label} SCOutputPert phases", epsilon, delta, sch["T"], None)]
+    phases, eps_p, delta_p = list(zip(sch["lams"], sch["blocks"])), epsilon, delta
+    blocks = [(f"{label} block {i + 1} SCOutputPert", eps_p, delta_p, 1,
+               f"{label} block {i + 1}") for i in range(sch["T"])]
+  else:
+    sch = phased_erm_schedule(**kw)
+    phases = [(lam_i, slice(0, n)) for lam_i in sch["lams"]]
+    eps_p, delta_p = sch["epsilon"], sch["delta"]
+    blocks = [(f"{label} SCOutputPert phases", eps_p, delta_p, sch["T"], None)]
+  infos = tuple(_call(problem, users.stop - users.start, lam_i, epsilon=eps_p, delta=delta_p,
+                      beta=sch["beta"], mu0=mu0, settings=settings,
+                      what=f"{label} phase {i + 1}")
+                for i, (lam_i, users) in enumerate(phases))
+  return sch, phases, infos, blocks
 
 
 def phased_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
   """The plan of Phased-ERM (Alg. 3) / Phased-SCO (Alg. 4): schedule, calls, blocks."""
   name = "phased_sco_output_pert" if sco else "phased_erm_output_pert"
-  label = "Phased-SCO" if sco else "Phased-ERM"
   settings = settings_from_cfg(cfg)
-  eps, delta = _check_common(cfg, settings)
+  eps, delta = float(settings.epsilon), float(settings.delta)
   _require_radius(problem, name)
-  sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=eps, delta=delta,
-                                                beta=settings.beta, lam=None)
   mu0 = _problem_mu(problem)
-  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
-                       mu0=mu0, settings=settings, label=label)
+  sch, phases, infos, blocks = _phases(problem, sco=sco, diameter=2 * problem.radius,
+                                       epsilon=eps, delta=delta, beta=settings.beta, mu0=mu0,
+                                       settings=settings)
   how = ("parallel composition over disjoint blocks" if sco
          else "basic composition over T phases")
-  return OutputPertPlan(name, settings, eps, delta, mu0, settings.beta, infos,
-                        tuple(_phase_blocks(sch, sco=sco, epsilon=eps_p, delta=delta_p,
-                                            label=label)),
+  return OutputPertPlan(name, settings, eps, delta, mu0, settings.beta, infos, tuple(blocks),
                         {"schedule": sch, "phases": phases}, f"; {how}",
                         declared=certificate_constants(problem, infos))
 
@@ -308,24 +278,6 @@ def localization_radius(sigma0: float, d: int, beta: float, tau: float) -> float
   """``R' = σ0 (sqrt(d) + sqrt(2 ln(1/β))) + τ`` — Gaussian norm concentration (explicit form of
   Alg. 5 line 4's ``C σ sqrt(d log(1/β))``) plus the solver error."""
   return sigma0 * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / beta))) + tau
-
-
-def _reduction_half(problem, r: float, *, sco: bool, epsilon: float, delta: float,
-                    beta: float, mu: float, settings: OutputPertSettings
-                    ) -> tuple[dict, list, tuple[SCInfo, ...], float, float]:
-  """Alg. 5 / Alg. 6's second half at localization radius ``r`` (``R'``, or ``diam K`` after
-  a ⊥ warm start): ``(schedule, phases, infos, eps_phase, delta_phase)`` with lambda
-  ``(G/r) sqrt(d)/(n sqrt(m))`` (Alg. 5) or ``(G/r) max{sqrt(d)/(n sqrt(m)), 1/sqrt(nm)}``
-  (Alg. 6)."""
-  G, n, m, d = problem.lipschitz, problem.n_users, problem.m, problem.d
-  lam = G * math.sqrt(d) / (r * n * math.sqrt(m))
-  if sco:
-    lam = (G / r) * max(math.sqrt(d) / (n * math.sqrt(m)), 1.0 / math.sqrt(n * m))
-  sch, phases, eps_p, delta_p = _phase_schedule(problem, sco=sco, epsilon=epsilon,
-                                                delta=delta, beta=beta, lam=lam)
-  infos = _phase_infos(problem, phases, epsilon=eps_p, delta=delta_p, beta=sch["beta"],
-                       mu0=mu, settings=settings, label="Phased-SCO" if sco else "Phased-ERM")
-  return sch, phases, infos, eps_p, delta_p
 
 
 def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
@@ -338,27 +290,22 @@ def sc_reduction_plan(problem, cfg: dict, *, sco: bool) -> OutputPertPlan:
   ``schedule["after_bottom"]`` holds the other ``(schedule, phases, infos)``."""
   name = "sc_sco_output_pert" if sco else "sc_erm_output_pert"
   settings = settings_from_cfg(cfg)
-  eps, delta = _check_common(cfg, settings)
+  eps, delta = float(settings.epsilon), float(settings.delta)
   mu = _require_mu(problem, f"{name} (Algs 5-6)")
   _require_radius(problem, name)
-  n, m, d = problem.n_users, problem.m, problem.d
+  n, m = problem.n_users, problem.m
   beta = settings.beta if settings.beta is not None else 1.0 / (2.0 * n * n * m)
-  _check_min_users(n, eps / 2, delta / 2, settings, "SCOutputPert warm start")
-  info0 = plan_sc_output_pert(n_users=n, m=m, lipschitz=problem.lipschitz,
-                              smoothness=problem.smoothness, mu0=mu, lam=0.0,
-                              radius=problem.radius, epsilon=eps / 2, delta=delta / 2,
-                              beta=beta, settings=settings)
-  r_prime = localization_radius(info0.sigma, d, beta, info0.plan.tau)
+  half = dict(epsilon=eps / 2, delta=delta / 2, beta=beta, mu0=mu, settings=settings)
+  info0 = _call(problem, n, 0.0, **half, what="SCOutputPert warm start")
+  r_prime = localization_radius(info0.sigma, problem.d, beta, info0.plan.tau)
   if sco:  # Alg. 6 line 4, second term with the constant 30 of Prop. B.1
     r_prime += 30.0 * problem.lipschitz * math.sqrt(math.log(2.0 / beta)) / (mu * math.sqrt(
         n * m))
-  half = dict(sco=sco, epsilon=eps / 2, delta=delta / 2, beta=beta, mu=mu, settings=settings)
-  sch, phases, infos, eps_p, delta_p = _reduction_half(problem, r_prime, **half)
-  after_bottom = _reduction_half(problem, 2 * problem.radius, **half)[:3]
+  # the second half at lambda (G/R') ... (Algs 5-6), or after a ⊥ warm start at diam K
+  sch, phases, infos, blocks = _phases(problem, sco=sco, diameter=r_prime, **half)
+  after_bottom = _phases(problem, sco=sco, diameter=2 * problem.radius, **half)[:3]
   # every block of both halves is charged before the warm start is released
-  blocks = [("SCOutputPert warm start", eps / 2, delta / 2, 1, None)] + _phase_blocks(
-      sch, sco=sco, epsilon=eps_p, delta=delta_p,
-      label="Phased-SCO" if sco else "Phased-ERM")
+  blocks = [("SCOutputPert warm start", eps / 2, delta / 2, 1, None)] + blocks
   return OutputPertPlan(name, settings, eps, delta, mu, beta, (info0,) + infos, tuple(blocks),
                         {"schedule": sch, "phases": phases, "R_prime": r_prime,
                          "lam": sch["lam"], "after_bottom": after_bottom},
