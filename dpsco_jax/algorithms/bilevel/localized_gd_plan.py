@@ -16,7 +16,6 @@ import jax
 from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.bilevel.config import LocGdConfig
-from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.config.families import Schema
 from dpsco_jax.data.problem import MissingConstant
@@ -255,18 +254,16 @@ def loc_gd_practical_config(*, mu: float, clip_norm: float, n: int, dim: int, ep
 
 # --- The runner's plan (public facts only), its charge and report ---------------------------------
 
-def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float
-                   ) -> tuple[LocGDConfig, dp_accounting.DpEvent]:
-  """The solve's config and event from the config and public numbers only; an explicit
-  ``noise_multiplier`` is kept (the plan's charge checks it against the budget)."""
+def plan_dp_loc_gd(cfg: Mapping | Any, *, n: int, dim: int, clip: float, radius0: float,
+                   mu: float | None = None) -> tuple[LocGDConfig, dp_accounting.DpEvent]:
+  """The solve's config and event from the config and public numbers only (``mu``: the
+  config's unless given); an explicit ``noise_multiplier`` is kept (the plan's charge checks
+  it against the budget)."""
   cfg = LocGdConfig.of(cfg)   # dp_loc_sgd's LocSgdConfig is one (batch_size required)
   check_loc_gd_relation(cfg.relation)
-  eps = check_epsilon(cfg.epsilon, "epsilon")
-  delta = required_delta(cfg.delta)
-  mu = check_positive(cfg.mu, "mu")
-  preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
-  batch = cfg.batch_size
-  if preset == "theory":
+  eps, delta, batch = float(cfg.epsilon), float(cfg.delta), cfg.batch_size
+  mu = check_positive(cfg.mu if mu is None else mu, "mu")
+  if cfg.preset == "theory":
     lcfg = loc_gd_theory_config(mu=mu, lipschitz=clip, n=n, epsilon=eps, delta=delta,
                                 radius0=radius0, batch_size=batch)
   else:
@@ -336,7 +333,6 @@ def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
   config does not give them L (``clip_norm``), a finite R (``radius0 = 2R``) and the declared
   strong convexity (``mu``)."""
   cfg = LocGdConfig.of(cfg)   # dp_loc_sgd's LocSgdConfig is one (batch_size required)
-  required_delta(cfg.delta)  # a missing delta is named before any constant is read
   n, dim = int(problem.n_users) * int(problem.m), int(problem.d)
   # derived defaults (the schema's docs give them): L, 2R -- read only when not given
   clip = cfg.clip_norm
@@ -348,11 +344,10 @@ def loc_gd_plan_for_problem(problem, cfg: dict) -> LocGDRunPlan:
                             "radius0 or declare a finite constants={'radius': ...} (2R)")
     radius0 = 2.0 * float(problem.radius)
   radius0 = check_positive(radius0, "radius0")
-  l2 = check_nonnegative(cfg.l2, "l2")
-  lcfg, event = plan_dp_loc_gd({**cfg, "mu": _public_mu(problem, cfg)}, n=n, dim=dim,
-                               clip=clip, radius0=radius0)
-  return LocGDRunPlan(n, float(cfg.epsilon), float(cfg.delta), l2,  # checked
-                      cfg.preset, lcfg, event)
+  lcfg, event = plan_dp_loc_gd(cfg, n=n, dim=dim, clip=clip, radius0=radius0,
+                               mu=_public_mu(problem, cfg))
+  return LocGDRunPlan(n, float(cfg.epsilon), float(cfg.delta), float(cfg.l2), cfg.preset,
+                      lcfg, event)
 
 
 def loc_gd_planner(facts, cfg: dict) -> Planned:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -21,14 +22,13 @@ import dp_accounting
 from jax.extend.core import Literal as _Literal
 import jax
 
-from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
+from dpsco_jax._checks import (check_delta, check_epsilon, check_int,
                                check_nonnegative, check_positive)
 from dpsco_jax.algorithms.bilevel.config import (BilevelConfig as BilevelSchema,
                                                   NonPrivatePenaltyConfig)
 from dpsco_jax.algorithms.registration import Planned
 from dpsco_jax.config.families import Schema
 from dpsco_jax.problems.bilevel import BilevelProblem, ProblemConstants
-from dpsco_jax.algorithms.common import required_delta
 from dpsco_jax.algorithms.bilevel.localized_gd_plan import (
     LocGDConfig, loc_gd_event, loc_gd_rounds, loc_gd_stage, loc_gd_stddev, loc_gd_step_event,
     paper_loc_gd_stddev)
@@ -215,25 +215,20 @@ def paper_composition_epsilon(bcfg: BilevelConfig, n: int, *, delta: float) -> f
   the accountant's epsilon to show the slack of the loose composition (E2)."""
   t = bcfg.steps
   d0 = delta / (3 * (t + 1))
-  eps_it = 0.0
-  for icfg in (bcfg.inner_y, bcfg.inner_lam):
-    if icfg.noise_multiplier == 0:
-      return math.inf
-    k = icfg.rounds * icfg.steps
-    ds = d0 / (k + 1)
-    stage = loc_gd_stage(icfg, n)
-    e_step = _lemma22_eps(stage.sensitivity_under(RELATION), stage.std, ds)
-    if icfg.batch_size is not None:
-      e_step = _amplify(e_step, icfg.batch_size, n)
-    eps_it += _lemma21(e_step, ds, k)
+  # (stage, Poisson batch, steps per solve: None for the outer one-step mechanism)
+  mechanisms = [(loc_gd_stage(c, n), c.batch_size, c.rounds * c.steps)
+                for c in (bcfg.inner_y, bcfg.inner_lam)]
   if bcfg.outer_data_terms:
-    if bcfg.outer_noise_multiplier == 0:
+    mechanisms.append((outer_stage(bcfg, n), bcfg.batch_out, None))
+  eps_it = 0.0
+  for stage, batch, k in mechanisms:
+    if stage.noise_multiplier == 0:
       return math.inf
-    stage = outer_stage(bcfg, n)
-    e_out = _lemma22_eps(stage.sensitivity_under(RELATION), stage.std, d0)
-    if bcfg.batch_out is not None:
-      e_out = _amplify(e_out, bcfg.batch_out, n)
-    eps_it += e_out
+    d_step = d0 if k is None else d0 / (k + 1)
+    e_step = _lemma22_eps(stage.sensitivity_under(RELATION), stage.std, d_step)
+    if batch is not None:
+      e_step = _amplify(e_step, batch, n)
+    eps_it += e_step if k is None else _lemma21(e_step, d_step, k)
   return _lemma21(eps_it, delta / (t + 1), t)
 
 
@@ -264,14 +259,14 @@ def _default_consts_inner(problem: BilevelProblem, lam: float) -> dict:
 
 
 def _schedule(problem: BilevelProblem, cfg: Schema, *, preset: str, eps: float, delta: float,
-              batch_in: int | None, batch_out: int | None, info: dict) -> dict:
+              batch_in: int | None, batch_out: int | None, population: bool, info: dict
+              ) -> dict:
   """The preset's public schedule: ``lam, eta, steps, clip_out`` and the inner solves'
   ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read)."""
-  n = problem.n
+  n, c_in, c_lam, r0 = problem.n, None, None, None
   if preset == "theory":
     tp = theory_params(problem.consts, epsilon=eps, delta=delta, n=n, d_x=problem.d,
-                       d_y=problem.d_y, population=bool(cfg.population),
-                       batch_out=batch_out)
+                       d_y=problem.d_y, population=population, batch_out=batch_out)
     info.update(tp)
     lam, eta, steps, clip_out = tp["lam"], tp["eta"], tp["steps"], tp["clip_out"]
     inner_steps = n * n                       # Thm 8.2: T_GD = n^2
@@ -283,32 +278,25 @@ def _schedule(problem: BilevelProblem, cfg: Schema, *, preset: str, eps: float, 
           f"preset='theory' needs T={steps} outer steps of 2 DP-Loc-GD solves with T_GD=n^2="
           f"{inner_steps} steps: {work:.3g} example-gradients > max_theory_work={limit:.3g}; "
           f"use preset='practical' or raise max_theory_work")
-    step_rule = "paper"
-    inner = _default_consts_inner(problem, lam)
-    clips = (inner["y"]["clip"], inner["lam"]["clip"])
-    radius_const = 4.0
+    step_rule, radius_const = "paper", 4.0
   else:
-    lam = check_positive(cfg.lam, "lam")
-    eta = check_positive(cfg.learning_rate, "learning_rate")
+    lam, eta = check_positive(cfg.lam, "lam"), float(cfg.learning_rate)
     steps = check_int(cfg.num_steps, "num_steps")
-    inner = _default_consts_inner(problem, lam)
-    clip_out = check_positive(
-        cfg.get("outer_clip_norm", 5 * problem.consts.ell * problem.consts.kappa),  # derived
-        "outer_clip_norm")
+    # derived default: 5 l kappa
+    clip_out = float(cfg.get("outer_clip_norm", 5 * problem.consts.ell * problem.consts.kappa))
     inner_steps = check_int(cfg.inner_num_steps, "inner_num_steps")
-    r = cfg.inner_rounds
-    rounds = (check_int(r, "inner_rounds"), check_int(r, "inner_rounds"))
-    step_rule = check_choice(cfg.inner_step_rule, "inner_step_rule",
-                             ("smooth", "paper"))
-    c_in = cfg.inner_clip_norm           # derived defaults: per solve
-    clips = (check_positive(c_in if c_in is not None else inner["y"]["clip"], "inner_clip_norm"),
-             check_positive(cfg.get("inner_clip_norm_lam", c_in if c_in is not None
-                                    else inner["lam"]["clip"]), "inner_clip_norm_lam"))
+    rounds = (check_int(cfg.inner_rounds, "inner_rounds"),) * 2
+    step_rule = cfg.inner_step_rule
     radius_const = check_positive(cfg.radius_const, "radius_const")
+    c_in = cfg.inner_clip_norm
+    c_lam = cfg.get("inner_clip_norm_lam", c_in)
     if cfg.inner_radius0 is not None:
       r0 = check_positive(cfg.inner_radius0, "inner_radius0")
-      inner["y"]["radius0"] = r0
-      inner["lam"]["radius0"] = r0
+  inner = _default_consts_inner(problem, lam)   # derived defaults: the clips per solve
+  clips = (float(inner["y"]["clip"] if c_in is None else c_in),
+           float(inner["lam"]["clip"] if c_lam is None else c_lam))
+  if r0 is not None:
+    inner["y"]["radius0"] = inner["lam"]["radius0"] = r0
   return dict(lam=lam, eta=eta, steps=steps, clip_out=clip_out, inner_steps=inner_steps,
               rounds=rounds, step_rule=step_rule, inner=inner, clips=clips,
               radius_const=radius_const)
@@ -320,9 +308,12 @@ def config_view(cfg: Mapping | Any) -> Schema:
   return BilevelSchema.of(cfg)
 
 
-def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[BilevelConfig, dict]:
+def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any, *, minibatch: bool = False,
+                   population: bool = False) -> tuple[BilevelConfig, dict]:
   """A calibrated :class:`BilevelConfig` from a config (``preset`` ``practical`` | ``theory``).
-  Returns ``(bcfg, info)``; ``info`` holds the preset's derived values.
+  Returns ``(bcfg, info)``; ``info`` holds the preset's derived values. ``minibatch``
+  (``dp_bilevel_minibatch``): each batch size defaults to ``n // 10``; ``population``
+  (``dp_bilevel_population``, §6 / Thm 6.1): the theory preset adds ``K3 sqrt(d_x/n)`` to alpha.
 
   Keys: :class:`~dpsco_jax.algorithms.bilevel.config.BilevelConfig`. ``shares`` split the
   budget between the three mechanisms (:func:`noise_ratios`); ``outer_noise`` ``auto`` turns
@@ -331,18 +322,13 @@ def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[Bilevel
   numbers, never the data's values."""
   cfg = config_view(cfg)
   check_relation(cfg.relation, supported=(RELATION,), mechanism="DP bilevel (Alg 1/3)")
-  eps = check_epsilon(cfg.epsilon, "epsilon")
-  delta = required_delta(cfg.delta)
-  preset = check_choice(cfg.preset, "preset", ("practical", "theory"))
-  n = problem.n
-  batch_in = cfg.inner_batch_size
-  batch_out = cfg.outer_batch_size
+  eps, delta, preset, n = float(cfg.epsilon), float(cfg.delta), cfg.preset, problem.n
+  b = max(1, n // 10) if minibatch else None
+  batch_in, batch_out = cfg.get("inner_batch_size", b), cfg.get("outer_batch_size", b)
   for name, b in (("inner_batch_size", batch_in), ("outer_batch_size", batch_out)):
     if b is not None and not 1 <= check_int(b, name) <= n:
       raise ValueError(f"{name} must lie in [1, n={n}], got {b}")
   outer_noise = cfg.outer_noise
-  if outer_noise not in ("auto", True, False):
-    raise ValueError(f"outer_noise must be 'auto', true or false, got {outer_noise!r}")
   data_free = _x_grad_is_data_free(problem)
   if outer_noise is False and not data_free:
     raise ValueError("outer_noise=false is private only when f_ex and g_ex do not depend on x "
@@ -351,7 +337,7 @@ def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any) -> tuple[Bilevel
   info: dict = {"preset": preset, "outer_noise": use_outer}
 
   s = _schedule(problem, cfg, preset=preset, eps=eps, delta=delta, batch_in=batch_in,
-                batch_out=batch_out, info=info)
+                batch_out=batch_out, population=population or bool(cfg.population), info=info)
   # derived default: equal shares of the mechanisms that run
   shares = tuple(cfg.get("shares", (1 / 3, 1 / 3, 1 / 3) if use_outer else (0.5, 0.5, 0.0)))
   if not use_outer:
@@ -450,13 +436,14 @@ def _public_record(bcfg: BilevelConfig, info: dict, n: int, *, eps: float, delta
   }
 
 
-def bilevel_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
+def bilevel_planner(facts: BilevelProblem, cfg: Mapping | Any, **variant: bool) -> Planned:
   """``dp_bilevel``'s planner: the calibrated :class:`BilevelConfig` and its ``3T`` mechanisms
   charged on a fresh budgeted ledger (an explicit ``noise_multiplier`` over the budget raises
   :class:`~dpsco_jax.privacy.PrivacyBudgetExceeded` here). ``facts``: the
-  :class:`BilevelProblem` (its public ``n``, shapes and constants)."""
+  :class:`BilevelProblem` (its public ``n``, shapes and constants); ``variant``:
+  :func:`bilevel_config`'s ``minibatch`` / ``population``."""
   cfg = config_view(cfg)
-  bcfg, info = bilevel_config(facts, cfg)
+  bcfg, info = bilevel_config(facts, cfg, **variant)
   n, eps, delta = facts.n, float(cfg.epsilon), float(cfg.delta)   # checked by bilevel_config
   paper_eps = paper_composition_epsilon(bcfg, n, delta=delta)
   alg = "Alg 3 (Poisson mini-batches)" if (bcfg.batch_out or bcfg.inner_y.batch_size) else "Alg 1"
@@ -474,18 +461,10 @@ def bilevel_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
   return Planned(plan.charge(), info["noise_multiplier"], schedule, plan)
 
 
-def bilevel_minibatch_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
-  """``dp_bilevel_minibatch``: Alg 3, each batch size ``n // 10`` unless the config sets it."""
-  cfg, b = config_view(cfg), max(1, facts.n // 10)
-  return bilevel_planner(facts, dataclasses.replace(
-      cfg, outer_batch_size=cfg.get("outer_batch_size", b),
-      inner_batch_size=cfg.get("inner_batch_size", b)))
-
-
-def bilevel_population_planner(facts: BilevelProblem, cfg: Mapping | Any) -> Planned:
-  """``dp_bilevel_population`` (§6 / Thm 6.1): the theory preset adds ``K3 sqrt(d_x/n)`` to
-  alpha."""
-  return bilevel_planner(facts, dataclasses.replace(config_view(cfg), population=True))
+#: ``dp_bilevel_minibatch``: Alg 3, each batch size ``n // 10`` unless the config sets it
+bilevel_minibatch_planner = functools.partial(bilevel_planner, minibatch=True)
+#: ``dp_bilevel_population`` (§6 / Thm 6.1)
+bilevel_population_planner = functools.partial(bilevel_planner, population=True)
 
 
 class PenaltyPlan(NamedTuple):
