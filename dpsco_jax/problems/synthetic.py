@@ -68,16 +68,37 @@ class SCOProblem:
                                                 compare=False)
 
   def population_risk(self, params: Any) -> float:
-    """The population risk at the vector ``params`` (length ``d``)."""
+    """The population risk at ``params``.
+
+    Args:
+      params: a vector of length ``d``.
+
+    Returns:
+      The risk, a float.
+    """
     return float(self.risk_fn(params))
 
   def excess_risk(self, params: Any) -> float:
-    """The population risk at ``params`` less the optimum's (in float32)."""
+    """The population risk at ``params`` less the optimum's (in float32).
+
+    Args:
+      params: a vector of length ``d``.
+
+    Returns:
+      The excess risk, a float (see :meth:`excess_risk_f64` for its resolution).
+    """
     return self.population_risk(params) - self.opt_risk
 
   def excess_risk_f64(self, params: Any) -> float | None:
     """``risk(params) - risk(x_opt)`` in float64 (None without ``risk_fn64``): the float32
-    :meth:`excess_risk` moves in ulps of 6e-8, which is where good runs sit."""
+    :meth:`excess_risk` moves in ulps of 6e-8, which is where good runs sit.
+
+    Args:
+      params: a vector of length ``d``.
+
+    Returns:
+      The excess risk in float64, or None.
+    """
     if self.risk_fn64 is None:
       return None
     if self._opt_risk64 is None:
@@ -86,11 +107,19 @@ class SCOProblem:
     return float(self.risk_fn64(w)) - self._opt_risk64
 
   def init_params(self) -> jax.Array:
-    """The public starting point: float32 zeros of length ``d``."""
+    """The public starting point.
+
+    Returns:
+      Zeros of length ``d`` (float32).
+    """
     return jnp.zeros((self.d,), jnp.float32)
 
   def describe(self) -> dict:
-    """The problem's public facts, for records."""
+    """The problem's public facts, for records.
+
+    Returns:
+      ``{"problem", "n_users", "m", "d", "radius", "lipschitz", "smoothness"}``.
+    """
     return {"problem": self.name, "n_users": self.n_users, "m": self.m, "d": self.d,
             "radius": self.radius, "lipschitz": self.lipschitz,
             "smoothness": self.smoothness}
@@ -206,7 +235,19 @@ PROBLEM_KEYS = ("n_users", "m", "d", "radius", "noise", "heterogeneity", "n_eval
 
 
 def make_problem(cfg: dict, key: jax.Array) -> SCOProblem:
-  """:func:`make` of the problem ``cfg['problem']`` from the config's :data:`PROBLEM_KEYS`
-  (KeyError without ``problem``, TypeError without ``n_users``, ``m`` or ``d``)."""
+  """Builds the core problem named by ``cfg['problem']`` from the config's problem keys.
+
+  Args:
+    cfg: a config with ``problem`` and the problem keys (``n_users``, ``m``, ``d``,
+      ``radius``, ``noise``, ``heterogeneity``, ``n_eval``).
+    key: a JAX PRNG key for the data.
+
+  Returns:
+    The :class:`SCOProblem`.
+
+  Raises:
+    KeyError: ``cfg`` has no ``problem``.
+    TypeError: ``cfg`` lacks ``n_users``, ``m`` or ``d``.
+  """
   kw = {k: cfg[k] for k in PROBLEM_KEYS if k in cfg}
   return make(cfg["problem"], key=key, **kw)
