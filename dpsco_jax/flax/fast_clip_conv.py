@@ -89,10 +89,9 @@ def device_memory(backend: str) -> int | None:
 def chunk_rule(conv_budget: float | str | None, backend: str,
                device_bytes: int | None) -> ChunkRule:
   """The chunking of ``FastClippedGrad(conv_budget=...)`` on ``backend``: a number or
-  ``None`` as given; ``"auto"``: :data:`CONV_CHUNK_BUDGET` on CPU (chunking cost no time
-  there), else :data:`ACCEL_CHUNK_BUDGET` capped at :data:`ACCEL_MEMORY_FRACTION` of the
-  device's memory (each loop trip costs kernel launches there; measured in
-  ``experiments/results/gpu/conv_budget_h100.log``)."""
+  ``None`` as given; ``"auto"``: :data:`CONV_CHUNK_BUDGET` on CPU (chunking costs no time
+  there), else :data:`ACCEL_CHUNK_BUDGET` (each loop trip costs kernel launches) capped at
+  :data:`ACCEL_MEMORY_FRACTION` of the device's memory."""
   if conv_budget is None:
     return ChunkRule(None, None, "conv_budget=None: all users at once")
   if conv_budget != "auto":

@@ -165,7 +165,3 @@ def totals(rows) -> dict[str, float]:
   return {"fast": float(sum(r.cost for r in rows)),
           "vmap": float(sum(r.vmap_cost for r in rows))}
 
-
-def choose(rows) -> str:
-  t = totals(rows)
-  return "fast" if t["fast"] < t["vmap"] else "vmap"
