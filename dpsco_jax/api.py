@@ -38,6 +38,7 @@ from dpsco_jax.data.problem import ProblemConstants, PublicFacts, UserDataProble
 from dpsco_jax.data.user_data import DataSpec, UserData
 from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.result import Result, check_finite_params
+from dpsco_jax.smoothing import num_params
 
 __all__ = ["Plan", "plan", "run", "fit", "plan_problem", "execute", "solve", "algorithm_config",
            "ITEM_LEVEL", "ITEM_GUARANTEE", "READS_M", "MESH_READY", "MESH_UNSUPPORTED", "BATCHED", "UNSUPPORTED",
@@ -171,10 +172,8 @@ def _plan_digest(p: Plan) -> str:
   """SHA-256 of a plan's planned facts (not ``detail``: derived from them)."""
   import hashlib
   import json
-  facts = [p.algorithm, {f.name: getattr(p.config, f.name)
-                         for f in dataclasses.fields(p.config)}
-           if dataclasses.is_dataclass(p.config) else p.config,
-           p.spec, p.constants, p.privacy, p.noise_multiplier, p.schedule, p.num_params]
+  facts = [p.algorithm, p.config, p.spec, p.constants, p.privacy, p.noise_multiplier,
+           p.schedule, p.num_params]
   text = json.dumps(facts, sort_keys=True, default=_digest_value)
   return hashlib.sha256(text.encode()).hexdigest()
 
@@ -217,11 +216,17 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
   cfg = algorithm_config(algorithm, config)
   if not isinstance(spec, DataSpec):
     raise TypeError(f"spec must be a DataSpec (UserData.spec), got {type(spec).__name__}")
-  _require_declared(entry.name, spec)
+  if entry.reads_m and not spec.declared("max_items_per_user"):
+    raise UndeclaredFact(
+        f"{entry.name}'s guarantee reads m, the items per user, and this data's m = "
+        f"{spec.max_items_per_user} was measured (the largest user's item count: one added item"
+        " can change it, and with it the noise). Declare the contribution bound: "
+        "UserData.from_arrays(..., max_items_per_user=m), or plan with a DataSpec you "
+        "build (a declaration)")
   facts = PublicFacts(spec, constants, int(num_params), entry.level)
-  consts = facts.constants
   privacy, z, schedule, detail = _planned(entry, facts, cfg)
-  return Plan(entry.name, cfg, spec, consts, privacy, z, schedule, int(num_params), detail)
+  return Plan(entry.name, cfg, spec, facts.constants, privacy, z, schedule, int(num_params),
+              detail)
 
 
 def plan_problem(algorithm: str, config: Mapping | Any, problem: Any) -> Plan:
@@ -310,8 +315,7 @@ def execute(p: Plan, problem: Any, key: jax.Array) -> Result:
 
 
 def solve(algorithm: str, config: Mapping | Any, problem: Any, key: jax.Array) -> Result:
-  """``execute(plan_problem(algorithm, config, problem), problem, key)``: a built-in problem
-  planned and run (the runner's path for one run)."""
+  """``execute(plan_problem(algorithm, config, problem), problem, key)``."""
   return execute(plan_problem(algorithm, config, problem), problem, key)
 
 
@@ -319,27 +323,15 @@ def check_spent(p: Plan, result: Result) -> Result:
   """``result`` when its run spent exactly plan ``p``'s guarantee (epsilon to 1e-9, relation,
   provenance), else ``RuntimeError`` (a library bug); params that are not finite raise
   :class:`~dpsco_jax.result.NonFiniteRelease`. Every path that executes a plan checks it."""
-  if not _same_guarantee(result.privacy, p.privacy):
+  got, want = result.privacy, p.privacy
+  ea, eb = float(got.epsilon), float(want.epsilon)
+  same_eps = (ea == eb) or (math.isfinite(ea) and math.isfinite(eb)
+                            and abs(ea - eb) <= 1e-9 * max(1.0, abs(eb)))
+  if not (same_eps and got.relation == want.relation and got.provenance == want.provenance):
     raise RuntimeError(f"{p.algorithm}: the run's guarantee {result.privacy.epsilon!r} differs "
                        f"from its plan's {p.privacy.epsilon!r} (a library bug)")
   check_finite_params(result.params, p.algorithm)
   return result
-
-
-def _require_declared(algorithm: str, spec: DataSpec) -> None:
-  """Refuses a measured ``m`` for an algorithm whose guarantee reads it (``READS_M``);
-  ``n_users`` is the config's declared one under ``add_remove`` and public otherwise."""
-  if _entry(algorithm).reads_m and not spec.declared("max_items_per_user"):
-    raise UndeclaredFact(
-        f"{algorithm}'s guarantee reads m, the items per user, and this data's m = "
-        f"{spec.max_items_per_user} was measured (the largest user's item count: one added item"
-        " can change it, and with it the noise). Declare the contribution bound: "
-        "UserData.from_arrays(..., max_items_per_user=m), or plan with a DataSpec you "
-        "build (a declaration)")
-
-
-def _num_params(params: Any) -> int:
-  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
 def _mesh(algorithm: str, mesh: Any) -> Any:
@@ -546,13 +538,6 @@ def _shapes(item_shapes: Sequence) -> str:
                          for path, shape, dtype in item_shapes) + "}"
 
 
-def _same_guarantee(a: PrivacyReport, b: PrivacyReport) -> bool:
-  ea, eb = float(a.epsilon), float(b.epsilon)
-  same_eps = (ea == eb) or (math.isfinite(ea) and math.isfinite(eb)
-                            and abs(ea - eb) <= 1e-9 * max(1.0, abs(eb)))
-  return same_eps and a.relation == b.relation and a.provenance == b.provenance
-
-
 def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, data: UserData,
         key: jax.Array, *, constants: ProblemConstants | dict | None = None,
         mesh: jax.sharding.Mesh | None = None,
@@ -577,12 +562,7 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
     The :class:`~dpsco_jax.Result` of the run.
 
   Raises:
-    ConfigError: an unknown algorithm or a bad config key (named in the message).
-    UndeclaredFact: the guarantee reads a fact of ``data`` that was measured, not declared.
-    MissingConstant: the algorithm needs a constant that ``constants`` does not declare.
-    TypeError: ``data`` is not a ``UserData`` or ``callback`` is not callable.
-    ValueError: as :func:`run` (placement, mesh, data not fit for the plan).
-    NonFiniteRelease: the released params hold NaN or infinity (the run failed).
+    As :func:`plan` and :func:`run`.
   """
   if distributed is None:
     distributed = getattr(data, "shard_info", None) is not None or jax.process_count() > 1
@@ -591,7 +571,7 @@ def fit(algorithm: str, config: Mapping | Any, loss_fn: Callable, params: Any, d
     return _distributed.fit(algorithm, config, loss_fn, params, data, key,
                             api=sys.modules[__name__], constants=constants, mesh=mesh,
                             callback=callback, data_placement=data_placement)
-  p = plan(algorithm, config, data.spec, num_params=_num_params(params), constants=constants)
+  p = plan(algorithm, config, data.spec, num_params=num_params(params), constants=constants)
   return run(p, loss_fn, params, data, key, mesh=mesh, callback=callback,
              data_placement=data_placement, distributed=distributed)
 
@@ -615,10 +595,7 @@ def run_seeds(p: Plan, loss_fn: Callable, params: Any, datas: Sequence[UserData]
     One :class:`~dpsco_jax.Result` per data set, in order.
 
   Raises:
-    TypeError: ``p`` is not a :class:`Plan` or a data set is not a ``UserData``.
-    ValueError: ``datas`` is empty or its length differs from ``keys``'; a data set or
-      ``params`` does not fit the plan.
-    NonFiniteRelease: a run's released params hold NaN or infinity.
+    ValueError: ``datas`` is empty or its length differs from ``keys``'; else as :func:`run`.
   """
   if not isinstance(p, Plan):
     raise TypeError(f"run_seeds needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
@@ -679,11 +656,9 @@ def run_grid(plans: Sequence[Plan], loss_fn: Callable, params: Any, datas: Seque
     One :class:`~dpsco_jax.Result` per run, in the order of ``plans``.
 
   Raises:
-    TypeError: an entry of ``plans`` is not a :class:`Plan` or of ``datas`` not a ``UserData``.
-    ValueError: ``plans``, ``datas`` and ``keys`` are empty or of different lengths; a data
-      set or ``params`` does not fit the plans.
+    ValueError: ``plans``, ``datas`` and ``keys`` are empty or of different lengths; else as
+      :func:`run`.
     NotBatchable: the plans differ in more than step sizes (a ``ValueError`` naming the key).
-    NonFiniteRelease: a run's released params hold NaN or infinity.
   """
   from dpsco_jax.sweep import check_grid_plans
   plans, datas, keys = list(plans), list(datas), list(keys)

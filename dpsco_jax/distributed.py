@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from types import ModuleType
 from typing import Any, Callable
 
@@ -43,6 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsco_jax.algorithms.registry import algorithms
 from dpsco_jax.data.user_data import ShardInfo, UserData
+from dpsco_jax.smoothing import num_params
 
 __all__ = ["DISTRIBUTED_READY", "DistributedMismatch", "initialize", "users_mesh",
            "privacy_digest", "handshake", "run", "fit"]
@@ -242,7 +242,7 @@ def fit(algorithm: str, config: Any, loss_fn: Callable, params: Any, data: UserD
   """``run(plan(...), ...)``; a process that cannot plan still joins the handshake, so the
   others raise too instead of waiting. ``api``: :mod:`dpsco_jax.api` (see :func:`run`)."""
   try:
-    p = api.plan(algorithm, config, data.spec, num_params=api._num_params(params),
+    p = api.plan(algorithm, config, data.spec, num_params=num_params(params),
                  constants=constants)
   except Exception as err:   # noqa: BLE001 - raised after the handshake, on this process
     return run(None, loss_fn, params, data, key, api=api, _error=err, **kwargs)

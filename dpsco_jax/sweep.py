@@ -105,7 +105,7 @@ def grid_refusal(algorithm: str, cfgs: Sequence[Mapping], ignore: Sequence[str] 
   The message names the key."""
   grid = grid_for(algorithm)
   allowed = grid.keys if grid is not None else frozenset()
-  for key in _differing([{a: b for a, b in c.items() if a not in ignore} for c in cfgs]):
+  for key in grid_of(cfgs, ignore):
     if key not in allowed:
       can = (f"only in {', '.join(sorted(allowed))} (numbers its jitted step reads)"
              if allowed else "in no hyper-parameter (each config is its own program)")

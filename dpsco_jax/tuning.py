@@ -28,6 +28,7 @@ from dpsco_jax.privacy.ledger import PrivacyReport
 from dpsco_jax.privacy.selection import (DISTRIBUTIONS, SelectionCost, SelectionLaw,
                                          law_for_grid, selection_cost)
 from dpsco_jax.result import NonFiniteRelease
+from dpsco_jax.smoothing import num_params
 
 __all__ = ["private_select", "private_select_cost", "SelectionResult", "selection_law",
            "plans_cost", "best_of_k", "METRIC_DATA", "RULES", "LAW_KEYS"]
@@ -152,7 +153,7 @@ plans_cost = private_select_cost
 def _check_candidates(plans: list, data: Any, params: Any) -> None:
   """Every plan fits ``data`` and ``params``, checked before any run (a misfit at the j-th run
   would tell how far the selection got)."""
-  n_params = int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(params)))
+  n_params = num_params(params)
   for i, p in enumerate(plans):
     if not isinstance(p, Plan):
       raise TypeError(f"plans[{i}] must be a Plan (dpsco_jax.plan(...)), got "

@@ -1,6 +1,6 @@
 """The lowest layer of the config vocabulary: the error type, one key's spec, the type check
 (:func:`check_instance`, every schema's one validation). It imports nothing of the package but
-``_checks``, so every layer may raise :class:`ConfigError`.
+``_checks`` and ``cache``, so every layer may raise :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 
 from dpsco_jax._checks import (MAX_SEED, check_delta, check_nonnegative, check_positive,
                                check_probability)
+from dpsco_jax.cache import bounded_cache
 
 __all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "Schema", "MAX_COUNT", "check_instance",
            "validating", "check_refused", "check_type", "specs", "type_name"]
@@ -194,11 +195,9 @@ def check_type(spec: KeySpec, v: Any) -> Any:
   ok, out = _coerce(spec.type, v)
   if ok:
     return _check_range(spec, out)
-  tp = spec.type
-  base = [a for a in typing.get_args(tp) if a is not type(None)] if (
-      typing.get_origin(tp) is Union) else [tp]
-  what = ("a number" if base == [float] else "an integer" if base == [int]
-          else "true or false" if base == [bool] else type_name(tp))
+  base = [a for a in typing.get_args(spec.type) if a is not type(None)] if (
+      typing.get_origin(spec.type) is Union) else [spec.type]
+  what = type_name(base[0] if base in ([float], [int], [bool]) else spec.type)
   raise ConfigTypeError(f"{spec.name} must be {what}, got {v!r} ({type(v).__name__})"
                         + _hint(spec, v))
 
@@ -323,10 +322,7 @@ class Schema(Mapping):
             and getattr(self, name) is not None)
 
 
+@bounded_cache()
 def _field_names(schema: type) -> dict[str, None]:
-  """The schema's field names in order, kept on the class itself (not inherited)."""
-  names = schema.__dict__.get("_field_names_")
-  if names is None:
-    names = dict.fromkeys(f.name for f in dataclasses.fields(schema))
-    type.__setattr__(schema, "_field_names_", names)
-  return names
+  """The schema's field names in order."""
+  return dict.fromkeys(f.name for f in dataclasses.fields(schema))

@@ -96,34 +96,38 @@ def finish_record(record: dict, cfg: dict, label: str | None) -> dict:
 
 def result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
   """The record of a registered driver's ``result`` on ``problem`` (``wall``: its seconds)."""
-  seed = int(cfg.get("seed", 0))
   params = result.params
-  record = {
-      "algorithm": cfg["algorithm"], "problem": cfg["problem"],
-      "n_users": int(problem.n_users), "m": int(problem.m), "d": int(problem.d),
-      "epsilon": result.privacy.epsilon,
-      "epsilon_kind": getattr(result.privacy, "epsilon_kind", "exact"),
-      "delta": result.privacy.delta,
-      "target_epsilon": cfg.get("epsilon"), "provenance": result.privacy.provenance,
-      "privacy_level": result.privacy.level, "relation": result.privacy.relation,
-      "paper_epsilon": result.privacy.paper_epsilon,
-      "excess_risk": float(problem.excess_risk(params)),
-      "gradient_evaluations": int(result.gradient_evaluations),
-      "wall_time_s": wall, "seed": seed,
-  }
+  scores = {"excess_risk": float(problem.excess_risk(params))}
   f64 = getattr(problem, "excess_risk_f64", None)  # float64 where the problem has it
-  if f64 is not None and (v := f64(params)) is not None:
-    record["excess_risk_f64"] = v
-  for name in ("radius", "lipschitz", "smoothness"):  # R, L, beta of the problem
-    if hasattr(problem, name):
-      record[name] = getattr(problem, name)
-  record.update({k: v for k, v in result.record.items() if k not in record})
-  if getattr(result, "fallback", None) is not None:   # a halted / ⊥ release, said plainly
-    record["fallback"] = result.fallback
-  if result.privacy.notes:
-    record["privacy_notes"] = result.privacy.notes
-  if cfg.get("debug") is True and result.debug is not None:
-    record["debug"] = result.debug
+  facts = {} if f64 is None or (v := f64(params)) is None else {"excess_risk_f64": v}
+  facts.update({name: getattr(problem, name) for name in ("radius", "lipschitz", "smoothness")
+                if hasattr(problem, name)})  # R, L, beta of the problem
+  sizes = {"n_users": int(problem.n_users), "m": int(problem.m), "d": int(problem.d)}
+  return run_record(cfg, sizes, result.privacy, scores, int(result.gradient_evaluations), wall,
+                    facts, result.record, getattr(result, "fallback", None), result.debug)
+
+
+def run_record(cfg: dict, sizes: dict, privacy: Any, scores: dict, gradient_evaluations: Any,
+               wall: float, facts: dict, extras: dict, fallback: str | None, debug: Any) -> dict:
+  """A run's record, one layout for every path: the run's names, ``sizes``, the guarantee
+  ``privacy``, the released ``scores``, the work and time, the problem's public ``facts``, then
+  the driver's ``extras`` (keys not already set), a fallback release said plainly, the privacy
+  notes and (``debug: true`` only) the debug diagnostics."""
+  record = {
+      "algorithm": cfg["algorithm"], "problem": cfg["problem"], **sizes,
+      "epsilon": privacy.epsilon, "epsilon_kind": getattr(privacy, "epsilon_kind", "exact"),
+      "delta": privacy.delta, "target_epsilon": cfg.get("epsilon"),
+      "provenance": privacy.provenance, "privacy_level": privacy.level,
+      "relation": privacy.relation, "paper_epsilon": privacy.paper_epsilon, **scores,
+      "gradient_evaluations": gradient_evaluations, "wall_time_s": wall,
+      "seed": int(cfg.get("seed", 0)), **facts}
+  record.update({k: v for k, v in extras.items() if k not in record})
+  if fallback is not None:
+    record["fallback"] = fallback
+  if privacy.notes:
+    record["privacy_notes"] = privacy.notes
+  if cfg.get("debug") is True and debug is not None:
+    record["debug"] = debug
   return record
 
 
@@ -148,11 +152,10 @@ def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dic
     pairs = ([(cfg, None) for cfg in cfgs] if checked is None else
              [checked(cfg, algorithms, problems) for cfg in cfgs])
     checked = [cfg for cfg, _ in pairs]
-    algos = [{k: v for k, v in c.items() if k not in ("seed", "label")} for c in checked]
-    why = grid_refusal(first["algorithm"], algos)
+    why = grid_refusal(first["algorithm"], checked, ignore=("seed", "label"))
     if why is not None:
       return None, why
-    grid = grid_of(algos)
+    grid = grid_of(checked, ignore=("seed", "label"))
     keys = [run_keys(cfg.get("seed", 0)) for cfg in checked]   # per seed, as run_one has them
     insts = [cached_problem(problem_config(cfg), problems, cache, pk)
              for cfg, (pk, _) in zip(checked, keys)]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import time
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -22,8 +21,9 @@ import jax
 import numpy as np
 
 from dpsco_jax.config.families import (CONFIG_ONLY_ALGORITHMS, USER_PROBLEM, DPTrainerConfig,
-                                       RunnerKeys, Schema, UserProblemKeys)
+                                       RunnerKeys, UserProblemKeys)
 from dpsco_jax.config.types import ConfigError
+from dpsco_jax.smoothing import num_params
 from dpsco_jax.runner.datafiles import load_data_file, parse_data_file
 from dpsco_jax.runner.usercode import (CONSTANT_KEYS, as_callable, call_with_run_args,
                                        check_call_args, import_object, metric_table,
@@ -116,16 +116,31 @@ def check(cfg: dict) -> None:
 
 
 def _check_trainer(trainer: DPTrainerConfig, name: str) -> None:
-  """``flax.DPTrainer``'s interdependent keys, refused before any run with its own checks."""
-  from dpsco_jax.algorithms.dpsgd.plan import SAMPLING_RELATIONS, check_mf_sampling
+  """``flax.DPTrainer``'s interdependent keys (sampling, noise, ``clip_norm`` and the adaptive
+  keys), refused before any run with the DPTrainer's and DP-SGD's adaptive plan's own checks."""
+  from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE_KEYS
+  from dpsco_jax.algorithms.dpsgd.plan import SAMPLING_RELATIONS, adaptive_plan, check_mf_sampling
+  from dpsco_jax.flax.trainer import check_clip_args
   from dpsco_jax.flax.trainer_noise import check_cyclic_args
+  from dpsco_jax.privacy import calibrate_poisson_sgd
   try:
     check_mf_sampling(trainer.noise_mechanism, trainer.sampling, allowed=("cyclic",))
     if trainer.sampling == "cyclic":
       check_cyclic_args(trainer.sampling_rate, trainer.expected_batch_size)
+    first = check_clip_args(trainer.clip_norm, {k: trainer[k] for k in ADAPTIVE_KEYS})
+    if trainer.clip_norm == "adaptive":
+      z = trainer.noise_multiplier
+      if z is None and trainer.count_stddev is not None and trainer.sampling == "poisson":
+        # the run's own calibration (memoized): a count noise too small for it is refused now
+        z = calibrate_poisson_sgd(trainer.sampling_rate, trainer.num_steps,
+                                  epsilon=trainer.epsilon, delta=trainer.delta,
+                                  relation=trainer.get("relation", "add_remove"),
+                                  accountant=trainer.accountant)
+      # D only sets the default count std, which never refuses: any D > 0 checks the rest
+      adaptive_plan(trainer, z or 0.0, first, 1.0, level=trainer.level,
+                    noise=trainer.noise_mechanism)
   except ValueError as err:
     raise ConfigError(f"{name}: {err}") from None
-  _check_trainer_clip(trainer, name)
   if trainer.sampling == "poisson":
     if trainer.sampling_rate is None:
       raise ConfigError(f"{name} with sampling poisson needs sampling_rate (the declared "
@@ -141,31 +156,6 @@ def _check_trainer(trainer: DPTrainerConfig, name: str) -> None:
     raise ConfigError(f"{name}: relation {trainer.relation} is not supported with sampling "
                       f"cyclic (its batches are by slot, n public): use "
                       f"{' or '.join(supported)}")
-
-
-def _check_trainer_clip(trainer: Schema, name: str) -> None:
-  """``clip_norm`` and the adaptive keys, checked before any run as the DPTrainer and
-  DP-SGD's adaptive plan check them."""
-  from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE_KEYS
-  from dpsco_jax.algorithms.dpsgd.plan import adaptive_plan
-  from dpsco_jax.flax.trainer import check_clip_args
-  from dpsco_jax.privacy import calibrate_poisson_sgd
-  try:
-    first = check_clip_args(trainer.clip_norm, {k: trainer[k] for k in ADAPTIVE_KEYS})
-    if trainer.clip_norm != "adaptive":
-      return
-    z = trainer.noise_multiplier
-    if z is None and trainer.count_stddev is not None and trainer.sampling == "poisson":
-      # the run's own calibration (memoized): a count noise too small for it is refused now
-      z = calibrate_poisson_sgd(trainer.sampling_rate, trainer.num_steps,
-                                epsilon=trainer.epsilon, delta=trainer.delta,
-                                relation=trainer.get("relation", "add_remove"),
-                                accountant=trainer.accountant)
-    # D only sets the default count std, which never refuses: any D > 0 checks the rest
-    adaptive_plan(trainer, z or 0.0, first, 1.0, level=trainer.level,
-                  noise=trainer.noise_mechanism)
-  except ValueError as err:
-    raise ConfigError(f"{name}: {err}") from None
 
 
 NO_PUBLIC_EVAL_DATA = ("problem.eval_data_public declares eval_data public, but the problem has "
@@ -423,8 +413,7 @@ def check_loss_finite(problem: UserProblem) -> None:
 def _num_params(model: Any) -> int:
   """The parameter count of a params pytree or of an nnx.Module's ``nnx.Param`` state."""
   from flax import nnx
-  tree = nnx.state(model, nnx.Param) if isinstance(model, nnx.Module) else model
-  return int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(tree)))
+  return num_params(nnx.state(model, nnx.Param) if isinstance(model, nnx.Module) else model)
 
 
 def run(problem: UserProblem, cfg: dict, key: jax.Array,
@@ -439,10 +428,10 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
   if problem.is_module:
     from flax import nnx
     model = nnx.clone(model)  # rows sharing the problem each train their own copy
-  num_params = _num_params(model)
+  d = _num_params(model)
   check_loss_finite(problem)
   start = time.perf_counter()
-  gradient_evaluations, debug, fallback = None, None, None
+  gradient_evaluations, fallback = None, None
   acfg = _algorithm_config(cfg, problem, typed)
   if algorithm in CONFIG_ONLY_ALGORITHMS:
     privacy, extras, debug = _train(problem, model, acfg, key, progress)
@@ -466,26 +455,12 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
     privacy, extras, debug = result.privacy, dict(result.record), result.debug
     gradient_evaluations, fallback = int(result.gradient_evaluations), result.fallback
   wall = time.perf_counter() - start
-  runner = RunnerKeys.of(cfg)
+  from dpsco_jax.runner.batch import run_record
   eval_data = problem.eval_data if problem.eval_data is not None else problem.data
   metrics = {name: float(fn(trained, eval_data)) for name, fn in problem.metrics.items()}
-  record = {
-      "algorithm": algorithm, "problem": USER_PROBLEM, "source": problem.source,
-      **_public_sizes(problem, privacy.relation),
-      "d": num_params, "epsilon": privacy.epsilon,
-      "epsilon_kind": getattr(privacy, "epsilon_kind", "exact"), "delta": privacy.delta,
-      "target_epsilon": cfg.get("epsilon"), "provenance": privacy.provenance,
-      "privacy_level": privacy.level, "relation": privacy.relation,
-      "paper_epsilon": privacy.paper_epsilon, **metrics, "user_metrics": list(metrics),
-      "metrics_data": _metrics_data(problem) if metrics else None,
-      "gradient_evaluations": gradient_evaluations, "wall_time_s": wall,
-      "seed": int(runner.seed)}
-  record.update({k: v for k, v in problem.constants.items() if k in CONSTANT_KEYS})
-  record.update({k: v for k, v in extras.items() if k not in record})
-  if fallback is not None:
-    record["fallback"] = fallback
-  if privacy.notes:
-    record["privacy_notes"] = privacy.notes
-  if runner.debug is True and debug is not None:
-    record["debug"] = debug
-  return record
+  sizes = {"source": problem.source, **_public_sizes(problem, privacy.relation), "d": d}
+  scores = {**metrics, "user_metrics": list(metrics),
+            "metrics_data": _metrics_data(problem) if metrics else None}
+  constants = {k: v for k, v in problem.constants.items() if k in CONSTANT_KEYS}
+  return run_record(cfg, sizes, privacy, scores, gradient_evaluations, wall, constants, extras,
+                    fallback, debug)
