@@ -12,10 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsco_jax.audit.canary import (CANARY_NORM, CLIP, DELTA, HI, UserBatch, check_broken,
-                                    check_relation, dirac_canary, neighbouring_pair)
+from dpsco_jax.audit.canary import CLIP, DELTA, HI, UserBatch, check_broken, check_relation
 from dpsco_jax.audit.harness import AUDITS, AuditSpec, build
-from dpsco_jax.audit.mechanisms import chain_releases
+from dpsco_jax.audit.mechanisms import canary_stream, chain_releases
 from dpsco_jax.privacy import matrix_factorization as mf
 from dpsco_jax.privacy.ledger import epsilon_of
 from dpsco_jax.transforms.clipping import clip_and_aggregate
@@ -24,21 +23,6 @@ from dpsco_jax.transforms.matrix_factorization import banded_noise, blt_noise
 __all__ = ["MECHANISMS", "build", "banded_noise_audit", "blt_noise_audit"]
 
 TWINS = ("single_participation_accounting",)
-
-
-def _stream(relation: str, steps: int, pattern: np.ndarray, users: int, dim: int
-            ) -> tuple[UserBatch, UserBatch]:
-  """``[steps, users, dim]`` batches: the canary in slot 0 at ``pattern`` steps, background
-  users pushing ``-e_0``."""
-  background = -jnp.tile(dirac_canary(dim, CANARY_NORM)[None], (users - 1, 1))
-  b_in, b_out = neighbouring_pair(background, dirac_canary(dim, CANARY_NORM), relation)
-  on = jnp.zeros((steps,), bool).at[jnp.asarray(pattern)].set(True)
-
-  def stack(b: UserBatch) -> UserBatch:
-    grads = jnp.tile(b.grads[None], (steps, 1, 1))
-    mask = jnp.tile(b.mask[None], (steps, 1)).at[:, 0].set(b.mask[0] & on)
-    return UserBatch(grads, mask)
-  return stack(b_in), stack(b_out)
 
 
 def _spec(name: str, relation: str, broken: str | None, stage, coefs: np.ndarray,
@@ -56,7 +40,7 @@ def _spec(name: str, relation: str, broken: str | None, stage, coefs: np.ndarray
                      relation="add_remove")
   denom = float(users)
   std = noise_multiplier * CLIP / denom
-  d_in, d_out = _stream(relation, steps, pattern, users, dim)
+  d_in, d_out = canary_stream(relation, steps, pattern, users, dim)
   shift = np.zeros(steps)
   shift[pattern] = 1.0
   cmat = mf.toeplitz_matrix(coefs, steps)

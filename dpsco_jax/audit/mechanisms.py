@@ -38,7 +38,7 @@ from dpsco_jax.transforms.tree_noise import (prefix_nodes, prefix_noise_event,
 
 __all__ = ["MECHANISMS", "build", "gaussian_chain", "tree_noise", "laplace_test_audit",
            "above_threshold_audit", "output_perturbation", "tdlap_bottom", "gaussian_lr_weights",
-           "check_broken", "tree_noise_covariance", "chain_releases", "e0_sum"]
+           "check_broken", "tree_noise_covariance", "chain_releases", "canary_stream", "e0_sum"]
 
 def chain_releases(tx, data: UserBatch, dim: int, steps: int | None = None) -> jax.Array:
   """``tx``'s outputs stacked over steps: one per leading row of ``data`` (per-step batches),
@@ -112,6 +112,21 @@ def tree_noise_covariance(steps: int) -> np.ndarray:
   return np.asarray([[len(a & b) for b in nodes] for a in nodes], np.float64)
 
 
+def canary_stream(relation: str, steps: int, pattern: np.ndarray, users: int, dim: int
+                  ) -> tuple[UserBatch, UserBatch]:
+  """``(D, D')`` of ``[steps, users, dim]`` batches: the canary in slot 0 at the ``pattern``
+  steps (masked out at the others), the background users pushing ``-10 C e_0``."""
+  background = -jnp.tile(dirac_canary(dim, CANARY_NORM)[None], (users - 1, 1))
+  b_in, b_out = neighbouring_pair(background, dirac_canary(dim, CANARY_NORM), relation)
+  on = jnp.zeros((steps,), bool).at[jnp.asarray(pattern)].set(True)
+
+  def stack(b: UserBatch) -> UserBatch:
+    grads = jnp.tile(b.grads[None], (steps, 1, 1))
+    mask = jnp.tile(b.mask[None], (steps, 1)).at[:, 0].set(b.mask[0] & on)
+    return UserBatch(grads, mask)
+  return stack(b_in), stack(b_out)
+
+
 def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps: int = 8,
                users: int = 4, dim: int = 2, noise_multiplier: float = 2.0) -> AuditSpec:
   """``clip_and_aggregate -> tree_prefix_sum_noise`` over ``steps`` batches, the canary in
@@ -126,14 +141,7 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
   mech = "independent" if broken == "independent_accounting" else "tree"
   claim = epsilon_of(prefix_noise_event(noise_multiplier, steps, mechanism=mech),
                      delta=DELTA, relation="add_remove")
-  background = -jnp.tile(dirac_canary(dim, CANARY_NORM)[None], (users - 1, 1))
-  b_in, b_out = neighbouring_pair(background, dirac_canary(dim, CANARY_NORM), relation)
-  rest = UserBatch(jnp.tile(b_in.grads[None], (steps - 1, 1, 1)),
-                   jnp.ones((steps - 1, users), bool).at[:, 0].set(False))
-
-  def stream(first: UserBatch) -> UserBatch:
-    return UserBatch(jnp.concatenate([first.grads[None], rest.grads]),
-                     jnp.concatenate([first.mask[None], rest.mask]))
+  d_in, d_out = canary_stream(relation, steps, np.zeros(1, int), users, dim)
   weights = jnp.asarray(gaussian_lr_weights(tree_noise_covariance(steps), np.ones(steps)),
                         jnp.float32)
 
@@ -141,9 +149,8 @@ def tree_noise(relation: str = "add_remove", broken: str | None = None, *, steps
     return chain_releases(optax.chain(clip_and_aggregate(CLIP, "mean", denom),
                                       tree_prefix_sum_noise(std, steps, key)), data, dim)
 
-  return AuditSpec(f"tree_noise[{broken or 'honest'}]", relation, release, stream(b_in),
-                   stream(b_out), lambda r: jnp.dot(weights, r[:, 0], precision=HI),
-                   claim, DELTA,
+  return AuditSpec(f"tree_noise[{broken or 'honest'}]", relation, release, d_in, d_out,
+                   lambda r: jnp.dot(weights, r[:, 0], precision=HI), claim, DELTA,
                    f"epsilon_of(prefix_noise_event(z={noise_multiplier}, T={steps}, {mech}))")
 
 
