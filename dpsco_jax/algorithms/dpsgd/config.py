@@ -38,7 +38,7 @@ class DpSgdConfig(SgdSchedule):
       "target_quantile of the users' norms (Andrew et al. 2021)")
   sampling_rate: Optional[float] = config_key("Poisson rate q (overrides batch_size / n_users)")
   relation: Optional[Relation] = config_key("neighbouring relation (default from sampling)")
-  # issue #27: correlated (matrix-factorization) noise and the cyclic multi-epoch schedule
+  # correlated (matrix-factorization) noise and the cyclic multi-epoch schedule
   sampling: Optional[Literal["poisson", "fixed", "full", "cyclic", "banded_poisson"]] = config_key(
       "user sampling (cyclic: fixed-order epochs, each user once per epoch; banded_poisson: "
       "b-min-sep Poisson within min_separation public groups, for banded noise)", "poisson")
@@ -52,7 +52,7 @@ class DpSgdConfig(SgdSchedule):
   buffers: Optional[int] = config_key("buffers of the BLT strategy (at most)", 4)
   mf_strategy: Optional[Literal["auto", "sqrt", "optimized"]] = config_key(
       "MF strategy: jax_privacy's optimizer (optimized), the built-in sqrt one, or auto", "auto")
-  # issue 48: adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021)
+  # adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021)
   target_quantile: Optional[float] = config_key(
       "clip_norm: adaptive: fraction gamma in (0, 1) of users left unclipped (0.5: median)")
   clip_learning_rate: Optional[float] = config_key(

@@ -514,11 +514,9 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
   noise = check_choice(cfg.noise_mechanism, "noise_mechanism", NOISES)
   check_mf_sampling(noise, sampling)
   groups = _groups(cfg, n) if sampling == AMPLIFIED else None
-  # the numbers the sampling reads, not the config (issue 25's epsilon walk)
-  rate, batch_size = cfg.sampling_rate, cfg.batch_size
   q, batch, denominator, capacity = (
-      _amplified_sampling(n, groups, rate, batch_size) if groups
-      else _sampling(sampling, n, rate, batch_size))
+      _amplified_sampling(n, groups, cfg.sampling_rate, cfg.batch_size) if groups
+      else _sampling(sampling, n, cfg.sampling_rate, cfg.batch_size))
   if cfg.num_steps is not None:
     steps = check_int(cfg.num_steps, "num_steps")
   else:
