@@ -547,10 +547,9 @@ class DPTrainer:
       else:  # compose, not spend: a prefix of the checked run cannot exceed the budget
         self.ledger.compose(self.event, label=_LABEL, count=block)
         eps = self.ledger.epsilon(exact=False)
-      # the whole run's checked epsilon bounds every prefix of it
-      if self.cyclic is None and eps > planned:
-        last = done + block == num_steps  # then the ledger holds exactly the checked run
-        eps = planned if last else Epsilon(planned, "upper_bound")
+        if eps > planned:  # the whole run's checked epsilon bounds every prefix of it
+          last = done + block == num_steps  # then the ledger holds exactly the checked run
+          eps = planned if last else Epsilon(planned, "upper_bound")
       for _ in range(block):
         self._one_step()
       done += block
