@@ -52,6 +52,40 @@ def bench_steps_cache(tmp_path_factory):
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
+@pytest.fixture
+def dpsco(capfd):
+  """``dpsco ARGS...`` (``python -m dpsco_jax``) run in this process through the command
+  line's own entry (``dpsco_jax.__main__.main``, argument parsing included): a
+  ``subprocess.CompletedProcess`` with its exit code and what it wrote to stdout / stderr
+  (file descriptors captured, so native code's output counts too; a warning it raises is
+  written to its stderr as a fresh process shows it: categories Python hides by default
+  excepted). For tests of what the command does, not of the process boundary: a new process
+  costs an import of jax and dpsco_jax and compiles from scratch (2.5-10 s of CPU each);
+  ``python -m dpsco_jax`` itself is run by test_runner_user_code's
+  test_the_cli_process_exits_2_on_an_import_error and test_algorithm_interface."""
+  import subprocess
+  import sys
+  import warnings
+
+  from dpsco_jax.__main__ import main
+  hidden = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+  def run(*args: str) -> subprocess.CompletedProcess:
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("default")
+      try:
+        code = main([str(a) for a in args])
+      except SystemExit as stop:   # argparse's usage errors
+        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+    for w in caught:
+      if not issubclass(w.category, hidden):
+        sys.stderr.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["dpsco", *args], code, out, err)
+  return run
+
+
 @pytest.fixture(scope="module")
 def optimized_codegen():
   """XLA's full optimisation, as a user's programs get, instead of the suite's unoptimised

@@ -3,8 +3,6 @@ pair's split of z, the quantile tracker, both noise scales (KS), the step's sens
 C_t, jit / user_mask / keys, the DP-SGD config and plan, its refusals, and an end-to-end fit."""
 
 import math
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -219,13 +217,12 @@ def test_plan_refusals_name_the_key_and_why(problem):
           relation="zero_out", n_users=None)
 
 
-def test_cli_refuses_a_bad_target_quantile_in_one_line(tmp_path):
+def test_cli_refuses_a_bad_target_quantile_in_one_line(tmp_path, dpsco):
   cfg = tmp_path / "run.yaml"
   cfg.write_text("algorithm: dp_sgd_user\nproblem: least_squares\nn_users: 50\nm: 2\nd: 2\n"
                  "noise_multiplier: 1.0\ndelta: 1.0e-5\nclip_norm: adaptive\n"
                  "target_quantile: 1.5\nnum_steps: 2\n")
-  out = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--quiet"],
-                       capture_output=True, text=True, timeout=120)
+  out = dpsco("run", str(cfg), "--quiet")
   assert out.returncode == 2, out.stderr
   err = out.stderr.strip().splitlines()
   assert len(err) == 1 and "target_quantile must lie in the open interval (0, 1)" in err[0]

@@ -4,8 +4,6 @@ wrong types are refused with a suggestion naming the key (issue 13, item 1)."""
 import dataclasses
 import pathlib
 import re
-import subprocess
-import sys
 
 import jax
 import pytest
@@ -249,12 +247,11 @@ def test_load_config_reads_scientific_notation_without_a_dot_as_float(tmp_path):
   assert yaml.safe_load("a: 1e-5")["a"] == "1e-5"  # the global loader is left alone
 
 
-def test_cli_prints_one_line_and_exits_2(tmp_path):
+def test_cli_prints_one_line_and_exits_2(tmp_path, dpsco):
   cfg = tmp_path / "typo.yaml"
   cfg.write_text("problem: logistic\nn_users: 50\nm: 2\nd: 2\nalgorithm: dp_sgd_user\n"
                  "epsilonn: 1\ndelta: 1e-5\n")
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--quiet"],
-                        capture_output=True, text=True, timeout=600)
+  proc = dpsco("run", str(cfg), "--quiet")
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("dpsco: error: unknown key 'epsilonn'")

@@ -139,8 +139,6 @@ def test_bad_law_refused_naming_the_parameter(kwargs, match):
 
 # ------------------------------------------------------------------ the runner's select.private
 import json
-import subprocess
-import sys
 
 import yaml
 
@@ -259,10 +257,9 @@ def test_private_select_needs_eval_seeds_only():
       tuning.parse_phases(config)
 
 
-def test_cli_refuses_a_training_metric_with_exit_code_2(tmp_path):
+def test_cli_refuses_a_training_metric_with_exit_code_2(tmp_path, dpsco):
   config = {**TINY, "select": {**TINY["select"], "metric": "wall_time_s"}}
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", _write(tmp_path, config)],
-                        capture_output=True, text=True, timeout=120)
+  proc = dpsco("run", _write(tmp_path, config))
   assert proc.returncode == 2
   assert proc.stderr.strip().count("\n") == 0 and "select.metric" in proc.stderr
 
@@ -309,12 +306,11 @@ def test_a_plan_refusal_stops_the_sweep_before_any_run(config, match, monkeypatc
     runner.run_config(config, progress=False)
 
 
-def test_cli_refuses_adaptive_clipping_with_tree_noise_in_one_line_exit_2(tmp_path):
+def test_cli_refuses_adaptive_clipping_with_tree_noise_in_one_line_exit_2(tmp_path, dpsco):
   config = {"name": "x", "seed": 0, "problem": TINY["problem"],
             "experiments": [{"algorithm": FIXED}, {"algorithm": ADAPTIVE_TREE}]}
   out = tmp_path / "o.json"
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", _write(tmp_path, config),
-                         "--out", str(out)], capture_output=True, text=True, timeout=120)
+  proc = dpsco("run", _write(tmp_path, config), "--out", str(out))
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and "noise_mechanism='tree'" in lines[0]

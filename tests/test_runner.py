@@ -1,8 +1,6 @@
 """Runner: sweeps, records, JSON output, CLI."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -35,15 +33,14 @@ def test_expand_sweeps_cartesian_product_and_experiments():
   assert runner.swept_fields(cfg2) == ["problem"]
 
 
-def test_cli_runs_config_and_writes_records(tmp_path):
+def test_cli_runs_config_and_writes_records(tmp_path, dpsco):
   cfg = tmp_path / "tiny.yaml"
   cfg.write_text(
       "problem: least_squares\nn_users: 40\nm: 2\nd: 3\nseed: [0, 1]\n"
       f"{STEPS}: 5\n{BATCH}: 10\nexperiments:\n  - {{algorithm: nonprivate_sgd}}\n"
       f"  - {{algorithm: dp_sgd_user, epsilon: 2.0, delta: 1e-5, {CLIP}: 1.0}}\n")
   out = tmp_path / "res.json"
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
-                         "--quiet"], capture_output=True, text=True, timeout=600)
+  proc = dpsco("run", cfg, "--out", out, "--quiet")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "excess_risk_mean" in proc.stdout and "dp_sgd_user" in proc.stdout
   records = json.loads(out.read_text())["results"]
@@ -108,7 +105,7 @@ def test_empty_sweep_and_typo_suggestion():
                    problems=problems)
 
 
-def test_sweep_survives_a_failed_run_and_cli_exits_nonzero(tmp_path):
+def test_sweep_survives_a_failed_run_and_cli_exits_nonzero(tmp_path, dpsco):
   cfg = tmp_path / "bad.yaml"
   # the second experiment fails while it runs (its steps diverge: the released params are not
   # finite); the first completes. (A batch larger than n is refused before any run: below.)
@@ -117,8 +114,7 @@ def test_sweep_survives_a_failed_run_and_cli_exits_nonzero(tmp_path):
       f"experiments:\n  - {{algorithm: nonprivate_sgd, {BATCH}: 5}}\n"
       f"  - {{algorithm: nonprivate_sgd, {BATCH}: 5, learning_rate: 1.0e+38, radius: 1.0e+30}}\n")
   out = tmp_path / "res.json"
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
-                         "--quiet"], capture_output=True, text=True, timeout=600)
+  proc = dpsco("run", cfg, "--out", out, "--quiet")
   assert proc.returncode == 1, proc.stderr[-2000:]
   records = json.loads(out.read_text())["results"]
   assert [r["status"] for r in records] == ["ok", "failed"]
@@ -129,18 +125,16 @@ def test_sweep_survives_a_failed_run_and_cli_exits_nonzero(tmp_path):
       f"experiments:\n  - {{algorithm: nonprivate_sgd, {BATCH}: 5}}\n"
       f"  - {{algorithm: nonprivate_sgd, {BATCH}: 50}}\n")
   out.unlink()
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
-                         "--quiet"], capture_output=True, text=True, timeout=600)
+  proc = dpsco("run", cfg, "--out", out, "--quiet")
   assert proc.returncode == 2 and not out.exists(), proc.stderr[-2000:]
   assert proc.stderr.strip().splitlines() == [
       "dpsco: error: nonprivate_sgd: batch_size (50) must be <= n_users (20)"]
 
 
-def test_cli_user_error_is_one_line(tmp_path):
+def test_cli_user_error_is_one_line(tmp_path, dpsco):
   cfg = tmp_path / "typo.yaml"
   cfg.write_text("problem: logistic\nalgorithm: nonprivate_sgd\nseed: 1.5\n")
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--quiet"],
-                        capture_output=True, text=True, timeout=600)
+  proc = dpsco("run", cfg, "--quiet")
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == ["dpsco: error: seed must be an integer, got 1.5 "
                                               "(float); write a whole number, e.g. seed: 1"]

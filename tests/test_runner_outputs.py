@@ -3,8 +3,6 @@ with ``--force``, checked before anything runs; a ``--quick`` smoke never replac
 results; a run whose released params or released numbers are not finite is a failed run."""
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -92,12 +90,10 @@ def test_force_replaces_the_results_file(tmp_path):
   assert {r["algorithm"] for r in written} == {"nonprivate_sgd"}
 
 
-def test_the_cli_exits_2_with_one_line_before_running(tmp_path):
+def test_the_cli_exits_2_with_one_line_before_running(tmp_path, dpsco):
   out = tmp_path / "results.json"
   before = _full_results(out)
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", _config(tmp_path),
-                         "--quick", "--out", str(out), "--quiet"],
-                        capture_output=True, text=True, timeout=300)
+  proc = dpsco("run", _config(tmp_path), "--quick", "--out", str(out), "--quiet")
   assert proc.returncode == 2
   [line] = proc.stderr.strip().splitlines()
   assert line.startswith(f"dpsco: error: {out} holds the records of a full run"), line

@@ -2,8 +2,6 @@
 form, keys checked against their section, sweeps inside sections, row labels."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -94,7 +92,7 @@ def test_wrong_section_is_checked_for_every_swept_name_and_against_the_top_level
     runner._checked(run, algorithms, problems)
 
 
-def test_cli_sections_labels_and_paired_comparison(tmp_path):
+def test_cli_sections_labels_and_paired_comparison(tmp_path, dpsco):
   lr = _key("nonprivate_sgd", "learning_rate", "lr")
   cfg = tmp_path / "sections.yaml"
   cfg.write_text(
@@ -105,8 +103,7 @@ def test_cli_sections_labels_and_paired_comparison(tmp_path):
       f"  - {{label: slow, algorithm: {{name: nonprivate_sgd, epochs: 1, {lr}: 0.001}}}}\n"
       f"  - {{label: fast, algorithm: {{name: nonprivate_sgd, epochs: 1, {lr}: 0.5}}}}\n")
   out = tmp_path / "res.json"
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--out", str(out),
-                         "--quiet"], capture_output=True, text=True, timeout=600)
+  proc = dpsco("run", str(cfg), "--out", str(out), "--quiet")
   assert proc.returncode == 0, proc.stderr[-2000:]
   data = json.loads(out.read_text())
   records = data["results"]
@@ -120,11 +117,10 @@ def test_cli_sections_labels_and_paired_comparison(tmp_path):
   assert "ratio[boot95]" in proc.stdout and "bootstrap" in proc.stdout and "3/3" in proc.stdout
 
 
-def test_a_baseline_matching_no_run_is_refused_before_running(tmp_path):
+def test_a_baseline_matching_no_run_is_refused_before_running(tmp_path, dpsco):
   cfg = tmp_path / "c.yaml"
   cfg.write_text("problem: {name: least_squares, n_users: 20, m: 2, d: 2}\n"
                  "algorithm: nonprivate_sgd\ncompare: {baseline: dp_sgd_user}\n")
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--quiet"],
-                        capture_output=True, text=True, timeout=600)
+  proc = dpsco("run", str(cfg), "--quiet")
   assert proc.returncode == 2
   assert "compare.baseline 'dp_sgd_user' matches no run" in proc.stderr

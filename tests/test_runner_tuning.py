@@ -110,15 +110,12 @@ def test_tuning_then_eval_on_disjoint_seeds(tmp_path, capsys):
   assert f"{LR}={best}" in printed
 
 
-def test_overlapping_seeds_are_refused_by_the_cli(tmp_path):
-  import subprocess
-  import sys
+def test_overlapping_seeds_are_refused_by_the_cli(tmp_path, dpsco):
   cfg = tmp_path / "c.yaml"
   cfg.write_text(f"tuning_seeds: [0, 1]\neval_seeds: [1, 2]\nselect: {{over: [{LR}]}}\n"
                  "problem: {name: least_squares, n_users: 20, m: 2, d: 2}\n"
                  f"algorithm: {{name: nonprivate_sgd, {LR}: [0.1, 0.2]}}\n")
-  proc = subprocess.run([sys.executable, "-m", "dpsco_jax", "run", str(cfg), "--quiet"],
-                        capture_output=True, text=True, timeout=600)
+  proc = dpsco("run", str(cfg), "--quiet")
   assert proc.returncode == 2
   assert proc.stderr.strip() == ("dpsco: error: tuning_seeds and eval_seeds must be disjoint; "
                                  "both list 1")
