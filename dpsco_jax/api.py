@@ -79,11 +79,12 @@ def _entry(algorithm: str, user_data: bool = True):
   """The registered entry of ``algorithm`` (``user_data``: refuse one that cannot run on a
   ``loss_fn`` and ``UserData``)."""
   table = algorithms()
-  check_name("algorithm", algorithm, table)
-  if user_data and table[algorithm].unsupported is not None:
-    raise ConfigError(f"{algorithm} cannot run on a loss_fn and UserData: "
-                      f"{table[algorithm].unsupported}")
-  return table[algorithm]
+  entry = table.get(algorithm) if isinstance(algorithm, str) else None
+  if entry is None:   # a plan's name is known: only a user's name is checked
+    check_name("algorithm", algorithm, table)
+  if user_data and entry.unsupported is not None:
+    raise ConfigError(f"{algorithm} cannot run on a loss_fn and UserData: {entry.unsupported}")
+  return entry
 
 
 def algorithm_config(algorithm: str, config: Mapping | Any) -> Any:

@@ -12,16 +12,13 @@ shard (``distributed=`` forces it on or off). What holds:
 
 * **One plan.** A shard's ``spec`` is the whole dataset's and Poisson DP-SGD reads the
   *declared* ``n_users``, so every process makes the one-process plan.
-* **Handshake before the first step.** Digests of every process's config, plan, guarantee,
-  key, initial params, data facts, shard and declared ``n_users`` are all-gathered (a fixed
-  shape) and compared: a difference, or a process that could not plan, raises
-  :class:`DistributedMismatch` on *every* process before anything is released.
+* **A handshake before the first step** (:func:`handshake`): a process that disagrees on the
+  config, plan, guarantee, key, initial params, data facts or shard, or could not plan, makes
+  every process raise :class:`DistributedMismatch` before anything is released.
 * **One sampling law.** Every process draws the *global* Poisson sample from the shared key
-  (the one-process host run's draw, truncated at the plan's capacity) and keeps its users'
-  part; all agree on each step's slot count, so no user is dropped beyond the plan's.
-* **One reduction, one noise.** Each device clips its users, XLA all-reduces the sums, and the
-  noise from the replicated key is added once; params stay replicated. The record's
-  ``ledger_digest`` is :func:`privacy_digest` of the one guarantee.
+  (the one-process host run's draw) and keeps its users' part.
+* **One reduction, one noise.** The clipped sums are all-reduced and the noise from the
+  replicated key added once; the record's ``ledger_digest`` is :func:`privacy_digest`.
 
 So the release equals the one-process ``data_placement="host"`` run with the same key to float
 tolerance. Ready (``DISTRIBUTED_READY``): ``dp_sgd_user`` and ``dp_sgd_item`` with Poisson

@@ -194,22 +194,17 @@ def _is_traced(tree: Any) -> bool:
 def run_stacked(driver: Callable, template: Any, datas: Sequence[Any],
                 plans: Any, keys: Sequence[jax.Array], *,
                 grid: Grid | None = None) -> list[Result]:
-  """``[driver(plan_i, problem_i, keys[i]) for i]`` as one program, where ``problem_i`` is
-  ``template`` with ``data = datas[i]``; ``plans`` is one :class:`dpsco_jax.Plan` for every
-  run or a sequence of them, one per run.
+  """``[driver(plan_i, problem_i, keys[i]) for i]`` as one program, ``problem_i`` being
+  ``template`` with ``data = datas[i]``. ``plans``: one :class:`dpsco_jax.Plan` for every run
+  (a seed sweep: the driver runs once, under ``jax.vmap`` over the stacked data and keys), or
+  one per run (a grid: their configs may differ only in ``grid.keys``, :func:`_run_grid`).
+  Each :class:`~dpsco_jax.result.Result` has its own params (a slice of the batch), its own
+  copy of its plan's privacy report and record, and ``record['batched'] = True``.
 
-  One plan (a seed sweep): the driver runs once, under ``jax.vmap`` over the stacked data
-  and keys: the plan (noise, schedule, guarantee) was made once, before, from public facts; its
-  jitted loop is compiled once for the whole group and launched once. Plans that differ (a
-  grid): their configs may differ only in ``grid.keys`` (else :class:`NotBatchable` naming the
-  key); see :func:`_run_grid` (the driver traced once per distinct plan, one vmapped
-  program). Returns one :class:`~dpsco_jax.result.Result` per run with its own params (a slice
-  of the batch), its own copy of the privacy report (its plan's), its plan's record with
-  ``record['batched'] = True``.
-
-  Raises :class:`NotBatchable` when the datas differ in shape, or when the driver returns
-  something that depends on the data outside ``params`` (it would be one value for all runs);
-  any exception of the driver propagates (the caller may then run the seeds one by one)."""
+  Raises :class:`NotBatchable` when the datas differ in shape, the configs in a key other
+  than ``grid.keys``, or the driver returns something that depends on the data outside
+  ``params``; any exception of the driver propagates (the caller may then run the seeds one
+  by one)."""
   if len(datas) != len(keys) or not datas:
     raise NotBatchable(f"{len(datas)} data sets for {len(keys)} keys")
   plans = list(plans) if isinstance(plans, (list, tuple)) else [plans] * len(datas)

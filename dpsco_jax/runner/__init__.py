@@ -299,23 +299,19 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
 
 def _validated(config: dict, algorithms: dict, problems: dict,
                cache: ProblemCache | None = None) -> Runs:
-  """Every run of ``config`` validated, and every row planned, before any run (``cache``: the
-  problems built to plan, kept for the runs)."""
+  """Every run of ``config`` validated, and every row planned (on the problem of its first
+  seed, kept in ``cache`` for the runs), before any run. A plan reads no data, so its refusal
+  is one ConfigError naming the row; a user row, planned once its problem is built, holds its
+  validated algorithm config (:class:`Runs`)."""
+  from dpsco_jax import api
   checked = [_checked_typed(cfg, algorithms, problems) for cfg in expand(config)]
   cache = ProblemCache() if cache is None else cache
-  return Runs([cfg for cfg, _ in checked], _check_plans(checked, problems, cache), cache)
-
-
-def _check_plans(checked: list[tuple[dict, Any]], problems: dict, cache: ProblemCache) -> dict:
-  """Every row's plan (:class:`Runs`), made on the problem of the row's first seed (kept in
-  ``cache``). A plan reads no data, so its refusal is one ConfigError naming the row."""
-  from dpsco_jax import api
   plans = {}
   for cfg, typed in checked:
     row = row_key(cfg)
     if row in plans:
       continue
-    if cfg["problem"] == USER_PROBLEM:   # planned on the built problem, from this config
+    if cfg["problem"] == USER_PROBLEM:
       plans[row] = typed
       continue
     problem = runner_batch.seed_problem(cfg, problems, cache)
@@ -324,7 +320,7 @@ def _check_plans(checked: list[tuple[dict, Any]], problems: dict, cache: Problem
     except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
       where = cfg["algorithm"] + (f" (label {cfg['label']})" if cfg.get("label") else "")
       raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
-  return plans
+  return Runs([cfg for cfg, _ in checked], plans, cache)
 
 
 def run_phases(phases: tuning.Phases, *, progress: bool = True,

@@ -103,32 +103,9 @@ def result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
   facts.update({name: getattr(problem, name) for name in ("radius", "lipschitz", "smoothness")
                 if hasattr(problem, name)})  # R, L, beta of the problem
   sizes = {"n_users": int(problem.n_users), "m": int(problem.m), "d": int(problem.d)}
-  return run_record(cfg, sizes, result.privacy, scores, int(result.gradient_evaluations), wall,
-                    facts, result.record, getattr(result, "fallback", None), result.debug)
-
-
-def run_record(cfg: dict, sizes: dict, privacy: Any, scores: dict, gradient_evaluations: Any,
-               wall: float, facts: dict, extras: dict, fallback: str | None, debug: Any) -> dict:
-  """A run's record, one layout for every path: the run's names, ``sizes``, the guarantee
-  ``privacy``, the released ``scores``, the work and time, the problem's public ``facts``, then
-  the driver's ``extras`` (keys not already set), a fallback release said plainly, the privacy
-  notes and (``debug: true`` only) the debug diagnostics."""
-  record = {
-      "algorithm": cfg["algorithm"], "problem": cfg["problem"], **sizes,
-      "epsilon": privacy.epsilon, "epsilon_kind": getattr(privacy, "epsilon_kind", "exact"),
-      "delta": privacy.delta, "target_epsilon": cfg.get("epsilon"),
-      "provenance": privacy.provenance, "privacy_level": privacy.level,
-      "relation": privacy.relation, "paper_epsilon": privacy.paper_epsilon, **scores,
-      "gradient_evaluations": gradient_evaluations, "wall_time_s": wall,
-      "seed": int(cfg.get("seed", 0)), **facts}
-  record.update({k: v for k, v in extras.items() if k not in record})
-  if fallback is not None:
-    record["fallback"] = fallback
-  if privacy.notes:
-    record["privacy_notes"] = privacy.notes
-  if cfg.get("debug") is True and debug is not None:
-    record["debug"] = debug
-  return record
+  return runner_user.run_record(cfg, sizes, result.privacy, scores,
+                                int(result.gradient_evaluations), wall, facts, result.record,
+                                getattr(result, "fallback", None), result.debug)
 
 
 def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict, *,

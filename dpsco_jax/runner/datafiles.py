@@ -135,9 +135,9 @@ def _check_id_options(spec: DataFile, where: str) -> None:
                       f"{spec.suffix} id column keeps its own dtype")
 
 
-def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataFile:
+def parse_data_file(value: Any, where: str) -> DataFile:
   """A ``data:`` value (``where``: its key) checked like every config key, its file found, its
-  columns present and (``check_file``) its contents checked by :func:`load_data_file`."""
+  columns present and its contents checked by :func:`load_data_file`."""
   if isinstance(value, str):
     value = {"path": value}
   if not isinstance(value, dict):
@@ -171,8 +171,6 @@ def parse_data_file(value: Any, where: str, *, check_file: bool = True) -> DataF
                         "ids)")
     spec = dataclasses.replace(spec, user_column="user_ids")
   _check_id_options(spec, where)
-  if not check_file:
-    return spec
   if not os.path.isfile(path):
     raise ConfigError(f"{where}: no such file {path}")
   names = _file_columns(path, spec.suffix, where)

@@ -6,12 +6,9 @@ selection reads the tuning results, so it is *not* covered by the guarantee
 (:data:`PRIVACY_NOTE`, in every eval record).
 
 **Private selection** (``select: {..., private: {distribution, eta, gamma}}``, eval seeds
-only): Papernot & Steinke's (:mod:`dpsco_jax.privacy.selection`). Per eval seed and group,
-``K`` is drawn with a key used for nothing else, ``K`` uniformly drawn candidates train with
-fresh keys and only the best is released, with the privacy of training *and* selection.
-``K``, the draws and their metrics are never printed, recorded or returned; the cost is
-printed before anything runs. The metric must be public (a built-in problem's
-``excess_risk``, or a user metric on ``eval_data`` declared public:
+only): :mod:`dpsco_jax.tuning`'s, per eval seed and group, with the privacy of training *and*
+selection; its cost is printed before anything runs. The metric must be public (a built-in
+problem's ``excess_risk``, or a user metric on ``eval_data`` declared public:
 :func:`check_private_metric`), and candidates must expose their privacy event (DP-SGD).
 """
 

@@ -416,6 +416,30 @@ def _num_params(model: Any) -> int:
   return num_params(nnx.state(model, nnx.Param) if isinstance(model, nnx.Module) else model)
 
 
+def run_record(cfg: dict, sizes: dict, privacy: Any, scores: dict, gradient_evaluations: Any,
+               wall: float, facts: dict, extras: dict, fallback: str | None, debug: Any) -> dict:
+  """A run's record, one layout for every path: the run's names, ``sizes``, the guarantee
+  ``privacy``, the released ``scores``, the work and time, the problem's public ``facts``, then
+  the driver's ``extras`` (keys not already set), a fallback release said plainly, the privacy
+  notes and (``debug: true`` only) the debug diagnostics."""
+  record = {
+      "algorithm": cfg["algorithm"], "problem": cfg["problem"], **sizes,
+      "epsilon": privacy.epsilon, "epsilon_kind": getattr(privacy, "epsilon_kind", "exact"),
+      "delta": privacy.delta, "target_epsilon": cfg.get("epsilon"),
+      "provenance": privacy.provenance, "privacy_level": privacy.level,
+      "relation": privacy.relation, "paper_epsilon": privacy.paper_epsilon, **scores,
+      "gradient_evaluations": gradient_evaluations, "wall_time_s": wall,
+      "seed": int(cfg.get("seed", 0)), **facts}
+  record.update({k: v for k, v in extras.items() if k not in record})
+  if fallback is not None:
+    record["fallback"] = fallback
+  if privacy.notes:
+    record["privacy_notes"] = privacy.notes
+  if cfg.get("debug") is True and debug is not None:
+    record["debug"] = debug
+  return record
+
+
 def run(problem: UserProblem, cfg: dict, key: jax.Array,
         progress: Callable | None = None, typed: Any = None) -> dict:
   """Runs one validated config on a copy of the problem's model and returns its record: the
@@ -455,7 +479,6 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
     privacy, extras, debug = result.privacy, dict(result.record), result.debug
     gradient_evaluations, fallback = int(result.gradient_evaluations), result.fallback
   wall = time.perf_counter() - start
-  from dpsco_jax.runner.batch import run_record
   eval_data = problem.eval_data if problem.eval_data is not None else problem.data
   metrics = {name: float(fn(trained, eval_data)) for name, fn in problem.metrics.items()}
   sizes = {"source": problem.source, **_public_sizes(problem, privacy.relation), "d": d}
