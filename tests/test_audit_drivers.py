@@ -3,10 +3,6 @@ with a Dirac-like canary user, stays below the epsilon it reports; each broken t
 halved, realized-count denominator, tree accounted as independent noise) is flagged: its
 empirical lower bound exceeds the claim. Plus the ``dpsco audit`` CLI verb."""
 
-import os
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
@@ -106,11 +102,8 @@ def test_bad_inputs_name_the_parameter():
     DR.build_driver("dp_bilevel", "replace_one", "realized_count")
 
 
-def test_cli_audit_verb_prints_claim_and_bound():
-  env = dict(os.environ)   # conftest's XLA flags; optimized_codegen's environment
-  out = subprocess.run([sys.executable, "-m", "dpsco_jax", "audit", "--mechanism",
-                        "dp_sgd_user_poisson", "--trials", "3000"], capture_output=True,
-                       text=True, env=env, timeout=240)
+def test_cli_audit_verb_prints_claim_and_bound(dpsco):
+  out = dpsco("audit", "--mechanism", "dp_sgd_user_poisson", "--trials", "3000")
   assert out.returncode == 0, out.stderr
   lines = out.stdout.splitlines()
   assert "3000 trials per side" in lines[0] and "claim" in lines[1] and "lower" in lines[1]
