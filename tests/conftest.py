@@ -197,7 +197,7 @@ _FILE_SECONDS = {
     "tests/test_flax_fast_clip_vmap.py": 17,   # 5 tests, two chunked-sum cases of 5 + 4 s
     "tests/test_plan_invariance.py": 65,
     "tests/test_runner_user_code.py": 38,
-    "tests/test_bench_smoke.py": 26,   # without bench_gpu --quick (_TEST_SECONDS)
+    "tests/test_bench_smoke.py": 19,   # without bench_gpu --quick (_TEST_SECONDS)
     "tests/test_mesh_output_perturbation.py": 37,
     "tests/test_bench_cost.py": 5,     # without bench_cost --quick (_TEST_SECONDS)
     "tests/test_bench_scale.py": 28,

@@ -5,7 +5,9 @@ The benchmarks (and the digits example) run in a subprocess with :data:`FAST_COM
 (``XLA_FLAGS=--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false``): the
 timings of a smoke run are meaningless anyway, and the flags cut XLA:CPU compile time several
 fold (bench_gpu --quick: 63 s with the first flag alone, 36 s with both; they must be set
-before the backend starts, hence the subprocess)."""
+before the backend starts, hence the subprocess). bench_core, bench_ledger and the digits
+example share one such process (:func:`smokes`: one import of jax, dpsco_jax and flax instead
+of three)."""
 
 from __future__ import annotations
 
@@ -33,11 +35,48 @@ def _smoke_env() -> dict:
   return env
 
 
+# Runs each script as ``python SCRIPT ARGS`` would (``__main__``, its argv, its folder first
+# on the path), one after another, and prints {script: {"code", "stdout", "stderr"}}.
+_SMOKES = """
+import contextlib, io, json, pathlib, runpy, sys, traceback
+out = {}
+for script, *args in json.loads(sys.argv[1]):
+  stdout, stderr, path = io.StringIO(), io.StringIO(), list(sys.path)
+  sys.argv, sys.path[0] = [script, *args], str(pathlib.Path(script).resolve().parent)
+  code = 0
+  with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    try:
+      runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+      code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+      code = 1
+      traceback.print_exc()
+  sys.path[:] = path
+  out[script] = {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+print(json.dumps(out))
+"""
+_SMOKE_RUNS = {"bench_core": ["experiments/bench_core.py", "--quick"],
+               "bench_ledger": ["experiments/bench_ledger.py", "--quick"],
+               "digits": ["experiments/digits_user_level.py", "--quick"]}
+
+
+@pytest.fixture(scope="module")
+def smokes() -> dict:
+  """The three smokes' exit codes and output, from one process with :data:`FAST_COMPILE`."""
+  proc = subprocess.run([sys.executable, "-c", _SMOKES, json.dumps(list(_SMOKE_RUNS.values()))],
+                        capture_output=True, text=True, timeout=1200, env=_smoke_env(),
+                        cwd=str(BENCH.parents[1]))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  return {name: subprocess.CompletedProcess(run, got[run[0]]["code"], got[run[0]]["stdout"],
+                                            got[run[0]]["stderr"])
+          for name, run in _SMOKE_RUNS.items()}
+
+
 @pytest.mark.slow
-def test_bench_core_quick_prints_json_summary():
-  env = _smoke_env()
-  proc = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True,
-                        text=True, timeout=600, env=env, cwd=str(BENCH.parents[1]))
+def test_bench_core_quick_prints_json_summary(smokes):
+  proc = smokes["bench_core"]
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
   summary = json.loads(lines[-1])
@@ -77,12 +116,9 @@ def test_bench_gpu_quick_prints_json_summary(bench_steps_cache):
 
 
 @pytest.mark.slow
-def test_bench_ledger_quick_prints_json_summary():
+def test_bench_ledger_quick_prints_json_summary(smokes):
   """``experiments/bench_ledger.py --quick`` (issue 16.1) runs end to end; JSON last line."""
-  bench = BENCH.parent / "bench_ledger.py"
-  env = _smoke_env()
-  proc = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True,
-                        text=True, timeout=600, env=env, cwd=str(BENCH.parents[1]))
+  proc = smokes["bench_ledger"]
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads(proc.stdout.strip().splitlines()[-1])
   led = summary["ledger"]
@@ -92,10 +128,8 @@ def test_bench_ledger_quick_prints_json_summary():
 
 
 @pytest.mark.slow
-def test_digits_example_quick_runs_every_algorithm_through_fit_model():
-  out = subprocess.run([sys.executable, "experiments/digits_user_level.py", "--quick"],
-                       capture_output=True, text=True, timeout=600, env=_smoke_env(),
-                       cwd=str(BENCH.parents[1]))
+def test_digits_example_quick_runs_every_algorithm_through_fit_model(smokes):
+  out = smokes["digits"]
   assert out.returncode == 0, out.stderr[-2000:]
   summary = json.loads(out.stdout.strip().splitlines()[-1])
   names = [r["algorithm"] for r in summary["rows"]]
