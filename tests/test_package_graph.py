@@ -216,3 +216,17 @@ def test_no_computed_imports_below_the_tools():
           and layer_of(mod) < len(LAYERS) - 1 and mod != REGISTRY):
         computed.append(mod)
   assert not computed, computed
+
+
+def test_every_name_in_an_all_exists():
+  """``from module import *`` fails on a name that ``__all__`` lists and the module lacks (a
+  re-export whose import was dropped when its user moved): every module's ``__all__`` names
+  attributes the module has."""
+  import importlib
+  missing = []
+  for mod in _modules():
+    if mod.endswith("__main__"):
+      continue
+    module = importlib.import_module(mod)
+    missing += [(mod, n) for n in getattr(module, "__all__", ()) if not hasattr(module, n)]
+  assert not missing, missing

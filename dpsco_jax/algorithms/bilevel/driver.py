@@ -58,7 +58,7 @@ from dpsco_jax.problems.bilevel import (BilevelProblem, ProblemConstants,  # noq
 from dpsco_jax.result import Result
 from dpsco_jax.transforms.clipping import aggregate, clip_per_user
 from dpsco_jax.transforms.noise import add_gaussian_noise
-from dpsco_jax.transforms.post_processing import track_min_step
+from dpsco_jax.transforms.post_processing import MinStepState, track_min_step
 from dpsco_jax.transforms.steps import projected_sgd, tree_l2_norm
 
 PyTree = Any
