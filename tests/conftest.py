@@ -192,10 +192,10 @@ def pytest_xdist_make_scheduler(config, log):
 # files last each worker held one or two of them when the queue ran dry. Only the order depends
 # on these numbers, so they need only be roughly right; the tail is now the quick small files.
 _FILE_SECONDS = {
-    "tests/test_claims_fresh_seeds.py": 90,
+    "tests/test_claims_fresh_seeds.py": 64,
     "tests/test_flax_fast_clip_chunks.py": 30,
     "tests/test_flax_fast_clip_vmap.py": 17,   # 5 tests, two chunked-sum cases of 5 + 4 s
-    "tests/test_plan_invariance.py": 65,
+    "tests/test_plan_invariance.py": 21,
     "tests/test_runner_user_code.py": 38,
     "tests/test_bench_smoke.py": 19,   # without bench_gpu --quick (_TEST_SECONDS)
     "tests/test_mesh_output_perturbation.py": 37,
