@@ -190,8 +190,13 @@ def test_cpu_fallback_holds_a_block_not_a_second_copy_of_the_rows(monkeypatch):
   loss = lambda p, ex: jnp.square(ex[0] @ p["w"] + p["b"] - ex[1]).sum()
   chain = cl.clip_and_aggregate(1.0, "mean", 64.0)
 
-  def temp():   # jax's tracing caches would give the first trace back
-    jax.clear_caches()
+  guarded = cl._guarded_row_sum
+
+  def temp():
+    # a fresh CPU branch: platform_dependent caches its branches' traces by function, so it
+    # would give back a trace made before the patches below (jax.clear_caches() would too,
+    # but it throws away every program the test process has compiled)
+    monkeypatch.setattr(cl, "_guarded_row_sum", lambda *args: guarded(*args))
     fn = lambda p, b: chain.update(per_user_grads(loss, p, b), chain.init(p), p)[0]
     return jax.jit(fn).lower(params, (x, y)).compile().memory_analysis().temp_size_in_bytes
   rows = u * d * 4                                    # the per-user kernel gradients: 1 MiB
