@@ -24,6 +24,25 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 if not accelerator_installed():
   os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
+# One JAX persistent compilation cache for the whole run, shared by the xdist workers and every
+# process they start (CLI, benchmark smokes, the 4-device process): a program compiled once is
+# loaded, not compiled again, by the other worker, a subprocess, or this worker after a
+# fresh closure of the same HLO missed jit's in-memory cache (XLA's backend compile is most
+# of the suite's CPU: see above). The cache key is the HLO with its compile options (the
+# optimisation level of ``optimized_codegen`` included), the devices and the XLA flags, so a
+# loaded executable is the one the same compile would give; programs with host callbacks are
+# never cached. A new empty directory per run (made by the controller, inherited by the
+# workers through the environment, removed at the end), so nothing crosses runs; a
+# directory the caller set is kept.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
+  import tempfile
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE = tempfile.mkdtemp(prefix="dpsco-jax-")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+  def pytest_unconfigure(config):
+    import shutil
+    shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", deadline=None, max_examples=25, derandomize=True)
@@ -31,25 +50,6 @@ settings.load_profile("ci")
 
 
 import pytest  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def bench_steps_cache(tmp_path_factory):
-  """Environment of a JAX persistent compilation cache shared, for this session only, by the
-  two smoke runs that compile the same 25 steps (``bench_cost.py --quick`` and ``bench_gpu.py
-  --quick``: bench_cost's steps *are* bench_gpu's, at the same sizes and XLA flags; a test
-  checks it). ``make test`` runs both tests on one worker (``xdist_group("bench_steps")``,
-  ``--dist loadgroup``), so the second loads the first's executables instead of compiling
-  them (~25 s -> ~15 s for whichever runs second; bench_cost's cost and memory tables from
-  loaded executables are identical). Under other schedulers the cache is merely shared by
-  whichever runs later."""
-  root = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):   # the workers' base temps share one parent
-    root = root.parent
-  path = root / "jax-cache-bench-steps"
-  path.mkdir(exist_ok=True)
-  return {"JAX_COMPILATION_CACHE_DIR": str(path),
-          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 @pytest.fixture

@@ -46,8 +46,8 @@ def _run(*args: str, env: dict | None = None) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("bench_steps")
-def test_bench_cost_quick_prints_json_table(bench_steps_cache):
-  table = _run("--quick", env=bench_steps_cache)
+def test_bench_cost_quick_prints_json_table():
+  table = _run("--quick")
   meta = table.pop("_meta")
   assert meta["mode"] == "quick"
   assert set(table) == WORKLOADS

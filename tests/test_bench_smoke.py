@@ -94,12 +94,13 @@ def test_bench_core_quick_prints_json_summary(smokes):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("bench_steps")
-def test_bench_gpu_quick_prints_json_summary(bench_steps_cache):
+def test_bench_gpu_quick_prints_json_summary():
   """``experiments/bench_gpu.py --quick``: the five workloads of issue 14 at tiny sizes; every
   row has a finite positive ratio to its own non-private step. Its steps are bench_cost
-  --quick's: the two share a compilation cache (conftest's ``bench_steps_cache``)."""
+  --quick's: the two run on one worker, one after the other, so the second loads the first's
+  executables from the run's compilation cache (conftest)."""
   bench = BENCH.parent / "bench_gpu.py"
-  env = dict(_smoke_env(), **bench_steps_cache)
+  env = _smoke_env()
   proc = subprocess.run([sys.executable, str(bench), "--quick", "--reps", "2"],
                         capture_output=True, text=True, timeout=600, env=env,
                         cwd=str(BENCH.parents[1]))
