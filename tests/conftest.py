@@ -17,10 +17,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 # analyses and the numbers the tests compare are those of the same HLO, and both sides of
 # every comparison compile in one process under the same options. Not with a GPU/TPU jaxlib
 # installed (there it would unoptimise the device's code too), and a value the caller set is
-# kept. (XLA:CPU's legacy fusion emitters, ``--xla_cpu_use_fusion_emitters=false``, would
-# halve the compile again but never finished
-# test_no_bottom_and_unperturbed_mean_when_locally_stable on jaxlib 0.10.2 (> 10 min against
-# 2 s), so only the 4-device subprocesses, whose programs are known to compile, use them.)
+# kept.
 if not accelerator_installed():
   os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
@@ -42,6 +39,33 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not i
   def pytest_unconfigure(config):
     import shutil
     shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+
+
+def _legacy_emitters_when_unoptimised() -> None:
+  """On jaxlib < 0.11 (CPU only), unoptimised code generation also means XLA:CPU's legacy
+  fusion emitters (``xla_cpu_use_fusion_emitters=false``, added to each compile's options
+  while ``jax_disable_most_optimizations`` is on), so ``optimized_codegen``'s modules still
+  compile what users run. The backend compile of a compile-bound file drops again by about a
+  third (tests/test_srgd.py + test_bilevel.py: 46 -> 31 s of CPU, 2026-12-02). The 4-device
+  subprocesses get the same through ``multidevice_users.FAST_COMPILE``; jaxlib 0.11 dropped
+  the flag (and aborts on it)."""
+  from multidevice_users import _jaxlib_before
+  if accelerator_installed() or not _jaxlib_before(0, 11):
+    return
+  import jax
+  from jax._src import compiler
+  compile_options = compiler.get_compile_options
+
+  def get_compile_options(*args, **kwargs):
+    options = compile_options(*args, **kwargs)
+    if jax.config.read("jax_disable_most_optimizations"):
+      options.env_option_overrides = [*options.env_option_overrides,
+                                      ("xla_cpu_use_fusion_emitters", False)]
+    return options
+  compiler.get_compile_options = get_compile_options
+
+
+_legacy_emitters_when_unoptimised()
 
 from hypothesis import settings  # noqa: E402
 

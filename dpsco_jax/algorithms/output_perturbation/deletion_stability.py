@@ -205,9 +205,11 @@ def stability_table(F: jax.Array, n_users: int, Delta: float | jax.Array, depth:
     one_step = jnp.maximum(one_step, jnp.where(valid, diff, 0.0))
   # "not certainly <= Δ" is bad: rounding (or a NaN) can only make a set unstable
   bad = ~(one_step <= Delta) & (sizes <= depth)
-  any_bad_superset = bad
-  for i in range(n):  # superset-OR (zeta) transform
-    any_bad_superset = any_bad_superset | any_bad_superset[idx | (1 << i)]
+  # superset-OR (zeta) transform, one materialised step per user: unrolled, the n steps
+  # x | x[idx | 2^i] form one expression a fusing backend may inline 2^n times (XLA:CPU's
+  # legacy emitters wrote 44 MB of IR for n = 12 and never finished compiling)
+  any_bad_superset = jax.lax.fori_loop(
+      0, n, lambda i, acc: acc | acc[idx | (1 << i)], bad)
   return StabilityTable(one_step, bad, ~any_bad_superset, sizes)
 
 
