@@ -203,7 +203,7 @@ def test_k_and_the_unreleased_candidates_never_appear(tmp_path, capsys, monkeypa
   calls = []
 
   def fake_run_one(cfg, *, algorithms, problems, cache=None, on_progress=None, mesh=None,
-                   driver_key=None, plan=None, checked=False):
+                   driver_key=None, plan=None, typed=None, checked=False):
     calls.append(cfg["learning_rate"])
     metric = 0.7771 + 1e-7 * len(calls)     # distinctive values; the first run is the best
     return {"algorithm": cfg["algorithm"], "problem": cfg["problem"], "seed": cfg["seed"],

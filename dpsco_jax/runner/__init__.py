@@ -117,14 +117,15 @@ def _checked_typed(cfg: dict, algorithms: dict, problems: dict) -> tuple[dict, A
 
 
 class Runs(list):
-  """Run configs validated before any run, with their rows' plans (``plans``, by
-  :func:`row_key`; a user row, planned once its problem is built, holds its validated
-  algorithm config) and the problems built to plan them (``cache``): :func:`execute` runs
-  them without validating, planning or building them again."""
+  """Run configs validated before any run: every row's validated algorithm config
+  (``configs``, by :func:`row_key`), the plans of the built-in problems' rows (``plans``; a
+  user row is planned by its run, once its problem is built) and the problems built to plan
+  them (``cache``): :func:`execute` runs them without validating, planning or building them
+  again."""
 
-  def __init__(self, runs: list[dict], plans: dict, cache: "ProblemCache"):
+  def __init__(self, runs: list[dict], plans: dict, configs: dict, cache: "ProblemCache"):
     super().__init__(runs)
-    self.plans, self.cache = plans, cache
+    self.plans, self.configs, self.cache = plans, configs, cache
 
 
 def row_key(cfg: dict) -> str:
@@ -134,16 +135,14 @@ def row_key(cfg: dict) -> str:
 
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None,
             on_progress: Callable | None = None, mesh: jax.sharding.Mesh | None = None,
-            driver_key: jax.Array | None = None, plan: Any = None,
+            driver_key: jax.Array | None = None, plan: Any = None, typed: Any = None,
             checked: bool = False) -> dict:
   """Validates one run config (not again when ``checked``), runs it and returns its record.
   ``on_progress``: a :class:`dpsco_jax.api.Progress` callback of a user-problem run;
   ``mesh``: the users mesh of the ``devices`` key; ``driver_key``: the training key instead of
-  the seed's (a private selection's candidates); ``plan``: the row's plan (else made here;
-  a user row's: its validated algorithm config, see :class:`Runs`)."""
-  cfg, typed = (dict(cfg), None) if checked else _checked_typed(cfg, algorithms, problems)
-  if cfg["problem"] == USER_PROBLEM and plan is not None:   # a user row's: its typed config
-    typed, plan = plan, None
+  the seed's (a private selection's candidates); ``plan``: the row's plan (else made here);
+  ``typed``: its validated algorithm config (with ``checked``; see :class:`Runs`)."""
+  cfg, typed = (dict(cfg), typed) if checked else _checked_typed(cfg, algorithms, problems)
   label = cfg.pop("label", None)
   problem_key, seed_key = runner_batch.run_keys(cfg.get("seed", 0))
   driver_key = seed_key if driver_key is None else driver_key
@@ -271,9 +270,11 @@ def execute(runs: list[dict], *, algorithms: dict, problems: dict, progress: boo
       on_step = ((lambda p, c=count, cfg=cfg: _progress(c, len(runs), cfg, t0, p))
                  if progress else None)
       try:
+        row = row_key(cfg)
         record = run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
                          on_progress=on_step, mesh=mesh, checked=plans is not None,
-                         plan=None if plans is None else plans.get(row_key(cfg)))
+                         plan=None if plans is None else plans.get(row),
+                         typed=None if plans is None else runs.configs[row])
         record["status"] = "ok"
       except Exception as err:  # noqa: BLE001 - one bad run must not lose the others
         record = _failed_record(cfg, err)
@@ -306,13 +307,13 @@ def _validated(config: dict, algorithms: dict, problems: dict,
   from dpsco_jax import api
   checked = [_checked_typed(cfg, algorithms, problems) for cfg in expand(config)]
   cache = ProblemCache() if cache is None else cache
-  plans = {}
+  plans, configs = {}, {}
   for cfg, typed in checked:
     row = row_key(cfg)
-    if row in plans:
+    if row in configs:
       continue
+    configs[row] = typed
     if cfg["problem"] == USER_PROBLEM:
-      plans[row] = typed
       continue
     problem = runner_batch.seed_problem(cfg, problems, cache)
     try:
@@ -320,7 +321,7 @@ def _validated(config: dict, algorithms: dict, problems: dict,
     except (ValueError, PrivacyBudgetExceeded) as err:   # an explicit z over the budget too
       where = cfg["algorithm"] + (f" (label {cfg['label']})" if cfg.get("label") else "")
       raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
-  return Runs([cfg for cfg, _ in checked], plans, cache)
+  return Runs([cfg for cfg, _ in checked], plans, configs, cache)
 
 
 def run_phases(phases: tuning.Phases, *, progress: bool = True,
@@ -355,7 +356,7 @@ def run_phases(phases: tuning.Phases, *, progress: bool = True,
   tuned = execute(tune, on_record=on_record, phase="tuning", **kw)
   chosen, report = tuning.choose(tune, tuned, spec, fields)
   selected = Runs([c for c in evals if tuning.is_selected(c, chosen, spec, fields)],
-                  evals.plans, evals.cache)
+                  evals.plans, evals.configs, evals.cache)
   evaluated = execute(selected, phase="eval", **kw,
                       on_record=None if on_record is None else (
                           lambda recs: on_record(tuned + recs)))
@@ -379,10 +380,10 @@ def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, pro
 
   def plan_of(cfg: dict, problem: Any) -> Any:
     # the cost is the plans' the candidates run: their rows' (made when validated)
-    row = runs.plans.get(row_key(cfg))
+    row = row_key(cfg)
     if isinstance(problem, runner_user.UserProblem):
-      return runner_user.plan_run(problem, cfg, row)
-    return _plan_for(cfg, problem, row)
+      return runner_user.plan_run(problem, cfg, runs.configs[row])
+    return _plan_for(cfg, problem, runs.plans.get(row))
 
   groups = tuning.group_candidates(runs, phases.select, fields)
   plans = tuning.private_plans(groups, phases.select, problem_of, plan_of)
@@ -390,8 +391,10 @@ def _run_private(phases: tuning.Phases, fields: list[str], algorithms: dict, pro
 
   def train(cfg: dict, key: jax.Array) -> dict:
     try:
+      row = row_key(cfg)
       return {**run_one(cfg, algorithms=algorithms, problems=problems, cache=cache,
-                        driver_key=key, checked=True, plan=runs.plans.get(row_key(cfg))),
+                        driver_key=key, checked=True, plan=runs.plans.get(row),
+                        typed=runs.configs[row]),
               "status": "ok"}
     except ConfigError:
       raise
