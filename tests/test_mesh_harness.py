@@ -134,3 +134,38 @@ def test_the_shared_process_stops_after_the_last_four_device_test(monkeypatch):
   monkeypatch.setattr(FourDevices, "_shared", Fake())
   conftest.pytest_runtest_teardown(Item("tests/test_mesh.py::a"), None)
   assert closed == [True, True]
+
+
+def test_the_run_compiles_into_one_shared_cache_and_unoptimised_on_a_cpu_install():
+  """conftest's speed-ups are on (issue 47.6): every program this worker compiles is written to
+  the run's compilation cache, the directory its processes inherit; on a CPU-only jaxlib <
+  0.11, compiles while ``jax_disable_most_optimizations`` is on add the legacy emitters' flag,
+  and compiles under ``optimized_codegen`` (the flag off) do not."""
+  import os
+  import pathlib
+
+  import jax
+  import jax.numpy as jnp
+  from jax._src import compiler
+  from multidevice_users import _jaxlib_before, accelerator_installed
+
+  path = pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
+  assert jax.config.jax_compilation_cache_dir == str(path) and path.is_dir()
+  before = set(path.iterdir())
+  jax.jit(lambda x: jnp.cos(x) * 1.2345678)(jnp.arange(3.0)).block_until_ready()
+  assert set(path.iterdir()) - before, "the program was not written to the run's cache"
+
+  legacy = ("xla_cpu_use_fusion_emitters", False)
+  def overrides():
+    return compiler.get_compile_options(num_replicas=1, num_partitions=1).env_option_overrides
+  if accelerator_installed() or not _jaxlib_before(0, 11):
+    assert legacy not in overrides()
+    return
+  before = jax.config.read("jax_disable_most_optimizations")
+  try:
+    jax.config.update("jax_disable_most_optimizations", True)
+    assert legacy in overrides()
+    jax.config.update("jax_disable_most_optimizations", False)
+    assert legacy not in overrides()
+  finally:
+    jax.config.update("jax_disable_most_optimizations", before)
