@@ -19,7 +19,8 @@ from dpsco_jax._checks import (MAX_SEED, check_delta, check_nonnegative, check_p
 from dpsco_jax.cache import bounded_cache
 
 __all__ = ["ConfigError", "ConfigTypeError", "KeySpec", "Schema", "MAX_COUNT", "check_instance",
-           "validating", "check_refused", "check_type", "specs", "type_name"]
+           "validating", "check_refused", "check_read_only_with", "check_type", "specs",
+           "type_name"]
 
 #: Largest value of a count key: JAX's default integers (int32) count steps and index users.
 MAX_COUNT = 2 ** 31 - 1
@@ -60,6 +61,23 @@ def check_refused(spec: KeySpec, value: Any, where: str) -> None:
   """A refused key given a value raises its reason, naming the key to use instead."""
   if spec.refused is not None and value is not None:
     raise ConfigError(f"{spec.name} is not accepted by {where}: {spec.refused}")
+
+
+def check_read_only_with(schema: type, obj: Any) -> None:
+  """Refuses a key the schema reads only when another key has one value (its
+  ``read_only_with``, ``{key: (other, value)}``), given without it: it would be ignored.
+
+  Args:
+    schema: the schema class declaring ``read_only_with`` (none: nothing to check).
+    obj: its instance, or any object with those attributes (a trainer's arguments).
+
+  Raises:
+    ConfigError: naming the key and what to do instead.
+  """
+  for key, (other, value) in getattr(schema, "read_only_with", {}).items():
+    if getattr(obj, key) is not None and getattr(obj, other) != value:
+      raise ConfigError(f"{key} is read only with {other}: {value}; {other} is "
+                        f"{getattr(obj, other)!r}: remove {key} or set {other}: {value}")
 
 
 def type_name(tp: Any) -> str:
@@ -242,7 +260,8 @@ def check_instance(obj: Any) -> None:
   """Validates a schema instance (``Schema.__post_init__``), from Python, a dict or YAML: an
   unset field is skipped unless required, every other value type-checked and normalized in
   place; one key of each ``requires_one_of`` group, and for a private run (``epsilon`` or a
-  nonzero ``noise_multiplier``) every key of ``private_requires``."""
+  nonzero ``noise_multiplier``) every key of ``private_requires``; no key refused by
+  ``read_only_with`` (:func:`check_read_only_with`)."""
   schema = type(obj)
   name = _WHERE.get() or schema.__name__
   for key, spec in specs(schema, "config").items():
@@ -261,6 +280,7 @@ def check_instance(obj: Any) -> None:
     _missing(f"{name} needs one of {', '.join(group)}" + (
         " (noise_multiplier: 0 is the one spelling of a non-private reference run)"
         if "noise_multiplier" in group else ""))
+  check_read_only_with(schema, obj)
   if getattr(obj, "epsilon", None) is not None or bool(getattr(obj, "noise_multiplier", None)):
     key = next((k for k in getattr(schema, "private_requires", ()) if getattr(obj, k) is None),
                None)

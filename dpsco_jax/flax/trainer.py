@@ -34,7 +34,8 @@ from dpsco_jax.flax.fast_clip import FastClippedGrad, LossFn
 from dpsco_jax.flax import trainer_mesh as tm
 from dpsco_jax.flax import trainer_noise as tn
 from dpsco_jax.flax.trainer_data import check_data, from_user_data
-from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE, check_adaptive_keys
+from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE, DpSgdConfig
+from dpsco_jax.config.types import check_read_only_with
 from dpsco_jax.algorithms.dpsgd.plan import (NOISES, AdaptivePlan, adaptive_plan,
                                              check_mf_sampling, config_view)
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
@@ -94,7 +95,7 @@ def check_clip_args(clip_norm: Any, adaptive_keys: dict) -> float:
     if isinstance(clip_norm, str):
       raise ArgumentTypeError(f"clip_norm must be a number > 0 or 'adaptive', got "
                               f"{clip_norm!r}")
-    check_adaptive_keys(types.SimpleNamespace(clip_norm=clip_norm, **adaptive_keys))
+    check_read_only_with(DpSgdConfig, types.SimpleNamespace(clip_norm=clip_norm, **adaptive_keys))
     return check_positive(clip_norm, "clip_norm")
   if adaptive_keys["initial_clip_norm"] is None:
     raise ValueError("clip_norm='adaptive' needs initial_clip_norm (C_0 > 0, the first step's "

@@ -7,9 +7,15 @@ import dataclasses
 from typing import ClassVar, Literal, Optional, Union
 
 from dpsco_jax.config.families import AlgorithmKeys, Averaging, Relation, config_key
-from dpsco_jax.config.types import ConfigError
-
 __all__ = ["SgdSchedule", "DpSgdConfig"]
+
+#: The value of ``clip_norm`` that asks for adaptive clipping.
+ADAPTIVE = "adaptive"
+#: The keys only adaptive clipping reads.
+ADAPTIVE_KEYS = ("target_quantile", "clip_learning_rate", "initial_clip_norm", "count_stddev")
+#: The paper's defaults (§4): the median, a step of 0.2.
+DEFAULT_TARGET_QUANTILE = 0.5
+DEFAULT_CLIP_LEARNING_RATE = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +35,8 @@ class SgdSchedule(AlgorithmKeys):
 class DpSgdConfig(SgdSchedule):
   """``dp_sgd_user`` / ``dp_sgd_item`` / ``dp_sgd_group`` (accountant)."""
   requires_one_of: ClassVar[tuple] = (("epsilon", "noise_multiplier"),)
+  #: an adaptive key without ``clip_norm: adaptive`` would be ignored: refused
+  read_only_with: ClassVar[dict] = dict.fromkeys(ADAPTIVE_KEYS, ("clip_norm", ADAPTIVE))
   epsilon: Optional[float] = config_key("budget; null with noise_multiplier: report its epsilon")
   delta: float = config_key("target delta", required=True)
   noise_multiplier: Optional[float] = config_key(
@@ -63,27 +71,3 @@ class DpSgdConfig(SgdSchedule):
   count_stddev: Optional[float] = config_key(
       "clip_norm: adaptive: std sigma_b of the unclipped count's noise, in users (default "
       "max(D / 20, z)); 2 sigma_b must exceed z")
-
-  def __post_init__(self) -> None:
-    super().__post_init__()
-    check_adaptive_keys(self)
-
-
-#: The value of ``clip_norm`` that asks for adaptive clipping.
-ADAPTIVE = "adaptive"
-#: The keys only adaptive clipping reads.
-ADAPTIVE_KEYS = ("target_quantile", "clip_learning_rate", "initial_clip_norm", "count_stddev")
-#: The paper's defaults (§4): the median, a step of 0.2.
-DEFAULT_TARGET_QUANTILE = 0.5
-DEFAULT_CLIP_LEARNING_RATE = 0.2
-
-
-def check_adaptive_keys(cfg: DpSgdConfig) -> None:
-  """An adaptive key without ``clip_norm: adaptive`` would be ignored: refused, naming it."""
-  if cfg.clip_norm == ADAPTIVE:
-    return
-  given = [k for k in ADAPTIVE_KEYS if getattr(cfg, k) is not None]
-  if given:
-    raise ConfigError(f"{given[0]} is read only with clip_norm: adaptive (adaptive clipping);"
-                      f" clip_norm is {cfg.clip_norm!r}: remove {given[0]} or set clip_norm: "
-                      "adaptive")
