@@ -103,9 +103,10 @@ def result_record(problem: Any, cfg: dict, result: Any, wall: float) -> dict:
   facts.update({name: getattr(problem, name) for name in ("radius", "lipschitz", "smoothness")
                 if hasattr(problem, name)})  # R, L, beta of the problem
   sizes = {"n_users": int(problem.n_users), "m": int(problem.m), "d": int(problem.d)}
-  return runner_user.run_record(cfg, sizes, result.privacy, scores,
-                                int(result.gradient_evaluations), wall, facts, result.record,
-                                getattr(result, "fallback", None), result.debug)
+  return runner_user.run_record(
+      cfg, sizes=sizes, privacy=result.privacy, scores=scores,
+      gradient_evaluations=int(result.gradient_evaluations), wall=wall, facts=facts,
+      extras=result.record, fallback=getattr(result, "fallback", None), debug=result.debug)
 
 
 def batch_records(cfgs: list[dict], algorithms: dict, problems: dict, cache: dict, *,

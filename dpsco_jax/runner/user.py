@@ -416,8 +416,9 @@ def _num_params(model: Any) -> int:
   return num_params(nnx.state(model, nnx.Param) if isinstance(model, nnx.Module) else model)
 
 
-def run_record(cfg: dict, sizes: dict, privacy: Any, scores: dict, gradient_evaluations: Any,
-               wall: float, facts: dict, extras: dict, fallback: str | None, debug: Any) -> dict:
+def run_record(cfg: dict, *, sizes: dict, privacy: Any, scores: dict,
+               gradient_evaluations: Any, wall: float, facts: dict, extras: dict,
+               fallback: str | None, debug: Any) -> dict:
   """A run's record, one layout for every path: the run's names, ``sizes``, the guarantee
   ``privacy``, the released ``scores``, the work and time, the problem's public ``facts``, then
   the driver's ``extras`` (keys not already set), a fallback release said plainly, the privacy
@@ -485,5 +486,6 @@ def run(problem: UserProblem, cfg: dict, key: jax.Array,
   scores = {**metrics, "user_metrics": list(metrics),
             "metrics_data": _metrics_data(problem) if metrics else None}
   constants = {k: v for k, v in problem.constants.items() if k in CONSTANT_KEYS}
-  return run_record(cfg, sizes, privacy, scores, gradient_evaluations, wall, constants, extras,
-                    fallback, debug)
+  return run_record(cfg, sizes=sizes, privacy=privacy, scores=scores,
+                    gradient_evaluations=gradient_evaluations, wall=wall, facts=constants,
+                    extras=extras, fallback=fallback, debug=debug)
