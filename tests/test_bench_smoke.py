@@ -36,10 +36,10 @@ def _smoke_env() -> dict:
 
 
 # Runs each script as ``python SCRIPT ARGS`` would (``__main__``, its argv, its folder first
-# on the path), one after another, and prints {script: {"code", "stdout", "stderr"}}.
+# on the path), one after another, and prints [{"code", "stdout", "stderr"}], one per run.
 _SMOKES = """
 import contextlib, io, json, pathlib, runpy, sys, traceback
-out = {}
+out = []
 for script, *args in json.loads(sys.argv[1]):
   stdout, stderr, path = io.StringIO(), io.StringIO(), list(sys.path)
   sys.argv, sys.path[0] = [script, *args], str(pathlib.Path(script).resolve().parent)
@@ -53,7 +53,7 @@ for script, *args in json.loads(sys.argv[1]):
       code = 1
       traceback.print_exc()
   sys.path[:] = path
-  out[script] = {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+  out.append({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
 print(json.dumps(out))
 """
 _SMOKE_RUNS = {"bench_core": ["experiments/bench_core.py", "--quick"],
@@ -61,17 +61,22 @@ _SMOKE_RUNS = {"bench_core": ["experiments/bench_core.py", "--quick"],
                "digits": ["experiments/digits_user_level.py", "--quick"]}
 
 
-@pytest.fixture(scope="module")
-def smokes() -> dict:
-  """The three smokes' exit codes and output, from one process with :data:`FAST_COMPILE`."""
-  proc = subprocess.run([sys.executable, "-c", _SMOKES, json.dumps(list(_SMOKE_RUNS.values()))],
+def _run_smokes(runs: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+  """``runs`` (name -> script and its arguments) one after another in one process with
+  :data:`FAST_COMPILE`: each one's exit code and output."""
+  proc = subprocess.run([sys.executable, "-c", _SMOKES, json.dumps(list(runs.values()))],
                         capture_output=True, text=True, timeout=1200, env=_smoke_env(),
                         cwd=str(BENCH.parents[1]))
   assert proc.returncode == 0, proc.stderr[-3000:]
   got = json.loads(proc.stdout.strip().splitlines()[-1])
-  return {name: subprocess.CompletedProcess(run, got[run[0]]["code"], got[run[0]]["stdout"],
-                                            got[run[0]]["stderr"])
-          for name, run in _SMOKE_RUNS.items()}
+  return {name: subprocess.CompletedProcess(run, r["code"], r["stdout"], r["stderr"])
+          for (name, run), r in zip(runs.items(), got)}
+
+
+@pytest.fixture(scope="module")
+def smokes() -> dict:
+  """The three smokes' exit codes and output, from one process with :data:`FAST_COMPILE`."""
+  return _run_smokes(_SMOKE_RUNS)
 
 
 @pytest.mark.slow
@@ -114,6 +119,51 @@ def test_bench_gpu_quick_prints_json_summary():
     assert rows["nonprivate"]["ratio"] == 1.0
     assert rows.pop("auto_choice") in ("fast", "vmap")
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows.values())
+
+
+@pytest.mark.slow
+def test_bench_gpu_max_batch_brackets_the_memory_limit():
+  """``bench_gpu.py --max-batch`` (issue 50) on the smallest workload under a 0.1 MiB limit:
+  per path, the largest user batch B whose compiled step fits and B + 1, which does not; and
+  on CPU (no ``bytes_limit``) the limit must be given, the error naming the flag."""
+  script, limit_gib = "experiments/bench_gpu.py", 1e-4
+  args = ["--quick", "--only", "logistic_user", "--max-batch"]
+  got = _run_smokes({"search": [script, *args, "--memory-limit-gib", str(limit_gib)],
+                     "missing": [script, *args]})
+  proc, missing = got["search"], got["missing"]
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  limit = summary["max_batch"]["limit_bytes"]
+  assert limit == int(limit_gib * 2 ** 30)
+  rows = summary["max_batch"]["workloads"]["logistic_user"]
+  assert set(rows) >= {"nonprivate", "dpsco_fast", "dpsco_vmap", "optax_dpsgd"}
+  for path, r in rows.items():
+    assert isinstance(r["B"], int) and r["B"] >= 1, (path, r)
+    assert r["exact"] and r["next_B"] == r["B"] + 1, (path, r)
+    assert r["bytes"] <= limit < r["next_bytes"], (path, r)
+    assert f"max batch {path}: B={r['B']} fits" in proc.stdout
+  assert missing.returncode != 0 and "--memory-limit-gib" in missing.stderr, missing.stderr
+
+
+def test_bench_gpu_runtime_peaks_reads_the_counter_around_each_first_run():
+  """``bench_gpu.runtime_peaks`` (issue 50) against a fake device whose process-wide peak
+  rises by the bytes each run allocates beyond it: the reading after each run, its rise (0
+  under an earlier peak) and the floor; None where the backend has no memory_stats (CPU)."""
+  sys.path.insert(0, str(BENCH.parent))
+  import bench_gpu  # noqa: PLC0415
+  mib, peak = 2 ** 20, [5 * 2 ** 20]
+  stats = lambda: {"peak_bytes_in_use": peak[0], "bytes_limit": 100 * mib}
+
+  def run(needs: int):
+    peak[0] = max(peak[0], needs * mib)
+    return ()
+  floor, rows = bench_gpu.runtime_peaks(
+      [("a", lambda: run(8)), ("b", lambda: run(6)), ("c", lambda: run(11))], stats)
+  assert floor == 5.0
+  assert rows == {"a": {"peak_mib_runtime": 8.0, "peak_rise_mib": 3.0},
+                  "b": {"peak_mib_runtime": 8.0, "peak_rise_mib": 0.0},
+                  "c": {"peak_mib_runtime": 11.0, "peak_rise_mib": 3.0}}
+  assert bench_gpu.runtime_peaks([("a", lambda: run(1))], lambda: None) is None
 
 
 @pytest.mark.slow
