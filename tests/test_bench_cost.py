@@ -47,13 +47,7 @@ def _run(*args: str, env: dict | None = None) -> dict:
 @pytest.mark.slow
 @pytest.mark.xdist_group("bench_steps")
 def test_bench_cost_quick_prints_json_table():
-  # bench_gpu --quick's XLA_FLAGS (test_bench_smoke._smoke_env), to the letter: the flags are
-  # part of the compilation cache's key, so bench_gpu --quick, next on this worker, loads
-  # these steps instead of compiling them again (25 -> 13 s of CPU, 2026-12-02); bench_cost
-  # adds the same two flags itself (smoke_xla_flags), so its compiles are the same
-  from multidevice_users import FAST_COMPILE
-  table = _run("--quick", env={
-      "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip()})
+  table = _run("--quick")
   meta = table.pop("_meta")
   assert meta["mode"] == "quick"
   assert set(table) == WORKLOADS
