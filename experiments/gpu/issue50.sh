@@ -19,13 +19,7 @@
 # kernels, not buffers, so the step's bytes barely change (a GEMM's workspace at most), and
 # MAX_BATCH_BUDGET caps its seconds per path (the bracket so far when spent).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import jax, jaxlib, flax, optax, chex, dp_accounting, jax_privacy; print('jax', jax.__version__, jax.devices(), 'flax', flax.__version__, 'optax', optax.__version__, 'chex', chex.__version__, 'jax_privacy', jax_privacy.__version__)" 2>&1 | tee -a "$OUT/gpu.txt"
-TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -dc 'A-Za-z0-9' | tr 'A-Z' 'a-z')}
+. "$(dirname "$0")/setup.sh"   # wheels, path, $OUT/gpu.txt, TAG
 ONLY=${ONLY:-cnn_item transformer transformer_mha logistic_user cnn_user}
 
 for stage in default highest; do

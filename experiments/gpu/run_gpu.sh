@@ -6,13 +6,7 @@
 # stopped with SIGINT, not killed, so it still prints the failures' tracebacks and summary (the
 # first H200 run, cut by SIGTERM at 94%, left 9 failures without a traceback).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import jax, jaxlib, flax, optax, chex, dp_accounting, jax_privacy; print('jax', jax.__version__, jax.devices(), 'flax', flax.__version__, 'optax', optax.__version__, 'chex', chex.__version__, 'jax_privacy', jax_privacy.__version__)" 2>&1 | tee -a "$OUT/gpu.txt"
-TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -dc 'A-Za-z0-9' | tr 'A-Z' 'a-z')}
+. "$(dirname "$0")/setup.sh"   # wheels, path, $OUT/gpu.txt, TAG
 # ONLY: workload names to bench (default all five); the card's name tags the logs.
 timeout ${BENCH_S:-270} python3 experiments/bench_gpu.py --budget ${BUDGET:-20} --reps 5 \
   ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/bench_gpu_$TAG.log"
