@@ -65,6 +65,7 @@ from dpsco_jax.transforms.clipping import clip_and_aggregate  # noqa: E402
 from dpsco_jax.transforms.noise import add_gaussian_noise  # noqa: E402
 
 CLIP, Z, LR = 1.0, 1.0, 0.05
+MIB = 2 ** 20
 
 
 class CNN(nnx.Module):
@@ -257,7 +258,7 @@ def candidates(model, loss, batch, batch_shape, quick: bool = False, ghost_varia
     compiled = executables[name] = jitted.lower(params, st, batch).compile()
     ma = compiled.memory_analysis()
     mem[name] = ((ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes)
-                 / 2 ** 20) if ma is not None else float("nan")
+                 / MIB) if ma is not None else float("nan")
     # --quick (a smoke run) times the executable it just compiled for the memory analysis
     # rather than compiling the step a second time through the jit cache
     step = compiled if quick else jitted
@@ -269,9 +270,6 @@ def candidates(model, loss, batch, batch_shape, quick: bool = False, ghost_varia
     print("  fast path per layer: " + ", ".join(
         f"{r['layer']} {r['method']}" for r in auto.autotune_report["layers"]), flush=True)
   return cands, mem, choice, executables
-
-
-MIB = 2 ** 20
 
 
 def runtime_peaks(first_runs: list[tuple[str, Callable[[], Any]]],

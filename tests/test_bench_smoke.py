@@ -56,9 +56,14 @@ for script, *args in json.loads(sys.argv[1]):
   out.append({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
 print(json.dumps(out))
 """
+_MAX_BATCH_GIB = 1e-4   # bench_gpu --max-batch's smoke: a limit a few users' step exceeds
+_MAX_BATCH = ["experiments/bench_gpu.py", "--quick", "--only", "logistic_user", "--max-batch"]
+# bench_gpu's runs last: it sets jax_default_matmul_precision for the rest of the process
 _SMOKE_RUNS = {"bench_core": ["experiments/bench_core.py", "--quick"],
                "bench_ledger": ["experiments/bench_ledger.py", "--quick"],
-               "digits": ["experiments/digits_user_level.py", "--quick"]}
+               "digits": ["experiments/digits_user_level.py", "--quick"],
+               "max_batch": [*_MAX_BATCH, "--memory-limit-gib", str(_MAX_BATCH_GIB)],
+               "max_batch_no_limit": _MAX_BATCH}
 
 
 def _run_smokes(runs: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
@@ -75,7 +80,7 @@ def _run_smokes(runs: dict[str, list[str]]) -> dict[str, subprocess.CompletedPro
 
 @pytest.fixture(scope="module")
 def smokes() -> dict:
-  """The three smokes' exit codes and output, from one process with :data:`FAST_COMPILE`."""
+  """The smokes' exit codes and output, from one process with :data:`FAST_COMPILE`."""
   return _run_smokes(_SMOKE_RUNS)
 
 
@@ -122,19 +127,15 @@ def test_bench_gpu_quick_prints_json_summary():
 
 
 @pytest.mark.slow
-def test_bench_gpu_max_batch_brackets_the_memory_limit():
+def test_bench_gpu_max_batch_brackets_the_memory_limit(smokes):
   """``bench_gpu.py --max-batch`` (issue 50) on the smallest workload under a 0.1 MiB limit:
   per path, the largest user batch B whose compiled step fits and B + 1, which does not; and
   on CPU (no ``bytes_limit``) the limit must be given, the error naming the flag."""
-  script, limit_gib = "experiments/bench_gpu.py", 1e-4
-  args = ["--quick", "--only", "logistic_user", "--max-batch"]
-  got = _run_smokes({"search": [script, *args, "--memory-limit-gib", str(limit_gib)],
-                     "missing": [script, *args]})
-  proc, missing = got["search"], got["missing"]
+  proc, missing = smokes["max_batch"], smokes["max_batch_no_limit"]
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads(proc.stdout.strip().splitlines()[-1])
   limit = summary["max_batch"]["limit_bytes"]
-  assert limit == int(limit_gib * 2 ** 30)
+  assert limit == int(_MAX_BATCH_GIB * 2 ** 30)
   rows = summary["max_batch"]["workloads"]["logistic_user"]
   assert set(rows) >= {"nonprivate", "dpsco_fast", "dpsco_vmap", "optax_dpsgd"}
   for path, r in rows.items():

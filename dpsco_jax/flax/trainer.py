@@ -35,12 +35,12 @@ from dpsco_jax.flax import trainer_mesh as tm
 from dpsco_jax.flax import trainer_noise as tn
 from dpsco_jax.flax.trainer_data import check_data, from_user_data
 from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE, DpSgdConfig
-from dpsco_jax.config.types import check_read_only_with
 from dpsco_jax.algorithms.dpsgd.plan import (NOISES, AdaptivePlan, adaptive_plan,
                                              check_mf_sampling, config_view)
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
                                calibrate_poisson_sgd, check_relation, epsilon_of)
 from dpsco_jax.privacy.ledger import Epsilon, epsilon_lower_bound
+from dpsco_jax.config.types import check_read_only_with
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.transforms.adaptive_clipping import unclipped_centred_count
 from dpsco_jax.transforms.noise import add_gaussian_noise

@@ -7,6 +7,7 @@ import dataclasses
 from typing import ClassVar, Literal, Optional, Union
 
 from dpsco_jax.config.families import AlgorithmKeys, Averaging, Relation, config_key
+
 __all__ = ["SgdSchedule", "DpSgdConfig"]
 
 #: The value of ``clip_norm`` that asks for adaptive clipping.
