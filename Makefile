@@ -33,8 +33,9 @@ run: $(VENV)/.installed
 # Python processes (xdist workers, CLI / 4-device / benchmark subprocesses) and each one spent
 # ~3 s compiling jax, scipy and dpsco_jax from source. --dist loadgroup: tests/conftest.py's
 # scheduler (pytest_xdist_make_scheduler) runs each file's tests on one worker, and the tests
-# of one xdist_group together (the bench_gpu / bench_cost smokes, which share a compilation
-# cache: bench_steps_cache); xdist's own loadgroup grouped nothing under pytest 9.
+# of one xdist_group together (the bench_gpu / bench_cost smokes, which run one after the other
+# and load each other's programs from the run's one compilation cache, set up in conftest);
+# xdist's own loadgroup grouped nothing under pytest 9.
 test: $(VENV)/.dev-installed
 	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/.pytest_cache/pycache \
 	  $(PY) -m pytest -n 2 --dist loadgroup -q --durations=15 tests
