@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
+from dpsco_jax._checks import check_key
 from dpsco_jax.algorithms.common import auto_axes, mesh_context, replicated_on
 from dpsco_jax.algorithms.registration import Planned, missing_plan_members
 from dpsco_jax.algorithms.registry import algorithms
@@ -508,6 +509,7 @@ def run(p: Plan, loss_fn: Callable, params: Any, data: UserData, key: jax.Array,
     raise TypeError(f"run needs a Plan (dpsco_jax.plan(...)), got {type(p).__name__}")
   if not isinstance(data, UserData):
     raise TypeError(f"data must be a UserData, got {type(data).__name__}")
+  check_key(key, "key")   # here: an int seed would fail deep in the driver, in JAX's words
   if distributed is None:
     distributed = data.shard_info is not None or jax.process_count() > 1
   if distributed:
@@ -617,10 +619,11 @@ def _run_stacked(plans: list[Plan], loss_fn: Callable, params: Any, datas: list,
   from dpsco_jax.sweep import run_stacked
   first = plans[0]
   entry = _entry(first.algorithm)
-  for d in datas:
+  for i, (d, k) in enumerate(zip(datas, keys)):
     if not isinstance(d, UserData):
       raise TypeError(f"datas must be UserData, got {type(d).__name__}")
     _check_data_for_plan(first, d, "a data set")
+    check_key(k, f"keys[{i}]")
   template = UserDataProblem(loss_fn, params, datas[0], level=entry.level,
                              constants=first.constants)
   if template.d != first.num_params:

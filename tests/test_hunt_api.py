@@ -1,0 +1,51 @@
+"""Findings of an outside review of the Python API, the transforms and the privacy primitives:
+each test failed before its fix."""
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dpsco_jax as dp
+from dpsco_jax import privacy
+
+
+def _loss(p, ex):
+  z = ex["x"] @ p["w"] + p["b"]
+  return jax.nn.softplus(z) - ex["y"] * z
+
+
+PARAMS = {"w": jnp.zeros(4), "b": jnp.zeros(())}
+CONFIG = {"epsilon": 1.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.1,
+          "num_steps": 5, "sampling_rate": 0.5, "n_users": 6}
+
+
+def _data():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(12, 4)).astype(np.float32)
+  return dp.UserData.from_arrays({"x": x, "y": (x.sum(1) > 0).astype(np.float32)},
+                                 np.repeat(np.arange(6), 2), max_items_per_user=2)
+
+
+@pytest.mark.parametrize("key", [0, None, "seed", np.uint32(3)])
+def test_run_refuses_a_key_that_is_not_a_prng_key_naming_it(key):
+  # an int seed (what the transforms accept) reached the driver and failed in JAX's fold_in
+  # ("invalid PRNG key data"), naming neither the parameter nor the fix
+  data = _data()
+  with pytest.raises(TypeError, match=r"key must be a jax PRNG key"):
+    dp.fit("dp_sgd_user", CONFIG, _loss, PARAMS, data, key)
+  p = dp.plan("dp_sgd_user", CONFIG, data.spec, num_params=5)
+  with pytest.raises(TypeError, match=r"keys\[1\] must be a jax PRNG key"):
+    dp.run_seeds(p, _loss, PARAMS, [data, data], [jax.random.key(0), 1])
+
+
+@pytest.mark.parametrize("epsilon", [5.0, 10.0, 20.0])
+def test_classic_gaussian_sigma_is_refused_where_it_is_not_private(epsilon):
+  # Dwork-Roth's sigma is stated for epsilon < 1; at epsilon = 10 it returned 0.4845, whose
+  # exact epsilon at the same delta is 10.39 > 10: a noise scale too small for its claim
+  with pytest.raises(ValueError, match="epsilon"):
+    privacy.gaussian_sigma_classic(1.0, epsilon, 1e-5)
+  # where it is returned, it meets its claim
+  sigma = privacy.gaussian_sigma_classic(1.0, 1.0, 1e-5)
+  assert privacy.epsilon_of(dp_accounting.GaussianDpEvent(sigma), delta=1e-5) <= 1.0
