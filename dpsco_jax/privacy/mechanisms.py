@@ -50,18 +50,21 @@ def _check_scale(scale: Any) -> Any:
 
 
 def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> float:
-  """Dwork-Roth Thm A.1: ``sigma = sqrt(2 ln(1.25/delta)) Delta / epsilon`` (for ``epsilon < 1``).
+  """Dwork-Roth Thm A.1: ``sigma = sqrt(2 ln(1.25/delta)) Delta / epsilon`` (for ``epsilon <= 1``).
 
   Args:
     sensitivity: the L2 sensitivity ``Delta``, > 0.
-    epsilon: the target epsilon, > 0.
+    epsilon: the target epsilon, in ``(0, 1]`` (beyond 1 the formula's sigma can miss the
+      target: at epsilon = 10 its exact epsilon is 10.4; use :func:`gaussian_sigma_analytic`).
     delta: the target delta, in ``(0, 1)``.
 
   Returns:
     ``sigma``, the Gaussian noise std.
   """
   check_positive(sensitivity, "sensitivity")
-  check_epsilon(epsilon)
+  if check_epsilon(epsilon) > 1.0:
+    raise ValueError(f"epsilon={epsilon!r} > 1 is outside the classic Gaussian mechanism "
+                     "(Dwork-Roth Thm A.1): use gaussian_sigma_analytic")
   check_delta(delta)
   return math.sqrt(2.0 * math.log(1.25 / delta)) * sensitivity / epsilon
 
