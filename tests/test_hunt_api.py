@@ -49,3 +49,15 @@ def test_classic_gaussian_sigma_is_refused_where_it_is_not_private(epsilon):
   # where it is returned, it meets its claim
   sigma = privacy.gaussian_sigma_classic(1.0, 1.0, 1e-5)
   assert privacy.epsilon_of(dp_accounting.GaussianDpEvent(sigma), delta=1e-5) <= 1.0
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0"])
+def test_from_arrays_refuses_a_bad_selection_seed_naming_it(seed):
+  # seed=-1 raised numpy's "expected non-negative integer" (no parameter named), and only
+  # when some user had more items than the bound; dense data took any seed silently
+  x = np.arange(12, dtype=np.float32).reshape(6, 2)
+  for ids in (np.zeros(6, int), np.repeat(np.arange(3), 2)):
+    with pytest.raises((TypeError, ValueError), match="seed"):
+      dp.UserData.from_arrays({"x": x}, ids, max_items_per_user=2, seed=seed)
+  data = dp.UserData.from_arrays({"x": x}, np.zeros(6, int), max_items_per_user=2, seed=2**70)
+  assert data.n_items.tolist() == [2]      # a large seed stays valid
