@@ -192,8 +192,15 @@ def load_checkpoint(path: str | os.PathLike, like: PyTree, *, hmac_key: bytes | 
   check_hmac_key(hmac_key)  # a bad key is refused before anything is read
   ocp = require_orbax()
   path = _step_path(path)
-  got = _orbax(path, state=ocp.args.StandardRestore(_flat_arrays(like)),
-               meta=ocp.args.JsonRestore())
+  # shapes only: orbax's mismatch errors print the target's values, and `like` holds keys
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=getattr(x, "sharding", None)), _flat_arrays(like))
+  try:
+    got = _orbax(path, state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+  except ValueError as e:
+    raise ValueError(f"checkpoint {path} does not fit this trainer's state (its model's "
+                     f"parameters or its optimizer differ from the run that wrote it): {e}"
+                     ) from e
   state = _unflat_arrays(got["state"], like)
   verify_seal(got["meta"], arrays_digest(jax.device_get(_flat_arrays(state))), hmac_key)
   return path, state, got["meta"]
