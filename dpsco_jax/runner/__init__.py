@@ -82,6 +82,11 @@ def swept_fields(config: dict) -> list[str]:
   return sorted(k for k, vs in values.items() if len(vs) > 1 and k != "seed")
 
 
+def _checked(cfg: dict, algorithms: dict, problems: dict) -> dict:
+  """The run config validated against the registry and the schemas (normalized copy)."""
+  return _checked_typed(cfg, algorithms, problems)[0]
+
+
 def _checked_typed(cfg: dict, algorithms: dict, problems: dict) -> tuple[dict, Any]:
   """``(normalized copy, the algorithm's typed config)``: the run config validated once."""
   if not isinstance(cfg, dict):
