@@ -131,27 +131,34 @@ def _tree_sensitivity(steps: int, participations: int, min_sep: int) -> float:
                                                            -(-steps // period)))
 
 
-def _mf_noise(cfg: Schema, kind: str, steps: int, participations: int, min_sep: int
-              ) -> MfNoise:
+def _mf_noise(cfg: Schema, kind: str, steps: int, participations: int, min_sep: int,
+              amplified: bool = False) -> MfNoise:
   """The MF strategy for the schedule. Default bands: ``min(32, steps)`` for one
   participation, else ``min(32, min_sep)`` (bands within the separation keep the columns
-  disjoint: no overlap penalty; under ``full`` that is 1, i.e. independent noise)."""
+  disjoint: no overlap penalty; under ``full`` that is 1, i.e. independent noise).
+  ``amplified`` (b-min-sep sampling, ``min_sep = b``): banded only, ``bands <= b`` (refused
+  otherwise), default ``min(32, b)``; its sensitivity factor is the largest column norm."""
   if kind == "tree":   # the paper-003 tree, no strategy to optimize
     return MfNoise("tree", (), (), (), "binary tree (paper 003, Lemma 5.6)", participations,
                    min_sep, _tree_sensitivity(steps, participations, min_sep))
   strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
   if kind == "banded":
-    default = min(DEFAULT_BANDS, steps if participations == 1 else min_sep)
-    s = mf.banded_strategy(steps, check_int(cfg.get("bands", default), "bands"),
-                           strategy=strategy)
+    default = min(DEFAULT_BANDS, min_sep if amplified or participations != 1 else steps)
+    bands = check_int(cfg.get("bands", default), "bands")
+    if amplified and bands > min_sep:
+      raise ValueError(f"bands ({bands}) must be <= min_separation ({min_sep}), the number of "
+                       f"groups of sampling={AMPLIFIED!r}: a row's participations are b steps "
+                       "apart, and more bands would overlap their columns (the amplified "
+                       "accounting needs disjoint ones)")
+    s = mf.banded_strategy(steps, bands, strategy=strategy)
     coefs, th, om, source = tuple(float(c) for c in s.coefs), (), (), s.source
   else:
     b = mf.blt_strategy(steps, check_int(cfg.buffers, "buffers"),
                         participations=participations, min_sep=min_sep, strategy=strategy)
     coefs = tuple(float(c) for c in mf.blt_coefs(b.buf_decay, b.output_scale, steps))
     th, om, source = tuple(map(float, b.buf_decay)), tuple(map(float, b.output_scale)), b.source
-  sens = mf.participation_sensitivity(np.asarray(coefs), steps, participations=participations,
-                                      min_sep=min_sep)
+  schema = {} if amplified else dict(participations=participations, min_sep=min_sep)
+  sens = mf.participation_sensitivity(np.asarray(coefs), steps, **schema)
   return MfNoise(kind, coefs, th, om, source, participations, min_sep, sens)
 
 
@@ -306,36 +313,30 @@ def dp_sgd_event(noise_multiplier: float, *, sampling: str, q: float, n: int, ba
   the discretization error of a ``steps``-fold composition. MF noise (``mf_noise``): one
   Gaussian of multiplier ``z / sens``, ``sens`` the strategy's sensitivity for at most
   ``participations`` contributions ``min_sep`` apart (module docstring)."""
+  z = noise_multiplier
+  if mf_noise is not None and mf_noise.kind == "tree":   # exact over the participation offsets
+    return mf.mf_event(z, _tree_sensitivity(steps, participations, min_sep))
+  if mf_noise is not None and sampling == AMPLIFIED:   # k rounds of a Poisson-subsampled Gaussian
+    return mf.amplified_banded_event(z, np.asarray(mf_noise.coefs), steps, sampling_rate=q,
+                                     min_sep=min_sep)
   if mf_noise is not None:
-    return _mf_event(noise_multiplier, sampling, q, steps, mf_noise, participations, min_sep)
-  gauss = dp_accounting.GaussianDpEvent(noise_multiplier)
+    coefs = np.asarray(mf_noise.coefs)
+    if mf_noise.kind == "blt" and coefs.size < steps:   # a longer run: extend the BLT's column
+      coefs = mf.blt_coefs(np.asarray(mf_noise.buf_decay), np.asarray(mf_noise.output_scale),
+                           steps)
+    return mf.mf_event(z, mf.participation_sensitivity(coefs, steps, min_sep=min_sep,
+                                                       participations=participations))
   if sampling == "full":
-    return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(steps))
+    return dp_accounting.GaussianDpEvent(z / math.sqrt(steps))
   if sampling == "cyclic":   # independent noise, each user once per epoch of ceil(n/B) steps
     k = mf.participations_of(steps, -(-n // batch))
-    return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(k))
+    return dp_accounting.GaussianDpEvent(z / math.sqrt(k))
+  gauss = dp_accounting.GaussianDpEvent(z)
   if sampling == "poisson":
     one = dp_accounting.PoissonSampledDpEvent(q, gauss)
   else:
     one = dp_accounting.SampledWithoutReplacementDpEvent(n, batch, gauss)
   return dp_accounting.SelfComposedDpEvent(one, steps)
-
-
-def _mf_event(noise_multiplier: float, sampling: str, q: float, steps: int,
-              mf_noise: MfNoise, participations: int | None, min_sep: int | None
-              ) -> dp_accounting.DpEvent:
-  if mf_noise.kind == "tree":  # exact over the fixed schedule's participation offsets
-    return mf.mf_event(noise_multiplier, _tree_sensitivity(steps, participations, min_sep))
-  if sampling == AMPLIFIED:   # k rounds of a Poisson-subsampled Gaussian (module docstring)
-    return mf.amplified_banded_event(noise_multiplier, np.asarray(mf_noise.coefs), steps,
-                                     sampling_rate=q, min_sep=min_sep)
-  coefs = np.asarray(mf_noise.coefs)
-  if mf_noise.kind == "blt" and coefs.size < steps:   # a longer run: extend the BLT's column
-    coefs = mf.blt_coefs(np.asarray(mf_noise.buf_decay), np.asarray(mf_noise.output_scale),
-                         steps)
-  sens = mf.participation_sensitivity(coefs, steps, participations=participations,
-                                      min_sep=min_sep)
-  return mf.mf_event(noise_multiplier, sens)
 
 
 _BLT_NOT_BANDED = ("BLT has T bands (every coefficient of C is nonzero), so two "
@@ -369,59 +370,6 @@ def check_mf_sampling(noise: str, sampling: str, *,
                      f"schedule: use sampling={use} (fixed-order epochs), not {sampling!r}. "
                      f"{amp}; noise_mechanism='independent' works with any sampling but "
                      f"{AMPLIFIED!r}")
-
-
-def _participation(sampling: str, n: int, batch: int, steps: int
-                   ) -> tuple[int | None, int | None]:
-  """(most participations, min-separation) of the bounded schemas; (None, None) otherwise."""
-  if sampling == "cyclic":
-    period = -(-n // batch)
-    return mf.participations_of(steps, period), period
-  if sampling == "full":
-    return steps, 1
-  return None, None
-
-
-def _groups(cfg: Schema, n: int) -> int:
-  """``b = min_separation`` of b-min-sep sampling (default: ``bands``, else 32; at most
-  ``n``: every group holds a row)."""
-  default = min(n, cfg.bands if cfg.bands is not None else DEFAULT_BANDS)
-  b = check_int(cfg.get("min_separation", default), "min_separation")
-  if b > n:
-    raise ValueError(f"min_separation ({b}) must be <= the number of rows ({n}): each of the "
-                     "b groups holds at least one row")
-  return b
-
-
-def _amplified_sampling(n: int, groups: int, rate: float | None, batch_size: int | None
-                        ) -> tuple[float, int, float, int]:
-  """(p, expected batch, D = p G, capacity) of b-min-sep sampling, ``G = ceil(n / b)``, from
-  the config's ``sampling_rate`` and ``batch_size`` (``None``: not given)."""
-  size = -(-n // groups)
-  if rate is not None:
-    p = check_probability(rate, "sampling_rate")   # in (0, 1]
-  else:
-    batch = _batch_at_most(batch_size, size, n, "is the expected batch p * G of b-min-sep sampling "
-                           f"and must be <= G = ceil(n / min_separation) = {size}")
-    p = batch / size
-  return p, max(1, round(p * size)), p * size, poisson_capacity(size, p)
-
-
-def _amplified_mf(cfg: Schema, steps: int, groups: int) -> MfNoise:
-  """The banded strategy of b-min-sep sampling: ``bands <= b`` (refused otherwise), default
-  ``min(32, b)``; its sensitivity factor is the largest column norm ``||c||``."""
-  strategy = check_choice(cfg.mf_strategy, "mf_strategy", mf.STRATEGIES)
-  bands = check_int(cfg.get("bands", min(DEFAULT_BANDS, groups)), "bands")
-  if bands > groups:
-    raise ValueError(f"bands ({bands}) must be <= min_separation ({groups}), the number of "
-                     f"groups of sampling={AMPLIFIED!r}: a row's participations are b steps "
-                     "apart, and more bands would overlap their columns (the amplified "
-                     "accounting needs disjoint ones)")
-  s = mf.banded_strategy(steps, bands, strategy=strategy)
-  coefs = tuple(float(c) for c in s.coefs)
-  colnorm = mf.participation_sensitivity(np.asarray(coefs), steps)
-  return MfNoise("banded", coefs, (), (), s.source, mf.participations_of(steps, groups),
-                 groups, colnorm)
 
 
 def group_privacy_targets(epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
@@ -461,30 +409,28 @@ def public_rows(declared: int | None, relation: str, *, realized_rows: int,
   return realized_rows
 
 
-def _batch_at_most(batch_size: int | None, most: int, n: int, why: str) -> int:
-  """``batch_size`` (``None``: default ``round(sqrt(n))`` capped at ``most``), refused above
-  ``most`` (``why`` completes the message)."""
-  batch = check_int(batch_size if batch_size is not None
-                    else max(1, min(most, round(math.sqrt(n)))), "batch_size")
-  if batch > most:
-    raise ValueError(f"batch_size ({batch}) {why}")
-  return batch
-
-
-def _sampling(sampling: str, n: int, rate: float | None, batch_size: int | None
-              ) -> tuple[float, int, float, int | None]:
+def _sampling(sampling: str, n: int, groups: int | None, rate: float | None,
+              batch_size: int | None) -> tuple[float, int, float, int | None]:
   """(q, batch, denominator D, capacity) from the public row count ``n`` and the config's
-  ``sampling_rate`` and ``batch_size`` (``None``: not given)."""
+  ``sampling_rate`` and ``batch_size`` (``None``: not given; default ``round(sqrt(n))``).
+  b-min-sep sampling (``groups`` = b) draws from one group of ``G = ceil(n / b)`` rows: rate
+  ``p``, expected batch ``p G = D``."""
   if sampling == "full":
     return 1.0, n, float(n), None
-  if sampling == "poisson" and rate is not None:
+  size = -(-n // groups) if groups else n
+  if sampling in ("poisson", AMPLIFIED) and rate is not None:
     q = check_probability(rate, "sampling_rate")   # in (0, 1]
   else:
-    batch = _batch_at_most(batch_size, n, n, f"must be <= n_users ({n})")
-    q = batch / n
+    batch = check_int(batch_size if batch_size is not None
+                      else max(1, min(size, round(math.sqrt(n)))), "batch_size")
+    if batch > size:
+      raise ValueError(f"batch_size ({batch}) " + (
+          "is the expected batch p * G of b-min-sep sampling and must be <= G = ceil(n / "
+          f"min_separation) = {size}" if groups else f"must be <= n_users ({n})"))
+    q = batch / size
   if sampling in ("fixed", "cyclic"):
     return q, batch, float(batch), batch
-  return q, max(1, round(q * n)), q * n, poisson_capacity(n, q)
+  return q, max(1, round(q * size)), q * size, poisson_capacity(size, q)
 
 
 def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
@@ -513,30 +459,42 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
   delta = required_delta(cfg.delta)
   noise = check_choice(cfg.noise_mechanism, "noise_mechanism", NOISES)
   check_mf_sampling(noise, sampling)
-  groups = _groups(cfg, n) if sampling == AMPLIFIED else None
-  q, batch, denominator, capacity = (
-      _amplified_sampling(n, groups, cfg.sampling_rate, cfg.batch_size) if groups
-      else _sampling(sampling, n, cfg.sampling_rate, cfg.batch_size))
+  groups = None
+  if sampling == AMPLIFIED:   # b = min_separation (default: bands, else 32)
+    groups = check_int(cfg.get("min_separation", min(
+        n, cfg.bands if cfg.bands is not None else DEFAULT_BANDS)), "min_separation")
+    if groups > n:
+      raise ValueError(f"min_separation ({groups}) must be <= the number of rows ({n}): each "
+                       "of the b groups holds at least one row")
+  q, batch, denominator, capacity = _sampling(sampling, n, groups, cfg.sampling_rate,
+                                              cfg.batch_size)
   if cfg.num_steps is not None:
     steps = check_int(cfg.num_steps, "num_steps")
   else:
     epochs = check_positive(cfg.epochs, "epochs")
-    steps = _derived_steps(epochs, epochs * -(-n // batch) if sampling == "cyclic"  # ceil(n/B)
-                           else epochs * n / denominator if groups  # n rows, D = p G a step
-                           else epochs / q)
+    steps = (epochs * -(-n // batch) if sampling == "cyclic"  # ceil(n/B) steps an epoch
+             else epochs * n / denominator if groups  # n rows, D = p G a step
+             else epochs / q)
+    if not steps <= MAX_COUNT:
+      raise ValueError(f"epochs={epochs:g} derives {steps:.3g} steps, above the largest step "
+                       f"count {MAX_COUNT} (2^31 - 1): lower epochs or give num_steps")
+    steps = max(1, round(steps))
   # derived: L (the config's clip_norm was range-checked when it was built); adaptive: C_0
-  clip = _first_clip(cfg.clip_norm, cfg.initial_clip_norm, default_clip)
+  if cfg.clip_norm == ADAPTIVE:
+    initial = cfg.initial_clip_norm
+    clip = check_positive(default_clip if initial is None else initial, "initial_clip_norm")
+  else:
+    clip = check_positive(default_clip if cfg.clip_norm is None else cfg.clip_norm, "clip_norm")
   group_rows = -(-n // groups) if groups else None
   # the Bernoulli draw of a step covers n rows (poisson) or one group of <= G (banded_poisson)
   trunc = (poisson_truncation_probability(group_rows or n, q, capacity, steps)
            if sampling in ("poisson", AMPLIFIED) else 0.0)
-  if groups:
-    mf_noise = _amplified_mf(cfg, steps, groups)
-    participations, min_sep = mf_noise.participations, groups
-  else:
-    participations, min_sep = _participation(sampling, n, batch, steps)
-    mf_noise = (None if noise == "independent"
-                else _mf_noise(cfg, noise, steps, participations, min_sep))
+  # bounded participation: at most k contributions a user, >= min_sep steps apart
+  # (cyclic: P = ceil(n / B); full: every step; banded_poisson: b)
+  min_sep = {"cyclic": -(-n // batch), "full": 1, AMPLIFIED: groups}.get(sampling)
+  participations = None if min_sep is None else mf.participations_of(steps, min_sep)
+  mf_noise = (None if noise == "independent"
+              else _mf_noise(cfg, noise, steps, participations, min_sep, bool(groups)))
   schedule = dict(sampling=sampling, q=q, n=n, batch=batch, steps=steps, mf_noise=mf_noise,
                   participations=participations, min_sep=min_sep)
   make_event = functools.partial(dp_sgd_event, **schedule)
@@ -588,14 +546,6 @@ def plan_dp_sgd(cfg: Mapping | Schema, *, level: str, realized_rows: int,
                    adaptive=adaptive)
 
 
-def _first_clip(clip_norm: Any, initial: float | None, default_clip: float | None) -> float:
-  """The first step's clip norm: ``clip_norm``, or with ``adaptive`` ``initial_clip_norm``
-  (either defaults to L)."""
-  if clip_norm == ADAPTIVE:
-    return check_positive(default_clip if initial is None else initial, "initial_clip_norm")
-  return check_positive(default_clip if clip_norm is None else clip_norm, "clip_norm")
-
-
 def adaptive_plan(cfg: Schema, z: float, clip: float, denominator: float, *, level: str,
                   noise: str) -> AdaptivePlan:
   """``clip_norm: adaptive``'s plan, refused (naming why) where it would break the
@@ -633,15 +583,6 @@ def level_rows(problem: SCOProblem, level: str, data: dict | None) -> dict:
   data = problem.data if data is None else data
   return data if level == "user" else jax.tree.map(
       lambda x: x.reshape((-1, 1) + x.shape[2:]), data)
-
-
-def _derived_steps(epochs: float, steps: float) -> int:
-  """``round(steps)`` (at least 1) of ``epochs`` epochs, refused above the largest count a
-  config may hold."""
-  if not steps <= MAX_COUNT:
-    raise ValueError(f"epochs={epochs:g} derives {steps:.3g} steps, above the largest step "
-                     f"count {MAX_COUNT} (2^31 - 1): lower epochs or give num_steps")
-  return max(1, round(steps))
 
 
 def dp_sgd_plan(problem: SCOProblem, cfg: dict, *, level: str = "user",
