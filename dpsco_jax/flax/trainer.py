@@ -35,8 +35,8 @@ from dpsco_jax.flax import trainer_mesh as tm
 from dpsco_jax.flax import trainer_noise as tn
 from dpsco_jax.flax.trainer_data import check_data, from_user_data
 from dpsco_jax.algorithms.dpsgd.config import ADAPTIVE, DpSgdConfig
-from dpsco_jax.algorithms.dpsgd.plan import (NOISES, AdaptivePlan, adaptive_plan,
-                                             check_mf_sampling, config_view)
+from dpsco_jax.algorithms.dpsgd.plan import (NOISES, adaptive_plan, check_mf_sampling,
+                                             config_view)
 from dpsco_jax.privacy import (PrivacyLedger, PrivacyReport, Provenance, PUBLIC,
                                calibrate_poisson_sgd, check_relation, epsilon_of)
 from dpsco_jax.privacy.ledger import Epsilon, epsilon_lower_bound
@@ -77,14 +77,6 @@ def _optional(x: Any, check: Callable, name: str) -> Any:
 
 #: optax's gradient-accumulation wrappers, by their state type: they average noisy gradients
 _ACCUMULATORS = {optax.MultiStepsState: "optax.MultiSteps", optax.ApplyEvery: "optax.apply_every"}
-
-
-def _accumulator(tree: Any) -> str | None:
-  """The first accumulation wrapper whose state is anywhere in ``tree``, or None."""
-  kinds = tuple(_ACCUMULATORS)
-  found = [x for x in jax.tree.leaves(tree, is_leaf=lambda y: isinstance(y, kinds))
-           if isinstance(x, kinds)]
-  return _ACCUMULATORS[type(found[0])] if found else None
 
 
 def check_clip_args(clip_norm: Any, adaptive_keys: dict) -> float:
@@ -238,11 +230,13 @@ class DPTrainer:
       self._nnx_opt, optimizer = optimizer, optimizer.tx
     self.optimizer = optimizer
     inner = optimizer.init(params)
-    accumulator = _accumulator(inner)
-    if accumulator is not None:
-      raise ValueError(f"optimizer must not contain {accumulator}: it would accumulate noisy "
-                       "gradients over steps instead of accumulating clipped sums under one "
-                       "noise draw; use DPTrainer(accumulation_steps=k)")
+    kinds = tuple(_ACCUMULATORS)
+    found = [x for x in jax.tree.leaves(inner, is_leaf=lambda y: isinstance(y, kinds))
+             if isinstance(x, kinds)]
+    if found:
+      raise ValueError(f"optimizer must not contain {_ACCUMULATORS[type(found[0])]}: it would "
+                       "accumulate noisy gradients over steps instead of accumulating clipped "
+                       "sums under one noise draw; use DPTrainer(accumulation_steps=k)")
     sample_key, self._noise = self._keys_and_noise(key)
     self._initial_params = params
     if self._nnx_opt is not None:  # continue from the nnx.Optimizer's current state
@@ -329,7 +323,12 @@ class DPTrainer:
     self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
     self.event = dp_accounting.PoissonSampledDpEvent(
         self.q, dp_accounting.GaussianDpEvent(self.noise_multiplier))
-    self.adaptive = self._adaptive_plan()
+    self.adaptive = None if self._adaptive_keys is None else adaptive_plan(
+        # DP-SGD's adaptive plan (defaults, split, refusals) at this trainer's z, C_0, D
+        config_view({"delta": self.delta, "noise_multiplier": self.noise_multiplier,
+                     "clip_norm": ADAPTIVE, **self._adaptive_keys}),
+        self.noise_multiplier, self.clip_norm, self.denominator, level=self.level,
+        noise=self.noise_mechanism)
     if target is not None:
       if steps is None:
         raise ValueError("target_epsilon needs num_steps (the planned run it budgets)")
@@ -347,15 +346,6 @@ class DPTrainer:
     self._open_ledger(target, budget)
     self.ledger.check(self.event, label=_LABEL)  # the accountant can honour it; one step fits
     self._set_stage()
-
-  def _adaptive_plan(self) -> AdaptivePlan | None:
-    """DP-SGD's adaptive plan (defaults, split, refusals) at this trainer's ``z, C_0, D``."""
-    if self._adaptive_keys is None:
-      return None
-    view = config_view({"delta": self.delta, "noise_multiplier": self.noise_multiplier,
-                        "clip_norm": ADAPTIVE, **self._adaptive_keys})
-    return adaptive_plan(view, self.noise_multiplier, self.clip_norm, self.denominator,
-                         level=self.level, noise=self.noise_mechanism)
 
   def _open_ledger(self, *caps: float | None) -> None:
     """The run's ledger; its budget is the tightest of the ``caps`` given."""
@@ -405,22 +395,6 @@ class DPTrainer:
     noisy, noise_state = noise_tx.update(grad, noise_state, params, **extra)
     updates, inner = self.optimizer.update(noisy, inner, params)
     return noisy, updates, (noise_state, inner)
-
-  def _release_scan(self, noise_tx, steps: int, batch_of: Callable) -> PyTree:
-    """:meth:`release_fn`'s ``[T, ...]`` privatized gradients from the initial params; step
-    ``t`` clips ``batch_of(t) = (rows, mask)``."""
-    params0 = self._initial_params
-
-    def step(carry, t):
-      params, opt_state = carry
-      rows, mask = batch_of(t)
-      total = self._clipped(params, rows, mask, self._clip_of(opt_state))
-      total = jax.tree.map(lambda s, z: s.astype(z.dtype), total, self._zero_total(params))
-      noisy, updates, opt_state = self._privatize(total, opt_state, params, noise_tx)
-      return (optax.apply_updates(params, updates), opt_state), noisy
-
-    opt0 = (noise_tx.init(params0), self.optimizer.init(params0))
-    return jax.lax.scan(step, (params0, opt0), jnp.arange(steps))[1]
 
   def _build(self):
     q, n = self.q, self.n
@@ -531,39 +505,34 @@ class DPTrainer:
       ckpt.check_no_later_checkpoint(checkpoint_dir, start)
     planned = (self.cyclic.check_run(self.ledger, start + num_steps) if self.cyclic else
                self.ledger.check(self.event, label=_LABEL, count=num_steps))
+    done = 0
     try:
-      self._train_blocks(num_steps, report_every, planned, checkpoint_dir, checkpoint_every,
-                         log_fn, hmac_key)
+      while done < num_steps:
+        block = min(report_every, num_steps - done)
+        if self.cyclic is not None:  # exact: the prefix's Gaussian (trainer_noise)
+          eps = self.cyclic.charge(self.ledger, self.step_count + block)
+        else:  # compose, not spend: a prefix of the checked run cannot exceed the budget
+          self.ledger.compose(self.event, label=_LABEL, count=block)
+          eps = self.ledger.epsilon(exact=False)
+          if eps > planned:  # the whole run's checked epsilon bounds every prefix of it
+            last = done + block == num_steps  # then the ledger holds exactly the checked run
+            eps = planned if last else Epsilon(planned, "upper_bound")
+        for _ in range(block):
+          self._one_step()
+        done += block
+        rec = {"step": self.step_count, "epsilon": float(eps), "epsilon_kind": eps.kind,
+               "delta": self.delta}
+        if self.adaptive is not None:  # public: a function of the released noisy counts
+          rec["clip_norm"] = self.current_clip_norm
+        self.history.append(rec)
+        if log_fn is not None:
+          log_fn(rec)
+        if checkpoint_dir is not None and (
+            done == num_steps or (checkpoint_every and self.step_count % checkpoint_every == 0)):
+          self.save(checkpoint_dir, hmac_key=hmac_key)
     finally:  # the user's model reflects every step taken, also after an interruption
       self._sync_model(self.step_count - start)
     return self.history
-
-  def _train_blocks(self, num_steps, report_every, planned, checkpoint_dir, checkpoint_every,
-                    log_fn, hmac_key) -> None:
-    done = 0
-    while done < num_steps:
-      block = min(report_every, num_steps - done)
-      if self.cyclic is not None:  # exact: the prefix's Gaussian (trainer_noise)
-        eps = self.cyclic.charge(self.ledger, self.step_count + block)
-      else:  # compose, not spend: a prefix of the checked run cannot exceed the budget
-        self.ledger.compose(self.event, label=_LABEL, count=block)
-        eps = self.ledger.epsilon(exact=False)
-        if eps > planned:  # the whole run's checked epsilon bounds every prefix of it
-          last = done + block == num_steps  # then the ledger holds exactly the checked run
-          eps = planned if last else Epsilon(planned, "upper_bound")
-      for _ in range(block):
-        self._one_step()
-      done += block
-      rec = {"step": self.step_count, "epsilon": float(eps), "epsilon_kind": eps.kind,
-             "delta": self.delta}
-      if self.adaptive is not None:  # public: a function of the released noisy counts
-        rec["clip_norm"] = self.current_clip_norm
-      self.history.append(rec)
-      if log_fn is not None:
-        log_fn(rec)
-      if checkpoint_dir is not None and (
-          done == num_steps or (checkpoint_every and self.step_count % checkpoint_every == 0)):
-        self.save(checkpoint_dir, hmac_key=hmac_key)
 
   def epsilon(self, *, exact: bool = True) -> float:
     """Epsilon of every step charged so far.
@@ -634,7 +603,18 @@ class DPTrainer:
       batch_of = (self.cyclic.batch_of(sample_key, dataset) if self.cyclic is not None else
                   lambda t: (dataset, jax.random.bernoulli(jax.random.fold_in(sample_key, t),
                                                            self.q, (n,))))
-      return self._release_scan(noise_tx, steps, batch_of)
+      params0 = self._initial_params
+
+      def step(carry, t):
+        params, opt_state = carry
+        rows, mask = batch_of(t)
+        total = self._clipped(params, rows, mask, self._clip_of(opt_state))
+        total = jax.tree.map(lambda s, z: s.astype(z.dtype), total, self._zero_total(params))
+        noisy, updates, opt_state = self._privatize(total, opt_state, params, noise_tx)
+        return (optax.apply_updates(params, updates), opt_state), noisy
+
+      opt0 = (noise_tx.init(params0), self.optimizer.init(params0))
+      return jax.lax.scan(step, (params0, opt0), jnp.arange(steps))[1]
 
     return release
 
