@@ -88,21 +88,17 @@ def dp_sgd_chain(h: dict, denominator: float, averaging: str, keep: bool = False
   """clip -> fixed-denominator mean (fused) -> Gaussian / MF noise [-> keep] -> projected
   SGD. ``noise`` and ``steps`` (the MF horizon) are static. ``noise = ("adaptive", gamma,
   eta, z_Delta, sigma_b)``: clip, mean and both noises are the one adaptive stage."""
-  stages = ([_adaptive_stage(h, denominator, noise)] if noise[0] == "adaptive" else
-            [clip_and_aggregate(h["clip"], "mean", denominator), _noise_stage(h, noise, steps)])
+  if noise[0] == "adaptive":   # the plan's spec (:meth:`~.plan.AdaptivePlan.stage_spec`)
+    _, gamma, eta, sum_multiplier, count_stddev = noise
+    # z is the pair's; the stage reads only z_Delta and sigma_b (split made by the plan)
+    stages = [adaptive_clip_and_noise(
+        h["clip"], target_quantile=gamma, clip_learning_rate=eta, denominator=denominator,
+        split=AdaptiveClipSplit(None, sum_multiplier, count_stddev), key=h["noise_key"])]
+  else:
+    stages = [clip_and_aggregate(h["clip"], "mean", denominator), _noise_stage(h, noise, steps)]
   if keep:
     stages.append(keep_release())
   return optax.chain(*stages, projected_sgd(h["lr"], radius=h["radius"], averaging=averaging))
-
-
-def _adaptive_stage(h: dict, denominator: float, noise: tuple) -> optax.GradientTransformation:
-  """Adaptive clipping (:mod:`dpsco_jax.transforms.adaptive_clipping`) from ``h["clip"]``
-  (``C_0``) and the plan's static spec (:meth:`~.plan.AdaptivePlan.stage_spec`)."""
-  _, gamma, eta, sum_multiplier, count_stddev = noise
-  # z is the pair's; the stage reads only z_Delta and sigma_b (split made by the plan)
-  split = AdaptiveClipSplit(None, sum_multiplier, count_stddev)
-  return adaptive_clip_and_noise(h["clip"], target_quantile=gamma, clip_learning_rate=eta,
-                           denominator=denominator, split=split, key=h["noise_key"])
 
 
 def sgd_chain(h: dict, denominator: float, averaging: str) -> optax.GradientTransformation:
