@@ -37,13 +37,14 @@ from dpsco_jax.flax import fast_clip_norms as fn
 from dpsco_jax.flax import fast_clip_taps as ft
 from dpsco_jax.flax import fast_clip_vmap as fvm
 from dpsco_jax.precision import at_guarantee_precision
-from dpsco_jax.transforms.clipping import _check_bounded, _check_mean, aggregation_sensitivity
+from dpsco_jax.transforms.clipping import (_TINY, _check_bounded, _check_mean,
+                                           aggregation_sensitivity)
+from dpsco_jax.transforms.noise import noise_dtype
 
 PyTree = Any
 Path = tuple
 LossFn = Callable[[nnx.Module, PyTree], jax.Array]
 
-_TINY = 1e-30  # the core's floor on the norm in min(1, C/||g||)
 _F32 = jnp.float32
 
 
@@ -112,11 +113,6 @@ def _flat_inputs(module, kind: str, x: jax.Array, n_users: int) -> jax.Array:
   return jnp.reshape(x.astype(_F32), (n_users, -1, p))
 
 
-def _wide(dtype) -> jnp.dtype:
-  """float32 or wider: the dtype contributions are weighted, summed and returned in."""
-  return jnp.promote_types(dtype, _F32) if jnp.issubdtype(dtype, jnp.floating) else _F32
-
-
 def _as_rounded(x: jax.Array) -> jax.Array:
   """A per-user gradient leaf in float32 or wider, *as rounded to its own dtype*: XLA:GPU's
   excess precision may drop a ``f32 -> bf16 -> f32`` pair, ``reduce_precision`` is never
@@ -135,14 +131,14 @@ def _safe(x, kept, donor):
 def _weighted_sum(x, w, kept):
   """``sum_u w_u x_u`` over kept users in float32 or wider, one contraction at HIGHEST (no
   weighted ``[U, ...]`` copy)."""
-  x = jnp.where(fn.bcast(kept, x), x.astype(_wide(x.dtype)), 0.0)
+  x = jnp.where(fn.bcast(kept, x), x.astype(noise_dtype(x.dtype)), 0.0)
   wk = jnp.where(kept, w, 0.0).astype(x.dtype)
   return lax.dot_general(wk, x, (((0,), (0,)), ((), ())), precision=lax.Precision.HIGHEST)
 
 
 def _weighted(g, w, kept):
   """``w_u g_u`` in float32 or wider (rounded to bfloat16 it exceeded C), 0 for dropped users."""
-  g = g.astype(_wide(g.dtype))
+  g = g.astype(noise_dtype(g.dtype))
   return jnp.where(fn.bcast(kept, g), g * fn.bcast(w, g).astype(g.dtype), 0.0)
 
 
@@ -497,13 +493,13 @@ class FastClippedGrad:
     norms, w, kept = self._weights(bound, user_mask, clip_norm)
     donor = jnp.argmax(kept)  # a kept user, whose inputs stand in for dropped users' (_safe)
     leaves, treedef = jax.tree.flatten(params)
-    out = [jnp.zeros(x.shape, _wide(x.dtype)) for x in leaves]
+    out = [jnp.zeros(x.shape, noise_dtype(x.dtype)) for x in leaves]
     for part in parts:  # a contribution is w_u times exactly what N_u bounds
       # float32 or wider, like the vmap path's (see _weighted)
       got = (_weighted_sum(part.dense, w, kept) if part.dense is not None
              else part.release(w, kept, donor))
       out[part.leaf] = jnp.reshape(got, leaves[part.leaf].shape)
-    summed = jax.tree.unflatten(treedef, [o.astype(_wide(x.dtype))
+    summed = jax.tree.unflatten(treedef, [o.astype(noise_dtype(x.dtype))
                                           for o, x in zip(out, leaves)])
     any_kept = jnp.any(kept)
     summed = jax.tree.map(lambda x: jnp.where(any_kept, x, jnp.zeros_like(x)), summed)

@@ -112,15 +112,13 @@ def _chunk(x: jax.Array, i, b: int) -> jax.Array:
   return lax.dynamic_slice_in_dim(x, i, b, axis=0)
 
 
-def _starts(n_users: int, b: int) -> int:
-  return -(-n_users // b)
-
-
 def _patches_and_grads(conv, xs, gs):
-  """Grouped patches ``[b, N, G, k]`` and output gradients ``[b, N, G, o]`` of a chunk."""
-  b = xs[0].shape[0]
-  ag = [fn.conv_grouped(conv, x, g, b) for x, g in zip(xs, gs)]
-  return jnp.concatenate([a for a, _ in ag], 1), jnp.concatenate([g for _, g in ag], 1)
+  """Grouped patches ``[b, N, G, (in/G) * kvol]`` and output gradients ``[b, N, G, out/G]``
+  of a chunk of ``b`` users."""
+  b, groups = xs[0].shape[0], conv.feature_group_count
+  grouped = lambda y: jnp.reshape(y.astype(_F32), (b, -1, groups, y.shape[-1] // groups))
+  return (jnp.concatenate([grouped(fn.conv_patches(conv, x)) for x in xs], 1),
+          jnp.concatenate([grouped(g) for g in gs], 1))
 
 
 def _bound_chunk(conv, xs, gs, ghost, recomputed):
@@ -166,7 +164,7 @@ def conv_bound(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array],
     out_m = None if m is None else lax.dynamic_update_slice_in_dim(carry[1], m, i, 0)
     return out_sq, out_m
 
-  return lax.fori_loop(0, _starts(n_users, chunk), body, (sq0, m0))
+  return lax.fori_loop(0, -(-n_users // chunk), body, (sq0, m0))
 
 
 def conv_release(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array],
@@ -194,7 +192,7 @@ def conv_release(conv: nnx.Conv, xs: Sequence[jax.Array], gs: Sequence[jax.Array
     fresh = (i + jnp.arange(chunk)) >= c * chunk  # not added by an earlier chunk
     return total + chunk_sum(i, chunk, fresh)
 
-  total = lax.fori_loop(0, _starts(n_users, chunk), body,
+  total = lax.fori_loop(0, -(-n_users // chunk), body,
                         jnp.zeros(total0.shape, total0.dtype))
   return fn.conv_layout(conv, total)
 

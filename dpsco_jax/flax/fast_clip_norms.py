@@ -150,15 +150,6 @@ def _patches(x, ks, strides, padding, in_dil, k_dil, dn) -> jax.Array:
                                   feature_group_count=channels, precision=(HI, HI))
 
 
-def conv_grouped(conv: nnx.Conv, x: jax.Array, g: jax.Array, n_users: int):
-  """Patches ``[U, N, G, (in/G) * kvol]`` and output gradients ``[U, N, G, out/G]``."""
-  groups = conv.feature_group_count
-  p = conv_patches(conv, x)
-  a = jnp.reshape(p.astype(jnp.float32), (n_users, -1, groups, p.shape[-1] // groups))
-  gg = jnp.reshape(g.astype(jnp.float32), (n_users, -1, groups, g.shape[-1] // groups))
-  return a, gg
-
-
 def conv_layout(conv: nnx.Conv, flat: jax.Array) -> jax.Array:
   """``[..., G, (in/G) * kvol, out/G]`` (channel-major patches) to the kernel's layout
   ``[..., *kernel_size, in/G, out]``."""

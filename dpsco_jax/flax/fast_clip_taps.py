@@ -78,11 +78,14 @@ def taped(model, mode: str, wanted: dict[Path, str], fn, zs=None) -> tuple[Any, 
   """``(fn(model), tape)``, ``model`` (a fresh ``nnx.merge`` for one trace) with its ``wanted``
   layers tapped in ``mode`` (:class:`Tape`): they get the tapping subclass of their class, so
   no class is patched and no other model sees a tap."""
-  tape = Tape(mode, modules_by_id(model, wanted), zs)
-  for _, node in nnx.iter_graph(model):
-    if isinstance(node, nnx.Module) and id(node) in tape.modules and type(node) in KINDS:
-      node.__class__ = _tapped_class(type(node))
-  tape.remember_raw(model)
+  tape = Tape(mode, {}, zs)
+  for path, node in nnx.iter_graph(model):
+    if isinstance(node, nnx.Module) and tuple(path) in wanted:
+      tape.modules[id(node)] = (tuple(path), wanted[tuple(path)])
+      if type(node) in KINDS:
+        node.__class__ = _tapped_class(type(node))
+      for var in module_params(node).values():  # the raw values right after the merge
+        tape.raw[id(var)] = var.get_raw_value()
   token = _TAPE.set(tape)
   try:
     return fn(model), tape
@@ -135,13 +138,6 @@ class Tape:
     self.trace = _current_trace()
     self.raw: dict[int, Any] = {}
     self._ins: list[tuple] = []  # plan mode: every call's input arrays (by identity)
-
-  def remember_raw(self, model) -> None:
-    """Records the raw value of every tracked module's Params right after the merge."""
-    for _, node in nnx.iter_graph(model):
-      if isinstance(node, nnx.Module) and id(node) in self.modules:
-        for var in module_params(node).values():
-          self.raw[id(var)] = var.get_raw_value()
 
   def _raw_intact(self, module) -> bool:
     return all(self.raw.get(id(v), None) is v.get_raw_value()
@@ -282,24 +278,12 @@ def candidates(model) -> dict[Path, str]:
   return out
 
 
-def modules_by_id(model, wanted: dict[Path, str]) -> dict[int, tuple[Path, str]]:
-  return {id(node): (tuple(path), wanted[tuple(path)])
-          for path, node in nnx.iter_graph(model)
-          if isinstance(node, nnx.Module) and tuple(path) in wanted}
-
-
-def _key_to_py(k):
-  for attr in ("key", "idx", "name"):
-    if hasattr(k, attr):
-      return getattr(k, attr)
-  return k
-
-
 def leaf_paths(params) -> list[Path]:
   """Param path (module path + attribute) of every leaf of an nnx State, in flatten order."""
   out = []
   for kp, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
-    keys = [_key_to_py(k) for k in kp]
+    keys = [next((getattr(k, a) for a in ("key", "idx", "name") if hasattr(k, a)), k)
+            for k in kp]
     if keys and keys[-1] == "value":
       keys = keys[:-1]
     out.append(tuple(keys))
