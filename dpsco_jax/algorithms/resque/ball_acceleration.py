@@ -179,23 +179,17 @@ def ball_acceleration(ball_oracle: BallOracle, x0: PyTree, key: jax.Array, *, R:
 def _bisection(dist, lam0, lam_min, lam_max, lo, hi, r, R, lipschitz, max_steps):
   """CJJS21 LAMBDA-BISECTION (lines 13-21), optionally warm-started at ``lam0``."""
   steps = 0
-  if lam0 is None:
-    lam = lam_max
+  lam = lam_max if lam0 is None else min(max(lam0, lam_min), lam_max)
+  if lam0 is None or dist(lam) <= lo:   # halve from lam_max (or the warm start) ...
     while lam >= lam_min and dist(lam) <= lo and steps < max_steps:
       lam /= 2.0
       steps += 1
-  else:
-    lam = min(max(lam0, lam_min), lam_max)
-    if dist(lam) <= lo:
-      while lam >= lam_min and dist(lam) <= lo and steps < max_steps:
-        lam /= 2.0
-        steps += 1
-    else:
-      while 2.0 * lam <= lam_max and dist(2.0 * lam) > lo and steps < max_steps:
-        lam *= 2.0
-        steps += 1
-      if 2.0 * lam > lam_max:
-        return lam
+  else:   # ... or double from the warm start
+    while 2.0 * lam <= lam_max and dist(2.0 * lam) > lo and steps < max_steps:
+      lam *= 2.0
+      steps += 1
+    if 2.0 * lam > lam_max:
+      return lam
   if lam <= lam_min:
     return 2.0 * lam if 2.0 * lam <= lam_max else lam_max  # line 15
   lam_u, lam_l = 2.0 * lam, lam

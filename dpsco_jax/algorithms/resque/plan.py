@@ -37,10 +37,6 @@ from dpsco_jax.privacy.relations import check_relation
 from dpsco_jax.privacy.sensitivity import GaussianStage, Sensitivity
 
 
-def _pow2_floor(x: float) -> int:
-  return 2 ** max(2, int(math.floor(math.log2(max(x, 4)))))
-
-
 @dataclasses.dataclass
 class PrivateERMConfig:
   """One phase's private-ERM schedule (Theorem 3)."""
@@ -65,8 +61,7 @@ def _plan_charges(cfg: PrivateERMConfig, *, beta: float, lam_dummy: float, d: in
   def alg5_calls(T, b):
     return [(c["T"], c["beta"]) for c in alg5_schedule(T, beta=b, lam=lam_dummy,
                                                          lipschitz=lipschitz, radius=radius, d=d)]
-  per_iter = []
-  per_iter += alg5_calls(cfg.T_ls, beta) * cfg.runs_ls * (cfg.max_bisection + 3)
+  per_iter = alg5_calls(cfg.T_ls, beta) * cfg.runs_ls * (cfg.max_bisection + 3)
   per_iter += alg5_calls(cfg.T_bo, beta)
   for _ in range(cfg.mlmc_copies):
     per_iter += alg5_calls(cfg.T_sp, beta)
@@ -93,7 +88,7 @@ def phase_plan(cfg: Mapping | Any, *, n_i: int, i: int, eps_i: float, delta_i: f
     eps_opt = check_positive(cfg.rho, "rho") * L * math.sqrt(d)
   rho = eps_opt / (L * math.sqrt(d))
   r = rho / ratio
-  t_cap = _pow2_floor(cfg.T_frac * n_i)
+  t_cap = 2 ** int(math.floor(math.log2(max(cfg.T_frac * n_i, 4))))   # a power of 2, >= 4
   erm = PrivateERMConfig(
       T_ls=t_cap, T_bo=t_cap, T_sp=max(4, t_cap // 4),
       runs_ls=check_int(cfg.runs_ls, "runs_ls"),

@@ -75,27 +75,21 @@ def private_erm(loss_fn: Callable, items: PyTree, x_init: PyTree, key: jax.Array
   def merged(y, lam):
     lt = lam + reg_lam
     c = jax.tree.map(lambda yi, ci: (lam * yi + reg_lam * ci) / lt, y, reg_center)
-    return lt, c
+    return dict(radius=r, rho=rho, beta=beta, lam=lt, lipschitz=lipschitz, reg_center=c,
+                charge=charge, alg4=alg4)
 
   def ls_oracle(k, y, lam, phi):
-    lt, c = merged(y, lam)
-    x = high_probability_solver(loss_fn, items, y, k, runs=cfg.runs_ls, T=cfg.T_ls, radius=r,
-                                rho=rho, beta=beta, lam=lt, lipschitz=lipschitz, reg_center=c,
-                                charge=charge, alg4=alg4)
+    x = high_probability_solver(loss_fn, items, y, k, runs=cfg.runs_ls, T=cfg.T_ls,
+                                **merged(y, lam))
     return x, ba.OracleCost(1, 0)
 
   def bo_oracle(k, y, lam, phi):
-    lt, c = merged(y, lam)
-    x = strongly_convex_resque(loss_fn, items, y, k, T=cfg.T_bo, radius=r, rho=rho, beta=beta,
-                               lam=lt, lipschitz=lipschitz, reg_center=c, charge=charge,
-                               alg4=alg4)
+    x = strongly_convex_resque(loss_fn, items, y, k, T=cfg.T_bo, **merged(y, lam))
     return x, ba.OracleCost(1, 0)
 
   def sp_oracle(k, y, lam):
-    lt, c = merged(y, lam)
     return mlmc_prox_estimator(loss_fn, items, y, k, T=cfg.T_sp, j_max=cfg.j_max,
-                               copies=cfg.mlmc_copies, radius=r, rho=rho, beta=beta, lam=lt,
-                               lipschitz=lipschitz, reg_center=c, charge=charge, alg4=alg4)
+                               copies=cfg.mlmc_copies, **merged(y, lam))
 
   # ReSQue Prop. 1's lam_star/C_ba exceeds CJJS21's lam_max = 2L/r when kappa is small (the
   # log^2 kappa factor); practical deviation: cap lam_min at lam_max/8.

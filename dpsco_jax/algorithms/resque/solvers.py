@@ -136,11 +136,10 @@ def _alg4_phases(loss_fn: Callable, lengths: tuple[int, ...], items, center, reg
     sl = jax.tree.map(lambda a: a[off:off + t_i], (xis, grads))
     ybar, _ = phase_average(x, center, reg_center, sl[0], sl[1], eta=etas[i], lam=lam,
                             radius=radius, rho=rho)
-    if add_noise:
+    x = ybar
+    if add_noise:  # Gaussian output perturbation (Alg. 3 line 11)
       noise = tree_gaussian_like(jax.random.fold_in(kn, i), ybar, sigmas[i])
-      x = jax.tree.map(jnp.add, ybar, noise)  # Gaussian output perturbation (Alg. 3 line 11)
-    else:
-      x = ybar
+      x = jax.tree.map(jnp.add, ybar, noise)
     releases.append(x)
     off += t_i
   return project_l2_ball(x, radius, center), releases, z  # projection: spec §3.5 [AMBIG]
