@@ -373,17 +373,13 @@ def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
   cfg = config_view(cfg, name)    # derived defaults: alg3_schedule's
   if cfg.max_steps is not None and opt.preset == "theory":
     raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
-  lam = cfg.lam
-  if cfg.lam_scale is not None:     # practical: multiply the Thm C.3 lambda (more localization)
-    if opt.preset == "theory":
-      raise ValueError("lam_scale is a practical-preset option")
-    n, m, d, L, R, eps = spec.n_users, spec.m, spec.d, spec.lipschitz, spec.radius, opt.epsilon
-    lam = check_positive(cfg.lam_scale, "lam_scale") * (L / R) * (
-        1 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m))) if lam is None else lam
+  if cfg.lam_scale is not None and opt.preset == "theory":
+    raise ValueError("lam_scale is a practical-preset option")
   sched = alg3_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
                         delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
                         smoothness=math.inf if smoothed else spec.smoothness,
-                        preset=opt.preset, q_exp=cfg.q_exp, p_exp=cfg.p_exp, lam=lam,
+                        preset=opt.preset, q_exp=cfg.q_exp, p_exp=cfg.p_exp, lam=cfg.lam,
+                        lam_scale=cfg.lam_scale,
                         batch_size=cfg.batch_size, num_phases=cfg.num_phases, tau=cfg.tau,
                         smoothing_radius=cfg.smoothing_radius if smoothed else None)
   return plan_alg3(spec, opt, sched, cfg.max_steps, **_run_knobs(spec, cfg))

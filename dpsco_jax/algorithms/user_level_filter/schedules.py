@@ -288,7 +288,8 @@ def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
                   lam: float | None = None, batch_size: int | None = None,
                   num_phases: int | None = None, tau: float | None = None,
                   smoothing_radius: float | None = None,
-                  constants: PaperConstants | ScaledConstants | None = None) -> Alg3Schedule:
+                  constants: PaperConstants | ScaledConstants | None = None,
+                  lam_scale: float | None = None) -> Alg3Schedule:
   """Algorithm 3's schedule (Thm C.3; Thm D.3 when ``smoothness`` is infinite).
 
   theory: ``l = floor(log2 n)``, ``lambda = (L/R)(1/sqrt(nm) + sqrt(d)/(eps n sqrt(m)))``
@@ -302,7 +303,8 @@ def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
 
   practical: ``num_phases`` phases covering all users, ``p = 1``, ``K_i = min(n_i,
   batch_size)`` (default ``n_i``), ``T_i`` as in theory times ``steps3``,
-  ``tau = hoeffding_tau`` scaled by ``tau3``; noise is calibrated by the driver.
+  ``tau = hoeffding_tau`` scaled by ``tau3``; noise is calibrated by the driver. ``lam_scale``
+  (practical) multiplies Thm C.3's ``lambda`` (more localization) when ``lam`` is not given.
   """
   n, m, d = check_int(n, "n"), check_int(m, "m"), check_int(d, "d")
   eps, delta = check_epsilon(epsilon), check_delta(delta)
@@ -317,7 +319,8 @@ def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
            else check_positive(smoothing_radius, "smoothing_radius"))
     beta = L * math.sqrt(d) / r_s                       # Lemma D.1
   check_positive(beta, "smoothness")
-  lam0 = ((L / R) * (1.0 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m)))
+  scale = 1.0 if lam_scale is None else check_positive(lam_scale, "lam_scale")
+  lam0 = (scale * (L / R) * (1.0 / math.sqrt(n * m) + math.sqrt(d) / (eps * n * math.sqrt(m)))
           if lam is None else check_positive(lam, "lam"))
 
   if preset == "theory":   # Thm C.3 constants and preconditions (K_i the paper's)
