@@ -87,7 +87,12 @@ def unclipped_centred_count(norms: jax.Array, clip_norm: jax.Array, real: jax.Ar
   return jnp.sum(jnp.where(real, b - 0.5, 0.0))
 
 
-def _checked(initial_clip_norm, target_quantile, clip_learning_rate, denominator, split, key):
+def adaptive_noise(initial_clip_norm: float, *, target_quantile: float,
+                   clip_learning_rate: float, denominator: float, split: AdaptiveClipSplit,
+                   key: jax.Array | int) -> optax.GradientTransformationExtraArgs:
+  """The noise half of :func:`adaptive_clip_and_noise` (same arguments, keys and state), for a
+  caller that clips at ``C_t`` itself: the clipped mean and the extra argument
+  ``centred_count`` (:func:`unclipped_centred_count`) in, the noisy mean out."""
   c0 = check_positive(initial_clip_norm, "initial_clip_norm")
   gamma = target_quantile if isinstance(target_quantile, jax.core.Tracer) else (
       check_target_quantile(target_quantile))
@@ -97,17 +102,7 @@ def _checked(initial_clip_norm, target_quantile, clip_learning_rate, denominator
     raise TypeError("split must be an AdaptiveClipSplit (privacy.sensitivity."
                     f"adaptive_clip_split), got {type(split).__name__}")
   check_nonnegative(split.count_stddev, "count_stddev")
-  return c0, gamma, eta, denom, check_seed_or_key(key, "key")
-
-
-def adaptive_noise(initial_clip_norm: float, *, target_quantile: float,
-                   clip_learning_rate: float, denominator: float, split: AdaptiveClipSplit,
-                   key: jax.Array | int) -> optax.GradientTransformationExtraArgs:
-  """The noise half of :func:`adaptive_clip_and_noise` (same arguments, keys and state), for a
-  caller that clips at ``C_t`` itself: the clipped mean and the extra argument
-  ``centred_count`` (:func:`unclipped_centred_count`) in, the noisy mean out."""
-  c0, gamma, eta, denom, key = _checked(initial_clip_norm, target_quantile,
-                                        clip_learning_rate, denominator, split, key)
+  key = check_seed_or_key(key, "key")
 
   def init_fn(params):
     del params

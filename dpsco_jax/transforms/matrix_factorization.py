@@ -70,26 +70,15 @@ def _check_vector(x: Any, name: str) -> np.ndarray:
   return v
 
 
-def _wide(tree: PyTree) -> PyTree:
-  return jax.tree.map(lambda u: u.astype(noise_dtype(jnp.result_type(u))), tree)
-
-
 def _stack_zeros(params: PyTree, depth: int) -> PyTree:
   return jax.tree.map(
       lambda p: jnp.zeros((depth,) + jnp.shape(p), noise_dtype(jnp.result_type(p))), params)
 
 
-def _emit(out: PyTree, updates: PyTree, params: PyTree | None, count: jax.Array,
-          max_steps: int) -> PyTree:
-  """Cast as :func:`~dpsco_jax.transforms.noise.output_like`; NaN past the horizon."""
-  over = count >= max_steps
-  return jax.tree.map(lambda o, r: jnp.where(over, jnp.nan, o).astype(jnp.result_type(r)),
-                      out, output_like(updates, params))
-
-
 def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: int,
-                init_carry, next_noise, state_cls) -> optax.GradientTransformationExtraArgs:
-  """Shared driver of both stages: ``next_noise(xi, carry, count) -> (w, carry)``."""
+                next_noise, state_cls) -> optax.GradientTransformationExtraArgs:
+  """Shared driver of both stages: ``next_noise(xi, carry, count) -> (w, carry)``, the carry
+  ``depth`` stacked float32+ zeros at init."""
   check_stddev(noise_std, "noise_std")
   max_steps = check_max_steps(max_steps)
   check_choice(output, "output", OUTPUTS)
@@ -97,20 +86,20 @@ def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: 
 
   def init_fn(params):
     prefix = wide_zeros(params) if output == "prefix" else ()
-    return state_cls(jnp.zeros((), jnp.int32), prefix, init_carry(params, depth), key)
+    return state_cls(jnp.zeros((), jnp.int32), prefix, _stack_zeros(params, depth), key)
 
   def update_fn(updates, state, params=None, **extra):
     del extra  # user_mask etc. are the aggregation's business; noise is data-independent
-    wide = _wide(updates)
+    wide = jax.tree.map(lambda u: u.astype(noise_dtype(jnp.result_type(u))), updates)
     xi = tree_gaussian_like(jax.random.fold_in(state[3], state.count), wide, noise_std)
     w, carry = next_noise(xi, state[2], state.count)
-    noisy = jax.tree.map(lambda u, n: u + n.astype(u.dtype), wide, w)
+    out = jax.tree.map(lambda u, n: u + n.astype(u.dtype), wide, w)
+    prefix = ()
     if output == "prefix":
-      prefix = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.noisy_prefix, noisy)
-      out = prefix
-    else:
-      prefix, out = (), noisy
-    out = _emit(out, updates, params, state.count, max_steps)
+      out = prefix = jax.tree.map(lambda g, u: g + u.astype(g.dtype), state.noisy_prefix, out)
+    over = state.count >= max_steps  # cast as noise.output_like; NaN past the horizon
+    out = jax.tree.map(lambda o, r: jnp.where(over, jnp.nan, o).astype(jnp.result_type(r)),
+                       out, output_like(updates, params))
     return out, state_cls(state.count + 1, prefix, carry, state[3])
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -156,8 +145,7 @@ def banded_noise(noise_std: float, max_steps: int, key: jax.Array | int, *,
     ring = jax.tree.map(lambda r, v: r.at[count % depth].set(v.astype(r.dtype)), ring, w)
     return w, ring
 
-  return _make_stage(noise_std, max_steps, key, output, depth, _stack_zeros, next_noise,
-                     BandedNoiseState)
+  return _make_stage(noise_std, max_steps, key, output, depth, next_noise, BandedNoiseState)
 
 
 def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_decay: Any,
@@ -198,8 +186,7 @@ def blt_noise(noise_std: float, max_steps: int, key: jax.Array | int, *, buf_dec
         bufs, w)
     return w, bufs
 
-  return _make_stage(noise_std, max_steps, key, output, depth, _stack_zeros, next_noise,
-                     BltNoiseState)
+  return _make_stage(noise_std, max_steps, key, output, depth, next_noise, BltNoiseState)
 
 
 def state_floats(state: PyTree) -> int:

@@ -31,13 +31,6 @@ from dpsco_jax.transforms.noise import tree_gaussian_like
 PyTree = Any
 
 
-def _batched_vdot(batched: PyTree, single: PyTree) -> jax.Array:
-  """``[B]`` inner products of each batch element of ``batched`` with ``single``."""
-  parts = jax.tree.leaves(jax.tree.map(
-      lambda xb, y: jnp.sum((xb * y[None]).reshape(xb.shape[0], -1), axis=1), batched, single))
-  return sum(parts[1:], parts[0])
-
-
 def sample_queries(key: jax.Array, anchor: PyTree, rho: float | jax.Array,
                    num: int) -> tuple[PyTree, PyTree]:
   """Draws ``num`` Gaussian query offsets around ``anchor`` (Definition 2); pass ``xis`` as
@@ -70,7 +63,9 @@ def log_weight(x: PyTree, anchor: PyTree, xi: PyTree, rho: float | jax.Array) ->
 def log_weights(x: PyTree, anchor: PyTree, xis: PyTree, rho: float | jax.Array) -> jax.Array:
   """``[B]`` log-weights of ``x`` against a batch of offsets ``xis`` (leading axis ``B``)."""
   v = jax.tree.map(jnp.subtract, x, anchor)
-  return (_batched_vdot(xis, v) - 0.5 * optax.tree.vdot(v, v)) / jnp.square(rho)
+  parts = jax.tree.leaves(jax.tree.map(   # [B] inner products of each offset with v
+      lambda xb, y: jnp.sum((xb * y[None]).reshape(xb.shape[0], -1), axis=1), xis, v))
+  return (sum(parts[1:], parts[0]) - 0.5 * optax.tree.vdot(v, v)) / jnp.square(rho)
 
 
 def reweight(x: PyTree, anchor: PyTree, xis: PyTree, grads: PyTree,
