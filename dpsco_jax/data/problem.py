@@ -183,10 +183,7 @@ class UserDataProblem(PublicFacts):
     self.loss_fn = _flat_loss(loss_fn, treedef, shapes)
     self.user_data = data
     self._data = None   # the device copy, built on first read: a streamed run never reads it
-    self._check_loss(loss_fn, params)
-
-  def _check_loss(self, loss_fn: Callable, params: Any) -> None:
-    """The loss must give one finite-shaped scalar per item (before the first step)."""
+    # the loss must give one scalar per item (checked before the first step)
     first = jax.tree.map(lambda x: jnp.asarray(x[0, 0]), self.user_data.examples)
     out = jax.eval_shape(loss_fn, params, first)
     if getattr(out, "shape", None) != ():

@@ -268,7 +268,15 @@ class UserData:
       if leaf.shape[:2] != (u, m):
         raise ValueError(f"every examples leaf must be shaped [U={u}, m={m}, ...], got "
                          f"{leaf.shape}")
-    self._check_ids(u)
+    ids = canonical_ids(self.user_ids)
+    if ids.shape[0] != u:
+      raise ValueError(f"user_ids has {ids.shape[0]} ids for {u} users")
+    srt = np.sort(ids)
+    dup = srt[1:][srt[1:] == srt[:-1]]
+    if dup.size:
+      raise ValueError(f"user_ids must be unique: {dup[:3].tolist()} appear more than once "
+                       "(one user in two rows would contribute twice)")
+    object.__setattr__(self, "user_ids", ids)
     n_items = _int_vector(self.n_items, "n_items", u)
     object.__setattr__(self, "n_items", n_items)
     if np.any(n_items < 1) or np.any(mask.sum(1) != n_items):
@@ -284,17 +292,6 @@ class UserData:
       if self.shard_info.size() != u:
         raise ValueError(f"shard {self.shard_info.index} of {self.shard_info.count} should hold "
                          f"{self.shard_info.size()} users, it holds {u}")
-
-  def _check_ids(self, u: int) -> None:
-    ids = canonical_ids(self.user_ids)
-    if ids.shape[0] != u:
-      raise ValueError(f"user_ids has {ids.shape[0]} ids for {u} users")
-    srt = np.sort(ids)
-    dup = srt[1:][srt[1:] == srt[:-1]]
-    if dup.size:
-      raise ValueError(f"user_ids must be unique: {dup[:3].tolist()} appear more than once "
-                       "(one user in two rows would contribute twice)")
-    object.__setattr__(self, "user_ids", ids)
 
   @classmethod
   def from_arrays(cls, examples: Any, user_ids: Any, *, max_items_per_user: int | None = None,

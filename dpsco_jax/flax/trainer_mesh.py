@@ -55,9 +55,7 @@ class UsersMesh:
 
   def gather(self, tree: PyTree) -> PyTree:
     """Inside jit: ``tree`` (the reduced clipped sum) replicated over the mesh."""
-    if self.mesh is None:
-      return tree
-    return jax.lax.with_sharding_constraint(tree, self._replicated)
+    return tree if self.mesh is None else jax.lax.with_sharding_constraint(tree, self._replicated)
 
   def check_clipper(self, clipper: Any, stand_in: PyTree) -> None:
     """Refuses fast clipping of a convolution chunked over users (``method`` is resolved;

@@ -28,20 +28,16 @@ from dpsco_jax.problems.bilevel import (BilevelProblem, attach_population,
 MIN_N_OVER_D = 4
 
 
-def _rng(key: jax.Array) -> np.random.Generator:
-  """A numpy generator seeded by the JAX key's bits (numpy: JAX would compile per (n, d))."""
-  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-    key = jax.random.key_data(key)
-  return np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist())
-
-
 def _sphere(rng, n, d):
   u = rng.standard_normal((n, d))
   return u * (math.sqrt(d) / np.linalg.norm(u, axis=1, keepdims=True))
 
 
 def _noisy_inputs_data(key, d, n_train, n_val, label_noise, input_noise):
-  rng = _rng(key)
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  # numpy seeded by the key's bits: JAX would compile per (n, d)
+  rng = np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist())
   w = rng.standard_normal(d)
   w = w / np.linalg.norm(w)                       # ||w|| = 1: public signal size
   a_tr = _sphere(rng, n_train, d)                 # E a a^T = I, ||a|| = sqrt(d)
