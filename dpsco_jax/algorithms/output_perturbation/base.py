@@ -180,9 +180,8 @@ def plan_sc_output_pert(*, n_users: int, m: int, lipschitz: float, smoothness: f
     Delta = base + 2.0 * tau if settings.Delta is None else base
   # a-priori distance from u0 = 0 to every sub-dataset optimum: the anchor lies in K, so
   # ||u*|| <= 2G/(2 lam + mu0) (strong convexity of the prox objective, spec §2.5), and <= 2R.
-  dist = 2.0 * radius if lam + mu0 <= 0 else min(2.0 * radius,
-                                                  2.0 * lipschitz / (2.0 * lam + mu0))
-  reads_l = lam + mu0 > 0 and 2.0 * lipschitz / (2.0 * lam + mu0) < 2.0 * radius
+  dist_l = 2.0 * lipschitz / (2.0 * lam + mu0) if lam + mu0 > 0 else math.inf
+  dist, reads_l = min(2.0 * radius, dist_l), dist_l < 2.0 * radius
   plan = solver_plan(smoothness=smoothness + lam, strong_convexity=mu, distance=dist,
                      tau=tau * mu / (smoothness + lam))  # residual <= L τ_s/μ = τ
   sig = tdl.sigma(Delta, epsilon, delta, calibration(settings.preset))
@@ -335,13 +334,8 @@ def _provenance(settings: OutputPertConfig, infos: list[SCInfo]) -> tuple[str, s
 def release_debug(dbgs: list, certs: list) -> dict:
   """``Result.debug`` (``debug=True`` only, data-dependent): per call R1, |S|, the path and
   the certificate's gamma_hat and residual."""
-  out = {"r1": [], "s_size": [], "certified": [], "exact_path": [], "gamma_hat": [],
-         "residual": []}
-  for d, c in zip(dbgs, certs):
-    out["r1"].append(int(d.r1))
-    out["s_size"].append(int(d.s_size))
-    out["certified"].append(bool(d.certified))
-    out["exact_path"].append(bool(d.exact_path))
-    out["gamma_hat"].append(None if c is None else float(c.gamma_hat))
-    out["residual"].append(None if c is None else float(c.residual))
-  return out
+  return {"r1": [int(d.r1) for d in dbgs], "s_size": [int(d.s_size) for d in dbgs],
+          "certified": [bool(d.certified) for d in dbgs],
+          "exact_path": [bool(d.exact_path) for d in dbgs],
+          "gamma_hat": [None if c is None else float(c.gamma_hat) for c in certs],
+          "residual": [None if c is None else float(c.residual) for c in certs]}

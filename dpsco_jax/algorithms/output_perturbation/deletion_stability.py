@@ -167,11 +167,8 @@ def evaluate_all_subsets(f_masked: MaskedFn, n_users: int, *, batch_size: int = 
   """``F[s] = ravel(f(x_{-S_s}))`` for all ``2^n`` deletion sets, ``[2^n, d]`` (``lax.map``
   in chunks of ``batch_size`` masks)."""
   masks = subset_keep_masks(n_users)
-
-  def flat(mask):
-    return ravel_pytree(f_masked(mask))[0]
-
-  return jax.lax.map(flat, masks, batch_size=min(int(batch_size), masks.shape[0]))
+  return jax.lax.map(lambda mask: ravel_pytree(f_masked(mask))[0], masks,
+                     batch_size=min(int(batch_size), masks.shape[0]))
 
 
 class StabilityTable(NamedTuple):

@@ -59,15 +59,11 @@ def solver_plan(*, smoothness: float, strong_convexity: float, distance: float,
   return SolverPlan(L, mu, n0, k, D, D * 2.0 ** (-k / 2.0))
 
 
-def _finite_rows(g: jax.Array) -> jax.Array:
-  """NaN/Inf users contribute zero (non-negotiable 4)."""
-  ok = jnp.all(jnp.isfinite(g), axis=-1, keepdims=True)
-  return jnp.where(ok, g, 0.0)
-
-
 def _user_grads(loss_fn, anchor, u, data, mask):
-  shifted = lambda uu, ex: loss_fn(anchor + uu, ex)
-  return _finite_rows(per_user_grads(shifted, u, data, user_mask=mask))
+  """Per-user mean gradients at ``anchor + u``; NaN/Inf users contribute zero
+  (non-negotiable 4)."""
+  g = per_user_grads(lambda uu, ex: loss_fn(anchor + uu, ex), u, data, user_mask=mask)
+  return jnp.where(jnp.all(jnp.isfinite(g), axis=-1, keepdims=True), g, 0.0)
 
 
 @at_guarantee_precision
