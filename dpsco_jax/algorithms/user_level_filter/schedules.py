@@ -220,40 +220,32 @@ def alg1_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
     if delta >= 1.0 / (n * m):
       _warn("the utility theorems assume delta < 1/(n m)")
     log_ndm = math.log(n * d * m)
-    phases = []
-    for i, n_i in enumerate(sizes, start=1):
-      big_n = n_i // num_g
-      if big_n < 1:
-        raise ValueError(f"N_i >= 1 violated in phase {i}: n_i={n_i} users for C={num_g} "
-                         f"groups (Algorithm 1 line 6); n={n} is too small for the paper's "
-                         "constants — use preset='practical'")
-      t_i = big_n * m
-      eta_i = eta0 / 2 ** (p * i)
-      tau_i = c.tau1 * eta_i * L * math.sqrt(t_i) * log_ndm
-      sig = c.sigma1 * tau_i * math.log(n / delta) ** 2 / (eps * num_g)
-      phases.append(Alg1Phase(i, n_i, big_n, t_i, eta_i, tau_i, sig))
-    return Alg1Schedule("theory", num_g, lap, c.threshold_fraction * num_g, eta0,
-                        tuple(phases))
-
-  c = constants or ScaledConstants()
-  q = 1.0 if q_exp is None else check_positive(q_exp, "q_exp")
-  p = c.p_exp if p_exp is None else check_nonnegative(p_exp, "p_exp")
-  num_g = c.num_groups if num_groups is None else check_int(num_groups, "num_groups", 2)
-  l = c.num_phases if num_phases is None else check_int(num_phases, "num_phases")
-  sizes = phase_sizes(n, l, q, use_all=True)
-  lap = 2.0 / (c.laplace1_budget * eps)
+    too_few = (f"C={num_g} groups (Algorithm 1 line 6); n={n} is too small for the paper's "
+               "constants — use preset='practical'")
+  else:
+    c = constants or ScaledConstants()
+    q = 1.0 if q_exp is None else check_positive(q_exp, "q_exp")
+    p = c.p_exp if p_exp is None else check_nonnegative(p_exp, "p_exp")
+    num_g = c.num_groups if num_groups is None else check_int(num_groups, "num_groups", 2)
+    l = c.num_phases if num_phases is None else check_int(num_phases, "num_phases")
+    sizes = phase_sizes(n, l, q, use_all=True)
+    lap = 2.0 / (c.laplace1_budget * eps)
+    too_few = f"num_groups={num_g}; lower num_groups or num_phases"
   phases = []
   for i, n_i in enumerate(sizes, start=1):
     big_n = n_i // num_g
     if big_n < 1:
-      raise ValueError(f"N_i >= 1 violated in phase {i}: n_i={n_i} users for "
-                       f"num_groups={num_g}; lower num_groups or num_phases")
+      raise ValueError(f"N_i >= 1 violated in phase {i}: n_i={n_i} users for {too_few}")
     t_i = big_n * m
     eta_i = eta0 / 2 ** (p * i)
-    tau_i = c.tau1 * eta_i * L * math.sqrt(t_i * math.log(d * t_i * num_g ** 2 / c.gamma))
-    phases.append(Alg1Phase(i, n_i, big_n, t_i, eta_i, tau_i, math.nan))
-  return Alg1Schedule("practical", num_g, lap, c.threshold_fraction * num_g, eta0,
-                      tuple(phases))
+    if preset == "theory":
+      tau_i = c.tau1 * eta_i * L * math.sqrt(t_i) * log_ndm
+      sig = c.sigma1 * tau_i * math.log(n / delta) ** 2 / (eps * num_g)
+    else:   # the plan calibrates the noise: no paper sigma
+      tau_i = c.tau1 * eta_i * L * math.sqrt(t_i * math.log(d * t_i * num_g ** 2 / c.gamma))
+      sig = math.nan
+    phases.append(Alg1Phase(i, n_i, big_n, t_i, eta_i, tau_i, sig))
+  return Alg1Schedule(preset, num_g, lap, c.threshold_fraction * num_g, eta0, tuple(phases))
 
 
 # ------------------------------------------------------------------------ Algorithm 3
