@@ -188,16 +188,11 @@ def clip_rows(stacked: PyTree, max_norm: float | jax.Array, *,
   num_user_slots(stacked)
   norms = tree_global_norms(stacked)
   finite = jnp.isfinite(norms)
-  leaves, treedef = jax.tree.flatten(stacked)
   if per_layer:
-    c = max_norm / jnp.sqrt(float(len(leaves)))
-    out = []
-    for g in leaves:
-      factor = _clip_factors(jnp.sqrt(_row_sqnorm(g)), c)
-      out.append(_scale_rows(g, factor, finite))
-    return jax.tree.unflatten(treedef, out), finite
-  factors = _clip_factors(norms, max_norm)
-  return _scale_rows(stacked, factors, finite), finite
+    c = max_norm / jnp.sqrt(float(len(jax.tree.leaves(stacked))))
+    return jax.tree.map(lambda g: _scale_rows(g, _clip_factors(jnp.sqrt(_row_sqnorm(g)), c),
+                                              finite), stacked), finite
+  return _scale_rows(stacked, _clip_factors(norms, max_norm), finite), finite
 
 
 class ClipState(NamedTuple):

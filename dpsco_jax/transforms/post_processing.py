@@ -32,10 +32,6 @@ def add_public_gradient(grad_fn: Callable[[PyTree], PyTree] | None
     An ``optax.GradientTransformationExtraArgs``; with a ``grad_fn``, ``update`` needs
     ``params``.
   """
-  def init_fn(params):
-    del params
-    return PublicGradientState()
-
   def update_fn(updates, state, params=None, **extra):
     del extra
     if grad_fn is None:
@@ -45,7 +41,7 @@ def add_public_gradient(grad_fn: Callable[[PyTree], PyTree] | None
     g = grad_fn(params)
     return jax.tree.map(lambda u, gi: u + gi.astype(u.dtype), updates, g), state
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(lambda params: PublicGradientState(), update_fn)
 
 
 class MinStepState(NamedTuple):

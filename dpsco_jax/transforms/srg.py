@@ -86,18 +86,14 @@ def scale_by_srg_weight() -> optax.GradientTransformationExtraArgs:
   Returns:
     An ``optax.GradientTransformationExtraArgs`` (state: the step count).
   """
-
-  def init_fn(params):
-    del params
-    return ScaleBySRGWeightState(count=jnp.zeros((), jnp.int32))
-
   def update_fn(updates, state, params=None, **extra):
     del params, extra
     inv = 1.0 / srg_weight(state.count)
     out = jax.tree.map(lambda u: u * inv.astype(u.dtype), updates)
     return out, ScaleBySRGWeightState(count=state.count + 1)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(
+      lambda params: ScaleBySRGWeightState(count=jnp.zeros((), jnp.int32)), update_fn)
 
 
 class AcceleratedStepState(NamedTuple):

@@ -156,10 +156,8 @@ def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = Non
     new = cast_like(project_l2_ball(jax.tree.map(lambda x, g: x - lr * g, params, updates),
                                     radius, center), params)
     count = state.count + 1
-    if averaging == "uniform":
-      released = _lerp(state.released, new, 1.0 / count.astype(jnp.float32))
-    else:
-      released = new
+    released = (_lerp(state.released, new, 1.0 / count.astype(jnp.float32))
+                if averaging == "uniform" else new)
     return optax.tree.sub(new, params), ProjectedSGDState(count=count, released=released)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -183,9 +181,7 @@ class AcsaState(NamedTuple):
 def _acsa_coeffs(t: jax.Array, gamma: float):
   """``alpha_t = 2/(t+1)``, ``gamma_t = 4 gamma/(t(t+1))`` (EXT A.3a)."""
   t = t.astype(jnp.float32)
-  alpha = 2.0 / (t + 1.0)
-  gam = 4.0 * gamma / (t * (t + 1.0))
-  return alpha, gam
+  return 2.0 / (t + 1.0), 4.0 * gamma / (t * (t + 1.0))
 
 
 def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | None = None,
@@ -242,10 +238,7 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
     x_new = cast_like(project_l2_ball(jax.tree.map(lambda si, gi: si - step * gi, s, updates),
                                       radius, center), params)
     x_ag = _lerp(state.released, x_new, a)
-    if stage_length is None:
-      restart = jnp.zeros((), bool)
-    else:
-      restart = t >= stage_length
+    restart = jnp.zeros((), bool) if stage_length is None else t >= stage_length
     count = jnp.where(restart, 0, t)
     x_prev = jax.tree.map(lambda ag, xn: jnp.where(restart, ag, xn), x_ag, x_new)
     a2, g2 = _acsa_coeffs(count + 1, gam0)
