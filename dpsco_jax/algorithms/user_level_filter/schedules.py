@@ -333,9 +333,20 @@ def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
          else check_int(num_phases, "num_phases"))
     sizes = phase_sizes(n, l, q, use_all=False)
     tau_v = c.tau3 * L * log_ndm / math.sqrt(m) if tau is None else check_positive(tau, "tau")
-    phases = []
-    for i, n_i in enumerate(sizes, start=1):
-      lam_i = lam0 * 2 ** (p * i)
+    b_thr, b_q = c.at_threshold / eps, c.at_query / eps
+  else:   # scaled constants (the noise is calibrated by the plan: sigma_paper NaN)
+    c = constants or ScaledConstants()
+    q = 1.0 if q_exp is None else check_positive(q_exp, "q_exp")
+    p = c.p_exp if p_exp is None else check_nonnegative(p_exp, "p_exp")
+    l = c.num_phases if num_phases is None else check_int(num_phases, "num_phases")
+    sizes = phase_sizes(n, l, q, use_all=True)
+    b_thr, b_q = 2 * 2.0 / (c.at_budget * eps), 4 * 2.0 / (c.at_budget * eps)
+  phases = []
+  for i, n_i in enumerate(sizes, start=1):
+    if preset == "practical" and n_i < 2:
+      raise ValueError(f"phase {i} has n_i={n_i} < 2 users; lower num_phases")
+    lam_i = lam0 * 2 ** (p * i)
+    if preset == "theory":
       t_i = int(math.ceil((1 + math.sqrt(beta / lam_i)) * log_ndm))
       k_i = int(math.ceil(c.batch3 * math.log(n_i ** 2 * m ** 2 * math.exp(eps) / delta)
                           * (1 / eps + n_i * eps / math.sqrt(t_i * math.log(1 / delta)))))
@@ -345,31 +356,14 @@ def alg3_schedule(*, n: int, m: int, d: int, epsilon: float, delta: float, lipsc
                          "preset='practical'")
       sig = (c.sigma3 * tau_v * math.sqrt(t_i) * math.log(n * d * math.exp(eps) / delta)
              / (eps * n_i))
-      stage = int(math.ceil(4 * math.sqrt(2 * (beta + lam_i) / lam_i)))
-      phases.append(Alg3Phase(i, n_i, k_i, t_i, lam_i, min(stage, t_i), sig))
-    return Alg3Schedule("theory", tau_v, beta, r_s, c.threshold_fraction,
-                        c.at_threshold / eps, c.at_query / eps, lam0, tuple(phases))
-
-  # practical: scaled constants (the noise is calibrated by the plan: sigma_paper NaN)
-  c = constants or ScaledConstants()
-  q = 1.0 if q_exp is None else check_positive(q_exp, "q_exp")
-  p = c.p_exp if p_exp is None else check_nonnegative(p_exp, "p_exp")
-  l = c.num_phases if num_phases is None else check_int(num_phases, "num_phases")
-  sizes = phase_sizes(n, l, q, use_all=True)
-  phases = []
-  for i, n_i in enumerate(sizes, start=1):
-    if n_i < 2:
-      raise ValueError(f"phase {i} has n_i={n_i} < 2 users; lower num_phases")
-    lam_i = lam0 * 2 ** (p * i)
-    t_i = max(1, int(math.ceil(c.steps3 * (1 + math.sqrt(beta / lam_i)) * log_ndm)))
-    k_i = n_i if batch_size is None else min(n_i, check_int(batch_size, "batch_size", 2))
+    else:
+      t_i = max(1, int(math.ceil(c.steps3 * (1 + math.sqrt(beta / lam_i)) * log_ndm)))
+      k_i = n_i if batch_size is None else min(n_i, check_int(batch_size, "batch_size", 2))
+      sig = math.nan
     stage = int(math.ceil(4 * math.sqrt(2 * (beta + lam_i) / lam_i)))
-    phases.append(Alg3Phase(i, n_i, k_i, t_i, lam_i, min(stage, t_i), math.nan))
-  b_thr, b_q = 2 * 2.0 / (c.at_budget * eps), 4 * 2.0 / (c.at_budget * eps)
-  if tau is None:
-    pairs = max(ph.batch * ph.steps for ph in phases)
-    tau_v = hoeffding_tau(L, m, pairs, c.gamma, scale=c.tau3)
-  else:
-    tau_v = check_positive(tau, "tau")
-  return Alg3Schedule("practical", tau_v, beta, r_s, c.threshold_fraction, b_thr, b_q, lam0,
+    phases.append(Alg3Phase(i, n_i, k_i, t_i, lam_i, min(stage, t_i), sig))
+  if preset == "practical":   # default: the radius of every (user, step) pair of the phases
+    tau_v = check_positive(tau, "tau") if tau is not None else hoeffding_tau(
+        L, m, max(ph.batch * ph.steps for ph in phases), c.gamma, scale=c.tau3)
+  return Alg3Schedule(preset, tau_v, beta, r_s, c.threshold_fraction, b_thr, b_q, lam0,
                       tuple(phases))
