@@ -337,8 +337,8 @@ class UserData:
     m = (None if max_items_per_user is None
          else _check_int(max_items_per_user, "max_items_per_user", minimum=1))
     _check_int(seed, "seed", minimum=0)   # numpy's own refusal names no parameter
-    kind, names = _examples_layout(examples) if store is not None else ("", [])
     if store is not None:
+      kind, names = _examples_layout(examples)
       grouping.prepare_store(store, kind, names)
     k = grouping.dense_run_length(ids, m)
     if k is not None:

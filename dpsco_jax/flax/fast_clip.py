@@ -499,10 +499,9 @@ class FastClippedGrad:
       got = (_weighted_sum(part.dense, w, kept) if part.dense is not None
              else part.release(w, kept, donor))
       out[part.leaf] = jnp.reshape(got, leaves[part.leaf].shape)
-    summed = jax.tree.unflatten(treedef, [o.astype(noise_dtype(x.dtype))
-                                          for o, x in zip(out, leaves)])
     any_kept = jnp.any(kept)
-    summed = jax.tree.map(lambda x: jnp.where(any_kept, x, jnp.zeros_like(x)), summed)
+    summed = jax.tree.unflatten(treedef, [jnp.where(any_kept, o.astype(noise_dtype(x.dtype)), 0.0)
+                                          for o, x in zip(out, leaves)])
     return summed, ClipInfo(norms, w, kept)
 
   def aggregate(self, params: PyTree, batch: PyTree, user_mask: jax.Array | None = None, *,

@@ -44,6 +44,7 @@ from dpsco_jax.config.types import check_read_only_with
 from dpsco_jax.privacy.sensitivity import GaussianStage, clipped_mean_sensitivity
 from dpsco_jax.transforms.adaptive_clipping import unclipped_centred_count
 from dpsco_jax.transforms.noise import add_gaussian_noise
+from dpsco_jax.transforms.tree_noise import wide_zeros
 
 PyTree = Any
 _REDACTED = "<redacted>"
@@ -374,11 +375,7 @@ class DPTrainer:
     summed, info = self.clipper.clipped_sum(params, rows, mask, clip_norm=clip)
     return summed if clip is None else (summed, unclipped_centred_count(info.norms, clip, mask))
 
-  @staticmethod
-  def _zeros(params: PyTree) -> PyTree:
-    """Zeros like ``params`` in float32 or wider (the clipped sum's accumulator)."""
-    return jax.tree.map(
-        lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(p.dtype, jnp.float32)), params)
+  _zeros = staticmethod(wide_zeros)  # the clipped sum's accumulator, float32 or wider
 
   def _zero_total(self, params: PyTree) -> Any:
     """The zero *total* (:meth:`_clipped`)."""

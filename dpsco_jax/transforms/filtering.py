@@ -62,11 +62,8 @@ def _sanitize(stacked: PyTree, user_mask: jax.Array | None) -> tuple[PyTree, jax
                               for x in jax.tree.leaves(stacked)]), axis=0)
   mask = real_users(user_mask, u)
   keep = jnp.logical_and(finite, mask)
-
-  def clean(x):
-    k = keep.reshape((-1,) + (1,) * (x.ndim - 1))
-    return jnp.where(k, x, jnp.zeros_like(x))
-  return jax.tree.map(clean, stacked), mask
+  return jax.tree.map(lambda x: jnp.where(keep.reshape((-1,) + (1,) * (x.ndim - 1)), x,
+                                          jnp.zeros_like(x)), stacked), mask
 
 
 def _exact_score(close_s: jax.Array, k: jax.Array, u: int) -> jax.Array:
@@ -126,8 +123,7 @@ def filter_points(stacked: PyTree, key: jax.Array, *, score_radius: float | jax.
   r_h = r_s if degree_radius is None else jnp.asarray(degree_radius, jnp.float32)
   coords = coordinate_leaves(clean)   # zero-width leaves: no coordinate, no distance
   if degree_radius is None:   # one radius: one count (Algorithms 2-3)
-    close_s, = close_pair_counts(coords, mask, (r_s,), rows=rows)
-    close_h = close_s
+    close_s = close_h = close_pair_counts(coords, mask, (r_s,), rows=rows)[0]
   else:
     close_s, close_h = close_pair_counts(coords, mask, (r_s, r_h), rows=rows)
   k_int = jnp.sum(mask, dtype=jnp.int32)
