@@ -90,14 +90,6 @@ __all__ = [
 
 # --- The solver -----------------------------------------------------------------------------------
 
-def _schedule(cfg: LocGDConfig) -> Callable[[jax.Array], jax.Array]:
-  mu = cfg.mu
-  if cfg.step_rule == "paper":
-    return lambda t: 1.0 / (mu * (t + 1.0))          # Thm 8.2: eta_t = 1/(mu (t+1))
-  beta = cfg.smoothness
-  return lambda t: 1.0 / (beta + mu * t)            # practical: stable for beta-smooth h
-
-
 def _num_examples(data: PyTree) -> int:
   sizes = {x.shape[0] for x in jax.tree.leaves(data)}
   if len(sizes) != 1:
@@ -111,9 +103,13 @@ def _round_chains(cfg: LocGDConfig, n: int, key: jax.Array, radius: float, cente
   denom = noise_denominator(cfg, n)
   privatizer = optax.chain(clip_per_user(cfg.clip_norm), aggregate("mean", denominator=denom),
                            add_gaussian_noise(loc_gd_stddev(cfg, n), key))
+  mu, beta = cfg.mu, cfg.smoothness
+  if cfg.step_rule == "paper":
+    lr = lambda t: 1.0 / (mu * (t + 1.0))   # Thm 8.2: eta_t = 1/(mu (t+1))
+  else:
+    lr = lambda t: 1.0 / (beta + mu * t)   # practical: stable for a beta-smooth h
   stepper = optax.chain(add_public_gradient(reg_grad),
-                        projected_sgd(_schedule(cfg), radius=radius, center=center,
-                                      averaging="uniform"))
+                        projected_sgd(lr, radius=radius, center=center, averaging="uniform"))
   return privatizer, stepper
 
 
@@ -189,8 +185,7 @@ def dp_loc_gd(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,
 
   Returns:
     ``(y_out, aux)`` with ``y_out = y^M_0``."""
-  y, aux, _ = _solve(loss_ex, y0, data, key, cfg, reg_fn, None, n_real, users)
-  return y, aux
+  return _solve(loss_ex, y0, data, key, cfg, reg_fn, None, n_real, users)[:2]
 
 
 def dp_loc_gd_releases(loss_ex: ExampleLoss, y0: PyTree, data: PyTree, key: jax.Array,

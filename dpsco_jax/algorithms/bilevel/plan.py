@@ -247,22 +247,11 @@ def _x_grad_is_data_free(problem: BilevelProblem) -> bool:
   return True
 
 
-def _default_consts_inner(problem: BilevelProblem, lam: float) -> dict:
-  c = problem.consts
-  r0 = problem.y_radius if problem.y_radius is not None else 2 * c.l0g / c.mu_g
-  return {
-      "y": dict(mu=c.mu_g, clip=c.l0g, smooth=c.l1g, radius0=r0),
-      # Spec §2.2 [ours]: solve f/lam + g: same argmin, mu_g/2, Lipschitz L0f/lam + L0g.
-      "lam": dict(mu=c.mu_g / 2, clip=c.l0f / lam + c.l0g, smooth=c.l1f / lam + c.l1g,
-                  radius0=r0 + c.l0f / (lam * c.mu_g)),
-  }
-
-
 def _schedule(problem: BilevelProblem, cfg: Schema, *, preset: str, eps: float, delta: float,
-              batch_in: int | None, batch_out: int | None, population: bool, info: dict
-              ) -> dict:
-  """The preset's public schedule: ``lam, eta, steps, clip_out`` and the inner solves'
-  ``inner_steps, rounds, step_rule, inner, clips, radius_const`` (no data is read)."""
+              batch_in: int | None, batch_out: int | None, population: bool, use_outer: bool,
+              info: dict) -> BilevelConfig:
+  """The preset's public schedule, uncalibrated (every multiplier 0): ``lam, eta, steps,
+  clip_out`` and the two inner solves (no data is read)."""
   n, c_in, c_lam, r0 = problem.n, None, None, None
   if preset == "theory":
     tp = theory_params(problem.consts, epsilon=eps, delta=delta, n=n, d_x=problem.d,
@@ -292,14 +281,22 @@ def _schedule(problem: BilevelProblem, cfg: Schema, *, preset: str, eps: float, 
     c_lam = cfg.get("inner_clip_norm_lam", c_in)
     if cfg.inner_radius0 is not None:
       r0 = check_positive(cfg.inner_radius0, "inner_radius0")
-  inner = _default_consts_inner(problem, lam)   # derived defaults: the clips per solve
-  clips = (float(inner["y"]["clip"] if c_in is None else c_in),
-           float(inner["lam"]["clip"] if c_lam is None else c_lam))
-  if r0 is not None:
-    inner["y"]["radius0"] = inner["lam"]["radius0"] = r0
-  return dict(lam=lam, eta=eta, steps=steps, clip_out=clip_out, inner_steps=inner_steps,
-              rounds=rounds, step_rule=step_rule, inner=inner, clips=clips,
-              radius_const=radius_const)
+  c = problem.consts
+  r_y = problem.y_radius if problem.y_radius is not None else 2 * c.l0g / c.mu_g
+
+  def solve(mu, clip, smooth, radius0, rounds_k):   # derived defaults: clip, radius0
+    return LocGDConfig(mu=mu, clip_norm=float(clip), noise_multiplier=0.0, rounds=rounds_k,
+                       steps=inner_steps, radius0=radius0 if r0 is None else r0,
+                       radius_const=radius_const, batch_size=batch_in, step_rule=step_rule,
+                       smoothness=smooth if step_rule == "smooth" else None)
+  inner_y = solve(c.mu_g, c.l0g if c_in is None else c_in, c.l1g, r_y, rounds[0])
+  # Spec §2.2 [ours]: solve f/lam + g: same argmin, mu_g/2, Lipschitz L0f/lam + L0g.
+  inner_lam = solve(c.mu_g / 2, c.l0f / lam + c.l0g if c_lam is None else c_lam,
+                    c.l1f / lam + c.l1g, r_y + c.l0f / (lam * c.mu_g), rounds[1])
+  return BilevelConfig(lam=lam, eta=eta, steps=steps, clip_out=clip_out,
+                       outer_noise_multiplier=0.0, inner_y=inner_y, inner_lam=inner_lam,
+                       batch_out=batch_out, warm_start=bool(cfg.warm_start),
+                       outer_data_terms=use_outer)
 
 
 def config_view(cfg: Mapping | Any) -> Schema:
@@ -336,26 +333,15 @@ def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any, *, minibatch: bo
   use_outer = (outer_noise is True) or (outer_noise == "auto" and not data_free)
   info: dict = {"preset": preset, "outer_noise": use_outer}
 
-  s = _schedule(problem, cfg, preset=preset, eps=eps, delta=delta, batch_in=batch_in,
-                batch_out=batch_out, population=population or bool(cfg.population), info=info)
+  base = _schedule(problem, cfg, preset=preset, eps=eps, delta=delta, batch_in=batch_in,
+                   batch_out=batch_out, population=population or bool(cfg.population),
+                   use_outer=use_outer, info=info)
   # derived default: equal shares of the mechanisms that run
   shares = tuple(cfg.get("shares", (1 / 3, 1 / 3, 1 / 3) if use_outer else (0.5, 0.5, 0.0)))
   if not use_outer:
     shares = (shares[0] / (shares[0] + shares[1]), shares[1] / (shares[0] + shares[1]), 0.0)
   elif len(shares) == 3 and shares[2] == 0:
     raise ValueError("shares[2] (outer) must be > 0 when the outer estimator is noised")
-
-  def mk(which, k):
-    c = s["inner"][which]
-    return LocGDConfig(mu=c["mu"], clip_norm=s["clips"][k], noise_multiplier=0.0,
-                       rounds=s["rounds"][k], steps=s["inner_steps"], radius0=c["radius0"],
-                       radius_const=s["radius_const"], batch_size=batch_in,
-                       step_rule=s["step_rule"],
-                       smoothness=c["smooth"] if s["step_rule"] == "smooth" else None)
-  base = BilevelConfig(lam=s["lam"], eta=s["eta"], steps=s["steps"], clip_out=s["clip_out"],
-                       outer_noise_multiplier=0.0, inner_y=mk("y", 0), inner_lam=mk("lam", 1),
-                       batch_out=batch_out, warm_start=bool(cfg.warm_start),
-                       outer_data_terms=use_outer)
   ratios = noise_ratios(base, shares)
   if cfg.noise_multiplier is not None:  # explicit: the driver checks it against eps
     z = check_positive(cfg.noise_multiplier, "noise_multiplier")
@@ -366,8 +352,8 @@ def bilevel_config(problem: BilevelProblem, cfg: Mapping | Any, *, minibatch: bo
   bcfg = with_noise(base, z, ratios)
   # Spec §6.4 invariants (warnings, recorded): lam and eta within the analysis' range.
   c = problem.consts
-  info["lam_below_theory_min"] = s["lam"] < max(2 * c.kappa, c.l0f / c.l0g, c.l1f / c.l1g)
-  info["eta_above_theory_max"] = s["eta"] > 1.0 / (2.0 * c.ell * c.kappa ** 3)
+  info["lam_below_theory_min"] = base.lam < max(2 * c.kappa, c.l0f / c.l0g, c.l1f / c.l1g)
+  info["eta_above_theory_max"] = base.eta > 1.0 / (2.0 * c.ell * c.kappa ** 3)
   return bcfg, info
 
 
