@@ -208,9 +208,8 @@ class FastClippedGrad:
   def _as_users(self, batch: PyTree) -> PyTree:
     if self.level == "item":
       return jax.tree.map(lambda x: x[:, None], batch)
-    for x in jax.tree.leaves(batch):
-      if jnp.ndim(x) < 2:
-        raise ValueError("batch leaves must be shaped [users, m, ...] for level='user'")
+    if any(jnp.ndim(x) < 2 for x in jax.tree.leaves(batch)):
+      raise ValueError("batch leaves must be shaped [users, m, ...] for level='user'")
     return batch
 
   def plan(self, params: PyTree, batch: PyTree, *, backend: str | None = None,
