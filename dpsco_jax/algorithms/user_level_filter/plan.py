@@ -354,8 +354,8 @@ def _run_knobs(spec: PublicSpec, cfg: Schema) -> dict:
 
 def plan_phased_sgd(spec: PublicSpec, cfg: dict) -> FilterPlan:
   """Algorithm 1's data-free plan (schedule, Delta_i, z, sigma_i, events) from public facts."""
-  opt = read_options(cfg, "user_level_phased_sgd")
-  c = config_view(cfg, "user_level_phased_sgd")
+  c = config_view(cfg, "user_level_phased_sgd")   # validated once, read by both
+  opt = read_options(c, "user_level_phased_sgd")
   project = bool(c.get("project_output", opt.preset == "practical"))   # derived default
   sched = alg1_schedule(n=spec.n_users, m=spec.m, d=spec.d, epsilon=opt.epsilon,
                         delta=opt.delta, lipschitz=spec.lipschitz, radius=spec.radius,
@@ -369,8 +369,8 @@ def plan_accelerated_erm(spec: PublicSpec, cfg: dict, *, smoothed: bool = False
                          ) -> FilterPlan:
   """Algorithm 3's data-free plan (schedule, Delta_i, z_i, sigma_i, events)."""
   name = "user_level_accelerated_erm" + ("_smoothed" if smoothed else "")
-  opt = read_options(cfg, name)
   cfg = config_view(cfg, name)    # derived defaults: alg3_schedule's
+  opt = read_options(cfg, name)
   if cfg.max_steps is not None and opt.preset == "theory":
     raise ValueError("max_steps is a practical-preset option (theory uses the paper's T_i)")
   if cfg.lam_scale is not None and opt.preset == "theory":
