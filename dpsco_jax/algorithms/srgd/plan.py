@@ -332,23 +332,22 @@ def plan_srgd(name: str, cfg: Mapping | Any, *, n: int, p: int, lipschitz: float
                   epochs=epochs)
   T, B, C = prm.num_steps, prm.batch_size, prm.clip_norm
   lr = cfg.learning_rate
-  mechanism = noise if (srg and noise != "independent") else "independent"
-  spec, sens, source = ((), 1.0, "") if mechanism in MECHANISMS else _mf_strategy(cfg, noise,
-                                                                                   T, epochs)
+  spec, sens, source = ((), 1.0, "") if noise in MECHANISMS else _mf_strategy(cfg, noise, T,
+                                                                               epochs)
   # epochs > 1: the exact sensitivity of k participations P apart (MF: ``sens`` already is)
   stream = None if epochs == 1 else (
-      sens if spec else cyclic.cyclic_sensitivity(mechanism, T, prm.period, epochs))
-  z = _noise_multiplier(cfg, prm, epsilon, delta, mechanism, relation, sens, stream)
+      sens if spec else cyclic.cyclic_sensitivity(noise, T, prm.period, epochs))
+  z = _noise_multiplier(cfg, prm, epsilon, delta, noise, relation, sens, stream)
   if z == 0.0 and epsilon is not None:
     raise PrivacyBudgetExceeded(f"noise_multiplier=0 releases the data without noise "
                                 f"(epsilon = inf > budget {epsilon:g}); nothing was released")
-  levels = tree_levels(T) if mechanism == "tree" else 1
-  event = run_event(z, T, mechanism, sens, stream) if z > 0 else None
+  levels = tree_levels(T) if noise == "tree" else 1
+  event = run_event(z, T, noise, sens, stream) if z > 0 else None
   if event is not None and epsilon is not None:   # the budget check of the planned run
     PrivacyLedger(delta=delta, epsilon_budget=epsilon, relation=relation,
                   accountant=ACCOUNTANT).check(event, label=name)
   kind = {"tree": "binary-tree", "independent": "independent", "banded": "banded MF",
-          "blt": "BLT MF"}[mechanism]
+          "blt": "BLT MF"}[noise]
   label = (f"{kind} Gaussian {'prefix ' if srg else ''}noise, z={z:.4g}, T={T}, "
            + (f"levels={levels}, " if not spec else f"||c||={sens:.4g} ({source}), ")
            + f"increment sensitivity C/B={C / B:.4g} (zero-out)")
