@@ -70,11 +70,6 @@ def _check_vector(x: Any, name: str) -> np.ndarray:
   return v
 
 
-def _stack_zeros(params: PyTree, depth: int) -> PyTree:
-  return jax.tree.map(
-      lambda p: jnp.zeros((depth,) + jnp.shape(p), noise_dtype(jnp.result_type(p))), params)
-
-
 def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: int,
                 next_noise, state_cls) -> optax.GradientTransformationExtraArgs:
   """Shared driver of both stages: ``next_noise(xi, carry, count) -> (w, carry)``, the carry
@@ -86,7 +81,9 @@ def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: 
 
   def init_fn(params):
     prefix = wide_zeros(params) if output == "prefix" else ()
-    return state_cls(jnp.zeros((), jnp.int32), prefix, _stack_zeros(params, depth), key)
+    carry = jax.tree.map(
+        lambda p: jnp.zeros((depth,) + jnp.shape(p), noise_dtype(jnp.result_type(p))), params)
+    return state_cls(jnp.zeros((), jnp.int32), prefix, carry, key)
 
   def update_fn(updates, state, params=None, **extra):
     del extra  # user_mask etc. are the aggregation's business; noise is data-independent
