@@ -148,8 +148,11 @@ class ShardInfo:
     return positions - self.bounds()[self.owner(positions)]
 
 
-def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dict[str, Any]:
-  """Columns of a pandas DataFrame, a ``datasets.Dataset`` or a mapping."""
+def _columns(table: Any, columns: Sequence[str] | None, user_column: str
+             ) -> tuple[Any, dict[str, Any]]:
+  """``(user ids, {column: values})`` of a pandas DataFrame, a ``datasets.Dataset`` or a
+  mapping (the ids apart: under a key of the columns' dict, a column of that name would
+  replace them)."""
   if hasattr(table, "column_names"):          # datasets.Dataset
     names = list(table.column_names)
   elif hasattr(table, "columns"):             # pandas.DataFrame
@@ -171,7 +174,7 @@ def _columns(table: Any, columns: Sequence[str] | None, user_column: str) -> dic
   # ids go to canonical_ids as they are: np.asarray would turn [1, "1"] into one user
   users = table[user_column]
   users = users.to_numpy() if hasattr(users, "to_numpy") else users
-  return {"__user__": users, **{c: col(c) for c in wanted}}
+  return users, {c: col(c) for c in wanted}
 
 
 @bounded_cache()
@@ -436,8 +439,7 @@ class UserData:
       TypeError, ValueError: ``table`` is not a DataFrame, a Dataset or a mapping, or lacks a
         named column; as :meth:`from_arrays`.
     """
-    cols = _columns(table, columns, user_column)
-    users = cols.pop("__user__")
+    users, cols = _columns(table, columns, user_column)
     return cls.from_arrays(cols, users, max_items_per_user=max_items_per_user,
                            selection=selection, seed=seed, store=store)
 
