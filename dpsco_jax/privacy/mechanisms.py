@@ -61,11 +61,12 @@ def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float) -> 
   Returns:
     ``sigma``, the Gaussian noise std.
   """
-  check_positive(sensitivity, "sensitivity")
-  if check_epsilon(epsilon) > 1.0:
+  # the checked python floats: a float16 / 0-d jax input would round sigma below the formula
+  sensitivity, epsilon = check_positive(sensitivity, "sensitivity"), check_epsilon(epsilon)
+  if epsilon > 1.0:
     raise ValueError(f"epsilon={epsilon!r} > 1 is outside the classic Gaussian mechanism "
                      "(Dwork-Roth Thm A.1): use gaussian_sigma_analytic")
-  check_delta(delta)
+  delta = check_delta(delta)
   return math.sqrt(2.0 * math.log(1.25 / delta)) * sensitivity / epsilon
 
 
@@ -80,9 +81,10 @@ def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) ->
   Returns:
     ``sigma``, the Gaussian noise std (in the units of the sensitivity).
   """
-  check_positive(sensitivity, "sensitivity")
-  check_epsilon(epsilon)
-  check_delta(delta)
+  # the checked python floats: a float16 / 0-d jax input would bisect in its own precision
+  # and could return a sigma below the smallest private one
+  sensitivity = check_positive(sensitivity, "sensitivity")
+  epsilon, delta = check_epsilon(epsilon), check_delta(delta)
   from scipy.special import log_ndtr
   log_delta = math.log(delta)
 

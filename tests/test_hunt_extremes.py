@@ -1,0 +1,93 @@
+"""Findings of an outside review at the edges (extreme and odd numbers through the Python API
+and the privacy primitives): each test failed before its fix."""
+
+import math
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from dpsco_jax import privacy
+from dpsco_jax._checks import check_epsilon, check_positive
+
+
+@pytest.mark.parametrize("number", [np.float16, np.float32, jnp.asarray])
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 3.0])
+def test_gaussian_sigma_of_a_low_precision_number_is_the_float64_sigma(number, epsilon):
+  # a float16 / float32 / 0-d jax sensitivity bisected (and returned) in its own precision:
+  # np.float16 sensitivity 1 at epsilon 0.5 gave sigma 7.016 < the private 7.0318
+  want = privacy.gaussian_sigma_analytic(1.0, epsilon, 1e-5)
+  got = privacy.gaussian_sigma_analytic(number(1.0), epsilon, 1e-5)
+  assert type(got) is float and got == want
+  want = privacy.gaussian_sigma_classic(3.0, min(epsilon, 1.0), 1e-5)
+  got = privacy.gaussian_sigma_classic(number(3.0), min(epsilon, 1.0), 1e-5)
+  assert type(got) is float and got == want
+
+
+@pytest.mark.parametrize("value", [jnp.asarray(2.0, jnp.bfloat16), ml_dtypes.bfloat16(2.0)])
+def test_a_bfloat16_scalar_is_a_number(value):
+  # a bfloat16 scalar (numpy kind "V") was refused as "must be a finite number > 0, got
+  # Array(2, dtype=bfloat16)"; float16 / float32 scalars were accepted
+  assert check_positive(value, "clip_norm") == 2.0
+  assert check_epsilon(value) == 2.0
+  assert privacy.gaussian_sigma_analytic(value, 1.0, 1e-5) == pytest.approx(
+      2 * privacy.gaussian_sigma_analytic(1.0, 1.0, 1e-5))
+  with pytest.raises(ValueError, match="clip_norm"):
+    check_positive(jnp.asarray(math.nan, jnp.bfloat16), "clip_norm")
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1e-300])
+def test_a_laplace_too_sharp_for_the_pld_grid_gets_a_finite_bound(scale):
+  # PLD's grid could not hold the loss +-1/b: LaplaceDpEvent(1e-3) gave epsilon inf labelled
+  # exact (6 s), LaplaceDpEvent(1e-300) crashed with numpy's "Maximum allowed size exceeded"
+  import dp_accounting
+  eps = privacy.epsilon_of(dp_accounting.LaplaceDpEvent(scale), delta=1e-5)
+  assert eps.kind == "upper_bound" and 1.0 / scale <= eps <= 1.01 / scale
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "auto", "pld"])
+def test_a_huge_gaussian_multiplier_composes_without_overflow(accountant):
+  # dp_accounting's RDP squared z = 1e200 as a python float: OverflowError (34, 'Numerical
+  # result out of range') under rdp, and under auto / pld beside a Laplace
+  import dp_accounting
+  huge = dp_accounting.GaussianDpEvent(1e200)
+  assert privacy.epsilon_of(huge, delta=1e-5, accountant=accountant) == 0.0
+  both = dp_accounting.ComposedDpEvent([huge, dp_accounting.LaplaceDpEvent(1.0)])
+  alone = privacy.epsilon_of(dp_accounting.LaplaceDpEvent(1.0), delta=1e-5,
+                             accountant="rdp" if accountant == "rdp" else "auto")
+  got = privacy.epsilon_of(both, delta=1e-5, accountant=accountant)
+  assert alone <= got <= alone * 1.01
+
+
+def test_calibration_from_a_huge_lower_end_returns_it():
+  # calibrate_noise_multiplier(lower=1e300) raised OverflowError from RDP's z**2
+  import dp_accounting
+  z = privacy.calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=1.0,
+                                         delta=1e-5, lower=1e300)
+  assert z == 1e300
+
+
+def test_poisson_sgd_calibration_takes_numpy_and_jax_numbers():
+  # steps=np.int64(100) was refused ("SelfComposedDpEvent.count must be a positive int"),
+  # 0-d jax arrays crashed in the memo ("unhashable type: 'jaxlib._jax.ArrayImpl'")
+  want = privacy.calibrate_poisson_sgd(0.5, 10, epsilon=2.0, delta=1e-5)
+  assert privacy.calibrate_poisson_sgd(np.float64(0.5), np.int64(10), epsilon=np.float64(2.0),
+                                       delta=np.float64(1e-5)) == want
+  assert privacy.calibrate_poisson_sgd(jnp.asarray(0.5), jnp.asarray(10),
+                                       epsilon=jnp.asarray(2.0), delta=1e-5) == want
+  with pytest.raises(ValueError, match="steps"):
+    privacy.calibrate_poisson_sgd(0.5, 0, epsilon=2.0, delta=1e-5)
+
+
+def test_a_numpy_integer_count_is_a_count():
+  # ledger.compose(count=np.int64(3)) and SelfComposedDpEvent(e, np.int64(3)) were refused
+  # ("count must be a positive int, got np.int64(3)")
+  import dp_accounting
+  g = dp_accounting.GaussianDpEvent(2.0)
+  want = privacy.PrivacyLedger(delta=1e-5).compose(g, label="g", count=3).epsilon(exact=True)
+  ledger = privacy.PrivacyLedger(delta=1e-5).compose(g, label="g", count=np.int64(3))
+  assert ledger.epsilon(exact=True) == want and ledger.events[0][3] == 3
+  assert privacy.epsilon_of(dp_accounting.SelfComposedDpEvent(g, np.int64(3)),
+                            delta=1e-5) == want
+  assert privacy.PrivacyLedger.from_state_dict(ledger.state_dict()).epsilon(exact=True) == want
