@@ -39,9 +39,11 @@ def _real(x: Any, name: str, what: str, low: float, high: float = math.inf, *,
     return x
   dtype = getattr(x, "dtype", None)
   try:
+    # jax's issubdtype: bfloat16 (a jax array's or ml_dtypes' scalar) has numpy kind "V"
     number = not isinstance(x, (bool, np.bool_, str, bytes)) and (
         isinstance(x, numbers.Real) or (dtype is not None and getattr(x, "shape", None) == ()
-                                        and np.dtype(dtype).kind in "iuf"))
+                                        and (np.dtype(dtype).kind in "iu"
+                                             or jax.dtypes.issubdtype(dtype, np.floating))))
   except TypeError:  # e.g. a PRNG key dtype
     number = False
   if not number:
