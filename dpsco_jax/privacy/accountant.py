@@ -19,7 +19,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpsco_jax._checks import check_choice
-from dpsco_jax.privacy.events import for_accountant
+from dpsco_jax.privacy.events import _map_node, for_accountant
 from dpsco_jax.privacy.relations import accountant_relation
 
 # RDP drops orders whose series does not converge and says so once per order: noise, not news.
@@ -241,6 +241,11 @@ def _pld_blocked(parts: list[tuple[Any, int]], relation: str, whole: Any, counte
     # q^2 underflowing breaks dp_accounting's subsampled PLD ("a must be greater than b")
     if not 1.0 <= points <= MAX_PLD_STEP_POINTS or q < 1e-150:
       return True
+  # a Laplace's loss spans +-factor/b: past the step grid dp_accounting's PLD answers inf
+  # (labelled exact) from b ~ 1e-3, takes minutes below, and cannot allocate at b ~ 1e-300
+  if any(2.0 * factor / b / PLD_DISCRETIZATION > MAX_PLD_STEP_POINTS
+         for b in _laplace_scales(counted)):
+    return True
   mu2 = _gaussian_mu2(counted, dominate=True)
   if mu2 is None or width(factor * factor * mu2) <= MAX_PLD_POINTS:
     return False
@@ -255,11 +260,29 @@ def _composed_epsilon(parts: list[tuple[Any, int]], delta: float, kind: str, rel
   acc = make_accountant(kind, relation, whole)
   for event, count in parts:
     converted = for_accountant(event, kind, relation)
+    if kind == "rdp":
+      converted = _capped_gaussians(converted)
     if not acc.supports(converted):
       raise ValueError(f"{type(acc).__name__} cannot account for {event} under "
                        f"relation={relation!r}")
     acc.compose(converted, count)
   return float(acc.get_epsilon(delta))
+
+
+#: dp_accounting's RDP squares a Gaussian's multiplier as a python float (OverflowError past
+#: ~1.3e154); a larger one is accounted as this one, a less noisy Gaussian (so an upper
+#: bound), whose RDP ``alpha / (2 z^2) <= 1e-298`` is already float zero beside any other part
+RDP_MAX_MULTIPLIER = 1e150
+
+
+def _capped_gaussians(event: Any) -> Any:
+  """``event`` with every Gaussian multiplier above :data:`RDP_MAX_MULTIPLIER` lowered to it."""
+  if isinstance(event, dp_accounting.GaussianDpEvent):
+    return (event if float(event.noise_multiplier) <= RDP_MAX_MULTIPLIER
+            else dp_accounting.GaussianDpEvent(RDP_MAX_MULTIPLIER))
+  if not hasattr(event, "event") and not hasattr(event, "events"):
+    return event
+  return type(event)(**_map_node(event, _capped_gaussians, lambda v, conv: v))
 
 
 def _sampled_gaussians(event: Any, count: int):
@@ -274,6 +297,17 @@ def _sampled_gaussians(event: Any, count: int):
   elif isinstance(event, d.ComposedDpEvent):
     for e in event.events:
       yield from _sampled_gaussians(e, count)
+
+
+def _laplace_scales(event: Any):
+  """The scale ``b`` of every Laplace inside ``event`` (sampled or not)."""
+  if isinstance(event, dp_accounting.LaplaceDpEvent):
+    yield float(event.noise_multiplier)
+  inner = getattr(event, "event", None)
+  if inner is not None:
+    yield from _laplace_scales(inner)
+  for e in getattr(event, "events", None) or ():
+    yield from _laplace_scales(e)
 
 
 def _log_tail_upper(k, steps: int, log_p):
