@@ -15,7 +15,8 @@ import dp_accounting
 
 from dpsco_jax.cache import ByKey, bounded_cache
 
-from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_positive
+from dpsco_jax._checks import (check_choice, check_delta, check_epsilon, check_int,
+                               check_positive, check_probability)
 from dpsco_jax.privacy.accountant import supports
 from dpsco_jax.privacy.events import OUTSIDE_ACCOUNTANT, event_key
 from dpsco_jax.privacy.ledger import ACCOUNTANTS, PrivacyLedger
@@ -196,7 +197,6 @@ def _calibrate(make_event: Callable[[float], Any], *, epsilon: float, delta: flo
   return _solve(gap_at(accountant), lower, None)[0]
 
 
-@bounded_cache()
 def calibrate_poisson_sgd(sampling_rate: float, steps: int, *, epsilon: float, delta: float,
                           relation: str = "add_remove", accountant: str = "auto") -> float:
   """:func:`calibrate_noise_multiplier` of DP-SGD's ``steps`` Poisson-sampled Gaussians.
@@ -212,8 +212,24 @@ def calibrate_poisson_sgd(sampling_rate: float, steps: int, *, epsilon: float, d
   Returns:
     The noise multiplier ``z``, a float.
   """
+  # python numbers before the memo: a 0-d jax array is unhashable, a numpy int64 count is
+  # not an int to the event checks
+  return _poisson_sgd(check_probability(sampling_rate, "sampling_rate"),
+                      check_int(steps, "steps"), epsilon=check_epsilon(epsilon),
+                      delta=check_delta(delta), relation=relation, accountant=accountant)
+
+
+def _poisson_sgd(sampling_rate: float, steps: int, *, epsilon: float, delta: float,
+                 relation: str, accountant: str) -> float:
   return calibrate_noise_multiplier(
       lambda z: dp_accounting.SelfComposedDpEvent(
           dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(z)),
           steps),
       epsilon=epsilon, delta=delta, relation=relation, accountant=accountant)
+
+
+# the memo keeps the public name it has in dpsco_jax.cache.stats()
+_poisson_sgd.__name__ = _poisson_sgd.__qualname__ = "calibrate_poisson_sgd"
+_poisson_sgd = bounded_cache()(_poisson_sgd)
+calibrate_poisson_sgd.cache_clear = _poisson_sgd.cache_clear
+calibrate_poisson_sgd.cache_info = _poisson_sgd.cache_info

@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 import dp_accounting
+import numpy as np
 
 from dpsco_jax.privacy.relations import accountant_relation
 
@@ -107,6 +108,8 @@ def pure_dp_event(epsilon: float) -> PureDpEvent:
 
 
 def _count(c: Any, name: str) -> int:
+  if isinstance(c, np.integer):   # e.g. steps computed with numpy
+    c = int(c)
   if isinstance(c, bool) or not isinstance(c, int) or c < 1:
     raise ValueError(f"{name} must be a positive int, got {c!r}")
   return c

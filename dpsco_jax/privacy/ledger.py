@@ -25,6 +25,7 @@ import math
 from typing import Any
 
 import dp_accounting
+import numpy as np
 
 from dpsco_jax._checks import check_choice, check_delta, check_epsilon
 from dpsco_jax.cache import ByKey, bounded_cache
@@ -168,6 +169,8 @@ class PrivacyLedger:
     return [(e.label, e.event, e.group, e.count) for e in self._entries]
 
   def _with(self, event: Any, label: str, group: str | None, count: int) -> list[_Entry]:
+    if isinstance(count, np.integer):   # a step count computed with numpy is a count
+      count = int(count)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
       raise ValueError(f"count must be a positive int, got {count!r}")
     if not isinstance(label, str):
