@@ -91,3 +91,11 @@ def test_a_numpy_integer_count_is_a_count():
   assert privacy.epsilon_of(dp_accounting.SelfComposedDpEvent(g, np.int64(3)),
                             delta=1e-5) == want
   assert privacy.PrivacyLedger.from_state_dict(ledger.state_dict()).epsilon(exact=True) == want
+
+
+def test_an_approximate_rdp_block_with_a_subnormal_delta_prime_converts_finitely():
+  # Corollary 1's log(1/delta') overflowed 1/5e-324 to inf: epsilon inf labelled exact
+  # (the conversion is eps_rdp + 744.4 / (alpha - 1))
+  ev = privacy.ApproxRdpEvent(alpha=1e3, epsilon_rdp=1.0, delta_tv=0.0, delta_prime=5e-324)
+  eps = privacy.PrivacyLedger(delta=1e-5).compose(ev, label="r").epsilon()
+  assert eps == pytest.approx(1.0 - math.log(5e-324) / 999.0) and eps.is_exact

@@ -297,7 +297,8 @@ class PrivacyLedger:
         acc[0] += ev.epsilon_rdp * e.count
         acc[1] += ev.delta_tv * e.count
     for (alpha, dprime), (eps_rdp, dtv) in rdp.items():  # paper 002, Corollary 1
-      e_conv = eps_rdp + math.log(1.0 / dprime) / (alpha - 1.0)
+      # -log(delta'): 1/delta' overflows to inf for a subnormal delta'
+      e_conv = eps_rdp - math.log(dprime) / (alpha - 1.0)
       eps += e_conv
       extra_delta += dprime + (1.0 + math.exp(min(e_conv, 700.0))) * dtv
     return float(eps), extra_delta, kind
