@@ -170,7 +170,7 @@ def _columns(table: Any, columns: Sequence[str] | None, user_column: str
       raise ValueError(f"column {c!r} is not in the table; columns: {names}")
   def col(c):
     v = table[c]
-    return np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v)
+    return _as_leaf(v.to_numpy() if hasattr(v, "to_numpy") else v, f"column {c!r}")
   # ids go to canonical_ids as they are: np.asarray would turn [1, "1"] into one user
   users = table[user_column]
   users = users.to_numpy() if hasattr(users, "to_numpy") else users
@@ -196,6 +196,20 @@ def weighted_loss(loss_fn: Callable) -> Callable:
     return ex["weight"] * value
   loss.__name__ = f"weighted_{getattr(loss_fn, '__name__', 'loss')}"
   return loss
+
+
+def _as_leaf(value: Any, label: str) -> np.ndarray:
+  """``value`` as a numpy array of plain values, or an error naming ``label`` (numpy's own,
+  and the padding's on object arrays, name no column)."""
+  try:
+    arr = np.asarray(value)
+  except ValueError as err:
+    raise ValueError(f"{label} is ragged (its rows have different shapes: {err}); pad its "
+                     "values to one shape first") from err
+  if arr.dtype.hasobject:
+    raise TypeError(f"{label} has dtype object (mixed kinds, None, or ragged rows): convert "
+                    "it to one numeric (or string) dtype first")
+  return arr
 
 
 def _int_vector(value: Any, name: str, u: int) -> np.ndarray:
@@ -325,10 +339,10 @@ class UserData:
     """
     if selection not in SELECTIONS:
       raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
-    leaves, treedef = jax.tree.flatten(examples)
-    if not leaves:
+    paths, treedef = jax.tree_util.tree_flatten_with_path(examples)
+    if not paths:
       raise ValueError("examples must hold at least one array")
-    leaves = [np.asarray(x) for x in leaves]
+    leaves = [_as_leaf(x, "examples" + jax.tree_util.keystr(p)) for p, x in paths]
     ids = canonical_ids(user_ids)
     n = ids.shape[0]
     if n == 0:
