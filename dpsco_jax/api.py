@@ -30,7 +30,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
-from dpsco_jax._checks import check_key
+from dpsco_jax._checks import check_int, check_key
 from dpsco_jax.algorithms.common import auto_axes, mesh_context, replicated_on
 from dpsco_jax.algorithms.registration import Planned, missing_plan_members
 from dpsco_jax.algorithms.registry import algorithms
@@ -225,7 +225,9 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
         " can change it, and with it the noise). Declare the contribution bound: "
         "UserData.from_arrays(..., max_items_per_user=m), or plan with a DataSpec you "
         "build (a declaration)")
-  facts = PublicFacts(spec, constants, int(num_params), entry.level)
+  # int() would plan 2.5 as 2, -1 or "5" as counts: refused here, naming the parameter
+  num_params = check_int(num_params, "num_params", 0)
+  facts = PublicFacts(spec, constants, num_params, entry.level)
   privacy, z, schedule, detail = _planned(entry, facts, cfg)
   return Plan(entry.name, cfg, spec, facts.constants, privacy, z, schedule, int(num_params),
               detail)

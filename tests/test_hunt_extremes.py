@@ -99,3 +99,16 @@ def test_an_approximate_rdp_block_with_a_subnormal_delta_prime_converts_finitely
   ev = privacy.ApproxRdpEvent(alpha=1e3, epsilon_rdp=1.0, delta_tv=0.0, delta_prime=5e-324)
   eps = privacy.PrivacyLedger(delta=1e-5).compose(ev, label="r").epsilon()
   assert eps == pytest.approx(1.0 - math.log(5e-324) / 999.0) and eps.is_exact
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, "5", None])
+def test_plan_refuses_a_parameter_count_that_is_not_one_naming_it(bad):
+  # plan(num_params=2.5) planned for int(2.5) = 2 parameters, -1 and "5" were planned for as
+  # counts; the misfit surfaced only at run ("the plan was made for -1 parameters")
+  import dpsco_jax as dp
+  from dpsco_jax.data import DataSpec
+  cfg = {"epsilon": 1.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.1,
+         "num_steps": 2, "sampling_rate": 0.5, "n_users": 6}
+  assert dp.plan("dp_sgd_user", cfg, DataSpec(6, 2), num_params=np.int64(5)).num_params == 5
+  with pytest.raises((TypeError, ValueError), match="num_params"):
+    dp.plan("dp_sgd_user", cfg, DataSpec(6, 2), num_params=bad)
