@@ -112,3 +112,25 @@ def test_plan_refuses_a_parameter_count_that_is_not_one_naming_it(bad):
   assert dp.plan("dp_sgd_user", cfg, DataSpec(6, 2), num_params=np.int64(5)).num_params == 5
   with pytest.raises((TypeError, ValueError), match="num_params"):
     dp.plan("dp_sgd_user", cfg, DataSpec(6, 2), num_params=bad)
+
+
+def test_a_selection_over_a_huge_noise_multiplier_has_a_cost():
+  # candidate_rdp composed GaussianDpEvent(1e200) into dp_accounting's RDP, which squares z:
+  # OverflowError (34, 'Numerical result out of range')
+  import dp_accounting
+  from dpsco_jax.privacy.selection import SelectionLaw, selection_cost
+  law = SelectionLaw("truncated_negative_binomial", 0.1)
+  huge = selection_cost(law, [dp_accounting.GaussianDpEvent(1e200)], delta=1e-5)
+  some = selection_cost(law, [dp_accounting.GaussianDpEvent(1e3)], delta=1e-5)
+  assert 0 < huge.epsilon <= some.epsilon
+
+
+@pytest.mark.parametrize("gamma", [1e-310, 5e-324])
+def test_the_logarithmic_law_of_a_subnormal_gamma_has_a_mean(gamma):
+  # (1/gamma - 1) / log(1/gamma) was inf / inf = nan, and the selection's cost then said
+  # "the selection's epsilon is 0.0"
+  from dpsco_jax.privacy.selection import SelectionLaw
+  mean = SelectionLaw("truncated_negative_binomial", gamma).mean()
+  assert mean == pytest.approx((1 - gamma) / (gamma * -math.log(gamma)), rel=1e-12)
+  assert SelectionLaw("truncated_negative_binomial", 1e-300).mean() == pytest.approx(
+      1e300 / (300 * math.log(10)), rel=1e-12)

@@ -32,7 +32,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.special import gammaln
 
 from dpsco_jax._checks import check_above, check_choice, check_delta, check_int
-from dpsco_jax.privacy.accountant import make_accountant
+from dpsco_jax.privacy.accountant import _capped_gaussians, make_accountant
 from dpsco_jax.privacy.events import (OUTSIDE_ACCOUNTANT, ApproxDpEvent, for_accountant,
                                       validate_event)
 from dpsco_jax.privacy.ledger import PrivacyLedger, PrivacyReport, epsilon_of
@@ -117,6 +117,9 @@ class SelectionLaw:
       The expected number of runs, a float.
     """
     g, eta = self.gamma, self.eta
+    if eta == 0.0 and math.isinf(1.0 / g):   # inf / inf: as (1-g) / (g log(1/g)), in logs
+      with np.errstate(over="ignore"):   # inf past ~1e308 runs
+        return float(np.exp(math.log1p(-g) - math.log(g) - math.log(-math.log(g))))
     if eta == 0.0:
       return (1.0 / g - 1.0) / math.log(1.0 / g)
     return eta * (1.0 - g) / (g * -math.expm1(eta * math.log(g)))
@@ -197,7 +200,7 @@ def candidate_rdp(event: Any, relation: str = "add_remove"
   if not acc.supports(converted):
     raise ValueError(f"the RDP accountant cannot account for {event} under "
                      f"relation={relation!r}")
-  acc.compose(converted)
+  acc.compose(_capped_gaussians(converted))   # RDP squares z: OverflowError past ~1e154
   return np.asarray(acc.orders, dtype=np.float64), np.asarray(acc.rdp, dtype=np.float64)
 
 
