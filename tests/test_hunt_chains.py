@@ -1,10 +1,14 @@
 """Bug-hunt findings on transform chains, DPTrainer and UserData, one test each (each failed
 before its fix)."""
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from flax import nnx
 
 from dpsco_jax.data import UserData
+from dpsco_jax.flax import DPTrainer
 
 
 @pytest.mark.parametrize("column,error", [
@@ -16,3 +20,26 @@ def test_from_table_names_an_object_or_ragged_column(column, error):
   # references."), a ragged one in numpy ("setting an array element..."): neither named it.
   with pytest.raises(error, match="'feat'"):
     UserData.from_table({"u": [1, 2, 1, 2, 3], "feat": column}, user_column="u")
+
+
+class _IntParam(nnx.Module):
+  def __init__(self):
+    self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    self.scale = nnx.Param(jnp.array(3, jnp.int32))
+
+  def __call__(self, x):
+    return self.lin(x) * self.scale
+
+
+def test_trainer_names_an_integer_param_before_any_step():
+  # An int nnx.Param passed construction and planning, then the first step crashed inside
+  # jax.grad ("grad requires real- or complex-valued inputs ... got int32"), naming no param.
+  x = np.random.default_rng(0).normal(size=(8, 2, 3)).astype(np.float32)
+  data = {"x": x, "y": (x[..., 0] > 0).astype(np.int32)}
+
+  def loss(model, ex):
+    return optax.softmax_cross_entropy_with_integer_labels(model(ex["x"]), ex["y"])
+
+  with pytest.raises(TypeError, match="scale"):
+    DPTrainer(_IntParam(), loss, optax.sgd(0.1), data=data, clip_norm=1.0, sampling_rate=0.5,
+              expected_batch_size=4.0, noise_multiplier=1.0, delta=1e-5, key=0)

@@ -189,6 +189,13 @@ class FastClippedGrad:
     self.loss_fn = loss_fn
     self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
     self._leaf_paths = ft.leaf_paths(self.params)
+    # refused here, naming them: else the first step's jax.grad fails on them, naming none
+    ints = [".".join(map(str, lp)) for lp, x in zip(self._leaf_paths, jax.tree.leaves(self.params))
+            if not jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    if ints:
+      raise TypeError(f"model: nnx.Param {ints} are not floating point (every nnx.Param is "
+                      "trained, i.e. differentiated); make them float, or another nnx.Variable "
+                      "type to keep them fixed")
     self._leaf_index = {lp: i for i, lp in enumerate(self._leaf_paths)}
     self._candidates = ft.candidates(model)
     self._plans: dict = {}
