@@ -43,3 +43,12 @@ def test_trainer_names_an_integer_param_before_any_step():
   with pytest.raises(TypeError, match="scale"):
     DPTrainer(_IntParam(), loss, optax.sgd(0.1), data=data, clip_norm=1.0, sampling_rate=0.5,
               expected_batch_size=4.0, noise_multiplier=1.0, delta=1e-5, key=0)
+
+
+@pytest.mark.parametrize("users", [["a"], []])
+def test_select_names_users_for_ids_or_an_empty_selection(users):
+  # select(["a"]) (ids, not positions) and select([]) raised numpy's "arrays used as indices
+  # must be of integer (or boolean) type", naming neither the argument nor what it takes.
+  data = UserData.from_arrays(np.ones((3, 2), np.float32), ["a", "b", "a"])
+  with pytest.raises((IndexError, ValueError), match="users"):
+    data.select(users)

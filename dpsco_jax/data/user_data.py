@@ -511,7 +511,15 @@ class UserData:
     Raises:
       IndexError: a position is out of range, or the mask's shape is not ``[U]``.
     """
-    idx = np.arange(self.n_users)[np.asarray(users)]
+    pos = np.asarray(users)
+    if pos.size == 0:   # np.asarray([]) is float: an empty selection, not a type error
+      pos = pos.astype(np.intp)
+    try:
+      idx = np.arange(self.n_users)[pos]
+    except IndexError as err:   # numpy's message names neither the argument nor its kind
+      raise IndexError(f"users must be positions in [0, {self.n_users}) or a bool mask of "
+                       f"shape ({self.n_users},), not user ids (for ids: "
+                       f"np.flatnonzero(np.isin(data.user_ids, ids))); {err}") from err
     return self._take(jax.tree.map(lambda x: np.asarray(x)[idx], self.examples), idx)
 
   def _take(self, examples: Any, take: Any, shard_info: ShardInfo | None = None
