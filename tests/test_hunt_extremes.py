@@ -134,3 +134,22 @@ def test_the_logarithmic_law_of_a_subnormal_gamma_has_a_mean(gamma):
   assert mean == pytest.approx((1 - gamma) / (gamma * -math.log(gamma)), rel=1e-12)
   assert SelectionLaw("truncated_negative_binomial", 1e-300).mean() == pytest.approx(
       1e300 / (300 * math.log(10)), rel=1e-12)
+
+
+def test_a_noise_std_is_formed_in_float64_and_checks_its_numbers():
+  # z * C / D was formed in the inputs' precision: float16 / bfloat16 numbers could round the
+  # std below z C / D; a NaN or negative z gave a NaN / negative std, a zero bound a
+  # ZeroDivisionError in noise_multiplier_for_std
+  for dtype in (np.float16, ml_dtypes.bfloat16):
+    z, c, d = dtype(3.3), dtype(1.1), dtype(3.0)
+    std = privacy.gaussian_noise_std(z, privacy.Sensitivity(c, d))
+    assert type(std) is float and std == float(z) * float(c) / float(d)
+    z_back = privacy.noise_multiplier_for_std(dtype(1.5), privacy.Sensitivity(c, d))
+    assert type(z_back) is float and z_back == 1.5 * float(d) / float(c)
+  for bad in (math.nan, -1.0):
+    with pytest.raises(ValueError, match="noise_multiplier"):
+      privacy.gaussian_noise_std(bad, privacy.Sensitivity(1.0))
+    with pytest.raises(ValueError, match="std"):
+      privacy.noise_multiplier_for_std(bad, privacy.Sensitivity(1.0))
+  with pytest.raises(ValueError, match="bound 0"):
+    privacy.noise_multiplier_for_std(1.0, privacy.Sensitivity(0.0))
