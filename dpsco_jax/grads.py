@@ -27,6 +27,20 @@ PyTree = Any
 LossFn = Callable[[PyTree, PyTree], jax.Array]
 
 
+def _check_offsets(offsets: PyTree | None, params: PyTree, lead: tuple[int, ...],
+                   layout: str) -> None:
+  """Every offset leaf is ``lead + param.shape``: a leaf missing an axis would be mapped
+  over the wrong one and broadcast against the params (wrong gradients, no error)."""
+  if offsets is None:
+    return
+  def check(path, p, off):
+    want = tuple(lead) + tuple(jnp.shape(p))
+    if tuple(jnp.shape(off)) != want:
+      raise ValueError(f"offsets{jax.tree_util.keystr(path)} must be shaped {layout} = "
+                       f"{want}, got {tuple(jnp.shape(off))}")
+  jax.tree_util.tree_map_with_path(check, params, offsets)
+
+
 def per_example_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
                       offsets: PyTree | None = None) -> PyTree:
   """Gradients of ``loss_fn`` for every example of ``batch`` (leaves ``[B, ...]``).
@@ -49,6 +63,7 @@ def per_example_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
     raise ValueError("batch must be a pytree of arrays shaped [B, ...]")
   if any(x.shape[0] == 0 for x in leaves):
     raise ValueError("empty batch: B = 0 examples")
+  _check_offsets(offsets, params, leaves[0].shape[:1], "[B, *param.shape]")
   grad_fn = jax.grad(loss_fn)
   if offsets is None:
     return jax.vmap(grad_fn, in_axes=(None, 0))(params, batch)
@@ -100,6 +115,7 @@ def per_user_grads(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
     raise ValueError("every user needs m >= 1 items; got a batch with m = 0 (the mean "
                      "gradient over zero items is undefined)")
   user_mask = check_user_mask(user_mask, n_users)
+  _check_offsets(offsets, params, leaves[0].shape[:2], "[U, m, *param.shape]")
   if chunk_size is not None:
     chunk_size = check_int(chunk_size, "chunk_size", minimum=1)
 

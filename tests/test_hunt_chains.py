@@ -52,3 +52,37 @@ def test_select_names_users_for_ids_or_an_empty_selection(users):
   data = UserData.from_arrays(np.ones((3, 2), np.float32), ["a", "b", "a"])
   with pytest.raises((IndexError, ValueError), match="users"):
     data.select(users)
+
+
+def test_per_user_grads_refuses_offsets_without_the_item_axis():
+  # Offsets shaped [U, *p.shape] (no m axis) were read as [U, m] per-item scalars and
+  # broadcast over the params when m == p.shape[0]: silently wrong gradients, no error.
+  from dpsco_jax.grads import per_user_grads
+
+  def loss(p, ex):
+    return jnp.sum(p["w"] * ex) ** 2
+
+  params, batch = {"w": jnp.ones(2)}, jnp.ones((3, 2, 2))
+  offsets = {"w": jnp.arange(6.0).reshape(3, 2)}
+  with pytest.raises(ValueError, match="offsets"):
+    per_user_grads(loss, params, batch, offsets=offsets)
+
+
+def test_train_refuses_a_checkpoint_dir_that_is_a_file_before_any_step(tmp_path):
+  # checkpoint_dir naming a file passed the pre-run check; the steps ran and spent budget,
+  # then orbax's save failed (NotADirectoryError on its temporary folder).
+  pytest.importorskip("orbax.checkpoint")
+  x = np.random.default_rng(0).normal(size=(8, 2, 3)).astype(np.float32)
+  data = {"x": x, "y": (x[..., 0] > 0).astype(np.int32)}
+
+  def loss(model, ex):
+    return optax.softmax_cross_entropy_with_integer_labels(model(ex["x"]), ex["y"])
+
+  trainer = DPTrainer(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), loss, optax.sgd(0.1), data=data,
+                      clip_norm=1.0, sampling_rate=0.5, expected_batch_size=4.0,
+                      noise_multiplier=1.0, delta=1e-5, key=0)
+  target = tmp_path / "not_a_dir"
+  target.write_text("x")
+  with pytest.raises(NotADirectoryError, match="checkpoint_dir"):
+    trainer.train(1, checkpoint_dir=target)
+  assert trainer.step_count == 0 and not trainer.ledger.events
