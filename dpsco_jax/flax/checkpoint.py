@@ -161,7 +161,11 @@ def latest_checkpoint(directory: str | os.PathLike) -> str | None:
 
 
 def check_no_later_checkpoint(directory: str | os.PathLike, step: int) -> None:
-  """Raises ``FileExistsError`` when ``directory`` holds a checkpoint after ``step``."""
+  """Raises ``FileExistsError`` when ``directory`` holds a checkpoint after ``step``, and
+  ``NotADirectoryError`` when it is a file (else the save fails after the steps ran)."""
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise NotADirectoryError(f"checkpoint_dir {os.fspath(directory)!r} is a file, not a "
+                             "directory: give a directory for the checkpoints")
   latest = latest_checkpoint(directory)
   if latest is not None and int(_STEP_DIR.match(os.path.basename(latest)).group(1)) > step:
     raise FileExistsError(f"checkpoint_dir {os.path.dirname(latest)} holds {latest} (a later "
