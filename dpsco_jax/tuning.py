@@ -219,7 +219,12 @@ def private_select(plans: Sequence[Any], law: SelectionLaw | Mapping, loss_fn: C
       result = run(plans[i], loss_fn, params, data, run_key)
     except NonFiniteRelease:   # a diverging grid point is not eligible
       return None, None
-    value = float(score(result.params))
+    out = score(result.params)
+    try:
+      value = float(out)
+    except (TypeError, ValueError):   # its type and shape only: the value is the release's
+      raise TypeError(f"score must return one number: score(params) -> float, got "
+                      f"{type(out).__name__} of shape {getattr(out, 'shape', None)}") from None
     return (value if math.isfinite(value) else None), (i, result.params, value)
 
   best = best_of_k(cost.law, len(plans), jax.random.fold_in(key, 0),
