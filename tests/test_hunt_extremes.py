@@ -153,3 +153,37 @@ def test_a_noise_std_is_formed_in_float64_and_checks_its_numbers():
       privacy.noise_multiplier_for_std(bad, privacy.Sensitivity(1.0))
   with pytest.raises(ValueError, match="bound 0"):
     privacy.noise_multiplier_for_std(1.0, privacy.Sensitivity(0.0))
+
+
+@pytest.mark.parametrize("bad", [lambda p: p["w"], lambda p: "x"])
+def test_private_select_names_a_score_that_is_not_one_number(bad):
+  # a score returning an array or a string failed in float()'s words ("Only scalar arrays
+  # can be converted to Python scalars"), not naming score
+  import jax
+  import dpsco_jax as dp
+  from dpsco_jax.tuning import private_select
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(12, 4)).astype(np.float32)
+  data = dp.UserData.from_arrays({"x": x, "y": (x.sum(1) > 0).astype(np.float32)},
+                                 np.repeat(np.arange(6), 2), max_items_per_user=2)
+  cfg = {"epsilon": 1.0, "delta": 1e-5, "clip_norm": 1.0, "learning_rate": 0.1,
+         "num_steps": 2, "sampling_rate": 0.5, "n_users": 6}
+  plans = [dp.plan("dp_sgd_user", cfg, data.spec, num_params=5)]
+  loss = lambda p, ex: (ex["x"] @ p["w"] + p["b"] - ex["y"]) ** 2
+  params = {"w": jnp.zeros(4), "b": jnp.zeros(())}
+  with pytest.raises(TypeError, match="score must return one number"):
+    private_select(plans, {"gamma": 0.5}, loss, params, data, jax.random.key(0), score=bad,
+                   metric_data="public")
+
+
+@pytest.mark.parametrize("z, want", [(1e200, 0.0), (1e-200, math.inf)])
+def test_group_privacy_of_an_extreme_gaussian_is_answered(z, want):
+  # RDP squared z = 1e200 (OverflowError) and PLD's grid of z = 1e-200 overflowed ("cannot
+  # convert float infinity to integer"); a LaplaceDpEvent(1e-6) PLD was killed for memory
+  import dp_accounting
+  gp = privacy.group_privacy_epsilon(dp_accounting.GaussianDpEvent(z), group_size=3,
+                                     delta=1e-5)
+  assert gp.epsilon == want
+  gp = privacy.group_privacy_epsilon(dp_accounting.LaplaceDpEvent(1e-6), group_size=3,
+                                     delta=1e-5)
+  assert gp.epsilon == math.inf   # no item delta lifts within delta: the module's inf

@@ -226,28 +226,47 @@ def _cheap_bound(parts: list[tuple[Any, int]], delta: float, relation: str, whol
   return min(bounds)
 
 
-def _pld_blocked(parts: list[tuple[Any, int]], relation: str, whole: Any, counted: Any,
-                 factor: float) -> bool:
-  """Whether the PLD of ``parts`` would take more than about a second, or be degenerate: too
-  many steps, a step's loss range (``mu^2/2 + c mu`` either way, ``c`` the Gaussian quantile
-  of the tail mass) too wide or below one grid step, or too wide a composed range."""
-  c = math.sqrt(2.0 * math.log(1.0 / PLD_TAIL_MASS))
-  width = lambda mu2: 2.0 * (mu2 / 2.0 + c * math.sqrt(mu2)) / PLD_DISCRETIZATION
-  steps = list(_sampled_gaussians(counted, 1))
-  if sum(n for _, _, n in steps) > MAX_PLD_COUNT:
-    return True
-  for q, z, _ in steps:
-    points = width(factor * factor * _inverse_square(z))
+def pld_step_blocked(event: Any, relation: str) -> bool:
+  """Whether one step of ``event`` is degenerate for dp_accounting's PLD or too large to build
+  (:func:`_step_blocked`), for a caller that builds its own accountant."""
+  whole = dp_accounting.ComposedDpEvent([event])
+  factor = 2.0 if accountant_relation(relation, whole) == (
+      dp_accounting.NeighboringRelation.REPLACE_ONE) else 1.0
+  return _step_blocked(whole, factor)
+
+
+_TAIL_QUANTILE = math.sqrt(2.0 * math.log(1.0 / PLD_TAIL_MASS))
+
+
+def _width(mu2: float) -> float:
+  """Grid points of a Gaussian loss range of ``mu^2``: ``mu^2/2 + c mu`` either way, ``c`` the
+  Gaussian quantile of the tail mass."""
+  return 2.0 * (mu2 / 2.0 + _TAIL_QUANTILE * math.sqrt(mu2)) / PLD_DISCRETIZATION
+
+
+def _step_blocked(counted: Any, factor: float) -> bool:
+  """Whether a step's loss range is too wide or below one grid step."""
+  for q, z, _ in _sampled_gaussians(counted, 1):
+    points = _width(factor * factor * _inverse_square(z))
     # q^2 underflowing breaks dp_accounting's subsampled PLD ("a must be greater than b")
     if not 1.0 <= points <= MAX_PLD_STEP_POINTS or q < 1e-150:
       return True
   # a Laplace's loss spans +-factor/b: past the step grid dp_accounting's PLD answers inf
   # (labelled exact) from b ~ 1e-3, takes minutes below, and cannot allocate at b ~ 1e-300
-  if any(2.0 * factor / b / PLD_DISCRETIZATION > MAX_PLD_STEP_POINTS
-         for b in _laplace_scales(counted)):
+  return any(2.0 * factor / b / PLD_DISCRETIZATION > MAX_PLD_STEP_POINTS
+             for b in _laplace_scales(counted))
+
+
+def _pld_blocked(parts: list[tuple[Any, int]], relation: str, whole: Any, counted: Any,
+                 factor: float) -> bool:
+  """Whether the PLD of ``parts`` would take more than about a second, or be degenerate: too
+  many steps, a step blocked (:func:`_step_blocked`), or too wide a composed range."""
+  if sum(n for _, _, n in _sampled_gaussians(counted, 1)) > MAX_PLD_COUNT:
+    return True
+  if _step_blocked(counted, factor):
     return True
   mu2 = _gaussian_mu2(counted, dominate=True)
-  if mu2 is None or width(factor * factor * mu2) <= MAX_PLD_POINTS:
+  if mu2 is None or _width(factor * factor * mu2) <= MAX_PLD_POINTS:
     return False
   if not (_rdp_sound(counted) and supports("rdp", relation, whole)):
     return True
