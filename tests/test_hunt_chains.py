@@ -86,3 +86,21 @@ def test_train_refuses_a_checkpoint_dir_that_is_a_file_before_any_step(tmp_path)
   with pytest.raises(NotADirectoryError, match="checkpoint_dir"):
     trainer.train(1, checkpoint_dir=target)
   assert trainer.step_count == 0 and not trainer.ledger.events
+
+
+def test_trainer_names_a_string_column_of_its_user_data():
+  # A UserData.from_table with a string column (all columns are items by default) crashed
+  # in DPTrainer with JAX's "Dtype <U1 is not a valid JAX array type", naming no column.
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(12, 3)).astype(np.float32)
+  table = {"u": rng.integers(0, 4, 12), "x": x, "y": (x[:, 0] > 0).astype(np.int32),
+           "name": np.array(["a"] * 12)}
+  data = UserData.from_table(table, user_column="u")
+
+  def loss(model, ex):
+    return optax.softmax_cross_entropy_with_integer_labels(model(ex["x"]), ex["y"])
+
+  with pytest.raises(TypeError, match="'name'"):
+    DPTrainer(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), loss, optax.sgd(0.1), data=data,
+              clip_norm=1.0, sampling_rate=0.5, expected_batch_size=2.0, noise_multiplier=1.0,
+              delta=1e-5, key=0)
