@@ -53,9 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     print("problems:  ", ", ".join(sorted(problems)),
           f"({runner.USER_PROBLEM}: your factory, or model + loss + data file)")
     return 0
-  if args.out and os.path.dirname(args.out):
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
   try:
+    if args.out and os.path.dirname(args.out):
+      try:
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+      except OSError as err:  # a parent that is a file, an unwritable place
+        raise runner.ConfigError(f"--out {args.out}: cannot make its folder "
+                                 f"({err.strerror}: {err.filename})") from None
     records = runner.main_run(args.config, out=args.out, plot_field=args.plot,
                               progress=not args.quiet, quick=args.quick, force=args.force)
   except runner.ConfigError as err:  # a user error: one line, no traceback

@@ -22,6 +22,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -295,7 +296,30 @@ def run_config(config: dict, *, progress: bool = True, on_record: Callable | Non
   """Runs every expanded config (both phases with ``select``); every run is validated before
   any runs."""
   check_runner_keys(config)
-  return run_phases(tuning.parse_phases(config), progress=progress, on_record=on_record)[0]
+  phases = tuning.parse_phases(config)
+  check_repeats(phases)
+  return run_phases(phases, progress=progress, on_record=on_record)[0]
+
+
+def check_repeats(phases: tuning.Phases) -> None:
+  """Refuses a run given twice (a seed listed twice, or two experiments entries that expand to
+  the same runs): the same seed gives the same result, and the table would count it as two
+  seeds (a mean and an interval over copies). (A ``--quick`` config may collapse distinct
+  runs into one: it is checked before it is shrunk, and :func:`_validated` runs a repeat
+  once.)"""
+  for config in ([phases.with_seeds(s) for s in (phases.tuning_seeds, phases.eval_seeds)
+                  if s is not None] if phases.select else [phases.config]):
+    seen = set()
+    for cfg in expand(config):
+      key = row_key(cfg), repr(cfg.get("seed", 0))
+      if key in seen:
+        where = f"{cfg.get('algorithm')}" + (f" (label {cfg['label']})" if cfg.get("label")
+                                             else "")
+        raise ConfigError(f"{where}: the run with seed {cfg.get('seed', 0)} is given twice (a "
+                          "seed listed twice, or two experiments entries with the same runs); "
+                          "it would count as two seeds: give each seed once, or label the "
+                          "entries")
+      seen.add(key)
 
 
 def _validated(config: dict, algorithms: dict, problems: dict,
@@ -306,6 +330,8 @@ def _validated(config: dict, algorithms: dict, problems: dict,
   validated algorithm config (:class:`Runs`)."""
   from dpsco_jax import api
   checked = [_checked_typed(cfg, algorithms, problems) for cfg in expand(config)]
+  # a run given twice (a --quick config's collapsed runs; see check_repeats) runs once
+  checked = list({(row_key(c), repr(c.get("seed", 0))): (c, t) for c, t in checked}.values())
   cache = ProblemCache() if cache is None else cache
   plans, configs = {}, {}
   for cfg, typed in checked:
@@ -488,6 +514,8 @@ def load_config(path: str) -> dict:
       config = yaml.load(f, Loader=yaml_loader())  # noqa: S506 (a SafeLoader subclass)
   except OSError as err:
     raise ConfigError(f"{path}: {err.strerror}") from None
+  except UnicodeDecodeError as err:
+    raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
   except yaml.YAMLError as err:
     raise ConfigError(f"{path}: not valid YAML ({err})") from None
   if not isinstance(config, dict):
@@ -575,6 +603,12 @@ def check_outputs(out: str | None, plots: list[str], *, quick: bool = False,
   if existing and not force:
     raise ConfigError(f"{', '.join(existing)} already exist{'s' * (len(existing) == 1)}: "
                       "pass --force to replace, or write elsewhere (--out other.json)")
+  for folder in {os.path.dirname(os.path.abspath(p)) for p in [out] * bool(out) + plots}:
+    try:   # records are written as runs finish: an unwritable place would lose the first
+      tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+      raise ConfigError(f"cannot write the outputs in {folder} ({err.strerror}): --out and "
+                        "--plot need a folder you can write") from None
 
 
 def _plots(rows: list[dict], fields: list[str], plot_field: str, out: str | None,
@@ -600,6 +634,7 @@ def main_run(path: str, out: str | None = None, plot_field: str | None = None,
   Existing outputs are replaced only with ``force`` (:func:`check_outputs`)."""
   config = load_config(path)
   check_runner_keys(config)
+  check_repeats(tuning.parse_phases(config))   # the full config's: --quick may collapse runs
   if quick:
     from dpsco_jax.runner.quick import quick_config
     config = quick_config(config)

@@ -108,10 +108,28 @@ def check_runner_keys(config: dict) -> None:
   """The top-level keys read before any run config is built (``experiments``, ``name``,
   ``description``), checked first."""
   experiments_of(config)
+  _refuse_misspelt_runner_keys(config)
   for key in ("name", "description"):
     value = config.get(key)
     if value is not None and not isinstance(value, str):
       raise ConfigError(f"{key} must be a string, got {value!r} ({type(value).__name__})")
+
+
+def _refuse_misspelt_runner_keys(config: dict) -> None:
+  """A top-level key no schema reads but spelt like a runner key (``experiment:``,
+  ``selct:``): named with its spelling, not lost (a missing ``experiments`` would otherwise
+  be reported as a missing algorithm, a missing ``select`` not at all)."""
+  import difflib
+  from dpsco_jax.config.schema import CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS
+  known = {*RUNNER_ONLY, *SECTIONS, "label"}
+  for schemas in (CONFIG_ALGORITHM_SCHEMAS, PROBLEM_SCHEMAS):
+    known.update(k for name in schemas for k in _schema_fields(schemas, name))
+  for key in config:
+    if not isinstance(key, str) or key in known:
+      continue
+    hint = difflib.get_close_matches(key, RUNNER_ONLY, n=1, cutoff=0.75)
+    if hint:
+      raise ConfigError(f"unknown top-level key {key!r} (did you mean {hint[0]!r}?)")
 
 
 def _schema_fields(schemas: dict, name: str) -> set[str]:

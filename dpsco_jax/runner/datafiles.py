@@ -171,6 +171,8 @@ def parse_data_file(value: Any, where: str) -> DataFile:
                         "ids)")
     spec = dataclasses.replace(spec, user_column="user_ids")
   _check_id_options(spec, where)
+  if os.path.isdir(path):
+    raise ConfigError(f"{where}: {path} is a directory, not a data file")
   if not os.path.isfile(path):
     raise ConfigError(f"{where}: no such file {path}")
   names = _file_columns(path, spec.suffix, where)
@@ -182,6 +184,10 @@ def parse_data_file(value: Any, where: str) -> DataFile:
       raise ConfigError(f"{where}.{role}: {path} has no {what} {name!r}"
                         + (f" (did you mean {hint[0]!r}?)" if hint else "")
                         + f"; its {what}s: {', '.join(names)}")
+  if spec.columns is None and "" in names:   # e.g. pandas' to_csv index: not a feature
+    raise ConfigError(f"{where}: {path} has a {what} with a blank name ({what} "
+                      f"{names.index('') + 1}), which every example would read: name it, drop "
+                      f"it (a pandas index: to_csv(index=False)), or list {where}.columns")
   if len(names) < 2:
     raise ConfigError(f"{where}: {path} has only the user ids ({spec.user_column}); no example "
                       f"{what}s")
@@ -190,6 +196,10 @@ def parse_data_file(value: Any, where: str) -> DataFile:
 
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
+#: a decimal number as CSV readers agree on it: Python's float() also takes 1_000 and non-ASCII
+#: digits, which other readers keep as text
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                          r"|[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
 
 
 def _count(n: int, word: str) -> str:
@@ -288,8 +298,14 @@ def _refuse_spacing_twins(values: list[str], text: list[str], spec: DataFile,
 
 
 def _csv_numbers(values: list[str], name: str, spec: DataFile, lines: list[int]) -> np.ndarray:
-  """A feature column: int64 if every field is an integer, else float64, else refused."""
+  """A feature column: int64 if every field is an integer, else float64; a field not written
+  as a decimal number is refused."""
   text = [v.strip() for v in values]
+  bad = [i for i, v in enumerate(text) if not _NUMBER_TEXT.fullmatch(v)]
+  if bad:
+    raise spec.error(f"column {name!r} has {_count(len(bad), 'field')} not written as a number "
+                     f"(blank, text, 1_000 or non-ASCII digits; the first on line "
+                     f"{lines[bad[0]]}); example columns must be numeric")
   try:
     return np.array(text, dtype=np.int64)
   except OverflowError:
@@ -297,21 +313,7 @@ def _csv_numbers(values: list[str], name: str, spec: DataFile, lines: list[int])
       raise spec.error(f"column {name!r} has integers beyond the int64 range") from None
   except ValueError:
     pass
-  try:
-    return np.array(text, dtype=np.float64)
-  except ValueError:
-    bad = [i for i, v in enumerate(text) if not _is_number(v)]
-    raise spec.error(f"column {name!r} has {_count(len(bad), 'field')} not written as a number "
-                     f"(blank or text; the first on line {lines[bad[0]]}); example columns "
-                     "must be numeric") from None
-
-
-def _is_number(text: str) -> bool:
-  try:
-    float(text)
-  except ValueError:
-    return False
-  return True
+  return np.array(text, dtype=np.float64)
 
 
 def _read_csv(spec: DataFile) -> dict[str, np.ndarray]:
@@ -445,3 +447,7 @@ def _load(spec: DataFile, mtime_ns: int, size: int):
                                selection=spec.selection, seed=spec.seed)
   except (ValueError, TypeError) as err:
     raise spec.error(one_line_error(err)) from None
+  except MemoryError:   # every user is padded to max_items_per_user slots
+    raise spec.error(f"max_items_per_user {spec.max_items_per_user}: every user is padded to "
+                     "that many items, and the padded table does not fit in memory; declare "
+                     "a smaller bound") from None
