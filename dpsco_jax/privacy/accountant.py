@@ -144,7 +144,9 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
   from scipy import optimize, special
   if mu <= 0:
     return 0.0
-  if not math.isfinite(mu):  # z so small that 1/z^2 overflows: no finite bound
+  # z so small that 1/z^2 overflows, or mu^2 does (epsilon ~ mu^2/2 + O(mu) past 1.8e308;
+  # brentq's bracket would be inf: "Failed to converge"): no finite bound
+  if not math.isfinite(mu * mu):
     return math.inf
   log_delta = math.log(delta)
   def gap(eps: float) -> float:  # log delta(eps) - log delta, decreasing in eps
