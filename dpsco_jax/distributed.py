@@ -269,7 +269,8 @@ def _prepare(p: Any, loss_fn: Callable, params: Any, data: UserData, key: jax.Ar
     raise ValueError("clip_norm: adaptive does not run across processes yet: use one process")
   rows = data.spec.n_users * (1 if level == "user" else data.spec.max_items_per_user)
   if plan.relation == "add_remove" and rows > plan.n_public:
-    raise ValueError(f"the data has {rows} {level} rows, more than the declared count "
+    # not how many: the realized count is private under add_remove
+    raise ValueError(f"the data has more {level} rows than the declared count "
                      f"({plan.n_public})")
   info = data.shard_info or ShardInfo(0, 1, data.n_users)
   w0 = np.asarray(problem.init_params())

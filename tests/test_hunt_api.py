@@ -61,3 +61,17 @@ def test_from_arrays_refuses_a_bad_selection_seed_naming_it(seed):
       dp.UserData.from_arrays({"x": x}, ids, max_items_per_user=2, seed=seed)
   data = dp.UserData.from_arrays({"x": x}, np.zeros(6, int), max_items_per_user=2, seed=2**70)
   assert data.n_items.tolist() == [2]      # a large seed stays valid
+
+
+def test_more_rows_than_declared_is_refused_without_their_count():
+  # The refusal said "the data has 199 rows": under add_remove the realized count is private,
+  # and the runner writes the message into the failed record's error (results JSON).
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(199, 4)).astype(np.float32)
+  data = dp.UserData.from_arrays({"x": x, "y": (x.sum(1) > 0).astype(np.float32)},
+                                 np.arange(199), max_items_per_user=1)
+  p = dp.plan("dp_sgd_user", {**CONFIG, "n_users": 10}, data.spec, num_params=5,
+              constants={"lipschitz": 1.0, "radius": 1.0})
+  with pytest.raises(ValueError, match="more rows than the declared n_users") as err:
+    dp.run(p, _loss, PARAMS, data, jax.random.key(0))
+  assert "199" not in str(err.value)

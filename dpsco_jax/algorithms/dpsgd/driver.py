@@ -151,7 +151,8 @@ def _execute(problem: SCOProblem, plan: DpSgdPlan, key: jax.Array, rows: dict | 
     rows = level_rows(problem, plan.level, None) if rows is None else rows
     n = jax.tree.leaves(rows)[0].shape[0]
   if plan.relation == "add_remove" and n > plan.n_public:
-    raise ValueError(f"the data has {n} {plan.level + ' ' if host else ''}rows, more than the "
+    # the realized count is private under add_remove: the message names only the bound
+    raise ValueError(f"the data has more {plan.level + ' ' if host else ''}rows than the "
                      f"declared n_users allows ({plan.n_public} rows): under add_remove the "
                      "declared count is the public bound the sampling capacity is sized for")
   capacity = n if plan.capacity is None else plan.capacity
