@@ -187,3 +187,26 @@ def test_group_privacy_of_an_extreme_gaussian_is_answered(z, want):
   gp = privacy.group_privacy_epsilon(dp_accounting.LaplaceDpEvent(1e-6), group_size=3,
                                      delta=1e-5)
   assert gp.epsilon == math.inf   # no item delta lifts within delta: the module's inf
+
+
+def test_a_gaussian_whose_mu_squared_overflows_has_epsilon_inf():
+  # mu = 2e154 (z = 1e-154 under replace-one): mu^2 / 2 overflowed the bracket and brentq
+  # raised "Failed to converge after 100 iterations"
+  import dp_accounting
+  from dpsco_jax.privacy.accountant import gaussian_epsilon
+  assert gaussian_epsilon(2e154, 1e-5) == math.inf
+  assert privacy.epsilon_of(dp_accounting.GaussianDpEvent(1e-154), delta=1e-5,
+                            relation="replace_one") == math.inf
+  assert gaussian_epsilon(1e154, 1e-5) == pytest.approx(5e307, rel=1e-9)
+
+
+def test_a_keyed_calibration_takes_jax_numbers():
+  # with key=, epsilon / delta / lower went into the memo as they were: a 0-d jax array
+  # raised "unhashable type: 'jaxlib._jax.ArrayImpl'"
+  import dp_accounting
+  want = privacy.calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, epsilon=1.0,
+                                            delta=1e-5, lower=0.5, key="hunt gaussian")
+  got = privacy.calibrate_noise_multiplier(
+      dp_accounting.GaussianDpEvent, epsilon=jnp.asarray(1.0), delta=jnp.asarray(1e-5, float),
+      lower=jnp.asarray(0.5), key="hunt gaussian")
+  assert got == pytest.approx(want, rel=1e-6)

@@ -152,7 +152,9 @@ def calibrate_noise_multiplier(make_event: Callable[[float], Any], *, epsilon: f
   Returns:
     The noise multiplier ``z`` (noise std over the add/remove sensitivity), a float.
   """
-  if key is not None:
+  if key is not None:   # python numbers for the memo: a 0-d jax array is unhashable
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    lower = check_positive(lower, "lower")
     fixed = tuple(_as_list(fixed))
     family = ByKey((make_event, fixed), (key, tuple(event_key(e) for e in fixed)))
     return _keyed_calibration(family, epsilon, delta, relation, accountant, lower)
