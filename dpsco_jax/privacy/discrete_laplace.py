@@ -54,7 +54,15 @@ class DelOutputPertParams(NamedTuple):
 
 def delta_prime(epsilon: float, delta: float) -> float:
   """``delta' = delta / (e^eps + 2)`` (Alg. 1 line 1, [R])."""
-  return check_delta(delta) / (math.exp(check_epsilon(epsilon)) + 2.0)
+  eps, dl = check_epsilon(epsilon), check_delta(delta)
+  # e^eps overflows past eps ~ 709 ("math range error"), and below 1e-300 kappa's and
+  # sigma's ln(1/delta') overflow: refused naming the numbers
+  log_dp = math.log(dl) - eps - math.log1p(2.0 * math.exp(-eps))
+  if log_dp < math.log(1e-300):
+    raise ValueError(f"epsilon={epsilon!r}, delta={delta!r}: DelOutputPert's delta' = delta / "
+                     f"(e^epsilon + 2) = e^{log_dp:.6g} is below 1e-300, outside the float "
+                     "range of its calculators; use a smaller epsilon")
+  return dl / (math.exp(eps) + 2.0)
 
 
 def del_output_pert_params(epsilon: float, delta: float) -> DelOutputPertParams:
