@@ -1,12 +1,14 @@
 """Bug-hunt findings on transform chains, DPTrainer and UserData, one test each (each failed
 before its fix)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
+from dpsco_jax import transforms as T
 from dpsco_jax.data import UserData
 from dpsco_jax.flax import DPTrainer
 
@@ -104,3 +106,50 @@ def test_trainer_names_a_string_column_of_its_user_data():
     DPTrainer(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), loss, optax.sgd(0.1), data=data,
               clip_norm=1.0, sampling_rate=0.5, expected_batch_size=2.0, noise_multiplier=1.0,
               delta=1e-5, key=0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_projection_of_low_precision_params_stays_in_the_ball(dtype):
+  # project_l2_ball and projected_sgd rounded bfloat16/float16 results to nearest after the
+  # projection: points up to ~0.5% outside the ball (||x|| = 1.0046 for R = 1).
+  worst = 0.0
+  center = {"w": jnp.full((37,), 0.25, dtype)}
+  tx = T.projected_sgd(1.0, radius=1.0, center=center)
+  params = {"w": jnp.zeros((37,), dtype)}
+  state = tx.init(params)
+  for s in range(40):
+    v = jax.random.normal(jax.random.key(s), (37,)) * 3
+    out = T.project_l2_ball({"w": v.astype(dtype)}, 1.0)
+    assert out["w"].dtype == dtype
+    worst = max(worst, float(jnp.linalg.norm(out["w"].astype(jnp.float32))))
+    _, state = tx.update({"w": v}, state, params)
+    params = state.released   # the iterate (params + update rounds once more in optax)
+    assert params["w"].dtype == dtype
+    dist = params["w"].astype(jnp.float32) - center["w"].astype(jnp.float32)
+    worst = max(worst, float(jnp.linalg.norm(dist)))
+  assert worst <= 1.0, worst
+
+
+@pytest.mark.parametrize("make", [
+    lambda: T.banded_noise(1.0, 2, 0, coefs=[1.0, 0.5]),
+    lambda: T.blt_noise(1.0, 2, 0, buf_decay=[0.5], output_scale=[0.3]),
+    lambda: T.independent_prefix_sum_noise(1.0, 2, 0),
+])
+def test_prefix_noise_past_its_horizon_keeps_no_release_in_the_state(make):
+  # Past max_steps the output was NaN but the state's noisy_prefix (public, shown by repr)
+  # still held the step's noisy prefix: a release no plan accounted for.
+  tx = make()
+  params = {"w": jnp.zeros(3)}
+  state = tx.init(params)
+  for _ in range(3):
+    out, state = tx.update({"w": jnp.ones(3)}, state, params)
+  assert bool(jnp.all(jnp.isnan(out["w"])))
+  assert bool(jnp.all(jnp.isnan(state.noisy_prefix["w"]))), state
+
+
+def test_from_table_takes_one_column_name_as_a_string():
+  # columns="feat" was iterated as letters: refused with "column 'f' is not in the table",
+  # a column the user never named.
+  table = {"u": [1, 2, 1], "feat": np.ones(3, np.float32), "y": np.zeros(3, np.float32)}
+  data = UserData.from_table(table, user_column="u", columns="feat")
+  assert list(data.examples) == ["feat"]

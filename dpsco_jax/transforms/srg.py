@@ -28,7 +28,7 @@ import optax
 
 from dpsco_jax._checks import check_nonnegative, check_positive
 from dpsco_jax.grads import per_example_grads, per_user_grads_two_points
-from dpsco_jax.transforms.steps import cast_like, project_l2_ball
+from dpsco_jax.transforms.steps import cast_into_ball, cast_like, project_l2_ball
 
 PyTree = Any
 LossFn = Callable[[PyTree, PyTree], jax.Array]
@@ -139,6 +139,7 @@ def accelerated_projected_step(beta: float, *, radius: float | None = None,
                         radius, center)
     tau = coupling_weight(state.count + 1)
     x_next = jax.tree.map(lambda yi, zi: yi + tau.astype(yi.dtype) * (zi - yi), y, z)
+    z, y = ((t if radius is None else cast_into_ball(t, params, center)) for t in (z, y))
     z, y, x_next = (cast_like(t, params) for t in (z, y, x_next))
     disp = optax.tree.sub(x_next, params)
     return disp, AcceleratedStepState(count=state.count + 1, z=z, released=y)

@@ -42,6 +42,28 @@ def cast_like(tree: PyTree, ref: PyTree) -> PyTree:
   return jax.tree.map(lambda x, r: x.astype(jnp.result_type(r)), tree, ref)
 
 
+def _toward_center(x: jax.Array, dtype, c: jax.Array | None) -> jax.Array:
+  """``x`` cast to ``dtype``; a bfloat16/float16 coordinate that rounding moved away from
+  ``c`` (default 0) is stepped one ulp back toward it, so the cast never lengthens ``x - c``
+  (rounding to nearest put projected low-precision points ~0.5% outside the ball)."""
+  y = x.astype(dtype)
+  if not (jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32):
+    return y
+  w = _wide(x)
+  cw = jnp.zeros((), w.dtype) if c is None else _wide(c).astype(w.dtype)
+  away = jnp.abs(y.astype(w.dtype) - cw) > jnp.abs(w - cw)
+  return jnp.where(away, jnp.nextafter(y, jnp.broadcast_to(cw, y.shape).astype(dtype)), y)
+
+
+def cast_into_ball(tree: PyTree, ref: PyTree, center: PyTree | None = None) -> PyTree:
+  """:func:`cast_like`, a bfloat16/float16 leaf rounded toward ``center`` (default 0): a
+  point inside the ball stays inside once cast."""
+  if center is None:
+    return jax.tree.map(lambda x, r: _toward_center(x, jnp.result_type(r), None), tree, ref)
+  return jax.tree.map(lambda x, r, c: _toward_center(x, jnp.result_type(r), c), tree, ref,
+                      center)
+
+
 # Guarantees rest on ``||x - c|| <= R``, but ``c + (v - c) R / ||v - c||`` in float32 can land
 # a few ulps outside: projected points go on the sphere ``R' = R (1 - 2^-20) - 2 eps sqrt(D)
 # max|c|`` (rounding of norm, division, product, and of ``c + d``).
@@ -60,27 +82,38 @@ def _centre_slack(center: PyTree | None) -> jax.Array | float:
 
 
 def project_l2_ball(tree: PyTree, radius: float | jax.Array | None,
-                    center: PyTree | None = None) -> PyTree:
+                    center: PyTree | None = None, *, like: PyTree | None = None) -> PyTree:
   """Euclidean projection onto ``{x : ||x - center||_2 <= radius}`` (global norm), onto a
-  radius ``R'`` slightly below ``R`` so that the float32 result is inside the ball.
+  radius ``R'`` slightly below ``R`` so that the float32 result is inside the ball; computed
+  in float32 or wider, a bfloat16/float16 result rounded toward the center.
 
   Args:
     tree: the point (a pytree).
     radius: the ball's radius, or ``None`` (no projection).
     center: the ball's center (default 0).
+    like: the tree whose dtypes the result takes (default: those of ``tree - center``).
 
   Returns:
     The projected pytree.
   """
   if radius is None:
-    return tree
-  diff = tree if center is None else jax.tree.map(jnp.subtract, tree, center)
+    return tree if like is None else cast_like(tree, like)
+  if center is None:
+    dtypes = jax.tree.map(jnp.result_type, tree)
+    diff = jax.tree.map(_wide, tree)
+  else:
+    dtypes = jax.tree.map(jnp.result_type, tree, center)
+    diff = jax.tree.map(lambda x, c: _wide(x) - _wide(c), tree, center)
+  if like is not None:
+    dtypes = jax.tree.map(jnp.result_type, like)
   norm = tree_l2_norm(diff)
   target = jnp.maximum(radius * (1.0 - _PROJ_MARGIN) - _centre_slack(center), 0.0)
   scale = jnp.where(norm > target, target / jnp.maximum(norm, 1e-30), 1.0)
   if center is None:
-    return jax.tree.map(lambda d: d * scale.astype(d.dtype), diff)
-  return jax.tree.map(lambda c, d: c + d * scale.astype(d.dtype), center, diff)
+    return jax.tree.map(lambda d, t: _toward_center(d * scale.astype(d.dtype), t, None),
+                        diff, dtypes)
+  return jax.tree.map(lambda c, d, t: _toward_center(_wide(c) + d * scale.astype(d.dtype), t, c),
+                      center, diff, dtypes)
 
 
 def _lerp(a: PyTree, b: PyTree, w: jax.Array) -> PyTree:  # (1 - w) a + w b
@@ -104,8 +137,7 @@ def projection(radius: float, center: PyTree | None = None
     del extra
     if params is None:
       raise ValueError("projection needs params")
-    new = cast_like(project_l2_ball(optax.apply_updates(params, updates), radius, center),
-                    params)
+    new = project_l2_ball(optax.apply_updates(params, updates), radius, center, like=params)
     return optax.tree.sub(new, params), state
 
   return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
@@ -153,8 +185,8 @@ def projected_sgd(learning_rate: float | Schedule, *, radius: float | None = Non
     if params is None:
       raise ValueError("projected_sgd needs params")
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-    new = cast_like(project_l2_ball(jax.tree.map(lambda x, g: x - lr * g, params, updates),
-                                    radius, center), params)
+    new = project_l2_ball(jax.tree.map(lambda x, g: x - lr * g, params, updates), radius,
+                          center, like=params)
     count = state.count + 1
     released = (_lerp(state.released, new, 1.0 / count.astype(jnp.float32))
                 if averaging == "uniform" else new)
@@ -235,8 +267,8 @@ def acsa(smoothness: float, *, strong_convexity: float = 0.0, radius: float | No
     w = a * mu / (mu + g)
     s = _lerp(state.x, params, w)
     step = a / (mu + g)
-    x_new = cast_like(project_l2_ball(jax.tree.map(lambda si, gi: si - step * gi, s, updates),
-                                      radius, center), params)
+    x_new = project_l2_ball(jax.tree.map(lambda si, gi: si - step * gi, s, updates), radius,
+                            center, like=params)
     x_ag = _lerp(state.released, x_new, a)
     restart = jnp.zeros((), bool) if stage_length is None else t >= stage_length
     count = jnp.where(restart, 0, t)
