@@ -97,6 +97,8 @@ def _make_stage(noise_std: float, max_steps: int, key: Any, output: str, depth: 
     over = state.count >= max_steps  # cast as noise.output_like; NaN past the horizon
     out = jax.tree.map(lambda o, r: jnp.where(over, jnp.nan, o).astype(jnp.result_type(r)),
                        out, output_like(updates, params))
+    # the state's (public) prefix too: else it keeps a release past the accounted horizon
+    prefix = jax.tree.map(lambda g: jnp.where(over, jnp.nan, g), prefix)
     return out, state_cls(state.count + 1, prefix, carry, state[3])
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -235,6 +235,8 @@ def independent_prefix_sum_noise(noise_std: float, max_steps: int, key: jax.Arra
     out = jax.tree.map(lambda t, r: t.astype(jnp.result_type(r)), total,
                        output_like(updates, params))
     out = _poison_after(state.count, max_steps, out)
+    # the state's (public) prefix too: else it keeps a release past the accounted horizon
+    total = _poison_after(state.count, max_steps, total)
     return out, IndependentPrefixNoiseState(count=state.count + 1, noisy_prefix=total,
                                             noise=noise_state)
 
