@@ -164,6 +164,8 @@ def _columns(table: Any, columns: Sequence[str] | None, user_column: str
                     f"column name -> array, got {type(table).__name__}")
   if user_column not in names:
     raise ValueError(f"user_column {user_column!r} is not a column; columns: {names}")
+  if isinstance(columns, str):   # one name, not its letters
+    columns = [columns]
   wanted = [c for c in names if c != user_column] if columns is None else list(columns)
   for c in wanted:
     if c not in names:
@@ -440,7 +442,8 @@ class UserData:
     Args:
       table: a pandas ``DataFrame``, a ``datasets.Dataset`` or a mapping of column name to array.
       user_column: the column holding each row's user id.
-      columns: the columns that make an item (default: every column but ``user_column``).
+      columns: the columns that make an item, a list or one name (default: every column but
+        ``user_column``).
       max_items_per_user: as :meth:`from_arrays`.
       selection: as :meth:`from_arrays`.
       seed: as :meth:`from_arrays`.
