@@ -210,3 +210,27 @@ def test_a_keyed_calibration_takes_jax_numbers():
       dp_accounting.GaussianDpEvent, epsilon=jnp.asarray(1.0), delta=jnp.asarray(1e-5, float),
       lower=jnp.asarray(0.5), key="hunt gaussian")
   assert got == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("epsilon", [700.0, 1e300])
+def test_del_output_pert_refuses_an_epsilon_past_float_range_naming_it(epsilon):
+  # delta' = delta / (e^eps + 2) raised OverflowError "math range error" past eps ~ 709 (a
+  # sc_output_pert plan at epsilon 1e300); at eps 700 kappa's 1/delta' overflowed
+  from dpsco_jax.privacy.discrete_laplace import del_output_pert_params
+  with pytest.raises(ValueError, match="epsilon=.*below 1e-300"):
+    del_output_pert_params(epsilon, 1e-5)
+  assert del_output_pert_params(600.0, 1e-5).delta_prime == 1e-5 / (math.exp(600.0) + 2.0)
+
+
+def test_a_report_checks_its_extra_delta_and_tv_distance():
+  # report(extra_delta=nan) or tv_distance=nan gave delta nan, tv_distance=inf delta inf, and
+  # an np.float16 extra_delta made the whole delta a float16 (1e-5 + 1e-6 -> 1.0967e-05)
+  import dp_accounting
+  ledger = privacy.PrivacyLedger(delta=1e-5).compose(dp_accounting.GaussianDpEvent(1.0),
+                                                     label="g")
+  report = ledger.report(provenance="accountant", extra_delta=np.float16(1e-6))
+  assert type(report.delta) is float and report.delta >= 1e-5 + float(np.float16(1e-6))
+  for kw in ({"extra_delta": math.nan}, {"tv_distance": math.nan}, {"tv_distance": math.inf},
+             {"extra_delta": -1.0}):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+      ledger.report(provenance="accountant", **kw)

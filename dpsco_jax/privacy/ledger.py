@@ -27,7 +27,7 @@ from typing import Any
 import dp_accounting
 import numpy as np
 
-from dpsco_jax._checks import check_choice, check_delta, check_epsilon
+from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_nonnegative
 from dpsco_jax.cache import ByKey, bounded_cache
 from dpsco_jax.privacy.events import (OUTSIDE_ACCOUNTANT, ApproxDpEvent, ApproxRdpEvent,
                                       PureDpEvent, event_from_json, event_key, event_to_json,
@@ -377,8 +377,10 @@ class PrivacyLedger:
     Returns:
       The :class:`PrivacyReport`.
     """
-    if tv_distance < 0 or extra_delta < 0:
-      raise ValueError("tv_distance and extra_delta must be >= 0")
+    # checked python floats: a NaN passed "< 0" into a NaN delta, a float16 one rounded the
+    # whole delta in float16 (below the true sum)
+    tv_distance = check_nonnegative(tv_distance, "tv_distance")
+    extra_delta = check_nonnegative(extra_delta, "extra_delta")
     eps, blocks_delta, kind = self._epsilon(self._entries, self.delta, rounded=False)
     spent = any(not isinstance(e.event, OUTSIDE_ACCOUNTANT) for e in self._entries)
     delta = ((self.delta if spent else 0.0) + blocks_delta + extra_delta
