@@ -153,3 +153,12 @@ def test_from_table_takes_one_column_name_as_a_string():
   table = {"u": [1, 2, 1], "feat": np.ones(3, np.float32), "y": np.zeros(3, np.float32)}
   data = UserData.from_table(table, user_column="u", columns="feat")
   assert list(data.examples) == ["feat"]
+
+
+def test_sample_queries_names_a_key_that_is_not_a_prng_key():
+  # sample_queries(0, ...) (an int seed, which the noise stages accept) failed inside JAX
+  # with "invalid PRNG key data ... Got 0", naming no argument.
+  with pytest.raises((TypeError, ValueError), match="key must be"):
+    T.sample_queries(0, {"w": jnp.zeros(3)}, 0.1, 2)
+  xis, _ = T.sample_queries(jax.random.key(0), {"w": jnp.zeros(3)}, 0.1, 2)
+  assert xis["w"].shape == (2, 3)

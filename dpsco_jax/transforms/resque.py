@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import check_int, check_positive
+from dpsco_jax._checks import check_int, check_key, check_positive
 from dpsco_jax.transforms.noise import tree_gaussian_like
 
 PyTree = Any
@@ -47,6 +47,7 @@ def sample_queries(key: jax.Array, anchor: PyTree, rho: float | jax.Array,
     entries, and ``points = anchor + xis``.
   """
   num = check_int(num, "num")
+  check_key(key, "key")   # JAX's own refusal names no argument
   template = jax.tree.map(
       lambda a: jnp.zeros((num,) + jnp.shape(a), jnp.result_type(a, jnp.float32)), anchor)
   xis = tree_gaussian_like(key, template, rho)
