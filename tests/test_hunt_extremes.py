@@ -234,3 +234,14 @@ def test_a_report_checks_its_extra_delta_and_tv_distance():
              {"extra_delta": -1.0}):
     with pytest.raises(ValueError, match=next(iter(kw))):
       ledger.report(provenance="accountant", **kw)
+
+
+def test_a_ledger_group_is_a_name():
+  # group=0 beside group="x" crashed epsilon() with "'<' not supported between instances of
+  # 'str' and 'int'" (groups are sorted), long after the compose that took it
+  import dp_accounting
+  ledger = privacy.PrivacyLedger(delta=1e-5)
+  ledger.compose(dp_accounting.GaussianDpEvent(2.0), label="b", group="x")
+  with pytest.raises(TypeError, match="group must be a str"):
+    ledger.compose(dp_accounting.GaussianDpEvent(1.0), label="a", group=0)
+  assert ledger.epsilon() == privacy.epsilon_of(dp_accounting.GaussianDpEvent(2.0), delta=1e-5)

@@ -175,6 +175,9 @@ class PrivacyLedger:
       raise ValueError(f"count must be a positive int, got {count!r}")
     if not isinstance(label, str):
       raise TypeError(f"label must be a str, got {label!r}")
+    # a name: groups are sorted (an int beside a str crashed there) and saved as JSON
+    if group is not None and not isinstance(group, str):
+      raise TypeError(f"group must be a str (the group's name) or None, got {group!r}")
     key = event_key(validate_event(event))  # refuses unknown or malformed events
     entries = [dataclasses.replace(e) for e in self._entries]
     for e in entries:
