@@ -245,3 +245,11 @@ def test_a_ledger_group_is_a_name():
   with pytest.raises(TypeError, match="group must be a str"):
     ledger.compose(dp_accounting.GaussianDpEvent(1.0), label="a", group=0)
   assert ledger.epsilon() == privacy.epsilon_of(dp_accounting.GaussianDpEvent(2.0), delta=1e-5)
+
+
+def test_the_audit_gdp_epsilon_of_a_huge_mu_is_inf():
+  # gdp_epsilon(1e300, delta) raised scipy's "The function value at x=inf is NaN; solver
+  # cannot continue" (mu * mu overflowed its bracket)
+  from dpsco_jax.audit import gdp_epsilon
+  assert gdp_epsilon(1e300, 1e-5) == math.inf
+  assert gdp_epsilon(1.0, 1e-5) == pytest.approx(4.377178, rel=1e-6)

@@ -206,6 +206,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
   mu = check_nonnegative(mu, "mu")
   if mu == 0.0:
     return 0.0
+  if not math.isfinite(mu * mu):   # epsilon ~ mu^2/2 is past float range (brentq saw NaN)
+    return math.inf
 
   def excess(eps: float) -> float:
     # log-space second term: e^eps Phi(.) overflows for large eps otherwise
