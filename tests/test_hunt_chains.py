@@ -162,3 +162,31 @@ def test_sample_queries_names_a_key_that_is_not_a_prng_key():
     T.sample_queries(0, {"w": jnp.zeros(3)}, 0.1, 2)
   xis, _ = T.sample_queries(jax.random.key(0), {"w": jnp.zeros(3)}, 0.1, 2)
   assert xis["w"].shape == (2, 3)
+
+
+class _WithEmptyParam(nnx.Module):
+  def __init__(self):
+    self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    self.none = nnx.Param(jnp.zeros((0,)))
+
+  def __call__(self, x):
+    return self.lin(x) + jnp.sum(self.none)
+
+
+def test_fast_clipping_takes_a_zero_size_param():
+  # A zero-size nnx.Param (shape (0,)) crashed method="fast" with ZeroDivisionError ("integer
+  # modulo by zero") in its norm bound; method="vmap" ran.
+  from dpsco_jax.flax.fast_clip import FastClippedGrad
+  rng = np.random.default_rng(0)
+  data = {"x": jnp.asarray(rng.normal(size=(6, 2, 3)), jnp.float32),
+          "y": jnp.asarray(rng.integers(0, 2, (6, 2)))}
+
+  def loss(model, ex):
+    return optax.softmax_cross_entropy_with_integer_labels(model(ex["x"]), ex["y"])
+
+  sums = {}
+  for method in ("fast", "vmap"):
+    clipper = FastClippedGrad(_WithEmptyParam(), loss, clip_norm=0.5, method=method)
+    sums[method], _ = clipper.clipped_sum(clipper.params, data, jnp.ones(6, bool))
+  for a, b in zip(jax.tree.leaves(sums["fast"]), jax.tree.leaves(sums["vmap"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

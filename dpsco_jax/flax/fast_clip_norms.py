@@ -45,6 +45,8 @@ def gamma(k: int) -> float:
 def sqsum_upper(x: jax.Array) -> jax.Array:
   """Certified upper bound on ``sum x^2`` over all but the leading (user) axis."""
   u = x.shape[0]
+  if x.size == 0:   # a zero-size leaf: no coordinates (a -1 reshape of it is undefined)
+    return jnp.zeros((u,), jnp.float32)
   x = jnp.reshape(x.astype(jnp.float32), (u, -1, x.shape[-1] if x.ndim > 1 else 1))
   rows = jnp.einsum("urk,urk->ur", x, x, precision=HI)
   k = x.shape[1] + x.shape[2] + 1
