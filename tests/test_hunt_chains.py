@@ -190,3 +190,14 @@ def test_fast_clipping_takes_a_zero_size_param():
     sums[method], _ = clipper.clipped_sum(clipper.params, data, jnp.ones(6, bool))
   for a, b in zip(jax.tree.leaves(sums["fast"]), jax.tree.leaves(sums["vmap"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+@pytest.mark.parametrize("examples,says", [
+    ({0: np.ones((3, 2))}, "not strings"),        # flat, but an int key
+    ((np.ones((3, 2)),), "a tuple"),              # flat, but a tuple
+])
+def test_store_refusal_says_what_is_wrong_with_the_examples(tmp_path, examples, says):
+  # A flat dict with an int key, or a flat tuple, was refused as "got dict (nested)" /
+  # "got tuple (nested)": neither is nested, so the message misled.
+  with pytest.raises(TypeError, match=says):
+    UserData.from_arrays(examples, [1, 2, 1], store=tmp_path / "s")

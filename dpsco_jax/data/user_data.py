@@ -238,9 +238,12 @@ def _examples_layout(examples: Any) -> tuple[str, list[str]]:
     names = [getattr(p[0], "key", None) for p in paths]
     if all(len(p) == 1 for p in paths) and all(isinstance(k, str) for k in names):
       return "dict", names
+    if all(len(p) == 1 for p in paths):   # said exactly: the refusal names what to change
+      return f"a dict with keys that are not strings ({names[:3]})", []
+    return "a nested dict", []
   elif not isinstance(examples, (list, tuple)):
     return "array", ["examples"]
-  return type(examples).__name__ + " (nested)", []
+  return f"a {type(examples).__name__} (use a dict of named arrays)", []
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
