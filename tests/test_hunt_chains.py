@@ -201,3 +201,15 @@ def test_store_refusal_says_what_is_wrong_with_the_examples(tmp_path, examples, 
   # "got tuple (nested)": neither is nested, so the message misled.
   with pytest.raises(TypeError, match=says):
     UserData.from_arrays(examples, [1, 2, 1], store=tmp_path / "s")
+
+
+def test_user_data_problem_names_a_string_column():
+  # UserDataProblem on a from_table UserData with a string column crashed with JAX's
+  # "Value 'a' with dtype <U1 is not a valid JAX array type", naming no column.
+  from dpsco_jax.data.problem import UserDataProblem
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(12, 3)).astype(np.float32)
+  table = {"u": rng.integers(0, 4, 12), "x": x, "y": x[:, 0], "name": np.array(["a"] * 12)}
+  data = UserData.from_table(table, user_column="u")
+  with pytest.raises(TypeError, match="'name'"):
+    UserDataProblem(lambda p, ex: (jnp.dot(p, ex["x"]) - ex["y"]) ** 2, jnp.zeros(3), data)

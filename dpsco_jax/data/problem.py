@@ -28,7 +28,7 @@ from jax.flatten_util import ravel_pytree
 
 from dpsco_jax.cache import bounded_cache
 from dpsco_jax.config.types import ConfigError
-from dpsco_jax.data.user_data import DataSpec, UserData, weighted_loss
+from dpsco_jax.data.user_data import DataSpec, UserData, require_numeric, weighted_loss
 
 __all__ = ["ProblemConstants", "MissingConstant", "PublicFacts", "UserDataProblem",
            "as_constants"]
@@ -178,6 +178,7 @@ class UserDataProblem(PublicFacts):
     if not leaves or not all(jnp.issubdtype(jnp.result_type(x), jnp.floating) for x in leaves):
       raise TypeError("params must be a non-empty pytree of floating-point arrays")
     shapes = tuple((tuple(jnp.shape(x)), jnp.result_type(x)) for x in leaves)
+    require_numeric(data.examples)
     self._w0, self._unravel = ravel_pytree(params)
     super().__init__(data.spec, constants, int(self._w0.size), level)
     self.loss_fn = _flat_loss(loss_fn, treedef, shapes)

@@ -214,6 +214,17 @@ def _as_leaf(value: Any, label: str) -> np.ndarray:
   return arr
 
 
+def require_numeric(examples: Any, what: str = "data") -> None:
+  """Raises ``TypeError`` naming the first leaf of objects, strings or dates: whatever reads
+  the examples on the device fails on it, and JAX's own error names no leaf."""
+  for path, x in jax.tree_util.tree_flatten_with_path(examples)[0]:
+    dt = getattr(x, "dtype", None)
+    if getattr(dt, "kind", None) in tuple("OUSMm"):
+      raise TypeError(f"{what}{jax.tree_util.keystr(path)} has dtype {dt}: every leaf of the "
+                      "data goes to the device, which holds numbers only; drop it (e.g. "
+                      "UserData.from_table(..., columns=[...]))")
+
+
 def _int_vector(value: Any, name: str, u: int) -> np.ndarray:
   """``value`` as an integer array ``[u]`` (bools and floats refused: counts are integers)."""
   arr = np.asarray(value)

@@ -15,14 +15,8 @@ PyTree = Any
 def from_user_data(loss_fn: LossFn, data: Any, level: str) -> tuple[LossFn, PyTree]:
   """A :class:`~dpsco_jax.data.UserData` as the arrays a step reads: its weighted user view
   (a user's gradient is the mean over its real items; padding weighs 0) or its real items."""
-  from dpsco_jax.data.user_data import UserData, weighted_loss
-  examples = data.examples if isinstance(data, UserData) else data
-  for path, x in jax.tree_util.tree_flatten_with_path(examples)[0]:
-    dt = getattr(x, "dtype", None)   # refused here, named: JAX's own error names no leaf
-    if getattr(dt, "kind", None) in tuple("OUSMm"):   # objects, strings, dates
-      raise TypeError(f"data{jax.tree_util.keystr(path)} has dtype {dt}: every leaf of the data "
-                      "goes to the device, which holds numbers only; drop it (e.g. "
-                      "UserData.from_table(..., columns=[...]))")
+  from dpsco_jax.data.user_data import UserData, require_numeric, weighted_loss
+  require_numeric(data.examples if isinstance(data, UserData) else data)
   if not isinstance(data, UserData):
     return loss_fn, data
   if level == "user":
