@@ -213,3 +213,11 @@ def test_user_data_problem_names_a_string_column():
   data = UserData.from_table(table, user_column="u")
   with pytest.raises(TypeError, match="'name'"):
     UserDataProblem(lambda p, ex: (jnp.dot(p, ex["x"]) - ex["y"]) ** 2, jnp.zeros(3), data)
+
+
+def test_from_table_names_a_column_of_the_wrong_length():
+  # A column shorter than the user column was refused as "every examples leaf needs a
+  # leading row axis of length 5 ..., got shape (3,)", naming no column.
+  with pytest.raises(ValueError, match="'short'"):
+    UserData.from_table({"u": [1, 2, 1, 2, 3], "ok": np.ones(5), "short": np.ones(3)},
+                        user_column="u")

@@ -363,10 +363,11 @@ class UserData:
     n = ids.shape[0]
     if n == 0:
       raise ValueError("no rows: user_ids is empty")
-    for leaf in leaves:
+    for (path, _), leaf in zip(paths, leaves):
       if leaf.ndim < 1 or leaf.shape[0] != n:
         raise ValueError(f"every examples leaf needs a leading row axis of length {n} "
-                         f"(= len(user_ids)), got shape {leaf.shape}")
+                         f"(= len(user_ids)), got shape {leaf.shape} for "
+                         f"examples{jax.tree_util.keystr(path)}")
     m = (None if max_items_per_user is None
          else _check_int(max_items_per_user, "max_items_per_user", minimum=1))
     _check_int(seed, "seed", minimum=0)   # numpy's own refusal names no parameter
