@@ -57,7 +57,8 @@ def _toward_center(x: jax.Array, dtype, c: jax.Array | None) -> jax.Array:
 
 def cast_into_ball(tree: PyTree, ref: PyTree, center: PyTree | None = None) -> PyTree:
   """:func:`cast_like`, a bfloat16/float16 leaf rounded toward ``center`` (default 0): a
-  point inside the ball stays inside once cast."""
+  point inside the ball stays inside once cast (when ``center`` is representable in ``ref``'s
+  dtype; else to within its rounding)."""
   if center is None:
     return jax.tree.map(lambda x, r: _toward_center(x, jnp.result_type(r), None), tree, ref)
   return jax.tree.map(lambda x, r, c: _toward_center(x, jnp.result_type(r), c), tree, ref,
