@@ -221,3 +221,15 @@ def test_from_table_names_a_column_of_the_wrong_length():
   with pytest.raises(ValueError, match="'short'"):
     UserData.from_table({"u": [1, 2, 1, 2, 3], "ok": np.ones(5), "short": np.ones(3)},
                         user_column="u")
+
+
+def test_outlier_filter_runs_under_inject_hyperparams_and_jit():
+  # optax.inject_hyperparams(outlier_filter) under jit raised TracerBoolConversionError (the
+  # lo/hi ramp check on traced values), naming nothing; the other stages run there.
+  params, grads = {"w": jnp.zeros(3)}, {"w": jnp.ones((4, 3))}
+  injected = optax.inject_hyperparams(T.outlier_filter, static_args=("key", "num_users"))(
+      num_users=4, radius=1.0, key=0, epsilon=1.0)
+  out, _ = jax.jit(injected.update)(grads, injected.init(params), params)
+  plain = T.outlier_filter(4, 1.0, key=0, epsilon=1.0)
+  want, _ = plain.update(grads, plain.init(params), params)
+  np.testing.assert_allclose(np.asarray(out["w"]), np.asarray(want["w"]), rtol=1e-6)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
-from dpsco_jax._checks import (check_bool, check_int, check_key, check_positive,
+from dpsco_jax._checks import (_traced, check_bool, check_int, check_key, check_positive,
                                check_probability, check_seed_or_key)
 from dpsco_jax.transforms.clipping import num_user_slots, real_users
 from dpsco_jax.transforms.noise import noise_dtype, redacted_repr
@@ -220,7 +220,8 @@ def outlier_filter(num_users: int, radius: float, *, key: jax.Array | int,
   if degree_radius is not None:
     check_positive(degree_radius, "degree_radius")
   frac = check_probability(threshold_fraction, "threshold_fraction")
-  if not 0.0 <= lo < hi <= 1.0:
+  # traced under optax.inject_hyperparams + jit: checked by the caller while concrete
+  if not (_traced(lo) or _traced(hi)) and not 0.0 <= lo < hi <= 1.0:
     raise ValueError(f"need 0 <= lo < hi <= 1 for the inclusion ramp, got lo={lo}, hi={hi}")
   b_thr, b_q = _filter_scales(epsilon, threshold_scale, query_scale)
   key = check_seed_or_key(key, "key")
