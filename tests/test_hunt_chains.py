@@ -233,3 +233,15 @@ def test_outlier_filter_runs_under_inject_hyperparams_and_jit():
   plain = T.outlier_filter(4, 1.0, key=0, epsilon=1.0)
   want, _ = plain.update(grads, plain.init(params), params)
   np.testing.assert_allclose(np.asarray(out["w"]), np.asarray(want["w"]), rtol=1e-6)
+
+
+def test_accelerated_projected_step_runs_under_inject_hyperparams_and_jit():
+  # optax.inject_hyperparams(accelerated_projected_step) under jit raised
+  # TracerBoolConversionError (the z_scale range check on its traced default), naming nothing.
+  params, grads = {"w": jnp.zeros(3)}, {"w": jnp.ones(3)}
+  injected = optax.inject_hyperparams(T.accelerated_projected_step)(beta=1.0, radius=1.0)
+  out, _ = jax.jit(injected.update)(grads, injected.init(params), params)
+  plain = T.accelerated_projected_step(1.0, radius=1.0)
+  want, _ = plain.update(grads, plain.init(params), params)
+  np.testing.assert_allclose(np.asarray(out["w"]), np.asarray(want["w"]), rtol=1e-6)
+

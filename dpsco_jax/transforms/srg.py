@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dpsco_jax._checks import check_nonnegative, check_positive
+from dpsco_jax._checks import _traced, check_nonnegative, check_positive
 from dpsco_jax.grads import per_example_grads, per_user_grads_two_points
 from dpsco_jax.transforms.steps import cast_into_ball, cast_like, project_l2_ball
 
@@ -150,7 +150,8 @@ def accelerated_projected_step(beta: float, *, radius: float | None = None,
 def check_z_scale(z_scale: float) -> float:
   """``z_scale`` in ``(0, 1]``: above 1 is outside every reading of AMBIG-4."""
   z_scale = check_nonnegative(z_scale, "z_scale")
-  if not 0.0 < z_scale <= 1.0:
+  # traced under optax.inject_hyperparams + jit: checked by the caller while concrete
+  if not _traced(z_scale) and not 0.0 < z_scale <= 1.0:
     raise ValueError(f"z_scale must lie in (0, 1] (1.0 literal Alg. 1 line 7, 0.5 "
                      f"proof-consistent), got {z_scale!r}")
   return z_scale
