@@ -2,8 +2,6 @@
 config files and repeated runs; each is one ConfigError line naming the problem, before
 anything runs."""
 
-import textwrap
-
 import numpy as np
 import pytest
 
@@ -11,6 +9,7 @@ from dpsco_jax import __main__ as cli
 from dpsco_jax import runner
 from dpsco_jax.config.schema import ConfigError
 from dpsco_jax.runner.datafiles import load_data_file, parse_data_file
+from test_runner_outputs import _config as _written, nothing_runs  # noqa: F401 (a fixture)
 
 TINY = """\
 problem: {name: least_squares, n_users: 16, m: 1, d: 2}
@@ -19,16 +18,7 @@ algorithm: {name: nonprivate_sgd, num_steps: 2, batch_size: 4, learning_rate: 0.
 
 
 def _config(tmp_path, text: str = TINY) -> str:
-  path = tmp_path / "c.yaml"
-  path.write_text(textwrap.dedent(text))
-  return str(path)
-
-
-@pytest.fixture
-def nothing_runs(monkeypatch):
-  def ran(*args, **kwargs):
-    raise AssertionError("a run started before the check")
-  monkeypatch.setattr(runner, "run_phases", ran)
+  return _written(tmp_path, text)
 
 
 # --out under a path that is a file: os.makedirs raised FileExistsError / NotADirectoryError
