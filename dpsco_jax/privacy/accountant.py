@@ -19,7 +19,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpsco_jax._checks import check_choice
-from dpsco_jax.privacy.events import _map_node, for_accountant
+from dpsco_jax.privacy.events import for_accountant
 from dpsco_jax.privacy.relations import accountant_relation
 
 # RDP drops orders whose series does not converge and says so once per order: noise, not news.
@@ -281,29 +281,11 @@ def _composed_epsilon(parts: list[tuple[Any, int]], delta: float, kind: str, rel
   acc = make_accountant(kind, relation, whole)
   for event, count in parts:
     converted = for_accountant(event, kind, relation)
-    if kind == "rdp":
-      converted = _capped_gaussians(converted)
     if not acc.supports(converted):
       raise ValueError(f"{type(acc).__name__} cannot account for {event} under "
                        f"relation={relation!r}")
     acc.compose(converted, count)
   return float(acc.get_epsilon(delta))
-
-
-#: dp_accounting's RDP squares a Gaussian's multiplier as a python float (OverflowError past
-#: ~1.3e154); a larger one is accounted as this one, a less noisy Gaussian (so an upper
-#: bound), whose RDP ``alpha / (2 z^2) <= 1e-298`` is already float zero beside any other part
-RDP_MAX_MULTIPLIER = 1e150
-
-
-def _capped_gaussians(event: Any) -> Any:
-  """``event`` with every Gaussian multiplier above :data:`RDP_MAX_MULTIPLIER` lowered to it."""
-  if isinstance(event, dp_accounting.GaussianDpEvent):
-    return (event if float(event.noise_multiplier) <= RDP_MAX_MULTIPLIER
-            else dp_accounting.GaussianDpEvent(RDP_MAX_MULTIPLIER))
-  if not hasattr(event, "event") and not hasattr(event, "events"):
-    return event
-  return type(event)(**_map_node(event, _capped_gaussians, lambda v, conv: v))
 
 
 def _sampled_gaussians(event: Any, count: int):

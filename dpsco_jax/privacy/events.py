@@ -107,7 +107,8 @@ def pure_dp_event(epsilon: float) -> PureDpEvent:
   return PureDpEvent(epsilon)
 
 
-def _count(c: Any, name: str) -> int:
+def check_count(c: Any, name: str) -> int:
+  """A positive int (a numpy integer read as one), else ``ValueError`` naming ``name``."""
   if isinstance(c, np.integer):   # e.g. steps computed with numpy
     c = int(c)
   if isinstance(c, bool) or not isinstance(c, int) or c < 1:
@@ -132,7 +133,7 @@ def validate_event(event: Any) -> Any:
   if isinstance(event, (d.GaussianDpEvent, d.LaplaceDpEvent)):
     _finite(event.noise_multiplier, f"{type(event).__name__}.noise_multiplier")
   elif isinstance(event, d.SelfComposedDpEvent):
-    _count(event.count, "SelfComposedDpEvent.count")
+    check_count(event.count, "SelfComposedDpEvent.count")
     validate_event(event.event)
   elif isinstance(event, d.ComposedDpEvent):
     if not isinstance(event.events, (list, tuple)):
@@ -145,8 +146,8 @@ def validate_event(event: Any) -> Any:
       raise ValueError(f"PoissonSampledDpEvent.sampling_probability must be <= 1, got {q}")
     validate_event(event.event)
   elif isinstance(event, (d.SampledWithoutReplacementDpEvent, d.SampledWithReplacementDpEvent)):
-    n = _count(event.source_dataset_size, f"{type(event).__name__}.source_dataset_size")
-    if _count(event.sample_size, f"{type(event).__name__}.sample_size") > n:
+    n = check_count(event.source_dataset_size, f"{type(event).__name__}.source_dataset_size")
+    if check_count(event.sample_size, f"{type(event).__name__}.sample_size") > n:
       raise ValueError(f"{type(event).__name__}.sample_size must be <= source_dataset_size")
     validate_event(event.event)
   elif isinstance(event, d.SingleEpochTreeAggregationDpEvent):
@@ -154,7 +155,7 @@ def validate_event(event: Any) -> Any:
     steps = event.step_counts if isinstance(event.step_counts, (list, tuple)) else [
         event.step_counts]
     for s in steps:
-      _count(s, "SingleEpochTreeAggregationDpEvent.step_counts")
+      check_count(s, "SingleEpochTreeAggregationDpEvent.step_counts")
   elif isinstance(event, d.NoOpDpEvent):
     pass
   else:
@@ -203,7 +204,8 @@ def for_accountant(event: Any, kind: str, relation: str) -> Any:
 
   dp_accounting's PLD doubles the sensitivity under replace-one itself; its RDP ignores the
   relation for Gaussians and Laplaces (also inside sampling without replacement), so under
-  replace-one RDP gets every multiplier halved (else it would under-report epsilon).
+  replace-one RDP gets every multiplier halved (else it would under-report epsilon). RDP also
+  reads a Gaussian multiplier above :data:`RDP_MAX_MULTIPLIER` as that one (an upper bound).
 
   Args:
     event: a ``dp_accounting`` event (or one of the library's own events).
@@ -211,12 +213,14 @@ def for_accountant(event: Any, kind: str, relation: str) -> Any:
     relation: the neighbouring relation the guarantee is stated under.
 
   Returns:
-    The event the accountant should read (``event`` itself unless RDP under replace-one).
+    The event the accountant should read (``event`` itself for PLD).
   """
   validate_event(event)
   rel = accountant_relation(relation, event)
-  if kind != "rdp" or rel != dp_accounting.NeighboringRelation.REPLACE_ONE:
+  if kind != "rdp":
     return event
+  if rel != dp_accounting.NeighboringRelation.REPLACE_ONE:
+    return _capped_gaussians(event)
 
   def rewrite(ev):
     if isinstance(ev, (dp_accounting.GaussianDpEvent, dp_accounting.LaplaceDpEvent)):
@@ -228,7 +232,23 @@ def for_accountant(event: Any, kind: str, relation: str) -> Any:
       raise ValueError(f"no replace-one conversion for {type(ev).__name__} under RDP")
     return type(ev)(**_map_node(ev, rewrite, lambda v, conv: v))
 
-  return rewrite(event)
+  return _capped_gaussians(rewrite(event))
+
+
+#: dp_accounting's RDP squares a Gaussian's multiplier as a python float (OverflowError past
+#: ~1.3e154); a larger one is accounted as this one, a less noisy Gaussian (so an upper
+#: bound), whose RDP ``alpha / (2 z^2) <= 1e-298`` is already float zero beside any other part
+RDP_MAX_MULTIPLIER = 1e150
+
+
+def _capped_gaussians(event: Any) -> Any:
+  """``event`` with every Gaussian multiplier above :data:`RDP_MAX_MULTIPLIER` lowered to it."""
+  if isinstance(event, dp_accounting.GaussianDpEvent):
+    return (event if float(event.noise_multiplier) <= RDP_MAX_MULTIPLIER
+            else dp_accounting.GaussianDpEvent(RDP_MAX_MULTIPLIER))
+  if not hasattr(event, "event") and not hasattr(event, "events"):
+    return event
+  return type(event)(**_map_node(event, _capped_gaussians, lambda v, conv: v))
 
 
 def event_to_json(event: Any) -> dict:

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dpsco_jax._checks import check_delta, check_epsilon, check_int, check_nonnegative
-from dpsco_jax.privacy.accountant import _capped_gaussians, pld_step_blocked
+from dpsco_jax.privacy.accountant import pld_step_blocked
 from dpsco_jax.privacy.events import for_accountant, validate_event
 from dpsco_jax.privacy.ledger import PrivacyBudgetExceeded, make_accountant
 from dpsco_jax.privacy.relations import check_relation
@@ -53,11 +53,9 @@ def _item_curve(event: Any, relation: str):
     acc = make_accountant(kind, relation, event)
     converted = for_accountant(event, kind, relation)
     # PLD's grid of a tiny z or Laplace scale cannot be built (OverflowError, or memory the
-    # process is killed for); RDP squares z (OverflowError past ~1e154): capped, an upper bound
+    # process is killed for)
     if kind == "pld" and pld_step_blocked(event, relation):
       continue
-    if kind == "rdp":
-      converted = _capped_gaussians(converted)
     if acc.supports(converted):
       accs.append((kind, acc.compose(converted)))
   if not accs:

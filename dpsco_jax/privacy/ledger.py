@@ -25,13 +25,13 @@ import math
 from typing import Any
 
 import dp_accounting
-import numpy as np
 
 from dpsco_jax._checks import check_choice, check_delta, check_epsilon, check_nonnegative
 from dpsco_jax.cache import ByKey, bounded_cache
 from dpsco_jax.privacy.events import (OUTSIDE_ACCOUNTANT, ApproxDpEvent, ApproxRdpEvent,
-                                      PureDpEvent, event_from_json, event_key, event_to_json,
-                                      for_accountant, pure_dp_event, validate_event)
+                                      PureDpEvent, check_count, event_from_json, event_key,
+                                      event_to_json, for_accountant, pure_dp_event,
+                                      validate_event)
 from dpsco_jax.privacy.relations import RELATIONS, check_relation
 # the stateless accountant (re-exported: its callers read it here)
 from dpsco_jax.privacy.accountant import (  # noqa: F401
@@ -169,10 +169,7 @@ class PrivacyLedger:
     return [(e.label, e.event, e.group, e.count) for e in self._entries]
 
   def _with(self, event: Any, label: str, group: str | None, count: int) -> list[_Entry]:
-    if isinstance(count, np.integer):   # a step count computed with numpy is a count
-      count = int(count)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-      raise ValueError(f"count must be a positive int, got {count!r}")
+    count = check_count(count, "count")
     if not isinstance(label, str):
       raise TypeError(f"label must be a str, got {label!r}")
     # a name: groups are sorted (an int beside a str crashed there) and saved as JSON
