@@ -229,7 +229,7 @@ def plan(algorithm: str, config: Mapping | Any, spec: DataSpec, *, num_params: i
   num_params = check_int(num_params, "num_params", 0)
   facts = PublicFacts(spec, constants, num_params, entry.level)
   privacy, z, schedule, detail = _planned(entry, facts, cfg)
-  return Plan(entry.name, cfg, spec, facts.constants, privacy, z, schedule, int(num_params),
+  return Plan(entry.name, cfg, spec, facts.constants, privacy, z, schedule, num_params,
               detail)
 
 

@@ -134,6 +134,11 @@ def row_key(cfg: dict) -> str:
   return repr(sorted((k, repr(v)) for k, v in cfg.items() if k != "seed"))
 
 
+def _run_key(cfg: dict) -> tuple[str, str]:
+  """The key of one run: its row and its seed (two runs with one key give one result)."""
+  return row_key(cfg), repr(cfg.get("seed", 0))
+
+
 def run_one(cfg: dict, *, algorithms: dict, problems: dict, cache: dict | None = None,
             on_progress: Callable | None = None, mesh: jax.sharding.Mesh | None = None,
             driver_key: jax.Array | None = None, plan: Any = None, typed: Any = None,
@@ -311,7 +316,7 @@ def check_repeats(phases: tuning.Phases) -> None:
                   if s is not None] if phases.select else [phases.config]):
     seen = set()
     for cfg in expand(config):
-      key = row_key(cfg), repr(cfg.get("seed", 0))
+      key = _run_key(cfg)
       if key in seen:
         where = f"{cfg.get('algorithm')}" + (f" (label {cfg['label']})" if cfg.get("label")
                                              else "")
@@ -331,7 +336,7 @@ def _validated(config: dict, algorithms: dict, problems: dict,
   from dpsco_jax import api
   checked = [_checked_typed(cfg, algorithms, problems) for cfg in expand(config)]
   # a run given twice (a --quick config's collapsed runs; see check_repeats) runs once
-  checked = list({(row_key(c), repr(c.get("seed", 0))): (c, t) for c, t in checked}.values())
+  checked = list({_run_key(c): (c, t) for c, t in checked}.values())
   cache = ProblemCache() if cache is None else cache
   plans, configs = {}, {}
   for cfg, typed in checked:
@@ -634,12 +639,13 @@ def main_run(path: str, out: str | None = None, plot_field: str | None = None,
   Existing outputs are replaced only with ``force`` (:func:`check_outputs`)."""
   config = load_config(path)
   check_runner_keys(config)
-  check_repeats(tuning.parse_phases(config))   # the full config's: --quick may collapse runs
+  phases = tuning.parse_phases(config)
+  check_repeats(phases)   # the full config's: --quick may collapse runs
   if quick:
     from dpsco_jax.runner.quick import quick_config
     config = quick_config(config)
     config["name"] = f"{config.get('name', path)} (--quick: a smoke, not a measurement)"
-  phases = tuning.parse_phases(config)
+    phases = tuning.parse_phases(config)
   compare = parse_compare(config)
   if compare is not None:  # a baseline that matches no run is refused before anything runs
     check_baseline(compare, expand(phases.with_seeds(phases.eval_seeds) if phases.select
